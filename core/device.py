@@ -1,0 +1,52 @@
+"""The torch device the lab computes on, and the operator's memory budget for tensors."""
+
+import os
+
+import torch
+
+from core.errors import InvalidArgumentError
+
+DEFAULT_MAX_BYTES = 4 * 1024**3
+MAX_BYTES_ENV = "PAGED_LAB_MAX_BYTES"
+
+
+def default_device() -> torch.device:
+    """CUDA when `torch.cuda.is_available()`, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def device_label(device: torch.device | None = None) -> str:
+    """A human label such as 'cuda:0 (NVIDIA H200)' or 'cpu (2 threads)'."""
+    device = device or default_device()
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def memory_budget_bytes() -> int:
+    """Bytes that one tensor allocation of the lab may take (KV caches, benchmark buffers).
+
+    4 GiB unless the operator sets `PAGED_LAB_MAX_BYTES` (an integer number of bytes), e.g. to protect a shared
+    demo host. Raises `InvalidArgumentError` for a value that is not a positive integer.
+    """
+    raw = os.environ.get(MAX_BYTES_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"{MAX_BYTES_ENV}={raw!r} is not an integer number of bytes") from None
+    if value < 1:
+        raise InvalidArgumentError(f"{MAX_BYTES_ENV} must be a positive number of bytes, got {value}")
+    return value
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Binary units with thousands separators: 838,860,800 -> '800.0 MiB'."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

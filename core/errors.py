@@ -1,0 +1,39 @@
+"""Every error that core raises derives from `LabError`.
+
+Messages say what was wrong and what is allowed. A call that raises leaves the object it was called on
+exactly as it was before the call.
+"""
+
+
+class LabError(Exception):
+    """Base class of every error raised by `core`."""
+
+
+class InvalidArgumentError(LabError, ValueError):
+    """An argument is out of range, of the wrong type, shape, dtype or device."""
+
+
+class OutOfBlocksError(LabError):
+    """The block pool has too few free blocks for the request."""
+
+    def __init__(self, message: str, needed: int, free: int):
+        super().__init__(message)
+        self.needed = needed
+        self.free = free
+
+
+class UnknownSequenceError(LabError, LookupError):
+    """An operation or query names a sequence id the manager does not hold."""
+
+
+class DuplicateSequenceError(LabError):
+    """A sequence id that is already live was given for a new sequence."""
+
+
+class MemoryBudgetError(LabError):
+    """An allocation would exceed the memory budget; raised before anything is allocated."""
+
+    def __init__(self, message: str, requested_bytes: int, allowed_bytes: int):
+        super().__init__(message)
+        self.requested_bytes = requested_bytes
+        self.allowed_bytes = allowed_bytes

@@ -1,0 +1,119 @@
+"""Shared test harness: AppTest on the real entry point, a live streamlit server, and a real Chromium."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def open_app(page: str | None = None, timeout: float = 120):
+    """Run app.py under AppTest, switch to `page` (e.g. "pages/playground.py") and return the AppTest.
+
+    Pages are opened through the entry point, since a page run on its own cannot import modules beside app.py.
+    """
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
+    at.run()
+    assert not at.exception, at.exception
+    if page is not None:
+        at.switch_page(page)
+        at.run()
+        assert not at.exception, at.exception
+    return at
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def streamlit_server():
+    """`streamlit run app.py` on 127.0.0.1 for the whole session; yields its base URL, then stops it."""
+    port = _free_port()
+    ARTIFACTS.mkdir(exist_ok=True)
+    log_path = ARTIFACTS / "streamlit.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "streamlit", "run", "app.py",
+                "--server.headless", "true",
+                "--server.port", str(port),
+                "--server.address", "127.0.0.1",
+                "--browser.gatherUsageStats", "false",
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                        if response.read().decode().strip() == "ok":
+                            break
+                except OSError:
+                    pass
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"streamlit did not start; see {log_path}")
+                time.sleep(0.25)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium driven by Python Playwright (never a downloaded browser).
+
+    Skipped when /usr/bin/chromium is missing, except under CI (CI=true), where that is a failure.
+    """
+    if not Path(CHROMIUM).exists() or shutil.which(CHROMIUM) is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing; .ci/run installs it with apt-get install -y chromium")
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield instance
+        instance.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    tab = context.new_page()
+    tab.set_default_timeout(60_000)
+    yield tab
+    context.close()

@@ -1,0 +1,1 @@
+"""Streamlit-facing helpers: figure builders (plotly, no Streamlit), shared widgets and validation."""
