@@ -1,0 +1,51 @@
+"""One colour per concept across every chart, and number formatting for labels.
+
+A policy, a backend, a memory category or a sequence keeps the same colour on every page.
+"""
+
+import plotly.express as px
+
+POLICY_COLORS = {
+    "paged": "#2ca02c",
+    "orca-max": "#d62728",
+    "orca-pow2": "#ff7f0e",
+    "orca-oracle": "#9467bd",
+    "contiguous": "#7f7f7f",
+}
+
+BACKEND_COLORS = {
+    "contiguous": "#7f7f7f",
+    "torch": "#1f77b4",
+    "triton": "#e377c2",
+    "gather": "#bcbd22",
+    "compiled": "#17becf",
+}
+
+MEMORY_COLORS = {
+    "token states": "#2ca02c",
+    "reservation": "#ffbb78",
+    "internal fragmentation": "#ff7f0e",
+    "external fragmentation": "#d62728",
+    "free": "#e5e5e5",
+    "weights": "#1f77b4",
+    "activations": "#aec7e8",
+    "kv cache": "#2ca02c",
+}
+
+FREE_BLOCK_COLOR = "#f0f0f0"
+CACHED_BLOCK_COLOR = "#c7c7c7"
+_SEQUENCE_PALETTE = px.colors.qualitative.Dark24
+
+
+def sequence_color(index: int) -> str:
+    """Colour of the sequence or request with this stable index (admission order), cycling a 24-colour palette."""
+    return _SEQUENCE_PALETTE[index % len(_SEQUENCE_PALETTE)]
+
+
+def policy_color(name: str) -> str:
+    return POLICY_COLORS.get(name, "#8c564b")
+
+
+def fmt_int(value: float) -> str:
+    """Thousands separators: 15728 -> '15,728'."""
+    return f"{round(value):,}"
