@@ -42,6 +42,10 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 # The torch backend gathers this many bytes of K (and as many of V) per chunk: small enough to stay in the
 # last-level cache between the gather and the attention that reads it, big enough to amortise Python overhead.
 CHUNK_TARGET_BYTES = 4 * 1024**2
+# ...and at least this many tokens per chunk. On CPU, ATen's flash kernel returns each chunk's partial output in
+# the input dtype (vLLM's paged_attention_v2 also keeps its partial outputs in the input dtype), so half types
+# round twice: once per partial, once at the end. Longer chunks average more tokens, keeping partials small.
+MIN_CHUNK_TOKENS = 32
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -197,6 +201,7 @@ def paged_attention(
     context_lens: torch.Tensor,
     scale: float | None = None,
     backend: str = "auto",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode step of attention over a paged KV cache.
 
@@ -207,6 +212,8 @@ def paged_attention(
                   last block are ignored.
     context_lens: [num_seqs] int32/int64 tokens of each sequence in the cache, 1 <= len <= max_blocks x block_size.
     scale:        softmax scale, default 1/sqrt(head_dim).
+    out:          optional [num_seqs, num_heads, head_dim] tensor (query's dtype and device, contiguous) that
+                  receives the result and is returned; every element is overwritten.
     Returns [num_seqs, num_heads, head_dim] in query's dtype: softmax(q . K^T * scale) . V over the first
     context_lens[s] tokens of sequence s.
     Raises InvalidArgumentError for bad shapes/dtypes/devices/lengths/block ids, BackendUnavailableError for a
@@ -215,13 +222,24 @@ def paged_attention(
     scale = _check_paged(query, 3, key_cache, value_cache, block_tables, context_lens, scale)
     backend = resolve_backend(backend, query.device)
     num_seqs, num_heads, head_dim = query.shape
+    if out is not None and (
+        not isinstance(out, torch.Tensor)
+        or out.shape != query.shape
+        or out.dtype != query.dtype
+        or out.device != query.device
+        or not out.is_contiguous()
+    ):
+        raise InvalidArgumentError(
+            f"out must be a contiguous {query.dtype} tensor of shape {list(query.shape)} on {query.device}"
+        )
     num_kv_heads = key_cache.shape[2]
     group = num_heads // num_kv_heads
     rows = query.view(num_seqs, num_kv_heads, group, head_dim)  # [seqs, kv_heads, rows=group, dim]
     lens = context_lens.to(torch.long)
     row_pos = (lens - 1)[:, None].expand(num_seqs, group)  # [seqs, rows] last position each row may see
-    out = _paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, backend)
-    return out.reshape(num_seqs, num_heads, head_dim)
+    out_rows = None if out is None else out.view(num_seqs, num_kv_heads, group, head_dim)
+    result = _paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, backend, out_rows)
+    return out if out is not None else result.reshape(num_seqs, num_heads, head_dim)
 
 
 def paged_prefill_attention(
@@ -391,15 +409,21 @@ def _paged_rows(
     row_pos: torch.Tensor,
     scale: float,
     backend: str,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """rows [seqs, kv_heads, R, dim] attend to positions 0..row_pos[s, r] (< lens[s]); -1 means none (output 0)."""
+    """rows [seqs, kv_heads, R, dim] attend to positions 0..row_pos[s, r] (< lens[s]); -1 means none (output 0).
+
+    Returns [seqs, kv_heads, R, dim]; written into `out` (same shape, contiguous) when given.
+    """
     if backend == "triton":
         from core.triton_attention import triton_paged_rows
 
-        return triton_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale)
+        return triton_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, out=out)
     if backend == "gather":
-        return _gather_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale)
-    return torch_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale)
+        result = _gather_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale)
+    else:
+        result = torch_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale)
+    return result if out is None else out.copy_(result)
 
 
 def _gather_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale) -> torch.Tensor:
@@ -442,9 +466,10 @@ def _attend_chunk(
 
 
 def chunk_blocks(num_seqs: int, block_size: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
-    """Blocks per sequence that the torch backend gathers per chunk: ~CHUNK_TARGET_BYTES of K per chunk."""
+    """Blocks per sequence that the torch backend gathers per chunk: ~CHUNK_TARGET_BYTES of K per chunk, and at
+    least MIN_CHUNK_TOKENS tokens."""
     per_column = num_seqs * block_size * num_kv_heads * head_dim * itemsize
-    return max(1, CHUNK_TARGET_BYTES // per_column)
+    return max(-(-MIN_CHUNK_TOKENS // block_size), CHUNK_TARGET_BYTES // per_column)
 
 
 def torch_paged_rows(

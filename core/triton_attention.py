@@ -111,10 +111,12 @@ def triton_paged_rows(
     row_pos: torch.Tensor,
     scale: float,
     block_rows: int = 16,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """rows [S, KV, R, D] attend to the paged cache up to row_pos [S, R] (-1: nothing -> 0); returns [S, KV, R, D].
 
     Arguments are validated by `core.attention`; the head dimension of every tensor must be contiguous.
+    `out` (contiguous, rows' shape and dtype) receives the result when given.
     """
     num_seqs, num_kv_heads, num_rows, head_dim = rows.shape
     block_size = key_cache.shape[1]
@@ -122,7 +124,8 @@ def triton_paged_rows(
     lens = lens.to(torch.int64).contiguous()
     row_pos = row_pos.to(torch.int64).contiguous()
     table = block_tables.contiguous()
-    out = torch.empty((num_seqs, num_kv_heads, num_rows, head_dim), dtype=rows.dtype, device=rows.device)
+    if out is None:
+        out = torch.empty((num_seqs, num_kv_heads, num_rows, head_dim), dtype=rows.dtype, device=rows.device)
     block_r = min(triton.next_power_of_2(num_rows), block_rows)
     grid = (num_seqs, num_kv_heads, triton.cdiv(num_rows, block_r))
     _paged_rows_kernel[grid](
