@@ -45,7 +45,7 @@ CHUNK_TARGET_BYTES = 4 * 1024**2
 # ...and at least this many tokens per chunk. On CPU, ATen's flash kernel returns each chunk's partial output in
 # the input dtype (vLLM's paged_attention_v2 also keeps its partial outputs in the input dtype), so half types
 # round twice: once per partial, once at the end. Longer chunks average more tokens, keeping partials small.
-MIN_CHUNK_TOKENS = 32
+MIN_CHUNK_TOKENS = 64
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -393,9 +393,10 @@ def gather_contiguous(
     shape = (num_seqs, num_cols * block_size, num_kv_heads, head_dim)
     key = key_cache.index_select(0, table.reshape(-1)).view(shape)[:, :longest]
     value = value_cache.index_select(0, table.reshape(-1)).view(shape)[:, :longest]
-    pad = torch.arange(longest, device=lens.device)[None, :] >= lens[:, None]  # [seqs, tokens]
-    key.masked_fill_(pad[:, :, None, None], 0)
-    value.masked_fill_(pad[:, :, None, None], 0)
+    if int(lens.min()) < longest:
+        pad = torch.arange(longest, device=lens.device)[None, :] >= lens[:, None]  # [seqs, tokens]
+        key.masked_fill_(pad[:, :, None, None], 0)
+        value.masked_fill_(pad[:, :, None, None], 0)
     return key, value
 
 
@@ -428,8 +429,10 @@ def _paged_rows(
 
 def _gather_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale) -> torch.Tensor:
     key, value = gather_contiguous(key_cache, value_cache, block_tables, lens)  # [seqs, tokens, kv, dim]
-    positions = torch.arange(key.shape[1], device=rows.device)
-    allowed = positions[None, None, :] <= row_pos[:, :, None]  # [seqs, R, tokens]
+    allowed = None
+    if int(row_pos.min()) < key.shape[1] - 1:  # some row may not see every token
+        positions = torch.arange(key.shape[1], device=rows.device)
+        allowed = positions[None, None, :] <= row_pos[:, :, None]  # [seqs, R, tokens]
     use_flash = rows.device.type == "cpu" and _CPU_FLASH is not None
     out, lse = _attend_chunk(rows, key, value, allowed, scale, use_flash)
     return torch.where(torch.isinf(lse)[..., None], 0.0, out).to(rows.dtype)
