@@ -34,6 +34,13 @@ def main() -> None:
         "--repeats", type=int, default=7, help="timed rounds per measurement (median is kept)"
     )
     parser.add_argument("--backends", default=None, help="comma-separated, default: every backend available")
+    parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,16,64)")
+    parser.add_argument(
+        "--contexts", default=None, help="comma-separated context lengths (default 512,2048,8192)"
+    )
+    parser.add_argument(
+        "--dtypes", default=None, help="comma-separated dtypes (default float32,bfloat16[,float16])"
+    )
     args = parser.parse_args()
 
     device = torch.device(args.device) if args.device else default_device()
@@ -43,6 +50,12 @@ def main() -> None:
     else:
         batches, contexts = [1, 16, 64], [512, 2048, 8192]
         dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else [])
+    if args.batches:
+        batches = [int(b) for b in args.batches.split(",")]
+    if args.contexts:
+        contexts = [int(c) for c in args.contexts.split(",")]
+    if args.dtypes:
+        dtypes = args.dtypes.split(",")
 
     report = {
         "device": device_label(device),

@@ -77,24 +77,50 @@ def check_budget(config: KernelConfig, budget: int | None = None) -> None:
         )
 
 
+def random_block_tables(
+    batch: int,
+    context_len: int,
+    block_size: int,
+    ragged: bool = False,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block tables for `batch` sequences sharing a pool of exactly the blocks they need, handed out in a random
+    order. Returns (block_tables [batch, ceil(context_len / block_size)] int32, -1 past a sequence's last block;
+    context_lens [batch] int32: all context_len, or with `ragged` random in [1, context_len], the last = context_len).
+    """
+    gen = generator or torch.Generator().manual_seed(0)
+    blocks_per_seq = -(-context_len // block_size)
+    context_lens = torch.full((batch,), context_len, dtype=torch.int32)
+    if ragged:
+        context_lens = torch.randint(1, context_len + 1, (batch,), generator=gen, dtype=torch.int32)
+        context_lens[-1] = context_len
+    used = -(-context_lens.long() // block_size)  # [batch] blocks each sequence owns
+    block_tables = torch.full((batch, blocks_per_seq), -1, dtype=torch.int32)
+    owned = torch.arange(blocks_per_seq)[None, :] < used[:, None]  # [batch, blocks_per_seq]
+    block_tables[owned] = torch.randperm(int(used.sum()), generator=gen).to(torch.int32)
+    return block_tables, context_lens
+
+
 def make_problem(
-    config: KernelConfig, device: torch.device | str = "cpu", seed: int = 0
+    config: KernelConfig, device: torch.device | str = "cpu", seed: int = 0, ragged: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Random paged problem: every sequence `context_len` tokens, blocks handed out in a random order (not
-    sequential), plus the same K/V laid out contiguously. Keys: query, key_cache, value_cache, block_tables,
-    context_lens (paged) and key, value ([batch, context_len, kv_heads, head_dim], contiguous)."""
+    """Random paged problem, plus the same K/V laid out contiguously.
+
+    Every sequence has `context_len` tokens, or with `ragged` random lengths in [1, context_len] whose last is
+    context_len (block table entries past a sequence's last block are then -1). Blocks are handed out in a random
+    order, not sequentially. Keys: query, key_cache, value_cache, block_tables, context_lens (paged) and key,
+    value ([batch, max context_len, kv_heads, head_dim], contiguous, zero past each length).
+    """
     check_budget(config)
     device = torch.device(device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    blocks_per_seq = -(-config.context_len // config.block_size)
-    num_blocks = config.batch * blocks_per_seq
+    block_tables, context_lens = random_block_tables(
+        config.batch, config.context_len, config.block_size, ragged=ragged, generator=gen
+    )
+    num_blocks = int(block_tables.max()) + 1
     shape = (num_blocks, config.block_size, config.num_kv_heads, config.head_dim)
     key_cache = torch.randn(shape, generator=gen, dtype=torch.float32).to(config.torch_dtype).to(device)
     value_cache = torch.randn(shape, generator=gen, dtype=torch.float32).to(config.torch_dtype).to(device)
-    block_tables = (
-        torch.randperm(num_blocks, generator=gen).view(config.batch, blocks_per_seq).to(torch.int32)
-    )
-    context_lens = torch.full((config.batch,), config.context_len, dtype=torch.int32)
     query = torch.randn(config.batch, config.num_heads, config.head_dim, generator=gen).to(config.torch_dtype)
     problem = {
         "query": query.to(device),
@@ -140,6 +166,11 @@ def copy_bandwidth_gbps(
     return 2 * src.numel() * 4 / (median_ms / 1e3) / 1e9
 
 
+def _sig(value: float, digits: int = 4) -> float:
+    """`value` rounded to `digits` significant digits (JSON stays readable, small numbers keep their precision)."""
+    return float(f"{value:.{digits}g}")
+
+
 def measure(
     config: KernelConfig,
     backends: list[str],
@@ -180,13 +211,40 @@ def measure(
                 "context_len": config.context_len,
                 "dtype": config.dtype,
                 "backend": backend,
-                "paged_ms": round(paged_ms, 3),
-                "contiguous_ms": round(contiguous_ms, 3),
-                "ratio": round(paged_ms / contiguous_ms, 3),
-                "achieved_gbps": round(config.kv_bytes / (paged_ms / 1e3) / 1e9, 2),
-                "contiguous_gbps": round(config.kv_bytes / (contiguous_ms / 1e3) / 1e9, 2),
+                "paged_ms": _sig(paged_ms),
+                "contiguous_ms": _sig(contiguous_ms),
+                "ratio": _sig(paged_ms / contiguous_ms),
+                "achieved_gbps": _sig(config.kv_bytes / (paged_ms / 1e3) / 1e9),
+                "contiguous_gbps": _sig(config.kv_bytes / (contiguous_ms / 1e3) / 1e9),
                 "contiguous_method": method,
                 "max_abs_err": err,
             }
         )
     return results
+
+
+def correctness(config: KernelConfig, backends: list[str], device="cpu", seed: int = 0) -> dict[str, float]:
+    """Max abs difference between paged attention (each backend) and `contiguous_attention` on the same ragged
+    problem (random lengths, -1 padding in the block tables). Compared in float32."""
+    p = make_problem(config, device, seed, ragged=True)
+    reference = contiguous_attention(p["query"], p["key"], p["value"], p["context_lens"]).float()
+    paged_args = (p["query"], p["key_cache"], p["value_cache"], p["block_tables"], p["context_lens"])
+    return {
+        backend: (paged_attention(*paged_args, backend=backend).float() - reference).abs().max().item()
+        for backend in backends
+    }
+
+
+def tolerance(dtype: str) -> float:
+    """Max abs difference between two correct float32 kernels (1e-4) or half-precision kernels (2e-2)."""
+    return 1e-4 if dtype == "float32" else 2e-2
+
+
+def sweep_contexts(context_len: int, block_size: int, points: int = 4) -> list[int]:
+    """Context lengths for a latency sweep: halving from `context_len`, at least one block, ascending."""
+    contexts = []
+    value = context_len
+    while len(contexts) < points and value >= block_size:
+        contexts.append(value)
+        value //= 2
+    return sorted(set(contexts)) or [context_len]
