@@ -72,7 +72,9 @@ def available_backends(device: torch.device | str) -> list[str]:
     """Concrete backends (no "auto") that can run on `device`, fastest-first guess first."""
     device = torch.device(device)
     names = ["torch", "gather"]
-    if triton_available() and (device.type == "cuda" or triton_interpreted()):
+    if (
+        device.type == "cuda" or triton_interpreted()
+    ) and triton_available():  # import triton only if it can run
         names.insert(0, "triton")
     return names
 
