@@ -35,7 +35,7 @@ BACKENDS = available_backends(DEVICE)
 
 @st.cache_data(show_spinner=False)
 def _copy_gbps(device: str) -> float:
-    return copy_bandwidth_gbps(device, nbytes=64 * 1024**2)
+    return copy_bandwidth_gbps(device, nbytes=128 * 1024**2, repeats=5)
 
 
 @st.cache_data(show_spinner=False)

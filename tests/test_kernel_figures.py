@@ -99,6 +99,7 @@ def test_block_map_places_each_logical_block_on_its_physical_block():
         0,
     ]  # each link ends on the physical block
     assert "53 tokens in 4 logical blocks" in fig.layout.title.text
+    assert "pool of 12 physical blocks" in fig.layout.title.text
 
 
 def test_block_map_limits_links_on_long_sequences():

@@ -31,18 +31,22 @@ def _color(backend: str) -> str:
     return BACKEND_COLORS.get(backend, "#8c564b")
 
 
-def _axes(fig: go.Figure, title: str, y_title: str) -> go.Figure:
+def _axes(fig: go.Figure, title: str, y_title: str, contexts: list[int]) -> go.Figure:
     fig.update_layout(
         title=title,
         xaxis_title="context length (tokens)",
         yaxis_title=y_title,
-        legend_title_text="kernel",
-        margin={"l": 60, "r": 20, "t": 50, "b": 50},
-        height=360,
+        legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0},
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        height=400,
     )
-    fig.update_xaxes(type="log", tickformat=",d")
+    fig.update_xaxes(type="log", tickvals=contexts, ticktext=[f"{c:,}" for c in contexts])
     fig.update_yaxes(tickformat=",")
     return fig
+
+
+def _contexts(rows: list[dict]) -> list[int]:
+    return sorted({row["context_len"] for row in rows})
 
 
 def latency_figure(rows: list[dict]) -> go.Figure:
@@ -70,7 +74,7 @@ def latency_figure(rows: list[dict]) -> go.Figure:
                 hovertemplate="%{x:,} tokens: %{y:,.3f} ms<extra>paged " + backend + "</extra>",
             )
         )
-    return _axes(fig, "Decode latency", "latency (ms)")
+    return _axes(fig, "Decode latency", "latency (ms)", _contexts(rows))
 
 
 def overhead_figure(rows: list[dict]) -> go.Figure:
@@ -82,8 +86,16 @@ def overhead_figure(rows: list[dict]) -> go.Figure:
         fillcolor="#2ca02c",
         opacity=0.15,
         line_width=0,
-        annotation_text="paper: 1.20-1.26x (vs FasterTransformer)",
-        annotation_position="top left",
+    )
+    fig.add_annotation(
+        x=1,
+        xref="paper",
+        xanchor="right",
+        y=PAPER_OVERHEAD[1],
+        yanchor="bottom",
+        text="paper: 1.20-1.26x vs FasterTransformer",
+        showarrow=False,
+        font={"color": "#2ca02c"},
     )
     fig.add_hline(y=1.0, line={"color": _color(CONTIGUOUS), "dash": "dash"})
     for backend, points in _by_backend(rows).items():
@@ -97,7 +109,7 @@ def overhead_figure(rows: list[dict]) -> go.Figure:
                 hovertemplate="%{x:,} tokens: %{y:.2f}x<extra>" + backend + "</extra>",
             )
         )
-    fig = _axes(fig, "Paging overhead", "paged / contiguous latency (x)")
+    fig = _axes(fig, "Paging overhead", "paged / contiguous latency (x)", _contexts(rows))
     fig.update_yaxes(rangemode="tozero", tickformat=".2f")
     return fig
 
@@ -133,7 +145,12 @@ def bandwidth_figure(rows: list[dict], copy_gbps: float) -> go.Figure:
                 hovertemplate="%{x:,} tokens: %{y:,.1f} GB/s<extra>paged " + backend + "</extra>",
             )
         )
-    fig = _axes(fig, "Achieved bandwidth (K and V bytes read / time)", "bandwidth (GB/s, 1e9 bytes/s)")
+    fig = _axes(
+        fig,
+        "Achieved bandwidth (K and V bytes read / time)",
+        "bandwidth (GB/s, 1e9 bytes/s)",
+        _contexts(rows),
+    )
     fig.update_yaxes(rangemode="tozero")
     return fig
 
@@ -161,7 +178,7 @@ def block_map_figure(
     owned = set(owned or ()) - set(table)
 
     def logical_xy(j: int) -> tuple[float, float]:
-        return j % columns, 1.5 + (used - 1) // columns - j // columns
+        return j % columns, 2.5 + (used - 1) // columns - j // columns
 
     def physical_xy(block: int) -> tuple[float, float]:
         return block % columns, -(block // columns)
@@ -249,13 +266,20 @@ def block_map_figure(
         )
     )
     pool_rows = -(-num_blocks // columns)
+    top = 2.5 + (used - 1) // columns
+    fig.add_annotation(
+        x=-0.5, y=top + 0.9, text="logical blocks (block table order)", showarrow=False, xanchor="left"
+    )
+    fig.add_annotation(
+        x=-0.5, y=0.9, text="physical block pool (ids row by row)", showarrow=False, xanchor="left"
+    )
     fig.update_layout(
         title=(
-            f"Sequence 0: {context_len:,} tokens in {used:,} logical blocks of {block_size} tokens, scattered over a "
-            f"pool of {num_blocks:,} physical blocks"
+            f"Sequence 0: {context_len:,} tokens in {used:,} logical blocks<br>"
+            f"<sup>blocks of {block_size} tokens, scattered over a pool of {num_blocks:,} physical blocks</sup>"
         ),
-        height=max(260, 22 * (pool_rows + (used - 1) // columns + 3) + 90),
-        margin={"l": 20, "r": 20, "t": 50, "b": 20},
+        height=max(300, 22 * (pool_rows + (used - 1) // columns + 5) + 130),
+        margin={"l": 20, "r": 20, "t": 70, "b": 20},
         legend={"orientation": "h", "y": -0.05},
         plot_bgcolor="white",
     )
