@@ -10,6 +10,7 @@ contiguous K/V; copy_gbps is dst.copy_(src) into a preallocated tensor, counting
 """
 
 import argparse
+import ctypes
 import json
 import sys
 from pathlib import Path
@@ -22,6 +23,24 @@ from core.attention import available_backends
 from core.attention_bench import KernelConfig, check_budget, copy_bandwidth_gbps, measure
 from core.device import default_device, device_label
 from core.errors import MemoryBudgetError
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+
+
+def tune_malloc() -> bool:
+    """Keep freed memory in the heap (glibc): no mmap/munmap and page faults for every per-call buffer.
+
+    ATen's CPU attention kernels allocate their outputs and scratch (a few hundred KiB) on every call; with glibc's
+    defaults these come from fresh mmaps, and the page faults cost the chunked paged kernel (tens of calls per
+    step) far more than one SDPA call. Serving stacks use jemalloc/tcmalloc for the same reason. Applies to paged
+    and contiguous alike. Returns False where it cannot be set (not glibc).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(M_MMAP_THRESHOLD, 256 * 1024**2) == 1
+        return libc.mallopt(M_TRIM_THRESHOLD, 1024**3) == 1 and ok
+    except (OSError, AttributeError):
+        return False
 
 
 def main() -> None:
@@ -41,7 +60,13 @@ def main() -> None:
     parser.add_argument(
         "--dtypes", default=None, help="comma-separated dtypes (default float32,bfloat16[,float16])"
     )
+    parser.add_argument(
+        "--no-malloc-tuning",
+        action="store_true",
+        help="keep glibc's default mmap/trim thresholds (see tune_malloc)",
+    )
     args = parser.parse_args()
+    malloc_tuning = False if args.no_malloc_tuning else tune_malloc()
 
     device = torch.device(args.device) if args.device else default_device()
     backends = args.backends.split(",") if args.backends else available_backends(device)
@@ -60,6 +85,7 @@ def main() -> None:
     report = {
         "device": device_label(device),
         "threads": torch.get_num_threads(),
+        "malloc_tuning": malloc_tuning,
         "copy_gbps": round(copy_bandwidth_gbps(device), 2),
         "results": [],
         "skipped": [],
