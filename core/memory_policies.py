@@ -163,14 +163,15 @@ class PagedMemory:
 
     # ---- group operations ----------------------------------------------------------------------------------
 
-    def admit(self, group: Group) -> bool:
+    def admit(self, group: Group, reserved_blocks: int = 0) -> bool:
         """Allocate the group's blocks (prompt + tokens generated before a recompute preemption), or return False
-        with nothing changed. Sets group.todo (tokens to prefill) and the pending slots."""
+        with nothing changed. `reserved_blocks` stay free for this step's decodes, and so do the watermark blocks.
+        Sets group.todo (tokens to prefill) and the pending slots."""
         req, bs, mgr = group.req, self.bs, self.manager
         gen = group.emitted  # recompute: every emitted token is prefilled again
         need = self.blocks_for(req.prompt_len, gen, group.n)
         free0 = mgr.num_free_blocks
-        if need > free0 - self.watermark_blocks:
+        if need > free0 - self.watermark_blocks - reserved_blocks:
             return False
         sid0 = group.seq_ids[0]
         if group.n == 1:
@@ -301,7 +302,7 @@ class ContiguousMemory:
                 f"cache never holds them"
             )
 
-    def admit(self, group: Group) -> bool:
+    def admit(self, group: Group, reserved_blocks: int = 0) -> bool:
         need, requested, segment = self._sizes(group.req)
         addresses = []
         for _ in range(group.n):

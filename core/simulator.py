@@ -323,7 +323,7 @@ def simulate(
             owner_group = owners[snap.owner]  # -1 indexes the trailing -1
             snapshots.append(
                 StepSnapshot(
-                    step,
+                    step - 1,
                     now,
                     lens,
                     req_ids[owner_group].astype(np.int32),
@@ -333,7 +333,7 @@ def simulate(
                 )
             )
         else:
-            snapshots.append(StepSnapshot(step, now, lens))
+            snapshots.append(StepSnapshot(step - 1, now, lens))
         if len(snapshots) > config.max_snapshots:
             stride *= 2
             snapshots = [s for s in snapshots if s.step % stride == 0]
@@ -366,8 +366,8 @@ def simulate(
         decoding = [g for g in running if g.todo == 0]
         preempted = 0
         swap_bytes = 0.0
+        need = 0
         if paged and decoding:
-            need = 0
             for g in decoding:
                 if g.length % bs == 0:
                     need += g.n
@@ -401,7 +401,7 @@ def simulate(
                 gen = g.length - g.req.prompt_len
                 emitted = g.emitted
                 g.emitted = gen
-                ok = mem.admit(g)
+                ok = mem.admit(g, need)
                 g.emitted = emitted
                 if not ok:
                     break
@@ -425,7 +425,7 @@ def simulate(
         if not preempted and not swapped:
             while waiting and budget > 0 and seqs + waiting[0].n <= max_seqs:
                 g = waiting[0]
-                if not mem.admit(g):
+                if not mem.admit(g, need):
                     break
                 waiting.popleft()
                 if g.admit_step < 0:
