@@ -48,7 +48,9 @@ class Policy:
         if self.is_paged:
             cache = ", prefix caching" if self.enable_prefix_caching else ""
             return f"paged (block {self.block_size}{cache})"
-        return {"orca-max": "Orca (Max)", "orca-pow2": "Orca (Pow2)", "orca-oracle": "Orca (Oracle)"}[self.name]
+        return {"orca-max": "Orca (Max)", "orca-pow2": "Orca (Pow2)", "orca-oracle": "Orca (Oracle)"}[
+            self.name
+        ]
 
 
 def paged(block_size: int = 16, enable_prefix_caching: bool = False) -> Policy:
@@ -187,7 +189,7 @@ class PagedMemory:
             mgr.fork(sid0, sid)
         if group.n > 1 and gen:
             for sid, tok in zip(group.seq_ids, group.gen_tokens, strict=True):
-                mgr.append_tokens(sid, [tok] * gen)
+                mgr.extend(sid, [tok] * gen)
         length = req.prompt_len + gen
         group.length = length
         group.shared_tail = group.n > 1 and gen == 0 and length % bs != 0
@@ -226,15 +228,14 @@ class PagedMemory:
 
     def decode(self, groups: list[Group], steps: int) -> None:
         """Append `steps` tokens to every sequence of the groups (the caller checked the blocks are there)."""
-        append = self.manager.append_token
+        extend = self.manager.extend
         added = 0
         for group in groups:
             if group.shared_tail:
                 self.token_states += (group.n - 1) * (group.length % self.bs)
                 group.shared_tail = False
             for sid, tok in zip(group.seq_ids, group.gen_tokens, strict=True):
-                for _ in range(steps):
-                    append(sid, tok)
+                extend(sid, (tok,) * steps)
             group.length += steps
             added += group.n
         self.token_states += added * steps

@@ -84,7 +84,13 @@ class SimulatorConfig:
     max_snapshots: int = 100
 
     def __post_init__(self):
-        for name in ("kv_capacity_tokens", "max_num_seqs", "max_num_batched_tokens", "max_seq_len", "max_snapshots"):
+        for name in (
+            "kv_capacity_tokens",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_seq_len",
+            "max_snapshots",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
                 raise InvalidArgumentError(f"{name} must be an integer >= 1, got {value!r}")
@@ -284,7 +290,7 @@ def simulate(
     bs = policy.block_size
     model = config.step_time
     kv_bytes = model.kv_bytes_per_token
-    swap_capacity_blocks = int(config.swap_space_bytes // (kv_bytes * bs)) if paged else 0
+    swap_capacity_blocks = int(config.swap_space_bytes // (kv_bytes * bs)) if kv_bytes > 0 else 1 << 62
     swap_used_blocks = 0
     swap = config.preemption_mode == "swap"
 
@@ -310,7 +316,7 @@ def simulate(
     ai = 0
     finished = 0
     preemptions_total = 0
-    next_report = 0.01
+    next_report = 1  # percent
     max_seqs, max_tokens = config.max_num_seqs, config.max_num_batched_tokens
 
     def take_snapshot(decoding: list[Group]) -> None:
@@ -515,7 +521,8 @@ def simulate(
         rows[:, _COL["running"]] = len(running) + len(done)
         rows[:, _COL["running_seqs"]] = seqs
         if k > 1:
-            rows[:, _COL["waiting"]] = len(waiting) + np.searchsorted(arrivals, end_times, side="right") - ai
+            starts = end_times - dts
+            rows[:, _COL["waiting"]] = len(waiting) + np.searchsorted(arrivals, starts, side="right") - ai
         else:
             rows[:, _COL["waiting"]] = len(waiting)
         rows[:, _COL["swapped"]] = len(swapped)
@@ -544,7 +551,9 @@ def simulate(
         last[_COL["allocator_slack"]] = m1[3]
         last[_COL["free_slots"]] = m1[4]
         last[_COL["free_blocks"]] = m1[5]
-        rows[:, _COL["external_fragmentation"]] = rows[:, _COL["allocator_slack"]] + rows[:, _COL["free_slots"]]
+        rows[:, _COL["external_fragmentation"]] = (
+            rows[:, _COL["allocator_slack"]] + rows[:, _COL["free_slots"]]
+        )
         rows[:, _COL["tokens_generated"]] = n_decode
         rows[-1, _COL["tokens_generated"]] = generated - n_decode * (k - 1)
         rows[:, _COL["prefill_tokens"]] = 0
@@ -558,9 +567,9 @@ def simulate(
         now = end
         if (step - 1) % stride == 0:
             take_snapshot([g for g in running if g.todo == 0])
-        if progress is not None and finished / total >= next_report:
-            progress(min(1.0, finished / total))
-            next_report = math.floor(finished / total * 100 + 1) / 100
+        if progress is not None and finished * 100 >= next_report * total:
+            progress(finished / total)
+            next_report = finished * 100 // total + 1
 
     if progress is not None:
         progress(1.0)

@@ -291,7 +291,9 @@ def _parse_int(value: Any, row: int, column: str, minimum: int) -> int:
 def _parse_row(record: dict, row: int) -> Request:
     for column in TRACE_COLUMNS:
         if column not in record or record[column] in (None, ""):
-            raise InvalidArgumentError(f"trace row {row}: missing column {column!r} (required: {TRACE_COLUMNS})")
+            raise InvalidArgumentError(
+                f"trace row {row}: missing column {column!r} (required: {TRACE_COLUMNS})"
+            )
     raw = record["arrival_time"]
     try:
         arrival = float(raw)
@@ -363,7 +365,9 @@ def load_trace(file: Any) -> list[Request]:
         try:
             text = bytes(data).decode("utf-8") if isinstance(data, bytes | bytearray) else str(data)
         except UnicodeDecodeError as err:
-            raise InvalidArgumentError(f"trace is not UTF-8 text (byte {err.start}); upload a CSV or JSONL") from None
+            raise InvalidArgumentError(
+                f"trace is not UTF-8 text (byte {err.start}); upload a CSV or JSONL"
+            ) from None
     else:
         raise InvalidArgumentError(f"load_trace needs a path, text, bytes or file object, got {type(file)}")
     parsed = [_parse_row(record, row) for row, record in _records(text)]
