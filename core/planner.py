@@ -592,7 +592,8 @@ class WorkloadWhatIf:
     `_time_averages`). paged_concurrency = min(max_num_seqs, kv_tokens / (mean_blocks_held x block_size));
     contiguous_concurrency = min(max_num_seqs, kv_tokens // reservation_tokens), each request reserving
     `reservation_tokens` (max_model_len) for its whole life; oracle_concurrency reserves exactly
-    prompt + output (Orca-Oracle). paged_over_contiguous is None when not even one
+    prompt + output (Orca-Oracle). The `*_memory_concurrency` fields are the same without the max_num_seqs
+    cap: what the KV cache alone would hold. paged_over_contiguous is None when not even one
     contiguous reservation fits. internal_fragmentation = 1 - mean_tokens_held / (mean_blocks_held x
     block_size): the share of allocated paged slots holding no token. kv_used_bytes: KV blocks the paged
     requests hold (per GPU), internal_fragmentation_bytes the part of it that is empty slots.
@@ -607,6 +608,9 @@ class WorkloadWhatIf:
     paged_concurrency: float
     contiguous_concurrency: float
     oracle_concurrency: float
+    paged_memory_concurrency: float
+    contiguous_memory_concurrency: int
+    oracle_memory_concurrency: float
     paged_over_contiguous: float | None
     internal_fragmentation: float
     kv_used_bytes: int
@@ -657,6 +661,9 @@ def workload_what_if(
         paged_concurrency=float(paged),
         contiguous_concurrency=float(contiguous),
         oracle_concurrency=float(oracle),
+        paged_memory_concurrency=float(memory_paged),
+        contiguous_memory_concurrency=int(capacity.kv_tokens // reservation),
+        oracle_memory_concurrency=float(capacity.kv_tokens / exact_held),
         paged_over_contiguous=float(paged / contiguous) if contiguous else None,
         internal_fragmentation=float(fragmentation),
         kv_used_bytes=used_bytes,
