@@ -516,6 +516,22 @@ def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec) -> str:
     """The `vllm serve` flags matching the plan. max-num-seqs is the number of `context_len` requests that fit
     in the KV cache (at least 1, at most 1,024)."""
     kv_flag = {"fp8": "fp8"}.get(capacity.kv_dtype, "auto")
+    comments = []
+    checkpoint_weights = resolve_weight_dtype(model, "auto")
+    quantize = None
+    if capacity.weight_dtype != checkpoint_weights:
+        if capacity.weight_dtype == "fp8":
+            quantize = "--quantization fp8"  # vLLM quantizes a 16-bit checkpoint to FP8 at load time
+        else:
+            comments.append(
+                f"# {capacity.weight_dtype} weights need a checkpoint stored that way (the preset's is "
+                f"{checkpoint_weights}), e.g. a GPTQ/AWQ/W8A8 export of {model.name}"
+            )
+    if capacity.kv_dtype in ("int8", "fp4"):
+        comments.append(
+            f"# {capacity.kv_dtype} KV cache is not a vLLM --kv-cache-dtype choice: with auto, vLLM holds fewer "
+            "tokens than this plan"
+        )
     parts = [
         f"vllm serve {model.hf_repo or model.name}",
         f"--tensor-parallel-size {capacity.tensor_parallel}",
@@ -526,6 +542,8 @@ def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec) -> str:
         parts.append(f"--data-parallel-size {capacity.replicas}")
     if capacity.kv_dtype in ("fp16", "bf16") and capacity.kv_dtype != _TORCH_TO_SHORT[model.compute_dtype]:
         parts.append(f"--dtype {'float16' if capacity.kv_dtype == 'fp16' else 'bfloat16'}")
+    if quantize:
+        parts.append(quantize)
     parts += [
         f"--kv-cache-dtype {kv_flag}",
         f"--gpu-memory-utilization {capacity.gpu_memory_utilization:g}",
@@ -533,7 +551,7 @@ def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec) -> str:
         f"--block-size {capacity.block_size}",
         f"--max-num-seqs {max(1, min(capacity.max_concurrency, 1024))}",
     ]
-    return " \\\n  ".join(parts)
+    return "\n".join([*comments, " \\\n  ".join(parts)])
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -83,6 +83,15 @@ def widget(factory, label: str, key: str, **kwargs):
     return value
 
 
+def clamp_context(prefix: str) -> None:
+    """On a model change, bring max_model_len within the new model's max_position_embeddings."""
+    slug = st.session_state[f"{prefix}model"]
+    key = f"{prefix}ctx"
+    if slug in MODELS and st.session_state.get(key, 0) > MODELS[slug].max_position_embeddings:
+        st.session_state[key] = MODELS[slug].max_position_embeddings
+        st.session_state[STATE][key] = st.session_state[key]
+
+
 def scenario_inputs(prefix: str) -> None:
     p = prefix
     model_options = [*MODELS, CUSTOM]
@@ -92,6 +101,8 @@ def scenario_inputs(prefix: str) -> None:
         f"{p}model",
         options=model_options,
         format_func=lambda s: "Custom (paste or upload config.json)" if s == CUSTOM else MODELS[s].name,
+        on_change=clamp_context,
+        args=(p,),
     )
     if st.session_state[f"{p}model"] == CUSTOM:
         upload = st.file_uploader("Upload config.json", type=["json"], key=f"{p}upload")

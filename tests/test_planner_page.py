@@ -185,3 +185,13 @@ def test_custom_gpu_from_url():
                        "a_gpu_bw": "1000", "a_gpus": "1", "a_tp": "1", "a_kvdtype": "auto"})  # fmt: skip
     expected = plan(MODELS["llama-3.1-8b"], GPUSpec.custom("x", 48, 1000), max_model_len=4096)
     assert ("KV blocks", f"{expected.num_blocks:,}") in metrics(at)
+
+
+def test_switching_to_a_shorter_model_clamps_max_model_len():
+    at = open_planner({"compare": "0", "a_ctx": "8192", "a_tp": "1", "a_gpus": "1"})
+    at.selectbox(key="a_model").set_value("opt-13b").run()
+    assert not at.exception and not at.error
+    assert at.number_input(key="a_ctx").value == 2048
+    expected = plan(MODELS["opt-13b"], GPUS["h100-80gb"], kv_dtype="fp8", max_model_len=2048)
+    assert ("KV blocks", f"{expected.num_blocks:,}") in metrics(at)
+    assert "2048" in str(at.query_params["a_ctx"])
