@@ -389,7 +389,10 @@ def plan(
     if block_size not in VLLM_BLOCK_SIZES:
         notes.append(f"block_size {block_size} is not a vLLM --block-size choice ({VLLM_BLOCK_SIZES}).")
     if fits:
-        notes.append("Decode throughput is an estimate from the memory-bandwidth and compute roofline.")
+        notes.append(
+            "Decode throughput is an estimate: a roofline upper bound (weights + KV read per step over memory "
+            "bandwidth, or FLOPs over peak), with no scheduling, sampling or kernel overheads."
+        )
 
     result = CapacityPlan(
         model=model.name,
@@ -562,8 +565,22 @@ def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec) -> str:
 def request_lengths(requests: Iterable[Any]) -> tuple[np.ndarray, np.ndarray]:
     """(prompt_lens, output_lens) as int64 arrays from (prompt_len, output_len) pairs or objects with
     `prompt_len` and `output_len` attributes (e.g. `core.workload.Request`). Every length must be >= 1."""
+    items = list(requests)
+    try:  # fast path: one array conversion, validated as a whole
+        pairs = [(r.prompt_len, r.output_len) for r in items] if hasattr(items[0], "prompt_len") else items
+        array = np.asarray(pairs)
+        if array.ndim == 2 and array.shape[1] == 2 and array.dtype.kind in "iu" and (array >= 1).all():
+            array = array.astype(np.int64)
+            return array[:, 0].copy(), array[:, 1].copy()
+    except (AttributeError, IndexError, TypeError, ValueError):
+        pass
+    return _request_lengths_checked(items)
+
+
+def _request_lengths_checked(items: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The slow path of `request_lengths`: item by item, raising for the first bad one."""
     prompts, outputs = [], []
-    for item in requests:
+    for item in items:
         if hasattr(item, "prompt_len"):
             prompt, output = item.prompt_len, item.output_len
         else:
@@ -741,7 +758,7 @@ def plan_table(capacity: CapacityPlan) -> str:
         (f"bytes per {capacity.context_len:,}-token request", size(capacity.per_request_bytes)),
         (f"max concurrency at {capacity.context_len:,} tokens",
          f"{capacity.max_concurrency:,} per replica, {capacity.max_concurrency_total:,} total"),
-        ("decode estimate (roofline)",
+        ("decode estimate (roofline upper bound)",
          f"{capacity.decode_tokens_per_s:,.0f} tokens/s at batch {capacity.decode_batch:,} ({capacity.decode_bound}-bound)"
          if capacity.decode_tokens_per_s else "n/a"),
         ("verdict", capacity.verdict),

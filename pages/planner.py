@@ -224,7 +224,7 @@ def show_metrics(prefix: str, result, baseline) -> None:
         help="Per replica, capped at max_num_seqs; the chart below shows the memory-bound figure.",
     )
     c[4].metric(
-        "Decode tokens/s (estimate)",
+        "Decode tokens/s (roofline estimate)",
         fmt_int(p.decode_tokens_per_s) if p.decode_tokens_per_s else "—",
         delta(p.decode_tokens_per_s, base_plan and base_plan.decode_tokens_per_s),
         help="Roofline estimate: weights + KV read per step over memory bandwidth (or FLOPs over peak).",
