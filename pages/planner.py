@@ -212,10 +212,11 @@ def show_metrics(prefix: str, result, baseline) -> None:
     )
     c[1].metric("KV blocks", fmt_int(p.num_blocks), delta(p.num_blocks, base_plan and base_plan.num_blocks))
     c[2].metric(
-        f"Max requests of {p.context_len:,} tokens",
+        "Max requests at max_model_len",
         fmt_int(p.max_concurrency_total),
         delta(p.max_concurrency_total, base_plan and base_plan.max_concurrency_total),
-        help="All replicas together; each request holds ceil(context / block size) blocks.",
+        help=f"Requests of {p.context_len:,} tokens held at once, all replicas together; each holds "
+        f"ceil({p.context_len:,} / {p.block_size}) blocks.",
     )
     c[3].metric(
         "Avg concurrent, paged",
@@ -224,7 +225,7 @@ def show_metrics(prefix: str, result, baseline) -> None:
         help="Per replica, capped at max_num_seqs; the chart below shows the memory-bound figure.",
     )
     c[4].metric(
-        "Decode tokens/s (roofline estimate)",
+        "Decode tokens/s (est.)",
         fmt_int(p.decode_tokens_per_s) if p.decode_tokens_per_s else "—",
         delta(p.decode_tokens_per_s, base_plan and base_plan.decode_tokens_per_s),
         help="Roofline estimate: weights + KV read per step over memory bandwidth (or FLOPs over peak).",

@@ -107,7 +107,7 @@ def test_defaults_draw_the_plan_of_core():
     shown = metrics(at)
     assert ("KV tokens per replica", f"{expected.kv_tokens:,}") in shown
     assert ("KV blocks", f"{expected.num_blocks:,}") in shown
-    assert ("Max requests of 4,096 tokens", f"{expected.max_concurrency:,}") in shown
+    assert ("Max requests at max_model_len", f"{expected.max_concurrency:,}") in shown
     assert len(at.get("plotly_chart")) == 4
     assert any("40,960 B" in md.value for md in at.markdown)  # the formula, with the numbers
     assert any("--kv-cache-dtype fp8" in code.value for code in at.code)

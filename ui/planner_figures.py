@@ -144,7 +144,10 @@ def paged_vs_contiguous_figure(
         )
     fig.update_layout(
         barmode="group",
-        yaxis_title="concurrent requests the KV cache holds, per replica (requests)",
+        yaxis={
+            "title": "concurrent requests the KV cache holds, per replica (requests)",
+            "rangemode": "tozero",
+        },
         xaxis_title="scenario",
         height=420,
         margin={"t": 30},
