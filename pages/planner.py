@@ -56,8 +56,12 @@ def cached_workload(
 def sync_from_url() -> None:
     """Seed the widgets from the URL on the first run, and whenever the URL no longer matches what we wrote."""
     current = st.query_params.to_dict()
-    if STATE in st.session_state and st.session_state.get(WRITTEN) == current:
-        return
+    if STATE in st.session_state:
+        if st.session_state.get(WRITTEN) == current:
+            return
+        if not any(field.key in current for field in ALL_FIELDS):
+            # Back from another page (navigation drops the query): keep this session's what-if.
+            return
     values, errors = parse_params(current, ALL_FIELDS)
     st.session_state[STATE] = values
     st.session_state[URL_ERRORS] = errors

@@ -9,7 +9,15 @@ from streamlit.testing.v1 import AppTest
 from core.hardware import GPUS, GPUSpec
 from core.models import MODELS, ModelSpec, preset_configs
 from core.planner import plan
-from ui.planner_scenario import ALL_FIELDS, build_model, encode_config, make_workload, url_params
+from ui.planner_scenario import (
+    ALL_FIELDS,
+    build_model,
+    compute_scenario,
+    encode_config,
+    make_workload,
+    plan_document,
+    url_params,
+)
 from ui.query_state import Field, decode_blob, encode_blob, encode_params, parse_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +78,21 @@ def test_custom_model_survives_the_url():
     assert (model.num_layers, model.num_kv_heads, model.head_dim) == (28, 4, 128)
     assert "a_config" in url_params(values)
     assert "a_config" not in url_params({**values, "a_model": "qwen2.5-7b"})
+
+
+def test_plan_document_is_json_and_matches_core():
+    values, _ = parse_params({}, ALL_FIELDS)
+    requests = make_workload(values, 4096)
+    results = {"Scenario A": compute_scenario(values, "a_", requests)}
+    document = json.loads(json.dumps(plan_document(values, results)))
+    scenario = document["scenarios"]["Scenario A"]
+    expected = plan(MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="fp8",
+                    max_model_len=4096)  # fmt: skip
+    assert scenario["plan"]["kv_tokens"] == expected.kv_tokens
+    assert scenario["model"]["num_kv_heads"] == 8 and scenario["gpu"]["memory_bytes"] == 80 * 1024**3
+    assert scenario["workload_what_if"]["num_requests"] == 1000
+    assert len(scenario["fragmentation_by_block_size"]) == 9
+    assert document["inputs"]["a_kvdtype"] == "fp8"
 
 
 def test_workload_lengths_fit_max_len():
@@ -195,3 +218,15 @@ def test_switching_to_a_shorter_model_clamps_max_model_len():
     expected = plan(MODELS["opt-13b"], GPUS["h100-80gb"], kv_dtype="fp8", max_model_len=2048)
     assert ("KV blocks", f"{expected.num_blocks:,}") in metrics(at)
     assert "2048" in str(at.query_params["a_ctx"])
+
+
+def test_what_if_survives_a_visit_to_another_page():
+    at = open_planner({"compare": "0"})
+    at.selectbox(key="a_kvdtype").set_value("bf16").run()
+    at.number_input(key="a_ctx").set_value(8192).run()
+    at.switch_page("pages/playground.py").run()
+    assert not at.exception
+    at.switch_page("pages/planner.py").run()
+    assert not at.exception
+    assert at.selectbox(key="a_kvdtype").value == "bf16" and at.number_input(key="a_ctx").value == 8192
+    assert "8192" in str(at.query_params["a_ctx"])

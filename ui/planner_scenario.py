@@ -275,7 +275,9 @@ def formula_lines(result: ScenarioResult) -> list[str]:
         f"Max concurrent requests of {p.context_len:,} tokens = {p.num_blocks:,} // ceil({p.context_len:,}/"
         f"{p.block_size}) = {p.num_blocks:,} // {context_blocks:,} = **{p.max_concurrency:,}** per replica"
         + (f" × {p.replicas} replicas = **{p.max_concurrency_total:,}**" if p.replicas > 1 else ""),
-        f"Weights per GPU = {m.num_params / 1e9:,.2f}B params × {DTYPE_BITS[p.weight_dtype] / 8:g} B "
+        f"Weights per GPU = {m.num_params / 1e9:,.2f}B params"
+        + (" (estimated from the config's shapes)" if m.params_estimated else "")
+        + f" × {DTYPE_BITS[p.weight_dtype] / 8:g} B "
         f"({p.weight_dtype}) / {p.tensor_parallel} TP"
         + (f" (largest of {p.pipeline_parallel} PP stages)" if p.pipeline_parallel > 1 else "")
         + f" = **{p.weights_bytes / gib:,.2f} GiB**",
