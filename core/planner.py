@@ -302,7 +302,12 @@ def plan(
         )
     if max_model_len is None:
         max_model_len = model.max_position_embeddings
-    _check_number(max_model_len, "max_model_len", 1, model.max_position_embeddings)
+    _check_number(max_model_len, "max_model_len", 1, MAX_CONTEXT_TOKENS)
+    if max_model_len > model.max_position_embeddings:
+        raise InvalidArgumentError(
+            f"max_model_len {max_model_len:,} exceeds {model.name}'s max_position_embeddings "
+            f"{model.max_position_embeddings:,} (vLLM refuses it)"
+        )
     if context_len is None:
         context_len = max_model_len
     _check_number(context_len, "context_len", 1, max_model_len)
