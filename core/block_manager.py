@@ -393,6 +393,44 @@ class BlockManager:
             )
         return [self.append_token(seq_id, t) for t in tokens]
 
+    def extend(self, seq_id: SeqId, token_ids: Sequence[int]) -> tuple[int, int] | None:
+        """Exactly `append_tokens(seq_id, token_ids)` (same blocks taken in the same order, same cache
+        registrations, all or nothing), without building one AppendResult per token: for bulk replay such as the
+        serving simulator. Returns the copy-on-write pair `(src_block, dst_block)` of the first token, or None
+        (only the first token can need one). Raises UnknownSequenceError or OutOfBlocksError with nothing changed.
+        """
+        seq = self._seq(seq_id)
+        tokens = list(token_ids)
+        needed = self._blocks_for_append(seq, len(tokens))
+        if needed > self.num_free_blocks:
+            raise OutOfBlocksError(
+                f"out of KV blocks: {len(tokens):,} more tokens for sequence {seq_id!r} need {needed:,} new "
+                f"blocks, {self.num_free_blocks:,} of {self._num_blocks:,} free",
+                needed=needed,
+                free=self.num_free_blocks,
+            )
+        if not tokens:
+            return None
+        bs = self._block_size
+        table = seq.block_table
+        old = seq.num_tokens
+        cow = None
+        if old % bs and self._ref_counts[table[-1]] > 1:
+            src = table[-1]
+            dst = self._take_block()
+            self._ref_counts[src] -= 1
+            table[-1] = dst
+            cow = (src, dst)
+        new = old + len(tokens)
+        seq.num_tokens = new
+        seq.token_ids.extend(tokens)
+        for index in range(old // bs, -(-new // bs)):  # take and register in append_token's order
+            if index == len(table):
+                table.append(self._take_block())
+            if self._caching and (index + 1) * bs <= new:
+                self._register_full_block(seq, index)
+        return cow
+
     def _blocks_for_append(self, seq: _Sequence, count: int) -> int:
         if count <= 0:
             return 0
