@@ -521,8 +521,9 @@ def concurrency_vs_context(capacity: CapacityPlan, contexts: Sequence[int]) -> l
 
 
 def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec) -> str:
-    """The `vllm serve` flags matching the plan. max-num-seqs is the number of `context_len` requests that fit
-    in the KV cache (at least 1, at most 1,024)."""
+    """The `vllm serve` flags matching the plan. max-num-seqs is the plan's scheduler cap (vLLM's default 256
+    unless chosen), not the number of full-length requests that fit: with paging, shorter requests share the
+    cache, and vLLM's scheduler admits them while blocks remain."""
     kv_flag = {"fp8": "fp8"}.get(capacity.kv_dtype, "auto")
     comments = []
     checkpoint_weights = resolve_weight_dtype(model, "auto")
@@ -557,7 +558,7 @@ def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec) -> str:
         f"--gpu-memory-utilization {capacity.gpu_memory_utilization:g}",
         f"--max-model-len {capacity.max_fitting_model_len or capacity.max_model_len}",
         f"--block-size {capacity.block_size}",
-        f"--max-num-seqs {max(1, min(capacity.max_concurrency, 1024))}",
+        f"--max-num-seqs {capacity.max_num_seqs}",
     ]
     return "\n".join([*comments, " \\\n  ".join(parts)])
 

@@ -367,7 +367,7 @@ def test_cli_table_and_vllm_flags(capsys):
                  "--max-model-len", "4096"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     for text in ("KV bytes per token per GPU", "40,960 B", "--tensor-parallel-size 4", "--kv-cache-dtype fp8",
-                 "--gpu-memory-utilization 0.9", "--max-model-len 4096", "--block-size 16", "--max-num-seqs"):  # fmt: skip
+                 "--gpu-memory-utilization 0.9", "--max-model-len 4096", "--block-size 16", "--max-num-seqs 256"):  # fmt: skip
         assert text in out
 
 
