@@ -70,6 +70,20 @@ class StepTimeModel:
     def with_overhead(self, overhead_s: float) -> "StepTimeModel":
         return replace(self, overhead_s=overhead_s)
 
+    def step_seconds(
+        self, new_tokens: float, kv_tokens_read: float, attention_pairs: float = 0.0, swap_bytes: float = 0.0
+    ) -> float:
+        """`step_time` for one step, on Python floats (the simulator's per-step fast path)."""
+        if new_tokens <= 0:
+            return 0.0
+        memory = (self.weight_bytes + self.kv_bytes_per_token * (kv_tokens_read + new_tokens)) / (
+            self.memory_bandwidth * self.bandwidth_efficiency
+        )
+        compute = (self.flops_per_token * new_tokens + self.attention_flops_per_pair * attention_pairs) / (
+            self.peak_flops * self.flops_efficiency
+        )
+        return self.overhead_s + max(memory, compute) + swap_bytes / self.swap_bandwidth
+
     def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0):
         """Seconds for steps with these loads; scalars or numpy arrays (broadcast). 0 new tokens costs 0."""
         new_tokens = np.asarray(new_tokens, dtype=np.float64)
