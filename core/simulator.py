@@ -331,6 +331,7 @@ def simulate(
     arrivals = np.array([r.arrival_time for r in reqs], dtype=np.float64)
     output_lens = [r.output_len for r in reqs]
 
+    req_ids = np.array([r.request_id for r in reqs] + [-1], dtype=np.int64)  # group index -> request id
     rec = _Recorder()
     snapshots: list[StepSnapshot] = []
     stride = 1
@@ -351,7 +352,6 @@ def simulate(
         if paged:
             snap = mem.manager.snapshot()
             owners = np.array([sid // 1024 for sid in snap.seq_ids] + [-1], dtype=np.int64)
-            req_ids = np.array([r.request_id for r in reqs] + [-1], dtype=np.int64)
             owner_group = owners[snap.owner]  # -1 indexes the trailing -1
             snapshots.append(
                 StepSnapshot(
