@@ -46,6 +46,9 @@ class AppendResult(NamedTuple):
     cow: tuple[int, int] | None
 
 
+_new_tuple = tuple.__new__
+
+
 @dataclass(frozen=True)
 class PrefixCacheStats:
     """Prefix-cache counters since construction. Tokens count like vLLM's `prefix_cache_queries` /
@@ -360,10 +363,20 @@ class BlockManager:
                 cow = (block, new_block)
                 block = new_block
         seq.num_tokens += 1
-        seq.token_ids.append(token_id)
-        if self._caching and offset == bs - 1:
-            self._register_full_block(seq, len(table) - 1)
-        return AppendResult(block * bs + offset, cow)
+        tokens = seq.token_ids
+        tokens.append(token_id)
+        if (
+            offset == bs - 1 and self._caching
+        ):  # the block is now full: hash it (inlined _register_full_block)
+            hashes = seq.block_hashes
+            block_hash = hash((hashes[-1] if hashes else None, tuple(tokens[-bs:])))
+            hashes.append(block_hash)
+            if block_hash not in self._hash_to_block:
+                self._hash_to_block[block_hash] = block
+                self._block_hash[block] = block_hash
+        return _new_tuple(
+            AppendResult, (block * bs + offset, cow)
+        )  # AppendResult(slot, cow), without its frame
 
     def append_tokens(self, seq_id: SeqId, token_ids: Sequence[int]) -> list[AppendResult]:
         """`append_token` for each token in order, all or nothing: if the pool runs out part-way, the
