@@ -8,17 +8,15 @@ Shares are averaged over time between 10% and 100% of the last arrival (the stea
 Prints one JSON object: {"policies": {"orca-max": {...}, "orca-pow2": {...}, "orca-oracle": {...}, "paged": {...}}},
 each with token_states_pct, reservation_pct, internal_fragmentation_pct, external_fragmentation_pct (summing to 100),
 avg_batched_requests and preemptions.
+
+Usage: python -m bench.paper
 """
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from core.memory_policies import orca_max, orca_oracle, orca_pow2, paged  # noqa: E402
-from core.simulator import SimulatorConfig, simulate  # noqa: E402
-from core.workload import sharegpt  # noqa: E402
+from core.memory_policies import orca_max, orca_oracle, orca_pow2, paged
+from core.simulator import SimulatorConfig, simulate
+from core.workload import sharegpt
 
 PCT_KEYS = ("token_states_pct", "reservation_pct", "internal_fragmentation_pct", "external_fragmentation_pct")
 

@@ -4,19 +4,17 @@
 Prints one JSON object: {"num_requests": 10000, "policies": {name: {"wall_s", "tokens_per_s"}}, "page_default":
 {"num_requests", "wall_s"}}; tokens_per_s counts simulated tokens (prompt + generated) per wall second.
 Targets (2-core machine): each policy <= 10 s, the page default <= 2 s.
+
+Usage: python -m bench.simulator
 """
 
 import json
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from core.memory_policies import orca_max, orca_oracle, orca_pow2, paged  # noqa: E402
-from core.simulator import SimulatorConfig, simulate  # noqa: E402
-from core.workload import sharegpt  # noqa: E402
-from ui.simulator_figures import DEFAULT_RUN  # noqa: E402
+from core.memory_policies import orca_max, orca_oracle, orca_pow2, paged
+from core.simulator import SimulatorConfig, simulate
+from core.workload import sharegpt
+from ui.simulator_run import DEFAULT_PARAMS, run_comparison
 
 
 def main(num_requests: int = 10_000) -> dict:
@@ -29,12 +27,12 @@ def main(num_requests: int = 10_000) -> dict:
         wall = time.perf_counter() - started
         policies[policy.name] = {"wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall)}
     started = time.perf_counter()
-    DEFAULT_RUN()
+    run_comparison(DEFAULT_PARAMS)
     page_wall = time.perf_counter() - started
     return {
         "num_requests": num_requests,
         "policies": policies,
-        "page_default": {"num_requests": 1000, "wall_s": round(page_wall, 3)},
+        "page_default": {"num_requests": DEFAULT_PARAMS.num_requests, "wall_s": round(page_wall, 3)},
     }
 
 
