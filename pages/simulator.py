@@ -22,7 +22,7 @@ from ui.simulator_figures import (
     steps_table,
     summary_bars_figure,
 )
-from ui.simulator_run import SimulatorParams, run_comparison, steady_summary
+from ui.simulator_run import ResultCache, SimulatorParams, run_comparison, steady_summary
 
 DATASET_LABELS = {
     "sharegpt": "ShareGPT-like (mean 161 in / 338 out)",
@@ -38,12 +38,23 @@ CAPACITY_LABELS = {
 }
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def _run(params: SimulatorParams, trace: tuple | None, _progress=None):
-    requests = list(trace) if trace is not None else params.requests()
-    results = run_comparison(params, requests, _progress)
-    summaries = {name: steady_summary(result, requests) for name, result in results.items()}
-    return results, summaries
+@st.cache_resource
+def _results_cache() -> ResultCache:
+    return ResultCache(max_entries=16)
+
+
+def _run(params: SimulatorParams, trace: tuple | None, progress=None):
+    """One comparison per (params, trace), memoised across reruns; progress only while it computes."""
+    cache = _results_cache()
+    key = (params, trace)
+    hit = cache.get(key)
+    if hit is None:
+        requests = list(trace) if trace is not None else params.requests()
+        results = run_comparison(params, requests, progress)
+        summaries = {name: steady_summary(result, requests) for name, result in results.items()}
+        hit = (results, summaries)
+        cache.put(key, hit)
+    return hit
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -64,7 +75,7 @@ st.markdown(
     "batches 3-4x more requests on the same GPU (the paper's Figures 2 and 13)."
 )
 
-with st.form("simulator"):
+with st.expander("Workload, model, policies and scheduler settings", expanded=False), st.form("simulator"):
     c1, c2, c3 = st.columns(3)
     with c1:
         st.markdown("**Workload**")
@@ -115,6 +126,7 @@ with st.form("simulator"):
         measure = st.checkbox("Measure attention latency with the real kernels", False, key="measure")
         budget_s = st.number_input("Measurement time budget (s)", 0.5, 30.0, 2.0, key="budget_s")
     st.form_submit_button("Run simulation", type="primary")
+
 
 trace = None
 try:

@@ -52,12 +52,12 @@ def thin(frame: pd.DataFrame, max_points: int = MAX_POINTS) -> pd.DataFrame:
     return frame.iloc[index]
 
 
-def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
+def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     fig.update_layout(
         title=title,
         height=height,
-        margin={"l": 60, "r": 20, "t": 60, "b": 50},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
         separators=".,",
     )
     return fig
@@ -89,7 +89,8 @@ def free_memory_figure(steps: dict[str, pd.DataFrame], capacity: int) -> go.Figu
 def memory_breakdown_figure(steps: dict[str, pd.DataFrame], capacity: int) -> go.Figure:
     """Stacked areas of token states / reservation / internal / external fragmentation, one panel per policy
     (paged first), in token slots."""
-    names = sorted(steps, key=lambda n: (n != "paged", n))
+    order = list(POLICY_LABELS)
+    names = sorted(steps, key=lambda n: order.index(n) if n in order else len(order))
     fig = make_subplots(
         rows=1,
         cols=len(names),
@@ -118,7 +119,7 @@ def memory_breakdown_figure(steps: dict[str, pd.DataFrame], capacity: int) -> go
             )
         fig.update_xaxes(title="time (s)", row=1, col=col)
     fig.update_yaxes(title="KV slots (tokens)", range=[0, capacity], tickformat=",", row=1, col=1)
-    return _layout(fig, "Where the KV memory goes, step by step", height=400)
+    return _layout(fig, "Where the KV memory goes, step by step", height=440)
 
 
 def summary_bars_figure(summaries: dict[str, dict], show_paper: bool = True) -> go.Figure:
@@ -154,7 +155,9 @@ def summary_bars_figure(summaries: dict[str, dict], show_paper: bool = True) -> 
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title="share of KV capacity, averaged over time (%)", range=[0, 100])
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, "KV memory breakdown (paper Figure 2)", height=120 + 42 * len(rows))
+    _layout(fig, "KV memory breakdown (paper Figure 2)", height=150 + 42 * len(rows))
+    fig.update_layout(legend={"y": 1.0, "yanchor": "bottom", "traceorder": "normal"}, margin={"t": 80})
+    return fig
 
 
 def running_waiting_figure(steps: dict[str, pd.DataFrame]) -> go.Figure:
@@ -291,7 +294,9 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) 
         f"Paged KV cache after step {snapshot.step:,} (t = {snapshot.time_s:,.1f} s): {used:,} of {num_blocks:,} "
         f"blocks used, {int(shared.size):,} shared"
     )
-    return _layout(fig, title, height=max(320, 60 + 16 * rows))
+    _layout(fig, title, height=max(340, 110 + 16 * rows))
+    fig.update_layout(legend={"y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"}, margin={"t": 90})
+    return fig
 
 
 def steps_table(results: dict) -> pd.DataFrame:
