@@ -142,7 +142,8 @@ class StepSnapshot:
     context_lens: int64 [num decoding sequences], tokens each decoding sequence attends to at that step.
     Paged only (None otherwise), indexed by physical block id: owner_request (request id of the first live
     sequence holding the block, -1 when free), ref_count, fill (tokens stored), is_cached (holds a prefix-cache
-    block, owned or free).
+    block, owned or free); block_tables: int32 [num decoding sequences, max blocks], row i the block table of the
+    sequence of context_lens[i], padded with -1.
     """
 
     step: int
@@ -152,6 +153,7 @@ class StepSnapshot:
     ref_count: np.ndarray | None = None
     fill: np.ndarray | None = None
     is_cached: np.ndarray | None = None
+    block_tables: np.ndarray | None = None
 
 
 @dataclass(eq=False)
@@ -351,6 +353,14 @@ def simulate(
         lens = np.array([g.length for g in decoding for _ in range(g.n)], dtype=np.int64)
         if paged:
             snap = mem.manager.snapshot()
+            width = int(-(-lens.max() // bs)) if len(lens) else 0
+            tables = np.full((len(lens), width), -1, dtype=np.int32)
+            row = 0
+            for g in decoding:
+                for sid in g.seq_ids:
+                    table = snap.block_tables[sid]
+                    tables[row, : len(table)] = table
+                    row += 1
             owners = np.array([sid // 1024 for sid in snap.seq_ids] + [-1], dtype=np.int64)
             owner_group = owners[snap.owner]  # -1 indexes the trailing -1
             snapshots.append(
@@ -362,6 +372,7 @@ def simulate(
                     snap.ref_count.astype(np.int16),
                     snap.fill.astype(np.int16),
                     snap.is_cached.copy(),
+                    tables,
                 )
             )
         else:
@@ -591,7 +602,9 @@ def simulate(
                 rows[:, _COL["reservation"]] = m0[1] - grow
                 rows[:, _COL["internal_fragmentation"]] = m0[2]
             rows[-1, _LAST] = (m1[0], m1[1], m1[2], m1[3], m1[4], m1[5])
-            rows[:, _COL["external_fragmentation"]] = rows[:, _COL["allocator_slack"]] + rows[:, _COL["free_slots"]]
+            rows[:, _COL["external_fragmentation"]] = (
+                rows[:, _COL["allocator_slack"]] + rows[:, _COL["free_slots"]]
+            )
             rows[-1, _COL["tokens_generated"]] = generated - n_decode * (k - 1)
             rows[:, _COL["kv_tokens_read"]] = ctx + n_decode * np.arange(1, k + 1)
         rec.size += k

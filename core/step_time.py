@@ -138,3 +138,32 @@ def opt_13b_a100(**kwargs) -> StepTimeModel:
         peak_flops=A100_FP16_FLOPS,
         **kwargs,
     )
+
+
+def from_specs(
+    model,
+    gpu,
+    tensor_parallel: int = 1,
+    weight_dtype: str = "auto",
+    kv_dtype: str = "auto",
+    **kwargs,
+) -> StepTimeModel:
+    """A StepTimeModel for `model` (core.models.ModelSpec) on one `gpu` (core.hardware.GPUSpec) per TP rank.
+
+    Weight and KV bytes per GPU come from core.planner (vLLM's rules); FLOPs use the active parameters (MoE) split
+    over `tensor_parallel`. A GPU without a known bf16 peak is treated as memory-bound (its compute roof set at
+    1,000 FLOP per byte of bandwidth, far above any decode step's intensity).
+    """
+    from core.planner import kv_bytes_per_token, weight_bytes_per_gpu
+
+    peak = gpu.peak_bf16_flops or gpu.memory_bandwidth * 1000.0
+    heads = model.num_attention_heads * model.head_dim
+    return StepTimeModel(
+        weight_bytes=float(weight_bytes_per_gpu(model, weight_dtype, tensor_parallel)),
+        kv_bytes_per_token=float(kv_bytes_per_token(model, kv_dtype, tensor_parallel)),
+        flops_per_token=2.0 * model.num_params_active / tensor_parallel,
+        attention_flops_per_pair=4.0 * model.num_layers * heads / tensor_parallel,
+        memory_bandwidth=float(gpu.memory_bandwidth),
+        peak_flops=float(peak),
+        **kwargs,
+    )
