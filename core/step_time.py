@@ -2,8 +2,8 @@
 
     bytes  = weight_bytes + kv_bytes_per_token * (kv_tokens_read + new_tokens)
     flops  = flops_per_token * new_tokens + attention_flops_per_pair * attention_pairs
-    time_s = overhead_s + max(bytes / (memory_bandwidth * bandwidth_efficiency),
-                              flops / (peak_flops * flops_efficiency))
+    time_s = overhead_s + per_token_overhead_s * new_tokens
+             + max(bytes / (memory_bandwidth * bandwidth_efficiency), flops / (peak_flops * flops_efficiency))
              + swap_bytes / swap_bandwidth
 
 new_tokens = prefill tokens + decode tokens of the step; kv_tokens_read = context tokens the decode queries attend
@@ -41,6 +41,7 @@ class StepTimeModel:
     over all layers. flops_per_token: ~2 x parameters. attention_flops_per_pair: 4 x layers x heads x head_dim
     (QK^T and PV for one query-key pair). memory_bandwidth (bytes/s) and peak_flops (FLOP/s) of the GPU, scaled by
     the two efficiencies. overhead_s: fixed per-step time outside the kernels. swap_bandwidth: CPU<->GPU bytes/s.
+    per_token_overhead_s: host time per token of the step (sampling, detokenisation); 0 by default.
     """
 
     weight_bytes: float
@@ -53,6 +54,7 @@ class StepTimeModel:
     flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY
     overhead_s: float = DEFAULT_OVERHEAD_S
     swap_bandwidth: float = DEFAULT_SWAP_BANDWIDTH
+    per_token_overhead_s: float = 0.0
 
     def __post_init__(self):
         for name in ("weight_bytes", "kv_bytes_per_token", "flops_per_token", "attention_flops_per_pair"):
@@ -82,7 +84,12 @@ class StepTimeModel:
         compute = (self.flops_per_token * new_tokens + self.attention_flops_per_pair * attention_pairs) / (
             self.peak_flops * self.flops_efficiency
         )
-        return self.overhead_s + max(memory, compute) + swap_bytes / self.swap_bandwidth
+        return (
+            self.overhead_s
+            + self.per_token_overhead_s * new_tokens
+            + max(memory, compute)
+            + swap_bytes / self.swap_bandwidth
+        )
 
     def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0):
         """Seconds for steps with these loads; scalars or numpy arrays (broadcast). 0 new tokens costs 0."""
@@ -97,7 +104,12 @@ class StepTimeModel:
             bytes_moved / (self.memory_bandwidth * self.bandwidth_efficiency),
             flops / (self.peak_flops * self.flops_efficiency),
         )
-        total = self.overhead_s + compute + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
+        total = (
+            self.overhead_s
+            + self.per_token_overhead_s * new_tokens
+            + compute
+            + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
+        )
         return np.where(new_tokens > 0, total, 0.0)
 
 
