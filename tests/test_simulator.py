@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.memory_policies import Policy, orca_max, orca_oracle, orca_pow2, paged
+from core.memory_policies import Policy, contiguous, orca_max, orca_oracle, orca_pow2, paged
 from core.simulator import COLUMNS, SimulatorConfig, simulate
 from core.step_time import StepTimeModel, opt_13b_a100
 from core.workload import Request, fixed, sharegpt
@@ -239,6 +239,9 @@ def test_bad_config_is_rejected(kw):
 
 
 def test_bad_policy_is_rejected():
+    assert contiguous("pow2") == orca_pow2() and contiguous("max").label == "Orca (Max)"
+    with pytest.raises(InvalidArgumentError):
+        contiguous("huge")
     with pytest.raises(InvalidArgumentError):
         Policy("orca-huge")
     with pytest.raises(InvalidArgumentError):
