@@ -40,7 +40,7 @@ CAPACITY_LABELS = {
 
 @st.cache_resource
 def _results_cache() -> ResultCache:
-    return ResultCache(max_entries=16)
+    return ResultCache(max_entries=6)  # ~20 MB per default comparison
 
 
 def _run(params: SimulatorParams, trace: tuple | None, progress=None):
@@ -86,7 +86,7 @@ with st.expander("Workload, model, policies and scheduler settings", expanded=Fa
             "Trace (arrival_time, prompt_len, output_len[, n, prefix_group, prefix_len])",
             type=["csv", "jsonl", "json"],
         )
-        num_requests = st.number_input("Requests", 1, 20_000, 1_000, step=100, key="num_requests")
+        num_requests = st.number_input("Requests", 1, 10_000, 1_000, step=100, key="num_requests")
         all_at_once = st.checkbox("All requests at t = 0", False, key="all_at_once")
         rate = st.number_input("Arrival rate (requests/s, Poisson)", 0.01, 1_000.0, 2.0, step=0.5, key="rate")
         seed = st.number_input("Seed", 0, 2**31 - 1, 0, key="seed")
@@ -217,9 +217,13 @@ if "paged" in results and results["paged"].snapshots:
     else:
         st.caption("Tick 'Measure attention latency' and run to time the real kernels on these batches.")
 
-table = steps_table(results)
 d1, d2 = st.columns(2)
-d1.download_button("Per-step table (CSV)", table.to_csv(index=False), "simulation_steps.csv", "text/csv")
+d1.download_button(
+    "Per-step table (CSV)",
+    lambda: steps_table(results).to_csv(index=False),  # built only when clicked: ~10^5 rows
+    "simulation_steps.csv",
+    "text/csv",
+)
 payload = {
     "params": {
         k: (v if not isinstance(v, float) or math.isfinite(v) else "inf") for k, v in params.__dict__.items()
