@@ -203,6 +203,13 @@ if "paged" in results and results["paged"].snapshots:
     )
     snap = next(s for s in snaps if s.step == chosen)
     st.plotly_chart(block_heatmap_figure(snap, params.block_size), width="stretch")
+    st.caption(
+        "One cell per physical block, in block-id order. Colour = the request whose sequence holds it (a request's "
+        "blocks are scattered: no contiguity is needed); light grey = free; darker grey = free but still "
+        "prefix-cached; ◆ = shared by several sequences (parallel samples or a cached prefix); ○ = the partly "
+        "filled last block of a sequence, the only internal fragmentation paging has. Try n = 4 samples or a "
+        "shared system prompt with prefix caching to see sharing."
+    )
     if measure:
         try:
             with st.spinner("Timing paged vs contiguous attention on the sampled batches…"):

@@ -295,7 +295,9 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) 
         f"blocks used, {int(shared.size):,} shared"
     )
     _layout(fig, title, height=max(340, 110 + 16 * rows))
-    fig.update_layout(legend={"y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"}, margin={"t": 90})
+    fig.update_layout(
+        showlegend=True, legend={"y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"}, margin={"t": 90}
+    )
     return fig
 
 
