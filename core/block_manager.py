@@ -399,36 +399,42 @@ class BlockManager:
         serving simulator. Returns the copy-on-write pair `(src_block, dst_block)` of the first token, or None
         (only the first token can need one). Raises UnknownSequenceError or OutOfBlocksError with nothing changed.
         """
-        seq = self._seq(seq_id)
-        tokens = list(token_ids)
-        needed = self._blocks_for_append(seq, len(tokens))
-        if needed > self.num_free_blocks:
-            raise OutOfBlocksError(
-                f"out of KV blocks: {len(tokens):,} more tokens for sequence {seq_id!r} need {needed:,} new "
-                f"blocks, {self.num_free_blocks:,} of {self._num_blocks:,} free",
-                needed=needed,
-                free=self.num_free_blocks,
-            )
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise UnknownSequenceError(f"unknown sequence {seq_id!r}; live sequences: {self._live_summary()}")
+        tokens = token_ids if isinstance(token_ids, list | tuple) else list(token_ids)
         if not tokens:
             return None
         bs = self._block_size
         table = seq.block_table
         old = seq.num_tokens
+        new = old + len(tokens)
+        shared_tail = old % bs != 0 and self._ref_counts[table[-1]] > 1
+        needed = shared_tail + -(-new // bs) - len(table)
+        if needed > 0:
+            free = len(self._free_uncached) + len(self._free_cached)
+            if needed > free:
+                raise OutOfBlocksError(
+                    f"out of KV blocks: {len(tokens):,} more tokens for sequence {seq_id!r} need {needed:,} new "
+                    f"blocks, {free:,} of {self._num_blocks:,} free",
+                    needed=needed,
+                    free=free,
+                )
         cow = None
-        if old % bs and self._ref_counts[table[-1]] > 1:
+        if shared_tail:
             src = table[-1]
             dst = self._take_block()
             self._ref_counts[src] -= 1
             table[-1] = dst
             cow = (src, dst)
-        new = old + len(tokens)
         seq.num_tokens = new
         seq.token_ids.extend(tokens)
-        for index in range(old // bs, -(-new // bs)):  # take and register in append_token's order
-            if index == len(table):
-                table.append(self._take_block())
-            if self._caching and (index + 1) * bs <= new:
-                self._register_full_block(seq, index)
+        if needed or self._caching:
+            for index in range(old // bs, -(-new // bs)):  # take and register in append_token's order
+                if index == len(table):
+                    table.append(self._take_block())
+                if self._caching and (index + 1) * bs <= new:
+                    self._register_full_block(seq, index)
         return cow
 
     def _blocks_for_append(self, seq: _Sequence, count: int) -> int:

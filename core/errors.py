@@ -37,3 +37,7 @@ class MemoryBudgetError(LabError):
         super().__init__(message)
         self.requested_bytes = requested_bytes
         self.allowed_bytes = allowed_bytes
+
+
+class BackendUnavailableError(LabError):
+    """A compute backend was asked for that cannot run here (e.g. Triton without a GPU or without triton)."""

@@ -57,6 +57,13 @@ def paged(block_size: int = 16, enable_prefix_caching: bool = False) -> Policy:
     return Policy("paged", block_size, enable_prefix_caching)
 
 
+def contiguous(kind: str) -> Policy:
+    """An Orca baseline by its short name: "max", "pow2" or "oracle" (see core.allocators)."""
+    if kind not in ("max", "pow2", "oracle"):
+        raise InvalidArgumentError(f"contiguous policy must be 'max', 'pow2' or 'oracle', got {kind!r}")
+    return Policy(f"orca-{kind}")
+
+
 def orca_max() -> Policy:
     return Policy("orca-max")
 

@@ -59,6 +59,32 @@ COLUMNS = (
     "prefix_hit_tokens",
 )
 _COL = {name: i for i, name in enumerate(COLUMNS)}
+# columns that stay constant through a batched decode-only stretch, and those the last row takes after the frees
+_CONST = [
+    _COL[c]
+    for c in (
+        "running",
+        "running_seqs",
+        "swapped",
+        "preemptions",
+        "preemptions_total",
+        "allocator_slack",
+        "tokens_generated",
+        "prefill_tokens",
+        "prefix_hit_tokens",
+    )
+]
+_LAST = [
+    _COL[c]
+    for c in (
+        "token_states",
+        "reservation",
+        "internal_fragmentation",
+        "allocator_slack",
+        "free_slots",
+        "free_blocks",
+    )
+]
 
 
 @dataclass(frozen=True)
@@ -116,7 +142,8 @@ class StepSnapshot:
     context_lens: int64 [num decoding sequences], tokens each decoding sequence attends to at that step.
     Paged only (None otherwise), indexed by physical block id: owner_request (request id of the first live
     sequence holding the block, -1 when free), ref_count, fill (tokens stored), is_cached (holds a prefix-cache
-    block, owned or free).
+    block, owned or free); block_tables: int32 [num decoding sequences, max blocks], row i the block table of the
+    sequence of context_lens[i], padded with -1.
     """
 
     step: int
@@ -126,6 +153,7 @@ class StepSnapshot:
     ref_count: np.ndarray | None = None
     fill: np.ndarray | None = None
     is_cached: np.ndarray | None = None
+    block_tables: np.ndarray | None = None
 
 
 @dataclass(eq=False)
@@ -305,6 +333,7 @@ def simulate(
     arrivals = np.array([r.arrival_time for r in reqs], dtype=np.float64)
     output_lens = [r.output_len for r in reqs]
 
+    req_ids = np.array([r.request_id for r in reqs] + [-1], dtype=np.int64)  # group index -> request id
     rec = _Recorder()
     snapshots: list[StepSnapshot] = []
     stride = 1
@@ -324,8 +353,15 @@ def simulate(
         lens = np.array([g.length for g in decoding for _ in range(g.n)], dtype=np.int64)
         if paged:
             snap = mem.manager.snapshot()
+            width = int(-(-lens.max() // bs)) if len(lens) else 0
+            tables = np.full((len(lens), width), -1, dtype=np.int32)
+            row = 0
+            for g in decoding:
+                for sid in g.seq_ids:
+                    table = snap.block_tables[sid]
+                    tables[row, : len(table)] = table
+                    row += 1
             owners = np.array([sid // 1024 for sid in snap.seq_ids] + [-1], dtype=np.int64)
-            req_ids = np.array([r.request_id for r in reqs] + [-1], dtype=np.int64)
             owner_group = owners[snap.owner]  # -1 indexes the trailing -1
             snapshots.append(
                 StepSnapshot(
@@ -336,6 +372,7 @@ def simulate(
                     snap.ref_count.astype(np.int16),
                     snap.fill.astype(np.int16),
                     snap.is_cached.copy(),
+                    tables,
                 )
             )
         else:
@@ -460,7 +497,7 @@ def simulate(
             k = min(output_lens[g.index] - g.emitted for g in decoding)
             k = min(k, (-step) % stride + 1, 8192)
         cum_need = None
-        if paged and decoding:
+        if k > 1 and paged:
             lengths = np.fromiter((g.length for g in decoding), np.int64, len(decoding))
             ns = np.fromiter((g.n for g in decoding), np.int64, len(decoding))
             shared = np.fromiter((g.shared_tail for g in decoding), np.int64, len(decoding))
@@ -473,36 +510,41 @@ def simulate(
                 ends = now + np.cumsum(dts)
                 k = min(k, int(np.searchsorted(ends, arrivals[ai], side="left")) + 1)
                 dts = dts[:k]
+            end_times = now + np.cumsum(dts)
+            end = float(end_times[-1])
+            prior = 0
         else:
-            prefill_tokens = sum(c for _, c, _ in chunks)
-            prior = sum(p for _, _, p in chunks)
-            pairs = ctx + n_decode + sum(c * p + c * (c + 1) / 2 for _, c, p in chunks)
-            dts = np.atleast_1d(
-                model.step_time(n_decode + prefill_tokens, ctx + prior, pairs, swap_bytes)
-            ).astype(np.float64)
-            if dts[0] == 0.0:  # only a swap-in: the transfer alone
-                dts[0] = swap_bytes / model.swap_bandwidth
+            prefill_tokens = 0
+            prior = 0
+            pairs = ctx + n_decode
+            for _, c, p in chunks:
+                prefill_tokens += c
+                prior += p
+                pairs += c * p + c * (c + 1) / 2
+            dt = model.step_seconds(n_decode + prefill_tokens, ctx + prior, pairs, swap_bytes)
+            if dt == 0.0:  # only a swap-in: the transfer alone
+                dt = swap_bytes / model.swap_bandwidth
+            end = now + dt
 
         # 4. execute
-        m0 = mem.metrics()
-        cow = 0
-        if paged:
-            cow = sum((g.n - 1) * (g.length % bs) for g in decoding if g.shared_tail)
+        if k > 1:
+            m0 = mem.metrics()
+            cow = sum((g.n - 1) * (g.length % bs) for g in decoding if g.shared_tail) if paged else 0
         mem.decode(decoding, k)
-        end_times = now + np.cumsum(dts)
-        end = float(end_times[-1])
         for g in decoding:
             g.emitted += k
         prefill_total = 0
+        generated = n_decode * k
         for g, c, _ in chunks:
             mem.prefill(g, c)
             prefill_total += c
             if g.todo == 0:
                 g.emitted += 1
+                generated += g.n
                 if math.isnan(g.first_token_time):
                     g.first_token_time = end
-        generated = n_decode * k + sum(g.n for g, _, _ in chunks if g.todo == 0)
         done = [g for g in running if g.todo == 0 and g.emitted >= output_lens[g.index]]
+        num_running = len(running)
         if done:
             for g in done:
                 g.finish_time = end
@@ -514,54 +556,57 @@ def simulate(
 
         # 5. record k rows (the last one after this step's frees)
         rec.reserve(k)
-        rows = rec.buf[rec.size : rec.size + k]
-        rows[:, _COL["step"]] = np.arange(step, step + k)
-        rows[:, _COL["time_s"]] = end_times
-        rows[:, _COL["step_time_ms"]] = dts * 1000.0
-        rows[:, _COL["running"]] = len(running) + len(done)
-        rows[:, _COL["running_seqs"]] = seqs
-        if k > 1:
+        if k == 1:
+            rec.buf[rec.size] = (
+                step,
+                end,
+                (end - now) * 1000.0,
+                num_running,
+                seqs,
+                len(waiting),
+                len(swapped),
+                preempted,
+                preemptions_total,
+                m1[5],
+                m1[4],
+                m1[0],
+                m1[1],
+                m1[2],
+                m1[3],
+                m1[3] + m1[4],
+                generated,
+                prefill_total,
+                ctx + n_decode + prior,
+                hit_tokens,
+            )
+        else:
+            rows = rec.buf[rec.size : rec.size + k]
+            grow = cow + n_decode * np.arange(1, k + 1)
+            ts = m0[0] + grow
+            rows[:, _CONST] = (num_running, seqs, len(swapped), 0, preemptions_total, m0[3], n_decode, 0, 0)
+            rows[:, _COL["step"]] = np.arange(step, step + k)
+            rows[:, _COL["time_s"]] = end_times
+            rows[:, _COL["step_time_ms"]] = dts * 1000.0
             starts = end_times - dts
             rows[:, _COL["waiting"]] = len(waiting) + np.searchsorted(arrivals, starts, side="right") - ai
-        else:
-            rows[:, _COL["waiting"]] = len(waiting)
-        rows[:, _COL["swapped"]] = len(swapped)
-        rows[:, _COL["preemptions"]] = 0
-        rows[0, _COL["preemptions"]] = preempted
-        rows[:, _COL["preemptions_total"]] = preemptions_total
-        grow = cow + n_decode * np.arange(1, k + 1)
-        ts = m0[0] + grow
-        if paged:
-            free_b = m0[5] - (cum_need[:k] if cum_need is not None else 0)
-            rows[:, _COL["free_blocks"]] = free_b
-            rows[:, _COL["free_slots"]] = free_b * bs
-            rows[:, _COL["reservation"]] = m0[1]
-            rows[:, _COL["internal_fragmentation"]] = (mem.num_blocks - free_b) * bs - ts - m0[1]
-        else:
-            rows[:, _COL["free_blocks"]] = m0[5]
-            rows[:, _COL["free_slots"]] = m0[4]
-            rows[:, _COL["reservation"]] = m0[1] - grow
-            rows[:, _COL["internal_fragmentation"]] = m0[2]
-        rows[:, _COL["token_states"]] = ts
-        rows[:, _COL["allocator_slack"]] = m0[3]
-        last = rows[-1]
-        last[_COL["token_states"]] = m1[0]
-        last[_COL["reservation"]] = m1[1]
-        last[_COL["internal_fragmentation"]] = m1[2]
-        last[_COL["allocator_slack"]] = m1[3]
-        last[_COL["free_slots"]] = m1[4]
-        last[_COL["free_blocks"]] = m1[5]
-        rows[:, _COL["external_fragmentation"]] = (
-            rows[:, _COL["allocator_slack"]] + rows[:, _COL["free_slots"]]
-        )
-        rows[:, _COL["tokens_generated"]] = n_decode
-        rows[-1, _COL["tokens_generated"]] = generated - n_decode * (k - 1)
-        rows[:, _COL["prefill_tokens"]] = 0
-        rows[0, _COL["prefill_tokens"]] = prefill_total
-        rows[:, _COL["kv_tokens_read"]] = ctx + n_decode * np.arange(1, k + 1)
-        rows[0, _COL["kv_tokens_read"]] += sum(p for _, _, p in chunks)
-        rows[:, _COL["prefix_hit_tokens"]] = 0
-        rows[0, _COL["prefix_hit_tokens"]] = hit_tokens
+            rows[:, _COL["token_states"]] = ts
+            if paged:
+                free_b = m0[5] - cum_need[:k]
+                rows[:, _COL["free_blocks"]] = free_b
+                rows[:, _COL["free_slots"]] = free_b * bs
+                rows[:, _COL["reservation"]] = m0[1]
+                rows[:, _COL["internal_fragmentation"]] = (mem.num_blocks - free_b) * bs - ts - m0[1]
+            else:
+                rows[:, _COL["free_blocks"]] = m0[5]
+                rows[:, _COL["free_slots"]] = m0[4]
+                rows[:, _COL["reservation"]] = m0[1] - grow
+                rows[:, _COL["internal_fragmentation"]] = m0[2]
+            rows[-1, _LAST] = (m1[0], m1[1], m1[2], m1[3], m1[4], m1[5])
+            rows[:, _COL["external_fragmentation"]] = (
+                rows[:, _COL["allocator_slack"]] + rows[:, _COL["free_slots"]]
+            )
+            rows[-1, _COL["tokens_generated"]] = generated - n_decode * (k - 1)
+            rows[:, _COL["kv_tokens_read"]] = ctx + n_decode * np.arange(1, k + 1)
         rec.size += k
         step += k
         now = end

@@ -2,8 +2,8 @@
 
     bytes  = weight_bytes + kv_bytes_per_token * (kv_tokens_read + new_tokens)
     flops  = flops_per_token * new_tokens + attention_flops_per_pair * attention_pairs
-    time_s = overhead_s + max(bytes / (memory_bandwidth * bandwidth_efficiency),
-                              flops / (peak_flops * flops_efficiency))
+    time_s = overhead_s + per_token_overhead_s * new_tokens
+             + max(bytes / (memory_bandwidth * bandwidth_efficiency), flops / (peak_flops * flops_efficiency))
              + swap_bytes / swap_bandwidth
 
 new_tokens = prefill tokens + decode tokens of the step; kv_tokens_read = context tokens the decode queries attend
@@ -41,6 +41,7 @@ class StepTimeModel:
     over all layers. flops_per_token: ~2 x parameters. attention_flops_per_pair: 4 x layers x heads x head_dim
     (QK^T and PV for one query-key pair). memory_bandwidth (bytes/s) and peak_flops (FLOP/s) of the GPU, scaled by
     the two efficiencies. overhead_s: fixed per-step time outside the kernels. swap_bandwidth: CPU<->GPU bytes/s.
+    per_token_overhead_s: host time per token of the step (sampling, detokenisation); 0 by default.
     """
 
     weight_bytes: float
@@ -53,6 +54,7 @@ class StepTimeModel:
     flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY
     overhead_s: float = DEFAULT_OVERHEAD_S
     swap_bandwidth: float = DEFAULT_SWAP_BANDWIDTH
+    per_token_overhead_s: float = 0.0
 
     def __post_init__(self):
         for name in ("weight_bytes", "kv_bytes_per_token", "flops_per_token", "attention_flops_per_pair"):
@@ -70,6 +72,25 @@ class StepTimeModel:
     def with_overhead(self, overhead_s: float) -> "StepTimeModel":
         return replace(self, overhead_s=overhead_s)
 
+    def step_seconds(
+        self, new_tokens: float, kv_tokens_read: float, attention_pairs: float = 0.0, swap_bytes: float = 0.0
+    ) -> float:
+        """`step_time` for one step, on Python floats (the simulator's per-step fast path)."""
+        if new_tokens <= 0:
+            return 0.0
+        memory = (self.weight_bytes + self.kv_bytes_per_token * (kv_tokens_read + new_tokens)) / (
+            self.memory_bandwidth * self.bandwidth_efficiency
+        )
+        compute = (self.flops_per_token * new_tokens + self.attention_flops_per_pair * attention_pairs) / (
+            self.peak_flops * self.flops_efficiency
+        )
+        return (
+            self.overhead_s
+            + self.per_token_overhead_s * new_tokens
+            + max(memory, compute)
+            + swap_bytes / self.swap_bandwidth
+        )
+
     def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0):
         """Seconds for steps with these loads; scalars or numpy arrays (broadcast). 0 new tokens costs 0."""
         new_tokens = np.asarray(new_tokens, dtype=np.float64)
@@ -83,7 +104,12 @@ class StepTimeModel:
             bytes_moved / (self.memory_bandwidth * self.bandwidth_efficiency),
             flops / (self.peak_flops * self.flops_efficiency),
         )
-        total = self.overhead_s + compute + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
+        total = (
+            self.overhead_s
+            + self.per_token_overhead_s * new_tokens
+            + compute
+            + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
+        )
         return np.where(new_tokens > 0, total, 0.0)
 
 
@@ -122,5 +148,34 @@ def opt_13b_a100(**kwargs) -> StepTimeModel:
         kv_bytes_per_token=2 * OPT_13B_HIDDEN * OPT_13B_LAYERS * 2,
         memory_bandwidth=A100_40GB_BANDWIDTH,
         peak_flops=A100_FP16_FLOPS,
+        **kwargs,
+    )
+
+
+def from_specs(
+    model,
+    gpu,
+    tensor_parallel: int = 1,
+    weight_dtype: str = "auto",
+    kv_dtype: str = "auto",
+    **kwargs,
+) -> StepTimeModel:
+    """A StepTimeModel for `model` (core.models.ModelSpec) on one `gpu` (core.hardware.GPUSpec) per TP rank.
+
+    Weight and KV bytes per GPU come from core.planner (vLLM's rules); FLOPs use the active parameters (MoE) split
+    over `tensor_parallel`. A GPU without a known bf16 peak is treated as memory-bound (its compute roof set at
+    1,000 FLOP per byte of bandwidth, far above any decode step's intensity).
+    """
+    from core.planner import kv_bytes_per_token, weight_bytes_per_gpu
+
+    peak = gpu.peak_bf16_flops or gpu.memory_bandwidth * 1000.0
+    heads = model.num_attention_heads * model.head_dim
+    return StepTimeModel(
+        weight_bytes=float(weight_bytes_per_gpu(model, weight_dtype, tensor_parallel)),
+        kv_bytes_per_token=float(kv_bytes_per_token(model, kv_dtype, tensor_parallel)),
+        flops_per_token=2.0 * model.num_params_active / tensor_parallel,
+        attention_flops_per_pair=4.0 * model.num_layers * heads / tensor_parallel,
+        memory_bandwidth=float(gpu.memory_bandwidth),
+        peak_flops=float(peak),
         **kwargs,
     )

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.memory_policies import Policy, orca_max, orca_oracle, orca_pow2, paged
+from core.memory_policies import Policy, contiguous, orca_max, orca_oracle, orca_pow2, paged
 from core.simulator import COLUMNS, SimulatorConfig, simulate
 from core.step_time import StepTimeModel, opt_13b_a100
 from core.workload import Request, fixed, sharegpt
@@ -203,6 +203,11 @@ def test_step_time_roofline_by_hand():
     flops = 2 * 12.9e9 * 2000 + 4 * 40 * 5120 * (2000 * 2001 / 2)
     assert float(model.step_time(2000, 0, 2000 * 2001 / 2)) == pytest.approx(0.015 + flops / (312e12 * 0.5))
     assert float(model.step_time(0, 0)) == 0.0
+    # the scalar fast path agrees, and a per-token overhead adds linearly
+    assert model.step_seconds(10, 10_000, 10_010) == pytest.approx(expected)
+    slower = opt_13b_a100(per_token_overhead_s=0.001)
+    assert slower.step_seconds(10, 10_000, 10_010) == pytest.approx(expected + 0.010)
+    assert float(slower.step_time(10, 10_000, 10_010)) == pytest.approx(expected + 0.010)
 
 
 @pytest.mark.parametrize(
@@ -234,6 +239,9 @@ def test_bad_config_is_rejected(kw):
 
 
 def test_bad_policy_is_rejected():
+    assert contiguous("pow2") == orca_pow2() and contiguous("max").label == "Orca (Max)"
+    with pytest.raises(InvalidArgumentError):
+        contiguous("huge")
     with pytest.raises(InvalidArgumentError):
         Policy("orca-huge")
     with pytest.raises(InvalidArgumentError):
