@@ -8,6 +8,8 @@ st.set_page_config(page_title="PagedAttention Lab", page_icon="🧱", layout="wi
 
 PAGES = [
     st.Page("pages/playground.py", title="Block manager playground", icon="🧱", default=True),
+    st.Page("pages/simulator.py", title="Serving simulator", icon="🚦"),
+    st.Page("pages/planner.py", title="Capacity planner", icon="📐"),
     st.Page("pages/kernels.py", title="Kernels", icon="⚡"),
 ]
 

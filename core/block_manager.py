@@ -46,6 +46,9 @@ class AppendResult(NamedTuple):
     cow: tuple[int, int] | None
 
 
+_new_tuple = tuple.__new__
+
+
 @dataclass(frozen=True)
 class PrefixCacheStats:
     """Prefix-cache counters since construction. Tokens count like vLLM's `prefix_cache_queries` /
@@ -360,10 +363,20 @@ class BlockManager:
                 cow = (block, new_block)
                 block = new_block
         seq.num_tokens += 1
-        seq.token_ids.append(token_id)
-        if self._caching and offset == bs - 1:
-            self._register_full_block(seq, len(table) - 1)
-        return AppendResult(block * bs + offset, cow)
+        tokens = seq.token_ids
+        tokens.append(token_id)
+        if (
+            offset == bs - 1 and self._caching
+        ):  # the block is now full: hash it (inlined _register_full_block)
+            hashes = seq.block_hashes
+            block_hash = hash((hashes[-1] if hashes else None, tuple(tokens[-bs:])))
+            hashes.append(block_hash)
+            if block_hash not in self._hash_to_block:
+                self._hash_to_block[block_hash] = block
+                self._block_hash[block] = block_hash
+        return _new_tuple(
+            AppendResult, (block * bs + offset, cow)
+        )  # AppendResult(slot, cow), without its frame
 
     def append_tokens(self, seq_id: SeqId, token_ids: Sequence[int]) -> list[AppendResult]:
         """`append_token` for each token in order, all or nothing: if the pool runs out part-way, the
@@ -379,6 +392,50 @@ class BlockManager:
                 free=self.num_free_blocks,
             )
         return [self.append_token(seq_id, t) for t in tokens]
+
+    def extend(self, seq_id: SeqId, token_ids: Sequence[int]) -> tuple[int, int] | None:
+        """Exactly `append_tokens(seq_id, token_ids)` (same blocks taken in the same order, same cache
+        registrations, all or nothing), without building one AppendResult per token: for bulk replay such as the
+        serving simulator. Returns the copy-on-write pair `(src_block, dst_block)` of the first token, or None
+        (only the first token can need one). Raises UnknownSequenceError or OutOfBlocksError with nothing changed.
+        """
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise UnknownSequenceError(f"unknown sequence {seq_id!r}; live sequences: {self._live_summary()}")
+        tokens = token_ids if isinstance(token_ids, list | tuple) else list(token_ids)
+        if not tokens:
+            return None
+        bs = self._block_size
+        table = seq.block_table
+        old = seq.num_tokens
+        new = old + len(tokens)
+        shared_tail = old % bs != 0 and self._ref_counts[table[-1]] > 1
+        needed = shared_tail + -(-new // bs) - len(table)
+        if needed > 0:
+            free = len(self._free_uncached) + len(self._free_cached)
+            if needed > free:
+                raise OutOfBlocksError(
+                    f"out of KV blocks: {len(tokens):,} more tokens for sequence {seq_id!r} need {needed:,} new "
+                    f"blocks, {free:,} of {self._num_blocks:,} free",
+                    needed=needed,
+                    free=free,
+                )
+        cow = None
+        if shared_tail:
+            src = table[-1]
+            dst = self._take_block()
+            self._ref_counts[src] -= 1
+            table[-1] = dst
+            cow = (src, dst)
+        seq.num_tokens = new
+        seq.token_ids.extend(tokens)
+        if needed or self._caching:
+            for index in range(old // bs, -(-new // bs)):  # take and register in append_token's order
+                if index == len(table):
+                    table.append(self._take_block())
+                if self._caching and (index + 1) * bs <= new:
+                    self._register_full_block(seq, index)
+        return cow
 
     def _blocks_for_append(self, seq: _Sequence, count: int) -> int:
         if count <= 0:

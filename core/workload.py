@@ -1,0 +1,380 @@
+"""Serving workloads: requests with arrival times and prompt / output lengths, generated or loaded from a trace.
+
+Length distributions (all lengths in tokens). The PagedAttention paper (Figure 11) reports the means of its two
+datasets; we fit a log-normal to each mean with a chosen spread, truncated to the model's maximum length:
+
+    dataset    prompt mean  prompt sigma   output mean  output sigma
+    sharegpt   161.31       1.0            337.99       0.9
+    alpaca      19.31       0.5             58.45       0.6
+
+`sigma` is the standard deviation of log(length): ShareGPT's long, conversational turns vary far more than
+Alpaca's short instructions (standard deviations of about 210 / 370 tokens against 10 / 38). `mu` is solved so that
+the mean of the *truncated* distribution equals the paper's mean: prompts are clipped to [1, max_len // 2] and
+outputs to [1, max_len - prompt], so every request fits in `max_len` (2048 by default, as in the paper).
+
+Arrivals are Poisson with `rate` requests per second (exponential gaps); `rate = inf` puts every request at t = 0.
+"""
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.errors import InvalidArgumentError
+
+DEFAULT_MAX_LEN = 2048
+
+
+@dataclass(frozen=True)
+class Request:
+    """One client request.
+
+    request_id: stable index (0, 1, ...) in arrival order. arrival_time: seconds since the start.
+    prompt_len: prompt tokens, including the shared prefix if any (>= 1).
+    output_len: tokens to generate for each of the `n` parallel samples (>= 1).
+    prefix_group: requests with the same group start with the same `prefix_len` prompt tokens (a shared system
+        prompt); None when the prompt shares nothing. 0 <= prefix_len <= prompt_len.
+    """
+
+    request_id: int
+    arrival_time: float
+    prompt_len: int
+    output_len: int
+    n: int = 1
+    prefix_group: Any = None
+    prefix_len: int = 0
+
+    @property
+    def max_total_len(self) -> int:
+        """prompt_len + output_len: the longest any of its sequences gets, in tokens."""
+        return self.prompt_len + self.output_len
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """A log-normal length distribution with the given truncated mean (tokens) and log-space sigma."""
+
+    mean: float
+    sigma: float
+
+
+DATASETS = {
+    "sharegpt": (LengthDistribution(161.31, 1.0), LengthDistribution(337.99, 0.9)),
+    "alpaca": (LengthDistribution(19.31, 0.5), LengthDistribution(58.45, 0.6)),
+}
+
+
+def _phi(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def _truncated_mean(mu: float, sigma: float, cap: float) -> float:
+    """E[min(X, cap)] for X ~ LogNormal(mu, sigma) (lower clip at 1 is negligible for these means)."""
+    log_cap = math.log(cap)
+    body = math.exp(mu + sigma * sigma / 2) * _phi((log_cap - mu - sigma * sigma) / sigma)
+    return body + cap * (1.0 - _phi((log_cap - mu) / sigma))
+
+
+def _solve_mu(mean: float, sigma: float, cap: float) -> float:
+    """mu such that the log-normal clipped at `cap` has the given mean (bisection; mean < cap)."""
+    lo, hi = math.log(mean) - 3 * sigma * sigma, math.log(mean) + 3.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if _truncated_mean(mid, sigma, cap) < mean:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _check_common(num_requests: int, rate: float, seed: int, n: int, max_len: int) -> None:
+    if isinstance(num_requests, bool) or not isinstance(num_requests, int | np.integer) or num_requests < 1:
+        raise InvalidArgumentError(f"num_requests must be an integer >= 1, got {num_requests!r}")
+    if not isinstance(rate, int | float) or isinstance(rate, bool) or math.isnan(rate) or rate <= 0:
+        raise InvalidArgumentError(f"rate must be > 0 requests/s (inf: all at t = 0), got {rate!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise InvalidArgumentError(f"seed must be an integer, got {seed!r}")
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+        raise InvalidArgumentError(f"n (parallel samples) must be an integer >= 1, got {n!r}")
+    if isinstance(max_len, bool) or not isinstance(max_len, int | np.integer) or max_len < 2:
+        raise InvalidArgumentError(f"max_len must be an integer >= 2 tokens, got {max_len!r}")
+
+
+def poisson_arrivals(num_requests: int, rate: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times in seconds: cumulative exponential gaps of mean 1 / rate; all zeros for rate = inf."""
+    if math.isinf(rate):
+        return np.zeros(num_requests)
+    return np.cumsum(rng.exponential(1.0 / rate, size=num_requests))
+
+
+def _build(
+    arrivals: np.ndarray,
+    prompts: np.ndarray,
+    outputs: np.ndarray,
+    n: int,
+    rng: np.random.Generator,
+    prefix_len: int,
+    prefix_fraction: float,
+    max_len: int,
+) -> list[Request]:
+    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int | np.integer) or prefix_len < 0:
+        raise InvalidArgumentError(f"prefix_len must be an integer >= 0 tokens, got {prefix_len!r}")
+    if not 0.0 <= float(prefix_fraction) <= 1.0:
+        raise InvalidArgumentError(f"prefix_fraction must be in [0, 1], got {prefix_fraction!r}")
+    shared = rng.random(len(arrivals)) < prefix_fraction if prefix_len > 0 else np.zeros(len(arrivals), bool)
+    requests = []
+    for i in range(len(arrivals)):
+        prompt, output = int(prompts[i]), int(outputs[i])
+        group, plen = None, 0
+        if shared[i]:
+            group, plen = 0, int(prefix_len)
+            prompt = prompt + plen
+            if prompt + output > max_len:
+                raise InvalidArgumentError(
+                    f"prefix_len {prefix_len} is too long: request {i} would need {prompt + output} > max_len "
+                    f"{max_len} tokens; use a prefix of at most {max_len // 4} tokens"
+                )
+        requests.append(Request(i, float(arrivals[i]), prompt, output, int(n), group, plen))
+    return requests
+
+
+def sample_lengths(
+    dataset: str, num_requests: int, rng: np.random.Generator, max_len: int = DEFAULT_MAX_LEN
+) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt_lens, output_lens), int64 tokens, from the fitted distribution of `dataset` (see module doc)."""
+    if dataset not in DATASETS:
+        raise InvalidArgumentError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
+    prompt_dist, output_dist = DATASETS[dataset]
+    prompt_cap = max_len // 2
+    mu_p = _solve_mu(prompt_dist.mean, prompt_dist.sigma, prompt_cap)
+    mu_o = _solve_mu(output_dist.mean, output_dist.sigma, max_len - prompt_dist.mean)
+    prompts = np.clip(np.rint(rng.lognormal(mu_p, prompt_dist.sigma, num_requests)), 1, prompt_cap)
+    outputs = np.rint(rng.lognormal(mu_o, output_dist.sigma, num_requests))
+    outputs = np.clip(outputs, 1, max_len - prompts)
+    return prompts.astype(np.int64), outputs.astype(np.int64)
+
+
+def _dataset(
+    name: str,
+    num_requests: int,
+    rate: float,
+    seed: int,
+    n: int,
+    prefix_len: int,
+    prefix_fraction: float,
+    max_len: int,
+) -> list[Request]:
+    _check_common(num_requests, rate, seed, n, max_len)
+    rng = np.random.default_rng(seed)
+    arrivals = poisson_arrivals(num_requests, rate, rng)
+    prompts, outputs = sample_lengths(name, num_requests, rng, max_len - prefix_len)
+    return _build(arrivals, prompts, outputs, n, rng, prefix_len, prefix_fraction, max_len)
+
+
+def sharegpt(
+    num_requests: int,
+    rate: float = 2.0,
+    seed: int = 0,
+    n: int = 1,
+    prefix_len: int = 0,
+    prefix_fraction: float = 0.0,
+    max_len: int = DEFAULT_MAX_LEN,
+) -> list[Request]:
+    """ShareGPT-like requests (mean prompt 161.31, output 337.99 tokens), Poisson arrivals at `rate` req/s.
+
+    n: parallel samples per prompt. A `prefix_fraction` of the requests start with a common system prompt of
+    `prefix_len` tokens (added to their prompt; prefix_group 0). Deterministic for a seed.
+    """
+    return _dataset("sharegpt", num_requests, rate, seed, n, prefix_len, prefix_fraction, max_len)
+
+
+def alpaca(
+    num_requests: int,
+    rate: float = 30.0,
+    seed: int = 0,
+    n: int = 1,
+    prefix_len: int = 0,
+    prefix_fraction: float = 0.0,
+    max_len: int = DEFAULT_MAX_LEN,
+) -> list[Request]:
+    """Alpaca-like requests (mean prompt 19.31, output 58.45 tokens); otherwise as `sharegpt`."""
+    return _dataset("alpaca", num_requests, rate, seed, n, prefix_len, prefix_fraction, max_len)
+
+
+def fixed(
+    num_requests: int,
+    prompt_len: int,
+    output_len: int,
+    rate: float = math.inf,
+    seed: int = 0,
+    n: int = 1,
+    prefix_len: int = 0,
+    prefix_fraction: float = 0.0,
+    max_len: int = DEFAULT_MAX_LEN,
+) -> list[Request]:
+    """Every request has the same prompt and output length (tokens)."""
+    _check_common(num_requests, rate, seed, n, max_len)
+    _check_lengths(prompt_len, output_len, prompt_len, output_len, max_len - prefix_len)
+    rng = np.random.default_rng(seed)
+    arrivals = poisson_arrivals(num_requests, rate, rng)
+    prompts = np.full(num_requests, prompt_len, dtype=np.int64)
+    outputs = np.full(num_requests, output_len, dtype=np.int64)
+    return _build(arrivals, prompts, outputs, n, rng, prefix_len, prefix_fraction, max_len)
+
+
+def uniform(
+    num_requests: int,
+    prompt_range: tuple[int, int],
+    output_range: tuple[int, int],
+    rate: float = math.inf,
+    seed: int = 0,
+    n: int = 1,
+    prefix_len: int = 0,
+    prefix_fraction: float = 0.0,
+    max_len: int = DEFAULT_MAX_LEN,
+) -> list[Request]:
+    """Prompt and output lengths drawn uniformly from the inclusive ranges (tokens)."""
+    _check_common(num_requests, rate, seed, n, max_len)
+    (p_lo, p_hi), (o_lo, o_hi) = prompt_range, output_range
+    _check_lengths(p_lo, o_lo, p_hi, o_hi, max_len - prefix_len)
+    rng = np.random.default_rng(seed)
+    arrivals = poisson_arrivals(num_requests, rate, rng)
+    prompts = rng.integers(p_lo, p_hi + 1, size=num_requests)
+    outputs = rng.integers(o_lo, o_hi + 1, size=num_requests)
+    return _build(arrivals, prompts, outputs, n, rng, prefix_len, prefix_fraction, max_len)
+
+
+def _check_lengths(p_lo: int, o_lo: int, p_hi: int, o_hi: int, max_len: int) -> None:
+    for name, value in (("prompt length", p_lo), ("output length", o_lo)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise InvalidArgumentError(f"{name} must be an integer >= 1 token, got {value!r}")
+    if p_hi < p_lo or o_hi < o_lo:
+        raise InvalidArgumentError(f"empty range: prompt {p_lo}..{p_hi}, output {o_lo}..{o_hi}")
+    if p_hi + o_hi > max_len:
+        raise InvalidArgumentError(
+            f"prompt {p_hi} + output {o_hi} = {p_hi + o_hi} tokens exceeds the maximum length {max_len}"
+        )
+
+
+# ---- traces ----------------------------------------------------------------------------------------------------
+
+TRACE_COLUMNS = ("arrival_time", "prompt_len", "output_len")
+OPTIONAL_COLUMNS = ("n", "prefix_group", "prefix_len")
+
+
+def _parse_int(value: Any, row: int, column: str, minimum: int) -> int:
+    if isinstance(value, bool):
+        value = None
+    try:
+        number = float(value) if isinstance(value, str) else value
+        if isinstance(number, float) and number.is_integer():
+            number = int(number)
+        if not isinstance(number, int):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"trace row {row}, column {column!r}: expected an integer >= {minimum}, got {value!r}"
+        ) from None
+    if number < minimum:
+        raise InvalidArgumentError(
+            f"trace row {row}, column {column!r}: expected an integer >= {minimum}, got {number}"
+        )
+    return number
+
+
+def _parse_row(record: dict, row: int) -> Request:
+    for column in TRACE_COLUMNS:
+        if column not in record or record[column] in (None, ""):
+            raise InvalidArgumentError(
+                f"trace row {row}: missing column {column!r} (required: {TRACE_COLUMNS})"
+            )
+    raw = record["arrival_time"]
+    try:
+        arrival = float(raw)
+        if isinstance(raw, bool) or not math.isfinite(arrival) or arrival < 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"trace row {row}, column 'arrival_time': expected seconds >= 0, got {raw!r}"
+        ) from None
+    prompt = _parse_int(record["prompt_len"], row, "prompt_len", 1)
+    output = _parse_int(record["output_len"], row, "output_len", 1)
+    n = _parse_int(record.get("n") if record.get("n") not in (None, "") else 1, row, "n", 1)
+    group = record.get("prefix_group")
+    group = None if group in (None, "") else str(group)
+    plen = record.get("prefix_len")
+    plen = 0 if plen in (None, "") else _parse_int(plen, row, "prefix_len", 0)
+    if plen > prompt:
+        raise InvalidArgumentError(
+            f"trace row {row}, column 'prefix_len': {plen} exceeds the prompt length {prompt}"
+        )
+    if plen > 0 and group is None:
+        raise InvalidArgumentError(f"trace row {row}, column 'prefix_group': required when prefix_len > 0")
+    return Request(row, arrival, prompt, output, n, group, plen)
+
+
+def _records(text: str) -> Iterable[tuple[int, dict]]:
+    stripped = text.lstrip()
+    if stripped.startswith("{"):
+        for line_no, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InvalidArgumentError(f"trace line {line_no}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise InvalidArgumentError(f"trace line {line_no}: expected a JSON object per line")
+            yield line_no, record
+        return
+    reader = csv.DictReader(io.StringIO(text))
+    if reader.fieldnames is None:
+        raise InvalidArgumentError("trace is empty: expected a CSV header or JSON lines")
+    header = [name.strip() for name in reader.fieldnames]
+    missing = [c for c in TRACE_COLUMNS if c not in header]
+    if missing:
+        raise InvalidArgumentError(f"trace header lacks column(s) {missing}; found {header}")
+    reader.fieldnames = header
+    for index, record in enumerate(reader, start=2):  # row numbers as a spreadsheet shows them (header = 1)
+        yield index, {k: (v.strip() if isinstance(v, str) else v) for k, v in record.items()}
+
+
+def load_trace(file: Any) -> list[Request]:
+    """Requests from a CSV (header row) or JSONL file with columns arrival_time (s), prompt_len, output_len
+    (tokens), and optionally n, prefix_group, prefix_len.
+
+    `file` is a path, text, bytes or a binary/text file object (e.g. a Streamlit upload). Rows are sorted by arrival
+    time (stable) and numbered 0, 1, ... in that order. Any bad row raises InvalidArgumentError naming the row
+    (CSV: spreadsheet row with the header as row 1; JSONL: line number) and the column; nothing is returned then.
+    """
+    if isinstance(file, str | Path) and not (isinstance(file, str) and ("\n" in file or "," in file)):
+        try:
+            text = Path(file).read_text()
+        except OSError as err:
+            raise InvalidArgumentError(f"cannot read trace {str(file)!r}: {err.strerror}") from None
+    elif isinstance(file, str):
+        text = file
+    elif isinstance(file, bytes | bytearray) or hasattr(file, "read"):
+        data = file.read() if hasattr(file, "read") else file
+        try:
+            text = bytes(data).decode("utf-8") if isinstance(data, bytes | bytearray) else str(data)
+        except UnicodeDecodeError as err:
+            raise InvalidArgumentError(
+                f"trace is not UTF-8 text (byte {err.start}); upload a CSV or JSONL"
+            ) from None
+    else:
+        raise InvalidArgumentError(f"load_trace needs a path, text, bytes or file object, got {type(file)}")
+    parsed = [_parse_row(record, row) for row, record in _records(text)]
+    if not parsed:
+        raise InvalidArgumentError("trace has no requests")
+    parsed.sort(key=lambda r: r.arrival_time)
+    return [
+        Request(i, r.arrival_time, r.prompt_len, r.output_len, r.n, r.prefix_group, r.prefix_len)
+        for i, r in enumerate(parsed)
+    ]

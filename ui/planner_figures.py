@@ -1,0 +1,184 @@
+"""Plotly figures of the capacity planner. Each takes plain numbers and returns a Figure (no streamlit)."""
+
+from collections.abc import Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from core.planner import CapacityPlan, WorkloadWhatIf
+from ui.theme import MEMORY_COLORS, POLICY_COLORS, fmt_int
+
+GiB = 1024**3
+HEADROOM_COLOR = "#bdbdbd"
+COMPARISON_DASHES = ("solid", "dash", "dot", "dashdot")
+BREAKDOWN_ORDER = ("weights", "activations", "kv cache", "internal fragmentation", "free", "headroom")
+BREAKDOWN_LABELS = {
+    "weights": "weights",
+    "activations": "activations (profiled peak)",
+    "kv cache": "KV used by the workload",
+    "internal fragmentation": "KV internal fragmentation",
+    "free": "KV free",
+    "headroom": "headroom (1 − utilization)",
+}
+
+
+def memory_breakdown(capacity: CapacityPlan, what_if: WorkloadWhatIf | None) -> dict[str, int]:
+    """Bytes per GPU by category; the categories sum to the GPU's memory when the plan has a KV budget.
+
+    kv cache: slots holding tokens of the workload's requests (at its paged concurrency); internal
+    fragmentation: empty slots inside their blocks; free: the rest of the KV budget; headroom: memory outside
+    gpu_memory_utilization. Without a workload all of the KV budget counts as free. When weights and
+    activations exceed the usable memory, KV and free are 0 and the overflow eats the headroom first; past the
+    GPU's memory the bars run beyond its marker (the sum then exceeds the GPU memory).
+    """
+    budget = max(0, capacity.kv_budget_bytes)
+    used = what_if.kv_used_bytes if what_if else 0
+    fragmentation = what_if.internal_fragmentation_bytes if what_if else 0
+    return {
+        "weights": capacity.weights_bytes,
+        "activations": capacity.activation_bytes,
+        "kv cache": used - fragmentation,
+        "internal fragmentation": fragmentation,
+        "free": budget - used,
+        "headroom": max(
+            0, capacity.gpu_memory_bytes - capacity.usable_bytes - max(0, -capacity.kv_budget_bytes)
+        ),
+    }
+
+
+def memory_breakdown_figure(
+    breakdowns: Mapping[str, Mapping[str, int]], gpu_memory: Mapping[str, int]
+) -> go.Figure:
+    """Stacked horizontal bars, one per scenario, in GiB per GPU; a marker shows each GPU's total memory."""
+    names = list(breakdowns)
+    fig = go.Figure()
+    for category in BREAKDOWN_ORDER:
+        color = HEADROOM_COLOR if category == "headroom" else MEMORY_COLORS[category]
+        values = [breakdowns[n][category] / GiB for n in names]
+        fig.add_bar(
+            y=names,
+            x=values,
+            orientation="h",
+            name=BREAKDOWN_LABELS[category],
+            marker_color=color,
+            hovertemplate="%{y}: %{x:,.2f} GiB<extra>" + BREAKDOWN_LABELS[category] + "</extra>",
+        )
+    fig.add_scatter(
+        y=names,
+        x=[gpu_memory[n] / GiB for n in names],
+        mode="markers",
+        marker={"symbol": "line-ns-open", "size": 28, "color": "black"},
+        name="GPU memory",
+        hovertemplate="%{y}: %{x:,.2f} GiB GPU memory<extra></extra>",
+    )
+    fig.update_layout(
+        barmode="relative",
+        xaxis_title="memory per GPU (GiB, 1 GiB = 1,073,741,824 bytes)",
+        yaxis_title="scenario",
+        height=150 + 70 * len(names),
+        legend={"orientation": "h", "y": -0.35},
+        margin={"t": 30},
+    )
+    return fig
+
+
+def concurrency_vs_context_figure(
+    contexts: Sequence[int], series: Mapping[str, Sequence[int]], chosen_context: int | None = None
+) -> go.Figure:
+    """Max concurrent requests (whole deployment) vs request length, one line per GPU option.
+
+    series: label -> concurrency for each of `contexts` (tokens). The first series is the chosen GPU (solid).
+    """
+    fig = go.Figure()
+    for i, (label, values) in enumerate(series.items()):
+        fig.add_scatter(
+            x=list(contexts),
+            y=list(values),
+            mode="lines+markers",
+            name=label,
+            line={"dash": COMPARISON_DASHES[i % len(COMPARISON_DASHES)], "width": 3 if i == 0 else 2},
+            hovertemplate="%{x:,} tokens: %{y:,} requests<extra>" + label + "</extra>",
+        )
+    if chosen_context:
+        fig.add_vline(x=chosen_context, line_dash="dot", line_color="gray", annotation_text="max_model_len")
+    fig.update_layout(
+        xaxis={"title": "context length per request (tokens, log scale)", "type": "log", "tickformat": ",d"},
+        yaxis={"title": "max concurrent requests (requests, log scale)", "type": "log", "tickformat": ",d"},
+        height=420,
+        margin={"t": 30},
+    )
+    return fig
+
+
+def paged_vs_contiguous_figure(
+    what_ifs: Mapping[str, WorkloadWhatIf], max_num_seqs: Mapping[str, int] | None = None
+) -> go.Figure:
+    """Average concurrent requests per replica that the KV cache holds for the workload (memory-bound, before
+    the max_num_seqs cap): paged, Orca-Oracle (exact reservation) and contiguous (max_model_len reservation).
+    A dash marks each scenario's max_num_seqs."""
+    names = list(what_ifs)
+    bars = (
+        ("paged (blocks for the actual length)", "paged", "paged_memory_concurrency"),
+        ("Orca-Oracle (reserves exact prompt + output)", "orca-oracle", "oracle_memory_concurrency"),
+        ("contiguous (reserves max_model_len)", "contiguous", "contiguous_memory_concurrency"),
+    )
+    fig = go.Figure()
+    for label, policy, attr in bars:
+        values = [getattr(what_ifs[n], attr) for n in names]
+        fig.add_bar(
+            x=names,
+            y=values,
+            name=label,
+            marker_color=POLICY_COLORS[policy],
+            text=[fmt_int(v) if v >= 10 else f"{v:.1f}" for v in values],
+            textposition="outside",
+            hovertemplate="%{x}: %{y:,.1f} requests<extra>" + label + "</extra>",
+        )
+    if max_num_seqs:
+        fig.add_scatter(
+            x=names,
+            y=[max_num_seqs[n] for n in names],
+            mode="markers",
+            marker={"symbol": "line-ew-open", "size": 60, "color": "black"},
+            name="max_num_seqs (scheduler cap)",
+            hovertemplate="%{x}: max_num_seqs %{y:,}<extra></extra>",
+        )
+    fig.update_layout(
+        barmode="group",
+        yaxis={
+            "title": "concurrent requests the KV cache holds, per replica (requests)",
+            "rangemode": "tozero",
+        },
+        xaxis_title="scenario",
+        height=420,
+        margin={"t": 30},
+        legend={"orientation": "h", "y": -0.2},
+    )
+    return fig
+
+
+def fragmentation_figure(
+    rows: Sequence[Mapping[str, float]], chosen_block_size: int | None = None
+) -> go.Figure:
+    """Internal fragmentation (% of allocated KV slots that hold no token) vs block size (tokens)."""
+    sizes = [int(r["block_size"]) for r in rows]
+    percent = [100 * r["internal_fragmentation"] for r in rows]
+    colors = [MEMORY_COLORS["internal fragmentation"] if s == chosen_block_size else "#fdd0a2" for s in sizes]
+    fig = go.Figure(
+        go.Bar(
+            x=[str(s) for s in sizes],
+            y=percent,
+            marker_color=colors,
+            text=[f"{p:.1f}%" for p in percent],
+            textposition="outside",
+            customdata=[r["wasted_slots"] for r in rows],
+            hovertemplate="block size %{x} tokens: %{y:.2f}% of slots empty, %{customdata:.1f} slots per request"
+            "<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        xaxis={"title": "block size (tokens)", "type": "category"},
+        yaxis_title="internal fragmentation (% of allocated slots)",
+        height=380,
+        margin={"t": 30},
+    )
+    return fig

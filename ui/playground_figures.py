@@ -1,0 +1,158 @@
+"""Figures of the block-manager playground. Each builder takes core data and returns a plotly Figure."""
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from core.block_manager import BlockSnapshot
+from core.playground import HistoryEntry
+from ui.theme import CACHED_BLOCK_COLOR, FREE_BLOCK_COLOR, POLICY_COLORS, sequence_color
+
+
+def block_heatmap(
+    snapshot: BlockSnapshot, color_index: Mapping, columns: int | None = None, title: str | None = None
+) -> go.Figure:
+    """The physical block pool as a grid, block 0 top left, row-major.
+
+    Colour = owning sequence (its stable `color_index`), light grey = free, grey = free but cached.
+    Shared blocks (ref count > 1) carry a "×n" label; each cell shows its fill (tokens stored) when the grid is
+    small enough to read; hover gives block id, owners, fill and ref count.
+    """
+    n = snapshot.num_blocks
+    columns = columns or max(1, min(32, math.ceil(math.sqrt(n * 2))))
+    rows = math.ceil(n / columns)
+    keys = [FREE_BLOCK_COLOR, CACHED_BLOCK_COLOR]
+    codes = np.where(snapshot.is_cached & snapshot.is_free, 1, 0).astype(np.int64)
+    owner_ids = [snapshot.seq_ids[i] for i in snapshot.owner[snapshot.owner >= 0].tolist()]
+    seq_code: dict = {}
+    for seq in dict.fromkeys(owner_ids):
+        seq_code[seq] = len(keys)
+        keys.append(sequence_color(color_index.get(seq, len(seq_code))))
+    owned = snapshot.owner >= 0
+    codes[owned] = [seq_code[s] for s in owner_ids]
+
+    z = np.full(rows * columns, np.nan)
+    z[:n] = codes + 0.5  # the middle of code k's colour band
+    hover = np.full(rows * columns, "", dtype=object)
+    text = np.full(rows * columns, "", dtype=object)
+    for block in range(n):
+        owners = snapshot.owners(block) if owned[block] else []
+        ref = int(snapshot.ref_count[block])
+        state = "free (cached)" if snapshot.is_cached[block] and snapshot.is_free[block] else "free"
+        who = ", ".join(map(str, owners)) if owners else state
+        hover[block] = (
+            f"block {block}<br>owner: {who}<br>fill: {int(snapshot.fill[block])}/{snapshot.block_size} tokens"
+            f"<br>ref count: {ref}"
+        )
+        if n <= 512:
+            fill = int(snapshot.fill[block])
+            text[block] = (f"×{ref}<br>" if ref > 1 else "") + (str(fill) if fill else "")
+    # a discrete colour scale: code k occupies [k, k+1) / len(keys)
+    scale = []
+    for k, color in enumerate(keys):
+        scale += [[k / len(keys), color], [(k + 1) / len(keys), color]]
+    figure = go.Figure(
+        go.Heatmap(
+            z=z.reshape(rows, columns),
+            zmin=0,
+            zmax=len(keys),
+            colorscale=scale,
+            showscale=False,
+            xgap=2,
+            ygap=2,
+            text=text.reshape(rows, columns),
+            texttemplate="%{text}",
+            customdata=hover.reshape(rows, columns),
+            hovertemplate="%{customdata}<extra></extra>",
+        )
+    )
+    figure.update_yaxes(autorange="reversed", title="row (blocks)", showgrid=False, zeroline=False)
+    figure.update_xaxes(title="column (blocks)", showgrid=False, zeroline=False, side="top")
+    figure.update_layout(
+        title=title or f"Physical blocks ({n:,} × {snapshot.block_size} tokens); ×n = shared by n sequences",
+        height=min(900, 120 + 28 * rows),
+        margin={"l": 10, "r": 10, "t": 80, "b": 10},
+    )
+    for seq, code in seq_code.items():  # a legend: one invisible trace per sequence
+        figure.add_trace(
+            go.Scatter(
+                x=[None], y=[None], mode="markers", name=str(seq), marker={"color": keys[code], "size": 12}
+            )
+        )
+    return figure
+
+
+def free_blocks_over_actions(history: Sequence[HistoryEntry], num_blocks: int) -> go.Figure:
+    """Free-list size after each action (failed actions marked), with the pool size as a dashed line."""
+    steps = [h.step for h in history]
+    figure = go.Figure(
+        go.Scatter(
+            x=steps,
+            y=[h.free_blocks for h in history],
+            mode="lines+markers",
+            name="free blocks",
+            line={"shape": "hv", "color": POLICY_COLORS["paged"]},
+            customdata=[h.action for h in history],
+            hovertemplate="action %{x}: %{customdata}<br>%{y:,} free blocks<extra></extra>",
+        )
+    )
+    failed = [h for h in history if not h.ok]
+    if failed:
+        figure.add_trace(
+            go.Scatter(
+                x=[h.step for h in failed],
+                y=[h.free_blocks for h in failed],
+                mode="markers",
+                name="failed action",
+                marker={"symbol": "x", "size": 12, "color": "#d62728"},
+                customdata=[h.message for h in failed],
+                hovertemplate="%{customdata}<extra></extra>",
+            )
+        )
+    figure.add_hline(y=num_blocks, line_dash="dash", line_color="#7f7f7f", annotation_text="pool size")
+    figure.update_layout(
+        title="Free list size after each action",
+        xaxis_title="action #",
+        yaxis_title="free blocks",
+        yaxis_rangemode="tozero",
+        height=330,
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+    )
+    return figure
+
+
+def waste_over_actions(history: Sequence[HistoryEntry], bytes_per_token: int) -> go.Figure:
+    """Reserved-but-empty slots after each action: paged (empty slots of owned blocks) vs contiguous."""
+    steps = [h.step for h in history]
+    figure = go.Figure()
+    for name, values, color in (
+        (
+            "contiguous (reserve max length)",
+            [h.contiguous_waste_slots for h in history],
+            POLICY_COLORS["contiguous"],
+        ),
+        ("paged (unfilled last blocks)", [h.paged_waste_slots for h in history], POLICY_COLORS["paged"]),
+    ):
+        figure.add_trace(
+            go.Scatter(
+                x=steps,
+                y=values,
+                mode="lines+markers",
+                name=name,
+                line={"shape": "hv", "color": color},
+                customdata=[v * bytes_per_token / 1024 for v in values],
+                hovertemplate="action %{x}: %{y:,} empty slots (%{customdata:,.1f} KiB)<extra></extra>",
+            )
+        )
+    figure.update_layout(
+        title="Wasted KV slots after each action",
+        xaxis_title="action #",
+        yaxis_title="reserved but empty (tokens)",
+        yaxis_rangemode="tozero",
+        height=330,
+        legend={"orientation": "h", "y": -0.25},
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+    )
+    return figure

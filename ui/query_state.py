@@ -1,0 +1,137 @@
+"""Page state that lives in the URL: a schema of typed fields, parsed and validated like any user input.
+
+A page declares its fields once (`Field`), reads `st.query_params` through `parse_params` (every bad value is
+replaced by the field's default and reported with the reason, never raised), seeds its widgets from the
+result, and writes the current values back with `encode_params` so the URL always reproduces the screen.
+Nothing here imports streamlit: the functions take and return plain mappings, so they are tested directly.
+
+Value kinds: "int", "float" (finite, within [minimum, maximum]); "choice" (one of `choices`); "bool"
+("1"/"0", "true"/"false"); "str" (at most `max_length` characters). `optional=True` adds "auto" (None).
+"""
+
+import base64
+import binascii
+import json
+import math
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One URL parameter. `key` is the parameter name; `default` the value when absent or invalid."""
+
+    key: str
+    default: Any
+    kind: str = "str"
+    choices: tuple[Any, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    optional: bool = False
+    max_length: int = 200
+    label: str = ""
+
+    def __post_init__(self):
+        if self.kind not in ("int", "float", "choice", "bool", "str"):
+            raise ValueError(f"unknown field kind {self.kind!r}")
+
+    def parse(self, raw: str) -> Any:
+        """The value of `raw`, or raise ValueError with a reason a user can act on."""
+        text = str(raw).strip()
+        if self.optional and text.lower() in (AUTO, ""):
+            return None
+        if self.kind == "bool":
+            if text.lower() in _TRUE:
+                return True
+            if text.lower() in _FALSE:
+                return False
+            raise ValueError("expected 1/0 or true/false")
+        if self.kind == "choice":
+            for choice in self.choices:
+                if text == str(choice):
+                    return choice
+            raise ValueError(f"unknown value; allowed: {', '.join(str(c) for c in self.choices)}")
+        if self.kind == "str":
+            if len(text) > self.max_length:
+                raise ValueError(f"longer than {self.max_length:,} characters")
+            return text
+        try:
+            value: Any = int(text) if self.kind == "int" else float(text)
+        except ValueError:
+            kind = "a whole number" if self.kind == "int" else "a number"
+            raise ValueError(f"expected {kind}") from None
+        if not math.isfinite(value):
+            raise ValueError("expected a finite number")
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"must be at least {self.minimum:,g}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"must be at most {self.maximum:,g}")
+        return value
+
+    def encode(self, value: Any) -> str:
+        if value is None:
+            return AUTO
+        if self.kind == "bool":
+            return "1" if value else "0"
+        if self.kind == "float":
+            return f"{float(value):g}" if abs(float(value)) < 1e15 else repr(float(value))
+        return str(value)
+
+
+def parse_params(params: Mapping[str, Any], fields: Iterable[Field]) -> tuple[dict[str, Any], list[str]]:
+    """(values, errors): a value for every field, and one message per rejected parameter.
+
+    A parameter given several times (a list) uses its last value. Unknown parameters are ignored.
+    """
+    values: dict[str, Any] = {}
+    errors: list[str] = []
+    for field in fields:
+        raw = params.get(field.key)
+        if isinstance(raw, list | tuple):
+            raw = raw[-1] if raw else None
+        if raw is None:
+            values[field.key] = field.default
+            continue
+        try:
+            values[field.key] = field.parse(raw)
+        except ValueError as reason:
+            shown = str(raw) if len(str(raw)) <= 60 else str(raw)[:57] + "..."
+            name = f" ({field.label})" if field.label else ""
+            errors.append(
+                f"URL parameter `{field.key}`{name} = {shown!r} ignored: {reason}. Using the default."
+            )
+            values[field.key] = field.default
+    return values, errors
+
+
+def encode_params(values: Mapping[str, Any], fields: Iterable[Field]) -> dict[str, str]:
+    """The URL parameters for `values` (every field, so a shared link does not depend on defaults)."""
+    return {field.key: field.encode(values[field.key]) for field in fields if field.key in values}
+
+
+def encode_blob(data: Any) -> str:
+    """A JSON-able object as a compact URL-safe string (zlib + base64url), e.g. a pasted config.json."""
+    raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+    return base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
+
+
+def decode_blob(text: str, max_bytes: int = 64 * 1024) -> Any:
+    """Inverse of `encode_blob`; raises ValueError with a reason for anything malformed or too large."""
+    try:
+        packed = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(packed, max_bytes + 1)
+    except (binascii.Error, ValueError, zlib.error):
+        raise ValueError("not an encoded configuration") from None
+    if len(raw) > max_bytes or inflater.unconsumed_tail:
+        raise ValueError(f"decoded configuration is larger than {max_bytes:,} bytes")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("not an encoded configuration") from None
