@@ -10,6 +10,7 @@ PAGES = [
     st.Page("pages/playground.py", title="Block manager playground", icon="🧱", default=True),
     st.Page("pages/simulator.py", title="Serving simulator", icon="🚦"),
     st.Page("pages/planner.py", title="Capacity planner", icon="📐"),
+    st.Page("pages/kernels.py", title="Kernels", icon="⚡"),
 ]
 
 navigation = st.navigation(PAGES)

@@ -14,19 +14,21 @@ that share the same K/V, so K and V are read once per KV head, never expanded.
 
 Backends:
 - "torch": vectorised torch. The block table is walked in chunks of whole blocks (a Python loop over chunks,
-  never over sequences or tokens); each chunk is gathered into a small reused buffer that stays in cache and
-  attended with a fused kernel that also returns the log-sum-exp; chunks are merged with the paper's
-  equation 4 (online softmax). On CPU the fused kernel is ATen's flash attention; elsewhere explicit float32
-  matmul-softmax-matmul.
+  never over sequences or tokens); each chunk is gathered into a small reused buffer (~4 MiB, meant to stay in
+  the last-level cache) and attended with a fused kernel that also returns the log-sum-exp; chunks are merged
+  with the paper's equation 4 (online softmax). On CPU the fused kernel is ATen's flash attention
+  (`aten::_scaled_dot_product_flash_attention_for_cpu`, which returns the log-sum-exp); elsewhere, or if that
+  op is missing, explicit float32 matmul-softmax-matmul.
 - "triton": `core.triton_attention`, one program per (sequence, KV head, row tile) that loads each block through
   the block table with no gathered copy. Needs CUDA tensors (or TRITON_INTERPRET=1 set before import).
-- "gather": gathers every sequence's blocks into one contiguous copy, then `contiguous_attention`. The naive way,
-  kept to show what the extra pass over memory costs.
+- "gather": copies every sequence's blocks into one contiguous tensor, then attends it with the same fused
+  kernel. The naive way, kept to show what the extra pass over memory costs.
 - "auto": "triton" for CUDA tensors when triton imports, else "torch".
 Softmax statistics are float32 whatever the input dtype; the output has the query's dtype.
 """
 
 import math
+import os
 from functools import lru_cache
 
 import torch
@@ -44,8 +46,9 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 CHUNK_TARGET_BYTES = 4 * 1024**2
 # ...and at least this many tokens per chunk. On CPU, ATen's flash kernel returns each chunk's partial output in
 # the input dtype (vLLM's paged_attention_v2 also keeps its partial outputs in the input dtype), so half types
-# round twice: once per partial, once at the end. Longer chunks average more tokens, keeping partials small.
-MIN_CHUNK_TOKENS = 32
+# round twice: once per partial, once at the end; longer chunks average more tokens, keeping partials small.
+# Very short chunks (<= 32 tokens) also hit slow, erratic paths of that kernel in float32.
+MIN_CHUNK_TOKENS = 64
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -63,8 +66,6 @@ def triton_available() -> bool:
 
 def triton_interpreted() -> bool:
     """True when TRITON_INTERPRET=1, i.e. Triton kernels run on CPU tensors (slowly) instead of on a GPU."""
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -72,7 +73,8 @@ def available_backends(device: torch.device | str) -> list[str]:
     """Concrete backends (no "auto") that can run on `device`, fastest-first guess first."""
     device = torch.device(device)
     names = ["torch", "gather"]
-    if triton_available() and (device.type == "cuda" or triton_interpreted()):
+    can_run = device.type == "cuda" or triton_interpreted()
+    if can_run and triton_available():  # import triton only where it could run
         names.insert(0, "triton")
     return names
 
@@ -393,9 +395,10 @@ def gather_contiguous(
     shape = (num_seqs, num_cols * block_size, num_kv_heads, head_dim)
     key = key_cache.index_select(0, table.reshape(-1)).view(shape)[:, :longest]
     value = value_cache.index_select(0, table.reshape(-1)).view(shape)[:, :longest]
-    pad = torch.arange(longest, device=lens.device)[None, :] >= lens[:, None]  # [seqs, tokens]
-    key.masked_fill_(pad[:, :, None, None], 0)
-    value.masked_fill_(pad[:, :, None, None], 0)
+    if int(lens.min()) < longest:
+        pad = torch.arange(longest, device=lens.device)[None, :] >= lens[:, None]  # [seqs, tokens]
+        key.masked_fill_(pad[:, :, None, None], 0)
+        value.masked_fill_(pad[:, :, None, None], 0)
     return key, value
 
 
@@ -428,8 +431,10 @@ def _paged_rows(
 
 def _gather_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale) -> torch.Tensor:
     key, value = gather_contiguous(key_cache, value_cache, block_tables, lens)  # [seqs, tokens, kv, dim]
-    positions = torch.arange(key.shape[1], device=rows.device)
-    allowed = positions[None, None, :] <= row_pos[:, :, None]  # [seqs, R, tokens]
+    allowed = None
+    if int(row_pos.min()) < key.shape[1] - 1:  # some row may not see every token
+        positions = torch.arange(key.shape[1], device=rows.device)
+        allowed = positions[None, None, :] <= row_pos[:, :, None]  # [seqs, R, tokens]
     use_flash = rows.device.type == "cpu" and _CPU_FLASH is not None
     out, lse = _attend_chunk(rows, key, value, allowed, scale, use_flash)
     return torch.where(torch.isinf(lse)[..., None], 0.0, out).to(rows.dtype)

@@ -1,10 +1,12 @@
 """The "triton" backend of `core.attention`: a paged attention kernel that reads K/V through the block table.
 
 Imported only when that backend is used, so `core.attention` never needs triton. One program per
-(sequence, KV head, tile of rows); rows are the query heads of one KV head's group (and, for prefill, the
-query tokens). The program walks the sequence's block table one block at a time, loads that block's
-[block_size, head_dim] K and V tiles straight from the cache (masked loads: slots past the sequence's length
-are never read, so NaN there cannot leak), and keeps a float32 online softmax (running max, denominator,
+(sequence, KV head, tile of 16 rows); rows are the query heads of one KV head's group (and, for prefill, the
+query tokens), padded to 16 for `tl.dot`. The program walks the sequence's block table one block at a time,
+loads that block's [block_size, head_dim] K and V tiles straight from the cache (masked loads: slots past the
+sequence's length are never read, so NaN there cannot leak), computes scores and the weighted sum of V with
+`tl.dot` on float32 tiles with IEEE products (decode is memory-bound: no need for TF32 / tensor-core inputs,
+and every dtype matches a float32 reference), and keeps a float32 online softmax (running max, denominator,
 accumulator). No gathered copy of the cache is made.
 
 On a machine without a GPU, set TRITON_INTERPRET=1 *before* importing this module to run it on CPU tensors
@@ -79,7 +81,7 @@ def _paged_rows_kernel(
             mask=load_mask,
             other=0.0,
         ).to(tl.float32)  # [BLOCK_S, BLOCK_D]
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [BLOCK_R, BLOCK_S]
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_R, BLOCK_S]
         allowed = slot_ok[None, :] & (positions[None, :] <= row_pos[:, None])
         scores = tl.where(allowed, scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -91,7 +93,7 @@ def _paged_rows_kernel(
             mask=load_mask,
             other=0.0,
         ).to(tl.float32)  # [BLOCK_S, BLOCK_D]
-        acc = acc * alpha[:, None] + tl.sum(probs[:, :, None] * v[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + tl.dot(probs, v, input_precision="ieee")
         m = m_new
     safe = tl.where(denom > 0, denom, 1.0)
     out = tl.where(denom[:, None] > 0, acc / safe[:, None], 0.0)
@@ -126,7 +128,7 @@ def triton_paged_rows(
     table = block_tables.contiguous()
     if out is None:
         out = torch.empty((num_seqs, num_kv_heads, num_rows, head_dim), dtype=rows.dtype, device=rows.device)
-    block_r = min(triton.next_power_of_2(num_rows), block_rows)
+    block_r = block_rows  # tl.dot needs at least 16 rows; padding rows are masked
     grid = (num_seqs, num_kv_heads, triton.cdiv(num_rows, block_r))
     _paged_rows_kernel[grid](
         rows,
@@ -155,7 +157,7 @@ def triton_paged_rows(
         out.stride(1),
         out.stride(2),
         BLOCK_R=block_r,
-        BLOCK_S=triton.next_power_of_2(block_size),
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_S=max(16, triton.next_power_of_2(block_size)),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
     )
     return out

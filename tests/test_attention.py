@@ -273,3 +273,34 @@ def test_triton_on_cpu_without_interpreter_is_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(BackendUnavailableError, match="triton"):
         paged_attention(**_small(), backend="triton")
+
+
+def test_tensors_on_different_devices_are_refused():
+    problem = _small()
+    problem["query"] = problem["query"].to("meta")
+    with pytest.raises(InvalidArgumentError, match="one device"):
+        paged_attention(**problem, backend="torch")
+
+
+def test_prefill_of_the_whole_prompt_matches_causal_sdpa():
+    """A fresh prompt (query_lens == context_lens) is ordinary causal self-attention: compare with torch SDPA."""
+    lens = [24, 24]
+    problem = make_problem(2, 8, 2, 64, 8, 24, torch.float32, seed=12, lens=lens, poison=True)
+    gen = torch.Generator().manual_seed(2)
+    query = torch.randn(2, 24, 8, 64, generator=gen)
+    got = paged_prefill_attention(
+        query,
+        problem["key_cache"],
+        problem["value_cache"],
+        problem["block_tables"],
+        problem["context_lens"],
+        problem["context_lens"],
+        backend="torch",
+    )
+    key, value = gather_contiguous(
+        problem["key_cache"], problem["value_cache"], problem["block_tables"], problem["context_lens"]
+    )
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal=True, enable_gqa=True
+    ).transpose(1, 2)
+    assert torch.allclose(got, expected, atol=1e-5)

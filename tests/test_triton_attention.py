@@ -32,6 +32,7 @@ cases = [  # (num_seqs, heads, kv_heads, head_dim, block_size, max_len, dtype)
     (3, 4, 2, 64, 8, 21, torch.float32),
     (3, 4, 1, 80, 16, 33, torch.bfloat16),
     (2, 2, 2, 96, 8, 17, torch.float16),
+    (2, 32, 1, 64, 16, 20, torch.float32),  # 32 rows per KV head: two row tiles
 ]
 for seed, (seqs, heads, kv, dim, bs, max_len, dtype) in enumerate(cases):
     p = make_problem(seqs, heads, kv, dim, bs, max_len, dtype, seed=seed)
@@ -66,7 +67,7 @@ def test_triton_kernel_under_interpreter_matches_reference():
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 4
+    assert len(results) == 5
     for result in results:
         assert not result["nan"], f"{result['case']}: NaN leaked into the output"
         assert result["same_buffer"], f"{result['case']}: out= was not written in place"

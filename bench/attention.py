@@ -1,0 +1,111 @@
+"""Decode attention: paged (each backend) vs the contiguous baseline, measured in the same run. Prints one JSON.
+
+    python bench/attention.py            # batch {1, 16, 64} x context {512, 2048, 8192} x dtypes
+    python bench/attention.py --quick    # batch 16, context 2048, float32 only (under a minute)
+
+32 query / 8 KV heads, head_dim 128, block size 16. Dtypes float32 and bfloat16 (and float16 on CUDA).
+Problems whose paged cache + copies exceed the memory budget (core.device.memory_budget_bytes) are skipped and
+listed under "skipped". The contiguous baseline is the faster of SDPA and a grouped-query matmul on the same
+contiguous K/V; copy_gbps is dst.copy_(src) into a preallocated tensor, counting bytes read + written.
+"""
+
+import argparse
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.attention import available_backends
+from core.attention_bench import KernelConfig, check_budget, copy_bandwidth_gbps, measure
+from core.device import default_device, device_label
+from core.errors import MemoryBudgetError
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+
+
+def tune_malloc() -> bool:
+    """Keep freed memory in the heap (glibc): no mmap/munmap and page faults for every per-call buffer.
+
+    ATen's CPU attention kernels allocate their outputs and scratch (a few hundred KiB) on every call; with glibc's
+    defaults these come from fresh mmaps, and the page faults cost the chunked paged kernel (tens of calls per
+    step) far more than one SDPA call. Serving stacks use jemalloc/tcmalloc for the same reason. Applies to paged
+    and contiguous alike. Returns False where it cannot be set (not glibc).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(M_MMAP_THRESHOLD, 256 * 1024**2) == 1
+        return libc.mallopt(M_TRIM_THRESHOLD, 1024**3) == 1 and ok
+    except (OSError, AttributeError):
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="batch 16, context 2048, float32 only")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument(
+        "--repeats", type=int, default=7, help="timed rounds per measurement (median is kept)"
+    )
+    parser.add_argument("--backends", default=None, help="comma-separated, default: every backend available")
+    parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,16,64)")
+    parser.add_argument(
+        "--contexts", default=None, help="comma-separated context lengths (default 512,2048,8192)"
+    )
+    parser.add_argument(
+        "--dtypes", default=None, help="comma-separated dtypes (default float32,bfloat16[,float16])"
+    )
+    parser.add_argument(
+        "--no-malloc-tuning",
+        action="store_true",
+        help="keep glibc's default mmap/trim thresholds (see tune_malloc)",
+    )
+    args = parser.parse_args()
+    malloc_tuning = False if args.no_malloc_tuning else tune_malloc()
+
+    device = torch.device(args.device) if args.device else default_device()
+    backends = args.backends.split(",") if args.backends else available_backends(device)
+    if args.quick:
+        batches, contexts, dtypes = [16], [2048], ["float32"]
+    else:
+        batches, contexts = [1, 16, 64], [512, 2048, 8192]
+        dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else [])
+    if args.batches:
+        batches = [int(b) for b in args.batches.split(",")]
+    if args.contexts:
+        contexts = [int(c) for c in args.contexts.split(",")]
+    if args.dtypes:
+        dtypes = args.dtypes.split(",")
+
+    report = {
+        "device": device_label(device),
+        "threads": torch.get_num_threads(),
+        "malloc_tuning": malloc_tuning,
+        "copy_gbps": round(copy_bandwidth_gbps(device), 2),
+        "results": [],
+        "skipped": [],
+        "note": "ratio = paged_ms / contiguous_ms; achieved_gbps = K+V bytes read / paged_ms (1e9 bytes/s)",
+    }
+    for dtype in dtypes:
+        for batch in batches:
+            for context in contexts:
+                config = KernelConfig(batch=batch, context_len=context, dtype=dtype)
+                try:
+                    check_budget(config)
+                except MemoryBudgetError as error:
+                    report["skipped"].append(
+                        {"batch": batch, "context_len": context, "dtype": dtype, "why": str(error)}
+                    )
+                    continue
+                report["results"].extend(measure(config, backends, device, repeats=args.repeats))
+                print(f"done batch {batch} context {context} {dtype}", file=sys.stderr, flush=True)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""Figures of the Kernels page: latency, overhead ratio and bandwidth of paged vs contiguous attention, and how
+one sequence's logical blocks map to physical blocks.
+
+Each builder takes plain data (the result rows of `core.attention_bench.measure`, a block table) and returns a
+plotly Figure; nothing here needs streamlit.
+"""
+
+import plotly.graph_objects as go
+
+from ui.theme import BACKEND_COLORS, CACHED_BLOCK_COLOR, FREE_BLOCK_COLOR, sequence_color
+
+PAPER_OVERHEAD = (1.20, 1.26)  # PagedAttention paper, section 7.1: 20-26% slower than FasterTransformer
+CONTIGUOUS = "contiguous"
+
+
+def _by_backend(rows: list[dict]) -> dict[str, list[dict]]:
+    grouped: dict[str, list[dict]] = {}
+    for row in sorted(rows, key=lambda r: r["context_len"]):
+        grouped.setdefault(row["backend"], []).append(row)
+    return grouped
+
+
+def _contiguous_points(rows: list[dict], field: str) -> tuple[list[int], list[float]]:
+    """One contiguous point per context length (every backend row of a context carries the same baseline)."""
+    points = {row["context_len"]: row[field] for row in rows}
+    contexts = sorted(points)
+    return contexts, [points[c] for c in contexts]
+
+
+def _color(backend: str) -> str:
+    return BACKEND_COLORS.get(backend, "#8c564b")
+
+
+def _axes(fig: go.Figure, title: str, y_title: str, contexts: list[int]) -> go.Figure:
+    fig.update_layout(
+        title=title,
+        xaxis_title="context length (tokens)",
+        yaxis_title=y_title,
+        legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0},
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        height=400,
+    )
+    fig.update_xaxes(type="log", tickvals=contexts, ticktext=[f"{c:,}" for c in contexts])
+    fig.update_yaxes(tickformat=",")
+    return fig
+
+
+def _contexts(rows: list[dict]) -> list[int]:
+    return sorted({row["context_len"] for row in rows})
+
+
+def latency_figure(rows: list[dict]) -> go.Figure:
+    """Median decode latency (ms) vs context length: paged per backend, and the contiguous baseline."""
+    fig = go.Figure()
+    contexts, contiguous = _contiguous_points(rows, "contiguous_ms")
+    fig.add_trace(
+        go.Scatter(
+            x=contexts,
+            y=contiguous,
+            name="contiguous (best of SDPA, matmul)",
+            mode="lines+markers",
+            line={"color": _color(CONTIGUOUS), "dash": "dash"},
+            hovertemplate="%{x:,} tokens: %{y:,.3f} ms<extra>contiguous</extra>",
+        )
+    )
+    for backend, points in _by_backend(rows).items():
+        fig.add_trace(
+            go.Scatter(
+                x=[p["context_len"] for p in points],
+                y=[p["paged_ms"] for p in points],
+                name=f"paged ({backend})",
+                mode="lines+markers",
+                line={"color": _color(backend)},
+                hovertemplate="%{x:,} tokens: %{y:,.3f} ms<extra>paged " + backend + "</extra>",
+            )
+        )
+    return _axes(fig, "Decode latency", "latency (ms)", _contexts(rows))
+
+
+def overhead_figure(rows: list[dict]) -> go.Figure:
+    """paged_ms / contiguous_ms vs context length per backend, with 1.0 and the paper's 1.20-1.26 band."""
+    fig = go.Figure()
+    fig.add_hrect(
+        y0=PAPER_OVERHEAD[0],
+        y1=PAPER_OVERHEAD[1],
+        fillcolor="#2ca02c",
+        opacity=0.15,
+        line_width=0,
+    )
+    fig.add_annotation(
+        x=1,
+        xref="paper",
+        xanchor="right",
+        y=PAPER_OVERHEAD[1],
+        yanchor="bottom",
+        text="paper: 1.20-1.26x vs FasterTransformer",
+        showarrow=False,
+        font={"color": "#2ca02c"},
+    )
+    fig.add_hline(y=1.0, line={"color": _color(CONTIGUOUS), "dash": "dash"})
+    for backend, points in _by_backend(rows).items():
+        fig.add_trace(
+            go.Scatter(
+                x=[p["context_len"] for p in points],
+                y=[p["ratio"] for p in points],
+                name=f"paged ({backend})",
+                mode="lines+markers",
+                line={"color": _color(backend)},
+                hovertemplate="%{x:,} tokens: %{y:.2f}x<extra>" + backend + "</extra>",
+            )
+        )
+    fig = _axes(fig, "Paging overhead", "paged / contiguous latency (x)", _contexts(rows))
+    fig.update_yaxes(rangemode="tozero", tickformat=".2f")
+    return fig
+
+
+def bandwidth_figure(rows: list[dict], copy_gbps: float) -> go.Figure:
+    """Achieved bandwidth (bytes of K and V read / latency, GB/s) vs context, with the measured copy bandwidth."""
+    fig = go.Figure()
+    fig.add_hline(
+        y=copy_gbps,
+        line={"color": "#000000", "dash": "dot"},
+        annotation_text=f"copy_ bandwidth {copy_gbps:,.1f} GB/s (read + write)",
+        annotation_position="top left",
+    )
+    contexts, contiguous = _contiguous_points(rows, "contiguous_gbps")
+    fig.add_trace(
+        go.Scatter(
+            x=contexts,
+            y=contiguous,
+            name="contiguous",
+            mode="lines+markers",
+            line={"color": _color(CONTIGUOUS), "dash": "dash"},
+            hovertemplate="%{x:,} tokens: %{y:,.1f} GB/s<extra>contiguous</extra>",
+        )
+    )
+    for backend, points in _by_backend(rows).items():
+        fig.add_trace(
+            go.Scatter(
+                x=[p["context_len"] for p in points],
+                y=[p["achieved_gbps"] for p in points],
+                name=f"paged ({backend})",
+                mode="lines+markers",
+                line={"color": _color(backend)},
+                hovertemplate="%{x:,} tokens: %{y:,.1f} GB/s<extra>paged " + backend + "</extra>",
+            )
+        )
+    fig = _axes(
+        fig,
+        "Achieved bandwidth (K and V bytes read / time)",
+        "bandwidth (GB/s, 1e9 bytes/s)",
+        _contexts(rows),
+    )
+    fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
+def block_map_figure(
+    block_table: list[int],
+    context_len: int,
+    block_size: int,
+    num_blocks: int,
+    owned: set[int] | None = None,
+    columns: int = 32,
+    max_links: int = 24,
+) -> go.Figure:
+    """One sequence's logical blocks (top strip) and where they live in the physical pool (grid below).
+
+    block_table: the sequence's physical block ids, logical order (entries past its last block are ignored).
+    context_len: tokens of the sequence; the last logical block is filled context_len - (n - 1) * block_size.
+    num_blocks: blocks in the pool (grid cells, numbered row-major). owned: blocks held by other sequences
+    (grey); the rest are free. The first `max_links` logical blocks are joined to their physical block by a line.
+    """
+    used = -(-context_len // block_size)
+    table = [int(b) for b in block_table[:used]]
+    columns = max(1, min(columns, max(num_blocks, used)))
+    color = sequence_color(0)
+    owned = set(owned or ()) - set(table)
+
+    def logical_xy(j: int) -> tuple[float, float]:
+        return j % columns, 2.5 + (used - 1) // columns - j // columns
+
+    def physical_xy(block: int) -> tuple[float, float]:
+        return block % columns, -(block // columns)
+
+    fig = go.Figure()
+    # physical pool: free / other sequences / this sequence
+    groups = {"free block": ([], FREE_BLOCK_COLOR), "other sequences": ([], CACHED_BLOCK_COLOR)}
+    for block in range(num_blocks):
+        if block in table:
+            continue
+        groups["other sequences" if block in owned else "free block"][0].append(block)
+    for name, (blocks, fill) in groups.items():
+        if blocks:
+            xy = [physical_xy(b) for b in blocks]
+            fig.add_trace(
+                go.Scatter(
+                    x=[p[0] for p in xy],
+                    y=[p[1] for p in xy],
+                    mode="markers",
+                    marker={
+                        "symbol": "square",
+                        "size": 16,
+                        "color": fill,
+                        "line": {"color": "#bbbbbb", "width": 1},
+                    },
+                    name=name,
+                    text=[f"physical block {b:,}" for b in blocks],
+                    hovertemplate="%{text}<extra></extra>",
+                )
+            )
+    fills = [block_size] * (used - 1) + [context_len - (used - 1) * block_size]
+    phys = [physical_xy(b) for b in table]
+    hover = [
+        f"logical block {j:,} (tokens {j * block_size:,}-{j * block_size + fills[j] - 1:,}, {fills[j]}/{block_size} "
+        f"filled) -> physical block {b:,}"
+        for j, b in enumerate(table)
+    ]
+    fig.add_trace(
+        go.Scatter(
+            x=[p[0] for p in phys],
+            y=[p[1] for p in phys],
+            mode="markers+text",
+            marker={"symbol": "square", "size": 16, "color": color},
+            text=[str(j) for j in range(used)],
+            textfont={"color": "white", "size": 8},
+            name="this sequence (label: logical index)",
+            hovertext=hover,
+            hovertemplate="%{hovertext}<extra></extra>",
+        )
+    )
+    logical = [logical_xy(j) for j in range(used)]
+    fig.add_trace(
+        go.Scatter(
+            x=[p[0] for p in logical],
+            y=[p[1] for p in logical],
+            mode="markers+text",
+            marker={
+                "symbol": "square",
+                "size": 16,
+                "color": color,
+                "opacity": [0.35 + 0.65 * f / block_size for f in fills],
+            },
+            text=[str(j) for j in range(used)],
+            textfont={"color": "white", "size": 8},
+            name="logical blocks (shade: fill)",
+            hovertext=hover,
+            hovertemplate="%{hovertext}<extra></extra>",
+        )
+    )
+    links_x: list[float | None] = []
+    links_y: list[float | None] = []
+    for j in range(min(used, max_links)):
+        (x0, y0), (x1, y1) = logical[j], phys[j]
+        links_x += [x0, x1, None]
+        links_y += [y0, y1, None]
+    fig.add_trace(
+        go.Scatter(
+            x=links_x,
+            y=links_y,
+            mode="lines",
+            line={"color": color, "width": 1},
+            opacity=0.5,
+            name=f"block table (first {min(used, max_links)} of {used:,} entries)",
+            hoverinfo="skip",
+        )
+    )
+    pool_rows = -(-num_blocks // columns)
+    top = 2.5 + (used - 1) // columns
+    fig.add_annotation(
+        x=-0.5, y=top + 0.9, text="logical blocks (block table order)", showarrow=False, xanchor="left"
+    )
+    fig.add_annotation(
+        x=-0.5, y=0.9, text="physical block pool (ids row by row)", showarrow=False, xanchor="left"
+    )
+    fig.update_layout(
+        title=(
+            f"Sequence 0: {context_len:,} tokens in {used:,} logical blocks<br>"
+            f"<sup>blocks of {block_size} tokens, scattered over a pool of {num_blocks:,} physical blocks</sup>"
+        ),
+        height=max(300, 22 * (pool_rows + (used - 1) // columns + 5) + 130),
+        margin={"l": 20, "r": 20, "t": 70, "b": 20},
+        legend={"orientation": "h", "y": -0.05},
+        plot_bgcolor="white",
+    )
+    fig.update_xaxes(visible=False, range=[-1, columns])
+    fig.update_yaxes(visible=False, scaleanchor="x", scaleratio=1)
+    return fig
