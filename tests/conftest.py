@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 
 
 def open_app(page: str | None = None, timeout: float = 120):
-    """Run app.py under AppTest, switch to `page` (e.g. "pages/playground.py") and return the AppTest.
+    """Run app.py under AppTest, switch to `page` (e.g. "app_pages/playground.py") and return the AppTest.
 
     Pages are opened through the entry point, since a page run on its own cannot import modules beside app.py.
     """

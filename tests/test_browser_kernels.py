@@ -9,8 +9,7 @@ from tests.conftest import ARTIFACTS
 @pytest.mark.browser
 def test_kernels_page_in_a_browser(streamlit_server, page):
     page.goto(streamlit_server)
-    # Wait for the app's own navigation: before app.py's first run ends, the sidebar lists pages/ auto-discovered
-    # ("kernels"), and following that link would run the page without app.py.
+    # Wait for the app's own navigation before clicking in it.
     nav = page.locator('[data-testid="stSidebarNav"]')
     expect(nav).to_contain_text("Block manager playground", timeout=60_000)
     page.get_by_role("link", name="Kernels", exact=True).click()

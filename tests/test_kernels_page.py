@@ -2,7 +2,7 @@
 
 from tests.conftest import open_app
 
-PAGE = "pages/kernels.py"
+PAGE = "app_pages/kernels.py"
 
 
 def _submit(at):

@@ -112,7 +112,7 @@ def open_planner(params: dict[str, str] | None = None) -> AppTest:
         at.query_params[key] = value
     at.run()
     assert not at.exception, at.exception
-    at.switch_page("pages/planner.py")
+    at.switch_page("app_pages/planner.py")
     at.run()
     assert not at.exception, at.exception
     return at
@@ -224,9 +224,9 @@ def test_what_if_survives_a_visit_to_another_page():
     at = open_planner({"compare": "0"})
     at.selectbox(key="a_kvdtype").set_value("bf16").run()
     at.number_input(key="a_ctx").set_value(8192).run()
-    at.switch_page("pages/playground.py").run()
+    at.switch_page("app_pages/playground.py").run()
     assert not at.exception
-    at.switch_page("pages/planner.py").run()
+    at.switch_page("app_pages/planner.py").run()
     assert not at.exception
     assert at.selectbox(key="a_kvdtype").value == "bf16" and at.number_input(key="a_ctx").value == 8192
     assert "8192" in str(at.query_params["a_ctx"])

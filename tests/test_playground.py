@@ -58,14 +58,14 @@ def free_blocks_shown(at) -> int:
 
 
 def test_page_opens_on_the_demo_scene():
-    at = open_app("pages/playground.py")
+    at = open_app("app_pages/playground.py")
     assert free_blocks_shown(at) == 37
     assert len(at.get("plotly_chart")) == 3
     assert "PagedAttention stores" in at.markdown[0].value
 
 
 def test_actions_change_the_free_block_count():
-    at = open_app("pages/playground.py")
+    at = open_app("app_pages/playground.py")
     at.number_input(key="prompt_len").set_value(33).run()  # 33 tokens = 3 blocks of 16
     at.button(key="add").click().run()
     assert not at.exception
@@ -82,7 +82,7 @@ def test_actions_change_the_free_block_count():
 
 
 def test_out_of_blocks_shows_an_error_not_a_traceback():
-    at = open_app("pages/playground.py")
+    at = open_app("app_pages/playground.py")
     at.number_input(key="prompt_len").set_value(10_000).run()
     at.button(key="add").click().run()
     assert not at.exception

@@ -3,7 +3,7 @@ slider and the measured-attention option."""
 
 from tests.conftest import open_app
 
-PAGE = "pages/simulator.py"
+PAGE = "app_pages/simulator.py"
 
 
 def _metric(at, label: str) -> str:
