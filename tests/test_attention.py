@@ -323,9 +323,14 @@ def test_prefill_of_the_whole_prompt_matches_causal_sdpa():
 @needs_cpu_kernel
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lens", [[1, 15, 16, 17, 32, 33, 48], [48]], ids=["boundaries", "one-sequence"])
-def test_cpu_kernel_lengths_and_work_split(dtype, lens):
-    """Block-boundary lengths, and one sequence (its KV heads split over several work items)."""
-    problem = make_problem(len(lens), 32, 8, 128, 16, 48, dtype, seed=13, lens=lens)
+@pytest.mark.parametrize(
+    "heads", [(32, 8, 128), (12, 2, 48), (6, 1, 40)], ids=["group4-d128", "group6-d48", "group6-d40-plain"]
+)
+def test_cpu_kernel_lengths_and_work_split(dtype, lens, heads):
+    """Block-boundary lengths; one sequence (its KV heads split over several work items); groups of 6 query
+    rows (a 4-row register tile plus 2 single rows); head_dim 40, not a multiple of 16 (the plain loop)."""
+    num_heads, num_kv_heads, head_dim = heads
+    problem = make_problem(len(lens), num_heads, num_kv_heads, head_dim, 16, 48, dtype, seed=13, lens=lens)
     assert cpu_attention.head_split(1, 8, 2) == 8 and cpu_attention.head_split(16, 8, 2) == 1
     err = (paged_attention(**problem, backend="cpu").double() - reference_paged(**problem)).abs().max()
     assert err <= ATOL[dtype]
