@@ -27,8 +27,10 @@ Backends:
 - "gather": copies every sequence's blocks into one contiguous tensor, then attends it with the same fused
   kernel. The naive way, kept to show what the extra pass over memory costs.
 - "auto": "triton" for CUDA tensors when triton imports; for CPU tensors "cpu" at decode when the C kernel builds
-  (it beats "torch" there in bench/attention.py), else "torch". CPU prefill with "auto" stays on "torch": its
-  many query rows per KV head suit ATen's flash kernel (matrix products); backend="cpu" is exact there too.
+  (it beats "torch" there in bench/attention.py), else "torch". CPU prefill with "auto" stays on "torch": long
+  chunks (many query rows per KV head) suit ATen's flash kernel's matrix products. Measured on 2 cores (4 sequences
+  of 1,024 tokens, 32/8 heads, dim 128): "cpu" 13 / 76 / 526 ms vs "torch" 21 / 90 / 392 ms for chunks of
+  16 / 128 / 512 tokens; backend="cpu" is exact for prefill too.
 Softmax statistics are float32 whatever the input dtype; the output has the query's dtype.
 """
 
