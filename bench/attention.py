@@ -3,7 +3,9 @@
     python bench/attention.py            # batch {1, 16, 64} x context {512, 2048, 8192} x dtypes
     python bench/attention.py --quick    # batch 16, context 2048, float32 only (under a minute)
 
-32 query / 8 KV heads, head_dim 128, block size 16. Dtypes float32 and bfloat16 (and float16 on CUDA).
+Backends: every one `core.attention.available_backends` lists for the device (on CPU: "cpu", the in-place C
+kernel, where a C compiler built it; "torch"; "gather"), or --backends. 32 query / 8 KV heads, head_dim 128,
+block size 16. Dtypes float32 and bfloat16 (and float16 on CUDA).
 Problems whose paged cache + copies exceed the memory budget (core.device.memory_budget_bytes) are skipped and
 listed under "skipped". The contiguous baseline is the faster of SDPA and a grouped-query matmul on the same
 contiguous K/V; copy_gbps is dst.copy_(src) into a preallocated tensor, counting bytes read + written.

@@ -1,4 +1,4 @@
-"""Paged attention (torch and gather backends) against an independent float64 per-token reference.
+"""Paged attention (torch, cpu and gather backends) against an independent float64 per-token reference.
 
 Grid in the spirit of vLLM's kernel tests: head_dim x block_size x (heads, kv_heads) x dtype, 7 sequences with
 random lengths (the last is the longest), random non-sequential block tables with -1 / out-of-range padding,
@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import core.attention as attention
+import core.cpu_attention as cpu_attention
 from core.attention import (
+    available_backends,
     contiguous_attention,
     gather_contiguous,
     paged_attention,
@@ -22,6 +24,13 @@ from core.attention import (
 )
 from core.errors import BackendUnavailableError, InvalidArgumentError, LabError
 from tests.reference_attention import make_problem, reference_paged
+
+CPU_KERNEL = cpu_attention.cpu_kernel_available()  # builds the C kernel once per machine (~1 s)
+needs_cpu_kernel = pytest.mark.skipif(
+    not CPU_KERNEL, reason=f"the 'cpu' C kernel is unavailable here: {cpu_attention.cpu_kernel_error()}"
+)
+# Backends that run on CPU tensors in this process: the C kernel only where a C compiler built it.
+CPU_BACKENDS = ("torch", "gather") + (("cpu",) if CPU_KERNEL else ())
 
 HEAD_DIMS = (64, 80, 96, 112, 128, 256)
 BLOCK_SIZES = (8, 16, 32)
@@ -52,7 +61,7 @@ def _check_case(case, monkeypatch, seed):
     problem = make_problem(NUM_SEQS, heads, kv_heads, head_dim, block_size, MAX_LEN, dtype, seed=seed)
     expected = reference_paged(**problem)
     atol = ATOL[dtype]
-    for backend in ("torch", "gather"):
+    for backend in CPU_BACKENDS:
         got = paged_attention(**problem, backend=backend)
         assert got.dtype == dtype and got.shape == (NUM_SEQS, heads, head_dim)
         err = (got.double() - expected).abs().max().item()
@@ -101,7 +110,7 @@ def test_nan_poisoned_padding_and_output_do_not_leak():
     assert torch.isnan(cache).any(), "the problem must really be poisoned"
     assert (problem["block_tables"] == -1).any() and (problem["block_tables"] >= cache.shape[0]).any()
     expected = reference_paged(**problem)
-    for backend in ("torch", "gather"):
+    for backend in CPU_BACKENDS:
         out = torch.full_like(problem["query"], float("nan"))
         got = paged_attention(**problem, backend=backend, out=out)
         assert got.data_ptr() == out.data_ptr()
@@ -109,7 +118,10 @@ def test_nan_poisoned_padding_and_output_do_not_leak():
         assert (out.double() - expected).abs().max() <= 1e-5
     # The same problem without poison gives the very same numbers: padding content has no influence at all.
     clean = make_problem(NUM_SEQS, 8, 2, 64, 16, 90, torch.float32, seed=5, poison=False)
-    assert torch.equal(paged_attention(**clean, backend="torch"), paged_attention(**problem, backend="torch"))
+    for backend in CPU_BACKENDS:
+        assert torch.equal(
+            paged_attention(**clean, backend=backend), paged_attention(**problem, backend=backend)
+        )
 
 
 def test_single_token_and_block_boundary_lengths():
@@ -152,7 +164,7 @@ def test_prefill_matches_reference(dtype, chunk_bytes, monkeypatch):
         problem["context_lens"],
     )
     expected = reference_paged(*args, query_lens=query_lens)
-    for backend in ("torch", "gather"):
+    for backend in CPU_BACKENDS:
         got = paged_prefill_attention(*args, query_lens, backend=backend)
         assert got.shape == query.shape and got.dtype == dtype
         assert not torch.isnan(got).any()
@@ -262,7 +274,8 @@ def test_errors_are_lab_errors_and_name_the_values():
 
 
 def test_backend_choice():
-    assert resolve_backend("auto", "cpu") == "torch"
+    assert resolve_backend("auto", "cpu") == ("cpu" if CPU_KERNEL and attention.AUTO_CPU_KERNEL else "torch")
+    assert resolve_backend("auto", "meta") == "torch"
     with pytest.raises(InvalidArgumentError, match="backend must be one of"):
         paged_attention(**_small(), backend="cuda-graphs")
     with pytest.raises(InvalidArgumentError):
@@ -304,3 +317,57 @@ def test_prefill_of_the_whole_prompt_matches_causal_sdpa():
         query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal=True, enable_gqa=True
     ).transpose(1, 2)
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------- the "cpu" C kernel
+@needs_cpu_kernel
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lens", [[1, 15, 16, 17, 32, 33, 48], [48]], ids=["boundaries", "one-sequence"])
+@pytest.mark.parametrize(
+    "heads", [(32, 8, 128), (12, 2, 48), (6, 1, 40)], ids=["group4-d128", "group6-d48", "group6-d40-plain"]
+)
+def test_cpu_kernel_lengths_and_work_split(dtype, lens, heads):
+    """Block-boundary lengths; one sequence (its KV heads split over several work items); groups of 6 query
+    rows (a 4-row register tile plus 2 single rows); head_dim 40, not a multiple of 16 (the plain loop)."""
+    num_heads, num_kv_heads, head_dim = heads
+    problem = make_problem(len(lens), num_heads, num_kv_heads, head_dim, 16, 48, dtype, seed=13, lens=lens)
+    assert cpu_attention.head_split(1, 8, 2) == 8 and cpu_attention.head_split(16, 8, 2) == 1
+    err = (paged_attention(**problem, backend="cpu").double() - reference_paged(**problem)).abs().max()
+    assert err <= ATOL[dtype]
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cpu_kernel_out_argument_and_scale(dtype):
+    problem = make_problem(NUM_SEQS, 8, 2, 96, 8, 40, dtype, seed=4)
+    expected = reference_paged(**problem, scale=0.3)
+    problem["block_tables"] = problem["block_tables"].long()
+    out = torch.full_like(problem["query"], float("nan"))
+    got = paged_attention(**problem, scale=0.3, backend="cpu", out=out)
+    assert got.data_ptr() == out.data_ptr() and (out.double() - expected).abs().max() <= ATOL[dtype]
+
+
+def test_cpu_kernel_missing_compiler_is_reported_and_auto_falls_back(monkeypatch):
+    monkeypatch.setenv(cpu_attention.ENV_COMPILER, "none")
+    monkeypatch.setattr(cpu_attention, "_state", {})
+    assert not cpu_attention.cpu_kernel_available()
+    assert "no C compiler" in cpu_attention.cpu_kernel_error()
+    assert "cpu" not in available_backends("cpu")
+    assert resolve_backend("auto", "cpu") == "torch"
+    with pytest.raises(BackendUnavailableError, match="no C compiler"):
+        paged_attention(**_small(), backend="cpu")
+
+
+@needs_cpu_kernel
+def test_cpu_kernel_is_built_once_into_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compiler = cpu_attention._find_compiler()
+    built = cpu_attention._build(compiler)
+    assert built.parent == tmp_path / "paged_attention_lab" and built.exists()
+    mtime = built.stat().st_mtime_ns
+    assert cpu_attention._build(compiler) == built and built.stat().st_mtime_ns == mtime
+
+
+def test_cpu_backend_refuses_other_devices():
+    with pytest.raises(BackendUnavailableError, match="CPU tensors"):
+        resolve_backend("cpu", "meta")

@@ -18,6 +18,7 @@ BACKEND_COLORS = {
     "torch": "#1f77b4",
     "triton": "#e377c2",
     "gather": "#bcbd22",
+    "cpu": "#2ca02c",
     "compiled": "#17becf",
 }
 
