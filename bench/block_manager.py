@@ -3,7 +3,8 @@
 - append_tokens_per_s: append_token throughput for 1,000 sequences x 512 decode tokens, with forks (parallel
   sampling) and frees along the way, prefix caching on (and, for comparison, off). Pure Python: one core.
 - revival: re-admitting prompts whose blocks are cached but free. The same prompts are re-admitted in a pool of
-  10,000 and of 100,000 blocks; time per revived block must not grow with the pool (no free-list scan).
+  40,000 and of 100,000 blocks, every free block cached; time per revived block must not grow with the cached
+  free list (no scan).
 - snapshot_ms: BlockManager.snapshot() of a 100,000-block pool holding ~1,000 sequences.
 
 Usage: python -m bench.block_manager [--quick]
@@ -53,8 +54,18 @@ def decode_run(enable_prefix_caching: bool, num_seqs: int, decode_tokens: int) -
 
 
 def revival_run(pool_blocks: int, num_prompts: int, prompt_tokens: int) -> dict:
+    """Re-admit `num_prompts` prompts whose blocks are cached but free, in a pool whose every other block is
+    also cached and free (other prompts, freed first): a scan of the cached free list would grow with the pool."""
     manager = BlockManager(pool_blocks, BLOCK_SIZE, enable_prefix_caching=True)
     prompts = [[p * 1_000_003 + t for t in range(prompt_tokens)] for p in range(num_prompts)]
+    filler_blocks = pool_blocks - num_prompts * manager.blocks_needed(prompt_tokens)
+    filler = 0
+    while filler_blocks >= 64:  # other prompts of 1,024 tokens fill the rest of the pool, then are freed
+        manager.allocate(("other", filler), [-(filler * 1_000_003 + t) - 1 for t in range(1024)])
+        filler += 1
+        filler_blocks -= 64
+    for f in range(filler):
+        manager.free(("other", f))
     for p, prompt in enumerate(prompts):
         manager.allocate(("first", p), prompt)
     for p in range(num_prompts):
