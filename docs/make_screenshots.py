@@ -13,7 +13,14 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = {"playground": "", "kernels": "kernels", "simulator": "simulator", "planner": "planner"}
+# page -> (url path, viewport height in pixels): Streamlit scrolls inside its main container, so a full-page
+# screenshot is only as tall as the viewport.
+PAGES = {
+    "playground": ("", 1100),
+    "kernels": ("kernels", 2000),
+    "simulator": ("simulator", 2600),
+    "planner": ("planner", 2900),
+}
 PORT = 8599
 
 
@@ -34,15 +41,15 @@ def main() -> None:
             browser = playwright.chromium.launch(
                 executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox", "--disable-gpu"]
             )
-            for name, path in PAGES.items():
-                page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            for name, (path, height) in PAGES.items():
+                page = browser.new_page(viewport={"width": 1500, "height": height})
                 page.goto(f"http://127.0.0.1:{PORT}/{path}")
                 page.wait_for_selector('[data-testid="stPlotlyChart"] .main-svg', timeout=120_000)
                 page.wait_for_function(
                     "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000
                 )
                 time.sleep(2)
-                page.screenshot(path=str(ROOT / "docs" / f"{name}.png"), full_page=name != "playground")
+                page.screenshot(path=str(ROOT / "docs" / f"{name}.png"))
                 page.close()
             browser.close()
     finally:
