@@ -88,9 +88,9 @@ m1, m2, m3, m4, m5, m6 = st.columns(6)
 m1.metric("Free blocks", f"{snapshot.num_free_blocks:,} / {config.num_blocks:,}")
 m2.metric("Sequences", f"{len(snapshot.seq_ids):,}")
 m3.metric("Tokens stored", f"{waste.stored_tokens:,}", help="distinct slots holding K/V (shared blocks once)")
-m4.metric("Empty slots, paged", f"{waste.paged:,}", help="unfilled slots of the blocks sequences own")
+m4.metric("Empty: paged", f"{waste.paged:,}", help="unfilled slots of the blocks sequences own")
 m5.metric(
-    "Empty slots, contiguous",
+    "Empty: contiguous",
     f"{waste.contiguous:,}",
     help=f"a contiguous cache reserving {config.contiguous_max_len:,} tokens per sequence",
 )

@@ -68,8 +68,15 @@ def block_heatmap(
             hovertemplate="%{customdata}<extra></extra>",
         )
     )
-    figure.update_yaxes(autorange="reversed", title="row (blocks)", showgrid=False, zeroline=False)
-    figure.update_xaxes(title="column (blocks)", showgrid=False, zeroline=False, side="top")
+    figure.update_yaxes(
+        autorange="reversed",
+        title="block id at row start",
+        tickvals=list(range(rows)),
+        ticktext=[f"{r * columns:,}" for r in range(rows)],
+        showgrid=False,
+        zeroline=False,
+    )
+    figure.update_xaxes(title="+ column (blocks)", showgrid=False, zeroline=False, side="top", dtick=1)
     figure.update_layout(
         title=title or f"Physical blocks ({n:,} × {snapshot.block_size} tokens); ×n = shared by n sequences",
         height=min(900, 120 + 28 * rows),
