@@ -134,6 +134,26 @@ def _check_tensor(name: str, tensor, ndim: int, dtypes, shape_doc: str) -> None:
         raise InvalidArgumentError(f"{name} has dtype {tensor.dtype}; allowed: {allowed}")
 
 
+def _check_compatible(
+    data: dict[str, torch.Tensor], index_tensors: tuple, num_heads: int, num_kv_heads: int
+) -> None:
+    """The data tensors share one dtype, every tensor is on one device, and query heads group over KV heads."""
+    dtypes = [t.dtype for t in data.values()]
+    if len(set(dtypes)) != 1:
+        raise InvalidArgumentError(
+            f"{', '.join(data)} must share one dtype, got {', '.join(str(d) for d in dtypes)}"
+        )
+    devices = {t.device for t in (*data.values(), *index_tensors)}
+    if len(devices) != 1:
+        raise InvalidArgumentError(
+            f"all tensors must be on one device, got {sorted(str(d) for d in devices)}"
+        )
+    if num_heads % num_kv_heads != 0:
+        raise InvalidArgumentError(
+            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}) for grouped-query attention"
+        )
+
+
 def _check_paged(
     query: torch.Tensor,
     query_ndim: int,
@@ -160,24 +180,16 @@ def _check_paged(
             f"key_cache and value_cache must have the same shape, got {list(key_cache.shape)} and "
             f"{list(value_cache.shape)}"
         )
-    if not (query.dtype == key_cache.dtype == value_cache.dtype):
-        raise InvalidArgumentError(
-            f"query, key_cache and value_cache must share one dtype, got {query.dtype}, {key_cache.dtype}, "
-            f"{value_cache.dtype}"
-        )
-    devices = {t.device for t in (query, key_cache, value_cache, block_tables, context_lens)}
-    if len(devices) != 1:
-        raise InvalidArgumentError(
-            f"all tensors must be on one device, got {sorted(str(d) for d in devices)}"
-        )
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
     num_seqs, num_heads = query.shape[0], query.shape[-2]
+    _check_compatible(
+        {"query": query, "key_cache": key_cache, "value_cache": value_cache},
+        (block_tables, context_lens),
+        num_heads,
+        num_kv_heads,
+    )
     if query.shape[-1] != head_dim:
         raise InvalidArgumentError(f"query head_dim {query.shape[-1]} does not match the cache's {head_dim}")
-    if num_heads % num_kv_heads != 0:
-        raise InvalidArgumentError(
-            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}) for grouped-query attention"
-        )
     if block_tables.shape[0] != num_seqs or context_lens.shape[0] != num_seqs:
         raise InvalidArgumentError(
             f"query has {num_seqs} sequences but block_tables has {block_tables.shape[0]} rows and context_lens "
@@ -358,17 +370,8 @@ def contiguous_attention(
             f"key and value must both be [num_seqs={num_seqs}, max_len, num_kv_heads, head_dim={head_dim}], got "
             f"{list(key.shape)} and {list(value.shape)}"
         )
-    if not (query.dtype == key.dtype == value.dtype):
-        raise InvalidArgumentError(
-            f"query, key, value must share one dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
-        )
-    if len({query.device, key.device, value.device, context_lens.device}) != 1:
-        raise InvalidArgumentError("query, key, value and context_lens must be on one device")
     max_len, num_kv_heads = key.shape[1], key.shape[2]
-    if num_heads % num_kv_heads != 0:
-        raise InvalidArgumentError(
-            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
-        )
+    _check_compatible({"query": query, "key": key, "value": value}, (context_lens,), num_heads, num_kv_heads)
     if context_lens.shape[0] != num_seqs:
         raise InvalidArgumentError(f"context_lens must have {num_seqs} entries, got {context_lens.shape[0]}")
     lens = context_lens.to(torch.long)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from core.block_manager import BlockManager, BlockSnapshot
-from core.errors import InvalidArgumentError, LabError, UnknownSequenceError
+from core.errors import InvalidArgumentError, LabError
 from core.kv_cache import KVCache, PagedKVCache, kv_cache_bytes
 
 
@@ -229,10 +229,6 @@ class Playground:
                 contiguous_waste_slots=waste.contiguous,
             )
         )
-
-    def require(self, seq: str) -> None:
-        if seq not in self._truth:
-            raise UnknownSequenceError(f"unknown sequence {seq!r}; live: {sorted(self._truth)}")
 
     @classmethod
     def demo(cls, config: PlaygroundConfig | None = None, seed: int = 0) -> "Playground":
