@@ -4,8 +4,10 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from core.attention import available_backends
-from core.attention_bench import (
+from core.device import default_device, device_label, format_bytes, memory_budget_bytes
+from core.errors import LabError
+from core.kernels.attention import available_backends
+from core.kernels.timing import (
     KernelConfig,
     check_budget,
     copy_bandwidth_gbps,
@@ -15,8 +17,6 @@ from core.attention_bench import (
     sweep_contexts,
     tolerance,
 )
-from core.device import default_device, device_label, format_bytes, memory_budget_bytes
-from core.errors import LabError
 from ui.kernel_figures import bandwidth_figure, block_map_figure, latency_figure, overhead_figure
 
 REPEATS = 5

@@ -6,9 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from core.errors import LabError
-from core.hardware import GPUS
-from core.models import MODELS, preset_configs
-from core.planner import (
+from core.planning.hardware import GPUS
+from core.planning.models import MODELS, preset_configs
+from core.planning.planner import (
     BLOCK_SIZES,
     KV_DTYPES,
     WEIGHT_DTYPES,

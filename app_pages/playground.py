@@ -5,7 +5,7 @@ import streamlit as st
 
 from core.device import format_bytes
 from core.errors import LabError
-from core.playground import Playground, PlaygroundConfig
+from core.paging.playground import Playground, PlaygroundConfig
 from ui.playground_figures import block_heatmap, free_blocks_over_actions, waste_over_actions
 
 st.title("Block manager playground")

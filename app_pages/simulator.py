@@ -6,12 +6,13 @@ import math
 import streamlit as st
 
 from core.errors import LabError
-from core.hardware import GPUS
-from core.memory_policies import POLICY_NAMES
-from core.models import MODELS
-from core.simulator import PAPER_KV_TOKENS
-from core.step_attention import measure_step_attention
-from core.workload import load_trace
+from core.planning.hardware import GPUS
+from core.planning.models import MODELS
+from core.serving.experiment import ResultCache, SimulatorParams, run_comparison, steady_summary
+from core.serving.memory_policies import POLICY_NAMES
+from core.serving.simulator import PAPER_KV_TOKENS
+from core.serving.step_attention import measure_step_attention
+from core.serving.workload import load_trace
 from ui.simulator_figures import (
     attention_latency_figure,
     block_heatmap_figure,
@@ -22,7 +23,6 @@ from ui.simulator_figures import (
     steps_table,
     summary_bars_figure,
 )
-from ui.simulator_run import ResultCache, SimulatorParams, run_comparison, steady_summary
 
 DATASET_LABELS = {
     "sharegpt": "ShareGPT-like (mean 161 in / 338 out)",

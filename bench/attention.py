@@ -3,7 +3,7 @@
     python bench/attention.py            # batch {1, 16, 64} x context {512, 2048, 8192} x dtypes
     python bench/attention.py --quick    # batch 16, context 2048, float32 only (under a minute)
 
-Backends: every one `core.attention.available_backends` lists for the device (on CPU: "cpu", the in-place C
+Backends: every one `core.kernels.attention.available_backends` lists for the device (on CPU: "cpu", the in-place C
 kernel, where a C compiler built it; "torch"; "gather"), or --backends. 32 query / 8 KV heads, head_dim 128,
 block size 16. Dtypes float32 and bfloat16 (and float16 on CUDA).
 Problems whose paged cache + copies exceed the memory budget (core.device.memory_budget_bytes) are skipped and
@@ -21,10 +21,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.attention import available_backends
-from core.attention_bench import KernelConfig, check_budget, copy_bandwidth_gbps, measure
 from core.device import default_device, device_label
 from core.errors import MemoryBudgetError
+from core.kernels.attention import available_backends
+from core.kernels.timing import KernelConfig, check_budget, copy_bandwidth_gbps, measure
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 

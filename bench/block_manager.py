@@ -15,7 +15,7 @@ import json
 import platform
 import time
 
-from core.block_manager import BlockManager
+from core.paging.block_manager import BlockManager
 
 BLOCK_SIZE = 16
 

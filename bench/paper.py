@@ -14,9 +14,9 @@ Usage: python -m bench.paper
 
 import json
 
-from core.memory_policies import orca_max, orca_oracle, orca_pow2, paged
-from core.simulator import SimulatorConfig, simulate
-from core.workload import sharegpt
+from core.serving.memory_policies import orca_max, orca_oracle, orca_pow2, paged
+from core.serving.simulator import SimulatorConfig, simulate
+from core.serving.workload import sharegpt
 
 PCT_KEYS = ("token_states_pct", "reservation_pct", "internal_fragmentation_pct", "external_fragmentation_pct")
 

@@ -16,10 +16,10 @@ import platform
 import statistics
 import time
 
-from core.hardware import GPUS
-from core.models import MODELS
-from core.planner import concurrency_vs_context, fragmentation_by_block_size, plan, workload_what_if
-from core.workload import sharegpt
+from core.planning.hardware import GPUS
+from core.planning.models import MODELS
+from core.planning.planner import concurrency_vs_context, fragmentation_by_block_size, plan, workload_what_if
+from core.serving.workload import sharegpt
 
 
 def _median_seconds(fn, repeats: int) -> float:

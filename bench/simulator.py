@@ -11,10 +11,10 @@ Usage: python -m bench.simulator
 import json
 import time
 
-from core.memory_policies import orca_max, orca_oracle, orca_pow2, paged
-from core.simulator import SimulatorConfig, simulate
-from core.workload import sharegpt
-from ui.simulator_run import DEFAULT_PARAMS, run_comparison
+from core.serving.experiment import DEFAULT_PARAMS, run_comparison
+from core.serving.memory_policies import orca_max, orca_oracle, orca_pow2, paged
+from core.serving.simulator import SimulatorConfig, simulate
+from core.serving.workload import sharegpt
 
 
 def main(num_requests: int = 10_000) -> dict:

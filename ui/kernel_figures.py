@@ -1,7 +1,7 @@
 """Figures of the Kernels page: latency, overhead ratio and bandwidth of paged vs contiguous attention, and how
 one sequence's logical blocks map to physical blocks.
 
-Each builder takes plain data (the result rows of `core.attention_bench.measure`, a block table) and returns a
+Each builder takes plain data (the result rows of `core.kernels.timing.measure`, a block table) and returns a
 plotly Figure; nothing here needs streamlit.
 """
 

@@ -4,7 +4,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from core.planner import CapacityPlan, WorkloadWhatIf
+from core.planning.planner import CapacityPlan, WorkloadWhatIf
 from ui.theme import MEMORY_COLORS, POLICY_COLORS, fmt_int
 
 GiB = 1024**3

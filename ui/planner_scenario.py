@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InvalidArgumentError
-from core.hardware import GPUS, GPUSpec, get_gpu
-from core.models import MODELS, ModelSpec, get_model
-from core.planner import (
+from core.planning.hardware import GPUS, GPUSpec, get_gpu
+from core.planning.models import MODELS, ModelSpec, get_model
+from core.planning.planner import (
     BLOCK_SIZES,
     DTYPE_BITS,
     KV_DTYPES,
@@ -25,7 +25,7 @@ from core.planner import (
     plan,
     workload_what_if,
 )
-from core.workload import alpaca, fixed, sharegpt, uniform
+from core.serving.workload import alpaca, fixed, sharegpt, uniform
 from ui.query_state import Field, decode_blob, encode_blob, encode_params
 
 CUSTOM = "custom"

@@ -1,0 +1,250 @@
+"""Timing paged attention against the contiguous baseline, shared by bench/attention.py and the Kernels page.
+
+Everything is measured in the same run on the same machine: the contiguous baseline is the faster of
+`contiguous_attention(method="sdpa")` and `method="matmul"` on the same K/V laid out contiguously, and the
+machine's copy bandwidth is `dst.copy_(src)` into a preallocated tensor counting bytes read + written.
+Timings interleave the candidates (paged, contiguous, paged, ...) so background noise hits them alike.
+"""
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from core.device import format_bytes, memory_budget_bytes
+from core.errors import InvalidArgumentError, MemoryBudgetError
+from core.kernels.attention import contiguous_attention, gather_contiguous, paged_attention
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One decode-attention problem: `batch` sequences of `context_len` tokens each."""
+
+    batch: int
+    context_len: int
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    block_size: int = 16
+    dtype: str = "float32"
+
+    def validate(self) -> None:
+        for name in ("batch", "context_len", "num_heads", "num_kv_heads", "head_dim", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise InvalidArgumentError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.dtype not in DTYPES:
+            raise InvalidArgumentError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.torch_dtype).element_size()
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of K and V one decode step reads: 2 x batch x context x kv_heads x head_dim x itemsize."""
+        return 2 * self.batch * self.context_len * self.num_kv_heads * self.head_dim * self.itemsize
+
+    @property
+    def footprint_bytes(self) -> int:
+        """Bytes a measurement allocates: the paged cache, its contiguous copy, and the gather backend's copy."""
+        return 3 * self.kv_bytes
+
+
+def check_budget(config: KernelConfig, budget: int | None = None) -> None:
+    """Raise MemoryBudgetError (before anything is allocated) when the problem would not fit the budget."""
+    config.validate()
+    allowed = memory_budget_bytes() if budget is None else budget
+    if config.footprint_bytes > allowed:
+        raise MemoryBudgetError(
+            f"batch {config.batch:,} x context {config.context_len:,} tokens x {config.num_kv_heads} KV heads x "
+            f"{config.head_dim} dims ({config.dtype}) needs {format_bytes(config.footprint_bytes)} "
+            f"(paged cache + contiguous copy + gathered copy); the budget is {format_bytes(allowed)}",
+            requested_bytes=config.footprint_bytes,
+            allowed_bytes=allowed,
+        )
+
+
+def random_block_tables(
+    batch: int,
+    context_len: int,
+    block_size: int,
+    ragged: bool = False,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block tables for `batch` sequences sharing a pool of exactly the blocks they need, handed out in a random
+    order. Returns (block_tables [batch, ceil(context_len / block_size)] int32, -1 past a sequence's last block;
+    context_lens [batch] int32: all context_len, or with `ragged` random in [1, context_len], the last = context_len).
+    """
+    gen = generator or torch.Generator().manual_seed(0)
+    blocks_per_seq = -(-context_len // block_size)
+    context_lens = torch.full((batch,), context_len, dtype=torch.int32)
+    if ragged:
+        context_lens = torch.randint(1, context_len + 1, (batch,), generator=gen, dtype=torch.int32)
+        context_lens[-1] = context_len
+    used = -(-context_lens.long() // block_size)  # [batch] blocks each sequence owns
+    block_tables = torch.full((batch, blocks_per_seq), -1, dtype=torch.int32)
+    owned = torch.arange(blocks_per_seq)[None, :] < used[:, None]  # [batch, blocks_per_seq]
+    block_tables[owned] = torch.randperm(int(used.sum()), generator=gen).to(torch.int32)
+    return block_tables, context_lens
+
+
+def make_problem(
+    config: KernelConfig, device: torch.device | str = "cpu", seed: int = 0, ragged: bool = False
+) -> dict[str, torch.Tensor]:
+    """Random paged problem, plus the same K/V laid out contiguously.
+
+    Every sequence has `context_len` tokens, or with `ragged` random lengths in [1, context_len] whose last is
+    context_len (block table entries past a sequence's last block are then -1). Blocks are handed out in a random
+    order, not sequentially. Keys: query, key_cache, value_cache, block_tables, context_lens (paged) and key,
+    value ([batch, max context_len, kv_heads, head_dim], contiguous, zero past each length).
+    """
+    check_budget(config)
+    device = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    block_tables, context_lens = random_block_tables(
+        config.batch, config.context_len, config.block_size, ragged=ragged, generator=gen
+    )
+    num_blocks = int(block_tables.max()) + 1
+    shape = (num_blocks, config.block_size, config.num_kv_heads, config.head_dim)
+    key_cache = torch.randn(shape, generator=gen, dtype=torch.float32).to(config.torch_dtype).to(device)
+    value_cache = torch.randn(shape, generator=gen, dtype=torch.float32).to(config.torch_dtype).to(device)
+    query = torch.randn(config.batch, config.num_heads, config.head_dim, generator=gen).to(config.torch_dtype)
+    problem = {
+        "query": query.to(device),
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+        "block_tables": block_tables.to(device),
+        "context_lens": context_lens.to(device),
+    }
+    key, value = gather_contiguous(key_cache, value_cache, problem["block_tables"], problem["context_lens"])
+    problem["key"], problem["value"] = key.contiguous(), value.contiguous()
+    return problem
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], device, repeats: int = 7, warmup: int = 2) -> dict:
+    """Median wall time in ms of each function, running them round-robin `repeats` times after `warmup` rounds."""
+    device = torch.device(device)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for round_index in range(warmup + repeats):
+        for name, fn in fns.items():
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            if round_index >= warmup:
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def copy_bandwidth_gbps(
+    device: torch.device | str = "cpu", nbytes: int = 256 * 1024**2, repeats: int = 7
+) -> float:
+    """GB/s (1e9 bytes) of `dst.copy_(src)` into a preallocated tensor, counting bytes read + written."""
+    device = torch.device(device)
+    nbytes = min(nbytes, max(memory_budget_bytes() // 2, 1024**2))
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    median_ms = time_interleaved({"copy": lambda: dst.copy_(src)}, device, repeats=repeats)["copy"]
+    return 2 * src.numel() * 4 / (median_ms / 1e3) / 1e9
+
+
+def _sig(value: float, digits: int = 4) -> float:
+    """`value` rounded to `digits` significant digits (JSON stays readable, small numbers keep their precision)."""
+    return float(f"{value:.{digits}g}")
+
+
+def measure(
+    config: KernelConfig,
+    backends: list[str],
+    device: torch.device | str = "cpu",
+    repeats: int = 7,
+    seed: int = 0,
+) -> list[dict]:
+    """Time paged attention per backend and the contiguous baseline on one problem.
+
+    Returns one dict per backend: batch, context_len, dtype, backend, paged_ms, contiguous_ms (the faster of
+    sdpa and matmul, also named in contiguous_method), ratio = paged_ms / contiguous_ms, achieved_gbps = K/V
+    bytes read / paged time, contiguous_gbps, max_abs_err (paged vs contiguous output).
+    """
+    device = torch.device(device)
+    p = make_problem(config, device, seed)
+    paged_args = (p["query"], p["key_cache"], p["value_cache"], p["block_tables"], p["context_lens"])
+    fns = {
+        f"paged:{backend}": (lambda backend=backend: paged_attention(*paged_args, backend=backend))
+        for backend in backends
+    }
+    for method in ("sdpa", "matmul"):
+        fns[f"contiguous:{method}"] = lambda method=method: contiguous_attention(
+            p["query"], p["key"], p["value"], p["context_lens"], method=method
+        )
+    ms = time_interleaved(fns, device, repeats=repeats)
+    method = min(("sdpa", "matmul"), key=lambda m: ms[f"contiguous:{m}"])
+    contiguous_ms = ms[f"contiguous:{method}"]
+    reference = contiguous_attention(
+        p["query"], p["key"], p["value"], p["context_lens"], method=method
+    ).float()
+    results = []
+    for backend in backends:
+        paged_ms = ms[f"paged:{backend}"]
+        err = (paged_attention(*paged_args, backend=backend).float() - reference).abs().max().item()
+        results.append(
+            {
+                "batch": config.batch,
+                "context_len": config.context_len,
+                "dtype": config.dtype,
+                "backend": backend,
+                "paged_ms": _sig(paged_ms),
+                "contiguous_ms": _sig(contiguous_ms),
+                "ratio": _sig(paged_ms / contiguous_ms),
+                "achieved_gbps": _sig(config.kv_bytes / (paged_ms / 1e3) / 1e9),
+                "contiguous_gbps": _sig(config.kv_bytes / (contiguous_ms / 1e3) / 1e9),
+                "contiguous_method": method,
+                "max_abs_err": err,
+            }
+        )
+    return results
+
+
+def correctness(config: KernelConfig, backends: list[str], device="cpu", seed: int = 0) -> dict[str, float]:
+    """Max abs difference between paged attention (each backend) and `contiguous_attention` on the same ragged
+    problem (random lengths, -1 padding in the block tables). Compared in float32."""
+    p = make_problem(config, device, seed, ragged=True)
+    reference = contiguous_attention(p["query"], p["key"], p["value"], p["context_lens"]).float()
+    paged_args = (p["query"], p["key_cache"], p["value_cache"], p["block_tables"], p["context_lens"])
+    return {
+        backend: (paged_attention(*paged_args, backend=backend).float() - reference).abs().max().item()
+        for backend in backends
+    }
+
+
+def tolerance(dtype: str) -> float:
+    """Max abs difference between two correct float32 kernels (1e-4) or half-precision kernels (2e-2)."""
+    return 1e-4 if dtype == "float32" else 2e-2
+
+
+def sweep_contexts(context_len: int, block_size: int, points: int = 4) -> list[int]:
+    """Context lengths for a latency sweep: halving from `context_len`, at least one block, ascending."""
+    contexts = []
+    value = context_len
+    while len(contexts) < points and value >= block_size:
+        contexts.append(value)
+        value //= 2
+    return sorted(set(contexts)) or [context_len]

@@ -1,0 +1,163 @@
+"""The "triton" backend of `core.kernels.attention`: a paged attention kernel that reads K/V through the block table.
+
+Imported only when that backend is used, so `core.kernels.attention` never needs triton. One program per
+(sequence, KV head, tile of 16 rows); rows are the query heads of one KV head's group (and, for prefill, the
+query tokens), padded to 16 for `tl.dot`. The program walks the sequence's block table one block at a time,
+loads that block's [block_size, head_dim] K and V tiles straight from the cache (masked loads: slots past the
+sequence's length are never read, so NaN there cannot leak), computes scores and the weighted sum of V with
+`tl.dot` on float32 tiles with IEEE products (decode is memory-bound: no need for TF32 / tensor-core inputs,
+and every dtype matches a float32 reference), and keeps a float32 online softmax (running max, denominator,
+accumulator). No gathered copy of the cache is made.
+
+On a machine without a GPU, set TRITON_INTERPRET=1 *before* importing this module to run it on CPU tensors
+(slowly: a few ms per program step).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _paged_rows_kernel(
+    q_ptr,  # [S, KV, R, D]
+    k_ptr,  # [num_blocks, block_size, KV, D]
+    v_ptr,
+    table_ptr,  # [S, max_blocks] int32/int64
+    lens_ptr,  # [S] int64
+    row_pos_ptr,  # [S, R] int64, last position a row may see, -1 for none
+    out_ptr,  # [S, KV, R, D]
+    scale,
+    num_rows,
+    head_dim,
+    block_size,
+    stride_qs,
+    stride_qh,
+    stride_qr,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_ts,
+    stride_ps,
+    stride_os,
+    stride_oh,
+    stride_or,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    tile = tl.program_id(2)
+    rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    row_ok = rows < num_rows
+    dims = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    dim_ok = dims < head_dim
+    slots = tl.arange(0, BLOCK_S)  # [BLOCK_S]
+
+    q = tl.load(
+        q_ptr + seq * stride_qs + kv_head * stride_qh + rows[:, None] * stride_qr + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    ).to(tl.float32)  # [BLOCK_R, BLOCK_D]
+    row_pos = tl.load(row_pos_ptr + seq * stride_ps + rows, mask=row_ok, other=-1)  # [BLOCK_R]
+    length = tl.load(lens_ptr + seq)
+    visible = tl.minimum(length, tl.max(row_pos, axis=0) + 1)  # tokens any row of this tile may see
+    num_blocks = (visible + block_size - 1) // block_size
+
+    m = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)  # running max (finite: rows that see nothing stay at 0)
+    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    for j in range(0, num_blocks):
+        block = tl.load(table_ptr + seq * stride_ts + j).to(tl.int64)
+        positions = j * block_size + slots  # [BLOCK_S]
+        slot_ok = (slots < block_size) & (positions < length)
+        load_mask = slot_ok[:, None] & dim_ok[None, :]
+        k = tl.load(
+            k_ptr + block * stride_kb + slots[:, None] * stride_ks + kv_head * stride_kh + dims[None, :],
+            mask=load_mask,
+            other=0.0,
+        ).to(tl.float32)  # [BLOCK_S, BLOCK_D]
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_R, BLOCK_S]
+        allowed = slot_ok[None, :] & (positions[None, :] <= row_pos[:, None])
+        scores = tl.where(allowed, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp(m - m_new)
+        probs = tl.exp(scores - m_new[:, None])  # 0 where not allowed
+        denom = denom * alpha + tl.sum(probs, axis=1)
+        v = tl.load(
+            v_ptr + block * stride_vb + slots[:, None] * stride_vs + kv_head * stride_vh + dims[None, :],
+            mask=load_mask,
+            other=0.0,
+        ).to(tl.float32)  # [BLOCK_S, BLOCK_D]
+        acc = acc * alpha[:, None] + tl.dot(probs, v, input_precision="ieee")
+        m = m_new
+    safe = tl.where(denom > 0, denom, 1.0)
+    out = tl.where(denom[:, None] > 0, acc / safe[:, None], 0.0)
+    tl.store(
+        out_ptr + seq * stride_os + kv_head * stride_oh + rows[:, None] * stride_or + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
+
+
+def triton_paged_rows(
+    rows: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    lens: torch.Tensor,
+    row_pos: torch.Tensor,
+    scale: float,
+    block_rows: int = 16,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """rows [S, KV, R, D] attend to the paged cache up to row_pos [S, R] (-1: nothing -> 0); returns [S, KV, R, D].
+
+    Arguments are validated by `core.kernels.attention`; the head dimension of every tensor must be contiguous.
+    `out` (contiguous, rows' shape and dtype) receives the result when given.
+    """
+    num_seqs, num_kv_heads, num_rows, head_dim = rows.shape
+    block_size = key_cache.shape[1]
+    rows = rows if rows.stride(-1) == 1 else rows.contiguous()
+    lens = lens.to(torch.int64).contiguous()
+    row_pos = row_pos.to(torch.int64).contiguous()
+    table = block_tables.contiguous()
+    if out is None:
+        out = torch.empty((num_seqs, num_kv_heads, num_rows, head_dim), dtype=rows.dtype, device=rows.device)
+    block_r = block_rows  # tl.dot needs at least 16 rows; padding rows are masked
+    grid = (num_seqs, num_kv_heads, triton.cdiv(num_rows, block_r))
+    _paged_rows_kernel[grid](
+        rows,
+        key_cache,
+        value_cache,
+        table,
+        lens,
+        row_pos,
+        out,
+        float(scale),
+        num_rows,
+        head_dim,
+        block_size,
+        rows.stride(0),
+        rows.stride(1),
+        rows.stride(2),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        table.stride(0),
+        row_pos.stride(0),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        BLOCK_R=block_r,
+        BLOCK_S=max(16, triton.next_power_of_2(block_size)),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+    )
+    return out

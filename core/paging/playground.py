@@ -1,0 +1,250 @@
+"""A block-manager playground: a `BlockManager` and a real `KVCache` driven one action at a time, with history.
+
+Every action runs core for real: blocks come from `BlockManager`, K/V tensors are written into `KVCache` slots,
+copy-on-write copies real blocks. `verify()` reads each sequence back through its block table and compares it
+with the K/V that were written for it, so the page can show that paging and forking lose nothing.
+"""
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from core.errors import InvalidArgumentError, LabError
+from core.paging.block_manager import BlockManager, BlockSnapshot
+from core.paging.kv_cache import KVCache, PagedKVCache, kv_cache_bytes
+
+
+@dataclass(frozen=True)
+class PlaygroundConfig:
+    """num_blocks, block_size (tokens), head_dim and num_kv_heads of one layer of K/V.
+
+    contiguous_max_len: tokens a contiguous cache reserves per sequence (the comparison for waste).
+    system_prompt_len: tokens of a system prompt shared by every prompt's start (prefix caching hits it).
+    """
+
+    num_blocks: int = 48
+    block_size: int = 16
+    head_dim: int = 64
+    num_kv_heads: int = 2
+    enable_prefix_caching: bool = False
+    contiguous_max_len: int = 256
+    system_prompt_len: int = 32
+
+    def validate(self) -> None:
+        limits = {
+            "num_blocks": (1, 4096),
+            "block_size": (1, 256),
+            "head_dim": (1, 512),
+            "num_kv_heads": (1, 64),
+            "contiguous_max_len": (1, 1_048_576),
+            "system_prompt_len": (0, 1_048_576),
+        }
+        for name, (low, high) in limits.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidArgumentError(f"{name} must be an integer in [{low:,}, {high:,}], got {value!r}")
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V bytes of one token in this one-layer float32 cache."""
+        return kv_cache_bytes(1, 1, 1, self.num_kv_heads, self.head_dim, torch.float32)
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """The pool after one action. Slots are token positions; waste counts reserved slots holding no token."""
+
+    step: int
+    action: str
+    ok: bool
+    message: str
+    free_blocks: int
+    used_blocks: int
+    stored_tokens: int
+    paged_waste_slots: int
+    contiguous_waste_slots: int
+
+
+@dataclass(frozen=True)
+class Waste:
+    """Reserved-but-empty slots now.
+
+    paged: empty slots in the blocks that sequences own (each physical block counted once, shared or not).
+    contiguous: for a cache reserving `contiguous_max_len` per sequence, the reserved slots holding no token
+        (forks share nothing there: each holds its own copy of the prompt).
+    stored_tokens: distinct token slots holding data in the paged cache.
+    logical_tokens: the sum of every sequence's length (what a contiguous cache stores, duplicates included).
+    """
+
+    paged: int
+    contiguous: int
+    stored_tokens: int
+    logical_tokens: int
+    contiguous_overflow: int
+
+
+@dataclass
+class Playground:
+    config: PlaygroundConfig = field(default_factory=PlaygroundConfig)
+    seed: int = 0
+
+    def __post_init__(self):
+        self.config.validate()
+        c = self.config
+        self.manager = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
+        cache = KVCache(
+            1, c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim, torch.float32, device="cpu"
+        )
+        self.paged = PagedKVCache(self.manager, cache)
+        self.history: list[HistoryEntry] = []
+        self.color_index: dict[str, int] = {}  # stable per sequence, in creation order
+        self._truth: dict[str, list[torch.Tensor]] = {}  # per sequence, [tokens, 2 (K/V), heads, dim]
+        self._ids = itertools.count()
+        self._generator = torch.Generator().manual_seed(self.seed)
+        self._rng = np.random.default_rng(self.seed)
+        self._system_prompt = self._rng.integers(0, 32_000, c.system_prompt_len).tolist()
+        self._record("start", True, "empty pool")
+
+    # ---- actions ------------------------------------------------------------------------------------------------
+
+    def add_sequence(self, prompt_len: int) -> str:
+        """A new sequence whose prompt starts with the shared system prompt, then random tokens."""
+        if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
+            raise InvalidArgumentError(f"prompt length must be an integer >= 1 token, got {prompt_len!r}")
+        seq = f"s{next(self._ids)}"
+        prefix = self._system_prompt[: min(prompt_len, len(self._system_prompt))]
+        tokens = prefix + self._rng.integers(0, 32_000, prompt_len - len(prefix)).tolist()
+        return self._run(f"add {seq} ({prompt_len} tokens)", lambda: self._add(seq, tokens))
+
+    def append(self, seq: str, count: int = 1) -> str:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise InvalidArgumentError(f"tokens to append must be an integer >= 1, got {count!r}")
+        return self._run(f"append {count} to {seq}", lambda: self._append(seq, count))
+
+    def fork(self, seq: str) -> str:
+        child = f"s{next(self._ids)}"
+        return self._run(f"fork {seq} → {child}", lambda: self._fork(seq, child))
+
+    def free(self, seq: str) -> str:
+        return self._run(f"free {seq}", lambda: self._free(seq))
+
+    def _run(self, action: str, operation) -> str:
+        try:
+            result = operation()
+        except LabError as error:
+            self._record(action, False, str(error))
+            raise
+        self._record(action, True, result)
+        return result
+
+    def _add(self, seq: str, tokens: list[int]) -> str:
+        hits = self.manager.allocate(seq, tokens)
+        table = self.manager.block_table(seq)
+        bs = self.config.block_size
+        kv = self._random_kv(len(tokens))
+        if hits:  # the cached blocks already hold this prefix's K/V: reuse the stored values as the truth
+            key, value = self.paged.cache.gather(0, table[:hits], hits * bs)
+            kv[: hits * bs] = torch.stack([key, value], dim=1)
+        fresh = range(hits * bs, len(tokens))
+        slots = [table[p // bs] * bs + p % bs for p in fresh]
+        self.paged.cache.write(0, slots, kv[hits * bs :, 0], kv[hits * bs :, 1])
+        self._truth[seq] = list(kv)
+        self.color_index[seq] = len(self.color_index)
+        return seq if not hits else f"{seq} ({hits} prefix blocks from cache)"
+
+    def _append(self, seq: str, count: int) -> str:
+        results = self.manager.append_tokens(seq, self._rng.integers(0, 32_000, count).tolist())
+        kv = self._random_kv(count)
+        copies = 0
+        for result, token_kv in zip(results, kv, strict=True):
+            if result.cow is not None:
+                self.paged.cache.copy_blocks([result.cow])
+                copies += 1
+            self.paged.cache.write(0, [result.slot], token_kv[0:1], token_kv[1:2])
+        self._truth[seq].extend(kv)
+        return seq + (f" (copy-on-write of block {results[0].cow[0]})" if copies else "")
+
+    def _fork(self, seq: str, child: str) -> str:
+        self.manager.fork(seq, child)
+        self._truth[child] = list(self._truth[seq])
+        self.color_index[child] = len(self.color_index)
+        return child
+
+    def _free(self, seq: str) -> str:
+        self.manager.free(seq)
+        del self._truth[seq]
+        return seq
+
+    def _random_kv(self, count: int) -> torch.Tensor:
+        c = self.config
+        return torch.randn(
+            count, 2, c.num_kv_heads, c.head_dim, generator=self._generator
+        )  # [tokens, K/V, h, d]
+
+    # ---- views --------------------------------------------------------------------------------------------------
+
+    def snapshot(self) -> BlockSnapshot:
+        return self.manager.snapshot()
+
+    def waste(self) -> Waste:
+        snap = self.manager.snapshot()
+        owned = snap.ref_count > 0
+        stored = int(snap.fill[owned].sum())
+        paged = int(owned.sum()) * self.config.block_size - stored
+        lengths = np.fromiter(snap.num_tokens.values(), dtype=np.int64, count=len(snap.num_tokens))
+        max_len = self.config.contiguous_max_len
+        return Waste(
+            paged=paged,
+            contiguous=int(np.clip(max_len - lengths, 0, None).sum()),
+            stored_tokens=stored,
+            logical_tokens=int(lengths.sum()),
+            contiguous_overflow=int((lengths > max_len).sum()),
+        )
+
+    def verify(self) -> float:
+        """Max |gathered - written| over every live sequence's K and V (0.0 when paging lost nothing)."""
+        worst = 0.0
+        for seq, truth in self._truth.items():
+            key, value = self.paged.cache.gather(
+                0, self.manager.block_table(seq), self.manager.num_tokens(seq)
+            )
+            expected = torch.stack(truth)  # [tokens, 2, heads, dim]
+            worst = max(worst, float((torch.stack([key, value], dim=1) - expected).abs().max()))
+        return worst
+
+    def _record(self, action: str, ok: bool, message: str) -> None:
+        waste = self.waste()
+        self.history.append(
+            HistoryEntry(
+                step=len(self.history),
+                action=action,
+                ok=ok,
+                message=message,
+                free_blocks=self.manager.num_free_blocks,
+                used_blocks=self.manager.num_blocks - self.manager.num_free_blocks,
+                stored_tokens=waste.stored_tokens,
+                paged_waste_slots=waste.paged,
+                contiguous_waste_slots=waste.contiguous,
+            )
+        )
+
+    @classmethod
+    def demo(cls, config: PlaygroundConfig | None = None, seed: int = 0) -> "Playground":
+        """A small scene that shows every mechanism at once: two prompts, a fork with copy-on-write, decode."""
+        playground = cls(config or PlaygroundConfig(), seed)
+        steps = [
+            lambda p: p.add_sequence(70),
+            lambda p: p.add_sequence(45),
+            lambda p: p.fork("s0"),
+            lambda p: p.append("s2", 5),
+            lambda p: p.append("s1", 20),
+            lambda p: p.append("s0", 3),
+        ]
+        for step in steps:
+            try:
+                step(playground)
+            except LabError:
+                break  # a pool too small for the whole scene keeps what fitted
+        return playground

@@ -1,0 +1,1 @@
+"""Capacity planning: model and GPU presets, KV accounting, plans, the workload what-if and the CLI."""

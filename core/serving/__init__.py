@@ -1,0 +1,1 @@
+"""Serving: workloads, the scheduler, memory policies, step time, the simulator and its experiment."""

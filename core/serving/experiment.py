@@ -1,0 +1,178 @@
+"""The Simulator page's parameters and the comparison run behind it (no streamlit: the bench times it too).
+
+`SimulatorParams` is frozen and hashable, so the page caches one run per parameter set.
+"""
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from core.errors import InvalidArgumentError
+from core.planning.hardware import GPUS
+from core.planning.models import MODELS
+from core.planning.planner import plan
+from core.serving.memory_policies import POLICY_NAMES, Policy
+from core.serving.simulator import PAPER_KV_TOKENS, SimulationResult, SimulatorConfig, simulate
+from core.serving.step_time import from_specs
+from core.serving.workload import Request, alpaca, fixed, sharegpt, uniform
+
+DATASETS = ("sharegpt", "alpaca", "fixed", "uniform", "trace")
+CAPACITY_SOURCES = ("paper", "model", "raw")
+
+
+@dataclass(frozen=True)
+class SimulatorParams:
+    """Everything one comparison depends on. Lengths in tokens, rate in requests/s (inf: all at t = 0),
+    capacity in token slots, swap space in GiB, overhead in ms."""
+
+    dataset: str = "sharegpt"
+    num_requests: int = 1000
+    rate: float = 2.0
+    seed: int = 0
+    n: int = 1
+    prefix_len: int = 0
+    prefix_fraction: float = 0.0
+    prompt_len: int = 512
+    output_len: int = 128
+    prompt_range: tuple[int, int] = (16, 512)
+    output_range: tuple[int, int] = (16, 512)
+    model: str = "opt-13b"
+    gpu: str = "a100-40gb"
+    capacity_source: str = "paper"
+    raw_capacity_tokens: int = PAPER_KV_TOKENS
+    gpu_memory_utilization: float = 0.9
+    policies: tuple[str, ...] = POLICY_NAMES
+    block_size: int = 16
+    enable_prefix_caching: bool = False
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_seq_len: int = 2048
+    preemption_mode: str = "recompute"
+    swap_space_gib: float = 4.0
+    overhead_ms: float = 15.0
+
+    def kv_capacity_tokens(self) -> int:
+        """Token slots of the KV cache: the paper's 15,728, vLLM's rule for the model on the GPU, or raw."""
+        if self.capacity_source == "paper":
+            return PAPER_KV_TOKENS
+        if self.capacity_source == "raw":
+            return int(self.raw_capacity_tokens)
+        if self.capacity_source == "model":
+            capacity = plan(
+                MODELS[self.model],
+                GPUS[self.gpu],
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                block_size=self.block_size,
+                max_model_len=min(self.max_seq_len, MODELS[self.model].max_position_embeddings),
+            )
+            if capacity.kv_tokens < 1:
+                raise InvalidArgumentError(
+                    f"{MODELS[self.model].name} leaves no KV memory on one {GPUS[self.gpu].name}: {capacity.verdict}"
+                )
+            return int(capacity.kv_tokens)
+        raise InvalidArgumentError(
+            f"capacity_source must be one of {CAPACITY_SOURCES}, got {self.capacity_source!r}"
+        )
+
+    def config(self) -> SimulatorConfig:
+        if self.model not in MODELS or self.gpu not in GPUS:
+            raise InvalidArgumentError(f"unknown model {self.model!r} or GPU {self.gpu!r}")
+        step_time = from_specs(MODELS[self.model], GPUS[self.gpu], overhead_s=self.overhead_ms / 1000.0)
+        return SimulatorConfig(
+            kv_capacity_tokens=self.kv_capacity_tokens(),
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_seq_len=self.max_seq_len,
+            preemption_mode=self.preemption_mode,
+            swap_space_bytes=self.swap_space_gib * 1024**3,
+            step_time=step_time,
+        )
+
+    def requests(self) -> list[Request]:
+        common = {
+            "rate": self.rate,
+            "seed": self.seed,
+            "n": self.n,
+            "prefix_len": self.prefix_len,
+            "prefix_fraction": self.prefix_fraction,
+            "max_len": self.max_seq_len,
+        }
+        if self.dataset == "sharegpt":
+            return sharegpt(self.num_requests, **common)
+        if self.dataset == "alpaca":
+            return alpaca(self.num_requests, **common)
+        if self.dataset == "fixed":
+            return fixed(self.num_requests, self.prompt_len, self.output_len, **common)
+        if self.dataset == "uniform":
+            return uniform(self.num_requests, self.prompt_range, self.output_range, **common)
+        raise InvalidArgumentError(f"dataset must be one of {DATASETS[:-1]} (or an uploaded trace)")
+
+    def policy_objects(self) -> list[Policy]:
+        if not self.policies:
+            raise InvalidArgumentError("choose at least one policy")
+        return [Policy(name, self.block_size, self.enable_prefix_caching) for name in self.policies]
+
+
+DEFAULT_PARAMS = SimulatorParams()
+
+
+def run_comparison(
+    params: SimulatorParams,
+    requests: Sequence[Request] | None = None,
+    progress: Callable[[float, str], None] | None = None,
+) -> dict[str, SimulationResult]:
+    """Simulate `requests` (default: generated from params) under every chosen policy, in order.
+
+    progress(fraction, label) reports the overall fraction done. Raises InvalidArgumentError for bad
+    parameters or a workload that cannot run.
+    """
+    if requests is None:
+        requests = params.requests()
+    config = params.config()
+    policies = params.policy_objects()
+    results: dict[str, SimulationResult] = {}
+    for index, policy in enumerate(policies):
+
+        def report(fraction: float, index: int = index, label: str = policy.label) -> None:
+            if progress is not None:
+                progress((index + fraction) / len(policies), label)
+
+        results[policy.name] = simulate(requests, policy, config, progress=report)
+    return results
+
+
+def steady_summary(result: SimulationResult, requests: Sequence[Request]) -> dict:
+    """The summary over the steady state, as bench/paper.py reports it: steps ending between 10% and 100% of the
+    last arrival; the whole run when every request arrives at once (or the window holds no step)."""
+    last = max(r.arrival_time for r in requests)
+    if last > 0:
+        summary = result.summarize(0.1 * last, last)
+        if summary["num_steps"] > 0:
+            return summary
+    return result.summary
+
+
+class ResultCache:
+    """A small thread-safe LRU memo of finished comparisons, keyed by (params, trace). Values are never mutated
+    after they are stored, so sharing it between sessions shares only immutable results (like st.cache_data, but
+    lets the page show live progress while a new run computes)."""
+
+    def __init__(self, max_entries: int = 16):
+        self.max_entries = max_entries
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+            return None
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)

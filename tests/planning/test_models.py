@@ -1,0 +1,152 @@
+"""Model and GPU presets against the published configs and datasheets (reference.md)."""
+
+import json
+
+import pytest
+
+from core.errors import InvalidArgumentError
+from core.planning.hardware import GB, GPUS, GiB, GPUSpec, get_gpu
+from core.planning.models import MODELS, MODELS_JSON, ModelSpec, estimate_num_params, get_model
+
+# reference.md, "Model configurations": layers, heads, KV heads, head_dim, max positions.
+PUBLISHED = {
+    "llama-2-7b": (32, 32, 32, 128, 4096),
+    "llama-2-13b": (40, 40, 40, 128, 4096),
+    "llama-2-70b": (80, 64, 8, 128, 4096),
+    "llama-3.1-8b": (32, 32, 8, 128, 131072),
+    "llama-3.1-70b": (80, 64, 8, 128, 131072),
+    "llama-3.1-405b": (126, 128, 8, 128, 131072),
+    "mistral-7b": (32, 32, 8, 128, 32768),
+    "mixtral-8x7b": (32, 32, 8, 128, 32768),
+    "qwen2.5-7b": (28, 28, 4, 128, 131072),
+    "qwen2.5-72b": (80, 64, 8, 128, 131072),
+    "opt-13b": (40, 40, 40, 128, 2048),
+    "opt-66b": (64, 72, 72, 128, 2048),
+    "gemma-2-9b": (42, 16, 8, 256, 8192),
+    "phi-3-mini": (32, 32, 32, 96, 4096),
+}
+PUBLISHED_PARAMS = {
+    "llama-2-7b": 6.74e9, "llama-2-13b": 13.0e9, "llama-2-70b": 69.0e9, "llama-3.1-8b": 8.03e9,
+    "llama-3.1-70b": 70.6e9, "llama-3.1-405b": 405.9e9, "mistral-7b": 7.24e9, "mixtral-8x7b": 46.7e9,
+    "qwen2.5-7b": 7.62e9, "qwen2.5-72b": 72.7e9, "opt-13b": 12.9e9, "opt-66b": 65.7e9, "gemma-2-9b": 9.24e9,
+    "phi-3-mini": 3.82e9, "deepseek-v3": 671e9,
+}  # fmt: skip
+
+
+def test_all_issue_presets_exist():
+    assert set(PUBLISHED) | {"deepseek-v3"} <= set(MODELS)
+    assert {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "l4", "l40s", "rtx-4090", "a10g", "mi300x",
+            "b200"} <= set(GPUS)  # fmt: skip
+
+
+@pytest.mark.parametrize("slug", sorted(PUBLISHED))
+def test_preset_shapes_match_published_config(slug):
+    model = MODELS[slug]
+    shape = (model.num_layers, model.num_attention_heads, model.num_kv_heads, model.head_dim,
+             model.max_position_embeddings)  # fmt: skip
+    assert shape == PUBLISHED[slug]
+
+
+def test_deepseek_v3_is_mla_with_published_latent():
+    model = MODELS["deepseek-v3"]
+    assert model.is_mla and model.is_moe
+    assert (model.num_layers, model.kv_lora_rank, model.qk_rope_head_dim) == (61, 512, 64)
+    assert model.max_position_embeddings == 163840
+    assert (model.num_params, model.num_params_active) == (671_000_000_000, 37_000_000_000)
+    assert model.compute_dtype == "bfloat16" and model.quantization == "fp8"
+
+
+@pytest.mark.parametrize("slug", sorted(PUBLISHED_PARAMS))
+def test_parameter_estimate_from_shapes_is_within_one_percent_of_published(slug):
+    raw = json.loads(MODELS_JSON.read_text())[slug]["config"]
+    estimate = estimate_num_params(raw)
+    assert estimate["total"] == pytest.approx(PUBLISHED_PARAMS[slug], rel=0.01)
+
+
+def test_moe_active_parameter_estimate():
+    raw = json.loads(MODELS_JSON.read_text())
+    assert estimate_num_params(raw["mixtral-8x7b"]["config"])["active"] == pytest.approx(12.9e9, rel=0.01)
+    assert estimate_num_params(raw["deepseek-v3"]["config"])["active"] == pytest.approx(37e9, rel=0.02)
+
+
+def test_from_hf_config_falls_back_like_vllm():
+    # No num_key_value_heads: one KV head per attention head; no head_dim: hidden / heads.
+    opt = ModelSpec.from_hf_config({"model_type": "opt", "hidden_size": 5120, "num_attention_heads": 40,
+                                    "num_hidden_layers": 40, "ffn_dim": 20480, "vocab_size": 50272})  # fmt: skip
+    assert (opt.num_kv_heads, opt.head_dim) == (40, 128)
+    assert opt.params_estimated and opt.num_params == pytest.approx(12.85e9, rel=0.01)
+    # Explicit head_dim wins over hidden / heads (Gemma-2-9B: 256, not 3584 / 16 = 224).
+    gemma = MODELS["gemma-2-9b"]
+    assert gemma.head_dim == 256 and gemma.hidden_size // gemma.num_attention_heads == 224
+    # float32 checkpoint: Gemma-2 is served in bf16 (fp16 overflows), others in fp16.
+    assert gemma.compute_dtype == "bfloat16"
+    other = ModelSpec.from_hf_config({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                                      "vocab_size": 100, "torch_dtype": "float32"})  # fmt: skip
+    assert other.compute_dtype == "float16"
+    # Multimodal configs nest the language model under text_config.
+    nested = ModelSpec.from_hf_config({"model_type": "llava", "text_config": {
+        "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+        "vocab_size": 32000}})  # fmt: skip
+    assert (nested.num_layers, nested.num_kv_heads) == (32, 8)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ([1, 2], "JSON object"),
+        ({"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}, "number of layers"),
+        ({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": -2, "vocab_size": 10}, "out of range"),
+        ({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": "x", "vocab_size": 10}, "integer"),
+        ({"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 8, "num_hidden_layers": 2,
+          "vocab_size": 10}, "exceeds"),
+        ({"hidden_size": 66, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 10}, "head_dim"),
+        ({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 10,
+          "torch_dtype": "int3"}, "torch_dtype"),
+        ({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 10,
+          "kv_lora_rank": 16}, "MLA"),
+    ],
+)  # fmt: skip
+def test_from_hf_config_rejects_bad_configs(config, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        ModelSpec.from_hf_config(config)
+
+
+def test_unknown_slugs_list_the_known_ones():
+    with pytest.raises(InvalidArgumentError, match=r"llama-3\.1-8b"):
+        get_model("llama-9")
+    with pytest.raises(InvalidArgumentError, match="h100-80gb"):
+        get_gpu("h1000")
+
+
+@pytest.mark.parametrize(
+    "slug, memory_gib, bandwidth_gb_per_s",
+    [("a100-40gb", 40, 1555), ("a100-80gb", 80, 2039), ("h100-80gb", 80, 3350), ("h200-141gb", 141, 4800),
+     ("l4", 24, 300), ("l40s", 48, 864), ("rtx-4090", 24, 1008), ("a10g", 24, 600), ("mi300x", 192, 5300),
+     ("b200", 180, 8000)],
+)  # fmt: skip
+def test_gpu_presets_match_datasheets(slug, memory_gib, bandwidth_gb_per_s):
+    gpu = GPUS[slug]
+    assert gpu.memory_bytes == memory_gib * GiB
+    assert gpu.memory_bandwidth == bandwidth_gb_per_s * GB
+    assert gpu.peak_bf16_flops and gpu.source
+
+
+def test_gb_versus_gib():
+    # "80GB" of HBM is 80 GiB = 85.9e9 bytes; 80e9 bytes would be 74.5 GiB.
+    assert GPUS["h100-80gb"].memory_gb == pytest.approx(85.899, abs=1e-3)
+    assert 80 * GB / GiB == pytest.approx(74.506, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [((0, 100), "positive"), ((-1, 100), "positive"), ((80, "fast"), "number"), ((1e9, 100), "absurd"),
+     ((80, 1e9), "absurd"), ((80, float("nan")), "positive"), ((80, 100, 1e9), "absurd")],
+)  # fmt: skip
+def test_custom_gpu_validation(args, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        GPUSpec.custom("mine", *args)
+
+
+def test_custom_gpu_units():
+    gpu = GPUSpec.custom("mine", 64, 2000, 500)
+    assert (gpu.memory_bytes, gpu.memory_bandwidth, gpu.peak_bf16_flops) == (64 * GiB, 2e12, 5e14)

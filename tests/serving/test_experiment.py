@@ -1,0 +1,53 @@
+"""The page's parameter set: capacity sources, the step-time model from the model + GPU presets, the memo."""
+
+import pytest
+
+from core.errors import InvalidArgumentError
+from core.planning.hardware import GPUS
+from core.planning.models import MODELS
+from core.planning.planner import plan
+from core.serving.experiment import (
+    DEFAULT_PARAMS,
+    ResultCache,
+    SimulatorParams,
+    run_comparison,
+    steady_summary,
+)
+from core.serving.step_time import from_specs, opt_13b_a100
+
+
+def test_paper_preset_step_model_is_the_documented_one():
+    assert from_specs(MODELS["opt-13b"], GPUS["a100-40gb"]) == opt_13b_a100()
+    assert DEFAULT_PARAMS.config().step_time == opt_13b_a100()
+    assert DEFAULT_PARAMS.kv_capacity_tokens() == 15_728
+
+
+def test_capacity_from_the_planner_and_raw():
+    params = SimulatorParams(capacity_source="model", model="llama-3.1-8b", gpu="h100-80gb")
+    expected = plan(MODELS["llama-3.1-8b"], GPUS["h100-80gb"], max_model_len=2048).kv_tokens
+    assert params.kv_capacity_tokens() == expected
+    assert SimulatorParams(capacity_source="raw", raw_capacity_tokens=4096).kv_capacity_tokens() == 4096
+    with pytest.raises(InvalidArgumentError):
+        SimulatorParams(capacity_source="guess").kv_capacity_tokens()
+
+
+def test_run_comparison_reports_progress_and_steady_summary():
+    params = SimulatorParams(num_requests=60, rate=4.0, policies=("paged", "orca-pow2"))
+    seen = []
+    results = run_comparison(params, progress=lambda f, name: seen.append((f, name)))
+    assert list(results) == ["paged", "orca-pow2"]
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
+    summary = steady_summary(results["paged"], params.requests())
+    assert 0 < summary["num_steps"] < len(results["paged"].steps)
+    with pytest.raises(InvalidArgumentError, match="at least one policy"):
+        run_comparison(SimulatorParams(policies=()))
+
+
+def test_result_cache_is_lru():
+    cache = ResultCache(max_entries=2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1
+    cache.put("c", 3)  # evicts b, the least recently used
+    assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3

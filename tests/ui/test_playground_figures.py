@@ -1,0 +1,42 @@
+import numpy as np
+
+from core.paging.playground import Playground, PlaygroundConfig
+from ui.playground_figures import block_heatmap, free_blocks_over_actions, waste_over_actions
+from ui.theme import FREE_BLOCK_COLOR, sequence_color
+
+
+def test_heatmap_cells_follow_the_snapshot():
+    playground = Playground.demo(PlaygroundConfig(num_blocks=48, block_size=16))
+    snapshot = playground.snapshot()
+    figure = block_heatmap(snapshot, playground.color_index, columns=8)
+    heat = figure.data[0]
+    z = np.asarray(heat.z, dtype=float).reshape(-1)
+    assert z.shape == (48,)
+    scale = heat.colorscale
+    colors = {round(stop, 6): color for stop, color in scale}
+    n_codes = int(heat.zmax)
+
+    def color_of(block):
+        return colors[round(np.floor(z[block]) / n_codes, 6)]
+
+    for block in range(48):
+        if snapshot.is_free[block]:
+            assert color_of(block) == FREE_BLOCK_COLOR
+        else:
+            seq = snapshot.seq_ids[snapshot.owner[block]]
+            assert color_of(block) == sequence_color(playground.color_index[seq])
+    text = np.asarray(heat.text, dtype=object).reshape(-1)
+    shared = np.flatnonzero(snapshot.ref_count > 1)
+    assert len(shared) == 4 and all(text[b].startswith("×2") for b in shared)
+    assert "ref count: 2" in np.asarray(heat.customdata, dtype=object).reshape(-1)[shared[0]]
+    assert {t.name for t in figure.data[1:]} == {"s0", "s1", "s2"}
+
+
+def test_history_figures_plot_every_action():
+    playground = Playground.demo()
+    free = free_blocks_over_actions(playground.history, 48)
+    assert list(free.data[0].y) == [h.free_blocks for h in playground.history]
+    assert free.layout.yaxis.title.text == "free blocks"
+    waste = waste_over_actions(playground.history, playground.config.bytes_per_token)
+    assert list(waste.data[1].y) == [h.paged_waste_slots for h in playground.history]
+    assert "tokens" in waste.layout.yaxis.title.text
