@@ -1,10 +1,8 @@
 """The torch device the lab computes on, and the operator's memory budget for tensors."""
 
-import os
-
 import torch
 
-from core.errors import InvalidArgumentError
+from core.limits import read_limit
 
 DEFAULT_MAX_BYTES = 4 * 1024**3
 MAX_BYTES_ENV = "PAGED_LAB_MAX_BYTES"
@@ -28,18 +26,10 @@ def memory_budget_bytes() -> int:
     """Bytes that one tensor allocation of the lab may take (KV caches, benchmark buffers).
 
     4 GiB unless the operator sets `PAGED_LAB_MAX_BYTES` (an integer number of bytes), e.g. to protect a shared
-    demo host. Raises `InvalidArgumentError` for a value that is not a positive integer.
+    demo host; read through `core.limits`, the one place operator limits are parsed. Raises
+    `InvalidArgumentError` (`LimitConfigError`) for a value that is not a positive integer.
     """
-    raw = os.environ.get(MAX_BYTES_ENV)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_MAX_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidArgumentError(f"{MAX_BYTES_ENV}={raw!r} is not an integer number of bytes") from None
-    if value < 1:
-        raise InvalidArgumentError(f"{MAX_BYTES_ENV} must be a positive number of bytes, got {value}")
-    return value
+    return read_limit("max_tensor_bytes")
 
 
 def format_bytes(num_bytes: float) -> str:

@@ -1,0 +1,464 @@
+"""A bounded pool of worker processes that runs the heavy jobs of every browser session off the server process.
+
+A job is a module-level function and hashable, picklable arguments, run in a worker as
+`fn(*args, progress=callback)` where `callback(fraction, message)` reports progress (and is where a cancelled
+job stops). Invariants:
+- Workers are started with the `spawn` context (torch after fork is unsafe) and number exactly `workers`;
+  one that dies, overruns the wall-time limit or ignores a cancel is terminated and replaced.
+- A session (any string key) has at most one job: submitting different inputs cancels its previous job,
+  submitting the same inputs again returns the same job. A job runs while at least one session waits for it;
+  sessions asking for inputs already running share that job.
+- A finished result is cached by (function, arguments) in a bounded `ResultCache` and handed to every session
+  that asks, as the same read-only value.
+- At most `max_queued` jobs wait for a worker; a submission beyond that raises `QueueFullError` and changes
+  nothing. A session that has not polled for `abandon_after_s` has left: its job is cancelled.
+"""
+
+import contextlib
+import itertools
+import multiprocessing
+import pickle
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+from core.errors import InvalidArgumentError, LabError
+from core.jobs.cache import MISSING, ResultCache
+from core.jobs.worker import worker_main
+from core.limits import LimitExceededError, Limits
+
+CANCEL_GRACE_S = 2.0  # a cancelled job that reaches no progress call within this is stopped by force
+TICK_S = 0.1
+
+
+class JobError(LabError):
+    """A job could not run or did not finish."""
+
+
+class QueueFullError(JobError, LimitExceededError):
+    """Every queue slot is taken; nothing was submitted."""
+
+
+class JobTimeoutError(JobError, LimitExceededError):
+    """The job ran past the wall-time limit and its worker was stopped."""
+
+
+class JobFailedError(JobError):
+    """The job raised an error that does not travel between processes, or one that is not a LabError (a bug).
+    `error_type` is the original exception's class name."""
+
+    def __init__(self, message: str, error_type: str):
+        super().__init__(message)
+        self.error_type = error_type
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What a session's job is doing. state: "idle" (no job), "queued", "running", "done" or "failed".
+
+    position: 1-based place in the queue while queued, else 0. fraction in [0, 1] and message: the worker's
+    last progress report. result: the job's return value when done (shared, read-only). error: a LabError when
+    failed. cached: the result came from the cache without running. queued / running: jobs in the whole pool.
+    """
+
+    state: str
+    position: int = 0
+    fraction: float = 0.0
+    message: str = ""
+    result: object = None
+    error: LabError | None = None
+    cached: bool = False
+    queued: int = 0
+    running: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "failed")
+
+
+@dataclass(eq=False)
+class _Job:
+    id: int
+    key: Hashable
+    fn: Callable
+    args: tuple
+    subscribers: set[str] = field(default_factory=set)
+    worker: "_Worker | None" = None
+    started: float | None = None
+    fraction: float = 0.0
+    message: str = "waiting for a worker"
+
+
+@dataclass(eq=False)
+class _Worker:
+    process: multiprocessing.process.BaseProcess
+    conn: object
+    cancel_event: object
+    ready: bool = False
+    job: _Job | None = None
+    cancel_sent_at: float | None = None
+
+
+@dataclass(eq=False)
+class _Slot:
+    key: Hashable
+    job: _Job | None
+    last_seen: float
+    outcome: JobStatus | None = None
+
+
+def job_key(fn: Callable, args: tuple) -> Hashable:
+    """(module, qualified name, args): what a result is cached under. Raises InvalidArgumentError when `fn` is
+    not a module-level function or `args` are not hashable and picklable."""
+    module = sys.modules.get(getattr(fn, "__module__", ""), None)
+    qualname = getattr(fn, "__qualname__", "")
+    if module is None or getattr(module, qualname, None) is not fn:
+        raise InvalidArgumentError(f"a job must be a module-level function, got {fn!r}")
+    try:
+        hash(args)
+        pickle.dumps(args)
+    except Exception as error:
+        raise InvalidArgumentError(f"job arguments must be hashable and picklable: {error}") from None
+    return (fn.__module__, qualname, args)
+
+
+class JobPool:
+    """Worker processes, a FIFO queue of jobs, per-session slots and a result cache, run by one dispatcher thread.
+
+    Thread-safe: every public method may be called from any session's script thread.
+    """
+
+    def __init__(
+        self,
+        workers: int = 1,
+        max_queued: int = 16,
+        timeout_s: float = 120.0,
+        cache: ResultCache | None = None,
+        environ: dict[str, str] | None = None,
+        preload: tuple[str, ...] = (),
+        abandon_after_s: float = 15.0,
+    ):
+        self.workers, self.max_queued, self.timeout_s = workers, max_queued, timeout_s
+        self.abandon_after_s = abandon_after_s
+        self.cache = cache if cache is not None else ResultCache(32, 3600.0)
+        self._environ, self._preload = dict(environ or {}), tuple(preload)
+        self._context = multiprocessing.get_context("spawn")
+        self._lock = threading.RLock()
+        self._queue: deque[_Job] = deque()
+        self._by_key: dict[Hashable, _Job] = {}
+        self._sessions: dict[str, _Slot] = {}
+        self._workers: list[_Worker] = []
+        self._dying: list[tuple[multiprocessing.process.BaseProcess, float]] = []
+        self._ids = itertools.count(1)
+        self._closed = False
+        self.restarts = 0  # workers replaced after a timeout, a forced cancel or a crash
+        for _ in range(workers):
+            self._workers.append(self._start_worker())
+        self._thread = threading.Thread(target=self._run, name="job-pool", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_limits(cls, limits: Limits, preload: tuple[str, ...] = (), **kwargs) -> "JobPool":
+        """A pool sized by the operator limits; workers read exactly these limits from their environment."""
+        return cls(
+            workers=limits.workers,
+            max_queued=limits.max_queued_jobs,
+            timeout_s=limits.job_timeout_s,
+            cache=ResultCache(limits.cache_entries, limits.cache_ttl_s),
+            environ=limits.as_environ(),
+            preload=preload,
+            **kwargs,
+        )
+
+    # ---- public API ----------------------------------------------------------------------------------------
+    def submit(self, session: str, fn: Callable, *args) -> JobStatus:
+        """Ask for `fn(*args)` on behalf of `session`; returns its status at once (done when cached).
+
+        Same inputs as the session's current job: that job's status, nothing restarts. Other inputs: the
+        previous job is cancelled first. Raises QueueFullError (the session keeps no job) when the queue is full,
+        InvalidArgumentError for a function or arguments that cannot travel to a worker.
+        """
+        key = job_key(fn, args)
+        with self._lock:
+            self._check_open()
+            now = time.monotonic()
+            slot = self._sessions.get(session)
+            if slot is not None and slot.key == key:
+                slot.last_seen = now
+                return self._status(slot)
+            if slot is not None:
+                self._leave(session, slot)
+            cached = self.cache.get(key)
+            if cached is not MISSING:
+                slot = _Slot(key, None, now, JobStatus("done", fraction=1.0, result=cached, cached=True))
+                self._sessions[session] = slot
+                return self._status(slot)
+            job = self._by_key.get(key)
+            if job is None:
+                if len(self._queue) >= self.max_queued:
+                    raise QueueFullError(
+                        f"the server's job queue is full ({self.max_queued:,} jobs waiting, the limit "
+                        "PAGED_LAB_MAX_QUEUED_JOBS); try again in a minute",
+                        "PAGED_LAB_MAX_QUEUED_JOBS",
+                    )
+                job = _Job(next(self._ids), key, fn, args)
+                self._by_key[key] = job
+                self._queue.append(job)
+                self._dispatch()
+            job.subscribers.add(session)
+            slot = _Slot(key, job, now)
+            self._sessions[session] = slot
+            return self._status(slot)
+
+    def poll(self, session: str) -> JobStatus:
+        """The session's job status (idle when it has none); also tells the pool the session is still there."""
+        with self._lock:
+            slot = self._sessions.get(session)
+            if slot is None:
+                return JobStatus("idle", queued=len(self._queue), running=self._running())
+            slot.last_seen = time.monotonic()
+            return self._status(slot)
+
+    def cancel(self, session: str) -> None:
+        """Forget the session's job: cancelled when no other session waits for it. Idempotent."""
+        with self._lock:
+            slot = self._sessions.pop(session, None)
+            if slot is not None:
+                self._leave(session, slot)
+
+    def stats(self) -> dict[str, int]:
+        """workers (alive), ready, running, queued, sessions, cached, restarts."""
+        with self._lock:
+            return {
+                "workers": sum(w.process.is_alive() for w in self._workers),
+                "ready": sum(w.ready for w in self._workers),
+                "running": self._running(),
+                "queued": len(self._queue),
+                "sessions": len(self._sessions),
+                "cached": len(self.cache),
+                "restarts": self.restarts,
+            }
+
+    def worker_pids(self) -> list[int]:
+        with self._lock:
+            return [w.process.pid for w in self._workers if w.process.pid is not None]
+
+    def close(self) -> None:
+        """Stop the dispatcher and every worker (running jobs are abandoned). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            workers, self._workers = self._workers, []
+        self._thread.join(timeout=5)
+        for worker in workers:
+            with contextlib.suppress(OSError):
+                worker.conn.send(None)
+        for worker in workers:
+            worker.process.join(timeout=2)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(timeout=2)
+        for process, _ in self._dying:
+            process.kill()
+            process.join(timeout=2)
+
+    # ---- internals (called with the lock held unless noted) ------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise JobError("the job pool is closed")
+
+    def _running(self) -> int:
+        return sum(w.job is not None for w in self._workers)
+
+    def _status(self, slot: _Slot) -> JobStatus:
+        totals = {"queued": len(self._queue), "running": self._running()}
+        if slot.outcome is not None:
+            return JobStatus(**{**slot.outcome.__dict__, **totals})
+        job = slot.job
+        if job.worker is None:
+            position = next(i for i, queued in enumerate(self._queue, 1) if queued is job)
+            return JobStatus("queued", position, job.fraction, job.message, **totals)
+        return JobStatus("running", 0, job.fraction, job.message, **totals)
+
+    def _start_worker(self) -> _Worker:
+        parent, child = self._context.Pipe(duplex=True)
+        cancel_event = self._context.Event()
+        process = self._context.Process(
+            target=worker_main,
+            args=(child, cancel_event, self._environ, self._preload),
+            name="paged-lab-worker",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        return _Worker(process, parent, cancel_event)
+
+    def _leave(self, session: str, slot: _Slot) -> None:
+        """`session` stops waiting for `slot`'s job; the job is cancelled when nobody else waits."""
+        job = slot.job
+        if job is None or slot.outcome is not None:
+            return
+        job.subscribers.discard(session)
+        if job.subscribers:
+            return
+        self._by_key.pop(job.key, None)
+        if job.worker is None:
+            self._queue.remove(job)
+        elif job.worker.cancel_sent_at is None:
+            job.worker.cancel_event.set()
+            job.worker.cancel_sent_at = time.monotonic()
+
+    def _finish(self, job: _Job, outcome: JobStatus) -> None:
+        """Hand `outcome` to every session still waiting for `job`."""
+        if self._by_key.get(job.key) is job:
+            del self._by_key[job.key]
+        for session in job.subscribers:
+            slot = self._sessions.get(session)
+            if slot is not None and slot.job is job:
+                slot.outcome = outcome
+        job.subscribers.clear()
+
+    def _dispatch(self) -> None:
+        for worker in self._workers:
+            if not self._queue:
+                return
+            if worker.ready and worker.job is None and worker.process.is_alive():
+                job = self._queue.popleft()
+                worker.cancel_event.clear()
+                worker.cancel_sent_at = None
+                try:
+                    worker.conn.send((job.id, job.fn, job.args))
+                except OSError:
+                    self._queue.appendleft(job)
+                    continue
+                job.worker, job.started = worker, time.monotonic()
+                job.message = "started"
+                worker.job = job
+
+    def _replace(self, worker: _Worker) -> None:
+        """Terminate `worker` (its job, if any, is already settled) and start a fresh one in its place."""
+        worker.process.terminate()
+        self._dying.append((worker.process, time.monotonic()))
+        worker.conn.close()
+        index = self._workers.index(worker)
+        self._workers[index] = self._start_worker()
+        self.restarts += 1
+
+    def _handle(self, worker: _Worker, message: tuple) -> None:
+        kind = message[0]
+        if kind == "ready":
+            worker.ready = True
+            return
+        job = worker.job
+        if job is None or message[1] != job.id:
+            return  # a late message about a job already settled
+        if kind == "progress":
+            job.fraction, job.message = message[2], message[3]
+            return
+        worker.job, job.worker = None, None
+        if kind == "done":
+            self.cache.put(job.key, message[2])
+            self._finish(job, JobStatus("done", fraction=1.0, message="done", result=message[2]))
+        elif kind == "error":
+            self._finish(job, JobStatus("failed", message="failed", error=_as_lab_error(message[2])))
+        else:  # cancelled
+            self._finish(
+                job, JobStatus("failed", message="cancelled", error=JobError("the job was cancelled"))
+            )
+
+    def _fail_running(self, worker: _Worker, error: LabError) -> None:
+        job = worker.job
+        worker.job = None
+        if job is not None:
+            job.worker = None
+            self._finish(job, JobStatus("failed", message=str(error), error=error))
+        self._replace(worker)
+
+    def _enforce(self, now: float) -> None:
+        """Timeouts, forced cancels, dead workers, abandoned sessions, reaping of terminated processes."""
+        for worker in list(self._workers):
+            job = worker.job
+            if not worker.process.is_alive():
+                self._fail_running(
+                    worker,
+                    JobFailedError(
+                        f"the worker process died (exit code {worker.process.exitcode}); the job may need more "
+                        "memory than this server has",
+                        "WorkerDied",
+                    ),
+                )
+            elif job is not None and now - job.started > self.timeout_s:
+                self._fail_running(
+                    worker,
+                    JobTimeoutError(
+                        f"stopped after {self.timeout_s:,g} s: over this server's job wall-time limit "
+                        "(PAGED_LAB_JOB_TIMEOUT_S); choose a smaller problem",
+                        "PAGED_LAB_JOB_TIMEOUT_S",
+                    ),
+                )
+            elif (
+                job is not None
+                and worker.cancel_sent_at is not None
+                and now - worker.cancel_sent_at > CANCEL_GRACE_S
+            ):
+                self._fail_running(worker, JobError("the job was cancelled"))
+        for session, slot in list(self._sessions.items()):
+            if now - slot.last_seen > self.abandon_after_s:
+                del self._sessions[session]
+                self._leave(session, slot)
+        still_dying = []
+        for process, since in self._dying:
+            if process.is_alive():
+                if now - since > 2:
+                    process.kill()
+                still_dying.append((process, since))
+            else:
+                process.join(timeout=0)
+        self._dying = still_dying
+
+    def _run(self) -> None:
+        """The dispatcher thread: read worker messages (outside the lock), then update state under it."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                conns = {w.conn: w for w in self._workers}
+            messages: list[tuple[_Worker, tuple]] = []
+            try:
+                ready = wait(list(conns), timeout=TICK_S)
+            except OSError:
+                ready = []
+            for conn in ready:
+                try:
+                    while conn.poll():
+                        messages.append((conns[conn], conn.recv()))
+                except (EOFError, OSError):
+                    pass  # the process is dead or being replaced; _enforce notices
+                except Exception as error:  # a result that does not unpickle here
+                    messages.append(
+                        (conns[conn], ("error", conns[conn].job.id if conns[conn].job else -1, error))
+                    )
+            with self._lock:
+                if self._closed:
+                    return
+                for worker, message in messages:
+                    if worker in self._workers:
+                        self._handle(worker, message)
+                self._enforce(time.monotonic())
+                self._dispatch()
+
+
+def _as_lab_error(error) -> LabError:
+    """A worker's error as a LabError: the original when it travelled and is one, else JobFailedError."""
+    if isinstance(error, LabError):
+        return error
+    if isinstance(error, BaseException):
+        return JobFailedError(f"the job failed: {type(error).__name__}: {error}", type(error).__name__)
+    name, message, is_lab_error = error
+    text = message if is_lab_error else f"the job failed: {name}: {message}"
+    return JobFailedError(text, name)

@@ -1,0 +1,82 @@
+"""The loop a worker process runs: receive a job, run it with a progress callback, send back what happened.
+
+Messages from the worker on its pipe, as tuples:
+    ("ready",)                               once its environment is set and its modules are imported
+    ("progress", job_id, fraction, message)  at most every PROGRESS_INTERVAL_S (and at fraction 1)
+    ("done", job_id, result)                 the job returned `result`
+    ("cancelled", job_id)                    the job stopped at a progress call after its cancel event was set
+    ("error", job_id, error)                 the job raised; `error` is the exception when it survives
+                                             pickling, else (type name, message, is a LabError)
+"""
+
+import contextlib
+import importlib
+import os
+import pickle
+import time
+
+from core.errors import LabError
+
+PROGRESS_INTERVAL_S = 0.1
+WORKER_NICENESS = 10  # the server process renders pages first; workers take the CPU left over
+
+
+class JobCancelledError(LabError):
+    """The job's session left or asked for something else; raised inside the worker at a progress call."""
+
+
+class _Progress:
+    """The `progress(fraction, message)` callback a job receives: throttled, and where cancellation lands."""
+
+    def __init__(self, conn, job_id: int, cancel_event):
+        self._conn, self._job_id, self._cancel = conn, job_id, cancel_event
+        self._last = 0.0
+
+    def __call__(self, fraction: float, message: str = "") -> None:
+        if self._cancel.is_set():
+            raise JobCancelledError("cancelled")
+        now = time.monotonic()
+        if now - self._last >= PROGRESS_INTERVAL_S or fraction >= 1.0:
+            self._last = now
+            self._conn.send(("progress", self._job_id, float(min(max(fraction, 0.0), 1.0)), str(message)))
+
+
+def _portable(error: BaseException):
+    """The exception itself when it pickles and unpickles (no traceback travels), else a plain description."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        error.__traceback__ = None
+        return error
+    except Exception:
+        return (type(error).__name__, str(error), isinstance(error, LabError))
+
+
+def worker_main(conn, cancel_event, environ: dict[str, str], preload: tuple[str, ...]) -> None:
+    """Run jobs from `conn` until it sends None or closes. Jobs are `(job_id, fn, args)`, run as
+    `fn(*args, progress=callback)`."""
+    os.environ.update(environ)
+    with contextlib.suppress(AttributeError, OSError):
+        os.nice(WORKER_NICENESS)
+    for module in preload:
+        importlib.import_module(module)
+    conn.send(("ready",))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        job_id, fn, args = task
+        try:
+            result = fn(*args, progress=_Progress(conn, job_id, cancel_event))
+        except JobCancelledError:
+            conn.send(("cancelled", job_id))
+            continue
+        except Exception as error:
+            conn.send(("error", job_id, _portable(error)))
+            continue
+        try:
+            conn.send(("done", job_id, result))
+        except Exception as error:  # the result does not pickle
+            conn.send(("error", job_id, _portable(error)))

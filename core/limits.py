@@ -1,0 +1,200 @@
+"""Operator limits: the one configuration object a host sets to protect a shared demo server.
+
+Every limit is read from an environment variable (or, in the app, a root-level `st.secrets` entry of the same
+name, merged by `ui/limits.py`), with safe defaults. `Limits` is frozen: it is read once per process and shared
+as an immutable value. A bad value raises `LimitConfigError` naming the variable, what it was and what is
+allowed; an unset or blank variable takes the default.
+
+Variables (all integers unless marked):
+- PAGED_LAB_MAX_BYTES: bytes one job's tensors may take (KV caches, benchmark buffers), default 4 GiB.
+- PAGED_LAB_MAX_REQUESTS: requests one simulation may replay, default 10,000.
+- PAGED_LAB_JOB_TIMEOUT_S (number): seconds of wall time one job may run before its worker is stopped, 120.
+- PAGED_LAB_WORKERS: worker processes running heavy jobs, default max(1, min(4, CPU cores - 1)).
+- PAGED_LAB_MAX_QUEUED_JOBS: jobs waiting for a worker, all sessions together, default 16.
+- PAGED_LAB_MAX_UPLOAD_BYTES: bytes of one uploaded file, default 25 MB (25,000,000).
+- PAGED_LAB_CACHE_ENTRIES: finished job results kept, default 32.
+- PAGED_LAB_CACHE_TTL_S (number): seconds a finished result stays cached, default 3,600.
+"""
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from core.errors import InvalidArgumentError, LabError
+
+GiB = 1024**3
+
+
+class LimitConfigError(InvalidArgumentError):
+    """An operator limit's environment variable (or secret) holds a value that is not allowed."""
+
+    def __init__(self, message: str, variable: str):
+        super().__init__(message)
+        self.variable = variable
+
+
+class LimitExceededError(LabError):
+    """A request goes over an operator limit; raised before any work or allocation starts."""
+
+    def __init__(self, message: str, variable: str):
+        super().__init__(message)
+        self.variable = variable
+
+
+def _default_workers() -> int:
+    return max(1, min(4, (os.cpu_count() or 1) - 1))
+
+
+@dataclass(frozen=True)
+class _Spec:
+    variable: str
+    kind: type  # int or float
+    minimum: float
+    maximum: float
+    description: str
+    unit: str
+
+
+# field name -> how it is read; the order is the About page's order.
+SPECS: dict[str, _Spec] = {
+    "max_tensor_bytes": _Spec(
+        "PAGED_LAB_MAX_BYTES", int, 1, 2**50, "Tensor bytes one job may allocate", "bytes"
+    ),
+    "max_simulated_requests": _Spec(
+        "PAGED_LAB_MAX_REQUESTS", int, 1, 10**7, "Requests one simulation may replay", "requests"
+    ),
+    "job_timeout_s": _Spec(
+        "PAGED_LAB_JOB_TIMEOUT_S", float, 0.1, 86_400, "Wall time one job may run", "seconds"
+    ),
+    "workers": _Spec("PAGED_LAB_WORKERS", int, 1, 64, "Worker processes for heavy jobs", "processes"),
+    "max_queued_jobs": _Spec(
+        "PAGED_LAB_MAX_QUEUED_JOBS", int, 1, 10_000, "Jobs waiting for a worker (all sessions)", "jobs"
+    ),
+    "max_upload_bytes": _Spec(
+        "PAGED_LAB_MAX_UPLOAD_BYTES", int, 1, 2**40, "Bytes of one uploaded file", "bytes"
+    ),
+    "cache_entries": _Spec(
+        "PAGED_LAB_CACHE_ENTRIES", int, 0, 100_000, "Finished job results kept in the cache", "results"
+    ),
+    "cache_ttl_s": _Spec(
+        "PAGED_LAB_CACHE_TTL_S", float, 1, 30 * 86_400, "Time a finished result stays cached", "seconds"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Operator limits of one server process. Field meanings and variables: see `SPECS` and the module doc."""
+
+    max_tensor_bytes: int = 4 * GiB
+    max_simulated_requests: int = 10_000
+    job_timeout_s: float = 120.0
+    workers: int = 1
+    max_queued_jobs: int = 16
+    max_upload_bytes: int = 25_000_000
+    cache_entries: int = 32
+    cache_ttl_s: float = 3_600.0
+
+    def __post_init__(self) -> None:
+        for name, spec in SPECS.items():
+            _check(getattr(self, name), spec)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, object]) -> "Limits":
+        """Limits from variables in `mapping` (e.g. `os.environ`, or `os.environ | secrets`); defaults for
+        missing or blank ones. Raises LimitConfigError naming the first bad variable."""
+        values: dict[str, object] = {"workers": _default_workers()}
+        for name, spec in SPECS.items():
+            raw = mapping.get(spec.variable)
+            if raw is not None and str(raw).strip() != "":
+                values[name] = _parse(raw, spec)
+        return cls(**values)
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        """Limits from this process's environment variables."""
+        return cls.from_mapping(os.environ)
+
+    def as_environ(self) -> dict[str, str]:
+        """Every limit as its variable -> string, so a worker process reads exactly these limits."""
+        return {SPECS[f.name].variable: repr(getattr(self, f.name)) for f in fields(self)}
+
+    def rows(self) -> list[dict[str, str]]:
+        """One row per limit for display: limit, value (with thousands separators), variable."""
+        return [
+            {
+                "limit": spec.description,
+                "value": _format(getattr(self, name), spec),
+                "variable": spec.variable,
+            }
+            for name, spec in SPECS.items()
+        ]
+
+    def check_requests(self, count: int, what: str = "the simulation") -> None:
+        """Raise LimitExceededError when `count` simulated requests are over `max_simulated_requests`."""
+        if count > self.max_simulated_requests:
+            raise LimitExceededError(
+                f"{what} has {count:,} requests, over this server's limit of {self.max_simulated_requests:,} "
+                f"(PAGED_LAB_MAX_REQUESTS); use fewer requests",
+                "PAGED_LAB_MAX_REQUESTS",
+            )
+
+    def check_upload(self, num_bytes: int, what: str = "the upload") -> None:
+        """Raise LimitExceededError when an uploaded file of `num_bytes` is over `max_upload_bytes`."""
+        if num_bytes > self.max_upload_bytes:
+            raise LimitExceededError(
+                f"{what} is {num_bytes:,} bytes, over this server's limit of {self.max_upload_bytes:,} bytes "
+                f"(PAGED_LAB_MAX_UPLOAD_BYTES)",
+                "PAGED_LAB_MAX_UPLOAD_BYTES",
+            )
+
+
+def read_limit(name: str, mapping: Mapping[str, object] | None = None):
+    """One limit (a `Limits` field name) from `mapping` (default `os.environ`), without reading the others, so a
+    bad value in an unrelated variable does not break a caller that needs only this one."""
+    spec = SPECS[name]
+    raw = (os.environ if mapping is None else mapping).get(spec.variable)
+    if raw is None or str(raw).strip() == "":
+        return _default_workers() if name == "workers" else getattr(Limits, name)
+    return _parse(raw, spec)
+
+
+def _parse(raw: object, spec: _Spec):
+    text = str(raw).strip().replace("_", "")
+    what = "an integer" if spec.kind is int else "a number"
+    try:
+        value = spec.kind(text) if spec.kind is float else int(text)
+    except ValueError:
+        if spec.kind is int:
+            try:  # "4e9" or "1024.0": accept only when it is a whole number
+                as_float = float(text)
+            except ValueError:
+                as_float = math.nan
+            if math.isfinite(as_float) and as_float == int(as_float):
+                return _check(int(as_float), spec)
+        raise LimitConfigError(
+            f"{spec.variable}={raw!r} is not {what} ({spec.unit})", spec.variable
+        ) from None
+    return _check(value, spec)
+
+
+def _check(value, spec: _Spec):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise LimitConfigError(f"{spec.variable} must be a finite number, got {value!r}", spec.variable)
+    if spec.kind is int and not isinstance(value, int):
+        raise LimitConfigError(f"{spec.variable} must be an integer, got {value!r}", spec.variable)
+    if not spec.minimum <= value <= spec.maximum:
+        raise LimitConfigError(
+            f"{spec.variable} must be between {spec.minimum:,} and {spec.maximum:,} {spec.unit}, got {value:,}",
+            spec.variable,
+        )
+    return value
+
+
+def _format(value, spec: _Spec) -> str:
+    if spec.unit == "bytes":
+        return f"{value:,} bytes ({value / GiB:,.2f} GiB)" if value >= GiB else f"{value:,} bytes"
+    if spec.kind is float:
+        return f"{value:,g} {spec.unit}"
+    return f"{value:,} {spec.unit}"
