@@ -24,13 +24,17 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from multiprocessing import spawn
 from multiprocessing.connection import wait
+from pathlib import Path
 
 from core.errors import InvalidArgumentError, LabError
 from core.jobs.cache import MISSING, ResultCache
 from core.jobs.worker import worker_main
 from core.limits import LimitExceededError, Limits
 
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+_SPAWN_LOCK = threading.Lock()
 CANCEL_GRACE_S = 2.0  # a cancelled job that reaches no progress call within this is stopped by force
 TICK_S = 0.1
 
@@ -294,7 +298,7 @@ class JobPool:
             name="paged-lab-worker",
             daemon=True,
         )
-        process.start()
+        _start_without_main(process)
         child.close()
         return _Worker(process, parent, cancel_event)
 
@@ -451,6 +455,30 @@ class JobPool:
                         self._handle(worker, message)
                 self._enforce(time.monotonic())
                 self._dispatch()
+
+
+def _start_without_main(process: multiprocessing.process.BaseProcess) -> None:
+    """Start a spawned process that does not re-run the parent's `__main__`.
+
+    Streamlit installs each page script as `sys.modules["__main__"]`, so a plain spawn would run the page again
+    in the worker (and start workers from there). The child gets the parent's sys.path plus the repository root,
+    which is all `worker_main` and the job functions need.
+    """
+    with _SPAWN_LOCK:
+        original = spawn.get_preparation_data
+
+        def preparation_data(name: str) -> dict:
+            data = original(name)
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+            data["sys_path"] = [REPO_ROOT, *data.get("sys_path", [])]
+            return data
+
+        spawn.get_preparation_data = preparation_data
+        try:
+            process.start()
+        finally:
+            spawn.get_preparation_data = original
 
 
 def _as_lab_error(error) -> LabError:

@@ -1,0 +1,111 @@
+"""Run a page's heavy computation in the worker pool for this browser session, showing queue place and progress.
+
+The pool and the operator limits are process-wide resources (`st.cache_resource`): the pool holds only
+per-session slots keyed by a random id kept in `st.session_state` and immutable finished results.
+"""
+
+import atexit
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+
+import streamlit as st
+
+from core.jobs import JobPool, job_key
+from core.limits import Limits
+
+SESSION_KEY = "_job_session"
+CANCELLED_KEY = "_job_cancelled"
+POLL_S = 0.25
+# Imported by every worker when it starts, so the first job does not pay for torch and the simulator.
+PRELOAD = ("core.serving.experiment", "core.kernels.timing")
+
+
+def _root_secrets() -> dict[str, object]:
+    """Root-level `PAGED_LAB_*` entries of `st.secrets` ({} when the app has no secrets file)."""
+    try:
+        return {
+            key: value
+            for key, value in st.secrets.items()
+            if key.startswith("PAGED_LAB_") and not isinstance(value, Mapping)
+        }
+    except Exception:  # no secrets.toml: Streamlit raises its own not-found error
+        return {}
+
+
+@st.cache_resource(show_spinner=False)
+def app_limits() -> Limits:
+    """The operator limits of this server: environment variables, overridden by root-level secrets of the same
+    names. Raises LimitConfigError (shown by the caller) for a bad value."""
+    return Limits.from_mapping({**os.environ, **_root_secrets()})
+
+
+@st.cache_resource(show_spinner=False)
+def job_pool() -> JobPool:
+    """The server's one worker pool, sized by `app_limits()`; closed when the server exits."""
+    pool = JobPool.from_limits(app_limits(), preload=PRELOAD)
+    atexit.register(pool.close)
+    return pool
+
+
+def session_id() -> str:
+    """A random id for this browser session, kept in its own `st.session_state`."""
+    if SESSION_KEY not in st.session_state:
+        st.session_state[SESSION_KEY] = uuid.uuid4().hex
+    return st.session_state[SESSION_KEY]
+
+
+def _progress_text(label: str, status) -> str:
+    if status.state == "queued":
+        ahead = status.position - 1 + status.running
+        return (
+            f"{label}: waiting for a worker, place {status.position:,} in the queue "
+            f"({ahead:,} job{'s' if ahead != 1 else ''} ahead of it, {status.running:,} running)"
+        )
+    message = f": {status.message}" if status.message else ""
+    return f"{label}{message} ({status.fraction:.0%})"
+
+
+def run_job(fn: Callable, *args, label: str = "Computing"):
+    """`fn(*args, progress=...)` computed in the worker pool for this session; returns its (shared, read-only)
+    result. Blocks this session's script, not the server: a queue place or a progress bar and a Cancel button
+    are shown while it waits. A cached result returns at once with nothing drawn.
+
+    Raises the job's LabError (MemoryBudgetError text, QueueFullError, JobTimeoutError, ...) for the page to
+    show with `st.error`. After Cancel, shows why nothing is drawn and stops the script (`st.stop`) until the
+    user asks again.
+    """
+    pool = job_pool()
+    session = session_id()
+    key = job_key(fn, args)
+    controls = st.empty()
+    if st.session_state.get(CANCELLED_KEY) == key:
+        with controls.container():
+            st.info(f"{label}: cancelled. Change a setting or run it again.")
+            again = st.button("Run again", key="_job_run_again")
+        if not again:
+            st.stop()
+        del st.session_state[CANCELLED_KEY]
+        controls.empty()
+    status = pool.submit(session, fn, *args)
+    if status.finished:
+        return _outcome(status)
+    with controls.container():
+        bar = st.progress(0.0, text=_progress_text(label, status))
+        if st.button("Cancel", key="_job_cancel"):
+            pool.cancel(session)
+            st.session_state[CANCELLED_KEY] = key
+            st.rerun()
+    while not status.finished:
+        bar.progress(status.fraction, text=_progress_text(label, status))
+        time.sleep(POLL_S)
+        status = pool.poll(session)
+    controls.empty()
+    return _outcome(status)
+
+
+def _outcome(status):
+    if status.state == "failed":
+        raise status.error
+    return status.result
