@@ -319,8 +319,9 @@ _DECODE_RUN_CONSTANTS = [  # columns alike in every row of a decode-only batch (
 
 def _put_memory(rows: np.ndarray, m: MemoryMetrics) -> None:
     """Write the memory columns: Python ints (every row alike) or int64 arrays with one entry per row."""
-    rows[:, _MEMORY_COLUMNS] = np.stack(m, axis=1) if isinstance(m.token_states, np.ndarray) else m
-    rows[:, _COL["external_fragmentation"]] = rows[:, _COL["allocator_slack"]] + rows[:, _COL["free_slots"]]
+    for column, values in zip(_MEMORY_COLUMNS, m, strict=True):
+        rows[:, column] = values
+    rows[:, _COL["external_fragmentation"]] = m.allocator_slack + m.free_slots
 
 
 def _validate_requests(requests: Sequence[Request], config: SimulatorConfig) -> list[Request]:
