@@ -24,7 +24,8 @@ CAPACITY_SOURCES = ("paper", "model", "raw")
 @dataclass(frozen=True)
 class SimulatorParams:
     """Everything one comparison depends on. Lengths in tokens, rate in requests/s (inf: all at t = 0),
-    capacity in token slots, swap space in GiB, overhead in ms."""
+    capacity in token slots, swap space in GiB, overhead in ms. kv_groups: None (every layer full attention), or
+    the model's KV cache groups for the paged policy's hybrid allocator (`core.serving.hybrid_memory`)."""
 
     dataset: str = "sharegpt"
     num_requests: int = 1000
@@ -51,6 +52,9 @@ class SimulatorParams:
     preemption_mode: str = "recompute"
     swap_space_gib: float = 4.0
     overhead_ms: float = 15.0
+    kv_groups: tuple | None = (
+        None  # the paged policy's KV cache groups ((kind, num_layers, window), ...): hybrid
+    )
 
     def kv_capacity_tokens(self) -> int:
         """Token slots of the KV cache: the paper's 15,728, vLLM's rule for the model on the GPU, or raw."""
@@ -111,7 +115,12 @@ class SimulatorParams:
     def policy_objects(self) -> list[Policy]:
         if not self.policies:
             raise InvalidArgumentError("choose at least one policy")
-        return [Policy(name, self.block_size, self.enable_prefix_caching) for name in self.policies]
+        return [
+            Policy(
+                name, self.block_size, self.enable_prefix_caching, self.kv_groups if name == "paged" else None
+            )
+            for name in self.policies
+        ]
 
 
 DEFAULT_PARAMS = SimulatorParams()

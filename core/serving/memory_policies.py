@@ -31,16 +31,26 @@ POLICY_NAMES = ("paged", *CONTIGUOUS_POLICIES)
 
 @dataclass(frozen=True)
 class Policy:
-    """How KV memory is handed out. block_size (tokens) and enable_prefix_caching apply to "paged" only."""
+    """How KV memory is handed out. block_size (tokens) and enable_prefix_caching apply to "paged" only.
+
+    kv_groups (paged only): None for one full-attention pool, or the model's KV cache groups as
+    ((kind, num_layers, window), ...) for the hybrid allocator (`core.serving.hybrid_memory`)."""
 
     name: str
     block_size: int = 16
     enable_prefix_caching: bool = False
+    kv_groups: tuple | None = None
 
     def __post_init__(self):
         if self.name not in POLICY_NAMES:
             raise InvalidArgumentError(f"unknown policy {self.name!r}; choose one of {POLICY_NAMES}")
         check_int(self.block_size, "block_size", minimum=1)
+        if self.kv_groups is not None:
+            from core.serving.hybrid_memory import check_kv_groups
+
+            if not self.is_paged:
+                raise InvalidArgumentError("kv_groups apply to the paged policy only")
+            object.__setattr__(self, "kv_groups", check_kv_groups(self.kv_groups))
 
     @property
     def is_paged(self) -> bool:
@@ -50,7 +60,8 @@ class Policy:
     def label(self) -> str:
         if self.is_paged:
             cache = ", prefix caching" if self.enable_prefix_caching else ""
-            return f"paged (block {self.block_size}{cache})"
+            hybrid = f", hybrid {len(self.kv_groups)} groups" if self.kv_groups else ""
+            return f"paged (block {self.block_size}{cache}{hybrid})"
         return {"orca-max": "Orca (Max)", "orca-pow2": "Orca (Pow2)", "orca-oracle": "Orca (Oracle)"}[
             self.name
         ]
@@ -499,6 +510,10 @@ def _buddy_fits(buddy: BuddyAllocator, segment: int, count: int) -> bool:
 
 def make_memory(policy: Policy, capacity: int, watermark: float, max_len: int) -> MemoryPolicy:
     """The memory object of `policy` over `capacity` token slots."""
+    if policy.kv_groups is not None:
+        from core.serving.hybrid_memory import HybridPagedMemory
+
+        return HybridPagedMemory(policy, capacity, watermark)
     if policy.is_paged:
         return PagedMemory(policy, capacity, watermark)
     return ContiguousMemory(policy, capacity, max_len)

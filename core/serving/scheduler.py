@@ -136,6 +136,18 @@ class StepOutcome:
     finished: list
 
 
+def fitting_steps(ahead, queued: bool = False) -> int:
+    """Leading steps (at least 1) of a `MemoryPolicy.decode_metrics` prediction that may run as one batch: their
+    free blocks stay >= 0, and, when groups are `queued` (waiting or swapped), stay at most the free blocks after
+    the first step, so no queued group could have been admitted in between (a sliding window frees blocks as it
+    moves: free blocks need not fall monotonically)."""
+    free = ahead.free_blocks
+    fits = free >= 0
+    if queued:
+        fits &= free <= free[0]
+    return max(1, len(fits) if fits.all() else int(fits.argmin()))
+
+
 class Scheduler:
     """Queues of groups (waiting, running, swapped) and the phases that move them; see the module docstring.
 
@@ -300,7 +312,7 @@ class Scheduler:
         if limit == 1 or not step.is_decode_only:
             return 1
         ahead = self.memory.decode_metrics(step.decoding, limit)
-        return max(1, int((ahead.free_blocks >= 0).sum()))
+        return fitting_steps(ahead, bool(self.waiting or self.swapped))
 
     def allocate(self, step: ScheduledStep, num_steps: int = 1) -> None:
         """Grow every decoding sequence by `num_steps` tokens (their KV slots). `num_steps > 1` replays a

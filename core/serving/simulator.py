@@ -23,7 +23,7 @@ import pandas as pd
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
 from core.serving.memory_policies import MemoryMetrics, MemoryPolicy, Policy, make_memory
-from core.serving.scheduler import PREEMPTION_MODES, ScheduledStep, Scheduler, StepOutcome
+from core.serving.scheduler import PREEMPTION_MODES, ScheduledStep, Scheduler, StepOutcome, fitting_steps
 from core.serving.step_time import StepTimeModel, opt_13b_a100
 from core.serving.workload import Request
 
@@ -132,7 +132,8 @@ class SimulationResult:
     """steps: one row per step, columns `COLUMNS` (slots are KV token positions; `time_s` is the end of the step;
     `free_blocks` is the free-list size: free blocks for paged, free buddy blocks for contiguous).
     requests: one row per request (arrival_time, first_token_time, finish_time in seconds; lengths in tokens).
-    summary: see `summarize`. snapshots: sampled `StepSnapshot`s in step order."""
+    summary: see `summarize`. snapshots: sampled `StepSnapshot`s in step order. capacity_slots: the slots the
+    memory columns sum to (the KV capacity; for a hybrid policy, group slots: KV cache groups x capacity)."""
 
     policy: Policy
     config: SimulatorConfig
@@ -141,9 +142,11 @@ class SimulationResult:
     summary: dict
     snapshots: list[StepSnapshot]
     wall_s: float
+    capacity_slots: int | None = None
 
     def summarize(self, t_start: float | None = None, t_end: float | None = None) -> dict:
-        return summarize(self.steps, self.requests, self.config.kv_capacity_tokens, t_start, t_end)
+        capacity = self.capacity_slots or self.config.kv_capacity_tokens
+        return summarize(self.steps, self.requests, capacity, t_start, t_end)
 
 
 def summarize(
@@ -319,8 +322,9 @@ _DECODE_RUN_CONSTANTS = [  # columns alike in every row of a decode-only batch (
 
 def _put_memory(rows: np.ndarray, m: MemoryMetrics) -> None:
     """Write the memory columns: Python ints (every row alike) or int64 arrays with one entry per row."""
-    rows[:, _MEMORY_COLUMNS] = np.stack(m, axis=1) if isinstance(m.token_states, np.ndarray) else m
-    rows[:, _COL["external_fragmentation"]] = rows[:, _COL["allocator_slack"]] + rows[:, _COL["free_slots"]]
+    for column, values in zip(_MEMORY_COLUMNS, m, strict=True):
+        rows[:, column] = values
+    rows[:, _COL["external_fragmentation"]] = m.allocator_slack + m.free_slots
 
 
 def _validate_requests(requests: Sequence[Request], config: SimulatorConfig) -> list[Request]:
@@ -434,7 +438,7 @@ class _Simulation:
         if k == 1:
             return 1, None, None
         ahead = self.memory.decode_metrics(step.decoding, k)
-        k = max(1, min(k, int((ahead.free_blocks >= 0).sum())))
+        k = min(k, fitting_steps(ahead, bool(step.num_waiting or step.num_swapped)))
         if k == 1:
             return 1, None, None
         n_decode = step.num_decode_tokens
@@ -589,7 +593,8 @@ def simulate(
         progress(1.0)
     steps_frame = sim.recorder.frame()
     requests_frame = sim.requests_frame()
-    summary = summarize(steps_frame, requests_frame, capacity)
+    summary = summarize(steps_frame, requests_frame, memory.capacity)
+    wall = time.perf_counter() - started
     return SimulationResult(
-        policy, config, steps_frame, requests_frame, summary, sim.snapshots, time.perf_counter() - started
+        policy, config, steps_frame, requests_frame, summary, sim.snapshots, wall, memory.capacity
     )
