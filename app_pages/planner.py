@@ -85,7 +85,7 @@ def custom_config_inputs(p: str) -> None:
         model_from_config(config)
         state.values[f"{p}config"] = encode_config(config)
     except LabError as error:
-        kept = " The plan keeps the last valid config." if state.values[f"{p}config"] else ""
+        kept = " (not used: the plan keeps the last valid config)" if state.values[f"{p}config"] else ""
         st.error(f"{error}{kept}")
 
 

@@ -41,10 +41,11 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from core.common import check_int
 from core.errors import BackendUnavailableError, InvalidArgumentError
 from core.kernels.cpu_backend import cpu_kernel_available, cpu_kernel_error, cpu_paged_rows
 from core.kernels.gather_backend import gather_contiguous, gather_paged_rows
-from core.kernels.torch_backend import torch_paged_rows, used_entries
+from core.kernels.torch_backend import torch_paged_rows, used_entries, visible_starts, window_table
 
 __all__ = [
     "BACKENDS",
@@ -182,7 +183,7 @@ def _check_paged(
             f"key_cache and value_cache must have the same shape, got {list(key_cache.shape)} and "
             f"{list(value_cache.shape)}"
         )
-    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    _, block_size, num_kv_heads, head_dim = key_cache.shape
     num_seqs, num_heads = query.shape[0], query.shape[-2]
     _check_compatible(
         {"query": query, "key_cache": key_cache, "value_cache": value_cache},
@@ -211,18 +212,38 @@ def _check_paged(
             f"context_lens must be in [1, max_blocks_per_seq x block_size] = [1, {block_tables.shape[1]} x "
             f"{block_size} = {capacity:,}] tokens, got min {min_len:,}, max {max_len:,}"
         )
-    used = used_entries(block_tables, lens, block_size)
-    ids = block_tables[used]
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
-        raise InvalidArgumentError(
-            f"block ids in use must be in [0, {num_blocks:,}), got min {int(ids.min())}, max {int(ids.max())}"
-        )
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     scale = float(scale)
     if not math.isfinite(scale) or scale <= 0:
         raise InvalidArgumentError(f"scale must be a positive finite number, got {scale}")
     return scale
+
+
+def _check_block_ids(
+    block_tables: torch.Tensor,
+    lens: torch.Tensor,
+    row_pos: torch.Tensor,
+    window: int | None,
+    block_size: int,
+    num_blocks: int,
+) -> None:
+    """The table entries some row may read (from its sequence's first visible block to its last) are in range;
+    entries before a sliding window's first visible block (-1 once released) and after the last are ignored."""
+    if window is None:
+        ids = block_tables[used_entries(block_tables, lens, block_size)]
+    else:
+        _, seq_start = visible_starts(row_pos, lens, window)
+        table, valid, _ = window_table(block_tables, lens, seq_start, block_size)
+        ids = table[valid]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+        raise InvalidArgumentError(
+            f"block ids in use must be in [0, {num_blocks:,}), got min {int(ids.min())}, max {int(ids.max())}"
+        )
+
+
+def _check_window(sliding_window) -> int | None:
+    return None if sliding_window is None else check_int(sliding_window, "sliding_window", minimum=1)
 
 
 # ----------------------------------------------------------------------------------------------- public API
@@ -235,6 +256,7 @@ def paged_attention(
     scale: float | None = None,
     backend: str = "auto",
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """One decode step of attention over a paged KV cache.
 
@@ -247,12 +269,16 @@ def paged_attention(
     scale:        softmax scale, default 1/sqrt(head_dim).
     out:          optional [num_seqs, num_heads, head_dim] tensor (query's dtype and device, contiguous) that
                   receives the result and is returned; every element is overwritten.
+    sliding_window: None, or W >= 1: the query attends to the last W positions only (itself included), as
+                  Mistral / Gemma sliding-window layers do; table entries wholly before that window are never
+                  read (a `BlockManager` with the same window sets them to -1).
     Returns [num_seqs, num_heads, head_dim] in query's dtype: softmax(q . K^T * scale) . V over the first
-    context_lens[s] tokens of sequence s.
+    context_lens[s] tokens of sequence s (the last min(W, context_lens[s]) with a window).
     Raises InvalidArgumentError for bad shapes/dtypes/devices/lengths/block ids, BackendUnavailableError for a
     backend that cannot run on these tensors.
     """
     scale = _check_paged(query, 3, key_cache, value_cache, block_tables, context_lens, scale)
+    window = _check_window(sliding_window)
     backend = resolve_backend(backend, query.device)
     num_seqs, num_heads, head_dim = query.shape
     if out is not None and (
@@ -270,8 +296,11 @@ def paged_attention(
     rows = query.view(num_seqs, num_kv_heads, group, head_dim)  # [seqs, kv_heads, rows=group, dim]
     lens = context_lens.to(torch.long)
     row_pos = (lens - 1)[:, None].expand(num_seqs, group)  # [seqs, rows] last position each row may see
+    _check_block_ids(block_tables, lens, row_pos, window, key_cache.shape[1], key_cache.shape[0])
     out_rows = None if out is None else out.view(num_seqs, num_kv_heads, group, head_dim)
-    result = _paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, backend, out_rows)
+    result = _paged_rows(
+        rows, key_cache, value_cache, block_tables, lens, row_pos, scale, backend, out_rows, window
+    )
     return out if out is not None else result.reshape(num_seqs, num_heads, head_dim)
 
 
@@ -284,6 +313,7 @@ def paged_prefill_attention(
     query_lens: torch.Tensor,
     scale: float | None = None,
     backend: str = "auto",
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """A chunk of new tokens per sequence attending causally to the paged cache (chunked prefill, prefix hits).
 
@@ -294,10 +324,12 @@ def paged_prefill_attention(
     key_cache, value_cache, block_tables, scale, backend: as in `paged_attention`.
     context_lens: [num_seqs] tokens in the cache *including* the new chunk.
     query_lens:   [num_seqs] int32/int64 new tokens, 0 <= query_lens[s] <= min(context_lens[s], max_query_len).
+    sliding_window: as in `paged_attention`: the token at position p attends to max(0, p - W + 1) .. p.
     Returns [num_seqs, max_query_len, num_heads, head_dim]: token i attends to positions 0 .. its own position;
     padding rows are 0. With max_query_len 1 and query_lens 1 it equals `paged_attention`.
     """
     scale = _check_paged(query, 4, key_cache, value_cache, block_tables, context_lens, scale)
+    window = _check_window(sliding_window)
     _check_tensor("query_lens", query_lens, 1, INDEX_DTYPES, "[num_seqs]")
     num_seqs, max_q, num_heads, head_dim = query.shape
     if query_lens.shape[0] != num_seqs or query_lens.device != query.device:
@@ -329,7 +361,10 @@ def paged_prefill_attention(
     pos = lens[:, None] - qlens[:, None] + i[None, :]  # [seqs, max_q] absolute position of each query token
     pos = torch.where(i[None, :] < qlens[:, None], pos, torch.full_like(pos, -1))
     row_pos = pos.repeat_interleave(group, dim=1)  # [seqs, rows]
-    out = _paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, backend)
+    _check_block_ids(block_tables, lens, row_pos, window, key_cache.shape[1], key_cache.shape[0])
+    out = _paged_rows(
+        rows, key_cache, value_cache, block_tables, lens, row_pos, scale, backend, window=window
+    )
     out = out.view(num_seqs, num_kv_heads, max_q, group, head_dim).permute(0, 2, 1, 3, 4)
     return out.reshape(num_seqs, max_q, num_heads, head_dim)
 
@@ -341,6 +376,7 @@ def contiguous_attention(
     context_lens: torch.Tensor,
     scale: float | None = None,
     method: str = "sdpa",
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """The same decode step on an ordinary padded cache: the baseline paged attention is compared to.
 
@@ -350,6 +386,7 @@ def contiguous_attention(
     method:       "sdpa" (torch's fused scaled_dot_product_attention, the group's query heads folded into rows
                   against unexpanded K/V) or "matmul" (grouped-query matmul, float32 softmax, matmul: one bmm
                   pair per KV head). Benchmarks time both and keep the faster.
+    sliding_window: None, or W: the query sees only the last W positions, as in `paged_attention`.
     Returns [num_seqs, num_heads, head_dim] in query's dtype.
     """
     if method not in CONTIGUOUS_METHODS:
@@ -376,12 +413,17 @@ def contiguous_attention(
             f"context_lens must be in [1, max_len={max_len:,}], got min {min_len:,}, max {longest:,}"
         )
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    window = _check_window(sliding_window)
     group = num_heads // num_kv_heads
     key, value = key[:, :longest], value[:, :longest]
     rows = query.view(num_seqs, num_kv_heads, group, head_dim)  # [seqs, kv_heads, group, dim]
     mask = None
-    if min_len < longest:
-        pad = torch.arange(longest, device=query.device)[None, :] >= lens[:, None]  # [seqs, tokens]
+    windowed = window is not None and longest > window
+    if min_len < longest or windowed:
+        positions = torch.arange(longest, device=query.device)[None, :]
+        pad = positions >= lens[:, None]  # [seqs, tokens]
+        if windowed:
+            pad |= positions < lens[:, None] - window
         mask = torch.zeros(num_seqs, 1, 1, longest, dtype=query.dtype, device=query.device)
         mask.masked_fill_(pad[:, None, None, :], float("-inf"))
     if method == "sdpa":
@@ -412,19 +454,27 @@ def _paged_rows(
     scale: float,
     backend: str,
     out: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """rows [seqs, kv_heads, R, dim] attend to positions 0..row_pos[s, r] (< lens[s]); -1 means none (output 0).
+    """rows [seqs, kv_heads, R, dim] attend to positions max(0, row_pos[s, r] - window + 1) .. row_pos[s, r]
+    (< lens[s]; window None: from 0); row_pos -1 means none (output 0).
 
     Returns [seqs, kv_heads, R, dim]; written into `out` (same shape, contiguous) when given.
     """
     if backend == "triton":
         from core.kernels.triton_backend import triton_paged_rows
 
-        return triton_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, out=out)
+        return triton_paged_rows(
+            rows, key_cache, value_cache, block_tables, lens, row_pos, scale, out=out, window=window
+        )
     if backend == "cpu":
-        return cpu_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, out=out)
+        return cpu_paged_rows(
+            rows, key_cache, value_cache, block_tables, lens, row_pos, scale, out=out, window=window
+        )
     if backend == "gather":
-        result = gather_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale)
+        result = gather_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, window)
     else:
-        result = torch_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale)
+        result = torch_paged_rows(
+            rows, key_cache, value_cache, block_tables, lens, row_pos, scale, window=window
+        )
     return result if out is None else out.copy_(result)

@@ -45,7 +45,10 @@ C_SOURCE = SOURCE_PATH.read_text()
 BASE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=gnu11", "-ffp-contract=fast")
 NATIVE_FLAGS = ("-march=native",)  # the library is built and used on the same machine
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-ENV_COMPILER = "PAGED_LAB_CC"  # compiler to use; "none" disables the backend
+ENV_COMPILER = "PAGED_LAB_CC"
+FULL_WINDOW = (
+    1 << 62
+)  # the kernel's window for full attention: longer than any sequence  # compiler to use; "none" disables the backend
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -130,7 +133,7 @@ def _load():
                     i64, ptr = ctypes.c_int64, ctypes.c_void_p
                     fn.argtypes = (
                         [ptr, i64, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, ptr, ptr]
-                        + [i64] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, i64]
+                        + [i64] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, i64, i64]
                     )  # fmt: skip
                     fn.restype = ctypes.c_int
                     _state["lib"] = lib
@@ -173,12 +176,14 @@ def cpu_paged_rows(
     row_pos: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """The "cpu" backend: rows [S, KV, R, D] attend to positions 0..row_pos[s, r] of their sequence (-1: none,
-    output 0), K/V read in place from the caches [num_blocks, block_size, KV, D] through block_tables.
+    """The "cpu" backend: rows [S, KV, R, D] attend to positions max(0, row_pos[s, r] - window + 1) ..
+    row_pos[s, r] of their sequence (window None: from 0; row_pos -1: none, output 0), K/V read in place from the caches [num_blocks, block_size, KV, D] through block_tables.
 
     Arguments are validated by the caller (core.kernels.attention): CPU tensors, stride 1 in D, block ids in use in range.
-    `lens` is not needed (row_pos < lens). Only table entries up to the block of max(row_pos[s]) are read.
+    `lens` is not needed (row_pos < lens). Only table entries from the block of the sequence's first visible
+    position to the block of max(row_pos[s]) are read.
     Returns [S, KV, R, D] in rows' dtype, written into `out` (same shape, contiguous) when given.
     """
     fn = _load().paged_rows
@@ -199,6 +204,7 @@ def cpu_paged_rows(
         table.data_ptr(), table.stride(0), pos.data_ptr(), result.data_ptr(),
         num_seqs, num_kv_heads, num_rows, head_dim, key_cache.shape[1], float(scale),
         DTYPE_CODES[rows.dtype], threads, head_split(num_seqs, num_kv_heads, threads),
+        FULL_WINDOW if window is None else int(window),
     )  # fmt: skip
     if status != 0:
         raise MemoryError("the C paged-attention kernel could not allocate its scratch memory")

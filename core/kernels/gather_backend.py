@@ -7,7 +7,7 @@ fused chunk kernel over the whole gathered context.
 import torch
 
 from core.common import cdiv
-from core.kernels.torch_backend import CPU_FLASH, attend_chunk, used_entries
+from core.kernels.torch_backend import CPU_FLASH, attend_chunk, used_entries, visible_starts, window_table
 
 
 def gather_contiguous(
@@ -35,12 +35,30 @@ def gather_contiguous(
     return key, value
 
 
-def gather_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale) -> torch.Tensor:
-    key, value = gather_contiguous(key_cache, value_cache, block_tables, lens)  # [seqs, tokens, kv, dim]
-    allowed = None
-    if int(row_pos.min()) < key.shape[1] - 1:  # some row may not see every token
-        positions = torch.arange(key.shape[1], device=rows.device)
-        allowed = positions[None, None, :] <= row_pos[:, :, None]  # [seqs, R, tokens]
+def gather_paged_rows(
+    rows, key_cache, value_cache, block_tables, lens, row_pos, scale, window: int | None = None
+) -> torch.Tensor:
+    """rows [S, KV, R, D] attend to positions max(0, row_pos - window + 1) .. row_pos (window None: from 0) of
+    their sequence after copying the blocks they may read into one contiguous tensor. Returns [S, KV, R, D]."""
     use_flash = rows.device.type == "cpu" and CPU_FLASH is not None
+    if window is None:
+        key, value = gather_contiguous(key_cache, value_cache, block_tables, lens)  # [seqs, tokens, kv, dim]
+        allowed = None
+        if int(row_pos.min()) < key.shape[1] - 1:  # some row may not see every token
+            positions = torch.arange(key.shape[1], device=rows.device)
+            allowed = positions[None, None, :] <= row_pos[:, :, None]  # [seqs, R, tokens]
+    else:
+        row_start, seq_start = visible_starts(row_pos, lens, window)
+        table, _, first_col = window_table(block_tables, lens, seq_start, key_cache.shape[1])
+        shape = (table.shape[0], table.shape[1] * key_cache.shape[1], *key_cache.shape[2:])
+        key = key_cache.index_select(0, table.reshape(-1)).view(shape)  # [seqs, tokens, kv, dim]
+        value = value_cache.index_select(0, table.reshape(-1)).view(shape)
+        positions = (first_col * key_cache.shape[1])[:, None] + torch.arange(shape[1], device=rows.device)
+        pad = (positions >= lens[:, None]) | (positions < seq_start[:, None])  # [seqs, tokens]
+        key.masked_fill_(pad[:, :, None, None], 0)
+        value.masked_fill_(pad[:, :, None, None], 0)
+        allowed = (positions[:, None, :] <= row_pos[:, :, None]) & (
+            positions[:, None, :] >= row_start[:, :, None]
+        )
     out, lse = attend_chunk(rows, key, value, allowed, scale, use_flash)
     return torch.where(torch.isinf(lse)[..., None], 0.0, out).to(rows.dtype)

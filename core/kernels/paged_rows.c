@@ -142,32 +142,43 @@ static inline __attribute__((always_inline)) void pv_tile(
 
 /* One block of one KV head for query rows [0, nr) (nr <= RT): scores, online-softmax update, P.V.
    q/acc: the rows' scaled queries and accumulators [nr, D]; m/l: their running max and denominator; pos: their
-   last visible positions; t0: the block's first position; tb: tokens of the block that may be read. */
+   last visible positions; window: positions a row sees (it sees pos - window + 1 .. pos); t0: the block's first
+   position; tb: tokens of the block that may be read. Tokens before every row's window start are never read. */
 static inline __attribute__((always_inline)) void block_rows(
-    const float *q, float *acc, float *m, float *l, const int64_t *pos, int64_t t0, int64_t tb,
+    const float *q, float *acc, float *m, float *l, const int64_t *pos, int64_t window, int64_t t0, int64_t tb,
     const float *k, int64_t krs, const float *v, int64_t vrs, int64_t D, float *sc, int64_t BS, const int nr) {
-    int64_t n = 0; /* tokens any row of the tile sees */
+    int64_t n = 0; /* tokens any row of the tile sees: [tmin, n) */
+    int64_t lo[RT];
     for (int r = 0; r < nr; r++) {
         const int64_t nr_ = pos[r] - t0 + 1 < tb ? pos[r] - t0 + 1 : tb;
         n = nr_ > n ? nr_ : n;
     }
     if (n <= 0) return;
-    int64_t t = 0;
+    int64_t tmin = n;
+    for (int r = 0; r < nr; r++) {
+        int64_t first = pos[r] - window + 1 - t0; /* the row's first visible token in this block */
+        first = first < 0 ? 0 : first;
+        lo[r] = pos[r] - t0 < 0 || first > n ? n : first;
+        tmin = lo[r] < tmin ? lo[r] : tmin;
+    }
+    if (tmin >= n) return;
+    int64_t t = tmin;
     for (; t + TT <= n; t += TT) qk_tile(q, D, k, krs, t, sc, BS, nr, TT);
     for (; t < n; t++) qk_tile(q, D, k, krs, t, sc, BS, nr, 1);
     for (int r = 0; r < nr; r++) {
         float *p = sc + r * BS;
-        const int64_t seen = pos[r] - t0 + 1 < n ? pos[r] - t0 + 1 : n; /* tokens row r may see */
+        const int64_t seen = pos[r] - t0 + 1 < n ? pos[r] - t0 + 1 : n; /* tokens row r may see: [lo, seen) */
+        for (int64_t j = tmin; j < lo[r]; j++) p[j] = 0.0f;
         float bm = -INFINITY;
-        for (int64_t j = 0; j < seen; j++) bm = p[j] > bm ? p[j] : bm;
-        if (seen > 0 && bm > m[r]) {
+        for (int64_t j = lo[r]; j < seen; j++) bm = p[j] > bm ? p[j] : bm;
+        if (seen > lo[r] && bm > m[r]) {
             const float alpha = expf(m[r] - bm); /* 0 when m was -inf */
             l[r] *= alpha;
             for (int64_t d = 0; d < D; d++) acc[r * D + d] *= alpha;
             m[r] = bm;
         }
         float sum = 0.0f;
-        int64_t j = 0;
+        int64_t j = lo[r];
         for (; j + VL <= seen; j += VL) {
             vf e = vexp(ldv(p + j) - m[r]);
             stv(p + j, e);
@@ -179,13 +190,15 @@ static inline __attribute__((always_inline)) void block_rows(
         }
         l[r] += sum;
     }
+    const float *vt = v + tmin * vrs, *pt = sc + tmin; /* P.V over tokens [tmin, n) */
     int64_t c = 0;
-    for (; c + CG * VL <= D; c += CG * VL) pv_tile(acc, D, v, vrs, sc, BS, n, c, nr, CG);
-    for (; c < D; c += VL) pv_tile(acc, D, v, vrs, sc, BS, n, c, nr, 1);
+    for (; c + CG * VL <= D; c += CG * VL) pv_tile(acc, D, vt, vrs, pt, BS, n - tmin, c, nr, CG);
+    for (; c < D; c += VL) pv_tile(acc, D, vt, vrs, pt, BS, n - tmin, c, nr, 1);
 }
 
-/* rows [S, KV, R, D] (element strides q_s, q_h, q_r; stride 1 in D) attend to positions 0..row_pos[s, r] of
-   sequence s (-1: none, output 0). K/V caches [num_blocks, BS, KV, D] with element strides (k_b, k_t, k_h),
+/* rows [S, KV, R, D] (element strides q_s, q_h, q_r; stride 1 in D) attend to positions
+   max(0, row_pos[s, r] - window + 1) .. row_pos[s, r] of sequence s (-1: none, output 0; window >= 1, a huge
+   value for full attention). K/V caches [num_blocks, BS, KV, D] with element strides (k_b, k_t, k_h),
    (v_b, v_t, v_h). table [S, table_stride] int64. out [S, KV, R, D] float32 contiguous.
    Returns 0, or -1 when scratch memory could not be allocated. */
 int paged_rows(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
@@ -193,7 +206,7 @@ int paged_rows(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
                const void *vc, int64_t v_b, int64_t v_t, int64_t v_h,
                const int64_t *table, int64_t table_stride, const int64_t *row_pos, float *out,
                int64_t S, int64_t KV, int64_t R, int64_t D, int64_t BS, float scale, int dtype,
-               int nthreads, int64_t head_split) {
+               int nthreads, int64_t head_split, int64_t window) {
     const int64_t esize = dtype == DT_F32 ? 4 : 2;
     const int64_t items = S * head_split;
     const int64_t heads_per_item = (KV + head_split - 1) / head_split;
@@ -218,8 +231,12 @@ int paged_rows(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
             const int64_t s = item / head_split, part = item % head_split;
             const int64_t h0 = part * KV / head_split, h1 = (part + 1) * KV / head_split;
             const int64_t *pos = row_pos + s * R;
-            int64_t maxpos = -1;
-            for (int64_t r = 0; r < R; r++) maxpos = pos[r] > maxpos ? pos[r] : maxpos;
+            int64_t maxpos = -1, minstart = INT64_MAX; /* blocks read: those of positions [minstart, maxpos] */
+            for (int64_t r = 0; r < R; r++) {
+                maxpos = pos[r] > maxpos ? pos[r] : maxpos;
+                const int64_t start = pos[r] - window + 1 > 0 ? pos[r] - window + 1 : 0;
+                if (pos[r] >= 0 && start < minstart) minstart = start;
+            }
             for (int64_t h = h0; h < h1; h++) {
                 for (int64_t r = 0; r < R; r++) {
                     const int64_t i = (h - h0) * R + r;
@@ -231,7 +248,7 @@ int paged_rows(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
                 }
             }
             const int64_t nblocks = maxpos < 0 ? 0 : maxpos / BS + 1;
-            for (int64_t b = 0; b < nblocks; b++) {
+            for (int64_t b = maxpos < 0 ? 0 : minstart / BS; b < nblocks; b++) {
                 const int64_t bid = table[s * table_stride + b];
                 const int64_t t0 = b * BS;
                 const int64_t tb = maxpos + 1 - t0 < BS ? maxpos + 1 - t0 : BS; /* tokens read in this block */
@@ -261,20 +278,22 @@ int paged_rows(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
                         int64_t r = 0;
                         for (; r + RT <= R; r += RT)
                             block_rows(qf + (base + r) * D, acc + (base + r) * D, m + base + r, l + base + r,
-                                       pos + r, t0, tb, kr, krs, vr, vrs, D, sc, BS, RT);
+                                       pos + r, window, t0, tb, kr, krs, vr, vrs, D, sc, BS, RT);
                         for (; r < R; r++)
                             block_rows(qf + (base + r) * D, acc + (base + r) * D, m + base + r, l + base + r,
-                                       pos + r, t0, tb, kr, krs, vr, vrs, D, sc, BS, 1);
+                                       pos + r, window, t0, tb, kr, krs, vr, vrs, D, sc, BS, 1);
                         continue;
                     }
                     for (int64_t r = 0; r < R; r++) {
                         if (pos[r] < t0) continue;
                         const int64_t n = pos[r] - t0 + 1 < tb ? pos[r] - t0 + 1 : tb;
+                        const int64_t lo = pos[r] - window + 1 - t0 > 0 ? pos[r] - window + 1 - t0 : 0;
+                        if (lo >= n) continue;
                         const int64_t i = (h - h0) * R + r;
                         const float *qi = qf + i * D;
                         float *ai = acc + i * D;
                         float bm = -INFINITY;
-                        for (int64_t t = 0; t < n; t++) {
+                        for (int64_t t = lo; t < n; t++) {
                             const float *k = kr + t * krs;
                             float dot = 0.0f;
                             #pragma omp simd reduction(+ : dot)
@@ -290,7 +309,7 @@ int paged_rows(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
                             m[i] = bm;
                         }
                         float sum = 0.0f;
-                        for (int64_t t = 0; t < n; t++) {
+                        for (int64_t t = lo; t < n; t++) {
                             const float p = expf(sc[t] - m[i]);
                             sum += p;
                             const float *v = vr + t * vrs;

@@ -30,6 +30,33 @@ def used_entries(block_tables: torch.Tensor, lens: torch.Tensor, block_size: int
     return cols[None, :] < blocks_used[:, None]
 
 
+def visible_starts(row_pos: torch.Tensor, lens: torch.Tensor, window: int | None):
+    """(row_start [S, R], seq_start [S]) long: the first position each row may see (max(0, row_pos - window + 1))
+    and the first any row of sequence s may see (lens[s] when no row sees anything). Without a window: zeros."""
+    if window is None:
+        return torch.zeros_like(row_pos), torch.zeros_like(lens)
+    row_start = (row_pos - window + 1).clamp(min=0)
+    seq_start = torch.where(row_pos >= 0, row_start, lens[:, None]).min(dim=1).values
+    return row_start, seq_start
+
+
+def window_table(block_tables: torch.Tensor, lens: torch.Tensor, seq_start: torch.Tensor, block_size: int):
+    """The block-table columns a sequence's rows may read: logical blocks seq_start // block_size .. its last.
+
+    Returns (table [S, cols] long, column j of sequence s = logical block first_col[s] + j, 0 where the sequence
+    has no such block; valid [S, cols] bool, where it has one; first_col [S] long). Entries before first_col
+    (released by a sliding window, -1) and after the last block are never read.
+    """
+    first_col = seq_start // block_size  # [S]
+    last = (lens + block_size - 1) // block_size  # [S] exclusive
+    num_cols = max(1, int((last - first_col).max()))
+    cols = first_col[:, None] + torch.arange(num_cols, device=lens.device)[None, :]  # [S, cols]
+    valid = cols < last[:, None]
+    width = block_tables.shape[1]
+    entries = block_tables.gather(1, cols.clamp(max=width - 1).to(block_tables.device)).long()
+    return torch.where(valid, entries, 0), valid, first_col
+
+
 def attend_chunk(
     rows: torch.Tensor,
     key: torch.Tensor,
@@ -77,10 +104,12 @@ def torch_paged_rows(
     scale: float,
     chunk: int | None = None,
     use_flash: bool | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """The "torch" backend: block-wise online softmax over chunks of the block table (paper, equation 4).
 
-    rows [S, KV, R, D]; lens [S] long; row_pos [S, R] long. Each chunk of `chunk` block-table columns is
+    rows [S, KV, R, D]; lens [S] long; row_pos [S, R] long; row r sees positions max(0, row_pos - window + 1)
+    .. row_pos (window None: from 0). The table is walked from each sequence's first visible block. Each chunk of `chunk` block-table columns is
     gathered (index_select into a reused buffer, ~4 MiB, so it is still in cache when read), unread slots are
     zeroed, the chunk is attended with its log-sum-exp, and partial results are merged in float32:
         lse = logaddexp(lse_a, lse_b);  out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse).
@@ -94,12 +123,19 @@ def torch_paged_rows(
         chunk = chunk_blocks(num_seqs, block_size, num_kv_heads, head_dim, key_cache.element_size())
     min_len, max_len = int(lens.min()), int(lens.max())
     min_pos = int(row_pos.min())
-    num_cols = cdiv(max_len, block_size)
+    if window is None:
+        num_cols = cdiv(max_len, block_size)
+        used = used_entries(block_tables[:, :num_cols], lens, block_size)
+        table = torch.where(
+            used, block_tables[:, :num_cols].long(), 0
+        )  # [S, cols]; padding -> block 0, zeroed
+        base = torch.zeros(1, 1, dtype=torch.long, device=rows.device)  # column 0 is position 0 for everyone
+    else:
+        row_start, seq_start = visible_starts(row_pos, lens, window)
+        table, _, first_col = window_table(block_tables, lens, seq_start, block_size)
+        num_cols = table.shape[1]
+        base = (first_col * block_size)[:, None]  # [S, 1] position of each sequence's column 0
     chunk = min(chunk, num_cols)
-    used = used_entries(block_tables[:, :num_cols], lens, block_size)
-    table = torch.where(
-        used, block_tables[:, :num_cols].long(), 0
-    )  # [S, cols]; padding -> block 0, zeroed below
     kbuf = torch.empty(
         (num_seqs * chunk, block_size, num_kv_heads, head_dim), dtype=key_cache.dtype, device=rows.device
     )
@@ -116,14 +152,18 @@ def torch_paged_rows(
         v = torch.index_select(value_cache, 0, ids, out=vbuf[: ids.numel()]).view(
             num_seqs, tokens, num_kv_heads, head_dim
         )
-        positions = torch.arange(first, end, device=rows.device)
-        if end > min_len:  # some sequence ends inside this chunk: zero its unread slots (they may hold NaN)
-            pad = positions[None, :] >= lens[:, None]  # [S, tokens]
+        positions = base + torch.arange(first, end, device=rows.device)[None, :]  # [S or 1, tokens]
+        if window is not None or end > min_len:  # zero the slots no row reads (they may hold NaN)
+            pad = positions >= lens[:, None]  # [S, tokens]
+            if window is not None:
+                pad |= positions < seq_start[:, None]
             k.masked_fill_(pad[:, :, None, None], 0)
             v.masked_fill_(pad[:, :, None, None], 0)
         allowed = None
-        if end - 1 > min_pos:  # some row may not see the whole chunk
-            allowed = positions[None, None, :] <= row_pos[:, :, None]  # [S, R, tokens]
+        if window is not None or end - 1 > min_pos:  # some row may not see the whole chunk
+            allowed = positions[:, None, :] <= row_pos[:, :, None]  # [S, R, tokens]
+            if window is not None:
+                allowed &= positions[:, None, :] >= row_start[:, :, None]
         part, part_lse = attend_chunk(rows, k, v, allowed, scale, use_flash)
         if out is None:
             out, lse = part.float(), part_lse

@@ -1,6 +1,9 @@
 """The Planner page under AppTest, and the URL-state helpers it is built on."""
 
+import base64
 import json
+import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,14 +12,16 @@ from streamlit.testing.v1 import AppTest
 from core.errors import InvalidArgumentError
 from core.planning.hardware import GPUS, GPUSpec
 from core.planning.models import MODELS, ModelSpec, preset_configs
-from core.planning.plan import plan
+from core.planning.plan import plan, plan_from
 from core.planning.scenario import (
     build_model,
     compact_config,
     compute_scenario,
+    config_from_bytes,
     decode_config,
     encode_config,
     make_workload,
+    model_from_config,
     plan_document,
 )
 from ui.planner_state import ALL_FIELDS, url_params
@@ -234,3 +239,91 @@ def test_what_if_survives_a_visit_to_another_page():
     assert not at.exception
     assert at.selectbox(key="a_kvdtype").value == "bf16" and at.number_input(key="a_ctx").value == 8192
     assert "8192" in str(at.query_params["a_ctx"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hostile input: every URL parameter, pasted and uploaded config.json files
+# ---------------------------------------------------------------------------------------------------------
+
+HOSTILE_VALUES = ["nan", "-1e308", "1e308", "-7", "🧱ü\u202e\x00", "9" * 5000, "", "[1, 2]", "0x10"]
+
+
+@pytest.mark.parametrize("raw", HOSTILE_VALUES)
+def test_hostile_values_in_every_url_parameter(raw):
+    params = {field.key: raw for field in ALL_FIELDS}
+    params.update({"zz_unknown": raw, "a_model": "custom"} if raw == "" else {"zz_unknown": raw})
+    at = open_planner(params)  # asserts no exception
+    # Each field either parsed the value (within its bounds) or was refused with a reason and its default.
+    for key, value in at.session_state["_planner_values"].items():
+        field = next(f for f in ALL_FIELDS if f.key == key)
+        if field.kind in ("int", "float") and value is not None:
+            assert field.minimum <= value <= field.maximum
+    assert at.error, "a hostile URL must be reported"
+    assert "zz_unknown" not in " ".join(e.value for e in at.error)  # unknown keys are ignored
+
+
+def test_hostile_custom_configs_in_the_url():
+    bomb = base64.urlsafe_b64encode(zlib.compress(b"{" + b" " * 10_000_000 + b"}", 9)).decode().rstrip("=")
+    for blob in (
+        "!!!",
+        encode_config({"a": 1})[:-3] + "zzz",
+        bomb,
+        encode_config({"num_hidden_layers": "x"}),
+    ):
+        at = open_planner({"compare": "0", "a_model": "custom", "a_config": blob})
+        errors = " ".join(e.value for e in at.error)
+        assert "Scenario A" in errors or "custom" in errors.lower(), errors
+
+
+def test_bad_pasted_config_changes_nothing():
+    at = open_planner({"compare": "0", "a_model": "custom"})
+    config = preset_configs()["mistral-7b"]["config"]
+    at.text_area(key="a_config_text").set_value(json.dumps(config)).run()
+    good = metrics(at)
+    blob = at.session_state["_planner_values"]["a_config"]
+    bad_texts = {
+        "": "paste or upload",
+        "x" * 200_001: "at most 200,000",
+        "[" * 50_000 + "]" * 50_000: "cannot be read",
+        "[1, 2]": "JSON object",
+        json.dumps({**config, "num_hidden_layers": "thirty-two"}): "layers",
+        json.dumps({**config, "hidden_size": [4096]}): "hidden",
+        json.dumps({**config, "vocab_size": 10**400}): "out of range",
+        '{"vocab_size": ' + "9" * 5000 + "}": "cannot be read",
+    }
+    for text, reason in bad_texts.items():
+        at.text_area(key="a_config_text").set_value(text).run()
+        assert not at.exception, at.exception
+        assert any(reason in e.value for e in at.error), (reason, [e.value for e in at.error])
+        assert metrics(at) == good and at.session_state["_planner_values"]["a_config"] == blob
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [(b"", "paste or upload"), (b"\x89PNG\r\n\x1a\n\x00\x00", "UTF-8"), (b'{"a": "\x00"}', "binary"),
+     (b" " * 1_000_000, "bytes"), (b"[]", "JSON object"), (b"\xef\xbb\xbf{}", None)],
+)  # fmt: skip
+def test_uploaded_config_is_checked(data, reason):
+    if reason is None:
+        assert config_from_bytes(data) == {}  # a UTF-8 byte-order mark is accepted
+        return
+    with pytest.raises(InvalidArgumentError, match=reason):
+        config_from_bytes(data)
+
+
+def test_model_from_config_reports_wrong_types():
+    config = dict(preset_configs()["llama-3.1-8b"]["config"])
+    for key, value in (("num_hidden_layers", "32"), ("num_attention_heads", None), ("torch_dtype", [1])):
+        with pytest.raises(InvalidArgumentError):
+            model_from_config({**config, key: value})
+
+
+def test_replanning_from_the_kept_inputs():
+    first = plan(
+        MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="fp8", max_model_len=4096
+    )
+    other = plan_from(replace(first.inputs, gpu=GPUS["h200-141gb"]))
+    expected = plan(
+        MODELS["llama-3.1-70b"], GPUS["h200-141gb"], tensor_parallel=4, kv_dtype="fp8", max_model_len=4096
+    )
+    assert other == expected and other.kv_tokens > first.kv_tokens

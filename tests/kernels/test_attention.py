@@ -25,7 +25,7 @@ from core.kernels.attention import (
     resolve_backend,
     torch_paged_rows,
 )
-from tests.kernels.reference_attention import make_problem, reference_paged
+from tests.kernels.reference_attention import make_problem, reference_paged, release_outside_window
 
 CPU_KERNEL = cpu_attention.cpu_kernel_available()  # builds the C kernel once per machine (~1 s)
 needs_cpu_kernel = pytest.mark.skipif(
@@ -395,3 +395,67 @@ def test_cpu_kernel_build_failure_keeps_the_full_compiler_log(monkeypatch, tmp_p
     assert "-march=native" in text and "exit status 1" in text
     with pytest.raises(BackendUnavailableError, match="full log"):
         paged_attention(**_small(), backend="cpu")
+
+
+# --------------------------------------------------------------------------------------------- sliding window
+def _check_window_case(case, seed):
+    head_dim, block_size, (heads, kv_heads), dtype = case
+    window = (1, 5, 17, 40, 200)[seed % 5]  # one token, inside a block, across blocks, most of it, all of it
+    problem = make_problem(NUM_SEQS, heads, kv_heads, head_dim, block_size, MAX_LEN, dtype, seed=seed)
+    release_outside_window(problem, window)
+    expected = reference_paged(**problem, sliding_window=window)
+    for backend in CPU_BACKENDS:
+        got = paged_attention(**problem, backend=backend, sliding_window=window)
+        err = (got.double() - expected).abs().max().item()
+        assert err <= ATOL[dtype], f"{backend}, window {window}: max abs error {err:.3g}"
+
+
+@pytest.mark.parametrize("case", CI_GRID, ids=_case_id)
+def test_sliding_window_decode_matches_reference(case):
+    _check_window_case(case, seed=CI_GRID.index(case))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FULL_GRID, ids=_case_id)
+def test_sliding_window_decode_full_grid(case):
+    _check_window_case(case, seed=FULL_GRID.index(case))
+
+
+@pytest.mark.parametrize("window", [1, 3, 8, 21])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sliding_window_prefill_matches_reference(dtype, window, monkeypatch):
+    monkeypatch.setattr(torch_backend, "CHUNK_TARGET_BYTES", 1)  # many chunks: the merge runs with windows
+    problem = make_problem(5, 8, 2, 64, 8, 40, dtype, seed=window)
+    query = torch.randn(5, 9, 8, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    query_lens = torch.minimum(torch.tensor([9, 4, 0, 1, 7]), problem["context_lens"].long()).to(torch.int32)
+    release_outside_window(problem, window, query_lens)
+    args = (
+        query,
+        problem["key_cache"],
+        problem["value_cache"],
+        problem["block_tables"],
+        problem["context_lens"],
+    )
+    expected = reference_paged(*args, query_lens=query_lens, sliding_window=window)
+    for backend in CPU_BACKENDS:
+        got = paged_prefill_attention(*args, query_lens, backend=backend, sliding_window=window)
+        err = (got.double() - expected).abs().max().item()
+        assert not torch.isnan(got).any() and err <= ATOL[dtype], f"{backend}: max abs error {err:.3g}"
+
+
+def test_sliding_window_contiguous_matches_paged_and_is_validated():
+    problem = make_problem(NUM_SEQS, 8, 2, 64, 16, MAX_LEN, torch.float32, seed=2, poison=False)
+    key, value = gather_contiguous(
+        problem["key_cache"], problem["value_cache"], problem["block_tables"], problem["context_lens"]
+    )
+    expected = reference_paged(**problem, sliding_window=20)
+    for method in ("sdpa", "matmul"):
+        got = contiguous_attention(
+            problem["query"], key, value, problem["context_lens"], method=method, sliding_window=20
+        )
+        assert (got.double() - expected).abs().max() <= 1e-5
+    with pytest.raises(InvalidArgumentError, match="sliding_window"):
+        paged_attention(**problem, sliding_window=0)
+    release_outside_window(problem, 20)
+    with pytest.raises(InvalidArgumentError, match="block ids in use"):
+        paged_attention(**problem)  # without the window, the released (-1) entries would be read
