@@ -238,3 +238,24 @@ def _stage_group_size(groups: tuple[KVCacheGroup, ...], num_layers: int, pipelin
         max(sum(start <= layer < start + n for layer in g.layers) for g in groups)
         for start, n in zip(starts, sizes, strict=True)
     )
+
+
+def request_blocks(layout: KVCacheLayout, num_tokens: int) -> int:
+    """Blocks one request of `num_tokens` tokens can hold at worst, summed over the groups (the layout's
+    blocks_per_request when num_tokens == max_model_len)."""
+    num_tokens = check_int(num_tokens, "num_tokens", minimum=1, maximum=MAX_LAYOUT_TOKENS)
+    return sum(g.worst_case_blocks(num_tokens, layout.max_num_batched_tokens) for g in layout.groups)
+
+
+def longest_fitting_len(layout: KVCacheLayout, limit: int) -> int:
+    """The largest request length (<= limit) whose worst case fits in the layout's blocks, 0 if none (vLLM's
+    estimate of the maximum model length, by binary search as it does). For one full-attention group:
+    min(limit, num_blocks x block_size)."""
+    low, high = 0, check_int(limit, "limit", minimum=1, maximum=MAX_LAYOUT_TOKENS)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if request_blocks(layout, middle) <= layout.num_blocks:
+            low = middle
+        else:
+            high = middle - 1
+    return low

@@ -106,7 +106,7 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # `vllm serve --block-size` choices
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM V1's default chunked-prefill token budget for `vllm serve`
 NON_TORCH_BYTES = 1024**3  # CUDA graphs, NCCL buffers, cuBLAS workspaces: vLLM logs show ~0.5-2 GiB
-MAX_CONTEXT_TOKENS = 10_000_000
+MAX_CONTEXT_TOKENS = 16_777_216  # 16Mi: Llama-4-Scout publishes 10,485,760 positions
 MAX_GPUS = 4096
 
 
@@ -137,14 +137,24 @@ def weight_bytes_per_gpu(
     (vLLM shards the vocabulary too); norms, which TP replicates, are negligible. Quantization scales are not
     counted (under 1% for block-wise FP8).
     """
+    from core.planning.weights import checkpoint_weight_bytes, uses_group_quantization
+
     check_parallelism(model, tensor_parallel, pipeline_parallel)
-    bits = DTYPE_BITS[resolve_weight_dtype(model, weight_dtype)]
+    name = resolve_weight_dtype(model, weight_dtype)
+    bits = DTYPE_BITS[name]
     if pipeline_parallel == 1:
         params = model.num_params
     else:
         stage_layers = layers_per_gpu(model, pipeline_parallel) * model.layer_params
         head = model.lm_head_params or model.embedding_params
         params = stage_layers + max(model.embedding_params, head)
+    if name == resolve_weight_dtype(model, "auto") and (
+        model.checkpoint_bytes is not None or uses_group_quantization(model)
+    ):
+        # The checkpoint's own bytes (exact from a safetensors index, or the group-quantized estimate),
+        # shared over the stage in proportion to its parameters.
+        total, _ = checkpoint_weight_bytes(model)
+        return math.ceil(total * min(1.0, params / model.num_params) / tensor_parallel)
     return math.ceil(params * bits / 8 / tensor_parallel)
 
 
@@ -228,6 +238,9 @@ class CapacityPlan:
     decode_bound: str | None
     notes: tuple[str, ...] = ()
     vllm_command: str = ""
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    hybrid_kv_cache_manager: bool = True
+    kv_layout: Any = None  # the KVCacheLayout behind num_blocks / kv_tokens / concurrency
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -274,6 +287,7 @@ def plan(
     context_len: int | None = None,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    hybrid_kv_cache_manager: bool = True,
 ) -> CapacityPlan:
     """Plan a deployment of `model` on `num_gpus` x `gpu` (default tp x pp) with vLLM's memory rules.
 
@@ -283,8 +297,14 @@ def plan(
     The plan does not fit when the weights and activations leave no KV budget (then `min_tensor_parallel`
     suggests a TP size whose weights fit), or when one `max_model_len` request needs more blocks than the
     budget holds (vLLM refuses to start; `max_fitting_model_len` is then the longest that would).
+    Blocks, tokens and concurrency follow vLLM V1's KV cache layout (`kv_cache_layout`): for a hybrid model
+    (sliding-window, chunked-local or Mamba layers) one block spans a group of layers and a request's blocks
+    are summed over the groups; max_num_batched_tokens bounds the window groups and
+    `hybrid_kv_cache_manager=False` counts windowed layers as full attention (--disable-hybrid-kv-cache-manager).
     Raises `InvalidArgumentError` for bad arguments (message says what is allowed).
     """
+    from core.planning.kv_layout import kv_cache_layout, longest_fitting_len, request_blocks
+
     check_parallelism(model, tensor_parallel, pipeline_parallel)
     per_replica = tensor_parallel * pipeline_parallel
     if num_gpus is None:
@@ -328,12 +348,25 @@ def plan(
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     kv_budget = usable - weights - activation_reserve
     per_token = kv_bytes_per_token(model, kv_name, tensor_parallel, pipeline_parallel)
-    block_bytes = block_size * per_token
-    num_blocks = kv_capacity(kv_budget, block_bytes)
-    kv_tokens = num_blocks * block_size
-    context_blocks = blocks_for_tokens(context_len, block_size)
+    layout = kv_cache_layout(
+        model,
+        max(0, int(kv_budget)),
+        max_model_len=max_model_len,
+        block_size=block_size,
+        kv_dtype=kv_name,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+        max_num_batched_tokens=max_num_batched_tokens,
+        hybrid_kv_cache_manager=hybrid_kv_cache_manager,
+    )
+    block_bytes = layout.block_bytes
+    num_blocks = layout.num_blocks
+    # One group of one block size: every slot is a token slot; otherwise the tokens of max_model_len requests.
+    single = len(layout.groups) == 1 and layout.groups[0].kind != "mamba"
+    kv_tokens = num_blocks * layout.block_size if single else layout.kv_tokens
+    context_blocks = request_blocks(layout, context_len)
     max_concurrency = num_blocks // context_blocks
-    vllm_concurrency = kv_tokens / max_model_len
+    vllm_concurrency = layout.max_concurrency
 
     min_tp = None
     max_fit_len = None
@@ -350,13 +383,13 @@ def plan(
             verdict += f" Weights alone would fit with tensor_parallel >= {min_tp}."
         elif weight_name not in ("fp8", "int8", "int4"):
             verdict += " Try more GPUs or fp8 weights."
-    elif blocks_for_tokens(max_model_len, block_size) > num_blocks:
+    elif layout.blocks_per_request > num_blocks:
         fits = False
-        max_fit_len = min(kv_tokens, model.max_position_embeddings)
+        max_fit_len = longest_fitting_len(layout, model.max_position_embeddings)
         verdict = (
             f"Does not fit at max_model_len={max_model_len:,}: one request needs "
-            f"{blocks_for_tokens(max_model_len, block_size):,} blocks but the KV budget holds {num_blocks:,} "
-            f"({kv_tokens:,} tokens). The largest max_model_len that fits is {max_fit_len:,}."
+            f"{layout.blocks_per_request:,} blocks but the KV budget holds {num_blocks:,} "
+            f"({num_blocks * layout.block_size:,} tokens). The largest max_model_len that fits is {max_fit_len:,}."
         )
     else:
         fits = True
@@ -384,10 +417,14 @@ def plan(
             "Activation reserve is an estimate (token budget x hidden/MLP width, fp32 logits, 1 GiB non-torch); "
             "vLLM measures it at start-up."
         )
-    if model.sliding_window and model.sliding_window < max_model_len:
+    notes += _layout_notes(model, layout)
+    if model.checkpoint_bytes is not None and weight_name == resolve_weight_dtype(model, "auto"):
+        notes.append(f"Weights: the checkpoint's exact {model.checkpoint_bytes:,} B (safetensors index).")
+    elif model.quantization in ("mxfp4", "awq", "gptq", "compressed-tensors") and weight_name == "int4":
         notes.append(
-            f"{model.name} uses a {model.sliding_window:,}-token sliding window; engines that keep only the window "
-            "for those layers need less KV than this full-attention figure."
+            f"Weights are an estimate from quantization_config ({model.quantization}: packed 4-bit weights with "
+            "group scales, embedding, LM head and unquantized modules in 16-bit); a safetensors index gives "
+            "the exact size."
         )
     if kv_name in ("int8", "fp4"):
         notes.append(f"{kv_name} is not a vLLM --kv-cache-dtype choice; it is shown for comparison.")
@@ -436,8 +473,35 @@ def plan(
         decode_tokens_per_s=tokens_per_s,
         decode_bound=bound,
         notes=tuple(notes),
+        max_num_batched_tokens=max_num_batched_tokens,
+        hybrid_kv_cache_manager=hybrid_kv_cache_manager,
+        kv_layout=layout,
     )
     return replace(result, vllm_command=vllm_serve_command(result, model))
+
+
+def _layout_notes(model: ModelSpec, layout: Any) -> list[str]:
+    """Notes on a hybrid model's KV cache groups (none for a model with one kind of layer)."""
+    if not model.is_hybrid and len(layout.groups) == 1 and layout.groups[0].kind in ("full", "mla"):
+        return []
+    parts = ", ".join(
+        f"{len(g.layers)} {g.kind.replace('_', ' ')}"
+        + (f" (window {g.window:,})" if g.window else "")
+        + f": {blocks:,} blocks"
+        for g, blocks in zip(layout.groups, layout.group_blocks, strict=True)
+    )
+    notes = [
+        f"vLLM's KV cache groups (hybrid manager {'on' if layout.hybrid_kv_cache_manager else 'off'}): {parts} "
+        f"per {layout.max_model_len:,}-token request; one block id spans {layout.group_size} layers of every group"
+        + (f", {layout.padding_layers} padding layers" if layout.padding_layers else "")
+        + f". Window groups are sized for {layout.max_num_batched_tokens:,} tokens in flight per step (async "
+        "scheduling doubles it)."
+    ]
+    if any(g.kind == "mamba" for g in layout.groups) and len(layout.groups) > 1:
+        notes.append(
+            f"Attention block size raised to {layout.block_size} tokens so one page holds a Mamba state, as vLLM does."
+        )
+    return notes
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -511,12 +575,16 @@ def decode_step_estimate(
 def concurrency_vs_context(capacity: CapacityPlan, contexts: Sequence[int]) -> list[int]:
     """Requests of each context length (tokens) the whole deployment holds at once:
     replicas x (num_blocks // ceil(context / block_size))."""
+    from core.planning.kv_layout import request_blocks
+
     out = []
     for context in contexts:
         _check_number(int(context), "context length", 1, MAX_CONTEXT_TOKENS)
-        out.append(
-            capacity.num_blocks // blocks_for_tokens(int(context), capacity.block_size) * capacity.replicas
-        )
+        if capacity.kv_layout is not None:
+            blocks = request_blocks(capacity.kv_layout, int(context))
+        else:
+            blocks = blocks_for_tokens(int(context), capacity.block_size)
+        out.append(capacity.num_blocks // blocks * capacity.replicas)
     return out
 
 
@@ -560,6 +628,10 @@ def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec) -> str:
         f"--block-size {capacity.block_size}",
         f"--max-num-seqs {capacity.max_num_seqs}",
     ]
+    if capacity.max_num_batched_tokens != DEFAULT_MAX_NUM_BATCHED_TOKENS:
+        parts.append(f"--max-num-batched-tokens {capacity.max_num_batched_tokens}")
+    if not capacity.hybrid_kv_cache_manager:
+        parts.append("--disable-hybrid-kv-cache-manager")
     return "\n".join([*comments, " \\\n  ".join(parts)])
 
 
@@ -801,6 +873,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--context-len", type=int, help="request length for the concurrency figure")
     parser.add_argument("--activation-reserve-gib", type=float, help="measured activation peak, GiB per GPU")
     parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help="tokens scheduled per step; sizes the sliding-window groups (async scheduling doubles them in flight)",
+    )
+    parser.add_argument(
+        "--disable-hybrid-kv-cache-manager",
+        action="store_true",
+        help="count sliding-window and chunked layers as full attention, as vLLM does with this flag",
+    )
+    parser.add_argument(
+        "--safetensors-index", help="path of the model's model.safetensors.index.json: exact weight bytes"
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
@@ -820,6 +906,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             model = ModelSpec.from_hf_config(config, name=Path(args.config).stem, num_params=args.num_params)
         else:
             model = get_model(args.model)
+        if args.safetensors_index:
+            from core.planning.weights import with_checkpoint_bytes
+
+            try:
+                index = Path(args.safetensors_index).read_text()
+            except OSError as error:
+                raise InvalidArgumentError(f"cannot read {args.safetensors_index}: {error}") from None
+            model = with_checkpoint_bytes(model, index)
         if args.gpu_memory_gib is not None:
             if args.gpu_bandwidth_gbps is None:
                 raise InvalidArgumentError("--gpu-memory-gib needs --gpu-bandwidth-gbps too")
@@ -845,6 +939,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             activation_reserve=reserve,
             context_len=args.context_len,
             max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
         )
     except InvalidArgumentError as error:
         print(f"error: {error}", file=sys.stderr)

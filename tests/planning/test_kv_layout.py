@@ -187,3 +187,55 @@ def test_bad_arguments_raise_typed_errors(kwargs, message):
     available = args.pop("available_bytes")
     with pytest.raises(InvalidArgumentError, match=message):
         kv_cache_layout(MODELS["gemma-2-9b"], available, **args)
+
+
+def test_plan_uses_the_layout_and_prints_the_flags():
+    from core.planning.hardware import GPUS
+    from core.planning.planner import concurrency_vs_context, plan
+
+    model, gpu = MODELS["gpt-oss-20b"], GPUS["h100-80gb"]
+    on = plan(model, gpu, max_model_len=131_072)
+    off = plan(model, gpu, max_model_len=131_072, hybrid_kv_cache_manager=False, max_num_batched_tokens=2048)
+    assert on.kv_layout.blocks_per_request == 8192 + 521 and on.num_blocks == on.kv_layout.num_blocks
+    assert on.block_bytes == 12 * 32 * KiB and on.per_request_bytes == (8192 + 521) * 12 * 32 * KiB
+    assert on.max_concurrency == on.num_blocks // 8713 and off.max_concurrency == off.num_blocks // 8192
+    assert on.max_concurrency >= 1.9 * off.max_concurrency
+    assert concurrency_vs_context(on, [131_072])[0] == on.max_concurrency
+    assert "--disable-hybrid-kv-cache-manager" in off.vllm_command
+    assert "--max-num-batched-tokens 2048" in off.vllm_command
+    assert "--max-num-batched-tokens" not in on.vllm_command and "hybrid" not in on.vllm_command
+    assert any("KV cache groups" in note for note in on.notes)
+
+
+def test_gpt_oss_weights_are_estimated_from_mxfp4_unless_an_index_is_given():
+    from core.planning.planner import weight_bytes_per_gpu
+    from core.planning.weights import checkpoint_weight_bytes, read_safetensors_index, with_checkpoint_bytes
+
+    model = MODELS["gpt-oss-20b"]
+    estimate, estimated = checkpoint_weight_bytes(model)
+    # Packed: 20.91B - 2 x 579M embedding / LM head - attention, at 4 + 8/32 bits; the rest in bf16.
+    packed = model.num_params - 2 * 201_088 * 2880 - model.attention_params
+    assert estimated and estimate == round(packed * 4.25 / 8 + (model.num_params - packed) * 2)
+    assert 12.5 < estimate / GiB < 13.2
+    assert weight_bytes_per_gpu(model) == estimate
+    exact = with_checkpoint_bytes(model, '{"metadata": {"total_size": 13761264768}, "weight_map": {}}')
+    assert checkpoint_weight_bytes(exact) == (13_761_264_768, False)
+    assert weight_bytes_per_gpu(exact, tensor_parallel=2) == 13_761_264_768 // 2
+    for bad in ("not json", {"metadata": {}}, {"metadata": {"total_size": -5}}, [1]):
+        with pytest.raises(InvalidArgumentError, match=r"safetensors index|total_size"):
+            read_safetensors_index(bad)
+
+
+def test_cli_flags(tmp_path, capsys):
+    from core.planning.planner import main
+
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"metadata": {"total_size": 14000000000}}')
+    argv = ["--model", "gemma-2-9b", "--gpu", "h100-80gb", "--max-model-len", "8192", "--json",
+            "--safetensors-index", str(index), "--max-num-batched-tokens", "2048"]  # fmt: skip
+    assert main(argv) == 0
+    data = __import__("json").loads(capsys.readouterr().out)
+    assert data["weights_bytes"] == 14_000_000_000 and data["kv_layout"]["group_blocks"] == [385, 512]
+    assert main([*argv[:-2], "--disable-hybrid-kv-cache-manager"]) == 0
+    data = __import__("json").loads(capsys.readouterr().out)
+    assert data["kv_layout"]["blocks_per_request"] == 512 and data["hybrid_kv_cache_manager"] is False
