@@ -1,6 +1,7 @@
 """Capacity planner: what fits on which GPUs, with the formula, two scenarios side by side, all in the URL."""
 
 import json
+from collections import Counter
 
 import pandas as pd
 import streamlit as st
@@ -16,6 +17,7 @@ from core.planning.planner import (
     kv_bytes_per_token,
     plan,
 )
+from core.planning.weights import read_safetensors_index
 from ui.planner_figures import (
     concurrency_vs_context_figure,
     fragmentation_figure,
@@ -32,6 +34,8 @@ from ui.planner_scenario import (
     config_from_text,
     encode_config,
     formula_lines,
+    hybrid_comparison,
+    kv_group_rows,
     make_workload,
     plan_document,
     url_params,
@@ -178,7 +182,7 @@ def scenario_inputs(prefix: str) -> None:
             "Context length: max_model_len (tokens)",
             f"{p}ctx",
             min_value=16,
-            max_value=10_000_000,
+            max_value=16_777_216,
             step=1024,
         )
     with c2:
@@ -197,6 +201,47 @@ def scenario_inputs(prefix: str) -> None:
         )
     with c2:
         widget(st.number_input, "max_num_seqs", f"{p}seqs", min_value=1, max_value=65_536, step=16)
+    hybrid_inputs(p)
+
+
+def hybrid_inputs(p: str) -> None:
+    """Inputs that matter for hybrid models (sliding-window, chunked, Mamba layers) and exact weights."""
+    with st.expander("Hybrid KV cache manager, tokens per step, exact weights"):
+        c1, c2 = st.columns(2)
+        with c1:
+            widget(
+                st.number_input,
+                "max_num_batched_tokens",
+                f"{p}mbt",
+                min_value=1,
+                max_value=16_777_216,
+                step=1024,
+                help="Tokens scheduled per step: a sliding-window group reserves room for the window plus these. "
+                "With async scheduling vLLM keeps two steps in flight: enter twice the value.",
+            )
+        with c2:
+            widget(
+                st.toggle,
+                "Hybrid KV cache manager",
+                f"{p}hybrid",
+                help="Off = vLLM's --disable-hybrid-kv-cache-manager: sliding and chunked layers are cached "
+                "like full attention (compute stays windowed).",
+            )
+        upload = st.file_uploader(
+            "model.safetensors.index.json (exact weight bytes)", type=["json"], key=f"{p}index_upload"
+        )
+        if upload is not None and st.session_state.get(f"{p}index_seen") != upload.file_id:
+            st.session_state[f"{p}index_seen"] = upload.file_id
+            try:
+                st.session_state[STATE][f"{p}ckpt"] = read_safetensors_index(upload.getvalue())
+            except LabError as error:
+                st.error(str(error))
+        checkpoint = st.session_state[STATE].get(f"{p}ckpt")
+        if checkpoint:
+            st.caption(f"Weights: the checkpoint's {checkpoint:,} B from the uploaded index.")
+            if st.button("Use the weight estimate instead", key=f"{p}index_clear"):
+                st.session_state[STATE][f"{p}ckpt"] = None
+                st.rerun()
 
 
 def show_metrics(prefix: str, result, baseline) -> None:
@@ -341,6 +386,12 @@ for column, prefix in zip(columns, prefixes, strict=True):
             f"#### {NAMES[prefix]}: {result.model.name} on {result.plan.num_gpus} × {result.gpu.name}"
         )
         (st.success if result.plan.fits else st.error)(result.plan.verdict)
+        if result.model.is_hybrid or len(result.plan.kv_layout.groups) > 1:
+            st.markdown("KV cache groups, as vLLM V1 lays them out:")
+            st.dataframe(pd.DataFrame(kv_group_rows(result.plan)), hide_index=True, width="stretch")
+            comparison = hybrid_comparison(result)
+            if comparison:
+                st.caption(comparison)
         if result.workload_error and result.workload_error != workload_error:
             st.warning(f"Workload what-if: {result.workload_error}")
         with st.expander("Formula, with these numbers", expanded=prefix == "a_"):
@@ -394,6 +445,8 @@ for slug in comparison_gpus(values[f"{first_prefix}gpu"]):
             block_size=first.plan.block_size,
             max_model_len=first.plan.max_model_len,
             activation_reserve=None if first.plan.activation_estimated else first.plan.activation_bytes,
+            max_num_batched_tokens=first.plan.max_num_batched_tokens,
+            hybrid_kv_cache_manager=first.plan.hybrid_kv_cache_manager,
         )
     except LabError:
         continue
@@ -455,6 +508,7 @@ with st.expander("Presets: models and GPUs (the data behind the numbers)"):
             "layers": m.num_layers,
             "heads": m.num_attention_heads,
             "attention": "MLA" if m.is_mla else ("MHA" if m.num_kv_heads == m.num_attention_heads else "GQA"),
+            "layer types": ", ".join(f"{n} {kind}" for kind, n in Counter(m.layer_kinds).items()),
             "KV heads (MLA: 1 latent)": m.num_kv_heads,
             "head_dim": m.head_dim,
             "max positions": m.max_position_embeddings,
