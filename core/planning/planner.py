@@ -497,6 +497,12 @@ def _layout_notes(model: ModelSpec, layout: Any) -> list[str]:
         + f". Window groups are sized for {layout.max_num_batched_tokens:,} tokens in flight per step (async "
         "scheduling doubles it)."
     ]
+    if layout.hybrid_kv_cache_manager and any(g.kind == "chunked_local" for g in layout.groups):
+        notes.append(
+            "vLLM versions where VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to 0 turn the hybrid "
+            "KV cache manager off by themselves for chunked local attention: set it to 1, or expect the figures "
+            "of --disable-hybrid-kv-cache-manager."
+        )
     if any(g.kind == "mamba" for g in layout.groups) and len(layout.groups) > 1:
         notes.append(
             f"Attention block size raised to {layout.block_size} tokens so one page holds a Mamba state, as vLLM does."
