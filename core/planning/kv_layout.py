@@ -259,3 +259,45 @@ def longest_fitting_len(layout: KVCacheLayout, limit: int) -> int:
         else:
             high = middle - 1
     return low
+
+
+def kv_read_bytes_per_sequence(
+    model: ModelSpec,
+    context_len: int,
+    *,
+    kv_dtype: str = "auto",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+) -> int:
+    """KV bytes one decode step reads for one sequence of `context_len` tokens on the most loaded GPU.
+
+    Per layer of the largest pipeline stage: full attention (and MLA) reads every token, a sliding-window layer
+    min(context, window), a chunked-local layer the tokens of the current chunk ((context - 1) % chunk + 1), a
+    linear-attention layer its recurrent state. For a model of full-attention layers only this is
+    context_len x kv_bytes_per_token.
+    """
+    check_parallelism(model, tensor_parallel, pipeline_parallel)
+    context_len = check_int(context_len, "context_len", minimum=1, maximum=MAX_LAYOUT_TOKENS)
+    bits = DTYPE_BITS[resolve_kv_dtype(model, kv_dtype)]
+    if model.is_mla:
+        token_elements = model.kv_lora_rank + model.qk_rope_head_dim
+    else:
+        token_elements = 2 * kv_heads_per_gpu(model, tensor_parallel) * model.head_dim
+    sizes = [model.num_layers // pipeline_parallel] * pipeline_parallel
+    for i in range(2, model.num_layers % pipeline_parallel + 2):
+        sizes[-i] += 1
+    best = 0
+    for stage, size in enumerate(sizes):
+        start = sum(sizes[:stage])
+        tokens = state = 0
+        for kind in model.layer_kinds[start : start + size]:
+            if kind == SLIDING:
+                tokens += min(context_len, model.sliding_window)
+            elif kind == CHUNKED:
+                tokens += (context_len - 1) % model.attention_chunk_size + 1
+            elif kind == LINEAR:
+                state += model.recurrent_state.state_bytes(tensor_parallel, model.compute_dtype)
+            else:
+                tokens += context_len
+        best = max(best, tokens * token_elements * bits // 8 + state)
+    return best

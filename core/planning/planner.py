@@ -553,7 +553,9 @@ def decode_step_estimate(
     An estimate, from a roofline with no overheads. With pp stages, `batch` is split into pp micro-batches
     of batch/pp that flow through the stages; in one step each GPU reads its weights once per micro-batch and
     the KV of every sequence on its stage once:
-        bytes  = pp x weights_read(batch / pp) + batch x context_len x kv_bytes_per_token   (per GPU)
+        bytes  = pp x weights_read(batch / pp) + batch x KV read per sequence               (per GPU)
+    where a sequence's KV read is context_len x kv_bytes_per_token for full attention, and only the window,
+    chunk or recurrent state of hybrid layers (`kv_read_bytes_per_sequence`).
         flops  = 2 x active_params x batch / (tp x pp)                                      (per GPU)
         step_s = max(bytes / memory_bandwidth, flops / peak_bf16_flops)
     """
@@ -563,7 +565,15 @@ def decode_step_estimate(
     weights = pipeline_parallel * weight_bytes_read_per_step(
         model, micro, weight_dtype, tensor_parallel, pipeline_parallel
     )
-    kv = batch * context_len * kv_bytes_per_token(model, kv_dtype, tensor_parallel, pipeline_parallel)
+    from core.planning.kv_layout import kv_read_bytes_per_sequence
+
+    kv = batch * kv_read_bytes_per_sequence(
+        model,
+        context_len,
+        kv_dtype=kv_dtype,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+    )
     memory_s = (weights + kv) / gpu.memory_bandwidth
     compute_s = 0.0
     if gpu.peak_bf16_flops:

@@ -239,3 +239,22 @@ def test_cli_flags(tmp_path, capsys):
     assert main([*argv[:-2], "--disable-hybrid-kv-cache-manager"]) == 0
     data = __import__("json").loads(capsys.readouterr().out)
     assert data["kv_layout"]["blocks_per_request"] == 512 and data["hybrid_kv_cache_manager"] is False
+
+
+def test_decode_reads_only_the_windows_of_hybrid_layers():
+    from core.planning.kv_layout import kv_read_bytes_per_sequence
+    from core.planning.planner import kv_bytes_per_token
+
+    llama = MODELS["llama-3.1-70b"]
+    assert kv_read_bytes_per_sequence(
+        llama, 4096, tensor_parallel=4, pipeline_parallel=3
+    ) == 4096 * kv_bytes_per_token(llama, tensor_parallel=4, pipeline_parallel=3)
+    layer = 2 * 8 * 64 * 2  # gpt-oss: bytes of one token of one layer
+    assert kv_read_bytes_per_sequence(MODELS["gpt-oss-20b"], 10_000) == 12 * (10_000 + 128) * layer
+    scout = MODELS["llama-4-scout"]
+    assert (
+        kv_read_bytes_per_sequence(scout, 10_000, tensor_parallel=8)
+        == (12 * 10_000 + 36 * 1808) * 2 * 128 * 2
+    )
+    qwen = MODELS["qwen3-next-80b"]
+    assert kv_read_bytes_per_sequence(qwen, 1000) == 12 * 1000 * 2 * 2 * 256 * 2 + 36 * 1_097_728
