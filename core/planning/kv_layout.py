@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
 from core.planning.hf_config import CHUNKED, FULL, LINEAR, SLIDING
-from core.planning.models import ModelSpec
-from core.planning.planner import (
+from core.planning.kv_accounting import (
     DTYPE_BITS,
     check_parallelism,
     kv_heads_per_gpu,
     resolve_kv_dtype,
 )
+from core.planning.models import ModelSpec
 
 GROUP_KINDS = ("full", "sliding_window", "chunked_local", "mla", "mamba")
 MAX_LAYOUT_TOKENS = 1 << 26  # 67M tokens: far beyond any published context length

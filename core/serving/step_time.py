@@ -162,11 +162,11 @@ def from_specs(
 ) -> StepTimeModel:
     """A StepTimeModel for `model` (core.planning.models.ModelSpec) on one `gpu` (core.planning.hardware.GPUSpec) per TP rank.
 
-    Weight and KV bytes per GPU come from core.planning.planner (vLLM's rules); FLOPs use the active parameters (MoE) split
+    Weight and KV bytes per GPU come from core.planning.kv_accounting (vLLM's rules); FLOPs use the active parameters (MoE) split
     over `tensor_parallel`. A GPU without a known bf16 peak is treated as memory-bound (its compute roof set at
     1,000 FLOP per byte of bandwidth, far above any decode step's intensity).
     """
-    from core.planning.planner import kv_bytes_per_token, weight_bytes_per_gpu
+    from core.planning.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
 
     peak = gpu.peak_bf16_flops or gpu.memory_bandwidth * 1000.0
     heads = model.num_attention_heads * model.head_dim

@@ -191,7 +191,7 @@ def test_bad_arguments_raise_typed_errors(kwargs, message):
 
 def test_plan_uses_the_layout_and_prints_the_flags():
     from core.planning.hardware import GPUS
-    from core.planning.planner import concurrency_vs_context, plan
+    from core.planning.plan import concurrency_vs_context, plan
 
     model, gpu = MODELS["gpt-oss-20b"], GPUS["h100-80gb"]
     on = plan(model, gpu, max_model_len=131_072)
@@ -208,7 +208,7 @@ def test_plan_uses_the_layout_and_prints_the_flags():
 
 
 def test_gpt_oss_weights_are_estimated_from_mxfp4_unless_an_index_is_given():
-    from core.planning.planner import weight_bytes_per_gpu
+    from core.planning.kv_accounting import weight_bytes_per_gpu
     from core.planning.weights import checkpoint_weight_bytes, read_safetensors_index, with_checkpoint_bytes
 
     model = MODELS["gpt-oss-20b"]
@@ -227,7 +227,7 @@ def test_gpt_oss_weights_are_estimated_from_mxfp4_unless_an_index_is_given():
 
 
 def test_cli_flags(tmp_path, capsys):
-    from core.planning.planner import main
+    from core.planning.cli import main
 
     index = tmp_path / "model.safetensors.index.json"
     index.write_text('{"metadata": {"total_size": 14000000000}}')
@@ -242,8 +242,8 @@ def test_cli_flags(tmp_path, capsys):
 
 
 def test_decode_reads_only_the_windows_of_hybrid_layers():
+    from core.planning.kv_accounting import kv_bytes_per_token
     from core.planning.kv_layout import kv_read_bytes_per_sequence
-    from core.planning.planner import kv_bytes_per_token
 
     llama = MODELS["llama-3.1-70b"]
     assert kv_read_bytes_per_sequence(
