@@ -301,3 +301,33 @@ def kv_read_bytes_per_sequence(
                 tokens += context_len
         best = max(best, tokens * token_elements * bits // 8 + state)
     return best
+
+
+def layout_notes(model: ModelSpec, layout: KVCacheLayout) -> list[str]:
+    """Notes on a hybrid model's KV cache groups (none for a model with one kind of layer)."""
+    if not model.is_hybrid and len(layout.groups) == 1 and layout.groups[0].kind in ("full", "mla"):
+        return []
+    parts = ", ".join(
+        f"{len(g.layers)} {g.kind.replace('_', ' ')}"
+        + (f" (window {g.window:,})" if g.window else "")
+        + f": {blocks:,} blocks"
+        for g, blocks in zip(layout.groups, layout.group_blocks, strict=True)
+    )
+    notes = [
+        f"vLLM's KV cache groups (hybrid manager {'on' if layout.hybrid_kv_cache_manager else 'off'}): {parts} "
+        f"per {layout.max_model_len:,}-token request; one block id spans {layout.group_size} layers of every group"
+        + (f", {layout.padding_layers} padding layers" if layout.padding_layers else "")
+        + f". Window groups are sized for {layout.max_num_batched_tokens:,} tokens in flight per step (async "
+        "scheduling doubles it)."
+    ]
+    if layout.hybrid_kv_cache_manager and any(g.kind == "chunked_local" for g in layout.groups):
+        notes.append(
+            "vLLM versions where VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to 0 turn the hybrid "
+            "KV cache manager off by themselves for chunked local attention: set it to 1, or expect the figures "
+            "of --disable-hybrid-kv-cache-manager."
+        )
+    if any(g.kind == "mamba" for g in layout.groups) and len(layout.groups) > 1:
+        notes.append(
+            f"Attention block size raised to {layout.block_size} tokens so one page holds a Mamba state, as vLLM does."
+        )
+    return notes

@@ -34,6 +34,7 @@ from core.planning.kv_layout import (
     KVCacheLayout,
     kv_cache_layout,
     kv_read_bytes_per_sequence,
+    layout_notes,
     longest_fitting_len,
     request_blocks,
 )
@@ -310,7 +311,7 @@ def _notes(c: _Checked, m: _Memory, fits: bool) -> tuple[str, ...]:
             "Activation reserve is an estimate (token budget x hidden/MLP width, fp32 logits, 1 GiB non-torch); "
             "vLLM measures it at start-up."
         )
-    notes += _layout_notes(c.model, m.layout)
+    notes += layout_notes(c.model, m.layout)
     model = c.model
     if model.checkpoint_bytes is not None and c.weight_dtype == resolve_weight_dtype(model, "auto"):
         notes.append(f"Weights: the checkpoint's exact {model.checkpoint_bytes:,} B (safetensors index).")
@@ -330,36 +331,6 @@ def _notes(c: _Checked, m: _Memory, fits: bool) -> tuple[str, ...]:
             "bandwidth, or FLOPs over peak), with no scheduling, sampling or kernel overheads."
         )
     return tuple(notes)
-
-
-def _layout_notes(model: ModelSpec, layout: KVCacheLayout) -> list[str]:
-    """Notes on a hybrid model's KV cache groups (none for a model with one kind of layer)."""
-    if not model.is_hybrid and len(layout.groups) == 1 and layout.groups[0].kind in ("full", "mla"):
-        return []
-    parts = ", ".join(
-        f"{len(g.layers)} {g.kind.replace('_', ' ')}"
-        + (f" (window {g.window:,})" if g.window else "")
-        + f": {blocks:,} blocks"
-        for g, blocks in zip(layout.groups, layout.group_blocks, strict=True)
-    )
-    notes = [
-        f"vLLM's KV cache groups (hybrid manager {'on' if layout.hybrid_kv_cache_manager else 'off'}): {parts} "
-        f"per {layout.max_model_len:,}-token request; one block id spans {layout.group_size} layers of every group"
-        + (f", {layout.padding_layers} padding layers" if layout.padding_layers else "")
-        + f". Window groups are sized for {layout.max_num_batched_tokens:,} tokens in flight per step (async "
-        "scheduling doubles it)."
-    ]
-    if layout.hybrid_kv_cache_manager and any(g.kind == "chunked_local" for g in layout.groups):
-        notes.append(
-            "vLLM versions where VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to 0 turn the hybrid "
-            "KV cache manager off by themselves for chunked local attention: set it to 1, or expect the figures "
-            "of --disable-hybrid-kv-cache-manager."
-        )
-    if any(g.kind == "mamba" for g in layout.groups) and len(layout.groups) > 1:
-        notes.append(
-            f"Attention block size raised to {layout.block_size} tokens so one page holds a Mamba state, as vLLM does."
-        )
-    return notes
 
 
 def plan(
