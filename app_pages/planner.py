@@ -19,6 +19,8 @@ from core.planning.scenario import (
     encode_config,
     formula_lines,
     gpu_preset_rows,
+    hybrid_comparison,
+    kv_group_rows,
     make_workload,
     model_from_config,
     model_preset_rows,
@@ -26,6 +28,7 @@ from core.planning.scenario import (
     what_if_summary,
     workload_max_len,
 )
+from core.planning.weights import read_safetensors_index
 from core.planning.what_if import memory_breakdown
 from ui.planner_figures import (
     concurrency_vs_context_figure,
@@ -123,6 +126,37 @@ def scenario_inputs(p: str) -> None:
           help="Leave empty for the estimate; enter vLLM's logged activation peak for an exact plan.")  # fmt: skip
     with c[1]:
         w(st.number_input, "max_num_seqs", f"{p}seqs")
+    hybrid_inputs(p)
+
+
+def hybrid_inputs(p: str) -> None:
+    """Inputs that matter for hybrid models (sliding-window, chunked, Mamba layers) and exact weights."""
+    with st.expander("Hybrid KV cache manager, tokens per step, exact weights"):
+        c = st.columns(2)
+        with c[0]:
+            state.widget(st.number_input, "max_num_batched_tokens", f"{p}mbt",
+                         help="Tokens scheduled per step: a sliding-window group reserves room for the window "
+                         "plus these. With async scheduling vLLM keeps two steps in flight: enter twice the "
+                         "value.")  # fmt: skip
+        with c[1]:
+            state.widget(st.toggle, "Hybrid KV cache manager", f"{p}hybrid",
+                         help="Off = vLLM's --disable-hybrid-kv-cache-manager: sliding and chunked layers are "
+                         "cached like full attention (compute stays windowed).")  # fmt: skip
+        upload = st.file_uploader(
+            "model.safetensors.index.json (exact weight bytes)", type=["json"], key=f"{p}index_upload"
+        )
+        if upload is not None and st.session_state.get(f"{p}index_seen") != upload.file_id:
+            st.session_state[f"{p}index_seen"] = upload.file_id
+            try:
+                state.set(f"{p}ckpt", read_safetensors_index(upload.getvalue()))
+            except LabError as error:
+                st.error(str(error))
+        checkpoint = state.values.get(f"{p}ckpt")
+        if checkpoint:
+            st.caption(f"Weights: the checkpoint's {checkpoint:,} B from the uploaded index.")
+            if st.button("Use the weight estimate instead", key=f"{p}index_clear"):
+                state.set(f"{p}ckpt", None)
+                st.rerun()
 
 
 def workload_inputs() -> None:
@@ -180,6 +214,12 @@ def show_plan(prefix: str, result, workload_error: str | None) -> None:
         f"#### {SCENARIO_NAMES[prefix]}: {result.model.name} on {result.plan.num_gpus} × {result.gpu.name}"
     )
     (st.success if result.plan.fits else st.error)(result.plan.verdict)
+    if result.model.is_hybrid or len(result.plan.kv_layout.groups) > 1:
+        st.markdown("KV cache groups, as vLLM V1 lays them out:")
+        st.dataframe(pd.DataFrame(kv_group_rows(result.plan)), hide_index=True, width="stretch")
+        comparison = hybrid_comparison(result)
+        if comparison:
+            st.caption(comparison)
     if result.workload_error and result.workload_error != workload_error:
         st.warning(f"Workload what-if: {result.workload_error}")
     with st.expander("Formula, with these numbers", expanded=prefix == "a_"):

@@ -8,7 +8,13 @@ scenarios serve the same requests. The page's widgets read their bounds from the
 from typing import Any
 
 from core.planning.hardware import GPUS
-from core.planning.kv_accounting import BLOCK_SIZES, KV_DTYPES, MAX_CONTEXT_TOKENS, WEIGHT_DTYPES
+from core.planning.kv_accounting import (
+    BLOCK_SIZES,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    KV_DTYPES,
+    MAX_CONTEXT_TOKENS,
+    WEIGHT_DTYPES,
+)
 from core.planning.models import MODELS
 from core.planning.scenario import CUSTOM, SCENARIO_KEYS, WORKLOAD_KEYS, WORKLOADS
 from ui.query_state import Field, encode_params
@@ -91,6 +97,19 @@ def scenario_fields(prefix: str) -> list[Field]:
             label="activation reserve, GiB",
         ),
         Field(f"{p}seqs", d["seqs"], "int", minimum=1, maximum=65_536, step=16, label="max_num_seqs"),
+        Field(
+            f"{p}mbt",
+            DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            "int",
+            minimum=1,
+            maximum=MAX_CONTEXT_TOKENS,
+            step=1024,
+            label="max_num_batched_tokens",
+        ),
+        Field(f"{p}hybrid", True, "bool", label="hybrid KV cache manager"),
+        Field(
+            f"{p}ckpt", None, "int", minimum=1, maximum=2**50, optional=True, label="checkpoint bytes (index)"
+        ),
     ]
     assert tuple(f.key[len(p) :] for f in fields) == SCENARIO_KEYS
     return fields
@@ -119,6 +138,9 @@ def url_params(values: dict[str, Any]) -> dict[str, str]:
             skip |= {f"{prefix}gpu_mem", f"{prefix}gpu_bw", f"{prefix}gpu_tflops"}
         if values[f"{prefix}model"] != CUSTOM:
             skip.add(f"{prefix}config")
+        for key, default in (("mbt", DEFAULT_MAX_NUM_BATCHED_TOKENS), ("hybrid", True), ("ckpt", None)):
+            if values.get(f"{prefix}{key}", default) == default:
+                skip.add(f"{prefix}{key}")  # only a changed setting goes into the URL
     if not values["compare"]:
         skip |= {f.key for f in scenario_fields("b_")}
     if values["wl"] in ("sharegpt", "alpaca"):

@@ -13,9 +13,16 @@ from pathlib import Path
 from core.common import check_float
 from core.errors import InvalidArgumentError, LabError
 from core.planning.hardware import GPUS, GPUSpec, get_gpu
-from core.planning.kv_accounting import BLOCK_SIZES, DEFAULT_MAX_NUM_SEQS, KV_DTYPES, WEIGHT_DTYPES
+from core.planning.kv_accounting import (
+    BLOCK_SIZES,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    KV_DTYPES,
+    WEIGHT_DTYPES,
+)
 from core.planning.models import MODELS, ModelSpec, get_model
 from core.planning.plan import CapacityPlan, plan
+from core.planning.weights import with_checkpoint_bytes
 
 
 def plan_table(capacity: CapacityPlan) -> str:
@@ -77,6 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--context-len", type=int, help="request length for the concurrency figure")
     parser.add_argument("--activation-reserve-gib", type=float, help="measured activation peak, GiB per GPU")
     parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help="tokens scheduled per step; sizes the sliding-window groups (async scheduling doubles them in flight)",
+    )
+    parser.add_argument(
+        "--disable-hybrid-kv-cache-manager",
+        action="store_true",
+        help="count sliding-window and chunked layers as full attention, as vLLM does with this flag",
+    )
+    parser.add_argument(
+        "--safetensors-index", help="path of the model's model.safetensors.index.json: exact weight bytes"
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
@@ -93,6 +114,12 @@ def _model_and_gpu(args: argparse.Namespace) -> tuple[ModelSpec, GPUSpec]:
         model = ModelSpec.from_hf_config(config, name=Path(args.config).stem, num_params=args.num_params)
     else:
         model = get_model(args.model)
+    if args.safetensors_index:
+        try:
+            index = Path(args.safetensors_index).read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            raise InvalidArgumentError(f"cannot read {args.safetensors_index}: {error}") from None
+        model = with_checkpoint_bytes(model, index)
     if args.gpu_memory_gib is None:
         return model, get_gpu(args.gpu)
     if args.gpu_bandwidth_gbps is None:
@@ -125,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             activation_reserve=reserve,
             context_len=args.context_len,
             max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
         )
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -11,6 +11,7 @@ import math
 from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
 from core.planning.models import ModelSpec
+from core.planning.weights import checkpoint_weight_bytes, uses_group_quantization
 
 # Bits per stored element. fp4 packs two elements per byte.
 DTYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "fp4": 4, "int4": 4}
@@ -23,7 +24,7 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # `vllm serve --block-size` choices
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM V1's default chunked-prefill token budget for `vllm serve`
 NON_TORCH_BYTES = 1024**3  # CUDA graphs, NCCL buffers, cuBLAS workspaces: vLLM logs show ~0.5-2 GiB
-MAX_CONTEXT_TOKENS = 10_000_000
+MAX_CONTEXT_TOKENS = 16_777_216  # 16Mi: Llama-4-Scout publishes 10,485,760 positions
 MAX_GPUS = 4096
 MAX_PARALLEL = 1024  # largest tensor- or pipeline-parallel size accepted
 
@@ -128,16 +129,24 @@ def weight_bytes_per_gpu(
     Pipeline stages hold ceil(layers / pp) decoder layers; the first also holds the token embedding and the
     last the LM head (the embedding matrix again when tied). Everything is split evenly over the TP ranks
     (vLLM shards the vocabulary too); norms, which TP replicates, are negligible. Quantization scales are not
-    counted (under 1% for block-wise FP8).
+    counted (under 1% for block-wise FP8). With the checkpoint's own dtype, a known checkpoint size (safetensors
+    index) or a group-quantized checkpoint (mxfp4, AWQ, GPTQ, compressed-tensors int4) uses
+    `checkpoint_weight_bytes`, shared over the stage in proportion to its parameters.
     """
     check_parallelism(model, tensor_parallel, pipeline_parallel)
-    bits = DTYPE_BITS[resolve_weight_dtype(model, weight_dtype)]
+    name = resolve_weight_dtype(model, weight_dtype)
+    bits = DTYPE_BITS[name]
     if pipeline_parallel == 1:
         params = model.num_params
     else:
         stage_layers = layers_per_gpu(model, pipeline_parallel) * model.layer_params
         head = model.lm_head_params or model.embedding_params
         params = stage_layers + max(model.embedding_params, head)
+    if name == resolve_weight_dtype(model, "auto") and (
+        model.checkpoint_bytes is not None or uses_group_quantization(model)
+    ):
+        total, _ = checkpoint_weight_bytes(model)
+        return math.ceil(total * min(1.0, params / model.num_params) / tensor_parallel)
     return math.ceil(params * bits / 8 / tensor_parallel)
 
 

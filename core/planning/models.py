@@ -17,6 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidArgumentError
+from core.planning.hf_config import (
+    CHUNKED,
+    FULL,
+    LAYER_TYPES,
+    LINEAR,
+    SLIDING,
+    RecurrentStateSpec,
+    dtype_name,
+    read_int,
+    read_layer_types,
+    read_recurrent_state,
+)
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MODELS_JSON = DATA_DIR / "models.json"
@@ -42,19 +54,6 @@ _FP16_UNSAFE_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "plamo2
 _UNGATED_MLP_MODEL_TYPES = frozenset(
     {"opt", "gpt2", "gpt_neox", "gptj", "falcon", "bloom", "phi", "starcoder2"}
 )
-_DTYPE_NAMES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float": "float32",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-}
-
-# Refuse configs that cannot describe a real model (guards the planner against absurd pasted values).
-MAX_DIMENSION = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -67,9 +66,16 @@ class ModelSpec:
     Invariants: every count >= 1; `num_kv_heads <= num_attention_heads`; `num_params_active <= num_params`
     (equal for a dense model); `is_mla` iff `kv_lora_rank` and `qk_rope_head_dim` are both set.
     `dtype` is the checkpoint's `torch_dtype` ("float32", "float16" or "bfloat16"); `quantization` is the
-    checkpoint's `quantization_config.quant_method` (e.g. "fp8", "awq") or None.
+    checkpoint's `quantization_config.quant_method` (e.g. "fp8", "awq", "mxfp4") or None, with its bits, group
+    size (one scale per that many weights) and the module patterns it leaves unquantized.
     `embedding_params` / `lm_head_params` (0 when tied to the embedding) are the parameters outside the
-    decoder layers, used to size the first and last pipeline stages.
+    decoder layers, used to size the first and last pipeline stages; `expert_params` / `attention_params` are
+    the routed-expert and attention parameters of all layers, from the shapes.
+    `layer_types` has one entry of LAYER_TYPES per layer, or is empty, meaning every layer is full attention
+    (`layer_kinds` always has one per layer). `sliding_window` is set iff a layer slides,
+    `attention_chunk_size` iff a layer is chunked, `recurrent_state` iff a layer is linear attention.
+    `checkpoint_bytes` is the exact size of the stored weights (a safetensors index's `metadata.total_size`)
+    when known, else None.
     """
 
     name: str
@@ -97,6 +103,43 @@ class ModelSpec:
     lm_head_params: int = 0
     params_estimated: bool = False
     hf_repo: str | None = None
+    quantization_group_size: int | None = None
+    quantization_skips: tuple[str, ...] = ()
+    expert_params: int = 0
+    attention_params: int = 0
+    layer_types: tuple[str, ...] = ()
+    attention_chunk_size: int | None = None
+    recurrent_state: RecurrentStateSpec | None = None
+    checkpoint_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise InvalidArgumentError(
+                f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers; give one per layer"
+            )
+        kinds = set(self.layer_kinds)
+        unknown = sorted(kinds - set(LAYER_TYPES))
+        if unknown:
+            raise InvalidArgumentError(
+                f"layer types {unknown} are not supported; allowed: {', '.join(LAYER_TYPES)}"
+            )
+        for kind, value, what in (
+            (SLIDING, self.sliding_window, "sliding_window"),
+            (CHUNKED, self.attention_chunk_size, "attention_chunk_size"),
+            (LINEAR, self.recurrent_state, "recurrent_state"),
+        ):
+            if (kind in kinds) != (value is not None):
+                raise InvalidArgumentError(f"{what} must be set exactly when a layer is {kind}")
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """The type of every layer (LAYER_TYPES), full attention where `layer_types` is empty."""
+        return self.layer_types or (FULL,) * self.num_layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True when the layers are not all of one type (vLLM's hybrid KV cache manager then groups them)."""
+        return len(set(self.layer_kinds)) > 1
 
     @property
     def is_mla(self) -> bool:
@@ -138,214 +181,234 @@ class ModelSpec:
 
         Multimodal configs that nest the language model under `text_config` are read from there. When
         `num_params` is not given it is estimated from the shapes (`estimate_num_params`) and
-        `params_estimated` is True. Raises `InvalidArgumentError` naming the missing or bad field.
+        `params_estimated` is True. Per-layer attention types follow `read_layer_types`. Raises
+        `InvalidArgumentError` naming the missing or bad field.
         """
-        if not isinstance(config, dict):
-            raise InvalidArgumentError(f"a config.json must be a JSON object, got {type(config).__name__}")
-        cfg = dict(config)
-        text = cfg.get("text_config")
-        if isinstance(text, dict):
-            merged = {k: v for k, v in cfg.items() if k != "text_config"}
-            merged.update(text)
-            cfg = merged
-
-        num_layers = _read_int(cfg, _LAYER_KEYS, "number of layers")
-        num_heads = _read_int(cfg, _HEAD_KEYS, "number of attention heads")
-        hidden = _read_int(cfg, _HIDDEN_KEYS, "hidden size")
-        kv_heads = _read_int(cfg, _KV_HEAD_KEYS, "number of KV heads", default=None)
-        if kv_heads is None:
-            # Falcon's multi_query flag means a single KV head; otherwise no GQA: one KV head per query head.
-            kv_heads = 1 if cfg.get("multi_query") is True else num_heads
-        if kv_heads > num_heads:
-            raise InvalidArgumentError(
-                f"num_key_value_heads ({kv_heads}) exceeds num_attention_heads ({num_heads})"
-            )
-        head_dim = _read_int(cfg, ("head_dim",), "head_dim", default=None)
-        if head_dim is None:
-            if hidden % num_heads:
-                raise InvalidArgumentError(
-                    f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads}; the config must "
-                    "give head_dim explicitly"
-                )
-            head_dim = hidden // num_heads
-        intermediate = _read_int(cfg, _INTERMEDIATE_KEYS, "intermediate size", default=4 * hidden)
-        vocab = _read_int(cfg, ("vocab_size", "padded_vocab_size"), "vocab_size")
-        max_positions = _read_int(cfg, _POSITION_KEYS, "max_position_embeddings", default=2048)
-
-        sliding_window = cfg.get("sliding_window")
-        if (
-            cfg.get("use_sliding_window") is False
-            or not isinstance(sliding_window, int)
-            or sliding_window < 1
-        ):
-            sliding_window = None
-        kv_lora_rank = _read_int(cfg, ("kv_lora_rank",), "kv_lora_rank", default=None)
-        rope_dim = _read_int(cfg, ("qk_rope_head_dim",), "qk_rope_head_dim", default=None)
-        if (kv_lora_rank is None) != (rope_dim is None):
-            raise InvalidArgumentError("an MLA config needs both kv_lora_rank and qk_rope_head_dim")
+        cfg = _language_config(config)
+        shape = _read_shape(cfg)
+        kv_lora_rank, rope_dim = _read_mla(cfg)
         if kv_lora_rank is not None:
             # What an MLA layer caches is one "head" of width kv_lora_rank + qk_rope_head_dim (vLLM's
             # get_head_size / get_num_kv_heads for MLA), shared by all query heads.
-            kv_heads, head_dim = 1, kv_lora_rank + rope_dim
-
-        raw_dtype = cfg.get("torch_dtype", cfg.get("dtype", "float16"))
-        dtype = _DTYPE_NAMES.get(str(raw_dtype).replace("torch.", "").lower())
-        if dtype is None:
-            raise InvalidArgumentError(
-                f"torch_dtype {raw_dtype!r} is not supported; allowed: float32, float16, bfloat16"
-            )
-        quant = cfg.get("quantization_config")
-        quantization, quantization_bits = None, None
-        if isinstance(quant, dict):
-            quantization = str(quant.get("quant_method", "unknown")).lower()
-            bits = quant.get("bits", quant.get("w_bit"))
-            if isinstance(bits, int) and bits > 0:
-                quantization_bits = bits
-            elif quantization == "fp8":
-                quantization_bits = 8
-
-        num_experts = _read_int(
-            cfg,
-            ("num_local_experts", "n_routed_experts", "num_experts"),
-            "number of experts",
-            default=0,
-            minimum=0,
-        )
-        experts_per_tok = _read_int(
-            cfg, ("num_experts_per_tok",), "num_experts_per_tok", default=0, minimum=0
-        )
-        tie = bool(cfg.get("tie_word_embeddings", True))  # PretrainedConfig default
-        model_type = str(cfg.get("model_type", "unknown"))
-
+            shape["num_kv_heads"], shape["head_dim"] = 1, kv_lora_rank + rope_dim
+        layer_types, sliding_window, chunk = read_layer_types(cfg, shape["num_layers"])
+        quantization = _read_quantization(cfg)
+        num_experts, experts_per_tok = _read_experts(cfg)
         estimate = estimate_num_params(cfg)
-        total = estimate["total"] if num_params is None else num_params
-        if num_params_active is not None:
-            active = num_params_active
-        elif num_experts:
-            active = total * estimate["active"] / estimate["total"]
-        else:
-            active = total
-        if not (isinstance(total, int | float) and math.isfinite(total) and total >= 1):
-            raise InvalidArgumentError(f"num_params must be a positive number, got {total!r}")
-        if not (isinstance(active, int | float) and 1 <= active <= total):
-            raise InvalidArgumentError(f"num_params_active must be between 1 and num_params, got {active!r}")
-
+        total, active = _param_counts(estimate, num_params, num_params_active, bool(num_experts))
+        model_type = str(cfg.get("model_type", "unknown"))
         return cls(
             name=name or str(cfg.get("_name_or_path") or model_type),
-            num_layers=num_layers,
-            num_attention_heads=num_heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            hidden_size=hidden,
-            intermediate_size=intermediate,
-            vocab_size=vocab,
+            **shape,
             num_params=round(total),
             num_params_active=round(active),
-            max_position_embeddings=max_positions,
             sliding_window=sliding_window,
             kv_lora_rank=kv_lora_rank,
             qk_rope_head_dim=rope_dim,
             model_type=model_type,
-            dtype=dtype,
-            quantization=quantization,
-            quantization_bits=quantization_bits,
+            dtype=_read_dtype(cfg),
+            **quantization,
             num_experts=num_experts,
             num_experts_per_tok=experts_per_tok,
-            tie_word_embeddings=tie,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),  # PretrainedConfig default
             embedding_params=estimate["embedding"],
             lm_head_params=estimate["lm_head"],
+            expert_params=estimate["experts"],
+            attention_params=estimate["attention"],
             params_estimated=num_params is None,
             hf_repo=hf_repo,
+            layer_types=layer_types,
+            attention_chunk_size=chunk,
+            recurrent_state=read_recurrent_state(cfg, shape["hidden_size"])
+            if LINEAR in layer_types
+            else None,
         )
 
 
-def _read_int(
-    cfg: dict[str, Any], keys: tuple[str, ...], what: str, default: Any = ..., minimum: int = 1
-) -> Any:
-    for key in keys:
-        if key in cfg and cfg[key] is not None:
-            value = cfg[key]
-            if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-                raise InvalidArgumentError(f"config field {key!r} ({what}) must be an integer, got {value!r}")
-            value = int(value)
-            if not minimum <= value <= MAX_DIMENSION * 1024:
-                raise InvalidArgumentError(
-                    f"config field {key!r} ({what}) = {value:,} is out of range; allowed {minimum}.."
-                    f"{MAX_DIMENSION * 1024:,}"
-                )
-            return value
-    if default is ...:
-        raise InvalidArgumentError(f"config.json lacks the {what}; expected one of: {', '.join(keys)}")
-    return default
+def _language_config(config: Any) -> dict[str, Any]:
+    """The config of the language model: the top level, overlaid with `text_config` when there is one."""
+    if not isinstance(config, dict):
+        raise InvalidArgumentError(f"a config.json must be a JSON object, got {type(config).__name__}")
+    cfg = dict(config)
+    text = cfg.get("text_config")
+    if isinstance(text, dict):
+        merged = {k: v for k, v in cfg.items() if k != "text_config"}
+        merged.update(text)
+        cfg = merged
+    return cfg
+
+
+def _read_shape(cfg: dict[str, Any]) -> dict[str, int]:
+    """Layers, heads, KV heads, head size, widths, vocabulary and positions, with vLLM's fallbacks."""
+    num_layers = read_int(cfg, _LAYER_KEYS, "number of layers")
+    num_heads = read_int(cfg, _HEAD_KEYS, "number of attention heads")
+    hidden = read_int(cfg, _HIDDEN_KEYS, "hidden size")
+    kv_heads = read_int(cfg, _KV_HEAD_KEYS, "number of KV heads", default=None)
+    if kv_heads is None:
+        # Falcon's multi_query flag means a single KV head; otherwise no GQA: one KV head per query head.
+        kv_heads = 1 if cfg.get("multi_query") is True else num_heads
+    if kv_heads > num_heads:
+        raise InvalidArgumentError(
+            f"num_key_value_heads ({kv_heads}) exceeds num_attention_heads ({num_heads})"
+        )
+    head_dim = read_int(cfg, ("head_dim",), "head_dim", default=None)
+    if head_dim is None:
+        if hidden % num_heads:
+            raise InvalidArgumentError(
+                f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads}; the config must "
+                "give head_dim explicitly"
+            )
+        head_dim = hidden // num_heads
+    return {
+        "num_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden_size": hidden,
+        "intermediate_size": read_int(cfg, _INTERMEDIATE_KEYS, "intermediate size", default=4 * hidden),
+        "vocab_size": read_int(cfg, ("vocab_size", "padded_vocab_size"), "vocab_size"),
+        "max_position_embeddings": read_int(cfg, _POSITION_KEYS, "max_position_embeddings", default=2048),
+    }
+
+
+def _read_mla(cfg: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(kv_lora_rank, qk_rope_head_dim) of an MLA model, else (None, None)."""
+    kv_lora_rank = read_int(cfg, ("kv_lora_rank",), "kv_lora_rank", default=None)
+    rope_dim = read_int(cfg, ("qk_rope_head_dim",), "qk_rope_head_dim", default=None)
+    if (kv_lora_rank is None) != (rope_dim is None):
+        raise InvalidArgumentError("an MLA config needs both kv_lora_rank and qk_rope_head_dim")
+    return kv_lora_rank, rope_dim
+
+
+def _read_dtype(cfg: dict[str, Any]) -> str:
+    return dtype_name(cfg.get("torch_dtype", cfg.get("dtype", "float16")), "torch_dtype")
+
+
+def _read_quantization(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's `quantization_config` as ModelSpec fields: method, bits, group size, skipped modules.
+
+    mxfp4 (gpt-oss) stores 4-bit values with one 8-bit scale per 32; fp8 is 8 bits (block scales are
+    negligible); AWQ / GPTQ give `bits` (`w_bit`) and `group_size` (`q_group_size`); compressed-tensors gives
+    `config_groups.*.weights.num_bits` / `group_size` and an `ignore` list.
+    """
+    quant = cfg.get("quantization_config")
+    fields: dict[str, Any] = {
+        "quantization": None,
+        "quantization_bits": None,
+        "quantization_group_size": None,
+        "quantization_skips": (),
+    }
+    if not isinstance(quant, dict):
+        return fields
+    method = str(quant.get("quant_method", "unknown")).lower()
+    bits = quant.get("bits", quant.get("w_bit"))
+    group = quant.get("group_size", quant.get("q_group_size"))
+    groups = quant.get("config_groups")
+    if isinstance(groups, dict) and groups:
+        weights = next(iter(groups.values())).get("weights") or {}
+        bits, group = weights.get("num_bits", bits), weights.get("group_size", group)
+    if method == "mxfp4":
+        bits, group = 4, 32
+    elif method == "fp8" and not isinstance(bits, int):
+        bits = 8
+    skips = quant.get("modules_to_not_convert") or quant.get("ignore") or ()
+    fields.update(
+        quantization=method,
+        quantization_bits=bits if isinstance(bits, int) and not isinstance(bits, bool) and bits > 0 else None,
+        quantization_group_size=group if isinstance(group, int) and group > 0 else None,
+        quantization_skips=tuple(str(s) for s in skips) if isinstance(skips, list | tuple) else (),
+    )
+    return fields
+
+
+def _read_experts(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(routed experts per MoE layer, experts each token uses); (0, 0) for a dense model."""
+    num_experts = read_int(
+        cfg,
+        ("num_local_experts", "n_routed_experts", "num_experts"),
+        "number of experts",
+        default=0,
+        minimum=0,
+    )
+    per_tok = read_int(
+        cfg, ("num_experts_per_tok", "experts_per_token"), "num_experts_per_tok", default=0, minimum=0
+    )
+    return num_experts, per_tok
+
+
+def _param_counts(
+    estimate: dict[str, int], num_params: float | None, num_params_active: float | None, moe: bool
+) -> tuple[float, float]:
+    """(total, active) parameters: the given counts, else the shape estimate (active scaled for MoE)."""
+    total = estimate["total"] if num_params is None else num_params
+    if num_params_active is not None:
+        active = num_params_active
+    elif moe:
+        active = total * estimate["active"] / estimate["total"]
+    else:
+        active = total
+    if not (isinstance(total, int | float) and math.isfinite(total) and total >= 1):
+        raise InvalidArgumentError(f"num_params must be a positive number, got {total!r}")
+    if not (isinstance(active, int | float) and 1 <= active <= total):
+        raise InvalidArgumentError(f"num_params_active must be between 1 and num_params, got {active!r}")
+    return total, active
 
 
 def estimate_num_params(config: dict[str, Any]) -> dict[str, int]:
-    """Parameter count from a config's shapes: {"total", "active", "embedding", "lm_head"}.
+    """Parameter count from a config's shapes: {"total", "active", "embedding", "lm_head", "experts",
+    "attention"}.
 
     Counts every weight matrix, bias and norm of the decoder (Llama/Mistral/Qwen2/Gemma-2/Phi-3 with a gated
-    MLP, OPT-style with an ungated one and biases, Mixtral-style and DeepSeek-style MoE, MLA attention), the
-    token (and learned position) embedding, and the LM head unless tied. Multi-token-prediction modules
-    (DeepSeek-V3's `num_nextn_predict_layers`) are not part of the served model and are not counted.
-    "active" counts only `num_experts_per_tok` routed experts per MoE layer. Within ~1% of published counts
-    for the presets (tests/test_models.py).
+    MLP, OPT-style with an ungated one and biases, Mixtral-, DeepSeek-, Qwen-, Llama-4- and gpt-oss-style MoE
+    with shared experts, MLA attention, Mamba2 / Gated DeltaNet linear attention), the token (and learned
+    position) embedding, and the LM head unless tied. Multi-token-prediction modules (DeepSeek-V3's
+    `num_nextn_predict_layers`) are not part of the served model and are not counted. "active" counts only
+    `num_experts_per_tok` routed experts per MoE layer; "experts" is every routed expert's parameters,
+    "attention" every attention (or linear-attention) layer's. Within ~1% of published counts for the presets
+    (tests/planning/test_models.py).
     """
     cfg = config
-    layers = _read_int(cfg, _LAYER_KEYS, "number of layers")
-    heads = _read_int(cfg, _HEAD_KEYS, "number of attention heads")
-    hidden = _read_int(cfg, _HIDDEN_KEYS, "hidden size")
-    kv_heads = _read_int(cfg, _KV_HEAD_KEYS, "number of KV heads", default=None) or heads
-    head_dim = _read_int(cfg, ("head_dim",), "head_dim", default=None) or hidden // heads
-    inter = _read_int(cfg, _INTERMEDIATE_KEYS, "intermediate size", default=4 * hidden)
-    vocab = _read_int(cfg, ("vocab_size", "padded_vocab_size"), "vocab_size")
+    layers = read_int(cfg, _LAYER_KEYS, "number of layers")
+    hidden = read_int(cfg, _HIDDEN_KEYS, "hidden size")
+    inter = read_int(cfg, _INTERMEDIATE_KEYS, "intermediate size", default=4 * hidden)
+    vocab = read_int(cfg, ("vocab_size", "padded_vocab_size"), "vocab_size")
     model_type = str(cfg.get("model_type", "unknown"))
     biased = model_type == "opt" and bool(cfg.get("enable_bias", True))
-    qkv_bias = biased or model_type == "qwen2" or bool(cfg.get("attention_bias", False))
-    o_bias = biased or (bool(cfg.get("attention_bias", False)) and model_type != "qwen2")
     ungated = model_type in _UNGATED_MLP_MODEL_TYPES
     norm = 2 * hidden if model_type == "opt" else hidden  # LayerNorm has a bias, RMSNorm does not
     norms_per_layer = 4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2
 
-    # Attention.
-    kv_lora = cfg.get("kv_lora_rank")
-    if kv_lora:
-        q_lora = cfg.get("q_lora_rank")
-        rope = int(cfg["qk_rope_head_dim"])
-        nope = int(cfg.get("qk_nope_head_dim", 128))
-        v_dim = int(cfg.get("v_head_dim", 128))
-        q_dim = heads * (nope + rope)
-        attn = (hidden * q_lora + q_lora + q_lora * q_dim) if q_lora else hidden * q_dim
-        attn += (
-            hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim) + heads * v_dim * hidden
-        )
-    else:
-        q_out, kv_out = heads * head_dim, kv_heads * head_dim
-        attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
-        if qkv_bias:
-            attn += q_out + 2 * kv_out
-        if o_bias:
-            attn += hidden
+    linear_layers = read_layer_types(cfg, layers)[0].count(LINEAR)
+    attention = (layers - linear_layers) * _attention_params(cfg, hidden)
+    if linear_layers:
+        attention += linear_layers * _linear_attention_params(read_recurrent_state(cfg, hidden), hidden)
 
     def mlp(width: int) -> int:
         if ungated:
             return 2 * hidden * width + ((width + hidden) if biased else 0)
         return 3 * hidden * width
 
-    # MLP / experts.
     routed = int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
-    per_tok = int(cfg.get("num_experts_per_tok") or 0)
-    total_layers = active_layers = 0
+    per_tok = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
+    experts = active_experts = 0
     if routed:
         expert_width = int(cfg.get("moe_intermediate_size") or inter)
-        shared = int(cfg.get("n_shared_experts") or 0)
-        dense_first = int(cfg.get("first_k_dense_replace") or 0)
-        router = hidden * routed + (routed if model_type.startswith("deepseek_v3") else 0)
-        moe_common = attn + norms_per_layer * norm + router + shared * mlp(expert_width)
-        dense_layer = attn + norms_per_layer * norm + mlp(inter)
-        moe_layers = layers - dense_first
-        total_layers = dense_first * dense_layer + moe_layers * (moe_common + routed * mlp(expert_width))
-        active_layers = dense_first * dense_layer + moe_layers * (moe_common + per_tok * mlp(expert_width))
+        expert = mlp(expert_width) + ((2 * expert_width + hidden) if model_type == "gpt_oss" else 0)
+        dense_width = inter
+        moe_layers = layers - int(cfg.get("first_k_dense_replace") or 0)
+        shared = int(cfg.get("n_shared_experts") or 0) * mlp(expert_width)
+        if cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE / Qwen3-Next: one gated shared expert
+            shared = mlp(int(cfg["shared_expert_intermediate_size"])) + hidden
+        if model_type.startswith("llama4"):  # one shared expert; MoE every interleave_moe_layer_step layers
+            shared = mlp(expert_width)
+            moe_layers = layers // int(cfg.get("interleave_moe_layer_step") or 1)
+            dense_width = int(cfg.get("intermediate_size_mlp") or inter)
+        router = hidden * routed + (routed if model_type.startswith(("deepseek_v3", "gpt_oss")) else 0)
+        experts, active_experts = moe_layers * routed * expert, moe_layers * per_tok * expert
+        common = moe_layers * (router + shared) + (layers - moe_layers) * mlp(dense_width)
     else:
-        total_layers = active_layers = layers * (attn + norms_per_layer * norm + mlp(inter))
+        common = layers * mlp(inter)
+    decoder = attention + layers * norms_per_layer * norm + common
 
     embedding = vocab * hidden
     if model_type == "opt":
@@ -355,11 +418,59 @@ def estimate_num_params(config: dict[str, Any]) -> dict[str, int]:
     lm_head = 0 if cfg.get("tie_word_embeddings", True) else vocab * hidden
     outside = embedding + lm_head + norm  # final norm
     return {
-        "total": total_layers + outside,
-        "active": active_layers + outside,
+        "total": decoder + experts + outside,
+        "active": decoder + active_experts + outside,
         "embedding": embedding,
         "lm_head": lm_head,
+        "experts": experts,
+        "attention": attention,
     }
+
+
+def _attention_params(cfg: dict[str, Any], hidden: int) -> int:
+    """Parameters of one (full, sliding or chunked) attention layer: standard, GQA or MLA projections."""
+    heads = read_int(cfg, _HEAD_KEYS, "number of attention heads")
+    kv_heads = read_int(cfg, _KV_HEAD_KEYS, "number of KV heads", default=None) or heads
+    head_dim = read_int(cfg, ("head_dim",), "head_dim", default=None) or hidden // heads
+    model_type = str(cfg.get("model_type", "unknown"))
+    kv_lora = cfg.get("kv_lora_rank")
+    if kv_lora:
+        q_lora = cfg.get("q_lora_rank")
+        rope = int(cfg["qk_rope_head_dim"])
+        nope = int(cfg.get("qk_nope_head_dim", 128))
+        v_dim = int(cfg.get("v_head_dim", 128))
+        q_dim = heads * (nope + rope)
+        attn = (hidden * q_lora + q_lora + q_lora * q_dim) if q_lora else hidden * q_dim
+        return attn + (
+            hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim) + heads * v_dim * hidden
+        )
+    biased = model_type == "opt" and bool(cfg.get("enable_bias", True))
+    qkv_bias = biased or model_type == "qwen2" or bool(cfg.get("attention_bias", False))
+    o_bias = biased or (bool(cfg.get("attention_bias", False)) and model_type != "qwen2")
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    gate = q_out if cfg.get("attn_output_gate", model_type == "qwen3_next") else 0  # sigmoid output gate
+    attn = hidden * (q_out + gate) + 2 * hidden * kv_out + q_out * hidden
+    if qkv_bias:
+        attn += q_out + 2 * kv_out
+    if o_bias:
+        attn += hidden
+    if model_type == "gpt_oss":
+        attn += heads  # attention sinks
+    return attn
+
+
+def _linear_attention_params(state: RecurrentStateSpec, hidden: int) -> int:
+    """Parameters of one Mamba2 / Gated DeltaNet layer: input projection (conv channels, output gate and the
+    per-head dt (Mamba2) or beta and alpha (GDN)), depthwise conv, per-head constants, norm, output projection."""
+    conv_dim = state.inner_size + 2 * state.num_groups * state.state_size
+    per_head = state.num_heads * (2 if state.kind == "gated_delta_net" else 1)
+    return (
+        hidden * (conv_dim + state.inner_size + per_head)
+        + conv_dim * state.conv_kernel
+        + 3 * state.num_heads
+        + state.inner_size
+        + state.inner_size * hidden
+    )
 
 
 def load_model_presets(path: Path = MODELS_JSON) -> dict[str, ModelSpec]:
@@ -388,9 +499,13 @@ def preset_configs(path: Path = MODELS_JSON) -> dict[str, dict[str, Any]]:
 MODELS: dict[str, ModelSpec] = load_model_presets()
 
 
+# Other names users type for a preset.
+_ALIASES = {"mistral-7b-v0.1": "mistral-7b"}
+
+
 def get_model(slug: str) -> ModelSpec:
     """The preset named `slug`; raises `InvalidArgumentError` listing the known slugs."""
     try:
-        return MODELS[slug]
+        return MODELS[_ALIASES.get(slug, slug)]
     except (KeyError, TypeError):
         raise InvalidArgumentError(f"unknown model {slug!r}; known: {', '.join(MODELS)}") from None

@@ -7,7 +7,7 @@ gpu=other))`. Every number is per GPU (the most loaded one) unless its name says
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NamedTuple
 
 from core.common import cdiv, check_float, check_int
@@ -26,12 +26,20 @@ from core.planning.kv_accounting import (
     check_parallelism,
     estimate_activation_bytes,
     kv_bytes_per_token,
-    kv_capacity,
     resolve_kv_dtype,
     resolve_weight_dtype,
     weight_bytes_per_gpu,
 )
+from core.planning.kv_layout import (
+    KVCacheLayout,
+    kv_cache_layout,
+    kv_read_bytes_per_sequence,
+    layout_notes,
+    longest_fitting_len,
+    request_blocks,
+)
 from core.planning.models import ModelSpec
+from core.planning.weights import uses_group_quantization
 
 GiB = 1024**3
 MAX_ACTIVATION_BYTES = 1024 * 1024**4  # 1 PiB: refuse absurd activation reserves
@@ -59,6 +67,7 @@ class PlanInputs:
     context_len: int | None = None
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    hybrid_kv_cache_manager: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,9 @@ class CapacityPlan:
     kv_budget_bytes = gpu_memory_bytes x gpu_memory_utilization - weights_bytes - activation_bytes
     (negative when the model does not fit at all); num_blocks = max(0, kv_budget_bytes // block_bytes);
     kv_tokens = num_blocks x block_size; max_concurrency = num_blocks // ceil(context_len / block_size)
-    (requests of `context_len` tokens held at once by one replica); replicas = num_gpus // (tp x pp) copies
+    (requests of `context_len` tokens held at once by one replica). For a hybrid model these follow
+    `kv_layout` (vLLM V1's KV cache groups): block_bytes = group_size x page, a request's blocks are summed
+    over the groups, kv_tokens = int(vllm_max_concurrency x max_model_len); replicas = num_gpus // (tp x pp) copies
     of the model serve in parallel (data parallel). Decode figures are estimates from a roofline.
     `inputs` are the arguments the plan was made from (not part of `to_dict` or equality).
     """
@@ -112,11 +123,16 @@ class CapacityPlan:
     decode_bound: str | None
     notes: tuple[str, ...] = ()
     vllm_command: str = ""
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    hybrid_kv_cache_manager: bool = True
+    kv_layout: KVCacheLayout | None = None  # the layout behind num_blocks, kv_tokens and the concurrency
 
     def to_dict(self) -> dict[str, Any]:
         """Every figure as plain JSON-able values (`inputs` left out; `notes` as a list)."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "inputs"}
         data["notes"] = list(self.notes)
+        if self.kv_layout is not None:
+            data["kv_layout"] = asdict(self.kv_layout)
         return data
 
 
@@ -138,6 +154,8 @@ class _Checked(NamedTuple):
     max_num_seqs: int
     activation_bytes: int
     activation_estimated: bool
+    max_num_batched_tokens: int
+    hybrid: bool
 
 
 class _Memory(NamedTuple):
@@ -153,6 +171,7 @@ class _Memory(NamedTuple):
     context_blocks: int
     max_concurrency: int
     vllm_concurrency: float
+    layout: KVCacheLayout
 
 
 class _Verdict(NamedTuple):
@@ -204,9 +223,14 @@ def _validate(inputs: PlanInputs) -> _Checked:
         else inputs.activation_reserve
     )
     reserve = check_int(reserve, "activation_reserve (bytes)", minimum=0, maximum=MAX_ACTIVATION_BYTES)
+    if not isinstance(inputs.hybrid_kv_cache_manager, bool):
+        raise InvalidArgumentError(
+            f"hybrid_kv_cache_manager must be True or False, got {inputs.hybrid_kv_cache_manager!r}"
+        )
     return _Checked(
         model, inputs.gpu, num_gpus, tp, pp, num_gpus // per_replica, weight_dtype, kv_dtype, utilization,
-        inputs.block_size, max_len, context_len, max_num_seqs, reserve, estimated,
+        inputs.block_size, max_len, context_len, max_num_seqs, reserve, estimated, batched,
+        inputs.hybrid_kv_cache_manager,
     )  # fmt: skip
 
 
@@ -216,13 +240,19 @@ def _arithmetic(c: _Checked) -> _Memory:
     weights = weight_bytes_per_gpu(c.model, c.weight_dtype, c.tensor_parallel, c.pipeline_parallel)
     kv_budget = usable - weights - c.activation_bytes
     per_token = kv_bytes_per_token(c.model, c.kv_dtype, c.tensor_parallel, c.pipeline_parallel)
-    block_bytes = c.block_size * per_token
-    num_blocks = kv_capacity(kv_budget, block_bytes)
-    kv_tokens = num_blocks * c.block_size
-    context_blocks = blocks_for_tokens(c.context_len, c.block_size)
+    layout = kv_cache_layout(
+        c.model, max(0, kv_budget), max_model_len=c.max_model_len, block_size=c.block_size, kv_dtype=c.kv_dtype,
+        tensor_parallel=c.tensor_parallel, pipeline_parallel=c.pipeline_parallel,
+        max_num_batched_tokens=c.max_num_batched_tokens, hybrid_kv_cache_manager=c.hybrid,
+    )  # fmt: skip
+    num_blocks = layout.num_blocks
+    # One attention group: every slot is a token slot; otherwise the tokens of max_model_len requests that fit.
+    single = len(layout.groups) == 1 and layout.groups[0].kind != "mamba"
+    kv_tokens = num_blocks * layout.block_size if single else layout.kv_tokens
+    context_blocks = request_blocks(layout, c.context_len)
     return _Memory(
-        usable, weights, kv_budget, per_token, block_bytes, num_blocks, kv_tokens, context_blocks,
-        num_blocks // context_blocks, kv_tokens / c.max_model_len,
+        usable, weights, kv_budget, per_token, layout.block_bytes, num_blocks, kv_tokens, context_blocks,
+        num_blocks // context_blocks, layout.max_concurrency, layout,
     )  # fmt: skip
 
 
@@ -253,13 +283,13 @@ def _verdict(c: _Checked, m: _Memory) -> _Verdict:
         elif c.weight_dtype not in ("fp8", "int8", "int4"):
             text += " Try more GPUs or fp8 weights."
         return _Verdict(False, text, None, min_tp)
-    needed = blocks_for_tokens(c.max_model_len, c.block_size)
+    needed = m.layout.blocks_per_request
     if needed > m.num_blocks:
-        max_fit = min(m.kv_tokens, c.model.max_position_embeddings)
+        max_fit = longest_fitting_len(m.layout, c.model.max_position_embeddings)
         text = (
             f"Does not fit at max_model_len={c.max_model_len:,}: one request needs {needed:,} blocks but the KV "
-            f"budget holds {m.num_blocks:,} ({m.kv_tokens:,} tokens). The largest max_model_len that fits is "
-            f"{max_fit:,}."
+            f"budget holds {m.num_blocks:,} ({m.num_blocks * m.layout.block_size:,} tokens). The largest "
+            f"max_model_len that fits is {max_fit:,}."
         )
         return _Verdict(False, text, max_fit, None)
     text = (
@@ -273,7 +303,7 @@ def _verdict(c: _Checked, m: _Memory) -> _Verdict:
     return _Verdict(True, text, None, None)
 
 
-def _notes(c: _Checked, fits: bool) -> tuple[str, ...]:
+def _notes(c: _Checked, m: _Memory, fits: bool) -> tuple[str, ...]:
     """What the figures leave out or assume, one sentence each."""
     notes = []
     if c.activation_estimated:
@@ -281,11 +311,15 @@ def _notes(c: _Checked, fits: bool) -> tuple[str, ...]:
             "Activation reserve is an estimate (token budget x hidden/MLP width, fp32 logits, 1 GiB non-torch); "
             "vLLM measures it at start-up."
         )
-    window = c.model.sliding_window
-    if window and window < c.max_model_len:
+    notes += layout_notes(c.model, m.layout)
+    model = c.model
+    if model.checkpoint_bytes is not None and c.weight_dtype == resolve_weight_dtype(model, "auto"):
+        notes.append(f"Weights: the checkpoint's exact {model.checkpoint_bytes:,} B (safetensors index).")
+    elif uses_group_quantization(model) and c.weight_dtype == resolve_weight_dtype(model, "auto"):
         notes.append(
-            f"{c.model.name} uses a {window:,}-token sliding window; engines that keep only the window "
-            "for those layers need less KV than this full-attention figure."
+            f"Weights are an estimate from quantization_config ({model.quantization}: packed 4-bit weights with "
+            "group scales, embedding, LM head and unquantized modules in 16-bit); a safetensors index gives "
+            "the exact size."
         )
     if c.kv_dtype in ("int8", "fp4"):
         notes.append(f"{c.kv_dtype} is not a vLLM --kv-cache-dtype choice; it is shown for comparison.")
@@ -314,6 +348,7 @@ def plan(
     context_len: int | None = None,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    hybrid_kv_cache_manager: bool = True,
 ) -> CapacityPlan:
     """Plan a deployment of `model` on `num_gpus` x `gpu` (default tp x pp) with vLLM's memory rules.
 
@@ -323,13 +358,17 @@ def plan(
     The plan does not fit when the weights and activations leave no KV budget (then `min_tensor_parallel`
     suggests a TP size whose weights fit), or when one `max_model_len` request needs more blocks than the
     budget holds (vLLM refuses to start; `max_fitting_model_len` is then the longest that would).
+    Blocks, tokens and concurrency follow vLLM V1's KV cache layout (`kv_cache_layout`): for a hybrid model
+    (sliding-window, chunked-local or Mamba layers) one block spans a group of layers and a request's blocks
+    are summed over the groups; max_num_batched_tokens bounds the window groups and
+    `hybrid_kv_cache_manager=False` counts windowed layers as full attention (--disable-hybrid-kv-cache-manager).
     Raises `InvalidArgumentError` for bad arguments (message says what is allowed).
     """
     return plan_from(
         PlanInputs(
             model, gpu, num_gpus, tensor_parallel, pipeline_parallel, weight_dtype, kv_dtype,
             gpu_memory_utilization, block_size, max_model_len, activation_reserve, context_len, max_num_seqs,
-            max_num_batched_tokens,
+            max_num_batched_tokens, hybrid_kv_cache_manager,
         )
     )  # fmt: skip
 
@@ -384,7 +423,10 @@ def plan_from(inputs: PlanInputs) -> CapacityPlan:
         "decode_step_s": step,
         "decode_tokens_per_s": tokens_per_s,
         "decode_bound": bound,
-        "notes": _notes(c, verdict.fits),
+        "notes": _notes(c, m, verdict.fits),
+        "max_num_batched_tokens": c.max_num_batched_tokens,
+        "hybrid_kv_cache_manager": c.hybrid,
+        "kv_layout": m.layout,
     }
     draft = CapacityPlan(**figures)  # the command is written from the plan's own figures
     return CapacityPlan(**figures, vllm_command=vllm_serve_command(draft, c.model))
@@ -433,7 +475,9 @@ def decode_step_estimate(
     An estimate, from a roofline with no overheads. With pp stages, `batch` is split into pp micro-batches
     of batch/pp that flow through the stages; in one step each GPU reads its weights once per micro-batch and
     the KV of every sequence on its stage once:
-        bytes  = pp x weights_read(batch / pp) + batch x context_len x kv_bytes_per_token   (per GPU)
+        bytes  = pp x weights_read(batch / pp) + batch x KV read per sequence               (per GPU)
+    where a sequence's KV read is context_len x kv_bytes_per_token for full attention, and only the window,
+    chunk or recurrent state of hybrid layers (`kv_read_bytes_per_sequence`).
         flops  = 2 x active_params x batch / (tp x pp)                                      (per GPU)
         step_s = max(bytes / memory_bandwidth, flops / peak_bf16_flops)
     """
@@ -443,7 +487,13 @@ def decode_step_estimate(
     weights = pipeline_parallel * weight_bytes_read_per_step(
         model, micro, weight_dtype, tensor_parallel, pipeline_parallel
     )
-    kv = batch * context_len * kv_bytes_per_token(model, kv_dtype, tensor_parallel, pipeline_parallel)
+    kv = batch * kv_read_bytes_per_sequence(
+        model,
+        context_len,
+        kv_dtype=kv_dtype,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+    )
     memory_s = (weights + kv) / gpu.memory_bandwidth
     compute_s = 0.0
     if gpu.peak_bf16_flops:
@@ -464,7 +514,11 @@ def concurrency_vs_context(capacity: CapacityPlan, contexts: Sequence[int]) -> l
     out = []
     for context in contexts:
         context = check_int(context, "context length", minimum=1, maximum=MAX_CONTEXT_TOKENS)
-        out.append(capacity.num_blocks // blocks_for_tokens(context, capacity.block_size) * capacity.replicas)
+        if capacity.kv_layout is not None:
+            blocks = request_blocks(capacity.kv_layout, context)
+        else:
+            blocks = blocks_for_tokens(context, capacity.block_size)
+        out.append(capacity.num_blocks // blocks * capacity.replicas)
     return out
 
 
@@ -512,4 +566,8 @@ def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec | None = None) -
         f"--block-size {capacity.block_size}",
         f"--max-num-seqs {capacity.max_num_seqs}",
     ]
+    if capacity.max_num_batched_tokens != DEFAULT_MAX_NUM_BATCHED_TOKENS:
+        parts.append(f"--max-num-batched-tokens {capacity.max_num_batched_tokens}")
+    if not capacity.hybrid_kv_cache_manager:
+        parts.append("--disable-hybrid-kv-cache-manager")
     return "\n".join([*comments, " \\\n  ".join(parts)])

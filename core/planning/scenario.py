@@ -18,14 +18,18 @@ from typing import Any
 from core.errors import InvalidArgumentError, LabError
 from core.planning.hardware import GPUS, GPUSpec, get_gpu
 from core.planning.kv_accounting import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DTYPE_BITS,
     blocks_for_tokens,
     kv_bytes_per_token,
     kv_heads_per_gpu,
     layers_per_gpu,
+    resolve_weight_dtype,
 )
+from core.planning.kv_layout import request_blocks
 from core.planning.models import MODELS, ModelSpec, get_model
 from core.planning.plan import CapacityPlan, PlanInputs, concurrency_vs_context, plan_from
+from core.planning.weights import bits_per_quantized_param, quantized_params, uses_group_quantization
 from core.planning.what_if import WorkloadWhatIf, fragmentation_by_block_size, workload_what_if
 from core.serving.workload import alpaca, fixed, sharegpt, uniform
 
@@ -33,7 +37,7 @@ CUSTOM = "custom"
 WORKLOADS = ("sharegpt", "alpaca", "fixed", "uniform")
 SCENARIO_KEYS = (
     "model", "config", "gpu", "gpu_mem", "gpu_bw", "gpu_tflops", "gpus", "tp", "pp", "wdtype", "kvdtype",
-    "util", "block", "ctx", "act", "seqs",
+    "util", "block", "ctx", "act", "seqs", "mbt", "hybrid", "ckpt",
 )  # fmt: skip
 WORKLOAD_KEYS = ("wl", "wl_n", "wl_prompt", "wl_output", "wl_seed")
 GiB = 1024**3
@@ -90,7 +94,13 @@ _KEPT_FIELDS = {
     "max_seq_len", "seq_length", "sliding_window", "use_sliding_window", "kv_lora_rank", "q_lora_rank",
     "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "num_local_experts", "n_routed_experts",
     "num_experts", "num_experts_per_tok", "n_shared_experts", "first_k_dense_replace", "tie_word_embeddings",
-    "attention_bias", "enable_bias", "quantization_config", "_name_or_path",
+    "attention_bias", "enable_bias", "quantization_config", "_name_or_path", "layer_types",
+    "sliding_window_pattern", "max_window_layers", "attention_chunk_size", "no_rope_layers",
+    "no_rope_layer_interval", "interleave_moe_layer_step", "intermediate_size_mlp", "full_attention_interval",
+    "attn_layer_indices", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "shared_expert_intermediate_size", "mamba_n_heads",
+    "mamba_d_head", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_groups", "mamba_ssm_dtype",
+    "experts_per_token", "attn_output_gate",
 }  # fmt: skip
 
 
@@ -101,7 +111,12 @@ def compact_config(config: dict[str, Any]) -> dict[str, Any]:
         out["text_config"] = compact_config(config["text_config"])
     if isinstance(out.get("quantization_config"), dict):
         q = out["quantization_config"]
-        out["quantization_config"] = {k: q[k] for k in ("quant_method", "bits", "w_bit") if k in q}
+        out["quantization_config"] = {
+            k: q[k]
+            for k in ("quant_method", "bits", "w_bit", "group_size", "q_group_size", "modules_to_not_convert",
+                      "ignore", "config_groups")
+            if k in q
+        }  # fmt: skip
     return out
 
 
@@ -149,7 +164,14 @@ def model_from_config(config: dict[str, Any]) -> ModelSpec:
 
 
 def build_model(values: Mapping[str, Any], prefix: str) -> ModelSpec:
-    """The scenario's model: a preset, or the custom config carried (encoded) in `{prefix}config`."""
+    """The scenario's model: a preset, or the custom config carried (encoded) in `{prefix}config`, with the
+    exact checkpoint bytes of an uploaded safetensors index when `{prefix}ckpt` is set."""
+    model = _base_model(values, prefix)
+    checkpoint = values.get(f"{prefix}ckpt")
+    return model if checkpoint is None else replace(model, checkpoint_bytes=int(checkpoint))
+
+
+def _base_model(values: Mapping[str, Any], prefix: str) -> ModelSpec:
     slug = values[f"{prefix}model"]
     if slug != CUSTOM:
         return get_model(slug)
@@ -186,6 +208,8 @@ def plan_inputs(values: Mapping[str, Any], prefix: str) -> PlanInputs:
         max_model_len=values[f"{prefix}ctx"],
         activation_reserve=None if act is None else int(act * GiB),
         max_num_seqs=values[f"{prefix}seqs"],
+        max_num_batched_tokens=values.get(f"{prefix}mbt", DEFAULT_MAX_NUM_BATCHED_TOKENS),
+        hybrid_kv_cache_manager=values.get(f"{prefix}hybrid", True),
     )
 
 
@@ -233,6 +257,10 @@ class ScenarioResult:
     what_if: WorkloadWhatIf | None
     fragmentation: list[dict[str, float]]
     workload_error: str | None
+    other_hybrid: CapacityPlan | None = (
+        None  # the plan with the hybrid KV cache manager switched the other way
+    )
+    other_hybrid_error: str | None = None
 
 
 def compute_scenario(
@@ -244,6 +272,13 @@ def compute_scenario(
     """Plan one scenario from validated values; raises InvalidArgumentError with the reason."""
     inputs = plan_inputs(values, prefix)
     capacity = plan_from(inputs)
+    other, other_error = None, None
+    if inputs.model.is_hybrid:
+        try:
+            flipped = not capacity.hybrid_kv_cache_manager
+            other = plan_from(replace(inputs, hybrid_kv_cache_manager=flipped))
+        except InvalidArgumentError as error:
+            other_error = str(error)
     what_if = None
     fragmentation: list[dict[str, float]] = []
     if requests:
@@ -253,7 +288,9 @@ def compute_scenario(
                 what_if = workload_what_if(capacity, requests)
         except InvalidArgumentError as error:
             workload_error = str(error)
-    return ScenarioResult(inputs.model, inputs.gpu, capacity, what_if, fragmentation, workload_error)
+    return ScenarioResult(
+        inputs.model, inputs.gpu, capacity, what_if, fragmentation, workload_error, other, other_error
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -279,6 +316,12 @@ def formula_lines(result: ScenarioResult) -> list[str]:
             f"= **{p.kv_bytes_per_token:,} B**"
         )
     context_blocks = blocks_for_tokens(p.context_len, p.block_size)
+    layout = p.kv_layout
+    if len(layout.groups) > 1 or layout.groups[0].kind not in ("full", "mla"):
+        return [
+            f"KV bytes per token per GPU, every layer as full attention = {per_token}",
+            *_group_lines(result),
+        ]
     return [
         f"KV bytes per token per GPU = {per_token}",
         f"Block bytes = {p.block_size} tokens × {p.kv_bytes_per_token:,} B = **{p.block_bytes:,} B**",
@@ -297,6 +340,124 @@ def formula_lines(result: ScenarioResult) -> list[str]:
         + (f" (largest of {p.pipeline_parallel} PP stages)" if p.pipeline_parallel > 1 else "")
         + f" = **{p.weights_bytes / GiB:,.2f} GiB**",
     ]
+
+
+def _layer_list(layers: tuple[int, ...]) -> str:
+    """Layer indices compactly: "0, 2, 4, …, 40" for a long stride."""
+    if len(layers) <= 6:
+        return ", ".join(map(str, layers))
+    return f"{layers[0]}, {layers[1]}, {layers[2]}, …, {layers[-1]}"
+
+
+def kv_group_rows(capacity: CapacityPlan) -> list[dict[str, Any]]:
+    """One row per KV cache group of the plan: kind, layers, window, block size and worst-case blocks."""
+    layout = capacity.kv_layout
+    return [
+        {
+            "group": i,
+            "kind": g.kind,
+            "layers": f"{len(g.layers)}: {_layer_list(g.layers)}",
+            "window / chunk (tokens)": g.window,
+            "block size (tokens)": g.block_size,
+            f"blocks per {layout.max_model_len:,}-token request": blocks,
+        }
+        for i, (g, blocks) in enumerate(zip(layout.groups, layout.group_blocks, strict=True))
+    ]
+
+
+def hybrid_comparison(result: ScenarioResult) -> str | None:
+    """A sentence comparing the plan with the hybrid KV cache manager on and off (None for a model with one
+    layer type)."""
+    if not result.model.is_hybrid:
+        return None
+    p = result.plan
+    if result.other_hybrid is None:
+        return f"Hybrid KV cache manager off: {result.other_hybrid_error}"
+    on, off = (p, result.other_hybrid) if p.hybrid_kv_cache_manager else (result.other_hybrid, p)
+    ratio = (
+        f" ({on.vllm_max_concurrency / off.vllm_max_concurrency:,.2f}×)" if off.vllm_max_concurrency else ""
+    )
+    return (
+        f"Hybrid KV cache manager on: {on.kv_layout.blocks_per_request:,} blocks of {on.block_bytes:,} B per "
+        f"{p.max_model_len:,}-token request, {on.vllm_max_concurrency:,.2f}x concurrency; off "
+        f"(--disable-hybrid-kv-cache-manager): {off.kv_layout.blocks_per_request:,} blocks of {off.block_bytes:,} B, "
+        f"{off.vllm_max_concurrency:,.2f}x{ratio}."
+    )
+
+
+def _group_worst_case(group: Any, length: int, in_flight: int) -> str:
+    """The worst-case formula of one group, written out (vLLM's max_memory_usage_bytes / page)."""
+    b = group.block_size
+    if group.kind == "sliding_window":
+        return f"cdiv(min({group.window:,} − 1 + {in_flight:,}, {length:,}), {b}) + 1"
+    if group.kind == "chunked_local":
+        return f"cdiv(min({group.window:,} + {in_flight:,}, {length:,}), {b})"
+    if group.kind == "mamba":
+        return "1 (the whole state)"
+    return f"cdiv({length:,}, {b})"
+
+
+def _group_lines(result: ScenarioResult) -> list[str]:
+    """The formula for a hybrid model's KV cache groups (vLLM V1's layout), with the plan's numbers."""
+    m, p = result.model, result.plan
+    layout = p.kv_layout
+    gib = GiB
+    kinds = ", ".join(
+        f"{len(g.layers)} {g.kind}" + (f" (W {g.window:,})" if g.window else "") for g in layout.groups
+    )
+    T = layout.max_num_batched_tokens
+    worst = " + ".join(
+        f"{blocks:,} [{g.kind}: {_group_worst_case(g, p.max_model_len, T)}]"
+        for g, blocks in zip(layout.groups, layout.group_blocks, strict=True)
+    )
+    context_blocks = request_blocks(layout, p.context_len)
+    lines = [
+        f"KV cache groups ({'hybrid manager on' if p.hybrid_kv_cache_manager else 'hybrid manager off'}): "
+        f"{kinds}; group size {layout.group_size} layers per GPU"
+        + (f" ({layout.padding_layers} padding layers)" if layout.padding_layers else ""),
+        f"Page per layer per block = **{layout.page_bytes:,} B** ({layout.block_size} tokens"
+        + (
+            ", raised so a page holds one Mamba state"
+            if any(g.kind == "mamba" for g in layout.groups)
+            else ""
+        )
+        + f"); block bytes = {layout.group_size} layers × {layout.page_bytes:,} B = **{p.block_bytes:,} B** "
+        "(one block id spans every group)",
+        f"KV budget per GPU = {p.gpu_memory_bytes / gib:,.2f} GiB × {p.gpu_memory_utilization:g} − "
+        f"{p.weights_bytes / gib:,.2f} GiB weights − {p.activation_bytes / gib:,.2f} GiB activations"
+        f"{' (estimate)' if p.activation_estimated else ''} = **{p.kv_budget_bytes / gib:,.2f} GiB**",
+        f"KV blocks = floor({max(p.kv_budget_bytes, 0):,} B / {layout.page_bytes:,} B / {layout.group_size}) = "
+        f"**{p.num_blocks:,}**",
+        f"Blocks per {p.max_model_len:,}-token request, worst case (T = {T:,} tokens per step; async scheduling "
+        f"doubles the tokens in flight) = {worst} = **{layout.blocks_per_request:,}** "
+        f"({layout.request_bytes / gib:,.2f} GiB); vLLM's max concurrency = {p.num_blocks:,} / "
+        f"{layout.blocks_per_request:,} = **{layout.max_concurrency:,.2f}x**; KV tokens = int(that × "
+        f"{p.max_model_len:,}) = **{p.kv_tokens:,}**",
+        f"Max concurrent requests of {p.context_len:,} tokens = {p.num_blocks:,} // {context_blocks:,} = "
+        f"**{p.max_concurrency:,}** per replica"
+        + (f" × {p.replicas} replicas = **{p.max_concurrency_total:,}**" if p.replicas > 1 else ""),
+        _weights_line(m, p),
+    ]
+    return lines
+
+
+def _weights_line(m: ModelSpec, p: CapacityPlan) -> str:
+    if m.checkpoint_bytes is not None and p.weight_dtype == resolve_weight_dtype(m, "auto"):
+        source = f"the checkpoint's {m.checkpoint_bytes:,} B (safetensors index, exact)"
+    elif uses_group_quantization(m) and p.weight_dtype == resolve_weight_dtype(m, "auto"):
+        source = (
+            f"estimate from quantization_config: {quantized_params(m) / 1e9:,.2f}B packed params × "
+            f"{bits_per_quantized_param(m):g} bits ({m.quantization}, scales included) + the rest in 16-bit"
+        )
+    else:
+        source = (
+            f"{m.num_params / 1e9:,.2f}B params × {DTYPE_BITS[p.weight_dtype] / 8:g} B ({p.weight_dtype})"
+        )
+    return (
+        f"Weights per GPU = {source} / {p.tensor_parallel} TP"
+        + (f" (largest of {p.pipeline_parallel} PP stages)" if p.pipeline_parallel > 1 else "")
+        + f" = **{p.weights_bytes / GiB:,.2f} GiB**"
+    )
 
 
 def comparison_gpus(chosen: str, count: int = 2) -> list[str]:
@@ -381,6 +542,9 @@ def model_preset_rows() -> list[dict[str, Any]]:
             "layers": m.num_layers,
             "heads": m.num_attention_heads,
             "attention": "MLA" if m.is_mla else ("MHA" if m.num_kv_heads == m.num_attention_heads else "GQA"),
+            "layer types": ", ".join(
+                f"{m.layer_kinds.count(kind)} {kind}" for kind in dict.fromkeys(m.layer_kinds)
+            ),
             "KV heads (MLA: 1 latent)": m.num_kv_heads,
             "head_dim": m.head_dim,
             "max positions": m.max_position_embeddings,

@@ -20,6 +20,7 @@ from core.planning.scenario import (
     config_from_bytes,
     decode_config,
     encode_config,
+    formula_lines,
     make_workload,
     model_from_config,
     plan_document,
@@ -327,3 +328,29 @@ def test_replanning_from_the_kept_inputs():
         MODELS["llama-3.1-70b"], GPUS["h200-141gb"], tensor_parallel=4, kv_dtype="fp8", max_model_len=4096
     )
     assert other == expected and other.kv_tokens > first.kv_tokens
+
+
+def test_hybrid_model_shows_groups_comparison_and_flags():
+    at = open_planner({"a_model": "gpt-oss-20b", "a_gpu": "h100-80gb", "a_gpus": "1", "a_tp": "1",
+                       "a_kvdtype": "auto", "a_ctx": "131072", "compare": "0"})  # fmt: skip
+    assert not at.exception and not at.error
+    expected = plan(MODELS["gpt-oss-20b"], GPUS["h100-80gb"], max_model_len=131_072)
+    assert ("Max requests at max_model_len", f"{expected.max_concurrency:,}") in metrics(at)
+    table = at.dataframe[0].value
+    assert list(table["kind"]) == ["sliding_window", "full"]
+    assert list(table["blocks per 131,072-token request"]) == [521, 8192]
+    captions = " ".join(c.value for c in at.caption)
+    assert "Hybrid KV cache manager on: 8,713 blocks" in captions and "off (--disable-hybrid" in captions
+    assert any("cdiv(min(128 − 1 + 8,192, 131,072), 16) + 1" in md.value for md in at.markdown)
+    at.toggle(key="a_hybrid").set_value(False).run()
+    assert not at.exception
+    assert any("--disable-hybrid-kv-cache-manager" in code.value for code in at.code)
+    assert str(at.query_params["a_hybrid"]).strip("[]'") in ("0", "false", "False")
+
+
+def test_safetensors_index_in_the_url_gives_exact_weights():
+    values, _ = parse_params({"a_model": "gpt-oss-20b", "a_ckpt": "13761264768", "a_ctx": "8192", "a_gpus": "1",
+                              "a_tp": "1"}, ALL_FIELDS)  # fmt: skip
+    result = compute_scenario(values, "a_", None)
+    assert result.plan.weights_bytes == 13_761_264_768
+    assert any("13,761,264,768 B (safetensors index, exact)" in line for line in formula_lines(result))

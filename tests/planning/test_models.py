@@ -150,3 +150,90 @@ def test_custom_gpu_validation(args, message):
 def test_custom_gpu_units():
     gpu = GPUSpec.custom("mine", 64, 2000, 500)
     assert (gpu.memory_bytes, gpu.memory_bandwidth, gpu.peak_bf16_flops) == (64 * GiB, 2e12, 5e14)
+
+
+NEW_PRESETS = {  # slug: (layers, KV heads, head_dim, max positions, published total parameters)
+    "gpt-oss-20b": (24, 8, 64, 131072, 20.91e9),
+    "gpt-oss-120b": (36, 8, 64, 131072, 116.83e9),
+    "gemma-3-27b": (62, 16, 128, 131072, 27.43e9 - 0.417e9),  # the shapes count the text model only
+    "llama-4-scout": (48, 8, 128, 10485760, 109e9),
+    "qwen3-next-80b": (48, 2, 256, 262144, 80e9),
+}
+
+
+@pytest.mark.parametrize("slug", sorted(NEW_PRESETS))
+def test_hybrid_presets_shapes_and_parameter_estimate(slug):
+    layers, kv_heads, head_dim, positions, params = NEW_PRESETS[slug]
+    model = MODELS[slug]
+    assert (model.num_layers, model.num_kv_heads, model.head_dim, model.max_position_embeddings) == (
+        layers, kv_heads, head_dim, positions)  # fmt: skip
+    raw = json.loads(MODELS_JSON.read_text())[slug]
+    config = {**raw["config"], **raw["config"].get("text_config", {})}
+    assert estimate_num_params(config)["total"] == pytest.approx(params, rel=0.015)
+    assert raw["source"] and model.is_hybrid
+
+
+def test_published_layer_patterns():
+    from collections import Counter
+
+    gpt = MODELS["gpt-oss-20b"]
+    assert gpt.layer_kinds[:2] == ("sliding_attention", "full_attention") and gpt.sliding_window == 128
+    assert gpt.quantization == "mxfp4" and (gpt.quantization_bits, gpt.quantization_group_size) == (4, 32)
+    gemma2 = MODELS["gemma-2-9b"]
+    assert (
+        gemma2.layer_kinds[0::2] == ("sliding_attention",) * 21
+        and gemma2.layer_kinds[1::2] == ("full_attention",) * 21
+    )
+    gemma3 = MODELS["gemma-3-27b"]
+    assert Counter(gemma3.layer_kinds) == {"sliding_attention": 52, "full_attention": 10}
+    assert [i for i, t in enumerate(gemma3.layer_kinds) if t == "full_attention"] == list(range(5, 62, 6))
+    assert gemma3.sliding_window == 1024
+    llama4 = MODELS["llama-4-scout"]
+    assert [i for i, t in enumerate(llama4.layer_kinds) if t == "full_attention"] == list(range(3, 48, 4))
+    assert llama4.attention_chunk_size == 8192 and llama4.sliding_window is None
+    qwen = MODELS["qwen3-next-80b"]
+    assert [i for i, t in enumerate(qwen.layer_kinds) if t == "full_attention"] == list(range(3, 48, 4))
+    assert qwen.recurrent_state.kind == "gated_delta_net"
+    assert MODELS["mistral-7b"].layer_kinds == ("sliding_attention",) * 32
+    for slug in ("llama-3.1-8b", "qwen2.5-7b", "deepseek-v3", "mixtral-8x7b"):
+        assert not MODELS[slug].is_hybrid and MODELS[slug].sliding_window is None
+    assert get_model("mistral-7b-v0.1") is MODELS["mistral-7b"]
+
+
+BASE = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 8, "vocab_size": 100}
+
+
+@pytest.mark.parametrize(
+    "extra, full_layers",
+    [
+        ({"model_type": "qwen2", "sliding_window": 32, "use_sliding_window": False}, list(range(8))),
+        ({"model_type": "qwen2", "sliding_window": 32, "use_sliding_window": True, "max_window_layers": 6},
+         list(range(6))),
+        ({"model_type": "gemma3_text", "sliding_window": 32, "sliding_window_pattern": 4}, [3, 7]),
+        ({"model_type": "gemma3_text", "sliding_window": 32}, [5]),
+        ({"model_type": "llama4_text", "attention_chunk_size": 64, "no_rope_layer_interval": 2}, [1, 3, 5, 7]),
+        ({"model_type": "llama4_text", "attention_chunk_size": 64, "no_rope_layers": [0, 1, 1, 1, 1, 1, 1, 0]},
+         [0, 7]),
+        ({"model_type": "mistral", "sliding_window": 32}, []),
+        ({"model_type": "llama", "layer_types": ["full_attention", "sliding_attention"] * 4, "sliding_window": 8},
+         [0, 2, 4, 6]),
+    ],
+)  # fmt: skip
+def test_layer_type_rules(extra, full_layers):
+    model = ModelSpec.from_hf_config({**BASE, **extra})
+    assert [i for i, t in enumerate(model.layer_kinds) if t == "full_attention"] == full_layers
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"layer_types": ["full_attention"] * 3}, "8 entries"),
+        ({"layer_types": ["cross_attention"] * 8}, "not supported"),
+        ({"layer_types": ["sliding_attention"] * 8}, "sliding_window"),
+        ({"layer_types": ["chunked_attention"] * 8}, "attention_chunk_size"),
+        ({"layer_types": ["linear_attention"] * 8}, "state shape"),
+    ],
+)
+def test_bad_layer_types_are_refused(extra, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        ModelSpec.from_hf_config({**BASE, **extra})
