@@ -14,6 +14,7 @@ PAGES = [
     st.Page("app_pages/kernels.py", title="Kernels", icon="⚡"),
     st.Page("app_pages/simulator.py", title="Serving simulator", icon="🚦"),
     st.Page("app_pages/planner.py", title="Capacity planner", icon="📐"),
+    st.Page("app_pages/engine.py", title="Engine", icon=":material/smart_toy:"),
 ]
 
 navigation = st.navigation(PAGES)

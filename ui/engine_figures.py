@@ -15,11 +15,6 @@ from core.paging.block_manager import BlockSnapshot
 from ui.playground_figures import block_heatmap
 from ui.theme import POLICY_COLORS, policy_color
 
-# Figure 15 of the PagedAttention paper (Alpaca trace, OPT-13B): % of KV blocks saved by sharing.
-PAPER_FIGURE_15 = {
-    "parallel sampling": {2: 6.1, 4: 8.5, 6: 9.8},
-    "beam search": {2: 37.6, 4: 53.1, 6: 55.2},
-}
 PREEMPTION_COLOR = "#d62728"
 COPY_COLOR = "#ff7f0e"
 PREFILL_COLOR = "#1f77b4"
@@ -150,20 +145,20 @@ def attention_latency_figure(steps: pd.DataFrame) -> go.Figure:
     return _layout(fig, "Paged attention latency per step, all layers (measured)")
 
 
-def sharing_figure(measured: Mapping[str, Mapping[int, float]]) -> go.Figure:
-    """Memory saved by sharing (% of the blocks the same sequences would hold without sharing) per mode and width:
-    ours beside the paper's Figure 15. `measured`: mode ("parallel sampling" / "beam search") -> width -> %."""
+def sharing_figure(measured: pd.DataFrame) -> go.Figure:
+    """Memory saved by sharing (% of the blocks the same sequences would hold without sharing), ours beside the
+    paper's Figure 15. `measured`: one row per run with columns mode ("parallel sampling" / "beam search"),
+    width, saving_pct (ours) and paper_pct (the paper's, NaN where it has none), as `measure_sharing` returns."""
+    labels = [
+        f"{'n' if m == 'parallel sampling' else 'beam'} = {w}"
+        for m, w in zip(measured["mode"], measured["width"], strict=True)
+    ]
     fig = go.Figure()
-    rows = [(mode, width) for mode, widths in PAPER_FIGURE_15.items() for width in widths]
-    labels = [f"{'n' if mode == 'parallel sampling' else 'beam'} = {width}" for mode, width in rows]
-    for name, values, color in (
-        (
-            "this engine (tiny model)",
-            [measured.get(m, {}).get(w, np.nan) for m, w in rows],
-            policy_color("paged"),
-        ),
-        ("paper, Figure 15 (OPT-13B)", [PAPER_FIGURE_15[m][w] for m, w in rows], POLICY_COLORS["contiguous"]),
+    for column, name, color in (
+        ("saving_pct", "this engine (tiny model)", policy_color("paged")),
+        ("paper_pct", "paper, Figure 15 (OPT-13B)", POLICY_COLORS["contiguous"]),
     ):
+        values = measured[column].to_numpy(dtype=float)
         fig.add_trace(
             go.Bar(
                 x=labels,
