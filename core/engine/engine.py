@@ -1,9 +1,13 @@
 """The engine: a Llama-family model served through the paged KV cache with continuous batching.
 
-Each step: the scheduler decides (decode groups, prefill chunks, preemptions); the engine appends each decoding
-sequence's last token to the block manager (copying a shared last block first), builds one flattened batch, runs
-the forward pass (K/V written by slot, read by the paged kernels), samples, forks or frees sequences, and records
-the step's metrics. See `core.engine` for the public API.
+The engine is driven by the serving simulator's own `core.serving.scheduler.Scheduler` (FCFS admission with a
+watermark, chunked prefill budget, newest-first preemption by recompute), with `EngineMemory` as its memory policy
+(the real BlockManager and KVCache) and the engine's `SequenceGroup`s as its groups. Each step:
+`schedule()` decides (decode groups, prefill chunks, preemptions); `allocate()` appends each decoding sequence's
+last token to the block manager (copying a shared last block first); the engine builds one flattened batch, runs
+the forward pass (K/V written by slot, read by the paged kernels) and samples, forking or freeing sequences;
+`postprocess()` counts the outputs and releases finished requests; the step's metrics are recorded.
+See `core.engine` for the public API.
 """
 
 import time
@@ -23,12 +27,12 @@ from core.engine.metrics import EngineRun, EngineSnapshot, StepRecorder
 from core.engine.model import ForwardBatch, LlamaModel
 from core.engine.postprocess import finish_group_outputs, process_group
 from core.engine.sampling import SamplingParams
-from core.engine.scheduler import EngineScheduler, ScheduledStep
 from core.engine.sequence import RequestOutput, Sequence, SequenceGroup
 from core.engine.weights import load_weights, random_weights
 from core.errors import InvalidArgumentError, ModelLoadError, ModelTooLargeError
 from core.paging.block_manager import BlockManager
 from core.paging.kv_cache import KVCache, kv_cache_bytes
+from core.serving.scheduler import ScheduledStep, Scheduler
 
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
@@ -215,20 +219,18 @@ class Engine:
             raise InvalidArgumentError(
                 f"{params.num_sequences} sequences per request exceed max_num_seqs ({self.max_num_seqs})"
             )
-        mem = self.memory
         groups = []
+        samples = 1 if params.use_beam_search else params.n  # beams grow from one sequence
         for index, prompt in enumerate(prompts):
             ids, text = self._prompt_ids(prompt)
-            peak = params.num_sequences * cdiv(len(ids) + params.max_tokens, self.manager.block_size)
-            if peak > self.manager.num_blocks - mem.watermark_blocks:
-                raise InvalidArgumentError(
-                    f"prompt {index} ({len(ids):,} tokens + {params.max_tokens:,} new, {params.num_sequences} "
-                    f"sequence(s)) may need {peak:,} blocks of {self.manager.block_size}; the pool has "
-                    f"{self.manager.num_blocks:,} (less {mem.watermark_blocks} watermark blocks)"
-                )
             generator = None if params.seed is None else torch.Generator().manual_seed(params.seed + index)
-            seq = Sequence(self._new_seq_id(), list(ids), len(ids), logits=[] if return_logits else None)
-            groups.append(SequenceGroup(index, params, list(ids), [seq], generator, prompt=text))
+            seqs = [
+                Sequence(self._new_seq_id(), list(ids), len(ids), logits=[] if return_logits else None)
+                for _ in range(samples)
+            ]
+            group = SequenceGroup(index, params, list(ids), seqs, generator, prompt=text)
+            self.memory.check_fits(group, params.max_tokens)
+            groups.append(group)
         return groups
 
     # ---- the loop -----------------------------------------------------------------------------------------
@@ -250,30 +252,42 @@ class Engine:
             raise InvalidArgumentError(f"params must be a SamplingParams, got {type(params).__name__}")
         started = time.perf_counter()
         groups = self._make_groups(prompts, params, return_logits)
-        scheduler = EngineScheduler(self.memory, self.max_num_seqs, self.max_num_batched_tokens)
+        scheduler = Scheduler(self.memory, self.max_num_seqs, self.max_num_batched_tokens, "recompute")
         for group in groups:
             scheduler.add(group)
         recorder = StepRecorder(self.max_snapshots)
         request_of = {}
         target = len(groups) * params.num_sequences * params.max_tokens
         step = 0
-        while scheduler.has_unfinished():
+        while scheduler.has_unfinished:
             t0 = time.perf_counter()
             scheduled = scheduler.schedule()
-            generated, attention_ms, kv_read, cows0 = self._execute(scheduled, scheduler, step, recorder)
+            if scheduled.is_empty and not scheduled.preempted:
+                raise InvalidArgumentError(
+                    f"the scheduler is stuck: {len(scheduler.waiting)} waiting request(s) fit in none of the "
+                    f"{self.memory.free_blocks:,} free blocks and nothing runs (use more blocks or shorter requests)"
+                )
+            scheduler.allocate(scheduled)  # appends each decoding sequence's token: EngineMemory.grow
+            for request, seq_id, src, dst in self.memory.cow_log:
+                recorder.cow_events.append((step, request, seq_id, src, dst))
+            cows = len(self.memory.cow_log)
+            self.memory.cow_log.clear()
+            kv_read = self._execute(scheduled) if not scheduled.is_empty else 0
+            outcome = scheduler.postprocess(scheduled)
             for group in groups:
                 for seq in group.seqs:
                     request_of[seq.seq_id] = group.request_id
+            attention_ms = self.model.attention_ms if not scheduled.is_empty else 0.0
             self._record(
-                scheduler, scheduled, recorder, step, started, t0, generated, attention_ms, kv_read, cows0
+                scheduler, scheduled, outcome, recorder, (step, started, t0), attention_ms, kv_read, cows
             )
             recorder.maybe_snapshot(
-                step, lambda s: self._snapshot(s, request_of), not scheduler.has_unfinished()
+                step, lambda s: self._snapshot(s, request_of), not scheduler.has_unfinished
             )
             step += 1
             if progress is not None:
                 done = sum(sum(s.num_output for s in (*g.seqs, *g.finished)) for g in groups)
-                progress(min(done / target, 1.0) if scheduler.has_unfinished() else 1.0)
+                progress(min(done / target, 1.0) if scheduler.has_unfinished else 1.0)
         outputs = [finish_group_outputs(g, self.tokenizer) for g in groups]
         self.last_run = EngineRun(
             recorder.steps_frame(),
@@ -298,67 +312,61 @@ class Engine:
         blocks = self.manager.snapshot()
         return EngineSnapshot(step, blocks, {s: request_of.get(s, -1) for s in blocks.seq_ids})
 
-    def _execute(
-        self, scheduled: ScheduledStep, scheduler: EngineScheduler, step: int, recorder: StepRecorder
-    ):
-        """Append, run the forward pass, sample. Returns (tokens generated, attention ms, KV tokens read,
-        copy-on-write copies made)."""
+    def _prefill_pieces(self, scheduled: ScheduledStep) -> list[tuple[SequenceGroup, Sequence, int, int]]:
+        """The scheduler's group chunks (group, start, tokens) as (group, sequence, first position, tokens): a
+        group's prefill is the concatenation of its `prefill_plan` (see EngineMemory.admit)."""
+        pieces = []
+        for group, start, count in scheduled.prefill_chunks:
+            offset = 0
+            for seq, todo in group.prefill_plan:
+                lo, hi = max(start, offset), min(start + count, offset + todo)
+                if lo < hi:
+                    first = seq.num_allocated - todo + (lo - offset)
+                    pieces.append((group, seq, first, hi - lo))
+                offset += todo
+        return pieces
+
+    def _execute(self, scheduled: ScheduledStep) -> int:
+        """Run the forward pass of the step and sample; returns the KV tokens the step's attention read."""
         mem = self.memory
-        decode_seqs: list[tuple[SequenceGroup, Sequence]] = [(g, s) for g in scheduled.decode for s in g.seqs]
-        tokens, positions, slots = [], [], []
-        dec_tables, dec_lens = [], []
-        cows = 0
-        for group, seq in decode_seqs:
-            slot, cow = mem.append(seq)
-            if cow is not None:
-                cows += 1
-                recorder.cow_events.append((step, group.request_id, seq.seq_id, cow[0], cow[1]))
-            tokens.append(seq.token_ids[-1])
-            positions.append(seq.num_allocated - 1)
-            slots.append(slot)
-            dec_tables.append(self.manager.block_table(seq.seq_id))
-            dec_lens.append(seq.num_allocated)
-        pre_tables, pre_ctx, pre_q = [], [], []
-        logits_owner: list[Sequence] = [s for _, s in decode_seqs]
-        last_index = []
-        for seq, chunk in scheduled.prefill:
-            start = seq.num_computed
+        decode_seqs = [s for g in scheduled.decoding for s in g.seqs]
+        tokens = [s.token_ids[-1] for s in decode_seqs]
+        positions = [s.num_allocated - 1 for s in decode_seqs]
+        slots = [s.pending_slot for s in decode_seqs]
+        dec_tables = [self.manager.block_table(s.seq_id) for s in decode_seqs]
+        dec_lens = [s.num_allocated for s in decode_seqs]
+        pre_tables, pre_ctx, pre_q, last_index = [], [], [], []
+        logits_owner: list[list[Sequence]] = [[s] for s in decode_seqs]
+        pieces = self._prefill_pieces(scheduled)
+        for group, seq, start, chunk in pieces:
             tokens += seq.token_ids[start : start + chunk]
             positions += range(start, start + chunk)
             slots += mem.slots(seq, start, start + chunk).tolist()
             pre_tables.append(self.manager.block_table(seq.seq_id))
             pre_ctx.append(start + chunk)
             pre_q.append(chunk)
-            if start + chunk == seq.num_allocated:
-                logits_owner.append(seq)
+            if start + chunk == seq.num_allocated:  # the prefill of this sequence ends: its logits are needed
+                owners = [seq] if group.started_sampling else group.seqs  # forked samples share the prompt
+                logits_owner.append(owners)
                 last_index.append(len(tokens) - 1)
         batch = self._batch(
             tokens, positions, slots, dec_tables, dec_lens, pre_tables, pre_ctx, pre_q, last_index
         )
         logits = self.model.forward(batch, self.cache)  # [len(logits_owner), vocab]
-        for _, seq in decode_seqs:
+        for seq in decode_seqs:
             mem.mark_computed(seq, seq.num_allocated)
-        for seq, chunk in scheduled.prefill:
-            mem.mark_computed(seq, seq.num_computed + chunk)
-        pending = {id(seq): logits[i] for i, seq in enumerate(logits_owner)}
-        touched = list(dict.fromkeys([*scheduled.decode, *self._groups_of(scheduled, scheduler)]))
-        generated = 0
+        for group, seq, start, chunk in pieces:
+            for owner in [seq] if group.started_sampling else group.seqs:
+                mem.mark_computed(owner, start + chunk)
+        for row, owners in enumerate(logits_owner):
+            for seq in owners:
+                seq.pending_logits = logits[row]
+        eos = self.config.eos_token_ids
+        touched = dict.fromkeys([*scheduled.decoding, *(g for g, _, _ in scheduled.prefill_chunks)])
         for group in touched:
-            for seq in group.seqs:
-                if id(seq) in pending:
-                    seq.pending_logits = pending[id(seq)]
-            if group.is_prefilling or any(s.pending_logits is None for s in group.seqs):
-                continue
-            generated += process_group(group, self.memory, self._new_seq_id, self.config.eos_token_ids)
-            if group.is_done:
-                scheduler.finish(group)
-        kv_read = sum(dec_lens) + sum(pre_ctx)
-        return generated, self.model.attention_ms, kv_read, cows
-
-    @staticmethod
-    def _groups_of(scheduled: ScheduledStep, scheduler: EngineScheduler) -> list[SequenceGroup]:
-        ids = {id(seq) for seq, _ in scheduled.prefill}
-        return [g for g in scheduler.running if any(id(s) in ids for s in g.seqs)]
+            if group.seqs and all(s.pending_logits is not None for s in group.seqs):
+                process_group(group, mem, self._new_seq_id, eos)
+        return sum(dec_lens) + sum(pre_ctx)
 
     def _batch(self, tokens, positions, slots, dec_tables, dec_lens, pre_tables, pre_ctx, pre_q, last_index):
         device = self.model.device
@@ -387,12 +395,9 @@ class Engine:
             logits_indices=longs(list(range(num_decode)) + last_index),
         )
 
-    def _record(
-        self, scheduler, scheduled, recorder, step, started, t0, generated, attention_ms, kv_read, cows
-    ):
-        mem = self.memory
-        live = [s for g in scheduler.running for s in g.seqs]
-        usage = mem.usage(live)
+    def _record(self, scheduler, scheduled, outcome, recorder, when, attention_ms, kv_read, cows):
+        step, started, t0 = when
+        usage = self.memory.usage(self.memory.live_seqs())
         free = self.manager.num_free_blocks
         bs = self.manager.block_size
         now = time.perf_counter()
@@ -401,12 +406,12 @@ class Engine:
                 "step": step,
                 "time_s": now - started,
                 "step_time_ms": (now - t0) * 1e3,
-                "running": len(scheduler.running),
-                "running_seqs": len(live),
-                "waiting": len(scheduler.waiting),
+                "running": scheduled.num_running,
+                "running_seqs": scheduled.num_running_seqs,
+                "waiting": scheduled.num_waiting,
                 "swapped": 0,
                 "preemptions": len(scheduled.preempted),
-                "preemptions_total": scheduler.preemptions_total,
+                "preemptions_total": scheduler.num_preemptions,
                 "free_blocks": free,
                 "free_slots": free * bs,
                 "token_states": usage["token_states"],
@@ -414,8 +419,8 @@ class Engine:
                 "internal_fragmentation": usage["internal_fragmentation"],
                 "allocator_slack": 0,
                 "external_fragmentation": free * bs,
-                "tokens_generated": generated,
-                "prefill_tokens": sum(c for _, c in scheduled.prefill),
+                "tokens_generated": outcome.tokens_generated,
+                "prefill_tokens": outcome.prefill_tokens,
                 "kv_tokens_read": kv_read,
                 "prefix_hit_tokens": scheduled.prefix_hit_tokens,
                 "shared_blocks": usage["shared_blocks"],

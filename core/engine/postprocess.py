@@ -1,9 +1,9 @@
 """After the forward pass: turn each request's logits into tokens, fork / free sequences, finish outputs.
 
 A group is processed once every live sequence has its `pending_logits` (the logits after its last token):
-- sampling (n >= 1): right after the prompt's prefill the single sequence's logits give n draws and the
-  sequence is forked n - 1 times (the children share every prompt block; the shared partially filled last
-  block is copied on each child's first write). Later, each sequence draws its own next token.
+- sampling (n >= 1): the n sequences were forked at admission (they share every prompt block; the shared
+  partially filled last block is copied on each one's first write but the last), so right after the prompt's
+  prefill they hold the same logits and make n draws; later each draws its own next token.
 - beam search (width k): the 2k best (beam, token) continuations by cumulative logprob are taken, as
   transformers does; those ending in EOS / a stop token among the first k become finished hypotheses, and the
   best k others continue: a beam chosen c times is kept for its first continuation and forked c - 1 times, a beam
@@ -49,14 +49,7 @@ def process_group(
     logits = torch.stack([s.pending_logits for s in seqs])  # [num_seqs, vocab]
     for seq in seqs:
         seq.pending_logits = None
-    if not group.started_sampling:
-        logits = logits.expand(params.n, -1)
-        parent = seqs[0]
-        children = [parent] + [parent.fork(new_seq_id()) for _ in range(params.n - 1)]
-        for child in children[1:]:
-            memory.fork(parent, child)
-        group.seqs = seqs = children
-        group.started_sampling = True
+    group.started_sampling = True
     tokens = sample(logits, params, group.generator)
     logprobs = torch.log_softmax(logits, dim=-1)
     for row, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):

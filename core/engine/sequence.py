@@ -56,6 +56,7 @@ class Sequence:
     finish_reason: str | None = None
     logits: list[torch.Tensor] | None = None
     pending_logits: torch.Tensor | None = None  # [vocab] logits after the last token, not yet sampled from
+    pending_slot: int = -1  # the KV slot of the last token, given by the latest decode append
 
     @property
     def output_ids(self) -> list[int]:
@@ -96,11 +97,19 @@ class SequenceGroup:
     finished: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
     num_cached_tokens: int = 0
-    started_sampling: bool = False  # the prompt's first tokens were sampled (n / beams forked)
+    started_sampling: bool = False  # the first output tokens were sampled
+    # kept by core.serving.scheduler.Scheduler (its SequenceGroup protocol)
+    length: int = 0
+    num_prefill_tokens: int = 0
+    num_prefill_total: int = 0
+    num_output_tokens: int = 0
+    # set at admission by EngineMemory: the (sequence, tokens to compute) whose concatenation is the group's
+    # prefill, so the scheduler's chunk [start, start + n) maps onto sequences
+    prefill_plan: list = field(default_factory=list)
 
     @property
     def is_prefilling(self) -> bool:
-        return any(s.prefill_left > 0 for s in self.seqs)
+        return self.num_prefill_tokens > 0
 
     @property
     def is_done(self) -> bool:
@@ -108,5 +117,16 @@ class SequenceGroup:
 
     @property
     def num_seqs(self) -> int:
-        """Sequences this request runs at once when decoding (what max_num_seqs counts)."""
-        return max(len(self.seqs), 1) if self.started_sampling else self.params.num_sequences
+        """Live sequences (n samples are forked at admission; beams grow from 1 to beam_width)."""
+        return len(self.seqs)
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return [s.seq_id for s in self.seqs]
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def is_finished(self) -> bool:
+        return not self.seqs
