@@ -119,9 +119,9 @@ def _copy(src, dst, skip=()):
 def test_missing_directory_and_files(tmp_path, saved):
     with pytest.raises(ModelLoadError, match="does not exist"):
         Engine.from_pretrained(tmp_path / "nowhere")
-    with pytest.raises(ModelLoadError, match="no config.json"):
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
         Engine.from_pretrained(_copy(saved, tmp_path / "a", skip=("config.json",)))
-    with pytest.raises(ModelLoadError, match="neither model.safetensors"):
+    with pytest.raises(ModelLoadError, match=r"neither model\.safetensors"):
         Engine.from_pretrained(_copy(saved, tmp_path / "b", skip=("model.safetensors",)))
 
 
@@ -131,7 +131,7 @@ def test_unsupported_architecture_and_missing_weight(tmp_path, saved):
     (bad / "config.json").write_text(
         json.dumps(raw | {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
     )
-    with pytest.raises(ModelLoadError, match="unsupported architecture.*GPT2LMHeadModel"):
+    with pytest.raises(ModelLoadError, match=r"unsupported architecture.*GPT2LMHeadModel"):
         Engine.from_pretrained(bad)
     deeper = _copy(saved, tmp_path / "deeper")
     (deeper / "config.json").write_text(json.dumps(raw | {"num_hidden_layers": 3}))
