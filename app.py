@@ -4,16 +4,18 @@ import streamlit as st
 
 from ui.sidebar import render_sidebar
 
-st.set_page_config(page_title="PagedAttention Lab", page_icon="🧱", layout="wide")
+st.set_page_config(page_title="PagedAttention Lab", page_icon=":material/grid_view:", layout="wide")
 
 # The screens live in app_pages/, not pages/: Streamlit treats a folder named pages/ beside the entry point as the
 # old multipage layout until st.navigation first runs, so a shared deep link (/planner?...) opened on a fresh
 # server would run the page without this file (no sidebar, no wide layout).
 PAGES = [
-    st.Page("app_pages/playground.py", title="Block manager playground", icon="🧱", default=True),
-    st.Page("app_pages/kernels.py", title="Kernels", icon="⚡"),
-    st.Page("app_pages/simulator.py", title="Serving simulator", icon="🚦"),
-    st.Page("app_pages/planner.py", title="Capacity planner", icon="📐"),
+    st.Page(
+        "app_pages/playground.py", title="Block manager playground", icon=":material/grid_view:", default=True
+    ),
+    st.Page("app_pages/kernels.py", title="Kernels", icon=":material/bolt:"),
+    st.Page("app_pages/simulator.py", title="Serving simulator", icon=":material/traffic:"),
+    st.Page("app_pages/planner.py", title="Capacity planner", icon=":material/straighten:"),
     st.Page("app_pages/engine.py", title="Engine", icon=":material/smart_toy:"),
 ]
 

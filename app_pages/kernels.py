@@ -4,6 +4,7 @@ import pandas as pd
 import streamlit as st
 import torch
 
+from core.common import cdiv
 from core.device import default_device, device_label, format_bytes, memory_budget_bytes
 from core.errors import LabError
 from core.kernels.attention import available_backends
@@ -61,6 +62,18 @@ with st.form("kernel_config"):
     )
     dtype = row[2].selectbox("dtype", ["float32", "bfloat16", "float16"])
     backends = row[3].multiselect("paged backends", BACKENDS, default=BACKENDS)
+    with st.expander("Sliding window (Mistral, Gemma, gpt-oss layers)"):
+        window = int(
+            st.number_input(
+                "sliding window (tokens; 0 = full attention)",
+                min_value=0,
+                max_value=1_048_576,
+                value=0,
+                step=128,
+                help="Each query attends to its last W positions only; the paged kernels then read only the "
+                "blocks inside the window, the contiguous baseline masks the rest.",
+            )
+        )
     st.form_submit_button("Run check and sweep", type="primary")
 
 st.caption(
@@ -68,7 +81,10 @@ st.caption(
     "plus its contiguous and gathered copies (set `PAGED_LAB_MAX_BYTES` to change)."
 )
 
-config = KernelConfig(batch, context_len, num_heads, num_kv_heads, head_dim, block_size, dtype)
+sliding_window = window or None
+config = KernelConfig(
+    batch, context_len, num_heads, num_kv_heads, head_dim, block_size, dtype, sliding_window
+)
 try:
     config.validate()
     if not backends:
@@ -83,7 +99,12 @@ backends = tuple(backends)
 st.markdown(
     f"**{batch:,} sequences x {context_len:,} tokens**, {num_heads} query / {num_kv_heads} KV heads x "
     f"{head_dim} dims, {dtype}: one decode step reads {format_bytes(config.kv_bytes)} of K and V "
-    f"({config.kv_bytes:,} bytes)."
+    f"({config.kv_bytes:,} bytes)"
+    + (
+        f", the last {config.visible_tokens:,} tokens of each sequence (sliding window)."
+        if sliding_window
+        else "."
+    )
 )
 
 # ---- correctness -------------------------------------------------------------------------------------------
@@ -121,7 +142,7 @@ copy_gbps = _copy_gbps(device)
 rows: list[dict] = []
 for i, ctx in enumerate(contexts):
     progress.progress(i / len(contexts), text=f"timing context {ctx:,} tokens ({i + 1} of {len(contexts)})")
-    point = KernelConfig(batch, ctx, num_heads, num_kv_heads, head_dim, block_size, dtype)
+    point = KernelConfig(batch, ctx, num_heads, num_kv_heads, head_dim, block_size, dtype, sliding_window)
     rows.extend(_measure(point, backends, device))
 progress.progress(1.0, text=f"done: {len(contexts)} context lengths, median of {REPEATS} runs each (cached)")
 
@@ -143,9 +164,9 @@ left, right = st.columns(2)
 left.plotly_chart(bandwidth_figure(rows, copy_gbps), width="stretch")
 
 # ---- block map ---------------------------------------------------------------------------------------------
-blocks_per_seq = -(-context_len // block_size)
+blocks_per_seq = cdiv(context_len, block_size)
 map_context = min(context_len, MAP_MAX_BLOCKS * block_size)
-map_blocks_per_seq = -(-map_context // block_size)
+map_blocks_per_seq = cdiv(map_context, block_size)
 map_batch = max(1, min(batch, MAP_MAX_BLOCKS // map_blocks_per_seq))
 tables, lens = random_block_tables(
     map_batch, map_context, block_size, generator=torch.Generator().manual_seed(0)

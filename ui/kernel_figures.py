@@ -155,6 +155,88 @@ def bandwidth_figure(rows: list[dict], copy_gbps: float) -> go.Figure:
     return fig
 
 
+def _square_trace(
+    xy, name: str, color, hover: list[str], labels: list[str] | None = None, **marker
+) -> go.Scatter:
+    """Square markers at the (x, y) points `xy`, optionally labelled, with one hover line per point."""
+    return go.Scatter(
+        x=[p[0] for p in xy],
+        y=[p[1] for p in xy],
+        mode="markers+text" if labels is not None else "markers",
+        marker={"symbol": "square", "size": 16, "color": color, **marker},
+        text=labels,
+        textfont={"color": "white", "size": 8},
+        name=name,
+        hovertext=hover,
+        hovertemplate="%{hovertext}<extra></extra>",
+    )
+
+
+def _pool_traces(num_blocks: int, table: list[int], owned: set[int], physical_xy) -> list[go.Scatter]:
+    """The physical pool's cells not held by this sequence: free ones and those of other sequences."""
+    mine = set(table)
+    groups = {"free block": ([], FREE_BLOCK_COLOR), "other sequences": ([], CACHED_BLOCK_COLOR)}
+    for block in range(num_blocks):
+        if block not in mine:
+            groups["other sequences" if block in owned else "free block"][0].append(block)
+    return [
+        _square_trace(
+            [physical_xy(b) for b in blocks],
+            name,
+            fill,
+            [f"physical block {b:,}" for b in blocks],
+            line={"color": "#bbbbbb", "width": 1},
+        )
+        for name, (blocks, fill) in groups.items()
+        if blocks
+    ]
+
+
+def _link_trace(logical: list, phys: list, used: int, max_links: int, color: str) -> go.Scatter:
+    """Lines joining the first `max_links` logical blocks to their physical blocks: the block table itself."""
+    links_x: list[float | None] = []
+    links_y: list[float | None] = []
+    for j in range(min(used, max_links)):
+        (x0, y0), (x1, y1) = logical[j], phys[j]
+        links_x += [x0, x1, None]
+        links_y += [y0, y1, None]
+    return go.Scatter(
+        x=links_x,
+        y=links_y,
+        mode="lines",
+        line={"color": color, "width": 1},
+        opacity=0.5,
+        name=f"block table (first {min(used, max_links)} of {used:,} entries)",
+        hoverinfo="skip",
+    )
+
+
+def _block_map_layout(
+    fig: go.Figure, context_len: int, block_size: int, num_blocks: int, used: int, columns: int
+) -> go.Figure:
+    pool_rows = -(-num_blocks // columns)
+    top = 2.5 + (used - 1) // columns
+    fig.add_annotation(
+        x=-0.5, y=top + 0.9, text="logical blocks (block table order)", showarrow=False, xanchor="left"
+    )
+    fig.add_annotation(
+        x=-0.5, y=0.9, text="physical block pool (ids row by row)", showarrow=False, xanchor="left"
+    )
+    fig.update_layout(
+        title=(
+            f"Sequence 0: {context_len:,} tokens in {used:,} logical blocks<br>"
+            f"<sup>blocks of {block_size} tokens, scattered over a pool of {num_blocks:,} physical blocks</sup>"
+        ),
+        height=max(300, 22 * (pool_rows + (used - 1) // columns + 5) + 130),
+        margin={"l": 20, "r": 20, "t": 70, "b": 20},
+        legend={"orientation": "h", "y": -0.05},
+        plot_bgcolor="white",
+    )
+    fig.update_xaxes(visible=False, range=[-1, columns])
+    fig.update_yaxes(visible=False, scaleanchor="x", scaleratio=1)
+    return fig
+
+
 def block_map_figure(
     block_table: list[int],
     context_len: int,
@@ -177,112 +259,23 @@ def block_map_figure(
     color = sequence_color(0)
     owned = set(owned or ()) - set(table)
 
-    def logical_xy(j: int) -> tuple[float, float]:
-        return j % columns, 2.5 + (used - 1) // columns - j // columns
-
     def physical_xy(block: int) -> tuple[float, float]:
         return block % columns, -(block // columns)
 
-    fig = go.Figure()
-    # physical pool: free / other sequences / this sequence
-    groups = {"free block": ([], FREE_BLOCK_COLOR), "other sequences": ([], CACHED_BLOCK_COLOR)}
-    for block in range(num_blocks):
-        if block in table:
-            continue
-        groups["other sequences" if block in owned else "free block"][0].append(block)
-    for name, (blocks, fill) in groups.items():
-        if blocks:
-            xy = [physical_xy(b) for b in blocks]
-            fig.add_trace(
-                go.Scatter(
-                    x=[p[0] for p in xy],
-                    y=[p[1] for p in xy],
-                    mode="markers",
-                    marker={
-                        "symbol": "square",
-                        "size": 16,
-                        "color": fill,
-                        "line": {"color": "#bbbbbb", "width": 1},
-                    },
-                    name=name,
-                    text=[f"physical block {b:,}" for b in blocks],
-                    hovertemplate="%{text}<extra></extra>",
-                )
-            )
-    fills = [block_size] * (used - 1) + [context_len - (used - 1) * block_size]
+    logical = [(j % columns, 2.5 + (used - 1) // columns - j // columns) for j in range(used)]
     phys = [physical_xy(b) for b in table]
+    fills = [block_size] * (used - 1) + [context_len - (used - 1) * block_size]
     hover = [
         f"logical block {j:,} (tokens {j * block_size:,}-{j * block_size + fills[j] - 1:,}, {fills[j]}/{block_size} "
         f"filled) -> physical block {b:,}"
         for j, b in enumerate(table)
     ]
+    labels = [str(j) for j in range(used)]
+    fig = go.Figure(_pool_traces(num_blocks, table, owned, physical_xy))
+    fig.add_trace(_square_trace(phys, "this sequence (label: logical index)", color, hover, labels))
+    opacity = [0.35 + 0.65 * f / block_size for f in fills]
     fig.add_trace(
-        go.Scatter(
-            x=[p[0] for p in phys],
-            y=[p[1] for p in phys],
-            mode="markers+text",
-            marker={"symbol": "square", "size": 16, "color": color},
-            text=[str(j) for j in range(used)],
-            textfont={"color": "white", "size": 8},
-            name="this sequence (label: logical index)",
-            hovertext=hover,
-            hovertemplate="%{hovertext}<extra></extra>",
-        )
+        _square_trace(logical, "logical blocks (shade: fill)", color, hover, labels, opacity=opacity)
     )
-    logical = [logical_xy(j) for j in range(used)]
-    fig.add_trace(
-        go.Scatter(
-            x=[p[0] for p in logical],
-            y=[p[1] for p in logical],
-            mode="markers+text",
-            marker={
-                "symbol": "square",
-                "size": 16,
-                "color": color,
-                "opacity": [0.35 + 0.65 * f / block_size for f in fills],
-            },
-            text=[str(j) for j in range(used)],
-            textfont={"color": "white", "size": 8},
-            name="logical blocks (shade: fill)",
-            hovertext=hover,
-            hovertemplate="%{hovertext}<extra></extra>",
-        )
-    )
-    links_x: list[float | None] = []
-    links_y: list[float | None] = []
-    for j in range(min(used, max_links)):
-        (x0, y0), (x1, y1) = logical[j], phys[j]
-        links_x += [x0, x1, None]
-        links_y += [y0, y1, None]
-    fig.add_trace(
-        go.Scatter(
-            x=links_x,
-            y=links_y,
-            mode="lines",
-            line={"color": color, "width": 1},
-            opacity=0.5,
-            name=f"block table (first {min(used, max_links)} of {used:,} entries)",
-            hoverinfo="skip",
-        )
-    )
-    pool_rows = -(-num_blocks // columns)
-    top = 2.5 + (used - 1) // columns
-    fig.add_annotation(
-        x=-0.5, y=top + 0.9, text="logical blocks (block table order)", showarrow=False, xanchor="left"
-    )
-    fig.add_annotation(
-        x=-0.5, y=0.9, text="physical block pool (ids row by row)", showarrow=False, xanchor="left"
-    )
-    fig.update_layout(
-        title=(
-            f"Sequence 0: {context_len:,} tokens in {used:,} logical blocks<br>"
-            f"<sup>blocks of {block_size} tokens, scattered over a pool of {num_blocks:,} physical blocks</sup>"
-        ),
-        height=max(300, 22 * (pool_rows + (used - 1) // columns + 5) + 130),
-        margin={"l": 20, "r": 20, "t": 70, "b": 20},
-        legend={"orientation": "h", "y": -0.05},
-        plot_bgcolor="white",
-    )
-    fig.update_xaxes(visible=False, range=[-1, columns])
-    fig.update_yaxes(visible=False, scaleanchor="x", scaleratio=1)
-    return fig
+    fig.add_trace(_link_trace(logical, phys, used, max_links, color))
+    return _block_map_layout(fig, context_len, block_size, num_blocks, used, columns)

@@ -210,18 +210,23 @@ class Engine:
         self._next_seq_id += 1
         return self._next_seq_id - 1
 
-    def _make_groups(self, prompts, params: SamplingParams, return_logits: bool) -> list[SequenceGroup]:
+    def _make_groups(self, prompts, params, return_logits: bool) -> list[SequenceGroup]:
         if isinstance(prompts, str) or (isinstance(prompts, Seq) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if len(prompts) == 0:
             raise InvalidArgumentError("generate needs at least one prompt")
-        if params.num_sequences > self.max_num_seqs:
-            raise InvalidArgumentError(
-                f"{params.num_sequences} sequences per request exceed max_num_seqs ({self.max_num_seqs})"
-            )
+        per_prompt = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise InvalidArgumentError(f"{len(per_prompt)} SamplingParams given for {len(prompts)} prompts")
         groups = []
-        samples = 1 if params.use_beam_search else params.n  # beams grow from one sequence
-        for index, prompt in enumerate(prompts):
+        for index, (prompt, params) in enumerate(zip(prompts, per_prompt, strict=True)):
+            if not isinstance(params, SamplingParams):
+                raise InvalidArgumentError(f"params must be SamplingParams, got {type(params).__name__}")
+            if params.num_sequences > self.max_num_seqs:
+                raise InvalidArgumentError(
+                    f"{params.num_sequences} sequences per request exceed max_num_seqs ({self.max_num_seqs})"
+                )
+            samples = 1 if params.use_beam_search else params.n  # beams grow from one sequence
             ids, text = self._prompt_ids(prompt)
             generator = None if params.seed is None else torch.Generator().manual_seed(params.seed + index)
             seqs = [
@@ -238,26 +243,33 @@ class Engine:
     def generate(
         self,
         prompts,
-        params: SamplingParams | None = None,
+        params: SamplingParams | list[SamplingParams] | None = None,
         *,
         progress: Callable[[float], None] | None = None,
         return_logits: bool = False,
     ) -> list[RequestOutput]:
         """Generate for every prompt (a list of token ids, or a string when the model has a tokenizer; one prompt
-        alone is accepted too); returns one RequestOutput per prompt, in order. progress(fraction) is called
+        alone is accepted too) with `params` (one SamplingParams for all, or a list with one per prompt; default
+        16 tokens at temperature 1.0); returns one RequestOutput per prompt, in order. progress(fraction) is called
         after every step with the fraction of the output tokens asked for that exist so far (last call 1.0).
-        Records `self.last_run`. Raises InvalidArgumentError for a prompt that can never fit the pool."""
-        params = params or SamplingParams(max_tokens=16)
-        if not isinstance(params, SamplingParams):
-            raise InvalidArgumentError(f"params must be a SamplingParams, got {type(params).__name__}")
+        Records `self.last_run`. Raises InvalidArgumentError for a prompt that can never fit the pool; after any
+        error the pool is left empty, as before the call."""
         started = time.perf_counter()
-        groups = self._make_groups(prompts, params, return_logits)
+        groups = self._make_groups(prompts, params or SamplingParams(max_tokens=16), return_logits)
+        try:
+            return self._run(groups, started, progress)
+        except BaseException:
+            for group in list(self.memory.held.values()):
+                self.memory.release(group)
+            raise
+
+    def _run(self, groups: list[SequenceGroup], started: float, progress) -> list[RequestOutput]:
         scheduler = Scheduler(self.memory, self.max_num_seqs, self.max_num_batched_tokens, "recompute")
         for group in groups:
             scheduler.add(group)
         recorder = StepRecorder(self.max_snapshots)
         request_of = {}
-        target = len(groups) * params.num_sequences * params.max_tokens
+        target = sum(g.params.num_sequences * g.params.max_tokens for g in groups)
         step = 0
         while scheduler.has_unfinished:
             t0 = time.perf_counter()

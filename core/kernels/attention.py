@@ -13,7 +13,7 @@ Grouped-query attention: query head `h` reads KV head `h // (num_heads // num_kv
 that share the same K/V, so K and V are read once per KV head, never expanded.
 
 Backends:
-- "torch": vectorised torch. The block table is walked in chunks of whole blocks (a Python loop over chunks,
+- "torch": `core.kernels.torch_backend`, vectorised torch. The block table is walked in chunks of whole blocks (a Python loop over chunks,
   never over sequences or tokens); each chunk is gathered into a small reused buffer (~4 MiB, meant to stay in
   the last-level cache) and attended with a fused kernel that also returns the log-sum-exp; chunks are merged
   with the paper's equation 4 (online softmax). On CPU the fused kernel is ATen's flash attention
@@ -24,7 +24,7 @@ Backends:
 - "cpu": `core.kernels.cpu_backend`, a small C kernel (compiled at first use with the system C compiler, cached,
   called through ctypes) that reads each block in place through the block table with OpenMP over (sequence,
   KV heads): no gathered copy. Offered only where it builds (`available_backends`).
-- "gather": copies every sequence's blocks into one contiguous tensor, then attends it with the same fused
+- "gather": `core.kernels.gather_backend`, copies every sequence's blocks into one contiguous tensor, then attends it with the same fused
   kernel. The naive way, kept to show what the extra pass over memory costs.
 - "auto": "triton" for CUDA tensors when triton imports; for CPU tensors "cpu" at decode when the C kernel builds
   (it beats "torch" there in bench/attention.py), else "torch". CPU prefill with "auto" stays on "torch": long
@@ -41,28 +41,31 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from core.common import check_int
 from core.errors import BackendUnavailableError, InvalidArgumentError
 from core.kernels.cpu_backend import cpu_kernel_available, cpu_kernel_error, cpu_paged_rows
+from core.kernels.gather_backend import gather_contiguous, gather_paged_rows
+from core.kernels.torch_backend import torch_paged_rows, used_entries, visible_starts, window_table
+
+__all__ = [
+    "BACKENDS",
+    "available_backends",
+    "contiguous_attention",
+    "gather_contiguous",
+    "paged_attention",
+    "paged_prefill_attention",
+    "resolve_backend",
+    "torch_paged_rows",
+]
 
 BACKENDS = ("auto", "torch", "triton", "cpu", "gather")
 CONTIGUOUS_METHODS = ("sdpa", "matmul")
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
-# The torch backend gathers this many bytes of K (and as many of V) per chunk: small enough to stay in the
-# last-level cache between the gather and the attention that reads it, big enough to amortise Python overhead.
-CHUNK_TARGET_BYTES = 4 * 1024**2
-# ...and at least this many tokens per chunk. On CPU, ATen's flash kernel returns each chunk's partial output in
-# the input dtype (vLLM's paged_attention_v2 also keeps its partial outputs in the input dtype), so half types
-# round twice: once per partial, once at the end; longer chunks average more tokens, keeping partials small.
-# Very short chunks (<= 32 tokens) also hit slow, erratic paths of that kernel in float32.
-MIN_CHUNK_TOKENS = 64
-
 # "auto" picks the "cpu" C kernel for CPU tensors when it builds here (it beats "torch" for decode in
 # bench/attention.py); False keeps "torch".
 AUTO_CPU_KERNEL = True
-
-_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 # ----------------------------------------------------------------------------------------------- backends
@@ -180,7 +183,7 @@ def _check_paged(
             f"key_cache and value_cache must have the same shape, got {list(key_cache.shape)} and "
             f"{list(value_cache.shape)}"
         )
-    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    _, block_size, num_kv_heads, head_dim = key_cache.shape
     num_seqs, num_heads = query.shape[0], query.shape[-2]
     _check_compatible(
         {"query": query, "key_cache": key_cache, "value_cache": value_cache},
@@ -209,12 +212,6 @@ def _check_paged(
             f"context_lens must be in [1, max_blocks_per_seq x block_size] = [1, {block_tables.shape[1]} x "
             f"{block_size} = {capacity:,}] tokens, got min {min_len:,}, max {max_len:,}"
         )
-    used = _used_entries(block_tables, lens, block_size)
-    ids = block_tables[used]
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
-        raise InvalidArgumentError(
-            f"block ids in use must be in [0, {num_blocks:,}), got min {int(ids.min())}, max {int(ids.max())}"
-        )
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     scale = float(scale)
@@ -223,11 +220,30 @@ def _check_paged(
     return scale
 
 
-def _used_entries(block_tables: torch.Tensor, lens: torch.Tensor, block_size: int) -> torch.Tensor:
-    """[num_seqs, max_blocks_per_seq] bool: True where the entry holds one of the sequence's blocks."""
-    blocks_used = (lens + block_size - 1) // block_size  # [num_seqs] blocks
-    cols = torch.arange(block_tables.shape[1], device=block_tables.device)
-    return cols[None, :] < blocks_used[:, None]
+def _check_block_ids(
+    block_tables: torch.Tensor,
+    lens: torch.Tensor,
+    row_pos: torch.Tensor,
+    window: int | None,
+    block_size: int,
+    num_blocks: int,
+) -> None:
+    """The table entries some row may read (from its sequence's first visible block to its last) are in range;
+    entries before a sliding window's first visible block (-1 once released) and after the last are ignored."""
+    if window is None:
+        ids = block_tables[used_entries(block_tables, lens, block_size)]
+    else:
+        _, seq_start = visible_starts(row_pos, lens, window)
+        table, valid, _ = window_table(block_tables, lens, seq_start, block_size)
+        ids = table[valid]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+        raise InvalidArgumentError(
+            f"block ids in use must be in [0, {num_blocks:,}), got min {int(ids.min())}, max {int(ids.max())}"
+        )
+
+
+def _check_window(sliding_window) -> int | None:
+    return None if sliding_window is None else check_int(sliding_window, "sliding_window", minimum=1)
 
 
 # ----------------------------------------------------------------------------------------------- public API
@@ -240,6 +256,7 @@ def paged_attention(
     scale: float | None = None,
     backend: str = "auto",
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """One decode step of attention over a paged KV cache.
 
@@ -252,12 +269,16 @@ def paged_attention(
     scale:        softmax scale, default 1/sqrt(head_dim).
     out:          optional [num_seqs, num_heads, head_dim] tensor (query's dtype and device, contiguous) that
                   receives the result and is returned; every element is overwritten.
+    sliding_window: None, or W >= 1: the query attends to the last W positions only (itself included), as
+                  Mistral / Gemma sliding-window layers do; table entries wholly before that window are never
+                  read (a `BlockManager` with the same window sets them to -1).
     Returns [num_seqs, num_heads, head_dim] in query's dtype: softmax(q . K^T * scale) . V over the first
-    context_lens[s] tokens of sequence s.
+    context_lens[s] tokens of sequence s (the last min(W, context_lens[s]) with a window).
     Raises InvalidArgumentError for bad shapes/dtypes/devices/lengths/block ids, BackendUnavailableError for a
     backend that cannot run on these tensors.
     """
     scale = _check_paged(query, 3, key_cache, value_cache, block_tables, context_lens, scale)
+    window = _check_window(sliding_window)
     backend = resolve_backend(backend, query.device)
     num_seqs, num_heads, head_dim = query.shape
     if out is not None and (
@@ -275,8 +296,11 @@ def paged_attention(
     rows = query.view(num_seqs, num_kv_heads, group, head_dim)  # [seqs, kv_heads, rows=group, dim]
     lens = context_lens.to(torch.long)
     row_pos = (lens - 1)[:, None].expand(num_seqs, group)  # [seqs, rows] last position each row may see
+    _check_block_ids(block_tables, lens, row_pos, window, key_cache.shape[1], key_cache.shape[0])
     out_rows = None if out is None else out.view(num_seqs, num_kv_heads, group, head_dim)
-    result = _paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, backend, out_rows)
+    result = _paged_rows(
+        rows, key_cache, value_cache, block_tables, lens, row_pos, scale, backend, out_rows, window
+    )
     return out if out is not None else result.reshape(num_seqs, num_heads, head_dim)
 
 
@@ -289,6 +313,7 @@ def paged_prefill_attention(
     query_lens: torch.Tensor,
     scale: float | None = None,
     backend: str = "auto",
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """A chunk of new tokens per sequence attending causally to the paged cache (chunked prefill, prefix hits).
 
@@ -299,10 +324,12 @@ def paged_prefill_attention(
     key_cache, value_cache, block_tables, scale, backend: as in `paged_attention`.
     context_lens: [num_seqs] tokens in the cache *including* the new chunk.
     query_lens:   [num_seqs] int32/int64 new tokens, 0 <= query_lens[s] <= min(context_lens[s], max_query_len).
+    sliding_window: as in `paged_attention`: the token at position p attends to max(0, p - W + 1) .. p.
     Returns [num_seqs, max_query_len, num_heads, head_dim]: token i attends to positions 0 .. its own position;
     padding rows are 0. With max_query_len 1 and query_lens 1 it equals `paged_attention`.
     """
     scale = _check_paged(query, 4, key_cache, value_cache, block_tables, context_lens, scale)
+    window = _check_window(sliding_window)
     _check_tensor("query_lens", query_lens, 1, INDEX_DTYPES, "[num_seqs]")
     num_seqs, max_q, num_heads, head_dim = query.shape
     if query_lens.shape[0] != num_seqs or query_lens.device != query.device:
@@ -334,7 +361,10 @@ def paged_prefill_attention(
     pos = lens[:, None] - qlens[:, None] + i[None, :]  # [seqs, max_q] absolute position of each query token
     pos = torch.where(i[None, :] < qlens[:, None], pos, torch.full_like(pos, -1))
     row_pos = pos.repeat_interleave(group, dim=1)  # [seqs, rows]
-    out = _paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, backend)
+    _check_block_ids(block_tables, lens, row_pos, window, key_cache.shape[1], key_cache.shape[0])
+    out = _paged_rows(
+        rows, key_cache, value_cache, block_tables, lens, row_pos, scale, backend, window=window
+    )
     out = out.view(num_seqs, num_kv_heads, max_q, group, head_dim).permute(0, 2, 1, 3, 4)
     return out.reshape(num_seqs, max_q, num_heads, head_dim)
 
@@ -346,6 +376,7 @@ def contiguous_attention(
     context_lens: torch.Tensor,
     scale: float | None = None,
     method: str = "sdpa",
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """The same decode step on an ordinary padded cache: the baseline paged attention is compared to.
 
@@ -355,6 +386,7 @@ def contiguous_attention(
     method:       "sdpa" (torch's fused scaled_dot_product_attention, the group's query heads folded into rows
                   against unexpanded K/V) or "matmul" (grouped-query matmul, float32 softmax, matmul: one bmm
                   pair per KV head). Benchmarks time both and keep the faster.
+    sliding_window: None, or W: the query sees only the last W positions, as in `paged_attention`.
     Returns [num_seqs, num_heads, head_dim] in query's dtype.
     """
     if method not in CONTIGUOUS_METHODS:
@@ -381,12 +413,17 @@ def contiguous_attention(
             f"context_lens must be in [1, max_len={max_len:,}], got min {min_len:,}, max {longest:,}"
         )
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    window = _check_window(sliding_window)
     group = num_heads // num_kv_heads
     key, value = key[:, :longest], value[:, :longest]
     rows = query.view(num_seqs, num_kv_heads, group, head_dim)  # [seqs, kv_heads, group, dim]
     mask = None
-    if min_len < longest:
-        pad = torch.arange(longest, device=query.device)[None, :] >= lens[:, None]  # [seqs, tokens]
+    windowed = window is not None and longest > window
+    if min_len < longest or windowed:
+        positions = torch.arange(longest, device=query.device)[None, :]
+        pad = positions >= lens[:, None]  # [seqs, tokens]
+        if windowed:
+            pad |= positions < lens[:, None] - window
         mask = torch.zeros(num_seqs, 1, 1, longest, dtype=query.dtype, device=query.device)
         mask.masked_fill_(pad[:, None, None, :], float("-inf"))
     if method == "sdpa":
@@ -406,31 +443,6 @@ def contiguous_attention(
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
-def gather_contiguous(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Copy every sequence's blocks into padded contiguous K and V, [num_seqs, max_len, num_kv_heads, head_dim].
-
-    max_len = max(context_lens); slots at or past a sequence's length are zero. A full extra pass over memory:
-    what paged kernels avoid.
-    """
-    block_size, num_kv_heads, head_dim = key_cache.shape[1:]
-    lens = context_lens.to(torch.long)
-    longest = int(lens.max())
-    num_cols = -(-longest // block_size)
-    used = _used_entries(block_tables[:, :num_cols], lens, block_size)
-    table = torch.where(used, block_tables[:, :num_cols].long(), 0)  # [seqs, cols]; padding -> block 0
-    num_seqs = table.shape[0]
-    shape = (num_seqs, num_cols * block_size, num_kv_heads, head_dim)
-    key = key_cache.index_select(0, table.reshape(-1)).view(shape)[:, :longest]
-    value = value_cache.index_select(0, table.reshape(-1)).view(shape)[:, :longest]
-    if int(lens.min()) < longest:
-        pad = torch.arange(longest, device=lens.device)[None, :] >= lens[:, None]  # [seqs, tokens]
-        key.masked_fill_(pad[:, :, None, None], 0)
-        value.masked_fill_(pad[:, :, None, None], 0)
-    return key, value
-
-
 # ------------------------------------------------------------------------------------------------ kernels
 def _paged_rows(
     rows: torch.Tensor,
@@ -442,136 +454,27 @@ def _paged_rows(
     scale: float,
     backend: str,
     out: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """rows [seqs, kv_heads, R, dim] attend to positions 0..row_pos[s, r] (< lens[s]); -1 means none (output 0).
+    """rows [seqs, kv_heads, R, dim] attend to positions max(0, row_pos[s, r] - window + 1) .. row_pos[s, r]
+    (< lens[s]; window None: from 0); row_pos -1 means none (output 0).
 
     Returns [seqs, kv_heads, R, dim]; written into `out` (same shape, contiguous) when given.
     """
     if backend == "triton":
         from core.kernels.triton_backend import triton_paged_rows
 
-        return triton_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, out=out)
+        return triton_paged_rows(
+            rows, key_cache, value_cache, block_tables, lens, row_pos, scale, out=out, window=window
+        )
     if backend == "cpu":
-        return cpu_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, out=out)
+        return cpu_paged_rows(
+            rows, key_cache, value_cache, block_tables, lens, row_pos, scale, out=out, window=window
+        )
     if backend == "gather":
-        result = _gather_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale)
+        result = gather_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale, window)
     else:
-        result = torch_paged_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale)
+        result = torch_paged_rows(
+            rows, key_cache, value_cache, block_tables, lens, row_pos, scale, window=window
+        )
     return result if out is None else out.copy_(result)
-
-
-def _gather_rows(rows, key_cache, value_cache, block_tables, lens, row_pos, scale) -> torch.Tensor:
-    key, value = gather_contiguous(key_cache, value_cache, block_tables, lens)  # [seqs, tokens, kv, dim]
-    allowed = None
-    if int(row_pos.min()) < key.shape[1] - 1:  # some row may not see every token
-        positions = torch.arange(key.shape[1], device=rows.device)
-        allowed = positions[None, None, :] <= row_pos[:, :, None]  # [seqs, R, tokens]
-    use_flash = rows.device.type == "cpu" and _CPU_FLASH is not None
-    out, lse = _attend_chunk(rows, key, value, allowed, scale, use_flash)
-    return torch.where(torch.isinf(lse)[..., None], 0.0, out).to(rows.dtype)
-
-
-def _attend_chunk(
-    rows: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    allowed: torch.Tensor | None,
-    scale: float,
-    use_flash: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of rows [S, KV, R, D] to key/value [S, T, KV, D] (finite values), positions where `allowed`
-    [S, R, T] (None: all). Returns (out [S, KV, R, D], lse [S, KV, R] float32, natural log of the softmax
-    denominator). Rows with no allowed position get lse -inf; their `out` must then be ignored.
-    """
-    if use_flash:
-        mask = None
-        if allowed is not None:
-            mask = torch.zeros(allowed.shape, dtype=rows.dtype, device=rows.device)
-            mask = mask.masked_fill_(~allowed, float("-inf"))[:, None]  # [S, 1, R, T]
-        out, lse = _CPU_FLASH(rows, key.transpose(1, 2), value.transpose(1, 2), attn_mask=mask, scale=scale)
-        if allowed is not None:
-            lse = lse.masked_fill(~allowed.any(-1)[:, None, :], float("-inf"))
-        return out, lse
-    scores = torch.einsum("skrd,stkd->skrt", rows.float(), key.float()) * scale  # [S, KV, R, T]
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [S, KV, R]
-    probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    out = torch.einsum("skrt,stkd->skrd", probs, value.float())
-    return out, lse
-
-
-def chunk_blocks(num_seqs: int, block_size: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
-    """Blocks per sequence that the torch backend gathers per chunk: ~CHUNK_TARGET_BYTES of K per chunk, and at
-    least MIN_CHUNK_TOKENS tokens."""
-    per_column = num_seqs * block_size * num_kv_heads * head_dim * itemsize
-    return max(-(-MIN_CHUNK_TOKENS // block_size), CHUNK_TARGET_BYTES // per_column)
-
-
-def torch_paged_rows(
-    rows: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    lens: torch.Tensor,
-    row_pos: torch.Tensor,
-    scale: float,
-    chunk: int | None = None,
-    use_flash: bool | None = None,
-) -> torch.Tensor:
-    """The "torch" backend: block-wise online softmax over chunks of the block table (paper, equation 4).
-
-    rows [S, KV, R, D]; lens [S] long; row_pos [S, R] long. Each chunk of `chunk` block-table columns is
-    gathered (index_select into a reused buffer, ~4 MiB, so it is still in cache when read), unread slots are
-    zeroed, the chunk is attended with its log-sum-exp, and partial results are merged in float32:
-        lse = logaddexp(lse_a, lse_b);  out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse).
-    Returns [S, KV, R, D] in rows' dtype.
-    """
-    num_seqs, num_kv_heads, _, head_dim = rows.shape
-    block_size = key_cache.shape[1]
-    if use_flash is None:
-        use_flash = rows.device.type == "cpu" and _CPU_FLASH is not None
-    if chunk is None:
-        chunk = chunk_blocks(num_seqs, block_size, num_kv_heads, head_dim, key_cache.element_size())
-    min_len, max_len = int(lens.min()), int(lens.max())
-    min_pos = int(row_pos.min())
-    num_cols = -(-max_len // block_size)
-    chunk = min(chunk, num_cols)
-    used = _used_entries(block_tables[:, :num_cols], lens, block_size)
-    table = torch.where(
-        used, block_tables[:, :num_cols].long(), 0
-    )  # [S, cols]; padding -> block 0, zeroed below
-    kbuf = torch.empty(
-        (num_seqs * chunk, block_size, num_kv_heads, head_dim), dtype=key_cache.dtype, device=rows.device
-    )
-    vbuf = torch.empty_like(kbuf)
-    out = lse = None
-    for c0 in range(0, num_cols, chunk):
-        c1 = min(c0 + chunk, num_cols)
-        tokens = (c1 - c0) * block_size
-        first, end = c0 * block_size, c1 * block_size  # token positions [first, end) of this chunk
-        ids = table[:, c0:c1].reshape(-1)
-        k = torch.index_select(key_cache, 0, ids, out=kbuf[: ids.numel()]).view(
-            num_seqs, tokens, num_kv_heads, head_dim
-        )
-        v = torch.index_select(value_cache, 0, ids, out=vbuf[: ids.numel()]).view(
-            num_seqs, tokens, num_kv_heads, head_dim
-        )
-        positions = torch.arange(first, end, device=rows.device)
-        if end > min_len:  # some sequence ends inside this chunk: zero its unread slots (they may hold NaN)
-            pad = positions[None, :] >= lens[:, None]  # [S, tokens]
-            k.masked_fill_(pad[:, :, None, None], 0)
-            v.masked_fill_(pad[:, :, None, None], 0)
-        allowed = None
-        if end - 1 > min_pos:  # some row may not see the whole chunk
-            allowed = positions[None, None, :] <= row_pos[:, :, None]  # [S, R, tokens]
-        part, part_lse = _attend_chunk(rows, k, v, allowed, scale, use_flash)
-        if out is None:
-            out, lse = part.float(), part_lse
-            continue
-        new_lse = torch.logaddexp(lse, part_lse)
-        ref = torch.where(torch.isinf(new_lse), 0.0, new_lse)
-        out.mul_(torch.exp(lse - ref)[..., None]).addcmul_(part, torch.exp(part_lse - ref)[..., None])
-        lse = new_lse
-    out = torch.where(torch.isinf(lse)[..., None], 0.0, out)  # rows that saw nothing (prefill padding)
-    return out.to(rows.dtype)

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from core.device import format_bytes, memory_budget_bytes
-from core.errors import InvalidArgumentError, MemoryBudgetError
+from core import common
+from core.common import cdiv, check_int
+from core.device import memory_budget_bytes
+from core.errors import InvalidArgumentError
 from core.kernels.attention import contiguous_attention, gather_contiguous, paged_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -31,12 +33,13 @@ class KernelConfig:
     head_dim: int = 128
     block_size: int = 16
     dtype: str = "float32"
+    sliding_window: int | None = None  # None: full attention; W: each query sees its last W positions
 
     def validate(self) -> None:
         for name in ("batch", "context_len", "num_heads", "num_kv_heads", "head_dim", "block_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{name} must be an integer >= 1, got {value!r}")
+            check_int(getattr(self, name), name, minimum=1)
+        if self.sliding_window is not None:
+            check_int(self.sliding_window, "sliding_window", minimum=1)
         if self.num_heads % self.num_kv_heads:
             raise InvalidArgumentError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
@@ -53,28 +56,35 @@ class KernelConfig:
         return torch.empty((), dtype=self.torch_dtype).element_size()
 
     @property
+    def visible_tokens(self) -> int:
+        """Tokens one query attends to: context_len, or min(context_len, sliding_window)."""
+        return self.context_len if self.sliding_window is None else min(self.context_len, self.sliding_window)
+
+    @property
     def kv_bytes(self) -> int:
-        """Bytes of K and V one decode step reads: 2 x batch x context x kv_heads x head_dim x itemsize."""
+        """Bytes of K and V one decode step reads: 2 x batch x visible tokens x kv_heads x head_dim x itemsize."""
+        return 2 * self.batch * self.visible_tokens * self.num_kv_heads * self.head_dim * self.itemsize
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the paged K and V cache: 2 x batch x context x kv_heads x head_dim x itemsize."""
         return 2 * self.batch * self.context_len * self.num_kv_heads * self.head_dim * self.itemsize
 
     @property
     def footprint_bytes(self) -> int:
         """Bytes a measurement allocates: the paged cache, its contiguous copy, and the gather backend's copy."""
-        return 3 * self.kv_bytes
+        return 3 * self.cache_bytes
 
 
 def check_budget(config: KernelConfig, budget: int | None = None) -> None:
     """Raise MemoryBudgetError (before anything is allocated) when the problem would not fit the budget."""
     config.validate()
-    allowed = memory_budget_bytes() if budget is None else budget
-    if config.footprint_bytes > allowed:
-        raise MemoryBudgetError(
-            f"batch {config.batch:,} x context {config.context_len:,} tokens x {config.num_kv_heads} KV heads x "
-            f"{config.head_dim} dims ({config.dtype}) needs {format_bytes(config.footprint_bytes)} "
-            f"(paged cache + contiguous copy + gathered copy); the budget is {format_bytes(allowed)}",
-            requested_bytes=config.footprint_bytes,
-            allowed_bytes=allowed,
-        )
+    common.check_budget(
+        config.footprint_bytes,
+        f"batch {config.batch:,} x context {config.context_len:,} tokens x {config.num_kv_heads} KV heads x "
+        f"{config.head_dim} dims ({config.dtype}; paged cache + contiguous copy + gathered copy)",
+        budget,
+    )
 
 
 def random_block_tables(
@@ -89,12 +99,12 @@ def random_block_tables(
     context_lens [batch] int32: all context_len, or with `ragged` random in [1, context_len], the last = context_len).
     """
     gen = generator or torch.Generator().manual_seed(0)
-    blocks_per_seq = -(-context_len // block_size)
+    blocks_per_seq = cdiv(context_len, block_size)
     context_lens = torch.full((batch,), context_len, dtype=torch.int32)
     if ragged:
         context_lens = torch.randint(1, context_len + 1, (batch,), generator=gen, dtype=torch.int32)
         context_lens[-1] = context_len
-    used = -(-context_lens.long() // block_size)  # [batch] blocks each sequence owns
+    used = cdiv(context_lens.long(), block_size)  # [batch] blocks each sequence owns
     block_tables = torch.full((batch, blocks_per_seq), -1, dtype=torch.int32)
     owned = torch.arange(blocks_per_seq)[None, :] < used[:, None]  # [batch, blocks_per_seq]
     block_tables[owned] = torch.randperm(int(used.sum()), generator=gen).to(torch.int32)
@@ -186,30 +196,35 @@ def measure(
     """
     device = torch.device(device)
     p = make_problem(config, device, seed)
+    window = config.sliding_window
     paged_args = (p["query"], p["key_cache"], p["value_cache"], p["block_tables"], p["context_lens"])
     fns = {
-        f"paged:{backend}": (lambda backend=backend: paged_attention(*paged_args, backend=backend))
+        f"paged:{backend}": (
+            lambda backend=backend: paged_attention(*paged_args, backend=backend, sliding_window=window)
+        )
         for backend in backends
     }
     for method in ("sdpa", "matmul"):
         fns[f"contiguous:{method}"] = lambda method=method: contiguous_attention(
-            p["query"], p["key"], p["value"], p["context_lens"], method=method
+            p["query"], p["key"], p["value"], p["context_lens"], method=method, sliding_window=window
         )
     ms = time_interleaved(fns, device, repeats=repeats)
     method = min(("sdpa", "matmul"), key=lambda m: ms[f"contiguous:{m}"])
     contiguous_ms = ms[f"contiguous:{method}"]
     reference = contiguous_attention(
-        p["query"], p["key"], p["value"], p["context_lens"], method=method
+        p["query"], p["key"], p["value"], p["context_lens"], method=method, sliding_window=window
     ).float()
     results = []
     for backend in backends:
         paged_ms = ms[f"paged:{backend}"]
-        err = (paged_attention(*paged_args, backend=backend).float() - reference).abs().max().item()
+        got = paged_attention(*paged_args, backend=backend, sliding_window=window)
+        err = (got.float() - reference).abs().max().item()
         results.append(
             {
                 "batch": config.batch,
                 "context_len": config.context_len,
                 "dtype": config.dtype,
+                "sliding_window": window,
                 "backend": backend,
                 "paged_ms": _sig(paged_ms),
                 "contiguous_ms": _sig(contiguous_ms),
@@ -225,14 +240,19 @@ def measure(
 
 def correctness(config: KernelConfig, backends: list[str], device="cpu", seed: int = 0) -> dict[str, float]:
     """Max abs difference between paged attention (each backend) and `contiguous_attention` on the same ragged
-    problem (random lengths, -1 padding in the block tables). Compared in float32."""
+    problem (random lengths, -1 padding in the block tables), with the config's sliding window on both sides.
+    Compared in float32."""
     p = make_problem(config, device, seed, ragged=True)
-    reference = contiguous_attention(p["query"], p["key"], p["value"], p["context_lens"]).float()
+    window = config.sliding_window
+    reference = contiguous_attention(
+        p["query"], p["key"], p["value"], p["context_lens"], sliding_window=window
+    ).float()
     paged_args = (p["query"], p["key_cache"], p["value_cache"], p["block_tables"], p["context_lens"])
-    return {
-        backend: (paged_attention(*paged_args, backend=backend).float() - reference).abs().max().item()
-        for backend in backends
-    }
+    errors = {}
+    for backend in backends:
+        got = paged_attention(*paged_args, backend=backend, sliding_window=window)
+        errors[backend] = (got.float() - reference).abs().max().item()
+    return errors
 
 
 def tolerance(dtype: str) -> float:

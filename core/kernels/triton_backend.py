@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+FULL_WINDOW = 1 << 62  # the window passed for full attention: longer than any sequence
+
 
 @triton.jit
 def _paged_rows_kernel(
@@ -28,6 +30,7 @@ def _paged_rows_kernel(
     row_pos_ptr,  # [S, R] int64, last position a row may see, -1 for none
     out_ptr,  # [S, KV, R, D]
     scale,
+    window,  # a row sees positions max(0, row_pos - window + 1) .. row_pos (huge for full attention)
     num_rows,
     head_dim,
     block_size,
@@ -67,14 +70,17 @@ def _paged_rows_kernel(
     length = tl.load(lens_ptr + seq)
     visible = tl.minimum(length, tl.max(row_pos, axis=0) + 1)  # tokens any row of this tile may see
     num_blocks = (visible + block_size - 1) // block_size
+    row_start = tl.maximum(row_pos - window + 1, 0)  # [BLOCK_R] first position each row may see
+    tile_start = tl.min(tl.where(row_pos >= 0, row_start, length), axis=0)  # no position before it is read
+    first_block = tl.minimum(tile_start, visible) // block_size
 
     m = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)  # running max (finite: rows that see nothing stay at 0)
     denom = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for j in range(0, num_blocks):
+    for j in range(first_block, num_blocks):
         block = tl.load(table_ptr + seq * stride_ts + j).to(tl.int64)
         positions = j * block_size + slots  # [BLOCK_S]
-        slot_ok = (slots < block_size) & (positions < length)
+        slot_ok = (slots < block_size) & (positions < length) & (positions >= tile_start)
         load_mask = slot_ok[:, None] & dim_ok[None, :]
         k = tl.load(
             k_ptr + block * stride_kb + slots[:, None] * stride_ks + kv_head * stride_kh + dims[None, :],
@@ -82,7 +88,11 @@ def _paged_rows_kernel(
             other=0.0,
         ).to(tl.float32)  # [BLOCK_S, BLOCK_D]
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_R, BLOCK_S]
-        allowed = slot_ok[None, :] & (positions[None, :] <= row_pos[:, None])
+        allowed = (
+            slot_ok[None, :]
+            & (positions[None, :] <= row_pos[:, None])
+            & (positions[None, :] >= row_start[:, None])
+        )
         scores = tl.where(allowed, scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp(m - m_new)
@@ -114,8 +124,11 @@ def triton_paged_rows(
     scale: float,
     block_rows: int = 16,
     out: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """rows [S, KV, R, D] attend to the paged cache up to row_pos [S, R] (-1: nothing -> 0); returns [S, KV, R, D].
+    """rows [S, KV, R, D] attend to the paged cache from max(0, row_pos - window + 1) (window None: 0) up to
+    row_pos [S, R] (-1: nothing -> 0); returns [S, KV, R, D]. Blocks before the tile's first visible position
+    are never loaded.
 
     Arguments are validated by `core.kernels.attention`; the head dimension of every tensor must be contiguous.
     `out` (contiguous, rows' shape and dtype) receives the result when given.
@@ -139,6 +152,7 @@ def triton_paged_rows(
         row_pos,
         out,
         float(scale),
+        FULL_WINDOW if window is None else int(window),
         num_rows,
         head_dim,
         block_size,

@@ -28,3 +28,22 @@ def test_sidebar_shows_the_torch_device_and_version():
     captions = " ".join(c.value for c in at.sidebar.caption)
     assert "Torch device: `cpu" in captions or "Torch device: `cuda" in captions
     assert torch.__version__ in captions
+
+
+def test_page_icons_are_material_icons_not_emoji():
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "app.py").read_text())
+    icons = [
+        kw.value.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        for kw in node.keywords
+        if kw.arg in ("icon", "page_icon") and isinstance(kw.value, ast.Constant)
+    ]
+    assert len(icons) == 5  # page_icon and the four pages
+    # emoji render as empty boxes where the server has no emoji font; Material icons ship with Streamlit
+    assert all(icon.startswith(":material/") and icon.endswith(":") and icon.isascii() for icon in icons), (
+        icons
+    )

@@ -66,3 +66,18 @@ def test_no_backend_selected_is_an_error():
     at.multiselect[0].set_value([])
     _submit(at)
     assert at.error and "backend" in at.error[0].value
+
+
+def test_sliding_window_runs_the_check_and_sweep_with_a_window():
+    at = open_app(PAGE)
+    at.number_input[0].set_value(2)  # batch
+    at.number_input[1].set_value(512)  # context
+    at.number_input[2].set_value(100)  # sliding window
+    _submit(at)
+    assert not at.error
+    for metric in at.metric:
+        assert float(metric.value) <= 1e-4 and metric.delta == "pass"
+    text = " ".join(m.value for m in at.markdown)
+    # 2 sequences x 100 visible tokens x 8 KV heads x 128 dims x 4 bytes x (K and V) = 1,638,400 bytes
+    assert "1,638,400 bytes" in text and "last 100 tokens" in text
+    assert len(at.get("plotly_chart")) == 4

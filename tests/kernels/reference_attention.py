@@ -9,8 +9,18 @@ import math
 import torch
 
 
-def reference_paged(query, key_cache, value_cache, block_tables, context_lens, scale=None, query_lens=None):
-    """Decode (query [S, H, D]) or prefill (query [S, Q, H, D] with query_lens) in float64; returns float64."""
+def reference_paged(
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    context_lens,
+    scale=None,
+    query_lens=None,
+    sliding_window=None,
+):
+    """Decode (query [S, H, D]) or prefill (query [S, Q, H, D] with query_lens) in float64; returns float64.
+    With sliding_window W the token at position p attends to positions max(0, p - W + 1) .. p only."""
     decode = query.dim() == 3
     if decode:
         query = query[:, None]
@@ -23,18 +33,17 @@ def reference_paged(query, key_cache, value_cache, block_tables, context_lens, s
     out = torch.zeros(num_seqs, max_q, num_heads, head_dim, dtype=torch.float64)
     for s in range(num_seqs):
         length = int(context_lens[s])
-        slots = []
-        for t in range(length):  # per-token walk of the block table
-            slots.append((tables[s][t // block_size], t % block_size))
-        keys = torch.stack([key_cache[b, o] for b, o in slots]).double()  # [len, kv, D]
-        values = torch.stack([value_cache[b, o] for b, o in slots]).double()
         qlen = int(query_lens[s])
         for i in range(qlen):
             position = length - qlen + i
+            first = 0 if sliding_window is None else max(0, position - sliding_window + 1)
+            slots = [(tables[s][t // block_size], t % block_size) for t in range(first, position + 1)]
+            keys = torch.stack([key_cache[b, o] for b, o in slots]).double()  # [visible, kv, D], slot by slot
+            values = torch.stack([value_cache[b, o] for b, o in slots]).double()
             for h in range(num_heads):
                 q = query[s, i, h].double()
-                k = keys[: position + 1, h // group]
-                v = values[: position + 1, h // group]
+                k = keys[:, h // group]
+                v = values[:, h // group]
                 scores = (k @ q) * scale
                 probs = torch.softmax(scores, dim=0)
                 out[s, i, h] = probs @ v
@@ -79,3 +88,19 @@ def make_problem(
         "block_tables": tables,
         "context_lens": lens,
     }
+
+
+def release_outside_window(problem, window, query_lens=None):
+    """What a sliding-window block manager does, applied to a `make_problem` problem in place: for each sequence,
+    the blocks wholly before its earliest query's window (position len - query_len - window + 1) get table entry
+    -1 and NaN in every slot, so a kernel that reads one shows NaN. Returns the problem."""
+    block_size = problem["key_cache"].shape[1]
+    for s, length in enumerate(problem["context_lens"].tolist()):
+        qlen = 1 if query_lens is None else int(query_lens[s])
+        first = max(0, length - qlen - window + 1)
+        for i in range(first // block_size):
+            block = int(problem["block_tables"][s, i])
+            problem["key_cache"][block] = float("nan")
+            problem["value_cache"][block] = float("nan")
+            problem["block_tables"][s, i] = -1
+    return problem

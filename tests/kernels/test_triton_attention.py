@@ -25,7 +25,7 @@ INTERPRETED_CHECK = r"""
 import json, sys
 import torch
 from core.kernels.attention import paged_attention, paged_prefill_attention
-from tests.kernels.reference_attention import make_problem, reference_paged
+from tests.kernels.reference_attention import make_problem, reference_paged, release_outside_window
 
 results = []
 cases = [  # (num_seqs, heads, kv_heads, head_dim, block_size, max_len, dtype)
@@ -49,6 +49,20 @@ got = paged_prefill_attention(*args, qlens, backend="triton")
 err = (got.double() - reference_paged(*args, query_lens=qlens)).abs().max().item()
 results.append({"case": "prefill d32 bs8 h4/2", "err": err, "dtype": "torch.float32",
                 "nan": bool(torch.isnan(got).any()), "same_buffer": True})
+for window in (5, 12):  # sliding window: released blocks are -1 and NaN, never read
+    p = release_outside_window(make_problem(3, 4, 2, 32, 8, 30, torch.float32, seed=window), window)
+    got = paged_attention(**p, backend="triton", sliding_window=window)
+    err = (got.double() - reference_paged(**p, sliding_window=window)).abs().max().item()
+    results.append({"case": f"decode window {window}", "err": err, "dtype": "torch.float32",
+                    "nan": bool(torch.isnan(got).any()), "same_buffer": True})
+p = make_problem(3, 4, 2, 32, 8, 20, torch.float32, seed=8)
+qlens = torch.minimum(torch.tensor([5, 2, 0]), p["context_lens"].long()).to(torch.int32)
+release_outside_window(p, 6, qlens)
+args = (query, p["key_cache"], p["value_cache"], p["block_tables"], p["context_lens"])
+got = paged_prefill_attention(*args, qlens, backend="triton", sliding_window=6)
+err = (got.double() - reference_paged(*args, query_lens=qlens, sliding_window=6)).abs().max().item()
+results.append({"case": "prefill window 6", "err": err, "dtype": "torch.float32",
+                "nan": bool(torch.isnan(got).any()), "same_buffer": True})
 print(json.dumps(results))
 """
 
@@ -67,7 +81,7 @@ def test_triton_kernel_under_interpreter_matches_reference():
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 5
+    assert len(results) == 8
     for result in results:
         assert not result["nan"], f"{result['case']}: NaN leaked into the output"
         assert result["same_buffer"], f"{result['case']}: out= was not written in place"
@@ -80,7 +94,7 @@ def test_triton_kernel_under_interpreter_matches_reference():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_triton_kernel_on_gpu_full_grid(dtype):
     from core.kernels.attention import paged_attention
-    from tests.kernels.reference_attention import make_problem, reference_paged
+    from tests.kernels.reference_attention import make_problem, reference_paged, release_outside_window
     from tests.kernels.test_attention import ATOL as GRID_ATOL
     from tests.kernels.test_attention import BLOCK_SIZES, HEAD_CONFIGS, HEAD_DIMS, MAX_LEN, NUM_SEQS
 
@@ -95,3 +109,9 @@ def test_triton_kernel_on_gpu_full_grid(dtype):
                 got = paged_attention(**gpu, backend="auto").cpu()
                 err = (got.double() - expected).abs().max().item()
                 assert err <= GRID_ATOL[dtype], f"d{head_dim} bs{block_size} h{heads}/{kv_heads}: {err:.3g}"
+                release_outside_window(p, 20)  # the same problem with a 20-token sliding window
+                expected = reference_paged(**p, sliding_window=20)
+                gpu = {k: v.cuda() for k, v in p.items()}
+                got = paged_attention(**gpu, backend="auto", sliding_window=20).cpu()
+                err = (got.double() - expected).abs().max().item()
+                assert err <= GRID_ATOL[dtype], f"window 20, d{head_dim} bs{block_size}: {err:.3g}"
