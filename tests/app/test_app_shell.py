@@ -42,7 +42,7 @@ def test_page_icons_are_material_icons_not_emoji():
         for kw in node.keywords
         if kw.arg in ("icon", "page_icon") and isinstance(kw.value, ast.Constant)
     ]
-    assert len(icons) == 5  # page_icon and the four pages
+    assert len(icons) == 6  # page_icon and the five pages
     # emoji render as empty boxes where the server has no emoji font; Material icons ship with Streamlit
     assert all(icon.startswith(":material/") and icon.endswith(":") and icon.isascii() for icon in icons), (
         icons
