@@ -16,6 +16,7 @@ PAGES = [
     st.Page("app_pages/kernels.py", title="Kernels", icon=":material/bolt:"),
     st.Page("app_pages/simulator.py", title="Serving simulator", icon=":material/traffic:"),
     st.Page("app_pages/planner.py", title="Capacity planner", icon=":material/straighten:"),
+    st.Page("app_pages/engine.py", title="Engine", icon=":material/smart_toy:"),
     st.Page("app_pages/about.py", title="About this server", icon=":material/info:"),
 ]
 

@@ -41,3 +41,12 @@ class MemoryBudgetError(LabError):
 
 class BackendUnavailableError(LabError):
     """A compute backend was asked for that cannot run here (e.g. Triton without a GPU or without triton)."""
+
+
+class ModelLoadError(LabError):
+    """A model directory or config cannot be loaded: a missing or unreadable file, a missing weight, an
+    unsupported architecture or setting. The message names the file, key or setting and what is supported."""
+
+
+class ModelTooLargeError(ModelLoadError, MemoryBudgetError):
+    """A model's weights (plus the smallest KV pool) exceed the memory budget; raised before loading them."""

@@ -1,0 +1,40 @@
+"""A real Llama-family model (Llama, Mistral, Qwen2) served through the paged KV cache.
+
+    from core.engine import Engine, SamplingParams
+    engine = Engine.from_pretrained("path/to/hf_dir", num_blocks=256)   # or Engine.from_config(config_dict)
+    outputs = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=32, temperature=0.0))
+    outputs[0].outputs[0].token_ids, .cumulative_logprob, .finish_reason     # CompletionOutput
+
+Per-step metrics and block snapshots of the last run: after `generate`, `engine.last_run` is an `EngineRun`:
+- `engine.last_run.steps`: a pandas DataFrame, one row per engine step, columns `STEP_COLUMNS`: the serving
+  simulator's `COLUMNS` (free_blocks, free_slots, token_states, reservation, internal_fragmentation,
+  running, running_seqs, waiting, preemptions, preemptions_total, tokens_generated, prefill_tokens,
+  kv_tokens_read, prefix_hit_tokens, ..., in KV token slots) plus shared_blocks, cow_copies, attention_ms,
+  blocks_in_use, blocks_without_sharing (see `core.engine.metrics`).
+- `engine.last_run.snapshots`: `EngineSnapshot(step, blocks, request_of)` at evenly spaced steps (the last step
+  always); `blocks` is the `BlockManager.snapshot()` of that step (`core.paging.block_manager.BlockSnapshot`),
+  `request_of[seq_id]` the prompt index owning each live sequence.
+- `engine.last_run.cow_events` (step, request, seq_id, src_block, dst_block), `.requests`, `.sharing_saving()`.
+Progress: `engine.generate(prompts, params, progress=callback)` calls `callback(fraction)` after every step with
+the fraction (0..1) of the requested output tokens produced so far; the last call passes 1.0.
+Logits: `generate(..., return_logits=True)` fills `CompletionOutput.logits` ([tokens, vocab] float32; not for
+beam search).
+Sharing as in the paper's Figure 15: `core.engine.sharing.measure_sharing`.
+"""
+
+from core.engine.config import ModelConfig
+from core.engine.engine import Engine
+from core.engine.metrics import STEP_COLUMNS, EngineRun, EngineSnapshot
+from core.engine.sampling import SamplingParams
+from core.engine.sequence import CompletionOutput, RequestOutput
+
+__all__ = [
+    "STEP_COLUMNS",
+    "CompletionOutput",
+    "Engine",
+    "EngineRun",
+    "EngineSnapshot",
+    "ModelConfig",
+    "RequestOutput",
+    "SamplingParams",
+]
