@@ -19,7 +19,10 @@ Progress: `engine.generate(prompts, params, progress=callback)` calls `callback(
 the fraction (0..1) of the requested output tokens produced so far; the last call passes 1.0.
 Logits: `generate(..., return_logits=True)` fills `CompletionOutput.logits` ([tokens, vocab] float32; not for
 beam search).
-Sharing as in the paper's Figure 15: `core.engine.sharing.measure_sharing`.
+Per-prompt settings: `generate(prompts, [SamplingParams(...), ...])` (one per prompt).
+Scheduling: the serving simulator's own `core.serving.scheduler.Scheduler` drives every run, with
+`core.engine.memory.EngineMemory` (the real BlockManager + KVCache) as its memory policy.
+Sharing as in the paper's Figure 15: `core.engine.sharing.measure_sharing` (one row per mode and width).
 """
 
 from core.engine.config import ModelConfig

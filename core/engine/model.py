@@ -4,7 +4,7 @@ One call runs one engine step: the new tokens of every scheduled sequence, flatt
 decode tokens first (one per decoding sequence), then each prefill chunk's tokens in order. Per layer the new
 K/V are written into `KVCache` by slot mapping (vLLM's reshape_and_cache), then read back through the block
 tables by `paged_attention` (decode rows) and `paged_prefill_attention` (prefill chunks, causal, attending to the
-cached prefix too). Numerics follow transformers' Llama: RMSNorm in float32, RoPE cos/sin from float32
+cached prefix too), with the model's sliding window when it has one (Mistral). Numerics follow transformers' Llama: RMSNorm in float32, RoPE cos/sin from float32
 frequencies cast to the activation dtype, rotate-half layout, SiLU-gated MLP.
 """
 

@@ -150,3 +150,35 @@ def test_too_large_for_the_budget(monkeypatch, saved):
     with pytest.raises(ModelTooLargeError, match="over the memory budget") as info:
         Engine.from_pretrained(saved, device="cpu")
     assert info.value.requested_bytes > info.value.allowed_bytes == 10000
+
+
+def test_mistral_sliding_window_shorter_than_the_run(tmp_path):
+    """A window of 6 tokens over prompts of up to 11 tokens and 8 new ones: the windowed paged kernels give
+    transformers' tokens and logits (decode and chunked prefill alike)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=6,
+        max_position_embeddings=256,
+        eos_token_id=None,
+        bos_token_id=None,
+    )
+    model = save_model(MistralForCausalLM, config, tmp_path)
+    full = MistralForCausalLM(MistralConfig(**(config.to_dict() | {"sliding_window": None}))).eval()
+    full.load_state_dict(model.state_dict())
+    prompt = prompts((11,), seed=11)[0]
+    assert (
+        hf_greedy(full, prompt, NEW)[0] != hf_greedy(model, prompt, NEW)[0]
+    )  # the window changes the output
+    engine = _same_as_transformers(tmp_path, model, lengths=(3, 11), max_num_batched_tokens=256)
+    assert engine.config.sliding_window == 6
+    chunked = _same_as_transformers(
+        tmp_path, model, lengths=(3, 11), max_num_seqs=2, max_num_batched_tokens=4
+    )
+    assert chunked.last_run.steps["prefill_tokens"].max() <= 4
