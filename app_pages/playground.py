@@ -120,6 +120,7 @@ def on_apply_settings() -> None:
             enable_prefix_caching=bool(state.cfg_caching),
             contiguous_max_len=int(state.cfg_max_len),
             system_prompt_len=int(state.cfg_system_len),
+            sliding_window=int(state.cfg_window) or None,
         )
         state.playground = Playground.demo(config) if state.cfg_demo else Playground(config)
     except LabError as error:
@@ -217,7 +218,16 @@ def settings_form() -> None:
             key="cfg_system_len",
         )
         c6.toggle("Prefix caching", value=False, key="cfg_caching")
-        st.checkbox("Start from the demo scene", value=True, key="cfg_demo")
+        c7, c8 = st.columns([1, 2])
+        c7.number_input(
+            "Sliding window (tokens, 0 = full attention)",
+            0,
+            1_048_576,
+            0,
+            key="cfg_window",
+            help="each token attends to the last W positions; blocks behind every future window are released",
+        )
+        c8.checkbox("Start from the demo scene", value=True, key="cfg_demo")
         st.form_submit_button("Apply and reset pool", on_click=on_apply_settings)
 
 
@@ -272,13 +282,18 @@ def pool_views(playground: Playground, scenario: Scenario | None) -> None:
         {
             "sequence": seq,
             "tokens": snapshot.num_tokens[seq],
-            "blocks": len(table),
+            "blocks held": playground.manager.num_held_blocks(seq),
             "last block fill": f"{snapshot.num_tokens[seq] - (len(table) - 1) * config.block_size}/{config.block_size}",
-            "block table": " ".join(f"{i}→{b}" for i, b in enumerate(table)),
+            "block table": " ".join(f"{i}→{'·' if b < 0 else b}" for i, b in enumerate(table)),
         }
         for seq, table in snapshot.block_tables.items()
     ]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    if config.sliding_window is not None:
+        st.caption(
+            f"Sliding window of {config.sliding_window:,} tokens: `·` marks a logical block released because no "
+            "future token's window reaches it; its physical block is back in the pool."
+        )
     st.caption(
         f"One token of K and V here is {format_bytes(config.bytes_per_token)} (1 layer, {config.num_kv_heads} KV "
         f"heads × {config.head_dim} dims, float32); the paged pool holds {config.num_blocks * config.block_size:,} "

@@ -22,6 +22,8 @@ class PlaygroundConfig:
 
     contiguous_max_len: tokens a contiguous cache reserves per sequence (the comparison for waste).
     system_prompt_len: tokens of a system prompt shared by every prompt's start (prefix caching hits it).
+    sliding_window: None (full attention) or W tokens: each token attends to the last W positions, and the
+        block manager releases blocks wholly behind every future token's window (a sliding-window layer's pool).
     """
 
     num_blocks: int = 48
@@ -31,6 +33,7 @@ class PlaygroundConfig:
     enable_prefix_caching: bool = False
     contiguous_max_len: int = 256
     system_prompt_len: int = 32
+    sliding_window: int | None = None
 
     def validate(self) -> None:
         limits = {
@@ -43,6 +46,8 @@ class PlaygroundConfig:
         }
         for name, (low, high) in limits.items():
             check_int(getattr(self, name), name, minimum=low, maximum=high)
+        if self.sliding_window is not None:
+            check_int(self.sliding_window, "sliding_window (tokens)", minimum=1, maximum=1_048_576)
 
     @property
     def bytes_per_token(self) -> int:
@@ -91,7 +96,7 @@ class Playground:
     def __post_init__(self):
         self.config.validate()
         c = self.config
-        self.manager = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
+        self.manager = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching, c.sliding_window)
         cache = KVCache(
             1, c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim, torch.float32, device="cpu"
         )
@@ -221,13 +226,20 @@ class Playground:
         )
 
     def verify(self) -> float:
-        """Max |gathered - written| over every live sequence's K and V (0.0 when paging lost nothing)."""
+        """Max |gathered - written| over every live sequence's K and V (0.0 when paging lost nothing).
+
+        With a sliding window only the blocks a sequence still holds are read back (from the first held block's
+        first token); released blocks belong to the pool again."""
         worst = 0.0
+        bs = self.config.block_size
         for seq, truth in self._truth.items():
-            key, value = self.paged.cache.gather(
-                0, self.manager.block_table(seq), self.manager.num_tokens(seq)
-            )
-            expected = torch.stack(truth)  # [tokens, 2, heads, dim]
+            table = self.manager.block_table(seq)
+            first = len(table) - self.manager.num_held_blocks(seq)
+            num_tokens = self.manager.num_tokens(seq)
+            if first == len(table):
+                continue
+            key, value = self.paged.cache.gather(0, table[first:], num_tokens - first * bs)
+            expected = torch.stack(truth[first * bs :])  # [tokens held, 2, heads, dim]
             worst = max(worst, float((torch.stack([key, value], dim=1) - expected).abs().max()))
         return worst
 

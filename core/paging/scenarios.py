@@ -382,8 +382,53 @@ RUNNING_OUT = Scenario(
     ),
 )
 
+RUNNING_OUT_WINDOW = Scenario(
+    key="running-out-window",
+    title="Running out, with a sliding window",
+    summary=(
+        "The same 6-block pool for a sliding-window layer (each token attends to the last 32 positions): blocks "
+        "wholly behind every future token's window are released as a sequence grows, so it holds at most 3."
+    ),
+    config=PlaygroundConfig(
+        num_blocks=6, block_size=16, contiguous_max_len=64, system_prompt_len=0, sliding_window=32
+    ),
+    steps=(
+        Step(
+            "Sequence s0 (64 tokens) is allocated whole, blocks 0 to 3, as with full attention: 2 of 6 free.",
+            (add(64),),
+        ),
+        Step(
+            "A 40-token request needs 3 blocks but 2 are free: refused, as with full attention.",
+            (add(40),),
+            refused=True,
+        ),
+        Step("A 20-token request takes blocks 4 and 5: 0 free.", (add(20),)),
+        Step("s1 decodes 12 tokens into its last block: no block needed, still 0 free.", (append("s1", 12),)),
+        Step(
+            "s0's next token (position 64) reads positions 33 to 64 only, so blocks 0 and 1 are released first and "
+            "the token fits in block 0 again, where full attention refused: s0 reads · → · → 2 → 3 → 0, 1 free.",
+            (append("s0"),),
+        ),
+        Step(
+            "s0 decodes 16 more tokens: block 2 falls out of the window and its 81st token takes block 1, so s0 "
+            "holds 3 blocks however long it grows: still 1 free.",
+            (append("s0", 16),),
+        ),
+        Step("Freeing s1 returns blocks 5 and 4: 3 free.", (free("s1"),)),
+    ),
+)
+
 SCENARIOS: dict[str, Scenario] = {
-    s.key: s for s in (SEED_DEMO, SEED_BUGS, PARALLEL_SAMPLING, BEAM_SEARCH, PREFIX_CACHING, RUNNING_OUT)
+    s.key: s
+    for s in (
+        SEED_DEMO,
+        SEED_BUGS,
+        PARALLEL_SAMPLING,
+        BEAM_SEARCH,
+        PREFIX_CACHING,
+        RUNNING_OUT,
+        RUNNING_OUT_WINDOW,
+    )
 }
 
 

@@ -6,6 +6,8 @@ from playwright.sync_api import expect
 from tests.conftest import ARTIFACTS
 
 pytestmark = pytest.mark.browser
+FIRST_RUN_MS = 60_000  # a fresh server's first run imports torch: seconds on a busy machine
+STEP_MS = 30_000  # one rerun (a replay, three figures) on a busy 2-core machine
 
 
 def free_blocks(page) -> int:
@@ -17,18 +19,50 @@ def free_blocks(page) -> int:
 
 def test_append_and_fork_in_a_real_browser(streamlit_server, page):
     page.goto(streamlit_server)
-    expect(page.get_by_text("Block manager playground").first).to_be_visible()
-    expect(page.locator('[data-testid="stPlotlyChart"] .main-svg').first).to_be_visible()
+    expect(page.get_by_text("Block manager playground").first).to_be_visible(timeout=FIRST_RUN_MS)
+    expect(page.locator('[data-testid="stPlotlyChart"] .main-svg').first).to_be_visible(timeout=FIRST_RUN_MS)
     assert free_blocks(page) == 37
 
     page.get_by_label("Tokens to append").fill("40")  # s0 holds 73 tokens: 40 more = 113 = 8 blocks (+3)
     page.get_by_label("Tokens to append").press("Enter")
     page.get_by_role("button", name="Append").click()
-    expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text("34 / 48")
+    expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text("34 / 48", timeout=STEP_MS)
 
     page.get_by_role("button", name="Fork").click()  # sharing takes no block; a new sequence appears
-    expect(page.get_by_text("Last action: fork s0 → s3: done")).to_be_visible()
+    expect(page.get_by_text("Last action: fork s0 → s3: done")).to_be_visible(timeout=STEP_MS)
     assert free_blocks(page) == 34
     expect(page.locator('[data-testid="stException"]')).to_have_count(0)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
+
+
+def test_a_scenario_link_steps_and_plays_in_a_real_browser(streamlit_server, page):
+    page.goto(f"{streamlit_server}/?scenario=seed-demo&step=1")
+    expect(page.get_by_text("Step 1 of 3.")).to_be_visible(timeout=FIRST_RUN_MS)
+    expect(page.locator('[data-testid="stPlotlyChart"] .main-svg').first).to_be_visible(timeout=FIRST_RUN_MS)
+    expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text(
+        "6 / 8", timeout=STEP_MS
+    )  # 24 tokens: 2 blocks
+    expect(page.get_by_text("Free blocks: 6")).to_be_visible(
+        timeout=STEP_MS
+    )  # the C++ status lines beside our metrics
+
+    page.get_by_role("button", name="Next", exact=True).click()
+    expect(page.get_by_text("Step 2 of 3.")).to_be_visible(timeout=STEP_MS)
+    expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text("5 / 8", timeout=STEP_MS)
+    page.wait_for_url("**step=2**", timeout=STEP_MS)
+
+    page.get_by_role("button", name="Back", exact=True).click()
+    expect(page.get_by_text("Step 1 of 3.")).to_be_visible(timeout=STEP_MS)
+    page.get_by_role("button", name="Play", exact=True).click()  # one step per rerun, up to the last
+    expect(page.get_by_text("Step 3 of 3.")).to_be_visible(timeout=30_000)
+    expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text("7 / 8", timeout=STEP_MS)
+    page.wait_for_url("**step=3**", timeout=STEP_MS)
+
+    page.get_by_role("button", name="Continue by hand from this step").click()
+    expect(page.get_by_text("Last action: free 1: done")).to_be_visible(timeout=STEP_MS)
+    page.get_by_role("button", name="Add sequence").click()  # 37 tokens = 3 blocks of 16
+    expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text("4 / 8", timeout=STEP_MS)
+    expect(page.locator('[data-testid="stException"]')).to_have_count(0)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "playground_scenario.png"), full_page=True)

@@ -131,3 +131,19 @@ def test_every_scenario_step_renders_without_error():
             assert not at.exception, (key, step)
             assert not at.error, (key, step)
             assert narration(at).startswith(f"**Step {step} of {scenario.num_steps}.**")
+
+
+def test_a_sliding_window_pool_from_the_settings():
+    at = open_app("app_pages/playground.py")
+    at.number_input(key="cfg_blocks").set_value(8)  # form values are sent with the submit click
+    at.number_input(key="cfg_window").set_value(16)
+    at.checkbox(key="cfg_demo").uncheck()
+    next(b for b in at.button if b.label == "Apply and reset pool").click().run()
+    assert not at.exception and free_blocks_shown(at) == 8
+    at.number_input(key="prompt_len").set_value(32).run()
+    at.button(key="add").click().run()  # 32 tokens = blocks 0 and 1
+    at.number_input(key="append_count").set_value(17).run()
+    at.button(key="append").click().run()  # 49 tokens; token 48 reads 33..48: blocks 0 and 1 released
+    assert not at.exception
+    assert free_blocks_shown(at) == 8 - 2  # held: block 2 (full) and block 3 (1 token)
+    assert "0→· 1→· 2→2 3→3" in at.dataframe[0].value["block table"].tolist()

@@ -45,9 +45,25 @@ def test_prefix_caching_reuses_the_system_prompt():
     assert playground.verify() == 0.0
 
 
+def test_sliding_window_pool_releases_blocks_and_reads_back_the_window():
+    playground = Playground(
+        PlaygroundConfig(num_blocks=8, block_size=4, sliding_window=6, system_prompt_len=0)
+    )
+    playground.add_sequence(10)  # blocks 0, 1, 2 (10 tokens in blocks of 4)
+    playground.fork("s0")
+    playground.append("s1", 7)  # 17 tokens: token 16 reads 11..16, so blocks 0 and 1 (positions 0..7) go
+    assert playground.manager.block_table("s1")[:2] == [-1, -1]
+    assert playground.manager.ref_count(0) == 1  # still held by s0
+    assert playground.verify() == 0.0  # s1's held blocks (the copy of block 2 included) read back exactly
+    playground.free("s0")
+    assert playground.manager.num_free_blocks == 8 - playground.manager.num_held_blocks("s1")
+
+
 def test_bad_config_is_refused():
     with pytest.raises(InvalidArgumentError, match="num_blocks"):
         Playground(PlaygroundConfig(num_blocks=0))
+    with pytest.raises(InvalidArgumentError, match="sliding_window"):
+        Playground(PlaygroundConfig(sliding_window=0))
 
 
 # ---- the page -------------------------------------------------------------------------------------------------

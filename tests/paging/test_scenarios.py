@@ -87,6 +87,16 @@ EXPECTED = {
         (2, {"s0": (0, 1, 2, 3)}),
         (1, {"s0": (0, 1, 2, 3, 5)}),
     ],
+    "running-out-window": [  # window 32: token p reads p-31..p, so blocks before (p - 31) // 16 are released
+        (6, {}),
+        (2, {"s0": (0, 1, 2, 3)}),
+        (2, {"s0": (0, 1, 2, 3)}),
+        (0, {"s0": (0, 1, 2, 3), "s1": (4, 5)}),
+        (0, {"s0": (0, 1, 2, 3), "s1": (4, 5)}),
+        (1, {"s0": (-1, -1, 2, 3, 0), "s1": (4, 5)}),  # p = 64: (64 - 31) // 16 = 2 blocks released, 0 reused
+        (1, {"s0": (-1, -1, -1, 3, 0, 1), "s1": (4, 5)}),  # p = 79 releases block 2, p = 80 takes block 1
+        (3, {"s0": (-1, -1, -1, 3, 0, 1)}),
+    ],
 }
 
 
@@ -156,6 +166,8 @@ def test_parallel_samples_share_the_prompt_and_copy_only_the_last_block():
     assert [playground.manager.ref_count(b) for b in (0, 1)] == [4, 4]
     assert playground.waste().stored_tokens == 2 * 16 + 4 * (49 - 32)  # prompt blocks stored once
     prefix = replay(get_scenario("prefix-caching"), 9).manager.prefix_cache_stats
+    windowed = replay(get_scenario("running-out-window"), 6)
+    assert windowed.manager.num_held_blocks("s0") == 3 and windowed.manager.num_tokens("s0") == 81
     assert (prefix.queries_tokens, prefix.hits_tokens, prefix.evictions_blocks) == (
         40 + 45 + 40 + 128 + 40,
         64,
@@ -218,8 +230,9 @@ ACTIONS = st.one_of(
 @given(
     steps=st.lists(st.lists(ACTIONS, min_size=1, max_size=3), min_size=1, max_size=8),
     caching=st.booleans(),
+    window=st.one_of(st.none(), st.integers(1, 12)),
 )
-def test_replay_equals_stepwise_play_for_random_scripts(steps, caching):
+def test_replay_equals_stepwise_play_for_random_scripts(steps, caching, window):
     config = PlaygroundConfig(
         num_blocks=6,
         block_size=4,
@@ -227,6 +240,7 @@ def test_replay_equals_stepwise_play_for_random_scripts(steps, caching):
         num_kv_heads=1,
         enable_prefix_caching=caching,
         system_prompt_len=8,
+        sliding_window=window,
     )
     scenario = Scenario("random", "random", "", config, tuple(Step("", tuple(a)) for a in steps))
     live = Playground(config)

@@ -40,3 +40,20 @@ def test_history_figures_plot_every_action():
     waste = waste_over_actions(playground.history, playground.config.bytes_per_token)
     assert list(waste.data[1].y) == [h.paged_waste_slots for h in playground.history]
     assert "tokens" in waste.layout.yaxis.title.text
+
+
+def test_heatmap_shows_blocks_a_sliding_window_released_as_free():
+    from core.paging.scenarios import get_scenario, replay
+
+    playground = replay(get_scenario("running-out-window"), 6)  # s0 reads · → · → · → 3 → 0 → 1
+    snapshot = playground.snapshot()
+    heat = block_heatmap(snapshot, playground.color_index, columns=6).data[0]
+    z = np.asarray(heat.z, dtype=float).reshape(-1)
+    colors = {round(stop, 6): color for stop, color in heat.colorscale}
+    n_codes = int(heat.zmax)
+    shown = [colors[round(np.floor(z[b]) / n_codes, 6)] for b in range(6)]
+    assert shown[2] == FREE_BLOCK_COLOR  # released by the window, back in the pool
+    assert shown[0] == shown[1] == shown[3] == sequence_color(playground.color_index["s0"])
+    assert shown[4] == shown[5] == sequence_color(playground.color_index["s1"])
+    text = np.asarray(heat.text, dtype=object).reshape(-1)
+    assert [text[b] for b in range(6)] == ["16", "1", "", "16", "16", "16"]  # block 1 holds token 80 only
