@@ -8,41 +8,36 @@ import streamlit as st
 from core.errors import LabError
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS, preset_configs
-from core.planning.planner import (
-    BLOCK_SIZES,
-    KV_DTYPES,
-    WEIGHT_DTYPES,
-    concurrency_vs_context,
-    kv_bytes_per_token,
-    plan,
+from core.planning.scenario import (
+    CUSTOM,
+    clamp_context,
+    compute_scenario,
+    config_from_bytes,
+    config_from_text,
+    context_sweep,
+    decode_config,
+    encode_config,
+    formula_lines,
+    gpu_preset_rows,
+    make_workload,
+    model_from_config,
+    model_preset_rows,
+    plan_document,
+    what_if_summary,
+    workload_max_len,
 )
+from core.planning.what_if import memory_breakdown
 from ui.planner_figures import (
     concurrency_vs_context_figure,
     fragmentation_figure,
-    memory_breakdown,
     memory_breakdown_figure,
     paged_vs_contiguous_figure,
 )
-from ui.planner_scenario import (
-    ALL_FIELDS,
-    CUSTOM,
-    WORKLOADS,
-    comparison_gpus,
-    compute_scenario,
-    config_from_text,
-    encode_config,
-    formula_lines,
-    make_workload,
-    plan_document,
-    url_params,
-)
-from ui.query_state import decode_blob, parse_params
+from ui.planner_state import ALL_FIELDS, SCENARIO_NAMES, WORKLOAD_LABELS, url_params
 from ui.theme import fmt_int
+from ui.url_widgets import UrlState
 
-STATE = "_planner_values"
-WRITTEN = "_planner_url"
-URL_ERRORS = "_planner_url_errors"
-NAMES = {"a_": "Scenario A", "b_": "Scenario B"}
+state = UrlState("_planner", ALL_FIELDS)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -53,187 +48,147 @@ def cached_workload(
     return make_workload(values, max_len)
 
 
-def sync_from_url() -> None:
-    """Seed the widgets from the URL on the first run, and whenever the URL no longer matches what we wrote."""
-    current = st.query_params.to_dict()
-    if STATE in st.session_state:
-        if st.session_state.get(WRITTEN) == current:
-            return
-        if not any(field.key in current for field in ALL_FIELDS):
-            # Back from another page (navigation drops the query): keep this session's what-if.
-            return
-    values, errors = parse_params(current, ALL_FIELDS)
-    st.session_state[STATE] = values
-    st.session_state[URL_ERRORS] = errors
-    for key, value in values.items():
-        st.session_state[key] = value
-    for prefix in NAMES:
-        blob = values[f"{prefix}config"]
-        text = ""
-        if blob:
-            try:
-                text = json.dumps(decode_blob(blob), indent=2)
-            except ValueError:
-                text = ""
+def seed_config_texts() -> None:
+    """Show each scenario's URL-carried custom config as pretty JSON in its text area."""
+    for prefix in SCENARIO_NAMES:
+        blob = state.values[f"{prefix}config"]
+        try:
+            text = json.dumps(decode_config(blob), indent=2) if blob else ""
+        except LabError:
+            text = ""
         st.session_state[f"{prefix}config_text"] = text
 
 
-def widget(factory, label: str, key: str, **kwargs):
-    """A widget bound to `key`, restoring its value from the page state when streamlit dropped it."""
-    if key not in st.session_state:
-        st.session_state[key] = st.session_state[STATE][key]
-    value = factory(label, key=key, **kwargs)
-    st.session_state[STATE][key] = value
-    return value
-
-
-def clamp_context(prefix: str) -> None:
-    """On a model change, bring max_model_len within the new model's max_position_embeddings."""
-    slug = st.session_state[f"{prefix}model"]
+def on_model_change(prefix: str) -> None:
     key = f"{prefix}ctx"
-    if slug in MODELS and st.session_state.get(key, 0) > MODELS[slug].max_position_embeddings:
-        st.session_state[key] = MODELS[slug].max_position_embeddings
-        st.session_state[STATE][key] = st.session_state[key]
+    state.set(key, clamp_context(st.session_state[f"{prefix}model"], st.session_state.get(key, 0)))
 
 
-def scenario_inputs(prefix: str) -> None:
-    p = prefix
-    model_options = [*MODELS, CUSTOM]
-    widget(
-        st.selectbox,
-        "Model",
-        f"{p}model",
-        options=model_options,
-        format_func=lambda s: "Custom (paste or upload config.json)" if s == CUSTOM else MODELS[s].name,
-        on_change=clamp_context,
-        args=(p,),
-    )
-    if st.session_state[f"{p}model"] == CUSTOM:
-        upload = st.file_uploader("Upload config.json", type=["json"], key=f"{p}upload")
-        if upload is not None and st.session_state.get(f"{p}upload_seen") != upload.file_id:
-            st.session_state[f"{p}upload_seen"] = upload.file_id
-            st.session_state[f"{p}config_text"] = upload.getvalue().decode("utf-8", errors="replace")
-        st.text_area(
-            "config.json (Hugging Face)",
-            key=f"{p}config_text",
-            height=180,
-            help="Paste a model's config.json; the fields the planner reads are kept in the URL.",
-        )
+def custom_config_inputs(p: str) -> None:
+    """Upload or paste a config.json; a bad one is reported and leaves the scenario's model as it was."""
+    upload = st.file_uploader("Upload config.json", type=["json"], key=f"{p}upload")
+    if upload is not None and st.session_state.get(f"{p}upload_seen") != upload.file_id:
+        st.session_state[f"{p}upload_seen"] = upload.file_id
         try:
-            config = config_from_text(st.session_state.get(f"{p}config_text", ""))
-            st.session_state[STATE][f"{p}config"] = encode_config(config)
+            config = config_from_bytes(upload.getvalue())
+            st.session_state[f"{p}config_text"] = json.dumps(config, indent=2)
         except LabError as error:
-            st.session_state[STATE][f"{p}config"] = ""
-            st.error(str(error))
-    widget(
-        st.selectbox,
-        "GPU",
-        f"{p}gpu",
-        options=[*GPUS, CUSTOM],
-        format_func=lambda s: (
-            "Custom GPU" if s == CUSTOM else f"{GPUS[s].name} ({GPUS[s].memory_gib:,.0f} GiB)"
-        ),
+            st.error(f"Upload not used: {error}")
+    st.text_area(
+        "config.json (Hugging Face)",
+        key=f"{p}config_text",
+        height=180,
+        help="Paste a model's config.json; the fields the planner reads are kept in the URL.",
     )
-    if st.session_state[f"{p}gpu"] == CUSTOM:
-        c1, c2, c3 = st.columns(3)
-        with c1:
-            widget(st.number_input, "Memory (GiB)", f"{p}gpu_mem", min_value=0.5, max_value=4096.0, step=1.0)
-        with c2:
-            widget(
-                st.number_input,
-                "Bandwidth (GB/s)",
-                f"{p}gpu_bw",
-                min_value=1.0,
-                max_value=100_000.0,
-                step=100.0,
-            )
-        with c3:
-            widget(
-                st.number_input,
-                "bf16 TFLOP/s (dense)",
-                f"{p}gpu_tflops",
-                min_value=0.0,
-                max_value=100_000.0,
-                step=10.0,
-                placeholder="unknown",
-            )
-    c1, c2, c3 = st.columns(3)
-    with c1:
-        widget(st.number_input, "GPUs", f"{p}gpus", min_value=1, max_value=4096, step=1)
-    with c2:
-        widget(st.number_input, "Tensor parallel", f"{p}tp", min_value=1, max_value=1024, step=1)
-    with c3:
-        widget(st.number_input, "Pipeline parallel", f"{p}pp", min_value=1, max_value=1024, step=1)
-    c1, c2, c3 = st.columns(3)
-    with c1:
-        widget(st.selectbox, "Weight dtype", f"{p}wdtype", options=list(WEIGHT_DTYPES))
-    with c2:
-        widget(st.selectbox, "KV cache dtype", f"{p}kvdtype", options=list(KV_DTYPES))
-    with c3:
-        widget(st.selectbox, "Block size (tokens)", f"{p}block", options=list(BLOCK_SIZES))
-    c1, c2 = st.columns(2)
-    with c1:
-        widget(
-            st.number_input,
-            "Context length: max_model_len (tokens)",
-            f"{p}ctx",
-            min_value=16,
-            max_value=10_000_000,
-            step=1024,
-        )
-    with c2:
-        widget(st.slider, "gpu_memory_utilization", f"{p}util", min_value=0.05, max_value=1.0, step=0.01)
-    c1, c2 = st.columns(2)
-    with c1:
-        widget(
-            st.number_input,
-            "Activation reserve per GPU (GiB)",
-            f"{p}act",
-            min_value=0.0,
-            max_value=1024.0,
-            step=0.5,
-            placeholder="auto (estimate)",
-            help="Leave empty for the estimate; enter vLLM's logged activation peak for an exact plan.",
-        )
-    with c2:
-        widget(st.number_input, "max_num_seqs", f"{p}seqs", min_value=1, max_value=65_536, step=16)
+    try:
+        config = config_from_text(st.session_state.get(f"{p}config_text", ""))
+        model_from_config(config)
+        state.values[f"{p}config"] = encode_config(config)
+    except LabError as error:
+        kept = " The plan keeps the last valid config." if state.values[f"{p}config"] else ""
+        st.error(f"{error}{kept}")
 
 
-def show_metrics(prefix: str, result, baseline) -> None:
-    p = result.plan
-    w = result.what_if
+def scenario_inputs(p: str) -> None:
+    w = state.widget
+    w(st.selectbox, "Model", f"{p}model", on_change=on_model_change, args=(p,),
+      format_func=lambda s: "Custom (paste or upload config.json)" if s == CUSTOM else MODELS[s].name)  # fmt: skip
+    if state.values[f"{p}model"] == CUSTOM:
+        custom_config_inputs(p)
+    w(st.selectbox, "GPU", f"{p}gpu",
+      format_func=lambda s: "Custom GPU" if s == CUSTOM else f"{GPUS[s].name} ({GPUS[s].memory_gib:,.0f} GiB)")  # fmt: skip
+    if state.values[f"{p}gpu"] == CUSTOM:
+        c = st.columns(3)
+        with c[0]:
+            w(st.number_input, "Memory (GiB)", f"{p}gpu_mem")
+        with c[1]:
+            w(st.number_input, "Bandwidth (GB/s)", f"{p}gpu_bw")
+        with c[2]:
+            w(st.number_input, "bf16 TFLOP/s (dense)", f"{p}gpu_tflops", placeholder="unknown")
+    rows = [
+        [(st.number_input, "GPUs", "gpus"), (st.number_input, "Tensor parallel", "tp"),
+         (st.number_input, "Pipeline parallel", "pp")],
+        [(st.selectbox, "Weight dtype", "wdtype"), (st.selectbox, "KV cache dtype", "kvdtype"),
+         (st.selectbox, "Block size (tokens)", "block")],
+        [(st.number_input, "Context length: max_model_len (tokens)", "ctx"),
+         (st.slider, "gpu_memory_utilization", "util")],
+    ]  # fmt: skip
+    for row in rows:
+        for column, (factory, label, name) in zip(st.columns(len(row)), row, strict=True):
+            with column:
+                w(factory, label, f"{p}{name}")
+    c = st.columns(2)
+    with c[0]:
+        w(st.number_input, "Activation reserve per GPU (GiB)", f"{p}act", placeholder="auto (estimate)",
+          help="Leave empty for the estimate; enter vLLM's logged activation peak for an exact plan.")  # fmt: skip
+    with c[1]:
+        w(st.number_input, "max_num_seqs", f"{p}seqs")
+
+
+def workload_inputs() -> None:
+    c = st.columns(5)
+    with c[0]:
+        kind = state.widget(st.selectbox, "Requests", "wl", format_func=WORKLOAD_LABELS.get)
+    fixed = kind in ("sharegpt", "alpaca")
+    suffix = " (max)" if kind == "uniform" else ""
+    with c[1]:
+        state.widget(st.number_input, "Number of requests", "wl_n")
+    with c[2]:
+        state.widget(st.number_input, "Prompt tokens" + suffix, "wl_prompt", disabled=fixed)
+    with c[3]:
+        state.widget(st.number_input, "Output tokens" + suffix, "wl_output", disabled=fixed)
+    with c[4]:
+        state.widget(st.number_input, "Seed", "wl_seed")
+
+
+def show_metrics(result, baseline) -> None:
+    p, w = result.plan, result.what_if
+    b = baseline.plan if baseline else None
+    bw = baseline.what_if if baseline else None
 
     def delta(value, base_value):
         if baseline is None or value is None or base_value is None:
             return None
         return f"{value - base_value:+,.0f}"
 
-    base_plan = baseline.plan if baseline else None
-    base_w = baseline.what_if if baseline else None
     c = st.columns(5)
-    c[0].metric(
-        "KV tokens per replica", fmt_int(p.kv_tokens), delta(p.kv_tokens, base_plan and base_plan.kv_tokens)
-    )
-    c[1].metric("KV blocks", fmt_int(p.num_blocks), delta(p.num_blocks, base_plan and base_plan.num_blocks))
+    c[0].metric("KV tokens per replica", fmt_int(p.kv_tokens), delta(p.kv_tokens, b and b.kv_tokens))
+    c[1].metric("KV blocks", fmt_int(p.num_blocks), delta(p.num_blocks, b and b.num_blocks))
     c[2].metric(
         "Max requests at max_model_len",
         fmt_int(p.max_concurrency_total),
-        delta(p.max_concurrency_total, base_plan and base_plan.max_concurrency_total),
+        delta(p.max_concurrency_total, b and b.max_concurrency_total),
         help=f"Requests of {p.context_len:,} tokens held at once, all replicas together; each holds "
         f"ceil({p.context_len:,} / {p.block_size}) blocks.",
     )
     c[3].metric(
         "Avg concurrent, paged",
         fmt_int(w.paged_concurrency) if w else "—",
-        delta(w.paged_concurrency if w else None, base_w.paged_concurrency if base_w else None),
+        delta(w.paged_concurrency if w else None, bw.paged_concurrency if bw else None),
         help="Per replica, capped at max_num_seqs; the chart below shows the memory-bound figure.",
     )
     c[4].metric(
         "Decode tokens/s (est.)",
         fmt_int(p.decode_tokens_per_s) if p.decode_tokens_per_s else "—",
-        delta(p.decode_tokens_per_s, base_plan and base_plan.decode_tokens_per_s),
+        delta(p.decode_tokens_per_s, b and b.decode_tokens_per_s),
         help="Roofline estimate: weights + KV read per step over memory bandwidth (or FLOPs over peak).",
     )
+
+
+def show_plan(prefix: str, result, workload_error: str | None) -> None:
+    st.markdown(
+        f"#### {SCENARIO_NAMES[prefix]}: {result.model.name} on {result.plan.num_gpus} × {result.gpu.name}"
+    )
+    (st.success if result.plan.fits else st.error)(result.plan.verdict)
+    if result.workload_error and result.workload_error != workload_error:
+        st.warning(f"Workload what-if: {result.workload_error}")
+    with st.expander("Formula, with these numbers", expanded=prefix == "a_"):
+        for line in formula_lines(result):
+            st.markdown(f"- {line}")
+        for note in result.plan.notes:
+            st.caption(note)
+    st.markdown("`vllm serve` flags for this plan:")
+    st.code(result.plan.vllm_command, language="bash")
 
 
 st.title("Capacity planner")
@@ -243,78 +198,36 @@ st.markdown(
     "Every input is in the URL: copy it to share the what-if."
 )
 
-sync_from_url()
-# Shown once, on the run that read the URL; the next interaction rewrites the URL with valid values.
-for message in st.session_state.pop(URL_ERRORS, []):
+if state.sync_from_url():
+    seed_config_texts()
+for message in state.pop_errors():  # shown once; the URL is rewritten with valid values below
     st.error(message)
 
-compare = widget(st.toggle, "Compare with scenario B", "compare")
-columns = st.columns(2) if compare else [st.container()]
+compare = state.widget(st.toggle, "Compare with scenario B", "compare")
 prefixes = ["a_", "b_"] if compare else ["a_"]
-for column, prefix in zip(columns, prefixes, strict=True):
+for column, prefix in zip(st.columns(2) if compare else [st.container()], prefixes, strict=True):
     with column, st.container(border=True):
-        st.subheader(NAMES[prefix])
+        st.subheader(SCENARIO_NAMES[prefix])
         scenario_inputs(prefix)
 
 st.subheader("Workload")
-c = st.columns(5)
-with c[0]:
-    workload_kind = widget(
-        st.selectbox,
-        "Requests",
-        "wl",
-        options=list(WORKLOADS),
-        format_func={
-            "sharegpt": "ShareGPT-like (161 in / 338 out)",
-            "alpaca": "Alpaca-like (19 in / 58 out)",
-            "fixed": "Fixed lengths",
-            "uniform": "Uniform lengths",
-        }.get,
-    )
-with c[1]:
-    widget(st.number_input, "Number of requests", "wl_n", min_value=1, max_value=20_000, step=100)
-with c[2]:
-    widget(
-        st.number_input,
-        "Prompt tokens" + (" (max)" if workload_kind == "uniform" else ""),
-        "wl_prompt",
-        min_value=1,
-        max_value=10_000_000,
-        step=64,
-        disabled=workload_kind in ("sharegpt", "alpaca"),
-    )
-with c[3]:
-    widget(
-        st.number_input,
-        "Output tokens" + (" (max)" if workload_kind == "uniform" else ""),
-        "wl_output",
-        min_value=1,
-        max_value=10_000_000,
-        step=64,
-        disabled=workload_kind in ("sharegpt", "alpaca"),
-    )
-with c[4]:
-    widget(st.number_input, "Seed", "wl_seed", min_value=0, max_value=2**31 - 1, step=1)
+workload_inputs()
 st.caption(
     "ShareGPT / Alpaca lengths follow the PagedAttention paper's means (Figure 11), clipped so each request fits "
     "the shorter max_model_len of the scenarios shown. The what-if assumes a saturated server: as many requests "
     "run as memory (and max_num_seqs) allow."
 )
 
-values = dict(st.session_state[STATE])
-
-# The URL mirrors the inputs (written before any computation can fail, so a shared link always reproduces them).
-encoded = url_params(values)
-if st.query_params.to_dict() != encoded:
-    st.query_params.from_dict(encoded)
-st.session_state[WRITTEN] = encoded
+values = dict(state.values)
+encoded = url_params(values)  # written before any computation can fail: a shared link reproduces the inputs
+state.write_url(encoded)
 
 requests, workload_error = None, None
-max_len = min(values[f"{prefix}ctx"] for prefix in prefixes)
 try:
     requests = cached_workload(
-        values["wl"], values["wl_n"], values["wl_prompt"], values["wl_output"], values["wl_seed"], max_len
-    )
+        values["wl"], values["wl_n"], values["wl_prompt"], values["wl_output"], values["wl_seed"],
+        workload_max_len(values, prefixes),
+    )  # fmt: skip
 except LabError as error:
     workload_error = str(error)
     st.error(f"Workload: {error}")
@@ -324,43 +237,30 @@ for prefix in prefixes:
     try:
         results[prefix] = compute_scenario(values, prefix, requests, workload_error)
     except LabError as error:
-        st.error(f"{NAMES[prefix]}: {error}")
-
+        st.error(f"{SCENARIO_NAMES[prefix]}: {error}")
 if not results:
     st.info("Fix the inputs above to see a plan.")
     st.stop()
 
 st.divider()
-columns = st.columns(len(prefixes))
-for column, prefix in zip(columns, prefixes, strict=True):
-    if prefix not in results:
-        continue
-    result = results[prefix]
-    with column:
-        st.markdown(
-            f"#### {NAMES[prefix]}: {result.model.name} on {result.plan.num_gpus} × {result.gpu.name}"
-        )
-        (st.success if result.plan.fits else st.error)(result.plan.verdict)
-        if result.workload_error and result.workload_error != workload_error:
-            st.warning(f"Workload what-if: {result.workload_error}")
-        with st.expander("Formula, with these numbers", expanded=prefix == "a_"):
-            for line in formula_lines(result):
-                st.markdown(f"- {line}")
-            for note in result.plan.notes:
-                st.caption(note)
-        st.markdown("`vllm serve` flags for this plan:")
-        st.code(result.plan.vllm_command, language="bash")
+for column, prefix in zip(st.columns(len(prefixes)), prefixes, strict=True):
+    if prefix in results:
+        with column:
+            show_plan(prefix, results[prefix], workload_error)
 
+named = {SCENARIO_NAMES[p]: r for p, r in results.items()}
 st.subheader("Key figures" + (" (B's deltas against A)" if len(results) > 1 else ""))
 for prefix, result in results.items():
     if len(results) > 1:
-        st.markdown(f"**{NAMES[prefix]}**")
-    show_metrics(prefix, result, results.get("a_") if prefix == "b_" else None)
+        st.markdown(f"**{SCENARIO_NAMES[prefix]}**")
+    show_metrics(result, results.get("a_") if prefix == "b_" else None)
 
 st.subheader("Memory per GPU")
-breakdowns = {NAMES[p]: memory_breakdown(r.plan, r.what_if) for p, r in results.items()}
 st.plotly_chart(
-    memory_breakdown_figure(breakdowns, {NAMES[p]: r.plan.gpu_memory_bytes for p, r in results.items()}),
+    memory_breakdown_figure(
+        {n: memory_breakdown(r.plan, r.what_if) for n, r in named.items()},
+        {n: r.plan.gpu_memory_bytes for n, r in named.items()},
+    ),
     width="stretch",
 )
 st.caption(
@@ -369,76 +269,34 @@ st.caption(
 )
 
 st.subheader("Max concurrency vs context length")
-first_prefix = next(iter(results))
-first = results[first_prefix]
-top = min(first.model.max_position_embeddings, 1 << 20)
-contexts = sorted({*(1 << k for k in range(9, 21) if (1 << k) <= top), first.plan.max_model_len})
-series = {}
-for prefix, result in results.items():
-    label = (
-        f"{NAMES[prefix][-1]}: {result.plan.num_gpus}× {result.gpu.name}, tp {result.plan.tensor_parallel}"
-    )
-    if result.model.name == first.model.name:
-        series[label] = concurrency_vs_context(result.plan, contexts)
-for slug in comparison_gpus(values[f"{first_prefix}gpu"]):
-    try:
-        other = plan(
-            first.model,
-            GPUS[slug],
-            num_gpus=first.plan.num_gpus,
-            tensor_parallel=first.plan.tensor_parallel,
-            pipeline_parallel=first.plan.pipeline_parallel,
-            weight_dtype=first.plan.weight_dtype,
-            kv_dtype=first.plan.kv_dtype,
-            gpu_memory_utilization=first.plan.gpu_memory_utilization,
-            block_size=first.plan.block_size,
-            max_model_len=first.plan.max_model_len,
-            activation_reserve=None if first.plan.activation_estimated else first.plan.activation_bytes,
-        )
-    except LabError:
-        continue
-    series[f"{other.num_gpus}× {GPUS[slug].name}, tp {other.tensor_parallel}"] = concurrency_vs_context(
-        other, contexts
-    )
-st.plotly_chart(concurrency_vs_context_figure(contexts, series, first.plan.max_model_len), width="stretch")
+sweep = context_sweep(
+    {SCENARIO_NAMES[p][-1]: r for p, r in results.items()}, values[f"{next(iter(results))}gpu"]
+)
+st.plotly_chart(
+    concurrency_vs_context_figure(sweep.contexts, sweep.series, sweep.max_model_len), width="stretch"
+)
 st.caption(
-    f"{first.model.name}, same parallelism and dtypes on two comparison GPUs. A request of c tokens holds "
+    f"{sweep.model_name}, same parallelism and dtypes on two comparison GPUs. A request of c tokens holds "
     "ceil(c / block size) blocks; a line that stops means no request of that length fits (log scale has no 0). "
     "Memory decides concurrency (GPUs of equal memory draw the same line); bandwidth decides speed."
 )
 
-what_ifs = {NAMES[p]: r.what_if for p, r in results.items() if r.what_if is not None}
+what_ifs = {n: r.what_if for n, r in named.items() if r.what_if is not None}
 if what_ifs:
     st.subheader("Paged vs contiguous concurrency for this workload")
-    st.plotly_chart(
-        paged_vs_contiguous_figure(
-            what_ifs, {NAMES[p]: r.plan.max_num_seqs for p, r in results.items() if r.what_if}
-        ),
-        width="stretch",
-    )
-    lines = []
-    for name, w in what_ifs.items():
-        ratio = w.paged_memory_concurrency / max(w.contiguous_memory_concurrency, 1)
-        lines.append(
-            f"**{name}**: a request holds {w.mean_tokens_held:,.0f} tokens on average over its decode steps "
-            f"({w.mean_blocks_held:,.1f} blocks); paging holds {w.paged_memory_concurrency:,.0f} such requests "
-            f"where reserving {w.reservation_tokens:,} tokens each holds {w.contiguous_memory_concurrency:,} "
-            f"({ratio:,.1f}×). Limited by {w.limited_by} at {w.paged_concurrency:,.0f}."
-        )
-    st.markdown("  \n".join(lines))
+    seqs = {n: r.plan.max_num_seqs for n, r in named.items() if r.what_if}
+    st.plotly_chart(paged_vs_contiguous_figure(what_ifs, seqs), width="stretch")
+    st.markdown("  \n".join(what_if_summary(n, w) for n, w in what_ifs.items()))
 
     st.subheader("Internal fragmentation vs block size")
-    frag_prefix = next(p for p, r in results.items() if r.fragmentation)
-    frag_result = results[frag_prefix]
-    st.plotly_chart(
-        fragmentation_figure(frag_result.fragmentation, frag_result.plan.block_size), width="stretch"
-    )
+    frag = next(r for r in results.values() if r.fragmentation)
+    st.plotly_chart(fragmentation_figure(frag.fragmentation, frag.plan.block_size), width="stretch")
     st.caption(
         "Share of allocated KV slots that hold no token (the unfilled tail of each request's last block), "
         "averaged over decode steps. Small blocks waste less but mean more block-table entries."
     )
 
-document = plan_document(values, {NAMES[p]: r for p, r in results.items()})
+document = plan_document(values, named)
 document["url_query"] = encoded
 st.download_button(
     "Download the plan (JSON)",
@@ -448,38 +306,8 @@ st.download_button(
 )
 
 with st.expander("Presets: models and GPUs (the data behind the numbers)"):
-    model_rows = [
-        {
-            "slug": slug,
-            "model": m.name,
-            "layers": m.num_layers,
-            "heads": m.num_attention_heads,
-            "attention": "MLA" if m.is_mla else ("MHA" if m.num_kv_heads == m.num_attention_heads else "GQA"),
-            "KV heads (MLA: 1 latent)": m.num_kv_heads,
-            "head_dim": m.head_dim,
-            "max positions": m.max_position_embeddings,
-            "params (B)": m.num_params / 1e9,
-            "active (B)": m.num_params_active / 1e9,
-            "KV B/token (auto dtype, tp 1)": kv_bytes_per_token(m),
-            "dtype": m.compute_dtype,
-        }
-        for slug, m in MODELS.items()
-    ]
-    st.dataframe(pd.DataFrame(model_rows), hide_index=True, width="stretch")
-    gpu_rows = [
-        {
-            "slug": slug,
-            "GPU": g.name,
-            "memory (GiB)": g.memory_gib,
-            "memory (GB, 1e9 B)": g.memory_gb,
-            "bandwidth (GB/s)": g.memory_bandwidth / 1e9,
-            "bf16 dense TFLOP/s": (g.peak_bf16_flops or 0) / 1e12,
-            "type": g.memory_type,
-            "source": g.source,
-        }
-        for slug, g in GPUS.items()
-    ]
-    st.dataframe(pd.DataFrame(gpu_rows), hide_index=True, width="stretch")
+    st.dataframe(pd.DataFrame(model_preset_rows()), hide_index=True, width="stretch")
+    st.dataframe(pd.DataFrame(gpu_preset_rows()), hide_index=True, width="stretch")
     st.caption(
         "Vendors' “80GB” HBM is 80 GiB; the driver reports ~1% less (e.g. 79.1 GiB on an H100). "
         "Use a custom GPU with your nvidia-smi figure for the last percent."

@@ -1,4 +1,6 @@
-"""Block manager playground: drive a real BlockManager + KVCache one action at a time."""
+"""Block manager playground: drive a real BlockManager + KVCache one action at a time, or replay a scenario."""
+
+import time
 
 import pandas as pd
 import streamlit as st
@@ -6,123 +8,321 @@ import streamlit as st
 from core.device import format_bytes
 from core.errors import LabError
 from core.paging.playground import Playground, PlaygroundConfig
+from core.paging.scenarios import SCENARIOS, Scenario, cpp_status_lines, replay
 from ui.playground_figures import block_heatmap, free_blocks_over_actions, waste_over_actions
+from ui.playground_url import FREE_PLAY, URL_FIELDS, params_for, position_from_params
+
+PLAY_DELAY_S = 1.2  # pause between two steps while playing
+SCENARIO, STEP, PLAYING = "_pg_scenario", "_pg_step", "_pg_playing"  # the position (not widget keys)
+WRITTEN, URL_ERRORS, ACTION_ERROR, REPLAYED = "_pg_url", "_pg_url_errors", "_pg_action_error", "_pg_replayed"
+TITLES = {FREE_PLAY: "Free play (your own actions)"} | {key: s.title for key, s in SCENARIOS.items()}
+
+
+def sync_from_url() -> None:
+    """Take the position from the URL on the first run and whenever the URL no longer matches what we wrote."""
+    current = {field.key: st.query_params[field.key] for field in URL_FIELDS if field.key in st.query_params}
+    if SCENARIO in st.session_state and (st.session_state.get(WRITTEN) == current or not current):
+        return  # ours, or back from another page (navigation drops the query): keep this session's place
+    key, step, errors = position_from_params(current)
+    st.session_state[SCENARIO], st.session_state[STEP], st.session_state[PLAYING] = key, step, False
+    st.session_state[URL_ERRORS] = errors
+
+
+def write_url() -> None:
+    wanted = params_for(st.session_state[SCENARIO], st.session_state[STEP])
+    for field in URL_FIELDS:
+        if field.key in wanted and st.query_params.get(field.key) != wanted[field.key]:
+            st.query_params[field.key] = wanted[field.key]
+        elif field.key not in wanted and field.key in st.query_params:
+            del st.query_params[field.key]
+    st.session_state[WRITTEN] = wanted
+
+
+def current_scenario() -> Scenario | None:
+    key = st.session_state[SCENARIO]
+    return None if key == FREE_PLAY else SCENARIOS[key]
+
+
+def shown_playground() -> Playground:
+    """The scenario replayed to its step (memoised for this session), or the live free-play pool."""
+    scenario = current_scenario()
+    if scenario is None:
+        if "playground" not in st.session_state:
+            st.session_state.playground = Playground.demo()
+        return st.session_state.playground
+    position = (scenario.key, st.session_state[STEP])
+    memo = st.session_state.get(REPLAYED)
+    if memo is None or memo[0] != position:
+        memo = (position, replay(scenario, position[1]))
+        st.session_state[REPLAYED] = memo
+    return memo[1]
+
+
+# ---- callbacks: they run before the rerun, so they may move the picker and the slider ---------------------------
+
+
+def on_pick() -> None:
+    st.session_state[SCENARIO], st.session_state[STEP] = st.session_state.pg_scenario, 0
+    st.session_state[PLAYING] = False
+
+
+def on_slide() -> None:
+    st.session_state[STEP], st.session_state[PLAYING] = st.session_state.pg_step, False
+
+
+def on_move(delta: int) -> None:
+    last = current_scenario().num_steps
+    st.session_state[STEP] = min(max(st.session_state[STEP] + delta, 0), last)
+    st.session_state[PLAYING] = False
+
+
+def on_play() -> None:
+    if st.session_state[PLAYING]:
+        st.session_state[PLAYING] = False
+        return
+    if st.session_state[STEP] >= current_scenario().num_steps:
+        st.session_state[STEP] = 0  # play again from the start
+    st.session_state[PLAYING] = True
+
+
+def leave_script() -> Playground:
+    """The pool shown becomes the live free-play pool (a fresh replay, so the script's memo stays intact)."""
+    scenario = current_scenario()
+    if scenario is not None:
+        st.session_state.playground = replay(scenario, st.session_state[STEP])
+        st.session_state[SCENARIO], st.session_state[PLAYING] = FREE_PLAY, False
+    return st.session_state.playground
+
+
+def on_action(kind: str) -> None:
+    playground = leave_script()
+    state = st.session_state
+    try:
+        if kind == "add":
+            playground.add_sequence(int(state.prompt_len))
+        elif kind == "append":
+            playground.append(state.target, int(state.append_count))
+        elif kind == "fork":
+            playground.fork(state.target)
+        else:
+            playground.free(state.target)
+    except LabError as error:
+        state[ACTION_ERROR] = str(error)
+
+
+def on_apply_settings() -> None:
+    state = st.session_state
+    try:
+        config = PlaygroundConfig(
+            num_blocks=int(state.cfg_blocks),
+            block_size=int(state.cfg_bs),
+            head_dim=int(state.cfg_head_dim),
+            enable_prefix_caching=bool(state.cfg_caching),
+            contiguous_max_len=int(state.cfg_max_len),
+            system_prompt_len=int(state.cfg_system_len),
+        )
+        state.playground = Playground.demo(config) if state.cfg_demo else Playground(config)
+    except LabError as error:
+        state[ACTION_ERROR] = f"Settings not applied: {error}"
+        return
+    state[SCENARIO], state[PLAYING] = FREE_PLAY, False
+
+
+# ---- screen parts -----------------------------------------------------------------------------------------------
+
+
+def scenario_controls(scenario: Scenario, playground: Playground) -> None:
+    step, last = st.session_state[STEP], scenario.num_steps
+    b1, b2, b3, b4 = st.columns([1, 1, 1, 3])
+    b1.button(
+        "Back",
+        key="pg_back",
+        icon=":material/skip_previous:",
+        on_click=on_move,
+        args=(-1,),
+        disabled=step == 0,
+    )
+    b2.button(
+        "Next", key="pg_next", icon=":material/skip_next:", on_click=on_move, args=(1,), disabled=step == last
+    )
+    playing = st.session_state[PLAYING]
+    b3.button(
+        "Pause" if playing else "Play",
+        key="pg_play",
+        icon=":material/pause:" if playing else ":material/play_arrow:",
+        on_click=on_play,
+    )
+    b4.button(
+        "Continue by hand from this step",
+        key="pg_take_over",
+        icon=":material/pan_tool:",
+        on_click=leave_script,
+        help="the pool at this step becomes yours: add, append, fork and free below",
+    )
+    st.session_state.pg_step = step
+    st.slider("Step", 0, last, key="pg_step", on_change=on_slide)
+    text = scenario.narration(step)
+    st.info(f"**Step {step} of {last}.** {text}", icon=":material/school:")
+    if step:
+        done = playground.history[-len(scenario.steps[step - 1].actions) :]
+        for entry in done:
+            if entry.ok:
+                st.caption(f"{entry.action}: done ({entry.message})")
+            else:
+                st.warning(f"{entry.action}: refused, as the script expects: {entry.message}")
+
+
+def action_panel(playground: Playground, scripted: bool) -> None:
+    if scripted:
+        st.caption("Acting here leaves the script at this step and goes on by hand from the pool shown.")
+    a1, a2 = st.columns([1, 2])
+    with a1, st.container(border=True):
+        st.markdown("**New sequence**")
+        st.number_input("Prompt length (tokens)", 1, 1_048_576, 37, key="prompt_len")
+        st.button("Add sequence", key="add", on_click=on_action, args=("add",))
+    with a2, st.container(border=True):
+        st.markdown("**Act on a sequence**")
+        sequences = playground.manager.seq_ids()
+        if sequences:
+            b1, b2 = st.columns(2)
+            b1.selectbox("Sequence", sequences, key="target")
+            b2.number_input("Tokens to append", 1, 100_000, 1, key="append_count")
+            d1, d2, d3 = st.columns(3)
+            d1.button("Append", key="append", on_click=on_action, args=("append",))
+            d2.button("Fork", key="fork", on_click=on_action, args=("fork",))
+            d3.button("Free", key="free", on_click=on_action, args=("free",))
+        else:
+            st.info("No live sequence: add one on the left.")
+
+
+def settings_form() -> None:
+    with st.expander("Pool settings (applying them starts a new pool)", expanded=False), st.form("pool"):
+        c1, c2, c3 = st.columns(3)
+        c1.number_input("Physical blocks", 1, 4096, PlaygroundConfig.num_blocks, key="cfg_blocks")
+        c2.number_input("Block size (tokens)", 1, 256, PlaygroundConfig.block_size, key="cfg_bs")
+        c3.number_input("Head dim", 1, 512, PlaygroundConfig.head_dim, key="cfg_head_dim")
+        c4, c5, c6 = st.columns(3)
+        c4.number_input(
+            "Contiguous reservation per sequence (tokens)",
+            1,
+            1_048_576,
+            PlaygroundConfig.contiguous_max_len,
+            key="cfg_max_len",
+        )
+        c5.number_input(
+            "Shared system prompt (tokens)",
+            0,
+            1_048_576,
+            PlaygroundConfig.system_prompt_len,
+            key="cfg_system_len",
+        )
+        c6.toggle("Prefix caching", value=False, key="cfg_caching")
+        st.checkbox("Start from the demo scene", value=True, key="cfg_demo")
+        st.form_submit_button("Apply and reset pool", on_click=on_apply_settings)
+
+
+def pool_views(playground: Playground, scenario: Scenario | None) -> None:
+    """Metrics, heatmap, free list, history charts and block tables of the pool shown."""
+    config = playground.config
+    last = playground.history[-1]
+    if scenario is None:
+        st.caption(f"Last action: {last.action}: {'done' if last.ok else 'refused'} ({last.message})")
+    snapshot = playground.snapshot()
+    waste = playground.waste()
+    if scenario is not None and scenario.seed_status:
+        metrics, seed = st.columns([3, 1])
+        seed.markdown("**The C++ `print_status()`**, from our state")
+        seed.code("\n".join(cpp_status_lines(playground.manager)), language=None)
+    else:
+        metrics = st.container()
+    m = metrics.columns(6)
+    m[0].metric("Free blocks", f"{snapshot.num_free_blocks:,} / {config.num_blocks:,}")
+    m[1].metric("Sequences", f"{len(snapshot.seq_ids):,}")
+    m[2].metric(
+        "Tokens stored", f"{waste.stored_tokens:,}", help="distinct slots holding K/V (shared blocks once)"
+    )
+    m[3].metric("Empty: paged", f"{waste.paged:,}", help="unfilled slots of the blocks sequences own")
+    m[4].metric(
+        "Empty: contiguous",
+        f"{waste.contiguous:,}",
+        help=f"a contiguous cache reserving {config.contiguous_max_len:,} tokens per sequence",
+    )
+    m[5].metric("KV read-back error", f"{playground.verify():.1e}", help="max |gathered K/V - written K/V|")
+    if config.enable_prefix_caching:
+        stats = playground.manager.prefix_cache_stats
+        st.caption(
+            f"Prefix cache: {stats.hits_tokens:,} of {stats.queries_tokens:,} prompt tokens hit "
+            f"({stats.hit_rate:.0%}); {playground.manager.num_cached_free_blocks:,} free blocks still cached; "
+            f"{stats.evictions_blocks:,} evictions."
+        )
+
+    st.plotly_chart(block_heatmap(snapshot, playground.color_index), width="stretch", key="heatmap")
+    order = snapshot.free_order.tolist()
+    shown = ", ".join(f"{b}{' (cached)' if snapshot.is_cached[b] else ''}" for b in order[:64])
+    st.markdown(
+        f"**Free list** ({len(order):,} blocks, taken first to last): "
+        + (shown + (f", … {len(order) - 64:,} more" if len(order) > 64 else "") if order else "empty")
+    )
+    left, right = st.columns(2)
+    left.plotly_chart(free_blocks_over_actions(playground.history, config.num_blocks), width="stretch")
+    right.plotly_chart(waste_over_actions(playground.history, config.bytes_per_token), width="stretch")
+
+    st.subheader("Block tables (logical → physical)")
+    rows = [
+        {
+            "sequence": seq,
+            "tokens": snapshot.num_tokens[seq],
+            "blocks": len(table),
+            "last block fill": f"{snapshot.num_tokens[seq] - (len(table) - 1) * config.block_size}/{config.block_size}",
+            "block table": " ".join(f"{i}→{b}" for i, b in enumerate(table)),
+        }
+        for seq, table in snapshot.block_tables.items()
+    ]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    st.caption(
+        f"One token of K and V here is {format_bytes(config.bytes_per_token)} (1 layer, {config.num_kv_heads} KV "
+        f"heads × {config.head_dim} dims, float32); the paged pool holds {config.num_blocks * config.block_size:,} "
+        "tokens."
+    )
+    with st.expander("Action history"):
+        st.dataframe(pd.DataFrame([h.__dict__ for h in playground.history]), hide_index=True, width="stretch")
+
+
+# ---- the page ---------------------------------------------------------------------------------------------------
 
 st.title("Block manager playground")
 st.markdown(
     "PagedAttention stores each sequence's KV cache in fixed-size blocks found through a block table, so memory "
     "is taken one block at a time and shared between forks instead of reserved up front. Every button below runs "
-    "the real `BlockManager` and writes real K/V tensors into a paged `KVCache`."
+    "the real `BlockManager` and writes real K/V tensors into a paged `KVCache`; a scenario replays a script of "
+    "those actions step by step, with what each step shows."
 )
+sync_from_url()
+for message in st.session_state.pop(URL_ERRORS, []):
+    st.error(message)
 
-with st.expander("Pool settings (applying them starts a new pool)", expanded=False), st.form("pool"):
-    c1, c2, c3 = st.columns(3)
-    num_blocks = c1.number_input("Physical blocks", 1, 4096, PlaygroundConfig.num_blocks, key="cfg_blocks")
-    block_size = c2.number_input("Block size (tokens)", 1, 256, PlaygroundConfig.block_size, key="cfg_bs")
-    head_dim = c3.number_input("Head dim", 1, 512, PlaygroundConfig.head_dim, key="cfg_head_dim")
-    c4, c5, c6 = st.columns(3)
-    max_len = c4.number_input(
-        "Contiguous reservation per sequence (tokens)", 1, 1_048_576, PlaygroundConfig.contiguous_max_len
-    )
-    system_len = c5.number_input(
-        "Shared system prompt (tokens)", 0, 1_048_576, PlaygroundConfig.system_prompt_len
-    )
-    caching = c6.toggle("Prefix caching", value=False, key="cfg_caching")
-    demo = st.checkbox("Start from the demo scene", value=True)
-    if st.form_submit_button("Apply and reset pool"):
-        config = PlaygroundConfig(
-            num_blocks=int(num_blocks),
-            block_size=int(block_size),
-            head_dim=int(head_dim),
-            enable_prefix_caching=caching,
-            contiguous_max_len=int(max_len),
-            system_prompt_len=int(system_len),
-        )
-        try:
-            st.session_state.playground = Playground.demo(config) if demo else Playground(config)
-        except LabError as error:
-            st.error(f"Settings not applied: {error}")
-
-if "playground" not in st.session_state:
-    st.session_state.playground = Playground.demo()
-playground: Playground = st.session_state.playground
-config = playground.config
-
-a1, a2 = st.columns([1, 2])
-with a1, st.container(border=True):
-    st.markdown("**New sequence**")
-    prompt_len = st.number_input("Prompt length (tokens)", 1, 1_048_576, 37, key="prompt_len")
-    if st.button("Add sequence", key="add"):
-        try:
-            playground.add_sequence(int(prompt_len))
-        except LabError as error:
-            st.error(str(error))
-with a2, st.container(border=True):
-    st.markdown("**Act on a sequence**")
-    sequences = playground.manager.seq_ids()
-    if sequences:
-        b1, b2 = st.columns(2)
-        target = b1.selectbox("Sequence", sequences, key="target")
-        count = b2.number_input("Tokens to append", 1, 100_000, 1, key="append_count")
-        d1, d2, d3 = st.columns(3)
-        action = None
-        if d1.button("Append", key="append"):
-            action = lambda: playground.append(target, int(count))  # noqa: E731
-        if d2.button("Fork", key="fork"):
-            action = lambda: playground.fork(target)  # noqa: E731
-        if d3.button("Free", key="free"):
-            action = lambda: playground.free(target)  # noqa: E731
-        if action is not None:
-            try:
-                action()
-            except LabError as error:
-                st.error(str(error))
-    else:
-        st.info("No live sequence: add one on the left.")
-
-last = playground.history[-1]
-st.caption(f"Last action: {last.action}: {'done' if last.ok else 'refused'} ({last.message})")
-snapshot = playground.snapshot()
-waste = playground.waste()
-m1, m2, m3, m4, m5, m6 = st.columns(6)
-m1.metric("Free blocks", f"{snapshot.num_free_blocks:,} / {config.num_blocks:,}")
-m2.metric("Sequences", f"{len(snapshot.seq_ids):,}")
-m3.metric("Tokens stored", f"{waste.stored_tokens:,}", help="distinct slots holding K/V (shared blocks once)")
-m4.metric("Empty: paged", f"{waste.paged:,}", help="unfilled slots of the blocks sequences own")
-m5.metric(
-    "Empty: contiguous",
-    f"{waste.contiguous:,}",
-    help=f"a contiguous cache reserving {config.contiguous_max_len:,} tokens per sequence",
+st.session_state.pg_scenario = st.session_state[SCENARIO]
+st.selectbox(
+    "Scenario", list(TITLES), format_func=TITLES.get, key="pg_scenario", on_change=on_pick, width=420
 )
-m6.metric("KV read-back error", f"{playground.verify():.1e}", help="max |gathered K/V - written K/V|")
-if config.enable_prefix_caching:
-    stats = playground.manager.prefix_cache_stats
-    st.caption(
-        f"Prefix cache: {stats.hits_tokens:,} of {stats.queries_tokens:,} prompt tokens hit "
-        f"({stats.hit_rate:.0%}); {playground.manager.num_cached_free_blocks:,} free blocks still cached; "
-        f"{stats.evictions_blocks:,} evictions."
-    )
+scenario = current_scenario()
+if scenario is not None and st.session_state[STEP]:
+    st.caption(scenario.summary)
+playground = shown_playground()
+if scenario is not None:
+    scenario_controls(scenario, playground)
+else:
+    settings_form()
+action_panel(playground, scripted=scenario is not None)
+if ACTION_ERROR in st.session_state:
+    st.error(st.session_state.pop(ACTION_ERROR))
+pool_views(playground, scenario)
 
-st.plotly_chart(block_heatmap(snapshot, playground.color_index), width="stretch", key="heatmap")
-left, right = st.columns(2)
-left.plotly_chart(free_blocks_over_actions(playground.history, config.num_blocks), width="stretch")
-right.plotly_chart(waste_over_actions(playground.history, config.bytes_per_token), width="stretch")
-
-st.subheader("Block tables (logical → physical)")
-rows = [
-    {
-        "sequence": seq,
-        "tokens": snapshot.num_tokens[seq],
-        "blocks": len(table),
-        "last block fill": f"{snapshot.num_tokens[seq] - (len(table) - 1) * config.block_size}/{config.block_size}",
-        "block table": " ".join(f"{i}→{b}" for i, b in enumerate(table)),
-    }
-    for seq, table in snapshot.block_tables.items()
-]
-st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-st.caption(
-    f"One token of K and V here is {format_bytes(config.bytes_per_token)} (1 layer, {config.num_kv_heads} KV heads "
-    f"× {config.head_dim} dims, float32); the paged pool holds {config.num_blocks * config.block_size:,} tokens."
-)
-with st.expander("Action history"):
-    st.dataframe(pd.DataFrame([h.__dict__ for h in playground.history]), hide_index=True, width="stretch")
+write_url()
+if scenario is not None and st.session_state[PLAYING]:
+    if st.session_state[STEP] < scenario.num_steps:
+        time.sleep(PLAY_DELAY_S)
+        st.session_state[STEP] += 1
+        st.session_state[PLAYING] = st.session_state[STEP] < scenario.num_steps
+        st.rerun()
+    st.session_state[PLAYING] = False

@@ -18,7 +18,8 @@ import time
 
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
-from core.planning.planner import concurrency_vs_context, fragmentation_by_block_size, plan, workload_what_if
+from core.planning.plan import concurrency_vs_context, plan
+from core.planning.what_if import fragmentation_by_block_size, workload_what_if
 from core.serving.workload import sharegpt
 
 

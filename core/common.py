@@ -56,12 +56,14 @@ def _check_bounds(value: float, name: str, minimum: float | None, maximum: float
 
 
 def check_budget(requested_bytes: int, what: str, budget: int | None = None) -> None:
-    """Raise `MemoryBudgetError` before allocating when `requested_bytes` exceed the operator's budget."""
-    allowed = memory_budget_bytes() if budget is None else budget
+    """Raise `MemoryBudgetError` before allocating when `requested_bytes` exceed the budget: `budget` when given,
+    else the operator's (`memory_budget_bytes()`, PAGED_LAB_MAX_BYTES). `what` names what was asked for."""
+    allowed = memory_budget_bytes() if budget is None else int(budget)
     if requested_bytes > allowed:
         raise MemoryBudgetError(
-            f"{what} needs {format_bytes(requested_bytes)}, over the memory budget of {format_bytes(allowed)} "
-            f"(PAGED_LAB_MAX_BYTES); choose a smaller configuration",
+            f"{what} needs {requested_bytes:,} bytes ({format_bytes(requested_bytes)}), over the memory budget "
+            f"of {allowed:,} bytes ({format_bytes(allowed)}; the operator sets it with PAGED_LAB_MAX_BYTES); "
+            "choose a smaller configuration",
             requested_bytes=int(requested_bytes),
             allowed_bytes=int(allowed),
         )

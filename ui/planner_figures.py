@@ -4,13 +4,13 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from core.planning.planner import CapacityPlan, WorkloadWhatIf
+from core.planning.what_if import MEMORY_CATEGORIES, WorkloadWhatIf
 from ui.theme import MEMORY_COLORS, POLICY_COLORS, fmt_int
 
 GiB = 1024**3
 HEADROOM_COLOR = "#bdbdbd"
 COMPARISON_DASHES = ("solid", "dash", "dot", "dashdot")
-BREAKDOWN_ORDER = ("weights", "activations", "kv cache", "internal fragmentation", "free", "headroom")
+BREAKDOWN_ORDER = MEMORY_CATEGORIES
 BREAKDOWN_LABELS = {
     "weights": "weights",
     "activations": "activations (profiled peak)",
@@ -19,30 +19,6 @@ BREAKDOWN_LABELS = {
     "free": "KV free",
     "headroom": "headroom (1 − utilization)",
 }
-
-
-def memory_breakdown(capacity: CapacityPlan, what_if: WorkloadWhatIf | None) -> dict[str, int]:
-    """Bytes per GPU by category; the categories sum to the GPU's memory when the plan has a KV budget.
-
-    kv cache: slots holding tokens of the workload's requests (at its paged concurrency); internal
-    fragmentation: empty slots inside their blocks; free: the rest of the KV budget; headroom: memory outside
-    gpu_memory_utilization. Without a workload all of the KV budget counts as free. When weights and
-    activations exceed the usable memory, KV and free are 0 and the overflow eats the headroom first; past the
-    GPU's memory the bars run beyond its marker (the sum then exceeds the GPU memory).
-    """
-    budget = max(0, capacity.kv_budget_bytes)
-    used = what_if.kv_used_bytes if what_if else 0
-    fragmentation = what_if.internal_fragmentation_bytes if what_if else 0
-    return {
-        "weights": capacity.weights_bytes,
-        "activations": capacity.activation_bytes,
-        "kv cache": used - fragmentation,
-        "internal fragmentation": fragmentation,
-        "free": budget - used,
-        "headroom": max(
-            0, capacity.gpu_memory_bytes - capacity.usable_bytes - max(0, -capacity.kv_budget_bytes)
-        ),
-    }
 
 
 def memory_breakdown_figure(

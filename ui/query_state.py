@@ -9,11 +9,7 @@ Value kinds: "int", "float" (finite, within [minimum, maximum]); "choice" (one o
 ("1"/"0", "true"/"false"); "str" (at most `max_length` characters). `optional=True` adds "auto" (None).
 """
 
-import base64
-import binascii
-import json
 import math
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +21,9 @@ AUTO = "auto"
 
 @dataclass(frozen=True)
 class Field:
-    """One URL parameter. `key` is the parameter name; `default` the value when absent or invalid."""
+    """One URL parameter. `key` is the parameter name; `default` the value when absent or invalid.
+
+    The same field gives its widget its bounds and step (`widget_bounds`), so they are stated once."""
 
     key: str
     default: Any
@@ -36,6 +34,7 @@ class Field:
     optional: bool = False
     max_length: int = 200
     label: str = ""
+    step: float | None = None  # a number widget's step
 
     def __post_init__(self):
         if self.kind not in ("int", "float", "choice", "bool", "str"):
@@ -115,23 +114,13 @@ def encode_params(values: Mapping[str, Any], fields: Iterable[Field]) -> dict[st
     return {field.key: field.encode(values[field.key]) for field in fields if field.key in values}
 
 
-def encode_blob(data: Any) -> str:
-    """A JSON-able object as a compact URL-safe string (zlib + base64url), e.g. a pasted config.json."""
-    raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
-    return base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
-
-
-def decode_blob(text: str, max_bytes: int = 64 * 1024) -> Any:
-    """Inverse of `encode_blob`; raises ValueError with a reason for anything malformed or too large."""
-    try:
-        packed = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        inflater = zlib.decompressobj()
-        raw = inflater.decompress(packed, max_bytes + 1)
-    except (binascii.Error, ValueError, zlib.error):
-        raise ValueError("not an encoded configuration") from None
-    if len(raw) > max_bytes or inflater.unconsumed_tail:
-        raise ValueError(f"decoded configuration is larger than {max_bytes:,} bytes")
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError("not an encoded configuration") from None
+def widget_bounds(field: Field) -> dict[str, Any]:
+    """Keyword arguments that bound a widget to `field`: `options` for a choice; `min_value`, `max_value` and
+    `step` for a number, typed like the field (int or float, as streamlit requires them all of one type)."""
+    if field.kind == "choice":
+        return {"options": list(field.choices)}
+    if field.kind not in ("int", "float"):
+        return {}
+    cast = int if field.kind == "int" else float
+    bounds = {"min_value": field.minimum, "max_value": field.maximum, "step": field.step}
+    return {name: cast(value) for name, value in bounds.items() if value is not None}

@@ -17,6 +17,7 @@ Accounting of a reserved segment (slots = token positions of KV memory):
 The paper's "external fragmentation & others" is slack + free (at its load no request can use them).
 """
 
+from core.common import check_int
 from core.errors import InvalidArgumentError
 
 CONTIGUOUS_POLICIES = ("orca-max", "orca-pow2", "orca-oracle")
@@ -51,8 +52,7 @@ class BuddyAllocator:
     """
 
     def __init__(self, capacity: int):
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise InvalidArgumentError(f"capacity must be an integer >= 1 slot, got {capacity!r}")
+        capacity = check_int(capacity, "capacity (slots)", minimum=1)
         self.capacity = capacity
         self._free: dict[int, set[int]] = {}  # order -> start addresses of free blocks
         self._roots: set[tuple[int, int]] = set()
@@ -86,9 +86,8 @@ class BuddyAllocator:
         return any(s for o, s in self._free.items() if o >= order)
 
     def allocate(self, size: int) -> int | None:
-        if size < 1:
-            raise InvalidArgumentError(f"segment size must be >= 1 slot, got {size}")
-        order = (int(size) - 1).bit_length()
+        size = check_int(size, "segment size (slots)", minimum=1)
+        order = (size - 1).bit_length()
         candidates = [o for o, s in self._free.items() if o >= order and s]
         if not candidates:
             return None

@@ -2,13 +2,20 @@
 
 Metadata only, no tensors: `KVCache` holds the data, and the serving simulator drives this class alone.
 
-Invariants (checked by tests/test_block_manager_properties.py against a brute-force model):
+Invariants (checked by tests/paging/test_block_manager_properties.py against a brute-force model):
 - Every block is in exactly one of three states: *owned* (ref count >= 1, in at least one block table),
   *free uncached* (ref count 0, in `_free_uncached`) or *free cached* (ref count 0, holds a full block that
   prefix caching can revive, in `_free_cached`). `num_free_blocks` counts both free states.
 - A block's ref count equals the number of block tables that contain it.
-- `len(block_table(s)) == ceil(num_tokens(s) / block_size)` for every sequence.
-- Only full blocks are ever cached or shared through the cache; a block that is written to (the partially
+- `len(block_table(s)) == ceil(num_tokens(s) / block_size)` for every sequence; logical block i is always
+  `block_table(s)[i]`. With a sliding window W, entries are -1 for released blocks: a prefix of the table.
+- Sliding window W: before sequence s takes room for the token at position n (= num_tokens(s) before the
+  append), every block wholly before position n - W + 1 (index i < (n - W + 1) // block_size) is released
+  (one reference dropped, its entry set to -1): the new token attends to positions n - W + 1 .. n only. A prompt
+  is allocated whole (its first token reads position 0); releases happen on appends. A released block's hash
+  stays in the prefix cache until the block is evicted; a fork shares only the blocks still held.
+- Only full blocks are ever cached or shared through the cache, and a cache hit is taken only when the cached
+  block holds the same tokens under the same parent hash (a collision of the 64-bit hash is a miss); a block that is written to (the partially
   filled last block of a sequence) has ref count 1, because `append_token` copies it first otherwise
   (copy-on-write).
 - Eviction order: free uncached blocks are always taken first (oldest freed first); free cached blocks are
@@ -19,113 +26,39 @@ Invariants (checked by tests/test_block_manager_properties.py against a brute-fo
 
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
+from core.common import cdiv, check_int
 from core.errors import (
     DuplicateSequenceError,
     InvalidArgumentError,
     OutOfBlocksError,
     UnknownSequenceError,
 )
+from core.paging.block_views import AppendResult, BlockSnapshot, PrefixCacheCounters, PrefixCacheStats
+
+__all__ = ["AppendResult", "BlockManager", "BlockSnapshot", "PrefixCacheStats"]
 
 SeqId = Hashable
-
-
-class AppendResult(NamedTuple):
-    """Where the appended token's K/V go.
-
-    slot: `block_id * block_size + offset` in the physical pool.
-    cow: `None`, or `(src_block, dst_block)`: the caller must copy the K/V of `src_block` into `dst_block`
-        before writing `slot`, because the sequence's last block was shared (after `fork`).
-    """
-
-    slot: int
-    cow: tuple[int, int] | None
-
-
 _new_tuple = tuple.__new__
 
 
-@dataclass(frozen=True)
-class PrefixCacheStats:
-    """Prefix-cache counters since construction. Tokens count like vLLM's `prefix_cache_queries` /
-    `prefix_cache_hits`: every prompt token is a query, and the tokens of reused blocks are hits."""
-
-    queries_tokens: int = 0
-    hits_tokens: int = 0
-    queries_blocks: int = 0
-    hits_blocks: int = 0
-    evictions_blocks: int = 0
-    evictions_tokens: int = 0
-
-    @property
-    def misses_tokens(self) -> int:
-        return self.queries_tokens - self.hits_tokens
-
-    @property
-    def misses_blocks(self) -> int:
-        return self.queries_blocks - self.hits_blocks
-
-    @property
-    def hit_rate(self) -> float:
-        """Hits / queries in tokens; 0.0 before the first query."""
-        return self.hits_tokens / self.queries_tokens if self.queries_tokens else 0.0
-
-
-@dataclass(frozen=True, eq=False)
-class BlockSnapshot:
-    """An immutable view of the pool for plots. Arrays are read-only and indexed by physical block id.
-
-    seq_ids: live sequences in admission order; `owner[b]` indexes into it.
-    owner: int64, the first live sequence (in `seq_ids` order) whose table holds block b, or -1.
-    ref_count: int64, number of block tables holding block b.
-    fill: int64, tokens stored in block b (block_size for a full or cached block, 0 for a free uncached one).
-    is_free: bool, block b can be taken now (free uncached or free cached).
-    is_cached: bool, block b holds a full block registered in the prefix cache (owned or free).
-    free_order: int64 block ids in the order they will be taken: uncached first, then cached LRU first.
-    block_tables: sequence id -> its block table (logical index -> physical block id).
-    num_tokens: sequence id -> tokens it holds.
-    """
-
-    num_blocks: int
-    block_size: int
-    seq_ids: tuple
-    owner: np.ndarray
-    ref_count: np.ndarray
-    fill: np.ndarray
-    is_free: np.ndarray
-    is_cached: np.ndarray
-    free_order: np.ndarray
-    block_tables: dict
-    num_tokens: dict
-
-    @property
-    def num_free_blocks(self) -> int:
-        return int(self.free_order.size)
-
-    @property
-    def is_shared(self) -> np.ndarray:
-        return self.ref_count > 1
-
-    def owners(self, block_id: int) -> list:
-        """Every live sequence whose block table holds `block_id`, in `seq_ids` order."""
-        return [s for s in self.seq_ids if block_id in self.block_tables[s]]
-
-
 class _Sequence:
-    __slots__ = ("block_hashes", "block_table", "num_tokens", "token_ids")
+    __slots__ = ("block_hashes", "block_table", "first_held", "num_tokens", "token_ids")
 
-    def __init__(self, block_table: list[int], token_ids: list[int], block_hashes: list[int]):
-        self.block_table = block_table
+    def __init__(
+        self, block_table: list[int], token_ids: list[int], block_hashes: list[int], first_held: int = 0
+    ):
+        self.block_table = block_table  # -1 for the entries [0, first_held) a sliding window released
         self.token_ids = token_ids
         self.num_tokens = len(token_ids)
         self.block_hashes = block_hashes  # chained hash of each full block, in logical order
+        self.first_held = first_held
 
 
 def _chain_hash(parent: int | None, tokens: tuple) -> int:
+    """The prefix-cache key of a full block: Python's 64-bit hash of (parent block's hash, the block's tokens)."""
     return hash((parent, tokens))
 
 
@@ -133,23 +66,34 @@ class BlockManager:
     """Allocates fixed-size KV blocks to sequences, with ref-counted sharing and optional prefix caching.
 
     num_blocks: physical blocks in the pool (>= 1). block_size: tokens per block (>= 1).
+    sliding_window: None (full attention), or W >= 1: each token attends to the last W positions (itself
+        included), and blocks wholly outside every future token's window are released (see the invariants).
     Sequences are identified by any hashable id.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise InvalidArgumentError(f"{name} must be an integer >= 1, got {value!r}")
-        self._num_blocks = int(num_blocks)
-        self._block_size = int(block_size)
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = False,
+        sliding_window: int | None = None,
+    ):
+        self._num_blocks = check_int(num_blocks, "num_blocks", minimum=1)
+        self._block_size = check_int(block_size, "block_size", minimum=1)
+        self._window = (
+            None if sliding_window is None else check_int(sliding_window, "sliding_window", minimum=1)
+        )
         self._caching = bool(enable_prefix_caching)
         self._ref_counts = [0] * self._num_blocks
         self._free_uncached: deque[int] = deque(range(self._num_blocks))
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU first
         self._hash_to_block: dict[int, int] = {}
         self._block_hash: list[int | None] = [None] * self._num_blocks
+        self._block_key: list[tuple | None] = [
+            None
+        ] * self._num_blocks  # (parent hash, tokens) of a cached block
         self._seqs: dict[SeqId, _Sequence] = {}
-        self._stats = PrefixCacheStats()
+        self._stats = PrefixCacheCounters()
 
     # ---- properties -------------------------------------------------------------------------------------
 
@@ -160,6 +104,10 @@ class BlockManager:
     @property
     def block_size(self) -> int:
         return self._block_size
+
+    @property
+    def sliding_window(self) -> int | None:
+        return self._window
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -177,7 +125,8 @@ class BlockManager:
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
-        return self._stats
+        """A frozen copy of the counters now (later operations do not change it)."""
+        return self._stats.frozen()
 
     # ---- queries ----------------------------------------------------------------------------------------
 
@@ -197,8 +146,14 @@ class BlockManager:
         return list(self._seqs)
 
     def block_table(self, seq_id: SeqId) -> list[int]:
-        """A copy of the sequence's block table: logical block i lives in physical block table[i]."""
+        """A copy of the sequence's block table: logical block i lives in physical block table[i] (-1: released
+        by the sliding window)."""
         return list(self._seq(seq_id).block_table)
+
+    def num_held_blocks(self, seq_id: SeqId) -> int:
+        """Blocks the sequence holds now: its table's entries that are not -1."""
+        seq = self._seq(seq_id)
+        return len(seq.block_table) - seq.first_held
 
     def num_tokens(self, seq_id: SeqId) -> int:
         return self._seq(seq_id).num_tokens
@@ -207,18 +162,17 @@ class BlockManager:
         return list(self._seq(seq_id).token_ids)
 
     def ref_count(self, block_id: int) -> int:
-        if not isinstance(block_id, int | np.integer) or not 0 <= block_id < self._num_blocks:
-            raise InvalidArgumentError(f"block_id must be in [0, {self._num_blocks}), got {block_id!r}")
+        block_id = check_int(block_id, "block_id", minimum=0, maximum=self._num_blocks - 1)
         return self._ref_counts[block_id]
 
     def blocks_needed(self, num_tokens: int) -> int:
-        """ceil(num_tokens / block_size): blocks a sequence of that many tokens holds."""
-        return -(-num_tokens // self._block_size)
+        """ceil(num_tokens / block_size): blocks a sequence of that many tokens holds (a new prompt holds them
+        all, with or without a sliding window)."""
+        return cdiv(num_tokens, self._block_size)
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new prompt of `num_tokens` fits in the free blocks, counting no prefix-cache hits."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int | np.integer) or num_tokens < 1:
-            raise InvalidArgumentError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
+        num_tokens = check_int(num_tokens, "num_tokens", minimum=1)
         return self.blocks_needed(num_tokens) <= self.num_free_blocks
 
     # ---- block pool ---------------------------------------------------------------------------------------
@@ -231,15 +185,9 @@ class BlockManager:
             block, _ = self._free_cached.popitem(last=False)
             del self._hash_to_block[self._block_hash[block]]
             self._block_hash[block] = None
-            s = self._stats
-            self._stats = PrefixCacheStats(
-                s.queries_tokens,
-                s.hits_tokens,
-                s.queries_blocks,
-                s.hits_blocks,
-                s.evictions_blocks + 1,
-                s.evictions_tokens + self._block_size,
-            )
+            self._block_key[block] = None
+            self._stats.evictions_blocks += 1
+            self._stats.evictions_tokens += self._block_size
         else:
             raise OutOfBlocksError(
                 f"out of KV blocks: 1 more block needed, 0 of {self._num_blocks} free", needed=1, free=0
@@ -256,17 +204,111 @@ class BlockManager:
             else:
                 self._free_uncached.append(block)
 
+    def _cache_block(self, block: int, parent: int | None, tokens: tuple) -> int:
+        """Hash a newly full block; register it in the prefix cache when the hash is new. Returns the hash."""
+        block_hash = _chain_hash(parent, tokens)
+        if block_hash not in self._hash_to_block:
+            self._hash_to_block[block_hash] = block
+            self._block_hash[block] = block_hash
+            self._block_key[block] = (parent, tokens)
+        return block_hash
+
     def _register_full_block(self, seq: _Sequence, logical_index: int) -> None:
         """Record the chained hash of a sequence's newly full block; cache it if the hash is new."""
         bs = self._block_size
         parent = seq.block_hashes[-1] if seq.block_hashes else None
         start = logical_index * bs
-        block_hash = _chain_hash(parent, tuple(seq.token_ids[start : start + bs]))
-        seq.block_hashes.append(block_hash)
-        if block_hash not in self._hash_to_block:
-            block = seq.block_table[logical_index]
-            self._hash_to_block[block_hash] = block
-            self._block_hash[block] = block_hash
+        tokens = tuple(seq.token_ids[start : start + bs])
+        seq.block_hashes.append(self._cache_block(seq.block_table[logical_index], parent, tokens))
+
+    def _cache_hits(self, tokens: list, hashes: list[int]) -> list[int]:
+        """The cached blocks holding the prompt's leading full blocks (never its last token's block): a block
+        counts only when it holds the same tokens under the same parent hash, so a hash collision is a miss."""
+        bs = self._block_size
+        hits: list[int] = []
+        parent = None
+        for i in range((len(tokens) - 1) // bs):
+            block = self._hash_to_block.get(hashes[i])
+            if block is None or self._block_key[block] != (parent, tuple(tokens[i * bs : (i + 1) * bs])):
+                break
+            hits.append(block)
+            parent = hashes[i]
+        return hits
+
+    # ---- sliding window -------------------------------------------------------------------------------------
+
+    def _window_steps(self, seq: _Sequence, count: int):
+        """The block events of appending `count` tokens to `seq` under the sliding window, in append_token order.
+
+        Yields ("release", i) (drop logical block i), ("take", i) (logical block i gets a new block, appended to
+        the table or, for copy-on-write, replacing the shared tail) and ("full", i) (logical block i is now full).
+        Only positions where something happens are visited: O(blocks), not O(tokens).
+        """
+        bs, window = self._block_size, self._window
+        old, new = seq.num_tokens, seq.num_tokens + count
+        held = seq.first_held
+        release_phase = (window - 1) % bs  # positions p where (p - window + 1) is a multiple of bs
+        p = old
+        while p < new:
+            target = (p - window + 1) // bs  # blocks [0, target) lie wholly before token p's window
+            while held < target:
+                yield "release", held
+                held += 1
+            index = p // bs
+            if p % bs == 0 or (p == old and self._ref_counts[seq.block_table[-1]] > 1):
+                yield "take", index
+            block_end = (index + 1) * bs
+            next_release = p + 1 + (release_phase - (p + 1)) % bs
+            nxt = min(block_end, next_release, new)
+            if nxt == block_end:
+                yield "full", index
+            p = nxt
+
+    def _check_window_room(self, seq_id: SeqId, seq: _Sequence, count: int) -> None:
+        """Raise OutOfBlocksError (nothing changed) unless every block the `count` appends take is free when taken,
+        counting the blocks that the window's releases free on the way."""
+        free = self.num_free_blocks
+        refs = {i: self._ref_counts[b] for i, b in enumerate(seq.block_table) if i >= seq.first_held}
+        needed = 0
+        for kind, index in self._window_steps(seq, count):
+            if kind == "release":
+                free += refs.pop(index) == 1
+            elif kind == "take":
+                needed += 1
+                free -= 1
+                if free < 0:
+                    raise OutOfBlocksError(
+                        f"out of KV blocks: {count:,} more tokens for sequence {seq_id!r} need a new block "
+                        f"of {self._block_size} tokens when none of {self._num_blocks:,} is free (window "
+                        f"{self._window:,} tokens)",
+                        needed=needed,
+                        free=needed - 1,
+                    )
+                refs[index] = 1
+
+    def _extend_windowed(self, seq: _Sequence, tokens: list) -> tuple[int, int] | None:
+        """Apply the appends of `tokens` under the window (room already checked); returns the copy-on-write pair."""
+        table = seq.block_table
+        steps = list(self._window_steps(seq, len(tokens)))
+        seq.token_ids.extend(tokens)
+        cow = None
+        for kind, index in steps:
+            if kind == "release":
+                self._release(table[index])
+                table[index] = -1
+                seq.first_held = index + 1
+            elif kind == "take":
+                block = self._take_block()
+                if index == len(table):
+                    table.append(block)
+                else:  # the shared, partly filled tail: copy on write
+                    cow = (table[index], block)
+                    self._ref_counts[table[index]] -= 1
+                    table[index] = block
+            elif self._caching:
+                self._register_full_block(seq, index)
+        seq.num_tokens += len(tokens)
+        return cow
 
     # ---- operations ---------------------------------------------------------------------------------------
 
@@ -276,7 +318,8 @@ class BlockManager:
         With prefix caching, the longest prefix of full blocks already cached is reused (ref count + 1, a free
         cached block is revived in O(1)); at least the prompt's last token always lands in a newly taken block,
         as in vLLM (a prompt is never served entirely from cache). Returns the number of leading blocks that were
-        prefix-cache hits (0 without caching); their tokens need no prefill.
+        prefix-cache hits (0 without caching); their tokens need no prefill. With a sliding window the whole
+        prompt is still allocated (its first tokens' windows reach back to position 0).
 
         Raises DuplicateSequenceError, InvalidArgumentError (empty prompt, non-integer token), OutOfBlocksError;
         on any error nothing changes.
@@ -298,11 +341,7 @@ class BlockManager:
             for i in range(len(tokens) // bs):
                 parent = _chain_hash(parent, tuple(tokens[i * bs : (i + 1) * bs]))
                 hashes.append(parent)
-            for i in range((len(tokens) - 1) // bs):
-                block = self._hash_to_block.get(hashes[i])
-                if block is None:
-                    break
-                hit_blocks.append(block)
+            hit_blocks = self._cache_hits(tokens, hashes)
 
         revived = sum(1 for b in hit_blocks if self._ref_counts[b] == 0)
         num_new = num_needed - len(hit_blocks)
@@ -326,15 +365,11 @@ class BlockManager:
             seq.block_hashes = hashes[: len(hit_blocks)]
             for i in range(len(hit_blocks), len(hashes)):
                 self._register_full_block(seq, i)
-            s = self._stats
-            self._stats = PrefixCacheStats(
-                s.queries_tokens + len(tokens),
-                s.hits_tokens + len(hit_blocks) * bs,
-                s.queries_blocks + num_needed,
-                s.hits_blocks + len(hit_blocks),
-                s.evictions_blocks,
-                s.evictions_tokens,
-            )
+            stats = self._stats
+            stats.queries_tokens += len(tokens)
+            stats.hits_tokens += len(hit_blocks) * bs
+            stats.queries_blocks += num_needed
+            stats.hits_blocks += len(hit_blocks)
         return len(hit_blocks)
 
     def append_token(self, seq_id: SeqId, token_id: int) -> AppendResult:
@@ -342,7 +377,9 @@ class BlockManager:
 
         A new block is taken only when the last block is full (the token starts a new block), or for
         copy-on-write when the partially filled last block is shared: then `cow = (src, dst)` names the copy the
-        caller must make. Raises UnknownSequenceError or OutOfBlocksError with nothing changed.
+        caller must make. With a sliding window, the blocks that fall out of the new token's window are
+        released first (and count as free for this token). Raises UnknownSequenceError or OutOfBlocksError with
+        nothing changed.
         """
         seq = self._seqs.get(seq_id)
         if seq is None:
@@ -350,6 +387,10 @@ class BlockManager:
         bs = self._block_size
         offset = seq.num_tokens % bs
         table = seq.block_table
+        if self._window is not None:
+            self._check_window_room(seq_id, seq, 1)
+            cow = self._extend_windowed(seq, [token_id])
+            return AppendResult(table[-1] * bs + offset, cow)
         cow = None
         if offset == 0:
             block = self._take_block()
@@ -365,15 +406,9 @@ class BlockManager:
         seq.num_tokens += 1
         tokens = seq.token_ids
         tokens.append(token_id)
-        if (
-            offset == bs - 1 and self._caching
-        ):  # the block is now full: hash it (inlined _register_full_block)
+        if offset == bs - 1 and self._caching:  # the block is now full: hash it and maybe cache it
             hashes = seq.block_hashes
-            block_hash = hash((hashes[-1] if hashes else None, tuple(tokens[-bs:])))
-            hashes.append(block_hash)
-            if block_hash not in self._hash_to_block:
-                self._hash_to_block[block_hash] = block
-                self._block_hash[block] = block_hash
+            hashes.append(self._cache_block(block, hashes[-1] if hashes else None, tuple(tokens[-bs:])))
         return _new_tuple(
             AppendResult, (block * bs + offset, cow)
         )  # AppendResult(slot, cow), without its frame
@@ -383,6 +418,9 @@ class BlockManager:
         sequence and the pool are restored to their state before the call and OutOfBlocksError is raised."""
         seq = self._seq(seq_id)
         tokens = list(token_ids)
+        if self._window is not None:
+            self._check_window_room(seq_id, seq, len(tokens))
+            return [self.append_token(seq_id, t) for t in tokens]
         needed = self._blocks_for_append(seq, len(tokens))
         if needed > self.num_free_blocks:
             raise OutOfBlocksError(
@@ -394,10 +432,11 @@ class BlockManager:
         return [self.append_token(seq_id, t) for t in tokens]
 
     def extend(self, seq_id: SeqId, token_ids: Sequence[int]) -> tuple[int, int] | None:
-        """Exactly `append_tokens(seq_id, token_ids)` (same blocks taken in the same order, same cache
-        registrations, all or nothing), without building one AppendResult per token: for bulk replay such as the
-        serving simulator. Returns the copy-on-write pair `(src_block, dst_block)` of the first token, or None
-        (only the first token can need one). Raises UnknownSequenceError or OutOfBlocksError with nothing changed.
+        """Exactly `append_tokens(seq_id, token_ids)` (same blocks taken and released in the same order, same
+        cache registrations, all or nothing), without building one AppendResult per token: for bulk replay such
+        as the serving simulator. Returns the copy-on-write pair `(src_block, dst_block)` of the first token, or
+        None (only the first token can need one). Raises UnknownSequenceError or OutOfBlocksError with nothing
+        changed.
         """
         seq = self._seqs.get(seq_id)
         if seq is None:
@@ -405,12 +444,15 @@ class BlockManager:
         tokens = token_ids if isinstance(token_ids, list | tuple) else list(token_ids)
         if not tokens:
             return None
+        if self._window is not None:
+            self._check_window_room(seq_id, seq, len(tokens))
+            return self._extend_windowed(seq, list(tokens))
         bs = self._block_size
         table = seq.block_table
         old = seq.num_tokens
         new = old + len(tokens)
         shared_tail = old % bs != 0 and self._ref_counts[table[-1]] > 1
-        needed = shared_tail + -(-new // bs) - len(table)
+        needed = shared_tail + cdiv(new, bs) - len(table)
         if needed > 0:
             free = len(self._free_uncached) + len(self._free_cached)
             if needed > free:
@@ -430,7 +472,7 @@ class BlockManager:
         seq.num_tokens = new
         seq.token_ids.extend(tokens)
         if needed or self._caching:
-            for index in range(old // bs, -(-new // bs)):  # take and register in append_token's order
+            for index in range(old // bs, cdiv(new, bs)):  # take and register in append_token's order
                 if index == len(table):
                     table.append(self._take_block())
                 if self._caching and (index + 1) * bs <= new:
@@ -446,23 +488,24 @@ class BlockManager:
         return cow + self.blocks_needed(seq.num_tokens + count) - len(seq.block_table)
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
-        """The child shares every block of the parent (each ref count + 1), as for parallel sampling and beam
-        search. Raises UnknownSequenceError (parent) or DuplicateSequenceError (child) with nothing changed."""
+        """The child shares every block the parent still holds (each ref count + 1; released entries stay -1),
+        as for parallel sampling and beam search. Raises UnknownSequenceError (parent) or DuplicateSequenceError
+        (child) with nothing changed."""
         parent = self._seq(parent_id)
         if child_id in self._seqs:
             raise DuplicateSequenceError(f"cannot fork into {child_id!r}: that sequence already exists")
-        for block in parent.block_table:
+        for block in parent.block_table[parent.first_held :]:
             self._ref_counts[block] += 1
         self._seqs[child_id] = _Sequence(
-            list(parent.block_table), list(parent.token_ids), list(parent.block_hashes)
+            list(parent.block_table), list(parent.token_ids), list(parent.block_hashes), parent.first_held
         )
 
     def free(self, seq_id: SeqId) -> None:
-        """Drop the sequence. Each of its blocks loses one reference; a block whose count reaches 0 becomes
-        free (cached-free if it holds a cached full block). Blocks are released last to first."""
+        """Drop the sequence. Each block it still holds loses one reference; a block whose count reaches 0
+        becomes free (cached-free if it holds a cached full block). Blocks are released last to first."""
         seq = self._seq(seq_id)
         del self._seqs[seq_id]
-        for block in reversed(seq.block_table):
+        for block in reversed(seq.block_table[seq.first_held :]):
             self._release(block)
 
     def reset_prefix_cache(self) -> int:
@@ -471,6 +514,7 @@ class BlockManager:
         dropped = len(self._hash_to_block)
         for block in self._hash_to_block.values():
             self._block_hash[block] = None
+            self._block_key[block] = None
         self._hash_to_block.clear()
         self._free_uncached.extend(self._free_cached)
         self._free_cached.clear()
@@ -491,12 +535,12 @@ class BlockManager:
         seq_ids = tuple(self._seqs)
         for index in range(len(seq_ids) - 1, -1, -1):
             seq = self._seqs[seq_ids[index]]
-            if not seq.block_table:
+            if len(seq.block_table) == seq.first_held:
                 continue
-            table = np.asarray(seq.block_table, dtype=np.int64)
+            table = np.asarray(seq.block_table[seq.first_held :], dtype=np.int64)
             owner[table] = index
             fill[table] = bs
-            fill[table[-1]] = seq.num_tokens - (len(table) - 1) * bs
+            fill[table[-1]] = seq.num_tokens - (len(seq.block_table) - 1) * bs
         free_order = np.fromiter(
             (*self._free_uncached, *self._free_cached), dtype=np.int64, count=self.num_free_blocks
         )

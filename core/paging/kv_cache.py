@@ -10,8 +10,9 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from core.device import default_device, format_bytes, memory_budget_bytes
-from core.errors import InvalidArgumentError, MemoryBudgetError
+from core.common import check_budget, check_int
+from core.device import default_device
+from core.errors import InvalidArgumentError
 from core.paging.block_manager import AppendResult, BlockManager
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -43,28 +44,20 @@ class KVCache:
         device: torch.device | str | None = None,
         max_bytes: int | None = None,
     ):
-        for name, value in (
-            ("num_layers", num_layers),
-            ("num_blocks", num_blocks),
-            ("block_size", block_size),
-            ("num_kv_heads", num_kv_heads),
-            ("head_dim", head_dim),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{name} must be an integer >= 1, got {value!r}")
+        num_layers = check_int(num_layers, "num_layers", minimum=1)
+        num_blocks = check_int(num_blocks, "num_blocks", minimum=1)
+        block_size = check_int(block_size, "block_size", minimum=1)
+        num_kv_heads = check_int(num_kv_heads, "num_kv_heads", minimum=1)
+        head_dim = check_int(head_dim, "head_dim", minimum=1)
         if dtype not in SUPPORTED_DTYPES:
             allowed = ", ".join(str(d) for d in SUPPORTED_DTYPES)
             raise InvalidArgumentError(f"dtype {dtype} is not supported; allowed: {allowed}")
-        allowed_bytes = memory_budget_bytes() if max_bytes is None else int(max_bytes)
-        requested = kv_cache_bytes(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype)
-        if requested > allowed_bytes:
-            raise MemoryBudgetError(
-                f"a KV cache of {num_layers} layers x {num_blocks:,} blocks x {block_size} tokens x "
-                f"{num_kv_heads} KV heads x {head_dim} dims ({dtype}) needs {requested:,} bytes "
-                f"({format_bytes(requested)}); the limit is {allowed_bytes:,} bytes ({format_bytes(allowed_bytes)})",
-                requested_bytes=requested,
-                allowed_bytes=allowed_bytes,
-            )
+        check_budget(
+            kv_cache_bytes(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype),
+            f"a KV cache of {num_layers} layers x {num_blocks:,} blocks x {block_size} tokens x "
+            f"{num_kv_heads} KV heads x {head_dim} dims ({dtype})",
+            max_bytes,
+        )
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -82,9 +75,8 @@ class KVCache:
             self.num_layers, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim, self.dtype
         )
 
-    def _check_layer(self, layer: int) -> None:
-        if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-            raise InvalidArgumentError(f"layer must be in [0, {self.num_layers}), got {layer!r}")
+    def _check_layer(self, layer: int) -> int:
+        return check_int(layer, "layer", minimum=0, maximum=self.num_layers - 1)
 
     def _as_slots(self, slot_mapping: torch.Tensor | Sequence[int]) -> torch.Tensor:
         slots = torch.as_tensor(slot_mapping, dtype=torch.long, device=self.device).reshape(-1)
@@ -103,7 +95,7 @@ class KVCache:
 
         slot_mapping: [num_tokens] slot ids. key, value: [num_tokens, num_kv_heads, head_dim].
         """
-        self._check_layer(layer)
+        layer = self._check_layer(layer)
         slots = self._as_slots(slot_mapping)
         expected = (slots.numel(), self.num_kv_heads, self.head_dim)
         for name, tensor in (("key", key), ("value", value)):
@@ -134,9 +126,10 @@ class KVCache:
 
         A reference for tests and plots; attention kernels read the blocks in place instead.
         """
-        self._check_layer(layer)
+        layer = self._check_layer(layer)
         table = torch.as_tensor(block_table, dtype=torch.long).reshape(-1)
-        if num_tokens < 0 or num_tokens > table.numel() * self.block_size:
+        num_tokens = check_int(num_tokens, "num_tokens", minimum=0)
+        if num_tokens > table.numel() * self.block_size:
             raise InvalidArgumentError(
                 f"num_tokens {num_tokens} does not fit a block table of {table.numel()} blocks x "
                 f"{self.block_size} tokens"

@@ -5,12 +5,12 @@ copy-on-write copies real blocks. `verify()` reads each sequence back through it
 with the K/V that were written for it, so the page can show that paging and forking lose nothing.
 """
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from core.common import check_int
 from core.errors import InvalidArgumentError, LabError
 from core.paging.block_manager import BlockManager, BlockSnapshot
 from core.paging.kv_cache import KVCache, PagedKVCache, kv_cache_bytes
@@ -42,9 +42,7 @@ class PlaygroundConfig:
             "system_prompt_len": (0, 1_048_576),
         }
         for name, (low, high) in limits.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise InvalidArgumentError(f"{name} must be an integer in [{low:,}, {high:,}], got {value!r}")
+            check_int(getattr(self, name), name, minimum=low, maximum=high)
 
     @property
     def bytes_per_token(self) -> int:
@@ -101,7 +99,7 @@ class Playground:
         self.history: list[HistoryEntry] = []
         self.color_index: dict[str, int] = {}  # stable per sequence, in creation order
         self._truth: dict[str, list[torch.Tensor]] = {}  # per sequence, [tokens, 2 (K/V), heads, dim]
-        self._ids = itertools.count()
+        self._next_id = 0  # automatic ids are s0, s1, ...: the next one tried; a refused action takes none
         self._generator = torch.Generator().manual_seed(self.seed)
         self._rng = np.random.default_rng(self.seed)
         self._system_prompt = self._rng.integers(0, 32_000, c.system_prompt_len).tolist()
@@ -109,26 +107,40 @@ class Playground:
 
     # ---- actions ------------------------------------------------------------------------------------------------
 
-    def add_sequence(self, prompt_len: int) -> str:
-        """A new sequence whose prompt starts with the shared system prompt, then random tokens."""
-        if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
-            raise InvalidArgumentError(f"prompt length must be an integer >= 1 token, got {prompt_len!r}")
-        seq = f"s{next(self._ids)}"
-        prefix = self._system_prompt[: min(prompt_len, len(self._system_prompt))]
+    def add_sequence(self, prompt_len: int, seq_id: str | None = None, shared_prefix: bool = True) -> str:
+        """A new sequence of `prompt_len` tokens: the shared system prompt first (unless `shared_prefix` is
+        False), then random tokens. `seq_id` names it (default: the next unused "s<n>")."""
+        check_int(prompt_len, "prompt length (tokens)", minimum=1)
+        seq = self._new_id(seq_id)
+        prefix = self._system_prompt[: min(prompt_len, len(self._system_prompt))] if shared_prefix else []
         tokens = prefix + self._rng.integers(0, 32_000, prompt_len - len(prefix)).tolist()
         return self._run(f"add {seq} ({prompt_len} tokens)", lambda: self._add(seq, tokens))
 
     def append(self, seq: str, count: int = 1) -> str:
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise InvalidArgumentError(f"tokens to append must be an integer >= 1, got {count!r}")
+        """Decode `count` random tokens into `seq` (copy-on-write first when its last block is shared).
+        An unknown `seq` is refused with the live sequences named."""
+        check_int(count, "tokens to append", minimum=1)
         return self._run(f"append {count} to {seq}", lambda: self._append(seq, count))
 
-    def fork(self, seq: str) -> str:
-        child = f"s{next(self._ids)}"
+    def fork(self, seq: str, child_id: str | None = None) -> str:
+        """A child sharing every block of `seq` (default id: the next unused "s<n>")."""
+        child = self._new_id(child_id)
         return self._run(f"fork {seq} → {child}", lambda: self._fork(seq, child))
 
     def free(self, seq: str) -> str:
         return self._run(f"free {seq}", lambda: self._free(seq))
+
+    def _new_id(self, seq_id: str | None) -> str:
+        if seq_id is not None:
+            if not isinstance(seq_id, str) or not 1 <= len(seq_id) <= 40:
+                raise InvalidArgumentError(
+                    f"a sequence id must be a string of 1 to 40 characters, got {seq_id!r}"
+                )
+            return seq_id
+        n = self._next_id
+        while f"s{n}" in self.color_index:  # skip ids a scenario gave explicitly
+            n += 1
+        return f"s{n}"
 
     def _run(self, action: str, operation) -> str:
         try:
@@ -151,7 +163,7 @@ class Playground:
         slots = [table[p // bs] * bs + p % bs for p in fresh]
         self.paged.cache.write(0, slots, kv[hits * bs :, 0], kv[hits * bs :, 1])
         self._truth[seq] = list(kv)
-        self.color_index[seq] = len(self.color_index)
+        self._created(seq)
         return seq if not hits else f"{seq} ({hits} prefix blocks from cache)"
 
     def _append(self, seq: str, count: int) -> str:
@@ -169,13 +181,18 @@ class Playground:
     def _fork(self, seq: str, child: str) -> str:
         self.manager.fork(seq, child)
         self._truth[child] = list(self._truth[seq])
-        self.color_index[child] = len(self.color_index)
+        self._created(child)
         return child
 
     def _free(self, seq: str) -> str:
         self.manager.free(seq)
         del self._truth[seq]
         return seq
+
+    def _created(self, seq: str) -> None:
+        self.color_index[seq] = len(self.color_index)
+        if seq == f"s{self._next_id}":
+            self._next_id += 1
 
     def _random_kv(self, count: int) -> torch.Tensor:
         c = self.config

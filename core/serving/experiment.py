@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from core.errors import InvalidArgumentError
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
-from core.planning.planner import plan
+from core.planning.plan import plan
 from core.serving.memory_policies import POLICY_NAMES, Policy
 from core.serving.simulator import PAPER_KV_TOKENS, SimulationResult, SimulatorConfig, simulate
 from core.serving.step_time import from_specs

@@ -1,8 +1,8 @@
-"""The KV memory of the simulated engine under one policy: paged (the real `BlockManager`) or contiguous (Orca).
+"""The KV memory of the serving engine under one policy: paged (the real `BlockManager`) or contiguous (Orca).
 
-A policy is named like the charts: "paged", "orca-max", "orca-pow2", "orca-oracle". The simulator drives a memory
-object with request *groups* (a request and its n parallel samples, which always advance in lockstep) and reads
-five numbers after each step, all in token slots of the KV capacity:
+A policy is named like the charts: "paged", "orca-max", "orca-pow2", "orca-oracle". The scheduler drives a
+`MemoryPolicy` with request *groups* (`core.serving.scheduler.SequenceGroup`: a request and its parallel samples,
+which advance in lockstep) and the simulator reads `metrics()` after each step, all in token slots of the capacity:
 
     token_states            slots holding K/V of computed tokens (a shared block counts once);
     reservation             slots reserved for tokens not computed yet (contiguous: the rest of P + O;
@@ -14,10 +14,14 @@ five numbers after each step, all in token slots of the KV capacity:
 They sum to the capacity. The paper's Figure 2 "external fragmentation & others" is allocator_slack + free_slots.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
 from core.paging.allocators import CONTIGUOUS_POLICIES, BuddyAllocator, next_pow2, reservation
 from core.paging.block_manager import BlockManager
@@ -36,8 +40,7 @@ class Policy:
     def __post_init__(self):
         if self.name not in POLICY_NAMES:
             raise InvalidArgumentError(f"unknown policy {self.name!r}; choose one of {POLICY_NAMES}")
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
-            raise InvalidArgumentError(f"block_size must be an integer >= 1 token, got {self.block_size!r}")
+        check_int(self.block_size, "block_size", minimum=1)
 
     @property
     def is_paged(self) -> bool:
@@ -76,67 +79,127 @@ def orca_oracle() -> Policy:
     return Policy("orca-oracle")
 
 
-class Group:
-    """A request in flight: its n sequences share a prompt and advance together.
+class MemoryMetrics(NamedTuple):
+    """Where the KV capacity is, in token slots (module docstring), plus free_blocks: the free-list size (paged:
+    free blocks; contiguous: free buddy blocks). token_states + reservation + internal_fragmentation +
+    allocator_slack + free_slots == capacity. Python ints from `metrics()`; int64 arrays (one entry per step)
+    from `decode_metrics()`."""
 
-    length: tokens each sequence holds in memory. computed: tokens each sequence has K/V for (== length while
-    decoding). emitted: output tokens produced per sequence. todo: prefill tokens still to compute (0: decoding).
+    token_states: int
+    reservation: int
+    internal_fragmentation: int
+    allocator_slack: int
+    free_slots: int
+    free_blocks: int
+
+
+class Admission(NamedTuple):
+    """An admitted group: num_prefill_tokens to compute over all its sequences (the shared prompt once, each
+    sequence's recomputed outputs, less prefix-cache hits); hit_tokens found in the prefix cache."""
+
+    num_prefill_tokens: int
+    hit_tokens: int
+
+
+@dataclass(frozen=True, eq=False)
+class PoolSnapshot:
+    """The block pool after a step, indexed by physical block id: owner_request (request id of the first live
+    sequence holding the block, -1 when free), ref_count, fill (tokens stored), is_cached (holds a prefix-cache
+    block, owned or free); block_tables: int32 [sequences of the given groups, max blocks], padded with -1."""
+
+    owner_request: np.ndarray
+    ref_count: np.ndarray
+    fill: np.ndarray
+    is_cached: np.ndarray
+    block_tables: np.ndarray
+
+
+class MemoryPolicy(Protocol):
+    """The interface the scheduler and the simulator use; `PagedMemory` and `ContiguousMemory` implement it.
+
+    Invariants: a group is *held* between `admit` and `release`; every method other than `admit`, `grow`,
+    `prefill` and `release` leaves the state unchanged; `admit` is only called after `can_admit` said yes and
+    `grow` only with the blocks `decode_blocks` (one step) or `decode_metrics` (more) promised, so neither fails.
+    `free_blocks` only falls through `admit` and `grow`, and rises only through `release`.
     """
 
-    __slots__ = (
-        "admit_step",
-        "emitted",
-        "finish_time",
-        "first_token_time",
-        "gen_tokens",
-        "index",
-        "length",
-        "n",
-        "pending_left",
-        "pending_total",
-        "preemptions",
-        "prefill_done_tokens",
-        "prompt_tokens",
-        "req",
-        "segments",
-        "seq_ids",
-        "shared_tail",
-        "todo",
-        "todo_total",
-    )
+    capacity: int  # token slots of the whole cache
+    block_size: int  # tokens per block (the unit of swap)
 
-    def __init__(self, req, index: int, prompt_tokens: list[int]):
-        self.req = req
-        self.index = index
-        self.n = req.n
-        self.seq_ids = [index * 1024 + k for k in range(req.n)]
-        self.gen_tokens = [-(index * 1024 + k) - 1 for k in range(req.n)]  # one constant id per sequence
-        self.prompt_tokens = prompt_tokens
-        self.length = 0
-        self.emitted = 0
-        self.todo = 0
-        self.todo_total = 0
-        self.prefill_done_tokens = 0
-        self.pending_total = 0
-        self.pending_left = 0
-        self.shared_tail = False
-        self.segments: list[int] = []
-        self.preemptions = 0
-        self.first_token_time = np.nan
-        self.finish_time = np.nan
-        self.admit_step = -1
+    @property
+    def free_blocks(self) -> int:
+        """Blocks a decode can take now (contiguous: effectively unbounded, its decodes take no memory)."""
+        ...
+
+    def check_fits(self, group, max_output_len: int) -> None:
+        """Raise InvalidArgumentError when the group could never run alone in the whole cache."""
+        ...
+
+    def can_admit(self, group, num_tokens: int, reserved_blocks: int) -> bool:
+        """True when the group fits with `num_tokens` per sequence (prompt + outputs to restore) while leaving
+        `reserved_blocks` (this step's decodes) and the watermark free."""
+        ...
+
+    def admit(self, group, num_tokens: int) -> Admission:
+        """Take the group's memory for `num_tokens` tokens per sequence; they count as reserved until prefilled."""
+        ...
+
+    def prefill(self, group, num_tokens: int) -> None:
+        """`num_tokens` more of the group's reserved tokens are computed; the caller already lowered
+        `group.num_prefill_tokens` by them (0 afterwards: the whole admission is computed)."""
+        ...
+
+    def decode_blocks(self, groups: list) -> int:
+        """New blocks the groups' next decode step takes (one token per sequence)."""
+        ...
+
+    def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
+        """The metrics after each of the next 1..steps decode steps of `groups` (int64 arrays [steps]), predicted
+        without changing anything; free_blocks goes negative from the first step that would not fit."""
+        ...
+
+    def grow(self, groups: list, steps: int) -> None:
+        """Append `steps` decode tokens to every sequence of the groups (their lengths before this call)."""
+        ...
+
+    def swap_blocks(self, group) -> int:
+        """Blocks the (decoding) group's KV takes in CPU swap space."""
+        ...
+
+    def release(self, group) -> int:
+        """Free all of the group's memory; returns the blocks that became free."""
+        ...
+
+    def metrics(self) -> MemoryMetrics: ...
+
+    def snapshot(self, groups: list) -> PoolSnapshot | None:
+        """The pool and the block tables of `groups`' sequences (None where there are no blocks)."""
+        ...
+
+
+class _PagedGroupState:
+    """Per held group: pending_total / pending_left (prompt slots allocated but not computed: total at
+    admission, left now); shared_tail (forked sequences still share a partially filled last block)."""
+
+    __slots__ = ("pending_left", "pending_total", "shared_tail")
+
+    def __init__(self, pending: int, shared_tail: bool):
+        self.pending_total = self.pending_left = pending
+        self.shared_tail = shared_tail
 
 
 class PagedMemory:
     """Paged KV: capacity // block_size blocks in a real `BlockManager`; parallel samples are forked so their
     prompt blocks are shared, and the partially filled last block is copied on the first write (copy-on-write).
 
-    `token_states` is tracked exactly from the manager's free-block count: a block is either free, or holds
-    computed tokens, pending prompt tokens or the empty tail of a sequence.
+    Groups provide, besides `SequenceGroup`, `token_ids(seq_index, start, stop)`: the token ids at positions
+    [start, stop) of sequence `seq_index` (prompt, then outputs), which the block manager hashes for prefix
+    caching. `token_states` is tracked exactly from the manager's free-block count: a block is either free, or
+    holds computed tokens, pending prompt tokens or the empty tail of a sequence.
     """
 
     def __init__(self, policy: Policy, capacity: int, watermark: float):
-        self.bs = bs = policy.block_size
+        self.block_size = bs = policy.block_size
         self.num_blocks = capacity // bs
         if self.num_blocks < 1:
             raise InvalidArgumentError(f"KV capacity {capacity} tokens holds no block of {bs} tokens")
@@ -145,146 +208,186 @@ class PagedMemory:
         self.watermark_blocks = int(watermark * self.num_blocks)
         self.token_states = 0
         self.pending = 0
-        self.hit_tokens = 0
+        self._held: dict = {}  # group -> _PagedGroupState
 
     # ---- sizing ---------------------------------------------------------------------------------------------
 
     def blocks_for(self, prompt: int, generated: int, n: int) -> int:
         """Blocks a group of n sequences with `prompt` shared tokens and `generated` own tokens each holds."""
-        bs = self.bs
+        bs = self.block_size
         if generated == 0:
-            return -(-prompt // bs)
+            return cdiv(prompt, bs)
         shared = prompt // bs
-        return shared + n * (-(-(prompt + generated) // bs) - shared)
+        return shared + n * (cdiv(prompt + generated, bs) - shared)
 
-    def check_fits(self, req, max_len: int) -> None:
-        peak = self.blocks_for(req.prompt_len, req.output_len - 1, req.n)
+    def check_fits(self, group, max_output_len: int) -> None:
+        n, prompt = group.num_seqs, group.prompt_len
+        peak = self.blocks_for(prompt, max_output_len - 1, n)
         if peak > self.num_blocks:
             raise InvalidArgumentError(
-                f"request {req.request_id} ({req.prompt_len} + {req.output_len} tokens, n={req.n}) needs "
-                f"{peak:,} blocks of {self.bs} at its longest, more than the {self.num_blocks:,} blocks of the cache"
+                f"request {group.request_id} ({prompt} + {max_output_len} tokens, n={n}) needs {peak:,} blocks "
+                f"of {self.block_size} at its longest, more than the {self.num_blocks:,} blocks of the cache"
             )
-        if self.blocks_for(req.prompt_len, 0, req.n) > self.num_blocks - self.watermark_blocks:
+        if self.blocks_for(prompt, 0, n) > self.num_blocks - self.watermark_blocks:
             raise InvalidArgumentError(
-                f"request {req.request_id}'s prompt of {req.prompt_len} tokens never fits in "
+                f"request {group.request_id}'s prompt of {prompt} tokens never fits in "
                 f"{self.num_blocks:,} blocks less the {self.watermark_blocks} watermark blocks"
             )
 
-    # ---- group operations ----------------------------------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        return self.manager.num_free_blocks
 
-    def admit(self, group: Group, reserved_blocks: int = 0) -> bool:
-        """Allocate the group's blocks (prompt + tokens generated before a recompute preemption), or return False
-        with nothing changed. `reserved_blocks` stay free for this step's decodes, and so do the watermark blocks.
-        Sets group.todo (tokens to prefill) and the pending slots."""
-        req, bs, mgr = group.req, self.bs, self.manager
-        gen = group.emitted  # recompute: every emitted token is prefilled again
-        need = self.blocks_for(req.prompt_len, gen, group.n)
+    def swap_blocks(self, group) -> int:
+        return self.blocks_for(group.prompt_len, group.length - group.prompt_len, group.num_seqs)
+
+    # ---- admission -----------------------------------------------------------------------------------------
+
+    def can_admit(self, group, num_tokens: int, reserved_blocks: int) -> bool:
+        need = self.blocks_for(group.prompt_len, num_tokens - group.prompt_len, group.num_seqs)
+        return need <= self.manager.num_free_blocks - self.watermark_blocks - reserved_blocks
+
+    def admit(self, group, num_tokens: int) -> Admission:
+        """Allocate the prompt (looked up in the prefix cache) and the outputs to restore, forking the first
+        sequence into the others so the prompt's full blocks are shared."""
+        bs, mgr, n = self.block_size, self.manager, group.num_seqs
+        gen = num_tokens - group.prompt_len
         free0 = mgr.num_free_blocks
-        if need > free0 - self.watermark_blocks - reserved_blocks:
-            return False
         sid0 = group.seq_ids[0]
-        if group.n == 1:
-            tokens = group.prompt_tokens + [group.gen_tokens[0]] * gen if gen else group.prompt_tokens
-            hits = mgr.allocate(sid0, tokens)
-        else:
-            hits = mgr.allocate(sid0, group.prompt_tokens)
+        hits = mgr.allocate(sid0, group.token_ids(0, 0, num_tokens if n == 1 else group.prompt_len))
         revived = 0
         if hits:
             table = mgr.block_table(sid0)
             revived = sum(1 for b in table[:hits] if mgr.ref_count(b) == 1)
         for sid in group.seq_ids[1:]:
             mgr.fork(sid0, sid)
-        if group.n > 1 and gen:
-            for sid, tok in zip(group.seq_ids, group.gen_tokens, strict=True):
-                mgr.extend(sid, [tok] * gen)
-        length = req.prompt_len + gen
-        group.length = length
-        group.shared_tail = group.n > 1 and gen == 0 and length % bs != 0
-        pending = (free0 - mgr.num_free_blocks - revived) * bs - self._tail_empty(group)
+        if n > 1 and gen:
+            for index, sid in enumerate(group.seq_ids):
+                mgr.extend(sid, group.token_ids(index, group.prompt_len, num_tokens))
+        shared_tail = n > 1 and gen == 0 and num_tokens % bs != 0
+        pending = (free0 - mgr.num_free_blocks - revived) * bs - self._tail_empty(num_tokens, n, shared_tail)
         self.token_states += revived * bs
         self.pending += pending
-        group.pending_total = group.pending_left = pending
-        group.todo = group.todo_total = length + (group.n - 1) * gen - hits * bs
-        self.hit_tokens = hits * bs
-        return True
+        self._held[group] = _PagedGroupState(pending, shared_tail)
+        return Admission(num_tokens + (n - 1) * gen - hits * bs, hits * bs)
 
-    def _tail_empty(self, group: Group) -> int:
-        empty = -group.length % self.bs
-        return empty if group.shared_tail else empty * group.n
+    def _tail_empty(self, length: int, n: int, shared_tail: bool) -> int:
+        empty = -length % self.block_size
+        return empty if shared_tail else empty * n
 
-    def prefill(self, group: Group, tokens: int) -> None:
-        """Account `tokens` more prefill tokens of the group as computed."""
-        group.todo -= tokens
-        if group.todo == 0:
-            done = group.pending_left
+    def prefill(self, group, num_tokens: int) -> None:
+        state = self._held[group]
+        if group.num_prefill_tokens == 0:
+            done = state.pending_left
         else:
-            done = min(group.pending_left, group.pending_total * tokens // group.todo_total)
-        group.pending_left -= done
+            done = min(state.pending_left, state.pending_total * num_tokens // group.num_prefill_total)
+        state.pending_left -= done
         self.pending -= done
         self.token_states += done
 
-    def decode_need(self, lengths: np.ndarray, ns: np.ndarray, shared: np.ndarray, steps: int) -> np.ndarray:
-        """Cumulative new blocks that `steps` decode steps of these groups take: out[j] after j + 1 steps.
+    # ---- decode ----------------------------------------------------------------------------------------------
 
-        A sequence of length L takes a block when L % block_size == 0; a forked group whose last block is still
-        shared copies it on its first write (n - 1 new blocks: the last sequence writes in place)."""
+    def decode_blocks(self, groups: list) -> int:
+        bs, held = self.block_size, self._held
+        need = 0
+        for group in groups:
+            if group.length % bs == 0:
+                need += group.num_seqs
+            elif held[group].shared_tail:
+                need += group.num_seqs - 1
+        return need
+
+    def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
+        """A sequence of length L takes a block when L % block_size == 0; a forked group whose last block is
+        still shared copies it on its first write (n - 1 new blocks: the last sequence writes in place)."""
+        bs = self.block_size
+        lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
+        ns = np.fromiter((g.num_seqs for g in groups), np.int64, len(groups))
+        shared = np.fromiter((self._held[g].shared_tail for g in groups), np.int64, len(groups))
         offsets = lengths[:, None] + np.arange(steps)[None, :]
-        per_step = ((offsets % self.bs == 0) * ns[:, None]).sum(axis=0)
+        per_step = ((offsets % bs == 0) * ns[:, None]).sum(axis=0)
         per_step[0] += int(((ns - 1) * shared).sum())
-        return np.cumsum(per_step)
+        free = self.manager.num_free_blocks - np.cumsum(per_step)
+        copied = int(((ns - 1) * (lengths % bs) * shared).sum())  # copy-on-write duplicates the shared tail
+        token_states = self.token_states + copied + int(ns.sum()) * np.arange(1, steps + 1)
+        pending = np.full(steps, self.pending, dtype=np.int64)
+        return MemoryMetrics(
+            token_states,
+            pending,
+            (self.num_blocks - free) * bs - token_states - pending,
+            np.full(steps, self.capacity - self.num_blocks * bs, dtype=np.int64),
+            free * bs,
+            free,
+        )
 
-    def decode(self, groups: list[Group], steps: int) -> None:
-        """Append `steps` tokens to every sequence of the groups (the caller checked the blocks are there)."""
-        extend = self.manager.extend
+    def grow(self, groups: list, steps: int) -> None:
+        extend, held = self.manager.extend, self._held
         added = 0
         for group in groups:
-            if group.shared_tail:
-                self.token_states += (group.n - 1) * (group.length % self.bs)
-                group.shared_tail = False
-            for sid, tok in zip(group.seq_ids, group.gen_tokens, strict=True):
-                extend(sid, (tok,) * steps)
-            group.length += steps
-            added += group.n
-        self.token_states += added * steps
+            length = group.length
+            state = held[group]
+            if state.shared_tail:
+                added += (group.num_seqs - 1) * (length % self.block_size)  # the copied tail's tokens
+                state.shared_tail = False
+            token_ids = group.token_ids
+            for index, sid in enumerate(group.seq_ids):
+                extend(sid, token_ids(index, length, length + steps))
+            added += group.num_seqs * steps
+        self.token_states += added
 
-    def release(self, group: Group) -> int:
-        """Free every sequence of the group; returns the blocks that became free."""
+    # ---- release, metrics --------------------------------------------------------------------------------------
+
+    def release(self, group) -> int:
         mgr = self.manager
+        state = self._held.pop(group)
         free0 = mgr.num_free_blocks
         for sid in group.seq_ids:
             mgr.free(sid)
         released = mgr.num_free_blocks - free0
-        self.token_states -= released * self.bs - self._tail_empty(group) - group.pending_left
-        self.pending -= group.pending_left
-        group.pending_left = group.pending_total = 0
-        group.shared_tail = False
+        tail = self._tail_empty(group.length, group.num_seqs, state.shared_tail)
+        self.token_states -= released * self.block_size - tail - state.pending_left
+        self.pending -= state.pending_left
         return released
 
-    # ---- metrics ----------------------------------------------------------------------------------------------
-
-    @property
-    def free_blocks(self) -> int:
-        return self.manager.num_free_blocks
-
-    def metrics(self) -> tuple[int, int, int, int, int, int]:
-        """(token_states, reservation, internal_fragmentation, allocator_slack, free_slots, free_list_size)."""
+    def metrics(self) -> MemoryMetrics:
         free = self.manager.num_free_blocks
-        used = (self.num_blocks - free) * self.bs
-        return (
+        used = (self.num_blocks - free) * self.block_size
+        return MemoryMetrics(
             self.token_states,
             self.pending,
             used - self.token_states - self.pending,
-            self.capacity - self.num_blocks * self.bs,
-            free * self.bs,
+            self.capacity - self.num_blocks * self.block_size,
+            free * self.block_size,
             free,
+        )
+
+    def snapshot(self, groups: list) -> PoolSnapshot:
+        snap = self.manager.snapshot()
+        rows = [sid for g in groups for sid in g.seq_ids]
+        width = max((len(snap.block_tables[sid]) for sid in rows), default=0)
+        tables = np.full((len(rows), width), -1, dtype=np.int32)
+        for row, sid in enumerate(rows):
+            table = snap.block_tables[sid]
+            tables[row, : len(table)] = table
+        request_of = {sid: g.request_id for g in self._held for sid in g.seq_ids}
+        owners = np.array([request_of[sid] for sid in snap.seq_ids] + [-1], dtype=np.int64)
+        return PoolSnapshot(
+            owners[snap.owner].astype(np.int32),  # owner -1 indexes the trailing -1
+            snap.ref_count.astype(np.int16),
+            snap.fill.astype(np.int16),
+            snap.is_cached.copy(),
+            tables,
         )
 
 
 class ContiguousMemory:
-    """Orca-style KV: each sequence gets one buddy-allocated segment sized by the policy's reservation rule."""
+    """Orca-style KV: each sequence gets one buddy-allocated segment sized by the policy's reservation rule.
+
+    Groups provide `output_len` besides `SequenceGroup`: Orca (Oracle) reserves exactly prompt + output."""
 
     def __init__(self, policy: Policy, capacity: int, max_len: int):
         self.name = policy.name
+        self.block_size = policy.block_size
         self.capacity = capacity
         self.max_len = max_len
         self.buddy = BuddyAllocator(capacity)
@@ -292,76 +395,80 @@ class ContiguousMemory:
         self.sum_need = 0
         self.sum_requested = 0
         self.sum_segment = 0
-        self.hit_tokens = 0
-        self.watermark_blocks = 0
+        self._held: dict = {}  # group -> segment start addresses
 
-    def _sizes(self, req) -> tuple[int, int, int]:
-        need = req.prompt_len + req.output_len
-        requested = reservation(self.name, req.prompt_len, req.output_len, self.max_len)
+    def _sizes(self, group) -> tuple[int, int, int]:
+        need = group.prompt_len + group.output_len
+        requested = reservation(self.name, group.prompt_len, group.output_len, self.max_len)
         return need, requested, next_pow2(requested)
 
-    def check_fits(self, req, max_len: int) -> None:
-        _, requested, segment = self._sizes(req)
-        trial = BuddyAllocator(self.capacity)
-        if any(trial.allocate(segment) is None for _ in range(req.n)):
+    def check_fits(self, group, max_output_len: int) -> None:
+        _, requested, segment = self._sizes(group)
+        if not _buddy_fits(BuddyAllocator(self.capacity), segment, group.num_seqs):
             raise InvalidArgumentError(
-                f"request {req.request_id} needs {req.n} segment(s) of {segment:,} slots ({self.name} reserves "
-                f"{requested:,}, the buddy allocator rounds up to a power of two); the {self.capacity:,}-slot "
-                f"cache never holds them"
+                f"request {group.request_id} needs {group.num_seqs} segment(s) of {segment:,} slots ({self.name} "
+                f"reserves {requested:,}, the buddy allocator rounds up to a power of two); the "
+                f"{self.capacity:,}-slot cache never holds them"
             )
 
-    def admit(self, group: Group, reserved_blocks: int = 0) -> bool:
-        need, requested, segment = self._sizes(group.req)
-        addresses = []
-        for _ in range(group.n):
-            address = self.buddy.allocate(segment)
-            if address is None:
-                for taken in addresses:
-                    self.buddy.free(taken)
-                return False
-            addresses.append(address)
-        group.segments = addresses
-        n = group.n
+    @property
+    def free_blocks(self) -> int:
+        return 1 << 62  # decodes never need new memory: the reservation was made at admission
+
+    def swap_blocks(self, group) -> int:
+        return group.num_seqs * cdiv(group.length, self.block_size)
+
+    def can_admit(self, group, num_tokens: int, reserved_blocks: int) -> bool:
+        return _buddy_fits(self.buddy, self._sizes(group)[2], group.num_seqs)
+
+    def admit(self, group, num_tokens: int) -> Admission:
+        """One segment per sequence; the prompt is prefilled (Orca never preempts, so nothing is restored)."""
+        need, requested, segment = self._sizes(group)
+        n = group.num_seqs
+        self._held[group] = [self.buddy.allocate(segment) for _ in range(n)]
         self.sum_need += n * need
         self.sum_requested += n * requested
         self.sum_segment += n * segment
-        group.length = 0
-        group.todo = group.todo_total = group.req.prompt_len
-        return True
+        return Admission(group.prompt_len, 0)
 
-    def prefill(self, group: Group, tokens: int) -> None:
-        group.todo -= tokens
-        group.length += tokens
-        self.token_states += group.n * tokens
+    def prefill(self, group, num_tokens: int) -> None:
+        self.token_states += group.num_seqs * num_tokens
 
-    def decode_need(self, lengths, ns, shared, steps: int) -> np.ndarray:
-        return np.zeros(steps, dtype=np.int64)
+    def decode_blocks(self, groups: list) -> int:
+        return 0
 
-    def decode(self, groups: list[Group], steps: int) -> None:
-        added = 0
-        for group in groups:
-            group.length += steps
-            added += group.n
-        self.token_states += added * steps
+    def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
+        token_states = self.token_states + sum(g.num_seqs for g in groups) * np.arange(1, steps + 1)
+        now = self.metrics()
 
-    def release(self, group: Group) -> int:
-        need, requested, segment = self._sizes(group.req)
-        n = group.n
-        for address in group.segments:
+        def constant(value: int) -> np.ndarray:
+            return np.full(steps, value, dtype=np.int64)
+
+        return MemoryMetrics(
+            token_states,
+            self.sum_need - token_states,
+            constant(now.internal_fragmentation),
+            constant(now.allocator_slack),
+            constant(now.free_slots),
+            constant(now.free_blocks),
+        )
+
+    def grow(self, groups: list, steps: int) -> None:
+        self.token_states += sum(g.num_seqs for g in groups) * steps
+
+    def release(self, group) -> int:
+        need, requested, segment = self._sizes(group)
+        n = group.num_seqs
+        for address in self._held.pop(group):
             self.buddy.free(address)
-        group.segments = []
         self.token_states -= n * group.length
         self.sum_need -= n * need
         self.sum_requested -= n * requested
         self.sum_segment -= n * segment
         return 0
 
-    @property
-    def free_blocks(self) -> int:
-        return 1 << 62  # decodes never need new memory: the reservation was made at admission
-
-    def metrics(self) -> tuple[int, int, int, int, int, int]:
-        return (
+    def metrics(self) -> MemoryMetrics:
+        return MemoryMetrics(
             self.token_states,
             self.sum_need - self.token_states,
             self.sum_requested - self.sum_need,
@@ -369,3 +476,29 @@ class ContiguousMemory:
             self.capacity - self.sum_segment,
             self.buddy.free_list_size,
         )
+
+    def snapshot(self, groups: list) -> None:
+        return None
+
+
+def _buddy_fits(buddy: BuddyAllocator, segment: int, count: int) -> bool:
+    """Whether `count` segments of `segment` slots can be placed now. Several are placed on trial and freed
+    again: freeing merges the split buddies back, so the allocator ends exactly as it was."""
+    if count == 1:
+        return buddy.can_allocate(segment)
+    placed = []
+    for _ in range(count):
+        address = buddy.allocate(segment)
+        if address is None:
+            break
+        placed.append(address)
+    for address in placed:
+        buddy.free(address)
+    return len(placed) == count
+
+
+def make_memory(policy: Policy, capacity: int, watermark: float, max_len: int) -> MemoryPolicy:
+    """The memory object of `policy` over `capacity` token slots."""
+    if policy.is_paged:
+        return PagedMemory(policy, capacity, watermark)
+    return ContiguousMemory(policy, capacity, max_len)

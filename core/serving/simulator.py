@@ -1,40 +1,34 @@
-"""Replay a serving workload through an iteration-level (continuous batching) scheduler, as vLLM does, under a
-paged or a contiguous KV policy, and record step by step where the KV memory goes.
+"""Replay a serving workload through the continuous-batching `Scheduler` under a paged or a contiguous KV policy,
+on a simulated clock, and record step by step where the KV memory goes.
 
-Scheduler (one iteration = one step):
-1. Every running, decoding sequence gets one token. Under the paged policy, if the free blocks cannot take this
-   step's new blocks, the newest running request is preempted (all its sequences together), repeatedly:
-   `recompute` frees its blocks and puts it back at the front of the waiting queue (its prompt and generated
-   tokens are prefilled again); `swap` moves its blocks to CPU swap space (falling back to recompute when that is
-   full) and brings it back, before any new request, once the blocks are free again.
-2. The step's token budget is `max_num_batched_tokens` minus the decode tokens. Prompts being prefilled continue
-   (oldest first), then waiting requests are admitted first-come first-served while the budget, `max_num_seqs` and
-   memory allow (paged: the prompt's blocks plus a 1% watermark are free; contiguous: the buddy allocator places
-   the policy's reservation). A prompt larger than the budget is prefilled in chunks over several steps; the step
-   that finishes a prefill emits the request's first output token. Nothing new is admitted in a step that
-   preempted, or while swapped requests wait.
-3. The step takes `StepTimeModel.step_time` seconds; requests that emitted their last token are freed.
+The scheduling rules are `core.serving.scheduler`'s (FCFS admission with a watermark, chunked prefill within
+`max_num_batched_tokens`, newest-first preemption by recompute or swap). The simulator owns what the scheduler
+leaves to its caller: arrivals (a request joins the waiting queue once the clock reaches its arrival time), the
+step cost (`SimulatorConfig.step_time`, the roofline `StepTimeModel` or anything with its `step_seconds` /
+`step_time` / `kv_bytes_per_token` / `swap_bandwidth`), the clock, and one recorded row per step.
 
-Steps in which nothing but decoding happens are replayed in one batch (identical bookkeeping, recorded per step),
-which is what makes 10,000-request runs take seconds; the paged policy still calls `BlockManager.append_token`
-for every token of every sequence.
+Steps in which nothing but decoding happens are replayed in one batch (`Scheduler.allocate(step, k)`: identical
+bookkeeping, recorded per step from `MemoryPolicy.decode_metrics`), which is what makes 10,000-request runs take
+seconds; the paged policy still appends every token of every sequence to the `BlockManager`.
 """
 
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
-from core.serving.memory_policies import ContiguousMemory, Group, PagedMemory, Policy
+from core.serving.memory_policies import MemoryMetrics, MemoryPolicy, Policy, make_memory
+from core.serving.scheduler import PREEMPTION_MODES, ScheduledStep, Scheduler, StepOutcome
 from core.serving.step_time import StepTimeModel, opt_13b_a100
 from core.serving.workload import Request
 
 PAPER_KV_TOKENS = 15_728  # OPT-13B on one A100-40GB: 12 GiB of KV / 800 KiB per token (paper Table 1: 15.7K)
+MAX_BATCHED_DECODE_STEPS = 8192  # decode-only steps replayed at once, at most
 
 COLUMNS = (
     "step",
@@ -59,32 +53,6 @@ COLUMNS = (
     "prefix_hit_tokens",
 )
 _COL = {name: i for i, name in enumerate(COLUMNS)}
-# columns that stay constant through a batched decode-only stretch, and those the last row takes after the frees
-_CONST = [
-    _COL[c]
-    for c in (
-        "running",
-        "running_seqs",
-        "swapped",
-        "preemptions",
-        "preemptions_total",
-        "allocator_slack",
-        "tokens_generated",
-        "prefill_tokens",
-        "prefix_hit_tokens",
-    )
-]
-_LAST = [
-    _COL[c]
-    for c in (
-        "token_states",
-        "reservation",
-        "internal_fragmentation",
-        "allocator_slack",
-        "free_slots",
-        "free_blocks",
-    )
-]
 
 
 @dataclass(frozen=True)
@@ -117,22 +85,25 @@ class SimulatorConfig:
             "max_seq_len",
             "max_snapshots",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise InvalidArgumentError(f"{name} must be an integer >= 1, got {value!r}")
+            check_int(getattr(self, name), name, minimum=1)
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise InvalidArgumentError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                 f"({self.max_num_seqs}): every running sequence decodes one token per step"
             )
-        if self.preemption_mode not in ("recompute", "swap"):
+        if self.preemption_mode not in PREEMPTION_MODES:
             raise InvalidArgumentError(
                 f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
             )
-        if not 0 <= self.watermark < 1:
+        check_float(self.watermark, "watermark", minimum=0.0)
+        if not self.watermark < 1:
             raise InvalidArgumentError(f"watermark must be in [0, 1), got {self.watermark!r}")
-        if not self.swap_space_bytes >= 0:
-            raise InvalidArgumentError(f"swap_space_bytes must be >= 0, got {self.swap_space_bytes!r}")
+        check_float(self.swap_space_bytes, "swap_space_bytes", minimum=0.0)
+
+    def swap_capacity_blocks(self, block_size: int) -> int:
+        """Blocks of `block_size` tokens the CPU swap space holds (unbounded when KV takes no bytes)."""
+        kv_bytes = self.step_time.kv_bytes_per_token
+        return int(self.swap_space_bytes // (kv_bytes * block_size)) if kv_bytes > 0 else 1 << 62
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,6 +222,63 @@ def prompt_token_ids(req: Request, prefix_index: int | None) -> list[int]:
     return [base + j for j in range(plen)] + [own + j for j in range(plen, req.prompt_len)]
 
 
+class SimulatedGroup:
+    """A simulated request in flight (`core.serving.scheduler.SequenceGroup`): its n sequences share a prompt
+    and advance together; it is finished once each emitted `output_len` tokens.
+
+    Token ids (`token_ids`, for the paged policy's prefix cache): the prompt's from `prompt_token_ids`, then
+    one constant id per sequence for every output token. first_token_time / finish_time: simulated seconds
+    (NaN until then), set by the simulator.
+    """
+
+    __slots__ = (
+        "finish_time",
+        "first_token_time",
+        "index",
+        "length",
+        "num_output_tokens",
+        "num_preemptions",
+        "num_prefill_tokens",
+        "num_prefill_total",
+        "num_seqs",
+        "output_len",
+        "output_token",
+        "prompt_len",
+        "prompt_tokens",
+        "request",
+        "request_id",
+        "seq_ids",
+    )
+
+    def __init__(self, request: Request, index: int, prompt_tokens: list[int]):
+        self.request = request
+        self.request_id = request.request_id
+        self.index = index
+        self.num_seqs = request.n
+        self.prompt_len = request.prompt_len
+        self.output_len = request.output_len
+        self.seq_ids = [index * 1024 + k for k in range(request.n)]
+        self.output_token = [-(index * 1024 + k) - 1 for k in range(request.n)]
+        self.prompt_tokens = prompt_tokens
+        self.length = 0
+        self.num_prefill_tokens = 0
+        self.num_prefill_total = 0
+        self.num_output_tokens = 0
+        self.num_preemptions = 0
+        self.first_token_time = math.nan
+        self.finish_time = math.nan
+
+    def is_finished(self) -> bool:
+        return self.num_output_tokens >= self.output_len
+
+    def token_ids(self, seq_index: int, start: int, stop: int):
+        prompt = self.prompt_len
+        if start >= prompt:
+            return (self.output_token[seq_index],) * (stop - start)
+        head = self.prompt_tokens[start : min(stop, prompt)]
+        return head + [self.output_token[seq_index]] * (stop - prompt) if stop > prompt else head
+
+
 class _Recorder:
     """Per-step rows in a growing float64 buffer [steps, len(COLUMNS)]."""
 
@@ -258,16 +286,41 @@ class _Recorder:
         self.buf = np.empty((4096, len(COLUMNS)))
         self.size = 0
 
-    def reserve(self, rows: int) -> None:
-        if self.size + rows > len(self.buf):
-            grown = np.empty((max(2 * len(self.buf), self.size + rows), len(COLUMNS)))
+    def rows(self, count: int) -> np.ndarray:
+        """The next `count` rows (a view to fill), counted as recorded."""
+        if self.size + count > len(self.buf):
+            grown = np.empty((max(2 * len(self.buf), self.size + count), len(COLUMNS)))
             grown[: self.size] = self.buf[: self.size]
             self.buf = grown
+        self.size += count
+        return self.buf[self.size - count : self.size]
 
     def frame(self) -> pd.DataFrame:
         frame = pd.DataFrame(self.buf[: self.size], columns=list(COLUMNS))
         ints = [c for c in COLUMNS if c not in ("time_s", "step_time_ms")]
         return frame.astype(dict.fromkeys(ints, np.int64))
+
+
+_MEMORY_COLUMNS = [_COL[name] for name in MemoryMetrics._fields]  # the metrics' columns, in field order
+_DECODE_RUN_CONSTANTS = [  # columns alike in every row of a decode-only batch (the last row's frees aside)
+    _COL[name]
+    for name in (
+        "running",
+        "running_seqs",
+        "swapped",
+        "preemptions",
+        "preemptions_total",
+        "tokens_generated",
+        "prefill_tokens",
+        "prefix_hit_tokens",
+    )
+]
+
+
+def _put_memory(rows: np.ndarray, m: MemoryMetrics) -> None:
+    """Write the memory columns: Python ints (every row alike) or int64 arrays with one entry per row."""
+    rows[:, _MEMORY_COLUMNS] = np.stack(m, axis=1) if isinstance(m.token_states, np.ndarray) else m
+    rows[:, _COL["external_fragmentation"]] = rows[:, _COL["allocator_slack"]] + rows[:, _COL["free_slots"]]
 
 
 def _validate_requests(requests: Sequence[Request], config: SimulatorConfig) -> list[Request]:
@@ -288,8 +341,216 @@ def _validate_requests(requests: Sequence[Request], config: SimulatorConfig) -> 
                 f"request {req.request_id}: n={req.n} parallel samples exceeds max_num_seqs "
                 f"{config.max_num_seqs} (or 1,024)"
             )
-    ordered = sorted(requests, key=lambda r: r.arrival_time)
-    return ordered
+    return sorted(requests, key=lambda r: r.arrival_time)
+
+
+def _make_groups(requests: list[Request], with_token_ids: bool) -> list[SimulatedGroup]:
+    """One group per request, in arrival order; requests of one prefix group share their prefix's token ids."""
+    prefix_ids: dict = {}
+    groups = []
+    for index, req in enumerate(requests):
+        pidx = None
+        if req.prefix_group is not None and req.prefix_len > 0:
+            pidx = prefix_ids.setdefault(req.prefix_group, len(prefix_ids))
+        groups.append(SimulatedGroup(req, index, prompt_token_ids(req, pidx) if with_token_ids else []))
+    return groups
+
+
+class _Simulation:
+    """The clock, the arrivals, the recorded rows and snapshots around one `Scheduler` run."""
+
+    def __init__(self, groups: list[SimulatedGroup], memory: MemoryPolicy, config: SimulatorConfig):
+        self.groups = groups
+        self.memory = memory
+        self.config = config
+        self.model = config.step_time
+        self.scheduler = Scheduler(
+            memory,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.preemption_mode,
+            config.swap_capacity_blocks(memory.block_size),
+        )
+        self.arrivals = np.array([g.request.arrival_time for g in groups], dtype=np.float64)
+        self.recorder = _Recorder()
+        self.snapshots: list[StepSnapshot] = []
+        self.stride = 1  # snapshots are kept at steps that are multiples of the stride
+        self.now = 0.0
+        self.step = 0
+        self.arrived = 0
+        self.finished = 0
+
+    def admit_arrivals(self) -> bool:
+        """Queue the groups that arrived by now; when nothing is queued or running, jump the clock to the next
+        arrival and return False."""
+        total = len(self.groups)
+        while self.arrived < total and self.arrivals[self.arrived] <= self.now:
+            self.scheduler.add(self.groups[self.arrived])
+            self.arrived += 1
+        if not self.scheduler.has_unfinished:
+            self.now = float(self.arrivals[self.arrived])
+            return False
+        return True
+
+    def run_step(self) -> None:
+        """Schedule, price and account one step (or a batch of identical decode-only steps), and record it."""
+        sched = self.scheduler
+        step = sched.schedule()
+        if step.is_empty:
+            if step.swapped_in or step.preempted:
+                return
+            raise InvalidArgumentError(
+                f"the scheduler is stuck at step {self.step}: {step.num_waiting} waiting request(s) fit in no "
+                f"free memory and nothing runs (check the KV capacity and the scheduler limits)"
+            )
+        k, ahead, dts = self._decode_run(step) if step.is_decode_only else (1, None, None)
+        if k == 1:
+            dt = self._step_seconds(step)
+            dts = np.array([dt])
+        sched.allocate(step, k)
+        end_times = self.now + np.cumsum(dts)
+        end = float(end_times[-1]) if k > 1 else self.now + float(dts[0])
+        outcome = sched.postprocess(step)
+        for group in outcome.first_token:
+            if math.isnan(group.first_token_time):
+                group.first_token_time = end
+        for group in outcome.finished:
+            group.finish_time = end
+        self.finished += len(outcome.finished)
+        if k == 1:
+            self._record_one(step, outcome, end)
+        else:
+            self._record_decode_run(step, outcome, ahead, end_times, dts)
+        self.step += k
+        self.now = end
+        if (self.step - 1) % self.stride == 0:
+            self._snapshot()
+
+    def _decode_run(self, step: ScheduledStep):
+        """How many identical decode-only steps run at once: until a group finishes, the next snapshot step,
+        the memory runs out or (with empty queues) a request arrives. Returns (k, predicted metrics, step times)."""
+        k = min(g.output_len - g.num_output_tokens for g in step.decoding)
+        k = min(k, (-self.step) % self.stride + 1, MAX_BATCHED_DECODE_STEPS)
+        if k == 1:
+            return 1, None, None
+        ahead = self.memory.decode_metrics(step.decoding, k)
+        k = max(1, min(k, int((ahead.free_blocks >= 0).sum())))
+        if k == 1:
+            return 1, None, None
+        n_decode = step.num_decode_tokens
+        ctx = step.decode_context_tokens
+        j = np.arange(k, dtype=np.float64)
+        dts = self.model.step_time(n_decode, ctx + j * n_decode, ctx + (j + 1) * n_decode)
+        if not step.num_waiting and not step.num_swapped and self.arrived < len(self.groups):
+            ends = self.now + np.cumsum(dts)
+            k = min(k, int(np.searchsorted(ends, self.arrivals[self.arrived], side="left")) + 1)
+            dts = dts[:k]
+        return k, ahead, dts
+
+    def _swap_bytes(self, step: ScheduledStep) -> float:
+        blocks = step.swap_out_blocks + step.swap_in_blocks
+        return blocks * self.memory.block_size * self.model.kv_bytes_per_token
+
+    def _step_seconds(self, step: ScheduledStep) -> float:
+        """The roofline cost of one step: decodes attend to their context, each prefill chunk to its prior
+        context and causally to itself; a step that only swaps in costs the transfer."""
+        n_decode = step.num_decode_tokens
+        ctx = step.decode_context_tokens
+        prefill_tokens = 0
+        prior = 0
+        pairs = ctx + n_decode
+        for _, start, tokens in step.prefill_chunks:
+            prefill_tokens += tokens
+            prior += start
+            pairs += tokens * start + tokens * (tokens + 1) / 2
+        swap_bytes = self._swap_bytes(step)
+        dt = self.model.step_seconds(n_decode + prefill_tokens, ctx + prior, pairs, swap_bytes)
+        if dt == 0.0:  # only a swap-in: the transfer alone
+            dt = swap_bytes / self.model.swap_bandwidth
+        return dt
+
+    def _record_one(self, step: ScheduledStep, outcome: StepOutcome, end: float) -> None:
+        row = self.recorder.rows(1)
+        prior = sum(start for _, start, _ in step.prefill_chunks)
+        row[0, : _COL["free_blocks"]] = (
+            self.step,
+            end,
+            (end - self.now) * 1000.0,
+            step.num_running,
+            step.num_running_seqs,
+            step.num_waiting,
+            step.num_swapped,
+            len(step.preempted),
+            self.scheduler.num_preemptions,
+        )
+        _put_memory(row, self.memory.metrics())
+        row[0, _COL["tokens_generated"]] = outcome.tokens_generated
+        row[0, _COL["prefill_tokens"]] = outcome.prefill_tokens
+        row[0, _COL["kv_tokens_read"]] = step.decode_context_tokens + step.num_decode_tokens + prior
+        row[0, _COL["prefix_hit_tokens"]] = step.prefix_hit_tokens
+
+    def _record_decode_run(self, step, outcome, ahead: MemoryMetrics, end_times, dts) -> None:
+        """k rows of one decode-only batch: memory from the policy's prediction, the last row after the frees."""
+        k = len(dts)
+        n_decode = step.num_decode_tokens
+        rows = self.recorder.rows(k)
+        rows[:, _COL["step"]] = np.arange(self.step, self.step + k)
+        rows[:, _COL["time_s"]] = end_times
+        rows[:, _COL["step_time_ms"]] = dts * 1000.0
+        constants = (
+            step.num_running,
+            step.num_running_seqs,
+            step.num_swapped,
+            0,
+            self.scheduler.num_preemptions,
+        )
+        rows[:, _DECODE_RUN_CONSTANTS] = (*constants, n_decode, 0, 0)
+        starts = end_times - dts
+        arrived_meanwhile = np.searchsorted(self.arrivals, starts, side="right") - self.arrived
+        rows[:, _COL["waiting"]] = step.num_waiting + arrived_meanwhile
+        rows[:, _COL["kv_tokens_read"]] = step.decode_context_tokens + n_decode * np.arange(1, k + 1)
+        _put_memory(rows, MemoryMetrics(*(values[:k] for values in ahead)))
+        _put_memory(rows[-1:], self.memory.metrics())
+        rows[-1, _COL["tokens_generated"]] = outcome.tokens_generated - n_decode * (k - 1)
+
+    def _snapshot(self) -> None:
+        """Sample the state after the step just recorded; thin the samples when over max_snapshots."""
+        decoding = [g for g in self.scheduler.running if g.num_prefill_tokens == 0]
+        lens = np.array([g.length for g in decoding for _ in range(g.num_seqs)], dtype=np.int64)
+        pool = self.memory.snapshot(decoding)
+        if pool is None:
+            self.snapshots.append(StepSnapshot(self.step - 1, self.now, lens))
+        else:
+            self.snapshots.append(
+                StepSnapshot(
+                    self.step - 1,
+                    self.now,
+                    lens,
+                    pool.owner_request,
+                    pool.ref_count,
+                    pool.fill,
+                    pool.is_cached,
+                    pool.block_tables,
+                )
+            )
+        if len(self.snapshots) > self.config.max_snapshots:
+            self.stride *= 2
+            self.snapshots = [s for s in self.snapshots if s.step % self.stride == 0]
+
+    def requests_frame(self) -> pd.DataFrame:
+        groups = self.groups
+        return pd.DataFrame(
+            {
+                "request_id": [g.request_id for g in groups],
+                "arrival_time": self.arrivals,
+                "first_token_time": [g.first_token_time for g in groups],
+                "finish_time": [g.finish_time for g in groups],
+                "prompt_len": [g.prompt_len for g in groups],
+                "output_len": [g.output_len for g in groups],
+                "n": [g.num_seqs for g in groups],
+                "preemptions": [g.num_preemptions for g in groups],
+            }
+        )
 
 
 def simulate(
@@ -310,330 +571,25 @@ def simulate(
         raise InvalidArgumentError(f"policy must be a core.serving.memory_policies.Policy, got {policy!r}")
     reqs = _validate_requests(requests, config)
     capacity = int(config.kv_capacity_tokens)
-    if policy.is_paged:
-        mem = PagedMemory(policy, capacity, config.watermark)
-    else:
-        mem = ContiguousMemory(policy, capacity, config.max_seq_len)
-    for req in reqs:
-        mem.check_fits(req, config.max_seq_len)
-    paged = policy.is_paged
-    bs = policy.block_size
-    model = config.step_time
-    kv_bytes = model.kv_bytes_per_token
-    swap_capacity_blocks = int(config.swap_space_bytes // (kv_bytes * bs)) if kv_bytes > 0 else 1 << 62
-    swap_used_blocks = 0
-    swap = config.preemption_mode == "swap"
-
-    prefix_ids: dict = {}
-    groups = []
-    for index, req in enumerate(reqs):
-        pidx = None
-        if req.prefix_group is not None and req.prefix_len > 0:
-            pidx = prefix_ids.setdefault(req.prefix_group, len(prefix_ids))
-        groups.append(Group(req, index, prompt_token_ids(req, pidx) if paged else []))
+    memory = make_memory(policy, capacity, config.watermark, config.max_seq_len)
+    groups = _make_groups(reqs, policy.is_paged)
+    for group in groups:
+        memory.check_fits(group, group.output_len)
+    sim = _Simulation(groups, memory, config)
     total = len(groups)
-    arrivals = np.array([r.arrival_time for r in reqs], dtype=np.float64)
-    output_lens = [r.output_len for r in reqs]
-
-    req_ids = np.array([r.request_id for r in reqs] + [-1], dtype=np.int64)  # group index -> request id
-    rec = _Recorder()
-    snapshots: list[StepSnapshot] = []
-    stride = 1
-    waiting: deque[Group] = deque()
-    swapped: deque[Group] = deque()
-    running: list[Group] = []
-    now = 0.0
-    step = 0
-    ai = 0
-    finished = 0
-    preemptions_total = 0
     next_report = 1  # percent
-    max_seqs, max_tokens = config.max_num_seqs, config.max_num_batched_tokens
-
-    def take_snapshot(decoding: list[Group]) -> None:
-        nonlocal stride, snapshots
-        lens = np.array([g.length for g in decoding for _ in range(g.n)], dtype=np.int64)
-        if paged:
-            snap = mem.manager.snapshot()
-            width = int(-(-lens.max() // bs)) if len(lens) else 0
-            tables = np.full((len(lens), width), -1, dtype=np.int32)
-            row = 0
-            for g in decoding:
-                for sid in g.seq_ids:
-                    table = snap.block_tables[sid]
-                    tables[row, : len(table)] = table
-                    row += 1
-            owners = np.array([sid // 1024 for sid in snap.seq_ids] + [-1], dtype=np.int64)
-            owner_group = owners[snap.owner]  # -1 indexes the trailing -1
-            snapshots.append(
-                StepSnapshot(
-                    step - 1,
-                    now,
-                    lens,
-                    req_ids[owner_group].astype(np.int32),
-                    snap.ref_count.astype(np.int16),
-                    snap.fill.astype(np.int16),
-                    snap.is_cached.copy(),
-                    tables,
-                )
-            )
-        else:
-            snapshots.append(StepSnapshot(step - 1, now, lens))
-        if len(snapshots) > config.max_snapshots:
-            stride *= 2
-            snapshots = [s for s in snapshots if s.step % stride == 0]
-
-    def preempt(victim: Group) -> tuple[int, float]:
-        """Free the victim's memory; returns (blocks freed, swap bytes moved)."""
-        nonlocal swap_used_blocks
-        victim.preemptions += 1
-        if swap and victim.todo == 0:
-            blocks = mem.blocks_for(victim.req.prompt_len, victim.length - victim.req.prompt_len, victim.n)
-            if swap_used_blocks + blocks <= swap_capacity_blocks:
-                swap_used_blocks += blocks
-                freed = mem.release(victim)
-                swapped.append(victim)
-                return freed, blocks * bs * kv_bytes
-        freed = mem.release(victim)
-        victim.todo = 0
-        waiting.appendleft(victim)
-        return freed, 0.0
-
-    while finished < total:
-        while ai < total and arrivals[ai] <= now:
-            waiting.append(groups[ai])
-            ai += 1
-        if not running and not waiting and not swapped:
-            now = float(arrivals[ai])
+    while sim.finished < total:
+        if not sim.admit_arrivals():
             continue
-
-        # 1. decode memory (paged): preempt the newest requests until this step's new blocks fit
-        decoding = [g for g in running if g.todo == 0]
-        preempted = 0
-        swap_bytes = 0.0
-        need = 0
-        if paged and decoding:
-            for g in decoding:
-                if g.length % bs == 0:
-                    need += g.n
-                elif g.shared_tail:
-                    need += g.n - 1
-            free = mem.free_blocks
-            while need > free:
-                victim = running.pop()
-                if victim.todo == 0:
-                    decoding.pop()
-                    if victim.length % bs == 0:
-                        need -= victim.n
-                    elif victim.shared_tail:
-                        need -= victim.n - 1
-                freed, moved = preempt(victim)
-                free += freed
-                swap_bytes += moved
-                preempted += 1
-        preemptions_total += preempted
-        n_decode = sum(g.n for g in decoding)
-        budget = max_tokens - n_decode
-        seqs = sum(g.n for g in running)
-        chunks: list[tuple[Group, int, int]] = []  # (group, tokens, prior context)
-        hit_tokens = 0
-        swapped_in = False
-
-        if not preempted:
-            # 2a. swapped requests come back first (all their blocks, already computed)
-            while swapped and seqs + swapped[0].n <= max_seqs:
-                g = swapped[0]
-                gen = g.length - g.req.prompt_len
-                emitted = g.emitted
-                g.emitted = gen
-                ok = mem.admit(g, need)
-                g.emitted = emitted
-                if not ok:
-                    break
-                swapped.popleft()
-                mem.prefill(g, g.todo)
-                blocks = mem.blocks_for(g.req.prompt_len, gen, g.n)
-                swap_used_blocks -= blocks
-                swap_bytes += blocks * bs * kv_bytes
-                running.append(g)
-                seqs += g.n
-                swapped_in = True
-        # 2b. prompts being prefilled continue, oldest first
-        for g in running:
-            if budget <= 0:
-                break
-            if g.todo > 0:
-                c = min(g.todo, budget)
-                chunks.append((g, c, g.todo_total - g.todo))
-                budget -= c
-        # 2c. admit waiting requests, first come first served
-        if not preempted and not swapped:
-            while waiting and budget > 0 and seqs + waiting[0].n <= max_seqs:
-                g = waiting[0]
-                if not mem.admit(g, need):
-                    break
-                waiting.popleft()
-                if g.admit_step < 0:
-                    g.admit_step = step
-                running.append(g)
-                seqs += g.n
-                hit_tokens += mem.hit_tokens
-                c = min(g.todo, budget)
-                chunks.append((g, c, 0))
-                budget -= c
-
-        if not decoding and not chunks:
-            if swapped_in or preempted:
-                continue
-            raise InvalidArgumentError(
-                f"the scheduler is stuck at step {step}: {len(waiting)} waiting request(s) fit in no free memory "
-                f"and nothing runs (check the KV capacity and the scheduler limits)"
-            )
-
-        # 3. how many identical decode-only steps can run at once
-        ctx = 0
-        for g in decoding:
-            ctx += g.n * g.length
-        k = 1
-        if not chunks and not preempted and not swapped_in:
-            k = min(output_lens[g.index] - g.emitted for g in decoding)
-            k = min(k, (-step) % stride + 1, 8192)
-        cum_need = None
-        if k > 1 and paged:
-            lengths = np.fromiter((g.length for g in decoding), np.int64, len(decoding))
-            ns = np.fromiter((g.n for g in decoding), np.int64, len(decoding))
-            shared = np.fromiter((g.shared_tail for g in decoding), np.int64, len(decoding))
-            cum_need = mem.decode_need(lengths, ns, shared, k)
-            k = max(1, min(k, int(np.searchsorted(cum_need, mem.free_blocks, side="right"))))
-        if k > 1:
-            j = np.arange(k, dtype=np.float64)
-            dts = model.step_time(n_decode, ctx + j * n_decode, ctx + (j + 1) * n_decode)
-            if not waiting and not swapped and ai < total:
-                ends = now + np.cumsum(dts)
-                k = min(k, int(np.searchsorted(ends, arrivals[ai], side="left")) + 1)
-                dts = dts[:k]
-            end_times = now + np.cumsum(dts)
-            end = float(end_times[-1])
-            prior = 0
-        else:
-            prefill_tokens = 0
-            prior = 0
-            pairs = ctx + n_decode
-            for _, c, p in chunks:
-                prefill_tokens += c
-                prior += p
-                pairs += c * p + c * (c + 1) / 2
-            dt = model.step_seconds(n_decode + prefill_tokens, ctx + prior, pairs, swap_bytes)
-            if dt == 0.0:  # only a swap-in: the transfer alone
-                dt = swap_bytes / model.swap_bandwidth
-            end = now + dt
-
-        # 4. execute
-        if k > 1:
-            m0 = mem.metrics()
-            cow = sum((g.n - 1) * (g.length % bs) for g in decoding if g.shared_tail) if paged else 0
-        mem.decode(decoding, k)
-        for g in decoding:
-            g.emitted += k
-        prefill_total = 0
-        generated = n_decode * k
-        for g, c, _ in chunks:
-            mem.prefill(g, c)
-            prefill_total += c
-            if g.todo == 0:
-                g.emitted += 1
-                generated += g.n
-                if math.isnan(g.first_token_time):
-                    g.first_token_time = end
-        done = [g for g in running if g.todo == 0 and g.emitted >= output_lens[g.index]]
-        num_running = len(running)
-        if done:
-            for g in done:
-                g.finish_time = end
-                mem.release(g)
-                finished += 1
-            done_ids = {id(g) for g in done}
-            running = [g for g in running if id(g) not in done_ids]
-        m1 = mem.metrics()
-
-        # 5. record k rows (the last one after this step's frees)
-        rec.reserve(k)
-        if k == 1:
-            rec.buf[rec.size] = (
-                step,
-                end,
-                (end - now) * 1000.0,
-                num_running,
-                seqs,
-                len(waiting),
-                len(swapped),
-                preempted,
-                preemptions_total,
-                m1[5],
-                m1[4],
-                m1[0],
-                m1[1],
-                m1[2],
-                m1[3],
-                m1[3] + m1[4],
-                generated,
-                prefill_total,
-                ctx + n_decode + prior,
-                hit_tokens,
-            )
-        else:
-            rows = rec.buf[rec.size : rec.size + k]
-            grow = cow + n_decode * np.arange(1, k + 1)
-            ts = m0[0] + grow
-            rows[:, _CONST] = (num_running, seqs, len(swapped), 0, preemptions_total, m0[3], n_decode, 0, 0)
-            rows[:, _COL["step"]] = np.arange(step, step + k)
-            rows[:, _COL["time_s"]] = end_times
-            rows[:, _COL["step_time_ms"]] = dts * 1000.0
-            starts = end_times - dts
-            rows[:, _COL["waiting"]] = len(waiting) + np.searchsorted(arrivals, starts, side="right") - ai
-            rows[:, _COL["token_states"]] = ts
-            if paged:
-                free_b = m0[5] - cum_need[:k]
-                rows[:, _COL["free_blocks"]] = free_b
-                rows[:, _COL["free_slots"]] = free_b * bs
-                rows[:, _COL["reservation"]] = m0[1]
-                rows[:, _COL["internal_fragmentation"]] = (mem.num_blocks - free_b) * bs - ts - m0[1]
-            else:
-                rows[:, _COL["free_blocks"]] = m0[5]
-                rows[:, _COL["free_slots"]] = m0[4]
-                rows[:, _COL["reservation"]] = m0[1] - grow
-                rows[:, _COL["internal_fragmentation"]] = m0[2]
-            rows[-1, _LAST] = (m1[0], m1[1], m1[2], m1[3], m1[4], m1[5])
-            rows[:, _COL["external_fragmentation"]] = (
-                rows[:, _COL["allocator_slack"]] + rows[:, _COL["free_slots"]]
-            )
-            rows[-1, _COL["tokens_generated"]] = generated - n_decode * (k - 1)
-            rows[:, _COL["kv_tokens_read"]] = ctx + n_decode * np.arange(1, k + 1)
-        rec.size += k
-        step += k
-        now = end
-        if (step - 1) % stride == 0:
-            take_snapshot([g for g in running if g.todo == 0])
-        if progress is not None and finished * 100 >= next_report * total:
-            progress(finished / total)
-            next_report = finished * 100 // total + 1
-
+        sim.run_step()
+        if progress is not None and sim.finished * 100 >= next_report * total:
+            progress(sim.finished / total)
+            next_report = sim.finished * 100 // total + 1
     if progress is not None:
         progress(1.0)
-    steps_frame = rec.frame()
-    requests_frame = pd.DataFrame(
-        {
-            "request_id": [g.req.request_id for g in groups],
-            "arrival_time": arrivals,
-            "first_token_time": [g.first_token_time for g in groups],
-            "finish_time": [g.finish_time for g in groups],
-            "prompt_len": [g.req.prompt_len for g in groups],
-            "output_len": output_lens,
-            "n": [g.n for g in groups],
-            "preemptions": [g.preemptions for g in groups],
-        }
-    )
+    steps_frame = sim.recorder.frame()
+    requests_frame = sim.requests_frame()
     summary = summarize(steps_frame, requests_frame, capacity)
     return SimulationResult(
-        policy, config, steps_frame, requests_frame, summary, snapshots, time.perf_counter() - started
+        policy, config, steps_frame, requests_frame, summary, sim.snapshots, time.perf_counter() - started
     )

@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from core.device import default_device, format_bytes, memory_budget_bytes
-from core.errors import InvalidArgumentError, MemoryBudgetError
+from core.common import cdiv, check_budget, time_ms
+from core.device import default_device
+from core.errors import InvalidArgumentError
 
 
 def _default_kernels() -> tuple[Callable, Callable]:
@@ -30,16 +31,9 @@ def _sync(device: torch.device) -> None:
 
 
 def _time(fn, repeats: int, device: torch.device) -> float:
-    """Median milliseconds of `repeats` calls after one warm-up call."""
-    fn()
-    _sync(device)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        samples.append((time.perf_counter() - start) * 1000.0)
-    return float(np.median(samples))
+    """Median milliseconds of `repeats` calls after one warm-up call (device work included)."""
+    median, _ = time_ms(fn, repeats=repeats, warmup=1, sync=lambda: _sync(device))
+    return float(median)
 
 
 def _spread(count: int) -> list[int]:
@@ -106,14 +100,10 @@ def measure_step_attention(
     pool_bytes = 2 * num_blocks * bs * num_kv_heads * head_dim * itemsize
     padded_peak = max(len(s.context_lens) * int(s.context_lens.max()) for s in snaps)
     padded_bytes = 2 * padded_peak * num_kv_heads * head_dim * itemsize
-    budget = memory_budget_bytes()
-    if max(pool_bytes, padded_bytes) > budget:
-        raise MemoryBudgetError(
-            f"measuring attention needs {format_bytes(max(pool_bytes, padded_bytes))} in one tensor, over the "
-            f"{format_bytes(budget)} budget; use fewer heads or a smaller head_dim",
-            requested_bytes=max(pool_bytes, padded_bytes),
-            allowed_bytes=budget,
-        )
+    check_budget(
+        max(pool_bytes, padded_bytes),
+        "measuring attention (one tensor; use fewer heads or a smaller head_dim)",
+    )
     gen = torch.Generator(device="cpu").manual_seed(seed)
     # [num_blocks, block_size, kv_heads, head_dim]
     key_cache = torch.randn(num_blocks, bs, num_kv_heads, head_dim, generator=gen).to(
@@ -134,7 +124,7 @@ def measure_step_attention(
         lens = torch.from_numpy(lens_np.astype(np.int64)).to(device)
         query = torch.randn(num_seqs, num_heads, head_dim, generator=gen).to(device=device, dtype=dtype)
         # contiguous copy of the same K/V: [num_seqs, max_len, kv_heads, head_dim], padded past each length
-        width = -(-max_len // bs)
+        width = cdiv(max_len, bs)
         flat = tables[:, :width].reshape(-1)
         key = key_cache.index_select(0, flat).view(num_seqs, width * bs, num_kv_heads, head_dim)[:, :max_len]
         value = value_cache.index_select(0, flat).view(num_seqs, width * bs, num_kv_heads, head_dim)[

@@ -9,10 +9,17 @@
 new_tokens = prefill tokens + decode tokens of the step; kv_tokens_read = context tokens the decode queries attend
 to plus the prior context of prefill chunks; attention_pairs = (query, key) pairs of the step.
 
-Why an overhead: the paper's vLLM run at 2 req/s on OPT-13B batched 30.42 requests on average, i.e. it was
-memory-bound. A pure weights + KV roofline (~30 ms per step) serves that load with ~18 batched requests; with the
-~15 ms per step that engines of the time spent outside the GPU kernels (scheduling, sampling, Python, launches), the
-paged policy is memory-bound as in the paper (see ../shared/reference.md).
+Why an overhead: in the PagedAttention paper (Kwon et al., SOSP 2023, Figure 13) vLLM batched 30.42 requests on
+average serving ShareGPT at 2 req/s with OPT-13B, i.e. it was memory-bound. A pure weights + KV roofline (~30 ms
+per step) serves that load with ~18.5 batched requests and ~54% token states; with the ~15 ms per step that
+engines of the time spent outside the GPU kernels (scheduling, sampling, Python, launches), the paged policy is
+memory-bound as in the paper (bench/paper.py: 31.26 batched, 96.6% token states against the paper's 96.3%).
+
+The constants below and their sources: OPT-13B has 12.9e9 parameters (25.8 GB in fp16; the paper's Table 1 says
+26 GB), 40 layers and hidden size 5,120, so 2 x 5,120 x 40 x 2 bytes = 800 KiB of K/V per token (the paper,
+section 3); an A100-SXM4-40GB reads 1,555 GB/s of HBM2 and peaks at 312 TFLOP/s in dense fp16 (NVIDIA's A100
+datasheet). The 80% bandwidth and 50% FLOP/s efficiencies, the 15 ms overhead and 25 GB/s for PCIe 4.0 x16
+swapping are this project's assumptions.
 """
 
 from dataclasses import dataclass, replace
@@ -162,11 +169,11 @@ def from_specs(
 ) -> StepTimeModel:
     """A StepTimeModel for `model` (core.planning.models.ModelSpec) on one `gpu` (core.planning.hardware.GPUSpec) per TP rank.
 
-    Weight and KV bytes per GPU come from core.planning.planner (vLLM's rules); FLOPs use the active parameters (MoE) split
+    Weight and KV bytes per GPU come from core.planning.kv_accounting (vLLM's rules); FLOPs use the active parameters (MoE) split
     over `tensor_parallel`. A GPU without a known bf16 peak is treated as memory-bound (its compute roof set at
     1,000 FLOP per byte of bandwidth, far above any decode step's intensity).
     """
-    from core.planning.planner import kv_bytes_per_token, weight_bytes_per_gpu
+    from core.planning.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
 
     peak = gpu.peak_bf16_flops or gpu.memory_bandwidth * 1000.0
     heads = model.num_attention_heads * model.head_dim

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
 
 DEFAULT_MAX_LEN = 2048
@@ -94,16 +95,12 @@ def _solve_mu(mean: float, sigma: float, cap: float) -> float:
 
 
 def _check_common(num_requests: int, rate: float, seed: int, n: int, max_len: int) -> None:
-    if isinstance(num_requests, bool) or not isinstance(num_requests, int | np.integer) or num_requests < 1:
-        raise InvalidArgumentError(f"num_requests must be an integer >= 1, got {num_requests!r}")
-    if not isinstance(rate, int | float) or isinstance(rate, bool) or math.isnan(rate) or rate <= 0:
+    check_int(num_requests, "num_requests", minimum=1)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or math.isnan(rate) or rate <= 0:
         raise InvalidArgumentError(f"rate must be > 0 requests/s (inf: all at t = 0), got {rate!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-        raise InvalidArgumentError(f"seed must be an integer, got {seed!r}")
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
-        raise InvalidArgumentError(f"n (parallel samples) must be an integer >= 1, got {n!r}")
-    if isinstance(max_len, bool) or not isinstance(max_len, int | np.integer) or max_len < 2:
-        raise InvalidArgumentError(f"max_len must be an integer >= 2 tokens, got {max_len!r}")
+    check_int(seed, "seed")
+    check_int(n, "n (parallel samples)", minimum=1)
+    check_int(max_len, "max_len (tokens)", minimum=2)
 
 
 def poisson_arrivals(num_requests: int, rate: float, rng: np.random.Generator) -> np.ndarray:
@@ -123,10 +120,8 @@ def _build(
     prefix_fraction: float,
     max_len: int,
 ) -> list[Request]:
-    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int | np.integer) or prefix_len < 0:
-        raise InvalidArgumentError(f"prefix_len must be an integer >= 0 tokens, got {prefix_len!r}")
-    if not 0.0 <= float(prefix_fraction) <= 1.0:
-        raise InvalidArgumentError(f"prefix_fraction must be in [0, 1], got {prefix_fraction!r}")
+    check_int(prefix_len, "prefix_len (tokens)", minimum=0)
+    check_float(prefix_fraction, "prefix_fraction", minimum=0.0, maximum=1.0)
     shared = rng.random(len(arrivals)) < prefix_fraction if prefix_len > 0 else np.zeros(len(arrivals), bool)
     requests = []
     for i in range(len(arrivals)):
@@ -251,9 +246,8 @@ def uniform(
 
 
 def _check_lengths(p_lo: int, o_lo: int, p_hi: int, o_hi: int, max_len: int) -> None:
-    for name, value in (("prompt length", p_lo), ("output length", o_lo)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-            raise InvalidArgumentError(f"{name} must be an integer >= 1 token, got {value!r}")
+    for name, value in (("prompt length (tokens)", p_lo), ("output length (tokens)", o_lo)):
+        check_int(value, name, minimum=1)
     if p_hi < p_lo or o_hi < o_lo:
         raise InvalidArgumentError(f"empty range: prompt {p_lo}..{p_hi}, output {o_lo}..{o_hi}")
     if p_hi + o_hi > max_len:

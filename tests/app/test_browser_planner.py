@@ -8,9 +8,10 @@ from playwright.sync_api import expect
 
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
-from core.planning.planner import plan
+from core.planning.plan import plan
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+WAIT_MS = 60_000  # a loaded 2-core machine renders the first run in well over expect's default 5 s
 
 
 @pytest.mark.browser
@@ -25,16 +26,18 @@ def test_shared_url_reproduces_the_what_if(streamlit_server, page):
                       max_model_len=8192, block_size=32)  # fmt: skip
     expected_b = plan(MODELS["llama-3.1-8b"], GPUS["l4"], max_model_len=8192)
     main = page.locator('[data-testid="stMain"]')
-    expect(main.get_by_text("Scenario A: Qwen2.5-72B on 2 × H200 SXM 141GB")).to_be_visible()
-    expect(main.get_by_text("Scenario B: Llama-3.1-8B on 1 × L4")).to_be_visible()
-    expect(main.get_by_text(expected_a.verdict)).to_be_visible()
+    expect(main.get_by_text("Scenario A: Qwen2.5-72B on 2 × H200 SXM 141GB")).to_be_visible(timeout=WAIT_MS)
+    expect(main.get_by_text("Scenario B: Llama-3.1-8B on 1 × L4")).to_be_visible(timeout=WAIT_MS)
+    expect(main.get_by_text(expected_a.verdict)).to_be_visible(timeout=WAIT_MS)
     values = main.locator('[data-testid="stMetricValue"]')
-    expect(values.get_by_text(f"{expected_a.kv_tokens:,}", exact=True)).to_be_visible()
-    expect(values.get_by_text(f"{expected_b.kv_tokens:,}", exact=True)).to_be_visible()
+    expect(values.get_by_text(f"{expected_a.kv_tokens:,}", exact=True)).to_be_visible(timeout=WAIT_MS)
+    expect(values.get_by_text(f"{expected_b.kv_tokens:,}", exact=True)).to_be_visible(timeout=WAIT_MS)
     # The widgets show the URL's values, and the charts are drawn.
-    expect(page.get_by_role("combobox", name="KV cache dtype").first).to_have_value("bf16")
-    expect(page.get_by_role("combobox", name="Block size (tokens)").first).to_have_value("32")
-    expect(page.locator('[data-testid="stPlotlyChart"] .main-svg').first).to_be_visible()
+    expect(page.get_by_role("combobox", name="KV cache dtype").first).to_have_value("bf16", timeout=WAIT_MS)
+    expect(page.get_by_role("combobox", name="Block size (tokens)").first).to_have_value(
+        "32", timeout=WAIT_MS
+    )
+    expect(page.locator('[data-testid="stPlotlyChart"] .main-svg').first).to_be_visible(timeout=WAIT_MS)
     assert page.locator('[data-testid="stPlotlyChart"]').count() == 4
     # The URL keeps the what-if after the page has rewritten it with every field.
     for key in ("a_model=qwen2.5-72b", "a_block=32", "b_gpu=l4", "wl=alpaca"):
@@ -48,9 +51,11 @@ def test_bad_shared_url_shows_reasons(streamlit_server, page):
     page.goto(f"{streamlit_server}/planner?a_model=gpt-9&a_ctx=-5&compare=0")
     main = page.locator('[data-testid="stMain"]')
     alerts = main.locator('[data-testid="stAlert"]')
-    expect(
-        alerts.filter(has_text="a_model").filter(has_text="'gpt-9' ignored: unknown value")
-    ).to_be_visible()
-    expect(alerts.filter(has_text="a_ctx").filter(has_text="must be at least 16")).to_be_visible()
-    expect(main.get_by_text("Scenario A: Llama-3.1-70B on 4 × H100 SXM 80GB")).to_be_visible()
+    expect(alerts.filter(has_text="a_model").filter(has_text="'gpt-9' ignored: unknown value")).to_be_visible(
+        timeout=60_000
+    )
+    expect(alerts.filter(has_text="a_ctx").filter(has_text="must be at least 16")).to_be_visible(
+        timeout=WAIT_MS
+    )
+    expect(main.get_by_text("Scenario A: Llama-3.1-70B on 4 × H100 SXM 80GB")).to_be_visible(timeout=WAIT_MS)
     assert page.locator('[data-testid="stException"]').count() == 0

@@ -6,19 +6,21 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from core.errors import InvalidArgumentError
 from core.planning.hardware import GPUS, GPUSpec
 from core.planning.models import MODELS, ModelSpec, preset_configs
-from core.planning.planner import plan
-from ui.planner_scenario import (
-    ALL_FIELDS,
+from core.planning.plan import plan
+from core.planning.scenario import (
     build_model,
+    compact_config,
     compute_scenario,
+    decode_config,
     encode_config,
     make_workload,
     plan_document,
-    url_params,
 )
-from ui.query_state import Field, decode_blob, encode_blob, encode_params, parse_params
+from ui.planner_state import ALL_FIELDS, url_params
+from ui.query_state import Field, encode_params, parse_params
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,14 +63,16 @@ def test_parse_params_rejects_with_reason_and_uses_default(key, raw, reason):
     assert len(errors) == 1 and key in errors[0] and reason in errors[0]
 
 
-def test_blob_round_trip_and_garbage():
+def test_config_round_trip_and_garbage():
     config = preset_configs()["gemma-2-9b"]["config"]
-    assert decode_blob(encode_blob(config)) == config
-    for garbage in ("!!!", "abc", encode_blob([1])[:-3] + "zzz"):
-        with pytest.raises(ValueError):
-            decode_blob(garbage)
-    with pytest.raises(ValueError, match="larger"):
-        decode_blob(encode_blob("x" * 100_000))
+    decoded = decode_config(encode_config(config))
+    assert decoded == compact_config(config) and decoded["num_key_value_heads"] == 8
+    assert "architectures" in config and "architectures" not in decoded  # only the fields the planner reads
+    for garbage in ("!!!", "abc", encode_config({"a": 1})[:-3] + "zzz"):
+        with pytest.raises(InvalidArgumentError, match="cannot be read"):
+            decode_config(garbage)
+    with pytest.raises(InvalidArgumentError, match="more than 65,536 bytes"):
+        decode_config(encode_config({"_name_or_path": "x" * 100_000}))
 
 
 def test_custom_model_survives_the_url():

@@ -7,12 +7,14 @@ and NaN in every slot no sequence owns. The default run takes a covering subset 
 """
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
 
 import core.kernels.attention as attention
 import core.kernels.cpu_backend as cpu_attention
+import core.kernels.torch_backend as torch_backend
 from core.errors import BackendUnavailableError, InvalidArgumentError, LabError
 from core.kernels.attention import (
     available_backends,
@@ -68,7 +70,7 @@ def _check_case(case, monkeypatch, seed):
         assert err <= atol, f"{backend}: max abs error {err:.3g} > {atol}"
     # Many chunks, so the online-softmax merge (equation 4) runs at many block boundaries: the smallest chunks
     # the backend uses (MIN_CHUNK_TOKENS), and in float32 one block per chunk.
-    monkeypatch.setattr(attention, "CHUNK_TARGET_BYTES", 1)
+    monkeypatch.setattr(torch_backend, "CHUNK_TARGET_BYTES", 1)
     got = paged_attention(**problem, backend="torch")
     err = (got.double() - expected).abs().max().item()
     assert err <= atol, f"torch, smallest chunks: max abs error {err:.3g} > {atol}"
@@ -96,8 +98,8 @@ def test_paged_attention_full_grid(case, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_explicit_math_path_matches_reference(dtype, monkeypatch):
     """The device-independent float32 path (used off CPU) with small chunks, not ATen's CPU flash kernel."""
-    monkeypatch.setattr(attention, "_CPU_FLASH", None)
-    monkeypatch.setattr(attention, "CHUNK_TARGET_BYTES", 3 * 16 * 16 * 4 * 96 * 4)  # ~3 blocks per chunk
+    monkeypatch.setattr(torch_backend, "CPU_FLASH", None)
+    monkeypatch.setattr(torch_backend, "CHUNK_TARGET_BYTES", 3 * 16 * 16 * 4 * 96 * 4)  # ~3 blocks per chunk
     problem = make_problem(NUM_SEQS, 16, 4, 96, 16, 100, dtype, seed=11)
     err = (paged_attention(**problem, backend="torch").double() - reference_paged(**problem)).abs().max()
     assert err <= ATOL[dtype]
@@ -149,7 +151,7 @@ def test_int64_block_tables_and_explicit_scale():
 @pytest.mark.parametrize("chunk_bytes", [None, 1], ids=["default-chunks", "1-block-chunks"])
 def test_prefill_matches_reference(dtype, chunk_bytes, monkeypatch):
     if chunk_bytes is not None:
-        monkeypatch.setattr(attention, "CHUNK_TARGET_BYTES", chunk_bytes)
+        monkeypatch.setattr(torch_backend, "CHUNK_TARGET_BYTES", chunk_bytes)
     problem = make_problem(5, 8, 2, 64, 8, 40, dtype, seed=3)
     gen = torch.Generator().manual_seed(1)
     max_q = 9
@@ -371,3 +373,25 @@ def test_cpu_kernel_is_built_once_into_the_cache(monkeypatch, tmp_path):
 def test_cpu_backend_refuses_other_devices():
     with pytest.raises(BackendUnavailableError, match="CPU tensors"):
         resolve_backend("cpu", "meta")
+
+
+def test_cpu_kernel_build_failure_keeps_the_full_compiler_log(monkeypatch, tmp_path):
+    broken = tmp_path / "broken-cc"
+    broken.write_text(
+        '#!/bin/sh\necho "broken-cc 1.0"\necho "line 1 of the diagnostics" >&2\necho "error: deliberately broken" >&2\nexit 1\n'
+    )
+    broken.chmod(0o755)
+    monkeypatch.setenv(cpu_attention.ENV_COMPILER, str(broken))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu_attention, "_state", {})
+    error = cpu_attention.cpu_kernel_error()
+    assert "error: deliberately broken" in error and "full log is in" in error
+    log = Path(error.split("full log is in ")[1].rstrip(")"))
+    text = log.read_text()
+    assert log.parent == tmp_path / "cache" / "paged_attention_lab"
+    assert (
+        text.count("line 1 of the diagnostics") == 2
+    )  # both attempts (with and without -march=native), in full
+    assert "-march=native" in text and "exit status 1" in text
+    with pytest.raises(BackendUnavailableError, match="full log"):
+        paged_attention(**_small(), backend="cpu")

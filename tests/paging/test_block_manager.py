@@ -131,8 +131,8 @@ def test_unknown_and_duplicate_sequences_raise():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_blocks": 0, "block_size": 16}, "num_blocks must be an integer >= 1, got 0"),
-        ({"num_blocks": 4, "block_size": 0}, "block_size must be an integer >= 1, got 0"),
+        ({"num_blocks": 0, "block_size": 16}, "num_blocks must be at least 1, got 0"),
+        ({"num_blocks": 4, "block_size": 0}, "block_size must be at least 1, got 0"),
         ({"num_blocks": 4.5, "block_size": 16}, "num_blocks"),
         ({"num_blocks": True, "block_size": 16}, "num_blocks"),
     ],
@@ -265,3 +265,98 @@ def test_numpy_integer_ids_and_sizes_are_accepted():
     m = BlockManager(num_blocks=np.int64(4), block_size=np.int32(2))
     m.allocate(np.int64(3), np.arange(3))
     assert m.num_tokens(3) == 3
+
+
+def test_numpy_integers_are_accepted_and_stats_are_frozen_copies():
+    np = pytest.importorskip("numpy")
+    m = BlockManager(np.int64(8), np.int32(4), enable_prefix_caching=True)
+    assert (m.num_blocks, m.block_size) == (8, 4) and type(m.num_blocks) is int
+    assert m.can_allocate(np.int64(32)) and not m.can_allocate(np.int64(33))  # 8 blocks of 4 tokens
+    m.allocate("a", range(9))  # 9 query tokens, 3 query blocks, no hit
+    before = m.prefix_cache_stats
+    m.allocate("b", range(9))  # blocks 0 and 1 hit: 8 hit tokens
+    assert (before.queries_tokens, before.hits_tokens) == (9, 0)  # the earlier copy did not move
+    after = m.prefix_cache_stats
+    assert (after.queries_tokens, after.hits_tokens, after.queries_blocks, after.hits_blocks) == (18, 8, 6, 2)
+    assert m.ref_count(np.int64(0)) == 2
+    with pytest.raises(AttributeError):
+        after.hits_tokens = 0  # frozen
+
+
+def test_a_hash_collision_is_a_miss_not_a_wrong_hit(monkeypatch):
+    import core.paging.block_manager as bm
+
+    monkeypatch.setattr(bm, "_chain_hash", lambda parent, tokens: 7)  # every block collides
+    m = BlockManager(8, 4, enable_prefix_caching=True)
+    m.allocate("a", [1, 2, 3, 4, 5])  # block 0 = [1, 2, 3, 4] cached under hash 7
+    assert m.allocate("b", [9, 9, 9, 9, 5]) == 0  # same hash, other tokens: a miss
+    assert m.block_table("b")[0] != m.block_table("a")[0]
+    assert m.prefix_cache_stats.hits_blocks == 0
+    assert m.allocate("c", [1, 2, 3, 4, 6]) == 1  # same hash and the same tokens: a true hit
+    assert m.block_table("c")[0] == m.block_table("a")[0]
+
+
+def test_a_hit_also_needs_the_same_parent_hash(monkeypatch):
+    import core.paging.block_manager as bm
+
+    # block 1's hash ignores its parent: [0,0,0,0][5,5,5,5] and [1,1,1,1][5,5,5,5] collide on their second block
+    monkeypatch.setattr(bm, "_chain_hash", lambda parent, tokens: hash(tokens))
+    m = BlockManager(16, 4, enable_prefix_caching=True)
+    m.allocate("a", [0, 0, 0, 0, 5, 5, 5, 5, 1])
+    m.allocate("b", [1, 1, 1, 1, 5, 5, 5, 5, 1])  # block 0 misses, so block 1 can never hit
+    assert m.prefix_cache_stats.hits_blocks == 0
+    assert set(m.block_table("a")).isdisjoint(m.block_table("b"))
+
+
+def test_sliding_window_releases_blocks_behind_the_window():
+    m = BlockManager(100, 16, sliding_window=32)
+    m.allocate("a", range(100))  # ceil(100 / 16) = 7 blocks, all held: the first token reads position 0
+    assert m.num_held_blocks("a") == 7 and m.num_free_blocks == 93
+    # token 100 attends to positions 69..100; blocks 0..3 (positions 0..63) lie wholly before 69
+    assert m.append_token("a", 0) == AppendResult(slot=6 * 16 + 4, cow=None)
+    assert m.block_table("a") == [-1, -1, -1, -1, 4, 5, 6]  # the table keeps its length
+    assert m.num_free_blocks == 97 and m.num_held_blocks("a") == 3
+    assert [m.ref_count(b) for b in range(7)] == [0, 0, 0, 0, 1, 1, 1]
+    # tokens 101..110: their windows start at 70..79, inside block 4 (64..79): nothing more is released
+    m.append_tokens("a", [0] * 10)
+    assert m.num_held_blocks("a") == 3
+    m.extend("a", [0])  # token 111: window 80..111, block 4 goes; no new block (111 is block 6's last slot)
+    assert m.block_table("a") == [-1, -1, -1, -1, -1, 5, 6] and m.num_free_blocks == 98
+    m.append_token("a", 0)  # token 112 starts block 7: the oldest free block, 7 (released ones queue behind)
+    assert m.block_table("a") == [-1, -1, -1, -1, -1, 5, 6, 7] and m.num_free_blocks == 97
+
+
+def test_sliding_window_fork_shares_what_is_held_and_caching_keeps_hashes():
+    m = BlockManager(10, 2, enable_prefix_caching=True, sliding_window=2)
+    m.allocate("a", [1, 2, 3, 4, 5])  # blocks 0, 1, 2
+    m.append_token("a", 6)  # token 5 sees 4..5: block 0 (0..1) and block 1 (2..3) are released
+    assert m.block_table("a") == [-1, -1, 2]
+    assert m.num_cached_free_blocks == 2  # both full, both still cached
+    m.fork("a", "b")
+    assert m.block_table("b") == [-1, -1, 2] and m.ref_count(2) == 2 and m.num_free_blocks == 9
+    assert m.allocate("c", [1, 2, 3, 4, 9]) == 2  # the released blocks are revived from the cache
+    assert m.block_table("c")[:2] == [0, 1]
+    m.free("a")
+    m.free("b")
+    assert m.ref_count(2) == 0
+
+
+def test_sliding_window_out_of_blocks_changes_nothing():
+    m = BlockManager(3, 2, sliding_window=4)
+    m.allocate("a", range(6))  # 3 blocks, the pool is full
+    m.fork("a", "b")  # b shares all three
+    before = state(m)
+    # token 6 of a: window 3..6 releases block 0 (0..1), but b still holds it; a new block is needed: none free
+    with pytest.raises(OutOfBlocksError):
+        m.append_token("a", 0)
+    with pytest.raises(OutOfBlocksError):
+        m.extend("a", [0, 0])
+    assert state(m) == before
+    m.free("b")  # now the release frees block 0 and token 6 can take it
+    assert m.append_token("a", 0) == AppendResult(slot=0 * 2 + 0, cow=None)
+    assert m.block_table("a") == [-1, 1, 2, 0]
+
+
+def test_sliding_window_must_be_a_positive_integer():
+    with pytest.raises(InvalidArgumentError, match="sliding_window"):
+        BlockManager(4, 4, sliding_window=0)

@@ -17,10 +17,12 @@ def _same(a: BlockManager, b: BlockManager) -> None:
     assert a.prefix_cache_stats == b.prefix_cache_stats
 
 
+@pytest.mark.parametrize("window", [None, 1, 3, 6, 13])
 @pytest.mark.parametrize("caching", [False, True])
-def test_extend_equals_append_tokens_under_random_operations(caching):
+def test_extend_equals_append_tokens_under_random_operations(caching, window):
     rng = random.Random(11)
-    a, b = BlockManager(40, 4, caching), BlockManager(40, 4, caching)
+    a = BlockManager(40, 4, caching, sliding_window=window)
+    b = BlockManager(40, 4, caching, sliding_window=window)
     live: list[int] = []
     next_id = 0
     for _ in range(600):

@@ -4,6 +4,8 @@ The model keeps the true tokens of every sequence and a physical store of slots 
 engine would (copy on `cow`, then write the slot). After every step the manager must satisfy the invariants in
 core/block_manager.py, and reading each sequence through its block table must give back exactly its tokens:
 so forked sequences never see each other's writes, and prefix-cache hits only reuse blocks with the right data.
+With a sliding window W the model also knows which blocks must be released: before the token at position n,
+every logical block i < (n - W + 1) // block_size; their entries read -1 and only held blocks are read back.
 """
 
 import itertools
@@ -18,12 +20,17 @@ from core.paging.block_manager import BlockManager
 
 class PagedCacheMachine(RuleBasedStateMachine):
     @initialize(
-        num_blocks=st.integers(1, 12), block_size=st.integers(1, 4), caching=st.booleans()
-    )  # fmt: skip
-    def setup(self, num_blocks, block_size, caching):
-        self.m = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
+        num_blocks=st.integers(1, 12),
+        block_size=st.integers(1, 4),
+        caching=st.booleans(),
+        window=st.none() | st.integers(1, 7),
+    )
+    def setup(self, num_blocks, block_size, caching, window):
+        self.m = BlockManager(num_blocks, block_size, enable_prefix_caching=caching, sliding_window=window)
         self.bs = block_size
+        self.window = window
         self.tokens: dict[int, list[int]] = {}  # the truth: every live sequence's tokens
+        self.released: dict[int, int] = {}  # the truth: logical blocks [0, released[s]) are released
         self.store: dict[int, int] = {}  # slot -> token, written as an engine would
         self.ids = itertools.count()
         self.unique_tokens = itertools.count(1000)
@@ -34,7 +41,13 @@ class PagedCacheMachine(RuleBasedStateMachine):
         return {s: self.m.block_table(s) for s in self.tokens}
 
     def owned(self):
-        return {b for table in self.tables().values() for b in table}
+        return {b for table in self.tables().values() for b in table if b >= 0}
+
+    def released_before(self, seq, position):
+        """Logical blocks released once the token at `position` takes room (the model's rule)."""
+        if self.window is None:
+            return 0
+        return max(self.released[seq], (position - self.window + 1) // self.bs)
 
     def frozen_state(self):
         snap = self.m.snapshot()
@@ -73,6 +86,8 @@ class PagedCacheMachine(RuleBasedStateMachine):
             assert hits == 0
         assert hits <= (len(prompt) - 1) // self.bs
         self.tokens[seq] = list(prompt)
+        self.released[seq] = 0  # a prompt is allocated whole
+        assert self.m.block_table(seq) and -1 not in self.m.block_table(seq)
         # the engine prefills only what the cache did not hold; hit blocks must already hold the right tokens
         self.write_sequence(seq, hits * self.bs)
 
@@ -85,16 +100,22 @@ class PagedCacheMachine(RuleBasedStateMachine):
             n = len(self.tokens[seq])
             last_shared = n % self.bs != 0 and sum(table[-1] in t for t in self.tables().values()) > 1
             needs_block = n % self.bs == 0 or last_shared
+            released = self.released_before(seq, n)
+            expected = [-1] * released + table[released:]  # the window's releases come first
+            others = {b for s, t in self.tables().items() if s != seq for b in t}
+            freed = {b for b in table[:released] if b >= 0} - others
             free_before = self.m.num_blocks - len(self.owned())
             before = self.frozen_state()
             token = next(self.unique_tokens)
             try:
                 result = self.m.append_token(seq, token)
             except OutOfBlocksError:
-                assert needs_block and free_before == 0
+                assert needs_block and free_before + len(freed) == 0
                 assert self.frozen_state() == before
                 return
-            owned_before = {b for t in before[3].values() for b in t}
+            self.released[seq] = released
+            owned_before = {b for t in before[3].values() for b in t if b >= 0} - freed
+            table = expected
             if result.cow is not None:
                 src, dst = result.cow
                 assert last_shared and src == table[-1] and dst not in owned_before
@@ -120,6 +141,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
         free_before = self.m.num_free_blocks
         self.m.fork(parent, child)
         self.tokens[child] = list(self.tokens[parent])
+        self.released[child] = self.released[parent]
         assert self.m.block_table(child) == self.m.block_table(parent)
         assert self.m.num_free_blocks == free_before
 
@@ -128,10 +150,10 @@ class PagedCacheMachine(RuleBasedStateMachine):
     def free(self, data):
         seq = data.draw(st.sampled_from(sorted(self.tokens)))
         others = {b for s, t in self.tables().items() if s != seq for b in t}
-        released = set(self.m.block_table(seq)) - others
+        released = {b for b in self.m.block_table(seq) if b >= 0} - others
         free_before = self.m.num_free_blocks
         self.m.free(seq)
-        del self.tokens[seq]
+        del self.tokens[seq], self.released[seq]
         assert self.m.num_free_blocks == free_before + len(released)
 
     @rule()
@@ -185,9 +207,16 @@ class PagedCacheMachine(RuleBasedStateMachine):
             table = self.m.block_table(seq)
             assert self.m.num_tokens(seq) == len(tokens)
             assert len(table) == -(-len(tokens) // self.bs)
-            assert len(set(table)) == len(table)
-            read = [self.store.get(table[p // self.bs] * self.bs + p % self.bs) for p in range(len(tokens))]
-            assert read == tokens, f"sequence {seq} reads {read}, wrote {tokens}"
+            released = self.released[seq]
+            assert table[:released] == [-1] * released and -1 not in table[released:]
+            held = table[released:]
+            assert len(set(held)) == len(held)
+            first = released * self.bs  # positions before it are no longer readable
+            read = [
+                self.store.get(table[p // self.bs] * self.bs + p % self.bs) for p in range(first, len(tokens))
+            ]
+            assert read == tokens[first:], f"sequence {seq} reads {read}, wrote {tokens[first:]}"
+            assert self.m.num_held_blocks(seq) == len(held)
 
 
 PagedCacheMachine.TestCase.settings = settings(

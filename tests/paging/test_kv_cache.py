@@ -84,7 +84,9 @@ def test_memory_budget_is_checked_before_allocating():
     with pytest.raises(MemoryBudgetError) as info:
         small_cache(max_bytes=100)
     assert info.value.requested_bytes == 3072 and info.value.allowed_bytes == 100
-    assert "3,072 bytes" in str(info.value) and "the limit is 100 bytes" in str(info.value)
+    message = str(info.value)
+    assert "3,072 bytes" in message and "budget of 100 bytes" in message and "PAGED_LAB_MAX_BYTES" in message
+    assert "2 layers" in message  # what was asked for
     # the default budget refuses a 1 TiB cache without touching memory
     with pytest.raises(MemoryBudgetError):
         KVCache(80, 1_000_000, 16, 8, 128, torch.bfloat16, device="cpu")
@@ -125,3 +127,12 @@ def test_paged_kv_cache_copy_on_write_keeps_forks_apart():
     assert k_child[1].eq(7).all() and k_parent[1].eq(-7).all()  # and the writes did not leak
     with pytest.raises(InvalidArgumentError):
         PagedKVCache(BlockManager(4, 4), small_cache())
+
+
+def test_numpy_integers_are_accepted():
+    np = pytest.importorskip("numpy")
+    cache = KVCache(np.int64(1), np.int64(4), np.int32(2), np.int64(1), np.int64(2), device="cpu")
+    assert (cache.num_blocks, cache.block_size) == (4, 2) and type(cache.num_blocks) is int
+    cache.write(np.int64(0), [3], torch.ones(1, 1, 2), torch.ones(1, 1, 2))
+    key, _ = cache.gather(np.int64(0), [1], np.int64(2))
+    assert key[1].tolist() == [[1.0, 1.0]]  # slot 3 = block 1, offset 1

@@ -1,4 +1,4 @@
-"""core.planning.planner against the published figures in reference.md."""
+"""core.planning (KV accounting, plan, what-if, CLI) against the published figures in reference.md."""
 
 import itertools
 import json
@@ -12,21 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidArgumentError
+from core.planning.cli import main
 from core.planning.hardware import GPUS
-from core.planning.models import MODELS, ModelSpec, preset_configs
-from core.planning.planner import (
-    concurrency_vs_context,
-    decode_step_estimate,
-    fragmentation_by_block_size,
+from core.planning.kv_accounting import (
     kv_bytes_per_token,
     kv_capacity,
-    main,
-    plan,
     resolve_kv_dtype,
     weight_bytes_per_gpu,
-    weight_bytes_read_per_step,
-    workload_what_if,
 )
+from core.planning.models import MODELS, ModelSpec, preset_configs
+from core.planning.plan import concurrency_vs_context, decode_step_estimate, plan, weight_bytes_read_per_step
+from core.planning.what_if import fragmentation_by_block_size, workload_what_if
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,7 +99,7 @@ def test_auto_dtype_follows_vllm():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"kv_dtype": "fp3"}, "allowed"), ({"tensor_parallel": 0}, ">= 1"), ({"tensor_parallel": 3}, "divisible"),
+    [({"kv_dtype": "fp3"}, "allowed"), ({"tensor_parallel": 0}, "between 1 and 1,024"), ({"tensor_parallel": 3}, "divisible"),
      ({"pipeline_parallel": 81}, "exceeds"), ({"tensor_parallel": 2.0}, "integer")],
 )  # fmt: skip
 def test_bad_arguments(kwargs, message):
@@ -392,7 +388,7 @@ def test_cli_custom_config_and_errors(tmp_path, capsys):
 
 
 def test_cli_runs_as_module():
-    result = subprocess.run([sys.executable, "-m", "core.planning.planner", "--model", "qwen2.5-7b", "--gpu", "l4",
+    result = subprocess.run([sys.executable, "-m", "core.planning", "--model", "qwen2.5-7b", "--gpu", "l4",
                              "--max-model-len", "8192"], capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "57,344 B" in result.stdout and "vllm serve Qwen/Qwen2.5-7B" in result.stdout

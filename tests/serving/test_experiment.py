@@ -5,7 +5,7 @@ import pytest
 from core.errors import InvalidArgumentError
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
-from core.planning.planner import plan
+from core.planning.plan import plan
 from core.serving.experiment import (
     DEFAULT_PARAMS,
     ResultCache,

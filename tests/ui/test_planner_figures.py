@@ -4,12 +4,12 @@ import pytest
 
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
-from core.planning.planner import concurrency_vs_context, fragmentation_by_block_size, plan, workload_what_if
+from core.planning.plan import concurrency_vs_context, plan
+from core.planning.what_if import fragmentation_by_block_size, memory_breakdown, workload_what_if
 from ui.planner_figures import (
     BREAKDOWN_ORDER,
     concurrency_vs_context_figure,
     fragmentation_figure,
-    memory_breakdown,
     memory_breakdown_figure,
     paged_vs_contiguous_figure,
 )

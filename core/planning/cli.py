@@ -1,0 +1,140 @@
+"""The command line: `python -m core.planning --model llama-3.1-70b --gpu h100-80gb --tp 4 --kv-dtype fp8 [--json]`.
+
+Prints the plan as an aligned table (or JSON) and the matching `vllm serve` flags; exit status 2 with the
+reason on stderr for bad input.
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from core.common import check_float
+from core.errors import InvalidArgumentError, LabError
+from core.planning.hardware import GPUS, GPUSpec, get_gpu
+from core.planning.kv_accounting import BLOCK_SIZES, DEFAULT_MAX_NUM_SEQS, KV_DTYPES, WEIGHT_DTYPES
+from core.planning.models import MODELS, ModelSpec, get_model
+from core.planning.plan import CapacityPlan, plan
+
+
+def plan_table(capacity: CapacityPlan) -> str:
+    """The plan as an aligned text table (GiB are binary, 1 GiB = 1,073,741,824 bytes)."""
+    gib = 1024**3
+
+    def size(value: float) -> str:
+        return f"{value / gib:,.2f} GiB ({value:,.0f} B)"
+
+    rows = [
+        ("model", capacity.model),
+        ("GPUs", f"{capacity.num_gpus} x {capacity.gpu} (tp {capacity.tensor_parallel}, pp "
+                 f"{capacity.pipeline_parallel}, {capacity.replicas} replica(s))"),
+        ("dtypes", f"weights {capacity.weight_dtype}, KV cache {capacity.kv_dtype}"),
+        ("GPU memory", size(capacity.gpu_memory_bytes)),
+        (f"usable (x {capacity.gpu_memory_utilization:g})", size(capacity.usable_bytes)),
+        ("weights per GPU", size(capacity.weights_bytes)),
+        ("activations per GPU" + (" (estimate)" if capacity.activation_estimated else ""),
+         size(capacity.activation_bytes)),
+        ("KV budget per GPU", size(capacity.kv_budget_bytes)),
+        ("KV bytes per token per GPU", f"{capacity.kv_bytes_per_token:,} B"),
+        (f"block bytes ({capacity.block_size} tokens)", f"{capacity.block_bytes:,} B"),
+        ("KV blocks", f"{capacity.num_blocks:,}"),
+        ("KV tokens", f"{capacity.kv_tokens:,}"),
+        (f"bytes per {capacity.context_len:,}-token request", size(capacity.per_request_bytes)),
+        (f"max concurrency at {capacity.context_len:,} tokens",
+         f"{capacity.max_concurrency:,} per replica, {capacity.max_concurrency_total:,} total"),
+        ("decode estimate (roofline upper bound)",
+         f"{capacity.decode_tokens_per_s:,.0f} tokens/s at batch {capacity.decode_batch:,} ({capacity.decode_bound}-bound)"
+         if capacity.decode_tokens_per_s else "n/a"),
+        ("verdict", capacity.verdict),
+    ]  # fmt: skip
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    lines += [f"note: {note}" for note in capacity.notes]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m core.planning",
+        description="KV cache capacity plan for vLLM-style paged serving.",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", default="llama-3.1-70b", help=f"preset: {', '.join(MODELS)}")
+    source.add_argument("--config", help="path of a Hugging Face config.json (instead of --model)")
+    parser.add_argument("--num-params", type=float, help="parameter count for --config (default: estimated)")
+    parser.add_argument("--gpu", default="h100-80gb", help=f"preset: {', '.join(GPUS)}")
+    parser.add_argument("--gpu-memory-gib", type=float, help="custom GPU memory in GiB (overrides --gpu)")
+    parser.add_argument("--gpu-bandwidth-gbps", type=float, help="custom GPU bandwidth in GB/s")
+    parser.add_argument("--num-gpus", type=int)
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
+    parser.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--block-size", type=int, default=16, choices=BLOCK_SIZES)
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--context-len", type=int, help="request length for the concurrency figure")
+    parser.add_argument("--activation-reserve-gib", type=float, help="measured activation peak, GiB per GPU")
+    parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return parser
+
+
+def _model_and_gpu(args: argparse.Namespace) -> tuple[ModelSpec, GPUSpec]:
+    """The model (a preset or a config.json file) and the GPU (a preset or custom figures) the flags name."""
+    if args.config:
+        try:
+            config = json.loads(Path(args.config).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise InvalidArgumentError(f"cannot read {args.config}: {error}") from None
+        if not isinstance(config, dict):
+            raise InvalidArgumentError(f"{args.config} must hold a JSON object (a Hugging Face config.json)")
+        model = ModelSpec.from_hf_config(config, name=Path(args.config).stem, num_params=args.num_params)
+    else:
+        model = get_model(args.model)
+    if args.gpu_memory_gib is None:
+        return model, get_gpu(args.gpu)
+    if args.gpu_bandwidth_gbps is None:
+        raise InvalidArgumentError("--gpu-memory-gib needs --gpu-bandwidth-gbps too")
+    return model, GPUSpec.custom("custom GPU", args.gpu_memory_gib, args.gpu_bandwidth_gbps)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m core.planning`. Exit status 0, or 2 with the reason on stderr."""
+    args = build_parser().parse_args(argv)
+    try:
+        model, gpu = _model_and_gpu(args)
+        reserve = None
+        if args.activation_reserve_gib is not None:
+            gib = check_float(
+                args.activation_reserve_gib, "--activation-reserve-gib", minimum=0, maximum=1024**2
+            )
+            reserve = int(gib * 1024**3)
+        capacity = plan(
+            model,
+            gpu,
+            num_gpus=args.num_gpus,
+            tensor_parallel=args.tp,
+            pipeline_parallel=args.pp,
+            weight_dtype=args.weight_dtype,
+            kv_dtype=args.kv_dtype,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            block_size=args.block_size,
+            max_model_len=args.max_model_len,
+            activation_reserve=reserve,
+            context_len=args.context_len,
+            max_num_seqs=args.max_num_seqs,
+        )
+    except LabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(capacity.to_dict(), indent=2))
+        return 0
+    print(plan_table(capacity))
+    print()
+    if not capacity.fits:
+        print("# does not fit as planned; with the largest fitting settings:")
+    print(capacity.vllm_command)
+    return 0

@@ -1,0 +1,515 @@
+"""The capacity plan: what fits on one model replica, its verdict, notes, decode roofline and `vllm serve` flags.
+
+`plan(model, gpu, ...)` (or `plan_from(PlanInputs(...))`) validates the inputs, does vLLM's memory arithmetic,
+decides whether the deployment fits and writes notes about what the figures leave out. Each `CapacityPlan` keeps
+the inputs it was planned from (`plan.inputs`), so a variant is `plan_from(dataclasses.replace(plan.inputs,
+gpu=other))`. Every number is per GPU (the most loaded one) unless its name says otherwise.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple
+
+from core.common import cdiv, check_float, check_int
+from core.errors import InvalidArgumentError
+from core.planning.hardware import GPUSpec
+from core.planning.kv_accounting import (
+    BLOCK_SIZES,
+    COMPUTE_DTYPE_SHORT,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    DTYPE_BITS,
+    MAX_CONTEXT_TOKENS,
+    MAX_GPUS,
+    VLLM_BLOCK_SIZES,
+    blocks_for_tokens,
+    check_parallelism,
+    estimate_activation_bytes,
+    kv_bytes_per_token,
+    kv_capacity,
+    resolve_kv_dtype,
+    resolve_weight_dtype,
+    weight_bytes_per_gpu,
+)
+from core.planning.models import ModelSpec
+
+GiB = 1024**3
+MAX_ACTIVATION_BYTES = 1024 * 1024**4  # 1 PiB: refuse absurd activation reserves
+MAX_NUM_SEQS = 65_536
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """The arguments of one plan, exactly as given (None means the default rule, see `plan`).
+
+    Frozen, so a variant is `dataclasses.replace(inputs, gpu=other)`; `plan_from` validates it.
+    """
+
+    model: ModelSpec
+    gpu: GPUSpec
+    num_gpus: int | None = None
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    weight_dtype: str = "auto"
+    kv_dtype: str = "auto"
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    max_model_len: int | None = None
+    activation_reserve: int | None = None
+    context_len: int | None = None
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """What fits on one model replica (tp x pp GPUs); per-GPU figures are for the most loaded GPU.
+
+    Bytes are bytes; `*_tokens` are token slots; `num_blocks` counts blocks of `block_size` slots.
+    kv_budget_bytes = gpu_memory_bytes x gpu_memory_utilization - weights_bytes - activation_bytes
+    (negative when the model does not fit at all); num_blocks = max(0, kv_budget_bytes // block_bytes);
+    kv_tokens = num_blocks x block_size; max_concurrency = num_blocks // ceil(context_len / block_size)
+    (requests of `context_len` tokens held at once by one replica); replicas = num_gpus // (tp x pp) copies
+    of the model serve in parallel (data parallel). Decode figures are estimates from a roofline.
+    `inputs` are the arguments the plan was made from (not part of `to_dict` or equality).
+    """
+
+    inputs: PlanInputs = field(repr=False, compare=False)
+    model: str
+    gpu: str
+    num_gpus: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    replicas: int
+    weight_dtype: str
+    kv_dtype: str
+    gpu_memory_utilization: float
+    block_size: int
+    max_model_len: int
+    context_len: int
+    max_num_seqs: int
+    gpu_memory_bytes: int
+    usable_bytes: int
+    weights_bytes: int
+    activation_bytes: int
+    activation_estimated: bool
+    kv_budget_bytes: int
+    kv_bytes_per_token: int
+    block_bytes: int
+    num_blocks: int
+    kv_tokens: int
+    per_request_bytes: int
+    max_concurrency: int
+    max_concurrency_total: int
+    vllm_max_concurrency: float
+    fits: bool
+    verdict: str
+    max_fitting_model_len: int | None
+    min_tensor_parallel: int | None
+    decode_batch: int
+    decode_step_s: float | None
+    decode_tokens_per_s: float | None
+    decode_bound: str | None
+    notes: tuple[str, ...] = ()
+    vllm_command: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every figure as plain JSON-able values (`inputs` left out; `notes` as a list)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "inputs"}
+        data["notes"] = list(self.notes)
+        return data
+
+
+class _Checked(NamedTuple):
+    """Validated inputs with every default rule applied and dtypes resolved."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    num_gpus: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    replicas: int
+    weight_dtype: str
+    kv_dtype: str
+    utilization: float
+    block_size: int
+    max_model_len: int
+    context_len: int
+    max_num_seqs: int
+    activation_bytes: int
+    activation_estimated: bool
+
+
+class _Memory(NamedTuple):
+    """vLLM's memory arithmetic for one GPU (bytes, blocks, tokens, requests)."""
+
+    usable: int
+    weights: int
+    kv_budget: int
+    per_token: int
+    block_bytes: int
+    num_blocks: int
+    kv_tokens: int
+    context_blocks: int
+    max_concurrency: int
+    vllm_concurrency: float
+
+
+class _Verdict(NamedTuple):
+    fits: bool
+    text: str
+    max_fitting_model_len: int | None
+    min_tensor_parallel: int | None
+
+
+def _validate(inputs: PlanInputs) -> _Checked:
+    """Check every input (raising `InvalidArgumentError` that says what is allowed) and apply the defaults."""
+    model = inputs.model
+    tp = check_int(inputs.tensor_parallel, "tensor_parallel", minimum=1)
+    pp = check_int(inputs.pipeline_parallel, "pipeline_parallel", minimum=1)
+    check_parallelism(model, tp, pp)
+    per_replica = tp * pp
+    num_gpus = per_replica if inputs.num_gpus is None else inputs.num_gpus
+    num_gpus = check_int(num_gpus, "num_gpus", minimum=1, maximum=MAX_GPUS)
+    if num_gpus % per_replica:
+        raise InvalidArgumentError(
+            f"num_gpus={num_gpus} is not a multiple of tensor_parallel x pipeline_parallel = {per_replica}"
+        )
+    utilization = check_float(
+        inputs.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0
+    )
+    if inputs.block_size not in BLOCK_SIZES:
+        raise InvalidArgumentError(
+            f"block_size must be one of {', '.join(map(str, BLOCK_SIZES))} tokens, got {inputs.block_size!r}"
+        )
+    max_len = model.max_position_embeddings if inputs.max_model_len is None else inputs.max_model_len
+    max_len = check_int(max_len, "max_model_len", minimum=1, maximum=MAX_CONTEXT_TOKENS)
+    if max_len > model.max_position_embeddings:
+        raise InvalidArgumentError(
+            f"max_model_len {max_len:,} exceeds {model.name}'s max_position_embeddings "
+            f"{model.max_position_embeddings:,} (vLLM refuses it)"
+        )
+    context_len = max_len if inputs.context_len is None else inputs.context_len
+    context_len = check_int(context_len, "context_len", minimum=1, maximum=max_len)
+    max_num_seqs = check_int(inputs.max_num_seqs, "max_num_seqs", minimum=1, maximum=MAX_NUM_SEQS)
+    batched = check_int(
+        inputs.max_num_batched_tokens, "max_num_batched_tokens", minimum=1, maximum=MAX_CONTEXT_TOKENS
+    )
+    weight_dtype = resolve_weight_dtype(model, inputs.weight_dtype)
+    kv_dtype = resolve_kv_dtype(model, inputs.kv_dtype)
+    estimated = inputs.activation_reserve is None
+    reserve = (
+        estimate_activation_bytes(model, tp, batched, max_num_seqs)
+        if estimated
+        else inputs.activation_reserve
+    )
+    reserve = check_int(reserve, "activation_reserve (bytes)", minimum=0, maximum=MAX_ACTIVATION_BYTES)
+    return _Checked(
+        model, inputs.gpu, num_gpus, tp, pp, num_gpus // per_replica, weight_dtype, kv_dtype, utilization,
+        inputs.block_size, max_len, context_len, max_num_seqs, reserve, estimated,
+    )  # fmt: skip
+
+
+def _arithmetic(c: _Checked) -> _Memory:
+    """usable = memory x utilization; KV budget = usable - weights - activations; blocks and requests in it."""
+    usable = int(c.gpu.memory_bytes * c.utilization)
+    weights = weight_bytes_per_gpu(c.model, c.weight_dtype, c.tensor_parallel, c.pipeline_parallel)
+    kv_budget = usable - weights - c.activation_bytes
+    per_token = kv_bytes_per_token(c.model, c.kv_dtype, c.tensor_parallel, c.pipeline_parallel)
+    block_bytes = c.block_size * per_token
+    num_blocks = kv_capacity(kv_budget, block_bytes)
+    kv_tokens = num_blocks * c.block_size
+    context_blocks = blocks_for_tokens(c.context_len, c.block_size)
+    return _Memory(
+        usable, weights, kv_budget, per_token, block_bytes, num_blocks, kv_tokens, context_blocks,
+        num_blocks // context_blocks, kv_tokens / c.max_model_len,
+    )  # fmt: skip
+
+
+def _fit_tp(model: ModelSpec, gpu: GPUSpec, utilization: float, bits: int, pp: int) -> int | None:
+    """Smallest valid tensor-parallel size whose weights alone fit in the usable memory (None if none <= 64)."""
+    for tp in (1, 2, 4, 8, 16, 32, 64):
+        try:
+            check_parallelism(model, tp, pp)
+        except InvalidArgumentError:
+            continue
+        if model.num_params * bits / 8 / tp / pp < gpu.memory_bytes * utilization * 0.95:
+            return tp
+    return None
+
+
+def _verdict(c: _Checked, m: _Memory) -> _Verdict:
+    """Fits, or why not: no KV budget at all (with a TP size whose weights would fit), or one `max_model_len`
+    request needs more blocks than the budget holds (with the longest max_model_len that would fit)."""
+    if m.kv_budget <= 0 or m.num_blocks == 0:
+        min_tp = _fit_tp(c.model, c.gpu, c.utilization, DTYPE_BITS[c.weight_dtype], c.pipeline_parallel)
+        text = (
+            f"Does not fit: weights {m.weights / GiB:,.1f} GiB + activations {c.activation_bytes / GiB:,.1f} GiB "
+            f"per GPU leave no room for the KV cache in {m.usable / GiB:,.1f} GiB usable "
+            f"({c.utilization:.0%} of {c.gpu.memory_bytes / GiB:,.1f} GiB)."
+        )
+        if min_tp is not None and min_tp > c.tensor_parallel:
+            text += f" Weights alone would fit with tensor_parallel >= {min_tp}."
+        elif c.weight_dtype not in ("fp8", "int8", "int4"):
+            text += " Try more GPUs or fp8 weights."
+        return _Verdict(False, text, None, min_tp)
+    needed = blocks_for_tokens(c.max_model_len, c.block_size)
+    if needed > m.num_blocks:
+        max_fit = min(m.kv_tokens, c.model.max_position_embeddings)
+        text = (
+            f"Does not fit at max_model_len={c.max_model_len:,}: one request needs {needed:,} blocks but the KV "
+            f"budget holds {m.num_blocks:,} ({m.kv_tokens:,} tokens). The largest max_model_len that fits is "
+            f"{max_fit:,}."
+        )
+        return _Verdict(False, text, max_fit, None)
+    text = (
+        f"Fits: {m.kv_tokens:,} KV tokens ({m.num_blocks:,} blocks) per replica; {m.max_concurrency:,} requests "
+        f"of {c.context_len:,} tokens at once"
+    )
+    if c.replicas > 1:
+        text += f" per replica, {m.max_concurrency * c.replicas:,} over {c.replicas} replicas."
+    else:
+        text += "."
+    return _Verdict(True, text, None, None)
+
+
+def _notes(c: _Checked, fits: bool) -> tuple[str, ...]:
+    """What the figures leave out or assume, one sentence each."""
+    notes = []
+    if c.activation_estimated:
+        notes.append(
+            "Activation reserve is an estimate (token budget x hidden/MLP width, fp32 logits, 1 GiB non-torch); "
+            "vLLM measures it at start-up."
+        )
+    window = c.model.sliding_window
+    if window and window < c.max_model_len:
+        notes.append(
+            f"{c.model.name} uses a {window:,}-token sliding window; engines that keep only the window "
+            "for those layers need less KV than this full-attention figure."
+        )
+    if c.kv_dtype in ("int8", "fp4"):
+        notes.append(f"{c.kv_dtype} is not a vLLM --kv-cache-dtype choice; it is shown for comparison.")
+    if c.block_size not in VLLM_BLOCK_SIZES:
+        notes.append(f"block_size {c.block_size} is not a vLLM --block-size choice ({VLLM_BLOCK_SIZES}).")
+    if fits:
+        notes.append(
+            "Decode throughput is an estimate: a roofline upper bound (weights + KV read per step over memory "
+            "bandwidth, or FLOPs over peak), with no scheduling, sampling or kernel overheads."
+        )
+    return tuple(notes)
+
+
+def plan(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    num_gpus: int | None = None,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    weight_dtype: str = "auto",
+    kv_dtype: str = "auto",
+    gpu_memory_utilization: float = 0.9,
+    block_size: int = 16,
+    max_model_len: int | None = None,
+    activation_reserve: int | None = None,
+    context_len: int | None = None,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+) -> CapacityPlan:
+    """Plan a deployment of `model` on `num_gpus` x `gpu` (default tp x pp) with vLLM's memory rules.
+
+    max_model_len: the longest request (tokens), default the model's max_position_embeddings.
+    context_len: the request length the concurrency figures are for (default max_model_len).
+    activation_reserve: bytes per GPU for the profiled activation peak (default: `estimate_activation_bytes`).
+    The plan does not fit when the weights and activations leave no KV budget (then `min_tensor_parallel`
+    suggests a TP size whose weights fit), or when one `max_model_len` request needs more blocks than the
+    budget holds (vLLM refuses to start; `max_fitting_model_len` is then the longest that would).
+    Raises `InvalidArgumentError` for bad arguments (message says what is allowed).
+    """
+    return plan_from(
+        PlanInputs(
+            model, gpu, num_gpus, tensor_parallel, pipeline_parallel, weight_dtype, kv_dtype,
+            gpu_memory_utilization, block_size, max_model_len, activation_reserve, context_len, max_num_seqs,
+            max_num_batched_tokens,
+        )
+    )  # fmt: skip
+
+
+def plan_from(inputs: PlanInputs) -> CapacityPlan:
+    """The plan for `inputs` (see `plan` for the rules); the result keeps `inputs` as `.inputs`."""
+    c = _validate(inputs)
+    m = _arithmetic(c)
+    verdict = _verdict(c, m)
+    decode_batch = max(1, min(m.max_concurrency, c.max_num_seqs)) if verdict.fits else 0
+    step = tokens_per_s = bound = None
+    if verdict.fits:
+        step, bound = decode_step_estimate(
+            c.model, c.gpu, decode_batch, c.context_len, c.weight_dtype, c.kv_dtype, c.tensor_parallel,
+            c.pipeline_parallel,
+        )  # fmt: skip
+        tokens_per_s = decode_batch / step * c.replicas
+    figures = {
+        "inputs": inputs,
+        "model": c.model.name,
+        "gpu": c.gpu.name,
+        "num_gpus": c.num_gpus,
+        "tensor_parallel": c.tensor_parallel,
+        "pipeline_parallel": c.pipeline_parallel,
+        "replicas": c.replicas,
+        "weight_dtype": c.weight_dtype,
+        "kv_dtype": c.kv_dtype,
+        "gpu_memory_utilization": c.utilization,
+        "block_size": c.block_size,
+        "max_model_len": c.max_model_len,
+        "context_len": c.context_len,
+        "max_num_seqs": c.max_num_seqs,
+        "gpu_memory_bytes": c.gpu.memory_bytes,
+        "usable_bytes": m.usable,
+        "weights_bytes": m.weights,
+        "activation_bytes": c.activation_bytes,
+        "activation_estimated": c.activation_estimated,
+        "kv_budget_bytes": m.kv_budget,
+        "kv_bytes_per_token": m.per_token,
+        "block_bytes": m.block_bytes,
+        "num_blocks": m.num_blocks,
+        "kv_tokens": m.kv_tokens,
+        "per_request_bytes": m.context_blocks * m.block_bytes,
+        "max_concurrency": m.max_concurrency,
+        "max_concurrency_total": m.max_concurrency * c.replicas,
+        "vllm_max_concurrency": m.vllm_concurrency,
+        "fits": verdict.fits,
+        "verdict": verdict.text,
+        "max_fitting_model_len": verdict.max_fitting_model_len,
+        "min_tensor_parallel": verdict.min_tensor_parallel,
+        "decode_batch": decode_batch,
+        "decode_step_s": step,
+        "decode_tokens_per_s": tokens_per_s,
+        "decode_bound": bound,
+        "notes": _notes(c, verdict.fits),
+    }
+    draft = CapacityPlan(**figures)  # the command is written from the plan's own figures
+    return CapacityPlan(**figures, vllm_command=vllm_serve_command(draft, c.model))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Decode roofline
+# --------------------------------------------------------------------------------------------------------------
+
+
+def weight_bytes_read_per_step(
+    model: ModelSpec,
+    batch: int,
+    weight_dtype: str = "auto",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+) -> float:
+    """Weight bytes one GPU reads for one decode micro-batch of `batch` sequences.
+
+    Dense: all its weights. MoE: the shared part, plus the routed experts that at least one sequence picks:
+    with E experts and k per token chosen uniformly, a given expert is used with probability
+    1 - (1 - k/E)^batch.
+    """
+    full = weight_bytes_per_gpu(model, weight_dtype, tensor_parallel, pipeline_parallel)
+    if not model.is_moe or model.num_experts <= model.num_experts_per_tok or model.num_experts_per_tok < 1:
+        return float(full)
+    experts, k = model.num_experts, model.num_experts_per_tok
+    expert_params = (model.num_params - model.num_params_active) * experts / (experts - k)
+    expert_share = min(1.0, expert_params / model.num_params)
+    touched = 1 - (1 - k / experts) ** batch
+    return full * ((1 - expert_share) + expert_share * touched)
+
+
+def decode_step_estimate(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    batch: int,
+    context_len: int,
+    weight_dtype: str = "auto",
+    kv_dtype: str = "auto",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+) -> tuple[float, str]:
+    """(seconds per decode step, "memory" or "compute"): every one of `batch` requests makes one token.
+
+    An estimate, from a roofline with no overheads. With pp stages, `batch` is split into pp micro-batches
+    of batch/pp that flow through the stages; in one step each GPU reads its weights once per micro-batch and
+    the KV of every sequence on its stage once:
+        bytes  = pp x weights_read(batch / pp) + batch x context_len x kv_bytes_per_token   (per GPU)
+        flops  = 2 x active_params x batch / (tp x pp)                                      (per GPU)
+        step_s = max(bytes / memory_bandwidth, flops / peak_bf16_flops)
+    """
+    batch = check_int(batch, "batch", minimum=1)
+    context_len = check_int(context_len, "context_len", minimum=1)
+    micro = max(1, cdiv(batch, pipeline_parallel))
+    weights = pipeline_parallel * weight_bytes_read_per_step(
+        model, micro, weight_dtype, tensor_parallel, pipeline_parallel
+    )
+    kv = batch * context_len * kv_bytes_per_token(model, kv_dtype, tensor_parallel, pipeline_parallel)
+    memory_s = (weights + kv) / gpu.memory_bandwidth
+    compute_s = 0.0
+    if gpu.peak_bf16_flops:
+        compute_s = (
+            2 * model.num_params_active * batch / (tensor_parallel * pipeline_parallel) / gpu.peak_bf16_flops
+        )
+    return (memory_s, "memory") if memory_s >= compute_s else (compute_s, "compute")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Concurrency vs context, and the vllm serve command
+# --------------------------------------------------------------------------------------------------------------
+
+
+def concurrency_vs_context(capacity: CapacityPlan, contexts: Sequence[int]) -> list[int]:
+    """Requests of each context length (tokens) the whole deployment holds at once:
+    replicas x (num_blocks // ceil(context / block_size))."""
+    out = []
+    for context in contexts:
+        context = check_int(context, "context length", minimum=1, maximum=MAX_CONTEXT_TOKENS)
+        out.append(capacity.num_blocks // blocks_for_tokens(context, capacity.block_size) * capacity.replicas)
+    return out
+
+
+def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec | None = None) -> str:
+    """The `vllm serve` flags matching the plan (`model` defaults to the plan's own). max-num-seqs is the plan's
+    scheduler cap (vLLM's default 256 unless chosen), not the number of full-length requests that fit: with
+    paging, shorter requests share the cache, and vLLM's scheduler admits them while blocks remain."""
+    model = capacity.inputs.model if model is None else model
+    kv_flag = {"fp8": "fp8"}.get(capacity.kv_dtype, "auto")
+    comments = []
+    checkpoint_weights = resolve_weight_dtype(model, "auto")
+    quantize = None
+    if capacity.weight_dtype != checkpoint_weights:
+        if capacity.weight_dtype == "fp8":
+            quantize = "--quantization fp8"  # vLLM quantizes a 16-bit checkpoint to FP8 at load time
+        else:
+            comments.append(
+                f"# {capacity.weight_dtype} weights need a checkpoint stored that way (the preset's is "
+                f"{checkpoint_weights}), e.g. a GPTQ/AWQ/W8A8 export of {model.name}"
+            )
+    if capacity.kv_dtype in ("int8", "fp4"):
+        comments.append(
+            f"# {capacity.kv_dtype} KV cache is not a vLLM --kv-cache-dtype choice: with auto, vLLM holds fewer "
+            "tokens than this plan"
+        )
+    parts = [
+        f"vllm serve {model.hf_repo or model.name}",
+        f"--tensor-parallel-size {capacity.tensor_parallel}",
+    ]
+    if capacity.pipeline_parallel > 1:
+        parts.append(f"--pipeline-parallel-size {capacity.pipeline_parallel}")
+    if capacity.replicas > 1:
+        parts.append(f"--data-parallel-size {capacity.replicas}")
+    if (
+        capacity.kv_dtype in ("fp16", "bf16")
+        and capacity.kv_dtype != COMPUTE_DTYPE_SHORT[model.compute_dtype]
+    ):
+        parts.append(f"--dtype {'float16' if capacity.kv_dtype == 'fp16' else 'bfloat16'}")
+    if quantize:
+        parts.append(quantize)
+    parts += [
+        f"--kv-cache-dtype {kv_flag}",
+        f"--gpu-memory-utilization {capacity.gpu_memory_utilization:g}",
+        f"--max-model-len {capacity.max_fitting_model_len or capacity.max_model_len}",
+        f"--block-size {capacity.block_size}",
+        f"--max-num-seqs {capacity.max_num_seqs}",
+    ]
+    return "\n".join([*comments, " \\\n  ".join(parts)])

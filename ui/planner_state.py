@@ -1,0 +1,126 @@
+"""The Planner page's inputs as URL fields: their types, bounds, widget steps and defaults, in one schema.
+
+Two scenarios share one schema under the prefixes "a_" and "b_"; the workload fields are shared so that both
+scenarios serve the same requests. The page's widgets read their bounds from these fields, and
+`core.planning.scenario` computes from the parsed values (keys `{prefix}{name}`). No streamlit here.
+"""
+
+from typing import Any
+
+from core.planning.hardware import GPUS
+from core.planning.kv_accounting import BLOCK_SIZES, KV_DTYPES, MAX_CONTEXT_TOKENS, WEIGHT_DTYPES
+from core.planning.models import MODELS
+from core.planning.scenario import CUSTOM, SCENARIO_KEYS, WORKLOAD_KEYS, WORKLOADS
+from ui.query_state import Field, encode_params
+
+SCENARIO_NAMES = {"a_": "Scenario A", "b_": "Scenario B"}
+SCENARIO_DEFAULTS = {
+    "a_": {"model": "llama-3.1-70b", "gpu": "h100-80gb", "gpus": 4, "tp": 4, "kvdtype": "fp8", "ctx": 4096},
+    "b_": {"model": "llama-3.1-70b", "gpu": "h200-141gb", "gpus": 2, "tp": 2, "kvdtype": "fp8", "ctx": 4096},
+}
+WORKLOAD_LABELS = {
+    "sharegpt": "ShareGPT-like (161 in / 338 out)",
+    "alpaca": "Alpaca-like (19 in / 58 out)",
+    "fixed": "Fixed lengths",
+    "uniform": "Uniform lengths",
+}
+
+
+def scenario_fields(prefix: str) -> list[Field]:
+    """The URL fields of one scenario; keys are `prefix` + a name of SCENARIO_KEYS (e.g. "a_model")."""
+    d = {"wdtype": "auto", "pp": 1, "util": 0.9, "block": 16, "seqs": 256, **SCENARIO_DEFAULTS[prefix]}
+    p = prefix
+    fields = [
+        Field(f"{p}model", d["model"], "choice", (*MODELS, CUSTOM), label="model"),
+        Field(f"{p}config", "", "str", max_length=8000, label="custom config.json (encoded)"),
+        Field(f"{p}gpu", d["gpu"], "choice", (*GPUS, CUSTOM), label="GPU"),
+        Field(
+            f"{p}gpu_mem", 80.0, "float", minimum=0.5, maximum=4096, step=1, label="custom GPU memory, GiB"
+        ),
+        Field(
+            f"{p}gpu_bw",
+            3350.0,
+            "float",
+            minimum=1,
+            maximum=100_000,
+            step=100,
+            label="custom GPU bandwidth, GB/s",
+        ),
+        Field(
+            f"{p}gpu_tflops",
+            None,
+            "float",
+            minimum=0,
+            maximum=100_000,
+            step=10,
+            optional=True,
+            label="custom TFLOP/s",
+        ),
+        Field(f"{p}gpus", d["gpus"], "int", minimum=1, maximum=4096, step=1, label="number of GPUs"),
+        Field(f"{p}tp", d["tp"], "int", minimum=1, maximum=1024, step=1, label="tensor parallel"),
+        Field(f"{p}pp", d["pp"], "int", minimum=1, maximum=1024, step=1, label="pipeline parallel"),
+        Field(f"{p}wdtype", d["wdtype"], "choice", WEIGHT_DTYPES, label="weight dtype"),
+        Field(f"{p}kvdtype", d["kvdtype"], "choice", KV_DTYPES, label="KV cache dtype"),
+        Field(
+            f"{p}util",
+            d["util"],
+            "float",
+            minimum=0.05,
+            maximum=1.0,
+            step=0.01,
+            label="gpu_memory_utilization",
+        ),
+        Field(f"{p}block", d["block"], "choice", BLOCK_SIZES, label="block size, tokens"),
+        Field(
+            f"{p}ctx",
+            d["ctx"],
+            "int",
+            minimum=16,
+            maximum=MAX_CONTEXT_TOKENS,
+            step=1024,
+            label="max_model_len, tokens",
+        ),
+        Field(
+            f"{p}act",
+            None,
+            "float",
+            minimum=0,
+            maximum=1024,
+            step=0.5,
+            optional=True,
+            label="activation reserve, GiB",
+        ),
+        Field(f"{p}seqs", d["seqs"], "int", minimum=1, maximum=65_536, step=16, label="max_num_seqs"),
+    ]
+    assert tuple(f.key[len(p) :] for f in fields) == SCENARIO_KEYS
+    return fields
+
+
+WORKLOAD_FIELDS = [
+    Field("compare", True, "bool", label="show scenario B"),
+    Field("wl", "sharegpt", "choice", WORKLOADS, label="workload"),
+    Field("wl_n", 1000, "int", minimum=1, maximum=20_000, step=100, label="requests"),
+    Field("wl_prompt", 512, "int", minimum=1, maximum=MAX_CONTEXT_TOKENS, step=64, label="prompt tokens"),
+    Field("wl_output", 256, "int", minimum=1, maximum=MAX_CONTEXT_TOKENS, step=64, label="output tokens"),
+    Field("wl_seed", 0, "int", minimum=0, maximum=2**31 - 1, step=1, label="seed"),
+]
+assert tuple(f.key for f in WORKLOAD_FIELDS[1:]) == WORKLOAD_KEYS
+
+ALL_FIELDS = scenario_fields("a_") + scenario_fields("b_") + WORKLOAD_FIELDS
+FIELDS = {field.key: field for field in ALL_FIELDS}
+
+
+def url_params(values: dict[str, Any]) -> dict[str, str]:
+    """The URL parameters that matter for `values`: scenario B only when compared, a custom GPU's figures only
+    for a custom GPU, the encoded config only for a custom model, fixed lengths only for fixed/uniform loads."""
+    skip = set()
+    for prefix in SCENARIO_NAMES:
+        if values[f"{prefix}gpu"] != CUSTOM:
+            skip |= {f"{prefix}gpu_mem", f"{prefix}gpu_bw", f"{prefix}gpu_tflops"}
+        if values[f"{prefix}model"] != CUSTOM:
+            skip.add(f"{prefix}config")
+    if not values["compare"]:
+        skip |= {f.key for f in scenario_fields("b_")}
+    if values["wl"] in ("sharegpt", "alpaca"):
+        skip |= {"wl_prompt", "wl_output"}
+    return {k: v for k, v in encode_params(values, ALL_FIELDS).items() if k not in skip}
