@@ -14,6 +14,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     STREAMLIT_SERVER_FILE_WATCHER_TYPE=none \
+    STREAMLIT_CLIENT_SHOW_ERROR_DETAILS=type \
     STREAMLIT_BROWSER_GATHER_USAGE_STATS=false
 
 # A C compiler for the 'cpu' paged-attention kernel (built at first use); curl for the health check.

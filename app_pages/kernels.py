@@ -7,17 +7,10 @@ import torch
 from core.common import cdiv
 from core.device import default_device, device_label, format_bytes, memory_budget_bytes
 from core.errors import LabError
+from core.jobs.tasks import kernel_correctness, kernel_sweep
 from core.kernels.attention import available_backends
-from core.kernels.timing import (
-    KernelConfig,
-    check_budget,
-    copy_bandwidth_gbps,
-    correctness,
-    measure,
-    random_block_tables,
-    sweep_contexts,
-    tolerance,
-)
+from core.kernels.timing import KernelConfig, check_budget, random_block_tables, tolerance
+from ui.jobs import run_job
 from ui.kernel_figures import bandwidth_figure, block_map_figure, latency_figure, overhead_figure
 
 REPEATS = 5
@@ -32,21 +25,6 @@ st.markdown(
 
 DEVICE = default_device()
 BACKENDS = available_backends(DEVICE)
-
-
-@st.cache_data(show_spinner=False)
-def _copy_gbps(device: str) -> float:
-    return copy_bandwidth_gbps(device, nbytes=128 * 1024**2, repeats=5)
-
-
-@st.cache_data(show_spinner=False)
-def _correctness(config: KernelConfig, backends: tuple[str, ...], device: str) -> dict[str, float]:
-    return correctness(config, list(backends), device)
-
-
-@st.cache_data(show_spinner=False)
-def _measure(config: KernelConfig, backends: tuple[str, ...], device: str) -> list[dict]:
-    return measure(config, list(backends), device, repeats=REPEATS)
 
 
 with st.form("kernel_config"):
@@ -110,7 +88,7 @@ st.markdown(
 # ---- correctness -------------------------------------------------------------------------------------------
 st.subheader("Correctness: paged vs contiguous")
 try:
-    errors = _correctness(config, backends, device)
+    errors = run_job(kernel_correctness, config, backends, device, label="Checking correctness")
 except LabError as error:
     st.error(f"Correctness check failed to run: {error}")
     st.stop()
@@ -136,15 +114,13 @@ st.caption(
 
 # ---- latency sweep -----------------------------------------------------------------------------------------
 st.subheader("Latency sweep")
-contexts = sweep_contexts(context_len, block_size)
-progress = st.progress(0.0, text="measuring copy bandwidth")
-copy_gbps = _copy_gbps(device)
-rows: list[dict] = []
-for i, ctx in enumerate(contexts):
-    progress.progress(i / len(contexts), text=f"timing context {ctx:,} tokens ({i + 1} of {len(contexts)})")
-    point = KernelConfig(batch, ctx, num_heads, num_kv_heads, head_dim, block_size, dtype, sliding_window)
-    rows.extend(_measure(point, backends, device))
-progress.progress(1.0, text=f"done: {len(contexts)} context lengths, median of {REPEATS} runs each (cached)")
+try:  # in the worker pool, so other sessions' pages keep rendering while this times kernels
+    sweep = run_job(kernel_sweep, config, backends, device, REPEATS, label="Latency sweep")
+except LabError as error:
+    st.error(f"Latency sweep failed to run: {error}")
+    st.stop()
+copy_gbps, contexts, rows = sweep["copy_gbps"], sweep["contexts"], sweep["rows"]
+st.caption(f"{len(contexts)} context lengths, median of {REPEATS} runs each (cached for everyone).")
 
 last = [r for r in rows if r["context_len"] == context_len]
 summary = ", ".join(

@@ -6,13 +6,14 @@ import math
 import streamlit as st
 
 from core.errors import LabError
+from core.jobs.tasks import compare_policies, measure_simulated_attention
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
-from core.serving.experiment import ResultCache, SimulatorParams, run_comparison, steady_summary
+from core.serving.experiment import SimulatorParams
 from core.serving.memory_policies import POLICY_NAMES
 from core.serving.simulator import PAPER_KV_TOKENS
-from core.serving.step_attention import measure_step_attention
 from core.serving.workload import load_trace
+from ui.jobs import app_limits, run_job
 from ui.simulator_figures import (
     attention_latency_figure,
     block_heatmap_figure,
@@ -36,31 +37,6 @@ CAPACITY_LABELS = {
     "model": "From the model + GPU (vLLM's memory rule)",
     "raw": "Raw number of token slots",
 }
-
-
-@st.cache_resource
-def _results_cache() -> ResultCache:
-    return ResultCache(max_entries=6)  # ~20 MB per default comparison
-
-
-def _run(params: SimulatorParams, trace: tuple | None, progress=None):
-    """One comparison per (params, trace), memoised across reruns; progress only while it computes."""
-    cache = _results_cache()
-    key = (params, trace)
-    hit = cache.get(key)
-    if hit is None:
-        requests = list(trace) if trace is not None else params.requests()
-        results = run_comparison(params, requests, progress)
-        summaries = {name: steady_summary(result, requests) for name, result in results.items()}
-        hit = (results, summaries)
-        cache.put(key, hit)
-    return hit
-
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def _measure(params: SimulatorParams, trace: tuple | None, budget_s: float):
-    results, _ = _run(params, trace)
-    return measure_step_attention(results["paged"], time_budget_s=budget_s)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -137,6 +113,7 @@ try:
             )
             dataset = "sharegpt"
         else:
+            app_limits().check_upload(upload.size, "the trace")
             trace = _parse_trace(upload.getvalue())
     params = SimulatorParams(
         dataset="sharegpt" if dataset == "trace" else dataset,
@@ -161,11 +138,8 @@ try:
         swap_space_gib=float(swap_gib),
         overhead_ms=float(overhead_ms),
     )
-    bar = st.progress(0.0, text="Simulating…")
-    results, summaries = _run(
-        params, trace, lambda fraction, name: bar.progress(min(fraction, 1.0), text=f"Simulating {name}…")
-    )
-    bar.empty()
+    # in the worker pool: other sessions' pages keep rendering while this simulates
+    results, summaries = run_job(compare_policies, params, trace, label="Simulating")
 except LabError as err:
     st.error(f"Cannot simulate: {err}")
     st.stop()
@@ -212,8 +186,9 @@ if "paged" in results and results["paged"].snapshots:
     )
     if measure:
         try:
-            with st.spinner("Timing paged vs contiguous attention on the sampled batches…"):
-                table = _measure(params, trace, float(budget_s))
+            table = run_job(
+                measure_simulated_attention, params, trace, float(budget_s), label="Timing attention"
+            )
             st.plotly_chart(attention_latency_figure(table), width="stretch")
             st.caption(
                 f"Measured on this machine, {len(table):,} sampled steps, 8 KV heads x 64 dims fp32 "

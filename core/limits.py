@@ -12,7 +12,7 @@ Variables (all integers unless marked):
 - PAGED_LAB_WORKERS: worker processes running heavy jobs, default max(1, min(4, CPU cores - 1)).
 - PAGED_LAB_MAX_QUEUED_JOBS: jobs waiting for a worker, all sessions together, default 16.
 - PAGED_LAB_MAX_UPLOAD_BYTES: bytes of one uploaded file, default 25 MB (25,000,000).
-- PAGED_LAB_CACHE_ENTRIES: finished job results kept, default 32.
+- PAGED_LAB_CACHE_ENTRIES: finished job results kept, default 16 (a default simulation is ~20 MB).
 - PAGED_LAB_CACHE_TTL_S (number): seconds a finished result stays cached, default 3,600.
 """
 
@@ -33,6 +33,9 @@ class LimitConfigError(InvalidArgumentError):
         super().__init__(message)
         self.variable = variable
 
+    def __reduce__(self):  # travels from a worker process intact
+        return (type(self), (str(self), self.variable))
+
 
 class LimitExceededError(LabError):
     """A request goes over an operator limit; raised before any work or allocation starts."""
@@ -40,6 +43,9 @@ class LimitExceededError(LabError):
     def __init__(self, message: str, variable: str):
         super().__init__(message)
         self.variable = variable
+
+    def __reduce__(self):  # travels from a worker process intact
+        return (type(self), (str(self), self.variable))
 
 
 def _default_workers() -> int:
@@ -93,7 +99,7 @@ class Limits:
     workers: int = 1
     max_queued_jobs: int = 16
     max_upload_bytes: int = 25_000_000
-    cache_entries: int = 32
+    cache_entries: int = 16
     cache_ttl_s: float = 3_600.0
 
     def __post_init__(self) -> None:

@@ -83,7 +83,7 @@ def run_job(fn: Callable, *args, label: str = "Computing"):
     if st.session_state.get(CANCELLED_KEY) == key:
         with controls.container():
             st.info(f"{label}: cancelled. Change a setting or run it again.")
-            again = st.button("Run again", key="_job_run_again")
+            again = st.button("Run again", key=f"_job_run_again:{label}")
         if not again:
             st.stop()
         del st.session_state[CANCELLED_KEY]
@@ -93,7 +93,7 @@ def run_job(fn: Callable, *args, label: str = "Computing"):
         return _outcome(status)
     with controls.container():
         bar = st.progress(0.0, text=_progress_text(label, status))
-        if st.button("Cancel", key="_job_cancel"):
+        if st.button("Cancel", key=f"_job_cancel:{label}"):
             pool.cancel(session)
             st.session_state[CANCELLED_KEY] = key
             st.rerun()
