@@ -5,7 +5,7 @@ import torch
 
 from core.engine import Engine, SamplingParams
 from core.errors import InvalidArgumentError, LabError
-from core.serving.experiment import ResultCache
+from core.jobs.cache import MISSING, ResultCache
 from ui.engine_figures import (
     attention_latency_figure,
     copy_on_write_figure,
@@ -36,7 +36,7 @@ SOURCES = {"tiny": "Tiny random Llama (2 layers, built here)", "directory": "Loc
 
 @st.cache_resource
 def _runs() -> ResultCache:
-    return ResultCache(max_entries=8)
+    return ResultCache(max_entries=8, ttl_s=3600.0)
 
 
 def _engine(source: str, path: str, pool: int, block_size: int, prefix_caching: bool) -> Engine:
@@ -69,7 +69,7 @@ def _generate(key: tuple, params: SamplingParams, progress):
     """(prompt ids, outputs, run, tokenizer) for this key, memoised; `progress(fraction)` while it computes."""
     cache = _runs()
     hit = cache.get((key, params))
-    if hit is None:
+    if hit is MISSING:
         source, path, pool, block_size, prefix_caching, text = key
         engine = _engine(source, path, pool, block_size, prefix_caching)
         prompts = _prompts(text, engine.tokenizer is not None)
@@ -185,7 +185,7 @@ if measure_sharing is not None:
     )
     if st.checkbox("Measure sharing (about half a minute on 2 CPU cores, then cached)", key="sharing"):
         measured = _runs().get("sharing")
-        if measured is None:
+        if measured is MISSING:
             sharing_bar = st.progress(0.0, text="Measuring sharing…")
             measured = measure_sharing(
                 progress=lambda f: sharing_bar.progress(min(f, 1.0), text="Measuring sharing…")

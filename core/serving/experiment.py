@@ -3,8 +3,6 @@
 `SimulatorParams` is frozen and hashable, so the page caches one run per parameter set.
 """
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -160,28 +158,3 @@ def steady_summary(result: SimulationResult, requests: Sequence[Request]) -> dic
         if summary["num_steps"] > 0:
             return summary
     return result.summary
-
-
-class ResultCache:
-    """A small thread-safe LRU memo of finished comparisons, keyed by (params, trace). Values are never mutated
-    after they are stored, so sharing it between sessions shares only immutable results (like st.cache_data, but
-    lets the page show live progress while a new run computes)."""
-
-    def __init__(self, max_entries: int = 16):
-        self.max_entries = max_entries
-        self._items: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key):
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-            return None
-
-    def put(self, key, value) -> None:
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)

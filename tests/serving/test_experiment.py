@@ -8,7 +8,6 @@ from core.planning.models import MODELS
 from core.planning.plan import plan
 from core.serving.experiment import (
     DEFAULT_PARAMS,
-    ResultCache,
     SimulatorParams,
     run_comparison,
     steady_summary,
@@ -42,12 +41,3 @@ def test_run_comparison_reports_progress_and_steady_summary():
     assert 0 < summary["num_steps"] < len(results["paged"].steps)
     with pytest.raises(InvalidArgumentError, match="at least one policy"):
         run_comparison(SimulatorParams(policies=()))
-
-
-def test_result_cache_is_lru():
-    cache = ResultCache(max_entries=2)
-    cache.put("a", 1)
-    cache.put("b", 2)
-    assert cache.get("a") == 1
-    cache.put("c", 3)  # evicts b, the least recently used
-    assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3
