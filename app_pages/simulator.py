@@ -9,7 +9,7 @@ from core.errors import LabError
 from core.jobs.tasks import compare_policies, measure_simulated_attention
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
-from core.serving.experiment import SimulatorParams
+from core.serving.experiment import SimulatorParams, model_kv_groups
 from core.serving.memory_policies import POLICY_NAMES
 from core.serving.simulator import PAPER_KV_TOKENS
 from core.serving.workload import load_trace
@@ -95,6 +95,12 @@ with st.expander("Workload, model, policies and scheduler settings", expanded=Fa
             "Block size (tokens)", [1, 2, 4, 8, 16, 32, 64, 128], index=4, key="block_size"
         )
         prefix_caching = st.checkbox("Prefix caching (paged)", False, key="prefix_caching")
+        hybrid = st.checkbox(
+            "Hybrid KV cache manager (per-group blocks)",
+            False,
+            key="hybrid",
+            help="Paged policy only; for models mixing full and sliding-window layers (e.g. Gemma 2, gpt-oss).",
+        )
         max_num_seqs = st.number_input("max_num_seqs", 1, 4096, 256, key="max_num_seqs")
         max_tokens = st.number_input("max_num_batched_tokens", 1, 65_536, 2048, step=256, key="max_tokens")
         preemption = st.radio("Preemption", ["recompute", "swap"], horizontal=True, key="preemption")
@@ -137,7 +143,19 @@ try:
         preemption_mode=preemption,
         swap_space_gib=float(swap_gib),
         overhead_ms=float(overhead_ms),
+        kv_groups=model_kv_groups(model) if hybrid else None,
     )
+    if hybrid and params.kv_groups is None:
+        st.info(f"{MODELS[model].name} has one KV cache group kind: the hybrid manager changes nothing.")
+    elif hybrid:
+        st.caption(
+            "Hybrid KV cache manager: "
+            + ", ".join(
+                f"{n} {k.replace('_', ' ')} layers" + (f" (window {w:,})" if w else "")
+                for k, n, w in params.kv_groups
+            )
+            + ". Sliding-window groups stay bounded at their window while full groups grow with the sequence."
+        )
     # in the worker pool: other sessions' pages keep rendering while this simulates
     results, summaries = run_job(compare_policies, params, trace, label="Simulating")
 except LabError as err:
@@ -165,7 +183,7 @@ left, right = st.columns(2)
 left.plotly_chart(free_memory_figure(steps, capacity), width="stretch")
 right.plotly_chart(running_waiting_figure(steps), width="stretch")
 
-if "paged" in results and results["paged"].snapshots:
+if "paged" in results and results["paged"].snapshots and params.kv_groups is None:
     snaps = results["paged"].snapshots
     st.subheader("Inside the paged cache")
     middle = snaps[len(snaps) // 2].step

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from core.errors import InvalidArgumentError
 from core.planning.hardware import GPUS
+from core.planning.kv_layout import kv_cache_layout
 from core.planning.models import MODELS
 from core.planning.plan import plan
 from core.serving.memory_policies import POLICY_NAMES, Policy
@@ -17,6 +18,18 @@ from core.serving.workload import Request, alpaca, fixed, sharegpt, uniform
 
 DATASETS = ("sharegpt", "alpaca", "fixed", "uniform", "trace")
 CAPACITY_SOURCES = ("paper", "model", "raw")
+
+
+def model_kv_groups(model: str, max_model_len: int = 2048) -> tuple | None:
+    """The preset model's KV cache groups as ((kind, num_layers, window), ...) for HybridPagedMemory, from
+    vLLM's layout (`kv_cache_layout`); None when the model has one group kind only or a kind the hybrid
+    allocator does not simulate (MLA, chunked local, Mamba)."""
+    layout = kv_cache_layout(MODELS[model], 1 << 34, max_model_len=max_model_len)
+    groups = tuple((g.kind, len(g.layers), g.window) for g in layout.groups)
+    kinds = {kind for kind, _, _ in groups}
+    if len(kinds) < 2 or not kinds <= {"full", "sliding_window"}:
+        return None
+    return groups
 
 
 @dataclass(frozen=True)

@@ -68,3 +68,15 @@ def test_bad_settings_show_an_error_not_a_traceback():
     at.multiselect(key="policies").set_value([])
     _submit(at)
     assert at.error and "at least one policy" in at.error[0].value
+
+
+def test_hybrid_kv_cache_manager_for_a_sliding_window_model():
+    at = open_app(PAGE)
+    at.selectbox(key="model").set_value("gpt-oss-20b")
+    at.number_input(key="num_requests").set_value(30)
+    at.checkbox(key="hybrid").check()
+    at.button[0].click().run(timeout=300)
+    assert not at.exception
+    assert not at.error
+    captions = " ".join(c.value for c in at.caption)
+    assert "12 sliding window layers (window 128)" in captions and "12 full layers" in captions
