@@ -162,7 +162,7 @@ def test_engine_sharing_is_measure_sharing_and_checks_the_budget_first(monkeypat
     columns = ["mode", "width", "saving_pct", "mean_blocks_in_use", "mean_blocks_without_sharing", "steps"]
     pd.testing.assert_frame_equal(table[columns], reference[columns])
     assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) > 2  # per step
-    monkeypatch.setattr("core.engine.sharing.Engine", None)  # building it would fail with a TypeError
+    monkeypatch.setattr("core.engine.sharing.Engine", None)  # building it would fail (AttributeError)
     monkeypatch.setenv("PAGED_LAB_MAX_BYTES", "100000")  # the weights alone take more
     with pytest.raises(MemoryBudgetError, match=r"sharing measurement.*PAGED_LAB_MAX_BYTES"):
         engine_sharing(*small)
