@@ -186,5 +186,9 @@ def test_an_engine_run_through_the_pool_matches_the_direct_run():
         while not (status := pool.poll("s")).finished and time.monotonic() < deadline:
             time.sleep(0.05)
         assert status.state == "failed" and "PAGED_LAB_MAX_BYTES" in str(status.error)
+        assert (
+            isinstance(status.error, MemoryBudgetError)
+            and status.error.requested_bytes > status.error.allowed_bytes
+        )
     finally:
         pool.close()
