@@ -3,6 +3,10 @@
 #   docker run -p 8501:8501 -e PAGED_LAB_WORKERS=2 paged-lab
 #   docker build -t paged-lab:cuda --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
 #   docker run --gpus all -p 8501:8501 paged-lab:cuda
+# Models for the Engine page: mount a directory of Hugging Face model directories (each with config.json +
+# safetensors) read-only at /models, e.g. -v /srv/models:/models:ro; the page lists them, and refuses any path
+# outside PAGED_LAB_MODEL_ROOT (after resolving .. and symlinks). -e PAGED_LAB_MODEL_ROOT= allows any directory
+# in the container: only for a single-user image.
 FROM python:3.11-slim
 
 # Where torch==2.13.0 comes from: PyTorch's CPU wheels (no CUDA libraries, ~200 MB) unless overridden, e.g.
@@ -15,7 +19,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     STREAMLIT_SERVER_FILE_WATCHER_TYPE=none \
     STREAMLIT_CLIENT_SHOW_ERROR_DETAILS=type \
-    STREAMLIT_BROWSER_GATHER_USAGE_STATS=false
+    STREAMLIT_BROWSER_GATHER_USAGE_STATS=false \
+    PAGED_LAB_MODEL_ROOT=/models
 
 # A C compiler for the 'cpu' paged-attention kernel (built at first use); curl for the health check.
 RUN apt-get update \
@@ -27,7 +32,7 @@ COPY requirements.txt .
 RUN pip install --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple torch==2.13.0 \
     && pip install -r requirements.txt
 
-RUN useradd --create-home --uid 10001 lab
+RUN useradd --create-home --uid 10001 lab && mkdir -p /models
 COPY --chown=lab:lab . .
 USER lab
 

@@ -14,7 +14,7 @@ from ui.engine_figures import (
     sequence_color_index,
     sharing_figure,
 )
-from ui.jobs import run_job
+from ui.jobs import app_limits, run_job
 
 DEFAULT_PROMPTS = (
     "1 17 42 7 99 3 250 11 64 5 8 301 77 12 45 9 230 18 6 33\n5 9 200 31\n400 2 88 13 61 7 19 140 52 3"
@@ -30,11 +30,27 @@ st.markdown(
     "(sharing between samples or beams, copy-on-write, preemption) and the measured attention time."
 )
 
+try:
+    limits = app_limits()
+except LabError as err:
+    st.error(f"Cannot generate: {err}")
+    st.stop()
+
 with st.form("engine"):
     c1, c2, c3 = st.columns(3)
     with c1:
         source = st.radio("Model", list(SOURCES), format_func=SOURCES.get, key="source")
-        path = st.text_input("Model directory (config.json + safetensors)", "", key="path")
+        if limits.model_root:  # a shared host: only directories inside its model root
+            choice = st.selectbox(
+                f"Model directory in {limits.model_root}",
+                limits.model_directories(),
+                key="model_dir",
+                placeholder="no model directories (with a config.json) there",
+            )
+            typed = st.text_input("...or a directory inside it (overrides the choice)", "", key="path")
+            path = typed.strip() or choice or ""
+        else:
+            path = st.text_input("Model directory (config.json + safetensors)", "", key="path")
         prompts_text = st.text_area(
             "Prompts, one per line (text with a tokenizer, else token ids)", DEFAULT_PROMPTS, key="prompts"
         )
@@ -63,6 +79,8 @@ try:
         seed=int(seed),
         ignore_eos=source == "tiny",
     )
+    if source == "directory":  # refused at once, not after a wait in the queue (the worker checks again)
+        path = limits.check_model_directory(path)
     # in the worker pool: the engine is built and runs there, so other sessions' pages keep rendering
     generation = run_job(
         generate_outputs,

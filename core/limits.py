@@ -14,6 +14,9 @@ Variables (all integers unless marked):
 - PAGED_LAB_MAX_UPLOAD_BYTES: bytes of one uploaded file, default 25 MB (25,000,000).
 - PAGED_LAB_CACHE_ENTRIES: finished job results kept, default 16 (a default simulation is ~20 MB).
 - PAGED_LAB_CACHE_TTL_S (number): seconds a finished result stays cached, default 3,600.
+- PAGED_LAB_MODEL_ROOT (an absolute directory path): the only directory the Engine page may load models from
+  (it or any directory below it, after resolving `..` and symlinks). Unset or blank: any local directory, for
+  one person running the lab on their own machine; a shared host sets it (the Docker image sets /models).
 """
 
 import math
@@ -55,8 +58,8 @@ def _default_workers() -> int:
 @dataclass(frozen=True)
 class _Spec:
     variable: str
-    kind: type  # int or float
-    minimum: float
+    kind: type  # int, float, or str (an absolute directory path, blank for none)
+    minimum: float  # numbers only
     maximum: float
     description: str
     unit: str
@@ -86,6 +89,9 @@ SPECS: dict[str, _Spec] = {
     "cache_ttl_s": _Spec(
         "PAGED_LAB_CACHE_TTL_S", float, 1, 30 * 86_400, "Time a finished result stays cached", "seconds"
     ),
+    "model_root": _Spec(
+        "PAGED_LAB_MODEL_ROOT", str, 0, 0, "Directory the Engine page may load models from", "path"
+    ),
 }
 
 
@@ -101,6 +107,7 @@ class Limits:
     max_upload_bytes: int = 25_000_000
     cache_entries: int = 16
     cache_ttl_s: float = 3_600.0
+    model_root: str = ""  # "": any directory
 
     def __post_init__(self) -> None:
         for name, spec in SPECS.items():
@@ -124,7 +131,10 @@ class Limits:
 
     def as_environ(self) -> dict[str, str]:
         """Every limit as its variable -> string, so a worker process reads exactly these limits."""
-        return {SPECS[f.name].variable: repr(getattr(self, f.name)) for f in fields(self)}
+        return {
+            SPECS[f.name].variable: value if isinstance(value := getattr(self, f.name), str) else repr(value)
+            for f in fields(self)
+        }
 
     def rows(self) -> list[dict[str, str]]:
         """One row per limit for display: limit, value (with thousands separators), variable."""
@@ -155,6 +165,62 @@ class Limits:
                 "PAGED_LAB_MAX_UPLOAD_BYTES",
             )
 
+    def check_model_directory(self, path: str) -> str:
+        """The directory a model may be loaded from for the user-given `path`, checked before any file in it is
+        opened. With no `model_root`: `path` stripped, unchanged (any directory). With one: a relative `path` is
+        taken under the root; the result is `os.path.realpath` of it, so `..` and symlinks cannot leave the
+        root, and it must be the root or a directory below it.
+
+        Raises LimitExceededError naming PAGED_LAB_MODEL_ROOT for a path outside the root (the message never
+        says whether that path exists), LimitConfigError when the root itself is not a directory here.
+        Files inside an allowed directory are the operator's: symlinks among them are followed.
+        """
+        path = path.strip()
+        if not self.model_root:
+            return path
+        root = self._resolved_model_root()
+        try:
+            resolved = os.path.realpath(os.path.join(root, path))
+        except (ValueError, OSError):  # a NUL byte, a symlink loop
+            resolved = None
+        if resolved is None or os.path.commonpath([root, resolved]) != root:
+            raise LimitExceededError(
+                f"{path!r} is outside this server's model directory {self.model_root!r} (PAGED_LAB_MODEL_ROOT): "
+                f"choose a model directory inside it, by name (e.g. 'llama') or as a path under it",
+                "PAGED_LAB_MODEL_ROOT",
+            )
+        return resolved
+
+    def model_directories(self) -> list[str]:
+        """Names, sorted, of the model directories directly under `model_root`: those holding a config.json
+        whose real path stays inside the root (so each passes `check_model_directory`). [] with no root, or
+        when the root is missing or unreadable."""
+        if not self.model_root or not os.path.isdir(self.model_root):
+            return []
+        root = self._resolved_model_root()
+        try:
+            names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+        except OSError:
+            return []
+        inside = []
+        for name in names:
+            resolved = os.path.realpath(os.path.join(root, name))
+            if os.path.commonpath([root, resolved]) == root and os.path.isfile(
+                os.path.join(resolved, "config.json")
+            ):
+                inside.append(name)
+        return inside
+
+    def _resolved_model_root(self) -> str:
+        root = os.path.realpath(self.model_root)
+        if not os.path.isdir(root):
+            raise LimitConfigError(
+                f"PAGED_LAB_MODEL_ROOT={self.model_root!r} is not a directory on this server: the operator mounts "
+                f"the model directories there (or unsets it to allow any local directory)",
+                "PAGED_LAB_MODEL_ROOT",
+            )
+        return root
+
 
 def read_limit(name: str, mapping: Mapping[str, object] | None = None):
     """One limit (a `Limits` field name) from `mapping` (default `os.environ`), without reading the others, so a
@@ -167,6 +233,8 @@ def read_limit(name: str, mapping: Mapping[str, object] | None = None):
 
 
 def _parse(raw: object, spec: _Spec):
+    if spec.kind is str:
+        return _check(str(raw).strip(), spec)
     text = str(raw).strip().replace("_", "")
     what = "an integer" if spec.kind is int else "a number"
     try:
@@ -186,6 +254,13 @@ def _parse(raw: object, spec: _Spec):
 
 
 def _check(value, spec: _Spec):
+    if spec.kind is str:
+        if not isinstance(value, str) or (value and (not os.path.isabs(value) or "\0" in value)):
+            raise LimitConfigError(
+                f"{spec.variable} must be an absolute directory path (or blank for none), got {value!r}",
+                spec.variable,
+            )
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise LimitConfigError(f"{spec.variable} must be a finite number, got {value!r}", spec.variable)
     if spec.kind is int and not isinstance(value, int):
@@ -199,6 +274,8 @@ def _check(value, spec: _Spec):
 
 
 def _format(value, spec: _Spec) -> str:
+    if spec.kind is str:
+        return value or "not set: any local directory"
     if spec.unit == "bytes":
         return f"{value:,} bytes ({value / GiB:,.2f} GiB)" if value >= GiB else f"{value:,} bytes"
     if spec.kind is float:

@@ -181,8 +181,10 @@ def generate_outputs(
     from the memory budget.
 
     Before anything is allocated: InvalidArgumentError for no prompt or more than MAX_ENGINE_SEQUENCES
-    sequences (prompts x n, or x beam width), MemoryBudgetError naming PAGED_LAB_MAX_BYTES when the weights plus
-    the KV pool exceed the operator's tensor-bytes limit. The engine's own errors (ModelLoadError, ...) pass on.
+    sequences (prompts x n, or x beam width), LimitExceededError naming PAGED_LAB_MODEL_ROOT (before any file is
+    opened) when the operator set a model root and `path` resolves outside it (`Limits.check_model_directory`),
+    MemoryBudgetError naming PAGED_LAB_MAX_BYTES when the weights plus the KV pool exceed the operator's
+    tensor-bytes limit. The engine's own errors (ModelLoadError, ...) pass on.
     """
     lines = _prompt_lines(prompts_text)
     if not lines:
@@ -195,13 +197,15 @@ def generate_outputs(
         )
     if source not in ("tiny", "directory"):
         raise InvalidArgumentError(f"source must be 'tiny' or 'directory', got {source!r}")
-    path = path.strip()
+    limits = Limits.from_env()
+    if source == "directory":  # before any file is opened: a shared host allows only its model root
+        path = limits.check_model_directory(path)
     config = ModelConfig.from_directory(path) if source == "directory" else ModelConfig.from_dict(TINY_LLAMA)
     device = default_device()
     common.check_budget(
         engine_bytes(config, max(num_blocks, 1), block_size, device),
         f"the model's weights plus a pool of {max(num_blocks, 1):,} KV blocks of {block_size} tokens",
-        Limits.from_env().max_tensor_bytes,
+        limits.max_tensor_bytes,
     )
     progress(0.0, "building the engine")
     options = {

@@ -14,6 +14,7 @@ def test_defaults_are_todays_budget_and_page_caps():
     assert limits.max_simulated_requests == 10_000
     assert limits.workers >= 1 and limits.max_queued_jobs == 16
     assert limits.job_timeout_s == 120.0
+    assert limits.model_root == ""  # any local directory
 
 
 def test_values_read_from_the_mapping():
@@ -27,10 +28,11 @@ def test_values_read_from_the_mapping():
             "PAGED_LAB_MAX_UPLOAD_BYTES": "1e6",
             "PAGED_LAB_CACHE_ENTRIES": "0",
             "PAGED_LAB_CACHE_TTL_S": "60",
+            "PAGED_LAB_MODEL_ROOT": " /srv/my_models ",  # a path: underscores kept, spaces stripped
             "UNRELATED": "x",
         }
     )
-    assert limits == Limits(1_000_000, 500, 2.5, 3, 4, 1_000_000, 0, 60.0)
+    assert limits == Limits(1_000_000, 500, 2.5, 3, 4, 1_000_000, 0, 60.0, model_root="/srv/my_models")
     assert Limits.from_mapping(limits.as_environ()) == limits  # a worker reads back exactly these
 
 
@@ -51,6 +53,8 @@ def test_blank_values_take_the_default():
         ("PAGED_LAB_JOB_TIMEOUT_S", "soon", "not a number"),
         ("PAGED_LAB_MAX_QUEUED_JOBS", "0", "between 1"),
         ("PAGED_LAB_CACHE_TTL_S", "0", "between 1"),
+        ("PAGED_LAB_MODEL_ROOT", "models", "absolute directory path"),
+        ("PAGED_LAB_MODEL_ROOT", "/models\0", "absolute directory path"),
     ],
 )
 def test_bad_values_raise_a_typed_error_naming_the_variable(variable, raw, match):
@@ -97,3 +101,8 @@ def test_rows_cover_every_limit_with_separators():
     assert [r["variable"] for r in rows] == [s.variable for s in SPECS.values()]
     assert rows[0]["value"] == "4,294,967,296 bytes (4.00 GiB)"
     assert rows[1]["value"] == "10,000 requests"
+    assert next(r for r in rows if r["variable"] == "PAGED_LAB_MODEL_ROOT") == {
+        "limit": "Directory the Engine page may load models from",
+        "value": "not set: any local directory",
+        "variable": "PAGED_LAB_MODEL_ROOT",
+    }
