@@ -1,8 +1,13 @@
 """The Engine page under AppTest (its runs go through the worker pool): the default tiny-model run draws, a bad
 directory is an st.error, beam search runs, an oversize pool or too many sequences are refused with the limit's
-message before anything is built, and the Figure 15 sharing measurement draws."""
+message before anything is built, the Figure 15 sharing measurement draws, and with PAGED_LAB_MODEL_ROOT set the
+models under it are offered and a path outside it is an st.error."""
 
+import pytest
+
+from core.engine import Engine, SamplingParams
 from tests.conftest import open_app
+from tests.hosting.test_model_root import PROMPT_IDS, PROMPTS, make_model_root, serve_models_from
 
 PAGE = "app_pages/engine.py"
 
@@ -94,3 +99,51 @@ def test_sharing_measurement_runs_in_the_pool_and_draws():
     assert not at.exception and not at.error
     sharing = at.get("plotly_chart")[-1]
     assert "KV blocks saved by sharing (%)" in sharing.proto.spec
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return make_model_root(tmp_path_factory.mktemp("models"))
+
+
+def _greedy_texts(path) -> list[str]:
+    """The reference: the model at `path` loaded directly, greedy, on the test prompts."""
+    outputs = Engine.from_pretrained(path, num_blocks=48).generate(
+        PROMPT_IDS, SamplingParams(6, temperature=0.0)
+    )
+    return [" ".join(map(str, o.outputs[0].token_ids)) for o in outputs]
+
+
+def test_with_a_model_root_its_models_are_offered_and_outside_paths_refused(models, monkeypatch, request):
+    root, elsewhere = models
+    serve_models_from(monkeypatch, request, root)
+    at = open_app(PAGE)
+    assert at.selectbox(key="model_dir").options == ["alias", "tiny"]
+    at.radio(key="source").set_value("directory")  # a form: every setting goes in with the submit
+    at.selectbox(key="model_dir").set_value("tiny")
+    at.text_area(key="prompts").set_value(PROMPTS)
+    at.number_input(key="n").set_value(1)
+    at.number_input(key="max_tokens").set_value(6)
+    at.number_input(key="temperature").set_value(0.0)
+    _submit(at)
+    assert not at.error
+    tiny = _greedy_texts(root / "tiny")
+    assert tiny != _greedy_texts(elsewhere)  # the two saved models tell apart which one was loaded
+    assert at.dataframe[0].value["text"].tolist() == tiny
+    for path in ("../elsewhere", str(elsewhere), str(root / "escape")):
+        at.text_input(key="path").set_value(path)
+        _submit(at)
+        assert at.error and "PAGED_LAB_MODEL_ROOT" in at.error[0].value and str(root) in at.error[0].value
+        assert not at.metric  # refused at once: nothing drawn
+    at.text_input(key="path").set_value(str(root / "alias"))  # a typed path inside the root loads too
+    _submit(at)
+    assert not at.error and at.dataframe[0].value["text"].tolist() == tiny
+
+
+def test_a_model_root_that_is_missing_is_an_error_not_a_traceback(monkeypatch, request, tmp_path):
+    serve_models_from(monkeypatch, request, tmp_path / "not-mounted")
+    at = open_app(PAGE)
+    assert at.selectbox(key="model_dir").options == []
+    at.radio(key="source").set_value("directory")
+    _submit(at)
+    assert at.error and "PAGED_LAB_MODEL_ROOT" in at.error[0].value and "not a directory" in at.error[0].value
