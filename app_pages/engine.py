@@ -139,7 +139,7 @@ st.caption(
     "16 Alpaca-like requests on a tiny random Llama, once per n = 2, 4, 6 (parallel sampling) and beam width 2, 4, "
     "6; saving = 1 - blocks in use / blocks the same sequences would hold without sharing, averaged over the run."
 )
-if st.checkbox("Measure sharing (about half a minute on 2 CPU cores, then cached)", key="sharing"):
+if st.checkbox("Measure sharing (about 10 s on 2 CPU cores, then cached for everyone)", key="sharing"):
     try:
         measured = run_job(engine_sharing, label="Measuring sharing")
     except LabError as err:
