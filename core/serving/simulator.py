@@ -22,6 +22,7 @@ import pandas as pd
 
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
+from core.serving.hybrid_memory import HybridPoolSnapshot
 from core.serving.memory_policies import MemoryMetrics, MemoryPolicy, Policy, make_memory
 from core.serving.scheduler import PREEMPTION_MODES, ScheduledStep, Scheduler, StepOutcome, fitting_steps
 from core.serving.step_time import StepTimeModel, opt_13b_a100
@@ -115,6 +116,8 @@ class StepSnapshot:
     sequence holding the block, -1 when free), ref_count, fill (tokens stored), is_cached (holds a prefix-cache
     block, owned or free); block_tables: int32 [num decoding sequences, max blocks], row i the block table of the
     sequence of context_lens[i], padded with -1.
+    hybrid_pool: the hybrid policy's per-group blocks (`HybridPoolSnapshot`), else None (the fields above are
+    None then).
     """
 
     step: int
@@ -125,6 +128,7 @@ class StepSnapshot:
     fill: np.ndarray | None = None
     is_cached: np.ndarray | None = None
     block_tables: np.ndarray | None = None
+    hybrid_pool: HybridPoolSnapshot | None = None
 
 
 @dataclass(eq=False)
@@ -524,6 +528,8 @@ class _Simulation:
         pool = self.memory.snapshot(decoding)
         if pool is None:
             self.snapshots.append(StepSnapshot(self.step - 1, self.now, lens))
+        elif isinstance(pool, HybridPoolSnapshot):
+            self.snapshots.append(StepSnapshot(self.step - 1, self.now, lens, hybrid_pool=pool))
         else:
             self.snapshots.append(
                 StepSnapshot(
