@@ -53,7 +53,8 @@ class GroupBlocks:
     """The blocks one KV cache group holds after a step. kind, num_layers, window: the group's spec.
     block_ids: int32 [held], the group's own block ids (its manager's numbering), increasing; owner_request:
     int32 [held], the request whose sequence holds each block; fill: int16 [held], tokens stored (block_size
-    except a sequence's last block). Blocks a sliding window released are not held, so they do not appear."""
+    except a sequence's last block). Blocks a sliding window released are not held, so they do not appear. The
+    arrays are read-only and may be the very objects of another group with the same blocks."""
 
     kind: str
     num_layers: int
@@ -75,6 +76,13 @@ class HybridPoolSnapshot:
     @property
     def free_blocks(self) -> int:
         return self.num_blocks - sum(len(g.block_ids) for g in self.groups)
+
+
+def _same_blocks(group: GroupBlocks, arrays: tuple) -> bool:
+    return all(
+        np.array_equal(a, b)
+        for a, b in zip((group.block_ids, group.owner_request, group.fill), arrays, strict=True)
+    )
 
 
 class HybridPagedMemory:
@@ -256,14 +264,15 @@ class HybridPagedMemory:
                 owners += [request_of[sid]] * len(held)
                 fills += [bs] * (len(held) - 1) + [manager.num_tokens(sid) - (len(table) - 1) * bs]
             order = np.argsort(np.asarray(ids, dtype=np.int64), kind="stable")
-            out.append(
-                GroupBlocks(
-                    kind,
-                    layers,
-                    window,
-                    np.asarray(ids, dtype=np.int32)[order],
-                    np.asarray(owners, dtype=np.int32)[order],
-                    np.asarray(fills, dtype=np.int16)[order],
-                )
+            arrays = (
+                np.asarray(ids, dtype=np.int32)[order],
+                np.asarray(owners, dtype=np.int32)[order],
+                np.asarray(fills, dtype=np.int16)[order],
             )
+            twin = next((g for g in out if g.window == window and _same_blocks(g, arrays)), None)
+            if twin is not None:  # groups with one window make the same moves: share arrays (pickled once)
+                arrays = (twin.block_ids, twin.owner_request, twin.fill)
+            for array in arrays:
+                array.setflags(write=False)
+            out.append(GroupBlocks(kind, layers, window, *arrays))
         return HybridPoolSnapshot(self.num_blocks, self.group_size, tuple(out))

@@ -9,7 +9,7 @@ from core.errors import InvalidArgumentError
 from core.serving.memory_policies import Policy
 from core.serving.simulator import COLUMNS, SimulatorConfig, simulate
 from core.serving.step_time import StepTimeModel
-from core.serving.workload import Request, sharegpt
+from core.serving.workload import Request, fixed, sharegpt
 
 FLAT = StepTimeModel(0.0, 0.0, 0.0, 0.0, 1e12, 1e15, overhead_s=0.010)
 GROUPS = (("full", 1, None), ("sliding_window", 1, 32))
@@ -157,7 +157,17 @@ def test_gemma_3_pool_is_vllms_block_count():
     page = layout.page_bytes
     available = 15_728 * 62 * page // 16
     assert kv_cache_layout(MODELS["gemma-3-27b"], available, max_model_len=2048).num_blocks == 6_094
-    requests = sharegpt(60, rate=4.0, seed=1)
+    requests = fixed(24, 1200, 200, rate=4.0)  # past the 1,024-token window: the window groups stay bounded
     result = simulate(requests, _hybrid(groups), SimulatorConfig(kv_capacity_tokens=15_728))
     assert result.requests["finish_time"].notna().all()
     assert result.steps["free_blocks"].iloc[-1] == 6_094
+    busiest = max(result.snapshots, key=lambda s: len(s.context_lens))
+    assert len(busiest.context_lens) >= 2 and (busiest.context_lens > 1200).all()
+    snap = busiest.hybrid_pool
+    *windows, full = snap.groups
+    assert full.kind == "full" and len(full.block_ids) > len(windows[0].block_ids)
+    assert len(windows[0].block_ids) <= (cdiv(1024, 16) + 1) * len(set(full.owner_request.tolist()))
+    # the six window groups make the same moves, so their maps are equal and stored once
+    assert all(w.block_ids is windows[0].block_ids and w.fill is windows[0].fill for w in windows)
+    held = len(full.block_ids) + 6 * len(windows[0].block_ids)
+    assert snap.free_blocks == 6_094 - held and held * 16 <= result.capacity_slots
