@@ -384,7 +384,15 @@ def hybrid_block_heatmap_figure(snapshot, block_size: int, columns: int | None =
         seen = seen or len(traces) > 1
         for trace in traces:
             fig.add_trace(trace, row=row, col=1)
-        fig.update_yaxes(title=f"block // {cols}", autorange="reversed", row=row, col=1)
+        rows = grid_rows[row - 1]
+        fig.update_yaxes(
+            title=f"block in band // {cols}" if rows > 1 else "",
+            autorange="reversed",
+            tick0=0,
+            dtick=max(1, math.ceil(rows / 4)),
+            row=row,
+            col=1,
+        )
     fig.update_xaxes(showgrid=False, zeroline=False, range=[-0.5, cols - 0.5])
     fig.update_yaxes(showgrid=False, zeroline=False)
     fig.update_xaxes(title=f"block in band mod {cols}", row=len(bands), col=1)
@@ -393,9 +401,13 @@ def hybrid_block_heatmap_figure(snapshot, block_size: int, columns: int | None =
         f"Hybrid KV cache after step {snapshot.step:,} (t = {snapshot.time_s:,.1f} s): {used:,} of "
         f"{pool.num_blocks:,} pool blocks used ({pool.group_size:,} layers per block)"
     )
-    _layout(fig, title, height=max(380, 120 + 60 * len(bands) + 16 * sum(grid_rows)))
+    height = max(380, 160 + 60 * len(bands) + 16 * sum(grid_rows))
+    _layout(fig, title, height=height)
+    plot_height = height - 80 - 90  # less the top and bottom margins
     fig.update_layout(
-        showlegend=True, legend={"y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"}, margin={"t": 110}
+        showlegend=True,
+        legend={"y": -60 / plot_height, "yanchor": "top", "x": 0, "xanchor": "left"},
+        margin={"t": 80, "b": 90},
     )
     return fig
 

@@ -137,7 +137,8 @@ class SimulationResult:
     `free_blocks` is the free-list size: free blocks for paged, free buddy blocks for contiguous).
     requests: one row per request (arrival_time, first_token_time, finish_time in seconds; lengths in tokens).
     summary: see `summarize`. snapshots: sampled `StepSnapshot`s in step order. capacity_slots: the slots the
-    memory columns sum to (the KV capacity; for a hybrid policy, group slots: KV cache groups x capacity)."""
+    memory columns sum to (the KV capacity; for a hybrid policy, group slots: capacity x real layers //
+    layers per group, `core.serving.hybrid_memory`)."""
 
     policy: Policy
     config: SimulatorConfig

@@ -183,7 +183,8 @@ def test_hybrid_heatmap_has_a_band_per_group_kind_and_the_free_pool():
         "step 1,234 (t = 5,678.9 s): 8 of 20 pool blocks used (10 layers per block)" in fig.layout.title.text
     )
     assert (
-        fig.layout.xaxis3.title.text == "block in band mod 4" and fig.layout.yaxis.title.text == "block // 4"
+        fig.layout.xaxis3.title.text == "block in band mod 4"
+        and fig.layout.yaxis3.title.text == "block in band // 4"
     )
 
 
