@@ -18,6 +18,7 @@ from ui.simulator_figures import (
     attention_latency_figure,
     block_heatmap_figure,
     free_memory_figure,
+    hybrid_block_heatmap_figure,
     label,
     memory_breakdown_figure,
     running_waiting_figure,
@@ -183,7 +184,7 @@ left, right = st.columns(2)
 left.plotly_chart(free_memory_figure(steps, capacity), width="stretch")
 right.plotly_chart(running_waiting_figure(steps), width="stretch")
 
-if "paged" in results and results["paged"].snapshots and params.kv_groups is None:
+if "paged" in results and results["paged"].snapshots:
     snaps = results["paged"].snapshots
     st.subheader("Inside the paged cache")
     middle = snaps[len(snaps) // 2].step
@@ -194,15 +195,29 @@ if "paged" in results and results["paged"].snapshots and params.kv_groups is Non
         key="heatmap_step",
     )
     snap = next(s for s in snaps if s.step == chosen)
-    st.plotly_chart(block_heatmap_figure(snap, params.block_size), width="stretch")
-    st.caption(
-        "One cell per physical block, in block-id order. Colour = the request whose sequence holds it (a request's "
-        "blocks are scattered: no contiguity is needed); light grey = free; darker grey = free but still "
-        "prefix-cached; ◆ = shared by several sequences (parallel samples or a cached prefix); ○ = the partly "
-        "filled last block of a sequence, the only internal fragmentation paging has. Try n = 4 samples or a "
-        "shared system prompt with prefix caching to see sharing."
-    )
-    if measure:
+    if snap.hybrid_pool is not None:
+        st.plotly_chart(hybrid_block_heatmap_figure(snap, params.block_size), width="stretch")
+        st.caption(
+            "One pool, one band per KV cache group kind: each cell is a block the group holds (of "
+            f"{params.block_size} tokens x {snap.hybrid_pool.group_size} layers, a smaller group padded as vLLM does), in "
+            "that group's block-id order; colour = the owning request (as in the paged heatmap), ○ = partly "
+            "filled. A window group keeps only the blocks its window still reads: the ones behind it went back "
+            "to the free band. Each group numbers its own blocks here (vLLM draws all groups' ids from one pool)."
+        )
+    else:
+        st.plotly_chart(block_heatmap_figure(snap, params.block_size), width="stretch")
+        st.caption(
+            "One cell per physical block, in block-id order. Colour = the request whose sequence holds it (a "
+            "request's blocks are scattered: no contiguity is needed); light grey = free; darker grey = free but "
+            "still prefix-cached; ◆ = shared by several sequences (parallel samples or a cached prefix); ○ = the "
+            "partly filled last block of a sequence, the only internal fragmentation paging has. Try n = 4 "
+            "samples or a shared system prompt with prefix caching to see sharing."
+        )
+    if params.kv_groups is not None:
+        st.caption(
+            "Attention latency is measured on one pool's block tables: untick the hybrid manager to time it."
+        )
+    elif measure:
         try:
             table = run_job(
                 measure_simulated_attention, params, trace, float(budget_s), label="Timing attention"

@@ -220,17 +220,14 @@ def attention_latency_figure(table: pd.DataFrame) -> go.Figure:
     return _layout(fig, "Measured attention latency of each sampled step's batch")
 
 
-def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) -> go.Figure:
-    """Every physical block of the paged cache after one step: colour = owning request, light grey = free,
-    darker grey = free but still prefix-cached; ◆ = shared by several sequences (ref count > 1); hover shows the
-    fill."""
-    owner = np.asarray(snapshot.owner_request)
-    ref = np.asarray(snapshot.ref_count)
-    fill = np.asarray(snapshot.fill)
-    cached = np.asarray(snapshot.is_cached)
+def _block_grid_traces(
+    owner, ref, fill, cached, names, block_size: int, cols: int, legend: bool = True
+) -> list:
+    """A grid of blocks, cell i at (i % cols, i // cols): one Heatmap (colour = owning request, light grey = free,
+    darker grey = free but prefix-cached; hover: names[i], owner, fill, ref count) plus marker scatters for
+    shared (ref count > 1) and partly filled blocks. Arrays are indexed by cell; owner -1 = free."""
     num_blocks = len(owner)
-    cols = columns or max(8, math.ceil(math.sqrt(num_blocks * 2)))
-    rows = math.ceil(num_blocks / cols)
+    rows = max(1, math.ceil(num_blocks / cols))
     palette = [sequence_color(i) for i in range(24)]
     # z: 0 free, 1 cached-free, 2.. palette index of the owning request
     code = np.where(owner >= 0, 2 + owner % len(palette), np.where(cached, 1, 0)).astype(float)
@@ -244,8 +241,8 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) 
     text = np.full(rows * cols, "", dtype=object)
     for b in range(num_blocks):
         who = f"request {owner[b]:,}" if owner[b] >= 0 else ("free (cached)" if cached[b] else "free")
-        text[b] = f"block {b:,}<br>{who}<br>{fill[b]}/{block_size} tokens<br>ref count {ref[b]}"
-    fig = go.Figure(
+        text[b] = f"{names[b]}<br>{who}<br>{fill[b]}/{block_size} tokens<br>ref count {ref[b]}"
+    traces = [
         go.Heatmap(
             z=z.reshape(rows, cols),
             text=text.reshape(rows, cols),
@@ -257,10 +254,10 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) 
             xgap=1,
             ygap=1,
         )
-    )
+    ]
     shared = np.flatnonzero(ref > 1)
     if shared.size:
-        fig.add_trace(
+        traces.append(
             go.Scatter(
                 x=shared % cols,
                 y=shared // cols,
@@ -273,11 +270,12 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) 
                 },
                 name="shared block (ref count > 1)",
                 hoverinfo="skip",
+                showlegend=legend,
             )
         )
     partial = np.flatnonzero((owner >= 0) & (fill < block_size))
     if partial.size:
-        fig.add_trace(
+        traces.append(
             go.Scatter(
                 x=partial % cols,
                 y=partial // cols,
@@ -285,18 +283,131 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) 
                 marker={"symbol": "circle-open", "size": 5, "color": "black"},
                 name="partly filled block (internal fragmentation)",
                 hoverinfo="skip",
+                showlegend=legend,
             )
         )
+    return traces
+
+
+def _grid_columns(num_blocks: int, columns: int | None) -> int:
+    return columns or max(8, math.ceil(math.sqrt(num_blocks * 2)))
+
+
+def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) -> go.Figure:
+    """Every physical block of the paged cache after one step: colour = owning request, light grey = free,
+    darker grey = free but still prefix-cached; ◆ = shared by several sequences (ref count > 1); hover shows the
+    fill."""
+    owner = np.asarray(snapshot.owner_request)
+    ref = np.asarray(snapshot.ref_count)
+    num_blocks = len(owner)
+    cols = _grid_columns(num_blocks, columns)
+    rows = math.ceil(num_blocks / cols)
+    names = [f"block {b:,}" for b in range(num_blocks)]
+    traces = _block_grid_traces(
+        owner, ref, np.asarray(snapshot.fill), np.asarray(snapshot.is_cached), names, block_size, cols
+    )
+    fig = go.Figure(traces)
     fig.update_xaxes(title=f"block id mod {cols}", showgrid=False, zeroline=False)
     fig.update_yaxes(title=f"block id // {cols}", autorange="reversed", showgrid=False, zeroline=False)
     used = int((owner >= 0).sum())
     title = (
         f"Paged KV cache after step {snapshot.step:,} (t = {snapshot.time_s:,.1f} s): {used:,} of {num_blocks:,} "
-        f"blocks used, {int(shared.size):,} shared"
+        f"blocks used, {int((ref > 1).sum()):,} shared"
     )
     _layout(fig, title, height=max(340, 110 + 16 * rows))
     fig.update_layout(
         showlegend=True, legend={"y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"}, margin={"t": 90}
+    )
+    return fig
+
+
+def kv_group_name(kind: str, window: int | None) -> str:
+    """ "full attention" or "sliding window 1,024 tokens"."""
+    return "full attention" if kind == "full" else f"sliding window {window:,} tokens"
+
+
+def _hybrid_bands(pool) -> list[tuple[str, np.ndarray, np.ndarray, list]]:
+    """(title, owner, fill, cell names) per group kind (groups of one kind and window side by side, in group
+    order), then the pool's free blocks."""
+    kinds: dict = {}
+    for index, group in enumerate(pool.groups):
+        kinds.setdefault((group.kind, group.window), []).append((index, group))
+    bands = []
+    for (kind, window), members in kinds.items():
+        name = kv_group_name(kind, window)
+        layers = ", ".join(str(g.num_layers) for _, g in members)
+        held = sum(len(g.block_ids) for _, g in members)
+        of = f"{len(members)} groups of {layers} layers" if len(members) > 1 else f"{layers} layers"
+        title = f"{name} ({of}): {held:,} blocks"
+        names = [
+            f"{name}, group {i}, block {b:,}" if len(members) > 1 else f"{name}, block {b:,}"
+            for i, g in members
+            for b in g.block_ids
+        ]
+        owner = np.concatenate([np.asarray(g.owner_request, dtype=np.int64) for _, g in members])
+        fill = np.concatenate([np.asarray(g.fill, dtype=np.int64) for _, g in members])
+        bands.append((title, owner, fill, names))
+    free = pool.free_blocks
+    bands.append(
+        (
+            f"free, shared by every group: {free:,} blocks",
+            np.full(free, -1, np.int64),
+            np.zeros(free, np.int64),
+            ["free block"] * free,
+        )
+    )
+    return bands
+
+
+def hybrid_block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) -> go.Figure:
+    """The hybrid pool after one step (`snapshot.hybrid_pool`), one band per KV cache group kind plus the free
+    blocks: each cell is a block the group holds (its own block ids, increasing; groups of one kind side by
+    side), coloured by the owning request as in `block_heatmap_figure`, ○ = partly filled. The cells of all bands
+    sum to the pool's blocks; a window group's band stays small because released blocks return to the pool."""
+    pool = snapshot.hybrid_pool
+    cols = _grid_columns(pool.num_blocks, columns)
+    bands = _hybrid_bands(pool)
+    grid_rows = [max(1, math.ceil(len(owner) / cols)) for _, owner, _, _ in bands]
+    fig = make_subplots(
+        rows=len(bands),
+        cols=1,
+        row_heights=[r / sum(grid_rows) for r in grid_rows],
+        subplot_titles=[title for title, _, _, _ in bands],
+        vertical_spacing=min(0.08, 0.3 / len(bands)),
+    )
+    seen = False
+    for row, (_, owner, fill, names) in enumerate(bands, start=1):
+        ref = (owner >= 0).astype(np.int64)  # no sharing: one sequence per request, no prefix caching
+        traces = _block_grid_traces(
+            owner, ref, fill, np.zeros(len(owner), bool), names, block_size, cols, legend=not seen
+        )
+        seen = seen or len(traces) > 1
+        for trace in traces:
+            fig.add_trace(trace, row=row, col=1)
+        rows = grid_rows[row - 1]
+        fig.update_yaxes(
+            title=f"block in band // {cols}" if rows > 1 else "",
+            autorange="reversed",
+            tick0=0,
+            dtick=max(1, math.ceil(rows / 4)),
+            row=row,
+            col=1,
+        )
+    fig.update_xaxes(showgrid=False, zeroline=False, range=[-0.5, cols - 0.5])
+    fig.update_yaxes(showgrid=False, zeroline=False)
+    fig.update_xaxes(title=f"block in band mod {cols}", row=len(bands), col=1)
+    used = pool.num_blocks - pool.free_blocks
+    title = (
+        f"Hybrid KV cache after step {snapshot.step:,} (t = {snapshot.time_s:,.1f} s): {used:,} of "
+        f"{pool.num_blocks:,} pool blocks used ({pool.group_size:,} layers per block)"
+    )
+    height = max(380, 160 + 60 * len(bands) + 16 * sum(grid_rows))
+    _layout(fig, title, height=height)
+    plot_height = height - 80 - 90  # less the top and bottom margins
+    fig.update_layout(
+        showlegend=True,
+        legend={"y": -60 / plot_height, "yanchor": "top", "x": 0, "xanchor": "left"},
+        margin={"t": 80, "b": 90},
     )
     return fig
 

@@ -1,18 +1,24 @@
 """Paged KV for a hybrid model, as vLLM V1's hybrid allocator: full-attention groups grow with the sequence,
 sliding-window groups keep only the blocks their window still reads.
 
-The model's layers form KV cache groups of equal size (vLLM pads them to one size), given as (kind, num_layers,
-window) with kind "full" (window None) or "sliding_window" (window >= 1 tokens). One block of a group holds
-`block_size` tokens of K/V for that group's layers, and every group draws its blocks from one shared pool, so
-the pool has G x (capacity // block_size) blocks for G groups (the same bytes as `capacity` token slots of every
-layer). Each group keeps its own block table per sequence in a real `BlockManager` (with `sliding_window` for a
-window group: a block is released once it lies wholly before position n - window + 1 of the token being
-appended, and a prompt is allocated whole); the policy bounds their sum by the pool.
+The model's layers form KV cache groups, given as (kind, num_layers, window) with kind "full" (window None) or
+"sliding_window" (window >= 1 tokens). As in vLLM every group's page is the same size: a block of any group holds
+`block_size` tokens of K/V for `group_size` = the largest group's layers, so a smaller group is padded (its
+padding layers' pages are allocated and unused, vLLM's "Add N padding layers"). Every group draws its blocks from
+one shared pool of the bytes of `capacity` token slots of every real layer: `capacity x real_layers //
+group_size` *group slots* (one token of one group's block), so num_blocks = that // block_size, vLLM's
+available_bytes // page // group_size (equal groups: G x capacity // block_size for G groups). Each group keeps
+its own block table per sequence in a real `BlockManager` (with `sliding_window` for a window group: a block is
+released once it lies wholly before position n - window + 1 of the token being appended, and a prompt is
+allocated whole); the policy bounds their sum by the pool.
 
-Slots here are *group slots* (one token of one group's layers), so `capacity` = G x the token slots given, and
-the metrics sum to it. Limits: one sequence per request (no parallel sampling) and no prefix caching; the block
-ids of different groups are not distinct (each manager numbers its own), so `snapshot` returns None.
+The metrics are in group slots and sum to `capacity` (group slots); token states include a padded group's
+padding pages, as vLLM allocates them. Limits: one sequence per request (no parallel sampling) and no prefix
+caching; each group's manager numbers its own blocks, so a block id names a block within its group only
+(`HybridPoolSnapshot`).
 """
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,7 +32,8 @@ KV_GROUP_KINDS = ("full", "sliding_window")
 
 def check_kv_groups(kv_groups) -> tuple:
     """The groups as a tuple of (kind, num_layers, window) tuples; raises InvalidArgumentError when a kind is
-    unknown, a window is missing or set on a full group, or the groups differ in size."""
+    unknown, a window is missing or set on a full group, or a group has no layer. Groups may differ in size
+    (smaller ones are padded to the largest, as vLLM does)."""
     groups = tuple(tuple(g) for g in kv_groups)
     if not groups:
         raise InvalidArgumentError("a hybrid policy needs at least one KV cache group")
@@ -38,11 +45,44 @@ def check_kv_groups(kv_groups) -> tuple:
             raise InvalidArgumentError(f"a full-attention group has no window, got {window!r}")
         if kind == "sliding_window":
             check_int(window, "sliding window (tokens)", minimum=1)
-    if len({layers for _, layers, _ in groups}) > 1:
-        raise InvalidArgumentError(
-            f"KV cache groups must have one size (vLLM pads them), got layers {[g[1] for g in groups]}"
-        )
     return groups
+
+
+@dataclass(frozen=True, eq=False)
+class GroupBlocks:
+    """The blocks one KV cache group holds after a step. kind, num_layers, window: the group's spec.
+    block_ids: int32 [held], the group's own block ids (its manager's numbering), increasing; owner_request:
+    int32 [held], the request whose sequence holds each block; fill: int16 [held], tokens stored (block_size
+    except a sequence's last block). Blocks a sliding window released are not held, so they do not appear. The
+    arrays are read-only and may be the very objects of another group with the same blocks."""
+
+    kind: str
+    num_layers: int
+    window: int | None
+    block_ids: np.ndarray
+    owner_request: np.ndarray
+    fill: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class HybridPoolSnapshot:
+    """The shared pool after a step: num_blocks (the pool), group_size (layers per block, padding included),
+    groups (one `GroupBlocks` per KV cache group, in group order). free_blocks = num_blocks - blocks held."""
+
+    num_blocks: int
+    group_size: int
+    groups: tuple[GroupBlocks, ...]
+
+    @property
+    def free_blocks(self) -> int:
+        return self.num_blocks - sum(len(g.block_ids) for g in self.groups)
+
+
+def _same_blocks(group: GroupBlocks, arrays: tuple) -> bool:
+    return all(
+        np.array_equal(a, b)
+        for a, b in zip((group.block_ids, group.owner_request, group.fill), arrays, strict=True)
+    )
 
 
 class HybridPagedMemory:
@@ -53,11 +93,12 @@ class HybridPagedMemory:
         self.block_size = bs = policy.block_size
         if policy.enable_prefix_caching:
             raise InvalidArgumentError("the hybrid policy simulates no prefix caching")
-        count = len(self.groups)
-        self.num_blocks = count * (capacity // bs)
+        self.group_size = max(layers for _, layers, _ in self.groups)
+        real_layers = sum(layers for _, layers, _ in self.groups)
+        self.capacity = capacity * real_layers // self.group_size  # group slots
+        self.num_blocks = self.capacity // bs
         if self.num_blocks < 1:
             raise InvalidArgumentError(f"KV capacity {capacity} tokens holds no block of {bs} tokens")
-        self.capacity = count * capacity
         self.managers = [BlockManager(self.num_blocks, bs, sliding_window=w) for _, _, w in self.groups]
         self.windows = [w for _, _, w in self.groups]
         self.watermark_blocks = int(watermark * self.num_blocks)
@@ -206,5 +247,32 @@ class HybridPagedMemory:
         """Blocks each KV cache group holds now, in group order."""
         return tuple(self.num_blocks - m.num_free_blocks for m in self.managers)
 
-    def snapshot(self, groups: list) -> None:
-        return None
+    def snapshot(self, groups: list) -> HybridPoolSnapshot:
+        """Every group's held blocks (see `HybridPoolSnapshot`); `groups` is unused (no block tables: the
+        kernels' per-step measurement needs one pool). O(blocks held)."""
+        bs = self.block_size
+        request_of = {g.seq_ids[0]: g.request_id for g in self._held}
+        out = []
+        for (kind, layers, window), manager in zip(self.groups, self.managers, strict=True):
+            ids, owners, fills = [], [], []
+            for sid in manager.seq_ids():
+                table = manager.block_table(sid)
+                held = [b for b in table if b >= 0]
+                if not held:
+                    continue
+                ids += held
+                owners += [request_of[sid]] * len(held)
+                fills += [bs] * (len(held) - 1) + [manager.num_tokens(sid) - (len(table) - 1) * bs]
+            order = np.argsort(np.asarray(ids, dtype=np.int64), kind="stable")
+            arrays = (
+                np.asarray(ids, dtype=np.int32)[order],
+                np.asarray(owners, dtype=np.int32)[order],
+                np.asarray(fills, dtype=np.int16)[order],
+            )
+            twin = next((g for g in out if g.window == window and _same_blocks(g, arrays)), None)
+            if twin is not None:  # groups with one window make the same moves: share arrays (pickled once)
+                arrays = (twin.block_ids, twin.owner_request, twin.fill)
+            for array in arrays:
+                array.setflags(write=False)
+            out.append(GroupBlocks(kind, layers, window, *arrays))
+        return HybridPoolSnapshot(self.num_blocks, self.group_size, tuple(out))

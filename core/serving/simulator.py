@@ -22,6 +22,7 @@ import pandas as pd
 
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
+from core.serving.hybrid_memory import HybridPoolSnapshot
 from core.serving.memory_policies import MemoryMetrics, MemoryPolicy, Policy, make_memory
 from core.serving.scheduler import PREEMPTION_MODES, ScheduledStep, Scheduler, StepOutcome, fitting_steps
 from core.serving.step_time import StepTimeModel, opt_13b_a100
@@ -115,6 +116,7 @@ class StepSnapshot:
     sequence holding the block, -1 when free), ref_count, fill (tokens stored), is_cached (holds a prefix-cache
     block, owned or free); block_tables: int32 [num decoding sequences, max blocks], row i the block table of the
     sequence of context_lens[i], padded with -1.
+    hybrid_pool: the hybrid policy's per-group blocks (`HybridPoolSnapshot`; the fields above are None), or None.
     """
 
     step: int
@@ -125,6 +127,7 @@ class StepSnapshot:
     fill: np.ndarray | None = None
     is_cached: np.ndarray | None = None
     block_tables: np.ndarray | None = None
+    hybrid_pool: HybridPoolSnapshot | None = None
 
 
 @dataclass(eq=False)
@@ -133,7 +136,7 @@ class SimulationResult:
     `free_blocks` is the free-list size: free blocks for paged, free buddy blocks for contiguous).
     requests: one row per request (arrival_time, first_token_time, finish_time in seconds; lengths in tokens).
     summary: see `summarize`. snapshots: sampled `StepSnapshot`s in step order. capacity_slots: the slots the
-    memory columns sum to (the KV capacity; for a hybrid policy, group slots: KV cache groups x capacity)."""
+    memory columns sum to (the KV capacity; for a hybrid policy, group slots, see `core.serving.hybrid_memory`)."""
 
     policy: Policy
     config: SimulatorConfig
@@ -522,8 +525,8 @@ class _Simulation:
         decoding = [g for g in self.scheduler.running if g.num_prefill_tokens == 0]
         lens = np.array([g.length for g in decoding for _ in range(g.num_seqs)], dtype=np.int64)
         pool = self.memory.snapshot(decoding)
-        if pool is None:
-            self.snapshots.append(StepSnapshot(self.step - 1, self.now, lens))
+        if pool is None or isinstance(pool, HybridPoolSnapshot):
+            self.snapshots.append(StepSnapshot(self.step - 1, self.now, lens, hybrid_pool=pool))
         else:
             self.snapshots.append(
                 StepSnapshot(

@@ -1,6 +1,8 @@
 """The Simulator page under AppTest: the default comparison, a custom run, errors shown as st.error, the heatmap
 slider and the measured-attention option."""
 
+import json
+
 from tests.conftest import open_app
 
 PAGE = "app_pages/simulator.py"
@@ -80,3 +82,29 @@ def test_hybrid_kv_cache_manager_for_a_sliding_window_model():
     assert not at.error
     captions = " ".join(c.value for c in at.caption)
     assert "12 sliding window layers (window 128)" in captions and "12 full layers" in captions
+    charts = at.get("plotly_chart")
+    assert len(charts) == 5  # summary, breakdown, free memory, running/waiting, and the hybrid heatmap
+    heatmap = json.loads(charts[4].proto.spec)
+    assert heatmap["layout"]["title"]["text"].startswith("Hybrid KV cache after step")
+    bands = [a["text"] for a in heatmap["layout"]["annotations"]]
+    assert bands[0].startswith("sliding window 128 tokens (12 layers)") and bands[1].startswith(
+        "full attention"
+    )
+    assert bands[2].startswith("free, shared by every group")
+
+
+def test_hybrid_kv_cache_manager_pads_gemma_3s_unequal_groups():
+    """Gemma-3-27B's groups differ in size (10 full layers; 52 sliding in groups of 9, 9, 9, 9, 8, 8): they are
+    padded to 10 layers per block as vLLM does, so the run simulates and shows the six window groups in one band."""
+    at = open_app(PAGE)
+    at.selectbox(key="model").set_value("gemma-3-27b")
+    at.number_input(key="num_requests").set_value(30)
+    at.checkbox(key="hybrid").check()
+    at.button[0].click().run(timeout=300)
+    assert not at.exception
+    assert not at.error
+    heatmap = json.loads(at.get("plotly_chart")[4].proto.spec)
+    bands = [a["text"] for a in heatmap["layout"]["annotations"]]
+    assert bands[0].startswith("sliding window 1,024 tokens (6 groups of 9, 9, 9, 9, 8, 8 layers)")
+    assert bands[1].startswith("full attention (10 layers)")
+    assert "(10 layers per block)" in heatmap["layout"]["title"]["text"]

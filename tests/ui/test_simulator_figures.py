@@ -4,21 +4,23 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core.serving.memory_policies import orca_max, orca_oracle, paged
-from core.serving.simulator import SimulatorConfig, simulate
+from core.serving.hybrid_memory import GroupBlocks, HybridPoolSnapshot
+from core.serving.memory_policies import Policy, orca_max, orca_oracle, paged
+from core.serving.simulator import SimulatorConfig, StepSnapshot, simulate
 from core.serving.workload import sharegpt
 from ui.simulator_figures import (
     PAPER_FIGURE_2,
     attention_latency_figure,
     block_heatmap_figure,
     free_memory_figure,
+    hybrid_block_heatmap_figure,
     memory_breakdown_figure,
     running_waiting_figure,
     steps_table,
     summary_bars_figure,
     thin,
 )
-from ui.theme import MEMORY_COLORS, POLICY_COLORS
+from ui.theme import FREE_BLOCK_COLOR, MEMORY_COLORS, POLICY_COLORS, sequence_color
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +127,85 @@ def test_steps_table_stacks_policies(results):
     table = steps_table(results)
     assert table.columns[0] == "policy"
     assert len(table) == sum(len(r.steps) for r in results.values())
+
+
+def _group(kind, layers, window, ids, owners, fills):
+    return GroupBlocks(kind, layers, window, np.array(ids), np.array(owners), np.array(fills))
+
+
+def _colour(heat, z):
+    """The colour the heatmap's step colorscale gives value z (each colour spans [i/n, (i+1)/n))."""
+    scale = heat.colorscale
+    return next(
+        c for (lo, c), (hi, _) in zip(scale[::2], scale[1::2], strict=True) if lo <= z / heat.zmax < hi
+    )
+
+
+def test_hybrid_heatmap_has_a_band_per_group_kind_and_the_free_pool():
+    """A 20-block pool of 10-layer blocks, block 16: the full group holds blocks 0-3 (requests 3, 3, 3, 7; 16, 16,
+    9, 4 tokens); two window-32 groups of 9 and 8 layers hold 1, 4 and 0, 2 (requests 3, 7 each, 9 and 4 tokens).
+    Bands with 4 columns: full (4 cells, 1 row), sliding window (2 groups side by side: 4 cells), free (20 - 8 =
+    12 cells, 3 rows). Request 7's cells take z = 2 + 7 = 9, the colour the paged heatmap gives request 7."""
+    pool = HybridPoolSnapshot(
+        20,
+        10,
+        (
+            _group("full", 10, None, [0, 1, 2, 3], [3, 3, 3, 7], [16, 16, 9, 4]),
+            _group("sliding_window", 9, 32, [1, 4], [3, 7], [9, 4]),
+            _group("sliding_window", 8, 32, [0, 2], [3, 7], [9, 4]),
+        ),
+    )
+    snap = StepSnapshot(1_234, 5_678.9, np.array([41, 20]), hybrid_pool=pool)
+    fig = hybrid_block_heatmap_figure(snap, 16, columns=4)
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == [
+        "full attention (10 layers): 4 blocks",
+        "sliding window 32 tokens (2 groups of 9, 8 layers): 4 blocks",
+        "free, shared by every group: 12 blocks",
+    ]
+    heats = [t for t in fig.data if t.type == "heatmap"]
+    assert [np.asarray(h.z, dtype=float).tolist() for h in heats] == [
+        [[5, 5, 5, 9]],
+        [[5, 9, 5, 9]],
+        [[0, 0, 0, 0]] * 3,
+    ]
+    assert _colour(heats[0], 9) == sequence_color(7) and _colour(heats[2], 0) == FREE_BLOCK_COLOR
+    assert (
+        np.asarray(heats[1].text)
+        .ravel()[2]
+        .startswith("sliding window 32 tokens, group 2, block 0<br>request 3")
+    )
+    assert "9/16 tokens" in np.asarray(heats[1].text).ravel()[2]
+    partial = [t for t in fig.data if t.type == "scatter"]
+    assert [(list(t.x), list(t.y)) for t in partial] == [([2, 3], [0, 0]), ([0, 1, 2, 3], [0, 0, 0, 0])]
+    assert [t.showlegend for t in partial] == [True, False]
+    assert (
+        "step 1,234 (t = 5,678.9 s): 8 of 20 pool blocks used (10 layers per block)" in fig.layout.title.text
+    )
+    assert (
+        fig.layout.xaxis3.title.text == "block in band mod 4"
+        and fig.layout.yaxis3.title.text == "block in band // 4"
+    )
+
+
+def test_hybrid_heatmap_of_a_simulation_covers_the_pool():
+    """On a real run the bands' cells add up to the pool, and a request's window-group blocks stay within its
+    bound: all its tokens while admitted and not yet appended to (a prompt, or prompt + outputs recomputed after
+    a preemption), then at most cdiv(128, 16) + 1 = 9, while its full-group blocks
+    grow with its length."""
+    requests = sharegpt(60, rate=6.0, seed=3)
+    policy = Policy("paged", 16, kv_groups=(("full", 12, None), ("sliding_window", 12, 128)))
+    result = simulate(requests, policy, SimulatorConfig(kv_capacity_tokens=8_192))
+    snap = max(result.snapshots, key=lambda s: len(s.context_lens))
+    pool = snap.hybrid_pool
+    fig = hybrid_block_heatmap_figure(snap, 16)
+    cells = [int(np.isfinite(np.asarray(t.z, dtype=float)).sum()) for t in fig.data if t.type == "heatmap"]
+    assert sum(cells) == pool.num_blocks == 1_024
+    full, window = pool.groups
+    assert cells[:2] == [len(full.block_ids), len(window.block_ids)]
+    owners = set(window.owner_request.tolist())
+    assert len(owners) >= 2 and len(window.block_ids) < len(full.block_ids)
+    for rid in owners:
+        longest = requests[rid].prompt_len + requests[rid].output_len
+        assert (window.owner_request == rid).sum() <= max(9, -(-longest // 16))
+    assert f"{pool.num_blocks - pool.free_blocks:,} of 1,024 pool blocks used" in fig.layout.title.text
