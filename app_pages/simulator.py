@@ -149,11 +149,16 @@ try:
     if hybrid and params.kv_groups is None:
         st.info(f"{MODELS[model].name} has one KV cache group kind: the hybrid manager changes nothing.")
     elif hybrid:
+        kinds: dict[tuple, list[int]] = {}
+        for kind, layers, window in params.kv_groups:
+            kinds.setdefault((kind, window), []).append(layers)
         st.caption(
             "Hybrid KV cache manager: "
-            + ", ".join(
-                f"{n} {k.replace('_', ' ')} layers" + (f" (window {w:,})" if w else "")
-                for k, n, w in params.kv_groups
+            + "; ".join(
+                f"{len(sizes)} {kind.replace('_', '-').replace('full', 'full-attention')} group{'s' * (len(sizes) > 1)}"
+                + (f" (window {window:,} tokens)" if window else "")
+                + f" of {', '.join(map(str, sizes))} layers"
+                for (kind, window), sizes in kinds.items()
             )
             + ". Sliding-window groups stay bounded at their window while full groups grow with the sequence."
         )

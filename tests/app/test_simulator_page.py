@@ -81,7 +81,10 @@ def test_hybrid_kv_cache_manager_for_a_sliding_window_model():
     assert not at.exception
     assert not at.error
     captions = " ".join(c.value for c in at.caption)
-    assert "12 sliding window layers (window 128)" in captions and "12 full layers" in captions
+    assert (
+        "1 sliding-window group (window 128 tokens) of 12 layers; 1 full-attention group of 12 layers"
+        in captions
+    )
     charts = at.get("plotly_chart")
     assert len(charts) == 5  # summary, breakdown, free memory, running/waiting, and the hybrid heatmap
     heatmap = json.loads(charts[4].proto.spec)
@@ -108,3 +111,8 @@ def test_hybrid_kv_cache_manager_pads_gemma_3s_unequal_groups():
     assert bands[0].startswith("sliding window 1,024 tokens (6 groups of 9, 9, 9, 9, 8, 8 layers)")
     assert bands[1].startswith("full attention (10 layers)")
     assert "(10 layers per block)" in heatmap["layout"]["title"]["text"]
+    captions = " ".join(c.value for c in at.caption)
+    assert (
+        "6 sliding-window groups (window 1,024 tokens) of 9, 9, 9, 9, 8, 8 layers; 1 full-attention group"
+        in captions
+    )
