@@ -301,7 +301,7 @@ def test_bad_pasted_config_changes_nothing():
 
 @pytest.mark.parametrize(
     "data, reason",
-    [(b"", "paste or upload"), (b"\x89PNG\r\n\x1a\n\x00\x00", "UTF-8"), (b'{"a": "\x00"}', "binary"),
+    [(b"", "is empty"), (b"\x89PNG\r\n\x1a\n\x00\x00", "binary"), (b'{"a": "\x00"}', "binary"),
      (b" " * 1_000_000, "bytes"), (b"[]", "JSON object"), (b"\xef\xbb\xbf{}", None)],
 )  # fmt: skip
 def test_uploaded_config_is_checked(data, reason):
