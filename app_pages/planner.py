@@ -76,6 +76,7 @@ def custom_config_inputs(p: str) -> None:
         st.session_state[f"{p}upload_seen"] = upload.file_id
         try:
             config = config_from_bytes(read_upload(upload, "the uploaded config.json", app_limits()))
+            model_from_config(config)  # a config that describes no model is not used either
             st.session_state[f"{p}config_text"] = json.dumps(config, indent=2)
         except LabError as error:
             st.error(f"Upload not used: {error}")

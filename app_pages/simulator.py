@@ -125,7 +125,7 @@ try:
             limits = app_limits()
             max_len = min(SimulatorParams.max_seq_len, MODELS[model].max_position_embeddings)
             source = (
-                f"the simulator's max_seq_len {SimulatorParams.max_seq_len:,}, "
+                f"the smaller of the simulator's max_seq_len {SimulatorParams.max_seq_len:,} and "
                 f"{MODELS[model].name}'s max_position_embeddings {MODELS[model].max_position_embeddings:,}"
             )
             trace = _parse_trace(read_upload(upload, "the trace", limits), max_len, source, limits)
