@@ -316,6 +316,19 @@ def _parse_row(record: dict, row: int) -> Request:
 
 
 TRACE_EXPECTED = "a CSV (with a header row) or JSONL trace"
+MAX_TRACE_LINE_CHARS = 65_536  # a trace row is a few dozen characters; a longer line is never parsed
+
+
+def _bounded_lines(text: str) -> Iterable[str]:
+    """The lines of `text`, lazily; InvalidArgumentError at the first line over MAX_TRACE_LINE_CHARS, before it is
+    parsed (so no row can expand into millions of fields or keys)."""
+    for line_no, line in enumerate(io.StringIO(text), start=1):
+        if len(line) > MAX_TRACE_LINE_CHARS:
+            raise InvalidArgumentError(
+                f"trace line {line_no} has {len(line):,} characters; a row may have at most "
+                f"{MAX_TRACE_LINE_CHARS:,}"
+            )
+        yield line
 
 
 def _records(text: str) -> Iterable[tuple[int, dict]]:
@@ -328,7 +341,7 @@ def _records(text: str) -> Iterable[tuple[int, dict]]:
             "the trace is a JSON array: upload JSON lines (one object per line) or a CSV with a header row"
         )
     if stripped.startswith("{"):
-        for line_no, line in enumerate(io.StringIO(text), start=1):
+        for line_no, line in enumerate(_bounded_lines(text), start=1):
             if not line.strip():
                 continue
             try:
@@ -345,7 +358,7 @@ def _records(text: str) -> Iterable[tuple[int, dict]]:
                 raise InvalidArgumentError(f"trace line {line_no}: expected a JSON object per line")
             yield line_no, record
         return
-    reader = csv.DictReader(io.StringIO(text), strict=True)
+    reader = csv.DictReader(_bounded_lines(text), strict=True)
     try:
         if reader.fieldnames is None:
             raise InvalidArgumentError("trace is empty: expected a CSV header or JSON lines")
