@@ -1,11 +1,10 @@
 """Engine: a real model generating through the paged KV cache, with what the block manager did at each step."""
 
 import streamlit as st
-import torch
 
-from core.engine import Engine, SamplingParams
-from core.errors import InvalidArgumentError, LabError
-from core.jobs.cache import MISSING, ResultCache
+from core.engine import SamplingParams
+from core.errors import LabError
+from core.jobs.tasks import engine_sharing, generate_outputs
 from ui.engine_figures import (
     attention_latency_figure,
     copy_on_write_figure,
@@ -15,71 +14,12 @@ from ui.engine_figures import (
     sequence_color_index,
     sharing_figure,
 )
+from ui.jobs import run_job
 
-# A tiny Llama (GQA 4 query / 2 KV heads) with seeded random weights: builds in milliseconds, runs in ~1 s on CPU.
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 176,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-}
 DEFAULT_PROMPTS = (
     "1 17 42 7 99 3 250 11 64 5 8 301 77 12 45 9 230 18 6 33\n5 9 200 31\n400 2 88 13 61 7 19 140 52 3"
 )
 SOURCES = {"tiny": "Tiny random Llama (2 layers, built here)", "directory": "Local model directory"}
-
-
-@st.cache_resource
-def _runs() -> ResultCache:
-    return ResultCache(max_entries=8, ttl_s=3600.0)
-
-
-def _engine(source: str, path: str, pool: int, block_size: int, prefix_caching: bool) -> Engine:
-    """A fresh engine per run (its pool is mutable state: never shared between sessions)."""
-    options = {
-        "num_blocks": pool or None,
-        "block_size": block_size,
-        "enable_prefix_caching": prefix_caching,
-        "device": "cpu",
-    }
-    if source == "directory":
-        return Engine.from_pretrained(path.strip(), **options)
-    return Engine.from_config(TINY_LLAMA, seed=0, **options)
-
-
-def _prompts(text: str, has_tokenizer: bool) -> list:
-    """One prompt per non-empty line: the text itself with a tokenizer, else token ids separated by spaces/commas."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if has_tokenizer:
-        return lines
-    try:
-        return [[int(t) for t in line.replace(",", " ").split()] for line in lines]
-    except ValueError:
-        raise InvalidArgumentError(
-            "this model has no tokenizer: give each prompt as token ids, e.g. '1 17 42 7'"
-        ) from None
-
-
-def _generate(key: tuple, params: SamplingParams, progress):
-    """(prompt ids, outputs, run, tokenizer) for this key, memoised; `progress(fraction)` while it computes."""
-    cache = _runs()
-    hit = cache.get((key, params))
-    if hit is MISSING:
-        source, path, pool, block_size, prefix_caching, text = key
-        engine = _engine(source, path, pool, block_size, prefix_caching)
-        prompts = _prompts(text, engine.tokenizer is not None)
-        if not prompts:
-            raise InvalidArgumentError("enter at least one prompt (one per line)")
-        with torch.inference_mode():
-            outputs = engine.generate(prompts, params, progress=progress)
-        hit = ([o.prompt_token_ids for o in outputs], outputs, engine.last_run, engine.tokenizer)
-        cache.put((key, params), hit)
-    return hit
 
 
 st.title("Engine")
@@ -123,23 +63,23 @@ try:
         seed=int(seed),
         ignore_eos=source == "tiny",
     )
-    key = (
+    # in the worker pool: the engine is built and runs there, so other sessions' pages keep rendering
+    generation = run_job(
+        generate_outputs,
         source,
         path if source == "directory" else "",
         int(pool),
         int(block_size),
-        prefix_caching,
+        bool(prefix_caching),
         prompts_text,
+        params,
+        label="Generating",
     )
-    bar = st.progress(0.0, text="Generating…")
-    prompt_ids, outputs, run, tokenizer = _generate(
-        key, params, lambda f: bar.progress(min(f, 1.0), text=f"Generating… {f:.0%} of the output tokens")
-    )
-    bar.empty()
 except LabError as err:
     st.error(f"Cannot generate: {err}")
     st.stop()
 
+run = generation.run
 steps = run.steps
 m1, m2, m3, m4, m5 = st.columns(5)
 m1.metric("Tokens generated", f"{int(steps['tokens_generated'].sum()):,}")
@@ -152,8 +92,11 @@ st.caption(
     f"{100 * run.sharing_saving():.1f}% (1 - blocks in use / blocks the same sequences would hold unshared)."
 )
 
-decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
-st.dataframe(outputs_table(prompt_ids, outputs, decode), hide_index=True, width="stretch")
+texts = generation.texts
+decode = (lambda ids: texts[tuple(ids)]) if texts is not None else None
+st.dataframe(
+    outputs_table(generation.prompt_token_ids, generation.outputs, decode), hide_index=True, width="stretch"
+)
 
 st.subheader("Inside the paged cache")
 snapshots = run.snapshots
@@ -173,23 +116,15 @@ left.plotly_chart(free_blocks_figure(steps, run.num_blocks), width="stretch")
 right.plotly_chart(copy_on_write_figure(steps), width="stretch")
 st.plotly_chart(attention_latency_figure(steps), width="stretch")
 
-try:  # the Figure 15 measurement (core.engine.sharing) may land after the engine itself
-    from core.engine.sharing import measure_sharing
-except ImportError:
-    measure_sharing = None
-if measure_sharing is not None:
-    st.subheader("Memory saved by sharing (the paper's Figure 15)")
-    st.caption(
-        "16 Alpaca-like requests on a tiny random Llama, once per n = 2, 4, 6 (parallel sampling) and beam width 2, 4, "
-        "6; saving = 1 - blocks in use / blocks the same sequences would hold without sharing, averaged over the run."
-    )
-    if st.checkbox("Measure sharing (about half a minute on 2 CPU cores, then cached)", key="sharing"):
-        measured = _runs().get("sharing")
-        if measured is MISSING:
-            sharing_bar = st.progress(0.0, text="Measuring sharing…")
-            measured = measure_sharing(
-                progress=lambda f: sharing_bar.progress(min(f, 1.0), text="Measuring sharing…")
-            )
-            sharing_bar.empty()
-            _runs().put("sharing", measured)
+st.subheader("Memory saved by sharing (the paper's Figure 15)")
+st.caption(
+    "16 Alpaca-like requests on a tiny random Llama, once per n = 2, 4, 6 (parallel sampling) and beam width 2, 4, "
+    "6; saving = 1 - blocks in use / blocks the same sequences would hold without sharing, averaged over the run."
+)
+if st.checkbox("Measure sharing (about half a minute on 2 CPU cores, then cached)", key="sharing"):
+    try:
+        measured = run_job(engine_sharing, label="Measuring sharing")
+    except LabError as err:
+        st.error(f"Cannot measure sharing: {err}")
+    else:
         st.plotly_chart(sharing_figure(measured), width="stretch")

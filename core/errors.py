@@ -38,6 +38,9 @@ class MemoryBudgetError(LabError):
         self.requested_bytes = requested_bytes
         self.allowed_bytes = allowed_bytes
 
+    def __reduce__(self):  # travels from a worker process intact, with its fields
+        return (type(self), (str(self), self.requested_bytes, self.allowed_bytes))
+
 
 class BackendUnavailableError(LabError):
     """A compute backend was asked for that cannot run here (e.g. Triton without a GPU or without triton)."""

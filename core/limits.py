@@ -1,8 +1,8 @@
 """Operator limits: the one configuration object a host sets to protect a shared demo server.
 
 Every limit is read from an environment variable (or, in the app, a root-level `st.secrets` entry of the same
-name, merged by `ui/limits.py`), with safe defaults. `Limits` is frozen: it is read once per process and shared
-as an immutable value. A bad value raises `LimitConfigError` naming the variable, what it was and what is
+name, merged by `ui/jobs.py` `app_limits`), with safe defaults. `Limits` is frozen: it is read once per process
+and shared as an immutable value. A bad value raises `LimitConfigError` naming the variable, what it was and what is
 allowed; an unset or blank variable takes the default.
 
 Variables (all integers unless marked):

@@ -18,8 +18,8 @@ from core.limits import Limits
 SESSION_KEY = "_job_session"
 CANCELLED_KEY = "_job_cancelled"
 POLL_S = 0.25
-# Imported by every worker when it starts, so the first job does not pay for torch and the simulator.
-PRELOAD = ("core.serving.experiment", "core.kernels.timing")
+# Imported by every worker when it starts, so the first job does not pay for torch, the simulator and the engine.
+PRELOAD = ("core.serving.experiment", "core.kernels.timing", "core.engine.engine")
 
 
 def _root_secrets() -> dict[str, object]:

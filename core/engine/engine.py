@@ -10,6 +10,7 @@ the forward pass (K/V written by slot, read by the paged kernels) and samples, f
 See `core.engine` for the public API.
 """
 
+import math
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -28,7 +29,7 @@ from core.engine.model import ForwardBatch, LlamaModel
 from core.engine.postprocess import finish_group_outputs, process_group
 from core.engine.sampling import SamplingParams
 from core.engine.sequence import RequestOutput, Sequence, SequenceGroup
-from core.engine.weights import load_weights, random_weights
+from core.engine.weights import expected_shapes, load_weights, random_weights
 from core.errors import InvalidArgumentError, ModelLoadError, ModelTooLargeError
 from core.paging.block_manager import BlockManager
 from core.paging.kv_cache import KVCache, kv_cache_bytes
@@ -55,6 +56,27 @@ def _load_tokenizer(path: Path):
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as err:
         raise ModelLoadError(f"the tokenizer files in {str(path)!r} do not load: {err}") from None
+
+
+def engine_bytes(
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> int:
+    """Bytes an engine of `config` allocates: its required weights (`expected_shapes`; optional q/k/v biases, a
+    few rows per layer, not counted) plus a pool of `num_blocks` KV blocks of `block_size` tokens, in the dtype
+    the engine would use (`dtype`, else float32 on CPU and the checkpoint's dtype on CUDA; `device` defaults to
+    `default_device()`). Computed from shapes alone, so a caller can refuse before anything is allocated."""
+    device = torch.device(device) if device is not None else default_device()
+    dtype = _resolve_dtype(dtype, device, config)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    weights = sum(math.prod(shape) for shape in expected_shapes(config).values()) * itemsize
+    kv = kv_cache_bytes(
+        config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype
+    )
+    return weights + kv
 
 
 class Engine:

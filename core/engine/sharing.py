@@ -13,8 +13,9 @@ lengths and block arithmetic, not on the weights.
 import numpy as np
 import pandas as pd
 
-from core.common import check_int
-from core.engine.engine import Engine
+from core.common import cdiv, check_budget, check_int
+from core.engine.config import ModelConfig
+from core.engine.engine import Engine, engine_bytes
 from core.engine.sampling import SamplingParams
 from core.serving.workload import alpaca
 
@@ -63,20 +64,26 @@ def measure_sharing(
     none), mean_blocks_in_use, mean_blocks_without_sharing, steps, requests.
 
     Output lengths are capped at `max_output_len` tokens to keep CPU runs short. `engine` defaults to a tiny
-    random Llama with a pool roomy enough that nothing is preempted. progress(fraction) after each run.
+    random Llama on `default_device()` with a pool roomy enough that nothing is preempted, refused with
+    MemoryBudgetError (PAGED_LAB_MAX_BYTES) before anything is allocated when it would not fit the budget.
+    progress(fraction) after every engine step, fraction over all the runs (the last call 1.0).
     """
     num_requests = check_int(num_requests, "num_requests", minimum=1)
     requests = alpaca(num_requests, seed=seed, max_len=2048)
     rng = np.random.default_rng(seed)
     if engine is None:
         longest = max(r.prompt_len + min(r.output_len, max_output_len) for r in requests)
-        blocks = num_requests * max(widths) * (-(-longest // block_size) + 1) + 16
+        blocks = num_requests * max(widths) * (cdiv(longest, block_size) + 1) + 16
+        config = ModelConfig.from_dict(TINY_LLAMA)
+        check_budget(
+            engine_bytes(config, blocks, block_size),
+            f"the sharing measurement's tiny Llama with a pool of {blocks:,} KV blocks of {block_size} tokens",
+        )
         engine = Engine.from_config(
-            TINY_LLAMA,
+            config,
             seed=seed,
             num_blocks=blocks,
             block_size=block_size,
-            device="cpu",
             max_num_seqs=1024,
             max_num_batched_tokens=4096,
         )
@@ -86,7 +93,11 @@ def measure_sharing(
     runs = [(m, w) for m in ("parallel sampling", "beam search") for w in widths]
     for index, (mode, width) in enumerate(runs):
         params = [sharing_params(mode, width, min(r.output_len, max_output_len), seed) for r in requests]
-        engine.generate(prompts, params)
+        engine.generate(
+            prompts,
+            params,
+            progress=None if progress is None else lambda f, i=index: progress((i + f) / len(runs)),
+        )
         steps = engine.last_run.steps
         held = steps[steps["blocks_without_sharing"] > 0]
         rows.append(
@@ -101,6 +112,4 @@ def measure_sharing(
                 "requests": num_requests,
             }
         )
-        if progress is not None:
-            progress((index + 1) / len(runs))
     return pd.DataFrame(rows)

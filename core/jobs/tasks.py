@@ -8,7 +8,17 @@ Return values are plain data the page draws from (never mutated after they are r
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import pandas as pd
+import torch
+
+from core import common
+from core.device import default_device
+from core.engine import Engine, EngineRun, ModelConfig, RequestOutput, SamplingParams
+from core.engine.engine import engine_bytes
+from core.engine.sharing import measure_sharing
+from core.errors import InvalidArgumentError
 from core.kernels.timing import (
     KernelConfig,
     check_budget,
@@ -104,3 +114,133 @@ def kernel_sweep(
         rows.extend(measure(point, list(backends), device, repeats=repeats))
     progress(1.0, "done")
     return {"copy_gbps": copy_gbps, "contexts": contexts, "rows": rows}
+
+
+# ---- the Engine page -------------------------------------------------------------------------------------------
+# A tiny Llama (GQA 4 query / 2 KV heads) with seeded random weights: builds in milliseconds, runs in ~1 s on CPU.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
+MAX_ENGINE_SEQUENCES = 1_024  # prompts x (n or beam width) in one run of the Engine page
+
+
+@dataclass(frozen=True, eq=False)
+class Generation:
+    """One `generate_outputs` run, as plain data the Engine page draws from (shared: never mutated).
+
+    prompt_token_ids: each prompt's token ids, in prompt order. outputs: `Engine.generate`'s RequestOutputs, in
+    the same order. run: the engine's `last_run` (per-step metrics and block snapshots). texts: the model
+    tokenizer's `decode(token_ids)` of every completion, keyed by `tuple(token_ids)`, when the model has a
+    tokenizer (decoded in the worker, so the tokenizer never travels); None when it has none.
+    """
+
+    prompt_token_ids: tuple[tuple[int, ...], ...]
+    outputs: tuple[RequestOutput, ...]
+    run: EngineRun
+    texts: dict[tuple[int, ...], str] | None
+
+
+def _prompt_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _parse_prompts(lines: list[str], has_tokenizer: bool) -> list:
+    """The lines themselves with a tokenizer, else token ids separated by spaces or commas."""
+    if has_tokenizer:
+        return lines
+    try:
+        return [[int(t) for t in line.replace(",", " ").split()] for line in lines]
+    except ValueError:
+        raise InvalidArgumentError(
+            "this model has no tokenizer: give each prompt as token ids, e.g. '1 17 42 7'"
+        ) from None
+
+
+def generate_outputs(
+    source: str,
+    path: str,
+    num_blocks: int,
+    block_size: int,
+    prefix_caching: bool,
+    prompts_text: str,
+    params: SamplingParams,
+    *,
+    progress: Callable = _no_progress,
+) -> Generation:
+    """`Engine.generate` of the prompts in `prompts_text` (one per non-empty line: text when the model has a
+    tokenizer, else token ids) with `params`, on a fresh engine on `default_device()`: `source` "tiny" builds
+    `TINY_LLAMA` with seed-0 random weights, "directory" loads the model in `path`. num_blocks 0 sizes the pool
+    from the memory budget.
+
+    Before anything is allocated: InvalidArgumentError for no prompt or more than MAX_ENGINE_SEQUENCES
+    sequences (prompts x n, or x beam width), MemoryBudgetError naming PAGED_LAB_MAX_BYTES when the weights plus
+    the KV pool exceed the operator's tensor-bytes limit. The engine's own errors (ModelLoadError, ...) pass on.
+    """
+    lines = _prompt_lines(prompts_text)
+    if not lines:
+        raise InvalidArgumentError("enter at least one prompt (one per line)")
+    sequences = len(lines) * params.num_sequences
+    if sequences > MAX_ENGINE_SEQUENCES:
+        raise InvalidArgumentError(
+            f"{len(lines):,} prompts x {params.num_sequences:,} outputs each = {sequences:,} sequences, over the "
+            f"{MAX_ENGINE_SEQUENCES:,} one run may generate; use fewer prompts, samples or beams"
+        )
+    if source not in ("tiny", "directory"):
+        raise InvalidArgumentError(f"source must be 'tiny' or 'directory', got {source!r}")
+    path = path.strip()
+    config = ModelConfig.from_directory(path) if source == "directory" else ModelConfig.from_dict(TINY_LLAMA)
+    device = default_device()
+    common.check_budget(
+        engine_bytes(config, max(num_blocks, 1), block_size, device),
+        f"the model's weights plus a pool of {max(num_blocks, 1):,} KV blocks of {block_size} tokens",
+        Limits.from_env().max_tensor_bytes,
+    )
+    progress(0.0, "building the engine")
+    options = {
+        "num_blocks": num_blocks or None,
+        "block_size": block_size,
+        "enable_prefix_caching": prefix_caching,
+        "device": device,
+    }
+    if source == "directory":
+        engine = Engine.from_pretrained(path, **options)
+    else:
+        engine = Engine.from_config(config, seed=0, **options)
+    prompts = _parse_prompts(lines, engine.tokenizer is not None)
+    with torch.inference_mode():
+        outputs = engine.generate(
+            prompts, params, progress=lambda f: progress(f, f"{f:.0%} of the output tokens")
+        )
+    texts = None
+    if engine.tokenizer is not None:
+        texts = {tuple(c.token_ids): engine.tokenizer.decode(c.token_ids) for o in outputs for c in o.outputs}
+    return Generation(
+        tuple(tuple(o.prompt_token_ids) for o in outputs), tuple(outputs), engine.last_run, texts
+    )
+
+
+def engine_sharing(
+    num_requests: int = 16,
+    widths: tuple[int, ...] = (2, 4, 6),
+    max_output_len: int = 256,
+    *,
+    progress: Callable = _no_progress,
+) -> pd.DataFrame:
+    """The Figure 15 measurement, `core.engine.sharing.measure_sharing(num_requests, widths, max_output_len)`:
+    one row per (mode, width). Refused with MemoryBudgetError (PAGED_LAB_MAX_BYTES) before its engine is built
+    when that engine would not fit the operator's tensor-bytes limit."""
+    runs = 2 * len(widths)
+    return measure_sharing(
+        num_requests,
+        widths,
+        max_output_len=max_output_len,
+        progress=lambda f: progress(f, f"run {min(int(f * runs) + 1, runs)} of {runs}"),
+    )

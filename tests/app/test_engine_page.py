@@ -1,5 +1,6 @@
-"""The Engine page under AppTest: the default tiny-model run draws, a bad directory is an st.error, beam search
-runs, and an oversize pool is refused with the engine's message."""
+"""The Engine page under AppTest (its runs go through the worker pool): the default tiny-model run draws, a bad
+directory is an st.error, beam search runs, an oversize pool or too many sequences are refused with the limit's
+message before anything is built, and the Figure 15 sharing measurement draws."""
 
 from tests.conftest import open_app
 
@@ -67,3 +68,29 @@ def test_invalid_sampling_and_prompts_are_errors():
     at.text_area(key="prompts").set_value("1 2 three")
     _submit(at)
     assert at.error and "token ids" in at.error[0].value
+
+
+def test_over_the_limits_is_an_error_and_a_fix_draws_again():
+    at = open_app(PAGE)
+    at.number_input(key="pool").set_value(1_000_000)  # 1,000,000 blocks x 8 KiB: over the 4 GiB budget
+    _submit(at)
+    assert at.error and "PAGED_LAB_MAX_BYTES" in at.error[0].value
+    assert not at.metric  # nothing half drawn
+    at.number_input(key="pool").set_value(48)
+    at.number_input(key="n").set_value(16)
+    at.text_area(key="prompts").set_value("\n".join(["1 2 3"] * 65))  # 65 x 16 = 1,040 sequences
+    _submit(at)
+    assert at.error and "1,040 sequences" in at.error[0].value
+    at.number_input(key="n").set_value(2)
+    _submit(at)
+    assert not at.error
+    assert _metric(at, "Tokens generated") == f"{65 * 2 * 24:,}"
+
+
+def test_sharing_measurement_runs_in_the_pool_and_draws():
+    at = open_app(PAGE)
+    at.checkbox(key="sharing").check()
+    at.run()
+    assert not at.exception and not at.error
+    sharing = at.get("plotly_chart")[-1]
+    assert "KV blocks saved by sharing (%)" in sharing.proto.spec

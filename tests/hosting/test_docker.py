@@ -1,10 +1,15 @@
 """The Docker image: static checks of the Dockerfile always; a real build whose health check must pass when a
 Docker daemon answers and the base image can be pulled (skipped otherwise, saying why)."""
 
+import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -72,3 +77,46 @@ def test_image_builds_and_its_health_check_passes(docker_ready):
     finally:
         _docker("rm", "-f", name)
         _docker("rmi", "-f", tag)
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    """(instruction, arguments) for each instruction, continuation lines joined and comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", DOCKERFILE)
+    lines = [
+        line.strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")
+    ]
+    return [tuple(line.split(None, 1)) for line in lines]
+
+
+def test_the_images_command_and_health_check_work_outside_docker():
+    """Without a Docker engine, the next best check: the image's CMD, with the image's ENV, serves the app from a
+    copy of what the image copies, and the HEALTHCHECK command passes against it (address and port moved to
+    loopback and a free port; as this machine's user, not the image's)."""
+    instructions = _dockerfile_instructions()
+    env = dict(os.environ)
+    for name, args in instructions:
+        if name == "ENV":
+            env.update(dict(shlex.split(item)[0].split("=", 1) for item in shlex.split(args)))
+    command = json.loads(next(args for name, args in instructions if name == "CMD"))
+    health = next(args for name, args in instructions if name == "HEALTHCHECK").split(" CMD ", 1)[1]
+    port = str(_free_port())
+    command = [port if part == "8501" else "127.0.0.1" if part == "0.0.0.0" else part for part in command]
+    health = health.replace(":8501/", f":{port}/")  # the shell form: Docker runs it with /bin/sh -c
+    assert command[:2] == ["streamlit", "run"] and "127.0.0.1" in command
+    server = subprocess.Popen(
+        [sys.executable, "-m", *command], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.25)
+        checked = subprocess.run(["/bin/sh", "-c", health], capture_output=True, text=True, timeout=10)
+        assert checked.returncode == 0, (checked.stdout, checked.stderr)
+        assert checked.stdout.strip() == "ok"
+    finally:
+        server.terminate()
+        server.wait(timeout=15)

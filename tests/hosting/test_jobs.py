@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from core.errors import InvalidArgumentError, LabError, MemoryBudgetError
+from core.errors import InvalidArgumentError, MemoryBudgetError
 from core.jobs import JobError, JobFailedError, JobPool, JobTimeoutError, QueueFullError, ResultCache
 from core.limits import Limits
 from tests.hosting import job_functions as jf
@@ -121,8 +121,8 @@ def test_a_job_that_ignores_cancel_is_stopped_by_force(pool):
 def test_errors_travel_back_as_lab_errors(pool):
     pool.submit("h", jf.raise_budget, 123_456)
     error = wait_for(pool, "h")[-1].error
-    assert isinstance(error, JobFailedError) and isinstance(error, LabError)
-    assert error.error_type == "MemoryBudgetError" and str(error) == "needs 123,456 bytes"
+    assert type(error) is MemoryBudgetError and str(error) == "needs 123,456 bytes"
+    assert (error.requested_bytes, error.allowed_bytes) == (123_456, 1)
     pool.submit("h", jf.raise_bug)
     error = wait_for(pool, "h")[-1].error
     assert isinstance(error, JobFailedError) and "ZeroDivisionError" in str(error)

@@ -11,12 +11,15 @@ import pytest
 from tests.conftest import CHROMIUM, ROOT
 
 SESSIONS = 3
-# The issue's target is 5 s. On a 2-core machine the sessions' Chromium renderers take the same two cores as the
-# server, and 3 sessions measured a Planner p95 of ~34 s with the heavy jobs in the worker pool; the target is
-# asserted where there are cores for browsers and server alike, and the 2-core figure is bounded so a regression
-# (heavy work back in the server process: ~70 s before) still fails.
+# The issue's target: the Planner's p95 time to a finished render under 5 s while the heavy jobs run. Here the
+# sessions' Chromium renderers run on the server's cores: on 2 cores three of them booting the frontend and
+# drawing plotly charts at once take most of the CPU (measured: ~8 CPU-seconds of Chromium per session), so the
+# end-to-end target is asserted where there are cores for browsers and server alike, and bounded loosely on
+# fewer. What the server itself controls is asserted everywhere: its share of each Planner render (request to
+# script finished, read off the websocket) stays under 5 s while the sweeps and simulations run (measured
+# 0.2-1.6 s on 2 cores; before the worker pool whole Planner renders took ~65 s).
 PLANNER_P95_S = 5.0 if (os.cpu_count() or 1) >= 8 else 50.0
-# Server + its worker processes: two torch processes (~0.4 GiB each) plus one job's tensors and results.
+PLANNER_SERVER_P95_S = 5.0
 PEAK_RSS_BYTES = 3 * 1024**3
 
 
@@ -36,4 +39,5 @@ def test_concurrent_sessions_finish_without_error_and_the_planner_stays_fast():
     assert figures["errors"] == [], figures
     assert all(page["renders"] == SESSIONS for page in figures["pages"].values()), figures
     assert figures["pages"]["planner"]["p95_s"] < PLANNER_P95_S, figures
+    assert figures["pages"]["planner"]["server_p95_s"] < PLANNER_SERVER_P95_S, figures
     assert 0 < figures["peak_rss_bytes"] < PEAK_RSS_BYTES, figures
