@@ -122,7 +122,7 @@ def upload_text(data: bytes, what: str, expected: str, max_bytes: int | None = N
         raise InvalidArgumentError(
             f"{what} is not UTF-8 text (byte {err.start:,}): upload {expected}"
         ) from None
-    if not text.strip():
+    if not text or text.isspace():  # (no copy of the text, unlike strip())
         raise InvalidArgumentError(f"{what} is empty: upload {expected}")
     return text
 

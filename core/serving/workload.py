@@ -16,9 +16,9 @@ Arrivals are Poisson with `rate` requests per second (exponential gaps); `rate =
 """
 
 import csv
-import io
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,27 +320,33 @@ MAX_TRACE_LINE_CHARS = 65_536  # a trace row is a few dozen characters; a longer
 
 
 def _bounded_lines(text: str) -> Iterable[str]:
-    """The lines of `text`, lazily; InvalidArgumentError at the first line over MAX_TRACE_LINE_CHARS, before it is
-    parsed (so no row can expand into millions of fields or keys)."""
-    for line_no, line in enumerate(io.StringIO(text), start=1):
-        if len(line) > MAX_TRACE_LINE_CHARS:
+    """The lines of `text` (split at "\\n", each keeping it), lazily and without copying the text; raises
+    InvalidArgumentError at the first line longer than MAX_TRACE_LINE_CHARS (not counting its "\\n") before it is
+    sliced or parsed, so no row can expand into thousands of fields or keys."""
+    start, line_no = 0, 1
+    while start < len(text):
+        end = text.find("\n", start, start + MAX_TRACE_LINE_CHARS + 1)
+        if end < 0 and len(text) - start > MAX_TRACE_LINE_CHARS:
+            newline = text.find("\n", start)
+            length = (len(text) if newline < 0 else newline) - start  # without the "\n"
             raise InvalidArgumentError(
-                f"trace line {line_no} has {len(line):,} characters; a row may have at most "
-                f"{MAX_TRACE_LINE_CHARS:,}"
+                f"trace line {line_no} has {length:,} characters; a row may have at most {MAX_TRACE_LINE_CHARS:,}"
             )
-        yield line
+        stop = len(text) if end < 0 else end + 1
+        yield text[start:stop]
+        start, line_no = stop, line_no + 1
 
 
 def _records(text: str) -> Iterable[tuple[int, dict]]:
     """(row, record) pairs, read lazily: CSV rows numbered as a spreadsheet shows them (header = 1), JSONL lines
     by line number. Raises InvalidArgumentError for a JSON array, malformed JSON or CSV, a missing header column or
     a CSV row with more fields than the header."""
-    stripped = text.lstrip()
-    if stripped.startswith("["):
+    first = re.match(r"\s*", text).end()  # the first non-space character, without copying the text
+    if text.startswith("[", first):
         raise InvalidArgumentError(
             "the trace is a JSON array: upload JSON lines (one object per line) or a CSV with a header row"
         )
-    if stripped.startswith("{"):
+    if text.startswith("{", first):
         for line_no, line in enumerate(_bounded_lines(text), start=1):
             if not line.strip():
                 continue

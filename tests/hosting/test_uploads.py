@@ -309,15 +309,21 @@ def test_long_lines_are_refused_before_they_are_parsed():
         HEADER
         + "0,5,"
         + "9" * 200_000
-        + "\n": "line 2 has 200,005 characters; a row may have at most 65,536",
-        ",".join(f"c{i}" for i in range(20_000)) + "\n": "line 1 has 128,890 characters",
-        "{" + ",".join(f'"k{i}": 0' for i in range(10_000)) + "}\n": "line 1 has 108,892 characters",
+        + "\n": "line 2 has 200,004 characters; a row may have at most 65,536",
+        ",".join(f"c{i}" for i in range(20_000)) + "\n": "line 1 has 128,889 characters",
+        "{" + ",".join(f'"k{i}": 0' for i in range(10_000)) + "}\n": "line 1 has 108,891 characters",
         HEADER + '0,5,5,"' + "x\n" * 70_000 + '"\n': "not valid CSV",  # one field over csv's 131,072
     }
     for text, reason in cases.items():
         with pytest.raises(InvalidArgumentError, match=reason):
             read_trace(text.encode())
-    assert len(read_trace((HEADER + "0,5," + "0" * 60_000 + "5\n").encode())) == 1  # 60,006: under the bound
+    assert len(read_trace((HEADER + "0,5," + "0" * 65_531 + "5\n").encode())) == 1  # 65,536: at the bound
+    with pytest.raises(InvalidArgumentError, match="line 2 has 65,537 characters"):
+        read_trace((HEADER + "0,5," + "0" * 65_532 + "5\n").encode())
+    with pytest.raises(
+        InvalidArgumentError, match="line 2 has 65,537 characters"
+    ):  # a last line without "\n"
+        read_trace((HEADER + "0,5," + "0" * 65_532 + "5").encode())
 
 
 @pytest.mark.parametrize(
@@ -378,10 +384,15 @@ def test_a_million_row_trace_stops_at_the_first_row_over_the_request_limit(fmt):
         rows[500_000] = b'{"arrival_time":0}\n'
         data, where = b"".join(rows), "row 10,001"
     limits = Limits(max_upload_bytes=len(data))  # the row limit is what refuses it, not the byte limit
-    with pytest.raises(
-        LimitExceededError, match=rf"more than 10,000 requests \(reading stopped at {where}\)"
-    ) as e:
-        read_trace(data, limits)
+    message = rf"more than 10,000 requests \(reading stopped at {where}\)"
+    tracemalloc.start()
+    try:
+        with pytest.raises(LimitExceededError, match=message) as e:
+            read_trace(data, limits)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(data) + 4 * MiB, peak  # one decoded copy of the file and 10,001 rows: no list of lines
     assert e.value.variable == "PAGED_LAB_MAX_REQUESTS" and "PAGED_LAB_MAX_REQUESTS" in str(e.value)
     first = (HEADER.encode() if fmt == "csv" else b"") + b"".join(rows[:10_000])
     assert len(read_trace(first, limits)) == 10_000  # exactly at the limit: accepted
