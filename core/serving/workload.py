@@ -404,11 +404,9 @@ def load_trace(
     limits = Limits.from_env() if limits is None else limits
     if isinstance(file, str) and ("\n" in file or "," in file):
         text = file
-    elif isinstance(file, str):  # a path (a one-line text would be a header alone: never a valid trace)
+    elif isinstance(file, str | Path | bytes | bytearray | memoryview) or hasattr(file, "read"):
+        # a str here is a path: a one-line text would be a header alone, never a valid trace
         text = upload_text(read_upload(file, "the trace", limits), "the trace", TRACE_EXPECTED)
-    elif isinstance(file, bytes | bytearray | memoryview | Path) or hasattr(file, "read"):
-        data = read_upload(file, "the trace", limits)
-        text = upload_text(data, "the trace", TRACE_EXPECTED)
     else:
         raise InvalidArgumentError(f"load_trace needs a path, text, bytes or file object, got {type(file)}")
     if max_len is not None:
