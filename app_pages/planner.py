@@ -30,6 +30,8 @@ from core.planning.scenario import (
 )
 from core.planning.weights import read_safetensors_index
 from core.planning.what_if import memory_breakdown
+from core.uploads import read_upload
+from ui.jobs import app_limits
 from ui.planner_figures import (
     concurrency_vs_context_figure,
     fragmentation_figure,
@@ -73,7 +75,8 @@ def custom_config_inputs(p: str) -> None:
     if upload is not None and st.session_state.get(f"{p}upload_seen") != upload.file_id:
         st.session_state[f"{p}upload_seen"] = upload.file_id
         try:
-            config = config_from_bytes(upload.getvalue())
+            config = config_from_bytes(read_upload(upload, "the uploaded config.json", app_limits()))
+            model_from_config(config)  # a config that describes no model is not used either
             st.session_state[f"{p}config_text"] = json.dumps(config, indent=2)
         except LabError as error:
             st.error(f"Upload not used: {error}")
@@ -148,9 +151,10 @@ def hybrid_inputs(p: str) -> None:
         if upload is not None and st.session_state.get(f"{p}index_seen") != upload.file_id:
             st.session_state[f"{p}index_seen"] = upload.file_id
             try:
-                state.set(f"{p}ckpt", read_safetensors_index(upload.getvalue()))
+                data = read_upload(upload, "the safetensors index", app_limits())
+                state.set(f"{p}ckpt", read_safetensors_index(data))
             except LabError as error:
-                st.error(str(error))
+                st.error(f"Upload not used: {error}")
         checkpoint = state.values.get(f"{p}ckpt")
         if checkpoint:
             st.caption(f"Weights: the checkpoint's {checkpoint:,} B from the uploaded index.")

@@ -7,12 +7,14 @@ import streamlit as st
 
 from core.errors import LabError
 from core.jobs.tasks import compare_policies, measure_simulated_attention
+from core.limits import Limits
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from core.serving.experiment import SimulatorParams, model_kv_groups
 from core.serving.memory_policies import POLICY_NAMES
 from core.serving.simulator import PAPER_KV_TOKENS
 from core.serving.workload import load_trace
+from core.uploads import read_upload
 from ui.jobs import app_limits, run_job
 from ui.simulator_figures import (
     attention_latency_figure,
@@ -41,8 +43,8 @@ CAPACITY_LABELS = {
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def _parse_trace(data: bytes):
-    return tuple(load_trace(data))
+def _parse_trace(data: bytes, max_len: int, max_len_source: str, limits: Limits):
+    return tuple(load_trace(data, max_len=max_len, max_len_source=max_len_source, limits=limits))
 
 
 st.title("Serving simulator")
@@ -120,8 +122,14 @@ try:
             )
             dataset = "sharegpt"
         else:
-            app_limits().check_upload(upload.size, "the trace")
-            trace = _parse_trace(upload.getvalue())
+            # the size is checked before the file is read; a bad file is not used at all (the page stops)
+            limits = app_limits()
+            max_len = min(SimulatorParams.max_seq_len, MODELS[model].max_position_embeddings)
+            source = (
+                f"the smaller of the simulator's max_seq_len {SimulatorParams.max_seq_len:,} and "
+                f"{MODELS[model].name}'s max_position_embeddings {MODELS[model].max_position_embeddings:,}"
+            )
+            trace = _parse_trace(read_upload(upload, "the trace", limits), max_len, source, limits)
     params = SimulatorParams(
         dataset="sharegpt" if dataset == "trace" else dataset,
         num_requests=int(num_requests),

@@ -156,12 +156,28 @@ class Limits:
                 "PAGED_LAB_MAX_REQUESTS",
             )
 
-    def check_upload(self, num_bytes: int, what: str = "the upload") -> None:
-        """Raise LimitExceededError when an uploaded file of `num_bytes` is over `max_upload_bytes`."""
-        if num_bytes > self.max_upload_bytes:
+    def check_rows_read(self, rows_read: int, where: str, what: str = "the trace") -> None:
+        """Raise LimitExceededError once a file being read yields its `max_simulated_requests + 1`-th row.
+
+        Called per row while reading, so a file of 10^6 rows is refused after parsing max + 1 of them, not after
+        all; `where` names the row reached (e.g. "CSV row 10,002")."""
+        if rows_read > self.max_simulated_requests:
             raise LimitExceededError(
-                f"{what} is {num_bytes:,} bytes, over this server's limit of {self.max_upload_bytes:,} bytes "
-                f"(PAGED_LAB_MAX_UPLOAD_BYTES)",
+                f"{what} has more than {self.max_simulated_requests:,} requests (reading stopped at {where}), over "
+                f"this server's limit of {self.max_simulated_requests:,} (PAGED_LAB_MAX_REQUESTS); upload at most "
+                f"{self.max_simulated_requests:,} rows",
+                "PAGED_LAB_MAX_REQUESTS",
+            )
+
+    def check_upload(self, num_bytes: int, what: str = "the upload", *, at_least: bool = False) -> None:
+        """Raise LimitExceededError when an uploaded file of `num_bytes` is over `max_upload_bytes`.
+
+        at_least: `num_bytes` is only what was read so far (reading stopped past the limit), not the file's size."""
+        if num_bytes > self.max_upload_bytes:
+            size = f"more than {self.max_upload_bytes:,}" if at_least else f"{num_bytes:,}"
+            raise LimitExceededError(
+                f"{what} is {size} bytes, over this server's limit of {self.max_upload_bytes:,} bytes "
+                f"(PAGED_LAB_MAX_UPLOAD_BYTES); upload a smaller file",
                 "PAGED_LAB_MAX_UPLOAD_BYTES",
             )
 

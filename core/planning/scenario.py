@@ -32,6 +32,7 @@ from core.planning.plan import CapacityPlan, PlanInputs, concurrency_vs_context,
 from core.planning.weights import bits_per_quantized_param, quantized_params, uses_group_quantization
 from core.planning.what_if import WorkloadWhatIf, fragmentation_by_block_size, workload_what_if
 from core.serving.workload import alpaca, fixed, sharegpt, uniform
+from core.uploads import parse_json, upload_text
 
 CUSTOM = "custom"
 WORKLOADS = ("sharegpt", "alpaca", "fixed", "uniform")
@@ -59,30 +60,19 @@ def config_from_text(text: str) -> dict[str, Any]:
         raise InvalidArgumentError(
             f"the config.json has {len(text):,} characters; at most {MAX_CONFIG_CHARS:,} are accepted"
         )
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InvalidArgumentError(f"config.json is not valid JSON: {error}") from None
-    except (ValueError, RecursionError) as error:  # too deeply nested, or an integer of thousands of digits
-        raise InvalidArgumentError(f"config.json cannot be read: {error}") from None
+    config = parse_json(text, "config.json")
     if not isinstance(config, dict):
         raise InvalidArgumentError(f"config.json must be a JSON object, not a JSON {type(config).__name__}")
     return config
 
 
 def config_from_bytes(data: bytes) -> dict[str, Any]:
-    """Parse an uploaded config.json (UTF-8 text); binary, oversized or empty files are refused."""
-    if len(data) > 4 * MAX_CONFIG_CHARS:
-        raise InvalidArgumentError(
-            f"the uploaded file has {len(data):,} bytes; a config.json of at most {MAX_CONFIG_CHARS:,} "
-            "characters is accepted"
-        )
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise InvalidArgumentError("the uploaded file is not UTF-8 text (is it a config.json?)") from None
-    if "\x00" in text:
-        raise InvalidArgumentError("the uploaded file is binary, not a config.json")
+    """Parse an uploaded config.json (UTF-8 text); oversized (over 4 x MAX_CONFIG_CHARS bytes), empty,
+    compressed, binary or non-UTF-8 files are refused (`core.uploads.upload_text`). The caller checks the
+    operator's upload limit before reading the file (`core.uploads.read_upload`)."""
+    text = upload_text(
+        data, "the uploaded config.json", "a Hugging Face config.json", max_bytes=4 * MAX_CONFIG_CHARS
+    )
     return config_from_text(text)
 
 

@@ -6,13 +6,13 @@ prediction layer the checkpoint stores). Without it, `checkpoint_weight_bytes` e
 count and `quantization_config`.
 """
 
-import json
 from dataclasses import replace
 from typing import Any
 
 from core.errors import InvalidArgumentError
 from core.planning.hf_config import DTYPE_BYTES
 from core.planning.models import ModelSpec
+from core.uploads import parse_json, upload_text
 
 # Quantization methods whose packed weights carry one scale (and for AWQ / GPTQ a packed zero point) per group.
 # Scale bits per group: mxfp4 one E8M0 byte; AWQ / GPTQ an fp16 scale plus a zero of `bits` bits;
@@ -24,14 +24,14 @@ MAX_CHECKPOINT_BYTES = 1 << 50  # 1 PiB
 def read_safetensors_index(index: Any) -> int:
     """`metadata.total_size` (bytes) of a `model.safetensors.index.json`, given parsed or as JSON text / bytes.
 
-    Raises `InvalidArgumentError` when it is not JSON, has no metadata.total_size, or the size is not a
-    positive integer below 1 PiB.
+    Raises `InvalidArgumentError` when it is empty, compressed, binary, not JSON (or nested too deeply), has no
+    metadata.total_size, or the size is not a positive integer below 1 PiB. The caller checks the operator's
+    upload limit before reading the file (`core.uploads.read_upload`).
     """
-    if isinstance(index, bytes | str):
-        try:
-            index = json.loads(index)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise InvalidArgumentError(f"a safetensors index must be JSON: {error}") from None
+    if isinstance(index, bytes | bytearray):
+        index = upload_text(bytes(index), "the safetensors index", "a model.safetensors.index.json")
+    if isinstance(index, str):
+        index = parse_json(index, "the safetensors index")
     metadata = index.get("metadata") if isinstance(index, dict) else None
     size = metadata.get("total_size") if isinstance(metadata, dict) else None
     if isinstance(size, float) and size.is_integer():

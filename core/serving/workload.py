@@ -16,9 +16,9 @@ Arrivals are Poisson with `rate` requests per second (exponential gaps); `rate =
 """
 
 import csv
-import io
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,8 @@ import numpy as np
 
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
+from core.limits import Limits
+from core.uploads import read_upload, upload_text
 
 DEFAULT_MAX_LEN = 2048
 
@@ -313,58 +315,114 @@ def _parse_row(record: dict, row: int) -> Request:
     return Request(row, arrival, prompt, output, n, group, plen)
 
 
+TRACE_EXPECTED = "a CSV (with a header row) or JSONL trace"
+MAX_TRACE_LINE_CHARS = 65_536  # a trace row is a few dozen characters; a longer line is never parsed
+
+
+def _bounded_lines(text: str) -> Iterable[str]:
+    """The lines of `text` (split at "\\n", each keeping it), lazily and without copying the text; raises
+    InvalidArgumentError at the first line longer than MAX_TRACE_LINE_CHARS (not counting its "\\n") before it is
+    sliced or parsed, so no row can expand into thousands of fields or keys."""
+    start, line_no = 0, 1
+    while start < len(text):
+        end = text.find("\n", start, start + MAX_TRACE_LINE_CHARS + 1)
+        if end < 0 and len(text) - start > MAX_TRACE_LINE_CHARS:
+            newline = text.find("\n", start)
+            length = (len(text) if newline < 0 else newline) - start  # without the "\n"
+            raise InvalidArgumentError(
+                f"trace line {line_no} has {length:,} characters; a row may have at most {MAX_TRACE_LINE_CHARS:,}"
+            )
+        stop = len(text) if end < 0 else end + 1
+        yield text[start:stop]
+        start, line_no = stop, line_no + 1
+
+
 def _records(text: str) -> Iterable[tuple[int, dict]]:
-    stripped = text.lstrip()
-    if stripped.startswith("{"):
-        for line_no, line in enumerate(text.splitlines(), start=1):
+    """(row, record) pairs, read lazily: CSV rows numbered as a spreadsheet shows them (header = 1), JSONL lines
+    by line number. Raises InvalidArgumentError for a JSON array, malformed JSON or CSV, a missing header column or
+    a CSV row with more fields than the header."""
+    first = re.match(r"\s*", text).end()  # the first non-space character, without copying the text
+    if text.startswith("[", first):
+        raise InvalidArgumentError(
+            "the trace is a JSON array: upload JSON lines (one object per line) or a CSV with a header row"
+        )
+    if text.startswith("{", first):
+        for line_no, line in enumerate(_bounded_lines(text), start=1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise InvalidArgumentError(f"trace line {line_no}: not valid JSON ({err.msg})") from None
+                raise InvalidArgumentError(
+                    f"trace line {line_no}: not valid JSON ({err.msg}); expected one JSON object per line"
+                ) from None
+            except (RecursionError, ValueError):  # a nesting bomb, or an integer of thousands of digits
+                raise InvalidArgumentError(
+                    f"trace line {line_no}: cannot be read (nested too deeply or a number too long)"
+                ) from None
             if not isinstance(record, dict):
                 raise InvalidArgumentError(f"trace line {line_no}: expected a JSON object per line")
             yield line_no, record
         return
-    reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames is None:
-        raise InvalidArgumentError("trace is empty: expected a CSV header or JSON lines")
-    header = [name.strip() for name in reader.fieldnames]
-    missing = [c for c in TRACE_COLUMNS if c not in header]
-    if missing:
-        raise InvalidArgumentError(f"trace header lacks column(s) {missing}; found {header}")
-    reader.fieldnames = header
-    for index, record in enumerate(reader, start=2):  # row numbers as a spreadsheet shows them (header = 1)
-        yield index, {k: (v.strip() if isinstance(v, str) else v) for k, v in record.items()}
+    reader = csv.DictReader(_bounded_lines(text), strict=True)
+    try:
+        if reader.fieldnames is None:
+            raise InvalidArgumentError("trace is empty: expected a CSV header or JSON lines")
+        header = [name.strip() for name in reader.fieldnames]
+        missing = [c for c in TRACE_COLUMNS if c not in header]
+        if missing:
+            raise InvalidArgumentError(
+                f"trace header lacks column(s) {missing}; found {header} (the first row must name the columns "
+                f"{', '.join(TRACE_COLUMNS)})"
+            )
+        reader.fieldnames = header
+        for index, record in enumerate(reader, start=2):  # spreadsheet row numbers (header = 1)
+            if None in record:
+                raise InvalidArgumentError(
+                    f"trace row {index}: {len(header) + len(record[None])} fields, but the header names "
+                    f"{len(header)} columns"
+                )
+            yield index, {k: (v.strip() if isinstance(v, str) else v) for k, v in record.items()}
+    except csv.Error as err:
+        raise InvalidArgumentError(f"trace row {reader.line_num}: not valid CSV ({err})") from None
 
 
-def load_trace(file: Any) -> list[Request]:
+def load_trace(
+    file: Any, *, max_len: int | None = None, max_len_source: str = "", limits: Limits | None = None
+) -> list[Request]:
     """Requests from a CSV (header row) or JSONL file with columns arrival_time (s), prompt_len, output_len
     (tokens), and optionally n, prefix_group, prefix_len.
 
     `file` is a path, text, bytes or a binary/text file object (e.g. a Streamlit upload). Rows are sorted by arrival
-    time (stable) and numbered 0, 1, ... in that order. Any bad row raises InvalidArgumentError naming the row
-    (CSV: spreadsheet row with the header as row 1; JSONL: line number) and the column; nothing is returned then.
+    time (stable) and numbered 0, 1, ... in that order. `limits` (default: from the environment) bounds the file's
+    bytes (checked before reading, `core.uploads.read_upload`) and its rows: reading stops at the first row past
+    `max_simulated_requests` (LimitExceededError naming PAGED_LAB_MAX_REQUESTS). `max_len` (tokens, optional)
+    refuses a row whose prompt_len + output_len is longer; `max_len_source` says where that limit comes from.
+    Empty, compressed, binary or non-UTF-8 files, and any bad row, raise InvalidArgumentError naming the row (CSV:
+    spreadsheet row with the header as row 1; JSONL: line number) and the column. Nothing is returned on error.
     """
-    if isinstance(file, str | Path) and not (isinstance(file, str) and ("\n" in file or "," in file)):
-        try:
-            text = Path(file).read_text()
-        except OSError as err:
-            raise InvalidArgumentError(f"cannot read trace {str(file)!r}: {err.strerror}") from None
-    elif isinstance(file, str):
+    limits = Limits.from_env() if limits is None else limits
+    if isinstance(file, str) and ("\n" in file or "," in file):
         text = file
-    elif isinstance(file, bytes | bytearray) or hasattr(file, "read"):
-        data = file.read() if hasattr(file, "read") else file
-        try:
-            text = bytes(data).decode("utf-8") if isinstance(data, bytes | bytearray) else str(data)
-        except UnicodeDecodeError as err:
-            raise InvalidArgumentError(
-                f"trace is not UTF-8 text (byte {err.start}); upload a CSV or JSONL"
-            ) from None
+    elif isinstance(file, str | Path | bytes | bytearray | memoryview) or hasattr(file, "read"):
+        # a str here is a path: a one-line text would be a header alone, never a valid trace
+        text = upload_text(read_upload(file, "the trace", limits), "the trace", TRACE_EXPECTED)
     else:
         raise InvalidArgumentError(f"load_trace needs a path, text, bytes or file object, got {type(file)}")
-    parsed = [_parse_row(record, row) for row, record in _records(text)]
+    if max_len is not None:
+        check_int(max_len, "max_len (tokens)", minimum=2)
+    parsed = []
+    for row, record in _records(text):
+        limits.check_rows_read(len(parsed) + 1, f"row {row:,}")
+        request = _parse_row(record, row)
+        if max_len is not None and request.max_total_len > max_len:
+            raise InvalidArgumentError(
+                f"trace row {row}: prompt_len {request.prompt_len:,} + output_len {request.output_len:,} = "
+                f"{request.max_total_len:,} tokens, over the limit of {max_len:,} tokens"
+                + (f" ({max_len_source})" if max_len_source else "")
+                + "; shorten or drop that row"
+            )
+        parsed.append(request)
     if not parsed:
         raise InvalidArgumentError("trace has no requests")
     parsed.sort(key=lambda r: r.arrival_time)

@@ -1,7 +1,10 @@
 """The Planner page under AppTest, and the URL-state helpers it is built on."""
 
 import base64
+import gzip
+import io
 import json
+import zipfile
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -301,7 +304,7 @@ def test_bad_pasted_config_changes_nothing():
 
 @pytest.mark.parametrize(
     "data, reason",
-    [(b"", "paste or upload"), (b"\x89PNG\r\n\x1a\n\x00\x00", "UTF-8"), (b'{"a": "\x00"}', "binary"),
+    [(b"", "is empty"), (b"\x89PNG\r\n\x1a\n\x00\x00", "binary"), (b'{"a": "\x00"}', "binary"),
      (b" " * 1_000_000, "bytes"), (b"[]", "JSON object"), (b"\xef\xbb\xbf{}", None)],
 )  # fmt: skip
 def test_uploaded_config_is_checked(data, reason):
@@ -354,3 +357,46 @@ def test_safetensors_index_in_the_url_gives_exact_weights():
     result = compute_scenario(values, "a_", None)
     assert result.plan.weights_bytes == 13_761_264_768
     assert any("13,761,264,768 B (safetensors index, exact)" in line for line in formula_lines(result))
+
+
+def test_hostile_uploads_on_the_page_change_nothing():
+    """A bad config.json or safetensors index upload shows the reason; the scenario keeps its config and weights."""
+    at = open_planner({"compare": "0", "a_model": "custom"})
+    config = preset_configs()["mistral-7b"]["config"]
+    at.text_area(key="a_config_text").set_value(json.dumps(config)).run()
+    good, text = metrics(at), at.session_state["a_config_text"]
+    bad_configs = {
+        gzip.compress(json.dumps(config).encode()): "a gzip compressed archive: upload the uncompressed",
+        b'{"a":' * 30_000: "nested too deeply",
+        b"": "is empty",
+        b"\x89PNG\r\n\x1a\n\x00\x00": "binary",
+        json.dumps(
+            {**config, "num_hidden_layers": -1}
+        ).encode(): "'num_hidden_layers' (number of layers) = -1",
+        json.dumps({"hidden_size": 4096}).encode(): "lacks the number of",
+    }
+    for data, reason in bad_configs.items():
+        at.file_uploader(key="a_upload").set_value(("config.json", data, "application/json")).run()
+        assert not at.exception, at.exception
+        errors = [e.value for e in at.error]
+        assert any(e.startswith("Upload not used: ") and reason in e for e in errors), (reason, errors)
+        assert metrics(at) == good and at.session_state["a_config_text"] == text
+    good_index = json.dumps({"metadata": {"total_size": 14_483_464_192}, "weight_map": {}}).encode()
+    for data, reason in {
+        b"[" * 100_000: "nested too deeply",
+        zip_of(good_index): "a zip compressed archive",
+    }.items():
+        at.file_uploader(key="a_index_upload").set_value(("index.json", data, "application/json")).run()
+        assert not at.exception, at.exception
+        assert any(e.startswith("Upload not used: ") and reason in e for e in (e.value for e in at.error))
+        assert at.session_state["_planner_values"]["a_ckpt"] is None and metrics(at) == good
+    at.file_uploader(key="a_index_upload").set_value(("index.json", good_index, "application/json")).run()
+    assert not at.exception and at.session_state["_planner_values"]["a_ckpt"] == 14_483_464_192
+    assert any("14,483,464,192 B from the uploaded index" in c.value for c in at.caption)
+
+
+def zip_of(data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("model.safetensors.index.json", data)
+    return buffer.getvalue()

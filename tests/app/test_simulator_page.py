@@ -1,6 +1,7 @@
 """The Simulator page under AppTest: the default comparison, a custom run, errors shown as st.error, the heatmap
 slider and the measured-attention option."""
 
+import gzip
 import json
 
 from tests.conftest import open_app
@@ -116,3 +117,62 @@ def test_hybrid_kv_cache_manager_pads_gemma_3s_unequal_groups():
         "6 sliding-window groups (window 1,024 tokens) of 9, 9, 9, 9, 8, 8 layers; 1 full-attention group"
         in captions
     )
+
+
+def _upload_trace(at, name: str, data: bytes):
+    at.selectbox(key="dataset").set_value("trace")
+    at.file_uploader[0].set_value((name, data, "text/csv"))
+    _submit(at)
+
+
+def test_hostile_trace_uploads_show_the_reason_and_use_nothing_of_the_file():
+    """Each bad trace stops the page with st.error: no metric, chart or download from any part of the file."""
+    header = b"arrival_time,prompt_len,output_len\n"
+    bad = {
+        "bomb.csv": (
+            gzip.compress(b"\0" * 2**20, 9) * 64,
+            "gzip compressed archive: upload the uncompressed",
+        ),
+        "empty.csv": (b"", "is empty"),
+        "binary.csv": (b"\x89PNG\r\n\x1a\n\x00\x00", "binary"),
+        "columns.csv": (b"time,input,output\n0,5,5\n", "lacks column(s) ['arrival_time'"),
+        "negative.csv": (header + b"0,5,5\n1,-5,5\n", "row 3, column 'prompt_len'"),
+        # OPT-13B: the smaller of 2,048 (simulator) and 2,048 (model); rows 2-3 are fine, row 4 is one over
+        "long.csv": (
+            header + b"0,5,5\n0,2000,48\n1,2000,49\n",
+            "trace row 4: prompt_len 2,000 + output_len 49",
+        ),
+        "million.csv": (
+            header + b"0,5,5\n" * 1_000_000,
+            "more than 10,000 requests (reading stopped at row 10,002)",
+        ),
+    }
+    at = open_app(PAGE)
+    for name, (data, reason) in bad.items():
+        _upload_trace(at, name, data)
+        errors = [e.value for e in at.error]
+        assert len(errors) == 1 and errors[0].startswith("Cannot simulate: ") and reason in errors[0], (
+            name,
+            errors,
+        )
+        assert not at.metric and not at.get("plotly_chart") and not at.get("download_button"), name
+    _upload_trace(at, "good.csv", header + b"0,5,5\n0,2000,48\n")
+    assert not at.error
+    assert any(c.value.startswith("2 requests, KV capacity 15,728 token slots") for c in at.caption)
+
+
+def test_trace_over_the_upload_limit_is_refused_before_it_is_read(monkeypatch):
+    from ui.jobs import app_limits
+
+    monkeypatch.setenv("PAGED_LAB_MAX_UPLOAD_BYTES", "100")
+    app_limits.clear()
+    try:
+        at = open_app(PAGE)
+        _upload_trace(at, "big.csv", b"arrival_time,prompt_len,output_len\n" + b"0,5,5\n" * 20)
+        assert [e.value for e in at.error] == [
+            "Cannot simulate: the trace is 155 bytes, over this server's limit of 100 bytes "
+            "(PAGED_LAB_MAX_UPLOAD_BYTES); upload a smaller file"
+        ]
+    finally:
+        monkeypatch.delenv("PAGED_LAB_MAX_UPLOAD_BYTES")
+        app_limits.clear()
