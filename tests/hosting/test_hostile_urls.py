@@ -1,0 +1,34 @@
+"""Every page opened with hostile query parameters (its own keys and unknown ones; NaN, huge, negative, unicode,
+control characters): the page renders with no exception element; pages that read the URL report what they
+refused with st.error."""
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import ROOT
+from ui.planner_state import ALL_FIELDS
+from ui.playground_url import URL_FIELDS
+
+HOSTILE = ["nan", "-1e308", "🧱ü\u202e", "9" * 5000, "<script>alert(1)</script>"]
+# page -> the query keys it reads
+PAGES = {
+    "app_pages/playground.py": [field.key for field in URL_FIELDS],
+    "app_pages/kernels.py": [],
+    "app_pages/simulator.py": [],
+    "app_pages/planner.py": [field.key for field in ALL_FIELDS],
+    "app_pages/engine.py": [],
+    "app_pages/about.py": [],
+}
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+@pytest.mark.parametrize("raw", HOSTILE)
+def test_hostile_query_parameters_never_raise(page, raw):
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.switch_page(page)
+    for key in [*PAGES[page], "zz_unknown", "page"]:
+        at.query_params[key] = raw
+    at.run()
+    assert not at.exception, at.exception
+    if PAGES[page]:
+        assert at.error, f"{page} accepted {raw[:20]!r} in every parameter without a word"
