@@ -2,7 +2,8 @@
 
 Only what the forward pass needs is kept. Every supported variation is explicit: grouped-query attention
 (`num_kv_heads` <= `num_heads`), RoPE with its scaling ("default", "linear", "llama3"), RMSNorm, tied or untied
-embeddings, biases on the q/k/v projections (Qwen2) read from the weights, and a sliding window (Mistral).
+embeddings, biases on the q/k/v projections (Qwen2) read from the weights, and a sliding window on every layer
+(Mistral) or on some layers only (Qwen2's `layer_types` / `max_window_layers`).
 """
 
 import json
@@ -18,6 +19,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,10 @@ class ModelConfig:
 
     rope_scaling: None, or a dict with "rope_type" in SUPPORTED_ROPE_TYPES and that type's parameters
     ("factor"; for "llama3" also "low_freq_factor", "high_freq_factor", "original_max_position_embeddings").
-    sliding_window: None (full attention) or the number of most recent tokens each query attends to.
+    sliding_window: None (full attention) or the number of most recent tokens each query of a sliding-attention
+        layer attends to (itself included).
+    layer_types: one of LAYER_TYPES per layer, as transformers' `layer_types`; empty means every layer is
+        "sliding_attention" when sliding_window is set, else "full_attention" (Mistral). See `layer_windows`.
     eos_token_ids: the ids that end a sequence (empty when the config names none).
     """
 
@@ -48,8 +53,17 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
     hidden_act: str = "silu"
+    layer_types: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers or any(t not in LAYER_TYPES for t in self.layer_types):
+                raise ModelLoadError(
+                    f"layer_types must name one of {', '.join(LAYER_TYPES)} for each of the {self.num_layers} "
+                    f"layers, got {list(self.layer_types)}"
+                )
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ModelLoadError("layer_types has sliding_attention layers but the config sets no sliding_window")
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(
                 f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads "
@@ -62,6 +76,20 @@ class ModelConfig:
             )
         if self.hidden_act != "silu":
             raise ModelLoadError(f"hidden_act {self.hidden_act!r} is not supported; supported: 'silu'")
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Per layer: its sliding window in tokens (a sliding-attention layer), or None (a full-attention layer)."""
+        if not self.layer_types:
+            return (self.sliding_window,) * self.num_layers
+        return tuple(self.sliding_window if t == "sliding_attention" else None for t in self.layer_types)
+
+    @property
+    def uniform_sliding_window(self) -> int | None:
+        """W when every layer attends through the same sliding window of W tokens (Mistral-7B-v0.1), else None
+        (full attention everywhere, or full and windowed layers mixed)."""
+        windows = set(self.layer_windows)
+        return windows.pop() if len(windows) == 1 else None
 
     @property
     def checkpoint_dtype(self) -> torch.dtype:
@@ -120,8 +148,18 @@ class ModelConfig:
             if "type" in rope and "rope_type" not in rope:
                 rope["rope_type"] = rope.pop("type")
             window = raw.get("sliding_window")
-            if arch == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False):
+            layer_types = tuple(raw.get("layer_types") or ())
+            num_layers = int(raw["num_hidden_layers"])
+            if arch == "Qwen2ForCausalLM":
+                if not raw.get("use_sliding_window", False):
+                    window, layer_types = None, ()
+                elif not layer_types:  # transformers: layers from max_window_layers on use the window
+                    first = int(raw.get("max_window_layers", num_layers))
+                    kinds = ["full_attention"] * min(first, num_layers)
+                    layer_types = tuple(kinds + ["sliding_attention"] * (num_layers - len(kinds)))
+            if not window:
                 window = None
+                layer_types = () if set(layer_types) <= {"full_attention"} else layer_types
             eos = raw.get("eos_token_id")
             eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
             return cls(
@@ -129,7 +167,7 @@ class ModelConfig:
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(raw["intermediate_size"]),
-                num_layers=int(raw["num_hidden_layers"]),
+                num_layers=num_layers,
                 num_heads=heads,
                 num_kv_heads=int(raw.get("num_key_value_heads") or heads),
                 head_dim=int(raw.get("head_dim") or hidden // heads),
@@ -139,10 +177,11 @@ class ModelConfig:
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
-                sliding_window=int(window) if window else None,
+                sliding_window=None if window is None else int(window),
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
                 hidden_act=str(raw.get("hidden_act", "silu")),
+                layer_types=tuple(str(t) for t in layer_types),
             )
         except KeyError as missing:
             raise ModelLoadError(f"config.json has no {missing.args[0]!r}, which a {arch} needs") from None

@@ -85,6 +85,17 @@ class Engine:
     num_blocks: blocks in the pool; None sizes it from the memory budget (`PAGED_LAB_MAX_BYTES`, 4 GiB by
     default) less the weights, capped at max_num_seqs x max_position_embeddings tokens.
     last_run: the `EngineRun` of the last `generate` call (None before the first).
+
+    Sliding window: when every attention layer shares one window W (`ModelConfig.uniform_sliding_window`,
+    Mistral-7B-v0.1), the BlockManager is built with `sliding_window=W`: before a sequence appends the token at
+    position n, its blocks wholly before position n - W + 1 go back to the pool (table entries -1, never read by
+    the windowed kernels), so a decoding sequence holds at most ceil((W + block_size - 1) / block_size) blocks
+    (its whole prompt until the first decode: prompts are allocated whole). Forks share only the blocks still
+    held; copy-on-write is unchanged. Prefix caching works with the window: a released full block stays cached
+    (its K/V depend only on the tokens before it) until it is evicted. A model mixing full and windowed layers
+    (Qwen2 with `max_window_layers`, Gemma-2 style) keeps full-attention block management for all layers: the
+    windowed layers would need their own pool and block tables (one BlockManager per KV cache group, as vLLM's
+    hybrid allocator and `core.serving.hybrid_memory` do), which this engine does not have.
     """
 
     def __init__(
@@ -135,7 +146,9 @@ class Engine:
             self.model.device,
             max_bytes=max(kv_budget, 0),
         )
-        self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.manager = BlockManager(
+            num_blocks, block_size, enable_prefix_caching, sliding_window=config.uniform_sliding_window
+        )
         self.memory = EngineMemory(self.manager, self.cache)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -400,7 +413,12 @@ class Engine:
         for group in touched:
             if group.seqs and all(s.pending_logits is not None for s in group.seqs):
                 process_group(group, mem, self._new_seq_id, eos)
-        return sum(dec_lens) + sum(pre_ctx)
+        window = self.manager.sliding_window
+        if window is None:
+            return sum(dec_lens) + sum(pre_ctx)
+        # a decode query reads its last W positions; a chunk of q tokens reads the q + W - 1 positions before it
+        decode_read = sum(min(n, window) for n in dec_lens)
+        return decode_read + sum(min(n, q + window - 1) for n, q in zip(pre_ctx, pre_q, strict=True))
 
     def _batch(self, tokens, positions, slots, dec_tables, dec_lens, pre_tables, pre_ctx, pre_q, last_index):
         device = self.model.device

@@ -9,6 +9,10 @@ Invariants:
   whose prefill has not reached them, or freed before it did) are computed again, never read unwritten.
 - Copy-on-write: when `append_token` reports `(src, dst)` the K/V of src are copied into dst (every layer)
   before the new token is written.
+- Sliding window (the manager's `sliding_window` W, set by the engine when every layer has window W): appending
+  the token at position n first releases the sequence's blocks wholly before position n - W + 1; their table
+  entries become -1 (a prefix of the table). Nothing here reads or marks a -1 entry, and no query of a later step
+  can see those positions, so the kernels never read them either.
 """
 
 import numpy as np
@@ -55,9 +59,22 @@ class EngineMemory:
         """Blocks admitting the group takes at most (prefix-cache hits not counted)."""
         return sum(cdiv(len(s.token_ids), self.block_size) for s in self._to_allocate(group))
 
+    def peak_blocks_per_seq(self, prompt_len: int, max_output_len: int) -> int:
+        """The most blocks one sequence holds at any time: ceil((prompt + outputs) / block_size) with full
+        attention. With a sliding window W: the whole prompt until the first decode, then after appending the
+        token at position n the blocks n // bs - (n - W + 1) // bs + 1 <= ceil((W + bs - 1) / bs); so
+        min(full, max(ceil(prompt / bs), ceil((W + bs - 1) / bs)))."""
+        bs, window = self.block_size, self.manager.sliding_window
+        full = cdiv(prompt_len + max_output_len, bs)
+        if window is None:
+            return full
+        return min(full, max(cdiv(prompt_len, bs), cdiv(window + bs - 1, bs)))
+
     def check_fits(self, group: SequenceGroup, max_output_len: int) -> None:
-        """Raise InvalidArgumentError when the group's sequences at their longest exceed the pool."""
-        peak = group.params.num_sequences * cdiv(group.prompt_len + max_output_len, self.block_size)
+        """Raise InvalidArgumentError when the group's sequences at their largest (`peak_blocks_per_seq` each)
+        exceed the pool. With a sliding window a request longer than the pool may run; if it is preempted, its
+        recompute allocates all its tokens again (prompts are allocated whole) and may then never fit."""
+        peak = group.params.num_sequences * self.peak_blocks_per_seq(group.prompt_len, max_output_len)
         if peak > self.num_blocks - self.watermark_blocks:
             raise InvalidArgumentError(
                 f"prompt {group.request_id} ({group.prompt_len:,} tokens + {max_output_len:,} new, "
@@ -69,22 +86,36 @@ class EngineMemory:
         return self.admission_blocks(group) <= self.free_blocks - self.watermark_blocks - reserved_blocks
 
     def _group_decode_blocks(self, group: SequenceGroup) -> int:
-        mgr, bs = self.manager, self.block_size
+        """Replays `grow` on the group's sequences in order, on a copy of the ref counts it touches."""
+        mgr, bs, window = self.manager, self.block_size, self.manager.sliding_window
+        refs: dict[int, int] = {}
         need = 0
-        holders: dict[int, int] = {}
         for seq in group.seqs:
-            if seq.num_allocated % bs == 0:
-                need += 1
-            else:
-                last = mgr.block_table(seq.seq_id)[-1]
-                holders[last] = holders.get(last, 0) + 1
-        for block, count in holders.items():  # the last holder in the pool writes in place
-            need += count if mgr.ref_count(block) > count else count - 1
+            n = seq.num_allocated  # the position of the token this step appends
+            table = mgr.block_table(seq.seq_id)
+            first = len(table) - mgr.num_held_blocks(seq.seq_id)  # entries [0, first) are released (-1)
+            freed = 0
+            if window is not None:  # released before this sequence's new block is taken
+                for block in table[first : max(first, (n - window + 1) // bs)]:
+                    refs[block] = refs.get(block, mgr.ref_count(block)) - 1
+                    freed += refs[block] == 0
+            take = 1
+            if n % bs:  # a partially filled last block: copied only while someone else still holds it
+                last = table[-1]
+                count = refs.get(last, mgr.ref_count(last))
+                take = int(count > 1)
+                refs[last] = count - take
+            need += max(0, take - freed)
         return need
 
     def decode_blocks(self, groups: list) -> int:
-        """New blocks one decode step of the groups takes: a block for each sequence whose last block is full,
-        and a copy for each sequence but the last holder of a shared, partially filled last block."""
+        """New blocks one decode step of the groups takes from the pool, at most: a block for each sequence whose
+        last block is full, and a copy for each sequence but the last holder (in `grow`'s order) of a shared,
+        partially filled last block. With a sliding window, a sequence's append first releases the blocks behind
+        its token's window; those that become free (their last holder in the group) offset its own new block.
+        Each sequence counts max(0, taken - freed), so the sum bounds the pool's deficit at every point of `grow`
+        and is additive over groups (the scheduler subtracts a preempted group's part); blocks also held by
+        other groups are never counted as freed (conservative)."""
         return sum(self._group_decode_blocks(g) for g in groups)
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
@@ -97,7 +128,7 @@ class EngineMemory:
         return MemoryMetrics(*(arr(v) for v in m[:4]), arr(free * self.block_size), arr(free))
 
     def swap_blocks(self, group: SequenceGroup) -> int:
-        return sum(len(self.manager.block_table(s.seq_id)) for s in group.seqs if s.num_allocated)
+        return sum(self.manager.num_held_blocks(s.seq_id) for s in group.seqs if s.num_allocated)
 
     # ---- operations ---------------------------------------------------------------------------------------
 
@@ -159,8 +190,8 @@ class EngineMemory:
         seq.num_computed = stop
         first, last = old // self.block_size, stop // self.block_size
         if last > first:
-            table = self.manager.block_table(seq.seq_id)
-            self.ready[table[first:last]] = True
+            blocks = np.asarray(self.manager.block_table(seq.seq_id)[first:last], dtype=np.int64)
+            self.ready[blocks[blocks >= 0]] = True  # never a released (-1) entry
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         self.manager.fork(parent.seq_id, child.seq_id)
@@ -194,7 +225,9 @@ class EngineMemory:
         return None
 
     def usage(self, seqs: list[Sequence]) -> dict:
-        """Token states, reservation and sharing of the live sequences, in slots or blocks (see STEP_COLUMNS)."""
+        """Token states, reservation and sharing of the live sequences, in slots or blocks (see STEP_COLUMNS).
+        Only held blocks count: a sliding window's released (-1) entries hold nothing; blocks_without_sharing is
+        the sum of the blocks each sequence holds."""
         mgr, bs = self.manager, self.block_size
         computed = np.zeros(self.num_blocks, dtype=np.int64)
         allocated = np.zeros(self.num_blocks, dtype=np.int64)
@@ -203,6 +236,8 @@ class EngineMemory:
         for seq in seqs:
             table = np.asarray(mgr.block_table(seq.seq_id), dtype=np.int64)
             offsets = np.arange(len(table)) * bs
+            held = table >= 0
+            table, offsets = table[held], offsets[held]
             np.maximum.at(computed, table, np.clip(seq.num_computed - offsets, 0, bs))
             np.maximum.at(allocated, table, np.clip(seq.num_allocated - offsets, 0, bs))
             unshared += len(table)

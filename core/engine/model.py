@@ -4,7 +4,9 @@ One call runs one engine step: the new tokens of every scheduled sequence, flatt
 decode tokens first (one per decoding sequence), then each prefill chunk's tokens in order. Per layer the new
 K/V are written into `KVCache` by slot mapping (vLLM's reshape_and_cache), then read back through the block
 tables by `paged_attention` (decode rows) and `paged_prefill_attention` (prefill chunks, causal, attending to the
-cached prefix too), with the model's sliding window when it has one (Mistral). Numerics follow transformers' Llama: RMSNorm in float32, RoPE cos/sin from float32
+cached prefix too), with each layer's sliding window when it has one (Mistral: every layer; Qwen2: the layers
+`ModelConfig.layer_windows` names). Table entries a sliding-window BlockManager released (-1) lie wholly before
+the window of every query of the step, so the windowed kernels never read them. Numerics follow transformers' Llama: RMSNorm in float32, RoPE cos/sin from float32
 frequencies cast to the activation dtype, rotate-half layout, SiLU-gated MLP.
 """
 
@@ -119,18 +121,19 @@ class LlamaModel:
         c = self.config
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
         num_tokens = batch.token_ids.numel()
-        window = c.sliding_window
-        if window is not None and not _WINDOWED_KERNELS:
+        windows = c.layer_windows  # per layer: W, or None for full attention
+        if not _WINDOWED_KERNELS and any(w is not None for w in windows):
             longest = max(
                 int(batch.decode_context_lens.max()) if batch.num_decode else 0,
                 int(batch.prefill_context_lens.max()) if batch.prefill_context_lens.numel() else 0,
             )
-            if longest > window:
+            smallest = min(w for w in windows if w is not None)
+            if longest > smallest:
                 raise InvalidArgumentError(
-                    f"a context of {longest:,} tokens exceeds the model's sliding window of {window:,} tokens, "
+                    f"a context of {longest:,} tokens exceeds the model's sliding window of {smallest:,} tokens, "
                     "and these paged attention kernels have no sliding-window mode"
                 )
-            window = None
+            windows = (None,) * len(windows)
         cos, sin = self._rope(batch.positions)
         # prefill chunks padded to [num_prefill, max_q]: row/col of each prefill token
         qlens = batch.prefill_query_lens
@@ -151,7 +154,7 @@ class LlamaModel:
             v = v.view(num_tokens, kv_heads, dim)
             cache.write(index, batch.slot_mapping, k, v)
             key_cache, value_cache = cache.key_cache[index], cache.value_cache[index]
-            extra = {"sliding_window": window} if window is not None else {}
+            extra = {"sliding_window": windows[index]} if windows[index] is not None else {}
             out = torch.empty_like(q)  # [T, heads, dim]
             timer.start()
             nd = batch.num_decode
