@@ -182,3 +182,22 @@ def test_mistral_sliding_window_shorter_than_the_run(tmp_path):
         tmp_path, model, lengths=(3, 11), max_num_seqs=2, max_num_batched_tokens=4
     )
     assert chunked.last_run.steps["prefill_tokens"].max() <= 4
+
+
+def test_mistral_window_frees_blocks_behind_it(tmp_path):
+    """Window 6, blocks of 4: a sequence needs only the blocks holding its last 6 positions, at most
+    ceil(6 / 4) + 1 = 3, however long it grows; full attention would hold ceil(51 / 4) = 13 for 11 + 40 tokens.
+    The tokens still equal transformers' windowed model."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=6, max_position_embeddings=256, eos_token_id=None, bos_token_id=None,
+    )  # fmt: skip
+    model = save_model(MistralForCausalLM, config, tmp_path)
+    prompt = prompts((11,), seed=5)[0]
+    engine = Engine.from_pretrained(tmp_path, num_blocks=32, block_size=4, device="cpu")
+    out = engine.generate([prompt], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))[0]
+    assert list(out.outputs[0].token_ids) == hf_greedy(model, prompt, 40)[0]
+    peak = int(engine.last_run.steps["blocks_in_use"].max())
+    assert peak <= 3 < 13, peak
