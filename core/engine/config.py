@@ -57,13 +57,17 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.layer_types:
-            if len(self.layer_types) != self.num_layers or any(t not in LAYER_TYPES for t in self.layer_types):
+            if len(self.layer_types) != self.num_layers or any(
+                t not in LAYER_TYPES for t in self.layer_types
+            ):
                 raise ModelLoadError(
                     f"layer_types must name one of {', '.join(LAYER_TYPES)} for each of the {self.num_layers} "
                     f"layers, got {list(self.layer_types)}"
                 )
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
-                raise ModelLoadError("layer_types has sliding_attention layers but the config sets no sliding_window")
+                raise ModelLoadError(
+                    "layer_types has sliding_attention layers but the config sets no sliding_window"
+                )
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(
                 f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads "
