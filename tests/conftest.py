@@ -45,6 +45,12 @@ def open_app(page: str | None = None, timeout: float = 120):
     return at
 
 
+def wait_for_script_done(page, timeout_ms: float) -> None:
+    """Until a rerun ends, Streamlit shows its status widget and keeps the last run's stale elements beside the new
+    ones, so a button whose place moved is on the page twice; wait for the end before clicking."""
+    page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -3,7 +3,7 @@
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import ARTIFACTS
+from tests.conftest import ARTIFACTS, wait_for_script_done
 
 pytestmark = pytest.mark.browser
 FIRST_RUN_MS = 60_000  # a fresh server's first run imports torch: seconds on a busy machine
@@ -25,9 +25,11 @@ def test_append_and_fork_in_a_real_browser(streamlit_server, page):
 
     page.get_by_label("Tokens to append").fill("40")  # s0 holds 73 tokens: 40 more = 113 = 8 blocks (+3)
     page.get_by_label("Tokens to append").press("Enter")
+    wait_for_script_done(page, STEP_MS)
     page.get_by_role("button", name="Append").click()
     expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text("34 / 48", timeout=STEP_MS)
 
+    wait_for_script_done(page, STEP_MS)
     page.get_by_role("button", name="Fork").click()  # sharing takes no block; a new sequence appears
     expect(page.get_by_text("Last action: fork s0 → s3: done")).to_be_visible(timeout=STEP_MS)
     assert free_blocks(page) == 34
@@ -52,15 +54,20 @@ def test_a_scenario_link_steps_and_plays_in_a_real_browser(streamlit_server, pag
     expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text("5 / 8", timeout=STEP_MS)
     page.wait_for_url("**step=2**", timeout=STEP_MS)
 
+    wait_for_script_done(page, STEP_MS)
     page.get_by_role("button", name="Back", exact=True).click()
     expect(page.get_by_text("Step 1 of 3.")).to_be_visible(timeout=STEP_MS)
+    wait_for_script_done(page, STEP_MS)
     page.get_by_role("button", name="Play", exact=True).click()  # one step per rerun, up to the last
     expect(page.get_by_text("Step 3 of 3.")).to_be_visible(timeout=30_000)
     expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text("7 / 8", timeout=STEP_MS)
     page.wait_for_url("**step=3**", timeout=STEP_MS)
 
+    wait_for_script_done(page, STEP_MS)
     page.get_by_role("button", name="Continue by hand from this step").click()
     expect(page.get_by_text("Last action: free 1: done")).to_be_visible(timeout=STEP_MS)
+    # until the run ends, the scenario view's stale "Add sequence" shows beside the new one
+    wait_for_script_done(page, STEP_MS)
     page.get_by_role("button", name="Add sequence").click()  # 37 tokens = 3 blocks of 16
     expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text("4 / 8", timeout=STEP_MS)
     expect(page.locator('[data-testid="stException"]')).to_have_count(0)
