@@ -49,31 +49,42 @@ def _contexts(rows: list[dict]) -> list[int]:
     return sorted({row["context_len"] for row in rows})
 
 
+def _line_trace(x, y, name: str, color: str, hover: str, dash: str | None = None) -> go.Scatter:
+    """One line of a sweep chart; `hover` formats the y value (e.g. "%{y:,.3f} ms")."""
+    return go.Scatter(
+        x=x,
+        y=y,
+        name=name,
+        mode="lines+markers",
+        line={"color": color, "dash": dash},
+        hovertemplate="%{x:,} tokens: " + hover + "<extra>" + name + "</extra>",
+    )
+
+
+def _add_sweep_lines(
+    fig: go.Figure, rows: list[dict], field: str, hover: str, contiguous: tuple[str, str] | None
+) -> None:
+    """The contiguous baseline dashed, when `contiguous` = (its column, its name), then each backend's `field`."""
+    if contiguous is not None:
+        column, name = contiguous
+        contexts, values = _contiguous_points(rows, column)
+        fig.add_trace(_line_trace(contexts, values, name, _color(CONTIGUOUS), hover, dash="dash"))
+    for backend, points in _by_backend(rows).items():
+        x = [p["context_len"] for p in points]
+        y = [p[field] for p in points]
+        fig.add_trace(_line_trace(x, y, f"paged ({backend})", _color(backend), hover))
+
+
 def latency_figure(rows: list[dict]) -> go.Figure:
     """Median decode latency (ms) vs context length: paged per backend, and the contiguous baseline."""
     fig = go.Figure()
-    contexts, contiguous = _contiguous_points(rows, "contiguous_ms")
-    fig.add_trace(
-        go.Scatter(
-            x=contexts,
-            y=contiguous,
-            name="contiguous (best of SDPA, matmul)",
-            mode="lines+markers",
-            line={"color": _color(CONTIGUOUS), "dash": "dash"},
-            hovertemplate="%{x:,} tokens: %{y:,.3f} ms<extra>contiguous</extra>",
-        )
+    _add_sweep_lines(
+        fig,
+        rows,
+        "paged_ms",
+        "%{y:,.3f} ms",
+        contiguous=("contiguous_ms", "contiguous (best of SDPA, matmul)"),
     )
-    for backend, points in _by_backend(rows).items():
-        fig.add_trace(
-            go.Scatter(
-                x=[p["context_len"] for p in points],
-                y=[p["paged_ms"] for p in points],
-                name=f"paged ({backend})",
-                mode="lines+markers",
-                line={"color": _color(backend)},
-                hovertemplate="%{x:,} tokens: %{y:,.3f} ms<extra>paged " + backend + "</extra>",
-            )
-        )
     return _axes(fig, "Decode latency", "latency (ms)", _contexts(rows))
 
 
@@ -98,17 +109,7 @@ def overhead_figure(rows: list[dict]) -> go.Figure:
         font={"color": "#2ca02c"},
     )
     fig.add_hline(y=1.0, line={"color": _color(CONTIGUOUS), "dash": "dash"})
-    for backend, points in _by_backend(rows).items():
-        fig.add_trace(
-            go.Scatter(
-                x=[p["context_len"] for p in points],
-                y=[p["ratio"] for p in points],
-                name=f"paged ({backend})",
-                mode="lines+markers",
-                line={"color": _color(backend)},
-                hovertemplate="%{x:,} tokens: %{y:.2f}x<extra>" + backend + "</extra>",
-            )
-        )
+    _add_sweep_lines(fig, rows, "ratio", "%{y:.2f}x", contiguous=None)
     fig = _axes(fig, "Paging overhead", "paged / contiguous latency (x)", _contexts(rows))
     fig.update_yaxes(rangemode="tozero", tickformat=".2f")
     return fig
@@ -123,28 +124,7 @@ def bandwidth_figure(rows: list[dict], copy_gbps: float) -> go.Figure:
         annotation_text=f"copy_ bandwidth {copy_gbps:,.1f} GB/s (read + write)",
         annotation_position="top left",
     )
-    contexts, contiguous = _contiguous_points(rows, "contiguous_gbps")
-    fig.add_trace(
-        go.Scatter(
-            x=contexts,
-            y=contiguous,
-            name="contiguous",
-            mode="lines+markers",
-            line={"color": _color(CONTIGUOUS), "dash": "dash"},
-            hovertemplate="%{x:,} tokens: %{y:,.1f} GB/s<extra>contiguous</extra>",
-        )
-    )
-    for backend, points in _by_backend(rows).items():
-        fig.add_trace(
-            go.Scatter(
-                x=[p["context_len"] for p in points],
-                y=[p["achieved_gbps"] for p in points],
-                name=f"paged ({backend})",
-                mode="lines+markers",
-                line={"color": _color(backend)},
-                hovertemplate="%{x:,} tokens: %{y:,.1f} GB/s<extra>paged " + backend + "</extra>",
-            )
-        )
+    _add_sweep_lines(fig, rows, "achieved_gbps", "%{y:,.1f} GB/s", contiguous=("contiguous_gbps", CONTIGUOUS))
     fig = _axes(
         fig,
         "Achieved bandwidth (K and V bytes read / time)",
