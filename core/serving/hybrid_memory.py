@@ -158,12 +158,7 @@ class HybridPagedMemory:
         return Admission(num_tokens, 0)
 
     def prefill(self, group, num_tokens: int) -> None:
-        state = self._held[group]
-        if group.num_prefill_tokens == 0:
-            done = state.pending_left
-        else:
-            done = min(state.pending_left, state.pending_total * num_tokens // group.num_prefill_total)
-        state.pending_left -= done
+        done = self._held[group].compute(group, num_tokens)
         self.pending -= done
 
     # ---- decode ----------------------------------------------------------------------------------------------

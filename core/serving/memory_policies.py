@@ -198,6 +198,16 @@ class _PagedGroupState:
         self.pending_total = self.pending_left = pending
         self.shared_tail = shared_tail
 
+    def compute(self, group, num_tokens: int) -> int:
+        """Marks the pending slots that `num_tokens` prefill tokens of `group` compute (all that are left when the
+        group has no prefill, e.g. a full prefix-cache hit; else in proportion to its prompt); returns how many."""
+        if group.num_prefill_tokens == 0:
+            done = self.pending_left
+        else:
+            done = min(self.pending_left, self.pending_total * num_tokens // group.num_prefill_total)
+        self.pending_left -= done
+        return done
+
 
 class PagedMemory:
     """Paged KV: capacity // block_size blocks in a real `BlockManager`; parallel samples are forked so their
@@ -287,12 +297,7 @@ class PagedMemory:
         return empty if shared_tail else empty * n
 
     def prefill(self, group, num_tokens: int) -> None:
-        state = self._held[group]
-        if group.num_prefill_tokens == 0:
-            done = state.pending_left
-        else:
-            done = min(state.pending_left, state.pending_total * num_tokens // group.num_prefill_total)
-        state.pending_left -= done
+        done = self._held[group].compute(group, num_tokens)
         self.pending -= done
         self.token_states += done
 
