@@ -7,10 +7,10 @@ scenarios serve the same requests. The page's widgets read their bounds from the
 
 from typing import Any
 
+from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.hardware import GPUS
 from core.planning.kv_accounting import (
     BLOCK_SIZES,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     KV_DTYPES,
     MAX_CONTEXT_TOKENS,
     WEIGHT_DTYPES,

@@ -131,18 +131,34 @@ class MLAAttentionSpec(KVCacheSpec):
 @dataclass(frozen=True, kw_only=True)
 class MambaSpec(KVCacheSpec):
     """A recurrent state per request (Mamba2, Gated DeltaNet): `shapes` are its tensors' shapes (conv state,
-    SSM state) in `dtype`; one block holds the whole state, so `block_size` is nominal (vLLM sets it to
+    SSM state), each in its entry of `dtypes` (short names, normalised like `dtype`), or all in `dtype` when
+    `dtypes` is empty; one block holds the whole state, so `block_size` is nominal (vLLM sets it to
     max_model_len). `page_size_padded` pads the page to the attention page when vLLM unifies page sizes."""
 
     num_kv_heads: int = 0
     head_size: int = 0
     shapes: tuple[tuple[int, ...], ...] = field(default=())
+    dtypes: tuple[str, ...] = field(default=())
     page_size_padded: int | None = None
     kind = "mamba"
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.dtypes and len(self.dtypes) != len(self.shapes):
+            raise InvalidArgumentError(
+                f"dtypes names {len(self.dtypes)} dtypes for {len(self.shapes)} state shapes; give one per shape"
+            )
+        object.__setattr__(self, "dtypes", tuple(kv_dtype_name(d) for d in self.dtypes))
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one request's state: every tensor's elements x its dtype's bits / 8."""
+        dtypes = self.dtypes or (self.dtype,) * len(self.shapes)
+        return sum(prod(s) * KV_DTYPE_BITS[d] for s, d in zip(self.shapes, dtypes, strict=True)) // 8
+
     @property
     def page_size_bytes(self) -> int:
-        state = sum(prod(shape) for shape in self.shapes) * KV_DTYPE_BITS[self.dtype] // 8
+        state = self.state_bytes
         if self.page_size_padded is not None:
             if self.page_size_padded < state:
                 raise InvalidArgumentError(

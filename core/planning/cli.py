@@ -12,10 +12,10 @@ from pathlib import Path
 
 from core.common import check_float
 from core.errors import InvalidArgumentError, LabError
+from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.hardware import GPUS, GPUSpec, get_gpu
 from core.planning.kv_accounting import (
     BLOCK_SIZES,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     KV_DTYPES,
     WEIGHT_DTYPES,

@@ -10,6 +10,7 @@ import math
 
 from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
+from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS, parallel_size
 from core.planning.models import ModelSpec
 from core.planning.weights import checkpoint_weight_bytes, uses_group_quantization
 
@@ -22,11 +23,9 @@ COMPUTE_DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # `vllm serve --block-size` choices
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM V1's default chunked-prefill token budget for `vllm serve`
 NON_TORCH_BYTES = 1024**3  # CUDA graphs, NCCL buffers, cuBLAS workspaces: vLLM logs show ~0.5-2 GiB
 MAX_CONTEXT_TOKENS = 16_777_216  # 16Mi: Llama-4-Scout publishes 10,485,760 positions
 MAX_GPUS = 4096
-MAX_PARALLEL = 1024  # largest tensor- or pipeline-parallel size accepted
 
 
 def resolve_kv_dtype(model: ModelSpec, kv_dtype: str = "auto") -> str:
@@ -39,44 +38,19 @@ def resolve_kv_dtype(model: ModelSpec, kv_dtype: str = "auto") -> str:
     return kv_dtype
 
 
-def _parallel_size(value: object, name: str) -> int:
-    """`value` as an int in 1..MAX_PARALLEL (a plain int in range skips check_int: a plan calls this five times)."""
-    if type(value) is int and 1 <= value <= MAX_PARALLEL:
-        return value
-    return check_int(value, name, minimum=1, maximum=MAX_PARALLEL)
-
-
 def check_parallelism(model: ModelSpec, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> None:
-    """Raise `InvalidArgumentError` for a TP/PP layout vLLM refuses.
-
-    vLLM requires num_attention_heads % tp == 0; KV heads are split when tp divides them and replicated when
-    tp is a multiple of them (other combinations are refused); pp may not exceed the layer count.
-    """
-    tensor_parallel = _parallel_size(tensor_parallel, "tensor_parallel")
-    pipeline_parallel = _parallel_size(pipeline_parallel, "pipeline_parallel")
-    if model.num_attention_heads % tensor_parallel:
-        raise InvalidArgumentError(
-            f"{model.name} has {model.num_attention_heads} attention heads, not divisible by tensor_parallel="
-            f"{tensor_parallel} (vLLM requires it)"
-        )
-    kv = model.num_kv_heads
-    if not model.is_mla and kv % tensor_parallel and tensor_parallel % kv:
-        raise InvalidArgumentError(
-            f"{model.name} has {kv} KV heads: tensor_parallel={tensor_parallel} must divide them or be a "
-            "multiple of them"
-        )
-    if pipeline_parallel > model.num_layers:
-        raise InvalidArgumentError(
-            f"pipeline_parallel={pipeline_parallel} exceeds the {model.num_layers} layers of {model.name}"
-        )
+    """Raise `InvalidArgumentError` for a TP/PP layout vLLM refuses (`KVLayers.check_parallel`: tp divides
+    the attention heads and divides or is a multiple of the KV heads; pp at most the layer count)."""
+    model.kv_layers.check_parallel(
+        parallel_size(tensor_parallel, "tensor_parallel"),
+        parallel_size(pipeline_parallel, "pipeline_parallel"),
+    )
 
 
 def kv_heads_per_gpu(model: ModelSpec, tensor_parallel: int = 1) -> int:
     """KV heads each TP rank stores: max(1, kv_heads // tp) (replicated when tp > kv_heads, as in vLLM).
     For MLA the single latent is replicated on every rank: 1."""
-    if model.is_mla:
-        return 1
-    return max(1, model.num_kv_heads // tensor_parallel)
+    return model.kv_layers.kv_heads_per_rank(tensor_parallel)
 
 
 def layers_per_gpu(model: ModelSpec, pipeline_parallel: int = 1) -> int:

@@ -13,19 +13,23 @@ Planner page, and a template for a custom model).
 import json
 import math
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidArgumentError
-from core.planning.hf_config import (
-    CHUNKED,
+from core.kv.hf_config import (
     FULL,
-    LAYER_TYPES,
+    HEAD_KEYS,
+    HIDDEN_KEYS,
+    KV_HEAD_KEYS,
+    LAYER_KEYS,
     LINEAR,
-    SLIDING,
+    KVLayers,
     RecurrentStateSpec,
-    dtype_name,
+    language_config,
     read_int,
+    read_kv_layers,
     read_layer_types,
     read_recurrent_state,
 )
@@ -34,10 +38,6 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 MODELS_JSON = DATA_DIR / "models.json"
 
 # Alternative config keys, tried in order (vLLM's ModelConfig reads the same aliases).
-_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
-_KV_HEAD_KEYS = ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num", "n_kv_heads")
-_HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
 _INTERMEDIATE_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
 _POSITION_KEYS = (
     "max_position_embeddings",
@@ -117,24 +117,28 @@ class ModelSpec:
             raise InvalidArgumentError(
                 f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers; give one per layer"
             )
-        kinds = set(self.layer_kinds)
-        unknown = sorted(kinds - set(LAYER_TYPES))
-        if unknown:
-            raise InvalidArgumentError(
-                f"layer types {unknown} are not supported; allowed: {', '.join(LAYER_TYPES)}"
-            )
-        for kind, value, what in (
-            (SLIDING, self.sliding_window, "sliding_window"),
-            (CHUNKED, self.attention_chunk_size, "attention_chunk_size"),
-            (LINEAR, self.recurrent_state, "recurrent_state"),
-        ):
-            if (kind in kinds) != (value is not None):
-                raise InvalidArgumentError(f"{what} must be set exactly when a layer is {kind}")
+        self.kv_layers  # noqa: B018 (validates the layer types, windows and state)
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
         """The type of every layer (LAYER_TYPES), full attention where `layer_types` is empty."""
         return self.layer_types or (FULL,) * self.num_layers
+
+    @cached_property
+    def kv_layers(self) -> KVLayers:
+        """What the KV cache depends on (`core.kv.hf_config.KVLayers`), in the compute dtype."""
+        return KVLayers(
+            name=self.name,
+            layer_types=self.layer_kinds,
+            num_attention_heads=self.num_attention_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_dim,
+            dtype=self.compute_dtype,
+            is_mla=self.is_mla,
+            sliding_window=self.sliding_window,
+            attention_chunk_size=self.attention_chunk_size,
+            recurrent_state=self.recurrent_state,
+        )
 
     @property
     def is_hybrid(self) -> bool:
@@ -184,29 +188,26 @@ class ModelSpec:
         `params_estimated` is True. Per-layer attention types follow `read_layer_types`. Raises
         `InvalidArgumentError` naming the missing or bad field.
         """
-        cfg = _language_config(config)
+        cfg = language_config(config)
         shape = _read_shape(cfg)
-        kv_lora_rank, rope_dim = _read_mla(cfg)
-        if kv_lora_rank is not None:
-            # What an MLA layer caches is one "head" of width kv_lora_rank + qk_rope_head_dim (vLLM's
-            # get_head_size / get_num_kv_heads for MLA), shared by all query heads.
-            shape["num_kv_heads"], shape["head_dim"] = 1, kv_lora_rank + rope_dim
-        layer_types, sliding_window, chunk = read_layer_types(cfg, shape["num_layers"])
+        kv = read_kv_layers(cfg, name)
         quantization = _read_quantization(cfg)
         num_experts, experts_per_tok = _read_experts(cfg)
         estimate = estimate_num_params(cfg)
         total, active = _param_counts(estimate, num_params, num_params_active, bool(num_experts))
         model_type = str(cfg.get("model_type", "unknown"))
         return cls(
-            name=name or str(cfg.get("_name_or_path") or model_type),
+            name=kv.name,
             **shape,
+            num_kv_heads=kv.num_kv_heads,
+            head_dim=kv.head_size,
             num_params=round(total),
             num_params_active=round(active),
-            sliding_window=sliding_window,
-            kv_lora_rank=kv_lora_rank,
-            qk_rope_head_dim=rope_dim,
+            sliding_window=kv.sliding_window,
+            kv_lora_rank=read_int(cfg, ("kv_lora_rank",), "kv_lora_rank", default=None),
+            qk_rope_head_dim=read_int(cfg, ("qk_rope_head_dim",), "qk_rope_head_dim", default=None),
             model_type=model_type,
-            dtype=_read_dtype(cfg),
+            dtype=kv.dtype,
             **quantization,
             num_experts=num_experts,
             num_experts_per_tok=experts_per_tok,
@@ -217,71 +218,26 @@ class ModelSpec:
             attention_params=estimate["attention"],
             params_estimated=num_params is None,
             hf_repo=hf_repo,
-            layer_types=layer_types,
-            attention_chunk_size=chunk,
-            recurrent_state=read_recurrent_state(cfg, shape["hidden_size"])
-            if LINEAR in layer_types
-            else None,
+            layer_types=kv.layer_types,
+            attention_chunk_size=kv.attention_chunk_size,
+            recurrent_state=kv.recurrent_state,
         )
-
-
-def _language_config(config: Any) -> dict[str, Any]:
-    """The config of the language model: the top level, overlaid with `text_config` when there is one."""
-    if not isinstance(config, dict):
-        raise InvalidArgumentError(f"a config.json must be a JSON object, got {type(config).__name__}")
-    cfg = dict(config)
-    text = cfg.get("text_config")
-    if isinstance(text, dict):
-        merged = {k: v for k, v in cfg.items() if k != "text_config"}
-        merged.update(text)
-        cfg = merged
-    return cfg
 
 
 def _read_shape(cfg: dict[str, Any]) -> dict[str, int]:
-    """Layers, heads, KV heads, head size, widths, vocabulary and positions, with vLLM's fallbacks."""
-    num_layers = read_int(cfg, _LAYER_KEYS, "number of layers")
-    num_heads = read_int(cfg, _HEAD_KEYS, "number of attention heads")
-    hidden = read_int(cfg, _HIDDEN_KEYS, "hidden size")
-    kv_heads = read_int(cfg, _KV_HEAD_KEYS, "number of KV heads", default=None)
-    if kv_heads is None:
-        # Falcon's multi_query flag means a single KV head; otherwise no GQA: one KV head per query head.
-        kv_heads = 1 if cfg.get("multi_query") is True else num_heads
-    if kv_heads > num_heads:
-        raise InvalidArgumentError(
-            f"num_key_value_heads ({kv_heads}) exceeds num_attention_heads ({num_heads})"
-        )
-    head_dim = read_int(cfg, ("head_dim",), "head_dim", default=None)
-    if head_dim is None:
-        if hidden % num_heads:
-            raise InvalidArgumentError(
-                f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads}; the config must "
-                "give head_dim explicitly"
-            )
-        head_dim = hidden // num_heads
+    """Layers, heads, widths, vocabulary and positions, with vLLM's fallbacks (KV heads and head size:
+    `read_kv_layers`)."""
+    num_layers = read_int(cfg, LAYER_KEYS, "number of layers")
+    num_heads = read_int(cfg, HEAD_KEYS, "number of attention heads")
+    hidden = read_int(cfg, HIDDEN_KEYS, "hidden size")
     return {
         "num_layers": num_layers,
         "num_attention_heads": num_heads,
-        "num_kv_heads": kv_heads,
-        "head_dim": head_dim,
         "hidden_size": hidden,
         "intermediate_size": read_int(cfg, _INTERMEDIATE_KEYS, "intermediate size", default=4 * hidden),
         "vocab_size": read_int(cfg, ("vocab_size", "padded_vocab_size"), "vocab_size"),
         "max_position_embeddings": read_int(cfg, _POSITION_KEYS, "max_position_embeddings", default=2048),
     }
-
-
-def _read_mla(cfg: dict[str, Any]) -> tuple[int | None, int | None]:
-    """(kv_lora_rank, qk_rope_head_dim) of an MLA model, else (None, None)."""
-    kv_lora_rank = read_int(cfg, ("kv_lora_rank",), "kv_lora_rank", default=None)
-    rope_dim = read_int(cfg, ("qk_rope_head_dim",), "qk_rope_head_dim", default=None)
-    if (kv_lora_rank is None) != (rope_dim is None):
-        raise InvalidArgumentError("an MLA config needs both kv_lora_rank and qk_rope_head_dim")
-    return kv_lora_rank, rope_dim
-
-
-def _read_dtype(cfg: dict[str, Any]) -> str:
-    return dtype_name(cfg.get("torch_dtype", cfg.get("dtype", "float16")), "torch_dtype")
 
 
 def _read_quantization(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -368,8 +324,8 @@ def estimate_num_params(config: dict[str, Any]) -> dict[str, int]:
     (tests/planning/test_models.py).
     """
     cfg = config
-    layers = read_int(cfg, _LAYER_KEYS, "number of layers")
-    hidden = read_int(cfg, _HIDDEN_KEYS, "hidden size")
+    layers = read_int(cfg, LAYER_KEYS, "number of layers")
+    hidden = read_int(cfg, HIDDEN_KEYS, "hidden size")
     inter = read_int(cfg, _INTERMEDIATE_KEYS, "intermediate size", default=4 * hidden)
     vocab = read_int(cfg, ("vocab_size", "padded_vocab_size"), "vocab_size")
     model_type = str(cfg.get("model_type", "unknown"))
@@ -429,8 +385,8 @@ def estimate_num_params(config: dict[str, Any]) -> dict[str, int]:
 
 def _attention_params(cfg: dict[str, Any], hidden: int) -> int:
     """Parameters of one (full, sliding or chunked) attention layer: standard, GQA or MLA projections."""
-    heads = read_int(cfg, _HEAD_KEYS, "number of attention heads")
-    kv_heads = read_int(cfg, _KV_HEAD_KEYS, "number of KV heads", default=None) or heads
+    heads = read_int(cfg, HEAD_KEYS, "number of attention heads")
+    kv_heads = read_int(cfg, KV_HEAD_KEYS, "number of KV heads", default=None) or heads
     head_dim = read_int(cfg, ("head_dim",), "head_dim", default=None) or hidden // heads
     model_type = str(cfg.get("model_type", "unknown"))
     kv_lora = cfg.get("kv_lora_rank")

@@ -7,16 +7,24 @@ gpu=other))`. Every number is per GPU (the most loaded one) unless its name says
 """
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 from core.common import cdiv, check_float, check_int
 from core.errors import InvalidArgumentError
+from core.kv.layout import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    KVCacheLayout,
+    kv_cache_layout,
+    kv_read_bytes_per_sequence,
+    layout_notes,
+    longest_fitting_len,
+    request_blocks,
+)
 from core.planning.hardware import GPUSpec
 from core.planning.kv_accounting import (
     BLOCK_SIZES,
     COMPUTE_DTYPE_SHORT,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     DTYPE_BITS,
     MAX_CONTEXT_TOKENS,
@@ -29,14 +37,6 @@ from core.planning.kv_accounting import (
     resolve_kv_dtype,
     resolve_weight_dtype,
     weight_bytes_per_gpu,
-)
-from core.planning.kv_layout import (
-    KVCacheLayout,
-    kv_cache_layout,
-    kv_read_bytes_per_sequence,
-    layout_notes,
-    longest_fitting_len,
-    request_blocks,
 )
 from core.planning.models import ModelSpec
 from core.planning.weights import uses_group_quantization
@@ -132,7 +132,7 @@ class CapacityPlan:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "inputs"}
         data["notes"] = list(self.notes)
         if self.kv_layout is not None:
-            data["kv_layout"] = asdict(self.kv_layout)
+            data["kv_layout"] = self.kv_layout.to_dict()
         return data
 
 

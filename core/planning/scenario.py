@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from core.errors import InvalidArgumentError, LabError
+from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS, request_blocks
 from core.planning.hardware import GPUS, GPUSpec, get_gpu
 from core.planning.kv_accounting import (
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DTYPE_BITS,
     blocks_for_tokens,
     kv_bytes_per_token,
@@ -26,7 +26,6 @@ from core.planning.kv_accounting import (
     layers_per_gpu,
     resolve_weight_dtype,
 )
-from core.planning.kv_layout import request_blocks
 from core.planning.models import MODELS, ModelSpec, get_model
 from core.planning.plan import CapacityPlan, PlanInputs, concurrency_vs_context, plan_from
 from core.planning.weights import bits_per_quantized_param, quantized_params, uses_group_quantization

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from core.errors import InvalidArgumentError
-from core.planning.hf_config import DTYPE_BYTES
+from core.kv.hf_config import DTYPE_BYTES
 from core.planning.models import ModelSpec
 from core.uploads import parse_json, upload_text
 

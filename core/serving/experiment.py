@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from core.errors import InvalidArgumentError
+from core.kv.layout import kv_cache_layout
 from core.planning.hardware import GPUS
-from core.planning.kv_layout import kv_cache_layout
 from core.planning.models import MODELS
 from core.planning.plan import plan
 from core.serving.memory_policies import POLICY_NAMES, Policy

@@ -3,7 +3,7 @@
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.kv_layout import kv_cache_layout
+from core.kv.layout import kv_cache_layout
 from core.planning.models import MODELS, ModelSpec
 
 GiB, KiB = 1024**3, 1024
@@ -242,8 +242,8 @@ def test_cli_flags(tmp_path, capsys):
 
 
 def test_decode_reads_only_the_windows_of_hybrid_layers():
+    from core.kv.layout import kv_read_bytes_per_sequence
     from core.planning.kv_accounting import kv_bytes_per_token
-    from core.planning.kv_layout import kv_read_bytes_per_sequence
 
     llama = MODELS["llama-3.1-70b"]
     assert kv_read_bytes_per_sequence(

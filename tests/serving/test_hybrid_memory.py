@@ -144,7 +144,7 @@ def test_gemma_3_pool_is_vllms_block_count():
     """Gemma-3-27B: groups 10 (full) + 9, 9, 9, 9, 8, 8 (window 1,024), group size 10, 8 padding layers.
     15,728 token slots of 62 layers in blocks of 16 tokens x 10 layers: 15,728 x 62 // 160 = 6,094 blocks,
     equal to kv_cache_layout's num_blocks for the same bytes (available // page // group_size)."""
-    from core.planning.kv_layout import kv_cache_layout
+    from core.kv.layout import kv_cache_layout
     from core.planning.models import MODELS
     from core.serving.experiment import model_kv_groups
     from core.serving.memory_policies import make_memory
