@@ -3,7 +3,8 @@
 Only what the forward pass needs is kept. Every supported variation is explicit: grouped-query attention
 (`num_kv_heads` <= `num_heads`), RoPE with its scaling ("default", "linear", "llama3"), RMSNorm, tied or untied
 embeddings, biases on the q/k/v projections (Qwen2) read from the weights, and a sliding window on every layer
-(Mistral) or on some layers only (Qwen2's `layer_types` / `max_window_layers`).
+(Mistral) or on some layers only (Qwen2's `layer_types` / `max_window_layers`). Which layer slides, the KV head
+count and the head size are read by `core.kv.hf_config.read_kv_layers`, the one reader the planner uses too.
 """
 
 import json
@@ -13,13 +14,14 @@ from pathlib import Path
 
 import torch
 
-from core.errors import ModelLoadError
+from core.errors import InvalidArgumentError, ModelLoadError
+from core.kv.hf_config import FULL, SLIDING, KVLayers, read_kv_layers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-LAYER_TYPES = ("full_attention", "sliding_attention")
+LAYER_TYPES = (FULL, SLIDING)  # the layer types this engine runs
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,9 @@ class ModelConfig:
     ("factor"; for "llama3" also "low_freq_factor", "high_freq_factor", "original_max_position_embeddings").
     sliding_window: None (full attention) or the number of most recent tokens each query of a sliding-attention
         layer attends to (itself included).
-    layer_types: one of LAYER_TYPES per layer, as transformers' `layer_types`; empty means every layer is
-        "sliding_attention" when sliding_window is set, else "full_attention" (Mistral). See `layer_windows`.
+    layer_types: one of LAYER_TYPES per layer, as transformers' `layer_types`; empty (when built directly)
+        means every layer is "sliding_attention" when sliding_window is set, else "full_attention" (Mistral),
+        and is filled in so. `kv_layers` gives them to `core.kv` (`layer_specs`).
     eos_token_ids: the ids that end a sequence (empty when the config names none).
     """
 
@@ -56,18 +59,18 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.layer_types:
-            if len(self.layer_types) != self.num_layers or any(
-                t not in LAYER_TYPES for t in self.layer_types
-            ):
-                raise ModelLoadError(
-                    f"layer_types must name one of {', '.join(LAYER_TYPES)} for each of the {self.num_layers} "
-                    f"layers, got {list(self.layer_types)}"
-                )
-            if "sliding_attention" in self.layer_types and self.sliding_window is None:
-                raise ModelLoadError(
-                    "layer_types has sliding_attention layers but the config sets no sliding_window"
-                )
+        if not self.layer_types:
+            kind = FULL if self.sliding_window is None else SLIDING
+            object.__setattr__(self, "layer_types", (kind,) * self.num_layers)
+        if len(self.layer_types) != self.num_layers or any(t not in LAYER_TYPES for t in self.layer_types):
+            raise ModelLoadError(
+                f"layer_types must name one of {', '.join(LAYER_TYPES)} for each of the {self.num_layers} "
+                f"layers, got {list(self.layer_types)}"
+            )
+        if SLIDING in self.layer_types and self.sliding_window is None:
+            raise ModelLoadError(
+                "layer_types has sliding_attention layers but the config sets no sliding_window"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(
                 f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads "
@@ -82,18 +85,17 @@ class ModelConfig:
             raise ModelLoadError(f"hidden_act {self.hidden_act!r} is not supported; supported: 'silu'")
 
     @property
-    def layer_windows(self) -> tuple[int | None, ...]:
-        """Per layer: its sliding window in tokens (a sliding-attention layer), or None (a full-attention layer)."""
-        if not self.layer_types:
-            return (self.sliding_window,) * self.num_layers
-        return tuple(self.sliding_window if t == "sliding_attention" else None for t in self.layer_types)
-
-    @property
-    def uniform_sliding_window(self) -> int | None:
-        """W when every layer attends through the same sliding window of W tokens (Mistral-7B-v0.1), else None
-        (full attention everywhere, or full and windowed layers mixed)."""
-        windows = set(self.layer_windows)
-        return windows.pop() if len(windows) == 1 else None
+    def kv_layers(self) -> KVLayers:
+        """The layers as `core.kv` sees them (`layer_specs(config, ...)` gives one KV cache spec per layer)."""
+        return KVLayers(
+            name=self.architecture,
+            layer_types=self.layer_types,
+            num_attention_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_dim,
+            dtype=self.torch_dtype if self.torch_dtype in _DTYPES else "float32",
+            sliding_window=self.sliding_window if SLIDING in self.layer_types else None,
+        )
 
     @property
     def checkpoint_dtype(self) -> torch.dtype:
@@ -151,19 +153,8 @@ class ModelConfig:
             theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
             if "type" in rope and "rope_type" not in rope:
                 rope["rope_type"] = rope.pop("type")
-            window = raw.get("sliding_window")
-            layer_types = tuple(raw.get("layer_types") or ())
             num_layers = int(raw["num_hidden_layers"])
-            if arch == "Qwen2ForCausalLM":
-                if not raw.get("use_sliding_window", False):
-                    window, layer_types = None, ()
-                elif not layer_types:  # transformers: layers from max_window_layers on use the window
-                    first = int(raw.get("max_window_layers", num_layers))
-                    kinds = ["full_attention"] * min(first, num_layers)
-                    layer_types = tuple(kinds + ["sliding_attention"] * (num_layers - len(kinds)))
-            if not window:
-                window = None
-                layer_types = () if set(layer_types) <= {"full_attention"} else layer_types
+            kv = read_kv_layers(raw)  # layer types (Qwen2: max_window_layers, use_sliding_window), KV heads
             eos = raw.get("eos_token_id")
             eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
             return cls(
@@ -173,20 +164,22 @@ class ModelConfig:
                 intermediate_size=int(raw["intermediate_size"]),
                 num_layers=num_layers,
                 num_heads=heads,
-                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-                head_dim=int(raw.get("head_dim") or hidden // heads),
+                num_kv_heads=kv.num_kv_heads,
+                head_dim=kv.head_size,
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=theta,
                 rope_scaling=rope if rope.get("rope_type", "default") != "default" else None,
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
-                sliding_window=None if window is None else int(window),
+                sliding_window=kv.sliding_window,
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
                 hidden_act=str(raw.get("hidden_act", "silu")),
-                layer_types=tuple(str(t) for t in layer_types),
+                layer_types=kv.layer_types,
             )
+        except InvalidArgumentError as bad:
+            raise ModelLoadError(f"config.json: {bad}") from None
         except KeyError as missing:
             raise ModelLoadError(f"config.json has no {missing.args[0]!r}, which a {arch} needs") from None
         except (TypeError, ValueError) as bad:

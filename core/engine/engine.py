@@ -31,6 +31,8 @@ from core.engine.sampling import SamplingParams
 from core.engine.sequence import RequestOutput, Sequence, SequenceGroup
 from core.engine.weights import expected_shapes, load_weights, random_weights
 from core.errors import InvalidArgumentError, ModelLoadError, ModelTooLargeError
+from core.kv.hf_config import layer_specs
+from core.kv.layout import kv_cache_groups
 from core.paging.block_manager import BlockManager
 from core.paging.kv_cache import KVCache, kv_cache_bytes
 from core.serving.scheduler import ScheduledStep, Scheduler
@@ -86,8 +88,10 @@ class Engine:
     default) less the weights, capped at max_num_seqs x max_position_embeddings tokens.
     last_run: the `EngineRun` of the last `generate` call (None before the first).
 
-    Sliding window: when every attention layer shares one window W (`ModelConfig.uniform_sliding_window`,
-    Mistral-7B-v0.1), the BlockManager is built with `sliding_window=W`: before a sequence appends the token at
+    kv_specs: one `core.kv` layer spec per layer (`layer_specs`).
+
+    Sliding window: when every attention layer shares one window W (one KV cache group of sliding-window
+    specs, Mistral-7B-v0.1), the BlockManager is built with `sliding_window=W`: before a sequence appends the token at
     position n, its blocks wholly before position n - W + 1 go back to the pool (table entries -1, never read by
     the windowed kernels), so a decoding sequence holds at most ceil((W + block_size - 1) / block_size) blocks
     (its whole prompt until the first decode: prompts are allocated whole). Forks share only the blocks still
@@ -146,9 +150,13 @@ class Engine:
             self.model.device,
             max_bytes=max(kv_budget, 0),
         )
-        self.manager = BlockManager(
-            num_blocks, block_size, enable_prefix_caching, sliding_window=config.uniform_sliding_window
-        )
+        # One KV cache spec per layer; one group of sliding-window layers (Mistral-7B-v0.1) lets the block
+        # manager release what left the window. Mixed full and windowed layers form several groups: full
+        # management for every layer (see the class docstring).
+        self.kv_specs = layer_specs(config, block_size=block_size, kv_dtype=self.model.dtype)
+        groups, _ = kv_cache_groups(self.kv_specs)
+        window = groups[0].window if len(groups) == 1 and groups[0].kind == "sliding_window" else None
+        self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching, sliding_window=window)
         self.memory = EngineMemory(self.manager, self.cache)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -5,12 +5,12 @@ decode tokens first (one per decoding sequence), then each prefill chunk's token
 K/V are written into `KVCache` by slot mapping (vLLM's reshape_and_cache), then read back through the block
 tables by `paged_attention` (decode rows) and `paged_prefill_attention` (prefill chunks, causal, attending to the
 cached prefix too), with each layer's sliding window when it has one (Mistral: every layer; Qwen2: the layers
-`ModelConfig.layer_windows` names). Table entries a sliding-window BlockManager released (-1) lie wholly before
-the window of every query of the step, so the windowed kernels never read them. Numerics follow transformers' Llama: RMSNorm in float32, RoPE cos/sin from float32
-frequencies cast to the activation dtype, rotate-half layout, SiLU-gated MLP.
+`core.kv` reads as sliding, `ModelConfig.kv_layers.sliding_windows`). Table entries a sliding-window BlockManager
+released (-1) lie wholly before the window of every query of the step, so the windowed kernels never read them.
+Numerics follow transformers' Llama: RMSNorm in float32, RoPE cos/sin from float32 frequencies cast to the
+activation dtype, rotate-half layout, SiLU-gated MLP.
 """
 
-import inspect
 import time
 from dataclasses import dataclass
 
@@ -18,11 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from core.engine.config import ModelConfig
-from core.errors import InvalidArgumentError
 from core.kernels.attention import paged_attention, paged_prefill_attention
 from core.paging.kv_cache import KVCache
-
-_WINDOWED_KERNELS = "sliding_window" in inspect.signature(paged_attention).parameters
 
 
 @dataclass(eq=False)
@@ -53,11 +50,13 @@ class LlamaModel:
     """Weights by Hugging Face name, and the forward pass. `weights` must match `config` (see core.engine.weights).
 
     attention_ms: milliseconds spent in the paged attention kernels (all layers) during the last `forward`.
+    layer_windows: per layer, its sliding window in tokens, or None for full attention.
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], backend: str = "auto"):
         self.config = config
         self.backend = backend
+        self.layer_windows = config.kv_layers.sliding_windows  # per layer: W, or None (full attention)
         first = weights["model.embed_tokens.weight"]
         self.device, self.dtype = first.device, first.dtype
         self.embed = first  # [vocab, hidden]
@@ -121,19 +120,7 @@ class LlamaModel:
         c = self.config
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
         num_tokens = batch.token_ids.numel()
-        windows = c.layer_windows  # per layer: W, or None for full attention
-        if not _WINDOWED_KERNELS and any(w is not None for w in windows):
-            longest = max(
-                int(batch.decode_context_lens.max()) if batch.num_decode else 0,
-                int(batch.prefill_context_lens.max()) if batch.prefill_context_lens.numel() else 0,
-            )
-            smallest = min(w for w in windows if w is not None)
-            if longest > smallest:
-                raise InvalidArgumentError(
-                    f"a context of {longest:,} tokens exceeds the model's sliding window of {smallest:,} tokens, "
-                    "and these paged attention kernels have no sliding-window mode"
-                )
-            windows = (None,) * len(windows)
+        windows = self.layer_windows  # per layer: W, or None for full attention
         cos, sin = self._rope(batch.positions)
         # prefill chunks padded to [num_prefill, max_q]: row/col of each prefill token
         qlens = batch.prefill_query_lens
