@@ -1,12 +1,25 @@
-"""Every error that core raises derives from `LabError`.
+"""Every error that core raises derives from `LabError`, and every one is defined here.
 
 Messages say what was wrong and what is allowed. A call that raises leaves the object it was called on
-exactly as it was before the call.
+exactly as it was before the call. Every error survives a pickle round trip with its message and its fields
+(`LabError.__reduce__`): job errors travel from worker processes to the server intact.
 """
 
 
+def _restore(cls: type, args: tuple, fields: dict) -> "LabError":
+    """Rebuild an error without calling its `__init__` (whose signature differs per class): same args
+    (the message), same fields."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
+
+
 class LabError(Exception):
-    """Base class of every error raised by `core`."""
+    """Base class of every error raised by `core`. Extra fields are plain attributes set in `__init__`."""
+
+    def __reduce__(self):  # every subclass pickles with its fields, whatever its __init__ takes
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
 
 
 class InvalidArgumentError(LabError, ValueError):
@@ -14,7 +27,7 @@ class InvalidArgumentError(LabError, ValueError):
 
 
 class OutOfBlocksError(LabError):
-    """The block pool has too few free blocks for the request."""
+    """The block pool has too few free blocks for the request: `needed` blocks, `free` available."""
 
     def __init__(self, message: str, needed: int, free: int):
         super().__init__(message)
@@ -30,6 +43,17 @@ class DuplicateSequenceError(LabError):
     """A sequence id that is already live was given for a new sequence."""
 
 
+class SchedulerStuckError(LabError):
+    """Nothing can run: `num_waiting` waiting requests fit in none of the `free_blocks` free blocks (None when
+    the memory is not counted in blocks) and no request is running. Raised by the engine and the simulator
+    instead of looping forever; more blocks or shorter requests get it going."""
+
+    def __init__(self, message: str, num_waiting: int, free_blocks: int | None = None):
+        super().__init__(message)
+        self.num_waiting = num_waiting
+        self.free_blocks = free_blocks
+
+
 class MemoryBudgetError(LabError):
     """An allocation would exceed the memory budget; raised before anything is allocated."""
 
@@ -37,9 +61,6 @@ class MemoryBudgetError(LabError):
         super().__init__(message)
         self.requested_bytes = requested_bytes
         self.allowed_bytes = allowed_bytes
-
-    def __reduce__(self):  # travels from a worker process intact, with its fields
-        return (type(self), (str(self), self.requested_bytes, self.allowed_bytes))
 
 
 class BackendUnavailableError(LabError):
@@ -53,3 +74,51 @@ class ModelLoadError(LabError):
 
 class ModelTooLargeError(ModelLoadError, MemoryBudgetError):
     """A model's weights (plus the smallest KV pool) exceed the memory budget; raised before loading them."""
+
+
+# ---- operator limits (`core.limits`) ----------------------------------------------------------------------
+
+
+class LimitConfigError(InvalidArgumentError):
+    """An operator limit's environment variable (or secret), named by `variable`, holds a value that is not
+    allowed."""
+
+    def __init__(self, message: str, variable: str):
+        super().__init__(message)
+        self.variable = variable
+
+
+class LimitExceededError(LabError):
+    """A request goes over the operator limit named by `variable`; raised before any work or allocation."""
+
+    def __init__(self, message: str, variable: str):
+        super().__init__(message)
+        self.variable = variable
+
+
+# ---- background jobs (`core.jobs`) ------------------------------------------------------------------------
+
+
+class JobError(LabError):
+    """A job could not run or did not finish."""
+
+
+class QueueFullError(JobError, LimitExceededError):
+    """Every queue slot is taken; nothing was submitted."""
+
+
+class JobTimeoutError(JobError, LimitExceededError):
+    """The job ran past the wall-time limit and its worker was stopped."""
+
+
+class JobFailedError(JobError):
+    """The job raised an error that does not travel between processes, or one that is not a LabError (a bug).
+    `error_type` is the original exception's class name."""
+
+    def __init__(self, message: str, error_type: str):
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class JobCancelledError(LabError):
+    """The job's session left or asked for something else; raised inside the worker at a progress call."""

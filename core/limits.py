@@ -24,31 +24,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from core.errors import InvalidArgumentError, LabError
+from core.errors import LimitConfigError, LimitExceededError
 
 GiB = 1024**3
-
-
-class LimitConfigError(InvalidArgumentError):
-    """An operator limit's environment variable (or secret) holds a value that is not allowed."""
-
-    def __init__(self, message: str, variable: str):
-        super().__init__(message)
-        self.variable = variable
-
-    def __reduce__(self):  # travels from a worker process intact
-        return (type(self), (str(self), self.variable))
-
-
-class LimitExceededError(LabError):
-    """A request goes over an operator limit; raised before any work or allocation starts."""
-
-    def __init__(self, message: str, variable: str):
-        super().__init__(message)
-        self.variable = variable
-
-    def __reduce__(self):  # travels from a worker process intact
-        return (type(self), (str(self), self.variable))
 
 
 def _default_workers() -> int:

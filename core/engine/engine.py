@@ -30,7 +30,7 @@ from core.engine.postprocess import finish_group_outputs, process_group
 from core.engine.sampling import SamplingParams
 from core.engine.sequence import RequestOutput, Sequence, SequenceGroup
 from core.engine.weights import expected_shapes, load_weights, random_weights
-from core.errors import InvalidArgumentError, ModelLoadError, ModelTooLargeError
+from core.errors import InvalidArgumentError, ModelLoadError, ModelTooLargeError, SchedulerStuckError
 from core.kv.hf_config import layer_specs
 from core.kv.layout import kv_cache_groups
 from core.paging.block_manager import BlockManager
@@ -318,9 +318,11 @@ class Engine:
             t0 = time.perf_counter()
             scheduled = scheduler.schedule()
             if scheduled.is_empty and not scheduled.preempted:
-                raise InvalidArgumentError(
+                raise SchedulerStuckError(
                     f"the scheduler is stuck: {len(scheduler.waiting)} waiting request(s) fit in none of the "
-                    f"{self.memory.free_blocks:,} free blocks and nothing runs (use more blocks or shorter requests)"
+                    f"{self.memory.free_blocks:,} free blocks and nothing runs (use more blocks or shorter requests)",
+                    num_waiting=len(scheduler.waiting),
+                    free_blocks=self.memory.free_blocks,
                 )
             scheduler.allocate(scheduled)  # appends each decoding sequence's token: EngineMemory.grow
             for request, seq_id, src, dst in self.memory.cow_log:

@@ -17,6 +17,7 @@ from core.common import cdiv, check_budget, check_int
 from core.engine.config import ModelConfig
 from core.engine.engine import Engine, engine_bytes
 from core.engine.sampling import SamplingParams
+from core.errors import InvalidArgumentError
 from core.serving.workload import alpaca
 
 # Figure 15 (Alpaca, OPT-13B): % of KV blocks saved, by (mode, number of outputs or beam width)
@@ -47,7 +48,7 @@ def sharing_params(mode: str, width: int, max_tokens: int, seed: int) -> Samplin
         return SamplingParams(max_tokens, n=width, seed=seed, ignore_eos=True)
     if mode == "beam search":
         return SamplingParams(max_tokens, beam_width=width, ignore_eos=True)
-    raise ValueError(f"mode must be 'parallel sampling' or 'beam search', got {mode!r}")
+    raise InvalidArgumentError(f"mode must be 'parallel sampling' or 'beam search', got {mode!r}")
 
 
 def measure_sharing(

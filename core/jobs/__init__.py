@@ -1,30 +1,17 @@
-"""Heavy work off the server process: a bounded pool of worker processes, a result cache, and the job errors.
+"""Heavy work off the server process: a bounded pool of worker processes and a result cache.
 
-Public API: `JobPool` (submit / poll / cancel / stats / close), `JobStatus`, `ResultCache`, `job_key`, and the
-errors `JobError`, `QueueFullError`, `JobTimeoutError`, `JobFailedError`, `JobCancelledError`.
+Public API: `JobPool` (submit / poll / cancel / stats / close), `JobStatus`, `ResultCache`, `job_key`. Its
+errors (`JobError`, `QueueFullError`, `JobTimeoutError`, `JobFailedError`, `JobCancelledError`) live in
+`core.errors` with every other error.
 """
 
 from core.jobs.cache import MISSING, ResultCache
-from core.jobs.pool import (
-    JobError,
-    JobFailedError,
-    JobPool,
-    JobStatus,
-    JobTimeoutError,
-    QueueFullError,
-    job_key,
-)
-from core.jobs.worker import JobCancelledError
+from core.jobs.pool import JobPool, JobStatus, job_key
 
 __all__ = [
     "MISSING",
-    "JobCancelledError",
-    "JobError",
-    "JobFailedError",
     "JobPool",
     "JobStatus",
-    "JobTimeoutError",
-    "QueueFullError",
     "ResultCache",
     "job_key",
 ]

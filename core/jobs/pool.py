@@ -28,36 +28,22 @@ from multiprocessing import spawn
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from core.errors import InvalidArgumentError, LabError
+from core.errors import (
+    InvalidArgumentError,
+    JobError,
+    JobFailedError,
+    JobTimeoutError,
+    LabError,
+    QueueFullError,
+)
 from core.jobs.cache import MISSING, ResultCache
 from core.jobs.worker import worker_main
-from core.limits import LimitExceededError, Limits
+from core.limits import Limits
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 _SPAWN_LOCK = threading.Lock()
 CANCEL_GRACE_S = 2.0  # a cancelled job that reaches no progress call within this is stopped by force
 TICK_S = 0.1
-
-
-class JobError(LabError):
-    """A job could not run or did not finish."""
-
-
-class QueueFullError(JobError, LimitExceededError):
-    """Every queue slot is taken; nothing was submitted."""
-
-
-class JobTimeoutError(JobError, LimitExceededError):
-    """The job ran past the wall-time limit and its worker was stopped."""
-
-
-class JobFailedError(JobError):
-    """The job raised an error that does not travel between processes, or one that is not a LabError (a bug).
-    `error_type` is the original exception's class name."""
-
-    def __init__(self, message: str, error_type: str):
-        super().__init__(message)
-        self.error_type = error_type
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,10 @@ import os
 import pickle
 import time
 
-from core.errors import LabError
+from core.errors import JobCancelledError, LabError
 
 PROGRESS_INTERVAL_S = 0.1
 WORKER_NICENESS = 10  # the server process renders pages first; workers take the CPU left over
-
-
-class JobCancelledError(LabError):
-    """The job's session left or asked for something else; raised inside the worker at a progress call."""
 
 
 class _Progress:

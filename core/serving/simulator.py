@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from core.common import check_float, check_int
-from core.errors import InvalidArgumentError
+from core.errors import InvalidArgumentError, SchedulerStuckError
 from core.serving.hybrid_memory import HybridPoolSnapshot
 from core.serving.memory_policies import MemoryMetrics, MemoryPolicy, Policy, make_memory
 from core.serving.scheduler import PREEMPTION_MODES, ScheduledStep, Scheduler, StepOutcome, fitting_steps
@@ -406,9 +406,10 @@ class _Simulation:
         if step.is_empty:
             if step.swapped_in or step.preempted:
                 return
-            raise InvalidArgumentError(
+            raise SchedulerStuckError(
                 f"the scheduler is stuck at step {self.step}: {step.num_waiting} waiting request(s) fit in no "
-                f"free memory and nothing runs (check the KV capacity and the scheduler limits)"
+                f"free memory and nothing runs (check the KV capacity and the scheduler limits)",
+                num_waiting=step.num_waiting,
             )
         k, ahead, dts = self._decode_run(step) if step.is_decode_only else (1, None, None)
         if k == 1:

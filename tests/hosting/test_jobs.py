@@ -6,8 +6,15 @@ import time
 
 import pytest
 
-from core.errors import InvalidArgumentError, MemoryBudgetError
-from core.jobs import JobError, JobFailedError, JobPool, JobTimeoutError, QueueFullError, ResultCache
+from core.errors import (
+    InvalidArgumentError,
+    JobError,
+    JobFailedError,
+    JobTimeoutError,
+    MemoryBudgetError,
+    QueueFullError,
+)
+from core.jobs import JobPool, ResultCache
 from core.limits import Limits
 from tests.hosting import job_functions as jf
 

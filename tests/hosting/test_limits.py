@@ -4,8 +4,8 @@ core.device's memory budget to them."""
 import pytest
 
 from core.device import memory_budget_bytes
-from core.errors import InvalidArgumentError
-from core.limits import SPECS, LimitConfigError, LimitExceededError, Limits, read_limit
+from core.errors import InvalidArgumentError, LimitConfigError, LimitExceededError
+from core.limits import SPECS, Limits, read_limit
 
 
 def test_defaults_are_todays_budget_and_page_caps():

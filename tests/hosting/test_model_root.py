@@ -9,9 +9,10 @@ import time
 import pytest
 
 from core.engine import Engine, SamplingParams
+from core.errors import LimitConfigError, LimitExceededError
 from core.jobs import JobPool, tasks
 from core.jobs.tasks import generate_outputs
-from core.limits import LimitConfigError, LimitExceededError, Limits
+from core.limits import Limits
 from tests.conftest import ROOT
 from tests.engine.hf_models import llama_config, save_model
 

@@ -12,7 +12,7 @@ from core.device import default_device
 from core.engine import Engine, ModelConfig, SamplingParams
 from core.engine.engine import engine_bytes
 from core.engine.sharing import measure_sharing
-from core.errors import InvalidArgumentError, MemoryBudgetError
+from core.errors import InvalidArgumentError, LimitExceededError, MemoryBudgetError
 from core.jobs import JobPool, tasks
 from core.jobs.tasks import (
     MAX_ENGINE_SEQUENCES,
@@ -24,7 +24,7 @@ from core.jobs.tasks import (
     kernel_sweep,
 )
 from core.kernels.timing import KernelConfig, correctness, sweep_contexts
-from core.limits import LimitExceededError, Limits
+from core.limits import Limits
 from core.serving.experiment import SimulatorParams, run_comparison, steady_summary
 
 SMALL = SimulatorParams(num_requests=40, rate=8.0, policies=("paged", "orca-max"))

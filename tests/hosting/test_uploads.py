@@ -15,8 +15,8 @@ import zlib
 
 import pytest
 
-from core.errors import InvalidArgumentError, LabError
-from core.limits import LimitExceededError, Limits
+from core.errors import InvalidArgumentError, LabError, LimitExceededError
+from core.limits import Limits
 from core.planning.models import preset_configs
 from core.planning.scenario import config_from_bytes, config_from_text, model_from_config
 from core.planning.weights import read_safetensors_index
