@@ -1,4 +1,5 @@
-"""vLLM V1's KV cache layout against the worked numbers in reference.md ("Hybrid models") and hand checks."""
+"""vLLM V1's KV cache layout against the worked numbers in docs/figures.md ("vLLM V1's KV cache layout") and
+hand checks."""
 
 import pytest
 

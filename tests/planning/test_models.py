@@ -1,4 +1,4 @@
-"""Model and GPU presets against the published configs and datasheets (reference.md)."""
+"""Model and GPU presets against the published configs and datasheets (docs/figures.md)."""
 
 import json
 
@@ -8,7 +8,7 @@ from core.errors import InvalidArgumentError
 from core.planning.hardware import GB, GPUS, GiB, GPUSpec, get_gpu
 from core.planning.models import MODELS, MODELS_JSON, ModelSpec, estimate_num_params, get_model
 
-# reference.md, "Model configurations": layers, heads, KV heads, head_dim, max positions.
+# docs/figures.md, "Model configurations": layers, heads, KV heads, head_dim, max positions.
 PUBLISHED = {
     "llama-2-7b": (32, 32, 32, 128, 4096),
     "llama-2-13b": (40, 40, 40, 128, 4096),

@@ -1,4 +1,4 @@
-"""core.planning (KV accounting, plan, what-if, CLI) against the published figures in reference.md."""
+"""core.planning (KV accounting, plan, what-if, CLI) against the published figures in docs/figures.md."""
 
 import itertools
 import json
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 KiB = 1024
 
-# reference.md "KV bytes/token, bf16" column (fp16 for the fp16 checkpoints: same 2 bytes).
+# docs/figures.md, "Model configurations", KV bytes/token (bf16; fp16 for the fp16 checkpoints: same 2 bytes).
 PUBLISHED_KV_BYTES = {
     "llama-2-7b": 524_288, "llama-2-13b": 819_200, "llama-2-70b": 327_680, "llama-3.1-8b": 131_072,
     "llama-3.1-70b": 327_680, "llama-3.1-405b": 516_096, "mistral-7b": 131_072, "mixtral-8x7b": 131_072,
