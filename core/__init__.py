@@ -1,11 +1,17 @@
 """PagedAttention Lab core: a library with no Streamlit dependency.
 
-Subpackages:
+Subpackages, from the bottom up:
+- `core.kv`: the one home of KV-cache memory: per-layer KV cache specs in vLLM V1's vocabulary, the one reader
+  of a Hugging Face config's layer kinds, and vLLM V1's layout arithmetic (groups, blocks, concurrency).
 - `core.paging`: the block manager (paged KV block metadata), the KV tensors, the buddy allocator, the playground.
 - `core.kernels`: the paged attention API, its backends (torch, C for the CPU, Triton, gather) and their timing.
 - `core.serving`: workloads, the scheduler, memory policies, step time, the serving simulator and its experiment.
 - `core.planning`: model and GPU presets, KV accounting, capacity plans, the workload what-if and the CLI.
+- `core.engine`: a real Llama-family model run through the paged KV cache (config, weights, forward pass,
+  sampling, the engine loop, its metrics and the sharing measurement).
+- `core.jobs`: heavy work off the server process: the worker pool, the result cache, the tasks pages submit.
 
-Top-level modules: `errors` (the typed errors, one base class), `device` (torch device, memory budget),
-`common` (ceiling division, argument checks, the budget check, timing).
+Top-level modules: `errors` (every typed error, one base class), `device` (torch device, memory budget),
+`common` (ceiling division, argument checks, the budget check, timing), `limits` (operator limits read from
+the environment), `uploads` (bounded reading of uploaded files).
 """

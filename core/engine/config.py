@@ -22,6 +22,20 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 LAYER_TYPES = (FULL, SLIDING)  # the layer types this engine runs
+# The one tiny Llama config of the lab (random weights, no tokenizer): the Engine page's "tiny" model, the
+# sharing measurement's model and the engine tests' model. Vocabulary 512 (the page's example prompts use ids
+# up to 400), 512 positions (sizes a default pool of 256 x 512 tokens).
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
 
 
 @dataclass(frozen=True)

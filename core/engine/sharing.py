@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from core.common import cdiv, check_budget, check_int
-from core.engine.config import ModelConfig
+from core.engine.config import TINY_LLAMA, ModelConfig
 from core.engine.engine import Engine, engine_bytes
 from core.engine.sampling import SamplingParams
 from core.errors import InvalidArgumentError
@@ -28,17 +28,6 @@ PAPER_SAVING_PCT = {
     ("beam search", 2): 37.6,
     ("beam search", 4): 53.1,
     ("beam search", 6): 55.2,
-}
-
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
 }
 
 

@@ -16,6 +16,7 @@ import torch
 from core import common
 from core.device import default_device
 from core.engine import Engine, EngineRun, ModelConfig, RequestOutput, SamplingParams
+from core.engine.config import TINY_LLAMA
 from core.engine.engine import engine_bytes
 from core.engine.sharing import measure_sharing
 from core.errors import InvalidArgumentError
@@ -117,18 +118,8 @@ def kernel_sweep(
 
 
 # ---- the Engine page -------------------------------------------------------------------------------------------
-# A tiny Llama (GQA 4 query / 2 KV heads) with seeded random weights: builds in milliseconds, runs in ~1 s on CPU.
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 176,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-}
+# "tiny" is core.engine.config.TINY_LLAMA (GQA 4 query / 2 KV heads) with seeded random weights: builds in
+# milliseconds, runs in ~1 s on CPU.
 MAX_ENGINE_SEQUENCES = 1_024  # prompts x (n or beam width) in one run of the Engine page
 
 

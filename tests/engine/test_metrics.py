@@ -1,7 +1,7 @@
 """The engine's per-step frame uses the simulator's columns and counts a hand-checked run exactly."""
 
 from core.engine import STEP_COLUMNS, Engine, SamplingParams
-from core.engine.sharing import TINY_LLAMA
+from core.engine.config import TINY_LLAMA
 from core.serving.simulator import COLUMNS
 
 

@@ -4,8 +4,9 @@ import pandas as pd
 import pytest
 
 from core.engine import Engine, SamplingParams
+from core.engine.config import TINY_LLAMA
 from core.engine.metrics import sharing_saving
-from core.engine.sharing import PAPER_SAVING_PCT, TINY_LLAMA, measure_sharing
+from core.engine.sharing import PAPER_SAVING_PCT, measure_sharing
 
 
 def test_saving_of_two_samples_by_hand():

@@ -10,13 +10,13 @@ import pytest
 
 from core.device import default_device
 from core.engine import Engine, ModelConfig, SamplingParams
+from core.engine.config import TINY_LLAMA
 from core.engine.engine import engine_bytes
 from core.engine.sharing import measure_sharing
 from core.errors import InvalidArgumentError, LimitExceededError, MemoryBudgetError
 from core.jobs import JobPool, tasks
 from core.jobs.tasks import (
     MAX_ENGINE_SEQUENCES,
-    TINY_LLAMA,
     compare_policies,
     engine_sharing,
     generate_outputs,
