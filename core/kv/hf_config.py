@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from core.common import check_int
 from core.errors import InvalidArgumentError
 from core.kv.specs import (
     KV_DTYPE_BITS,
@@ -455,6 +456,10 @@ def layer_specs(
     equal specs can share a block table. Raises `InvalidArgumentError` for a tp vLLM refuses or a bad dtype.
     """
     layers = as_kv_layers(source)
+    tensor_parallel = check_int(tensor_parallel, "tensor_parallel", minimum=1)
+    block_size = check_int(block_size, "block_size", minimum=1)
+    if max_model_len is not None:
+        max_model_len = check_int(max_model_len, "max_model_len", minimum=1)
     layers.check_parallel(tensor_parallel)
     dtype = resolve_kv_dtype_name(layers, kv_dtype)
     return list(cached_layer_specs(layers, block_size, dtype, tensor_parallel, max_model_len))

@@ -163,10 +163,9 @@ def kv_cache_layout(
     are present; vLLM refuses it for a model with Mamba layers. Raises `InvalidArgumentError` for bad arguments.
     """
     layers = as_kv_layers(model)
-    layers.check_parallel(
-        parallel_size(tensor_parallel, "tensor_parallel"),
-        parallel_size(pipeline_parallel, "pipeline_parallel"),
-    )
+    tensor_parallel = parallel_size(tensor_parallel, "tensor_parallel")
+    pipeline_parallel = parallel_size(pipeline_parallel, "pipeline_parallel")
+    layers.check_parallel(tensor_parallel, pipeline_parallel)
     available_bytes = check_int(available_bytes, "available_bytes", minimum=0)
     max_model_len = check_int(max_model_len, "max_model_len", minimum=1, maximum=MAX_LAYOUT_TOKENS)
     block_size = check_int(block_size, "block_size", minimum=1, maximum=65_536)
@@ -339,10 +338,9 @@ def kv_read_bytes_per_sequence(
     context_len x kv_bytes_per_token.
     """
     layers = as_kv_layers(model)
-    layers.check_parallel(
-        parallel_size(tensor_parallel, "tensor_parallel"),
-        parallel_size(pipeline_parallel, "pipeline_parallel"),
-    )
+    tensor_parallel = parallel_size(tensor_parallel, "tensor_parallel")
+    pipeline_parallel = parallel_size(pipeline_parallel, "pipeline_parallel")
+    layers.check_parallel(tensor_parallel, pipeline_parallel)
     context_len = check_int(context_len, "context_len", minimum=1, maximum=MAX_LAYOUT_TOKENS)
     stages = _stage_spec_counts(
         layers, resolve_kv_dtype_name(layers, kv_dtype), tensor_parallel, pipeline_parallel

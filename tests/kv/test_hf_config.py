@@ -74,6 +74,9 @@ def test_bad_sources_and_types_are_refused():
         layer_specs(QWEN2, block_size=16, kv_dtype="int3")
     with pytest.raises(InvalidArgumentError, match="tensor_parallel=3"):
         layer_specs(QWEN2, block_size=16, tensor_parallel=3)
+    for bad in ({"tensor_parallel": 0}, {"block_size": 0}, {"block_size": [16]}, {"max_model_len": -1}):
+        with pytest.raises(InvalidArgumentError, match=next(iter(bad))):
+            layer_specs(QWEN2, **{"block_size": 16, **bad})
     with pytest.raises(InvalidArgumentError, match="sliding_window"):
         read_kv_layers({**QWEN2, "layer_types": ["sliding_attention"] * 4, "sliding_window": None})
     # The engine runs full and sliding layers only; the reader's other types are refused with ModelLoadError.
