@@ -53,3 +53,8 @@ class ModelLoadError(LabError):
 
 class ModelTooLargeError(ModelLoadError, MemoryBudgetError):
     """A model's weights (plus the smallest KV pool) exceed the memory budget; raised before loading them."""
+
+
+class KVEventDecodeError(LabError, ValueError):
+    """A KV cache event payload is not a batch in vLLM's wire format: not msgpack, not a `[ts, events, rank]`
+    batch, an event of an unknown type, or a field of the wrong type. The message says which and where."""
