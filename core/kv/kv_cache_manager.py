@@ -18,7 +18,8 @@ brute-force model):
   computed). A hit is the longest prefix of full blocks cached in EVERY group, rounded down to a multiple of
   every group's block size, and never includes the last prompt token (it is always computed, as in vLLM), so a
   group that never caches (Mamba) means no hits. A sliding-window or chunked group needs all the prefix's
-  blocks cached to hit (vLLM also accepts hits whose out-of-window blocks were evicted; not done here).
+  blocks cached to hit (vLLM also accepts hits whose out-of-window blocks were evicted; not done here), but
+  holds only the hit blocks the next token reads: the others are -1 from the start.
 - A refused call (OutOfBlocksError, UnknownSequenceError, DuplicateSequenceError, InvalidArgumentError)
   changes nothing: capacity is checked before anything is taken.
 - Counters, in tokens, as vLLM's `prefix_cache_queries` / `prefix_cache_hits`: each allocated prompt adds its

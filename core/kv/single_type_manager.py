@@ -93,9 +93,12 @@ class SingleTypeKVCacheManager:
 
     def num_blocks_to_allocate(self, num_tokens: int, hits: Sequence[int]) -> int:
         """Free blocks a new request of `num_tokens` tokens consumes with these hits: new blocks plus the hit
-        blocks that are free now (reviving them takes them off the free queues)."""
+        blocks it holds that are free now (reviving them takes them off the free queues). Hit blocks that no
+        uncomputed token reads (behind a window) are not held."""
         ref_counts = self.pool.ref_counts
-        return self.num_required_blocks(num_tokens) - len(hits) + sum(1 for b in hits if ref_counts[b] == 0)
+        skip = self.num_skipped_blocks(len(hits) * self.block_size)
+        revived = sum(1 for b in hits[skip:] if ref_counts[b] == 0)
+        return self.num_required_blocks(num_tokens) - len(hits) + revived
 
     def num_blocks_to_append(self, rec: RequestBlocks, old_tokens: int, new_tokens: int) -> int:
         """Free blocks taken to grow the request from `old_tokens` to `new_tokens`: one for copy-on-write of a
@@ -118,15 +121,17 @@ class SingleTypeKVCacheManager:
     # ---- changes ------------------------------------------------------------------------------------------
 
     def allocate(self, request_id: Hashable, num_tokens: int, hits: Sequence[int]) -> RequestBlocks:
-        """A table for a new request: the hit blocks (one more reference each), then new blocks up to
-        `num_required_blocks(num_tokens)`. The caller has checked capacity."""
+        """A table for a new request: the hit blocks (computed: one more reference each, except the leading
+        ones no uncomputed token reads, which stay -1), then new blocks up to `num_required_blocks(num_tokens)`.
+        The caller has checked capacity (`num_blocks_to_allocate`)."""
         pool = self.pool
-        for block in hits:
+        skip = self.num_skipped_blocks(len(hits) * self.block_size)
+        for block in hits[skip:]:
             pool.touch(block)
-        table = list(hits)
+        table = [-1] * skip + list(hits[skip:])
         for _ in range(self.num_required_blocks(num_tokens) - len(table)):
             table.append(pool.take_one())
-        rec = RequestBlocks(table, 0, len(hits) if self.caches_blocks else 0)
+        rec = RequestBlocks(table, skip, len(hits) if self.caches_blocks else 0)
         self.requests[request_id] = rec
         return rec
 

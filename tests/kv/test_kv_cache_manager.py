@@ -97,10 +97,12 @@ def test_hybrid_hit_is_the_prefix_cached_in_every_group():
     tables = m.block_ids("b")
     assert tables[0][:2] == m.block_ids("a")[0][:2] and tables[0][2] not in m.block_ids("a")[0]
     # full takes blocks 0-2, the window group 3-8; a computed 11 tokens, so the window (3) released 3-6,
-    # which stayed cached: b re-holds them until it is computed
-    assert tables[1][:4] == [3, 4, 5, 6] and m.block_ids("a")[1][:4] == [-1, -1, -1, -1]
+    # which stayed cached. b's hit covers 8 tokens: position 8 reads 6..8, so b holds hit block 6 (tokens
+    # 6, 7) only, and needs blocks 3-5 not at all
+    assert m.block_ids("a")[1] == [-1, -1, -1, -1, 7, 8]
+    assert tables[1] == [-1, -1, -1, 6, 10, 11] and m.num_computed_tokens("b") == 8
     m.mark_computed("b", 11)
-    assert m.block_ids("b")[1][:4] == [-1, -1, -1, -1]
+    assert m.block_ids("b")[1] == [-1, -1, -1, -1, 10, 11]
 
 
 def test_a_mamba_group_means_one_state_block_and_no_hits():

@@ -167,13 +167,15 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
         self.tokens[r], self.computed[r] = list(prompt), hits
         for g, table in enumerate(self.m.block_ids(r)):
             bs = self.bs[g]
-            assert len(table) == cdiv(len(prompt), bs) and -1 not in table
+            skipped = self.skipped(g, hits)  # hit blocks no uncomputed token reads are not held
+            assert len(table) == cdiv(len(prompt), bs) and table[:skipped] == [-1] * skipped
             parent = None
             for i, b in enumerate(table):
-                if i < hits // bs:  # a hit: a cached block already holding these tokens
+                if i < hits // bs:  # a hit: cached (per the events) and, when held, holding these tokens
                     parent = chain(parent, prompt[i * bs : (i + 1) * bs])
                     assert self.cached.get((g, parent)) == tuple(prompt[i * bs : (i + 1) * bs])
-                    assert self.store[b] == prompt[i * bs : (i + 1) * bs]
+                    if i >= skipped:
+                        assert self.store[b] == prompt[i * bs : (i + 1) * bs]
                 else:
                     assert b not in held_before
                     self.store[b] = [None] * bs
@@ -332,7 +334,7 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
 
 
 KVCacheManagerMachine.TestCase.settings = settings(
-    max_examples=300,
+    max_examples=200,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
