@@ -17,11 +17,12 @@ def hash_block_tokens(parent_block_hash: int | None, tokens: tuple) -> int:
 
 
 def extend_block_hashes(
-    hashes: list[int], token_ids: Sequence[int], block_size: int, num_blocks: int
+    hashes: list[int], token_ids: Sequence[int], block_size: int, num_blocks: int, hash_fn=hash_block_tokens
 ) -> None:
     """Append to `hashes` (the keys of the first len(hashes) full blocks of `token_ids`) the keys of the next
-    blocks, up to `num_blocks` keys in all. The caller guarantees `num_blocks * block_size <= len(token_ids)`."""
+    blocks, up to `num_blocks` keys in all, computed by `hash_fn(parent, tokens)`. The caller guarantees
+    `num_blocks * block_size <= len(token_ids)`."""
     parent = hashes[-1] if hashes else None
     for index in range(len(hashes), num_blocks):
-        parent = hash((parent, tuple(token_ids[index * block_size : (index + 1) * block_size])))
+        parent = hash_fn(parent, tuple(token_ids[index * block_size : (index + 1) * block_size]))
         hashes.append(parent)

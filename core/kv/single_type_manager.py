@@ -120,12 +120,14 @@ class SingleTypeKVCacheManager:
 
     # ---- changes ------------------------------------------------------------------------------------------
 
-    def allocate(self, request_id: Hashable, num_tokens: int, hits: Sequence[int]) -> RequestBlocks:
-        """A table for a new request: the hit blocks (computed: one more reference each, except the leading
-        ones no uncomputed token reads, which stay -1), then new blocks up to `num_required_blocks(num_tokens)`.
-        The caller has checked capacity (`num_blocks_to_allocate`)."""
+    def allocate(
+        self, request_id: Hashable, num_tokens: int, hits: Sequence[int], *, release_skipped: bool = True
+    ) -> RequestBlocks:
+        """A table for a new request: the hit blocks (computed: one more reference each, except, with
+        `release_skipped`, the leading ones no uncomputed token reads, which stay -1), then new blocks up to
+        `num_required_blocks(num_tokens)`. The caller has checked capacity (`num_blocks_to_allocate`)."""
         pool = self.pool
-        skip = self.num_skipped_blocks(len(hits) * self.block_size)
+        skip = self.num_skipped_blocks(len(hits) * self.block_size) if release_skipped else 0
         for block in hits[skip:]:
             pool.touch(block)
         table = [-1] * skip + list(hits[skip:])
