@@ -112,12 +112,6 @@ class SingleTypeKVCacheManager:
         )
         return int(bool(cow)) + max(0, self.num_required_blocks(new_tokens) - len(table))
 
-    def num_freed_by_skip(self, rec: RequestBlocks, num_computed: int) -> int:
-        """Blocks that `remove_skipped_blocks(rec, num_computed)` would return to the free queues."""
-        ref_counts = self.pool.ref_counts
-        stop = min(self.num_skipped_blocks(num_computed), len(rec.table))
-        return sum(1 for b in rec.table[rec.first_held : stop] if ref_counts[b] == 1)
-
     # ---- changes ------------------------------------------------------------------------------------------
 
     def allocate(
