@@ -122,3 +122,8 @@ class JobFailedError(JobError):
 
 class JobCancelledError(LabError):
     """The job's session left or asked for something else; raised inside the worker at a progress call."""
+
+
+class KVEventDecodeError(LabError, ValueError):
+    """A KV cache event payload is not a batch in vLLM's wire format: not msgpack, not a `[ts, events, rank]`
+    batch, an event of an unknown type, or a field of the wrong type. The message says which and where."""
