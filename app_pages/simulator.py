@@ -17,6 +17,7 @@ from core.serving.workload import load_trace
 from core.uploads import read_upload
 from ui.jobs import app_limits, run_job
 from ui.simulator_figures import (
+    PAPER_MODEL,
     attention_latency_figure,
     block_heatmap_figure,
     free_memory_figure,
@@ -190,7 +191,7 @@ for col, (name, summary) in zip(cols, summaries.items(), strict=True):
     col.metric("Throughput", f"{summary.get('throughput_tokens_per_s', 0):,.0f} tok/s")
     col.metric("Preemptions", f"{summary['preemptions']:,}")
 
-st.plotly_chart(summary_bars_figure(summaries), width="stretch")
+st.plotly_chart(summary_bars_figure(summaries, show_paper=params.model == PAPER_MODEL), width="stretch")
 steps = {name: r.steps for name, r in results.items()}
 st.plotly_chart(memory_breakdown_figure(steps, capacity), width="stretch")
 left, right = st.columns(2)

@@ -27,7 +27,8 @@ MEMORY_COLORS = {
     "reservation": "#ffbb78",
     "internal fragmentation": "#ff7f0e",
     "external fragmentation": "#d62728",
-    "free": "#e5e5e5",
+    "external fragmentation & others": "#e7969c",  # the paper's Figure 2 category: allocator slack + free
+    "free": "#d9d9d9",
     "weights": "#1f77b4",
     "activations": "#aec7e8",
     "kv cache": "#2ca02c",
