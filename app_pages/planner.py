@@ -353,8 +353,9 @@ with st.expander("Presets: models and GPUs (the data behind the numbers)"):
     st.dataframe(pd.DataFrame(model_preset_rows()), hide_index=True, width="stretch")
     st.dataframe(pd.DataFrame(gpu_preset_rows()), hide_index=True, width="stretch")
     st.caption(
-        "Vendors' “80GB” HBM is 80 GiB; the driver reports ~1% less (e.g. 79.1 GiB on an H100). "
-        "Use a custom GPU with your nvidia-smi figure for the last percent."
+        "GPU memory is the total the driver reports (nvidia-smi, torch.cuda.mem_get_info), the figure vLLM "
+        "multiplies by gpu_memory_utilization: an H100 “80GB” reports 79.6 GiB, an L4 “24GB” 22.5 GiB (ECC "
+        "takes 1/16). The source column says where each figure comes from; use a custom GPU for your own card."
     )
     chosen = values["a_model"] if values["a_model"] != CUSTOM else "llama-3.1-8b"
     st.markdown(f"config.json fields of `{chosen}` (a template for a custom model):")

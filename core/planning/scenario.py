@@ -553,6 +553,7 @@ def gpu_preset_rows() -> list[dict[str, Any]]:
         {
             "slug": slug,
             "GPU": g.name,
+            "memory (MiB, driver total)": g.memory_bytes // 2**20,
             "memory (GiB)": g.memory_gib,
             "memory (GB, 1e9 B)": g.memory_gb,
             "bandwidth (GB/s)": g.memory_bandwidth / 1e9,

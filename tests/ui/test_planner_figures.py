@@ -51,10 +51,10 @@ def test_memory_breakdown_figure_draws_gib():
     assert len(bars) == len(BREAKDOWN_ORDER)
     drawn = {bar.name: bar.x[0] for bar in bars}
     assert drawn["weights"] == pytest.approx(capacity.weights_bytes / GiB)
-    assert sum(drawn.values()) == pytest.approx(80.0)
+    assert sum(drawn.values()) == pytest.approx(81_559 / 1024)  # the H100's driver-reported 79.6 GiB
     assert "GiB" in fig.layout.xaxis.title.text
     marker = next(t for t in fig.data if t.type == "scatter")
-    assert marker.x[0] == pytest.approx(80.0)
+    assert marker.x[0] == pytest.approx(81_559 / 1024)
 
 
 def test_concurrency_vs_context_figure():
