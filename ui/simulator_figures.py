@@ -48,6 +48,26 @@ def label(name: str) -> str:
     return POLICY_LABELS.get(name, name)
 
 
+def verdict_text(summaries: dict[str, dict]) -> str:
+    """One sentence with the answer: the paged policy's average batch against the best contiguous policy's, with
+    both token-state shares (markdown). Without both kinds, the policies' batches listed."""
+    batched = {name: s["avg_batched_requests"] for name, s in summaries.items()}
+    contiguous = {name: b for name, b in batched.items() if name != "paged"}
+    if "paged" not in batched or not contiguous:
+        return (
+            "Average batch: " + ", ".join(f"{label(n)} {b:,.2f} requests" for n, b in batched.items()) + "."
+        )
+    best = max(contiguous, key=contiguous.get)
+    paged, other = batched["paged"], contiguous[best]
+    ratio = f"{paged / other:,.2f}x" if other > 0 else "more than"
+    states = summaries["paged"]["token_states_pct"], summaries[best]["token_states_pct"]
+    return (
+        f"**{label('paged')} batches {paged:,.2f} requests on average, {ratio} {label(best)}'s {other:,.2f}** "
+        f"(the best contiguous policy here); token states fill {states[0]:.1f}% of the KV memory against "
+        f"{states[1]:.1f}%."
+    )
+
+
 def thin(frame: pd.DataFrame, max_points: int = MAX_POINTS) -> pd.DataFrame:
     """Every k-th row so that at most ~max_points remain (the last row is always kept)."""
     if len(frame) <= max_points:

@@ -3,8 +3,9 @@
 `SimulatorParams` is frozen and hashable, so the page caches one run per parameter set.
 """
 
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.errors import InvalidArgumentError
 from core.planning.hardware import GPUS
@@ -135,6 +136,51 @@ class SimulatorParams:
 
 
 DEFAULT_PARAMS = SimulatorParams()
+SATURATION = 1.2  # a saturating burst asks for this many times the pool's tokens
+MAX_SATURATING_REQUESTS = 10_000  # the page's request limit
+MAX_SATURATING_SEQS = 4_096  # the page's max_num_seqs limit
+
+
+@dataclass(frozen=True)
+class SaturatingLoad:
+    """A burst that fills the KV pool: num_requests arrive at t = 0 and need demand_tokens (prompt + output,
+    summed) = SATURATION x capacity_tokens (less when capped at MAX_SATURATING_REQUESTS: `saturates` is then
+    False); max_num_seqs lets as many run as the pool holds at their mean length (capped at
+    MAX_SATURATING_SEQS); max_num_batched_tokens is at least max_num_seqs, as the scheduler requires."""
+
+    num_requests: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    mean_tokens: float
+    demand_tokens: int
+    capacity_tokens: int
+
+    @property
+    def saturates(self) -> bool:
+        return self.demand_tokens > self.capacity_tokens
+
+    def apply(self, params: SimulatorParams) -> SimulatorParams:
+        """`params` with this load: the requests arrive at once; the other settings are kept."""
+        return replace(
+            params,
+            num_requests=self.num_requests,
+            rate=math.inf,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
+
+def saturating_load(params: SimulatorParams) -> SaturatingLoad:
+    """The burst of `params`' workload (dataset, lengths, n, seed) that asks for SATURATION times the KV capacity:
+    mean tokens per request measured on 1,000 requests of the workload (each of n samples holds its own output).
+    Raises InvalidArgumentError for bad parameters."""
+    capacity = params.kv_capacity_tokens()
+    sample = replace(params, num_requests=1_000, rate=math.inf).requests()
+    mean = sum(r.prompt_len + r.n * r.output_len for r in sample) / len(sample)
+    count = min(MAX_SATURATING_REQUESTS, math.ceil(SATURATION * capacity / mean))
+    seqs = min(MAX_SATURATING_SEQS, max(params.max_num_seqs, math.ceil(capacity / mean) * params.n))
+    tokens = max(params.max_num_batched_tokens, seqs)
+    return SaturatingLoad(count, seqs, tokens, mean, round(count * mean), capacity)
 
 
 def run_comparison(
@@ -164,10 +210,17 @@ def run_comparison(
 
 def steady_summary(result: SimulationResult, requests: Sequence[Request]) -> dict:
     """The summary over the steady state, as bench/paper.py reports it: steps ending between 10% and 100% of the
-    last arrival; the whole run when every request arrives at once (or the window holds no step)."""
+    last arrival. When every request arrives at once: the saturated phase, from t = 0 to the last step that left
+    requests waiting (memory or max_num_seqs bounds the batch there; the drain after it does not show the
+    policy). The whole run when the window holds no step."""
     last = max(r.arrival_time for r in requests)
     if last > 0:
         summary = result.summarize(0.1 * last, last)
         if summary["num_steps"] > 0:
             return summary
+        return result.summary
+    steps = result.steps
+    queued = steps["time_s"][steps["waiting"] > 0]
+    if len(queued):
+        return result.summarize(None, float(queued.max()))
     return result.summary
