@@ -202,17 +202,21 @@ with answer:
         f"Shares and batch sizes are averaged over {window}."
     )
     if load is not None:
-        reach = (
-            "more than the pool holds"
-            if load.saturates
-            else f"all {load.num_requests:,} the page allows, less than the pool holds"
-        )
-        st.info(
-            f"Load sized to {GPUS[params.gpu].name}'s memory: {load.num_requests:,} requests at t = 0 asking "
-            f"for {load.demand_tokens:,} tokens ({reach}: {load.capacity_tokens:,}), max_num_seqs "
-            f"{load.max_num_seqs:,}, max_num_batched_tokens {load.max_num_batched_tokens:,}. Untick 'Size the "
-            "load to the GPU's memory' in the settings to run your own load."
-        )
+        gpu_name = GPUS[params.gpu].name
+        if load.saturates:
+            st.info(
+                f"Load sized to {gpu_name}'s memory: {load.num_requests:,} requests at t = 0, max_num_seqs "
+                f"{load.max_num_seqs:,}, max_num_batched_tokens {load.max_num_batched_tokens:,}. At their busiest "
+                f"step they would hold {load.peak_tokens:,} KV tokens, 1.2x the pool's {load.capacity_tokens:,}. "
+                "Untick 'Size the load to the GPU's memory' in the settings to run your own load."
+            )
+        else:
+            st.warning(
+                f"{gpu_name}'s pool of {load.capacity_tokens:,} KV tokens is larger than this workload can fill "
+                f"within the page's limits: {load.num_requests:,} requests running at once (max_num_seqs "
+                f"{load.max_num_seqs:,}) hold at most {load.peak_tokens:,} tokens. Memory never binds here; "
+                "choose longer requests (Fixed lengths) or a smaller GPU to see the policies differ."
+            )
     st.plotly_chart(summary_bars_figure(summaries, show_paper=params.model == PAPER_MODEL), width="stretch")
 
 cols = st.columns(len(results))

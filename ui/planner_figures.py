@@ -1,12 +1,11 @@
 """Plotly figures of the capacity planner. Each takes plain numbers and returns a Figure (no streamlit)."""
 
-import math
 from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
 from core.planning.what_if import MEMORY_CATEGORIES, WorkloadWhatIf
-from ui.theme import MEMORY_COLORS, POLICY_COLORS, fmt_int
+from ui.theme import MEMORY_COLORS, POLICY_COLORS, fmt_int, integer_dtick
 
 GiB = 1024**3
 HEADROOM_COLOR = "#bdbdbd"
@@ -127,14 +126,6 @@ def context_label(tokens: int) -> str:
     if tokens >= 1024 and tokens % 1024 == 0:
         return f"{tokens >> 10}k"
     return f"{tokens:,}"
-
-
-def integer_dtick(largest: float, target_ticks: int = 6) -> int:
-    """A whole-number tick step (1, 2, 5 x 10^k) giving about `target_ticks` ticks up to `largest`: counts of
-    requests never get 0.5 ticks."""
-    raw = max(1.0, float(largest) / target_ticks)
-    magnitude = 10 ** math.floor(math.log10(raw))
-    return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
 
 
 def paged_vs_contiguous_figure(

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ui.block_grid import GridShape, block_axes, grid_shape, grid_traces
-from ui.theme import MEMORY_COLORS, policy_color
+from ui.theme import MEMORY_COLORS, integer_dtick, policy_color
 
 # Figure 2 of the PagedAttention paper (share of KV memory, %): token states, reservation, internal
 # fragmentation, external fragmentation & others. vLLM's row only gives token states (waste under 4%, not split).
@@ -275,7 +275,8 @@ def running_waiting_figure(steps: dict[str, pd.DataFrame]) -> go.Figure:
             )
         )
     fig.update_xaxes(title="simulated time (s)")
-    fig.update_yaxes(title="requests", tickformat=",")
+    top = max((max(f["running"].max(), f["waiting"].max()) for f in steps.values()), default=1)
+    fig.update_yaxes(title="requests", tickformat=",d", dtick=integer_dtick(top), rangemode="tozero")
     return _layout(fig, "Running and waiting requests")
 
 

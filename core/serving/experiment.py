@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from core.errors import InvalidArgumentError
 from core.planning.hardware import GPUS
 from core.planning.kv_layout import kv_cache_layout
@@ -143,21 +145,22 @@ MAX_SATURATING_SEQS = 4_096  # the page's max_num_seqs limit
 
 @dataclass(frozen=True)
 class SaturatingLoad:
-    """A burst that fills the KV pool: num_requests arrive at t = 0 and need demand_tokens (prompt + output,
-    summed) = SATURATION x capacity_tokens (less when capped at MAX_SATURATING_REQUESTS: `saturates` is then
-    False); max_num_seqs lets as many run as the pool holds at their mean length (capped at
-    MAX_SATURATING_SEQS); max_num_batched_tokens is at least max_num_seqs, as the scheduler requires."""
+    """A burst meant to fill the KV pool: num_requests arrive at t = 0 and run together (max_num_seqs lets them);
+    at the busiest step of their decoding they would hold peak_tokens = SATURATION x capacity_tokens if nothing
+    were preempted. The page's limits (MAX_SATURATING_REQUESTS, MAX_SATURATING_SEQS) can keep it below the
+    pool: `saturates` is then False (num_requests is then what runs at once). max_num_batched_tokens is at least max_num_seqs, as the scheduler requires.
+    peak_per_request: tokens held per request at that busiest step, from `peak_tokens_per_request`."""
 
     num_requests: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    mean_tokens: float
-    demand_tokens: int
+    peak_per_request: float
+    peak_tokens: int
     capacity_tokens: int
 
     @property
     def saturates(self) -> bool:
-        return self.demand_tokens > self.capacity_tokens
+        return self.peak_tokens > self.capacity_tokens
 
     def apply(self, params: SimulatorParams) -> SimulatorParams:
         """`params` with this load: the requests arrive at once; the other settings are kept."""
@@ -170,17 +173,37 @@ class SaturatingLoad:
         )
 
 
+def peak_tokens_per_request(requests: Sequence[Request]) -> float:
+    """KV tokens held per request at the busiest step when all `requests` start together and each sequence
+    emits one token per step: max over t of sum over unfinished requests (output_len > t) of prompt + n x t,
+    divided by the number of requests (a finished request frees its tokens)."""
+    prompts = np.array([r.prompt_len for r in requests], dtype=np.float64)
+    outputs = np.array([r.output_len for r in requests], dtype=np.int64)
+    samples = np.array([r.n for r in requests], dtype=np.float64)
+    order = np.argsort(outputs)
+    outputs, prompts, samples = outputs[order], prompts[order], samples[order]
+    t = np.arange(int(outputs.max()), dtype=np.int64)
+    first_running = np.searchsorted(outputs, t, side="right")  # requests [first_running:] have output_len > t
+    prompt_tail = np.cumsum(prompts[::-1])[::-1]
+    samples_tail = np.cumsum(samples[::-1])[::-1]
+    inside = first_running < len(outputs)
+    index = first_running[inside]
+    held = prompt_tail[index] + samples_tail[index] * t[inside]
+    return float(held.max()) / len(requests)
+
+
 def saturating_load(params: SimulatorParams) -> SaturatingLoad:
-    """The burst of `params`' workload (dataset, lengths, n, seed) that asks for SATURATION times the KV capacity:
-    mean tokens per request measured on 1,000 requests of the workload (each of n samples holds its own output).
+    """The burst of `params`' workload (dataset, lengths, n, seed) whose busiest step would hold SATURATION times
+    the KV capacity (`peak_tokens_per_request` on 1,000 requests of the workload), within the page's limits.
     Raises InvalidArgumentError for bad parameters."""
     capacity = params.kv_capacity_tokens()
     sample = replace(params, num_requests=1_000, rate=math.inf).requests()
-    mean = sum(r.prompt_len + r.n * r.output_len for r in sample) / len(sample)
-    count = min(MAX_SATURATING_REQUESTS, math.ceil(SATURATION * capacity / mean))
-    seqs = min(MAX_SATURATING_SEQS, max(params.max_num_seqs, math.ceil(capacity / mean) * params.n))
+    per_request = peak_tokens_per_request(sample)
+    count = min(MAX_SATURATING_REQUESTS, math.ceil(SATURATION * capacity / per_request))
+    seqs = min(MAX_SATURATING_SEQS, max(params.max_num_seqs, count * params.n))
+    count = min(count, seqs // params.n)  # more than run at once would only lengthen the run
     tokens = max(params.max_num_batched_tokens, seqs)
-    return SaturatingLoad(count, seqs, tokens, mean, round(count * mean), capacity)
+    return SaturatingLoad(count, seqs, tokens, per_request, round(count * per_request), capacity)
 
 
 def run_comparison(

@@ -4,6 +4,8 @@ slider and the measured-attention option."""
 import gzip
 import json
 
+import pytest
+
 from tests.conftest import open_app
 
 PAGE = "app_pages/simulator.py"
@@ -257,22 +259,46 @@ def test_bad_link_values_are_reported_and_replaced():
 
 
 def test_capacity_from_a_gpu_sizes_the_load_to_its_memory():
-    """Llama-3.1-8B on an L4 (27,712 KV tokens at the driver's 22.5 GiB... at max_seq_len 2,048 the plan's
-    capacity): the default load becomes a burst asking for 1.2x the pool, and the page says so; unticked, the
-    set load runs."""
+    """Llama-3.1-8B on an L4 at the simulator's 2,048-token limit: the default load becomes a burst whose busiest
+    step would hold 1.2x the pool, and the page says so; paging batches several times Oracle's requests and
+    preempts, since memory binds. Unticked, the set load (1,000 requests at 2 req/s) runs."""
     from core.serving.experiment import SimulatorParams, saturating_load
 
     at = _open_with(
         {"model": "llama-3.1-8b", "gpu": "l4", "capacity": "model", "policies": "paged,orca-oracle"}
     )
     load = saturating_load(SimulatorParams(model="llama-3.1-8b", gpu="l4", capacity_source="model"))
-    assert load.demand_tokens > load.capacity_tokens and load.demand_tokens <= 1.21 * load.capacity_tokens
+    assert load.saturates and load.peak_tokens <= 1.21 * load.capacity_tokens
     info = " ".join(i.value for i in at.info)
     assert f"{load.num_requests:,} requests at t = 0" in info and f"{load.capacity_tokens:,}" in info
     assert any(
         f"{load.num_requests:,} requests, KV capacity {load.capacity_tokens:,}" in c.value for c in at.caption
     )
-    assert int(next(m.value for m in at.metric if m.label == "Preemptions").replace(",", "")) > 0
+    batched = [float(m.value.replace(",", "")) for m in at.metric if m.label == "Batched requests (avg)"]
+    preemptions = [int(m.value.replace(",", "")) for m in at.metric if m.label == "Preemptions"]
+    assert batched[0] > 3 * batched[1] and preemptions[0] > 0
     at.checkbox(key="saturate").uncheck()
     _submit(at)
     assert not at.info and any(c.value.startswith("1,000 requests, KV capacity") for c in at.caption)
+
+
+def test_a_pool_the_workload_cannot_fill_is_said_so():
+    from core.serving.experiment import SimulatorParams, peak_tokens_per_request, saturating_load
+
+    params = SimulatorParams(model="gpt-oss-20b", gpu="h100-80gb", capacity_source="model")
+    load = saturating_load(params)
+    assert not load.saturates and load.max_num_seqs == 4096 == load.num_requests
+    per_request = peak_tokens_per_request(params.requests())  # another 1,000 ShareGPT-like requests
+    assert load.peak_tokens == pytest.approx(4096 * per_request, rel=0.1)
+    assert load.peak_tokens < load.capacity_tokens == params.kv_capacity_tokens()
+
+
+def test_peak_tokens_per_request_by_hand():
+    """Prompts of 10 tokens, outputs 4 and 2, together: 20 tokens at t = 0, 22 at t = 1, then the short one
+    finishes and 10 + 2 = 12 remain: the busiest step holds 22, 11 per request; with n = 2 samples each holds
+    10 + 2t: 20 + 4 = 24 at t = 1, 12 per request."""
+    from core.serving.experiment import peak_tokens_per_request
+    from core.serving.workload import Request
+
+    assert peak_tokens_per_request([Request(0, 0.0, 10, 4), Request(1, 0.0, 10, 2)]) == 11.0
+    assert peak_tokens_per_request([Request(0, 0.0, 10, 4, n=2), Request(1, 0.0, 10, 2, n=2)]) == 12.0

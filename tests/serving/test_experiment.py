@@ -1,5 +1,7 @@
 """The page's parameter set: capacity sources, the step-time model from the model + GPU presets, the memo."""
 
+import math
+
 import pytest
 
 from core.errors import InvalidArgumentError
@@ -41,3 +43,15 @@ def test_run_comparison_reports_progress_and_steady_summary():
     assert 0 < summary["num_steps"] < len(results["paged"].steps)
     with pytest.raises(InvalidArgumentError, match="at least one policy"):
         run_comparison(SimulatorParams(policies=()))
+
+
+def test_a_burst_is_summarised_over_its_saturated_phase():
+    """300 requests at t = 0 on the paper's cache under Orca (Max): 7 run at once (7 x 2,048 <= 15,728), the rest
+    wait. The summary covers the steps up to the last one that left a request waiting, where exactly 7 run."""
+    params = SimulatorParams(num_requests=300, rate=math.inf, policies=("orca-max",))
+    result = run_comparison(params)["orca-max"]
+    summary = steady_summary(result, params.requests())
+    steps = result.steps
+    last_wait = steps.index[steps["waiting"] > 0].max()
+    assert summary["num_steps"] == last_wait + 1 < len(steps)
+    assert summary["avg_batched_requests"] == 7.0 and result.summary["avg_batched_requests"] < 7.0

@@ -13,10 +13,10 @@ from ui.planner_figures import (
     concurrency_vs_context_figure,
     context_label,
     fragmentation_figure,
-    integer_dtick,
     memory_breakdown_figure,
     paged_vs_contiguous_figure,
 )
+from ui.theme import integer_dtick
 
 GiB = 1024**3
 REQUESTS = [(161, 338), (20, 58), (500, 1000), (1, 1)] * 5

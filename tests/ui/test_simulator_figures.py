@@ -21,7 +21,7 @@ from ui.simulator_figures import (
     summary_bars_figure,
     thin,
 )
-from ui.theme import FREE_BLOCK_COLOR, MEMORY_COLORS, POLICY_COLORS, sequence_color
+from ui.theme import FREE_BLOCK_COLOR, MEMORY_COLORS, POLICY_COLORS, integer_dtick, sequence_color
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +136,9 @@ def test_running_waiting_figure(results):
     fig = running_waiting_figure({name: r.steps for name, r in results.items()})
     assert len(fig.data) == 6 and fig.data[1].line.dash == "dot"
     assert max(fig.data[0].y) == results["paged"].steps["running"].max()
+    top = max(max(r.steps["running"].max(), r.steps["waiting"].max()) for r in results.values())
+    assert fig.layout.yaxis.dtick == integer_dtick(top) >= 1 and fig.layout.yaxis.tickformat == ",d"
+    assert top / fig.layout.yaxis.dtick <= 12  # at most ~12 labels: they never overlap
 
 
 def test_block_heatmap_marks_owners_shared_and_free(results):
