@@ -72,9 +72,9 @@ def memory_breakdown_figure(
         barmode="relative",
         xaxis_title="memory per GPU (GiB, 1 GiB = 1,073,741,824 bytes)",
         yaxis_title="scenario",
-        height=150 + 70 * len(names),
-        legend={"orientation": "h", "y": -0.35},
-        margin={"t": 30},
+        height=180 + 70 * len(names),
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},  # above: clear of the axis title
+        margin={"t": 60},
     )
     return fig
 

@@ -112,7 +112,7 @@ def free_memory_figure(steps: dict[str, pd.DataFrame], capacity: int) -> go.Figu
         rows=len(names),
         cols=1,
         shared_xaxes=True,
-        vertical_spacing=0.04,
+        vertical_spacing=0.09,
         subplot_titles=[label(n) for n in names],
     )
     for row, name in enumerate(names, start=1):
