@@ -165,7 +165,8 @@ try:
     load = None
     if capacity_source == "model" and saturate and trace is None:
         load = saturating_load(params)
-        params = load.apply(params)
+        if load.saturates:  # else a run of MAX_SATURATING_SEQS requests would show nothing more: the set load
+            params = load.apply(params)
     if hybrid and params.kv_groups is None:
         st.info(f"{MODELS[model].name} has one KV cache group kind: the hybrid manager changes nothing.")
     elif hybrid:
@@ -212,10 +213,11 @@ with answer:
             )
         else:
             st.warning(
-                f"{gpu_name}'s pool of {load.capacity_tokens:,} KV tokens is larger than this workload can fill "
-                f"within the page's limits: {load.num_requests:,} requests running at once (max_num_seqs "
-                f"{load.max_num_seqs:,}) hold at most {load.peak_tokens:,} tokens. Memory never binds here; "
-                "choose longer requests (Fixed lengths) or a smaller GPU to see the policies differ."
+                f"{gpu_name}'s pool of {load.capacity_tokens:,} KV tokens is more than this workload fills with "
+                f"{load.max_num_seqs:,} requests running at once (at most {load.peak_tokens:,} tokens; the page "
+                "runs no more, to stay within a minute): memory does not bind, and the set load runs. Choose "
+                "longer requests (Fixed lengths, e.g. 1,024 prompt + 1,024 output tokens) or a smaller GPU to "
+                "see the policies differ."
             )
     st.plotly_chart(summary_bars_figure(summaries, show_paper=params.model == PAPER_MODEL), width="stretch")
 

@@ -139,16 +139,15 @@ class SimulatorParams:
 
 DEFAULT_PARAMS = SimulatorParams()
 SATURATION = 1.2  # a saturating burst asks for this many times the pool's tokens
-MAX_SATURATING_REQUESTS = 10_000  # the page's request limit
-MAX_SATURATING_SEQS = 4_096  # the page's max_num_seqs limit
+MAX_SATURATING_SEQS = 1_024  # requests running at once at most: beyond, a run takes minutes on the page
 
 
 @dataclass(frozen=True)
 class SaturatingLoad:
     """A burst meant to fill the KV pool: num_requests arrive at t = 0 and run together (max_num_seqs lets them);
     at the busiest step of their decoding they would hold peak_tokens = SATURATION x capacity_tokens if nothing
-    were preempted. The page's limits (MAX_SATURATING_REQUESTS, MAX_SATURATING_SEQS) can keep it below the
-    pool: `saturates` is then False (num_requests is then what runs at once). max_num_batched_tokens is at least max_num_seqs, as the scheduler requires.
+    were preempted. MAX_SATURATING_SEQS (a bound on the page's run time) can keep it below the pool: `saturates`
+    is then False (num_requests is then what runs at once), and the page keeps the load set by the user. max_num_batched_tokens is at least max_num_seqs, as the scheduler requires.
     peak_per_request: tokens held per request at that busiest step, from `peak_tokens_per_request`."""
 
     num_requests: int
@@ -199,7 +198,7 @@ def saturating_load(params: SimulatorParams) -> SaturatingLoad:
     capacity = params.kv_capacity_tokens()
     sample = replace(params, num_requests=1_000, rate=math.inf).requests()
     per_request = peak_tokens_per_request(sample)
-    count = min(MAX_SATURATING_REQUESTS, math.ceil(SATURATION * capacity / per_request))
+    count = math.ceil(SATURATION * capacity / per_request)
     seqs = min(MAX_SATURATING_SEQS, max(params.max_num_seqs, count * params.n))
     count = min(count, seqs // params.n)  # more than run at once would only lengthen the run
     tokens = max(params.max_num_batched_tokens, seqs)

@@ -4,8 +4,6 @@ slider and the measured-attention option."""
 import gzip
 import json
 
-import pytest
-
 from tests.conftest import open_app
 
 PAGE = "app_pages/simulator.py"
@@ -287,9 +285,10 @@ def test_a_pool_the_workload_cannot_fill_is_said_so():
 
     params = SimulatorParams(model="gpt-oss-20b", gpu="h100-80gb", capacity_source="model")
     load = saturating_load(params)
-    assert not load.saturates and load.max_num_seqs == 4096 == load.num_requests
-    per_request = peak_tokens_per_request(params.requests())  # another 1,000 ShareGPT-like requests
-    assert load.peak_tokens == pytest.approx(4096 * per_request, rel=0.1)
+    assert not load.saturates and load.max_num_seqs == 1024 == load.num_requests
+    burst = SimulatorParams(model="gpt-oss-20b", rate=float("inf")).requests()  # 1,000 ShareGPT-like, t = 0
+    per_request = peak_tokens_per_request(burst)
+    assert load.peak_tokens == round(1024 * per_request)
     assert load.peak_tokens < load.capacity_tokens == params.kv_capacity_tokens()
 
 
