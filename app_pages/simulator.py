@@ -192,7 +192,7 @@ except LabError as err:
 capacity = next(iter(results.values())).config.kv_capacity_tokens
 requests_total = len(trace) if trace is not None else params.num_requests
 window = (
-    "the saturated phase (until the queue empties)"
+    "the run until half the requests have finished (before the drain)"
     if params.rate == math.inf and trace is None
     else "the steady state (steps between 10% and 100% of the last arrival)"
 )

@@ -417,8 +417,10 @@ def hybrid_block_heatmap_figure(snapshot, block_size: int, columns: int | None =
         seen = seen or len(traces) > 1 or k > 1
         for trace in traces:
             fig.add_trace(trace, row=row, col=1)
-        xaxis, yaxis = block_axes(shape, "first block of the row (band order)" if shape.rows > 1 else "")
-        xaxis["title"] = xaxis["title"] if row == len(bands) else ""
+        xaxis, yaxis = block_axes(shape, "")  # rows are named by their first block; the x title says so
+        last = row == len(bands)
+        xaxis["title"] = f"{xaxis['title']}; a row's label is its first block in the band" if last else ""
+        xaxis["showticklabels"] = last  # labels between bands would run into the next band's title
         fig.update_xaxes(**xaxis, row=row, col=1)
         fig.update_yaxes(**yaxis, row=row, col=1)
     used = pool.num_blocks - pool.free_blocks

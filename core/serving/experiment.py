@@ -232,17 +232,15 @@ def run_comparison(
 
 def steady_summary(result: SimulationResult, requests: Sequence[Request]) -> dict:
     """The summary over the steady state, as bench/paper.py reports it: steps ending between 10% and 100% of the
-    last arrival. When every request arrives at once: the saturated phase, from t = 0 to the last step that left
-    requests waiting (memory or max_num_seqs bounds the batch there; the drain after it does not show the
-    policy). The whole run when the window holds no step."""
+    last arrival. When every request arrives at once: from t = 0 until half the requests have finished (the
+    median finish time), before the drain, where the batch shrinks because requests run out, whatever the policy.
+    The whole run when the window holds no step."""
     last = max(r.arrival_time for r in requests)
     if last > 0:
         summary = result.summarize(0.1 * last, last)
         if summary["num_steps"] > 0:
             return summary
         return result.summary
-    steps = result.steps
-    queued = steps["time_s"][steps["waiting"] > 0]
-    if len(queued):
-        return result.summarize(None, float(queued.max()))
-    return result.summary
+    half = float(result.requests["finish_time"].quantile(0.5, interpolation="lower"))
+    summary = result.summarize(None, half)
+    return summary if summary["num_steps"] > 0 else result.summary

@@ -233,8 +233,15 @@ def test_hybrid_heatmap_has_a_band_per_group_kind_and_the_free_pool():
     assert (
         "step 1,234 (t = 5,678.9 s): 8 of 20 pool blocks used (10 layers per block)" in fig.layout.title.text
     )
-    assert fig.layout.xaxis3.title.text == "offset in the row (blocks; 4 a row)"
-    assert fig.layout.yaxis3.title.text == "first block of the row (band order)"
+    assert (
+        fig.layout.xaxis3.title.text
+        == "offset in the row (blocks; 4 a row); a row's label is its first block in the band"
+    )
+    assert (
+        not fig.layout.xaxis.showticklabels
+        and not fig.layout.xaxis.title.text
+        and fig.layout.xaxis3.showticklabels
+    )
     assert list(fig.layout.yaxis3.ticktext) == ["0", "4", "8"]
 
 
