@@ -71,7 +71,7 @@ def memory_breakdown_figure(
     fig.update_layout(
         barmode="relative",
         xaxis_title="memory per GPU (GiB, 1 GiB = 1,073,741,824 bytes)",
-        yaxis_title="scenario",
+        yaxis={"title": "scenario", "autorange": "reversed"},  # A on top, as the verdicts read
         height=180 + 70 * len(names),
         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},  # above: clear of the axis title
         margin={"t": 60},
