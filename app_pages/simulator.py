@@ -14,6 +14,7 @@ from core.serving.experiment import SimulatorParams, model_kv_groups, saturating
 from core.serving.simulator import PAPER_KV_TOKENS
 from core.serving.workload import load_trace
 from core.uploads import read_upload
+from ui.block_grid import MAX_CELLS, grid_shape
 from ui.jobs import app_limits, run_job
 from ui.simulator_figures import (
     PAPER_MODEL,
@@ -246,6 +247,13 @@ if "paged" in results and results["paged"].snapshots:
         key="heatmap_step",
     )
     snap = next(s for s in snaps if s.step == chosen)
+    pool_blocks = snap.hybrid_pool.num_blocks if snap.hybrid_pool is not None else len(snap.owner_request)
+    if pool_blocks > MAX_CELLS:
+        st.caption(
+            f"{pool_blocks:,} blocks do not fit one cell each: each cell is a run of "
+            f"{grid_shape(pool_blocks).blocks_per_cell:,} consecutive blocks, coloured by the share of them in use; "
+            "hover a cell for its blocks and their counts (used, free, partly filled, shared)."
+        )
     if snap.hybrid_pool is not None:
         st.plotly_chart(hybrid_block_heatmap_figure(snap, params.block_size), width="stretch")
         st.caption(
