@@ -239,13 +239,12 @@ right.plotly_chart(running_waiting_figure(steps), width="stretch")
 if "paged" in results and results["paged"].snapshots:
     snaps = results["paged"].snapshots
     st.subheader("Inside the paged cache")
-    middle = snaps[len(snaps) // 2].step
-    chosen = st.select_slider(
-        "Step (sampled evenly over the run)",
-        options=[s.step for s in snaps],
-        value=middle,
-        key="heatmap_step",
-    )
+    options = [s.step for s in snaps]
+    if st.session_state.get("heatmap_step") not in options:  # auto, or a step this run did not sample
+        st.session_state["heatmap_step"] = options[len(options) // 2]
+    chosen = st.select_slider("Step (sampled evenly over the run)", options=options, key="heatmap_step")
+    state.values["heatmap_step"] = chosen
+    state.write_url(url_params(dict(state.values)))  # the chosen step is part of the link
     snap = next(s for s in snaps if s.step == chosen)
     pool_blocks = snap.hybrid_pool.num_blocks if snap.hybrid_pool is not None else len(snap.owner_request)
     if pool_blocks > MAX_CELLS:

@@ -223,9 +223,14 @@ def test_a_hybrid_run_sent_as_a_link_reproduces_the_run():
         "hybrid": "1",
         "policies": "paged,orca-oracle",
     }
+    steps = at.select_slider(key="heatmap_step").options
+    at.select_slider(key="heatmap_step").set_value(steps[1]).run()
+    link = _query(at)
+    assert link["heatmap_step"] == str(steps[1])
     shown = [(m.label, m.value) for m in at.metric]
 
     again = _open_with(link)
+    assert str(again.select_slider(key="heatmap_step").value) == steps[1]  # AppTest lists options as text
     assert not again.error
     assert again.selectbox(key="model").value == "gpt-oss-20b" and again.checkbox(key="hybrid").value
     assert list(again.multiselect(key="policies").value) == ["paged", "orca-oracle"]
