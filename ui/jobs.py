@@ -13,13 +13,13 @@ from collections.abc import Callable, Mapping
 import streamlit as st
 
 from core.jobs import JobPool, job_key
+from core.jobs.remote import remote_pool_from_env
+from core.jobs.worker import PRELOAD
 from core.limits import Limits
 
 SESSION_KEY = "_job_session"
 CANCELLED_KEY = "_job_cancelled"
 POLL_S = 0.25
-# Imported by every worker when it starts, so the first job does not pay for torch, the simulator and the engine.
-PRELOAD = ("core.serving.experiment", "core.kernels.timing", "core.engine.engine")
 
 
 def _root_secrets() -> dict[str, object]:
@@ -43,8 +43,9 @@ def app_limits() -> Limits:
 
 @st.cache_resource(show_spinner=False)
 def job_pool() -> JobPool:
-    """The server's one worker pool, sized by `app_limits()`; closed when the server exits."""
-    pool = JobPool.from_limits(app_limits(), preload=PRELOAD)
+    """The server's worker pool: the team host's shared one when this server is one of its replicas (see
+    hosting/), else its own, sized by `app_limits()`; closed (or disconnected) when the server exits."""
+    pool = remote_pool_from_env(app_limits()) or JobPool.from_limits(app_limits(), preload=PRELOAD)
     atexit.register(pool.close)
     return pool
 

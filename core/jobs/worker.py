@@ -19,6 +19,9 @@ from core.errors import LabError
 
 PROGRESS_INTERVAL_S = 0.1
 WORKER_NICENESS = 10  # the server process renders pages first; workers take the CPU left over
+# What the app's workers import when they start, so the first job does not pay for torch, the simulator and the
+# engine (the `preload` a server passes to its pool).
+PRELOAD = ("core.serving.experiment", "core.kernels.timing", "core.engine.engine")
 
 
 class JobCancelledError(LabError):

@@ -68,6 +68,9 @@ class ProtocolSession:
         self.widgets: dict[str, _Widget] = {}  # label -> widget on the current page
         self.query_string = ""
         self.current: str | None = None
+        self.replica = (
+            ""  # the proxy's X-Paged-Lab-Replica for this session ("" without the team host's proxy)
+        )
         self._socket = None
 
     async def __aenter__(self) -> "ProtocolSession":
@@ -93,6 +96,7 @@ class ProtocolSession:
         """What a browser holds after loading the page: the proxy's sticky-replica cookie, if any."""
         with urllib.request.urlopen(self.base_url + "/", timeout=self.timeout_s) as response:
             cookies = response.headers.get_all("Set-Cookie") or []
+            self.replica = response.headers.get("X-Paged-Lab-Replica", "")
         return "; ".join(c.split(";", 1)[0] for c in cookies)
 
     async def open(self, page: str) -> Render:

@@ -4,8 +4,8 @@ Each session opens the Kernels, Simulator and Planner pages (session i starts at
 overlap the other pages' heavy work): the first by its URL, the next two from the sidebar. With `--edit` or
 `--distinct` it also changes one number on every page after opening it (the Planner's context length, the
 Simulator's seed, the Kernels' context length): the same value in every session (`--edit`), or its own value per
-session (`--distinct`: new heavy jobs for the worker pool). Before the clock starts, one untimed session opens
-every page (the server's first run imports torch and starts the pool; the default results get cached), then
+session (`--distinct`: new heavy jobs for the worker pool). Before the clock starts, untimed sessions open
+every page on every replica (a first run imports torch and starts the pool; the results get cached), then
 `--cpu-renders` warm renders per page are measured one at a time for the server's CPU per render.
 
 Prints one JSON object: per page p50 / p95 / max server seconds (request to script_finished), seconds to the
@@ -61,14 +61,31 @@ async def person(base_url: str, index: int, edits: str | None, timeout_s: float)
     return renders, []
 
 
+async def warm(base_url: str, replicas: int) -> None:
+    """Every replica renders every page at its defaults and with the value every session types under `--edit`,
+    so their results are cached and each replica has imported what its pages need. New sessions land on random
+    replicas (a fresh sticky cookie each): open sessions until each replica was seen (at most 8 per replica)."""
+    seen: set[str] = set()
+    for _ in range(8 * replicas):
+        async with ProtocolSession(base_url) as session:
+            if session.replica in seen:
+                continue
+            seen.add(session.replica)
+            for page in PAGES:
+                await session.open(page)
+                await session.edit(edit_for(page, 0, distinct=False))
+        if len(seen) >= replicas:
+            return
+    raise RuntimeError(f"warmed {len(seen)} of {replicas} replicas")
+
+
 async def warm_cpu(base_url: str, server_pid: int, renders_per_page: int) -> dict[str, float]:
     """Server CPU milliseconds per warm render of each page, one render at a time (median of `renders_per_page`,
     each navigating to the page from another one in the same session)."""
     costs: dict[str, list[float]] = {page: [] for page in PAGES}
     async with ProtocolSession(base_url) as session:
-        for page in PAGES:  # the defaults' results and the shared edit's (`--edit`) get cached
+        for page in PAGES:
             await session.open(page)
-            await session.edit(edit_for(page, 0, distinct=False))
         for _ in range(renders_per_page):
             for page in PAGES:
                 before = tree_cpu_s(server_pid)
@@ -150,7 +167,8 @@ def run(
     sampler = RssSampler(server.pid)
     sampler.start()
     try:
-        cpu = asyncio.run(warm_cpu(base_url, server.pid, cpu_renders))
+        asyncio.run(warm(base_url, replicas or 1))
+        cpu = asyncio.run(warm_cpu(base_url, server.pid, cpu_renders)) if cpu_renders else {}
         started = time.perf_counter()
         cpu_before = tree_cpu_s(server.pid)
         outcome = asyncio.run(burst(base_url, sessions, edits, watch, timeout_s))
