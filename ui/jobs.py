@@ -58,14 +58,20 @@ def session_id() -> str:
 
 
 def _progress_text(label: str, status) -> str:
+    """The line under the progress bar: queue place, jobs ahead, and the expected wait when the pool knows it."""
+    estimate = "" if status.estimate_s is None else f", about {_seconds(status.estimate_s)} to go"
     if status.state == "queued":
         ahead = status.position - 1 + status.running
         return (
-            f"{label}: waiting for a worker, place {status.position:,} in the queue "
-            f"({ahead:,} job{'s' if ahead != 1 else ''} ahead of it, {status.running:,} running)"
+            f"{label}: waiting for a worker, place {status.position:,} of {status.queued:,} in the queue "
+            f"({ahead:,} job{'s' if ahead != 1 else ''} ahead of it, {status.running:,} running{estimate})"
         )
     message = f": {status.message}" if status.message else ""
-    return f"{label}{message} ({status.fraction:.0%})"
+    return f"{label}{message} ({status.fraction:.0%}{estimate})"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def run_job(fn: Callable, *args, label: str = "Computing"):
