@@ -15,6 +15,7 @@ from core.serving.memory_policies import POLICY_NAMES
 from core.serving.simulator import PAPER_KV_TOKENS
 from core.serving.workload import load_trace
 from core.uploads import read_upload
+from ui.charts import cached_chart
 from ui.jobs import app_limits, run_job
 from ui.simulator_figures import (
     attention_latency_figure,
@@ -190,12 +191,12 @@ for col, (name, summary) in zip(cols, summaries.items(), strict=True):
     col.metric("Throughput", f"{summary.get('throughput_tokens_per_s', 0):,.0f} tok/s")
     col.metric("Preemptions", f"{summary['preemptions']:,}")
 
-st.plotly_chart(summary_bars_figure(summaries), width="stretch")
+cached_chart(st, summary_bars_figure, summaries)
 steps = {name: r.steps for name, r in results.items()}
-st.plotly_chart(memory_breakdown_figure(steps, capacity), width="stretch")
+cached_chart(st, memory_breakdown_figure, steps, capacity)
 left, right = st.columns(2)
-left.plotly_chart(free_memory_figure(steps, capacity), width="stretch")
-right.plotly_chart(running_waiting_figure(steps), width="stretch")
+cached_chart(left, free_memory_figure, steps, capacity)
+cached_chart(right, running_waiting_figure, steps)
 
 if "paged" in results and results["paged"].snapshots:
     snaps = results["paged"].snapshots
@@ -209,7 +210,7 @@ if "paged" in results and results["paged"].snapshots:
     )
     snap = next(s for s in snaps if s.step == chosen)
     if snap.hybrid_pool is not None:
-        st.plotly_chart(hybrid_block_heatmap_figure(snap, params.block_size), width="stretch")
+        cached_chart(st, hybrid_block_heatmap_figure, snap, params.block_size)
         st.caption(
             "One pool, one band per KV cache group kind: each cell is a block the group holds (of "
             f"{params.block_size} tokens x {snap.hybrid_pool.group_size} layers, a smaller group padded as vLLM does), in "
@@ -218,7 +219,7 @@ if "paged" in results and results["paged"].snapshots:
             "to the free band. Each group numbers its own blocks here (vLLM draws all groups' ids from one pool)."
         )
     else:
-        st.plotly_chart(block_heatmap_figure(snap, params.block_size), width="stretch")
+        cached_chart(st, block_heatmap_figure, snap, params.block_size)
         st.caption(
             "One cell per physical block, in block-id order. Colour = the request whose sequence holds it (a "
             "request's blocks are scattered: no contiguity is needed); light grey = free; darker grey = free but "
@@ -235,7 +236,7 @@ if "paged" in results and results["paged"].snapshots:
             table = run_job(
                 measure_simulated_attention, params, trace, float(budget_s), label="Timing attention"
             )
-            st.plotly_chart(attention_latency_figure(table), width="stretch")
+            cached_chart(st, attention_latency_figure, table)
             st.caption(
                 f"Measured on this machine, {len(table):,} sampled steps, 8 KV heads x 64 dims fp32 "
                 "(scaled down to fit the memory budget), median of 3 runs each."
