@@ -4,6 +4,7 @@ The key authenticating replicas comes from PAGED_LAB_POOL_KEY (hex). Stops, with
 """
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     limits = Limits.from_env()
     disk = DiskResultCache(args.cache_dir, limits.cache_entries, limits.cache_ttl_s)
     pool = shared_pool(limits, disk, preload=PRELOAD)
+    with contextlib.suppress(FileNotFoundError):  # a previous pool's socket, when the host restarts this one
+        os.unlink(args.socket)
     server = PoolServer(args.socket, bytes.fromhex(os.environ["PAGED_LAB_POOL_KEY"]), pool, disk)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

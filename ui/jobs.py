@@ -108,6 +108,8 @@ def run_job(fn: Callable, *args, label: str = "Computing"):
         bar.progress(status.fraction, text=_progress_text(label, status))
         time.sleep(POLL_S)
         status = pool.poll(session)
+        if status.state == "idle":  # the pool lost the job (the team host restarted its pool): ask again
+            status = pool.submit(session, fn, *args)
     controls.empty()
     return _outcome(status)
 

@@ -62,6 +62,17 @@ def _state(pid: int) -> str:
         return "zombie"
 
 
+def _pool_answers(runtime: Path) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as sock:
+        try:
+            sock.connect(str(runtime / "pool.sock"))
+            return True
+        except OSError:
+            return False
+
+
 def _runtime_dir(log: Path) -> Path:
     """The host's runtime directory, from its ready line ("... cache RUNTIME/results)")."""
     line = next(line for line in log.read_text().splitlines() if line.startswith("hosting: ready"))
@@ -96,6 +107,13 @@ def test_two_replicas_behind_nginx_serve_a_page_stick_by_cookie_and_stop_on_sigt
         assert render.charts == 4 and not render.exceptions and not render.errors, render
         runtime = _runtime_dir(tmp_path / "host.log")
         assert (runtime / "nginx.conf").exists() and (runtime / "pool.sock").exists()
+        pool = next(pid for pid in tree if b"hosting.pool" in Path(f"/proc/{pid}/cmdline").read_bytes())
+        os.kill(pool, signal.SIGKILL)  # the host starts another; its workers see their pipe close and exit
+        deadline = time.monotonic() + 60
+        while "the pool exited" not in (tmp_path / "host.log").read_text() or not _pool_answers(runtime):
+            assert time.monotonic() < deadline, (tmp_path / "host.log").read_text()[-3000:]
+            time.sleep(0.3)
+        tree = sorted(set(tree) | set(descendants(process.pid)))
     except BaseException:
         process.kill()
         raise
