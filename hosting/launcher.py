@@ -114,9 +114,10 @@ class Host:
             # every replica signs and checks XSRF tokens alike (Streamlit reads it only from here or a file)
             "STREAMLIT_SERVER_COOKIE_SECRET": secrets.token_hex(32),
         }
-        env.setdefault(
-            "PAGED_LAB_WORKERS", str(min(os.cpu_count() or 1, 8))
-        )  # the pool is shared: every core
+        # One pool for every replica, sized like a single server's (PAGED_LAB_WORKERS, default cores - 1, 1 to 4):
+        # the replicas keep a core for rendering, and each worker holding torch and a job's tensors costs
+        # ~0.3-0.6 GB (peak RSS of the whole host stays under 3 GiB on 2 cores with 20 people running jobs).
+        env.setdefault("PAGED_LAB_WORKERS", str(self.limits.workers))
         self.pool = Child(
             "pool",
             [

@@ -22,6 +22,7 @@ job stops). Invariants:
 import contextlib
 import itertools
 import multiprocessing
+import os
 import pickle
 import sys
 import threading
@@ -352,7 +353,7 @@ class JobPool:
         cancel_event = self._context.Event()
         process = self._context.Process(
             target=worker_main,
-            args=(child, cancel_event, self._environ, self._preload),
+            args=(child, cancel_event, self._environ, self._preload, os.getpid()),
             name="paged-lab-worker",
             daemon=True,
         )

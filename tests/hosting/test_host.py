@@ -49,10 +49,25 @@ def _stopped_cleanly(process: subprocess.Popen, tree: list[int], runtime: Path, 
     else:
         process.send_signal(how)
     assert process.wait(timeout=40) == 0
-    time.sleep(0.5)
-    alive = [pid for pid in tree if Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)]
-    assert alive == [], alive
+    # A worker orphaned by the killed pool exits at its next check of its parent, after its imports (seconds)
+    deadline = time.monotonic() + 60
+    while (
+        alive := [pid for pid in tree if Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)]
+    ) and (time.monotonic() < deadline):
+        time.sleep(0.5)
+    assert alive == [], [(pid, _describe(pid)) for pid in alive]
     assert not runtime.exists()
+
+
+def _describe(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        parent = status.split("PPid:")[1].split()[0]
+        return (
+            f"ppid {parent}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+        )
+    except OSError:
+        return "gone"
 
 
 def _state(pid: int) -> str:

@@ -108,11 +108,12 @@ def start_server(
 
 
 def stop_server(process: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 20 s."""
+    """SIGTERM, then SIGKILL after 60 s (the team host stops its parts one group after another, each given up to
+    10 s; killed, it could not remove its runtime directory)."""
     with contextlib.suppress(ProcessLookupError):
         process.send_signal(signal.SIGTERM)
     try:
-        process.wait(timeout=20)
+        process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=5)
