@@ -1,43 +1,74 @@
-# PagedAttention Lab for a team: CPU torch by default, CUDA torch with a build argument.
+# PagedAttention Lab for a team: `python -m hosting` (Streamlit replicas, one per core, behind nginx, with one
+# shared worker pool and result cache). CPU torch by default, CUDA torch with a build argument.
 #   docker build -t paged-lab .
-#   docker run -p 8501:8501 -e PAGED_LAB_WORKERS=2 paged-lab
+#   docker run -p 8501:8501 paged-lab
 #   docker build -t paged-lab:cuda --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
 #   docker run --gpus all -p 8501:8501 paged-lab:cuda
+# Another base (e.g. one made from Debian's packages where Docker Hub cannot be reached) and an offline build
+# from wheels in wheelhouse/:
+#   docker build --build-arg BASE_IMAGE=my-bookworm --build-arg PIP_OFFLINE=1 -t paged-lab .
+# The base needs Python 3.11 with venv; apt installs nginx, gcc and curl when it lacks them.
 # Models for the Engine page: mount a directory of Hugging Face model directories (each with config.json +
 # safetensors) read-only at /models, e.g. -v /srv/models:/models:ro; the page lists them, and refuses any path
 # outside PAGED_LAB_MODEL_ROOT (after resolving .. and symlinks). -e PAGED_LAB_MODEL_ROOT= allows any directory
 # in the container: only for a single-user image.
-FROM python:3.11-slim
-
-# Where torch==2.13.0 comes from: PyTorch's CPU wheels (no CUDA libraries, ~200 MB) unless overridden, e.g.
-# with https://download.pytorch.org/whl/cu128 for CUDA 12.8 wheels, or https://pypi.org/simple (CUDA build).
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE} AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH \
     STREAMLIT_SERVER_FILE_WATCHER_TYPE=none \
     STREAMLIT_CLIENT_SHOW_ERROR_DETAILS=type \
     STREAMLIT_BROWSER_GATHER_USAGE_STATS=false \
-    PAGED_LAB_MODEL_ROOT=/models
+    PAGED_LAB_MODEL_ROOT=/models \
+    PAGED_LAB_ADDRESS=0.0.0.0 \
+    PAGED_LAB_PORT=8501
 
-# A C compiler for the 'cpu' paged-attention kernel (built at first use); curl for the health check.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev curl \
-    && rm -rf /var/lib/apt/lists/*
+# nginx (the proxy in front of the replicas), a C compiler for the 'cpu' paged-attention kernel (built at first
+# use), curl for the health check.
+RUN if ! (command -v nginx && command -v gcc && command -v curl) >/dev/null; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends nginx gcc libc6-dev curl \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
 
-WORKDIR /app
-COPY requirements.txt .
-RUN pip install --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple torch==2.13.0 \
-    && pip install -r requirements.txt
+FROM base AS packages
+# Where torch==2.13.0 comes from: PyTorch's CPU wheels (no CUDA libraries, ~200 MB) unless overridden, e.g.
+# with https://download.pytorch.org/whl/cu128 for CUDA 12.8 wheels, or https://pypi.org/simple (CUDA build).
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# 1: install only from wheelhouse/ (see wheelhouse/README.md), for a machine without a package index.
+ARG PIP_OFFLINE=0
+COPY requirements.txt /tmp/build/
+COPY wheelhouse/ /tmp/build/wheelhouse/
+RUN python3 -m venv /opt/venv \
+    && cd /tmp/build \
+    && if [ "$PIP_OFFLINE" = "1" ]; then \
+           pip install --no-index --find-links wheelhouse torch==2.13.0 -r requirements.txt; \
+       else \
+           pip install --find-links wheelhouse --index-url "${TORCH_INDEX_URL}" \
+               --extra-index-url https://pypi.org/simple torch==2.13.0 \
+           && pip install --find-links wheelhouse -r requirements.txt; \
+       fi
 
+FROM base
+COPY --from=packages /opt/venv /opt/venv
 RUN useradd --create-home --uid 10001 lab && mkdir -p /models
-COPY --chown=lab:lab . .
+WORKDIR /app
+# What the app runs, and nothing else (no tests, no wheelhouse).
+COPY --chown=lab:lab app.py pyproject.toml requirements.txt ./
+COPY --chown=lab:lab .streamlit/ .streamlit/
+COPY --chown=lab:lab app_pages/ app_pages/
+COPY --chown=lab:lab core/ core/
+COPY --chown=lab:lab ui/ ui/
+COPY --chown=lab:lab hosting/ hosting/
 USER lab
 
 EXPOSE 8501
-HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD curl --fail --silent http://127.0.0.1:8501/_stcore/health || exit 1
+HEALTHCHECK --interval=30s --timeout=5s --start-period=90s --retries=3 \
+    CMD curl --fail --silent "http://127.0.0.1:${PAGED_LAB_PORT}/_stcore/health" || exit 1
 
-CMD ["streamlit", "run", "app.py", "--server.address", "0.0.0.0", "--server.port", "8501"]
+# Replicas: PAGED_LAB_REPLICAS (default one per core); the shared pool's workers: PAGED_LAB_WORKERS.
+CMD ["sh", "-c", "exec python -m hosting --address \"$PAGED_LAB_ADDRESS\" --port \"$PAGED_LAB_PORT\""]

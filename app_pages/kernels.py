@@ -10,6 +10,7 @@ from core.errors import LabError
 from core.jobs.tasks import kernel_correctness, kernel_sweep
 from core.kernels.attention import available_backends
 from core.kernels.timing import KernelConfig, check_budget, random_block_tables, tolerance
+from ui.charts import cached_chart
 from ui.jobs import run_job
 from ui.kernel_figures import bandwidth_figure, block_map_figure, latency_figure, overhead_figure
 
@@ -134,10 +135,10 @@ if last:
     )
 
 left, right = st.columns(2)
-left.plotly_chart(latency_figure(rows), width="stretch")
-right.plotly_chart(overhead_figure(rows), width="stretch")
+cached_chart(left, latency_figure, rows)
+cached_chart(right, overhead_figure, rows)
 left, right = st.columns(2)
-left.plotly_chart(bandwidth_figure(rows, copy_gbps), width="stretch")
+cached_chart(left, bandwidth_figure, rows, copy_gbps)
 
 # ---- block map ---------------------------------------------------------------------------------------------
 blocks_per_seq = cdiv(context_len, block_size)
@@ -149,9 +150,7 @@ tables, lens = random_block_tables(
 )
 pool = int(tables.max()) + 1
 others = {int(b) for b in tables[1:].flatten().tolist() if b >= 0}
-right.plotly_chart(
-    block_map_figure(tables[0].tolist(), int(lens[0]), block_size, pool, owned=others), width="stretch"
-)
+cached_chart(right, block_map_figure, tables[0].tolist(), int(lens[0]), block_size, pool, owned=others)
 if map_batch < batch or map_context < context_len:
     right.caption(
         f"Drawn for {map_batch:,} of {batch:,} sequences and {map_context:,} of {context_len:,} tokens "

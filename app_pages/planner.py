@@ -32,6 +32,7 @@ from core.planning.scenario import (
 from core.planning.weights import read_safetensors_index
 from core.planning.what_if import memory_breakdown
 from core.uploads import read_upload
+from ui.charts import cached_chart
 from ui.jobs import app_limits
 from ui.planner_figures import (
     concurrency_vs_context_figure,
@@ -334,13 +335,12 @@ with answer:
     for column, (prefix, result) in zip(st.columns(len(results)), results.items(), strict=True):
         with column:
             show_verdict(prefix, result)
-    st.plotly_chart(
-        memory_breakdown_figure(
-            {n: memory_breakdown(r.plan, r.what_if) for n, r in named.items()},
-            {n: r.plan.gpu_memory_bytes for n, r in named.items()},
-            {n: r.plan.activation_estimated for n, r in named.items()},
-        ),
-        width="stretch",
+    cached_chart(
+        st,
+        memory_breakdown_figure,
+        {n: memory_breakdown(r.plan, r.what_if) for n, r in named.items()},
+        {n: r.plan.gpu_memory_bytes for n, r in named.items()},
+        {n: r.plan.activation_estimated for n, r in named.items()},
     )
     st.caption(
         "Memory per GPU. KV used = blocks held by the workload's requests at their average paged concurrency "
@@ -362,9 +362,7 @@ st.subheader("Max concurrency vs context length")
 sweep = context_sweep(
     {SCENARIO_NAMES[p][-1]: r for p, r in results.items()}, values[f"{next(iter(results))}gpu"]
 )
-st.plotly_chart(
-    concurrency_vs_context_figure(sweep.contexts, sweep.series, sweep.max_model_len), width="stretch"
-)
+cached_chart(st, concurrency_vs_context_figure, sweep.contexts, sweep.series, sweep.max_model_len)
 st.caption(
     f"{sweep.model_name}, same parallelism and dtypes on two comparison GPUs. A request of c tokens holds "
     "ceil(c / block size) blocks; a line that stops means no request of that length fits (log scale has no 0). "
@@ -375,12 +373,12 @@ what_ifs = {n: r.what_if for n, r in named.items() if r.what_if is not None}
 if what_ifs:
     st.subheader("Paged vs contiguous concurrency for this workload")
     seqs = {n: r.plan.max_num_seqs for n, r in named.items() if r.what_if}
-    st.plotly_chart(paged_vs_contiguous_figure(what_ifs, seqs), width="stretch")
+    cached_chart(st, paged_vs_contiguous_figure, what_ifs, seqs)
     st.markdown("  \n".join(what_if_summary(n, w) for n, w in what_ifs.items()))
 
     st.subheader("Internal fragmentation vs block size")
     frag = next(r for r in results.values() if r.fragmentation)
-    st.plotly_chart(fragmentation_figure(frag.fragmentation, frag.plan.block_size), width="stretch")
+    cached_chart(st, fragmentation_figure, frag.fragmentation, frag.plan.block_size)
     st.caption(
         "Share of allocated KV slots that hold no token (the unfilled tail of each request's last block), "
         "averaged over decode steps. Small blocks waste less but mean more block-table entries."

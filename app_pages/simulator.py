@@ -15,6 +15,7 @@ from core.serving.simulator import PAPER_KV_TOKENS
 from core.serving.workload import load_trace
 from core.uploads import read_upload
 from ui.block_grid import MAX_CELLS, grid_shape
+from ui.charts import cached_chart
 from ui.jobs import app_limits, run_job
 from ui.simulator_figures import (
     PAPER_MODEL,
@@ -220,7 +221,7 @@ with answer:
                 "longer requests (Fixed lengths, e.g. 1,024 prompt + 1,024 output tokens) or a smaller GPU to "
                 "see the policies differ."
             )
-    st.plotly_chart(summary_bars_figure(summaries, show_paper=params.model == PAPER_MODEL), width="stretch")
+    cached_chart(st, summary_bars_figure, summaries, show_paper=params.model == PAPER_MODEL)
 
 cols = st.columns(len(results))
 for col, (name, summary) in zip(cols, summaries.items(), strict=True):
@@ -231,10 +232,10 @@ for col, (name, summary) in zip(cols, summaries.items(), strict=True):
     col.metric("Preemptions", f"{summary['preemptions']:,}")
 
 steps = {name: r.steps for name, r in results.items()}
-st.plotly_chart(memory_breakdown_figure(steps, capacity), width="stretch")
+cached_chart(st, memory_breakdown_figure, steps, capacity)
 left, right = st.columns(2)
-left.plotly_chart(free_memory_figure(steps, capacity), width="stretch")
-right.plotly_chart(running_waiting_figure(steps), width="stretch")
+cached_chart(left, free_memory_figure, steps, capacity)
+cached_chart(right, running_waiting_figure, steps)
 
 if "paged" in results and results["paged"].snapshots:
     snaps = results["paged"].snapshots
@@ -254,7 +255,7 @@ if "paged" in results and results["paged"].snapshots:
             "hover a cell for its blocks and their counts (used, free, partly filled, shared)."
         )
     if snap.hybrid_pool is not None:
-        st.plotly_chart(hybrid_block_heatmap_figure(snap, params.block_size), width="stretch")
+        cached_chart(st, hybrid_block_heatmap_figure, snap, params.block_size)
         st.caption(
             "One pool, one band per KV cache group kind: each cell is a block the group holds (of "
             f"{params.block_size} tokens x {snap.hybrid_pool.group_size} layers, a smaller group padded as vLLM does), in "
@@ -263,7 +264,7 @@ if "paged" in results and results["paged"].snapshots:
             "to the free band. Each group numbers its own blocks here (vLLM draws all groups' ids from one pool)."
         )
     else:
-        st.plotly_chart(block_heatmap_figure(snap, params.block_size), width="stretch")
+        cached_chart(st, block_heatmap_figure, snap, params.block_size)
         st.caption(
             "One cell per physical block, in block-id order. Colour = the request whose sequence holds it (a "
             "request's blocks are scattered: no contiguity is needed); light grey = free; darker grey = free but "
@@ -280,7 +281,7 @@ if "paged" in results and results["paged"].snapshots:
             table = run_job(
                 measure_simulated_attention, params, trace, float(budget_s), label="Timing attention"
             )
-            st.plotly_chart(attention_latency_figure(table), width="stretch")
+            cached_chart(st, attention_latency_figure, table)
             st.caption(
                 f"Measured on this machine, {len(table):,} sampled steps, 8 KV heads x 64 dims fp32 "
                 "(scaled down to fit the memory budget), median of 3 runs each."

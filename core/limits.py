@@ -10,7 +10,9 @@ Variables (all integers unless marked):
 - PAGED_LAB_MAX_REQUESTS: requests one simulation may replay, default 10,000.
 - PAGED_LAB_JOB_TIMEOUT_S (number): seconds of wall time one job may run before its worker is stopped, 120.
 - PAGED_LAB_WORKERS: worker processes running heavy jobs, default max(1, min(4, CPU cores - 1)).
-- PAGED_LAB_MAX_QUEUED_JOBS: jobs waiting for a worker, all sessions together, default 16.
+- PAGED_LAB_MAX_QUEUED_JOBS: jobs waiting for a worker, all sessions together, default 16; the queue grows
+  past it with the people present (each holds at most one job), up to PAGED_LAB_MAX_SESSIONS.
+- PAGED_LAB_MAX_SESSIONS: people whose heavy jobs may wait at once, default 100.
 - PAGED_LAB_MAX_UPLOAD_BYTES: bytes of one uploaded file, default 25 MB (25,000,000).
 - PAGED_LAB_CACHE_ENTRIES: finished job results kept, default 16 (a default simulation is ~20 MB).
 - PAGED_LAB_CACHE_TTL_S (number): seconds a finished result stays cached, default 3,600.
@@ -58,6 +60,9 @@ SPECS: dict[str, _Spec] = {
     "max_queued_jobs": _Spec(
         "PAGED_LAB_MAX_QUEUED_JOBS", int, 1, 10_000, "Jobs waiting for a worker (all sessions)", "jobs"
     ),
+    "max_sessions": _Spec(
+        "PAGED_LAB_MAX_SESSIONS", int, 1, 100_000, "People whose heavy jobs may wait at once", "sessions"
+    ),
     "max_upload_bytes": _Spec(
         "PAGED_LAB_MAX_UPLOAD_BYTES", int, 1, 2**40, "Bytes of one uploaded file", "bytes"
     ),
@@ -85,6 +90,7 @@ class Limits:
     max_upload_bytes: int = 25_000_000
     cache_entries: int = 16
     cache_ttl_s: float = 3_600.0
+    max_sessions: int = 100  # after the others: positional construction keeps its meaning
     model_root: str = ""  # "": any directory
 
     def __post_init__(self) -> None:

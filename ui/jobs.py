@@ -13,13 +13,13 @@ from collections.abc import Callable, Mapping
 import streamlit as st
 
 from core.jobs import JobPool, job_key
+from core.jobs.remote import remote_pool_from_env
+from core.jobs.worker import PRELOAD
 from core.limits import Limits
 
 SESSION_KEY = "_job_session"
 CANCELLED_KEY = "_job_cancelled"
 POLL_S = 0.25
-# Imported by every worker when it starts, so the first job does not pay for torch, the simulator and the engine.
-PRELOAD = ("core.serving.experiment", "core.kernels.timing", "core.engine.engine")
 
 
 def _root_secrets() -> dict[str, object]:
@@ -43,8 +43,9 @@ def app_limits() -> Limits:
 
 @st.cache_resource(show_spinner=False)
 def job_pool() -> JobPool:
-    """The server's one worker pool, sized by `app_limits()`; closed when the server exits."""
-    pool = JobPool.from_limits(app_limits(), preload=PRELOAD)
+    """The server's worker pool: the team host's shared one when this server is one of its replicas (see
+    hosting/), else its own, sized by `app_limits()`; closed (or disconnected) when the server exits."""
+    pool = remote_pool_from_env(app_limits()) or JobPool.from_limits(app_limits(), preload=PRELOAD)
     atexit.register(pool.close)
     return pool
 
@@ -57,14 +58,20 @@ def session_id() -> str:
 
 
 def _progress_text(label: str, status) -> str:
+    """The line under the progress bar: queue place, jobs ahead, and the expected wait when the pool knows it."""
+    estimate = "" if status.estimate_s is None else f", about {_seconds(status.estimate_s)} to go"
     if status.state == "queued":
         ahead = status.position - 1 + status.running
         return (
-            f"{label}: waiting for a worker, place {status.position:,} in the queue "
-            f"({ahead:,} job{'s' if ahead != 1 else ''} ahead of it, {status.running:,} running)"
+            f"{label}: waiting for a worker, place {status.position:,} of {status.queued:,} in the queue "
+            f"({ahead:,} job{'s' if ahead != 1 else ''} ahead of it, {status.running:,} running{estimate})"
         )
     message = f": {status.message}" if status.message else ""
-    return f"{label}{message} ({status.fraction:.0%})"
+    return f"{label}{message} ({status.fraction:.0%}{estimate})"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def run_job(fn: Callable, *args, label: str = "Computing"):
@@ -101,6 +108,8 @@ def run_job(fn: Callable, *args, label: str = "Computing"):
         bar.progress(status.fraction, text=_progress_text(label, status))
         time.sleep(POLL_S)
         status = pool.poll(session)
+        if status.state == "idle":  # the pool lost the job (the team host restarted its pool): ask again
+            status = pool.submit(session, fn, *args)
     controls.empty()
     return _outcome(status)
 

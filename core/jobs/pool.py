@@ -11,12 +11,18 @@ job stops). Invariants:
 - A finished result is cached by (function, arguments) in a bounded `ResultCache` and handed to every session
   that asks, as the same read-only value.
 - At most `max_queued` jobs wait for a worker; a submission beyond that raises `QueueFullError` and changes
-  nothing. A session that has not polled for `abandon_after_s` has left: its job is cancelled.
+  nothing. With `max_sessions`, the queue also grows with the people present (sessions heard from within
+  `abandon_after_s`), up to `max_sessions`: as each session holds at most one job, nobody is refused until more
+  than `max_sessions` people wait at once. A session that has not polled for `abandon_after_s` has left: its
+  job is cancelled.
+- A queued or running job's status carries an estimate of the seconds until its result, from the mean run time
+  of recent jobs of the same function (None until one has finished).
 """
 
 import contextlib
 import itertools
 import multiprocessing
+import os
 import pickle
 import sys
 import threading
@@ -53,6 +59,7 @@ class JobStatus:
     position: 1-based place in the queue while queued, else 0. fraction in [0, 1] and message: the worker's
     last progress report. result: the job's return value when done (shared, read-only). error: a LabError when
     failed. cached: the result came from the cache without running. queued / running: jobs in the whole pool.
+    estimate_s: seconds until the result is expected while queued or running (None when unknown).
     """
 
     state: str
@@ -64,6 +71,7 @@ class JobStatus:
     cached: bool = False
     queued: int = 0
     running: int = 0
+    estimate_s: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -131,9 +139,11 @@ class JobPool:
         environ: dict[str, str] | None = None,
         preload: tuple[str, ...] = (),
         abandon_after_s: float = 15.0,
+        max_sessions: int | None = None,
     ):
         self.workers, self.max_queued, self.timeout_s = workers, max_queued, timeout_s
-        self.abandon_after_s = abandon_after_s
+        self.abandon_after_s, self.max_sessions = abandon_after_s, max_sessions
+        self._mean_s: dict[tuple[str, str], float] = {}  # (module, function) -> recent mean run seconds
         self.cache = cache if cache is not None else ResultCache(32, 3600.0)
         self._environ, self._preload = dict(environ or {}), tuple(preload)
         self._context = multiprocessing.get_context("spawn")
@@ -157,6 +167,7 @@ class JobPool:
         return cls(
             workers=limits.workers,
             max_queued=limits.max_queued_jobs,
+            max_sessions=limits.max_sessions,
             timeout_s=limits.job_timeout_s,
             cache=ResultCache(limits.cache_entries, limits.cache_ttl_s),
             environ=limits.as_environ(),
@@ -189,12 +200,7 @@ class JobPool:
                 return self._status(slot)
             job = self._by_key.get(key)
             if job is None:
-                if len(self._queue) >= self.max_queued:
-                    raise QueueFullError(
-                        f"the server's job queue is full ({self.max_queued:,} jobs waiting, the limit "
-                        "PAGED_LAB_MAX_QUEUED_JOBS); try again in a minute",
-                        "PAGED_LAB_MAX_QUEUED_JOBS",
-                    )
+                self._check_room(session)
                 job = _Job(next(self._ids), key, fn, args)
                 self._by_key[key] = job
                 self._queue.append(job)
@@ -258,6 +264,58 @@ class JobPool:
             process.join(timeout=2)
 
     # ---- internals (called with the lock held unless noted) ------------------------------------------------
+    def _check_room(self, session: str) -> None:
+        """Raise QueueFullError when a new job from `session` would find no place in the queue."""
+        if self.max_sessions is None:
+            if len(self._queue) >= self.max_queued:
+                raise QueueFullError(
+                    f"the server's job queue is full ({self.max_queued:,} jobs waiting, the limit "
+                    "PAGED_LAB_MAX_QUEUED_JOBS); try again in a minute",
+                    "PAGED_LAB_MAX_QUEUED_JOBS",
+                )
+            return
+        present = len(self._sessions) + (session not in self._sessions)
+        if len(self._queue) >= max(self.max_queued, min(present, self.max_sessions)):
+            raise QueueFullError(
+                f"the server's job queue is full: {len(self._queue):,} jobs of {present:,} people are waiting, "
+                f"over this server's limit of {self.max_sessions:,} people waiting at once (PAGED_LAB_MAX_SESSIONS); "
+                "try again in a minute",
+                "PAGED_LAB_MAX_SESSIONS",
+            )
+
+    def _remaining(self, job: _Job, now: float) -> float | None:
+        """Seconds a running job has left: from its progress once it reported 10 %, else from the mean run
+        time of its function; None when neither is known."""
+        elapsed = now - job.started
+        if job.fraction >= 0.1:
+            return elapsed * (1 - job.fraction) / job.fraction
+        expected = self._mean_s.get(job.key[:2])
+        return None if expected is None else max(0.0, expected - elapsed)
+
+    def _estimate(self, job: _Job, now: float) -> float | None:
+        """Seconds until `job`'s result. Queued: the running jobs' remaining times and the queue ahead of it
+        replayed on the workers, each queued job taking its function's mean run time. None when any of those is
+        unknown (a function with no finished run yet)."""
+        if job.worker is not None:
+            return self._remaining(job, now)
+        free = []
+        for worker in self._workers:
+            remaining = self._remaining(worker.job, now) if worker.job is not None else 0.0
+            if remaining is None:
+                return None
+            free.append(remaining)
+        free = sorted(free) or [0.0]
+        for queued in self._queue:
+            expected = self._mean_s.get(queued.key[:2])
+            if expected is None:
+                return None
+            start = free.pop(0)
+            if queued is job:
+                return start + expected
+            free.append(start + expected)
+            free.sort()
+        return None
+
     def _check_open(self) -> None:
         if self._closed:
             raise JobError("the job pool is closed")
@@ -270,17 +328,18 @@ class JobPool:
         if slot.outcome is not None:
             return JobStatus(**{**slot.outcome.__dict__, **totals})
         job = slot.job
+        estimate = self._estimate(job, time.monotonic())
         if job.worker is None:
             position = next(i for i, queued in enumerate(self._queue, 1) if queued is job)
-            return JobStatus("queued", position, job.fraction, job.message, **totals)
-        return JobStatus("running", 0, job.fraction, job.message, **totals)
+            return JobStatus("queued", position, job.fraction, job.message, estimate_s=estimate, **totals)
+        return JobStatus("running", 0, job.fraction, job.message, estimate_s=estimate, **totals)
 
     def _start_worker(self) -> _Worker:
         parent, child = self._context.Pipe(duplex=True)
         cancel_event = self._context.Event()
         process = self._context.Process(
             target=worker_main,
-            args=(child, cancel_event, self._environ, self._preload),
+            args=(child, cancel_event, self._environ, self._preload, os.getpid()),
             name="paged-lab-worker",
             daemon=True,
         )
@@ -352,6 +411,9 @@ class JobPool:
             return
         worker.job, job.worker = None, None
         if kind == "done":
+            seconds = time.monotonic() - job.started
+            previous = self._mean_s.get(job.key[:2])
+            self._mean_s[job.key[:2]] = seconds if previous is None else 0.7 * previous + 0.3 * seconds
             self.cache.put(job.key, message[2])
             self._finish(job, JobStatus("done", fraction=1.0, message="done", result=message[2]))
         elif kind == "error":

@@ -18,7 +18,11 @@ import time
 from core.errors import JobCancelledError, LabError
 
 PROGRESS_INTERVAL_S = 0.1
+PARENT_CHECK_S = 1.0  # an idle worker checks this often that the process that started it is still there
 WORKER_NICENESS = 10  # the server process renders pages first; workers take the CPU left over
+# What the app's workers import when they start, so the first job does not pay for torch, the simulator and the
+# engine (the `preload` a server passes to its pool).
+PRELOAD = ("core.serving.experiment", "core.kernels.timing", "core.engine.engine")
 
 
 class _Progress:
@@ -47,17 +51,23 @@ def _portable(error: BaseException):
         return (type(error).__name__, str(error), isinstance(error, LabError))
 
 
-def worker_main(conn, cancel_event, environ: dict[str, str], preload: tuple[str, ...]) -> None:
-    """Run jobs from `conn` until it sends None or closes. Jobs are `(job_id, fn, args)`, run as
-    `fn(*args, progress=callback)`."""
+def worker_main(
+    conn, cancel_event, environ: dict[str, str], preload: tuple[str, ...], parent_pid: int | None = None
+) -> None:
+    """Run jobs from `conn` until it sends None or closes, or the process `parent_pid` (the pool's; default this
+    process's parent when it starts) is gone. Jobs are `(job_id, fn, args)`, run as `fn(*args, progress=callback)`."""
     os.environ.update(environ)
     with contextlib.suppress(AttributeError, OSError):
         os.nice(WORKER_NICENESS)
     for module in preload:
         importlib.import_module(module)
     conn.send(("ready",))
+    parent = os.getppid() if parent_pid is None else parent_pid
     while True:
         try:
+            while not conn.poll(PARENT_CHECK_S):
+                if os.getppid() != parent:  # the pool's process died (killed): nobody will send a job again
+                    return
             task = conn.recv()
         except (EOFError, OSError):
             return

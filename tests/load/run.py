@@ -1,313 +1,226 @@
-"""Load test: N concurrent headless-Chromium sessions against a real server on 127.0.0.1.
+"""Load test: N people at once on a real server on 127.0.0.1, each a websocket speaking Streamlit's protocol.
 
 Each session opens the Kernels, Simulator and Planner pages (session i starts at page i mod 3, so Planner renders
-overlap the other sessions' heavy jobs): the first by its URL (a full page load), the next two from the sidebar
-as a person would (the same Streamlit session). It waits for each page's finished render: the page's title,
-its script no longer running, and every chart it draws at its defaults drawn. Before the clock starts, one
-untimed visit warms the server (its first script run imports torch and starts the worker pool, once per
-server). Prints one JSON object: sessions, per page p50 / p95 / max seconds to a finished render, peak RSS of
-the server with every descendant process (the workers), errors.
+overlap the other pages' heavy work): the first by its URL, the next two from the sidebar. With `--edit` or
+`--distinct` it also changes one number on every page after opening it (the Planner's context length, the
+Simulator's seed, the Kernels' context length): the same value in every session (`--edit`), or its own value per
+session (`--distinct`: new heavy jobs for the worker pool). Before the clock starts, untimed sessions open
+every page on every replica (a first run imports torch and starts the pool; the results get cached), then
+`--cpu-renders` warm renders per page are measured one at a time for the server's CPU per render.
 
-    python -m tests.load.run --sessions 10
+Prints one JSON object: per page p50 / p95 / max server seconds (request to script_finished), seconds to the
+first element, kB received, exceptions, refusals (queue full), other error alerts; peak RSS of the server's whole
+process tree (replicas, pool, workers, proxy); warm CPU ms per render; optionally (`--watch`) the seconds one real
+Chromium took to draw the Planner's charts during the burst.
 
-Bounded: loopback only, at most 40 sessions, every wait has a timeout. Exits 1 when any session saw an error.
+    python -m tests.load.run --sessions 20 [--distinct] [--replicas 2] [--watch]
+
+Bounded: loopback only, at most 200 sessions, every wait has a timeout. Exits 1 when a session saw an exception,
+a refusal or a transport error.
 """
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
-from pathlib import Path
 
-from tests.conftest import CHROMIUM, CHROMIUM_ARGS, ROOT, _free_port
+from tests.conftest import ROOT, _free_port
+from tests.load.protocol import Edit, ProtocolSession, Render
+from tests.load.server import RssSampler, start_server, stop_server, tree_cpu_s
 
-MAX_SESSIONS = 40
-PAGE_TIMEOUT_MS = 240_000
-# url path -> (the page's title, plotly charts it draws at its defaults when its results are in)
-PAGES = {
-    "kernels": ("Kernels: paged vs contiguous attention", 4),
-    "simulator": ("Serving simulator", 5),
-    "planner": ("Capacity planner", 4),
-}
-WARM_UP_PAGE = "planner"
-STATUS_WIDGET = '[data-testid="stStatusWidget"]'
-DRAWN_CHARTS = (
-    "Array.from(document.querySelectorAll('[data-testid=\"stPlotlyChart\"]'))"
-    ".filter(chart => chart.querySelector('.main-svg')).length"
-)
+MAX_SESSIONS = 200
+PAGES = ("kernels", "simulator", "planner")
+CHARTS = {"kernels": 4, "simulator": 5, "planner": 4}  # plotly charts each page draws at its defaults
 
 
-def _descendants(pid: int) -> list[int]:
-    found, stack = [], [pid]
-    while stack:
-        current = stack.pop()
-        found.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                stack.extend(int(c) for c in (task / "children").read_text().split())
-    return found
+def edit_for(page: str, index: int, distinct: bool) -> Edit:
+    """The number session `index` types on `page`: its own value when `distinct`, else one shared value."""
+    k = index + 1 if distinct else 0
+    if page == "planner":
+        return Edit(page, "Context length: max_model_len (tokens)", 8192 + 256 * k)
+    if page == "simulator":
+        return Edit(page, "Seed", 1 + k)
+    return Edit(page, "context length (tokens)", 2048 + 256 * k)
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of `pid` and every process under it, from /proc (0 for ones that already exited)."""
-    total = 0
-    for child in _descendants(pid):
-        try:
-            for line in Path(f"/proc/{child}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
-
-
-class RssSampler(threading.Thread):
-    """Samples the process tree's RSS every `interval_s` until stopped; `peak` is the largest sample."""
-
-    def __init__(self, pid: int, interval_s: float = 0.2):
-        super().__init__(daemon=True)
-        self.pid, self.interval_s, self.peak = pid, interval_s, 0
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            self.peak = max(self.peak, tree_rss_bytes(self.pid))
-            self._stop_event.wait(self.interval_s)
-
-    def stop(self) -> int:
-        self._stop_event.set()
-        self.join(timeout=5)
-        return self.peak
-
-
-def start_server(port: int, log_path: Path, env: dict[str, str]) -> subprocess.Popen:
-    """`streamlit run app.py` on 127.0.0.1:port; returns once /_stcore/health answers ok."""
-    log = open(log_path, "w")  # noqa: SIM115 (closed with the process)
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "streamlit", "run", "app.py",
-            "--server.headless", "true", "--server.port", str(port),
-            "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-        ],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as response:
-                if response.read().decode().strip() == "ok":
-                    return process
-        except OSError:
-            pass
-        if process.poll() is not None:
-            break
-        time.sleep(0.25)
-    process.kill()
-    raise RuntimeError(f"streamlit did not start; see {log_path}")
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    process.terminate()
+async def person(base_url: str, index: int, edits: str | None, timeout_s: float) -> tuple[list[Render], list]:
+    """One session: its three pages in turn, each edited after opening when `edits` is "same" or "distinct"."""
+    renders: list[Render] = []
     try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=5)
+        async with ProtocolSession(base_url, timeout_s) as session:
+            order = PAGES[index % 3 :] + PAGES[: index % 3]
+            for page in order:
+                renders.append(await session.open(page))
+                if edits:
+                    renders.append(await session.edit(edit_for(page, index, edits == "distinct")))
+    except Exception as error:  # a timeout or a dropped socket: recorded, the other sessions go on
+        return renders, [{"session": index, "error": f"{type(error).__name__}: {str(error)[:300]}"}]
+    return renders, []
 
 
-class ScriptRuns:
-    """The script runs of one tab's Streamlit session, read off its websocket: when the browser asked for a run
-    (BackMsg rerun_script) and when the server said it finished (ForwardMsg script_finished), in
-    time.perf_counter() seconds. The server's share of a render, apart from the browser's drawing."""
-
-    SMALL = 512  # script_finished and rerun_script frames are tiny: larger frames (deltas) are not parsed
-
-    def __init__(self, tab):
-        from streamlit.proto.BackMsg_pb2 import BackMsg
-        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
-
-        self.events: list[tuple[float, str]] = []
-        self._kinds = ((BackMsg, "rerun_script"), (ForwardMsg, "script_finished"))
-        tab.on("websocket", self._watch)
-
-    def _watch(self, socket) -> None:
-        socket.on("framesent", lambda payload: self._record(payload, 0))
-        socket.on("framereceived", lambda payload: self._record(payload, 1))
-
-    def _record(self, payload, direction: int) -> None:
-        if not isinstance(payload, bytes) or len(payload) > self.SMALL:
-            return
-        message_type, kind = self._kinds[direction]
-        with contextlib.suppress(Exception):
-            if message_type.FromString(payload).WhichOneof("type") == kind:
-                self.events.append((time.perf_counter(), kind))
-
-    def seconds(self, start: float, end: float) -> float:
-        """Seconds the server ran this tab's scripts between `start` and `end` (each run from its request to
-        its script_finished; a run still going at `end` counts up to `end`)."""
-        total, asked = 0.0, None
-        for moment, kind in self.events:
-            if not start <= moment <= end:
+async def warm(base_url: str, replicas: int) -> None:
+    """Every replica renders every page at its defaults and with the value every session types under `--edit`,
+    so their results are cached and each replica has imported what its pages need. New sessions land on random
+    replicas (a fresh sticky cookie each): open sessions until each replica was seen (at most 8 per replica)."""
+    seen: set[str] = set()
+    for _ in range(8 * replicas):
+        async with ProtocolSession(base_url) as session:
+            if session.replica in seen:
                 continue
-            if kind == "rerun_script" and asked is None:
-                asked = moment
-            elif kind == "script_finished" and asked is not None:
-                total, asked = total + moment - asked, None
-        return total + (end - asked if asked is not None else 0.0)
-
-    def first_request(self, start: float, end: float) -> float | None:
-        """Seconds from `start` until the browser first asked for a script run (a full page load: the frontend
-        booting), None when it did not ask within [start, end]."""
-        asked = [moment for moment, kind in self.events if kind == "rerun_script" and start <= moment <= end]
-        return asked[0] - start if asked else None
+            seen.add(session.replica)
+            for page in PAGES:
+                await session.open(page)
+                await session.edit(edit_for(page, 0, distinct=False))
+        if len(seen) >= replicas:
+            return
+    raise RuntimeError(f"warmed {len(seen)} of {replicas} replicas")
 
 
-async def _finished_render(tab, name: str) -> None:
-    """Until page `name` shows its title, its script has stopped running and all its charts are drawn. The title
-    comes first: until then the previous page's (stale) elements may still be on screen."""
-    title, charts = PAGES[name]
-    await tab.get_by_role("heading", name=title, exact=True).wait_for(timeout=PAGE_TIMEOUT_MS)
-    await tab.wait_for_selector(STATUS_WIDGET, state="detached", timeout=PAGE_TIMEOUT_MS)
-    await tab.wait_for_function(f"{DRAWN_CHARTS} >= {charts}", timeout=PAGE_TIMEOUT_MS)
+async def warm_cpu(base_url: str, server_pid: int, renders_per_page: int) -> dict[str, float]:
+    """Server CPU milliseconds per warm render of each page, one render at a time (median of `renders_per_page`,
+    each navigating to the page from another one in the same session)."""
+    costs: dict[str, list[float]] = {page: [] for page in PAGES}
+    async with ProtocolSession(base_url) as session:
+        for page in PAGES:
+            await session.open(page)
+        for _ in range(renders_per_page):
+            for page in PAGES:
+                before = tree_cpu_s(server_pid)
+                await session.open(page)
+                await asyncio.sleep(
+                    0.3
+                )  # let the server finish sending (its CPU after script_finished counts)
+                costs[page].append((tree_cpu_s(server_pid) - before) * 1000)
+    return {page: round(statistics.median(values), 1) for page, values in costs.items() if values}
 
 
-async def _open(tab, base_url: str, name: str, first: bool) -> None:
-    if first:
-        await tab.goto(f"{base_url}/{name}", timeout=PAGE_TIMEOUT_MS)
-    else:
-        await tab.locator(f'[data-testid="stSidebarNav"] a[href$="/{name}"]').click(timeout=PAGE_TIMEOUT_MS)
-    await _finished_render(tab, name)
+async def burst(base_url: str, sessions: int, edits: str | None, watch: bool, timeout_s: float) -> dict:
+    """Every session at once (and the Chromium watcher, if asked); returns renders, errors and the watch."""
+    jobs = [person(base_url, i, edits, timeout_s) for i in range(sessions)]
+    watcher = None
+    if watch:
+        from tests.load.watch import watch_planner
 
-
-async def _session(browser, base_url: str, index: int, clock: float, renders: list, errors: list) -> None:
-    """One person: the three pages in turn; each finished render is appended to `renders` as
-    {"session", "page", "start_s" (seconds after `clock`), "s" (seconds to the finished render),
-    "server_s" (of which the server ran the page's script: `ScriptRuns.seconds`)}."""
-    context = await browser.new_context(viewport={"width": 1400, "height": 1000})
-    tab = await context.new_page()
-    runs = ScriptRuns(tab)
-    names = list(PAGES)
-    order = names[index % 3 :] + names[: index % 3]
-    try:
-        for position, name in enumerate(order):
-            start = time.perf_counter()
-            await _open(tab, base_url, name, first=position == 0)
-            end = time.perf_counter()
-            seconds, server_s = end - start, runs.seconds(start, end)
-            asked_s = runs.first_request(start, end)
-            renders.append(
-                {
-                    "session": index,
-                    "page": name,
-                    "start_s": round(start - clock, 2),
-                    "s": round(seconds, 2),
-                    "server_s": round(server_s, 2),
-                    "asked_s": None if asked_s is None else round(asked_s, 2),
-                }
-            )
-            exceptions = await tab.locator('[data-testid="stException"]').count()
-            failures = await tab.locator('[data-testid="stAlertContentError"]').all_inner_texts()
-            if exceptions or failures:
-                errors.append({"session": index, "page": name, "exceptions": exceptions, "errors": failures})
-    except Exception as error:  # a timeout or a crash: recorded, the other sessions go on
-        errors.append({"session": index, "error": f"{type(error).__name__}: {str(error)[:300]}"})
-    finally:
-        await context.close()
-
-
-async def _warm_up(browser, base_url: str) -> None:
-    context = await browser.new_context()
-    try:
-        await _open(await context.new_page(), base_url, WARM_UP_PAGE, first=True)
-    finally:
-        await context.close()
-
-
-async def _drive(base_url: str, sessions: int) -> tuple[list, list]:
-    from playwright.async_api import async_playwright
-
-    renders: list[dict] = []
-    errors: list = []
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        watcher = asyncio.create_task(
+            asyncio.to_thread(watch_planner, base_url, CHARTS["planner"], timeout_s)
         )
-        try:
-            await _warm_up(browser, base_url)
-            clock = time.perf_counter()
-            await asyncio.gather(
-                *(_session(browser, base_url, i, clock, renders, errors) for i in range(sessions))
-            )
-        finally:
-            await browser.close()
-    return renders, errors
-
-
-def _spread(prefix: str, values: list[float]) -> dict[str, float]:
+    results = await asyncio.gather(*jobs)
     return {
-        f"{prefix}p50_s": round(statistics.median(values), 2),
-        f"{prefix}p95_s": round(_percentile(values, 95), 2),
-        f"{prefix}max_s": round(max(values), 2),
+        "renders": [r for renders, _ in results for r in renders],
+        "errors": [e for _, errors in results for e in errors],
+        "watch": await watcher if watcher else None,
     }
 
 
-def _percentile(values: list[float], q: float) -> float:
+def _percentile(values: list[float], q: int) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def run(sessions: int, env: dict[str, str] | None = None) -> dict:
-    """Start a server, drive `sessions` concurrent browser sessions, stop the server; returns the figures."""
+def summarize(renders: list[Render]) -> dict:
+    """Per page: renders, server p50/p95/max s, first-element p50/p95 s, kB per render (median), exceptions,
+    refusals, other error alerts (distinct texts)."""
+    pages = {}
+    for page in PAGES:
+        mine = [r for r in renders if r.page == page]
+        if not mine:
+            continue
+        server = [r.server_s for r in mine]
+        first = [r.first_s for r in mine if r.first_s is not None]
+        pages[page] = {
+            "renders": len(mine),
+            "server_p50_s": round(statistics.median(server), 2),
+            "server_p95_s": round(_percentile(server, 95), 2),
+            "server_max_s": round(max(server), 2),
+            "first_p50_s": round(statistics.median(first), 2) if first else None,
+            "first_p95_s": round(_percentile(first, 95), 2) if first else None,
+            "kb_p50": round(statistics.median(r.bytes for r in mine) / 1000, 1),
+            "exceptions": sum(len(r.exceptions) for r in mine),
+            "refusals": sum(len(r.refusals) for r in mine),
+            "errors": sorted({e for r in mine for e in r.errors})[:5],
+            "charts_min": min(r.charts for r in mine if r.action != "edit") if mine else 0,
+        }
+    return pages
+
+
+def run(
+    sessions: int,
+    edits: str | None = None,
+    replicas: int | None = None,
+    watch: bool = False,
+    cpu_renders: int = 3,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 300.0,
+) -> dict:
+    """Start a server, warm it, measure warm CPU per render, drive `sessions` at once, stop it; the figures."""
     if not 1 <= sessions <= MAX_SESSIONS:
         raise ValueError(f"sessions must be between 1 and {MAX_SESSIONS}, got {sessions}")
     port = _free_port()
     log_path = ROOT / "tests" / "artifacts" / f"load_server_{port}.log"
     log_path.parent.mkdir(exist_ok=True)
-    server = start_server(port, log_path, {**os.environ, **(env or {})})
+    server = start_server(port, log_path, {**os.environ, **(env or {})}, replicas)
+    base_url = f"http://127.0.0.1:{port}"
     sampler = RssSampler(server.pid)
     sampler.start()
-    started = time.perf_counter()
     try:
-        renders, errors = asyncio.run(_drive(f"http://127.0.0.1:{port}", sessions))
+        asyncio.run(warm(base_url, replicas or 1))
+        cpu = asyncio.run(warm_cpu(base_url, server.pid, cpu_renders)) if cpu_renders else {}
+        started = time.perf_counter()
+        cpu_before = tree_cpu_s(server.pid)
+        outcome = asyncio.run(burst(base_url, sessions, edits, watch, timeout_s))
+        wall = time.perf_counter() - started
+        burst_cpu = tree_cpu_s(server.pid) - cpu_before
     finally:
         peak = sampler.stop()
         stop_server(server)
-    pages = {}
-    for name in PAGES:
-        mine = [r for r in renders if r["page"] == name]
-        if mine:
-            pages[name] = {"renders": len(mine), **_spread("", [r["s"] for r in mine])}
-            pages[name].update(_spread("server_", [r["server_s"] for r in mine]))
+    renders = outcome["renders"]
+    pages = summarize(renders)
+    failures = outcome["errors"] + [
+        {"page": r.page, "action": r.action, "exceptions": r.exceptions, "refusals": r.refusals}
+        for r in renders
+        if r.exceptions or r.refusals
+    ]
     return {
         "sessions": sessions,
+        "edits": edits,
+        "replicas": replicas,
         "pages": pages,
+        "warm_cpu_ms_per_render": cpu,
+        "burst_wall_s": round(wall, 1),
+        "burst_server_cpu_s": round(burst_cpu, 1),
         "peak_rss_bytes": peak,
         "peak_rss_gib": round(peak / 1024**3, 2),
-        "wall_s": round(time.perf_counter() - started, 1),
+        "watch": outcome["watch"],
         "cpu_count": os.cpu_count(),
-        "errors": errors,
-        "renders": sorted(renders, key=lambda r: r["start_s"]),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "failures": failures[:20],
+        "failure_count": len(failures),
         "server_log": str(log_path.relative_to(ROOT)),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=3, help=f"sessions at once (1-{MAX_SESSIONS})")
+    parser.add_argument("--edit", action="store_true", help="every session types the same value on each page")
     parser.add_argument(
-        "--sessions", type=int, default=3, help=f"concurrent browser sessions (1-{MAX_SESSIONS})"
+        "--distinct", action="store_true", help="every session types its own value on each page"
     )
+    parser.add_argument("--replicas", type=int, default=None, help="run `python -m hosting` with R replicas")
+    parser.add_argument(
+        "--watch", action="store_true", help="one real Chromium opens the Planner in the burst"
+    )
+    parser.add_argument("--cpu-renders", type=int, default=3, help="warm renders per page timed for CPU")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds one render may take")
     args = parser.parse_args(argv)
-    figures = run(args.sessions)
+    edits = "distinct" if args.distinct else "same" if args.edit else None
+    figures = run(args.sessions, edits, args.replicas, args.watch, args.cpu_renders, timeout_s=args.timeout)
     print(json.dumps(figures, indent=2))
-    return 1 if figures["errors"] else 0
+    return 1 if figures["failure_count"] else 0
 
 
 if __name__ == "__main__":

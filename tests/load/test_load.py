@@ -1,4 +1,10 @@
-"""The load test at a size that fits CI: 3 concurrent Chromium sessions on Kernels, Simulator and Planner."""
+"""The protocol load test at a size that fits CI: 6 people at once on one server (each opening Kernels,
+Simulator and Planner and typing one value on each), with one real Chromium opening the Planner meanwhile.
+
+The bounds are the issue's targets for 20 people, here for 6, the same on any number of cores: the protocol
+client costs ~20 ms of CPU per render, so what is measured is the server (the Chromium is one browser, not one
+per session).
+"""
 
 import json
 import os
@@ -10,34 +16,36 @@ import pytest
 
 from tests.conftest import CHROMIUM, ROOT
 
-SESSIONS = 3
-# The issue's target: the Planner's p95 time to a finished render under 5 s while the heavy jobs run. Here the
-# sessions' Chromium renderers run on the server's cores: on 2 cores three of them booting the frontend and
-# drawing plotly charts at once take most of the CPU (measured: ~8 CPU-seconds of Chromium per session), so the
-# end-to-end target is asserted where there are cores for browsers and server alike, and bounded loosely on
-# fewer. What the server itself controls is asserted everywhere: its share of each Planner render (request to
-# script finished, read off the websocket) stays under 5 s while the sweeps and simulations run (measured
-# 0.2-1.6 s on 2 cores; before the worker pool whole Planner renders took ~65 s).
-PLANNER_P95_S = 5.0 if (os.cpu_count() or 1) >= 8 else 50.0
-PLANNER_SERVER_P95_S = 5.0
+SESSIONS = 6
+PLANNER_SERVER_P95_S = 1.0
+PAGE_SERVER_P95_S = 2.5
+WATCHED_PLANNER_CHARTS_S = 5.0
 PEAK_RSS_BYTES = 3 * 1024**3
 
 
+def _load(*args: str) -> dict:
+    # its own process: the suite's session-wide Playwright already runs an event loop in this one
+    completed = subprocess.run(
+        [sys.executable, "-m", "tests.load.run", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert completed.returncode in (0, 1), completed.stderr[-4000:]
+    return json.loads(completed.stdout)
+
+
 @pytest.mark.browser
-def test_concurrent_sessions_finish_without_error_and_the_planner_stays_fast():
+def test_six_people_at_once_get_every_page_fast_without_errors():
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI"):
             pytest.fail(f"{CHROMIUM} is missing; .ci/run installs it")
         pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
-    # its own process: the suite's session-wide Playwright already runs an event loop in this one
-    completed = subprocess.run(
-        [sys.executable, "-m", "tests.load.run", "--sessions", str(SESSIONS)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    figures = json.loads(completed.stdout)
-    assert figures["errors"] == [], figures
-    assert all(page["renders"] == SESSIONS for page in figures["pages"].values()), figures
-    assert figures["pages"]["planner"]["p95_s"] < PLANNER_P95_S, figures
-    assert figures["pages"]["planner"]["server_p95_s"] < PLANNER_SERVER_P95_S, figures
-    assert 0 < figures["peak_rss_bytes"] < PEAK_RSS_BYTES, figures
+    figures = _load("--sessions", str(SESSIONS), "--edit", "--watch", "--cpu-renders", "1")
+    assert figures["failure_count"] == 0, figures
+    for name, page in figures["pages"].items():
+        assert page["renders"] == 2 * SESSIONS, (name, figures)
+        assert page["charts_min"] >= 4, (name, figures)
+        assert page["errors"] == [], (name, figures)
+        assert page["server_p95_s"] <= PAGE_SERVER_P95_S, (name, figures)
+    assert figures["pages"]["planner"]["server_p95_s"] <= PLANNER_SERVER_P95_S, figures
+    assert figures["watch"].get("charts_s", 1e9) <= WATCHED_PLANNER_CHARTS_S, figures
+    assert 0 < figures["peak_rss_bytes"] <= PEAK_RSS_BYTES, figures

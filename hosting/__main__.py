@@ -1,0 +1,5 @@
+import sys
+
+from hosting.launcher import main
+
+sys.exit(main())

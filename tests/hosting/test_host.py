@@ -1,0 +1,157 @@
+"""The team host for real: `python -m hosting` with two replicas behind nginx, one page rendered through the
+proxy over Streamlit's websocket protocol, cookie stickiness, and no process or file left after SIGTERM / Ctrl-C."""
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hosting.proxy import render_config
+from tests.conftest import ROOT, _free_port
+from tests.load.protocol import ProtocolSession
+from tests.load.server import descendants
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nginx") is None, reason="nginx is not installed (.ci/run installs it)"
+)
+
+
+def _start(port: int, replicas: int, log: Path) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hosting", "--port", str(port), "--replicas", str(replicas)],
+        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while "hosting: ready" not in log.read_text():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.3)
+    return process
+
+
+def _get(port: int, path: str = "/", cookie: str | None = None):
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", headers={"Cookie": cookie} if cookie else {}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.headers, response.read()
+
+
+def _stopped_cleanly(process: subprocess.Popen, tree: list[int], runtime: Path, how: int) -> None:
+    if how == signal.SIGINT:
+        os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
+    else:
+        process.send_signal(how)
+    assert process.wait(timeout=40) == 0
+    # A worker orphaned by the killed pool exits at its next check of its parent, after its imports (seconds)
+    deadline = time.monotonic() + 60
+    while (
+        alive := [pid for pid in tree if Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)]
+    ) and (time.monotonic() < deadline):
+        time.sleep(0.5)
+    assert alive == [], [(pid, _describe(pid)) for pid in alive]
+    assert not runtime.exists()
+
+
+def _describe(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        parent = status.split("PPid:")[1].split()[0]
+        return (
+            f"ppid {parent}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+        )
+    except OSError:
+        return "gone"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
+
+
+def _pool_answers(runtime: Path) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as sock:
+        try:
+            sock.connect(str(runtime / "pool.sock"))
+            return True
+        except OSError:
+            return False
+
+
+def _runtime_dir(log: Path) -> Path:
+    """The host's runtime directory, from its ready line ("... cache RUNTIME/results)")."""
+    line = next(line for line in log.read_text().splitlines() if line.startswith("hosting: ready"))
+    return Path(line.rsplit("cache ", 1)[1].rstrip(")")).parent
+
+
+def test_two_replicas_behind_nginx_serve_a_page_stick_by_cookie_and_stop_on_sigterm(tmp_path):
+    port = _free_port()
+    process = _start(port, 2, tmp_path / "host.log")
+    try:
+        tree = descendants(process.pid)
+        assert (
+            len(tree) >= 1 + 1 + 2 + 2 + 1
+        )  # launcher, pool, 2 workers, 2 replicas, nginx master (+ workers)
+        headers, body = _get(port, "/_stcore/health")
+        assert body == b"ok"
+        headers, _ = _get(port)
+        cookie = headers["Set-Cookie"].split(";")[0]
+        assert cookie.startswith("paged_lab_replica=")
+        replica = headers["X-Paged-Lab-Replica"]
+        assert {_get(port, "/_stcore/health", cookie)[0]["X-Paged-Lab-Replica"] for _ in range(10)} == {
+            replica
+        }
+        seen = {_get(port)[0]["X-Paged-Lab-Replica"] for _ in range(40)}  # fresh browsers spread over both
+        assert len(seen) == 2, seen
+
+        async def planner():
+            async with ProtocolSession(f"http://127.0.0.1:{port}", timeout_s=120) as session:
+                return await session.open("planner"), session.replica
+
+        render, _ = asyncio.run(planner())
+        assert render.charts == 4 and not render.exceptions and not render.errors, render
+        runtime = _runtime_dir(tmp_path / "host.log")
+        assert (runtime / "nginx.conf").exists() and (runtime / "pool.sock").exists()
+        pool = next(pid for pid in tree if b"hosting.pool" in Path(f"/proc/{pid}/cmdline").read_bytes())
+        os.kill(pool, signal.SIGKILL)  # the host starts another; its workers see their pipe close and exit
+        deadline = time.monotonic() + 60
+        while "the pool exited" not in (tmp_path / "host.log").read_text() or not _pool_answers(runtime):
+            assert time.monotonic() < deadline, (tmp_path / "host.log").read_text()[-3000:]
+            time.sleep(0.3)
+        tree = sorted(set(tree) | set(descendants(process.pid)))
+    except BaseException:
+        process.kill()
+        raise
+    _stopped_cleanly(process, tree, runtime, signal.SIGTERM)
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    process = _start(_free_port(), 1, tmp_path / "host.log")
+    tree = descendants(process.pid)
+    _stopped_cleanly(process, tree, _runtime_dir(tmp_path / "host.log"), signal.SIGINT)
+
+
+def test_the_proxy_config_is_valid_for_nginx(tmp_path):
+    config = tmp_path / "nginx.conf"
+    config.write_text(render_config("127.0.0.1", 8501, [9001, 9002, 9003], tmp_path, 25_000_000))
+    checked = subprocess.run(
+        ["nginx", "-t", "-p", str(tmp_path), "-c", str(config), "-e", "stderr"],
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stderr
+    text = config.read_text()
+    assert text.count("server 127.0.0.1:900") == 3 and "hash $paged_lab_route consistent" in text
+    assert "client_max_body_size 26000000;" in text
+    with pytest.raises(ValueError):
+        render_config("127.0.0.1", 8501, [], tmp_path, 1)

@@ -1,0 +1,103 @@
+"""Charts built once per input and sent as cached JSON: the element equals what st.plotly_chart sends, a builder
+runs once per input whoever asks, and long series are thinned without losing their extremes."""
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from streamlit.testing.v1 import AppTest
+
+from ui import charts
+from ui.charts import _fingerprint, cached_chart, fit_to_screen
+
+CALLS = []
+
+
+def _line(points: int, scale: float = 1.0) -> go.Figure:
+    CALLS.append((points, scale))
+    return go.Figure(go.Scatter(x=list(range(points)), y=[scale * i for i in range(points)]))
+
+
+def _script():
+    import plotly.graph_objects as go
+    import streamlit as st
+
+    from ui.charts import cached_chart
+
+    def build(n):
+        return go.Figure(go.Bar(x=["a", "b"], y=[n, 2 * n]), layout={"height": 333, "title": "t"})
+
+    st.plotly_chart(build(3), width="stretch")
+    left, _ = st.columns(2)
+    cached_chart(left, build, 3)
+
+
+def test_the_element_is_the_one_st_plotly_chart_sends_but_for_its_id():
+    at = AppTest.from_function(_script, default_timeout=60)
+    at.run()
+    assert not at.exception, at.exception
+    public, cached = (chart.proto for chart in at.get("plotly_chart"))
+    assert (cached.spec, cached.config, cached.theme, cached.form_id) == (
+        public.spec, public.config, public.theme, public.form_id,
+    )  # fmt: skip
+    assert cached.id and cached.id != public.id
+
+
+def test_a_builder_runs_once_per_input_and_identity_keyed_inputs_stay_alive(monkeypatch):
+    sent = []
+    monkeypatch.setattr(charts, "_send", lambda dg, chart: sent.append(chart))
+    monkeypatch.setattr(charts, "_CACHE", type(charts._CACHE)())
+    CALLS.clear()
+    for _ in range(3):
+        cached_chart(object(), _line, 10, scale=2.0)  # `where` is never used when sending is patched
+    cached_chart(object(), _line, 11, scale=2.0)
+    assert CALLS == [(10, 2.0), (11, 2.0)]
+    assert sent[0] is sent[1] is sent[2] and sent[3] is not sent[0]
+    shared = {"rows": [1, 2]}  # a dict of plain values: keyed by value, so an equal copy hits too
+    pins = []
+    assert _fingerprint(shared, pins) == _fingerprint({"rows": [1, 2]}, pins) and pins == []
+    frame = np.arange(3)  # not plain: keyed by identity, and kept alive by the entry
+    assert _fingerprint(frame, pins) == ("id", id(frame)) and pins == [frame]
+
+
+def test_the_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(charts, "_send", lambda dg, chart: None)
+    monkeypatch.setattr(charts, "_CACHE", type(charts._CACHE)())
+    monkeypatch.setattr(charts, "MAX_ENTRIES", 3)
+    for points in range(2, 8):
+        cached_chart(None, _line, points)
+    assert len(charts._CACHE) == 3
+
+
+def test_a_long_line_keeps_its_spike_dip_ends_and_hover_text_aligned():
+    y = np.sin(np.linspace(0, 20, 50_000))
+    y[12_345], y[40_000] = 50.0, -50.0
+    text = [f"point {i}" for i in range(len(y))]
+    figure = fit_to_screen(go.Figure(go.Scatter(x=np.arange(len(y)), y=y, text=text)), max_points=1000)
+    trace = figure.data[0]
+    assert 500 <= len(trace.y) <= 1002
+    assert trace.y.max() == 50.0 and trace.y.min() == -50.0
+    assert trace.x[0] == 0 and trace.x[-1] == len(y) - 1
+    assert all(t == f"point {x}" for x, t in zip(trace.x, trace.text, strict=True))
+    assert np.array_equal(trace.y, y[trace.x])
+
+
+def test_stacked_traces_stay_aligned_and_subplots_get_their_share():
+    x = np.arange(10_000)
+    figure = make_subplots(rows=1, cols=4)
+    for column in range(1, 5):
+        for name in ("a", "b"):
+            figure.add_trace(go.Scatter(x=x, y=x * 0 + 1, stackgroup=f"s{column}", name=name), 1, column)
+    fit_to_screen(figure, max_points=1200)
+    lengths = {len(trace.x) for trace in figure.data}
+    assert len(lengths) == 1 and 200 <= lengths.pop() <= 320  # a quarter of the width each
+    assert all(np.array_equal(figure.data[0].x, trace.x) for trace in figure.data)
+    short = fit_to_screen(go.Figure(go.Scatter(x=[1, 2, 3], y=[3, 2, 1])))
+    assert list(short.data[0].y) == [3, 2, 1]
+
+
+def test_a_wide_heatmap_keeps_every_kth_column():
+    z = np.arange(20 * 5000).reshape(20, 5000)
+    figure = fit_to_screen(go.Figure(go.Heatmap(z=z, x=np.arange(5000))), max_points=1000)
+    kept = np.asarray(figure.data[0].x)
+    assert len(kept) <= 1001 and kept[-1] == 4999
+    assert np.array_equal(np.asarray(figure.data[0].z), z[:, kept])

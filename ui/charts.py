@@ -1,0 +1,190 @@
+"""Plotly charts built once per input and sent as the same immutable JSON to every session that asks.
+
+`cached_chart(where, builder, *args)` stands for `where.plotly_chart(builder(*args), width="stretch")`. The first
+call for given inputs builds the figure, thins it to what a screen can show (`fit_to_screen`) and serializes it;
+every later call, from any session, sends that JSON again: no figure is built, validated or serialized twice.
+A render then costs the element's id and the send, not ~10-90 ms of plotly per chart.
+
+Inputs are recognised by value for plain data (numbers, strings, tuples, lists and dicts of them, frozen
+dataclasses) and by identity for everything else (the shared, read-only results the job cache hands every
+session). An entry keeps its identity-keyed inputs alive, so an id is never reused while the entry exists; the
+cache holds at most MAX_ENTRIES charts. A builder must be a pure function of its arguments, which is what
+`ui/*_figures.py` builders are.
+
+The element is the one `st.plotly_chart(figure, width="stretch")` sends (the same proto, a test compares them),
+except that its id hashes a digest of the spec rather than the spec; when this Streamlit's internals differ, it
+falls back to `st.plotly_chart` with the cached figure.
+"""
+
+import dataclasses
+import hashlib
+import itertools
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.io
+import streamlit as st
+
+MAX_ENTRIES = 256
+MAX_POINTS = 1_200  # per trace: about the plot area's width in pixels on a wide screen
+_PLAIN = (type(None), bool, int, float, str, bytes)
+_PER_POINT = ("x", "y", "text", "hovertext", "customdata", "ids")
+
+
+@dataclass(frozen=True)
+class _Chart:
+    figure: object  # the thinned figure (read-only; for the fallback path)
+    spec: str  # its plotly JSON, as Streamlit sends it
+    digest: str  # of `spec`: what the element id hashes instead of the whole spec
+    pins: tuple  # the identity-keyed inputs, kept alive while the entry lives
+
+
+_CACHE: OrderedDict = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def _fingerprint(value, pins: list):
+    """A hashable key for `value`: by value for plain data, by identity (appending it to `pins`) otherwise."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, tuple | list):
+        return (type(value).__name__, *(_fingerprint(v, pins) for v in value))
+    if isinstance(value, dict):
+        return ("dict", *((_fingerprint(k, pins), _fingerprint(v, pins)) for k, v in value.items()))
+    if dataclasses.is_dataclass(value) and type(value).__dataclass_params__.frozen:
+        try:
+            hash(value)
+            return ("frozen", value)
+        except TypeError:
+            pass
+    pins.append(value)
+    return ("id", id(value))
+
+
+def cached_chart(where, builder: Callable, *args, **kwargs) -> None:
+    """Draw `builder(*args, **kwargs)` in `where` (the `st` module, a column or a container) at full width,
+    built, thinned and serialized only the first time these inputs are asked for."""
+    pins: list = []
+    key = (builder.__module__, builder.__qualname__, _fingerprint(args, pins), _fingerprint(kwargs, pins))
+    with _LOCK:
+        chart = _CACHE.get(key)
+        if chart is not None:
+            _CACHE.move_to_end(key)
+    if chart is None:
+        figure = fit_to_screen(builder(*args, **kwargs))
+        spec = plotly.io.to_json(figure.to_dict(), validate=False)
+        chart = _Chart(figure, spec, hashlib.sha256(spec.encode()).hexdigest(), tuple(pins))
+        with _LOCK:
+            _CACHE[key] = chart
+            while len(_CACHE) > MAX_ENTRIES:
+                _CACHE.popitem(last=False)
+    dg = where if hasattr(where, "_enqueue") else st._main
+    try:
+        _send(dg, chart)
+    except (ImportError, AttributeError, TypeError):  # another Streamlit's internals: the public call
+        dg.plotly_chart(chart.figure, width="stretch")
+
+
+def _send(dg, chart: _Chart) -> None:
+    """Enqueue the PlotlyChart element `st.plotly_chart(figure, width="stretch")` would (Streamlit 1.67)."""
+    from streamlit.elements.lib.form_utils import current_form_id
+    from streamlit.elements.lib.layout_utils import LayoutConfig
+    from streamlit.elements.lib.utils import compute_and_register_element_id
+    from streamlit.proto.PlotlyChart_pb2 import PlotlyChart
+
+    proto = PlotlyChart()
+    proto.theme = "streamlit"
+    proto.form_id = current_form_id(dg)
+    proto.spec = chart.spec
+    proto.config = "{}"
+    proto.id = compute_and_register_element_id(
+        "plotly_chart",
+        user_key=None,
+        key_as_main_identity=False,
+        dg=dg,
+        plotly_spec=chart.digest,  # the same id for the same chart, without hashing ~0.4 MB per render
+        plotly_config=proto.config,
+        selection_mode=("points", "box", "lasso"),
+        is_selection_activated=False,
+        theme="streamlit",
+        width="stretch",
+        height="content",
+        alt=None,
+    )
+    height = chart.figure.layout.height
+    height = int(height) if isinstance(height, int | float) and height > 0 else 450
+    dg._enqueue("plotly_chart", proto, layout_config=LayoutConfig(width="stretch", height=height))
+
+
+def fit_to_screen(figure, max_points: int = MAX_POINTS):
+    """`figure` with every long scatter trace cut to about `max_points` points a screen can tell apart (fewer
+    in a subplot, in proportion to its width):
+    stacked traces (a `stackgroup`) keep every k-th point, so the stack stays aligned; other lines keep, per
+    bucket of x, the points with the smallest and largest y, so spikes and dips stay visible. The first and last
+    points always stay; per-point arrays (x, y, text, hover text, custom data, ids, marker colours) are cut
+    alike. Heatmaps wider than `max_points` columns keep every k-th column. Returns the same figure, changed."""
+    for trace in figure.data:
+        points = _points_across(figure, trace, max_points)
+        if trace.type in ("scatter", "scattergl") and trace.y is not None and len(trace.y) > points:
+            y = np.asarray(trace.y)
+            if trace.stackgroup or y.dtype.kind not in "iuf":
+                index = _every_kth(len(y), points)
+            else:
+                index = _extremes(y, points // 2)
+            updates = {}
+            for name in _PER_POINT:
+                values = getattr(trace, name)
+                if values is not None and not isinstance(values, str) and len(values) == len(y):
+                    updates[name] = np.asarray(values)[index]
+            color = trace.marker.color if trace.marker else None
+            if color is not None and not isinstance(color, str) and len(color) == len(y):
+                updates["marker.color"] = np.asarray(color)[index]
+            trace.update(updates)
+        elif trace.type == "heatmap" and trace.z is not None:
+            z = np.asarray(trace.z)
+            if z.ndim == 2 and z.shape[1] > max_points:
+                columns = _every_kth(z.shape[1], max_points)
+                updates = {"z": z[:, columns]}
+                if trace.x is not None and len(trace.x) == z.shape[1]:
+                    updates["x"] = np.asarray(trace.x)[columns]
+                trace.update(updates)
+    return figure
+
+
+def _points_across(figure, trace, max_points: int) -> int:
+    """`max_points` scaled by the share of the figure's width the trace's x axis spans (a subplot in a row of
+    four gets a quarter), at least 200."""
+    axis = getattr(trace, "xaxis", None) or "x"
+    try:
+        low, high = figure.layout["xaxis" + axis[1:]].domain or (0, 1)
+    except (KeyError, ValueError, TypeError):
+        low, high = 0, 1
+    return max(200, int(max_points * (high - low)))
+
+
+def _every_kth(length: int, max_points: int) -> np.ndarray:
+    stride = math.ceil(length / max_points)
+    return np.unique(np.concatenate([np.arange(0, length, stride), [length - 1]]))
+
+
+def _extremes(y: np.ndarray, buckets: int) -> np.ndarray:
+    """Per bucket of consecutive points, the indices of its smallest and largest finite y (NaN gaps kept as
+    one NaN per bucket), plus the first and last index; sorted."""
+    edges = np.linspace(0, len(y), buckets + 1).astype(int)
+    keep = [0, len(y) - 1]
+    for start, end in itertools.pairwise(edges):
+        if end <= start:
+            continue
+        part = y[start:end].astype(float)
+        finite = np.isfinite(part)
+        if not finite.all():
+            keep.append(start + int(np.argmin(finite)))  # a gap stays a gap
+        if finite.any():
+            masked_low = np.where(finite, part, np.inf)
+            masked_high = np.where(finite, part, -np.inf)
+            keep.extend((start + int(np.argmin(masked_low)), start + int(np.argmax(masked_high))))
+    return np.unique(np.asarray(keep))
