@@ -16,7 +16,7 @@ from core.common import cdiv, check_int
 from core.device import memory_budget_bytes
 from core.errors import InvalidArgumentError
 from core.kernels.attention import contiguous_attention, gather_contiguous, paged_attention
-from core.kernels.timer import apply_timing_settings, relative_spread, spread, time_interleaved
+from core.kernels.timer import NOISY_SPREAD, apply_timing_settings, relative_spread, spread, time_interleaved
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -220,8 +220,8 @@ def measure(
     (the faster of sdpa and matmul by median, named in contiguous_method) with their quartiles (`_p25`, `_p75`);
     ratio = the median over rounds of paged / contiguous in the same round (pairs cancel slow drifts of the
     machine), with its quartiles; achieved_gbps = K/V bytes read / paged time and contiguous_gbps, with
-    quartiles; spread_pct = interquartile range / median of paged_ms in percent; repeats; the machine's load
-    (other_cores, load_avg, busy: see `timer.MachineLoad`); the settings (malloc_tuning, threads, niceness);
+    quartiles; spread_pct = interquartile range / median of paged_ms in percent, noisy = it exceeds
+    timer.NOISY_SPREAD; repeats; the machine's load (other_cores, cpus, load_avg, busy: see `timer.MachineLoad`); the settings (malloc_tuning, threads, niceness);
     max_abs_err (paged vs contiguous output).
     """
     settings = apply_timing_settings(malloc_tuning)
@@ -254,10 +254,12 @@ def measure(
                 **_quartiles("contiguous_gbps", spread(contiguous), config.kv_bytes / 1e6, invert=True),
                 "contiguous_method": method,
                 "spread_pct": _sig(100 * relative_spread(spread(paged)), 3),
+                "noisy": relative_spread(spread(paged)) > NOISY_SPREAD,
                 "repeats": repeats,
                 "other_cores": None if run.load.other_cores is None else _sig(run.load.other_cores, 3),
                 "load_avg": _sig(run.load.load_avg, 3),
                 "busy": run.load.busy,
+                "cpus": run.load.cpus,
                 **settings.as_dict(),
                 "max_abs_err": (got.float() - reference).abs().max().item(),
             }
