@@ -11,6 +11,12 @@ from ui.theme import BACKEND_COLORS, CACHED_BLOCK_COLOR, FREE_BLOCK_COLOR, seque
 
 PAPER_OVERHEAD = (1.20, 1.26)  # PagedAttention paper, section 7.1: 20-26% slower than FasterTransformer
 PAPER_LABEL = "paper: 1.20-1.26x vs FasterTransformer"
+# Block map: one grid unit is ~14.5 px when the page draws it at half width (33 units across ~480 px); a cell is
+# drawn smaller than that so neighbours never touch, and a strip's label starts above its top row's cells.
+CELL_PX = 13
+LABEL_LIFT = (
+    0.55  # grid units between a strip's top row centre and its label's baseline (a cell's half is 0.45)
+)
 CONTIGUOUS = "contiguous"
 
 
@@ -193,7 +199,7 @@ def _square_trace(
         x=[p[0] for p in xy],
         y=[p[1] for p in xy],
         mode="markers+text" if labels is not None else "markers",
-        marker={"symbol": "square", "size": 16, "color": color, **marker},
+        marker={"symbol": "square", "size": CELL_PX, "color": color, **marker},
         text=labels,
         textfont={"color": "white", "size": 8},
         name=name,
@@ -247,10 +253,20 @@ def _block_map_layout(
     pool_rows = -(-num_blocks // columns)
     top = 2.5 + (used - 1) // columns
     fig.add_annotation(
-        x=-0.5, y=top + 0.9, text="logical blocks (block table order)", showarrow=False, xanchor="left"
+        x=-0.5,
+        y=top + LABEL_LIFT,
+        text="logical blocks (block table order)",
+        showarrow=False,
+        xanchor="left",
+        yanchor="bottom",
     )
     fig.add_annotation(
-        x=-0.5, y=0.9, text="physical block pool (ids row by row)", showarrow=False, xanchor="left"
+        x=-0.5,
+        y=LABEL_LIFT,
+        text="physical block pool (ids row by row)",
+        showarrow=False,
+        xanchor="left",
+        yanchor="bottom",
     )
     fig.update_layout(
         title=(

@@ -177,3 +177,23 @@ def test_block_map_limits_links_on_long_sequences():
     fig = block_map_figure(table, context_len=1600, block_size=16, num_blocks=100, max_links=10)
     assert _trace(fig, "block table (first 10 of 100 entries)")
     assert len(_trace(fig, "this sequence (label: logical index)").x) == 100
+
+
+def test_block_map_labels_sit_above_their_strips_and_cells_do_not_touch():
+    table = list(range(64))[::-1]
+    fig = block_map_figure(table, context_len=1024, block_size=16, num_blocks=256)
+    mine = _trace(fig, "this sequence (label: logical index)")
+    logical = _trace(fig, "logical blocks (shade: fill)")
+    # at half page width the grid spans ~480 px for 33 units (columns -1..32): ~14.5 px a unit
+    unit_px = 480 / 33
+    assert mine.marker.size < unit_px and logical.marker.size < unit_px
+    half = mine.marker.size / 2 / unit_px  # a cell's half height, in grid units
+    strips = {
+        "logical blocks (block table order)": max(logical.y),
+        "physical block pool (ids row by row)": max(mine.y + _trace(fig, "free block").y),
+    }
+    for annotation in fig.layout.annotations:
+        assert annotation.yanchor == "bottom"
+        assert annotation.y >= strips[annotation.text] + half  # the text starts above its top row's cells
+    # and the pool's label (about 12 px, under one unit tall) ends below the logical strip's lowest cells
+    assert strips["physical block pool (ids row by row)"] + 0.55 + 1 <= min(logical.y) - half
