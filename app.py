@@ -7,7 +7,8 @@ import streamlit as st
 from ui.sidebar import render_sidebar
 
 # A file this server serves itself: a ":material/...:" or emoji page_icon makes every browser fetch the favicon
-# from a public host (no icon offline, and each visitor's address sent elsewhere).
+# from a public host (no icon offline, and each visitor's address sent elsewhere). The :material: icons of the
+# navigation and buttons are drawn with the font Streamlit serves itself (tests/app/test_browser_offline.py).
 ICON = Path(__file__).resolve().parent / "ui" / "assets" / "icon.png"
 st.set_page_config(page_title="PagedAttention Lab", page_icon=str(ICON), layout="wide")
 

@@ -132,3 +132,19 @@ def test_bad_url_values_are_reported_and_replaced_by_defaults():
     assert at.multiselect[0].value == ["torch"]
     assert at.query_params["batch"] == "4" and at.query_params["backends"] == "torch"  # rewritten valid
     assert "4 sequences x 2,048 tokens" in _text(at)
+
+
+def test_measure_again_replaces_the_shared_result_with_a_fresh_sweep():
+    at = open_with_url(batch="1", ctx="64", backends="torch")  # small: the sweep takes a moment
+    before = at.dataframe[0].value  # the result rows
+    [again] = [b for b in at.button if b.label == "Measure again"]
+    again.click()
+    at.run()
+    assert not at.exception, at.exception
+    after = at.dataframe[0].value
+    assert list(after["context_len"]) == list(before["context_len"])  # the same sweep...
+    # ...measured anew: six medians to 4 significant digits do not all repeat by chance
+    assert list(after["paged_ms"]) + list(after["contiguous_ms"]) != list(before["paged_ms"]) + list(
+        before["contiguous_ms"]
+    )
+    assert at.query_params["batch"] == "1" and at.query_params["backends"] == "torch"  # inputs unchanged
