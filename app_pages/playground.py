@@ -205,38 +205,42 @@ def action_panel(playground: Playground, scripted: bool) -> None:
 
 
 def settings_form() -> None:
+    """Pool settings, two to a row so every label fits the column beside the picture."""
     with st.expander("Pool settings (applying them starts a new pool)", expanded=False), st.form("pool"):
-        c1, c2, c3 = st.columns(3)
+        c1, c2 = st.columns(2)
         c1.number_input("Physical blocks", 1, 4096, PlaygroundConfig.num_blocks, key="cfg_blocks")
         c2.number_input("Block size (tokens)", 1, 256, PlaygroundConfig.block_size, key="cfg_bs")
+        c3, c4 = st.columns(2)
         c3.number_input("Head dim", 1, 512, PlaygroundConfig.head_dim, key="cfg_head_dim")
-        c4, c5, c6 = st.columns(3)
         c4.number_input(
-            "Contiguous reservation per sequence (tokens)",
-            1,
-            1_048_576,
-            PlaygroundConfig.contiguous_max_len,
-            key="cfg_max_len",
-        )
-        c5.number_input(
-            "Shared system prompt (tokens)",
-            0,
-            1_048_576,
-            PlaygroundConfig.system_prompt_len,
-            key="cfg_system_len",
-        )
-        c6.toggle("Prefix caching", value=False, key="cfg_caching")
-        c7, c8 = st.columns([1, 2])
-        c7.number_input(
-            "Sliding window (tokens, 0 = full attention)",
+            "Sliding window (tokens)",
             0,
             1_048_576,
             0,
             key="cfg_window",
-            help="each token attends to the last W positions; blocks behind every future window are released",
+            help="0 = full attention. Each token attends to the last W positions; blocks behind every future "
+            "window are released",
         )
-        c8.checkbox("Start from the demo scene", value=True, key="cfg_demo")
-        st.form_submit_button("Apply and reset pool", on_click=on_apply_settings)
+        c5, c6 = st.columns(2)
+        c5.number_input(
+            "Contiguous reserve (tokens)",
+            1,
+            1_048_576,
+            PlaygroundConfig.contiguous_max_len,
+            key="cfg_max_len",
+            help="what a contiguous cache would reserve per sequence: the waste metrics compare against it",
+        )
+        c6.number_input(
+            "System prompt (tokens)",
+            0,
+            1_048_576,
+            PlaygroundConfig.system_prompt_len,
+            key="cfg_system_len",
+            help="a prompt prefix every new sequence shares (what prefix caching can reuse)",
+        )
+        st.toggle("Prefix caching", value=False, key="cfg_caching")
+        st.checkbox("Start from the demo scene", value=True, key="cfg_demo")  # full width: the label fits
+        st.form_submit_button("Apply and reset pool", on_click=on_apply_settings, width="stretch")
 
 
 def pool_overview(playground: Playground, scenario: Scenario | None) -> None:
