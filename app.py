@@ -1,10 +1,16 @@
 """PagedAttention Lab: entry point, navigation and the shared sidebar."""
 
+from pathlib import Path
+
 import streamlit as st
 
 from ui.sidebar import render_sidebar
 
-st.set_page_config(page_title="PagedAttention Lab", page_icon=":material/grid_view:", layout="wide")
+# A file this server serves itself: a ":material/...:" or emoji page_icon makes every browser fetch the favicon
+# from a public host (no icon offline, and each visitor's address sent elsewhere). The :material: icons of the
+# navigation and buttons are drawn with the font Streamlit serves itself (tests/app/test_browser_offline.py).
+ICON = Path(__file__).resolve().parent / "ui" / "assets" / "icon.png"
+st.set_page_config(page_title="PagedAttention Lab", page_icon=str(ICON), layout="wide")
 
 # The screens live in app_pages/, not pages/: Streamlit treats a folder named pages/ beside the entry point as the
 # old multipage layout until st.navigation first runs, so a shared deep link (/planner?...) opened on a fresh

@@ -37,8 +37,8 @@ versions = {
     "Streamlit": st.__version__,
     "Python": platform.python_version(),
 }
-cols = st.columns(len(versions))
-for col, (name, value) in zip(cols, versions.items(), strict=True):
+cols = [*st.columns(3), *st.columns(3)]  # three a row: "cpu (2 threads)" was cut off in a fifth of the width
+for col, (name, value) in zip(cols, versions.items(), strict=False):
     col.metric(name, value)
 
 st.subheader("Operator limits")

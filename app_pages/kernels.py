@@ -1,4 +1,8 @@
-"""Kernels: paged attention vs the contiguous baseline — correctness, latency, overhead, bandwidth, block map."""
+"""Kernels: paged attention vs the contiguous baseline — overhead with its spread, correctness, latency, bandwidth,
+block map. Every input lives in the URL."""
+
+import datetime
+import time
 
 import pandas as pd
 import streamlit as st
@@ -9,153 +13,199 @@ from core.device import default_device, device_label, format_bytes, memory_budge
 from core.errors import LabError
 from core.jobs.tasks import kernel_correctness, kernel_sweep
 from core.kernels.attention import available_backends
-from core.kernels.timing import KernelConfig, check_budget, random_block_tables, tolerance
+from core.kernels.timing import check_budget, random_block_tables, tolerance
 from ui.charts import cached_chart
-from ui.jobs import run_job
+from ui.jobs import app_limits, run_job
 from ui.kernel_figures import bandwidth_figure, block_map_figure, latency_figure, overhead_figure
+from ui.kernels_state import BACKENDS_KEY, FIELDS, config_of, parse_backends, url_params
+from ui.url_widgets import UrlState
 
-REPEATS = 5
+REPEATS = 11  # timed rounds per point, after core.jobs.tasks.SWEEP_WARMUP untimed ones: as bench/attention.py
 MAP_MAX_BLOCKS = 1024  # cells of the block-map picture
-
-st.title("Kernels: paged vs contiguous attention")
-st.markdown(
-    "PagedAttention reads K/V through a block table instead of one contiguous tensor; this page checks that it "
-    "computes the same numbers as ordinary attention and measures what the indirection costs on this machine "
-    "(the paper reports 20-26% kernel overhead)."
-)
+PICK = "k_backends_pick"  # the multiselect's key: the URL keeps the list as one comma-separated string
+MEASUREMENT = "_kernels_measurement"  # bumped by "Measure again": a new cache key, a fresh sweep
 
 DEVICE = default_device()
 BACKENDS = available_backends(DEVICE)
+state = UrlState("_kernels", FIELDS)
 
 
-with st.form("kernel_config"):
-    row = st.columns(4)
-    num_heads = row[0].selectbox("query heads", [8, 16, 32, 40, 64, 128], index=2)
-    num_kv_heads = row[1].selectbox("KV heads", [1, 2, 4, 8, 16, 32, 40, 64, 128], index=3)
-    head_dim = row[2].selectbox("head_dim", [64, 80, 96, 112, 128, 256], index=4)
-    block_size = row[3].selectbox("block size (tokens)", [8, 16, 32], index=1)
-    row = st.columns(4)
-    batch = int(row[0].number_input("batch (sequences)", min_value=1, max_value=4096, value=4, step=1))
-    context_len = int(
-        row[1].number_input("context length (tokens)", min_value=1, max_value=1_048_576, value=1024, step=256)
-    )
-    dtype = row[2].selectbox("dtype", ["float32", "bfloat16", "float16"])
-    backends = row[3].multiselect("paged backends", BACKENDS, default=BACKENDS)
-    with st.expander("Sliding window (Mistral, Gemma, gpt-oss layers)"):
-        window = int(
-            st.number_input(
-                "sliding window (tokens; 0 = full attention)",
-                min_value=0,
-                max_value=1_048_576,
-                value=0,
-                step=128,
-                help="Each query attends to its last W positions only; the paged kernels then read only the "
-                "blocks inside the window, the contiguous baseline masks the rest.",
+def sync_inputs() -> list[str]:
+    """Seed the widgets from the URL when it changed; the messages about parameters that were not used."""
+    messages = []
+    if state.sync_from_url():
+        backends, messages = parse_backends(state.values[BACKENDS_KEY], BACKENDS)
+        st.session_state[PICK] = backends
+    elif PICK not in st.session_state:
+        st.session_state[PICK] = parse_backends(state.values[BACKENDS_KEY], BACKENDS)[0]
+    return state.pop_errors() + messages
+
+
+def inputs_form() -> None:
+    """The form beside the charts: a run starts when it is submitted (each value also goes into the URL)."""
+    w = state.widget
+    with st.form("kernel_config"):
+        row = st.columns(2)
+        with row[0]:
+            w(st.selectbox, "query heads", "heads")
+        with row[1]:
+            w(st.selectbox, "KV heads", "kv_heads")
+        row = st.columns(2)
+        with row[0]:
+            w(st.selectbox, "head_dim", "head_dim")
+        with row[1]:
+            w(st.selectbox, "block size (tokens)", "block")
+        row = st.columns(2)
+        with row[0]:
+            w(st.number_input, "batch (sequences)", "batch")
+        with row[1]:
+            w(st.number_input, "context length (tokens)", "ctx")
+        row = st.columns(2)
+        with row[0]:
+            w(st.selectbox, "dtype", "dtype")
+        with row[1]:
+            w(
+                st.number_input,
+                "sliding window (tokens)",
+                "window",
+                help="0 = full attention. Each query attends to its last W positions only (Mistral, Gemma, "
+                "gpt-oss layers); the paged kernels then read only the blocks inside the window, the contiguous "
+                "baseline masks the rest.",
             )
-        )
-    st.form_submit_button("Run check and sweep", type="primary")
+        picked = st.multiselect("paged backends", BACKENDS, key=PICK)
+        state.values[BACKENDS_KEY] = ",".join(picked)
+        st.form_submit_button("Run check and sweep", type="primary", width="stretch")
+    st.caption(
+        f"Device `{device_label(DEVICE)}`. Memory budget {format_bytes(memory_budget_bytes())} for the paged "
+        "cache plus its contiguous and gathered copies (set `PAGED_LAB_MAX_BYTES` to change)."
+    )
 
-st.caption(
-    f"Device `{device_label(DEVICE)}`. Memory budget {format_bytes(memory_budget_bytes())} for the paged cache "
-    "plus its contiguous and gathered copies (set `PAGED_LAB_MAX_BYTES` to change)."
-)
 
-sliding_window = window or None
-config = KernelConfig(
-    batch, context_len, num_heads, num_kv_heads, head_dim, block_size, dtype, sliding_window
-)
-try:
-    config.validate()
-    if not backends:
-        raise LabError("pick at least one paged backend")
-    check_budget(config)  # refuses before anything is allocated
-except LabError as error:
-    st.error(f"Cannot run this configuration: {error}")
-    st.stop()
+def verdict(rows: list[dict], errors: dict[str, float], limit: float, context_len: int) -> str:
+    """The answer in one sentence: the overhead of each backend at the chosen size, and whether all are correct."""
+    last = [r for r in rows if r["context_len"] == context_len]
+    parts = ", ".join(
+        f"**{r['backend']} {r['ratio']:.2f}x** (middle half {r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}x)"
+        for r in last
+    )
+    worst = max(errors.values())
+    correct = (
+        f"every backend matches contiguous attention (max abs error {worst:.1e} <= {limit:.0e})"
+        if worst <= limit
+        else f"**a backend differs from contiguous attention** (max abs error {worst:.1e} > {limit:.0e})"
+    )
+    return f"Paged / contiguous latency at {context_len:,} tokens: {parts}; {correct}."
 
-device = str(DEVICE)
-backends = tuple(backends)
+
+def measured_caption(sweep: dict) -> str:
+    settings = sweep["settings"]
+    at = datetime.datetime.fromtimestamp(sweep["measured_at"], tz=datetime.UTC)
+    minutes = max(0, int((time.time() - sweep["measured_at"]) // 60))
+    ago = "just now" if minutes == 0 else f"{minutes:,} min ago"
+    return (
+        f"Measured at {at:%H:%M:%S} UTC ({ago}; results are shared with every visitor for up to "
+        f"{app_limits().cache_ttl_s / 60:,.0f} min): {REPEATS} timed rounds per point after warm-up, "
+        f"{settings['threads']} torch threads, malloc tuning {'on' if settings['malloc_tuning'] else 'off'}, "
+        f"worker niceness {settings['niceness']}. `python bench/attention.py` times through the same code."
+    )
+
+
+# ---- the page -----------------------------------------------------------------------------------------------------
+st.title("Kernels: paged vs contiguous attention")
 st.markdown(
-    f"**{batch:,} sequences x {context_len:,} tokens**, {num_heads} query / {num_kv_heads} KV heads x "
-    f"{head_dim} dims, {dtype}: one decode step reads {format_bytes(config.kv_bytes)} of K and V "
-    f"({config.kv_bytes:,} bytes)"
+    "PagedAttention reads K/V through a block table instead of one contiguous tensor; this page checks that it "
+    "computes the same numbers as ordinary attention and measures what the indirection costs on this machine, "
+    "with the spread of repeated runs (the paper reports 20-26% kernel overhead)."
+)
+for message in sync_inputs():
+    st.error(message)
+
+answer, side = st.columns([3, 2], gap="medium")
+with side:
+    inputs_form()
+values = dict(state.values)
+state.write_url(url_params(values))  # before anything can fail: a shared link reproduces the inputs
+
+config = config_of(values)
+backends = tuple(st.session_state[PICK])
+with answer:
+    try:
+        config.validate()
+        if not backends:
+            raise LabError("pick at least one paged backend")
+        check_budget(config)  # refuses before anything is allocated
+    except LabError as error:
+        st.error(f"Cannot run this configuration: {error}")
+        st.stop()
+    device = str(DEVICE)
+    try:
+        errors = run_job(kernel_correctness, config, backends, device, label="Checking correctness")
+        measurement = st.session_state.get(MEASUREMENT, 0)
+        sweep = run_job(kernel_sweep, config, backends, device, REPEATS, measurement, label="Latency sweep")
+    except LabError as error:  # in the worker pool, so other sessions' pages keep rendering meanwhile
+        st.error(f"The measurement failed to run: {error}")
+        st.stop()
+    rows, limit = sweep["rows"], tolerance(config.dtype)
+    st.markdown(verdict(rows, errors, limit, config.context_len))
+    cached_chart(st, overhead_figure, rows)
+    if st.button("Measure again", help="a fresh sweep now, instead of the shared result of an earlier run"):
+        st.session_state[MEASUREMENT] = measurement + 1
+        st.rerun()
+    st.caption(measured_caption(sweep))
+
+st.markdown(
+    f"**{config.batch:,} sequences x {config.context_len:,} tokens**, {config.num_heads} query / "
+    f"{config.num_kv_heads} KV heads x {config.head_dim} dims, {config.dtype}: one decode step reads "
+    f"{format_bytes(config.kv_bytes)} of K and V ({config.kv_bytes:,} bytes)"
     + (
         f", the last {config.visible_tokens:,} tokens of each sequence (sliding window)."
-        if sliding_window
+        if config.sliding_window
         else "."
     )
 )
-
-# ---- correctness -------------------------------------------------------------------------------------------
-st.subheader("Correctness: paged vs contiguous")
-try:
-    errors = run_job(kernel_correctness, config, backends, device, label="Checking correctness")
-except LabError as error:
-    st.error(f"Correctness check failed to run: {error}")
-    st.stop()
-limit = tolerance(dtype)
-check = pd.DataFrame(
-    [
-        {
-            "backend": name,
-            "max |paged - contiguous|": f"{err:.2e}",
-            "tolerance": f"{limit:.0e}",
-            "result": "pass" if err <= limit else "FAIL",
-        }
-        for name, err in errors.items()
-    ]
-)
-cols = st.columns(len(errors))
-for col, (name, err) in zip(cols, errors.items(), strict=True):
-    col.metric(f"max abs error, {name}", f"{err:.2e}", "pass" if err <= limit else "FAIL", delta_color="off")
-st.caption(
-    "Random lengths in [1, context] (the last sequence is the longest), block tables in random order with -1 "
-    f"padding; the same K/V laid out contiguously go through SDPA. Pass means max abs error <= {limit:.0e}."
-)
-
-# ---- latency sweep -----------------------------------------------------------------------------------------
-st.subheader("Latency sweep")
-try:  # in the worker pool, so other sessions' pages keep rendering while this times kernels
-    sweep = run_job(kernel_sweep, config, backends, device, REPEATS, label="Latency sweep")
-except LabError as error:
-    st.error(f"Latency sweep failed to run: {error}")
-    st.stop()
-copy_gbps, contexts, rows = sweep["copy_gbps"], sweep["contexts"], sweep["rows"]
-st.caption(f"{len(contexts)} context lengths, median of {REPEATS} runs each (cached for everyone).")
-
-last = [r for r in rows if r["context_len"] == context_len]
-summary = ", ".join(
-    f"{r['backend']} {r['paged_ms']:,.2f} ms ({r['ratio']:.2f}x, {r['achieved_gbps']:,.1f} GB/s)"
-    for r in last
-)
+last = [r for r in rows if r["context_len"] == config.context_len]
 if last:
-    st.markdown(
-        f"At {context_len:,} tokens: contiguous {last[0]['contiguous_ms']:,.2f} ms "
-        f"({last[0]['contiguous_method']}); paged {summary}. Copy bandwidth {copy_gbps:,.1f} GB/s."
+    summary = ", ".join(
+        f"{r['backend']} {r['paged_ms']:,.2f} ms ({r['ratio']:.2f}x, {r['achieved_gbps']:,.1f} GB/s)"
+        for r in last
     )
-
+    st.markdown(
+        f"At {config.context_len:,} tokens: contiguous {last[0]['contiguous_ms']:,.2f} ms "
+        f"({last[0]['contiguous_method']}); paged {summary}. Copy bandwidth {sweep['copy_gbps']:,.1f} GB/s."
+    )
 left, right = st.columns(2)
 cached_chart(left, latency_figure, rows)
-cached_chart(right, overhead_figure, rows)
-left, right = st.columns(2)
-cached_chart(left, bandwidth_figure, rows, copy_gbps)
+cached_chart(right, bandwidth_figure, rows, sweep["copy_gbps"], sweep.get("copy"))
 
-# ---- block map ---------------------------------------------------------------------------------------------
-blocks_per_seq = cdiv(context_len, block_size)
-map_context = min(context_len, MAP_MAX_BLOCKS * block_size)
-map_blocks_per_seq = cdiv(map_context, block_size)
-map_batch = max(1, min(batch, MAP_MAX_BLOCKS // map_blocks_per_seq))
+# ---- correctness -----------------------------------------------------------------------------------------------
+st.subheader("Correctness: paged vs contiguous")
+left, right = st.columns([1, 1])
+with left:
+    for name, err in errors.items():
+        st.metric(
+            f"max abs error, {name}", f"{err:.2e}", "pass" if err <= limit else "FAIL", delta_color="off"
+        )
+    st.caption(
+        "Random lengths in [1, context] (the last sequence is the longest), block tables in random order with -1 "
+        f"padding; the same K/V laid out contiguously go through SDPA. Pass means max abs error <= {limit:.0e}."
+    )
+
+# ---- block map -------------------------------------------------------------------------------------------------
+blocks_per_seq = cdiv(config.context_len, config.block_size)
+map_context = min(config.context_len, MAP_MAX_BLOCKS * config.block_size)
+map_blocks_per_seq = cdiv(map_context, config.block_size)
+map_batch = max(1, min(config.batch, MAP_MAX_BLOCKS // map_blocks_per_seq))
 tables, lens = random_block_tables(
-    map_batch, map_context, block_size, generator=torch.Generator().manual_seed(0)
+    map_batch, map_context, config.block_size, generator=torch.Generator().manual_seed(0)
 )
 pool = int(tables.max()) + 1
 others = {int(b) for b in tables[1:].flatten().tolist() if b >= 0}
-cached_chart(right, block_map_figure, tables[0].tolist(), int(lens[0]), block_size, pool, owned=others)
-if map_batch < batch or map_context < context_len:
+cached_chart(right, block_map_figure, tables[0].tolist(), int(lens[0]), config.block_size, pool, owned=others)
+if map_batch < config.batch or map_context < config.context_len:
     right.caption(
-        f"Drawn for {map_batch:,} of {batch:,} sequences and {map_context:,} of {context_len:,} tokens "
-        f"({blocks_per_seq:,} blocks per sequence) to keep the picture small; the measured problem uses the same "
-        "random block assignment at full size."
+        f"Drawn for {map_batch:,} of {config.batch:,} sequences and {map_context:,} of {config.context_len:,} "
+        f"tokens ({blocks_per_seq:,} blocks per sequence) to keep the picture small; the measured problem uses "
+        "the same random block assignment at full size."
     )
 else:
     right.caption(
@@ -164,4 +214,9 @@ else:
 
 with st.expander("Result rows (the bench JSON format)"):
     st.dataframe(pd.DataFrame(rows), hide_index=True)
-    st.dataframe(check, hide_index=True)
+    check = [
+        {"backend": name, "max |paged - contiguous|": f"{err:.2e}", "tolerance": f"{limit:.0e}",
+         "result": "pass" if err <= limit else "FAIL"}
+        for name, err in errors.items()
+    ]  # fmt: skip
+    st.dataframe(pd.DataFrame(check), hide_index=True)

@@ -134,7 +134,7 @@ def on_apply_settings() -> None:
 
 def scenario_controls(scenario: Scenario, playground: Playground) -> None:
     step, last = st.session_state[STEP], scenario.num_steps
-    b1, b2, b3, b4 = st.columns([1, 1, 1, 3])
+    b1, b2, b3 = st.columns(3)
     b1.button(
         "Back",
         key="pg_back",
@@ -142,9 +142,16 @@ def scenario_controls(scenario: Scenario, playground: Playground) -> None:
         on_click=on_move,
         args=(-1,),
         disabled=step == 0,
+        width="stretch",
     )
     b2.button(
-        "Next", key="pg_next", icon=":material/skip_next:", on_click=on_move, args=(1,), disabled=step == last
+        "Next",
+        key="pg_next",
+        icon=":material/skip_next:",
+        on_click=on_move,
+        args=(1,),
+        disabled=step == last,
+        width="stretch",
     )
     playing = st.session_state[PLAYING]
     b3.button(
@@ -152,13 +159,7 @@ def scenario_controls(scenario: Scenario, playground: Playground) -> None:
         key="pg_play",
         icon=":material/pause:" if playing else ":material/play_arrow:",
         on_click=on_play,
-    )
-    b4.button(
-        "Continue by hand from this step",
-        key="pg_take_over",
-        icon=":material/pan_tool:",
-        on_click=leave_script,
-        help="the pool at this step becomes yours: add, append, fork and free below",
+        width="stretch",
     )
     st.session_state.pg_step = step
     st.slider("Step", 0, last, key="pg_step", on_change=on_slide)
@@ -171,81 +172,93 @@ def scenario_controls(scenario: Scenario, playground: Playground) -> None:
                 st.caption(f"{entry.action}: done ({entry.message})")
             else:
                 st.warning(f"{entry.action}: refused, as the script expects: {entry.message}")
+    st.button(
+        "Continue by hand from this step",
+        key="pg_take_over",
+        icon=":material/pan_tool:",
+        on_click=leave_script,
+        help="the pool at this step becomes yours: add, append, fork and free below",
+        width="stretch",
+    )
 
 
 def action_panel(playground: Playground, scripted: bool) -> None:
+    """Add / append / fork / free, stacked to fit the column beside the pool."""
     if scripted:
         st.caption("Acting here leaves the script at this step and goes on by hand from the pool shown.")
-    a1, a2 = st.columns([1, 2])
-    with a1, st.container(border=True):
-        st.markdown("**New sequence**")
-        st.number_input("Prompt length (tokens)", 1, 1_048_576, 37, key="prompt_len")
-        st.button("Add sequence", key="add", on_click=on_action, args=("add",))
-    with a2, st.container(border=True):
-        st.markdown("**Act on a sequence**")
+    with st.container(border=True):
+        a1, a2 = st.columns([3, 2], vertical_alignment="bottom")
+        a1.number_input("Prompt length (tokens)", 1, 1_048_576, 37, key="prompt_len")
+        a2.button("Add sequence", key="add", on_click=on_action, args=("add",), width="stretch")
+    with st.container(border=True):
         sequences = playground.manager.seq_ids()
         if sequences:
             b1, b2 = st.columns(2)
             b1.selectbox("Sequence", sequences, key="target")
             b2.number_input("Tokens to append", 1, 100_000, 1, key="append_count")
             d1, d2, d3 = st.columns(3)
-            d1.button("Append", key="append", on_click=on_action, args=("append",))
-            d2.button("Fork", key="fork", on_click=on_action, args=("fork",))
-            d3.button("Free", key="free", on_click=on_action, args=("free",))
+            d1.button("Append", key="append", on_click=on_action, args=("append",), width="stretch")
+            d2.button("Fork", key="fork", on_click=on_action, args=("fork",), width="stretch")
+            d3.button("Free", key="free", on_click=on_action, args=("free",), width="stretch")
         else:
-            st.info("No live sequence: add one on the left.")
+            st.info("No live sequence: add one above.")
 
 
 def settings_form() -> None:
+    """Pool settings, two to a row so every label fits the column beside the picture."""
     with st.expander("Pool settings (applying them starts a new pool)", expanded=False), st.form("pool"):
-        c1, c2, c3 = st.columns(3)
+        c1, c2 = st.columns(2)
         c1.number_input("Physical blocks", 1, 4096, PlaygroundConfig.num_blocks, key="cfg_blocks")
         c2.number_input("Block size (tokens)", 1, 256, PlaygroundConfig.block_size, key="cfg_bs")
+        c3, c4 = st.columns(2)
         c3.number_input("Head dim", 1, 512, PlaygroundConfig.head_dim, key="cfg_head_dim")
-        c4, c5, c6 = st.columns(3)
         c4.number_input(
-            "Contiguous reservation per sequence (tokens)",
-            1,
-            1_048_576,
-            PlaygroundConfig.contiguous_max_len,
-            key="cfg_max_len",
-        )
-        c5.number_input(
-            "Shared system prompt (tokens)",
-            0,
-            1_048_576,
-            PlaygroundConfig.system_prompt_len,
-            key="cfg_system_len",
-        )
-        c6.toggle("Prefix caching", value=False, key="cfg_caching")
-        c7, c8 = st.columns([1, 2])
-        c7.number_input(
-            "Sliding window (tokens, 0 = full attention)",
+            "Sliding window (tokens)",
             0,
             1_048_576,
             0,
             key="cfg_window",
-            help="each token attends to the last W positions; blocks behind every future window are released",
+            help="0 = full attention. Each token attends to the last W positions; blocks behind every future "
+            "window are released",
         )
-        c8.checkbox("Start from the demo scene", value=True, key="cfg_demo")
-        st.form_submit_button("Apply and reset pool", on_click=on_apply_settings)
+        c5, c6 = st.columns(2)
+        c5.number_input(
+            "Contiguous reserve (tokens)",
+            1,
+            1_048_576,
+            PlaygroundConfig.contiguous_max_len,
+            key="cfg_max_len",
+            help="what a contiguous cache would reserve per sequence: the waste metrics compare against it",
+        )
+        c6.number_input(
+            "System prompt (tokens)",
+            0,
+            1_048_576,
+            PlaygroundConfig.system_prompt_len,
+            key="cfg_system_len",
+            help="a prompt prefix every new sequence shares (what prefix caching can reuse)",
+        )
+        st.toggle("Prefix caching", value=False, key="cfg_caching")
+        st.checkbox("Start from the demo scene", value=True, key="cfg_demo")  # full width: the label fits
+        st.form_submit_button("Apply and reset pool", on_click=on_apply_settings, width="stretch")
 
 
-def pool_views(playground: Playground, scenario: Scenario | None) -> None:
-    """Metrics, heatmap, free list, history charts and block tables of the pool shown."""
+def pool_overview(playground: Playground, scenario: Scenario | None) -> None:
+    """The answer: the pool as a picture, its metrics and its free list."""
     config = playground.config
     last = playground.history[-1]
     if scenario is None:
         st.caption(f"Last action: {last.action}: {'done' if last.ok else 'refused'} ({last.message})")
     snapshot = playground.snapshot()
+    st.plotly_chart(block_heatmap(snapshot, playground.color_index), width="stretch", key="heatmap")
     waste = playground.waste()
     if scenario is not None and scenario.seed_status:
-        metrics, seed = st.columns([3, 1])
+        metrics, seed = st.columns([2, 1])  # room for the longest status line
         seed.markdown("**The C++ `print_status()`**, from our state")
         seed.code("\n".join(cpp_status_lines(playground.manager)), language=None)
     else:
         metrics = st.container()
-    m = metrics.columns(6)
+    m = [*metrics.columns(3), *metrics.columns(3)]
     m[0].metric("Free blocks", f"{snapshot.num_free_blocks:,} / {config.num_blocks:,}")
     m[1].metric("Sequences", f"{len(snapshot.seq_ids):,}")
     m[2].metric(
@@ -265,14 +278,18 @@ def pool_views(playground: Playground, scenario: Scenario | None) -> None:
             f"({stats.hit_rate:.0%}); {playground.manager.num_cached_free_blocks:,} free blocks still cached; "
             f"{stats.evictions_blocks:,} evictions."
         )
-
-    st.plotly_chart(block_heatmap(snapshot, playground.color_index), width="stretch", key="heatmap")
     order = snapshot.free_order.tolist()
     shown = ", ".join(f"{b}{' (cached)' if snapshot.is_cached[b] else ''}" for b in order[:64])
     st.markdown(
         f"**Free list** ({len(order):,} blocks, taken first to last): "
         + (shown + (f", … {len(order) - 64:,} more" if len(order) > 64 else "") if order else "empty")
     )
+
+
+def pool_details(playground: Playground) -> None:
+    """History charts, block tables and the action log of the pool shown."""
+    config = playground.config
+    snapshot = playground.snapshot()
     left, right = st.columns(2)
     left.plotly_chart(free_blocks_over_actions(playground.history, config.num_blocks), width="stretch")
     right.plotly_chart(waste_over_actions(playground.history, config.bytes_per_token), width="stretch")
@@ -307,31 +324,32 @@ def pool_views(playground: Playground, scenario: Scenario | None) -> None:
 
 st.title("Block manager playground")
 st.markdown(
-    "PagedAttention stores each sequence's KV cache in fixed-size blocks found through a block table, so memory "
-    "is taken one block at a time and shared between forks instead of reserved up front. Every button below runs "
-    "the real `BlockManager` and writes real K/V tensors into a paged `KVCache`; a scenario replays a script of "
-    "those actions step by step, with what each step shows."
+    "PagedAttention keeps each sequence's KV cache in fixed-size blocks found through a block table: memory is "
+    "taken a block at a time and shared between forks instead of reserved up front. Every button runs the real "
+    "`BlockManager` and writes real K/V into a paged `KVCache`; a scenario replays a script of those actions."
 )
 sync_from_url()
 for message in st.session_state.pop(URL_ERRORS, []):
     st.error(message)
 
-st.session_state.pg_scenario = st.session_state[SCENARIO]
-st.selectbox(
-    "Scenario", list(TITLES), format_func=TITLES.get, key="pg_scenario", on_change=on_pick, width=420
-)
-scenario = current_scenario()
-if scenario is not None and st.session_state[STEP]:
-    st.caption(scenario.summary)
-playground = shown_playground()
-if scenario is not None:
-    scenario_controls(scenario, playground)
-else:
-    settings_form()
-action_panel(playground, scripted=scenario is not None)
-if ACTION_ERROR in st.session_state:
-    st.error(st.session_state.pop(ACTION_ERROR))
-pool_views(playground, scenario)
+picture, controls = st.columns([5, 3], gap="medium")
+with controls:  # drawn first (callbacks move the position), shown beside the picture
+    st.session_state.pg_scenario = st.session_state[SCENARIO]
+    st.selectbox("Scenario", list(TITLES), format_func=TITLES.get, key="pg_scenario", on_change=on_pick)
+    scenario = current_scenario()
+    if scenario is not None and st.session_state[STEP]:
+        st.caption(scenario.summary)
+    playground = shown_playground()
+    if scenario is not None:
+        scenario_controls(scenario, playground)
+    action_panel(playground, scripted=scenario is not None)
+    if ACTION_ERROR in st.session_state:
+        st.error(st.session_state.pop(ACTION_ERROR))
+    if scenario is None:
+        settings_form()
+with picture:
+    pool_overview(playground, scenario)
+pool_details(playground)
 
 write_url()
 if scenario is not None and st.session_state[PLAYING]:

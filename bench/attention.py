@@ -12,7 +12,6 @@ contiguous K/V; copy_gbps is dst.copy_(src) into a preallocated tensor, counting
 """
 
 import argparse
-import ctypes
 import json
 import sys
 from pathlib import Path
@@ -24,25 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.device import default_device, device_label
 from core.errors import MemoryBudgetError
 from core.kernels.attention import available_backends
-from core.kernels.timing import KernelConfig, check_budget, copy_bandwidth_gbps, measure
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-
-
-def tune_malloc() -> bool:
-    """Keep freed memory in the heap (glibc): no mmap/munmap and page faults for every per-call buffer.
-
-    ATen's CPU attention kernels allocate their outputs and scratch (a few hundred KiB) on every call; with glibc's
-    defaults these come from fresh mmaps, and the page faults cost the chunked paged kernel (tens of calls per
-    step) far more than one SDPA call. Serving stacks use jemalloc/tcmalloc for the same reason. Applies to paged
-    and contiguous alike. Returns False where it cannot be set (not glibc).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        ok = libc.mallopt(M_MMAP_THRESHOLD, 256 * 1024**2) == 1
-        return libc.mallopt(M_TRIM_THRESHOLD, 1024**3) == 1 and ok
-    except (OSError, AttributeError):
-        return False
+from core.kernels.timer import apply_timing_settings
+from core.kernels.timing import KernelConfig, check_budget, copy_bandwidth, measure
 
 
 def main() -> None:
@@ -52,8 +34,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="batch 16, context 2048, float32 only")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument(
-        "--repeats", type=int, default=7, help="timed rounds per measurement (median is kept)"
+        "--repeats", type=int, default=11, help="timed rounds per measurement (median and quartiles kept)"
     )
+    parser.add_argument("--warmup", type=int, default=3, help="untimed rounds before each measurement")
     parser.add_argument("--backends", default=None, help="comma-separated, default: every backend available")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,16,64)")
     parser.add_argument(
@@ -65,10 +48,11 @@ def main() -> None:
     parser.add_argument(
         "--no-malloc-tuning",
         action="store_true",
-        help="keep glibc's default mmap/trim thresholds (see tune_malloc)",
+        help="keep glibc's default mmap/trim thresholds (see core.kernels.timer.tune_malloc)",
     )
     args = parser.parse_args()
-    malloc_tuning = False if args.no_malloc_tuning else tune_malloc()
+    malloc_tuning = not args.no_malloc_tuning
+    settings = apply_timing_settings(malloc_tuning)
 
     device = torch.device(args.device) if args.device else default_device()
     backends = args.backends.split(",") if args.backends else available_backends(device)
@@ -84,14 +68,19 @@ def main() -> None:
     if args.dtypes:
         dtypes = args.dtypes.split(",")
 
+    copy = copy_bandwidth(device, malloc_tuning=malloc_tuning)
     report = {
         "device": device_label(device),
-        "threads": torch.get_num_threads(),
-        "malloc_tuning": malloc_tuning,
-        "copy_gbps": round(copy_bandwidth_gbps(device), 2),
+        "threads": settings.threads,
+        "malloc_tuning": settings.malloc_tuning,
+        "settings": settings.as_dict(),
+        "copy": copy,
+        "copy_gbps": round(copy["median"], 2),
         "results": [],
         "skipped": [],
-        "note": "ratio = paged_ms / contiguous_ms; achieved_gbps = K+V bytes read / paged_ms (1e9 bytes/s)",
+        "note": "medians of --repeats interleaved rounds after --warmup, with quartiles (_p25, _p75); ratio = "
+        "median over rounds of paged_ms / contiguous_ms in the same round; achieved_gbps = K+V bytes read / "
+        "paged_ms (1e9 bytes/s); busy: other processes took CPU during the measurement (other_cores)",
     }
     for dtype in dtypes:
         for batch in batches:
@@ -104,7 +93,16 @@ def main() -> None:
                         {"batch": batch, "context_len": context, "dtype": dtype, "why": str(error)}
                     )
                     continue
-                report["results"].extend(measure(config, backends, device, repeats=args.repeats))
+                report["results"].extend(
+                    measure(
+                        config,
+                        backends,
+                        device,
+                        repeats=args.repeats,
+                        warmup=args.warmup,
+                        malloc_tuning=malloc_tuning,
+                    )
+                )
                 print(f"done batch {batch} context {context} {dtype}", file=sys.stderr, flush=True)
     print(json.dumps(report, indent=1))
 

@@ -10,6 +10,13 @@ import plotly.graph_objects as go
 from ui.theme import BACKEND_COLORS, CACHED_BLOCK_COLOR, FREE_BLOCK_COLOR, sequence_color
 
 PAPER_OVERHEAD = (1.20, 1.26)  # PagedAttention paper, section 7.1: 20-26% slower than FasterTransformer
+PAPER_LABEL = "paper: 1.20-1.26x vs FasterTransformer"
+# Block map: one grid unit is ~14.5 px when the page draws it at half width (33 units across ~480 px); a cell is
+# drawn smaller than that so neighbours never touch, and a strip's label starts above its top row's cells.
+CELL_PX = 13
+LABEL_LIFT = (
+    0.55  # grid units between a strip's top row centre and its label's baseline (a cell's half is 0.45)
+)
 CONTIGUOUS = "contiguous"
 
 
@@ -31,14 +38,34 @@ def _color(backend: str) -> str:
     return BACKEND_COLORS.get(backend, "#8c564b")
 
 
-def _axes(fig: go.Figure, title: str, y_title: str, contexts: list[int]) -> go.Figure:
+def timing_note(rows: list[dict]) -> list[str]:
+    """Short lines for a timing chart's subtitle: how to read the bars, and whether the machine was busy while
+    measuring (another process took CPU: `busy`; or the runs disagreed: `noisy`, see
+    `core.kernels.timer.NOISY_SPREAD`)."""
+    repeats = max((row.get("repeats", 0) for row in rows), default=0)
+    lines = [f"median of {repeats} runs; bars: middle half (25th-75th percentile)" if repeats else "median"]
+    busy = [row for row in rows if row.get("busy")]
+    noisy = [row.get("spread_pct", 0.0) for row in rows if row.get("noisy")]
+    if busy:
+        other = max((row.get("other_cores") or 0.0 for row in busy), default=0.0)
+        cpus = max((row.get("cpus") or 0 for row in busy), default=0)
+        of = f" of {cpus}" if cpus else ""
+        lines.append(f"<b>machine busy</b>: other processes used up to {other:.1f}{of} cores")
+    if noisy:
+        lines.append(f"<b>noisy</b>: middle half spans up to {max(noisy):.0f}% of the median")
+    return lines
+
+
+def _axes(fig: go.Figure, title: str, y_title: str, rows: list[dict]) -> go.Figure:
+    contexts = _contexts(rows)
+    note = timing_note(rows)
     fig.update_layout(
-        title=title,
+        title={"text": f"{title}<br><sup>{'<br>'.join(note)}</sup>"},
         xaxis_title="context length (tokens)",
         yaxis_title=y_title,
-        legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0},
-        margin={"l": 60, "r": 20, "t": 50, "b": 40},
-        height=400,
+        legend={"orientation": "h", "yanchor": "top", "y": -0.22, "x": 0},
+        margin={"l": 60, "r": 20, "t": 50 + 16 * len(note), "b": 40},
+        height=410 + 16 * len(note),
     )
     fig.update_xaxes(type="log", tickvals=contexts, ticktext=[f"{c:,}" for c in contexts])
     fig.update_yaxes(tickformat=",")
@@ -49,34 +76,66 @@ def _contexts(rows: list[dict]) -> list[int]:
     return sorted({row["context_len"] for row in rows})
 
 
-def _line_trace(x, y, name: str, color: str, hover: str, dash: str | None = None) -> go.Scatter:
-    """One line of a sweep chart; `hover` formats the y value (e.g. "%{y:,.3f} ms")."""
+def _line_trace(
+    x, y, name: str, color: str, hover: str, dash: str | None = None, lo=None, hi=None
+) -> go.Scatter:
+    """One line of a sweep chart; `hover` formats y (e.g. "%{y:,.3f} ms"); `lo` and `hi` (the quartiles of each
+    point) draw error bars and join the hover."""
+    spread = lo is not None and hi is not None
+    error = None
+    if spread:
+        error = {
+            "type": "data",
+            "symmetric": False,
+            "array": [h - v for h, v in zip(hi, y, strict=True)],
+            "arrayminus": [v - low for v, low in zip(y, lo, strict=True)],
+            "color": color,
+            "thickness": 1.5,
+            "width": 5,
+        }
+    low, high = (hover.replace("%{y", f"%{{customdata[{i}]") for i in (0, 1))
+    middle = f" (middle half {low} to {high})" if spread else ""
     return go.Scatter(
         x=x,
         y=y,
         name=name,
         mode="lines+markers",
         line={"color": color, "dash": dash},
-        hovertemplate="%{x:,} tokens: " + hover + "<extra>" + name + "</extra>",
+        error_y=error,
+        customdata=list(zip(lo, hi, strict=True)) if spread else None,
+        hovertemplate=f"%{{x:,}} tokens: median {hover}{middle}<extra>{name}</extra>",
     )
+
+
+def _field(points: list[dict], field: str, suffix: str = "") -> list | None:
+    """The values of `field` + suffix, or None when the rows do not carry it (rows from before quartiles)."""
+    key = field + suffix
+    return [p[key] for p in points] if all(key in p for p in points) else None
 
 
 def _add_sweep_lines(
     fig: go.Figure, rows: list[dict], field: str, hover: str, contiguous: tuple[str, str] | None
 ) -> None:
-    """The contiguous baseline dashed, when `contiguous` = (its column, its name), then each backend's `field`."""
+    """The contiguous baseline dashed, when `contiguous` = (its column, its name), then each backend's `field`,
+    each point with error bars from its `_p25` / `_p75` columns."""
     if contiguous is not None:
         column, name = contiguous
-        contexts, values = _contiguous_points(rows, column)
-        fig.add_trace(_line_trace(contexts, values, name, _color(CONTIGUOUS), hover, dash="dash"))
+        by_context = {row["context_len"]: row for row in rows}
+        points = [by_context[c] for c in sorted(by_context)]
+        x = [p["context_len"] for p in points]
+        lo, hi = _field(points, column, "_p25"), _field(points, column, "_p75")
+        y = [p[column] for p in points]
+        fig.add_trace(_line_trace(x, y, name, _color(CONTIGUOUS), hover, dash="dash", lo=lo, hi=hi))
     for backend, points in _by_backend(rows).items():
         x = [p["context_len"] for p in points]
         y = [p[field] for p in points]
-        fig.add_trace(_line_trace(x, y, f"paged ({backend})", _color(backend), hover))
+        lo, hi = _field(points, field, "_p25"), _field(points, field, "_p75")
+        fig.add_trace(_line_trace(x, y, f"paged ({backend})", _color(backend), hover, lo=lo, hi=hi))
 
 
 def latency_figure(rows: list[dict]) -> go.Figure:
-    """Median decode latency (ms) vs context length: paged per backend, and the contiguous baseline."""
+    """Median decode latency (ms) vs context length with quartile bars: paged per backend, and the contiguous
+    baseline."""
     fig = go.Figure()
     _add_sweep_lines(
         fig,
@@ -85,52 +144,49 @@ def latency_figure(rows: list[dict]) -> go.Figure:
         "%{y:,.3f} ms",
         contiguous=("contiguous_ms", "contiguous (best of SDPA, matmul)"),
     )
-    return _axes(fig, "Decode latency", "latency (ms)", _contexts(rows))
+    return _axes(fig, "Decode latency", "latency (ms)", rows)
 
 
 def overhead_figure(rows: list[dict]) -> go.Figure:
-    """paged_ms / contiguous_ms vs context length per backend, with 1.0 and the paper's 1.20-1.26 band."""
+    """Median per-round paged/contiguous ratio vs context length per backend with quartile bars, with 1.0 and the
+    paper's 1.20-1.26 band (a legend entry, so its label never covers a line)."""
     fig = go.Figure()
     fig.add_hrect(
         y0=PAPER_OVERHEAD[0],
         y1=PAPER_OVERHEAD[1],
         fillcolor="#2ca02c",
-        opacity=0.15,
+        opacity=0.2,
         line_width=0,
+        layer="below",
+        name=PAPER_LABEL,
+        showlegend=True,
     )
-    fig.add_annotation(
-        x=1,
-        xref="paper",
-        xanchor="right",
-        y=PAPER_OVERHEAD[1],
-        yanchor="bottom",
-        text="paper: 1.20-1.26x vs FasterTransformer",
-        showarrow=False,
-        font={"color": "#2ca02c"},
+    fig.add_hline(
+        y=1.0,
+        line={"color": _color(CONTIGUOUS), "dash": "dash"},
+        name="contiguous = 1.00x",
+        showlegend=True,
     )
-    fig.add_hline(y=1.0, line={"color": _color(CONTIGUOUS), "dash": "dash"})
     _add_sweep_lines(fig, rows, "ratio", "%{y:.2f}x", contiguous=None)
-    fig = _axes(fig, "Paging overhead", "paged / contiguous latency (x)", _contexts(rows))
+    fig = _axes(fig, "Paging overhead: paged / contiguous latency", "paged / contiguous latency (x)", rows)
     fig.update_yaxes(rangemode="tozero", tickformat=".2f")
     return fig
 
 
-def bandwidth_figure(rows: list[dict], copy_gbps: float) -> go.Figure:
-    """Achieved bandwidth (bytes of K and V read / latency, GB/s) vs context, with the measured copy bandwidth."""
+def bandwidth_figure(rows: list[dict], copy_gbps: float, copy: dict | None = None) -> go.Figure:
+    """Achieved bandwidth (bytes of K and V read / latency, GB/s) vs context with quartile bars, with the measured
+    copy bandwidth as a legend entry (and its quartiles as a faint band when `copy` has them)."""
     fig = go.Figure()
+    if copy is not None and {"p25", "p75"} <= set(copy):
+        fig.add_hrect(y0=copy["p25"], y1=copy["p75"], fillcolor="#000000", opacity=0.08, line_width=0)
     fig.add_hline(
         y=copy_gbps,
         line={"color": "#000000", "dash": "dot"},
-        annotation_text=f"copy_ bandwidth {copy_gbps:,.1f} GB/s (read + write)",
-        annotation_position="top left",
+        name=f"copy_ bandwidth {copy_gbps:,.1f} GB/s (read + write)",
+        showlegend=True,
     )
     _add_sweep_lines(fig, rows, "achieved_gbps", "%{y:,.1f} GB/s", contiguous=("contiguous_gbps", CONTIGUOUS))
-    fig = _axes(
-        fig,
-        "Achieved bandwidth (K and V bytes read / time)",
-        "bandwidth (GB/s, 1e9 bytes/s)",
-        _contexts(rows),
-    )
+    fig = _axes(fig, "Achieved bandwidth (K and V bytes read / time)", "bandwidth (GB/s, 1e9 bytes/s)", rows)
     fig.update_yaxes(rangemode="tozero")
     return fig
 
@@ -143,7 +199,7 @@ def _square_trace(
         x=[p[0] for p in xy],
         y=[p[1] for p in xy],
         mode="markers+text" if labels is not None else "markers",
-        marker={"symbol": "square", "size": 16, "color": color, **marker},
+        marker={"symbol": "square", "size": CELL_PX, "color": color, **marker},
         text=labels,
         textfont={"color": "white", "size": 8},
         name=name,
@@ -197,10 +253,20 @@ def _block_map_layout(
     pool_rows = -(-num_blocks // columns)
     top = 2.5 + (used - 1) // columns
     fig.add_annotation(
-        x=-0.5, y=top + 0.9, text="logical blocks (block table order)", showarrow=False, xanchor="left"
+        x=-0.5,
+        y=top + LABEL_LIFT,
+        text="logical blocks (block table order)",
+        showarrow=False,
+        xanchor="left",
+        yanchor="bottom",
     )
     fig.add_annotation(
-        x=-0.5, y=0.9, text="physical block pool (ids row by row)", showarrow=False, xanchor="left"
+        x=-0.5,
+        y=LABEL_LIFT,
+        text="physical block pool (ids row by row)",
+        showarrow=False,
+        xanchor="left",
+        yanchor="bottom",
     )
     fig.update_layout(
         title=(

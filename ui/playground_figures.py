@@ -8,7 +8,11 @@ import plotly.graph_objects as go
 
 from core.paging.block_manager import BlockSnapshot
 from core.paging.playground import HistoryEntry
+from ui.axes import integer_ticks
 from ui.theme import CACHED_BLOCK_COLOR, FREE_BLOCK_COLOR, POLICY_COLORS, sequence_color
+
+ROW_LABEL_PX = 16  # at least this far apart: a 12 px tick label and a gap
+MIN_PLOT_PX = 170  # a grid at least as tall as its row axis's title ("block id at row start")
 
 
 def block_heatmap(
@@ -68,19 +72,33 @@ def block_heatmap(
             hovertemplate="%{customdata}<extra></extra>",
         )
     )
+    # the title sits at the top of the figure and the column axis (title and numbers) below it, above the grid
+    top, bottom = 110, 10
+    height = min(900, max(MIN_PLOT_PX + top + bottom, top + bottom + 28 * rows))
+    every = math.ceil(
+        ROW_LABEL_PX / ((height - top - bottom) / rows)
+    )  # label every k-th row: never overlapping
+    labelled = list(range(0, rows, every))
     figure.update_yaxes(
         autorange="reversed",
         title="block id at row start",
-        tickvals=list(range(rows)),
-        ticktext=[f"{r * columns:,}" for r in range(rows)],
+        tickvals=labelled,
+        ticktext=[f"{r * columns:,}" for r in labelled],
         showgrid=False,
         zeroline=False,
     )
     figure.update_xaxes(title="+ column (blocks)", showgrid=False, zeroline=False, side="top", dtick=1)
     figure.update_layout(
-        title=title or f"Physical blocks ({n:,} × {snapshot.block_size} tokens); ×n = shared by n sequences",
-        height=min(900, 120 + 28 * rows),
-        margin={"l": 10, "r": 10, "t": 80, "b": 10},
+        title={
+            "text": title
+            or f"Physical blocks ({n:,} × {snapshot.block_size} tokens); ×n = shared by n sequences",
+            "yref": "container",
+            "y": 1,
+            "yanchor": "top",
+            "pad": {"t": 12},
+        },
+        height=height,
+        margin={"l": 10, "r": 10, "t": top, "b": bottom},
     )
     for seq, code in seq_code.items():  # a legend: one invisible trace per sequence
         figure.add_trace(
@@ -118,15 +136,24 @@ def free_blocks_over_actions(history: Sequence[HistoryEntry], num_blocks: int) -
                 hovertemplate="%{customdata}<extra></extra>",
             )
         )
-    figure.add_hline(y=num_blocks, line_dash="dash", line_color="#7f7f7f", annotation_text="pool size")
+    figure.add_hline(
+        y=num_blocks,
+        line_dash="dash",
+        line_color="#7f7f7f",
+        name=f"pool size ({num_blocks:,} blocks)",
+        showlegend=True,
+    )  # named in the legend: a label drawn at the line would sit on the free-blocks line when all are free
     figure.update_layout(
         title="Free list size after each action",
         xaxis_title="action #",
         yaxis_title="free blocks",
         yaxis_rangemode="tozero",
         height=330,
+        legend={"orientation": "h", "y": -0.25},
         margin={"l": 10, "r": 10, "t": 50, "b": 10},
     )
+    figure.update_xaxes(**integer_ticks(max(steps, default=0)))
+    figure.update_yaxes(**integer_ticks(num_blocks))
     return figure
 
 
@@ -162,4 +189,7 @@ def waste_over_actions(history: Sequence[HistoryEntry], bytes_per_token: int) ->
         legend={"orientation": "h", "y": -0.25},
         margin={"l": 10, "r": 10, "t": 50, "b": 10},
     )
+    most = max((max(h.contiguous_waste_slots, h.paged_waste_slots) for h in history), default=0)
+    figure.update_xaxes(**integer_ticks(max(steps, default=0)))
+    figure.update_yaxes(**integer_ticks(most))
     return figure

@@ -7,6 +7,7 @@ Return values are plain data the page draws from (never mutated after they are r
 """
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,10 +21,11 @@ from core.engine.config import TINY_LLAMA
 from core.engine.engine import engine_bytes
 from core.engine.sharing import measure_sharing
 from core.errors import InvalidArgumentError
+from core.kernels.timer import apply_timing_settings
 from core.kernels.timing import (
     KernelConfig,
     check_budget,
-    copy_bandwidth_gbps,
+    copy_bandwidth,
     correctness,
     measure,
     sweep_contexts,
@@ -34,6 +36,7 @@ from core.serving.step_attention import measure_step_attention
 from core.serving.workload import Request
 
 COPY_BYTES = 128 * 1024**2  # the copy-bandwidth reference the Kernels page draws
+SWEEP_WARMUP = 3  # untimed rounds before each sweep point: first calls page in buffers and fill caches
 
 
 def _no_progress(fraction: float, message: str = "") -> None:
@@ -98,23 +101,35 @@ def kernel_sweep(
     backends: tuple[str, ...],
     device: str,
     repeats: int,
+    measurement: int = 0,
     *,
     progress: Callable = _no_progress,
 ) -> dict:
-    """The Kernels page's latency sweep: {"copy_gbps": float, "contexts": [int], "rows": [measure() rows for
-    every context of `sweep_contexts`]}. Every point is checked against the memory budget before it allocates."""
+    """The Kernels page's latency sweep, timed exactly as bench/attention.py times (`timing.measure`, the same
+    process settings): {"copy_gbps": median GB/s, "copy": its `timer.spread`, "contexts": [int], "rows":
+    [measure() rows for every context of `sweep_contexts`], "settings": `TimingSettings.as_dict()`,
+    "measured_at": Unix time}. `measurement` only tells runs apart: a new number is a new cache key, so a
+    page can ask for a fresh measurement. Every point is checked against the memory budget before it allocates."""
     check_budget(config)
     contexts = sweep_contexts(config.context_len, config.block_size)
     progress(0.0, "measuring copy bandwidth")
-    copy_gbps = copy_bandwidth_gbps(device, nbytes=COPY_BYTES, repeats=5)
+    settings = apply_timing_settings()
+    copy = copy_bandwidth(device, nbytes=COPY_BYTES, repeats=5)
     rows: list[dict] = []
     for index, context in enumerate(contexts):
         progress(index / len(contexts), f"timing context {context:,} tokens ({index + 1} of {len(contexts)})")
         point = dataclasses.replace(config, context_len=context)
         check_budget(point)
-        rows.extend(measure(point, list(backends), device, repeats=repeats))
+        rows.extend(measure(point, list(backends), device, repeats=repeats, warmup=SWEEP_WARMUP))
     progress(1.0, "done")
-    return {"copy_gbps": copy_gbps, "contexts": contexts, "rows": rows}
+    return {
+        "copy_gbps": copy["median"],
+        "copy": copy,
+        "contexts": contexts,
+        "rows": rows,
+        "settings": settings.as_dict(),
+        "measured_at": time.time(),
+    }
 
 
 # ---- the Engine page -------------------------------------------------------------------------------------------

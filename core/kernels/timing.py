@@ -3,12 +3,10 @@
 Everything is measured in the same run on the same machine: the contiguous baseline is the faster of
 `contiguous_attention(method="sdpa")` and `method="matmul"` on the same K/V laid out contiguously, and the
 machine's copy bandwidth is `dst.copy_(src)` into a preallocated tensor counting bytes read + written.
-Timings interleave the candidates (paged, contiguous, paged, ...) so background noise hits them alike.
+Timings go through `core.kernels.timer` (the same process settings, warm-up and interleaved repeats
+everywhere) and keep their spread: every time, ratio and bandwidth comes with its quartiles.
 """
 
-import statistics
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +16,7 @@ from core.common import cdiv, check_int
 from core.device import memory_budget_bytes
 from core.errors import InvalidArgumentError
 from core.kernels.attention import contiguous_attention, gather_contiguous, paged_attention
+from core.kernels.timer import NOISY_SPREAD, apply_timing_settings, relative_spread, spread, time_interleaved
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -144,36 +143,28 @@ def make_problem(
     return problem
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_interleaved(fns: dict[str, Callable[[], object]], device, repeats: int = 7, warmup: int = 2) -> dict:
-    """Median wall time in ms of each function, running them round-robin `repeats` times after `warmup` rounds."""
+def copy_bandwidth(
+    device: torch.device | str = "cpu",
+    nbytes: int = 256 * 1024**2,
+    repeats: int = 7,
+    malloc_tuning: bool = True,
+) -> dict[str, float]:
+    """GB/s (1e9 bytes) of `dst.copy_(src)` into a preallocated tensor, counting bytes read + written: the
+    `timer.spread` of the rounds (median, p25, p75, min, max; p25 is the slower quarter's edge)."""
+    apply_timing_settings(malloc_tuning)
     device = torch.device(device)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for round_index in range(warmup + repeats):
-        for name, fn in fns.items():
-            _sync(device)
-            start = time.perf_counter()
-            fn()
-            _sync(device)
-            if round_index >= warmup:
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
+    nbytes = min(nbytes, max(memory_budget_bytes() // 2, 1024**2))
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    run = time_interleaved({"copy": lambda: dst.copy_(src)}, device, repeats=repeats)
+    return spread([2 * src.numel() * 4 / (ms / 1e3) / 1e9 for ms in run.samples["copy"]])
 
 
 def copy_bandwidth_gbps(
     device: torch.device | str = "cpu", nbytes: int = 256 * 1024**2, repeats: int = 7
 ) -> float:
-    """GB/s (1e9 bytes) of `dst.copy_(src)` into a preallocated tensor, counting bytes read + written."""
-    device = torch.device(device)
-    nbytes = min(nbytes, max(memory_budget_bytes() // 2, 1024**2))
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    median_ms = time_interleaved({"copy": lambda: dst.copy_(src)}, device, repeats=repeats)["copy"]
-    return 2 * src.numel() * 4 / (median_ms / 1e3) / 1e9
+    """The median of `copy_bandwidth`."""
+    return copy_bandwidth(device, nbytes, repeats)["median"]
 
 
 def _sig(value: float, digits: int = 4) -> float:
@@ -181,22 +172,24 @@ def _sig(value: float, digits: int = 4) -> float:
     return float(f"{value:.{digits}g}")
 
 
-def measure(
-    config: KernelConfig,
-    backends: list[str],
-    device: torch.device | str = "cpu",
-    repeats: int = 7,
-    seed: int = 0,
-) -> list[dict]:
-    """Time paged attention per backend and the contiguous baseline on one problem.
+def _quartiles(
+    name: str, stats: dict[str, float], scale: float = 1.0, invert: bool = False
+) -> dict[str, float]:
+    """{name: median, name_p25, name_p75} of `stats` times `scale`, or of scale / value with `invert` (a rate:
+    its lower quartile comes from the slower quartile of the times)."""
+    if invert:
+        return {
+            name: _sig(scale / stats["median"]),
+            f"{name}_p25": _sig(scale / stats["p75"]),
+            f"{name}_p75": _sig(scale / stats["p25"]),
+        }
+    return {
+        name: _sig(stats["median"] * scale),
+        **{f"{name}_{q}": _sig(stats[q] * scale) for q in ("p25", "p75")},
+    }
 
-    Returns one dict per backend: batch, context_len, dtype, backend, paged_ms, contiguous_ms (the faster of
-    sdpa and matmul, also named in contiguous_method), ratio = paged_ms / contiguous_ms, achieved_gbps = K/V
-    bytes read / paged time, contiguous_gbps, max_abs_err (paged vs contiguous output).
-    """
-    device = torch.device(device)
-    p = make_problem(config, device, seed)
-    window = config.sliding_window
+
+def _timing_fns(p: dict[str, torch.Tensor], backends: list[str], window: int | None) -> dict:
     paged_args = (p["query"], p["key_cache"], p["value_cache"], p["block_tables"], p["context_lens"])
     fns = {
         f"paged:{backend}": (
@@ -208,17 +201,45 @@ def measure(
         fns[f"contiguous:{method}"] = lambda method=method: contiguous_attention(
             p["query"], p["key"], p["value"], p["context_lens"], method=method, sliding_window=window
         )
-    ms = time_interleaved(fns, device, repeats=repeats)
-    method = min(("sdpa", "matmul"), key=lambda m: ms[f"contiguous:{m}"])
-    contiguous_ms = ms[f"contiguous:{method}"]
+    return fns
+
+
+def measure(
+    config: KernelConfig,
+    backends: list[str],
+    device: torch.device | str = "cpu",
+    repeats: int = 7,
+    seed: int = 0,
+    warmup: int = 2,
+    malloc_tuning: bool = True,
+) -> list[dict]:
+    """Time paged attention per backend and the contiguous baseline on one problem, after
+    `apply_timing_settings(malloc_tuning)`, `warmup` untimed and `repeats` timed interleaved rounds.
+
+    Returns one dict per backend: batch, context_len, dtype, sliding_window, backend; paged_ms and contiguous_ms
+    (the faster of sdpa and matmul by median, named in contiguous_method) with their quartiles (`_p25`, `_p75`);
+    ratio = the median over rounds of paged / contiguous in the same round (pairs cancel slow drifts of the
+    machine), with its quartiles; achieved_gbps = K/V bytes read / paged time and contiguous_gbps, with
+    quartiles; spread_pct = interquartile range / median of paged_ms in percent, noisy = it exceeds
+    timer.NOISY_SPREAD; repeats; the machine's load (other_cores, cpus, load_avg, busy: see `timer.MachineLoad`); the settings (malloc_tuning, threads, niceness);
+    max_abs_err (paged vs contiguous output).
+    """
+    settings = apply_timing_settings(malloc_tuning)
+    device = torch.device(device)
+    p = make_problem(config, device, seed)
+    window = config.sliding_window
+    run = time_interleaved(_timing_fns(p, backends, window), device, repeats=repeats, warmup=warmup)
+    method = min(("sdpa", "matmul"), key=lambda m: run.median(f"contiguous:{m}"))
+    contiguous = run.samples[f"contiguous:{method}"]
     reference = contiguous_attention(
         p["query"], p["key"], p["value"], p["context_lens"], method=method, sliding_window=window
     ).float()
+    paged_args = (p["query"], p["key_cache"], p["value_cache"], p["block_tables"], p["context_lens"])
     results = []
     for backend in backends:
-        paged_ms = ms[f"paged:{backend}"]
+        paged = run.samples[f"paged:{backend}"]
+        ratios = [a / b for a, b in zip(paged, contiguous, strict=True)]
         got = paged_attention(*paged_args, backend=backend, sliding_window=window)
-        err = (got.float() - reference).abs().max().item()
         results.append(
             {
                 "batch": config.batch,
@@ -226,13 +247,21 @@ def measure(
                 "dtype": config.dtype,
                 "sliding_window": window,
                 "backend": backend,
-                "paged_ms": _sig(paged_ms),
-                "contiguous_ms": _sig(contiguous_ms),
-                "ratio": _sig(paged_ms / contiguous_ms),
-                "achieved_gbps": _sig(config.kv_bytes / (paged_ms / 1e3) / 1e9),
-                "contiguous_gbps": _sig(config.kv_bytes / (contiguous_ms / 1e3) / 1e9),
+                **_quartiles("paged_ms", spread(paged)),
+                **_quartiles("contiguous_ms", spread(contiguous)),
+                **_quartiles("ratio", spread(ratios)),
+                **_quartiles("achieved_gbps", spread(paged), config.kv_bytes / 1e6, invert=True),
+                **_quartiles("contiguous_gbps", spread(contiguous), config.kv_bytes / 1e6, invert=True),
                 "contiguous_method": method,
-                "max_abs_err": err,
+                "spread_pct": _sig(100 * relative_spread(spread(paged)), 3),
+                "noisy": relative_spread(spread(paged)) > NOISY_SPREAD,
+                "repeats": repeats,
+                "other_cores": None if run.load.other_cores is None else _sig(run.load.other_cores, 3),
+                "load_avg": _sig(run.load.load_avg, 3),
+                "busy": run.load.busy,
+                "cpus": run.load.cpus,
+                **settings.as_dict(),
+                "max_abs_err": (got.float() - reference).abs().max().item(),
             }
         )
     return results

@@ -30,21 +30,23 @@ def test_sidebar_shows_the_torch_device_and_version():
     assert torch.__version__ in captions
 
 
-def test_page_icons_are_material_icons_not_emoji():
+def test_page_icons_are_material_icons_and_the_favicon_is_a_local_file():
     import ast
     from pathlib import Path
 
-    tree = ast.parse((Path(__file__).resolve().parents[2] / "app.py").read_text())
-    icons = [
-        kw.value.value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        for kw in node.keywords
-        if kw.arg in ("icon", "page_icon") and isinstance(kw.value, ast.Constant)
-    ]
-    pages = list((Path(__file__).resolve().parents[2] / "app_pages").glob("*.py"))
-    assert len(icons) == len(pages) + 1  # page_icon and one per page
+    root = Path(__file__).resolve().parents[2]
+    tree = ast.parse((root / "app.py").read_text())
+    keywords = [kw for node in ast.walk(tree) if isinstance(node, ast.Call) for kw in node.keywords]
+    icons = [kw.value.value for kw in keywords if kw.arg == "icon" and isinstance(kw.value, ast.Constant)]
+    pages = list((root / "app_pages").glob("*.py"))
+    assert len(icons) == len(pages)  # one per page
     # emoji render as empty boxes where the server has no emoji font; Material icons ship with Streamlit
     assert all(icon.startswith(":material/") and icon.endswith(":") and icon.isascii() for icon in icons), (
         icons
     )
+    # the favicon: a ":material/...:" or emoji page_icon is fetched by every browser from a public host
+    [page_icon] = [kw.value for kw in keywords if kw.arg == "page_icon"]
+    assert not isinstance(page_icon, ast.Constant), ast.unparse(page_icon)
+    assert ast.unparse(page_icon) == "str(ICON)"
+    icon = root / "ui" / "assets" / "icon.png"
+    assert icon.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

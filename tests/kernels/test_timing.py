@@ -56,11 +56,19 @@ def test_budget_refuses_before_allocating(monkeypatch):
 
 
 def test_measure_reports_consistent_numbers():
-    rows = measure(SMALL, ["torch", "gather"], repeats=2)
+    rows = measure(SMALL, ["torch", "gather"], repeats=5)
     assert [r["backend"] for r in rows] == ["torch", "gather"]
     for r in rows:
-        assert r["ratio"] == pytest.approx(r["paged_ms"] / r["contiguous_ms"], rel=1e-2)
-        assert r["achieved_gbps"] == pytest.approx(SMALL.kv_bytes / r["paged_ms"] / 1e6, rel=1e-2)
+        for name in ("paged_ms", "contiguous_ms", "ratio", "achieved_gbps", "contiguous_gbps"):
+            assert 0 < r[f"{name}_p25"] <= r[name] <= r[f"{name}_p75"], name
+        # a rate's quartiles come from the times' opposite quartiles
+        assert r["achieved_gbps"] == pytest.approx(SMALL.kv_bytes / r["paged_ms"] / 1e6, rel=1e-3)
+        assert r["achieved_gbps_p25"] == pytest.approx(SMALL.kv_bytes / r["paged_ms_p75"] / 1e6, rel=1e-3)
+        assert r["spread_pct"] == pytest.approx(
+            100 * (r["paged_ms_p75"] - r["paged_ms_p25"]) / r["paged_ms"], rel=1e-2
+        )
+        assert r["repeats"] == 5 and r["malloc_tuning"] and r["threads"] >= 1
+        assert isinstance(r["busy"], bool)
         assert r["contiguous_method"] in ("sdpa", "matmul")
         assert r["max_abs_err"] < 1e-4
     assert copy_bandwidth_gbps("cpu", nbytes=8 * 1024**2, repeats=2) > 0
@@ -84,7 +92,8 @@ def test_bench_script_prints_the_json_shape():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
-    assert {"device", "threads", "copy_gbps", "results"} <= set(report)
+    assert {"device", "threads", "copy_gbps", "results", "settings"} <= set(report)
     keys = {"batch", "context_len", "dtype", "backend", "paged_ms", "contiguous_ms", "ratio", "achieved_gbps"}
+    keys |= {"paged_ms_p25", "paged_ms_p75", "ratio_p25", "ratio_p75", "busy", "other_cores"}
     assert report["results"] and all(keys <= set(r) for r in report["results"])
     assert {r["dtype"] for r in report["results"]} == {"float32", "bfloat16"}
