@@ -2,7 +2,7 @@
 # shared worker pool and result cache). CPU torch by default, CUDA torch with a build argument.
 #   docker build -t paged-lab .
 #   docker run -p 8501:8501 paged-lab
-#   docker build -t paged-lab:cuda --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
+#   docker build -t paged-lab:cuda --build-arg TORCH_INDEX_URL=<PyTorch's CUDA wheel index for your CUDA> .
 #   docker run --gpus all -p 8501:8501 paged-lab:cuda
 # Another base (e.g. one made from Debian's packages where Docker Hub cannot be reached) and an offline build
 # from wheels in wheelhouse/:
@@ -36,9 +36,11 @@ RUN if ! (command -v nginx && command -v gcc && command -v curl) >/dev/null; the
     fi
 
 FROM base AS packages
-# Where torch==2.13.0 comes from: PyTorch's CPU wheels (no CUDA libraries, ~200 MB) unless overridden, e.g.
-# with https://download.pytorch.org/whl/cu128 for CUDA 12.8 wheels, or https://pypi.org/simple (CUDA build).
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# Where torch==2.13.0 comes from: empty (the default) takes it from pip's default index, a CUDA build of a few
+# GB; for CPU-only wheels (~200 MB) or another CUDA version pass the index PyTorch's install selector names for
+# that build as TORCH_INDEX_URL (torch alone comes from there; its dependencies from pip's default index).
+# wheelhouse/ is searched first either way.
+ARG TORCH_INDEX_URL=
 # 1: install only from wheelhouse/ (see wheelhouse/README.md), for a machine without a package index.
 ARG PIP_OFFLINE=0
 COPY requirements.txt /tmp/build/
@@ -48,8 +50,8 @@ RUN python3 -m venv /opt/venv \
     && if [ "$PIP_OFFLINE" = "1" ]; then \
            pip install --no-index --find-links wheelhouse torch==2.13.0 -r requirements.txt; \
        else \
-           pip install --find-links wheelhouse --index-url "${TORCH_INDEX_URL}" \
-               --extra-index-url https://pypi.org/simple torch==2.13.0 \
+           pip install --no-deps --find-links wheelhouse ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+               torch==2.13.0 \
            && pip install --find-links wheelhouse -r requirements.txt; \
        fi
 
