@@ -25,6 +25,7 @@ from core.planning.scenario import (
     model_from_config,
     model_preset_rows,
     plan_document,
+    smallest_deployment,
     what_if_summary,
     workload_max_len,
 )
@@ -65,8 +66,30 @@ def seed_config_texts() -> None:
 
 
 def on_model_change(prefix: str) -> None:
+    """Clamp max_model_len to the new model, and replace a GPU count / TP chosen for the old model by the smallest
+    deployment of the new one that fits (`smallest_deployment`), saying so; or say that none fits."""
     key = f"{prefix}ctx"
     state.set(key, clamp_context(st.session_state[f"{prefix}model"], st.session_state.get(key, 0)))
+    values = {**state.values, f"{prefix}model": st.session_state[f"{prefix}model"], key: state.values[key]}
+    notes = []
+    try:
+        found = smallest_deployment(values, prefix)
+    except LabError as error:
+        found, notes = None, [f"No deployment checked: {error}"]
+    old = (values[f"{prefix}gpus"], values[f"{prefix}tp"])
+    if found is None and not notes:
+        notes = [
+            "No deployment of up to 8 GPUs (tensor parallel 1-8) fits this model with these settings: raise "
+            "the GPU count and pipeline parallel, or choose a larger GPU."
+        ]
+    elif found is not None and found != old:
+        state.set(f"{prefix}gpus", found[0])
+        state.set(f"{prefix}tp", found[1])
+        notes = [
+            f"Deployment changed for the new model: {found[0]} GPU{'s' * (found[0] > 1)} at tensor parallel "
+            f"{found[1]}, the smallest that fits (was {old[0]} at TP {old[1]})."
+        ]
+    st.session_state[f"{prefix}deployment_note"] = notes
 
 
 def custom_config_inputs(p: str) -> None:
@@ -193,7 +216,7 @@ def show_metrics(result, baseline) -> None:
     c[0].metric("KV tokens per replica", fmt_int(p.kv_tokens), delta(p.kv_tokens, b and b.kv_tokens))
     c[1].metric("KV blocks", fmt_int(p.num_blocks), delta(p.num_blocks, b and b.num_blocks))
     c[2].metric(
-        "Max requests at max_model_len",
+        "Full-length requests",
         fmt_int(p.max_concurrency_total),
         delta(p.max_concurrency_total, b and b.max_concurrency_total),
         help=f"Requests of {p.context_len:,} tokens held at once, all replicas together; each holds "
@@ -211,13 +234,23 @@ def show_metrics(result, baseline) -> None:
         delta(p.decode_tokens_per_s, b and b.decode_tokens_per_s),
         help="Roofline estimate: weights + KV read per step over memory bandwidth (or FLOPs over peak).",
     )
+    if p.decode_tokens_per_s:
+        st.caption(
+            f"Decode tokens/s (est.): a batch of {p.decode_batch:,} requests per replica (the smaller of the full-"
+            f"length requests that fit and max_num_seqs) at a context of {p.context_len:,} tokens, "
+            f"{p.replicas:,} replica{'s' * (p.replicas > 1)}: a roofline upper bound."
+        )
 
 
-def show_plan(prefix: str, result, workload_error: str | None) -> None:
+def show_verdict(prefix: str, result) -> None:
     st.markdown(
         f"#### {SCENARIO_NAMES[prefix]}: {result.model.name} on {result.plan.num_gpus} × {result.gpu.name}"
     )
     (st.success if result.plan.fits else st.error)(result.plan.verdict)
+
+
+def show_plan(prefix: str, result, workload_error: str | None) -> None:
+    st.markdown(f"**{SCENARIO_NAMES[prefix]}**")
     if result.model.is_hybrid or len(result.plan.kv_layout.groups) > 1:
         st.markdown("KV cache groups, as vLLM V1 lays them out:")
         st.dataframe(pd.DataFrame(kv_group_rows(result.plan)), hide_index=True, width="stretch")
@@ -241,20 +274,27 @@ st.markdown(
     "memory rules and shown with the formula, so you can answer *what fits?* before renting hardware. "
     "Every input is in the URL: copy it to share the what-if."
 )
+answer = st.container()  # the verdicts, the main chart and the key figures, above the inputs
+with answer:
+    running = st.empty()
+    running.info("Computing the plan…", icon=":material/hourglass_top:")
 
 if state.sync_from_url():
     seed_config_texts()
 for message in state.pop_errors():  # shown once; the URL is rewritten with valid values below
     st.error(message)
 
+st.subheader("Inputs")
 compare = state.widget(st.toggle, "Compare with scenario B", "compare")
 prefixes = ["a_", "b_"] if compare else ["a_"]
 for column, prefix in zip(st.columns(2) if compare else [st.container()], prefixes, strict=True):
     with column, st.container(border=True):
-        st.subheader(SCENARIO_NAMES[prefix])
+        st.markdown(f"**{SCENARIO_NAMES[prefix]}**")
+        for note in st.session_state.pop(f"{prefix}deployment_note", []):
+            st.info(note)
         scenario_inputs(prefix)
 
-st.subheader("Workload")
+st.markdown("**Workload**")
 workload_inputs()
 st.caption(
     "ShareGPT / Alpaca lengths follow the PagedAttention paper's means (Figure 11), clipped so each request fits "
@@ -277,40 +317,46 @@ except LabError as error:
     st.error(f"Workload: {error}")
 
 results = {}
+errors = {}
 for prefix in prefixes:
     try:
         results[prefix] = compute_scenario(values, prefix, requests, workload_error)
     except LabError as error:
+        errors[prefix] = str(error)
+running.empty()
+with answer:
+    for prefix, error in errors.items():
         st.error(f"{SCENARIO_NAMES[prefix]}: {error}")
-if not results:
-    st.info("Fix the inputs above to see a plan.")
-    st.stop()
+    if not results:
+        st.info("Fix the inputs below to see a plan.")
+        st.stop()
+    named = {SCENARIO_NAMES[p]: r for p, r in results.items()}
+    for column, (prefix, result) in zip(st.columns(len(results)), results.items(), strict=True):
+        with column:
+            show_verdict(prefix, result)
+    st.plotly_chart(
+        memory_breakdown_figure(
+            {n: memory_breakdown(r.plan, r.what_if) for n, r in named.items()},
+            {n: r.plan.gpu_memory_bytes for n, r in named.items()},
+            {n: r.plan.activation_estimated for n, r in named.items()},
+        ),
+        width="stretch",
+    )
+    st.caption(
+        "Memory per GPU. KV used = blocks held by the workload's requests at their average paged concurrency "
+        "(capped at max_num_seqs); the rest of the KV budget is free. The black mark is the memory the GPU's "
+        "driver reports."
+    )
+    for prefix, result in results.items():
+        if len(results) > 1:
+            st.markdown(f"**{SCENARIO_NAMES[prefix]}**" + (" (deltas against A)" if prefix == "b_" else ""))
+        show_metrics(result, results.get("a_") if prefix == "b_" else None)
 
 st.divider()
-for column, prefix in zip(st.columns(len(prefixes)), prefixes, strict=True):
-    if prefix in results:
-        with column:
-            show_plan(prefix, results[prefix], workload_error)
-
-named = {SCENARIO_NAMES[p]: r for p, r in results.items()}
-st.subheader("Key figures" + (" (B's deltas against A)" if len(results) > 1 else ""))
-for prefix, result in results.items():
-    if len(results) > 1:
-        st.markdown(f"**{SCENARIO_NAMES[prefix]}**")
-    show_metrics(result, results.get("a_") if prefix == "b_" else None)
-
-st.subheader("Memory per GPU")
-st.plotly_chart(
-    memory_breakdown_figure(
-        {n: memory_breakdown(r.plan, r.what_if) for n, r in named.items()},
-        {n: r.plan.gpu_memory_bytes for n, r in named.items()},
-    ),
-    width="stretch",
-)
-st.caption(
-    "KV used = blocks held by the workload's requests at their average paged concurrency (capped at "
-    "max_num_seqs); the rest of the KV budget is free. The black mark is the GPU's memory."
-)
+st.subheader("The plan in detail")
+for column, prefix in zip(st.columns(len(results)), results, strict=True):
+    with column:
+        show_plan(prefix, results[prefix], workload_error)
 
 st.subheader("Max concurrency vs context length")
 sweep = context_sweep(
@@ -353,8 +399,9 @@ with st.expander("Presets: models and GPUs (the data behind the numbers)"):
     st.dataframe(pd.DataFrame(model_preset_rows()), hide_index=True, width="stretch")
     st.dataframe(pd.DataFrame(gpu_preset_rows()), hide_index=True, width="stretch")
     st.caption(
-        "Vendors' “80GB” HBM is 80 GiB; the driver reports ~1% less (e.g. 79.1 GiB on an H100). "
-        "Use a custom GPU with your nvidia-smi figure for the last percent."
+        "GPU memory is the total the driver reports (nvidia-smi, torch.cuda.mem_get_info), the figure vLLM "
+        "multiplies by gpu_memory_utilization: an H100 “80GB” reports 79.6 GiB, an L4 “24GB” 22.5 GiB (ECC "
+        "takes 1/16). The source column says where each figure comes from; use a custom GPU for your own card."
     )
     chosen = values["a_model"] if values["a_model"] != CUSTOM else "llama-3.1-8b"
     st.markdown(f"config.json fields of `{chosen}` (a template for a custom model):")

@@ -10,13 +10,13 @@ from core.jobs.tasks import compare_policies, measure_simulated_attention
 from core.limits import Limits
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
-from core.serving.experiment import SimulatorParams, model_kv_groups
-from core.serving.memory_policies import POLICY_NAMES
+from core.serving.experiment import SimulatorParams, model_kv_groups, saturating_load
 from core.serving.simulator import PAPER_KV_TOKENS
 from core.serving.workload import load_trace
 from core.uploads import read_upload
 from ui.jobs import app_limits, run_job
 from ui.simulator_figures import (
+    PAPER_MODEL,
     attention_latency_figure,
     block_heatmap_figure,
     free_memory_figure,
@@ -26,7 +26,10 @@ from ui.simulator_figures import (
     running_waiting_figure,
     steps_table,
     summary_bars_figure,
+    verdict_text,
 )
+from ui.simulator_state import FIELDS, url_params
+from ui.url_widgets import UrlState
 
 DATASET_LABELS = {
     "sharegpt": "ShareGPT-like (mean 161 in / 338 out)",
@@ -42,6 +45,9 @@ CAPACITY_LABELS = {
 }
 
 
+state = UrlState("_simulator", FIELDS)
+
+
 @st.cache_data(show_spinner=False, max_entries=8)
 def _parse_trace(data: bytes, max_len: int, max_len_source: str, limits: Limits):
     return tuple(load_trace(data, max_len=max_len, max_len_source=max_len_source, limits=limits))
@@ -50,68 +56,70 @@ def _parse_trace(data: bytes, max_len: int, max_len_source: str, limits: Limits)
 st.title("Serving simulator")
 st.markdown(
     "Replays a serving workload through an iteration-level scheduler, once with the real paged block manager and "
-    "once per contiguous Orca allocator, and shows step by step where the KV memory goes: this is why paging "
-    "batches 3-4x more requests on the same GPU (the paper's Figures 2 and 13)."
+    "once per contiguous Orca allocator, and shows where the KV memory goes: this is why paging batches 3-4x more "
+    "requests on the same GPU (the paper's Figures 2 and 13). Every setting is in the URL: copy it to share the run."
 )
+answer = st.container()  # the verdict and the main chart, drawn once the run is done, above the settings
 
+state.sync_from_url()
+for message in state.pop_errors():  # shown once; the URL is rewritten with valid values below
+    st.error(message)
+w = state.widget
 with st.expander("Workload, model, policies and scheduler settings", expanded=False), st.form("simulator"):
     c1, c2, c3 = st.columns(3)
     with c1:
         st.markdown("**Workload**")
-        dataset = st.selectbox(
-            "Workload", list(DATASET_LABELS), format_func=DATASET_LABELS.get, key="dataset"
-        )
+        dataset = w(st.selectbox, "Workload", "dataset", format_func=DATASET_LABELS.get)
         upload = st.file_uploader(
             "Trace (arrival_time, prompt_len, output_len[, n, prefix_group, prefix_len])",
             type=["csv", "jsonl", "json"],
         )
-        num_requests = st.number_input("Requests", 1, 10_000, 1_000, step=100, key="num_requests")
-        all_at_once = st.checkbox("All requests at t = 0", False, key="all_at_once")
-        rate = st.number_input("Arrival rate (requests/s, Poisson)", 0.01, 1_000.0, 2.0, step=0.5, key="rate")
-        seed = st.number_input("Seed", 0, 2**31 - 1, 0, key="seed")
-        n = st.number_input("Parallel samples per prompt (n)", 1, 16, 1, key="n")
-        prefix_len = st.number_input("Shared system prompt (tokens)", 0, 1024, 0, step=16, key="prefix_len")
-        prefix_fraction = st.slider("Requests with the shared prompt", 0.0, 1.0, 0.0, key="prefix_fraction")
-        fixed_prompt = st.number_input("Fixed prompt length (tokens)", 1, 2047, 512, key="fixed_prompt")
-        fixed_output = st.number_input("Fixed output length (tokens)", 1, 2047, 128, key="fixed_output")
+        num_requests = w(st.number_input, "Requests", "num_requests")
+        all_at_once = w(st.checkbox, "All requests at t = 0", "all_at_once")
+        rate = w(st.number_input, "Arrival rate (requests/s, Poisson)", "rate")
+        seed = w(st.number_input, "Seed", "seed")
+        n = w(st.number_input, "Parallel samples per prompt (n)", "n")
+        prefix_len = w(st.number_input, "Shared system prompt (tokens)", "prefix_len")
+        prefix_fraction = w(st.slider, "Requests with the shared prompt", "prefix_fraction")
+        fixed_prompt = w(st.number_input, "Fixed prompt length (tokens)", "fixed_prompt")
+        fixed_output = w(st.number_input, "Fixed output length (tokens)", "fixed_output")
     with c2:
         st.markdown("**Model, GPU and KV capacity**")
-        model = st.selectbox("Model", list(MODELS), format_func=lambda m: MODELS[m].name, key="model")
-        gpu = st.selectbox("GPU", list(GPUS), format_func=lambda g: GPUS[g].name, key="gpu")
-        capacity_source = st.radio(
-            "KV capacity", list(CAPACITY_LABELS), format_func=CAPACITY_LABELS.get, key="capacity"
+        model = w(st.selectbox, "Model", "model", format_func=lambda m: MODELS[m].name)
+        gpu = w(st.selectbox, "GPU", "gpu", format_func=lambda g: GPUS[g].name)
+        capacity_source = w(st.radio, "KV capacity", "capacity", format_func=CAPACITY_LABELS.get)
+        saturate = w(
+            st.checkbox,
+            "Size the load to the GPU's memory (model + GPU capacity)",
+            "saturate",
+            help="A burst of requests asking for 1.2x the pool's tokens, with max_num_seqs raised so that as many "
+            "can run as the pool holds: replaces the requests, arrival and scheduler limits set here.",
         )
-        raw_capacity = st.number_input(
-            "Raw capacity (token slots)", 16, 10_000_000, PAPER_KV_TOKENS, step=1024, key="raw_capacity"
-        )
-        overhead_ms = st.number_input("Per-step overhead (ms)", 0.0, 200.0, 15.0, step=1.0, key="overhead_ms")
+        raw_capacity = w(st.number_input, "Raw capacity (token slots)", "raw_capacity")
+        overhead_ms = w(st.number_input, "Per-step overhead (ms)", "overhead_ms")
         st.caption(
             "Step time = overhead + max(weights + KV bytes / (80% of bandwidth), FLOPs / (50% of peak)). "
             "The 15 ms overhead (scheduling, sampling, launches) is what made the paper's vLLM run memory-bound."
         )
     with c3:
         st.markdown("**Policies and scheduler**")
-        policies = st.multiselect(
-            "Policies", list(POLICY_NAMES), default=list(POLICY_NAMES), format_func=label, key="policies"
-        )
-        block_size = st.selectbox(
-            "Block size (tokens)", [1, 2, 4, 8, 16, 32, 64, 128], index=4, key="block_size"
-        )
-        prefix_caching = st.checkbox("Prefix caching (paged)", False, key="prefix_caching")
-        hybrid = st.checkbox(
+        policies = w(st.multiselect, "Policies", "policies", format_func=label)
+        block_size = w(st.selectbox, "Block size (tokens)", "block_size")
+        prefix_caching = w(st.checkbox, "Prefix caching (paged)", "prefix_caching")
+        hybrid = w(
+            st.checkbox,
             "Hybrid KV cache manager (per-group blocks)",
-            False,
-            key="hybrid",
+            "hybrid",
             help="Paged policy only; for models mixing full and sliding-window layers (e.g. Gemma 2, gpt-oss).",
         )
-        max_num_seqs = st.number_input("max_num_seqs", 1, 4096, 256, key="max_num_seqs")
-        max_tokens = st.number_input("max_num_batched_tokens", 1, 65_536, 2048, step=256, key="max_tokens")
-        preemption = st.radio("Preemption", ["recompute", "swap"], horizontal=True, key="preemption")
-        swap_gib = st.number_input("Swap space (GiB)", 0.0, 512.0, 4.0, key="swap_gib")
-        measure = st.checkbox("Measure attention latency with the real kernels", False, key="measure")
-        budget_s = st.number_input("Measurement time budget (s)", 0.5, 30.0, 2.0, key="budget_s")
+        max_num_seqs = w(st.number_input, "max_num_seqs", "max_num_seqs")
+        max_tokens = w(st.number_input, "max_num_batched_tokens", "max_tokens")
+        preemption = w(st.radio, "Preemption", "preemption", horizontal=True)
+        swap_gib = w(st.number_input, "Swap space (GiB)", "swap_gib")
+        measure = w(st.checkbox, "Measure attention latency with the real kernels", "measure")
+        budget_s = w(st.number_input, "Measurement time budget (s)", "budget_s")
     st.form_submit_button("Run simulation", type="primary")
-
+state.write_url(url_params(dict(state.values)))  # before anything can fail: a link reproduces the inputs
 
 trace = None
 try:
@@ -154,6 +162,11 @@ try:
         overhead_ms=float(overhead_ms),
         kv_groups=model_kv_groups(model) if hybrid else None,
     )
+    load = None
+    if capacity_source == "model" and saturate and trace is None:
+        load = saturating_load(params)
+        if load.saturates:  # else a run of MAX_SATURATING_SEQS requests would show nothing more: the set load
+            params = load.apply(params)
     if hybrid and params.kv_groups is None:
         st.info(f"{MODELS[model].name} has one KV cache group kind: the hybrid manager changes nothing.")
     elif hybrid:
@@ -178,19 +191,44 @@ except LabError as err:
 
 capacity = next(iter(results.values())).config.kv_capacity_tokens
 requests_total = len(trace) if trace is not None else params.num_requests
-st.caption(
-    f"{requests_total:,} requests, KV capacity {capacity:,} token slots, block size {params.block_size}. "
-    "Shares and batch sizes are averaged over the steady state (steps between 10% and 100% of the last arrival)."
+window = (
+    "the run until half the requests have finished (before the drain)"
+    if params.rate == math.inf and trace is None
+    else "the steady state (steps between 10% and 100% of the last arrival)"
 )
+with answer:
+    st.markdown(verdict_text(summaries))
+    st.caption(
+        f"{requests_total:,} requests, KV capacity {capacity:,} token slots, block size {params.block_size}. "
+        f"Shares and batch sizes are averaged over {window}."
+    )
+    if load is not None:
+        gpu_name = GPUS[params.gpu].name
+        if load.saturates:
+            st.info(
+                f"Load sized to {gpu_name}'s memory: {load.num_requests:,} requests at t = 0, max_num_seqs "
+                f"{load.max_num_seqs:,}, max_num_batched_tokens {load.max_num_batched_tokens:,}. At their busiest "
+                f"step they would hold {load.peak_tokens:,} KV tokens, 1.2x the pool's {load.capacity_tokens:,}. "
+                "Untick 'Size the load to the GPU's memory' in the settings to run your own load."
+            )
+        else:
+            st.warning(
+                f"{gpu_name}'s pool of {load.capacity_tokens:,} KV tokens is more than this workload fills with "
+                f"{load.max_num_seqs:,} requests running at once (at most {load.peak_tokens:,} tokens; the page "
+                "runs no more, to stay within a minute): memory does not bind, and the set load runs. Choose "
+                "longer requests (Fixed lengths, e.g. 1,024 prompt + 1,024 output tokens) or a smaller GPU to "
+                "see the policies differ."
+            )
+    st.plotly_chart(summary_bars_figure(summaries, show_paper=params.model == PAPER_MODEL), width="stretch")
 
 cols = st.columns(len(results))
 for col, (name, summary) in zip(cols, summaries.items(), strict=True):
     col.metric(f"{label(name)}: token states", f"{summary['token_states_pct']:.1f}%")
     col.metric("Batched requests (avg)", f"{summary['avg_batched_requests']:,.2f}")
+    col.metric("Free KV memory (avg)", f"{summary['free_pct']:.1f}%")
     col.metric("Throughput", f"{summary.get('throughput_tokens_per_s', 0):,.0f} tok/s")
     col.metric("Preemptions", f"{summary['preemptions']:,}")
 
-st.plotly_chart(summary_bars_figure(summaries), width="stretch")
 steps = {name: r.steps for name, r in results.items()}
 st.plotly_chart(memory_breakdown_figure(steps, capacity), width="stretch")
 left, right = st.columns(2)

@@ -5,7 +5,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 
 from core.planning.what_if import MEMORY_CATEGORIES, WorkloadWhatIf
-from ui.theme import MEMORY_COLORS, POLICY_COLORS, fmt_int
+from ui.theme import MEMORY_COLORS, POLICY_COLORS, fmt_int, integer_dtick
 
 GiB = 1024**3
 HEADROOM_COLOR = "#bdbdbd"
@@ -13,7 +13,7 @@ COMPARISON_DASHES = ("solid", "dash", "dot", "dashdot")
 BREAKDOWN_ORDER = MEMORY_CATEGORIES
 BREAKDOWN_LABELS = {
     "weights": "weights",
-    "activations": "activations (profiled peak)",
+    "activations": "activations (estimate)",
     "kv cache": "KV used by the workload",
     "internal fragmentation": "KV internal fragmentation",
     "free": "KV free",
@@ -21,22 +21,44 @@ BREAKDOWN_LABELS = {
 }
 
 
+def activation_label(estimated: Mapping[str, bool] | None) -> str:
+    """The activations' legend entry, as the formula says it: "(estimate)" when every scenario estimates its
+    activation peak, "(entered peak)" when every one uses an entered (profiled) peak, both otherwise."""
+    kinds = set((estimated or {}).values()) or {True}
+    if kinds == {True}:
+        return "activations (estimate)"
+    return "activations (entered peak)" if kinds == {False} else "activations (estimate / entered peak)"
+
+
 def memory_breakdown_figure(
-    breakdowns: Mapping[str, Mapping[str, int]], gpu_memory: Mapping[str, int]
+    breakdowns: Mapping[str, Mapping[str, int]],
+    gpu_memory: Mapping[str, int],
+    activation_estimated: Mapping[str, bool] | None = None,
 ) -> go.Figure:
-    """Stacked horizontal bars, one per scenario, in GiB per GPU; a marker shows each GPU's total memory."""
+    """Stacked horizontal bars, one per scenario, in GiB per GPU; a marker shows each GPU's total memory.
+    activation_estimated: per scenario, whether its activation reserve is the estimate (default) or an entered
+    peak; the legend and each bar's hover say which."""
     names = list(breakdowns)
+    labels = {**BREAKDOWN_LABELS, "activations": activation_label(activation_estimated)}
     fig = go.Figure()
     for category in BREAKDOWN_ORDER:
         color = HEADROOM_COLOR if category == "headroom" else MEMORY_COLORS[category]
         values = [breakdowns[n][category] / GiB for n in names]
+        hover = [BREAKDOWN_LABELS[category]] * len(names)
+        if category == "activations":
+            estimated = activation_estimated or {}
+            hover = [
+                "activations (estimate)" if estimated.get(n, True) else "activations (entered peak)"
+                for n in names
+            ]
         fig.add_bar(
             y=names,
             x=values,
             orientation="h",
-            name=BREAKDOWN_LABELS[category],
+            name=labels[category],
             marker_color=color,
-            hovertemplate="%{y}: %{x:,.2f} GiB<extra>" + BREAKDOWN_LABELS[category] + "</extra>",
+            customdata=hover,
+            hovertemplate="%{y}: %{x:,.2f} GiB<extra>%{customdata}</extra>",
         )
     fig.add_scatter(
         y=names,
@@ -49,10 +71,10 @@ def memory_breakdown_figure(
     fig.update_layout(
         barmode="relative",
         xaxis_title="memory per GPU (GiB, 1 GiB = 1,073,741,824 bytes)",
-        yaxis_title="scenario",
-        height=150 + 70 * len(names),
-        legend={"orientation": "h", "y": -0.35},
-        margin={"t": 30},
+        yaxis={"title": "scenario", "autorange": "reversed"},  # A on top, as the verdicts read
+        height=180 + 70 * len(names),
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},  # above: clear of the axis title
+        margin={"t": 60},
     )
     return fig
 
@@ -76,13 +98,34 @@ def concurrency_vs_context_figure(
         )
     if chosen_context:
         fig.add_vline(x=chosen_context, line_dash="dot", line_color="gray", annotation_text="max_model_len")
+    ticks = [c for c in contexts if c & (c - 1) == 0][::2] or list(contexts)  # every other power of two
     fig.update_layout(
-        xaxis={"title": "context length per request (tokens, log scale)", "type": "log", "tickformat": ",d"},
-        yaxis={"title": "max concurrent requests (requests, log scale)", "type": "log", "tickformat": ",d"},
+        xaxis={
+            "title": "context length per request (tokens, log scale)",
+            "type": "log",
+            "tickmode": "array",
+            "tickvals": ticks,
+            "ticktext": [context_label(c) for c in ticks],
+        },
+        yaxis={
+            "title": "max concurrent requests (requests, log scale)",
+            "type": "log",
+            "dtick": 1,  # one label per decade: minor ticks unlabelled, so labels never run together
+            "tickformat": ",d",
+        },
         height=420,
         margin={"t": 30},
     )
     return fig
+
+
+def context_label(tokens: int) -> str:
+    """A short axis label for a token count: 512, 4k, 128k, 1M (binary: 1k = 1,024 tokens)."""
+    if tokens >= 1 << 20 and tokens % (1 << 20) == 0:
+        return f"{tokens >> 20}M"
+    if tokens >= 1024 and tokens % 1024 == 0:
+        return f"{tokens >> 10}k"
+    return f"{tokens:,}"
 
 
 def paged_vs_contiguous_figure(
@@ -98,6 +141,8 @@ def paged_vs_contiguous_figure(
         ("contiguous (reserves max_model_len)", "contiguous", "contiguous_memory_concurrency"),
     )
     fig = go.Figure()
+    tops = [getattr(what_ifs[n], attr) for _, _, attr in bars for n in names]
+    tops += list((max_num_seqs or {}).values())
     for label, policy, attr in bars:
         values = [getattr(what_ifs[n], attr) for n in names]
         fig.add_bar(
@@ -123,6 +168,7 @@ def paged_vs_contiguous_figure(
         yaxis={
             "title": "concurrent requests the KV cache holds, per replica (requests)",
             "rangemode": "tozero",
+            "dtick": integer_dtick(max(tops, default=1)),
         },
         xaxis_title="scenario",
         height=420,

@@ -5,8 +5,9 @@ replaced by the field's default and reported with the reason, never raised), see
 result, and writes the current values back with `encode_params` so the URL always reproduces the screen.
 Nothing here imports streamlit: the functions take and return plain mappings, so they are tested directly.
 
-Value kinds: "int", "float" (finite, within [minimum, maximum]); "choice" (one of `choices`); "bool"
-("1"/"0", "true"/"false"); "str" (at most `max_length` characters). `optional=True` adds "auto" (None).
+Value kinds: "int", "float" (finite, within [minimum, maximum]); "choice" (one of `choices`); "multi" (a tuple of
+distinct `choices`, comma-separated in the URL, in the order given); "bool" ("1"/"0", "true"/"false"); "str" (at
+most `max_length` characters). `optional=True` adds "auto" (None).
 """
 
 import math
@@ -37,7 +38,7 @@ class Field:
     step: float | None = None  # a number widget's step
 
     def __post_init__(self):
-        if self.kind not in ("int", "float", "choice", "bool", "str"):
+        if self.kind not in ("int", "float", "choice", "multi", "bool", "str"):
             raise ValueError(f"unknown field kind {self.kind!r}")
 
     def parse(self, raw: str) -> Any:
@@ -56,6 +57,12 @@ class Field:
                 if text == str(choice):
                     return choice
             raise ValueError(f"unknown value; allowed: {', '.join(str(c) for c in self.choices)}")
+        if self.kind == "multi":
+            names = [part.strip() for part in text.split(",") if part.strip()] if len(text) <= 1000 else None
+            known = {str(choice): choice for choice in self.choices}
+            if names is None or any(name not in known for name in names) or len(set(names)) != len(names):
+                raise ValueError(f"expected distinct values among {', '.join(known)}, comma-separated")
+            return tuple(known[name] for name in names)
         if self.kind == "str":
             if len(text) > self.max_length:
                 raise ValueError(f"longer than {self.max_length:,} characters")
@@ -78,6 +85,8 @@ class Field:
             return AUTO
         if self.kind == "bool":
             return "1" if value else "0"
+        if self.kind == "multi":
+            return ",".join(str(v) for v in value)
         if self.kind == "float":
             return f"{float(value):g}" if abs(float(value)) < 1e15 else repr(float(value))
         return str(value)
@@ -117,7 +126,7 @@ def encode_params(values: Mapping[str, Any], fields: Iterable[Field]) -> dict[st
 def widget_bounds(field: Field) -> dict[str, Any]:
     """Keyword arguments that bound a widget to `field`: `options` for a choice; `min_value`, `max_value` and
     `step` for a number, typed like the field (int or float, as streamlit requires them all of one type)."""
-    if field.kind == "choice":
+    if field.kind in ("choice", "multi"):
         return {"options": list(field.choices)}
     if field.kind not in ("int", "float"):
         return {}

@@ -3,6 +3,8 @@
 A policy, a backend, a memory category or a sequence keeps the same colour on every page.
 """
 
+import math
+
 import plotly.express as px
 
 POLICY_COLORS = {
@@ -27,7 +29,8 @@ MEMORY_COLORS = {
     "reservation": "#ffbb78",
     "internal fragmentation": "#ff7f0e",
     "external fragmentation": "#d62728",
-    "free": "#e5e5e5",
+    "external fragmentation & others": "#e7969c",  # the paper's Figure 2 category: allocator slack + free
+    "free": "#d9d9d9",
     "weights": "#1f77b4",
     "activations": "#aec7e8",
     "kv cache": "#2ca02c",
@@ -50,3 +53,11 @@ def policy_color(name: str) -> str:
 def fmt_int(value: float) -> str:
     """Thousands separators: 15728 -> '15,728'."""
     return f"{round(value):,}"
+
+
+def integer_dtick(largest: float, target_ticks: int = 6) -> int:
+    """A whole-number tick step (1, 2, 5 x 10^k) giving about `target_ticks` ticks up to `largest`: counts of
+    requests never get 0.5 ticks."""
+    raw = max(1.0, float(largest) / target_ticks)
+    magnitude = 10 ** math.floor(math.log10(raw))
+    return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)

@@ -41,8 +41,12 @@ class UrlState:
         st.session_state[self.state_key] = values
         st.session_state[self.errors_key] = errors
         for key, value in values.items():
-            st.session_state[key] = value
+            st.session_state[key] = self._widget_value(key, value)
         return True
+
+    def _widget_value(self, key: str, value: Any) -> Any:
+        """The widget's form of a value: a list for a multi-choice field (values keep it as a tuple)."""
+        return list(value) if self.fields[key].kind == "multi" else value
 
     def pop_errors(self) -> list[str]:
         """The messages about rejected URL parameters, once (the next write replaces them with valid values)."""
@@ -52,14 +56,16 @@ class UrlState:
         """`factory(label, key=key, ...)` bounded by the field `key` (options, min, max, step unless given),
         restoring its value from the page's values when Streamlit dropped it; returns the widget's value."""
         if key not in st.session_state:
-            st.session_state[key] = self.values[key]
+            st.session_state[key] = self._widget_value(key, self.values[key])
         value = factory(label, key=key, **{**widget_bounds(self.fields[key]), **kwargs})
+        if self.fields[key].kind == "multi":
+            value = tuple(value)
         self.values[key] = value
         return value
 
     def set(self, key: str, value: Any) -> None:
         """Change a value and its widget (before the widget is drawn in this run)."""
-        st.session_state[key] = value
+        st.session_state[key] = self._widget_value(key, value)
         self.values[key] = value
 
     def write_url(self, encoded: dict[str, str]) -> None:

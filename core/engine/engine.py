@@ -480,7 +480,7 @@ class Engine:
                 "reservation": usage["reservation"],
                 "internal_fragmentation": usage["internal_fragmentation"],
                 "allocator_slack": 0,
-                "external_fragmentation": free * bs,
+                "external_fragmentation": 0,  # a paged pool has none: free blocks are free_slots
                 "tokens_generated": outcome.tokens_generated,
                 "prefill_tokens": outcome.prefill_tokens,
                 "kv_tokens_read": kv_read,

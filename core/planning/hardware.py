@@ -1,13 +1,15 @@
 """GPU presets for capacity planning: memory capacity, memory bandwidth and peak dense bf16 throughput.
 
 Units, and the GB / GiB trap:
-- `memory_bytes` is in bytes. Vendors print "80GB" for a card with 80 GiB (85.9e9 bytes) of HBM: DRAM
-  capacity is binary (an H100 80GB has five 16 GiB HBM3 stacks). So "80GB" is stored as 80 x 2**30 bytes and
-  shown as "80.0 GiB". The driver keeps a little for itself: `torch.cuda.mem_get_info()` (which vLLM
-  multiplies by gpu_memory_utilization) reports about 79.1 GiB on an H100 80GB and 39.4-39.6 GiB on an
-  A100 40GB. Enter a custom GPU with the exact `nvidia-smi` figure when that last 1% matters.
-  (The PagedAttention paper does the same: its "12 GB" of KV on an A100-40GB gives 15.7K slots of 800 KiB,
-  i.e. 12 GiB.)
+- `memory_bytes` is the total memory the driver reports (`nvidia-smi`'s "Total", the total of
+  `torch.cuda.mem_get_info()`), in bytes: vLLM multiplies exactly that figure by gpu_memory_utilization, so a
+  plan made from the printed "80GB" overstates the KV cache. The figures are public logs' MiB (see
+  docs/figures.md): HBM cards report about their printed size in GiB (an A100 40GB exactly 40,960 MiB; an H100
+  80GB 81,559 MiB, 0.4% under 80 GiB); GDDR6 data-centre cards with ECC on lose 1/16 of their chips (an L4's
+  24 GiB x 15/16 = 22.5 GiB; nvidia-smi says 23,034 MiB), the L40S 45 of 48. Presets without a public driver figure
+  (A100 80GB, MI300X, B200) follow the HBM rule: the printed GB taken as GiB, at most ~0.5% high (the H100's
+  gap). `source` says which.
+  (The PagedAttention paper's "12 GB" of KV on an A100-40GB gives 15.7K slots of 800 KiB, i.e. 12 GiB.)
 - `memory_bandwidth` is in bytes per second, decimal as vendors print it (3,350 GB/s = 3.35e12 B/s).
 - `peak_bf16_flops` is dense (no 2:4 sparsity) bf16 tensor-core FLOP/s from the same datasheet; NVIDIA often
   prints the sparse figure, twice as large.
@@ -100,52 +102,99 @@ def _positive(value: Any, what: str) -> float:
     return number
 
 
+MiB = 1024**2
+DRIVER = "memory: driver-reported total {mib:,} MiB (nvidia-smi / torch.cuda.mem_get_info, public logs)"
+HBM_RULE = "memory: printed {gb} GB taken as GiB ({mib:,} MiB; HBM rule, no public driver figure)"
+
+
+def _memory(mib: int, rule: str = DRIVER, printed_gb: int | None = None) -> tuple[int, str]:
+    """(bytes, the source of the figure) for a total of `mib` MiB."""
+    return mib * MiB, rule.format(mib=mib, gb=printed_gb)
+
+
+def _preset(name, memory, bandwidth, flops, memory_type, datasheet) -> GPUSpec:
+    memory_bytes, memory_source = memory
+    return GPUSpec(name, memory_bytes, bandwidth, flops, memory_type, f"{memory_source}; {datasheet}")
+
+
 GPUS: dict[str, GPUSpec] = {
     # NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column: 40GB HBM2, 1,555 GB/s; BF16 312 TFLOPS
-    # dense (624 with sparsity).
-    "a100-40gb": GPUSpec(
-        "A100 SXM 40GB", 40 * GiB, 1_555 * GB, 312 * TFLOPS, "HBM2", "NVIDIA A100 datasheet (SXM4 40GB)"
+    # dense (624 with sparsity). nvidia-smi: 40,960 MiB (exactly 40 GiB).
+    "a100-40gb": _preset(
+        "A100 SXM 40GB",
+        _memory(40_960),
+        1_555 * GB,
+        312 * TFLOPS,
+        "HBM2",
+        "NVIDIA A100 datasheet (SXM4 40GB)",
     ),
-    # Same datasheet: 80GB HBM2e, 2,039 GB/s; BF16 312 TFLOPS dense.
-    "a100-80gb": GPUSpec(
-        "A100 SXM 80GB", 80 * GiB, 2_039 * GB, 312 * TFLOPS, "HBM2e", "NVIDIA A100 datasheet (SXM4 80GB)"
+    # Same datasheet: 80GB HBM2e, 2,039 GB/s; BF16 312 TFLOPS dense. Memory by the HBM rule (its 40GB sibling
+    # reports exactly 40 GiB).
+    "a100-80gb": _preset(
+        "A100 SXM 80GB",
+        _memory(81_920, HBM_RULE, 80),
+        2_039 * GB,
+        312 * TFLOPS,
+        "HBM2e",
+        "NVIDIA A100 datasheet (SXM4 80GB)",
     ),
     # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: 80GB HBM3, 3.35 TB/s; BF16 1,979 TFLOPS with sparsity,
-    # 989 dense.
-    "h100-80gb": GPUSpec(
-        "H100 SXM 80GB", 80 * GiB, 3_350 * GB, 989 * TFLOPS, "HBM3", "NVIDIA H100 datasheet (SXM5)"
+    # 989 dense. nvidia-smi: 81,559 MiB (79.6 GiB).
+    "h100-80gb": _preset(
+        "H100 SXM 80GB", _memory(81_559), 3_350 * GB, 989 * TFLOPS, "HBM3", "NVIDIA H100 datasheet (SXM5)"
     ),
     # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: 141GB HBM3e, 4.8 TB/s; BF16 989 TFLOPS dense
-    # (the same compute as H100). nvidia-smi reports 143,771 MiB (140.4 GiB).
-    "h200-141gb": GPUSpec(
-        "H200 SXM 141GB", 141 * GiB, 4_800 * GB, 989 * TFLOPS, "HBM3e", "NVIDIA H200 datasheet (SXM)"
+    # (the same compute as H100). nvidia-smi: 143,771 MiB (140.4 GiB).
+    "h200-141gb": _preset(
+        "H200 SXM 141GB", _memory(143_771), 4_800 * GB, 989 * TFLOPS, "HBM3e", "NVIDIA H200 datasheet (SXM)"
     ),
-    # NVIDIA L4 datasheet: 24GB GDDR6, 300 GB/s; BF16 242 TFLOPS with sparsity, 121 dense.
-    "l4": GPUSpec("L4", 24 * GiB, 300 * GB, 121 * TFLOPS, "GDDR6", "NVIDIA L4 datasheet"),
+    # NVIDIA L4 datasheet: 24GB GDDR6, 300 GB/s; BF16 242 TFLOPS with sparsity, 121 dense. nvidia-smi with ECC
+    # on: 23,034 MiB (22.5 GiB).
+    "l4": _preset("L4", _memory(23_034), 300 * GB, 121 * TFLOPS, "GDDR6", "NVIDIA L4 datasheet"),
     # NVIDIA L40S datasheet: 48GB GDDR6 with ECC, 864 GB/s; BF16 362.05 TFLOPS dense (733 with sparsity).
-    "l40s": GPUSpec("L40S", 48 * GiB, 864 * GB, 362.05 * TFLOPS, "GDDR6", "NVIDIA L40S datasheet"),
+    # nvidia-smi with ECC on: 46,068 MiB (45.0 GiB; a vLLM startup log shows 44.42 GiB total).
+    "l40s": _preset("L40S", _memory(46_068), 864 * GB, 362.05 * TFLOPS, "GDDR6", "NVIDIA L40S datasheet"),
     # NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090: 24GB GDDR6X, 1,008 GB/s; peak BF16
-    # tensor TFLOPS with FP32 accumulate 165.2 dense (GeForce runs FP32-accumulate at half rate).
-    "rtx-4090": GPUSpec(
-        "GeForce RTX 4090", 24 * GiB, 1_008 * GB, 165.2 * TFLOPS, "GDDR6X", "NVIDIA Ada whitepaper (RTX 4090)"
+    # tensor TFLOPS with FP32 accumulate 165.2 dense (GeForce runs FP32-accumulate at half rate). No ECC:
+    # nvidia-smi 24,564 MiB.
+    "rtx-4090": _preset(
+        "GeForce RTX 4090",
+        _memory(24_564),
+        1_008 * GB,
+        165.2 * TFLOPS,
+        "GDDR6X",
+        "NVIDIA Ada whitepaper (RTX 4090)",
     ),
     # AWS EC2 G5 (A10G): 24GB GDDR6, 600 GB/s (as the NVIDIA A10 datasheet). AWS does not publish A10G tensor
-    # throughput; the A10 datasheet's BF16 125 TFLOPS dense is used, an upper bound for the A10G.
-    "a10g": GPUSpec(
+    # throughput; the A10 datasheet's BF16 125 TFLOPS dense is used, an upper bound for the A10G. nvidia-smi
+    # with ECC on: 23,028 MiB.
+    "a10g": _preset(
         "A10G",
-        24 * GiB,
+        _memory(23_028),
         600 * GB,
         125 * TFLOPS,
         "GDDR6",
         "AWS G5 instance page; NVIDIA A10 datasheet (compute)",
     ),
     # AMD Instinct MI300X data sheet: 192GB HBM3, 5.3 TB/s; BF16 1,307.4 TFLOPS dense (2,614.9 with sparsity).
-    "mi300x": GPUSpec(
-        "Instinct MI300X", 192 * GiB, 5_300 * GB, 1307.4 * TFLOPS, "HBM3", "AMD MI300X data sheet"
+    "mi300x": _preset(
+        "Instinct MI300X",
+        _memory(196_608, HBM_RULE, 192),
+        5_300 * GB,
+        1307.4 * TFLOPS,
+        "HBM3",
+        "AMD MI300X data sheet",
     ),
     # NVIDIA DGX B200 datasheet: 1,440GB total GPU memory for 8 GPUs, i.e. 180GB usable per GPU (192GB of
     # HBM3e on the package), 8 TB/s; HGX B200 BF16 2.25 PFLOPS dense per GPU (4.5 with sparsity).
-    "b200": GPUSpec("B200", 180 * GiB, 8_000 * GB, 2_250 * TFLOPS, "HBM3e", "NVIDIA DGX/HGX B200 datasheets"),
+    "b200": _preset(
+        "B200",
+        _memory(184_320, HBM_RULE, 180),
+        8_000 * GB,
+        2_250 * TFLOPS,
+        "HBM3e",
+        "NVIDIA DGX/HGX B200 datasheets",
+    ),
 }
 
 

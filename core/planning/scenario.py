@@ -552,6 +552,7 @@ def gpu_preset_rows() -> list[dict[str, Any]]:
         {
             "slug": slug,
             "GPU": g.name,
+            "memory (MiB, driver total)": g.memory_bytes // 2**20,
             "memory (GiB)": g.memory_gib,
             "memory (GB, 1e9 B)": g.memory_gb,
             "bandwidth (GB/s)": g.memory_bandwidth / 1e9,
@@ -561,3 +562,29 @@ def gpu_preset_rows() -> list[dict[str, Any]]:
         }
         for slug, g in GPUS.items()
     ]
+
+
+DEPLOYMENT_TP = (1, 2, 4, 8)  # tensor-parallel sizes tried, one replica each
+
+
+def smallest_deployment(values: dict[str, Any], prefix: str) -> tuple[int, int] | None:
+    """(GPUs, tensor parallel) of the smallest single-replica deployment of the scenario's model that fits with its
+    other settings (pipeline parallel kept: GPUs = TP x PP), trying TP 1, 2, 4, 8; None when none fits. A TP the
+    model's heads do not allow is skipped. Raises LabError when the scenario itself is invalid (e.g. a bad custom
+    config), whatever the deployment."""
+    pp = int(values[f"{prefix}pp"])
+    errors = []
+    for tp in DEPLOYMENT_TP:
+        trial = {**values, f"{prefix}gpus": tp * pp, f"{prefix}tp": tp}
+        try:
+            result = compute_scenario(trial, prefix, None)
+        except LabError as error:
+            errors.append(error)
+            continue
+        if result.plan.fits:
+            return tp * pp, tp
+    if len(errors) == len(
+        DEPLOYMENT_TP
+    ):  # nothing could even be planned: the scenario's own inputs are wrong
+        raise errors[-1]
+    return None

@@ -3,8 +3,11 @@
 `SimulatorParams` is frozen and hashable, so the page caches one run per parameter set.
 """
 
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from core.errors import InvalidArgumentError
 from core.kv.layout import kv_cache_layout
@@ -135,6 +138,71 @@ class SimulatorParams:
 
 
 DEFAULT_PARAMS = SimulatorParams()
+SATURATION = 1.2  # a saturating burst asks for this many times the pool's tokens
+MAX_SATURATING_SEQS = 1_024  # requests running at once at most: beyond, a run takes minutes on the page
+
+
+@dataclass(frozen=True)
+class SaturatingLoad:
+    """A burst meant to fill the KV pool: num_requests arrive at t = 0 and run together (max_num_seqs lets them);
+    at the busiest step of their decoding they would hold peak_tokens = SATURATION x capacity_tokens if nothing
+    were preempted. MAX_SATURATING_SEQS (a bound on the page's run time) can keep it below the pool: `saturates`
+    is then False (num_requests is then what runs at once), and the page keeps the load set by the user. max_num_batched_tokens is at least max_num_seqs, as the scheduler requires.
+    peak_per_request: tokens held per request at that busiest step, from `peak_tokens_per_request`."""
+
+    num_requests: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    peak_per_request: float
+    peak_tokens: int
+    capacity_tokens: int
+
+    @property
+    def saturates(self) -> bool:
+        return self.peak_tokens > self.capacity_tokens
+
+    def apply(self, params: SimulatorParams) -> SimulatorParams:
+        """`params` with this load: the requests arrive at once; the other settings are kept."""
+        return replace(
+            params,
+            num_requests=self.num_requests,
+            rate=math.inf,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
+
+def peak_tokens_per_request(requests: Sequence[Request]) -> float:
+    """KV tokens held per request at the busiest step when all `requests` start together and each sequence
+    emits one token per step: max over t of sum over unfinished requests (output_len > t) of prompt + n x t,
+    divided by the number of requests (a finished request frees its tokens)."""
+    prompts = np.array([r.prompt_len for r in requests], dtype=np.float64)
+    outputs = np.array([r.output_len for r in requests], dtype=np.int64)
+    samples = np.array([r.n for r in requests], dtype=np.float64)
+    order = np.argsort(outputs)
+    outputs, prompts, samples = outputs[order], prompts[order], samples[order]
+    t = np.arange(int(outputs.max()), dtype=np.int64)
+    first_running = np.searchsorted(outputs, t, side="right")  # requests [first_running:] have output_len > t
+    prompt_tail = np.cumsum(prompts[::-1])[::-1]
+    samples_tail = np.cumsum(samples[::-1])[::-1]
+    inside = first_running < len(outputs)
+    index = first_running[inside]
+    held = prompt_tail[index] + samples_tail[index] * t[inside]
+    return float(held.max()) / len(requests)
+
+
+def saturating_load(params: SimulatorParams) -> SaturatingLoad:
+    """The burst of `params`' workload (dataset, lengths, n, seed) whose busiest step would hold SATURATION times
+    the KV capacity (`peak_tokens_per_request` on 1,000 requests of the workload), within the page's limits.
+    Raises InvalidArgumentError for bad parameters."""
+    capacity = params.kv_capacity_tokens()
+    sample = replace(params, num_requests=1_000, rate=math.inf).requests()
+    per_request = peak_tokens_per_request(sample)
+    count = math.ceil(SATURATION * capacity / per_request)
+    seqs = min(MAX_SATURATING_SEQS, max(params.max_num_seqs, count * params.n))
+    count = min(count, seqs // params.n)  # more than run at once would only lengthen the run
+    tokens = max(params.max_num_batched_tokens, seqs)
+    return SaturatingLoad(count, seqs, tokens, per_request, round(count * per_request), capacity)
 
 
 def run_comparison(
@@ -164,10 +232,15 @@ def run_comparison(
 
 def steady_summary(result: SimulationResult, requests: Sequence[Request]) -> dict:
     """The summary over the steady state, as bench/paper.py reports it: steps ending between 10% and 100% of the
-    last arrival; the whole run when every request arrives at once (or the window holds no step)."""
+    last arrival. When every request arrives at once: from t = 0 until half the requests have finished (the
+    median finish time), before the drain, where the batch shrinks because requests run out, whatever the policy.
+    The whole run when the window holds no step."""
     last = max(r.arrival_time for r in requests)
     if last > 0:
         summary = result.summarize(0.1 * last, last)
         if summary["num_steps"] > 0:
             return summary
-    return result.summary
+        return result.summary
+    half = float(result.requests["finish_time"].quantile(0.5, interpolation="lower"))
+    summary = result.summarize(None, half)
+    return summary if summary["num_steps"] > 0 else result.summary

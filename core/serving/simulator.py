@@ -133,7 +133,9 @@ class StepSnapshot:
 @dataclass(eq=False)
 class SimulationResult:
     """steps: one row per step, columns `COLUMNS` (slots are KV token positions; `time_s` is the end of the step;
-    `free_blocks` is the free-list size: free blocks for paged, free buddy blocks for contiguous).
+    `free_blocks` is the free-list size: free blocks for paged, free buddy blocks for contiguous;
+    `external_fragmentation` is the allocator slack, real fragmentation only, and `free_slots` the free memory:
+    token_states + reservation + internal_fragmentation + external_fragmentation + free_slots == capacity).
     requests: one row per request (arrival_time, first_token_time, finish_time in seconds; lengths in tokens).
     summary: see `summarize`. snapshots: sampled `StepSnapshot`s in step order. capacity_slots: the slots the
     memory columns sum to (the KV capacity; for a hybrid policy, group slots, see `core.serving.hybrid_memory`)."""
@@ -161,9 +163,12 @@ def summarize(
 ) -> dict:
     """Figure 2 breakdown and serving metrics over the steps that end in [t_start, t_end] (default: all).
 
-    The four `*_pct` are shares of the whole KV capacity averaged over time (each step weighted by its duration):
-    token states, reservation, internal fragmentation, external fragmentation & others (allocator slack + free
-    slots); they sum to 100. avg_batched_requests: mean requests in the batch per step. throughput: generated
+    The five `*_pct` are shares of the whole KV capacity averaged over time (each step weighted by its duration)
+    and sum to 100: token states, reservation, internal fragmentation, external fragmentation (allocator slack
+    only: slots no request can use although they are not free, e.g. a buddy allocator's rounding; a paged pool's
+    is capacity % block_size) and free (slots nobody holds: memory a fuller load would use, not waste). The
+    paper's Figure 2 "external fragmentation & others" is external_fragmentation_pct + free_pct (its runs were
+    memory-bound, so its free share was small). avg_batched_requests: mean requests in the batch per step. throughput: generated
     tokens / simulated seconds. mean_normalized_latency_s: mean over finished requests of (finish - arrival) /
     output_len, seconds per token. preemptions: preemption events in the window.
     """
@@ -178,7 +183,8 @@ def summarize(
             "token_states_pct": 0.0,
             "reservation_pct": 0.0,
             "internal_fragmentation_pct": 0.0,
-            "external_fragmentation_pct": 100.0,
+            "external_fragmentation_pct": 0.0,
+            "free_pct": 100.0,
             "avg_batched_requests": 0.0,
             "preemptions": 0,
         }
@@ -191,7 +197,8 @@ def summarize(
     out["token_states_pct"] = share(sel["token_states"])
     out["reservation_pct"] = share(sel["reservation"])
     out["internal_fragmentation_pct"] = share(sel["internal_fragmentation"])
-    out["external_fragmentation_pct"] = share(sel["external_fragmentation"])
+    out["external_fragmentation_pct"] = share(sel["allocator_slack"])
+    out["free_pct"] = share(sel["free_slots"])
     out["avg_batched_requests"] = float(sel["running"].mean())
     out["avg_batched_seqs"] = float(sel["running_seqs"].mean())
     out["preemptions"] = int(sel["preemptions"].sum())
@@ -327,7 +334,7 @@ def _put_memory(rows: np.ndarray, m: MemoryMetrics) -> None:
     """Write the memory columns: Python ints (every row alike) or int64 arrays with one entry per row."""
     for column, values in zip(_MEMORY_COLUMNS, m, strict=True):
         rows[:, column] = values
-    rows[:, _COL["external_fragmentation"]] = m.allocator_slack + m.free_slots
+    rows[:, _COL["external_fragmentation"]] = m.allocator_slack  # real fragmentation only: free is not waste
 
 
 def _validate_requests(requests: Sequence[Request], config: SimulatorConfig) -> list[Request]:

@@ -9,6 +9,7 @@ from playwright.sync_api import expect
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from core.planning.plan import plan
+from tests.conftest import wait_for_script_done
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 WAIT_MS = 60_000  # a loaded 2-core machine renders the first run in well over expect's default 5 s
@@ -38,7 +39,7 @@ def test_shared_url_reproduces_the_what_if(streamlit_server, page):
         "32", timeout=WAIT_MS
     )
     expect(page.locator('[data-testid="stPlotlyChart"] .main-svg').first).to_be_visible(timeout=WAIT_MS)
-    assert page.locator('[data-testid="stPlotlyChart"]').count() == 4
+    expect(page.locator('[data-testid="stPlotlyChart"]')).to_have_count(4, timeout=WAIT_MS)
     # The URL keeps the what-if after the page has rewritten it with every field.
     for key in ("a_model=qwen2.5-72b", "a_block=32", "b_gpu=l4", "wl=alpaca"):
         assert key in page.url
@@ -59,3 +60,26 @@ def test_bad_shared_url_shows_reasons(streamlit_server, page):
     )
     expect(main.get_by_text("Scenario A: Llama-3.1-70B on 4 × H100 SXM 80GB")).to_be_visible(timeout=WAIT_MS)
     assert page.locator('[data-testid="stException"]').count() == 0
+
+
+@pytest.mark.browser
+def test_the_answer_comes_first(streamlit_server, page):
+    """At 1500 x 1000 the default page (two scenarios) shows both verdicts and the main chart (memory per GPU) on
+    the first screen, above the inputs."""
+    page.set_viewport_size({"width": 1500, "height": 1000})
+    page.goto(f"{streamlit_server}/planner")
+    main = page.locator('[data-testid="stMain"]')
+    expect(main.get_by_text("Scenario A: Llama-3.1-70B on 4 × H100 SXM 80GB").first).to_be_visible(
+        timeout=WAIT_MS
+    )
+    chart = page.locator('[data-testid="stPlotlyChart"]').filter(has_text="memory per GPU (GiB")
+    expect(chart.locator(".main-svg").first).to_be_visible(timeout=WAIT_MS)
+    expect(main.get_by_text("Scenario B: Llama-3.1-70B on 2 × H200 SXM 141GB").first).to_be_visible()
+    wait_for_script_done(page, WAIT_MS)
+    expect(page.locator('[data-testid="stPlotlyChart"]')).to_have_count(4, timeout=WAIT_MS)
+    box = chart.bounding_box()
+    assert box is not None and box["y"] + box["height"] < 1000, box  # the whole chart on the first screen
+    inputs = page.get_by_role("combobox", name="Model").first.bounding_box()
+    assert inputs is not None and inputs["y"] > box["y"]
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "planner_first_screen.png"))

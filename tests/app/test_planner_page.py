@@ -102,7 +102,7 @@ def test_plan_document_is_json_and_matches_core():
     expected = plan(MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="fp8",
                     max_model_len=4096)  # fmt: skip
     assert scenario["plan"]["kv_tokens"] == expected.kv_tokens
-    assert scenario["model"]["num_kv_heads"] == 8 and scenario["gpu"]["memory_bytes"] == 80 * 1024**3
+    assert scenario["model"]["num_kv_heads"] == 8 and scenario["gpu"]["memory_bytes"] == 81_559 * 1024**2
     assert scenario["workload_what_if"]["num_requests"] == 1000
     assert len(scenario["fragmentation_by_block_size"]) == 9
     assert document["inputs"]["a_kvdtype"] == "fp8"
@@ -143,7 +143,7 @@ def test_defaults_draw_the_plan_of_core():
     shown = metrics(at)
     assert ("KV tokens per replica", f"{expected.kv_tokens:,}") in shown
     assert ("KV blocks", f"{expected.num_blocks:,}") in shown
-    assert ("Max requests at max_model_len", f"{expected.max_concurrency:,}") in shown
+    assert ("Full-length requests", f"{expected.max_concurrency:,}") in shown
     assert len(at.get("plotly_chart")) == 4
     assert any("40,960 B" in md.value for md in at.markdown)  # the formula, with the numbers
     assert any("--kv-cache-dtype fp8" in code.value for code in at.code)
@@ -158,7 +158,7 @@ def test_bad_query_params_give_reasons_not_tracebacks():
     for text in ("`a_model`", "llama-9", "`a_tp`", "at least 1", "`a_ctx`", "at most", "`a_gpu`", "`a_util`"):
         assert text in errors
     # The page still shows the default plan, and the URL now holds valid values.
-    assert ("KV tokens per replica", "981,040") in metrics(at)
+    assert ("KV tokens per replica", "972,720") in metrics(at)  # 4 x H100 at their driver-reported 79.6 GiB
     assert str(at.query_params["a_model"]).strip("[]'") == "llama-3.1-70b"
 
 
@@ -231,6 +231,27 @@ def test_switching_to_a_shorter_model_clamps_max_model_len():
     expected = plan(MODELS["opt-13b"], GPUS["h100-80gb"], kv_dtype="fp8", max_model_len=2048)
     assert ("KV blocks", f"{expected.num_blocks:,}") in metrics(at)
     assert "2048" in str(at.query_params["a_ctx"])
+
+
+def test_changing_the_model_offers_the_smallest_deployment_that_fits():
+    """The default scenario A is Llama-3.1-70B on 4 x H100 at TP 4; switched to Llama-3.1-8B it is moved to one
+    H100 (the smallest deployment that fits, checked against `plan`), and the page says so; a model that fits on
+    no 8 GPUs says that instead."""
+    at = open_planner({"compare": "0"})
+    at.selectbox(key="a_model").set_value("llama-3.1-8b").run()
+    assert not at.exception and not at.error
+    assert (at.number_input(key="a_gpus").value, at.number_input(key="a_tp").value) == (1, 1)
+    assert plan(MODELS["llama-3.1-8b"], GPUS["h100-80gb"], kv_dtype="fp8", max_model_len=4096).fits
+    assert any("smallest that fits (was 4 at TP 4)" in i.value for i in at.info)
+    assert "a_gpus=1" in "&".join(
+        f"{k}={v[-1] if isinstance(v, list) else v}" for k, v in at.query_params.items()
+    )
+    at.selectbox(key="a_gpu").set_value("l4").run()
+    at.selectbox(key="a_model").set_value("llama-3.1-405b").run()
+    assert not at.exception
+    assert any("No deployment of up to 8 GPUs" in i.value for i in at.info)
+    assert not plan(MODELS["llama-3.1-405b"], GPUS["l4"], num_gpus=8, tensor_parallel=8, kv_dtype="fp8",
+                    max_model_len=4096).fits  # fmt: skip
 
 
 def test_what_if_survives_a_visit_to_another_page():
@@ -338,7 +359,7 @@ def test_hybrid_model_shows_groups_comparison_and_flags():
                        "a_kvdtype": "auto", "a_ctx": "131072", "compare": "0"})  # fmt: skip
     assert not at.exception and not at.error
     expected = plan(MODELS["gpt-oss-20b"], GPUS["h100-80gb"], max_model_len=131_072)
-    assert ("Max requests at max_model_len", f"{expected.max_concurrency:,}") in metrics(at)
+    assert ("Full-length requests", f"{expected.max_concurrency:,}") in metrics(at)
     table = at.dataframe[0].value
     assert list(table["kind"]) == ["sliding_window", "full"]
     assert list(table["blocks per 131,072-token request"]) == [521, 8192]

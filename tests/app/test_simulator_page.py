@@ -111,7 +111,9 @@ def test_hybrid_kv_cache_manager_pads_gemma_3s_unequal_groups():
     bands = [a["text"] for a in heatmap["layout"]["annotations"]]
     assert bands[0].startswith("sliding window 1,024 tokens (6 groups of 9, 9, 9, 9, 8, 8 layers)")
     assert bands[1].startswith("full attention (10 layers)")
-    assert "(10 layers per block)" in heatmap["layout"]["title"]["text"]
+    assert (
+        "(10 layers per block; a cell = 4 blocks)" in heatmap["layout"]["title"]["text"]
+    )  # 6,094 > 1,536 cells
     captions = " ".join(c.value for c in at.caption)
     assert (
         "6 sliding-window groups (window 1,024 tokens) of 9, 9, 9, 9, 8, 8 layers; 1 full-attention group"
@@ -176,3 +178,126 @@ def test_trace_over_the_upload_limit_is_refused_before_it_is_read(monkeypatch):
     finally:
         monkeypatch.delenv("PAGED_LAB_MAX_UPLOAD_BYTES")
         app_limits.clear()
+
+
+def _open_with(params: dict[str, str]):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.conftest import ROOT
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    for key, value in params.items():
+        at.query_params[key] = value
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _query(at) -> dict[str, str]:
+    return {k: (v[-1] if isinstance(v, list) else v) for k, v in at.query_params.items()}
+
+
+def test_a_hybrid_run_sent_as_a_link_reproduces_the_run():
+    """A hybrid gpt-oss-20b simulation set on the page writes every input to the URL; a fresh session opened on
+    that URL shows the same inputs and the same numbers, which are those of `compare_policies` on the
+    `SimulatorParams` the link describes."""
+    from core.jobs.tasks import compare_policies
+    from core.serving.experiment import SimulatorParams, model_kv_groups
+
+    at = open_app(PAGE)
+    at.selectbox(key="model").set_value("gpt-oss-20b")
+    at.number_input(key="num_requests").set_value(40)
+    at.number_input(key="rate").set_value(4.0)
+    at.number_input(key="seed").set_value(7)
+    at.multiselect(key="policies").set_value(["paged", "orca-oracle"])
+    at.checkbox(key="hybrid").check()
+    _submit(at)
+    link = _query(at)
+    assert {k: link[k] for k in ("model", "num_requests", "rate", "seed", "hybrid", "policies")} == {
+        "model": "gpt-oss-20b",
+        "num_requests": "40",
+        "rate": "4",
+        "seed": "7",
+        "hybrid": "1",
+        "policies": "paged,orca-oracle",
+    }
+    shown = [(m.label, m.value) for m in at.metric]
+
+    again = _open_with(link)
+    assert not again.error
+    assert again.selectbox(key="model").value == "gpt-oss-20b" and again.checkbox(key="hybrid").value
+    assert list(again.multiselect(key="policies").value) == ["paged", "orca-oracle"]
+    assert [(m.label, m.value) for m in again.metric] == shown
+    assert _query(again) == link
+    params = SimulatorParams(
+        num_requests=40, rate=4.0, seed=7, model="gpt-oss-20b", policies=("paged", "orca-oracle"),
+        kv_groups=model_kv_groups("gpt-oss-20b"),
+    )  # fmt: skip
+    _, summaries = compare_policies(params)
+    assert ("Paged (vLLM): token states", f"{summaries['paged']['token_states_pct']:.1f}%") in shown
+    assert ("Batched requests (avg)", f"{summaries['orca-oracle']['avg_batched_requests']:,.2f}") in shown
+
+
+def test_bad_link_values_are_reported_and_replaced():
+    at = _open_with({"model": "gpt-9", "policies": "paged,lru", "rate": "-1", "num_requests": "30"})
+    errors = " ".join(e.value for e in at.error)
+    for text in (
+        "`model`",
+        "'gpt-9' ignored",
+        "`policies`",
+        "distinct values among",
+        "`rate`",
+        "at least 0.01",
+    ):
+        assert text in errors
+    assert at.number_input(key="num_requests").value == 30 and at.metric
+    assert _query(at)["model"] == "opt-13b"
+
+
+def test_capacity_from_a_gpu_sizes_the_load_to_its_memory():
+    """Llama-3.1-8B on an L4 at the simulator's 2,048-token limit: the default load becomes a burst whose busiest
+    step would hold 1.2x the pool, and the page says so; paging batches several times Oracle's requests and
+    preempts, since memory binds. Unticked, the set load (1,000 requests at 2 req/s) runs."""
+    from core.serving.experiment import SimulatorParams, saturating_load
+
+    at = _open_with(
+        {"model": "llama-3.1-8b", "gpu": "l4", "capacity": "model", "policies": "paged,orca-oracle"}
+    )
+    load = saturating_load(SimulatorParams(model="llama-3.1-8b", gpu="l4", capacity_source="model"))
+    assert load.saturates and load.peak_tokens <= 1.21 * load.capacity_tokens
+    info = " ".join(i.value for i in at.info)
+    assert f"{load.num_requests:,} requests at t = 0" in info and f"{load.capacity_tokens:,}" in info
+    assert any(
+        f"{load.num_requests:,} requests, KV capacity {load.capacity_tokens:,}" in c.value for c in at.caption
+    )
+    batched = [float(m.value.replace(",", "")) for m in at.metric if m.label == "Batched requests (avg)"]
+    preemptions = [int(m.value.replace(",", "")) for m in at.metric if m.label == "Preemptions"]
+    assert batched[0] > 3 * batched[1] and preemptions[0] > 0
+    at.checkbox(key="saturate").uncheck()
+    _submit(at)
+    assert not at.info and any(c.value.startswith("1,000 requests, KV capacity") for c in at.caption)
+
+
+def test_a_pool_the_workload_cannot_fill_is_said_so():
+    from core.serving.experiment import SimulatorParams, peak_tokens_per_request, saturating_load
+
+    params = SimulatorParams(model="gpt-oss-20b", gpu="h100-80gb", capacity_source="model")
+    load = saturating_load(params)
+    assert not load.saturates and load.max_num_seqs == 1024 == load.num_requests
+    burst = SimulatorParams(model="gpt-oss-20b", rate=float("inf")).requests()  # 1,000 ShareGPT-like, t = 0
+    per_request = peak_tokens_per_request(burst)
+    assert load.peak_tokens == round(1024 * per_request)
+    assert load.peak_tokens < load.capacity_tokens == params.kv_capacity_tokens()
+
+
+def test_peak_tokens_per_request_by_hand():
+    """Prompts of 10 tokens, outputs 4 and 2, together: 20 tokens at t = 0, 22 at t = 1, then the short one
+    finishes and 10 + 2 = 12 remain: the busiest step holds 22, 11 per request; with n = 2 samples each holds
+    10 + 2t: 20 + 4 = 24 at t = 1, 12 per request."""
+    from core.serving.experiment import peak_tokens_per_request
+    from core.serving.workload import Request
+
+    assert peak_tokens_per_request([Request(0, 0.0, 10, 4), Request(1, 0.0, 10, 2)]) == 11.0
+    assert peak_tokens_per_request([Request(0, 0.0, 10, 4, n=2), Request(1, 0.0, 10, 2, n=2)]) == 12.0

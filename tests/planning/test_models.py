@@ -119,22 +119,31 @@ def test_unknown_slugs_list_the_known_ones():
 
 
 @pytest.mark.parametrize(
-    "slug, memory_gib, bandwidth_gb_per_s",
-    [("a100-40gb", 40, 1555), ("a100-80gb", 80, 2039), ("h100-80gb", 80, 3350), ("h200-141gb", 141, 4800),
-     ("l4", 24, 300), ("l40s", 48, 864), ("rtx-4090", 24, 1008), ("a10g", 24, 600), ("mi300x", 192, 5300),
-     ("b200", 180, 8000)],
+    "slug, memory_mib, bandwidth_gb_per_s, driver",
+    [("a100-40gb", 40_960, 1555, True), ("a100-80gb", 81_920, 2039, False), ("h100-80gb", 81_559, 3350, True),
+     ("h200-141gb", 143_771, 4800, True), ("l4", 23_034, 300, True), ("l40s", 46_068, 864, True),
+     ("rtx-4090", 24_564, 1008, True), ("a10g", 23_028, 600, True), ("mi300x", 192 * 1024, 5300, False),
+     ("b200", 180 * 1024, 8000, False)],
 )  # fmt: skip
-def test_gpu_presets_match_datasheets(slug, memory_gib, bandwidth_gb_per_s):
+def test_gpu_presets_use_the_driver_reported_total(slug, memory_mib, bandwidth_gb_per_s, driver):
+    """Memory: the total nvidia-smi / torch.cuda.mem_get_info report in public logs (docs/figures.md), or, without
+    one, the HBM rule (printed GB as GiB); bandwidth from the datasheets."""
     gpu = GPUS[slug]
-    assert gpu.memory_bytes == memory_gib * GiB
+    assert gpu.memory_bytes == memory_mib * 1024**2
     assert gpu.memory_bandwidth == bandwidth_gb_per_s * GB
     assert gpu.peak_bf16_flops and gpu.source
+    assert f"{memory_mib:,} MiB" in gpu.source
+    assert ("driver-reported" in gpu.source) == driver and ("HBM rule" in gpu.source) == (not driver)
 
 
 def test_gb_versus_gib():
-    # "80GB" of HBM is 80 GiB = 85.9e9 bytes; 80e9 bytes would be 74.5 GiB.
-    assert GPUS["h100-80gb"].memory_gb == pytest.approx(85.899, abs=1e-3)
+    # An H100 "80GB" reports 81,559 MiB = 79.6 GiB = 85.5e9 bytes; 80e9 bytes would be 74.5 GiB.
+    assert GPUS["h100-80gb"].memory_gb == pytest.approx(85.521, abs=1e-3)
+    assert GPUS["h100-80gb"].memory_gib == pytest.approx(79.647, abs=1e-3)
     assert 80 * GB / GiB == pytest.approx(74.506, abs=1e-3)
+    # GDDR6 with ECC keeps 15/16 of its chips: an L4's 24 GiB x 15/16 = 22.5 GiB = 23,040 MiB, reported 23,034
+    assert GPUS["l4"].memory_gib == pytest.approx(24 * 15 / 16, abs=0.01)
+    assert GPUS["l40s"].memory_gib == pytest.approx(48 * 15 / 16, abs=0.02)
 
 
 @pytest.mark.parametrize(

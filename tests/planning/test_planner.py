@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from core.errors import InvalidArgumentError
 from core.planning.cli import main
-from core.planning.hardware import GPUS
+from core.planning.hardware import GPUS, GPUSpec
 from core.planning.kv_accounting import (
     kv_bytes_per_token,
     kv_capacity,
@@ -162,7 +162,7 @@ def test_plan_follows_vllm_budget_rule_by_hand():
     )
     weights = 70.6e9 * 2 / 4
     assert capacity.weights_bytes == pytest.approx(weights, abs=1)
-    budget = int(80 * GiB * 0.9) - capacity.weights_bytes - 2 * GiB
+    budget = int(81_559 * 1024**2 * 0.9) - capacity.weights_bytes - 2 * GiB  # the H100 reports 81,559 MiB
     assert capacity.kv_budget_bytes == budget
     assert capacity.kv_bytes_per_token == 40_960
     assert capacity.num_blocks == budget // (16 * 40_960)
@@ -171,6 +171,22 @@ def test_plan_follows_vllm_budget_rule_by_hand():
     assert capacity.per_request_bytes == 256 * 16 * 40_960
     assert capacity.fits and capacity.verdict.startswith("Fits")
     assert capacity.vllm_max_concurrency == pytest.approx(capacity.kv_tokens / 4096)
+
+
+def test_an_l4_plans_with_its_driver_reported_memory():
+    """Llama-3.1-8B on one L4 at 8,192 tokens: the L4 reports 23,034 MiB (ECC takes 1/16 of its 24 GiB), not 24
+    GiB. KV budget = int(23,034 MiB x 0.9) - 14.96 GiB weights - 1.90 GiB activations = 3.38 GiB; at 131,072 B
+    per token (32 layers x 8 KV heads x 128 x 2 x 2 B) and blocks of 16 tokens: 1,732 blocks, 27,712 tokens,
+    3 requests of 8,192 tokens (512 blocks each). With the printed 24 GiB it would have been 38,816 tokens
+    (2,426 blocks) and 4 requests: a third more than the card holds."""
+    capacity = plan(MODELS["llama-3.1-8b"], GPUS["l4"], max_model_len=8192)
+    assert capacity.weights_bytes / GiB == pytest.approx(14.957, abs=1e-3)
+    assert capacity.activation_bytes / GiB == pytest.approx(1.904, abs=1e-3)
+    budget = int(23_034 * 1024**2 * 0.9) - capacity.weights_bytes - capacity.activation_bytes
+    assert capacity.kv_budget_bytes == budget and budget // (16 * 131_072) == 1_732
+    assert (capacity.num_blocks, capacity.kv_tokens, capacity.max_concurrency) == (1_732, 27_712, 3)
+    printed = plan(MODELS["llama-3.1-8b"], GPUSpec.custom("24 GiB", 24, 300, 121), max_model_len=8192)
+    assert (printed.kv_tokens, printed.max_concurrency) == (38_816, 4)
 
 
 def test_plan_data_parallel_replicas():

@@ -1,5 +1,7 @@
 """The page's parameter set: capacity sources, the step-time model from the model + GPU presets, the memo."""
 
+import math
+
 import pytest
 
 from core.errors import InvalidArgumentError
@@ -41,3 +43,15 @@ def test_run_comparison_reports_progress_and_steady_summary():
     assert 0 < summary["num_steps"] < len(results["paged"].steps)
     with pytest.raises(InvalidArgumentError, match="at least one policy"):
         run_comparison(SimulatorParams(policies=()))
+
+
+def test_a_burst_is_summarised_until_half_the_requests_have_finished():
+    """300 requests at t = 0 on the paper's cache under Orca (Max): 7 run at once (7 x 2,048 <= 15,728), the rest
+    wait. The summary covers the steps up to the 150th finish (the lower median), where exactly 7 always run; the
+    whole run's average is lower (the drain)."""
+    params = SimulatorParams(num_requests=300, rate=math.inf, policies=("orca-max",))
+    result = run_comparison(params)["orca-max"]
+    summary = steady_summary(result, params.requests())
+    half = sorted(result.requests["finish_time"])[149]
+    assert summary["num_steps"] == int((result.steps["time_s"] <= half).sum()) < len(result.steps)
+    assert summary["avg_batched_requests"] == 7.0 and result.summary["avg_batched_requests"] < 7.0

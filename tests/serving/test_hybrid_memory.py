@@ -40,6 +40,7 @@ def test_window_group_stays_bounded_while_the_full_group_grows():
     assert expected[100 - 41] == 10
     assert s["free_blocks"].iloc[-1] == 128 and s["token_states"].iloc[-1] == 0
     parts = s["token_states"] + s["reservation"] + s["internal_fragmentation"] + s["external_fragmentation"]
+    parts += s["free_slots"]
     assert (parts == 2 * 1024).all() and result.capacity_slots == 2048
 
 
@@ -137,6 +138,7 @@ def test_unequal_groups_are_padded_to_the_largest():
     assert result.capacity_slots == 2560
     assert s["free_blocks"].iloc[0] == 151 and s["free_blocks"].iloc[100 - 40] == 147
     parts = s["token_states"] + s["reservation"] + s["internal_fragmentation"] + s["external_fragmentation"]
+    parts += s["free_slots"]
     assert (parts == 2560).all() and s["free_blocks"].iloc[-1] == 160
 
 

@@ -1,5 +1,6 @@
 """Planner figure builders: the drawn numbers are the plan's numbers, axes carry units."""
 
+import numpy as np
 import pytest
 
 from core.planning.hardware import GPUS
@@ -8,11 +9,14 @@ from core.planning.plan import concurrency_vs_context, plan
 from core.planning.what_if import fragmentation_by_block_size, memory_breakdown, workload_what_if
 from ui.planner_figures import (
     BREAKDOWN_ORDER,
+    activation_label,
     concurrency_vs_context_figure,
+    context_label,
     fragmentation_figure,
     memory_breakdown_figure,
     paged_vs_contiguous_figure,
 )
+from ui.theme import integer_dtick
 
 GiB = 1024**3
 REQUESTS = [(161, 338), (20, 58), (500, 1000), (1, 1)] * 5
@@ -51,10 +55,10 @@ def test_memory_breakdown_figure_draws_gib():
     assert len(bars) == len(BREAKDOWN_ORDER)
     drawn = {bar.name: bar.x[0] for bar in bars}
     assert drawn["weights"] == pytest.approx(capacity.weights_bytes / GiB)
-    assert sum(drawn.values()) == pytest.approx(80.0)
+    assert sum(drawn.values()) == pytest.approx(81_559 / 1024)  # the H100's driver-reported 79.6 GiB
     assert "GiB" in fig.layout.xaxis.title.text
     marker = next(t for t in fig.data if t.type == "scatter")
-    assert marker.x[0] == pytest.approx(80.0)
+    assert marker.x[0] == pytest.approx(81_559 / 1024)
 
 
 def test_concurrency_vs_context_figure():
@@ -89,3 +93,50 @@ def test_fragmentation_figure_percent_and_highlight():
     assert bar.y[0] == 0 and bar.y[1] == pytest.approx(100 * rows[1]["internal_fragmentation"])
     assert bar.marker.color[1] != bar.marker.color[0]
     assert "tokens" in fig.layout.xaxis.title.text and "%" in fig.layout.yaxis.title.text
+
+
+def test_concurrency_axes_label_only_spaced_ticks():
+    """Log axes: x labels at every other power of two (no minor labels running together, "4,0005,0006,000"),
+    y labels one per decade (dtick 1), whole numbers."""
+    contexts = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 6000]
+    fig = concurrency_vs_context_figure(sorted(contexts), {"H100": [100] * 10}, 6000)
+    assert list(fig.layout.xaxis.tickvals) == [512, 2048, 8192, 32768, 131072]
+    assert list(fig.layout.xaxis.ticktext) == ["512", "2k", "8k", "32k", "128k"]
+    ratios = np.diff(np.log10(fig.layout.xaxis.tickvals))
+    assert (ratios >= np.log10(4) - 1e-9).all()  # labels at least 4x apart: ~0.6 decade each
+    assert fig.layout.yaxis.dtick == 1 and fig.layout.yaxis.tickformat == ",d"
+
+
+def test_context_labels_and_integer_ticks():
+    assert [context_label(t) for t in (16, 1000, 4096, 131072, 1 << 20)] == [
+        "16",
+        "1,000",
+        "4k",
+        "128k",
+        "1M",
+    ]
+    assert [integer_dtick(v) for v in (0.4, 3, 6, 7, 40, 250, 1300)] == [1, 1, 1, 2, 10, 50, 500]
+
+
+def test_paged_vs_contiguous_counts_have_whole_ticks():
+    capacity = _plan()
+    what_if = workload_what_if(capacity, REQUESTS)
+    fig = paged_vs_contiguous_figure({"A": what_if}, {"A": 256})
+    top = max(what_if.paged_memory_concurrency, 256)
+    assert fig.layout.yaxis.dtick == integer_dtick(top) >= 1 and float(fig.layout.yaxis.dtick).is_integer()
+
+
+def test_activations_are_named_as_the_formula_names_them():
+    capacity = _plan()
+    parts = memory_breakdown(capacity, None)
+    estimated = memory_breakdown_figure({"A": parts}, {"A": capacity.gpu_memory_bytes})
+    entered = memory_breakdown_figure({"A": parts}, {"A": capacity.gpu_memory_bytes}, {"A": False})
+    both = memory_breakdown_figure({"A": parts, "B": parts}, {"A": 1, "B": 1}, {"A": True, "B": False})
+    names = [[t.name for t in f.data if t.name.startswith("activations")] for f in (estimated, entered, both)]
+    assert names == [
+        ["activations (estimate)"],
+        ["activations (entered peak)"],
+        ["activations (estimate / entered peak)"],
+    ]
+    assert list(both.data[1].customdata) == ["activations (estimate)", "activations (entered peak)"]
+    assert capacity.activation_estimated and activation_label(None) == "activations (estimate)"

@@ -16,11 +16,12 @@ from ui.simulator_figures import (
     hybrid_block_heatmap_figure,
     memory_breakdown_figure,
     running_waiting_figure,
+    smooth,
     steps_table,
     summary_bars_figure,
     thin,
 )
-from ui.theme import FREE_BLOCK_COLOR, MEMORY_COLORS, POLICY_COLORS, sequence_color
+from ui.theme import FREE_BLOCK_COLOR, MEMORY_COLORS, POLICY_COLORS, integer_dtick, sequence_color
 
 
 @pytest.fixture(scope="module")
@@ -37,35 +38,60 @@ def test_thin_keeps_first_and_last_rows():
     assert thin(frame.head(5), 1000).equals(frame.head(5))
 
 
-def test_free_memory_figure(results):
+def test_free_memory_figure_has_a_panel_per_policy_with_its_trend(results):
     steps = {name: r.steps for name, r in results.items()}
     fig = free_memory_figure(steps, 8_192)
-    assert [t.name for t in fig.data] == ["Paged (vLLM)", "Orca (Max)", "Orca (Oracle)"]
-    assert fig.data[0].line.color == POLICY_COLORS["paged"]
+    assert [a.text for a in fig.layout.annotations] == ["Paged (vLLM)", "Orca (Max)", "Orca (Oracle)"]
+    assert [t.name for t in fig.data[1::2]] == ["Paged (vLLM)", "Orca (Max)", "Orca (Oracle)"]
+    assert [t.line.color for t in fig.data[1::2]] == [
+        POLICY_COLORS[n] for n in ("paged", "orca-max", "orca-oracle")
+    ]
+    raw, trend = fig.data[0], fig.data[1]
     shown = thin(results["paged"].steps)
-    assert np.array_equal(np.asarray(fig.data[0].y), shown["free_slots"].to_numpy())
-    assert np.array_equal(np.asarray(fig.data[0].x), shown["time_s"].to_numpy())
-    assert "tokens" in fig.layout.yaxis.title.text and "(s)" in fig.layout.xaxis.title.text
+    assert np.array_equal(np.asarray(raw.y), shown["free_slots"].to_numpy())
+    assert np.array_equal(np.asarray(raw.x), shown["time_s"].to_numpy())
+    assert raw.line.shape == "hv" and raw.xaxis == "x" and fig.data[2].xaxis == "x2"
+    # the trend is a centred moving average of the raw series: its mean stays, its spread shrinks
+    window = max(1, len(shown) // 50)
+    y = shown["free_slots"].to_numpy(dtype=float)
+    assert trend.y[len(y) // 2] == pytest.approx(
+        y[len(y) // 2 - window // 2 : len(y) // 2 + (window + 1) // 2].mean()
+    )
+    assert np.std(trend.y) <= np.std(y)
+    assert "(tokens)" in fig.layout.yaxis2.title.text and "(s)" in fig.layout.xaxis3.title.text
+    assert fig.layout.yaxis.nticks == 3 and fig.layout.yaxis.tickformat == "~s"  # small panels, few labels
+
+
+def test_smooth_is_a_centred_moving_average():
+    assert smooth(np.array([0.0, 3.0, 0.0, 3.0, 0.0]), 3).tolist() == pytest.approx([1.5, 1, 2, 1, 1.5])
+    assert smooth(np.array([1.0, 2.0]), 5).tolist() == [1.0, 2.0]
 
 
 def test_breakdown_stacks_to_capacity_per_panel(results):
     steps = {name: r.steps for name, r in results.items()}
     fig = memory_breakdown_figure(steps, 8_192)
-    assert len(fig.data) == 4 * 3
+    assert len(fig.data) == 5 * 3
     assert [a.text for a in fig.layout.annotations] == ["Paged (vLLM)", "Orca (Max)", "Orca (Oracle)"]
-    first_panel = fig.data[:4]
+    first_panel = fig.data[:5]
     assert [t.name for t in first_panel] == [
         "token states",
         "reservation",
         "internal fragmentation",
         "external fragmentation",
+        "free",
     ]
     assert first_panel[0].fillcolor == MEMORY_COLORS["token states"]
+    assert first_panel[4].fillcolor == MEMORY_COLORS["free"] != MEMORY_COLORS["external fragmentation"]
     total = sum(np.asarray(t.y, dtype=float) for t in first_panel)
     assert np.all(total == 8_192)
+    assert not np.asarray(
+        first_panel[3].y
+    ).any()  # paged: 8,192 slots = 512 blocks, no external fragmentation
 
 
 def test_summary_bars_put_the_paper_beside_each_policy(results):
+    """Beside the paper (an OPT-13B run) the bars use the paper's four categories: external fragmentation and
+    free memory are added up as its "external fragmentation & others", and the title says so."""
     summaries = {name: r.summary for name, r in results.items()}
     fig = summary_bars_figure(summaries)
     assert list(fig.data[0].y) == [
@@ -76,18 +102,43 @@ def test_summary_bars_put_the_paper_beside_each_policy(results):
         "Orca (Oracle) — simulated",
         "Orca (Oracle) — paper",
     ]
+    assert [t.name for t in fig.data][-1] == "external fragmentation & others"
+    assert "allocator slack + free memory" in fig.layout.title.text
     token_states = list(fig.data[0].x)
     assert token_states[0] == pytest.approx(summaries["paged"]["token_states_pct"])
     assert token_states[3] == PAPER_FIGURE_2["orca-max"][0] == 20.4
+    oracle = summaries["orca-oracle"]
+    others = oracle["external_fragmentation_pct"] + oracle["free_pct"]
+    assert fig.data[3].x[4] == pytest.approx(others) and oracle["free_pct"] > 0
     for row in range(6):
         assert sum(trace.x[row] for trace in fig.data) == pytest.approx(100.0, abs=0.2)
-    assert len(summary_bars_figure(summaries, show_paper=False).data[0].y) == 3
+    assert fig.layout.xaxis.dtick == 10
+
+
+def test_summary_bars_without_the_paper_keep_free_memory_apart(results):
+    summaries = {name: r.summary for name, r in results.items()}
+    fig = summary_bars_figure(summaries, show_paper=False)
+    assert len(fig.data[0].y) == 3
+    assert [t.name for t in fig.data] == [
+        "token states",
+        "reservation",
+        "internal fragmentation",
+        "external fragmentation",
+        "free",
+    ]
+    assert fig.data[3].x[0] == 0.0 and fig.data[4].x[0] == pytest.approx(summaries["paged"]["free_pct"])
+    assert "Figure 2" not in fig.layout.title.text
+    for row in range(3):
+        assert sum(trace.x[row] for trace in fig.data) == pytest.approx(100.0)
 
 
 def test_running_waiting_figure(results):
     fig = running_waiting_figure({name: r.steps for name, r in results.items()})
     assert len(fig.data) == 6 and fig.data[1].line.dash == "dot"
     assert max(fig.data[0].y) == results["paged"].steps["running"].max()
+    top = max(max(r.steps["running"].max(), r.steps["waiting"].max()) for r in results.values())
+    assert fig.layout.yaxis.dtick == integer_dtick(top) >= 1 and fig.layout.yaxis.tickformat == ",d"
+    assert top / fig.layout.yaxis.dtick <= 12  # at most ~12 labels: they never overlap
 
 
 def test_block_heatmap_marks_owners_shared_and_free(results):
@@ -183,9 +234,53 @@ def test_hybrid_heatmap_has_a_band_per_group_kind_and_the_free_pool():
         "step 1,234 (t = 5,678.9 s): 8 of 20 pool blocks used (10 layers per block)" in fig.layout.title.text
     )
     assert (
-        fig.layout.xaxis3.title.text == "block in band mod 4"
-        and fig.layout.yaxis3.title.text == "block in band // 4"
+        fig.layout.xaxis3.title.text
+        == "offset in the row (blocks; 4 a row); a row's label is its first block in the band"
     )
+    assert (
+        not fig.layout.xaxis.showticklabels
+        and not fig.layout.xaxis.title.text
+        and fig.layout.xaxis3.showticklabels
+    )
+    assert list(fig.layout.yaxis3.ticktext) == ["0", "4", "8"]
+
+
+def test_a_pool_of_any_size_is_drawn_in_fixed_cells():
+    """157,182 blocks (gpt-oss-20b's pool on an H200 at 0.9): 103 blocks per cell, 1,527 cells in 64 columns
+    x 24 rows. Blocks 0-9,999 are held by requests (every 7th partly filled, 100-199 shared), the rest free; a
+    cell's colour is the share of its blocks held, computed here block by block."""
+    n = 157_182
+    owner = np.full(n, -1)
+    owner[:10_000] = np.arange(10_000) // 40
+    fill = np.where(owner >= 0, np.where(np.arange(n) % 7 == 0, 5, 16), 0)
+    ref = (owner >= 0).astype(int)
+    ref[100:200] = 2
+    snap = StepSnapshot(9, 1.5, np.array([1]), owner, ref, fill, np.zeros(n, bool), None)
+    fig = block_heatmap_figure(snap, 16)
+    heat = fig.data[0]
+    z = np.asarray(heat.z, dtype=float)
+    assert z.shape == (24, 64) and np.isfinite(z).sum() == -(-n // 103) == 1_527
+    cells = z.ravel()
+    for c in (0, 97, 98, 1_526):
+        blocks = owner[c * 103 : (c + 1) * 103]
+        assert cells[c] == pytest.approx((blocks >= 0).mean())
+    text = np.asarray(heat.text).ravel()
+    assert text[97].startswith("blocks 9,991–10,093 (103 blocks)<br>9 used (9%), 94 free")
+    assert text[1].startswith("blocks 103–205 (103 blocks)") and "97 shared" in text[1]
+    assert text[1_526].startswith("blocks 157,178–157,181 (4 blocks)")  # 1,526 x 103 = 157,178
+    assert "a cell = 103 blocks" in fig.layout.title.text and fig.layout.height < 600
+    assert list(fig.layout.yaxis.ticktext)[:2] == ["0", "26,368"]  # row r starts at block r x 64 x 103
+    assert fig.layout.xaxis.title.text == "offset in the row (blocks; 6,592 a row)"
+    assert len(fig.layout.xaxis.tickvals) <= 7 and len(fig.layout.yaxis.tickvals) <= 7
+    shared = next(t for t in fig.data if t.type == "scatter")
+    assert sorted(np.asarray(shared.x) + 64 * np.asarray(shared.y)) == [0, 1]
+
+
+def test_a_small_pool_keeps_one_cell_per_block(results):
+    snap = results["paged"].snapshots[-1]
+    fig = block_heatmap_figure(snap, 16)
+    assert np.isfinite(np.asarray(fig.data[0].z, dtype=float)).sum() == len(snap.owner_request) == 512
+    assert "a cell" not in fig.layout.title.text
 
 
 def test_hybrid_heatmap_of_a_simulation_covers_the_pool():
