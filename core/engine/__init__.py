@@ -20,7 +20,7 @@ the fraction (0..1) of the requested output tokens produced so far; the last cal
 Logits: `generate(..., return_logits=True)` fills `CompletionOutput.logits` ([tokens, vocab] float32; not for
 beam search).
 Per-prompt settings: `generate(prompts, [SamplingParams(...), ...])` (one per prompt).
-Scheduling: the serving simulator's own `core.serving.scheduler.Scheduler` drives every run, with
+Scheduling: the serving simulator's own `core.sched.scheduler.Scheduler` drives every run, with
 `core.engine.memory.EngineMemory` (the real BlockManager + KVCache) as its memory policy.
 Sharing as in the paper's Figure 15: `core.engine.sharing.measure_sharing` (one row per mode and width).
 """
