@@ -20,7 +20,6 @@ from ui.simulator_figures import (
     attention_latency_figure,
     block_heatmap_figure,
     free_memory_figure,
-    hybrid_block_heatmap_figure,
     label,
     memory_breakdown_figure,
     running_waiting_figure,
@@ -246,14 +245,17 @@ if "paged" in results and results["paged"].snapshots:
         key="heatmap_step",
     )
     snap = next(s for s in snaps if s.step == chosen)
-    if snap.hybrid_pool is not None:
-        st.plotly_chart(hybrid_block_heatmap_figure(snap, params.block_size), width="stretch")
+    if snap.kv_group is not None:
+        st.plotly_chart(
+            block_heatmap_figure(snap, params.block_size, kv_groups=params.kv_groups), width="stretch"
+        )
+        layers = max(num_layers for _, num_layers, _ in params.kv_groups)
         st.caption(
-            "One pool, one band per KV cache group kind: each cell is a block the group holds (of "
-            f"{params.block_size} tokens x {snap.hybrid_pool.group_size} layers, a smaller group padded as vLLM does), in "
-            "that group's block-id order; colour = the owning request (as in the paged heatmap), ○ = partly "
-            "filled. A window group keeps only the blocks its window still reads: the ones behind it went back "
-            "to the free band. Each group numbers its own blocks here (vLLM draws all groups' ids from one pool)."
+            "One pool for every KV cache group, as vLLM draws them: one cell per physical block (of "
+            f"{params.block_size} tokens x {layers} layers, a smaller group padded as vLLM does), in block-id "
+            "order; colour = the request whose sequence holds it, the hover names the block's group; ○ = partly "
+            "filled, ◆ = shared (parallel samples, prefix-cache hits). A window group keeps only the blocks its "
+            "window still reads: the ones behind it went back to the pool, to be reused by any group."
         )
     else:
         st.plotly_chart(block_heatmap_figure(snap, params.block_size), width="stretch")

@@ -95,13 +95,31 @@ def orca_oracle() -> Policy:
 class PoolSnapshot:
     """The block pool after a step, indexed by physical block id: owner_request (request id of the first live
     sequence holding the block, -1 when free), ref_count, fill (tokens stored), is_cached (holds a prefix-cache
-    block, owned or free); block_tables: int32 [sequences of the given groups, max blocks], padded with -1."""
+    block, owned or free); block_tables: int32 [sequences of the given groups, max blocks], padded with -1 (None
+    for a hybrid pool: a sequence has one table per KV cache group); kv_group: int8, the KV cache group whose
+    tables or cache hold each block (-1 free and uncached), None for one group."""
 
     owner_request: np.ndarray
     ref_count: np.ndarray
     fill: np.ndarray
     is_cached: np.ndarray
-    block_tables: np.ndarray
+    block_tables: np.ndarray | None
+    kv_group: np.ndarray | None = None
+
+
+def pool_snapshot(held, seq_ids, snap, block_tables, kv_group=None) -> PoolSnapshot:
+    """A `PoolSnapshot` from a pool snapshot `snap` (owner indexing `seq_ids`, ref_count, fill, is_cached) of the
+    sequences of the `held` request groups."""
+    request_of = {sid: g.request_id for g in held for sid in g.seq_ids}
+    owners = np.array([request_of[sid] for sid in seq_ids] + [-1], dtype=np.int64)
+    return PoolSnapshot(
+        owners[snap.owner].astype(np.int32),  # owner -1 indexes the trailing -1
+        snap.ref_count.astype(np.int16),
+        snap.fill.astype(np.int16),
+        snap.is_cached.copy(),
+        block_tables,
+        kv_group,
+    )
 
 
 class MemoryPolicy(SchedulerMemory, Protocol):
@@ -322,15 +340,7 @@ class PagedMemory:
         for row, sid in enumerate(rows):
             table = snap.block_tables[sid]
             tables[row, : len(table)] = table
-        request_of = {sid: g.request_id for g in self._held for sid in g.seq_ids}
-        owners = np.array([request_of[sid] for sid in snap.seq_ids] + [-1], dtype=np.int64)
-        return PoolSnapshot(
-            owners[snap.owner].astype(np.int32),  # owner -1 indexes the trailing -1
-            snap.ref_count.astype(np.int16),
-            snap.fill.astype(np.int16),
-            snap.is_cached.copy(),
-            tables,
-        )
+        return pool_snapshot(self._held, snap.seq_ids, snap, tables)
 
 
 class ContiguousMemory:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from core.serving.hybrid_memory import HybridPoolSnapshot
 from core.serving.memory_policies import Policy
 
 if TYPE_CHECKING:
@@ -25,7 +24,8 @@ class StepSnapshot:
     sequence holding the block, -1 when free), ref_count, fill (tokens stored), is_cached (holds a prefix-cache
     block, owned or free); block_tables: int32 [num decoding sequences, max blocks], row i the block table of the
     sequence of context_lens[i], padded with -1.
-    hybrid_pool: the hybrid policy's per-group blocks (`HybridPoolSnapshot`; the fields above are None), or None.
+    kv_group: hybrid policy only (else None): int8 per block, the KV cache group (index into the policy's
+    kv_groups) whose tables or prefix cache hold it, -1 when free and uncached; block_tables is then None.
     """
 
     step: int
@@ -36,7 +36,7 @@ class StepSnapshot:
     fill: np.ndarray | None = None
     is_cached: np.ndarray | None = None
     block_tables: np.ndarray | None = None
-    hybrid_pool: HybridPoolSnapshot | None = None
+    kv_group: np.ndarray | None = None
 
 
 @dataclass(eq=False)

@@ -23,7 +23,6 @@ import pandas as pd
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError, SchedulerStuckError
 from core.sched import COLUMNS, PREEMPTION_MODES, MemoryMetrics, ScheduledStep, Scheduler, StepOutcome
-from core.serving.hybrid_memory import HybridPoolSnapshot
 from core.serving.memory_policies import MemoryPolicy, Policy, make_memory
 from core.serving.sim_groups import SimulatedGroup, make_groups
 from core.serving.sim_result import SimulationResult, StepSnapshot, summarize
@@ -328,8 +327,8 @@ class _Simulation:
         decoding = [g for g in self.scheduler.running if g.num_prefill_tokens == 0]
         lens = np.array([g.length for g in decoding for _ in range(g.num_seqs)], dtype=np.int64)
         pool = self.memory.snapshot(decoding)
-        if pool is None or isinstance(pool, HybridPoolSnapshot):
-            self.snapshots.append(StepSnapshot(self.step - 1, self.now, lens, hybrid_pool=pool))
+        if pool is None:
+            self.snapshots.append(StepSnapshot(self.step - 1, self.now, lens))
         else:
             self.snapshots.append(
                 StepSnapshot(
@@ -341,6 +340,7 @@ class _Simulation:
                     pool.fill,
                     pool.is_cached,
                     pool.block_tables,
+                    pool.kv_group,
                 )
             )
         if len(self.snapshots) > self.config.max_snapshots:

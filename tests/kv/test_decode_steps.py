@@ -58,7 +58,9 @@ def test_decode_steps_equals_token_by_token(seed):
                 reference.mark_computed(rid, reference.num_tokens(rid))
                 reference.append_token(rid, token)
     except OutOfBlocksError:
-        before = _state(bulk)  # token by token ran out part-way: the bulk call may still fit (it releases first)
+        before = _state(
+            bulk
+        )  # token by token ran out part-way: the bulk call may still fit (it releases first)
         try:
             bulk.decode_steps(steps)
         except OutOfBlocksError:
@@ -67,7 +69,10 @@ def test_decode_steps_equals_token_by_token(seed):
     bulk.decode_steps(steps)
     got, want = _state(bulk), _state(reference)
     if bulk.pool.num_evicted_blocks or reference.pool.num_evicted_blocks:
-        got, want = got[:3] + got[4:], want[:3] + want[4:]  # which cached blocks are evicted follows take order
+        got, want = (
+            got[:3] + got[4:],
+            want[:3] + want[4:],
+        )  # which cached blocks are evicted follows take order
     assert got == want
     assert len({b for r in bulk.request_ids() for t in bulk.block_ids(r) for b in t if b >= 0}) == (
         num_blocks - bulk.num_free_blocks
