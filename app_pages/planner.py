@@ -125,7 +125,7 @@ def scenario_inputs(p: str) -> None:
     if state.values[f"{p}model"] == CUSTOM:
         custom_config_inputs(p)
     w(st.selectbox, "GPU", f"{p}gpu",
-      format_func=lambda s: "Custom GPU" if s == CUSTOM else f"{GPUS[s].name} ({GPUS[s].memory_gib:,.0f} GiB)")  # fmt: skip
+      format_func=lambda s: "Custom GPU" if s == CUSTOM else f"{GPUS[s].name} ({GPUS[s].memory_gib:,.1f} GiB)")  # fmt: skip
     if state.values[f"{p}gpu"] == CUSTOM:
         c = st.columns(3)
         with c[0]:

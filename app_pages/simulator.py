@@ -14,6 +14,7 @@ from core.serving.experiment import SimulatorParams, model_kv_groups, saturating
 from core.serving.simulator import PAPER_KV_TOKENS
 from core.serving.workload import load_trace
 from core.uploads import read_upload
+from ui.block_grid import MAX_CELLS, grid_shape
 from ui.jobs import app_limits, run_job
 from ui.simulator_figures import (
     PAPER_MODEL,
@@ -237,14 +238,20 @@ right.plotly_chart(running_waiting_figure(steps), width="stretch")
 if "paged" in results and results["paged"].snapshots:
     snaps = results["paged"].snapshots
     st.subheader("Inside the paged cache")
-    middle = snaps[len(snaps) // 2].step
-    chosen = st.select_slider(
-        "Step (sampled evenly over the run)",
-        options=[s.step for s in snaps],
-        value=middle,
-        key="heatmap_step",
-    )
+    options = [s.step for s in snaps]
+    if st.session_state.get("heatmap_step") not in options:  # auto, or a step this run did not sample
+        st.session_state["heatmap_step"] = options[len(options) // 2]
+    chosen = st.select_slider("Step (sampled evenly over the run)", options=options, key="heatmap_step")
+    state.values["heatmap_step"] = chosen
+    state.write_url(url_params(dict(state.values)))  # the chosen step is part of the link
     snap = next(s for s in snaps if s.step == chosen)
+    pool_blocks = len(snap.owner_request)
+    if pool_blocks > MAX_CELLS:
+        st.caption(
+            f"{pool_blocks:,} blocks do not fit one cell each: each cell is a run of "
+            f"{grid_shape(pool_blocks).blocks_per_cell:,} consecutive blocks, coloured by the share of them in use; "
+            "hover a cell for its blocks and their counts (used, free, partly filled, shared)."
+        )
     if snap.kv_group is not None:
         st.plotly_chart(
             block_heatmap_figure(snap, params.block_size, kv_groups=params.kv_groups), width="stretch"

@@ -57,6 +57,8 @@ FIELDS = [
     ),
     Field("measure", False, "bool", label="measure attention latency"),
     Field("budget_s", 2.0, "float", minimum=0.5, maximum=30.0, step=0.5, label="measurement budget, s"),
+    # the block map's step: one of the run's sampled steps, else (auto, or a step the run did not sample) the middle
+    Field("heatmap_step", None, "int", minimum=0, maximum=2**40, optional=True, label="block map step"),
 ]
 FIELDS_BY_KEY = {field.key: field for field in FIELDS}
 LOAD_KEYS = ("num_requests", "all_at_once", "rate", "max_num_seqs", "max_tokens")  # what `saturate` replaces

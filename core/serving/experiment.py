@@ -172,32 +172,34 @@ class SaturatingLoad:
         )
 
 
-def peak_tokens_per_request(requests: Sequence[Request]) -> float:
+def peak_tokens_per_request(requests: Sequence[Request], kv_groups: tuple | None = None) -> float:
     """KV tokens held per request at the busiest step when all `requests` start together and each sequence
-    emits one token per step: max over t of sum over unfinished requests (output_len > t) of prompt + n x t,
-    divided by the number of requests (a finished request frees its tokens)."""
-    prompts = np.array([r.prompt_len for r in requests], dtype=np.float64)
-    outputs = np.array([r.output_len for r in requests], dtype=np.int64)
-    samples = np.array([r.n for r in requests], dtype=np.float64)
-    order = np.argsort(outputs)
-    outputs, prompts, samples = outputs[order], prompts[order], samples[order]
-    t = np.arange(int(outputs.max()), dtype=np.int64)
-    first_running = np.searchsorted(outputs, t, side="right")  # requests [first_running:] have output_len > t
-    prompt_tail = np.cumsum(prompts[::-1])[::-1]
-    samples_tail = np.cumsum(samples[::-1])[::-1]
-    inside = first_running < len(outputs)
-    index = first_running[inside]
-    held = prompt_tail[index] + samples_tail[index] * t[inside]
-    return float(held.max()) / len(requests)
+    emits one token per step: max over t of the sum over unfinished requests (output_len > t), divided by the
+    number of requests (a finished request frees its tokens). A request holds prompt + n x t tokens of every
+    layer; with `kv_groups` ((kind, layers, window), ...) a sliding-window group's layers hold at most n x window
+    of them, and the layers' average is taken, in the pool's unit (a token of every layer)."""
+    prompts = np.array([r.prompt_len for r in requests], dtype=np.float64)[:, None]
+    outputs = np.array([r.output_len for r in requests], dtype=np.int64)[:, None]
+    samples = np.array([r.n for r in requests], dtype=np.float64)[:, None]
+    t = np.arange(int(outputs.max()), dtype=np.float64)[None, :]  # [1, steps]
+    full = prompts + samples * t  # [requests, steps]
+    groups = kv_groups or (("full", 1, None),)
+    layers = sum(count for _, count, _ in groups)
+    held = sum(
+        count / layers * (full if window is None else np.minimum(full, samples * window))
+        for _, count, window in groups
+    )
+    held = np.where(outputs > t, held, 0.0)
+    return float(held.sum(axis=0).max()) / len(requests)
 
 
 def saturating_load(params: SimulatorParams) -> SaturatingLoad:
     """The burst of `params`' workload (dataset, lengths, n, seed) whose busiest step would hold SATURATION times
-    the KV capacity (`peak_tokens_per_request` on 1,000 requests of the workload), within the page's limits.
-    Raises InvalidArgumentError for bad parameters."""
+    the KV capacity (`peak_tokens_per_request` on 1,000 requests of the workload, with the paged policy's KV
+    groups when it is hybrid), within the page's limits. Raises InvalidArgumentError for bad parameters."""
     capacity = params.kv_capacity_tokens()
     sample = replace(params, num_requests=1_000, rate=math.inf).requests()
-    per_request = peak_tokens_per_request(sample)
+    per_request = peak_tokens_per_request(sample, params.kv_groups)
     count = math.ceil(SATURATION * capacity / per_request)
     seqs = min(MAX_SATURATING_SEQS, max(params.max_num_seqs, count * params.n))
     count = min(count, seqs // params.n)  # more than run at once would only lengthen the run

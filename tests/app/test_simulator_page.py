@@ -219,9 +219,14 @@ def test_a_hybrid_run_sent_as_a_link_reproduces_the_run():
         "hybrid": "1",
         "policies": "paged,orca-oracle",
     }
+    steps = at.select_slider(key="heatmap_step").options
+    at.select_slider(key="heatmap_step").set_value(steps[1]).run()
+    link = _query(at)
+    assert link["heatmap_step"] == str(steps[1])
     shown = [(m.label, m.value) for m in at.metric]
 
     again = _open_with(link)
+    assert str(again.select_slider(key="heatmap_step").value) == steps[1]  # AppTest lists options as text
     assert not again.error
     assert again.selectbox(key="model").value == "gpt-oss-20b" and again.checkbox(key="hybrid").value
     assert list(again.multiselect(key="policies").value) == ["paged", "orca-oracle"]
@@ -291,9 +296,13 @@ def test_a_pool_the_workload_cannot_fill_is_said_so():
 def test_peak_tokens_per_request_by_hand():
     """Prompts of 10 tokens, outputs 4 and 2, together: 20 tokens at t = 0, 22 at t = 1, then the short one
     finishes and 10 + 2 = 12 remain: the busiest step holds 22, 11 per request; with n = 2 samples each holds
-    10 + 2t: 20 + 4 = 24 at t = 1, 12 per request."""
+    10 + 2t: 20 + 4 = 24 at t = 1, 12 per request. A sliding window caps what its layers hold."""
     from core.serving.experiment import peak_tokens_per_request
     from core.serving.workload import Request
 
     assert peak_tokens_per_request([Request(0, 0.0, 10, 4), Request(1, 0.0, 10, 2)]) == 11.0
     assert peak_tokens_per_request([Request(0, 0.0, 10, 4, n=2), Request(1, 0.0, 10, 2, n=2)]) == 12.0
+    # half the layers in a window of 5 tokens: at t = 1 the full half holds 11 + 11, the window half 5 + 5, an
+    # average of 16 (t = 0: 15; t = 2, one request left: (12 + 5) / 2): 8 per request
+    windowed = (("full", 6, None), ("sliding_window", 6, 5))
+    assert peak_tokens_per_request([Request(0, 0.0, 10, 4), Request(1, 0.0, 10, 2)], windowed) == 8.0

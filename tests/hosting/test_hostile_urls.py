@@ -8,13 +8,14 @@ from streamlit.testing.v1 import AppTest
 from tests.conftest import ROOT
 from ui.planner_state import ALL_FIELDS
 from ui.playground_url import URL_FIELDS
+from ui.simulator_state import FIELDS as SIMULATOR_FIELDS
 
 HOSTILE = ["nan", "-1e308", "🧱ü\u202e", "9" * 5000, "<script>alert(1)</script>"]
 # page -> the query keys it reads
 PAGES = {
     "app_pages/playground.py": [field.key for field in URL_FIELDS],
     "app_pages/kernels.py": [],
-    "app_pages/simulator.py": [],
+    "app_pages/simulator.py": [field.key for field in SIMULATOR_FIELDS],
     "app_pages/planner.py": [field.key for field in ALL_FIELDS],
     "app_pages/engine.py": [],
     "app_pages/about.py": [],
