@@ -301,7 +301,11 @@ class KVCacheManager:
         ref_counts = self.pool.ref_counts
         for request_id, new_tokens in token_ids.items():
             req = self._request(request_id)
-            tokens = check_token_ids(request_id, new_tokens)
+            tokens = list(new_tokens)
+            if not tokens or {type(t) for t in tokens} - {
+                int
+            }:  # the fast check; the full one names the fault
+                tokens = check_token_ids(request_id, tokens)
             old = len(req.token_ids)
             new = old + len(tokens)
             plan.append((req, tokens, old, new))

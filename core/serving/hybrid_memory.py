@@ -167,7 +167,16 @@ class HybridPagedMemory:
 
     def decode_blocks(self, groups: list) -> int:
         """Net blocks the groups' next decode step takes (new and copied blocks less the blocks it releases)."""
-        return self.kv.num_free_blocks - int(self.decode_metrics(groups, 1).free_blocks[0])
+        bs, count = self.block_size, len(self.windows)
+        takes = 0
+        for group in groups:
+            if group.length % bs == 0:
+                takes += group.num_seqs * count
+            elif self._held[group].shared_tail:
+                takes += (group.num_seqs - 1) * count
+        frees = np.zeros(1, dtype=np.int64)
+        self._releases(groups, 1, frees)
+        return takes - int(frees[0])
 
     def _releases(self, groups: list, steps: int, frees: np.ndarray) -> None:
         """Add to frees[t - 1] the blocks that decode step t (1..steps) gives back to the pool: a window group
@@ -206,17 +215,15 @@ class HybridPagedMemory:
         group whose last block is still shared copies it on its first write (n - 1 new blocks per group); window
         groups release as `_releases` says."""
         bs, count = self.block_size, len(self.windows)
-        takes = np.zeros(steps, dtype=np.int64)
+        lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
+        ns = np.fromiter((g.num_seqs for g in groups), np.int64, len(groups))
+        shared = np.fromiter((self._held[g].shared_tail for g in groups), bool, len(groups))
+        before = lengths[:, None] + np.arange(steps)[None, :]  # [groups, steps]: lengths before each step
+        takes = ((before % bs == 0) * ns[:, None]).sum(axis=0) * count
+        takes[0] += int(((ns - 1) * shared).sum()) * count
+        tails_now = int((np.where(shared, 1, ns) * (-lengths % bs)).sum())
+        tail = self.tail_empty + count * ((ns[:, None] * (-(before + 1) % bs)).sum(axis=0) - tails_now)
         frees = np.zeros(steps, dtype=np.int64)
-        tail = np.full(steps, self.tail_empty, dtype=np.int64)
-        offsets = np.arange(steps)
-        for group in groups:
-            length, n = group.length, group.num_seqs
-            shared = self._held[group].shared_tail
-            takes += ((length + offsets) % bs == 0) * (n * count)
-            if shared:
-                takes[0] += (n - 1) * count
-            tail += count * (n * (-(length + offsets + 1) % bs) - (1 if shared else n) * (-length % bs))
         self._releases(groups, steps, frees)
         free = self.kv.num_free_blocks - np.cumsum(takes) + np.cumsum(frees)
         token_states = (self.num_blocks - free) * bs - tail - self.pending
