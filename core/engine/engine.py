@@ -1,6 +1,6 @@
 """The engine: a Llama-family model served through the paged KV cache with continuous batching.
 
-The engine is driven by the serving simulator's own `core.sched.scheduler.Scheduler` (FCFS admission with a
+The engine is driven by `core.sched.scheduler.Scheduler`, the serving simulator's too (FCFS admission with a
 watermark, chunked prefill budget, newest-first preemption by recompute), with `EngineMemory` as its memory policy
 (the real BlockManager and KVCache) and the engine's `SequenceGroup`s as its groups. Each step:
 `schedule()` decides (decode groups, prefill chunks, preemptions); `allocate()` appends each decoding sequence's
