@@ -22,7 +22,6 @@ from ui.simulator_figures import (
     attention_latency_figure,
     block_heatmap_figure,
     free_memory_figure,
-    hybrid_block_heatmap_figure,
     label,
     memory_breakdown_figure,
     running_waiting_figure,
@@ -247,21 +246,22 @@ if "paged" in results and results["paged"].snapshots:
     state.values["heatmap_step"] = chosen
     state.write_url(url_params(dict(state.values)))  # the chosen step is part of the link
     snap = next(s for s in snaps if s.step == chosen)
-    pool_blocks = snap.hybrid_pool.num_blocks if snap.hybrid_pool is not None else len(snap.owner_request)
+    pool_blocks = len(snap.owner_request)
     if pool_blocks > MAX_CELLS:
         st.caption(
             f"{pool_blocks:,} blocks do not fit one cell each: each cell is a run of "
             f"{grid_shape(pool_blocks).blocks_per_cell:,} consecutive blocks, coloured by the share of them in use; "
             "hover a cell for its blocks and their counts (used, free, partly filled, shared)."
         )
-    if snap.hybrid_pool is not None:
-        cached_chart(st, hybrid_block_heatmap_figure, snap, params.block_size)
+    if snap.kv_group is not None:
+        cached_chart(st, block_heatmap_figure, snap, params.block_size, kv_groups=params.kv_groups)
+        layers = max(num_layers for _, num_layers, _ in params.kv_groups)
         st.caption(
-            "One pool, one band per KV cache group kind: each cell is a block the group holds (of "
-            f"{params.block_size} tokens x {snap.hybrid_pool.group_size} layers, a smaller group padded as vLLM does), in "
-            "that group's block-id order; colour = the owning request (as in the paged heatmap), ○ = partly "
-            "filled. A window group keeps only the blocks its window still reads: the ones behind it went back "
-            "to the free band. Each group numbers its own blocks here (vLLM draws all groups' ids from one pool)."
+            "One pool for every KV cache group, as vLLM draws them: one cell per physical block (of "
+            f"{params.block_size} tokens x {layers} layers, a smaller group padded as vLLM does), in block-id "
+            "order; colour = the request whose sequence holds it, the hover names the block's group; ○ = partly "
+            "filled, ◆ = shared (parallel samples, prefix-cache hits). A window group keeps only the blocks its "
+            "window still reads: the ones behind it went back to the pool, to be reused by any group."
         )
     else:
         cached_chart(st, block_heatmap_figure, snap, params.block_size)

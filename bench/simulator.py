@@ -1,8 +1,10 @@
 """Simulator speed: 10,000 ShareGPT-like requests (2 req/s, seed 0) on the paper's 15,728-slot cache, per policy
-(paged block size 16), and the Simulator page's default run (1,000 requests, every default policy).
+(paged block size 16), the Simulator page's default run (1,000 requests, every default policy), and the hybrid
+paged policy (every KV cache group on one pool) for gpt-oss-20b's groups on a tenth of the requests.
 
 Prints one JSON object: {"num_requests": 10000, "policies": {name: {"wall_s", "tokens_per_s"}}, "page_default":
-{"num_requests", "wall_s"}}; tokens_per_s counts simulated tokens (prompt + generated) per wall second.
+{"num_requests", "wall_s"}, "hybrid": {"model", "num_requests", "wall_s", "tokens_per_s"}}; tokens_per_s counts
+simulated tokens (prompt + generated) per wall second.
 Targets (2-core machine): each policy <= 10 s, the page default <= 2 s.
 
 Usage: python -m bench.simulator [--quick]   (--quick: 1,000 requests instead of 10,000, ~10x faster)
@@ -12,8 +14,8 @@ import json
 import sys
 import time
 
-from core.serving.experiment import DEFAULT_PARAMS, run_comparison
-from core.serving.memory_policies import orca_max, orca_oracle, orca_pow2, paged
+from core.serving.experiment import DEFAULT_PARAMS, model_kv_groups, run_comparison
+from core.serving.memory_policies import Policy, orca_max, orca_oracle, orca_pow2, paged
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.workload import sharegpt
 
@@ -30,10 +32,23 @@ def main(num_requests: int = 10_000) -> dict:
     started = time.perf_counter()
     run_comparison(DEFAULT_PARAMS)
     page_wall = time.perf_counter() - started
+    hybrid_requests = requests[: num_requests // 10]
+    hybrid_tokens = sum(r.prompt_len + r.n * r.output_len for r in hybrid_requests)
+    started = time.perf_counter()
+    simulate(
+        hybrid_requests, Policy("paged", 16, kv_groups=model_kv_groups("gpt-oss-20b")), SimulatorConfig()
+    )
+    hybrid_wall = time.perf_counter() - started
     return {
         "num_requests": num_requests,
         "policies": policies,
         "page_default": {"num_requests": DEFAULT_PARAMS.num_requests, "wall_s": round(page_wall, 3)},
+        "hybrid": {
+            "model": "gpt-oss-20b",
+            "num_requests": len(hybrid_requests),
+            "wall_s": round(hybrid_wall, 3),
+            "tokens_per_s": round(hybrid_tokens / hybrid_wall),
+        },
     }
 
 

@@ -5,7 +5,9 @@ Subpackages, from the bottom up:
   of a Hugging Face config's layer kinds, and vLLM V1's layout arithmetic (groups, blocks, concurrency).
 - `core.paging`: the block manager (paged KV block metadata), the KV tensors, the buddy allocator, the playground.
 - `core.kernels`: the paged attention API, its backends (torch, C for the CPU, Triton, gather) and their timing.
-- `core.serving`: workloads, the scheduler, memory policies, step time, the serving simulator and its experiment.
+- `core.sched`: the continuous-batching scheduler and the slim memory protocol it drives, below both the
+  simulator and the engine (it imports neither).
+- `core.serving`: workloads, memory policies, step time, the serving simulator and its experiment.
 - `core.planning`: model and GPU presets, KV accounting, capacity plans, the workload what-if and the CLI.
 - `core.engine`: a real Llama-family model run through the paged KV cache (config, weights, forward pass,
   sampling, the engine loop, its metrics and the sharing measurement).

@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.block_grid import GridShape, block_axes, grid_shape, grid_traces
+from ui.block_grid import block_axes, grid_shape, grid_traces
 from ui.theme import MEMORY_COLORS, integer_dtick, policy_color
 
 # Figure 2 of the PagedAttention paper (share of KV memory, %): token states, reservation, internal
@@ -309,18 +309,42 @@ def attention_latency_figure(table: pd.DataFrame) -> go.Figure:
     return _layout(fig, "Measured attention latency of each sampled step's batch")
 
 
-def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) -> go.Figure:
+def kv_group_name(kind: str, window: int | None) -> str:
+    """ "full attention" or "sliding window 1,024 tokens"."""
+    return "full attention" if kind == "full" else f"sliding window {window:,} tokens"
+
+
+def _held_by_kind(kv_group: np.ndarray, held: np.ndarray, kv_groups) -> str:
+    """ "full attention 9, sliding window 32 tokens 6": blocks held per group kind, in first-group order."""
+    counts = np.bincount(kv_group[held].astype(np.int64), minlength=len(kv_groups))
+    kinds: dict = {}
+    for (kind, _, window), count in zip(kv_groups, counts, strict=True):
+        name = kv_group_name(kind, window)
+        kinds[name] = kinds.get(name, 0) + int(count)
+    return ", ".join(f"{name} {count:,}" for name, count in kinds.items())
+
+
+def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None, kv_groups=None) -> go.Figure:
     """Every physical block of the paged cache after one step, in fixed screen space (`ui.block_grid`): one cell
     per block for a small pool (colour = owning request, light grey = free, darker grey = free but still
     prefix-cached; ◆ = shared by several sequences; ○ = partly filled), else cells of consecutive blocks
-    coloured by the share used, the hover naming the blocks."""
+    coloured by the share used, the hover naming the blocks.
+
+    A hybrid pool (`snapshot.kv_group` set; `kv_groups` the policy's (kind, num_layers, window) groups) is the
+    same grid: every group draws its block ids from the one pool, the hover names each block's group and the
+    title counts the blocks each group kind holds."""
     owner = np.asarray(snapshot.owner_request)
     ref = np.asarray(snapshot.ref_count)
     num_blocks = len(owner)
     shape = grid_shape(num_blocks, columns)
+    hybrid = getattr(snapshot, "kv_group", None) is not None and kv_groups is not None
+    group_names = [kv_group_name(kind, window) for kind, _, window in kv_groups] if hybrid else []
 
     def names(start: int, stop: int) -> str:
-        return f"block {start:,}" if stop == start + 1 else f"blocks {start:,}–{stop - 1:,}"
+        if stop != start + 1:
+            return f"blocks {start:,}–{stop - 1:,}"
+        group = int(snapshot.kv_group[start]) if hybrid else -1
+        return f"block {start:,}" + (f" · group {group}: {group_names[group]}" if group >= 0 else "")
 
     traces = grid_traces(
         owner, ref, np.asarray(snapshot.fill), np.asarray(snapshot.is_cached), names, block_size, shape
@@ -331,111 +355,19 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) 
     fig.update_yaxes(**yaxis)
     used = int((owner >= 0).sum())
     per_cell = "" if shape.blocks_per_cell == 1 else f"; a cell = {shape.blocks_per_cell:,} blocks"
-    title = (
-        f"Paged KV cache after step {snapshot.step:,} (t = {snapshot.time_s:,.1f} s): {used:,} of {num_blocks:,} "
-        f"blocks used, {int((ref > 1).sum()):,} shared{per_cell}"
-    )
+    at = f"after step {snapshot.step:,} (t = {snapshot.time_s:,.1f} s)"
+    if hybrid:
+        layers = max(num_layers for _, num_layers, _ in kv_groups)
+        by_kind = _held_by_kind(np.asarray(snapshot.kv_group), owner >= 0, kv_groups)
+        title = (
+            f"Hybrid KV cache {at}: {used:,} of {num_blocks:,} blocks used, one pool for every group "
+            f"({by_kind}; {layers:,} layers per block{per_cell})"
+        )
+    else:
+        title = f"Paged KV cache {at}: {used:,} of {num_blocks:,} blocks used, {int((ref > 1).sum()):,} shared{per_cell}"
     _layout(fig, title, height=max(340, 130 + 16 * shape.rows))
     fig.update_layout(
         showlegend=True, legend={"y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"}, margin={"t": 90}
-    )
-    return fig
-
-
-def kv_group_name(kind: str, window: int | None) -> str:
-    """ "full attention" or "sliding window 1,024 tokens"."""
-    return "full attention" if kind == "full" else f"sliding window {window:,} tokens"
-
-
-def _hybrid_bands(pool) -> list[tuple[str, np.ndarray, np.ndarray, object]]:
-    """(title, owner, fill, names(start, stop)) per group kind (groups of one kind and window side by side, in
-    group order), then the pool's free blocks."""
-    kinds: dict = {}
-    for index, group in enumerate(pool.groups):
-        kinds.setdefault((group.kind, group.window), []).append((index, group))
-    bands = []
-    for (kind, window), members in kinds.items():
-        name = kv_group_name(kind, window)
-        layers = ", ".join(str(g.num_layers) for _, g in members)
-        held = sum(len(g.block_ids) for _, g in members)
-        of = f"{len(members)} groups of {layers} layers" if len(members) > 1 else f"{layers} layers"
-        title = f"{name} ({of}): {held:,} blocks"
-        ids = np.concatenate([np.asarray(g.block_ids, dtype=np.int64) for _, g in members])
-        group_of = np.concatenate([np.full(len(g.block_ids), i) for i, g in members])
-        owner = np.concatenate([np.asarray(g.owner_request, dtype=np.int64) for _, g in members])
-        fill = np.concatenate([np.asarray(g.fill, dtype=np.int64) for _, g in members])
-        several = len(members) > 1
-
-        def names(start, stop, name=name, ids=ids, group_of=group_of, several=several) -> str:
-            if stop == start + 1:
-                group = f", group {group_of[start]}" if several else ""
-                return f"{name}{group}, block {ids[start]:,}"
-            return f"{name}, its blocks {start:,}–{stop - 1:,} in this band"
-
-        bands.append((title, owner, fill, names))
-    free = pool.free_blocks
-
-    def free_names(start, stop) -> str:
-        return "free block" if stop == start + 1 else f"free blocks {start:,}–{stop - 1:,} of this band"
-
-    bands.append(
-        (
-            f"free, shared by every group: {free:,} blocks",
-            np.full(free, -1, np.int64),
-            np.zeros(free, np.int64),
-            free_names,
-        )
-    )
-    return bands
-
-
-def hybrid_block_heatmap_figure(snapshot, block_size: int, columns: int | None = None) -> go.Figure:
-    """The hybrid pool after one step (`snapshot.hybrid_pool`), one band per KV cache group kind plus the free
-    blocks: each cell is a block the group holds (its own block ids, increasing; groups of one kind side by
-    side), coloured by the owning request as in `block_heatmap_figure`, ○ = partly filled; a large pool draws
-    cells of consecutive blocks coloured by the share used (`ui.block_grid`). The blocks of all bands sum to the
-    pool's; a window group's band stays small because released blocks return to the pool."""
-    pool = snapshot.hybrid_pool
-    pool_shape = grid_shape(pool.num_blocks, columns)
-    k, cols = pool_shape.blocks_per_cell, pool_shape.cols
-    bands = _hybrid_bands(pool)
-    shapes = [GridShape(k, cols, max(1, math.ceil(math.ceil(len(o) / k) / cols))) for _, o, _, _ in bands]
-    grid_rows = [shape.rows for shape in shapes]
-    fig = make_subplots(
-        rows=len(bands),
-        cols=1,
-        row_heights=[r / sum(grid_rows) for r in grid_rows],
-        subplot_titles=[title for title, _, _, _ in bands],
-        vertical_spacing=min(0.08, 0.3 / len(bands)),
-    )
-    seen = False
-    for row, ((_, owner, fill, names), shape) in enumerate(zip(bands, shapes, strict=True), start=1):
-        ref = (owner >= 0).astype(np.int64)  # no sharing: one sequence per request, no prefix caching
-        traces = grid_traces(
-            owner, ref, fill, np.zeros(len(owner), bool), names, block_size, shape, legend=not seen
-        )
-        seen = seen or len(traces) > 1 or k > 1
-        for trace in traces:
-            fig.add_trace(trace, row=row, col=1)
-        xaxis, yaxis = block_axes(shape, "")  # rows are named by their first block; the x title says so
-        last = row == len(bands)
-        xaxis["title"] = f"{xaxis['title']}; a row's label is its first block in the band" if last else ""
-        xaxis["showticklabels"] = last  # labels between bands would run into the next band's title
-        fig.update_xaxes(**xaxis, row=row, col=1)
-        fig.update_yaxes(**yaxis, row=row, col=1)
-    used = pool.num_blocks - pool.free_blocks
-    per_cell = "" if k == 1 else f"; a cell = {k:,} blocks"
-    title = (
-        f"Hybrid KV cache after step {snapshot.step:,} (t = {snapshot.time_s:,.1f} s): {used:,} of "
-        f"{pool.num_blocks:,} pool blocks used ({pool.group_size:,} layers per block{per_cell})"
-    )
-    height = max(380, 160 + 60 * len(bands) + 16 * sum(grid_rows))
-    _layout(fig, title, height=height)
-    plot_height = height - 80 - 90  # less the top and bottom margins
-    fig.update_layout(
-        showlegend=True,
-        legend={"y": -60 / plot_height, "yanchor": "top", "x": 0, "xanchor": "left"},
-        margin={"t": 80, "b": 90},
     )
     return fig
 

@@ -20,8 +20,8 @@ the fraction (0..1) of the requested output tokens produced so far; the last cal
 Logits: `generate(..., return_logits=True)` fills `CompletionOutput.logits` ([tokens, vocab] float32; not for
 beam search).
 Per-prompt settings: `generate(prompts, [SamplingParams(...), ...])` (one per prompt).
-Scheduling: the serving simulator's own `core.serving.scheduler.Scheduler` drives every run, with
-`core.engine.memory.EngineMemory` (the real BlockManager + KVCache) as its memory policy.
+Scheduling: `core.sched.scheduler.Scheduler`, the one the serving simulator drives too, runs every step, with
+`core.engine.memory.EngineMemory` (the real BlockManager + KVCache) as its `SchedulerMemory`.
 Sharing as in the paper's Figure 15: `core.engine.sharing.measure_sharing` (one row per mode and width).
 """
 

@@ -1,6 +1,6 @@
 """The engine: a Llama-family model served through the paged KV cache with continuous batching.
 
-The engine is driven by the serving simulator's own `core.serving.scheduler.Scheduler` (FCFS admission with a
+The engine is driven by `core.sched.scheduler.Scheduler`, the serving simulator's too (FCFS admission with a
 watermark, chunked prefill budget, newest-first preemption by recompute), with `EngineMemory` as its memory policy
 (the real BlockManager and KVCache) and the engine's `SequenceGroup`s as its groups. Each step:
 `schedule()` decides (decode groups, prefill chunks, preemptions); `allocate()` appends each decoding sequence's
@@ -35,7 +35,7 @@ from core.kv.hf_config import layer_specs
 from core.kv.layout import kv_cache_groups
 from core.paging.block_manager import BlockManager
 from core.paging.kv_cache import KVCache, kv_cache_bytes
-from core.serving.scheduler import ScheduledStep, Scheduler
+from core.sched.scheduler import ScheduledStep, Scheduler
 
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048

@@ -22,11 +22,11 @@ from core.engine.sequence import Sequence, SequenceGroup
 from core.errors import InvalidArgumentError
 from core.paging.block_manager import BlockManager
 from core.paging.kv_cache import KVCache
-from core.serving.memory_policies import Admission, MemoryMetrics
+from core.sched.memory import Admission, MemoryMetrics
 
 
 class EngineMemory:
-    """The engine's `core.serving.memory_policies.MemoryPolicy`: the serving scheduler admits, grows and releases
+    """The engine's `core.sched.memory.SchedulerMemory`: the serving scheduler admits, grows and releases
     the engine's real groups through it. watermark: fraction of the blocks kept free when admitting (vLLM's 0.01).
 
     A group not yet sampled (`started_sampling` False) holds its prompt once: the first sequence is allocated and

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from core.paging.block_manager import BlockSnapshot
-from core.serving.simulator import COLUMNS
+from core.sched.step_columns import COLUMNS
 
 ENGINE_COLUMNS = ("shared_blocks", "cow_copies", "attention_ms", "blocks_in_use", "blocks_without_sharing")
 STEP_COLUMNS = (*COLUMNS, *ENGINE_COLUMNS)

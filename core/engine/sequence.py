@@ -98,7 +98,7 @@ class SequenceGroup:
     num_preemptions: int = 0
     num_cached_tokens: int = 0
     started_sampling: bool = False  # the first output tokens were sampled
-    # kept by core.serving.scheduler.Scheduler (its SequenceGroup protocol)
+    # kept by core.sched.scheduler.Scheduler (its SequenceGroup protocol)
     length: int = 0
     num_prefill_tokens: int = 0
     num_prefill_total: int = 0

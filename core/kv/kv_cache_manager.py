@@ -26,7 +26,7 @@ brute-force model):
   length to queries and its hit tokens to hits (only while prefix caching is on).
 """
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from math import lcm
 
 import numpy as np
@@ -277,3 +277,142 @@ class KVCacheManager:
         for manager in self.managers:
             manager.free(request_id)
         del self._requests[request_id]
+
+    # ---- bulk decode (the serving simulator's batched steps) --------------------------------------------
+
+    def decode_steps(self, token_ids: Mapping[Hashable, Sequence[int]]) -> None:
+        """Several decode steps of several requests at once: for each request r and each of its new tokens t,
+        in order, as `mark_computed(r, n); append_token(r, t)` with n the tokens before t (so afterwards all
+        but each request's newest token are computed). O(blocks), not O(tokens).
+
+        The end state has the same tables (lengths, -1 entries), ref counts, free count, computed counts and
+        prefix cache as those calls one by one; only which free ids are taken may differ (and so, when cached
+        free blocks must be evicted, which of them are). Order: first every
+        request's computed full blocks enter the cache and every group releases what its newest token no longer
+        reads, then room is made (copy-on-write of a shared last block, new blocks). A block that lies behind
+        the window by the end is taken only to be cached (with prefix caching, while a block is free) and
+        released at once. So the call needs no more free blocks than the end state holds: it raises
+        OutOfBlocksError (or UnknownSequenceError, InvalidArgumentError) with nothing changed otherwise.
+        """
+        plan = []
+        releases: dict[int, int] = {}  # block -> table entries released in the first phase
+        tails: dict[int, int] = {}  # shared written last block -> requests that may copy it
+        takes = 0
+        ref_counts = self.pool.ref_counts
+        for request_id, new_tokens in token_ids.items():
+            req = self._request(request_id)
+            tokens = list(new_tokens)
+            if not tokens or {type(t) for t in tokens} - {
+                int
+            }:  # the fast check; the full one names the fault
+                tokens = check_token_ids(request_id, tokens)
+            old = len(req.token_ids)
+            new = old + len(tokens)
+            plan.append((req, tokens, old, new))
+            for manager, rec in zip(self.managers, req.blocks, strict=True):
+                table = rec.table
+                skip = manager.num_skipped_blocks(new - 1)
+                for index in range(rec.first_held, min(skip, len(table))):
+                    releases[table[index]] = releases.get(table[index], 0) + 1
+                takes += max(0, manager.num_required_blocks(new) - max(skip, len(table)))
+                last = len(table) - 1
+                written = last >= max(skip, rec.first_held) and manager._tail_is_written(old)
+                if written and ref_counts[table[last]] > 1:
+                    tails[table[last]] = tails.get(table[last], 0) + 1
+        freed = sum(1 for block, count in releases.items() if count == ref_counts[block])
+        copies = sum(  # the holders left after the releases copy it, all but the last
+            max(0, min(count, ref_counts[block] - releases.get(block, 0) - 1))
+            for block, count in tails.items()
+        )
+        self._check_room(takes + copies - freed, f"{len(plan):,} requests' decode steps")
+        copied = []  # per request and group: the index of a shared written last block, else -1
+        for req, tokens, old, new in plan:
+            req.token_ids.extend(tokens)
+            copied.append(
+                [
+                    self._cache_computed(req, m, rec, old, new - 1)
+                    for m, rec in zip(self.managers, req.blocks, strict=True)
+                ]
+            )
+            for manager, rec in zip(self.managers, req.blocks, strict=True):
+                manager.remove_skipped_blocks(rec, new - 1)
+        for (req, _, old, new), shared in zip(plan, copied, strict=True):
+            for manager, rec, index in zip(self.managers, req.blocks, shared, strict=True):
+                if (
+                    0 <= index < rec.first_held
+                ):  # the shared last block fell behind the window: cache its copy
+                    self._cache_in_passing(req, manager, index)
+                self._grow_table(req, manager, rec, old, new)
+            req.num_computed = new - 1
+
+    def _cache_computed(
+        self, req: _Request, manager: SingleTypeKVCacheManager, rec, old: int, computed: int
+    ) -> int:
+        """`decode_steps`' first phase for one group (caching on): hash the request's full blocks up to
+        `computed` tokens and offer the held ones to the prefix cache, except a shared last block that is
+        written (copy-on-write gives this request its own copy, cached later). Returns that block's index, or
+        -1."""
+        if not (self.enable_prefix_caching and manager.caches_blocks):
+            return -1
+        bs, table = manager.block_size, rec.table
+        keys = req.hashes.setdefault(bs, [])
+        extend_block_hashes(keys, req.token_ids, bs, computed // bs)
+        shared = -1
+        if (
+            len(table) > rec.first_held
+            and self.pool.ref_counts[table[-1]] > 1
+            and manager._tail_is_written(old)
+        ):
+            shared = len(table) - 1
+            computed = min(computed, old - old % bs)
+        manager.cache_blocks(rec, keys, req.token_ids, min(computed, len(table) * bs))
+        return shared
+
+    def _cache_in_passing(self, req: _Request, manager: SingleTypeKVCacheManager, index: int) -> None:
+        """A computed full block that a window released within `decode_steps`: take a free block, cache it as
+        logical block `index` of the request, release it (nothing when it is not full and computed, or no block
+        is free)."""
+        bs, pool = manager.block_size, self.pool
+        keys = req.hashes.get(bs, [])
+        if index >= len(keys) or not pool.num_free_blocks:
+            return
+        block = pool.take_one()
+        parent = keys[index - 1] if index else None
+        tokens = tuple(req.token_ids[index * bs : (index + 1) * bs])
+        pool.cache_block(manager.group_idx, block, keys[index], parent, tokens)
+        pool.release(block)
+
+    def _grow_table(self, req: _Request, manager: SingleTypeKVCacheManager, rec, old: int, new: int) -> None:
+        """`decode_steps`' second phase for one group: copy a shared written last block, then append entries
+        up to `num_required_blocks(new)`, -1 for those already behind the window (cached on the way)."""
+        pool, table, bs = self.pool, rec.table, manager.block_size
+        skip = manager.num_skipped_blocks(new - 1)
+        last = len(table) - 1
+        if last >= max(skip, rec.first_held) and manager._tail_is_written(old):
+            src = table[last]
+            if pool.ref_counts[src] > 1:
+                table[last] = pool.take_one()
+                pool.release(src)
+        caching = self.enable_prefix_caching and manager.caches_blocks
+        keys = req.hashes.get(bs, [])
+        for index in range(len(table), manager.num_required_blocks(new)):
+            if index >= skip:
+                table.append(pool.take_one())
+                continue
+            table.append(-1)
+            if caching:  # computed and full: cached on the way
+                self._cache_in_passing(req, manager, index)
+        rec.first_held = max(rec.first_held, min(skip, len(table)))
+        if caching:
+            full = min(len(keys), len(table))
+            for index in range(rec.num_cached, full):
+                if table[index] >= 0:
+                    parent = keys[index - 1] if index else None
+                    pool.cache_block(
+                        manager.group_idx,
+                        table[index],
+                        keys[index],
+                        parent,
+                        tuple(req.token_ids[index * bs : (index + 1) * bs]),
+                    )
+            rec.num_cached = max(rec.num_cached, full)

@@ -1,1 +1,2 @@
-"""Serving: workloads, the scheduler, memory policies, step time, the simulator and its experiment."""
+"""Serving simulation: workloads, memory policies (paged, hybrid on one `core.kv` pool, Orca's contiguous ones),
+step time, the simulator and its experiment. The scheduler it drives lives below it, in `core.sched`."""

@@ -1,31 +1,33 @@
 """Paged KV for a hybrid model, as vLLM V1's hybrid allocator: full-attention groups grow with the sequence,
-sliding-window groups keep only the blocks their window still reads.
+sliding-window groups keep only the blocks their window still reads, and every group draws its block ids from
+ONE pool (`core.kv.KVCacheManager`).
 
 The model's layers form KV cache groups, given as (kind, num_layers, window) with kind "full" (window None) or
 "sliding_window" (window >= 1 tokens). As in vLLM every group's page is the same size: a block of any group holds
 `block_size` tokens of K/V for `group_size` = the largest group's layers, so a smaller group is padded (its
-padding layers' pages are allocated and unused, vLLM's "Add N padding layers"). Every group draws its blocks from
-one shared pool of the bytes of `capacity` token slots of every real layer: `capacity x real_layers //
-group_size` *group slots* (one token of one group's block), so num_blocks = that // block_size, vLLM's
-available_bytes // page // group_size (equal groups: G x capacity // block_size for G groups). Each group keeps
-its own block table per sequence in a real `BlockManager` (with `sliding_window` for a window group: a block is
-released once it lies wholly before position n - window + 1 of the token being appended, and a prompt is
-allocated whole); the policy bounds their sum by the pool.
+padding layers' pages are allocated and unused, vLLM's "Add N padding layers"). The pool has the bytes of
+`capacity` token slots of every real layer: `capacity x real_layers // group_size` *group slots* (one token of one
+group's block), so num_blocks = that // block_size, vLLM's available_bytes // page // group_size (equal groups:
+G x capacity // block_size for G groups).
+
+A request is allocated in every group at admission (the prompt held whole until computed), its prompt enters the
+prefix cache as it is computed (a hit needs the prefix cached in every group, as in vLLM), parallel samples are
+forks sharing the prompt's blocks (the partly filled last block copied on the first write), and a window group
+releases a block once the token about to be appended no longer reads it. The simulator's batched decode steps
+run through `KVCacheManager.decode_steps`, and `decode_metrics` predicts them block by block.
 
 The metrics are in group slots and sum to `capacity` (group slots); token states include a padded group's
-padding pages, as vLLM allocates them. Limits: one sequence per request (no parallel sampling) and no prefix
-caching; each group's manager numbers its own blocks, so a block id names a block within its group only
-(`HybridPoolSnapshot`).
+padding pages, as vLLM allocates them.
 """
-
-from dataclasses import dataclass
 
 import numpy as np
 
 from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
-from core.paging.block_manager import BlockManager
-from core.serving.memory_policies import Admission, MemoryMetrics, _PagedGroupState
+from core.kv.kv_cache_manager import KVCacheManager
+from core.kv.specs import FullAttentionSpec, SlidingWindowSpec
+from core.sched.memory import Admission, MemoryMetrics
+from core.serving.memory_policies import PoolSnapshot, _PagedGroupState, pool_snapshot
 
 KV_GROUP_KINDS = ("full", "sliding_window")
 
@@ -48,41 +50,10 @@ def check_kv_groups(kv_groups) -> tuple:
     return groups
 
 
-@dataclass(frozen=True, eq=False)
-class GroupBlocks:
-    """The blocks one KV cache group holds after a step. kind, num_layers, window: the group's spec.
-    block_ids: int32 [held], the group's own block ids (its manager's numbering), increasing; owner_request:
-    int32 [held], the request whose sequence holds each block; fill: int16 [held], tokens stored (block_size
-    except a sequence's last block). Blocks a sliding window released are not held, so they do not appear. The
-    arrays are read-only and may be the very objects of another group with the same blocks."""
-
-    kind: str
-    num_layers: int
-    window: int | None
-    block_ids: np.ndarray
-    owner_request: np.ndarray
-    fill: np.ndarray
-
-
-@dataclass(frozen=True, eq=False)
-class HybridPoolSnapshot:
-    """The shared pool after a step: num_blocks (the pool), group_size (layers per block, padding included),
-    groups (one `GroupBlocks` per KV cache group, in group order). free_blocks = num_blocks - blocks held."""
-
-    num_blocks: int
-    group_size: int
-    groups: tuple[GroupBlocks, ...]
-
-    @property
-    def free_blocks(self) -> int:
-        return self.num_blocks - sum(len(g.block_ids) for g in self.groups)
-
-
-def _same_blocks(group: GroupBlocks, arrays: tuple) -> bool:
-    return all(
-        np.array_equal(a, b)
-        for a, b in zip((group.block_ids, group.owner_request, group.fill), arrays, strict=True)
-    )
+def _spec(block_size: int, window: int | None):
+    if window is None:
+        return FullAttentionSpec(block_size=block_size, num_kv_heads=0, head_size=0)
+    return SlidingWindowSpec(block_size=block_size, num_kv_heads=0, head_size=0, sliding_window=window)
 
 
 class HybridPagedMemory:
@@ -91,110 +62,170 @@ class HybridPagedMemory:
     def __init__(self, policy, capacity: int, watermark: float):
         self.groups = check_kv_groups(policy.kv_groups)
         self.block_size = bs = policy.block_size
-        if policy.enable_prefix_caching:
-            raise InvalidArgumentError("the hybrid policy simulates no prefix caching")
         self.group_size = max(layers for _, layers, _ in self.groups)
         real_layers = sum(layers for _, layers, _ in self.groups)
         self.capacity = capacity * real_layers // self.group_size  # group slots
         self.num_blocks = self.capacity // bs
         if self.num_blocks < 1:
             raise InvalidArgumentError(f"KV capacity {capacity} tokens holds no block of {bs} tokens")
-        self.managers = [BlockManager(self.num_blocks, bs, sliding_window=w) for _, _, w in self.groups]
         self.windows = [w for _, _, w in self.groups]
+        self.kv = KVCacheManager(
+            [_spec(bs, w) for w in self.windows],
+            self.num_blocks,
+            enable_prefix_caching=policy.enable_prefix_caching,
+        )
         self.watermark_blocks = int(watermark * self.num_blocks)
-        self.pending = 0
-        self.tail_empty = 0  # empty slots of the last block, summed over groups and sequences
-        self._held: dict = {}  # group -> _PagedGroupState; shared_tail marks "appended since admission"
+        self.pending = 0  # group slots of tokens allocated but not computed
+        self.tail_empty = 0  # empty slots of last blocks, over groups and sequences (a shared one once)
+        self._held: dict = {}  # group -> _PagedGroupState (shared_tail: forks still share the last block)
 
     # ---- sizing --------------------------------------------------------------------------------------------
 
     @property
     def free_blocks(self) -> int:
-        return sum(m.num_free_blocks for m in self.managers) - (len(self.managers) - 1) * self.num_blocks
+        return self.kv.num_free_blocks
 
-    def _held_blocks(self, length: int, window: int | None, appended: bool) -> int:
-        """Blocks one sequence of `length` tokens holds in a group (a prompt is held whole until an append)."""
-        if window is None or not appended:
-            return cdiv(length, self.block_size)
-        last = length - 1  # the newest appended position
+    def _blocks_for(self, prompt: int, generated: int, n: int) -> int:
+        """Blocks one group holds for n sequences sharing `prompt` tokens with `generated` own tokens each, with
+        nothing released yet (as at admission)."""
+        bs = self.block_size
+        if generated == 0:
+            return cdiv(prompt, bs)
+        shared = prompt // bs
+        return shared + n * (cdiv(prompt + generated, bs) - shared)
+
+    def _window_blocks(self, length: int, window: int) -> int:
+        """Blocks a window group holds for one sequence of `length` tokens once all but the newest are computed."""
+        last = length - 1
         return last // self.block_size - max(0, last - window + 1) // self.block_size + 1
 
     def check_fits(self, group, max_output_len: int) -> None:
-        if group.num_seqs != 1:
-            raise InvalidArgumentError(
-                f"request {group.request_id}: the hybrid policy simulates one sequence per request, got "
-                f"n={group.num_seqs}"
-            )
-        prompt, longest = group.prompt_len, group.prompt_len + max_output_len - 1
+        n, prompt = group.num_seqs, group.prompt_len
+        longest = prompt + max_output_len - 1
+        admit = self._blocks_for(prompt, 0, n)
         peak = sum(
-            max(cdiv(prompt, self.block_size), self._held_blocks(longest, w, True)) for w in self.windows
+            self._blocks_for(prompt, max_output_len - 1, n)
+            if w is None
+            else max(admit, n * self._window_blocks(longest, w))
+            for w in self.windows
         )
-        if peak > self.num_blocks or len(self.windows) * cdiv(prompt, self.block_size) > (
-            self.num_blocks - self.watermark_blocks
-        ):
+        if peak > self.num_blocks or len(self.windows) * admit > self.num_blocks - self.watermark_blocks:
             raise InvalidArgumentError(
-                f"request {group.request_id} ({prompt} + {max_output_len} tokens) needs up to {peak:,} blocks of "
-                f"{self.block_size} over its KV cache groups, more than the {self.num_blocks:,}-block pool holds"
+                f"request {group.request_id} ({prompt} + {max_output_len} tokens, n={n}) needs up to {peak:,} "
+                f"blocks of {self.block_size} over its KV cache groups, more than the {self.num_blocks:,}-block "
+                "pool holds"
             )
 
     def swap_blocks(self, group) -> int:
-        sid = group.seq_ids[0]
-        return sum(sum(1 for b in m.block_table(sid) if b >= 0) for m in self.managers)
+        held = {b for sid in group.seq_ids for table in self.kv.block_ids(sid) for b in table if b >= 0}
+        return len(held)
 
     # ---- admission --------------------------------------------------------------------------------------------
 
     def can_admit(self, group, num_tokens: int, reserved_blocks: int) -> bool:
-        need = len(self.managers) * cdiv(num_tokens, self.block_size)
-        return need <= self.free_blocks - self.watermark_blocks - reserved_blocks
+        need = len(self.windows) * self._blocks_for(
+            group.prompt_len, num_tokens - group.prompt_len, group.num_seqs
+        )
+        # the step's decodes may release more than they take (windows), but only after the admission
+        return need <= self.kv.num_free_blocks - self.watermark_blocks - max(0, reserved_blocks)
 
     def admit(self, group, num_tokens: int) -> Admission:
-        tokens = group.token_ids(0, 0, num_tokens)
-        for manager in self.managers:
-            manager.allocate(group.seq_ids[0], tokens)
-        pending = len(self.managers) * num_tokens
-        self.pending += pending
-        self.tail_empty += len(self.managers) * (-num_tokens % self.block_size)
-        self._held[group] = _PagedGroupState(pending, False)
-        return Admission(num_tokens, 0)
+        """Allocate the prompt in every group (looked up in the prefix cache) and fork it into the other
+        sequences; outputs to restore are appended to each (pending until prefilled)."""
+        kv, n, count = self.kv, group.num_seqs, len(self.windows)
+        gen = num_tokens - group.prompt_len
+        sid0 = group.seq_ids[0]
+        hits = kv.allocate(sid0, group.token_ids(0, 0, num_tokens if n == 1 else group.prompt_len))
+        for sid in group.seq_ids[1:]:
+            kv.fork(sid0, sid)
+        if n > 1 and gen:
+            for index, sid in enumerate(group.seq_ids):
+                for token in group.token_ids(index, group.prompt_len, num_tokens):
+                    kv.append_token(sid, token)
+        shared_tail = n > 1 and gen == 0 and num_tokens % self.block_size != 0
+        prefill = num_tokens + (n - 1) * gen - hits
+        self.pending += count * prefill
+        self.tail_empty += count * (-num_tokens % self.block_size) * (1 if shared_tail else n)
+        self._held[group] = _PagedGroupState(count * prefill, shared_tail)
+        return Admission(prefill, hits)
 
     def prefill(self, group, num_tokens: int) -> None:
-        done = self._held[group].compute(group, num_tokens)
-        self.pending -= done
+        """Account the computed slots; the prompt's computed tokens enter the prefix cache (a sequence group
+        once its whole admission is computed, a single sequence chunk by chunk)."""
+        self.pending -= self._held[group].compute(group, num_tokens)
+        kv = self.kv
+        if group.num_prefill_tokens == 0:
+            for sid in group.seq_ids:
+                kv.mark_computed(sid, kv.num_tokens(sid))
+        elif group.num_seqs == 1:
+            sid = group.seq_ids[0]
+            kv.mark_computed(
+                sid, max(kv.num_computed_tokens(sid), kv.num_tokens(sid) - group.num_prefill_tokens)
+            )
 
     # ---- decode ----------------------------------------------------------------------------------------------
 
     def decode_blocks(self, groups: list) -> int:
-        need = 0
+        """Net blocks the groups' next decode step takes (new and copied blocks less the blocks it releases)."""
+        bs, count = self.block_size, len(self.windows)
+        takes = 0
         for group in groups:
-            appended = self._held[group].shared_tail
-            length = group.length
-            for window in self.windows:
-                need += self._held_blocks(length + 1, window, True) - self._held_blocks(
-                    length, window, appended
-                )
-        return need
+            if group.length % bs == 0:
+                takes += group.num_seqs * count
+            elif self._held[group].shared_tail:
+                takes += (group.num_seqs - 1) * count
+        frees = np.zeros(1, dtype=np.int64)
+        self._releases(groups, 1, frees)
+        return takes - int(frees[0])
+
+    def _releases(self, groups: list, steps: int, frees: np.ndarray) -> None:
+        """Add to frees[t - 1] the blocks that decode step t (1..steps) gives back to the pool: a window group
+        releases logical block i of a sequence of length L at step max(1, (i + 1) x block_size + W - L)."""
+        bs = self.block_size
+        ref_counts = self.kv.pool.ref_counts
+        released: dict[int, list[int]] = {}  # existing block -> [releases, last step]
+        for manager, window in zip(self.kv.managers, self.windows, strict=True):
+            if window is None:
+                continue
+            for group in groups:
+                length = group.length
+                state = self._held[group]
+                for sid in group.seq_ids:
+                    rec = manager.requests[sid]
+                    table = rec.table
+                    last_index = (steps + length - window) // bs - 1  # released by the last step, at most
+                    for index in range(rec.first_held, min(len(table), last_index + 1)):
+                        entry = released.setdefault(table[index], [0, 0])
+                        entry[0] += 1
+                        entry[1] = max(entry[1], max(1, (index + 1) * bs + window - length))
+                    first_new = len(table)
+                    if state.shared_tail and first_new - 1 <= last_index and sid != group.seq_ids[-1]:
+                        frees[max(1, first_new * bs + window - length) - 1] += (
+                            1  # its copy of the shared tail
+                        )
+                    if last_index >= first_new:
+                        at = np.maximum(1, (np.arange(first_new, last_index + 1) + 1) * bs + window - length)
+                        np.add.at(frees, at - 1, 1)
+        for block, (count, step) in released.items():
+            if count == ref_counts[block]:
+                frees[step - 1] += 1
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
-        bs = self.block_size
+        """Every sequence takes a block in every group when its length L is a multiple of block_size; a forked
+        group whose last block is still shared copies it on its first write (n - 1 new blocks per group); window
+        groups release as `_releases` says."""
+        bs, count = self.block_size, len(self.windows)
         lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
-        after = (
-            lengths[:, None] + np.arange(1, steps + 1)[None, :]
-        )  # [groups, steps]: lengths after each step
-        grown = np.zeros(steps, dtype=np.int64)
-        for window in self.windows:
-            now = np.array(
-                [self._held_blocks(g.length, window, self._held[g].shared_tail) for g in groups],
-                dtype=np.int64,
-            )
-            if window is None:
-                held = -(-after // bs)
-            else:
-                held = (after - 1) // bs - np.maximum(0, after - window) // bs + 1
-            grown += (held - now[:, None]).sum(axis=0)
-        free = self.free_blocks - grown
-        count = len(self.managers)
-        others = self.tail_empty - count * int((-lengths % bs).sum())
-        tail = others + count * (-after % bs).sum(axis=0)
+        ns = np.fromiter((g.num_seqs for g in groups), np.int64, len(groups))
+        shared = np.fromiter((self._held[g].shared_tail for g in groups), bool, len(groups))
+        before = lengths[:, None] + np.arange(steps)[None, :]  # [groups, steps]: lengths before each step
+        takes = ((before % bs == 0) * ns[:, None]).sum(axis=0) * count
+        takes[0] += int(((ns - 1) * shared).sum()) * count
+        tails_now = int((np.where(shared, 1, ns) * (-lengths % bs)).sum())
+        tail = self.tail_empty + count * ((ns[:, None] * (-(before + 1) % bs)).sum(axis=0) - tails_now)
+        frees = np.zeros(steps, dtype=np.int64)
+        self._releases(groups, steps, frees)
+        free = self.kv.num_free_blocks - np.cumsum(takes) + np.cumsum(frees)
         token_states = (self.num_blocks - free) * bs - tail - self.pending
         return MemoryMetrics(
             token_states,
@@ -206,28 +237,32 @@ class HybridPagedMemory:
         )
 
     def grow(self, groups: list, steps: int) -> None:
-        count = len(self.managers)
+        count, bs = len(self.windows), self.block_size
+        new_tokens = {}
         for group in groups:
-            length = group.length
-            tokens = group.token_ids(0, length, length + steps)
-            for manager in self.managers:
-                manager.extend(group.seq_ids[0], tokens)
-            self.tail_empty += count * (-(length + steps) % self.block_size - (-length % self.block_size))
-            self._held[group].shared_tail = True
+            length, n = group.length, group.num_seqs
+            for index, sid in enumerate(group.seq_ids):
+                new_tokens[sid] = group.token_ids(index, length, length + steps)
+            state = self._held[group]
+            before = (1 if state.shared_tail else n) * (-length % bs)
+            self.tail_empty += count * (n * (-(length + steps) % bs) - before)
+            state.shared_tail = False
+        self.kv.decode_steps(new_tokens)
 
     # ---- release, metrics ------------------------------------------------------------------------------------
 
     def release(self, group) -> int:
         state = self._held.pop(group)
-        free0 = self.free_blocks
-        for manager in self.managers:
-            manager.free(group.seq_ids[0])
-        self.tail_empty -= len(self.managers) * (-group.length % self.block_size)
+        free0 = self.kv.num_free_blocks
+        for sid in group.seq_ids:
+            self.kv.free(sid)
+        shared = 1 if state.shared_tail else group.num_seqs
+        self.tail_empty -= len(self.windows) * shared * (-group.length % self.block_size)
         self.pending -= state.pending_left
-        return self.free_blocks - free0
+        return self.kv.num_free_blocks - free0
 
     def metrics(self) -> MemoryMetrics:
-        free = self.free_blocks
+        free = self.kv.num_free_blocks
         used = (self.num_blocks - free) * self.block_size
         return MemoryMetrics(
             used - self.tail_empty - self.pending,
@@ -238,36 +273,8 @@ class HybridPagedMemory:
             free,
         )
 
-    def held_blocks_by_group(self) -> tuple[int, ...]:
-        """Blocks each KV cache group holds now, in group order."""
-        return tuple(self.num_blocks - m.num_free_blocks for m in self.managers)
-
-    def snapshot(self, groups: list) -> HybridPoolSnapshot:
-        """Every group's held blocks (see `HybridPoolSnapshot`); `groups` is unused (no block tables: the
-        kernels' per-step measurement needs one pool). O(blocks held)."""
-        bs = self.block_size
-        request_of = {g.seq_ids[0]: g.request_id for g in self._held}
-        out = []
-        for (kind, layers, window), manager in zip(self.groups, self.managers, strict=True):
-            ids, owners, fills = [], [], []
-            for sid in manager.seq_ids():
-                table = manager.block_table(sid)
-                held = [b for b in table if b >= 0]
-                if not held:
-                    continue
-                ids += held
-                owners += [request_of[sid]] * len(held)
-                fills += [bs] * (len(held) - 1) + [manager.num_tokens(sid) - (len(table) - 1) * bs]
-            order = np.argsort(np.asarray(ids, dtype=np.int64), kind="stable")
-            arrays = (
-                np.asarray(ids, dtype=np.int32)[order],
-                np.asarray(owners, dtype=np.int32)[order],
-                np.asarray(fills, dtype=np.int16)[order],
-            )
-            twin = next((g for g in out if g.window == window and _same_blocks(g, arrays)), None)
-            if twin is not None:  # groups with one window make the same moves: share arrays (pickled once)
-                arrays = (twin.block_ids, twin.owner_request, twin.fill)
-            for array in arrays:
-                array.setflags(write=False)
-            out.append(GroupBlocks(kind, layers, window, *arrays))
-        return HybridPoolSnapshot(self.num_blocks, self.group_size, tuple(out))
+    def snapshot(self, groups: list) -> PoolSnapshot:
+        """The one pool, every group's blocks in one id space (`kv_group` says whose); no block tables (a
+        sequence has one per group, and the kernels' per-step measurement needs one). O(blocks)."""
+        snap = self.kv.snapshot()
+        return pool_snapshot(self._held, snap.request_ids, snap, None, snap.group.astype(np.int8))

@@ -1,7 +1,7 @@
 """The KV memory of the serving engine under one policy: paged (the real `BlockManager`) or contiguous (Orca).
 
 A policy is named like the charts: "paged", "orca-max", "orca-pow2", "orca-oracle". The scheduler drives a
-`MemoryPolicy` with request *groups* (`core.serving.scheduler.SequenceGroup`: a request and its parallel samples,
+`MemoryPolicy` with request *groups* (`core.sched.scheduler.SequenceGroup`: a request and its parallel samples,
 which advance in lockstep) and the simulator reads `metrics()` after each step, all in token slots of the capacity:
 
     token_states            slots holding K/V of computed tokens (a shared block counts once);
@@ -17,7 +17,7 @@ They sum to the capacity. The paper's Figure 2 "external fragmentation & others"
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
 from core.paging.allocators import CONTIGUOUS_POLICIES, BuddyAllocator, next_pow2, reservation
 from core.paging.block_manager import BlockManager
+from core.sched.memory import Admission, MemoryMetrics, SchedulerMemory
 
 POLICY_NAMES = ("paged", *CONTIGUOUS_POLICIES)
 
@@ -90,98 +91,52 @@ def orca_oracle() -> Policy:
     return Policy("orca-oracle")
 
 
-class MemoryMetrics(NamedTuple):
-    """Where the KV capacity is, in token slots (module docstring), plus free_blocks: the free-list size (paged:
-    free blocks; contiguous: free buddy blocks). token_states + reservation + internal_fragmentation +
-    allocator_slack + free_slots == capacity. Python ints from `metrics()`; int64 arrays (one entry per step)
-    from `decode_metrics()`."""
-
-    token_states: int
-    reservation: int
-    internal_fragmentation: int
-    allocator_slack: int
-    free_slots: int
-    free_blocks: int
-
-
-class Admission(NamedTuple):
-    """An admitted group: num_prefill_tokens to compute over all its sequences (the shared prompt once, each
-    sequence's recomputed outputs, less prefix-cache hits); hit_tokens found in the prefix cache."""
-
-    num_prefill_tokens: int
-    hit_tokens: int
-
-
 @dataclass(frozen=True, eq=False)
 class PoolSnapshot:
     """The block pool after a step, indexed by physical block id: owner_request (request id of the first live
     sequence holding the block, -1 when free), ref_count, fill (tokens stored), is_cached (holds a prefix-cache
-    block, owned or free); block_tables: int32 [sequences of the given groups, max blocks], padded with -1."""
+    block, owned or free); block_tables: int32 [sequences of the given groups, max blocks], padded with -1 (None
+    for a hybrid pool: a sequence has one table per KV cache group); kv_group: int8, the KV cache group whose
+    tables or cache hold each block (-1 free and uncached), None for one group."""
 
     owner_request: np.ndarray
     ref_count: np.ndarray
     fill: np.ndarray
     is_cached: np.ndarray
-    block_tables: np.ndarray
+    block_tables: np.ndarray | None
+    kv_group: np.ndarray | None = None
 
 
-class MemoryPolicy(Protocol):
-    """The interface the scheduler and the simulator use; `PagedMemory` and `ContiguousMemory` implement it.
+def pool_snapshot(held, seq_ids, snap, block_tables, kv_group=None) -> PoolSnapshot:
+    """A `PoolSnapshot` from a pool snapshot `snap` (owner indexing `seq_ids`, ref_count, fill, is_cached) of the
+    sequences of the `held` request groups."""
+    request_of = {sid: g.request_id for g in held for sid in g.seq_ids}
+    owners = np.array([request_of[sid] for sid in seq_ids] + [-1], dtype=np.int64)
+    return PoolSnapshot(
+        owners[snap.owner].astype(np.int32),  # owner -1 indexes the trailing -1
+        snap.ref_count.astype(np.int16),
+        snap.fill.astype(np.int16),
+        snap.is_cached.copy(),
+        block_tables,
+        kv_group,
+    )
 
-    Invariants: a group is *held* between `admit` and `release`; every method other than `admit`, `grow`,
-    `prefill` and `release` leaves the state unchanged; `admit` is only called after `can_admit` said yes and
-    `grow` only with the blocks `decode_blocks` (one step) or `decode_metrics` (more) promised, so neither fails.
-    `free_blocks` only falls through `admit` and `grow`, and rises only through `release`.
-    """
 
-    capacity: int  # token slots of the whole cache
-    block_size: int  # tokens per block (the unit of swap)
+class MemoryPolicy(SchedulerMemory, Protocol):
+    """The scheduler's `SchedulerMemory` plus what only a simulated run needs; `PagedMemory`,
+    `HybridPagedMemory` and `ContiguousMemory` implement it. `grow` is only called with the blocks
+    `decode_blocks` (one step) or `decode_metrics` (more) promised."""
 
-    @property
-    def free_blocks(self) -> int:
-        """Blocks a decode can take now (contiguous: effectively unbounded, its decodes take no memory)."""
-        ...
+    capacity: int  # token slots of the whole cache (the metrics sum to it)
 
     def check_fits(self, group, max_output_len: int) -> None:
         """Raise InvalidArgumentError when the group could never run alone in the whole cache."""
-        ...
-
-    def can_admit(self, group, num_tokens: int, reserved_blocks: int) -> bool:
-        """True when the group fits with `num_tokens` per sequence (prompt + outputs to restore) while leaving
-        `reserved_blocks` (this step's decodes) and the watermark free."""
-        ...
-
-    def admit(self, group, num_tokens: int) -> Admission:
-        """Take the group's memory for `num_tokens` tokens per sequence; they count as reserved until prefilled."""
-        ...
-
-    def prefill(self, group, num_tokens: int) -> None:
-        """`num_tokens` more of the group's reserved tokens are computed; the caller already lowered
-        `group.num_prefill_tokens` by them (0 afterwards: the whole admission is computed)."""
-        ...
-
-    def decode_blocks(self, groups: list) -> int:
-        """New blocks the groups' next decode step takes (one token per sequence)."""
         ...
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
         """The metrics after each of the next 1..steps decode steps of `groups` (int64 arrays [steps]), predicted
         without changing anything; free_blocks goes negative from the first step that would not fit."""
         ...
-
-    def grow(self, groups: list, steps: int) -> None:
-        """Append `steps` decode tokens to every sequence of the groups (their lengths before this call)."""
-        ...
-
-    def swap_blocks(self, group) -> int:
-        """Blocks the (decoding) group's KV takes in CPU swap space."""
-        ...
-
-    def release(self, group) -> int:
-        """Free all of the group's memory; returns the blocks that became free."""
-        ...
-
-    def metrics(self) -> MemoryMetrics: ...
 
     def snapshot(self, groups: list) -> PoolSnapshot | None:
         """The pool and the block tables of `groups`' sequences (None where there are no blocks)."""
@@ -385,15 +340,7 @@ class PagedMemory:
         for row, sid in enumerate(rows):
             table = snap.block_tables[sid]
             tables[row, : len(table)] = table
-        request_of = {sid: g.request_id for g in self._held for sid in g.seq_ids}
-        owners = np.array([request_of[sid] for sid in snap.seq_ids] + [-1], dtype=np.int64)
-        return PoolSnapshot(
-            owners[snap.owner].astype(np.int32),  # owner -1 indexes the trailing -1
-            snap.ref_count.astype(np.int16),
-            snap.fill.astype(np.int16),
-            snap.is_cached.copy(),
-            tables,
-        )
+        return pool_snapshot(self._held, snap.seq_ids, snap, tables)
 
 
 class ContiguousMemory:

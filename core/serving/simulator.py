@@ -1,7 +1,7 @@
 """Replay a serving workload through the continuous-batching `Scheduler` under a paged or a contiguous KV policy,
 on a simulated clock, and record step by step where the KV memory goes.
 
-The scheduling rules are `core.serving.scheduler`'s (FCFS admission with a watermark, chunked prefill within
+The scheduling rules are `core.sched.scheduler`'s (FCFS admission with a watermark, chunked prefill within
 `max_num_batched_tokens`, newest-first preemption by recompute or swap). The simulator owns what the scheduler
 leaves to its caller: arrivals (a request joins the waiting queue once the clock reaches its arrival time), the
 step cost (`SimulatorConfig.step_time`, the roofline `StepTimeModel` or anything with its `step_seconds` /
@@ -22,37 +22,16 @@ import pandas as pd
 
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError, SchedulerStuckError
-from core.serving.hybrid_memory import HybridPoolSnapshot
-from core.serving.memory_policies import MemoryMetrics, MemoryPolicy, Policy, make_memory
-from core.serving.scheduler import PREEMPTION_MODES, ScheduledStep, Scheduler, StepOutcome, fitting_steps
+from core.sched import COLUMNS, PREEMPTION_MODES, MemoryMetrics, ScheduledStep, Scheduler, StepOutcome
+from core.serving.memory_policies import MemoryPolicy, Policy, make_memory
+from core.serving.sim_groups import SimulatedGroup, make_groups
+from core.serving.sim_result import SimulationResult, StepSnapshot, summarize
 from core.serving.step_time import StepTimeModel, opt_13b_a100
 from core.serving.workload import Request
 
 PAPER_KV_TOKENS = 15_728  # OPT-13B on one A100-40GB: 12 GiB of KV / 800 KiB per token (paper Table 1: 15.7K)
 MAX_BATCHED_DECODE_STEPS = 8192  # decode-only steps replayed at once, at most
 
-COLUMNS = (
-    "step",
-    "time_s",
-    "step_time_ms",
-    "running",
-    "running_seqs",
-    "waiting",
-    "swapped",
-    "preemptions",
-    "preemptions_total",
-    "free_blocks",
-    "free_slots",
-    "token_states",
-    "reservation",
-    "internal_fragmentation",
-    "allocator_slack",
-    "external_fragmentation",
-    "tokens_generated",
-    "prefill_tokens",
-    "kv_tokens_read",
-    "prefix_hit_tokens",
-)
 _COL = {name: i for i, name in enumerate(COLUMNS)}
 
 
@@ -107,189 +86,16 @@ class SimulatorConfig:
         return int(self.swap_space_bytes // (kv_bytes * block_size)) if kv_bytes > 0 else 1 << 62
 
 
-@dataclass(frozen=True, eq=False)
-class StepSnapshot:
-    """The state after one sampled step.
-
-    context_lens: int64 [num decoding sequences], tokens each decoding sequence attends to at that step.
-    Paged only (None otherwise), indexed by physical block id: owner_request (request id of the first live
-    sequence holding the block, -1 when free), ref_count, fill (tokens stored), is_cached (holds a prefix-cache
-    block, owned or free); block_tables: int32 [num decoding sequences, max blocks], row i the block table of the
-    sequence of context_lens[i], padded with -1.
-    hybrid_pool: the hybrid policy's per-group blocks (`HybridPoolSnapshot`; the fields above are None), or None.
-    """
-
-    step: int
-    time_s: float
-    context_lens: np.ndarray
-    owner_request: np.ndarray | None = None
-    ref_count: np.ndarray | None = None
-    fill: np.ndarray | None = None
-    is_cached: np.ndarray | None = None
-    block_tables: np.ndarray | None = None
-    hybrid_pool: HybridPoolSnapshot | None = None
-
-
-@dataclass(eq=False)
-class SimulationResult:
-    """steps: one row per step, columns `COLUMNS` (slots are KV token positions; `time_s` is the end of the step;
-    `free_blocks` is the free-list size: free blocks for paged, free buddy blocks for contiguous;
-    `external_fragmentation` is the allocator slack, real fragmentation only, and `free_slots` the free memory:
-    token_states + reservation + internal_fragmentation + external_fragmentation + free_slots == capacity).
-    requests: one row per request (arrival_time, first_token_time, finish_time in seconds; lengths in tokens).
-    summary: see `summarize`. snapshots: sampled `StepSnapshot`s in step order. capacity_slots: the slots the
-    memory columns sum to (the KV capacity; for a hybrid policy, group slots, see `core.serving.hybrid_memory`)."""
-
-    policy: Policy
-    config: SimulatorConfig
-    steps: pd.DataFrame
-    requests: pd.DataFrame
-    summary: dict
-    snapshots: list[StepSnapshot]
-    wall_s: float
-    capacity_slots: int | None = None
-
-    def summarize(self, t_start: float | None = None, t_end: float | None = None) -> dict:
-        capacity = self.capacity_slots or self.config.kv_capacity_tokens
-        return summarize(self.steps, self.requests, capacity, t_start, t_end)
-
-
-def summarize(
-    steps: pd.DataFrame,
-    requests: pd.DataFrame,
-    capacity: int,
-    t_start: float | None = None,
-    t_end: float | None = None,
-) -> dict:
-    """Figure 2 breakdown and serving metrics over the steps that end in [t_start, t_end] (default: all).
-
-    The five `*_pct` are shares of the whole KV capacity averaged over time (each step weighted by its duration)
-    and sum to 100: token states, reservation, internal fragmentation, external fragmentation (allocator slack
-    only: slots no request can use although they are not free, e.g. a buddy allocator's rounding; a paged pool's
-    is capacity % block_size) and free (slots nobody holds: memory a fuller load would use, not waste). The
-    paper's Figure 2 "external fragmentation & others" is external_fragmentation_pct + free_pct (its runs were
-    memory-bound, so its free share was small). avg_batched_requests: mean requests in the batch per step. throughput: generated
-    tokens / simulated seconds. mean_normalized_latency_s: mean over finished requests of (finish - arrival) /
-    output_len, seconds per token. preemptions: preemption events in the window.
-    """
-    sel = steps
-    if t_start is not None:
-        sel = sel[sel["time_s"] >= t_start]
-    if t_end is not None:
-        sel = sel[sel["time_s"] <= t_end]
-    out: dict = {"num_steps": len(sel)}
-    if len(sel) == 0:
-        return out | {
-            "token_states_pct": 0.0,
-            "reservation_pct": 0.0,
-            "internal_fragmentation_pct": 0.0,
-            "external_fragmentation_pct": 0.0,
-            "free_pct": 100.0,
-            "avg_batched_requests": 0.0,
-            "preemptions": 0,
-        }
-    weight = sel["step_time_ms"].to_numpy()
-    total = weight.sum() * capacity
-
-    def share(values) -> float:
-        return float(100.0 * (np.asarray(values, dtype=np.float64) * weight).sum() / total)
-
-    out["token_states_pct"] = share(sel["token_states"])
-    out["reservation_pct"] = share(sel["reservation"])
-    out["internal_fragmentation_pct"] = share(sel["internal_fragmentation"])
-    out["external_fragmentation_pct"] = share(sel["allocator_slack"])
-    out["free_pct"] = share(sel["free_slots"])
-    out["avg_batched_requests"] = float(sel["running"].mean())
-    out["avg_batched_seqs"] = float(sel["running_seqs"].mean())
-    out["preemptions"] = int(sel["preemptions"].sum())
-    duration = float(weight.sum() / 1000.0)
-    out["duration_s"] = duration
-    generated = float(sel["tokens_generated"].sum())
-    out["tokens_generated"] = int(generated)
-    out["throughput_tokens_per_s"] = generated / duration if duration > 0 else 0.0
-    out["mean_step_time_ms"] = float(weight.mean())
-    done = requests.dropna(subset=["finish_time"])
-    if t_start is not None:
-        done = done[done["finish_time"] >= t_start]
-    if t_end is not None:
-        done = done[done["finish_time"] <= t_end]
-    out["requests_finished"] = len(done)
-    if len(done):
-        latency = done["finish_time"] - done["arrival_time"]
-        out["requests_per_s"] = len(done) / duration if duration > 0 else 0.0
-        out["mean_latency_s"] = float(latency.mean())
-        out["mean_normalized_latency_s"] = float((latency / done["output_len"]).mean())
-        out["mean_ttft_s"] = float((done["first_token_time"] - done["arrival_time"]).mean())
-    queries = float(sel["prefill_tokens"].sum() + sel["prefix_hit_tokens"].sum())
-    out["prefix_hit_tokens"] = int(sel["prefix_hit_tokens"].sum())
-    out["prefix_hit_rate"] = float(sel["prefix_hit_tokens"].sum() / queries) if queries else 0.0
-    return out
-
-
-def prompt_token_ids(req: Request, prefix_index: int | None) -> list[int]:
-    """Token ids standing in for a prompt: the shared prefix's ids depend on its group only, the rest are unique to
-    the request, so prefix caching hits exactly the shared system prompt."""
-    plen = req.prefix_len if prefix_index is not None else 0
-    base = 1_000_000_000 + (prefix_index or 0) * 4096
-    own = 2_000_000_000 + req.request_id * 4096
-    return [base + j for j in range(plen)] + [own + j for j in range(plen, req.prompt_len)]
-
-
-class SimulatedGroup:
-    """A simulated request in flight (`core.serving.scheduler.SequenceGroup`): its n sequences share a prompt
-    and advance together; it is finished once each emitted `output_len` tokens.
-
-    Token ids (`token_ids`, for the paged policy's prefix cache): the prompt's from `prompt_token_ids`, then
-    one constant id per sequence for every output token. first_token_time / finish_time: simulated seconds
-    (NaN until then), set by the simulator.
-    """
-
-    __slots__ = (
-        "finish_time",
-        "first_token_time",
-        "index",
-        "length",
-        "num_output_tokens",
-        "num_preemptions",
-        "num_prefill_tokens",
-        "num_prefill_total",
-        "num_seqs",
-        "output_len",
-        "output_token",
-        "prompt_len",
-        "prompt_tokens",
-        "request",
-        "request_id",
-        "seq_ids",
-    )
-
-    def __init__(self, request: Request, index: int, prompt_tokens: list[int]):
-        self.request = request
-        self.request_id = request.request_id
-        self.index = index
-        self.num_seqs = request.n
-        self.prompt_len = request.prompt_len
-        self.output_len = request.output_len
-        self.seq_ids = [index * 1024 + k for k in range(request.n)]
-        self.output_token = [-(index * 1024 + k) - 1 for k in range(request.n)]
-        self.prompt_tokens = prompt_tokens
-        self.length = 0
-        self.num_prefill_tokens = 0
-        self.num_prefill_total = 0
-        self.num_output_tokens = 0
-        self.num_preemptions = 0
-        self.first_token_time = math.nan
-        self.finish_time = math.nan
-
-    def is_finished(self) -> bool:
-        return self.num_output_tokens >= self.output_len
-
-    def token_ids(self, seq_index: int, start: int, stop: int):
-        prompt = self.prompt_len
-        if start >= prompt:
-            return (self.output_token[seq_index],) * (stop - start)
-        head = self.prompt_tokens[start : min(stop, prompt)]
-        return head + [self.output_token[seq_index]] * (stop - prompt) if stop > prompt else head
+def fitting_steps(ahead, queued: bool = False) -> int:
+    """Leading steps (at least 1) of a `MemoryPolicy.decode_metrics` prediction that may run as one batch: their
+    free blocks stay >= 0, and, when groups are `queued` (waiting or swapped), stay at most the free blocks after
+    the first step, so no queued group could have been admitted in between (a sliding window frees blocks as it
+    moves: free blocks need not fall monotonically)."""
+    free = ahead.free_blocks
+    fits = free >= 0
+    if queued:
+        fits &= free <= free[0]
+    return max(1, len(fits) if fits.all() else int(fits.argmin()))
 
 
 class _Recorder:
@@ -356,18 +162,6 @@ def _validate_requests(requests: Sequence[Request], config: SimulatorConfig) -> 
                 f"{config.max_num_seqs} (or 1,024)"
             )
     return sorted(requests, key=lambda r: r.arrival_time)
-
-
-def _make_groups(requests: list[Request], with_token_ids: bool) -> list[SimulatedGroup]:
-    """One group per request, in arrival order; requests of one prefix group share their prefix's token ids."""
-    prefix_ids: dict = {}
-    groups = []
-    for index, req in enumerate(requests):
-        pidx = None
-        if req.prefix_group is not None and req.prefix_len > 0:
-            pidx = prefix_ids.setdefault(req.prefix_group, len(prefix_ids))
-        groups.append(SimulatedGroup(req, index, prompt_token_ids(req, pidx) if with_token_ids else []))
-    return groups
 
 
 class _Simulation:
@@ -533,8 +327,8 @@ class _Simulation:
         decoding = [g for g in self.scheduler.running if g.num_prefill_tokens == 0]
         lens = np.array([g.length for g in decoding for _ in range(g.num_seqs)], dtype=np.int64)
         pool = self.memory.snapshot(decoding)
-        if pool is None or isinstance(pool, HybridPoolSnapshot):
-            self.snapshots.append(StepSnapshot(self.step - 1, self.now, lens, hybrid_pool=pool))
+        if pool is None:
+            self.snapshots.append(StepSnapshot(self.step - 1, self.now, lens))
         else:
             self.snapshots.append(
                 StepSnapshot(
@@ -546,6 +340,7 @@ class _Simulation:
                     pool.fill,
                     pool.is_cached,
                     pool.block_tables,
+                    pool.kv_group,
                 )
             )
         if len(self.snapshots) > self.config.max_snapshots:
@@ -587,7 +382,7 @@ def simulate(
     reqs = _validate_requests(requests, config)
     capacity = int(config.kv_capacity_tokens)
     memory = make_memory(policy, capacity, config.watermark, config.max_seq_len)
-    groups = _make_groups(reqs, policy.is_paged)
+    groups = make_groups(reqs, policy.is_paged)
     for group in groups:
         memory.check_fits(group, group.output_len)
     sim = _Simulation(groups, memory, config)

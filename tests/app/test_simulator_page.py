@@ -89,17 +89,15 @@ def test_hybrid_kv_cache_manager_for_a_sliding_window_model():
     charts = at.get("plotly_chart")
     assert len(charts) == 5  # summary, breakdown, free memory, running/waiting, and the hybrid heatmap
     heatmap = json.loads(charts[4].proto.spec)
-    assert heatmap["layout"]["title"]["text"].startswith("Hybrid KV cache after step")
-    bands = [a["text"] for a in heatmap["layout"]["annotations"]]
-    assert bands[0].startswith("sliding window 128 tokens (12 layers)") and bands[1].startswith(
-        "full attention"
-    )
-    assert bands[2].startswith("free, shared by every group")
+    title = heatmap["layout"]["title"]["text"]
+    assert title.startswith("Hybrid KV cache after step") and "one pool for every group" in title
+    assert "sliding window 128 tokens" in title and "full attention" in title
 
 
 def test_hybrid_kv_cache_manager_pads_gemma_3s_unequal_groups():
     """Gemma-3-27B's groups differ in size (10 full layers; 52 sliding in groups of 9, 9, 9, 9, 8, 8): they are
-    padded to 10 layers per block as vLLM does, so the run simulates and shows the six window groups in one band."""
+    padded to 10 layers per block as vLLM does, so the run simulates, every group drawing from the one pool of
+    6,094 blocks."""
     at = open_app(PAGE)
     at.selectbox(key="model").set_value("gemma-3-27b")
     at.number_input(key="num_requests").set_value(30)
@@ -108,12 +106,10 @@ def test_hybrid_kv_cache_manager_pads_gemma_3s_unequal_groups():
     assert not at.exception
     assert not at.error
     heatmap = json.loads(at.get("plotly_chart")[4].proto.spec)
-    bands = [a["text"] for a in heatmap["layout"]["annotations"]]
-    assert bands[0].startswith("sliding window 1,024 tokens (6 groups of 9, 9, 9, 9, 8, 8 layers)")
-    assert bands[1].startswith("full attention (10 layers)")
-    assert (
-        "(10 layers per block; a cell = 4 blocks)" in heatmap["layout"]["title"]["text"]
-    )  # 6,094 > 1,536 cells
+    title = heatmap["layout"]["title"]["text"]
+    assert "sliding window 1,024 tokens" in title and "full attention" in title
+    assert "of 6,094 blocks used" in title  # 15,728 slots x 62 layers // 10 per block // 16
+    assert "; 10 layers per block; a cell = 4 blocks)" in title  # 6,094 > 1,536 cells
     captions = " ".join(c.value for c in at.caption)
     assert (
         "6 sliding-window groups (window 1,024 tokens) of 9, 9, 9, 9, 8, 8 layers; 1 full-attention group"

@@ -2,7 +2,7 @@
 
 from core.engine import STEP_COLUMNS, Engine, SamplingParams
 from core.engine.config import TINY_LLAMA
-from core.serving.simulator import COLUMNS
+from core.sched.step_columns import COLUMNS
 
 
 def test_steps_frame_counts_tokens_and_blocks_by_hand():

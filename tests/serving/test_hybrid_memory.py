@@ -1,5 +1,6 @@
-"""The hybrid paged policy: a sliding-window group stays bounded while a full group grows, worked by hand, the
-batched replay agrees with the real block managers step by step, and hybrid on saves memory over hybrid off."""
+"""The hybrid paged policy on one pool: a sliding-window group stays bounded while a full group grows, worked by
+hand; the batched replay agrees with the pool step by step (samples and prefix caching too); samples share their
+prompt blocks, shared prefixes hit the cache, and hybrid on saves memory over hybrid off."""
 
 import numpy as np
 import pytest
@@ -83,9 +84,55 @@ def test_bad_kv_groups_are_rejected(groups):
         _hybrid(groups)
 
 
-def test_parallel_samples_are_rejected_by_the_hybrid_policy():
-    with pytest.raises(InvalidArgumentError, match="one sequence per request"):
-        simulate([Request(0, 0.0, 10, 10, n=2)], _hybrid(), SimulatorConfig(step_time=FLAT))
+def test_parallel_samples_share_their_prompt_blocks_in_every_group():
+    """gpt-oss-20b's groups (12 full layers, 12 sliding over 128 tokens), block 16, one request of 100 prompt
+    tokens with n = 2: after the prefill the two samples share the prompt's cdiv(100, 16) = 7 blocks in each
+    group (14 blocks, not 28); the first decode copies the shared, partly filled last block in each group (2 more);
+    the two samples then grow a block each per group every 16 tokens (the window of 128 still reads all)."""
+    from core.serving.experiment import model_kv_groups
+
+    groups = model_kv_groups("gpt-oss-20b")
+    assert sorted(kind for kind, _, _ in groups) == ["full", "sliding_window"]
+    config = SimulatorConfig(kv_capacity_tokens=4096, step_time=FLAT, max_snapshots=10**7)
+    result = simulate([Request(0, 0.0, 100, 40, n=2)], _hybrid(groups), config)
+    s = result.steps
+    num_blocks = result.capacity_slots // 16
+    held = num_blocks - s["free_blocks"].to_numpy()
+    assert held[0] == 2 * 7  # after the prefill step: shared prompt blocks only
+    assert held[1] == 2 * 7 + 2  # the first decode (length 100 -> 101) copies the last block in each group
+    assert held[12] == 2 * 7 + 2  # row t appends position 99 + t: position 111 still fits the 7th block
+    assert held[13] == 2 * 7 + 2 + 2 * 2  # position 112 starts each sample's 8th block, in each group
+    snap = next(x for x in result.snapshots if x.step == 0)
+    assert (snap.ref_count == 2).sum() == 14 and set(snap.kv_group[snap.ref_count > 0].tolist()) == {0, 1}
+    assert s["tokens_generated"].sum() == 2 * 40 and s["free_blocks"].iloc[-1] == num_blocks
+
+
+def test_prefix_caching_hits_for_a_hybrid_model():
+    """Requests sharing a 64-token system prompt on the hybrid policy with prefix caching: every request after
+    the first finds the prefix in the cache of every group (64 tokens = 4 full blocks of 16, the window of 128
+    still reads them all), so the run has hits and prefills fewer tokens than without caching."""
+    requests = [Request(i, 0.5 * i, 100, 20, prefix_group=0, prefix_len=64) for i in range(6)]
+    config = SimulatorConfig(kv_capacity_tokens=4096, step_time=FLAT)
+    groups = (("full", 2, None), ("sliding_window", 2, 128))
+    cached = simulate(requests, Policy("paged", 16, True, kv_groups=groups), config)
+    plain = simulate(requests, _hybrid(groups), config)
+    assert cached.summary["prefix_hit_tokens"] == 5 * 64
+    assert plain.summary["prefix_hit_tokens"] == 0
+    assert plain.steps["prefill_tokens"].sum() - cached.steps["prefill_tokens"].sum() == 5 * 64
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_batched_replay_equals_step_by_step_with_samples_and_caching(caching):
+    """n = 2 samples and shared prefixes under memory pressure: the batched decode (`decode_steps`, predicted by
+    `decode_metrics`) records the same rows as one step at a time."""
+    requests = sharegpt(60, rate=4.0, seed=3, n=2, prefix_len=48, prefix_fraction=0.5)
+    policy = Policy("paged", 16, caching, kv_groups=(("full", 2, None), ("sliding_window", 2, 64)))
+    fast = simulate(requests, policy, SimulatorConfig(kv_capacity_tokens=3_000))
+    slow = simulate(requests, policy, SimulatorConfig(kv_capacity_tokens=3_000, max_snapshots=10**7))
+    assert len(fast.steps) == len(slow.steps) and fast.summary["preemptions"] > 0
+    for column in COLUMNS:
+        assert np.allclose(fast.steps[column], slow.steps[column]), column
+    assert (fast.summary["prefix_hit_tokens"] > 0) == caching
 
 
 def test_experiment_runs_the_paged_policy_hybrid():
@@ -97,32 +144,25 @@ def test_experiment_runs_the_paged_policy_hybrid():
     assert result.policy.kv_groups == groups and result.capacity_slots == 2 * params.kv_capacity_tokens()
 
 
-def test_snapshot_maps_each_groups_blocks_to_requests():
+def test_snapshot_shows_every_group_in_one_id_space():
     """Requests 0 (40 + 80 tokens) and 1 (20 + 60) both prefill at step 0; one full and one window-32 group,
-    block 16, each manager numbering a 128-block pool and taking free blocks first in first out. Step k appends
-    position 39 + k of request 0 and 19 + k of request 1, so after step 30 they hold 70 and 50 tokens.
-    Full group: prompts take 0, 1, 2 (request 0) and 3, 4 (request 1); then new logical blocks at position 48
-    (request 0, step 9: block 5), 32 (request 1, step 13: 6), 64 (request 0, step 25: 7), 48 (request 1, step
-    29: 8). Window group: the same prompt blocks; a block i is released once position p has (p - 31) // 16 > i:
-    request 0 drops 0 at step 8 (p 47) and 1 at step 24 (p 63), request 1 drops 3 at step 28 (p 47); released
-    blocks go to the back of the free list, so the takes at steps 9, 13, 25, 29 still get 5, 6, 7, 8. Held
-    after step 30: request 0 keeps logical 2-4 = blocks 2, 5, 7 (fill 16, 16, 70 - 64 = 6), request 1 logical
-    1-3 = blocks 4, 6, 8 (16, 16, 50 - 48 = 2). Free: 128 - 9 - 6 = 113."""
+    block 16, one 128-block pool. Step k appends position 39 + k of request 0 and 19 + k of request 1, so after
+    step 30 they hold 70 and 50 tokens. Full group: request 0 holds cdiv(70, 16) = 5 blocks (the last with
+    70 - 64 = 6 tokens), request 1 cdiv(50, 16) = 4 (last 50 - 48 = 2). Window group: a block i is released once
+    the next position p has (p - 31) // 16 > i: request 0 (p = 70) keeps logical blocks 2-4, request 1 (p = 50)
+    1-3, three each with the same last fills. Every held block id is in exactly one group; free: 128 - 9 - 6."""
     config = SimulatorConfig(kv_capacity_tokens=1024, step_time=FLAT, max_snapshots=10**7)
     result = simulate([Request(0, 0.0, 40, 80), Request(1, 0.0, 20, 60)], _hybrid(), config)
     snap = next(s for s in result.snapshots if s.step == 30)
-    assert list(snap.context_lens) == [70, 50] and snap.owner_request is None
-    pool = snap.hybrid_pool
-    assert pool.num_blocks == 128 and pool.group_size == 1 and pool.free_blocks == 113
-    full, window = pool.groups
-    assert (full.kind, full.window, window.kind, window.window) == ("full", None, "sliding_window", 32)
-    assert list(full.block_ids) == list(range(9))
-    assert list(full.owner_request) == [0, 0, 0, 1, 1, 0, 1, 0, 1]
-    assert list(full.fill) == [16] * 7 + [6, 2]
-    assert list(window.block_ids) == [2, 4, 5, 6, 7, 8]
-    assert list(window.owner_request) == [0, 1, 0, 1, 0, 1]
-    assert list(window.fill) == [16, 16, 16, 16, 6, 2]
-    assert result.steps["free_blocks"].iloc[30] == 113
+    assert list(snap.context_lens) == [70, 50] and snap.block_tables is None
+    assert len(snap.owner_request) == 128 and (snap.owner_request >= 0).sum() == 15
+    held = snap.owner_request >= 0
+    assert set(snap.kv_group[held].tolist()) == {0, 1} and (snap.kv_group[~held] == -1).all()
+    for group, per_request in ((0, {0: 5, 1: 4}), (1, {0: 3, 1: 3})):
+        mine = held & (snap.kv_group == group)
+        assert {r: int((snap.owner_request[mine] == r).sum()) for r in (0, 1)} == per_request
+        assert sorted(snap.fill[mine].tolist()) == sorted([2, 6] + [16] * (sum(per_request.values()) - 2))
+    assert (snap.ref_count[held] == 1).all() and result.steps["free_blocks"].iloc[30] == 113
 
 
 def test_unequal_groups_are_padded_to_the_largest():
@@ -165,11 +205,14 @@ def test_gemma_3_pool_is_vllms_block_count():
     assert result.steps["free_blocks"].iloc[-1] == 6_094
     busiest = max(result.snapshots, key=lambda s: len(s.context_lens))
     assert len(busiest.context_lens) >= 2 and (busiest.context_lens > 1200).all()
-    snap = busiest.hybrid_pool
-    *windows, full = snap.groups
-    assert full.kind == "full" and len(full.block_ids) > len(windows[0].block_ids)
-    assert len(windows[0].block_ids) <= (cdiv(1024, 16) + 1) * len(set(full.owner_request.tolist()))
-    # the six window groups make the same moves, so their maps are equal and stored once
-    assert all(w.block_ids is windows[0].block_ids and w.fill is windows[0].fill for w in windows)
-    held = len(full.block_ids) + 6 * len(windows[0].block_ids)
-    assert snap.free_blocks == 6_094 - held and held * 16 <= result.capacity_slots
+    held = busiest.owner_request >= 0
+    per_group = np.bincount(busiest.kv_group[held], minlength=7)
+    full = next(i for i, (kind, _, _) in enumerate(groups) if kind == "full")
+    windows = [g for i, g in enumerate(per_group) if i != full]
+    requests_held = len(set(busiest.owner_request[held].tolist()))
+    assert per_group[full] > windows[0] and len(set(windows)) == 1  # the window groups make the same moves
+    assert windows[0] <= (cdiv(1024, 16) + 1) * requests_held
+    assert (
+        held.sum() == 6_094 - result.steps["free_blocks"].iloc[busiest.step]
+        and held.sum() * 16 <= 15_728 * 62 // 10
+    )

@@ -5,8 +5,8 @@ import pytest
 
 from core.errors import InvalidArgumentError
 from core.paging.allocators import BuddyAllocator
+from core.sched.scheduler import Scheduler, SequenceGroup
 from core.serving.memory_policies import ContiguousMemory, MemoryMetrics, PagedMemory, orca_oracle, paged
-from core.serving.scheduler import Scheduler, SequenceGroup
 from core.serving.simulator import SimulatedGroup
 from core.serving.workload import Request
 

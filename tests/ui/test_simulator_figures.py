@@ -4,7 +4,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core.serving.hybrid_memory import GroupBlocks, HybridPoolSnapshot
 from core.serving.memory_policies import Policy, orca_max, orca_oracle, paged
 from core.serving.simulator import SimulatorConfig, StepSnapshot, simulate
 from core.serving.workload import sharegpt
@@ -13,7 +12,6 @@ from ui.simulator_figures import (
     attention_latency_figure,
     block_heatmap_figure,
     free_memory_figure,
-    hybrid_block_heatmap_figure,
     memory_breakdown_figure,
     running_waiting_figure,
     smooth,
@@ -180,10 +178,6 @@ def test_steps_table_stacks_policies(results):
     assert len(table) == sum(len(r.steps) for r in results.values())
 
 
-def _group(kind, layers, window, ids, owners, fills):
-    return GroupBlocks(kind, layers, window, np.array(ids), np.array(owners), np.array(fills))
-
-
 def _colour(heat, z):
     """The colour the heatmap's step colorscale gives value z (each colour spans [i/n, (i+1)/n))."""
     scale = heat.colorscale
@@ -192,57 +186,51 @@ def _colour(heat, z):
     )
 
 
-def test_hybrid_heatmap_has_a_band_per_group_kind_and_the_free_pool():
-    """A 20-block pool of 10-layer blocks, block 16: the full group holds blocks 0-3 (requests 3, 3, 3, 7; 16, 16,
-    9, 4 tokens); two window-32 groups of 9 and 8 layers hold 1, 4 and 0, 2 (requests 3, 7 each, 9 and 4 tokens).
-    Bands with 4 columns: full (4 cells, 1 row), sliding window (2 groups side by side: 4 cells), free (20 - 8 =
-    12 cells, 3 rows). Request 7's cells take z = 2 + 7 = 9, the colour the paged heatmap gives request 7."""
-    pool = HybridPoolSnapshot(
-        20,
-        10,
-        (
-            _group("full", 10, None, [0, 1, 2, 3], [3, 3, 3, 7], [16, 16, 9, 4]),
-            _group("sliding_window", 9, 32, [1, 4], [3, 7], [9, 4]),
-            _group("sliding_window", 8, 32, [0, 2], [3, 7], [9, 4]),
-        ),
+def test_hybrid_heatmap_draws_every_group_in_one_id_space():
+    """A 12-block pool of 10-layer blocks, block 16, groups full (10 layers) and two windows of 32 (9 and 8
+    layers): the full group holds blocks 0, 3, 4, 9 (requests 3, 3, 3, 7), the window groups 1, 5 and 2, 6
+    (requests 3, 7 each); 7 free blocks. One grid in block-id order, 4 columns x 3 rows; request 7's cells take
+    z = 2 + 7 = 9, its colour in the paged heatmap; the hover of block 2 names its group."""
+    n = 12
+    owner = np.full(n, -1)
+    kv_group = np.full(n, -1, dtype=np.int8)
+    for block, request, group in (
+        (0, 3, 0),
+        (3, 3, 0),
+        (4, 3, 0),
+        (9, 7, 0),
+        (1, 3, 1),
+        (5, 7, 1),
+        (2, 3, 2),
+        (6, 7, 2),
+    ):
+        owner[block], kv_group[block] = request, group
+    fill = np.where(owner >= 0, 16, 0)
+    fill[[9, 5, 6]] = 4
+    snap = StepSnapshot(
+        1_234,
+        5_678.9,
+        np.array([41, 20]),
+        owner,
+        (owner >= 0).astype(int),
+        fill,
+        np.zeros(n, bool),
+        None,
+        kv_group,
     )
-    snap = StepSnapshot(1_234, 5_678.9, np.array([41, 20]), hybrid_pool=pool)
-    fig = hybrid_block_heatmap_figure(snap, 16, columns=4)
-    titles = [a.text for a in fig.layout.annotations]
-    assert titles == [
-        "full attention (10 layers): 4 blocks",
-        "sliding window 32 tokens (2 groups of 9, 8 layers): 4 blocks",
-        "free, shared by every group: 12 blocks",
-    ]
-    heats = [t for t in fig.data if t.type == "heatmap"]
-    assert [np.asarray(h.z, dtype=float).tolist() for h in heats] == [
-        [[5, 5, 5, 9]],
-        [[5, 9, 5, 9]],
-        [[0, 0, 0, 0]] * 3,
-    ]
-    assert _colour(heats[0], 9) == sequence_color(7) and _colour(heats[2], 0) == FREE_BLOCK_COLOR
+    groups = (("full", 10, None), ("sliding_window", 9, 32), ("sliding_window", 8, 32))
+    fig = block_heatmap_figure(snap, 16, columns=4, kv_groups=groups)
+    heat = fig.data[0]
+    assert np.asarray(heat.z, dtype=float).tolist() == [[5, 5, 5, 5], [5, 9, 9, 0], [0, 9, 0, 0]]
+    assert _colour(heat, 9) == sequence_color(7) and _colour(heat, 0) == FREE_BLOCK_COLOR
+    text = np.asarray(heat.text).ravel()
+    assert text[2].startswith("block 2 · group 2: sliding window 32 tokens<br>request 3")
+    assert text[9].startswith("block 9 · group 0: full attention<br>request 7") and "4/16 tokens" in text[9]
     assert (
-        np.asarray(heats[1].text)
-        .ravel()[2]
-        .startswith("sliding window 32 tokens, group 2, block 0<br>request 3")
+        "step 1,234 (t = 5,678.9 s): 8 of 12 blocks used, one pool for every group (full attention 4, sliding "
+        "window 32 tokens 4; 10 layers per block)" in fig.layout.title.text
     )
-    assert "9/16 tokens" in np.asarray(heats[1].text).ravel()[2]
-    partial = [t for t in fig.data if t.type == "scatter"]
-    assert [(list(t.x), list(t.y)) for t in partial] == [([2, 3], [0, 0]), ([0, 1, 2, 3], [0, 0, 0, 0])]
-    assert [t.showlegend for t in partial] == [True, False]
-    assert (
-        "step 1,234 (t = 5,678.9 s): 8 of 20 pool blocks used (10 layers per block)" in fig.layout.title.text
-    )
-    assert (
-        fig.layout.xaxis3.title.text
-        == "offset in the row (blocks; 4 a row); a row's label is its first block in the band"
-    )
-    assert (
-        not fig.layout.xaxis.showticklabels
-        and not fig.layout.xaxis.title.text
-        and fig.layout.xaxis3.showticklabels
-    )
-    assert list(fig.layout.yaxis3.ticktext) == ["0", "4", "8"]
+    assert fig.layout.title.text.startswith("Hybrid KV cache")
 
 
 def test_a_pool_of_any_size_is_drawn_in_fixed_cells():
@@ -284,23 +272,31 @@ def test_a_small_pool_keeps_one_cell_per_block(results):
 
 
 def test_hybrid_heatmap_of_a_simulation_covers_the_pool():
-    """On a real run the bands' cells add up to the pool, and a request's window-group blocks stay within its
-    bound: all its tokens while admitted and not yet appended to (a prompt, or prompt + outputs recomputed after
-    a preemption), then at most cdiv(128, 16) + 1 = 9, while its full-group blocks
-    grow with its length."""
+    """On a real run the grid is the one pool (1,024 blocks of 16 tokens x 12 layers), every held block belongs
+    to one group, and a request's window-group blocks stay within its bound: all its tokens while admitted and not
+    yet computed, then at most cdiv(128, 16) + 1 = 9, while its full-group blocks grow with its length."""
     requests = sharegpt(60, rate=6.0, seed=3)
-    policy = Policy("paged", 16, kv_groups=(("full", 12, None), ("sliding_window", 12, 128)))
-    result = simulate(requests, policy, SimulatorConfig(kv_capacity_tokens=8_192))
+    groups = (("full", 12, None), ("sliding_window", 12, 128))
+    result = simulate(
+        requests, Policy("paged", 16, kv_groups=groups), SimulatorConfig(kv_capacity_tokens=8_192)
+    )
     snap = max(result.snapshots, key=lambda s: len(s.context_lens))
-    pool = snap.hybrid_pool
-    fig = hybrid_block_heatmap_figure(snap, 16)
-    cells = [int(np.isfinite(np.asarray(t.z, dtype=float)).sum()) for t in fig.data if t.type == "heatmap"]
-    assert sum(cells) == pool.num_blocks == 1_024
-    full, window = pool.groups
-    assert cells[:2] == [len(full.block_ids), len(window.block_ids)]
-    owners = set(window.owner_request.tolist())
-    assert len(owners) >= 2 and len(window.block_ids) < len(full.block_ids)
-    for rid in owners:
-        longest = requests[rid].prompt_len + requests[rid].output_len
-        assert (window.owner_request == rid).sum() <= max(9, -(-longest // 16))
-    assert f"{pool.num_blocks - pool.free_blocks:,} of 1,024 pool blocks used" in fig.layout.title.text
+    fig = block_heatmap_figure(snap, 16, kv_groups=groups)
+    assert np.isfinite(np.asarray(fig.data[0].z, dtype=float)).sum() == len(snap.owner_request) == 1_024
+    held = snap.owner_request >= 0
+    assert set(snap.kv_group[held].tolist()) <= {0, 1}
+    full = np.bincount(snap.owner_request[held & (snap.kv_group == 0)])
+    window = np.bincount(snap.owner_request[held & (snap.kv_group == 1)], minlength=len(full))
+    lens = dict(
+        zip(
+            result.requests["request_id"],
+            result.requests["prompt_len"] + result.requests["output_len"],
+            strict=True,
+        )
+    )
+    for request in np.flatnonzero(full):
+        assert window[request] <= max(9, full[request]) and full[request] <= -(-lens[request] // 16)
+    assert (
+        f"full attention {int(full.sum()):,}, sliding window 128 tokens {int(window.sum()):,}"
+        in fig.layout.title.text
+    )

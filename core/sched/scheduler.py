@@ -8,7 +8,7 @@ One step goes through three named phases, called by whoever drives the engine (t
     outcome = scheduler.postprocess(step)   # account computed tokens and outputs, free finished groups
 
 The rules of `schedule` (one step):
-1. Preemption: every running, decoding group needs its next decode's new blocks (`MemoryPolicy.decode_blocks`).
+1. Preemption: every running, decoding group needs its next decode's new blocks (`SchedulerMemory.decode_blocks`).
    While they exceed the free blocks, the newest running group is preempted (all its sequences together):
    `recompute` frees its memory and puts it back at the front of the waiting queue (its prompt and generated
    tokens are prefilled again); `swap` moves a decoding group's blocks to CPU swap space (falling back to
@@ -16,15 +16,16 @@ The rules of `schedule` (one step):
    request, once the blocks are free again.
 2. The step's token budget is `max_num_batched_tokens` minus the decode tokens. Swapped groups come back first
    (none in a step that preempted), prompts being prefilled continue (oldest first), then waiting groups are
-   admitted first-come first-served while the budget, `max_num_seqs` and memory (`MemoryPolicy.can_admit`,
+   admitted first-come first-served while the budget, `max_num_seqs` and memory (`SchedulerMemory.can_admit`,
    which keeps the decodes' blocks and the watermark free) allow. Nothing new is admitted in a step that
    preempted, or while swapped groups wait. A prompt larger than the budget is prefilled in chunks over several
    steps; the step that finishes a prefill emits the group's first output token.
 
 The scheduler never computes time: the step's cost and the clock belong to the caller, who reads the
 `ScheduledStep` (a plain record of the decisions) to price it, and who decides when groups arrive (`add`).
-The memory policy is injected (`core.serving.memory_policies.MemoryPolicy`), and groups are read through the
-`SequenceGroup` protocol, so a real-token sequence group and a paged policy over a real `BlockManager` plug in.
+The memory is injected (`core.sched.memory.SchedulerMemory`), and groups are read through the `SequenceGroup`
+protocol: the serving simulator plugs in its simulated groups and memory policies (`core.serving`), the engine its
+real-token groups and its paged KV memory (`core.engine`). This package imports neither.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Protocol, runtime_checkable
 
 from core.common import check_int
 from core.errors import InvalidArgumentError
-from core.serving.memory_policies import MemoryPolicy
+from core.sched.memory import SchedulerMemory
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -136,18 +137,6 @@ class StepOutcome:
     finished: list
 
 
-def fitting_steps(ahead, queued: bool = False) -> int:
-    """Leading steps (at least 1) of a `MemoryPolicy.decode_metrics` prediction that may run as one batch: their
-    free blocks stay >= 0, and, when groups are `queued` (waiting or swapped), stay at most the free blocks after
-    the first step, so no queued group could have been admitted in between (a sliding window frees blocks as it
-    moves: free blocks need not fall monotonically)."""
-    free = ahead.free_blocks
-    fits = free >= 0
-    if queued:
-        fits &= free <= free[0]
-    return max(1, len(fits) if fits.all() else int(fits.argmin()))
-
-
 class Scheduler:
     """Queues of groups (waiting, running, swapped) and the phases that move them; see the module docstring.
 
@@ -158,7 +147,7 @@ class Scheduler:
 
     def __init__(
         self,
-        memory: MemoryPolicy,
+        memory: SchedulerMemory,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         preemption_mode: str = "recompute",
@@ -305,18 +294,10 @@ class Scheduler:
 
     # ---- phase 2: allocate -------------------------------------------------------------------------------------
 
-    def max_decode_steps(self, step: ScheduledStep, limit: int) -> int:
-        """How many times (1..limit) a decode-only `step` can repeat unchanged with the free memory: each repeat
-        needs its decodes' new blocks. 1 for any other step."""
-        limit = check_int(limit, "limit", minimum=1)
-        if limit == 1 or not step.is_decode_only:
-            return 1
-        ahead = self.memory.decode_metrics(step.decoding, limit)
-        return fitting_steps(ahead, bool(self.waiting or self.swapped))
-
     def allocate(self, step: ScheduledStep, num_steps: int = 1) -> None:
         """Grow every decoding sequence by `num_steps` tokens (their KV slots). `num_steps > 1` replays a
-        decode-only step (the caller checked `max_decode_steps`); call once per step, before running it."""
+        decode-only step (the caller checked that memory lasts, e.g. the simulator's `decode_metrics`); call
+        once per step, before running it."""
         num_steps = check_int(num_steps, "num_steps", minimum=1)
         if step.num_steps:
             raise InvalidArgumentError("this step was already allocated")

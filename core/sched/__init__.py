@@ -1,0 +1,25 @@
+"""The continuous-batching scheduler and the slim memory protocol it drives, below both of its drivers: the
+serving simulator (`core.serving`) and the engine (`core.engine`). It imports neither.
+
+- `scheduler`: `Scheduler` (FCFS admission with a watermark, chunked prefill, newest-first preemption by
+  recompute or swap), `ScheduledStep`, `StepOutcome`, the `SequenceGroup` protocol, `PREEMPTION_MODES`.
+- `memory`: `SchedulerMemory` (admit, prefill, grow, release, metrics and the checks around them),
+  `MemoryMetrics`, `Admission`.
+- `step_columns`: `COLUMNS`, the per-step record both drivers keep.
+"""
+
+from core.sched.memory import Admission, MemoryMetrics, SchedulerMemory
+from core.sched.scheduler import PREEMPTION_MODES, ScheduledStep, Scheduler, SequenceGroup, StepOutcome
+from core.sched.step_columns import COLUMNS
+
+__all__ = [
+    "COLUMNS",
+    "PREEMPTION_MODES",
+    "Admission",
+    "MemoryMetrics",
+    "ScheduledStep",
+    "Scheduler",
+    "SchedulerMemory",
+    "SequenceGroup",
+    "StepOutcome",
+]

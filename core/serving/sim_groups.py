@@ -1,0 +1,85 @@
+"""The simulator's request groups: `SimulatedGroup` (a request and its parallel samples, as the scheduler's
+`SequenceGroup`), the stand-in token ids its prompt gets (`prompt_token_ids`, so prefix caching hits exactly a
+shared system prompt) and `make_groups` (one group per request, in arrival order)."""
+
+import math
+
+from core.serving.workload import Request
+
+
+def prompt_token_ids(req: Request, prefix_index: int | None) -> list[int]:
+    """Token ids standing in for a prompt: the shared prefix's ids depend on its group only, the rest are unique to
+    the request, so prefix caching hits exactly the shared system prompt."""
+    plen = req.prefix_len if prefix_index is not None else 0
+    base = 1_000_000_000 + (prefix_index or 0) * 4096
+    own = 2_000_000_000 + req.request_id * 4096
+    return [base + j for j in range(plen)] + [own + j for j in range(plen, req.prompt_len)]
+
+
+class SimulatedGroup:
+    """A simulated request in flight (`core.sched.scheduler.SequenceGroup`): its n sequences share a prompt
+    and advance together; it is finished once each emitted `output_len` tokens.
+
+    Token ids (`token_ids`, for the paged policy's prefix cache): the prompt's from `prompt_token_ids`, then
+    one constant id per sequence for every output token. first_token_time / finish_time: simulated seconds
+    (NaN until then), set by the simulator.
+    """
+
+    __slots__ = (
+        "finish_time",
+        "first_token_time",
+        "index",
+        "length",
+        "num_output_tokens",
+        "num_preemptions",
+        "num_prefill_tokens",
+        "num_prefill_total",
+        "num_seqs",
+        "output_len",
+        "output_token",
+        "prompt_len",
+        "prompt_tokens",
+        "request",
+        "request_id",
+        "seq_ids",
+    )
+
+    def __init__(self, request: Request, index: int, prompt_tokens: list[int]):
+        self.request = request
+        self.request_id = request.request_id
+        self.index = index
+        self.num_seqs = request.n
+        self.prompt_len = request.prompt_len
+        self.output_len = request.output_len
+        self.seq_ids = [index * 1024 + k for k in range(request.n)]
+        self.output_token = [-(index * 1024 + k) - 1 for k in range(request.n)]
+        self.prompt_tokens = prompt_tokens
+        self.length = 0
+        self.num_prefill_tokens = 0
+        self.num_prefill_total = 0
+        self.num_output_tokens = 0
+        self.num_preemptions = 0
+        self.first_token_time = math.nan
+        self.finish_time = math.nan
+
+    def is_finished(self) -> bool:
+        return self.num_output_tokens >= self.output_len
+
+    def token_ids(self, seq_index: int, start: int, stop: int):
+        prompt = self.prompt_len
+        if start >= prompt:
+            return (self.output_token[seq_index],) * (stop - start)
+        head = self.prompt_tokens[start : min(stop, prompt)]
+        return head + [self.output_token[seq_index]] * (stop - prompt) if stop > prompt else head
+
+
+def make_groups(requests: list[Request], with_token_ids: bool) -> list[SimulatedGroup]:
+    """One group per request, in arrival order; requests of one prefix group share their prefix's token ids."""
+    prefix_ids: dict = {}
+    groups = []
+    for index, req in enumerate(requests):
+        pidx = None
+        if req.prefix_group is not None and req.prefix_len > 0:
+            pidx = prefix_ids.setdefault(req.prefix_group, len(prefix_ids))
+        groups.append(SimulatedGroup(req, index, prompt_token_ids(req, pidx) if with_token_ids else []))
+    return groups
