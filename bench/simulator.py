@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-from core.serving.experiment import DEFAULT_PARAMS, run_comparison
+from core.page_models.simulator import DEFAULT_PARAMS, run_comparison
 from core.serving.memory_policies import orca_max, orca_oracle, orca_pow2, paged
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.workload import sharegpt

@@ -89,7 +89,7 @@ def test_parallel_samples_are_rejected_by_the_hybrid_policy():
 
 
 def test_experiment_runs_the_paged_policy_hybrid():
-    from core.serving.experiment import SimulatorParams, run_comparison
+    from core.page_models.simulator import SimulatorParams, run_comparison
 
     groups = (("full", 20, None), ("sliding_window", 20, 4096))
     params = SimulatorParams(num_requests=40, rate=4.0, policies=("paged",), kv_groups=groups)
@@ -147,8 +147,8 @@ def test_gemma_3_pool_is_vllms_block_count():
     15,728 token slots of 62 layers in blocks of 16 tokens x 10 layers: 15,728 x 62 // 160 = 6,094 blocks,
     equal to kv_cache_layout's num_blocks for the same bytes (available // page // group_size)."""
     from core.kv.layout import kv_cache_layout
+    from core.page_models.simulator import model_kv_groups
     from core.planning.models import MODELS
-    from core.serving.experiment import model_kv_groups
     from core.serving.memory_policies import make_memory
 
     groups = model_kv_groups("gemma-3-27b")

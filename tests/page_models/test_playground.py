@@ -1,9 +1,9 @@
-"""core.paging.playground against hand-worked numbers, and the playground page under AppTest."""
+"""core.page_models.playground against hand-worked numbers, and the playground page under AppTest."""
 
 import pytest
 
 from core.errors import InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
-from core.paging.playground import Playground, PlaygroundConfig
+from core.page_models.playground import Playground, PlaygroundConfig
 from tests.conftest import open_app
 
 
