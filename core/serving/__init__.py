@@ -1,1 +1,5 @@
-"""Serving: workloads, the scheduler, memory policies, step time, the simulator and its experiment."""
+"""Serving: workloads, the scheduler, memory policies, step time and the simulator.
+
+Layering: serving may import `core.planning` (the step-time model `step_time.from_specs` reads the model and GPU
+presets' KV accounting); planning never imports serving. The Simulator page's parameters and policy comparison
+live above both, in `core.page_models.simulator`."""
