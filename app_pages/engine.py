@@ -4,7 +4,7 @@ import streamlit as st
 
 from core.engine import SamplingParams
 from core.errors import LabError
-from core.jobs.tasks import engine_sharing, generate_outputs
+from core.page_models.tasks import engine_sharing, generate_outputs
 from ui.engine_figures import (
     attention_latency_figure,
     copy_on_write_figure,

@@ -11,16 +11,16 @@ import torch
 from core.common import cdiv
 from core.device import default_device, device_label, format_bytes, memory_budget_bytes
 from core.errors import LabError
-from core.jobs.tasks import kernel_correctness, kernel_sweep
 from core.kernels.attention import available_backends
 from core.kernels.timing import check_budget, random_block_tables, tolerance
+from core.page_models.tasks import kernel_correctness, kernel_sweep
 from ui.charts import cached_chart
 from ui.jobs import app_limits, run_job
 from ui.kernel_figures import bandwidth_figure, block_map_figure, latency_figure, overhead_figure
 from ui.kernels_state import BACKENDS_KEY, FIELDS, config_of, parse_backends, url_params
 from ui.url_widgets import UrlState
 
-REPEATS = 11  # timed rounds per point, after core.jobs.tasks.SWEEP_WARMUP untimed ones: as bench/attention.py
+REPEATS = 11  # timed rounds per point, after core.page_models.tasks.SWEEP_WARMUP untimed ones: as bench/attention.py
 MAP_MAX_BLOCKS = 1024  # cells of the block-map picture
 PICK = "k_backends_pick"  # the multiselect's key: the URL keeps the list as one comma-separated string
 MEASUREMENT = "_kernels_measurement"  # bumped by "Measure again": a new cache key, a fresh sweep

@@ -6,9 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from core.errors import LabError
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS, preset_configs
-from core.planning.scenario import (
+from core.page_models.planner import (
     CUSTOM,
     clamp_context,
     compute_scenario,
@@ -29,6 +27,8 @@ from core.planning.scenario import (
     what_if_summary,
     workload_max_len,
 )
+from core.planning.hardware import GPUS
+from core.planning.models import MODELS, preset_configs
 from core.planning.weights import read_safetensors_index
 from core.planning.what_if import memory_breakdown
 from core.uploads import read_upload

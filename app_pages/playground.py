@@ -7,8 +7,8 @@ import streamlit as st
 
 from core.device import format_bytes
 from core.errors import LabError
-from core.paging.playground import Playground, PlaygroundConfig
-from core.paging.scenarios import SCENARIOS, Scenario, cpp_status_lines, replay
+from core.page_models.playground import Playground, PlaygroundConfig
+from core.page_models.scenarios import SCENARIOS, Scenario, cpp_status_lines, replay
 from ui.playground_figures import block_heatmap, free_blocks_over_actions, waste_over_actions
 from ui.playground_url import FREE_PLAY, URL_FIELDS, params_for, position_from_params
 

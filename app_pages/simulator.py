@@ -6,11 +6,11 @@ import math
 import streamlit as st
 
 from core.errors import LabError
-from core.jobs.tasks import compare_policies, measure_simulated_attention
 from core.limits import Limits
+from core.page_models.simulator import SimulatorParams, model_kv_groups, saturating_load
+from core.page_models.tasks import compare_policies, measure_simulated_attention
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
-from core.serving.experiment import SimulatorParams, model_kv_groups, saturating_load
 from core.serving.simulator import PAPER_KV_TOKENS
 from core.serving.workload import load_trace
 from core.uploads import read_upload

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 
-from core.serving.experiment import DEFAULT_PARAMS, model_kv_groups, run_comparison
+from core.page_models.simulator import DEFAULT_PARAMS, model_kv_groups, run_comparison
 from core.serving.memory_policies import Policy, orca_max, orca_oracle, orca_pow2, paged
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.workload import sharegpt

@@ -2,12 +2,13 @@
 
 Two scenarios share one schema under the prefixes "a_" and "b_"; the workload fields are shared so that both
 scenarios serve the same requests. The page's widgets read their bounds from these fields, and
-`core.planning.scenario` computes from the parsed values (keys `{prefix}{name}`). No streamlit here.
+`core.page_models.planner` computes from the parsed values (keys `{prefix}{name}`). No streamlit here.
 """
 
 from typing import Any
 
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.page_models.planner import CUSTOM, SCENARIO_KEYS, WORKLOAD_KEYS, WORKLOADS
 from core.planning.hardware import GPUS
 from core.planning.kv_accounting import (
     BLOCK_SIZES,
@@ -16,7 +17,6 @@ from core.planning.kv_accounting import (
     WEIGHT_DTYPES,
 )
 from core.planning.models import MODELS
-from core.planning.scenario import CUSTOM, SCENARIO_KEYS, WORKLOAD_KEYS, WORKLOADS
 from ui.query_state import Field, encode_params
 
 SCENARIO_NAMES = {"a_": "Scenario A", "b_": "Scenario B"}

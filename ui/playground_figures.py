@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from core.page_models.playground import HistoryEntry
 from core.paging.block_manager import BlockSnapshot
-from core.paging.playground import HistoryEntry
 from ui.axes import integer_ticks
 from ui.theme import CACHED_BLOCK_COLOR, FREE_BLOCK_COLOR, POLICY_COLORS, sequence_color
 

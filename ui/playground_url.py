@@ -7,7 +7,7 @@ scenario falls back to free play and a step past the end is clamped to the last 
 from collections.abc import Mapping
 from typing import Any
 
-from core.paging.scenarios import SCENARIOS
+from core.page_models.scenarios import SCENARIOS
 from ui.query_state import Field, encode_params, parse_params
 
 FREE_PLAY = "free"

@@ -7,9 +7,9 @@ says so and falls back to the generated workload. No streamlit here.
 
 from typing import Any
 
+from core.page_models.simulator import CAPACITY_SOURCES, DATASETS, DEFAULT_PARAMS
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
-from core.serving.experiment import CAPACITY_SOURCES, DATASETS, DEFAULT_PARAMS
 from core.serving.memory_policies import POLICY_NAMES
 from ui.query_state import Field, encode_params
 

@@ -22,7 +22,7 @@ PARENT_CHECK_S = 1.0  # an idle worker checks this often that the process that s
 WORKER_NICENESS = 10  # the server process renders pages first; workers take the CPU left over
 # What the app's workers import when they start, so the first job does not pay for torch, the simulator and the
 # engine (the `preload` a server passes to its pool).
-PRELOAD = ("core.serving.experiment", "core.kernels.timing", "core.engine.engine")
+PRELOAD = ("core.page_models.simulator", "core.kernels.timing", "core.engine.engine")
 
 
 class _Progress:

@@ -1,1 +1,2 @@
-"""Paged KV memory: the block manager, the KV tensors, the buddy allocator and the playground session."""
+"""Paged KV memory: the block manager, the KV tensors and the buddy allocator (the playground over them is in
+`core.page_models`)."""

@@ -13,10 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from core.errors import InvalidArgumentError
-from core.planning.hardware import GPUS, GPUSpec
-from core.planning.models import MODELS, ModelSpec, preset_configs
-from core.planning.plan import plan, plan_from
-from core.planning.scenario import (
+from core.page_models.planner import (
     build_model,
     compact_config,
     compute_scenario,
@@ -28,6 +25,9 @@ from core.planning.scenario import (
     model_from_config,
     plan_document,
 )
+from core.planning.hardware import GPUS, GPUSpec
+from core.planning.models import MODELS, ModelSpec, preset_configs
+from core.planning.plan import plan, plan_from
 from ui.planner_state import ALL_FIELDS, url_params
 from ui.query_state import Field, encode_params, parse_params
 

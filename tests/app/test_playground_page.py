@@ -3,7 +3,7 @@
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core.paging.scenarios import SCENARIOS
+from core.page_models.scenarios import SCENARIOS
 from tests.conftest import ROOT, open_app
 from ui.playground_url import position_from_params
 

@@ -199,8 +199,8 @@ def test_a_hybrid_run_sent_as_a_link_reproduces_the_run():
     """A hybrid gpt-oss-20b simulation set on the page writes every input to the URL; a fresh session opened on
     that URL shows the same inputs and the same numbers, which are those of `compare_policies` on the
     `SimulatorParams` the link describes."""
-    from core.jobs.tasks import compare_policies
-    from core.serving.experiment import SimulatorParams, model_kv_groups
+    from core.page_models.simulator import SimulatorParams, model_kv_groups
+    from core.page_models.tasks import compare_policies
 
     at = open_app(PAGE)
     at.selectbox(key="model").set_value("gpt-oss-20b")
@@ -261,7 +261,7 @@ def test_capacity_from_a_gpu_sizes_the_load_to_its_memory():
     """Llama-3.1-8B on an L4 at the simulator's 2,048-token limit: the default load becomes a burst whose busiest
     step would hold 1.2x the pool, and the page says so; paging batches several times Oracle's requests and
     preempts, since memory binds. Unticked, the set load (1,000 requests at 2 req/s) runs."""
-    from core.serving.experiment import SimulatorParams, saturating_load
+    from core.page_models.simulator import SimulatorParams, saturating_load
 
     at = _open_with(
         {"model": "llama-3.1-8b", "gpu": "l4", "capacity": "model", "policies": "paged,orca-oracle"}
@@ -282,7 +282,7 @@ def test_capacity_from_a_gpu_sizes_the_load_to_its_memory():
 
 
 def test_a_pool_the_workload_cannot_fill_is_said_so():
-    from core.serving.experiment import SimulatorParams, peak_tokens_per_request, saturating_load
+    from core.page_models.simulator import SimulatorParams, peak_tokens_per_request, saturating_load
 
     params = SimulatorParams(model="gpt-oss-20b", gpu="h100-80gb", capacity_source="model")
     load = saturating_load(params)
@@ -297,7 +297,7 @@ def test_peak_tokens_per_request_by_hand():
     """Prompts of 10 tokens, outputs 4 and 2, together: 20 tokens at t = 0, 22 at t = 1, then the short one
     finishes and 10 + 2 = 12 remain: the busiest step holds 22, 11 per request; with n = 2 samples each holds
     10 + 2t: 20 + 4 = 24 at t = 1, 12 per request. A sliding window caps what its layers hold."""
-    from core.serving.experiment import peak_tokens_per_request
+    from core.page_models.simulator import peak_tokens_per_request
     from core.serving.workload import Request
 
     assert peak_tokens_per_request([Request(0, 0.0, 10, 4), Request(1, 0.0, 10, 2)]) == 11.0

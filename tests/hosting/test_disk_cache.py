@@ -9,7 +9,7 @@ import time
 from core.jobs import MISSING
 from core.jobs.disk_cache import SUFFIX, DiskResultCache, key_digest
 
-KEY = ("core.jobs.tasks", "compare_policies", (1, 2.5, "x"))
+KEY = ("core.page_models.tasks", "compare_policies", (1, 2.5, "x"))
 
 
 def test_a_value_comes_back_equal_in_another_cache_object(tmp_path):

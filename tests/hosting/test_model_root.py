@@ -10,9 +10,10 @@ import pytest
 
 from core.engine import Engine, SamplingParams
 from core.errors import LimitConfigError, LimitExceededError
-from core.jobs import JobPool, tasks
-from core.jobs.tasks import generate_outputs
+from core.jobs import JobPool
 from core.limits import Limits
+from core.page_models import tasks
+from core.page_models.tasks import generate_outputs
 from tests.conftest import ROOT
 from tests.engine.hf_models import llama_config, save_model
 

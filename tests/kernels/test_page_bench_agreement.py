@@ -23,7 +23,7 @@ BACKENDS = tuple(available_backends("cpu"))
 
 
 def _page_rows() -> tuple[list[dict], dict]:
-    from core.jobs.tasks import kernel_sweep
+    from core.page_models.tasks import kernel_sweep
     from ui.jobs import PRELOAD
 
     pool = JobPool.from_limits(Limits.from_env(), preload=PRELOAD)

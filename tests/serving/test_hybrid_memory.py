@@ -89,7 +89,7 @@ def test_parallel_samples_share_their_prompt_blocks_in_every_group():
     tokens with n = 2: after the prefill the two samples share the prompt's cdiv(100, 16) = 7 blocks in each
     group (14 blocks, not 28); the first decode copies the shared, partly filled last block in each group (2 more);
     the two samples then grow a block each per group every 16 tokens (the window of 128 still reads all)."""
-    from core.serving.experiment import model_kv_groups
+    from core.page_models.simulator import model_kv_groups
 
     groups = model_kv_groups("gpt-oss-20b")
     assert sorted(kind for kind, _, _ in groups) == ["full", "sliding_window"]
@@ -136,7 +136,7 @@ def test_batched_replay_equals_step_by_step_with_samples_and_caching(caching):
 
 
 def test_experiment_runs_the_paged_policy_hybrid():
-    from core.serving.experiment import SimulatorParams, run_comparison
+    from core.page_models.simulator import SimulatorParams, run_comparison
 
     groups = (("full", 20, None), ("sliding_window", 20, 4096))
     params = SimulatorParams(num_requests=40, rate=4.0, policies=("paged",), kv_groups=groups)
@@ -187,8 +187,8 @@ def test_gemma_3_pool_is_vllms_block_count():
     15,728 token slots of 62 layers in blocks of 16 tokens x 10 layers: 15,728 x 62 // 160 = 6,094 blocks,
     equal to kv_cache_layout's num_blocks for the same bytes (available // page // group_size)."""
     from core.kv.layout import kv_cache_layout
+    from core.page_models.simulator import model_kv_groups
     from core.planning.models import MODELS
-    from core.serving.experiment import model_kv_groups
     from core.serving.memory_policies import make_memory
 
     groups = model_kv_groups("gemma-3-27b")

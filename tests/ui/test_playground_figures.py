@@ -2,7 +2,7 @@ import itertools
 
 import numpy as np
 
-from core.paging.playground import Playground, PlaygroundConfig
+from core.page_models.playground import Playground, PlaygroundConfig
 from ui.playground_figures import block_heatmap, free_blocks_over_actions, waste_over_actions
 from ui.theme import FREE_BLOCK_COLOR, sequence_color
 
@@ -45,7 +45,7 @@ def test_history_figures_plot_every_action():
 
 
 def test_heatmap_shows_blocks_a_sliding_window_released_as_free():
-    from core.paging.scenarios import get_scenario, replay
+    from core.page_models.scenarios import get_scenario, replay
 
     playground = replay(get_scenario("running-out-window"), 6)  # s0 reads · → · → · → 3 → 0 → 1
     snapshot = playground.snapshot()

@@ -5,15 +5,15 @@ import math
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
-from core.planning.plan import plan
-from core.serving.experiment import (
+from core.page_models.simulator import (
     DEFAULT_PARAMS,
     SimulatorParams,
     run_comparison,
     steady_summary,
 )
+from core.planning.hardware import GPUS
+from core.planning.models import MODELS
+from core.planning.plan import plan
 from core.serving.step_time import from_specs, opt_13b_a100
 
 

@@ -1,4 +1,4 @@
-"""core.paging.scenarios: every script against hand-worked block tables and free counts, and replay == play."""
+"""core.page_models.scenarios: every script against hand-worked block tables and free counts, and replay == play."""
 
 import re
 
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidArgumentError
-from core.paging.playground import Playground, PlaygroundConfig
-from core.paging.scenarios import (
+from core.page_models.playground import Playground, PlaygroundConfig
+from core.page_models.scenarios import (
     SCENARIOS,
     Scenario,
     Step,

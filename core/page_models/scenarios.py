@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from core.common import check_int
 from core.errors import InvalidArgumentError, LabError
+from core.page_models.playground import Playground, PlaygroundConfig
 from core.paging.block_manager import BlockManager
-from core.paging.playground import Playground, PlaygroundConfig
 
 ACTION_KINDS = ("add", "append", "fork", "free")
 

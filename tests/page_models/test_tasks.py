@@ -14,8 +14,12 @@ from core.engine.config import TINY_LLAMA
 from core.engine.engine import engine_bytes
 from core.engine.sharing import measure_sharing
 from core.errors import InvalidArgumentError, LimitExceededError, MemoryBudgetError
-from core.jobs import JobPool, tasks
-from core.jobs.tasks import (
+from core.jobs import JobPool
+from core.kernels.timing import KernelConfig, correctness, sweep_contexts
+from core.limits import Limits
+from core.page_models import tasks
+from core.page_models.simulator import SimulatorParams, run_comparison, steady_summary
+from core.page_models.tasks import (
     MAX_ENGINE_SEQUENCES,
     compare_policies,
     engine_sharing,
@@ -23,9 +27,6 @@ from core.jobs.tasks import (
     kernel_correctness,
     kernel_sweep,
 )
-from core.kernels.timing import KernelConfig, correctness, sweep_contexts
-from core.limits import Limits
-from core.serving.experiment import SimulatorParams, run_comparison, steady_summary
 
 SMALL = SimulatorParams(num_requests=40, rate=8.0, policies=("paged", "orca-max"))
 TINY_KERNEL = KernelConfig(batch=2, context_len=64, num_heads=4, num_kv_heads=2, head_dim=16, block_size=16)

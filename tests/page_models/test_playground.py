@@ -1,9 +1,9 @@
-"""core.paging.playground against hand-worked numbers, and the playground page under AppTest."""
+"""core.page_models.playground against hand-worked numbers, and the playground page under AppTest."""
 
 import pytest
 
 from core.errors import InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
-from core.paging.playground import Playground, PlaygroundConfig
+from core.page_models.playground import Playground, PlaygroundConfig
 from tests.conftest import open_app
 
 
@@ -77,7 +77,7 @@ def test_page_opens_on_the_demo_scene():
     at = open_app("app_pages/playground.py")
     assert free_blocks_shown(at) == 37
     assert len(at.get("plotly_chart")) == 3
-    assert "PagedAttention stores" in at.markdown[0].value
+    assert "PagedAttention keeps" in at.markdown[0].value
 
 
 def test_actions_change_the_free_block_count():

@@ -31,7 +31,7 @@ from core.kernels.timing import (
     sweep_contexts,
 )
 from core.limits import Limits
-from core.serving.experiment import SimulatorParams, run_comparison, steady_summary
+from core.page_models.simulator import SimulatorParams, run_comparison, steady_summary
 from core.serving.step_attention import measure_step_attention
 from core.serving.workload import Request
 

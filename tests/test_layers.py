@@ -1,0 +1,117 @@
+"""The layers of core, read from the source (every import statement, at module level or inside a function).
+
+From the bottom up:
+- top-level modules (`core/errors.py`, `common.py`, `device.py`, `limits.py`, `uploads.py`): no subpackage;
+- `core.kv`: the one home of KV memory; no other subpackage;
+- the domain packages (every subpackage but `page_models` and `jobs`: paging, kernels, serving, planning,
+  engine, ...): never `core.page_models`; `core.planning` never imports `core.serving` (the one allowed
+  direction between the two is serving -> planning: the step-time model reads the model and GPU presets' KV
+  accounting);
+- `core.jobs`: the worker pool, result cache and worker loop; it runs the functions it is given, so it imports
+  no domain package and not `core.page_models`;
+- `core.page_models`: what a page computes, over any of the above;
+- above core, never imported by it: `ui`, `app_pages`, `app`, `streamlit`, `bench`, `hosting`, `tests`.
+"""
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+CORE = ROOT / "core"
+PAGE_MODELS = "page_models"
+JOBS = "jobs"
+SUBPACKAGES = sorted(p.name for p in CORE.iterdir() if (p / "__init__.py").is_file())
+DOMAIN = [name for name in SUBPACKAGES if name not in (PAGE_MODELS, JOBS)]
+ABOVE_CORE = {"ui", "app_pages", "app", "streamlit", "bench", "hosting", "tests"}
+
+
+def module_name(path: Path) -> str:
+    """`core/kv/block_pool.py` -> "core.kv.block_pool"; a package's `__init__.py` -> the package."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, name: str, is_package: bool) -> set[str]:
+    """Every absolute module name `source` (the module `name`) imports, relative imports resolved.
+
+    `from a.b import c` yields both "a.b" and "a.b.c" (c may be a submodule); `import a.b` yields "a.b".
+    """
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names if alias.name != "*")
+    return found
+
+
+def layer(module: str) -> str:
+    """ "core.kv.specs" -> "kv", "core.errors" -> "errors", "core" -> "core", "streamlit.x" -> "streamlit"."""
+    parts = module.split(".")
+    if parts[0] != "core":
+        return parts[0]
+    return parts[1] if len(parts) > 1 else "core"
+
+
+def core_imports() -> dict[str, tuple[str, set[str]]]:
+    """module name -> (its layer inside core, the layers it imports, "core" itself left out)."""
+    table = {}
+    for path in sorted(CORE.rglob("*.py")):
+        name = module_name(path)
+        imported = imported_modules(path.read_text(), name, path.name == "__init__.py")
+        table[name] = (layer(name), {layer(m) for m in imported} - {"core"})
+    return table
+
+
+IMPORTS = core_imports()
+
+
+def violations(importer_layers: set[str], forbidden: set[str]) -> list[str]:
+    return sorted(
+        f"{name} imports {sorted(layers & forbidden)}"
+        for name, (own, layers) in IMPORTS.items()
+        if own in importer_layers and layers & forbidden
+    )
+
+
+def test_the_reader_sees_imports_it_should():
+    """The checks below can fail: the reader resolves relative imports and finds imports inside functions."""
+    source = "from . import sibling\nfrom ..paging import x\ndef f():\n    import streamlit as st\n"
+    found = imported_modules(source, "core.kv.block_pool", is_package=False)
+    assert found >= {"core.kv", "core.kv.sibling", "core.paging", "core.paging.x", "streamlit"}
+    assert imported_modules("from . import a", "core.kv", is_package=True) == {"core.kv", "core.kv.a"}
+    _, planner_layers = IMPORTS["core.page_models.planner"]
+    assert {"planning", "serving", "kv"} <= planner_layers
+    assert {"kv", "paging", "kernels", "serving", "planning", "engine"} <= set(DOMAIN)
+
+
+def test_core_imports_nothing_above_it():
+    assert violations({own for own, _ in IMPORTS.values()}, ABOVE_CORE) == []
+
+
+def test_top_level_modules_import_no_subpackage():
+    top_level = {own for own, _ in IMPORTS.values()} - set(SUBPACKAGES) - {"core"}
+    assert top_level >= {"errors", "common", "device", "limits"}
+    assert violations(top_level, set(SUBPACKAGES)) == []
+
+
+def test_kv_imports_no_other_subpackage():
+    assert violations({"kv"}, set(SUBPACKAGES) - {"kv"}) == []
+
+
+def test_no_domain_package_imports_page_models():
+    assert violations(set(DOMAIN), {PAGE_MODELS}) == []
+
+
+def test_planning_does_not_import_serving():
+    """One direction only: serving may read planning's presets and KV accounting, planning never reads serving."""
+    assert violations({"planning"}, {"serving"}) == []
+
+
+def test_jobs_knows_tasks_only_as_the_functions_it_is_given():
+    assert violations({JOBS}, set(DOMAIN) | {PAGE_MODELS}) == []
