@@ -17,10 +17,10 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Client, Listener
 
-from core.errors import LabError
+from core.errors import JobError, LabError
 from core.jobs.cache import MISSING, ResultCache
 from core.jobs.disk_cache import DiskResultCache
-from core.jobs.pool import JobError, JobPool, JobStatus, job_key
+from core.jobs.pool import JobPool, JobStatus, job_key
 
 STORED = "__paged_lab_result_on_disk__"  # the result is in the shared disk cache under the job's key
 LOCAL_ENTRIES = 4  # results a replica keeps unpickled in memory (a default simulation is ~20 MB)

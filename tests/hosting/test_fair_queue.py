@@ -3,7 +3,8 @@ people is not refused; a queued session sees its place and an estimate of its wa
 
 import pytest
 
-from core.jobs import JobPool, QueueFullError, ResultCache
+from core.errors import QueueFullError
+from core.jobs import JobPool, ResultCache
 from core.limits import Limits
 from tests.hosting import job_functions as jf
 from tests.hosting.test_jobs import wait_for
