@@ -53,3 +53,8 @@ class ModelLoadError(LabError):
 
 class ModelTooLargeError(ModelLoadError, MemoryBudgetError):
     """A model's weights (plus the smallest KV pool) exceed the memory budget; raised before loading them."""
+
+
+class ModelFetchError(ModelLoadError):
+    """A model package could not be downloaded (offline, registry refused) or its file failed the checksum.
+    The message says which step failed and how to fetch the file by hand; nothing is left in the cache."""

@@ -29,6 +29,7 @@ import torch
 from core.common import cdiv, check_int
 from core.device import default_device, memory_budget_bytes
 from core.engine.config import ModelConfig
+from core.engine.gguf_file import gguf_config, gguf_tokenizer, gguf_weights
 from core.engine.memory import EngineMemory
 from core.engine.metrics import EngineRun, EngineSnapshot, StepRecorder, step_row
 from core.engine.model import LlamaModel
@@ -198,17 +199,21 @@ class Engine:
         **kwargs,
     ) -> "Engine":
         """Load a Llama / Mistral / Qwen2 directory as Hugging Face saves it (config.json + safetensors, sharded
-        or not; a tokenizer when present). dtype None: float32 on CPU, the checkpoint's dtype on CUDA.
+        or not; a tokenizer when present), or a Llama-architecture `.gguf` file (dequantized; its tokenizer and
+        chat template: `core.engine.gguf_file`). dtype None: float32 on CPU, the checkpoint's dtype on CUDA
+        (float32 for a GGUF file).
 
         Raises ModelLoadError (missing or malformed files, unsupported architecture or setting) and
         ModelTooLargeError (weights over the memory budget, checked before loading).
         """
         path = Path(path)
-        config = ModelConfig.from_directory(path)
+        gguf = path.suffix.lower() == ".gguf"
+        config = gguf_config(path) if gguf else ModelConfig.from_directory(path)
         device = torch.device(device) if device is not None else default_device()
         dtype = _resolve_dtype(dtype, device, config)
-        weights = load_weights(path, config, dtype, device, memory_budget_bytes())
-        tokenizer = _load_tokenizer(path)
+        load = gguf_weights if gguf else load_weights
+        weights = load(path, config, dtype, device, memory_budget_bytes())
+        tokenizer = gguf_tokenizer(path) if gguf else _load_tokenizer(path)
         return cls(
             config,
             weights,
