@@ -145,6 +145,40 @@ def attention_latency_figure(steps: pd.DataFrame) -> go.Figure:
     return _layout(fig, "Paged attention latency per step, all layers (measured)")
 
 
+STEP_PARTS = (
+    ("attention_ms", "attention", PREFILL_COLOR),
+    ("rest_of_model_ms", "rest of the model", "#9467bd"),
+    ("host_ms", "host (scheduling, tables, sampling)", "#7f7f7f"),
+)
+
+
+def step_time_figure(steps: pd.DataFrame) -> go.Figure:
+    """Where each step's wall time goes (ms, stacked bars): the paged attention kernels, the rest of the model and
+    host work, which add up to the step's time (`core.engine.metrics`). The title gives each part's share of the
+    run's step time and the median step."""
+    total = float(steps["step_time_ms"].sum())
+    fig = go.Figure()
+    shares = []
+    for column, name, color in STEP_PARTS:
+        share = float(steps[column].sum()) / total if total > 0 else 0.0
+        shares.append(f"{name.split(' (')[0]} {share:.0%}")
+        fig.add_trace(
+            go.Bar(
+                x=steps["step"],
+                y=steps[column],
+                name=name,
+                marker_color=color,
+                customdata=steps["step_time_ms"],
+                hovertemplate="step %{x:,}<br>%{y:,.2f} of %{customdata:,.2f} ms<extra>" + name + "</extra>",
+            )
+        )
+    fig.update_layout(barmode="stack", bargap=0.1)
+    fig.update_xaxes(title="engine step", tickformat=",")
+    fig.update_yaxes(title="step time (ms)", rangemode="tozero")
+    median = float(steps["step_time_ms"].median()) if len(steps) else 0.0
+    return _layout(fig, f"Step time, median {median:,.1f} ms: {', '.join(shares)} (measured)")
+
+
 def sharing_figure(measured: pd.DataFrame) -> go.Figure:
     """Memory saved by sharing (% of the blocks the same sequences would hold without sharing), ours beside the
     paper's Figure 15. `measured`: one row per run with columns mode ("parallel sampling" / "beam search"),

@@ -14,6 +14,7 @@ from ui.engine_figures import (
     outputs_table,
     sequence_color_index,
     sharing_figure,
+    step_time_figure,
 )
 from ui.theme import sequence_color
 
@@ -133,3 +134,19 @@ def test_outputs_table_one_row_per_completion():
     assert table["cumulative logprob"].iloc[0] == -1.2346
     decoded = outputs_table([[1, 2, 3], [4]], outputs, decode=lambda ids: "-".join(map(str, ids)))
     assert decoded["text"].iloc[2] == "8-9-10"
+
+
+def test_step_time_figure_stacks_the_three_parts_and_gives_their_shares():
+    steps = STEPS.assign(
+        step_time_ms=[4.0, 1.0, 1.0, 0.0],
+        rest_of_model_ms=[2.0, 0.5, 0.5, 0.0],
+        host_ms=[0.5, 0.25, 0.2, 0.0],
+    )
+    figure = step_time_figure(steps)
+    assert [t.name.split(" (")[0] for t in figure.data] == ["attention", "rest of the model", "host"]
+    assert figure.layout.barmode == "stack"
+    # per step the bars add up to the step's time
+    stacked = np.sum([np.asarray(t.y, dtype=float) for t in figure.data], axis=0)
+    assert stacked.tolist() == steps["step_time_ms"].tolist()
+    # 2.05 of 6 ms in attention, 3 in the rest of the model, 0.95 on the host; median step 1 ms
+    assert "median 1.0 ms: attention 34%, rest of the model 50%, host 16%" in figure.layout.title.text
