@@ -11,14 +11,15 @@ log-normal fit of the paper's means, seed 0), then scaled down for a CPU (prompt
 kept. Prompt tokens are seeded random ids (special tokens avoided); every request is greedy and runs exactly its
 output length (EOS ignored on both sides), so both sides produce the same useful tokens.
 
-Three ways to run the same 64 requests (throughput = useful output tokens / wall seconds, prefill included, best
-of --repeats, after an untimed warm-up call per side):
+Three ways to run the same 64 requests (throughput = useful output tokens / wall seconds, prefill included; the
+engine and the padded batches take turns --repeats times and the best of each is kept, after an untimed warm-up
+call per side):
 - engine: `Engine.add_request` for all, then `step()` to the end, at most `batch_size` requests running at once
   (`max_num_seqs`): continuous batching, chunked prefill, paged KV;
 - hf_batched: transformers `generate` on left-padded batches of `batch_size` consecutive requests: each batch
   runs to its longest output (every row computes that many tokens), its prompts padded to the longest;
-- hf_sequential: transformers `generate` one request at a time (with --quick on the first `sequential_requests`
-  only; its tokens/s is a rate, so it still compares).
+- hf_sequential: transformers `generate` one request at a time, on the first `sequential` requests only (16,
+  --quick 4; timed once: its tokens/s is a rate, so it still compares).
 Greedy tokens: `tokens_match_hf_sequential` counts the requests whose engine tokens equal transformers' on that
 request alone; `tokens_match_hf_batched` those equal to its padded batch's row (cut to the request's length).
 Peak KV bytes: ours the most blocks in use at any step x bytes per block; transformers' the largest DynamicCache
@@ -45,8 +46,8 @@ from core.paging.kv_cache import kv_cache_bytes
 from core.serving.workload import sample_lengths
 
 WORKLOADS = {
-    "full": {"num_requests": 64, "prompt_scale": 4, "output_scale": 4, "batch_size": 16, "sequential": 64},
-    "quick": {"num_requests": 64, "prompt_scale": 8, "output_scale": 16, "batch_size": 16, "sequential": 8},
+    "full": {"num_requests": 64, "prompt_scale": 4, "output_scale": 8, "batch_size": 16, "sequential": 16},
+    "quick": {"num_requests": 64, "prompt_scale": 16, "output_scale": 32, "batch_size": 16, "sequential": 4},
 }
 BLOCK_SIZE = 16
 
@@ -60,16 +61,6 @@ def make_requests(num: int, prompt_scale: int, output_scale: int, vocab: int, lo
     outputs_len = np.maximum(1, np.rint(outputs_len / output_scale)).astype(int)
     prompts = [rng.integers(low_id, vocab, size=n).tolist() for n in prompts_len]
     return prompts, outputs_len.tolist()
-
-
-def _best_wall(fn, repeats: int):
-    """(best wall seconds, last result) of `repeats` calls of fn (the caller warms up)."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        started = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - started)
-    return best, result
 
 
 def _hf_generate(model, input_ids, attention_mask, new_tokens: int):
@@ -99,8 +90,9 @@ def _cache_bytes(cache) -> int:
     return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
 
 
-def hf_batched(model, prompts, outputs, batch_size: int, repeats: int, pad: int) -> dict:
-    """transformers on padded batches of `batch_size` consecutive requests; each batch runs to its longest output."""
+def hf_batched(model, prompts, outputs, batch_size: int, pad: int):
+    """(run, summary): transformers on padded batches of `batch_size` consecutive requests, each batch running to
+    its longest output; summary(results) gives the tokens, the rows computed and the peak cache bytes."""
     batches = [range(i, min(i + batch_size, len(prompts))) for i in range(0, len(prompts), batch_size)]
 
     def run():
@@ -110,39 +102,41 @@ def hf_batched(model, prompts, outputs, batch_size: int, repeats: int, pad: int)
             results.append(_hf_generate(model, ids, mask, max(outputs[i] for i in rows)))
         return results
 
+    def summary(results) -> dict:
+        tokens, computed = [], 0
+        for rows, out in zip(batches, results, strict=True):
+            width = out.sequences.shape[1] - max(outputs[i] for i in rows)  # the padded prompt width
+            for row, i in enumerate(rows):
+                tokens.append(out.sequences[row, width : width + outputs[i]].tolist())
+            computed += len(rows) * (out.sequences.shape[1] - width)
+        return {
+            "tokens": tokens,
+            "computed_tokens": computed,
+            "peak_kv_bytes": max(_cache_bytes(out.past_key_values) for out in results),
+        }
+
     ids, mask = _padded(prompts[:2], pad)
     _hf_generate(model, ids, mask, 2)  # warm-up: first-call allocations and dispatch
-    seconds, results = _best_wall(run, repeats)
-    tokens, computed = [], 0
-    for rows, out in zip(batches, results, strict=True):
-        width = out.sequences.shape[1] - max(outputs[i] for i in rows)  # the padded prompt width
-        for row, i in enumerate(rows):
-            tokens.append(out.sequences[row, width : width + outputs[i]].tolist())
-        computed += len(rows) * (out.sequences.shape[1] - width)
-    return {
-        "seconds": seconds,
-        "tokens": tokens,
-        "computed_tokens": computed,
-        "peak_kv_bytes": max(_cache_bytes(out.past_key_values) for out in results),
-    }
+    return run, summary
 
 
-def hf_sequential(model, prompts, outputs, repeats: int) -> dict:
-    def run():
-        return [
-            _hf_generate(model, torch.tensor([p]), torch.ones(1, len(p), dtype=torch.long), n)
-            for p, n in zip(prompts, outputs, strict=True)
-        ]
-
-    seconds, results = _best_wall(run, repeats)
+def hf_sequential(model, prompts, outputs) -> dict:
+    """transformers on one request at a time (timed once: a rate, and the tokens of each request alone)."""
+    started = time.perf_counter()
+    results = [
+        _hf_generate(model, torch.tensor([p]), torch.ones(1, len(p), dtype=torch.long), n)
+        for p, n in zip(prompts, outputs, strict=True)
+    ]
+    seconds = time.perf_counter() - started
     return {
         "seconds": seconds,
         "tokens": [out.sequences[0, len(p) :].tolist() for p, out in zip(prompts, results, strict=True)],
     }
 
 
-def engine_side(engine_factory, prompts, outputs, batch_size: int, repeats: int) -> dict:
-    """Our engine: every request added, then stepped to the end with at most batch_size running at once."""
+def engine_side(engine_factory, prompts, outputs, batch_size: int):
+    """(run, summary): our engine, every request added, then stepped to the end with at most batch_size running
+    at once; summary(results) gives its tokens, blocks and where the step time went (the last run's steps)."""
     from core.engine import SamplingParams
 
     # a pool that holds every request at its full length at once (no preemption), as transformers' cache does
@@ -159,35 +153,48 @@ def engine_side(engine_factory, prompts, outputs, batch_size: int, repeats: int)
             done.update((out.request_id, out) for out in engine.step())
         return [done[i] for i in range(len(prompts))]
 
-    warm = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    engine.generate(prompts[:2], warm)  # warm-up, as transformers gets
-    seconds, results = _best_wall(run, repeats)
-    steps = engine.current_run().steps
-    config = engine.config
-    parts = {
-        "attention": float(steps["attention_ms"].sum()),
-        "rest_of_model": float(steps["rest_of_model_ms"].sum()),
-        "host": float(steps["host_ms"].sum()),
-    }
-    step_ms = float(steps["step_time_ms"].sum())
-    return {
-        "seconds": seconds,
-        "tokens": [list(r.outputs[0].token_ids) for r in results],
-        "steps": len(steps),
-        "num_blocks": num_blocks,
-        "peak_blocks_in_use": int(steps["blocks_in_use"].max()),
-        "block_bytes": kv_cache_bytes(
-            config.num_layers, 1, BLOCK_SIZE, config.num_kv_heads, config.head_dim, engine.model.dtype
-        ),
-        "token_bytes": kv_cache_bytes(
-            config.num_layers, 1, 1, config.num_kv_heads, config.head_dim, engine.model.dtype
-        ),
-        "step_ms": step_ms,
-        "time_ms": parts,
-        "median_decode_step_ms": float(steps.loc[steps["prefill_tokens"] == 0, "step_time_ms"].median()),
-        "preemptions": int(steps["preemptions"].sum()),
-        "warmup_ms": engine.warmup_ms,
-    }
+    def summary(results) -> dict:
+        steps = engine.current_run().steps
+        config, dtype = engine.config, engine.model.dtype
+        parts = {
+            "attention": float(steps["attention_ms"].sum()),
+            "rest_of_model": float(steps["rest_of_model_ms"].sum()),
+            "host": float(steps["host_ms"].sum()),
+        }
+        decode = steps["prefill_tokens"] == 0
+        return {
+            "tokens": [list(r.outputs[0].token_ids) for r in results],
+            "steps": len(steps),
+            "num_blocks": num_blocks,
+            "peak_blocks_in_use": int(steps["blocks_in_use"].max()),
+            "block_bytes": kv_cache_bytes(
+                config.num_layers, 1, BLOCK_SIZE, config.num_kv_heads, config.head_dim, dtype
+            ),
+            "token_bytes": kv_cache_bytes(
+                config.num_layers, 1, 1, config.num_kv_heads, config.head_dim, dtype
+            ),
+            "step_ms": float(steps["step_time_ms"].sum()),
+            "time_ms": parts,
+            "median_decode_step_ms": float(steps.loc[decode, "step_time_ms"].median()),
+            "median_prefill_step_ms": float(steps.loc[~decode, "step_time_ms"].median()),
+            "preemptions": int(steps["preemptions"].sum()),
+            "warmup_ms": engine.warmup_ms,
+        }
+
+    engine.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))  # warm-up
+    return run, summary
+
+
+def interleaved(runs: dict, repeats: int) -> dict:
+    """{name: (best wall seconds, last result)}: each run called `repeats` times, the runs taking turns, so a
+    busy spell of a shared machine hits them alike."""
+    best = {name: (float("inf"), None) for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            result = run()
+            best[name] = (min(best[name][0], time.perf_counter() - started), result)
+    return best
 
 
 def main() -> None:
@@ -197,9 +204,7 @@ def main() -> None:
     parser.add_argument(
         "--model", default="tiny", help="tiny, smollm2-135m-instruct, or a directory / .gguf path"
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="shorter requests, 8 sequential ones (~1 minute)"
-    )
+    parser.add_argument("--quick", action="store_true", help="shorter requests, 4 sequential ones")
     parser.add_argument("--repeats", type=int, default=1, help="timed calls per side (the best is kept)")
     parser.add_argument(
         "--batch-size", type=int, default=None, help="requests per padded batch / running at once"
@@ -224,11 +229,14 @@ def main() -> None:
         models.low_id,
     )
     batch = workload["batch_size"]
-    hf = hf_batched(models.hf, prompts, outputs, batch, args.repeats, models.pad_id)
-    ours = engine_side(models.engine, prompts, outputs, batch, args.repeats)
+    hf_run, hf_summary = hf_batched(models.hf, prompts, outputs, batch, models.pad_id)
+    engine_run, engine_summary = engine_side(models.engine, prompts, outputs, batch)
+    timed = interleaved({"engine": engine_run, "hf_batched": hf_run}, args.repeats)
+    ours = {"seconds": timed["engine"][0], **engine_summary(timed["engine"][1])}
+    hf = {"seconds": timed["hf_batched"][0], **hf_summary(timed["hf_batched"][1])}
     useful = sum(outputs)
     n_seq = 0 if args.skip_sequential else min(workload["sequential"], len(prompts))
-    seq = hf_sequential(models.hf, prompts[:n_seq], outputs[:n_seq], args.repeats) if n_seq else None
+    seq = hf_sequential(models.hf, prompts[:n_seq], outputs[:n_seq]) if n_seq else None
     engine_tps = useful / ours["seconds"]
     hf_tps = useful / hf["seconds"]
     seq_tps = sum(outputs[:n_seq]) / seq["seconds"] if seq else None
@@ -263,6 +271,7 @@ def main() -> None:
         "engine_steps": ours["steps"],
         "engine_preemptions": ours["preemptions"],
         "engine_median_decode_step_ms": round(ours["median_decode_step_ms"], 2),
+        "engine_median_prefill_step_ms": round(ours["median_prefill_step_ms"], 2),
         "engine_time_share": {k: round(v / step_ms, 3) for k, v in ours["time_ms"].items()},
         "engine_time_s": {k: round(v / 1e3, 3) for k, v in ours["time_ms"].items()},
         "engine_warmup_ms": round(ours["warmup_ms"], 1),
