@@ -46,10 +46,17 @@ def engine_block_heatmap(snapshot: BlockSnapshot, step: int, color_index: Mappin
     used = snapshot.num_blocks - snapshot.num_free_blocks
     shared = int(snapshot.is_shared.sum())
     title = (
-        f"Physical blocks after step {step:,}: {used:,} of {snapshot.num_blocks:,} in use, {shared:,} shared "
-        f"(×n = held by n sequences), {snapshot.block_size} tokens each"
+        f"Physical blocks after step {step:,}: {used:,} of {snapshot.num_blocks:,} in use, {shared:,} shared<br>"
+        f"<sup>×n = held by n sequences; {snapshot.block_size} tokens per block</sup>"
     )
-    return block_heatmap(snapshot, color_index, title=title)
+    fig = block_heatmap(snapshot, color_index, title=title)
+    # the grid's x axis (and its title) sits on top: the title goes above it, at the top of the figure
+    fig.update_layout(
+        title={"text": title, "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 8}},
+        margin={"t": 130},
+        height=fig.layout.height + 50,
+    )
+    return fig
 
 
 def free_blocks_figure(steps: pd.DataFrame, num_blocks: int) -> go.Figure:
@@ -179,19 +186,22 @@ def step_time_figure(steps: pd.DataFrame) -> go.Figure:
     return _layout(fig, f"Step time, median {median:,.1f} ms: {', '.join(shares)} (measured)")
 
 
-def sharing_figure(measured: pd.DataFrame) -> go.Figure:
+def sharing_figure(measured: pd.DataFrame, ours: str = "tiny random model") -> go.Figure:
     """Memory saved by sharing (% of the blocks the same sequences would hold without sharing), ours beside the
     paper's Figure 15. `measured`: one row per run with columns mode ("parallel sampling" / "beam search"),
-    width, saving_pct (ours) and paper_pct (the paper's, NaN where it has none), as `measure_sharing` returns."""
+    width, saving_pct (ours, on the model named `ours`), paper_pct (the paper's, NaN where it has none), as
+    `measure_sharing` returns, and optionally random_model_pct (the tiny random model, as bench/sharing.py
+    prints it), drawn as a third series."""
     labels = [
         f"{'n' if m == 'parallel sampling' else 'beam'} = {w}"
         for m, w in zip(measured["mode"], measured["width"], strict=True)
     ]
+    series = [("saving_pct", f"this engine ({ours})", policy_color("paged"))]
+    if "random_model_pct" in measured:
+        series.append(("random_model_pct", "this engine (tiny random model)", COPY_COLOR))
+    series.append(("paper_pct", "paper, Figure 15 (OPT-13B)", POLICY_COLORS["contiguous"]))
     fig = go.Figure()
-    for column, name, color in (
-        ("saving_pct", "this engine (tiny model)", policy_color("paged")),
-        ("paper_pct", "paper, Figure 15 (OPT-13B)", POLICY_COLORS["contiguous"]),
-    ):
+    for column, name, color in series:
         values = measured[column].to_numpy(dtype=float)
         fig.add_trace(
             go.Bar(
@@ -207,7 +217,7 @@ def sharing_figure(measured: pd.DataFrame) -> go.Figure:
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="parallel samples (n) / beam width")
     fig.update_yaxes(title="KV blocks saved by sharing (%)", range=[0, 100])
-    return _layout(fig, "Memory saved by sharing on an Alpaca-like workload (paper Figure 15)", height=400)
+    return _layout(fig, "Memory saved by sharing, paper Figure 15's setting", height=400)
 
 
 def outputs_table(prompts: Sequence, outputs: Sequence, decode=None) -> pd.DataFrame:

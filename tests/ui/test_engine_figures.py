@@ -114,6 +114,31 @@ def test_sharing_figure_puts_ours_beside_the_paper():
     assert "%" in figure.layout.yaxis.title.text
 
 
+def test_sharing_figure_adds_the_random_model_beside_a_real_one():
+    measured = pd.DataFrame(
+        {
+            "mode": ["parallel sampling", "beam search"],
+            "width": [2, 2],
+            "saving_pct": [4.0, 20.0],
+            "random_model_pct": [10.0, 60.0],
+            "paper_pct": [6.1, 37.6],
+        }
+    )
+    real, random_model, paper = sharing_figure(measured, ours="SmolLM2-135M-Instruct").data
+    assert real.name == "this engine (SmolLM2-135M-Instruct)" and list(real.y) == [4.0, 20.0]
+    assert "random" in random_model.name and list(random_model.y) == [10.0, 60.0]
+    assert list(paper.y) == [6.1, 37.6]
+
+
+def test_heatmap_title_sits_above_its_top_x_axis():
+    _, forked, _ = _forked_snapshots()
+    figure = engine_block_heatmap(forked, 1, sequence_color_index([forked]))
+    assert figure.layout.xaxis.side == "top"  # the axis and its title take the top of the plot area
+    title = figure.layout.title
+    assert title.yref == "container" and title.y == 1.0 and title.yanchor == "top"  # at the figure's top edge
+    assert figure.layout.margin.t >= 120  # room for two title lines above the axis title and tick labels
+
+
 def test_outputs_table_one_row_per_completion():
     completion = SimpleNamespace
     outputs = [
