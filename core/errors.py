@@ -127,3 +127,8 @@ class JobCancelledError(LabError):
 class KVEventDecodeError(LabError, ValueError):
     """A KV cache event payload is not a batch in vLLM's wire format: not msgpack, not a `[ts, events, rank]`
     batch, an event of an unknown type, or a field of the wrong type. The message says which and where."""
+
+
+class ModelFetchError(ModelLoadError):
+    """A model package could not be downloaded (offline, registry refused) or its file failed the checksum.
+    The message says which step failed and how to fetch the file by hand; nothing is left in the cache."""
