@@ -28,7 +28,8 @@ Invariants (checked by tests/kv against a brute-force model):
 """
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 
 from core.common import check_int
 from core.errors import InvalidArgumentError, OutOfBlocksError
@@ -89,7 +90,11 @@ class BlockPool:
 
     def free_order(self) -> list[int]:
         """Free block ids in the order they will be taken: uncached first, then cached LRU first."""
-        return [*self._free_uncached, *self._free_cached]
+        return list(self.iter_free_order())
+
+    def iter_free_order(self) -> Iterator[int]:
+        """`free_order()` without building the list (num_free_blocks items)."""
+        return chain(self._free_uncached, self._free_cached)
 
     def block_hash(self, block_id: int) -> int | None:
         """The prefix-cache hash of `block_id`, or None when it is not cached."""
@@ -103,9 +108,9 @@ class BlockPool:
         """Every (group index, block hash) in the prefix cache now."""
         return {(group, h) for group, cache in enumerate(self._cached) for h in cache}
 
-    def cached_blocks(self) -> list[int]:
-        """Every block id in the prefix cache now (held or free)."""
-        return [block for cache in self._cached for block in cache.values()]
+    def iter_cached_blocks(self) -> Iterator[int]:
+        """Every block id in the prefix cache now (held or free): num_cached_blocks items, group by group."""
+        return chain.from_iterable(cache.values() for cache in self._cached)
 
     # ---- taking and freeing -----------------------------------------------------------------------------
 

@@ -61,7 +61,7 @@ def build_snapshot(
     owner = np.full(n, -1, dtype=np.int64)
     fill = np.zeros(n, dtype=np.int64)
     is_cached = np.zeros(n, dtype=bool)
-    for block in pool.cached_blocks():
+    for block in pool.iter_cached_blocks():
         is_cached[block] = True
         group[block] = pool.cached_group(block)
         fill[block] = managers[pool.cached_group(block)].block_size
@@ -77,7 +77,7 @@ def build_snapshot(
                 owner[block] = index
                 is_mamba = isinstance(manager, MambaManager)
                 fill[block] = 1 if is_mamba else min(bs, num_tokens[rid] - i * bs)
-    free_order = np.asarray(pool.free_order(), dtype=np.int64)
+    free_order = np.fromiter(pool.iter_free_order(), dtype=np.int64, count=pool.num_free_blocks)
     is_free = np.zeros(n, dtype=bool)
     is_free[free_order] = True
     ref_count = np.asarray(pool.ref_counts, dtype=np.int64)

@@ -315,7 +315,8 @@ class BlockManager:
                 needed=num_new,
                 free=available,
             )
-        rec = manager.allocate(seq_id, len(tokens), hits, release_skipped=False)
+        rec = manager.save_hits(seq_id, hits, release_skipped=False)
+        manager.append_slots(rec, 0, len(tokens))
         seq = _Sequence(rec, tokens, hashes)
         self._seqs[seq_id] = seq
         if self._caching:
@@ -448,9 +449,10 @@ class BlockManager:
         owner = np.full(n, -1, dtype=np.int64)
         fill = np.zeros(n, dtype=np.int64)
         is_cached = np.zeros(n, dtype=bool)
-        cached = self._pool.cached_blocks()
-        if cached:
-            is_cached[np.asarray(cached, dtype=np.int64)] = True
+        pool = self._pool
+        if pool.num_cached_blocks:
+            cached = np.fromiter(pool.iter_cached_blocks(), dtype=np.int64, count=pool.num_cached_blocks)
+            is_cached[cached] = True
         fill[is_cached] = bs
         seq_ids = tuple(self._seqs)
         for index in range(len(seq_ids) - 1, -1, -1):
@@ -462,7 +464,7 @@ class BlockManager:
             owner[table] = index
             fill[table] = bs
             fill[table[-1]] = seq.num_tokens - (len(seq.block_table) - 1) * bs
-        free_order = np.asarray(self._pool.free_order(), dtype=np.int64)
+        free_order = np.fromiter(pool.iter_free_order(), dtype=np.int64, count=pool.num_free_blocks)
         is_free = np.zeros(n, dtype=bool)
         is_free[free_order] = True
         for array in (owner, ref_count, fill, is_free, is_cached, free_order):
