@@ -53,3 +53,25 @@ class ModelLoadError(LabError):
 
 class ModelTooLargeError(ModelLoadError, MemoryBudgetError):
     """A model's weights (plus the smallest KV pool) exceed the memory budget; raised before loading them."""
+
+
+class MetricsFormatError(InvalidArgumentError):
+    """A body fetched as Prometheus metrics is not metrics (an HTML page, a truncated or malformed line) or holds
+    no vLLM metric. `line_number` (1-based) names the first bad line, None when the body as a whole is wrong."""
+
+    def __init__(self, message: str, line_number: int | None = None):
+        super().__init__(message)
+        self.line_number = line_number
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.line_number))
+
+
+class LiveEndpointError(LabError):
+    """A live server's metrics URL or KV-events endpoint cannot be read: refused, unreachable, timed out, an HTTP
+    error status, a malformed address, or a message that breaks the wire format. The message names the address."""
+
+
+class EventSequenceError(LabError):
+    """KV cache events arrived out of order in a way the subscriber cannot repair (e.g. a replay that does not
+    continue where the gap began)."""
