@@ -55,6 +55,11 @@ class ModelTooLargeError(ModelLoadError, MemoryBudgetError):
     """A model's weights (plus the smallest KV pool) exceed the memory budget; raised before loading them."""
 
 
+class KVEventDecodeError(LabError, ValueError):
+    """A KV cache event payload is not a batch in vLLM's wire format: not msgpack, not a `[ts, events, rank]`
+    batch, an event of an unknown type, or a field of the wrong type. The message says which and where."""
+
+
 class MetricsFormatError(InvalidArgumentError):
     """A body fetched as Prometheus metrics is not metrics (an HTML page, a truncated or malformed line) or holds
     no vLLM metric. `line_number` (1-based) names the first bad line, None when the body as a whole is wrong."""
@@ -70,8 +75,3 @@ class MetricsFormatError(InvalidArgumentError):
 class LiveEndpointError(LabError):
     """A live server's metrics URL or KV-events endpoint cannot be read: refused, unreachable, timed out, an HTTP
     error status, a malformed address, or a message that breaks the wire format. The message names the address."""
-
-
-class EventSequenceError(LabError):
-    """KV cache events arrived out of order in a way the subscriber cannot repair (e.g. a replay that does not
-    continue where the gap began)."""
