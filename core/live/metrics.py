@@ -45,6 +45,7 @@ class VllmMetrics:
     itl: Histogram | None = None  # inter-token latency, seconds
     e2e: Histogram | None = None  # end-to-end request latency, seconds
     queue_time: Histogram | None = None  # seconds waiting before scheduled
+    cache_config: tuple[tuple[str, str], ...] = ()  # all of vllm:cache_config_info's labels (first engine's)
     engines: tuple[str, ...] = ()  # `engine` label values summed here
     model_names: tuple[str, ...] = ()
     legacy_names: bool = False  # some value came from a pre-0.9 name
@@ -55,6 +56,10 @@ class VllmMetrics:
         if not self.prefix_cache_queries or self.prefix_cache_hits is None:
             return None
         return self.prefix_cache_hits / self.prefix_cache_queries
+
+    def cache_setting(self, key: str) -> str | None:
+        """One label of vllm:cache_config_info (e.g. "cache_dtype", "gpu_memory_utilization"), None if absent."""
+        return dict(self.cache_config).get(key)
 
 
 def parse_vllm_metrics(text: str) -> VllmMetrics:
@@ -94,6 +99,8 @@ def combine_metrics(parts: list[VllmMetrics]) -> VllmMetrics:
             values[f.name] = any(p.legacy_names for p in parts)
         elif f.name == "kv_cache_usage":
             values[f.name] = _mean_usage(parts)
+        elif f.name == "cache_config":
+            values[f.name] = next((p.cache_config for p in parts if p.cache_config), ())
         elif f.name == "block_size":
             values[f.name] = present[0] if present and len(set(present)) == 1 else None
         elif not present:
@@ -142,6 +149,7 @@ def _engine_metrics(engine: str, series: dict[str, list[tuple[dict[str, str], fl
     for labels, _ in series.get(CACHE_CONFIG_INFO, []):
         values["num_gpu_blocks"] = _int_label(labels, "num_gpu_blocks")
         values["block_size"] = _int_label(labels, "block_size")
+        values["cache_config"] = tuple(sorted((k, v) for k, v in labels.items() if k != "engine"))
     models = tuple(
         dict.fromkeys(lb["model_name"] for s in series.values() for lb, _ in s if "model_name" in lb)
     )

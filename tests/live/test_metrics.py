@@ -23,6 +23,7 @@ def test_one_engine_every_field(legacy):
     assert (m.num_preemptions, m.prompt_tokens, m.generation_tokens) == (2, 1200, 800)
     assert m.request_success == 10  # two finished_reason series summed
     assert (m.num_gpu_blocks, m.block_size) == (1000, 16)
+    assert m.cache_setting("cache_dtype") == "auto" and m.cache_setting("gpu_memory_utilization") == "0.9"
     assert m.ttft.count == 4 and m.ttft.sum == pytest.approx(sum(s.ttft))
     assert m.itl.count == 5 and m.itl.sum == pytest.approx(sum(s.itl))
     assert m.e2e.count == 2
