@@ -75,3 +75,8 @@ class MetricsFormatError(InvalidArgumentError):
 class LiveEndpointError(LabError):
     """A live server's metrics URL or KV-events endpoint cannot be read: refused, unreachable, timed out, an HTTP
     error status, a malformed address, or a message that breaks the wire format. The message names the address."""
+
+
+class ModelFetchError(ModelLoadError):
+    """A model package could not be downloaded (offline, registry refused) or its file failed the checksum.
+    The message says which step failed and how to fetch the file by hand; nothing is left in the cache."""

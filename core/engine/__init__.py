@@ -27,12 +27,13 @@ Sharing as in the paper's Figure 15: `core.engine.sharing.measure_sharing` (one 
 
 from core.engine.config import ModelConfig
 from core.engine.engine import Engine
-from core.engine.metrics import STEP_COLUMNS, EngineRun, EngineSnapshot
+from core.engine.metrics import STEP_COLUMNS, TIMED_COLUMNS, EngineRun, EngineSnapshot
 from core.engine.sampling import SamplingParams
 from core.engine.sequence import CompletionOutput, RequestOutput
 
 __all__ = [
     "STEP_COLUMNS",
+    "TIMED_COLUMNS",
     "CompletionOutput",
     "Engine",
     "EngineRun",

@@ -178,6 +178,24 @@ class EngineMemory:
                 seq.num_allocated += 1
                 seq.pending_slot = result.slot
 
+    def block_tables(self, seqs: list[Sequence]) -> np.ndarray:
+        """[len(seqs), max blocks] int32 block tables of the sequences, padded with 0 (at least one column).
+        Released sliding-window entries stay -1."""
+        tables = [self.manager.block_table(s.seq_id) for s in seqs]
+        lengths = np.fromiter(map(len, tables), np.int64, len(tables))
+        width = max(int(lengths.max()) if len(tables) else 0, 1)
+        array = np.zeros((len(tables), width), dtype=np.int32)
+        if len(tables):
+            mask = np.arange(width) < lengths[:, None]  # [seqs, width]: the entries each table fills
+            array[mask] = np.fromiter((b for t in tables for b in t), np.int32, int(lengths.sum()))
+        return array
+
+    def clear_block(self, block: int) -> None:
+        """Zero block `block`'s K/V in every layer (after a throwaway write into a block nobody holds)."""
+        for keys, values in zip(self.cache.key_cache, self.cache.value_cache, strict=True):
+            keys[block].zero_()
+            values[block].zero_()
+
     def slots(self, seq: Sequence, start: int, stop: int) -> np.ndarray:
         """[stop - start] int64 slot ids of the sequence's tokens start .. stop - 1."""
         table = np.asarray(self.manager.block_table(seq.seq_id), dtype=np.int64)

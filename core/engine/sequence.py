@@ -35,14 +35,19 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """The result of one prompt: `outputs` holds n samples in sample order, or beams best first."""
+    """The result of one prompt: `outputs` holds n samples in sample order, or beams best first.
 
-    request_id: int
+    finished: False for a streamed request still running (`Engine.add_request(..., stream=True)`): its outputs
+    then hold every token so far (cumulative, not a delta), finish_reason None for those still generating.
+    """
+
+    request_id: int | str
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     prompt: str | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0
+    finished: bool = True
 
 
 @dataclass(eq=False)
@@ -86,9 +91,10 @@ class Sequence:
 @dataclass(eq=False)
 class SequenceGroup:
     """A request in flight. seqs: live sequences (held together by the manager, or all unallocated while
-    waiting). finished: sequences that ended. generator: the request's seeded generator (None: global RNG)."""
+    waiting). finished: sequences that ended. generator: the request's seeded generator (None: global RNG).
+    stream: `Engine.step` reports the request after every step that gave it tokens, not only when it ends."""
 
-    request_id: int
+    request_id: int | str
     params: SamplingParams
     prompt_token_ids: list[int]
     seqs: list[Sequence]
@@ -98,6 +104,7 @@ class SequenceGroup:
     num_preemptions: int = 0
     num_cached_tokens: int = 0
     started_sampling: bool = False  # the first output tokens were sampled
+    stream: bool = False
     # kept by core.serving.scheduler.Scheduler (its SequenceGroup protocol)
     length: int = 0
     num_prefill_tokens: int = 0
