@@ -4,8 +4,10 @@ import pandas as pd
 import streamlit as st
 
 from core.errors import LabError
+from core.live import lab_server
 from core.live.compare import compare_with_server
 from core.live.history import FLEET
+from core.live.lab_server import LabServer
 from core.live.watch import LiveWatch, PollResult
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
@@ -26,6 +28,7 @@ from ui.query_state import encode_params
 from ui.url_widgets import UrlState
 
 WATCH_KEY = "_live_watch"
+LAB_MODEL_LABELS = {"smollm2-135m-instruct": "SmolLM2-135M-Instruct (real)", "tiny": "tiny random Llama"}
 LATENCY_WINDOW_S = 30.0
 TREE_NOTE = (
     "**What the tree shows:** the blocks the server announced as cached (BlockStored) and not yet evicted "
@@ -60,6 +63,59 @@ for message in state.pop_errors():
     st.error(message)
 
 view = st.container()
+
+
+@st.cache_resource(show_spinner=False)
+def lab_servers() -> dict:
+    """The one lab-started server of this app process (shared by every session: one model's CPU cost)."""
+    return {}
+
+
+def lab_server_controls() -> None:
+    """Start or stop a core.serve on loopback with a mixed chat load, and point the inputs at it."""
+    try:
+        limits.check_live_address("127.0.0.1", lab_server.DEFAULT_PORTS[0], "the lab server")
+    except LabError:
+        return  # the operator restricted hosts: no lab-started server on this host
+    holder = lab_servers()
+    server: LabServer | None = holder.get("server")
+    running = server is not None and server.running
+    c1, c2, c3 = st.columns([2, 1, 3])
+    model = c1.radio("Lab server model", lab_server.MODELS, horizontal=True, key="lab_model", disabled=running,
+                     format_func=LAB_MODEL_LABELS.get)  # fmt: skip
+    if not running and c2.button("Start a lab server", type="primary", key="lab_start"):
+        server = LabServer(model)
+        with st.spinner(
+            f"Starting core.serve with {LAB_MODEL_LABELS[model]} on 127.0.0.1:{lab_server.DEFAULT_PORTS[0]}..."
+        ):
+            try:
+                server.start()
+            except LabError as err:
+                st.error(f"The lab server did not start: {err}")
+                return
+        server.start_load()
+        holder["server"] = server
+        state.set("metrics", server.metrics_url)
+        state.set("events", server.events_endpoint)
+        state.set("replay", server.replay_endpoint)
+        running = True
+    elif running and c2.button("Stop the lab server", key="lab_stop"):
+        server.stop()
+        running = False
+    if running:
+        load = server.load
+        c3.caption(
+            f"core.serve ({server.model}) runs on 127.0.0.1:{server.ports[0]}, events on {server.events_endpoint}; "
+            f"a mixed chat load has sent {load.sent if load else 0:,} requests ({load.failed if load else 0:,} failed)."
+        )
+    else:
+        c3.caption(
+            "One click starts our engine served like vLLM (core.serve) on this machine's loopback with prefix "
+            "caching and KV events, plus a small mixed chat load, and points this page at it."
+        )
+
+
+lab_server_controls()
 
 with st.expander("Sources, polling and the plan to compare with", expanded=True):
     c1, c2, c3 = st.columns(3)

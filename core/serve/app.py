@@ -49,6 +49,12 @@ def build_app(served: ServedModel) -> FastAPI:
     async def _bad_request(_request: Request, err: RequestError):
         return JSONResponse(error_body(str(err), err.status, err.param), status_code=err.status)
 
+    @app.exception_handler(Exception)
+    async def _internal(
+        _request: Request, err: Exception
+    ):  # a bug, never bad input: still an OpenAI error body
+        return JSONResponse(error_body(f"internal error: {type(err).__name__}: {err}", 500), status_code=500)
+
     @app.get("/health")
     async def health():
         return Response(status_code=200)

@@ -166,15 +166,16 @@ def chat_request(body: Any, served: str, tokenizer, max_model_len: int) -> Parse
     if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
         raise RequestError("this model has no chat template: use /v1/completions with token ids", "messages")
     try:
-        ids = list(tokenizer.apply_chat_template(
-            [{"role": m["role"], "content": m["content"]} for m in messages], add_generation_prompt=True, tokenize=True,
-        ))  # fmt: skip
+        rendered = tokenizer.apply_chat_template(
+            [{"role": m["role"], "content": m["content"]} for m in messages],
+            add_generation_prompt=True,
+            tokenize=True,
+        )
     except Exception as err:
         raise RequestError(f"the chat template cannot render these messages: {err}", "messages") from None
-    if ids and isinstance(ids[0], list):
-        ids = ids[0]
-    if hasattr(ids, "get") or (ids and not isinstance(ids[0], int)):  # a BatchEncoding
-        ids = list(dict(ids)["input_ids"])
+    if hasattr(rendered, "keys"):  # transformers 5 returns a BatchEncoding
+        rendered = rendered["input_ids"]
+    ids = list(rendered[0] if rendered and isinstance(rendered[0], list) else rendered)
     max_tokens = _get(body, "max_completion_tokens", int) or _get(body, "max_tokens", int)
     default = max(1, min(MAX_DEFAULT_CHAT_TOKENS, max_model_len - len(ids)))
     params, stream, usage = _sampling(body, max_tokens, default)

@@ -126,3 +126,37 @@ def test_cached_block_tree_from_events(server):
         assert len(at.get("plotly_chart")) >= 6  # the metrics figures and the icicle
     finally:
         pub.close()
+
+
+def test_one_click_lab_server_with_load(monkeypatch):
+    """The button starts core.serve (tiny model, free loopback ports) with a mixed load and points the page at it;
+    the page then reads its metrics and its KV events; the stop button ends it."""
+    from core.live import lab_server
+    from tests.serve.lab_server import free_port
+
+    monkeypatch.setattr(lab_server, "DEFAULT_PORTS", (free_port(), free_port(), free_port()))
+    try:
+        at = live({"watch": "0"})
+        at.radio(key="lab_model").set_value("tiny")
+        at.run()
+        at.button(key="lab_start").click()
+        at.run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+        expected = f"http://127.0.0.1:{lab_server.DEFAULT_PORTS[0]}/metrics"
+        assert str(at.query_params["metrics"]).strip("[]'") == expected
+        table = None
+        for _ in range(60):  # the load runs: wait for cached blocks to show
+            time.sleep(0.5)
+            at.run()
+            table = at.dataframe[0].value if at.dataframe else None
+            if table is not None and table["cached blocks"].iloc[0] > 0:
+                break
+        assert table is not None and table["cached blocks"].iloc[0] > 0
+        # the lab server's pool, read from its /metrics
+        assert metric(at, "KV blocks (num_gpu_blocks)") == "1,024"
+        assert any("mixed chat load has sent" in c.value for c in at.caption)
+        at.button(key="lab_stop").click()
+        at.run()
+        assert not at.exception
+    finally:
+        lab_server.stop_all()
