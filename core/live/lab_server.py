@@ -43,16 +43,32 @@ def stop_all() -> None:
 
 
 class LabServer:
+    """One `python -m core.serve` child process on 127.0.0.1 (`ports`: HTTP, events, replay), always with prefix
+    caching; `events` adds KV events with a replay socket; `extra_args` go to core.serve as given."""
+
     def __init__(
-        self, model: str = MODELS[0], ports: tuple[int, int, int] | None = None, num_blocks: int = 1024
+        self,
+        model: str = MODELS[0],
+        ports: tuple[int, int, int] | None = None,
+        num_blocks: int = 1024,
+        *,
+        events: bool = True,
+        extra_args: tuple[str, ...] = (),
     ):
-        if model not in MODELS:
-            raise ValueError(f"model must be one of {MODELS}")
-        self.model, self.num_blocks = model, num_blocks
+        self.model, self.num_blocks, self.events, self.extra_args = (
+            model,
+            num_blocks,
+            events,
+            tuple(extra_args),
+        )
         self.ports = ports or DEFAULT_PORTS  # read at call time, so a test can move the defaults
         self.process: subprocess.Popen | None = None
         self.load: MixedLoad | None = None
         self.log: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.ports[0]}"
 
     @property
     def metrics_url(self) -> str:
@@ -76,10 +92,12 @@ class LabServer:
         if self.running:
             return
         http, events, replay = self.ports
-        config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
-                  "endpoint": f"tcp://{HOST}:{events}", "replay_endpoint": f"tcp://{HOST}:{replay}"}  # fmt: skip
         cmd = [sys.executable, "-m", "core.serve", "--model", self.model, "--host", HOST, "--port", str(http),
-               "--num-blocks", str(self.num_blocks), "--enable-prefix-caching", "--kv-events-config", json.dumps(config)]  # fmt: skip
+               "--num-blocks", str(self.num_blocks), "--enable-prefix-caching", *self.extra_args]  # fmt: skip
+        if self.events:
+            config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
+                      "endpoint": f"tcp://{HOST}:{events}", "replay_endpoint": f"tcp://{HOST}:{replay}"}  # fmt: skip
+            cmd += ["--kv-events-config", json.dumps(config)]
         self.process = subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -102,9 +120,7 @@ class LabServer:
 
     def start_load(self, concurrency: int = 3, max_requests: int = 2_000) -> None:
         if self.load is None or not self.load.alive:
-            self.load = MixedLoad(
-                f"http://{HOST}:{self.ports[0]}", self.model != "tiny", concurrency, max_requests
-            )
+            self.load = MixedLoad(self.url, self.model != "tiny", concurrency, max_requests)
 
     def stop(self) -> None:
         if self.load is not None:

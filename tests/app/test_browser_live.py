@@ -8,14 +8,14 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.conftest import ARTIFACTS
-from tests.serve.lab_server import LabServer
+from tests.serve.lab_server import ServerUnderTest
 
 expect.set_options(timeout=60_000)
 
 
 @pytest.mark.browser
 def test_live_page_watches_core_serve(streamlit_server, page):
-    server = LabServer("--model", "tiny", "--num-blocks", "256", "--enable-prefix-caching")
+    server = ServerUnderTest("tiny", num_blocks=256)
     stop = threading.Event()
 
     def load():
