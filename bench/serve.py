@@ -78,7 +78,8 @@ def offline(model: str, prompts, max_tokens: int) -> float:
 
 
 def one_request(url: str, prompt, max_tokens: int) -> tuple[float, list[float], int]:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "return_token_ids": True}  # fmt: skip
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     sent = time.perf_counter()
     first, last, gaps, tokens = None, None, [], 0
