@@ -2,8 +2,16 @@
 
 - `specs`: what one layer keeps per block (full attention, sliding window, chunked local, MLA, Mamba).
 - `events`: vLLM's KV cache events (BlockStored, BlockRemoved, AllBlocksCleared) and their msgpack wire format.
+- `block_hash`: the chained prefix-cache key of a full block.
+- `block_pool`: `BlockPool`, the one pool of block ids for every group: free queues, ref counts, the prefix
+  cache, the event queue.
+- `single_type_manager`: one group's block tables by layer kind (full, sliding window, chunked local, Mamba).
+- `kv_cache_manager`: `KVCacheManager`, every group of a model over one pool: allocate, mark_computed,
+  append_token, fork (copy-on-write), free, block_ids.
+- `snapshot`: `KVCacheSnapshot`, a frozen picture of a pool for plots and tests.
 """
 
+from core.kv.block_pool import BlockPool
 from core.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -12,6 +20,8 @@ from core.kv.events import (
     decode_event_batch,
     encode_event_batch,
 )
+from core.kv.kv_cache_manager import KVCacheManager
+from core.kv.snapshot import KVCacheSnapshot
 from core.kv.specs import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -23,10 +33,13 @@ from core.kv.specs import (
 
 __all__ = [
     "AllBlocksCleared",
+    "BlockPool",
     "BlockRemoved",
     "BlockStored",
     "ChunkedLocalAttentionSpec",
     "FullAttentionSpec",
+    "KVCacheManager",
+    "KVCacheSnapshot",
     "KVCacheSpec",
     "KVEventBatch",
     "MLAAttentionSpec",

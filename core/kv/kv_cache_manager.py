@@ -1,0 +1,276 @@
+"""`KVCacheManager`: every KV cache group of a model over ONE block pool (vLLM V1's `kv_cache_manager.py` and
+`kv_cache_coordinator.py` in one class), plus what vLLM V1 dropped and this lab teaches: `fork` with
+ref-counted sharing and copy-on-write (parallel sampling, beam search).
+
+A request's life: `allocate(request_id, prompt)` makes room for the whole prompt in every group (returns the
+prompt tokens served by the prefix cache); `mark_computed(request_id, n)` says the K/V of the first n tokens are
+written (only then do their full blocks enter the prefix cache, and window groups release what no later token
+reads); `append_token` makes room for one decode token; `fork` shares a request's blocks with a new request;
+`free` ends it. `block_ids(request_id)` gives one block table per group, -1 for released entries.
+
+Invariants (with those of `BlockPool` and the single-type managers; tests/kv checks them against a
+brute-force model):
+- Every group draws from the one pool: a block id is in at most one group's tables, `num_free_blocks` plus
+  the distinct held blocks equals `num_blocks`.
+- For a request with n tokens (room made) and c computed, group g's table has
+  `num_required_blocks(n)` entries; its leading `num_skipped_blocks(c)` entries are -1, the rest are held.
+- Nothing enters the prefix cache before it is computed: `mark_computed` is the only way in (hits count as
+  computed). A hit is the longest prefix of full blocks cached in EVERY group, rounded down to a multiple of
+  every group's block size, and never includes the last prompt token (it is always computed, as in vLLM), so a
+  group that never caches (Mamba) means no hits. A sliding-window or chunked group needs all the prefix's
+  blocks cached to hit (vLLM also accepts hits whose out-of-window blocks were evicted; not done here), but
+  holds only the hit blocks the next token reads: the others are -1 from the start.
+- A refused call (OutOfBlocksError, UnknownSequenceError, DuplicateSequenceError, InvalidArgumentError)
+  changes nothing: capacity is checked before anything is taken.
+- Counters, in tokens, as vLLM's `prefix_cache_queries` / `prefix_cache_hits`: each allocated prompt adds its
+  length to queries and its hit tokens to hits (only while prefix caching is on).
+"""
+
+from collections.abc import Hashable, Sequence
+from math import lcm
+
+import numpy as np
+
+from core.common import check_int
+from core.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
+from core.kv.block_hash import extend_block_hashes
+from core.kv.block_pool import BlockPool
+from core.kv.events import KVEvent
+from core.kv.single_type_manager import RequestBlocks, SingleTypeKVCacheManager, manager_for
+from core.kv.snapshot import KVCacheSnapshot, build_snapshot
+from core.kv.specs import KVCacheSpec
+
+
+class _Request:
+    __slots__ = ("blocks", "hashes", "num_computed", "token_ids")
+
+    def __init__(self, token_ids: list[int], num_computed: int, blocks: tuple, hashes: dict[int, list[int]]):
+        self.token_ids = token_ids
+        self.num_computed = num_computed
+        self.blocks: tuple[RequestBlocks, ...] = blocks  # one per group
+        self.hashes = hashes  # block size -> chained keys of the leading full blocks
+
+
+def check_token_ids(request_id: Hashable, token_ids: Sequence[int]) -> list[int]:
+    """`token_ids` as a non-empty list of integers, else InvalidArgumentError naming the request."""
+    tokens = list(token_ids)
+    if not tokens:
+        raise InvalidArgumentError(f"request {request_id!r}: a prompt needs at least 1 token, got 0")
+    if not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in tokens):
+        raise InvalidArgumentError(f"request {request_id!r}: token ids must be integers")
+    return tokens
+
+
+class KVCacheManager:
+    """Block tables for `groups` (one spec per KV cache group, in order) over `num_blocks` shared block ids.
+
+    enable_prefix_caching: computed full blocks are cached by chained hash and reused by later prompts.
+    enable_kv_cache_events: the pool queues vLLM's KV cache events; drain them with `take_events()`.
+    Request ids are any hashable values.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[KVCacheSpec],
+        num_blocks: int,
+        *,
+        enable_prefix_caching: bool = False,
+        enable_kv_cache_events: bool = False,
+    ):
+        groups = tuple(groups)
+        if not groups or not all(isinstance(spec, KVCacheSpec) for spec in groups):
+            raise InvalidArgumentError(f"groups must be a non-empty list of KV cache specs, got {groups!r}")
+        self.groups = groups
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.pool = BlockPool(num_blocks, groups, enable_kv_cache_events=enable_kv_cache_events)
+        self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
+            manager_for(spec, self.pool, index) for index, spec in enumerate(groups)
+        )
+        self._hit_granularity = lcm(*(spec.block_size for spec in groups))
+        self._can_hit = all(manager.caches_blocks for manager in self.managers)
+        self._requests: dict[Hashable, _Request] = {}
+        self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_cache_hits = 0  # of those, tokens served by it
+
+    # ---- pool-wide counts -------------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds (free uncached plus evictable cached)."""
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """1 - num_free_blocks / num_blocks: the fraction of the pool requests hold."""
+        return self.pool.usage
+
+    def take_events(self) -> list[KVEvent]:
+        """KV cache events since the last call, oldest first (always empty unless events are enabled)."""
+        return self.pool.take_events()
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block (AllBlocksCleared); returns how many were dropped. Blocks computed before
+        the reset are not offered to the cache again."""
+        return self.pool.reset_prefix_cache()
+
+    def cached_block_hashes(self) -> set[tuple[int, int]]:
+        """Every (group index, block hash) in the prefix cache now."""
+        return self.pool.cached_hashes()
+
+    # ---- per-request queries ----------------------------------------------------------------------------
+
+    def _request(self, request_id: Hashable) -> _Request:
+        req = self._requests.get(request_id)
+        if req is None:
+            live = list(self._requests)
+            shown = ", ".join(repr(r) for r in live[:8])
+            raise UnknownSequenceError(
+                f"unknown request {request_id!r}; live requests: [{shown}{', ...' if len(live) > 8 else ''}] "
+                f"({len(live)} in all)"
+            )
+        return req
+
+    def request_ids(self) -> list[Hashable]:
+        """Live request ids, in the order they were allocated or forked."""
+        return list(self._requests)
+
+    def block_ids(self, request_id: Hashable) -> tuple[list[int], ...]:
+        """Copies of the request's block tables, one per group in order: logical block i of group g lives in
+        physical block `block_ids(r)[g][i]`; -1 marks an entry the group released."""
+        return tuple(list(rec.table) for rec in self._request(request_id).blocks)
+
+    def num_held_blocks(self, request_id: Hashable) -> tuple[int, ...]:
+        """Blocks the request holds now in each group (table entries that are not -1)."""
+        return tuple(rec.num_held for rec in self._request(request_id).blocks)
+
+    def num_tokens(self, request_id: Hashable) -> int:
+        """Tokens the request has room for (prompt plus appended tokens)."""
+        return len(self._request(request_id).token_ids)
+
+    def num_computed_tokens(self, request_id: Hashable) -> int:
+        """Leading tokens whose K/V are written (prefix-cache hits included)."""
+        return self._request(request_id).num_computed
+
+    def token_ids(self, request_id: Hashable) -> list[int]:
+        return list(self._request(request_id).token_ids)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Free blocks a new prompt of `num_tokens` takes over all groups, counting no prefix-cache hits."""
+        num_tokens = check_int(num_tokens, "num_tokens", minimum=1)
+        return sum(manager.num_required_blocks(num_tokens) for manager in self.managers)
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Whether a new prompt of `num_tokens` fits in the free blocks without any prefix-cache hit."""
+        return self.blocks_needed(num_tokens) <= self.pool.num_free_blocks
+
+    def snapshot(self) -> KVCacheSnapshot:
+        """A frozen view of every block of the pool (see `KVCacheSnapshot`)."""
+        return build_snapshot(
+            self.pool, self.managers, {rid: len(req.token_ids) for rid, req in self._requests.items()}
+        )
+
+    # ---- operations -------------------------------------------------------------------------------------
+
+    def _find_hits(self, tokens: list[int], hashes: dict[int, list[int]]) -> tuple[int, list[list[int]]]:
+        """(hit tokens, hit blocks per group): the longest prefix cached in every group, last token excluded."""
+        n = len(tokens)
+        per_group = []
+        for manager in self.managers:
+            bs = manager.block_size
+            keys = hashes.setdefault(bs, [])
+            extend_block_hashes(keys, tokens, bs, (n - 1) // bs)
+            per_group.append(manager.find_longest_cache_hit(keys, tokens, (n - 1) // bs))
+        hit_tokens = min(len(hits) * m.block_size for hits, m in zip(per_group, self.managers, strict=True))
+        hit_tokens -= hit_tokens % self._hit_granularity
+        return hit_tokens, [
+            hits[: hit_tokens // m.block_size] for hits, m in zip(per_group, self.managers, strict=True)
+        ]
+
+    def _check_room(self, needed: int, what: str) -> None:
+        """Raise OutOfBlocksError (before anything changes) when `needed` blocks exceed the free ones."""
+        free = self.pool.num_free_blocks
+        if needed > free:
+            raise OutOfBlocksError(
+                f"out of KV blocks: {what} needs {needed:,} free blocks over {len(self.managers)} groups, "
+                f"{free:,} of {self.num_blocks:,} free",
+                needed=needed,
+                free=free,
+            )
+
+    def allocate(self, request_id: Hashable, token_ids: Sequence[int]) -> int:
+        """Make room for a new request's whole prompt in every group. Returns how many leading prompt tokens the
+        prefix cache served (0 without caching): their blocks are shared, their K/V need no prefill, and they
+        count as computed. Raises DuplicateSequenceError, InvalidArgumentError (empty prompt, non-integer
+        token) or OutOfBlocksError, with nothing changed."""
+        if request_id in self._requests:
+            raise DuplicateSequenceError(f"request {request_id!r} already exists; free it or choose a new id")
+        tokens = check_token_ids(request_id, token_ids)
+        n = len(tokens)
+        hashes: dict[int, list[int]] = {}
+        hit_tokens, hits = 0, [[] for _ in self.managers]
+        if self.enable_prefix_caching and self._can_hit:
+            hit_tokens, hits = self._find_hits(tokens, hashes)
+        needed = sum(m.num_blocks_to_allocate(n, h) for m, h in zip(self.managers, hits, strict=True))
+        self._check_room(needed, f"request {request_id!r} ({n:,} tokens, {hit_tokens:,} cached)")
+        blocks = tuple(m.allocate(request_id, n, h) for m, h in zip(self.managers, hits, strict=True))
+        self._requests[request_id] = _Request(tokens, hit_tokens, blocks, hashes)
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += n
+            self.prefix_cache_hits += hit_tokens
+        return hit_tokens
+
+    def mark_computed(self, request_id: Hashable, num_tokens: int) -> None:
+        """The K/V of the request's first `num_tokens` tokens are written (a running total, never lower than
+        before, at most the tokens it has room for). Their newly full blocks enter the prefix cache (with
+        caching on; BlockStored events), then each group releases the blocks no uncomputed token reads.
+        Raises UnknownSequenceError or InvalidArgumentError with nothing changed."""
+        req = self._request(request_id)
+        tokens = req.token_ids
+        num = check_int(num_tokens, "num_tokens", minimum=req.num_computed, maximum=len(tokens))
+        req.num_computed = num
+        for manager, rec in zip(self.managers, req.blocks, strict=True):
+            if self.enable_prefix_caching and manager.caches_blocks:
+                keys = req.hashes.setdefault(manager.block_size, [])
+                extend_block_hashes(keys, tokens, manager.block_size, num // manager.block_size)
+                manager.cache_blocks(rec, keys, tokens, num)
+            manager.remove_skipped_blocks(rec, num)
+
+    def append_token(self, request_id: Hashable, token_id: int) -> tuple[tuple[int, int] | None, ...]:
+        """Make room for one decode token in every group. Returns, per group, the copy-on-write pair
+        (src, dst) whose K/V the caller copies before writing (the last block was shared after a fork), or
+        None. Raises UnknownSequenceError, InvalidArgumentError or OutOfBlocksError with nothing changed."""
+        req = self._request(request_id)
+        check_token_ids(request_id, [token_id])
+        old = len(req.token_ids)
+        needed = sum(
+            m.num_blocks_to_append(rec, old, old + 1)
+            for m, rec in zip(self.managers, req.blocks, strict=True)
+        )
+        self._check_room(needed, f"one more token for request {request_id!r}")
+        req.token_ids.append(token_id)
+        return tuple(
+            m.append_slots(rec, old, old + 1) for m, rec in zip(self.managers, req.blocks, strict=True)
+        )
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
+        """A new request `child_id` sharing every block `parent_id` holds in every group (ref counts + 1), with
+        the parent's tokens and computed count; the first of them to write a shared last block copies it.
+        Raises UnknownSequenceError (parent) or DuplicateSequenceError (child) with nothing changed."""
+        parent = self._request(parent_id)
+        if child_id in self._requests:
+            raise DuplicateSequenceError(f"cannot fork into {child_id!r}: that request already exists")
+        blocks = tuple(m.fork(parent_id, child_id) for m in self.managers)
+        hashes = {bs: list(keys) for bs, keys in parent.hashes.items()}
+        self._requests[child_id] = _Request(list(parent.token_ids), parent.num_computed, blocks, hashes)
+
+    def free(self, request_id: Hashable) -> None:
+        """End the request: every block it holds loses a reference, last to first in each group; blocks at 0
+        become free (cached-free when cached). Raises UnknownSequenceError with nothing changed."""
+        self._request(request_id)
+        for manager in self.managers:
+            manager.free(request_id)
+        del self._requests[request_id]

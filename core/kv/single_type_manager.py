@@ -1,0 +1,257 @@
+"""Single-type managers: the block tables of ONE KV cache group, by layer kind (vLLM V1's
+`vllm/v1/core/single_type_kv_cache_manager.py`), all drawing block ids from one shared `BlockPool`.
+
+A manager holds, per request, a `RequestBlocks`: its block table (logical block i -> physical block id, -1 once
+released), the index of its first held entry, and how many of its leading full blocks it has offered to the
+prefix cache. Token ids, computed counts and block hashes belong to the caller (`KVCacheManager` or the
+`BlockManager` facade); managers receive them as arguments.
+
+Kinds (chosen by spec with `manager_for`):
+- `FullAttentionManager`: the table covers every token; nothing is released before the request ends.
+- `SlidingWindowManager` (window W): once `c` tokens are computed, the next token (position c) reads positions
+  c - W + 1 .. c, so the leading (c - W + 1) // B blocks are released.
+- `ChunkedLocalAttentionManager` (chunk C): the next token reads only its own chunk, which starts at
+  (c // C) * C, so the leading ((c // C) * C) // B blocks are released.
+- `MambaManager`: one state block per request, whatever its length; never cached, never released early.
+
+Invariants every manager keeps (with the pool's):
+- `len(table) == num_required_blocks(num_tokens)` for the tokens the caller made room for; entries
+  [0, first_held) are -1 and every other entry is a block id held (ref count >= 1) for this request.
+- Blocks are released only when the computed tokens have moved past them (`remove_skipped_blocks`), never
+  blocks of uncomputed tokens: a prompt is held whole until computed.
+- A block that will be written (a partially filled last block; Mamba's state block) is never shared when it is
+  written: `append_slots` copies it first (copy-on-write) and returns the (src, dst) pair.
+- A request releases its blocks last to first when freed, so its tail is evicted before its head.
+"""
+
+from collections.abc import Hashable, Sequence
+
+from core.common import cdiv
+from core.kv.block_pool import BlockPool
+from core.kv.specs import ChunkedLocalAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
+
+
+class RequestBlocks:
+    """One request's blocks in one group: `table` (-1 for released entries [0, first_held)), `first_held`,
+    and `num_cached` (leading full blocks already offered to the prefix cache)."""
+
+    __slots__ = ("first_held", "num_cached", "table")
+
+    def __init__(self, table: list[int], first_held: int = 0, num_cached: int = 0):
+        self.table = table
+        self.first_held = first_held
+        self.num_cached = num_cached
+
+    @property
+    def num_held(self) -> int:
+        return len(self.table) - self.first_held
+
+
+class SingleTypeKVCacheManager:
+    """Full attention's behaviour; subclasses change which blocks are needed, skipped, cached and written."""
+
+    caches_blocks = True  # whether its full blocks enter the prefix cache
+
+    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_idx: int):
+        self.spec = spec
+        self.pool = pool
+        self.group_idx = group_idx
+        self.block_size = spec.block_size
+        self.requests: dict[Hashable, RequestBlocks] = {}
+
+    # ---- arithmetic (pure) --------------------------------------------------------------------------------
+
+    def num_required_blocks(self, num_tokens: int) -> int:
+        """Table length once room is made for `num_tokens` tokens."""
+        return cdiv(num_tokens, self.block_size)
+
+    def num_skipped_blocks(self, num_computed: int) -> int:
+        """Leading blocks no uncomputed token will read once `num_computed` tokens are computed."""
+        return 0
+
+    def _tail_is_written(self, num_tokens: int) -> bool:
+        """Whether the next token writes into the existing last block (so a shared one must be copied)."""
+        return num_tokens % self.block_size != 0
+
+    # ---- planning (no change) -----------------------------------------------------------------------------
+
+    def find_longest_cache_hit(
+        self, hashes: Sequence[int], token_ids: Sequence[int], max_blocks: int
+    ) -> list[int]:
+        """The cached blocks holding the longest run of leading full blocks (at most `max_blocks`) of
+        `token_ids`, whose chained hashes are `hashes`; a block is a hit only with equal tokens and parent."""
+        bs, pool, group = self.block_size, self.pool, self.group_idx
+        hits: list[int] = []
+        parent = None
+        for i in range(min(max_blocks, len(hashes))):
+            block = pool.get_cached(group, hashes[i], parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+            if block is None:
+                break
+            hits.append(block)
+            parent = hashes[i]
+        return hits
+
+    def num_blocks_to_allocate(self, num_tokens: int, hits: Sequence[int]) -> int:
+        """Free blocks a new request of `num_tokens` tokens consumes with these hits: new blocks plus the hit
+        blocks it holds that are free now (reviving them takes them off the free queues). Hit blocks that no
+        uncomputed token reads (behind a window) are not held."""
+        ref_counts = self.pool.ref_counts
+        skip = self.num_skipped_blocks(len(hits) * self.block_size)
+        revived = sum(1 for b in hits[skip:] if ref_counts[b] == 0)
+        return self.num_required_blocks(num_tokens) - len(hits) + revived
+
+    def num_blocks_to_append(self, rec: RequestBlocks, old_tokens: int, new_tokens: int) -> int:
+        """Free blocks taken to grow the request from `old_tokens` to `new_tokens`: one for copy-on-write of a
+        shared, written last block, plus the table's growth."""
+        table = rec.table
+        cow = (
+            self._tail_is_written(old_tokens)
+            and table
+            and table[-1] >= 0
+            and self.pool.ref_counts[table[-1]] > 1
+        )
+        return int(bool(cow)) + max(0, self.num_required_blocks(new_tokens) - len(table))
+
+    # ---- changes ------------------------------------------------------------------------------------------
+
+    def allocate(
+        self, request_id: Hashable, num_tokens: int, hits: Sequence[int], *, release_skipped: bool = True
+    ) -> RequestBlocks:
+        """A table for a new request: the hit blocks (computed: one more reference each, except, with
+        `release_skipped`, the leading ones no uncomputed token reads, which stay -1), then new blocks up to
+        `num_required_blocks(num_tokens)`. The caller has checked capacity (`num_blocks_to_allocate`)."""
+        pool = self.pool
+        skip = self.num_skipped_blocks(len(hits) * self.block_size) if release_skipped else 0
+        for block in hits[skip:]:
+            pool.touch(block)
+        table = [-1] * skip + list(hits[skip:])
+        for _ in range(self.num_required_blocks(num_tokens) - len(table)):
+            table.append(pool.take_one())
+        rec = RequestBlocks(table, skip, len(hits) if self.caches_blocks else 0)
+        self.requests[request_id] = rec
+        return rec
+
+    def append_slots(self, rec: RequestBlocks, old_tokens: int, new_tokens: int) -> tuple[int, int] | None:
+        """Make room for tokens [old_tokens, new_tokens): copy a shared written last block first, then grow
+        the table. Returns the copy-on-write pair (src, dst) whose K/V the caller copies, or None. The caller
+        has checked capacity (`num_blocks_to_append`)."""
+        pool = self.pool
+        table = rec.table
+        cow = None
+        if self._tail_is_written(old_tokens) and table:
+            src = table[-1]
+            if src >= 0 and pool.ref_counts[src] > 1:
+                dst = pool.take_one()
+                pool.release(src)
+                table[-1] = dst
+                cow = (src, dst)
+        for _ in range(self.num_required_blocks(new_tokens) - len(table)):
+            table.append(pool.take_one())
+        return cow
+
+    def cache_blocks(
+        self, rec: RequestBlocks, hashes: Sequence[int], token_ids: Sequence[int], num_computed: int
+    ):
+        """Offer the request's newly full computed blocks (up to num_computed // B) to the prefix cache;
+        `hashes` holds at least that many chained keys."""
+        if not self.caches_blocks:
+            return
+        bs = self.block_size
+        num_full = min(num_computed // bs, len(rec.table))
+        start = rec.num_cached
+        if num_full <= start:
+            return
+        parent = hashes[start - 1] if start else None
+        self.pool.cache_blocks(
+            self.group_idx,
+            rec.table[start:num_full],
+            hashes[start:num_full],
+            parent,
+            token_ids[start * bs : num_full * bs],
+        )
+        rec.num_cached = num_full
+
+    def remove_skipped_blocks(self, rec: RequestBlocks, num_computed: int) -> None:
+        """Release the leading blocks no uncomputed token reads (entries become -1), oldest first."""
+        self.release_leading(rec, self.num_skipped_blocks(num_computed))
+
+    def release_leading(self, rec: RequestBlocks, stop: int) -> None:
+        """Release entries [first_held, stop) of the table, oldest first, and set them to -1."""
+        table = rec.table
+        stop = min(stop, len(table))
+        pool = self.pool
+        for index in range(rec.first_held, stop):
+            pool.release(table[index])
+            table[index] = -1
+        rec.first_held = max(rec.first_held, stop)
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> RequestBlocks:
+        """The child shares every block the parent holds (one more reference each); released entries stay -1."""
+        parent = self.requests[parent_id]
+        pool = self.pool
+        for block in parent.table[parent.first_held :]:
+            pool.touch(block)
+        rec = RequestBlocks(list(parent.table), parent.first_held, parent.num_cached)
+        self.requests[child_id] = rec
+        return rec
+
+    def free(self, request_id: Hashable) -> None:
+        """Drop the request: its held blocks lose one reference each, last to first."""
+        rec = self.requests.pop(request_id)
+        self.pool.release_all(reversed(rec.table[rec.first_held :]))
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+    """Full attention: every block is kept until the request ends."""
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    """Sliding window W: blocks wholly before the next token's window are released."""
+
+    def __init__(self, spec: SlidingWindowSpec, pool: BlockPool, group_idx: int):
+        super().__init__(spec, pool, group_idx)
+        self.sliding_window = spec.sliding_window
+
+    def num_skipped_blocks(self, num_computed: int) -> int:
+        return max(0, (num_computed - self.sliding_window + 1) // self.block_size)
+
+
+class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    """Chunked local attention (chunk C): blocks wholly before the next token's chunk are released."""
+
+    def __init__(self, spec: ChunkedLocalAttentionSpec, pool: BlockPool, group_idx: int):
+        super().__init__(spec, pool, group_idx)
+        self.attention_chunk_size = spec.attention_chunk_size
+
+    def num_skipped_blocks(self, num_computed: int) -> int:
+        chunk = self.attention_chunk_size
+        return (num_computed // chunk * chunk) // self.block_size
+
+
+class MambaManager(SingleTypeKVCacheManager):
+    """A recurrent state: one block per request, rewritten by every token (shared after a fork until one side
+    writes: copy-on-write), never cached, never a prefix-cache hit."""
+
+    caches_blocks = False
+
+    def num_required_blocks(self, num_tokens: int) -> int:
+        return 1 if num_tokens > 0 else 0
+
+    def _tail_is_written(self, num_tokens: int) -> bool:
+        return True
+
+    def find_longest_cache_hit(
+        self, hashes: Sequence[int], token_ids: Sequence[int], max_blocks: int
+    ) -> list[int]:
+        return []
+
+
+def manager_for(spec: KVCacheSpec, pool: BlockPool, group_idx: int) -> SingleTypeKVCacheManager:
+    """The manager of a group of `spec`'s kind (MLA layers keep their latents like full attention)."""
+    if isinstance(spec, SlidingWindowSpec):
+        return SlidingWindowManager(spec, pool, group_idx)
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return ChunkedLocalAttentionManager(spec, pool, group_idx)
+    if isinstance(spec, MambaSpec):
+        return MambaManager(spec, pool, group_idx)
+    return FullAttentionManager(spec, pool, group_idx)
