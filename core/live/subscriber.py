@@ -13,8 +13,9 @@ own receive buffer, bounded by its high-water mark). Sequence handling:
 - a seq the subscriber already saw on the PUB socket again or lower: the publisher restarted (its counter is
   back at 0), so the tree is cleared (a restarted server's cache is empty) and rebuilt from there.
 - a seq already applied from a replay but new on the PUB socket: a duplicate, skipped.
-- on the first message, with a replay endpoint, the publisher's buffered history is fetched from seq 0 so the
-  tree starts with what was cached before we subscribed (as far as the buffer reaches).
+- with a replay endpoint, the first poll fetches the publisher's buffered history from seq 0 (and the first
+  message does, if that found nothing), so the tree starts with what was cached before we subscribed, as far as
+  the buffer reaches, even when the server is idle.
 A message that is not `[topic, 8 bytes, payload]` or whose payload does not decode is counted and skipped.
 """
 
@@ -71,6 +72,7 @@ class KVEventSubscriber:
         self.stats = SubscriberStats()
         self._context = context or zmq.Context.instance()
         self._sub_high: int | None = None  # highest seq seen on the PUB socket
+        self._caught_up = False
         self._replay: zmq.Socket | None = None
         try:
             self._sub = self._context.socket(zmq.SUB)
@@ -85,6 +87,10 @@ class KVEventSubscriber:
     def poll(self, timeout_s: float = 0.0, max_messages: int = 100_000) -> int:
         """Apply every message waiting (waiting up to `timeout_s` for the first); returns batches applied."""
         applied_before = self.stats.applied
+        if not self._caught_up:
+            self._caught_up = True
+            if self.replay_endpoint is not None:
+                self._replay_from(0, 2**63 - 1, catch_up=True)
         deadline = time.monotonic() + timeout_s
         for _ in range(max_messages):
             wait_ms = max(0, int((deadline - time.monotonic()) * 1000))

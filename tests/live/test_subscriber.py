@@ -54,7 +54,7 @@ def test_in_order_batches_build_the_tree(publisher):
     publisher.publish([BlockRemoved([1], "GPU")])
     drain(sub, 2)
     assert hashes(sub) == [2, 3] and sub.stats.applied == 3 and sub.stats.gaps == []
-    assert publisher.replay_requests == []  # seq 0 first: nothing to catch up on
+    assert publisher.replay_requests == [0]  # the first poll asked for the history; nothing applied twice
     sub.close()
 
 
@@ -62,12 +62,15 @@ def test_a_gap_is_replayed_as_vllms_router_expects(publisher):
     sub = connect(publisher)
     publisher.publish([stored([1])])  # seq 0
     drain(sub, 0)
+    before = sub.stats.replayed  # seq 0 may have come from the first poll's history request
     publisher.publish([stored([2], parent=1)], send=False)  # seq 1, lost on the way
     publisher.publish([stored([3], parent=2)], send=False)  # seq 2, lost
     publisher.publish([stored([4], parent=3)])  # seq 3 arrives: gap 1..2
     drain(sub, 3)
-    assert publisher.replay_requests == [1]  # asked from the first missing seq
-    assert sub.stats.gaps == [(1, 2, True)] and sub.stats.replayed == 2 and sub.stats.lost == 0
+    assert (
+        publisher.replay_requests[-1] == 1
+    )  # asked from the first missing seq (after the first poll's history)
+    assert sub.stats.gaps == [(1, 2, True)] and sub.stats.replayed - before == 2 and sub.stats.lost == 0
     assert hashes(sub) == [1, 2, 3, 4] and sub.tree.max_depth((0, "GPU")) == 4
     sub.close()
 
@@ -89,8 +92,20 @@ def test_a_late_subscriber_catches_up_from_the_replay_buffer(publisher):
     sub = connect(publisher)
     publisher.publish([BlockRemoved([2], "GPU")])
     drain(sub, 3)
-    assert publisher.replay_requests == [0]
-    assert hashes(sub) == [1, 3] and sub.stats.replayed == 3 and sub.stats.lost == 0
+    assert publisher.replay_requests[0] == 0
+    assert hashes(sub) == [1, 3] and sub.stats.lost == 0 and sub.stats.applied == 4
+    sub.close()
+
+
+def test_an_idle_server_s_history_arrives_on_the_first_poll(publisher):
+    for h in (1, 2):
+        publisher.publish([stored([h])], send=False)  # before we subscribed; nothing is published after
+    sub = connect(publisher)
+    sub.poll(0.0)
+    assert publisher.replay_requests == [0] and hashes(sub) == [1, 2] and sub.stats.last_seq == 1
+    publisher.publish([stored([3])])  # seq 2 continues the stream
+    drain(sub, 2)
+    assert hashes(sub) == [1, 2, 3] and sub.stats.gaps == [] and sub.stats.duplicates == 0
     sub.close()
 
 
