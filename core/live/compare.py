@@ -7,6 +7,7 @@ The plan is made with the server's own block size, KV cache dtype and gpu_memory
 `vllm:cache_config_info` publishes them, so what remains of a difference is memory the plan cannot see.
 """
 
+import re
 from dataclasses import dataclass, replace
 
 from core.common import cdiv
@@ -23,7 +24,7 @@ _CACHE_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "f
 class Comparison:
     """`planned_blocks` / `observed_blocks`: per replica; concurrency: requests of `context_len` tokens that fit
     (blocks // ceil(context_len / block_size)); `relative_difference` = observed / planned - 1 (None when
-    either is unknown or the plan has no blocks); `explanations`: sentences, the first one the verdict."""
+    either is unknown or the plan has no blocks); `explanations`: sentences, the verdict first (after a warning when the server's model_name is another model)."""
 
     plan: CapacityPlan
     planned_blocks: int
@@ -80,8 +81,18 @@ def compare_with_server(inputs: PlanInputs, observed: VllmMetrics, context_len: 
     )
     return Comparison(
         capacity, capacity.num_blocks, observed_blocks, bs, context_len, planned_conc, observed_conc, diff, taken,
-        _explain(capacity, observed_blocks, diff, engines),
+        _model_note(capacity.model, observed.model_names) + _explain(capacity, observed_blocks, diff, engines),
     )  # fmt: skip
+
+
+def _model_note(planned: str, served: tuple[str, ...]) -> tuple[str, ...]:
+    """A sentence when the server's model_name label does not name the planned model (letters and digits
+    compared, case ignored, either containing the other): then no figure below can agree except by chance."""
+    key = re.sub(r"[^a-z0-9]", "", planned.lower())
+    names = [re.sub(r"[^a-z0-9]", "", name.lower()) for name in served]
+    if not names or any(key in name or (name and name in key) for name in names):
+        return ()
+    return (f"The server says it runs {', '.join(served)}, not {planned}: compare with the model it runs.",)
 
 
 def _explain(

@@ -71,3 +71,7 @@ def test_compare_takes_the_servers_settings_and_explains():
     assert big.plan.block_bytes == 2 * LLAMA_8B_BLOCK and big.planned_blocks == planned // 2
     assert "block_size 32" in big.settings_from_server
     assert compare_with_server(inputs, VllmMetrics(), 4096).observed_blocks is None
+    # the fixture's server says meta-llama/Llama-3.1-8B: no warning; a tiny model's name is flagged first
+    assert not any("The server says" in e for e in agree.explanations)
+    tiny = parse_vllm_metrics(vllm_exposition({"0": EngineState(num_gpu_blocks=256)}, model="tiny"))
+    assert compare_with_server(inputs, tiny, 4096).explanations[0].startswith("The server says it runs tiny")
