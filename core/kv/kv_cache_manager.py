@@ -216,7 +216,10 @@ class KVCacheManager:
             hit_tokens, hits = self._find_hits(tokens, hashes)
         needed = sum(m.num_blocks_to_allocate(n, h) for m, h in zip(self.managers, hits, strict=True))
         self._check_room(needed, f"request {request_id!r} ({n:,} tokens, {hit_tokens:,} cached)")
-        blocks = tuple(m.allocate(request_id, n, h) for m, h in zip(self.managers, hits, strict=True))
+        # every group's hits first: taking new blocks must not evict a later group's free cached hit
+        blocks = tuple(m.save_hits(request_id, h) for m, h in zip(self.managers, hits, strict=True))
+        for manager, rec in zip(self.managers, blocks, strict=True):
+            manager.append_slots(rec, 0, n)
         self._requests[request_id] = _Request(tokens, hit_tokens, blocks, hashes)
         if self.enable_prefix_caching:
             self.prefix_cache_queries += n

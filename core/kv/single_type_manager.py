@@ -114,20 +114,18 @@ class SingleTypeKVCacheManager:
 
     # ---- changes ------------------------------------------------------------------------------------------
 
-    def allocate(
-        self, request_id: Hashable, num_tokens: int, hits: Sequence[int], *, release_skipped: bool = True
+    def save_hits(
+        self, request_id: Hashable, hits: Sequence[int], *, release_skipped: bool = True
     ) -> RequestBlocks:
-        """A table for a new request: the hit blocks (computed: one more reference each, except, with
-        `release_skipped`, the leading ones no uncomputed token reads, which stay -1), then new blocks up to
-        `num_required_blocks(num_tokens)`. The caller has checked capacity (`num_blocks_to_allocate`)."""
+        """Start a new request's table with its prefix-cache hits (computed: one more reference each, a free
+        cached one revived; with `release_skipped`, the leading hits no uncomputed token reads stay -1 and are
+        not held). Call it for every group before any group takes new blocks, so that taking cannot evict
+        another group's hit."""
         pool = self.pool
         skip = self.num_skipped_blocks(len(hits) * self.block_size) if release_skipped else 0
         for block in hits[skip:]:
             pool.touch(block)
-        table = [-1] * skip + list(hits[skip:])
-        for _ in range(self.num_required_blocks(num_tokens) - len(table)):
-            table.append(pool.take_one())
-        rec = RequestBlocks(table, skip, len(hits) if self.caches_blocks else 0)
+        rec = RequestBlocks([-1] * skip + list(hits[skip:]), skip, len(hits) if self.caches_blocks else 0)
         self.requests[request_id] = rec
         return rec
 

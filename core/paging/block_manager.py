@@ -315,7 +315,8 @@ class BlockManager:
                 needed=num_new,
                 free=available,
             )
-        rec = manager.allocate(seq_id, len(tokens), hits, release_skipped=False)
+        rec = manager.save_hits(seq_id, hits, release_skipped=False)
+        manager.append_slots(rec, 0, len(tokens))
         seq = _Sequence(rec, tokens, hashes)
         self._seqs[seq_id] = seq
         if self._caching:

@@ -203,3 +203,27 @@ def test_bad_construction_and_decode_error_are_typed():
         KVCacheManager([full()], 0)
     error = pickle.loads(pickle.dumps(KVEventDecodeError("bad")))
     assert isinstance(error, KVEventDecodeError) and str(error) == "bad"
+
+
+def test_taking_new_blocks_never_evicts_another_groups_hit():
+    """The program the state machine found: the chunked group's hit (block 3, free and cached, at the head
+    of the LRU queue) was evicted when the window group took its new blocks first."""
+    specs = [full(2), window(8, bs=2), chunked(8, bs=2)]
+    m = KVCacheManager(specs, 26, enable_prefix_caching=True)
+    for r in range(6):
+        m.allocate(r, [0])
+    m.mark_computed(0, 1)
+    for r in range(6):
+        m.free(r)
+    m.allocate(7, [0, 0])
+    m.allocate(8, [1, 1, 0, 0, 0, 0, 0, 0])
+    m.mark_computed(8, 8)  # the chunk group releases its 4 blocks (cached) first
+    m.free(7)
+    m.free(8)
+    for r in (9, 10, 11, 12):
+        m.allocate(r, [0])  # the last uncached free blocks but 2 go
+    assert m.allocate(13, [1, 1, 1, 0, 0]) == 2
+    tables = m.block_ids(13)
+    assert [t[0] for t in tables] == [21, 25, 3]  # each group's cached [1, 1] block
+    held = [b for r in m.request_ids() for t in m.block_ids(r) for b in t if b >= 0]
+    assert len(held) == len(set(held)) == 26 - m.num_free_blocks
