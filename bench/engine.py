@@ -280,6 +280,8 @@ def main() -> None:
             "hf_batched": round(hf["seconds"], 3),
             "hf_sequential": None if seq is None else round(seq["seconds"], 3),
             "bench": round(time.perf_counter() - started, 1),
+            "bench_cpu": round(time.process_time(), 1),  # CPU seconds of this process (a busy machine's wall
+            # time says little about how long the bench takes alone)
         },
         "tokens_match_hf_sequential": None
         if seq is None
