@@ -81,8 +81,9 @@ def lab_server_controls() -> None:
     server: LabServer | None = holder.get("server")
     running = server is not None and server.running
     c1, c2, c3 = st.columns([2, 1, 3])
-    model = c1.radio("Lab server model", lab_server.MODELS, horizontal=True, key="lab_model", disabled=running,
-                     format_func=LAB_MODEL_LABELS.get)  # fmt: skip
+    with c1:
+        model = state.widget(st.radio, "Lab server model", "lab_model", horizontal=True, disabled=running,
+                             format_func=LAB_MODEL_LABELS.get)  # fmt: skip
     if not running and c2.button("Start a lab server", type="primary", key="lab_start"):
         server = LabServer(model)
         with st.spinner(

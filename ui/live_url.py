@@ -10,6 +10,7 @@ import re
 from core.errors import LabError
 from core.limits import Limits
 from core.live.addresses import check_events_endpoint, check_metrics_url
+from core.live.lab_server import MODELS as LAB_MODELS
 from core.live.subscriber import DEFAULT_TOPIC
 from core.live.watch import Sources
 from core.planning.hardware import GPUS
@@ -33,6 +34,7 @@ FIELDS = [
     Field("gpu", "h100-80gb", "choice", tuple(GPUS), label="GPU for the plan"),
     Field("tp", 1, "int", minimum=1, maximum=64, step=1, label="tensor parallel"),
     Field("context", 4096, "int", minimum=1, maximum=10_000_000, step=256, label="context tokens"),
+    Field("lab_model", LAB_MODELS[0], "choice", LAB_MODELS, label="lab server model"),
 ]
 
 
