@@ -235,6 +235,11 @@ def draw_events(result: PollResult) -> None:
                 "bad messages": s.bad_messages,
             }
         )
+    if rows and all(sub.stats.received == 0 and sub.stats.replayed == 0 for sub in watch.subscribers):
+        st.caption(
+            f"No batch has arrived yet on topic {sources.topic!r}. An idle server sends none; vLLM's default topic "
+            "is empty (clear the Topic field to receive every topic); a replay endpoint fills in the history."
+        )
     if rows:
         table = pd.DataFrame(rows)
         st.dataframe(table, hide_index=True, width="stretch")
