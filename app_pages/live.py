@@ -164,7 +164,9 @@ def draw_metrics(result: PollResult) -> None:
     frame = watch.history.frame()
     if frame.empty:
         if sources.urls:
-            st.info("No server has answered yet.")
+            st.info(
+                "No server has answered yet: start a lab server below, or enter your vLLM's /metrics URL."
+            )
         return
     several = len(watch.history.sources()) > 1
     latest = watch.history.latest(FLEET)
