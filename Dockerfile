@@ -7,6 +7,9 @@
 # safetensors) read-only at /models, e.g. -v /srv/models:/models:ro; the page lists them, and refuses any path
 # outside PAGED_LAB_MODEL_ROOT (after resolving .. and symlinks). -e PAGED_LAB_MODEL_ROOT= allows any directory
 # in the container: only for a single-user image. The fetched SmolLM2 model (below) is offered by name, not by path.
+# The Live page fetches user-given URLs from inside the container: PAGED_LAB_LIVE_HOSTS limits it to the lab-started
+# core.serve on loopback (HTTP 8000, KV events 5557/5558); add your vLLM hosts (host or host:port, comma separated),
+# or set it to off.
 FROM python:3.11-slim
 
 # Where torch==2.13.0 comes from: PyTorch's CPU wheels (no CUDA libraries, ~200 MB) unless overridden, e.g.
@@ -20,7 +23,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     STREAMLIT_SERVER_FILE_WATCHER_TYPE=none \
     STREAMLIT_CLIENT_SHOW_ERROR_DETAILS=type \
     STREAMLIT_BROWSER_GATHER_USAGE_STATS=false \
-    PAGED_LAB_MODEL_ROOT=/models
+    PAGED_LAB_MODEL_ROOT=/models \
+    PAGED_LAB_LIVE_HOSTS=127.0.0.1:8000,127.0.0.1:5557,127.0.0.1:5558
 
 # A C compiler for the 'cpu' paged-attention kernel (built at first use); curl for the health check.
 RUN apt-get update \

@@ -129,6 +129,23 @@ class KVEventDecodeError(LabError, ValueError):
     batch, an event of an unknown type, or a field of the wrong type. The message says which and where."""
 
 
+class MetricsFormatError(InvalidArgumentError):
+    """A body fetched as Prometheus metrics is not metrics (an HTML page, a truncated or malformed line) or holds
+    no vLLM metric. `line_number` (1-based) names the first bad line, None when the body as a whole is wrong."""
+
+    def __init__(self, message: str, line_number: int | None = None):
+        super().__init__(message)
+        self.line_number = line_number
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.line_number))
+
+
+class LiveEndpointError(LabError):
+    """A live server's metrics URL or KV-events endpoint cannot be read: refused, unreachable, timed out, an HTTP
+    error status, a malformed address, or a message that breaks the wire format. The message names the address."""
+
+
 class ModelFetchError(ModelLoadError):
     """A model package could not be downloaded (offline, registry refused) or its file failed the checksum.
     The message says which step failed and how to fetch the file by hand; nothing is left in the cache."""

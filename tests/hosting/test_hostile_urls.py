@@ -6,6 +6,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.conftest import ROOT
+from ui.live_url import FIELDS as LIVE_FIELDS
 from ui.planner_state import ALL_FIELDS
 from ui.playground_url import URL_FIELDS
 from ui.simulator_state import FIELDS as SIMULATOR_FIELDS
@@ -19,6 +20,7 @@ PAGES = {
     "app_pages/planner.py": [field.key for field in ALL_FIELDS],
     "app_pages/engine.py": [],
     "app_pages/about.py": [],
+    "app_pages/live.py": [field.key for field in LIVE_FIELDS],
 }
 
 
