@@ -52,7 +52,7 @@ def read_instructions(count: int) -> list[str]:
 
 
 def real_model_rows(
-    name: str, count: int, max_tokens: int, seed: int, modes: tuple[str, ...]
+    name: str, count: int, max_tokens: int, seed: int, modes: tuple[str, ...], widths: tuple[int, ...]
 ) -> tuple[list[dict], dict]:
     path = fetch_model(name)
     started = time.perf_counter()
@@ -94,6 +94,31 @@ def real_model_rows(
     return frame.to_dict("records"), info
 
 
+def merge(paths: list[str]) -> dict:
+    """One result from outputs of separate processes (--modes / --widths) of the same workload: their rows in
+    Figure 15's order, the random model's figures wherever one output has them, wall_s the longest."""
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    same = ("model", "prompts", "max_tokens", "seed", "block_size")
+    if any(tuple(r[k] for k in same) != tuple(results[0][k] for k in same) for r in results):
+        raise SystemExit(f"--merge: the outputs differ in {same}")
+    random_pct = {(r["mode"], r["width"]): r["random_model_pct"] for x in results for r in x["rows"]
+                  if r["random_model_pct"] == r["random_model_pct"]}  # fmt: skip
+    rows = sorted(
+        (r for x in results for r in x["rows"]), key=lambda r: (r["mode"] != "parallel sampling", r["width"])
+    )
+    for row in rows:
+        row["random_model_pct"] = random_pct.get((row["mode"], row["width"]), float("nan"))
+    merged = dict(results[0])
+    merged.update(
+        rows=rows,
+        preemptions=sum(r["preemptions"] for r in results),
+        wall_s=max(r["wall_s"] for r in results),
+        processes=len(results),
+        random_model=next((r["random_model"] for r in results if r["random_model"]["requests"]), None),
+    )
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(MODELS))
@@ -108,13 +133,22 @@ def main() -> None:
         default="both",
         help="only parallel sampling or only beam search (to run the two in separate processes)",
     )
+    parser.add_argument("--widths", default="2,4,6", help="n / beam widths to run, e.g. 6 (one per process)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--merge", nargs="+", help="print one JSON object joining the rows of these outputs")
     parser.add_argument("--quick", action="store_true", help="8 prompts, 32 tokens, 4 random requests")
     args = parser.parse_args()
+    if args.merge:
+        print(json.dumps(merge(args.merge)))
+        return
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    widths = tuple(int(w) for w in args.widths.split(","))
     if args.quick:
         args.prompts, args.max_tokens, args.random_requests, args.random_max_output = 8, 32, 4, 64
     started = time.perf_counter()
     modes = MODES[args.modes]
-    real, info = real_model_rows(args.model, args.prompts, args.max_tokens, args.seed, modes)
+    real, info = real_model_rows(args.model, args.prompts, args.max_tokens, args.seed, modes, widths)
     print(f"real model: {[round(r['saving_pct'], 1) for r in real]}", file=sys.stderr, flush=True)
     by_key = {}
     if args.random_requests > 0:
@@ -142,6 +176,7 @@ def main() -> None:
         "block_size": BLOCK_SIZE,
         "seed": args.seed,
         "random_model": {"requests": args.random_requests, "max_output_len": args.random_max_output},
+        "widths": list(widths),
         "rows": rows,
         "device": device_label(),
         "torch_threads": torch.get_num_threads(),
