@@ -41,6 +41,7 @@ class EngineMemory:
         self.block_size = manager.block_size
         self.num_blocks = manager.num_blocks
         self.capacity = self.num_blocks * self.block_size
+        self.watermark = watermark
         self.watermark_blocks = int(watermark * self.num_blocks)
         self.ready = np.zeros(self.num_blocks, dtype=bool)
         self.held: dict[int, SequenceGroup] = {}

@@ -51,9 +51,11 @@ def measure_prompt_sharing(
     seed: int = 0,
     ignore_eos: bool = True,
     progress=None,
+    modes: tuple[str, ...] = ("parallel sampling", "beam search"),
 ) -> pd.DataFrame:
     """The sharing of `engine` on `prompts` (token ids; all submitted at once), request i generating up to
-    `max_tokens[i]` tokens, once per (mode, width): parallel sampling then beam search, each width in turn.
+    `max_tokens[i]` tokens, once per (mode, width): each of `modes` (parallel sampling then beam search by
+    default), each width in turn.
     ignore_eos=False lets each output end at the model's EOS, as a trained model's answers do.
 
     One row per run: mode, width, saving_pct (ours), paper_pct (Figure 15, NaN where the paper has none),
@@ -61,7 +63,7 @@ def measure_prompt_sharing(
     output_tokens (all outputs' tokens: samples, or the beam_width returned beams). progress(fraction) after
     every step, over all runs."""
     rows = []
-    runs = [(m, w) for m in ("parallel sampling", "beam search") for w in widths]
+    runs = [(m, w) for m in modes for w in widths]
     for index, (mode, width) in enumerate(runs):
         params = [sharing_params(mode, width, n, seed, ignore_eos) for n in max_tokens]
         outputs = engine.generate(

@@ -14,7 +14,7 @@ from core.engine.config import TINY_LLAMA
 from core.engine.engine import engine_bytes
 from core.engine.sharing import measure_sharing
 from core.errors import InvalidArgumentError, LimitExceededError, MemoryBudgetError
-from core.jobs import JobPool, tasks
+from core.jobs import JobPool, engines
 from core.jobs.tasks import (
     MAX_ENGINE_SEQUENCES,
     compare_policies,
@@ -137,7 +137,7 @@ def test_engine_over_the_byte_limit_is_refused_before_anything_is_built(monkeypa
 
     needed = engine_bytes(ModelConfig.from_dict(TINY_LLAMA), 48, 16, default_device())
     params = SamplingParams(4, n=2, seed=0, ignore_eos=True)
-    monkeypatch.setattr(tasks, "Engine", NoEngine)
+    monkeypatch.setattr(engines, "Engine", NoEngine)
     monkeypatch.setenv("PAGED_LAB_MAX_BYTES", str(needed - 1))
     with pytest.raises(MemoryBudgetError, match=rf"{needed:,} bytes.*PAGED_LAB_MAX_BYTES"):
         generate_outputs("tiny", "", 48, 16, False, ENGINE_PROMPTS, params)
