@@ -21,9 +21,10 @@ Per-step metrics and block snapshots of the last run: after `generate`, `engine.
   kv_tokens_read, prefix_hit_tokens, ..., in KV token slots) plus shared_blocks, cow_copies, attention_ms,
   blocks_in_use, blocks_without_sharing, rest_of_model_ms, host_ms (see `core.engine.metrics`; per step
   attention_ms + rest_of_model_ms + host_ms == step_time_ms; `TIMED_COLUMNS` are the wall-clock ones).
-- `engine.last_run.snapshots`: `EngineSnapshot(step, blocks, request_of)` at evenly spaced steps (the last step
-  always); `blocks` is the `BlockManager.snapshot()` of that step (`core.paging.block_manager.BlockSnapshot`),
-  `request_of[seq_id]` the prompt index owning each live sequence.
+- `engine.last_run.snapshots`: `EngineSnapshot(step, blocks, request_of, kv)` at evenly spaced steps (the last
+  step always); `blocks` is the pool at that step as a `core.paging.block_views.BlockSnapshot` (for the block
+  grids), `request_of[seq_id]` the prompt index owning each live sequence, `kv` the KV cache manager's
+  `core.kv.KVCacheSnapshot` (one block table per KV cache group).
 - `engine.last_run.cow_events` (step, request, seq_id, src_block, dst_block), `.requests`, `.sharing_saving()`.
 Progress: `engine.generate(prompts, params, progress=callback)` calls `callback(fraction)` after every step with
 the fraction (0..1) of the requested output tokens produced so far; the last call passes 1.0.
@@ -31,7 +32,8 @@ Logits: `generate(..., return_logits=True)` fills `CompletionOutput.logits` ([to
 beam search).
 Per-prompt settings: `generate(prompts, [SamplingParams(...), ...])` (one per prompt).
 Scheduling: the serving simulator's own `core.serving.scheduler.Scheduler` drives every run, with
-`core.engine.memory.EngineMemory` (the real BlockManager + KVCache) as its memory policy.
+`core.engine.memory.EngineMemory` (a `core.kv.KVCacheManager`, one block table per KV cache group over one pool,
+plus the KVCache) as its memory policy; `engine.manager` is that manager.
 Sharing as in the paper's Figure 15: `core.engine.sharing.measure_sharing` (one row per mode and width).
 """
 

@@ -6,9 +6,10 @@ whether to keep stepping, `abort_request` drops one. `generate` is a loop over `
 
 The engine is driven by the serving simulator's own `core.serving.scheduler.Scheduler` (FCFS admission with a
 watermark, chunked prefill budget, newest-first preemption by recompute), with `EngineMemory` as its memory policy
-(the real BlockManager and KVCache: the engine's only door to KV memory) and the engine's `SequenceGroup`s as its
+(a `core.kv.KVCacheManager` with one block table per KV cache group, and the KVCache: the engine's only door to
+KV memory) and the engine's `SequenceGroup`s as its
 groups. Each step: `schedule()` decides (decode groups, prefill chunks, preemptions); `allocate()` appends each
-decoding sequence's last token to the block manager (copying a shared last block first); the `ModelRunner`
+decoding sequence's last token to the KV cache manager (copying a shared last block first); the `ModelRunner`
 builds one flattened batch and runs the forward pass (K/V written by slot, read by the paged kernels); each
 request samples, forking or freeing sequences; `postprocess()` counts the outputs and releases finished
 requests; the step's row (metrics and timings, `core.engine.metrics`) is recorded. See `core.engine` for the
@@ -40,9 +41,9 @@ from core.engine.sampling import SamplingParams
 from core.engine.sequence import RequestOutput, SequenceGroup
 from core.engine.weights import expected_shapes, load_weights, random_weights
 from core.errors import InvalidArgumentError, ModelLoadError, ModelTooLargeError, SchedulerStuckError
+from core.kv import KVCacheManager
 from core.kv.hf_config import layer_specs
 from core.kv.layout import kv_cache_groups
-from core.paging.block_manager import BlockManager
 from core.paging.kv_cache import KVCache, kv_cache_bytes
 from core.serving.scheduler import ScheduledStep, Scheduler
 
@@ -104,20 +105,22 @@ class Engine:
     only touch a locked inbox (`core.engine.requests.RequestInbox`). `step` (and `generate`) run under the
     engine's step lock, so one thread steps at a time; queued adds and aborts are applied by the stepping thread
     when a step starts (or at once, by the caller, when no step is running). Everything else (the scheduler, the
-    block manager, the KV cache, `current_run`) belongs to the stepping thread.
+    KV cache manager, the KV cache, `current_run`) belongs to the stepping thread.
 
-    kv_specs: one `core.kv` layer spec per layer (`layer_specs`).
+    kv_specs: one `core.kv` layer spec per layer (`layer_specs`). kv_groups: the KV cache groups
+    (`core.kv.layout.kv_cache_groups`); `manager` is the `core.kv.KVCacheManager` with one block table per group
+    over ONE pool of `num_blocks` blocks of `block_size` tokens, and layer l reads and writes through the tables of
+    group `layer_group[l]`. enable_kv_cache_events: the manager's pool queues vLLM's KV cache events (BlockStored
+    as computed blocks enter the prefix cache, BlockRemoved on eviction); drain them with `manager.take_events()`.
 
-    Sliding window: when every attention layer shares one window W (one KV cache group of sliding-window
-    specs, Mistral-7B-v0.1), the BlockManager is built with `sliding_window=W`: before a sequence appends the token at
-    position n, its blocks wholly before position n - W + 1 go back to the pool (table entries -1, never read by
-    the windowed kernels), so a decoding sequence holds at most ceil((W + block_size - 1) / block_size) blocks
-    (its whole prompt until the first decode: prompts are allocated whole). Forks share only the blocks still
-    held; copy-on-write is unchanged. Prefix caching works with the window: a released full block stays cached
-    (its K/V depend only on the tokens before it) until it is evicted. A model mixing full and windowed layers
-    (Qwen2 with `max_window_layers`, Gemma-2 style) keeps full-attention block management for all layers: the
-    windowed layers would need their own pool and block tables (one BlockManager per KV cache group, as vLLM's
-    hybrid allocator and `core.serving.hybrid_memory` do), which this engine does not have.
+    Sliding window: a group of sliding-window layers (window W; every layer for Mistral-7B-v0.1, some for
+    Gemma-2 style `layer_types` or Qwen2's `max_window_layers`) releases, once c tokens are computed, the blocks
+    wholly before position c - W + 1 (table entries -1, never read by the windowed kernels), so a decoding
+    sequence holds at most ceil((W + block_size - 1) / block_size) blocks in that group (its whole prompt until
+    the prompt is computed: prompts are allocated whole), while a full-attention group keeps every block. Forks
+    share only the blocks still held; copy-on-write is per group. Prefix caching works with the window: a
+    released full block stays cached (its K/V depend only on the tokens before it) until it is evicted; a hit
+    needs the prefix cached in every group.
     """
 
     def __init__(
@@ -134,6 +137,7 @@ class Engine:
         backend: str = "auto",
         max_snapshots: int = 100,
         warmup: bool = True,
+        enable_kv_cache_events: bool = False,
     ):
         block_size = check_int(block_size, "block_size", minimum=1, maximum=1024)
         max_num_seqs = check_int(max_num_seqs, "max_num_seqs", minimum=1)
@@ -141,7 +145,16 @@ class Engine:
             max_num_batched_tokens, "max_num_batched_tokens", minimum=max_num_seqs
         )
         self.config = config
-        self.model = LlamaModel(config, weights, backend)
+        # One KV cache spec per layer, bucketed into KV cache groups (one group when every layer is alike).
+        kv_dtype = weights["model.embed_tokens.weight"].dtype
+        self.kv_specs = layer_specs(config, block_size=block_size, kv_dtype=kv_dtype)
+        self.kv_groups, _ = kv_cache_groups(self.kv_specs)
+        layer_group = [0] * config.num_layers
+        for index, group in enumerate(self.kv_groups):
+            for layer in group.layers:
+                layer_group[layer] = index
+        self.layer_group = tuple(layer_group)
+        self.model = LlamaModel(config, weights, backend, self.layer_group)
         self.tokenizer = tokenizer
         budget = memory_budget_bytes()
         kv_budget = budget - self.model.weight_bytes
@@ -169,14 +182,15 @@ class Engine:
             self.model.device,
             max_bytes=max(kv_budget, 0),
         )
-        # One KV cache spec per layer; one group of sliding-window layers (Mistral-7B-v0.1) lets the block
-        # manager release what left the window. Mixed full and windowed layers form several groups: full
-        # management for every layer (see the class docstring).
-        self.kv_specs = layer_specs(config, block_size=block_size, kv_dtype=self.model.dtype)
-        groups, _ = kv_cache_groups(self.kv_specs)
-        window = groups[0].window if len(groups) == 1 and groups[0].kind == "sliding_window" else None
-        self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching, sliding_window=window)
-        self.memory = EngineMemory(self.manager, self.cache)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self.manager = KVCacheManager(
+            [group.spec for group in self.kv_groups],
+            num_blocks,
+            enable_prefix_caching=enable_prefix_caching,
+            enable_kv_cache_events=self.enable_kv_cache_events,
+        )
+        self.memory = EngineMemory(self.manager, self.cache, self.layer_group)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_snapshots = check_int(max_snapshots, "max_snapshots", minimum=1)
@@ -510,9 +524,9 @@ class Engine:
         return outputs
 
     def _snapshot(self, step: int) -> EngineSnapshot:
-        blocks = self.manager.snapshot()
+        blocks, kv = self.memory.block_snapshot()
         request_of = {s.seq_id: g.request_id for g in self.scheduler.running for s in g.seqs}
-        return EngineSnapshot(step, blocks, {s: request_of.get(s, -1) for s in blocks.seq_ids})
+        return EngineSnapshot(step, blocks, {s: request_of.get(s, -1) for s in blocks.seq_ids}, kv)
 
     # ---- runs ---------------------------------------------------------------------------------------------
 
@@ -534,8 +548,8 @@ class Engine:
             pd.DataFrame(
                 rows, columns=["request_id", "prompt_len", "output_tokens", "preemptions", "cached_tokens"]
             ),
-            self.manager.num_blocks,
-            self.manager.block_size,
+            self.num_blocks,
+            self.block_size,
             time.perf_counter() - self._run_started,
         )
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from core.paging.block_manager import BlockSnapshot
+from core.kv import KVCacheSnapshot
+from core.paging.block_views import BlockSnapshot
 from core.serving.simulator import COLUMNS
 
 ENGINE_COLUMNS = (
@@ -42,12 +43,15 @@ TIMED_COLUMNS = ("time_s", "step_time_ms", "attention_ms", "rest_of_model_ms", "
 
 @dataclass(frozen=True, eq=False)
 class EngineSnapshot:
-    """The pool after one sampled step: the manager's `BlockSnapshot` and, for each of its live sequence ids, the
-    request that owns it (`request_of[seq_id]`, the prompt's index in the `generate` call)."""
+    """The pool after one sampled step: a `BlockSnapshot` of it for the block grids (one table per sequence: its
+    groups' tables concatenated, see `EngineMemory.block_snapshot`), for each live sequence id the request that
+    owns it (`request_of[seq_id]`, the prompt's index in the `generate` call), and the KV cache manager's own
+    `KVCacheSnapshot` (`kv`: one table per KV cache group)."""
 
     step: int
     blocks: BlockSnapshot
     request_of: dict
+    kv: KVCacheSnapshot | None = None
 
 
 @dataclass(eq=False)

@@ -29,7 +29,7 @@ class PreparedStep:
     pieces: (group, sequence, first position, tokens) of each prefill chunk, in batch order.
     logits_owner: for each row of the logits, the sequences that sample from it (a prompt whose prefill ends feeds
         every one of its n forked samples, which share it).
-    kv_tokens_read: KV token slots the step's attention reads (all sequences, one layer).
+    kv_tokens_read: KV token slots the step's attention reads (all sequences, one layer: the mean over layers).
     """
 
     batch: ForwardBatch
@@ -56,7 +56,9 @@ def prefill_pieces(scheduled: ScheduledStep) -> list[tuple[SequenceGroup, Sequen
 
 def kv_tokens_read(dec_lens: np.ndarray, pre_ctx: np.ndarray, pre_q: np.ndarray, window: int | None) -> int:
     """KV slots read by one layer's attention: every cached position of each query's sequence, or with a sliding
-    window W, a decode query's last W positions and a chunk of q tokens the q + W - 1 positions before it."""
+    window W, a decode query's last W positions and a chunk of q tokens the q + W - 1 positions before it.
+    `PreparedStep.kv_tokens_read` is its mean over the model's layers (rounded down): one layer's count when
+    every layer is alike."""
     if window is None:
         return int(dec_lens.sum() + pre_ctx.sum())
     return int(np.minimum(dec_lens, window).sum() + np.minimum(pre_ctx, pre_q + window - 1).sum())
@@ -86,14 +88,19 @@ class ModelRunner:
         pre_q = np.fromiter((n for _, _, _, n in pieces), np.int64, len(pieces))
         pre_start = np.fromiter((p for _, _, p, _ in pieces), np.int64, len(pieces))
         pre_ctx = pre_start + pre_q
-        # decode rows: the last sampled token at position num_allocated - 1, written to its appended slot
+        decode_tables = mem.block_tables(decode_seqs)  # [groups, num_decode, width]
+        # decode rows: the last sampled token at position num_allocated - 1, written to its slot in every group
+        dec_pos = dec_lens - 1
+        rows = np.arange(num_decode)
+        slots = [
+            decode_tables[:, rows, dec_pos // mem.block_size] * mem.block_size + dec_pos % mem.block_size
+        ]
         tokens = [s.token_ids[-1] for s in decode_seqs]
-        slots = [np.fromiter((s.pending_slot for s in decode_seqs), np.int64, num_decode)]
         logits_owner: list[list[Sequence]] = [[s] for s in decode_seqs]
         last_index = []
         for group, seq, start, chunk in pieces:
             tokens += seq.token_ids[start : start + chunk]
-            slots.append(mem.slots(seq, start, start + chunk))
+            slots.append(mem.slots(seq, start, start + chunk))  # [groups, chunk]
             if start + chunk == seq.num_allocated:  # the prefill of this sequence ends: its logits are needed
                 logits_owner.append([seq] if group.started_sampling else group.seqs)  # forks share the prompt
                 last_index.append(len(tokens) - 1)
@@ -101,7 +108,7 @@ class ModelRunner:
         chunk_offsets = np.arange(int(pre_q.sum()), dtype=np.int64) - np.repeat(
             np.cumsum(pre_q) - pre_q, pre_q
         )
-        positions = np.concatenate([dec_lens - 1, np.repeat(pre_start, pre_q) + chunk_offsets])
+        positions = np.concatenate([dec_pos, np.repeat(pre_start, pre_q) + chunk_offsets])
         logits_indices = np.concatenate([np.arange(num_decode), np.asarray(last_index, dtype=np.int64)])
 
         def longs(values) -> torch.Tensor:
@@ -110,16 +117,17 @@ class ModelRunner:
         batch = ForwardBatch(
             token_ids=longs(tokens),
             positions=longs(positions),
-            slot_mapping=longs(np.concatenate(slots)),
+            slot_mapping=longs(np.concatenate(slots, axis=1)),
             num_decode=num_decode,
-            decode_block_tables=torch.from_numpy(mem.block_tables(decode_seqs)).to(device),
+            decode_block_tables=torch.from_numpy(decode_tables).to(device),
             decode_context_lens=longs(dec_lens),
             prefill_block_tables=torch.from_numpy(mem.block_tables([p[1] for p in pieces])).to(device),
             prefill_context_lens=longs(pre_ctx),
             prefill_query_lens=longs(pre_q),
             logits_indices=longs(logits_indices),
         )
-        read = kv_tokens_read(dec_lens, pre_ctx, pre_q, mem.manager.sliding_window)
+        layer_windows = [mem.windows[g] for g in mem.layer_group]
+        read = sum(kv_tokens_read(dec_lens, pre_ctx, pre_q, w) for w in layer_windows) // len(layer_windows)
         return PreparedStep(batch, decode_seqs, pieces, logits_owner, read)
 
     def run(self, prepared: PreparedStep) -> torch.Tensor:
@@ -148,12 +156,15 @@ class ModelRunner:
         device = self.model.device
         bs = self.memory.block_size
         longs = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
-        table = torch.zeros(1, 1, dtype=torch.int32, device=device)
+        groups = self.memory.num_groups
+        table = torch.zeros(
+            groups, 1, 1, dtype=torch.int32, device=device
+        )  # [groups, 1 seq, 1 block]: block 0
         size = min(bs, 2)
         batch = ForwardBatch(
             token_ids=longs([0] * (1 + size)),
             positions=longs([0, *range(size)]),
-            slot_mapping=longs([0, *range(size)]),
+            slot_mapping=longs([[0, *range(size)]] * groups),
             num_decode=1,
             decode_block_tables=table,
             decode_context_lens=longs([1]),

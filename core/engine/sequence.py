@@ -61,7 +61,6 @@ class Sequence:
     finish_reason: str | None = None
     logits: list[torch.Tensor] | None = None
     pending_logits: torch.Tensor | None = None  # [vocab] logits after the last token, not yet sampled from
-    pending_slot: int = -1  # the KV slot of the last token, given by the latest decode append
 
     @property
     def output_ids(self) -> list[int]:

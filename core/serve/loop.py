@@ -5,8 +5,9 @@ step. Every request is added with `stream=True`, so each step reports every requ
 turns that into vLLM's metrics (TTFT at a request's first token, one inter-token latency per later step that
 gives it tokens, e2e at the end) and hands each output to the request's callback. After each step it sets the
 gauges (running, waiting, KV usage = 1 - free blocks / blocks, cached-free blocks counted free as in vLLM),
-adds the preemption and prefix-cache deltas, and publishes the KV events the engine's block pool queued during
-the step (`BlockManager.take_events`: BlockStored as blocks enter the prefix cache, BlockRemoved on eviction).
+adds the preemption and prefix-cache deltas, and publishes the KV events the engine's KV cache manager queued
+during the step (`engine.manager.take_events()`, from an engine built with `enable_kv_cache_events=True`:
+BlockStored as computed blocks enter the prefix cache, BlockRemoved on eviction).
 
 Only this thread steps the engine and touches its scheduler; `submit` and `abort` may run on any thread.
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from core.engine import Engine, SamplingParams
 from core.engine.sequence import RequestOutput
+from core.errors import InvalidArgumentError
 from core.serve.exporter import ServerMetrics
 from core.serve.kv_publisher import ZmqEventPublisher
 
@@ -39,17 +41,16 @@ class EngineLoop:
         self.engine = engine
         self.metrics = metrics
         self.publisher = publisher
-        if publisher is not None:
-            # the engine builds its BlockManager without events; its pool queues them from here on (the cache is
-            # still empty, so nothing was missed)
-            engine.manager.pool.enable_kv_cache_events = True
+        if publisher is not None and not engine.enable_kv_cache_events:
+            raise InvalidArgumentError(
+                "publishing KV events needs an engine built with enable_kv_cache_events=True"
+            )
         self._requests: dict[str, _Tracked] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._preemptions = engine.scheduler.num_preemptions
-        stats = engine.manager.prefix_cache_stats
-        self._queries, self._hits = stats.queries_tokens, stats.hits_tokens
+        self._queries, self._hits = engine.manager.prefix_cache_queries, engine.manager.prefix_cache_hits
         self.steps = 0
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
@@ -140,16 +141,16 @@ class EngineLoop:
         m.running.set(len(sched.running))
         m.waiting.set(len(sched.waiting) + len(getattr(sched, "swapped", ())))
         manager = engine.manager
-        m.kv_usage.set(1.0 - manager.num_free_blocks / manager.num_blocks)
+        m.kv_usage.set(manager.usage)  # 1 - free / blocks; cached-free blocks count free
         if sched.num_preemptions > self._preemptions:
             m.preemptions.inc(sched.num_preemptions - self._preemptions)
             self._preemptions = sched.num_preemptions
-        stats = manager.prefix_cache_stats
-        if stats.queries_tokens > self._queries:
-            m.prefix_queries.inc(stats.queries_tokens - self._queries)
-            self._queries = stats.queries_tokens
-        if stats.hits_tokens > self._hits:
-            m.prefix_hits.inc(stats.hits_tokens - self._hits)
-            self._hits = stats.hits_tokens
+        queries, hits = manager.prefix_cache_queries, manager.prefix_cache_hits
+        if queries > self._queries:
+            m.prefix_queries.inc(queries - self._queries)
+            self._queries = queries
+        if hits > self._hits:
+            m.prefix_hits.inc(hits - self._hits)
+            self._hits = hits
         if self.publisher is not None:
             self.publisher.publish(manager.take_events())

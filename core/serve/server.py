@@ -64,13 +64,14 @@ def parse_kv_events_config(text: str | None, host: str) -> KVEventsConfig | None
 
 
 def build_engine(model: str, *, block_size: int, num_blocks: int | None, prefix_caching: bool, seed: int,
-                 max_num_seqs: int) -> tuple[Engine, str]:  # fmt: skip
+                 max_num_seqs: int, kv_events: bool = False) -> tuple[Engine, str]:  # fmt: skip
     """(engine, served model name). `tiny`: the lab's seeded random Llama (no files); `smollm2-135m-instruct`:
-    the real model, fetched into the model cache if missing; else a model directory or .gguf file."""
+    the real model, fetched into the model cache if missing; else a model directory or .gguf file. kv_events: the
+    engine's KV cache manager queues vLLM's KV cache events (`Engine(enable_kv_cache_events=True)`)."""
     common = {"block_size": block_size, "num_blocks": num_blocks, "enable_prefix_caching": prefix_caching,
-              "max_num_seqs": max_num_seqs}  # fmt: skip
+              "max_num_seqs": max_num_seqs, "enable_kv_cache_events": kv_events}  # fmt: skip
     if model == "tiny":
-        from core.jobs.tasks import TINY_LLAMA
+        from core.engine.config import TINY_LLAMA
 
         return Engine.from_config(TINY_LLAMA, seed=seed, **common), "tiny"
     if model == REAL_MODEL:
@@ -108,13 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         engine, name = build_engine(
             args.model, block_size=args.block_size, num_blocks=args.num_blocks,
             prefix_caching=args.enable_prefix_caching, seed=args.seed, max_num_seqs=args.max_num_seqs,
+            kv_events=events is not None,
         )  # fmt: skip
     except LabError as err:
         print(f"core.serve: {err}", file=sys.stderr)
         return 2
     name = args.served_model_name or name
     dtype = str(engine.model.dtype).removeprefix("torch.")
-    metrics = ServerMetrics(name, block_size=engine.manager.block_size, num_gpu_blocks=engine.manager.num_blocks,
+    metrics = ServerMetrics(name, block_size=engine.block_size, num_gpu_blocks=engine.num_blocks,
                             prefix_caching=args.enable_prefix_caching, dtype=dtype)  # fmt: skip
     publisher = None
     if events is not None:
@@ -128,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     served = ServedModel(name, engine, loop, metrics, engine.config.max_position_embeddings)
     loop.start()
     where = f"events on {publisher.endpoint}" if publisher else "no KV events"
-    print(f"core.serve: {name} on http://{args.host}:{args.port} ({engine.manager.num_blocks:,} blocks of "
-          f"{engine.manager.block_size}; {where})", flush=True)  # fmt: skip
+    print(f"core.serve: {name} on http://{args.host}:{args.port} ({engine.num_blocks:,} blocks of "
+          f"{engine.block_size}; {where})", flush=True)  # fmt: skip
     try:
         uvicorn.run(build_app(served), host=args.host, port=args.port, log_level="warning")
     finally:
