@@ -14,6 +14,8 @@ Invariants:
   Qwen2's `max_window_layers`). Every layer's K/V tensor spans the whole pool ([num_blocks, block_size,
   kv_heads, head_dim]); block ids are unique across groups, so layer l only ever touches the ids of its group's
   tables. Tables and slots are built per group: `block_tables` -> [G, seqs, width], `slots` -> [G, tokens].
+  (vLLM lays the groups' layers over shared tensors, so a block costs one group's layers; here a block costs
+  every layer: simpler, and G times the bytes per block for G equal groups.)
 - Sliding window W (a window group): once c tokens are computed the manager releases the blocks wholly before
   position c - W + 1 (the first one the next token reads); their table entries become -1 (a prefix of the
   table). No query of a later step can see those positions, so the windowed kernels never read them.
