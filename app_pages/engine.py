@@ -1,4 +1,4 @@
-"""Engine: a real model answering through the paged KV cache, with what the block manager did at each step."""
+"""Engine: a real model answering through the paged KV cache, with what its KV cache manager did at each step."""
 
 import json
 from pathlib import Path
@@ -38,8 +38,8 @@ v["model_dir"] = v["model_dir"] or ""  # an empty selectbox holds None
 st.title("Engine")
 st.markdown(
     "A trained model, SmolLM2-135M-Instruct, answering through the paged KV cache: its own forward pass writes "
-    "K/V into blocks and reads them back with the paged kernels, while the simulator's block manager and "
-    "scheduler decide each step. Its n samples share the prompt's blocks until they diverge."
+    "K/V into blocks and reads them back with the paged kernels, while the lab's KV cache manager and the "
+    "simulator's scheduler decide each step. Its n samples share the prompt's blocks until they diverge."
 )
 for message in state.pop_errors():
     st.warning(message)

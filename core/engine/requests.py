@@ -2,7 +2,7 @@
 
 Threading rule (see `Engine`): any thread may add or abort requests; they go into the `RequestInbox` under its
 lock and only the thread running `Engine.step` moves them into the scheduler, at the start of a step. So the
-scheduler, the block manager and the KV cache are only ever touched by the stepping thread.
+scheduler, the KV cache manager and the KV cache are only ever touched by the stepping thread.
 """
 
 import itertools

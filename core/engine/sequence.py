@@ -1,7 +1,7 @@
 """Sequences and requests of the engine, and the outputs it returns (vLLM's names).
 
 A `Sequence` is one output being generated: its token ids (prompt then output) and how many of them have K/V in
-the cache. States, for a sequence held by the block manager:
+the cache. States, for a sequence held by the KV cache manager:
 - prefilling: `num_computed < num_allocated` (the manager holds `num_allocated` tokens; the rest of the chunk
   work is `num_allocated - num_computed` tokens);
 - decoding: `num_computed == num_allocated == len(token_ids) - 1`: the last sampled token is not in the cache yet
@@ -56,7 +56,7 @@ class Sequence:
     token_ids: list[int]
     prompt_len: int
     num_computed: int = 0
-    num_allocated: int = 0  # tokens the block manager holds for this sequence (0: not allocated)
+    num_allocated: int = 0  # tokens the KV cache manager holds for this sequence (0: not allocated)
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     logits: list[torch.Tensor] | None = None
