@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core.engine import Engine, SamplingParams
-from tests.engine.hf_models import hf_beam, hf_greedy, prompts, save_model
+from tests.engine.hf_models import assert_greedy_like_transformers, hf_beam, hf_greedy, prompts, save_model
 
 WINDOW = 6
 
@@ -44,17 +44,6 @@ def alternating(tmp_path_factory):
     return path, model, full
 
 
-def _check(engine, model, batch, new, **params):
-    outs = engine.generate(
-        batch, SamplingParams(new, temperature=0.0, ignore_eos=True, **params), return_logits=True
-    )
-    for prompt, out in zip(batch, outs, strict=True):
-        tokens, logits = hf_greedy(model, prompt, new)
-        assert out.outputs[0].token_ids == tokens
-        assert torch.allclose(out.outputs[0].logits, logits, atol=1e-4, rtol=0)
-    return outs
-
-
 def _assert_one_pool(snapshot):
     """Every held block id is in exactly one group's tables (ids unique across groups), and the ref counts
     are the number of table entries naming each block."""
@@ -79,7 +68,7 @@ def test_alternating_layer_types_run_with_a_table_per_group(alternating):
     engine = Engine.from_pretrained(path, num_blocks=64, block_size=4, device="cpu", max_snapshots=1000)
     assert [g.spec.kind for g in engine.kv_groups] == ["sliding_window", "full_attention"]
     assert engine.layer_group == (0, 1, 0, 1)
-    _check(engine, model, batch, 12)
+    assert_greedy_like_transformers(engine, model, batch, 12)
     run = engine.last_run
     for snap in run.snapshots:
         _assert_one_pool(snap)
@@ -92,7 +81,7 @@ def test_window_group_frees_blocks_the_full_group_keeps(alternating):
     13 + 3 = 16 (26 if both groups kept everything)."""
     path, model, _ = alternating
     engine = Engine.from_pretrained(path, num_blocks=32, block_size=4, device="cpu", max_snapshots=1000)
-    _check(engine, model, prompts((11,), seed=5), 40)
+    assert_greedy_like_transformers(engine, model, prompts((11,), seed=5), 40)
     run = engine.last_run
     peak = int(run.steps["blocks_in_use"].max())
     assert peak <= 16 < 26, peak
@@ -115,7 +104,7 @@ def test_chunked_prefill_prefix_caching_and_beams_on_mixed_groups(alternating):
         path, num_blocks=96, block_size=4, device="cpu", enable_prefix_caching=True, max_num_seqs=1,
         max_num_batched_tokens=4,
     )  # fmt: skip
-    _check(engine, model, batch, 8)
+    assert_greedy_like_transformers(engine, model, batch, 8)
     assert engine.last_run.steps["prefill_tokens"].max() <= 4
     assert engine.last_run.requests["cached_tokens"].tolist() == [
         0,
@@ -138,9 +127,9 @@ def test_qwen2_max_window_layers(tmp_path):
     assert hf_greedy(full, batch[1], 16)[0] != hf_greedy(model, batch[1], 16)[0]
     engine = Engine.from_pretrained(tmp_path, num_blocks=64, block_size=4, device="cpu")
     assert [g.spec.kind for g in engine.kv_groups] == ["full_attention", "sliding_window", "sliding_window"]
-    _check(engine, model, batch, 16)
+    assert_greedy_like_transformers(engine, model, batch, 16)
     # 26 blocks: the four requests peak at 53 together, so the newest are preempted and recomputed (a recompute
     # holds its tokens whole in all three groups until they are computed: 24 blocks for 29 tokens)
     small = Engine.from_pretrained(tmp_path, num_blocks=26, block_size=4, device="cpu")
-    _check(small, model, batch + prompts((9, 12), seed=4), 16)
+    assert_greedy_like_transformers(small, model, batch + prompts((9, 12), seed=4), 16)
     assert small.last_run.steps["preemptions_total"].iloc[-1] > 0
