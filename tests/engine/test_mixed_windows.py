@@ -133,3 +133,19 @@ def test_qwen2_max_window_layers(tmp_path):
     small = Engine.from_pretrained(tmp_path, num_blocks=26, block_size=4, device="cpu")
     assert_greedy_like_transformers(small, model, batch + prompts((9, 12), seed=4), 16)
     assert small.last_run.steps["preemptions_total"].iloc[-1] > 0
+
+
+def test_nothing_is_served_from_the_cache_before_it_is_computed(alternating):
+    """Two equal prompts admitted in one step: the second finds nothing cached (the first's K/V are not written
+    yet), and both equal transformers. Once computed, the same prompt hits its 4 full blocks in both groups
+    (18 tokens: the last prompt token is always computed)."""
+    path, model, _ = alternating
+    prompt = prompts((18,), seed=9)[0]
+    engine = Engine.from_pretrained(
+        path, num_blocks=64, block_size=4, device="cpu", enable_prefix_caching=True
+    )
+    assert_greedy_like_transformers(engine, model, [prompt, prompt], 6)
+    assert engine.last_run.requests["cached_tokens"].tolist() == [0, 0]
+    assert engine.last_run.steps["prefill_tokens"].iloc[0] == 36
+    assert_greedy_like_transformers(engine, model, [prompt], 6)
+    assert engine.last_run.requests["cached_tokens"].tolist() == [16]
