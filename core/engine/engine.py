@@ -31,7 +31,7 @@ from core.common import cdiv, check_int
 from core.device import default_device, memory_budget_bytes
 from core.engine.config import ModelConfig
 from core.engine.gguf_file import gguf_config, gguf_tokenizer, gguf_weights
-from core.engine.memory import EngineMemory
+from core.engine.memory import EngineMemory, kv_groups_of
 from core.engine.metrics import EngineRun, EngineSnapshot, StepRecorder, step_row
 from core.engine.model import LlamaModel
 from core.engine.model_runner import ModelRunner
@@ -42,8 +42,6 @@ from core.engine.sequence import RequestOutput, SequenceGroup
 from core.engine.weights import expected_shapes, load_weights, random_weights
 from core.errors import InvalidArgumentError, ModelLoadError, ModelTooLargeError, SchedulerStuckError
 from core.kv import KVCacheManager
-from core.kv.hf_config import layer_specs
-from core.kv.layout import kv_cache_groups
 from core.paging.kv_cache import KVCache, kv_cache_bytes
 from core.serving.scheduler import ScheduledStep, Scheduler
 
@@ -115,12 +113,10 @@ class Engine:
 
     Sliding window: a group of sliding-window layers (window W; every layer for Mistral-7B-v0.1, some for
     Gemma-2 style `layer_types` or Qwen2's `max_window_layers`) releases, once c tokens are computed, the blocks
-    wholly before position c - W + 1 (table entries -1, never read by the windowed kernels), so a decoding
-    sequence holds at most ceil((W + block_size - 1) / block_size) blocks in that group (its whole prompt until
-    the prompt is computed: prompts are allocated whole), while a full-attention group keeps every block. Forks
-    share only the blocks still held; copy-on-write is per group. Prefix caching works with the window: a
-    released full block stays cached (its K/V depend only on the tokens before it) until it is evicted; a hit
-    needs the prefix cached in every group.
+    wholly before position c - W + 1 (entries -1, never read by the windowed kernels): a decoding sequence holds
+    at most ceil((W + block_size - 1) / block_size) blocks there (its whole prompt until computed), while a full
+    group keeps every block. Forks share the blocks still held; copy-on-write is per group. A released full
+    block stays cached until evicted; a prefix-cache hit needs the prefix cached in every group.
     """
 
     def __init__(
@@ -145,15 +141,8 @@ class Engine:
             max_num_batched_tokens, "max_num_batched_tokens", minimum=max_num_seqs
         )
         self.config = config
-        # One KV cache spec per layer, bucketed into KV cache groups (one group when every layer is alike).
         kv_dtype = weights["model.embed_tokens.weight"].dtype
-        self.kv_specs = layer_specs(config, block_size=block_size, kv_dtype=kv_dtype)
-        self.kv_groups, _ = kv_cache_groups(self.kv_specs)
-        layer_group = [0] * config.num_layers
-        for index, group in enumerate(self.kv_groups):
-            for layer in group.layers:
-                layer_group[layer] = index
-        self.layer_group = tuple(layer_group)
+        self.kv_specs, self.kv_groups, self.layer_group = kv_groups_of(config, block_size, kv_dtype)
         self.model = LlamaModel(config, weights, backend, self.layer_group)
         self.tokenizer = tokenizer
         budget = memory_budget_bytes()

@@ -29,10 +29,26 @@ from core.common import cdiv
 from core.engine.sequence import Sequence, SequenceGroup
 from core.errors import InvalidArgumentError
 from core.kv import KVCacheManager, KVCacheSnapshot
-from core.kv.specs import SlidingWindowSpec
+from core.kv.hf_config import layer_specs
+from core.kv.layout import KVCacheGroup, kv_cache_groups
+from core.kv.specs import KVCacheSpec, SlidingWindowSpec
 from core.paging.block_views import BlockSnapshot
 from core.paging.kv_cache import KVCache
 from core.serving.memory_policies import Admission, MemoryMetrics
+
+
+def kv_groups_of(
+    config, block_size: int, kv_dtype
+) -> tuple[list[KVCacheSpec], tuple[KVCacheGroup, ...], tuple[int, ...]]:
+    """(one KV cache spec per layer, the KV cache groups, per layer the index of its group) of the model of
+    `config` (a `ModelConfig`, read by `core.kv.hf_config.layer_specs`): one group when every layer is alike."""
+    specs = layer_specs(config, block_size=block_size, kv_dtype=kv_dtype)
+    groups, _ = kv_cache_groups(specs)
+    layer_group = [0] * len(specs)
+    for index, group in enumerate(groups):
+        for layer in group.layers:
+            layer_group[layer] = index
+    return specs, groups, tuple(layer_group)
 
 
 class EngineMemory:
