@@ -75,7 +75,7 @@ def real_model_rows(
         frame = measure_prompt_sharing(
             engine,
             prompts,
-            WIDTHS,
+            widths,
             [max_tokens] * count,
             seed=seed,
             ignore_eos=False,
