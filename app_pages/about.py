@@ -27,7 +27,7 @@ st.title("About this server")
 st.markdown(
     "PagedAttention Lab runs its heavy work (simulations, kernel sweeps and checks) in a small pool of worker "
     "processes so one person's job never freezes another's screen. The operator limits below bound what one job "
-    "may take and where the Engine page may load models from; the host sets them with environment variables or Streamlit secrets of the same names."
+    "may take, where the Engine page may load models from and which hosts the Live page may read metrics and KV events from (a server that fetches user-given URLs is a door into its own network); the host sets them with environment variables or Streamlit secrets of the same names."
 )
 
 versions = {

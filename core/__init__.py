@@ -12,7 +12,11 @@ Subpackages, from the bottom up:
   Serving may import planning (the step-time model reads its presets' KV accounting); planning never imports
   serving.
 - `core.engine`: a real Llama-family model run through the paged KV cache (config, weights, forward pass,
-  sampling, the engine loop, its metrics and the sharing measurement).
+  sampling, the engine loop, its metrics and the sharing measurement; the real model's fetch and GGUF files).
+- `core.live`: reading a running vLLM (or fleet): its Prometheus metrics, its KV cache events (ZMQ, with replay)
+  and the cached-block tree they describe, and the planner's prediction beside what the server reports.
+- `core.serve`: the engine served the way vLLM serves (OpenAI-style HTTP, `/metrics` with vLLM's names, KV events
+  on ZMQ): `python -m core.serve`.
 - `core.jobs`: heavy work off the server process: the worker pool, the worker loop and the result caches; it runs
   the functions it is given and imports no domain package.
 - `core.page_models`: what a page computes (the planner's scenarios, the simulator's comparison, the playground

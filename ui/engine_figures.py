@@ -46,10 +46,17 @@ def engine_block_heatmap(snapshot: BlockSnapshot, step: int, color_index: Mappin
     used = snapshot.num_blocks - snapshot.num_free_blocks
     shared = int(snapshot.is_shared.sum())
     title = (
-        f"Physical blocks after step {step:,}: {used:,} of {snapshot.num_blocks:,} in use, {shared:,} shared "
-        f"(×n = held by n sequences), {snapshot.block_size} tokens each"
+        f"Physical blocks after step {step:,}: {used:,} of {snapshot.num_blocks:,} in use, {shared:,} shared<br>"
+        f"<sup>×n = held by n sequences; {snapshot.block_size} tokens per block</sup>"
     )
-    return block_heatmap(snapshot, color_index, title=title)
+    fig = block_heatmap(snapshot, color_index, title=title)
+    # the grid's x axis (and its title) sits on top: the title goes above it, at the top of the figure
+    fig.update_layout(
+        title={"text": title, "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 8}},
+        margin={"t": 130},
+        height=fig.layout.height + 50,
+    )
+    return fig
 
 
 def free_blocks_figure(steps: pd.DataFrame, num_blocks: int) -> go.Figure:
@@ -145,19 +152,56 @@ def attention_latency_figure(steps: pd.DataFrame) -> go.Figure:
     return _layout(fig, "Paged attention latency per step, all layers (measured)")
 
 
-def sharing_figure(measured: pd.DataFrame) -> go.Figure:
+STEP_PARTS = (
+    ("attention_ms", "attention", PREFILL_COLOR),
+    ("rest_of_model_ms", "rest of the model", "#9467bd"),
+    ("host_ms", "host (scheduling, tables, sampling)", "#7f7f7f"),
+)
+
+
+def step_time_figure(steps: pd.DataFrame) -> go.Figure:
+    """Where each step's wall time goes (ms, stacked bars): the paged attention kernels, the rest of the model and
+    host work, which add up to the step's time (`core.engine.metrics`). The title gives each part's share of the
+    run's step time and the median step."""
+    total = float(steps["step_time_ms"].sum())
+    fig = go.Figure()
+    shares = []
+    for column, name, color in STEP_PARTS:
+        share = float(steps[column].sum()) / total if total > 0 else 0.0
+        shares.append(f"{name.split(' (')[0]} {share:.0%}")
+        fig.add_trace(
+            go.Bar(
+                x=steps["step"],
+                y=steps[column],
+                name=name,
+                marker_color=color,
+                customdata=steps["step_time_ms"],
+                hovertemplate="step %{x:,}<br>%{y:,.2f} of %{customdata:,.2f} ms<extra>" + name + "</extra>",
+            )
+        )
+    fig.update_layout(barmode="stack", bargap=0.1)
+    fig.update_xaxes(title="engine step", tickformat=",")
+    fig.update_yaxes(title="step time (ms)", rangemode="tozero")
+    median = float(steps["step_time_ms"].median()) if len(steps) else 0.0
+    return _layout(fig, f"Step time, median {median:,.1f} ms: {', '.join(shares)} (measured)")
+
+
+def sharing_figure(measured: pd.DataFrame, ours: str = "tiny random model") -> go.Figure:
     """Memory saved by sharing (% of the blocks the same sequences would hold without sharing), ours beside the
     paper's Figure 15. `measured`: one row per run with columns mode ("parallel sampling" / "beam search"),
-    width, saving_pct (ours) and paper_pct (the paper's, NaN where it has none), as `measure_sharing` returns."""
+    width, saving_pct (ours, on the model named `ours`), paper_pct (the paper's, NaN where it has none), as
+    `measure_sharing` returns, and optionally random_model_pct (the tiny random model, as bench/sharing.py
+    prints it), drawn as a third series."""
     labels = [
         f"{'n' if m == 'parallel sampling' else 'beam'} = {w}"
         for m, w in zip(measured["mode"], measured["width"], strict=True)
     ]
+    series = [("saving_pct", f"this engine ({ours})", policy_color("paged"))]
+    if "random_model_pct" in measured:
+        series.append(("random_model_pct", "this engine (tiny random model)", COPY_COLOR))
+    series.append(("paper_pct", "paper, Figure 15 (OPT-13B)", POLICY_COLORS["contiguous"]))
     fig = go.Figure()
-    for column, name, color in (
-        ("saving_pct", "this engine (tiny model)", policy_color("paged")),
-        ("paper_pct", "paper, Figure 15 (OPT-13B)", POLICY_COLORS["contiguous"]),
-    ):
+    for column, name, color in series:
         values = measured[column].to_numpy(dtype=float)
         fig.add_trace(
             go.Bar(
@@ -173,7 +217,7 @@ def sharing_figure(measured: pd.DataFrame) -> go.Figure:
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="parallel samples (n) / beam width")
     fig.update_yaxes(title="KV blocks saved by sharing (%)", range=[0, 100])
-    return _layout(fig, "Memory saved by sharing on an Alpaca-like workload (paper Figure 15)", height=400)
+    return _layout(fig, "Memory saved by sharing, paper Figure 15's setting", height=400)
 
 
 def outputs_table(prompts: Sequence, outputs: Sequence, decode=None) -> pd.DataFrame:

@@ -63,6 +63,13 @@ class UrlState:
         self.values[key] = value
         return value
 
+    def adopt_widget_values(self) -> None:
+        """Take into the values what this page's widgets hold in the session now (a form submitted in this run),
+        for a page that uses them above the place it draws those widgets."""
+        for key in self.fields:
+            if key in st.session_state:
+                self.values[key] = st.session_state[key]
+
     def set(self, key: str, value: Any) -> None:
         """Change a value and its widget (before the widget is drawn in this run)."""
         st.session_state[key] = self._widget_value(key, value)

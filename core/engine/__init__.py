@@ -5,15 +5,26 @@
     outputs = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=32, temperature=0.0))
     outputs[0].outputs[0].token_ids, .cumulative_logprob, .finish_reason     # CompletionOutput
 
+The loop (vLLM's / nano-vllm's shape; `generate` is this loop):
+    rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=8), request_id=None, stream=False)
+    while engine.has_unfinished_requests():
+        for out in engine.step():       # RequestOutputs finished this step (and streamed ones that progressed)
+            ...
+    engine.abort_request(rid)           # frees its blocks; False when no such request is unfinished
+`add_request` / `abort_request` are safe from any thread; `step` runs under the engine's lock (one stepping
+thread). `engine.current_run()` is the `EngineRun` of the steps since `engine.reset_metrics()`.
+
 Per-step metrics and block snapshots of the last run: after `generate`, `engine.last_run` is an `EngineRun`:
 - `engine.last_run.steps`: a pandas DataFrame, one row per engine step, columns `STEP_COLUMNS`: the serving
   simulator's `COLUMNS` (free_blocks, free_slots, token_states, reservation, internal_fragmentation,
   running, running_seqs, waiting, preemptions, preemptions_total, tokens_generated, prefill_tokens,
   kv_tokens_read, prefix_hit_tokens, ..., in KV token slots) plus shared_blocks, cow_copies, attention_ms,
-  blocks_in_use, blocks_without_sharing (see `core.engine.metrics`).
-- `engine.last_run.snapshots`: `EngineSnapshot(step, blocks, request_of)` at evenly spaced steps (the last step
-  always); `blocks` is the `BlockManager.snapshot()` of that step (`core.paging.block_manager.BlockSnapshot`),
-  `request_of[seq_id]` the prompt index owning each live sequence.
+  blocks_in_use, blocks_without_sharing, rest_of_model_ms, host_ms (see `core.engine.metrics`; per step
+  attention_ms + rest_of_model_ms + host_ms == step_time_ms; `TIMED_COLUMNS` are the wall-clock ones).
+- `engine.last_run.snapshots`: `EngineSnapshot(step, blocks, request_of, kv)` at evenly spaced steps (the last
+  step always); `blocks` is the pool at that step as a `core.paging.block_views.BlockSnapshot` (for the block
+  grids), `request_of[seq_id]` the prompt index owning each live sequence, `kv` the KV cache manager's
+  `core.kv.KVCacheSnapshot` (one block table per KV cache group).
 - `engine.last_run.cow_events` (step, request, seq_id, src_block, dst_block), `.requests`, `.sharing_saving()`.
 Progress: `engine.generate(prompts, params, progress=callback)` calls `callback(fraction)` after every step with
 the fraction (0..1) of the requested output tokens produced so far; the last call passes 1.0.
@@ -21,18 +32,20 @@ Logits: `generate(..., return_logits=True)` fills `CompletionOutput.logits` ([to
 beam search).
 Per-prompt settings: `generate(prompts, [SamplingParams(...), ...])` (one per prompt).
 Scheduling: `core.sched.scheduler.Scheduler`, the one the serving simulator drives too, runs every step, with
-`core.engine.memory.EngineMemory` (the real BlockManager + KVCache) as its `SchedulerMemory`.
+`core.engine.memory.EngineMemory` (a `core.kv.KVCacheManager`, one block table per KV cache group over one pool,
+plus the KVCache) as its `SchedulerMemory`; `engine.manager` is that manager.
 Sharing as in the paper's Figure 15: `core.engine.sharing.measure_sharing` (one row per mode and width).
 """
 
 from core.engine.config import ModelConfig
 from core.engine.engine import Engine
-from core.engine.metrics import STEP_COLUMNS, EngineRun, EngineSnapshot
+from core.engine.metrics import STEP_COLUMNS, TIMED_COLUMNS, EngineRun, EngineSnapshot
 from core.engine.sampling import SamplingParams
 from core.engine.sequence import CompletionOutput, RequestOutput
 
 __all__ = [
     "STEP_COLUMNS",
+    "TIMED_COLUMNS",
     "CompletionOutput",
     "Engine",
     "EngineRun",

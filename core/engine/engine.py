@@ -1,39 +1,47 @@
 """The engine: a Llama-family model served through the paged KV cache with continuous batching.
 
+The loop has vLLM's / nano-vllm's shape: `add_request` queues a request, `step()` runs one scheduler step and
+returns the requests it finished (and, with streaming, those it advanced), `has_unfinished_requests()` says
+whether to keep stepping, `abort_request` drops one. `generate` is a loop over `step`.
+
 The engine is driven by `core.sched.scheduler.Scheduler`, the serving simulator's too (FCFS admission with a
 watermark, chunked prefill budget, newest-first preemption by recompute), with `EngineMemory` as its memory policy
-(the real BlockManager and KVCache) and the engine's `SequenceGroup`s as its groups. Each step:
-`schedule()` decides (decode groups, prefill chunks, preemptions); `allocate()` appends each decoding sequence's
-last token to the block manager (copying a shared last block first); the engine builds one flattened batch, runs
-the forward pass (K/V written by slot, read by the paged kernels) and samples, forking or freeing sequences;
-`postprocess()` counts the outputs and releases finished requests; the step's metrics are recorded.
-See `core.engine` for the public API.
+(a `core.kv.KVCacheManager` with one block table per KV cache group, and the KVCache: the engine's only door to
+KV memory) and the engine's `SequenceGroup`s as its
+groups. Each step: `schedule()` decides (decode groups, prefill chunks, preemptions); `allocate()` appends each
+decoding sequence's last token to the KV cache manager (copying a shared last block first); the `ModelRunner`
+builds one flattened batch and runs the forward pass (K/V written by slot, read by the paged kernels); each
+request samples, forking or freeing sequences; `postprocess()` counts the outputs and releases finished
+requests; the step's row (metrics and timings, `core.engine.metrics`) is recorded. See `core.engine` for the
+public API.
 """
 
+import itertools
 import math
+import threading
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
 from core.common import cdiv, check_int
 from core.device import default_device, memory_budget_bytes
 from core.engine.config import ModelConfig
-from core.engine.memory import EngineMemory
-from core.engine.metrics import EngineRun, EngineSnapshot, StepRecorder
-from core.engine.model import ForwardBatch, LlamaModel
+from core.engine.gguf_file import gguf_config, gguf_tokenizer, gguf_weights
+from core.engine.memory import EngineMemory, kv_groups_of
+from core.engine.metrics import EngineRun, EngineSnapshot, StepRecorder, step_row
+from core.engine.model import LlamaModel
+from core.engine.model_runner import ModelRunner
 from core.engine.postprocess import finish_group_outputs, process_group
+from core.engine.requests import RequestInbox, make_group
 from core.engine.sampling import SamplingParams
-from core.engine.sequence import RequestOutput, Sequence, SequenceGroup
+from core.engine.sequence import RequestOutput, SequenceGroup
 from core.engine.weights import expected_shapes, load_weights, random_weights
 from core.errors import InvalidArgumentError, ModelLoadError, ModelTooLargeError, SchedulerStuckError
-from core.kv.hf_config import layer_specs
-from core.kv.layout import kv_cache_groups
-from core.paging.block_manager import BlockManager
+from core.kv import KVCacheManager
 from core.paging.kv_cache import KVCache, kv_cache_bytes
 from core.sched.scheduler import ScheduledStep, Scheduler
 
@@ -86,20 +94,29 @@ class Engine:
 
     num_blocks: blocks in the pool; None sizes it from the memory budget (`PAGED_LAB_MAX_BYTES`, 4 GiB by
     default) less the weights, capped at max_num_seqs x max_position_embeddings tokens.
-    last_run: the `EngineRun` of the last `generate` call (None before the first).
+    last_run: the `EngineRun` of the last `generate` call (None before the first); `current_run()` is the record
+    of the steps since the last `reset_metrics` (what a server driving `step` reads).
+    warmup: run the model once on a throwaway batch when built (`warmup_ms` says how long it took), so one-time
+    costs (building the C attention kernel, first-call dispatch) are not charged to the first step.
 
-    kv_specs: one `core.kv` layer spec per layer (`layer_specs`).
+    Threads: `add_request`, `abort_request` and `has_unfinished_requests` may be called from any thread; they
+    only touch a locked inbox (`core.engine.requests.RequestInbox`). `step` (and `generate`) run under the
+    engine's step lock, so one thread steps at a time; queued adds and aborts are applied by the stepping thread
+    when a step starts (or at once, by the caller, when no step is running). Everything else (the scheduler, the
+    KV cache manager, the KV cache, `current_run`) belongs to the stepping thread.
 
-    Sliding window: when every attention layer shares one window W (one KV cache group of sliding-window
-    specs, Mistral-7B-v0.1), the BlockManager is built with `sliding_window=W`: before a sequence appends the token at
-    position n, its blocks wholly before position n - W + 1 go back to the pool (table entries -1, never read by
-    the windowed kernels), so a decoding sequence holds at most ceil((W + block_size - 1) / block_size) blocks
-    (its whole prompt until the first decode: prompts are allocated whole). Forks share only the blocks still
-    held; copy-on-write is unchanged. Prefix caching works with the window: a released full block stays cached
-    (its K/V depend only on the tokens before it) until it is evicted. A model mixing full and windowed layers
-    (Qwen2 with `max_window_layers`, Gemma-2 style) keeps full-attention block management for all layers: the
-    windowed layers would need their own pool and block tables (one BlockManager per KV cache group, as vLLM's
-    hybrid allocator and `core.serving.hybrid_memory` do), which this engine does not have.
+    kv_specs: one `core.kv` layer spec per layer (`layer_specs`). kv_groups: the KV cache groups
+    (`core.kv.layout.kv_cache_groups`); `manager` is the `core.kv.KVCacheManager` with one block table per group
+    over ONE pool of `num_blocks` blocks of `block_size` tokens, and layer l reads and writes through the tables of
+    group `layer_group[l]`. enable_kv_cache_events: the manager's pool queues vLLM's KV cache events (BlockStored
+    as computed blocks enter the prefix cache, BlockRemoved on eviction); drain them with `manager.take_events()`.
+
+    Sliding window: a group of sliding-window layers (window W; every layer for Mistral-7B-v0.1, some for
+    Gemma-2 style `layer_types` or Qwen2's `max_window_layers`) releases, once c tokens are computed, the blocks
+    wholly before position c - W + 1 (entries -1, never read by the windowed kernels): a decoding sequence holds
+    at most ceil((W + block_size - 1) / block_size) blocks there (its whole prompt until computed), while a full
+    group keeps every block. Forks share the blocks still held; copy-on-write is per group. A released full
+    block stays cached until evicted; a prefix-cache hit needs the prefix cached in every group.
     """
 
     def __init__(
@@ -115,6 +132,8 @@ class Engine:
         tokenizer=None,
         backend: str = "auto",
         max_snapshots: int = 100,
+        warmup: bool = True,
+        enable_kv_cache_events: bool = False,
     ):
         block_size = check_int(block_size, "block_size", minimum=1, maximum=1024)
         max_num_seqs = check_int(max_num_seqs, "max_num_seqs", minimum=1)
@@ -122,7 +141,9 @@ class Engine:
             max_num_batched_tokens, "max_num_batched_tokens", minimum=max_num_seqs
         )
         self.config = config
-        self.model = LlamaModel(config, weights, backend)
+        kv_dtype = weights["model.embed_tokens.weight"].dtype
+        self.kv_specs, self.kv_groups, self.layer_group = kv_groups_of(config, block_size, kv_dtype)
+        self.model = LlamaModel(config, weights, backend, self.layer_group)
         self.tokenizer = tokenizer
         budget = memory_budget_bytes()
         kv_budget = budget - self.model.weight_bytes
@@ -150,19 +171,27 @@ class Engine:
             self.model.device,
             max_bytes=max(kv_budget, 0),
         )
-        # One KV cache spec per layer; one group of sliding-window layers (Mistral-7B-v0.1) lets the block
-        # manager release what left the window. Mixed full and windowed layers form several groups: full
-        # management for every layer (see the class docstring).
-        self.kv_specs = layer_specs(config, block_size=block_size, kv_dtype=self.model.dtype)
-        groups, _ = kv_cache_groups(self.kv_specs)
-        window = groups[0].window if len(groups) == 1 and groups[0].kind == "sliding_window" else None
-        self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching, sliding_window=window)
-        self.memory = EngineMemory(self.manager, self.cache)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self.manager = KVCacheManager(
+            [group.spec for group in self.kv_groups],
+            num_blocks,
+            enable_prefix_caching=enable_prefix_caching,
+            enable_kv_cache_events=self.enable_kv_cache_events,
+        )
+        self.memory = EngineMemory(self.manager, self.cache, self.layer_group)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_snapshots = check_int(max_snapshots, "max_snapshots", minimum=1)
+        self.scheduler = Scheduler(self.memory, max_num_seqs, max_num_batched_tokens, "recompute")
+        self.runner = ModelRunner(self.model, self.memory)
         self.last_run: EngineRun | None = None
-        self._next_seq_id = 0
+        self._seq_ids = itertools.count()
+        self._inbox = RequestInbox()
+        self._live: dict = {}  # request_id -> group, for every request in the scheduler's queues
+        self._step_lock = threading.RLock()
+        self.warmup_ms = self.runner.warm_up() if warmup else 0.0
+        self.reset_metrics()
 
     # ---- construction -------------------------------------------------------------------------------------
 
@@ -181,17 +210,21 @@ class Engine:
         **kwargs,
     ) -> "Engine":
         """Load a Llama / Mistral / Qwen2 directory as Hugging Face saves it (config.json + safetensors, sharded
-        or not; a tokenizer when present). dtype None: float32 on CPU, the checkpoint's dtype on CUDA.
+        or not; a tokenizer when present), or a Llama-architecture `.gguf` file (dequantized; its tokenizer and
+        chat template: `core.engine.gguf_file`). dtype None: float32 on CPU, the checkpoint's dtype on CUDA
+        (float32 for a GGUF file).
 
         Raises ModelLoadError (missing or malformed files, unsupported architecture or setting) and
         ModelTooLargeError (weights over the memory budget, checked before loading).
         """
         path = Path(path)
-        config = ModelConfig.from_directory(path)
+        gguf = path.suffix.lower() == ".gguf"
+        config = gguf_config(path) if gguf else ModelConfig.from_directory(path)
         device = torch.device(device) if device is not None else default_device()
         dtype = _resolve_dtype(dtype, device, config)
-        weights = load_weights(path, config, dtype, device, memory_budget_bytes())
-        tokenizer = _load_tokenizer(path)
+        load = gguf_weights if gguf else load_weights
+        weights = load(path, config, dtype, device, memory_budget_bytes())
+        tokenizer = gguf_tokenizer(path) if gguf else _load_tokenizer(path)
         return cls(
             config,
             weights,
@@ -237,51 +270,277 @@ class Engine:
             **kwargs,
         )
 
+    # ---- chat -------------------------------------------------------------------------------------------
+
+    def chat(
+        self,
+        messages,
+        params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        progress: Callable[[float], None] | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's `LLM.chat`: `messages` is one conversation (a list of {"role", "content"} dicts) or a list of
+        conversations. Each is rendered by the tokenizer's chat template with the assistant's turn opened
+        (`chat_prompt`) and generated as `generate` does; one RequestOutput per conversation, in order, whose
+        `prompt` is the rendered text and whose `CompletionOutput.text` is the decoded answer (EOS and other
+        special tokens left out). An answer ends at the model's EOS (kept in token_ids) unless ignore_eos.
+        Raises InvalidArgumentError (before anything runs) for a model without tokenizer or chat template, or a
+        malformed message."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages or [])
+        if not conversations:
+            raise InvalidArgumentError(
+                "chat needs at least one conversation (a list of role/content messages)"
+            )
+        rendered = [self.chat_prompt(c) for c in conversations]
+        outputs = self.generate([ids for _, ids in rendered], params, progress=progress)
+        for output, (text, _) in zip(outputs, rendered, strict=True):
+            output.prompt = text
+        return outputs
+
+    def chat_prompt(self, conversation) -> tuple[str, list[int]]:
+        """(text, token ids) of one conversation through the tokenizer's chat template, ending with the opened
+        assistant turn (transformers' `apply_chat_template(add_generation_prompt=True)`); the template writes
+        the special tokens itself, so the text is tokenized without adding any. Raises InvalidArgumentError."""
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidArgumentError("this model has no chat template: give prompts to generate instead")
+        if not isinstance(conversation, list | tuple) or not conversation:
+            raise InvalidArgumentError("a conversation is a non-empty list of {'role', 'content'} messages")
+        for message in conversation:
+            if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+                raise InvalidArgumentError(f"a message needs a role and a text content, got {message!r}")
+            if message.get("role") not in ("system", "user", "assistant"):
+                raise InvalidArgumentError(
+                    f"a message's role is 'system', 'user' or 'assistant', got {message.get('role')!r}"
+                )
+        text = self.tokenizer.apply_chat_template(
+            list(conversation), tokenize=False, add_generation_prompt=True
+        )
+        return text, list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     # ---- requests -----------------------------------------------------------------------------------------
 
-    def _prompt_ids(self, prompt) -> tuple[list[int], str | None]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise InvalidArgumentError("this model has no tokenizer: give prompts as lists of token ids")
-            return list(self.tokenizer(prompt)["input_ids"]), prompt
-        ids = [check_int(t, "token id", minimum=0, maximum=self.config.vocab_size - 1) for t in prompt]
-        if not ids:
-            raise InvalidArgumentError("a prompt needs at least one token")
-        return ids, None
-
     def _new_seq_id(self) -> int:
-        self._next_seq_id += 1
-        return self._next_seq_id - 1
+        return next(self._seq_ids)  # itertools.count: atomic under the interpreter lock, safe from any thread
 
-    def _make_groups(self, prompts, params, return_logits: bool) -> list[SequenceGroup]:
-        if isinstance(prompts, str) or (isinstance(prompts, Seq) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if len(prompts) == 0:
-            raise InvalidArgumentError("generate needs at least one prompt")
-        per_prompt = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
-        if len(per_prompt) != len(prompts):
-            raise InvalidArgumentError(f"{len(per_prompt)} SamplingParams given for {len(prompts)} prompts")
-        groups = []
-        for index, (prompt, params) in enumerate(zip(prompts, per_prompt, strict=True)):
-            if not isinstance(params, SamplingParams):
-                raise InvalidArgumentError(f"params must be SamplingParams, got {type(params).__name__}")
-            if params.num_sequences > self.max_num_seqs:
-                raise InvalidArgumentError(
-                    f"{params.num_sequences} sequences per request exceed max_num_seqs ({self.max_num_seqs})"
-                )
-            samples = 1 if params.use_beam_search else params.n  # beams grow from one sequence
-            ids, text = self._prompt_ids(prompt)
-            generator = None if params.seed is None else torch.Generator().manual_seed(params.seed + index)
-            seqs = [
-                Sequence(self._new_seq_id(), list(ids), len(ids), logits=[] if return_logits else None)
-                for _ in range(samples)
-            ]
-            group = SequenceGroup(index, params, list(ids), seqs, generator, prompt=text)
-            self.memory.check_fits(group, params.max_tokens)
-            groups.append(group)
-        return groups
+    def _group(self, request_id, prompt, params, seed_offset=0, return_logits=False, stream=False):
+        group = make_group(
+            request_id,
+            prompt,
+            params,
+            tokenizer=self.tokenizer,
+            vocab_size=self.config.vocab_size,
+            max_num_seqs=self.max_num_seqs,
+            new_seq_id=self._new_seq_id,
+            seed_offset=seed_offset,
+            return_logits=return_logits,
+            stream=stream,
+        )
+        self.memory.check_fits(group, params.max_tokens)
+        return group
+
+    def add_request(
+        self,
+        prompt,
+        params: SamplingParams | None = None,
+        request_id: int | str | None = None,
+        *,
+        stream: bool = False,
+        return_logits: bool = False,
+    ) -> int | str:
+        """Queue one request (a list of token ids, or text when the model has a tokenizer) with `params` (default
+        16 tokens at temperature 1.0); returns its id (`request_id`, or the smallest free integer). It joins the
+        running batch at the next `step`. stream: `step` also reports it after every step that gives it tokens.
+        Safe to call from any thread (see the class docstring). Raises InvalidArgumentError (bad prompt or params,
+        a request that can never fit the pool, an id already used by an unfinished request), queueing nothing."""
+        params = SamplingParams(max_tokens=16) if params is None else params
+        if request_id is None:
+            request_id = self._inbox.new_request_id()
+        elif isinstance(request_id, bool) or not isinstance(request_id, int | str):
+            raise InvalidArgumentError(f"request_id must be an int or a str, got {type(request_id).__name__}")
+        group = self._group(request_id, prompt, params, 0, return_logits, stream)
+        self._inbox.add(group)
+        self._apply_inbox_if_idle()
+        return request_id
+
+    def abort_request(self, request_id: int | str) -> bool:
+        """Stop an unfinished request: it leaves the queues and its blocks go back to the pool, at once when no
+        step is running, else when the next step starts. Returns False (and does nothing) when no unfinished
+        request has this id (never added, finished or aborted already). Safe to call from any thread."""
+        queued = self._inbox.abort(request_id)
+        self._apply_inbox_if_idle()
+        return queued
+
+    def has_unfinished_requests(self) -> bool:
+        """True while a request added is neither finished nor aborted, or an abort is still to be applied."""
+        return self._inbox.has_unfinished()
+
+    def _apply_inbox_if_idle(self) -> None:
+        if self._step_lock.acquire(blocking=False):
+            try:
+                self._apply_inbox()
+            finally:
+                self._step_lock.release()
+
+    def _apply_inbox(self) -> None:
+        """Move added requests into the scheduler and apply aborts, in call order (step lock held)."""
+        for kind, item in self._inbox.drain():
+            if kind == "add":
+                self._live[item.request_id] = item
+                self.scheduler.add(item)
+            elif item in self._live:
+                self._drop(self._live.pop(item))
+
+    def _drop(self, group: SequenceGroup) -> None:
+        """Take a group out of the scheduler's queues and give its blocks back."""
+        sched = self.scheduler
+        for queue in (sched.waiting, sched.swapped):
+            if group in queue:
+                queue.remove(group)
+        if group in sched.running:
+            sched.running.remove(group)
+        if id(group) in self.memory.held:
+            self.memory.release(group)
+
+    def _abort_all(self) -> None:
+        """Drop every request (after an error): the pool is empty again and nothing is queued."""
+        self._inbox.drain()
+        self._inbox.clear()
+        for group in list(self._live.values()):
+            self._drop(group)
+        self._live.clear()
+        for group in list(self.memory.held.values()):
+            self.memory.release(group)
+        self.scheduler.waiting.clear()
+        self.scheduler.running.clear()
+        self.memory.cow_log.clear()
 
     # ---- the loop -----------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduler step: apply queued adds and aborts, schedule (admit, preempt, chunk prefills), allocate
+        the decodes' slots, run the model on the flattened batch, sample, postprocess (finished requests free
+        their blocks), record the step's row. Returns the requests that finished in this step, and the streamed
+        ones that got tokens (`finished` False); [] when there is nothing to do. Call from one thread at a time.
+        A step that raises drops every request (the pool is left empty) and re-raises."""
+        with self._step_lock:
+            started = time.perf_counter()
+            self._apply_inbox()
+            if not self.scheduler.has_unfinished:
+                return []
+            try:
+                return self._step(started)
+            except BaseException:
+                self._abort_all()
+                raise
+
+    def _step(self, started: float) -> list[RequestOutput]:
+        sched, mem, rec = self.scheduler, self.memory, self._recorder
+        scheduled = sched.schedule()
+        if scheduled.is_empty and not scheduled.preempted:
+            raise SchedulerStuckError(
+                f"the scheduler is stuck: {len(sched.waiting)} waiting request(s) fit in none of the "
+                f"{mem.free_blocks:,} free blocks and nothing runs (use more blocks or shorter requests)",
+                num_waiting=len(sched.waiting),
+                free_blocks=mem.free_blocks,
+            )
+        sched.allocate(scheduled)  # appends each decoding sequence's token: EngineMemory.grow
+        step = len(rec.rows)
+        rec.cow_events += [(step, *event) for event in mem.cow_log]
+        cows = len(mem.cow_log)
+        mem.cow_log.clear()
+        forward_ms = attention_ms = 0.0
+        kv_read = 0
+        if not scheduled.is_empty:
+            prepared = self.runner.prepare(scheduled)
+            logits = self.runner.run(prepared)  # [rows, vocab]
+            self._sample(scheduled, prepared.logits_owner, logits)
+            forward_ms, attention_ms = self.runner.last_forward_ms, self.runner.last_attention_ms
+            kv_read = prepared.kv_tokens_read
+        outcome = sched.postprocess(scheduled)
+        outputs = self._outputs(scheduled, outcome)
+        usage = mem.usage(mem.live_seqs())
+        now = time.perf_counter()
+        step_ms = (now - started) * 1e3
+        rec.add(
+            step_row(
+                scheduled,
+                outcome,
+                usage,
+                step=step,
+                time_s=now - self._run_started,
+                free_blocks=mem.free_blocks,
+                block_size=mem.block_size,
+                preemptions_total=sched.num_preemptions - self._preemptions_base,
+                kv_tokens_read=kv_read,
+                cow_copies=cows,
+                times_ms=(step_ms, attention_ms, forward_ms - attention_ms, step_ms - forward_ms),
+            )
+        )
+        rec.maybe_snapshot(step, self._snapshot, not sched.has_unfinished)
+        return outputs
+
+    def _sample(self, scheduled: ScheduledStep, logits_owner: list, logits: torch.Tensor) -> None:
+        """Give each sequence its row of logits, then sample every group whose sequences all have theirs."""
+        for row, owners in enumerate(logits_owner):
+            for seq in owners:
+                seq.pending_logits = logits[row]
+        eos = self.config.eos_token_ids
+        touched = dict.fromkeys([*scheduled.decoding, *(g for g, _, _ in scheduled.prefill_chunks)])
+        for group in touched:
+            if group.seqs and all(s.pending_logits is not None for s in group.seqs):
+                process_group(group, self.memory, self._new_seq_id, eos)
+
+    def _outputs(self, scheduled: ScheduledStep, outcome) -> list[RequestOutput]:
+        """RequestOutputs of the groups that finished, and of the streamed ones that produced tokens."""
+        outputs = []
+        for group in outcome.finished:
+            self._live.pop(group.request_id, None)
+            out = finish_group_outputs(group, self.tokenizer)
+            self._request_rows.append(
+                (
+                    group.request_id,
+                    len(group.prompt_token_ids),
+                    sum(len(o.token_ids) for o in out.outputs),
+                    group.num_preemptions,
+                    group.num_cached_tokens,
+                )
+            )
+            outputs.append(out)
+        self._inbox.finished([g.request_id for g in outcome.finished])
+        for group in dict.fromkeys([*scheduled.decoding, *outcome.first_token]):
+            if group.stream and group.seqs:
+                outputs.append(finish_group_outputs(group, self.tokenizer))
+        return outputs
+
+    def _snapshot(self, step: int) -> EngineSnapshot:
+        blocks, kv = self.memory.block_snapshot()
+        request_of = {s.seq_id: g.request_id for g in self.scheduler.running for s in g.seqs}
+        return EngineSnapshot(step, blocks, {s: request_of.get(s, -1) for s in blocks.seq_ids}, kv)
+
+    # ---- runs ---------------------------------------------------------------------------------------------
+
+    def reset_metrics(self) -> None:
+        """Start a new record: steps, snapshots, copy-on-write events and finished requests (see `current_run`)."""
+        self._recorder = StepRecorder(self.max_snapshots)
+        self._request_rows: list[tuple] = []
+        self._run_started = time.perf_counter()
+        self._preemptions_base = self.scheduler.num_preemptions
+
+    def current_run(self) -> EngineRun:
+        """An `EngineRun` of every step since the last `reset_metrics` (or the engine's start, or the last
+        `generate`): `requests` holds the requests that finished in that span, in the order they finished."""
+        rows = self._request_rows
+        return EngineRun(
+            self._recorder.steps_frame(),
+            list(self._recorder.snapshots),
+            self._recorder.cow_frame(),
+            pd.DataFrame(
+                rows, columns=["request_id", "prompt_len", "output_tokens", "preemptions", "cached_tokens"]
+            ),
+            self.num_blocks,
+            self.block_size,
+            time.perf_counter() - self._run_started,
+        )
 
     def generate(
         self,
@@ -293,202 +552,48 @@ class Engine:
     ) -> list[RequestOutput]:
         """Generate for every prompt (a list of token ids, or a string when the model has a tokenizer; one prompt
         alone is accepted too) with `params` (one SamplingParams for all, or a list with one per prompt; default
-        16 tokens at temperature 1.0); returns one RequestOutput per prompt, in order. progress(fraction) is called
-        after every step with the fraction of the output tokens asked for that exist so far (last call 1.0).
-        Records `self.last_run`. Raises InvalidArgumentError for a prompt that can never fit the pool; after any
-        error the pool is left empty, as before the call."""
+        16 tokens at temperature 1.0); returns one RequestOutput per prompt, in order (request ids 0, 1, ...; a
+        seeded request i draws from seed + i). A loop over `step` on an engine with no other request unfinished.
+        progress(fraction) is called after every step with the fraction of the output tokens asked for that
+        exist so far (last call 1.0). Records `self.last_run`. Raises InvalidArgumentError for a prompt that can
+        never fit the pool, or when requests added with `add_request` are unfinished; after any error the pool is
+        left empty, as before the call."""
         started = time.perf_counter()
-        groups = self._make_groups(prompts, params or SamplingParams(max_tokens=16), return_logits)
-        try:
-            return self._run(groups, started, progress)
-        except BaseException:
-            for group in list(self.memory.held.values()):
-                self.memory.release(group)
-            raise
-
-    def _run(self, groups: list[SequenceGroup], started: float, progress) -> list[RequestOutput]:
-        scheduler = Scheduler(self.memory, self.max_num_seqs, self.max_num_batched_tokens, "recompute")
-        for group in groups:
-            scheduler.add(group)
-        recorder = StepRecorder(self.max_snapshots)
-        request_of = {}
-        target = sum(g.params.num_sequences * g.params.max_tokens for g in groups)
-        step = 0
-        while scheduler.has_unfinished:
-            t0 = time.perf_counter()
-            scheduled = scheduler.schedule()
-            if scheduled.is_empty and not scheduled.preempted:
-                raise SchedulerStuckError(
-                    f"the scheduler is stuck: {len(scheduler.waiting)} waiting request(s) fit in none of the "
-                    f"{self.memory.free_blocks:,} free blocks and nothing runs (use more blocks or shorter requests)",
-                    num_waiting=len(scheduler.waiting),
-                    free_blocks=self.memory.free_blocks,
+        if isinstance(prompts, str) or (isinstance(prompts, Seq) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if len(prompts) == 0:
+            raise InvalidArgumentError("generate needs at least one prompt")
+        params = params or SamplingParams(max_tokens=16)
+        per_prompt = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise InvalidArgumentError(f"{len(per_prompt)} SamplingParams given for {len(prompts)} prompts")
+        with self._step_lock:
+            if self.has_unfinished_requests():
+                raise InvalidArgumentError(
+                    f"generate runs alone, and {len(self._inbox.unfinished_ids())} request(s) added with "
+                    "add_request are unfinished: step them to the end or abort them first"
                 )
-            scheduler.allocate(scheduled)  # appends each decoding sequence's token: EngineMemory.grow
-            for request, seq_id, src, dst in self.memory.cow_log:
-                recorder.cow_events.append((step, request, seq_id, src, dst))
-            cows = len(self.memory.cow_log)
-            self.memory.cow_log.clear()
-            kv_read = self._execute(scheduled) if not scheduled.is_empty else 0
-            outcome = scheduler.postprocess(scheduled)
-            for group in groups:
-                for seq in group.seqs:
-                    request_of[seq.seq_id] = group.request_id
-            attention_ms = self.model.attention_ms if not scheduled.is_empty else 0.0
-            self._record(
-                scheduler, scheduled, outcome, recorder, (step, started, t0), attention_ms, kv_read, cows
-            )
-            recorder.maybe_snapshot(
-                step, lambda s: self._snapshot(s, request_of), not scheduler.has_unfinished
-            )
-            step += 1
-            if progress is not None:
-                done = sum(sum(s.num_output for s in (*g.seqs, *g.finished)) for g in groups)
-                progress(min(done / target, 1.0) if scheduler.has_unfinished else 1.0)
-        outputs = [finish_group_outputs(g, self.tokenizer) for g in groups]
-        self.last_run = EngineRun(
-            recorder.steps_frame(),
-            recorder.snapshots,
-            recorder.cow_frame(),
-            pd.DataFrame(
-                {
-                    "request_id": [g.request_id for g in groups],
-                    "prompt_len": [len(g.prompt_token_ids) for g in groups],
-                    "output_tokens": [sum(len(o.token_ids) for o in out.outputs) for out in outputs],
-                    "preemptions": [g.num_preemptions for g in groups],
-                    "cached_tokens": [g.num_cached_tokens for g in groups],
-                }
-            ),
-            self.manager.num_blocks,
-            self.manager.block_size,
-            time.perf_counter() - started,
-        )
+            groups = [
+                self._group(i, prompt, p, seed_offset=i, return_logits=return_logits)
+                for i, (prompt, p) in enumerate(zip(prompts, per_prompt, strict=True))
+            ]
+            self.reset_metrics()
+            self._run_started = started
+            results = {}
+            target = sum(g.params.num_sequences * g.params.max_tokens for g in groups)
+            try:
+                for group in groups:
+                    self._inbox.add(group)
+                while self.has_unfinished_requests():
+                    results.update((out.request_id, out) for out in self.step())
+                    if progress is not None:
+                        done = sum(sum(s.num_output for s in (*g.seqs, *g.finished)) for g in groups)
+                        busy = self.has_unfinished_requests()
+                        progress(min(done / target, 1.0) if busy else 1.0)
+            except BaseException:
+                self._abort_all()
+                raise
+            self.last_run = self.current_run()
+        outputs = [results[i] for i in range(len(groups))]
+        self.last_run.requests = self.last_run.requests.sort_values("request_id", ignore_index=True)
         return outputs
-
-    def _snapshot(self, step: int, request_of: dict) -> EngineSnapshot:
-        blocks = self.manager.snapshot()
-        return EngineSnapshot(step, blocks, {s: request_of.get(s, -1) for s in blocks.seq_ids})
-
-    def _prefill_pieces(self, scheduled: ScheduledStep) -> list[tuple[SequenceGroup, Sequence, int, int]]:
-        """The scheduler's group chunks (group, start, tokens) as (group, sequence, first position, tokens): a
-        group's prefill is the concatenation of its `prefill_plan` (see EngineMemory.admit)."""
-        pieces = []
-        for group, start, count in scheduled.prefill_chunks:
-            offset = 0
-            for seq, todo in group.prefill_plan:
-                lo, hi = max(start, offset), min(start + count, offset + todo)
-                if lo < hi:
-                    first = seq.num_allocated - todo + (lo - offset)
-                    pieces.append((group, seq, first, hi - lo))
-                offset += todo
-        return pieces
-
-    def _execute(self, scheduled: ScheduledStep) -> int:
-        """Run the forward pass of the step and sample; returns the KV tokens the step's attention read."""
-        mem = self.memory
-        decode_seqs = [s for g in scheduled.decoding for s in g.seqs]
-        tokens = [s.token_ids[-1] for s in decode_seqs]
-        positions = [s.num_allocated - 1 for s in decode_seqs]
-        slots = [s.pending_slot for s in decode_seqs]
-        dec_tables = [self.manager.block_table(s.seq_id) for s in decode_seqs]
-        dec_lens = [s.num_allocated for s in decode_seqs]
-        pre_tables, pre_ctx, pre_q, last_index = [], [], [], []
-        logits_owner: list[list[Sequence]] = [[s] for s in decode_seqs]
-        pieces = self._prefill_pieces(scheduled)
-        for group, seq, start, chunk in pieces:
-            tokens += seq.token_ids[start : start + chunk]
-            positions += range(start, start + chunk)
-            slots += mem.slots(seq, start, start + chunk).tolist()
-            pre_tables.append(self.manager.block_table(seq.seq_id))
-            pre_ctx.append(start + chunk)
-            pre_q.append(chunk)
-            if start + chunk == seq.num_allocated:  # the prefill of this sequence ends: its logits are needed
-                owners = [seq] if group.started_sampling else group.seqs  # forked samples share the prompt
-                logits_owner.append(owners)
-                last_index.append(len(tokens) - 1)
-        batch = self._batch(
-            tokens, positions, slots, dec_tables, dec_lens, pre_tables, pre_ctx, pre_q, last_index
-        )
-        logits = self.model.forward(batch, self.cache)  # [len(logits_owner), vocab]
-        for seq in decode_seqs:
-            mem.mark_computed(seq, seq.num_allocated)
-        for group, seq, start, chunk in pieces:
-            for owner in [seq] if group.started_sampling else group.seqs:
-                mem.mark_computed(owner, start + chunk)
-        for row, owners in enumerate(logits_owner):
-            for seq in owners:
-                seq.pending_logits = logits[row]
-        eos = self.config.eos_token_ids
-        touched = dict.fromkeys([*scheduled.decoding, *(g for g, _, _ in scheduled.prefill_chunks)])
-        for group in touched:
-            if group.seqs and all(s.pending_logits is not None for s in group.seqs):
-                process_group(group, mem, self._new_seq_id, eos)
-        window = self.manager.sliding_window
-        if window is None:
-            return sum(dec_lens) + sum(pre_ctx)
-        # a decode query reads its last W positions; a chunk of q tokens reads the q + W - 1 positions before it
-        decode_read = sum(min(n, window) for n in dec_lens)
-        return decode_read + sum(min(n, q + window - 1) for n, q in zip(pre_ctx, pre_q, strict=True))
-
-    def _batch(self, tokens, positions, slots, dec_tables, dec_lens, pre_tables, pre_ctx, pre_q, last_index):
-        device = self.model.device
-
-        def table_tensor(tables):
-            width = max((len(t) for t in tables), default=0)
-            array = np.zeros((len(tables), max(width, 1)), dtype=np.int32)
-            for row, table in enumerate(tables):
-                array[row, : len(table)] = table
-            return torch.from_numpy(array).to(device)
-
-        def longs(values):
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        num_decode = len(dec_lens)
-        return ForwardBatch(
-            token_ids=longs(tokens),
-            positions=longs(positions),
-            slot_mapping=longs(slots),
-            num_decode=num_decode,
-            decode_block_tables=table_tensor(dec_tables),
-            decode_context_lens=longs(dec_lens),
-            prefill_block_tables=table_tensor(pre_tables),
-            prefill_context_lens=longs(pre_ctx),
-            prefill_query_lens=longs(pre_q),
-            logits_indices=longs(list(range(num_decode)) + last_index),
-        )
-
-    def _record(self, scheduler, scheduled, outcome, recorder, when, attention_ms, kv_read, cows):
-        step, started, t0 = when
-        usage = self.memory.usage(self.memory.live_seqs())
-        free = self.manager.num_free_blocks
-        bs = self.manager.block_size
-        now = time.perf_counter()
-        recorder.add(
-            {
-                "step": step,
-                "time_s": now - started,
-                "step_time_ms": (now - t0) * 1e3,
-                "running": scheduled.num_running,
-                "running_seqs": scheduled.num_running_seqs,
-                "waiting": scheduled.num_waiting,
-                "swapped": 0,
-                "preemptions": len(scheduled.preempted),
-                "preemptions_total": scheduler.num_preemptions,
-                "free_blocks": free,
-                "free_slots": free * bs,
-                "token_states": usage["token_states"],
-                "reservation": usage["reservation"],
-                "internal_fragmentation": usage["internal_fragmentation"],
-                "allocator_slack": 0,
-                "external_fragmentation": 0,  # a paged pool has none: free blocks are free_slots
-                "tokens_generated": outcome.tokens_generated,
-                "prefill_tokens": outcome.prefill_tokens,
-                "kv_tokens_read": kv_read,
-                "prefix_hit_tokens": scheduled.prefix_hit_tokens,
-                "shared_blocks": usage["shared_blocks"],
-                "cow_copies": cows,
-                "attention_ms": attention_ms,
-                "blocks_in_use": usage["blocks_in_use"],
-                "blocks_without_sharing": usage["blocks_without_sharing"],
-            }
-        )

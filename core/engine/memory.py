@@ -1,18 +1,26 @@
-"""The engine's paged KV memory: the real `BlockManager` and `KVCache`, driven by the engine's real sequences.
+"""The engine's paged KV memory: a `core.kv.KVCacheManager` (one block table per KV cache group, every group
+drawing ids from one pool) and the `KVCache` tensors, driven by the engine's real sequences.
 
 Invariants:
-- A live sequence `s` is held by the manager with `s.num_allocated` tokens: its prompt (and, after a recompute
-  preemption, its earlier output) from admission, and one more token per decode step, appended just before the
-  step computes it.
-- `ready[b]` is True when block b's K/V are computed for all of its block_size tokens. A block newly placed in a
-  table is not ready; prefix-cache hits on blocks that are not ready yet (registered at allocation by a request
-  whose prefill has not reached them, or freed before it did) are computed again, never read unwritten.
-- Copy-on-write: when `append_token` reports `(src, dst)` the K/V of src are copied into dst (every layer)
-  before the new token is written.
-- Sliding window (the manager's `sliding_window` W, set by the engine when every layer has window W): appending
-  the token at position n first releases the sequence's blocks wholly before position n - W + 1; their table
-  entries become -1 (a prefix of the table). Nothing here reads or marks a -1 entry, and no query of a later step
-  can see those positions, so the kernels never read them either.
+- A live sequence `s` is a request of the manager (request id = `s.seq_id`) with room for `s.num_allocated`
+  tokens: its prompt (and, after a recompute preemption, its earlier output) from admission, and one more token
+  per decode step, appended just before the step computes it.
+- Caching on compute: `mark_computed(s, stop)` tells the manager the K/V of tokens [0, stop) are written; only
+  then do their full blocks enter the prefix cache, so a prefix-cache hit is always computed K/V (what a
+  `ready[]` bitmap once guarded). The manager's computed count equals `s.num_computed`.
+- Layers and groups: layer l belongs to KV cache group `layer_group[l]` (`core.kv.layout.kv_cache_groups`
+  over the model's layer specs: one group when every layer is alike, e.g. one full-attention group, or one
+  sliding-window group for Mistral-7B-v0.1; a full group and window groups for Gemma-2 style `layer_types` or
+  Qwen2's `max_window_layers`). Every layer's K/V tensor spans the whole pool ([num_blocks, block_size,
+  kv_heads, head_dim]); block ids are unique across groups, so layer l only ever touches the ids of its group's
+  tables. Tables and slots are built per group: `block_tables` -> [G, seqs, width], `slots` -> [G, tokens].
+  (vLLM lays the groups' layers over shared tensors, so a block costs one group's layers; here a block costs
+  every layer: simpler, and G times the bytes per block for G equal groups.)
+- Sliding window W (a window group): once c tokens are computed the manager releases the blocks wholly before
+  position c - W + 1 (the first one the next token reads); their table entries become -1 (a prefix of the
+  table). No query of a later step can see those positions, so the windowed kernels never read them.
+- Copy-on-write: when `append_token` reports `(src, dst)` for a group, the K/V of src are copied into dst
+  (every layer's tensor: layers of other groups never read either id) before the new token is written.
 """
 
 import numpy as np
@@ -20,14 +28,33 @@ import numpy as np
 from core.common import cdiv
 from core.engine.sequence import Sequence, SequenceGroup
 from core.errors import InvalidArgumentError
-from core.paging.block_manager import BlockManager
+from core.kv import KVCacheManager, KVCacheSnapshot
+from core.kv.hf_config import layer_specs
+from core.kv.layout import KVCacheGroup, kv_cache_groups
+from core.kv.specs import KVCacheSpec, SlidingWindowSpec
+from core.paging.block_views import BlockSnapshot
 from core.paging.kv_cache import KVCache
 from core.sched.memory import Admission, MemoryMetrics
+
+
+def kv_groups_of(
+    config, block_size: int, kv_dtype
+) -> tuple[list[KVCacheSpec], tuple[KVCacheGroup, ...], tuple[int, ...]]:
+    """(one KV cache spec per layer, the KV cache groups, per layer the index of its group) of the model of
+    `config` (a `ModelConfig`, read by `core.kv.hf_config.layer_specs`): one group when every layer is alike."""
+    specs = layer_specs(config, block_size=block_size, kv_dtype=kv_dtype)
+    groups, _ = kv_cache_groups(specs)
+    layer_group = [0] * len(specs)
+    for index, group in enumerate(groups):
+        for layer in group.layers:
+            layer_group[layer] = index
+    return specs, groups, tuple(layer_group)
 
 
 class EngineMemory:
     """The engine's `core.sched.memory.SchedulerMemory`: the serving scheduler admits, grows and releases
     the engine's real groups through it. watermark: fraction of the blocks kept free when admitting (vLLM's 0.01).
+    layer_group: per model layer, the index of its KV cache group in `manager.groups`.
 
     A group not yet sampled (`started_sampling` False) holds its prompt once: the first sequence is allocated and
     the others (n parallel samples) are forked from it, so they share every prompt block. A group readmitted after
@@ -35,14 +62,32 @@ class EngineMemory:
     cow_log: (request_id, seq_id, src_block, dst_block) of each copy-on-write made by `grow`, drained by the engine.
     """
 
-    def __init__(self, manager: BlockManager, cache: KVCache, watermark: float = 0.01):
+    def __init__(
+        self, manager: KVCacheManager, cache: KVCache, layer_group: tuple[int, ...], watermark: float = 0.01
+    ):
+        sizes = {spec.block_size for spec in manager.groups}
+        if sizes != {cache.block_size} or manager.num_blocks != cache.num_blocks:
+            raise InvalidArgumentError(
+                f"the manager's groups (block sizes {sorted(sizes)}, {manager.num_blocks} blocks) and the cache "
+                f"({cache.block_size} tokens x {cache.num_blocks} blocks) must have one geometry"
+            )
+        if len(layer_group) != cache.num_layers or not set(layer_group) <= set(range(len(manager.groups))):
+            raise InvalidArgumentError(
+                f"layer_group must name one of the {len(manager.groups)} groups for each of the "
+                f"{cache.num_layers} layers, got {list(layer_group)}"
+            )
         self.manager = manager
         self.cache = cache
-        self.block_size = manager.block_size
+        self.layer_group = tuple(layer_group)
+        self.num_groups = len(manager.groups)
+        self.windows = tuple(
+            s.sliding_window if isinstance(s, SlidingWindowSpec) else None for s in manager.groups
+        )
+        self.block_size = cache.block_size
         self.num_blocks = manager.num_blocks
         self.capacity = self.num_blocks * self.block_size
+        self.watermark = watermark
         self.watermark_blocks = int(watermark * self.num_blocks)
-        self.ready = np.zeros(self.num_blocks, dtype=bool)
         self.held: dict[int, SequenceGroup] = {}
         self.cow_log: list[tuple[int, int, int, int]] = []
 
@@ -56,19 +101,20 @@ class EngineMemory:
         return group.seqs if group.started_sampling else group.seqs[:1]
 
     def admission_blocks(self, group: SequenceGroup) -> int:
-        """Blocks admitting the group takes at most (prefix-cache hits not counted)."""
-        return sum(cdiv(len(s.token_ids), self.block_size) for s in self._to_allocate(group))
+        """Blocks admitting the group takes at most, over all KV cache groups (prefix-cache hits not counted)."""
+        return sum(self.manager.blocks_needed(len(s.token_ids)) for s in self._to_allocate(group))
 
     def peak_blocks_per_seq(self, prompt_len: int, max_output_len: int) -> int:
-        """The most blocks one sequence holds at any time: ceil((prompt + outputs) / block_size) with full
-        attention. With a sliding window W: the whole prompt until the first decode, then after appending the
-        token at position n the blocks n // bs - (n - W + 1) // bs + 1 <= ceil((W + bs - 1) / bs); so
-        min(full, max(ceil(prompt / bs), ceil((W + bs - 1) / bs)))."""
-        bs, window = self.block_size, self.manager.sliding_window
+        """The most blocks one sequence holds at any time, summed over the KV cache groups: ceil((prompt +
+        outputs) / block_size) for a full-attention group. A window group (W) holds the whole prompt until it is
+        computed, then after appending the token at position n the blocks n // bs - (n - W + 1) // bs + 1 <=
+        ceil((W + bs - 1) / bs); so min(full, max(ceil(prompt / bs), ceil((W + bs - 1) / bs)))."""
+        bs = self.block_size
         full = cdiv(prompt_len + max_output_len, bs)
-        if window is None:
-            return full
-        return min(full, max(cdiv(prompt_len, bs), cdiv(window + bs - 1, bs)))
+        return sum(
+            full if window is None else min(full, max(cdiv(prompt_len, bs), cdiv(window + bs - 1, bs)))
+            for window in self.windows
+        )
 
     def check_fits(self, group: SequenceGroup, max_output_len: int) -> None:
         """Raise InvalidArgumentError when the group's sequences at their largest (`peak_blocks_per_seq` each)
@@ -86,36 +132,30 @@ class EngineMemory:
         return self.admission_blocks(group) <= self.free_blocks - self.watermark_blocks - reserved_blocks
 
     def _group_decode_blocks(self, group: SequenceGroup) -> int:
-        """Replays `grow` on the group's sequences in order, on a copy of the ref counts it touches."""
-        mgr, bs, window = self.manager, self.block_size, self.manager.sliding_window
+        """Replays `grow` on the group's sequences in order, on a copy of the ref counts it touches. Blocks
+        behind a window were released when the tokens before them were computed, so nothing offsets a take."""
+        mgr, bs = self.manager, self.block_size
+        ref_counts = mgr.pool.ref_counts
         refs: dict[int, int] = {}
         need = 0
         for seq in group.seqs:
             n = seq.num_allocated  # the position of the token this step appends
-            table = mgr.block_table(seq.seq_id)
-            first = len(table) - mgr.num_held_blocks(seq.seq_id)  # entries [0, first) are released (-1)
-            freed = 0
-            if window is not None:  # released before this sequence's new block is taken
-                for block in table[first : max(first, (n - window + 1) // bs)]:
-                    refs[block] = refs.get(block, mgr.ref_count(block)) - 1
-                    freed += refs[block] == 0
-            take = 1
-            if n % bs:  # a partially filled last block: copied only while someone else still holds it
-                last = table[-1]
-                count = refs.get(last, mgr.ref_count(last))
+            for table in mgr.block_ids(seq.seq_id):
+                if n % bs == 0:
+                    need += 1  # a new last block
+                    continue
+                last = table[-1]  # a partially filled last block: copied only while someone else holds it
+                count = refs.get(last, ref_counts[last])
                 take = int(count > 1)
                 refs[last] = count - take
-            need += max(0, take - freed)
+                need += take
         return need
 
     def decode_blocks(self, groups: list) -> int:
-        """New blocks one decode step of the groups takes from the pool, at most: a block for each sequence whose
-        last block is full, and a copy for each sequence but the last holder (in `grow`'s order) of a shared,
-        partially filled last block. With a sliding window, a sequence's append first releases the blocks behind
-        its token's window; those that become free (their last holder in the group) offset its own new block.
-        Each sequence counts max(0, taken - freed), so the sum bounds the pool's deficit at every point of `grow`
-        and is additive over groups (the scheduler subtracts a preempted group's part); blocks also held by
-        other groups are never counted as freed (conservative)."""
+        """New blocks one decode step of the groups takes from the pool, at most: in every KV cache group, a block
+        for each sequence whose last block is full, and a copy for each sequence but the last holder (in `grow`'s
+        order) of a shared, partially filled last block. Additive over groups (the scheduler subtracts a
+        preempted group's part)."""
         return sum(self._group_decode_blocks(g) for g in groups)
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
@@ -128,34 +168,27 @@ class EngineMemory:
         return MemoryMetrics(*(arr(v) for v in m[:4]), arr(free * self.block_size), arr(free))
 
     def swap_blocks(self, group: SequenceGroup) -> int:
-        return sum(self.manager.num_held_blocks(s.seq_id) for s in group.seqs if s.num_allocated)
+        return sum(sum(self.manager.num_held_blocks(s.seq_id)) for s in group.seqs if s.num_allocated)
 
     # ---- operations ---------------------------------------------------------------------------------------
 
     def admit(self, group: SequenceGroup, num_tokens: int) -> Admission:
         """Allocate the group (see the class docstring); sets each sequence's num_allocated / num_computed and the
-        group's prefill_plan. Prefix-cache hits on ready blocks need no prefill."""
-        mgr, bs = self.manager, self.block_size
+        group's prefill_plan. Prefix-cache hits are computed K/V (cached only once computed): no prefill."""
+        mgr = self.manager
         hit_tokens = 0
         plan = []
         for seq in self._to_allocate(group):
             hits = mgr.allocate(seq.seq_id, seq.token_ids)
-            table = mgr.block_table(seq.seq_id)
-            ready = 0
-            while ready < hits and self.ready[table[ready]]:
-                ready += 1
-            self.ready[table[hits:]] = False
             seq.num_allocated = len(seq.token_ids)
-            seq.num_computed = ready * bs
-            hit_tokens += ready * bs
+            seq.num_computed = hits
+            hit_tokens += hits
             plan.append((seq, seq.num_allocated - seq.num_computed))
         if not group.started_sampling:
+            first = group.seqs[0]
             for child in group.seqs[1:]:
-                mgr.fork(group.seqs[0].seq_id, child.seq_id)
-                child.num_allocated, child.num_computed = (
-                    group.seqs[0].num_allocated,
-                    group.seqs[0].num_computed,
-                )
+                mgr.fork(first.seq_id, child.seq_id)
+                child.num_allocated, child.num_computed = first.num_allocated, first.num_computed
         group.prefill_plan = plan
         group.num_cached_tokens += hit_tokens
         self.held[id(group)] = group
@@ -165,33 +198,49 @@ class EngineMemory:
         """Nothing to account: the engine marks the computed tokens when it runs the chunk."""
 
     def grow(self, groups: list, steps: int) -> None:
-        """Append each decoding sequence's last sampled token (its K/V slot), copying a shared last block first."""
+        """Append each decoding sequence's last sampled token (its K/V slot in every KV cache group), copying a
+        shared last block first."""
         if steps != 1:
             raise InvalidArgumentError("the engine grows one decode step at a time")
         for group in groups:
             for seq in group.seqs:
-                result = self.manager.append_token(seq.seq_id, seq.token_ids[-1])
-                if result.cow is not None:
-                    self.cache.copy_blocks([result.cow])
-                    self.cow_log.append((group.request_id, seq.seq_id, *result.cow))
-                self.ready[result.slot // self.block_size] = False  # a block being written is not full yet
+                cows = [c for c in self.manager.append_token(seq.seq_id, seq.token_ids[-1]) if c is not None]
+                if cows:
+                    self.cache.copy_blocks(cows)
+                    self.cow_log += [(group.request_id, seq.seq_id, *cow) for cow in cows]
                 seq.num_allocated += 1
-                seq.pending_slot = result.slot
+
+    def block_tables(self, seqs: list[Sequence]) -> np.ndarray:
+        """[num_groups, len(seqs), max blocks] int32 block tables of the sequences, one per KV cache group,
+        padded with 0 (at least one column). Entries a window group released stay -1."""
+        tables = [self.manager.block_ids(s.seq_id) for s in seqs]  # per seq: one list per group
+        width = max([1, *(len(t) for per_seq in tables for t in per_seq)])
+        array = np.zeros((self.num_groups, len(seqs), width), dtype=np.int32)
+        for row, per_seq in enumerate(tables):
+            for g, table in enumerate(per_seq):
+                array[g, row, : len(table)] = table
+        return array
+
+    def clear_block(self, block: int) -> None:
+        """Zero block `block`'s K/V in every layer (after a throwaway write into a block nobody holds)."""
+        for keys, values in zip(self.cache.key_cache, self.cache.value_cache, strict=True):
+            keys[block].zero_()
+            values[block].zero_()
 
     def slots(self, seq: Sequence, start: int, stop: int) -> np.ndarray:
-        """[stop - start] int64 slot ids of the sequence's tokens start .. stop - 1."""
-        table = np.asarray(self.manager.block_table(seq.seq_id), dtype=np.int64)
+        """[num_groups, stop - start] int64 slot ids of the sequence's tokens start .. stop - 1, per group (the
+        tokens' blocks are held: never a released entry)."""
         pos = np.arange(start, stop, dtype=np.int64)
-        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+        out = np.empty((self.num_groups, stop - start), dtype=np.int64)
+        for g, table in enumerate(self.manager.block_ids(seq.seq_id)):
+            out[g] = np.asarray(table, dtype=np.int64)[pos // self.block_size] * self.block_size
+        return out + pos % self.block_size
 
     def mark_computed(self, seq: Sequence, stop: int) -> None:
-        """The sequence's K/V are now computed for tokens [0, stop): mark its full blocks ready."""
-        old = seq.num_computed
+        """The sequence's K/V are now computed for tokens [0, stop): the manager caches its newly full blocks
+        (with prefix caching) and window groups release what no later token reads."""
+        self.manager.mark_computed(seq.seq_id, stop)
         seq.num_computed = stop
-        first, last = old // self.block_size, stop // self.block_size
-        if last > first:
-            blocks = np.asarray(self.manager.block_table(seq.seq_id)[first:last], dtype=np.int64)
-            self.ready[blocks[blocks >= 0]] = True  # never a released (-1) entry
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         self.manager.fork(parent.seq_id, child.seq_id)
@@ -208,7 +257,7 @@ class EngineMemory:
         self.held.pop(id(group), None)
         return self.manager.num_free_blocks - free0
 
-    # ---- metrics ------------------------------------------------------------------------------------------
+    # ---- metrics and snapshots ----------------------------------------------------------------------------
 
     def live_seqs(self) -> list[Sequence]:
         return [s for g in self.held.values() for s in g.seqs if s.num_allocated]
@@ -221,27 +270,53 @@ class EngineMemory:
         )
 
     def snapshot(self, groups: list) -> None:
-        """The engine snapshots the manager itself (`BlockManager.snapshot`)."""
+        """The engine snapshots the pool itself (`block_snapshot`)."""
         return None
 
+    def block_snapshot(self) -> tuple[BlockSnapshot, KVCacheSnapshot]:
+        """(the pool as a `BlockSnapshot` for the block grids, the manager's `KVCacheSnapshot`). The
+        BlockSnapshot's `seq_ids` are the live sequence ids; its `block_tables[seq]` is the concatenation of the
+        sequence's group tables in group order (the one table itself with one group); the KVCacheSnapshot keeps
+        them apart."""
+        kv = self.manager.snapshot()
+        blocks = BlockSnapshot(
+            num_blocks=kv.num_blocks,
+            block_size=self.block_size,
+            seq_ids=kv.request_ids,
+            owner=kv.owner,
+            ref_count=kv.ref_count,
+            fill=kv.fill,
+            is_free=kv.is_free,
+            is_cached=kv.is_cached,
+            free_order=kv.free_order,
+            block_tables={
+                s: tuple(b for table in tables for b in table) for s, tables in kv.block_tables.items()
+            },
+            num_tokens=kv.num_tokens,
+        )
+        return blocks, kv
+
     def usage(self, seqs: list[Sequence]) -> dict:
-        """Token states, reservation and sharing of the live sequences, in slots or blocks (see STEP_COLUMNS).
-        Only held blocks count: a sliding window's released (-1) entries hold nothing; blocks_without_sharing is
-        the sum of the blocks each sequence holds."""
+        """Token states, reservation and sharing of the live sequences, in slots or blocks (see STEP_COLUMNS),
+        over every KV cache group (a token kept by two groups fills a slot in each). Only held blocks count: a
+        window group's released (-1) entries hold nothing; blocks_without_sharing is the sum of the blocks each
+        sequence holds."""
         mgr, bs = self.manager, self.block_size
+        ref_counts = mgr.pool.ref_counts
         computed = np.zeros(self.num_blocks, dtype=np.int64)
         allocated = np.zeros(self.num_blocks, dtype=np.int64)
         shared = set()
         unshared = 0
         for seq in seqs:
-            table = np.asarray(mgr.block_table(seq.seq_id), dtype=np.int64)
-            offsets = np.arange(len(table)) * bs
-            held = table >= 0
-            table, offsets = table[held], offsets[held]
-            np.maximum.at(computed, table, np.clip(seq.num_computed - offsets, 0, bs))
-            np.maximum.at(allocated, table, np.clip(seq.num_allocated - offsets, 0, bs))
-            unshared += len(table)
-            shared.update(b for b in table.tolist() if mgr.ref_count(b) > 1)
+            for table in mgr.block_ids(seq.seq_id):
+                table = np.asarray(table, dtype=np.int64)
+                offsets = np.arange(len(table)) * bs
+                held = table >= 0
+                table, offsets = table[held], offsets[held]
+                np.maximum.at(computed, table, np.clip(seq.num_computed - offsets, 0, bs))
+                np.maximum.at(allocated, table, np.clip(seq.num_allocated - offsets, 0, bs))
+                unshared += len(table)
+                shared.update(b for b in table.tolist() if ref_counts[b] > 1)
         used = self.num_blocks - mgr.num_free_blocks
         token_states = int(computed.sum())
         return {

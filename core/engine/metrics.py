@@ -8,7 +8,14 @@ recompute and its capacity is whole blocks) followed by:
     attention_ms            milliseconds in the paged attention kernels this step (all layers);
     blocks_in_use           blocks held by live sequences after the step (num_blocks - free_blocks);
     blocks_without_sharing  blocks the same live sequences would hold if nothing were shared (sum of their
-                            block-table lengths).
+                            block-table lengths);
+    rest_of_model_ms        milliseconds of the forward pass outside attention (embedding, norms, projections,
+                            RoPE, K/V writes, MLP, LM head);
+    host_ms                 milliseconds of the step outside the forward pass: scheduling, block allocation,
+                            building the batch and block tables, sampling, postprocessing, these metrics.
+Per step, step_time_ms = attention_ms + rest_of_model_ms + host_ms (the whole `Engine.step`, wall clock, the
+snapshot excepted). One-time costs (building the C attention kernel, first-call dispatch) are paid by a warm-up
+forward pass when the engine is built (`Engine.warmup_ms`), so the first step's time is a real step's.
 """
 
 from dataclasses import dataclass, field
@@ -16,22 +23,35 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from core.paging.block_manager import BlockSnapshot
+from core.kv import KVCacheSnapshot
+from core.paging.block_views import BlockSnapshot
 from core.sched.step_columns import COLUMNS
 
-ENGINE_COLUMNS = ("shared_blocks", "cow_copies", "attention_ms", "blocks_in_use", "blocks_without_sharing")
+ENGINE_COLUMNS = (
+    "shared_blocks",
+    "cow_copies",
+    "attention_ms",
+    "blocks_in_use",
+    "blocks_without_sharing",
+    "rest_of_model_ms",
+    "host_ms",
+)
 STEP_COLUMNS = (*COLUMNS, *ENGINE_COLUMNS)
-_FLOAT_COLUMNS = ("time_s", "step_time_ms", "attention_ms")
+# wall-clock columns: they change from run to run, everything else is a pure function of the requests
+TIMED_COLUMNS = ("time_s", "step_time_ms", "attention_ms", "rest_of_model_ms", "host_ms")
 
 
 @dataclass(frozen=True, eq=False)
 class EngineSnapshot:
-    """The pool after one sampled step: the manager's `BlockSnapshot` and, for each of its live sequence ids, the
-    request that owns it (`request_of[seq_id]`, the prompt's index in the `generate` call)."""
+    """The pool after one sampled step: a `BlockSnapshot` of it for the block grids (one table per sequence: its
+    groups' tables concatenated, see `EngineMemory.block_snapshot`), for each live sequence id the request that
+    owns it (`request_of[seq_id]`, the prompt's index in the `generate` call), and the KV cache manager's own
+    `KVCacheSnapshot` (`kv`: one table per KV cache group)."""
 
     step: int
     blocks: BlockSnapshot
     request_of: dict
+    kv: KVCacheSnapshot | None = None
 
 
 @dataclass(eq=False)
@@ -95,10 +115,61 @@ class StepRecorder:
 
     def steps_frame(self) -> pd.DataFrame:
         frame = pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
-        ints = [c for c in STEP_COLUMNS if c not in _FLOAT_COLUMNS]
-        return frame.astype(dict.fromkeys(ints, np.int64) | dict.fromkeys(_FLOAT_COLUMNS, np.float64))
+        ints = [c for c in STEP_COLUMNS if c not in TIMED_COLUMNS]
+        return frame.astype(dict.fromkeys(ints, np.int64) | dict.fromkeys(TIMED_COLUMNS, np.float64))
 
     def cow_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(
-            self.cow_events, columns=["step", "request", "seq_id", "src_block", "dst_block"]
-        ).astype(np.int64)
+        """One row per copy; `request` is int64 when every request id is an int (ids given as strings stay)."""
+        frame = pd.DataFrame(self.cow_events, columns=["step", "request", "seq_id", "src_block", "dst_block"])
+        ints = ["step", "seq_id", "src_block", "dst_block"]
+        if all(isinstance(r, int) for r in frame["request"]):
+            ints.append("request")
+        return frame.astype(dict.fromkeys(ints, np.int64))
+
+
+def step_row(
+    scheduled,
+    outcome,
+    usage: dict,
+    *,
+    step: int,
+    time_s: float,
+    free_blocks: int,
+    block_size: int,
+    preemptions_total: int,
+    kv_tokens_read: int,
+    cow_copies: int,
+    times_ms: tuple[float, float, float, float],
+) -> dict:
+    """One row of `STEP_COLUMNS` from the scheduler's `ScheduledStep` and `StepOutcome`, `EngineMemory.usage` after
+    the step, and times_ms = (step, attention, rest of the model, host) milliseconds."""
+    step_ms, attention_ms, rest_ms, host_ms = times_ms
+    return {
+        "step": step,
+        "time_s": time_s,
+        "step_time_ms": step_ms,
+        "running": scheduled.num_running,
+        "running_seqs": scheduled.num_running_seqs,
+        "waiting": scheduled.num_waiting,
+        "swapped": 0,
+        "preemptions": len(scheduled.preempted),
+        "preemptions_total": preemptions_total,
+        "free_blocks": free_blocks,
+        "free_slots": free_blocks * block_size,
+        "token_states": usage["token_states"],
+        "reservation": usage["reservation"],
+        "internal_fragmentation": usage["internal_fragmentation"],
+        "allocator_slack": 0,
+        "external_fragmentation": 0,  # a paged pool has none: free blocks are free_slots
+        "tokens_generated": outcome.tokens_generated,
+        "prefill_tokens": outcome.prefill_tokens,
+        "kv_tokens_read": kv_tokens_read,
+        "prefix_hit_tokens": scheduled.prefix_hit_tokens,
+        "shared_blocks": usage["shared_blocks"],
+        "cow_copies": cow_copies,
+        "attention_ms": attention_ms,
+        "blocks_in_use": usage["blocks_in_use"],
+        "blocks_without_sharing": usage["blocks_without_sharing"],
+        "rest_of_model_ms": rest_ms,
+        "host_ms": host_ms,
+    }

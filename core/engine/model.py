@@ -5,8 +5,10 @@ decode tokens first (one per decoding sequence), then each prefill chunk's token
 K/V are written into `KVCache` by slot mapping (vLLM's reshape_and_cache), then read back through the block
 tables by `paged_attention` (decode rows) and `paged_prefill_attention` (prefill chunks, causal, attending to the
 cached prefix too), with each layer's sliding window when it has one (Mistral: every layer; Qwen2: the layers
-`core.kv` reads as sliding, `ModelConfig.kv_layers.sliding_windows`). Table entries a sliding-window BlockManager
-released (-1) lie wholly before the window of every query of the step, so the windowed kernels never read them.
+`core.kv` reads as sliding, `ModelConfig.kv_layers.sliding_windows`). Every layer belongs to one KV cache group
+(`layer_group`) and writes and reads through that group's slots and block tables only: a window group's tables
+release blocks behind the window (-1 entries), which lie wholly before the window of every query of the step, so
+the windowed kernels never read them.
 Numerics follow transformers' Llama: RMSNorm in float32, RoPE cos/sin from float32 frequencies cast to the
 activation dtype, rotate-half layout, SiLU-gated MLP.
 """
@@ -19,17 +21,25 @@ import torch.nn.functional as F
 
 from core.engine.config import ModelConfig
 from core.kernels.attention import paged_attention, paged_prefill_attention
+from core.kernels.cpu_backend import cpu_kernel_available
 from core.paging.kv_cache import KVCache
+
+# With backend "auto" on CPU, prefill chunks of at most this many tokens per sequence go to the "cpu" C kernel:
+# `core.kernels.attention` measured it faster than "torch" for chunks of 16 and 128 tokens (slower at 512), and on
+# the engine's mixed steps (SmolLM2 heads, 1 thread) 1.4-3x faster for chunks of 20-217 tokens.
+CPU_PREFILL_MAX_QUERY = 256
 
 
 @dataclass(eq=False)
 class ForwardBatch:
-    """The tokens of one step and where their K/V go. T = num_decode + sum(query_lens) tokens.
+    """The tokens of one step and where their K/V go. T = num_decode + sum(query_lens) tokens; G = KV cache
+    groups (one block table per group for every sequence; a layer of group g uses row g of the tables and slots).
 
-    token_ids, positions, slot_mapping: [T] int64 on the model's device; positions are absolute in the sequence.
-    decode_block_tables: [num_decode, max_blocks] int32; decode_context_lens: [num_decode] tokens in the cache
+    token_ids, positions: [T] int64 on the model's device; positions are absolute in the sequence.
+    slot_mapping: [G, T] int64, each token's KV slot in each group.
+    decode_block_tables: [G, num_decode, max_blocks] int32; decode_context_lens: [num_decode] tokens in the cache
         after this step's write (position + 1).
-    prefill_block_tables: [num_prefill, max_blocks] int32; prefill_context_lens: [num_prefill] cached tokens
+    prefill_block_tables: [G, num_prefill, max_blocks] int32; prefill_context_lens: [num_prefill] cached tokens
         including the chunk; prefill_query_lens: [num_prefill] chunk lengths (>= 1).
     logits_indices: [S] int64 indices into the T tokens whose next-token logits are returned, in order.
     """
@@ -51,12 +61,21 @@ class LlamaModel:
 
     attention_ms: milliseconds spent in the paged attention kernels (all layers) during the last `forward`.
     layer_windows: per layer, its sliding window in tokens, or None for full attention.
+    layer_group: per layer, the index of its KV cache group (the row of `ForwardBatch`'s tables and slots it
+        uses); default every layer in group 0.
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], backend: str = "auto"):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        backend: str = "auto",
+        layer_group: tuple[int, ...] | None = None,
+    ):
         self.config = config
         self.backend = backend
         self.layer_windows = config.kv_layers.sliding_windows  # per layer: W, or None (full attention)
+        self.layer_group = tuple(layer_group) if layer_group is not None else (0,) * config.num_layers
         first = weights["model.embed_tokens.weight"]
         self.device, self.dtype = first.device, first.dtype
         self.embed = first  # [vocab, hidden]
@@ -115,13 +134,15 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """Run the step; returns [S, vocab] float32 logits of the tokens at `batch.logits_indices`.
 
-        Side effect: the K/V of every token of the batch are written to its slot in every layer of `cache`.
+        Side effect: the K/V of every token of the batch are written to its slot (its layer's group's) in every
+        layer of `cache`.
         """
         c = self.config
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
         num_tokens = batch.token_ids.numel()
         windows = self.layer_windows  # per layer: W, or None for full attention
         cos, sin = self._rope(batch.positions)
+        prefill_backend = self.backend
         # prefill chunks padded to [num_prefill, max_q]: row/col of each prefill token
         qlens = batch.prefill_query_lens
         num_prefill = qlens.numel()
@@ -130,6 +151,9 @@ class LlamaModel:
             rows = torch.repeat_interleave(torch.arange(num_prefill, device=self.device), qlens)
             starts = torch.cumsum(qlens, 0) - qlens
             cols = torch.arange(num_tokens - batch.num_decode, device=self.device) - starts[rows]
+            short = max_q <= CPU_PREFILL_MAX_QUERY and self.device.type == "cpu"
+            if self.backend == "auto" and short and cpu_kernel_available():
+                prefill_backend = "cpu"
         timer = _Timer(self.device)
         x = self.embed[batch.token_ids]  # [T, hidden]
         for index, layer in enumerate(self.layers):
@@ -139,7 +163,8 @@ class LlamaModel:
             q = self._apply_rope(q.view(num_tokens, heads, dim), cos, sin)  # [T, heads, dim]
             k = self._apply_rope(k.view(num_tokens, kv_heads, dim), cos, sin)  # [T, kv_heads, dim]
             v = v.view(num_tokens, kv_heads, dim)
-            cache.write(index, batch.slot_mapping, k, v)
+            g = self.layer_group[index]
+            cache.write(index, batch.slot_mapping[g], k, v)
             key_cache, value_cache = cache.key_cache[index], cache.value_cache[index]
             extra = {"sliding_window": windows[index]} if windows[index] is not None else {}
             out = torch.empty_like(q)  # [T, heads, dim]
@@ -150,7 +175,7 @@ class LlamaModel:
                     q[:nd].contiguous(),
                     key_cache,
                     value_cache,
-                    batch.decode_block_tables,
+                    batch.decode_block_tables[g],
                     batch.decode_context_lens,
                     backend=self.backend,
                     **extra,
@@ -162,10 +187,10 @@ class LlamaModel:
                     padded,
                     key_cache,
                     value_cache,
-                    batch.prefill_block_tables,
+                    batch.prefill_block_tables[g],
                     batch.prefill_context_lens,
                     qlens,
-                    backend=self.backend,
+                    backend=prefill_backend,
                     **extra,
                 )
                 out[nd:] = result[rows, cols]

@@ -134,8 +134,10 @@ def _beam_score(seq: Sequence) -> float:
 
 
 def finish_group_outputs(group: SequenceGroup, tokenizer) -> RequestOutput:
-    """The request's outputs: samples in sample order (index = order of forking), or the best beam_width beams."""
-    finished = group.finished
+    """The request's outputs: samples in sample order (index = order of forking), or the best beam_width beams.
+    Called on a running group (a streamed step), its live sequences count too (finish_reason None) and
+    `finished` is False; beams then rank by the same length-normalised score."""
+    finished = [*group.finished, *group.seqs]
     if group.params.use_beam_search:
         ranked = sorted(finished, key=_beam_score, reverse=True)[: group.params.beam_width]
     else:
@@ -153,4 +155,5 @@ def finish_group_outputs(group: SequenceGroup, tokenizer) -> RequestOutput:
         group.prompt,
         group.num_preemptions,
         group.num_cached_tokens,
+        finished=not group.seqs,
     )

@@ -1,7 +1,7 @@
 """Sequences and requests of the engine, and the outputs it returns (vLLM's names).
 
 A `Sequence` is one output being generated: its token ids (prompt then output) and how many of them have K/V in
-the cache. States, for a sequence held by the block manager:
+the cache. States, for a sequence held by the KV cache manager:
 - prefilling: `num_computed < num_allocated` (the manager holds `num_allocated` tokens; the rest of the chunk
   work is `num_allocated - num_computed` tokens);
 - decoding: `num_computed == num_allocated == len(token_ids) - 1`: the last sampled token is not in the cache yet
@@ -35,14 +35,19 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """The result of one prompt: `outputs` holds n samples in sample order, or beams best first."""
+    """The result of one prompt: `outputs` holds n samples in sample order, or beams best first.
 
-    request_id: int
+    finished: False for a streamed request still running (`Engine.add_request(..., stream=True)`): its outputs
+    then hold every token so far (cumulative, not a delta), finish_reason None for those still generating.
+    """
+
+    request_id: int | str
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     prompt: str | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0
+    finished: bool = True
 
 
 @dataclass(eq=False)
@@ -51,12 +56,11 @@ class Sequence:
     token_ids: list[int]
     prompt_len: int
     num_computed: int = 0
-    num_allocated: int = 0  # tokens the block manager holds for this sequence (0: not allocated)
+    num_allocated: int = 0  # tokens the KV cache manager holds for this sequence (0: not allocated)
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     logits: list[torch.Tensor] | None = None
     pending_logits: torch.Tensor | None = None  # [vocab] logits after the last token, not yet sampled from
-    pending_slot: int = -1  # the KV slot of the last token, given by the latest decode append
 
     @property
     def output_ids(self) -> list[int]:
@@ -86,9 +90,10 @@ class Sequence:
 @dataclass(eq=False)
 class SequenceGroup:
     """A request in flight. seqs: live sequences (held together by the manager, or all unallocated while
-    waiting). finished: sequences that ended. generator: the request's seeded generator (None: global RNG)."""
+    waiting). finished: sequences that ended. generator: the request's seeded generator (None: global RNG).
+    stream: `Engine.step` reports the request after every step that gave it tokens, not only when it ends."""
 
-    request_id: int
+    request_id: int | str
     params: SamplingParams
     prompt_token_ids: list[int]
     seqs: list[Sequence]
@@ -98,6 +103,7 @@ class SequenceGroup:
     num_preemptions: int = 0
     num_cached_tokens: int = 0
     started_sampling: bool = False  # the first output tokens were sampled
+    stream: bool = False
     # kept by core.sched.scheduler.Scheduler (its SequenceGroup protocol)
     length: int = 0
     num_prefill_tokens: int = 0

@@ -31,13 +31,62 @@ PAPER_SAVING_PCT = {
 }
 
 
-def sharing_params(mode: str, width: int, max_tokens: int, seed: int) -> SamplingParams:
-    """n = width samples at temperature 1.0, or beam search of that width; EOS ignored."""
+def sharing_params(
+    mode: str, width: int, max_tokens: int, seed: int, ignore_eos: bool = True
+) -> SamplingParams:
+    """n = width samples at temperature 1.0, or beam search of that width; EOS ignored unless ignore_eos=False."""
     if mode == "parallel sampling":
-        return SamplingParams(max_tokens, n=width, seed=seed, ignore_eos=True)
+        return SamplingParams(max_tokens, n=width, seed=seed, ignore_eos=ignore_eos)
     if mode == "beam search":
-        return SamplingParams(max_tokens, beam_width=width, ignore_eos=True)
+        return SamplingParams(max_tokens, beam_width=width, ignore_eos=ignore_eos)
     raise InvalidArgumentError(f"mode must be 'parallel sampling' or 'beam search', got {mode!r}")
+
+
+def measure_prompt_sharing(
+    engine: Engine,
+    prompts: list[list[int]],
+    widths: tuple[int, ...],
+    max_tokens: list[int],
+    *,
+    seed: int = 0,
+    ignore_eos: bool = True,
+    progress=None,
+    modes: tuple[str, ...] = ("parallel sampling", "beam search"),
+) -> pd.DataFrame:
+    """The sharing of `engine` on `prompts` (token ids; all submitted at once), request i generating up to
+    `max_tokens[i]` tokens, once per (mode, width): each of `modes` (parallel sampling then beam search by
+    default), each width in turn.
+    ignore_eos=False lets each output end at the model's EOS, as a trained model's answers do.
+
+    One row per run: mode, width, saving_pct (ours), paper_pct (Figure 15, NaN where the paper has none),
+    mean_blocks_in_use, mean_blocks_without_sharing (over the steps holding a block), steps, requests,
+    output_tokens (all outputs' tokens: samples, or the beam_width returned beams). progress(fraction) after
+    every step, over all runs."""
+    rows = []
+    runs = [(m, w) for m in modes for w in widths]
+    for index, (mode, width) in enumerate(runs):
+        params = [sharing_params(mode, width, n, seed, ignore_eos) for n in max_tokens]
+        outputs = engine.generate(
+            prompts,
+            params,
+            progress=None if progress is None else lambda f, i=index: progress((i + f) / len(runs)),
+        )
+        steps = engine.last_run.steps
+        held = steps[steps["blocks_without_sharing"] > 0]
+        rows.append(
+            {
+                "mode": mode,
+                "width": width,
+                "saving_pct": 100.0 * engine.last_run.sharing_saving(),
+                "paper_pct": PAPER_SAVING_PCT.get((mode, width), float("nan")),
+                "mean_blocks_in_use": float(held["blocks_in_use"].mean()),
+                "mean_blocks_without_sharing": float(held["blocks_without_sharing"].mean()),
+                "steps": len(steps),
+                "requests": len(prompts),
+                "output_tokens": sum(len(c.token_ids) for o in outputs for c in o.outputs),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def measure_sharing(
@@ -50,8 +99,7 @@ def measure_sharing(
     engine: Engine | None = None,
     progress=None,
 ) -> pd.DataFrame:
-    """One row per (mode, width): mode, width, saving_pct (ours), paper_pct (Figure 15, NaN where the paper has
-    none), mean_blocks_in_use, mean_blocks_without_sharing, steps, requests.
+    """One row per (mode, width), as `measure_prompt_sharing` gives, on the Alpaca-length random workload.
 
     Output lengths are capped at `max_output_len` tokens to keep CPU runs short. `engine` defaults to a tiny
     random Llama on `default_device()` with a pool roomy enough that nothing is preempted, refused with
@@ -79,27 +127,5 @@ def measure_sharing(
         )
     vocab = engine.config.vocab_size
     prompts = [rng.integers(0, vocab, r.prompt_len).tolist() for r in requests]
-    rows = []
-    runs = [(m, w) for m in ("parallel sampling", "beam search") for w in widths]
-    for index, (mode, width) in enumerate(runs):
-        params = [sharing_params(mode, width, min(r.output_len, max_output_len), seed) for r in requests]
-        engine.generate(
-            prompts,
-            params,
-            progress=None if progress is None else lambda f, i=index: progress((i + f) / len(runs)),
-        )
-        steps = engine.last_run.steps
-        held = steps[steps["blocks_without_sharing"] > 0]
-        rows.append(
-            {
-                "mode": mode,
-                "width": width,
-                "saving_pct": 100.0 * engine.last_run.sharing_saving(),
-                "paper_pct": PAPER_SAVING_PCT.get((mode, width), float("nan")),
-                "mean_blocks_in_use": float(held["blocks_in_use"].mean()),
-                "mean_blocks_without_sharing": float(held["blocks_without_sharing"].mean()),
-                "steps": len(steps),
-                "requests": num_requests,
-            }
-        )
-    return pd.DataFrame(rows)
+    lengths = [min(r.output_len, max_output_len) for r in requests]
+    return measure_prompt_sharing(engine, prompts, widths, lengths, seed=seed, progress=progress)

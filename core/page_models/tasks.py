@@ -14,11 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from core import common
-from core.device import default_device
-from core.engine import Engine, EngineRun, ModelConfig, RequestOutput, SamplingParams
-from core.engine.config import TINY_LLAMA
-from core.engine.engine import engine_bytes
+from core.engine import Engine, EngineRun, RequestOutput, SamplingParams
 from core.engine.sharing import measure_sharing
 from core.errors import InvalidArgumentError
 from core.kernels.timer import apply_timing_settings
@@ -31,6 +27,7 @@ from core.kernels.timing import (
     sweep_contexts,
 )
 from core.limits import Limits
+from core.page_models.engines import TINY_LLAMA, build_engine, check_pool, fetch_real_model  # noqa: F401 (re-exported)
 from core.page_models.simulator import SimulatorParams, run_comparison, steady_summary
 from core.serving.step_attention import measure_step_attention
 from core.serving.workload import Request
@@ -133,14 +130,13 @@ def kernel_sweep(
 
 
 # ---- the Engine page -------------------------------------------------------------------------------------------
-# "tiny" is core.engine.config.TINY_LLAMA (GQA 4 query / 2 KV heads) with seeded random weights: builds in
-# milliseconds, runs in ~1 s on CPU.
 MAX_ENGINE_SEQUENCES = 1_024  # prompts x (n or beam width) in one run of the Engine page
 
 
 @dataclass(frozen=True, eq=False)
 class Generation:
-    """One `generate_outputs` run, as plain data the Engine page draws from (shared: never mutated).
+    """One `generate_outputs` or `chat_outputs` run, as plain data the Engine page draws from (shared: never
+    mutated).
 
     prompt_token_ids: each prompt's token ids, in prompt order. outputs: `Engine.generate`'s RequestOutputs, in
     the same order. run: the engine's `last_run` (per-step metrics and block snapshots). texts: the model
@@ -170,6 +166,31 @@ def _parse_prompts(lines: list[str], has_tokenizer: bool) -> list:
         ) from None
 
 
+def _check_sequences(num_prompts: int, params: SamplingParams) -> None:
+    sequences = num_prompts * params.num_sequences
+    if sequences > MAX_ENGINE_SEQUENCES:
+        raise InvalidArgumentError(
+            f"{num_prompts:,} prompts x {params.num_sequences:,} outputs each = {sequences:,} sequences, over the "
+            f"{MAX_ENGINE_SEQUENCES:,} one run may generate; use fewer prompts, samples or beams"
+        )
+
+
+def _generation(engine: Engine, prompts: list, params: SamplingParams, progress: Callable) -> Generation:
+    ids = [p if not isinstance(p, str) else list(engine.tokenizer(p)["input_ids"]) for p in prompts]
+    check_pool(engine, ids, params)
+    with torch.inference_mode():
+        outputs = engine.generate(
+            ids, params, progress=lambda f: progress(f, f"{f:.0%} of the output tokens")
+        )
+    texts = None
+    if engine.tokenizer is not None:
+        texts = {tuple(c.token_ids): engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+                 for o in outputs for c in o.outputs}  # fmt: skip
+    return Generation(
+        tuple(tuple(o.prompt_token_ids) for o in outputs), tuple(outputs), engine.last_run, texts
+    )
+
+
 def generate_outputs(
     source: str,
     path: str,
@@ -182,59 +203,43 @@ def generate_outputs(
     progress: Callable = _no_progress,
 ) -> Generation:
     """`Engine.generate` of the prompts in `prompts_text` (one per non-empty line: text when the model has a
-    tokenizer, else token ids) with `params`, on a fresh engine on `default_device()`: `source` "tiny" builds
-    `TINY_LLAMA` with seed-0 random weights, "directory" loads the model in `path`. num_blocks 0 sizes the pool
-    from the memory budget.
+    tokenizer, else token ids) with `params`, on a fresh engine of `source` ("tiny", "smollm2", "directory":
+    `core.page_models.engines.resolve_model`) on `default_device()`. num_blocks 0 sizes the pool from the memory budget.
 
     Before anything is allocated: InvalidArgumentError for no prompt or more than MAX_ENGINE_SEQUENCES
     sequences (prompts x n, or x beam width), LimitExceededError naming PAGED_LAB_MODEL_ROOT (before any file is
     opened) when the operator set a model root and `path` resolves outside it (`Limits.check_model_directory`),
     MemoryBudgetError naming PAGED_LAB_MAX_BYTES when the weights plus the KV pool exceed the operator's
-    tensor-bytes limit. The engine's own errors (ModelLoadError, ...) pass on.
+    tensor-bytes limit; before generating, InvalidArgumentError for a pool too small for the largest request,
+    naming the pools that run it (`check_pool`). The engine's own errors (ModelLoadError, ...) pass on.
     """
     lines = _prompt_lines(prompts_text)
     if not lines:
         raise InvalidArgumentError("enter at least one prompt (one per line)")
-    sequences = len(lines) * params.num_sequences
-    if sequences > MAX_ENGINE_SEQUENCES:
-        raise InvalidArgumentError(
-            f"{len(lines):,} prompts x {params.num_sequences:,} outputs each = {sequences:,} sequences, over the "
-            f"{MAX_ENGINE_SEQUENCES:,} one run may generate; use fewer prompts, samples or beams"
-        )
-    if source not in ("tiny", "directory"):
-        raise InvalidArgumentError(f"source must be 'tiny' or 'directory', got {source!r}")
-    limits = Limits.from_env()
-    if source == "directory":  # before any file is opened: a shared host allows only its model root
-        path = limits.check_model_directory(path)
-    config = ModelConfig.from_directory(path) if source == "directory" else ModelConfig.from_dict(TINY_LLAMA)
-    device = default_device()
-    common.check_budget(
-        engine_bytes(config, max(num_blocks, 1), block_size, device),
-        f"the model's weights plus a pool of {max(num_blocks, 1):,} KV blocks of {block_size} tokens",
-        limits.max_tensor_bytes,
-    )
-    progress(0.0, "building the engine")
-    options = {
-        "num_blocks": num_blocks or None,
-        "block_size": block_size,
-        "enable_prefix_caching": prefix_caching,
-        "device": device,
-    }
-    if source == "directory":
-        engine = Engine.from_pretrained(path, **options)
-    else:
-        engine = Engine.from_config(config, seed=0, **options)
-    prompts = _parse_prompts(lines, engine.tokenizer is not None)
-    with torch.inference_mode():
-        outputs = engine.generate(
-            prompts, params, progress=lambda f: progress(f, f"{f:.0%} of the output tokens")
-        )
-    texts = None
-    if engine.tokenizer is not None:
-        texts = {tuple(c.token_ids): engine.tokenizer.decode(c.token_ids) for o in outputs for c in o.outputs}
-    return Generation(
-        tuple(tuple(o.prompt_token_ids) for o in outputs), tuple(outputs), engine.last_run, texts
-    )
+    _check_sequences(len(lines), params)
+    engine = build_engine(source, path, num_blocks, block_size, prefix_caching, progress)
+    return _generation(engine, _parse_prompts(lines, engine.tokenizer is not None), params, progress)
+
+
+def chat_outputs(
+    source: str,
+    path: str,
+    num_blocks: int,
+    block_size: int,
+    prefix_caching: bool,
+    conversation: tuple[tuple[str, str], ...],
+    params: SamplingParams,
+    *,
+    progress: Callable = _no_progress,
+) -> Generation:
+    """One chat turn: `conversation` ((role, content) pairs: an optional system prompt, earlier turns, the new
+    user question) through the model's chat template (`Engine.chat_prompt`), then generated like
+    `generate_outputs` (same checks; InvalidArgumentError for a model without a chat template). The answer ends
+    at the model's EOS unless `params.ignore_eos`."""
+    _check_sequences(1, params)
+    engine = build_engine(source, path, num_blocks, block_size, prefix_caching, progress)
+    _, ids = engine.chat_prompt([{"role": role, "content": content} for role, content in conversation])
+    return _generation(engine, [ids], params, progress)
 
 
 def engine_sharing(

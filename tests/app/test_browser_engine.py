@@ -1,19 +1,21 @@
-"""A real Chromium runs the Engine page: the default tiny-model generation draws, then a beam-search run replaces it."""
+"""A real Chromium runs the Engine page: the tiny-model generation draws, then a beam-search run replaces it; on
+the real model, a chat turn at 1500 x 1000 with the block heatmap in the first screen and its title clear of its
+x-axis title."""
 
 import pytest
 from playwright.sync_api import expect
 
 from tests.conftest import ARTIFACTS, wait_for_script_done
+from tests.real_model import real_model_path
 
 expect.set_options(timeout=120_000)  # the first run also builds the C kernel
 
 
 @pytest.mark.browser
 def test_engine_page_runs_a_tiny_generation(streamlit_server, page):
-    page.goto(streamlit_server)
-    page.locator('[data-testid="stSidebarNav"] a', has_text="Engine").click()
+    page.goto(f"{streamlit_server}/engine?source=tiny")
     tokens = page.locator('[data-testid="stMetric"]').filter(has_text="Tokens generated")
-    expect(tokens).to_contain_text("144")  # 3 prompts x n = 2 samples x 24 tokens
+    expect(tokens).to_contain_text("384")  # 3 prompts x n = 4 samples x 32 tokens
     expect(page.locator('[data-testid="stPlotlyChart"] .main-svg').first).to_be_visible()
     page.screenshot(path=str(ARTIFACTS / "engine_default.png"), full_page=True)
 
@@ -28,3 +30,36 @@ def test_engine_page_runs_a_tiny_generation(streamlit_server, page):
     expect(page.locator('[data-testid="stException"]')).to_have_count(0)
     expect(page.locator('[data-testid="stAlertContentError"]')).to_have_count(0)
     page.screenshot(path=str(ARTIFACTS / "engine_beam_search.png"), full_page=True)
+
+
+@pytest.mark.browser
+def test_a_chat_turn_on_the_real_model_with_the_heatmap_in_the_first_screen(streamlit_server, browser):
+    real_model_path()
+    context = browser.new_context(viewport={"width": 1500, "height": 1000})
+    page = context.new_page()
+    try:
+        page.goto(f"{streamlit_server}/engine")
+        messages = page.locator('[data-testid="stChatMessage"]')
+        expect(messages).to_have_count(2, timeout=600_000)  # the default question and its 4 samples
+        expect(messages.nth(1)).to_contain_text("sample 4:")
+        heatmap = page.locator('[data-testid="stPlotlyChart"]').first
+        expect(heatmap.locator(".main-svg").first).to_be_visible()
+        box = heatmap.bounding_box()
+        assert box["y"] + box["height"] / 2 < 1000, box  # the main chart is in the first screen
+        title = heatmap.locator(".gtitle").bounding_box()
+        axis_title = heatmap.locator(".xtitle").bounding_box()
+        assert title["y"] + title["height"] <= axis_title["y"], (title, axis_title)  # no overlap
+        page.screenshot(path=str(ARTIFACTS / "engine_chat_first_screen.png"))
+
+        wait_for_script_done(page, 600_000)
+        chat = page.get_by_test_id("stChatInputTextArea")
+        chat.fill("Name three primary colors.")
+        chat.press("Enter")
+        expect(messages).to_have_count(4, timeout=600_000)
+        expect(messages.nth(2)).to_contain_text("Name three primary colors.")
+        expect(messages.nth(3)).to_contain_text("sample 4:", timeout=600_000)
+        page.wait_for_url("**q=Name+three+primary+colors.**", timeout=60_000)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        page.screenshot(path=str(ARTIFACTS / "engine_chat.png"), full_page=True)
+    finally:
+        context.close()

@@ -1,7 +1,9 @@
-"""The Engine page under AppTest (its runs go through the worker pool): the default tiny-model run draws, a bad
-directory is an st.error, beam search runs, an oversize pool or too many sequences are refused with the limit's
-message before anything is built, the Figure 15 sharing measurement draws, and with PAGED_LAB_MODEL_ROOT set the
-models under it are offered and a path outside it is an st.error."""
+"""The Engine page under AppTest (its runs go through the worker pool), with SmolLM2 not fetched (an empty model
+cache): the page falls back to the tiny random model, whose default run draws; a bad directory is an st.error,
+beam search runs, an oversize pool or too many sequences are refused with the limit's message before anything is
+built, a pool too small says which pools run the request, the Figure 15 sharing measurement draws, every input is
+in the URL, and with PAGED_LAB_MODEL_ROOT set the models under it are offered and a path outside it is an
+st.error. The chat on the real model: tests/app/test_engine_chat.py."""
 
 import pytest
 
@@ -10,10 +12,22 @@ from tests.conftest import open_app
 from tests.hosting.test_model_root import PROMPT_IDS, PROMPTS, make_model_root, serve_models_from
 
 PAGE = "app_pages/engine.py"
+TIMEOUT = 600  # seconds per script run: a 2-core machine shared with other jobs starts torch slowly
+
+
+@pytest.fixture(autouse=True)
+def no_real_model(tmp_path, monkeypatch):
+    """An empty model cache: the page offers the Fetch button and runs the tiny random model."""
+    monkeypatch.setenv("PAGED_LAB_MODEL_CACHE", str(tmp_path / "no-models"))
 
 
 def _metric(at, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
+
+
+def _url(at) -> dict[str, str]:
+    """The page's query parameters (AppTest gives one value as a str, several as a list: the last wins)."""
+    return {k: v if isinstance(v, str) else v[-1] for k, v in at.query_params.items()}
 
 
 def _submit(at):
@@ -23,12 +37,14 @@ def _submit(at):
 
 
 def test_default_run_draws_outputs_heatmap_and_step_charts():
-    at = open_app(PAGE)
+    at = open_app(PAGE, timeout=TIMEOUT)
     assert not at.error
-    # 3 prompts x n = 2 samples x 24 tokens, exactly (EOS ignored on the random model)
-    assert _metric(at, "Tokens generated") == "144"
+    assert any("not on this server yet" in i.value for i in at.info)
+    assert any(b.proto.label.startswith("Fetch SmolLM2") for b in at.button)
+    # 3 prompts x n = 4 samples x 32 tokens, exactly (EOS ignored on the random model)
+    assert _metric(at, "Tokens generated") == "384"
     table = at.dataframe[0].value
-    assert len(table) == 6 and set(table["tokens"]) == {24}
+    assert len(table) == 12 and set(table["tokens"]) == {32}
     assert len(at.get("plotly_chart")) >= 4
     # n = 2 forks each prompt: the partly filled last prompt blocks are copied on the first write
     assert int(_metric(at, "Copy-on-write copies")) >= 1
@@ -39,7 +55,7 @@ def test_default_run_draws_outputs_heatmap_and_step_charts():
 
 
 def test_bad_directory_is_an_error_not_a_traceback(tmp_path):
-    at = open_app(PAGE)
+    at = open_app(PAGE, timeout=TIMEOUT)
     at.radio(key="source").set_value("directory")
     at.text_input(key="path").set_value(str(tmp_path / "missing"))
     _submit(at)
@@ -51,7 +67,7 @@ def test_bad_directory_is_an_error_not_a_traceback(tmp_path):
 
 
 def test_beam_search_returns_beams_best_first():
-    at = open_app(PAGE)
+    at = open_app(PAGE, timeout=TIMEOUT)
     at.number_input(key="n").set_value(1)
     at.number_input(key="beam_width").set_value(3)
     at.number_input(key="max_tokens").set_value(8)
@@ -65,7 +81,7 @@ def test_beam_search_returns_beams_best_first():
 
 
 def test_invalid_sampling_and_prompts_are_errors():
-    at = open_app(PAGE)
+    at = open_app(PAGE, timeout=TIMEOUT)
     at.number_input(key="beam_width").set_value(2)  # with n = 2: beam search needs n = 1
     _submit(at)
     assert at.error and "n must be 1" in at.error[0].value
@@ -76,7 +92,7 @@ def test_invalid_sampling_and_prompts_are_errors():
 
 
 def test_over_the_limits_is_an_error_and_a_fix_draws_again():
-    at = open_app(PAGE)
+    at = open_app(PAGE, timeout=TIMEOUT)
     at.number_input(key="pool").set_value(1_000_000)  # 1,000,000 blocks x 8 KiB: over the 4 GiB budget
     _submit(at)
     assert at.error and "PAGED_LAB_MAX_BYTES" in at.error[0].value
@@ -87,13 +103,43 @@ def test_over_the_limits_is_an_error_and_a_fix_draws_again():
     _submit(at)
     assert at.error and "1,040 sequences" in at.error[0].value
     at.number_input(key="n").set_value(2)
+    at.number_input(key="max_tokens").set_value(8)
     _submit(at)
     assert not at.error
-    assert _metric(at, "Tokens generated") == f"{65 * 2 * 24:,}"
+    assert _metric(at, "Tokens generated") == f"{65 * 2 * 8:,}"
+
+
+def test_a_pool_too_small_says_which_pools_run_it_and_which_preempt():
+    at = open_app(PAGE, timeout=TIMEOUT)
+    at.number_input(key="pool").set_value(8)  # the 20-token prompt x 4 samples x (20 + 32 tokens) = 16 blocks
+    _submit(at)
+    message = at.error[0].value
+    assert "too small" in message and "needs 16 blocks" in message
+    # from 16 blocks the largest request runs; below the three requests' 16 + 12 + 12 = 40 they wait or preempt
+    assert "a pool of 16 to 39 blocks runs them with requests waiting or preempted" in message
+    assert "40 or more holds every sequence at once" in message
+    at.number_input(key="pool").set_value(16)
+    _submit(at)
+    assert not at.error and _metric(at, "Tokens generated") == "384"
+
+
+def test_every_input_is_in_the_url_and_a_bad_value_is_reported():
+    at = open_app(PAGE, timeout=TIMEOUT)
+    url = _url(at)
+    assert (
+        url["source"] == "smollm2" and url["n"] == "4" and url["max_tokens"] == "32" and url["pool"] == "64"
+    )
+    assert url["q"] == "What is the capital of France?" and url["block_size"] == "16"
+    at.number_input(key="max_tokens").set_value(5)
+    _submit(at)
+    assert _url(at)["max_tokens"] == "5" and _metric(at, "Tokens generated") == f"{3 * 4 * 5}"
+    at.query_params["n"] = "many"
+    at.run()
+    assert any("`n`" in w.value and "whole number" in w.value for w in at.warning)
 
 
 def test_sharing_measurement_runs_in_the_pool_and_draws():
-    at = open_app(PAGE)
+    at = open_app(PAGE, timeout=TIMEOUT)
     at.checkbox(key="sharing").check()
     at.run()
     assert not at.exception and not at.error
@@ -117,7 +163,7 @@ def _greedy_texts(path) -> list[str]:
 def test_with_a_model_root_its_models_are_offered_and_outside_paths_refused(models, monkeypatch, request):
     root, elsewhere = models
     serve_models_from(monkeypatch, request, root)
-    at = open_app(PAGE)
+    at = open_app(PAGE, timeout=TIMEOUT)
     assert at.selectbox(key="model_dir").options == ["alias", "tiny"]
     at.radio(key="source").set_value("directory")  # a form: every setting goes in with the submit
     at.selectbox(key="model_dir").set_value("tiny")
@@ -142,7 +188,7 @@ def test_with_a_model_root_its_models_are_offered_and_outside_paths_refused(mode
 
 def test_a_model_root_that_is_missing_is_an_error_not_a_traceback(monkeypatch, request, tmp_path):
     serve_models_from(monkeypatch, request, tmp_path / "not-mounted")
-    at = open_app(PAGE)
+    at = open_app(PAGE, timeout=TIMEOUT)
     assert at.selectbox(key="model_dir").options == []
     at.radio(key="source").set_value("directory")
     _submit(at)

@@ -71,3 +71,17 @@ def hf_beam(model, prompt: list[int], max_new_tokens: int, num_beams: int) -> li
 def prompts(lengths, seed: int = 1) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def assert_greedy_like_transformers(engine, model, batch: list[list[int]], new: int):
+    """Greedy generation of `batch` through `engine` (EOS ignored) gives transformers' tokens for each prompt
+    alone, with logits within 1e-4; returns the outputs."""
+    from core.engine import SamplingParams
+
+    params = SamplingParams(new, temperature=0.0, ignore_eos=True)
+    outs = engine.generate(batch, params, return_logits=True)
+    for prompt, out in zip(batch, outs, strict=True):
+        tokens, logits = hf_greedy(model, prompt, new)
+        assert out.outputs[0].token_ids == tokens
+        assert torch.allclose(out.outputs[0].logits, logits, atol=1e-4, rtol=0)
+    return outs

@@ -3,23 +3,23 @@
 import json
 
 import pytest
-import torch
 
 from core.engine import Engine, ModelConfig, SamplingParams
 from core.errors import ModelLoadError, ModelTooLargeError
-from tests.engine.hf_models import hf_greedy, llama_config, prompts, save_model
+from tests.engine.hf_models import (
+    assert_greedy_like_transformers,
+    hf_greedy,
+    llama_config,
+    prompts,
+    save_model,
+)
 
 NEW = 8
 
 
 def _same_as_transformers(path, model, lengths=(3, 11), **engine_kwargs):
     engine = Engine.from_pretrained(path, num_blocks=64, block_size=4, device="cpu", **engine_kwargs)
-    batch = prompts(lengths, seed=11)
-    outs = engine.generate(batch, SamplingParams(NEW, temperature=0.0, ignore_eos=True), return_logits=True)
-    for prompt, out in zip(batch, outs, strict=True):
-        tokens, logits = hf_greedy(model, prompt, NEW)
-        assert out.outputs[0].token_ids == tokens
-        assert torch.allclose(out.outputs[0].logits, logits, atol=1e-4, rtol=0)
+    assert_greedy_like_transformers(engine, model, prompts(lengths, seed=11), NEW)
     return engine
 
 

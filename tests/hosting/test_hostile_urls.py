@@ -6,7 +6,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.conftest import ROOT
+from ui.engine_state import FIELDS as ENGINE_FIELDS
 from ui.kernels_state import FIELDS as KERNEL_FIELDS
+from ui.live_url import FIELDS as LIVE_FIELDS
 from ui.planner_state import ALL_FIELDS
 from ui.playground_url import URL_FIELDS
 from ui.simulator_state import FIELDS as SIMULATOR_FIELDS
@@ -18,8 +20,10 @@ PAGES = {
     "app_pages/kernels.py": [field.key for field in KERNEL_FIELDS],
     "app_pages/simulator.py": [field.key for field in SIMULATOR_FIELDS],
     "app_pages/planner.py": [field.key for field in ALL_FIELDS],
-    "app_pages/engine.py": [],
+    # its text fields (question, prompts, paths) take any text: the numbers and choices must refuse
+    "app_pages/engine.py": [f.key for f in ENGINE_FIELDS if f.kind != "str"],
     "app_pages/about.py": [],
+    "app_pages/live.py": [field.key for field in LIVE_FIELDS],
 }
 
 

@@ -12,7 +12,7 @@ from core.engine import Engine, SamplingParams
 from core.errors import LimitConfigError, LimitExceededError
 from core.jobs import JobPool
 from core.limits import Limits
-from core.page_models import tasks
+from core.page_models import engines
 from core.page_models.tasks import generate_outputs
 from tests.conftest import ROOT
 from tests.engine.hf_models import llama_config, save_model
@@ -149,10 +149,12 @@ def test_the_job_refuses_outside_the_root_before_opening_anything(models, monkey
 
         from_pretrained = from_config = from_dict = from_directory
 
-    monkeypatch.setattr(tasks, "ModelConfig", Untouchable)
-    monkeypatch.setattr(tasks, "Engine", Untouchable)
+    monkeypatch.setattr(engines, "ModelConfig", Untouchable)
+    monkeypatch.setattr(engines, "Engine", Untouchable)
+    monkeypatch.setattr(engines, "gguf_config", Untouchable.from_directory)
     monkeypatch.setenv("PAGED_LAB_MODEL_ROOT", str(root))
-    for path in _outside_paths(root, elsewhere):
+    gguf_files = [str(elsewhere / "model.gguf"), "../elsewhere/model.gguf", "escape/model.gguf"]
+    for path in _outside_paths(root, elsewhere) + gguf_files:  # a .gguf file is checked like a directory
         with pytest.raises(LimitExceededError, match="PAGED_LAB_MODEL_ROOT"):
             generate_outputs("directory", path, 32, 16, False, PROMPTS, PARAMS)
 

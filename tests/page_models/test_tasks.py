@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from core.device import default_device
-from core.engine import Engine, ModelConfig, SamplingParams
+from core.engine import TIMED_COLUMNS, Engine, ModelConfig, SamplingParams
 from core.engine.config import TINY_LLAMA
 from core.engine.engine import engine_bytes
 from core.engine.sharing import measure_sharing
@@ -17,7 +17,7 @@ from core.errors import InvalidArgumentError, LimitExceededError, MemoryBudgetEr
 from core.jobs import JobPool
 from core.kernels.timing import KernelConfig, correctness, sweep_contexts
 from core.limits import Limits
-from core.page_models import tasks
+from core.page_models import engines
 from core.page_models.simulator import SimulatorParams, run_comparison, steady_summary
 from core.page_models.tasks import (
     MAX_ENGINE_SEQUENCES,
@@ -110,7 +110,7 @@ def test_generate_outputs_is_a_direct_engine_generate(params):
     reference = engine.generate(PROMPT_IDS, params)
     assert generation.prompt_token_ids == tuple(map(tuple, PROMPT_IDS))
     assert _completions(generation.outputs) == _completions(reference)
-    untimed = [c for c in generation.run.steps.columns if c not in ("time_s", "step_time_ms", "attention_ms")]
+    untimed = [c for c in generation.run.steps.columns if c not in TIMED_COLUMNS]
     pd.testing.assert_frame_equal(generation.run.steps[untimed], engine.last_run.steps[untimed])
     assert generation.texts is None  # the tiny model has no tokenizer
     # it travels from a worker: the result pickles whole
@@ -138,7 +138,7 @@ def test_engine_over_the_byte_limit_is_refused_before_anything_is_built(monkeypa
 
     needed = engine_bytes(ModelConfig.from_dict(TINY_LLAMA), 48, 16, default_device())
     params = SamplingParams(4, n=2, seed=0, ignore_eos=True)
-    monkeypatch.setattr(tasks, "Engine", NoEngine)
+    monkeypatch.setattr(engines, "Engine", NoEngine)
     monkeypatch.setenv("PAGED_LAB_MAX_BYTES", str(needed - 1))
     with pytest.raises(MemoryBudgetError, match=rf"{needed:,} bytes.*PAGED_LAB_MAX_BYTES"):
         generate_outputs("tiny", "", 48, 16, False, ENGINE_PROMPTS, params)

@@ -14,6 +14,7 @@ from ui.engine_figures import (
     outputs_table,
     sequence_color_index,
     sharing_figure,
+    step_time_figure,
 )
 from ui.theme import sequence_color
 
@@ -113,6 +114,31 @@ def test_sharing_figure_puts_ours_beside_the_paper():
     assert "%" in figure.layout.yaxis.title.text
 
 
+def test_sharing_figure_adds_the_random_model_beside_a_real_one():
+    measured = pd.DataFrame(
+        {
+            "mode": ["parallel sampling", "beam search"],
+            "width": [2, 2],
+            "saving_pct": [4.0, 20.0],
+            "random_model_pct": [10.0, 60.0],
+            "paper_pct": [6.1, 37.6],
+        }
+    )
+    real, random_model, paper = sharing_figure(measured, ours="SmolLM2-135M-Instruct").data
+    assert real.name == "this engine (SmolLM2-135M-Instruct)" and list(real.y) == [4.0, 20.0]
+    assert "random" in random_model.name and list(random_model.y) == [10.0, 60.0]
+    assert list(paper.y) == [6.1, 37.6]
+
+
+def test_heatmap_title_sits_above_its_top_x_axis():
+    _, forked, _ = _forked_snapshots()
+    figure = engine_block_heatmap(forked, 1, sequence_color_index([forked]))
+    assert figure.layout.xaxis.side == "top"  # the axis and its title take the top of the plot area
+    title = figure.layout.title
+    assert title.yref == "container" and title.y == 1.0 and title.yanchor == "top"  # at the figure's top edge
+    assert figure.layout.margin.t >= 120  # room for two title lines above the axis title and tick labels
+
+
 def test_outputs_table_one_row_per_completion():
     completion = SimpleNamespace
     outputs = [
@@ -133,3 +159,19 @@ def test_outputs_table_one_row_per_completion():
     assert table["cumulative logprob"].iloc[0] == -1.2346
     decoded = outputs_table([[1, 2, 3], [4]], outputs, decode=lambda ids: "-".join(map(str, ids)))
     assert decoded["text"].iloc[2] == "8-9-10"
+
+
+def test_step_time_figure_stacks_the_three_parts_and_gives_their_shares():
+    steps = STEPS.assign(
+        step_time_ms=[4.0, 1.0, 1.0, 0.0],
+        rest_of_model_ms=[2.0, 0.5, 0.5, 0.0],
+        host_ms=[0.5, 0.25, 0.2, 0.0],
+    )
+    figure = step_time_figure(steps)
+    assert [t.name.split(" (")[0] for t in figure.data] == ["attention", "rest of the model", "host"]
+    assert figure.layout.barmode == "stack"
+    # per step the bars add up to the step's time
+    stacked = np.sum([np.asarray(t.y, dtype=float) for t in figure.data], axis=0)
+    assert stacked.tolist() == steps["step_time_ms"].tolist()
+    # 2.05 of 6 ms in attention, 3 in the rest of the model, 0.95 on the host; median step 1 ms
+    assert "median 1.0 ms: attention 34%, rest of the model 50%, host 16%" in figure.layout.title.text

@@ -1,0 +1,311 @@
+"""Live: a running vLLM (or core.serve) server's KV cache, read from its Prometheus metrics and KV cache events."""
+
+import pandas as pd
+import streamlit as st
+
+from core.errors import LabError
+from core.live import lab_server
+from core.live.compare import compare_with_server
+from core.live.history import FLEET
+from core.live.lab_server import LabServer
+from core.live.watch import LiveWatch, PollResult
+from core.planning.hardware import GPUS
+from core.planning.models import MODELS
+from core.planning.plan import PlanInputs
+from ui.jobs import app_limits
+from ui.live_figures import (
+    comparison_figure,
+    hit_rate_figure,
+    latency_figure,
+    preemptions_figure,
+    requests_figure,
+    source_colors,
+    tree_figure,
+    usage_figure,
+)
+from ui.live_url import FIELDS, NO_MODEL, resolve_sources
+from ui.query_state import encode_params
+from ui.url_widgets import UrlState
+
+WATCH_KEY = "_live_watch"
+LAB_MODEL_LABELS = {"smollm2-135m-instruct": "SmolLM2-135M-Instruct (real)", "tiny": "tiny random Llama"}
+LATENCY_WINDOW_S = 30.0
+TREE_NOTE = (
+    "**What the tree shows:** the blocks the server announced as cached (BlockStored) and not yet evicted "
+    "(BlockRemoved), chained by parent hash, per KV cache group and medium: which prefixes are cached and how "
+    "they branch. **What it cannot show:** which request holds which slot, ref counts, physical block ids, free "
+    "or in-use blocks, or prefix-cache hits: events carry none of these (a hit is not announced again). Usage "
+    "comes from the metrics above. Blocks cached before the page subscribed appear only if the server's replay "
+    "buffer still holds them."
+)
+
+state = UrlState("_live", FIELDS)
+
+st.title("Live")
+st.markdown(
+    "What a running vLLM server's KV cache is doing now: usage, queues, preemptions, prefix-cache hits and "
+    "latency from its `/metrics`, and, with `--kv-events-config`, the cached blocks themselves as prefix trees. "
+    "Several servers (replicas) are drawn one line each and summed as the fleet. The page polls only while "
+    "someone has it open."
+)
+
+try:
+    limits = app_limits()
+except LabError as err:
+    st.error(f"The operator limits are misconfigured, so the Live page cannot run: {err}")
+    st.stop()
+if not limits.live_enabled:
+    st.info("The operator turned the Live page off on this server (PAGED_LAB_LIVE_HOSTS=off).")
+    st.stop()
+
+state.sync_from_url()
+for message in state.pop_errors():
+    st.error(message)
+
+view = st.container()
+
+
+@st.cache_resource(show_spinner=False)
+def lab_servers() -> dict:
+    """The one lab-started server of this app process (shared by every session: one model's CPU cost)."""
+    return {}
+
+
+def lab_server_controls() -> None:
+    """Start or stop a core.serve on loopback with a mixed chat load, and point the inputs at it."""
+    try:
+        limits.check_live_address("127.0.0.1", lab_server.DEFAULT_PORTS[0], "the lab server")
+    except LabError:
+        return  # the operator restricted hosts: no lab-started server on this host
+    holder = lab_servers()
+    server: LabServer | None = holder.get("server")
+    running = server is not None and server.running
+    c1, c2, c3 = st.columns([2, 1, 3])
+    with c1:
+        model = state.widget(st.radio, "Lab server model", "lab_model", horizontal=True, disabled=running,
+                             format_func=LAB_MODEL_LABELS.get)  # fmt: skip
+    if not running and c2.button("Start a lab server", type="primary", key="lab_start"):
+        server = LabServer(model)
+        with st.spinner(
+            f"Starting core.serve with {LAB_MODEL_LABELS[model]} on 127.0.0.1:{lab_server.DEFAULT_PORTS[0]}..."
+        ):
+            try:
+                server.start()
+            except LabError as err:
+                st.error(f"The lab server did not start: {err}")
+                return
+        server.start_load()
+        holder["server"] = server
+        state.set("metrics", server.metrics_url)
+        state.set("events", server.events_endpoint)
+        state.set("replay", server.replay_endpoint)
+        running = True
+    elif running and c2.button("Stop the lab server", key="lab_stop"):
+        server.stop()
+        running = False
+    if running:
+        load = server.load
+        c3.caption(
+            f"core.serve ({server.model}) runs on 127.0.0.1:{server.ports[0]}, events on {server.events_endpoint}; "
+            f"a mixed chat load has sent {load.sent if load else 0:,} requests ({load.failed if load else 0:,} failed)."
+        )
+    else:
+        c3.caption(
+            "One click starts our engine served like vLLM (core.serve) on this machine's loopback with prefix "
+            "caching and KV events, plus a small mixed chat load, and points this page at it."
+        )
+
+
+lab_server_controls()
+
+with st.expander("Sources, polling and the plan to compare with", expanded=True):
+    c1, c2, c3 = st.columns(3)
+    with c1:
+        state.widget(
+            st.text_area,
+            "Metrics URLs (one per line: replicas of a fleet)",
+            "metrics",
+            height=100,
+            help="http:// or https:// only, e.g. http://127.0.0.1:8000/metrics",
+        )
+        state.widget(st.number_input, "Poll every (s)", "every")
+        state.widget(st.toggle, "Watching (off: pause polling)", "watch")
+    with c2:
+        state.widget(
+            st.text_input, "KV events endpoint (optional)", "events", placeholder="tcp://127.0.0.1:5557"
+        )
+        state.widget(
+            st.text_input, "Replay endpoint (optional)", "replay", placeholder="tcp://127.0.0.1:5558"
+        )
+        state.widget(st.text_input, "Topic", "topic")
+        state.widget(st.number_input, "Data-parallel ranks (rank r on port + r)", "ranks")
+    with c3:
+        state.widget(st.selectbox, "Model (for the plan)", "model")
+        state.widget(st.selectbox, "GPU (for the plan)", "gpu", format_func=lambda g: GPUS[g].name)
+        state.widget(st.number_input, "Tensor parallel", "tp")
+        state.widget(st.number_input, "Context length for concurrency (tokens)", "context")
+        state.widget(st.number_input, "Draw the tree of rank", "tree_rank")
+
+values = dict(state.values)
+state.write_url(encode_params(values, FIELDS))
+sources, source_errors = resolve_sources(values, limits)
+for message in source_errors:
+    st.error(message)
+
+if WATCH_KEY not in st.session_state:
+    st.session_state[WATCH_KEY] = LiveWatch()
+watch: LiveWatch = st.session_state[WATCH_KEY]
+watch.configure(sources, limits)
+
+
+def draw_metrics(result: PollResult) -> None:
+    for label, error in result.errors.items():
+        st.warning(f"{label}: {error}")
+    frame = watch.history.frame()
+    if frame.empty:
+        if sources.urls:
+            st.info(
+                "No server has answered yet: start a lab server below, or enter your vLLM's /metrics URL."
+            )
+        return
+    several = len(watch.history.sources()) > 1
+    latest = watch.history.latest(FLEET)
+    m = st.columns(6)
+    usage = latest.kv_cache_usage
+    m[0].metric("KV cache usage", "–" if usage is None else f"{100 * usage:.1f}%")
+    m[1].metric("Running / waiting", f"{_n(latest.num_requests_running)} / {_n(latest.num_requests_waiting)}")
+    m[2].metric("Preemptions", _n(latest.num_preemptions))
+    rate = latest.prefix_cache_hit_rate
+    m[3].metric("Prefix-cache hit rate (overall)", "–" if rate is None else f"{100 * rate:.1f}%")
+    window = frame[frame.source == (FLEET if several else frame.source.iloc[0])].window_hit_rate.dropna()
+    m[4].metric("Hit rate (last window)", "–" if window.empty else f"{100 * window.iloc[-1]:.1f}%")
+    blocks = "–" if latest.num_gpu_blocks is None else f"{latest.num_gpu_blocks:,}"
+    m[5].metric("KV blocks (num_gpu_blocks)", blocks, help=f"block size {latest.block_size or '?'} tokens")
+    if latest.legacy_names:
+        st.caption(
+            "Some figures were read from pre-0.9 metric names (gpu_cache_usage_perc, gpu_prefix_cache_*)."
+        )
+    colors = source_colors([*watch.history.sources(), FLEET])
+    left, right = st.columns(2)
+    left.plotly_chart(usage_figure(frame, colors), width="stretch")
+    right.plotly_chart(requests_figure(frame, colors), width="stretch")
+    left.plotly_chart(hit_rate_figure(frame, colors), width="stretch")
+    right.plotly_chart(preemptions_figure(frame, colors), width="stretch")
+    back = max(1, round(LATENCY_WINDOW_S / values["every"]))
+    source = FLEET if several else watch.history.sources()[0]
+    histograms = {
+        "TTFT overall": latest.ttft,
+        f"TTFT last {LATENCY_WINDOW_S:.0f} s": watch.history.latency_window(source, "ttft", back),
+        "ITL overall": latest.itl,
+        f"ITL last {LATENCY_WINDOW_S:.0f} s": watch.history.latency_window(source, "itl", back),
+        "E2E overall": latest.e2e,
+    }
+    if any(h is not None and h.count > 0 for h in histograms.values()):
+        st.plotly_chart(latency_figure(histograms), width="stretch")
+        st.caption(
+            "Percentiles are Prometheus's histogram_quantile estimates: linear within the bucket that holds them, "
+            "so they are only as fine as vLLM's buckets. TTFT = time to first token; ITL = inter-token latency."
+        )
+
+
+def draw_events(result: PollResult) -> None:
+    if sources.events is None:
+        st.caption(
+            "Give a KV events endpoint (a server started with --kv-events-config) to see cached blocks."
+        )
+        return
+    st.subheader("Cached blocks (KV cache events)")
+    if result.events_error:
+        st.warning(f"KV events: {result.events_error}")
+    rows = []
+    for rank, sub in enumerate(watch.subscribers):
+        s = sub.stats
+        rows.append(
+            {
+                "rank": rank,
+                "endpoint": sub.endpoint.address,
+                "cached blocks": sub.tree.num_blocks(),
+                "pools (group · medium)": ", ".join(
+                    f"{g} · {m}: {n:,}" for (g, m), n in sub.tree.counts().items()
+                ),
+                "batches": s.applied,
+                "last seq": s.last_seq,
+                "gaps": len(s.gaps),
+                "replayed": s.replayed,
+                "lost": s.lost,
+                "restarts": s.restarts,
+                "bad messages": s.bad_messages,
+            }
+        )
+    if rows and all(sub.stats.received == 0 and sub.stats.replayed == 0 for sub in watch.subscribers):
+        st.caption(
+            f"No batch has arrived yet on topic {sources.topic!r}. An idle server sends none; vLLM's default topic "
+            "is empty (clear the Topic field to receive every topic); a replay endpoint fills in the history."
+        )
+    if rows:
+        table = pd.DataFrame(rows)
+        st.dataframe(table, hide_index=True, width="stretch")
+        if len(rows) > 1:
+            st.caption(f"Fleet: {int(table['cached blocks'].sum()):,} cached blocks over {len(rows)} ranks.")
+        errors = [
+            f"rank {r}: {sub.stats.last_error}"
+            for r, sub in enumerate(watch.subscribers)
+            if sub.stats.last_error
+        ]
+        if errors:
+            st.caption("Last stream problem: " + "; ".join(errors))
+        rank = values["tree_rank"]
+        if rank < len(watch.subscribers):
+            tree = watch.subscribers[rank].tree
+            if tree.num_blocks():
+                fig, drawn = tree_figure(tree)
+                st.plotly_chart(fig, width="stretch")
+                if drawn < tree.num_blocks():
+                    st.caption(
+                        f"{drawn:,} of {tree.num_blocks():,} blocks drawn (the shallowest, largest first)."
+                    )
+            else:
+                st.info(f"Rank {rank} has announced no cached block yet.")
+    st.markdown(TREE_NOTE)
+
+
+def draw_plan() -> None:
+    if values["model"] == NO_MODEL:
+        st.caption(
+            "Name a model and GPU in the settings below to set the capacity planner's blocks beside the server's."
+        )
+        return
+    first = next((watch.history.latest(s) for s in watch.history.sources() if watch.history.latest(s)), None)
+    if first is None:
+        return
+    st.subheader("Predicted against observed")
+    inputs = PlanInputs(MODELS[values["model"]], GPUS[values["gpu"]], tensor_parallel=int(values["tp"]))
+    try:
+        comparison = compare_with_server(inputs, first, int(values["context"]))
+    except LabError as err:
+        st.error(f"The planner cannot plan this: {err}")
+        return
+    st.plotly_chart(comparison_figure(comparison), width="stretch")
+    taken = ", ".join(comparison.settings_from_server) or "none published"
+    st.caption(f"Planned with the server's own settings where it publishes them ({taken}).")
+    for sentence in comparison.explanations:
+        st.markdown(f"- {sentence}")
+
+
+def _n(value) -> str:
+    return "–" if value is None else f"{value:,.0f}"
+
+
+@st.fragment(run_every=values["every"] if values["watch"] else None)
+def live_view() -> None:
+    result = watch.poll(timeout_s=min(3.0, values["every"]))
+    draw_metrics(result)
+    draw_events(result)
+    draw_plan()
+
+
+with view:
+    if not sources.urls and sources.events is None:
+        st.info("Enter a metrics URL (e.g. http://127.0.0.1:8000/metrics) in the settings below.")
+    else:
+        live_view()

@@ -1,0 +1,1 @@
+"""Live: read a running vLLM (or core.serve) server: its Prometheus metrics and KV cache events."""

@@ -1,0 +1,210 @@
+"""A lab-started `core.serve` on loopback and a bounded mixed chat load against it, so the Live page shows a live
+KV cache in one click.
+
+`LabServer.start()` runs `python -m core.serve` as a child process bound to 127.0.0.1 with prefix caching and KV
+events (`DEFAULT_PORTS`: HTTP 8000, events 5557, replay 5558, the Live page's defaults). `MixedLoad` sends
+requests from a few threads: chats that share a system prompt (so prefix caching has something to share) with
+varied user turns and lengths; on the tiny model (no tokenizer) token-id prompts with shared prefixes instead.
+Both stop on `stop()` (and the server when this process exits); nothing listens beyond loopback.
+"""
+
+import atexit
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from core.errors import LiveEndpointError
+
+ROOT = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.1"
+DEFAULT_PORTS = (8000, 5557, 5558)
+MODELS = ("smollm2-135m-instruct", "tiny")
+SYSTEM = "You are a concise assistant for people who run LLM servers. Answer in one or two sentences."
+QUESTIONS = (
+    "What is a KV cache?", "Why does paging help LLM serving?", "What is prefix caching?",
+    "What does a block size of 16 mean?", "When is a request preempted?", "What is continuous batching?",
+    "Why is decoding memory-bound?", "What limits the batch size?", "What is time to first token?",
+)  # fmt: skip
+
+
+_STARTED: list["LabServer"] = []
+
+
+def stop_all() -> None:
+    """Stop every lab server this process started (tests; the app stops them at exit)."""
+    for server in _STARTED:
+        server.stop()
+
+
+class LabServer:
+    """One `python -m core.serve` child process on 127.0.0.1 (`ports`: HTTP, events, replay), always with prefix
+    caching; `events` adds KV events with a replay socket; `extra_args` go to core.serve as given."""
+
+    def __init__(
+        self,
+        model: str = MODELS[0],
+        ports: tuple[int, int, int] | None = None,
+        num_blocks: int = 1024,
+        *,
+        events: bool = True,
+        extra_args: tuple[str, ...] = (),
+    ):
+        self.model, self.num_blocks, self.events, self.extra_args = (
+            model,
+            num_blocks,
+            events,
+            tuple(extra_args),
+        )
+        self.ports = ports or DEFAULT_PORTS  # read at call time, so a test can move the defaults
+        self.process: subprocess.Popen | None = None
+        self.load: MixedLoad | None = None
+        self.log: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.ports[0]}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.ports[0]}/metrics"
+
+    @property
+    def events_endpoint(self) -> str:
+        return f"tcp://{HOST}:{self.ports[1]}"
+
+    @property
+    def replay_endpoint(self) -> str:
+        return f"tcp://{HOST}:{self.ports[2]}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, wait_s: float = 180.0) -> None:
+        """Start the server and wait until /health answers; raises LiveEndpointError when it exits or does not
+        answer in `wait_s` (the real model is fetched on first use, which can take a minute)."""
+        if self.running:
+            return
+        http, events, replay = self.ports
+        cmd = [sys.executable, "-m", "core.serve", "--model", self.model, "--host", HOST, "--port", str(http),
+               "--num-blocks", str(self.num_blocks), "--enable-prefix-caching", *self.extra_args]  # fmt: skip
+        if self.events:
+            config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
+                      "endpoint": f"tcp://{HOST}:{events}", "replay_endpoint": f"tcp://{HOST}:{replay}"}  # fmt: skip
+            cmd += ["--kv-events-config", json.dumps(config)]
+        self.process = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        threading.Thread(target=self._read_log, daemon=True).start()
+        _STARTED.append(self)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise LiveEndpointError(f"core.serve exited: {' '.join(self.log[-3:]) or 'no output'}")
+            if _get(f"http://{HOST}:{http}/health") == 200:
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise LiveEndpointError(f"core.serve did not answer within {wait_s:g} s")
+
+    def _read_log(self) -> None:
+        for line in self.process.stdout:
+            self.log = [*self.log[-50:], line.rstrip()]
+
+    def start_load(self, concurrency: int = 3, max_requests: int = 2_000) -> None:
+        if self.load is None or not self.load.alive:
+            self.load = MixedLoad(self.url, self.model != "tiny", concurrency, max_requests)
+
+    def stop(self) -> None:
+        if self.load is not None:
+            self.load.stop()
+        if self.running:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+class MixedLoad:
+    """`concurrency` threads, each sending one request at a time until `max_requests` in all or `stop()`."""
+
+    def __init__(
+        self, base_url: str, chat: bool, concurrency: int = 3, max_requests: int = 2_000, seed: int = 0
+    ):
+        self.base_url, self.chat = base_url, chat
+        self.sent = self.failed = 0
+        self._budget = max_requests
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._worker, args=(random.Random(seed + i),), daemon=True)
+            for i in range(concurrency)
+        ]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def alive(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
+
+    def _take(self) -> bool:
+        with self._lock:
+            if self._budget <= 0:
+                return False
+            self._budget -= 1
+            return True
+
+    def _worker(self, rng: random.Random) -> None:
+        while not self._stop.is_set() and self._take():
+            path, body = self._request(rng)
+            ok = _post(self.base_url + path, body)
+            with self._lock:
+                self.sent += 1
+                self.failed += not ok
+            if not ok:
+                self._stop.wait(1.0)
+
+    def _request(self, rng: random.Random) -> tuple[str, dict]:
+        max_tokens = rng.choice([8, 16, 32, 64])
+        if self.chat:
+            turns = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": rng.choice(QUESTIONS)},
+            ]
+            return "/v1/chat/completions", {"messages": turns, "max_tokens": max_tokens, "temperature": 0.7}
+        prefix = list(range(1, 1 + 16 * rng.choice([1, 2, 4])))  # shared prefixes of 1, 2 or 4 blocks
+        prompt = prefix + [rng.randrange(1, 500) for _ in range(rng.randrange(4, 40))]
+        return "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
+
+
+def _get(url: str) -> int | None:
+    try:
+        with _OPENER.open(url, timeout=2) as r:
+            return r.status
+    except (OSError, urllib.error.URLError):
+        return None
+
+
+def _post(url: str, body: dict) -> bool:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with _OPENER.open(request, timeout=300) as r:
+            r.read()
+            return r.status == 200
+    except (OSError, urllib.error.URLError):
+        return False

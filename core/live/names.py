@@ -1,0 +1,47 @@
+"""vLLM's Prometheus metric names and histogram buckets: the one place both the parser and our server read them.
+
+Names are the metric names as registered (prometheus_client appends `_total` to a counter's samples and adds a
+`_created` gauge; a histogram's samples end in `_bucket`, `_sum`, `_count`). Every field the lab reads has the
+name vLLM publishes today first, then the names it published before (pre-0.9 V1 and V0), tried in that order.
+Labels on every metric: `model_name` and `engine` (the data-parallel index, as a string).
+Bucket bounds are vLLM V1's (seconds), so our server's histograms bin like vLLM's.
+"""
+
+GAUGES: dict[str, tuple[str, ...]] = {
+    "kv_cache_usage": (
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+    ),  # a fraction 0..1 despite "perc"
+    "num_requests_running": ("vllm:num_requests_running",),
+    "num_requests_waiting": ("vllm:num_requests_waiting",),
+}
+
+COUNTERS: dict[str, tuple[str, ...]] = {
+    "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),  # tokens
+    "prefix_cache_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),  # tokens
+    "num_preemptions": ("vllm:num_preemptions",),
+    "prompt_tokens": ("vllm:prompt_tokens",),
+    "generation_tokens": ("vllm:generation_tokens",),
+    "request_success": ("vllm:request_success",),
+}
+
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "e2e": ("vllm:e2e_request_latency_seconds",),
+    "queue_time": ("vllm:request_queue_time_seconds",),
+}
+
+CACHE_CONFIG_INFO = "vllm:cache_config_info"  # a gauge of value 1 whose labels carry the cache config
+
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0,
+)  # fmt: skip

@@ -1,0 +1,141 @@
+"""Start `core.serve`: build the engine, its metrics and KV-event publisher, the engine loop and the HTTP app.
+
+`--kv-events-config` takes vLLM's JSON: {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
+"tcp://*:5557", "replay_endpoint": null, "topic": "", "buffer_steps": 10000, "hwm": 100000}. A `*` host binds
+the server's own --host (127.0.0.1 by default), never every interface. Events need prefix caching (only cached
+blocks are announced): events without --enable-prefix-caching are refused.
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.engine import Engine
+from core.errors import InvalidArgumentError, LabError
+from core.serve.app import ServedModel, build_app
+from core.serve.exporter import ServerMetrics
+from core.serve.kv_publisher import ZmqEventPublisher
+from core.serve.loop import EngineLoop
+
+REAL_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class KVEventsConfig:
+    endpoint: str
+    replay_endpoint: str | None
+    topic: str
+    buffer_steps: int
+    hwm: int
+
+
+def parse_kv_events_config(text: str | None, host: str) -> KVEventsConfig | None:
+    """The publisher settings in vLLM's JSON, None when events are off. Raises InvalidArgumentError."""
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+    except ValueError as err:
+        raise InvalidArgumentError(f"--kv-events-config is not JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise InvalidArgumentError("--kv-events-config must be a JSON object")
+    if not raw.get("enable_kv_cache_events", False):
+        return None
+    if raw.get("publisher", "zmq") not in ("zmq", None):
+        raise InvalidArgumentError(
+            f"publisher {raw.get('publisher')!r} is not supported; this server has 'zmq'"
+        )
+
+    def bind(address: str | None) -> str | None:
+        if address is None:
+            return None
+        if not isinstance(address, str) or not address.startswith("tcp://"):
+            raise InvalidArgumentError(f"KV event endpoints must be tcp://host:port, got {address!r}")
+        return address.replace("tcp://*:", f"tcp://{host}:")
+
+    topic, buffer_steps, hwm = raw.get("topic", ""), raw.get("buffer_steps", 10_000), raw.get("hwm", 100_000)
+    if not isinstance(topic, str) or not all(isinstance(v, int) and v > 0 for v in (buffer_steps, hwm)):
+        raise InvalidArgumentError("topic must be a string; buffer_steps and hwm positive integers")
+    return KVEventsConfig(
+        bind(raw.get("endpoint", "tcp://*:5557")), bind(raw.get("replay_endpoint")), topic, buffer_steps, hwm
+    )
+
+
+def build_engine(model: str, *, block_size: int, num_blocks: int | None, prefix_caching: bool, seed: int,
+                 max_num_seqs: int, kv_events: bool = False) -> tuple[Engine, str]:  # fmt: skip
+    """(engine, served model name). `tiny`: the lab's seeded random Llama (no files); `smollm2-135m-instruct`:
+    the real model, fetched into the model cache if missing; else a model directory or .gguf file. kv_events: the
+    engine's KV cache manager queues vLLM's KV cache events (`Engine(enable_kv_cache_events=True)`)."""
+    common = {"block_size": block_size, "num_blocks": num_blocks, "enable_prefix_caching": prefix_caching,
+              "max_num_seqs": max_num_seqs, "enable_kv_cache_events": kv_events}  # fmt: skip
+    if model == "tiny":
+        from core.engine.config import TINY_LLAMA
+
+        return Engine.from_config(TINY_LLAMA, seed=seed, **common), "tiny"
+    if model == REAL_MODEL:
+        from core.engine.fetch import fetch_model
+
+        return Engine.from_pretrained(fetch_model(REAL_MODEL), **common), REAL_MODEL
+    return Engine.from_pretrained(Path(model), **common), model
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m core.serve", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="tiny", help=f"tiny | {REAL_MODEL} | a model directory or .gguf file")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--num-blocks", type=int, default=None, help="KV blocks in the pool (default: from the budget)"
+    )
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--enable-prefix-caching", action="store_true")
+    p.add_argument("--kv-events-config", default=None, help="vLLM's JSON (see the module doc)")
+    p.add_argument("--seed", type=int, default=0, help="weights of the tiny model")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    args = make_parser().parse_args(argv)
+    try:
+        events = parse_kv_events_config(args.kv_events_config, args.host)
+        if events is not None and not args.enable_prefix_caching:
+            raise InvalidArgumentError("KV cache events announce cached blocks: add --enable-prefix-caching")
+        engine, name = build_engine(
+            args.model, block_size=args.block_size, num_blocks=args.num_blocks,
+            prefix_caching=args.enable_prefix_caching, seed=args.seed, max_num_seqs=args.max_num_seqs,
+            kv_events=events is not None,
+        )  # fmt: skip
+    except LabError as err:
+        print(f"core.serve: {err}", file=sys.stderr)
+        return 2
+    name = args.served_model_name or name
+    dtype = str(engine.model.dtype).removeprefix("torch.")
+    metrics = ServerMetrics(name, block_size=engine.block_size, num_gpu_blocks=engine.num_blocks,
+                            prefix_caching=args.enable_prefix_caching, dtype=dtype)  # fmt: skip
+    publisher = None
+    if events is not None:
+        try:
+            publisher = ZmqEventPublisher(events.endpoint, events.replay_endpoint, events.topic, events.buffer_steps,
+                                          events.hwm)  # fmt: skip
+        except LabError as err:
+            print(f"core.serve: {err}", file=sys.stderr)
+            return 2
+    loop = EngineLoop(engine, metrics, publisher)
+    served = ServedModel(name, engine, loop, metrics, engine.config.max_position_embeddings)
+    loop.start()
+    where = f"events on {publisher.endpoint}" if publisher else "no KV events"
+    print(f"core.serve: {name} on http://{args.host}:{args.port} ({engine.num_blocks:,} blocks of "
+          f"{engine.block_size}; {where})", flush=True)  # fmt: skip
+    try:
+        uvicorn.run(build_app(served), host=args.host, port=args.port, log_level="warning")
+    finally:
+        loop.stop()
+        if publisher is not None:
+            publisher.close()
+    return 0

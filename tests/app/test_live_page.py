@@ -1,0 +1,162 @@
+"""The Live page under AppTest, reading vLLM-format metric text served by a tiny http.server on 127.0.0.1, and KV
+events from an in-process ZMQ publisher: figures, fleet sums, errors as messages, the operator's host limit."""
+
+import time
+
+import pytest
+
+from tests.live.exposition import EngineState, vllm_exposition
+from tests.live.metrics_server import MetricsServer
+from tests.live.zmq_vllm import FakeVllmPublisher
+
+PAGE = "app_pages/live.py"
+
+
+@pytest.fixture(scope="module")
+def server():
+    two_engines = vllm_exposition(
+        {
+            "0": EngineState(usage=0.2, running=2, waiting=0, queries=100, hits=10),
+            "1": EngineState(usage=0.6, running=5, waiting=4, queries=300, hits=150),
+        }
+    )
+    s = MetricsServer(
+        {
+            "/metrics": two_engines,
+            "/other": vllm_exposition({"0": EngineState(usage=0.5, running=1, waiting=1)}, legacy=True),
+            "/html": "<html><body><h1>502 Bad Gateway</h1></body></html>",
+        }
+    )
+    yield s
+    s.close()
+
+
+def live(params: dict[str, str]):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.conftest import ROOT
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    at.switch_page(PAGE)
+    for key, value in params.items():
+        at.query_params[key] = value
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def metric(at, label):
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def test_one_server_two_engines_summed(server):
+    at = live({"metrics": server.url(), "watch": "0"})
+    assert not at.error and not at.warning
+    assert metric(at, "KV cache usage") == "40.0%"  # equal pools: the mean of 20% and 60%
+    assert metric(at, "Running / waiting") == "7 / 4"
+    assert metric(at, "Prefix-cache hit rate (overall)") == "40.0%"  # 160 / 400 tokens
+    assert metric(at, "KV blocks (num_gpu_blocks)") == "2,000"
+    assert len(at.get("plotly_chart")) >= 5  # usage, requests, hit rate, preemptions, latency
+    assert at.query_params["metrics"] in (server.url(), [server.url()])
+
+
+def test_fleet_of_two_servers_and_failures_are_messages(server):
+    urls = "\n".join([server.url(), server.url("/other"), server.url("/html"), server.url("/missing")])
+    at = live({"metrics": urls, "watch": "0"})
+    assert metric(at, "Running / waiting") == "8 / 5"  # the two servers that answered, summed
+    warnings = " ".join(w.value for w in at.warning)
+    assert "HTML" in warnings and "HTTP 404" in warnings
+    assert any("pre-0.9" in c.value for c in at.caption)
+
+
+def test_refused_addresses_and_unreachable_servers(server):
+    at = live(
+        {"metrics": "file:///etc/passwd http://127.0.0.1:9/metrics", "events": "tcp://*:5557", "watch": "0"}
+    )
+    errors = " ".join(e.value for e in at.error)
+    assert "file:///etc/passwd" in errors and "tcp://" in errors
+    assert any("cannot be reached" in w.value for w in at.warning)
+
+
+def test_operator_host_list_and_off(server, monkeypatch, request):
+    from ui.jobs import app_limits
+
+    request.addfinalizer(app_limits.clear)
+    monkeypatch.setenv("PAGED_LAB_LIVE_HOSTS", "10.1.2.3")
+    app_limits.clear()
+    at = live({"metrics": server.url(), "watch": "0"})
+    assert any("PAGED_LAB_LIVE_HOSTS" in e.value for e in at.error) and not at.get("plotly_chart")
+    monkeypatch.setenv("PAGED_LAB_LIVE_HOSTS", "off")
+    app_limits.clear()
+    at = live({"metrics": server.url()})
+    assert any("turned the Live page off" in i.value for i in at.info)
+
+
+def test_predicted_against_observed(server):
+    at = live({"metrics": server.url(), "model": "llama-3.1-8b", "gpu": "h100-80gb", "watch": "0"})
+    assert any(s.value == "Predicted against observed" for s in at.subheader)
+    assert any("block_size 16" in c.value for c in at.caption)
+    assert any("against the plan" in m.value or "agree" in m.value for m in at.markdown)
+
+
+def test_cached_block_tree_from_events(server):
+    from core.kv.events import BlockStored
+
+    pub = FakeVllmPublisher()
+    try:
+        params = {
+            "metrics": server.url(),
+            "events": pub.endpoint,
+            "replay": pub.replay_endpoint,
+            "watch": "0",
+        }
+        at = live(params)
+        pub.wait_subscribed()
+        pub.publish([BlockStored([1, 2, 3], None, list(range(12)), 4, None, "GPU", None)])
+        pub.publish([BlockStored([4], 2, [0] * 4, 4, None, "GPU", None)])
+        for _ in range(20):
+            at.run()
+            table = at.dataframe[0].value
+            if table["cached blocks"].iloc[0] == 4:
+                break
+            time.sleep(0.1)
+        assert not at.exception
+        assert table["cached blocks"].iloc[0] == 4 and table["batches"].iloc[0] == 2
+        assert any("What it cannot show" in m.value for m in at.markdown)
+        assert len(at.get("plotly_chart")) >= 6  # the metrics figures and the icicle
+    finally:
+        pub.close()
+
+
+def test_one_click_lab_server_with_load(monkeypatch):
+    """The button starts core.serve (tiny model, free loopback ports) with a mixed load and points the page at it;
+    the page then reads its metrics and its KV events; the stop button ends it."""
+    from core.live import lab_server
+    from tests.serve.lab_server import free_port
+
+    monkeypatch.setattr(lab_server, "DEFAULT_PORTS", (free_port(), free_port(), free_port()))
+    try:
+        at = live({"watch": "0"})
+        at.radio(key="lab_model").set_value("tiny")
+        at.run()
+        at.button(key="lab_start").click()
+        at.run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+        expected = f"http://127.0.0.1:{lab_server.DEFAULT_PORTS[0]}/metrics"
+        assert str(at.query_params["metrics"]).strip("[]'") == expected
+        table = None
+        for _ in range(60):  # the load runs: wait for cached blocks to show
+            time.sleep(0.5)
+            at.run()
+            table = at.dataframe[0].value if at.dataframe else None
+            if table is not None and table["cached blocks"].iloc[0] > 0:
+                break
+        assert table is not None and table["cached blocks"].iloc[0] > 0
+        # the lab server's pool, read from its /metrics
+        assert metric(at, "KV blocks (num_gpu_blocks)") == "1,024"
+        assert any("mixed chat load has sent" in c.value for c in at.caption)
+        at.button(key="lab_stop").click()
+        at.run()
+        assert not at.exception
+    finally:
+        lab_server.stop_all()

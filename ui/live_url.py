@@ -1,0 +1,71 @@
+"""The Live page's inputs as URL fields, and the checked sources they name. No streamlit here.
+
+Metrics URLs are one text (whitespace or comma separated, at most MAX_URLS); an events endpoint is optional,
+its replay endpoint too. Each address is checked (`core.live.addresses`) against the operator's
+PAGED_LAB_LIVE_HOSTS before anything connects; a refused one is reported and left out, the others kept.
+"""
+
+import re
+
+from core.errors import LabError
+from core.limits import Limits
+from core.live.addresses import check_events_endpoint, check_metrics_url
+from core.live.lab_server import MODELS as LAB_MODELS
+from core.live.subscriber import DEFAULT_TOPIC
+from core.live.watch import Sources
+from core.planning.hardware import GPUS
+from core.planning.models import MODELS
+from ui.query_state import Field
+
+MAX_URLS = 8
+DEFAULT_METRICS = "http://127.0.0.1:8000/metrics"
+NO_MODEL = "none"
+
+FIELDS = [
+    Field("metrics", DEFAULT_METRICS, "str", max_length=2000, label="metrics URLs"),
+    Field("events", "", "str", max_length=300, label="KV events endpoint"),
+    Field("replay", "", "str", max_length=300, label="replay endpoint"),
+    Field("topic", DEFAULT_TOPIC, "str", max_length=100, label="topic"),
+    Field("ranks", 1, "int", minimum=1, maximum=16, step=1, label="data-parallel ranks"),
+    Field("every", 3.0, "float", minimum=1.0, maximum=60.0, step=1.0, label="poll every (s)"),
+    Field("watch", True, "bool", label="watching"),
+    Field("tree_rank", 0, "int", minimum=0, maximum=15, step=1, label="tree of rank"),
+    Field("model", NO_MODEL, "choice", (NO_MODEL, *MODELS), label="model for the plan"),
+    Field("gpu", "h100-80gb", "choice", tuple(GPUS), label="GPU for the plan"),
+    Field("tp", 1, "int", minimum=1, maximum=64, step=1, label="tensor parallel"),
+    Field("context", 4096, "int", minimum=1, maximum=10_000_000, step=256, label="context tokens"),
+    Field("lab_model", LAB_MODELS[0], "choice", LAB_MODELS, label="lab server model"),
+]
+
+
+def split_urls(text: str) -> list[str]:
+    return [u for u in re.split(r"[\s,]+", text or "") if u]
+
+
+def resolve_sources(values: dict, limits: Limits) -> tuple[Sources, list[str]]:
+    """(the sources to watch, one message per address left out and why)."""
+    errors: list[str] = []
+    urls = []
+    raw = split_urls(values["metrics"])
+    if len(raw) > MAX_URLS:
+        errors.append(
+            f"{len(raw)} metrics URLs given; the page watches at most {MAX_URLS}: the first are used"
+        )
+    for text in dict.fromkeys(raw[:MAX_URLS]):
+        try:
+            urls.append(check_metrics_url(text, limits))
+        except LabError as err:
+            errors.append(f"Metrics URL left out: {err}")
+    events = replay = None
+    if values["events"].strip():
+        try:
+            events = check_events_endpoint(values["events"], limits)
+        except LabError as err:
+            errors.append(f"KV events endpoint left out: {err}")
+    if events is not None and values["replay"].strip():
+        try:
+            replay = check_events_endpoint(values["replay"], limits)
+        except LabError as err:
+            errors.append(f"Replay endpoint left out (gaps will not be filled): {err}")
+    topic = values["topic"]
+    return Sources(tuple(urls), events, replay, int(values["ranks"]), topic), errors
