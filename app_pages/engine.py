@@ -41,8 +41,8 @@ st.markdown(
     "K/V into blocks and reads them back with the paged kernels, while the lab's KV cache manager and the "
     "simulator's scheduler decide each step. Its n samples share the prompt's blocks until they diverge."
 )
-for message in state.pop_errors():
-    st.warning(message)
+for message in state.pop_errors():  # shown once, as every page reports a refused link value
+    st.error(message)
 
 try:
     limits = app_limits()

@@ -135,7 +135,7 @@ def test_every_input_is_in_the_url_and_a_bad_value_is_reported():
     assert _url(at)["max_tokens"] == "5" and _metric(at, "Tokens generated") == f"{3 * 4 * 5}"
     at.query_params["n"] = "many"
     at.run()
-    assert any("`n`" in w.value and "whole number" in w.value for w in at.warning)
+    assert any("`n`" in e.value and "whole number" in e.value for e in at.error)
 
 
 def test_sharing_measurement_runs_in_the_pool_and_draws():

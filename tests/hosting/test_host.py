@@ -2,6 +2,7 @@
 proxy over Streamlit's websocket protocol, cookie stickiness, and no process or file left after SIGTERM / Ctrl-C."""
 
 import asyncio
+import concurrent.futures
 import os
 import shutil
 import signal
@@ -118,7 +119,9 @@ def test_two_replicas_behind_nginx_serve_a_page_stick_by_cookie_and_stop_on_sigt
             async with ProtocolSession(f"http://127.0.0.1:{port}", timeout_s=120) as session:
                 return await session.open("planner"), session.replica
 
-        render, _ = asyncio.run(planner())
+        # a thread of its own: a browser test earlier in the session may have left this thread's event loop running
+        with concurrent.futures.ThreadPoolExecutor(1) as one:
+            render, _ = one.submit(asyncio.run, planner()).result()
         assert render.charts == 4 and not render.exceptions and not render.errors, render
         runtime = _runtime_dir(tmp_path / "host.log")
         assert (runtime / "nginx.conf").exists() and (runtime / "pool.sock").exists()
