@@ -32,7 +32,7 @@ def test_every_request_stays_on_the_host(streamlit_server, page):
         page.get_by_role("link", name=link, exact=True).click()
         if heading:
             expect(page.get_by_role("heading", name=heading)).to_be_visible(timeout=RUN_MS)
-        expect(page.locator('[data-testid="stMain"] h1').first).to_be_visible(timeout=RUN_MS)
+        expect(page.get_by_role("main").get_by_role("heading", level=1).first).to_be_visible(timeout=RUN_MS)
         wait_for_script_done(page, RUN_MS)
         page.wait_for_timeout(1_000)  # late fetches (icons, fonts) of what was just drawn
     assert any(url.startswith(streamlit_server) for url in requests)
