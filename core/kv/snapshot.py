@@ -52,6 +52,20 @@ class KVCacheSnapshot:
         return int((self.ref_count > 0).sum())
 
 
+def free_blocks(pool: BlockPool) -> tuple[np.ndarray, np.ndarray]:
+    """The pool's free blocks: their ids in the order they would be taken, and a per-block bool mask."""
+    free_order = np.fromiter(pool.iter_free_order(), dtype=np.int64, count=pool.num_free_blocks)
+    is_free = np.zeros(pool.num_blocks, dtype=bool)
+    is_free[free_order] = True
+    return free_order, is_free
+
+
+def read_only(*arrays: np.ndarray) -> None:
+    """Freeze the arrays a snapshot hands out, so a reader cannot change what it was shown."""
+    for array in arrays:
+        array.setflags(write=False)
+
+
 def build_snapshot(
     pool: BlockPool, managers: Sequence[SingleTypeKVCacheManager], num_tokens: Mapping[Hashable, int]
 ) -> KVCacheSnapshot:
@@ -77,12 +91,9 @@ def build_snapshot(
                 owner[block] = index
                 is_mamba = isinstance(manager, MambaManager)
                 fill[block] = 1 if is_mamba else min(bs, num_tokens[rid] - i * bs)
-    free_order = np.fromiter(pool.iter_free_order(), dtype=np.int64, count=pool.num_free_blocks)
-    is_free = np.zeros(n, dtype=bool)
-    is_free[free_order] = True
+    free_order, is_free = free_blocks(pool)
     ref_count = np.asarray(pool.ref_counts, dtype=np.int64)
-    for array in (group, owner, ref_count, fill, is_free, is_cached, free_order):
-        array.setflags(write=False)
+    read_only(group, owner, ref_count, fill, is_free, is_cached, free_order)
     return KVCacheSnapshot(
         num_blocks=n,
         block_sizes=tuple(m.block_size for m in managers),

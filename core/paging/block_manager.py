@@ -41,6 +41,7 @@ from core.kv.block_pool import BlockPool
 from core.kv.events import KVEvent
 from core.kv.kv_cache_manager import check_token_ids
 from core.kv.single_type_manager import RequestBlocks, manager_for
+from core.kv.snapshot import free_blocks, read_only
 from core.kv.specs import FullAttentionSpec, SlidingWindowSpec
 from core.paging.block_views import AppendResult, BlockSnapshot, PrefixCacheCounters, PrefixCacheStats
 
@@ -464,11 +465,8 @@ class BlockManager:
             owner[table] = index
             fill[table] = bs
             fill[table[-1]] = seq.num_tokens - (len(seq.block_table) - 1) * bs
-        free_order = np.fromiter(pool.iter_free_order(), dtype=np.int64, count=pool.num_free_blocks)
-        is_free = np.zeros(n, dtype=bool)
-        is_free[free_order] = True
-        for array in (owner, ref_count, fill, is_free, is_cached, free_order):
-            array.setflags(write=False)
+        free_order, is_free = free_blocks(pool)
+        read_only(owner, ref_count, fill, is_free, is_cached, free_order)
         return BlockSnapshot(
             num_blocks=n,
             block_size=bs,
