@@ -4,7 +4,6 @@ block map. Every input lives in the URL."""
 import datetime
 import time
 
-import pandas as pd
 import streamlit as st
 import torch
 
@@ -14,7 +13,7 @@ from core.errors import LabError
 from core.kernels.attention import available_backends
 from core.kernels.timing import check_budget, random_block_tables, tolerance
 from core.page_models.tasks import kernel_correctness, kernel_sweep
-from ui.charts import cached_chart
+from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.jobs import app_limits, run_job
 from ui.kernel_figures import bandwidth_figure, block_map_figure, latency_figure, overhead_figure
 from ui.kernels_state import BACKENDS_KEY, FIELDS, config_of, parse_backends, url_params
@@ -110,6 +109,17 @@ def measured_caption(sweep: dict) -> str:
     )
 
 
+def block_map_sample(batch: int, context_len: int, block_size: int) -> tuple:
+    """`block_map_figure`'s arguments for the first of `batch` sequences with the same random block assignment
+    as the measured problem: its table, its length, the block size, the pool size and the other sequences'
+    blocks."""
+    tables, lens = random_block_tables(
+        batch, context_len, block_size, generator=torch.Generator().manual_seed(0)
+    )
+    others = {int(b) for b in tables[1:].flatten().tolist() if b >= 0}
+    return tables[0].tolist(), int(lens[0]), block_size, int(tables.max()) + 1, others
+
+
 # ---- the page -----------------------------------------------------------------------------------------------------
 st.title("Kernels: paged vs contiguous attention")
 st.markdown(
@@ -195,12 +205,9 @@ blocks_per_seq = cdiv(config.context_len, config.block_size)
 map_context = min(config.context_len, MAP_MAX_BLOCKS * config.block_size)
 map_blocks_per_seq = cdiv(map_context, config.block_size)
 map_batch = max(1, min(config.batch, MAP_MAX_BLOCKS // map_blocks_per_seq))
-tables, lens = random_block_tables(
-    map_batch, map_context, config.block_size, generator=torch.Generator().manual_seed(0)
+cached_chart(
+    right, block_map_figure, *cached_value(block_map_sample, map_batch, map_context, config.block_size)
 )
-pool = int(tables.max()) + 1
-others = {int(b) for b in tables[1:].flatten().tolist() if b >= 0}
-cached_chart(right, block_map_figure, tables[0].tolist(), int(lens[0]), config.block_size, pool, owned=others)
 if map_batch < config.batch or map_context < config.context_len:
     right.caption(
         f"Drawn for {map_batch:,} of {config.batch:,} sequences and {map_context:,} of {config.context_len:,} "
@@ -213,10 +220,10 @@ else:
     )
 
 with st.expander("Result rows (the bench JSON format)"):
-    st.dataframe(pd.DataFrame(rows), hide_index=True)
+    cached_dataframe(st, rows)
     check = [
         {"backend": name, "max |paged - contiguous|": f"{err:.2e}", "tolerance": f"{limit:.0e}",
          "result": "pass" if err <= limit else "FAIL"}
         for name, err in errors.items()
     ]  # fmt: skip
-    st.dataframe(pd.DataFrame(check), hide_index=True)
+    cached_dataframe(st, check)

@@ -2,7 +2,6 @@
 
 import json
 
-import pandas as pd
 import streamlit as st
 
 from core.errors import LabError
@@ -32,7 +31,7 @@ from core.planning.models import MODELS, preset_configs
 from core.planning.weights import read_safetensors_index
 from core.planning.what_if import memory_breakdown
 from core.uploads import read_upload
-from ui.charts import cached_chart
+from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.jobs import app_limits
 from ui.planner_figures import (
     concurrency_vs_context_figure,
@@ -47,12 +46,12 @@ from ui.url_widgets import UrlState
 state = UrlState("_planner", ALL_FIELDS)
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def cached_workload(
+def workload(
     kind: str, n: int, prompt: int, output: int, seed: int, max_len: int
-) -> list[tuple[int, int]]:
+) -> tuple[tuple[int, int], ...]:
+    """The workload's (prompt, output) lengths (shared by every session through `cached_value`: read-only)."""
     values = {"wl": kind, "wl_n": n, "wl_prompt": prompt, "wl_output": output, "wl_seed": seed}
-    return make_workload(values, max_len)
+    return tuple(make_workload(values, max_len))
 
 
 def seed_config_texts() -> None:
@@ -254,7 +253,7 @@ def show_plan(prefix: str, result, workload_error: str | None) -> None:
     st.markdown(f"**{SCENARIO_NAMES[prefix]}**")
     if result.model.is_hybrid or len(result.plan.kv_layout.groups) > 1:
         st.markdown("KV cache groups, as vLLM V1 lays them out:")
-        st.dataframe(pd.DataFrame(kv_group_rows(result.plan)), hide_index=True, width="stretch")
+        cached_dataframe(st, cached_value(kv_group_rows, result.plan), width="stretch")
         comparison = hybrid_comparison(result)
         if comparison:
             st.caption(comparison)
@@ -309,7 +308,8 @@ state.write_url(encoded)
 
 requests, workload_error = None, None
 try:
-    requests = cached_workload(
+    requests = cached_value(
+        workload,
         values["wl"], values["wl_n"], values["wl_prompt"], values["wl_output"], values["wl_seed"],
         workload_max_len(values, prefixes),
     )  # fmt: skip
@@ -394,8 +394,8 @@ st.download_button(
 )
 
 with st.expander("Presets: models and GPUs (the data behind the numbers)"):
-    st.dataframe(pd.DataFrame(model_preset_rows()), hide_index=True, width="stretch")
-    st.dataframe(pd.DataFrame(gpu_preset_rows()), hide_index=True, width="stretch")
+    cached_dataframe(st, cached_value(model_preset_rows), width="stretch")
+    cached_dataframe(st, cached_value(gpu_preset_rows), width="stretch")
     st.caption(
         "GPU memory is the total the driver reports (nvidia-smi, torch.cuda.mem_get_info), the figure vLLM "
         "multiplies by gpu_memory_utilization: an H100 “80GB” reports 79.6 GiB, an L4 “24GB” 22.5 GiB (ECC "
@@ -403,4 +403,4 @@ with st.expander("Presets: models and GPUs (the data behind the numbers)"):
     )
     chosen = values["a_model"] if values["a_model"] != CUSTOM else "llama-3.1-8b"
     st.markdown(f"config.json fields of `{chosen}` (a template for a custom model):")
-    st.json(preset_configs()[chosen], expanded=False)
+    st.json(cached_value(preset_configs)[chosen], expanded=False)

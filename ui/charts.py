@@ -5,10 +5,13 @@ call for given inputs builds the figure, thins it to what a screen can show (`fi
 every later call, from any session, sends that JSON again: no figure is built, validated or serialized twice.
 A render then costs the element's id and the send, not ~10-90 ms of plotly per chart.
 
-Inputs are recognised by value for plain data (numbers, strings, tuples, lists and dicts of them, frozen
+`cached_dataframe` does the same for a table (its Arrow conversion), and `cached_value` for any pure computation
+a page repeats on every render.
+
+Inputs are recognised by value for plain data (numbers, strings, tuples, lists, dicts and sets of them, frozen
 dataclasses) and by identity for everything else (the shared, read-only results the job cache hands every
 session). An entry keeps its identity-keyed inputs alive, so an id is never reused while the entry exists; the
-cache holds at most MAX_ENTRIES charts. A builder must be a pure function of its arguments, which is what
+cache holds at most MAX_ENTRIES values. A builder must be a pure function of its arguments, which is what
 `ui/*_figures.py` builders are.
 
 The element is the one `st.plotly_chart(figure, width="stretch")` sends (the same proto, a test compares them),
@@ -26,7 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import plotly.io
+import pyarrow as pa
 import streamlit as st
 
 MAX_ENTRIES = 256
@@ -40,10 +45,11 @@ class _Chart:
     figure: object  # the thinned figure (read-only; for the fallback path)
     spec: str  # its plotly JSON, as Streamlit sends it
     digest: str  # of `spec`: what the element id hashes instead of the whole spec
-    pins: tuple  # the identity-keyed inputs, kept alive while the entry lives
 
 
-_CACHE: OrderedDict = OrderedDict()
+_CACHE: OrderedDict = (
+    OrderedDict()
+)  # key -> (value, pins): the identity-keyed inputs, kept alive with the value
 _LOCK = threading.Lock()
 
 
@@ -55,6 +61,8 @@ def _fingerprint(value, pins: list):
         return (type(value).__name__, *(_fingerprint(v, pins) for v in value))
     if isinstance(value, dict):
         return ("dict", *((_fingerprint(k, pins), _fingerprint(v, pins)) for k, v in value.items()))
+    if isinstance(value, set | frozenset) and all(isinstance(v, _PLAIN) for v in value):
+        return ("set", frozenset(value))
     if dataclasses.is_dataclass(value) and type(value).__dataclass_params__.frozen:
         try:
             hash(value)
@@ -65,28 +73,50 @@ def _fingerprint(value, pins: list):
     return ("id", id(value))
 
 
-def cached_chart(where, builder: Callable, *args, **kwargs) -> None:
-    """Draw `builder(*args, **kwargs)` in `where` (the `st` module, a column or a container) at full width,
-    built, thinned and serialized only the first time these inputs are asked for."""
+def cached_value(builder: Callable, *args, **kwargs):
+    """`builder(*args, **kwargs)`, computed the first time these inputs are asked for and then handed, shared and
+    read-only, to every session that asks again (inputs recognised as the module docstring says)."""
     pins: list = []
     key = (builder.__module__, builder.__qualname__, _fingerprint(args, pins), _fingerprint(kwargs, pins))
     with _LOCK:
-        chart = _CACHE.get(key)
-        if chart is not None:
+        entry = _CACHE.get(key)
+        if entry is not None:
             _CACHE.move_to_end(key)
-    if chart is None:
-        figure = fit_to_screen(builder(*args, **kwargs))
-        spec = plotly.io.to_json(figure.to_dict(), validate=False)
-        chart = _Chart(figure, spec, hashlib.sha256(spec.encode()).hexdigest(), tuple(pins))
-        with _LOCK:
-            _CACHE[key] = chart
-            while len(_CACHE) > MAX_ENTRIES:
-                _CACHE.popitem(last=False)
+            return entry[0]
+    value = builder(*args, **kwargs)
+    with _LOCK:
+        _CACHE[key] = (value, tuple(pins))
+        while len(_CACHE) > MAX_ENTRIES:
+            _CACHE.popitem(last=False)
+    return value
+
+
+def _chart(builder: Callable, *args, **kwargs) -> _Chart:
+    figure = fit_to_screen(builder(*args, **kwargs))
+    spec = plotly.io.to_json(figure.to_dict(), validate=False)
+    return _Chart(figure, spec, hashlib.sha256(spec.encode()).hexdigest())
+
+
+def cached_chart(where, builder: Callable, *args, **kwargs) -> None:
+    """Draw `builder(*args, **kwargs)` in `where` (the `st` module, a column or a container) at full width,
+    built, thinned and serialized only the first time these inputs are asked for."""
+    chart = cached_value(_chart, builder, *args, **kwargs)
     dg = where if hasattr(where, "_enqueue") else st._main
     try:
         _send(dg, chart)
     except (ImportError, AttributeError, TypeError):  # another Streamlit's internals: the public call
         dg.plotly_chart(chart.figure, width="stretch")
+
+
+def _arrow_table(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False)
+
+
+def cached_dataframe(where, rows: list[dict], **kwargs) -> None:
+    """`where.dataframe(pd.DataFrame(rows), hide_index=True, **kwargs)`, with the rows converted to Arrow once
+    per input rather than on every render (pandas to Arrow is most of what a table costs the server)."""
+    dg = where if hasattr(where, "_enqueue") else st._main
+    dg.dataframe(cached_value(_arrow_table, rows), hide_index=True, **kwargs)
 
 
 def _send(dg, chart: _Chart) -> None:

@@ -53,10 +53,15 @@ class DiskResultCache:
 
     def get(self, key: Hashable) -> object:
         """The stored value for `key`, or MISSING when absent, expired or unreadable."""
+        return self.get_sized(key)[0]
+
+    def get_sized(self, key: Hashable) -> tuple[object, int]:
+        """`(get(key), size of its file in bytes)`; `(MISSING, 0)` on a miss."""
         path = self._path(key)
         try:
+            size = path.stat().st_size
             if time.time() - path.stat().st_mtime > self.ttl_s:
-                return MISSING
+                return MISSING, 0
             with open(path, "rb") as file:
                 stored_key, value = pickle.load(file)
         except (
@@ -68,12 +73,12 @@ class DiskResultCache:
             AttributeError,
             ImportError,
         ):
-            return MISSING
+            return MISSING, 0
         if stored_key != key:
-            return MISSING
+            return MISSING, 0
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: pruned last
-        return value
+        return value, size
 
     def put(self, key: Hashable, value: object) -> bool:
         """Store `value` for `key`; False (nothing stored) when caching is off or the value does not pickle or

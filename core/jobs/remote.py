@@ -2,7 +2,8 @@
 each Streamlit replica talks to it through `RemotePool`, which has `JobPool`'s public API.
 
 Results do not travel over the socket when the shared `DiskResultCache` holds them: the pool answers "done" with
-the marker `STORED`, and the replica reads the result from disk once into its own small in-memory cache, so a
+the marker `STORED`, and the replica reads the result from disk once into its own in-memory cache (as many entries as the disk cache, at most LOCAL_BYTES of
+pickles: a page that asks for more results than fit would read every one from disk on every render), so a
 result computed once (by any replica's session) is read, not recomputed, by every replica.
 
 Wire format (`multiprocessing.connection`, pickles, authenticated with a shared key): a request is a tuple
@@ -23,7 +24,9 @@ from core.jobs.disk_cache import DiskResultCache
 from core.jobs.pool import JobPool, JobStatus, job_key
 
 STORED = "__paged_lab_result_on_disk__"  # the result is in the shared disk cache under the job's key
-LOCAL_ENTRIES = 4  # results a replica keeps unpickled in memory (a default simulation is ~20 MB)
+LOCAL_BYTES = (
+    512 * 1024**2
+)  # pickled size of the results a replica keeps in memory (a default simulation ~20 MB)
 
 
 class _DiskIndex:
@@ -124,7 +127,7 @@ class RemotePool:
 
     def __init__(self, address: str, authkey: bytes, disk: DiskResultCache):
         self.address, self._authkey, self.disk = address, authkey, disk
-        self.cache = ResultCache(LOCAL_ENTRIES, disk.ttl_s)
+        self.cache = ResultCache(disk.max_entries, disk.ttl_s, max_bytes=LOCAL_BYTES)
         self._lock = threading.Lock()
         self._conn = None
         self._keys: dict[str, object] = {}  # session -> the key of its last submitted job
@@ -158,10 +161,10 @@ class RemotePool:
             return status
         value = self.cache.get(key)
         if value is MISSING:
-            value = self.disk.get(key)
+            value, nbytes = self.disk.get_sized(key)
             if value is MISSING:
                 return None
-            self.cache.put(key, value)
+            self.cache.put(key, value, nbytes)
         return dataclasses.replace(status, result=value)
 
     def submit(self, session: str, fn: Callable, *args) -> JobStatus:

@@ -9,6 +9,7 @@ streamlit.
 
 import base64
 import binascii
+import functools
 import json
 import zlib
 from collections.abc import Mapping
@@ -44,6 +45,7 @@ GiB = 1024**3
 MAX_CONFIG_CHARS = 200_000  # a pasted or uploaded config.json
 MAX_CONFIG_BYTES = 64 * 1024  # a decoded config from the URL
 _CONFIG_ERRORS = (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError)
+
 
 # --------------------------------------------------------------------------------------------------------------
 # A custom model's config.json: parsing, the fields kept, the URL encoding
@@ -252,6 +254,18 @@ class ScenarioResult:
     other_hybrid_error: str | None = None
 
 
+@functools.lru_cache(maxsize=32)
+def _fragmentation(requests: tuple[tuple[int, int], ...]) -> tuple[dict[str, float], ...]:
+    """`fragmentation_by_block_size`, computed once per workload (every render of the page asks again)."""
+    return tuple(fragmentation_by_block_size(requests))
+
+
+@functools.lru_cache(maxsize=64)
+def _what_if(capacity: CapacityPlan, requests: tuple[tuple[int, int], ...]) -> WorkloadWhatIf:
+    """`workload_what_if`, computed once per plan and workload (the result is frozen)."""
+    return workload_what_if(capacity, requests)
+
+
 def compute_scenario(
     values: Mapping[str, Any],
     prefix: str,
@@ -272,9 +286,10 @@ def compute_scenario(
     fragmentation: list[dict[str, float]] = []
     if requests:
         try:
-            fragmentation = fragmentation_by_block_size(requests)
+            workload = tuple(map(tuple, requests))
+            fragmentation = [dict(row) for row in _fragmentation(workload)]
             if capacity.num_blocks > 0:
-                what_if = workload_what_if(capacity, requests)
+                what_if = _what_if(capacity, workload)
         except InvalidArgumentError as error:
             workload_error = str(error)
     return ScenarioResult(

@@ -173,3 +173,17 @@ def test_result_cache_bounds_and_ttl():
     assert len(cache) == 2 and cache.get("b") is cache.get("zzz")
     now[0] = 11
     assert cache.get("a") is cache.get("missing") and len(cache) == 1
+
+
+def test_result_cache_bytes_bound_evicts_the_least_recently_used_but_keeps_the_newest():
+    cache = ResultCache(16, ttl_s=10, max_bytes=100)
+    cache.put("a", 1, nbytes=40)
+    cache.put("b", 2, nbytes=40)
+    cache.get("a")
+    cache.put("c", 3, nbytes=40)  # 120 > 100: b, the least recently used, goes
+    assert cache.get("b") is cache.get("missing") and cache.get("a") == 1 and cache.get("c") == 3
+    cache.put("a", 1, nbytes=10)  # replacing an entry counts its new size only: 50 bytes held
+    cache.put("d", 4, nbytes=50)
+    assert len(cache) == 3
+    cache.put("huge", 5, nbytes=1_000)  # alone over the bound: kept, everything older goes
+    assert len(cache) == 1 and cache.get("huge") == 5

@@ -91,3 +91,21 @@ def test_the_environment_names_the_shared_pool(tmp_path):
         },
     )
     assert isinstance(pool, RemotePool) and pool.address == "/x.sock" and pool.disk.directory == tmp_path
+
+
+def test_a_page_asking_for_more_results_than_a_few_reads_each_from_disk_once(host, monkeypatch):
+    """Six small results asked for in turn, again and again, as the Kernels and Simulator pages do: each is read
+    from disk once; the replica's memory (bounded by bytes, not by a handful of entries) serves every repeat."""
+    _, (one, _), _ = host
+    for n in range(6):
+        if not one.submit(f"m{n}", jf.sleep_steps, 1, 0.01, f"page-{n}").finished:
+            wait_for(one, f"m{n}")
+    reads = []
+    real_get_sized = one.disk.get_sized
+    monkeypatch.setattr(one.disk, "get_sized", lambda key: reads.append(key) or real_get_sized(key))
+    one.cache.clear()
+    for _ in range(3):
+        for n in range(6):
+            status = one.submit(f"r{n}", jf.sleep_steps, 1, 0.01, f"page-{n}")
+            assert status.state == "done" and status.result[0] == f"page-{n}"
+    assert len(reads) == 6

@@ -7,7 +7,7 @@ from plotly.subplots import make_subplots
 from streamlit.testing.v1 import AppTest
 
 from ui import charts
-from ui.charts import _fingerprint, cached_chart, fit_to_screen
+from ui.charts import _fingerprint, cached_chart, cached_value, fit_to_screen
 
 CALLS = []
 
@@ -57,6 +57,42 @@ def test_a_builder_runs_once_per_input_and_identity_keyed_inputs_stay_alive(monk
     assert _fingerprint(shared, pins) == _fingerprint({"rows": [1, 2]}, pins) and pins == []
     frame = np.arange(3)  # not plain: keyed by identity, and kept alive by the entry
     assert _fingerprint(frame, pins) == ("id", id(frame)) and pins == [frame]
+    owned = {3, 1, 2}  # a set of plain values (the Kernels page's block map): by value, any order
+    assert _fingerprint(owned, pins) == _fingerprint({1, 2, 3}, pins) != _fingerprint({1, 2}, pins)
+    assert pins == [frame]
+
+
+def test_cached_value_computes_once_per_input(monkeypatch):
+    monkeypatch.setattr(charts, "_CACHE", type(charts._CACHE)())
+    calls = []
+
+    def square(n, owned=frozenset()):
+        calls.append(n)
+        return [n * n, len(owned)]
+
+    first = cached_value(square, 4, owned={1, 2})
+    assert cached_value(square, 4, owned={2, 1}) is first == [16, 2]
+    assert cached_value(square, 5) == [25, 0] and calls == [4, 5]
+
+
+def _table_script():
+    import pandas as pd
+    import streamlit as st
+
+    from ui.charts import cached_dataframe
+
+    rows = [{"backend": "torch", "ms": 1.25, "n": 3}, {"backend": "gather", "ms": None, "n": 4}]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    cached_dataframe(st, rows, width="stretch")
+
+
+def test_a_cached_table_shows_what_st_dataframe_of_the_rows_shows():
+    at = AppTest.from_function(_table_script, default_timeout=60)
+    at.run()
+    assert not at.exception, at.exception
+    public, cached = at.dataframe
+    assert public.value.equals(cached.value.reset_index(drop=True)), (public.value, cached.value)
+    assert list(cached.value.columns) == ["backend", "ms", "n"]
 
 
 def test_the_cache_is_bounded(monkeypatch):
