@@ -393,7 +393,11 @@ st.download_button(
     mime="application/json",
 )
 
-with st.expander("Presets: models and GPUs (the data behind the numbers)"):
+show_presets = state.widget(
+    st.toggle, "Show the presets: models and GPUs (the data behind the numbers)", "presets"
+)
+state.write_url(url_params(state.values))  # this toggle is drawn below the URL's first write
+if show_presets:
     cached_dataframe(st, cached_value(model_preset_rows), width="stretch")
     cached_dataframe(st, cached_value(gpu_preset_rows), width="stretch")
     st.caption(

@@ -125,7 +125,11 @@ WORKLOAD_FIELDS = [
 ]
 assert tuple(f.key for f in WORKLOAD_FIELDS[1:]) == WORKLOAD_KEYS
 
-ALL_FIELDS = scenario_fields("a_") + scenario_fields("b_") + WORKLOAD_FIELDS
+# What the page shows besides the plans: the presets' tables and a config template are drawn only on request (they
+# load Streamlit's table and JSON viewers, ~0.4 s of a browser's CPU before the charts appear on a 2-core machine).
+VIEW_FIELDS = [Field("presets", False, "bool", label="show the presets")]
+
+ALL_FIELDS = scenario_fields("a_") + scenario_fields("b_") + WORKLOAD_FIELDS + VIEW_FIELDS
 FIELDS = {field.key: field for field in ALL_FIELDS}
 
 
@@ -145,4 +149,6 @@ def url_params(values: dict[str, Any]) -> dict[str, str]:
         skip |= {f.key for f in scenario_fields("b_")}
     if values["wl"] in ("sharegpt", "alpaca"):
         skip |= {"wl_prompt", "wl_output"}
+    if not values.get("presets"):
+        skip.add("presets")
     return {k: v for k, v in encode_params(values, ALL_FIELDS).items() if k not in skip}

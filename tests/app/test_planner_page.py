@@ -421,3 +421,17 @@ def zip_of(data: bytes) -> bytes:
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("model.safetensors.index.json", data)
     return buffer.getvalue()
+
+
+def test_the_presets_are_drawn_on_request_and_the_request_is_in_the_url():
+    """Off by default (their table and JSON viewers cost a browser ~0.4 s before the charts appear); `presets=1`
+    shows every model and GPU preset and a config template, and the toggle writes it into the URL."""
+    at = open_planner({"compare": "0"})
+    assert len(at.dataframe) == 0 and len(at.json) == 0 and "presets" not in at.query_params
+    at.toggle(key="presets").set_value(True).run()
+    assert not at.exception
+    models, gpus = (table.value for table in at.dataframe)
+    assert len(models) == len(MODELS) and len(gpus) == len(GPUS)
+    assert at.query_params["presets"] == "1"
+    shared = open_planner({"compare": "0", "presets": "1"})
+    assert len(shared.dataframe) == 2 and len(shared.json) == 1
