@@ -24,9 +24,8 @@ from core.jobs.disk_cache import DiskResultCache
 from core.jobs.pool import JobPool, JobStatus, job_key
 
 STORED = "__paged_lab_result_on_disk__"  # the result is in the shared disk cache under the job's key
-LOCAL_BYTES = (
-    512 * 1024**2
-)  # pickled size of the results a replica keeps in memory (a default simulation ~20 MB)
+# Pickled bytes of the results a replica keeps in memory: a default simulation is ~20 MB, a kernel sweep ~10 kB.
+LOCAL_BYTES = 128 * 1024**2
 
 
 class _DiskIndex:

@@ -10,6 +10,8 @@ Messages from the worker on its pipe, as tuples:
 """
 
 import contextlib
+import ctypes
+import gc
 import importlib
 import os
 import pickle
@@ -51,6 +53,16 @@ def _portable(error: BaseException):
         return (type(error).__name__, str(error), isinstance(error, LabError))
 
 
+def release_free_memory() -> None:
+    """Give the heap a finished job freed back to the system (glibc's `malloc_trim`; nothing elsewhere).
+
+    A kernel timing keeps up to 1 GiB of free heap for its duration (`core.kernels.timer.tune_malloc`), which the
+    worker would otherwise hold while idle: a host's worker sat at 1.2 GB after 20 people's distinct sweeps."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def worker_main(
     conn, cancel_event, environ: dict[str, str], preload: tuple[str, ...], parent_pid: int | None = None
 ) -> None:
@@ -74,15 +86,22 @@ def worker_main(
         if task is None:
             return
         job_id, fn, args = task
-        try:
-            result = fn(*args, progress=_Progress(conn, job_id, cancel_event))
-        except JobCancelledError:
-            conn.send(("cancelled", job_id))
-            continue
-        except Exception as error:
-            conn.send(("error", job_id, _portable(error)))
-            continue
-        try:
-            conn.send(("done", job_id, result))
-        except Exception as error:  # the result does not pickle
-            conn.send(("error", job_id, _portable(error)))
+        _run_job(conn, job_id, fn, args, cancel_event)
+        del task, fn, args
+        release_free_memory()
+
+
+def _run_job(conn, job_id: int, fn, args: tuple, cancel_event) -> None:
+    """Run one job and send what happened (done, cancelled or error)."""
+    try:
+        result = fn(*args, progress=_Progress(conn, job_id, cancel_event))
+    except JobCancelledError:
+        conn.send(("cancelled", job_id))
+        return
+    except Exception as error:
+        conn.send(("error", job_id, _portable(error)))
+        return
+    try:
+        conn.send(("done", job_id, result))
+    except Exception as error:  # the result does not pickle
+        conn.send(("error", job_id, _portable(error)))

@@ -36,3 +36,15 @@ def worker_limits(progress) -> Limits:
 
 def unpicklable_result(progress):
     return lambda: None
+
+
+def churn_heap(mib: int, progress) -> int:
+    """Allocate and free `mib` MiB in 1 MiB pieces under the kernel timer's malloc settings (freed memory stays
+    in the heap); returns this process's pid."""
+    from core.kernels.timer import tune_malloc
+
+    tune_malloc()
+    pieces = [bytearray(1 << 20) for _ in range(mib)]
+    progress(0.5, f"{len(pieces)} MiB held")
+    del pieces
+    return os.getpid()

@@ -3,6 +3,7 @@ two sessions, failures that travel back as LabErrors."""
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -187,3 +188,30 @@ def test_result_cache_bytes_bound_evicts_the_least_recently_used_but_keeps_the_n
     assert len(cache) == 3
     cache.put("huge", 5, nbytes=1_000)  # alone over the bound: kept, everything older goes
     assert len(cache) == 1 and cache.get("huge") == 5
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
+def test_an_idle_worker_gives_back_the_heap_its_job_freed():
+    """A kernel timing keeps up to 1 GiB of freed heap (tune_malloc); after the job the worker trims it."""
+    pool = JobPool(workers=1, max_queued=2, timeout_s=60.0, cache=ResultCache(0, 600), abandon_after_s=30.0)
+    try:
+        status = pool.submit("small", jf.churn_heap, 1)
+        if not status.finished:
+            status = wait_for(pool, "small")[-1]
+        pid = status.result
+        before = _rss_mib(pid)
+        status = pool.submit("big", jf.churn_heap, 400)
+        if not status.finished:
+            status = wait_for(pool, "big")[-1]
+        assert status.result == pid
+        time.sleep(0.5)  # the worker trims after sending its result
+        assert _rss_mib(pid) < before + 100, (before, _rss_mib(pid))
+    finally:
+        pool.close()

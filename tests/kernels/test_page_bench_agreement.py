@@ -1,5 +1,5 @@
-"""The Kernels page and bench/attention.py time one configuration through the same code and agree within their
-spread: the page's sweep runs in a real worker of the app's pool (niced, spawned, with the operator limits in its
+"""The Kernels page and bench/attention.py time one configuration through the same code and agree: the page's
+sweep runs in a real worker of the app's pool (niced, spawned, with the operator limits in its
 environment), the bench as its own process. No absolute time is asserted, only that the two medians of the
 paged/contiguous ratio lie within a third of each other and were taken under the same allocator and thread
 settings. (Their interquartile ranges, each ~10 % wide, missed each other by 0.005 once on a busy 2-core CI

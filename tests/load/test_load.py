@@ -6,10 +6,10 @@ client costs ~20 ms of CPU per render, so what is measured is the server (the Ch
 per session).
 
 The watching Chromium shares the same 2 cores with the server and the 6 clients, so how long it takes to *draw*
-the Planner's charts is mostly its own CPU (plotly in the renderer), not the server's: the test requires the
-server's answer (the page title) within the 5 s target and all four charts drawn, and reports the drawing time
-(`watch.charts_s`) rather than bounding it; measured 5.56 s once on a quiet 2-core machine, so the issue's 5 s for
-a watching browser is not met with the browser on the server's cores (see the README's host guide).
+the Planner's charts is mostly its own CPU (loading Streamlit's and plotly's scripts, drawing), not the server's:
+the test requires the server's answer (the page title) within the 5 s target and all four charts drawn, and
+reports the drawing time (`watch.charts_s`) rather than bounding it (3.6-4.2 s on an idle 2-core server, 4.6 s
+during a 20-person burst on the team host: see the README's host guide).
 """
 
 import json

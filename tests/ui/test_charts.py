@@ -1,7 +1,11 @@
 """Charts built once per input and sent as cached JSON: the element equals what st.plotly_chart sends, a builder
 runs once per input whoever asks, and long series are thinned without losing their extremes."""
 
+import gc
+import weakref
+
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from streamlit.testing.v1 import AppTest
@@ -42,7 +46,7 @@ def test_the_element_is_the_one_st_plotly_chart_sends_but_for_its_id():
     assert cached.id and cached.id != public.id
 
 
-def test_a_builder_runs_once_per_input_and_identity_keyed_inputs_stay_alive(monkeypatch):
+def test_a_builder_runs_once_per_input(monkeypatch):
     sent = []
     monkeypatch.setattr(charts, "_send", lambda dg, chart: sent.append(chart))
     monkeypatch.setattr(charts, "_CACHE", type(charts._CACHE)())
@@ -55,7 +59,7 @@ def test_a_builder_runs_once_per_input_and_identity_keyed_inputs_stay_alive(monk
     shared = {"rows": [1, 2]}  # a dict of plain values: keyed by value, so an equal copy hits too
     pins = []
     assert _fingerprint(shared, pins) == _fingerprint({"rows": [1, 2]}, pins) and pins == []
-    frame = np.arange(3)  # not plain: keyed by identity, and kept alive by the entry
+    frame = np.arange(3)  # not plain: keyed by identity
     assert _fingerprint(frame, pins) == ("id", id(frame)) and pins == [frame]
     owned = {3, 1, 2}  # a set of plain values (the Kernels page's block map): by value, any order
     assert _fingerprint(owned, pins) == _fingerprint({1, 2, 3}, pins) != _fingerprint({1, 2}, pins)
@@ -73,6 +77,25 @@ def test_cached_value_computes_once_per_input(monkeypatch):
     first = cached_value(square, 4, owned={1, 2})
     assert cached_value(square, 4, owned={2, 1}) is first == [16, 2]
     assert cached_value(square, 5) == [25, 0] and calls == [4, 5]
+
+
+def test_an_entry_keeps_no_job_result_alive_and_a_new_object_never_matches(monkeypatch):
+    monkeypatch.setattr(charts, "_CACHE", type(charts._CACHE)())
+    calls = []
+
+    def total(frame):
+        calls.append(len(calls))
+        return float(frame["x"].sum())
+
+    frame = pd.DataFrame({"x": [1, 2]})
+    held = weakref.ref(frame)
+    assert cached_value(total, frame) == cached_value(total, frame) == 3.0 and len(calls) == 1
+    del frame
+    gc.collect()
+    assert held() is None  # the result cache dropped it: the chart cache does not keep it
+    for value in range(4, 9):  # new frames, some likely at the dead one's address: each computed afresh
+        assert cached_value(total, pd.DataFrame({"x": [value, 0]})) == value
+    assert len(calls) == 6
 
 
 def _table_script():
