@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.limits import Limits
-from hosting.proxy import render_config
+from hosting.proxy import copy_static_files, render_config
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 180.0
@@ -149,6 +149,7 @@ class Host:
                 [r.health_port for r in self.replicas],
                 self.runtime,
                 self.limits.max_upload_bytes,
+                static_dir=copy_static_files(self.runtime),
             )
         )
         self.proxy = Child(

@@ -3,6 +3,7 @@ proxy over Streamlit's websocket protocol, cookie stickiness, and no process or 
 
 import asyncio
 import concurrent.futures
+import gzip
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hosting.proxy import render_config
+from hosting.proxy import render_config, streamlit_static_dir
 from tests.conftest import ROOT, _free_port
 from tests.load.protocol import ProtocolSession
 from tests.load.server import descendants
@@ -114,6 +115,7 @@ def test_two_replicas_behind_nginx_serve_a_page_stick_by_cookie_and_stop_on_sigt
         }
         seen = {_get(port)[0]["X-Paged-Lab-Replica"] for _ in range(40)}  # fresh browsers spread over both
         assert len(seen) == 2, seen
+        _static_files_come_from_nginx(port)
 
         async def planner():
             async with ProtocolSession(f"http://127.0.0.1:{port}", timeout_s=120) as session:
@@ -136,6 +138,24 @@ def test_two_replicas_behind_nginx_serve_a_page_stick_by_cookie_and_stop_on_sigt
         process.kill()
         raise
     _stopped_cleanly(process, tree, runtime, signal.SIGTERM)
+
+
+def _static_files_come_from_nginx(port: int) -> None:
+    """The page's first script: nginx's copy (no replica answered), the installed file byte for byte, typed as
+    JavaScript (module scripts need it), cached for good, and compressed when the browser accepts it."""
+    _, page = _get(port)
+    script = page.decode().split('src="./static/', 1)[1].split('"', 1)[0]
+    headers, body = _get(port, f"/static/{script}")
+    assert "X-Paged-Lab-Replica" not in headers
+    assert body == (streamlit_static_dir() / script).read_bytes()
+    assert headers["Content-Type"].startswith("application/javascript")
+    assert "immutable" in headers["Cache-Control"]
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/static/{script}", headers={"Accept-Encoding": "gzip"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(response.read()) == body
 
 
 def test_ctrl_c_stops_every_process(tmp_path):

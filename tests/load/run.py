@@ -13,7 +13,7 @@ first element, kB received, exceptions, refusals (queue full), other error alert
 process tree (replicas, pool, workers, proxy); warm CPU ms per render; optionally (`--watch`) the seconds one real
 Chromium took to draw the Planner's charts during the burst.
 
-    python -m tests.load.run --sessions 20 [--distinct] [--replicas 2] [--watch]
+    python -m tests.load.run --sessions 20 [--distinct] [--replicas 2] [--watch [--watch-niceness 0]]
 
 Bounded: loopback only, at most 200 sessions, every wait has a timeout. Exits 1 when a session saw an exception,
 a refusal or a transport error.
@@ -30,6 +30,7 @@ import time
 from tests.conftest import ROOT, _free_port
 from tests.load.protocol import Edit, ProtocolSession, Render
 from tests.load.server import RssSampler, start_server, stop_server, tree_cpu_s
+from tests.load.watch import WATCH_NICENESS
 
 MAX_SESSIONS = 200
 PAGES = ("kernels", "simulator", "planner")
@@ -98,15 +99,23 @@ async def warm_cpu(base_url: str, server_pid: int, renders_per_page: int) -> dic
     return {page: round(statistics.fmean(values), 1) for page, values in costs.items() if values}
 
 
-async def burst(base_url: str, sessions: int, edits: str | None, watch: bool, timeout_s: float) -> dict:
-    """Every session at once (and the Chromium watcher, if asked); returns renders, errors and the watch."""
+async def burst(
+    base_url: str,
+    sessions: int,
+    edits: str | None,
+    watch: bool,
+    timeout_s: float,
+    watch_niceness: int = WATCH_NICENESS,
+) -> dict:
+    """Every session at once (and the Chromium watcher at `watch_niceness`, if asked); returns renders, errors
+    and the watch."""
     jobs = [person(base_url, i, edits, timeout_s) for i in range(sessions)]
     watcher = None
     if watch:
         from tests.load.watch import watch_planner
 
         watcher = asyncio.create_task(
-            asyncio.to_thread(watch_planner, base_url, CHARTS["planner"], timeout_s)
+            asyncio.to_thread(watch_planner, base_url, CHARTS["planner"], timeout_s, watch_niceness)
         )
     results = await asyncio.gather(*jobs)
     return {
@@ -153,6 +162,7 @@ def run(
     edits: str | None = None,
     replicas: int | None = None,
     watch: bool = False,
+    watch_niceness: int = WATCH_NICENESS,
     cpu_renders: int = 10,
     env: dict[str, str] | None = None,
     timeout_s: float = 300.0,
@@ -172,7 +182,7 @@ def run(
         cpu = asyncio.run(warm_cpu(base_url, server.pid, cpu_renders)) if cpu_renders else {}
         started = time.perf_counter()
         cpu_before = tree_cpu_s(server.pid)
-        outcome = asyncio.run(burst(base_url, sessions, edits, watch, timeout_s))
+        outcome = asyncio.run(burst(base_url, sessions, edits, watch, timeout_s, watch_niceness))
         wall = time.perf_counter() - started
         burst_cpu = tree_cpu_s(server.pid) - cpu_before
     finally:
@@ -215,11 +225,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--watch", action="store_true", help="one real Chromium opens the Planner in the burst"
     )
+    parser.add_argument(
+        "--watch-niceness",
+        type=int,
+        default=WATCH_NICENESS,
+        help="the Chromium's nice value (0: it competes with the server)",
+    )
     parser.add_argument("--cpu-renders", type=int, default=10, help="warm renders per page timed for CPU")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one render may take")
     args = parser.parse_args(argv)
     edits = "distinct" if args.distinct else "same" if args.edit else None
-    figures = run(args.sessions, edits, args.replicas, args.watch, args.cpu_renders, timeout_s=args.timeout)
+    figures = run(
+        args.sessions,
+        edits,
+        args.replicas,
+        args.watch,
+        args.watch_niceness,
+        args.cpu_renders,
+        timeout_s=args.timeout,
+    )
     print(json.dumps(figures, indent=2))
     return 1 if figures["failure_count"] else 0
 
