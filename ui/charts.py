@@ -14,8 +14,8 @@ session). An entry holds its identity-keyed inputs by weak reference where they 
 most objects), so the chart cache never keeps a job result alive after the result cache let it go (a replica's
 memory stays bounded by that cache: pinning them held ~0.5 GB more on a replica under 20 distinct simulations);
 an entry matches only while each of those inputs is alive and is the very object asked with, so a reused id
-never matches. Inputs without weak references are held strongly. The cache holds at most MAX_ENTRIES values. A builder must be a pure function of its arguments, which is what
-`ui/*_figures.py` builders are.
+never matches. Inputs without weak references are held strongly. The cache holds at most MAX_ENTRIES values. A
+builder must be a pure function of its arguments, which is what `ui/*_figures.py` builders are.
 
 The element is the one `st.plotly_chart(figure, width="stretch")` sends (the same proto, a test compares them),
 except that its id hashes a digest of the spec rather than the spec; when this Streamlit's internals differ, it
@@ -51,9 +51,8 @@ class _Chart:
     height: int  # pixels: the figure's layout height, else plotly's default
 
 
-_CACHE: OrderedDict = (
-    OrderedDict()
-)  # key -> (value, pins): a weak (or, for inputs without one, strong) reference per identity-keyed input
+# key -> (value, pins): pins holds a weak (or, for inputs without one, strong) reference per identity-keyed input
+_CACHE: OrderedDict = OrderedDict()
 _LOCK = threading.Lock()
 
 

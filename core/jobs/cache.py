@@ -13,8 +13,8 @@ class ResultCache:
 
     Invariants: never more than `max_entries` items (0 disables caching); with `max_bytes`, the items' declared
     sizes (`put`'s `nbytes`) sum to at most `max_bytes`, except that the newest item is kept even when it alone
-    exceeds it; an item older than `ttl_s` is never returned. Values are stored as given and handed to every caller that asks: callers treat them as read-only,
-    so sharing a value between sessions shares no mutable state.
+    exceeds it; an item older than `ttl_s` is never returned. Values are stored as given and handed to every
+    caller that asks: callers treat them as read-only, so sharing a value between sessions shares no mutable state.
     """
 
     def __init__(self, max_entries: int, ttl_s: float, clock=time.monotonic, max_bytes: int | None = None):

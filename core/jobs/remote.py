@@ -2,9 +2,10 @@
 each Streamlit replica talks to it through `RemotePool`, which has `JobPool`'s public API.
 
 Results do not travel over the socket when the shared `DiskResultCache` holds them: the pool answers "done" with
-the marker `STORED`, and the replica reads the result from disk once into its own in-memory cache (as many entries as the disk cache, at most LOCAL_BYTES of
-pickles: a page that asks for more results than fit would read every one from disk on every render), so a
-result computed once (by any replica's session) is read, not recomputed, by every replica.
+the marker `STORED`, and the replica reads the result from disk once into its own in-memory cache (as many
+entries as the disk cache, at most LOCAL_BYTES of pickles: a page that asks for more results than fit would read
+every one from disk on every render), so a result computed once (by any replica's session) is read, not
+recomputed, by every replica.
 
 Wire format (`multiprocessing.connection`, pickles, authenticated with a shared key): a request is a tuple
 `(method, *arguments)` for method in submit / poll / cancel / stats / worker_pids; the answer is

