@@ -42,35 +42,23 @@ def sync_inputs() -> list[str]:
 
 def inputs_form() -> None:
     """The form beside the charts: a run starts when it is submitted (each value also goes into the URL)."""
-    w = state.widget
+    window_help = (
+        "0 = full attention. Each query attends to its last W positions only (Mistral, Gemma, gpt-oss layers); "
+        "the paged kernels then read only the blocks inside the window, the contiguous baseline masks the rest."
+    )
+    rows = [
+        [(st.selectbox, "query heads", "heads", None), (st.selectbox, "KV heads", "kv_heads", None)],
+        [(st.selectbox, "head_dim", "head_dim", None), (st.selectbox, "block size (tokens)", "block", None)],
+        [(st.number_input, "batch (sequences)", "batch", None),
+         (st.number_input, "context length (tokens)", "ctx", None)],
+        [(st.selectbox, "dtype", "dtype", None),
+         (st.number_input, "sliding window (tokens)", "window", window_help)],
+    ]  # fmt: skip
     with st.form("kernel_config"):
-        row = st.columns(2)
-        with row[0]:
-            w(st.selectbox, "query heads", "heads")
-        with row[1]:
-            w(st.selectbox, "KV heads", "kv_heads")
-        row = st.columns(2)
-        with row[0]:
-            w(st.selectbox, "head_dim", "head_dim")
-        with row[1]:
-            w(st.selectbox, "block size (tokens)", "block")
-        row = st.columns(2)
-        with row[0]:
-            w(st.number_input, "batch (sequences)", "batch")
-        with row[1]:
-            w(st.number_input, "context length (tokens)", "ctx")
-        row = st.columns(2)
-        with row[0]:
-            w(st.selectbox, "dtype", "dtype")
-        with row[1]:
-            w(
-                st.number_input,
-                "sliding window (tokens)",
-                "window",
-                help="0 = full attention. Each query attends to its last W positions only (Mistral, Gemma, "
-                "gpt-oss layers); the paged kernels then read only the blocks inside the window, the contiguous "
-                "baseline masks the rest.",
-            )
+        for row in rows:
+            for column, (factory, label, key, help_text) in zip(st.columns(2), row, strict=True):
+                with column:
+                    state.widget(factory, label, key, help=help_text)
         picked = st.multiselect("paged backends", BACKENDS, key=PICK)
         state.values[BACKENDS_KEY] = ",".join(picked)
         st.form_submit_button("Run check and sweep", type="primary", width="stretch")
