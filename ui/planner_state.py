@@ -126,7 +126,7 @@ WORKLOAD_FIELDS = [
 assert tuple(f.key for f in WORKLOAD_FIELDS[1:]) == WORKLOAD_KEYS
 
 # What the page shows besides the plans: the presets' tables and a config template are drawn only on request (they
-# load Streamlit's table and JSON viewers, ~0.4 s of a browser's CPU before the charts appear on a 2-core machine).
+# load Streamlit's table and JSON viewers, which a browser fetches and runs before it draws the charts).
 VIEW_FIELDS = [Field("presets", False, "bool", label="show the presets")]
 
 ALL_FIELDS = scenario_fields("a_") + scenario_fields("b_") + WORKLOAD_FIELDS + VIEW_FIELDS
