@@ -17,9 +17,9 @@ import urllib.request
 
 import pytest
 
+from hosting.protocol import ProtocolSession
 from tests.conftest import ROOT, _free_port
 from tests.hosting.docker_build import base_image, build_context, docker, docker_daemon
-from tests.load.protocol import ProtocolSession
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 

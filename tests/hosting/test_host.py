@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from hosting.protocol import ProtocolSession
 from hosting.proxy import render_config, streamlit_static_dir
 from tests.conftest import ROOT, _free_port
-from tests.load.protocol import ProtocolSession
 from tests.load.server import descendants
 
 pytestmark = pytest.mark.skipif(
