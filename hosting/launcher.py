@@ -6,9 +6,10 @@ ports (N = --replicas, else PAGED_LAB_REPLICAS, else one per core), and nginx on
 (hosting/nginx.conf.template: sticky by cookie, websockets upgraded). Between the replicas and the proxy it warms
 the host (hosting/warmup.py, unless --no-warm): every page rendered once at its defaults on every replica, so
 the shared cache holds each page's default results and no replica's first visitor pays for imports, first
-compiles or first charts; a "hosting: warming i/N: ..." line per page shows its progress. The proxy, the only
-part listening on address:port, starts after that: "hosting: ready ..." is printed once it answers. A child that
-exits is started again (at most MAX_RESTARTS times each).
+compiles or first charts; a "hosting: warming i/N: ..." line per page shows its progress; then the pool's
+workers are replaced by fresh ones (what the warm-up's jobs left in them, ~0.9 GB on 2 cores, given back). The
+proxy, the only part listening on address:port, starts after that: "hosting: ready ..." is printed once it
+answers. A child that exits is started again (at most MAX_RESTARTS times each).
 
 Stops everything on SIGTERM or SIGINT (Ctrl-C): proxy first, then replicas, then the pool and its workers, each
 given GRACE_S before SIGKILL; every child also gets SIGTERM from the kernel if this process dies (PR_SET_PDEATHSIG).
@@ -31,7 +32,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.errors import JobError
 from core.jobs.disk_cache import DiskResultCache
+from core.jobs.remote import remote_pool_from_env
 from core.limits import Limits
 from hosting.proxy import copy_static_files, render_config
 from hosting.warmup import warm_replicas
@@ -181,6 +184,7 @@ class Host:
         if self.warm_first:
             self.warm()
         self.proxy.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S  # anew: the warm-up is bounded by its pages' timeouts
         while not _healthy(self.port):
             self._check_started(deadline)
 
@@ -189,14 +193,14 @@ class Host:
         a summary; raises RuntimeError when stopped meanwhile. Pages that fail are logged, not fatal."""
         log = lambda line: print(f"hosting: {line}", flush=True)  # noqa: E731
         started = time.perf_counter()
+        page_timeout_s = 3 * self.limits.job_timeout_s + 60  # a page runs at most two jobs, and may queue
         warm_up = warm_replicas(
             [r.health_port for r in self.replicas],
-            timeout_s=3 * self.limits.job_timeout_s
-            + 60,  # a page runs at most two jobs, and may queue for one
+            timeout_s=page_timeout_s,
             log=log,
             should_stop=lambda: self.stopping or self._child_exited(),
         )
-        if warm_up.stopped:
+        if warm_up.stopped or self.stopping or self._child_exited():  # (a child's exit may end it first)
             self._check_started(float("inf"))  # names the child that exited
             raise RuntimeError("stopped while starting")
         for problem in warm_up.problems:
@@ -210,6 +214,29 @@ class Host:
             f"warm-up done in {time.perf_counter() - started:.1f} s: replica 1 in {warm_up.first_s:.1f} s "
             f"({first} s){others}; {cached} results in the shared cache"
         )
+        started = time.perf_counter()
+        replaced = self._fresh_workers()
+        log(f"pool workers restarted fresh ({replaced}), ready after {time.perf_counter() - started:.1f} s")
+
+    def _fresh_workers(self) -> int:
+        """Give the pool fresh worker processes and wait until they are ready; returns how many were replaced.
+
+        The warm-up's jobs leave their memos in a worker (the Engine page's model weights, the last simulations)
+        and its heap: ~1.2 GB in the one worker of a 2-core host, against ~0.3 GB fresh. Its results are on
+        disk, so a visitor asking for them needs no worker; the first to ask for something else loads what that
+        needs, as on a host that was never warmed."""
+        pool = remote_pool_from_env(self.limits, self.pool.env)
+        try:
+            replaced = pool.recycle_idle_workers()
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while (stats := pool.stats())["ready"] < stats["workers"]:
+                self._check_started(deadline)
+        except JobError as error:  # the pool exited meanwhile
+            self._check_started(float("inf"))
+            raise RuntimeError(f"the pool stopped answering while starting: {error}") from None
+        finally:
+            pool.close()
+        return replaced
 
     def _child_exited(self) -> bool:
         return any(c.process is not None and c.process.poll() is not None for c in self.children)

@@ -125,6 +125,7 @@ def _check_warm_up_log(text: str, replicas: int) -> None:
     if replicas > 1:
         assert f"hosting: warming replicas 2-{replicas}: every page once" in before_ready
     assert "hosting: warm-up done in" in before_ready and "hosting: warm-up:" not in before_ready, text
+    assert "hosting: pool workers restarted fresh (" in before_ready, text  # the warm-up's memos given back
 
 
 def _runtime_dir(log: Path) -> Path:
