@@ -91,7 +91,7 @@ def test_the_images_command_and_health_check_work_outside_docker(tmp_path):
     log = tmp_path / "host.log"
     server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 600  # it says ready after its warm-up (every page's default jobs)
         while "hosting: ready" not in log.read_text():
             assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.3)
