@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from core.kv import KVCacheSnapshot
 from core.page_models.playground import HistoryEntry
-from core.paging.block_manager import BlockSnapshot
 from ui.axes import integer_ticks
 from ui.theme import CACHED_BLOCK_COLOR, FREE_BLOCK_COLOR, POLICY_COLORS, sequence_color
 
@@ -16,7 +16,7 @@ MIN_PLOT_PX = 170  # a grid at least as tall as its row axis's title ("block id 
 
 
 def block_heatmap(
-    snapshot: BlockSnapshot, color_index: Mapping, columns: int | None = None, title: str | None = None
+    snapshot: KVCacheSnapshot, color_index: Mapping, columns: int | None = None, title: str | None = None
 ) -> go.Figure:
     """The physical block pool as a grid, block 0 top left, row-major.
 

@@ -513,9 +513,9 @@ class Engine:
         return outputs
 
     def _snapshot(self, step: int) -> EngineSnapshot:
-        blocks, kv = self.memory.block_snapshot()
+        pool = self.memory.snapshot(self.scheduler.running)
         request_of = {s.seq_id: g.request_id for g in self.scheduler.running for s in g.seqs}
-        return EngineSnapshot(step, blocks, {s: request_of.get(s, -1) for s in blocks.seq_ids}, kv)
+        return EngineSnapshot(step, pool, {s: request_of.get(s, -1) for s in pool.seq_ids})
 
     # ---- runs ---------------------------------------------------------------------------------------------
 

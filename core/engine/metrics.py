@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 
 from core.kv import KVCacheSnapshot
-from core.paging.block_views import BlockSnapshot
 from core.sched.step_columns import COLUMNS
 
 ENGINE_COLUMNS = (
@@ -43,15 +42,13 @@ TIMED_COLUMNS = ("time_s", "step_time_ms", "attention_ms", "rest_of_model_ms", "
 
 @dataclass(frozen=True, eq=False)
 class EngineSnapshot:
-    """The pool after one sampled step: a `BlockSnapshot` of it for the block grids (one table per sequence: its
-    groups' tables concatenated, see `EngineMemory.block_snapshot`), for each live sequence id the request that
-    owns it (`request_of[seq_id]`, the prompt's index in the `generate` call), and the KV cache manager's own
-    `KVCacheSnapshot` (`kv`: one table per KV cache group)."""
+    """The pool after one sampled step: the KV cache manager's `KVCacheSnapshot` (`pool`: its holders are the
+    live sequences, one table per KV cache group), and for each live sequence id the request that owns it
+    (`request_of[seq_id]`, the prompt's index in the `generate` call)."""
 
     step: int
-    blocks: BlockSnapshot
+    pool: KVCacheSnapshot
     request_of: dict
-    kv: KVCacheSnapshot | None = None
 
 
 @dataclass(eq=False)

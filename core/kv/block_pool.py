@@ -108,6 +108,10 @@ class BlockPool:
         """Every (group index, block hash) in the prefix cache now."""
         return {(group, h) for group, cache in enumerate(self._cached) for h in cache}
 
+    def cached_blocks(self, group: int) -> list[int]:
+        """The block ids in `group`'s prefix cache now (held or free)."""
+        return list(self._cached[group].values())
+
     def iter_cached_blocks(self) -> Iterator[int]:
         """Every block id in the prefix cache now (held or free): num_cached_blocks items, group by group."""
         return chain.from_iterable(cache.values() for cache in self._cached)

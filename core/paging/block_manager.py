@@ -32,8 +32,6 @@ Invariants (checked by tests/paging/test_block_manager_properties.py against a b
 
 from collections.abc import Hashable, Sequence
 
-import numpy as np
-
 from core.common import cdiv, check_int
 from core.errors import DuplicateSequenceError, OutOfBlocksError, UnknownSequenceError
 from core.kv.block_hash import extend_block_hashes, hash_block_tokens
@@ -41,11 +39,11 @@ from core.kv.block_pool import BlockPool
 from core.kv.events import KVEvent
 from core.kv.kv_cache_manager import check_token_ids
 from core.kv.single_type_manager import RequestBlocks, manager_for
-from core.kv.snapshot import free_blocks, read_only
+from core.kv.snapshot import KVCacheSnapshot, build_snapshot
 from core.kv.specs import FullAttentionSpec, SlidingWindowSpec
-from core.paging.block_views import AppendResult, BlockSnapshot, PrefixCacheCounters, PrefixCacheStats
+from core.paging.block_views import AppendResult, PrefixCacheCounters, PrefixCacheStats
 
-__all__ = ["AppendResult", "BlockManager", "BlockSnapshot", "PrefixCacheStats"]
+__all__ = ["AppendResult", "BlockManager", "KVCacheSnapshot", "PrefixCacheStats"]
 
 SeqId = Hashable
 _chain_hash = (
@@ -443,40 +441,7 @@ class BlockManager:
 
     # ---- snapshot ---------------------------------------------------------------------------------------------
 
-    def snapshot(self) -> BlockSnapshot:
-        """An immutable numpy view of every physical block (see `BlockSnapshot`). O(blocks + sequences)."""
-        n, bs = self.num_blocks, self._block_size
-        ref_count = np.array(self._ref_counts, dtype=np.int64)
-        owner = np.full(n, -1, dtype=np.int64)
-        fill = np.zeros(n, dtype=np.int64)
-        is_cached = np.zeros(n, dtype=bool)
-        pool = self._pool
-        if pool.num_cached_blocks:
-            cached = np.fromiter(pool.iter_cached_blocks(), dtype=np.int64, count=pool.num_cached_blocks)
-            is_cached[cached] = True
-        fill[is_cached] = bs
-        seq_ids = tuple(self._seqs)
-        for index in range(len(seq_ids) - 1, -1, -1):
-            seq = self._seqs[seq_ids[index]]
-            first_held = seq.blocks.first_held
-            if len(seq.block_table) == first_held:
-                continue
-            table = np.asarray(seq.block_table[first_held:], dtype=np.int64)
-            owner[table] = index
-            fill[table] = bs
-            fill[table[-1]] = seq.num_tokens - (len(seq.block_table) - 1) * bs
-        free_order, is_free = free_blocks(pool)
-        read_only(owner, ref_count, fill, is_free, is_cached, free_order)
-        return BlockSnapshot(
-            num_blocks=n,
-            block_size=bs,
-            seq_ids=seq_ids,
-            owner=owner,
-            ref_count=ref_count,
-            fill=fill,
-            is_free=is_free,
-            is_cached=is_cached,
-            free_order=free_order,
-            block_tables={s: tuple(q.block_table) for s, q in self._seqs.items()},
-            num_tokens={s: q.num_tokens for s, q in self._seqs.items()},
-        )
+    def snapshot(self) -> KVCacheSnapshot:
+        """The pool and the sequences' tables as the one snapshot type (`core.kv.snapshot`, one group: a holder
+        is a sequence, `snapshot.table(s)` its block table). O(blocks + table entries)."""
+        return build_snapshot(self._pool, [self._manager], {s: q.num_tokens for s, q in self._seqs.items()})
