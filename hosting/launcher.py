@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.limits import Limits
+from hosting.live_hosts import live_hosts_notice
 from hosting.proxy import copy_static_files, render_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -241,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as error:
         print(f"hosting: {error}", file=sys.stderr)
         return 2
+    warning, notice = live_hosts_notice(host.limits)
+    print(notice, file=sys.stderr if warning else sys.stdout, flush=True)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: setattr(host, "stopping", True))
     try:
