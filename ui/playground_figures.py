@@ -62,7 +62,7 @@ def block_heatmap(
     return figure
 
 
-def _owner_codes(snapshot: BlockSnapshot, color_index: Mapping) -> tuple[np.ndarray, list[str], dict]:
+def _owner_codes(snapshot: KVCacheSnapshot, color_index: Mapping) -> tuple[np.ndarray, list[str], dict]:
     """(colour code per block [num_blocks], the colour of each code, the code of each owning sequence): 0 free,
     1 free but cached, then one code per sequence in the order its first block appears."""
     keys = [FREE_BLOCK_COLOR, CACHED_BLOCK_COLOR]
@@ -76,7 +76,7 @@ def _owner_codes(snapshot: BlockSnapshot, color_index: Mapping) -> tuple[np.ndar
     return codes, keys, seq_code
 
 
-def _cell_texts(snapshot: BlockSnapshot, cells: int) -> tuple[np.ndarray, np.ndarray]:
+def _cell_texts(snapshot: KVCacheSnapshot, cells: int) -> tuple[np.ndarray, np.ndarray]:
     """(hover, label) per grid cell [cells], "" past the last block: the hover names the block, its owners (or
     free / free (cached)), fill and ref count; the label, drawn only up to 512 blocks, is "×n" for a shared block
     and its fill."""
