@@ -143,8 +143,8 @@ if run is not None:
         chosen = st.select_slider("Engine step shown", options=options, key="step")
         v["step"] = chosen
         snap = next(s for s in snapshots if s.step == chosen)
-        colors = sequence_color_index(s.blocks for s in snapshots)
-        snap_heat.plotly_chart(engine_block_heatmap(snap.blocks, snap.step, colors), width="stretch")
+        colors = sequence_color_index(s.pool for s in snapshots)
+        snap_heat.plotly_chart(engine_block_heatmap(snap.pool, snap.step, colors), width="stretch")
 
     steps = run.steps
     m1, m2, m3, m4, m5 = st.columns(5)

@@ -303,7 +303,7 @@ def pool_details(playground: Playground) -> None:
             "last block fill": f"{snapshot.num_tokens[seq] - (len(table) - 1) * config.block_size}/{config.block_size}",
             "block table": " ".join(f"{i}→{'·' if b < 0 else b}" for i, b in enumerate(table)),
         }
-        for seq, table in snapshot.block_tables.items()
+        for seq, table in ((s, snapshot.table(s)) for s in snapshot.seq_ids)
     ]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     if config.sliding_window is not None:

@@ -253,7 +253,7 @@ if "paged" in results and results["paged"].snapshots:
             f"{grid_shape(pool_blocks).blocks_per_cell:,} consecutive blocks, coloured by the share of them in use; "
             "hover a cell for its blocks and their counts (used, free, partly filled, shared)."
         )
-    if snap.kv_group is not None:
+    if params.kv_groups is not None:
         cached_chart(st, block_heatmap_figure, snap, params.block_size, kv_groups=params.kv_groups)
         layers = max(num_layers for _, num_layers, _ in params.kv_groups)
         st.caption(

@@ -15,6 +15,7 @@ Usage: python -m bench.paper
 
 import json
 
+from core.planning.step_time import opt_13b_a100
 from core.serving.memory_policies import orca_max, orca_oracle, orca_pow2, paged
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.workload import sharegpt
@@ -25,7 +26,7 @@ PCT_KEYS = ("token_states_pct", "reservation_pct", "internal_fragmentation_pct",
 def run(num_requests: int = 2000, rate: float = 2.0, seed: int = 0) -> dict:
     requests = sharegpt(num_requests, rate=rate, seed=seed)
     last = requests[-1].arrival_time
-    config = SimulatorConfig()
+    config = SimulatorConfig(step_time=opt_13b_a100())
     out = {}
     for policy in (orca_max(), orca_pow2(), orca_oracle(), paged(16)):
         summary = simulate(requests, policy, config).summarize(0.1 * last, last)

@@ -15,6 +15,7 @@ import sys
 import time
 
 from core.page_models.simulator import DEFAULT_PARAMS, model_kv_groups, run_comparison
+from core.planning.step_time import opt_13b_a100
 from core.serving.memory_policies import Policy, orca_max, orca_oracle, orca_pow2, paged
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.workload import sharegpt
@@ -26,7 +27,7 @@ def main(num_requests: int = 10_000) -> dict:
     policies = {}
     for policy in (paged(16), orca_max(), orca_pow2(), orca_oracle()):
         started = time.perf_counter()
-        simulate(requests, policy, SimulatorConfig())
+        simulate(requests, policy, SimulatorConfig(step_time=opt_13b_a100()))
         wall = time.perf_counter() - started
         policies[policy.name] = {"wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall)}
     started = time.perf_counter()
@@ -36,7 +37,9 @@ def main(num_requests: int = 10_000) -> dict:
     hybrid_tokens = sum(r.prompt_len + r.n * r.output_len for r in hybrid_requests)
     started = time.perf_counter()
     simulate(
-        hybrid_requests, Policy("paged", 16, kv_groups=model_kv_groups("gpt-oss-20b")), SimulatorConfig()
+        hybrid_requests,
+        Policy("paged", 16, kv_groups=model_kv_groups("gpt-oss-20b")),
+        SimulatorConfig(step_time=opt_13b_a100()),
     )
     hybrid_wall = time.perf_counter() - started
     return {

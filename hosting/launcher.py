@@ -36,6 +36,7 @@ from core.errors import JobError
 from core.jobs.disk_cache import DiskResultCache
 from core.jobs.remote import remote_pool_from_env
 from core.limits import Limits
+from hosting.live_hosts import live_hosts_notice
 from hosting.proxy import copy_static_files, render_config
 from hosting.warmup import warm_replicas
 
@@ -311,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as error:
         print(f"hosting: {error}", file=sys.stderr)
         return 2
+    warning, notice = live_hosts_notice(host.limits)
+    print(notice, file=sys.stderr if warning else sys.stdout, flush=True)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: setattr(host, "stopping", True))
     try:

@@ -105,9 +105,10 @@ class ProtocolSession:
             self.replica = response.headers.get("X-Paged-Lab-Replica", "")
         return "; ".join(c.split(";", 1)[0] for c in cookies)
 
-    async def open(self, page: str) -> Render:
+    async def open(self, page: str, query_string: str = "") -> Render:
         """Load `page` by URL (the first run of the session; "" is the app's default page) or by the sidebar
-        (later runs)."""
+        (later runs), with `query_string` (e.g. "metrics=http%3A%2F%2F..."), as a browser opening that URL sends
+        it."""
         message = BackMsg()
         if self.current is None or page not in self.hashes:
             message.rerun_script.page_name = page
@@ -115,7 +116,7 @@ class ProtocolSession:
         else:
             message.rerun_script.page_script_hash = self.hashes[page]
             action = "navigate"
-        message.rerun_script.query_string = ""
+        message.rerun_script.query_string = query_string
         self.current, self.widgets = page, {}
         return await self._run(message, Render(page, action))
 

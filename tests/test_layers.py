@@ -4,9 +4,8 @@ From the bottom up:
 - top-level modules (`core/errors.py`, `common.py`, `device.py`, `limits.py`, `uploads.py`): no subpackage;
 - `core.kv`: the one home of KV memory; no other subpackage;
 - the domain packages (every subpackage but `page_models` and `jobs`: paging, kernels, serving, planning,
-  engine, ...): never `core.page_models`; `core.planning` never imports `core.serving` (the one allowed
-  direction between the two is serving -> planning: the step-time model reads the model and GPU presets' KV
-  accounting);
+  engine, ...): never `core.page_models`; `core.serving` never imports `core.planning` (the one allowed
+  direction between the two is planning -> serving: planning drives the simulator with its step-time model);
 - `core.jobs`: the worker pool, result cache and worker loop; it runs the functions it is given, so it imports
   no domain package and not `core.page_models`;
 - `core.page_models`: what a page computes, over any of the above;
@@ -85,7 +84,7 @@ def test_the_reader_sees_imports_it_should():
     found = imported_modules(source, "core.kv.block_pool", is_package=False)
     assert found >= {"core.kv", "core.kv.sibling", "core.paging", "core.paging.x", "streamlit"}
     assert imported_modules("from . import a", "core.kv", is_package=True) == {"core.kv", "core.kv.a"}
-    _, planner_layers = IMPORTS["core.page_models.planner"]
+    _, planner_layers = IMPORTS["core.page_models.planner_scenario"]
     assert {"planning", "serving", "kv"} <= planner_layers
     assert {"kv", "paging", "kernels", "serving", "planning", "engine"} <= set(DOMAIN)
 
@@ -108,10 +107,68 @@ def test_no_domain_package_imports_page_models():
     assert violations(set(DOMAIN), {PAGE_MODELS}) == []
 
 
-def test_planning_does_not_import_serving():
-    """One direction only: serving may read planning's presets and KV accounting, planning never reads serving."""
-    assert violations({"planning"}, {"serving"}) == []
+def test_serving_does_not_import_planning():
+    """One direction only: planning may drive the simulator (with its step-time model), serving never reads
+    planning's presets (a step's cost is injected)."""
+    assert violations({"serving"}, {"planning"}) == []
 
 
 def test_jobs_knows_tasks_only_as_the_functions_it_is_given():
     assert violations({JOBS}, set(DOMAIN) | {PAGE_MODELS}) == []
+
+
+def module_graph() -> dict[str, set[str]]:
+    """core module -> the core modules it imports (module level or inside functions), itself excluded."""
+    paths = {module_name(path): path for path in CORE.rglob("*.py")}
+    return {
+        name: {m for m in imported_modules(path.read_text(), name, path.name == "__init__.py") if m in paths}
+        - {name}
+        for name, path in paths.items()
+    }
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle of `graph` as one cycle through its strongly connected component (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_the_cycle_finder_finds_circles():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_inside_core():
+    """No module of core imports (directly or through others) a module that imports it back."""
+    graph = module_graph()
+    assert "core.serving.simulator" in graph and "core.serving.sim_result" in graph["core.serving.simulator"]
+    assert import_cycles(graph) == []

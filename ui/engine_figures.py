@@ -1,6 +1,6 @@
 """Plotly figures of the Engine page: a real model's run through the paged KV cache, step by step.
 
-Each builder takes plain data (the engine's per-step metrics frame, `BlockSnapshot`s, the sharing measurement) and
+Each builder takes plain data (the engine's per-step metrics frame, `KVCacheSnapshot`s, the sharing measurement) and
 returns a Figure. Units: x is the engine step (one scheduler iteration); memory in blocks; latency in ms.
 The paged side keeps `ui.theme.POLICY_COLORS["paged"]`, sequences keep `sequence_color` of their admission index.
 """
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from core.paging.block_manager import BlockSnapshot
+from core.kv import KVCacheSnapshot
 from ui.playground_figures import block_heatmap
 from ui.theme import POLICY_COLORS, policy_color
 
@@ -31,7 +31,7 @@ def _layout(fig: go.Figure, title: str, height: int = 360) -> go.Figure:
     return fig
 
 
-def sequence_color_index(snapshots: Iterable[BlockSnapshot]) -> dict:
+def sequence_color_index(snapshots: Iterable[KVCacheSnapshot]) -> dict:
     """Sequence id -> its stable colour index: the order in which the sequence first appears across `snapshots`
     (admission order), so a sequence keeps its colour at every step of the slider."""
     index: dict = {}
@@ -41,7 +41,7 @@ def sequence_color_index(snapshots: Iterable[BlockSnapshot]) -> dict:
     return index
 
 
-def engine_block_heatmap(snapshot: BlockSnapshot, step: int, color_index: Mapping) -> go.Figure:
+def engine_block_heatmap(snapshot: KVCacheSnapshot, step: int, color_index: Mapping) -> go.Figure:
     """The playground's block grid for the pool after engine step `step` (one colour per live sequence)."""
     used = snapshot.num_blocks - snapshot.num_free_blocks
     shared = int(snapshot.is_shared.sum())

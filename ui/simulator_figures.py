@@ -330,25 +330,25 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None, 
     prefix-cached; ◆ = shared by several sequences; ○ = partly filled), else cells of consecutive blocks
     coloured by the share used, the hover naming the blocks.
 
-    A hybrid pool (`snapshot.kv_group` set; `kv_groups` the policy's (kind, num_layers, window) groups) is the
-    same grid: every group draws its block ids from the one pool, the hover names each block's group and the
-    title counts the blocks each group kind holds."""
-    owner = np.asarray(snapshot.owner_request)
-    ref = np.asarray(snapshot.ref_count)
+    `snapshot` is a paged run's `StepSnapshot`: its `pool` (the one snapshot type) and the request of each block.
+    A hybrid pool (`kv_groups` the policy's (kind, num_layers, window) groups) is the same grid: every group draws
+    its block ids from the one pool, the hover names each block's group (`pool.group`) and the title counts the
+    blocks each group kind holds."""
+    pool = snapshot.pool
+    owner = snapshot.owner_request
+    ref = pool.ref_count
     num_blocks = len(owner)
     shape = grid_shape(num_blocks, columns)
-    hybrid = getattr(snapshot, "kv_group", None) is not None and kv_groups is not None
+    hybrid = kv_groups is not None
     group_names = [kv_group_name(kind, window) for kind, _, window in kv_groups] if hybrid else []
 
     def names(start: int, stop: int) -> str:
         if stop != start + 1:
             return f"blocks {start:,}–{stop - 1:,}"
-        group = int(snapshot.kv_group[start]) if hybrid else -1
+        group = int(pool.group[start]) if hybrid else -1
         return f"block {start:,}" + (f" · group {group}: {group_names[group]}" if group >= 0 else "")
 
-    traces = grid_traces(
-        owner, ref, np.asarray(snapshot.fill), np.asarray(snapshot.is_cached), names, block_size, shape
-    )
+    traces = grid_traces(owner, ref, pool.fill, pool.is_cached, names, block_size, shape)
     fig = go.Figure(traces)
     xaxis, yaxis = block_axes(shape, "first block id of the row")
     fig.update_xaxes(**xaxis)
@@ -358,7 +358,7 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None, 
     at = f"after step {snapshot.step:,} (t = {snapshot.time_s:,.1f} s)"
     if hybrid:
         layers = max(num_layers for _, num_layers, _ in kv_groups)
-        by_kind = _held_by_kind(np.asarray(snapshot.kv_group), owner >= 0, kv_groups)
+        by_kind = _held_by_kind(pool.group, owner >= 0, kv_groups)
         title = (
             f"Hybrid KV cache {at}: {used:,} of {num_blocks:,} blocks used, one pool for every group "
             f"({by_kind}; {layers:,} layers per block{per_cell})"

@@ -21,10 +21,9 @@ Per-step metrics and block snapshots of the last run: after `generate`, `engine.
   kv_tokens_read, prefix_hit_tokens, ..., in KV token slots) plus shared_blocks, cow_copies, attention_ms,
   blocks_in_use, blocks_without_sharing, rest_of_model_ms, host_ms (see `core.engine.metrics`; per step
   attention_ms + rest_of_model_ms + host_ms == step_time_ms; `TIMED_COLUMNS` are the wall-clock ones).
-- `engine.last_run.snapshots`: `EngineSnapshot(step, blocks, request_of, kv)` at evenly spaced steps (the last
-  step always); `blocks` is the pool at that step as a `core.paging.block_views.BlockSnapshot` (for the block
-  grids), `request_of[seq_id]` the prompt index owning each live sequence, `kv` the KV cache manager's
-  `core.kv.KVCacheSnapshot` (one block table per KV cache group).
+- `engine.last_run.snapshots`: `EngineSnapshot(step, pool, request_of)` at evenly spaced steps (the last
+  step always); `pool` is the KV cache manager's `core.kv.KVCacheSnapshot` at that step (its holders are the live
+  sequences, one block table per KV cache group), `request_of[seq_id]` the prompt index owning each sequence.
 - `engine.last_run.cow_events` (step, request, seq_id, src_block, dst_block), `.requests`, `.sharing_saving()`.
 Progress: `engine.generate(prompts, params, progress=callback)` calls `callback(fraction)` after every step with
 the fraction (0..1) of the requested output tokens produced so far; the last call passes 1.0.

@@ -1,5 +1,7 @@
 """The engine's paged KV memory: a `core.kv.KVCacheManager` (one block table per KV cache group, every group
-drawing ids from one pool) and the `KVCache` tensors, driven by the engine's real sequences.
+drawing ids from one pool) and the `KVCache` tensors, driven by the engine's real sequences. It stays in the
+engine (not `core.kv`) because it binds the engine's own objects, its sequences and tensors, to the KV core: the
+pool, the tables and the snapshot are `core.kv`'s.
 
 Invariants:
 - A live sequence `s` is a request of the manager (request id = `s.seq_id`) with room for `s.num_allocated`
@@ -32,7 +34,6 @@ from core.kv import KVCacheManager, KVCacheSnapshot
 from core.kv.hf_config import layer_specs
 from core.kv.layout import KVCacheGroup, kv_cache_groups
 from core.kv.specs import KVCacheSpec, SlidingWindowSpec
-from core.paging.block_views import BlockSnapshot
 from core.paging.kv_cache import KVCache
 from core.sched.memory import Admission, MemoryMetrics
 
@@ -269,32 +270,9 @@ class EngineMemory:
             u["token_states"], u["reservation"], u["internal_fragmentation"], 0, free * self.block_size, free
         )
 
-    def snapshot(self, groups: list) -> None:
-        """The engine snapshots the pool itself (`block_snapshot`)."""
-        return None
-
-    def block_snapshot(self) -> tuple[BlockSnapshot, KVCacheSnapshot]:
-        """(the pool as a `BlockSnapshot` for the block grids, the manager's `KVCacheSnapshot`). The
-        BlockSnapshot's `seq_ids` are the live sequence ids; its `block_tables[seq]` is the concatenation of the
-        sequence's group tables in group order (the one table itself with one group); the KVCacheSnapshot keeps
-        them apart."""
-        kv = self.manager.snapshot()
-        blocks = BlockSnapshot(
-            num_blocks=kv.num_blocks,
-            block_size=self.block_size,
-            seq_ids=kv.request_ids,
-            owner=kv.owner,
-            ref_count=kv.ref_count,
-            fill=kv.fill,
-            is_free=kv.is_free,
-            is_cached=kv.is_cached,
-            free_order=kv.free_order,
-            block_tables={
-                s: tuple(b for table in tables for b in table) for s, tables in kv.block_tables.items()
-            },
-            num_tokens=kv.num_tokens,
-        )
-        return blocks, kv
+    def snapshot(self, groups: list) -> KVCacheSnapshot:
+        """The whole pool (every live sequence, whichever group it belongs to): the manager's snapshot."""
+        return self.manager.snapshot()
 
     def usage(self, seqs: list[Sequence]) -> dict:
         """Token states, reservation and sharing of the live sequences, in slots or blocks (see STEP_COLUMNS),

@@ -108,6 +108,10 @@ class BlockPool:
         """Every (group index, block hash) in the prefix cache now."""
         return {(group, h) for group, cache in enumerate(self._cached) for h in cache}
 
+    def cached_blocks(self, group: int) -> list[int]:
+        """The block ids in `group`'s prefix cache now (held or free)."""
+        return list(self._cached[group].values())
+
     def iter_cached_blocks(self) -> Iterator[int]:
         """Every block id in the prefix cache now (held or free): num_cached_blocks items, group by group."""
         return chain.from_iterable(cache.values() for cache in self._cached)
@@ -169,9 +173,18 @@ class BlockPool:
                 self._free_uncached.append(block)
 
     def release_all(self, blocks: Iterable[int]) -> None:
-        """`release` each block in order: the first freed is the first taken again among equals."""
+        """`release` each block in order: the first freed is the first taken again among equals. (`release`'s
+        body inlined: this is the per-block loop of freeing a request.)"""
+        ref_counts, block_hash = self.ref_counts, self._block_hash
+        free_cached, free_uncached = self._free_cached, self._free_uncached
         for block in blocks:
-            self.release(block)
+            count = ref_counts[block] - 1
+            ref_counts[block] = count
+            if count == 0:
+                if block_hash[block] is not None:
+                    free_cached[block] = None
+                else:
+                    free_uncached.append(block)
 
     # ---- prefix cache -----------------------------------------------------------------------------------
 

@@ -36,7 +36,12 @@ from core.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlock
 from core.kv.block_hash import extend_block_hashes
 from core.kv.block_pool import BlockPool
 from core.kv.events import KVEvent
-from core.kv.single_type_manager import RequestBlocks, SingleTypeKVCacheManager, manager_for
+from core.kv.single_type_manager import (
+    FullAttentionManager,
+    RequestBlocks,
+    SingleTypeKVCacheManager,
+    manager_for,
+)
 from core.kv.snapshot import KVCacheSnapshot, build_snapshot
 from core.kv.specs import KVCacheSpec
 
@@ -88,6 +93,7 @@ class KVCacheManager:
         )
         self._hit_granularity = lcm(*(spec.block_size for spec in groups))
         self._can_hit = all(manager.caches_blocks for manager in self.managers)
+        self._all_full = all(type(manager) is FullAttentionManager for manager in self.managers)
         self._requests: dict[Hashable, _Request] = {}
         self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_cache_hits = 0  # of those, tokens served by it
@@ -294,6 +300,8 @@ class KVCacheManager:
         released at once. So the call needs no more free blocks than the end state holds: it raises
         OutOfBlocksError (or UnknownSequenceError, InvalidArgumentError) with nothing changed otherwise.
         """
+        if self._all_full:
+            return self._decode_steps_full(token_ids)
         plan = []
         releases: dict[int, int] = {}  # block -> table entries released in the first phase
         tails: dict[int, int] = {}  # shared written last block -> requests that may copy it
@@ -345,6 +353,49 @@ class KVCacheManager:
                 self._grow_table(req, manager, rec, old, new)
             req.num_computed = new - 1
 
+    def _decode_steps_full(self, token_ids: Mapping[Hashable, Sequence[int]]) -> None:
+        """`decode_steps` when every group is full attention (nothing is ever released): the same end state,
+        one pass to check room (new blocks, copies of shared written last blocks), one to apply it."""
+        plan = []
+        tails: dict[int, int] = {}  # shared written last block -> requests that copy it
+        takes = 0
+        ref_counts = self.pool.ref_counts
+        requests = self._requests
+        block_sizes = [manager.block_size for manager in self.managers]
+        for request_id, new_tokens in token_ids.items():
+            req = requests.get(request_id) or self._request(request_id)
+            tokens = new_tokens if type(new_tokens) is list else list(new_tokens)
+            if not tokens or {type(t) for t in tokens} - {
+                int
+            }:  # the fast check; the full one names the fault
+                tokens = check_token_ids(request_id, tokens)
+            old = len(req.token_ids)
+            new = old + len(tokens)
+            plan.append((req, tokens, old, new))
+            for bs, rec in zip(block_sizes, req.blocks, strict=True):
+                table = rec.table
+                takes += max(0, -(-new // bs) - len(table))
+                if old % bs and ref_counts[table[-1]] > 1:
+                    tails[table[-1]] = tails.get(table[-1], 0) + 1
+        copies = sum(min(count, ref_counts[block] - 1) for block, count in tails.items())
+        self._check_room(takes + copies, f"{len(plan):,} requests' decode steps")
+        pool, caching = self.pool, self.enable_prefix_caching
+        for req, tokens, old, new in plan:
+            req.token_ids.extend(tokens)
+            for manager, rec in zip(self.managers, req.blocks, strict=True):
+                if caching:
+                    self._cache_computed(req, manager, rec, old, new - 1)
+                table, bs = rec.table, manager.block_size
+                if old % bs and ref_counts[table[-1]] > 1:  # copy-on-write of the shared written last block
+                    src = table[-1]
+                    table[-1] = pool.take_one()
+                    pool.release(src)
+                for _ in range(-(-new // bs) - len(table)):
+                    table.append(pool.take_one())
+                if caching:
+                    self._cache_held(req, manager, rec)
+            req.num_computed = new - 1
+
     def _cache_computed(
         self, req: _Request, manager: SingleTypeKVCacheManager, rec, old: int, computed: int
     ) -> int:
@@ -385,7 +436,7 @@ class KVCacheManager:
     def _grow_table(self, req: _Request, manager: SingleTypeKVCacheManager, rec, old: int, new: int) -> None:
         """`decode_steps`' second phase for one group: copy a shared written last block, then append entries
         up to `num_required_blocks(new)`, -1 for those already behind the window (cached on the way)."""
-        pool, table, bs = self.pool, rec.table, manager.block_size
+        pool, table = self.pool, rec.table
         skip = manager.num_skipped_blocks(new - 1)
         last = len(table) - 1
         if last >= max(skip, rec.first_held) and manager._tail_is_written(old):
@@ -394,7 +445,6 @@ class KVCacheManager:
                 table[last] = pool.take_one()
                 pool.release(src)
         caching = self.enable_prefix_caching and manager.caches_blocks
-        keys = req.hashes.get(bs, [])
         for index in range(len(table), manager.num_required_blocks(new)):
             if index >= skip:
                 table.append(pool.take_one())
@@ -404,15 +454,22 @@ class KVCacheManager:
                 self._cache_in_passing(req, manager, index)
         rec.first_held = max(rec.first_held, min(skip, len(table)))
         if caching:
-            full = min(len(keys), len(table))
-            for index in range(rec.num_cached, full):
-                if table[index] >= 0:
-                    parent = keys[index - 1] if index else None
-                    pool.cache_block(
-                        manager.group_idx,
-                        table[index],
-                        keys[index],
-                        parent,
-                        tuple(req.token_ids[index * bs : (index + 1) * bs]),
-                    )
-            rec.num_cached = max(rec.num_cached, full)
+            self._cache_held(req, manager, rec)
+
+    def _cache_held(self, req: _Request, manager: SingleTypeKVCacheManager, rec) -> None:
+        """Offer the held blocks whose chained keys are known (full and computed) and not yet offered to the
+        prefix cache: after `decode_steps` copied a shared last block, its copy is cached here."""
+        pool, table, bs = self.pool, rec.table, manager.block_size
+        keys = req.hashes.get(bs, [])
+        full = min(len(keys), len(table))
+        for index in range(rec.num_cached, full):
+            if table[index] >= 0:
+                parent = keys[index - 1] if index else None
+                pool.cache_block(
+                    manager.group_idx,
+                    table[index],
+                    keys[index],
+                    parent,
+                    tuple(req.token_ids[index * bs : (index + 1) * bs]),
+                )
+        rec.num_cached = max(rec.num_cached, full)

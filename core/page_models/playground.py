@@ -12,7 +12,8 @@ import torch
 
 from core.common import check_int
 from core.errors import InvalidArgumentError, LabError
-from core.paging.block_manager import BlockManager, BlockSnapshot
+from core.kv import KVCacheSnapshot
+from core.paging.block_manager import BlockManager
 from core.paging.kv_cache import KVCache, PagedKVCache, kv_cache_bytes
 
 
@@ -207,7 +208,7 @@ class Playground:
 
     # ---- views --------------------------------------------------------------------------------------------------
 
-    def snapshot(self) -> BlockSnapshot:
+    def snapshot(self) -> KVCacheSnapshot:
         return self.manager.snapshot()
 
     def waste(self) -> Waste:

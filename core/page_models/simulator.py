@@ -14,9 +14,9 @@ from core.kv.layout import kv_cache_layout
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from core.planning.plan import plan
+from core.planning.step_time import from_specs
 from core.serving.memory_policies import POLICY_NAMES, Policy
 from core.serving.simulator import PAPER_KV_TOKENS, SimulationResult, SimulatorConfig, simulate
-from core.serving.step_time import from_specs
 from core.serving.workload import Request, alpaca, fixed, sharegpt, uniform
 
 DATASETS = ("sharegpt", "alpaca", "fixed", "uniform", "trace")
@@ -24,7 +24,7 @@ CAPACITY_SOURCES = ("paper", "model", "raw")
 
 
 def model_kv_groups(model: str, max_model_len: int = 2048) -> tuple | None:
-    """The preset model's KV cache groups as ((kind, num_layers, window), ...) for HybridPagedMemory, from
+    """The preset model's KV cache groups as ((kind, num_layers, window), ...) for the paged policy, from
     vLLM's layout (`kv_cache_layout`); None when the model has one group kind only or a kind the hybrid
     allocator does not simulate (MLA, chunked local, Mamba)."""
     layout = kv_cache_layout(MODELS[model], 1 << 34, max_model_len=max_model_len)
@@ -39,7 +39,7 @@ def model_kv_groups(model: str, max_model_len: int = 2048) -> tuple | None:
 class SimulatorParams:
     """Everything one comparison depends on. Lengths in tokens, rate in requests/s (inf: all at t = 0),
     capacity in token slots, swap space in GiB, overhead in ms. kv_groups: None (every layer full attention), or
-    the model's KV cache groups for the paged policy's hybrid allocator (`core.serving.hybrid_memory`)."""
+    the model's KV cache groups for the paged policy's hybrid allocator (`core.serving.paged_memory`)."""
 
     dataset: str = "sharegpt"
     num_requests: int = 1000

@@ -7,7 +7,8 @@ decodes (`decode_blocks`, then `grow`), and give everything back (`release`); `s
 engine's paged KV memory (`core.engine.memory`) implement it; the simulator's policies add what only a simulated
 run needs (`check_fits`, `decode_metrics` for replaying many decode steps at once, `snapshot`).
 
-Metrics are in token slots of the capacity (see `MemoryMetrics`).
+Metrics are in token slots of the capacity (see `MemoryMetrics`). This module holds no memory, only the
+contract between the scheduler and whoever owns it, so it lives with the scheduler rather than in `core.kv`.
 """
 
 from __future__ import annotations

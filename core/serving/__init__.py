@@ -1,6 +1,9 @@
-"""Serving simulation: workloads, memory policies (paged, hybrid on one `core.kv` pool, Orca's contiguous ones),
-step time and the simulator. The scheduler it drives lives below it, in `core.sched`.
+"""Serving simulation: workloads, memory policies (`paged_memory`: every KV cache group on one `core.kv` pool;
+`contiguous_memory`: Orca's buddy-allocated segments; `memory_policies`: their names and one interface), the
+simulator (`simulator`, with `sim_config`, `sim_groups`, `sim_result` below it) and the attention measured on its
+batches (`step_attention`). The scheduler it drives lives below it, in `core.sched`.
 
-Layering: serving may import `core.planning` (the step-time model `step_time.from_specs` reads the model and GPU
-presets' KV accounting); planning never imports serving. The Simulator page's parameters and policy comparison
-live above both, in `core.page_models.simulator`."""
+Layering: serving never imports `core.planning`. What a step costs is injected (`sim_config.StepCost`, e.g.
+`core.planning.step_time.StepTimeModel`), so planning may drive the simulator (the SLO planner) and serving knows
+no hardware. The Simulator page's parameters and policy comparison live above both, in
+`core.page_models.simulator`."""

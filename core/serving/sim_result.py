@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 
+from core.kv.snapshot import KVCacheSnapshot
 from core.serving.memory_policies import Policy
-
-if TYPE_CHECKING:
-    from core.serving.simulator import SimulatorConfig
+from core.serving.sim_config import SimulatorConfig
 
 
 @dataclass(frozen=True, eq=False)
@@ -20,23 +19,33 @@ class StepSnapshot:
     """The state after one sampled step.
 
     context_lens: int64 [num decoding sequences], tokens each decoding sequence attends to at that step.
-    Paged only (None otherwise), indexed by physical block id: owner_request (request id of the first live
-    sequence holding the block, -1 when free), ref_count, fill (tokens stored), is_cached (holds a prefix-cache
-    block, owned or free); block_tables: int32 [num decoding sequences, max blocks], row i the block table of the
-    sequence of context_lens[i], padded with -1.
-    kv_group: hybrid policy only (else None): int8 per block, the KV cache group (index into the policy's
-    kv_groups) whose tables or prefix cache hold it, -1 when free and uncached; block_tables is then None.
+    Paged only (None otherwise): pool, the paged cache (`core.kv.KVCacheSnapshot`: its holders are the live
+    sequences; `pool.group` the KV cache group, an index into the policy's kv_groups, of each block);
+    holder_request: int32 [pool holders], the request each holder belongs to; decode_rows: int32 [num decoding
+    sequences], the holder row of the sequence of context_lens[i].
     """
 
     step: int
     time_s: float
     context_lens: np.ndarray
-    owner_request: np.ndarray | None = None
-    ref_count: np.ndarray | None = None
-    fill: np.ndarray | None = None
-    is_cached: np.ndarray | None = None
-    block_tables: np.ndarray | None = None
-    kv_group: np.ndarray | None = None
+    pool: KVCacheSnapshot | None = None
+    holder_request: np.ndarray | None = None
+    decode_rows: np.ndarray | None = None
+
+    @cached_property
+    def owner_request(self) -> np.ndarray | None:
+        """int32 per block: the request of the first live sequence holding it, -1 when free (None: contiguous)."""
+        if self.pool is None:
+            return None
+        return np.append(self.holder_request, np.int32(-1))[self.pool.owner]  # owner -1 picks the trailing -1
+
+    @property
+    def block_tables(self) -> np.ndarray | None:
+        """int32 [num decoding sequences, max blocks]: row i the block table of the sequence of context_lens[i],
+        padded with -1; None without a pool or with several KV cache groups (a sequence has one table each)."""
+        if self.pool is None or self.pool.num_groups != 1:
+            return None
+        return self.pool.tables[0][self.decode_rows]
 
 
 @dataclass(eq=False)
@@ -47,7 +56,7 @@ class SimulationResult:
     token_states + reservation + internal_fragmentation + external_fragmentation + free_slots == capacity).
     requests: one row per request (arrival_time, first_token_time, finish_time in seconds; lengths in tokens).
     summary: see `summarize`. snapshots: sampled `StepSnapshot`s in step order. capacity_slots: the slots the
-    memory columns sum to (the KV capacity; for a hybrid policy, group slots, see `core.serving.hybrid_memory`)."""
+    memory columns sum to (the KV capacity; for a hybrid policy, group slots, see `core.serving.paged_memory`)."""
 
     policy: Policy
     config: SimulatorConfig

@@ -9,81 +9,29 @@ step cost (`SimulatorConfig.step_time`, the roofline `StepTimeModel` or anything
 
 Steps in which nothing but decoding happens are replayed in one batch (`Scheduler.allocate(step, k)`: identical
 bookkeeping, recorded per step from `MemoryPolicy.decode_metrics`), which is what makes 10,000-request runs take
-seconds; the paged policy still appends every token of every sequence to the `BlockManager`.
+seconds; the paged policy still appends every token of every sequence to its `core.kv` manager.
 """
 
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from core.common import check_float, check_int
 from core.errors import InvalidArgumentError, SchedulerStuckError
-from core.sched import COLUMNS, PREEMPTION_MODES, MemoryMetrics, ScheduledStep, Scheduler, StepOutcome
+from core.sched import COLUMNS, MemoryMetrics, ScheduledStep, Scheduler, StepOutcome
 from core.serving.memory_policies import MemoryPolicy, Policy, make_memory
+from core.serving.sim_config import PAPER_KV_TOKENS, SimulatorConfig
 from core.serving.sim_groups import SimulatedGroup, make_groups
 from core.serving.sim_result import SimulationResult, StepSnapshot, summarize
-from core.serving.step_time import StepTimeModel, opt_13b_a100
 from core.serving.workload import Request
 
-PAPER_KV_TOKENS = 15_728  # OPT-13B on one A100-40GB: 12 GiB of KV / 800 KiB per token (paper Table 1: 15.7K)
+__all__ = ["COLUMNS", "PAPER_KV_TOKENS", "SimulationResult", "SimulatorConfig", "StepSnapshot", "simulate"]
+
 MAX_BATCHED_DECODE_STEPS = 8192  # decode-only steps replayed at once, at most
 
 _COL = {name: i for i, name in enumerate(COLUMNS)}
-
-
-@dataclass(frozen=True)
-class SimulatorConfig:
-    """Engine limits and hardware of a simulation.
-
-    kv_capacity_tokens: KV slots of the whole cache (tokens). Paged: capacity // block_size blocks.
-    max_num_seqs: running sequences at most (parallel samples count one each). max_num_batched_tokens: tokens per
-    step (decode + prefill); must be >= max_num_seqs. max_seq_len: prompt + output limit (2048 as in the paper).
-    preemption_mode: "recompute" or "swap"; swap_space_bytes: CPU swap space (vLLM's default 4 GiB).
-    watermark: fraction of blocks kept free when admitting (vLLM's 0.01). step_time: the roofline step model.
-    max_snapshots: block-table snapshots (paged) and batch context lengths kept, at evenly spaced steps.
-    """
-
-    kv_capacity_tokens: int = PAPER_KV_TOKENS
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_seq_len: int = 2048
-    preemption_mode: str = "recompute"
-    swap_space_bytes: float = 4 * 1024**3
-    watermark: float = 0.01
-    step_time: StepTimeModel = field(default_factory=opt_13b_a100)
-    max_snapshots: int = 100
-
-    def __post_init__(self):
-        for name in (
-            "kv_capacity_tokens",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "max_seq_len",
-            "max_snapshots",
-        ):
-            check_int(getattr(self, name), name, minimum=1)
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise InvalidArgumentError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
-                f"({self.max_num_seqs}): every running sequence decodes one token per step"
-            )
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise InvalidArgumentError(
-                f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
-            )
-        check_float(self.watermark, "watermark", minimum=0.0)
-        if not self.watermark < 1:
-            raise InvalidArgumentError(f"watermark must be in [0, 1), got {self.watermark!r}")
-        check_float(self.swap_space_bytes, "swap_space_bytes", minimum=0.0)
-
-    def swap_capacity_blocks(self, block_size: int) -> int:
-        """Blocks of `block_size` tokens the CPU swap space holds (unbounded when KV takes no bytes)."""
-        kv_bytes = self.step_time.kv_bytes_per_token
-        return int(self.swap_space_bytes // (kv_bytes * block_size)) if kv_bytes > 0 else 1 << 62
 
 
 def fitting_steps(ahead, queued: bool = False) -> int:
@@ -182,6 +130,7 @@ class _Simulation:
         self.arrivals = np.array([g.request.arrival_time for g in groups], dtype=np.float64)
         self.recorder = _Recorder()
         self.snapshots: list[StepSnapshot] = []
+        self.request_of = {sid: g.request_id for g in groups for sid in g.seq_ids}  # sequence -> its request
         self.stride = 1  # snapshots are kept at steps that are multiples of the stride
         self.now = 0.0
         self.step = 0
@@ -330,18 +279,11 @@ class _Simulation:
         if pool is None:
             self.snapshots.append(StepSnapshot(self.step - 1, self.now, lens))
         else:
+            row = {sid: r for r, sid in enumerate(pool.request_ids)}
+            holder_request = np.array([self.request_of[sid] for sid in pool.request_ids], dtype=np.int32)
+            decode_rows = np.array([row[sid] for g in decoding for sid in g.seq_ids], dtype=np.int32)
             self.snapshots.append(
-                StepSnapshot(
-                    self.step - 1,
-                    self.now,
-                    lens,
-                    pool.owner_request,
-                    pool.ref_count,
-                    pool.fill,
-                    pool.is_cached,
-                    pool.block_tables,
-                    pool.kv_group,
-                )
+                StepSnapshot(self.step - 1, self.now, lens, pool, holder_request, decode_rows)
             )
         if len(self.snapshots) > self.config.max_snapshots:
             self.stride *= 2
@@ -366,17 +308,19 @@ class _Simulation:
 def simulate(
     requests: Sequence[Request],
     policy: Policy,
-    config: SimulatorConfig | None = None,
+    config: SimulatorConfig,
     progress: Callable[[float], None] | None = None,
 ) -> SimulationResult:
-    """Run the workload to completion under `policy`; deterministic for given requests.
+    """Run the workload to completion under `policy` with `config` (its step_time prices each step);
+    deterministic for given requests.
 
     progress(fraction) is called with the fraction of requests finished (at most ~100 times, last with 1.0).
     Raises InvalidArgumentError for a request that can never run (longer than max_seq_len, or larger than the
     cache alone) or a bad config.
     """
     started = time.perf_counter()
-    config = config or SimulatorConfig()
+    if not isinstance(config, SimulatorConfig):
+        raise InvalidArgumentError(f"config must be a core.serving.simulator.SimulatorConfig, got {config!r}")
     if not isinstance(policy, Policy):
         raise InvalidArgumentError(f"policy must be a core.serving.memory_policies.Policy, got {policy!r}")
     reqs = _validate_requests(requests, config)

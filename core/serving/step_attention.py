@@ -49,6 +49,60 @@ def _spread(count: int) -> list[int]:
     return order
 
 
+COLUMNS = [
+    "step",
+    "time_s",
+    "num_seqs",
+    "total_context_tokens",
+    "max_context_tokens",
+    "padded_tokens",
+    "paged_ms",
+    "contiguous_ms",
+]
+
+
+def _random_pool(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype, device, gen):
+    """Random K and V caches [num_blocks, block_size, kv_heads, head_dim] on `device`."""
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+    value_cache = torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+    return key_cache, value_cache
+
+
+def _check_memory(snaps: list, num_blocks: int, bs: int, num_kv_heads: int, head_dim: int, dtype) -> None:
+    """MemoryBudgetError when the pool or the largest padded copy would exceed the memory budget."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    pool_bytes = 2 * num_blocks * bs * num_kv_heads * head_dim * itemsize
+    padded_peak = max(len(s.context_lens) * int(s.context_lens.max()) for s in snaps)
+    padded_bytes = 2 * padded_peak * num_kv_heads * head_dim * itemsize
+    check_budget(
+        max(pool_bytes, padded_bytes),
+        "measuring attention (one tensor; use fewer heads or a smaller head_dim)",
+    )
+
+
+def _measure_step(snap, caches, bs: int, num_heads: int, kernels, repeats: int, device, gen) -> tuple:
+    """One row of `measure_step_attention`: the step's decoding batch through both kernels."""
+    key_cache, value_cache = caches
+    paged_fn, contiguous_fn = kernels
+    _, _, num_kv_heads, head_dim = key_cache.shape
+    lens_np = snap.context_lens
+    num_seqs, max_len = len(lens_np), int(lens_np.max())
+    tables = torch.from_numpy(snap.block_tables.astype(np.int64)).clamp_min(0).to(device)
+    lens = torch.from_numpy(lens_np.astype(np.int64)).to(device)
+    query = torch.randn(num_seqs, num_heads, head_dim, generator=gen).to(device=device, dtype=key_cache.dtype)
+    # contiguous copy of the same K/V: [num_seqs, max_len, kv_heads, head_dim], padded past each length
+    width = cdiv(max_len, bs)
+    flat = tables[:, :width].reshape(-1)
+    key = key_cache.index_select(0, flat).view(num_seqs, width * bs, num_kv_heads, head_dim)[:, :max_len]
+    value = value_cache.index_select(0, flat).view(num_seqs, width * bs, num_kv_heads, head_dim)[:, :max_len]
+    key, value = key.contiguous(), value.contiguous()
+    paged_ms = _time(lambda: paged_fn(query, key_cache, value_cache, tables, lens), repeats, device)
+    contiguous_ms = _time(lambda: contiguous_fn(query, key, value, lens), repeats, device)
+    total = int(lens_np.sum())
+    return snap.step, snap.time_s, num_seqs, total, max_len, num_seqs * max_len, paged_ms, contiguous_ms
+
+
 def measure_step_attention(
     result,
     num_kv_heads: int = 8,
@@ -75,74 +129,23 @@ def measure_step_attention(
         raise InvalidArgumentError(
             "per-step attention is measured on a paged simulation (it needs block tables)"
         )
-    if paged_fn is None or contiguous_fn is None:
-        default_paged, default_contiguous = _default_kernels()
-        paged_fn = paged_fn or default_paged
-        contiguous_fn = contiguous_fn or default_contiguous
-    num_heads = num_heads or num_kv_heads
+    default_paged, default_contiguous = _default_kernels()
+    kernels = (paged_fn or default_paged, contiguous_fn or default_contiguous)
     device = torch.device(device) if device is not None else default_device()
     snaps = [s for s in result.snapshots if s.block_tables is not None and len(s.context_lens)]
-    columns = [
-        "step",
-        "time_s",
-        "num_seqs",
-        "total_context_tokens",
-        "max_context_tokens",
-        "padded_tokens",
-        "paged_ms",
-        "contiguous_ms",
-    ]
     if not snaps:
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame(columns=COLUMNS)
     bs = result.policy.block_size
     num_blocks = result.config.kv_capacity_tokens // bs
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    pool_bytes = 2 * num_blocks * bs * num_kv_heads * head_dim * itemsize
-    padded_peak = max(len(s.context_lens) * int(s.context_lens.max()) for s in snaps)
-    padded_bytes = 2 * padded_peak * num_kv_heads * head_dim * itemsize
-    check_budget(
-        max(pool_bytes, padded_bytes),
-        "measuring attention (one tensor; use fewer heads or a smaller head_dim)",
-    )
+    _check_memory(snaps, num_blocks, bs, num_kv_heads, head_dim, dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    # [num_blocks, block_size, kv_heads, head_dim]
-    key_cache = torch.randn(num_blocks, bs, num_kv_heads, head_dim, generator=gen).to(
-        device=device, dtype=dtype
-    )
-    value_cache = torch.randn(num_blocks, bs, num_kv_heads, head_dim, generator=gen).to(
-        device=device, dtype=dtype
-    )
+    caches = _random_pool(num_blocks, bs, num_kv_heads, head_dim, dtype, device, gen)
     rows = []
     deadline = time.perf_counter() + time_budget_s
     for index in _spread(len(snaps)):
         if rows and time.perf_counter() > deadline:
             break
-        snap = snaps[index]
-        lens_np = snap.context_lens
-        num_seqs, max_len = len(lens_np), int(lens_np.max())
-        tables = torch.from_numpy(snap.block_tables.astype(np.int64)).clamp_min(0).to(device)
-        lens = torch.from_numpy(lens_np.astype(np.int64)).to(device)
-        query = torch.randn(num_seqs, num_heads, head_dim, generator=gen).to(device=device, dtype=dtype)
-        # contiguous copy of the same K/V: [num_seqs, max_len, kv_heads, head_dim], padded past each length
-        width = cdiv(max_len, bs)
-        flat = tables[:, :width].reshape(-1)
-        key = key_cache.index_select(0, flat).view(num_seqs, width * bs, num_kv_heads, head_dim)[:, :max_len]
-        value = value_cache.index_select(0, flat).view(num_seqs, width * bs, num_kv_heads, head_dim)[
-            :, :max_len
-        ]
-        key, value = key.contiguous(), value.contiguous()
-        paged_ms = _time(lambda: paged_fn(query, key_cache, value_cache, tables, lens), repeats, device)  # noqa: B023
-        contiguous_ms = _time(lambda: contiguous_fn(query, key, value, lens), repeats, device)  # noqa: B023
         rows.append(
-            (
-                snap.step,
-                snap.time_s,
-                num_seqs,
-                int(lens_np.sum()),
-                max_len,
-                num_seqs * max_len,
-                paged_ms,
-                contiguous_ms,
-            )
+            _measure_step(snaps[index], caches, bs, num_heads or num_kv_heads, kernels, repeats, device, gen)
         )
-    return pd.DataFrame(rows, columns=columns).sort_values("step").reset_index(drop=True)
+    return pd.DataFrame(rows, columns=COLUMNS).sort_values("step").reset_index(drop=True)

@@ -41,6 +41,6 @@ def test_chunked_prefill_shows_reserved_slots_and_snapshots():
     assert run.steps["reservation"].iloc[0] == 12
     assert [s.step for s in run.snapshots] == list(range(len(run.steps)))
     first = run.snapshots[0]
-    (seq_id,) = first.blocks.seq_ids
+    (seq_id,) = first.pool.seq_ids
     assert first.request_of[seq_id] == 0
-    assert int(first.blocks.ref_count.sum()) == 5  # ceil(20 / 4) blocks of one sequence
+    assert int(first.pool.ref_count.sum()) == 5  # ceil(20 / 4) blocks of one sequence

@@ -47,7 +47,7 @@ def alternating(tmp_path_factory):
 def _assert_one_pool(snapshot):
     """Every held block id is in exactly one group's tables (ids unique across groups), and the ref counts
     are the number of table entries naming each block."""
-    kv = snapshot.kv
+    kv = snapshot.pool
     seen: dict[int, int] = {}
     counts = torch.zeros(kv.num_blocks, dtype=torch.long)
     for tables in kv.block_tables.values():
@@ -88,7 +88,7 @@ def test_window_group_frees_blocks_the_full_group_keeps(alternating):
     held = [
         [sum(b >= 0 for b in t) for t in tables]
         for s in run.snapshots
-        for tables in s.kv.block_tables.values()
+        for tables in s.pool.block_tables.values()
     ]
     assert max(window for window, _ in held) <= 3
     assert max(full for _, full in held) == 13  # 11 + 38 tokens in the cache at the last snapshot holding it

@@ -2,7 +2,7 @@
 With PAGED_LAB_DOCKER_TEST=1 and a Docker engine: the image built for real on a base made from Debian's packages
 (`debootstrap` + `docker import`, since Docker Hub's python:3.11-slim may not be reachable), offline from a
 wheelhouse in the build context, then run with `--network host` on 127.0.0.1: its health check passes and a page
-renders through the proxy. That build takes minutes (see README), so CI runs it only when asked.
+renders through the proxy. That build takes minutes (see docs/hosting.md, "Docker"), so CI runs it only when asked.
 """
 
 import asyncio

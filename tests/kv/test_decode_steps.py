@@ -12,7 +12,14 @@ from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.specs import ChunkedLocalAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
 
-def _specs():
+def _specs(full_only: bool = False):
+    """Every layer kind; or (`full_only`, the path of a model whose layers are all full attention) two full
+    groups of different block sizes."""
+    if full_only:
+        return [
+            FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1),
+            FullAttentionSpec(block_size=8, num_kv_heads=1, head_size=1),
+        ]
     return [
         FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1),
         SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=1, sliding_window=7),
@@ -33,9 +40,9 @@ def _state(kv: KVCacheManager):
     )
 
 
-def _start(seed: int, num_blocks: int, caching: bool) -> KVCacheManager:
+def _start(seed: int, num_blocks: int, caching: bool, full_only: bool = False) -> KVCacheManager:
     rnd = random.Random(seed)
-    kv = KVCacheManager(_specs(), num_blocks, enable_prefix_caching=caching)
+    kv = KVCacheManager(_specs(full_only), num_blocks, enable_prefix_caching=caching)
     shared = [rnd.randrange(3) for _ in range(8)]
     for rid in range(3):
         prompt = shared[: rnd.randrange(0, 9)] + [rnd.randrange(3) for _ in range(rnd.randrange(1, 12))]
@@ -49,9 +56,11 @@ def _start(seed: int, num_blocks: int, caching: bool) -> KVCacheManager:
 def test_decode_steps_equals_token_by_token(seed):
     rnd = random.Random(1000 + seed)
     caching = seed % 2 == 0
+    full_only = seed % 3 == 0  # every group full attention: `decode_steps`' own path
     num_blocks = rnd.choice([40, 60, 200])
     steps = {rid: [rnd.randrange(3) for _ in range(rnd.randrange(1, 30))] for rid in (0, 10, 2)}
-    bulk, reference = _start(seed, num_blocks, caching), _start(seed, num_blocks, caching)
+    bulk = _start(seed, num_blocks, caching, full_only)
+    reference = _start(seed, num_blocks, caching, full_only)
     try:
         for rid, tokens in steps.items():
             for token in tokens:

@@ -8,7 +8,7 @@ per session).
 The watching Chromium shares the same 2 cores with the server and the 6 clients, so how long it takes to *draw*
 the Planner's charts is mostly its own CPU (loading Streamlit's and plotly's scripts, drawing), not the server's:
 the test requires the server's answer (the page title) within the 5 s target and all four charts drawn, and
-reports the drawing time (`watch.charts_s`) rather than bounding it (the README's host guide has the figures).
+reports the drawing time (`watch.charts_s`) rather than bounding it (docs/benchmarks.md, "Load test", has the figures).
 """
 
 import json

@@ -14,7 +14,7 @@ from core.page_models.simulator import (
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from core.planning.plan import plan
-from core.serving.step_time import from_specs, opt_13b_a100
+from core.planning.step_time import from_specs, opt_13b_a100
 
 
 def test_paper_preset_step_model_is_the_documented_one():

@@ -253,7 +253,7 @@ def test_snapshot_describes_every_block():
     assert snap.is_shared.tolist() == [True, False, False, False, False, False]
     assert snap.is_free.tolist() == [False, False, False, True, True, True]
     assert snap.owners(0) == ["a", "b"]
-    assert snap.block_tables == {"a": (0, 1), "b": (0, 2)}
+    assert {s: snap.table(s) for s in snap.seq_ids} == {"a": (0, 1), "b": (0, 2)}
     assert snap.num_free_blocks == 3
     with pytest.raises(ValueError):
         snap.fill[0] = 1  # read-only

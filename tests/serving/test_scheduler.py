@@ -4,7 +4,7 @@ hand-worked schedule with a recompute preemption, the same with swapping, the pr
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.paging.allocators import BuddyAllocator
+from core.kv.buddy_allocator import BuddyAllocator
 from core.sched.scheduler import Scheduler, SequenceGroup
 from core.serving.memory_policies import ContiguousMemory, MemoryMetrics, PagedMemory, orca_oracle, paged
 from core.serving.simulator import SimulatedGroup

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError
+from core.planning.step_time import StepTimeModel, opt_13b_a100
 from core.serving.memory_policies import Policy, contiguous, orca_max, orca_oracle, orca_pow2, paged
 from core.serving.simulator import COLUMNS, SimulatorConfig, simulate
-from core.serving.step_time import StepTimeModel, opt_13b_a100
 from core.serving.workload import Request, fixed, sharegpt
 
 # 10 ms per step, whatever the batch: makes times easy to check by hand
@@ -54,7 +54,7 @@ def test_hand_worked_oracle_schedule():
 @pytest.mark.parametrize("policy", [orca_max(), orca_pow2(), orca_oracle(), paged(16), paged(8, True)])
 def test_breakdown_sums_to_capacity_and_every_token_is_generated(policy):
     requests = sharegpt(150, rate=8.0, seed=5, n=2, prefix_len=64, prefix_fraction=0.5)
-    config = SimulatorConfig(kv_capacity_tokens=8_192)
+    config = SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=8_192)
     result = simulate(requests, policy, config)
     s = result.steps
     parts = s["token_states"] + s["reservation"] + s["internal_fragmentation"] + s["external_fragmentation"]
@@ -83,15 +83,15 @@ def test_paged_accounting_matches_the_block_manager(kw, policy, config):
     """At every sampled step, the block manager's own snapshot agrees with the recorded row: slots filled in
     owned blocks = token states + pending prompt slots, and empty slots in owned blocks = internal fragmentation."""
     requests = sharegpt(200, rate=4.0, seed=1, **kw)
-    result = simulate(requests, policy, SimulatorConfig(**config))
+    result = simulate(requests, policy, SimulatorConfig(**({"step_time": opt_13b_a100()} | config)))
     rows = result.steps.set_index("step")
     assert len(result.snapshots) > 20
     assert result.summary["preemptions"] > 0  # the cache is under pressure: preemption paths are exercised
     for snap in result.snapshots:
         row = rows.loc[snap.step]
-        owned = snap.ref_count > 0
-        assert int(snap.fill[owned].sum()) == row.token_states + row.reservation
-        assert int((policy.block_size - snap.fill[owned]).sum()) == row.internal_fragmentation
+        owned = snap.pool.ref_count > 0
+        assert int(snap.pool.fill[owned].sum()) == row.token_states + row.reservation
+        assert int((policy.block_size - snap.pool.fill[owned]).sum()) == row.internal_fragmentation
         assert int((~owned).sum()) == row.free_blocks
         assert ((snap.owner_request >= 0) == owned).all()
     if policy.enable_prefix_caching and kw.get("prefix_len"):
@@ -103,8 +103,12 @@ def test_batched_replay_equals_step_by_step():
     recorded table must be the same."""
     requests = sharegpt(120, rate=3.0, seed=2, n=2)
     for policy in (paged(16), orca_pow2()):
-        fast = simulate(requests, policy, SimulatorConfig(kv_capacity_tokens=6_000))
-        slow = simulate(requests, policy, SimulatorConfig(kv_capacity_tokens=6_000, max_snapshots=10**7))
+        fast = simulate(requests, policy, SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=6_000))
+        slow = simulate(
+            requests,
+            policy,
+            SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=6_000, max_snapshots=10**7),
+        )
         assert len(fast.steps) == len(slow.steps)
         for column in COLUMNS:
             assert np.allclose(fast.steps[column], slow.steps[column]), column
@@ -113,15 +117,17 @@ def test_batched_replay_equals_step_by_step():
 def test_deterministic_and_progress_reported():
     requests = sharegpt(100, rate=5.0, seed=3)
     seen = []
-    a = simulate(requests, paged(16), progress=seen.append)
-    b = simulate(requests, paged(16))
+    a = simulate(requests, paged(16), SimulatorConfig(step_time=opt_13b_a100()), progress=seen.append)
+    b = simulate(requests, paged(16), SimulatorConfig(step_time=opt_13b_a100()))
     assert a.steps.equals(b.steps) and a.requests.equals(b.requests)
     assert seen[-1] == 1.0 and seen == sorted(seen) and 1 < len(seen) <= 102
 
 
 def test_fcfs_admission_without_preemption():
     result = simulate(
-        sharegpt(200, rate=20.0, seed=4), orca_oracle(), SimulatorConfig(kv_capacity_tokens=4_096)
+        sharegpt(200, rate=20.0, seed=4),
+        orca_oracle(),
+        SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=4_096),
     )
     first = result.requests["first_token_time"].to_numpy()
     assert (np.diff(first) >= 0).all()  # nobody overtakes an earlier arrival
@@ -159,8 +165,8 @@ def test_swap_mode_swaps_out_and_back_in():
 
 def test_prefix_caching_saves_prefill_and_blocks():
     requests = sharegpt(150, rate=math.inf, seed=6, prefix_len=200, prefix_fraction=1.0)
-    on = simulate(requests, paged(16, True), SimulatorConfig())
-    off = simulate(requests, paged(16, False), SimulatorConfig())
+    on = simulate(requests, paged(16, True), SimulatorConfig(step_time=opt_13b_a100()))
+    off = simulate(requests, paged(16, False), SimulatorConfig(step_time=opt_13b_a100()))
     assert on.summary["prefix_hit_rate"] > 0.4 and off.summary["prefix_hit_rate"] == 0
     assert on.steps["prefill_tokens"].sum() < 0.7 * off.steps["prefill_tokens"].sum()
     assert on.summary["avg_batched_requests"] > off.summary["avg_batched_requests"]
@@ -176,7 +182,9 @@ def test_parallel_sampling_shares_prompt_blocks():
 
 
 def test_orca_max_batches_seven_requests_on_the_paper_cache():
-    result = simulate(sharegpt(300, rate=math.inf, seed=0), orca_max(), SimulatorConfig())
+    result = simulate(
+        sharegpt(300, rate=math.inf, seed=0), orca_max(), SimulatorConfig(step_time=opt_13b_a100())
+    )
     assert result.steps["running"].max() == 7
     assert result.summarize(0, result.steps["time_s"].iloc[-1] / 2)["avg_batched_requests"] == 7.0
 
@@ -187,7 +195,9 @@ def test_paper_figure_2_shape():
     end = requests[-1].arrival_time
     got = {}
     for policy in (orca_max(), orca_pow2(), orca_oracle(), paged(16)):
-        got[policy.name] = simulate(requests, policy, SimulatorConfig()).summarize(0.2 * end, end)
+        got[policy.name] = simulate(requests, policy, SimulatorConfig(step_time=opt_13b_a100())).summarize(
+            0.2 * end, end
+        )
     assert got["orca-max"]["avg_batched_requests"] == pytest.approx(7.0, abs=0.05)
     assert got["orca-oracle"]["internal_fragmentation_pct"] == 0.0
     states = [got[p]["token_states_pct"] for p in ("orca-max", "orca-pow2", "orca-oracle", "paged")]
@@ -203,7 +213,10 @@ def test_free_memory_is_not_fragmentation_on_an_unsaturated_run():
     the free memory, which both report apart."""
     requests = sharegpt(200, rate=0.5, seed=1)
     windowed = Policy("paged", 16, kv_groups=(("full", 12, None), ("sliding_window", 12, 128)))
-    runs = {p.label: simulate(requests, p, SimulatorConfig()) for p in (paged(16), orca_oracle(), windowed)}
+    runs = {
+        p.label: simulate(requests, p, SimulatorConfig(step_time=opt_13b_a100()))
+        for p in (paged(16), orca_oracle(), windowed)
+    }
     plain, oracle, hybrid = runs.values()
     for result in runs.values():
         assert result.steps["waiting"].max() == 0 and result.summary["preemptions"] == 0
@@ -248,7 +261,7 @@ def test_step_time_roofline_by_hand():
 )
 def test_requests_that_can_never_run_are_rejected(requests, policy, config, message):
     with pytest.raises(InvalidArgumentError, match=message):
-        simulate(requests, policy, SimulatorConfig(**config))
+        simulate(requests, policy, SimulatorConfig(**({"step_time": opt_13b_a100()} | config)))
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import torch
 
 from core.errors import InvalidArgumentError
 from core.kernels.attention import contiguous_attention, paged_attention
+from core.planning.step_time import opt_13b_a100
 from core.serving.memory_policies import orca_oracle, paged
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.step_attention import measure_step_attention
@@ -13,7 +14,11 @@ from core.serving.workload import sharegpt
 
 
 def test_replay_feeds_both_kernels_the_same_kv():
-    result = simulate(sharegpt(60, rate=4.0, seed=1), paged(16), SimulatorConfig(kv_capacity_tokens=4096))
+    result = simulate(
+        sharegpt(60, rate=4.0, seed=1),
+        paged(16),
+        SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=4096),
+    )
     outputs = {}
 
     def paged_fn(query, key_cache, value_cache, tables, lens):
@@ -53,13 +58,17 @@ def test_replay_feeds_both_kernels_the_same_kv():
 
 
 def test_budget_spreads_measurements_and_real_kernels_run():
-    result = simulate(sharegpt(40, rate=4.0, seed=2), paged(16), SimulatorConfig(kv_capacity_tokens=4096))
+    result = simulate(
+        sharegpt(40, rate=4.0, seed=2),
+        paged(16),
+        SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=4096),
+    )
     table = measure_step_attention(result, num_kv_heads=2, head_dim=16, time_budget_s=0.5, repeats=1)
     assert len(table) >= 2 and (table["paged_ms"] > 0).all() and (table["contiguous_ms"] > 0).all()
     assert table["step"].is_monotonic_increasing
 
 
 def test_contiguous_results_cannot_be_measured():
-    result = simulate(sharegpt(10, seed=0), orca_oracle())
+    result = simulate(sharegpt(10, seed=0), orca_oracle(), SimulatorConfig(step_time=opt_13b_a100()))
     with pytest.raises(InvalidArgumentError, match="paged"):
         measure_step_attention(result)

@@ -4,6 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from core.kv import KVCacheSnapshot
+from core.planning.step_time import opt_13b_a100
 from core.serving.memory_policies import Policy, orca_max, orca_oracle, paged
 from core.serving.simulator import SimulatorConfig, StepSnapshot, simulate
 from core.serving.workload import sharegpt
@@ -25,7 +27,7 @@ from ui.theme import FREE_BLOCK_COLOR, MEMORY_COLORS, POLICY_COLORS, integer_dti
 @pytest.fixture(scope="module")
 def results():
     requests = sharegpt(80, rate=4.0, seed=0, n=2)
-    config = SimulatorConfig(kv_capacity_tokens=8_192)
+    config = SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=8_192)
     return {p.name: simulate(requests, p, config) for p in (paged(16), orca_max(), orca_oracle())}
 
 
@@ -140,14 +142,14 @@ def test_running_waiting_figure(results):
 
 
 def test_block_heatmap_marks_owners_shared_and_free(results):
-    snap = next(s for s in results["paged"].snapshots if (s.ref_count > 1).any())
+    snap = next(s for s in results["paged"].snapshots if (s.pool.ref_count > 1).any())
     fig = block_heatmap_figure(snap, 16, columns=32)
     heat = fig.data[0]
     z = np.asarray(heat.z, dtype=float).ravel()[: len(snap.owner_request)]
     assert ((z >= 2) == (snap.owner_request >= 0)).all()  # every owned block is coloured by its request
     shared = next(t for t in fig.data if t.name and t.name.startswith("shared"))
     ids = np.asarray(shared.y) * 32 + np.asarray(shared.x)
-    assert set(ids) == set(np.flatnonzero(snap.ref_count > 1))
+    assert set(ids) == set(np.flatnonzero(snap.pool.ref_count > 1))
     assert (
         f"{int((snap.owner_request >= 0).sum()):,} of {len(snap.owner_request):,} blocks used"
         in fig.layout.title.text
@@ -176,6 +178,32 @@ def test_steps_table_stacks_policies(results):
     table = steps_table(results)
     assert table.columns[0] == "policy"
     assert len(table) == sum(len(r.steps) for r in results.values())
+
+
+def _step_snapshot(step, time_s, context_lens, owner, ref, fill, is_cached, group=None) -> StepSnapshot:
+    """A sampled step whose pool is given block by block (owner: the request holding each block, -1 free): the
+    one snapshot type with one holder per request (tables left empty: the heatmap reads the per-block arrays)."""
+    requests = sorted(set(owner[owner >= 0].tolist()))
+    row = {r: i for i, r in enumerate(requests)}
+    groups = 1 if group is None else int(group.max()) + 1
+    free = np.flatnonzero(owner < 0).astype(np.int32)
+    is_free = owner < 0
+    pool = KVCacheSnapshot(
+        num_blocks=len(owner),
+        block_sizes=(16,) * groups,
+        request_ids=tuple(requests),
+        group=np.where(owner >= 0, 0, -1).astype(np.int8) if group is None else group,
+        owner=np.array([row.get(r, -1) for r in owner.tolist()], dtype=np.int32),
+        ref_count=np.asarray(ref, dtype=np.int32),
+        fill=np.asarray(fill, dtype=np.int32),
+        is_free=is_free,
+        is_cached=is_cached,
+        free_order=free,
+        tables=np.zeros((groups, len(requests), 0), dtype=np.int32),
+        table_lens=np.zeros((groups, len(requests)), dtype=np.int32),
+        num_tokens=dict.fromkeys(requests, 0),
+    )
+    return StepSnapshot(step, time_s, context_lens, pool, np.array(requests, dtype=np.int32))
 
 
 def _colour(heat, z):
@@ -207,16 +235,8 @@ def test_hybrid_heatmap_draws_every_group_in_one_id_space():
         owner[block], kv_group[block] = request, group
     fill = np.where(owner >= 0, 16, 0)
     fill[[9, 5, 6]] = 4
-    snap = StepSnapshot(
-        1_234,
-        5_678.9,
-        np.array([41, 20]),
-        owner,
-        (owner >= 0).astype(int),
-        fill,
-        np.zeros(n, bool),
-        None,
-        kv_group,
+    snap = _step_snapshot(
+        1_234, 5_678.9, np.array([41, 20]), owner, (owner >= 0).astype(int), fill, np.zeros(n, bool), kv_group
     )
     groups = (("full", 10, None), ("sliding_window", 9, 32), ("sliding_window", 8, 32))
     fig = block_heatmap_figure(snap, 16, columns=4, kv_groups=groups)
@@ -243,7 +263,7 @@ def test_a_pool_of_any_size_is_drawn_in_fixed_cells():
     fill = np.where(owner >= 0, np.where(np.arange(n) % 7 == 0, 5, 16), 0)
     ref = (owner >= 0).astype(int)
     ref[100:200] = 2
-    snap = StepSnapshot(9, 1.5, np.array([1]), owner, ref, fill, np.zeros(n, bool), None)
+    snap = _step_snapshot(9, 1.5, np.array([1]), owner, ref, fill, np.zeros(n, bool))
     fig = block_heatmap_figure(snap, 16)
     heat = fig.data[0]
     z = np.asarray(heat.z, dtype=float)
@@ -278,15 +298,17 @@ def test_hybrid_heatmap_of_a_simulation_covers_the_pool():
     requests = sharegpt(60, rate=6.0, seed=3)
     groups = (("full", 12, None), ("sliding_window", 12, 128))
     result = simulate(
-        requests, Policy("paged", 16, kv_groups=groups), SimulatorConfig(kv_capacity_tokens=8_192)
+        requests,
+        Policy("paged", 16, kv_groups=groups),
+        SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=8_192),
     )
     snap = max(result.snapshots, key=lambda s: len(s.context_lens))
     fig = block_heatmap_figure(snap, 16, kv_groups=groups)
     assert np.isfinite(np.asarray(fig.data[0].z, dtype=float)).sum() == len(snap.owner_request) == 1_024
     held = snap.owner_request >= 0
-    assert set(snap.kv_group[held].tolist()) <= {0, 1}
-    full = np.bincount(snap.owner_request[held & (snap.kv_group == 0)])
-    window = np.bincount(snap.owner_request[held & (snap.kv_group == 1)], minlength=len(full))
+    assert set(snap.pool.group[held].tolist()) <= {0, 1}
+    full = np.bincount(snap.owner_request[held & (snap.pool.group == 0)])
+    window = np.bincount(snap.owner_request[held & (snap.pool.group == 1)], minlength=len(full))
     lens = dict(
         zip(
             result.requests["request_id"],

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from core.errors import InvalidArgumentError
+from core.planning.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
 
 # The constants used for the paper reproduction (OPT-13B, fp16, one A100-SXM4-40GB).
 OPT_13B_PARAMS = 12.9e9
@@ -173,8 +174,6 @@ def from_specs(
     over `tensor_parallel`. A GPU without a known bf16 peak is treated as memory-bound (its compute roof set at
     1,000 FLOP per byte of bandwidth, far above any decode step's intensity).
     """
-    from core.planning.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
-
     peak = gpu.peak_bf16_flops or gpu.memory_bandwidth * 1000.0
     heads = model.num_attention_heads * model.head_dim
     return StepTimeModel(

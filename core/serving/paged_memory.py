@@ -1,14 +1,14 @@
-"""Paged KV for a hybrid model, as vLLM V1's hybrid allocator: full-attention groups grow with the sequence,
-sliding-window groups keep only the blocks their window still reads, and every group draws its block ids from
-ONE pool (`core.kv.KVCacheManager`).
+"""Paged KV memory, as vLLM V1 hands it out: every KV cache group of the model draws its block ids from ONE pool
+(`core.kv.KVCacheManager`); full-attention groups grow with the sequence, sliding-window groups keep only the
+blocks their window still reads. A model with one kind of layer is one full-attention group (the paper's vLLM).
 
 The model's layers form KV cache groups, given as (kind, num_layers, window) with kind "full" (window None) or
-"sliding_window" (window >= 1 tokens). As in vLLM every group's page is the same size: a block of any group holds
-`block_size` tokens of K/V for `group_size` = the largest group's layers, so a smaller group is padded (its
-padding layers' pages are allocated and unused, vLLM's "Add N padding layers"). The pool has the bytes of
-`capacity` token slots of every real layer: `capacity x real_layers // group_size` *group slots* (one token of one
-group's block), so num_blocks = that // block_size, vLLM's available_bytes // page // group_size (equal groups:
-G x capacity // block_size for G groups).
+"sliding_window" (window >= 1 tokens); the default is one full group. As in vLLM every group's page is the same
+size: a block of any group holds `block_size` tokens of K/V for `group_size` = the largest group's layers, so a
+smaller group is padded (its padding layers' pages are allocated and unused, vLLM's "Add N padding layers"). The
+pool has the bytes of `capacity` token slots of every real layer: `capacity x real_layers // group_size` *group
+slots* (one token of one group's block), so num_blocks = that // block_size, vLLM's available_bytes // page //
+group_size (one group: capacity // block_size).
 
 A request is allocated in every group at admission (the prompt held whole until computed), its prompt enters the
 prefix cache as it is computed (a hit needs the prefix cached in every group, as in vLLM), parallel samples are
@@ -17,7 +17,8 @@ releases a block once the token about to be appended no longer reads it. The sim
 run through `KVCacheManager.decode_steps`, and `decode_metrics` predicts them block by block.
 
 The metrics are in group slots and sum to `capacity` (group slots); token states include a padded group's
-padding pages, as vLLM allocates them.
+padding pages, as vLLM allocates them. This policy stays in `core.serving` (not `core.kv`) because what it adds to
+the pool is the simulator's accounting: the paper's slot categories and the bulk decode prediction.
 """
 
 import numpy as np
@@ -25,11 +26,12 @@ import numpy as np
 from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
 from core.kv.kv_cache_manager import KVCacheManager
+from core.kv.snapshot import KVCacheSnapshot
 from core.kv.specs import FullAttentionSpec, SlidingWindowSpec
 from core.sched.memory import Admission, MemoryMetrics
-from core.serving.memory_policies import PoolSnapshot, _PagedGroupState, pool_snapshot
 
 KV_GROUP_KINDS = ("full", "sliding_window")
+ONE_FULL_GROUP = (("full", 1, None),)  # a model whose layers are all alike: one full-attention group
 
 
 def check_kv_groups(kv_groups) -> tuple:
@@ -56,11 +58,33 @@ def _spec(block_size: int, window: int | None):
     return SlidingWindowSpec(block_size=block_size, num_kv_heads=0, head_size=0, sliding_window=window)
 
 
-class HybridPagedMemory:
-    """`MemoryPolicy` over one pool shared by full and sliding-window KV cache groups (module docstring)."""
+class _PagedGroupState:
+    """Per held group: pending_total / pending_left (group slots allocated but not computed: total at
+    admission, left now); shared_tail (forked sequences still share a partially filled last block)."""
+
+    __slots__ = ("pending_left", "pending_total", "shared_tail")
+
+    def __init__(self, pending: int, shared_tail: bool):
+        self.pending_total = self.pending_left = pending
+        self.shared_tail = shared_tail
+
+    def compute(self, group, num_tokens: int) -> int:
+        """Marks the pending slots that `num_tokens` prefill tokens of `group` compute (all that are left when the
+        group has no prefill, e.g. a full prefix-cache hit; else in proportion to its prompt); returns how many."""
+        if group.num_prefill_tokens == 0:
+            done = self.pending_left
+        else:
+            done = min(self.pending_left, self.pending_total * num_tokens // group.num_prefill_total)
+        self.pending_left -= done
+        return done
+
+
+class PagedMemory:
+    """`MemoryPolicy` over one pool shared by the model's KV cache groups (module docstring): `policy.kv_groups`,
+    or one full-attention group when None."""
 
     def __init__(self, policy, capacity: int, watermark: float):
-        self.groups = check_kv_groups(policy.kv_groups)
+        self.groups = check_kv_groups(policy.kv_groups or ONE_FULL_GROUP)
         self.block_size = bs = policy.block_size
         self.group_size = max(layers for _, layers, _ in self.groups)
         real_layers = sum(layers for _, layers, _ in self.groups)
@@ -109,16 +133,24 @@ class HybridPagedMemory:
             else max(admit, n * self._window_blocks(longest, w))
             for w in self.windows
         )
-        if peak > self.num_blocks or len(self.windows) * admit > self.num_blocks - self.watermark_blocks:
+        groups = "" if len(self.windows) == 1 else f" over its {len(self.windows)} KV cache groups"
+        if peak > self.num_blocks:
             raise InvalidArgumentError(
-                f"request {group.request_id} ({prompt} + {max_output_len} tokens, n={n}) needs up to {peak:,} "
-                f"blocks of {self.block_size} over its KV cache groups, more than the {self.num_blocks:,}-block "
-                "pool holds"
+                f"request {group.request_id} ({prompt} + {max_output_len} tokens, n={n}) needs {peak:,} blocks "
+                f"of {self.block_size} at its longest{groups}, more than the {self.num_blocks:,} blocks of the cache"
+            )
+        if len(self.windows) * admit > self.num_blocks - self.watermark_blocks:
+            raise InvalidArgumentError(
+                f"request {group.request_id}'s prompt of {prompt} tokens{groups} never fits in "
+                f"{self.num_blocks:,} blocks less the {self.watermark_blocks} watermark blocks"
             )
 
     def swap_blocks(self, group) -> int:
-        held = {b for sid in group.seq_ids for table in self.kv.block_ids(sid) for b in table if b >= 0}
-        return len(held)
+        """Blocks the group's KV takes in swap space: what swapping it back in allocates (every group holds the
+        whole sequences again, the prompt shared), the same whether it is asked while held or swapped out."""
+        return len(self.windows) * self._blocks_for(
+            group.prompt_len, group.length - group.prompt_len, group.num_seqs
+        )
 
     # ---- admission --------------------------------------------------------------------------------------------
 
@@ -273,8 +305,7 @@ class HybridPagedMemory:
             free,
         )
 
-    def snapshot(self, groups: list) -> PoolSnapshot:
-        """The one pool, every group's blocks in one id space (`kv_group` says whose); no block tables (a
-        sequence has one per group, and the kernels' per-step measurement needs one). O(blocks)."""
-        snap = self.kv.snapshot()
-        return pool_snapshot(self._held, snap.request_ids, snap, None, snap.group.astype(np.int8))
+    def snapshot(self, groups: list) -> KVCacheSnapshot:
+        """The one pool: every group's blocks in one id space (`group` says whose), every live sequence's tables.
+        O(blocks + table entries)."""
+        return self.kv.snapshot()

@@ -7,9 +7,9 @@ import pytest
 
 from core.common import cdiv
 from core.errors import InvalidArgumentError
+from core.planning.step_time import StepTimeModel, opt_13b_a100
 from core.serving.memory_policies import Policy
 from core.serving.simulator import COLUMNS, SimulatorConfig, simulate
-from core.serving.step_time import StepTimeModel
 from core.serving.workload import Request, fixed, sharegpt
 
 FLAT = StepTimeModel(0.0, 0.0, 0.0, 0.0, 1e12, 1e15, overhead_s=0.010)
@@ -48,8 +48,12 @@ def test_window_group_stays_bounded_while_the_full_group_grows():
 def test_batched_replay_equals_step_by_step_for_the_hybrid_policy():
     requests = sharegpt(80, rate=3.0, seed=2)
     policy = _hybrid((("full", 2, None), ("sliding_window", 2, 64), ("sliding_window", 2, 64)))
-    fast = simulate(requests, policy, SimulatorConfig(kv_capacity_tokens=4_000))
-    slow = simulate(requests, policy, SimulatorConfig(kv_capacity_tokens=4_000, max_snapshots=10**7))
+    fast = simulate(requests, policy, SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=4_000))
+    slow = simulate(
+        requests,
+        policy,
+        SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=4_000, max_snapshots=10**7),
+    )
     assert len(fast.steps) == len(slow.steps) and fast.summary["preemptions"] > 0
     for column in COLUMNS:
         assert np.allclose(fast.steps[column], slow.steps[column]), column
@@ -61,7 +65,7 @@ def test_hybrid_on_batches_more_than_hybrid_off():
     """A gpt-oss-like model (half its layers slide over 128 tokens) on the same bytes: the window groups free
     their old blocks, so more requests fit at once and fewer are preempted."""
     requests = sharegpt(300, rate=8.0, seed=0)
-    config = SimulatorConfig(kv_capacity_tokens=8_192)
+    config = SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=8_192)
     on = simulate(requests, _hybrid((("full", 12, None), ("sliding_window", 12, 128))), config).summary
     off = simulate(requests, Policy("paged", 16), config).summary
     assert on["avg_batched_requests"] > 1.2 * off["avg_batched_requests"]
@@ -103,7 +107,9 @@ def test_parallel_samples_share_their_prompt_blocks_in_every_group():
     assert held[12] == 2 * 7 + 2  # row t appends position 99 + t: position 111 still fits the 7th block
     assert held[13] == 2 * 7 + 2 + 2 * 2  # position 112 starts each sample's 8th block, in each group
     snap = next(x for x in result.snapshots if x.step == 0)
-    assert (snap.ref_count == 2).sum() == 14 and set(snap.kv_group[snap.ref_count > 0].tolist()) == {0, 1}
+    assert (snap.pool.ref_count == 2).sum() == 14 and set(
+        snap.pool.group[snap.pool.ref_count > 0].tolist()
+    ) == {0, 1}
     assert s["tokens_generated"].sum() == 2 * 40 and s["free_blocks"].iloc[-1] == num_blocks
 
 
@@ -127,8 +133,12 @@ def test_batched_replay_equals_step_by_step_with_samples_and_caching(caching):
     `decode_metrics`) records the same rows as one step at a time."""
     requests = sharegpt(60, rate=4.0, seed=3, n=2, prefix_len=48, prefix_fraction=0.5)
     policy = Policy("paged", 16, caching, kv_groups=(("full", 2, None), ("sliding_window", 2, 64)))
-    fast = simulate(requests, policy, SimulatorConfig(kv_capacity_tokens=3_000))
-    slow = simulate(requests, policy, SimulatorConfig(kv_capacity_tokens=3_000, max_snapshots=10**7))
+    fast = simulate(requests, policy, SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=3_000))
+    slow = simulate(
+        requests,
+        policy,
+        SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=3_000, max_snapshots=10**7),
+    )
     assert len(fast.steps) == len(slow.steps) and fast.summary["preemptions"] > 0
     for column in COLUMNS:
         assert np.allclose(fast.steps[column], slow.steps[column]), column
@@ -157,12 +167,14 @@ def test_snapshot_shows_every_group_in_one_id_space():
     assert list(snap.context_lens) == [70, 50] and snap.block_tables is None
     assert len(snap.owner_request) == 128 and (snap.owner_request >= 0).sum() == 15
     held = snap.owner_request >= 0
-    assert set(snap.kv_group[held].tolist()) == {0, 1} and (snap.kv_group[~held] == -1).all()
+    assert set(snap.pool.group[held].tolist()) == {0, 1} and (snap.pool.group[~held] == -1).all()
     for group, per_request in ((0, {0: 5, 1: 4}), (1, {0: 3, 1: 3})):
-        mine = held & (snap.kv_group == group)
+        mine = held & (snap.pool.group == group)
         assert {r: int((snap.owner_request[mine] == r).sum()) for r in (0, 1)} == per_request
-        assert sorted(snap.fill[mine].tolist()) == sorted([2, 6] + [16] * (sum(per_request.values()) - 2))
-    assert (snap.ref_count[held] == 1).all() and result.steps["free_blocks"].iloc[30] == 113
+        assert sorted(snap.pool.fill[mine].tolist()) == sorted(
+            [2, 6] + [16] * (sum(per_request.values()) - 2)
+        )
+    assert (snap.pool.ref_count[held] == 1).all() and result.steps["free_blocks"].iloc[30] == 113
 
 
 def test_unequal_groups_are_padded_to_the_largest():
@@ -200,13 +212,15 @@ def test_gemma_3_pool_is_vllms_block_count():
     available = 15_728 * 62 * page // 16
     assert kv_cache_layout(MODELS["gemma-3-27b"], available, max_model_len=2048).num_blocks == 6_094
     requests = fixed(24, 1200, 200, rate=4.0)  # past the 1,024-token window: the window groups stay bounded
-    result = simulate(requests, _hybrid(groups), SimulatorConfig(kv_capacity_tokens=15_728))
+    result = simulate(
+        requests, _hybrid(groups), SimulatorConfig(step_time=opt_13b_a100(), kv_capacity_tokens=15_728)
+    )
     assert result.requests["finish_time"].notna().all()
     assert result.steps["free_blocks"].iloc[-1] == 6_094
     busiest = max(result.snapshots, key=lambda s: len(s.context_lens))
     assert len(busiest.context_lens) >= 2 and (busiest.context_lens > 1200).all()
     held = busiest.owner_request >= 0
-    per_group = np.bincount(busiest.kv_group[held], minlength=7)
+    per_group = np.bincount(busiest.pool.group[held], minlength=7)
     full = next(i for i, (kind, _, _) in enumerate(groups) if kind == "full")
     windows = [g for i, g in enumerate(per_group) if i != full]
     requests_held = len(set(busiest.owner_request[held].tolist()))

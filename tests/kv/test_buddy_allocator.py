@@ -1,4 +1,4 @@
-"""The contiguous (Orca) reservation rules and the buddy allocator that places them."""
+"""The buddy allocator, the contiguous KV pool that places the Orca baselines' reservations."""
 
 import itertools
 import random
@@ -6,20 +6,7 @@ import random
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.paging.allocators import BuddyAllocator, next_pow2, reservation
-
-
-def test_next_pow2():
-    assert [next_pow2(v) for v in (1, 2, 3, 25, 32, 33, 2047, 2048)] == [1, 2, 4, 32, 32, 64, 2048, 2048]
-
-
-def test_reservation_rules_of_the_three_orca_baselines():
-    assert reservation("orca-max", 100, 25, 2048) == 2048
-    assert reservation("orca-pow2", 100, 25, 2048) == 132  # the paper: a true output of 25 reserves 32
-    assert reservation("orca-pow2", 1500, 900, 2048) == 2048  # capped at the maximum length
-    assert reservation("orca-oracle", 100, 25, 2048) == 125
-    with pytest.raises(InvalidArgumentError):
-        reservation("orca-huge", 1, 1, 2048)
+from core.kv.buddy_allocator import BuddyAllocator
 
 
 def test_paper_capacity_holds_exactly_seven_max_reservations():
@@ -74,7 +61,7 @@ def test_random_operations_never_overlap_and_stay_aligned():
             size = rng.randint(1, 2048)
             address = buddy.allocate(size)
             if address is not None:
-                seg = next_pow2(size)
+                seg = 1 << (size - 1).bit_length()  # the power of two the segment is rounded to
                 assert address % seg == 0 and address + seg <= capacity
                 live[address] = seg
         spans = sorted(live.items())

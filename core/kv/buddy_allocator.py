@@ -1,42 +1,12 @@
-"""Contiguous KV allocation as in Orca: each sequence reserves one segment of a linear KV address space.
+"""`BuddyAllocator`: the contiguous KV pool of the Orca baselines, a binary buddy allocator over token slots.
 
-Reservation rules (the paper's three Orca baselines, section 6.1), for a request with prompt P and output O tokens:
-    orca-max     reserve max_len (2048): every request may grow to the model's maximum length;
-    orca-pow2    reserve P + next_pow2(O) (the output over-reserved by at most 2x; the paper's example: a true
-                 output of 25 reserves 32), capped at max_len;
-    orca-oracle  reserve exactly P + O (knows the output length).
-Each reservation is placed by a `BuddyAllocator`, which rounds the segment up to a power of two and can only place
-it at an aligned, wholly free address range: the gaps it leaves are real external fragmentation.
-
-Accounting of a reserved segment (slots = token positions of KV memory):
-    token states            tokens whose K/V are stored now;
-    reservation             slots the request will fill later (up to P + O);
-    internal fragmentation  requested - (P + O): reserved, never used (over-reservation of the policy);
-    allocator slack         segment - requested: the buddy allocator's power-of-two rounding;
-    free                    slots in no segment.
-The paper's "external fragmentation & others" is slack + free (at its load no request can use them).
+It lives beside `BlockPool` because it is the other kind of KV pool this lab simulates: one segment per sequence
+in a linear address space, where `BlockPool` hands out fixed-size blocks. The reservation rules that size the
+segments are the Orca policy's (`core.serving.contiguous_memory`).
 """
 
 from core.common import check_int
 from core.errors import InvalidArgumentError
-
-CONTIGUOUS_POLICIES = ("orca-max", "orca-pow2", "orca-oracle")
-
-
-def next_pow2(value: int) -> int:
-    """Smallest power of two >= value (value >= 1)."""
-    return 1 << (int(value) - 1).bit_length()
-
-
-def reservation(policy: str, prompt_len: int, output_len: int, max_len: int) -> int:
-    """Slots the contiguous `policy` requests for one sequence (before buddy rounding)."""
-    if policy == "orca-max":
-        return max_len
-    if policy == "orca-pow2":
-        return min(prompt_len + next_pow2(output_len), max_len)
-    if policy == "orca-oracle":
-        return prompt_len + output_len
-    raise InvalidArgumentError(f"unknown contiguous policy {policy!r}; choose one of {CONTIGUOUS_POLICIES}")
 
 
 class BuddyAllocator:
