@@ -65,8 +65,10 @@ class _Widget:
 class ProtocolSession:
     """A websocket session of one person. Use as `async with ProtocolSession(base_url) as s: await s.open(...)`."""
 
-    def __init__(self, base_url: str, timeout_s: float = 300.0):
-        self.base_url, self.timeout_s = base_url.rstrip("/"), timeout_s
+    def __init__(self, base_url: str, timeout_s: float = 300.0, load_page: bool = True):
+        """`load_page`: first GET the page as a browser does, for the proxy's sticky cookie (False: connect the
+        websocket at once, as to a replica's own port, where there is no cookie to get)."""
+        self.base_url, self.timeout_s, self.load_page = base_url.rstrip("/"), timeout_s, load_page
         self.hashes: dict[str, str] = {}  # url path -> page script hash, in the navigation's order
         self.titles: dict[str, str] = {}  # url path -> the page's title in the sidebar
         self.default_page: str | None = None  # url path of the page the server opens for "" (is_default)
@@ -80,7 +82,7 @@ class ProtocolSession:
         self._socket = None
 
     async def __aenter__(self) -> "ProtocolSession":
-        cookie = await asyncio.to_thread(self._cookie)
+        cookie = await asyncio.to_thread(self._cookie) if self.load_page else ""
         url = self.base_url.replace("http", "ws", 1) + "/_stcore/stream"
         headers = {"Cookie": cookie} if cookie else None
         self._socket = await websockets.connect(

@@ -63,32 +63,33 @@ async def warm_replica(
     """Render every page of the replica on 127.0.0.1:`port` once, at its defaults, in one session: the default
     page by URL, then every other page of the navigation from the sidebar, in the navigation's order.
     `announce(index, total, path, title)` is called before each page (for the first, when the page list arrives,
-    at the start of its run). A page that fails is recorded with its problem; a dropped session ends the pass."""
+    at the start of its run). A page that draws problems is recorded with them; a session that cannot connect,
+    times out or drops ends the pass, recorded as the problem of the page it was on. Never raises for those."""
     done: list[PageWarmed] = []
-    async with ProtocolSession(f"http://127.0.0.1:{port}", timeout_s) as session:
-        if announce is not None:
-            session.on_navigation = lambda hashes: announce(1, len(hashes), *_first_page(session))
-        started = time.perf_counter()
-        try:
-            render = await session.open("")
-        except Exception as error:  # a timeout or a dropped socket: nothing more to learn from this replica
-            return [PageWarmed(replica, "", "", time.perf_counter() - started, [_describe(error)])]
-        session.on_navigation = None
-        path, title = _first_page(session)
-        done.append(PageWarmed(replica, path, title, render.server_s, _problems(render)))
-        rest = [p for p in session.hashes if p != path]
-        for index, page in enumerate(rest, start=2):
+    current = PageWarmed(replica, "", "", 0.0)  # the page being rendered
+    started = time.perf_counter()
+    try:
+        # no page load first: a replica sets no cookie, and the websocket alone is cancelled at once on a stop
+        async with ProtocolSession(f"http://127.0.0.1:{port}", timeout_s, load_page=False) as session:
             if announce is not None:
-                announce(index, len(rest) + 1, page, session.titles.get(page, page))
-            started = time.perf_counter()
-            try:
+                session.on_navigation = lambda hashes: announce(1, len(hashes), *_first_page(session))
+            render = await session.open("")
+            session.on_navigation = None
+            current.path, current.title = _first_page(session)
+            current.seconds, current.problems = render.server_s, _problems(render)
+            done.append(current)
+            rest = [page for page in session.hashes if page != current.path]
+            for index, page in enumerate(rest, start=2):
+                current = PageWarmed(replica, page, session.titles.get(page, page), 0.0)
+                if announce is not None:
+                    announce(index, len(rest) + 1, page, current.title)
+                started = time.perf_counter()
                 render = await session.open(page)
-            except Exception as error:
-                done.append(PageWarmed(replica, page, session.titles.get(page, page),
-                                       time.perf_counter() - started, [_describe(error)]))  # fmt: skip
-                break
-            done.append(PageWarmed(replica, page, session.titles.get(page, page), render.server_s,
-                                   _problems(render)))  # fmt: skip
+                current.seconds, current.problems = render.server_s, _problems(render)
+                done.append(current)
+    except Exception as error:  # no connection, a timeout, a dropped socket: nothing more from this replica
+        current.seconds, current.problems = time.perf_counter() - started, [_describe(error)]
+        done.append(current)
     return done
 
 

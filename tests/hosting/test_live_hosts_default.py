@@ -17,9 +17,9 @@ import pytest
 from core.hosts import DEFAULT_LIVE_HOSTS
 from core.limits import Limits
 from hosting.live_hosts import live_hosts_notice
+from hosting.protocol import ProtocolSession
 from tests.conftest import ROOT, _free_port
 from tests.live.metrics_server import MetricsServer
-from tests.load.protocol import ProtocolSession
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nginx") is None, reason="nginx is not installed (.ci/run installs it)"
@@ -30,7 +30,7 @@ def test_a_default_host_refuses_a_metrics_url_it_was_not_given(tmp_path):
     server = MetricsServer({"/metrics": "vllm:num_requests_running 1.0\n"})  # a real server it must not reach
     port, log = _free_port(), tmp_path / "host.log"
     env = {k: v for k, v in os.environ.items() if k != "PAGED_LAB_LIVE_HOSTS"}
-    process = subprocess.Popen([sys.executable, "-m", "hosting", "--port", str(port), "--replicas", "1"], cwd=ROOT,
+    process = subprocess.Popen([sys.executable, "-m", "hosting", "--port", str(port), "--replicas", "1", "--no-warm"], cwd=ROOT,
                                env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 180
