@@ -19,6 +19,7 @@ warm-up goes on (a broken page must not keep the others from being served).
 """
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -150,5 +151,9 @@ def warm_replicas(
     every STOP_CHECK_S), in which case the pages are those of neither phase."""
     if not ports:
         raise ValueError("no replica to warm")
-    warm_up = asyncio.run(_until_stopped(_warm(ports, timeout_s, log), should_stop))
+    work = _until_stopped(_warm(ports, timeout_s, log), should_stop)
+    # A loop of its own on a thread of its own: the caller may already run an event loop in this thread
+    # (Playwright's sync API does, for the whole test session), and asyncio.run refuses to nest.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm-up") as pool:
+        warm_up = pool.submit(asyncio.run, work).result()
     return warm_up if warm_up is not None else WarmUp([], 0.0, 0.0, stopped=True)

@@ -1,6 +1,8 @@
 """The warm-up's edges without a host (a real host's warm-up is tests/hosting/test_host.py): a replica that does
-not answer is reported, not raised, and a stop request ends the warm-up at once."""
+not answer is reported, not raised, a stop request ends the warm-up at once, and a caller whose thread already runs
+an event loop (Playwright's sync API does, for a whole test session) can still warm."""
 
+import asyncio
 import socket
 import threading
 import time
@@ -27,3 +29,11 @@ def test_a_stop_request_ends_a_warm_up_that_waits_on_a_silent_replica():
         started = time.monotonic()
         warm_up = warm_replicas([silent.getsockname()[1]], timeout_s=60, log=print, should_stop=stop.is_set)
         assert warm_up.stopped and warm_up.pages == [] and time.monotonic() - started < 5
+
+
+def test_a_caller_inside_a_running_event_loop_can_warm():
+    async def caller():  # a synchronous call made while this thread's loop runs, as under Playwright's sync API
+        return warm_replicas([_free_port()], timeout_s=5, log=lambda line: None)
+
+    warm_up = asyncio.run(caller())
+    assert not warm_up.stopped and len(warm_up.problems) == 1, warm_up
