@@ -1,8 +1,8 @@
 """The "cpu" backend: a small C kernel that reads K/V blocks in place through the block table (no gathered copy).
 
-The C source (`paged_rows.c` beside this module) is compiled at first use with the system C compiler (`$CC`, else cc, gcc or clang) into a shared
-library cached under `$XDG_CACHE_HOME/paged_attention_lab/` (default `~/.cache/paged_attention_lab/`), named by a
-hash of the source, the compiler, its flags and the CPU model, and called through ctypes with the tensors' data
+The C source (`paged_rows.c` beside this module, its vector helpers in `paged_rows_simd.h`) is compiled at first
+use with the system C compiler (`$CC`, else cc, gcc or clang) into a shared library cached under `$XDG_CACHE_HOME/paged_attention_lab/` (default `~/.cache/paged_attention_lab/`), named by a
+hash of the sources, the compiler, its flags and the CPU model and features, and called through ctypes with the tensors' data
 pointers and strides. No torch C++ headers, no ninja: one build takes about a second. Where no compiler works,
 `cpu_kernel_available()` is False, `cpu_kernel_error()` says why, and the backend is not offered.
 
@@ -17,8 +17,9 @@ What the kernel does, for one work item = (sequence s, a range of KV heads):
 Work items run in parallel with OpenMP (torch's own libgomp when torch is loaded first, so one thread pool); with
 few sequences the KV heads of a sequence are split over several items so both cores have work. bfloat16 and
 float16 are converted to float32 as they are loaded; the softmax and accumulation are float32; the kernel writes
-float32 and the caller converts to the query's dtype. When a block is started, the next block's rows of the item's
-heads are prefetched in address order (block ids are random, so the hardware prefetcher cannot guess the jump).
+float32 and the caller converts to the query's dtype. While one (block, head) is computed, the rows of the one
+PF_AHEAD = 4 steps later are prefetched a few cache lines at a time between tiles (block ids are random, so the
+hardware prefetcher cannot guess the jump; prefetching a whole block at once stalled the core instead).
 With head_dim a multiple of the vector width, the inner loops are register tiles written with GCC/clang vector
 extensions, sized for the ISA the compiler targets (`core.kernels.cpu_isa`, `PAGED_LAB_CPU_ISA`): on AVX-512 4
 query rows x 4 tokens for q.K and 4 rows x 64 dims for P.V, on AVX2 4 x 2 and 4 rows x 16 dims (16 registers),
@@ -43,7 +44,9 @@ from core.errors import BackendUnavailableError
 from core.kernels.cpu_isa import FLAG_SETS, cache_key, isa_problem, selected_isa
 
 SOURCE_PATH = Path(__file__).with_name("paged_rows.c")
+HEADER_PATH = Path(__file__).with_name("paged_rows_simd.h")  # included by paged_rows.c
 C_SOURCE = SOURCE_PATH.read_text()
+C_HEADER = HEADER_PATH.read_text()
 
 BASE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=gnu11", "-ffp-contract=fast")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -84,14 +87,15 @@ def _build(compiler: str, isa: str = "native") -> tuple[Path, tuple[str, ...]]:
     errors = []
     for isa_flags in FLAG_SETS[isa]:
         flags = BASE_FLAGS + isa_flags
-        key = "\n".join([C_SOURCE, compiler, version, " ".join(flags), cache_key()])
+        key = "\n".join([C_SOURCE, C_HEADER, compiler, version, " ".join(flags), cache_key()])
         target = cache_dir() / f"paged_rows_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
         if target.exists():
             return target, flags
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src = Path(tmp) / "paged_rows.c"
+            src = Path(tmp) / SOURCE_PATH.name
             src.write_text(C_SOURCE)
+            (Path(tmp) / HEADER_PATH.name).write_text(C_HEADER)
             built = Path(tmp) / target.name
             proc = subprocess.run(
                 [compiler, *flags, str(src), "-o", str(built), "-lm"],

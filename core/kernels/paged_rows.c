@@ -1,205 +1,30 @@
 /* The "cpu" backend's kernel: see core/kernels/cpu_backend.py for what it computes and how it is built. */
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
-#ifndef PF_DIST /* blocks ahead whose rows are prefetched (block ids are random: no hardware prefetcher guesses) */
-#define PF_DIST 1
+#include "paged_rows_simd.h"
+
+/* ---- prefetching: block ids are random, so no hardware prefetcher can guess where the next block is ----
+   While one (block, KV head) is computed, the K and V rows of the one PF_AHEAD steps later in the item's order
+   (heads of a block, then the next block) are prefetched a few cache lines at a time, between its q.K tiles and
+   P.V passes. Issuing them all at once (a whole block's rows, 2,048 lines in float32) stalled the core on the
+   full miss queue, so fetch and compute did not overlap: 12.5 ms vs 9.9 ms for AVX2 (docs/kernels-isa.md). */
+#ifndef PF_AHEAD
+#define PF_AHEAD 4
 #endif
+typedef struct {
+    const char *k, *v;      /* the rows to prefetch: K and V of one (block, head) */
+    int64_t kst, vst;       /* their row strides in bytes */
+    int64_t lines, total;   /* cache lines per row; lines in all (K then V) */
+    int64_t next, per_step; /* the next line to issue; lines issued per step */
+} prefetcher;
 
-static inline float bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } v;
-    v.u = (uint32_t)h << 16;
-    return v.f;
-}
-
-#if defined(__FLT16_MAX__)
-static inline float f16_to_f32(uint16_t h) {
-    _Float16 x;
-    memcpy(&x, &h, 2);
-    return (float)x;
-}
-#else
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    union { uint32_t u; float f; } v;
-    if (e == 0) { float f = ldexpf((float)man, -24); return sign ? -f : f; }
-    v.u = sign | (e == 31 ? 0x7f800000u : (e + 112u) << 23) | (man << 13);
-    return v.f;
-}
-#endif
-
-/* n elements of type dtype at src -> float32 at dst */
-static inline void load_row(float *restrict dst, const void *src, int64_t n, int dtype) {
-    if (dtype == DT_F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    } else if (dtype == DT_BF16) {
-        const uint16_t *s = (const uint16_t *)src;
-        #pragma omp simd
-        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
-    } else {
-        const uint16_t *s = (const uint16_t *)src;
-        #pragma omp simd
-        for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
+static inline void pf_step(prefetcher *p, int64_t n) {
+    for (; n > 0 && p->next < p->total; n--, p->next++) {
+        const int64_t half = p->total / 2, i = p->next < half ? p->next : p->next - half;
+        const char *row = p->next < half ? p->k + i / p->lines * p->kst : p->v + i / p->lines * p->vst;
+        __builtin_prefetch(row + i % p->lines * 64, 0, 3);
     }
-}
-
-#ifndef PF_HEAD /* 1: while one KV head of a block is computed, prefetch the next head's rows into L1 */
-#define PF_HEAD 1
-#endif
-/* rows of row_bytes each, row_stride_bytes apart, prefetched with locality LOC (a constant: 3 = L1, 2 = L2) */
-#define PREFETCH_ROWS(base, row_stride_bytes, rows, row_bytes, LOC)                                           \
-    for (int64_t t_ = 0; t_ < (rows); t_++)                                                                 \
-        for (int64_t o_ = 0; o_ < (row_bytes); o_ += 64)                                                    \
-            __builtin_prefetch((base) + t_ * (row_stride_bytes) + o_, 0, LOC)
-
-/* ---- register-tiled path for head_dim a multiple of VL (GCC/clang vector extensions) ----
-   The ISA is the one the compiler targets (the build's -march, chosen in cpu_backend.py); the tiles are sized so
-   that a tile's accumulators and operands fit the register file with no spills (checked in the assembly, see
-   docs/kernels-isa.md). With VL floats per register:
-     q.K tile of RT rows x QK_T tokens: RT*QK_T accumulators + QK_T K vectors + 1 q vector live at once;
-     P.V tile of RT rows x PV_G vectors: RT*PV_G accumulators + PV_G V vectors + 1 broadcast weight.
-   AVX-512  32 zmm x 16 floats: q.K 4x4 -> 16 + 4 + 1 = 21; P.V 4x4 (64 dims) -> 16 + 4 + 1 = 21 of 32.
-   AVX2     16 ymm x  8 floats: q.K 4x2 -> 8 + 2 + 1 = 11; P.V 4x2 (16 dims) -> 8 + 2 + 1 = 11 of 16. (The AVX-512
-            tiles built for AVX2 need 32 + 8 + 2 ymm for P.V: GCC spilled them, ~1,000 stack accesses.)
-   NEON     32 q x 4 floats: the AVX-512 counts, 4x4 and 4x4 (16 dims), 21 of 32.
-   generic  4 floats, 16 registers assumed (SSE2 on x86-64): the AVX2 counts.
-   RT = 4 matches a group of 4 query heads per KV head (32 / 8); other groups take 4-row tiles then single rows.
-   QK_T / PV_G may be overridden with -D for tile experiments. */
-#if defined(PAGED_ISA_GENERIC)
-#define ISA_NAME "generic"
-#define VL 4
-#define NREGS 16
-#elif defined(__AVX512F__)
-#define ISA_NAME "avx512"
-#define VL 16
-#define NREGS 32
-#elif defined(__AVX2__) && defined(__FMA__)
-#define ISA_NAME "avx2"
-#define VL 8
-#define NREGS 16
-#elif defined(__ARM_NEON) && defined(__aarch64__)
-#define ISA_NAME "neon"
-#define VL 4
-#define NREGS 32
-#else
-#define ISA_NAME "generic"
-#define VL 4
-#define NREGS 16
-#endif
-#define RT 4 /* query rows per tile */
-#ifndef QK_T /* tokens per q.K tile */
-#define QK_T (NREGS >= 32 ? 4 : 2)
-#endif
-#ifndef PV_G /* VL-float vectors of head_dim per P.V tile */
-#define PV_G (NREGS >= 32 ? 4 : 2)
-#endif
-typedef float vf __attribute__((vector_size(VL * 4)));
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
-typedef uint16_t vh __attribute__((vector_size(VL * 2)));
-#if defined(__clang__)
-#define UNROLL _Pragma("unroll")
-#elif defined(__GNUC__)
-#define UNROLL _Pragma("GCC unroll 16")
-#else
-#define UNROLL
-#endif
-
-static inline vf ldv(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-static inline void stv(float *p, vf v) { memcpy(p, &v, sizeof v); }
-/* x in every lane: x - 0 is exactly x, so this is a broadcast (vbroadcastss); 0 + x would need an add (-0 + 0 = +0) */
-static inline vf bcast(float x) { return x - (vf){0}; }
-
-/* VL elements at element index i of a float32 or bfloat16 row, as float32 (bfloat16: widen, shift into the high
-   half: the conversion stays in registers, no scratch copy) */
-static inline __attribute__((always_inline)) vf ldx(const void *base, int64_t i, const int dt) {
-    if (dt == DT_BF16) {
-        vh h;
-        memcpy(&h, (const uint16_t *)base + i, sizeof h);
-        return (vf)(__builtin_convertvector(h, vi) << 16);
-    }
-    return ldv((const float *)base + i);
-}
-
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
-#define HAVE_SHUFFLE 1
-typedef float vf4 __attribute__((vector_size(16)));
-static inline float hsum(vf v) {
-#if VL == 16
-    typedef float vf8 __attribute__((vector_size(32)));
-    vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-            __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-#elif VL == 8
-    vf4 b = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
-#else
-    vf4 b = v;
-#endif
-    return (b[0] + b[2]) + (b[1] + b[3]);
-}
-#else
-static inline float hsum(vf v) { float s = 0.0f; for (int i = 0; i < VL; i++) s += v[i]; return s; }
-#endif
-
-#if HAVE_SHUFFLE
-/* VL vectors -> one vector of their VL sums (lane i = the sum of a[i]'s lanes), in 3 (VL - 1) shuffles and adds
-   instead of VL horizontal sums of log2(VL) steps each. hadd: within each 128-bit chunk, [x0+x1, x2+x3, y0+y1,
-   y2+y3] (vhaddps's order, in-lane shuffles); fold: [even chunks of x, even of y] + [odd chunks of x, odd of y]. */
-#if VL == 16
-#define HADD_EVEN 0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30
-#define HADD_ODD 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31
-#define FOLD_EVEN 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
-#define FOLD_ODD 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31
-#elif VL == 8
-#define HADD_EVEN 0, 2, 8, 10, 4, 6, 12, 14
-#define HADD_ODD 1, 3, 9, 11, 5, 7, 13, 15
-#define FOLD_EVEN 0, 1, 2, 3, 8, 9, 10, 11
-#define FOLD_ODD 4, 5, 6, 7, 12, 13, 14, 15
-#else
-#define HADD_EVEN 0, 2, 4, 6
-#define HADD_ODD 1, 3, 5, 7
-#endif
-static inline vf hadd(vf x, vf y) {
-    return __builtin_shufflevector(x, y, HADD_EVEN) + __builtin_shufflevector(x, y, HADD_ODD);
-}
-#if VL > 4
-static inline vf fold(vf x, vf y) {
-    return __builtin_shufflevector(x, y, FOLD_EVEN) + __builtin_shufflevector(x, y, FOLD_ODD);
-}
-#endif
-static inline __attribute__((always_inline)) vf sums(vf *a) { /* a[0 .. VL) is overwritten */
-    UNROLL for (int i = 0; i < VL / 2; i++) a[i] = hadd(a[2 * i], a[2 * i + 1]);
-    UNROLL for (int i = 0; i < VL / 4; i++) a[i] = hadd(a[2 * i], a[2 * i + 1]); /* a[i]: a[4i..4i+4) per chunk */
-#if VL == 8
-    a[0] = fold(a[0], a[1]);
-#elif VL == 16
-    a[0] = fold(a[0], a[1]), a[1] = fold(a[2], a[3]), a[0] = fold(a[0], a[1]);
-#endif
-    return a[0];
-}
-#endif
-
-/* e^x for x <= 0 (x = score - running max), VL lanes: 2^n e^r with n = round(x log2 e), |r| <= ln2 / 2, Cephes'
-   degree-6 polynomial (relative error ~2e-7); x < -87 is clamped (the result, ~1e-38, is below any softmax
-   weight that matters). */
-static inline vf vexp(vf x) {
-    vi lo = x < -87.0f;
-    x = (vf)(((vi)x & ~lo) | ((vi)((vf){0} - 87.0f) & lo));
-    const vf magic = (vf){0} + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    vf t = x * 1.44269504088896341f + magic;
-    vf n = t - magic;
-    vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    vf y = (vf){0} + 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.0f;
-    vi e = ((vi)t - (vi)magic + 127) << 23; /* 2^n as float bits */
-    return y * (vf)e;
 }
 
 /* sc[r * BS + t + j] = q_r . k_(t+j) for rows [0, nr), j in [0, nt); nr <= RT, nt <= QK_T (constants when
@@ -257,7 +82,7 @@ static inline __attribute__((always_inline)) void pv_tile(
 static inline __attribute__((always_inline)) void block_rows(
     const float *q, float *acc, float *m, float *l, const int64_t *pos, int64_t window, int64_t t0, int64_t tb,
     const void *k, int64_t krs, const void *v, int64_t vrs, int64_t D, float *sc, int64_t BS, const int nr,
-    const int dt) {
+    const int dt, prefetcher *pf) {
     int64_t n = 0; /* tokens any row of the tile sees: [tmin, n) */
     int64_t lo[RT];
     for (int r = 0; r < nr; r++) {
@@ -274,7 +99,7 @@ static inline __attribute__((always_inline)) void block_rows(
     }
     if (tmin >= n) return;
     int64_t t = tmin;
-    for (; t + QK_T <= n; t += QK_T) qk_tile(q, D, k, krs, t, sc, BS, nr, QK_T, dt);
+    for (; t + QK_T <= n; t += QK_T) qk_tile(q, D, k, krs, t, sc, BS, nr, QK_T, dt), pf_step(pf, pf->per_step);
     for (; t < n; t++) qk_tile(q, D, k, krs, t, sc, BS, nr, 1, dt);
     for (int r = 0; r < nr; r++) {
         float *p = sc + r * BS;
@@ -306,7 +131,8 @@ static inline __attribute__((always_inline)) void block_rows(
                                    : (const void *)((const float *)v + tmin * vrs);
     const float *pt = sc + tmin;
     int64_t c = 0;
-    for (; c + PV_G * VL <= D; c += PV_G * VL) pv_tile(acc, D, vt, vrs, pt, BS, n - tmin, c, nr, PV_G, dt);
+    for (; c + PV_G * VL <= D; c += PV_G * VL)
+        pv_tile(acc, D, vt, vrs, pt, BS, n - tmin, c, nr, PV_G, dt), pf_step(pf, pf->per_step);
     for (; c < D; c += VL) pv_tile(acc, D, vt, vrs, pt, BS, n - tmin, c, nr, 1, dt);
 }
 
@@ -314,23 +140,23 @@ static inline __attribute__((always_inline)) void block_rows(
    single rows. Arguments as block_rows'; q/acc [R, D], m/l/pos [R]. */
 static void head_block_tiled(const float *q, float *acc, float *m, float *l, const int64_t *pos, int64_t R,
                              int64_t window, int64_t t0, int64_t tb, const void *k, int64_t krs, const void *v,
-                             int64_t vrs, int64_t D, float *sc, int64_t BS, int dt) {
+                             int64_t vrs, int64_t D, float *sc, int64_t BS, int dt, prefetcher *pf) {
     int64_t r = 0;
     if (dt == DT_BF16) {
         for (; r + RT <= R; r += RT)
             block_rows(q + r * D, acc + r * D, m + r, l + r, pos + r, window, t0, tb, k, krs, v, vrs, D, sc, BS,
-                       RT, DT_BF16);
+                       RT, DT_BF16, pf);
         for (; r < R; r++)
             block_rows(q + r * D, acc + r * D, m + r, l + r, pos + r, window, t0, tb, k, krs, v, vrs, D, sc, BS,
-                       1, DT_BF16);
+                       1, DT_BF16, pf);
         return;
     }
     for (; r + RT <= R; r += RT)
         block_rows(q + r * D, acc + r * D, m + r, l + r, pos + r, window, t0, tb, k, krs, v, vrs, D, sc, BS, RT,
-                   DT_F32);
+                   DT_F32, pf);
     for (; r < R; r++)
         block_rows(q + r * D, acc + r * D, m + r, l + r, pos + r, window, t0, tb, k, krs, v, vrs, D, sc, BS, 1,
-                   DT_F32);
+                   DT_F32, pf);
 }
 
 /* The same for any head_dim, one row at a time with plain loops; k/v float32. */
@@ -391,13 +217,27 @@ static void scratch_free(scratch *w) {
     free(w->qf); free(w->acc); free(w->m); free(w->l); free(w->kbuf); free(w->vbuf); free(w->sc);
 }
 
-/* One work item: sequence s, KV heads [h0, h1). Arguments as paged_rows'. */
+/* The K/V caches: base pointers, element strides (block, token, head), element size, head_dim, block size. */
+typedef struct {
+    const char *k, *v;
+    int64_t k_b, k_t, k_h, v_b, v_t, v_h, esize, D, BS;
+} caches;
+
+/* Aim pf at the K/V rows of block b, head h (tb tokens), to be issued over `steps` calls of pf_step. */
+static void pf_aim(prefetcher *pf, const caches *c, int64_t bid, int64_t h, int64_t tb, int64_t steps) {
+    pf_step(pf, pf->total); /* whatever the last target left */
+    pf->k = c->k + (bid * c->k_b + h * c->k_h) * c->esize, pf->v = c->v + (bid * c->v_b + h * c->v_h) * c->esize;
+    pf->kst = c->k_t * c->esize, pf->vst = c->v_t * c->esize;
+    pf->lines = (c->D * c->esize + 63) / 64, pf->total = 2 * tb * pf->lines, pf->next = 0;
+    pf->per_step = steps > 0 ? (pf->total + steps - 1) / steps : pf->total;
+}
+
+/* One work item: sequence s, KV heads [h0, h1); q/out/table/pos/window/scale/dtype as paged_rows' (table and pos
+   already at sequence s). */
 static void run_item(const scratch *w, int64_t s, int64_t h0, int64_t h1, const void *q, int64_t q_s,
-                     int64_t q_h, int64_t q_r, const char *kc, int64_t k_b, int64_t k_t, int64_t k_h,
-                     const char *vc, int64_t v_b, int64_t v_t, int64_t v_h, const int64_t *table,
-                     int64_t table_stride, const int64_t *pos, float *out, int64_t KV, int64_t R, int64_t D,
-                     int64_t BS, float scale, int dtype, int64_t window) {
-    const int64_t esize = dtype == DT_F32 ? 4 : 2;
+                     int64_t q_h, int64_t q_r, const caches *c, const int64_t *table, const int64_t *pos,
+                     float *out, int64_t KV, int64_t R, float scale, int dtype, int64_t window) {
+    const int64_t D = c->D, BS = c->BS, esize = c->esize, nh = h1 - h0;
     const int tiled = D % VL == 0, direct = dtype == DT_F32 || (dtype == DT_BF16 && tiled);
     int64_t maxpos = -1, minstart = INT64_MAX; /* blocks read: those of positions [minstart, maxpos] */
     for (int64_t r = 0; r < R; r++) {
@@ -405,49 +245,43 @@ static void run_item(const scratch *w, int64_t s, int64_t h0, int64_t h1, const 
         const int64_t start = pos[r] - window + 1 > 0 ? pos[r] - window + 1 : 0;
         if (pos[r] >= 0 && start < minstart) minstart = start;
     }
-    for (int64_t i = 0; i < (h1 - h0) * R; i++) {
+    for (int64_t i = 0; i < nh * R; i++) {
         const int64_t h = h0 + i / R, r = i % R;
         load_row(w->qf + i * D, (const char *)q + (s * q_s + h * q_h + r * q_r) * esize, D, dtype);
         for (int64_t d = 0; d < D; d++) { w->qf[i * D + d] *= scale; w->acc[i * D + d] = 0.0f; }
         w->m[i] = -INFINITY;
         w->l[i] = 0.0f;
     }
-    const int64_t nblocks = maxpos < 0 ? 0 : maxpos / BS + 1;
-    for (int64_t b = maxpos < 0 ? 0 : minstart / BS; b < nblocks; b++) {
-        const int64_t bid = table[s * table_stride + b], t0 = b * BS;
+    const int64_t b0 = maxpos < 0 ? 0 : minstart / BS, nblocks = maxpos < 0 ? 0 : maxpos / BS + 1;
+    prefetcher pf = {0};
+    for (int64_t b = b0; b < nblocks; b++) {
+        const int64_t bid = table[b], t0 = b * BS;
         const int64_t tb = maxpos + 1 - t0 < BS ? maxpos + 1 - t0 : BS; /* tokens read in this block */
-        if (PF_DIST > 0 && b + PF_DIST < nblocks) {
-            /* the rows of block b + PF_DIST for the whole head range, in address order */
-            const int64_t pb = table[s * table_stride + b + PF_DIST], pt0 = (b + PF_DIST) * BS;
-            const int64_t ptb = maxpos + 1 - pt0 < BS ? maxpos + 1 - pt0 : BS;
-            PREFETCH_ROWS(kc + (pb * k_b + h0 * k_h) * esize, k_t * esize, ptb, (h1 - 1 - h0) * k_h * esize + D * esize, 3);
-            PREFETCH_ROWS(vc + (pb * v_b + h0 * v_h) * esize, v_t * esize, ptb, (h1 - 1 - h0) * v_h * esize + D * esize, 3);
-        }
         for (int64_t h = h0; h < h1; h++) {
-            const int64_t i = (h - h0) * R;
-            const char *kb = kc + (bid * k_b + h * k_h) * esize, *vb = vc + (bid * v_b + h * v_h) * esize;
-            const void *kr = kb, *vr = vb;
-            int64_t krs = k_t, vrs = v_t; /* element row strides */
-            if (PF_HEAD && h + 1 < h1) { /* the next head's rows of this block: from L2 into L1 */
-                PREFETCH_ROWS(kb + k_h * esize, k_t * esize, tb, D * esize, 3);
-                PREFETCH_ROWS(vb + v_h * esize, v_t * esize, tb, D * esize, 3);
+            const int64_t i = (h - h0) * R, ahead = (b - b0) * nh + (h - h0) + PF_AHEAD, fb = b0 + ahead / nh;
+            if (fb < nblocks) {
+                const int64_t ftb = maxpos + 1 - fb * BS < BS ? maxpos + 1 - fb * BS : BS;
+                pf_aim(&pf, c, table[fb], h0 + ahead % nh, ftb, tiled && direct ? tb / QK_T + D / (PV_G * VL) : 0);
             }
+            const char *kb = c->k + (bid * c->k_b + h * c->k_h) * esize, *vb = c->v + (bid * c->v_b + h * c->v_h) * esize;
+            const void *kr = kb, *vr = vb;
+            int64_t krs = c->k_t, vrs = c->v_t; /* element row strides */
             if (!direct) { /* float16, or bfloat16 on the plain path: convert the block's rows to float32 */
                 for (int64_t t = 0; t < tb; t++) {
-                    load_row(w->kbuf + t * D, kb + t * k_t * esize, D, dtype);
-                    load_row(w->vbuf + t * D, vb + t * v_t * esize, D, dtype);
+                    load_row(w->kbuf + t * D, kb + t * c->k_t * esize, D, dtype);
+                    load_row(w->vbuf + t * D, vb + t * c->v_t * esize, D, dtype);
                 }
                 kr = w->kbuf, vr = w->vbuf, krs = D, vrs = D;
             }
             if (tiled)
                 head_block_tiled(w->qf + i * D, w->acc + i * D, w->m + i, w->l + i, pos, R, window, t0, tb, kr,
-                                 krs, vr, vrs, D, w->sc, BS, direct ? dtype : DT_F32);
+                                 krs, vr, vrs, D, w->sc, BS, direct ? dtype : DT_F32, &pf);
             else
                 head_block_plain(w->qf + i * D, w->acc + i * D, w->m + i, w->l + i, pos, R, window, t0, tb, kr,
                                  krs, vr, vrs, D, w->sc);
         }
     }
-    for (int64_t i = 0; i < (h1 - h0) * R; i++) {
+    for (int64_t i = 0; i < nh * R; i++) {
         float *o = out + ((s * KV + h0) * R + i) * D;
         const float inv = w->l[i] > 0.0f ? 1.0f / w->l[i] : 0.0f;
         for (int64_t d = 0; d < D; d++) o[d] = w->l[i] > 0.0f ? w->acc[i * D + d] * inv : 0.0f;
@@ -466,6 +300,7 @@ int paged_rows(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
                const int64_t *table, int64_t table_stride, const int64_t *row_pos, float *out,
                int64_t S, int64_t KV, int64_t R, int64_t D, int64_t BS, float scale, int dtype,
                int nthreads, int64_t head_split, int64_t window) {
+    const caches c = {kc, vc, k_b, k_t, k_h, v_b, v_t, v_h, dtype == DT_F32 ? 4 : 2, D, BS};
     const int64_t items = S * head_split;
     const int64_t heads_per_item = (KV + head_split - 1) / head_split;
     int failed = 0;
@@ -481,9 +316,8 @@ int paged_rows(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
         for (int64_t item = 0; item < items; item++) {
             if (!ok) continue;
             const int64_t s = item / head_split, part = item % head_split;
-            run_item(&w, s, part * KV / head_split, (part + 1) * KV / head_split, q, q_s, q_h, q_r,
-                     (const char *)kc, k_b, k_t, k_h, (const char *)vc, v_b, v_t, v_h, table, table_stride,
-                     row_pos + s * R, out, KV, R, D, BS, scale, dtype, window);
+            run_item(&w, s, part * KV / head_split, (part + 1) * KV / head_split, q, q_s, q_h, q_r, &c,
+                     table + s * table_stride, row_pos + s * R, out, KV, R, scale, dtype, window);
         }
         scratch_free(&w);
     }
