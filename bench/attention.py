@@ -2,6 +2,7 @@
 
     python bench/attention.py            # batch {1, 16, 64} x context {512, 2048, 8192} x dtypes
     python bench/attention.py --quick    # batch 16, context 2048, float32 only (under a minute)
+    python bench/attention.py --quick --isa avx2   # the "cpu" C kernel built for AVX2 (PAGED_LAB_CPU_ISA)
 
 Backends: every one `core.kernels.attention.available_backends` lists for the device (on CPU: "cpu", the in-place C
 kernel, where a C compiler built it; "torch"; "gather"), or --backends. 32 query / 8 KV heads, head_dim 128,
@@ -9,10 +10,14 @@ block size 16. Dtypes float32 and bfloat16 (and float16 on CUDA).
 Problems whose paged cache + copies exceed the memory budget (core.device.memory_budget_bytes) are skipped and
 listed under "skipped". The contiguous baseline is the faster of SDPA and a grouped-query matmul on the same
 contiguous K/V; copy_gbps is dst.copy_(src) into a preallocated tensor, counting bytes read + written.
+The JSON names the machine ("cpu": model, family/model numbers, vector features, logical CPUs), the ISA the C
+kernel was built for and its tiles ("cpu_kernel", as the built library reports them), and the ISA torch's own CPU
+kernels dispatch to ("torch_cpu_capability": the contiguous baseline's; ATEN_CPU_CAPABILITY=avx2 lowers it).
 """
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -21,8 +26,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.device import default_device, device_label
-from core.errors import MemoryBudgetError
+from core.errors import BackendUnavailableError, MemoryBudgetError
 from core.kernels.attention import available_backends
+from core.kernels.cpu_backend import kernel_info
+from core.kernels.cpu_isa import ENV_ISA, ISAS, cpu_description, isa_problem
 from core.kernels.timer import apply_timing_settings
 from core.kernels.timing import KernelConfig, check_budget, copy_bandwidth, measure
 
@@ -46,11 +53,22 @@ def main() -> None:
         "--dtypes", default=None, help="comma-separated dtypes (default float32,bfloat16[,float16])"
     )
     parser.add_argument(
+        "--isa",
+        choices=ISAS,
+        default=None,
+        help=f"ISA the 'cpu' C kernel is built for (sets {ENV_ISA}; default: its value, else native)",
+    )
+    parser.add_argument(
         "--no-malloc-tuning",
         action="store_true",
         help="keep glibc's default mmap/trim thresholds (see core.kernels.timer.tune_malloc)",
     )
     args = parser.parse_args()
+    if args.isa is not None:
+        os.environ[ENV_ISA] = args.isa
+        problem = isa_problem(args.isa)
+        if problem is not None:
+            parser.error(problem)
     malloc_tuning = not args.no_malloc_tuning
     settings = apply_timing_settings(malloc_tuning)
 
@@ -71,6 +89,7 @@ def main() -> None:
     copy = copy_bandwidth(device, malloc_tuning=malloc_tuning)
     report = {
         "device": device_label(device),
+        **_machine(device),
         "threads": settings.threads,
         "malloc_tuning": settings.malloc_tuning,
         "settings": settings.as_dict(),
@@ -105,6 +124,21 @@ def main() -> None:
                 )
                 print(f"done batch {batch} context {context} {dtype}", file=sys.stderr, flush=True)
     print(json.dumps(report, indent=1))
+
+
+def _machine(device: torch.device) -> dict:
+    """The CPU, the C kernel's build (or why there is none) and torch's CPU dispatch level, for a CPU run."""
+    if device.type != "cpu":
+        return {}
+    try:
+        kernel = kernel_info()
+    except BackendUnavailableError as error:
+        kernel = {"error": str(error)}
+    return {
+        "cpu": cpu_description(),
+        "cpu_kernel": kernel,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 if __name__ == "__main__":

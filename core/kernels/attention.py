@@ -23,11 +23,14 @@ Backends:
   the block table with no gathered copy. Needs CUDA tensors (or TRITON_INTERPRET=1 set before import).
 - "cpu": `core.kernels.cpu_backend`, a small C kernel (compiled at first use with the system C compiler, cached,
   called through ctypes) that reads each block in place through the block table with OpenMP over (sequence,
-  KV heads): no gathered copy. Offered only where it builds (`available_backends`).
+  KV heads): no gathered copy. Its register tiles are sized for the ISA it is built for (`core.kernels.cpu_isa`:
+  native by default, or PAGED_LAB_CPU_ISA=avx512|avx2|neon|generic). Offered only where it builds
+  (`available_backends`).
 - "gather": `core.kernels.gather_backend`, copies every sequence's blocks into one contiguous tensor, then attends it with the same fused
   kernel. The naive way, kept to show what the extra pass over memory costs.
 - "auto": "triton" for CUDA tensors when triton imports; for CPU tensors "cpu" at decode when the C kernel builds
-  (it beats "torch" there in bench/attention.py), else "torch". CPU prefill with "auto" stays on "torch": long
+  (it beats "torch" there in bench/attention.py, on AVX-512 and AVX2 builds: docs/kernels-isa.md), else "torch";
+  a PAGED_LAB_CPU_ISA this CPU cannot run is an error, not a silent fall-back. CPU prefill with "auto" stays on "torch": long
   chunks (many query rows per KV head) suit ATen's flash kernel's matrix products. Measured on 2 cores (4 sequences
   of 1,024 tokens, 32/8 heads, dim 128): "cpu" 13 / 76 / 526 ms vs "torch" 21 / 90 / 392 ms for chunks of
   16 / 128 / 512 tokens; backend="cpu" is exact for prefill too.
@@ -44,6 +47,7 @@ import torch.nn.functional as F
 from core.common import check_int
 from core.errors import BackendUnavailableError, InvalidArgumentError
 from core.kernels.cpu_backend import cpu_kernel_available, cpu_kernel_error, cpu_paged_rows
+from core.kernels.cpu_isa import isa_problem, selected_isa
 from core.kernels.gather_backend import gather_contiguous, gather_paged_rows
 from core.kernels.torch_backend import torch_paged_rows, used_entries, visible_starts, window_table
 
@@ -104,8 +108,12 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
     if backend == "auto":
         if device.type == "cuda":
             return "triton" if triton_available() else "torch"
-        if device.type == "cpu" and AUTO_CPU_KERNEL and cpu_kernel_available():
-            return "cpu"
+        if device.type == "cpu" and AUTO_CPU_KERNEL:
+            problem = isa_problem(selected_isa())
+            if problem is not None:  # an explicit choice that cannot run: say so rather than run slower
+                raise BackendUnavailableError(f"backend 'auto' would use the 'cpu' C kernel, but {problem}")
+            if cpu_kernel_available():
+                return "cpu"
         return "torch"
     if backend == "cpu":
         if device.type != "cpu":

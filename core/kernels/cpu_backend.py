@@ -1,8 +1,8 @@
 """The "cpu" backend: a small C kernel that reads K/V blocks in place through the block table (no gathered copy).
 
-The C source (`paged_rows.c` beside this module) is compiled at first use with the system C compiler (`$CC`, else cc, gcc or clang) into a shared
-library cached under `$XDG_CACHE_HOME/paged_attention_lab/` (default `~/.cache/paged_attention_lab/`), named by a
-hash of the source, the compiler, its flags and the CPU model, and called through ctypes with the tensors' data
+The C source (`paged_rows.c` beside this module, its vector helpers in `paged_rows_simd.h`) is compiled at first
+use with the system C compiler (`$CC`, else cc, gcc or clang) into a shared library cached under `$XDG_CACHE_HOME/paged_attention_lab/` (default `~/.cache/paged_attention_lab/`), named by a
+hash of the sources, the compiler, its flags and the CPU model and features, and called through ctypes with the tensors' data
 pointers and strides. No torch C++ headers, no ninja: one build takes about a second. Where no compiler works,
 `cpu_kernel_available()` is False, `cpu_kernel_error()` says why, and the backend is not offered.
 
@@ -17,17 +17,20 @@ What the kernel does, for one work item = (sequence s, a range of KV heads):
 Work items run in parallel with OpenMP (torch's own libgomp when torch is loaded first, so one thread pool); with
 few sequences the KV heads of a sequence are split over several items so both cores have work. bfloat16 and
 float16 are converted to float32 as they are loaded; the softmax and accumulation are float32; the kernel writes
-float32 and the caller converts to the query's dtype. When a block is started, the next block's rows of the item's
-heads are prefetched in address order (block ids are random, so the hardware prefetcher cannot guess the jump).
-With head_dim a multiple of 16, the inner loops are register tiles written with GCC/clang vector extensions
-(4 query rows x 4 tokens for q.K, 4 rows x 64 dims for P.V, a vectorised exp); other head_dims take a plain
-loop. -ffp-contract=fast lets the compiler fuse multiply-adds (ISO C mode would forbid it).
+float32 and the caller converts to the query's dtype. While one (block, head) is computed, the rows of the one
+PF_AHEAD = 4 steps later are prefetched a few cache lines at a time between tiles (block ids are random, so the
+hardware prefetcher cannot guess the jump; prefetching a whole block at once stalled the core instead).
+With head_dim a multiple of the vector width, the inner loops are register tiles written with GCC/clang vector
+extensions, sized for the ISA the compiler targets (`core.kernels.cpu_isa`, `PAGED_LAB_CPU_ISA`): on AVX-512 4
+query rows x 4 tokens for q.K and 4 rows x 64 dims for P.V, on AVX2 4 x 2 and 4 rows x 16 dims (16 registers),
+plus a vectorised exp; bfloat16 rows are widened to float32 in registers as they are loaded. Other head_dims
+take a plain loop. -ffp-contract=fast lets the compiler fuse multiply-adds (ISO C mode would forbid it).
+One library is built and loaded per ISA asked for, so builds for several ISAs can run in one process.
 """
 
 import ctypes
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -38,20 +41,20 @@ import torch
 
 from core.common import cdiv
 from core.errors import BackendUnavailableError
+from core.kernels.cpu_isa import FLAG_SETS, cache_key, isa_problem, selected_isa
 
 SOURCE_PATH = Path(__file__).with_name("paged_rows.c")
+HEADER_PATH = Path(__file__).with_name("paged_rows_simd.h")  # included by paged_rows.c
 C_SOURCE = SOURCE_PATH.read_text()
+C_HEADER = HEADER_PATH.read_text()
 
 BASE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=gnu11", "-ffp-contract=fast")
-NATIVE_FLAGS = ("-march=native",)  # the library is built and used on the same machine
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-ENV_COMPILER = "PAGED_LAB_CC"
-FULL_WINDOW = (
-    1 << 62
-)  # the kernel's window for full attention: longer than any sequence  # compiler to use; "none" disables the backend
+ENV_COMPILER = "PAGED_LAB_CC"  # compiler to use; "none" disables the backend
+FULL_WINDOW = 1 << 62  # the kernel's window for full attention: longer than any sequence
 
 _lock = threading.Lock()
-_state: dict = {}
+_state: dict[str, dict] = {}  # per ISA asked for: {"lib", "info"} or {"error"}
 
 
 def cache_dir() -> Path:
@@ -70,32 +73,29 @@ def _find_compiler() -> str | None:
     return None
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
+def _compiler_version(compiler: str) -> str:
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
 
 
-def _build(compiler: str) -> Path:
-    """Compile C_SOURCE (once per source/compiler/flags/CPU) and return the cached library's path.
+def _build(compiler: str, isa: str = "native") -> tuple[Path, tuple[str, ...]]:
+    """Compile C_SOURCE for `isa` (once per source/compiler/flags/CPU); return the cached library and its flags.
 
-    Tries -march=native first, then without it. When both fail, every attempt's command, exit status and full
-    compiler output are written to a `.log` beside where the library would be, and the RuntimeError names it."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    Tries the ISA's flag sets in order (`cpu_isa.FLAG_SETS`; for native, -march=native then none). When all fail,
+    every attempt's command, exit status and full compiler output are written to a `.log` beside where the
+    library would be, and the RuntimeError names it."""
+    version = _compiler_version(compiler)
     errors = []
-    for flags in (BASE_FLAGS + NATIVE_FLAGS, BASE_FLAGS):
-        key = "\n".join([C_SOURCE, compiler, version, " ".join(flags), platform.machine(), _cpu_model()])
+    for isa_flags in FLAG_SETS[isa]:
+        flags = BASE_FLAGS + isa_flags
+        key = "\n".join([C_SOURCE, C_HEADER, compiler, version, " ".join(flags), cache_key()])
         target = cache_dir() / f"paged_rows_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
         if target.exists():
-            return target
+            return target, flags
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src = Path(tmp) / "paged_rows.c"
+            src = Path(tmp) / SOURCE_PATH.name
             src.write_text(C_SOURCE)
+            (Path(tmp) / HEADER_PATH.name).write_text(C_HEADER)
             built = Path(tmp) / target.name
             proc = subprocess.run(
                 [compiler, *flags, str(src), "-o", str(built), "-lm"],
@@ -105,7 +105,7 @@ def _build(compiler: str) -> Path:
             )
             if proc.returncode == 0:
                 os.replace(built, target)  # atomic: concurrent builders leave one complete file
-                return target
+                return target, flags
             errors.append(
                 f"$ {compiler} {' '.join(flags)} paged_rows.c -o {target.name} -lm\n"
                 f"exit status {proc.returncode}\n{proc.stdout}{proc.stderr}"
@@ -116,47 +116,81 @@ def _build(compiler: str) -> Path:
     raise RuntimeError(f"{last_line.strip()[:300]} (the compiler's full log is in {log})")
 
 
-def _load():
-    """The loaded library, or raise BackendUnavailableError with the reason (cached either way)."""
+def _open(path: Path, compiler: str, isa: str, flags: tuple[str, ...]) -> dict:
+    """Load a built library; return {"lib", "info"} with what the library says it was built for."""
+    lib = ctypes.CDLL(str(path))
+    fn = lib.paged_rows
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = (
+        [ptr, i64, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, ptr, ptr]
+        + [i64] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, i64, i64]
+    )  # fmt: skip
+    fn.restype = ctypes.c_int
+    lib.paged_rows_isa.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    lib.paged_rows_isa.restype = ctypes.c_char_p
+    tiles = (ctypes.c_int64 * 4)()
+    built_for = lib.paged_rows_isa(tiles).decode()
+    info = {
+        "requested": isa,
+        "isa": built_for,
+        "vector_floats": tiles[0],
+        "rows_per_tile": tiles[1],
+        "qk_tokens_per_tile": tiles[2],
+        "pv_vectors_per_tile": tiles[3],
+        "flags": list(flags),
+        "compiler": _compiler_version(compiler).splitlines()[0].strip(),
+        "library": path.name,
+    }
+    return {"lib": lib, "info": info}
+
+
+def _load(isa: str | None = None) -> dict:
+    """{"lib", "info"} of the library built for `isa` (default: `selected_isa()`), or raise
+    BackendUnavailableError with the reason (cached per ISA either way)."""
+    isa = selected_isa() if isa is None else isa
     with _lock:
-        if "lib" not in _state and "error" not in _state:
+        if isa not in _state:
             compiler = _find_compiler()
-            if compiler is None:
-                _state["error"] = (
-                    f"no C compiler found (tried ${ENV_COMPILER}, $CC, cc, gcc, clang); the 'cpu' backend "
-                    "compiles a small C kernel at first use"
-                )
+            problem = isa_problem(isa)
+            if problem is not None:
+                _state[isa] = {"error": problem}
+            elif compiler is None:
+                _state[isa] = {
+                    "error": f"no C compiler found (tried ${ENV_COMPILER}, $CC, cc, gcc, clang); the 'cpu' "
+                    "backend compiles a small C kernel at first use"
+                }
             else:
                 try:
-                    lib = ctypes.CDLL(str(_build(compiler)))
-                    fn = lib.paged_rows
-                    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-                    fn.argtypes = (
-                        [ptr, i64, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, ptr, ptr]
-                        + [i64] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, i64, i64]
-                    )  # fmt: skip
-                    fn.restype = ctypes.c_int
-                    _state["lib"] = lib
-                except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-                    _state["error"] = f"building the C kernel with {compiler} failed: {error}"
-        if "error" in _state:
-            raise BackendUnavailableError(f"backend 'cpu' is unavailable: {_state['error']}")
-        return _state["lib"]
+                    path, flags = _build(compiler, isa)
+                    _state[isa] = _open(path, compiler, isa, flags)
+                except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as error:
+                    _state[isa] = {"error": f"building the C kernel with {compiler} failed: {error}"}
+        if "error" in _state[isa]:
+            raise BackendUnavailableError(f"backend 'cpu' is unavailable: {_state[isa]['error']}")
+        return _state[isa]
 
 
-def cpu_kernel_available() -> bool:
-    """True when the C kernel is built (building it now if needed) and loads."""
+def kernel_info(isa: str | None = None) -> dict:
+    """What the library for `isa` (default: `selected_isa()`) was built for, as the library itself reports it:
+    requested (the ISA asked for), isa ("avx512", "avx2", "neon" or "generic": the tiles compiled in),
+    vector_floats, rows_per_tile, qk_tokens_per_tile, pv_vectors_per_tile, flags, compiler, library (file name).
+    Raises BackendUnavailableError when it cannot be built here."""
+    return dict(_load(isa)["info"])
+
+
+def cpu_kernel_available(isa: str | None = None) -> bool:
+    """True when the C kernel for `isa` (default: `selected_isa()`) is built (building it now if needed) and loads."""
     try:
-        _load()
+        _load(isa)
     except BackendUnavailableError:
         return False
     return True
 
 
-def cpu_kernel_error() -> str | None:
-    """Why the C kernel is unavailable, or None when it is available."""
+def cpu_kernel_error(isa: str | None = None) -> str | None:
+    """Why the C kernel for `isa` (default: `selected_isa()`) is unavailable, or None when it is available."""
     try:
-        _load()
+        _load(isa)
     except BackendUnavailableError as error:
         return str(error)
     return None
@@ -177,6 +211,7 @@ def cpu_paged_rows(
     scale: float,
     out: torch.Tensor | None = None,
     window: int | None = None,
+    isa: str | None = None,
 ) -> torch.Tensor:
     """The "cpu" backend: rows [S, KV, R, D] attend to positions max(0, row_pos[s, r] - window + 1) ..
     row_pos[s, r] of their sequence (window None: from 0; row_pos -1: none, output 0), K/V read in place from the caches [num_blocks, block_size, KV, D] through block_tables.
@@ -184,9 +219,10 @@ def cpu_paged_rows(
     Arguments are validated by the caller (core.kernels.attention): CPU tensors, stride 1 in D, block ids in use in range.
     `lens` is not needed (row_pos < lens). Only table entries from the block of the sequence's first visible
     position to the block of max(row_pos[s]) are read.
+    isa: the build to run (default `selected_isa()`, i.e. `PAGED_LAB_CPU_ISA` or native).
     Returns [S, KV, R, D] in rows' dtype, written into `out` (same shape, contiguous) when given.
     """
-    fn = _load().paged_rows
+    fn = _load(isa)["lib"].paged_rows
     num_seqs, num_kv_heads, num_rows, head_dim = rows.shape
     if rows.dtype not in DTYPE_CODES or rows.device.type != "cpu":
         raise BackendUnavailableError(

@@ -330,7 +330,8 @@ def test_prefill_of_the_whole_prompt_matches_causal_sdpa():
 )
 def test_cpu_kernel_lengths_and_work_split(dtype, lens, heads):
     """Block-boundary lengths; one sequence (its KV heads split over several work items); groups of 6 query
-    rows (a 4-row register tile plus 2 single rows); head_dim 40, not a multiple of 16 (the plain loop)."""
+    rows (a 4-row register tile plus 2 single rows); head_dim 40, not a multiple of 16 (the plain loop on
+    AVX-512 builds; tests/kernels/test_cpu_isa.py runs every ISA build)."""
     num_heads, num_kv_heads, head_dim = heads
     problem = make_problem(len(lens), num_heads, num_kv_heads, head_dim, 16, 48, dtype, seed=13, lens=lens)
     assert cpu_attention.head_split(1, 8, 2) == 8 and cpu_attention.head_split(16, 8, 2) == 1
@@ -364,10 +365,11 @@ def test_cpu_kernel_missing_compiler_is_reported_and_auto_falls_back(monkeypatch
 def test_cpu_kernel_is_built_once_into_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     compiler = cpu_attention._find_compiler()
-    built = cpu_attention._build(compiler)
+    built, flags = cpu_attention._build(compiler)
     assert built.parent == tmp_path / "paged_attention_lab" and built.exists()
+    assert flags[: len(cpu_attention.BASE_FLAGS)] == cpu_attention.BASE_FLAGS
     mtime = built.stat().st_mtime_ns
-    assert cpu_attention._build(compiler) == built and built.stat().st_mtime_ns == mtime
+    assert cpu_attention._build(compiler) == (built, flags) and built.stat().st_mtime_ns == mtime
 
 
 def test_cpu_backend_refuses_other_devices():
