@@ -28,6 +28,7 @@ import time
 
 from bench import nano_vllm_trace
 from bench.nano_vllm_reference import NanoBlockManager, NanoSequence
+from core.kernels.cpu_isa import cpu_description
 from core.paging.block_manager import BlockManager
 
 BLOCK_SIZE = 16
@@ -187,6 +188,7 @@ def main() -> None:
         "nano_vllm_time_ratio_block_16_block_manager_only_spread": _range(nano_16[strict]),
         "nano_vllm_decode_trace": {"block_256": nano, "block_16": nano_16},
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpu": cpu_description(),
         "python": platform.python_version(),
         "block_size": BLOCK_SIZE,
         "repeats": REPEATS,

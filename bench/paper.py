@@ -15,6 +15,7 @@ Usage: python -m bench.paper
 
 import json
 
+from core.kernels.cpu_isa import cpu_description
 from core.planning.step_time import opt_13b_a100
 from core.serving.memory_policies import orca_max, orca_oracle, orca_pow2, paged
 from core.serving.simulator import SimulatorConfig, simulate
@@ -36,7 +37,7 @@ def run(num_requests: int = 2000, rate: float = 2.0, seed: int = 0) -> dict:
         row["avg_batched_requests"] = round(summary["avg_batched_requests"], 2)
         row["preemptions"] = summary["preemptions"]
         out[policy.name] = row
-    return {"policies": out}
+    return {"cpu": cpu_description(), "policies": out}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import platform
 import statistics
 import time
 
+from core.kernels.cpu_isa import cpu_description
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from core.planning.plan import concurrency_vs_context, plan
@@ -72,6 +73,7 @@ def main(quick: bool = False) -> dict:
     sweep_s = _median_seconds(page_default, 5)
     return {
         "machine": f"{platform.machine()} {platform.python_version()}",
+        "cpu": cpu_description(),
         "plan_us": round(plan_s * 1e6, 1),
         "what_if": {
             "num_requests": num_requests,

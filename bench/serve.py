@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.device import default_device, device_label
 from core.engine import SamplingParams
+from core.kernels.cpu_isa import cpu_description
 from core.live.metrics import parse_vllm_metrics
 from core.serve.server import build_engine
 from tests.serve.lab_server import ServerUnderTest
@@ -170,6 +171,7 @@ def main() -> None:
     print(json.dumps({
         "benchmark": "serve",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {device_label(default_device())}",
+        "cpu": cpu_description(),
         "model": args.model,
         **w,
         **result,

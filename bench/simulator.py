@@ -14,6 +14,7 @@ import json
 import sys
 import time
 
+from core.kernels.cpu_isa import cpu_description
 from core.page_models.simulator import DEFAULT_PARAMS, model_kv_groups, run_comparison
 from core.planning.step_time import opt_13b_a100
 from core.serving.memory_policies import Policy, orca_max, orca_oracle, orca_pow2, paged
@@ -43,6 +44,7 @@ def main(num_requests: int = 10_000) -> dict:
     )
     hybrid_wall = time.perf_counter() - started
     return {
+        "cpu": cpu_description(),
         "num_requests": num_requests,
         "policies": policies,
         "page_default": {"num_requests": DEFAULT_PARAMS.num_requests, "wall_s": round(page_wall, 3)},

@@ -33,6 +33,7 @@ import statistics
 import sys
 import time
 
+from core.kernels.cpu_isa import cpu_description
 from hosting.protocol import Edit, ProtocolSession, Render
 from tests.conftest import ROOT, _free_port
 from tests.load.server import RssSampler, start_server, stop_server, tree_cpu_s
@@ -252,6 +253,7 @@ def run(
         "peak_rss_gib": round(peak / 1024**3, 2),
         "watch": outcome["watch"],
         "cpu_count": os.cpu_count(),
+        "cpu": cpu_description(),
         "load_average_1m_before": round(load_before, 2),
         "load_average_1m": round(os.getloadavg()[0], 2),
         "failures": failures[:20],
