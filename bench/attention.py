@@ -34,7 +34,7 @@ from core.kernels.timer import apply_timing_settings
 from core.kernels.timing import KernelConfig, check_budget, copy_bandwidth, measure
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -63,17 +63,12 @@ def main() -> None:
         action="store_true",
         help="keep glibc's default mmap/trim thresholds (see core.kernels.timer.tune_malloc)",
     )
-    args = parser.parse_args()
-    if args.isa is not None:
-        os.environ[ENV_ISA] = args.isa
-        problem = isa_problem(args.isa)
-        if problem is not None:
-            parser.error(problem)
-    malloc_tuning = not args.no_malloc_tuning
-    settings = apply_timing_settings(malloc_tuning)
+    return parser
 
-    device = torch.device(args.device) if args.device else default_device()
-    backends = args.backends.split(",") if args.backends else available_backends(device)
+
+def problem_grid(args, device: torch.device) -> tuple[list[int], list[int], list[str]]:
+    """The batches, context lengths and dtypes to measure: --quick's one problem or the full grid, each
+    overridden by its own flag."""
     if args.quick:
         batches, contexts, dtypes = [16], [2048], ["float32"]
     else:
@@ -85,6 +80,23 @@ def main() -> None:
         contexts = [int(c) for c in args.contexts.split(",")]
     if args.dtypes:
         dtypes = args.dtypes.split(",")
+    return batches, contexts, dtypes
+
+
+def main() -> None:
+    parser = build_parser()
+    args = parser.parse_args()
+    if args.isa is not None:
+        os.environ[ENV_ISA] = args.isa
+        problem = isa_problem(args.isa)
+        if problem is not None:
+            parser.error(problem)
+    malloc_tuning = not args.no_malloc_tuning
+    settings = apply_timing_settings(malloc_tuning)
+
+    device = torch.device(args.device) if args.device else default_device()
+    backends = args.backends.split(",") if args.backends else available_backends(device)
+    batches, contexts, dtypes = problem_grid(args, device)
 
     copy = copy_bandwidth(device, malloc_tuning=malloc_tuning)
     report = {
