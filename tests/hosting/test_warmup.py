@@ -3,6 +3,7 @@ not answer is reported, not raised, a stop request ends the warm-up at once, and
 an event loop (Playwright's sync API does, for a whole test session) can still warm."""
 
 import asyncio
+import concurrent.futures
 import socket
 import threading
 import time
@@ -35,5 +36,7 @@ def test_a_caller_inside_a_running_event_loop_can_warm():
     async def caller():  # a synchronous call made while this thread's loop runs, as under Playwright's sync API
         return warm_replicas([_free_port()], timeout_s=5, log=lambda line: None)
 
-    warm_up = asyncio.run(caller())
+    # A thread of its own for the caller's loop: under the whole suite the test thread may already run one.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        warm_up = pool.submit(asyncio.run, caller()).result()
     assert not warm_up.stopped and len(warm_up.problems) == 1, warm_up
