@@ -322,7 +322,7 @@ def simulate(
     reqs = _validate_requests(requests, config)
     capacity = int(config.kv_capacity_tokens)
     memory = make_memory(policy, capacity, config.watermark, config.max_seq_len)
-    groups = make_groups(reqs, policy.is_paged)
+    groups = make_groups(reqs, policy.is_paged and not policy.counted)
     for group in groups:
         memory.check_fits(group, group.output_len)
     sim = _Simulation(groups, memory, config)
