@@ -10,14 +10,8 @@ import pytest
 from core.errors import InvalidArgumentError
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
-from core.planning.step_time import (
-    ALL_REDUCE_LATENCY_S,
-    FIT_PARAMETERS,
-    StepTimeModel,
-    fit_step_time,
-    from_specs,
-    opt_13b_a100,
-)
+from core.planning.step_fit import FIT_PARAMETERS, fit_step_time
+from core.planning.step_time import ALL_REDUCE_LATENCY_S, StepTimeModel, from_specs, opt_13b_a100
 from core.sched import ScheduledStep, step_load
 
 
@@ -181,3 +175,17 @@ def test_a_model_built_by_hand_prices_like_the_formula():
     memory = (1e9 + 1e5 * 4004) / (1e12 * 0.5)
     compute = (8e9 + 1e6 * 4004) / (1e14 * 0.25)
     assert model.step_seconds(4, 4000, 4004) == pytest.approx(0.001 + 4e-6 + max(memory, compute))
+
+
+def test_robust_fit_ignores_steps_slowed_by_another_process():
+    truth = opt_13b_a100(bandwidth_efficiency=0.7, flops_efficiency=0.45, overhead_s=0.010)
+    steps = _shapes(4, 200)
+    clean = truth.step_time(steps["new_tokens"], steps["kv_tokens_read"], steps["attention_pairs"])
+    slowed = np.random.default_rng(5).random(len(clean)) < 0.1  # one step in ten takes 2-4x as long
+    steps["seconds"] = clean * np.where(slowed, np.random.default_rng(6).uniform(2, 4, len(clean)), 1.0)
+    plain = fit_step_time(steps, opt_13b_a100())
+    robust = fit_step_time(steps, opt_13b_a100(), robust=True)
+    assert robust.robust and robust.to_dict()["robust"]
+    for name in ("bandwidth_efficiency", "flops_efficiency", "overhead_s"):
+        assert getattr(robust.model, name) == pytest.approx(getattr(truth, name), rel=0.02), name
+    assert abs(plain.model.bandwidth_efficiency - 0.7) > 5 * abs(robust.model.bandwidth_efficiency - 0.7)
