@@ -19,13 +19,15 @@ other whenever another process takes a core).
 3. Validation (no fitting): the same seeded requests (prompt 16-96 tokens, output 8-40, uniform) arriving as a
    Poisson process at two rates (a fraction of the fitted model's throughput bound): each request is added when the
    wall clock reaches its arrival, the engine steps meanwhile; a request's first token / finish are the wall times
-   of the step() that returned them. The simulator replays the same arrivals with the same scheduler limits
+   at which the step() that produced them returned (read from the scheduler's outcome, without streaming). The simulator replays the same arrivals with the same scheduler limits
    (core.sched's Scheduler under both) and the fitted model pricing its steps.
 
-Prints one JSON object: machine, roofs, fit (the fitted values and residuals), per rate the measured and
-predicted TTFT / TPOT p50 / p95 and throughput with `ttft_p50_rel_err`, `ttft_p95_rel_err`, `tpot_p50_rel_err`,
-`tpot_p95_rel_err`, `throughput_rel_err` (|predicted - measured| / measured), `worst` (the largest of each over
-the rates, and `max_rel_err`), wall_s.
+Prints one JSON object: machine (with the load average before and after: the machine is shared), roofs (and
+roofs_after, measured again at the end: how much the machine's speed drifted), fit (the fitted values and the
+residuals on the sweep), per rate the measured and predicted TTFT / TPOT p50 / p95 and throughput with
+`ttft_p50_rel_err`, `ttft_p95_rel_err`, `tpot_p50_rel_err`, `tpot_p95_rel_err`, `throughput_rel_err`
+(|predicted - measured| / measured) and step_time_measured_over_predicted (the step-time model's own error on the
+validation steps), `worst` (the largest of each over the rates, and `max_rel_err`), wall_s.
 """
 
 import argparse
@@ -81,15 +83,18 @@ def measure_roofs(repeats: int = 12) -> dict:
 
 
 class StepLog:
-    """Wraps the engine's scheduler so that every scheduled step's load (`step_load`) and every first admission
-    (at the wall time the step started) are recorded, in step order."""
+    """Wraps the engine's scheduler so that every scheduled step's load (`step_load`), every first admission (at
+    the wall time the step started) and the requests whose first token each step produced are recorded (the
+    engine is not asked to stream, which would add detokenisation to every step)."""
 
     def __init__(self, engine):
         self.loads: list = []
         self.admitted: dict = {}
-        schedule = engine.scheduler.schedule
+        self.first_token: list = []  # request ids whose prefill the last step finished
+        scheduler = engine.scheduler
+        schedule, postprocess = scheduler.schedule, scheduler.postprocess
 
-        def logged():
+        def logged_schedule():
             started = time.perf_counter()
             step = schedule()
             self.loads.append(step_load(step))
@@ -98,7 +103,12 @@ class StepLog:
                     self.admitted.setdefault(group.request_id, started)
             return step
 
-        engine.scheduler.schedule = logged
+        def logged_postprocess(step):
+            outcome = postprocess(step)
+            self.first_token = [g.request_id for g in outcome.first_token]
+            return outcome
+
+        scheduler.schedule, scheduler.postprocess = logged_schedule, logged_postprocess
 
 
 def base_model(engine, roofs: dict) -> StepTimeModel:
@@ -166,35 +176,55 @@ def at_rate(requests: list[Request], rate: float) -> list[Request]:
 
 
 def serve(engine, log: StepLog, requests: list[Request], low: int, vocab: int, params) -> pd.DataFrame:
-    """Serve `requests` in wall-clock time; their measured times (REQUEST_TIME_COLUMNS), seconds from the start."""
+    """Serve `requests` in wall-clock time; their measured times (REQUEST_TIME_COLUMNS), seconds from the start:
+    a request's first token and finish are the times the step() that produced them returned."""
     rng = np.random.default_rng(2)
     prompts = {r.request_id: _prompt(rng, r.prompt_len, low, vocab) for r in requests}
     first, finish = {}, {}
     log.admitted.clear()
+    engine.reset_metrics()
+    log.loads.clear()
     start = time.perf_counter()
     pending = list(requests)
     while pending or engine.has_unfinished_requests():
         now = time.perf_counter() - start
         while pending and pending[0].arrival_time <= now:
             r = pending.pop(0)
-            engine.add_request(
-                prompts[r.request_id], params(r.output_len), request_id=r.request_id, stream=True
-            )
+            engine.add_request(prompts[r.request_id], params(r.output_len), request_id=r.request_id)
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, pending[0].arrival_time - (time.perf_counter() - start)))
             continue
+        log.first_token = []
         outputs = engine.step()
         done = time.perf_counter() - start
+        for request_id in log.first_token:
+            first.setdefault(request_id, done)
         for out in outputs:
-            first.setdefault(out.request_id, done)
-            if out.finished:
-                finish[out.request_id] = done
+            finish[out.request_id] = done
     return pd.DataFrame({
         "arrival_time": [r.arrival_time for r in requests],
         "admit_time": [log.admitted[r.request_id] - start for r in requests],
         "first_token_time": [first[r.request_id] for r in requests],
         "finish_time": [finish[r.request_id] for r in requests], "output_len": [r.output_len for r in requests],
     })  # fmt: skip
+
+
+def step_ratio(engine, log: StepLog, model: StepTimeModel) -> dict:
+    """Measured / predicted time of every step of the last served run, by the model it was predicted with: how
+    much of the latency error is the step-time model's (the rest is the schedule's)."""
+    measured = engine.current_run().steps["step_time_ms"].to_numpy() / 1e3
+    loads = log.loads[-len(measured) :]
+    n = np.array([x.new_tokens for x in loads], dtype=np.float64)
+    kv = np.array([x.kv_tokens_read for x in loads], dtype=np.float64)
+    pairs = np.array([x.attention_pairs for x in loads], dtype=np.float64)
+    ratio = measured / model.step_time(n, kv, pairs)
+    decode = np.array([x.prefill_tokens == 0 for x in loads])
+    return {
+        "median": float(np.median(ratio)), "p10": float(np.percentile(ratio, 10)),
+        "p90": float(np.percentile(ratio, 90)), "decode_only_median": float(np.median(ratio[decode])),
+        "with_prefill_median": float(np.median(ratio[~decode])) if (~decode).any() else None,
+        "steps": len(ratio),
+    }  # fmt: skip
 
 
 def predict(requests: list[Request], model: StepTimeModel) -> pd.DataFrame:
@@ -241,10 +271,10 @@ def main() -> None:
         return SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
 
     log = StepLog(engine)
+    load_before = os.getloadavg()
     roofs = measure_roofs()
-    fit = fit_step_time(
-        calibrate(engine, log, size["repeats"], low, vocab, params), base_model(engine, roofs)
-    )
+    measured = calibrate(engine, log, size["repeats"], low, vocab, params)
+    fit = fit_step_time(measured, base_model(engine, roofs), fit=CPU_FIT, robust=True)
     requests = make_requests(size["requests"])
     bound = analytic_bounds(
         fit.model, requests, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, NUM_BLOCKS * BLOCK_SIZE
@@ -254,17 +284,19 @@ def main() -> None:
         rate = fraction * bound.capacity_rps
         timed = at_rate(requests, rate)
         row = compare(serve(engine, log, timed, low, vocab, params), predict(timed, fit.model))
+        row["step_time_measured_over_predicted"] = step_ratio(engine, log, fit.model)
         rates[f"{rate:.3f}"] = {"rate_req_per_s": rate, "fraction_of_bound": fraction, **row}
     keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
     worst = {k: max(r[k] for r in rates.values()) for k in keys}
     worst["max_rel_err"] = max(worst.values())
     print(json.dumps({
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "torch": torch.__version__, "threads": args.threads, "load_average": os.getloadavg()},
+                    "torch": torch.__version__, "threads": args.threads, "load_average_before": load_before,
+                    "load_average_after": os.getloadavg()},
         "model": "SmolLM2-135M-Instruct fp32", "mode": "quick" if args.quick else "full",
         "limits": {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                    "kv_tokens": NUM_BLOCKS * BLOCK_SIZE},
-        "roofs": roofs, "fit": fit.to_dict(), "throughput_bound_req_per_s": bound.capacity_rps,
+        "roofs": roofs, "roofs_after": measure_roofs(), "fit": fit.to_dict(), "throughput_bound_req_per_s": bound.capacity_rps,
         "requests_per_rate": len(requests), "rates": rates, "worst": worst,
         "load_s": load_s, "wall_s": time.perf_counter() - started,
     }, indent=2))  # fmt: skip
