@@ -11,11 +11,13 @@ other whenever another process takes a core).
 
 1. Roofs: the machine's memory bandwidth (a 256 MiB `copy_`, read + write bytes) and FLOP/s (a 1,536^3 float32
    matmul), best of a few, measured in this run: the step-time model's memory_bandwidth and peak_flops.
-2. Fit (`core.planning.step_fit.fit_step_time`): one sweep of batch shapes run through `Engine.step()`: decode
+2. Fit (`core.planning.step_fit.fit_step_time`): a sweep of batch shapes run through `Engine.step()`: decode
    batches of 1..16 sequences and prefill chunks of 16..256 tokens, the first steps of the sweep dropped as
    warm-up; every step's load is `core.sched.step_load` of the engine's own scheduled step, its time the engine's
    step_time_ms. Fitted (robust least squares): bandwidth and FLOP/s efficiencies and the per-step overhead
-   (`CPU_FIT`).
+   (`CPU_FIT`). The sweep and fit are redone right before each rate (the same shapes; `--fit-once` keeps the
+   first fit): other sessions on the machine change its speed over minutes, and the fit should see the machine
+   the validation sees. No fit ever sees a validation step.
 3. Validation (no fitting): the same seeded requests (prompt 16-96 tokens, output 8-40, uniform) arriving as a
    Poisson process at two rates (a fraction of the fitted model's throughput bound): each request is added when the
    wall clock reaches its arrival, the engine steps meanwhile; a request's first token / finish are the wall times
@@ -55,8 +57,8 @@ MAX_NUM_SEQS = 16
 MAX_NUM_BATCHED_TOKENS = 256
 MAX_SEQ_LEN = 256
 SIZES = {  # requests per rate, sweep repeats, rates as fractions of the fitted throughput bound
-    "quick": {"requests": 36, "repeats": 1, "rates": (0.25, 0.5)},
-    "full": {"requests": 100, "repeats": 2, "rates": (0.25, 0.5)},
+    "quick": {"requests": 30, "repeats": 1, "rates": (0.3, 0.6)},
+    "full": {"requests": 100, "repeats": 2, "rates": (0.3, 0.6)},
 }
 METRICS = ("ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
 # The per-token overhead is left at 0: on this CPU it is collinear with the FLOP/s roof (both grow with the
@@ -248,10 +250,18 @@ def compare(measured: pd.DataFrame, predicted: pd.DataFrame) -> dict:
     return out
 
 
+def fit_sweep(engine, log: StepLog, repeats: int, low: int, vocab: int, params):
+    """Roofs, then the sweep of batch shapes, then the robust fit of CPU_FIT on it: (roofs, StepTimeFit)."""
+    roofs = measure_roofs()
+    measured = calibrate(engine, log, repeats, low, vocab, params)
+    return roofs, fit_step_time(measured, base_model(engine, roofs), fit=CPU_FIT, robust=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--fit-once", action="store_true", help="one sweep and fit for both rates")
     args = parser.parse_args()
     size = SIZES["quick" if args.quick else "full"]
     started = time.perf_counter()
@@ -272,20 +282,21 @@ def main() -> None:
 
     log = StepLog(engine)
     load_before = os.getloadavg()
-    roofs = measure_roofs()
-    measured = calibrate(engine, log, size["repeats"], low, vocab, params)
-    fit = fit_step_time(measured, base_model(engine, roofs), fit=CPU_FIT, robust=True)
     requests = make_requests(size["requests"])
+    roofs, fit = fit_sweep(engine, log, size["repeats"], low, vocab, params)
     bound = analytic_bounds(
         fit.model, requests, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, NUM_BLOCKS * BLOCK_SIZE
     )
     rates = {}
-    for fraction in size["rates"]:
+    for i, fraction in enumerate(size["rates"]):
+        if i and not args.fit_once:  # a fresh sweep right before each rate: the machine's speed drifts
+            roofs, fit = fit_sweep(engine, log, size["repeats"], low, vocab, params)
         rate = fraction * bound.capacity_rps
         timed = at_rate(requests, rate)
         row = compare(serve(engine, log, timed, low, vocab, params), predict(timed, fit.model))
         row["step_time_measured_over_predicted"] = step_ratio(engine, log, fit.model)
-        rates[f"{rate:.3f}"] = {"rate_req_per_s": rate, "fraction_of_bound": fraction, **row}
+        rates[f"{rate:.3f}"] = {"rate_req_per_s": rate, "fraction_of_bound": fraction, "roofs": roofs,
+                                "fit": fit.to_dict(), **row}  # fmt: skip
     keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
     worst = {k: max(r[k] for r in rates.values()) for k in keys}
     worst["max_rel_err"] = max(worst.values())
@@ -294,9 +305,9 @@ def main() -> None:
                     "torch": torch.__version__, "threads": args.threads, "load_average_before": load_before,
                     "load_average_after": os.getloadavg()},
         "model": "SmolLM2-135M-Instruct fp32", "mode": "quick" if args.quick else "full",
-        "limits": {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-                   "kv_tokens": NUM_BLOCKS * BLOCK_SIZE},
-        "roofs": roofs, "roofs_after": measure_roofs(), "fit": fit.to_dict(), "throughput_bound_req_per_s": bound.capacity_rps,
+        "fit_once": args.fit_once, "limits": {"max_num_seqs": MAX_NUM_SEQS,
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "kv_tokens": NUM_BLOCKS * BLOCK_SIZE},
+        "roofs_after": measure_roofs(), "throughput_bound_req_per_s": bound.capacity_rps,
         "requests_per_rate": len(requests), "rates": rates, "worst": worst,
         "load_s": load_s, "wall_s": time.perf_counter() - started,
     }, indent=2))  # fmt: skip
