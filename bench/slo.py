@@ -14,8 +14,8 @@ other whenever another process takes a core).
 2. Fit (`core.planning.step_fit.fit_step_time`): a sweep of batch shapes run through `Engine.step()`: decode
    batches of 1..16 sequences and prefill chunks of 16..256 tokens, the first steps of the sweep dropped as
    warm-up; every step's load is `core.sched.step_load` of the engine's own scheduled step, its time the engine's
-   step_time_ms. Fitted (robust least squares): bandwidth and FLOP/s efficiencies and the per-step overhead
-   (`CPU_FIT`). The sweep and fit are redone right before each rate (the same shapes; `--fit-once` keeps the
+   step_time_ms. Fitted (robust least squares): bandwidth and FLOP/s efficiencies and the per-step overheads of
+   one-token and larger steps (`CPU_FIT`). The sweep and fit are redone right before each rate (the same shapes; `--fit-once` keeps the
    first fit): other sessions on the machine change its speed over minutes, and the fit should see the machine
    the validation sees. No fit ever sees a validation step.
 3. Validation (no fitting): the same seeded requests (prompt 16-96 tokens, output 8-40, uniform) arriving as a
@@ -57,13 +57,15 @@ MAX_NUM_SEQS = 16
 MAX_NUM_BATCHED_TOKENS = 256
 MAX_SEQ_LEN = 256
 SIZES = {  # requests per rate, sweep repeats, rates as fractions of the fitted throughput bound
-    "quick": {"requests": 30, "repeats": 1, "rates": (0.3, 0.6)},
-    "full": {"requests": 100, "repeats": 2, "rates": (0.3, 0.6)},
+    "quick": {"requests": 40, "repeats": 1, "rates": (0.25, 0.5)},
+    "full": {"requests": 120, "repeats": 2, "rates": (0.25, 0.5)},
 }
 METRICS = ("ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
-# The per-token overhead is left at 0: on this CPU it is collinear with the FLOP/s roof (both grow with the
-# step's tokens), and the engine's host time per token is under 0.1 ms (its host_ms column).
-CPU_FIT = ("bandwidth_efficiency", "flops_efficiency", "overhead_s")
+# One-token steps get their own overhead: a lone decode runs matrix-vector kernels (~37 ms here), any larger step
+# matrix-matrix kernels that pack the weights first (~60 ms for 2-8 decodes). The per-token overhead is left at 0:
+# on this CPU it is collinear with the FLOP/s roof (both grow with the step's tokens), and the engine's host time
+# per token is under 0.1 ms (its host_ms column).
+CPU_FIT = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "single_token_overhead_s")
 
 
 def measure_roofs(repeats: int = 12) -> dict:
@@ -115,13 +117,17 @@ class StepLog:
 
 def base_model(engine, roofs: dict) -> StepTimeModel:
     """The roofline of the engine's model on this CPU: fp32 weights read once per step, K/V per token, 2 FLOPs per
-    parameter per token, 4 x layers x heads x head_dim per attention pair (efficiencies and overheads to fit)."""
+    parameter per token outside the LM head and 2 x vocab x hidden per sampled token for it (the engine computes
+    logits for the tokens it samples only: 21% of SmolLM2's parameters), 4 x layers x heads x head_dim per
+    attention pair (efficiencies and overheads to fit)."""
     c = engine.config
     weight_bytes = float(engine.model.weight_bytes)
+    lm_head = float(c.vocab_size * c.hidden_size)
     return StepTimeModel(
         weight_bytes=weight_bytes,
         kv_bytes_per_token=float(c.num_layers * 2 * c.num_kv_heads * c.head_dim * 4),
-        flops_per_token=2.0 * weight_bytes / 4,
+        flops_per_token=2.0 * (weight_bytes / 4 - lm_head),
+        lm_head_flops_per_output=2.0 * lm_head,
         attention_flops_per_pair=4.0 * c.num_layers * c.num_heads * c.head_dim,
         memory_bandwidth=roofs["memory_bandwidth"],
         peak_flops=roofs["peak_flops"],
@@ -159,7 +165,8 @@ def calibrate(engine, log: StepLog, repeats: int, low: int, vocab: int, params) 
     loads = log.loads[first:]
     frame = pd.DataFrame({
         "new_tokens": [x.new_tokens for x in loads], "kv_tokens_read": [x.kv_tokens_read for x in loads],
-        "attention_pairs": [x.attention_pairs for x in loads], "seconds": steps["step_time_ms"].to_numpy() / 1e3,
+        "attention_pairs": [x.attention_pairs for x in loads], "output_tokens": [x.output_tokens for x in loads],
+        "seconds": steps["step_time_ms"].to_numpy() / 1e3,
     })  # fmt: skip
     return frame.iloc[8:].reset_index(drop=True)  # the first steps warm caches and allocators
 
@@ -219,7 +226,8 @@ def step_ratio(engine, log: StepLog, model: StepTimeModel) -> dict:
     n = np.array([x.new_tokens for x in loads], dtype=np.float64)
     kv = np.array([x.kv_tokens_read for x in loads], dtype=np.float64)
     pairs = np.array([x.attention_pairs for x in loads], dtype=np.float64)
-    ratio = measured / model.step_time(n, kv, pairs)
+    outputs = np.array([x.output_tokens for x in loads], dtype=np.float64)
+    ratio = measured / model.step_time(n, kv, pairs, output_tokens=outputs)
     decode = np.array([x.prefill_tokens == 0 for x in loads])
     return {
         "median": float(np.median(ratio)), "p10": float(np.percentile(ratio, 10)),
@@ -250,11 +258,11 @@ def compare(measured: pd.DataFrame, predicted: pd.DataFrame) -> dict:
     return out
 
 
-def fit_sweep(engine, log: StepLog, repeats: int, low: int, vocab: int, params):
-    """Roofs, then the sweep of batch shapes, then the robust fit of CPU_FIT on it: (roofs, StepTimeFit)."""
+def fit_sweep(engine, log: StepLog, repeats: int, low: int, vocab: int, params, robust: bool):
+    """Roofs, then the sweep of batch shapes, then the fit of CPU_FIT on it: (roofs, StepTimeFit)."""
     roofs = measure_roofs()
     measured = calibrate(engine, log, repeats, low, vocab, params)
-    return roofs, fit_step_time(measured, base_model(engine, roofs), fit=CPU_FIT, robust=True)
+    return roofs, fit_step_time(measured, base_model(engine, roofs), fit=CPU_FIT, robust=robust)
 
 
 def main() -> None:
@@ -262,6 +270,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--fit-once", action="store_true", help="one sweep and fit for both rates")
+    parser.add_argument(
+        "--robust", action="store_true", help="Huber-reweighted fit (default: plain least squares)"
+    )
     args = parser.parse_args()
     size = SIZES["quick" if args.quick else "full"]
     started = time.perf_counter()
@@ -283,14 +294,14 @@ def main() -> None:
     log = StepLog(engine)
     load_before = os.getloadavg()
     requests = make_requests(size["requests"])
-    roofs, fit = fit_sweep(engine, log, size["repeats"], low, vocab, params)
+    roofs, fit = fit_sweep(engine, log, size["repeats"], low, vocab, params, args.robust)
     bound = analytic_bounds(
         fit.model, requests, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, NUM_BLOCKS * BLOCK_SIZE
     )
     rates = {}
     for i, fraction in enumerate(size["rates"]):
         if i and not args.fit_once:  # a fresh sweep right before each rate: the machine's speed drifts
-            roofs, fit = fit_sweep(engine, log, size["repeats"], low, vocab, params)
+            roofs, fit = fit_sweep(engine, log, size["repeats"], low, vocab, params, args.robust)
         rate = fraction * bound.capacity_rps
         timed = at_rate(requests, rate)
         row = compare(serve(engine, log, timed, low, vocab, params), predict(timed, fit.model))
@@ -305,7 +316,7 @@ def main() -> None:
                     "torch": torch.__version__, "threads": args.threads, "load_average_before": load_before,
                     "load_average_after": os.getloadavg()},
         "model": "SmolLM2-135M-Instruct fp32", "mode": "quick" if args.quick else "full",
-        "fit_once": args.fit_once, "limits": {"max_num_seqs": MAX_NUM_SEQS,
+        "fit_once": args.fit_once, "robust_fit": args.robust, "limits": {"max_num_seqs": MAX_NUM_SEQS,
         "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "kv_tokens": NUM_BLOCKS * BLOCK_SIZE},
         "roofs_after": measure_roofs(), "throughput_bound_req_per_s": bound.capacity_rps,
         "requests_per_rate": len(requests), "rates": rates, "worst": worst,

@@ -4,6 +4,7 @@
                     Slo(ttft_p95_s=1.0, tpot_p95_s=0.05), SloCandidates(gpus=("h100-80gb", "l40s")))
     plan.best            # the first configuration that meets the SLO (fewest GPUs, then the cost proxy)
     plan.configs         # every configuration evaluated, ranked; plan.to_dict()["configs"] is the CLI's JSON
+    latency_curve("llama-3.1-8b", plan.best, workload, slo, rates=[4, 8, 12, 16])   # p95s against the rate
 
 The search (`core.planning.slo_candidates`): GPU type x tp x pp x replicas x max_num_seqs x KV dtype (x weight
 dtype), num_gpus = tp x pp x replicas <= max_gpus, the rate split evenly over the replicas. Candidates are
@@ -25,9 +26,9 @@ with fewer GPUs has been evaluated, so the first one meeting it is the cheapest.
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
-from core.errors import SloInfeasibleError
+from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.models import ModelSpec, get_model
 from core.planning.published import gpu_step_defaults
 from core.planning.slo_candidates import Candidate, Slo, SloCandidates, SloWorkload, enumerate_candidates
@@ -44,7 +45,7 @@ from core.planning.slo_eval import (
 
 METRIC_LABELS = {"ttft_p95_s": "TTFT p95", "tpot_p95_s": "TPOT p95"}
 
-__all__ = ["Slo", "SloCandidates", "SloConfig", "SloPlan", "SloWorkload", "plan_slo"]
+__all__ = ["Slo", "SloCandidates", "SloConfig", "SloPlan", "SloWorkload", "latency_curve", "plan_slo"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -229,6 +230,35 @@ def plan_slo(
     if result.best is None:
         raise _infeasible(result)
     return result
+
+
+def latency_curve(
+    model: ModelSpec | str,
+    config: SloConfig,
+    workload: SloWorkload,
+    slo: Slo,
+    rates,
+    candidates: SloCandidates | None = None,
+) -> list[SloConfig]:
+    """One configuration (e.g. a row of `SloPlan.configs`) evaluated at each of `rates` (requests/s, the whole
+    deployment), exactly as `plan_slo` evaluates it: a point the bounds already rule out is not simulated
+    (`simulated` False, `limiting_metric` "rate" past the throughput bound). The knee where queueing takes over is
+    the first point whose binding is "queueing" or that the throughput bound prunes. `candidates` must hold the
+    config's GPU (its step_time overrides apply; default `SloCandidates()`)."""
+    model = get_model(model) if isinstance(model, str) else model
+    cands = SloCandidates() if candidates is None else candidates
+    specs = dict(cands.gpu_specs())
+    if config.gpu not in specs:
+        raise InvalidArgumentError(
+            f"GPU {config.gpu!r} is not among the candidates' GPUs ({', '.join(specs)})"
+        )
+    cand = Candidate(config.gpu, specs[config.gpu], config.tp, config.pp, config.replicas, config.max_num_seqs,
+                     config.kv_dtype, config.weight_dtype)  # fmt: skip
+    points = []
+    for rate in rates:
+        point = replace(workload, rate=rate)
+        points.append(_Search(model, point, slo, cands).evaluate(cand))
+    return points
 
 
 def _infeasible(plan: SloPlan) -> SloInfeasibleError:

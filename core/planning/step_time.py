@@ -4,10 +4,15 @@ A step runs `new_tokens` tokens (prefill chunks + one per decoding sequence). Pe
 
     bytes   = weight_bytes + kv_bytes_per_token * (kv_tokens_read + new_tokens)        weights once, K/V read + written
     flops   = flops_per_token * new_tokens + attention_flops_per_pair * attention_pairs
+              (+ lm_head_flops_per_output * output_tokens, the tokens the step samples, when set)
     roof_s  = max(bytes / (memory_bandwidth * bandwidth_efficiency), flops / (peak_flops * flops_efficiency))
     comm_s  = comm_latency_s + comm_bytes_per_token * new_tokens / interconnect_bandwidth
     time_s  = overhead_s + per_token_overhead_s * new_tokens + pipeline_stages * roof_s + comm_s
               + swap_bytes / swap_bandwidth                                              (0 when new_tokens == 0)
+
+with single_token_overhead_s in place of overhead_s for a step of exactly one token when it is set (on a CPU a
+lone decode runs matrix-vector kernels; from two rows torch's matrix-matrix kernels pack the weights first, a
+fixed cost per step: bench/slo.py measures 37 ms for one decode and ~60 ms for two to eight on SmolLM2-135M).
 
 kv_tokens_read = context tokens the decode queries attend to plus the prior context of prefill chunks;
 attention_pairs = (query, key) pairs of the step (a decode: its context + 1; a prefill chunk of c tokens
@@ -82,7 +87,9 @@ class StepTimeModel:
     flops_per_token: ~2 x parameters on the GPU. attention_flops_per_pair: 4 x layers x heads x head_dim on the GPU
     (QK^T and PV for one query-key pair). memory_bandwidth (bytes/s) and peak_flops (FLOP/s), scaled by the two
     efficiencies (in (0, 1]). overhead_s: fixed per-step time outside the kernels; per_token_overhead_s: host time
-    per token of the step. swap_bandwidth: CPU<->GPU bytes/s. pipeline_stages: the roofline is paid once per
+    per token of the step; single_token_overhead_s: overhead_s of a one-token step (None: the same).
+    lm_head_flops_per_output: FLOPs of the LM head per sampled token, when flops_per_token leaves it out (engines
+    compute logits only for the tokens they sample: a prefill chunk's last token); 0: flops_per_token has it. swap_bandwidth: CPU<->GPU bytes/s. pipeline_stages: the roofline is paid once per
     stage. comm_bytes_per_token / comm_latency_s / interconnect_bandwidth: the tensor- and pipeline-parallel
     traffic of one token (bytes per GPU), the fixed latency of a step's collectives, one direction's bytes/s.
     """
@@ -102,11 +109,13 @@ class StepTimeModel:
     comm_bytes_per_token: float = 0.0
     comm_latency_s: float = 0.0
     interconnect_bandwidth: float = math.inf
+    single_token_overhead_s: float | None = None
+    lm_head_flops_per_output: float = 0.0
 
     def __post_init__(self):
         for name in (
             "weight_bytes", "kv_bytes_per_token", "flops_per_token", "attention_flops_per_pair", "overhead_s",
-            "per_token_overhead_s", "comm_bytes_per_token", "comm_latency_s",
+            "per_token_overhead_s", "comm_bytes_per_token", "comm_latency_s", "lm_head_flops_per_output",
         ):  # fmt: skip
             if not getattr(self, name) >= 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -116,6 +125,10 @@ class StepTimeModel:
         for name in ("bandwidth_efficiency", "flops_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise InvalidArgumentError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        if self.single_token_overhead_s is not None and not self.single_token_overhead_s >= 0:
+            raise InvalidArgumentError(
+                f"single_token_overhead_s must be >= 0, got {self.single_token_overhead_s!r}"
+            )
         if isinstance(self.pipeline_stages, bool) or not (
             isinstance(self.pipeline_stages, int) and self.pipeline_stages >= 1
         ):
@@ -127,36 +140,44 @@ class StepTimeModel:
         return replace(self, overhead_s=overhead_s)
 
     def step_seconds(
-        self, new_tokens: float, kv_tokens_read: float, attention_pairs: float = 0.0, swap_bytes: float = 0.0
+        self,
+        new_tokens: float,
+        kv_tokens_read: float,
+        attention_pairs: float = 0.0,
+        swap_bytes: float = 0.0,
+        output_tokens: float | None = None,
     ) -> float:
-        """`step_time` for one step, on Python floats (the simulator's per-step fast path)."""
+        """`step_time` for one step, on Python floats (the simulator's per-step fast path). output_tokens: tokens the
+        step samples (decodes + prefills it completes; None: new_tokens), priced by lm_head_flops_per_output."""
         if new_tokens <= 0:
             return 0.0
         memory = (self.weight_bytes + self.kv_bytes_per_token * (kv_tokens_read + new_tokens)) / (
             self.memory_bandwidth * self.bandwidth_efficiency
         )
-        compute = (self.flops_per_token * new_tokens + self.attention_flops_per_pair * attention_pairs) / (
-            self.peak_flops * self.flops_efficiency
-        )
+        flops = self.flops_per_token * new_tokens + self.attention_flops_per_pair * attention_pairs
+        if self.lm_head_flops_per_output:
+            flops += self.lm_head_flops_per_output * (new_tokens if output_tokens is None else output_tokens)
+        compute = flops / (self.peak_flops * self.flops_efficiency)
         roof = max(memory, compute)
         if self.pipeline_stages != 1:
             roof *= self.pipeline_stages
-        total = (
-            self.overhead_s + self.per_token_overhead_s * new_tokens + roof + swap_bytes / self.swap_bandwidth
-        )
+        overhead = self.overhead_s
+        if new_tokens == 1 and self.single_token_overhead_s is not None:
+            overhead = self.single_token_overhead_s
+        total = overhead + self.per_token_overhead_s * new_tokens + roof + swap_bytes / self.swap_bandwidth
         if self.comm_bytes_per_token or self.comm_latency_s:
             total += (
                 self.comm_latency_s + self.comm_bytes_per_token * new_tokens / self.interconnect_bandwidth
             )
         return total
 
-    def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0):
+    def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0, output_tokens=None):
         """Seconds for steps with these loads; scalars or numpy arrays (broadcast). 0 new tokens costs 0."""
-        parts = self.breakdown(new_tokens, kv_tokens_read, attention_pairs)
+        parts = self.breakdown(new_tokens, kv_tokens_read, attention_pairs, output_tokens)
         total = parts.total_s + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
         return np.where(np.asarray(new_tokens) > 0, total, 0.0)
 
-    def breakdown(self, new_tokens, kv_tokens_read, attention_pairs=0.0) -> StepBreakdown:
+    def breakdown(self, new_tokens, kv_tokens_read, attention_pairs=0.0, output_tokens=None) -> StepBreakdown:
         """The parts of the step time (arrays broadcast like `step_time`; swap left out)."""
         new_tokens = np.asarray(new_tokens, dtype=np.float64)
         bytes_moved = self.weight_bytes + self.kv_bytes_per_token * (
@@ -165,12 +186,18 @@ class StepTimeModel:
         flops = self.flops_per_token * new_tokens + self.attention_flops_per_pair * np.asarray(
             attention_pairs, dtype=np.float64
         )
+        if self.lm_head_flops_per_output:
+            outputs = new_tokens if output_tokens is None else np.asarray(output_tokens, dtype=np.float64)
+            flops = flops + self.lm_head_flops_per_output * outputs
         stages = self.pipeline_stages
         memory = bytes_moved / (self.memory_bandwidth * self.bandwidth_efficiency)
         compute = flops / (self.peak_flops * self.flops_efficiency)
         if stages != 1:
             memory, compute = memory * stages, compute * stages
-        overhead = self.overhead_s + self.per_token_overhead_s * new_tokens
+        fixed = self.overhead_s
+        if self.single_token_overhead_s is not None:
+            fixed = np.where(new_tokens == 1, self.single_token_overhead_s, self.overhead_s)
+        overhead = fixed + self.per_token_overhead_s * new_tokens
         comm = self.comm_latency_s + self.comm_bytes_per_token * new_tokens / self.interconnect_bandwidth
         total = overhead + np.maximum(memory, compute)
         if self.comm_bytes_per_token or self.comm_latency_s:

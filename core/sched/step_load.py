@@ -11,12 +11,14 @@ class StepLoad(NamedTuple):
     kv_tokens_read: keys read besides the step's own tokens: the decodes' context before the step plus the prior
     context of each prefill chunk. attention_pairs: (query, key) pairs: a decode attends to its context and
     itself (context + 1); a chunk of c tokens starting at s to its prior context and causally to itself
-    (c * s + c (c + 1) / 2)."""
+    (c * s + c (c + 1) / 2). output_tokens: tokens the step samples: one per decoding sequence, and one per sequence
+    of each group whose prefill the step completes (the tokens an engine computes logits for)."""
 
     decode_tokens: int
     prefill_tokens: int
     kv_tokens_read: int
     attention_pairs: float
+    output_tokens: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -30,8 +32,11 @@ def step_load(step: ScheduledStep) -> StepLoad:
     prefill_tokens = 0
     prior = 0
     pairs = ctx + n_decode
-    for _, start, tokens in step.prefill_chunks:
+    outputs = n_decode
+    for group, start, tokens in step.prefill_chunks:
         prefill_tokens += tokens
         prior += start
         pairs += tokens * start + tokens * (tokens + 1) / 2
-    return StepLoad(n_decode, prefill_tokens, ctx + prior, pairs)
+        if start + tokens >= group.num_prefill_total:
+            outputs += group.num_seqs
+    return StepLoad(n_decode, prefill_tokens, ctx + prior, pairs, outputs)

@@ -217,7 +217,13 @@ class _Simulation:
         its prior context and causally to itself); a step that only swaps in costs the transfer."""
         load = step_load(step)
         swap_bytes = self._swap_bytes(step)
-        dt = self.model.step_seconds(load.new_tokens, load.kv_tokens_read, load.attention_pairs, swap_bytes)
+        dt = self.model.step_seconds(
+            load.new_tokens,
+            load.kv_tokens_read,
+            load.attention_pairs,
+            swap_bytes,
+            output_tokens=load.output_tokens,
+        )
         if dt == 0.0:  # only a swap-in: the transfer alone
             dt = swap_bytes / self.model.swap_bandwidth
         return dt

@@ -11,7 +11,7 @@ from core.planning.cli import main
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from core.planning.plan import plan
-from core.planning.slo import Slo, SloCandidates, SloWorkload, plan_slo
+from core.planning.slo import Slo, SloCandidates, SloWorkload, latency_curve, plan_slo
 from core.planning.slo_candidates import enumerate_candidates
 from core.planning.slo_eval import BINDINGS, analytic_bounds, memory_plan, run_simulation, step_model
 
@@ -165,3 +165,20 @@ def test_the_cli_prints_the_issue_keys_sorted(capsys):
                  "300", "--ttft-p95", "1"]) == 2  # fmt: skip
     out = capsys.readouterr()
     assert "no candidate can sustain" in out.err and json.loads(out.out)["error"]["metric"] == "rate"
+
+
+def test_latency_curve_reevaluates_a_configuration_at_other_rates():
+    workload = SloWorkload(rate=12.0, prompt_len=2000, output_len=300)
+    result = plan_slo("llama-3.1-8b", workload, Slo(1.0, 0.05))
+    best = result.best
+    again, faster, far = latency_curve(
+        "llama-3.1-8b", best, workload, Slo(1.0, 0.05), rates=[12.0, 18.0, 500.0]
+    )
+    assert (again.ttft_p95_s, again.tpot_p95_s, again.meets_slo) == (best.ttft_p95_s, best.tpot_p95_s, True)
+    assert faster.simulated and faster.tpot_p95_s > best.tpot_p95_s  # more load, slower decode steps
+    assert (
+        not far.simulated and far.limiting_metric == "rate"
+    )  # past the throughput bound: the knee is behind
+    with pytest.raises(InvalidArgumentError, match="not among"):
+        latency_curve("llama-3.1-8b", best, workload, Slo(1.0), [1.0], SloCandidates(gpus=("l40s",)))
+    assert pickle.loads(pickle.dumps(result)).best == best  # plans travel between job workers

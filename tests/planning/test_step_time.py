@@ -154,19 +154,41 @@ def test_fit_rejects_bad_input(steps, fit, message):
 
 
 class _Group:
-    def __init__(self, num_seqs, length):
-        self.num_seqs, self.length = num_seqs, length
+    def __init__(self, num_seqs, length, num_prefill_total=0):
+        self.num_seqs, self.length, self.num_prefill_total = num_seqs, length, num_prefill_total
 
 
 def test_step_load_of_a_mixed_step_by_hand():
     step = ScheduledStep()
     step.decoding = [_Group(1, 100), _Group(2, 40)]
     step.num_decode_tokens, step.decode_context_tokens = 3, 100 + 2 * 40
-    step.prefill_chunks = [(_Group(1, 0), 0, 16), (_Group(1, 0), 32, 8)]
+    step.prefill_chunks = [(_Group(1, 0, 100), 0, 16), (_Group(2, 0, 40), 32, 8)]  # the second one completes
     load = step_load(step)
     assert (load.decode_tokens, load.prefill_tokens, load.new_tokens) == (3, 24, 27)
+    assert load.output_tokens == 3 + 2  # the decodes, and both sequences of the completed prefill
     assert load.kv_tokens_read == 180 + 32
     assert load.attention_pairs == 180 + 3 + (16 * 17 / 2) + (8 * 32 + 8 * 9 / 2)
+
+
+def test_the_lm_head_is_priced_per_sampled_token_when_split_out():
+    split = replace(opt_13b_a100(), flops_per_token=2e10, lm_head_flops_per_output=5.8e9)
+    # a 2,000-token prefill chunk samples one token: FLOPs 2e10 x 2,000 + 5.8e9 x 1 + attention
+    flops = 2e10 * 2000 + 5.8e9 + 4 * 40 * 5120 * (2000 * 2001 / 2)
+    assert split.step_seconds(2000, 0, 2000 * 2001 / 2, output_tokens=1) == pytest.approx(
+        0.015 + flops / 156e12
+    )
+    assert float(split.step_time(2000, 0, 2000 * 2001 / 2, output_tokens=1)) == pytest.approx(
+        0.015 + flops / 156e12
+    )
+    # without output_tokens every token is sampled (the decode default)
+    assert split.step_seconds(2000, 0, 2000 * 2001 / 2) > split.step_seconds(2000, 0, 2000 * 2001 / 2, 0.0, 1)
+    truth = replace(split, flops_efficiency=0.4, overhead_s=0.004)
+    steps = _shapes(8, 60)
+    steps["output_tokens"] = np.where(steps["kv_tokens_read"] > 0, steps["new_tokens"], 1)
+    steps["seconds"] = truth.step_time(steps["new_tokens"], steps["kv_tokens_read"], steps["attention_pairs"],
+                                       output_tokens=steps["output_tokens"])  # fmt: skip
+    fit = fit_step_time(steps, split)
+    assert fit.model.flops_efficiency == pytest.approx(0.4, rel=1e-9) and fit.rms_relative_error < 1e-12
 
 
 def test_a_model_built_by_hand_prices_like_the_formula():
@@ -189,3 +211,23 @@ def test_robust_fit_ignores_steps_slowed_by_another_process():
     for name in ("bandwidth_efficiency", "flops_efficiency", "overhead_s"):
         assert getattr(robust.model, name) == pytest.approx(getattr(truth, name), rel=0.02), name
     assert abs(plain.model.bandwidth_efficiency - 0.7) > 5 * abs(robust.model.bandwidth_efficiency - 0.7)
+
+
+def test_one_token_steps_may_have_their_own_overhead_and_the_fit_finds_it():
+    cpu = opt_13b_a100(overhead_s=0.060, single_token_overhead_s=0.037)
+    one = (25.8e9 + 819_200 * (100 + 1)) / (1555e9 * 0.8)
+    assert cpu.step_seconds(1, 100, 101) == pytest.approx(0.037 + one)
+    assert float(cpu.step_time(1, 100, 101)) == pytest.approx(0.037 + one)
+    assert cpu.step_seconds(2, 200, 202) > 0.060  # two tokens pay the larger overhead
+    steps = _shapes(7, 120)
+    steps["new_tokens"][:20] = 1  # lone decodes
+    steps["kv_tokens_read"][:20], steps["attention_pairs"][:20] = 500, 501
+    steps["seconds"] = cpu.step_time(steps["new_tokens"], steps["kv_tokens_read"], steps["attention_pairs"])
+    names = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "single_token_overhead_s")
+    fit = fit_step_time(steps, opt_13b_a100(), fit=names)
+    assert fit.model.single_token_overhead_s == pytest.approx(0.037, rel=1e-9)
+    assert fit.model.overhead_s == pytest.approx(0.060, rel=1e-9)
+    assert fit.to_dict()["single_token_overhead_s"] == pytest.approx(0.037, rel=1e-9)
+    without_lone = {k: v[20:] for k, v in steps.items()}
+    with pytest.raises(InvalidArgumentError, match="one token and of more"):
+        fit_step_time(without_lone, opt_13b_a100(), fit=names)
