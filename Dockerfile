@@ -13,8 +13,8 @@
 # outside PAGED_LAB_MODEL_ROOT (after resolving .. and symlinks). -e PAGED_LAB_MODEL_ROOT= allows any directory
 # in the container: only for a single-user image. The fetched SmolLM2 model (below) is offered by name, not by path.
 # The Live page fetches user-given URLs from inside the container: PAGED_LAB_LIVE_HOSTS limits it to the lab-started
-# core.serve on loopback (HTTP 8000, KV events 5557/5558); add your vLLM hosts (host or host:port, comma separated),
-# or set it to off.
+# core.serve on loopback (HTTP 8000, KV events 5557/5558), the default everywhere; add your vLLM hosts (host,
+# host:port, an address or a network, comma separated), or set it to off: docs/live-security.md.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE} AS base
 

@@ -1,10 +1,21 @@
 """Time the block manager's hot paths and print one JSON object.
 
+- nano_vllm_time_ratio: our time / nano-vllm's time on nano-vllm's decode trace (`bench/nano_vllm_trace.py`
+  defines it: 512 sequences sharing a system prompt, 256 decode steps of one token each, then every sequence
+  freed), at nano-vllm's block size, 256 (its config requires a multiple of 256), our `append_token` against
+  nano-vllm's per-token work (its sequence's append, `can_append`, `may_append`, and the slot its model runner
+  reads: what our `append_token` returns); goal <= 0.5. nano-vllm's algorithm is re-implemented in
+  `bench/nano_vllm_reference.py` from its published description, with this project's block key on both sides
+  (nano-vllm hashes with xxhash, which is not a dependency here). In one process, the sides in turn, timed in
+  CPU time; printed with the range of the per-repetition ratios. Beside it: the same without nano-vllm's slot
+  read (`..._block_manager_only`, stricter) and both at block size 16 (vLLM's default: 16x the block fills
+  and hashes per token); `nano_vllm_decode_trace` has every ratio and each side's ns per token.
 - append_tokens_per_s: append_token throughput for 1,000 sequences x 512 decode tokens, with forks (parallel
   sampling) and frees along the way, prefix caching on (and, for comparison, off). Pure Python: one core.
 - revival: re-admitting prompts whose blocks are cached but free. The same prompts are re-admitted in a pool of
   40,000 and of 100,000 blocks, every free block cached; time per revived block must not grow with the cached
-  free list (no scan).
+  free list (no scan). `revival_nano_vllm`: nano-vllm's algorithm on the same setup, with 8 prompts instead of
+  500 (it takes a revived block out of its free deque by value: a scan of the deque per block).
 - snapshot_ms: BlockManager.snapshot() of a 100,000-block pool holding ~1,000 sequences.
 
 Usage: python -m bench.block_manager [--quick]
@@ -15,9 +26,15 @@ import json
 import platform
 import time
 
+from bench import nano_vllm_trace
+from bench.nano_vllm_reference import NanoBlockManager, NanoSequence
 from core.paging.block_manager import BlockManager
 
 BLOCK_SIZE = 16
+NANO_VLLM_BLOCK_SIZE = 256  # nano-vllm's default kvcache_block_size; it asserts a multiple of 256
+
+
+# ---- throughput with forks, revival, snapshot --------------------------------------------------------------
 
 
 def decode_run(enable_prefix_caching: bool, num_seqs: int, decode_tokens: int) -> dict:
@@ -83,6 +100,40 @@ def revival_run(pool_blocks: int, num_prompts: int, prompt_tokens: int) -> dict:
     }
 
 
+def nano_revival_run(pool_blocks: int, num_prompts: int, prompt_tokens: int) -> dict:
+    """`revival_run`'s setup through nano-vllm's algorithm: other prompts fill the pool and are freed, then
+    `num_prompts` prompts are allocated and freed, then re-admitted (timed). A hit on a free block takes it out
+    of the free deque by value, so each revived block costs a scan of the deque."""
+    manager = NanoBlockManager(pool_blocks, BLOCK_SIZE)
+    prompts = [[p * 1_000_003 + t for t in range(prompt_tokens)] for p in range(num_prompts)]
+    fillers = []
+    filler_blocks = pool_blocks - num_prompts * -(-prompt_tokens // BLOCK_SIZE)
+    while filler_blocks >= 64:
+        seq = NanoSequence([-(len(fillers) * 1_000_003 + t) - 1 for t in range(1024)], BLOCK_SIZE)
+        manager.allocate(seq)
+        fillers.append(seq)
+        filler_blocks -= 64
+    for seq in fillers:
+        manager.deallocate(seq)
+    firsts = [NanoSequence(prompt, BLOCK_SIZE) for prompt in prompts]
+    for seq in firsts:
+        manager.allocate(seq)
+    for seq in firsts:
+        manager.deallocate(seq)
+    again = [NanoSequence(prompt, BLOCK_SIZE) for prompt in prompts]
+    start = time.perf_counter()
+    for seq in again:
+        manager.allocate(seq)
+    elapsed = time.perf_counter() - start
+    revived = sum(seq.num_cached_tokens // BLOCK_SIZE for seq in again)
+    return {
+        "pool_blocks": pool_blocks,
+        "revived_blocks": revived,
+        "readmit_s": round(elapsed, 5),
+        "ns_per_revived_block": round(elapsed / revived * 1e9),
+    }
+
+
 def snapshot_ms(num_seqs: int) -> float:
     manager = BlockManager(100_000, BLOCK_SIZE, enable_prefix_caching=True)
     for seq in range(num_seqs):
@@ -97,6 +148,10 @@ def snapshot_ms(num_seqs: int) -> float:
 REPEATS = 3
 
 
+def _range(spread: dict) -> dict:
+    return {"min": spread["min"], "max": spread["max"]}
+
+
 def _median(run, key: str) -> dict:
     results = sorted((run() for _ in range(REPEATS)), key=lambda r: r[key])
     return results[len(results) // 2]
@@ -107,13 +162,30 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer sequences and tokens (a smoke run)")
     args = parser.parse_args()
     num_seqs, decode_tokens = (100, 64) if args.quick else (1_000, 512)
+    trace_seqs, trace_repeats = (64, 5) if args.quick else (512, 9)
+    nano = nano_vllm_trace.compare(NANO_VLLM_BLOCK_SIZE, trace_seqs, 256, trace_repeats)
+    nano_16 = nano_vllm_trace.compare(BLOCK_SIZE, trace_seqs, 256, trace_repeats)
     # machines here are noisy: each figure is the median of REPEATS runs
     cached = _median(lambda: decode_run(True, num_seqs, decode_tokens), "tokens_per_s")
     uncached = _median(lambda: decode_run(False, num_seqs, decode_tokens), "tokens_per_s")
     # 500 prompts of 1,024 tokens: 32,000 cached blocks, 31,500 revived (each prompt's last block is recomputed)
     small = _median(lambda: revival_run(40_000, 500, 1024), "ns_per_revived_block")
     large = _median(lambda: revival_run(100_000, 500, 1024), "ns_per_revived_block")
+    # nano-vllm scans its free deque per revived block: 8 prompts (512 blocks) keep this to about a second
+    nano_small = nano_revival_run(40_000, 8, 1024)
+    nano_large = nano_revival_run(100_000, 8, 1024)
+    same, strict = "ratio_vs_nano_vllm", "ratio_vs_nano_vllm_block_manager_only"
     result = {
+        "nano_vllm_time_ratio": nano[same]["median"],
+        "nano_vllm_time_ratio_spread": _range(nano[same]),
+        "nano_vllm_time_ratio_goal": 0.5,
+        "nano_vllm_time_ratio_block_manager_only": nano[strict]["median"],
+        "nano_vllm_time_ratio_block_manager_only_spread": _range(nano[strict]),
+        "nano_vllm_time_ratio_block_16": nano_16[same]["median"],
+        "nano_vllm_time_ratio_block_16_spread": _range(nano_16[same]),
+        "nano_vllm_time_ratio_block_16_block_manager_only": nano_16[strict]["median"],
+        "nano_vllm_time_ratio_block_16_block_manager_only_spread": _range(nano_16[strict]),
+        "nano_vllm_decode_trace": {"block_256": nano, "block_16": nano_16},
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "python": platform.python_version(),
         "block_size": BLOCK_SIZE,
@@ -126,6 +198,7 @@ def main() -> None:
         "append_wall_s": cached["wall_s"],
         "appended_tokens": cached["appended_tokens"],
         "revival": {"pool_40k": small, "pool_100k": large},
+        "revival_nano_vllm": {"pool_40k": nano_small, "pool_100k": nano_large},
         "revival_ns_per_block_ratio_100k_vs_40k": round(
             large["ns_per_revived_block"] / small["ns_per_revived_block"], 3
         ),

@@ -197,7 +197,7 @@ def interleaved(runs: dict, repeats: int) -> dict:
     return best
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -213,35 +213,32 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads for both sides (1: steady on a shared machine)"
     )
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    workload = dict(WORKLOADS["quick" if args.quick else "full"])
-    if args.batch_size:
-        workload["batch_size"] = args.batch_size
-    torch.manual_seed(0)
-    started = time.perf_counter()
-    models = load_models(args.model)
-    prompts, outputs = make_requests(
-        workload["num_requests"],
-        workload["prompt_scale"],
-        workload["output_scale"],
-        models.vocab,
-        models.low_id,
-    )
+    return parser.parse_args()
+
+
+def run_sides(args: argparse.Namespace, workload: dict, models, prompts, outputs):
+    """(ours, hf, seq, n_seq): the engine's and the padded batches' best timed run with their summaries, then
+    transformers one request at a time on the first `n_seq` requests (seq None when skipped)."""
     batch = workload["batch_size"]
     hf_run, hf_summary = hf_batched(models.hf, prompts, outputs, batch, models.pad_id)
     engine_run, engine_summary = engine_side(models.engine, prompts, outputs, batch)
     timed = interleaved({"engine": engine_run, "hf_batched": hf_run}, args.repeats)
     ours = {"seconds": timed["engine"][0], **engine_summary(timed["engine"][1])}
     hf = {"seconds": timed["hf_batched"][0], **hf_summary(timed["hf_batched"][1])}
-    useful = sum(outputs)
     n_seq = 0 if args.skip_sequential else min(workload["sequential"], len(prompts))
     seq = hf_sequential(models.hf, prompts[:n_seq], outputs[:n_seq]) if n_seq else None
+    return ours, hf, seq, n_seq
+
+
+def report(args, workload, models, prompts, outputs, ours, hf, seq, n_seq, started: float) -> dict:
+    """The bench's one JSON object: throughputs and their ratios, KV bytes, the engine's steps and where their
+    time goes, wall times, and how many requests' greedy tokens equal transformers'."""
+    useful = sum(outputs)
     engine_tps = useful / ours["seconds"]
     hf_tps = useful / hf["seconds"]
     seq_tps = sum(outputs[:n_seq]) / seq["seconds"] if seq else None
     step_ms = ours["step_ms"]
-    result = {
+    return {
         "device": device_label(torch.device("cpu")),
         "threads": torch.get_num_threads(),
         "mode": "quick" if args.quick else "full",
@@ -292,7 +289,26 @@ def main() -> None:
         "target_ratio": 2.0,
         "meets_target": engine_tps / hf_tps >= 2.0,
     }
-    print(json.dumps(result))
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    workload = dict(WORKLOADS["quick" if args.quick else "full"])
+    if args.batch_size:
+        workload["batch_size"] = args.batch_size
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    models = load_models(args.model)
+    prompts, outputs = make_requests(
+        workload["num_requests"],
+        workload["prompt_scale"],
+        workload["output_scale"],
+        models.vocab,
+        models.low_id,
+    )
+    ours, hf, seq, n_seq = run_sides(args, workload, models, prompts, outputs)
+    print(json.dumps(report(args, workload, models, prompts, outputs, ours, hf, seq, n_seq, started)))
 
 
 if __name__ == "__main__":

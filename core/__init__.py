@@ -25,5 +25,6 @@ Subpackages, from the bottom up:
 
 Top-level modules: `errors` (every typed error, one base class), `device` (torch device, memory budget),
 `common` (ceiling division, argument checks, the budget check, timing), `limits` (operator limits read from
-the environment), `uploads` (bounded reading of uploaded files).
+the environment), `hosts` (where the Live page may connect: PAGED_LAB_LIVE_HOSTS and the address classes it
+refuses), `uploads` (bounded reading of uploaded files).
 """

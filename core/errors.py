@@ -159,8 +159,33 @@ class MetricsFormatError(InvalidArgumentError):
 
 
 class LiveEndpointError(LabError):
-    """A live server's metrics URL or KV-events endpoint cannot be read: refused, unreachable, timed out, an HTTP
-    error status, a malformed address, or a message that breaks the wire format. The message names the address."""
+    """A live server's metrics URL or KV-events endpoint cannot be read. `failure` names the class of failure,
+    one of LIVE_FAILURES: "unresolvable" (the name has no address), "refused" (connection refused),
+    "unreachable" (no route to the host), "timeout", "reset" (the connection dropped), "tls" (handshake or
+    certificate), "not-http" (what answered does not speak HTTP), "http-status" (an error status), "redirect"
+    (never followed), "too-large" (the body is over the size cap), "network" (another socket error), "failed"
+    (anything else, e.g. a lab server that did not start). The message names the address and the class, never
+    the body of what answered."""
+
+    def __init__(self, message: str, failure: str = "failed"):
+        super().__init__(message)
+        self.failure = failure
+
+
+LIVE_FAILURES = ("unresolvable", "refused", "unreachable", "timeout", "reset", "tls", "not-http", "http-status",
+                 "redirect", "too-large", "network", "failed")  # fmt: skip
+
+
+class LiveAddressRefusedError(LimitExceededError):
+    """The Live page may not connect to `address` (an IP address, or a host name refused before any DNS lookup):
+    it is not allowed by PAGED_LAB_LIVE_HOSTS (`variable`). `address_class` says what kind of address it is
+    ("public", "private", "loopback", "link-local", "multicast", "unspecified", "reserved", "site-local",
+    "shared", "non-global", or "name" for a host name not listed); nothing was connected to."""
+
+    def __init__(self, message: str, address: str, address_class: str):
+        super().__init__(message, "PAGED_LAB_LIVE_HOSTS")
+        self.address = address
+        self.address_class = address_class
 
 
 class ModelFetchError(ModelLoadError):
@@ -169,7 +194,8 @@ class ModelFetchError(ModelLoadError):
 
 
 class RequestError(InvalidArgumentError):
-    """A request body `core.serve` refuses (answered as OpenAI's error object): `param` names the field, `status` the HTTP status (400 or 404)."""
+    """A request `core.serve` refuses (answered as OpenAI's error object): `param` names the field, `status` the
+    HTTP status (400 bad input, 404 another model's name, 413 a body over the size cap)."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400):
         super().__init__(message)

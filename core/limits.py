@@ -19,19 +19,24 @@ Variables (all integers unless marked):
 - PAGED_LAB_MODEL_ROOT (an absolute directory path): the only directory the Engine page may load models from
   (it or any directory below it, after resolving `..` and symlinks). Unset or blank: any local directory, for
   one person running the lab on their own machine; a shared host sets it (the Docker image sets /models).
-- PAGED_LAB_LIVE_HOSTS (a list): the hosts the Live page may fetch metrics from and subscribe to KV events on,
-  since a server that fetches user-given URLs is a door into its own network. Unset or blank: any host (one
-  person on their own machine); `off`: the Live page is turned off; else comma-separated `host` or `host:port`
-  entries (e.g. `127.0.0.1:8000,vllm.internal`), compared with the address's host name as written (no DNS).
+- PAGED_LAB_LIVE_HOSTS (a list): where the Live page may fetch metrics from and subscribe to KV events, since a
+  server that fetches user-given URLs is a door into its own network (`core/hosts.py` has the whole policy).
+  Unset or blank: only the ports a lab-started core.serve listens on at 127.0.0.1 (8000, 5557, 5558), the
+  default everywhere (the app, `python -m hosting`, the Docker image); `off`: the Live page is turned off; else
+  comma-separated entries: `*` (any public address), `host` or `host:port` (a name as written), an address
+  (`10.0.0.5`, `[::1]:8000`) or a network (`10.0.0.0/8`). Private, loopback, link-local and other special
+  addresses are refused unless an entry lists them, and the check is made on the address actually connected to,
+  after DNS.
 """
 
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 from core.errors import LimitConfigError, LimitExceededError
+from core.hosts import DEFAULT_LIVE_HOSTS, HostPolicy
 
 GiB = 1024**3
 
@@ -85,9 +90,6 @@ SPECS: dict[str, _Spec] = {
     ),
 }
 LIVE_OFF = "off"
-_HOST_ENTRY = re.compile(
-    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9.\-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?$"
-)
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class Limits:
     cache_ttl_s: float = 3_600.0
     max_sessions: int = 100  # after the others: positional construction keeps its meaning
     model_root: str = ""  # "": any directory
-    live_hosts: str = ""  # "": any host; "off": the Live page is off; else "host[:port],..."
+    live_hosts: str = ""  # "": the lab server's loopback ports; "off": the Live page is off; else entries
 
     def __post_init__(self) -> None:
         for name, spec in SPECS.items():
@@ -227,31 +229,19 @@ class Limits:
     @property
     def live_enabled(self) -> bool:
         """False when the operator turned the Live page off (PAGED_LAB_LIVE_HOSTS=off)."""
-        return self.live_hosts.lower() != LIVE_OFF
+        return not self.live_policy.off
+
+    @cached_property
+    def live_policy(self) -> HostPolicy:
+        """PAGED_LAB_LIVE_HOSTS parsed (`core/hosts.py`): where the Live page may connect."""
+        return HostPolicy.parse(self.live_hosts)
 
     def check_live_address(self, host: str, port: int, what: str) -> None:
-        """Raise LimitExceededError naming PAGED_LAB_LIVE_HOSTS unless the Live page may connect to `host`:`port`
-        (`what` names the address in the message). Hosts compare case-insensitively, as written (an IPv6 host
-        in brackets); an entry without a port allows every port of its host."""
-        if not self.live_enabled:
-            raise LimitExceededError(
-                "the Live page is turned off on this server (PAGED_LAB_LIVE_HOSTS=off)",
-                "PAGED_LAB_LIVE_HOSTS",
-            )
-        if not self.live_hosts:
-            return
-        host = host.lower()
-        for entry in self.live_hosts.split(","):
-            allowed_host, _, allowed_port = entry.strip().lower().rpartition(":")
-            if not allowed_host or allowed_host.endswith(":") or not allowed_port.isdigit():  # no port given
-                allowed_host, allowed_port = entry.strip().lower(), ""
-            if allowed_host == host and (not allowed_port or int(allowed_port) == port):
-                return
-        raise LimitExceededError(
-            f"{what} {host}:{port} is not among the hosts this server may connect to ({self.live_hosts}; "
-            "PAGED_LAB_LIVE_HOSTS): use one of them",
-            "PAGED_LAB_LIVE_HOSTS",
-        )
+        """Raise LiveAddressRefusedError (a LimitExceededError naming PAGED_LAB_LIVE_HOSTS) unless the Live page may
+        connect to `host`:`port` as written (`what` names the address in the message), before any DNS lookup:
+        an address literal is checked whole; a name passes when an entry could allow what it resolves to, which
+        `core.live.addresses.resolve_checked` then checks address by address."""
+        self.live_policy.admit(host, port, what)
 
     def _resolved_model_root(self) -> str:
         root = os.path.realpath(self.model_root)
@@ -320,23 +310,14 @@ def _check(value, spec: _Spec):
 def _check_hosts(value, spec: _Spec) -> str:
     if not isinstance(value, str):
         raise LimitConfigError(f"{spec.variable} must be text, got {value!r}", spec.variable)
-    if value == "" or value.lower() == LIVE_OFF:
-        return value
-    for entry in value.split(","):
-        match = _HOST_ENTRY.match(entry.strip())
-        if match is None or (match.group(1) and not 1 <= int(match.group(1)) <= 65_535):
-            raise LimitConfigError(
-                f"{spec.variable} entry {entry.strip()!r} is not a host or host:port (port 1-65,535); allowed: "
-                f"blank (any host), 'off', or comma-separated entries like '127.0.0.1:8000,vllm.internal'",
-                spec.variable,
-            )
+    HostPolicy.parse(value)  # raises LimitConfigError naming the bad entry
     return value
 
 
 def _format(value, spec: _Spec) -> str:
     if spec.kind is list:
         if not value:
-            return "not set: any host"
+            return f"not set: the lab server's loopback ports ({DEFAULT_LIVE_HOSTS})"
         return "off: the Live page is turned off" if value.lower() == LIVE_OFF else value
     if spec.kind is str:
         return value or "not set: any local directory"

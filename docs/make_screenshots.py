@@ -1,4 +1,4 @@
-"""Regenerate the README's screenshots: python docs/make_screenshots.py (needs /usr/bin/chromium).
+"""Regenerate the screenshots of the README and docs/pages: python docs/make_screenshots.py (needs /usr/bin/chromium).
 
 Starts `streamlit run app.py` on 127.0.0.1, opens each page at its defaults in Debian's Chromium, waits for its
 charts, saves docs/<page>.png, and stops the server.

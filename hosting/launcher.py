@@ -3,8 +3,13 @@
 Starts, in order: the shared job pool (hosting/pool.py: one `JobPool` sized by the operator limits, serving every
 replica over a Unix socket, its results in a shared on-disk cache), N Streamlit replicas of app.py on free loopback
 ports (N = --replicas, else PAGED_LAB_REPLICAS, else one per core), and nginx on address:port in front of them
-(hosting/nginx.conf.template: sticky by cookie, websockets upgraded). Prints "hosting: ready ..." once the pool,
-every replica and the proxy answer. A child that exits is started again (at most MAX_RESTARTS times each).
+(hosting/nginx.conf.template: sticky by cookie, websockets upgraded). Between the replicas and the proxy it warms
+the host (hosting/warmup.py, unless --no-warm): every page rendered once at its defaults on every replica, so
+the shared cache holds each page's default results and no replica's first visitor pays for imports, first
+compiles or first charts; a "hosting: warming i/N: ..." line per page shows its progress; then the pool's
+workers are replaced by fresh ones (what the warm-up's jobs left in them, ~0.9 GB on 2 cores, given back). The
+proxy, the only part listening on address:port, starts after that: "hosting: ready ..." is printed once it
+answers. A child that exits is started again (at most MAX_RESTARTS times each).
 
 Stops everything on SIGTERM or SIGINT (Ctrl-C): proxy first, then replicas, then the pool and its workers, each
 given GRACE_S before SIGKILL; every child also gets SIGTERM from the kernel if this process dies (PR_SET_PDEATHSIG).
@@ -27,8 +32,13 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.errors import JobError
+from core.jobs.disk_cache import DiskResultCache
+from core.jobs.remote import remote_pool_from_env
 from core.limits import Limits
+from hosting.live_hosts import live_hosts_notice
 from hosting.proxy import copy_static_files, render_config
+from hosting.warmup import warm_replicas
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 180.0
@@ -85,10 +95,10 @@ def _healthy(port: int, timeout: float = 2.0) -> bool:
 class Host:
     """The pool, the replicas and the proxy of one team host; `run` blocks until a stop signal."""
 
-    def __init__(self, address: str, port: int, replicas: int, cache_dir: str | None):
+    def __init__(self, address: str, port: int, replicas: int, cache_dir: str | None, warm: bool = True):
         if shutil.which("nginx") is None:
             raise RuntimeError("nginx is not installed (Debian: apt-get install -y nginx)")
-        self.address, self.port = address, port
+        self.address, self.port, self.warm_first = address, port, warm
         self.runtime = Path(tempfile.mkdtemp(prefix="paged-lab-host-"))
         try:
             self._prepare(replicas, cache_dir)
@@ -172,9 +182,65 @@ class Host:
         for replica in self.replicas:
             while not _healthy(replica.health_port):
                 self._check_started(deadline)
+        if self.warm_first:
+            self.warm()
         self.proxy.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S  # anew: the warm-up is bounded by its pages' timeouts
         while not _healthy(self.port):
             self._check_started(deadline)
+
+    def warm(self) -> None:
+        """Render every page on every replica before anyone can connect (hosting/warmup.py), logging progress and
+        a summary; raises RuntimeError when stopped meanwhile. Pages that fail are logged, not fatal."""
+        log = lambda line: print(f"hosting: {line}", flush=True)  # noqa: E731
+        started = time.perf_counter()
+        page_timeout_s = 3 * self.limits.job_timeout_s + 60  # a page runs at most two jobs, and may queue
+        warm_up = warm_replicas(
+            [r.health_port for r in self.replicas],
+            timeout_s=page_timeout_s,
+            log=log,
+            should_stop=lambda: self.stopping or self._child_exited(),
+        )
+        if warm_up.stopped or self.stopping or self._child_exited():  # (a child's exit may end it first)
+            self._check_started(float("inf"))  # names the child that exited
+            raise RuntimeError("stopped while starting")
+        for problem in warm_up.problems:
+            log(f"warm-up: {problem}")
+        cached = len(DiskResultCache(self.cache_dir, self.limits.cache_entries, self.limits.cache_ttl_s))
+        first = ", ".join(f"{p.path or '/'} {p.seconds:.1f}" for p in warm_up.pages if p.replica == 1)
+        others = (
+            f", replicas 2-{len(self.replicas)} in {warm_up.others_s:.1f} s" if len(self.replicas) > 1 else ""
+        )
+        log(
+            f"warm-up done in {time.perf_counter() - started:.1f} s: replica 1 in {warm_up.first_s:.1f} s "
+            f"({first} s){others}; {cached} results in the shared cache"
+        )
+        started = time.perf_counter()
+        replaced = self._fresh_workers()
+        log(f"pool workers restarted fresh ({replaced}), ready after {time.perf_counter() - started:.1f} s")
+
+    def _fresh_workers(self) -> int:
+        """Give the pool fresh worker processes and wait until they are ready; returns how many were replaced.
+
+        The warm-up's jobs leave their memos in a worker (the Engine page's model weights, the last simulations)
+        and its heap: ~1.2 GB in the one worker of a 2-core host, against ~0.3 GB fresh. Its results are on
+        disk, so a visitor asking for them needs no worker; the first to ask for something else loads what that
+        needs, as on a host that was never warmed."""
+        pool = remote_pool_from_env(self.limits, self.pool.env)
+        try:
+            replaced = pool.recycle_idle_workers()
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while (stats := pool.stats())["ready"] < stats["workers"]:
+                self._check_started(deadline)
+        except JobError as error:  # the pool exited meanwhile
+            self._check_started(float("inf"))
+            raise RuntimeError(f"the pool stopped answering while starting: {error}") from None
+        finally:
+            pool.close()
+        return replaced
+
+    def _child_exited(self) -> bool:
+        return any(c.process is not None and c.process.poll() is not None for c in self.children)
 
     def _check_started(self, deadline: float) -> None:
         for child in self.children:
@@ -232,15 +298,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cache-dir", default=None, help="shared result cache directory (default: temporary)"
     )
+    parser.add_argument(
+        "--no-warm",
+        action="store_true",
+        help="open the proxy without rendering every page first (the first visitors pay for the warm-up)",
+    )
     args = parser.parse_args(argv)
     try:
         replicas = args.replicas if args.replicas is not None else default_replicas()
         if not 1 <= replicas <= 64:
             raise ValueError(f"--replicas must be from 1 to 64, got {replicas}")
-        host = Host(args.address, args.port, replicas, args.cache_dir)
+        host = Host(args.address, args.port, replicas, args.cache_dir, warm=not args.no_warm)
     except (ValueError, RuntimeError) as error:
         print(f"hosting: {error}", file=sys.stderr)
         return 2
+    warning, notice = live_hosts_notice(host.limits)
+    print(notice, file=sys.stderr if warning else sys.stdout, flush=True)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: setattr(host, "stopping", True))
     try:

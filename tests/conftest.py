@@ -75,6 +75,8 @@ def streamlit_server():
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
+            # the browser tests' own core.serve listens on free loopback ports, not the lab server's defaults
+            env={**os.environ, "PAGED_LAB_LIVE_HOSTS": "127.0.0.1"},
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:

@@ -84,7 +84,7 @@ def test_the_reader_sees_imports_it_should():
     found = imported_modules(source, "core.kv.block_pool", is_package=False)
     assert found >= {"core.kv", "core.kv.sibling", "core.paging", "core.paging.x", "streamlit"}
     assert imported_modules("from . import a", "core.kv", is_package=True) == {"core.kv", "core.kv.a"}
-    _, planner_layers = IMPORTS["core.page_models.planner"]
+    _, planner_layers = IMPORTS["core.page_models.planner_scenario"]
     assert {"planning", "serving", "kv"} <= planner_layers
     assert {"kv", "paging", "kernels", "serving", "planning", "engine"} <= set(DOMAIN)
 

@@ -44,7 +44,8 @@ def grid_shape(num_blocks: int, columns: int | None = None, max_cells: int = MAX
     return GridShape(k, cols, max(1, math.ceil(cells / cols)))
 
 
-def _step_colorscale(colors: list[str]) -> list:
+def step_colorscale(colors: list[str]) -> list:
+    """A discrete plotly colour scale: z code k of len(colors) codes is drawn in colors[k] over [k, k + 1)."""
     n = len(colors)
     scale = []
     for i, color in enumerate(colors):
@@ -61,7 +62,7 @@ def _per_block(owner, ref, fill, cached, names, block_size, shape: GridShape):
     for b in range(len(owner)):
         who = f"request {owner[b]:,}" if owner[b] >= 0 else ("free (cached)" if cached[b] else "free")
         text[b] = f"{names(b, b + 1)}<br>{who}<br>{fill[b]}/{block_size} tokens<br>ref count {ref[b]}"
-    return code, text, _step_colorscale(colors), len(colors)
+    return code, text, step_colorscale(colors), len(colors)
 
 
 def _aggregated(owner, ref, fill, cached, names, block_size, shape: GridShape):

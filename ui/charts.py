@@ -17,6 +17,10 @@ an entry matches only while each of those inputs is alive and is the very object
 never matches. Inputs without weak references are held strongly. The cache holds at most MAX_ENTRIES values. A
 builder must be a pure function of its arguments, which is what `ui/*_figures.py` builders are.
 
+Sessions asking for the same inputs at once share one build: the first builds, the others wait for its value
+(a replica's ten first visitors of a page used to build each of its charts ten times over, under one interpreter
+lock). A build that raises hands nothing on: each waiter then tries for itself.
+
 The element is the one `st.plotly_chart(figure, width="stretch")` sends (the same proto, a test compares them),
 except that its id hashes a digest of the spec rather than the spec; when this Streamlit's internals differ, it
 falls back to `st.plotly_chart` with the figure read back from the cached JSON.
@@ -53,6 +57,7 @@ class _Chart:
 
 # key -> (value, pins): pins holds a weak (or, for inputs without one, strong) reference per identity-keyed input
 _CACHE: OrderedDict = OrderedDict()
+_BUILDING: dict = {}  # key -> threading.Event set when the build of that key in progress ends
 _LOCK = threading.Lock()
 
 
@@ -78,19 +83,31 @@ def _fingerprint(value, pins: list):
 
 def cached_value(builder: Callable, *args, **kwargs):
     """`builder(*args, **kwargs)`, computed the first time these inputs are asked for and then handed, shared and
-    read-only, to every session that asks again (inputs recognised as the module docstring says)."""
+    read-only, to every session that asks again (inputs recognised as the module docstring says). A caller that
+    asks while another builds the same inputs waits for that build instead of repeating it."""
     pins: list = []
     key = (builder.__module__, builder.__qualname__, _fingerprint(args, pins), _fingerprint(kwargs, pins))
-    with _LOCK:
-        entry = _CACHE.get(key)
-        if entry is not None and all(held() is pin for held, pin in zip(entry[1], pins, strict=True)):
-            _CACHE.move_to_end(key)
-            return entry[0]
-    value = builder(*args, **kwargs)
-    with _LOCK:
-        _CACHE[key] = (value, tuple(map(_reference, pins)))
-        while len(_CACHE) > MAX_ENTRIES:
-            _CACHE.popitem(last=False)
+    while True:
+        with _LOCK:
+            entry = _CACHE.get(key)
+            if entry is not None and all(held() is pin for held, pin in zip(entry[1], pins, strict=True)):
+                _CACHE.move_to_end(key)
+                return entry[0]
+            building = _BUILDING.get(key)
+            if building is None:
+                building = _BUILDING[key] = threading.Event()
+                break  # this caller builds
+        building.wait()  # then look again: its value, or (it raised) a build of our own
+    try:
+        value = builder(*args, **kwargs)
+        with _LOCK:
+            _CACHE[key] = (value, tuple(map(_reference, pins)))
+            while len(_CACHE) > MAX_ENTRIES:
+                _CACHE.popitem(last=False)
+    finally:
+        with _LOCK:
+            del _BUILDING[key]
+        building.set()
     return value
 
 

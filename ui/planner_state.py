@@ -37,6 +37,20 @@ def scenario_fields(prefix: str) -> list[Field]:
     d = {"wdtype": "auto", "pp": 1, "util": 0.9, "block": 16, "seqs": 256, **SCENARIO_DEFAULTS[prefix]}
     p = prefix
     fields = [
+        *_model_and_gpu_fields(p, d),
+        *_deployment_fields(p, d),
+        *_vllm_setting_fields(p, d),
+        Field(
+            f"{p}ckpt", None, "int", minimum=1, maximum=2**50, optional=True, label="checkpoint bytes (index)"
+        ),
+    ]
+    assert tuple(f.key[len(p) :] for f in fields) == SCENARIO_KEYS
+    return fields
+
+
+def _model_and_gpu_fields(p: str, d: dict[str, Any]) -> list[Field]:
+    """What runs: the model (a preset, or a custom config.json) and the GPU (a preset, or custom figures)."""
+    return [
         Field(f"{p}model", d["model"], "choice", (*MODELS, CUSTOM), label="model"),
         Field(f"{p}config", "", "str", max_length=8000, label="custom config.json (encoded)"),
         Field(f"{p}gpu", d["gpu"], "choice", (*GPUS, CUSTOM), label="GPU"),
@@ -62,11 +76,24 @@ def scenario_fields(prefix: str) -> list[Field]:
             optional=True,
             label="custom TFLOP/s",
         ),
+    ]
+
+
+def _deployment_fields(p: str, d: dict[str, Any]) -> list[Field]:
+    """How it is deployed: the number of GPUs, tensor and pipeline parallel, weight and KV cache dtypes."""
+    return [
         Field(f"{p}gpus", d["gpus"], "int", minimum=1, maximum=4096, step=1, label="number of GPUs"),
         Field(f"{p}tp", d["tp"], "int", minimum=1, maximum=1024, step=1, label="tensor parallel"),
         Field(f"{p}pp", d["pp"], "int", minimum=1, maximum=1024, step=1, label="pipeline parallel"),
         Field(f"{p}wdtype", d["wdtype"], "choice", WEIGHT_DTYPES, label="weight dtype"),
         Field(f"{p}kvdtype", d["kvdtype"], "choice", KV_DTYPES, label="KV cache dtype"),
+    ]
+
+
+def _vllm_setting_fields(p: str, d: dict[str, Any]) -> list[Field]:
+    """vLLM's settings that size the KV cache: memory utilization, block size, max_model_len, activation
+    reserve, max_num_seqs, max_num_batched_tokens and the hybrid KV cache manager."""
+    return [
         Field(
             f"{p}util",
             d["util"],
@@ -107,12 +134,7 @@ def scenario_fields(prefix: str) -> list[Field]:
             label="max_num_batched_tokens",
         ),
         Field(f"{p}hybrid", True, "bool", label="hybrid KV cache manager"),
-        Field(
-            f"{p}ckpt", None, "int", minimum=1, maximum=2**50, optional=True, label="checkpoint bytes (index)"
-        ),
     ]
-    assert tuple(f.key[len(p) :] for f in fields) == SCENARIO_KEYS
-    return fields
 
 
 WORKLOAD_FIELDS = [

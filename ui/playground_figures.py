@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from core.kv import KVCacheSnapshot
 from core.page_models.playground import HistoryEntry
 from ui.axes import integer_ticks
+from ui.block_grid import step_colorscale
 from ui.theme import CACHED_BLOCK_COLOR, FREE_BLOCK_COLOR, POLICY_COLORS, sequence_color
 
 ROW_LABEL_PX = 16  # at least this far apart: a 12 px tick label and a gap
@@ -27,6 +28,43 @@ def block_heatmap(
     n = snapshot.num_blocks
     columns = columns or max(1, min(32, math.ceil(math.sqrt(n * 2))))
     rows = math.ceil(n / columns)
+    codes, keys, seq_code = _owner_codes(snapshot, color_index)
+    z = np.full(rows * columns, np.nan)
+    z[:n] = codes + 0.5  # the middle of code k's colour band
+    hover, text = _cell_texts(snapshot, rows * columns)
+    figure = go.Figure(
+        go.Heatmap(
+            z=z.reshape(rows, columns),
+            zmin=0,
+            zmax=len(keys),
+            colorscale=step_colorscale(keys),
+            showscale=False,
+            xgap=2,
+            ygap=2,
+            text=text.reshape(rows, columns),
+            texttemplate="%{text}",
+            customdata=hover.reshape(rows, columns),
+            hovertemplate="%{customdata}<extra></extra>",
+        )
+    )
+    _grid_layout(
+        figure,
+        rows,
+        columns,
+        title or f"Physical blocks ({n:,} × {snapshot.block_size} tokens); ×n = shared by n sequences",
+    )
+    for seq, code in seq_code.items():  # a legend: one invisible trace per sequence
+        figure.add_trace(
+            go.Scatter(
+                x=[None], y=[None], mode="markers", name=str(seq), marker={"color": keys[code], "size": 12}
+            )
+        )
+    return figure
+
+
+def _owner_codes(snapshot: KVCacheSnapshot, color_index: Mapping) -> tuple[np.ndarray, list[str], dict]:
+    """(colour code per block [num_blocks], the colour of each code, the code of each owning sequence): 0 free,
+    1 free but cached, then one code per sequence in the order its first block appears."""
     keys = [FREE_BLOCK_COLOR, CACHED_BLOCK_COLOR]
     codes = np.where(snapshot.is_cached & snapshot.is_free, 1, 0).astype(np.int64)
     owner_ids = [snapshot.seq_ids[i] for i in snapshot.owner[snapshot.owner >= 0].tolist()]
@@ -34,13 +72,18 @@ def block_heatmap(
     for seq in dict.fromkeys(owner_ids):
         seq_code[seq] = len(keys)
         keys.append(sequence_color(color_index.get(seq, len(seq_code))))
-    owned = snapshot.owner >= 0
-    codes[owned] = [seq_code[s] for s in owner_ids]
+    codes[snapshot.owner >= 0] = [seq_code[s] for s in owner_ids]
+    return codes, keys, seq_code
 
-    z = np.full(rows * columns, np.nan)
-    z[:n] = codes + 0.5  # the middle of code k's colour band
-    hover = np.full(rows * columns, "", dtype=object)
-    text = np.full(rows * columns, "", dtype=object)
+
+def _cell_texts(snapshot: KVCacheSnapshot, cells: int) -> tuple[np.ndarray, np.ndarray]:
+    """(hover, label) per grid cell [cells], "" past the last block: the hover names the block, its owners (or
+    free / free (cached)), fill and ref count; the label, drawn only up to 512 blocks, is "×n" for a shared block
+    and its fill."""
+    n = snapshot.num_blocks
+    owned = snapshot.owner >= 0
+    hover = np.full(cells, "", dtype=object)
+    text = np.full(cells, "", dtype=object)
     for block in range(n):
         owners = snapshot.owners(block) if owned[block] else []
         ref = int(snapshot.ref_count[block])
@@ -53,25 +96,11 @@ def block_heatmap(
         if n <= 512:
             fill = int(snapshot.fill[block])
             text[block] = (f"×{ref}<br>" if ref > 1 else "") + (str(fill) if fill else "")
-    # a discrete colour scale: code k occupies [k, k+1) / len(keys)
-    scale = []
-    for k, color in enumerate(keys):
-        scale += [[k / len(keys), color], [(k + 1) / len(keys), color]]
-    figure = go.Figure(
-        go.Heatmap(
-            z=z.reshape(rows, columns),
-            zmin=0,
-            zmax=len(keys),
-            colorscale=scale,
-            showscale=False,
-            xgap=2,
-            ygap=2,
-            text=text.reshape(rows, columns),
-            texttemplate="%{text}",
-            customdata=hover.reshape(rows, columns),
-            hovertemplate="%{customdata}<extra></extra>",
-        )
-    )
+    return hover, text
+
+
+def _grid_layout(figure: go.Figure, rows: int, columns: int, title: str) -> None:
+    """Axes and title of a row-major block grid: rows labelled by their first block id, never overlapping."""
     # the title sits at the top of the figure and the column axis (title and numbers) below it, above the grid
     top, bottom = 110, 10
     height = min(900, max(MIN_PLOT_PX + top + bottom, top + bottom + 28 * rows))
@@ -89,24 +118,10 @@ def block_heatmap(
     )
     figure.update_xaxes(title="+ column (blocks)", showgrid=False, zeroline=False, side="top", dtick=1)
     figure.update_layout(
-        title={
-            "text": title
-            or f"Physical blocks ({n:,} × {snapshot.block_size} tokens); ×n = shared by n sequences",
-            "yref": "container",
-            "y": 1,
-            "yanchor": "top",
-            "pad": {"t": 12},
-        },
+        title={"text": title, "yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 12}},
         height=height,
         margin={"l": 10, "r": 10, "t": top, "b": bottom},
     )
-    for seq, code in seq_code.items():  # a legend: one invisible trace per sequence
-        figure.add_trace(
-            go.Scatter(
-                x=[None], y=[None], mode="markers", name=str(seq), marker={"color": keys[code], "size": 12}
-            )
-        )
-    return figure
 
 
 def free_blocks_over_actions(history: Sequence[HistoryEntry], num_blocks: int) -> go.Figure:

@@ -13,80 +13,39 @@ decoding sequence's last token to the KV cache manager (copying a shared last bl
 builds one flattened batch and runs the forward pass (K/V written by slot, read by the paged kernels); each
 request samples, forking or freeing sequences; `postprocess()` counts the outputs and releases finished
 requests; the step's row (metrics and timings, `core.engine.metrics`) is recorded. See `core.engine` for the
-public API.
+public API. What the engine is built from (the dtype, a checkpoint or random weights, the pool's size) is
+`core.engine.loading`; chat prompts through the tokenizer's template are `core.engine.chat`.
 """
 
 import itertools
-import math
 import threading
 import time
 from collections.abc import Callable
-from collections.abc import Sequence as Seq
 from pathlib import Path
 
-import pandas as pd
 import torch
 
-from core.common import cdiv, check_int
-from core.device import default_device, memory_budget_bytes
+from core.common import check_int
+from core.engine.chat import chat_prompt, conversations_of
 from core.engine.config import ModelConfig
-from core.engine.gguf_file import gguf_config, gguf_tokenizer, gguf_weights
+from core.engine.loading import engine_bytes, load_checkpoint, pool_blocks, random_model
 from core.engine.memory import EngineMemory, kv_groups_of
 from core.engine.metrics import EngineRun, EngineSnapshot, StepRecorder, step_row
 from core.engine.model import LlamaModel
 from core.engine.model_runner import ModelRunner
 from core.engine.postprocess import finish_group_outputs, process_group
-from core.engine.requests import RequestInbox, make_group
+from core.engine.requests import RequestInbox, make_group, prompts_and_params
 from core.engine.sampling import SamplingParams
 from core.engine.sequence import RequestOutput, SequenceGroup
-from core.engine.weights import expected_shapes, load_weights, random_weights
-from core.errors import InvalidArgumentError, ModelLoadError, ModelTooLargeError, SchedulerStuckError
+from core.errors import InvalidArgumentError, SchedulerStuckError
 from core.kv import KVCacheManager
-from core.paging.kv_cache import KVCache, kv_cache_bytes
+from core.paging.kv_cache import KVCache
 from core.sched.scheduler import ScheduledStep, Scheduler
+
+__all__ = ["DEFAULT_MAX_NUM_BATCHED_TOKENS", "DEFAULT_MAX_NUM_SEQS", "Engine", "engine_bytes"]
 
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-
-
-def _resolve_dtype(dtype: torch.dtype | None, device: torch.device, config: ModelConfig) -> torch.dtype:
-    if dtype is not None:
-        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise InvalidArgumentError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-        return dtype
-    return config.checkpoint_dtype if device.type == "cuda" else torch.float32
-
-
-def _load_tokenizer(path: Path):
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
-        return None
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as err:
-        raise ModelLoadError(f"the tokenizer files in {str(path)!r} do not load: {err}") from None
-
-
-def engine_bytes(
-    config: ModelConfig,
-    num_blocks: int,
-    block_size: int,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | None = None,
-) -> int:
-    """Bytes an engine of `config` allocates: its required weights (`expected_shapes`; optional q/k/v biases, a
-    few rows per layer, not counted) plus a pool of `num_blocks` KV blocks of `block_size` tokens, in the dtype
-    the engine would use (`dtype`, else float32 on CPU and the checkpoint's dtype on CUDA; `device` defaults to
-    `default_device()`). Computed from shapes alone, so a caller can refuse before anything is allocated."""
-    device = torch.device(device) if device is not None else default_device()
-    dtype = _resolve_dtype(dtype, device, config)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    weights = sum(math.prod(shape) for shape in expected_shapes(config).values()) * itemsize
-    kv = kv_cache_bytes(
-        config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype
-    )
-    return weights + kv
 
 
 class Engine:
@@ -145,22 +104,9 @@ class Engine:
         self.kv_specs, self.kv_groups, self.layer_group = kv_groups_of(config, block_size, kv_dtype)
         self.model = LlamaModel(config, weights, backend, self.layer_group)
         self.tokenizer = tokenizer
-        budget = memory_budget_bytes()
-        kv_budget = budget - self.model.weight_bytes
-        per_block = kv_cache_bytes(
-            config.num_layers, 1, block_size, config.num_kv_heads, config.head_dim, self.model.dtype
+        num_blocks, kv_budget = pool_blocks(
+            config, self.model.weight_bytes, self.model.dtype, block_size, max_num_seqs, num_blocks
         )
-        if num_blocks is None:
-            cap = cdiv(max_num_seqs * config.max_position_embeddings, block_size)
-            num_blocks = min(kv_budget // per_block, cap)
-            if num_blocks < 1:
-                raise ModelTooLargeError(
-                    f"the weights take {self.model.weight_bytes:,} bytes of the {budget:,}-byte memory budget, "
-                    f"leaving no room for one KV block of {per_block:,} bytes",
-                    requested_bytes=self.model.weight_bytes + per_block,
-                    allowed_bytes=budget,
-                )
-        num_blocks = check_int(num_blocks, "num_blocks", minimum=1)
         self.cache = KVCache(
             config.num_layers,
             num_blocks,
@@ -217,14 +163,7 @@ class Engine:
         Raises ModelLoadError (missing or malformed files, unsupported architecture or setting) and
         ModelTooLargeError (weights over the memory budget, checked before loading).
         """
-        path = Path(path)
-        gguf = path.suffix.lower() == ".gguf"
-        config = gguf_config(path) if gguf else ModelConfig.from_directory(path)
-        device = torch.device(device) if device is not None else default_device()
-        dtype = _resolve_dtype(dtype, device, config)
-        load = gguf_weights if gguf else load_weights
-        weights = load(path, config, dtype, device, memory_budget_bytes())
-        tokenizer = gguf_tokenizer(path) if gguf else _load_tokenizer(path)
+        config, weights, tokenizer = load_checkpoint(path, dtype, device)
         return cls(
             config,
             weights,
@@ -254,11 +193,7 @@ class Engine:
     ) -> "Engine":
         """A model with seeded random weights (see `core.engine.weights.random_weights`). `config`: a ModelConfig,
         or a Hugging Face config dict (as in config.json, or a transformers config's `to_dict()`)."""
-        if not isinstance(config, ModelConfig):
-            config = ModelConfig.from_dict(config.to_dict() if hasattr(config, "to_dict") else dict(config))
-        device = torch.device(device) if device is not None else default_device()
-        dtype = _resolve_dtype(dtype, device, config)
-        weights = random_weights(config, dtype, device, check_int(seed, "seed", minimum=0))
+        config, weights = random_model(config, seed, dtype, device)
         return cls(
             config,
             weights,
@@ -286,12 +221,7 @@ class Engine:
         special tokens left out). An answer ends at the model's EOS (kept in token_ids) unless ignore_eos.
         Raises InvalidArgumentError (before anything runs) for a model without tokenizer or chat template, or a
         malformed message."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages or [])
-        if not conversations:
-            raise InvalidArgumentError(
-                "chat needs at least one conversation (a list of role/content messages)"
-            )
-        rendered = [self.chat_prompt(c) for c in conversations]
+        rendered = [self.chat_prompt(c) for c in conversations_of(messages)]
         outputs = self.generate([ids for _, ids in rendered], params, progress=progress)
         for output, (text, _) in zip(outputs, rendered, strict=True):
             output.prompt = text
@@ -301,21 +231,7 @@ class Engine:
         """(text, token ids) of one conversation through the tokenizer's chat template, ending with the opened
         assistant turn (transformers' `apply_chat_template(add_generation_prompt=True)`); the template writes
         the special tokens itself, so the text is tokenized without adding any. Raises InvalidArgumentError."""
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise InvalidArgumentError("this model has no chat template: give prompts to generate instead")
-        if not isinstance(conversation, list | tuple) or not conversation:
-            raise InvalidArgumentError("a conversation is a non-empty list of {'role', 'content'} messages")
-        for message in conversation:
-            if not isinstance(message, dict) or not isinstance(message.get("content"), str):
-                raise InvalidArgumentError(f"a message needs a role and a text content, got {message!r}")
-            if message.get("role") not in ("system", "user", "assistant"):
-                raise InvalidArgumentError(
-                    f"a message's role is 'system', 'user' or 'assistant', got {message.get('role')!r}"
-                )
-        text = self.tokenizer.apply_chat_template(
-            list(conversation), tokenize=False, add_generation_prompt=True
-        )
-        return text, list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return chat_prompt(self.tokenizer, conversation)
 
     # ---- requests -----------------------------------------------------------------------------------------
 
@@ -467,10 +383,10 @@ class Engine:
                 outcome,
                 usage,
                 step=step,
-                time_s=now - self._run_started,
+                time_s=now - rec.started,
                 free_blocks=mem.free_blocks,
                 block_size=mem.block_size,
-                preemptions_total=sched.num_preemptions - self._preemptions_base,
+                preemptions_total=sched.num_preemptions - rec.preemptions_base,
                 kv_tokens_read=kv_read,
                 cow_copies=cows,
                 times_ms=(step_ms, attention_ms, forward_ms - attention_ms, step_ms - forward_ms),
@@ -496,7 +412,7 @@ class Engine:
         for group in outcome.finished:
             self._live.pop(group.request_id, None)
             out = finish_group_outputs(group, self.tokenizer)
-            self._request_rows.append(
+            self._recorder.requests.append(
                 (
                     group.request_id,
                     len(group.prompt_token_ids),
@@ -521,26 +437,12 @@ class Engine:
 
     def reset_metrics(self) -> None:
         """Start a new record: steps, snapshots, copy-on-write events and finished requests (see `current_run`)."""
-        self._recorder = StepRecorder(self.max_snapshots)
-        self._request_rows: list[tuple] = []
-        self._run_started = time.perf_counter()
-        self._preemptions_base = self.scheduler.num_preemptions
+        self._recorder = StepRecorder(self.max_snapshots, preemptions_base=self.scheduler.num_preemptions)
 
     def current_run(self) -> EngineRun:
         """An `EngineRun` of every step since the last `reset_metrics` (or the engine's start, or the last
         `generate`): `requests` holds the requests that finished in that span, in the order they finished."""
-        rows = self._request_rows
-        return EngineRun(
-            self._recorder.steps_frame(),
-            list(self._recorder.snapshots),
-            self._recorder.cow_frame(),
-            pd.DataFrame(
-                rows, columns=["request_id", "prompt_len", "output_tokens", "preemptions", "cached_tokens"]
-            ),
-            self.num_blocks,
-            self.block_size,
-            time.perf_counter() - self._run_started,
-        )
+        return self._recorder.run(self.num_blocks, self.block_size)
 
     def generate(
         self,
@@ -559,14 +461,7 @@ class Engine:
         never fit the pool, or when requests added with `add_request` are unfinished; after any error the pool is
         left empty, as before the call."""
         started = time.perf_counter()
-        if isinstance(prompts, str) or (isinstance(prompts, Seq) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if len(prompts) == 0:
-            raise InvalidArgumentError("generate needs at least one prompt")
-        params = params or SamplingParams(max_tokens=16)
-        per_prompt = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
-        if len(per_prompt) != len(prompts):
-            raise InvalidArgumentError(f"{len(per_prompt)} SamplingParams given for {len(prompts)} prompts")
+        prompts, per_prompt = prompts_and_params(prompts, params)
         with self._step_lock:
             if self.has_unfinished_requests():
                 raise InvalidArgumentError(
@@ -578,7 +473,7 @@ class Engine:
                 for i, (prompt, p) in enumerate(zip(prompts, per_prompt, strict=True))
             ]
             self.reset_metrics()
-            self._run_started = started
+            self._recorder.started = started
             results = {}
             target = sum(g.params.num_sequences * g.params.max_tokens for g in groups)
             try:

@@ -18,6 +18,7 @@ snapshot excepted). One-time costs (building the C attention kernel, first-call 
 forward pass when the engine is built (`Engine.warmup_ms`), so the first step's time is a real step's.
 """
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +37,7 @@ ENGINE_COLUMNS = (
     "host_ms",
 )
 STEP_COLUMNS = (*COLUMNS, *ENGINE_COLUMNS)
+REQUEST_COLUMNS = ("request_id", "prompt_len", "output_tokens", "preemptions", "cached_tokens")
 # wall-clock columns: they change from run to run, everything else is a pure function of the requests
 TIMED_COLUMNS = ("time_s", "step_time_ms", "attention_ms", "rest_of_model_ms", "host_ms")
 
@@ -88,13 +90,17 @@ def sharing_saving(steps: pd.DataFrame) -> float:
 @dataclass(eq=False)
 class StepRecorder:
     """Rows accumulated during a run, and the snapshot sampling (every `stride` steps, stride doubling to keep at
-    most `max_snapshots`)."""
+    most `max_snapshots`). requests: one REQUEST_COLUMNS row per finished request, in the order they finished;
+    started: the run's start (`time.perf_counter()`); preemptions_base: the scheduler's preemption count then."""
 
     max_snapshots: int = 100
     rows: list = field(default_factory=list)
     snapshots: list = field(default_factory=list)
     cow_events: list = field(default_factory=list)
     stride: int = 1
+    requests: list = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+    preemptions_base: int = 0
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
@@ -114,6 +120,18 @@ class StepRecorder:
         frame = pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
         ints = [c for c in STEP_COLUMNS if c not in TIMED_COLUMNS]
         return frame.astype(dict.fromkeys(ints, np.int64) | dict.fromkeys(TIMED_COLUMNS, np.float64))
+
+    def run(self, num_blocks: int, block_size: int) -> "EngineRun":
+        """The `EngineRun` of every step recorded so far (wall time: from `started` to now)."""
+        return EngineRun(
+            self.steps_frame(),
+            list(self.snapshots),
+            self.cow_frame(),
+            pd.DataFrame(self.requests, columns=list(REQUEST_COLUMNS)),
+            num_blocks,
+            block_size,
+            time.perf_counter() - self.started,
+        )
 
     def cow_frame(self) -> pd.DataFrame:
         """One row per copy; `request` is int64 when every request id is an int (ids given as strings stay)."""

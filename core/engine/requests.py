@@ -8,6 +8,7 @@ scheduler, the KV cache manager and the KV cache are only ever touched by the st
 import itertools
 import threading
 from collections.abc import Callable
+from collections.abc import Sequence as Seq
 
 import torch
 
@@ -32,6 +33,21 @@ def prompt_ids(prompt, tokenizer, vocab_size: int) -> tuple[list[int], str | Non
     if not ids:
         raise InvalidArgumentError("a prompt needs at least one token")
     return ids, None
+
+
+def prompts_and_params(prompts, params) -> tuple[list, list[SamplingParams]]:
+    """`generate`'s arguments as two lists of equal length: the prompts (one prompt alone, text or token ids, is
+    a list of one) and one SamplingParams per prompt (`params` for all, default 16 tokens at temperature 1.0, or
+    a list with one per prompt). Raises InvalidArgumentError for no prompt or a count of params that differs."""
+    if isinstance(prompts, str) or (isinstance(prompts, Seq) and prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    if len(prompts) == 0:
+        raise InvalidArgumentError("generate needs at least one prompt")
+    params = params or SamplingParams(max_tokens=16)
+    per_prompt = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
+    if len(per_prompt) != len(prompts):
+        raise InvalidArgumentError(f"{len(per_prompt)} SamplingParams given for {len(prompts)} prompts")
+    return prompts, per_prompt
 
 
 def make_group(

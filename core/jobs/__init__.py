@@ -10,7 +10,8 @@ submit are in `core.page_models.tasks`, a layer above. Nothing here imports a do
 """
 
 from core.jobs.cache import MISSING, ResultCache
-from core.jobs.pool import JobPool, JobStatus, job_key
+from core.jobs.pool import JobPool
+from core.jobs.status import JobStatus, job_key
 
 __all__ = [
     "MISSING",

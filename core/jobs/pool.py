@@ -23,59 +23,21 @@ import contextlib
 import itertools
 import multiprocessing
 import os
-import pickle
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from multiprocessing import spawn
 from multiprocessing.connection import wait
-from pathlib import Path
 
-from core.errors import (
-    InvalidArgumentError,
-    JobError,
-    JobFailedError,
-    JobTimeoutError,
-    LabError,
-    QueueFullError,
-)
+from core.errors import JobError, JobFailedError, JobTimeoutError, LabError, QueueFullError
 from core.jobs.cache import MISSING, ResultCache
-from core.jobs.worker import worker_main
+from core.jobs.status import JobStatus, as_lab_error, job_key
+from core.jobs.worker import start_without_main, worker_main
 from core.limits import Limits
 
-REPO_ROOT = str(Path(__file__).resolve().parents[2])
-_SPAWN_LOCK = threading.Lock()
 CANCEL_GRACE_S = 2.0  # a cancelled job that reaches no progress call within this is stopped by force
 TICK_S = 0.1
-
-
-@dataclass(frozen=True)
-class JobStatus:
-    """What a session's job is doing. state: "idle" (no job), "queued", "running", "done" or "failed".
-
-    position: 1-based place in the queue while queued, else 0. fraction in [0, 1] and message: the worker's
-    last progress report. result: the job's return value when done (shared, read-only). error: a LabError when
-    failed. cached: the result came from the cache without running. queued / running: jobs in the whole pool.
-    estimate_s: seconds until the result is expected while queued or running (None when unknown).
-    """
-
-    state: str
-    position: int = 0
-    fraction: float = 0.0
-    message: str = ""
-    result: object = None
-    error: LabError | None = None
-    cached: bool = False
-    queued: int = 0
-    running: int = 0
-    estimate_s: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.state in ("done", "failed")
 
 
 @dataclass(eq=False)
@@ -107,21 +69,6 @@ class _Slot:
     job: _Job | None
     last_seen: float
     outcome: JobStatus | None = None
-
-
-def job_key(fn: Callable, args: tuple) -> Hashable:
-    """(module, qualified name, args): what a result is cached under. Raises InvalidArgumentError when `fn` is
-    not a module-level function or `args` are not hashable and picklable."""
-    module = sys.modules.get(getattr(fn, "__module__", ""), None)
-    qualname = getattr(fn, "__qualname__", "")
-    if module is None or getattr(module, qualname, None) is not fn:
-        raise InvalidArgumentError(f"a job must be a module-level function, got {fn!r}")
-    try:
-        hash(args)
-        pickle.dumps(args)
-    except Exception as error:
-        raise InvalidArgumentError(f"job arguments must be hashable and picklable: {error}") from None
-    return (fn.__module__, qualname, args)
 
 
 class JobPool:
@@ -243,6 +190,17 @@ class JobPool:
         with self._lock:
             return [w.process.pid for w in self._workers if w.process.pid is not None]
 
+    def recycle_idle_workers(self) -> int:
+        """Replace every idle worker by a fresh process, giving back what its earlier jobs left in it (what a job
+        memoised, such as a model's weights, and its heap); a running job keeps its worker. Not counted in
+        `restarts`. Returns how many were replaced; they count as `ready` in `stats` again after their imports."""
+        with self._lock:
+            self._check_open()
+            idle = [w for w in self._workers if w.job is None]
+            for worker in idle:
+                self._replace(worker, counted=False)
+            return len(idle)
+
     def close(self) -> None:
         """Stop the dispatcher and every worker (running jobs are abandoned). Idempotent."""
         with self._lock:
@@ -343,7 +301,7 @@ class JobPool:
             name="paged-lab-worker",
             daemon=True,
         )
-        _start_without_main(process)
+        start_without_main(process)
         child.close()
         return _Worker(process, parent, cancel_event)
 
@@ -389,14 +347,15 @@ class JobPool:
                 job.message = "started"
                 worker.job = job
 
-    def _replace(self, worker: _Worker) -> None:
-        """Terminate `worker` (its job, if any, is already settled) and start a fresh one in its place."""
+    def _replace(self, worker: _Worker, counted: bool = True) -> None:
+        """Terminate `worker` (its job, if any, is already settled) and start a fresh one in its place; `counted`:
+        the replacement counts in `restarts` (a timeout, a forced cancel, a crash)."""
         worker.process.terminate()
         self._dying.append((worker.process, time.monotonic()))
         worker.conn.close()
         index = self._workers.index(worker)
         self._workers[index] = self._start_worker()
-        self.restarts += 1
+        self.restarts += counted
 
     def _handle(self, worker: _Worker, message: tuple) -> None:
         kind = message[0]
@@ -417,7 +376,7 @@ class JobPool:
             self.cache.put(job.key, message[2])
             self._finish(job, JobStatus("done", fraction=1.0, message="done", result=message[2]))
         elif kind == "error":
-            self._finish(job, JobStatus("failed", message="failed", error=_as_lab_error(message[2])))
+            self._finish(job, JobStatus("failed", message="failed", error=as_lab_error(message[2])))
         else:  # cancelled
             self._finish(
                 job, JobStatus("failed", message="cancelled", error=JobError("the job was cancelled"))
@@ -503,38 +462,3 @@ class JobPool:
                         self._handle(worker, message)
                 self._enforce(time.monotonic())
                 self._dispatch()
-
-
-def _start_without_main(process: multiprocessing.process.BaseProcess) -> None:
-    """Start a spawned process that does not re-run the parent's `__main__`.
-
-    Streamlit installs each page script as `sys.modules["__main__"]`, so a plain spawn would run the page again
-    in the worker (and start workers from there). The child gets the parent's sys.path plus the repository root,
-    which is all `worker_main` and the job functions need.
-    """
-    with _SPAWN_LOCK:
-        original = spawn.get_preparation_data
-
-        def preparation_data(name: str) -> dict:
-            data = original(name)
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-            data["sys_path"] = [REPO_ROOT, *data.get("sys_path", [])]
-            return data
-
-        spawn.get_preparation_data = preparation_data
-        try:
-            process.start()
-        finally:
-            spawn.get_preparation_data = original
-
-
-def _as_lab_error(error) -> LabError:
-    """A worker's error as a LabError: the original when it travelled and is one, else JobFailedError."""
-    if isinstance(error, LabError):
-        return error
-    if isinstance(error, BaseException):
-        return JobFailedError(f"the job failed: {type(error).__name__}: {error}", type(error).__name__)
-    name, message, is_lab_error = error
-    text = message if is_lab_error else f"the job failed: {name}: {message}"
-    return JobFailedError(text, name)

@@ -8,8 +8,8 @@ every one from disk on every render), so a result computed once (by any replica'
 recomputed, by every replica.
 
 Wire format (`multiprocessing.connection`, pickles, authenticated with a shared key): a request is a tuple
-`(method, *arguments)` for method in submit / poll / cancel / stats / worker_pids; the answer is
-`("ok", value)` or `("error", LabError)`. One thread of the pool process serves each connection.
+`(method, *arguments)` for method in submit / poll / cancel / stats / worker_pids / recycle_idle_workers; the
+answer is `("ok", value)` or `("error", LabError)`. One thread of the pool process serves each connection.
 """
 
 import contextlib
@@ -22,7 +22,8 @@ from multiprocessing.connection import Client, Listener
 from core.errors import JobError, LabError
 from core.jobs.cache import MISSING, ResultCache
 from core.jobs.disk_cache import DiskResultCache
-from core.jobs.pool import JobPool, JobStatus, job_key
+from core.jobs.pool import JobPool
+from core.jobs.status import JobStatus, job_key
 
 STORED = "__paged_lab_result_on_disk__"  # the result is in the shared disk cache under the job's key
 # Pickled bytes of the results a replica keeps in memory: a default simulation is ~20 MB, a kernel sweep ~10 kB.
@@ -115,11 +116,12 @@ def _serve_connection(conn, pool: JobPool, disk: DiskResultCache) -> None:
                 return
 
 
-_METHODS = frozenset({"submit", "poll", "cancel", "stats", "worker_pids"})
+_METHODS = frozenset({"submit", "poll", "cancel", "stats", "worker_pids", "recycle_idle_workers"})
 
 
 class RemotePool:
-    """`JobPool`'s public API (submit / poll / cancel / stats / worker_pids / close) served by the pool process.
+    """`JobPool`'s public API (submit / poll / cancel / stats / worker_pids / recycle_idle_workers / close) served
+    by the pool process.
 
     Thread-safe: one connection, one request at a time. Results are resolved from this replica's memory cache,
     then the shared disk cache; a result the disk lost in between (evicted) is computed again.
@@ -202,6 +204,9 @@ class RemotePool:
 
     def worker_pids(self) -> list[int]:
         return self._call("worker_pids")
+
+    def recycle_idle_workers(self) -> int:
+        return self._call("recycle_idle_workers")
 
     def close(self) -> None:
         with self._lock:

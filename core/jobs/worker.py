@@ -1,4 +1,5 @@
-"""The loop a worker process runs: receive a job, run it with a progress callback, send back what happened.
+"""The loop a worker process runs: receive a job, run it with a progress callback, send back what happened; and
+how the pool starts one (`start_without_main`).
 
 Messages from the worker on its pipe, as tuples:
     ("ready",)                               once its environment is set and its modules are imported
@@ -13,12 +14,18 @@ import contextlib
 import ctypes
 import gc
 import importlib
+import multiprocessing
 import os
 import pickle
+import threading
 import time
+from multiprocessing import spawn
+from pathlib import Path
 
 from core.errors import JobCancelledError, LabError
 
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+_SPAWN_LOCK = threading.Lock()
 PROGRESS_INTERVAL_S = 0.1
 PARENT_CHECK_S = 1.0  # an idle worker checks this often that the process that started it is still there
 WORKER_NICENESS = 10  # the server process renders pages first; workers take the CPU left over
@@ -105,3 +112,27 @@ def _run_job(conn, job_id: int, fn, args: tuple, cancel_event) -> None:
         conn.send(("done", job_id, result))
     except Exception as error:  # the result does not pickle
         conn.send(("error", job_id, _portable(error)))
+
+
+def start_without_main(process: multiprocessing.process.BaseProcess) -> None:
+    """Start a spawned process that does not re-run the parent's `__main__`.
+
+    Streamlit installs each page script as `sys.modules["__main__"]`, so a plain spawn would run the page again
+    in the worker (and start workers from there). The child gets the parent's sys.path plus the repository root,
+    which is all `worker_main` and the job functions need.
+    """
+    with _SPAWN_LOCK:
+        original = spawn.get_preparation_data
+
+        def preparation_data(name: str) -> dict:
+            data = original(name)
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+            data["sys_path"] = [REPO_ROOT, *data.get("sys_path", [])]
+            return data
+
+        spawn.get_preparation_data = preparation_data
+        try:
+            process.start()
+        finally:
+            spawn.get_preparation_data = original

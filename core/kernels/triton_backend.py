@@ -68,11 +68,7 @@ def _paged_rows_kernel(
     ).to(tl.float32)  # [BLOCK_R, BLOCK_D]
     row_pos = tl.load(row_pos_ptr + seq * stride_ps + rows, mask=row_ok, other=-1)  # [BLOCK_R]
     length = tl.load(lens_ptr + seq)
-    visible = tl.minimum(length, tl.max(row_pos, axis=0) + 1)  # tokens any row of this tile may see
-    num_blocks = (visible + block_size - 1) // block_size
-    row_start = tl.maximum(row_pos - window + 1, 0)  # [BLOCK_R] first position each row may see
-    tile_start = tl.min(tl.where(row_pos >= 0, row_start, length), axis=0)  # no position before it is read
-    first_block = tl.minimum(tile_start, visible) // block_size
+    row_start, tile_start, first_block, num_blocks = _visible_blocks(row_pos, length, window, block_size)
 
     m = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)  # running max (finite: rows that see nothing stay at 0)
     denom = tl.zeros([BLOCK_R], dtype=tl.float32)
@@ -82,29 +78,14 @@ def _paged_rows_kernel(
         positions = j * block_size + slots  # [BLOCK_S]
         slot_ok = (slots < block_size) & (positions < length) & (positions >= tile_start)
         load_mask = slot_ok[:, None] & dim_ok[None, :]
-        k = tl.load(
-            k_ptr + block * stride_kb + slots[:, None] * stride_ks + kv_head * stride_kh + dims[None, :],
-            mask=load_mask,
-            other=0.0,
-        ).to(tl.float32)  # [BLOCK_S, BLOCK_D]
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_R, BLOCK_S]
+        k = _load_block_tile(k_ptr, block, kv_head, slots, dims, load_mask, stride_kb, stride_ks, stride_kh)
+        v = _load_block_tile(v_ptr, block, kv_head, slots, dims, load_mask, stride_vb, stride_vs, stride_vh)
         allowed = (
             slot_ok[None, :]
             & (positions[None, :] <= row_pos[:, None])
             & (positions[None, :] >= row_start[:, None])
-        )
-        scores = tl.where(allowed, scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp(m - m_new)
-        probs = tl.exp(scores - m_new[:, None])  # 0 where not allowed
-        denom = denom * alpha + tl.sum(probs, axis=1)
-        v = tl.load(
-            v_ptr + block * stride_vb + slots[:, None] * stride_vs + kv_head * stride_vh + dims[None, :],
-            mask=load_mask,
-            other=0.0,
-        ).to(tl.float32)  # [BLOCK_S, BLOCK_D]
-        acc = acc * alpha[:, None] + tl.dot(probs, v, input_precision="ieee")
-        m = m_new
+        )  # [BLOCK_R, BLOCK_S]
+        m, denom, acc = _online_softmax_step(q, k, v, scale, allowed, m, denom, acc)
     safe = tl.where(denom > 0, denom, 1.0)
     out = tl.where(denom[:, None] > 0, acc / safe[:, None], 0.0)
     tl.store(
@@ -112,6 +93,45 @@ def _paged_rows_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & dim_ok[None, :],
     )
+
+
+@triton.jit
+def _visible_blocks(row_pos, length, window, block_size):
+    """What one tile of rows may read: (row_start [BLOCK_R], the first position each row sees; tile_start, the
+    first position any row sees, none before it is read; first_block and num_blocks, the block-table entries
+    [first_block, num_blocks) that hold the visible positions). row_pos -1 marks a row that sees nothing."""
+    visible = tl.minimum(length, tl.max(row_pos, axis=0) + 1)  # tokens any row of this tile may see
+    num_blocks = (visible + block_size - 1) // block_size
+    row_start = tl.maximum(row_pos - window + 1, 0)  # [BLOCK_R] first position each row may see
+    tile_start = tl.min(tl.where(row_pos >= 0, row_start, length), axis=0)  # no position before it is read
+    first_block = tl.minimum(tile_start, visible) // block_size
+    return row_start, tile_start, first_block, num_blocks
+
+
+@triton.jit
+def _load_block_tile(ptr, block, kv_head, slots, dims, mask, stride_b, stride_s, stride_h):
+    """One physical block's [BLOCK_S, BLOCK_D] K or V tile of `kv_head`, read in place from the cache as
+    float32; masked slots and dims (past the sequence, before the tile's window, padding) read 0, never memory."""
+    return tl.load(
+        ptr + block * stride_b + slots[:, None] * stride_s + kv_head * stride_h + dims[None, :],
+        mask=mask,
+        other=0.0,
+    ).to(tl.float32)
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, scale, allowed, m, denom, acc):
+    """Fold one block into the online softmax (the paper's equation 4): scores q·k x scale [BLOCK_R, BLOCK_S]
+    where `allowed`, -inf elsewhere; returns the new (running max [BLOCK_R], denominator [BLOCK_R], accumulator
+    [BLOCK_R, BLOCK_D]), the old ones rescaled by exp(old max - new max)."""
+    scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_R, BLOCK_S]
+    scores = tl.where(allowed, scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    alpha = tl.exp(m - m_new)
+    probs = tl.exp(scores - m_new[:, None])  # 0 where not allowed
+    denom = denom * alpha + tl.sum(probs, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(probs, v, input_precision="ieee")
+    return m_new, denom, acc
 
 
 def triton_paged_rows(

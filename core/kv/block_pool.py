@@ -173,9 +173,18 @@ class BlockPool:
                 self._free_uncached.append(block)
 
     def release_all(self, blocks: Iterable[int]) -> None:
-        """`release` each block in order: the first freed is the first taken again among equals."""
+        """`release` each block in order: the first freed is the first taken again among equals. (`release`'s
+        body inlined: this is the per-block loop of freeing a request.)"""
+        ref_counts, block_hash = self.ref_counts, self._block_hash
+        free_cached, free_uncached = self._free_cached, self._free_uncached
         for block in blocks:
-            self.release(block)
+            count = ref_counts[block] - 1
+            ref_counts[block] = count
+            if count == 0:
+                if block_hash[block] is not None:
+                    free_cached[block] = None
+                else:
+                    free_uncached.append(block)
 
     # ---- prefix cache -----------------------------------------------------------------------------------
 

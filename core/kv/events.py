@@ -14,8 +14,9 @@ Wire format (msgpack, as msgspec encodes vLLM's structs):
 `encode_event_batch` writes the current format; `decode_event_batch` reads both (and a batch sent as a map),
 ignores fields it does not know, fills the nullable fields an older sender left out with None, and raises
 `KVEventDecodeError` on anything else (not msgpack, not a batch, an unknown event type, a field of the wrong
-type). Block hashes are ints or bytes (vLLM's `ExternalBlockHash`); no event carries block ids, ref counts or
-request ids.
+type, a BlockStored whose block_size is below 1). Error messages name the field and the type or size of what
+was there, never its content. Block hashes are ints or bytes (vLLM's `ExternalBlockHash`); no event carries
+block ids, ref counts or request ids.
 
 When each event fires (the pool in `core.kv.block_pool` follows this):
 - BlockStored: newly full blocks entered the prefix cache. `block_hashes` chain: the first block's parent is
@@ -25,6 +26,7 @@ When each event fires (the pool in `core.kv.block_pool` follows this):
 - AllBlocksCleared: the prefix cache was reset.
 """
 
+import re
 from typing import Any
 
 import msgspec
@@ -127,8 +129,8 @@ def decode_event_batch(payload: bytes) -> KVEventBatch:
     """
     try:
         raw = msgspec.msgpack.decode(payload)
-    except (msgspec.DecodeError, TypeError) as exc:
-        raise KVEventDecodeError(f"KV event payload is not msgpack: {exc}") from None
+    except (msgspec.DecodeError, TypeError, ValueError, RecursionError):
+        raise KVEventDecodeError(f"KV event payload is not msgpack ({_describe(payload)})") from None
     if isinstance(raw, dict):  # tolerated: a batch struct sent by name
         fields = (raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank"))
     elif isinstance(raw, list) and len(raw) >= 2:
@@ -160,16 +162,27 @@ def _decode_event(raw: object, index: int) -> KVEvent:
         raise KVEventDecodeError(f"event {index} must be a map or a tagged array, got {_describe(raw)}")
     if not isinstance(tag, str) or tag not in _POSITIONAL_FIELDS:
         allowed = ", ".join(_POSITIONAL_FIELDS)
-        raise KVEventDecodeError(f"event {index} has type {tag!r}; known types: {allowed}")
+        shown = repr(tag) if isinstance(tag, str) and re.fullmatch(r"[A-Za-z]{1,40}", tag) else _describe(tag)
+        raise KVEventDecodeError(f"event {index} has type {shown}; known types: {allowed}")
     fields = dict.fromkeys(_NULLABLE_REQUIRED[tag])
     fields.update(by_name)
     fields["type"] = tag
     try:
-        return msgspec.convert(fields, KVEvent, strict=True)
-    except msgspec.ValidationError as exc:
+        event = msgspec.convert(fields, KVEvent, strict=True)
+    except (msgspec.ValidationError, TypeError, ValueError) as exc:  # msgspec names the field, not its value
         raise KVEventDecodeError(f"event {index} ({tag}) is malformed: {exc}") from None
+    if isinstance(event, BlockStored) and event.block_size < 1:
+        raise KVEventDecodeError(
+            f"event {index} (BlockStored) has block_size {event.block_size}; it must be >= 1"
+        )
+    return event
 
 
 def _describe(value: object) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:80]}{'...' if len(text) > 80 else ''}"
+    """The type and size of a wire value, never its content (the message may be shown to anyone)."""
+    kind = {bytes: "binary", str: "str", list: "array", dict: "map", bool: "bool", type(None): "nil"}.get(
+        type(value), type(value).__name__
+    )
+    size = f" of {len(value):,}" if isinstance(value, bytes | str | list | dict) else ""
+    unit = {bytes: " bytes", str: " characters", list: " items", dict: " entries"}.get(type(value), "")
+    return f"{kind}{size}{unit}"

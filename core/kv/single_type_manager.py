@@ -196,7 +196,8 @@ class SingleTypeKVCacheManager:
     def free(self, request_id: Hashable) -> None:
         """Drop the request: its held blocks lose one reference each, last to first."""
         rec = self.requests.pop(request_id)
-        self.pool.release_all(reversed(rec.table[rec.first_held :]))
+        table = rec.table
+        self.pool.release_all(reversed(table[rec.first_held :] if rec.first_held else table))
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):

@@ -1,14 +1,21 @@
 """User-given live addresses, checked before any connection: metrics URLs (http/https only) and KV-event
-endpoints (ZMQ `tcp://host:port` only), each against the operator's PAGED_LAB_LIVE_HOSTS (core/limits.py).
+endpoints (ZMQ `tcp://host:port` only), each against the operator's PAGED_LAB_LIVE_HOSTS (`core/hosts.py`).
+
+Two checks. `check_metrics_url` / `check_events_endpoint` parse what the user typed and check the host as written
+(no DNS): a refused address is reported at once. `resolve_checked`, called by whoever connects, right before it
+connects, looks the name up once, checks every address it gave, and returns them: the caller connects to one of
+exactly those addresses (never to the name again, so DNS cannot answer differently the second time).
 
 A data-parallel vLLM publishes rank r's events on the endpoint's port + r (`endpoint_for_rank`).
 """
 
 import re
+import socket
 import urllib.parse
 from dataclasses import dataclass
 
-from core.errors import InvalidArgumentError
+from core.errors import InvalidArgumentError, LiveEndpointError
+from core.hosts import HostPolicy, parse_ip
 from core.limits import Limits
 
 MAX_ADDRESS_LENGTH = 500
@@ -20,12 +27,14 @@ class MetricsUrl:
     url: str  # as given, stripped
     host: str  # as written (an IPv6 host in brackets), lower case
     port: int
+    policy: HostPolicy  # what it may resolve to, checked again when it is fetched
 
 
 @dataclass(frozen=True)
 class EventsEndpoint:
     host: str
     port: int
+    policy: HostPolicy
 
     @property
     def address(self) -> str:
@@ -53,7 +62,7 @@ def check_metrics_url(url: str, limits: Limits) -> MetricsUrl:
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname.lower()
     port = port if port is not None else (443 if parts.scheme == "https" else 80)
     limits.check_live_address(host, port, "the metrics URL's host")
-    return MetricsUrl(text, host, port)
+    return MetricsUrl(text, host, port, limits.live_policy)
 
 
 def check_events_endpoint(endpoint: str, limits: Limits) -> EventsEndpoint:
@@ -68,7 +77,7 @@ def check_events_endpoint(endpoint: str, limits: Limits) -> EventsEndpoint:
         )
     host, port = match.group(1).lower(), int(match.group(2))
     limits.check_live_address(host, port, "the KV events endpoint")
-    return EventsEndpoint(host, port)
+    return EventsEndpoint(host, port, limits.live_policy)
 
 
 def endpoint_for_rank(endpoint: EventsEndpoint, rank: int, limits: Limits) -> EventsEndpoint:
@@ -76,6 +85,32 @@ def endpoint_for_rank(endpoint: EventsEndpoint, rank: int, limits: Limits) -> Ev
     against PAGED_LAB_LIVE_HOSTS like the base endpoint."""
     if rank < 0 or endpoint.port + rank > 65_535:
         raise InvalidArgumentError(f"rank {rank} puts the port past 65,535 (base port {endpoint.port:,})")
-    ranked = EventsEndpoint(endpoint.host, endpoint.port + rank)
+    ranked = EventsEndpoint(endpoint.host, endpoint.port + rank, limits.live_policy)
     limits.check_live_address(ranked.host, ranked.port, f"rank {rank}'s KV events endpoint")
     return ranked
+
+
+def resolve_checked(host: str, port: int, policy: HostPolicy, what: str) -> list[str]:
+    """The IP addresses `host` resolves to, looked up once, every one allowed by `policy` for `port` (an address
+    literal is its own answer). Connect to one of these, never to `host` again. Raises LiveAddressRefusedError
+    when the host as written or any address it resolves to is not allowed (a name that answers with one allowed
+    and one refused address is refused), LiveEndpointError (failure "unresolvable") when it has no address."""
+    policy.admit(host, port, what)
+    literal = parse_ip(host)
+    if literal is not None:
+        return [str(literal)]
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError) as err:
+        reason = (
+            "the name does not resolve"
+            if isinstance(err, socket.gaierror)
+            else "the name cannot be looked up"
+        )
+        raise LiveEndpointError(f"{what} {host}:{port}: unresolvable: {reason}", "unresolvable") from None
+    addresses = list(dict.fromkeys(str(parse_ip(info[4][0])) for info in infos))
+    if not addresses:
+        raise LiveEndpointError(f"{what} {host}:{port}: unresolvable: no address", "unresolvable")
+    for address in addresses:
+        policy.permit(host, address, port, what)
+    return addresses

@@ -20,10 +20,11 @@ import urllib.request
 from pathlib import Path
 
 from core.errors import LiveEndpointError
+from core.hosts import LAB_SERVER_PORTS
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
-DEFAULT_PORTS = (8000, 5557, 5558)
+DEFAULT_PORTS = LAB_SERVER_PORTS  # HTTP, events, replay: the ports PAGED_LAB_LIVE_HOSTS allows by default
 MODELS = ("smollm2-135m-instruct", "tiny")
 SYSTEM = "You are a concise assistant for people who run LLM servers. Answer in one or two sentences."
 QUESTIONS = (

@@ -161,7 +161,13 @@ def _histogram(name: str, series: dict[str, list[tuple[dict[str, str], float]]])
     buckets: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     for labels, value in series[name + "_bucket"]:
         key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
-        buckets[key].append((float(labels.get("le", "+Inf")), value))
+        try:
+            bound = float(labels.get("le", "+Inf"))
+        except ValueError:
+            raise MetricsFormatError(
+                f"not a Prometheus exposition: {name}_bucket has an `le` label that is not a number"
+            ) from None
+        buckets[key].append((bound, value))
     sums = {tuple(sorted(lb.items())): v for lb, v in series.get(name + "_sum", [])}
     counts = {tuple(sorted(lb.items())): v for lb, v in series.get(name + "_count", [])}
     parts = []
@@ -179,14 +185,15 @@ def _int_label(labels: dict[str, str], key: str) -> int | None:
 
 
 def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """(sample name, labels, value) of every sample; MetricsFormatError naming the first bad line."""
+    """(sample name, labels, value) of every sample; MetricsFormatError naming the first bad line. Messages name
+    the line number and what was expected, never the body's content (it may be a service nobody meant to show)."""
     if not isinstance(text, str):
         raise MetricsFormatError(f"metrics must be text, got {type(text).__name__}")
     head = text.lstrip()[:200].lower()
     if head.startswith(("<!doctype", "<html", "<?xml", "<")):
         raise MetricsFormatError(
-            f"the body is an HTML/XML page, not Prometheus metrics (it starts {text.lstrip()[:60]!r}): the URL "
-            "may point at a proxy's error page or the wrong path (vLLM serves /metrics)",
+            "not a Prometheus exposition: the body is an HTML/XML page; the URL may point at a proxy's error page "
+            "or the wrong path (vLLM serves /metrics)",
             1,
         )
     try:
@@ -195,23 +202,24 @@ def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
             for f in text_string_to_metric_families(text)
             for s in f.samples
         ]
-    except (ValueError, TypeError, IndexError, KeyError) as err:
-        number, line = _first_bad_line(text)
-        shown = line if len(line) <= 80 else line[:77] + "..."
+    except Exception:  # the parser's errors quote the line; any of them means the same: not an exposition
+        number = _first_bad_line(text)
         raise MetricsFormatError(
-            f"line {number:,} is not a Prometheus sample ({shown!r}: {err}); expected `name{{labels}} value` "
-            "lines and # comments, as vLLM's /metrics serves them",
+            f"not a Prometheus exposition: line {number:,} is not a sample; expected `name{{labels}} value` lines "
+            "and # comments, as vLLM's /metrics serves them",
             number,
         ) from None
 
 
-def _first_bad_line(text: str) -> tuple[int, str]:
+def _first_bad_line(text: str) -> int:
+    """The 1-based number of the first line the parser refuses on its own (the last line when none does: the
+    text as a whole is cut or inconsistent)."""
     lines = text.split("\n")
     for number, line in enumerate(lines, start=1):
         if not line.strip() or line.startswith("#"):
             continue
         try:
             list(text_string_to_metric_families(line + "\n"))
-        except (ValueError, TypeError, IndexError, KeyError):
-            return number, line
-    return len(lines), lines[-1]
+        except Exception:
+            return number
+    return len(lines)

@@ -16,7 +16,14 @@ own receive buffer, bounded by its high-water mark). Sequence handling:
 - with a replay endpoint, the first poll fetches the publisher's buffered history from seq 0 (and the first
   message does, if that found nothing), so the tree starts with what was cached before we subscribed, as far as
   the buffer reaches, even when the server is idle.
-A message that is not `[topic, 8 bytes, payload]` or whose payload does not decode is counted and skipped.
+A message that is not `[topic, 8 bytes, payload]` or whose payload does not decode is counted and skipped: it
+changes neither the tree nor what the subscriber believes about the publisher's sequence (a bad frame cannot
+clear the tree by looking like a restart); only a bad frame that is exactly the next seq advances `last_seq`, so
+it is not counted lost.
+
+Addresses: each endpoint's host is resolved once when the subscriber is made, every address checked against
+PAGED_LAB_LIVE_HOSTS (`resolve_checked`), and the socket connects to the checked IP (ZMQ's own reconnects then
+reuse that IP, never the name).
 """
 
 import time
@@ -24,10 +31,10 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from core.errors import KVEventDecodeError, LiveEndpointError
-from core.kv.events import decode_event_batch
+from core.errors import KVEventDecodeError, LabError, LiveEndpointError
+from core.kv.events import KVEventBatch, decode_event_batch
 from core.limits import Limits
-from core.live.addresses import EventsEndpoint, endpoint_for_rank
+from core.live.addresses import EventsEndpoint, endpoint_for_rank, resolve_checked
 from core.live.tree import CachedBlockTree
 
 DEFAULT_TOPIC = "kv-events"
@@ -74,14 +81,19 @@ class KVEventSubscriber:
         self._sub_high: int | None = None  # highest seq seen on the PUB socket
         self._caught_up = False
         self._replay: zmq.Socket | None = None
+        self._pub_address = pinned_address(endpoint, "the KV events endpoint")
+        self._replay_address = (
+            pinned_address(replay_endpoint, "the replay endpoint") if replay_endpoint is not None else None
+        )
         try:
             self._sub = self._context.socket(zmq.SUB)
             self._sub.setsockopt(zmq.RCVHWM, receive_buffer)
             self._sub.setsockopt(zmq.LINGER, 0)
+            self._sub.setsockopt(zmq.IPV6, int(self._pub_address.startswith("tcp://[")))
             self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-            self._sub.connect(endpoint.address)
+            self._sub.connect(self._pub_address)
         except zmq.ZMQError as err:
-            raise LiveEndpointError(f"cannot subscribe to {endpoint.address}: {err}") from None
+            raise LiveEndpointError(f"cannot subscribe to {endpoint.address}: {err}", "network") from None
 
     # --- receiving -----------------------------------------------------------------------------------------
     def poll(self, timeout_s: float = 0.0, max_messages: int = 100_000) -> int:
@@ -96,15 +108,23 @@ class KVEventSubscriber:
             wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
             if not self._sub.poll(wait_ms if self.stats.applied == applied_before else 0):
                 break
-            self._on_message(self._sub.recv_multipart())
+            self.on_message(self._sub.recv_multipart())
         return self.stats.applied - applied_before
 
-    def _on_message(self, frames: list[bytes]) -> None:
+    def on_message(self, frames: list[bytes]) -> None:
+        """Handle one message as received on the PUB socket (`[topic, 8-byte seq, payload]`). Never raises for
+        what the publisher sent: a bad message is counted in `stats.bad_messages` and leaves the tree as it was."""
         self.stats.received += 1
         if len(frames) != 3 or len(frames[1]) != 8:
             self._bad(f"a message of {len(frames)} frames, expected [topic, 8-byte seq, payload]")
             return
         seq = int.from_bytes(frames[1], "big")
+        batch = self._decode(seq, frames[2])
+        if batch is None:
+            last = self.stats.last_seq
+            if last is not None and seq == last + 1:  # skipped, not lost: it arrived
+                self.stats.last_seq = self._sub_high = seq
+            return
         if self._sub_high is not None and seq <= self._sub_high:
             self.stats.restarts += 1  # the publisher's counter went back: a new server process
             self.tree.clear()
@@ -119,7 +139,7 @@ class KVEventSubscriber:
         elif last is not None and seq > last + 1:
             self._gap(last + 1, seq - 1)
         if self.stats.last_seq is None or seq > self.stats.last_seq:
-            self._apply(seq, frames[2])
+            self._apply_batch(seq, batch)
 
     def _gap(self, first: int, last: int) -> None:
         if self.replay_endpoint is not None:
@@ -130,18 +150,26 @@ class KVEventSubscriber:
             self.stats.lost += last - max(done, first - 1)
         self.stats.gaps.append((first, last, recovered))
 
-    def _apply(self, seq: int, payload: bytes) -> bool:
+    def _decode(self, seq: int, payload: bytes) -> KVEventBatch | None:
         try:
-            batch = decode_event_batch(payload)
+            return decode_event_batch(payload)
         except KVEventDecodeError as err:
             self._bad(f"batch {seq}: {err}")
+            return None
+
+    def _apply(self, seq: int, payload: bytes) -> bool:
+        batch = self._decode(seq, payload)
+        if batch is None:
             self.stats.last_seq = seq  # skipped, not lost: it arrived
             return False
+        self._apply_batch(seq, batch)
+        return True
+
+    def _apply_batch(self, seq: int, batch: KVEventBatch) -> None:
         self.tree.apply_batch(batch)
         self.stats.applied += 1
         self.stats.last_seq = seq
         self.stats.last_ts = batch.ts
-        return True
 
     def _bad(self, message: str) -> None:
         self.stats.bad_messages += 1
@@ -175,7 +203,8 @@ class KVEventSubscriber:
         if self._replay is None:
             self._replay = self._context.socket(zmq.DEALER)
             self._replay.setsockopt(zmq.LINGER, 0)
-            self._replay.connect(self.replay_endpoint.address)
+            self._replay.setsockopt(zmq.IPV6, int(self._replay_address.startswith("tcp://[")))
+            self._replay.connect(self._replay_address)
         self._replay.send_multipart([b"", first.to_bytes(8, "big")])
         out: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + self.replay_timeout_s
@@ -193,7 +222,8 @@ class KVEventSubscriber:
         self._replay = None
         raise LiveEndpointError(
             f"the replay endpoint {self.replay_endpoint.address} did not finish answering within "
-            f"{self.replay_timeout_s:g} s ({len(out):,} batches received)"
+            f"{self.replay_timeout_s:g} s ({len(out):,} batches received)",
+            "timeout",
         )
 
     def close(self) -> None:
@@ -222,8 +252,16 @@ def subscribe_fleet(
     try:
         for pub, replay in zip(pubs, replays, strict=True):
             subscribers.append(KVEventSubscriber(pub, topic=topic, replay_endpoint=replay, context=context))
-    except LiveEndpointError:
+    except LabError:
         for s in subscribers:
             s.close()
         raise
     return subscribers
+
+
+def pinned_address(endpoint: EventsEndpoint, what: str) -> str:
+    """`tcp://IP:port` for `endpoint`: its host resolved once and checked (`resolve_checked`), the first IPv4
+    address when there is one (ZMQ connects to one address), an IPv6 one in brackets. Raises as resolve_checked."""
+    addresses = resolve_checked(endpoint.host, endpoint.port, endpoint.policy, what)
+    address = next((a for a in addresses if ":" not in a), addresses[0])
+    return f"tcp://[{address}]:{endpoint.port}" if ":" in address else f"tcp://{address}:{endpoint.port}"

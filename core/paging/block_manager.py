@@ -54,16 +54,29 @@ _new_tuple = tuple.__new__
 
 class _Sequence:
     """A sequence's tokens and chained block hashes; `blocks` is its table in the group's manager, and
-    `block_table` the same list object (read on the hot path)."""
+    `block_table` the same list object (read on the hot path).
 
-    __slots__ = ("block_hashes", "block_table", "blocks", "num_tokens", "token_ids")
+    The append fast path (`BlockManager.append_token`): while `next_slot < fast_end`, the next token goes to
+    slot `next_slot` of the unshared last block and needs nothing else (no new block, no copy-on-write, no
+    hash). `BlockManager._arm` keeps this true: armed, `next_slot` is the slot after the last token in
+    `block_table[-1]` (ref count 1) and `fast_end` that block's last slot (prefix caching: the token that fills
+    the block takes the slow path, which hashes it) or its end (no caching); disarmed, both are 0 (sliding
+    window, or a tail shared after `fork`), so every append takes the slow path, which re-arms.
+    """
+
+    __slots__ = ("block_hashes", "block_table", "blocks", "fast_end", "next_slot", "token_ids")
 
     def __init__(self, blocks: RequestBlocks, token_ids: list[int], block_hashes: list[int]):
         self.blocks = blocks
         self.block_table = blocks.table  # -1 for the entries [0, first_held) a sliding window released
         self.token_ids = token_ids
-        self.num_tokens = len(token_ids)
         self.block_hashes = block_hashes  # chained hash of each full block, in logical order
+        self.next_slot = 0
+        self.fast_end = 0  # disarmed until BlockManager._arm
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 class BlockManager:
@@ -99,7 +112,8 @@ class BlockManager:
         self._pool = BlockPool(num_blocks, [spec], enable_kv_cache_events=enable_kv_cache_events)
         self._manager = manager_for(spec, self._pool, 0)
         self._ref_counts = self._pool.ref_counts  # the pool's live list (read-only here)
-        self._take_one = self._pool.take_one
+        # the fast path's last slot in a block: the filling token takes the slow path when it must be hashed
+        self._fast_fill = self._block_size - 1 if self._caching else self._block_size
         self._seqs: dict[SeqId, _Sequence] = {}
         self._stats = PrefixCacheCounters()
 
@@ -200,17 +214,6 @@ class BlockManager:
         extend_block_hashes(seq.block_hashes, seq.token_ids, self._block_size, num_full, _chain_hash)
         self._manager.cache_blocks(seq.blocks, seq.block_hashes, seq.token_ids, num_full * self._block_size)
 
-    def _cache_last_block(self, seq: _Sequence, block: int) -> None:
-        """The block just filled by `append_token`: hash it and offer it to the cache (the hot path)."""
-        bs = self._block_size
-        hashes = seq.block_hashes
-        parent = hashes[-1] if hashes else None
-        tokens = tuple(seq.token_ids[-bs:])
-        block_hash = _chain_hash(parent, tokens)
-        hashes.append(block_hash)
-        self._pool.cache_block(0, block, block_hash, parent, tokens)
-        seq.blocks.num_cached = len(hashes)
-
     # ---- sliding window -------------------------------------------------------------------------------------
 
     def _window_steps(self, seq: _Sequence, count: int):
@@ -276,7 +279,6 @@ class BlockManager:
                 cow = manager.append_slots(rec, where, where + 1) or cow
             elif self._caching:
                 self._cache_full_blocks(seq, where + 1)
-        seq.num_tokens += len(tokens)
         return cow
 
     # ---- operations ---------------------------------------------------------------------------------------
@@ -318,6 +320,7 @@ class BlockManager:
         manager.append_slots(rec, 0, len(tokens))
         seq = _Sequence(rec, tokens, hashes)
         self._seqs[seq_id] = seq
+        self._arm(seq)
         if self._caching:
             manager.cache_blocks(rec, hashes, tokens, len(tokens))
             stats = self._stats
@@ -335,29 +338,67 @@ class BlockManager:
         caller must make. With a sliding window, the blocks that fall out of the new token's window are
         released first (and count as free for this token). Raises UnknownSequenceError or OutOfBlocksError with
         nothing changed.
+
+        The per-token hot path: a token that lands in the unshared last block without filling it (all but 2
+        of every block_size decode tokens with prefix caching, all but 1 without) touches two attributes and
+        the token list (see `_Sequence`); the rest go through `_append_slow`.
         """
-        seq = self._seqs.get(seq_id)
-        if seq is None:
-            raise UnknownSequenceError(f"unknown sequence {seq_id!r}; live sequences: {self._live_summary()}")
+        try:
+            seq = self._seqs[seq_id]
+        except KeyError:
+            raise UnknownSequenceError(
+                f"unknown sequence {seq_id!r}; live sequences: {self._live_summary()}"
+            ) from None
+        slot = seq.next_slot
+        if slot < seq.fast_end:
+            seq.next_slot = slot + 1
+            seq.token_ids.append(token_id)
+            return _new_tuple(AppendResult, (slot, None))  # AppendResult(slot, None), without its frame
+        return self._append_slow(seq_id, seq, token_id)
+
+    def _append_slow(self, seq_id: SeqId, seq: _Sequence, token_id: int) -> AppendResult:
+        """`append_token` when the token starts a block, fills one, needs copy-on-write, or a window applies.
+        Full attention's cases are inlined (each is what the single-type manager and `_cache_full_blocks`
+        would do for one token): this runs for 2 of every block_size decode tokens."""
         bs = self._block_size
-        n = seq.num_tokens
-        offset = n % bs
         table = seq.block_table
+        tokens = seq.token_ids
+        n = len(tokens)
+        offset = n % bs
         if self._window is not None:
             self._check_window_room(seq_id, seq, 1)
             cow = self._extend_windowed(seq, [token_id])
             return AppendResult(table[-1] * bs + offset, cow)
         cow = None
-        if offset == 0 or self._ref_counts[table[-1]] > 1:  # a new block, or copy-on-write of a shared tail
+        if offset == 0:  # the token starts a block: `append_slots` of full attention, for one token
+            table.append(self._pool.take_one())  # raises before any change
+        elif self._ref_counts[table[-1]] > 1:  # copy-on-write of a shared tail
             cow = self._manager.append_slots(seq.blocks, n, n + 1)  # take_one raises before any change
         block = table[-1]
-        seq.num_tokens = n + 1
-        seq.token_ids.append(token_id)
+        tokens.append(token_id)
         if offset == bs - 1 and self._caching:  # the block is now full: hash it and maybe cache it
-            self._cache_last_block(seq, block)
-        return _new_tuple(
-            AppendResult, (block * bs + offset, cow)
-        )  # AppendResult(slot, cow), without its frame
+            hashes = seq.block_hashes
+            parent = hashes[-1] if hashes else None
+            full = tuple(tokens[-bs:])
+            block_hash = _chain_hash(parent, full)
+            hashes.append(block_hash)
+            self._pool.cache_block(0, block, block_hash, parent, full)
+            seq.blocks.num_cached = len(hashes)
+        slot = block * bs + offset
+        seq.next_slot = slot + 1  # the last block is this sequence's alone now (ref count 1): arm
+        seq.fast_end = block * bs + self._fast_fill
+        return _new_tuple(AppendResult, (slot, cow))
+
+    def _arm(self, seq: _Sequence) -> None:
+        """Set the append fast path's bounds after the sequence's table or its tail's sharing changed (see
+        `_Sequence`): armed only under full attention with an unshared last block."""
+        table = seq.block_table
+        if self._window is not None or self._ref_counts[table[-1]] > 1:
+            seq.next_slot = seq.fast_end = 0
+            return
+        base = table[-1] * self._block_size
+        seq.next_slot = base + len(seq.token_ids) - (len(table) - 1) * self._block_size
+        seq.fast_end = base + self._fast_fill
 
     def append_tokens(self, seq_id: SeqId, token_ids: Sequence[int]) -> list[AppendResult]:
         """`append_token` for each token in order, all or nothing: if the pool runs out part-way, the
@@ -403,18 +444,17 @@ class BlockManager:
         bs = self._block_size
         old = seq.num_tokens
         new = old + len(tokens)
-        seq.num_tokens = new
         seq.token_ids.extend(tokens)
         if not self._caching:
-            return self._manager.append_slots(seq.blocks, old, new)
-        cow = None
-        for index in range(
-            old // bs, cdiv(new, bs)
-        ):  # take and cache block by block, in append_token's order
-            end = min(new, (index + 1) * bs)
-            cow = self._manager.append_slots(seq.blocks, max(old, index * bs), end) or cow
-            if end == (index + 1) * bs:
-                self._cache_full_blocks(seq, index + 1)
+            cow = self._manager.append_slots(seq.blocks, old, new)
+        else:
+            cow = None
+            for index in range(old // bs, cdiv(new, bs)):  # take and cache block by block, as append_token
+                end = min(new, (index + 1) * bs)
+                cow = self._manager.append_slots(seq.blocks, max(old, index * bs), end) or cow
+                if end == (index + 1) * bs:
+                    self._cache_full_blocks(seq, index + 1)
+        self._arm(seq)
         return cow
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
@@ -425,13 +465,16 @@ class BlockManager:
         if child_id in self._seqs:
             raise DuplicateSequenceError(f"cannot fork into {child_id!r}: that sequence already exists")
         rec = self._manager.fork(parent_id, child_id)
-        self._seqs[child_id] = _Sequence(rec, list(parent.token_ids), list(parent.block_hashes))
+        child = _Sequence(rec, list(parent.token_ids), list(parent.block_hashes))
+        self._seqs[child_id] = child
+        self._arm(parent)  # the tail is shared now: both take the slow path (copy-on-write) next
+        self._arm(child)
 
     def free(self, seq_id: SeqId) -> None:
         """Drop the sequence. Each block it still holds loses one reference; a block whose count reaches 0
         becomes free (cached-free if it holds a cached full block). Blocks are released last to first."""
-        self._seq(seq_id)
-        del self._seqs[seq_id]
+        if self._seqs.pop(seq_id, None) is None:
+            raise UnknownSequenceError(f"unknown sequence {seq_id!r}; live sequences: {self._live_summary()}")
         self._manager.free(seq_id)
 
     def reset_prefix_cache(self) -> int:

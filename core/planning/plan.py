@@ -1,30 +1,31 @@
 """The capacity plan: what fits on one model replica, its verdict, notes, decode roofline and `vllm serve` flags.
 
 `plan(model, gpu, ...)` (or `plan_from(PlanInputs(...))`) validates the inputs, does vLLM's memory arithmetic,
-decides whether the deployment fits and writes notes about what the figures leave out. Each `CapacityPlan` keeps
+decides whether the deployment fits and writes notes about what the figures leave out; its types live in
+`core.planning.capacity`, the decode roofline in `core.planning.decode_roofline` and the matching `vllm serve`
+command in `core.planning.vllm_command` (all re-exported here). Each `CapacityPlan` keeps
 the inputs it was planned from (`plan.inputs`), so a variant is `plan_from(dataclasses.replace(plan.inputs,
 gpu=other))`. Every number is per GPU (the most loaded one) unless its name says otherwise.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from core.common import cdiv, check_float, check_int
+from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
 from core.kv.layout import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     KVCacheLayout,
     kv_cache_layout,
-    kv_read_bytes_per_sequence,
     layout_notes,
     longest_fitting_len,
     request_blocks,
 )
+from core.planning.capacity import CapacityPlan, PlanInputs
+from core.planning.decode_roofline import decode_step_estimate, weight_bytes_read_per_step
 from core.planning.hardware import GPUSpec
 from core.planning.kv_accounting import (
     BLOCK_SIZES,
-    COMPUTE_DTYPE_SHORT,
     DEFAULT_MAX_NUM_SEQS,
     DTYPE_BITS,
     MAX_CONTEXT_TOKENS,
@@ -39,101 +40,23 @@ from core.planning.kv_accounting import (
     weight_bytes_per_gpu,
 )
 from core.planning.models import ModelSpec
+from core.planning.vllm_command import vllm_serve_command
 from core.planning.weights import uses_group_quantization
+
+__all__ = [
+    "CapacityPlan",
+    "PlanInputs",
+    "concurrency_vs_context",
+    "decode_step_estimate",
+    "plan",
+    "plan_from",
+    "vllm_serve_command",
+    "weight_bytes_read_per_step",
+]
 
 GiB = 1024**3
 MAX_ACTIVATION_BYTES = 1024 * 1024**4  # 1 PiB: refuse absurd activation reserves
 MAX_NUM_SEQS = 65_536
-
-
-@dataclass(frozen=True)
-class PlanInputs:
-    """The arguments of one plan, exactly as given (None means the default rule, see `plan`).
-
-    Frozen, so a variant is `dataclasses.replace(inputs, gpu=other)`; `plan_from` validates it.
-    """
-
-    model: ModelSpec
-    gpu: GPUSpec
-    num_gpus: int | None = None
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    weight_dtype: str = "auto"
-    kv_dtype: str = "auto"
-    gpu_memory_utilization: float = 0.9
-    block_size: int = 16
-    max_model_len: int | None = None
-    activation_reserve: int | None = None
-    context_len: int | None = None
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    hybrid_kv_cache_manager: bool = True
-
-
-@dataclass(frozen=True)
-class CapacityPlan:
-    """What fits on one model replica (tp x pp GPUs); per-GPU figures are for the most loaded GPU.
-
-    Bytes are bytes; `*_tokens` are token slots; `num_blocks` counts blocks of `block_size` slots.
-    kv_budget_bytes = gpu_memory_bytes x gpu_memory_utilization - weights_bytes - activation_bytes
-    (negative when the model does not fit at all); num_blocks = max(0, kv_budget_bytes // block_bytes);
-    kv_tokens = num_blocks x block_size; max_concurrency = num_blocks // ceil(context_len / block_size)
-    (requests of `context_len` tokens held at once by one replica). For a hybrid model these follow
-    `kv_layout` (vLLM V1's KV cache groups): block_bytes = group_size x page, a request's blocks are summed
-    over the groups, kv_tokens = int(vllm_max_concurrency x max_model_len); replicas = num_gpus // (tp x pp) copies
-    of the model serve in parallel (data parallel). Decode figures are estimates from a roofline.
-    `inputs` are the arguments the plan was made from (not part of `to_dict` or equality).
-    """
-
-    inputs: PlanInputs = field(repr=False, compare=False)
-    model: str
-    gpu: str
-    num_gpus: int
-    tensor_parallel: int
-    pipeline_parallel: int
-    replicas: int
-    weight_dtype: str
-    kv_dtype: str
-    gpu_memory_utilization: float
-    block_size: int
-    max_model_len: int
-    context_len: int
-    max_num_seqs: int
-    gpu_memory_bytes: int
-    usable_bytes: int
-    weights_bytes: int
-    activation_bytes: int
-    activation_estimated: bool
-    kv_budget_bytes: int
-    kv_bytes_per_token: int
-    block_bytes: int
-    num_blocks: int
-    kv_tokens: int
-    per_request_bytes: int
-    max_concurrency: int
-    max_concurrency_total: int
-    vllm_max_concurrency: float
-    fits: bool
-    verdict: str
-    max_fitting_model_len: int | None
-    min_tensor_parallel: int | None
-    decode_batch: int
-    decode_step_s: float | None
-    decode_tokens_per_s: float | None
-    decode_bound: str | None
-    notes: tuple[str, ...] = ()
-    vllm_command: str = ""
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    hybrid_kv_cache_manager: bool = True
-    kv_layout: KVCacheLayout | None = None  # the layout behind num_blocks, kv_tokens and the concurrency
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every figure as plain JSON-able values (`inputs` left out; `notes` as a list)."""
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "inputs"}
-        data["notes"] = list(self.notes)
-        if self.kv_layout is not None:
-            data["kv_layout"] = self.kv_layout.to_dict()
-        return data
 
 
 class _Checked(NamedTuple):
@@ -432,82 +355,6 @@ def plan_from(inputs: PlanInputs) -> CapacityPlan:
     return CapacityPlan(**figures, vllm_command=vllm_serve_command(draft, c.model))
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Decode roofline
-# --------------------------------------------------------------------------------------------------------------
-
-
-def weight_bytes_read_per_step(
-    model: ModelSpec,
-    batch: int,
-    weight_dtype: str = "auto",
-    tensor_parallel: int = 1,
-    pipeline_parallel: int = 1,
-) -> float:
-    """Weight bytes one GPU reads for one decode micro-batch of `batch` sequences.
-
-    Dense: all its weights. MoE: the shared part, plus the routed experts that at least one sequence picks:
-    with E experts and k per token chosen uniformly, a given expert is used with probability
-    1 - (1 - k/E)^batch.
-    """
-    full = weight_bytes_per_gpu(model, weight_dtype, tensor_parallel, pipeline_parallel)
-    if not model.is_moe or model.num_experts <= model.num_experts_per_tok or model.num_experts_per_tok < 1:
-        return float(full)
-    experts, k = model.num_experts, model.num_experts_per_tok
-    expert_params = (model.num_params - model.num_params_active) * experts / (experts - k)
-    expert_share = min(1.0, expert_params / model.num_params)
-    touched = 1 - (1 - k / experts) ** batch
-    return full * ((1 - expert_share) + expert_share * touched)
-
-
-def decode_step_estimate(
-    model: ModelSpec,
-    gpu: GPUSpec,
-    batch: int,
-    context_len: int,
-    weight_dtype: str = "auto",
-    kv_dtype: str = "auto",
-    tensor_parallel: int = 1,
-    pipeline_parallel: int = 1,
-) -> tuple[float, str]:
-    """(seconds per decode step, "memory" or "compute"): every one of `batch` requests makes one token.
-
-    An estimate, from a roofline with no overheads. With pp stages, `batch` is split into pp micro-batches
-    of batch/pp that flow through the stages; in one step each GPU reads its weights once per micro-batch and
-    the KV of every sequence on its stage once:
-        bytes  = pp x weights_read(batch / pp) + batch x KV read per sequence               (per GPU)
-    where a sequence's KV read is context_len x kv_bytes_per_token for full attention, and only the window,
-    chunk or recurrent state of hybrid layers (`kv_read_bytes_per_sequence`).
-        flops  = 2 x active_params x batch / (tp x pp)                                      (per GPU)
-        step_s = max(bytes / memory_bandwidth, flops / peak_bf16_flops)
-    """
-    batch = check_int(batch, "batch", minimum=1)
-    context_len = check_int(context_len, "context_len", minimum=1)
-    micro = max(1, cdiv(batch, pipeline_parallel))
-    weights = pipeline_parallel * weight_bytes_read_per_step(
-        model, micro, weight_dtype, tensor_parallel, pipeline_parallel
-    )
-    kv = batch * kv_read_bytes_per_sequence(
-        model,
-        context_len,
-        kv_dtype=kv_dtype,
-        tensor_parallel=tensor_parallel,
-        pipeline_parallel=pipeline_parallel,
-    )
-    memory_s = (weights + kv) / gpu.memory_bandwidth
-    compute_s = 0.0
-    if gpu.peak_bf16_flops:
-        compute_s = (
-            2 * model.num_params_active * batch / (tensor_parallel * pipeline_parallel) / gpu.peak_bf16_flops
-        )
-    return (memory_s, "memory") if memory_s >= compute_s else (compute_s, "compute")
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Concurrency vs context, and the vllm serve command
-# --------------------------------------------------------------------------------------------------------------
-
-
 def concurrency_vs_context(capacity: CapacityPlan, contexts: Sequence[int]) -> list[int]:
     """Requests of each context length (tokens) the whole deployment holds at once:
     replicas x (num_blocks // ceil(context / block_size))."""
@@ -520,54 +367,3 @@ def concurrency_vs_context(capacity: CapacityPlan, contexts: Sequence[int]) -> l
             blocks = blocks_for_tokens(context, capacity.block_size)
         out.append(capacity.num_blocks // blocks * capacity.replicas)
     return out
-
-
-def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec | None = None) -> str:
-    """The `vllm serve` flags matching the plan (`model` defaults to the plan's own). max-num-seqs is the plan's
-    scheduler cap (vLLM's default 256 unless chosen), not the number of full-length requests that fit: with
-    paging, shorter requests share the cache, and vLLM's scheduler admits them while blocks remain."""
-    model = capacity.inputs.model if model is None else model
-    kv_flag = {"fp8": "fp8"}.get(capacity.kv_dtype, "auto")
-    comments = []
-    checkpoint_weights = resolve_weight_dtype(model, "auto")
-    quantize = None
-    if capacity.weight_dtype != checkpoint_weights:
-        if capacity.weight_dtype == "fp8":
-            quantize = "--quantization fp8"  # vLLM quantizes a 16-bit checkpoint to FP8 at load time
-        else:
-            comments.append(
-                f"# {capacity.weight_dtype} weights need a checkpoint stored that way (the preset's is "
-                f"{checkpoint_weights}), e.g. a GPTQ/AWQ/W8A8 export of {model.name}"
-            )
-    if capacity.kv_dtype in ("int8", "fp4"):
-        comments.append(
-            f"# {capacity.kv_dtype} KV cache is not a vLLM --kv-cache-dtype choice: with auto, vLLM holds fewer "
-            "tokens than this plan"
-        )
-    parts = [
-        f"vllm serve {model.hf_repo or model.name}",
-        f"--tensor-parallel-size {capacity.tensor_parallel}",
-    ]
-    if capacity.pipeline_parallel > 1:
-        parts.append(f"--pipeline-parallel-size {capacity.pipeline_parallel}")
-    if capacity.replicas > 1:
-        parts.append(f"--data-parallel-size {capacity.replicas}")
-    if (
-        capacity.kv_dtype in ("fp16", "bf16")
-        and capacity.kv_dtype != COMPUTE_DTYPE_SHORT[model.compute_dtype]
-    ):
-        parts.append(f"--dtype {'float16' if capacity.kv_dtype == 'fp16' else 'bfloat16'}")
-    if quantize:
-        parts.append(quantize)
-    parts += [
-        f"--kv-cache-dtype {kv_flag}",
-        f"--gpu-memory-utilization {capacity.gpu_memory_utilization:g}",
-        f"--max-model-len {capacity.max_fitting_model_len or capacity.max_model_len}",
-        f"--block-size {capacity.block_size}",
-        f"--max-num-seqs {capacity.max_num_seqs}",
-    ]
-    if capacity.max_num_batched_tokens != DEFAULT_MAX_NUM_BATCHED_TOKENS:
-        parts.append(f"--max-num-batched-tokens {capacity.max_num_batched_tokens}")
-    if not capacity.hybrid_kv_cache_manager:
-        parts.append("--disable-hybrid-kv-cache-manager")
-    return "\n".join([*comments, " \\\n  ".join(parts)])

@@ -1,10 +1,15 @@
 """The HTTP side of `core.serve`: a FastAPI app with vLLM's OpenAI-compatible routes over one `EngineLoop`.
 
 Routes: POST /v1/completions and /v1/chat/completions (JSON, or SSE with `stream`: `data: {chunk}` lines and a
-final `data: [DONE]`), GET /health, /v1/models, /metrics (Prometheus text, vLLM's names). A bad request is an
-OpenAI-style JSON error with status 400 (404 for another model's name), raised before anything is queued; a
-request that can never fit the KV pool is refused that way too. A streamed request whose client goes away is
-aborted, so its blocks return to the pool.
+final `data: [DONE]`), GET /health, /v1/models, /metrics (Prometheus text, vLLM's names). Every request body is
+read up to MAX_BODY_BYTES (413 past it), parsed as JSON (400 when it is not, however deep or broken) and checked
+field by field in `core.serve.protocol` before anything is queued: a bad request is an OpenAI-style JSON error
+with status 400 (404 for another model's name), as are unknown routes (404) and wrong methods (405); a request
+that can never fit the KV pool is refused that way too. No request can make the server answer 500: the catch-all
+handler is only for the server's own bugs.
+
+A client that goes away is aborted, streamed or not (a non-streamed request watches for the disconnect while it
+waits), so its blocks return to the pool at once.
 """
 
 import asyncio
@@ -16,21 +21,18 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from core.engine import Engine
 from core.errors import InvalidArgumentError
 from core.serve.exporter import ServerMetrics
 from core.serve.loop import EngineLoop
-from core.serve.protocol import (
-    ParsedRequest,
-    RequestError,
-    chat_request,
-    chunk_body,
-    completion_request,
-    error_body,
-    response_body,
-    usage_body,
-)
+from core.serve.protocol import ModelFacts, ParsedRequest, RequestError, chat_request, completion_request
+from core.serve.responses import chunk_body, error_body, response_body, usage_body
+
+MAX_BODY_BYTES = 16 * 1024 * 1024  # a MAX_TEXT_CHARS prompt escaped as JSON, with room to spare
+CLIENT_GONE = 499  # nginx's "client closed request": logged, never seen by the client
 
 
 @dataclass
@@ -41,19 +43,31 @@ class ServedModel:
     metrics: ServerMetrics
     max_model_len: int
 
+    @property
+    def facts(self) -> ModelFacts:
+        return ModelFacts(self.name, self.engine.config.vocab_size, self.max_model_len,
+                          self.engine.max_num_seqs, self.engine.tokenizer)  # fmt: skip
+
 
 def build_app(served: ServedModel) -> FastAPI:
     app = FastAPI(title="PagedAttention Lab server", docs_url=None, redoc_url=None, openapi_url=None)
+    facts = served.facts
 
     @app.exception_handler(RequestError)
     async def _bad_request(_request: Request, err: RequestError):
         return JSONResponse(error_body(str(err), err.status, err.param), status_code=err.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException):  # unknown route, wrong method
+        message = {404: f"no route {request.url.path[:100]!r}; this server has /v1/completions, "
+                        "/v1/chat/completions, /v1/models, /health and /metrics",
+                   405: f"{request.method[:20]} is not allowed on {request.url.path[:100]!r}"}.get(
+            err.status_code, str(err.detail))  # fmt: skip
+        return JSONResponse(error_body(message, err.status_code), err.status_code, headers=err.headers)
+
     @app.exception_handler(Exception)
-    async def _internal(
-        _request: Request, err: Exception
-    ):  # a bug, never bad input: still an OpenAI error body
-        return JSONResponse(error_body(f"internal error: {type(err).__name__}: {err}", 500), status_code=500)
+    async def _internal(_request: Request, err: Exception):  # a bug, never bad input: still an OpenAI body
+        return JSONResponse(error_body(f"internal error: {type(err).__name__}", 500), status_code=500)
 
     @app.get("/health")
     async def health():
@@ -71,27 +85,45 @@ def build_app(served: ServedModel) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _serve(served, completion_request(await _json(request), served.name))
+        return await _serve(served, completion_request(await read_json(request), facts), request)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        tokenizer = served.engine.tokenizer
-        return await _serve(
-            served, chat_request(await _json(request), served.name, tokenizer, served.max_model_len)
-        )
+        return await _serve(served, chat_request(await read_json(request), facts), request)
 
     return app
 
 
-async def _json(request: Request):
-    raw = await request.body()
+async def read_json(request: Request, max_bytes: int = MAX_BODY_BYTES):
+    """The request body parsed as JSON. Raises RequestError: 413 past `max_bytes` (read no further), 400 for a
+    body that is not JSON (broken, not UTF-8, nested too deep, an integer too long) or a client that left."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise RequestError(f"the request body is {int(declared):,} bytes; at most {max_bytes:,}", None, 413)
+    raw = bytearray()
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise RequestError(f"the request body is not JSON: {err}") from None
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > max_bytes:
+                raise RequestError(f"the request body is over {max_bytes:,} bytes", None, 413)
+    except ClientDisconnect:
+        raise RequestError("the client went away before sending the whole body") from None
+    try:
+        return json.loads(bytes(raw))
+    except RecursionError:
+        raise RequestError("the request body is not JSON: it is nested too deeply") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's digit limit
+        reason = err.msg if isinstance(err, json.JSONDecodeError) else type(err).__name__
+        raise RequestError(f"the request body is not JSON: {reason}") from None
 
 
-async def _serve(served: ServedModel, req: ParsedRequest):
+async def _until_disconnected(request: Request) -> None:
+    """Returns when the client closes its connection (the body has been read: only a disconnect can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _serve(served: ServedModel, req: ParsedRequest, request: Request):
     loop = asyncio.get_running_loop()
     updates: asyncio.Queue = asyncio.Queue()
     ids = [f"{req.request_id}-{i}" for i in range(len(req.prompts))]
@@ -103,7 +135,7 @@ async def _serve(served: ServedModel, req: ParsedRequest):
 
         try:
             served.loop.submit(rid, prompt, req.params, callback)
-        except InvalidArgumentError as err:
+        except InvalidArgumentError as err:  # the one check left to the engine: the pool is too small for it
             for earlier in ids[:i]:
                 served.loop.abort(earlier)
             raise RequestError(str(err), "prompt") from None
@@ -111,18 +143,24 @@ async def _serve(served: ServedModel, req: ParsedRequest):
     if req.stream:
         return StreamingResponse(_stream(served, req, ids, updates, with_ids), media_type="text/event-stream")
     finals: dict[int, object] = {}
+    gone = asyncio.ensure_future(_until_disconnected(request))
     try:
         while len(finals) < len(ids):
-            i, out, err = await updates.get()
+            update = asyncio.ensure_future(updates.get())
+            await asyncio.wait({update, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not update.done():
+                update.cancel()
+                return Response(status_code=CLIENT_GONE)  # nobody reads it; `finally` aborts what is left
+            i, out, err = update.result()
             if err is not None:
                 return JSONResponse(error_body(err, 500), status_code=500)
             if out.finished:
                 finals[i] = out
-    except asyncio.CancelledError:
+    finally:
+        gone.cancel()
         for i, rid in enumerate(ids):
             if i not in finals:
                 served.loop.abort(rid)
-        raise
     return response_body(req, [finals[i] for i in range(len(ids))], with_token_ids=with_ids)
 
 

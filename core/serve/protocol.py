@@ -1,34 +1,57 @@
-"""The OpenAI-compatible request and response bodies of `core.serve`, in vLLM's shapes.
+"""The OpenAI-compatible requests of `core.serve`, in vLLM's shapes: the one place every request field is checked.
 
-`completion_request` / `chat_request` check a parsed JSON body and return what the engine needs; every bad field
-raises `RequestError` naming the parameter (the server answers an OpenAI-style 400, never a 500). Fields vLLM
-accepts that this engine does not implement (stop strings, logprobs, echo, best_of > n) are refused by name
-rather than silently ignored; unknown fields are ignored, as vLLM does.
+`completion_request` / `chat_request` take a parsed JSON body (any JSON value) and return what the engine needs,
+prompts already turned into token ids; every bad field raises `RequestError` naming it (`param`, e.g. "prompt",
+"messages[2].content", "stop_token_ids[0]"), which the server answers as an OpenAI-style 400 (404 for another
+model's name), never a 500. Nothing that reaches the tokenizer or the engine is unchecked:
+- text (prompts, message roles and contents, the model name) is valid Unicode (no lone surrogates), holds no
+  control character but tab, newline and carriage return, and is at most MAX_TEXT_CHARS long;
+- token ids (prompts, stop_token_ids) are integers in [0, vocab_size); lists are bounded (MAX_PROMPTS prompts,
+  max_model_len prompt tokens, MAX_MESSAGES messages, MAX_STOP_TOKEN_IDS stop ids);
+- every number has its JSON type (an integer field refuses 1.5 and true) and its range: max_tokens >= 1 and,
+  with the prompt, within max_model_len (vLLM's rule); n from 1 to max_num_seqs; temperature >= 0; top_p in
+  (0, 1]; top_k -1 or >= 0; seed in [0, 2^63); nested objects only where an object is expected.
+Fields vLLM accepts that this engine does not implement (stop strings, logprobs, echo, suffix, best_of > n) are
+refused by name rather than silently ignored; unknown fields are ignored, as vLLM does.
 """
 
-import time
+import math
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.engine import SamplingParams
-from core.engine.sequence import RequestOutput
 from core.errors import InvalidArgumentError, RequestError
 
 MAX_PROMPTS = 64  # prompts in one completions request
+MAX_MESSAGES = 1_024
+MAX_TEXT_CHARS = 1_000_000  # one text field, before the tokenizer sees it (~1 s of tokenizing at most)
+MAX_STOP_TOKEN_IDS = 64
+MAX_SEED = 2**63 - 1
+MAX_ROLE_CHARS = 64
 DEFAULT_COMPLETION_TOKENS = 16  # vLLM's and OpenAI's default for /v1/completions
 MAX_DEFAULT_CHAT_TOKENS = 512  # chat without max_tokens: the rest of the context, at most this many
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_UNSUPPORTED = (("stop", ([], "")), ("logprobs", (False, 0)), ("echo", (False,)), ("suffix", ("",)))
 
 
-def error_body(message: str, status: int = 400, param: str | None = None) -> dict:
-    """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
-    kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+@dataclass(frozen=True)
+class ModelFacts:
+    """What request checks need to know of the served model: its name, vocabulary size, context length
+    (`max_model_len`, prompt + output tokens), sequences per request (`max_num_seqs`) and tokenizer (None: a
+    model without one takes token ids only)."""
+
+    name: str
+    vocab_size: int
+    max_model_len: int
+    max_num_seqs: int
+    tokenizer: Any = None
 
 
 @dataclass
 class ParsedRequest:
-    prompts: list  # each a str or a list of token ids
+    prompts: list[list[int]]  # token ids of each prompt, checked against the vocabulary and the context
     params: SamplingParams
     stream: bool
     include_usage: bool
@@ -38,189 +61,248 @@ class ParsedRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
-def _get(body: dict, name: str, kinds, default=None):
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
-        raise RequestError(f"{name} must be {_kind_name(kinds)}, got a boolean", name)
-    if not isinstance(value, kinds):
-        raise RequestError(f"{name} must be {_kind_name(kinds)}, got {type(value).__name__}", name)
+_JSON_TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+               dict: "an object", type(None): "null"}  # fmt: skip
+
+
+def _json_type(value: object) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+def check_text(value: object, param: str, *, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """`value` when it is a string of valid Unicode without control characters (tab, newline, carriage return
+    allowed) and at most `max_chars` long; else RequestError naming `param`."""
+    if not isinstance(value, str):
+        raise RequestError(f"{param} must be a string, got {_json_type(value)}", param)
+    if len(value) > max_chars:
+        raise RequestError(
+            f"{param} is {len(value):,} characters long; at most {max_chars:,} are allowed", param
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise RequestError(
+            f"{param} is not valid Unicode: a lone surrogate (U+{ord(value[err.start]):04X}) at character "
+            f"{err.start:,}; send text as UTF-8 or as a JSON string without unpaired \\ud800-\\udfff escapes",
+            param,
+        ) from None
+    bad = _CONTROL.search(value)
+    if bad:
+        raise RequestError(
+            f"{param} holds the control character U+{ord(bad.group()):04X} at character {bad.start():,}; only tab, "
+            "newline and carriage return are allowed",
+            param,
+        )
     return value
 
 
-def _kind_name(kinds) -> str:
-    names = {
-        int: "an integer",
-        float: "a number",
-        bool: "a boolean",
-        str: "a string",
-        list: "a list",
-        dict: "an object",
-    }
-    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-    return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
+def _optional(body: dict, name: str, kind: type, default=None):
+    """body[name] when present and not null, of JSON type `kind` (int never accepts a boolean; float accepts an
+    integer); `default` otherwise."""
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok:
+        raise RequestError(f"{name} must be {_JSON_TYPES[kind]}, got {_json_type(value)}", name)
+    return value
 
 
-def _sampling(body: dict, max_tokens: int | None, default_tokens: int) -> tuple[SamplingParams, bool, bool]:
-    for name, allowed in (
-        ("stop", ([], "")),
-        ("logprobs", (False, 0)),
-        ("echo", (False,)),
-        ("suffix", ("",)),
-    ):
-        value = body.get(name)
-        if value is not None and value not in allowed:
-            raise RequestError(f"{name} is not supported by this server (use stop_token_ids for stops)", name)
-    n = _get(body, "n", int, 1)
-    best_of = _get(body, "best_of", int, n)
-    if best_of != n:
-        raise RequestError("best_of must equal n on this server", "best_of")
-    top_k = _get(body, "top_k", int, 0)
-    stop_ids = _get(body, "stop_token_ids", list, [])
+def _int(body: dict, name: str, default: int | None, minimum: int, maximum: int | None = None) -> int | None:
+    value = _optional(body, name, int, default)
+    if value is not None and (value < minimum or (maximum is not None and value > maximum)):
+        allowed = f"from {minimum:,} to {maximum:,}" if maximum is not None else f"at least {minimum:,}"
+        shown = f"{value:,}" if abs(value) < 10**30 else "a larger number"
+        raise RequestError(f"{name} must be {allowed}, got {shown}", name)
+    return value
+
+
+def _number(body: dict, name: str, default: float, minimum: float, maximum: float | None = None,
+            *, exclusive_minimum: bool = False) -> float:  # fmt: skip
+    value = _optional(body, name, float, default)
     try:
-        params = SamplingParams(
-            max_tokens=default_tokens if max_tokens is None else max_tokens,
-            temperature=float(_get(body, "temperature", (int, float), 1.0)),
-            top_p=float(_get(body, "top_p", (int, float), 1.0)),
-            top_k=0 if top_k == -1 else top_k,
-            n=n,
-            seed=_get(body, "seed", int),
-            ignore_eos=_get(body, "ignore_eos", bool, False),
-            stop_token_ids=tuple(stop_ids),
-        )
-    except InvalidArgumentError as err:
-        raise RequestError(str(err)) from None
-    options = _get(body, "stream_options", dict, {})
-    return params, _get(body, "stream", bool, False), bool(options.get("include_usage", False))
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    low_ok = number > minimum if exclusive_minimum else number >= minimum
+    if not math.isfinite(number) or not low_ok or (maximum is not None and number > maximum):
+        bound = f"greater than {minimum:g}" if exclusive_minimum else f"at least {minimum:g}"
+        upper = f" and at most {maximum:g}" if maximum is not None else ""
+        raise RequestError(f"{name} must be a finite number {bound}{upper}, got {value!r:.40}", name)
+    return number
 
 
-def _check_model(body: dict, served: str) -> str:
-    model = _get(body, "model", str, served)
-    if model != served:
-        raise RequestError(
-            f"The model `{model}` does not exist; this server serves `{served}`.", "model", 404
-        )
-    return model
+def check_token_ids(value: object, param: str, model: ModelFacts, *, max_len: int) -> list[int]:
+    """`value` as a list of token ids, each an integer in [0, vocab_size), at most `max_len` of them."""
+    if not isinstance(value, list):
+        raise RequestError(f"{param} must be an array of token ids, got {_json_type(value)}", param)
+    if len(value) > max_len:
+        raise RequestError(f"{param} has {len(value):,} token ids; at most {max_len:,} are allowed", param)
+    for i, t in enumerate(value):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise RequestError(
+                f"{param}[{i}] must be an integer token id, got {_json_type(t)}", f"{param}[{i}]"
+            )
+        if not 0 <= t < model.vocab_size:
+            shown = f"{t:,}" if abs(t) < 10**30 else "a larger number"
+            raise RequestError(
+                f"{param}[{i}] is {shown}, outside the vocabulary (token ids 0 to {model.vocab_size - 1:,})",
+                f"{param}[{i}]",
+            )
+    return list(value)
 
 
-def completion_request(body: Any, served: str) -> ParsedRequest:
-    """/v1/completions: prompt as text, token ids, or a list of either (a batch)."""
+def _check_body(body: Any, model: ModelFacts) -> dict:
     if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    model = _check_model(body, served)
+        raise RequestError(f"the request body must be a JSON object, got {_json_type(body)}")
+    given = body.get("model")
+    name = model.name if given is None else check_text(given, "model", max_chars=1_000)
+    if name != model.name:
+        raise RequestError(
+            f"The model `{_shown(name)[1:-1]}` does not exist; this server serves `{model.name}`.",
+            "model",
+            404,
+        )
+    for key, allowed in _UNSUPPORTED:
+        value = body.get(key)
+        if value is not None and not any(value == a and type(value) is type(a) for a in allowed):
+            raise RequestError(f"{key} is not supported by this server (use stop_token_ids for stops)", key)
+    return body
+
+
+def _encode(model: ModelFacts, text: str, param: str) -> list[int]:
+    """The tokenizer's ids for checked `text`; a RequestError (never a 500) when it has none or fails."""
+    if model.tokenizer is None:
+        raise RequestError("this model has no tokenizer: give prompts as arrays of token ids", param)
+    try:
+        ids = list(model.tokenizer(text)["input_ids"])
+    except Exception as err:  # text already checked: a tokenizer failure is still the request's, not ours
+        raise RequestError(f"{param} cannot be tokenized ({type(err).__name__})", param) from None
+    if not ids:
+        raise RequestError(f"{param} has no tokens", param)
+    return ids
+
+
+def _prompt_ids(model: ModelFacts, prompt: object, param: str) -> list[int]:
+    if isinstance(prompt, str):
+        ids = _encode(model, check_text(prompt, param), param)
+    else:
+        ids = check_token_ids(prompt, param, model, max_len=model.max_model_len)
+    if not ids:
+        raise RequestError(f"{param} needs at least one token", param)
+    if len(ids) >= model.max_model_len:
+        raise RequestError(
+            f"{param} has {len(ids):,} tokens; this model's maximum context length is {model.max_model_len:,} "
+            "tokens, prompt and output together",
+            param,
+        )
+    return ids
+
+
+def _sampling(body: dict, model: ModelFacts, prompts: list[list[int]], max_tokens: int | None,
+              default_tokens: int, tokens_name: str) -> tuple[SamplingParams, bool, bool]:  # fmt: skip
+    n = _int(body, "n", 1, 1, model.max_num_seqs)
+    if _int(body, "best_of", n, 1) != n:
+        raise RequestError("best_of must equal n on this server", "best_of")
+    longest = max(len(p) for p in prompts)
+    tokens = default_tokens if max_tokens is None else max_tokens
+    if longest + tokens > model.max_model_len:
+        raise RequestError(
+            f"{tokens_name} is too large: {tokens:,}. This model's maximum context length is {model.max_model_len:,} "
+            f"tokens and the prompt has {longest:,}; ask for at most {model.max_model_len - longest:,}",
+            tokens_name,
+        )
+    stop = body.get("stop_token_ids")
+    stop_ids = (
+        [] if stop is None else check_token_ids(stop, "stop_token_ids", model, max_len=MAX_STOP_TOKEN_IDS)
+    )
+    top_k = _int(body, "top_k", 0, -1)
+    options = _optional(body, "stream_options", dict, {})
+    usage = options.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise RequestError(f"stream_options.include_usage must be a boolean, got {_json_type(usage)}",
+                           "stream_options.include_usage")  # fmt: skip
+    fields = {
+        "temperature": _number(body, "temperature", 1.0, 0.0),
+        "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, exclusive_minimum=True),
+        "seed": _int(body, "seed", None, 0, MAX_SEED),
+        "ignore_eos": _optional(body, "ignore_eos", bool, False),
+    }
+    try:
+        params = SamplingParams(max_tokens=tokens, top_k=0 if top_k == -1 else top_k, n=n,
+                                stop_token_ids=tuple(stop_ids), **fields)  # fmt: skip
+    except InvalidArgumentError as err:  # every field was checked above: a rule of SamplingParams' own
+        raise RequestError(str(err)) from None
+    return params, _optional(body, "stream", bool, False), bool(usage)
+
+
+def completion_request(body: Any, model: ModelFacts) -> ParsedRequest:
+    """/v1/completions: `prompt` as text, token ids, or a non-empty array of either (a batch)."""
+    body = _check_body(body, model)
     prompt = body.get("prompt")
-    if isinstance(prompt, str) or (
-        isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)
-    ):
-        prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        prompts = list(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise RequestError(f"at most {MAX_PROMPTS} prompts per request, got {len(prompt):,}", "prompt")
+        prompts = [_prompt_ids(model, p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    elif isinstance(prompt, str | list):
+        prompts = [_prompt_ids(model, prompt, "prompt")]
     else:
         raise RequestError(
-            "prompt must be a string, a list of token ids, or a non-empty list of either", "prompt"
+            f"prompt must be a string, an array of token ids, or a non-empty array of either, got "
+            f"{_json_type(prompt)}",
+            "prompt",
         )
-    if len(prompts) > MAX_PROMPTS:
-        raise RequestError(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
-    for p in prompts:
-        if isinstance(p, list) and not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-            raise RequestError("a token-id prompt must be a list of integers", "prompt")
-        if not p:
-            raise RequestError("a prompt needs at least one token", "prompt")
-    max_tokens = _get(body, "max_tokens", int)
-    params, stream, usage = _sampling(body, max_tokens, DEFAULT_COMPLETION_TOKENS)
-    return ParsedRequest(
-        prompts, params, stream, usage, model, return_token_ids=bool(body.get("return_token_ids"))
+    max_tokens = _int(body, "max_tokens", None, 1)
+    params, stream, usage = _sampling(
+        body, model, prompts, max_tokens, DEFAULT_COMPLETION_TOKENS, "max_tokens"
     )
+    with_ids = _optional(body, "return_token_ids", bool, False)
+    return ParsedRequest(prompts, params, stream, usage, model.name, return_token_ids=with_ids)
 
 
-def chat_request(body: Any, served: str, tokenizer, max_model_len: int) -> ParsedRequest:
-    """/v1/chat/completions: messages rendered with the model's chat template into one prompt of token ids."""
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    model = _check_model(body, served)
+def chat_request(body: Any, model: ModelFacts) -> ParsedRequest:
+    """/v1/chat/completions: `messages` rendered with the model's chat template into one prompt of token ids."""
+    body = _check_body(body, model)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
-    for m in messages:
-        if (
-            not isinstance(m, dict)
-            or not isinstance(m.get("role"), str)
-            or not isinstance(m.get("content"), str)
-        ):
-            raise RequestError(
-                "each message must be an object with a string role and string content", "messages"
-            )
+        raise RequestError(
+            f"messages must be a non-empty array of {{role, content}} objects, got {_json_type(messages)}",
+            "messages",
+        )
+    if len(messages) > MAX_MESSAGES:
+        raise RequestError(
+            f"at most {MAX_MESSAGES:,} messages per request, got {len(messages):,}", "messages"
+        )
+    turns = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise RequestError(f"messages[{i}] must be an object, got {_json_type(m)}", f"messages[{i}]")
+        role = check_text(m.get("role"), f"messages[{i}].role", max_chars=MAX_ROLE_CHARS)
+        turns.append({"role": role, "content": check_text(m.get("content"), f"messages[{i}].content")})
+    if sum(len(t["content"]) for t in turns) > MAX_TEXT_CHARS:
+        raise RequestError(f"the messages hold more than {MAX_TEXT_CHARS:,} characters in all", "messages")
+    tokenizer = model.tokenizer
     if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
         raise RequestError("this model has no chat template: use /v1/completions with token ids", "messages")
     try:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": m["role"], "content": m["content"]} for m in messages],
-            add_generation_prompt=True,
-            tokenize=True,
-        )
-    except Exception as err:
-        raise RequestError(f"the chat template cannot render these messages: {err}", "messages") from None
-    if hasattr(rendered, "keys"):  # transformers 5 returns a BatchEncoding
-        rendered = rendered["input_ids"]
-    ids = list(rendered[0] if rendered and isinstance(rendered[0], list) else rendered)
-    max_tokens = _get(body, "max_completion_tokens", int) or _get(body, "max_tokens", int)
-    default = max(1, min(MAX_DEFAULT_CHAT_TOKENS, max_model_len - len(ids)))
-    params, stream, usage = _sampling(body, max_tokens, default)
-    return ParsedRequest([ids], params, stream, usage, model, chat=True)
-
-
-def usage_body(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
-    }
-
-
-def response_body(req: ParsedRequest, results: list[RequestOutput], *, with_token_ids: bool) -> dict:
-    """The whole (non-streamed) response for every prompt's final output, choices in prompt then sample order."""
-    choices = []
-    prompt_tokens = completion_tokens = 0
-    for p_index, out in enumerate(results):
-        prompt_tokens += len(out.prompt_token_ids)
-        for o in out.outputs:
-            completion_tokens += len(o.token_ids)
-            index = p_index * req.params.n + o.index
-            if req.chat:
-                choices.append({"index": index, "message": {"role": "assistant", "content": o.text or ""},
-                                "logprobs": None, "finish_reason": o.finish_reason, "stop_reason": None})  # fmt: skip
-            else:
-                choice = {"index": index, "text": o.text or "", "logprobs": None, "finish_reason": o.finish_reason,
-                          "stop_reason": None, "prompt_logprobs": None}  # fmt: skip
-                if with_token_ids:
-                    choice["token_ids"] = list(o.token_ids)
-                choices.append(choice)
-    return {
-        "id": ("chatcmpl-" if req.chat else "cmpl-") + req.request_id,
-        "object": "chat.completion" if req.chat else "text_completion",
-        "created": int(time.time()),
-        "model": req.model,
-        "choices": choices,
-        "usage": usage_body(prompt_tokens, completion_tokens),
-    }
-
-
-def chunk_body(req: ParsedRequest, index: int, text: str, finish_reason: str | None, token_ids=None, *,
-               role: bool = False) -> dict:  # fmt: skip
-    """One streamed chunk: a text delta for choice `index` (and its finish reason on the last one)."""
-    if req.chat:
-        delta: dict = {"role": "assistant", "content": ""} if role else {"content": text}
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    else:
-        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        if token_ids is not None:
-            choice["token_ids"] = token_ids
-    return {
-        "id": ("chatcmpl-" if req.chat else "cmpl-") + req.request_id,
-        "object": "chat.completion.chunk" if req.chat else "text_completion",
-        "created": int(time.time()),
-        "model": req.model,
-        "choices": [choice],
-    }
+        rendered = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+        if hasattr(rendered, "keys"):  # transformers 5 returns a BatchEncoding
+            rendered = rendered["input_ids"]
+        ids = list(rendered[0] if rendered and isinstance(rendered[0], list) else rendered)
+    except Exception as err:  # the template refused these turns (e.g. roles out of order)
+        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__  # the template's words
+        raise RequestError(f"the chat template cannot render these messages: {reason}", "messages") from None
+    ids = _prompt_ids(model, ids, "messages")
+    max_tokens = _int(body, "max_completion_tokens", None, 1)
+    name = "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens, name = _int(body, "max_tokens", None, 1), "max_tokens"
+    default = max(1, min(MAX_DEFAULT_CHAT_TOKENS, model.max_model_len - len(ids)))
+    params, stream, usage = _sampling(body, model, [ids], max_tokens, default, name)
+    return ParsedRequest([ids], params, stream, usage, model.name, chat=True)

@@ -98,39 +98,53 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+def build_served(
+    model: str,
+    *,
+    served_name: str | None = None,
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    prefix_caching: bool = False,
+    seed: int = 0,
+    max_num_seqs: int = 64,
+    events: KVEventsConfig | None = None,
+) -> tuple[ServedModel, ZmqEventPublisher | None]:
+    """The engine, its metrics, KV-event publisher (None without `events`) and engine loop (not started yet) of
+    one server, as `main` runs them; tests serve the same in-process. Raises LabError (a bad model, a publisher
+    that cannot bind, events without prefix caching)."""
+    if events is not None and not prefix_caching:
+        raise InvalidArgumentError("KV cache events announce cached blocks: add --enable-prefix-caching")
+    engine, name = build_engine(model, block_size=block_size, num_blocks=num_blocks, prefix_caching=prefix_caching,
+                                seed=seed, max_num_seqs=max_num_seqs, kv_events=events is not None)  # fmt: skip
+    name = served_name or name
+    dtype = str(engine.model.dtype).removeprefix("torch.")
+    metrics = ServerMetrics(name, block_size=engine.block_size, num_gpu_blocks=engine.num_blocks,
+                            prefix_caching=prefix_caching, dtype=dtype)  # fmt: skip
+    publisher = None
+    if events is not None:
+        publisher = ZmqEventPublisher(events.endpoint, events.replay_endpoint, events.topic, events.buffer_steps,
+                                      events.hwm)  # fmt: skip
+    loop = EngineLoop(engine, metrics, publisher)
+    return ServedModel(name, engine, loop, metrics, engine.config.max_position_embeddings), publisher
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     args = make_parser().parse_args(argv)
     try:
-        events = parse_kv_events_config(args.kv_events_config, args.host)
-        if events is not None and not args.enable_prefix_caching:
-            raise InvalidArgumentError("KV cache events announce cached blocks: add --enable-prefix-caching")
-        engine, name = build_engine(
-            args.model, block_size=args.block_size, num_blocks=args.num_blocks,
+        served, publisher = build_served(
+            args.model, served_name=args.served_model_name, block_size=args.block_size, num_blocks=args.num_blocks,
             prefix_caching=args.enable_prefix_caching, seed=args.seed, max_num_seqs=args.max_num_seqs,
-            kv_events=events is not None,
+            events=parse_kv_events_config(args.kv_events_config, args.host),
         )  # fmt: skip
     except LabError as err:
         print(f"core.serve: {err}", file=sys.stderr)
         return 2
-    name = args.served_model_name or name
-    dtype = str(engine.model.dtype).removeprefix("torch.")
-    metrics = ServerMetrics(name, block_size=engine.block_size, num_gpu_blocks=engine.num_blocks,
-                            prefix_caching=args.enable_prefix_caching, dtype=dtype)  # fmt: skip
-    publisher = None
-    if events is not None:
-        try:
-            publisher = ZmqEventPublisher(events.endpoint, events.replay_endpoint, events.topic, events.buffer_steps,
-                                          events.hwm)  # fmt: skip
-        except LabError as err:
-            print(f"core.serve: {err}", file=sys.stderr)
-            return 2
-    loop = EngineLoop(engine, metrics, publisher)
-    served = ServedModel(name, engine, loop, metrics, engine.config.max_position_embeddings)
+    loop, engine = served.loop, served.engine
     loop.start()
     where = f"events on {publisher.endpoint}" if publisher else "no KV events"
-    print(f"core.serve: {name} on http://{args.host}:{args.port} ({engine.num_blocks:,} blocks of "
+    print(f"core.serve: {served.name} on http://{args.host}:{args.port} ({engine.num_blocks:,} blocks of "
           f"{engine.block_size}; {where})", flush=True)  # fmt: skip
     try:
         uvicorn.run(build_app(served), host=args.host, port=args.port, log_level="warning")

@@ -12,6 +12,16 @@ from tests.live.zmq_vllm import FakeVllmPublisher
 PAGE = "app_pages/live.py"
 
 
+@pytest.fixture(autouse=True)
+def loopback_hosts(monkeypatch, request):
+    """The test servers listen on random loopback ports: the operator allows loopback (any port) here."""
+    from ui.jobs import app_limits
+
+    request.addfinalizer(app_limits.clear)
+    monkeypatch.setenv("PAGED_LAB_LIVE_HOSTS", "127.0.0.1")
+    app_limits.clear()
+
+
 @pytest.fixture(scope="module")
 def server():
     two_engines = vllm_exposition(
@@ -75,13 +85,12 @@ def test_refused_addresses_and_unreachable_servers(server):
     )
     errors = " ".join(e.value for e in at.error)
     assert "file:///etc/passwd" in errors and "tcp://" in errors
-    assert any("cannot be reached" in w.value for w in at.warning)
+    assert any("connection refused" in w.value for w in at.warning)
 
 
-def test_operator_host_list_and_off(server, monkeypatch, request):
+def test_operator_host_list_and_off(server, monkeypatch):
     from ui.jobs import app_limits
 
-    request.addfinalizer(app_limits.clear)
     monkeypatch.setenv("PAGED_LAB_LIVE_HOSTS", "10.1.2.3")
     app_limits.clear()
     at = live({"metrics": server.url(), "watch": "0"})
@@ -90,6 +99,21 @@ def test_operator_host_list_and_off(server, monkeypatch, request):
     app_limits.clear()
     at = live({"metrics": server.url()})
     assert any("turned the Live page off" in i.value for i in at.info)
+
+
+def test_by_default_only_the_lab_servers_loopback_ports(server, monkeypatch):
+    """PAGED_LAB_LIVE_HOSTS unset: the test server's loopback port is not one the lab server uses, so it is refused
+    before anything connects; the lab server's own controls stay (its ports are the default)."""
+    from ui.jobs import app_limits
+
+    monkeypatch.delenv("PAGED_LAB_LIVE_HOSTS")
+    app_limits.clear()
+    hits = server.hits
+    at = live({"metrics": server.url(), "watch": "0"})
+    errors = " ".join(e.value for e in at.error)
+    assert "address 127.0.0.1 is a loopback address not in PAGED_LAB_LIVE_HOSTS" in errors, errors
+    assert server.hits == hits and not at.get("plotly_chart")
+    assert at.button(key="lab_start") is not None
 
 
 def test_predicted_against_observed(server):

@@ -48,3 +48,12 @@ def churn_heap(mib: int, progress) -> int:
     progress(0.5, f"{len(pieces)} MiB held")
     del pieces
     return os.getpid()
+
+
+_MEMO: list = []  # what this worker process's jobs memoised (as a page's job memoises a model's weights)
+
+
+def memoise(value: object, progress) -> tuple[int, int]:
+    """Keep `value` in this worker's memo; returns (items in the memo now, this process's pid)."""
+    _MEMO.append(value)
+    return len(_MEMO), os.getpid()

@@ -2,7 +2,7 @@
 With PAGED_LAB_DOCKER_TEST=1 and a Docker engine: the image built for real on a base made from Debian's packages
 (`debootstrap` + `docker import`, since Docker Hub's python:3.11-slim may not be reachable), offline from a
 wheelhouse in the build context, then run with `--network host` on 127.0.0.1: its health check passes and a page
-renders through the proxy. That build takes minutes (see README), so CI runs it only when asked.
+renders through the proxy. That build takes minutes (see docs/hosting.md, "Docker"), so CI runs it only when asked.
 """
 
 import asyncio
@@ -17,9 +17,9 @@ import urllib.request
 
 import pytest
 
+from hosting.protocol import ProtocolSession
 from tests.conftest import ROOT, _free_port
 from tests.hosting.docker_build import base_image, build_context, docker, docker_daemon
-from tests.load.protocol import ProtocolSession
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
@@ -91,7 +91,7 @@ def test_the_images_command_and_health_check_work_outside_docker(tmp_path):
     log = tmp_path / "host.log"
     server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 600  # it says ready after its warm-up (every page's default jobs)
         while "hosting: ready" not in log.read_text():
             assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.3)

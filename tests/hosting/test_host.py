@@ -1,10 +1,14 @@
-"""The team host for real: `python -m hosting` with two replicas behind nginx, one page rendered through the
-proxy over Streamlit's websocket protocol, cookie stickiness, and no process or file left after SIGTERM / Ctrl-C."""
+"""The team host for real: `python -m hosting` with two replicas behind nginx, warmed before it says ready (a
+progress line per page, every page's default results in the shared cache), pages rendered through the proxy over
+Streamlit's websocket protocol, cookie stickiness, and no process or file left after SIGTERM / Ctrl-C (also
+when stopped in the middle of its warm-up)."""
 
 import asyncio
 import concurrent.futures
 import gzip
 import os
+import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -15,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from hosting.protocol import ProtocolSession
 from hosting.proxy import render_config, streamlit_static_dir
 from tests.conftest import ROOT, _free_port
-from tests.load.protocol import ProtocolSession
 from tests.load.server import descendants
 
 pytestmark = pytest.mark.skipif(
@@ -25,13 +29,22 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _start(port: int, replicas: int, log: Path) -> subprocess.Popen:
+READY_S = (
+    600  # the warm-up computes every page's default jobs (the Engine page's answer, a kernel sweep) first
+)
+# What the pages submit at their defaults (app_pages/kernels.py, simulator.py, engine.py): the Engine page answers
+# with SmolLM2 when it is fetched (chat_outputs), else generates with the tiny model (generate_outputs).
+DEFAULT_JOBS = {"kernel_correctness", "kernel_sweep", "compare_policies"}
+ENGINE_JOBS = {"chat_outputs", "generate_outputs"}
+
+
+def _start(port: int, replicas: int, log: Path, until: str = "hosting: ready") -> subprocess.Popen:
     process = subprocess.Popen(
         [sys.executable, "-m", "hosting", "--port", str(port), "--replicas", str(replicas)],
         cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 180
-    while "hosting: ready" not in log.read_text():
+    deadline = time.monotonic() + READY_S
+    while until not in log.read_text():
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.3)
     return process
@@ -90,6 +103,31 @@ def _pool_answers(runtime: Path) -> bool:
             return False
 
 
+def _cached_jobs(cache: Path) -> dict[str, str]:
+    """Result file name -> the function whose result it holds, for every result in the shared disk cache (a file
+    holds the pickled `(job key, value)`, the key being (module, function, args))."""
+    found = {}
+    for path in sorted(cache.glob("*.result")):
+        with path.open("rb") as file:
+            key, _ = pickle.load(file)
+        found[path.name] = key[1]
+    return found
+
+
+def _check_warm_up_log(text: str, replicas: int) -> None:
+    """Before "hosting: ready": one "warming i/N" line per page of the navigation, in order, then the other
+    replicas' line and the summary."""
+    before_ready = text.split("hosting: ready", 1)[0]
+    steps = re.findall(r"hosting: warming (\d+)/(\d+): .* \(/([a-z]*)\) defaults on replica 1", before_ready)
+    total = int(steps[0][1])
+    assert [int(i) for i, _, _ in steps] == list(range(1, total + 1)), steps
+    assert {"kernels", "simulator", "planner", "engine"} <= {page for _, _, page in steps}, steps
+    if replicas > 1:
+        assert f"hosting: warming replicas 2-{replicas}: every page once" in before_ready
+    assert "hosting: warm-up done in" in before_ready and "hosting: warm-up:" not in before_ready, text
+    assert "hosting: pool workers restarted fresh (" in before_ready, text  # the warm-up's memos given back
+
+
 def _runtime_dir(log: Path) -> Path:
     """The host's runtime directory, from its ready line ("... cache RUNTIME/results)")."""
     line = next(line for line in log.read_text().splitlines() if line.startswith("hosting: ready"))
@@ -121,11 +159,18 @@ def test_two_replicas_behind_nginx_serve_a_page_stick_by_cookie_and_stop_on_sigt
             async with ProtocolSession(f"http://127.0.0.1:{port}", timeout_s=120) as session:
                 return await session.open("planner"), session.replica
 
+        runtime = _runtime_dir(tmp_path / "host.log")
+        _check_warm_up_log((tmp_path / "host.log").read_text(), replicas=2)
+        cached = _cached_jobs(runtime / "results")  # as the host said ready, before anyone visited
+        assert set(cached.values()) >= DEFAULT_JOBS and ENGINE_JOBS & set(cached.values()), cached
         # a thread of its own: a browser test earlier in the session may have left this thread's event loop running
         with concurrent.futures.ThreadPoolExecutor(1) as one:
             render, _ = one.submit(asyncio.run, planner()).result()
+            opened = one.submit(asyncio.run, _default_pages(port)).result()
         assert render.charts == 4 and not render.exceptions and not render.errors, render
-        runtime = _runtime_dir(tmp_path / "host.log")
+        for page in opened:
+            assert page.charts >= 4 and not page.exceptions and not page.errors, page
+        assert _cached_jobs(runtime / "results") == cached  # their defaults were there: nothing new computed
         assert (runtime / "nginx.conf").exists() and (runtime / "pool.sock").exists()
         pool = next(pid for pid in tree if b"hosting.pool" in Path(f"/proc/{pid}/cmdline").read_bytes())
         os.kill(pool, signal.SIGKILL)  # the host starts another; its workers see their pipe close and exit
@@ -138,6 +183,12 @@ def test_two_replicas_behind_nginx_serve_a_page_stick_by_cookie_and_stop_on_sigt
         process.kill()
         raise
     _stopped_cleanly(process, tree, runtime, signal.SIGTERM)
+
+
+async def _default_pages(port: int) -> list:
+    """The Kernels and Simulator pages opened by one new visitor through the proxy."""
+    async with ProtocolSession(f"http://127.0.0.1:{port}", timeout_s=120) as session:
+        return [await session.open("kernels"), await session.open("simulator")]
 
 
 def _static_files_come_from_nginx(port: int) -> None:
@@ -158,10 +209,16 @@ def _static_files_come_from_nginx(port: int) -> None:
         assert gzip.decompress(response.read()) == body
 
 
-def test_ctrl_c_stops_every_process(tmp_path):
-    process = _start(_free_port(), 1, tmp_path / "host.log")
+def test_ctrl_c_in_the_middle_of_the_warm_up_stops_every_process(tmp_path):
+    """Ctrl-C while the Kernels page's default jobs are being computed, before the proxy ever started."""
+    log = tmp_path / "host.log"
+    process = _start(_free_port(), 1, log, until="hosting: warming 2/")
     tree = descendants(process.pid)
-    _stopped_cleanly(process, tree, _runtime_dir(tmp_path / "host.log"), signal.SIGINT)
+    pool = next(pid for pid in tree if b"hosting.pool" in Path(f"/proc/{pid}/cmdline").read_bytes())
+    arguments = Path(f"/proc/{pool}/cmdline").read_bytes().split(b"\0")
+    runtime = Path(arguments[arguments.index(b"--socket") + 1].decode()).parent
+    _stopped_cleanly(process, tree, runtime, signal.SIGINT)
+    assert "hosting: ready" not in log.read_text(), log.read_text()[-3000:]
 
 
 def test_the_proxy_config_is_valid_for_nginx(tmp_path):

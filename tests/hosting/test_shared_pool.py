@@ -109,3 +109,25 @@ def test_a_page_asking_for_more_results_than_a_few_reads_each_from_disk_once(hos
             status = one.submit(f"r{n}", jf.sleep_steps, 1, 0.01, f"page-{n}")
             assert status.state == "done" and status.result[0] == f"page-{n}"
     assert len(reads) == 6
+
+
+def _result(pool, session: str, fn, *args):
+    status = pool.submit(session, fn, *args)
+    return (status if status.finished else wait_for(pool, session)[-1]).result
+
+
+def test_recycling_gives_idle_workers_a_fresh_process_and_spares_a_running_job(host):
+    """What the team host does after its warm-up: whatever the warm-up's jobs left in a worker is gone."""
+    _, (one, _), _ = host
+    _result(one, "m1", jf.memoise, "a")
+    count, pid = _result(one, "m2", jf.memoise, "b")
+    assert count >= 2 and one.worker_pids() == [pid]  # one worker, remembering both
+    restarts = one.stats()["restarts"]
+    assert one.recycle_idle_workers() == 1
+    assert one.worker_pids() != [pid] and one.stats()["restarts"] == restarts  # not counted as a failure
+    count, fresh = _result(one, "m3", jf.memoise, "c")
+    assert count == 1 and fresh != pid  # a new process: its memo starts empty
+    one.submit("busy", jf.sleep_steps, 20, 0.05, "kept")
+    wait_for(one, "busy", lambda s: s.state == "running")
+    assert one.recycle_idle_workers() == 0  # its only worker is running a job: kept
+    assert wait_for(one, "busy")[-1].result[0] == "kept" and one.worker_pids() == [fresh]

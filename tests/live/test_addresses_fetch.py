@@ -10,7 +10,7 @@ from core.live.addresses import check_events_endpoint, check_metrics_url, endpoi
 from core.live.fetch import fetch_metrics_text
 from tests.live.metrics_server import MetricsServer
 
-ANY = Limits()
+LOOPBACK = Limits(live_hosts="127.0.0.1")  # loopback, any port: the test's own servers
 
 
 @pytest.mark.parametrize(
@@ -30,13 +30,13 @@ ANY = Limits()
 )
 def test_only_plain_http_urls(url):
     with pytest.raises(InvalidArgumentError):
-        check_metrics_url(url, ANY)
+        check_metrics_url(url, LOOPBACK)
 
 
 def test_url_host_and_port():
-    u = check_metrics_url(" https://VLLM.internal/metrics ", ANY)
+    u = check_metrics_url(" https://VLLM.internal/metrics ", Limits(live_hosts="vllm.internal"))
     assert (u.url, u.host, u.port) == ("https://VLLM.internal/metrics", "vllm.internal", 443)
-    assert check_metrics_url("http://[::1]:8000/metrics", ANY).host == "[::1]"
+    assert check_metrics_url("http://[::1]:8000/metrics", Limits(live_hosts="[::1]")).host == "[::1]"
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_url_host_and_port():
 )
 def test_only_tcp_endpoints(endpoint):
     with pytest.raises(InvalidArgumentError):
-        check_events_endpoint(endpoint, ANY)
+        check_events_endpoint(endpoint, LOOPBACK)
 
 
 def test_operator_host_list_and_off():
@@ -69,22 +69,23 @@ def server():
 
 
 def test_fetch_ok_and_failures(server):
-    assert fetch_metrics_text(check_metrics_url(server.url(), ANY)) == "vllm:num_requests_running 1.0\n"
+    assert fetch_metrics_text(check_metrics_url(server.url(), LOOPBACK)) == "vllm:num_requests_running 1.0\n"
     with pytest.raises(LiveEndpointError, match="HTTP 404"):
-        fetch_metrics_text(check_metrics_url(server.url("/nope"), ANY))
+        fetch_metrics_text(check_metrics_url(server.url("/nope"), LOOPBACK))
     with pytest.raises(
         LiveEndpointError, match="HTTP 302"
     ):  # never followed: it could leave the allowed hosts
-        fetch_metrics_text(check_metrics_url(server.url("/redirect"), ANY))
+        fetch_metrics_text(check_metrics_url(server.url("/redirect"), LOOPBACK))
     with pytest.raises(LiveEndpointError, match=r"within 0\.5 s"):
-        fetch_metrics_text(check_metrics_url(server.url("/slow"), ANY), timeout_s=0.5)
+        fetch_metrics_text(check_metrics_url(server.url("/slow"), LOOPBACK), timeout_s=0.5)
     with pytest.raises(LiveEndpointError, match="more than 1,000 bytes"):
-        fetch_metrics_text(check_metrics_url(server.url("/big"), ANY), max_bytes=1_000)
+        fetch_metrics_text(check_metrics_url(server.url("/big"), LOOPBACK), max_bytes=1_000)
 
 
 def test_fetch_refused():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(LiveEndpointError, match="cannot be reached"):
-        fetch_metrics_text(check_metrics_url(f"http://127.0.0.1:{port}/metrics", ANY))
+    with pytest.raises(LiveEndpointError, match="connection refused") as caught:
+        fetch_metrics_text(check_metrics_url(f"http://127.0.0.1:{port}/metrics", LOOPBACK))
+    assert caught.value.failure == "refused"

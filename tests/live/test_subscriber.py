@@ -9,7 +9,7 @@ from core.live.addresses import check_events_endpoint
 from core.live.subscriber import KVEventSubscriber, subscribe_fleet
 from tests.live.zmq_vllm import FakeVllmPublisher
 
-ANY = Limits()
+LOOPBACK = Limits(live_hosts="127.0.0.1")  # loopback, any port: the test's own servers
 
 
 def stored(hashes, parent=None):
@@ -25,8 +25,8 @@ def publisher():
 
 def connect(pub, *, replay=True, timeout_s=1.0):
     sub = KVEventSubscriber(
-        check_events_endpoint(pub.endpoint, ANY),
-        replay_endpoint=check_events_endpoint(pub.replay_endpoint, ANY)
+        check_events_endpoint(pub.endpoint, LOOPBACK),
+        replay_endpoint=check_events_endpoint(pub.replay_endpoint, LOOPBACK)
         if replay and pub.replay_endpoint
         else None,
         replay_timeout_s=timeout_s,
@@ -140,8 +140,8 @@ def test_a_silent_replay_endpoint_times_out_and_counts_the_loss():
     silent.bind("tcp://127.0.0.1:*")
     try:
         sub = KVEventSubscriber(
-            check_events_endpoint(pub.endpoint, ANY),
-            replay_endpoint=check_events_endpoint(silent.getsockopt(zmq.LAST_ENDPOINT).decode(), ANY),
+            check_events_endpoint(pub.endpoint, LOOPBACK),
+            replay_endpoint=check_events_endpoint(silent.getsockopt(zmq.LAST_ENDPOINT).decode(), LOOPBACK),
             replay_timeout_s=0.3,
         )
         pub.wait_subscribed()
@@ -176,7 +176,7 @@ def test_fleet_subscribes_rank_r_on_port_plus_r():
             pubs = [first, second]
             break
         assert pubs, "no two consecutive free ports"
-        subs = subscribe_fleet(check_events_endpoint(pubs[0].endpoint, ANY), 2, ANY, context=ctx)
+        subs = subscribe_fleet(check_events_endpoint(pubs[0].endpoint, LOOPBACK), 2, LOOPBACK, context=ctx)
         for p in pubs:
             p.wait_subscribed()
         pubs[0].publish([stored([1, 2])])

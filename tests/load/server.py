@@ -18,6 +18,7 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+READY_TIMEOUT_S = 600.0  # the team host says ready after its warm-up: every page's default jobs computed
 
 
 def descendants(pid: int) -> list[int]:
@@ -81,10 +82,15 @@ def _healthy(port: int) -> bool:
 
 
 def start_server(
-    port: int, log_path: Path, env: dict[str, str], replicas: int | None = None
+    port: int,
+    log_path: Path,
+    env: dict[str, str],
+    replicas: int | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
 ) -> subprocess.Popen:
     """`streamlit run app.py` (replicas None) or `python -m hosting --replicas R` on 127.0.0.1:port; returns
-    once /_stcore/health answers ok through it (for the host: once it says every replica answers)."""
+    once /_stcore/health answers ok through it (for the host: once it says ready, after its warm-up). Raises
+    RuntimeError (the server stopped) when it does not within `ready_timeout_s`."""
     if replicas is None:
         command = [
             sys.executable, "-m", "streamlit", "run", "app.py",
@@ -95,7 +101,7 @@ def start_server(
         command = [sys.executable, "-m", "hosting", "--port", str(port), "--replicas", str(replicas)]
     log = open(log_path, "w")  # noqa: SIM115 (closed with the process)
     process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + ready_timeout_s
     ready = replicas is None or "hosting: ready"
     while time.monotonic() < deadline:
         if process.poll() is not None:

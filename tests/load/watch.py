@@ -2,7 +2,7 @@
 its URL and waits until every chart the page draws at its defaults is drawn (plotly's `.main-svg`).
 
 A person's browser runs on their own machine; here it shares the server's cores, where it takes about one core
-for the seconds it loads Streamlit's and plotly's scripts and draws (the README's host guide has the figures).
+for the seconds it loads Streamlit's and plotly's scripts and draws (docs/benchmarks.md, "Load test", has the figures).
 So the browser runs at `WATCH_NICENESS`: it draws with the CPU the server leaves, rather than taking it from the
 sessions whose server seconds are measured meanwhile. `niceness=0` measures the two competing.
 """

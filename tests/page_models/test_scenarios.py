@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from core.errors import InvalidArgumentError
 from core.page_models.playground import Playground, PlaygroundConfig
 from core.page_models.scenarios import (
+    REFUSED,
     SCENARIOS,
     Scenario,
     Step,
@@ -21,6 +22,7 @@ from core.page_models.scenarios import (
     get_scenario,
     play_step,
     replay,
+    script,
 )
 
 # Per step 0..n: (free blocks, block tables). Worked by hand from the allocator's rules: free blocks are taken
@@ -185,6 +187,27 @@ def test_bad_steps_and_names_are_refused_with_the_range():
         get_scenario("nope")
     with pytest.raises(InvalidArgumentError, match="allowed: add"):
         add(4).__class__("swap")
+
+
+def test_a_script_table_builds_the_steps_written_out():
+    steps = script(
+        ("add", (24, "1"), "one"),
+        ("fork", ["1"] * 2, "two"),
+        ("append", [("1", 8), "2"], "three", REFUSED),
+        ("add", (128, None, False), "four"),
+        ("free", "1", "five"),
+    )
+    assert steps == (
+        Step("one", (add(24, "1"),)),
+        Step("two", (fork("1"), fork("1"))),
+        Step("three", (append("1", 8), append("2", 1)), refused=True),
+        Step("four", (add(128, shared_prefix=False),)),
+        Step("five", (free("1"),)),
+    )
+    with pytest.raises(InvalidArgumentError, match="allowed: add, append, fork, free"):
+        script(("swap", "1", "no"))
+    with pytest.raises(InvalidArgumentError, match="allowed: nothing or 'refused'"):
+        script(("free", "1", "no", "maybe"))
 
 
 # ---- replay to step k equals playing steps 1..k on one playground ----------------------------------------------

@@ -16,7 +16,7 @@ def test_publisher_framing_and_replay_read_by_the_subscriber():
     manager.allocate("a", [1, 2, 3, 4, 5])
     pub.publish(manager.take_events())  # seq 0, before anyone listens: only the replay buffer has it
     time.sleep(0.2)
-    limits = Limits()
+    limits = Limits(live_hosts="127.0.0.1")  # loopback, any port: the test's own servers
     sub = KVEventSubscriber(
         check_events_endpoint(pub.endpoint, limits),
         replay_endpoint=check_events_endpoint(pub.replay_endpoint, limits),

@@ -29,7 +29,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def subscriber(server):
-    limits = Limits()
+    limits = Limits(live_hosts="127.0.0.1")  # loopback, any port: the test's own servers
     sub = KVEventSubscriber(
         check_events_endpoint(f"tcp://127.0.0.1:{server.events_port}", limits),
         replay_endpoint=check_events_endpoint(f"tcp://127.0.0.1:{server.replay_port}", limits),
@@ -114,14 +114,15 @@ def test_streaming_chunks_and_usage(server):
         ([1, 2], None),
         ({"prompt": "text needs a tokenizer", "max_tokens": 3}, "prompt"),
         ({"prompt": [], "max_tokens": 3}, "prompt"),
-        ({"prompt": [1, 2**40], "max_tokens": 3}, "prompt"),
+        ({"prompt": [1, 2**40], "max_tokens": 3}, "prompt[1]"),
         ({"prompt": [1, 2], "max_tokens": 0}, None),
         ({"prompt": [1, 2], "max_tokens": "many"}, "max_tokens"),
         ({"prompt": [1, 2], "temperature": -1}, None),
         ({"prompt": [1, 2], "top_p": 0}, None),
         ({"prompt": [1, 2], "n": 0}, None),
         ({"prompt": [1, 2], "stop": ["\n"]}, "stop"),
-        ({"prompt": [1, 2], "max_tokens": 10**6}, "prompt"),  # can never fit 128 blocks
+        ({"prompt": [1, 2], "max_tokens": 10**6}, "max_tokens"),  # past the 512-token context
+        ({"prompt": [1, 2], "max_tokens": 500, "n": 8}, "prompt"),  # 8 x 32 blocks can never fit 128
         ({"messages": [{"role": "user", "content": "hi"}]}, "messages"),  # chat on a model without a template
     ],
 )

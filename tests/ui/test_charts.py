@@ -2,7 +2,10 @@
 runs once per input whoever asks, and long series are thinned without losing their extremes."""
 
 import gc
+import threading
+import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -96,6 +99,44 @@ def test_an_entry_keeps_no_job_result_alive_and_a_new_object_never_matches(monke
     for value in range(4, 9):  # new frames, some likely at the dead one's address: each computed afresh
         assert cached_value(total, pd.DataFrame({"x": [value, 0]})) == value
     assert len(calls) == 6
+
+
+def test_sessions_asking_at_once_share_one_build_and_a_failed_build_blocks_nobody(monkeypatch):
+    monkeypatch.setattr(charts, "_CACHE", type(charts._CACHE)())
+    calls, started = [], threading.Event()
+
+    def slow(n):
+        calls.append(n)
+        started.set()
+        time.sleep(0.3)  # long enough for every other caller to arrive while it builds
+        return [n]
+
+    with ThreadPoolExecutor(8) as sessions:
+        first = sessions.submit(cached_value, slow, 7)
+        started.wait(5)
+        others = [sessions.submit(cached_value, slow, 7) for _ in range(7)]
+        values = [first.result(5)] + [f.result(5) for f in others]
+    assert calls == [7] and all(v is values[0] for v in values) and values[0] == [7]
+    assert charts._BUILDING == {}
+
+    attempts = []
+
+    def flaky(n):
+        attempts.append(n)
+        started.set()
+        time.sleep(0.2)
+        if len(attempts) == 1:
+            raise ValueError("the first build fails")
+        return n * 2
+
+    started.clear()
+    with ThreadPoolExecutor(2) as sessions:
+        failing = sessions.submit(cached_value, flaky, 3)
+        started.wait(5)
+        waiting = sessions.submit(cached_value, flaky, 3)
+        assert waiting.result(5) == 6  # it waited, saw no value, built for itself
+        assert isinstance(failing.exception(5), ValueError)
+    assert attempts == [3, 3] and charts._BUILDING == {}
 
 
 def _table_script():
