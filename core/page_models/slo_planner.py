@@ -17,7 +17,7 @@ Invariants:
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core.errors import SloInfeasibleError
+from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.hardware import GPUS
 from core.planning.models import get_model
 from core.planning.plan import plan
@@ -61,6 +61,10 @@ class SloPlannerParams:
 
     def check(self) -> None:
         """Raise core's InvalidArgumentError for any bad input (before a job is submitted)."""
+        for values, what in ((self.gpus, "GPU type"), (self.kv_dtypes, "KV cache dtype"),
+                             (self.weight_dtypes, "weight dtype")):  # fmt: skip
+            if not values:
+                raise InvalidArgumentError(f"choose at least one {what} to search over")
         self.slo()
         self.workload()
         self.candidates()
