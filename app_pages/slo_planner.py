@@ -50,11 +50,12 @@ def inputs() -> None:
 
 def show_config(config, meets: bool, params) -> None:
     """The answer's figures: the deployment, its predicted p95s against the targets, throughput, binding."""
+    reason = config.reason[:1].upper() + config.reason[1:]
     if meets:
-        st.success(f"Cheapest configuration that meets the SLO: **{config_label(config)}**. {config.reason}.")
+        st.success(f"Cheapest configuration that meets the SLO: **{config_label(config)}**. {reason}.")
     else:
-        st.warning(f"Closest configuration (misses the SLO): **{config_label(config)}**. {config.reason}.")
-    c = st.columns(5)
+        st.warning(f"Closest configuration (misses the SLO): **{config_label(config)}**. {reason}.")
+    c = st.columns([2, 1, 1, 1, 1])
     c[0].metric("Deployment", f"{config.num_gpus} × {config.gpu_name}")
     c[1].metric("TP × PP × replicas", f"{config.tp} × {config.pp} × {config.replicas}")
     c[2].metric("max_num_seqs", f"{config.max_num_seqs:,}")
@@ -138,8 +139,8 @@ with answer:
                 for c in curves
             )
             st.caption(
-                f"The {len(configs)} best-ranked configurations "
-                f"{'that meet the SLO' if plan.best else 'closest to the SLO'}, one per deployment, each evaluated "
+                f"The {len(configs)} best-ranked configurations that meet the SLO, one per deployment (topped up "
+                "by the closest that miss it when fewer meet it), each evaluated "
                 f"as the search does at {len(curves[0].rates)} rates from 0.25x to 2x the target "
                 f"{params.rate:g} req/s (dotted line); dashed lines: the targets. The knee (✕ and a dashed line "
                 "in the configuration's colour) is the first rate where queueing binds or the throughput bound "

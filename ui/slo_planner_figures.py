@@ -7,6 +7,7 @@ named "ttft target" / "tpot target" (y = the target, TPOT in ms), "target rate" 
 "knee i" (x = curve i's knee rate, one per panel), and one knee marker trace per knee.
 """
 
+import math
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
@@ -51,13 +52,20 @@ def latency_vs_rate_figure(
         if target is not None:
             y = target if unit == "s" else target * 1e3
             fig.add_hline(y=y, line={"color": TARGET_COLOR, "dash": "dash", "width": 1.5}, name=f"{name} target",
-                          annotation_text=f"target {y:g} {unit}", annotation_position="top left",
                           row=1, col=col)  # fmt: skip
+            # on a log axis an annotation's y is log10 of the value (add_hline's own annotation misplaces it)
+            fig.add_annotation(
+                x=0, xref=f"x{'' if col == 1 else col} domain", y=math.log10(y), yref=f"y{'' if col == 1 else col}",
+                text=f"target {y:g} {unit}", showarrow=False, xanchor="left", yanchor="bottom",
+                font={"color": TARGET_COLOR, "size": 11},
+            )  # fmt: skip
         fig.add_vline(x=rate, line={"color": TARGET_COLOR, "dash": "dot", "width": 1.5}, name="target rate",
                       row=1, col=col)  # fmt: skip
     fig.update_xaxes(title_text="request rate (requests/s)", rangemode="tozero")
-    fig.update_yaxes(title_text="TTFT p95 (s, log scale)", type="log", row=1, col=1)
-    fig.update_yaxes(title_text="TPOT p95 (ms, log scale)", type="log", row=1, col=2)
+    # ticks at 1, 2 and 5 x 10^k, each printed as its value (plotly's default prints a bare digit between decades)
+    fig.update_yaxes(type="log", dtick="D2", tickformat=",.3~r")
+    fig.update_yaxes(title_text="TTFT p95 (s, log scale)", row=1, col=1)
+    fig.update_yaxes(title_text="TPOT p95 (ms, log scale)", row=1, col=2)
     fig.update_layout(
         height=440, margin={"t": 40, "b": 40}, hovermode="closest",
         legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},

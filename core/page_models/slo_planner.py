@@ -132,7 +132,8 @@ def knee_index(points) -> int | None:
 
 @dataclass(frozen=True)
 class Curve:
-    """One configuration's predicted p95s against the rate: rates (requests/s), ttft_p95_s / tpot_p95_s (seconds,
+    """One configuration's predicted p95s against the rate: label (`config_label`, "(misses the SLO)" added when
+    the configuration misses it at the target rate), rates (requests/s), ttft_p95_s / tpot_p95_s (seconds,
     None where the point was not simulated), binding and meets_slo per point, knee_rate (None: no knee on the
     grid) and knee_reason ("queueing" or "throughput bound")."""
 
@@ -169,7 +170,7 @@ def curve(params: SloPlannerParams, config: SloConfig) -> Curve:
         None if knee is None else ("queueing" if points[knee].binding == "queueing" else "throughput bound")
     )
     return Curve(
-        config_label(config),
+        config_label(config) + ("" if config.meets_slo else " (misses the SLO)"),
         rates,
         tuple(p.ttft_p95_s if p.simulated else None for p in points),
         tuple(p.tpot_p95_s if p.simulated else None for p in points),

@@ -66,7 +66,7 @@ def test_slo_lines_target_rate_and_knees(plan):
         assert expected is not None  # at 2x the rate every one of these deployments saturates
         knees = shapes(fig, f"knee {i}")
         assert sorted((s.x0, s.xref) for s in knees) == [(expected, "x"), (expected, "x2")]
-        lines = [t for t in fig.data if t.name == config_label(config)]
+        lines = [t for t in fig.data if t.name == config_label(config)]  # each meets the SLO: no suffix
         assert [t.xaxis for t in lines] == ["x", "x2"]
         assert {t.line.color for t in lines} == {config_color(i)}  # one colour in both panels
         assert list(lines[0].y) == [p.ttft_p95_s if p.simulated else None for p in points]
