@@ -122,7 +122,9 @@ def _check_warm_up_log(text: str, replicas: int) -> None:
     steps = re.findall(r"hosting: warming (\d+)/(\d+): .* \(/([a-z_]*)\) defaults on replica 1", before_ready)
     total = int(steps[0][1])
     assert [int(i) for i, _, _ in steps] == list(range(1, total + 1)), steps
-    assert {"kernels", "simulator", "planner", "slo_planner", "engine"} <= {page for _, _, page in steps}, steps
+    assert {"kernels", "simulator", "planner", "slo_planner", "engine"} <= {page for _, _, page in steps}, (
+        steps
+    )
     if replicas > 1:
         assert f"hosting: warming replicas 2-{replicas}: every page once" in before_ready
     assert "hosting: warm-up done in" in before_ready and "hosting: warm-up:" not in before_ready, text
