@@ -22,7 +22,6 @@ from core.planning.hardware import GPUS
 from core.planning.models import get_model
 from core.planning.plan import plan
 from core.planning.slo import Slo, SloCandidates, SloPlan, SloWorkload, latency_curve, plan_slo
-from core.planning.slo_candidates import DEFAULT_SLO_GPUS
 from core.planning.slo_eval import SloConfig
 
 CURVE_FACTORS = tuple(0.25 * k / 2 for k in range(2, 17))  # 0.25x, 0.375x, ..., 2x the target rate
@@ -72,7 +71,6 @@ class SloPlannerParams:
 
 
 DEFAULT_PARAMS = SloPlannerParams()
-assert set(DEFAULT_PARAMS.gpus) == set(DEFAULT_SLO_GPUS) and all(g in GPUS for g in DEFAULT_PARAMS.gpus)
 
 
 @dataclass(frozen=True, eq=False)
