@@ -138,3 +138,27 @@ def test_an_unmeetable_slo_says_by_how_much_and_still_shows_the_closest():
 def test_no_gpu_type_chosen_is_an_error():
     at = open_page({"gpus": ""})
     assert [e.value for e in at.error] == ["Cannot plan: choose at least one GPU type to search over"]
+
+
+def test_a_second_visit_with_the_same_inputs_computes_nothing():
+    """Both jobs are in the server's result cache after one visit: another session asking for the same inputs is
+    answered at once, with the very objects the page drew from."""
+    from core.page_models.slo_planner import DEFAULT_PARAMS, chart_configs
+    from core.page_models.tasks import slo_curves, slo_search
+    from ui.jobs import job_pool
+
+    first = open_page()
+    assert not first.error
+    pool = job_pool()  # the process-wide pool the page used (st.cache_resource)
+    searched = pool.submit("another-visitor", slo_search, DEFAULT_PARAMS)
+    assert searched.finished and searched.result.error is None
+    assert (
+        searched.result.plan.best
+        == plan_slo(
+            "llama-3.1-8b", SloWorkload(12, 2000, 300), Slo(1.0, 0.05), SloCandidates(gpus=DEFAULT_GPUS)
+        ).best
+    )
+    drawn = pool.submit("another-visitor", slo_curves, DEFAULT_PARAMS, chart_configs(searched.result.plan))
+    assert drawn.finished and len(drawn.result) == 3
+    again = pool.submit("a-third-visitor", slo_search, DEFAULT_PARAMS)
+    assert again.finished and again.result is searched.result
