@@ -55,24 +55,50 @@ def show_config(config, meets: bool, params) -> None:
         st.success(f"Cheapest configuration that meets the SLO: **{config_label(config)}**. {reason}.")
     else:
         st.warning(f"Closest configuration (misses the SLO): **{config_label(config)}**. {reason}.")
-    c = st.columns([2, 1, 1, 1, 1])
+    c = st.columns([2, 1.2, 1.6, 1])
     c[0].metric("Deployment", f"{config.num_gpus} × {config.gpu_name}")
     c[1].metric("TP × PP × replicas", f"{config.tp} × {config.pp} × {config.replicas}")
-    c[2].metric("max_num_seqs", f"{config.max_num_seqs:,}")
-    c[3].metric("KV cache dtype", config.kv_dtype, help=f"weights: {config.weight_dtype}")
-    c[4].metric("Binding constraint", config.binding or "—")
-    c = st.columns(4)
+    c[2].metric("Binding constraint", config.binding)
+    c[3].metric("GPUs per request/s", f"{config.gpus_per_request_per_s:.3g}")
+    c = st.columns([1, 1, 1, 1, 1.4])
+    c[0].metric("max_num_seqs", f"{config.max_num_seqs:,}")
+    c[1].metric("KV cache dtype", config.kv_dtype, help=f"weights: {config.weight_dtype}")
     ttft = "—" if config.ttft_p95_s is None else f"{config.ttft_p95_s:.3g} s"
     tpot = "—" if config.tpot_p95_s is None else f"{config.tpot_p95_s * 1e3:.3g} ms"
     ttft_help = "no target" if params.ttft_p95_s is None else f"target {params.ttft_p95_s:g} s"
     tpot_help = "no target" if params.tpot_p95_s is None else f"target {params.tpot_p95_s * 1e3:g} ms"
-    c[0].metric("TTFT p95 (predicted)", ttft, help=ttft_help)
-    c[1].metric("TPOT p95 (predicted)", tpot, help=tpot_help)
+    c[2].metric("TTFT p95 (predicted)", ttft, help=ttft_help)
+    c[3].metric("TPOT p95 (predicted)", tpot, help=tpot_help)
     throughput = config.throughput_tokens_per_s
-    c[2].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
-    c[3].metric("GPUs per request/s", f"{config.gpus_per_request_per_s:.3g}")
+    c[4].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
     st.markdown("`vllm serve` flags for this configuration:")
     st.code(cached_value(serve_command, params, config), language="bash")
+
+
+def show_curves(curves, params, meeting: bool) -> None:
+    """The chart and its caption, or why there is nothing to draw (a bound ruled out every rate)."""
+    if not any(c.simulated for c in curves):
+        st.info(
+            f"Nothing to draw: at every rate from {curves[0].rates[0]:.3g} to {curves[0].rates[-1]:.3g} req/s a "
+            f"bound rules these configurations out without simulating ({curves[0].label}: "
+            f"{curves[0].reasons[0]})."
+        )
+        return
+    cached_chart(st, latency_vs_rate_figure, curves, params.rate, params.ttft_p95_s, params.tpot_p95_s)
+    knees = "; ".join(
+        f"{c.label}: knee at {c.knee_rate:.3g} req/s ({c.knee_reason})"
+        if c.knee_rate is not None
+        else f"{c.label}: no knee up to {c.rates[-1]:.3g} req/s"
+        for c in curves
+    )
+    which = "that meet the SLO" if meeting else "closest to the SLO (none meets it)"
+    st.caption(
+        f"The {len(curves)} best-ranked configurations {which}, one per deployment (topped up by the closest "
+        f"that miss it when fewer meet it), each evaluated as the search does at {len(curves[0].rates)} rates "
+        f"from 0.25x to 2x the target {params.rate:g} req/s (dotted line); dashed lines: the targets. The knee "
+        "(✕ and a dashed line in the configuration's colour) is the first rate where queueing binds or the "
+        f"throughput bound rules the rate out; a line stops where a bound ruled its points out. {knees}."
+    )
 
 
 def search_caption(plan) -> str:
@@ -129,23 +155,7 @@ with answer:
         except LabError as error:
             st.error(f"Cannot draw the latency curves: {error}")
         else:
-            cached_chart(
-                st, latency_vs_rate_figure, curves, params.rate, params.ttft_p95_s, params.tpot_p95_s
-            )
-            knees = "; ".join(
-                f"{c.label}: knee at {c.knee_rate:.3g} req/s ({c.knee_reason})"
-                if c.knee_rate is not None
-                else f"{c.label}: no knee up to {c.rates[-1]:.3g} req/s"
-                for c in curves
-            )
-            st.caption(
-                f"The {len(configs)} best-ranked configurations that meet the SLO, one per deployment (topped up "
-                "by the closest that miss it when fewer meet it), each evaluated "
-                f"as the search does at {len(curves[0].rates)} rates from 0.25x to 2x the target "
-                f"{params.rate:g} req/s (dotted line); dashed lines: the targets. The knee (✕ and a dashed line "
-                "in the configuration's colour) is the first rate where queueing binds or the throughput bound "
-                f"rules the rate out; a line stops where a bound ruled its points out. {knees}."
-            )
+            show_curves(curves, params, plan.best is not None)
     st.subheader("Configurations, ranked")
     formats = {k: st.column_config.NumberColumn(format=v) for k, v in TABLE_FORMATS.items()}
     cached_dataframe(st, cached_value(table_rows, plan), width="stretch", column_config=formats)

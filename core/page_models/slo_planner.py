@@ -133,7 +133,8 @@ class Curve:
     """One configuration's predicted p95s against the rate: label (`config_label`, "(misses the SLO)" added when
     the configuration misses it at the target rate), rates (requests/s), ttft_p95_s / tpot_p95_s (seconds,
     None where the point was not simulated), binding and meets_slo per point, knee_rate (None: no knee on the
-    grid) and knee_reason ("queueing" or "throughput bound")."""
+    grid), knee_reason ("queueing" or "throughput bound") and reasons (each point's `SloConfig.reason`: why
+    it meets or misses, or which bound pruned it)."""
 
     label: str
     rates: tuple[float, ...]
@@ -143,6 +144,12 @@ class Curve:
     meets_slo: tuple[bool, ...]
     knee_rate: float | None
     knee_reason: str | None = field(default=None)
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def simulated(self) -> bool:
+        """Whether any point was simulated (else every rate was ruled out by a bound: nothing to draw)."""
+        return any(v is not None for v in self.ttft_p95_s)
 
 
 def config_label(config: SloConfig) -> str:
@@ -176,6 +183,7 @@ def curve(params: SloPlannerParams, config: SloConfig) -> Curve:
         tuple(p.meets_slo for p in points),
         None if knee is None else rates[knee],
         reason,
+        tuple(p.reason for p in points),
     )
 
 

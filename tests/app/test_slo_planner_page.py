@@ -131,8 +131,25 @@ def test_an_unmeetable_slo_says_by_how_much_and_still_shows_the_closest():
     closest = min((c for c in infeasible.value.plan.configs if c.feasible), key=lambda c: c.slo_ratio)
     assert metrics(at)["Deployment"] == f"{closest.num_gpus} × {closest.gpu_name}"
     assert any("misses the SLO" in w.value for w in at.warning)
-    assert len(at.get("plotly_chart")) == 1
     assert len(at.dataframe[0].value) == infeasible.value.plan.num_evaluated
+    # one decode step already takes longer than the target: no rate is simulated, and the page says why
+    assert not at.get("plotly_chart")
+    assert any(i.value.startswith("Nothing to draw") and closest.reason in i.value for i in at.info)
+
+
+def test_a_rate_no_configuration_holds_still_draws_the_closest_curves():
+    at = open_page({"model": "llama-3.1-70b"})
+    with pytest.raises(SloInfeasibleError) as infeasible:
+        plan_slo(
+            "llama-3.1-70b", SloWorkload(12, 2000, 300), Slo(1.0, 0.05), SloCandidates(gpus=DEFAULT_GPUS)
+        )
+    assert infeasible.value.metric == "rate" and infeasible.value.shortfall > 1
+    assert [e.value for e in at.error] == [str(infeasible.value)]
+    assert "req/s" in at.error[0].value and "x short" in at.error[0].value
+    closest = min((c for c in infeasible.value.plan.configs if c.feasible), key=lambda c: c.slo_ratio)
+    assert metrics(at)["Deployment"] == f"{closest.num_gpus} × {closest.gpu_name}"
+    assert len(at.get("plotly_chart")) == 1  # at lower rates the closest configurations are simulated
+    assert any("closest to the SLO (none meets it)" in c.value for c in at.caption)
 
 
 def test_no_gpu_type_chosen_is_an_error():
