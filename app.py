@@ -22,6 +22,7 @@ PAGES = [
     st.Page("app_pages/kernels.py", title="Kernels", icon=":material/bolt:"),
     st.Page("app_pages/simulator.py", title="Serving simulator", icon=":material/traffic:"),
     st.Page("app_pages/planner.py", title="Capacity planner", icon=":material/straighten:"),
+    st.Page("app_pages/slo_planner.py", title="SLO planner", icon=":material/speed:"),
     st.Page("app_pages/engine.py", title="Engine", icon=":material/smart_toy:"),
     st.Page("app_pages/live.py", title="Live", icon=":material/monitor_heart:"),
     st.Page("app_pages/about.py", title="About this server", icon=":material/info:"),

@@ -54,6 +54,23 @@ class SchedulerStuckError(LabError):
         self.free_blocks = free_blocks
 
 
+class SloInfeasibleError(LabError):
+    """No candidate deployment meets the latency target (`core.planning.slo.plan_slo`). `metric` names what cannot
+    be met: "ttft_p95_s" or "tpot_p95_s" (a latency target), "rate" (no candidate can sustain the request rate)
+    or "memory" (no candidate fits the model and one request). `target`: the asked value (seconds, or requests/s);
+    `best`: the closest any candidate gets (None for memory); `shortfall`: how far off, best / target for a
+    latency, target / best for the rate (> 1); `plan`: the SloPlan with every configuration evaluated."""
+
+    def __init__(self, message: str, metric: str, target: float | None, best: float | None, shortfall: float | None,
+                 plan=None):  # fmt: skip
+        super().__init__(message)
+        self.metric = metric
+        self.target = target
+        self.best = best
+        self.shortfall = shortfall
+        self.plan = plan
+
+
 class MemoryBudgetError(LabError):
     """An allocation would exceed the memory budget; raised before anything is allocated."""
 

@@ -61,3 +61,11 @@ def integer_dtick(largest: float, target_ticks: int = 6) -> int:
     raw = max(1.0, float(largest) / target_ticks)
     magnitude = 10 ** math.floor(math.log10(raw))
     return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+
+
+_CONFIG_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf")
+
+
+def config_color(index: int) -> str:
+    """Colour of the configuration at this rank on a chart of configurations (the SLO planner's), cycling."""
+    return _CONFIG_PALETTE[index % len(_CONFIG_PALETTE)]

@@ -3,6 +3,8 @@
 Each module here turns a page's parsed inputs into the data the page draws, by calling the domain packages:
 - `planner`: the Planner page's scenarios (model, GPU, plan, workload what-if, an uploaded config.json).
 - `simulator`: the Simulator page's parameters and the policy comparison behind it (the bench times it too).
+- `slo_planner`: the SLO planner page's search (`plan_slo`), the configurations its chart draws, their latency
+  against the rate (`latency_curve`) with the knee, the ranked table and the answer's `vllm serve` flags.
 - `playground`: the block-manager playground session (a real `BlockManager` and `KVCache`, with history).
 - `scenarios`: the playground's guided scripts, one sentence of narration per step.
 - `tasks`: the heavy computations the pages submit to the worker pool (`core.jobs` runs them; it knows them only

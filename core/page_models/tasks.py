@@ -29,6 +29,8 @@ from core.kernels.timing import (
 from core.limits import Limits
 from core.page_models.engines import TINY_LLAMA, build_engine, check_pool, fetch_real_model  # noqa: F401 (re-exported)
 from core.page_models.simulator import SimulatorParams, run_comparison, steady_summary
+from core.page_models.slo_planner import Curve, SloPlannerParams, SloSearch, curves, search
+from core.planning.slo_eval import SloConfig
 from core.serving.step_attention import measure_step_attention
 from core.serving.workload import Request
 
@@ -81,6 +83,23 @@ def measure_simulated_attention(
     results, _ = _comparison(params, trace, progress)
     progress(0.0, "timing paged vs contiguous attention on the sampled steps")
     return measure_step_attention(results["paged"], time_budget_s=time_budget_s)
+
+
+def slo_search(params: SloPlannerParams, *, progress: Callable = _no_progress) -> SloSearch:
+    """The SLO planner's search (`slo_planner.search`): every configuration evaluated, ranked, and the
+    infeasibility message when none meets the SLO. LimitExceededError (PAGED_LAB_MAX_REQUESTS) before simulating
+    more requests per configuration than the operator allows."""
+    Limits.from_env().check_requests(params.num_requests, "each configuration's simulation")
+    return search(params, lambda fraction: progress(fraction, "evaluating configurations in rank order"))
+
+
+def slo_curves(
+    params: SloPlannerParams, configs: tuple[SloConfig, ...], *, progress: Callable = _no_progress
+) -> tuple[Curve, ...]:
+    """The SLO planner's chart: `latency_curve` of each of `configs` over the page's grid of rates, with its knee
+    (`slo_planner.curves`). Same limit as `slo_search`."""
+    Limits.from_env().check_requests(params.num_requests, "each configuration's simulation")
+    return curves(params, configs, progress)
 
 
 def kernel_correctness(

@@ -1,4 +1,5 @@
-"""The command line: `python -m core.planning --model llama-3.1-70b --gpu h100-80gb --tp 4 --kv-dtype fp8 [--json]`.
+"""The command line: `python -m core.planning --model llama-3.1-70b --gpu h100-80gb --tp 4 --kv-dtype fp8 [--json]`,
+and `python -m core.planning slo ...` for the SLO planner (`core.planning.slo_cli`).
 
 Prints the plan as an aligned table (or JSON) and the matching `vllm serve` flags; exit status 2 with the
 reason on stderr for bad input.
@@ -128,7 +129,13 @@ def _model_and_gpu(args: argparse.Namespace) -> tuple[ModelSpec, GPUSpec]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m core.planning`. Exit status 0, or 2 with the reason on stderr."""
+    """Entry point of `python -m core.planning`: the capacity plan, or with `slo` first the SLO planner
+    (`core.planning.slo_cli`). Exit status 0, or 2 with the reason on stderr."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["slo"]:
+        from core.planning.slo_cli import main as slo_main
+
+        return slo_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         model, gpu = _model_and_gpu(args)

@@ -13,6 +13,10 @@ Units, and the GB / GiB trap:
 - `memory_bandwidth` is in bytes per second, decimal as vendors print it (3,350 GB/s = 3.35e12 B/s).
 - `peak_bf16_flops` is dense (no 2:4 sparsity) bf16 tensor-core FLOP/s from the same datasheet; NVIDIA often
   prints the sparse figure, twice as large.
+- `interconnect_bandwidth` is the GPU-to-GPU bandwidth of one GPU in bytes/s as the datasheet prints it: the
+  bidirectional total of all its links (NVLink, Infinity Fabric), or of its PCIe x16 slot for cards without
+  NVLink (L4, L40S, A10G, RTX 4090). One direction carries half of it; the step-time model
+  (`core.planning.step_time`) sends tensor-parallel all-reduces and pipeline hand-offs at that half.
 """
 
 from dataclasses import asdict, dataclass
@@ -34,7 +38,10 @@ MAX_FLOPS = 100_000 * TFLOPS
 @dataclass(frozen=True)
 class GPUSpec:
     """One accelerator. memory_bytes: bytes of device memory; memory_bandwidth: bytes/s;
-    peak_bf16_flops: dense bf16 FLOP/s (None when unknown, e.g. a custom GPU without it)."""
+    peak_bf16_flops: dense bf16 FLOP/s (None when unknown, e.g. a custom GPU without it);
+    interconnect_bandwidth: GPU-to-GPU bytes/s, bidirectional, as the datasheet prints it (None when unknown);
+    interconnect: what carries it ("NVLink 4", "PCIe Gen4 x16", ...); peak_fp8_flops: dense FP8 tensor-core
+    FLOP/s (None when the GPU has no FP8 tensor cores or the figure is unknown)."""
 
     name: str
     memory_bytes: int
@@ -42,6 +49,9 @@ class GPUSpec:
     peak_bf16_flops: float | None
     memory_type: str = ""
     source: str = ""
+    interconnect_bandwidth: float | None = None
+    interconnect: str = ""
+    peak_fp8_flops: float | None = None
 
     @property
     def memory_gib(self) -> float:
@@ -112,9 +122,22 @@ def _memory(mib: int, rule: str = DRIVER, printed_gb: int | None = None) -> tupl
     return mib * MiB, rule.format(mib=mib, gb=printed_gb)
 
 
-def _preset(name, memory, bandwidth, flops, memory_type, datasheet) -> GPUSpec:
+def _preset(name, memory, bandwidth, flops, memory_type, datasheet, link, fp8_tflops=None) -> GPUSpec:
+    """A preset; `link` is (interconnect, its bidirectional GB/s as printed); fp8_tflops: dense FP8 TFLOP/s."""
     memory_bytes, memory_source = memory
-    return GPUSpec(name, memory_bytes, bandwidth, flops, memory_type, f"{memory_source}; {datasheet}")
+    interconnect, link_gb_per_s = link
+    fp8 = None if fp8_tflops is None else fp8_tflops * TFLOPS
+    return GPUSpec(
+        name, memory_bytes, bandwidth, flops, memory_type, f"{memory_source}; {datasheet}",
+        link_gb_per_s * GB, interconnect, fp8,
+    )  # fmt: skip
+
+
+NVLINK3 = ("NVLink 3", 600)  # A100 datasheet: "NVIDIA NVLink 600GB/s" (PCIe Gen4 64GB/s)
+NVLINK4 = ("NVLink 4", 900)  # H100 / H200 datasheets (SXM): "NVIDIA NVLink: 900GB/s" (PCIe Gen5 128GB/s)
+NVLINK5 = ("NVLink 5", 1800)  # DGX B200 datasheet: 5th-generation NVLink, 1.8TB/s GPU-to-GPU
+PCIE4 = ("PCIe Gen4 x16", 64)  # L4, L40S, A10 datasheets: "PCIe Gen4 x16: 64GB/s bidirectional"; no NVLink
+INFINITY_FABRIC = ("Infinity Fabric", 896)  # AMD MI300X data sheet: 7 links x 128 GB/s
 
 
 GPUS: dict[str, GPUSpec] = {
@@ -127,6 +150,7 @@ GPUS: dict[str, GPUSpec] = {
         312 * TFLOPS,
         "HBM2",
         "NVIDIA A100 datasheet (SXM4 40GB)",
+        NVLINK3,
     ),
     # Same datasheet: 80GB HBM2e, 2,039 GB/s; BF16 312 TFLOPS dense. Memory by the HBM rule (its 40GB sibling
     # reports exactly 40 GiB).
@@ -137,23 +161,43 @@ GPUS: dict[str, GPUSpec] = {
         312 * TFLOPS,
         "HBM2e",
         "NVIDIA A100 datasheet (SXM4 80GB)",
+        NVLINK3,
     ),
     # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: 80GB HBM3, 3.35 TB/s; BF16 1,979 TFLOPS with sparsity,
-    # 989 dense. nvidia-smi: 81,559 MiB (79.6 GiB).
+    # 989 dense; FP8 3,958 with sparsity, 1,979 dense. nvidia-smi: 81,559 MiB (79.6 GiB).
     "h100-80gb": _preset(
-        "H100 SXM 80GB", _memory(81_559), 3_350 * GB, 989 * TFLOPS, "HBM3", "NVIDIA H100 datasheet (SXM5)"
+        "H100 SXM 80GB",
+        _memory(81_559),
+        3_350 * GB,
+        989 * TFLOPS,
+        "HBM3",
+        "NVIDIA H100 datasheet (SXM5)",
+        NVLINK4,
+        1_979,
     ),
     # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: 141GB HBM3e, 4.8 TB/s; BF16 989 TFLOPS dense
-    # (the same compute as H100). nvidia-smi: 143,771 MiB (140.4 GiB).
+    # (the same compute as H100; FP8 1,979 dense, 3,958 with sparsity). nvidia-smi: 143,771 MiB (140.4 GiB).
     "h200-141gb": _preset(
-        "H200 SXM 141GB", _memory(143_771), 4_800 * GB, 989 * TFLOPS, "HBM3e", "NVIDIA H200 datasheet (SXM)"
+        "H200 SXM 141GB",
+        _memory(143_771),
+        4_800 * GB,
+        989 * TFLOPS,
+        "HBM3e",
+        "NVIDIA H200 datasheet (SXM)",
+        NVLINK4,
+        1_979,
     ),
-    # NVIDIA L4 datasheet: 24GB GDDR6, 300 GB/s; BF16 242 TFLOPS with sparsity, 121 dense. nvidia-smi with ECC
-    # on: 23,034 MiB (22.5 GiB).
-    "l4": _preset("L4", _memory(23_034), 300 * GB, 121 * TFLOPS, "GDDR6", "NVIDIA L4 datasheet"),
-    # NVIDIA L40S datasheet: 48GB GDDR6 with ECC, 864 GB/s; BF16 362.05 TFLOPS dense (733 with sparsity).
+    # NVIDIA L4 datasheet: 24GB GDDR6, 300 GB/s; BF16 242 TFLOPS with sparsity, 121 dense; FP8 485 with
+    # sparsity, 242.5 dense. nvidia-smi with ECC on: 23,034 MiB (22.5 GiB).
+    "l4": _preset(
+        "L4", _memory(23_034), 300 * GB, 121 * TFLOPS, "GDDR6", "NVIDIA L4 datasheet", PCIE4, 242.5
+    ),
+    # NVIDIA L40S datasheet: 48GB GDDR6 with ECC, 864 GB/s; BF16 362.05 TFLOPS dense (733 with sparsity); FP8
+    # 733 dense (1,466 with sparsity).
     # nvidia-smi with ECC on: 46,068 MiB (45.0 GiB; a vLLM startup log shows 44.42 GiB total).
-    "l40s": _preset("L40S", _memory(46_068), 864 * GB, 362.05 * TFLOPS, "GDDR6", "NVIDIA L40S datasheet"),
+    "l40s": _preset(
+        "L40S", _memory(46_068), 864 * GB, 362.05 * TFLOPS, "GDDR6", "NVIDIA L40S datasheet", PCIE4, 733
+    ),
     # NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090: 24GB GDDR6X, 1,008 GB/s; peak BF16
     # tensor TFLOPS with FP32 accumulate 165.2 dense (GeForce runs FP32-accumulate at half rate). No ECC:
     # nvidia-smi 24,564 MiB.
@@ -164,6 +208,7 @@ GPUS: dict[str, GPUSpec] = {
         165.2 * TFLOPS,
         "GDDR6X",
         "NVIDIA Ada whitepaper (RTX 4090)",
+        PCIE4,
     ),
     # AWS EC2 G5 (A10G): 24GB GDDR6, 600 GB/s (as the NVIDIA A10 datasheet). AWS does not publish A10G tensor
     # throughput; the A10 datasheet's BF16 125 TFLOPS dense is used, an upper bound for the A10G. nvidia-smi
@@ -175,8 +220,10 @@ GPUS: dict[str, GPUSpec] = {
         125 * TFLOPS,
         "GDDR6",
         "AWS G5 instance page; NVIDIA A10 datasheet (compute)",
+        PCIE4,
     ),
-    # AMD Instinct MI300X data sheet: 192GB HBM3, 5.3 TB/s; BF16 1,307.4 TFLOPS dense (2,614.9 with sparsity).
+    # AMD Instinct MI300X data sheet: 192GB HBM3, 5.3 TB/s; BF16 1,307.4 TFLOPS dense (2,614.9 with sparsity);
+    # FP8 2,614.9 dense.
     "mi300x": _preset(
         "Instinct MI300X",
         _memory(196_608, HBM_RULE, 192),
@@ -184,9 +231,11 @@ GPUS: dict[str, GPUSpec] = {
         1307.4 * TFLOPS,
         "HBM3",
         "AMD MI300X data sheet",
+        INFINITY_FABRIC,
+        2_614.9,
     ),
     # NVIDIA DGX B200 datasheet: 1,440GB total GPU memory for 8 GPUs, i.e. 180GB usable per GPU (192GB of
-    # HBM3e on the package), 8 TB/s; HGX B200 BF16 2.25 PFLOPS dense per GPU (4.5 with sparsity).
+    # HBM3e on the package), 8 TB/s; HGX B200 BF16 2.25 PFLOPS dense per GPU (4.5 with sparsity); FP8 4.5 dense.
     "b200": _preset(
         "B200",
         _memory(184_320, HBM_RULE, 180),
@@ -194,6 +243,8 @@ GPUS: dict[str, GPUSpec] = {
         2_250 * TFLOPS,
         "HBM3e",
         "NVIDIA DGX/HGX B200 datasheets",
+        NVLINK5,
+        4_500,
     ),
 }
 

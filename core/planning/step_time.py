@@ -1,33 +1,54 @@
-"""How long one iteration (step) of the serving engine takes: a roofline on plain numbers, plus a fixed overhead.
+"""How long one iteration (step) of the serving engine takes: a roofline on the step's batch, times efficiencies.
 
-    bytes  = weight_bytes + kv_bytes_per_token * (kv_tokens_read + new_tokens)
-    flops  = flops_per_token * new_tokens + attention_flops_per_pair * attention_pairs
-    time_s = overhead_s + per_token_overhead_s * new_tokens
-             + max(bytes / (memory_bandwidth * bandwidth_efficiency), flops / (peak_flops * flops_efficiency))
-             + swap_bytes / swap_bandwidth
+A step runs `new_tokens` tokens (prefill chunks + one per decoding sequence). Per GPU (the most loaded one):
 
-new_tokens = prefill tokens + decode tokens of the step; kv_tokens_read = context tokens the decode queries attend
-to plus the prior context of prefill chunks; attention_pairs = (query, key) pairs of the step.
+    bytes   = weight_bytes + kv_bytes_per_token * (kv_tokens_read + new_tokens)        weights once, K/V read + written
+    flops   = flops_per_token * new_tokens + attention_flops_per_pair * attention_pairs
+              (+ lm_head_flops_per_output * output_tokens, the tokens the step samples, when set)
+    roof_s  = max(bytes / (memory_bandwidth * bandwidth_efficiency), flops / (peak_flops * flops_efficiency))
+    comm_s  = comm_latency_s + comm_bytes_per_token * new_tokens / interconnect_bandwidth
+    time_s  = overhead_s + per_token_overhead_s * new_tokens + pipeline_stages * roof_s + comm_s
+              + swap_bytes / swap_bandwidth                                              (0 when new_tokens == 0)
 
-Why an overhead: in the PagedAttention paper (Kwon et al., SOSP 2023, Figure 13) vLLM batched 30.42 requests on
-average serving ShareGPT at 2 req/s with OPT-13B, i.e. it was memory-bound. A pure weights + KV roofline (~30 ms
-per step) serves that load with ~18.5 batched requests and ~54% token states; with the ~15 ms per step that
-engines of the time spent outside the GPU kernels (scheduling, sampling, Python, launches), the paged policy is
-memory-bound as in the paper (bench/paper.py: 31.26 batched, 96.6% token states against the paper's 96.3%).
+with single_token_overhead_s in place of overhead_s for a step of exactly one token when it is set (on a CPU a
+lone decode runs matrix-vector kernels; from two rows torch's matrix-matrix kernels pack the weights first, a
+fixed cost per step: bench/slo.py measures 37 ms for one decode and ~60 ms for two to eight on SmolLM2-135M).
 
-The constants below and their sources: OPT-13B has 12.9e9 parameters (25.8 GB in fp16; the paper's Table 1 says
-26 GB), 40 layers and hidden size 5,120, so 2 x 5,120 x 40 x 2 bytes = 800 KiB of K/V per token (the paper,
-section 3); an A100-SXM4-40GB reads 1,555 GB/s of HBM2 and peaks at 312 TFLOP/s in dense fp16 (NVIDIA's A100
-datasheet). The 80% bandwidth and 50% FLOP/s efficiencies, the 15 ms overhead and 25 GB/s for PCIe 4.0 x16
-swapping are this project's assumptions.
+kv_tokens_read = context tokens the decode queries attend to plus the prior context of prefill chunks;
+attention_pairs = (query, key) pairs of the step (a decode: its context + 1; a prefill chunk of c tokens
+starting at s: c * s + c (c + 1) / 2). These are what `core.sched.step_load` computes from a scheduled step.
+
+Parallelism (`from_specs`):
+- Tensor parallel (tp): weights, KV heads and FLOPs are split over the tp GPUs (`kv_accounting`'s rules); each
+  layer all-reduces its hidden activations twice (after attention, after the MLP). A ring all-reduce sends
+  2 (tp - 1) / tp x tokens x hidden x 2 bytes per GPU over one direction of the interconnect (half the
+  datasheet's bidirectional figure), and each all-reduce costs ALL_REDUCE_LATENCY_S on top.
+- Pipeline parallel (pp): each stage holds ceil(layers / pp) layers; a step runs the stages IN SEQUENCE (one
+  micro-batch), so the roofline of one stage is paid pp times, plus pp - 1 hand-offs of tokens x hidden x
+  2 bytes. This is conservative: vLLM keeps pp micro-batches in flight, so a saturated pipeline can approach
+  pp times this throughput; latency per step is as modelled.
+
+Efficiencies and overheads are fitted, never guessed: `core.planning.step_fit.fit_step_time` fits bandwidth_efficiency,
+flops_efficiency, overhead_s and per_token_overhead_s by least squares on relative error from measured step
+times (our engine: `bench/slo.py`; published GPU figures: `core.planning.published`). The defaults below are
+the paper reproduction's (`opt_13b_a100`): 80% / 50% and 15 ms per step, chosen so that bench/paper.py
+reproduces the PagedAttention paper's Figure 13 (vLLM memory-bound at 2 req/s, 31.26 batched against the
+paper's 30.42), i.e. calibrated on that published figure; 25 GB/s for PCIe 4.0 x16 swapping.
+
+Constants of the paper reproduction: OPT-13B has 12.9e9 parameters (25.8 GB in fp16; the paper's Table 1 says
+26 GB), 40 layers and hidden size 5,120, so 2 x 5,120 x 40 x 2 bytes = 800 KiB of K/V per token (section 3);
+an A100-SXM4-40GB reads 1,555 GB/s of HBM2 and peaks at 312 TFLOP/s in dense fp16 (NVIDIA's A100 datasheet).
 """
 
+import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
+from core.common import cdiv
 from core.errors import InvalidArgumentError
-from core.planning.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
+from core.planning.kv_accounting import kv_bytes_per_token, resolve_weight_dtype, weight_bytes_per_gpu
 
 # The constants used for the paper reproduction (OPT-13B, fp16, one A100-SXM4-40GB).
 OPT_13B_PARAMS = 12.9e9
@@ -35,21 +56,42 @@ OPT_13B_LAYERS = 40
 OPT_13B_HIDDEN = 5120
 A100_40GB_BANDWIDTH = 1555e9  # bytes/s (HBM2)
 A100_FP16_FLOPS = 312e12  # dense tensor-core FLOP/s
+A100_NVLINK_ONE_WAY = 300e9  # bytes/s: half of the datasheet's 600 GB/s bidirectional NVLink
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
 DEFAULT_FLOPS_EFFICIENCY = 0.5
 DEFAULT_OVERHEAD_S = 0.015
 DEFAULT_SWAP_BANDWIDTH = 25e9  # bytes/s, PCIe 4.0 x16 in practice
+# One all-reduce of a decode-sized message (512 B - 32 KiB) on H100 with vLLM's custom all-reduce: 8.5-10.1 us at
+# tp 2 / 4 / 8 (sgl-project/sglang pull request 2904's table; docs/slo.md). PCIe-only GPUs are slower: a floor.
+ALL_REDUCE_LATENCY_S = 10e-6
+ACTIVATION_BYTES = 2  # hidden states travel in bf16 / fp16
+
+
+class StepBreakdown(NamedTuple):
+    """The parts of `StepTimeModel.step_time` (seconds; floats or arrays like the inputs): overhead_s (fixed +
+    per token), memory_s and compute_s (the two roofs, already x pipeline_stages; the larger one counts),
+    comm_s (interconnect), total_s (what step_time returns, swap excluded)."""
+
+    overhead_s: object
+    memory_s: object
+    compute_s: object
+    comm_s: object
+    total_s: object
 
 
 @dataclass(frozen=True)
 class StepTimeModel:
-    """Roofline step-time model. Bytes, FLOPs and seconds; see the module docstring for the formula.
+    """Roofline step-time model; see the module docstring for the formula. Bytes, FLOPs and seconds, per GPU.
 
-    weight_bytes: bytes of weights read once per step (per GPU). kv_bytes_per_token: K and V bytes of one token
-    over all layers. flops_per_token: ~2 x parameters. attention_flops_per_pair: 4 x layers x heads x head_dim
-    (QK^T and PV for one query-key pair). memory_bandwidth (bytes/s) and peak_flops (FLOP/s) of the GPU, scaled by
-    the two efficiencies. overhead_s: fixed per-step time outside the kernels. swap_bandwidth: CPU<->GPU bytes/s.
-    per_token_overhead_s: host time per token of the step (sampling, detokenisation); 0 by default.
+    weight_bytes: weights read once per step. kv_bytes_per_token: K and V bytes of one token over the GPU's layers.
+    flops_per_token: ~2 x parameters on the GPU. attention_flops_per_pair: 4 x layers x heads x head_dim on the GPU
+    (QK^T and PV for one query-key pair). memory_bandwidth (bytes/s) and peak_flops (FLOP/s), scaled by the two
+    efficiencies (in (0, 1]). overhead_s: fixed per-step time outside the kernels; per_token_overhead_s: host time
+    per token of the step; single_token_overhead_s: overhead_s of a one-token step (None: the same).
+    lm_head_flops_per_output: FLOPs of the LM head per sampled token, when flops_per_token leaves it out (engines
+    compute logits only for the tokens they sample: a prefill chunk's last token); 0: flops_per_token has it. swap_bandwidth: CPU<->GPU bytes/s. pipeline_stages: the roofline is paid once per
+    stage. comm_bytes_per_token / comm_latency_s / interconnect_bandwidth: the tensor- and pipeline-parallel
+    traffic of one token (bytes per GPU), the fixed latency of a step's collectives, one direction's bytes/s.
     """
 
     weight_bytes: float
@@ -63,44 +105,80 @@ class StepTimeModel:
     overhead_s: float = DEFAULT_OVERHEAD_S
     swap_bandwidth: float = DEFAULT_SWAP_BANDWIDTH
     per_token_overhead_s: float = 0.0
+    pipeline_stages: int = 1
+    comm_bytes_per_token: float = 0.0
+    comm_latency_s: float = 0.0
+    interconnect_bandwidth: float = math.inf
+    single_token_overhead_s: float | None = None
+    lm_head_flops_per_output: float = 0.0
 
     def __post_init__(self):
-        for name in ("weight_bytes", "kv_bytes_per_token", "flops_per_token", "attention_flops_per_pair"):
+        for name in (
+            "weight_bytes", "kv_bytes_per_token", "flops_per_token", "attention_flops_per_pair", "overhead_s",
+            "per_token_overhead_s", "comm_bytes_per_token", "comm_latency_s", "lm_head_flops_per_output",
+        ):  # fmt: skip
             if not getattr(self, name) >= 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("memory_bandwidth", "peak_flops", "swap_bandwidth"):
+        for name in ("memory_bandwidth", "peak_flops", "swap_bandwidth", "interconnect_bandwidth"):
             if not getattr(self, name) > 0:
                 raise InvalidArgumentError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("bandwidth_efficiency", "flops_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise InvalidArgumentError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
-        if not self.overhead_s >= 0:
-            raise InvalidArgumentError(f"overhead_s must be >= 0 seconds, got {self.overhead_s!r}")
+        if self.single_token_overhead_s is not None and not self.single_token_overhead_s >= 0:
+            raise InvalidArgumentError(
+                f"single_token_overhead_s must be >= 0, got {self.single_token_overhead_s!r}"
+            )
+        if isinstance(self.pipeline_stages, bool) or not (
+            isinstance(self.pipeline_stages, int) and self.pipeline_stages >= 1
+        ):
+            raise InvalidArgumentError(
+                f"pipeline_stages must be an integer >= 1, got {self.pipeline_stages!r}"
+            )
 
     def with_overhead(self, overhead_s: float) -> "StepTimeModel":
         return replace(self, overhead_s=overhead_s)
 
     def step_seconds(
-        self, new_tokens: float, kv_tokens_read: float, attention_pairs: float = 0.0, swap_bytes: float = 0.0
+        self,
+        new_tokens: float,
+        kv_tokens_read: float,
+        attention_pairs: float = 0.0,
+        swap_bytes: float = 0.0,
+        output_tokens: float | None = None,
     ) -> float:
-        """`step_time` for one step, on Python floats (the simulator's per-step fast path)."""
+        """`step_time` for one step, on Python floats (the simulator's per-step fast path). output_tokens: tokens the
+        step samples (decodes + prefills it completes; None: new_tokens), priced by lm_head_flops_per_output."""
         if new_tokens <= 0:
             return 0.0
         memory = (self.weight_bytes + self.kv_bytes_per_token * (kv_tokens_read + new_tokens)) / (
             self.memory_bandwidth * self.bandwidth_efficiency
         )
-        compute = (self.flops_per_token * new_tokens + self.attention_flops_per_pair * attention_pairs) / (
-            self.peak_flops * self.flops_efficiency
-        )
-        return (
-            self.overhead_s
-            + self.per_token_overhead_s * new_tokens
-            + max(memory, compute)
-            + swap_bytes / self.swap_bandwidth
-        )
+        flops = self.flops_per_token * new_tokens + self.attention_flops_per_pair * attention_pairs
+        if self.lm_head_flops_per_output:
+            flops += self.lm_head_flops_per_output * (new_tokens if output_tokens is None else output_tokens)
+        compute = flops / (self.peak_flops * self.flops_efficiency)
+        roof = max(memory, compute)
+        if self.pipeline_stages != 1:
+            roof *= self.pipeline_stages
+        overhead = self.overhead_s
+        if new_tokens == 1 and self.single_token_overhead_s is not None:
+            overhead = self.single_token_overhead_s
+        total = overhead + self.per_token_overhead_s * new_tokens + roof + swap_bytes / self.swap_bandwidth
+        if self.comm_bytes_per_token or self.comm_latency_s:
+            total += (
+                self.comm_latency_s + self.comm_bytes_per_token * new_tokens / self.interconnect_bandwidth
+            )
+        return total
 
-    def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0):
+    def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0, output_tokens=None):
         """Seconds for steps with these loads; scalars or numpy arrays (broadcast). 0 new tokens costs 0."""
+        parts = self.breakdown(new_tokens, kv_tokens_read, attention_pairs, output_tokens)
+        total = parts.total_s + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
+        return np.where(np.asarray(new_tokens) > 0, total, 0.0)
+
+    def breakdown(self, new_tokens, kv_tokens_read, attention_pairs=0.0, output_tokens=None) -> StepBreakdown:
+        """The parts of the step time (arrays broadcast like `step_time`; swap left out)."""
         new_tokens = np.asarray(new_tokens, dtype=np.float64)
         bytes_moved = self.weight_bytes + self.kv_bytes_per_token * (
             np.asarray(kv_tokens_read, dtype=np.float64) + new_tokens
@@ -108,17 +186,36 @@ class StepTimeModel:
         flops = self.flops_per_token * new_tokens + self.attention_flops_per_pair * np.asarray(
             attention_pairs, dtype=np.float64
         )
-        compute = np.maximum(
-            bytes_moved / (self.memory_bandwidth * self.bandwidth_efficiency),
-            flops / (self.peak_flops * self.flops_efficiency),
-        )
-        total = (
-            self.overhead_s
-            + self.per_token_overhead_s * new_tokens
-            + compute
-            + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
-        )
-        return np.where(new_tokens > 0, total, 0.0)
+        if self.lm_head_flops_per_output:
+            outputs = new_tokens if output_tokens is None else np.asarray(output_tokens, dtype=np.float64)
+            flops = flops + self.lm_head_flops_per_output * outputs
+        stages = self.pipeline_stages
+        memory = bytes_moved / (self.memory_bandwidth * self.bandwidth_efficiency)
+        compute = flops / (self.peak_flops * self.flops_efficiency)
+        if stages != 1:
+            memory, compute = memory * stages, compute * stages
+        fixed = self.overhead_s
+        if self.single_token_overhead_s is not None:
+            fixed = np.where(new_tokens == 1, self.single_token_overhead_s, self.overhead_s)
+        overhead = fixed + self.per_token_overhead_s * new_tokens
+        comm = self.comm_latency_s + self.comm_bytes_per_token * new_tokens / self.interconnect_bandwidth
+        total = overhead + np.maximum(memory, compute)
+        if self.comm_bytes_per_token or self.comm_latency_s:
+            total = total + comm
+        return StepBreakdown(overhead, memory, compute, comm, total)
+
+    def decode_step_seconds(self, batch: float, context_len: float) -> float:
+        """One step of `batch` decoding sequences, each attending to `context_len` earlier tokens."""
+        return self.step_seconds(batch, batch * context_len, batch * (context_len + 1))
+
+    def prefill_seconds(self, prompt_len: int, chunk: int) -> float:
+        """Prefill of one `prompt_len` prompt alone, in chunks of at most `chunk` tokens (one step each)."""
+        total, start = 0.0, 0
+        while start < prompt_len:
+            c = min(chunk, prompt_len - start)
+            total += self.step_seconds(c, start, c * start + c * (c + 1) / 2)
+            start += c
+        return total
 
 
 def roofline(
@@ -156,8 +253,22 @@ def opt_13b_a100(**kwargs) -> StepTimeModel:
         kv_bytes_per_token=2 * OPT_13B_HIDDEN * OPT_13B_LAYERS * 2,
         memory_bandwidth=A100_40GB_BANDWIDTH,
         peak_flops=A100_FP16_FLOPS,
-        **kwargs,
+        **({"interconnect_bandwidth": A100_NVLINK_ONE_WAY} | kwargs),
     )
+
+
+def parallel_traffic(model, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> tuple[float, float]:
+    """(bytes per token per GPU, latency seconds per step) of tensor- and pipeline-parallel communication.
+
+    All-reduces: 2 per layer on every stage when tp > 1 (pp x 2 x ceil(layers / pp) per step, run in sequence),
+    each sending 2 (tp - 1) / tp x hidden x ACTIVATION_BYTES per token (ring); hand-offs: pp - 1 per step of
+    hidden x ACTIVATION_BYTES per token. Every collective or hand-off costs ALL_REDUCE_LATENCY_S.
+    """
+    tp, pp = tensor_parallel, pipeline_parallel
+    all_reduces = 2 * cdiv(model.num_layers, pp) * pp if tp > 1 else 0
+    hidden_bytes = model.hidden_size * ACTIVATION_BYTES
+    per_token = all_reduces * 2 * (tp - 1) / tp * hidden_bytes + (pp - 1) * hidden_bytes
+    return float(per_token), (all_reduces + pp - 1) * ALL_REDUCE_LATENCY_S
 
 
 def from_specs(
@@ -166,22 +277,35 @@ def from_specs(
     tensor_parallel: int = 1,
     weight_dtype: str = "auto",
     kv_dtype: str = "auto",
+    pipeline_parallel: int = 1,
     **kwargs,
 ) -> StepTimeModel:
-    """A StepTimeModel for `model` (core.planning.models.ModelSpec) on one `gpu` (core.planning.hardware.GPUSpec) per TP rank.
+    """A StepTimeModel for `model` (core.planning.models.ModelSpec) on `gpu` (core.planning.hardware.GPUSpec)
+    with tp x pp GPUs per replica (module docstring: Parallelism).
 
-    Weight and KV bytes per GPU come from core.planning.kv_accounting (vLLM's rules); FLOPs use the active parameters (MoE) split
-    over `tensor_parallel`. A GPU without a known bf16 peak is treated as memory-bound (its compute roof set at
-    1,000 FLOP per byte of bandwidth, far above any decode step's intensity).
+    Weight and KV bytes per GPU come from core.planning.kv_accounting (vLLM's rules, the largest pipeline stage);
+    FLOPs use the active parameters (MoE) split over tp x pp. fp8 weights run at the GPU's FP8 peak when it has
+    one. A GPU without a known peak is treated as memory-bound (its compute roof set at 1,000 FLOP per byte of
+    bandwidth, far above any decode step's intensity). Efficiencies and overheads: keyword arguments (fitted
+    ones from `fit_step_time`, `core.planning.published`), else the defaults.
     """
-    peak = gpu.peak_bf16_flops or gpu.memory_bandwidth * 1000.0
+    tp, pp = tensor_parallel, pipeline_parallel
+    peak = gpu.peak_bf16_flops
+    if resolve_weight_dtype(model, weight_dtype) == "fp8" and getattr(gpu, "peak_fp8_flops", None):
+        peak = gpu.peak_fp8_flops
+    peak = peak or gpu.memory_bandwidth * 1000.0
     heads = model.num_attention_heads * model.head_dim
+    link = getattr(gpu, "interconnect_bandwidth", None)
+    comm_bytes, comm_latency = parallel_traffic(model, tp, pp)
+    extra = {"pipeline_stages": pp} if pp > 1 else {}
+    if comm_bytes or comm_latency:
+        extra |= {"comm_bytes_per_token": comm_bytes, "comm_latency_s": comm_latency}
     return StepTimeModel(
-        weight_bytes=float(weight_bytes_per_gpu(model, weight_dtype, tensor_parallel)),
-        kv_bytes_per_token=float(kv_bytes_per_token(model, kv_dtype, tensor_parallel)),
-        flops_per_token=2.0 * model.num_params_active / tensor_parallel,
-        attention_flops_per_pair=4.0 * model.num_layers * heads / tensor_parallel,
+        weight_bytes=float(weight_bytes_per_gpu(model, weight_dtype, tp, pp)),
+        kv_bytes_per_token=float(kv_bytes_per_token(model, kv_dtype, tp, pp)),
+        flops_per_token=2.0 * model.num_params_active / (tp * pp),
+        attention_flops_per_pair=4.0 * cdiv(model.num_layers, pp) * heads / tp,
         memory_bandwidth=float(gpu.memory_bandwidth),
         peak_flops=float(peak),
-        **kwargs,
+        **({"interconnect_bandwidth": link / 2 if link else math.inf} | extra | kwargs),
     )

@@ -6,11 +6,13 @@ serving simulator (`core.serving`) and the engine (`core.engine`). It imports ne
 - `memory`: `SchedulerMemory` (admit, prefill, grow, release, metrics and the checks around them),
   `MemoryMetrics`, `Admission`.
 - `step_columns`: `COLUMNS`, the per-step record both drivers keep.
+- `step_load`: `step_load` / `StepLoad`, the load of a scheduled step that a step-time model prices.
 """
 
 from core.sched.memory import Admission, MemoryMetrics, SchedulerMemory
 from core.sched.scheduler import PREEMPTION_MODES, ScheduledStep, Scheduler, SequenceGroup, StepOutcome
 from core.sched.step_columns import COLUMNS
+from core.sched.step_load import StepLoad, step_load
 
 __all__ = [
     "COLUMNS",
@@ -21,5 +23,7 @@ __all__ = [
     "Scheduler",
     "SchedulerMemory",
     "SequenceGroup",
+    "StepLoad",
     "StepOutcome",
+    "step_load",
 ]

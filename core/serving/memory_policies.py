@@ -27,6 +27,7 @@ from core.errors import InvalidArgumentError
 from core.kv.snapshot import KVCacheSnapshot
 from core.sched.memory import MemoryMetrics, SchedulerMemory
 from core.serving.contiguous_memory import CONTIGUOUS_POLICIES, ContiguousMemory
+from core.serving.counted_memory import CountedPagedMemory
 from core.serving.paged_memory import PagedMemory, check_kv_groups
 
 POLICY_NAMES = ("paged", *CONTIGUOUS_POLICIES)
@@ -37,12 +38,15 @@ class Policy:
     """How KV memory is handed out. block_size (tokens) and enable_prefix_caching apply to "paged" only.
 
     kv_groups (paged only): None for one full-attention pool, or the model's KV cache groups as
-    ((kind, num_layers, window), ...), vLLM's hybrid allocator (`core.serving.paged_memory`)."""
+    ((kind, num_layers, window), ...), vLLM's hybrid allocator (`core.serving.paged_memory`).
+    counted (paged only): count blocks without block tables (`core.serving.counted_memory`): the same schedule
+    for one full-attention pool, no prefix caching and one sequence per request, no snapshots; for planners."""
 
     name: str
     block_size: int = 16
     enable_prefix_caching: bool = False
     kv_groups: tuple | None = None
+    counted: bool = False
 
     def __post_init__(self):
         if self.name not in POLICY_NAMES:
@@ -52,6 +56,10 @@ class Policy:
             if not self.is_paged:
                 raise InvalidArgumentError("kv_groups apply to the paged policy only")
             object.__setattr__(self, "kv_groups", check_kv_groups(self.kv_groups))
+        if self.counted and (not self.is_paged or self.enable_prefix_caching or self.kv_groups is not None):
+            raise InvalidArgumentError(
+                "counted applies to the paged policy with one full-attention pool and no prefix caching"
+            )
 
     @property
     def is_paged(self) -> bool:
@@ -62,14 +70,15 @@ class Policy:
         if self.is_paged:
             cache = ", prefix caching" if self.enable_prefix_caching else ""
             hybrid = f", hybrid {len(self.kv_groups)} groups" if self.kv_groups else ""
-            return f"paged (block {self.block_size}{cache}{hybrid})"
+            counted = ", counted" if self.counted else ""
+            return f"paged (block {self.block_size}{cache}{hybrid}{counted})"
         return {"orca-max": "Orca (Max)", "orca-pow2": "Orca (Pow2)", "orca-oracle": "Orca (Oracle)"}[
             self.name
         ]
 
 
-def paged(block_size: int = 16, enable_prefix_caching: bool = False) -> Policy:
-    return Policy("paged", block_size, enable_prefix_caching)
+def paged(block_size: int = 16, enable_prefix_caching: bool = False, counted: bool = False) -> Policy:
+    return Policy("paged", block_size, enable_prefix_caching, counted=counted)
 
 
 def contiguous(kind: str) -> Policy:
@@ -114,6 +123,8 @@ class MemoryPolicy(SchedulerMemory, Protocol):
 
 def make_memory(policy: Policy, capacity: int, watermark: float, max_len: int) -> MemoryPolicy:
     """The memory object of `policy` over `capacity` token slots."""
+    if policy.counted:
+        return CountedPagedMemory(policy.block_size, capacity, watermark)
     if policy.is_paged:
         return PagedMemory(policy, capacity, watermark)
     return ContiguousMemory(policy, capacity, max_len)

@@ -17,7 +17,8 @@ class StepCost(Protocol):
     """What the simulator asks of a step-time model (`core.planning.step_time.StepTimeModel` is one): the
     simulator owns no hardware knowledge, the caller injects it.
 
-    step_seconds(new_tokens, kv_tokens_read, attention_pairs, swap_bytes): one step's seconds.
+    step_seconds(new_tokens, kv_tokens_read, attention_pairs, swap_bytes, output_tokens=None): one step's seconds
+        (output_tokens: the tokens it samples, `core.sched.step_load`).
     step_time(new_tokens, kv_tokens_read, attention_pairs): the same on numpy arrays (one entry per step),
         for the batched replay of decode-only runs.
     kv_bytes_per_token: K and V bytes of one token (prices swapping); swap_bandwidth: CPU<->GPU bytes/s.
@@ -27,7 +28,12 @@ class StepCost(Protocol):
     swap_bandwidth: float
 
     def step_seconds(
-        self, new_tokens: int, kv_tokens_read: float, attention_pairs: float, swap_bytes: float = 0.0
+        self,
+        new_tokens: int,
+        kv_tokens_read: float,
+        attention_pairs: float,
+        swap_bytes: float = 0.0,
+        output_tokens: float | None = None,
     ) -> float: ...
 
     def step_time(

@@ -21,11 +21,12 @@ class SimulatedGroup:
     and advance together; it is finished once each emitted `output_len` tokens.
 
     Token ids (`token_ids`, for the paged policy's prefix cache): the prompt's from `prompt_token_ids`, then
-    one constant id per sequence for every output token. first_token_time / finish_time: simulated seconds
-    (NaN until then), set by the simulator.
+    one constant id per sequence for every output token. admit_time (first admission) / first_token_time /
+    finish_time: simulated seconds (NaN until then), set by the simulator.
     """
 
     __slots__ = (
+        "admit_time",
         "finish_time",
         "first_token_time",
         "index",
@@ -60,6 +61,7 @@ class SimulatedGroup:
         self.num_output_tokens = 0
         self.num_preemptions = 0
         self.first_token_time = math.nan
+        self.admit_time = math.nan
         self.finish_time = math.nan
 
     def is_finished(self) -> bool:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from core.kv.snapshot import KVCacheSnapshot
+from core.serving.latency import latency_summary
 from core.serving.memory_policies import Policy
 from core.serving.sim_config import SimulatorConfig
 
@@ -54,7 +55,8 @@ class SimulationResult:
     `free_blocks` is the free-list size: free blocks for paged, free buddy blocks for contiguous;
     `external_fragmentation` is the allocator slack, real fragmentation only, and `free_slots` the free memory:
     token_states + reservation + internal_fragmentation + external_fragmentation + free_slots == capacity).
-    requests: one row per request (arrival_time, first_token_time, finish_time in seconds; lengths in tokens).
+    requests: one row per request (arrival_time, admit_time (first admission by the scheduler), first_token_time,
+    finish_time in seconds; lengths in tokens).
     summary: see `summarize`. snapshots: sampled `StepSnapshot`s in step order. capacity_slots: the slots the
     memory columns sum to (the KV capacity; for a hybrid policy, group slots, see `core.serving.paged_memory`)."""
 
@@ -89,6 +91,10 @@ def summarize(
     memory-bound, so its free share was small). avg_batched_requests: mean requests in the batch per step. throughput: generated
     tokens / simulated seconds. mean_normalized_latency_s: mean over finished requests of (finish - arrival) /
     output_len, seconds per token. preemptions: preemption events in the window.
+    Latency under load over the finished requests (`core.serving.latency.latency_summary`): ttft / tpot / e2e /
+    queue at p50, p95, p99 (`ttft_p95_s`, ...) and their means, output_throughput_tokens_per_s and
+    request_throughput_per_s over the requests' span (first arrival to last finish: what a client measures,
+    unlike throughput_tokens_per_s, which is over the busy time of the window's steps).
     """
     sel = steps
     if t_start is not None:
@@ -138,6 +144,7 @@ def summarize(
         out["mean_latency_s"] = float(latency.mean())
         out["mean_normalized_latency_s"] = float((latency / done["output_len"]).mean())
         out["mean_ttft_s"] = float((done["first_token_time"] - done["arrival_time"]).mean())
+        out |= latency_summary(done)
     queries = float(sel["prefill_tokens"].sum() + sel["prefix_hit_tokens"].sum())
     out["prefix_hit_tokens"] = int(sel["prefix_hit_tokens"].sum())
     out["prefix_hit_rate"] = float(sel["prefix_hit_tokens"].sum() / queries) if queries else 0.0

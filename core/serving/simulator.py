@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import InvalidArgumentError, SchedulerStuckError
-from core.sched import COLUMNS, MemoryMetrics, ScheduledStep, Scheduler, StepOutcome
+from core.sched import COLUMNS, MemoryMetrics, ScheduledStep, Scheduler, StepOutcome, step_load
 from core.serving.memory_policies import MemoryPolicy, Policy, make_memory
 from core.serving.sim_config import PAPER_KV_TOKENS, SimulatorConfig
 from core.serving.sim_groups import SimulatedGroup, make_groups
@@ -161,6 +161,9 @@ class _Simulation:
                 f"free memory and nothing runs (check the KV capacity and the scheduler limits)",
                 num_waiting=step.num_waiting,
             )
+        for group, start, _ in step.prefill_chunks:
+            if start == 0 and math.isnan(group.admit_time):
+                group.admit_time = self.now  # admitted at the start of this step
         k, ahead, dts = self._decode_run(step) if step.is_decode_only else (1, None, None)
         if k == 1:
             dt = self._step_seconds(step)
@@ -210,19 +213,17 @@ class _Simulation:
         return blocks * self.memory.block_size * self.model.kv_bytes_per_token
 
     def _step_seconds(self, step: ScheduledStep) -> float:
-        """The roofline cost of one step: decodes attend to their context, each prefill chunk to its prior
-        context and causally to itself; a step that only swaps in costs the transfer."""
-        n_decode = step.num_decode_tokens
-        ctx = step.decode_context_tokens
-        prefill_tokens = 0
-        prior = 0
-        pairs = ctx + n_decode
-        for _, start, tokens in step.prefill_chunks:
-            prefill_tokens += tokens
-            prior += start
-            pairs += tokens * start + tokens * (tokens + 1) / 2
+        """The cost of one step (`core.sched.step_load`: decodes attend to their context, each prefill chunk to
+        its prior context and causally to itself); a step that only swaps in costs the transfer."""
+        load = step_load(step)
         swap_bytes = self._swap_bytes(step)
-        dt = self.model.step_seconds(n_decode + prefill_tokens, ctx + prior, pairs, swap_bytes)
+        dt = self.model.step_seconds(
+            load.new_tokens,
+            load.kv_tokens_read,
+            load.attention_pairs,
+            swap_bytes,
+            output_tokens=load.output_tokens,
+        )
         if dt == 0.0:  # only a swap-in: the transfer alone
             dt = swap_bytes / self.model.swap_bandwidth
         return dt
@@ -295,6 +296,7 @@ class _Simulation:
             {
                 "request_id": [g.request_id for g in groups],
                 "arrival_time": self.arrivals,
+                "admit_time": [g.admit_time for g in groups],
                 "first_token_time": [g.first_token_time for g in groups],
                 "finish_time": [g.finish_time for g in groups],
                 "prompt_len": [g.prompt_len for g in groups],
@@ -326,7 +328,7 @@ def simulate(
     reqs = _validate_requests(requests, config)
     capacity = int(config.kv_capacity_tokens)
     memory = make_memory(policy, capacity, config.watermark, config.max_seq_len)
-    groups = make_groups(reqs, policy.is_paged)
+    groups = make_groups(reqs, policy.is_paged and not policy.counted)
     for group in groups:
         memory.check_fits(group, group.output_len)
     sim = _Simulation(groups, memory, config)

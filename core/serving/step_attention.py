@@ -125,9 +125,9 @@ def measure_step_attention(
     Raises InvalidArgumentError for a non-paged result and MemoryBudgetError when the pool or the padded copy
     would exceed the memory budget.
     """
-    if not result.policy.is_paged:
+    if not result.policy.is_paged or result.policy.counted:
         raise InvalidArgumentError(
-            "per-step attention is measured on a paged simulation (it needs block tables)"
+            "per-step attention is measured on a paged simulation with block tables (not a counted one)"
         )
     default_paged, default_contiguous = _default_kernels()
     kernels = (paged_fn or default_paged, contiguous_fn or default_contiguous)

@@ -13,6 +13,7 @@ PAGES = {  # sidebar link -> a heading that shows the page ran
     "Kernels": "Kernels: paged vs contiguous attention",
     "Serving simulator": None,
     "Capacity planner": None,
+    "SLO planner": None,
     "Engine": None,
     "About this server": "About this server",
 }

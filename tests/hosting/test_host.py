@@ -32,9 +32,10 @@ pytestmark = pytest.mark.skipif(
 READY_S = (
     600  # the warm-up computes every page's default jobs (the Engine page's answer, a kernel sweep) first
 )
-# What the pages submit at their defaults (app_pages/kernels.py, simulator.py, engine.py): the Engine page answers
-# with SmolLM2 when it is fetched (chat_outputs), else generates with the tiny model (generate_outputs).
-DEFAULT_JOBS = {"kernel_correctness", "kernel_sweep", "compare_policies"}
+# What the pages submit at their defaults (app_pages/kernels.py, simulator.py, slo_planner.py, engine.py): the
+# Engine page answers with SmolLM2 when it is fetched (chat_outputs), else generates with the tiny model
+# (generate_outputs).
+DEFAULT_JOBS = {"kernel_correctness", "kernel_sweep", "compare_policies", "slo_search", "slo_curves"}
 ENGINE_JOBS = {"chat_outputs", "generate_outputs"}
 
 
@@ -118,10 +119,12 @@ def _check_warm_up_log(text: str, replicas: int) -> None:
     """Before "hosting: ready": one "warming i/N" line per page of the navigation, in order, then the other
     replicas' line and the summary."""
     before_ready = text.split("hosting: ready", 1)[0]
-    steps = re.findall(r"hosting: warming (\d+)/(\d+): .* \(/([a-z]*)\) defaults on replica 1", before_ready)
+    steps = re.findall(r"hosting: warming (\d+)/(\d+): .* \(/([a-z_]*)\) defaults on replica 1", before_ready)
     total = int(steps[0][1])
     assert [int(i) for i, _, _ in steps] == list(range(1, total + 1)), steps
-    assert {"kernels", "simulator", "planner", "engine"} <= {page for _, _, page in steps}, steps
+    assert {"kernels", "simulator", "planner", "slo_planner", "engine"} <= {page for _, _, page in steps}, (
+        steps
+    )
     if replicas > 1:
         assert f"hosting: warming replicas 2-{replicas}: every page once" in before_ready
     assert "hosting: warm-up done in" in before_ready and "hosting: warm-up:" not in before_ready, text

@@ -12,6 +12,7 @@ from ui.live_url import FIELDS as LIVE_FIELDS
 from ui.planner_state import ALL_FIELDS
 from ui.playground_url import URL_FIELDS
 from ui.simulator_state import FIELDS as SIMULATOR_FIELDS
+from ui.slo_planner_state import FIELDS as SLO_PLANNER_FIELDS
 
 HOSTILE = ["nan", "-1e308", "🧱ü\u202e", "9" * 5000, "<script>alert(1)</script>"]
 # page -> the query keys it reads
@@ -20,6 +21,7 @@ PAGES = {
     "app_pages/kernels.py": [field.key for field in KERNEL_FIELDS],
     "app_pages/simulator.py": [field.key for field in SIMULATOR_FIELDS],
     "app_pages/planner.py": [field.key for field in ALL_FIELDS],
+    "app_pages/slo_planner.py": [field.key for field in SLO_PLANNER_FIELDS],
     # its text fields (question, prompts, paths) take any text: the numbers and choices must refuse
     "app_pages/engine.py": [f.key for f in ENGINE_FIELDS if f.kind != "str"],
     "app_pages/about.py": [],

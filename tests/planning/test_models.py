@@ -136,6 +136,20 @@ def test_gpu_presets_use_the_driver_reported_total(slug, memory_mib, bandwidth_g
     assert ("driver-reported" in gpu.source) == driver and ("HBM rule" in gpu.source) == (not driver)
 
 
+@pytest.mark.parametrize(
+    "slug, link, link_gb_per_s, fp8_tflops",
+    [("a100-40gb", "NVLink 3", 600, None), ("a100-80gb", "NVLink 3", 600, None),
+     ("h100-80gb", "NVLink 4", 900, 1979), ("h200-141gb", "NVLink 4", 900, 1979), ("l4", "PCIe Gen4 x16", 64, 242.5),
+     ("l40s", "PCIe Gen4 x16", 64, 733), ("rtx-4090", "PCIe Gen4 x16", 64, None), ("a10g", "PCIe Gen4 x16", 64, None),
+     ("mi300x", "Infinity Fabric", 896, 2614.9), ("b200", "NVLink 5", 1800, 4500)],
+)  # fmt: skip
+def test_gpu_presets_carry_the_datasheet_interconnect_and_fp8_peak(slug, link, link_gb_per_s, fp8_tflops):
+    """docs/figures.md, GPUs: the bidirectional GPU-to-GPU bandwidth and the dense FP8 TFLOP/s printed."""
+    gpu = GPUS[slug]
+    assert (gpu.interconnect, gpu.interconnect_bandwidth) == (link, link_gb_per_s * GB)
+    assert gpu.peak_fp8_flops == (None if fp8_tflops is None else pytest.approx(fp8_tflops * 1e12))
+
+
 def test_gb_versus_gib():
     # An H100 "80GB" reports 81,559 MiB = 79.6 GiB = 85.5e9 bytes; 80e9 bytes would be 74.5 GiB.
     assert GPUS["h100-80gb"].memory_gb == pytest.approx(85.521, abs=1e-3)

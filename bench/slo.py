@@ -1,0 +1,328 @@
+"""Prediction against observation on our engine: fit the step-time model on one sweep of batch shapes, then serve
+a Poisson workload through `Engine` at two rates and compare the measured latency with the simulator's prediction
+for the same arrivals.
+
+    python -m bench.slo --quick        # ~2-3 minutes on the 2-core machine
+    python -m bench.slo                # more requests per rate
+
+Model: SmolLM2-135M-Instruct (the real model, `core.engine.fetch`), float32 on the CPU, `--threads` torch threads
+(1 by default: on a shared 2-core machine one thread keeps each step's time its own; two threads wait on each
+other whenever another process takes a core).
+
+1. Roofs: the machine's memory bandwidth (a 256 MiB `copy_`, read + write bytes) and FLOP/s (a 1,536^3 float32
+   matmul), best of a few, measured in this run: the step-time model's memory_bandwidth and peak_flops.
+2. Fit (`core.planning.step_fit.fit_step_time`): a sweep of batch shapes run through `Engine.step()`: decode
+   batches of 1..16 sequences and prefill chunks of 16..256 tokens, the first steps of the sweep dropped as
+   warm-up; every step's load is `core.sched.step_load` of the engine's own scheduled step, its time the engine's
+   step_time_ms. Fitted (robust least squares): bandwidth and FLOP/s efficiencies and the per-step overheads of
+   one-token and larger steps (`CPU_FIT`). The sweep and fit are redone right before each rate (the same shapes; `--fit-once` keeps the
+   first fit): other sessions on the machine change its speed over minutes, and the fit should see the machine
+   the validation sees. No fit ever sees a validation step.
+3. Validation (no fitting): the same seeded requests (prompt 16-96 tokens, output 8-40, uniform) arriving as a
+   Poisson process at two rates (a fraction of the fitted model's throughput bound): each request is added when the
+   wall clock reaches its arrival, the engine steps meanwhile; a request's first token / finish are the wall times
+   at which the step() that produced them returned (read from the scheduler's outcome, without streaming). The simulator replays the same arrivals with the same scheduler limits
+   (core.sched's Scheduler under both) and the fitted model pricing its steps.
+
+Prints one JSON object: machine (with the load average before and after: the machine is shared), roofs (and
+roofs_after, measured again at the end: how much the machine's speed drifted), fit (the fitted values and the
+residuals on the sweep), per rate the measured and predicted TTFT / TPOT p50 / p95 and throughput with
+`ttft_p50_rel_err`, `ttft_p95_rel_err`, `tpot_p50_rel_err`, `tpot_p95_rel_err`, `throughput_rel_err`
+(|predicted - measured| / measured) and step_time_measured_over_predicted (the step-time model's own error on the
+validation steps), `worst` (the largest of each over the rates, and `max_rel_err`), wall_s.
+"""
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+from core.planning.slo_eval import analytic_bounds
+from core.planning.step_fit import fit_step_time
+from core.planning.step_time import StepTimeModel
+from core.sched import step_load
+from core.serving.latency import latency_summary
+from core.serving.memory_policies import paged
+from core.serving.simulator import SimulatorConfig, simulate
+from core.serving.workload import Request, poisson_arrivals
+
+BLOCK_SIZE = 16
+NUM_BLOCKS = 1024
+MAX_NUM_SEQS = 16
+MAX_NUM_BATCHED_TOKENS = 256
+MAX_SEQ_LEN = 256
+SIZES = {  # requests per rate, sweep repeats, rates as fractions of the fitted throughput bound
+    "quick": {"requests": 40, "repeats": 1, "rates": (0.25, 0.5)},
+    "full": {"requests": 120, "repeats": 2, "rates": (0.25, 0.5)},
+}
+METRICS = ("ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
+# One-token steps get their own overhead: a lone decode runs matrix-vector kernels (~37 ms here), any larger step
+# matrix-matrix kernels that pack the weights first (~60 ms for 2-8 decodes). The per-token overhead is left at 0:
+# on this CPU it is collinear with the FLOP/s roof (both grow with the step's tokens), and the engine's host time
+# per token is under 0.1 ms (its host_ms column).
+CPU_FIT = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "single_token_overhead_s")
+
+
+def measure_roofs(repeats: int = 12) -> dict:
+    """Best-of-`repeats` memory bandwidth (bytes/s, read + write of a 256 MiB copy) and FLOP/s (fp32 matmul): the
+    best sample is the machine least disturbed by other processes, so the fitted efficiencies stay below 1."""
+    src = torch.ones(64 * 1024 * 1024)  # 256 MiB of float32
+    dst = torch.empty_like(src)
+    n = 1536
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    copy, mm = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        copy.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        torch.mm(a, b)
+        mm.append(time.perf_counter() - t)
+    return {"memory_bandwidth": 2 * src.nbytes / min(copy), "peak_flops": 2 * n**3 / min(mm)}
+
+
+class StepLog:
+    """Wraps the engine's scheduler so that every scheduled step's load (`step_load`), every first admission (at
+    the wall time the step started) and the requests whose first token each step produced are recorded (the
+    engine is not asked to stream, which would add detokenisation to every step)."""
+
+    def __init__(self, engine):
+        self.loads: list = []
+        self.admitted: dict = {}
+        self.first_token: list = []  # request ids whose prefill the last step finished
+        scheduler = engine.scheduler
+        schedule, postprocess = scheduler.schedule, scheduler.postprocess
+
+        def logged_schedule():
+            started = time.perf_counter()
+            step = schedule()
+            self.loads.append(step_load(step))
+            for group, start, _ in step.prefill_chunks:
+                if start == 0:
+                    self.admitted.setdefault(group.request_id, started)
+            return step
+
+        def logged_postprocess(step):
+            outcome = postprocess(step)
+            self.first_token = [g.request_id for g in outcome.first_token]
+            return outcome
+
+        scheduler.schedule, scheduler.postprocess = logged_schedule, logged_postprocess
+
+
+def base_model(engine, roofs: dict) -> StepTimeModel:
+    """The roofline of the engine's model on this CPU: fp32 weights read once per step, K/V per token, 2 FLOPs per
+    parameter per token outside the LM head and 2 x vocab x hidden per sampled token for it (the engine computes
+    logits for the tokens it samples only: 21% of SmolLM2's parameters), 4 x layers x heads x head_dim per
+    attention pair (efficiencies and overheads to fit)."""
+    c = engine.config
+    weight_bytes = float(engine.model.weight_bytes)
+    lm_head = float(c.vocab_size * c.hidden_size)
+    return StepTimeModel(
+        weight_bytes=weight_bytes,
+        kv_bytes_per_token=float(c.num_layers * 2 * c.num_kv_heads * c.head_dim * 4),
+        flops_per_token=2.0 * (weight_bytes / 4 - lm_head),
+        lm_head_flops_per_output=2.0 * lm_head,
+        attention_flops_per_pair=4.0 * c.num_layers * c.num_heads * c.head_dim,
+        memory_bandwidth=roofs["memory_bandwidth"],
+        peak_flops=roofs["peak_flops"],
+        overhead_s=0.0,
+    )
+
+
+def _prompt(rng, length: int, low: int, vocab: int) -> list[int]:
+    return rng.integers(low, vocab, size=length).tolist()
+
+
+def calibrate(engine, log: StepLog, repeats: int, low: int, vocab: int, params) -> pd.DataFrame:
+    """Run the sweep of batch shapes; the measured steps (MEASURED_STEP_COLUMNS), warm-up steps dropped."""
+    rng = np.random.default_rng(1)
+    shapes = [
+        (1, 16, 24),
+        (2, 24, 16),
+        (4, 32, 16),
+        (8, 48, 12),
+        (16, 24, 10),
+        (1, 128, 6),
+        (1, 256, 4),
+        (2, 64, 8),
+        (6, 96, 8),
+    ]  # fmt: skip  (requests, prompt tokens, output tokens)
+    engine.reset_metrics()
+    first = len(log.loads)
+    for _ in range(repeats):
+        for count, prompt, output in shapes:
+            for _ in range(count):
+                engine.add_request(_prompt(rng, prompt, low, vocab), params(output))
+            while engine.has_unfinished_requests():
+                engine.step()
+    steps = engine.current_run().steps
+    loads = log.loads[first:]
+    frame = pd.DataFrame({
+        "new_tokens": [x.new_tokens for x in loads], "kv_tokens_read": [x.kv_tokens_read for x in loads],
+        "attention_pairs": [x.attention_pairs for x in loads], "output_tokens": [x.output_tokens for x in loads],
+        "seconds": steps["step_time_ms"].to_numpy() / 1e3,
+    })  # fmt: skip
+    return frame.iloc[8:].reset_index(drop=True)  # the first steps warm caches and allocators
+
+
+def make_requests(num: int, seed: int = 0) -> list[Request]:
+    """The validation requests at rate 1 req/s (scale arrival times by 1 / rate): uniform lengths, seeded."""
+    rng = np.random.default_rng(seed)
+    arrivals = poisson_arrivals(num, 1.0, rng)
+    prompts = rng.integers(16, 97, size=num)
+    outputs = rng.integers(8, 41, size=num)
+    return [Request(i, float(arrivals[i]), int(prompts[i]), int(outputs[i])) for i in range(num)]
+
+
+def at_rate(requests: list[Request], rate: float) -> list[Request]:
+    return [Request(r.request_id, r.arrival_time / rate, r.prompt_len, r.output_len) for r in requests]
+
+
+def serve(engine, log: StepLog, requests: list[Request], low: int, vocab: int, params) -> pd.DataFrame:
+    """Serve `requests` in wall-clock time; their measured times (REQUEST_TIME_COLUMNS), seconds from the start:
+    a request's first token and finish are the times the step() that produced them returned."""
+    rng = np.random.default_rng(2)
+    prompts = {r.request_id: _prompt(rng, r.prompt_len, low, vocab) for r in requests}
+    first, finish = {}, {}
+    log.admitted.clear()
+    engine.reset_metrics()
+    log.loads.clear()
+    start = time.perf_counter()
+    pending = list(requests)
+    while pending or engine.has_unfinished_requests():
+        now = time.perf_counter() - start
+        while pending and pending[0].arrival_time <= now:
+            r = pending.pop(0)
+            engine.add_request(prompts[r.request_id], params(r.output_len), request_id=r.request_id)
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, pending[0].arrival_time - (time.perf_counter() - start)))
+            continue
+        log.first_token = []
+        outputs = engine.step()
+        done = time.perf_counter() - start
+        for request_id in log.first_token:
+            first.setdefault(request_id, done)
+        for out in outputs:
+            finish[out.request_id] = done
+    return pd.DataFrame({
+        "arrival_time": [r.arrival_time for r in requests],
+        "admit_time": [log.admitted[r.request_id] - start for r in requests],
+        "first_token_time": [first[r.request_id] for r in requests],
+        "finish_time": [finish[r.request_id] for r in requests], "output_len": [r.output_len for r in requests],
+    })  # fmt: skip
+
+
+def step_ratio(engine, log: StepLog, model: StepTimeModel) -> dict:
+    """Measured / predicted time of every step of the last served run, by the model it was predicted with: how
+    much of the latency error is the step-time model's (the rest is the schedule's)."""
+    measured = engine.current_run().steps["step_time_ms"].to_numpy() / 1e3
+    loads = log.loads[-len(measured) :]
+    n = np.array([x.new_tokens for x in loads], dtype=np.float64)
+    kv = np.array([x.kv_tokens_read for x in loads], dtype=np.float64)
+    pairs = np.array([x.attention_pairs for x in loads], dtype=np.float64)
+    outputs = np.array([x.output_tokens for x in loads], dtype=np.float64)
+    ratio = measured / model.step_time(n, kv, pairs, output_tokens=outputs)
+    decode = np.array([x.prefill_tokens == 0 for x in loads])
+    return {
+        "median": float(np.median(ratio)), "p10": float(np.percentile(ratio, 10)),
+        "p90": float(np.percentile(ratio, 90)), "decode_only_median": float(np.median(ratio[decode])),
+        "with_prefill_median": float(np.median(ratio[~decode])) if (~decode).any() else None,
+        "steps": len(ratio),
+    }  # fmt: skip
+
+
+def predict(requests: list[Request], model: StepTimeModel) -> pd.DataFrame:
+    config = SimulatorConfig(
+        kv_capacity_tokens=NUM_BLOCKS * BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_seq_len=MAX_SEQ_LEN, step_time=model, max_snapshots=1,
+    )  # fmt: skip
+    return simulate(requests, paged(BLOCK_SIZE), config).requests
+
+
+def compare(measured: pd.DataFrame, predicted: pd.DataFrame) -> dict:
+    m, p = latency_summary(measured), latency_summary(predicted)
+    out: dict = {}
+    for name in METRICS:
+        out[f"{name}_s"] = {"measured": m[f"{name}_s"], "predicted": p[f"{name}_s"]}
+        out[f"{name}_rel_err"] = abs(p[f"{name}_s"] - m[f"{name}_s"]) / m[f"{name}_s"]
+    mt, pt = m["output_throughput_tokens_per_s"], p["output_throughput_tokens_per_s"]
+    out["throughput_tokens_per_s"] = {"measured": mt, "predicted": pt}
+    out["throughput_rel_err"] = abs(pt - mt) / mt
+    out["measured_queue_p95_s"] = m.get("queue_p95_s")
+    return out
+
+
+def fit_sweep(engine, log: StepLog, repeats: int, low: int, vocab: int, params, robust: bool):
+    """Roofs, then the sweep of batch shapes, then the fit of CPU_FIT on it: (roofs, StepTimeFit)."""
+    roofs = measure_roofs()
+    measured = calibrate(engine, log, repeats, low, vocab, params)
+    return roofs, fit_step_time(measured, base_model(engine, roofs), fit=CPU_FIT, robust=robust)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--fit-once", action="store_true", help="one sweep and fit for both rates")
+    parser.add_argument(
+        "--robust", action="store_true", help="Huber-reweighted fit (default: plain least squares)"
+    )
+    args = parser.parse_args()
+    size = SIZES["quick" if args.quick else "full"]
+    started = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    from core.engine import Engine, SamplingParams
+    from core.engine.fetch import fetch_model
+
+    engine = Engine.from_pretrained(
+        fetch_model("smollm2-135m-instruct"), dtype=torch.float32, device="cpu", num_blocks=NUM_BLOCKS,
+        block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_snapshots=1,
+    )  # fmt: skip
+    load_s = time.perf_counter() - started
+    low, vocab = max(engine.tokenizer.all_special_ids or [0]) + 1, engine.config.vocab_size
+
+    def params(tokens: int):
+        return SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+
+    log = StepLog(engine)
+    load_before = os.getloadavg()
+    requests = make_requests(size["requests"])
+    roofs, fit = fit_sweep(engine, log, size["repeats"], low, vocab, params, args.robust)
+    bound = analytic_bounds(
+        fit.model, requests, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, NUM_BLOCKS * BLOCK_SIZE
+    )
+    rates = {}
+    for i, fraction in enumerate(size["rates"]):
+        if i and not args.fit_once:  # a fresh sweep right before each rate: the machine's speed drifts
+            roofs, fit = fit_sweep(engine, log, size["repeats"], low, vocab, params, args.robust)
+        rate = fraction * bound.capacity_rps
+        timed = at_rate(requests, rate)
+        row = compare(serve(engine, log, timed, low, vocab, params), predict(timed, fit.model))
+        row["step_time_measured_over_predicted"] = step_ratio(engine, log, fit.model)
+        rates[f"{rate:.3f}"] = {"rate_req_per_s": rate, "fraction_of_bound": fraction, "roofs": roofs,
+                                "fit": fit.to_dict(), **row}  # fmt: skip
+    keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
+    worst = {k: max(r[k] for r in rates.values()) for k in keys}
+    worst["max_rel_err"] = max(worst.values())
+    print(json.dumps({
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "torch": torch.__version__, "threads": args.threads, "load_average_before": load_before,
+                    "load_average_after": os.getloadavg()},
+        "model": "SmolLM2-135M-Instruct fp32", "mode": "quick" if args.quick else "full",
+        "fit_once": args.fit_once, "robust_fit": args.robust, "limits": {"max_num_seqs": MAX_NUM_SEQS,
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "kv_tokens": NUM_BLOCKS * BLOCK_SIZE},
+        "roofs_after": measure_roofs(), "throughput_bound_req_per_s": bound.capacity_rps,
+        "requests_per_rate": len(requests), "rates": rates, "worst": worst,
+        "load_s": load_s, "wall_s": time.perf_counter() - started,
+    }, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""What the SLO planner page computes: the search (`core.planning.slo.plan_slo`) for its inputs, the configurations
+its chart draws, their latency against the request rate (`latency_curve`), the knee of each curve, the ranked
+table's rows and the `vllm serve` flags of the answer. No streamlit here; the page submits `search` and
+`curves` to the worker pool through `core.page_models.tasks`.
+
+Invariants:
+- `SloPlannerParams` holds the page's inputs as plain, hashable values (the job cache's key); `slo()`,
+  `workload()` and `candidates()` build core's typed inputs and raise core's InvalidArgumentError for bad ones
+  (a zero or negative target or rate), with core's message.
+- `SloSearch` is the answer whether or not a configuration meets the SLO: `plan` is always set (an infeasible
+  search keeps the plan the SloInfeasibleError carries), `error` is that error's message or None.
+- A curve's points are `latency_curve`'s, one per rate of `curve_rates(rate)`; its knee is the first rate whose
+  point binds on "queueing" or is pruned by the throughput bound (`limiting_metric` "rate"), None when no point
+  of the grid does.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from core.errors import InvalidArgumentError, SloInfeasibleError
+from core.planning.hardware import GPUS
+from core.planning.models import get_model
+from core.planning.plan import plan
+from core.planning.slo import Slo, SloCandidates, SloPlan, SloWorkload, latency_curve, plan_slo
+from core.planning.slo_eval import SloConfig
+
+CURVE_FACTORS = tuple(0.25 * k / 2 for k in range(2, 17))  # 0.25x, 0.375x, ..., 2x the target rate
+CHART_CONFIGS = 3  # configurations the chart draws
+
+
+@dataclass(frozen=True)
+class SloPlannerParams:
+    """The page's inputs. Latencies in seconds (None: no target on that metric), rate in requests/s, lengths
+    in tokens; gpus / kv_dtypes / weight_dtypes: the values the search tries; num_requests: requests simulated
+    per configuration and rate."""
+
+    model: str = "llama-3.1-8b"
+    rate: float = 12.0
+    prompt_len: int = 2000
+    output_len: int = 300
+    length_spread: float = 0.0
+    ttft_p95_s: float | None = 1.0
+    tpot_p95_s: float | None = 0.05
+    gpus: tuple[str, ...] = ("h100-80gb", "h200-141gb", "l40s")
+    max_gpus: int = 8
+    kv_dtypes: tuple[str, ...] = ("auto", "fp8")
+    weight_dtypes: tuple[str, ...] = ("auto",)
+    num_requests: int = 200
+
+    def slo(self) -> Slo:
+        return Slo(self.ttft_p95_s, self.tpot_p95_s)
+
+    def workload(self) -> SloWorkload:
+        return SloWorkload(self.rate, self.prompt_len, self.output_len, self.length_spread, self.num_requests)
+
+    def candidates(self) -> SloCandidates:
+        return SloCandidates(
+            gpus=self.gpus, max_gpus=self.max_gpus, kv_dtypes=self.kv_dtypes, weight_dtypes=self.weight_dtypes
+        )
+
+    def check(self) -> None:
+        """Raise core's InvalidArgumentError for any bad input (before a job is submitted)."""
+        for values, what in ((self.gpus, "GPU type"), (self.kv_dtypes, "KV cache dtype"),
+                             (self.weight_dtypes, "weight dtype")):  # fmt: skip
+            if not values:
+                raise InvalidArgumentError(f"choose at least one {what} to search over")
+        self.slo()
+        self.workload()
+        self.candidates()
+        get_model(self.model)
+
+
+DEFAULT_PARAMS = SloPlannerParams()
+
+
+@dataclass(frozen=True, eq=False)
+class SloSearch:
+    """One search. plan: every configuration evaluated (SloPlan; `plan.best` None when nothing meets the SLO).
+    error: SloInfeasibleError's message (what cannot be met and by how much) or None; metric / shortfall: that
+    error's `metric` and `shortfall`."""
+
+    plan: SloPlan
+    error: str | None = None
+    metric: str | None = None
+    shortfall: float | None = None
+
+
+def search(params: SloPlannerParams, progress: Callable[[float], None] | None = None) -> SloSearch:
+    """`plan_slo` of the inputs; an infeasible SLO is an answer too (the error's plan and message)."""
+    try:
+        return SloSearch(
+            plan_slo(params.model, params.workload(), params.slo(), params.candidates(), progress)
+        )
+    except SloInfeasibleError as error:
+        return SloSearch(error.plan, str(error), error.metric, error.shortfall)
+
+
+def _deployment(config: SloConfig) -> tuple:
+    return (config.gpu, config.tp, config.pp, config.replicas, config.kv_dtype, config.weight_dtype)
+
+
+def chart_configs(plan: SloPlan, count: int = CHART_CONFIGS) -> tuple[SloConfig, ...]:
+    """The configurations the chart draws: the first `count` that meet the SLO, in rank order, one per deployment
+    (GPU, tp, pp, replicas, KV and weight dtypes: a smaller max_num_seqs of the same deployment draws the same
+    line until the knee), topped up, when fewer meet it, by the feasible ones closest to it (smallest
+    slo_ratio)."""
+    meeting = [c for c in plan.configs if c.meets_slo]
+    closest = sorted((c for c in plan.configs if c.feasible and not c.meets_slo), key=lambda c: c.slo_ratio)
+    chosen, seen = [], set()
+    for config in [*meeting, *closest]:
+        if _deployment(config) not in seen and len(chosen) < count:
+            seen.add(_deployment(config))
+            chosen.append(config)
+    return tuple(chosen)
+
+
+def curve_rates(rate: float) -> tuple[float, ...]:
+    """The chart's grid: CURVE_FACTORS x the target rate (requests/s)."""
+    return tuple(rate * f for f in CURVE_FACTORS)
+
+
+def knee_index(points) -> int | None:
+    """Index of the first point where queueing takes over: binding "queueing", or pruned by the throughput bound
+    (not simulated, limiting_metric "rate"); None when no point does."""
+    for i, point in enumerate(points):
+        if point.binding == "queueing" or (not point.simulated and point.limiting_metric == "rate"):
+            return i
+    return None
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One configuration's predicted p95s against the rate: label (`config_label`, "(misses the SLO)" added when
+    the configuration misses it at the target rate), rates (requests/s), ttft_p95_s / tpot_p95_s (seconds,
+    None where the point was not simulated), binding and meets_slo per point, knee_rate (None: no knee on the
+    grid), knee_reason ("queueing" or "throughput bound") and reasons (each point's `SloConfig.reason`: why
+    it meets or misses, or which bound pruned it)."""
+
+    label: str
+    rates: tuple[float, ...]
+    ttft_p95_s: tuple[float | None, ...]
+    tpot_p95_s: tuple[float | None, ...]
+    binding: tuple[str, ...]
+    meets_slo: tuple[bool, ...]
+    knee_rate: float | None
+    knee_reason: str | None = field(default=None)
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def simulated(self) -> bool:
+        """Whether any point was simulated (else every rate was ruled out by a bound: nothing to draw)."""
+        return any(v is not None for v in self.ttft_p95_s)
+
+
+def config_label(config: SloConfig) -> str:
+    """ "2 x H100 SXM 80GB, tp 2, max_num_seqs 256, KV fp8" (pp and replicas only when > 1, weights when not
+    auto)."""
+    parts = [f"{config.num_gpus} x {config.gpu_name}", f"tp {config.tp}"]
+    if config.pp > 1:
+        parts.append(f"pp {config.pp}")
+    if config.replicas > 1:
+        parts.append(f"{config.replicas} replicas")
+    parts += [f"max_num_seqs {config.max_num_seqs}", f"KV {config.kv_dtype}"]
+    if config.weight_dtype != "auto":
+        parts.append(f"weights {config.weight_dtype}")
+    return ", ".join(parts)
+
+
+def curve(params: SloPlannerParams, config: SloConfig) -> Curve:
+    """`latency_curve` of `config` at `curve_rates(params.rate)`, as a Curve."""
+    rates = curve_rates(params.rate)
+    points = latency_curve(params.model, config, params.workload(), params.slo(), rates, params.candidates())
+    knee = knee_index(points)
+    reason = (
+        None if knee is None else ("queueing" if points[knee].binding == "queueing" else "throughput bound")
+    )
+    return Curve(
+        config_label(config) + ("" if config.meets_slo else " (misses the SLO)"),
+        rates,
+        tuple(p.ttft_p95_s if p.simulated else None for p in points),
+        tuple(p.tpot_p95_s if p.simulated else None for p in points),
+        tuple(p.binding for p in points),
+        tuple(p.meets_slo for p in points),
+        None if knee is None else rates[knee],
+        reason,
+        tuple(p.reason for p in points),
+    )
+
+
+def curves(
+    params: SloPlannerParams, configs: tuple[SloConfig, ...], progress: Callable[[float, str], None]
+) -> tuple[Curve, ...]:
+    """`curve` of each configuration, reporting progress per configuration."""
+    found = []
+    for i, config in enumerate(configs):
+        progress(i / len(configs), f"configuration {i + 1} of {len(configs)}")
+        found.append(curve(params, config))
+    return tuple(found)
+
+
+def serve_command(params: SloPlannerParams, config: SloConfig) -> str:
+    """The `vllm serve` flags of `config` (`core.planning.vllm_command` on the exact plan of the whole
+    deployment: --data-parallel-size for replicas, max_model_len the longest request)."""
+    cands = params.candidates()
+    capacity = plan(
+        get_model(params.model), GPUS[config.gpu], num_gpus=config.num_gpus, tensor_parallel=config.tp,
+        pipeline_parallel=config.pp, weight_dtype=config.weight_dtype, kv_dtype=config.kv_dtype,
+        gpu_memory_utilization=cands.gpu_memory_utilization, block_size=cands.block_size,
+        max_model_len=params.workload().max_len, max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=cands.max_num_batched_tokens,
+    )  # fmt: skip
+    return capacity.vllm_command
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def table_rows(plan: SloPlan) -> list[dict]:
+    """One row per evaluated configuration, in rank order, with units in the column names."""
+    return [
+        {
+            "rank": i + 1,
+            "meets SLO": c.meets_slo,
+            "GPUs": c.num_gpus,
+            "GPU": c.gpu_name,
+            "TP": c.tp,
+            "PP": c.pp,
+            "replicas": c.replicas,
+            "max_num_seqs": c.max_num_seqs,
+            "KV dtype": c.kv_dtype,
+            "weights": c.weight_dtype,
+            "TTFT p95 (s)": c.ttft_p95_s,
+            "TPOT p95 (ms)": _ms(c.tpot_p95_s),
+            "output tokens/s": c.throughput_tokens_per_s,
+            "binding": c.binding,
+            "GPUs per req/s": c.gpus_per_request_per_s,
+            "worst / target": c.slo_ratio,
+            "why": c.reason,
+        }
+        for i, c in enumerate(plan.configs)
+    ]

@@ -1,0 +1,141 @@
+"""Paged KV memory by block counts alone (`Policy.counted`): the arithmetic of `core.serving.paged_memory` for
+one full-attention pool, no prefix caching and one sequence per request, without block tables or token ids.
+
+A sequence of L tokens holds cdiv(L, block_size) blocks: admission takes cdiv(prompt + recomputed outputs,
+block_size), a decode step takes one block when the sequence's length is a multiple of block_size, release gives
+them all back; the watermark, the reserved decode blocks and the slot categories are `PagedMemory`'s. So the
+scheduler makes exactly the same decisions as under the full paged policy (tests/serving/test_counted_memory.py
+runs both), at a fraction of the cost: what the SLO planner's many simulations need. There are no block tables
+to snapshot (`snapshot` returns None) and no prefix cache.
+"""
+
+import numpy as np
+
+from core.common import cdiv
+from core.errors import InvalidArgumentError
+from core.sched.memory import Admission, MemoryMetrics
+
+
+class _Held:
+    """A held group's blocks, and its pending slots (allocated, not computed): at admission and left now."""
+
+    __slots__ = ("blocks", "pending_left", "pending_total")
+
+    def __init__(self, blocks: int, pending: int):
+        self.blocks = blocks
+        self.pending_total = self.pending_left = pending
+
+
+class CountedPagedMemory:
+    """`MemoryPolicy` of `capacity` token slots in blocks of `block_size` (module docstring)."""
+
+    def __init__(self, block_size: int, capacity: int, watermark: float):
+        self.block_size = block_size
+        self.capacity = capacity
+        self.num_blocks = capacity // block_size
+        if self.num_blocks < 1:
+            raise InvalidArgumentError(f"KV capacity {capacity} tokens holds no block of {block_size} tokens")
+        self.watermark_blocks = int(watermark * self.num_blocks)
+        self._free = self.num_blocks
+        self.pending = 0
+        self.tail_empty = 0  # empty slots of the sequences' last blocks
+        self._held: dict = {}
+
+    @property
+    def free_blocks(self) -> int:
+        return self._free
+
+    def check_fits(self, group, max_output_len: int) -> None:
+        if group.num_seqs != 1:
+            raise InvalidArgumentError(
+                f"request {group.request_id}: the counted paged policy serves one sequence per request, "
+                f"got n={group.num_seqs} (use the full paged policy)"
+            )
+        prompt, bs = group.prompt_len, self.block_size
+        peak = cdiv(prompt + max_output_len - 1, bs)
+        if peak > self.num_blocks:
+            raise InvalidArgumentError(
+                f"request {group.request_id} ({prompt} + {max_output_len} tokens, n=1) needs {peak:,} blocks "
+                f"of {bs} at its longest, more than the {self.num_blocks:,} blocks of the cache"
+            )
+        if cdiv(prompt, bs) > self.num_blocks - self.watermark_blocks:
+            raise InvalidArgumentError(
+                f"request {group.request_id}'s prompt of {prompt} tokens never fits in {self.num_blocks:,} "
+                f"blocks less the {self.watermark_blocks} watermark blocks"
+            )
+
+    def swap_blocks(self, group) -> int:
+        return cdiv(max(group.length, group.prompt_len), self.block_size)
+
+    def can_admit(self, group, num_tokens: int, reserved_blocks: int) -> bool:
+        need = cdiv(num_tokens, self.block_size)
+        return need <= self._free - self.watermark_blocks - max(0, reserved_blocks)
+
+    def admit(self, group, num_tokens: int) -> Admission:
+        blocks = cdiv(num_tokens, self.block_size)
+        self._free -= blocks
+        self.pending += num_tokens
+        self.tail_empty += -num_tokens % self.block_size
+        self._held[group] = _Held(blocks, num_tokens)
+        return Admission(num_tokens, 0)
+
+    def prefill(self, group, num_tokens: int) -> None:
+        state = self._held[group]
+        if group.num_prefill_tokens == 0:
+            done = state.pending_left
+        else:
+            done = min(state.pending_left, state.pending_total * num_tokens // group.num_prefill_total)
+        state.pending_left -= done
+        self.pending -= done
+
+    def decode_blocks(self, groups: list) -> int:
+        bs = self.block_size
+        return sum(1 for g in groups if g.length % bs == 0)
+
+    def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
+        bs = self.block_size
+        lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
+        before = lengths[:, None] + np.arange(steps)[None, :]  # [groups, steps]: lengths before each step
+        takes = (before % bs == 0).sum(axis=0)
+        tail = self.tail_empty + (-(before + 1) % bs).sum(axis=0) - int((-lengths % bs).sum())
+        free = self._free - np.cumsum(takes)
+        token_states = (self.num_blocks - free) * bs - tail - self.pending
+        return MemoryMetrics(
+            token_states,
+            np.full(steps, self.pending, dtype=np.int64),
+            tail,
+            np.full(steps, self.capacity - self.num_blocks * bs, dtype=np.int64),
+            free * bs,
+            free,
+        )
+
+    def grow(self, groups: list, steps: int) -> None:
+        bs = self.block_size
+        for group in groups:
+            length = group.length
+            taken = cdiv(length + steps, bs) - cdiv(length, bs)
+            self._held[group].blocks += taken
+            self._free -= taken
+            self.tail_empty += -(length + steps) % bs - (-length % bs)
+
+    def release(self, group) -> int:
+        state = self._held.pop(group)
+        self._free += state.blocks
+        self.tail_empty -= -group.length % self.block_size
+        self.pending -= state.pending_left
+        return state.blocks
+
+    def metrics(self) -> MemoryMetrics:
+        free = self._free
+        used = (self.num_blocks - free) * self.block_size
+        return MemoryMetrics(
+            used - self.tail_empty - self.pending,
+            self.pending,
+            self.tail_empty,
+            self.capacity - self.num_blocks * self.block_size,
+            free * self.block_size,
+            free,
+        )
+
+    def snapshot(self, groups: list) -> None:
+        return None

@@ -1,0 +1,42 @@
+"""A shared SLO planner URL opened in a real Chromium shows the answer `plan_slo` gives for its inputs, the chart and
+the ranked table, and keeps the inputs in the URL."""
+
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+from playwright.sync_api import expect
+
+from core.planning.slo import Slo, SloCandidates, SloWorkload, plan_slo
+from tests.conftest import wait_for_script_done
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+WAIT_MS = 90_000  # a first visit starts the worker pool on a loaded 2-core machine
+
+
+@pytest.mark.browser
+def test_shared_url_shows_the_answer_the_chart_and_the_table(streamlit_server, page):
+    params = {"model": "mistral-7b", "rate": "8", "prompt_len": "1500", "output_len": "250", "ttft": "0.8",
+              "tpot_ms": "40", "gpus": "h100-80gb,l40s", "max_gpus": "4", "kv": "auto,fp8"}  # fmt: skip
+    page.goto(f"{streamlit_server}/slo_planner?{urlencode(params)}")
+    best = plan_slo(
+        "mistral-7b", SloWorkload(8, 1500, 250), Slo(0.8, 0.04),
+        SloCandidates(gpus=("h100-80gb", "l40s"), max_gpus=4),
+    ).best  # fmt: skip
+    main = page.locator('[data-testid="stMain"]')
+    expect(main.get_by_text("Cheapest configuration that meets the SLO")).to_be_visible(timeout=WAIT_MS)
+    values = main.locator('[data-testid="stMetricValue"]')
+    expect(values.get_by_text(f"{best.num_gpus} × {best.gpu_name}", exact=True)).to_be_visible(
+        timeout=WAIT_MS
+    )
+    expect(values.get_by_text(f"{best.tpot_p95_s * 1e3:.3g} ms", exact=True)).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator('[data-testid="stPlotlyChart"] .main-svg').first).to_be_visible(timeout=WAIT_MS)
+    wait_for_script_done(page, WAIT_MS)
+    expect(page.locator('[data-testid="stPlotlyChart"]')).to_have_count(1, timeout=WAIT_MS)
+    expect(page.locator('[data-testid="stDataFrame"]')).to_have_count(1, timeout=WAIT_MS)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    for key in ("model=mistral-7b", "rate=8", "tpot_ms=40", "gpus=h100-80gb%2Cl40s", "max_gpus=4"):
+        assert key in page.url, page.url
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "slo_planner_shared_url.png"), full_page=True)
+    page.locator('[data-testid="stPlotlyChart"]').screenshot(path=str(ARTIFACTS / "slo_planner_chart.png"))

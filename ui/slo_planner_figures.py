@@ -1,0 +1,90 @@
+"""The SLO planner's chart: predicted p95 TTFT and TPOT against the request rate for a few configurations, the SLO
+targets as horizontal lines, the target rate as a vertical line and each configuration's knee marked. Takes the
+page model's `Curve`s (plain data) and returns a Figure (no streamlit).
+
+Invariants the tests read: one colour per configuration (`config_color(i)`), the same in both panels; shapes
+named "ttft target" / "tpot target" (y = the target, TPOT in ms), "target rate" (x = the rate) and
+"knee i" (x = curve i's knee rate, one per panel), and one knee marker trace per knee.
+"""
+
+import math
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from core.page_models.slo_planner import Curve
+from ui.theme import config_color
+
+TARGET_COLOR = "#444444"
+
+
+def _ms(values) -> list:
+    return [None if v is None else v * 1e3 for v in values]
+
+
+def _hover(curve: Curve, what: str, unit: str) -> str:
+    return f"{curve.label}<br>%{{x:.3g}} req/s: {what} %{{y:.3g}} {unit}<br>binding: %{{customdata}}<extra></extra>"
+
+
+def latency_vs_rate_figure(
+    curves: Sequence[Curve], rate: float, ttft_target_s: float | None, tpot_target_s: float | None
+) -> go.Figure:
+    """Two panels side by side, TTFT p95 (s) and TPOT p95 (ms) against the rate (requests/s), log-scaled latency
+    (queueing makes it grow by orders of magnitude). A line stops where its points were not simulated (pruned
+    by a bound). The knee, where queueing takes over, is a dashed vertical line in the configuration's colour
+    with a marker on its point (at the last simulated point before it when the throughput bound pruned it)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT p95", "TPOT p95"), horizontal_spacing=0.09)
+    for i, curve in enumerate(curves):
+        color = config_color(i)
+        for col, values, what, unit in (
+            (1, list(curve.ttft_p95_s), "TTFT p95", "s"),
+            (2, _ms(curve.tpot_p95_s), "TPOT p95", "ms"),
+        ):
+            fig.add_scatter(
+                x=list(curve.rates), y=values, mode="lines+markers", name=curve.label, legendgroup=str(i),
+                showlegend=col == 1, line={"color": color}, marker={"color": color, "size": 6},
+                customdata=list(curve.binding), hovertemplate=_hover(curve, what, unit), row=1, col=col,
+            )  # fmt: skip
+            if curve.knee_rate is not None:
+                _mark_knee(fig, i, curve, values, color, col)
+    for col, target, name, unit in ((1, ttft_target_s, "ttft", "s"), (2, tpot_target_s, "tpot", "ms")):
+        if target is not None:
+            y = target if unit == "s" else target * 1e3
+            fig.add_hline(y=y, line={"color": TARGET_COLOR, "dash": "dash", "width": 1.5}, name=f"{name} target",
+                          row=1, col=col)  # fmt: skip
+            # on a log axis an annotation's y is log10 of the value (add_hline's own annotation misplaces it)
+            fig.add_annotation(
+                x=0, xref=f"x{'' if col == 1 else col} domain", y=math.log10(y), yref=f"y{'' if col == 1 else col}",
+                text=f"target {y:g} {unit}", showarrow=False, xanchor="left", yanchor="bottom",
+                font={"color": TARGET_COLOR, "size": 11},
+            )  # fmt: skip
+        fig.add_vline(x=rate, line={"color": TARGET_COLOR, "dash": "dot", "width": 1.5}, name="target rate",
+                      row=1, col=col)  # fmt: skip
+    fig.update_xaxes(title_text="request rate (requests/s)", rangemode="tozero")
+    # ticks at 1, 2 and 5 x 10^k, each printed as its value (plotly's default prints a bare digit between decades)
+    fig.update_yaxes(type="log", dtick="D2", tickformat=",.3~r")
+    fig.update_yaxes(title_text="TTFT p95 (s, log scale)", row=1, col=1)
+    fig.update_yaxes(title_text="TPOT p95 (ms, log scale)", row=1, col=2)
+    fig.update_layout(
+        height=440, margin={"t": 40, "b": 40}, hovermode="closest",
+        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
+    )  # fmt: skip
+    return fig
+
+
+def _mark_knee(fig: go.Figure, index: int, curve: Curve, values: list, color: str, col: int) -> None:
+    """The knee of `curve` in panel `col`: a vertical line at its rate and a marker on the point (or, pruned,
+    on the last simulated point before it)."""
+    fig.add_vline(x=curve.knee_rate, line={"color": color, "dash": "dash", "width": 1}, name=f"knee {index}",
+                  row=1, col=col)  # fmt: skip
+    at = curve.rates.index(curve.knee_rate)
+    drawn = next((j for j in range(at, -1, -1) if values[j] is not None), None)
+    if drawn is None:
+        return
+    fig.add_scatter(
+        x=[curve.rates[drawn]], y=[values[drawn]], mode="markers", name=f"knee {index}", showlegend=False,
+        legendgroup=str(index), marker={"color": color, "size": 13, "symbol": "x-open", "line": {"width": 2}},
+        hovertemplate=f"{curve.label}<br>knee at {curve.knee_rate:.3g} req/s ({curve.knee_reason})<extra></extra>",
+        row=1, col=col,
+    )  # fmt: skip
