@@ -1,12 +1,14 @@
 """End to end: planned vs observed on a live `python -m core.serve --model smollm2-135m-instruct` (the real model,
 float32 on this CPU) on loopback. A seeded Poisson load (stops by itself) runs between two scrapes of /metrics;
 core.live fits the step-time model to the server's own histograms and plans the window's TTFT / TPOT p50 / p95
-with the simulator; the planned figures must land within BOUND of the observed ones.
+with the simulator; the planned figures must land within BOUNDS of the observed ones.
 
-BOUND (docs/live-planned.md): measured on the 2-core shared machine, the worst relative error over the four
-figures was 0.13-0.31 across runs (TTFT p95 the worst: a tail of ~30 requests, moved by one slow step of another
-process); 0.5 leaves room for that noise and still fails a plan that is off by a factor (a wrong unit, a fit that
-did not converge, a workload read wrong), which is what the test is for."""
+BOUNDS (docs/live-planned.md): measured on the 2-core shared machine (other sessions running), two runs:
+p50s within 0.1-6% (TTFT) and 1-3% (TPOT); p95s 27-49% (TTFT) and 3-22% (TPOT). A p95 of 30 requests is the
+2nd-largest value, and TTFT's vLLM buckets jump from 1 s to 2.5 s: histogram_quantile's interpolation inside that
+bucket alone can move it by a factor 2.5, and one step slowed by another process moves the tail. So: p50s within
+25%, p95s within a factor 2 (relative error < 1). Either still fails a plan off by a factor (a wrong unit, a
+workload read wrong, a fit that did not converge), which is what the test is for."""
 
 import threading
 import time
@@ -22,7 +24,7 @@ from core.planning.cpu_roofline import measure_roofs
 from tests.real_model import REAL_MODEL, real_model_path
 from tests.serve.lab_server import ServerUnderTest
 
-BOUND = 0.5
+BOUNDS = {"ttft_p50_s": 0.25, "tpot_p50_s": 0.25, "ttft_p95_s": 1.0, "tpot_p95_s": 1.0}
 REQUESTS, RATE = 30, 1.0  # requests, per second: about half of what the server can take at 8 sequences
 MAX_NUM_SEQS = 8
 
@@ -78,4 +80,4 @@ def test_planned_matches_observed_on_core_serve(server):
     print(result.to_dict())  # the measured errors, for docs/live-planned.md (pytest -s)
     assert result.fit.converged, result.fit.to_dict()
     for key, err in result.rel_errors.items():
-        assert err is not None and err < BOUND, (key, result.planned, result.observed)
+        assert err is not None and err < BOUNDS[key], (key, result.planned, result.observed)
