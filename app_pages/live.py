@@ -326,7 +326,7 @@ def draw_planned_vs_observed() -> None:
                    "and hardware cannot reproduce the window's means; check the model, GPU and limits.")  # fmt: skip
     st.caption(
         f"Planned with {plan.planned_with}: the step-time model's overhead ({1000 * fit.model.overhead_s:,.1f} ms "
-        f"per step) and FLOP/s efficiency ({100 * fit.model.flops_efficiency:.0f}%) fitted so that the simulator "
+        f"per step) and FLOP/s ({100 * fit.flops_vs_roof:.0f}% of the roof) fitted so that the simulator "
         "reproduces this window's mean prefill time and mean inter-token latency (the histograms' exact sums); "
         "the percentiles are then predicted, and both sides are read through vLLM's buckets. Redone every "
         "minute. Method and measured errors: docs/live-planned.md."

@@ -11,7 +11,8 @@ Method (docs/live-planned.md):
    means the histograms' sums give; several independent draws (at least `sim_requests` requests in all) pooled,
    so the simulated figures are not one draw's noise. Seeded: the same draws in every simulation.
 2. Fit (method of simulated moments): FIT_PARAMETERS of `base`, overhead_s (fixed time per step) and
-   flops_efficiency, are solved so that the simulator, serving that workload under the server's scheduler limits,
+   flops_efficiency (of base's peak x flops_headroom: 1 for a GPU's datasheet peak, MEASURED_ROOF_HEADROOM for a
+   roof measured on a busy CPU, which the engine's GEMMs can beat), are solved so that the simulator, serving that workload under the server's scheduler limits,
    reproduces two means the histograms give exactly (sum / count): the mean prefill time per request
    (vllm:request_prefill_time_seconds: first scheduled -> first token) and the mean inter-token latency
    (vllm:inter_token_latency_seconds). Two nested monotone root searches on the log parameters (`fit_to_window`);
@@ -49,6 +50,7 @@ FIT_PARAMETERS = ("overhead_s", "flops_efficiency")
 MIN_REQUESTS = 20  # finished requests a window needs before its percentiles mean anything
 MAX_ITERATIONS = 20  # root-search steps, per search
 TOLERANCE = 0.005  # |log(simulated / observed)| a root search stops at
+MEASURED_ROOF_HEADROOM = 4.0  # a measured CPU roof is a sample: the fit may find up to 4x its FLOP/s
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,9 @@ class ServerLimits:
 class HistogramFit:
     """model: `base` with FIT_PARAMETERS fitted; at_bound: those held at a bound; observed / simulated: the two
     moments (prefill_mean_s, itl_mean_s) of the server and of the fitted model's simulation; iterations: the
-    simulations run; converged: both moments within 2 x TOLERANCE in log (False when a bound stopped the fit)."""
+    simulations run; converged: both moments within 2 x TOLERANCE in log (False when a bound stopped the fit).
+    flops_vs_roof: the fitted FLOP/s as a fraction of `base`'s peak_flops (above 1 only with a headroom: the
+    model's peak_flops is then base's x headroom, its flops_efficiency this / headroom)."""
 
     model: StepTimeModel
     at_bound: tuple[str, ...]
@@ -75,10 +79,12 @@ class HistogramFit:
     simulated: dict
     iterations: int
     converged: bool
+    flops_vs_roof: float = 1.0
 
     def to_dict(self) -> dict:
         return {
             **{name: getattr(self.model, name) for name in FIT_PARAMETERS},
+            "flops_vs_roof": self.flops_vs_roof,
             "bandwidth_efficiency_held": self.model.bandwidth_efficiency,
             "at_bound": list(self.at_bound),
             "observed": self.observed,
@@ -212,13 +218,22 @@ def _root(f, lo: float, hi: float) -> tuple[float, float, int]:
 
 
 def fit_to_window(
-    window: ObservedWindow, base: StepTimeModel, limits: ServerLimits, workloads: list[list[Request]]
+    window: ObservedWindow,
+    base: StepTimeModel,
+    limits: ServerLimits,
+    workloads: list[list[Request]],
+    flops_headroom: float = 1.0,
 ) -> tuple[HistogramFit, pd.DataFrame]:
     """Fit FIT_PARAMETERS (module docstring, step 2) on `workloads` (the window's); (the fit, the fitted
     model's simulated requests). Both moments grow with overhead_s and shrink with flops_efficiency, so the fit
     nests two monotone root searches: for a flops_efficiency e, the overhead o(e) that matches the mean ITL;
     then the e at which o(e) also matches the mean prefill time. Bounds: overhead_s in [1 us, the mean ITL],
-    flops_efficiency in [1e-3, 1]. Raises InvalidArgumentError when the window has no prefill or ITL observation."""
+    flops_efficiency in [1e-3, 1] of base's peak_flops x `flops_headroom` (1 for a datasheet peak; more for a
+    roof measured on a shared machine, which a quieter moment of the server can beat). Raises
+    InvalidArgumentError when the window has no prefill or ITL observation."""
+    if not flops_headroom >= 1:
+        raise InvalidArgumentError(f"flops_headroom must be >= 1, got {flops_headroom!r}")
+    base = replace(base, peak_flops=base.peak_flops * flops_headroom)
     target = observed_moments(window)
     if not all(v and v > 0 for v in target.values()):
         raise InvalidArgumentError("the window has no prefill time or inter-token latency to fit")
@@ -252,7 +267,8 @@ def fit_to_window(
         if min(abs(value - b) for b in bounds) < 1e-9
     )
     gaps = [abs(math.log(moments[k] / target[k])) for k in target]
-    fit = HistogramFit(model, at_bound, target, moments, len(cache), max(gaps) <= 2 * TOLERANCE)
+    fit = HistogramFit(model, at_bound, target, moments, len(cache), max(gaps) <= 2 * TOLERANCE,
+                       math.exp(log_e) * flops_headroom)  # fmt: skip
     return fit, frame
 
 
@@ -281,6 +297,7 @@ def plan_against_observed(
     sim_requests: int = 240,
     seed: int = 0,
     min_requests: int = MIN_REQUESTS,
+    flops_headroom: float = 1.0,
 ) -> PlannedVsObserved:
     """Fit `base` to the window and compare its planned TTFT / TPOT p50 / p95 with the observed ones (module
     docstring). Raises InvalidArgumentError when the window finished fewer than `min_requests` requests."""
@@ -290,6 +307,6 @@ def plan_against_observed(
             f"{min_requests} (wait for more traffic or widen the window)"
         )
     workloads = window_workloads(window, sim_requests, limits, seed)
-    fit, frame = fit_to_window(window, base, limits, workloads)
+    fit, frame = fit_to_window(window, base, limits, workloads, flops_headroom)
     planned, exact = planned_latency(frame)
     return PlannedVsObserved(window, fit, planned, exact, window.latency())

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from core.errors import LabError
 from core.live.history import FLEET, LiveHistory
 from core.live.metrics import VllmMetrics
-from core.live.planned import MIN_REQUESTS, PlannedVsObserved, plan_against_observed
+from core.live.planned import MEASURED_ROOF_HEADROOM, MIN_REQUESTS, PlannedVsObserved, plan_against_observed
 from core.live.planned_model import (
     CORE_SERVE_MODELS,
     core_serve_step_model,
@@ -99,7 +99,10 @@ def live_plan(history: LiveHistory, source: str, values: dict, roofs: Callable[[
             after, max_num_seqs=int(values["pvo_seqs"]) or seqs_default,
             max_num_batched_tokens=int(values["pvo_tokens"]) or tokens_default, max_model_len=MAX_MODEL_LEN,
         )  # fmt: skip
-        return LivePlan(plan_against_observed(window, base, limits), planned_with=planned_with)
+        headroom = MEASURED_ROOF_HEADROOM if own else 1.0  # a measured roof, or a GPU's datasheet peak
+        return LivePlan(
+            plan_against_observed(window, base, limits, flops_headroom=headroom), planned_with=planned_with
+        )
     except LabError as err:
         return LivePlan(None, f"Planned vs observed cannot run: {err}", problem=True)
 
