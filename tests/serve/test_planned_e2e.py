@@ -3,12 +3,14 @@ float32 on this CPU) on loopback. A seeded Poisson load (stops by itself) runs b
 core.live fits the step-time model to the server's own histograms and plans the window's TTFT / TPOT p50 / p95
 with the simulator; the planned figures must land within BOUNDS of the observed ones.
 
-BOUNDS (docs/live-planned.md): measured on the 2-core shared machine (other sessions running), two runs:
-p50s within 0.1-6% (TTFT) and 1-3% (TPOT); p95s 27-49% (TTFT) and 3-22% (TPOT). A p95 of 30 requests is the
-2nd-largest value, and TTFT's vLLM buckets jump from 1 s to 2.5 s: histogram_quantile's interpolation inside that
-bucket alone can move it by a factor 2.5, and one step slowed by another process moves the tail. So: p50s within
-25%, p95s within a factor 2 (relative error < 1). Either still fails a plan off by a factor (a wrong unit, a
-workload read wrong, a fit that did not converge), which is what the test is for."""
+BOUNDS (docs/live-planned.md): measured on the 2-core shared machine (other sessions running), five runs:
+TTFT p50 0.1-6%, TPOT p50 0.7-19%, TTFT p95 5-51%, TPOT p95 3-22% (one more run did not converge before the fit
+was given headroom over the sampled CPU roof). The buckets set the scale: TPOT's run 100, 150, 200 ms, so a p50 near
+150 ms reads 10-15% low on one side of the bound and high on the other (one bucket is 33% there); a p95 of 30
+requests is the 2nd-largest value, and TTFT's buckets jump from 1 s to 2.5 s, so interpolation inside that bucket
+alone can move it by a factor 2.5. So: p50s within 40% (a bucket plus margin), p95s within a factor 2 (relative
+error < 1). Either still fails a plan off by a factor (a wrong unit, a workload read wrong, a fit that does not
+converge: asserted too), which is what the test is for."""
 
 import threading
 import time
@@ -24,7 +26,7 @@ from core.planning.cpu_roofline import measure_roofs
 from tests.real_model import REAL_MODEL, real_model_path
 from tests.serve.lab_server import ServerUnderTest
 
-BOUNDS = {"ttft_p50_s": 0.25, "tpot_p50_s": 0.25, "ttft_p95_s": 1.0, "tpot_p95_s": 1.0}
+BOUNDS = {"ttft_p50_s": 0.4, "tpot_p50_s": 0.4, "ttft_p95_s": 1.0, "tpot_p95_s": 1.0}
 REQUESTS, RATE = 30, 1.0  # requests, per second: about half of what the server can take at 8 sequences
 MAX_NUM_SEQS = 8
 
