@@ -12,8 +12,9 @@ Method (docs/live-planned.md):
    so the simulated figures are not one draw's noise. Seeded: the same draws in every simulation.
 2. Fit (method of simulated moments): FIT_PARAMETERS of `base`, overhead_s (fixed time per step) and
    flops_efficiency (of base's peak x flops_headroom: 1 for a GPU's datasheet peak, MEASURED_ROOF_HEADROOM for a
-   roof measured on a busy CPU, which the engine's GEMMs can beat), are solved so that the simulator, serving that workload under the server's scheduler limits,
-   reproduces two means the histograms give exactly (sum / count): the mean prefill time per request
+   roof measured on a busy CPU, which the engine's GEMMs can beat), are solved so that the simulator, serving
+   that workload under the server's scheduler limits, reproduces two means the histograms give exactly
+   (sum / count): the mean prefill time per request
    (vllm:request_prefill_time_seconds: first scheduled -> first token) and the mean inter-token latency
    (vllm:inter_token_latency_seconds). Two nested monotone root searches on the log parameters (`fit_to_window`);
    a parameter the data push past its bound is held there (`at_bound`), and the other moment then fits alone.

@@ -84,7 +84,8 @@ class ServerMetrics:
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              REQUEST_LATENCY_BUCKETS)  # fmt: skip
         self.request_tpot = histogram("vllm:request_time_per_output_token_seconds",
-                                      "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)  # fmt: skip
+                                      "Histogram of time_per_output_token_seconds per request.",
+                                      ITL_BUCKETS)  # fmt: skip
         phase = "Histogram of time spent in {} phase for request."
         self.queue_time = histogram("vllm:request_queue_time_seconds", phase.format("WAITING"),
                                     REQUEST_LATENCY_BUCKETS)  # fmt: skip
@@ -100,7 +101,8 @@ class ServerMetrics:
         self.request_generation_tokens = histogram("vllm:request_generation_tokens",
                                                    "Number of generation tokens processed.", token_buckets)  # fmt: skip
         self.iteration_tokens = histogram("vllm:iteration_tokens_total",
-                                          "Histogram of number of tokens per engine_step.", ITERATION_TOKENS_BUCKETS)  # fmt: skip
+                                          "Histogram of number of tokens per engine_step.",
+                                          ITERATION_TOKENS_BUCKETS)  # fmt: skip
         info = Gauge(
             CACHE_CONFIG_INFO,
             "Information of the LLMEngine CacheConfig",

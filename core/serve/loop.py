@@ -5,10 +5,10 @@ step. Every request is added with `stream=True`, so each step reports every requ
 turns that into vLLM's metrics (TTFT at a request's first token, one inter-token latency per later step that
 gives it tokens, the per-request histograms at the end, one iteration_tokens_total observation per step) and
 hands each output to the request's callback. A request counts as scheduled at the start of the first step after
-which the scheduler runs it (or that finishes it): the time the engine's scheduler took it in that step. After each step it sets the
-gauges (running, waiting, KV usage = 1 - free blocks / blocks, cached-free blocks counted free as in vLLM),
-adds the preemption and prefix-cache deltas, and publishes the KV events the engine's KV cache manager queued
-during the step (`engine.manager.take_events()`, from an engine built with `enable_kv_cache_events=True`:
+which the scheduler runs it (or that finishes it): the time the engine's scheduler took it in that step. After
+each step it sets the gauges (running, waiting, KV usage = 1 - free blocks / blocks, cached-free blocks counted
+free as in vLLM), adds the preemption and prefix-cache deltas, and publishes the KV events the engine's KV cache
+manager queued during the step (`engine.manager.take_events()`, from an engine built with `enable_kv_cache_events=True`:
 BlockStored as computed blocks enter the prefix cache, BlockRemoved on eviction).
 
 Only this thread steps the engine and touches its scheduler; `submit` and `abort` may run on any thread.

@@ -80,7 +80,8 @@ def test_sample_lengths_keeps_the_exact_mean_and_the_buckets():
 
 def test_simulated_moments_by_hand():
     frame = pd.DataFrame({"arrival_time": [0.0, 1.0], "admit_time": [0.5, 1.0], "first_token_time": [1.0, 1.4],
-                          "finish_time": [2.0, 1.4], "output_len": [5, 1], "prompt_len": [3, 3], "n": [1, 1]})  # fmt: skip
+                          "finish_time": [2.0, 1.4], "output_len": [5, 1], "prompt_len": [3, 3],
+                          "n": [1, 1]})  # fmt: skip
     m = simulated_moments(frame)
     assert m["prefill_mean_s"] == pytest.approx((0.5 + 0.4) / 2)
     assert m["itl_mean_s"] == pytest.approx(
