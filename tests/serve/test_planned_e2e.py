@@ -3,9 +3,9 @@ float32 on this CPU) on loopback. A seeded Poisson load (stops by itself) runs b
 core.live fits the step-time model to the server's own histograms and plans the window's TTFT / TPOT p50 / p95
 with the simulator; the planned figures must land within BOUNDS of the observed ones.
 
-BOUNDS (docs/live-planned.md): measured on the 2-core shared machine (other sessions running), five runs:
-TTFT p50 0.1-6%, TPOT p50 0.7-19%, TTFT p95 5-51%, TPOT p95 3-22% (one more run did not converge before the fit
-was given headroom over the sampled CPU roof). The buckets set the scale: TPOT's run 100, 150, 200 ms, so a p50 near
+BOUNDS (docs/live-planned.md): measured on the 2-core shared machine (other sessions running), seven runs:
+TTFT p50 0.1-6%, TPOT p50 0.7-19%, TTFT p95 5-51%, TPOT p95 0.2-22% (one more run did not converge before the
+fit was given headroom over the sampled CPU roof). The buckets set the scale: TPOT's run 100, 150, 200 ms, so a p50 near
 150 ms reads 10-15% low on one side of the bound and high on the other (one bucket is 33% there); a p95 of 30
 requests is the 2nd-largest value, and TTFT's buckets jump from 1 s to 2.5 s, so interpolation inside that bucket
 alone can move it by a factor 2.5. So: p50s within 40% (a bucket plus margin), p95s within a factor 2 (relative
