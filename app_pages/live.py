@@ -9,6 +9,8 @@ from core.live.compare import compare_with_server
 from core.live.history import FLEET
 from core.live.lab_server import LabServer
 from core.live.watch import LiveWatch, PollResult
+from core.page_models.live_planned import PlanCache, live_plan
+from core.planning.cpu_roofline import measure_roofs
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from core.planning.plan import PlanInputs
@@ -17,6 +19,7 @@ from ui.live_figures import (
     comparison_figure,
     hit_rate_figure,
     latency_figure,
+    planned_observed_figure,
     preemptions_figure,
     requests_figure,
     source_colors,
@@ -28,6 +31,7 @@ from ui.query_state import encode_params
 from ui.url_widgets import UrlState
 
 WATCH_KEY = "_live_watch"
+PLAN_KEY = "_live_plan_cache"
 LAB_MODEL_LABELS = {"smollm2-135m-instruct": "SmolLM2-135M-Instruct (real)", "tiny": "tiny random Llama"}
 LATENCY_WINDOW_S = 30.0
 TREE_NOTE = (
@@ -145,6 +149,9 @@ with st.expander("Sources, polling and the plan to compare with", expanded=True)
         state.widget(st.number_input, "Tensor parallel", "tp")
         state.widget(st.number_input, "Context length for concurrency (tokens)", "context")
         state.widget(st.number_input, "Draw the tree of rank", "tree_rank")
+        state.widget(st.number_input, "Planned vs observed: window (s)", "pvo_window")
+        state.widget(st.number_input, "max_num_seqs (0: the server's default)", "pvo_seqs")
+        state.widget(st.number_input, "max_num_batched_tokens (0: the server's default)", "pvo_tokens")
 
 values = dict(state.values)
 state.write_url(encode_params(values, FIELDS))
@@ -292,6 +299,40 @@ def draw_plan() -> None:
         st.markdown(f"- {sentence}")
 
 
+@st.cache_resource(show_spinner=False)
+def cpu_roofs() -> dict:
+    """This machine's memory bandwidth and FLOP/s, measured once per app process (core.serve's hardware)."""
+    return measure_roofs(repeats=6)
+
+
+def draw_planned_vs_observed() -> None:
+    sources_seen = watch.history.sources()
+    if not sources_seen:
+        return
+    source = sources_seen[0]  # the first server: a fit is one server's
+    cache = st.session_state.setdefault(PLAN_KEY, PlanCache())
+    key = (source, *(values[k] for k in ("pvo_window", "pvo_seqs", "pvo_tokens", "model", "gpu", "tp")))
+    now = watch.history.polls[-1].t
+    plan = cache.get(key, now, lambda: live_plan(watch.history, source, values, cpu_roofs))
+    st.subheader("Planned vs observed latency")
+    if plan.result is None:
+        (st.error if plan.problem else st.caption)(plan.reason)
+        return
+    colors = source_colors([*sources_seen, FLEET])
+    st.plotly_chart(planned_observed_figure(plan.result, colors[source], source), width="stretch")
+    fit = plan.result.fit
+    if not fit.converged:
+        st.warning(f"The fit did not converge (held at a bound: {', '.join(fit.at_bound) or 'none'}): this model "
+                   "and hardware cannot reproduce the window's means; check the model, GPU and limits.")  # fmt: skip
+    st.caption(
+        f"Planned with {plan.planned_with}: the step-time model's overhead ({1000 * fit.model.overhead_s:,.1f} ms "
+        f"per step) and FLOP/s ({100 * fit.flops_vs_roof:.0f}% of the roof) fitted so that the simulator "
+        "reproduces this window's mean prefill time and mean inter-token latency (the histograms' exact sums); "
+        "the percentiles are then predicted, and both sides are read through vLLM's buckets. Redone every "
+        "minute. Method and measured errors: docs/live-planned.md."
+    )
+
+
 def _n(value) -> str:
     return "–" if value is None else f"{value:,.0f}"
 
@@ -302,6 +343,7 @@ def live_view() -> None:
     draw_metrics(result)
     draw_events(result)
     draw_plan()
+    draw_planned_vs_observed()
 
 
 with view:

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from core.planning.cpu_roofline import engine_step_model, measure_roofs
 from core.planning.slo_eval import analytic_bounds
 from core.planning.step_fit import fit_step_time
 from core.planning.step_time import StepTimeModel
@@ -66,24 +67,6 @@ METRICS = ("ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
 # on this CPU it is collinear with the FLOP/s roof (both grow with the step's tokens), and the engine's host time
 # per token is under 0.1 ms (its host_ms column).
 CPU_FIT = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "single_token_overhead_s")
-
-
-def measure_roofs(repeats: int = 12) -> dict:
-    """Best-of-`repeats` memory bandwidth (bytes/s, read + write of a 256 MiB copy) and FLOP/s (fp32 matmul): the
-    best sample is the machine least disturbed by other processes, so the fitted efficiencies stay below 1."""
-    src = torch.ones(64 * 1024 * 1024)  # 256 MiB of float32
-    dst = torch.empty_like(src)
-    n = 1536
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    copy, mm = [], []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        dst.copy_(src)
-        copy.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        torch.mm(a, b)
-        mm.append(time.perf_counter() - t)
-    return {"memory_bandwidth": 2 * src.nbytes / min(copy), "peak_flops": 2 * n**3 / min(mm)}
 
 
 class StepLog:
@@ -116,23 +99,14 @@ class StepLog:
 
 
 def base_model(engine, roofs: dict) -> StepTimeModel:
-    """The roofline of the engine's model on this CPU: fp32 weights read once per step, K/V per token, 2 FLOPs per
-    parameter per token outside the LM head and 2 x vocab x hidden per sampled token for it (the engine computes
-    logits for the tokens it samples only: 21% of SmolLM2's parameters), 4 x layers x heads x head_dim per
-    attention pair (efficiencies and overheads to fit)."""
+    """The roofline of the engine's model on this CPU (`core.planning.cpu_roofline.engine_step_model`): fp32
+    weights, efficiencies and overheads to fit."""
     c = engine.config
-    weight_bytes = float(engine.model.weight_bytes)
-    lm_head = float(c.vocab_size * c.hidden_size)
-    return StepTimeModel(
-        weight_bytes=weight_bytes,
-        kv_bytes_per_token=float(c.num_layers * 2 * c.num_kv_heads * c.head_dim * 4),
-        flops_per_token=2.0 * (weight_bytes / 4 - lm_head),
-        lm_head_flops_per_output=2.0 * lm_head,
-        attention_flops_per_pair=4.0 * c.num_layers * c.num_heads * c.head_dim,
-        memory_bandwidth=roofs["memory_bandwidth"],
-        peak_flops=roofs["peak_flops"],
-        overhead_s=0.0,
-    )
+    return engine_step_model(
+        weight_bytes=float(engine.model.weight_bytes), num_layers=c.num_layers, num_heads=c.num_heads,
+        num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+        dtype_bytes=4, roofs=roofs,
+    )  # fmt: skip
 
 
 def _prompt(rng, length: int, low: int, vocab: int) -> list[int]:

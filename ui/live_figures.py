@@ -13,10 +13,12 @@ import plotly.graph_objects as go
 from core.live.compare import Comparison
 from core.live.histogram import Histogram
 from core.live.history import FLEET
+from core.live.planned import PlannedVsObserved
 from core.live.tree import CachedBlockTree, Pool
 from ui.theme import CACHED_BLOCK_COLOR, policy_color, sequence_color
 
 FLEET_COLOR = "#000000"
+PLANNED_COLOR = "#7f7f7f"  # the planner's figures, on every comparison of the page
 PERCENTILES = (0.5, 0.9, 0.99)
 MAX_TREE_NODES = 1_500  # an icicle of more is slow to draw and unreadable
 
@@ -188,7 +190,7 @@ def comparison_figure(c: Comparison) -> go.Figure:
     kinds = ["KV blocks per replica", f"requests of {c.context_len:,} tokens"]
     planned = [c.planned_blocks, c.planned_concurrency]
     observed = [c.observed_blocks, c.observed_concurrency]
-    fig.add_trace(go.Bar(x=kinds, y=planned, name="planned (capacity planner)", marker_color="#7f7f7f",
+    fig.add_trace(go.Bar(x=kinds, y=planned, name="planned (capacity planner)", marker_color=PLANNED_COLOR,
                          text=[f"{v:,}" for v in planned]))  # fmt: skip
     if c.observed_blocks is not None:
         fig.add_trace(go.Bar(x=kinds, y=observed, name="observed (server)", marker_color=policy_color("paged"),
@@ -196,3 +198,36 @@ def comparison_figure(c: Comparison) -> go.Figure:
     fig.update_layout(barmode="group")
     fig.update_yaxes(title="blocks / requests (log scale)", type="log")
     return _layout(fig, f"Predicted against observed (blocks of {c.block_size} tokens)")
+
+
+PVO_LABELS = {
+    "ttft_p50_s": "TTFT p50",
+    "ttft_p95_s": "TTFT p95",
+    "tpot_p50_s": "TPOT p50",
+    "tpot_p95_s": "TPOT p95",
+}
+
+
+def planned_observed_figure(result: PlannedVsObserved, observed_color: str, source: str) -> go.Figure:
+    """Planned (grey: the fitted model's simulation) against observed (`source`'s colour) TTFT / TPOT p50 / p95,
+    in ms, both read by histogram_quantile over vLLM's buckets; (planned - observed) / observed on the planned bars."""
+    keys = [
+        k for k in PVO_LABELS if result.observed.get(k) and result.planned.get(k) is not None
+    ]  # > 0: log y
+    x = [PVO_LABELS[k] for k in keys]
+    planned = [result.planned[k] * 1000 for k in keys]
+    observed = [result.observed[k] * 1000 for k in keys]
+    signed = [100 * (p - o) / o for p, o in zip(planned, observed, strict=True)]  # planned vs observed, %
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=x, y=observed, name=f"observed ({source})", marker_color=observed_color,
+                         text=[f"{v:,.0f}" for v in observed],
+                         hovertemplate="%{x}<br>observed %{y:,.1f} ms<extra></extra>"))  # fmt: skip
+    fig.add_trace(go.Bar(x=x, y=planned, name="planned (fitted step-time model, simulated)",
+                         marker_color=PLANNED_COLOR,
+                         text=[f"{v:,.0f} ({e:+.0f}%)" for v, e in zip(planned, signed, strict=True)],
+                         hovertemplate="%{x}<br>planned %{y:,.1f} ms<extra></extra>"))  # fmt: skip
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title="latency (ms, log scale)", type="log")
+    w = result.window
+    return _layout(fig, f"Planned vs observed over {w.seconds:,.0f} s ({w.requests:,.0f} requests, "
+                        f"{w.request_rate:,.2f} req/s)")  # fmt: skip

@@ -45,6 +45,13 @@ class VllmMetrics:
     itl: Histogram | None = None  # inter-token latency, seconds
     e2e: Histogram | None = None  # end-to-end request latency, seconds
     queue_time: Histogram | None = None  # seconds waiting before scheduled
+    request_tpot: Histogram | None = None  # per finished request: decode time / (output tokens - 1), seconds
+    prefill_time: Histogram | None = None  # per finished request: first scheduled -> first token, seconds
+    decode_time: Histogram | None = None  # per finished request: first token -> last token, seconds
+    inference_time: Histogram | None = None  # per finished request: first scheduled -> last token, seconds
+    request_prompt_tokens: Histogram | None = None  # prompt tokens per finished request
+    request_generation_tokens: Histogram | None = None  # output tokens per finished request
+    iteration_tokens: Histogram | None = None  # tokens per engine step (prompts counted at their first token)
     cache_config: tuple[tuple[str, str], ...] = ()  # all of vllm:cache_config_info's labels (first engine's)
     engines: tuple[str, ...] = ()  # `engine` label values summed here
     model_names: tuple[str, ...] = ()

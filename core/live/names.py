@@ -4,7 +4,8 @@ Names are the metric names as registered (prometheus_client appends `_total` to 
 `_created` gauge; a histogram's samples end in `_bucket`, `_sum`, `_count`). Every field the lab reads has the
 name vLLM publishes today first, then the names it published before (pre-0.9 V1 and V0), tried in that order.
 Labels on every metric: `model_name` and `engine` (the data-parallel index, as a string).
-Bucket bounds are vLLM V1's (seconds), so our server's histograms bin like vLLM's.
+Bucket bounds are vLLM V1's (`vllm/v1/metrics/loggers.py`), so our server's histograms bin like vLLM's: seconds for
+the timings, tokens for `ITERATION_TOKENS_BUCKETS` and `request_token_buckets(max_model_len)`.
 """
 
 GAUGES: dict[str, tuple[str, ...]] = {
@@ -30,6 +31,13 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
     "e2e": ("vllm:e2e_request_latency_seconds",),
     "queue_time": ("vllm:request_queue_time_seconds",),
+    "request_tpot": ("vllm:request_time_per_output_token_seconds",),  # per request: decode / (tokens - 1)
+    "prefill_time": ("vllm:request_prefill_time_seconds",),  # first scheduled -> first token
+    "decode_time": ("vllm:request_decode_time_seconds",),  # first token -> last token
+    "inference_time": ("vllm:request_inference_time_seconds",),  # first scheduled -> last token
+    "request_prompt_tokens": ("vllm:request_prompt_tokens",),  # tokens per finished request
+    "request_generation_tokens": ("vllm:request_generation_tokens",),
+    "iteration_tokens": ("vllm:iteration_tokens_total",),  # a histogram despite the name: tokens per step
 }
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # a gauge of value 1 whose labels carry the cache config
@@ -45,3 +53,16 @@ REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
     1920.0, 7680.0,
 )  # fmt: skip
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def request_token_buckets(max_model_len: int) -> tuple[int, ...]:
+    """vLLM's buckets of the per-request token histograms (request_prompt_tokens, request_generation_tokens):
+    1, 2, 5, 10, 20, 50, ... up to and including max_model_len (its `build_1_2_5_buckets`)."""
+    out, scale = [], 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_model_len:
+                return tuple(out)
+            out.append(mantissa * scale)
+        scale *= 10

@@ -3,10 +3,12 @@
 Continuous batching comes from the engine: a request added between steps joins the running batch at the next
 step. Every request is added with `stream=True`, so each step reports every request that got tokens; the loop
 turns that into vLLM's metrics (TTFT at a request's first token, one inter-token latency per later step that
-gives it tokens, e2e at the end) and hands each output to the request's callback. After each step it sets the
-gauges (running, waiting, KV usage = 1 - free blocks / blocks, cached-free blocks counted free as in vLLM),
-adds the preemption and prefix-cache deltas, and publishes the KV events the engine's KV cache manager queued
-during the step (`engine.manager.take_events()`, from an engine built with `enable_kv_cache_events=True`:
+gives it tokens, the per-request histograms at the end, one iteration_tokens_total observation per step) and
+hands each output to the request's callback. A request counts as scheduled at the start of the first step after
+which the scheduler runs it (or that finishes it): the time the engine's scheduler took it in that step. After
+each step it sets the gauges (running, waiting, KV usage = 1 - free blocks / blocks, cached-free blocks counted
+free as in vLLM), adds the preemption and prefix-cache deltas, and publishes the KV events the engine's KV cache
+manager queued during the step (`engine.manager.take_events()`, from an engine built with `enable_kv_cache_events=True`:
 BlockStored as computed blocks enter the prefix cache, BlockRemoved on eviction).
 
 Only this thread steps the engine and touches its scheduler; `submit` and `abort` may run on any thread.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from core.engine import Engine, SamplingParams
 from core.engine.sequence import RequestOutput
 from core.errors import InvalidArgumentError
-from core.serve.exporter import ServerMetrics
+from core.serve.exporter import FinishedRequest, ServerMetrics
 from core.serve.kv_publisher import ZmqEventPublisher
 
 IDLE_WAIT_S = 0.05
@@ -32,6 +34,7 @@ class _Tracked:
     arrival: float
     prompt_len: int = 0
     tokens: int = 0
+    scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
 
@@ -96,6 +99,7 @@ class EngineLoop:
                 self._wake.clear()
                 self._update_gauges()
                 continue
+            started = time.perf_counter()
             try:
                 outputs = self.engine.step()
             except Exception as err:  # the engine dropped every request: tell each one
@@ -106,34 +110,56 @@ class EngineLoop:
                 continue
             self.steps += 1
             now = time.perf_counter()
-            for out in outputs:
-                self._deliver(out, now)
+            self._mark_scheduled(started, outputs)
+            step_tokens = sum(self._deliver(out, now) for out in outputs)
+            self.metrics.iteration_tokens.observe(step_tokens)
             self._update_gauges()
 
-    def _deliver(self, out: RequestOutput, now: float) -> None:
+    def _mark_scheduled(self, started: float, outputs: list[RequestOutput]) -> None:
+        """Record `started` as the scheduled time of every request the step ran for the first time."""
+        ids = [g.request_id for g in self.engine.scheduler.running] + [o.request_id for o in outputs]
+        with self._lock:
+            for request_id in ids:
+                tracked = self._requests.get(request_id)
+                if tracked is not None and tracked.scheduled_at is None:
+                    tracked.scheduled_at = started
+
+    def _deliver(self, out: RequestOutput, now: float) -> int:
+        """Observe `out`'s metrics and hand it to its callback; the tokens it adds to the step's
+        iteration_tokens_total (its prompt at its first token, plus its new tokens)."""
         with self._lock:
             tracked = self._requests.get(out.request_id)
         if tracked is None:
-            return  # aborted meanwhile
+            return 0  # aborted meanwhile
         tokens = sum(len(o.token_ids) for o in out.outputs)
         new = tokens - tracked.tokens
         m = self.metrics
+        step_tokens = max(new, 0)
         if new > 0:
             if tracked.first_token_at is None:
                 tracked.first_token_at = now
                 m.ttft.observe(now - tracked.arrival)
                 m.prompt_tokens.inc(len(out.prompt_token_ids))
+                step_tokens += len(out.prompt_token_ids)
             else:
                 m.itl.observe(now - tracked.last_token_at)
             tracked.last_token_at = now
             tracked.tokens = tokens
             m.generation_tokens.inc(new)
         if out.finished:
-            m.e2e.observe(now - tracked.arrival)
-            m.request_finished(out.outputs[0].finish_reason if out.outputs else "abort")
+            reason = out.outputs[0].finish_reason if out.outputs else "abort"
+            if tracked.first_token_at is None:  # finished without a token: only its e2e latency is defined
+                m.e2e.observe(now - tracked.arrival)
+                m.request_finished(reason)
+            else:
+                scheduled = tracked.arrival if tracked.scheduled_at is None else tracked.scheduled_at
+                m.request_finished(reason, FinishedRequest(tracked.arrival, scheduled, tracked.first_token_at,
+                                                           tracked.last_token_at, len(out.prompt_token_ids),
+                                                           tracked.tokens))  # fmt: skip
             with self._lock:
                 self._requests.pop(out.request_id, None)
         tracked.callback(out, None)
+        return step_tokens
 
     def _update_gauges(self) -> None:
         engine, m = self.engine, self.metrics

@@ -119,7 +119,8 @@ def build_served(
     name = served_name or name
     dtype = str(engine.model.dtype).removeprefix("torch.")
     metrics = ServerMetrics(name, block_size=engine.block_size, num_gpu_blocks=engine.num_blocks,
-                            prefix_caching=prefix_caching, dtype=dtype)  # fmt: skip
+                            prefix_caching=prefix_caching, dtype=dtype,
+                            max_model_len=engine.config.max_position_embeddings)  # fmt: skip
     publisher = None
     if events is not None:
         publisher = ZmqEventPublisher(events.endpoint, events.replay_endpoint, events.topic, events.buffer_steps,

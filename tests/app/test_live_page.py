@@ -184,3 +184,30 @@ def test_one_click_lab_server_with_load(monkeypatch):
         assert not at.exception
     finally:
         lab_server.stop_all()
+
+
+def test_planned_vs_observed_section():
+    """Two polls of core.serve's own exporter (a llama-3.1-8b served name, planned on one H100): before any traffic,
+    then after 24 finished requests. The first run has one poll (the section waits), the second plans the window."""
+    from core.serve.exporter import FinishedRequest, ServerMetrics
+
+    metrics = ServerMetrics("meta-llama/Llama-3.1-8B", block_size=16, num_gpu_blocks=4000, prefix_caching=False,
+                            dtype="bfloat16")  # fmt: skip
+    s = MetricsServer({"/metrics": metrics.render()})
+    try:
+        at = live({"metrics": s.url(), "pvo_seqs": "16", "pvo_tokens": "2048"})
+        assert any(c.value == "Planned vs observed needs two polls of the server." for c in at.caption)
+        for i in range(24):
+            first, last = 0.05 + 0.002 * i, 0.05 + 0.002 * i + 0.02 * 49
+            metrics.ttft.observe(first)
+            for _ in range(49):
+                metrics.itl.observe(0.02)
+            metrics.request_finished("length", FinishedRequest(0.0, 0.01, first, last, 500, 50))
+        s.httpd.routes["/metrics"] = metrics.render()
+        at.run()
+        assert not at.exception, at.exception
+        assert any(h.value == "Planned vs observed latency" for h in at.subheader)
+        assert not at.error, [e.value for e in at.error]
+        assert any("Planned with llama-3.1-8b on 1 x h100-80gb" in c.value for c in at.caption)
+    finally:
+        s.close()

@@ -70,3 +70,25 @@ def test_comparison_bars():
     fig = comparison_figure(c)
     assert [t.name for t in fig.data] == ["planned (capacity planner)", "observed (server)"]
     assert list(fig.data[1].y) == [20_000, 20_000 // 256]
+
+
+def test_planned_observed_bars_in_ms_with_the_source_colour():
+    from core.live.planned import HistogramFit, PlannedVsObserved
+    from core.planning.step_time import opt_13b_a100
+    from tests.live.simulated_server import simulated_server
+    from ui.live_figures import PLANNED_COLOR, planned_observed_figure
+
+    _, window = simulated_server(n=20)
+    fit = HistogramFit(opt_13b_a100(), (), {}, {}, 1, True)
+    planned = {"ttft_p50_s": 0.2, "ttft_p95_s": 0.5, "tpot_p50_s": 0.05, "tpot_p95_s": None}
+    observed = {"ttft_p50_s": 0.25, "ttft_p95_s": 0.4, "tpot_p50_s": 0.0, "tpot_p95_s": 0.1}
+    fig = planned_observed_figure(PlannedVsObserved(window, fit, planned, {}, observed), "#123456", "srv")
+    observed_bars, planned_bars = fig.data
+    assert list(observed_bars.x) == [
+        "TTFT p50",
+        "TTFT p95",
+    ]  # a 0 observed (log axis) or a None planned left out
+    assert list(observed_bars.y) == [250.0, 400.0] and list(planned_bars.y) == [200.0, 500.0]
+    assert observed_bars.marker.color == "#123456" and planned_bars.marker.color == PLANNED_COLOR
+    assert list(planned_bars.text) == ["200 (-20%)", "500 (+25%)"]  # (planned - observed) / observed
+    assert "ms" in fig.layout.yaxis.title.text and observed_bars.name == "observed (srv)"

@@ -1,0 +1,104 @@
+"""What planned vs observed (`core.live.planned`) plans with: the step-time roofline of the server's model on its
+hardware (efficiencies and overhead then fitted to its histograms) and the scheduler limits it runs under.
+
+- A vLLM server: the model from its `model_name` label when that is a planner preset (`core.planning.models`:
+  the slug, or its Hugging Face repository, case-insensitive) or the preset the user picks; the hardware a GPU
+  preset (`core.planning.hardware`) with a tensor-parallel size (`core.planning.step_time.from_specs`).
+- `core.serve` on this CPU: its model's own config (`tiny`, or the cached real model's GGUF header; nothing is
+  downloaded) and weights in the served dtype (vllm:cache_config_info's cache_dtype), on the roofs measured in
+  this process (`core.planning.cpu_roofline`). The roofs are the server machine's only when the page runs there.
+- Limits: the KV capacity from vllm:cache_config_info (num_gpu_blocks x block_size); max_num_seqs,
+  max_num_batched_tokens and max_model_len are not in /metrics: the user's (vLLM's defaults offered).
+"""
+
+from core.errors import InvalidArgumentError
+from core.live.metrics import VllmMetrics
+from core.live.planned import ServerLimits
+from core.planning.cpu_roofline import engine_step_model
+from core.planning.hardware import get_gpu
+from core.planning.models import MODELS, get_model
+from core.planning.step_time import StepTimeModel, from_specs
+
+CORE_SERVE_MODELS = ("tiny", "smollm2-135m-instruct")  # the names `python -m core.serve --model` serves as
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def preset_for(served_name: str | None) -> str | None:
+    """The planner preset a served model name is, or None: the slug itself, or the preset whose Hugging Face
+    repository equals it (case-insensitive; "meta-llama/Llama-3.1-8B" finds llama-3.1-8b)."""
+    if not served_name:
+        return None
+    name = served_name.strip().lower()
+    for slug, spec in MODELS.items():
+        if name == slug or (spec.hf_repo and name == spec.hf_repo.lower()):
+            return slug
+    return None
+
+
+def gpu_step_model(model_slug: str, gpu_slug: str, tensor_parallel: int = 1) -> StepTimeModel:
+    """The roofline of a preset model on `tensor_parallel` preset GPUs. Raises InvalidArgumentError naming the
+    known presets when either is unknown."""
+    return from_specs(get_model(model_slug), get_gpu(gpu_slug), tensor_parallel=tensor_parallel)
+
+
+def core_serve_step_model(served_name: str, roofs: dict, dtype: str = "float32") -> StepTimeModel:
+    """The roofline of `core.serve`'s model `served_name` (CORE_SERVE_MODELS) on these roofs. Raises
+    InvalidArgumentError for another name, an unknown dtype, or a real model that is not in the model cache."""
+    from core.engine.config import TINY_LLAMA, ModelConfig
+    from core.engine.weights import expected_shapes
+
+    if dtype not in DTYPE_BYTES:
+        raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    if served_name == "tiny":
+        config = ModelConfig.from_dict(TINY_LLAMA)
+    elif served_name in CORE_SERVE_MODELS:
+        from core.engine.fetch import cached_model
+        from core.engine.gguf_file import gguf_config
+
+        path = cached_model(served_name)
+        if path is None:
+            raise InvalidArgumentError(
+                f"{served_name} is not in the model cache: `python -m core.engine.fetch {served_name}` fetches it"
+            )
+        config = gguf_config(path)
+    else:
+        raise InvalidArgumentError(
+            f"{served_name!r} is not a core.serve model; known: {', '.join(CORE_SERVE_MODELS)}"
+        )
+    size = DTYPE_BYTES[dtype]
+    weights = sum(_numel(shape) for shape in expected_shapes(config).values()) * size
+    return engine_step_model(
+        weight_bytes=float(weights), num_layers=config.num_layers, num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads, head_dim=config.head_dim, hidden_size=config.hidden_size,
+        vocab_size=config.vocab_size, dtype_bytes=size, roofs=roofs,
+    )  # fmt: skip
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for n in shape:
+        out *= n
+    return out
+
+
+def limits_from_metrics(
+    metrics: VllmMetrics, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+) -> ServerLimits:
+    """The server's limits: its KV pool from vllm:cache_config_info, the rest as given. Raises
+    InvalidArgumentError when the server does not publish its pool or a limit is not a positive integer."""
+    if not metrics.num_gpu_blocks or not metrics.block_size:
+        raise InvalidArgumentError(
+            "the server publishes no vllm:cache_config_info with num_gpu_blocks and block_size: its KV pool "
+            "is unknown"
+        )
+    for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                        ("max_model_len", max_model_len)):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+    return ServerLimits(
+        kv_capacity_tokens=metrics.num_gpu_blocks * metrics.block_size,
+        block_size=metrics.block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_seq_len=max_model_len,
+    )

@@ -1,0 +1,92 @@
+"""The Live page's planned vs observed: the window it takes from the poll history, what it reports without enough
+traffic or with a model it cannot plan, and a full plan of a simulated server read as scrapes."""
+
+from dataclasses import replace
+
+import pytest
+
+from core.live.history import LiveHistory
+from core.live.metrics import VllmMetrics
+from core.page_models.live_planned import PlanCache, live_plan, window_scrapes
+from tests.live.simulated_server import simulated_server
+
+VALUES = {
+    "pvo_window": 120.0,
+    "pvo_seqs": 8,
+    "pvo_tokens": 2048,
+    "model": "none",
+    "gpu": "h100-80gb",
+    "tp": 1,
+}
+ROOFS = {"memory_bandwidth": 26e9, "peak_flops": 80e9}
+
+
+def scrape(window, name="tiny", blocks=64) -> VllmMetrics:
+    return VllmMetrics(ttft=window.ttft, itl=window.itl, e2e=window.e2e, prefill_time=window.prefill_time,
+                       request_prompt_tokens=window.prompt_tokens, request_generation_tokens=window.output_tokens,
+                       request_tpot=window.tpot, num_gpu_blocks=blocks, block_size=16, model_names=(name,))  # fmt: skip
+
+
+def history_of(*polls) -> LiveHistory:
+    h = LiveHistory()
+    for t, m in polls:
+        h.record(t, {"srv": m})
+    return h
+
+
+def test_window_is_the_last_poll_against_the_earliest_within_the_window():
+    a, b, c = VllmMetrics(num_preemptions=1), VllmMetrics(num_preemptions=2), VllmMetrics(num_preemptions=3)
+    h = history_of((0.0, a), (100.0, b), (150.0, c))
+    assert window_scrapes(h, "srv", 60.0) == (b, c, 50.0)
+    assert window_scrapes(h, "srv", 1000.0) == (a, c, 150.0)
+    assert window_scrapes(h, "srv", 10.0) == (b, c, 50.0)  # the window holds one poll: the previous one
+    assert window_scrapes(history_of((0.0, a)), "srv", 60.0) is None
+
+
+def empty_like(window) -> VllmMetrics:
+    """A scrape before any traffic: every histogram of the window with zero counts."""
+
+    def zero(h):
+        return replace(h, cumulative=tuple(0.0 for _ in h.cumulative), sum=0.0, count=0.0)
+
+    return scrape(replace(window, ttft=zero(window.ttft), itl=zero(window.itl), e2e=zero(window.e2e),
+                          prefill_time=zero(window.prefill_time), prompt_tokens=zero(window.prompt_tokens),
+                          output_tokens=zero(window.output_tokens), tpot=zero(window.tpot)))  # fmt: skip
+
+
+def test_reasons_without_enough_traffic_or_a_plannable_model():
+    _, small = simulated_server(n=10)
+    plan = live_plan(
+        history_of((0.0, empty_like(small)), (60.0, scrape(small))), "srv", VALUES, lambda: ROOFS
+    )
+    assert plan.result is None and not plan.problem and "10 request(s)" in plan.reason
+    _, window = simulated_server(n=30)
+    h = history_of((0.0, empty_like(window)), (60.0, scrape(window, name="someone/unknown-7b")))
+    plan = live_plan(h, "srv", VALUES, lambda: ROOFS)
+    assert plan.result is None and plan.problem and "not a planner preset" in plan.reason
+
+
+def test_a_core_serve_window_is_planned_on_the_cpu_roofs():
+    """The simulated server has SmolLM2-135M's shapes (tests.live.test_planned.BASE): planned as the real model
+    it converges; planned as the tiny model (a 0.6 MB roofline) no FLOP/s efficiency in (0, 1] explains its
+    prefill times, and the fit says it did not converge rather than pretending."""
+    from core.engine.fetch import cached_model
+
+    _, window = simulated_server(n=40)
+    calls = []
+    tiny = live_plan(history_of((0.0, empty_like(window)), (window.seconds, scrape(window))), "srv", VALUES,
+                     lambda: calls.append(1) or ROOFS)  # fmt: skip
+    assert tiny.planned_with == "tiny (float32) on this machine's CPU" and calls == [1]
+    assert tiny.result is not None and not tiny.result.fit.converged
+    if cached_model("smollm2-135m-instruct") is None:
+        pytest.skip("the real model is not in the model cache")
+    h = history_of((0.0, empty_like(window)), (window.seconds, scrape(window, "smollm2-135m-instruct")))
+    plan = live_plan(h, "srv", VALUES, lambda: ROOFS)
+    assert plan.result is not None and plan.result.fit.converged and plan.result.window.requests == 40
+    # the bandwidth efficiency is held at 1 (the truth has 0.8) and not identifiable from histograms: the fitted
+    # overhead absorbs it on average, but the TPOT tail moves (measured: p50s <= 17%, TPOT p95 31%)
+    assert max(plan.result.rel_errors.values()) < 0.5
+    cache = PlanCache()
+    first = cache.get("k", 0.0, lambda: plan)
+    assert cache.get("k", 30.0, lambda: pytest.fail("recomputed within REFRESH_S")) is first
+    assert cache.get("k", 61.0, lambda: replace(plan, planned_with="again")).planned_with == "again"
