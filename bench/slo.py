@@ -14,7 +14,7 @@ other whenever another process takes a core), at niceness PRIORITY_NICE when all
 2. Sweep (`calibrate`): a closed loop without a clock, SWEEP_LEVELS requests kept in flight (1..8, then 10..16),
    `steps_per_level` steps at each, newcomers' prompts 8-160 tokens and outputs 4-40 (seed 1, the same every
    sweep): every decode batch size the engine runs (on this CPU the step time is not monotonic in it: three
-   decodes take ~75 ms, four ~55 ms) and decodes mixed with newcomers' prefill chunks, the steps a served
+   decodes take 75-93 ms, four 55-65 ms) and decodes mixed with newcomers' prefill chunks, the steps a served
    workload is made of. Every step's load is `core.sched.step_load` of the engine's own scheduled step, its time
    the engine's step_time_ms; the first WARMUP_STEPS are dropped.
 3. Fit (`core.planning.step_fit.fit_step_time`, least squares on relative error): bandwidth and FLOP/s
