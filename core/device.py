@@ -1,20 +1,31 @@
-"""The torch device the lab computes on, and the operator's memory budget for tensors."""
+"""The torch device the lab computes on, and the operator's memory budget for tensors.
 
-import torch
+torch is imported inside the functions that need it: `core.common` imports this module for format_bytes and
+the budget, and the planners' command lines (`python -m core.planning`, `... slo`) never touch a tensor, so
+they start without torch's ~2 s import."""
+
+from typing import TYPE_CHECKING
 
 from core.limits import read_limit
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_MAX_BYTES = 4 * 1024**3
 MAX_BYTES_ENV = "PAGED_LAB_MAX_BYTES"
 
 
-def default_device() -> torch.device:
+def default_device() -> "torch.device":
     """CUDA when `torch.cuda.is_available()`, else CPU."""
+    import torch
+
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def device_label(device: torch.device | None = None) -> str:
+def device_label(device: "torch.device | None" = None) -> str:
     """A human label such as 'cuda:0 (NVIDIA H200)' or 'cpu (2 threads)'."""
+    import torch
+
     device = device or default_device()
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()

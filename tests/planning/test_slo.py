@@ -121,14 +121,20 @@ def test_a_reused_simulation_is_the_run_it_stands_for():
     [
         (lambda: Slo(ttft_p95_s=-1.0), "must be greater than 0"),
         (lambda: Slo(ttft_p95_s=0.0, tpot_p95_s=0.05), "must be greater than 0"),
+        (lambda: Slo(tpot_p95_s=-0.05), "tpot_p95_s .* must be greater than 0, got -0.05"),
+        (lambda: Slo(ttft_p95_s=float("nan")), "must be a finite number, got nan"),
+        (lambda: Slo(ttft_p95_s=1.0, tpot_p95_s=float("inf")), "tpot_p95_s .* finite"),
+        (lambda: SloWorkload(rate=float("nan"), prompt_len=10, output_len=10), "rate .* finite"),
+        (lambda: SloWorkload(rate=-2.0, prompt_len=10, output_len=10), "rate .* greater than 0"),
         (lambda: Slo(), "needs a TTFT p95 or a TPOT p95"),
         (lambda: SloWorkload(rate=0.0, prompt_len=10, output_len=10), "rate"),
         (lambda: SloCandidates(gpus=("h900",)), "unknown GPU"),
     ],
 )
 def test_bad_inputs_are_refused_with_what_is_allowed(build, message):
-    with pytest.raises(InvalidArgumentError, match=message):
+    with pytest.raises(InvalidArgumentError, match=message) as info:
         build()
+    assert str(pickle.loads(pickle.dumps(info.value))) == str(info.value)  # errors travel between job workers
 
 
 def test_slos_nothing_meets_say_what_and_by_how_much():
@@ -143,6 +149,10 @@ def test_slos_nothing_meets_say_what_and_by_how_much():
         plan_slo("llama-3.1-8b", SloWorkload(rate=1.0, prompt_len=100, output_len=10), Slo(tpot_p95_s=1e-4))
     assert info.value.metric == "tpot_p95_s" and info.value.best > 1e-4
     assert f"{info.value.shortfall:.2f}x the target" in str(info.value)
+    with pytest.raises(SloInfeasibleError) as info:  # TTFT: a 2,000-token prefill takes longer than 1 ms
+        plan_slo("llama-3.1-8b", SloWorkload(rate=1.0, prompt_len=2000, output_len=10), Slo(ttft_p95_s=1e-3))
+    assert info.value.metric == "ttft_p95_s" and info.value.shortfall > 1 and info.value.plan.configs
+    assert "TTFT p95 <= 0.001 s cannot be met" in str(info.value)
     with pytest.raises(SloInfeasibleError) as info:
         plan_slo("llama-3.1-405b", SloWorkload(rate=1.0, prompt_len=100, output_len=10), Slo(1.0),
                  SloCandidates(gpus=("l40s",), max_gpus=2))  # fmt: skip

@@ -1,0 +1,87 @@
+"""Time the SLO planner's command line as a user runs it and print one JSON object.
+
+    python -m bench.slo_cli [--repeats 3]
+
+For each case (issue 23's: Llama-3.1-8B at 12 req/s and Llama-3.1-70B at 4 and 12 req/s, 2,000 prompt / 300
+output tokens, TTFT p95 <= 1 s, TPOT p95 <= 50 ms, on the H100 / H200 / L40S presets) the whole command
+`python -m core.planning slo ...` runs in a fresh interpreter `--repeats` times: wall_s (median, min, max),
+the search's own elapsed_s (from the JSON it prints), the exit status (2 when no configuration meets the SLO:
+an answer too), the answer (the cheapest configuration, or the error), and how many configurations were
+evaluated / simulated. The baseline, measured in the same run: a fresh interpreter that only imports the
+command's module (`import core.planning.slo_cli`: torch, pandas and the planner), so ratio_to_import says how
+much of the wall time is the search. target_met: every case's slowest run under TARGET_S (issue 23: "answers
+... in under 10 s"). The machine is shared: the load average before and after is recorded.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+TARGET_S = 10.0
+COMMON = ["--prompt-len", "2000", "--output-len", "300", "--ttft-p95", "1", "--tpot-p95", "0.05",
+          "--gpus", "h100-80gb", "h200-141gb", "l40s"]  # fmt: skip
+CASES = {
+    "llama-3.1-8b@12": ["--model", "llama-3.1-8b", "--rate", "12", *COMMON],
+    "llama-3.1-70b@4": ["--model", "llama-3.1-70b", "--rate", "4", *COMMON],
+    "llama-3.1-70b@12": ["--model", "llama-3.1-70b", "--rate", "12", *COMMON],
+}
+
+
+def _run(args: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, check=False)
+    return time.perf_counter() - started, done
+
+
+def _spread(times: list[float]) -> dict:
+    return {"median": statistics.median(times), "min": min(times), "max": max(times), "runs": times}
+
+
+def _answer(body: dict) -> dict:
+    best = body.get("best")
+    if best is None:
+        return {"error": body.get("error", {}).get("message")}
+    keys = ("gpu", "num_gpus", "tp", "pp", "replicas", "max_num_seqs", "kv_dtype", "ttft_p95_s", "tpot_p95_s",
+            "throughput_tokens_per_s", "binding")  # fmt: skip
+    return {k: best[k] for k in keys}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    baseline = [_run(["-c", "import core.planning.slo_cli"])[0] for _ in range(args.repeats)]
+    cases = {}
+    for name, argv in CASES.items():
+        walls, searches, body, status = [], [], {}, None
+        for _ in range(args.repeats):
+            wall, done = _run(["-m", "core.planning", "slo", *argv])
+            if done.returncode not in (0, 2) or not done.stdout.strip():
+                raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr[-2000:]}")
+            body, status = json.loads(done.stdout), done.returncode
+            walls.append(wall)
+            searches.append(body["elapsed_s"])
+        cases[name] = {
+            "argv": argv, "exit_status": status, "wall_s": _spread(walls), "search_s": _spread(searches),
+            "ratio_to_import": statistics.median(walls) / statistics.median(baseline),
+            "num_candidates": body["num_candidates"], "num_evaluated": body["num_evaluated"],
+            "num_simulated": body["num_simulated"], "num_reused": body["num_reused"], "answer": _answer(body),
+        }  # fmt: skip
+    slowest = max(c["wall_s"]["max"] for c in cases.values())
+    print(json.dumps({
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "python": platform.python_version(), "load_average_before": load_before,
+                    "load_average_after": os.getloadavg()},
+        "target_s": TARGET_S, "baseline_import_s": _spread(baseline), "cases": cases,
+        "slowest_wall_s": slowest, "target_met": slowest < TARGET_S,
+    }, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
