@@ -1,4 +1,4 @@
-"""Published GPU figures against the model: every row of docs/slo.md's table is recomputed and held to the error
+"""Published GPU figures against the model: every row of the README table is recomputed and held to the error
 the table states; the benchmark settings it reproduces are checked by hand; the fit is a least-squares optimum."""
 
 import math
@@ -24,7 +24,7 @@ ROW = re.compile(
 
 
 def _table() -> list[dict]:
-    rows = [m.groupdict() for m in map(ROW.match, (ROOT / "docs" / "slo.md").read_text().splitlines()) if m]
+    rows = [m.groupdict() for m in map(ROW.match, (ROOT / "README.md").read_text().splitlines()) if m]
     assert len(rows) == len(FIGURES) == 40
     return rows
 

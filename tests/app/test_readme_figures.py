@@ -1,0 +1,94 @@
+"""The README's "Measured" table says what the benchmark runs saved in bench/results/ printed: each figure is
+recomputed here from those JSON objects (medians and ranges over the saved runs) and must appear, as formatted, in
+its row. A rerun that changes a figure changes the saved JSON and the README together, or this fails."""
+
+import json
+import math
+import statistics
+
+import numpy as np
+
+from core.planning.published import comparison
+from tests.conftest import ROOT
+
+README = (ROOT / "README.md").read_text()
+
+
+def _row(starts: str) -> str:
+    """The README table row whose first cell starts with `starts`."""
+    rows = [line for line in README.splitlines() if line.startswith(f"| {starts}")]
+    assert len(rows) == 1, f"one README row should start with {starts!r}, found {len(rows)}"
+    return rows[0]
+
+
+def _saved(name: str) -> dict:
+    return json.loads((ROOT / "bench" / "results" / name).read_text())
+
+
+def _span(values, fmt: str) -> str:
+    return f"{min(values):{fmt}}–{max(values):{fmt}}"
+
+
+def _kernel_figures(name: str) -> list[str]:
+    """The figures a kernel row states: median fp32 ratio (and range over runs), share of copy bandwidth (and
+    range), median bf16 and fp32 times of the `cpu` backend."""
+    runs = _saved(name)["runs"]
+    ratio, share, fp32_ms, bf16_ms = [], [], [], []
+    for run in runs:
+        cpu = {r["dtype"]: r for r in run["results"] if r["backend"] == "cpu"}
+        ratio.append(cpu["float32"]["ratio"])
+        share.append(100 * cpu["float32"]["achieved_gbps"] / run["copy_gbps"])
+        fp32_ms.append(cpu["float32"]["paged_ms"])
+        bf16_ms.append(cpu["bfloat16"]["paged_ms"])
+    return [
+        f"{statistics.median(ratio):.2f}×",
+        f"({_span(ratio, '.2f')}, {len(runs)} runs)",
+        f"{statistics.median(share):.0f} % of `copy_` bandwidth ({_span(share, '.0f')}",
+        f"bf16 {statistics.median(bf16_ms):.1f} ms against fp32 {statistics.median(fp32_ms):.1f} ms",
+    ]
+
+
+def test_the_kernel_rows_are_the_saved_runs():
+    for starts, name in (("paged decode attention", "attention-avx512.json"), ("the same kernel built for AVX2",
+                                                                              "attention-avx2.json")):  # fmt: skip
+        row = _row(starts)
+        for figure in _kernel_figures(name):
+            assert figure in row, (name, figure, row)
+
+
+def test_the_kernel_runs_were_built_for_the_isa_the_row_names():
+    for name, isa, aten in (
+        ("attention-avx512.json", "avx512", "AVX512"),
+        ("attention-avx2.json", "avx2", "AVX2"),
+    ):
+        for run in _saved(name)["runs"]:
+            assert (run["cpu_kernel"]["isa"], run["torch_cpu_capability"]) == (isa, aten)
+            assert "avx512f" in run["cpu"]["vector_features"] and run["cpu"]["logical_cpus"] == 2
+
+
+def test_the_block_manager_row_is_the_saved_run():
+    saved = _saved("block-manager.json")
+    spread = saved["nano_vllm_time_ratio_spread"]
+    figure = (
+        f"{saved['nano_vllm_time_ratio']:.2f}× nano-vllm's time** ({spread['min']:.2f}–{spread['max']:.2f})"
+    )
+    assert figure in _row("`BlockManager.append_token`")
+
+
+def test_the_fresh_host_row_is_the_saved_runs():
+    runs = _saved("load-fresh.json")["runs"]
+    assert len(runs) == 3 and all(r["mode"] == "fresh" and r["sessions"] == 20 for r in runs)
+    assert all(r["target_met"] and r["failure_count"] == 0 for r in runs)
+    planner = ", ".join(f"{r['pages']['planner']['server_p95_s']:.2f}" for r in runs)
+    worst = ", ".join(f"{max(p['server_p95_s'] for p in r['pages'].values()):.2f}" for r in runs)
+    row = _row("a fresh team host")
+    assert f"Planner p95 {planner} s" in row and f"worst page p95 {worst} s" in row, row
+
+
+def test_the_published_figures_summary():
+    errors = np.array([r["error"] for r in comparison()])
+    training = np.array([r["set"] == "training" for r in comparison()])
+    rms = [100 * math.sqrt(np.mean(errors[mask] ** 2)) for mask in (training, ~training)]
+    worst = 100 * np.max(np.abs(errors))
+    stated = f"training RMS {rms[0]:.1f} %, held out RMS {rms[1]:.1f} %** (worst {worst:.1f} %)"
+    assert stated in " ".join(README.split())  # the sentence may wrap
