@@ -18,7 +18,9 @@ other whenever another process takes a core), at niceness PRIORITY_NICE when all
    workload is made of. Every step's load is `core.sched.step_load` of the engine's own scheduled step, its time
    the engine's step_time_ms; the first WARMUP_STEPS are dropped.
 3. Fit (`core.planning.step_fit.fit_step_time`, least squares on relative error): bandwidth and FLOP/s
-   efficiencies and the per-step overheads of one-token and larger steps (`CPU_FIT`). Bracketed: a sweep runs
+   efficiencies, the per-step overheads of one-token and larger steps, and the small-step factors (the median
+   measured / predicted of the sweep's steps of exactly n <= 16 tokens, where it has 4 or more; `CPU_FIT`;
+   `sweep_steps_by_size` counts them). Bracketed: a sweep runs
    before the first rate, between the rates and after the last, and each rate's prediction uses the fit on the
    two sweeps around it (other sessions change the machine's speed over minutes; `sweep_drift_after_over_before`
    says by how much). `--fit-once`: the first sweep's fit for both rates. No fit ever sees a validation step.
@@ -75,8 +77,17 @@ PRIORITY_NICE = -10
 # One-token steps get their own overhead: a lone decode runs matrix-vector kernels (~37 ms here), any larger step
 # matrix-matrix kernels that pack the weights first (~60 ms for 2-8 decodes). The per-token overhead is left at 0:
 # on this CPU it is collinear with the FLOP/s roof (both grow with the step's tokens), and the engine's host time
-# per token is under 0.1 ms (its host_ms column).
-CPU_FIT = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "single_token_overhead_s")
+# per token is under 0.1 ms (its host_ms column). small_step_factors: steps of 2-16 tokens are not monotonic in
+# time (three decodes 1.22-1.32x the roofline fit, four 0.9x: the matrix kernels' M dimension), so each size gets
+# its measured ratio (core.planning.step_time's module docstring).
+CPU_FIT = (
+    "bandwidth_efficiency",
+    "flops_efficiency",
+    "overhead_s",
+    "single_token_overhead_s",
+    "small_step_factors",
+)
+SIZES_REPORTED = 16  # steps of 1..16 tokens: the decode batches (max_num_seqs) the factors cover
 
 
 def raise_priority(nice: int) -> int:
@@ -228,7 +239,12 @@ def step_ratio(measured_s: np.ndarray, loads: list, model: StepTimeModel) -> dic
     outputs = np.array([x.output_tokens for x in loads], dtype=np.float64)
     ratio = measured_s / model.step_time(n, kv, pairs, output_tokens=outputs)
     decode = np.array([x.prefill_tokens == 0 for x in loads])
-    return {
+    by_size = {
+        str(k): {"steps": int((n == k).sum()), "median": float(np.median(ratio[n == k]))}
+        for k in range(1, SIZES_REPORTED + 1)
+        if (n == k).any()
+    }
+    return {"by_size": by_size,
         "median": float(np.median(ratio)), "p10": float(np.percentile(ratio, 10)),
         "p90": float(np.percentile(ratio, 90)), "decode_only_median": float(np.median(ratio[decode])),
         "with_prefill_median": float(np.median(ratio[~decode])) if (~decode).any() else None,
@@ -259,6 +275,12 @@ def compare(measured: pd.DataFrame, predicted: pd.DataFrame) -> dict:
 
 def fit(frame: pd.DataFrame, base: StepTimeModel, robust: bool):
     return fit_step_time(frame, base, fit=CPU_FIT, robust=robust)
+
+
+def steps_by_size(frame: pd.DataFrame) -> dict:
+    """How many of the fit's steps have exactly n tokens, n = 1..SIZES_REPORTED (what each factor rests on)."""
+    counts = frame["new_tokens"].value_counts()
+    return {str(k): int(counts.get(k, 0)) for k in range(1, SIZES_REPORTED + 1)}
 
 
 def drift(before: pd.DataFrame, after: pd.DataFrame) -> float:
@@ -330,16 +352,18 @@ def main() -> None:
         served_s = engine.current_run().steps["step_time_ms"].to_numpy() / 1e3
         served_loads = log.loads[-len(served_s) :]
         if args.fit_once:
-            used, machine_drift = first_fit, None
+            used, machine_drift, fitted_on = first_fit, None, sweeps[0]
         else:  # bracketed: the sweeps right before and right after this rate
             sweeps.append(sweep())
-            used = fit(pd.concat(sweeps[i : i + 2], ignore_index=True), base, args.robust)
+            fitted_on = pd.concat(sweeps[i : i + 2], ignore_index=True)
+            used = fit(fitted_on, base, args.robust)
             machine_drift = drift(sweeps[i], sweeps[i + 1])
         row = compare(measured, predict(timed, used.model))
         row["step_time_measured_over_predicted"] = step_ratio(served_s, served_loads, used.model)
         rates[f"{rate:.3f}"] = {"rate_req_per_s": rate, "fraction_of_bound": fraction,
                                 "serve_s": serve_s,
                                 "sweep_drift_after_over_before": machine_drift, "fit": used.to_dict(),
+                                "sweep_steps_by_size": steps_by_size(fitted_on),
                                 **row}  # fmt: skip
     keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
     worst = {k: max(r[k] for r in rates.values()) for k in keys}

@@ -1,7 +1,8 @@
 """Fitting the step-time model (`core.planning.step_time.StepTimeModel`) to measured steps: `fit_step_time`
 finds the bandwidth and FLOP/s efficiencies and the per-step / per-token overheads that minimise the squared
 relative error of the predicted step times (numpy least squares; optionally robust to steps slowed by another
-process). Our engine's steps are fitted by bench/slo.py; published GPU figures by `core.planning.published`."""
+process), and optionally the small-step factors (`StepTimeModel.small_step_factors`: a measured ratio per
+step size). Our engine's steps are fitted by bench/slo.py; published GPU figures by `core.planning.published`."""
 
 import math
 from dataclasses import dataclass, replace
@@ -14,7 +15,11 @@ from core.planning.step_time import StepTimeModel
 # --------------------------------------------------------------------------------------------------------------
 
 FIT_PARAMETERS = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
-OPTIONAL_FIT = ("single_token_overhead_s",)  # fitted only when named (one-token steps must be measured)
+# Fitted only when named: single_token_overhead_s needs one-token steps among the measured ones;
+# small_step_factors one ratio per step size n <= SMALL_STEP_MAX_TOKENS with SMALL_STEP_MIN_STEPS steps of n tokens.
+OPTIONAL_FIT = ("single_token_overhead_s", "small_step_factors")
+SMALL_STEP_MAX_TOKENS = 16
+SMALL_STEP_MIN_STEPS = 4
 MEASURED_STEP_COLUMNS = ("new_tokens", "kv_tokens_read", "attention_pairs", "seconds")  # (+ output_tokens)
 _RATIO_GRID = 160  # roof ratios tried before the local refinement
 _GOLDEN_STEPS = 60
@@ -58,7 +63,8 @@ class StepTimeFit:
     def to_dict(self) -> dict:
         """The fitted values and the residual statistics, JSON-ready."""
         return {
-            **{name: getattr(self.model, name) for name in FIT_PARAMETERS + OPTIONAL_FIT},
+            **{name: getattr(self.model, name) for name in FIT_PARAMETERS + OPTIONAL_FIT[:1]},
+            "small_step_factors": list(self.model.small_step_factors),
             "fitted": list(self.fitted),
             "robust": self.robust,
             "at_bound": list(self.at_bound),
@@ -141,19 +147,73 @@ def fit_step_time(steps, base: StepTimeModel, fit=FIT_PARAMETERS, robust: bool =
     rounds), so that a few steps slowed by another process do not pull the fit.
     single_token_overhead_s (OPTIONAL_FIT, when named): the overhead of one-token steps, fitted apart from
     overhead_s (which then covers the other steps); it needs one-token steps among the measured ones.
+    small_step_factors (OPTIONAL_FIT, when named): after the other parameters are fitted without factors, the
+    factor of n tokens is the median of measured / predicted over the steps of exactly n tokens, for
+    n = 1 .. SMALL_STEP_MAX_TOKENS with at least SMALL_STEP_MIN_STEPS such steps (1.0 otherwise; trailing 1.0s
+    dropped); then the other parameters are fitted once more with those factors applied (the relative error of
+    f x t against s is that of t against s / f, so the same least squares on s / f) and the factors re-measured;
+    the second round is kept when its rms relative error is lower. Without the name, base's factors (usually
+    none) are applied and kept as they are.
     Raises InvalidArgumentError for malformed steps or fewer steps than parameters + 1.
     """
     names = _check_fit_names(fit)
-    n, kv, pairs, seconds, outputs = _measured(steps)
+    data = _measured(steps)
+    n = data[0]
     if len(n) < len(names) + 1:
         raise InvalidArgumentError(f"fitting {len(names)} parameters needs at least {len(names) + 1} steps")
     if "single_token_overhead_s" in names and not ((n == 1).any() and (n != 1).any()):
         raise InvalidArgumentError("single_token_overhead_s needs measured steps of one token and of more")
+    main = tuple(name for name in names if name != "small_step_factors")
+    if len(main) == len(names):
+        return _fit_main(base, main, data, robust)
+    first = _fit_main(replace(base, small_step_factors=()), main, data, robust)
+    first = _with_factors(first, _measured_factors(first.model, data), data)
+    again = _fit_main(first.model, main, data, robust)
+    again = _with_factors(again, _measured_factors(again.model, data), data)
+    best = again if again.rms_relative_error < first.rms_relative_error else first
+    return replace(best, fitted=names)
+
+
+def _fit_main(base: StepTimeModel, main, data, robust: bool) -> StepTimeFit:
+    """Fit the parameters `main` (no small_step_factors) with base's small-step factors applied and kept."""
+    n, kv, pairs, seconds, outputs = data
+    factors = base.small_step_factors
+    if not main:  # nothing but the factors to fit: base as it is
+        parts = base.breakdown(n, kv, pairs, outputs)
+        bound = int((parts.compute_s > parts.memory_s).sum())
+        return _with_factors(StepTimeFit(base, (), (), seconds, seconds, bound, robust), factors, data)
+    if factors:  # f x t against s has the relative error of t against s / f
+        data = (n, kv, pairs, seconds / base.step_factor(n), outputs)
+        base = replace(base, small_step_factors=())
     weights = np.ones_like(seconds)
     for _ in range(ROBUST_ROUNDS if robust else 1):
-        result = _fit_weighted(base, names, (n, kv, pairs, seconds, outputs), weights)
+        result = _fit_weighted(base, main, data, weights)
         weights = _huber_weights(result.relative_residuals)
-    return replace(result, robust=robust)
+    result = replace(result, robust=robust)
+    return _with_factors(result, factors, (n, kv, pairs, seconds, outputs)) if factors else result
+
+
+def _with_factors(fit: StepTimeFit, factors: tuple, data) -> StepTimeFit:
+    """`fit` with its model's small_step_factors set to `factors`, predicted_s re-priced and measured_s the
+    measured seconds of `data`."""
+    n, kv, pairs, seconds, outputs = data
+    model = replace(fit.model, small_step_factors=factors)
+    predicted = model.step_time(n, kv, pairs, output_tokens=outputs)
+    return replace(fit, model=model, measured_s=seconds, predicted_s=predicted)
+
+
+def _measured_factors(model: StepTimeModel, data) -> tuple[float, ...]:
+    """Median measured / predicted (by `model` without factors) over the steps of exactly n tokens, for each
+    n <= SMALL_STEP_MAX_TOKENS with at least SMALL_STEP_MIN_STEPS of them (else 1.0), trailing 1.0s dropped."""
+    n, kv, pairs, seconds, outputs = data
+    ratio = seconds / replace(model, small_step_factors=()).step_time(n, kv, pairs, output_tokens=outputs)
+    factors = []
+    for k in range(1, SMALL_STEP_MAX_TOKENS + 1):
+        steps = n == k
+        factors.append(float(np.median(ratio[steps])) if steps.sum() >= SMALL_STEP_MIN_STEPS else 1.0)
+    while factors and factors[-1] == 1.0:
+        factors.pop()
+    return tuple(factors)
 
 
 def _huber_weights(residuals: np.ndarray) -> np.ndarray:
@@ -194,7 +254,7 @@ def _fit_weighted(base: StepTimeModel, names, data, weights: np.ndarray) -> "Ste
     """One weighted least-squares fit (fit_step_time's docstring); weights multiply the squared relative errors."""
     n, kv, pairs, seconds, outputs = data
     ideal = replace(base, bandwidth_efficiency=1.0, flops_efficiency=1.0, overhead_s=0.0, per_token_overhead_s=0.0,
-                    single_token_overhead_s=None)  # fmt: skip
+                    single_token_overhead_s=None, small_step_factors=())  # fmt: skip
     parts = ideal.breakdown(n, kv, pairs, outputs)
     memory, compute = parts.memory_s, parts.compute_s
     y = seconds - (parts.comm_s if (base.comm_bytes_per_token or base.comm_latency_s) else 0.0)

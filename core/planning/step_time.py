@@ -14,6 +14,19 @@ with single_token_overhead_s in place of overhead_s for a step of exactly one to
 lone decode runs matrix-vector kernels; from two rows torch's matrix-matrix kernels pack the weights first, a
 fixed cost per step: bench/slo.py measures 37 ms for one decode and ~60 ms for two to eight on SmolLM2-135M).
 
+Small-step correction (empty by default: every GPU preset and published fit is priced without it):
+
+    time_s  = small_step_factors[n - 1] x time_s       for a step of exactly n = new_tokens <= len(factors)
+
+(every part of `breakdown` is scaled alike; swap is not). It is a measured per-batch-size profile, the way
+profile-based simulators (Vidur) time each batch size: on a CPU the step time is not monotonic in the GEMMs' M
+dimension (SmolLM2-135M, one thread, bench/slo.py: 2 tokens ~60-72 ms, 3 tokens 75-93 ms, 1.22-1.32x the
+roofline fit, 4 tokens 55-65 ms, 0.9x), which no roofline term expresses. It multiplies the whole step, not
+its roof: at 2-8 tokens the roofs are ~15 ms of a ~60-90 ms step, so the 15-25 ms a 3-token step runs over
+the fit would need its roof to double, and the kernels' fixed costs (weight packing, which the fit puts in
+overhead_s) are what changes with M. `core.planning.step_fit` fits the factors as medians of measured /
+predicted per n.
+
 kv_tokens_read = context tokens the decode queries attend to plus the prior context of prefill chunks;
 attention_pairs = (query, key) pairs of the step (a decode: its context + 1; a prefill chunk of c tokens
 starting at s: c * s + c (c + 1) / 2). These are what `core.sched.step_load` computes from a scheduled step.
@@ -88,6 +101,8 @@ class StepTimeModel:
     (QK^T and PV for one query-key pair). memory_bandwidth (bytes/s) and peak_flops (FLOP/s), scaled by the two
     efficiencies (in (0, 1]). overhead_s: fixed per-step time outside the kernels; per_token_overhead_s: host time
     per token of the step; single_token_overhead_s: overhead_s of a one-token step (None: the same).
+    small_step_factors: entry n - 1 multiplies the time of a step of exactly n new tokens (module docstring;
+    () : none; each finite and > 0; stored as a tuple of floats).
     lm_head_flops_per_output: FLOPs of the LM head per sampled token, when flops_per_token leaves it out (engines
     compute logits only for the tokens they sample: a prefill chunk's last token); 0: flops_per_token has it. swap_bandwidth: CPU<->GPU bytes/s. pipeline_stages: the roofline is paid once per
     stage. comm_bytes_per_token / comm_latency_s / interconnect_bandwidth: the tensor- and pipeline-parallel
@@ -111,8 +126,18 @@ class StepTimeModel:
     interconnect_bandwidth: float = math.inf
     single_token_overhead_s: float | None = None
     lm_head_flops_per_output: float = 0.0
+    small_step_factors: tuple[float, ...] = ()
 
     def __post_init__(self):
+        try:
+            factors = tuple(float(f) for f in self.small_step_factors)
+        except (TypeError, ValueError):
+            factors = None
+        if factors is None or not all(math.isfinite(f) and f > 0 for f in factors):
+            raise InvalidArgumentError(
+                f"small_step_factors must be finite numbers > 0, got {self.small_step_factors!r}"
+            )
+        object.__setattr__(self, "small_step_factors", factors)
         for name in (
             "weight_bytes", "kv_bytes_per_token", "flops_per_token", "attention_flops_per_pair", "overhead_s",
             "per_token_overhead_s", "comm_bytes_per_token", "comm_latency_s", "lm_head_flops_per_output",
@@ -164,11 +189,17 @@ class StepTimeModel:
         overhead = self.overhead_s
         if new_tokens == 1 and self.single_token_overhead_s is not None:
             overhead = self.single_token_overhead_s
-        total = overhead + self.per_token_overhead_s * new_tokens + roof + swap_bytes / self.swap_bandwidth
+        factors = self.small_step_factors
+        swap = swap_bytes / self.swap_bandwidth
+        total = overhead + self.per_token_overhead_s * new_tokens + roof + (0.0 if factors else swap)
         if self.comm_bytes_per_token or self.comm_latency_s:
             total += (
                 self.comm_latency_s + self.comm_bytes_per_token * new_tokens / self.interconnect_bandwidth
             )
+        if factors:  # the correction scales the step, not its swap (summed in this order without factors)
+            if new_tokens <= len(factors) and new_tokens == int(new_tokens):
+                total *= factors[int(new_tokens) - 1]
+            total += swap
         return total
 
     def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0, output_tokens=None):
@@ -202,7 +233,20 @@ class StepTimeModel:
         total = overhead + np.maximum(memory, compute)
         if self.comm_bytes_per_token or self.comm_latency_s:
             total = total + comm
+        if self.small_step_factors:
+            scale = self.step_factor(new_tokens)
+            overhead, memory, compute, comm, total = (
+                x * scale for x in (overhead, memory, compute, comm, total)
+            )
         return StepBreakdown(overhead, memory, compute, comm, total)
+
+    def step_factor(self, new_tokens) -> np.ndarray:
+        """The small-step factor of each step (float64, shaped like new_tokens): small_step_factors[n - 1] for
+        a step of exactly n tokens with 1 <= n <= len(small_step_factors), else 1."""
+        n = np.asarray(new_tokens, dtype=np.float64)
+        table = np.array((1.0, *self.small_step_factors))  # index 0: no correction
+        index = np.where((n >= 1) & (n <= len(self.small_step_factors)) & (n == np.floor(n)), n, 0.0)
+        return table[index.astype(np.int64)]
 
     def decode_step_seconds(self, batch: float, context_len: float) -> float:
         """One step of `batch` decoding sequences, each attending to `context_len` earlier tokens."""
