@@ -49,6 +49,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from core.kernels.cpu_isa import cpu_description
 from core.planning.cpu_roofline import engine_step_model, measure_roofs
 from core.planning.slo_eval import analytic_bounds
 from core.planning.step_fit import fit_step_time
@@ -290,7 +291,7 @@ def drift(before: pd.DataFrame, after: pd.DataFrame) -> float:
     return float(np.median(after["seconds"].to_numpy()[:steps] / before["seconds"].to_numpy()[:steps]))
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
@@ -304,19 +305,31 @@ def main() -> None:
         default=PRIORITY_NICE,
         help="niceness to run at (0: as started; see PRIORITY_NICE)",
     )
+    return parser
+
+
+def load_engine():
+    """SmolLM2-135M-Instruct (the real model, fetched) in float32 on the CPU under the bench's scheduler limits."""
+    from core.engine import Engine
+    from core.engine.fetch import fetch_model
+
+    return Engine.from_pretrained(
+        fetch_model("smollm2-135m-instruct"), dtype=torch.float32, device="cpu", num_blocks=NUM_BLOCKS,
+        block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_snapshots=1,
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     niceness = raise_priority(args.nice)
     size = SIZES["quick" if args.quick else "full"]
     started = time.perf_counter()
     torch.set_num_threads(args.threads)
-    from core.engine import Engine, SamplingParams
-    from core.engine.fetch import fetch_model
+    from core.engine import SamplingParams
 
-    engine = Engine.from_pretrained(
-        fetch_model("smollm2-135m-instruct"), dtype=torch.float32, device="cpu", num_blocks=NUM_BLOCKS,
-        block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-        max_snapshots=1,
-    )  # fmt: skip
+    engine = load_engine()
     load_s = time.perf_counter() - started
     low, vocab = max(engine.tokenizer.all_special_ids or [0]) + 1, engine.config.vocab_size
 
@@ -369,6 +382,7 @@ def main() -> None:
     worst = {k: max(r[k] for r in rates.values()) for k in keys}
     worst["max_rel_err"] = max(worst.values())
     print(json.dumps({
+        "cpu": cpu_description(),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "torch": torch.__version__, "threads": args.threads, "nice": niceness,
                     "load_average_before": load_before,
