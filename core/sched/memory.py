@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+import numpy as np
+
 
 class MemoryMetrics(NamedTuple):
     """Where the KV capacity is, in token slots, plus free_blocks: the free-list size (paged: free blocks;
@@ -33,6 +35,20 @@ class MemoryMetrics(NamedTuple):
     allocator_slack: int
     free_slots: int
     free_blocks: int
+
+    @classmethod
+    def paged(
+        cls, num_blocks: int, block_size: int, capacity: int, free, tail_empty, pending: int
+    ) -> MemoryMetrics:
+        """A block pool's metrics: `free` blocks of `num_blocks`, `tail_empty` empty slots in the held blocks'
+        tails, `pending` slots reserved for tokens not computed yet, the slots past the last whole block
+        (capacity - num_blocks x block_size) as allocator slack. Ints give ints; `free` and `tail_empty` as int64
+        arrays (one entry per step) give arrays, the constant fields repeated."""
+        used = (num_blocks - free) * block_size
+        slack = capacity - num_blocks * block_size
+        if isinstance(free, np.ndarray):
+            pending, slack = (np.full(free.shape, v, dtype=np.int64) for v in (pending, slack))
+        return cls(used - tail_empty - pending, pending, tail_empty, slack, free * block_size, free)
 
 
 class Admission(NamedTuple):

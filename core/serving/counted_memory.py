@@ -99,15 +99,7 @@ class CountedPagedMemory:
         takes = (before % bs == 0).sum(axis=0)
         tail = self.tail_empty + (-(before + 1) % bs).sum(axis=0) - int((-lengths % bs).sum())
         free = self._free - np.cumsum(takes)
-        token_states = (self.num_blocks - free) * bs - tail - self.pending
-        return MemoryMetrics(
-            token_states,
-            np.full(steps, self.pending, dtype=np.int64),
-            tail,
-            np.full(steps, self.capacity - self.num_blocks * bs, dtype=np.int64),
-            free * bs,
-            free,
-        )
+        return MemoryMetrics.paged(self.num_blocks, bs, self.capacity, free, tail, self.pending)
 
     def grow(self, groups: list, steps: int) -> None:
         bs = self.block_size
@@ -126,15 +118,8 @@ class CountedPagedMemory:
         return state.blocks
 
     def metrics(self) -> MemoryMetrics:
-        free = self._free
-        used = (self.num_blocks - free) * self.block_size
-        return MemoryMetrics(
-            used - self.tail_empty - self.pending,
-            self.pending,
-            self.tail_empty,
-            self.capacity - self.num_blocks * self.block_size,
-            free * self.block_size,
-            free,
+        return MemoryMetrics.paged(
+            self.num_blocks, self.block_size, self.capacity, self._free, self.tail_empty, self.pending
         )
 
     def snapshot(self, groups: list) -> None:

@@ -258,15 +258,7 @@ class PagedMemory:
         frees = np.zeros(steps, dtype=np.int64)
         self._releases(groups, steps, frees)
         free = self.kv.num_free_blocks - np.cumsum(takes) + np.cumsum(frees)
-        token_states = (self.num_blocks - free) * bs - tail - self.pending
-        return MemoryMetrics(
-            token_states,
-            np.full(steps, self.pending, dtype=np.int64),
-            tail,
-            np.full(steps, self.capacity - self.num_blocks * bs, dtype=np.int64),
-            free * bs,
-            free,
-        )
+        return MemoryMetrics.paged(self.num_blocks, bs, self.capacity, free, tail, self.pending)
 
     def grow(self, groups: list, steps: int) -> None:
         count, bs = len(self.windows), self.block_size
@@ -294,15 +286,13 @@ class PagedMemory:
         return self.kv.num_free_blocks - free0
 
     def metrics(self) -> MemoryMetrics:
-        free = self.kv.num_free_blocks
-        used = (self.num_blocks - free) * self.block_size
-        return MemoryMetrics(
-            used - self.tail_empty - self.pending,
-            self.pending,
+        return MemoryMetrics.paged(
+            self.num_blocks,
+            self.block_size,
+            self.capacity,
+            self.kv.num_free_blocks,
             self.tail_empty,
-            self.capacity - self.num_blocks * self.block_size,
-            free * self.block_size,
-            free,
+            self.pending,
         )
 
     def snapshot(self, groups: list) -> KVCacheSnapshot:

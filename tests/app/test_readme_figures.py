@@ -92,3 +92,19 @@ def test_the_published_figures_summary():
     worst = 100 * np.max(np.abs(errors))
     stated = f"training RMS {rms[0]:.1f} %, held out RMS {rms[1]:.1f} %** (worst {worst:.1f} %)"
     assert stated in " ".join(README.split())  # the sentence may wrap
+
+
+def test_the_slo_row_is_the_saved_runs():
+    saved = _saved("slo-quick.json")
+    runs = saved["runs"]
+    assert all(r["mode"] == "quick" for r in runs) and saved["full_run"]["run"]["mode"] == "full"
+    worst = [r["worst"]["max_rel_err"] for r in runs]
+    meeting = sum(w <= 0.15 for w in worst)
+    row = _row("predicted latency against our engine")
+    assert f"≤ 0.15 in {meeting} of {len(runs)} runs**" in row, row
+    assert ", ".join(f"{w:.3f}" for w in worst if w <= 0.15) in row, row
+    assert all(f"{w:.3f}" in row for w in worst), row
+    throughput = max(r["worst"]["throughput_rel_err"] for r in runs)
+    assert f"throughput within {100 * throughput:.1f} %" in row, row
+    walls = [r["wall_s"] for r in runs]
+    assert f"{min(walls):.0f}–{max(walls):.0f} s a run" in row, row
