@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+from core.kernels.cpu_isa import cpu_description
+
 TARGET_S = 10.0
 COMMON = ["--prompt-len", "2000", "--output-len", "300", "--ttft-p95", "1", "--tpot-p95", "0.05",
           "--gpus", "h100-80gb", "h200-141gb", "l40s"]  # fmt: skip
@@ -75,6 +77,7 @@ def main() -> None:
         }  # fmt: skip
     slowest = max(c["wall_s"]["max"] for c in cases.values())
     print(json.dumps({
+        "cpu": cpu_description(),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "python": platform.python_version(), "load_average_before": load_before,
                     "load_average_after": os.getloadavg()},

@@ -108,3 +108,17 @@ def test_the_slo_row_is_the_saved_runs():
     assert f"throughput within {100 * throughput:.1f} %" in row, row
     walls = [r["wall_s"] for r in runs]
     assert f"{min(walls):.0f}–{max(walls):.0f} s a run" in row, row
+
+
+def test_the_slo_cli_row_is_the_saved_run():
+    saved = _saved("slo-cli.json")
+    assert saved["target_met"] and saved["slowest_wall_s"] < saved["target_s"]
+    row = _row("the SLO planner's command line")
+    assert f"slowest {saved['slowest_wall_s']:.1f} s** (target {saved['target_s']:.0f} s)" in row, row
+    cases = saved["cases"]
+    for case, text in (("llama-3.1-8b@12", "8B at 12 req/s → {num_gpus} × H100, TP {tp}, {kv_dtype} KV"),
+                       ("llama-3.1-70b@4", "70B at 4 req/s → {num_gpus} × H100, TP {tp}")):  # fmt: skip
+        answer = cases[case]["answer"]
+        assert answer["gpu"] == "h100-80gb" and text.format(**answer) in row, (case, answer, row)
+    refused = cases["llama-3.1-70b@12"]
+    assert refused["exit_status"] == 2 and "9.93 req/s" in refused["answer"]["error"] and "1.21x short" in row
