@@ -76,8 +76,10 @@ def test_every_route_every_method_hostile_bodies_and_queries(real_server):
                 assert error is not None and status == 400, (path, body[:40], status)
         status, headers, raw = real_server.request("POST", path, b" " * (17 * 1024 * 1024))
         assert _check(status, headers, raw)["code"] == 413
-        # a NUL in a header never reaches the app: uvicorn's HTTP parser refuses it with its own plain 400
-        status, _, raw = real_server.request("POST", path, b"{}", {"Content-Type": "application/json\x00"})
+        # a NUL in a header never reaches the app: uvicorn's HTTP parser refuses it with its own plain 400. No
+        # body: uvicorn closes at once, and body bytes left unread there made the kernel reset the connection
+        # before the client had read the 400 (a flake seen in CI-like runs).
+        status, _, raw = real_server.request("POST", path, None, {"Content-Type": "application/json\x00"})
         assert (status, raw) == (400, b"Invalid HTTP request received.")
 
 
