@@ -59,6 +59,8 @@ class _Request:
 def check_token_ids(request_id: Hashable, token_ids: Sequence[int]) -> list[int]:
     """`token_ids` as a non-empty list of integers, else InvalidArgumentError naming the request."""
     tokens = list(token_ids)
+    if tokens and all(type(t) is int for t in tokens):  # the common case, fast
+        return tokens
     if not tokens:
         raise InvalidArgumentError(f"request {request_id!r}: a prompt needs at least 1 token, got 0")
     if not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in tokens):
@@ -309,11 +311,7 @@ class KVCacheManager:
         ref_counts = self.pool.ref_counts
         for request_id, new_tokens in token_ids.items():
             req = self._request(request_id)
-            tokens = list(new_tokens)
-            if not tokens or {type(t) for t in tokens} - {
-                int
-            }:  # the fast check; the full one names the fault
-                tokens = check_token_ids(request_id, tokens)
+            tokens = check_token_ids(request_id, new_tokens)
             old = len(req.token_ids)
             new = old + len(tokens)
             plan.append((req, tokens, old, new))
@@ -364,11 +362,7 @@ class KVCacheManager:
         block_sizes = [manager.block_size for manager in self.managers]
         for request_id, new_tokens in token_ids.items():
             req = requests.get(request_id) or self._request(request_id)
-            tokens = new_tokens if type(new_tokens) is list else list(new_tokens)
-            if not tokens or {type(t) for t in tokens} - {
-                int
-            }:  # the fast check; the full one names the fault
-                tokens = check_token_ids(request_id, tokens)
+            tokens = check_token_ids(request_id, new_tokens)
             old = len(req.token_ids)
             new = old + len(tokens)
             plan.append((req, tokens, old, new))
