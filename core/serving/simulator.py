@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from core.common import check_int
 from core.errors import InvalidArgumentError, SchedulerStuckError
 from core.sched import COLUMNS, MemoryMetrics, ScheduledStep, Scheduler, StepOutcome, step_load
 from core.serving.memory_policies import MemoryPolicy, Policy, make_memory
@@ -115,7 +116,13 @@ def _validate_requests(requests: Sequence[Request], config: SimulatorConfig) -> 
 class _Simulation:
     """The clock, the arrivals, the recorded rows and snapshots around one `Scheduler` run."""
 
-    def __init__(self, groups: list[SimulatedGroup], memory: MemoryPolicy, config: SimulatorConfig):
+    def __init__(
+        self,
+        groups: list[SimulatedGroup],
+        memory: MemoryPolicy,
+        config: SimulatorConfig,
+        concurrency: int | None = None,
+    ):
         self.groups = groups
         self.memory = memory
         self.config = config
@@ -128,6 +135,11 @@ class _Simulation:
             config.swap_capacity_blocks(memory.block_size),
         )
         self.arrivals = np.array([g.request.arrival_time for g in groups], dtype=np.float64)
+        self.closed_loop = concurrency is not None
+        if self.closed_loop:  # C clients: the first C at 0, each later one when an earlier request finishes
+            self.arrivals[:concurrency] = 0.0
+            self.arrivals[concurrency:] = np.inf
+        self.next_closed = concurrency or 0  # closed loop: the next request a finish sends
         self.recorder = _Recorder()
         self.snapshots: list[StepSnapshot] = []
         self.request_of = {sid: g.request_id for g in groups for sid in g.seq_ids}  # sequence -> its request
@@ -136,6 +148,8 @@ class _Simulation:
         self.step = 0
         self.arrived = 0
         self.finished = 0
+        self.until = len(groups)  # stop once the first `until` groups (arrival order) have finished
+        self.finished_first = 0  # how many of those have
 
     def admit_arrivals(self) -> bool:
         """Queue the groups that arrived by now; when nothing is queued or running, jump the clock to the next
@@ -177,6 +191,9 @@ class _Simulation:
                 group.first_token_time = end
         for group in outcome.finished:
             group.finish_time = end
+            self.finished_first += group.index < self.until
+        if self.closed_loop:
+            self._send_next(len(outcome.finished), end)
         self.finished += len(outcome.finished)
         if k == 1:
             self._record_one(step, outcome, end)
@@ -186,6 +203,12 @@ class _Simulation:
         self.now = end
         if (self.step - 1) % self.stride == 0:
             self._snapshot()
+
+    def _send_next(self, count: int, now: float) -> None:
+        """Closed loop: each of `count` clients whose request just finished sends its next one at `now`."""
+        stop = min(self.next_closed + count, len(self.groups))
+        self.arrivals[self.next_closed : stop] = now
+        self.next_closed = stop
 
     def _decode_run(self, step: ScheduledStep):
         """How many identical decode-only steps run at once: until a group finishes, the next snapshot step,
@@ -312,11 +335,19 @@ def simulate(
     policy: Policy,
     config: SimulatorConfig,
     progress: Callable[[float], None] | None = None,
+    until_finished: int | None = None,
+    concurrency: int | None = None,
 ) -> SimulationResult:
-    """Run the workload to completion under `policy` with `config` (its step_time prices each step);
-    deterministic for given requests.
+    """Run the workload under `policy` with `config` (its step_time prices each step); deterministic for given
+    requests.
 
-    progress(fraction) is called with the fraction of requests finished (at most ~100 times, last with 1.0).
+    until_finished: stop once the first `until_finished` requests in arrival order have finished (the later ones
+    still arrive on time and load the system, so the first ones are measured under a load that does not drain;
+    requests unfinished at the stop have NaN finish_time). None: run every request to completion.
+    concurrency: a closed loop of that many clients (`vllm bench serve --max-concurrency` at an unbounded rate):
+    the requests' arrival times are ignored; the first `concurrency` requests arrive at 0 and each later one the
+    moment an earlier one finishes (its recorded arrival_time). None: the requests arrive at their times.
+    progress(fraction) is called with the fraction of those requests finished (at most ~100 times, last 1.0).
     Raises InvalidArgumentError for a request that can never run (longer than max_seq_len, or larger than the
     cache alone) or a bad config.
     """
@@ -331,16 +362,20 @@ def simulate(
     groups = make_groups(reqs, policy.is_paged and not policy.counted)
     for group in groups:
         memory.check_fits(group, group.output_len)
-    sim = _Simulation(groups, memory, config)
+    if concurrency is not None:
+        concurrency = check_int(concurrency, "concurrency (clients)", minimum=1, maximum=len(groups))
+    sim = _Simulation(groups, memory, config, concurrency)
     total = len(groups)
+    if until_finished is not None:
+        sim.until = total = check_int(until_finished, "until_finished", minimum=1, maximum=len(groups))
     next_report = 1  # percent
-    while sim.finished < total:
+    while sim.finished_first < total:
         if not sim.admit_arrivals():
             continue
         sim.run_step()
-        if progress is not None and sim.finished * 100 >= next_report * total:
-            progress(sim.finished / total)
-            next_report = sim.finished * 100 // total + 1
+        if progress is not None and sim.finished_first * 100 >= next_report * total:
+            progress(sim.finished_first / total)
+            next_report = sim.finished_first * 100 // total + 1
     if progress is not None:
         progress(1.0)
     steps_frame = sim.recorder.frame()
