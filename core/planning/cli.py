@@ -132,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m core.planning`: the capacity plan, or with `slo` first the SLO planner
     (`core.planning.slo_cli`). Exit status 0, or 2 with the reason on stderr."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["predict"], ["max-rate"]):
+        from core.planning.predict_cli import max_rate_main, predict_main
+
+        return (predict_main if argv[0] == "predict" else max_rate_main)(argv[1:])
     if argv[:1] == ["slo"]:
         from core.planning.slo_cli import main as slo_main
 

@@ -9,7 +9,7 @@ Per finished request (seconds):
     queue = admit_time - arrival_time                            time waiting before the scheduler first admits it
                                                                  (vLLM's request_queue_time; a preempted request
                                                                  keeps its first admission)
-Percentiles p50 / p95 / p99 are numpy's default (linear interpolation between the closest ranks: for n sorted
+Percentiles p50 / p90 / p95 / p99 are numpy's default (linear interpolation between the closest ranks: for n sorted
 values v, the q-th percentile is v[h] + (h - floor(h)) (v[floor(h) + 1] - v[floor(h)]) at h = (n - 1) q / 100).
 Throughput over the requests' span (the first arrival to the last finish): output tokens (output_len x n) per
 second, and requests per second, as a client-side benchmark counts them.
@@ -18,7 +18,7 @@ second, and requests per second, as a client-side benchmark counts them.
 import numpy as np
 import pandas as pd
 
-PERCENTILES = (50, 95, 99)
+PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue")
 REQUEST_TIME_COLUMNS = ("arrival_time", "admit_time", "first_token_time", "finish_time", "output_len")
 
@@ -41,7 +41,7 @@ def request_latencies(requests: pd.DataFrame) -> dict[str, np.ndarray]:
 
 
 def latency_summary(requests: pd.DataFrame) -> dict:
-    """Over the finished requests (finish_time not NaN): `{metric}_p{50,95,99}_s` and `mean_{metric}_s` for each
+    """Over the finished requests (finish_time not NaN): `{metric}_p{50,90,95,99}_s` and `mean_{metric}_s` for each
     of LATENCY_METRICS (absent when no request defines it, e.g. tpot when every output is one token),
     output_throughput_tokens_per_s and request_throughput_per_s over the requests' span, and
     latency_requests (how many requests the figures are over). {} when none finished."""

@@ -92,7 +92,7 @@ def summarize(
     tokens / simulated seconds. mean_normalized_latency_s: mean over finished requests of (finish - arrival) /
     output_len, seconds per token. preemptions: preemption events in the window.
     Latency under load over the finished requests (`core.serving.latency.latency_summary`): ttft / tpot / e2e /
-    queue at p50, p95, p99 (`ttft_p95_s`, ...) and their means, output_throughput_tokens_per_s and
+    queue at p50, p90, p95, p99 (`ttft_p95_s`, ...) and their means, output_throughput_tokens_per_s and
     request_throughput_per_s over the requests' span (first arrival to last finish: what a client measures,
     unlike throughput_tokens_per_s, which is over the busy time of the window's steps).
     """

@@ -1,0 +1,218 @@
+"""What one deployment does at one load: steady-state latency percentiles, throughput and whether the KV cache
+holds requests back (`predict`), as `python -m core.planning predict` prints it.
+
+    deployment = Deployment("llama-3.1-8b", "h100-80gb", tp=1, max_num_seqs=256)
+    p = predict(deployment, Load(rate=12, prompt_len=1500, output_len=256))
+    p.metrics["tpot_p99_s"], p.converged, p.to_dict()
+
+A replica of the deployment is
+1. sized by the exact planner (`core.planning.plan.plan`, vLLM's memory arithmetic, max_model_len = the longest
+   request): a deployment that does not fit raises `InvalidArgumentError` with the planner's verdict;
+2. priced by the step-time model (`core.planning.step_time.from_specs`) with the engine's profile
+   (`core.planning.engine_profiles`): each step's weights, KV traffic and FLOPs at that engine's fitted
+   efficiencies and overheads;
+3. simulated (core.sched's Scheduler over the paged KV core, counted blocks) until its percentiles converge
+   (`core.serving.steady_state`): warm-up dropped, horizon sized from the load, batch-means intervals.
+The load is split evenly over the replicas (the rate, or the clients rounded up); throughput is the whole
+deployment's (replicas x one replica's).
+"""
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from core.common import check_float, check_int
+from core.errors import InvalidArgumentError
+from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.planning.engine_profiles import DEFAULT_ENGINE, engine_step_defaults
+from core.planning.hardware import GPUSpec, get_gpu
+from core.planning.kv_accounting import (
+    BLOCK_SIZES,
+    KV_DTYPES,
+    WEIGHT_DTYPES,
+    check_parallelism,
+)
+from core.planning.load import Load
+from core.planning.models import ModelSpec, get_model
+from core.planning.plan import CapacityPlan, plan
+from core.planning.step_time import StepTimeModel, from_specs
+from core.serving.memory_policies import paged
+from core.serving.sim_config import SimulatorConfig
+from core.serving.simulator import simulate
+from core.serving.steady_state import SteadyState, SteadyStateSettings, metric_keys, steady_state
+
+__all__ = ["Deployment", "Load", "Prediction", "predict"]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One way to serve a model: `replicas` copies (data parallel) of a tp x pp group of one GPU type, each
+    running `engine` with these vLLM settings. model / gpu: preset slugs or ModelSpec / GPUSpec objects.
+    Raises InvalidArgumentError for an unknown model, GPU, dtype, engine or block size, or a TP/PP layout the
+    model does not allow (tp must divide the attention heads)."""
+
+    model: str | ModelSpec
+    gpu: str | GPUSpec
+    tp: int = 1
+    pp: int = 1
+    replicas: int = 1
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    weight_dtype: str = "auto"
+    kv_dtype: str = "auto"
+    engine: str = DEFAULT_ENGINE
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+
+    def __post_init__(self):
+        model = get_model(self.model) if isinstance(self.model, str) else self.model
+        gpu = get_gpu(self.gpu) if isinstance(self.gpu, str) else self.gpu
+        if not isinstance(model, ModelSpec) or not isinstance(gpu, GPUSpec):
+            raise InvalidArgumentError("model and gpu must be preset slugs or ModelSpec / GPUSpec objects")
+        object.__setattr__(self, "model_spec", model)
+        object.__setattr__(self, "gpu_spec", gpu)
+        for name, top in (("tp", 64), ("pp", 64), ("replicas", 1024), ("max_num_seqs", 65_536)):
+            check_int(getattr(self, name), name, minimum=1, maximum=top)
+        check_int(self.max_num_batched_tokens, "max_num_batched_tokens", minimum=self.max_num_seqs)
+        check_parallelism(model, self.tp, self.pp)
+        for name, allowed in (("weight_dtype", WEIGHT_DTYPES), ("kv_dtype", KV_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise InvalidArgumentError(
+                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
+        engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
+        if self.block_size not in BLOCK_SIZES:
+            raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
+        check_float(self.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.replicas
+
+    def memory_plan(self, max_len: int) -> CapacityPlan:
+        """The exact planner's verdict for one replica serving requests of up to `max_len` tokens."""
+        return plan(
+            self.model_spec, self.gpu_spec, num_gpus=self.tp * self.pp, tensor_parallel=self.tp,
+            pipeline_parallel=self.pp, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
+            gpu_memory_utilization=self.gpu_memory_utilization, block_size=self.block_size,
+            max_model_len=max_len, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )  # fmt: skip
+
+    def step_model(self, overrides: Mapping | None = None) -> StepTimeModel:
+        """The step-time model of one replica: the engine's profile, then `overrides` on top."""
+        kwargs = engine_step_defaults(self.engine) | dict(overrides or {})
+        return from_specs(self.model_spec, self.gpu_spec, self.tp, self.weight_dtype, self.kv_dtype, self.pp,
+                          **kwargs)  # fmt: skip
+
+    def flags(self) -> dict:
+        """The deployment as the CLI's JSON echoes it."""
+        return {
+            "model": self.model_spec.name, "gpu": self.gpu_spec.name, "tp": self.tp, "pp": self.pp,
+            "replicas": self.replicas, "num_gpus": self.num_gpus, "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens, "weight_dtype": self.weight_dtype,
+            "kv_dtype": self.kv_dtype, "engine": self.engine, "block_size": self.block_size,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
+class Prediction:
+    """The steady state of a deployment at a load. metrics: `core.serving.steady_state.SteadyState.metrics`
+    with throughput_tokens_per_s scaled to the whole deployment; intervals: the 95% interval of each
+    percentile; converged / stable / kv_limited as there; kv_tokens: KV slots per replica; state: the
+    replica's estimate (its last simulation in state.result)."""
+
+    deployment: Deployment
+    load: Load
+    metrics: dict
+    intervals: dict
+    converged: bool
+    stable: bool
+    kv_limited: bool
+    kv_tokens: int
+    state: SteadyState = field(repr=False)
+
+    def to_dict(self) -> dict:
+        """JSON-ready: every percentile key (ttft_p50_s ... e2e_p99_s; None where undefined), the means,
+        throughput_tokens_per_s, mean_running_batch, preemptions, kv_limited, converged, stable, the
+        intervals, and what was simulated."""
+        m = self.metrics
+        out = {key: m.get(key) for key in metric_keys()}
+        for key in ("mean_ttft_s", "mean_tpot_s", "mean_itl_s", "mean_e2e_s", "queue_p99_s",
+                    "throughput_tokens_per_s", "request_throughput_per_s", "mean_running_batch",
+                    "mean_waiting", "preemptions", "preemptions_per_s"):  # fmt: skip
+            out[key] = m.get(key)
+        out |= {
+            "kv_limited": self.kv_limited, "converged": self.converged, "stable": self.stable,
+            "intervals": {k: list(v) for k, v in self.intervals.items()}, "kv_tokens": self.kv_tokens,
+            "simulated_requests": self.state.simulated_requests,
+            "measured_requests": self.state.measured_requests,
+            "warmup_requests": self.state.warmup_requests, "deployment": self.deployment.flags(),
+            "load": {"rate": self.load.rate, "concurrency": self.load.concurrency,
+                     "prompt_len": self.load.prompt_len, "output_len": self.load.output_len,
+                     "length_spread": self.load.length_spread, "seed": self.load.seed},
+        }  # fmt: skip
+        return out
+
+
+def idle_lifetime(step: StepTimeModel, load: Load, budget: int) -> float:
+    """A request's latency alone on an idle replica: its prefill in `budget`-token chunks, then its decodes."""
+    prefill = step.prefill_seconds(load.prompt_len, budget)
+    decode = step.decode_step_seconds(1, load.prompt_len + load.output_len / 2)
+    return prefill + (load.output_len - 1) * decode
+
+
+def replica_steady_state(
+    deployment: Deployment,
+    load: Load,
+    step: StepTimeModel,
+    kv_tokens: int,
+    settings: SteadyStateSettings | None = None,
+    decided: Callable[[dict, dict], bool] | None = None,
+) -> SteadyState:
+    """The steady state of one replica under `load` (already its share), KV capacity `kv_tokens` slots."""
+    config = SimulatorConfig(
+        kv_capacity_tokens=int(kv_tokens), max_num_seqs=deployment.max_num_seqs,
+        max_num_batched_tokens=deployment.max_num_batched_tokens, max_seq_len=load.max_len, step_time=step,
+        max_snapshots=1,
+    )  # fmt: skip
+    policy = paged(deployment.block_size, counted=True)
+
+    def run(requests, until):
+        return simulate(requests, policy, config, until_finished=until, concurrency=load.concurrency)
+
+    return steady_state(
+        load.requests, run, rate=load.rate, concurrency=load.concurrency,
+        lifetime_s=idle_lifetime(step, load, deployment.max_num_batched_tokens),
+        max_num_seqs=deployment.max_num_seqs, settings=settings, decided=decided,
+    )  # fmt: skip
+
+
+def predict(
+    deployment: Deployment,
+    load: Load,
+    step_time: Mapping | None = None,
+    settings: SteadyStateSettings | None = None,
+) -> Prediction:
+    """The steady state of `deployment` serving `load` (module docstring). step_time: overrides of the engine
+    profile's efficiencies and overheads. Raises InvalidArgumentError when a replica does not fit in memory."""
+    if not isinstance(deployment, Deployment) or not isinstance(load, Load):
+        raise InvalidArgumentError("predict needs a Deployment and a Load")
+    capacity = deployment.memory_plan(load.max_len)
+    if not capacity.fits:
+        raise InvalidArgumentError(f"the deployment does not fit: {capacity.verdict}")
+    share = load.per_replica(deployment.replicas)
+    state = replica_steady_state(
+        deployment, share, deployment.step_model(step_time), capacity.kv_tokens, settings
+    )
+    metrics = dict(state.metrics)
+    for key in ("throughput_tokens_per_s", "request_throughput_per_s"):
+        if key in metrics:
+            metrics[key] *= deployment.replicas
+    return Prediction(deployment, load, metrics, state.intervals, state.converged, state.stable,
+                      state.kv_limited, int(capacity.kv_tokens), state)  # fmt: skip
+
+
+def _finite(value) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)

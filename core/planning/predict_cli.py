@@ -1,0 +1,112 @@
+"""`python -m core.planning predict` (one deployment at one load) and `python -m core.planning max-rate` (the
+highest Poisson rate it holds within latency targets), each printing one JSON object.
+
+    python -m core.planning predict --model llama-3.1-8b --gpu h100-80gb --tp 1 --rate 12 \\
+        --prompt-len 1500 --output-len 256
+    python -m core.planning max-rate --model llama-3.1-8b --gpu h100-80gb --prompt-len 1500 --output-len 256 \\
+        --ttft-p99 1 --tpot-p99 0.05
+
+Exit status 0; 2 with one plain line on stderr naming the bad flag.
+"""
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+
+from core.errors import LabError
+from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.planning.engine_profiles import DEFAULT_ENGINE, ENGINES
+from core.planning.load import Load
+from core.planning.max_rate import max_rate
+from core.planning.predict import Deployment, predict
+from core.serving.latency import PERCENTILES
+from core.serving.steady_state import STEADY_METRICS
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one plain line and exit 2, as every other bad input
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _deployment_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model preset")
+    parser.add_argument("--gpu", required=True, help="GPU preset")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    parser.add_argument("--weight-dtype", default="auto")
+    parser.add_argument("--kv-dtype", default="auto")
+    parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
+    parser.add_argument("--prompt-len", type=int, required=True)
+    parser.add_argument("--output-len", type=int, required=True)
+    parser.add_argument("--length-spread", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def target_flags(parser: argparse.ArgumentParser) -> None:
+    """--ttft-p50 ... --e2e-p99: latency targets in seconds."""
+    for metric in STEADY_METRICS:
+        for q in PERCENTILES:
+            parser.add_argument(f"--{metric}-p{q}", type=float, dest=f"{metric}_p{q}_s", help="seconds")
+
+
+def _deployment(args) -> Deployment:
+    return Deployment(
+        args.model, args.gpu, args.tp, args.pp, args.replicas, args.max_num_seqs, args.max_num_batched_tokens,
+        args.weight_dtype, args.kv_dtype, args.engine,
+    )  # fmt: skip
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def predict_main(argv: Sequence[str]) -> int:
+    parser = _Parser(prog="python -m core.planning predict", description="One deployment's steady state.")
+    _deployment_flags(parser)
+    load = parser.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=float, help="requests/s, Poisson")
+    load.add_argument("--concurrency", type=int, help="closed-loop clients")
+    args = parser.parse_args(argv)
+    try:
+        deployment = _deployment(args)
+        load = Load(
+            args.rate, args.prompt_len, args.output_len, args.length_spread, args.seed, args.concurrency
+        )
+        result = predict(deployment, load).to_dict()
+    except LabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(_clean(result), indent=2))
+    return 0
+
+
+def max_rate_main(argv: Sequence[str]) -> int:
+    parser = _Parser(prog="python -m core.planning max-rate", description="The highest rate within targets.")
+    _deployment_flags(parser)
+    target_flags(parser)
+    args = parser.parse_args(argv)
+    targets = {k: v for k, v in vars(args).items() if k.endswith("_s") and v is not None}
+    try:
+        deployment = _deployment(args)
+        load = Load(1.0, args.prompt_len, args.output_len, args.length_spread, args.seed)
+        found = max_rate(deployment, load, targets)
+    except LabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    body = {"max_rate_req_per_s": found.max_req_per_s, "binding": found.binding, "targets": targets,
+            "evaluations": found.evaluations, "deployment": deployment.flags()}  # fmt: skip
+    body |= found.at.to_dict() if found.at is not None else {}
+    print(json.dumps(_clean(body), indent=2))
+    return 0

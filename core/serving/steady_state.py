@@ -1,0 +1,305 @@
+"""Steady-state latency of a served load: the simulator run long enough that its percentiles describe the load,
+not the empty system it starts from nor the drain at its end.
+
+A replay of N requests from an empty system measures a ramp-up: at the rates that matter a request lives longer
+than the arrival window, so the batch never reaches the concurrency the rate implies (Little's law: mean requests
+in the system = rate x mean lifetime), and the last requests finish alone. `steady_state` instead
+1. sizes the warm-up from the load: `warmup_lifetimes` mean request lifetimes (the idle lifetime first, then the
+   one measured under load) of arrivals, or `warmup_lifetimes` requests per client in a closed loop; the
+   requests that arrive in it are simulated but not measured;
+2. measures the next `measured` requests while later arrivals keep the load on (`simulate(until_finished=)`:
+   the simulation stops once every measured request finished, so nothing drains);
+3. splits the measured requests into `num_batches` consecutive batches (by arrival) and takes each percentile
+   of each batch (batch means, Law & Kelton ch. 9): the half-width of its 95% confidence interval is
+   t(0.975, batches - 1) x the batches' standard deviation / sqrt(batches);
+4. grows the measured requests (by the factor the widest interval asks, 2 to 8x) until every percentile's half-width is within `tolerance` of its value
+   (`converged`), or `decided(estimate)` says the question asked is already answered (an SLO met or missed with
+   the interval clear of the target), or `max_requests` is reached (`converged` False).
+Overload has no steady state: when the measured window's arrivals bring more output tokens than the window served
+(beyond `OVERLOAD_SLACK`) or its queue grew by more than `OVERLOAD_SLACK` of its arrivals, the estimate is
+`stable` False and its latencies grow with the horizon (they are the horizon's, not the load's).
+
+Metrics, per finished measured request (`core.serving.latency`): ttft, tpot, e2e, queue; and itl, the gaps
+between consecutive tokens of one sequence, pooled over every token as `vllm bench serve` pools them: a decode
+step of d seconds that emits a token for m running sequences contributes m gaps of d (a sequence's first token
+is its TTFT, not a gap; a recomputed sequence's gap after preemption is counted as the step that resumed it).
+Throughput is measured in the window (output tokens of the steps that ended in it / its length): below capacity
+it equals the arrival rate x the mean output length.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from core.common import check_float, check_int
+from core.errors import InvalidArgumentError
+from core.serving.latency import PERCENTILES, request_latencies
+from core.serving.sim_result import SimulationResult
+from core.serving.workload import Request
+
+STEADY_METRICS = (
+    "ttft",
+    "tpot",
+    "itl",
+    "e2e",
+)  # the latencies a steady-state estimate reports at PERCENTILES
+OVERLOAD_SLACK = 0.05
+KV_FULL = 0.9  # a step that leaves requests waiting with the cache this full is KV-limited
+# two-sided 95% Student t quantiles by degrees of freedom (batches - 1)
+_T95 = {4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179,
+        14: 2.145, 15: 2.131, 19: 2.093, 24: 2.064, 29: 2.045}  # fmt: skip
+
+
+def metric_keys() -> tuple[str, ...]:
+    """Every percentile key of an estimate: ttft_p50_s, ttft_p90_s, ..., e2e_p99_s."""
+    return tuple(f"{m}_p{q}_s" for m in STEADY_METRICS for q in PERCENTILES)
+
+
+@dataclass(frozen=True)
+class SteadyStateSettings:
+    """How long to simulate. tolerance: the relative half-width every percentile's 95% interval must reach;
+    num_batches: batches of the batch-means interval (5 to 30); initial_measured / max_requests: measured
+    requests of the first run and simulated requests at most; warmup_lifetimes: warm-up length in mean request
+    lifetimes (open loop) or requests per client (closed loop)."""
+
+    tolerance: float = 0.05
+    num_batches: int = 10
+    initial_measured: int = 600
+    max_requests: int = 12_000
+    warmup_lifetimes: float = 3.0
+
+    def __post_init__(self):
+        check_float(self.tolerance, "tolerance", minimum=0.001, maximum=1.0)
+        check_int(self.num_batches, "num_batches", minimum=5, maximum=30)
+        check_int(self.initial_measured, "initial_measured", minimum=5 * self.num_batches)
+        check_int(self.max_requests, "max_requests", minimum=self.initial_measured)
+        check_float(self.warmup_lifetimes, "warmup_lifetimes", minimum=0.0, maximum=100.0)
+
+
+@dataclass(frozen=True, eq=False)
+class SteadyState:
+    """A steady-state estimate of one replica.
+
+    metrics: `metric_keys()` percentiles (seconds; tpot absent when every output is one token) and
+    mean_{ttft,tpot,itl,e2e,queue}_s, queue_p{..}_s, throughput_tokens_per_s (output tokens/s in the window),
+    request_throughput_per_s, mean_running_batch (sequences, time-weighted), mean_waiting, preemptions
+    (in the window), preemptions_per_s. intervals: key -> (low, high), the 95% batch-means interval of each
+    percentile. converged: every interval within the tolerance (or the question decided, see `decided`).
+    decided: the caller's `decided` answered True. stable: the load is served (module docstring). kv_limited:
+    the KV cache held requests back in the window (a preemption, or a step that left requests waiting with
+    fewer than max_num_seqs running and the cache >= 90% full). simulated / measured / warmup_requests:
+    counts; window_s: the measured window's length (first to last measured arrival); result: the last run."""
+
+    metrics: dict
+    intervals: dict
+    converged: bool
+    decided: bool
+    stable: bool
+    kv_limited: bool
+    simulated_requests: int
+    measured_requests: int
+    warmup_requests: int
+    window_s: float
+    result: SimulationResult = field(repr=False)
+
+    def relative_half_widths(self) -> dict[str, float]:
+        """key -> half-width / value of each interval (0 for a zero value)."""
+        out = {}
+        for key, (low, high) in self.intervals.items():
+            value = self.metrics[key]
+            out[key] = (high - low) / 2 / value if value > 0 else 0.0
+        return out
+
+
+def _t95(dof: int) -> float:
+    known = max(d for d in _T95 if d <= dof)
+    return _T95[known]
+
+
+def _measured_window(requests: pd.DataFrame, first: int, stop: int) -> tuple[pd.DataFrame, float, float]:
+    window = requests.iloc[first:stop]
+    arrivals = window["arrival_time"].to_numpy()
+    return window, float(arrivals.min()), float(arrivals.max())
+
+
+def _itl_samples(steps: pd.DataFrame, requests: pd.DataFrame, t0: float, t1: float):
+    """(gap seconds, tokens) of the decode steps that ended in (t0, t1]: each step's duration weighted by the
+    tokens it emitted for sequences past their first token."""
+    sel = steps[(steps["time_s"] > t0) & (steps["time_s"] <= t1)]
+    times = sel["time_s"].to_numpy()
+    first = requests["first_token_time"].to_numpy()
+    seqs = requests["n"].to_numpy() if "n" in requests else np.ones(len(requests))
+    ok = ~np.isnan(first)
+    order = np.argsort(first[ok], kind="stable")
+    sorted_first, sorted_n = first[ok][order], np.cumsum(seqs[ok][order])
+    lo = np.searchsorted(sorted_first, times, side="left")
+    hi = np.searchsorted(sorted_first, times, side="right")
+    csum = np.concatenate(([0], sorted_n))
+    first_tokens = csum[hi] - csum[lo]  # sequences whose first token this step emitted
+    tokens = sel["tokens_generated"].to_numpy() - first_tokens
+    return sel["step_time_ms"].to_numpy() / 1000.0, np.maximum(tokens, 0), times
+
+
+def _weighted_percentiles(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    if weights.sum() <= 0:
+        return np.full(len(PERCENTILES), np.nan)
+    return np.percentile(values, PERCENTILES, weights=weights, method="inverted_cdf")
+
+
+def _percentiles(window: pd.DataFrame, itl: tuple) -> dict[str, float]:
+    out = {}
+    latencies = request_latencies(window)
+    for name in ("ttft", "tpot", "e2e", "queue"):
+        values = latencies[name][~np.isnan(latencies[name])]
+        if len(values):
+            for q, v in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):
+                out[f"{name}_p{q}_s"] = float(v)
+            out[f"mean_{name}_s"] = float(values.mean())
+    gaps, tokens = itl[0], itl[1]
+    if tokens.sum() > 0:
+        for q, v in zip(PERCENTILES, _weighted_percentiles(gaps, tokens), strict=True):
+            out[f"itl_p{q}_s"] = float(v)
+        out["mean_itl_s"] = float((gaps * tokens).sum() / tokens.sum())
+    return out
+
+
+def _batch_intervals(window: pd.DataFrame, itl: tuple, batches: int, estimate: dict) -> dict:
+    """key -> (low, high): the 95% batch-means interval of each percentile in `estimate`."""
+    bounds = np.linspace(0, len(window), batches + 1).astype(int)
+    arrivals = window["arrival_time"].to_numpy()
+    per_batch = []
+    for b in range(batches):
+        part = window.iloc[bounds[b] : bounds[b + 1]]
+        t0 = arrivals[bounds[b]] if b else -math.inf
+        t1 = arrivals[bounds[b + 1] - 1] if b < batches - 1 else math.inf
+        in_part = (itl[2] > t0) & (itl[2] <= t1)
+        per_batch.append(_percentiles(part, (itl[0][in_part], itl[1][in_part])))
+    t = _t95(batches - 1)
+    out = {}
+    for key in metric_keys():
+        if key not in estimate:
+            continue
+        values = np.array([p.get(key, np.nan) for p in per_batch])
+        values = values[~np.isnan(values)]
+        half = t * values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.inf
+        out[key] = (estimate[key] - half, estimate[key] + half)
+    return out
+
+
+def _window_load(
+    steps: pd.DataFrame, window: pd.DataFrame, t0: float, t1: float, max_num_seqs: int, capacity
+):
+    """Throughput, batch, queue growth and the KV verdict of the steps that ended in (t0, t1]."""
+    sel = steps[(steps["time_s"] > t0) & (steps["time_s"] <= t1)]
+    span = t1 - t0
+    dt = sel["step_time_ms"].to_numpy() / 1000.0
+    busy = dt.sum()
+    waiting = sel["waiting"].to_numpy()
+    full = 1.0 - sel["free_slots"].to_numpy() / capacity >= KV_FULL
+    held = (waiting > 0) & (sel["running_seqs"].to_numpy() < max_num_seqs) & full
+    samples = window["n"].to_numpy() if "n" in window else 1
+    offered = float((window["output_len"].to_numpy() * samples).sum())
+    served = float(sel["tokens_generated"].sum())
+    return {
+        "throughput_tokens_per_s": served / span if span > 0 else 0.0,
+        "offered_tokens_per_s": offered / span if span > 0 else 0.0,
+        "request_throughput_per_s": len(window) / span if span > 0 else 0.0,
+        "mean_running_batch": float((sel["running_seqs"].to_numpy() * dt).sum() / busy) if busy else 0.0,
+        "mean_waiting": float((waiting * dt).sum() / busy) if busy else 0.0,
+        "queue_growth": _growth(waiting, dt),
+        "preemptions": int(sel["preemptions"].sum()),
+        "preemptions_per_s": float(sel["preemptions"].sum() / span) if span > 0 else 0.0,
+        "kv_limited": bool(sel["preemptions"].sum() > 0 or held.any()),
+    }
+
+
+def _growth(waiting: np.ndarray, dt: np.ndarray) -> float:
+    """Mean queue length over the last fifth of the window's time minus that over its first fifth."""
+    if len(waiting) < 10:
+        return 0.0
+    t = np.cumsum(dt)
+    head, tail = t <= 0.2 * t[-1], t >= 0.8 * t[-1]
+    return float(np.average(waiting[tail], weights=dt[tail]) - np.average(waiting[head], weights=dt[head]))
+
+
+def steady_state(
+    requests: Callable[[int], list[Request]],
+    run: Callable[[list[Request], int], SimulationResult],
+    *,
+    rate: float | None = None,
+    concurrency: int | None = None,
+    lifetime_s: float,
+    max_num_seqs: int,
+    settings: SteadyStateSettings | None = None,
+    decided: Callable[[dict, dict], bool] | None = None,
+) -> SteadyState:
+    """The steady-state estimate of one replica (module docstring).
+
+    requests(n): n requests (the same seeded draw's first ones for any n is not required); run(requests, until):
+    the simulation stopping once the first `until` finished (`simulate(..., until_finished=until)`, with
+    `concurrency=` for a closed loop). Exactly one of rate (requests/s, open loop) and concurrency (clients,
+    closed loop). lifetime_s: a first guess of a request's lifetime (its idle latency). decided(metrics,
+    intervals): True once the caller's question is answered, which ends the doubling early."""
+    settings = settings or SteadyStateSettings()
+    if (rate is None) == (concurrency is None):
+        raise InvalidArgumentError("a steady state needs exactly one of rate (requests/s) and concurrency")
+    measured, lifetime = settings.initial_measured, max(lifetime_s, 1e-9)
+    while True:
+        extra = _tail_requests(rate, concurrency, lifetime)
+        warmup = min(_warmup_requests(settings, rate, concurrency, lifetime), settings.max_requests // 3)
+        measured = max(settings.initial_measured, min(measured, settings.max_requests - warmup - extra))
+        total = warmup + measured
+        result = run(requests(total + extra), total)
+        estimate = _estimate(result, warmup, total, settings, max_num_seqs)
+        measured_life = estimate.metrics.get("mean_e2e_s", lifetime)
+        if estimate.stable and measured_life > 1.5 * lifetime and warmup < total // 2:
+            lifetime = measured_life  # the warm-up was sized on too short a lifetime: size it again
+            continue
+        widths = estimate.relative_half_widths()
+        converged = bool(widths) and bool(max(widths.values()) <= settings.tolerance)
+        is_decided = decided is not None and estimate.stable and decided(estimate.metrics, estimate.intervals)
+        worst = max(widths.values()) if widths else math.inf  # half-widths shrink as 1 / sqrt(requests)
+        grown = min(math.ceil(measured * min(max((worst / settings.tolerance) ** 2, 2.0), 8.0)),
+                    settings.max_requests - warmup - extra)  # fmt: skip
+        if converged or is_decided or not estimate.stable or grown <= measured:
+            return _finish(estimate, converged and estimate.stable, is_decided, total + extra)
+        measured, lifetime = grown, max(lifetime, measured_life)
+
+
+def _warmup_requests(settings, rate, concurrency, lifetime) -> int:
+    if concurrency is not None:
+        return math.ceil(settings.warmup_lifetimes * concurrency)
+    return max(10, math.ceil(settings.warmup_lifetimes * rate * lifetime))
+
+
+def _tail_requests(rate, concurrency, lifetime) -> int:
+    """Arrivals after the measured ones, enough to keep the load on until the last measured one finishes."""
+    if concurrency is not None:
+        return concurrency + 1
+    return 20 + math.ceil(3 * rate * lifetime)
+
+
+def _estimate(result: SimulationResult, warmup: int, total: int, settings, max_num_seqs) -> SteadyState:
+    window, t0, t1 = _measured_window(result.requests, warmup, total)
+    itl = _itl_samples(result.steps, result.requests, t0, t1)
+    metrics = _percentiles(window, itl)
+    capacity = result.capacity_slots or result.config.kv_capacity_tokens
+    load = _window_load(result.steps, window, t0, t1, max_num_seqs, capacity)
+    metrics |= {k: v for k, v in load.items() if k not in ("kv_limited", "queue_growth")}
+    deficit = 1.0 - load["throughput_tokens_per_s"] / max(load["offered_tokens_per_s"], 1e-30)
+    overloaded = deficit > 3 * OVERLOAD_SLACK or (
+        deficit > OVERLOAD_SLACK and load["queue_growth"] > OVERLOAD_SLACK / 2 * len(window)
+    )
+    intervals = _batch_intervals(window, itl, settings.num_batches, metrics)
+    return SteadyState(metrics, intervals, False, False, not overloaded, load["kv_limited"], total,
+                       len(window), warmup, t1 - t0, result)  # fmt: skip
+
+
+def _finish(estimate: SteadyState, converged: bool, decided: bool, simulated: int) -> SteadyState:
+    return SteadyState(
+        estimate.metrics, estimate.intervals, converged, decided, estimate.stable, estimate.kv_limited,
+        simulated, estimate.measured_requests, estimate.warmup_requests, estimate.window_s, estimate.result,
+    )  # fmt: skip
