@@ -1,0 +1,313 @@
+"""Measured vLLM serving figures, the simulator's prediction of each, and the vLLM step-time parameters fitted to
+them (`core.planning.engine_profiles` stores the fitted values; docs/slo.md has the method and the table).
+
+The figures (`ROWS`, from core/planning/data/vllm_silicon_llama31_70b.csv): ai-dynamo/aiconfigurator's
+silicon_sample.csv, its vLLM rows of Llama-3.1-70B with FP8 weights on H100 SXM (TP 2, 4, 8) and H200 SXM (TP 1, 2,
+4, 8): mean TTFT and mean TPOT of a closed loop of C clients (C = 4 ... 64) at fixed lengths ISL / OSL
+(1,024 / 1,024, 1,024 / 8,192, 8,192 / 1,024).
+
+The prediction of one row (`predict_row`) is a deployment with vLLM's defaults where the row says nothing: FP8
+weights, KV cache in the model's dtype (kv_cache_dtype auto), block size 16, max_num_batched_tokens 8,192,
+max_num_seqs 256, gpu_memory_utilization 0.9, max_model_len ISL + OSL, the KV capacity from the exact planner
+(`core.planning.plan.plan`); the step time `core.planning.step_time.from_specs` with the parameters given; run
+through `core.serving.simulator.simulate(..., concurrency=C)` (the closed loop, the paged policy counting blocks)
+as the benchmark that measured it: BENCHMARK_ROUNDS rounds of C requests (aiconfigurator's benchmark template
+sends 20 x C requests at concurrency C), the mean over all of them. Two phases make that mean:
+- "first": the first round, from a synchronized start (all C clients send at 0: the prompts queue for the
+  prefill budget, so TTFT grows with C);
+- "steady": the rounds after, in the steady state of clients out of phase (a real server's clients drift apart;
+  the simulator's, with fixed lengths, would stay in lockstep forever, every round a synchronized start): the
+  first round's outputs are staggered ((i + 1) / C x OSL tokens for client i), the next WARMUP_ROUNDS x C
+  requests dropped, the next MEASURED_ROUNDS x C measured.
+mean = (first + (BENCHMARK_ROUNDS - 1) x steady) / BENCHMARK_ROUNDS, for TTFT and for TPOT.
+
+Why the fit is fast: in a closed loop a request arrives the moment another finishes, i.e. at the end of a step,
+so which requests each step holds never depends on how long the steps take. `RowReplay` simulates each phase of
+a row once, records every step's load (new tokens, keys read, attention pairs, sampled tokens) and which step
+each measured request arrived, got its first token and finished in; other parameters then only re-price the
+recorded steps (numpy), exactly what simulating again gives (tests check it).
+
+`fit_vllm` fits FIT_NAMES by Gauss-Newton least squares on log(predicted / measured) of mean TTFT and mean TPOT
+over the training rows: the H100 rows. The H200 rows are held out: another GPU (1.43x the bandwidth, 1.76x the
+memory) and a TP size (1) the training rows do not have.
+
+KV-limited rows (`kv_limited`: C x (ISL + OSL / 2), the KV tokens the clients hold on average, exceeds the
+planner's KV tokens) are reported but neither fitted nor counted in either RMS: there requests wait for KV
+blocks (or are preempted) and the measured TTFT is a queueing time that depends on the benchmark's length and
+on vLLM's preemption order, not on the step time the fit is about. docs/slo.md lists them with their errors.
+"""
+
+import csv
+import math
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from core.planning.hardware import GPUS
+from core.planning.models import MODELS
+from core.planning.plan import plan
+from core.planning.step_time import StepTimeModel, from_specs
+from core.serving.memory_policies import paged
+from core.serving.sim_config import SimulatorConfig
+from core.serving.simulator import simulate
+from core.serving.workload import Request
+
+DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_llama31_70b.csv"
+VLLM_SOURCE = (
+    "ai-dynamo/aiconfigurator, aic-core/src/aiconfigurator_core/systems/silicon_sample.csv at commit "
+    "095f58a51c4ca8e61b66ec108d86f223f8d559ce (Apache-2.0): vLLM rows, Llama-3.1-70B FP8, H100 / H200 SXM"
+)
+WEIGHT_DTYPE = "fp8"
+KV_DTYPE = "auto"  # vLLM's default kv_cache_dtype: the model's dtype (bf16)
+BLOCK_SIZE = 16
+MAX_NUM_BATCHED_TOKENS = 8192
+MAX_NUM_SEQS = 256
+GPU_MEMORY_UTILIZATION = 0.9
+WARMUP_ROUNDS = 2
+MEASURED_ROUNDS = 2
+BENCHMARK_ROUNDS = 20
+PHASES = ("first", "steady")
+HELD_OUT_GPUS = ("h200-141gb",)
+FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
+START = {"bandwidth_efficiency": 0.6, "flops_efficiency": 0.4, "overhead_s": 0.003,
+         "per_token_overhead_s": 1e-6}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VllmRow:
+    """One measured run: preset slugs, tp, lengths (tokens), clients, mean TTFT and TPOT (seconds)."""
+
+    id: str
+    model: str
+    gpu: str
+    tp: int
+    isl: int
+    osl: int
+    concurrency: int
+    ttft_s: float
+    tpot_s: float
+
+    @property
+    def held_out(self) -> bool:
+        return self.gpu in HELD_OUT_GPUS
+
+    @property
+    def label(self) -> str:
+        return (f"{MODELS[self.model].name} FP8, {GPUS[self.gpu].name} TP{self.tp}, ISL {self.isl} / OSL "
+                f"{self.osl}, {self.concurrency} clients")  # fmt: skip
+
+
+def _read_rows() -> tuple[VllmRow, ...]:
+    with DATA_PATH.open(newline="") as f:
+        lines = [line for line in f if not line.startswith("#")]
+    rows = []
+    for r in csv.DictReader(lines):
+        ints = (int(r[k]) for k in ("tp", "isl", "osl", "concurrency"))
+        seconds = (float(r[k]) / 1e3 for k in ("ttft_ms", "tpot_ms"))
+        rows.append(VllmRow(r["id"], r["model"], r["gpu"], *ints, *seconds))
+    return tuple(rows)
+
+
+ROWS = _read_rows()
+
+
+@cache
+def kv_tokens(row: VllmRow) -> int:
+    """KV slots of the row's replica by the exact planner (vLLM's memory rules and defaults)."""
+    capacity = plan(
+        MODELS[row.model], GPUS[row.gpu], tensor_parallel=row.tp, weight_dtype=WEIGHT_DTYPE, kv_dtype=KV_DTYPE,
+        gpu_memory_utilization=GPU_MEMORY_UTILIZATION, block_size=BLOCK_SIZE, max_model_len=row.isl + row.osl,
+        max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+    )  # fmt: skip
+    return int(capacity.kv_tokens)
+
+
+def kv_limited(row: VllmRow) -> bool:
+    """Whether the clients' average KV footprint, C x (ISL + OSL / 2) tokens, exceeds the cache (module docstring)."""
+    return row.concurrency * (row.isl + row.osl / 2) > kv_tokens(row)
+
+
+def row_set(row: VllmRow) -> str:
+    """The row's set: "kv-limited", "held out" or "training"."""
+    return "kv-limited" if kv_limited(row) else "held out" if row.held_out else "training"
+
+
+def step_model(row: VllmRow, overrides: dict) -> StepTimeModel:
+    return from_specs(MODELS[row.model], GPUS[row.gpu], row.tp, WEIGHT_DTYPE, KV_DTYPE, **overrides)
+
+
+def _run(row: VllmRow, step, phase: str):
+    """The closed-loop simulation of `row` priced by `step` (a StepTimeModel or anything with its interface) and
+    the requests it measures: phase "first" runs one round from a synchronized start (every client sends at 0)
+    and measures it; phase "steady" staggers the first round (client i's first output is (i + 1) / C x OSL
+    tokens, so the clients are out of phase as a real server's drift apart) and measures requests
+    WARMUP_ROUNDS x C to (WARMUP_ROUNDS + MEASURED_ROUNDS) x C."""
+    c = row.concurrency
+    if phase == "first":
+        start, end = 0, c
+        lengths = [row.osl] * (2 * c)
+    else:
+        start, end = WARMUP_ROUNDS * c, (WARMUP_ROUNDS + MEASURED_ROUNDS) * c
+        lengths = [max(2, round((i + 1) * row.osl / c)) for i in range(c)] + [row.osl] * end
+    requests = [Request(i, 0.0, row.isl, n) for i, n in enumerate(lengths)]
+    config = SimulatorConfig(
+        kv_capacity_tokens=kv_tokens(row), max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_seq_len=row.isl + row.osl, step_time=step, max_snapshots=1,
+    )  # fmt: skip
+    result = simulate(requests, paged(BLOCK_SIZE, counted=True), config, until_finished=end, concurrency=c)
+    return result, result.requests.iloc[start:end]
+
+
+def _means(measured) -> tuple[float, float]:
+    ttft = measured["first_token_time"] - measured["arrival_time"]
+    tpot = (measured["finish_time"] - measured["first_token_time"]) / (measured["output_len"] - 1)
+    return float(ttft.mean()), float(tpot.mean())
+
+
+def benchmark_mean(first: tuple[float, float], steady: tuple[float, float]) -> tuple[float, float]:
+    """(mean TTFT, mean TPOT) of a benchmark of BENCHMARK_ROUNDS rounds: its first round from a synchronized
+    start, the others in the steady state."""
+    weight = 1.0 / BENCHMARK_ROUNDS
+    return tuple(weight * f + (1.0 - weight) * s for f, s in zip(first, steady, strict=True))
+
+
+def predict_row(row: VllmRow, overrides: dict) -> tuple[float, float]:
+    """(mean TTFT, mean TPOT) in seconds that `row`'s benchmark would measure, simulated with these parameters."""
+    step = step_model(row, overrides)
+    return benchmark_mean(*(_means(_run(row, step, phase)[1]) for phase in PHASES))
+
+
+class _RecordingStep:
+    """A StepTimeModel that records the load of every step it prices, in the order priced."""
+
+    def __init__(self, step: StepTimeModel):
+        self.step = step
+        self.kv_bytes_per_token = step.kv_bytes_per_token
+        self.swap_bandwidth = step.swap_bandwidth
+        self.loads: list[tuple[np.ndarray, ...]] = []
+
+    def step_seconds(self, new_tokens, kv_read, pairs=0.0, swap_bytes=0.0, output_tokens=None):
+        if swap_bytes:
+            raise AssertionError("a replay cannot re-price swaps (the rows run with preemption by recompute)")
+        outputs = new_tokens if output_tokens is None else output_tokens
+        self.loads.append(tuple(np.array([v], dtype=np.float64) for v in (new_tokens, kv_read, pairs, outputs)))  # fmt: skip
+        return self.step.step_seconds(new_tokens, kv_read, pairs, output_tokens=output_tokens)
+
+    def step_time(self, new_tokens, kv_read, pairs=0.0):
+        arrays = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (new_tokens, kv_read, pairs)))
+        self.loads.append((*arrays, arrays[0]))
+        return self.step.step_time(new_tokens, kv_read, pairs)
+
+
+class RowReplay:
+    """One row simulated once per phase, re-priced for any parameters (module docstring: why that is exact).
+
+    For each phase: the recorded step loads (new tokens, keys read, attention pairs, sampled tokens; float64
+    [steps]) and, per measured request, the number of steps that had ended when it arrived, got its first token
+    and finished (int64 [requests]; its times are the cumulative step times there)."""
+
+    def __init__(self, row: VllmRow):
+        self.row = row
+        self.phases = {phase: _record(row, phase) for phase in PHASES}
+
+    def latencies(self, overrides: dict) -> tuple[float, float]:
+        """(mean TTFT, mean TPOT) in seconds, as `predict_row` computes them, with these parameters."""
+        step = step_model(self.row, overrides)
+        means = []
+        for loads, (arrival, first, finish) in (self.phases[p] for p in PHASES):
+            clock = np.concatenate([[0.0], np.cumsum(step.step_time(*loads[:3], output_tokens=loads[3]))])
+            ttft = clock[first] - clock[arrival]
+            tpot = (clock[finish] - clock[first]) / (self.row.osl - 1)
+            means.append((float(ttft.mean()), float(tpot.mean())))
+        return benchmark_mean(*means)
+
+
+def _record(row: VllmRow, phase: str):
+    """(loads, (arrival, first, finish) step indices) of one phase of `row` (RowReplay)."""
+    recorder = _RecordingStep(step_model(row, START))
+    result, measured = _run(row, recorder, phase)
+    loads = tuple(np.concatenate(parts) for parts in zip(*recorder.loads, strict=True))
+    ends = result.steps["time_s"].to_numpy(np.float64)
+    if len(ends) != len(loads[0]):
+        raise AssertionError(f"{len(loads[0])} steps priced, {len(ends)} recorded: cannot replay")
+    edges = np.concatenate([[0.0], ends])
+    names = ("arrival_time", "first_token_time", "finish_time")
+    return loads, tuple(_step_index(edges, measured[n].to_numpy(np.float64)) for n in names)
+
+
+def _step_index(edges: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Index into edges (0, then each step's end) of each time, which must be one of them."""
+    index = np.searchsorted(edges, times)
+    index = np.minimum(index, len(edges) - 1)
+    if not np.allclose(edges[index], times, rtol=1e-12, atol=1e-12):
+        raise AssertionError("a request time is not a step end: cannot replay")
+    return index
+
+
+@cache
+def replay(row: VllmRow) -> RowReplay:
+    return RowReplay(row)
+
+
+def _log_errors(x: np.ndarray, rows) -> np.ndarray:
+    overrides = dict(zip(FIT_NAMES, np.exp(x), strict=True))
+    out = []
+    for row in rows:
+        ttft, tpot = replay(row).latencies(overrides)
+        out += [math.log(ttft / row.ttft_s), math.log(tpot / row.tpot_s)]
+    return np.array(out)
+
+
+def training_rows() -> list[VllmRow]:
+    return [r for r in ROWS if row_set(r) == "training"]
+
+
+def fit_vllm(rows=None, iterations: int = 60) -> dict:
+    """FIT_NAMES minimising sum(log(predicted / measured)^2) over mean TTFT and mean TPOT of `rows` (default: the
+    training rows), by damped Gauss-Newton on their logs (finite-difference Jacobians, the efficiencies held in
+    (0, 1], the overheads > 0 by the log)."""
+    rows = training_rows() if rows is None else list(rows)
+    upper = np.array([0.0 if n.endswith("efficiency") else math.inf for n in FIT_NAMES])
+    x = np.log([START[n] for n in FIT_NAMES])
+    r = _log_errors(x, rows)
+    for _ in range(iterations):
+        jac = np.empty((len(r), len(x)))
+        for j in range(len(x)):
+            dx = np.zeros_like(x)
+            dx[j] = 1e-6
+            jac[:, j] = (r - _log_errors(x - dx, rows)) / 1e-6  # backward: an efficiency may sit at 1
+        step = np.linalg.lstsq(jac, -r, rcond=None)[0]
+        for _ in range(20):  # halve the step until the cost falls
+            x_new = np.minimum(x + step, upper)
+            r_new = _log_errors(x_new, rows)
+            if r_new @ r_new < r @ r:
+                break
+            step /= 2
+        else:
+            break
+        converged = np.max(np.abs(x_new - x)) < 1e-9
+        x, r = x_new, r_new
+        if converged:
+            break
+    return dict(zip(FIT_NAMES, (float(v) for v in np.exp(x)), strict=True))
+
+
+def comparison(overrides: dict) -> list[dict]:
+    """One dict per row: the row, measured and predicted mean TTFT / TPOT (seconds), their relative errors
+    (predicted / measured - 1) and the set ("training", "held out", "kv-limited")."""
+    out = []
+    for row in ROWS:
+        ttft, tpot = replay(row).latencies(overrides)
+        out.append({
+            "row": row, "ttft_s": ttft, "tpot_s": tpot, "ttft_error": ttft / row.ttft_s - 1.0,
+            "tpot_error": tpot / row.tpot_s - 1.0, "set": row_set(row),
+        })  # fmt: skip
+    return out
+
+
+def rms_relative_error(rows: list[dict], which: str) -> float:
+    """RMS of the TTFT and TPOT relative errors together over the comparison rows of set `which`."""
+    errors = [e for r in rows if r["set"] == which for e in (r["ttft_error"], r["tpot_error"])]
+    return float(np.sqrt(np.mean(np.square(errors)))) if errors else math.nan

@@ -1,0 +1,80 @@
+"""The engine profiles (`core.planning.engine_profiles`) and the vLLM fit behind them
+(`core.planning.published_vllm`): the API, the stored fit's held-out error recomputed from the measured rows,
+the replay against simulating again, and the row predictor on a case small enough to work out by hand."""
+
+import numpy as np
+import pytest
+
+from core.errors import InvalidArgumentError
+from core.planning import published_vllm as pv
+from core.planning.engine_profiles import DEFAULT_ENGINE, ENGINES, VLLM_STEP_DEFAULTS, engine_step_defaults
+from core.planning.published import gpu_step_defaults
+
+STATED_TRAINING_RMS = 0.150  # engine_profiles' comment and docs/slo.md
+STATED_HELDOUT_RMS = 0.159
+
+
+def test_engines_and_default():
+    assert ENGINES == ("vllm", "trtllm")
+    assert DEFAULT_ENGINE == "vllm"
+    assert engine_step_defaults("trtllm") == gpu_step_defaults()
+    vllm = engine_step_defaults("vllm")
+    assert vllm == VLLM_STEP_DEFAULTS
+    vllm["overhead_s"] = 1.0  # a copy: the stored profile is not changed through it
+    assert engine_step_defaults("vllm")["overhead_s"] == VLLM_STEP_DEFAULTS["overhead_s"]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "VLLM", "", None])
+def test_unknown_engine_names_the_choices(engine):
+    with pytest.raises(InvalidArgumentError) as err:
+        engine_step_defaults(engine)
+    assert "vllm" in str(err.value) and "trtllm" in str(err.value)
+
+
+def test_rows_cover_both_gpus_and_every_tp():
+    assert len(pv.ROWS) == 105
+    assert {(r.gpu, r.tp) for r in pv.ROWS} == {("h100-80gb", 2), ("h100-80gb", 4), ("h100-80gb", 8),
+                                                ("h200-141gb", 1), ("h200-141gb", 2), ("h200-141gb", 4),
+                                                ("h200-141gb", 8)}  # fmt: skip
+    sets = [pv.row_set(r) for r in pv.ROWS]
+    assert (sets.count("training"), sets.count("held out"), sets.count("kv-limited")) == (42, 57, 6)
+    assert all(pv.row_set(r) != "training" for r in pv.ROWS if r.gpu == "h200-141gb")
+
+
+def test_stored_vllm_profile_meets_the_stated_errors():
+    rows = pv.comparison(VLLM_STEP_DEFAULTS)
+    held_out = pv.rms_relative_error(rows, "held out")
+    assert held_out <= 0.25
+    assert held_out == pytest.approx(STATED_HELDOUT_RMS, abs=0.01)
+    assert pv.rms_relative_error(rows, "training") == pytest.approx(STATED_TRAINING_RMS, abs=0.01)
+    # the vLLM profile predicts the vLLM rows better than the TensorRT-LLM one
+    trtllm = pv.comparison(engine_step_defaults("trtllm"))
+    assert pv.rms_relative_error(trtllm, "held out") > held_out + 0.05
+
+
+def test_replay_equals_simulating_again():
+    row = next(
+        r for r in pv.ROWS if (r.gpu, r.tp, r.isl, r.osl, r.concurrency) == ("h100-80gb", 4, 8192, 1024, 16)
+    )
+    other = {
+        "bandwidth_efficiency": 0.7,
+        "flops_efficiency": 0.55,
+        "overhead_s": 0.004,
+        "per_token_overhead_s": 3e-6,
+    }
+    assert pv.replay(row).latencies(other) == pytest.approx(pv.predict_row(row, other), rel=1e-9)
+
+
+def test_one_client_by_hand():
+    """One client, 16 prompt / 4 output tokens: each request is a 16-token prefill step (TTFT) and 3 decode steps
+    at contexts 16, 17, 18 (TPOT their mean), in both phases."""
+    row = pv.VllmRow("tiny", "llama-3.1-70b", "h100-80gb", 8, 16, 4, 1, 1.0, 1.0)
+    overrides = dict(VLLM_STEP_DEFAULTS)
+    step = pv.step_model(row, overrides)
+    ttft = step.step_seconds(16, 0, 16 * 17 / 2)
+    tpot = np.mean([step.step_seconds(1, ctx, ctx + 1) for ctx in (16, 17, 18)])
+    assert pv.predict_row(row, overrides) == pytest.approx((ttft, tpot), rel=1e-9)
+    # by hand: 70.6e9 FP8 weights / 8 GPUs = 8.8 GB read at 3.35 TB/s (2.63 ms, bandwidth_efficiency 1), the
+    # 5.16 ms fixed overhead, 160 all-reduces (2 per layer) x 10 us, 16.6 us for the one token; KV reads are tiny
+    by_hand = 70.6e9 / 8 / 3.35e12 + VLLM_STEP_DEFAULTS["overhead_s"] + 160 * 10e-6 + 16.6e-6
+    assert tpot == pytest.approx(by_hand, rel=0.01)
