@@ -4,9 +4,11 @@ its row. A rerun that changes a figure changes the saved JSON and the README tog
 
 import json
 import math
+import re
 import statistics
 
 import numpy as np
+import pytest
 
 from core.planning.published import comparison
 from tests.conftest import ROOT
@@ -90,8 +92,13 @@ def test_the_published_figures_summary():
     training = np.array([r["set"] == "training" for r in comparison()])
     rms = [100 * math.sqrt(np.mean(errors[mask] ** 2)) for mask in (training, ~training)]
     worst = 100 * np.max(np.abs(errors))
-    stated = f"training RMS {rms[0]:.1f} %, held out RMS {rms[1]:.1f} %** (worst {worst:.1f} %)"
-    assert stated in " ".join(README.split())  # the sentence may wrap
+    # The figures come from a least-squares fit (another CPU's BLAS rounds it differently): each stated figure is
+    # read back and held to its one decimal, not compared as a formatted string that flips at a rounding boundary.
+    stated = re.search(
+        r"training RMS ([\d.]+) %, held out RMS ([\d.]+) %\*\* \(worst ([\d.]+) %\)", " ".join(README.split())
+    )  # the sentence may wrap
+    assert stated, "the README states the published figures' training / held-out RMS and worst error"
+    assert [float(v) for v in stated.groups()] == pytest.approx([*rms, worst], abs=0.05 + 1e-6)
 
 
 def test_the_slo_row_is_the_saved_runs():

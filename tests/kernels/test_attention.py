@@ -118,11 +118,16 @@ def test_nan_poisoned_padding_and_output_do_not_leak():
         assert got.data_ptr() == out.data_ptr()
         assert not torch.isnan(out).any()
         assert (out.double() - expected).abs().max() <= 1e-5
-    # The same problem without poison gives the very same numbers: padding content has no influence at all.
+    # The same problem without poison gives the same numbers: padding content has no influence. Held to float32
+    # rounding, not bit for bit: the torch backend goes through BLAS, which may pick another blocking (or, on MKL,
+    # another path for another buffer alignment) between two calls.
     clean = make_problem(NUM_SEQS, 8, 2, 64, 16, 90, torch.float32, seed=5, poison=False)
     for backend in CPU_BACKENDS:
-        assert torch.equal(
-            paged_attention(**clean, backend=backend), paged_attention(**problem, backend=backend)
+        torch.testing.assert_close(
+            paged_attention(**clean, backend=backend),
+            paged_attention(**problem, backend=backend),
+            rtol=1e-6,
+            atol=1e-6,
         )
 
 

@@ -55,7 +55,9 @@ def test_the_summary_the_page_states():
     assert math.sqrt(np.mean(errors[training] ** 2)) == pytest.approx(0.162, abs=0.0005)
     assert math.sqrt(np.mean(errors[~training] ** 2)) == pytest.approx(0.190, abs=0.0005)
     fit = gpu_step_defaults()
-    assert (round(fit["bandwidth_efficiency"], 3), round(fit["flops_efficiency"], 3)) == (0.594, 0.435)
+    # to the three decimals stated, within a tolerance (a lstsq fit: another CPU's BLAS rounds differently)
+    assert fit["bandwidth_efficiency"] == pytest.approx(0.594, abs=5e-4 + 1e-9)
+    assert fit["flops_efficiency"] == pytest.approx(0.435, abs=5e-4 + 1e-9)
     assert fit["overhead_s"] == pytest.approx(1.87e-3, abs=5e-6)
 
 

@@ -103,7 +103,9 @@ def test_sizes_with_too_few_steps_get_no_factor():
 
 
 def test_without_the_name_the_fit_is_bit_identical_to_the_one_before_factors():
-    # Values printed by commit c7b57be's fit_step_time (before small_step_factors existed) on this same case.
+    # Values printed by commit c7b57be's fit_step_time (before small_step_factors existed) on this same case, on
+    # one CPU. Another CPU's BLAS rounds the least-squares solve differently (an Intel Xeon: 0.6741490391 against
+    # 0.6741490360, 5e-9 relative), so they are held to 1e-6 relative: far below any change of the fit itself.
     truth = opt_13b_a100(bandwidth_efficiency=0.7, flops_efficiency=0.45, overhead_s=0.010,
                          single_token_overhead_s=0.004)  # fmt: skip
     rng = np.random.default_rng(11)
@@ -122,5 +124,5 @@ def test_without_the_name_the_fit_is_bit_identical_to_the_one_before_factors():
     for robust, values in before.items():
         fit = fit_step_time(steps, opt_13b_a100(), fit=ONE_TOKEN, robust=robust)
         got = [getattr(fit.model, k) for k in ONE_TOKEN] + [fit.rms_relative_error]
-        assert got == [float.fromhex(v) for v in values]
+        assert got == pytest.approx([float.fromhex(v) for v in values], rel=1e-6)
         assert fit.model.small_step_factors == ()
