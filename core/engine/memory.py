@@ -132,32 +132,12 @@ class EngineMemory:
     def can_admit(self, group: SequenceGroup, num_tokens: int, reserved_blocks: int) -> bool:
         return self.admission_blocks(group) <= self.free_blocks - self.watermark_blocks - reserved_blocks
 
-    def _group_decode_blocks(self, group: SequenceGroup) -> int:
-        """Replays `grow` on the group's sequences in order, on a copy of the ref counts it touches. Blocks
-        behind a window were released when the tokens before them were computed, so nothing offsets a take."""
-        mgr, bs = self.manager, self.block_size
-        ref_counts = mgr.pool.ref_counts
-        refs: dict[int, int] = {}
-        need = 0
-        for seq in group.seqs:
-            n = seq.num_allocated  # the position of the token this step appends
-            for table in mgr.block_ids(seq.seq_id):
-                if n % bs == 0:
-                    need += 1  # a new last block
-                    continue
-                last = table[-1]  # a partially filled last block: copied only while someone else holds it
-                count = refs.get(last, ref_counts[last])
-                take = int(count > 1)
-                refs[last] = count - take
-                need += take
-        return need
-
     def decode_blocks(self, groups: list) -> int:
         """New blocks one decode step of the groups takes from the pool, at most: in every KV cache group, a block
         for each sequence whose last block is full, and a copy for each sequence but the last holder (in `grow`'s
         order) of a shared, partially filled last block. Additive over groups (the scheduler subtracts a
         preempted group's part)."""
-        return sum(self._group_decode_blocks(g) for g in groups)
+        return self.manager.num_blocks_for_decode(s.seq_id for g in groups for s in g.seqs)
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
         """One step ahead only (the engine never replays decode steps in bulk)."""

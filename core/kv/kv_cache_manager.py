@@ -26,7 +26,7 @@ brute-force model):
   length to queries and its hit tokens to hits (only while prefix caching is on).
 """
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from math import lcm
 
 import numpy as np
@@ -170,6 +170,29 @@ class KVCacheManager:
         """Free blocks a new prompt of `num_tokens` takes over all groups, counting no prefix-cache hits."""
         num_tokens = check_int(num_tokens, "num_tokens", minimum=1)
         return sum(manager.num_required_blocks(num_tokens) for manager in self.managers)
+
+    def num_blocks_for_decode(self, request_ids: Iterable[Hashable]) -> int:
+        """Free blocks one decode token for each of `request_ids` takes, appended in that order, summed over
+        the groups (vLLM's coordinator summing each manager's `get_num_blocks_to_allocate`): per group the
+        table's growth (`num_required_blocks`) plus, for a shared last block that the token writes, one copy
+        for every holder but the last (ref counts replayed on a scratch copy). The releases of computed tokens
+        are assumed done (`mark_computed`), as the engine does after each step. Changes nothing."""
+        ref_counts = self.pool.ref_counts
+        refs: dict[int, int] = {}  # block -> holders left after the copies counted so far
+        need = 0
+        for request_id in request_ids:
+            req = self._request(request_id)
+            n = len(req.token_ids)
+            for manager, rec in zip(self.managers, req.blocks, strict=True):
+                table = rec.table
+                need += max(0, manager.num_required_blocks(n + 1) - len(table))
+                if table and table[-1] >= 0 and manager._tail_is_written(n):
+                    last = table[-1]
+                    count = refs.get(last, ref_counts[last])
+                    take = int(count > 1)
+                    refs[last] = count - take
+                    need += take
+        return need
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new prompt of `num_tokens` fits in the free blocks without any prefix-cache hit."""

@@ -28,7 +28,13 @@ from collections.abc import Hashable, Sequence
 
 from core.common import cdiv
 from core.kv.block_pool import BlockPool
-from core.kv.specs import ChunkedLocalAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
+from core.kv.specs import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 
 
 class RequestBlocks:
@@ -47,10 +53,21 @@ class RequestBlocks:
         return len(self.table) - self.first_held
 
 
+_MANAGER_OF_SPEC: dict[type[KVCacheSpec], type["SingleTypeKVCacheManager"]] = {}
+
+
 class SingleTypeKVCacheManager:
     """Full attention's behaviour; subclasses change which blocks are needed, skipped, cached and written."""
 
     caches_blocks = True  # whether its full blocks enter the prefix cache
+    spec_type: type[KVCacheSpec] | None = None  # the spec class this manager serves (see `manager_for`)
+
+    def __init_subclass__(cls, **kwargs):
+        """A subclass that names its `spec_type` is the manager of that spec class: a new layer kind is its
+        spec (core/kv/specs.py) plus one manager class here, nothing else to edit."""
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("spec_type") is not None:
+            _MANAGER_OF_SPEC[cls.spec_type] = cls
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_idx: int):
         self.spec = spec
@@ -65,9 +82,25 @@ class SingleTypeKVCacheManager:
         """Table length once room is made for `num_tokens` tokens."""
         return cdiv(num_tokens, self.block_size)
 
-    def num_skipped_blocks(self, num_computed: int) -> int:
-        """Leading blocks no uncomputed token will read once `num_computed` tokens are computed."""
+    def num_skipped_tokens(self, num_computed: int) -> int:
+        """THE window rule (vLLM's `get_num_skipped_tokens`): how many leading tokens no uncomputed token reads
+        once `num_computed` tokens are computed, i.e. the first position the next token (position
+        `num_computed`) attends to. Full attention (and MLA, Mamba): 0, every token stays readable.
+
+        Worked example, block size B = 4, 10 tokens computed (the next token is position 10):
+        - sliding window W = 4: position 10 reads 7..10, so 10 - 4 + 1 = 7 tokens are skipped and 7 // 4 = 1
+          leading block (positions 0..3) is released; block 1 (4..7) stays, position 7 is still read.
+        - chunked local attention C = 8: position 10 is in the chunk 8..15, so 10 // 8 * 8 = 8 tokens are
+          skipped and 8 // 4 = 2 blocks are released.
+        - full attention: 0 tokens, 0 blocks.
+        Every caller that asks which blocks a request no longer needs goes through this method (the block
+        manager facade, `num_skipped_blocks`, hits behind a window); subclasses override only this."""
         return 0
+
+    def num_skipped_blocks(self, num_computed: int) -> int:
+        """Leading blocks no uncomputed token will read once `num_computed` tokens are computed: the blocks
+        wholly inside `num_skipped_tokens(num_computed)`."""
+        return self.num_skipped_tokens(num_computed) // self.block_size
 
     def _tail_is_written(self, num_tokens: int) -> bool:
         """Whether the next token writes into the existing last block (so a shared one must be copied)."""
@@ -203,28 +236,34 @@ class SingleTypeKVCacheManager:
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention: every block is kept until the request ends."""
 
+    spec_type = FullAttentionSpec
+
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
     """Sliding window W: blocks wholly before the next token's window are released."""
+
+    spec_type = SlidingWindowSpec
 
     def __init__(self, spec: SlidingWindowSpec, pool: BlockPool, group_idx: int):
         super().__init__(spec, pool, group_idx)
         self.sliding_window = spec.sliding_window
 
-    def num_skipped_blocks(self, num_computed: int) -> int:
-        return max(0, (num_computed - self.sliding_window + 1) // self.block_size)
+    def num_skipped_tokens(self, num_computed: int) -> int:
+        return max(0, num_computed - self.sliding_window + 1)
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     """Chunked local attention (chunk C): blocks wholly before the next token's chunk are released."""
 
+    spec_type = ChunkedLocalAttentionSpec
+
     def __init__(self, spec: ChunkedLocalAttentionSpec, pool: BlockPool, group_idx: int):
         super().__init__(spec, pool, group_idx)
         self.attention_chunk_size = spec.attention_chunk_size
 
-    def num_skipped_blocks(self, num_computed: int) -> int:
+    def num_skipped_tokens(self, num_computed: int) -> int:
         chunk = self.attention_chunk_size
-        return (num_computed // chunk * chunk) // self.block_size
+        return num_computed // chunk * chunk
 
 
 class MambaManager(SingleTypeKVCacheManager):
@@ -232,6 +271,7 @@ class MambaManager(SingleTypeKVCacheManager):
     writes: copy-on-write), never cached, never a prefix-cache hit."""
 
     caches_blocks = False
+    spec_type = MambaSpec
 
     def num_required_blocks(self, num_tokens: int) -> int:
         return 1 if num_tokens > 0 else 0
@@ -246,11 +286,10 @@ class MambaManager(SingleTypeKVCacheManager):
 
 
 def manager_for(spec: KVCacheSpec, pool: BlockPool, group_idx: int) -> SingleTypeKVCacheManager:
-    """The manager of a group of `spec`'s kind (MLA layers keep their latents like full attention)."""
-    if isinstance(spec, SlidingWindowSpec):
-        return SlidingWindowManager(spec, pool, group_idx)
-    if isinstance(spec, ChunkedLocalAttentionSpec):
-        return ChunkedLocalAttentionManager(spec, pool, group_idx)
-    if isinstance(spec, MambaSpec):
-        return MambaManager(spec, pool, group_idx)
+    """The manager of a group of `spec`'s kind: the manager registered for the nearest class of the spec's
+    MRO (MLA layers keep their latents like full attention; an unregistered spec kind is full attention)."""
+    for cls in type(spec).__mro__:
+        manager = _MANAGER_OF_SPEC.get(cls)
+        if manager is not None:
+            return manager(spec, pool, group_idx)
     return FullAttentionManager(spec, pool, group_idx)

@@ -226,10 +226,11 @@ class BlockManager:
         bs, window = self._block_size, self._window
         old, new = seq.num_tokens, seq.num_tokens + count
         held = seq.blocks.first_held
+        skipped_blocks = self._manager.num_skipped_blocks
         release_phase = (window - 1) % bs  # positions p where (p - window + 1) is a multiple of bs
         p = old
         while p < new:
-            target = (p - window + 1) // bs  # blocks [0, target) lie wholly before token p's window
+            target = skipped_blocks(p)  # blocks [0, target) lie wholly before token p's window (the KV rule)
             while held < target:
                 yield "release", held
                 held += 1

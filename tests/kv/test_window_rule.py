@@ -1,0 +1,68 @@
+"""The one window rule (`num_skipped_tokens`) against the worked example in its docstring, and a new layer kind
+added with one spec class and one manager class (nothing else in core/kv edited)."""
+
+from dataclasses import dataclass
+
+from core.kv.block_pool import BlockPool
+from core.kv.kv_cache_manager import KVCacheManager
+from core.kv.single_type_manager import SingleTypeKVCacheManager, manager_for
+from core.kv.specs import ChunkedLocalAttentionSpec, FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from core.paging.block_manager import BlockManager
+
+
+def _manager(spec):
+    return manager_for(spec, BlockPool(8, [spec]), 0)
+
+
+def test_worked_example_of_the_docstring():
+    # B = 4, 10 tokens computed: the next token is position 10
+    window = _manager(SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=1, sliding_window=4))
+    chunked = _manager(
+        ChunkedLocalAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, attention_chunk_size=8)
+    )
+    full = _manager(FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1))
+    assert (window.num_skipped_tokens(10), window.num_skipped_blocks(10)) == (7, 1)
+    assert (chunked.num_skipped_tokens(10), chunked.num_skipped_blocks(10)) == (8, 2)
+    assert (full.num_skipped_tokens(10), full.num_skipped_blocks(10)) == (0, 0)
+    assert window.num_skipped_tokens(2) == 0  # before the window fills nothing is skipped
+
+
+def test_block_manager_facade_releases_by_the_rule():
+    # brute force: after appending the token at position p, blocks [0, max(0, p - W + 1) // B) are released
+    bm = BlockManager(num_blocks=64, block_size=4, sliding_window=6)
+    bm.allocate(0, [1, 2, 3])
+    for p in range(3, 40):
+        bm.append_token(0, p)
+        released = sum(1 for b in bm.block_table(0) if b == -1)
+        assert released == max(0, p - 6 + 1) // 4, p
+
+
+@dataclass(frozen=True, kw_only=True)
+class _RecentSpec(KVCacheSpec):
+    """A toy kind: the next token reads only the `keep` newest computed tokens (no +1 for itself)."""
+
+    keep: int
+    kind = "toy_recent"
+
+
+class _RecentManager(SingleTypeKVCacheManager):
+    spec_type = _RecentSpec
+
+    def num_skipped_tokens(self, num_computed: int) -> int:
+        return max(0, num_computed - self.spec.keep)
+
+
+def test_a_new_kind_is_one_spec_and_one_manager():
+    spec = _RecentSpec(block_size=4, num_kv_heads=1, head_size=8, keep=5)
+    kv = KVCacheManager([spec, FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8)], 40)
+    assert isinstance(kv.managers[0], _RecentManager)
+    kv.allocate("r", list(range(20)))  # 5 blocks per group
+    assert kv.num_free_blocks == 40 - 10
+    kv.mark_computed("r", 20)  # skipped 15 tokens: blocks 0..2 of the toy group released
+    assert kv.block_ids("r")[0][:3] == [-1, -1, -1]
+    assert kv.num_held_blocks("r") == (2, 5)
+    assert kv.num_free_blocks == 40 - 7
+    kv.append_token("r", 99)  # position 20 starts block 5 in both groups
+    assert kv.num_held_blocks("r") == (3, 6)
+    kv.free("r")
+    assert kv.num_free_blocks == 40
