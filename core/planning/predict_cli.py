@@ -31,7 +31,9 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _deployment_flags(parser: argparse.ArgumentParser) -> None:
+def deployment_flags(parser: argparse.ArgumentParser) -> None:
+    """--model --gpu --tp --pp --replicas --max-num-seqs --max-num-batched-tokens --weight-dtype --kv-dtype
+    --engine: one deployment (`Deployment`)."""
     parser.add_argument("--model", required=True, help="model preset")
     parser.add_argument("--gpu", required=True, help="GPU preset")
     parser.add_argument("--tp", type=int, default=1)
@@ -42,6 +44,10 @@ def _deployment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-dtype", default="auto")
     parser.add_argument("--kv-dtype", default="auto")
     parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
+
+
+def load_flags(parser: argparse.ArgumentParser) -> None:
+    """--prompt-len --output-len --length-spread --seed: the requests' shape (`Load` without its rate)."""
     parser.add_argument("--prompt-len", type=int, required=True)
     parser.add_argument("--output-len", type=int, required=True)
     parser.add_argument("--length-spread", type=float, default=0.0)
@@ -55,7 +61,12 @@ def target_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(f"--{metric}-p{q}", type=float, dest=f"{metric}_p{q}_s", help="seconds")
 
 
-def _deployment(args) -> Deployment:
+def load_from_args(args, rate: float | None, concurrency: int | None = None) -> Load:
+    """The `Load` of `load_flags` at `rate` requests/s (or `concurrency` clients)."""
+    return Load(rate, args.prompt_len, args.output_len, args.length_spread, args.seed, concurrency)
+
+
+def deployment_from_args(args) -> Deployment:
     return Deployment(
         args.model, args.gpu, args.tp, args.pp, args.replicas, args.max_num_seqs, args.max_num_batched_tokens,
         args.weight_dtype, args.kv_dtype, args.engine,
@@ -74,16 +85,15 @@ def _clean(value):
 
 def predict_main(argv: Sequence[str]) -> int:
     parser = _Parser(prog="python -m core.planning predict", description="One deployment's steady state.")
-    _deployment_flags(parser)
+    deployment_flags(parser)
+    load_flags(parser)
     load = parser.add_mutually_exclusive_group(required=True)
     load.add_argument("--rate", type=float, help="requests/s, Poisson")
     load.add_argument("--concurrency", type=int, help="closed-loop clients")
     args = parser.parse_args(argv)
     try:
-        deployment = _deployment(args)
-        load = Load(
-            args.rate, args.prompt_len, args.output_len, args.length_spread, args.seed, args.concurrency
-        )
+        deployment = deployment_from_args(args)
+        load = load_from_args(args, args.rate, args.concurrency)
         result = predict(deployment, load).to_dict()
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -94,13 +104,14 @@ def predict_main(argv: Sequence[str]) -> int:
 
 def max_rate_main(argv: Sequence[str]) -> int:
     parser = _Parser(prog="python -m core.planning max-rate", description="The highest rate within targets.")
-    _deployment_flags(parser)
+    deployment_flags(parser)
+    load_flags(parser)
     target_flags(parser)
     args = parser.parse_args(argv)
     targets = {k: v for k, v in vars(args).items() if k.endswith("_s") and v is not None}
     try:
-        deployment = _deployment(args)
-        load = Load(1.0, args.prompt_len, args.output_len, args.length_spread, args.seed)
+        deployment = deployment_from_args(args)
+        load = load_from_args(args, 1.0)
         found = max_rate(deployment, load, targets)
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
