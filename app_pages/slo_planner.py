@@ -1,17 +1,22 @@
 """SLO planner: the cheapest deployment that serves a workload within a TTFT / TPOT p95 target, and its latency
-against the request rate, every input in the URL."""
+against the request rate; or ("predict my deployment") one deployment's steady-state percentiles at one load and
+the highest rate it holds within the targets, with the vLLM commands to check it. Every input in the URL."""
+
+import shlex
 
 import streamlit as st
 
 from core.errors import LabError
 from core.page_models.slo_planner import chart_configs, config_label, serve_command, table_rows
-from core.page_models.tasks import slo_curves, slo_search
+from core.page_models.slo_predict import missed_targets, percentile_rows
+from core.page_models.tasks import slo_curves, slo_predict, slo_search
+from core.planning.engine_profiles import ENGINES
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.jobs import run_job
-from ui.slo_planner_figures import latency_vs_rate_figure
-from ui.slo_planner_state import FIELDS, params_from, url_params
+from ui.slo_planner_figures import latency_vs_rate_figure, percentiles_figure
+from ui.slo_planner_state import FIELDS, MODE_LABELS, TARGETS, params_from, predict_params_from, url_params
 from ui.url_widgets import UrlState
 
 state = UrlState("_slo_planner", FIELDS)
@@ -117,20 +122,164 @@ def search_caption(plan) -> str:
     )
 
 
+PREDICT_COLUMNS = ("predicted (ms)", "95% interval low (ms)", "95% interval high (ms)", "target (ms)")
+LOAD_LABELS = {"rate": "request rate (Poisson)", "concurrency": "concurrent clients (closed loop)"}
+
+
+def predict_inputs() -> None:
+    """The predict mode's form: the deployment, the load, optional targets (each in the URL)."""
+    w = state.widget
+    with st.form("slo_predict"):
+        c1, c2, c3 = st.columns(3)
+        with c1:
+            st.markdown("**Deployment**")
+            w(st.selectbox, "Model", "model", format_func=lambda m: MODELS[m].name)
+            w(st.selectbox, "GPU", "gpu", format_func=lambda g: GPUS[g].name)
+            a, b, c = st.columns(3)
+            with a:
+                w(st.number_input, "TP", "tp")
+            with b:
+                w(st.number_input, "PP", "pp")
+            with c:
+                w(st.number_input, "Replicas", "replicas")
+            w(st.number_input, "max_num_seqs", "seqs")
+            w(st.selectbox, "KV cache dtype", "kv_dtype")
+            w(st.selectbox, "Weight dtype", "weight_dtype")
+            w(st.selectbox, "Engine (step-time profile)", "engine", help=f"one of {', '.join(ENGINES)}")
+        with c2:
+            st.markdown("**Load**")
+            w(st.radio, "Load given as", "load", format_func=LOAD_LABELS.get)
+            w(st.number_input, "Request rate (requests/s, Poisson)", "rate")
+            w(st.number_input, "Concurrent clients (closed loop)", "clients")
+            w(st.number_input, "Prompt length (tokens)", "prompt_len")
+            w(st.number_input, "Output length (tokens)", "output_len")
+            w(st.slider, "Length spread (each length uniform in ± this share)", "spread")
+            w(st.number_input, "Seed (arrivals and lengths)", "seed")
+        with c3:
+            st.markdown("**Latency targets (optional)**")
+            for metric, value_key, q_key, unit, _ in TARGETS:
+                a, b = st.columns([2, 1])
+                with a:
+                    w(
+                        st.number_input,
+                        f"{metric.upper()} target ({unit})",
+                        value_key,
+                        placeholder="no target",
+                    )
+                with b:
+                    w(st.selectbox, "percentile", q_key, format_func=lambda q: f"p{q}")
+        st.form_submit_button("Predict", type="primary")
+
+
+def _latency(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
+
+
+def show_prediction(found, params) -> None:
+    """The predict mode's answer: verdict, figures, the percentile chart and table, the highest rate, the
+    equivalent CLI and the vLLM commands."""
+    p, targets = found.prediction, params.targets_dict()
+    load = params.load()
+    at = f"{load.rate:g} req/s" if load.concurrency is None else f"{load.concurrency:,} concurrent clients"
+    name = f"{p['deployment']['num_gpus']} × {p['deployment']['gpu']}"
+    if not p["stable"]:
+        st.warning(
+            f"**{name} does not keep up with {at}**: its queue grows, so there is no steady state; the "
+            "latencies below grow with the simulated horizon and describe it, not the load."
+        )
+    elif missed_targets(p, targets):
+        st.warning(f"At {at}, {name} misses: {', '.join(missed_targets(p, targets))}.")
+    else:
+        st.success(f"At {at}, {name} is in steady state{' and meets every target' if targets else ''}.")
+    c = st.columns(6)
+    c[0].metric("Deployment", name)
+    c[1].metric("TP × PP × replicas", f"{params.tp} × {params.pp} × {params.replicas}")
+    throughput = p["throughput_tokens_per_s"]
+    c[2].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
+    c[3].metric("Mean running batch", f"{p['mean_running_batch']:.3g}", help="per replica")
+    c[4].metric("KV-limited", "yes" if p["kv_limited"] else "no",
+                help="the KV cache, not compute, held requests back: queueing for blocks or preemption")  # fmt: skip
+    c[5].metric("Converged", "yes" if p["converged"] else "no",
+                help="every percentile's 95% interval within 5% of its value")  # fmt: skip
+    cached_chart(st, percentiles_figure, p, targets)
+    st.caption(
+        f"Steady-state percentiles of one replica's simulation ({p['simulated_requests']:,} requests, "
+        f"{p['warmup_requests']:,} of warm-up dropped, {p['measured_requests']:,} measured); error bars: 95% "
+        "batch-means intervals; open bars: the targets. "
+        + ("Converged: every interval is within 5% of its value." if p["converged"] else
+           "Not converged: some interval is wider than 5% of its value at the simulation cap.")
+    )  # fmt: skip
+    formats = {k: st.column_config.NumberColumn(format="%.4g") for k in PREDICT_COLUMNS}
+    cached_dataframe(st, cached_value(percentile_rows, p, targets), width="stretch", column_config=formats)
+    if found.max_rate is not None:
+        m = found.max_rate
+        c = st.columns(3)
+        c[0].metric("Highest rate within the targets", f"{m['max_rate_req_per_s']:.3g} req/s")
+        c[1].metric("Binding at the next rate", m["binding"])
+        binding = m["binding"]
+        there = _latency(m.get(binding)) if binding in targets else "—"
+        c[2].metric(
+            "Binding target at the highest rate", there, help="its predicted value at the highest rate held"
+        )
+        st.caption(
+            f"The highest Poisson rate of these lengths whose steady state meets every target, by bisection "
+            f"({m['evaluations']} predictions, 3% apart at the end; MLPerf's Server figure). Binding: the target "
+            'the next higher rate missed ("rate": it was not served at all).'
+        )
+    predict_args, max_rate_args = params.cli_args()
+    st.markdown("The same answer from the command line:")
+    commands = [shlex.join(["python", "-m", "core.planning", "predict", *predict_args])]
+    if found.max_rate is not None:
+        commands.append(shlex.join(["python", "-m", "core.planning", "max-rate", *max_rate_args]))
+    st.code("\n".join(commands), language="bash")
+    left, right = st.columns(2)
+    with left:
+        st.markdown("`vllm serve` flags for this deployment:")
+        st.code(found.serve_command, language="bash")
+    with right:
+        st.markdown("`vllm bench serve`, replaying this load against it:")
+        st.code(found.bench_command, language="bash")
+    st.caption(
+        f"{found.num_prompts:,} prompts: 20 × the requests in flight (Little's law), at least 1,000, so the ramp-up "
+        "and the drain that vLLM's percentiles include are about a tenth of the run. --random-range-ratio is the "
+        "length spread (the same uniform range, to a token); --ignore-eos makes every output its full length."
+    )
+
+
 st.title("SLO planner")
 st.markdown(
     "The cheapest GPU deployment (type, count, TP/PP, max_num_seqs, KV dtype) that serves your traffic within a "
     "p95 TTFT and TPOT target, predicted by the step-time model and the continuous-batching simulator, with "
-    "latency against request rate for the best configurations. Every input is in the URL: copy it to share."
+    "latency against request rate for the best configurations; or, for the deployment you run, its steady-state "
+    "latency percentiles at your load and the highest rate it holds within your targets, with the `vllm bench "
+    "serve` command that checks it on your GPU. Every input is in the URL: copy it to share."
 )
-answer = st.container()  # the answer and the chart, drawn once the search is done, above the inputs
-
 state.sync_from_url()
+mode = state.widget(st.radio, "Question", "mode", horizontal=True, format_func=MODE_LABELS.get)
+answer = st.container()  # the answer and the chart, drawn once computed, above the inputs
+
 for message in state.pop_errors():  # shown once; the URL is rewritten with valid values below
     st.error(message)
 st.subheader("Inputs")
-inputs()
+if mode == "predict":
+    predict_inputs()
+else:
+    inputs()
 state.write_url(url_params(dict(state.values)))  # before anything can fail: a link reproduces the inputs
+
+if mode == "predict":
+    params = predict_params_from(state.values)
+    with answer:
+        try:
+            params.check()
+            found = run_job(slo_predict, params, label="Predicting the deployment")
+        except LabError as error:
+            st.error(f"Cannot predict: {error}")
+            st.stop()
+        show_prediction(found, params)
+    st.stop()
 
 params = params_from(state.values)
 with answer:

@@ -1,6 +1,8 @@
-"""The SLO planner's chart: predicted p95 TTFT and TPOT against the request rate for a few configurations, the SLO
-targets as horizontal lines, the target rate as a vertical line and each configuration's knee marked. Takes the
-page model's `Curve`s (plain data) and returns a Figure (no streamlit).
+"""The SLO planner's charts. Search mode: predicted p95 TTFT and TPOT against the request rate for a few
+configurations, the SLO targets as horizontal lines, the target rate as a vertical line and each configuration's
+knee marked. Takes the page model's `Curve`s (plain data) and returns a Figure (no streamlit). Predict mode
+(`percentiles_figure`): one deployment's p50 / p90 / p95 / p99 of TTFT, TPOT, ITL and end-to-end latency with
+their 95% intervals and the targets.
 
 Invariants the tests read: one colour per configuration (`config_color(i)`), the same in both panels; shapes
 named "ttft target" / "tpot target" (y = the target, TPOT in ms), "target rate" (x = the rate) and
@@ -14,6 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.page_models.slo_planner import Curve
+from core.serving.latency import PERCENTILES
 from ui.theme import config_color
 
 TARGET_COLOR = "#444444"
@@ -88,3 +91,45 @@ def _mark_knee(fig: go.Figure, index: int, curve: Curve, values: list, color: st
         hovertemplate=f"{curve.label}<br>knee at {curve.knee_rate:.3g} req/s ({curve.knee_reason})<extra></extra>",
         row=1, col=col,
     )  # fmt: skip
+
+
+PERCENTILE_PANELS = (("ttft", "TTFT", "s", 1.0), ("tpot", "TPOT", "ms", 1e3), ("itl", "ITL", "ms", 1e3),
+                     ("e2e", "end-to-end", "s", 1.0))  # fmt: skip
+PREDICTED_COLOR = config_color(0)
+
+
+def percentiles_figure(prediction: dict, targets: dict[str, float]) -> go.Figure:
+    """Four panels (TTFT s, TPOT ms, ITL ms, end-to-end s): the predicted percentile (trace "predicted {metric}",
+    x "p50" ... "p99") with its 95% interval as error bars (`prediction["intervals"]`), and each target of that
+    metric as an open marker at its percentile (trace "target {key}"). `prediction`: `Prediction.to_dict()`;
+    `targets`: key -> seconds. A percentile the estimate left undefined (None) is not drawn."""
+    quantiles = [f"p{q}" for q in PERCENTILES]
+    titles = [f"{name} ({unit})" for _, name, unit, _ in PERCENTILE_PANELS]
+    fig = make_subplots(rows=1, cols=4, subplot_titles=titles, horizontal_spacing=0.07)
+    intervals = prediction.get("intervals", {})
+    for col, (metric, name, unit, factor) in enumerate(PERCENTILE_PANELS, start=1):
+        keys = [f"{metric}_p{q}_s" for q in PERCENTILES]
+        y = [None if prediction.get(k) is None else prediction[k] * factor for k in keys]
+        low = [intervals.get(k, [None, None])[0] for k in keys]
+        high = [intervals.get(k, [None, None])[1] for k in keys]
+        plus = [None if v is None or h is None else h * factor - v for v, h in zip(y, high, strict=True)]
+        minus = [None if v is None or lo is None else v - lo * factor for v, lo in zip(y, low, strict=True)]
+        fig.add_scatter(
+            x=quantiles, y=y, mode="markers+lines", name=f"predicted {metric}", showlegend=col == 1,
+            legendgroup="predicted", line={"color": PREDICTED_COLOR}, marker={"color": PREDICTED_COLOR, "size": 8},
+            error_y={"type": "data", "array": plus, "arrayminus": minus, "visible": True},
+            hovertemplate=f"{name} %{{x}}: %{{y:.4g}} {unit}<extra>predicted</extra>", row=1, col=col,
+        )  # fmt: skip
+        for q in PERCENTILES:
+            key = f"{metric}_p{q}_s"
+            if key in targets:
+                fig.add_scatter(
+                    x=[f"p{q}"], y=[targets[key] * factor], mode="markers", name=f"target {key}",
+                    showlegend=False, marker={"color": TARGET_COLOR, "size": 14, "symbol": "line-ew-open",
+                                              "line": {"width": 3}},
+                    hovertemplate=f"target {name} p{q} <= %{{y:.4g}} {unit}<extra></extra>", row=1, col=col,
+                )  # fmt: skip
+        fig.update_yaxes(title_text=f"{name} ({unit})", rangemode="tozero", row=1, col=col)
+    fig.update_xaxes(title_text="percentile", type="category", categoryorder="array", categoryarray=quantiles)
+    fig.update_layout(height=360, margin={"t": 40, "b": 40}, hovermode="closest", showlegend=False)
+    return fig

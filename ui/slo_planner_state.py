@@ -1,23 +1,77 @@
-"""The SLO planner page's inputs as URL fields (types, bounds, steps, defaults), so a search is shared as a link.
+"""The SLO planner page's inputs as URL fields (types, bounds, steps, defaults), so a search or a prediction is
+shared as a link.
 
-Keys are the page's widget keys; defaults are `SloPlannerParams()`'s (Llama-3.1-8B, 12 req/s of 2,000 in / 300
-out tokens, TTFT p95 <= 1 s, TPOT p95 <= 50 ms over H100 / H200 / L40S). The latency targets and the rate
-have no lower bound here: a zero or negative value reaches core's `Slo` / `SloWorkload`, whose typed error the
-page shows (one place states what is allowed). The TPOT target is entered in milliseconds. No streamlit here.
+Keys are the page's widget keys. `mode` picks the question: "search" (the cheapest configuration, defaults
+`SloPlannerParams()`'s: Llama-3.1-8B, 12 req/s of 2,000 in / 300 out tokens, TTFT p95 <= 1 s, TPOT p95 <= 50 ms
+over H100 / H200 / L40S) or "predict" (one deployment at one load, defaults `SloPredictParams()`'s). The workload
+and the TTFT / TPOT targets are shared by both modes; the URL holds the mode and that mode's fields
+(`MODE_KEYS`). The latency targets and the rate have no lower bound here: a zero or negative value reaches
+core's checks, whose typed error the page shows (one place states what is allowed). TPOT and ITL targets are
+entered in milliseconds, TTFT and end-to-end in seconds; each target's percentile is its own field
+(`{metric}_q`, predict mode). No streamlit here.
 """
 
 from typing import Any
 
 from core.page_models.slo_planner import DEFAULT_PARAMS, SloPlannerParams
+from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, LOAD_KINDS, SloPredictParams
+from core.planning.engine_profiles import ENGINES
 from core.planning.hardware import GPUS
 from core.planning.kv_accounting import KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES
 from core.planning.models import MODELS
 from core.planning.slo_candidates import MAX_SIMULATED_REQUESTS
+from core.serving.latency import PERCENTILES
 from ui.query_state import Field, encode_params
 
 D = DEFAULT_PARAMS
+P = DEFAULT_PREDICT_PARAMS
+MODES = ("search", "predict")
+MODE_LABELS = {"search": "Cheapest configuration for an SLO", "predict": "Predict my deployment"}
+PERCENTILE_CHOICES = tuple(PERCENTILES)
+# each target: (metric, value field, percentile field, unit: factor from seconds to the field's unit)
+TARGETS = (("ttft", "ttft", "ttft_q", "s", 1.0), ("tpot", "tpot_ms", "tpot_q", "ms", 1e3),
+           ("itl", "itl_ms", "itl_q", "ms", 1e3), ("e2e", "e2e", "e2e_q", "s", 1.0))  # fmt: skip
+_P_TARGETS = dict(P.targets)
+
+
+def _default_target(metric: str) -> tuple[float | None, int]:
+    """(value in seconds or None, percentile) of `metric`'s target in `SloPredictParams()`."""
+    for q in PERCENTILE_CHOICES:
+        if f"{metric}_p{q}_s" in _P_TARGETS:
+            return _P_TARGETS[f"{metric}_p{q}_s"], q
+    return None, 99
+
+
+def _target_fields() -> list[Field]:
+    fields = []
+    for metric, value_key, _, unit, factor in TARGETS[2:]:  # ttft / tpot values are the search's fields
+        value, _ = _default_target(metric)
+        fields.append(Field(value_key, None if value is None else value * factor, "float", maximum=3600.0 * factor,
+                            step=1.0 if unit == "ms" else 0.1, optional=True,
+                            label=f"{metric.upper()} target, {unit}"))  # fmt: skip
+    for metric, _, q_key, _, _ in TARGETS:
+        fields.append(Field(q_key, _default_target(metric)[1], "choice", PERCENTILE_CHOICES,
+                            label=f"{metric.upper()} target percentile"))  # fmt: skip
+    return fields
+
+
+PREDICT_FIELDS = [
+    Field("gpu", P.gpu, "choice", tuple(GPUS), label="GPU"),
+    Field("tp", P.tp, "int", minimum=1, maximum=64, step=1, label="tensor parallel"),
+    Field("pp", P.pp, "int", minimum=1, maximum=64, step=1, label="pipeline parallel"),
+    Field("replicas", P.replicas, "int", minimum=1, maximum=1024, step=1, label="replicas"),
+    Field("seqs", P.max_num_seqs, "int", minimum=1, maximum=65_536, step=32, label="max_num_seqs"),
+    Field("kv_dtype", P.kv_dtype, "choice", KV_DTYPES, label="KV cache dtype"),
+    Field("weight_dtype", P.weight_dtype, "choice", WEIGHT_DTYPES, label="weight dtype"),
+    Field("engine", P.engine, "choice", ENGINES, label="engine"),
+    Field("load", P.load_kind, "choice", LOAD_KINDS, label="load given as"),
+    Field("clients", P.concurrency, "int", maximum=100_000, step=8, label="concurrent clients"),
+    Field("seed", P.seed, "int", minimum=0, maximum=2**31 - 1, step=1, label="seed"),
+    *_target_fields(),
+]
 
 FIELDS = [
+    Field("mode", "search", "choice", MODES, label="question"),
     Field("model", D.model, "choice", tuple(MODELS), label="model"),
     Field("rate", D.rate, "float", maximum=100_000.0, step=1.0, label="request rate, requests/s"),
     Field("prompt_len", D.prompt_len, "int", minimum=1, maximum=1 << 20, step=100, label="prompt tokens"),
@@ -46,12 +100,19 @@ FIELDS = [
         step=50,
         label="simulated requests",
     ),
+    *PREDICT_FIELDS,
 ]
+SHARED_KEYS = ("model", "rate", "prompt_len", "output_len", "spread", "ttft", "tpot_ms")
+MODE_KEYS = {
+    "search": ("mode", *SHARED_KEYS, "gpus", "max_gpus", "kv", "weights", "requests"),
+    "predict": ("mode", *SHARED_KEYS, *(f.key for f in PREDICT_FIELDS)),
+}
 
 
 def url_params(values: dict[str, Any]) -> dict[str, str]:
-    """Every field's URL parameter (a link does not depend on defaults)."""
-    return encode_params(values, FIELDS)
+    """The URL parameters of the mode and every field of that mode (a link does not depend on defaults)."""
+    keys = MODE_KEYS[values["mode"]]
+    return encode_params(values, [f for f in FIELDS if f.key in keys])
 
 
 def params_from(values: dict[str, Any]) -> SloPlannerParams:
@@ -65,4 +126,26 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
         tpot_p95_s=None if tpot_ms is None else float(tpot_ms) / 1e3,
         gpus=tuple(values["gpus"]), max_gpus=int(values["max_gpus"]), kv_dtypes=tuple(values["kv"]),
         weight_dtypes=tuple(values["weights"]), num_requests=int(values["requests"]),
+    )  # fmt: skip
+
+
+def _optional(value, factor: float = 1.0) -> float | None:
+    return None if value is None else float(value) / factor
+
+
+def predict_params_from(values: dict[str, Any]) -> SloPredictParams:
+    """The predict mode's inputs as `SloPredictParams` (targets converted to seconds, each at its percentile).
+    Builds nothing that can fail: core's checks run in `SloPredictParams.check`."""
+    targets = []
+    for metric, value_key, q_key, _, factor in TARGETS:
+        value = _optional(values[value_key], factor)
+        if value is not None:
+            targets.append((f"{metric}_p{int(values[q_key])}_s", value))
+    return SloPredictParams(
+        model=values["model"], gpu=values["gpu"], tp=int(values["tp"]), pp=int(values["pp"]),
+        replicas=int(values["replicas"]), max_num_seqs=int(values["seqs"]), weight_dtype=values["weight_dtype"],
+        kv_dtype=values["kv_dtype"], engine=values["engine"], load_kind=values["load"], rate=float(values["rate"]),
+        concurrency=int(values["clients"]), prompt_len=int(values["prompt_len"]),
+        output_len=int(values["output_len"]), length_spread=float(values["spread"]), seed=int(values["seed"]),
+        targets=tuple(targets),
     )  # fmt: skip

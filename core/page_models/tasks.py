@@ -30,6 +30,7 @@ from core.limits import Limits
 from core.page_models.engines import TINY_LLAMA, build_engine, check_pool, fetch_real_model  # noqa: F401 (re-exported)
 from core.page_models.simulator import SimulatorParams, run_comparison, steady_summary
 from core.page_models.slo_planner import Curve, SloPlannerParams, SloSearch, curves, search
+from core.page_models.slo_predict import DeploymentAnswer, SloPredictParams, deployment_answer
 from core.planning.slo_eval import SloConfig
 from core.serving.step_attention import measure_step_attention
 from core.serving.workload import Request
@@ -100,6 +101,14 @@ def slo_curves(
     (`slo_planner.curves`). Same limit as `slo_search`."""
     Limits.from_env().check_requests(params.num_requests, "each configuration's simulation")
     return curves(params, configs, progress)
+
+
+def slo_predict(params: SloPredictParams, *, progress: Callable = _no_progress) -> DeploymentAnswer:
+    """The SLO planner's "predict my deployment" mode (`slo_predict.deployment_answer`): the steady state of the
+    deployment at the load, the highest rate within the targets, the vLLM commands. No request limit applies:
+    the simulations' lengths are core's (`SteadyStateSettings`: at most 12,000 requests each, a few seconds),
+    not an input, and the page must show what `python -m core.planning predict` prints."""
+    return deployment_answer(params, progress)
 
 
 def kernel_correctness(

@@ -72,13 +72,13 @@ def test_defaults_show_the_best_configuration_of_plan_slo():
     )  # fmt: skip
     assert first["TTFT p95 (s)"] == pytest.approx(best.ttft_p95_s)
     assert query(at) == {
-        "model": "llama-3.1-8b", "rate": "12", "prompt_len": "2000", "output_len": "300", "spread": "0",
+        "mode": "search", "model": "llama-3.1-8b", "rate": "12", "prompt_len": "2000", "output_len": "300", "spread": "0",
         "ttft": "1", "tpot_ms": "50", "gpus": "h100-80gb,h200-141gb,l40s", "max_gpus": "8", "kv": "auto,fp8",
         "weights": "auto", "requests": "200",
     }  # fmt: skip
 
 
-SHARED = {"model": "qwen2.5-7b", "rate": "6", "prompt_len": "1000", "output_len": "200", "spread": "0.2",
+SHARED = {"mode": "search", "model": "qwen2.5-7b", "rate": "6", "prompt_len": "1000", "output_len": "200", "spread": "0.2",
           "ttft": "0.5", "tpot_ms": "40", "gpus": "l40s,h100-80gb", "max_gpus": "4", "kv": "fp8",
           "weights": "auto", "requests": "100"}  # fmt: skip
 

@@ -1,0 +1,200 @@
+"""What the SLO planner's "predict my deployment" mode computes: one deployment's steady state at one load
+(`core.planning.predict.predict`, exactly as `python -m core.planning predict` prints it), the highest Poisson rate
+it holds within the targets (`core.planning.max_rate.max_rate`, as `python -m core.planning max-rate` prints it),
+its `vllm serve` flags and the `vllm bench serve` command that replays the load on the user's GPU. No streamlit
+here; the page submits `deployment_answer` to the worker pool through `core.page_models.tasks`.
+
+Invariants:
+- `SloPredictParams` holds the inputs as plain, hashable values (the job cache's key); `deployment()`, `load()`
+  and `targets_dict()` build core's typed inputs and raise core's InvalidArgumentError for bad ones.
+- `cli_args()` are the `predict` / `max-rate` flags of the same inputs: `DeploymentAnswer.prediction` is the JSON
+  object `predict` prints for `cli_args()` and `DeploymentAnswer.max_rate` the one `max-rate` prints (non-finite
+  floats as None in both), so the page and the command line cannot disagree.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.errors import InvalidArgumentError
+from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.planning.engine_profiles import DEFAULT_ENGINE
+from core.planning.load import Load
+from core.planning.max_rate import check_targets, max_rate
+from core.planning.plan import plan
+from core.planning.predict import Deployment, predict
+from core.planning.vllm_command import bench_num_prompts, vllm_bench_serve_command
+from core.serving.latency import PERCENTILES
+from core.serving.steady_state import STEADY_METRICS
+
+LOAD_KINDS = ("rate", "concurrency")
+
+
+@dataclass(frozen=True)
+class SloPredictParams:
+    """The inputs of the predict mode. A deployment (`Deployment`'s fields: preset slugs, parallelism,
+    max_num_seqs, dtypes, engine), a load (load_kind "rate": Poisson at `rate` requests/s; "concurrency":
+    `concurrency` closed-loop clients; lengths in tokens, spread, seed) and latency targets, ((key, seconds), ...)
+    with keys `{metric}_p{q}_s` (empty: no targets, no highest rate)."""
+
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100-80gb"
+    tp: int = 1
+    pp: int = 1
+    replicas: int = 2
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    weight_dtype: str = "auto"
+    kv_dtype: str = "fp8"
+    engine: str = DEFAULT_ENGINE
+    load_kind: str = "rate"
+    rate: float = 12.0
+    concurrency: int = 64
+    prompt_len: int = 2000
+    output_len: int = 300
+    length_spread: float = 0.0
+    seed: int = 0
+    targets: tuple[tuple[str, float], ...] = (("ttft_p95_s", 1.0), ("tpot_p95_s", 0.05))
+
+    def deployment(self) -> Deployment:
+        return Deployment(
+            self.model, self.gpu, self.tp, self.pp, self.replicas, self.max_num_seqs, self.max_num_batched_tokens,
+            self.weight_dtype, self.kv_dtype, self.engine,
+        )  # fmt: skip
+
+    def load(self) -> Load:
+        if self.load_kind not in LOAD_KINDS:
+            raise InvalidArgumentError(
+                f"load_kind must be one of {', '.join(LOAD_KINDS)}, got {self.load_kind!r}"
+            )
+        if self.load_kind == "rate":
+            return Load(self.rate, self.prompt_len, self.output_len, self.length_spread, self.seed)
+        return Load(None, self.prompt_len, self.output_len, self.length_spread, self.seed, self.concurrency)
+
+    def targets_dict(self) -> dict[str, float]:
+        """The targets, checked as `max_rate` checks them ({} for none)."""
+        return check_targets(dict(self.targets)) if self.targets else {}
+
+    def check(self) -> None:
+        """Raise core's InvalidArgumentError for any bad input (before a job is submitted)."""
+        self.deployment()
+        self.load()
+        self.targets_dict()
+
+    def cli_args(self) -> tuple[list[str], list[str]]:
+        """(predict flags, max-rate flags) of these inputs: `python -m core.planning predict` / `max-rate`."""
+        common = [
+            "--model", self.model, "--gpu", self.gpu, "--tp", str(self.tp), "--pp", str(self.pp),
+            "--replicas", str(self.replicas), "--max-num-seqs", str(self.max_num_seqs),
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens), "--weight-dtype", self.weight_dtype,
+            "--kv-dtype", self.kv_dtype, "--engine", self.engine, "--prompt-len", str(self.prompt_len),
+            "--output-len", str(self.output_len), "--length-spread", repr(float(self.length_spread)),
+            "--seed", str(self.seed),
+        ]  # fmt: skip
+        load = (
+            ["--rate", repr(float(self.rate))]
+            if self.load_kind == "rate"
+            else ["--concurrency", str(self.concurrency)]
+        )
+        flags = [f"--{key.removesuffix('_s').replace('_', '-')}" for key, _ in self.targets]
+        targets = [
+            word for flag, (_, value) in zip(flags, self.targets, strict=True) for word in (flag, repr(value))
+        ]
+        return common + load, common + targets
+
+
+DEFAULT_PREDICT_PARAMS = SloPredictParams()
+
+
+@dataclass(frozen=True, eq=False)
+class DeploymentAnswer:
+    """One deployment's answer. prediction: the JSON object `predict` prints (every percentile key, the
+    intervals, converged, stable, kv_limited, throughput, ...); max_rate: the one `max-rate` prints
+    (max_rate_req_per_s, binding, evaluations, the percentiles there), None without targets; serve_command /
+    bench_command: `vllm serve` for the whole deployment and `vllm bench serve` replaying the load in
+    `num_prompts` requests."""
+
+    prediction: dict
+    max_rate: dict | None
+    serve_command: str
+    bench_command: str
+    num_prompts: int
+
+
+def finite(value):
+    """`value` with every non-finite float (nested in dicts / lists) replaced by None, as the CLI prints JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def serve_command(deployment: Deployment, load: Load) -> str:
+    """The `vllm serve` flags of the whole deployment (the exact planner on all its GPUs: replicas become
+    --data-parallel-size; max_model_len the longest request of `load`)."""
+    return plan(
+        deployment.model_spec, deployment.gpu_spec, num_gpus=deployment.num_gpus, tensor_parallel=deployment.tp,
+        pipeline_parallel=deployment.pp, weight_dtype=deployment.weight_dtype, kv_dtype=deployment.kv_dtype,
+        gpu_memory_utilization=deployment.gpu_memory_utilization, block_size=deployment.block_size,
+        max_model_len=load.max_len, max_num_seqs=deployment.max_num_seqs,
+        max_num_batched_tokens=deployment.max_num_batched_tokens,
+    ).vllm_command  # fmt: skip
+
+
+def in_flight(prediction: dict, deployment: Deployment, load: Load) -> float:
+    """Requests in flight (Little's law: rate x mean end-to-end latency; the clients of a closed loop); for a
+    load the deployment does not serve, all it can run: replicas x max_num_seqs."""
+    if load.concurrency is not None:
+        return float(load.concurrency)
+    mean_e2e = prediction.get("mean_e2e_s")
+    if not prediction["stable"] or mean_e2e is None:
+        return float(deployment.replicas * deployment.max_num_seqs)
+    return load.rate * mean_e2e
+
+
+def deployment_answer(params: SloPredictParams, progress: Callable[[float, str], None]) -> DeploymentAnswer:
+    """`predict` of the inputs, then (with targets) `max_rate`, and the two vLLM commands (class docstring).
+    Raises InvalidArgumentError for bad inputs or a deployment that does not fit in memory (the planner's
+    verdict)."""
+    deployment, load, targets = params.deployment(), params.load(), params.targets_dict()
+    progress(0.0, "predicting the steady state at this load")
+    prediction = finite(predict(deployment, load).to_dict())
+    found = None
+    if targets:
+        progress(0.4, "bisecting for the highest rate within the targets")
+        rate = max_rate(deployment, load, targets)
+        found = {"max_rate_req_per_s": rate.max_req_per_s, "binding": rate.binding, "targets": targets,
+                 "evaluations": rate.evaluations, "deployment": deployment.flags()}  # fmt: skip
+        found = finite(found | (rate.at.to_dict() if rate.at is not None else {}))
+    progress(0.95, "writing the vLLM commands")
+    num_prompts = bench_num_prompts(load, in_flight(prediction, deployment, load))
+    bench = vllm_bench_serve_command(deployment.model_spec, load, num_prompts, STEADY_METRICS, PERCENTILES)
+    return DeploymentAnswer(prediction, found, serve_command(deployment, load), bench, num_prompts)
+
+
+def _ms(seconds) -> float | None:
+    return None if seconds is None else float(seconds) * 1e3
+
+
+def percentile_rows(prediction: dict, targets: dict[str, float]) -> list[dict]:
+    """One row per percentile key (TTFT, TPOT, ITL, e2e at p50 ... p99): the prediction and its 95% interval
+    in milliseconds, the target (None: none) and whether the prediction meets it (None without a target)."""
+    rows = []
+    for metric in STEADY_METRICS:
+        for q in PERCENTILES:
+            key = f"{metric}_p{q}_s"
+            low, high = prediction["intervals"].get(key, (None, None))
+            value, target = prediction.get(key), targets.get(key)
+            meets = None if target is None else value is not None and value <= target
+            rows.append({"metric": metric, "percentile": f"p{q}", "predicted (ms)": _ms(value),
+                         "95% interval low (ms)": _ms(low), "95% interval high (ms)": _ms(high),
+                         "target (ms)": _ms(target), "meets target": meets})  # fmt: skip
+    return rows
+
+
+def missed_targets(prediction: dict, targets: dict[str, float]) -> list[str]:
+    """The target keys the prediction misses (over the target, or undefined), in `targets` order."""
+    return [k for k, t in targets.items() if prediction.get(k) is None or prediction[k] > t]
