@@ -190,7 +190,10 @@ def show_prediction(found, params) -> None:
             "latencies below grow with the simulated horizon and describe it, not the load."
         )
     elif missed_targets(p, targets):
-        st.warning(f"At {at}, {name} misses: {', '.join(missed_targets(p, targets))}.")
+        misses = "; ".join(
+            f"{k} {_latency(p[k])} against {_latency(targets[k])}" for k in missed_targets(p, targets)
+        )
+        st.warning(f"At {at}, {name} misses the targets: {misses}.")
     else:
         st.success(f"At {at}, {name} is in steady state{' and meets every target' if targets else ''}.")
     c = st.columns(6)
