@@ -144,15 +144,14 @@ def serve_command(deployment: Deployment, load: Load) -> str:
     ).vllm_command  # fmt: skip
 
 
-def in_flight(prediction: dict, deployment: Deployment, load: Load) -> float:
+def in_flight(stable: bool, mean_e2e_s: float | None, deployment: Deployment, load: Load) -> float:
     """Requests in flight (Little's law: rate x mean end-to-end latency; the clients of a closed loop); for a
     load the deployment does not serve, all it can run: replicas x max_num_seqs."""
     if load.concurrency is not None:
         return float(load.concurrency)
-    mean_e2e = prediction.get("mean_e2e_s")
-    if not prediction["stable"] or mean_e2e is None:
+    if not stable or mean_e2e_s is None:
         return float(deployment.replicas * deployment.max_num_seqs)
-    return load.rate * mean_e2e
+    return load.rate * mean_e2e_s
 
 
 def deployment_answer(params: SloPredictParams, progress: Callable[[float, str], None]) -> DeploymentAnswer:
@@ -170,7 +169,9 @@ def deployment_answer(params: SloPredictParams, progress: Callable[[float, str],
                  "evaluations": rate.evaluations, "deployment": deployment.flags()}  # fmt: skip
         found = finite(found | (rate.at.to_dict() if rate.at is not None else {}))
     progress(0.95, "writing the vLLM commands")
-    num_prompts = bench_num_prompts(load, in_flight(prediction, deployment, load))
+    num_prompts = bench_num_prompts(
+        load, in_flight(prediction["stable"], prediction["mean_e2e_s"], deployment, load)
+    )
     bench = vllm_bench_serve_command(deployment.model_spec, load, num_prompts, STEADY_METRICS, PERCENTILES)
     return DeploymentAnswer(prediction, found, serve_command(deployment, load), bench, num_prompts)
 
