@@ -169,9 +169,11 @@ def replica_steady_state(
     step: StepTimeModel,
     kv_tokens: int,
     settings: SteadyStateSettings | None = None,
-    decided: Callable[[dict, dict], bool] | None = None,
+    decided: Callable[[SteadyState], bool] | None = None,
+    focus: tuple[str, ...] | None = None,
 ) -> SteadyState:
-    """The steady state of one replica under `load` (already its share), KV capacity `kv_tokens` slots."""
+    """The steady state of one replica under `load` (already its share), KV capacity `kv_tokens` slots;
+    settings / decided / focus as `core.serving.steady_state.steady_state` takes them."""
     config = SimulatorConfig(
         kv_capacity_tokens=int(kv_tokens), max_num_seqs=deployment.max_num_seqs,
         max_num_batched_tokens=deployment.max_num_batched_tokens, max_seq_len=load.max_len, step_time=step,
@@ -185,7 +187,7 @@ def replica_steady_state(
     return steady_state(
         load.requests, run, rate=load.rate, concurrency=load.concurrency,
         lifetime_s=idle_lifetime(step, load, deployment.max_num_batched_tokens),
-        max_num_seqs=deployment.max_num_seqs, settings=settings, decided=decided,
+        max_num_seqs=deployment.max_num_seqs, settings=settings, decided=decided, focus=focus,
     )  # fmt: skip
 
 

@@ -25,7 +25,9 @@ from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
 
 
-class _Parser(argparse.ArgumentParser):
+class LineErrorParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one plain line on stderr and exit status 2."""
+
     def error(self, message):  # one plain line and exit 2, as every other bad input
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
@@ -84,7 +86,9 @@ def _clean(value):
 
 
 def predict_main(argv: Sequence[str]) -> int:
-    parser = _Parser(prog="python -m core.planning predict", description="One deployment's steady state.")
+    parser = LineErrorParser(
+        prog="python -m core.planning predict", description="One deployment's steady state."
+    )
     deployment_flags(parser)
     load_flags(parser)
     load = parser.add_mutually_exclusive_group(required=True)
@@ -103,7 +107,9 @@ def predict_main(argv: Sequence[str]) -> int:
 
 
 def max_rate_main(argv: Sequence[str]) -> int:
-    parser = _Parser(prog="python -m core.planning max-rate", description="The highest rate within targets.")
+    parser = LineErrorParser(
+        prog="python -m core.planning max-rate", description="The highest rate within targets."
+    )
     deployment_flags(parser)
     load_flags(parser)
     target_flags(parser)
