@@ -12,7 +12,10 @@ A replica of the deployment is
    (`core.planning.engine_profiles`): each step's weights, KV traffic and FLOPs at that engine's fitted
    efficiencies and overheads;
 3. simulated (core.sched's Scheduler over the paged KV core, counted blocks) until its percentiles converge
-   (`core.serving.steady_state`): warm-up dropped, horizon sized from the load, batch-means intervals.
+   (`core.serving.steady_state`): warm-up dropped, horizon sized from the load, batch-means intervals. A load
+   whose prompts share tokens (`Load.uses_prefix_cache`: shared prefixes, multi-turn chats) runs the paged
+   policy with block tables and prefix caching instead, so the real block hashing and LRU eviction decide what
+   hits (`prefix_hit_rate`), and its warm-up spans a whole conversation (turns x turn_gap_s).
 The load is split evenly over the replicas (the rate, or the clients rounded up); throughput is the whole
 deployment's (replicas x one replica's).
 """
@@ -143,6 +146,7 @@ class Prediction:
                     "throughput_tokens_per_s", "request_throughput_per_s", "mean_running_batch",
                     "mean_waiting", "preemptions", "preemptions_per_s"):  # fmt: skip
             out[key] = m.get(key)
+        out["prefix_hit_rate"] = m.get("prefix_hit_rate") if self.load.uses_prefix_cache else None
         out |= {
             "kv_limited": self.kv_limited, "converged": self.converged, "stable": self.stable,
             "intervals": {k: list(v) for k, v in self.intervals.items()}, "kv_tokens": self.kv_tokens,
@@ -153,6 +157,10 @@ class Prediction:
                      "prompt_len": self.load.prompt_len, "output_len": self.load.output_len,
                      "length_spread": self.load.length_spread, "seed": self.load.seed},
         }  # fmt: skip
+        if self.load.uses_prefix_cache:
+            out["load"] |= {"shared_prefix_len": self.load.shared_prefix_len,
+                            "num_prefixes": self.load.num_prefixes, "prefix_zipf": self.load.prefix_zipf,
+                            "turns": self.load.turns, "turn_gap_s": self.load.turn_gap_s}  # fmt: skip
         return out
 
 
@@ -171,20 +179,25 @@ def replica_steady_state(
     settings: SteadyStateSettings | None = None,
     decided: Callable[[dict, dict], bool] | None = None,
 ) -> SteadyState:
-    """The steady state of one replica under `load` (already its share), KV capacity `kv_tokens` slots."""
+    """The steady state of one replica under `load` (already its share), KV capacity `kv_tokens` slots: counted
+    blocks, or block tables with prefix caching when the load's prompts share tokens."""
     config = SimulatorConfig(
         kv_capacity_tokens=int(kv_tokens), max_num_seqs=deployment.max_num_seqs,
         max_num_batched_tokens=deployment.max_num_batched_tokens, max_seq_len=load.max_len, step_time=step,
         max_snapshots=1,
     )  # fmt: skip
-    policy = paged(deployment.block_size, counted=True)
+    caching = load.uses_prefix_cache
+    policy = paged(deployment.block_size, enable_prefix_caching=caching, counted=not caching)
+    lifetime = (
+        idle_lifetime(step, load, deployment.max_num_batched_tokens) + (load.turns - 1) * load.turn_gap_s
+    )
 
     def run(requests, until):
         return simulate(requests, policy, config, until_finished=until, concurrency=load.concurrency)
 
     return steady_state(
         load.requests, run, rate=load.rate, concurrency=load.concurrency,
-        lifetime_s=idle_lifetime(step, load, deployment.max_num_batched_tokens),
+        lifetime_s=lifetime,
         max_num_seqs=deployment.max_num_seqs, settings=settings, decided=decided,
     )  # fmt: skip
 

@@ -47,11 +47,17 @@ def deployment_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def load_flags(parser: argparse.ArgumentParser) -> None:
-    """--prompt-len --output-len --length-spread --seed: the requests' shape (`Load` without its rate)."""
+    """--prompt-len --output-len --length-spread --seed, and the shared prefixes and chats (--shared-prefix-len
+    --num-prefixes --prefix-zipf --turns --turn-gap): the requests' shape (`Load` without its rate)."""
     parser.add_argument("--prompt-len", type=int, required=True)
     parser.add_argument("--output-len", type=int, required=True)
     parser.add_argument("--length-spread", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt shares")
+    parser.add_argument("--num-prefixes", type=int, default=1, help="distinct shared prefixes")
+    parser.add_argument("--prefix-zipf", type=float, default=None, help="Zipf exponent of prefix popularity")
+    parser.add_argument("--turns", type=int, default=1, help="requests per conversation")
+    parser.add_argument("--turn-gap", type=float, default=10.0, help="seconds between a chat's turns")
 
 
 def target_flags(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +69,11 @@ def target_flags(parser: argparse.ArgumentParser) -> None:
 
 def load_from_args(args, rate: float | None, concurrency: int | None = None) -> Load:
     """The `Load` of `load_flags` at `rate` requests/s (or `concurrency` clients)."""
-    return Load(rate, args.prompt_len, args.output_len, args.length_spread, args.seed, concurrency)
+    return Load(
+        rate, args.prompt_len, args.output_len, args.length_spread, args.seed, concurrency,
+        shared_prefix_len=args.shared_prefix_len, num_prefixes=args.num_prefixes,
+        prefix_zipf=args.prefix_zipf, turns=args.turns, turn_gap_s=args.turn_gap,
+    )  # fmt: skip
 
 
 def deployment_from_args(args) -> Deployment:

@@ -178,6 +178,7 @@ class _Simulation:
         for group, start, _ in step.prefill_chunks:
             if start == 0 and math.isnan(group.admit_time):
                 group.admit_time = self.now  # admitted at the start of this step
+                group.prefix_hit_tokens = group.prompt_len - group.num_prefill_total  # what the cache served
         k, ahead, dts = self._decode_run(step) if step.is_decode_only else (1, None, None)
         if k == 1:
             dt = self._step_seconds(step)
@@ -326,6 +327,7 @@ class _Simulation:
                 "output_len": [g.output_len for g in groups],
                 "n": [g.num_seqs for g in groups],
                 "preemptions": [g.num_preemptions for g in groups],
+                "prefix_hit_tokens": [g.prefix_hit_tokens for g in groups],
             }
         )
 
