@@ -15,12 +15,13 @@ import math
 import sys
 from collections.abc import Sequence
 
-from core.errors import LabError
+from core.errors import InvalidArgumentError, LabError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.engine_profiles import DEFAULT_ENGINE, ENGINES
 from core.planning.load import Load
 from core.planning.max_rate import max_rate
 from core.planning.predict import Deployment, predict
+from core.planning.speculative import SPEC_METHODS, Speculation
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
 
@@ -33,7 +34,8 @@ class _Parser(argparse.ArgumentParser):
 
 def deployment_flags(parser: argparse.ArgumentParser) -> None:
     """--model --gpu --tp --pp --replicas --max-num-seqs --max-num-batched-tokens --weight-dtype --kv-dtype
-    --engine: one deployment (`Deployment`)."""
+    --engine, and speculative decoding (--spec-tokens --spec-acceptance --spec-method --draft-model): one
+    deployment (`Deployment`)."""
     parser.add_argument("--model", required=True, help="model preset")
     parser.add_argument("--gpu", required=True, help="GPU preset")
     parser.add_argument("--tp", type=int, default=1)
@@ -44,6 +46,12 @@ def deployment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-dtype", default="auto")
     parser.add_argument("--kv-dtype", default="auto")
     parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
+    parser.add_argument("--spec-tokens", type=int, default=None, help="speculative decoding: K draft tokens")
+    parser.add_argument(
+        "--spec-acceptance", default=None, help="a1,...,aK: per-position acceptance in [0, 1]"
+    )
+    parser.add_argument("--spec-method", default="ngram", help=f"one of {', '.join(SPEC_METHODS)}")
+    parser.add_argument("--draft-model", default=None, help="draft model preset (--spec-method draft-model)")
 
 
 def load_flags(parser: argparse.ArgumentParser) -> None:
@@ -76,10 +84,31 @@ def load_from_args(args, rate: float | None, concurrency: int | None = None) -> 
     )  # fmt: skip
 
 
+def speculation_from_args(args) -> Speculation | None:
+    """The `Speculation` of --spec-tokens --spec-acceptance --spec-method --draft-model, None without them."""
+    if args.spec_tokens is None:
+        if args.spec_acceptance is not None or args.draft_model is not None or args.spec_method != "ngram":
+            raise InvalidArgumentError(
+                "--spec-acceptance, --spec-method and --draft-model need --spec-tokens K"
+            )
+        return None
+    if args.spec_acceptance is None:
+        raise InvalidArgumentError(
+            "--spec-tokens needs --spec-acceptance a1,...,aK (one rate per draft token)"
+        )
+    try:
+        rates = tuple(float(part) for part in args.spec_acceptance.split(","))
+    except ValueError:
+        raise InvalidArgumentError(
+            f"--spec-acceptance must be comma-separated numbers in [0, 1], got {args.spec_acceptance!r}"
+        ) from None
+    return Speculation(args.spec_tokens, rates, args.spec_method, args.draft_model)
+
+
 def deployment_from_args(args) -> Deployment:
     return Deployment(
         args.model, args.gpu, args.tp, args.pp, args.replicas, args.max_num_seqs, args.max_num_batched_tokens,
-        args.weight_dtype, args.kv_dtype, args.engine,
+        args.weight_dtype, args.kv_dtype, args.engine, speculation=speculation_from_args(args),
     )  # fmt: skip
 
 

@@ -13,13 +13,15 @@ class StepLoad(NamedTuple):
     as prior context: they are read, not computed). attention_pairs: (query, key) pairs: a decode attends to its context and
     itself (context + 1); a chunk of c tokens starting at s to its prior context and causally to itself
     (c * s + c (c + 1) / 2). output_tokens: tokens the step samples: one per decoding sequence, and one per sequence
-    of each group whose prefill the step completes (the tokens an engine computes logits for)."""
+    of each group whose prefill the step completes (the tokens an engine computes logits for). decode_context_tokens:
+    the decodes' share of kv_tokens_read (their context before the step)."""
 
     decode_tokens: int
     prefill_tokens: int
     kv_tokens_read: int
     attention_pairs: float
     output_tokens: int = 0
+    decode_context_tokens: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -42,4 +44,4 @@ def step_load(step: ScheduledStep) -> StepLoad:
         pairs += tokens * start + tokens * (tokens + 1) / 2
         if start + tokens >= group.num_prefill_total:
             outputs += group.num_seqs
-    return StepLoad(n_decode, prefill_tokens, ctx + prior, pairs, outputs)
+    return StepLoad(n_decode, prefill_tokens, ctx + prior, pairs, outputs, ctx)

@@ -241,6 +241,9 @@ class _Simulation:
         its prior context and causally to itself); a step that only swaps in costs the transfer."""
         load = step_load(step)
         swap_bytes = self._swap_bytes(step)
+        price = getattr(self.model, "step_load_seconds", None)
+        if price is not None:  # a cost that needs the step's parts (speculative decoding)
+            return price(load, swap_bytes)
         dt = self.model.step_seconds(
             load.new_tokens,
             load.kv_tokens_read,

@@ -223,6 +223,7 @@ def _growth(waiting: np.ndarray, dt: np.ndarray) -> float:
         return 0.0
     t = np.cumsum(dt)
     head, tail = t <= 0.2 * t[-1], t >= 0.8 * t[-1]
+    head[0] = True  # a first step longer than a fifth of the window is the head alone
     return float(np.average(waiting[tail], weights=dt[tail]) - np.average(waiting[head], weights=dt[head]))
 
 
