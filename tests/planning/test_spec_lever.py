@@ -3,6 +3,8 @@ worked by hand, a speculative step priced as K + 1 tokens per sequence against t
 (memory-bound: about the accepted length) against a compute-bound batch (none), and in simulation TPOT cut at
 low load, zero acceptance costing, the gain shrinking as the rate rises; bad flags exit 2 with one line."""
 
+import json
+
 import pytest
 
 from core.errors import InvalidArgumentError
@@ -119,3 +121,14 @@ def test_cli_bad_speculation_exits_2_with_one_line(bad, capsys):
     assert predict_main([*base, "--rate", "1", *bad]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error:"), err
+
+
+def test_cli_prints_the_levers(capsys):
+    args = ["--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--prompt-len", "600", "--output-len", "32",
+            "--rate", "1", "--shared-prefix-len", "512", "--num-prefixes", "2", "--turns", "2", "--turn-gap", "3",
+            "--spec-tokens", "2", "--spec-acceptance", "0.8,0.5", "--spec-method", "eagle"]  # fmt: skip
+    assert predict_main(args) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["mean_accepted_len"] == pytest.approx(1 + 0.8 + 0.4)
+    assert 0.5 < body["prefix_hit_rate"] < 1.0
+    assert body["load"]["turns"] == 2 and body["deployment"]["spec_method"] == "eagle"
