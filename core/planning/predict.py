@@ -184,7 +184,7 @@ class Prediction:
         throughput_tokens_per_s, mean_running_batch, preemptions, kv_limited, converged, stable, the
         intervals, and what was simulated."""
         m = self.metrics
-        out = {key: m.get(key) for key in metric_keys()}
+        out = {"mode": "agg"} | {key: m.get(key) for key in metric_keys()}
         for key in ("mean_ttft_s", "mean_tpot_s", "mean_itl_s", "mean_e2e_s", "queue_p99_s",
                     "throughput_tokens_per_s", "request_throughput_per_s", "mean_running_batch",
                     "mean_waiting", "preemptions", "preemptions_per_s"):  # fmt: skip

@@ -6,6 +6,11 @@ highest Poisson rate it holds within latency targets), each printing one JSON ob
     python -m core.planning max-rate --model llama-3.1-8b --gpu h100-80gb --prompt-len 1500 --output-len 256 \\
         --ttft-p99 1 --tpot-p99 0.05
 
+The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zipf a --turns T --turn-gap s
+(prompts sharing prefixes, chats, through the prefix cache); --spec-tokens K --spec-acceptance a1,...,aK
+--spec-method ngram|draft-model|eagle --draft-model NAME (speculative decoding); predict --disagg
+--prefill-workers X --prefill-tp A --decode-workers Y --decode-tp B [--kv-link nvlink|network].
+
 Exit status 0; 2 with one plain line on stderr naming the bad flag.
 """
 
@@ -17,6 +22,7 @@ from collections.abc import Sequence
 
 from core.errors import InvalidArgumentError, LabError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.planning.disagg import DisaggDeployment, predict_disagg
 from core.planning.engine_profiles import DEFAULT_ENGINE, ENGINES
 from core.planning.load import Load
 from core.planning.max_rate import max_rate
@@ -122,18 +128,42 @@ def _clean(value):
     return value
 
 
+def disagg_flags(parser: argparse.ArgumentParser) -> None:
+    """--disagg --prefill-workers --prefill-tp --decode-workers --decode-tp --kv-link: a disaggregated
+    deployment (`core.planning.disagg.DisaggDeployment`) instead of --tp / --pp / --replicas."""
+    parser.add_argument("--disagg", action="store_true", help="separate prefill and decode workers")
+    parser.add_argument("--prefill-workers", type=int, default=1)
+    parser.add_argument("--prefill-tp", type=int, default=1)
+    parser.add_argument("--decode-workers", type=int, default=1)
+    parser.add_argument("--decode-tp", type=int, default=1)
+    parser.add_argument("--kv-link", default=None, help="nvlink or network (default: nvlink within 8 GPUs)")
+
+
+def disagg_from_args(args) -> DisaggDeployment:
+    if args.spec_tokens is not None or args.pp != 1:
+        raise InvalidArgumentError("--disagg takes neither --spec-tokens nor --pp (each pool is tp-only)")
+    return DisaggDeployment(
+        args.model, args.gpu, args.prefill_workers, args.prefill_tp, args.decode_workers, args.decode_tp,
+        args.max_num_seqs, args.max_num_batched_tokens, args.weight_dtype, args.kv_dtype, args.engine,
+        kv_link=args.kv_link,
+    )  # fmt: skip
+
+
 def predict_main(argv: Sequence[str]) -> int:
     parser = _Parser(prog="python -m core.planning predict", description="One deployment's steady state.")
     deployment_flags(parser)
     load_flags(parser)
+    disagg_flags(parser)
     load = parser.add_mutually_exclusive_group(required=True)
     load.add_argument("--rate", type=float, help="requests/s, Poisson")
     load.add_argument("--concurrency", type=int, help="closed-loop clients")
     args = parser.parse_args(argv)
     try:
-        deployment = deployment_from_args(args)
         load = load_from_args(args, args.rate, args.concurrency)
-        result = predict(deployment, load).to_dict()
+        if args.disagg:
+            result = predict_disagg(disagg_from_args(args), load).to_dict()
+        else:
+            result = predict(deployment_from_args(args), load).to_dict()
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
