@@ -2,13 +2,15 @@
 
 Each decode step a proposer drafts K tokens per sequence and the target model verifies K + 1 positions per
 sequence in one forward pass (vLLM's rejection sampler): draft token i is accepted with probability a_i given
-that tokens 1..i-1 were (the conditional per-position acceptance rates vLLM reports as
-`vllm:spec_decode_num_accepted_tokens_per_pos` / `num_drafts`), the accepted prefix is kept and one more token
-(the correction or the bonus token) is emitted. A step therefore emits in expectation
+that tokens 1..i-1 were, the accepted prefix is kept and one more token (the correction or the bonus token) is
+emitted. vLLM's per-position metric, `vllm:spec_decode_num_accepted_tokens_per_pos` / `vllm:spec_decode_num_drafts`,
+is the unconditional r_i = a_1 ... a_i (position i counts only when 1..i-1 did), so a_i = r_i / r_(i-1)
+(`Speculation.from_per_position`). A step therefore emits in expectation
 
-    mean_accepted_len = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_K           tokens per sequence
+    mean_accepted_len = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_K = 1 + r_1 + ... + r_K     tokens per sequence
 
-(vLLM's "mean acceptance length"). The predictor uses this EXPECTATION, not a sampled acceptance: the
+(vLLM's "mean acceptance length", 1 + accepted / drafts; with every a_i = a, Leviathan et al.'s
+(1 - a^(K+1)) / (1 - a)). The predictor uses this EXPECTATION, not a sampled acceptance: the
 simulator's scheduler advances every decoding sequence one token per step, so a speculative step of d sequences
 costing T seconds (below) is replayed as mean_accepted_len token steps of T / mean_accepted_len each. Throughput,
 TPOT and ITL are those of the expected emission; the spread of per-step acceptance (a sequence sometimes gets 1
@@ -76,6 +78,14 @@ class Speculation:
             raise InvalidArgumentError(
                 "--draft-model names the draft of --spec-method draft-model (and only it)"
             )
+
+    @classmethod
+    def from_per_position(cls, rates, method: str = "ngram", draft_model: str | None = None) -> "Speculation":
+        """From vLLM's per-position acceptance r_1..r_K (accepted at position i / drafts, non-increasing):
+        a_i = r_i / r_(i-1) (a_i = 0 after a position no draft reached)."""
+        rates = tuple(float(r) for r in rates)
+        conditional = [r / prev if prev > 0 else 0.0 for prev, r in zip((1.0, *rates), rates, strict=False)]
+        return cls(len(rates), tuple(conditional), method, draft_model)
 
     @property
     def mean_accepted_len(self) -> float:

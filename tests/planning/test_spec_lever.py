@@ -28,6 +28,17 @@ def test_mean_accepted_len_is_one_plus_the_chained_acceptances():
     assert Speculation(3, HIGH).mean_accepted_len == pytest.approx(3.124)
     assert Speculation(2, (0.0, 1.0)).mean_accepted_len == 1.0  # nothing after a rejection counts
     assert Speculation(4, (1, 1, 1, 1)).mean_accepted_len == 5.0
+    # Leviathan et al. (ICML 2023), every position accepted with the same a: (1 - a^(K+1)) / (1 - a)
+    assert Speculation(4, (0.6,) * 4).mean_accepted_len == pytest.approx((1 - 0.6**5) / (1 - 0.6))
+
+
+def test_vllm_per_position_rates_are_the_chained_acceptances():
+    """vLLM's accepted_tokens_per_pos / drafts counts position i only after 1..i-1: r_i = a_1 ... a_i, and the
+    mean acceptance length is 1 + accepted / drafts = 1 + sum of r_i."""
+    spec = Speculation.from_per_position((0.9, 0.72, 0.504))
+    assert spec.acceptance == pytest.approx(HIGH)
+    assert spec.mean_accepted_len == pytest.approx(1 + 0.9 + 0.72 + 0.504)
+    assert Speculation.from_per_position((0.5, 0.0, 0.0)).acceptance == (0.5, 0.0, 0.0)
 
 
 def test_a_speculative_step_prices_k_plus_1_tokens_per_sequence():
