@@ -93,7 +93,8 @@ class SteadyState:
     metrics: `metric_keys()` percentiles (seconds; tpot absent when every output is one token) and
     mean_{ttft,tpot,itl,e2e,queue}_s, queue_p{..}_s, throughput_tokens_per_s (output tokens/s in the window),
     request_throughput_per_s, mean_running_batch (sequences, time-weighted), mean_waiting, preemptions
-    (in the window), preemptions_per_s. intervals: key -> (low, high), the 95% batch-means interval of each
+    (in the window), preemptions_per_s, prefix_hit_rate (prompt tokens the prefix cache served at the measured
+    requests' first admission / their prompt tokens; 0 without prefix caching). intervals: key -> (low, high), the 95% batch-means interval of each
     percentile. converged: every interval within the tolerance (or the question decided, see `decided`).
     decided: the caller's `decided` answered True. stable: the load is served (module docstring). kv_limited:
     the KV cache held requests back in the window (a preemption, or a step that left requests waiting with
@@ -244,6 +245,7 @@ def _growth(waiting: np.ndarray, dt: np.ndarray) -> float:
         return 0.0
     t = np.cumsum(dt)
     head, tail = t <= 0.2 * t[-1], t >= 0.8 * t[-1]
+    head[0] = True  # a first step longer than a fifth of the window is the head alone
     return float(np.average(waiting[tail], weights=dt[tail]) - np.average(waiting[head], weights=dt[head]))
 
 
@@ -329,6 +331,10 @@ def _estimate(result: SimulationResult, warmup: int, total: int, settings, max_n
     capacity = result.capacity_slots or result.config.kv_capacity_tokens
     load = _window_load(result.steps, window, t0, t1, max_num_seqs, capacity)
     metrics |= {k: v for k, v in load.items() if k not in ("kv_limited", "queue_growth")}
+    if (
+        "prefix_hit_tokens" in window
+    ):  # prompt tokens the prefix cache served, of the measured requests' prompts
+        metrics["prefix_hit_rate"] = float(window["prefix_hit_tokens"].sum() / window["prompt_len"].sum())
     deficit = 1.0 - load["throughput_tokens_per_s"] / max(load["offered_tokens_per_s"], 1e-30)
     overloaded = deficit > 3 * OVERLOAD_SLACK or (
         deficit > OVERLOAD_SLACK and load["queue_growth"] > OVERLOAD_SLACK / 2 * len(window)
