@@ -34,8 +34,8 @@ from core.device import default_device, device_label
 from core.engine import SamplingParams
 from core.kernels.cpu_isa import cpu_description
 from core.live.metrics import parse_vllm_metrics
+from core.serve.launcher import LoopbackServer
 from core.serve.server import build_engine
-from tests.serve.lab_server import ServerUnderTest
 
 WORKLOADS = {
     "full": {"requests": 32, "concurrency": 8, "max_tokens": 32},
@@ -102,7 +102,7 @@ def one_request(url: str, prompt, max_tokens: int) -> tuple[float, list[float], 
     return first, gaps, tokens
 
 
-def online(server: ServerUnderTest, prompts, max_tokens: int, concurrency: int) -> dict:
+def online(server: LoopbackServer, prompts, max_tokens: int, concurrency: int) -> dict:
     url = server.url + "/v1/completions"
     one_request(url, prompts[0][:8], 2)  # warm-up
     queue = list(enumerate(prompts))
@@ -162,7 +162,7 @@ def main() -> None:
     vocab = 512 if args.model == "tiny" else 49_152
     prompts = make_prompts(w["requests"], vocab)
     offline_tps = offline(args.model, prompts, w["max_tokens"])
-    server = ServerUnderTest(args.model, num_blocks=NUM_BLOCKS, events=False, extra_args=("--max-num-seqs", "64"), startup_s=600)  # fmt: skip
+    server = LoopbackServer(args.model, num_blocks=NUM_BLOCKS, events=False, extra_args=("--max-num-seqs", "64"), startup_s=600)  # fmt: skip
     try:
         result = online(server, prompts, w["max_tokens"], w["concurrency"])
         metrics = parse_vllm_metrics(server.get("/metrics")[1].decode())

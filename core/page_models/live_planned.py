@@ -1,5 +1,5 @@
 """The Live page's planned vs observed: which window of the poll history, which model and hardware, which limits,
-and when to redo the fit (`core.live.planned`). No streamlit here.
+and when to redo the fit (`core.planning.observed.planned`). No streamlit here.
 
 - Window: the source's last poll and its earliest poll at most `window_s` before it (two answered polls at
   least); a window that finished fewer than MIN_REQUESTS requests is reported, not planned.
@@ -18,15 +18,20 @@ from dataclasses import dataclass
 from core.errors import LabError
 from core.live.history import FLEET, LiveHistory
 from core.live.metrics import VllmMetrics
-from core.live.planned import MEASURED_ROOF_HEADROOM, MIN_REQUESTS, PlannedVsObserved, plan_against_observed
-from core.live.planned_model import (
+from core.live.window import observe_window
+from core.planning.observed.planned import (
+    MEASURED_ROOF_HEADROOM,
+    MIN_REQUESTS,
+    PlannedVsObserved,
+    plan_against_observed,
+)
+from core.planning.observed.planned_model import (
     CORE_SERVE_MODELS,
     core_serve_step_model,
     gpu_step_model,
     limits_from_metrics,
     preset_for,
 )
-from core.live.window import observe_window
 
 VLLM_DEFAULTS = (256, 8192)  # max_num_seqs, max_num_batched_tokens of `vllm serve` (V1, chunked prefill)
 CORE_SERVE_DEFAULTS = (64, 2048)  # python -m core.serve: --max-num-seqs 64, the engine's token budget

@@ -1,4 +1,4 @@
-"""core.live.window and core.live.planned against hand-worked examples, and the fit against a server whose truth is
+"""core.live.window and core.planning.observed.planned against hand-worked examples, and the fit against a server whose truth is
 known: a simulated server (known overhead_s and flops_efficiency) whose requests are counted into vLLM's buckets
 exactly as /metrics would carry them."""
 
@@ -12,15 +12,15 @@ import pytest
 from core.errors import InvalidArgumentError
 from core.live.histogram import Histogram
 from core.live.metrics import VllmMetrics
-from core.live.names import request_token_buckets
-from core.live.planned import (
+from core.live.window import bucketed, observe_window
+from core.metric_names import request_token_buckets
+from core.planning.observed.planned import (
     fit_to_window,
     plan_against_observed,
     planned_latency,
     sample_lengths,
     simulated_moments,
 )
-from core.live.window import bucketed, observe_window
 from tests.live.simulated_server import BASE, LIMITS, simulated_server
 
 INF = math.inf

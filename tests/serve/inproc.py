@@ -11,8 +11,8 @@ import time
 import uvicorn
 
 from core.serve.app import build_app
+from core.serve.launcher import free_port
 from core.serve.server import build_served
-from tests.serve.lab_server import free_port
 
 
 class InProcessServer:

@@ -39,8 +39,8 @@ import pandas as pd
 
 from core.errors import InvalidArgumentError
 from core.live.histogram import Histogram
-from core.live.names import ITL_BUCKETS, TTFT_BUCKETS
 from core.live.window import LATENCY_KEYS, ObservedWindow, bucketed
+from core.metric_names import ITL_BUCKETS, TTFT_BUCKETS
 from core.planning.step_time import StepTimeModel
 from core.serving.latency import latency_summary
 from core.serving.memory_policies import paged
