@@ -1,5 +1,5 @@
 """vLLM's Prometheus metric vocabulary (names, labels, histogram buckets): the one place both the client
-(`core.live.metrics` parses a server's /metrics) and our server (`core.serve.exporter` publishes them) read it.
+(`core.live.metrics` parses a server's /metrics) and our server (`core.serve.exporter` publishes them) read.
 
 Names are the metric names as registered (prometheus_client appends `_total` to a counter's samples and adds a
 `_created` gauge; a histogram's samples end in `_bucket`, `_sum`, `_count`). Every field the lab reads has the

@@ -1,7 +1,8 @@
-"""core/__init__.py is the map of core, and the map is true: read from its docstring, checked against the source.
+"""core/__init__.py is the map of core, and the map is true: read from its docstring, checked against the
+source.
 
-The map lists each package with the packages it may import ("- `core.kv` (imports: none): ..."), from the bottom
-up, then the top-level modules. Checked here: every package and top-level module of core is on the map; every
+The map lists each package with the packages it may import ("- `core.kv` (imports: none): ..."), from the
+bottom up, then the top-level modules. Checked here: every package and top-level module of core is on the map; every
 `core.` name it mentions exists; each package imports exactly what its line says (no more: a forbidden import
 fails; no less: a line never claims an arrow that is not there); the list is in layer order (no upward arrow).
 """

@@ -1,6 +1,6 @@
-"""A lab-started `core.serve` on loopback and a bounded mixed chat load against it, so the Live page shows a live
-KV cache in one click; `LoopbackServer`, the same child on free loopback ports with a tiny HTTP client, is what the
-tests and `bench.serve` measure.
+"""A lab-started `core.serve` on loopback and a bounded mixed chat load against it, so the Live page shows a
+live KV cache in one click; `LoopbackServer`, the same child on free loopback ports with a tiny HTTP client, is
+what the tests and `bench.serve` measure.
 
 `LabServer.start()` runs `python -m core.serve` as a child process bound to 127.0.0.1 with prefix caching and KV
 events (`DEFAULT_PORTS`: HTTP 8000, events 5557, replay 5558, the Live page's defaults). `MixedLoad` sends

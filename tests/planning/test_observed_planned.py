@@ -1,6 +1,6 @@
-"""core.live.window and core.planning.observed.planned against hand-worked examples, and the fit against a server whose truth is
-known: a simulated server (known overhead_s and flops_efficiency) whose requests are counted into vLLM's buckets
-exactly as /metrics would carry them."""
+"""core.live.window and core.planning.observed.planned against hand-worked examples, and the fit against a server
+whose truth is known: a simulated server (known overhead_s and flops_efficiency) whose requests are counted into
+vLLM's buckets exactly as /metrics would carry them."""
 
 import math
 from dataclasses import replace
@@ -21,7 +21,7 @@ from core.planning.observed.planned import (
     sample_lengths,
     simulated_moments,
 )
-from tests.live.simulated_server import BASE, LIMITS, simulated_server
+from tests.planning.simulated_server import BASE, LIMITS, simulated_server
 
 INF = math.inf
 
