@@ -35,7 +35,7 @@ from core.engine import SamplingParams
 from core.kernels.cpu_isa import cpu_description
 from core.live.metrics import parse_vllm_metrics
 from core.serve.launcher import LoopbackServer
-from core.serve.server import build_engine
+from core.serve.server import ServeConfig, build_engine
 
 WORKLOADS = {
     "full": {"requests": 32, "concurrency": 8, "max_tokens": 32},
@@ -54,9 +54,10 @@ def offline(model: str, prompts, max_tokens: int) -> float:
     """Best of 2 output tokens per second of `Engine.generate` on all prompts, run on a thread of its own as the
     server's engine loop runs (torch's intra-op threads behave differently off the main thread on a loaded
     machine, so the two sides run alike)."""
-    engine, _ = build_engine(
+    config = ServeConfig(
         model, block_size=16, num_blocks=NUM_BLOCKS, prefix_caching=True, seed=0, max_num_seqs=64
     )
+    engine, _ = build_engine(config)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     rates: list[float] = []
 

@@ -22,6 +22,7 @@ from core.live.window import observe_window
 from core.planning.observed.planned import (
     MEASURED_ROOF_HEADROOM,
     MIN_REQUESTS,
+    FitSettings,
     PlannedVsObserved,
     plan_against_observed,
 )
@@ -106,7 +107,8 @@ def live_plan(history: LiveHistory, source: str, values: dict, roofs: Callable[[
         )  # fmt: skip
         headroom = MEASURED_ROOF_HEADROOM if own else 1.0  # a measured roof, or a GPU's datasheet peak
         return LivePlan(
-            plan_against_observed(window, base, limits, flops_headroom=headroom), planned_with=planned_with
+            plan_against_observed(window, base, limits, FitSettings(flops_headroom=headroom)),
+            planned_with=planned_with,
         )
     except LabError as err:
         return LivePlan(None, f"Planned vs observed cannot run: {err}", problem=True)

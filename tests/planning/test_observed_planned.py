@@ -15,6 +15,7 @@ from core.live.metrics import VllmMetrics
 from core.live.window import bucketed, observe_window
 from core.metric_names import request_token_buckets
 from core.planning.observed.planned import (
+    FitSettings,
     fit_to_window,
     plan_against_observed,
     planned_latency,
@@ -108,4 +109,4 @@ def test_plan_against_a_simulated_server():
     for key, err in result.rel_errors.items():
         assert err < 0.15, (key, result.planned, result.observed)
     with pytest.raises(InvalidArgumentError, match="at least 100"):
-        plan_against_observed(window, BASE, LIMITS, min_requests=100)
+        plan_against_observed(window, BASE, LIMITS, FitSettings(min_requests=100))

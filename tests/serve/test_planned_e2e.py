@@ -21,7 +21,7 @@ import pytest
 from core.live.metrics import parse_vllm_metrics
 from core.live.window import observe_window
 from core.planning.cpu_roofline import measure_roofs
-from core.planning.observed.planned import MEASURED_ROOF_HEADROOM, plan_against_observed
+from core.planning.observed.planned import MEASURED_ROOF_HEADROOM, FitSettings, plan_against_observed
 from core.planning.observed.planned_model import core_serve_step_model, limits_from_metrics
 from core.serve.launcher import LoopbackServer
 from tests.real_model import REAL_MODEL, real_model_path
@@ -78,7 +78,7 @@ def test_planned_matches_observed_on_core_serve(server):
     base = core_serve_step_model(REAL_MODEL, roofs, after.cache_setting("cache_dtype") or "float32")
     limits = limits_from_metrics(after, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2048,
                                  max_model_len=2048)  # fmt: skip
-    result = plan_against_observed(window, base, limits, flops_headroom=MEASURED_ROOF_HEADROOM)
+    result = plan_against_observed(window, base, limits, FitSettings(flops_headroom=MEASURED_ROOF_HEADROOM))
     print(result.to_dict())  # the measured errors, for docs/live-planned.md (pytest -s)
     assert result.fit.converged, result.fit.to_dict()
     for key, err in result.rel_errors.items():
