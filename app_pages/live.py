@@ -4,16 +4,16 @@ import pandas as pd
 import streamlit as st
 
 from core.errors import LabError
-from core.live import lab_server
-from core.live.compare import compare_with_server
 from core.live.history import FLEET
-from core.live.lab_server import LabServer
 from core.live.watch import LiveWatch, PollResult
 from core.page_models.live_planned import PlanCache, live_plan
 from core.planning.cpu_roofline import measure_roofs
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
+from core.planning.observed.compare import compare_with_server
 from core.planning.plan import PlanInputs
+from core.serve import launcher
+from core.serve.launcher import LabServer
 from ui.jobs import app_limits
 from ui.live_figures import (
     comparison_figure,
@@ -78,7 +78,7 @@ def lab_servers() -> dict:
 def lab_server_controls() -> None:
     """Start or stop a core.serve on loopback with a mixed chat load, and point the inputs at it."""
     try:
-        limits.check_live_address("127.0.0.1", lab_server.DEFAULT_PORTS[0], "the lab server")
+        limits.check_live_address("127.0.0.1", launcher.DEFAULT_PORTS[0], "the lab server")
     except LabError:
         return  # the operator restricted hosts: no lab-started server on this host
     holder = lab_servers()
@@ -91,7 +91,7 @@ def lab_server_controls() -> None:
     if not running and c2.button("Start a lab server", type="primary", key="lab_start"):
         server = LabServer(model)
         with st.spinner(
-            f"Starting core.serve with {LAB_MODEL_LABELS[model]} on 127.0.0.1:{lab_server.DEFAULT_PORTS[0]}..."
+            f"Starting core.serve with {LAB_MODEL_LABELS[model]} on 127.0.0.1:{launcher.DEFAULT_PORTS[0]}..."
         ):
             try:
                 server.start()

@@ -7,7 +7,7 @@ import streamlit as st
 
 from core.errors import LabError
 from core.limits import Limits
-from core.page_models.simulator import SimulatorParams, model_kv_groups, saturating_load
+from core.page_models.simulator import SimulatorParams, saturating_load
 from core.page_models.tasks import compare_policies, measure_simulated_attention
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
@@ -29,7 +29,7 @@ from ui.simulator_figures import (
     summary_bars_figure,
     verdict_text,
 )
-from ui.simulator_state import FIELDS, url_params
+from ui.simulator_state import FIELDS, params_from, url_params
 from ui.url_widgets import UrlState
 
 DATASET_LABELS = {
@@ -75,19 +75,19 @@ with st.expander("Workload, model, policies and scheduler settings", expanded=Fa
             "Trace (arrival_time, prompt_len, output_len[, n, prefix_group, prefix_len])",
             type=["csv", "jsonl", "json"],
         )
-        num_requests = w(st.number_input, "Requests", "num_requests")
-        all_at_once = w(st.checkbox, "All requests at t = 0", "all_at_once")
-        rate = w(st.number_input, "Arrival rate (requests/s, Poisson)", "rate")
-        seed = w(st.number_input, "Seed", "seed")
-        n = w(st.number_input, "Parallel samples per prompt (n)", "n")
-        prefix_len = w(st.number_input, "Shared system prompt (tokens)", "prefix_len")
-        prefix_fraction = w(st.slider, "Requests with the shared prompt", "prefix_fraction")
-        fixed_prompt = w(st.number_input, "Fixed prompt length (tokens)", "fixed_prompt")
-        fixed_output = w(st.number_input, "Fixed output length (tokens)", "fixed_output")
+        w(st.number_input, "Requests", "num_requests")
+        w(st.checkbox, "All requests at t = 0", "all_at_once")
+        w(st.number_input, "Arrival rate (requests/s, Poisson)", "rate")
+        w(st.number_input, "Seed", "seed")
+        w(st.number_input, "Parallel samples per prompt (n)", "n")
+        w(st.number_input, "Shared system prompt (tokens)", "prefix_len")
+        w(st.slider, "Requests with the shared prompt", "prefix_fraction")
+        w(st.number_input, "Fixed prompt length (tokens)", "fixed_prompt")
+        w(st.number_input, "Fixed output length (tokens)", "fixed_output")
     with c2:
         st.markdown("**Model, GPU and KV capacity**")
         model = w(st.selectbox, "Model", "model", format_func=lambda m: MODELS[m].name)
-        gpu = w(st.selectbox, "GPU", "gpu", format_func=lambda g: GPUS[g].name)
+        w(st.selectbox, "GPU", "gpu", format_func=lambda g: GPUS[g].name)
         capacity_source = w(st.radio, "KV capacity", "capacity", format_func=CAPACITY_LABELS.get)
         saturate = w(
             st.checkbox,
@@ -96,27 +96,27 @@ with st.expander("Workload, model, policies and scheduler settings", expanded=Fa
             help="A burst of requests asking for 1.2x the pool's tokens, with max_num_seqs raised so that as many "
             "can run as the pool holds: replaces the requests, arrival and scheduler limits set here.",
         )
-        raw_capacity = w(st.number_input, "Raw capacity (token slots)", "raw_capacity")
-        overhead_ms = w(st.number_input, "Per-step overhead (ms)", "overhead_ms")
+        w(st.number_input, "Raw capacity (token slots)", "raw_capacity")
+        w(st.number_input, "Per-step overhead (ms)", "overhead_ms")
         st.caption(
             "Step time = overhead + max(weights + KV bytes / (80% of bandwidth), FLOPs / (50% of peak)). "
             "The 15 ms overhead (scheduling, sampling, launches) is what made the paper's vLLM run memory-bound."
         )
     with c3:
         st.markdown("**Policies and scheduler**")
-        policies = w(st.multiselect, "Policies", "policies", format_func=label)
-        block_size = w(st.selectbox, "Block size (tokens)", "block_size")
-        prefix_caching = w(st.checkbox, "Prefix caching (paged)", "prefix_caching")
+        w(st.multiselect, "Policies", "policies", format_func=label)
+        w(st.selectbox, "Block size (tokens)", "block_size")
+        w(st.checkbox, "Prefix caching (paged)", "prefix_caching")
         hybrid = w(
             st.checkbox,
             "Hybrid KV cache manager (per-group blocks)",
             "hybrid",
             help="Paged policy only; for models mixing full and sliding-window layers (e.g. Gemma 2, gpt-oss).",
         )
-        max_num_seqs = w(st.number_input, "max_num_seqs", "max_num_seqs")
-        max_tokens = w(st.number_input, "max_num_batched_tokens", "max_tokens")
-        preemption = w(st.radio, "Preemption", "preemption", horizontal=True)
-        swap_gib = w(st.number_input, "Swap space (GiB)", "swap_gib")
+        w(st.number_input, "max_num_seqs", "max_num_seqs")
+        w(st.number_input, "max_num_batched_tokens", "max_tokens")
+        w(st.radio, "Preemption", "preemption", horizontal=True)
+        w(st.number_input, "Swap space (GiB)", "swap_gib")
         measure = w(st.checkbox, "Measure attention latency with the real kernels", "measure")
         budget_s = w(st.number_input, "Measurement time budget (s)", "budget_s")
     st.form_submit_button("Run simulation", type="primary")
@@ -139,30 +139,7 @@ try:
                 f"{MODELS[model].name}'s max_position_embeddings {MODELS[model].max_position_embeddings:,}"
             )
             trace = _parse_trace(read_upload(upload, "the trace", limits), max_len, source, limits)
-    params = SimulatorParams(
-        dataset="sharegpt" if dataset == "trace" else dataset,
-        num_requests=int(num_requests),
-        rate=math.inf if all_at_once else float(rate),
-        seed=int(seed),
-        n=int(n),
-        prefix_len=int(prefix_len),
-        prefix_fraction=float(prefix_fraction),
-        prompt_len=int(fixed_prompt),
-        output_len=int(fixed_output),
-        model=model,
-        gpu=gpu,
-        capacity_source=capacity_source,
-        raw_capacity_tokens=int(raw_capacity),
-        policies=tuple(policies),
-        block_size=int(block_size),
-        enable_prefix_caching=bool(prefix_caching),
-        max_num_seqs=int(max_num_seqs),
-        max_num_batched_tokens=int(max_tokens),
-        preemption_mode=preemption,
-        swap_space_gib=float(swap_gib),
-        overhead_ms=float(overhead_ms),
-        kv_groups=model_kv_groups(model) if hybrid else None,
-    )
+    params = params_from(dict(state.values))
     load = None
     if capacity_source == "model" and saturate and trace is None:
         load = saturating_load(params)

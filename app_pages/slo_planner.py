@@ -42,8 +42,6 @@ def inputs() -> None:
             st.markdown("**Latency target (p95)**")
             w(st.number_input, "TTFT p95 target (s)", "ttft", placeholder="no target")
             w(st.number_input, "TPOT p95 target (ms)", "tpot_ms", placeholder="no target")
-            w(st.number_input, "Simulated requests per configuration", "requests",
-              help="More requests: steadier percentiles, a slower search.")  # fmt: skip
         with c3:
             st.markdown("**Search space**")
             w(st.multiselect, "GPU types", "gpus", format_func=lambda g: GPUS[g].name)
@@ -116,9 +114,10 @@ def search_caption(plan) -> str:
     return (
         f"{plan.num_evaluated:,} of {plan.num_candidates:,} candidate deployments evaluated in rank order (fewest "
         f"GPUs, then total memory bandwidth as the cost proxy: no GPU price is used), {whole}; "
-        f"{plan.num_simulated:,} simulated with {plan.workload.num_requests:,} Poisson requests each, "
+        f"{plan.num_simulated:,} simulated to their steady state (Poisson arrivals, warm-up dropped), "
         f"{plan.num_reused:,} answered by an identical run, the rest ruled out by memory or a bound. Step times "
-        "from the roofline model with efficiencies fitted to published TensorRT-LLM figures (docs/slo.md)."
+        f"from the roofline model with the {plan.candidates.engine} engine profile's fitted efficiencies "
+        "(docs/slo.md)."
     )
 
 

@@ -34,8 +34,8 @@ from core.device import default_device, device_label
 from core.engine import SamplingParams
 from core.kernels.cpu_isa import cpu_description
 from core.live.metrics import parse_vllm_metrics
-from core.serve.server import build_engine
-from tests.serve.lab_server import ServerUnderTest
+from core.serve.launcher import LoopbackServer
+from core.serve.server import ServeConfig, build_engine
 
 WORKLOADS = {
     "full": {"requests": 32, "concurrency": 8, "max_tokens": 32},
@@ -54,9 +54,10 @@ def offline(model: str, prompts, max_tokens: int) -> float:
     """Best of 2 output tokens per second of `Engine.generate` on all prompts, run on a thread of its own as the
     server's engine loop runs (torch's intra-op threads behave differently off the main thread on a loaded
     machine, so the two sides run alike)."""
-    engine, _ = build_engine(
+    config = ServeConfig(
         model, block_size=16, num_blocks=NUM_BLOCKS, prefix_caching=True, seed=0, max_num_seqs=64
     )
+    engine, _ = build_engine(config)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     rates: list[float] = []
 
@@ -102,7 +103,7 @@ def one_request(url: str, prompt, max_tokens: int) -> tuple[float, list[float], 
     return first, gaps, tokens
 
 
-def online(server: ServerUnderTest, prompts, max_tokens: int, concurrency: int) -> dict:
+def online(server: LoopbackServer, prompts, max_tokens: int, concurrency: int) -> dict:
     url = server.url + "/v1/completions"
     one_request(url, prompts[0][:8], 2)  # warm-up
     queue = list(enumerate(prompts))
@@ -162,7 +163,7 @@ def main() -> None:
     vocab = 512 if args.model == "tiny" else 49_152
     prompts = make_prompts(w["requests"], vocab)
     offline_tps = offline(args.model, prompts, w["max_tokens"])
-    server = ServerUnderTest(args.model, num_blocks=NUM_BLOCKS, events=False, extra_args=("--max-num-seqs", "64"), startup_s=600)  # fmt: skip
+    server = LoopbackServer(args.model, num_blocks=NUM_BLOCKS, events=False, extra_args=("--max-num-seqs", "64"), startup_s=600)  # fmt: skip
     try:
         result = online(server, prompts, w["max_tokens"], w["concurrency"])
         metrics = parse_vllm_metrics(server.get("/metrics")[1].decode())

@@ -1,30 +1,54 @@
 """PagedAttention Lab core: a library with no Streamlit dependency.
 
-Subpackages, from the bottom up:
-- `core.kv`: the one home of KV-cache memory: per-layer KV cache specs in vLLM V1's vocabulary, the one reader
-  of a Hugging Face config's layer kinds, and vLLM V1's layout arithmetic (groups, blocks, concurrency).
-- `core.paging`: the block manager (paged KV block metadata), the KV tensors, the buddy allocator.
-- `core.kernels`: the paged attention API, its backends (torch, C for the CPU, Triton, gather) and their timing.
-- `core.sched`: the continuous-batching scheduler and the slim memory protocol it drives, below both the
-  simulator and the engine (it imports neither).
-- `core.serving`: workloads, memory policies, step time and the serving simulator.
-- `core.planning`: model and GPU presets, KV accounting, capacity plans, the workload what-if and the CLI.
-  Serving may import planning (the step-time model reads its presets' KV accounting); planning never imports
-  serving.
-- `core.engine`: a real Llama-family model run through the paged KV cache (config, weights, forward pass,
-  sampling, the engine loop, its metrics and the sharing measurement; the real model's fetch and GGUF files).
-- `core.live`: reading a running vLLM (or fleet): its Prometheus metrics, its KV cache events (ZMQ, with replay)
-  and the cached-block tree they describe, and the planner's prediction beside what the server reports.
-- `core.serve`: the engine served the way vLLM serves (OpenAI-style HTTP, `/metrics` with vLLM's names, KV events
-  on ZMQ): `python -m core.serve`.
-- `core.jobs`: heavy work off the server process: the worker pool, the worker loop and the result caches; it runs
-  the functions it is given and imports no domain package.
-- `core.page_models`: what a page computes (the planner's scenarios, the simulator's comparison, the playground
-  and its guided scenarios, the heavy tasks pages submit to `core.jobs`), over the packages above; no domain
-  package imports it, and it imports neither streamlit nor `ui`. `tests/test_layers.py` checks these layers.
+The map of core. Each package, from the bottom up, names after "imports:" the packages of core it may import
+(besides the top-level modules, which any package may import); a package never imports one listed after it, so
+there is no upward arrow and no circle. `tests/test_core_map.py` reads this list and checks it against every
+import statement of core (module level or inside a function), and that every `core.` name below exists.
 
-Top-level modules: `errors` (every typed error, one base class), `device` (torch device, memory budget),
-`common` (ceiling division, argument checks, the budget check, timing), `limits` (operator limits read from
-the environment), `hosts` (where the Live page may connect: PAGED_LAB_LIVE_HOSTS and the address classes it
-refuses), `uploads` (bounded reading of uploaded files).
+- `core.kv` (imports: none): the one home of KV-cache memory: per-layer specs in vLLM V1's vocabulary
+  (`core.kv.specs`), the one reader of a Hugging Face config's layer kinds (`core.kv.hf_config`), the layout
+  arithmetic (`core.kv.layout`), the block pool, its single-type managers and the manager over them
+  (`core.kv.block_pool`, `core.kv.single_type_manager`, `core.kv.kv_cache_manager`), block hashes, snapshots,
+  vLLM's KV events (`core.kv.events`) and the Orca baselines' buddy allocator (`core.kv.buddy_allocator`).
+- `core.paging` (imports: kv): the one-group block manager facade (`core.paging.block_manager`) and the torch
+  tensors that hold the paged K/V (`core.paging.kv_cache`).
+- `core.kernels` (imports: none): the paged attention API, its backends (torch, C for the CPU, Triton, gather)
+  and their timing (`core.kernels.timer`, `core.kernels.timing`).
+- `core.sched` (imports: none): the continuous-batching scheduler (`core.sched.scheduler`) and the slim memory
+  protocol it drives (`core.sched.memory`), below both of its drivers, the simulator and the engine.
+- `core.serving` (imports: kv, kernels, sched): workloads, memory policies, the serving simulator
+  (`core.serving.simulator`), latency percentiles and steady state; a step's cost is injected (a step-time
+  model), never read from planning.
+- `core.planning` (imports: kv, serving): model and GPU presets, KV accounting
+  (`core.planning.kv_accounting`), capacity plans (`core.planning.plan`), the step-time model
+  (`core.planning.step_time`) and its fit, the workload what-if, the SLO search, the steady-state predictor
+  and the CLI (`python -m core.planning`). Planning drives the simulator with its step-time model; serving
+  never imports planning.
+- `core.engine` (imports: kv, paging, kernels, sched, serving): a real Llama-family model run through the
+  paged KV cache (config, weights, forward pass, sampling, the engine loop, its metrics and the sharing
+  measurement; the real model's fetch and GGUF files).
+- `core.live` (imports: kv): the client of a running vLLM (or fleet): its Prometheus metrics
+  (`core.live.metrics`), its KV cache events over ZMQ with replay (`core.live.subscriber`) and the
+  cached-block tree they describe (`core.live.tree`), polls over time and windows between two scrapes
+  (`core.live.window`).
+- `core.planning.observed` (imports: serving, planning, engine, live): planning against what a running server
+  reports: planned vs observed (`core.planning.observed.planned`, fitted to the server's histograms, with the
+  model it plans with in `core.planning.observed.planned_model`) and a capacity plan beside a server's figures
+  (`core.planning.observed.compare`).
+- `core.serve` (imports: kv, engine): the engine served the way vLLM serves (OpenAI-style HTTP, `/metrics`
+  with vLLM's names from `core.metric_names`, KV events on ZMQ): `python -m core.serve`; `core.serve.launcher`
+  starts it on loopback for the Live page, the tests and `bench.serve`.
+- `core.jobs` (imports: none): heavy work off the server process: the worker pool, the worker loop and the
+  result caches; it runs the functions it is given.
+- `core.page_models` (imports: kv, paging, kernels, serving, planning, engine, live, planning.observed): what
+  a page computes (the planner's scenarios, the simulator's comparison, the playground and its guided
+  scenarios, the Live page's planned vs observed, the heavy tasks pages submit to the worker pool,
+  `core.jobs`, which does not import them back); it imports neither streamlit nor `ui`.
+
+Top-level modules (they import no package of core, only each other): `core.errors` (every typed error, one
+base class), `core.device` (torch device, memory budget), `core.common` (ceiling division, argument checks,
+the budget check, timing), `core.limits` (operator limits read from the environment), `core.hosts` (where the
+Live page may connect: PAGED_LAB_LIVE_HOSTS and the address classes it refuses), `core.uploads` (bounded
+reading of uploaded files), `core.metric_names` (vLLM's metric names, labels and buckets: the vocabulary both
+`core.live` reads and `core.serve` publishes).
 """

@@ -53,6 +53,22 @@ class SchedulerStuckError(LabError):
         self.num_waiting = num_waiting
         self.free_blocks = free_blocks
 
+    @classmethod
+    def nothing_fits(
+        cls, num_waiting: int, free_blocks: int | None = None, step: int | None = None
+    ) -> "SchedulerStuckError":
+        """The one "stuck" verdict, for every driver of the scheduler: `num_waiting` requests wait, none fits in
+        the `free_blocks` free blocks (None: memory not counted in blocks), nothing runs; `step` (None: not
+        known) the step that found it. Returns the error; the caller raises it."""
+        at = "" if step is None else f" at step {step:,}"
+        room = "the free memory" if free_blocks is None else f"the {free_blocks:,} free blocks"
+        return cls(
+            f"the scheduler is stuck{at}: none of the {num_waiting:,} waiting request(s) fits in {room} and "
+            "nothing runs (give it more KV blocks, shorter requests, or a larger max_num_batched_tokens)",
+            num_waiting=num_waiting,
+            free_blocks=free_blocks,
+        )
+
 
 class SloInfeasibleError(LabError):
     """No candidate deployment meets the latency target (`core.planning.slo.plan_slo`). `metric` names what cannot

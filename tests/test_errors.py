@@ -57,3 +57,20 @@ def test_the_errors_with_fields_are_covered():
     with_fields = {c.__name__ for c in _all_subclasses(errors.LabError) if _build(c)[1]}
     assert {"OutOfBlocksError", "JobFailedError", "MemoryBudgetError", "ModelTooLargeError", "LimitConfigError",
             "LimitExceededError", "QueueFullError", "SchedulerStuckError"} <= with_fields  # fmt: skip
+
+
+def test_the_stuck_verdict_is_one_message_for_every_driver():
+    """`SchedulerStuckError.nothing_fits`: the engine's (free blocks known) and the simulator's (a step, memory
+    in slots) verdict, written out by hand; it pickles with its fields like every error."""
+    engine = errors.SchedulerStuckError.nothing_fits(3, free_blocks=1_024)
+    assert str(engine) == (
+        "the scheduler is stuck: none of the 3 waiting request(s) fits in the 1,024 free blocks and nothing runs "
+        "(give it more KV blocks, shorter requests, or a larger max_num_batched_tokens)"
+    )
+    assert (engine.num_waiting, engine.free_blocks) == (3, 1_024)
+    simulator = errors.SchedulerStuckError.nothing_fits(2, step=12_345)
+    assert str(simulator).startswith(
+        "the scheduler is stuck at step 12,345: none of the 2 waiting request(s) fits in the free memory and"
+    )
+    copy = pickle.loads(pickle.dumps(simulator))
+    assert str(copy) == str(simulator) and copy.free_blocks is None

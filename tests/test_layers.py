@@ -9,7 +9,9 @@ From the bottom up:
 - `core.jobs`: the worker pool, result cache and worker loop; it runs the functions it is given, so it imports
   no domain package and not `core.page_models`;
 - `core.page_models`: what a page computes, over any of the above;
-- above core, never imported by it: `ui`, `app_pages`, `app`, `streamlit`, `bench`, `hosting`, `tests`.
+- above core, never imported by it: `ui`, `app_pages`, `app`, `streamlit`, `bench`, `hosting`, `tests`;
+- `tests` is imported by nothing that ships or measures (`bench`, `ui`, `app_pages`, `app.py`, `hosting`).
+The whole map (which package may import which) is core/__init__.py's, checked by `tests/test_core_map.py`.
 """
 
 import ast
@@ -91,6 +93,22 @@ def test_the_reader_sees_imports_it_should():
 
 def test_core_imports_nothing_above_it():
     assert violations({own for own, _ in IMPORTS.values()}, ABOVE_CORE) == []
+
+
+def test_nothing_outside_tests_imports_tests():
+    """bench, the app and hosting stand on core alone: what a bench measures is what ships, not a test helper."""
+    paths = [
+        ROOT / "app.py",
+        *(p for d in ("bench", "ui", "app_pages", "hosting") for p in (ROOT / d).rglob("*.py")),
+    ]
+    assert len(paths) > 20 and ROOT / "bench" / "serve.py" in paths
+    found = sorted(
+        f"{path.relative_to(ROOT)} imports {m}"
+        for path in paths
+        for m in imported_modules(path.read_text(), module_name(path), path.name == "__init__.py")
+        if m.split(".")[0] == "tests"
+    )
+    assert found == []
 
 
 def test_top_level_modules_import_no_subpackage():

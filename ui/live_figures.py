@@ -10,11 +10,11 @@ from collections.abc import Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from core.live.compare import Comparison
 from core.live.histogram import Histogram
 from core.live.history import FLEET
-from core.live.planned import PlannedVsObserved
 from core.live.tree import CachedBlockTree, Pool
+from core.planning.observed.compare import Comparison
+from core.planning.observed.planned import PlannedVsObserved
 from ui.theme import CACHED_BLOCK_COLOR, policy_color, sequence_color
 
 FLEET_COLOR = "#000000"

@@ -10,11 +10,11 @@ import re
 from core.errors import LabError
 from core.limits import Limits
 from core.live.addresses import check_events_endpoint, check_metrics_url
-from core.live.lab_server import MODELS as LAB_MODELS
 from core.live.subscriber import DEFAULT_TOPIC
 from core.live.watch import Sources
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
+from core.serve.launcher import MODELS as LAB_MODELS
 from ui.query_state import Field
 
 MAX_URLS = 8

@@ -5,16 +5,23 @@ at 2 req/s, OPT-13B, the paper's 15,728 slots). An uploaded trace cannot travel 
 says so and falls back to the generated workload. No streamlit here.
 """
 
+import math
 from typing import Any
 
-from core.page_models.simulator import CAPACITY_SOURCES, DATASETS, DEFAULT_PARAMS
+from core.page_models.simulator import (
+    CAPACITY_SOURCES,
+    DATASETS,
+    DEFAULT_PARAMS,
+    SimulatorParams,
+    model_kv_groups,
+)
 from core.planning.hardware import GPUS
+from core.planning.kv_accounting import BLOCK_SIZES
 from core.planning.models import MODELS
 from core.serving.memory_policies import POLICY_NAMES
 from ui.query_state import Field, encode_params
 
 D = DEFAULT_PARAMS
-BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 FIELDS = [
     Field("dataset", D.dataset, "choice", DATASETS, label="workload"),
@@ -78,3 +85,34 @@ def url_params(values: dict[str, Any]) -> dict[str, str]:
     if not values["measure"]:
         skip.add("budget_s")
     return {k: v for k, v in encode_params(values, FIELDS).items() if k not in skip}
+
+
+def params_from(values: dict[str, Any]) -> SimulatorParams:
+    """The page's inputs as `SimulatorParams`: an uploaded trace runs as "sharegpt" (the trace itself is passed
+    beside the parameters), "all at t = 0" is an infinite rate, the hybrid switch the model's KV cache groups
+    (`model_kv_groups`). Raises what `model_kv_groups` raises for an unknown model; core's other checks run when
+    the comparison runs."""
+    return SimulatorParams(
+        dataset="sharegpt" if values["dataset"] == "trace" else values["dataset"],
+        num_requests=int(values["num_requests"]),
+        rate=math.inf if values["all_at_once"] else float(values["rate"]),
+        seed=int(values["seed"]),
+        n=int(values["n"]),
+        prefix_len=int(values["prefix_len"]),
+        prefix_fraction=float(values["prefix_fraction"]),
+        prompt_len=int(values["fixed_prompt"]),
+        output_len=int(values["fixed_output"]),
+        model=values["model"],
+        gpu=values["gpu"],
+        capacity_source=values["capacity"],
+        raw_capacity_tokens=int(values["raw_capacity"]),
+        policies=tuple(values["policies"]),
+        block_size=int(values["block_size"]),
+        enable_prefix_caching=bool(values["prefix_caching"]),
+        max_num_seqs=int(values["max_num_seqs"]),
+        max_num_batched_tokens=int(values["max_tokens"]),
+        preemption_mode=values["preemption"],
+        swap_space_gib=float(values["swap_gib"]),
+        overhead_ms=float(values["overhead_ms"]),
+        kv_groups=model_kv_groups(values["model"]) if values["hybrid"] else None,
+    )

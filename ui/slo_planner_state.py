@@ -19,7 +19,6 @@ from core.planning.engine_profiles import ENGINES
 from core.planning.hardware import GPUS
 from core.planning.kv_accounting import KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES
 from core.planning.models import MODELS
-from core.planning.slo_candidates import MAX_SIMULATED_REQUESTS
 from core.serving.latency import PERCENTILES
 from ui.query_state import Field, encode_params
 
@@ -91,20 +90,11 @@ FIELDS = [
     Field("max_gpus", D.max_gpus, "int", minimum=1, maximum=MAX_GPUS, step=1, label="most GPUs"),
     Field("kv", D.kv_dtypes, "multi", KV_DTYPES, label="KV cache dtypes"),
     Field("weights", D.weight_dtypes, "multi", WEIGHT_DTYPES, label="weight dtypes"),
-    Field(
-        "requests",
-        D.num_requests,
-        "int",
-        minimum=10,
-        maximum=MAX_SIMULATED_REQUESTS,
-        step=50,
-        label="simulated requests",
-    ),
     *PREDICT_FIELDS,
 ]
 SHARED_KEYS = ("model", "rate", "prompt_len", "output_len", "spread", "ttft", "tpot_ms")
 MODE_KEYS = {
-    "search": ("mode", *SHARED_KEYS, "gpus", "max_gpus", "kv", "weights", "requests"),
+    "search": ("mode", *SHARED_KEYS, "gpus", "max_gpus", "kv", "weights"),
     "predict": ("mode", *SHARED_KEYS, *(f.key for f in PREDICT_FIELDS)),
 }
 
@@ -125,7 +115,7 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
         ttft_p95_s=None if values["ttft"] is None else float(values["ttft"]),
         tpot_p95_s=None if tpot_ms is None else float(tpot_ms) / 1e3,
         gpus=tuple(values["gpus"]), max_gpus=int(values["max_gpus"]), kv_dtypes=tuple(values["kv"]),
-        weight_dtypes=tuple(values["weights"]), num_requests=int(values["requests"]),
+        weight_dtypes=tuple(values["weights"]),
     )  # fmt: skip
 
 

@@ -9,7 +9,7 @@ blocks in use; histograms add bucket by bucket. A field the server does not publ
 Parsing uses prometheus_client's parser and keys every value by its *sample* name: a counter registered as
 `vllm:prompt_tokens` is read from `vllm:prompt_tokens_total`; its `vllm:prompt_tokens_created` gauge (a Unix
 time) and histograms' `_created` are ignored. Both the current names and the pre-0.9 ones are read
-(`core/live/names.py`), the current one winning when a server publishes both.
+(`core/metric_names.py`), the current one winning when a server publishes both.
 """
 
 import math
@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.errors import MetricsFormatError
 from core.live.histogram import Histogram, merge_histograms
-from core.live.names import CACHE_CONFIG_INFO, COUNTERS, GAUGES, HISTOGRAMS
+from core.metric_names import CACHE_CONFIG_INFO, COUNTERS, ENGINE_LABEL, GAUGES, HISTOGRAMS, MODEL_NAME_LABEL
 
 NO_ENGINE = ""  # the `engine` label value of a server that publishes none (vLLM V0)
 
@@ -88,7 +88,7 @@ def parse_vllm_engines(text: str) -> dict[str, VllmMetrics]:
     )
     for name, labels, value in samples:
         if name.startswith("vllm:"):
-            by_engine[labels.get("engine", NO_ENGINE)][name].append((labels, value))
+            by_engine[labels.get(ENGINE_LABEL, NO_ENGINE)][name].append((labels, value))
     order = sorted(by_engine, key=lambda e: (not e.isdigit(), int(e) if e.isdigit() else 0, e))
     return {engine: _engine_metrics(engine, by_engine[engine]) for engine in order}
 
@@ -156,9 +156,9 @@ def _engine_metrics(engine: str, series: dict[str, list[tuple[dict[str, str], fl
     for labels, _ in series.get(CACHE_CONFIG_INFO, []):
         values["num_gpu_blocks"] = _int_label(labels, "num_gpu_blocks")
         values["block_size"] = _int_label(labels, "block_size")
-        values["cache_config"] = tuple(sorted((k, v) for k, v in labels.items() if k != "engine"))
+        values["cache_config"] = tuple(sorted((k, v) for k, v in labels.items() if k != ENGINE_LABEL))
     models = tuple(
-        dict.fromkeys(lb["model_name"] for s in series.values() for lb, _ in s if "model_name" in lb)
+        dict.fromkeys(lb[MODEL_NAME_LABEL] for s in series.values() for lb, _ in s if MODEL_NAME_LABEL in lb)
     )
     return VllmMetrics(**values, engines=(engine,), model_names=models, legacy_names=legacy)
 

@@ -1,5 +1,5 @@
 """The Live page's planned vs observed: which window of the poll history, which model and hardware, which limits,
-and when to redo the fit (`core.live.planned`). No streamlit here.
+and when to redo the fit (`core.planning.observed.planned`). No streamlit here.
 
 - Window: the source's last poll and its earliest poll at most `window_s` before it (two answered polls at
   least); a window that finished fewer than MIN_REQUESTS requests is reported, not planned.
@@ -18,15 +18,21 @@ from dataclasses import dataclass
 from core.errors import LabError
 from core.live.history import FLEET, LiveHistory
 from core.live.metrics import VllmMetrics
-from core.live.planned import MEASURED_ROOF_HEADROOM, MIN_REQUESTS, PlannedVsObserved, plan_against_observed
-from core.live.planned_model import (
+from core.live.window import observe_window
+from core.planning.observed.planned import (
+    MEASURED_ROOF_HEADROOM,
+    MIN_REQUESTS,
+    FitSettings,
+    PlannedVsObserved,
+    plan_against_observed,
+)
+from core.planning.observed.planned_model import (
     CORE_SERVE_MODELS,
     core_serve_step_model,
     gpu_step_model,
     limits_from_metrics,
     preset_for,
 )
-from core.live.window import observe_window
 
 VLLM_DEFAULTS = (256, 8192)  # max_num_seqs, max_num_batched_tokens of `vllm serve` (V1, chunked prefill)
 CORE_SERVE_DEFAULTS = (64, 2048)  # python -m core.serve: --max-num-seqs 64, the engine's token budget
@@ -101,7 +107,8 @@ def live_plan(history: LiveHistory, source: str, values: dict, roofs: Callable[[
         )  # fmt: skip
         headroom = MEASURED_ROOF_HEADROOM if own else 1.0  # a measured roof, or a GPU's datasheet peak
         return LivePlan(
-            plan_against_observed(window, base, limits, flops_headroom=headroom), planned_with=planned_with
+            plan_against_observed(window, base, limits, FitSettings(flops_headroom=headroom)),
+            planned_with=planned_with,
         )
     except LabError as err:
         return LivePlan(None, f"Planned vs observed cannot run: {err}", problem=True)

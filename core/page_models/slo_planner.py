@@ -31,8 +31,8 @@ CHART_CONFIGS = 3  # configurations the chart draws
 @dataclass(frozen=True)
 class SloPlannerParams:
     """The page's inputs. Latencies in seconds (None: no target on that metric), rate in requests/s, lengths
-    in tokens; gpus / kv_dtypes / weight_dtypes: the values the search tries; num_requests: requests simulated
-    per configuration and rate."""
+    in tokens; gpus / kv_dtypes / weight_dtypes: the values the search tries (each configuration is simulated to
+    its steady state)."""
 
     model: str = "llama-3.1-8b"
     rate: float = 12.0
@@ -45,13 +45,12 @@ class SloPlannerParams:
     max_gpus: int = 8
     kv_dtypes: tuple[str, ...] = ("auto", "fp8")
     weight_dtypes: tuple[str, ...] = ("auto",)
-    num_requests: int = 200
 
     def slo(self) -> Slo:
         return Slo(self.ttft_p95_s, self.tpot_p95_s)
 
     def workload(self) -> SloWorkload:
-        return SloWorkload(self.rate, self.prompt_len, self.output_len, self.length_spread, self.num_requests)
+        return SloWorkload(self.rate, self.prompt_len, self.output_len, self.length_spread)
 
     def candidates(self) -> SloCandidates:
         return SloCandidates(

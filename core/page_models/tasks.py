@@ -31,6 +31,7 @@ from core.page_models.engines import TINY_LLAMA, build_engine, check_pool, fetch
 from core.page_models.simulator import SimulatorParams, run_comparison, steady_summary
 from core.page_models.slo_planner import Curve, SloPlannerParams, SloSearch, curves, search
 from core.page_models.slo_predict import DeploymentAnswer, SloPredictParams, deployment_answer
+from core.planning.max_rate import SEARCH_SETTINGS
 from core.planning.slo_eval import SloConfig
 from core.serving.step_attention import measure_step_attention
 from core.serving.workload import Request
@@ -89,8 +90,9 @@ def measure_simulated_attention(
 def slo_search(params: SloPlannerParams, *, progress: Callable = _no_progress) -> SloSearch:
     """The SLO planner's search (`slo_planner.search`): every configuration evaluated, ranked, and the
     infeasibility message when none meets the SLO. LimitExceededError (PAGED_LAB_MAX_REQUESTS) before simulating
-    more requests per configuration than the operator allows."""
-    Limits.from_env().check_requests(params.num_requests, "each configuration's simulation")
+    more requests per configuration than the operator allows (a steady state takes up to SEARCH_SETTINGS'
+    max_requests)."""
+    Limits.from_env().check_requests(SEARCH_SETTINGS.max_requests, "each configuration's steady state")
     return search(params, lambda fraction: progress(fraction, "evaluating configurations in rank order"))
 
 
@@ -99,7 +101,7 @@ def slo_curves(
 ) -> tuple[Curve, ...]:
     """The SLO planner's chart: `latency_curve` of each of `configs` over the page's grid of rates, with its knee
     (`slo_planner.curves`). Same limit as `slo_search`."""
-    Limits.from_env().check_requests(params.num_requests, "each configuration's simulation")
+    Limits.from_env().check_requests(SEARCH_SETTINGS.max_requests, "each configuration's steady state")
     return curves(params, configs, progress)
 
 

@@ -1,6 +1,6 @@
 """The roofline of our own engine on this machine's CPU: the roofs measured here and the step-time model of a
 model's shapes on them (efficiencies and overheads left to fit). `bench/slo.py` fits it to measured steps; the
-Live page's planned-vs-observed (`core.live.planned`) fits it to a `core.serve` server's histograms.
+Live page's planned-vs-observed (`core.planning.observed.planned`) fits it to a `core.serve` server's histograms.
 
 `measure_roofs` times a 256 MiB `copy_` (read + write bytes) and a 1,536^3 float32 matmul, best of `repeats`:
 the best sample is the machine least disturbed by other processes, so fitted efficiencies stay below 1.

@@ -17,6 +17,11 @@ Units, and the GB / GiB trap:
   bidirectional total of all its links (NVLink, Infinity Fabric), or of its PCIe x16 slot for cards without
   NVLink (L4, L40S, A10G, RTX 4090). One direction carries half of it; the step-time model
   (`core.planning.step_time`) sends tensor-parallel all-reduces and pipeline hand-offs at that half.
+- `network_bandwidth` is one GPU's share of the scale-out network in bytes/s, one direction: the line rate of the
+  NIC the vendor's 8-GPU system gives each GPU (DGX A100: ConnectX-6 200 Gb/s; DGX H100 / H200 / B200:
+  ConnectX-7 400 Gb/s), None where no reference system fixes it (PCIe cards, MI300X). Disaggregated serving
+  (`core.planning.disagg`) moves the KV cache over it between nodes, over NVLink (half of
+  interconnect_bandwidth) within one.
 """
 
 from dataclasses import asdict, dataclass
@@ -41,7 +46,8 @@ class GPUSpec:
     peak_bf16_flops: dense bf16 FLOP/s (None when unknown, e.g. a custom GPU without it);
     interconnect_bandwidth: GPU-to-GPU bytes/s, bidirectional, as the datasheet prints it (None when unknown);
     interconnect: what carries it ("NVLink 4", "PCIe Gen4 x16", ...); peak_fp8_flops: dense FP8 tensor-core
-    FLOP/s (None when the GPU has no FP8 tensor cores or the figure is unknown)."""
+    FLOP/s (None when the GPU has no FP8 tensor cores or the figure is unknown); network_bandwidth: one GPU's
+    NIC bytes/s, one direction, in the vendor's reference system (None when unknown)."""
 
     name: str
     memory_bytes: int
@@ -52,6 +58,7 @@ class GPUSpec:
     interconnect_bandwidth: float | None = None
     interconnect: str = ""
     peak_fp8_flops: float | None = None
+    network_bandwidth: float | None = None
 
     @property
     def memory_gib(self) -> float:
@@ -122,15 +129,26 @@ def _memory(mib: int, rule: str = DRIVER, printed_gb: int | None = None) -> tupl
     return mib * MiB, rule.format(mib=mib, gb=printed_gb)
 
 
-def _preset(name, memory, bandwidth, flops, memory_type, datasheet, link, fp8_tflops=None) -> GPUSpec:
-    """A preset; `link` is (interconnect, its bidirectional GB/s as printed); fp8_tflops: dense FP8 TFLOP/s."""
+def _preset(
+    name, memory, bandwidth, flops, memory_type, datasheet, link, fp8_tflops=None, nic_gbit=None
+) -> GPUSpec:
+    """A preset; `link` is (interconnect, its bidirectional GB/s as printed); fp8_tflops: dense FP8 TFLOP/s;
+    nic_gbit: the line rate of the GPU's NIC in its vendor's 8-GPU system, Gb/s."""
     memory_bytes, memory_source = memory
     interconnect, link_gb_per_s = link
     fp8 = None if fp8_tflops is None else fp8_tflops * TFLOPS
+    network = None if nic_gbit is None else nic_gbit * GB / 8
     return GPUSpec(
         name, memory_bytes, bandwidth, flops, memory_type, f"{memory_source}; {datasheet}",
-        link_gb_per_s * GB, interconnect, fp8,
+        link_gb_per_s * GB, interconnect, fp8, network,
     )  # fmt: skip
+
+
+# One NIC per GPU in the vendor's 8-GPU systems (datasheets' networking rows): DGX A100 "8x Single-Port
+# Mellanox ConnectX-6 VPI 200Gb/s HDR InfiniBand"; DGX H100 / DGX H200 / DGX B200 "8x single-port NVIDIA
+# ConnectX-7 VPI, up to 400Gb/s InfiniBand/Ethernet".
+NIC_DGX_A100_GBIT = 200
+NIC_DGX_H100_GBIT = 400
 
 
 NVLINK3 = ("NVLink 3", 600)  # A100 datasheet: "NVIDIA NVLink 600GB/s" (PCIe Gen4 64GB/s)
@@ -151,6 +169,8 @@ GPUS: dict[str, GPUSpec] = {
         "HBM2",
         "NVIDIA A100 datasheet (SXM4 40GB)",
         NVLINK3,
+        None,
+        NIC_DGX_A100_GBIT,
     ),
     # Same datasheet: 80GB HBM2e, 2,039 GB/s; BF16 312 TFLOPS dense. Memory by the HBM rule (its 40GB sibling
     # reports exactly 40 GiB).
@@ -162,6 +182,8 @@ GPUS: dict[str, GPUSpec] = {
         "HBM2e",
         "NVIDIA A100 datasheet (SXM4 80GB)",
         NVLINK3,
+        None,
+        NIC_DGX_A100_GBIT,
     ),
     # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: 80GB HBM3, 3.35 TB/s; BF16 1,979 TFLOPS with sparsity,
     # 989 dense; FP8 3,958 with sparsity, 1,979 dense. nvidia-smi: 81,559 MiB (79.6 GiB).
@@ -174,6 +196,7 @@ GPUS: dict[str, GPUSpec] = {
         "NVIDIA H100 datasheet (SXM5)",
         NVLINK4,
         1_979,
+        NIC_DGX_H100_GBIT,
     ),
     # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: 141GB HBM3e, 4.8 TB/s; BF16 989 TFLOPS dense
     # (the same compute as H100; FP8 1,979 dense, 3,958 with sparsity). nvidia-smi: 143,771 MiB (140.4 GiB).
@@ -186,6 +209,7 @@ GPUS: dict[str, GPUSpec] = {
         "NVIDIA H200 datasheet (SXM)",
         NVLINK4,
         1_979,
+        NIC_DGX_H100_GBIT,
     ),
     # NVIDIA L4 datasheet: 24GB GDDR6, 300 GB/s; BF16 242 TFLOPS with sparsity, 121 dense; FP8 485 with
     # sparsity, 242.5 dense. nvidia-smi with ECC on: 23,034 MiB (22.5 GiB).
@@ -245,6 +269,7 @@ GPUS: dict[str, GPUSpec] = {
         "NVIDIA DGX/HGX B200 datasheets",
         NVLINK5,
         4_500,
+        NIC_DGX_H100_GBIT,
     ),
 }
 

@@ -20,6 +20,7 @@ KV_DTYPES = ("auto", "fp16", "bf16", "fp8", "int8", "fp4")
 WEIGHT_DTYPES = ("auto", "fp16", "bf16", "fp8", "int8", "int4")
 # Short dtype names of a checkpoint's torch_dtype (what `auto` resolves to).
 COMPUTE_DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+# The one table of block sizes (tokens) that plans, the CLI and the pages offer.
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # `vllm serve --block-size` choices
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default

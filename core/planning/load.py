@@ -1,11 +1,12 @@
 """The traffic a deployment serves (`Load`): Poisson arrivals at a rate, or a closed loop of clients, with prompt
-and output lengths; and the requests it draws."""
+and output lengths, prompts that share prefixes and multi-turn chats; and the requests it draws."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
+from core.serving.prefix_workload import conversations, share_prefixes
 from core.serving.workload import Request, fixed, uniform
 
 
@@ -16,7 +17,16 @@ class Load:
     the moment its last one finished (`--max-concurrency` at an unbounded rate); exactly one of the two.
     prompt_len / output_len: tokens. length_spread 0: every request has exactly these lengths; s in (0, 1):
     each length uniform in [len x (1 - s), len x (1 + s)] (rounded). seed: the draw (arrivals and lengths).
-    Raises InvalidArgumentError for a missing, negative, zero or non-finite rate or concurrency."""
+
+    Shared prefixes and chats (`core.serving.prefix_workload`; any of them runs the prefix cache):
+    shared_prefix_len: every prompt starts with one of `num_prefixes` distinct prefixes of this many tokens
+    (0: none), chosen uniformly or, with prefix_zipf a > 0, with weights 1 / k^a; turns: each conversation sends
+    this many requests, turn t's prompt the conversation so far (prompt_len is the first turn's; each later turn
+    adds the previous output and a new user message as long as the first turn's own part, prompt_len -
+    shared_prefix_len, drawn alike), turn_gap_s apart (arrival to arrival). rate stays requests/s.
+    Raises InvalidArgumentError for a missing, negative, zero or non-finite rate or concurrency, a negative
+    prefix length or one longer than the shortest prompt, no prefix, a zipf exponent <= 0, fewer than one
+    turn or a gap <= 0, each message naming the CLI flag."""
 
     rate: float | None
     prompt_len: int
@@ -24,6 +34,11 @@ class Load:
     length_spread: float = 0.0
     seed: int = 0
     concurrency: int | None = None
+    shared_prefix_len: int = 0
+    num_prefixes: int = 1
+    prefix_zipf: float | None = None
+    turns: int = 1
+    turn_gap_s: float = 10.0
 
     def __post_init__(self):
         if (self.rate is None) == (self.concurrency is None):
@@ -41,6 +56,26 @@ class Load:
         check_int(self.output_len, "output_len (tokens)", minimum=1, maximum=1 << 22)
         check_float(self.length_spread, "length_spread", minimum=0.0, maximum=0.99)
         check_int(self.seed, "seed", minimum=0)
+        self._check_levers()
+
+    def _check_levers(self) -> None:
+        check_int(self.shared_prefix_len, "--shared-prefix-len (tokens)", minimum=0, maximum=1 << 22)
+        shortest = self._range(self.prompt_len)[0]
+        if self.shared_prefix_len > shortest:
+            raise InvalidArgumentError(
+                f"--shared-prefix-len {self.shared_prefix_len} is longer than the shortest prompt ({shortest} "
+                f"tokens): a prefix is part of the prompt, at most --prompt-len x (1 - --length-spread) tokens"
+            )
+        check_int(self.num_prefixes, "--num-prefixes", minimum=1, maximum=1 << 20)
+        if self.prefix_zipf is not None:
+            check_float(self.prefix_zipf, "--prefix-zipf", minimum=0.0, exclusive_minimum=True, maximum=100.0)
+        check_int(self.turns, "--turns", minimum=1, maximum=1000)
+        check_float(self.turn_gap_s, "--turn-gap (seconds)", minimum=0.0, exclusive_minimum=True)
+
+    @property
+    def uses_prefix_cache(self) -> bool:
+        """Prompts share tokens (a shared prefix or earlier turns): the prefix cache decides what hits."""
+        return self.shared_prefix_len > 0 or self.turns > 1
 
     def _range(self, length: int) -> tuple[int, int]:
         spread = self.length_spread
@@ -48,8 +83,9 @@ class Load:
 
     @property
     def max_len(self) -> int:
-        """The longest request (prompt + output tokens): the deployment's max_model_len."""
-        return self._range(self.prompt_len)[1] + self._range(self.output_len)[1]
+        """The longest request (prompt + output tokens): the deployment's max_model_len (a chat's last turn)."""
+        prompt, output = self._range(self.prompt_len)[1], self._range(self.output_len)[1]
+        return prompt + output + (self.turns - 1) * (prompt - self.shared_prefix_len + output)
 
     @property
     def mean_output_len(self) -> float:
@@ -59,14 +95,23 @@ class Load:
     def per_replica(self, replicas: int) -> "Load":
         """The share of one of `replicas` replicas: the rate split evenly, or the clients (rounded up)."""
         if self.rate is not None:
-            return Load(self.rate / replicas, self.prompt_len, self.output_len, self.length_spread, self.seed)
-        clients = math.ceil(self.concurrency / replicas)
-        return Load(None, self.prompt_len, self.output_len, self.length_spread, self.seed, clients)
+            return replace(self, rate=self.rate / replicas)
+        return replace(self, concurrency=math.ceil(self.concurrency / replicas))
 
     def requests(self, count: int) -> list[Request]:
-        """`count` requests (Poisson at `rate`, seeded; a closed loop ignores their arrival times)."""
+        """`count` requests (Poisson at `rate`, seeded; a closed loop ignores their arrival times, not their
+        order); with turns, those of the conversations (`core.serving.prefix_workload.conversations`)."""
         rate = self.rate if self.rate is not None else math.inf
-        if self.length_spread == 0:
-            return fixed(count, self.prompt_len, self.output_len, rate, self.seed, max_len=self.max_len)
         prompts, outputs = self._range(self.prompt_len), self._range(self.output_len)
-        return uniform(count, prompts, outputs, rate, self.seed, max_len=self.max_len)
+        shared = self.shared_prefix_len
+        if self.turns > 1:
+            users = (prompts[0] - shared, prompts[1] - shared)
+            return conversations(count, rate, self.turns, self.turn_gap_s, shared, users, outputs,
+                                 self.num_prefixes, self.prefix_zipf, self.seed)  # fmt: skip
+        if self.length_spread == 0:
+            requests = fixed(count, self.prompt_len, self.output_len, rate, self.seed, max_len=self.max_len)
+        else:
+            requests = uniform(count, prompts, outputs, rate, self.seed, max_len=self.max_len)
+        if shared:
+            return share_prefixes(requests, shared, self.num_prefixes, self.prefix_zipf, self.seed)
+        return requests

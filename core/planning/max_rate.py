@@ -14,7 +14,10 @@ from core.planning.load import Load
 from core.planning.predict import Deployment, Prediction, idle_lifetime, predict
 from core.serving.steady_state import SteadyStateSettings, metric_keys
 
-SEARCH_SETTINGS = SteadyStateSettings(tolerance=0.1, initial_measured=300, max_requests=3000)
+# The searches' estimates (max_rate's bisection, the SLO search): 10% intervals over batches of 3 lifetimes
+SEARCH_SETTINGS = SteadyStateSettings(
+    tolerance=0.1, initial_measured=300, max_requests=3000, batch_lifetimes=3.0
+)
 
 
 def check_targets(targets: dict) -> dict[str, float]:

@@ -12,7 +12,10 @@ A replica of the deployment is
    (`core.planning.engine_profiles`): each step's weights, KV traffic and FLOPs at that engine's fitted
    efficiencies and overheads;
 3. simulated (core.sched's Scheduler over the paged KV core, counted blocks) until its percentiles converge
-   (`core.serving.steady_state`): warm-up dropped, horizon sized from the load, batch-means intervals.
+   (`core.serving.steady_state`): warm-up dropped, horizon sized from the load, batch-means intervals. A load
+   whose prompts share tokens (`Load.uses_prefix_cache`: shared prefixes, multi-turn chats) runs the paged
+   policy with block tables and prefix caching instead, so the real block hashing and LRU eviction decide what
+   hits (`prefix_hit_rate`), and its warm-up spans a whole conversation (turns x turn_gap_s).
 The load is split evenly over the replicas (the rate, or the clients rounded up); throughput is the whole
 deployment's (replicas x one replica's).
 """
@@ -35,6 +38,14 @@ from core.planning.kv_accounting import (
 from core.planning.load import Load
 from core.planning.models import ModelSpec, get_model
 from core.planning.plan import CapacityPlan, plan
+from core.planning.speculative import (
+    Speculation,
+    SpeculativeStepTime,
+    draft_pass_model,
+    eagle_head_bytes,
+    eagle_head_model,
+    speculative_kv_tokens,
+)
 from core.planning.step_time import StepTimeModel, from_specs
 from core.serving.memory_policies import paged
 from core.serving.sim_config import SimulatorConfig
@@ -48,6 +59,7 @@ __all__ = ["Deployment", "Load", "Prediction", "predict"]
 class Deployment:
     """One way to serve a model: `replicas` copies (data parallel) of a tp x pp group of one GPU type, each
     running `engine` with these vLLM settings. model / gpu: preset slugs or ModelSpec / GPUSpec objects.
+    speculation: speculative decoding (`core.planning.speculative`), None for none.
     Raises InvalidArgumentError for an unknown model, GPU, dtype, engine or block size, or a TP/PP layout the
     model does not allow (tp must divide the attention heads)."""
 
@@ -63,6 +75,7 @@ class Deployment:
     engine: str = DEFAULT_ENGINE
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
+    speculation: Speculation | None = None
 
     def __post_init__(self):
         model = get_model(self.model) if isinstance(self.model, str) else self.model
@@ -84,6 +97,8 @@ class Deployment:
         if self.block_size not in BLOCK_SIZES:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
         check_float(self.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0)
+        if self.speculation is not None and not isinstance(self.speculation, Speculation):
+            raise InvalidArgumentError("speculation must be a core.planning.speculative.Speculation or None")
 
     @property
     def num_gpus(self) -> int:
@@ -105,9 +120,39 @@ class Deployment:
         return from_specs(self.model_spec, self.gpu_spec, self.tp, self.weight_dtype, self.kv_dtype, self.pp,
                           **kwargs)  # fmt: skip
 
+    def step_cost(
+        self, step: StepTimeModel, kv_tokens: int
+    ) -> tuple[StepTimeModel | SpeculativeStepTime, int]:
+        """(what a step costs, KV slots left for the target's sequences): `step` and `kv_tokens` as they are
+        without speculation; with it the speculative step cost and the slots the draft and the lookahead leave.
+        Raises InvalidArgumentError when the draft leaves no KV memory or is not servable at this tp."""
+        spec = self.speculation
+        if spec is None:
+            return step, kv_tokens
+        draft, draft_bytes = None, (0.0, 0.0)
+        if spec.method == "eagle":
+            draft, draft_bytes = (
+                eagle_head_model(step, self.model_spec),
+                eagle_head_bytes(step, self.model_spec),
+            )
+        elif spec.method == "draft-model":
+            model = get_model(spec.draft_model)
+            check_parallelism(model, self.tp, 1)
+            full = from_specs(model, self.gpu_spec, self.tp, self.weight_dtype, self.kv_dtype, 1,
+                              **engine_step_defaults(self.engine))  # fmt: skip
+            draft, draft_bytes = draft_pass_model(full), (full.weight_bytes, full.kv_bytes_per_token)
+        slots = speculative_kv_tokens(kv_tokens, step, draft_bytes, spec, self.max_num_seqs)
+        if slots < self.block_size:
+            raise InvalidArgumentError(
+                f"speculation ({spec.method}, {spec.num_tokens} tokens) leaves no KV memory: the draft's weights "
+                f"and the lookahead slots take all {kv_tokens:,} slots"
+            )
+        return SpeculativeStepTime(step, spec, draft), slots
+
     def flags(self) -> dict:
-        """The deployment as the CLI's JSON echoes it."""
-        return {
+        """The deployment as the CLI's JSON echoes it (with speculation's flags when set)."""
+        spec = {} if self.speculation is None else self.speculation.flags()
+        return spec | {
             "model": self.model_spec.name, "gpu": self.gpu_spec.name, "tp": self.tp, "pp": self.pp,
             "replicas": self.replicas, "num_gpus": self.num_gpus, "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens, "weight_dtype": self.weight_dtype,
@@ -120,7 +165,8 @@ class Deployment:
 class Prediction:
     """The steady state of a deployment at a load. metrics: `core.serving.steady_state.SteadyState.metrics`
     with throughput_tokens_per_s scaled to the whole deployment; intervals: the 95% interval of each
-    percentile; converged / stable / kv_limited as there; kv_tokens: KV slots per replica; state: the
+    percentile; converged / stable / kv_limited as there; kv_tokens: KV slots per replica for the target's
+    sequences (after a draft's weights, K/V and lookahead slots when speculating); state: the
     replica's estimate (its last simulation in state.result)."""
 
     deployment: Deployment
@@ -138,11 +184,14 @@ class Prediction:
         throughput_tokens_per_s, mean_running_batch, preemptions, kv_limited, converged, stable, the
         intervals, and what was simulated."""
         m = self.metrics
-        out = {key: m.get(key) for key in metric_keys()}
+        out = {"mode": "agg"} | {key: m.get(key) for key in metric_keys()}
         for key in ("mean_ttft_s", "mean_tpot_s", "mean_itl_s", "mean_e2e_s", "queue_p99_s",
                     "throughput_tokens_per_s", "request_throughput_per_s", "mean_running_batch",
                     "mean_waiting", "preemptions", "preemptions_per_s"):  # fmt: skip
             out[key] = m.get(key)
+        out["prefix_hit_rate"] = m.get("prefix_hit_rate") if self.load.uses_prefix_cache else None
+        spec = self.deployment.speculation
+        out["mean_accepted_len"] = spec.mean_accepted_len if spec is not None else None
         out |= {
             "kv_limited": self.kv_limited, "converged": self.converged, "stable": self.stable,
             "intervals": {k: list(v) for k, v in self.intervals.items()}, "kv_tokens": self.kv_tokens,
@@ -153,10 +202,14 @@ class Prediction:
                      "prompt_len": self.load.prompt_len, "output_len": self.load.output_len,
                      "length_spread": self.load.length_spread, "seed": self.load.seed},
         }  # fmt: skip
+        if self.load.uses_prefix_cache:
+            out["load"] |= {"shared_prefix_len": self.load.shared_prefix_len,
+                            "num_prefixes": self.load.num_prefixes, "prefix_zipf": self.load.prefix_zipf,
+                            "turns": self.load.turns, "turn_gap_s": self.load.turn_gap_s}  # fmt: skip
         return out
 
 
-def idle_lifetime(step: StepTimeModel, load: Load, budget: int) -> float:
+def idle_lifetime(step: StepTimeModel | SpeculativeStepTime, load: Load, budget: int) -> float:
     """A request's latency alone on an idle replica: its prefill in `budget`-token chunks, then its decodes."""
     prefill = step.prefill_seconds(load.prompt_len, budget)
     decode = step.decode_step_seconds(1, load.prompt_len + load.output_len / 2)
@@ -166,26 +219,33 @@ def idle_lifetime(step: StepTimeModel, load: Load, budget: int) -> float:
 def replica_steady_state(
     deployment: Deployment,
     load: Load,
-    step: StepTimeModel,
+    step: StepTimeModel | SpeculativeStepTime,
     kv_tokens: int,
     settings: SteadyStateSettings | None = None,
-    decided: Callable[[dict, dict], bool] | None = None,
+    decided: Callable[[SteadyState], bool] | None = None,
+    focus: tuple[str, ...] | None = None,
 ) -> SteadyState:
-    """The steady state of one replica under `load` (already its share), KV capacity `kv_tokens` slots."""
+    """The steady state of one replica under `load` (already its share), KV capacity `kv_tokens` slots: counted
+    blocks, or block tables with prefix caching when the load's prompts share tokens; settings / decided /
+    focus as `core.serving.steady_state.steady_state` takes them."""
     config = SimulatorConfig(
         kv_capacity_tokens=int(kv_tokens), max_num_seqs=deployment.max_num_seqs,
         max_num_batched_tokens=deployment.max_num_batched_tokens, max_seq_len=load.max_len, step_time=step,
         max_snapshots=1,
     )  # fmt: skip
-    policy = paged(deployment.block_size, counted=True)
+    caching = load.uses_prefix_cache
+    policy = paged(deployment.block_size, enable_prefix_caching=caching, counted=not caching)
+    lifetime = (
+        idle_lifetime(step, load, deployment.max_num_batched_tokens) + (load.turns - 1) * load.turn_gap_s
+    )
 
     def run(requests, until):
         return simulate(requests, policy, config, until_finished=until, concurrency=load.concurrency)
 
     return steady_state(
         load.requests, run, rate=load.rate, concurrency=load.concurrency,
-        lifetime_s=idle_lifetime(step, load, deployment.max_num_batched_tokens),
-        max_num_seqs=deployment.max_num_seqs, settings=settings, decided=decided,
+        lifetime_s=lifetime,
+        max_num_seqs=deployment.max_num_seqs, settings=settings, decided=decided, focus=focus,
     )  # fmt: skip
 
 
@@ -203,15 +263,14 @@ def predict(
     if not capacity.fits:
         raise InvalidArgumentError(f"the deployment does not fit: {capacity.verdict}")
     share = load.per_replica(deployment.replicas)
-    state = replica_steady_state(
-        deployment, share, deployment.step_model(step_time), capacity.kv_tokens, settings
-    )
+    cost, kv_tokens = deployment.step_cost(deployment.step_model(step_time), int(capacity.kv_tokens))
+    state = replica_steady_state(deployment, share, cost, kv_tokens, settings)
     metrics = dict(state.metrics)
     for key in ("throughput_tokens_per_s", "request_throughput_per_s"):
         if key in metrics:
             metrics[key] *= deployment.replicas
     return Prediction(deployment, load, metrics, state.intervals, state.converged, state.stable,
-                      state.kv_limited, int(capacity.kv_tokens), state)  # fmt: skip
+                      state.kv_limited, kv_tokens, state)  # fmt: skip
 
 
 def _finite(value) -> float | None:

@@ -6,6 +6,11 @@ highest Poisson rate it holds within latency targets), each printing one JSON ob
     python -m core.planning max-rate --model llama-3.1-8b --gpu h100-80gb --prompt-len 1500 --output-len 256 \\
         --ttft-p99 1 --tpot-p99 0.05
 
+The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zipf a --turns T --turn-gap s
+(prompts sharing prefixes, chats, through the prefix cache); --spec-tokens K --spec-acceptance a1,...,aK
+--spec-method ngram|draft-model|eagle --draft-model NAME (speculative decoding); predict --disagg
+--prefill-workers X --prefill-tp A --decode-workers Y --decode-tp B [--kv-link nvlink|network].
+
 Exit status 0; 2 with one plain line on stderr naming the bad flag.
 """
 
@@ -15,17 +20,21 @@ import math
 import sys
 from collections.abc import Sequence
 
-from core.errors import LabError
+from core.errors import InvalidArgumentError, LabError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.planning.disagg import DisaggDeployment, predict_disagg
 from core.planning.engine_profiles import DEFAULT_ENGINE, ENGINES
 from core.planning.load import Load
 from core.planning.max_rate import max_rate
 from core.planning.predict import Deployment, predict
+from core.planning.speculative import SPEC_METHODS, Speculation
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
 
 
-class _Parser(argparse.ArgumentParser):
+class LineErrorParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one plain line on stderr and exit status 2."""
+
     def error(self, message):  # one plain line and exit 2, as every other bad input
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
@@ -33,7 +42,8 @@ class _Parser(argparse.ArgumentParser):
 
 def deployment_flags(parser: argparse.ArgumentParser) -> None:
     """--model --gpu --tp --pp --replicas --max-num-seqs --max-num-batched-tokens --weight-dtype --kv-dtype
-    --engine: one deployment (`Deployment`)."""
+    --engine, and speculative decoding (--spec-tokens --spec-acceptance --spec-method --draft-model): one
+    deployment (`Deployment`)."""
     parser.add_argument("--model", required=True, help="model preset")
     parser.add_argument("--gpu", required=True, help="GPU preset")
     parser.add_argument("--tp", type=int, default=1)
@@ -44,14 +54,26 @@ def deployment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-dtype", default="auto")
     parser.add_argument("--kv-dtype", default="auto")
     parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
+    parser.add_argument("--spec-tokens", type=int, default=None, help="speculative decoding: K draft tokens")
+    parser.add_argument(
+        "--spec-acceptance", default=None, help="a1,...,aK: per-position acceptance in [0, 1]"
+    )
+    parser.add_argument("--spec-method", default="ngram", help=f"one of {', '.join(SPEC_METHODS)}")
+    parser.add_argument("--draft-model", default=None, help="draft model preset (--spec-method draft-model)")
 
 
 def load_flags(parser: argparse.ArgumentParser) -> None:
-    """--prompt-len --output-len --length-spread --seed: the requests' shape (`Load` without its rate)."""
+    """--prompt-len --output-len --length-spread --seed, and the shared prefixes and chats (--shared-prefix-len
+    --num-prefixes --prefix-zipf --turns --turn-gap): the requests' shape (`Load` without its rate)."""
     parser.add_argument("--prompt-len", type=int, required=True)
     parser.add_argument("--output-len", type=int, required=True)
     parser.add_argument("--length-spread", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt shares")
+    parser.add_argument("--num-prefixes", type=int, default=1, help="distinct shared prefixes")
+    parser.add_argument("--prefix-zipf", type=float, default=None, help="Zipf exponent of prefix popularity")
+    parser.add_argument("--turns", type=int, default=1, help="requests per conversation")
+    parser.add_argument("--turn-gap", type=float, default=10.0, help="seconds between a chat's turns")
 
 
 def target_flags(parser: argparse.ArgumentParser) -> None:
@@ -63,13 +85,38 @@ def target_flags(parser: argparse.ArgumentParser) -> None:
 
 def load_from_args(args, rate: float | None, concurrency: int | None = None) -> Load:
     """The `Load` of `load_flags` at `rate` requests/s (or `concurrency` clients)."""
-    return Load(rate, args.prompt_len, args.output_len, args.length_spread, args.seed, concurrency)
+    return Load(
+        rate, args.prompt_len, args.output_len, args.length_spread, args.seed, concurrency,
+        shared_prefix_len=args.shared_prefix_len, num_prefixes=args.num_prefixes,
+        prefix_zipf=args.prefix_zipf, turns=args.turns, turn_gap_s=args.turn_gap,
+    )  # fmt: skip
+
+
+def speculation_from_args(args) -> Speculation | None:
+    """The `Speculation` of --spec-tokens --spec-acceptance --spec-method --draft-model, None without them."""
+    if args.spec_tokens is None:
+        if args.spec_acceptance is not None or args.draft_model is not None or args.spec_method != "ngram":
+            raise InvalidArgumentError(
+                "--spec-acceptance, --spec-method and --draft-model need --spec-tokens K"
+            )
+        return None
+    if args.spec_acceptance is None:
+        raise InvalidArgumentError(
+            "--spec-tokens needs --spec-acceptance a1,...,aK (one rate per draft token)"
+        )
+    try:
+        rates = tuple(float(part) for part in args.spec_acceptance.split(","))
+    except ValueError:
+        raise InvalidArgumentError(
+            f"--spec-acceptance must be comma-separated numbers in [0, 1], got {args.spec_acceptance!r}"
+        ) from None
+    return Speculation(args.spec_tokens, rates, args.spec_method, args.draft_model)
 
 
 def deployment_from_args(args) -> Deployment:
     return Deployment(
         args.model, args.gpu, args.tp, args.pp, args.replicas, args.max_num_seqs, args.max_num_batched_tokens,
-        args.weight_dtype, args.kv_dtype, args.engine,
+        args.weight_dtype, args.kv_dtype, args.engine, speculation=speculation_from_args(args),
     )  # fmt: skip
 
 
@@ -83,18 +130,44 @@ def _clean(value):
     return value
 
 
+def disagg_flags(parser: argparse.ArgumentParser) -> None:
+    """--disagg --prefill-workers --prefill-tp --decode-workers --decode-tp --kv-link: a disaggregated
+    deployment (`core.planning.disagg.DisaggDeployment`) instead of --tp / --pp / --replicas."""
+    parser.add_argument("--disagg", action="store_true", help="separate prefill and decode workers")
+    parser.add_argument("--prefill-workers", type=int, default=1)
+    parser.add_argument("--prefill-tp", type=int, default=1)
+    parser.add_argument("--decode-workers", type=int, default=1)
+    parser.add_argument("--decode-tp", type=int, default=1)
+    parser.add_argument("--kv-link", default=None, help="nvlink or network (default: nvlink within 8 GPUs)")
+
+
+def disagg_from_args(args) -> DisaggDeployment:
+    if args.spec_tokens is not None or args.pp != 1:
+        raise InvalidArgumentError("--disagg takes neither --spec-tokens nor --pp (each pool is tp-only)")
+    return DisaggDeployment(
+        args.model, args.gpu, args.prefill_workers, args.prefill_tp, args.decode_workers, args.decode_tp,
+        args.max_num_seqs, args.max_num_batched_tokens, args.weight_dtype, args.kv_dtype, args.engine,
+        kv_link=args.kv_link,
+    )  # fmt: skip
+
+
 def predict_main(argv: Sequence[str]) -> int:
-    parser = _Parser(prog="python -m core.planning predict", description="One deployment's steady state.")
+    parser = LineErrorParser(
+        prog="python -m core.planning predict", description="One deployment's steady state."
+    )
     deployment_flags(parser)
     load_flags(parser)
+    disagg_flags(parser)
     load = parser.add_mutually_exclusive_group(required=True)
     load.add_argument("--rate", type=float, help="requests/s, Poisson")
     load.add_argument("--concurrency", type=int, help="closed-loop clients")
     args = parser.parse_args(argv)
     try:
-        deployment = deployment_from_args(args)
         load = load_from_args(args, args.rate, args.concurrency)
-        result = predict(deployment, load).to_dict()
+        if args.disagg:
+            result = predict_disagg(disagg_from_args(args), load).to_dict()
+        else:
+            result = predict(deployment_from_args(args), load).to_dict()
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -103,7 +176,9 @@ def predict_main(argv: Sequence[str]) -> int:
 
 
 def max_rate_main(argv: Sequence[str]) -> int:
-    parser = _Parser(prog="python -m core.planning max-rate", description="The highest rate within targets.")
+    parser = LineErrorParser(
+        prog="python -m core.planning max-rate", description="The highest rate within targets."
+    )
     deployment_flags(parser)
     load_flags(parser)
     target_flags(parser)

@@ -1,26 +1,29 @@
-"""Plan to a latency SLO: the cheapest deployment that serves a workload within a TTFT / TPOT p95 target.
+"""Plan to a latency SLO: the cheapest deployment that serves a workload within latency targets, in steady state.
 
     plan = plan_slo("llama-3.1-8b", SloWorkload(rate=12, prompt_len=2000, output_len=300),
-                    Slo(ttft_p95_s=1.0, tpot_p95_s=0.05), SloCandidates(gpus=("h100-80gb", "l40s")))
+                    Slo(ttft_p99_s=1.0, tpot_p99_s=0.05), SloCandidates(gpus=("h100-80gb", "l40s")))
     plan.best            # the first configuration that meets the SLO (fewest GPUs, then the cost proxy)
     plan.configs         # every configuration evaluated, ranked; plan.to_dict()["configs"] is the CLI's JSON
-    latency_curve("llama-3.1-8b", plan.best, workload, slo, rates=[4, 8, 12, 16])   # p95s against the rate
+    latency_curve("llama-3.1-8b", plan.best, workload, slo, rates=[4, 8, 12, 16])   # percentiles against rate
 
 The search (`core.planning.slo_candidates`): GPU type x tp x pp x replicas x max_num_seqs x KV dtype (x weight
 dtype), num_gpus = tp x pp x replicas <= max_gpus, the rate split evenly over the replicas. Candidates are
 visited in rank order (GPU count, then the cost proxy: total memory bandwidth) and each is
-1. checked for memory by the exact planner (`core.planning.plan.plan`, vLLM's arithmetic, max_model_len = the
+1. checked for memory by the exact planner (`Deployment.memory_plan`, vLLM's arithmetic, max_model_len = the
    longest request): one that does not fit is infeasible;
-2. pruned without simulating when a bound already fails (`slo_eval.analytic_bounds`): the p95 of each
-   request's prefill alone exceeds the TTFT target, one decode step of batch 1 exceeds the TPOT target, or
-   an upper bound on the replica's sustainable rate is below its share of the rate;
-3. otherwise simulated: `workload.num_requests` (200 by default, at most 2,000) Poisson requests through the
-   continuous-batching simulator (core.sched's Scheduler, paged KV over the plan's KV tokens), each step priced
-   by the step-time model (`core.planning.step_time.from_specs` with the fitted GPU efficiencies of
-   `core.planning.published`). The percentiles are over all simulated requests (start-up included).
-A run with a larger max_num_seqs is reused for a smaller one when provably identical (`slo_eval.reusable`).
-The search stops after the GPU count at which `max_meeting` configurations met the SLO: every configuration
-with fewer GPUs has been evaluated, so the first one meeting it is the cheapest. When none meets it,
+2. pruned without simulating when a bound already fails (`slo_eval.analytic_bounds`, over a seeded sample of
+   the load's requests): a target's percentile of each request's latency alone on an idle replica exceeds the
+   target (`slo_eval.floor_of`), or an upper bound on the replica's sustainable rate is below its share;
+3. otherwise simulated to its steady state (`slo_eval.steady_prediction`: core.sched's Scheduler over counted
+   paged blocks, each step priced by the step-time model with the engine's fitted profile,
+   `core.planning.engine_profiles`; warm-up dropped, batch-means intervals, `core.serving.steady_state`) until
+   every percentile's interval is within the tolerance or the verdict on every target is clear of it. The
+   answer therefore does not depend on a request count: a longer simulation gives the same verdict.
+A steady state of the same deployment with a larger max_num_seqs is reused for a smaller one when its run is
+provably the one the smaller cap would get (`slo_eval.reusable`).
+The search stops once `max_meeting` deployments (any max_num_seqs) met the SLO: every configuration ranked
+before the last of them (fewer GPUs, or as many at a lower cost proxy) has been evaluated, so the first one meeting it is the
+cheapest (configurations of equal GPU count and cost proxy are visited in `Candidate.sort_key` order). When none meets it,
 `SloInfeasibleError` says which target cannot be met and by how much (never an empty answer).
 """
 
@@ -30,22 +33,30 @@ from dataclasses import asdict, dataclass, replace
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.models import ModelSpec, get_model
-from core.planning.published import gpu_step_defaults
-from core.planning.slo_candidates import Candidate, Slo, SloCandidates, SloWorkload, enumerate_candidates
+from core.planning.predict import Deployment
+from core.planning.slo_candidates import (
+    Candidate,
+    Slo,
+    SloCandidates,
+    SloWorkload,
+    enumerate_candidates,
+    metric_label,
+)
 from core.planning.slo_eval import (
     SloConfig,
     analytic_bounds,
     dominant_part,
-    memory_plan,
+    floor_of,
     reusable,
-    run_simulation,
     simulated_binding,
+    steady_prediction,
     step_model,
 )
+from core.serving.steady_state import SteadyState, metric_keys
 
-METRIC_LABELS = {"ttft_p95_s": "TTFT p95", "tpot_p95_s": "TPOT p95"}
-
-__all__ = ["Slo", "SloCandidates", "SloConfig", "SloPlan", "SloWorkload", "latency_curve", "plan_slo"]
+__all__ = [
+    "Slo", "SloCandidates", "SloConfig", "SloPlan", "SloWorkload", "config_deployment", "latency_curve", "plan_slo",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,19 +99,23 @@ class SloPlan:
             "num_simulated": self.num_simulated,
             "num_reused": self.num_reused,
             "complete": self.complete,
-            "simulated_requests": self.workload.num_requests,
+            "simulated_requests": sum(c.simulated_requests for c in self.configs if not c.reused_simulation),
+            "engine": self.candidates.engine,
             "step_time": dict(self.step_time),
             "elapsed_s": self.elapsed_s,
         }
 
 
+BOUND_SAMPLE = 500  # requests whose lengths the analytic bounds are taken over (a seeded draw of the load)
+
+
 class _Search:
-    """The caches of one search: memory plans, request lists per rate, simulations per deployment."""
+    """The caches of one search: request samples per rate, steady states per deployment."""
 
     def __init__(self, model: ModelSpec, workload: SloWorkload, slo: Slo, cands: SloCandidates):
         self.model, self.workload, self.slo, self.cands = model, workload, slo, cands
-        self.overrides = dict(gpu_step_defaults() if cands.step_time is None else cands.step_time)
-        self.requests: dict[float, list] = {}
+        self.overrides = cands.step_overrides()
+        self.samples: dict[float, list] = {}
         self.runs: dict[tuple, list] = {}
         self.simulated = self.reused = 0
 
@@ -109,32 +124,33 @@ class _Search:
         base = {
             "gpu": cand.gpu, "gpu_name": cand.spec.name, "num_gpus": cand.num_gpus, "tp": cand.tp,
             "pp": cand.pp, "replicas": cand.replicas, "max_num_seqs": cand.max_num_seqs,
-            "kv_dtype": cand.kv_dtype, "weight_dtype": cand.weight_dtype,
+            "kv_dtype": cand.kv_dtype, "weight_dtype": cand.weight_dtype, "engine": cands.engine,
             "gpus_per_request_per_s": cand.num_gpus / workload.rate, "cost_proxy_tb_per_s": cand.cost_proxy,
         }  # fmt: skip
-        capacity = memory_plan(self.model, cand, workload, cands)
+        deployment = cand.deployment(self.model, cands)
+        capacity = deployment.memory_plan(workload.max_len)
         if not capacity.fits:
             return SloConfig(**base, feasible=False, simulated=False, meets_slo=False, binding="memory",
                              reason=capacity.verdict, slo_ratio=None, limiting_metric=None)  # fmt: skip
         step = step_model(self.model, cand, self.overrides)
-        rate = workload.rate / cand.replicas
-        requests = self.requests.setdefault(rate, workload.requests(rate))
+        share = workload.per_replica(cand.replicas)
+        sample = self.samples.setdefault(share.rate, share.requests(BOUND_SAMPLE))
         bounds = analytic_bounds(
-            step, requests, cand.max_num_seqs, cands.max_num_batched_tokens, capacity.kv_tokens
+            step, sample, cand.max_num_seqs, cands.max_num_batched_tokens, capacity.kv_tokens
         )
         base |= {"feasible": True, "kv_tokens": int(capacity.kv_tokens),
                  "capacity_requests_per_s": bounds.capacity_rps * cand.replicas}  # fmt: skip
-        pruned = self._pruned(step, bounds, rate, base)
+        pruned = self._pruned(step, bounds, share.rate, base)
         if pruned is not None:
             return pruned
-        result = self._simulate(step, requests, cand, capacity, base)
-        return self._simulated(result, step, cand, base)
+        state = self._steady(deployment, share, step, cand, int(capacity.kv_tokens), base)
+        return self._simulated(state, step, cand, base)
 
     def _pruned(self, step, bounds, rate: float, base: dict) -> SloConfig | None:
         """A config for a candidate whose bound already fails (the worst ratio), or None."""
         targets = self.slo.targets()
-        floors = {"ttft_p95_s": bounds.ttft_floor_s, "tpot_p95_s": bounds.tpot_floor_s}
-        ratios = {m: floors[m] / t for m, t in targets.items() if floors[m] is not None}
+        floors = {key: floor_of(bounds, key) for key in targets}
+        ratios = {key: floors[key] / target for key, target in targets.items() if floors[key] is not None}
         ratios["rate"] = rate / bounds.capacity_rps
         metric = max(ratios, key=ratios.get)
         if ratios[metric] <= 1.0:
@@ -145,47 +161,56 @@ class _Search:
             binding = bounds.capacity_binding
             reason = (f"a replica sustains at most {bounds.capacity_rps:,.3g} req/s (upper bound), "
                       f"{rate:,.3g} asked")  # fmt: skip
-        elif metric == "ttft_p95_s":
+        elif metric.startswith("ttft"):
             binding = dominant_part(step, chunk, 0, chunk * (chunk + 1) / 2)
-            reason = (
-                f"a prompt's prefill alone takes {floors[metric]:.3g} s, over the {targets[metric]:g} s TTFT"
-            )
+            reason = f"a prompt's prefill alone takes {floors[metric]:.3g} s, over the {targets[metric]:g} s " \
+                     f"{metric_label(metric)}"  # fmt: skip
         else:
             binding = dominant_part(step, 1, ctx, ctx + 1)
+            alone = "one decode step" if not metric.startswith("e2e") else "a request alone"
             reason = (
-                f"one decode step alone takes {floors[metric]:.3g} s, over the {targets[metric]:g} s TPOT"
+                f"{alone} takes {floors[metric]:.3g} s, over the {targets[metric]:g} s {metric_label(metric)}"
             )
         return SloConfig(**base, simulated=False, meets_slo=False, binding=binding, reason=reason,
                          slo_ratio=ratios[metric], limiting_metric=metric)  # fmt: skip
 
-    def _simulate(self, step, requests, cand: Candidate, capacity, base: dict):
-        key = (cand.gpu, cand.tp, cand.pp, cand.replicas, cand.kv_dtype, cand.weight_dtype)
+    def _steady(self, deployment, share, step, cand: Candidate, kv_tokens: int, base: dict) -> SteadyState:
+        """The replica's steady state, or an earlier one of the same deployment with a larger max_num_seqs
+        whose run is provably the one this candidate would get (`reusable`)."""
+        key = cand.deployment_key()
         max_len, block = self.workload.max_len, self.cands.block_size
-        for run in self.runs.get(key, []):
-            if reusable(run, cand.max_num_seqs, int(capacity.kv_tokens), max_len, block):
+        for state in self.runs.get(key, []):
+            if reusable(state.result, cand.max_num_seqs, kv_tokens, max_len, block):
                 self.reused += 1
                 base["reused_simulation"] = True
-                return run
-        result = run_simulation(step, requests, cand, capacity, self.cands, max_len)
+                return state
+        state = steady_prediction(deployment, share, step, kv_tokens, self.slo.targets())
         self.simulated += 1
-        self.runs.setdefault(key, []).append(result)
-        return result
+        self.runs.setdefault(key, []).append(state)
+        return state
 
-    def _simulated(self, result, step, cand: Candidate, base: dict) -> SloConfig:
-        s = result.summary
-        predicted = {"ttft_p95_s": s["ttft_p95_s"], "tpot_p95_s": s.get("tpot_p95_s")}
-        ratios = {m: predicted[m] / t for m, t in self.slo.targets().items() if predicted[m] is not None}
-        metric = max(ratios, key=ratios.get) if ratios else "ttft_p95_s"
-        meets = all(r <= 1.0 for r in ratios.values())
-        binding = simulated_binding(result, cand, step, self.workload, metric)
-        verb = "meets" if meets else "misses"
-        reason = f"{verb} the SLO; {METRIC_LABELS[metric]} at {ratios.get(metric, 0.0):.0%} of its target"
-        figures = {k: s.get(k) for k in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "tpot_p95_s",
-                                        "tpot_p99_s", "e2e_p95_s", "queue_p95_s")}  # fmt: skip
+    def _simulated(self, state: SteadyState, step, cand: Candidate, base: dict) -> SloConfig:
+        m, targets = state.metrics, self.slo.targets()
+        ratios = {key: m[key] / target for key, target in targets.items() if m.get(key) is not None}
+        if not state.stable:
+            served = m.get("throughput_tokens_per_s") or 0.0
+            metric, ratio = "rate", m.get("offered_tokens_per_s", 0.0) / max(served, 1e-30)
+            reason = (f"the load is not served: a replica generates {served:,.0f} of the "
+                      f"{m.get('offered_tokens_per_s', 0.0):,.0f} output tokens/s that arrive")  # fmt: skip
+        else:
+            metric = max(ratios, key=ratios.get) if ratios else next(iter(targets))
+            ratio = ratios.get(metric, 0.0)
+            verb = "meets" if ratio <= 1.0 and all(r <= 1.0 for r in ratios.values()) else "misses"
+            reason = f"{verb} the SLO; {metric_label(metric)} at {ratio:.0%} of its target"
+        meets = state.stable and all(r <= 1.0 for r in ratios.values())
+        figures = {key: m.get(key) for key in (*metric_keys(), "queue_p95_s")}
+        throughput = m.get("throughput_tokens_per_s")
         return SloConfig(
-            **base, simulated=True, meets_slo=meets, binding=binding, reason=reason,
-            slo_ratio=max(ratios.values()) if ratios else 0.0, limiting_metric=metric, **figures,
-            throughput_tokens_per_s=s["output_throughput_tokens_per_s"] * cand.replicas,
+            **base, simulated=True, meets_slo=meets, reason=reason, slo_ratio=ratio, limiting_metric=metric,
+            binding=simulated_binding(state, cand, step, self.workload, metric), **figures,
+            throughput_tokens_per_s=None if throughput is None else throughput * cand.replicas,
+            converged=state.converged or state.decided, stable=state.stable, kv_limited=state.kv_limited,
+            simulated_requests=state.simulated_requests,
         )  # fmt: skip
 
 
@@ -211,17 +236,16 @@ def plan_slo(
     cands = SloCandidates() if candidates is None else candidates
     search = _Search(model, workload, slo, cands)
     space = list(enumerate_candidates(model, cands))
-    configs, meeting, stop_at = [], 0, None
+    configs, meeting = [], set()
     for i, cand in enumerate(space):
-        if stop_at is not None and cand.num_gpus > stop_at:
-            break
         config = search.evaluate(cand)
         configs.append(config)
-        meeting += config.meets_slo
-        if meeting >= cands.max_meeting and stop_at is None:
-            stop_at = cand.num_gpus
+        if config.meets_slo:
+            meeting.add(cand.deployment_key())
         if progress is not None:
             progress((i + 1) / len(space))
+        if len(meeting) >= cands.max_meeting:
+            break
     result = SloPlan(
         model.name, slo, workload, cands, tuple(sorted(configs, key=_rank)), len(space), len(configs),
         search.simulated, search.reused, len(configs) == len(space), search.overrides,
@@ -247,18 +271,33 @@ def latency_curve(
     config's GPU (its step_time overrides apply; default `SloCandidates()`)."""
     model = get_model(model) if isinstance(model, str) else model
     cands = SloCandidates() if candidates is None else candidates
-    specs = dict(cands.gpu_specs())
-    if config.gpu not in specs:
-        raise InvalidArgumentError(
-            f"GPU {config.gpu!r} is not among the candidates' GPUs ({', '.join(specs)})"
-        )
-    cand = Candidate(config.gpu, specs[config.gpu], config.tp, config.pp, config.replicas, config.max_num_seqs,
-                     config.kv_dtype, config.weight_dtype)  # fmt: skip
+    cand = _candidate(config, cands)
     points = []
     for rate in rates:
         point = replace(workload, rate=rate)
         points.append(_Search(model, point, slo, cands).evaluate(cand))
     return points
+
+
+def config_deployment(
+    model: ModelSpec | str, config: SloConfig, candidates: SloCandidates | None = None
+) -> Deployment:
+    """A configuration (e.g. a row of `SloPlan.configs`) as the `Deployment` that `predict` and `max_rate`
+    take, with the search's shared settings and engine; predict(..., step_time=candidates.step_time) then
+    prices it as the search did. `candidates` must hold the config's GPU (default `SloCandidates()`)."""
+    model = get_model(model) if isinstance(model, str) else model
+    cands = SloCandidates() if candidates is None else candidates
+    return _candidate(config, cands).deployment(model, cands)
+
+
+def _candidate(config: SloConfig, cands: SloCandidates) -> Candidate:
+    specs = dict(cands.gpu_specs())
+    if config.gpu not in specs:
+        raise InvalidArgumentError(
+            f"GPU {config.gpu!r} is not among the candidates' GPUs ({', '.join(specs)})"
+        )
+    return Candidate(config.gpu, specs[config.gpu], config.tp, config.pp, config.replicas, config.max_num_seqs,
+                     config.kv_dtype, config.weight_dtype)  # fmt: skip
 
 
 def _infeasible(plan: SloPlan) -> SloInfeasibleError:
@@ -282,10 +321,11 @@ def _infeasible(plan: SloPlan) -> SloInfeasibleError:
     where = f"{closest.num_gpus} x {closest.gpu_name} (tp {closest.tp}, pp {closest.pp}, max_num_seqs " \
             f"{closest.max_num_seqs}, KV {closest.kv_dtype})"  # fmt: skip
     if closest.limiting_metric == "rate":
-        best = closest.capacity_requests_per_s
+        best = rate / closest.slo_ratio
+        how = "simulated" if closest.simulated else "an upper bound"
         return SloInfeasibleError(
-            f"no candidate can sustain {rate:g} req/s: the most any holds is {best:,.3g} req/s ({where}; an upper "
-            f"bound), {closest.slo_ratio:.2f}x short. Allow more GPUs or lower the rate.",
+            f"no candidate can sustain {rate:g} req/s: the most any holds is {best:,.3g} req/s ({where}; {how}), "
+            f"{closest.slo_ratio:.2f}x short. Allow more GPUs or lower the rate.",
             "rate",
             rate,
             best,
@@ -296,7 +336,7 @@ def _infeasible(plan: SloPlan) -> SloInfeasibleError:
     target = plan.slo.targets()[metric]
     best = closest.slo_ratio * target
     return SloInfeasibleError(
-        f"{METRIC_LABELS[metric]} <= {target:g} s cannot be met at {rate:g} req/s: the closest configuration, "
+        f"{metric_label(metric)} <= {target:g} s cannot be met at {rate:g} req/s: the closest configuration, "
         f"{where}, reaches {best:.3g} s, {closest.slo_ratio:.2f}x the target ({closest.binding}-bound: "
         f"{closest.reason}).",
         metric,

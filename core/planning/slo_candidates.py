@@ -15,80 +15,80 @@ from typing import Any
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.planning.engine_profiles import DEFAULT_ENGINE, engine_step_defaults
 from core.planning.hardware import GPUS, GPUSpec, get_gpu
 from core.planning.kv_accounting import BLOCK_SIZES, KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES, check_parallelism
+from core.planning.load import Load
 from core.planning.models import ModelSpec
-from core.serving.workload import Request, fixed, uniform
+from core.planning.predict import Deployment
+from core.serving.steady_state import metric_keys
 
 DEFAULT_SLO_GPUS = ("l40s", "h100-80gb", "h200-141gb")
-MAX_SIMULATED_REQUESTS = 2000
 
 
 @dataclass(frozen=True)
 class Slo:
-    """The latency target: p95 time to first token and p95 time per output token, seconds (None: no bound on
-    that metric; at least one is set). Raises InvalidArgumentError for zero, negative or non-finite targets."""
+    """The latency targets, seconds: any percentile (p50, p90, p95, p99) of time to first token, time per output
+    token, inter-token latency or end-to-end latency, as the keys of a steady-state estimate
+    (`core.serving.steady_state.metric_keys`). None: no bound on that one; at least one is set.
+    `Slo(1.0, 0.05)` is TTFT p95 1 s and TPOT p95 50 ms; `Slo(ttft_p99_s=0.5, itl_p99_s=0.1)` MLPerf-style.
+    Raises InvalidArgumentError for zero, negative, non-finite or over-an-hour targets."""
 
     ttft_p95_s: float | None = None
     tpot_p95_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p90_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p90_s: float | None = None
+    tpot_p99_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p90_s: float | None = None
+    itl_p95_s: float | None = None
+    itl_p99_s: float | None = None
+    e2e_p50_s: float | None = None
+    e2e_p90_s: float | None = None
+    e2e_p95_s: float | None = None
+    e2e_p99_s: float | None = None
 
     def __post_init__(self):
-        if self.ttft_p95_s is None and self.tpot_p95_s is None:
-            raise InvalidArgumentError("an SLO needs a TTFT p95 or a TPOT p95 target (seconds), or both")
-        for name, what in (("ttft_p95_s", "the TTFT p95 target"), ("tpot_p95_s", "the TPOT p95 target")):
-            value = getattr(self, name)
+        if all(getattr(self, key) is None for key in metric_keys()):
+            raise InvalidArgumentError(
+                "an SLO needs at least one latency target in seconds (e.g. ttft_p95_s, tpot_p99_s, itl_p99_s)"
+            )
+        for key in metric_keys():
+            value = getattr(self, key)
             if value is not None:
-                value = check_float(value, f"{name} ({what}, seconds)", minimum=0.0, exclusive_minimum=True)
+                value = check_float(value, f"{key} (the {metric_label(key)} target, seconds)", minimum=0.0,
+                                    exclusive_minimum=True)  # fmt: skip
                 if value > 3600:
-                    raise InvalidArgumentError(f"{name} must be at most 3,600 seconds, got {value:g}")
-                object.__setattr__(self, name, value)
+                    raise InvalidArgumentError(f"{key} must be at most 3,600 seconds, got {value:g}")
+                object.__setattr__(self, key, value)
 
     def targets(self) -> dict[str, float]:
-        """The bounded metrics: {"ttft_p95_s": target, "tpot_p95_s": target} (only those set)."""
-        return {k: v for k, v in (("ttft_p95_s", self.ttft_p95_s), ("tpot_p95_s", self.tpot_p95_s)) if v}
+        """The bounded percentiles: {key: seconds} of those set, in `metric_keys()` order."""
+        return {key: getattr(self, key) for key in metric_keys() if getattr(self, key) is not None}
 
-
-@dataclass(frozen=True)
-class SloWorkload:
-    """The traffic: Poisson arrivals at `rate` requests/s (the whole deployment), prompts of `prompt_len` and outputs
-    of `output_len` tokens. length_spread 0: every request has exactly these lengths; s in (0, 1): each length is
-    uniform in [len x (1 - s), len x (1 + s)] (rounded). The simulation replays `num_requests` requests (at most
-    MAX_SIMULATED_REQUESTS; the same seeded draw for every candidate, at its per-replica rate)."""
-
-    rate: float
-    prompt_len: int
-    output_len: int
-    length_spread: float = 0.0
-    num_requests: int = 200
-    seed: int = 0
-
-    def __post_init__(self):
-        rate = check_float(self.rate, "rate (requests/s)", minimum=0.0, exclusive_minimum=True)
-        object.__setattr__(self, "rate", rate)
-        check_int(self.prompt_len, "prompt_len (tokens)", minimum=1, maximum=1 << 22)
-        check_int(self.output_len, "output_len (tokens)", minimum=1, maximum=1 << 22)
-        check_float(self.length_spread, "length_spread", minimum=0.0, maximum=0.99)
-        check_int(self.num_requests, "num_requests", minimum=10, maximum=MAX_SIMULATED_REQUESTS)
-        check_int(self.seed, "seed", minimum=0)
-
-    def _range(self, length: int) -> tuple[int, int]:
-        return max(1, round(length * (1 - self.length_spread))), max(
-            1, round(length * (1 + self.length_spread))
-        )
-
-    @property
-    def max_len(self) -> int:
-        """The longest request (prompt + output tokens): the deployment's max_model_len."""
-        return self._range(self.prompt_len)[1] + self._range(self.output_len)[1]
-
-    def requests(self, rate: float) -> list[Request]:
-        """`num_requests` requests arriving at `rate` requests/s (Poisson, seeded: the same lengths at any rate)."""
-        if self.length_spread == 0:
-            return fixed(
-                self.num_requests, self.prompt_len, self.output_len, rate, self.seed, max_len=self.max_len
+    @classmethod
+    def of(cls, targets: Mapping[str, float]) -> "Slo":
+        """The SLO of a {key: seconds} mapping; an unknown key raises, naming the keys allowed."""
+        unknown = [key for key in targets if key not in metric_keys()]
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown target {unknown[0]!r}; targets are {', '.join(metric_keys())}"
             )
-        prompts, outputs = self._range(self.prompt_len), self._range(self.output_len)
-        return uniform(self.num_requests, prompts, outputs, rate, self.seed, max_len=self.max_len)
+        return cls(**dict(targets))
+
+
+def metric_label(key: str) -> str:
+    """ "ttft_p95_s" -> "TTFT p95", "e2e_p99_s" -> "E2E p99"."""
+    metric, quantile, _ = key.split("_")
+    return f"{metric.upper()} {quantile}"
+
+
+# The traffic of an SLO question is the traffic of any prediction: Poisson arrivals (or closed-loop clients) and
+# the requests' lengths. The planner simulates each candidate to its steady state, so no request count is asked.
+SloWorkload = Load
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,19 @@ class Candidate:
 
     def sort_key(self) -> tuple:
         return (self.num_gpus, self.cost_proxy, self.tp * self.pp, self.pp, -self.max_num_seqs, self.kv_dtype)
+
+    def deployment_key(self) -> tuple:
+        """The deployment apart from its scheduler cap: GPU, tp, pp, replicas, KV and weight dtypes."""
+        return (self.gpu, self.tp, self.pp, self.replicas, self.kv_dtype, self.weight_dtype)
+
+    def deployment(self, model: ModelSpec, candidates: "SloCandidates") -> Deployment:
+        """This candidate as a `Deployment` (what `predict` and `max_rate` take), with the search's shared vLLM
+        settings and engine."""
+        return Deployment(
+            model, self.spec, self.tp, self.pp, self.replicas, self.max_num_seqs,
+            candidates.max_num_batched_tokens, self.weight_dtype, self.kv_dtype, candidates.engine,
+            candidates.block_size, candidates.gpu_memory_utilization,
+        )  # fmt: skip
 
     def label(self) -> str:
         return (
@@ -144,22 +157,24 @@ class SloCandidates:
     a deployment may use; tensor_parallel / pipeline_parallel / max_num_seqs / kv_dtypes / weight_dtypes: the
     values tried. max_num_batched_tokens (vLLM's default 8,192, as the capacity planner's), gpu_memory_utilization,
     block_size: vLLM settings shared by all.
-    max_meeting: the search stops after the GPU count at which this many configurations met the SLO (every
-    cheaper configuration has then been evaluated). step_time: keyword overrides of the step-time model (fitted
-    efficiencies and overheads); None uses `core.planning.published.gpu_step_defaults()`."""
+    max_meeting: the search stops once this many deployments (`Candidate.deployment_key`: any max_num_seqs)
+    met the SLO (every cheaper configuration has then been evaluated). engine: the serving engine whose profile prices the steps
+    (`core.planning.engine_profiles.ENGINES`; "vllm", the engine whose flags the planner prints); step_time:
+    keyword overrides of that profile's efficiencies and overheads (None: the profile as fitted)."""
 
     gpus: tuple = DEFAULT_SLO_GPUS
     max_gpus: int = 8
     tensor_parallel: tuple[int, ...] = (1, 2, 4, 8)
     pipeline_parallel: tuple[int, ...] = (1, 2)
-    max_num_seqs: tuple[int, ...] = (64, 128, 256)
+    max_num_seqs: tuple[int, ...] = (64, 128, 256, 512, 1024)
     kv_dtypes: tuple[str, ...] = ("auto", "fp8")
     weight_dtypes: tuple[str, ...] = ("auto",)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
-    max_meeting: int = 5
+    max_meeting: int = 3
     step_time: Mapping[str, Any] | None = None
+    engine: str = DEFAULT_ENGINE
 
     def __post_init__(self):
         if isinstance(self.gpus, str | GPUSpec) or not tuple(self.gpus):
@@ -182,6 +197,12 @@ class SloCandidates:
         if self.block_size not in BLOCK_SIZES:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
         check_int(self.max_meeting, "max_meeting", minimum=1)
+        engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
+
+    def step_overrides(self) -> dict:
+        """The step-time keyword overrides of every candidate: the engine's profile, `step_time` on top (as
+        `Deployment.step_model` layers them)."""
+        return engine_step_defaults(self.engine) | dict(self.step_time or {})
 
     def gpu_specs(self) -> list[tuple[str, GPUSpec]]:
         """(slug or name, spec) of each GPU type."""

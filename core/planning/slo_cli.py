@@ -1,11 +1,12 @@
 """`python -m core.planning slo`: the cheapest deployment that meets a latency SLO, as JSON.
 
     python -m core.planning slo --model llama-3.1-8b --rate 12 --prompt-len 2000 --output-len 300 \\
-        --ttft-p95 1 --tpot-p95 0.05 [--gpus h100-80gb h200-141gb l40s] [--max-gpus 8]
+        --ttft-p95 1 --tpot-p95 0.05 [--ttft-p99 ... --itl-p99 ... --e2e-p90 ...] [--engine vllm|trtllm] \\
+        [--gpus h100-80gb h200-141gb l40s] [--max-gpus 8] [--length-spread S] [--seed K]
 
 Prints one JSON object (`SloPlan.to_dict`): `configs`, sorted by GPU count then the cost proxy (total memory
-bandwidth), each with gpu, num_gpus, tp, pp, max_num_seqs, ttft_p95_s, tpot_p95_s, throughput_tokens_per_s,
-meets_slo, binding (and more); `best`, the first that meets the SLO. Exit status 0; 2 with the reason on stderr
+bandwidth), each with gpu, num_gpus, tp, pp, max_num_seqs, every steady-state percentile (ttft_p50_s ...
+e2e_p99_s, itl_*), throughput_tokens_per_s, meets_slo, binding, converged (and more); `best`, the first that meets the SLO. Exit status 0; 2 with the reason on stderr
 for bad input, or when no configuration meets the SLO (then stdout still carries every configuration evaluated,
 with `error` saying what cannot be met and by how much).
 """
@@ -16,25 +17,26 @@ import sys
 from collections.abc import Sequence
 
 from core.errors import LabError, SloInfeasibleError
+from core.planning.engine_profiles import DEFAULT_ENGINE, ENGINES
 from core.planning.hardware import GPUS
 from core.planning.kv_accounting import KV_DTYPES, WEIGHT_DTYPES
 from core.planning.models import MODELS
+from core.planning.predict_cli import LineErrorParser, load_flags, target_flags
 from core.planning.slo import Slo, SloCandidates, SloWorkload, plan_slo
-from core.planning.slo_candidates import DEFAULT_SLO_GPUS, MAX_SIMULATED_REQUESTS
+from core.planning.slo_candidates import DEFAULT_SLO_GPUS
 
 
 def build_parser() -> argparse.ArgumentParser:
     defaults = SloCandidates()
-    parser = argparse.ArgumentParser(
+    parser = LineErrorParser(
         prog="python -m core.planning slo",
-        description="The cheapest GPU deployment that serves a workload within a TTFT / TPOT p95 target.",
+        description="The cheapest GPU deployment that serves a workload within latency targets (steady state).",
     )
     parser.add_argument("--model", required=True, help=f"preset: {', '.join(MODELS)}")
     parser.add_argument("--rate", type=float, required=True, help="requests per second (Poisson)")
-    parser.add_argument("--prompt-len", type=int, required=True, help="prompt tokens per request")
-    parser.add_argument("--output-len", type=int, required=True, help="output tokens per request")
-    parser.add_argument("--ttft-p95", type=float, help="time-to-first-token p95 target, seconds")
-    parser.add_argument("--tpot-p95", type=float, help="time-per-output-token p95 target, seconds")
+    load_flags(parser)
+    target_flags(parser)
+    parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
     parser.add_argument(
         "--gpus", nargs="+", default=list(DEFAULT_SLO_GPUS), help=f"presets: {', '.join(GPUS)}"
     )
@@ -47,31 +49,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--weight-dtypes", nargs="+", default=list(defaults.weight_dtypes), choices=WEIGHT_DTYPES
     )
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
-    parser.add_argument("--length-spread", type=float, default=0.0, help="0: fixed lengths; s: uniform +/- s")
-    parser.add_argument(
-        "--num-requests",
-        type=int,
-        default=200,
-        help=f"requests simulated (at most {MAX_SIMULATED_REQUESTS:,})",
-    )
     parser.add_argument("--max-meeting", type=int, default=defaults.max_meeting)
-    parser.add_argument("--seed", type=int, default=0)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m core.planning slo`. Exit status 0, or 2 (reason on stderr)."""
     args = build_parser().parse_args(argv)
+    targets = {k: v for k, v in vars(args).items() if k.endswith("_s") and v is not None}
     try:
-        slo = Slo(args.ttft_p95, args.tpot_p95)
-        workload = SloWorkload(
-            args.rate, args.prompt_len, args.output_len, args.length_spread, args.num_requests, args.seed
-        )
+        slo = Slo.of(targets)
+        workload = SloWorkload(args.rate, args.prompt_len, args.output_len, args.length_spread, args.seed)
         candidates = SloCandidates(
             gpus=tuple(args.gpus), max_gpus=args.max_gpus, tensor_parallel=tuple(args.tp),
             pipeline_parallel=tuple(args.pp), max_num_seqs=tuple(args.max_num_seqs),
             kv_dtypes=tuple(args.kv_dtypes), weight_dtypes=tuple(args.weight_dtypes),
             max_num_batched_tokens=args.max_num_batched_tokens, max_meeting=args.max_meeting,
+            engine=args.engine,
         )  # fmt: skip
         plan = plan_slo(args.model, workload, slo, candidates)
     except SloInfeasibleError as error:

@@ -1,5 +1,5 @@
 """One candidate of the SLO search, evaluated: memory by the exact planner, latency floors and a throughput bound
-from the step-time model (to prune before simulating), then the continuous-batching simulator.
+from the step-time model (to prune before simulating), then the continuous-batching simulator in steady state.
 
 `SloConfig` is one row of the answer; `binding` names the constraint that limits it:
 - "memory": the exact planner (`core.planning.plan.plan`) finds no room (weights + activations fill the usable
@@ -7,17 +7,18 @@ from the step-time model (to prune before simulating), then the continuous-batch
   cache limited the batch: a preemption happened, or a step that left requests waiting found the cache >= 90%
   full; or, pruned, the KV cache caps the decode batch (kv_tokens // (prompt + 1) < max_num_seqs) in the
   throughput bound.
-- "queueing": simulated, requests waited: the tighter metric is TTFT and the p95 queue time (arrival to first
-  admission) is at least half the p95 TTFT, or a step left requests waiting with max_num_seqs sequences running.
+- "queueing": simulated, requests waited: the tighter target is a TTFT percentile and the same percentile of
+  the queue time (arrival to first admission) is at least half of it, or a step left requests waiting with
+  max_num_seqs sequences running.
 - "compute" / "bandwidth": otherwise the FLOP/s roof (flops / (peak x flops_efficiency)) or the memory-traffic
   roof (weights + KV bytes / (bandwidth x bandwidth_efficiency)) is the largest part of the time that sets the
   tighter metric: for TTFT, the first prefill chunk of a prompt; for TPOT, the whole simulated run, each step's
   roof counted as the one that binds in it (`time_weighted_part`: decode steps interleaved with prefill chunks
-  are what a TPOT p95 is made of).
+  are what a TPOT or ITL percentile is made of); so also when the load is not served (limiting "rate").
 - "interconnect" / "overhead": the tensor/pipeline-parallel traffic or the fixed per-step and per-token host time
   is the largest part of that time instead.
 For a pruned candidate the step is the one of the bound that failed (the TTFT or TPOT floor), or the largest part
-of the throughput bound. The tighter metric is the one with the larger predicted / target ratio.
+of the throughput bound. The tighter target is the one with the largest predicted / target ratio.
 """
 
 import math
@@ -26,13 +27,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from core.planning.plan import CapacityPlan, plan
+from core.planning.load import Load
+from core.planning.max_rate import SEARCH_SETTINGS
+from core.planning.plan import CapacityPlan
+from core.planning.predict import Deployment, replica_steady_state
 from core.planning.slo_candidates import Candidate, SloCandidates, SloWorkload
 from core.planning.step_time import StepTimeModel, from_specs
-from core.serving.memory_policies import paged
-from core.serving.sim_config import SimulatorConfig
 from core.serving.sim_result import SimulationResult
-from core.serving.simulator import simulate
+from core.serving.steady_state import SteadyState
 from core.serving.workload import Request
 
 BINDINGS = ("memory", "compute", "bandwidth", "interconnect", "overhead", "queueing")
@@ -46,12 +48,16 @@ class SloConfig:
     gpu: preset slug (or custom name); gpu_name; num_gpus = tp x pp x replicas; max_num_seqs, kv_dtype,
     weight_dtype. feasible: fits in memory by the exact planner (kv_tokens: its KV slots per replica).
     simulated: the simulator ran (else pruned by memory, a latency floor or the throughput bound, see reason).
-    ttft_* / tpot_* / e2e_p95_s / queue_p95_s: predicted percentiles over the simulated requests.
-    throughput_tokens_per_s: output tokens/s of the whole deployment (replicas x the simulated replica's, over the
-    requests' span). capacity_requests_per_s: an upper bound on the sustainable rate (replicas x the analytic
+    {ttft,tpot,itl,e2e}_p{50,90,95,99}_s, queue_p95_s: the steady-state percentiles of one replica at its share
+    of the rate (`core.serving.steady_state`); converged: their 95% intervals are within the tolerance or clear
+    of every target; stable: the replica serves its share (False: overloaded, the percentiles are the horizon's);
+    kv_limited: the KV cache held requests back in steady state; simulated_requests: requests simulated.
+    throughput_tokens_per_s: output tokens/s of the whole deployment in steady state (replicas x one replica's:
+    below capacity, the rate x the mean output length). engine: whose profile priced the steps.
+    capacity_requests_per_s: an upper bound on the sustainable rate (replicas x the analytic
     bound). meets_slo: simulated and every target met. binding: module docstring (`BINDINGS`). slo_ratio: the
-    largest predicted (or floor) / target over the targets, or rate / capacity when the bound pruned it; None
-    when infeasible. limiting_metric: which ("ttft_p95_s", "tpot_p95_s" or "rate"). gpus_per_request_per_s:
+    largest predicted (or floor) / target over the targets, or rate / capacity when the bound pruned it (or the
+    load is not served); None when infeasible. limiting_metric: which (a target's key, or "rate"). gpus_per_request_per_s:
     num_gpus / rate. cost_proxy_tb_per_s: total memory bandwidth (the rank within equal GPU counts).
     reused_simulation: the run of the same deployment with a larger max_num_seqs, provably identical (the
     larger cap and the KV difference never mattered in it).
@@ -74,12 +80,21 @@ class SloConfig:
     slo_ratio: float | None
     limiting_metric: str | None
     ttft_p50_s: float | None = None
+    ttft_p90_s: float | None = None
     ttft_p95_s: float | None = None
     ttft_p99_s: float | None = None
     tpot_p50_s: float | None = None
+    tpot_p90_s: float | None = None
     tpot_p95_s: float | None = None
     tpot_p99_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p90_s: float | None = None
+    itl_p95_s: float | None = None
+    itl_p99_s: float | None = None
+    e2e_p50_s: float | None = None
+    e2e_p90_s: float | None = None
     e2e_p95_s: float | None = None
+    e2e_p99_s: float | None = None
     queue_p95_s: float | None = None
     throughput_tokens_per_s: float | None = None
     capacity_requests_per_s: float | None = None
@@ -87,6 +102,11 @@ class SloConfig:
     kv_tokens: int = 0
     cost_proxy_tb_per_s: float = 0.0
     reused_simulation: bool = False
+    engine: str = "vllm"
+    converged: bool | None = None
+    stable: bool | None = None
+    kv_limited: bool | None = None
+    simulated_requests: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,26 +115,34 @@ class SloConfig:
 class Bounds(NamedTuple):
     """Analytic bounds for one replica: ttft_floor_s / tpot_floor_s, p95 over the requests of each one's latency
     alone on an idle replica (a lower bound on the p95); capacity_rps, an upper bound on the requests/s it
-    sustains; capacity_binding, the largest part of that bound (a BINDINGS name)."""
+    sustains; capacity_binding, the largest part of that bound (a BINDINGS name); floors: per request, its TTFT
+    ("ttft": its prefill alone), its time per output token ("tpot": one decode step of a batch of one at its
+    prompt's context; empty when no request decodes) and its end-to-end latency ("e2e") alone."""
 
     ttft_floor_s: float
     tpot_floor_s: float | None
     capacity_rps: float
     capacity_binding: str
+    floors: dict
+
+
+def floor_of(bounds: Bounds, key: str) -> float | None:
+    """A lower bound on the percentile `key` (e.g. "ttft_p99_s") from the per-request floors: that percentile of
+    the requests' floors; for ITL, pooled over tokens, the smallest decode-step floor. None when undefined."""
+    metric, quantile, _ = key.split("_")
+    values = bounds.floors["tpot" if metric == "itl" else metric]
+    if not len(values):
+        return None
+    return float(values.min() if metric == "itl" else np.percentile(values, int(quantile[1:])))
 
 
 def memory_plan(model, candidate: Candidate, workload: SloWorkload, cands: SloCandidates) -> CapacityPlan:
     """The exact planner's verdict for one replica of `candidate` serving requests up to workload.max_len."""
-    return plan(
-        model, candidate.spec, num_gpus=candidate.tp * candidate.pp, tensor_parallel=candidate.tp,
-        pipeline_parallel=candidate.pp, weight_dtype=candidate.weight_dtype, kv_dtype=candidate.kv_dtype,
-        gpu_memory_utilization=cands.gpu_memory_utilization, block_size=cands.block_size,
-        max_model_len=workload.max_len, max_num_seqs=candidate.max_num_seqs,
-        max_num_batched_tokens=cands.max_num_batched_tokens,
-    )  # fmt: skip
+    return candidate.deployment(model, cands).memory_plan(workload.max_len)
 
 
 def step_model(model, candidate: Candidate, overrides) -> StepTimeModel:
+    """The step-time model of one replica of `candidate` with these parameters (`SloCandidates.step_overrides`)."""
     return from_specs(
         model, candidate.spec, candidate.tp, candidate.weight_dtype, candidate.kv_dtype, candidate.pp,
         **dict(overrides),
@@ -171,45 +199,78 @@ def analytic_bounds(
     comm = steps * step.comm_latency_s + step.comm_bytes_per_token * tokens / step.interconnect_bandwidth
     busy = overhead + comm + max(memory, compute)
     binding = "memory" if kv_cap < max_num_seqs else _largest(overhead, memory, compute, comm)
-    ttft = _p95_of(prompts, lambda p: step.prefill_seconds(int(p), budget))
-    with_decodes = prompts[outputs > 1]
-    tpot = _p95_of(with_decodes, lambda p: step.decode_step_seconds(1, p)) if len(with_decodes) else None
-    return Bounds(ttft, tpot, len(requests) / busy, binding)
+    ttft = _per_request(prompts, lambda p: step.prefill_seconds(int(p), budget))
+    decode = _per_request(prompts, lambda p: step.decode_step_seconds(1, p))
+    tpot = decode[outputs > 1]
+    floors = {"ttft": ttft, "tpot": tpot, "e2e": ttft + decodes * decode}
+    tpot_p95 = float(np.percentile(tpot, 95)) if len(tpot) else None
+    return Bounds(float(np.percentile(ttft, 95)), tpot_p95, len(requests) / busy, binding, floors)
 
 
-def _p95_of(values: np.ndarray, fn) -> float:
-    cache = {v: fn(v) for v in np.unique(values)}
-    return float(np.percentile([cache[v] for v in values], 95))
+def _per_request(values: np.ndarray, fn) -> np.ndarray:
+    """fn of each value, computed once per distinct value."""
+    unique, inverse = np.unique(values, return_inverse=True)
+    return np.array([fn(v) for v in unique], dtype=np.float64)[inverse]
 
 
-def run_simulation(
-    step, requests, candidate: Candidate, capacity: CapacityPlan, cands: SloCandidates, max_len
+# A miss seen before the batches are long enough must clear its target by a margin, its interval above it, or be
+# far over it: such a replay started empty not long before and sees less queueing than the steady state.
+EARLY_MISS_MARGIN = 1.1
+EARLY_MISS_FAR = 1.3
+
+
+def steady_prediction(
+    deployment: Deployment, share: Load, step: StepTimeModel, kv_tokens: int, targets: dict
 ):
-    """The simulator on one replica: the paged policy (block counts only: the same schedule, no block tables) over
-    the plan's KV tokens, the candidate's limits."""
-    config = SimulatorConfig(
-        kv_capacity_tokens=int(capacity.kv_tokens), max_num_seqs=candidate.max_num_seqs,
-        max_num_batched_tokens=cands.max_num_batched_tokens, max_seq_len=max_len, step_time=step,
-        max_snapshots=1,
-    )  # fmt: skip
-    return simulate(requests, paged(cands.block_size, counted=True), config)
+    """The steady state of one replica at its `share` of the load (`core.planning.predict.replica_steady_state`,
+    counted blocks over the plan's KV tokens), simulated until the targets' percentiles' intervals are within
+    SEARCH_SETTINGS' tolerance or the verdict on `targets` is clear of them (`verdict_is_clear`). A verdict
+    needs batches long enough to trust the intervals (`SteadyState.long_enough`), except a miss by
+    EARLY_MISS_MARGIN with the interval clear, or by EARLY_MISS_FAR: a shorter replay from an empty system sees
+    less queueing than the steady state, so a target it misses by a margin is missed in steady state too."""
+
+    def decided(estimate: SteadyState) -> bool:
+        if estimate.long_enough:
+            return verdict_is_clear(estimate.intervals, targets)
+        m, intervals = estimate.metrics, estimate.intervals
+        return any(
+            m[key] > EARLY_MISS_FAR * target
+            or (intervals[key][0] > target and m[key] > EARLY_MISS_MARGIN * target)
+            for key, target in targets.items()
+            if key in intervals
+        )
+
+    return replica_steady_state(deployment, share, step, kv_tokens, SEARCH_SETTINGS, decided, tuple(targets))
 
 
-def simulated_binding(result: SimulationResult, candidate: Candidate, step, workload, limiting: str) -> str:
-    """The binding constraint of a simulated run (module docstring)."""
-    steps = result.steps
-    capacity = result.capacity_slots or result.config.kv_capacity_tokens
+def verdict_is_clear(intervals: dict, targets: dict[str, float]) -> bool:
+    """True when some target is missed with its whole 95% interval above it, or every target is met with its
+    whole interval below it (a percentile without an interval decides nothing)."""
+    known = {key: intervals[key] for key in targets if key in intervals}
+    if any(low > targets[key] for key, (low, _) in known.items()):
+        return True
+    return len(known) == len(targets) and all(high <= targets[key] for key, (_, high) in known.items())
+
+
+def simulated_binding(state: SteadyState, candidate: Candidate, step, workload, limiting: str) -> str:
+    """The binding constraint of a steady-state estimate (module docstring); limiting: the target with the
+    largest predicted / target ratio, or "rate" when the load is not served."""
+    steps = state.result.steps
+    capacity = state.result.capacity_slots or state.result.config.kv_capacity_tokens
     waited = steps["waiting"].to_numpy() > 0
     full = 1.0 - steps["free_slots"].to_numpy() / capacity >= KV_FULL
     if steps["preemptions"].sum() > 0 or (waited & full).any():
         return "memory"
-    s = result.summary
-    if limiting == "ttft_p95_s" and s.get("queue_p95_s", 0.0) >= 0.5 * s["ttft_p95_s"]:
+    if limiting == "rate":
+        return time_weighted_part(step, steps)
+    metric, quantile, _ = limiting.split("_")
+    m = state.metrics
+    if metric == "ttft" and m.get(f"queue_{quantile}_s", 0.0) >= 0.5 * m[limiting]:
         return "queueing"
     if (waited & (steps["running_seqs"].to_numpy() >= candidate.max_num_seqs)).any():
         return "queueing"
-    if limiting == "ttft_p95_s":
-        chunk = min(workload.prompt_len, result.config.max_num_batched_tokens)
+    if metric == "ttft":
+        chunk = min(workload.prompt_len, state.result.config.max_num_batched_tokens)
         return dominant_part(step, chunk, 0, chunk * (chunk + 1) / 2)
     return time_weighted_part(step, steps)
 

@@ -9,16 +9,19 @@ from core.sched.scheduler import ScheduledStep
 class StepLoad(NamedTuple):
     """decode_tokens: one per decoding sequence. prefill_tokens: prompt tokens of the step's prefill chunks.
     kv_tokens_read: keys read besides the step's own tokens: the decodes' context before the step plus the prior
-    context of each prefill chunk. attention_pairs: (query, key) pairs: a decode attends to its context and
+    context of each prefill chunk (of a single-sequence group, the prompt tokens the prefix cache served count
+    as prior context: they are read, not computed). attention_pairs: (query, key) pairs: a decode attends to its context and
     itself (context + 1); a chunk of c tokens starting at s to its prior context and causally to itself
     (c * s + c (c + 1) / 2). output_tokens: tokens the step samples: one per decoding sequence, and one per sequence
-    of each group whose prefill the step completes (the tokens an engine computes logits for)."""
+    of each group whose prefill the step completes (the tokens an engine computes logits for). decode_context_tokens:
+    the decodes' share of kv_tokens_read (their context before the step)."""
 
     decode_tokens: int
     prefill_tokens: int
     kv_tokens_read: int
     attention_pairs: float
     output_tokens: int = 0
+    decode_context_tokens: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -35,8 +38,10 @@ def step_load(step: ScheduledStep) -> StepLoad:
     outputs = n_decode
     for group, start, tokens in step.prefill_chunks:
         prefill_tokens += tokens
+        if group.num_seqs == 1:  # the prompt tokens the prefix cache served precede the computed ones
+            start += max(0, group.length - group.num_prefill_total)
         prior += start
         pairs += tokens * start + tokens * (tokens + 1) / 2
         if start + tokens >= group.num_prefill_total:
             outputs += group.num_seqs
-    return StepLoad(n_decode, prefill_tokens, ctx + prior, pairs, outputs)
+    return StepLoad(n_decode, prefill_tokens, ctx + prior, pairs, outputs, ctx)

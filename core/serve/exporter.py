@@ -1,4 +1,4 @@
-"""Prometheus metrics of `core.serve` under vLLM's names and meanings (`core/live/names.py`), so the Live page,
+"""Prometheus metrics of `core.serve` under vLLM's names and meanings (`core/metric_names.py`), so the Live page,
 Grafana dashboards made for vLLM and `parse_vllm_metrics` read our server as they read vLLM.
 
 Histograms, with vLLM V1's names, HELP texts and buckets (`vllm/v1/metrics/loggers.py`): per token
@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from core.live.names import (
+from core.metric_names import (
     CACHE_CONFIG_INFO,
-    ITERATION_TOKENS_BUCKETS,
-    ITL_BUCKETS,
-    REQUEST_LATENCY_BUCKETS,
-    TTFT_BUCKETS,
+    CACHE_CONFIG_LABELS,
+    FINISHED_REASON_LABEL,
+    HISTOGRAM_BUCKETS,
+    LABELS,
+    current_name,
     request_token_buckets,
 )
 
@@ -47,74 +48,60 @@ class ServerMetrics:
         max_model_len: int = 2048,
     ):  # fmt: skip
         self.registry = CollectorRegistry()
-        names = ["model_name", "engine"]
+        names = list(LABELS)
         labels = (model_name, "0")
         reg = self.registry
 
-        def gauge(name, doc):
-            return Gauge(name, doc, names, registry=reg).labels(*labels)
+        def gauge(field, doc):
+            return Gauge(current_name(field), doc, names, registry=reg).labels(*labels)
 
-        def counter(name, doc):
-            return Counter(name, doc, names, registry=reg).labels(*labels)
+        def counter(field, doc):
+            return Counter(current_name(field), doc, names, registry=reg).labels(*labels)
 
-        def histogram(name, doc, buckets):
-            return Histogram(name, doc, names, buckets=buckets, registry=reg).labels(*labels)
+        def histogram(field, doc, buckets=None):
+            buckets = buckets or HISTOGRAM_BUCKETS[field]
+            return Histogram(current_name(field), doc, names, buckets=buckets, registry=reg).labels(*labels)
 
-        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.running = gauge("num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = gauge("kv_cache_usage", "KV-cache usage. 1 means 100 percent usage.")
         self.prefix_queries = counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+            "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
         )
         self.prefix_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+            "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         )
-        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.preemptions = counter("num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
         self._success = Counter(
-            "vllm:request_success", "Count of successfully processed requests.", [*names, "finished_reason"],
-            registry=reg,
+            current_name("request_success"), "Count of successfully processed requests.",
+            [*names, FINISHED_REASON_LABEL], registry=reg,
         )  # fmt: skip
         self._labels = labels
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TTFT_BUCKETS)  # fmt: skip
-        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             ITL_BUCKETS)  # fmt: skip
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             REQUEST_LATENCY_BUCKETS)  # fmt: skip
-        self.request_tpot = histogram("vllm:request_time_per_output_token_seconds",
-                                      "Histogram of time_per_output_token_seconds per request.",
-                                      ITL_BUCKETS)  # fmt: skip
+        self.ttft = histogram("ttft", "Histogram of time to first token in seconds.")
+        self.itl = histogram("itl", "Histogram of inter-token latency in seconds.")
+        self.e2e = histogram("e2e", "Histogram of e2e request latency in seconds.")
+        self.request_tpot = histogram(
+            "request_tpot", "Histogram of time_per_output_token_seconds per request."
+        )
         phase = "Histogram of time spent in {} phase for request."
-        self.queue_time = histogram("vllm:request_queue_time_seconds", phase.format("WAITING"),
-                                    REQUEST_LATENCY_BUCKETS)  # fmt: skip
-        self.inference_time = histogram("vllm:request_inference_time_seconds", phase.format("RUNNING"),
-                                        REQUEST_LATENCY_BUCKETS)  # fmt: skip
-        self.prefill_time = histogram("vllm:request_prefill_time_seconds", phase.format("PREFILL"),
-                                      REQUEST_LATENCY_BUCKETS)  # fmt: skip
-        self.decode_time = histogram("vllm:request_decode_time_seconds", phase.format("DECODE"),
-                                     REQUEST_LATENCY_BUCKETS)  # fmt: skip
+        self.queue_time = histogram("queue_time", phase.format("WAITING"))
+        self.inference_time = histogram("inference_time", phase.format("RUNNING"))
+        self.prefill_time = histogram("prefill_time", phase.format("PREFILL"))
+        self.decode_time = histogram("decode_time", phase.format("DECODE"))
         token_buckets = request_token_buckets(max_model_len)
-        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                               token_buckets)  # fmt: skip
-        self.request_generation_tokens = histogram("vllm:request_generation_tokens",
-                                                   "Number of generation tokens processed.", token_buckets)  # fmt: skip
-        self.iteration_tokens = histogram("vllm:iteration_tokens_total",
-                                          "Histogram of number of tokens per engine_step.",
-                                          ITERATION_TOKENS_BUCKETS)  # fmt: skip
+        self.request_prompt_tokens = histogram(
+            "request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
+        )
+        self.request_generation_tokens = histogram(
+            "request_generation_tokens", "Number of generation tokens processed.", token_buckets
+        )
+        self.iteration_tokens = histogram(
+            "iteration_tokens", "Histogram of number of tokens per engine_step."
+        )
         info = Gauge(
-            CACHE_CONFIG_INFO,
-            "Information of the LLMEngine CacheConfig",
-            [
-                "block_size",
-                "cache_dtype",
-                "enable_prefix_caching",
-                "gpu_memory_utilization",
-                "num_gpu_blocks",
-                "engine",
-            ],
-            registry=reg,
+            CACHE_CONFIG_INFO, "Information of the LLMEngine CacheConfig", CACHE_CONFIG_LABELS, registry=reg
         )
         info.labels(str(block_size), dtype, str(prefix_caching), "1.0", str(num_gpu_blocks), "0").set(1)
 

@@ -63,17 +63,45 @@ def parse_kv_events_config(text: str | None, host: str) -> KVEventsConfig | None
     )
 
 
-def build_engine(model: str, *, block_size: int, num_blocks: int | None, prefix_caching: bool, seed: int,
-                 max_num_seqs: int, kv_events: bool = False) -> tuple[Engine, str]:  # fmt: skip
+@dataclass(frozen=True)
+class ServeConfig:
+    """What one server serves, as `python -m core.serve`'s flags say: the model (`tiny`, REAL_MODEL, a model
+    directory or .gguf file), the name it answers to (None: the model's), the KV pool (`block_size` tokens a
+    block; `num_blocks` None: from the memory budget), prefix caching, the tiny model's weight seed, the
+    scheduler's max_num_seqs, and the KV-event publisher (None: off; events need prefix caching)."""
+
+    model: str = "tiny"
+    served_name: str | None = None
+    block_size: int = 16
+    num_blocks: int | None = None
+    prefix_caching: bool = False
+    seed: int = 0
+    max_num_seqs: int = 64
+    events: KVEventsConfig | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ServeConfig":
+        """The flags of `make_parser()`. Raises InvalidArgumentError for a bad --kv-events-config."""
+        return cls(
+            args.model, served_name=args.served_model_name, block_size=args.block_size, num_blocks=args.num_blocks,
+            prefix_caching=args.enable_prefix_caching, seed=args.seed, max_num_seqs=args.max_num_seqs,
+            events=parse_kv_events_config(args.kv_events_config, args.host),
+        )  # fmt: skip
+
+
+def build_engine(config: ServeConfig) -> tuple[Engine, str]:
     """(engine, served model name). `tiny`: the lab's seeded random Llama (no files); `smollm2-135m-instruct`:
-    the real model, fetched into the model cache if missing; else a model directory or .gguf file. kv_events: the
-    engine's KV cache manager queues vLLM's KV cache events (`Engine(enable_kv_cache_events=True)`)."""
-    common = {"block_size": block_size, "num_blocks": num_blocks, "enable_prefix_caching": prefix_caching,
-              "max_num_seqs": max_num_seqs, "enable_kv_cache_events": kv_events}  # fmt: skip
+    the real model, fetched into the model cache if missing; else a model directory or .gguf file. With
+    `config.events`, the engine's KV cache manager queues vLLM's KV cache events
+    (`Engine(enable_kv_cache_events=True)`). The served name is the model's (`config.served_name` not applied)."""
+    model = config.model
+    common = {"block_size": config.block_size, "num_blocks": config.num_blocks,
+              "enable_prefix_caching": config.prefix_caching, "max_num_seqs": config.max_num_seqs,
+              "enable_kv_cache_events": config.events is not None}  # fmt: skip
     if model == "tiny":
         from core.engine.config import TINY_LLAMA
 
-        return Engine.from_config(TINY_LLAMA, seed=seed, **common), "tiny"
+        return Engine.from_config(TINY_LLAMA, seed=config.seed, **common), "tiny"
     if model == REAL_MODEL:
         from core.engine.fetch import fetch_model
 
@@ -98,25 +126,15 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_served(
-    model: str,
-    *,
-    served_name: str | None = None,
-    block_size: int = 16,
-    num_blocks: int | None = None,
-    prefix_caching: bool = False,
-    seed: int = 0,
-    max_num_seqs: int = 64,
-    events: KVEventsConfig | None = None,
-) -> tuple[ServedModel, ZmqEventPublisher | None]:
-    """The engine, its metrics, KV-event publisher (None without `events`) and engine loop (not started yet) of
-    one server, as `main` runs them; tests serve the same in-process. Raises LabError (a bad model, a publisher
-    that cannot bind, events without prefix caching)."""
+def build_served(config: ServeConfig) -> tuple[ServedModel, ZmqEventPublisher | None]:
+    """The engine, its metrics, KV-event publisher (None without `config.events`) and engine loop (not started
+    yet) of one server, as `main` runs them; tests serve the same in-process. Raises LabError (a bad model, a
+    publisher that cannot bind, events without prefix caching)."""
+    events, prefix_caching = config.events, config.prefix_caching
     if events is not None and not prefix_caching:
         raise InvalidArgumentError("KV cache events announce cached blocks: add --enable-prefix-caching")
-    engine, name = build_engine(model, block_size=block_size, num_blocks=num_blocks, prefix_caching=prefix_caching,
-                                seed=seed, max_num_seqs=max_num_seqs, kv_events=events is not None)  # fmt: skip
-    name = served_name or name
+    engine, name = build_engine(config)
+    name = config.served_name or name
     dtype = str(engine.model.dtype).removeprefix("torch.")
     metrics = ServerMetrics(name, block_size=engine.block_size, num_gpu_blocks=engine.num_blocks,
                             prefix_caching=prefix_caching, dtype=dtype,
@@ -134,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = make_parser().parse_args(argv)
     try:
-        served, publisher = build_served(
-            args.model, served_name=args.served_model_name, block_size=args.block_size, num_blocks=args.num_blocks,
-            prefix_caching=args.enable_prefix_caching, seed=args.seed, max_num_seqs=args.max_num_seqs,
-            events=parse_kv_events_config(args.kv_events_config, args.host),
-        )  # fmt: skip
+        served, publisher = build_served(ServeConfig.from_args(args))
     except LabError as err:
         print(f"core.serve: {err}", file=sys.stderr)
         return 2

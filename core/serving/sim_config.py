@@ -22,6 +22,9 @@ class StepCost(Protocol):
     step_time(new_tokens, kv_tokens_read, attention_pairs): the same on numpy arrays (one entry per step),
         for the batched replay of decode-only runs.
     kv_bytes_per_token: K and V bytes of one token (prices swapping); swap_bandwidth: CPU<->GPU bytes/s.
+    Optionally step_load_seconds(load, swap_bytes): one step's seconds from its `core.sched.step_load.StepLoad`
+        (decodes and prefill chunks apart), used instead of step_seconds when present
+        (`core.planning.speculative.SpeculativeStepTime`).
     """
 
     kv_bytes_per_token: float

@@ -6,6 +6,21 @@ import math
 
 from core.serving.workload import Request
 
+PREFIX_STREAM_BASE = 3 << 40  # prefix g's token j: PREFIX_STREAM_BASE + g x 2^23 + j
+CONVERSATION_STREAM_BASE = 1 << 50  # conversation c's own token j: CONVERSATION_STREAM_BASE + c x 2^27 + j
+
+
+def stream_token_ids(req: Request, prefix_index: int | None, start: int, stop: int) -> list[int]:
+    """Tokens [start, stop) of the token stream of `req.conversation` (not None): the `req.prefix_len` tokens of
+    prefix `prefix_index` (dense index of its prefix group; none when None), then the conversation's own tokens
+    numbered from 0. Every request of one conversation reads the same stream, so a later turn's prompt repeats
+    the earlier turns' prompts and outputs token for token, and requests of one prefix group share its prefix."""
+    plen = req.prefix_len if prefix_index is not None else 0
+    base = PREFIX_STREAM_BASE + (prefix_index or 0) * (1 << 23)
+    own = CONVERSATION_STREAM_BASE + req.conversation * (1 << 27) - plen
+    head = list(range(base + start, base + min(stop, plen))) if start < plen else []
+    return head + list(range(own + max(start, plen), own + stop)) if stop > plen else head
+
 
 def prompt_token_ids(req: Request, prefix_index: int | None) -> list[int]:
     """Token ids standing in for a prompt: the shared prefix's ids depend on its group only, the rest are unique to
@@ -21,7 +36,8 @@ class SimulatedGroup:
     and advance together; it is finished once each emitted `output_len` tokens.
 
     Token ids (`token_ids`, for the paged policy's prefix cache): the prompt's from `prompt_token_ids`, then
-    one constant id per sequence for every output token. admit_time (first admission) / first_token_time /
+    one constant id per sequence for every output token; for a request of a conversation, the first sequence's
+    prompt and outputs both come from the conversation's stream (`stream_token_ids`). admit_time (first admission) / first_token_time /
     finish_time: simulated seconds (NaN until then), set by the simulator.
     """
 
@@ -38,6 +54,8 @@ class SimulatedGroup:
         "num_seqs",
         "output_len",
         "output_token",
+        "prefix_hit_tokens",
+        "prefix_index",
         "prompt_len",
         "prompt_tokens",
         "request",
@@ -45,7 +63,9 @@ class SimulatedGroup:
         "seq_ids",
     )
 
-    def __init__(self, request: Request, index: int, prompt_tokens: list[int]):
+    def __init__(
+        self, request: Request, index: int, prompt_tokens: list[int], prefix_index: int | None = None
+    ):
         self.request = request
         self.request_id = request.request_id
         self.index = index
@@ -55,6 +75,8 @@ class SimulatedGroup:
         self.seq_ids = [index * 1024 + k for k in range(request.n)]
         self.output_token = [-(index * 1024 + k) - 1 for k in range(request.n)]
         self.prompt_tokens = prompt_tokens
+        self.prefix_index = prefix_index
+        self.prefix_hit_tokens = 0  # prompt tokens the prefix cache served at its first admission
         self.length = 0
         self.num_prefill_tokens = 0
         self.num_prefill_total = 0
@@ -69,6 +91,11 @@ class SimulatedGroup:
 
     def token_ids(self, seq_index: int, start: int, stop: int):
         prompt = self.prompt_len
+        if self.request.conversation is not None and (seq_index == 0 or stop <= prompt):
+            return stream_token_ids(self.request, self.prefix_index, start, stop)
+        if self.request.conversation is not None:
+            head = stream_token_ids(self.request, self.prefix_index, start, prompt) if start < prompt else []
+            return head + [self.output_token[seq_index]] * (stop - max(start, prompt))
         if start >= prompt:
             return (self.output_token[seq_index],) * (stop - start)
         head = self.prompt_tokens[start : min(stop, prompt)]
@@ -83,5 +110,8 @@ def make_groups(requests: list[Request], with_token_ids: bool) -> list[Simulated
         pidx = None
         if req.prefix_group is not None and req.prefix_len > 0:
             pidx = prefix_ids.setdefault(req.prefix_group, len(prefix_ids))
+        if req.conversation is not None:  # token ids computed on demand from the conversation's stream
+            groups.append(SimulatedGroup(req, index, [], pidx))
+            continue
         groups.append(SimulatedGroup(req, index, prompt_token_ids(req, pidx) if with_token_ids else []))
     return groups

@@ -56,7 +56,8 @@ class SimulationResult:
     `external_fragmentation` is the allocator slack, real fragmentation only, and `free_slots` the free memory:
     token_states + reservation + internal_fragmentation + external_fragmentation + free_slots == capacity).
     requests: one row per request (arrival_time, admit_time (first admission by the scheduler), first_token_time,
-    finish_time in seconds; lengths in tokens).
+    finish_time in seconds; lengths in tokens; prefix_hit_tokens: prompt tokens the prefix cache served at
+    its first admission).
     summary: see `summarize`. snapshots: sampled `StepSnapshot`s in step order. capacity_slots: the slots the
     memory columns sum to (the KV capacity; for a hybrid policy, group slots, see `core.serving.paged_memory`)."""
 

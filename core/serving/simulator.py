@@ -178,6 +178,7 @@ class _Simulation:
         for group, start, _ in step.prefill_chunks:
             if start == 0 and math.isnan(group.admit_time):
                 group.admit_time = self.now  # admitted at the start of this step
+                group.prefix_hit_tokens = group.prompt_len - group.num_prefill_total  # what the cache served
         k, ahead, dts = self._decode_run(step) if step.is_decode_only else (1, None, None)
         if k == 1:
             dt = self._step_seconds(step)
@@ -240,6 +241,9 @@ class _Simulation:
         its prior context and causally to itself); a step that only swaps in costs the transfer."""
         load = step_load(step)
         swap_bytes = self._swap_bytes(step)
+        price = getattr(self.model, "step_load_seconds", None)
+        if price is not None:  # a cost that needs the step's parts (speculative decoding)
+            return price(load, swap_bytes)
         dt = self.model.step_seconds(
             load.new_tokens,
             load.kv_tokens_read,
@@ -326,6 +330,7 @@ class _Simulation:
                 "output_len": [g.output_len for g in groups],
                 "n": [g.num_seqs for g in groups],
                 "preemptions": [g.num_preemptions for g in groups],
+                "prefix_hit_tokens": [g.prefix_hit_tokens for g in groups],
             }
         )
 

@@ -11,10 +11,14 @@ in the system = rate x mean lifetime), and the last requests finish alone. `stea
    the simulation stops once every measured request finished, so nothing drains);
 3. splits the measured requests into `num_batches` consecutive batches (by arrival) and takes each percentile
    of each batch (batch means, Law & Kelton ch. 9): the half-width of its 95% confidence interval is
-   t(0.975, batches - 1) x the batches' standard deviation / sqrt(batches);
-4. grows the measured requests (by the factor the widest interval asks, 2 to 8x) until every percentile's half-width is within `tolerance` of its value
-   (`converged`), or `decided(estimate)` says the question asked is already answered (an SLO met or missed with
-   the interval clear of the target), or `max_requests` is reached (`converged` False).
+   t(0.975, batches - 1) x the batches' standard deviation / sqrt(batches). Requests that run together share
+   their steps, so a batch spans at least `batch_lifetimes` mean lifetimes of arrivals (shorter batches are
+   correlated and their spread understates the interval: a 300-request window at 6 req/s with 10 s lifetimes
+   put Llama-3.1-8B's TPOT p95 on 2 x H200 at 41 ms [38, 44], where 12,000 requests give 60 ms);
+4. grows the measured requests (by the factor the widest interval asks, 2 to 8x, and at least to the batches'
+   shortest length) until every percentile's half-width is within `tolerance` of its value with batches long
+   enough (`converged`), or `decided(estimate)` says the question asked is already answered (an SLO met or
+   missed with the interval clear of the target), or `max_requests` is reached (`converged` False).
 Overload has no steady state: when the measured window's arrivals bring more output tokens than the window served
 (beyond `OVERLOAD_SLACK`) or its queue grew by more than `OVERLOAD_SLACK` of its arrivals, the estimate is
 `stable` False and its latencies grow with the horizon (they are the horizon's, not the load's).
@@ -29,7 +33,7 @@ it equals the arrival rate x the mean output length.
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -63,13 +67,15 @@ class SteadyStateSettings:
     """How long to simulate. tolerance: the relative half-width every percentile's 95% interval must reach;
     num_batches: batches of the batch-means interval (5 to 30); initial_measured / max_requests: measured
     requests of the first run and simulated requests at most; warmup_lifetimes: warm-up length in mean request
-    lifetimes (open loop) or requests per client (closed loop)."""
+    lifetimes (open loop) or requests per client (closed loop); batch_lifetimes: the shortest batch, in mean
+    lifetimes of arrivals (requests per client in a closed loop), so that batches are nearly independent."""
 
     tolerance: float = 0.05
     num_batches: int = 10
     initial_measured: int = 600
     max_requests: int = 12_000
     warmup_lifetimes: float = 3.0
+    batch_lifetimes: float = 2.0
 
     def __post_init__(self):
         check_float(self.tolerance, "tolerance", minimum=0.001, maximum=1.0)
@@ -77,6 +83,7 @@ class SteadyStateSettings:
         check_int(self.initial_measured, "initial_measured", minimum=5 * self.num_batches)
         check_int(self.max_requests, "max_requests", minimum=self.initial_measured)
         check_float(self.warmup_lifetimes, "warmup_lifetimes", minimum=0.0, maximum=100.0)
+        check_float(self.batch_lifetimes, "batch_lifetimes", minimum=0.0, maximum=100.0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,12 +93,14 @@ class SteadyState:
     metrics: `metric_keys()` percentiles (seconds; tpot absent when every output is one token) and
     mean_{ttft,tpot,itl,e2e,queue}_s, queue_p{..}_s, throughput_tokens_per_s (output tokens/s in the window),
     request_throughput_per_s, mean_running_batch (sequences, time-weighted), mean_waiting, preemptions
-    (in the window), preemptions_per_s. intervals: key -> (low, high), the 95% batch-means interval of each
+    (in the window), preemptions_per_s, prefix_hit_rate (prompt tokens the prefix cache served at the measured
+    requests' first admission / their prompt tokens; 0 without prefix caching). intervals: key -> (low, high), the 95% batch-means interval of each
     percentile. converged: every interval within the tolerance (or the question decided, see `decided`).
     decided: the caller's `decided` answered True. stable: the load is served (module docstring). kv_limited:
     the KV cache held requests back in the window (a preemption, or a step that left requests waiting with
     fewer than max_num_seqs running and the cache >= 90% full). simulated / measured / warmup_requests:
-    counts; window_s: the measured window's length (first to last measured arrival); result: the last run."""
+    counts; window_s: the measured window's length (first to last measured arrival); result: the last run;
+    long_enough: its batches span `batch_lifetimes` lifetimes each (no estimate converges before)."""
 
     metrics: dict
     intervals: dict
@@ -104,6 +113,7 @@ class SteadyState:
     warmup_requests: int
     window_s: float
     result: SimulationResult = field(repr=False)
+    long_enough: bool = True
 
     def relative_half_widths(self) -> dict[str, float]:
         """key -> half-width / value of each interval (0 for a zero value)."""
@@ -185,8 +195,21 @@ def _batch_intervals(window: pd.DataFrame, itl: tuple, batches: int, estimate: d
         values = np.array([p.get(key, np.nan) for p in per_batch])
         values = values[~np.isnan(values)]
         half = t * values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.inf
+        half *= math.sqrt(_correlation_inflation(values))
         out[key] = (estimate[key] - half, estimate[key] + half)
     return out
+
+
+def _correlation_inflation(values: np.ndarray) -> float:
+    """(1 + r) / (1 - r), r the lag-1 autocorrelation of consecutive batch values clipped to [0, 0.9]: the
+    factor by which correlated batches' variance of the mean exceeds independent ones' (an AR(1) process).
+    Near capacity the batch and the queue drift for many lifetimes, and consecutive batches move together."""
+    if len(values) < 4 or values.std() == 0:
+        return 1.0
+    centred = values - values.mean()
+    r = float((centred[:-1] * centred[1:]).sum() / (centred * centred).sum())
+    r = min(max(r, 0.0), 0.9)
+    return (1 + r) / (1 - r)
 
 
 def _window_load(
@@ -222,6 +245,7 @@ def _growth(waiting: np.ndarray, dt: np.ndarray) -> float:
         return 0.0
     t = np.cumsum(dt)
     head, tail = t <= 0.2 * t[-1], t >= 0.8 * t[-1]
+    head[0] = True  # a first step longer than a fifth of the window is the head alone
     return float(np.average(waiting[tail], weights=dt[tail]) - np.average(waiting[head], weights=dt[head]))
 
 
@@ -234,15 +258,18 @@ def steady_state(
     lifetime_s: float,
     max_num_seqs: int,
     settings: SteadyStateSettings | None = None,
-    decided: Callable[[dict, dict], bool] | None = None,
+    decided: Callable[["SteadyState"], bool] | None = None,
+    focus: tuple[str, ...] | None = None,
 ) -> SteadyState:
     """The steady-state estimate of one replica (module docstring).
 
     requests(n): n requests (the same seeded draw's first ones for any n is not required); run(requests, until):
     the simulation stopping once the first `until` finished (`simulate(..., until_finished=until)`, with
     `concurrency=` for a closed loop). Exactly one of rate (requests/s, open loop) and concurrency (clients,
-    closed loop). lifetime_s: a first guess of a request's lifetime (its idle latency). decided(metrics,
-    intervals): True once the caller's question is answered, which ends the doubling early."""
+    closed loop). lifetime_s: a first guess of a request's lifetime (its idle latency). decided(estimate): True
+    once the caller's question is answered, which ends the growth early (asked of stable estimates; the
+    estimate's long_enough says whether its batches are long enough to trust its intervals). focus: the keys
+    whose intervals must reach the tolerance (and size the growth); None: every percentile."""
     settings = settings or SteadyStateSettings()
     if (rate is None) == (concurrency is None):
         raise InvalidArgumentError("a steady state needs exactly one of rate (requests/s) and concurrency")
@@ -250,7 +277,8 @@ def steady_state(
     while True:
         extra = _tail_requests(rate, concurrency, lifetime)
         warmup = min(_warmup_requests(settings, rate, concurrency, lifetime), settings.max_requests // 3)
-        measured = max(settings.initial_measured, min(measured, settings.max_requests - warmup - extra))
+        room = settings.max_requests - warmup - extra
+        measured = max(settings.initial_measured, min(measured, room))
         total = warmup + measured
         result = run(requests(total + extra), total)
         estimate = _estimate(result, warmup, total, settings, max_num_seqs)
@@ -258,14 +286,20 @@ def steady_state(
         if estimate.stable and measured_life > 1.5 * lifetime and warmup < total // 2:
             lifetime = measured_life  # the warm-up was sized on too short a lifetime: size it again
             continue
+        floor = _batch_floor(settings, rate, concurrency, max(lifetime, measured_life))
+        estimate = replace(estimate, long_enough=measured >= floor)
         widths = estimate.relative_half_widths()
-        converged = bool(widths) and bool(max(widths.values()) <= settings.tolerance)
-        is_decided = decided is not None and estimate.stable and decided(estimate.metrics, estimate.intervals)
+        if focus is not None:
+            widths = {key: width for key, width in widths.items() if key in focus}
+        narrow = bool(widths) and max(widths.values()) <= settings.tolerance
+        converged = estimate.long_enough and narrow
+        is_decided = decided is not None and estimate.stable and decided(estimate)
         worst = max(widths.values()) if widths else math.inf  # half-widths shrink as 1 / sqrt(requests)
-        grown = min(math.ceil(measured * min(max((worst / settings.tolerance) ** 2, 2.0), 8.0)),
-                    settings.max_requests - warmup - extra)  # fmt: skip
+        grown = math.ceil(measured * min(max((worst / settings.tolerance) ** 2, 2.0), 8.0))
+        grown = min(max(grown, floor), room)
         if converged or is_decided or not estimate.stable or grown <= measured:
-            return _finish(estimate, converged and estimate.stable, is_decided, total + extra)
+            return replace(estimate, converged=converged and estimate.stable, decided=is_decided,
+                           simulated_requests=total + extra)  # fmt: skip
         measured, lifetime = grown, max(lifetime, measured_life)
 
 
@@ -273,6 +307,14 @@ def _warmup_requests(settings, rate, concurrency, lifetime) -> int:
     if concurrency is not None:
         return math.ceil(settings.warmup_lifetimes * concurrency)
     return max(10, math.ceil(settings.warmup_lifetimes * rate * lifetime))
+
+
+def _batch_floor(settings, rate, concurrency, lifetime) -> int:
+    """Measured requests enough for every batch to span `batch_lifetimes` mean lifetimes of arrivals: requests
+    that run together share their steps, so batches shorter than a lifetime are correlated and their spread
+    understates the interval."""
+    per_lifetime = concurrency if concurrency is not None else rate * lifetime
+    return math.ceil(settings.num_batches * settings.batch_lifetimes * per_lifetime)
 
 
 def _tail_requests(rate, concurrency, lifetime) -> int:
@@ -289,6 +331,10 @@ def _estimate(result: SimulationResult, warmup: int, total: int, settings, max_n
     capacity = result.capacity_slots or result.config.kv_capacity_tokens
     load = _window_load(result.steps, window, t0, t1, max_num_seqs, capacity)
     metrics |= {k: v for k, v in load.items() if k not in ("kv_limited", "queue_growth")}
+    if (
+        "prefix_hit_tokens" in window
+    ):  # prompt tokens the prefix cache served, of the measured requests' prompts
+        metrics["prefix_hit_rate"] = float(window["prefix_hit_tokens"].sum() / window["prompt_len"].sum())
     deficit = 1.0 - load["throughput_tokens_per_s"] / max(load["offered_tokens_per_s"], 1e-30)
     overloaded = deficit > 3 * OVERLOAD_SLACK or (
         deficit > OVERLOAD_SLACK and load["queue_growth"] > OVERLOAD_SLACK / 2 * len(window)
@@ -296,10 +342,3 @@ def _estimate(result: SimulationResult, warmup: int, total: int, settings, max_n
     intervals = _batch_intervals(window, itl, settings.num_batches, metrics)
     return SteadyState(metrics, intervals, False, False, not overloaded, load["kv_limited"], total,
                        len(window), warmup, t1 - t0, result)  # fmt: skip
-
-
-def _finish(estimate: SteadyState, converged: bool, decided: bool, simulated: int) -> SteadyState:
-    return SteadyState(
-        estimate.metrics, estimate.intervals, converged, decided, estimate.stable, estimate.kv_limited,
-        simulated, estimate.measured_requests, estimate.warmup_requests, estimate.window_s, estimate.result,
-    )  # fmt: skip

@@ -43,6 +43,10 @@ class Request:
     output_len: tokens to generate for each of the `n` parallel samples (>= 1).
     prefix_group: requests with the same group start with the same `prefix_len` prompt tokens (a shared system
         prompt); None when the prompt shares nothing. 0 <= prefix_len <= prompt_len.
+    conversation: None, or the conversation whose token stream this request's prompt and output are the first
+        prompt_len + output_len tokens of (`core.serving.sim_groups.stream_token_ids`): the prefix group's
+        `prefix_len` tokens, then the conversation's own tokens, outputs included, so a later turn's prompt
+        starts with the tokens of every earlier turn's prompt and output (multi-turn chats).
     """
 
     request_id: int
@@ -52,6 +56,7 @@ class Request:
     n: int = 1
     prefix_group: Any = None
     prefix_len: int = 0
+    conversation: int | None = None
 
     @property
     def max_total_len(self) -> int:

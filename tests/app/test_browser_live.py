@@ -7,15 +7,15 @@ import urllib.parse
 import pytest
 from playwright.sync_api import expect
 
+from core.serve.launcher import LoopbackServer
 from tests.conftest import ARTIFACTS
-from tests.serve.lab_server import ServerUnderTest
 
 expect.set_options(timeout=180_000)  # a loaded CI machine: the server, its load and the page share the CPU
 
 
 @pytest.mark.browser
 def test_live_page_watches_core_serve(streamlit_server, page):
-    server = ServerUnderTest("tiny", num_blocks=256)
+    server = LoopbackServer("tiny", num_blocks=256)
     stop = threading.Event()
 
     def load():

@@ -155,10 +155,10 @@ def test_cached_block_tree_from_events(server):
 def test_one_click_lab_server_with_load(monkeypatch):
     """The button starts core.serve (tiny model, free loopback ports) with a mixed load and points the page at it;
     the page then reads its metrics and its KV events; the stop button ends it."""
-    from core.live import lab_server
-    from tests.serve.lab_server import free_port
+    from core.serve import launcher
+    from core.serve.launcher import free_port
 
-    monkeypatch.setattr(lab_server, "DEFAULT_PORTS", (free_port(), free_port(), free_port()))
+    monkeypatch.setattr(launcher, "DEFAULT_PORTS", (free_port(), free_port(), free_port()))
     try:
         at = live({"watch": "0"})
         at.radio(key="lab_model").set_value("tiny")
@@ -166,7 +166,7 @@ def test_one_click_lab_server_with_load(monkeypatch):
         at.button(key="lab_start").click()
         at.run()
         assert not at.exception and not at.error, [e.value for e in at.error]
-        expected = f"http://127.0.0.1:{lab_server.DEFAULT_PORTS[0]}/metrics"
+        expected = f"http://127.0.0.1:{launcher.DEFAULT_PORTS[0]}/metrics"
         assert str(at.query_params["metrics"]).strip("[]'") == expected
         table = None
         for _ in range(60):  # the load runs: wait for cached blocks to show
@@ -183,7 +183,7 @@ def test_one_click_lab_server_with_load(monkeypatch):
         at.run()
         assert not at.exception
     finally:
-        lab_server.stop_all()
+        launcher.stop_all()
 
 
 def test_planned_vs_observed_section():

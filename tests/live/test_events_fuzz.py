@@ -29,7 +29,7 @@ from core.kv.events import (
 from core.limits import Limits
 from core.live.addresses import check_events_endpoint
 from core.live.subscriber import KVEventSubscriber
-from tests.serve.lab_server import free_port
+from core.serve.launcher import free_port
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MSGPACK = st.recursive(

@@ -2,11 +2,11 @@
 
 import pytest
 
-from core.live.compare import compare_with_server
 from core.live.history import FLEET, LiveHistory, window_hit_rate
 from core.live.metrics import VllmMetrics, parse_vllm_metrics
 from core.planning.hardware import get_gpu
 from core.planning.models import get_model
+from core.planning.observed.compare import compare_with_server
 from core.planning.plan import PlanInputs
 from tests.live.exposition import EngineState, vllm_exposition
 

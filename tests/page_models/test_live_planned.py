@@ -8,7 +8,7 @@ import pytest
 from core.live.history import LiveHistory
 from core.live.metrics import VllmMetrics
 from core.page_models.live_planned import PlanCache, live_plan, window_scrapes
-from tests.live.simulated_server import simulated_server
+from tests.planning.simulated_server import simulated_server
 
 VALUES = {
     "pvo_window": 120.0,

@@ -66,7 +66,7 @@ def test_every_configuration_the_cli_calls_feasible_fits_in_memory(capsys, model
         (["--ttft-p95", "0"], "must be greater than 0"),
         (["--tpot-p95", "nan"], "tpot_p95_s"),
         (["--ttft-p95", "inf"], "ttft_p95_s"),
-        ([], "needs a TTFT p95 or a TPOT p95 target"),
+        ([], "needs at least one latency target"),
     ],
 )
 def test_the_cli_refuses_bad_slos_with_exit_2_and_the_reason(capsys, slo_args, stderr):

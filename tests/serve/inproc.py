@@ -11,15 +11,16 @@ import time
 import uvicorn
 
 from core.serve.app import build_app
-from core.serve.server import build_served
-from tests.serve.lab_server import free_port
+from core.serve.launcher import free_port
+from core.serve.server import ServeConfig, build_served
 
 
 class InProcessServer:
-    """`build_served(model, **options)` served on 127.0.0.1:`port`; `served` holds the engine and its loop."""
+    """`build_served(ServeConfig(model, **options))` served on 127.0.0.1:`port`; `served` holds the engine and
+    its loop."""
 
     def __init__(self, model: str = "tiny", **options):
-        self.served, self.publisher = build_served(model, **options)
+        self.served, self.publisher = build_served(ServeConfig(model, **options))
         self.engine, self.loop = self.served.engine, self.served.loop
         self.app = build_app(self.served)
         self.port = free_port()

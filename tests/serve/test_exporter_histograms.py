@@ -1,6 +1,6 @@
 """The vLLM histograms `core.serve` exports, read off the wire with prometheus_client's own parser: names, HELP,
 label sets and bucket bounds as vLLM V1 defines them (the literals below are copied by hand from
-vllm/v1/metrics/loggers.py, independently of core/live/names.py), and counts and sums consistent with the
+vllm/v1/metrics/loggers.py, independently of core/metric_names.py), and counts and sums consistent with the
 requests served (token counts known exactly; timings related by their definitions, e.g. TTFT = queue + prefill).
 """
 

@@ -19,19 +19,19 @@ import numpy as np
 import pytest
 
 from core.live.metrics import parse_vllm_metrics
-from core.live.planned import MEASURED_ROOF_HEADROOM, plan_against_observed
-from core.live.planned_model import core_serve_step_model, limits_from_metrics
 from core.live.window import observe_window
 from core.planning.cpu_roofline import measure_roofs
+from core.planning.observed.planned import MEASURED_ROOF_HEADROOM, FitSettings, plan_against_observed
+from core.planning.observed.planned_model import core_serve_step_model, limits_from_metrics
+from core.serve.launcher import LoopbackServer
 from tests.real_model import REAL_MODEL, real_model_path
-from tests.serve.lab_server import ServerUnderTest
 
 BOUNDS = {"ttft_p50_s": 0.4, "tpot_p50_s": 0.4, "ttft_p95_s": 1.0, "tpot_p95_s": 1.0}
 REQUESTS, RATE = 30, 1.0  # requests, per second: about half of what the server can take at 8 sequences
 MAX_NUM_SEQS = 8
 
 
-def poisson_load(server: ServerUnderTest, seed: int = 0) -> list[int]:
+def poisson_load(server: LoopbackServer, seed: int = 0) -> list[int]:
     """Send REQUESTS completions (random token prompts of 16-96 tokens, 8-40 output tokens, greedy, EOS ignored)
     at Poisson arrivals; returns the HTTP statuses once every request finished."""
     rng = np.random.default_rng(seed)
@@ -57,7 +57,7 @@ def poisson_load(server: ServerUnderTest, seed: int = 0) -> list[int]:
 @pytest.fixture(scope="module")
 def server():
     real_model_path()  # skips outside CI when the model cannot be fetched
-    s = ServerUnderTest(REAL_MODEL, num_blocks=256, events=False, startup_s=300,
+    s = LoopbackServer(REAL_MODEL, num_blocks=256, events=False, startup_s=300,
                         extra_args=("--max-num-seqs", str(MAX_NUM_SEQS)))  # fmt: skip
     yield s
     s.stop()
@@ -78,7 +78,7 @@ def test_planned_matches_observed_on_core_serve(server):
     base = core_serve_step_model(REAL_MODEL, roofs, after.cache_setting("cache_dtype") or "float32")
     limits = limits_from_metrics(after, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2048,
                                  max_model_len=2048)  # fmt: skip
-    result = plan_against_observed(window, base, limits, flops_headroom=MEASURED_ROOF_HEADROOM)
+    result = plan_against_observed(window, base, limits, FitSettings(flops_headroom=MEASURED_ROOF_HEADROOM))
     print(result.to_dict())  # the measured errors, for docs/live-planned.md (pytest -s)
     assert result.fit.converged, result.fit.to_dict()
     for key, err in result.rel_errors.items():

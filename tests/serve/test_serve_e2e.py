@@ -13,7 +13,7 @@ from core.limits import Limits
 from core.live.addresses import check_events_endpoint
 from core.live.metrics import parse_vllm_metrics
 from core.live.subscriber import KVEventSubscriber
-from tests.serve.lab_server import ServerUnderTest
+from core.serve.launcher import LoopbackServer
 
 BS = 16
 PREFIX = list(range(1, 33))  # two full blocks shared by every prompt
@@ -22,7 +22,7 @@ PROMPTS = [[*PREFIX, 100 + i, 200 + i] for i in range(3)]
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServerUnderTest("tiny", num_blocks=128, extra_args=("--block-size", str(BS)))
+    s = LoopbackServer("tiny", num_blocks=128, extra_args=("--block-size", str(BS)))
     yield s
     s.stop()
 

@@ -7,7 +7,7 @@ import pytest
 
 from core.engine import Engine, SamplingParams
 from core.engine.fetch import cached_model
-from tests.serve.lab_server import ServerUnderTest
+from core.serve.launcher import LoopbackServer
 
 MODEL = "smollm2-135m-instruct"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -23,7 +23,7 @@ def test_chat_equals_offline_greedy():
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     (offline,) = engine.generate([ids], SamplingParams(max_tokens=24, temperature=0.0))
     del engine
-    server = ServerUnderTest(MODEL, num_blocks=256, events=False, startup_s=300)
+    server = LoopbackServer(MODEL, num_blocks=256, events=False, startup_s=300)
     try:
         status, body = server.post(
             "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 24, "temperature": 0}

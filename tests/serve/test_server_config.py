@@ -5,7 +5,7 @@ import json
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.serve.server import main, parse_kv_events_config
+from core.serve.server import KVEventsConfig, ServeConfig, main, make_parser, parse_kv_events_config
 
 
 def test_vllms_json_with_defaults_and_star_bound_to_host():
@@ -42,3 +42,17 @@ def test_bad_configs_are_refused(text, match):
 def test_events_without_prefix_caching_are_refused_before_anything_starts(capsys):
     assert main(["--model", "tiny", "--kv-events-config", '{"enable_kv_cache_events": true}']) == 2
     assert "--enable-prefix-caching" in capsys.readouterr().err
+
+
+def test_every_flag_reaches_the_serve_config():
+    """`ServeConfig.from_args`: the one object `build_served` and `build_engine` take, flag by flag."""
+    argv = ["--model", "m.gguf", "--served-model-name", "x", "--host", "127.0.0.2", "--block-size", "8",
+            "--num-blocks", "99", "--max-num-seqs", "3", "--enable-prefix-caching", "--seed", "5",
+            "--kv-events-config", '{"enable_kv_cache_events": true, "endpoint": "tcp://*:7000"}']  # fmt: skip
+    assert ServeConfig.from_args(make_parser().parse_args(argv)) == ServeConfig(
+        "m.gguf", served_name="x", block_size=8, num_blocks=99, prefix_caching=True, seed=5, max_num_seqs=3,
+        events=KVEventsConfig("tcp://127.0.0.2:7000", None, "", 10_000, 100_000),
+    )  # fmt: skip
+    assert (
+        ServeConfig.from_args(make_parser().parse_args([])) == ServeConfig()
+    )  # the flags' defaults are its own

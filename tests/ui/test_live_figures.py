@@ -5,13 +5,13 @@ import math
 import pytest
 
 from core.kv.events import BlockStored
-from core.live.compare import compare_with_server
 from core.live.histogram import Histogram
 from core.live.history import FLEET, LiveHistory
 from core.live.metrics import parse_vllm_metrics
 from core.live.tree import CachedBlockTree
 from core.planning.hardware import get_gpu
 from core.planning.models import get_model
+from core.planning.observed.compare import compare_with_server
 from core.planning.plan import PlanInputs
 from tests.live.exposition import EngineState, vllm_exposition
 from ui.live_figures import (
@@ -73,9 +73,9 @@ def test_comparison_bars():
 
 
 def test_planned_observed_bars_in_ms_with_the_source_colour():
-    from core.live.planned import HistogramFit, PlannedVsObserved
+    from core.planning.observed.planned import HistogramFit, PlannedVsObserved
     from core.planning.step_time import opt_13b_a100
-    from tests.live.simulated_server import simulated_server
+    from tests.planning.simulated_server import simulated_server
     from ui.live_figures import PLANNED_COLOR, planned_observed_figure
 
     _, window = simulated_server(n=20)

@@ -39,8 +39,8 @@ import pandas as pd
 
 from core.errors import InvalidArgumentError
 from core.live.histogram import Histogram
-from core.live.names import ITL_BUCKETS, TTFT_BUCKETS
 from core.live.window import LATENCY_KEYS, ObservedWindow, bucketed
+from core.metric_names import ITL_BUCKETS, TTFT_BUCKETS
 from core.planning.step_time import StepTimeModel
 from core.serving.latency import latency_summary
 from core.serving.memory_policies import paged
@@ -64,6 +64,18 @@ class ServerLimits:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_seq_len: int
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """How `plan_against_observed` fits: sim_requests (simulated requests in all, pooled over draws), seed (of
+    the first draw), min_requests (finished requests the window needs), flops_headroom (>= 1: 1 for a GPU's
+    datasheet peak, MEASURED_ROOF_HEADROOM for a roof measured on a busy CPU)."""
+
+    sim_requests: int = 240
+    seed: int = 0
+    min_requests: int = MIN_REQUESTS
+    flops_headroom: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -294,20 +306,17 @@ def plan_against_observed(
     window: ObservedWindow,
     base: StepTimeModel,
     limits: ServerLimits,
-    *,
-    sim_requests: int = 240,
-    seed: int = 0,
-    min_requests: int = MIN_REQUESTS,
-    flops_headroom: float = 1.0,
+    settings: FitSettings = FitSettings(),
 ) -> PlannedVsObserved:
     """Fit `base` to the window and compare its planned TTFT / TPOT p50 / p95 with the observed ones (module
-    docstring). Raises InvalidArgumentError when the window finished fewer than `min_requests` requests."""
-    if window.requests < min_requests:
+    docstring), as `settings` say. Raises InvalidArgumentError when the window finished fewer than
+    `settings.min_requests` requests."""
+    if window.requests < settings.min_requests:
         raise InvalidArgumentError(
             f"the window finished {window.requests:g} request(s); planned vs observed needs at least "
-            f"{min_requests} (wait for more traffic or widen the window)"
+            f"{settings.min_requests} (wait for more traffic or widen the window)"
         )
-    workloads = window_workloads(window, sim_requests, limits, seed)
-    fit, frame = fit_to_window(window, base, limits, workloads, flops_headroom)
+    workloads = window_workloads(window, settings.sim_requests, limits, settings.seed)
+    fit, frame = fit_to_window(window, base, limits, workloads, settings.flops_headroom)
     planned, exact = planned_latency(frame)
     return PlannedVsObserved(window, fit, planned, exact, window.latency())

@@ -1,4 +1,4 @@
-"""What planned vs observed (`core.live.planned`) plans with: the step-time roofline of the server's model on its
+"""What planned vs observed (`core.planning.observed.planned`) plans with: the step-time roofline of the server's model on its
 hardware (efficiencies and overhead then fitted to its histograms) and the scheduler limits it runs under.
 
 - A vLLM server: the model from its `model_name` label when that is a planner preset (`core.planning.models`:
@@ -13,10 +13,10 @@ hardware (efficiencies and overhead then fitted to its histograms) and the sched
 
 from core.errors import InvalidArgumentError
 from core.live.metrics import VllmMetrics
-from core.live.planned import ServerLimits
 from core.planning.cpu_roofline import engine_step_model
 from core.planning.hardware import get_gpu
 from core.planning.models import MODELS, get_model
+from core.planning.observed.planned import ServerLimits
 from core.planning.step_time import StepTimeModel, from_specs
 
 CORE_SERVE_MODELS = ("tiny", "smollm2-135m-instruct")  # the names `python -m core.serve --model` serves as

@@ -1,5 +1,6 @@
-"""A lab-started `core.serve` on loopback and a bounded mixed chat load against it, so the Live page shows a live
-KV cache in one click.
+"""A lab-started `core.serve` on loopback and a bounded mixed chat load against it, so the Live page shows a
+live KV cache in one click; `LoopbackServer`, the same child on free loopback ports with a tiny HTTP client, is
+what the tests and `bench.serve` measure.
 
 `LabServer.start()` runs `python -m core.serve` as a child process bound to 127.0.0.1 with prefix caching and KV
 events (`DEFAULT_PORTS`: HTTP 8000, events 5557, replay 5558, the Live page's defaults). `MixedLoad` sends
@@ -11,6 +12,7 @@ Both stop on `stop()` (and the server when this process exits); nothing listens 
 import atexit
 import json
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -209,3 +211,47 @@ def _post(url: str, body: dict) -> bool:
             return r.status == 200
     except (OSError, urllib.error.URLError):
         return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+class LoopbackServer(LabServer):
+    """A `LabServer` on three free loopback ports, started on construction (`startup_s` to answer /health), with a
+    tiny HTTP client: `get` and `post` return the status and the body (raw bytes; parsed JSON)."""
+
+    def __init__(self, model: str = "tiny", *, num_blocks: int = 128, events: bool = True, extra_args=(),
+                 startup_s: float = 120):  # fmt: skip
+        super().__init__(model, (free_port(), free_port(), free_port()), num_blocks, events=events,
+                         extra_args=extra_args)  # fmt: skip
+        self.start(wait_s=startup_s)
+
+    @property
+    def events_port(self) -> int:
+        return self.ports[1]
+
+    @property
+    def replay_port(self) -> int:
+        return self.ports[2]
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        with _OPENER.open(self.url + path, timeout=10) as r:
+            return r.status, r.read()
+
+    def post(self, path: str, body, timeout: float = 120) -> tuple[int, object]:
+        """(status, parsed JSON), or for a stream (status, [each `data:` payload parsed, "[DONE]"])."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
+        try:
+            with _OPENER.open(request, timeout=timeout) as r:
+                raw, status, kind = r.read(), r.status, r.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as err:
+            raw, status, kind = err.read(), err.code, err.headers.get("Content-Type", "")
+        if "event-stream" in kind:
+            lines = [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
+            return status, [json.loads(x) if x != "[DONE]" else x for x in lines]
+        return status, json.loads(raw) if raw else None

@@ -1,4 +1,5 @@
-"""vLLM's Prometheus metric names and histogram buckets: the one place both the parser and our server read them.
+"""vLLM's Prometheus metric vocabulary (names, labels, histogram buckets): the one place both the client
+(`core.live.metrics` parses a server's /metrics) and our server (`core.serve.exporter` publishes them) read.
 
 Names are the metric names as registered (prometheus_client appends `_total` to a counter's samples and adds a
 `_created` gauge; a histogram's samples end in `_bucket`, `_sum`, `_count`). Every field the lab reads has the
@@ -7,6 +8,14 @@ Labels on every metric: `model_name` and `engine` (the data-parallel index, as a
 Bucket bounds are vLLM V1's (`vllm/v1/metrics/loggers.py`), so our server's histograms bin like vLLM's: seconds for
 the timings, tokens for `ITERATION_TOKENS_BUCKETS` and `request_token_buckets(max_model_len)`.
 """
+
+MODEL_NAME_LABEL = "model_name"
+ENGINE_LABEL = "engine"  # the data-parallel index, as a string ("0" for one engine)
+LABELS = (MODEL_NAME_LABEL, ENGINE_LABEL)  # on every metric, in this order
+FINISHED_REASON_LABEL = "finished_reason"  # request_success's own label, after LABELS
+CACHE_CONFIG_LABELS = (
+    "block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization", "num_gpu_blocks", ENGINE_LABEL,
+)  # fmt: skip
 
 GAUGES: dict[str, tuple[str, ...]] = {
     "kv_cache_usage": (
@@ -54,6 +63,26 @@ REQUEST_LATENCY_BUCKETS = (
     1920.0, 7680.0,
 )  # fmt: skip
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
+    "ttft": TTFT_BUCKETS,
+    "itl": ITL_BUCKETS,
+    "request_tpot": ITL_BUCKETS,
+    "e2e": REQUEST_LATENCY_BUCKETS,
+    "queue_time": REQUEST_LATENCY_BUCKETS,
+    "prefill_time": REQUEST_LATENCY_BUCKETS,
+    "decode_time": REQUEST_LATENCY_BUCKETS,
+    "inference_time": REQUEST_LATENCY_BUCKETS,
+    "iteration_tokens": ITERATION_TOKENS_BUCKETS,
+}  # the fixed bounds of each HISTOGRAMS field; the per-request token ones: `request_token_buckets`
+
+
+def current_name(field: str) -> str:
+    """The name vLLM publishes today for a field of GAUGES, COUNTERS or HISTOGRAMS (the first of its names):
+    current_name("itl") == "vllm:inter_token_latency_seconds". Raises KeyError for another field."""
+    for table in (GAUGES, COUNTERS, HISTOGRAMS):
+        if field in table:
+            return table[field][0]
+    raise KeyError(field)
 
 
 def request_token_buckets(max_model_len: int) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
-"""core.live.window and core.live.planned against hand-worked examples, and the fit against a server whose truth is
-known: a simulated server (known overhead_s and flops_efficiency) whose requests are counted into vLLM's buckets
-exactly as /metrics would carry them."""
+"""core.live.window and core.planning.observed.planned against hand-worked examples, and the fit against a server
+whose truth is known: a simulated server (known overhead_s and flops_efficiency) whose requests are counted into
+vLLM's buckets exactly as /metrics would carry them."""
 
 import math
 from dataclasses import replace
@@ -12,16 +12,17 @@ import pytest
 from core.errors import InvalidArgumentError
 from core.live.histogram import Histogram
 from core.live.metrics import VllmMetrics
-from core.live.names import request_token_buckets
-from core.live.planned import (
+from core.live.window import bucketed, observe_window
+from core.metric_names import request_token_buckets
+from core.planning.observed.planned import (
+    FitSettings,
     fit_to_window,
     plan_against_observed,
     planned_latency,
     sample_lengths,
     simulated_moments,
 )
-from core.live.window import bucketed, observe_window
-from tests.live.simulated_server import BASE, LIMITS, simulated_server
+from tests.planning.simulated_server import BASE, LIMITS, simulated_server
 
 INF = math.inf
 
@@ -108,4 +109,4 @@ def test_plan_against_a_simulated_server():
     for key, err in result.rel_errors.items():
         assert err < 0.15, (key, result.planned, result.observed)
     with pytest.raises(InvalidArgumentError, match="at least 100"):
-        plan_against_observed(window, BASE, LIMITS, min_requests=100)
+        plan_against_observed(window, BASE, LIMITS, FitSettings(min_requests=100))
