@@ -7,12 +7,13 @@ import shlex
 import streamlit as st
 
 from core.errors import LabError
-from core.page_models.slo_planner import chart_configs, config_label, serve_command, table_rows
+from core.page_models.slo_planner import chart_configs, column_name, config_label, serve_command, table_rows
 from core.page_models.slo_predict import missed_targets, percentile_rows
-from core.page_models.tasks import slo_curves, slo_predict, slo_search
-from core.planning.engine_profiles import ENGINES
+from core.page_models.slo_rates import MAX_RATE_CONFIGS, bench_command
+from core.page_models.tasks import slo_curves, slo_highest_rates, slo_predict, slo_search
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
+from core.planning.slo_candidates import metric_label
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.jobs import run_job
 from ui.slo_planner_figures import latency_vs_rate_figure, percentiles_figure
@@ -20,10 +21,8 @@ from ui.slo_planner_state import FIELDS, MODE_LABELS, TARGETS, params_from, pred
 from ui.url_widgets import UrlState
 
 state = UrlState("_slo_planner", FIELDS)
-TABLE_FORMATS = {
-    "TTFT p95 (s)": "%.3f", "TPOT p95 (ms)": "%.1f", "output tokens/s": "%.0f", "GPUs per req/s": "%.3g",
-    "worst / target": "%.2f",
-}  # fmt: skip
+TABLE_FORMATS = {"output tokens/s": "%.0f", "GPUs per req/s": "%.3g", "worst / target": "%.2f",
+                 "highest rate (req/s)": "%.3g"}  # fmt: skip
 
 
 def inputs() -> None:
@@ -38,21 +37,42 @@ def inputs() -> None:
             w(st.number_input, "Prompt length (tokens)", "prompt_len")
             w(st.number_input, "Output length (tokens)", "output_len")
             w(st.slider, "Length spread (each length uniform in ± this share)", "spread")
+            w(st.number_input, "Seed (arrivals and lengths)", "seed")
         with c2:
-            st.markdown("**Latency target (p95)**")
-            w(st.number_input, "TTFT p95 target (s)", "ttft", placeholder="no target")
-            w(st.number_input, "TPOT p95 target (ms)", "tpot_ms", placeholder="no target")
+            target_inputs()
         with c3:
             st.markdown("**Search space**")
             w(st.multiselect, "GPU types", "gpus", format_func=lambda g: GPUS[g].name)
             w(st.number_input, "Most GPUs per deployment", "max_gpus")
             w(st.multiselect, "KV cache dtypes", "kv")
             w(st.multiselect, "Weight dtypes", "weights")
+            w(st.selectbox, "Engine (step-time profile)", "engine", help=ENGINE_HELP)
+            w(st.checkbox, f"Find the highest rate of the top {MAX_RATE_CONFIGS} configurations", "rates",
+              help="a bisection of steady-state predictions each: about 10 s per configuration on 2 CPU cores")  # fmt: skip
         st.form_submit_button("Search", type="primary")
 
 
+ENGINE_HELP = (
+    "vllm: fitted to measured vLLM runs (the flags printed are vLLM's); trtllm: to TensorRT-LLM's table"
+)
+
+
+def target_inputs(note: str = "") -> None:
+    """The latency targets, each a value and its percentile (p50 ... p99); an empty value is no target."""
+    st.markdown(f"**Latency targets{note}**")
+    for metric, value_key, q_key, unit, _ in TARGETS:
+        a, b = st.columns([2, 1])
+        with a:
+            state.widget(
+                st.number_input, f"{metric.upper()} target ({unit})", value_key, placeholder="no target"
+            )
+        with b:
+            state.widget(st.selectbox, "percentile", q_key, format_func=lambda q: f"p{q}")
+
+
 def show_config(config, meets: bool, params) -> None:
-    """The answer's figures: the deployment, its predicted p95s against the targets, throughput, binding."""
+    """The answer's figures: the deployment, its predicted TTFT / TPOT (at the chart's percentiles) against the
+    targets, throughput, binding; then its `vllm serve` flags beside the `vllm bench serve` command."""
     reason = config.reason[:1].upper() + config.reason[1:]
     if meets:
         st.success(f"Cheapest configuration that meets the SLO: **{config_label(config)}**. {reason}.")
@@ -66,16 +86,24 @@ def show_config(config, meets: bool, params) -> None:
     c = st.columns([1, 1, 1, 1, 1.4])
     c[0].metric("max_num_seqs", f"{config.max_num_seqs:,}")
     c[1].metric("KV cache dtype", config.kv_dtype, help=f"weights: {config.weight_dtype}")
-    ttft = "—" if config.ttft_p95_s is None else f"{config.ttft_p95_s:.3g} s"
-    tpot = "—" if config.tpot_p95_s is None else f"{config.tpot_p95_s * 1e3:.3g} ms"
-    ttft_help = "no target" if params.ttft_p95_s is None else f"target {params.ttft_p95_s:g} s"
-    tpot_help = "no target" if params.tpot_p95_s is None else f"target {params.tpot_p95_s * 1e3:g} ms"
-    c[2].metric("TTFT p95 (predicted)", ttft, help=ttft_help)
-    c[3].metric("TPOT p95 (predicted)", tpot, help=tpot_help)
+    targets = dict(params.targets)
+    for col, key, factor, unit in (
+        (c[2], params.chart_keys()[0], 1, "s"),
+        (c[3], params.chart_keys()[1], 1e3, "ms"),
+    ):
+        value = getattr(config, key)
+        shown = "—" if value is None else f"{value * factor:.3g} {unit}"
+        target = "no target" if key not in targets else f"target {targets[key] * factor:g} {unit}"
+        col.metric(f"{metric_label(key)} (predicted)", shown, help=target)
     throughput = config.throughput_tokens_per_s
     c[4].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
-    st.markdown("`vllm serve` flags for this configuration:")
-    st.code(cached_value(serve_command, params, config), language="bash")
+    left, right = st.columns(2)
+    with left:
+        st.markdown("`vllm serve` flags for this configuration:")
+        st.code(cached_value(serve_command, params, config), language="bash")
+    with right:
+        st.markdown("`vllm bench serve`, replaying this workload against it:")
+        st.code(cached_value(bench_command, params, config), language="bash")
 
 
 def show_curves(curves, params, meeting: bool) -> None:
@@ -87,7 +115,11 @@ def show_curves(curves, params, meeting: bool) -> None:
             f"{curves[0].reasons[0]})."
         )
         return
-    cached_chart(st, latency_vs_rate_figure, curves, params.rate, params.ttft_p95_s, params.tpot_p95_s)
+    targets = dict(params.targets)
+    ttft_key, tpot_key = params.chart_keys()
+    cached_chart(
+        st, latency_vs_rate_figure, curves, params.rate, targets.get(ttft_key), targets.get(tpot_key)
+    )
     knees = "; ".join(
         f"{c.label}: knee at {c.knee_rate:.3g} req/s ({c.knee_reason})"
         if c.knee_rate is not None
@@ -144,7 +176,7 @@ def predict_inputs() -> None:
             w(st.number_input, "max_num_seqs", "seqs")
             w(st.selectbox, "KV cache dtype", "kv_dtype")
             w(st.selectbox, "Weight dtype", "weight_dtype")
-            w(st.selectbox, "Engine (step-time profile)", "engine", help=f"one of {', '.join(ENGINES)}")
+            w(st.selectbox, "Engine (step-time profile)", "engine", help=ENGINE_HELP)
         with c2:
             st.markdown("**Load**")
             w(st.radio, "Load given as", "load", format_func=LOAD_LABELS.get)
@@ -155,18 +187,7 @@ def predict_inputs() -> None:
             w(st.slider, "Length spread (each length uniform in ± this share)", "spread")
             w(st.number_input, "Seed (arrivals and lengths)", "seed")
         with c3:
-            st.markdown("**Latency targets (optional)**")
-            for metric, value_key, q_key, unit, _ in TARGETS:
-                a, b = st.columns([2, 1])
-                with a:
-                    w(
-                        st.number_input,
-                        f"{metric.upper()} target ({unit})",
-                        value_key,
-                        placeholder="no target",
-                    )
-                with b:
-                    w(st.selectbox, "percentile", q_key, format_func=lambda q: f"p{q}")
+            target_inputs(" (optional)")
         st.form_submit_button("Predict", type="primary")
 
 
@@ -252,9 +273,10 @@ def show_prediction(found, params) -> None:
 
 st.title("SLO planner")
 st.markdown(
-    "The cheapest GPU deployment (type, count, TP/PP, max_num_seqs, KV dtype) that serves your traffic within a "
-    "p95 TTFT and TPOT target, predicted by the step-time model and the continuous-batching simulator, with "
-    "latency against request rate for the best configurations; or, for the deployment you run, its steady-state "
+    "The cheapest GPU deployment (type, count, TP/PP, max_num_seqs, KV dtype) that serves your traffic within "
+    "latency targets on any percentile (p50 ... p99) of TTFT, TPOT, ITL or end-to-end latency, predicted in steady "
+    "state by the step-time model and the continuous-batching simulator, with latency against request rate and "
+    "the highest rate each holds for the best configurations; or, for the deployment you run, its steady-state "
     "latency percentiles at your load and the highest rate it holds within your targets, with the `vllm bench "
     "serve` command that checks it on your GPU. Every input is in the URL: copy it to share."
 )
@@ -300,17 +322,36 @@ with answer:
     st.caption(search_caption(plan))
     configs = chart_configs(plan)
     if configs:
-        st.subheader("p95 latency against request rate")
+        st.subheader(f"{' and '.join(metric_label(k) for k in params.chart_keys())} against request rate")
         try:
             curves = run_job(slo_curves, params, configs, label="Predicting latency against rate")
         except LabError as error:
             st.error(f"Cannot draw the latency curves: {error}")
         else:
             show_curves(curves, params, plan.best is not None)
+    rates, meeting = (), tuple(c for c in configs if c.meets_slo)[:MAX_RATE_CONFIGS]
+    if meeting and state.values["rates"]:
+        try:
+            rates = run_job(
+                slo_highest_rates, params, meeting, label="Finding each configuration's highest rate"
+            )
+        except LabError as error:
+            st.error(f"Cannot find the highest rates: {error}")
     st.subheader("Configurations, ranked")
-    formats = {k: st.column_config.NumberColumn(format=v) for k, v in TABLE_FORMATS.items()}
-    cached_dataframe(st, cached_value(table_rows, plan), width="stretch", column_config=formats)
+    numbers = {k: st.column_config.NumberColumn(format=v) for k, v in TABLE_FORMATS.items()}
+    numbers |= {column_name(k): st.column_config.NumberColumn(format="%.4g") for k, _ in params.targets}
+    numbers |= {column_name(k): st.column_config.NumberColumn(format="%.4g") for k in params.chart_keys()}
+    cached_dataframe(
+        st, cached_value(table_rows, plan, params, rates), width="stretch", column_config=numbers
+    )
     st.caption(
-        "Every configuration evaluated, ranked by GPU count, then cost proxy, then meeting the SLO and headroom. "
-        "worst / target: the largest predicted (or lower-bound) p95 over its target, or rate over capacity."
+        "Every configuration evaluated, ranked by GPU count, then cost proxy, then meeting the SLO and headroom; "
+        "steady-state percentiles (TTFT and e2e in s, TPOT and ITL in ms). worst / target: the largest predicted "
+        "(or lower-bound) percentile over its target, or rate over capacity. highest rate: the highest Poisson "
+        "rate of these lengths whose steady state meets every target (`max_rate`, bisection to 3%), computed for "
+        f"the configurations the chart draws that meet the SLO (at most {MAX_RATE_CONFIGS}; here {len(rates)}"
+        + ("" if state.values["rates"] else ": not asked for, see the search space")
+        + ")"
+        + "".join(f"; {r.label}: {r.max_req_per_s:.3g} req/s ({r.binding} binds above)" for r in rates)
+        + "."
     )

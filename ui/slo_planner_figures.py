@@ -1,4 +1,4 @@
-"""The SLO planner's charts. Search mode: predicted p95 TTFT and TPOT against the request rate for a few
+"""The SLO planner's charts. Search mode: predicted TTFT and TPOT percentiles against the request rate for a few
 configurations, the SLO targets as horizontal lines, the target rate as a vertical line and each configuration's
 knee marked. Takes the page model's `Curve`s (plain data) and returns a Figure (no streamlit). Predict mode
 (`percentiles_figure`): one deployment's p50 / p90 / p95 / p99 of TTFT, TPOT, ITL and end-to-end latency with
@@ -33,16 +33,20 @@ def _hover(curve: Curve, what: str, unit: str) -> str:
 def latency_vs_rate_figure(
     curves: Sequence[Curve], rate: float, ttft_target_s: float | None, tpot_target_s: float | None
 ) -> go.Figure:
-    """Two panels side by side, TTFT p95 (s) and TPOT p95 (ms) against the rate (requests/s), log-scaled latency
+    """Two panels side by side, TTFT and TPOT at the curves' percentiles (`Curve.ttft_q` / `tpot_q`, p95 by
+    default; s and ms) against the rate (requests/s), log-scaled latency
     (queueing makes it grow by orders of magnitude). A line stops where its points were not simulated (pruned
     by a bound). The knee, where queueing takes over, is a dashed vertical line in the configuration's colour
     with a marker on its point (at the last simulated point before it when the throughput bound pruned it)."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT p95", "TPOT p95"), horizontal_spacing=0.09)
+    ttft_name, tpot_name = (
+        (f"TTFT p{curves[0].ttft_q}", f"TPOT p{curves[0].tpot_q}") if curves else ("TTFT", "TPOT")
+    )
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(ttft_name, tpot_name), horizontal_spacing=0.09)
     for i, curve in enumerate(curves):
         color = config_color(i)
         for col, values, what, unit in (
-            (1, list(curve.ttft_p95_s), "TTFT p95", "s"),
-            (2, _ms(curve.tpot_p95_s), "TPOT p95", "ms"),
+            (1, list(curve.ttft_s), ttft_name, "s"),
+            (2, _ms(curve.tpot_s), tpot_name, "ms"),
         ):
             fig.add_scatter(
                 x=list(curve.rates), y=values, mode="lines+markers", name=curve.label, legendgroup=str(i),
@@ -67,8 +71,8 @@ def latency_vs_rate_figure(
     fig.update_xaxes(title_text="request rate (requests/s)", rangemode="tozero")
     # ticks at 1, 2 and 5 x 10^k, each printed as its value (plotly's default prints a bare digit between decades)
     fig.update_yaxes(type="log", dtick="D2", tickformat=",.3~r")
-    fig.update_yaxes(title_text="TTFT p95 (s, log scale)", row=1, col=1)
-    fig.update_yaxes(title_text="TPOT p95 (ms, log scale)", row=1, col=2)
+    fig.update_yaxes(title_text=f"{ttft_name} (s, log scale)", row=1, col=1)
+    fig.update_yaxes(title_text=f"{tpot_name} (ms, log scale)", row=1, col=2)
     fig.update_layout(
         height=440, margin={"t": 40, "b": 40}, hovermode="closest",
         legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},

@@ -34,11 +34,17 @@ _P_TARGETS = dict(P.targets)
 
 
 def _default_target(metric: str) -> tuple[float | None, int]:
-    """(value in seconds or None, percentile) of `metric`'s target in `SloPredictParams()`."""
+    """(value in seconds or None, percentile) of `metric`'s target in `SloPredictParams()` (the search's
+    defaults are the same: TTFT p95 1 s, TPOT p95 50 ms)."""
     for q in PERCENTILE_CHOICES:
         if f"{metric}_p{q}_s" in _P_TARGETS:
             return _P_TARGETS[f"{metric}_p{q}_s"], q
     return None, 99
+
+
+_TARGETS0 = {
+    m: None if _default_target(m)[0] is None else _default_target(m)[0] * f for m, _, _, _, f in TARGETS
+}
 
 
 def _target_fields() -> list[Field]:
@@ -62,11 +68,8 @@ PREDICT_FIELDS = [
     Field("seqs", P.max_num_seqs, "int", minimum=1, maximum=65_536, step=32, label="max_num_seqs"),
     Field("kv_dtype", P.kv_dtype, "choice", KV_DTYPES, label="KV cache dtype"),
     Field("weight_dtype", P.weight_dtype, "choice", WEIGHT_DTYPES, label="weight dtype"),
-    Field("engine", P.engine, "choice", ENGINES, label="engine"),
     Field("load", P.load_kind, "choice", LOAD_KINDS, label="load given as"),
     Field("clients", P.concurrency, "int", maximum=100_000, step=8, label="concurrent clients"),
-    Field("seed", P.seed, "int", minimum=0, maximum=2**31 - 1, step=1, label="seed"),
-    *_target_fields(),
 ]
 
 FIELDS = [
@@ -76,25 +79,38 @@ FIELDS = [
     Field("prompt_len", D.prompt_len, "int", minimum=1, maximum=1 << 20, step=100, label="prompt tokens"),
     Field("output_len", D.output_len, "int", minimum=1, maximum=1 << 20, step=50, label="output tokens"),
     Field("spread", D.length_spread, "float", minimum=0.0, maximum=0.99, step=0.05, label="length spread"),
-    Field("ttft", D.ttft_p95_s, "float", maximum=3600.0, step=0.1, optional=True, label="TTFT p95 target, s"),
+    Field(
+        "ttft",
+        _TARGETS0.get("ttft"),
+        "float",
+        maximum=3600.0,
+        step=0.1,
+        optional=True,
+        label="TTFT target, s",
+    ),
     Field(
         "tpot_ms",
-        1e3 * D.tpot_p95_s,
+        _TARGETS0.get("tpot"),
         "float",
         maximum=3.6e6,
         step=5.0,
         optional=True,
-        label="TPOT p95 target, ms",
+        label="TPOT target, ms",
     ),
     Field("gpus", D.gpus, "multi", tuple(GPUS), label="GPU types"),
     Field("max_gpus", D.max_gpus, "int", minimum=1, maximum=MAX_GPUS, step=1, label="most GPUs"),
     Field("kv", D.kv_dtypes, "multi", KV_DTYPES, label="KV cache dtypes"),
     Field("weights", D.weight_dtypes, "multi", WEIGHT_DTYPES, label="weight dtypes"),
+    Field("rates", True, "bool", label="find the highest rates"),
+    *_target_fields(),
+    Field("engine", D.engine, "choice", ENGINES, label="engine"),
+    Field("seed", D.seed, "int", minimum=0, maximum=2**31 - 1, step=1, label="seed"),
     *PREDICT_FIELDS,
 ]
-SHARED_KEYS = ("model", "rate", "prompt_len", "output_len", "spread", "ttft", "tpot_ms")
+SHARED_KEYS = ("model", "rate", "prompt_len", "output_len", "spread", "ttft", "tpot_ms", "itl_ms", "e2e", "ttft_q",
+               "tpot_q", "itl_q", "e2e_q", "engine", "seed")  # fmt: skip
 MODE_KEYS = {
-    "search": ("mode", *SHARED_KEYS, "gpus", "max_gpus", "kv", "weights"),
+    "search": ("mode", *SHARED_KEYS, "gpus", "max_gpus", "kv", "weights", "rates"),
     "predict": ("mode", *SHARED_KEYS, *(f.key for f in PREDICT_FIELDS)),
 }
 
@@ -106,16 +122,14 @@ def url_params(values: dict[str, Any]) -> dict[str, str]:
 
 
 def params_from(values: dict[str, Any]) -> SloPlannerParams:
-    """The page's inputs as `SloPlannerParams` (the TPOT target converted from ms to seconds). Builds nothing
+    """The search's inputs as `SloPlannerParams` (targets in seconds, each at its percentile). Builds nothing
     that can fail: core's checks run in `SloPlannerParams.check`."""
-    tpot_ms = values["tpot_ms"]
     return SloPlannerParams(
         model=values["model"], rate=float(values["rate"]), prompt_len=int(values["prompt_len"]),
-        output_len=int(values["output_len"]), length_spread=float(values["spread"]),
-        ttft_p95_s=None if values["ttft"] is None else float(values["ttft"]),
-        tpot_p95_s=None if tpot_ms is None else float(tpot_ms) / 1e3,
-        gpus=tuple(values["gpus"]), max_gpus=int(values["max_gpus"]), kv_dtypes=tuple(values["kv"]),
-        weight_dtypes=tuple(values["weights"]),
+        output_len=int(values["output_len"]), length_spread=float(values["spread"]), targets=targets_from(values),
+        chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])), gpus=tuple(values["gpus"]),
+        max_gpus=int(values["max_gpus"]), kv_dtypes=tuple(values["kv"]), weight_dtypes=tuple(values["weights"]),
+        engine=values["engine"], seed=int(values["seed"]),
     )  # fmt: skip
 
 
@@ -123,19 +137,24 @@ def _optional(value, factor: float = 1.0) -> float | None:
     return None if value is None else float(value) / factor
 
 
-def predict_params_from(values: dict[str, Any]) -> SloPredictParams:
-    """The predict mode's inputs as `SloPredictParams` (targets converted to seconds, each at its percentile).
-    Builds nothing that can fail: core's checks run in `SloPredictParams.check`."""
+def targets_from(values: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """The targets of the shared target fields: ((`{metric}_p{q}_s`, seconds), ...), an empty value no target."""
     targets = []
     for metric, value_key, q_key, _, factor in TARGETS:
         value = _optional(values[value_key], factor)
         if value is not None:
             targets.append((f"{metric}_p{int(values[q_key])}_s", value))
+    return tuple(targets)
+
+
+def predict_params_from(values: dict[str, Any]) -> SloPredictParams:
+    """The predict mode's inputs as `SloPredictParams` (targets converted to seconds, each at its percentile).
+    Builds nothing that can fail: core's checks run in `SloPredictParams.check`."""
     return SloPredictParams(
         model=values["model"], gpu=values["gpu"], tp=int(values["tp"]), pp=int(values["pp"]),
         replicas=int(values["replicas"]), max_num_seqs=int(values["seqs"]), weight_dtype=values["weight_dtype"],
         kv_dtype=values["kv_dtype"], engine=values["engine"], load_kind=values["load"], rate=float(values["rate"]),
         concurrency=int(values["clients"]), prompt_len=int(values["prompt_len"]),
         output_len=int(values["output_len"]), length_spread=float(values["spread"]), seed=int(values["seed"]),
-        targets=tuple(targets),
+        targets=targets_from(values),
     )  # fmt: skip

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
+from core.planning.engine_profiles import DEFAULT_ENGINE
 from core.planning.hardware import GPUS
 from core.planning.models import get_model
 from core.planning.plan import plan
@@ -30,32 +31,41 @@ CHART_CONFIGS = 3  # configurations the chart draws
 
 @dataclass(frozen=True)
 class SloPlannerParams:
-    """The page's inputs. Latencies in seconds (None: no target on that metric), rate in requests/s, lengths
-    in tokens; gpus / kv_dtypes / weight_dtypes: the values the search tries (each configuration is simulated to
-    its steady state)."""
+    """The page's inputs. targets: ((key, seconds), ...) with keys `{metric}_p{q}_s` (any percentile of TTFT,
+    TPOT, ITL, e2e: `Slo`'s fields); chart_percentiles: the (TTFT, TPOT) percentiles the chart and the answer
+    show (the targets' own when they have one); rate in requests/s, lengths in tokens, seed the draw; engine:
+    the profile pricing the steps; gpus / kv_dtypes / weight_dtypes: the values the search tries (each
+    configuration is simulated to its steady state)."""
 
     model: str = "llama-3.1-8b"
     rate: float = 12.0
     prompt_len: int = 2000
     output_len: int = 300
     length_spread: float = 0.0
-    ttft_p95_s: float | None = 1.0
-    tpot_p95_s: float | None = 0.05
+    targets: tuple[tuple[str, float], ...] = (("ttft_p95_s", 1.0), ("tpot_p95_s", 0.05))
+    chart_percentiles: tuple[int, int] = (95, 95)
     gpus: tuple[str, ...] = ("h100-80gb", "h200-141gb", "l40s")
     max_gpus: int = 8
     kv_dtypes: tuple[str, ...] = ("auto", "fp8")
     weight_dtypes: tuple[str, ...] = ("auto",)
+    engine: str = DEFAULT_ENGINE
+    seed: int = 0
 
     def slo(self) -> Slo:
-        return Slo(self.ttft_p95_s, self.tpot_p95_s)
+        return Slo.of(dict(self.targets))
 
     def workload(self) -> SloWorkload:
-        return SloWorkload(self.rate, self.prompt_len, self.output_len, self.length_spread)
+        return SloWorkload(self.rate, self.prompt_len, self.output_len, self.length_spread, self.seed)
 
     def candidates(self) -> SloCandidates:
         return SloCandidates(
-            gpus=self.gpus, max_gpus=self.max_gpus, kv_dtypes=self.kv_dtypes, weight_dtypes=self.weight_dtypes
-        )
+            gpus=self.gpus, max_gpus=self.max_gpus, kv_dtypes=self.kv_dtypes, weight_dtypes=self.weight_dtypes,
+            engine=self.engine,
+        )  # fmt: skip
+
+    def chart_keys(self) -> tuple[str, str]:
+        """The percentile keys the chart draws: TTFT and TPOT at `chart_percentiles`."""
+        return f"ttft_p{self.chart_percentiles[0]}_s", f"tpot_p{self.chart_percentiles[1]}_s"
 
     def check(self) -> None:
         """Raise core's InvalidArgumentError for any bad input (before a job is submitted)."""
@@ -129,26 +139,28 @@ def knee_index(points) -> int | None:
 
 @dataclass(frozen=True)
 class Curve:
-    """One configuration's predicted p95s against the rate: label (`config_label`, "(misses the SLO)" added when
-    the configuration misses it at the target rate), rates (requests/s), ttft_p95_s / tpot_p95_s (seconds,
-    None where the point was not simulated), binding and meets_slo per point, knee_rate (None: no knee on the
+    """One configuration's predicted TTFT and TPOT percentiles against the rate: label (`config_label`, "(misses
+    the SLO)" added when the configuration misses it at the target rate), rates (requests/s), ttft_s / tpot_s
+    (seconds, at percentiles ttft_q / tpot_q; None where the point was not simulated), binding and meets_slo per point, knee_rate (None: no knee on the
     grid), knee_reason ("queueing" or "throughput bound") and reasons (each point's `SloConfig.reason`: why
     it meets or misses, or which bound pruned it)."""
 
     label: str
     rates: tuple[float, ...]
-    ttft_p95_s: tuple[float | None, ...]
-    tpot_p95_s: tuple[float | None, ...]
+    ttft_s: tuple[float | None, ...]
+    tpot_s: tuple[float | None, ...]
     binding: tuple[str, ...]
     meets_slo: tuple[bool, ...]
     knee_rate: float | None
     knee_reason: str | None = field(default=None)
     reasons: tuple[str, ...] = ()
+    ttft_q: int = 95
+    tpot_q: int = 95
 
     @property
     def simulated(self) -> bool:
         """Whether any point was simulated (else every rate was ruled out by a bound: nothing to draw)."""
-        return any(v is not None for v in self.ttft_p95_s)
+        return any(v is not None for v in self.ttft_s)
 
 
 def config_label(config: SloConfig) -> str:
@@ -170,19 +182,21 @@ def curve(params: SloPlannerParams, config: SloConfig) -> Curve:
     rates = curve_rates(params.rate)
     points = latency_curve(params.model, config, params.workload(), params.slo(), rates, params.candidates())
     knee = knee_index(points)
+    ttft_key, tpot_key = params.chart_keys()
     reason = (
         None if knee is None else ("queueing" if points[knee].binding == "queueing" else "throughput bound")
     )
     return Curve(
         config_label(config) + ("" if config.meets_slo else " (misses the SLO)"),
         rates,
-        tuple(p.ttft_p95_s if p.simulated else None for p in points),
-        tuple(p.tpot_p95_s if p.simulated else None for p in points),
+        tuple(getattr(p, ttft_key) if p.simulated else None for p in points),
+        tuple(getattr(p, tpot_key) if p.simulated else None for p in points),
         tuple(p.binding for p in points),
         tuple(p.meets_slo for p in points),
         None if knee is None else rates[knee],
         reason,
         tuple(p.reason for p in points),
+        *params.chart_percentiles,
     )
 
 
@@ -215,27 +229,37 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
-def table_rows(plan: SloPlan) -> list[dict]:
-    """One row per evaluated configuration, in rank order, with units in the column names."""
-    return [
-        {
-            "rank": i + 1,
-            "meets SLO": c.meets_slo,
-            "GPUs": c.num_gpus,
-            "GPU": c.gpu_name,
-            "TP": c.tp,
-            "PP": c.pp,
-            "replicas": c.replicas,
-            "max_num_seqs": c.max_num_seqs,
-            "KV dtype": c.kv_dtype,
-            "weights": c.weight_dtype,
-            "TTFT p95 (s)": c.ttft_p95_s,
-            "TPOT p95 (ms)": _ms(c.tpot_p95_s),
-            "output tokens/s": c.throughput_tokens_per_s,
-            "binding": c.binding,
-            "GPUs per req/s": c.gpus_per_request_per_s,
-            "worst / target": c.slo_ratio,
-            "why": c.reason,
-        }
-        for i, c in enumerate(plan.configs)
-    ]
+def table_rows(plan: SloPlan, params: SloPlannerParams, rates: tuple = ()) -> list[dict]:
+    """One row per evaluated configuration, in rank order, with units in the column names: the chart's TTFT and
+    TPOT percentiles, then every other target's, and (`rates`: `slo_rates.HighestRate`s) the highest rate within
+    the targets of the configurations it was computed for (None elsewhere)."""
+    ttft_key, tpot_key = params.chart_keys()
+    others = [k for k, _ in params.targets if k not in (ttft_key, tpot_key)]
+    highest = {r.key: r.max_req_per_s for r in rates}
+    rows = []
+    for i, c in enumerate(plan.configs):
+        row = {"rank": i + 1, "meets SLO": c.meets_slo, "GPUs": c.num_gpus, "GPU": c.gpu_name, "TP": c.tp,
+               "PP": c.pp, "replicas": c.replicas, "max_num_seqs": c.max_num_seqs, "KV dtype": c.kv_dtype,
+               "weights": c.weight_dtype, column_name(ttft_key): getattr(c, ttft_key),
+               column_name(tpot_key): _ms(getattr(c, tpot_key))}  # fmt: skip
+        for key in others:
+            value = getattr(c, key)
+            row[column_name(key)] = value if key.startswith(("ttft", "e2e")) else _ms(value)
+        row |= {"output tokens/s": c.throughput_tokens_per_s, "binding": c.binding,
+                "highest rate (req/s)": highest.get(rate_key(c)), "converged": c.converged,
+                "KV-limited": c.kv_limited, "GPUs per req/s": c.gpus_per_request_per_s,
+                "worst / target": c.slo_ratio, "why": c.reason}  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def column_name(key: str) -> str:
+    """ "ttft_p99_s" -> "TTFT p99 (s)", "tpot_p95_s" -> "TPOT p95 (ms)": TTFT and e2e in s, TPOT and ITL in ms."""
+    metric, quantile, _ = key.split("_")
+    return f"{metric.upper()} {quantile} ({'s' if metric in ('ttft', 'e2e') else 'ms'})"
+
+
+def rate_key(config: SloConfig) -> tuple:
+    """What a highest rate depends on besides the workload and targets: the deployment and its max_num_seqs."""
+    return (config.gpu, config.tp, config.pp, config.replicas, config.max_num_seqs, config.kv_dtype,
+            config.weight_dtype)  # fmt: skip

@@ -31,6 +31,7 @@ from core.page_models.engines import TINY_LLAMA, build_engine, check_pool, fetch
 from core.page_models.simulator import SimulatorParams, run_comparison, steady_summary
 from core.page_models.slo_planner import Curve, SloPlannerParams, SloSearch, curves, search
 from core.page_models.slo_predict import DeploymentAnswer, SloPredictParams, deployment_answer
+from core.page_models.slo_rates import HighestRate, highest_rates
 from core.planning.max_rate import SEARCH_SETTINGS
 from core.planning.slo_eval import SloConfig
 from core.serving.step_attention import measure_step_attention
@@ -103,6 +104,15 @@ def slo_curves(
     (`slo_planner.curves`). Same limit as `slo_search`."""
     Limits.from_env().check_requests(SEARCH_SETTINGS.max_requests, "each configuration's steady state")
     return curves(params, configs, progress)
+
+
+def slo_highest_rates(
+    params: SloPlannerParams, configs: tuple[SloConfig, ...], *, progress: Callable = _no_progress
+) -> tuple[HighestRate, ...]:
+    """The SLO planner's highest rate within the targets of each of `configs` (`slo_rates.highest_rates`: a
+    bisection of steady-state predictions each). Same limit as `slo_search`."""
+    Limits.from_env().check_requests(SEARCH_SETTINGS.max_requests, "each configuration's steady state")
+    return highest_rates(params, configs, progress)
 
 
 def slo_predict(params: SloPredictParams, *, progress: Callable = _no_progress) -> DeploymentAnswer:

@@ -61,9 +61,10 @@ def test_defaults_show_the_best_configuration_of_plan_slo():
     # TPOT p95 misses 50 ms (docs/slo.md)
     assert (best.num_gpus, best.gpu, best.tp, best.meets_slo) == (3, "h100-80gb", 1, True)
     assert best.ttft_p95_s <= 1.0 and best.tpot_p95_s <= 0.05
-    [command] = [c.value for c in at.code]
+    command, bench = (c.value for c in at.code)
     assert f"--tensor-parallel-size {best.tp}" in command and f"--max-num-seqs {best.max_num_seqs}" in command
     assert "--kv-cache-dtype fp8" in command and "--max-model-len 2300" in command
+    assert "--request-rate 12 " in bench and "--random-input-len 2000 " in bench  # beside it, the replay
     assert len(at.get("plotly_chart")) == 1
     [table] = at.dataframe
     assert len(table.value) == plan.num_evaluated
@@ -73,16 +74,21 @@ def test_defaults_show_the_best_configuration_of_plan_slo():
         best.num_gpus, best.tp, best.max_num_seqs, best.kv_dtype,
     )  # fmt: skip
     assert first["TTFT p95 (s)"] == pytest.approx(best.ttft_p95_s)
+    # the chart's three configurations, all meeting the SLO, have their highest rate, each above the target rate
+    rated = table.value[table.value["highest rate (req/s)"].notna()]
+    assert len(rated) == 3 and (rated["highest rate (req/s)"] > 12).all() and rated["meets SLO"].all()
     assert query(at) == {
-        "mode": "search", "model": "llama-3.1-8b", "rate": "12", "prompt_len": "2000", "output_len": "300", "spread": "0",
-        "ttft": "1", "tpot_ms": "50", "gpus": "h100-80gb,h200-141gb,l40s", "max_gpus": "8", "kv": "auto,fp8",
-        "weights": "auto",
+        "mode": "search", "model": "llama-3.1-8b", "rate": "12", "prompt_len": "2000", "output_len": "300",
+        "spread": "0", "ttft": "1", "tpot_ms": "50", "itl_ms": "auto", "e2e": "auto", "ttft_q": "95",
+        "tpot_q": "95", "itl_q": "99", "e2e_q": "99", "engine": "vllm", "seed": "0",
+        "gpus": "h100-80gb,h200-141gb,l40s", "max_gpus": "8", "kv": "auto,fp8", "weights": "auto", "rates": "1",
     }  # fmt: skip
 
 
-SHARED = {"mode": "search", "model": "qwen2.5-7b", "rate": "6", "prompt_len": "1000", "output_len": "200", "spread": "0.2",
-          "ttft": "0.5", "tpot_ms": "40", "gpus": "l40s,h100-80gb", "max_gpus": "4", "kv": "fp8",
-          "weights": "auto"}  # fmt: skip
+SHARED = {"mode": "search", "model": "qwen2.5-7b", "rate": "6", "prompt_len": "1000", "output_len": "200",
+          "spread": "0.2", "ttft": "0.5", "tpot_ms": "40", "itl_ms": "auto", "e2e": "auto", "ttft_q": "95",
+          "tpot_q": "95", "itl_q": "99", "e2e_q": "99", "engine": "vllm", "seed": "0", "gpus": "l40s,h100-80gb",
+          "max_gpus": "4", "kv": "fp8", "weights": "auto", "rates": "0"}  # fmt: skip
 
 
 def test_a_shared_url_reproduces_its_inputs_and_answer():
@@ -94,6 +100,7 @@ def test_a_shared_url_reproduces_its_inputs_and_answer():
     ]
     assert at.slider(key="spread").value == 0.2 and at.number_input(key="tpot_ms").value == 40.0
     assert query(at) == SHARED  # the page rewrote the URL with the same values
+    assert at.dataframe[0].value["highest rate (req/s)"].isna().all()  # rates=0: no bisection asked
     plan = plan_slo(
         "qwen2.5-7b", SloWorkload(6, 1000, 200, 0.2), Slo(0.5, 0.04),
         SloCandidates(gpus=("l40s", "h100-80gb"), max_gpus=4, kv_dtypes=("fp8",)),

@@ -53,7 +53,7 @@ def test_slo_lines_target_rate_and_knees(plan):
 
     configs = chart_configs(plan)
     drawn = curves(P, configs, lambda fraction, message: None)
-    fig = latency_vs_rate_figure(drawn, P.rate, P.ttft_p95_s, P.tpot_p95_s)
+    fig = latency_vs_rate_figure(drawn, P.rate, 1.0, 0.05)  # the default targets, TTFT / TPOT p95
     [ttft] = shapes(fig, "ttft target")
     [tpot] = shapes(fig, "tpot target")
     assert (ttft.y0, ttft.y1, ttft.yref) == (1.0, 1.0, "y")
@@ -87,7 +87,7 @@ def test_a_queueing_knee_is_marked_on_its_point(plan):
     expected, point, _ = first_queueing_rate(capped, drawn.rates)
     assert point.binding == "queueing" and point.simulated
     assert (drawn.knee_rate, drawn.knee_reason) == (expected, "queueing")
-    fig = latency_vs_rate_figure((drawn,), P.rate, P.ttft_p95_s, None)
+    fig = latency_vs_rate_figure((drawn,), P.rate, 1.0, None)
     assert not shapes(fig, "tpot target")  # no target, no line
     markers = [t for t in fig.data if t.name == "knee 0"]
     assert [(t.x[0], t.y[0]) for t in markers] == [

@@ -1,0 +1,66 @@
+"""The SLO search's percentile, metric and engine choices and its highest rates under AppTest: the answer is
+`plan_slo`'s for the same targets and engine (called here, apart from the page), and each highest rate in the
+ranked table is what `python -m core.planning max-rate` prints for that configuration.
+
+A tiny search (one L40S, 64 / 8 tokens at 2 req/s) keeps it to a few seconds."""
+
+import json
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from core.planning.load import Load
+from core.planning.predict_cli import max_rate_main
+from core.planning.slo import Slo, SloCandidates, plan_slo
+from tests.conftest import ROOT
+
+PAGE = "app_pages/slo_planner.py"
+SMALL = {"mode": "search", "model": "qwen2.5-7b", "rate": "2", "prompt_len": "64", "output_len": "8", "spread": "0",
+         "ttft": "0.5", "ttft_q": "99", "tpot_ms": "auto", "e2e": "2", "e2e_q": "90", "gpus": "l40s",
+         "max_gpus": "1", "kv": "auto", "weights": "auto", "engine": "trtllm"}  # fmt: skip
+
+
+def open_page(params: dict[str, str]) -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    for key, value in params.items():
+        at.query_params[key] = value
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_targets_on_any_percentile_and_the_engine_reach_the_search_and_the_highest_rates(capsys):
+    at = open_page(SMALL)
+    assert not at.error
+    cands = SloCandidates(gpus=("l40s",), max_gpus=1, kv_dtypes=("auto",), engine="trtllm")
+    plan = plan_slo("qwen2.5-7b", Load(2.0, 64, 8), Slo(ttft_p99_s=0.5, e2e_p90_s=2.0), cands)
+    best = plan.best
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Deployment"] == f"{best.num_gpus} × {best.gpu_name}"
+    assert shown["TTFT p99 (predicted)"] == f"{best.ttft_p99_s:.3g} s"  # the target's percentile, not p95
+    assert (
+        shown["TPOT p95 (predicted)"] == f"{best.tpot_p95_s * 1e3:.3g} ms"
+    )  # no TPOT target: its percentile
+    assert any("trtllm engine profile" in c.value for c in at.caption)
+    [table] = at.dataframe
+    rows = table.value
+    assert len(rows) == plan.num_evaluated
+    assert {"TTFT p99 (s)", "TPOT p95 (ms)", "E2E p90 (s)", "highest rate (req/s)"} <= set(rows.columns)
+    first = rows[rows["meets SLO"]].iloc[0]
+    assert first["E2E p90 (s)"] == pytest.approx(best.e2e_p90_s)
+    rated = rows[rows["highest rate (req/s)"].notna()]
+    assert 1 <= len(rated) <= 3
+    for _, row in rated.iterrows():
+        argv = ["--model", "qwen2.5-7b", "--gpu", "l40s", "--tp", str(row["TP"]), "--pp", str(row["PP"]),
+                "--replicas", str(row["replicas"]), "--max-num-seqs", str(row["max_num_seqs"]), "--kv-dtype",
+                row["KV dtype"], "--weight-dtype", row["weights"], "--engine", "trtllm", "--prompt-len", "64",
+                "--output-len", "8", "--ttft-p99", "0.5", "--e2e-p90", "2"]  # fmt: skip
+        capsys.readouterr()
+        assert max_rate_main(argv) == 0
+        printed = json.loads(capsys.readouterr().out)
+        assert row["highest rate (req/s)"] == pytest.approx(printed["max_rate_req_per_s"], rel=1e-12)
+        assert printed["max_rate_req_per_s"] > 2.0  # it meets the targets at 2 req/s, so holds more
+    bench = at.code[1].value
+    assert "--request-rate 2 " in bench and "--random-output-len 8 " in bench
