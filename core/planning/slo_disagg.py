@@ -40,6 +40,7 @@ from core.planning.slo_eval import (
     SloConfig,
     analytic_bounds,
     busy_seconds,
+    dominant_part,
     floor_of,
     simulated_binding,
     step_model,
@@ -237,11 +238,14 @@ class DisaggEvaluator:
             if capacity.fits:
                 budget, kv = self.cands.max_num_batched_tokens, int(capacity.kv_tokens)
                 sample = self.samples[role]
-                bounds = (
-                    analytic_bounds(step, sample, pool.max_num_seqs, budget, kv)
-                    if role == "prefill"
-                    else decode_pool_bounds(step, sample, pool.max_num_seqs, kv)
-                )
+                if role == "prefill":
+                    # prompts only: no decode batch for the KV cache to cap, the chunk's roof binds
+                    bounds = analytic_bounds(step, sample, pool.max_num_seqs, budget, kv)
+                    chunk = min(self.workload.prompt_len, budget)
+                    binding = dominant_part(step, chunk, 0, chunk * (chunk + 1) / 2)
+                    bounds = bounds._replace(capacity_binding=binding)
+                else:
+                    bounds = decode_pool_bounds(step, sample, pool.max_num_seqs, kv)
             self.pools[key] = (capacity, step, bounds)
         return self.pools[key]
 
@@ -285,8 +289,10 @@ class DisaggEvaluator:
                 binding = (
                     "interconnect" if pool == "link" else (pre if pool == "prefill" else dec).capacity_binding
                 )
-                what = "the prefill workers' KV links" if pool == "link" else f"the {pool} pool"
-                reason = (f"{what} sustain at most {capacities[pool]:,.3g} req/s (upper bound), "
+                what = (
+                    "the prefill workers' KV links sustain" if pool == "link" else f"the {pool} pool sustains"
+                )
+                reason = (f"{what} at most {capacities[pool]:,.3g} req/s (upper bound), "
                           f"{self.workload.rate:g} asked")  # fmt: skip
             else:
                 binding = "compute" if metric.startswith(("ttft", "e2e")) else "bandwidth"

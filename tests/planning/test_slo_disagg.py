@@ -8,14 +8,17 @@ import contextlib
 import io
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.cli import main
 from core.planning.models import get_model
 from core.planning.slo import Slo, SloCandidates, SloConfig, SloWorkload, config_deployment, plan_slo
-from core.planning.slo_disagg import DisaggEvaluator, disagg_floors, enumerate_disagg
+from core.planning.slo_disagg import DisaggEvaluator, disagg_floors, enumerate_disagg, pool_deciders
+from core.planning.slo_eval import Bounds
 
 # Llama-3.1-8B: 2 (K, V) x 32 layers x 8 KV heads x 128 head size x 2 bytes (bf16) = 131,072 bytes per token
 LLAMA_KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2
@@ -140,3 +143,26 @@ def test_bad_disagg_input_exits_2_with_one_plain_line(mixed, capsys):
     row = SloConfig(**next(c for c in mixed["configs"] if c["mode"] == "disagg"))
     with pytest.raises(InvalidArgumentError, match="not one Deployment"):
         config_deployment("llama-3.1-8b", row, SMALL)
+
+
+def test_each_pool_stops_only_on_a_verdict_the_sum_of_its_parts_keeps():
+    """TTFT p95 target 1 s, transfer 0.1 s, the decode pool's first-token floor 0.05 s: the prefill pool's
+    share is 0.85 s; the decode pool's is what the prefill pool's interval leaves (its low end for a miss, its
+    high end for a met)."""
+    dec = Bounds(0.05, 0.01, 10.0, "compute", {"ttft": np.full(4, 0.05), "tpot": np.full(4, 0.01),
+                                               "e2e": np.full(4, 0.5)})  # fmt: skip
+    decided, focus = pool_deciders({"ttft_p95_s": 1.0, "tpot_p95_s": 0.02}, dec, 0.1)
+    assert focus == {"prefill": ("ttft_p95_s",), "decode": ("ttft_p95_s", "tpot_p95_s")}
+
+    def estimate(**intervals):
+        metrics = {key: (low + high) / 2 for key, (low, high) in intervals.items()}
+        return SimpleNamespace(long_enough=True, intervals=intervals, metrics=metrics)
+
+    assert decided("prefill", estimate(ttft_p95_s=(0.86, 0.9)), None)  # over its 0.85 s share: a miss
+    assert decided("prefill", estimate(ttft_p95_s=(0.5, 0.84)), None)  # under it
+    assert not decided("prefill", estimate(ttft_p95_s=(0.8, 0.9)), None)  # straddles it
+    prefill = estimate(ttft_p95_s=(0.5, 0.6))  # leaves the decode pool 0.3 to 0.4 s of TTFT
+    assert decided("decode", estimate(ttft_p95_s=(0.41, 0.5), tpot_p95_s=(0.01, 0.015)), prefill)  # a miss
+    assert decided("decode", estimate(ttft_p95_s=(0.1, 0.3), tpot_p95_s=(0.01, 0.015)), prefill)  # a met
+    assert not decided("decode", estimate(ttft_p95_s=(0.1, 0.35), tpot_p95_s=(0.01, 0.015)), prefill)
+    assert decided("decode", estimate(ttft_p95_s=(0.1, 0.2), tpot_p95_s=(0.021, 0.03)), prefill)  # TPOT miss
