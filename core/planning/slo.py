@@ -19,6 +19,8 @@ visited in rank order (GPU count, then the cost proxy: total memory bandwidth) a
    `core.planning.engine_profiles`; warm-up dropped, batch-means intervals, `core.serving.steady_state`) until
    every percentile's interval is within the tolerance or the verdict on every target is clear of it. The
    answer therefore does not depend on a request count: a longer simulation gives the same verdict.
+With `SloCandidates(disagg=True)` (`slo --disagg`) disaggregated prefill / decode deployments join the same
+order and stop rule (`core.planning.slo_disagg`: what they cover, their bounds, their per-pool stopping).
 A steady state of the same deployment with a larger max_num_seqs is reused for a smaller one when its run is
 provably the one the smaller cap would get (`slo_eval.reusable`).
 The search stops once `max_meeting` deployments (any max_num_seqs) met the SLO: every configuration ranked
@@ -349,8 +351,12 @@ def _infeasible(plan: SloPlan) -> SloInfeasibleError:
             plan,
         )
     closest = min(feasible, key=lambda c: c.slo_ratio)
-    where = f"{closest.num_gpus} x {closest.gpu_name} (tp {closest.tp}, pp {closest.pp}, max_num_seqs " \
-            f"{closest.max_num_seqs}, KV {closest.kv_dtype})"  # fmt: skip
+    layout = f"tp {closest.tp}, pp {closest.pp}"
+    if closest.mode == "disagg":
+        layout = (f"{closest.prefill_workers} prefill x tp {closest.prefill_tp} + {closest.decode_workers} decode "
+                  f"x tp {closest.decode_tp}")  # fmt: skip
+    where = f"{closest.num_gpus} x {closest.gpu_name} ({layout}, max_num_seqs {closest.max_num_seqs}, KV " \
+            f"{closest.kv_dtype})"  # fmt: skip
     if closest.limiting_metric == "rate":
         best = rate / closest.slo_ratio
         how = "simulated" if closest.simulated else "an upper bound"

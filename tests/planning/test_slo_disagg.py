@@ -16,7 +16,16 @@ import pytest
 from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.cli import main
 from core.planning.models import get_model
-from core.planning.slo import Slo, SloCandidates, SloConfig, SloWorkload, config_deployment, plan_slo
+from core.planning.slo import (
+    Slo,
+    SloCandidates,
+    SloConfig,
+    SloPlan,
+    SloWorkload,
+    _infeasible,
+    config_deployment,
+    plan_slo,
+)
 from core.planning.slo_disagg import DisaggEvaluator, disagg_floors, enumerate_disagg, pool_deciders
 from core.planning.slo_eval import Bounds
 
@@ -166,3 +175,16 @@ def test_each_pool_stops_only_on_a_verdict_the_sum_of_its_parts_keeps():
     assert decided("decode", estimate(ttft_p95_s=(0.1, 0.3), tpot_p95_s=(0.01, 0.015)), prefill)  # a met
     assert not decided("decode", estimate(ttft_p95_s=(0.1, 0.35), tpot_p95_s=(0.01, 0.015)), prefill)
     assert decided("decode", estimate(ttft_p95_s=(0.1, 0.2), tpot_p95_s=(0.021, 0.03)), prefill)  # TPOT miss
+
+
+def test_an_unmeetable_slo_names_a_disaggregated_closest_by_its_split(mixed):
+    """The error's closest configuration, when disaggregated, is named by its split, not by a tp / pp it lacks."""
+    rows = tuple(SloConfig(**c) for c in mixed["configs"] if c["mode"] == "disagg")
+    plan = SloPlan("Llama-3.1-8B", SLO, WORKLOAD, replace(SMALL, disagg=True), rows, len(rows), len(rows), 0, 0,
+                   True, {}, 0.0)  # fmt: skip
+    closest = min(rows, key=lambda c: c.slo_ratio)
+    error = _infeasible(plan)
+    split = (f"{closest.num_gpus} x H100 SXM 80GB ({closest.prefill_workers} prefill x tp {closest.prefill_tp} + "
+             f"{closest.decode_workers} decode x tp {closest.decode_tp}, max_num_seqs 64")  # fmt: skip
+    assert error.metric == closest.limiting_metric and split in str(error), str(error)
+    assert error.best == pytest.approx(getattr(closest, error.metric))
