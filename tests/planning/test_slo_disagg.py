@@ -15,6 +15,7 @@ import pytest
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.cli import main
+from core.planning.disagg import predict_disagg
 from core.planning.models import get_model
 from core.planning.slo import (
     Slo,
@@ -28,6 +29,7 @@ from core.planning.slo import (
 )
 from core.planning.slo_disagg import DisaggEvaluator, disagg_floors, enumerate_disagg, pool_deciders
 from core.planning.slo_eval import Bounds
+from core.serving.steady_state import SteadyStateSettings
 
 # Llama-3.1-8B: 2 (K, V) x 32 layers x 8 KV heads x 128 head size x 2 bytes (bf16) = 131,072 bytes per token
 LLAMA_KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2
@@ -188,3 +190,22 @@ def test_an_unmeetable_slo_names_a_disaggregated_closest_by_its_split(mixed):
              f"{closest.decode_workers} decode x tp {closest.decode_tp}, max_num_seqs 64")  # fmt: skip
     assert error.metric == closest.limiting_metric and split in str(error), str(error)
     assert error.best == pytest.approx(getattr(closest, error.metric))
+
+
+def test_the_decode_pool_bound_holds_an_overloaded_decode_worker():
+    """256-token prompts and outputs at 80 req/s on 1 + 1 H100s, max_num_seqs 64: the decode worker cannot keep
+    up; the output tokens it serves per second, / 256, stay under decode_pool_bounds' capacity (and near it: the
+    bound is a useful one); the prefill pool's bound is far above the decode pool's, so it prunes nothing here."""
+    load = SloWorkload(80.0, 256, 256)
+    cands = replace(SMALL, max_gpus=2, tensor_parallel=(1,), disagg=True)
+    model = get_model("llama-3.1-8b")
+    evaluator = DisaggEvaluator(model, load, SLO, cands, cands.step_overrides(), 500)
+    (cand,) = enumerate_disagg(model, cands)
+    pre, dec = evaluator._pool(cand, "prefill")[2], evaluator._pool(cand, "decode")[2]
+    settings = SteadyStateSettings(
+        tolerance=0.2, initial_measured=100, max_requests=400, warmup_lifetimes=2.0
+    )
+    prediction = predict_disagg(cand.deployment(model, cands), load, cands.step_time, settings)
+    assert not prediction.decode.stable and prediction.prefill.stable
+    served = prediction.decode.metrics["throughput_tokens_per_s"] / 256
+    assert 0.8 * dec.capacity_rps <= served <= dec.capacity_rps < pre.capacity_rps / 2
