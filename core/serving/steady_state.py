@@ -298,7 +298,7 @@ def steady_state(
         grown = math.ceil(measured * min(max((worst / settings.tolerance) ** 2, 2.0), 8.0))
         grown = min(max(grown, floor), room)
         if converged or is_decided or not estimate.stable or grown <= measured:
-            return replace(estimate, converged=converged and estimate.stable, decided=is_decided,
+            return replace(estimate, converged=bool(converged and estimate.stable), decided=is_decided,
                            simulated_requests=total + extra)  # fmt: skip
         measured, lifetime = grown, max(lifetime, measured_life)
 
