@@ -1,5 +1,5 @@
 """Prediction against observation on our engine: fit the step-time model on sweeps of the engine's own steps,
-then serve a Poisson workload through `Engine` at two rates and compare the measured latency with the
+then serve a Poisson workload through `Engine` at three rates and compare the measured latency with the
 simulator's prediction for the same arrivals.
 
     python -m bench.slo --quick        # ~2.5 minutes on the 2-core machine (more when it is shared)
@@ -25,7 +25,7 @@ other whenever another process takes a core), at niceness PRIORITY_NICE when all
    two sweeps around it (other sessions change the machine's speed over minutes; `sweep_drift_after_over_before`
    says by how much). `--fit-once`: the first sweep's fit for both rates. No fit ever sees a validation step.
 4. Validation (no fitting): the same seeded requests (prompt 16-96 tokens, output 8-40, uniform) arriving as a
-   Poisson process at two rates (fractions of the first fit's throughput bound): each request is added when the
+   Poisson process at three rates (0.25, 0.5 and, near the knee, 0.75 of the first fit's throughput bound): each request is added when the
    wall clock reaches its arrival, the engine steps meanwhile; a request's first token / finish are the wall
    times at which the step() that produced them returned (read from the scheduler's outcome, without
    streaming). The simulator replays the same arrivals with the same scheduler limits (core.sched's Scheduler
@@ -33,8 +33,8 @@ other whenever another process takes a core), at niceness PRIORITY_NICE when all
 
 Prints one JSON object: machine (niceness, the load average before and after: the machine is shared), roofs
 (and roofs_after, measured again at the end), sweep_steps and sweep_s, per rate the fit used (values, residuals
-on its sweeps), serve_s, the measured and predicted TTFT / TPOT p50 / p95 and throughput with
-`ttft_p50_rel_err`, `ttft_p95_rel_err`, `tpot_p50_rel_err`, `tpot_p95_rel_err`, `throughput_rel_err`
+on its sweeps), serve_s, the measured and predicted TTFT / TPOT p50 / p95 / p99 and throughput with
+`ttft_p50_rel_err` ... `tpot_p99_rel_err`, `throughput_rel_err`
 (|predicted - measured| / measured) and step_time_measured_over_predicted (the step-time model's own error on the
 validation steps), `worst` (the largest of each over the rates, and `max_rel_err`), wall_s.
 """
@@ -65,11 +65,13 @@ NUM_BLOCKS = 1024
 MAX_NUM_SEQS = 16
 MAX_NUM_BATCHED_TOKENS = 256
 MAX_SEQ_LEN = 256
-SIZES = {  # requests per rate, sweep steps per level, rates as fractions of the fitted throughput bound
-    "quick": {"requests": 40, "steps_per_level": 6, "rates": (0.25, 0.5)},
-    "full": {"requests": 120, "steps_per_level": 20, "rates": (0.25, 0.5)},
+# requests per rate, sweep steps per level, rates as fractions of the fitted throughput bound: a light load, a
+# middling one and one near the knee (0.75 of an upper bound on the throughput: requests queue for their prefill)
+SIZES = {
+    "quick": {"requests": 40, "steps_per_level": 6, "rates": (0.25, 0.5, 0.75)},
+    "full": {"requests": 120, "steps_per_level": 20, "rates": (0.25, 0.5, 0.75)},
 }
-METRICS = ("ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
+METRICS = ("ttft_p50", "ttft_p95", "ttft_p99", "tpot_p50", "tpot_p95", "tpot_p99")
 # Niceness the bench asks for: the machine is shared, and at the default niceness a process that another one
 # preempts has steps ~2x slower at random (fit residuals of 20%, p95s off by 50% at a load average of 3-4).
 # Raised, its one thread keeps a core while the others share the rest; memory bandwidth stays shared. Both the

@@ -3,8 +3,10 @@
     python -m bench.slo_cli [--repeats 3]
 
 For each case (issue 23's: Llama-3.1-8B at 12 req/s and Llama-3.1-70B at 4 and 12 req/s, 2,000 prompt / 300
-output tokens, TTFT p95 <= 1 s, TPOT p95 <= 50 ms, on the H100 / H200 / L40S presets) the whole command
+output tokens, TTFT p95 <= 1 s, TPOT p95 <= 50 ms, on the H100 / H200 / L40S presets; issue 30's `--disagg`:
+the 8B case again, and 8,000-token prompts at 2 req/s under TPOT p99 <= 12 ms on H100s) the whole command
 `python -m core.planning slo ...` runs in a fresh interpreter `--repeats` times: wall_s (median, min, max),
+cpu_s (the child's user + system CPU seconds: what a shared machine's load does not inflate as much),
 the search's own elapsed_s (from the JSON it prints), the exit status (2 when no configuration meets the SLO:
 an answer too), the answer (the cheapest configuration, or the error), and how many configurations were
 evaluated / simulated. The baseline, measured in the same run: a fresh interpreter that only imports the
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -27,17 +30,27 @@ from core.kernels.cpu_isa import cpu_description
 TARGET_S = 10.0
 COMMON = ["--prompt-len", "2000", "--output-len", "300", "--ttft-p95", "1", "--tpot-p95", "0.05",
           "--gpus", "h100-80gb", "h200-141gb", "l40s"]  # fmt: skip
+LONG = ["--prompt-len", "8000", "--output-len", "256", "--ttft-p95", "2", "--tpot-p99", "0.012", "--gpus",
+        "h100-80gb"]  # fmt: skip
 CASES = {
     "llama-3.1-8b@12": ["--model", "llama-3.1-8b", "--rate", "12", *COMMON],
     "llama-3.1-70b@4": ["--model", "llama-3.1-70b", "--rate", "4", *COMMON],
     "llama-3.1-70b@12": ["--model", "llama-3.1-70b", "--rate", "12", *COMMON],
+    # issue 30's `slo --disagg`: the same question with disaggregated deployments too, and 8k-token prompts
+    # under a tight TPOT p99 that only a prefill / decode split meets within 8 H100s
+    "llama-3.1-8b@12 --disagg": ["--model", "llama-3.1-8b", "--rate", "12", *COMMON, "--disagg"],
+    "llama-3.1-8b@2 8k prompts --disagg": ["--model", "llama-3.1-8b", "--rate", "2", *LONG, "--disagg"],
 }
 
 
-def _run(args: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+def _run(args: list[str]) -> tuple[float, subprocess.CompletedProcess, float]:
+    """(wall seconds, the finished process, its CPU seconds: user + system, from the children's rusage)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, check=False)
-    return time.perf_counter() - started, done
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, done, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def _spread(times: list[float]) -> dict:
@@ -49,8 +62,8 @@ def _answer(body: dict) -> dict:
     if best is None:
         return {"error": body.get("error", {}).get("message")}
     keys = ("gpu", "num_gpus", "tp", "pp", "replicas", "max_num_seqs", "kv_dtype", "ttft_p95_s", "tpot_p95_s",
-            "throughput_tokens_per_s", "binding")  # fmt: skip
-    return {k: best[k] for k in keys}
+            "throughput_tokens_per_s", "binding", "mode", "prefill_gpus", "decode_gpus")  # fmt: skip
+    return {k: best.get(k) for k in keys}
 
 
 def main() -> None:
@@ -61,16 +74,18 @@ def main() -> None:
     baseline = [_run(["-c", "import core.planning.slo_cli"])[0] for _ in range(args.repeats)]
     cases = {}
     for name, argv in CASES.items():
-        walls, searches, body, status = [], [], {}, None
+        walls, cpus, searches, body, status = [], [], [], {}, None
         for _ in range(args.repeats):
-            wall, done = _run(["-m", "core.planning", "slo", *argv])
+            wall, done, cpu = _run(["-m", "core.planning", "slo", *argv])
             if done.returncode not in (0, 2) or not done.stdout.strip():
                 raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr[-2000:]}")
             body, status = json.loads(done.stdout), done.returncode
             walls.append(wall)
+            cpus.append(cpu)
             searches.append(body["elapsed_s"])
         cases[name] = {
-            "argv": argv, "exit_status": status, "wall_s": _spread(walls), "search_s": _spread(searches),
+            "argv": argv, "exit_status": status, "wall_s": _spread(walls), "cpu_s": _spread(cpus),
+            "search_s": _spread(searches),
             "ratio_to_import": statistics.median(walls) / statistics.median(baseline),
             "num_candidates": body["num_candidates"], "num_evaluated": body["num_evaluated"],
             "num_simulated": body["num_simulated"], "num_reused": body["num_reused"], "answer": _answer(body),

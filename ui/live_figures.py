@@ -19,6 +19,7 @@ from ui.theme import CACHED_BLOCK_COLOR, policy_color, sequence_color
 
 FLEET_COLOR = "#000000"
 PLANNED_COLOR = "#7f7f7f"  # the planner's figures, on every comparison of the page
+PRIOR_COLOR = "#c7c7c7"  # the SLO planner's unfitted prediction, beside the fitted one
 PERCENTILES = (0.5, 0.9, 0.99)
 MAX_TREE_NODES = 1_500  # an icicle of more is slow to draw and unreadable
 
@@ -208,9 +209,17 @@ PVO_LABELS = {
 }
 
 
+def _vs_observed(value: float | None, observed_ms: float) -> str:
+    """A bar's label: its value in ms and its signed error against the observed bar."""
+    if value is None:
+        return ""
+    return f"{value * 1000:,.0f} ({100 * (value * 1000 - observed_ms) / observed_ms:+.0f}%)"
+
+
 def planned_observed_figure(result: PlannedVsObserved, observed_color: str, source: str) -> go.Figure:
     """Planned (grey: the fitted model's simulation) against observed (`source`'s colour) TTFT / TPOT p50 / p95,
-    in ms, both read by histogram_quantile over vLLM's buckets; (planned - observed) / observed on the planned bars."""
+    in ms, both read by histogram_quantile over vLLM's buckets; (planned - observed) / observed on the planned bars.
+    With `result.prior`, a third bar: the SLO planner's own prediction (engine profile, no fit), its error too."""
     keys = [
         k for k in PVO_LABELS if result.observed.get(k) and result.planned.get(k) is not None
     ]  # > 0: log y
@@ -226,6 +235,14 @@ def planned_observed_figure(result: PlannedVsObserved, observed_color: str, sour
                          marker_color=PLANNED_COLOR,
                          text=[f"{v:,.0f} ({e:+.0f}%)" for v, e in zip(planned, signed, strict=True)],
                          hovertemplate="%{x}<br>planned %{y:,.1f} ms<extra></extra>"))  # fmt: skip
+    if result.prior is not None:
+        prior = [result.prior.get(k) for k in keys]
+        fig.add_trace(go.Bar(
+            x=x, y=[None if v is None else v * 1000 for v in prior],
+            name="SLO planner (vLLM profile, not fitted)", marker_color=PRIOR_COLOR,
+            text=[_vs_observed(v, o) for v, o in zip(prior, observed, strict=True)],
+            hovertemplate="%{x}<br>SLO planner %{y:,.1f} ms<extra></extra>",
+        ))  # fmt: skip
     fig.update_layout(barmode="group")
     fig.update_yaxes(title="latency (ms, log scale)", type="log")
     w = result.window

@@ -8,6 +8,8 @@ and when to redo the fit (`core.planning.observed.planned`). No streamlit here.
   chosen on the page, on the chosen GPU x tensor parallel.
 - Limits: the KV pool from the server's cache_config_info; max_num_seqs and max_num_batched_tokens as given,
   0 meaning the server's default (vLLM's `vllm serve`: 256 and 8192; core.serve: 64 and 2048).
+- Beside the fit, on a preset GPU: the SLO planner's own prediction of the same workload (the vLLM engine
+  profile, nothing fitted to the window), so the page shows what the planner said against what the server did.
 - `PlanCache` redoes the fit (a few seconds of simulation) at most every REFRESH_S per source and inputs: the
   page polls every few seconds and draws the last result meanwhile.
 """
@@ -38,6 +40,9 @@ VLLM_DEFAULTS = (256, 8192)  # max_num_seqs, max_num_batched_tokens of `vllm ser
 CORE_SERVE_DEFAULTS = (64, 2048)  # python -m core.serve: --max-num-seqs 64, the engine's token budget
 MAX_MODEL_LEN = 8192  # only caps the simulated requests' lengths
 REFRESH_S = 60.0
+PRIOR_ENGINE = (
+    "vllm"  # the SLO planner's prediction beside the fit: the profile of the engine it prints flags for
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,16 @@ def _base(after: VllmMetrics, values: dict, roofs: Callable[[], dict]):
     return gpu_step_model(slug, values["gpu"], tp), f"{slug} on {tp} x {values['gpu']}", False
 
 
+def _prior(values: dict, own: bool, after: VllmMetrics):
+    """The SLO planner's model of a vLLM server on a preset GPU (the vLLM engine profile, unfitted); None for
+    the lab's own server on this CPU, which no published profile prices."""
+    if own:
+        return None
+    served = after.model_names[0] if after.model_names else None
+    slug = preset_for(served) or values["model"]
+    return gpu_step_model(slug, values["gpu"], int(values["tp"]), engine=PRIOR_ENGINE)
+
+
 def live_plan(history: LiveHistory, source: str, values: dict, roofs: Callable[[], dict]) -> LivePlan:
     """Planned vs observed for `source` over the window the page's inputs name (`pvo_window`, `pvo_seqs`,
     `pvo_tokens`, `model`, `gpu`, `tp`); never raises a LabError (it becomes the LivePlan's reason)."""
@@ -106,8 +121,9 @@ def live_plan(history: LiveHistory, source: str, values: dict, roofs: Callable[[
             max_num_batched_tokens=int(values["pvo_tokens"]) or tokens_default, max_model_len=MAX_MODEL_LEN,
         )  # fmt: skip
         headroom = MEASURED_ROOF_HEADROOM if own else 1.0  # a measured roof, or a GPU's datasheet peak
+        prior = _prior(values, own, after)
         return LivePlan(
-            plan_against_observed(window, base, limits, FitSettings(flops_headroom=headroom)),
+            plan_against_observed(window, base, limits, FitSettings(flops_headroom=headroom), prior),
             planned_with=planned_with,
         )
     except LabError as err:

@@ -26,6 +26,7 @@ several transfers on one link (reported as utilization, not queued), the connect
 """
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from core.errors import InvalidArgumentError
@@ -208,19 +209,32 @@ def predict_disagg(
     load: Load,
     step_time=None,
     settings: SteadyStateSettings | None = None,
+    decided: Callable[[str, SteadyState, Prediction | None], bool] | None = None,
+    focus: Mapping[str, tuple[str, ...]] | None = None,
 ) -> DisaggPrediction:
-    """The steady state of `deployment` serving `load` (module docstring). Raises InvalidArgumentError when a
-    pool's worker does not fit in memory."""
+    """The steady state of `deployment` serving `load` (module docstring). The prefill pool is simulated
+    first, then the decode pool. decided(pool, estimate, prefill): True once the caller's question is answered
+    for that pool ("prefill", its estimate, None; then "decode", its estimate and the prefill pool's
+    Prediction), ending that pool's simulation early; focus: {pool: the keys whose intervals must reach the
+    tolerance}. Both None (the default): every pool grown until every percentile is within the tolerance.
+    Raises InvalidArgumentError when a pool's worker does not fit in memory."""
     if not isinstance(deployment, DisaggDeployment) or not isinstance(load, Load):
         raise InvalidArgumentError("predict_disagg needs a DisaggDeployment and a Load")
-    prefill = predict(deployment.prefill, replace(load, output_len=1), step_time, settings)
+    focus = focus or {}
+    first = None if decided is None else (lambda estimate: decided("prefill", estimate, None))
+    prefill = predict(
+        deployment.prefill, replace(load, output_len=1), step_time, settings, first, focus.get("prefill")
+    )
     decode_dep = deployment.decode
     capacity = decode_dep.memory_plan(load.max_len)
     if not capacity.fits:
         raise InvalidArgumentError(f"a decode worker does not fit: {capacity.verdict}")
     cost = ArrivedKVStepTime(decode_dep.step_model(step_time))
     share = load.per_replica(deployment.decode_workers)
-    decode = replica_steady_state(decode_dep, share, cost, int(capacity.kv_tokens), settings)
+    then = None if decided is None else (lambda estimate: decided("decode", estimate, prefill))
+    decode = replica_steady_state(
+        decode_dep, share, cost, int(capacity.kv_tokens), settings, then, focus.get("decode")
+    )
     transfer = deployment.kv_transfer_seconds(load.prompt_len)
     rate = load.rate if load.rate is not None else prefill.metrics.get("request_throughput_per_s", 0.0)
     utilization = rate / deployment.prefill_workers * transfer

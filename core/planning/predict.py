@@ -254,9 +254,13 @@ def predict(
     load: Load,
     step_time: Mapping | None = None,
     settings: SteadyStateSettings | None = None,
+    decided: Callable[[SteadyState], bool] | None = None,
+    focus: tuple[str, ...] | None = None,
 ) -> Prediction:
     """The steady state of `deployment` serving `load` (module docstring). step_time: overrides of the engine
-    profile's efficiencies and overheads. Raises InvalidArgumentError when a replica does not fit in memory."""
+    profile's efficiencies and overheads; decided / focus as `replica_steady_state` takes them (None: grown
+    until every percentile is within the tolerance). Raises InvalidArgumentError when a replica does not fit
+    in memory."""
     if not isinstance(deployment, Deployment) or not isinstance(load, Load):
         raise InvalidArgumentError("predict needs a Deployment and a Load")
     capacity = deployment.memory_plan(load.max_len)
@@ -264,7 +268,7 @@ def predict(
         raise InvalidArgumentError(f"the deployment does not fit: {capacity.verdict}")
     share = load.per_replica(deployment.replicas)
     cost, kv_tokens = deployment.step_cost(deployment.step_model(step_time), int(capacity.kv_tokens))
-    state = replica_steady_state(deployment, share, cost, kv_tokens, settings)
+    state = replica_steady_state(deployment, share, cost, kv_tokens, settings, decided, focus)
     metrics = dict(state.metrics)
     for key in ("throughput_tokens_per_s", "request_throughput_per_s"):
         if key in metrics:

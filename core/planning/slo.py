@@ -19,6 +19,8 @@ visited in rank order (GPU count, then the cost proxy: total memory bandwidth) a
    `core.planning.engine_profiles`; warm-up dropped, batch-means intervals, `core.serving.steady_state`) until
    every percentile's interval is within the tolerance or the verdict on every target is clear of it. The
    answer therefore does not depend on a request count: a longer simulation gives the same verdict.
+With `SloCandidates(disagg=True)` (`slo --disagg`) disaggregated prefill / decode deployments join the same
+order and stop rule (`core.planning.slo_disagg`: what they cover, their bounds, their per-pool stopping).
 A steady state of the same deployment with a larger max_num_seqs is reused for a smaller one when its run is
 provably the one the smaller cap would get (`slo_eval.reusable`).
 The search stops once `max_meeting` deployments (any max_num_seqs) met the SLO: every configuration ranked
@@ -27,6 +29,7 @@ cheapest (configurations of equal GPU count and cost proxy are visited in `Candi
 `SloInfeasibleError` says which target cannot be met and by how much (never an empty answer).
 """
 
+import heapq
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -42,6 +45,7 @@ from core.planning.slo_candidates import (
     enumerate_candidates,
     metric_label,
 )
+from core.planning.slo_disagg import DisaggCandidate, DisaggEvaluator, enumerate_disagg
 from core.planning.slo_eval import (
     SloConfig,
     analytic_bounds,
@@ -118,8 +122,19 @@ class _Search:
         self.samples: dict[float, list] = {}
         self.runs: dict[tuple, list] = {}
         self.simulated = self.reused = 0
+        self.disagg = (
+            DisaggEvaluator(model, workload, slo, cands, self.overrides, BOUND_SAMPLE)
+            if cands.disagg
+            else None
+        )
 
-    def evaluate(self, cand: Candidate) -> SloConfig:
+    @property
+    def num_simulated(self) -> int:
+        return self.simulated + (self.disagg.simulated if self.disagg is not None else 0)
+
+    def evaluate(self, cand: Candidate | DisaggCandidate) -> SloConfig:
+        if isinstance(cand, DisaggCandidate):
+            return self.disagg.evaluate(cand)
         workload, cands = self.workload, self.cands
         base = {
             "gpu": cand.gpu, "gpu_name": cand.spec.name, "num_gpus": cand.num_gpus, "tp": cand.tp,
@@ -205,10 +220,12 @@ class _Search:
         meets = state.stable and all(r <= 1.0 for r in ratios.values())
         figures = {key: m.get(key) for key in (*metric_keys(), "queue_p95_s")}
         throughput = m.get("throughput_tokens_per_s")
+        throughput = None if throughput is None else throughput * cand.replicas
         return SloConfig(
             **base, simulated=True, meets_slo=meets, reason=reason, slo_ratio=ratio, limiting_metric=metric,
             binding=simulated_binding(state, cand, step, self.workload, metric), **figures,
-            throughput_tokens_per_s=None if throughput is None else throughput * cand.replicas,
+            throughput_tokens_per_s=throughput,
+            tokens_per_s_per_gpu=None if throughput is None else throughput / cand.num_gpus,
             converged=state.converged or state.decided, stable=state.stable, kv_limited=state.kv_limited,
             simulated_requests=state.simulated_requests,
         )  # fmt: skip
@@ -217,7 +234,18 @@ class _Search:
 def _rank(config: SloConfig) -> tuple:
     ratio = config.slo_ratio if config.slo_ratio is not None else float("inf")
     return (config.num_gpus, config.cost_proxy_tb_per_s, not config.meets_slo, ratio, config.tp * config.pp,
-            config.pp, -config.max_num_seqs, config.kv_dtype)  # fmt: skip
+            config.pp, -config.max_num_seqs, config.kv_dtype, config.mode)  # fmt: skip
+
+
+def search_space(model: ModelSpec, cands: SloCandidates) -> list[Candidate | DisaggCandidate]:
+    """The candidates in visiting order: the aggregated ones (`enumerate_candidates`), merged with the
+    disaggregated ones when cands.disagg (`enumerate_disagg`) by GPU count, then the cost proxy (an aggregated
+    candidate first on a tie)."""
+    space = list(enumerate_candidates(model, cands))
+    if not cands.disagg:
+        return space
+    rank = lambda c: (c.num_gpus, c.cost_proxy)  # noqa: E731
+    return list(heapq.merge(space, enumerate_disagg(model, cands), key=rank))
 
 
 def plan_slo(
@@ -235,7 +263,7 @@ def plan_slo(
     model = get_model(model) if isinstance(model, str) else model
     cands = SloCandidates() if candidates is None else candidates
     search = _Search(model, workload, slo, cands)
-    space = list(enumerate_candidates(model, cands))
+    space = search_space(model, cands)
     configs, meeting = [], set()
     for i, cand in enumerate(space):
         config = search.evaluate(cand)
@@ -248,7 +276,7 @@ def plan_slo(
             break
     result = SloPlan(
         model.name, slo, workload, cands, tuple(sorted(configs, key=_rank)), len(space), len(configs),
-        search.simulated, search.reused, len(configs) == len(space), search.overrides,
+        search.num_simulated, search.reused, len(configs) == len(space), search.overrides,
         time.perf_counter() - started,
     )  # fmt: skip
     if result.best is None:
@@ -291,6 +319,11 @@ def config_deployment(
 
 
 def _candidate(config: SloConfig, cands: SloCandidates) -> Candidate:
+    if config.mode != "agg":
+        raise InvalidArgumentError(
+            "a disaggregated configuration is not one Deployment: predict it with core.planning.disagg "
+            "(DisaggDeployment, predict_disagg)"
+        )
     specs = dict(cands.gpu_specs())
     if config.gpu not in specs:
         raise InvalidArgumentError(
@@ -318,8 +351,12 @@ def _infeasible(plan: SloPlan) -> SloInfeasibleError:
             plan,
         )
     closest = min(feasible, key=lambda c: c.slo_ratio)
-    where = f"{closest.num_gpus} x {closest.gpu_name} (tp {closest.tp}, pp {closest.pp}, max_num_seqs " \
-            f"{closest.max_num_seqs}, KV {closest.kv_dtype})"  # fmt: skip
+    layout = f"tp {closest.tp}, pp {closest.pp}"
+    if closest.mode == "disagg":
+        layout = (f"{closest.prefill_workers} prefill x tp {closest.prefill_tp} + {closest.decode_workers} decode "
+                  f"x tp {closest.decode_tp}")  # fmt: skip
+    where = f"{closest.num_gpus} x {closest.gpu_name} ({layout}, max_num_seqs {closest.max_num_seqs}, KV " \
+            f"{closest.kv_dtype})"  # fmt: skip
     if closest.limiting_metric == "rate":
         best = rate / closest.slo_ratio
         how = "simulated" if closest.simulated else "an upper bound"

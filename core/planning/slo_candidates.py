@@ -160,7 +160,9 @@ class SloCandidates:
     max_meeting: the search stops once this many deployments (`Candidate.deployment_key`: any max_num_seqs)
     met the SLO (every cheaper configuration has then been evaluated). engine: the serving engine whose profile prices the steps
     (`core.planning.engine_profiles.ENGINES`; "vllm", the engine whose flags the planner prints); step_time:
-    keyword overrides of that profile's efficiencies and overheads (None: the profile as fitted)."""
+    keyword overrides of that profile's efficiencies and overheads (None: the profile as fitted).
+    disagg: also search disaggregated prefill / decode deployments (`core.planning.slo_disagg`; max_num_seqs
+    there is the largest value only); needs max_gpus >= 2."""
 
     gpus: tuple = DEFAULT_SLO_GPUS
     max_gpus: int = 8
@@ -175,6 +177,7 @@ class SloCandidates:
     max_meeting: int = 3
     step_time: Mapping[str, Any] | None = None
     engine: str = DEFAULT_ENGINE
+    disagg: bool = False
 
     def __post_init__(self):
         if isinstance(self.gpus, str | GPUSpec) or not tuple(self.gpus):
@@ -198,6 +201,13 @@ class SloCandidates:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
         check_int(self.max_meeting, "max_meeting", minimum=1)
         engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
+        if self.disagg not in (True, False):
+            raise InvalidArgumentError(f"disagg must be True or False, got {self.disagg!r}")
+        if self.disagg and self.max_gpus < 2:
+            raise InvalidArgumentError(
+                f"a disaggregated deployment needs at least 2 GPUs (one prefill, one decode); max_gpus is "
+                f"{self.max_gpus}"
+            )
 
     def step_overrides(self) -> dict:
         """The step-time keyword overrides of every candidate: the engine's profile, `step_time` on top (as

@@ -2,11 +2,13 @@
 
     python -m core.planning slo --model llama-3.1-8b --rate 12 --prompt-len 2000 --output-len 300 \\
         --ttft-p95 1 --tpot-p95 0.05 [--ttft-p99 ... --itl-p99 ... --e2e-p90 ...] [--engine vllm|trtllm] \\
-        [--gpus h100-80gb h200-141gb l40s] [--max-gpus 8] [--length-spread S] [--seed K]
+        [--gpus h100-80gb h200-141gb l40s] [--max-gpus 8] [--length-spread S] [--seed K] [--disagg]
 
 Prints one JSON object (`SloPlan.to_dict`): `configs`, sorted by GPU count then the cost proxy (total memory
 bandwidth), each with gpu, num_gpus, tp, pp, max_num_seqs, every steady-state percentile (ttft_p50_s ...
-e2e_p99_s, itl_*), throughput_tokens_per_s, meets_slo, binding, converged (and more); `best`, the first that meets the SLO. Exit status 0; 2 with the reason on stderr
+e2e_p99_s, itl_*), throughput_tokens_per_s, tokens_per_s_per_gpu, meets_slo, binding, converged (and more), mode
+("agg"; with --disagg also "disagg" rows, with prefill_gpus, decode_gpus, kv_transfer_s and their layout: see
+`core.planning.slo_disagg`); `best`, the first that meets the SLO. Exit status 0; 2 with the reason on stderr
 for bad input, or when no configuration meets the SLO (then stdout still carries every configuration evaluated,
 with `error` saying what cannot be met and by how much).
 """
@@ -50,12 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
     parser.add_argument("--max-meeting", type=int, default=defaults.max_meeting)
+    parser.add_argument(
+        "--disagg",
+        action="store_true",
+        help="also search disaggregated deployments: x prefill workers + y decode workers of one GPU type "
+        "(tp from --tp, pp 1, max_num_seqs the largest --max-num-seqs), ranked with the aggregated ones",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m core.planning slo`. Exit status 0, or 2 (reason on stderr)."""
     args = build_parser().parse_args(argv)
+    if args.disagg and args.max_gpus < 2:
+        print(f"error: --disagg needs --max-gpus of at least 2 (a prefill and a decode GPU), got {args.max_gpus}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     targets = {k: v for k, v in vars(args).items() if k.endswith("_s") and v is not None}
     try:
         slo = Slo.of(targets)
@@ -65,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pipeline_parallel=tuple(args.pp), max_num_seqs=tuple(args.max_num_seqs),
             kv_dtypes=tuple(args.kv_dtypes), weight_dtypes=tuple(args.weight_dtypes),
             max_num_batched_tokens=args.max_num_batched_tokens, max_meeting=args.max_meeting,
-            engine=args.engine,
+            engine=args.engine, disagg=args.disagg,
         )  # fmt: skip
         plan = plan_slo(args.model, workload, slo, candidates)
     except SloInfeasibleError as error:

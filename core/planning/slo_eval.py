@@ -60,7 +60,13 @@ class SloConfig:
     load is not served); None when infeasible. limiting_metric: which (a target's key, or "rate"). gpus_per_request_per_s:
     num_gpus / rate. cost_proxy_tb_per_s: total memory bandwidth (the rank within equal GPU counts).
     reused_simulation: the run of the same deployment with a larger max_num_seqs, provably identical (the
-    larger cap and the KV difference never mattered in it).
+    larger cap and the KV difference never mattered in it). tokens_per_s_per_gpu: throughput_tokens_per_s /
+    num_gpus (simulated rows).
+    mode: "agg" (replicas each serving prefill and decode) or "disagg" (`core.planning.slo_disagg`: a prefill
+    pool of prefill_workers x prefill_tp GPUs and a decode pool of decode_workers x decode_tp, prefill_gpus +
+    decode_gpus = num_gpus; tp / replicas are then the decode pool's, pp 1; kv_transfer_s: seconds to move one
+    prompt's K/V (kv_bytes_per_request bytes, of a workload.prompt_len prompt) over kv_link; serve_note: why
+    the row is not one `vllm serve` command). These are None on aggregated rows.
     """
 
     gpu: str
@@ -107,6 +113,18 @@ class SloConfig:
     stable: bool | None = None
     kv_limited: bool | None = None
     simulated_requests: int = 0
+    mode: str = "agg"
+    tokens_per_s_per_gpu: float | None = None
+    prefill_gpus: int | None = None
+    decode_gpus: int | None = None
+    kv_transfer_s: float | None = None
+    kv_bytes_per_request: int | None = None
+    kv_link: str | None = None
+    prefill_workers: int | None = None
+    prefill_tp: int | None = None
+    decode_workers: int | None = None
+    decode_tp: int | None = None
+    serve_note: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -190,6 +208,20 @@ def analytic_bounds(
     kv_cap = int(kv_tokens // (prompts.min() + 1))
     batch = max(1, min(max_num_seqs, kv_cap))
     steps = max(float(decodes.sum()) / batch, tokens / budget)
+    busy, parts = busy_seconds(step, steps, tokens, kv_read, pairs)
+    binding = "memory" if kv_cap < max_num_seqs else _largest(*parts)
+    ttft = _per_request(prompts, lambda p: step.prefill_seconds(int(p), budget))
+    decode = _per_request(prompts, lambda p: step.decode_step_seconds(1, p))
+    tpot = decode[outputs > 1]
+    floors = {"ttft": ttft, "tpot": tpot, "e2e": ttft + decodes * decode}
+    tpot_p95 = float(np.percentile(tpot, 95)) if len(tpot) else None
+    return Bounds(float(np.percentile(ttft, 95)), tpot_p95, len(requests) / busy, binding, floors)
+
+
+def busy_seconds(step: StepTimeModel, steps: float, tokens: float, kv_read: float, pairs: float):
+    """A lower bound on the time of `steps` steps that compute `tokens` tokens, read `kv_read` keys and
+    attend over `pairs` query-key pairs in all (a sum of maxima is at least the maximum of the sums):
+    (busy seconds, (overhead, memory, compute, comm) seconds)."""
     stages = step.pipeline_stages
     memory = stages * (steps * step.weight_bytes + step.kv_bytes_per_token * (kv_read + tokens))
     memory /= step.memory_bandwidth * step.bandwidth_efficiency
@@ -197,14 +229,7 @@ def analytic_bounds(
     compute /= step.peak_flops * step.flops_efficiency
     overhead = steps * step.overhead_s + step.per_token_overhead_s * tokens
     comm = steps * step.comm_latency_s + step.comm_bytes_per_token * tokens / step.interconnect_bandwidth
-    busy = overhead + comm + max(memory, compute)
-    binding = "memory" if kv_cap < max_num_seqs else _largest(overhead, memory, compute, comm)
-    ttft = _per_request(prompts, lambda p: step.prefill_seconds(int(p), budget))
-    decode = _per_request(prompts, lambda p: step.decode_step_seconds(1, p))
-    tpot = decode[outputs > 1]
-    floors = {"ttft": ttft, "tpot": tpot, "e2e": ttft + decodes * decode}
-    tpot_p95 = float(np.percentile(tpot, 95)) if len(tpot) else None
-    return Bounds(float(np.percentile(ttft, 95)), tpot_p95, len(requests) / busy, binding, floors)
+    return overhead + comm + max(memory, compute), (overhead, memory, compute, comm)
 
 
 def _per_request(values: np.ndarray, fn) -> np.ndarray:
@@ -229,9 +254,18 @@ def steady_prediction(
     EARLY_MISS_MARGIN with the interval clear, or by EARLY_MISS_FAR: a shorter replay from an empty system sees
     less queueing than the steady state, so a target it misses by a margin is missed in steady state too."""
 
+    decided = verdict_decider(targets)
+    return replica_steady_state(deployment, share, step, kv_tokens, SEARCH_SETTINGS, decided, tuple(targets))
+
+
+def verdict_decider(targets: dict[str, float], met: dict[str, float] | None = None):
+    """The `decided` of a steady state asked about `targets` (`steady_prediction`'s rule): with long enough
+    batches, `verdict_is_clear(intervals, targets, met)`; before, a miss by EARLY_MISS_MARGIN with the
+    interval clear of the target, or by EARLY_MISS_FAR."""
+
     def decided(estimate: SteadyState) -> bool:
         if estimate.long_enough:
-            return verdict_is_clear(estimate.intervals, targets)
+            return verdict_is_clear(estimate.intervals, targets, met)
         m, intervals = estimate.metrics, estimate.intervals
         return any(
             m[key] > EARLY_MISS_FAR * target
@@ -240,16 +274,18 @@ def steady_prediction(
             if key in intervals
         )
 
-    return replica_steady_state(deployment, share, step, kv_tokens, SEARCH_SETTINGS, decided, tuple(targets))
+    return decided
 
 
-def verdict_is_clear(intervals: dict, targets: dict[str, float]) -> bool:
+def verdict_is_clear(intervals: dict, targets: dict[str, float], met: dict[str, float] | None = None) -> bool:
     """True when some target is missed with its whole 95% interval above it, or every target is met with its
-    whole interval below it (a percentile without an interval decides nothing)."""
+    whole interval below it (a percentile without an interval decides nothing). met: other thresholds for the
+    "met" side (a pool's share of a target, `core.planning.slo_disagg`); None: `targets`."""
+    met = targets if met is None else met
     known = {key: intervals[key] for key in targets if key in intervals}
     if any(low > targets[key] for key, (low, _) in known.items()):
         return True
-    return len(known) == len(targets) and all(high <= targets[key] for key, (_, high) in known.items())
+    return len(known) == len(targets) and all(high <= met[key] for key, (_, high) in known.items())
 
 
 def simulated_binding(state: SteadyState, candidate: Candidate, step, workload, limiting: str) -> str:

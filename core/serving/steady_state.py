@@ -64,13 +64,14 @@ def metric_keys() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class SteadyStateSettings:
-    """How long to simulate. tolerance: the relative half-width every percentile's 95% interval must reach;
+    """How long to simulate. tolerance: the relative half-width every percentile's 95% interval must reach (10%:
+    a p99 within 5% took over 12,000 requests, 3x what the p95s needed, for Llama-3.1-8B on one H100 at 4 req/s);
     num_batches: batches of the batch-means interval (5 to 30); initial_measured / max_requests: measured
     requests of the first run and simulated requests at most; warmup_lifetimes: warm-up length in mean request
     lifetimes (open loop) or requests per client (closed loop); batch_lifetimes: the shortest batch, in mean
     lifetimes of arrivals (requests per client in a closed loop), so that batches are nearly independent."""
 
-    tolerance: float = 0.05
+    tolerance: float = 0.1
     num_batches: int = 10
     initial_measured: int = 600
     max_requests: int = 12_000

@@ -129,3 +129,16 @@ def test_the_slo_cli_row_is_the_saved_run():
         assert answer["gpu"] == "h100-80gb" and text.format(**answer) in row, (case, answer, row)
     refused = cases["llama-3.1-70b@12"]
     assert refused["exit_status"] == 2 and "9.93 req/s" in refused["answer"]["error"] and "1.21x short" in row
+
+
+def test_the_vllm_profile_row_is_the_saved_run():
+    saved = _saved("slo-published.json")
+    assert saved["target_met"] and saved["heldout_rms_rel_err"] <= saved["target"]
+    row = _row("the vLLM engine profile against aiconfigurator")
+    assert (
+        f"held-out RMS relative error {saved['heldout_rms_rel_err']:.3f}** (target {saved['target']:g})"
+        in row
+    )
+    assert f"training {saved['training_rms_rel_err']:.3f}" in row, row
+    trtllm = saved["trtllm_profile_errors"]["heldout_rms_rel_err"]
+    assert f"the TensorRT-LLM profile on the same held-out rows {trtllm:.3f}" in row, row

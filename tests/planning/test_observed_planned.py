@@ -22,7 +22,7 @@ from core.planning.observed.planned import (
     sample_lengths,
     simulated_moments,
 )
-from tests.planning.simulated_server import BASE, LIMITS, simulated_server
+from tests.planning.simulated_server import BASE, LIMITS, TRUTH, simulated_server
 
 INF = math.inf
 
@@ -110,3 +110,19 @@ def test_plan_against_a_simulated_server():
         assert err < 0.15, (key, result.planned, result.observed)
     with pytest.raises(InvalidArgumentError, match="at least 100"):
         plan_against_observed(window, BASE, LIMITS, FitSettings(min_requests=100))
+    assert result.prior is None and result.prior_rel_errors is None
+
+
+def test_the_planners_own_prediction_beside_the_fit():
+    """A prior model (what the SLO planner prices the deployment with, nothing fitted) predicts the same
+    workload: the server's true model lands as close as the fit (within 15%), a model with twice the true
+    overhead predicts every latency higher than the truth does."""
+    _, window = simulated_server()
+    truth = plan_against_observed(window, BASE, LIMITS, prior=TRUTH)
+    assert all(err < 0.15 for err in truth.prior_rel_errors.values()), (truth.prior, truth.observed)
+    assert truth.planned == plan_against_observed(window, BASE, LIMITS).planned  # the fit is not touched
+    slow = plan_against_observed(window, BASE, LIMITS, prior=replace(TRUTH, overhead_s=0.06)).prior
+    assert all(
+        slow[key] > truth.prior[key] for key in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s")
+    )
+    assert truth.to_dict()["prior"] == truth.prior

@@ -76,7 +76,7 @@ def test_planned_observed_bars_in_ms_with_the_source_colour():
     from core.planning.observed.planned import HistogramFit, PlannedVsObserved
     from core.planning.step_time import opt_13b_a100
     from tests.planning.simulated_server import simulated_server
-    from ui.live_figures import PLANNED_COLOR, planned_observed_figure
+    from ui.live_figures import PLANNED_COLOR, PRIOR_COLOR, planned_observed_figure
 
     _, window = simulated_server(n=20)
     fit = HistogramFit(opt_13b_a100(), (), {}, {}, 1, True)
@@ -92,3 +92,10 @@ def test_planned_observed_bars_in_ms_with_the_source_colour():
     assert observed_bars.marker.color == "#123456" and planned_bars.marker.color == PLANNED_COLOR
     assert list(planned_bars.text) == ["200 (-20%)", "500 (+25%)"]  # (planned - observed) / observed
     assert "ms" in fig.layout.yaxis.title.text and observed_bars.name == "observed (srv)"
+    prior = {"ttft_p50_s": 0.3, "ttft_p95_s": 0.6, "tpot_p50_s": 0.04, "tpot_p95_s": 0.2}
+    with_prior = planned_observed_figure(
+        PlannedVsObserved(window, fit, planned, {}, observed, prior), "#123456", "srv"
+    )
+    prior_bars = with_prior.data[2]
+    assert prior_bars.name.startswith("SLO planner") and prior_bars.marker.color == PRIOR_COLOR
+    assert list(prior_bars.y) == [300.0, 600.0] and list(prior_bars.text) == ["300 (+20%)", "600 (+50%)"]

@@ -110,21 +110,25 @@ class HistogramFit:
 @dataclass(frozen=True)
 class PlannedVsObserved:
     """planned / observed: LATENCY_KEYS -> seconds, both by histogram_quantile over vLLM's buckets; planned_exact:
-    the simulator's own percentiles; rel_errors: |planned - observed| / observed (None where undefined)."""
+    the simulator's own percentiles; rel_errors: |planned - observed| / observed (None where undefined). prior:
+    the same workload simulated with the step-time model as the SLO planner prices it (the engine profile, no
+    fit to this window), bucketed the same way; None when no prior model was given."""
 
     window: ObservedWindow
     fit: HistogramFit
     planned: dict
     planned_exact: dict
     observed: dict
+    prior: dict | None = None
 
     @property
     def rel_errors(self) -> dict:
-        out = {}
-        for key in LATENCY_KEYS:
-            p, o = self.planned.get(key), self.observed.get(key)
-            out[key] = abs(p - o) / o if p is not None and o else None
-        return out
+        return _rel_errors(self.planned, self.observed)
+
+    @property
+    def prior_rel_errors(self) -> dict | None:
+        """|prior - observed| / observed: how far the SLO planner's own prediction (no fit) was."""
+        return None if self.prior is None else _rel_errors(self.prior, self.observed)
 
     def to_dict(self) -> dict:
         w = self.window
@@ -133,8 +137,17 @@ class PlannedVsObserved:
                        "mean_prompt_tokens": w.mean_prompt_tokens, "mean_output_tokens": w.mean_output_tokens,
                        "steps": w.steps, "tpot_source": w.tpot_source},
             "fit": self.fit.to_dict(), "planned": self.planned, "planned_exact": self.planned_exact,
-            "observed": self.observed, "rel_errors": self.rel_errors,
+            "observed": self.observed, "rel_errors": self.rel_errors, "prior": self.prior,
+            "prior_rel_errors": self.prior_rel_errors,
         }  # fmt: skip
+
+
+def _rel_errors(planned: dict, observed: dict) -> dict:
+    out = {}
+    for key in LATENCY_KEYS:
+        p, o = planned.get(key), observed.get(key)
+        out[key] = abs(p - o) / o if p is not None and o else None
+    return out
 
 
 def sample_lengths(hist: Histogram, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -307,10 +320,12 @@ def plan_against_observed(
     base: StepTimeModel,
     limits: ServerLimits,
     settings: FitSettings = FitSettings(),
+    prior: StepTimeModel | None = None,
 ) -> PlannedVsObserved:
     """Fit `base` to the window and compare its planned TTFT / TPOT p50 / p95 with the observed ones (module
-    docstring), as `settings` say. Raises InvalidArgumentError when the window finished fewer than
-    `settings.min_requests` requests."""
+    docstring), as `settings` say; with `prior` (the model the SLO planner prices this deployment with), also
+    that model's prediction of the same workload, unfitted. Raises InvalidArgumentError when the window finished
+    fewer than `settings.min_requests` requests."""
     if window.requests < settings.min_requests:
         raise InvalidArgumentError(
             f"the window finished {window.requests:g} request(s); planned vs observed needs at least "
@@ -319,4 +334,5 @@ def plan_against_observed(
     workloads = window_workloads(window, settings.sim_requests, limits, settings.seed)
     fit, frame = fit_to_window(window, base, limits, workloads, settings.flops_headroom)
     planned, exact = planned_latency(frame)
-    return PlannedVsObserved(window, fit, planned, exact, window.latency())
+    predicted = None if prior is None else planned_latency(_simulate(workloads, prior, limits))[0]
+    return PlannedVsObserved(window, fit, planned, exact, window.latency(), predicted)

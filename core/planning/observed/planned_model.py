@@ -14,6 +14,7 @@ hardware (efficiencies and overhead then fitted to its histograms) and the sched
 from core.errors import InvalidArgumentError
 from core.live.metrics import VllmMetrics
 from core.planning.cpu_roofline import engine_step_model
+from core.planning.engine_profiles import engine_step_defaults
 from core.planning.hardware import get_gpu
 from core.planning.models import MODELS, get_model
 from core.planning.observed.planned import ServerLimits
@@ -35,10 +36,14 @@ def preset_for(served_name: str | None) -> str | None:
     return None
 
 
-def gpu_step_model(model_slug: str, gpu_slug: str, tensor_parallel: int = 1) -> StepTimeModel:
-    """The roofline of a preset model on `tensor_parallel` preset GPUs. Raises InvalidArgumentError naming the
-    known presets when either is unknown."""
-    return from_specs(get_model(model_slug), get_gpu(gpu_slug), tensor_parallel=tensor_parallel)
+def gpu_step_model(
+    model_slug: str, gpu_slug: str, tensor_parallel: int = 1, engine: str | None = None
+) -> StepTimeModel:
+    """The roofline of a preset model on `tensor_parallel` preset GPUs; with `engine` (ENGINES), priced with that
+    engine's fitted profile, as the SLO planner prices it. Raises InvalidArgumentError naming the known presets
+    (or engines) when one is unknown."""
+    overrides = {} if engine is None else engine_step_defaults(engine)
+    return from_specs(get_model(model_slug), get_gpu(gpu_slug), tensor_parallel=tensor_parallel, **overrides)
 
 
 def core_serve_step_model(served_name: str, roofs: dict, dtype: str = "float32") -> StepTimeModel:
