@@ -14,6 +14,7 @@ from core.page_models.tasks import slo_curves, slo_highest_rates, slo_predict, s
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from core.planning.slo_candidates import metric_label
+from core.serving.steady_state import SteadyStateSettings
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.jobs import run_job
 from ui.slo_planner_figures import latency_vs_rate_figure, percentiles_figure
@@ -153,6 +154,7 @@ def search_caption(plan) -> str:
     )
 
 
+STEADY = SteadyStateSettings()  # predict's own settings: the tolerance and cap its `converged` refers to
 PREDICT_COLUMNS = ("predicted (ms)", "95% interval low (ms)", "95% interval high (ms)", "target (ms)")
 LOAD_LABELS = {"rate": "request rate (Poisson)", "concurrency": "concurrent clients (closed loop)"}
 
@@ -225,14 +227,15 @@ def show_prediction(found, params) -> None:
     c[4].metric("KV-limited", "yes" if p["kv_limited"] else "no",
                 help="the KV cache, not compute, held requests back: queueing for blocks or preemption")  # fmt: skip
     c[5].metric("Converged", "yes" if p["converged"] else "no",
-                help="every percentile's 95% interval within 5% of its value")  # fmt: skip
+                help=f"every percentile's 95% interval within {STEADY.tolerance:.0%} of its value")  # fmt: skip
     cached_chart(st, percentiles_figure, p, targets)
     st.caption(
         f"Steady-state percentiles of one replica's simulation ({p['simulated_requests']:,} requests, "
         f"{p['warmup_requests']:,} of warm-up dropped, {p['measured_requests']:,} measured); error bars: 95% "
         "batch-means intervals; open bars: the targets. "
-        + ("Converged: every interval is within 5% of its value." if p["converged"] else
-           "Not converged: some interval is wider than 5% of its value at the simulation cap.")
+        + (f"Converged: every interval is within {STEADY.tolerance:.0%} of its value." if p["converged"] else
+           f"Not converged: some interval is wider than {STEADY.tolerance:.0%} of its value at the "
+           f"{STEADY.max_requests:,}-request cap.")
     )  # fmt: skip
     formats = {k: st.column_config.NumberColumn(format="%.4g") for k in PREDICT_COLUMNS}
     cached_dataframe(st, cached_value(percentile_rows, p, targets), width="stretch", column_config=formats)
