@@ -274,6 +274,26 @@ def show_prediction(found, params) -> None:
     )
 
 
+def show_table(table, caption, plan, params, rates) -> None:
+    """The ranked table and its caption, in their placeholders; `rates`: the highest rates found so far."""
+    numbers = {k: st.column_config.NumberColumn(format=v) for k, v in TABLE_FORMATS.items()}
+    numbers |= {column_name(k): st.column_config.NumberColumn(format="%.4g") for k, _ in params.targets}
+    numbers |= {column_name(k): st.column_config.NumberColumn(format="%.4g") for k in params.chart_keys()}
+    rows = cached_value(table_rows, plan, params, rates)
+    cached_dataframe(table, rows, width="stretch", column_config=numbers)
+    caption.caption(
+        "Every configuration evaluated, ranked by GPU count, then cost proxy, then meeting the SLO and headroom; "
+        "steady-state percentiles (TTFT and e2e in s, TPOT and ITL in ms). worst / target: the largest predicted "
+        "(or lower-bound) percentile over its target, or rate over capacity. highest rate: the highest Poisson "
+        "rate of these lengths whose steady state meets every target (`max_rate`, bisection to 3%), computed for "
+        f"the configurations the chart draws that meet the SLO (at most {MAX_RATE_CONFIGS}; here {len(rates)}"
+        + ("" if state.values["rates"] else ": not asked for, see the search space")
+        + ")"
+        + "".join(f"; {r.label}: {r.max_req_per_s:.3g} req/s ({r.binding} binds above)" for r in rates)
+        + "."
+    )
+
+
 st.title("SLO planner")
 st.markdown(
     "The cheapest GPU deployment (type, count, TP/PP, max_num_seqs, KV dtype) that serves your traffic within "
@@ -332,7 +352,10 @@ with answer:
             st.error(f"Cannot draw the latency curves: {error}")
         else:
             show_curves(curves, params, plan.best is not None)
-    rates, meeting = (), tuple(c for c in configs if c.meets_slo)[:MAX_RATE_CONFIGS]
+    st.subheader("Configurations, ranked")
+    table, caption = st.empty(), st.empty()  # drawn at once, then again with the highest rates when found
+    show_table(table, caption, plan, params, ())
+    meeting = tuple(c for c in configs if c.meets_slo)[:MAX_RATE_CONFIGS]
     if meeting and state.values["rates"]:
         try:
             rates = run_job(
@@ -340,21 +363,5 @@ with answer:
             )
         except LabError as error:
             st.error(f"Cannot find the highest rates: {error}")
-    st.subheader("Configurations, ranked")
-    numbers = {k: st.column_config.NumberColumn(format=v) for k, v in TABLE_FORMATS.items()}
-    numbers |= {column_name(k): st.column_config.NumberColumn(format="%.4g") for k, _ in params.targets}
-    numbers |= {column_name(k): st.column_config.NumberColumn(format="%.4g") for k in params.chart_keys()}
-    cached_dataframe(
-        st, cached_value(table_rows, plan, params, rates), width="stretch", column_config=numbers
-    )
-    st.caption(
-        "Every configuration evaluated, ranked by GPU count, then cost proxy, then meeting the SLO and headroom; "
-        "steady-state percentiles (TTFT and e2e in s, TPOT and ITL in ms). worst / target: the largest predicted "
-        "(or lower-bound) percentile over its target, or rate over capacity. highest rate: the highest Poisson "
-        "rate of these lengths whose steady state meets every target (`max_rate`, bisection to 3%), computed for "
-        f"the configurations the chart draws that meet the SLO (at most {MAX_RATE_CONFIGS}; here {len(rates)}"
-        + ("" if state.values["rates"] else ": not asked for, see the search space")
-        + ")"
-        + "".join(f"; {r.label}: {r.max_req_per_s:.3g} req/s ({r.binding} binds above)" for r in rates)
-        + "."
-    )
+        else:
+            show_table(table, caption, plan, params, rates)
