@@ -108,7 +108,8 @@ def vllm_bench_serve_command(
     """The `vllm bench serve` command replaying `load` (rate or clients, lengths, spread, seed) in `num_prompts`
     requests against a `vllm serve` of `model` on this machine's default port, reporting the percentiles
     `percentiles` of `metrics` (our names: ttft, tpot, itl, e2e). Flags and their semantics: module docstring.
-    Raises InvalidArgumentError for an unknown metric, a percentile outside (0, 100) or num_prompts < 1."""
+    Raises InvalidArgumentError for an unknown metric, a percentile outside (0, 100), num_prompts < 1 or a load
+    with shared prefixes."""
     if not isinstance(num_prompts, int) or num_prompts < 1:
         raise InvalidArgumentError(f"num_prompts must be a whole number >= 1, got {num_prompts!r}")
     unknown = [m for m in metrics if m not in BENCH_METRIC_NAMES]
@@ -118,6 +119,11 @@ def vllm_bench_serve_command(
         )
     if not percentiles or any(not 0 < q < 100 for q in percentiles):
         raise InvalidArgumentError(f"percentiles must be in (0, 100), got {list(percentiles)}")
+    if load.shared_prefix_len:
+        raise InvalidArgumentError(
+            "a load with shared prefixes has no vllm bench serve --dataset-name random equivalent (its prefixes "
+            "are not the lab's); give shared_prefix_len 0"
+        )
     parts = [
         "vllm bench serve",
         f"--model {model.hf_repo or model.name}",

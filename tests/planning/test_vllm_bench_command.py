@@ -103,3 +103,8 @@ def test_the_prompt_count_covers_twenty_in_flight_populations():
 def test_bad_arguments_are_refused_naming_them(kwargs, message):
     with pytest.raises(InvalidArgumentError, match=message):
         vllm_bench_serve_command(LLAMA, Load(1.0, 10, 10), **kwargs)
+
+
+def test_a_load_with_shared_prefixes_is_refused_not_replayed_without_them():
+    with pytest.raises(InvalidArgumentError, match="shared_prefix_len"):
+        vllm_bench_serve_command(LLAMA, Load(1.0, 100, 10, shared_prefix_len=50), 1000)
