@@ -3,13 +3,14 @@ each target sits at its own percentile and value, and the URL fields build the `
 
 import pytest
 
+from core.page_models.slo_planner import DEFAULT_PARAMS
 from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, missed_targets, percentile_rows
 from core.planning.load import Load
 from core.planning.predict import Deployment, predict
 from core.serving.latency import PERCENTILES
 from ui.query_state import parse_params
 from ui.slo_planner_figures import PERCENTILE_PANELS, percentiles_figure
-from ui.slo_planner_state import FIELDS, MODE_KEYS, predict_params_from, url_params
+from ui.slo_planner_state import FIELDS, MODE_KEYS, params_from, predict_params_from, url_params
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +67,5 @@ def test_the_url_fields_build_the_params_and_hold_only_the_mode_s_inputs():
     assert predict_params_from(defaults) == DEFAULT_PREDICT_PARAMS
     search, _ = parse_params({}, FIELDS)
     assert set(url_params(search)) == set(MODE_KEYS["search"]) and "gpu" not in url_params(search)
+    # one set of target fields serves both modes, so both defaults are the same targets
+    assert params_from(search) == DEFAULT_PARAMS and DEFAULT_PARAMS.targets == DEFAULT_PREDICT_PARAMS.targets
