@@ -34,6 +34,7 @@ from core.page_models.slo_predict import DeploymentAnswer, SloPredictParams, dep
 from core.page_models.slo_rates import HighestRate, highest_rates
 from core.planning.max_rate import SEARCH_SETTINGS
 from core.planning.slo_eval import SloConfig
+from core.serving.steady_state import SteadyStateSettings
 from core.serving.step_attention import measure_step_attention
 from core.serving.workload import Request
 
@@ -117,9 +118,11 @@ def slo_highest_rates(
 
 def slo_predict(params: SloPredictParams, *, progress: Callable = _no_progress) -> DeploymentAnswer:
     """The SLO planner's "predict my deployment" mode (`slo_predict.deployment_answer`): the steady state of the
-    deployment at the load, the highest rate within the targets, the vLLM commands. No request limit applies:
-    the simulations' lengths are core's (`SteadyStateSettings`: at most 12,000 requests each, a few seconds),
-    not an input, and the page must show what `python -m core.planning predict` prints."""
+    deployment at the load, the highest rate within the targets, the vLLM commands. LimitExceededError
+    (PAGED_LAB_MAX_REQUESTS) when the operator allows fewer requests than a prediction may simulate
+    (`SteadyStateSettings().max_requests`, 10,000 by default as the limit): the page then refuses instead of
+    showing a shorter estimate than `python -m core.planning predict` prints."""
+    Limits.from_env().check_requests(SteadyStateSettings().max_requests, "a steady-state prediction")
     return deployment_answer(params, progress)
 
 

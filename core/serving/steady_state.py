@@ -74,7 +74,7 @@ class SteadyStateSettings:
     tolerance: float = 0.1
     num_batches: int = 10
     initial_measured: int = 600
-    max_requests: int = 12_000
+    max_requests: int = 10_000  # the operator limit PAGED_LAB_MAX_REQUESTS defaults to the same
     warmup_lifetimes: float = 3.0
     batch_lifetimes: float = 2.0
 
