@@ -35,7 +35,14 @@ READY_S = (
 # What the pages submit at their defaults (app_pages/kernels.py, simulator.py, slo_planner.py, engine.py): the
 # Engine page answers with SmolLM2 when it is fetched (chat_outputs), else generates with the tiny model
 # (generate_outputs).
-DEFAULT_JOBS = {"kernel_correctness", "kernel_sweep", "compare_policies", "slo_search", "slo_curves"}
+DEFAULT_JOBS = {
+    "kernel_correctness",
+    "kernel_sweep",
+    "compare_policies",
+    "slo_search",
+    "slo_curves",
+    "slo_highest_rates",
+}
 ENGINE_JOBS = {"chat_outputs", "generate_outputs"}
 
 
