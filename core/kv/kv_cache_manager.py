@@ -166,33 +166,91 @@ class KVCacheManager:
     def token_ids(self, request_id: Hashable) -> list[int]:
         return list(self._request(request_id).token_ids)
 
-    def blocks_needed(self, num_tokens: int) -> int:
-        """Free blocks a new prompt of `num_tokens` takes over all groups, counting no prefix-cache hits."""
+    def blocks_needed(self, num_tokens: int, num_seqs: int = 1, num_shared_tokens: int | None = None) -> int:
+        """Free blocks a new request takes over all groups, counting no prefix-cache hits: `num_seqs` sequences
+        of `num_tokens` tokens forked from one prompt of `num_shared_tokens` (default: all of them). The forks
+        share the prompt's full blocks, and its partly filled last block while none has written past the
+        prompt; each sequence's own entries are its manager's `num_new_blocks` past the shared full blocks.
+        Worked example, block size 4, 2 sequences of 10 tokens forked from a 6-token prompt: 1 shared full
+        block + 2 x (3 - 1) own entries = 5 blocks per full-attention group; with 6 tokens each, 2 blocks."""
         num_tokens = check_int(num_tokens, "num_tokens", minimum=1)
-        return sum(manager.num_required_blocks(num_tokens) for manager in self.managers)
-
-    def num_blocks_for_decode(self, request_ids: Iterable[Hashable]) -> int:
-        """Free blocks one decode token for each of `request_ids` takes, appended in that order, summed over
-        the groups (vLLM's coordinator summing each manager's `get_num_blocks_to_allocate`): per group the
-        table's growth (`num_required_blocks`) plus, for a shared last block that the token writes, one copy
-        for every holder but the last (ref counts replayed on a scratch copy). The releases of computed tokens
-        are assumed done (`mark_computed`), as the engine does after each step. Changes nothing."""
-        ref_counts = self.pool.ref_counts
-        refs: dict[int, int] = {}  # block -> holders left after the copies counted so far
+        shared = num_tokens if num_shared_tokens is None else num_shared_tokens
+        if num_seqs == 1 or shared >= num_tokens:
+            return sum(manager.num_required_blocks(num_tokens) for manager in self.managers)
         need = 0
-        for request_id in request_ids:
+        for manager in self.managers:
+            full = shared // manager.block_size
+            need += full + num_seqs * manager.num_new_blocks(full, num_tokens, 0)
+        return need
+
+    def num_blocks_held(self, num_tokens: int) -> tuple[int, ...]:
+        """Blocks one unshared request of `num_tokens` tokens holds in each group once all but its newest token
+        are computed (a window group has released what no later token reads):
+        `num_required_blocks(n) - num_skipped_blocks(n - 1)` per group."""
+        return tuple(
+            m.num_required_blocks(num_tokens) - m.num_skipped_blocks(num_tokens - 1) for m in self.managers
+        )
+
+    def num_blocks_to_append(self, new_tokens: Mapping[Hashable, int]) -> int:
+        """THE blocks-per-step question (vLLM's coordinator summing each manager's `get_num_blocks_to_allocate`):
+        net free blocks taken when each request r of `new_tokens` gets `new_tokens[r]` more tokens as
+        `decode_steps` does it (its tokens but the newest computed first, which releases what a window no
+        longer reads; then copy-on-write of a shared written last block, then new table entries). Per group and
+        request it adds the manager's `num_new_blocks` and `written_tail`; across requests it replays ref
+        counts: a released block is freed when every holder releases it, and a shared written tail is copied by
+        all its writers but the last holder. The engine (after `mark_computed` of every computed token: nothing
+        left to release), the serving simulator's paged policy and the scheduler's preemption all ask this.
+        Changes nothing; raises UnknownSequenceError for an unknown request."""
+        if self._all_full:
+            return self._num_blocks_to_append_full(new_tokens)
+        releases: dict[int, int] = {}  # block -> table entries released first
+        tails: dict[int, int] = {}  # shared written last block -> requests that write it
+        takes = 0
+        ref_counts = self.pool.ref_counts
+        for request_id, count in new_tokens.items():
             req = self._request(request_id)
-            n = len(req.token_ids)
+            old = len(req.token_ids)
+            new = old + count
+            computed = max(req.num_computed, new - 1)
             for manager, rec in zip(self.managers, req.blocks, strict=True):
                 table = rec.table
-                need += max(0, manager.num_required_blocks(n + 1) - len(table))
-                if table and table[-1] >= 0 and manager._tail_is_written(n):
-                    last = table[-1]
-                    count = refs.get(last, ref_counts[last])
-                    take = int(count > 1)
-                    refs[last] = count - take
-                    need += take
-        return need
+                skip = manager.num_skipped_blocks(computed)
+                for index in range(rec.first_held, min(skip, len(table))):
+                    releases[table[index]] = releases.get(table[index], 0) + 1
+                takes += manager.num_new_blocks(len(table), new, computed)
+                tail = manager.written_tail(rec, old, computed)
+                if tail >= 0 and ref_counts[tail] > 1:
+                    tails[tail] = tails.get(tail, 0) + 1
+        freed = sum(1 for block, count in releases.items() if count == ref_counts[block])
+        copies = sum(  # the holders left after the releases copy it, all but the last
+            max(0, min(count, ref_counts[block] - releases.get(block, 0) - 1))
+            for block, count in tails.items()
+        )
+        return takes + copies - freed
+
+    def _num_blocks_to_append_full(self, new_tokens: Mapping[Hashable, int]) -> int:
+        """`num_blocks_to_append` when every group is full attention (tested equal to the general path): nothing
+        is skipped or released, so `num_new_blocks` is the table's growth and the written tail is the last
+        block of a table whose tokens end inside it."""
+        tails: dict[int, int] = {}
+        takes = 0
+        ref_counts = self.pool.ref_counts
+        requests = self._requests
+        block_sizes = [manager.block_size for manager in self.managers]
+        for request_id, count in new_tokens.items():
+            req = requests.get(request_id) or self._request(request_id)
+            old = len(req.token_ids)
+            new = old + count
+            for bs, rec in zip(block_sizes, req.blocks, strict=True):
+                table = rec.table
+                takes += max(0, -(-new // bs) - len(table))
+                if old % bs and ref_counts[table[-1]] > 1:
+                    tails[table[-1]] = tails.get(table[-1], 0) + 1
+        return takes + sum(min(count, ref_counts[block] - 1) for block, count in tails.items())
+
+    def num_blocks_for_decode(self, request_ids: Iterable[Hashable]) -> int:
+        """`num_blocks_to_append` of one decode token for each of `request_ids`."""
+        return self.num_blocks_to_append(dict.fromkeys(request_ids, 1))
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new prompt of `num_tokens` fits in the free blocks without any prefix-cache hit."""
@@ -325,35 +383,14 @@ class KVCacheManager:
         released at once. So the call needs no more free blocks than the end state holds: it raises
         OutOfBlocksError (or UnknownSequenceError, InvalidArgumentError) with nothing changed otherwise.
         """
-        if self._all_full:
-            return self._decode_steps_full(token_ids)
-        plan = []
-        releases: dict[int, int] = {}  # block -> table entries released in the first phase
-        tails: dict[int, int] = {}  # shared written last block -> requests that may copy it
-        takes = 0
-        ref_counts = self.pool.ref_counts
-        for request_id, new_tokens in token_ids.items():
-            req = self._request(request_id)
-            tokens = check_token_ids(request_id, new_tokens)
-            old = len(req.token_ids)
-            new = old + len(tokens)
-            plan.append((req, tokens, old, new))
-            for manager, rec in zip(self.managers, req.blocks, strict=True):
-                table = rec.table
-                skip = manager.num_skipped_blocks(new - 1)
-                for index in range(rec.first_held, min(skip, len(table))):
-                    releases[table[index]] = releases.get(table[index], 0) + 1
-                takes += max(0, manager.num_required_blocks(new) - max(skip, len(table)))
-                last = len(table) - 1
-                written = last >= max(skip, rec.first_held) and manager._tail_is_written(old)
-                if written and ref_counts[table[last]] > 1:
-                    tails[table[last]] = tails.get(table[last], 0) + 1
-        freed = sum(1 for block, count in releases.items() if count == ref_counts[block])
-        copies = sum(  # the holders left after the releases copy it, all but the last
-            max(0, min(count, ref_counts[block] - releases.get(block, 0) - 1))
-            for block, count in tails.items()
+        plan = self._decode_plan(token_ids)
+        self._check_room(
+            self.num_blocks_to_append({rid: len(tokens) for rid, (_, tokens, _, _) in plan.items()}),
+            f"{len(plan):,} requests' decode steps",
         )
-        self._check_room(takes + copies - freed, f"{len(plan):,} requests' decode steps")
+        if self._all_full:
+            return self._decode_steps_full(plan.values())
+        plan = plan.values()
         copied = []  # per request and group: the index of a shared written last block, else -1
         for req, tokens, old, new in plan:
             req.token_ids.extend(tokens)
@@ -374,28 +411,21 @@ class KVCacheManager:
                 self._grow_table(req, manager, rec, old, new)
             req.num_computed = new - 1
 
-    def _decode_steps_full(self, token_ids: Mapping[Hashable, Sequence[int]]) -> None:
-        """`decode_steps` when every group is full attention (nothing is ever released): the same end state,
-        one pass to check room (new blocks, copies of shared written last blocks), one to apply it."""
-        plan = []
-        tails: dict[int, int] = {}  # shared written last block -> requests that copy it
-        takes = 0
-        ref_counts = self.pool.ref_counts
+    def _decode_plan(self, token_ids: Mapping[Hashable, Sequence[int]]) -> dict:
+        """request id -> (request, checked new tokens, tokens before, tokens after); raises UnknownSequenceError
+        or InvalidArgumentError."""
+        plan = {}
         requests = self._requests
-        block_sizes = [manager.block_size for manager in self.managers]
         for request_id, new_tokens in token_ids.items():
             req = requests.get(request_id) or self._request(request_id)
             tokens = check_token_ids(request_id, new_tokens)
             old = len(req.token_ids)
-            new = old + len(tokens)
-            plan.append((req, tokens, old, new))
-            for bs, rec in zip(block_sizes, req.blocks, strict=True):
-                table = rec.table
-                takes += max(0, -(-new // bs) - len(table))
-                if old % bs and ref_counts[table[-1]] > 1:
-                    tails[table[-1]] = tails.get(table[-1], 0) + 1
-        copies = sum(min(count, ref_counts[block] - 1) for block, count in tails.items())
-        self._check_room(takes + copies, f"{len(plan):,} requests' decode steps")
+            plan[request_id] = (req, tokens, old, old + len(tokens))
+        return plan
+
+    def _decode_steps_full(self, plan) -> None:
+        """`decode_steps` when every group is full attention (nothing is ever released), room checked."""
+        ref_counts = self.pool.ref_counts
         pool, caching = self.pool, self.enable_prefix_caching
         for req, tokens, old, new in plan:
             req.token_ids.extend(tokens)
@@ -455,12 +485,10 @@ class KVCacheManager:
         up to `num_required_blocks(new)`, -1 for those already behind the window (cached on the way)."""
         pool, table = self.pool, rec.table
         skip = manager.num_skipped_blocks(new - 1)
-        last = len(table) - 1
-        if last >= max(skip, rec.first_held) and manager._tail_is_written(old):
-            src = table[last]
-            if pool.ref_counts[src] > 1:
-                table[last] = pool.take_one()
-                pool.release(src)
+        src = manager.written_tail(rec, old, new - 1)
+        if src >= 0 and pool.ref_counts[src] > 1:
+            table[-1] = pool.take_one()
+            pool.release(src)
         caching = self.enable_prefix_caching and manager.caches_blocks
         for index in range(len(table), manager.num_required_blocks(new)):
             if index >= skip:

@@ -124,26 +124,50 @@ class SingleTypeKVCacheManager:
             parent = hashes[i]
         return hits
 
+    def num_new_blocks(self, num_entries: int, num_tokens: int, num_computed: int) -> int:
+        """THE blocks-per-step rule of one group (vLLM's `get_num_blocks_to_allocate`): table entries to take
+        anew so that a table of `num_entries` entries makes room for `num_tokens` tokens once `num_computed` of
+        them are computed. Entries wholly behind the window (`num_skipped_blocks(num_computed)`) are never
+        taken: `max(0, num_required_blocks(num_tokens) - max(num_skipped_blocks(num_computed), num_entries))`.
+
+        Worked example, block size 4, a table of 3 entries (room for 9..12 tokens), 12 tokens computed:
+        - full attention, room for 13 tokens: 4 - max(0, 3) = 1 new block.
+        - sliding window W = 4 (skips 9 tokens, 2 blocks), room for 20 tokens: 5 - max(2, 3) = 2.
+        - sliding window W = 4, 18 computed (skips 15 tokens, 3 blocks), room for 20: 5 - max(3, 3) = 2;
+          with 19 computed (skips 16 tokens, 4 blocks), 5 - 4 = 1: logical block 3 is never taken.
+        Every "how many blocks does this take" question of `KVCacheManager` (admission, a decode step, a run
+        of decode steps) and of the serving policies adds up this method's answers over groups and requests."""
+        required = self.num_required_blocks(num_tokens)
+        return max(0, required - max(self.num_skipped_blocks(num_computed), num_entries))
+
+    def written_tail(self, rec: RequestBlocks, num_tokens: int, num_computed: int) -> int:
+        """The held last block that the token at position `num_tokens` writes, once `num_computed` tokens are
+        computed (the blocks they skip released), or -1: the block a shared table must copy (copy-on-write)."""
+        table = rec.table
+        last = len(table) - 1
+        if last < max(self.num_skipped_blocks(num_computed), rec.first_held) or not self._tail_is_written(
+            num_tokens
+        ):
+            return -1
+        return table[last]
+
     def num_blocks_to_allocate(self, num_tokens: int, hits: Sequence[int]) -> int:
-        """Free blocks a new request of `num_tokens` tokens consumes with these hits: new blocks plus the hit
-        blocks it holds that are free now (reviving them takes them off the free queues). Hit blocks that no
-        uncomputed token reads (behind a window) are not held."""
+        """Free blocks a new request of `num_tokens` tokens consumes with these hits (computed): the new entries
+        (`num_new_blocks` of a table of the hits) plus the hit blocks it holds that are free now (reviving them
+        takes them off the free queues). Hit blocks that no uncomputed token reads (behind a window) are not
+        held."""
         ref_counts = self.pool.ref_counts
-        skip = self.num_skipped_blocks(len(hits) * self.block_size)
+        computed = len(hits) * self.block_size
+        skip = self.num_skipped_blocks(computed)
         revived = sum(1 for b in hits[skip:] if ref_counts[b] == 0)
-        return self.num_required_blocks(num_tokens) - len(hits) + revived
+        return self.num_new_blocks(len(hits), num_tokens, computed) + revived
 
     def num_blocks_to_append(self, rec: RequestBlocks, old_tokens: int, new_tokens: int) -> int:
-        """Free blocks taken to grow the request from `old_tokens` to `new_tokens`: one for copy-on-write of a
-        shared, written last block, plus the table's growth."""
-        table = rec.table
-        cow = (
-            self._tail_is_written(old_tokens)
-            and table
-            and table[-1] >= 0
-            and self.pool.ref_counts[table[-1]] > 1
-        )
-        return int(bool(cow)) + max(0, self.num_required_blocks(new_tokens) - len(table))
+        """Free blocks taken to grow the request from `old_tokens` to `new_tokens` tokens, nothing released on
+        the way: one for copy-on-write of a shared, written last block, plus `num_new_blocks`."""
+        tail = self.written_tail(rec, old_tokens, 0)
+        cow = tail >= 0 and self.pool.ref_counts[tail] > 1
+        return int(cow) + self.num_new_blocks(len(rec.table), new_tokens, 0)
 
     # ---- changes ------------------------------------------------------------------------------------------
 
@@ -169,14 +193,13 @@ class SingleTypeKVCacheManager:
         pool = self.pool
         table = rec.table
         cow = None
-        if self._tail_is_written(old_tokens) and table:
-            src = table[-1]
-            if src >= 0 and pool.ref_counts[src] > 1:
-                dst = pool.take_one()
-                pool.release(src)
-                table[-1] = dst
-                cow = (src, dst)
-        for _ in range(self.num_required_blocks(new_tokens) - len(table)):
+        src = self.written_tail(rec, old_tokens, 0)
+        if src >= 0 and pool.ref_counts[src] > 1:
+            dst = pool.take_one()
+            pool.release(src)
+            table[-1] = dst
+            cow = (src, dst)
+        for _ in range(self.num_new_blocks(len(table), new_tokens, 0)):
             table.append(pool.take_one())
         return cow
 

@@ -23,7 +23,7 @@ the pool is the simulator's accounting: the paper's slot categories and the bulk
 
 import numpy as np
 
-from core.common import cdiv, check_int
+from core.common import check_int
 from core.errors import InvalidArgumentError
 from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.snapshot import KVCacheSnapshot
@@ -110,28 +110,22 @@ class PagedMemory:
         return self.kv.num_free_blocks
 
     def _blocks_for(self, prompt: int, generated: int, n: int) -> int:
-        """Blocks one group holds for n sequences sharing `prompt` tokens with `generated` own tokens each, with
-        nothing released yet (as at admission)."""
-        bs = self.block_size
-        if generated == 0:
-            return cdiv(prompt, bs)
-        shared = prompt // bs
-        return shared + n * (cdiv(prompt + generated, bs) - shared)
-
-    def _window_blocks(self, length: int, window: int) -> int:
-        """Blocks a window group holds for one sequence of `length` tokens once all but the newest are computed."""
-        last = length - 1
-        return last // self.block_size - max(0, last - window + 1) // self.block_size + 1
+        """Blocks all groups hold for n sequences sharing `prompt` tokens with `generated` own tokens each, with
+        nothing released yet (as at admission): the KV core's `blocks_needed`."""
+        return self.kv.blocks_needed(prompt + generated, n, prompt)
 
     def check_fits(self, group, max_output_len: int) -> None:
         n, prompt = group.num_seqs, group.prompt_len
         longest = prompt + max_output_len - 1
-        admit = self._blocks_for(prompt, 0, n)
+        kv, count = self.kv, len(self.windows)
+        # per group (every group holds a prompt alike): a full group keeps everything, the prompt shared; a
+        # window group holds at most what its window reads at the longest length (each sequence its own
+        # blocks), never less than the prompt
+        admit = kv.blocks_needed(prompt, n) // count
+        full = kv.blocks_needed(longest, n, prompt) // count
         peak = sum(
-            self._blocks_for(prompt, max_output_len - 1, n)
-            if w is None
-            else max(admit, n * self._window_blocks(longest, w))
-            for w in self.windows
+            full if w is None else max(admit, n * held)
+            for w, held in zip(self.windows, kv.num_blocks_held(longest), strict=True)
         )
         groups = "" if len(self.windows) == 1 else f" over its {len(self.windows)} KV cache groups"
         if peak > self.num_blocks:
@@ -148,16 +142,12 @@ class PagedMemory:
     def swap_blocks(self, group) -> int:
         """Blocks the group's KV takes in swap space: what swapping it back in allocates (every group holds the
         whole sequences again, the prompt shared), the same whether it is asked while held or swapped out."""
-        return len(self.windows) * self._blocks_for(
-            group.prompt_len, group.length - group.prompt_len, group.num_seqs
-        )
+        return self._blocks_for(group.prompt_len, group.length - group.prompt_len, group.num_seqs)
 
     # ---- admission --------------------------------------------------------------------------------------------
 
     def can_admit(self, group, num_tokens: int, reserved_blocks: int) -> bool:
-        need = len(self.windows) * self._blocks_for(
-            group.prompt_len, num_tokens - group.prompt_len, group.num_seqs
-        )
+        need = self._blocks_for(group.prompt_len, num_tokens - group.prompt_len, group.num_seqs)
         # the step's decodes may release more than they take (windows), but only after the admission
         return need <= self.kv.num_free_blocks - self.watermark_blocks - max(0, reserved_blocks)
 
@@ -198,17 +188,9 @@ class PagedMemory:
     # ---- decode ----------------------------------------------------------------------------------------------
 
     def decode_blocks(self, groups: list) -> int:
-        """Net blocks the groups' next decode step takes (new and copied blocks less the blocks it releases)."""
-        bs, count = self.block_size, len(self.windows)
-        takes = 0
-        for group in groups:
-            if group.length % bs == 0:
-                takes += group.num_seqs * count
-            elif self._held[group].shared_tail:
-                takes += (group.num_seqs - 1) * count
-        frees = np.zeros(1, dtype=np.int64)
-        self._releases(groups, 1, frees)
-        return takes - int(frees[0])
+        """Net blocks the groups' next decode step takes (new and copied blocks less the blocks it releases):
+        the KV core's `num_blocks_for_decode`, the question the engine asks too."""
+        return self.kv.num_blocks_for_decode(sid for group in groups for sid in group.seq_ids)
 
     def _releases(self, groups: list, steps: int, frees: np.ndarray) -> None:
         """Add to frees[t - 1] the blocks that decode step t (1..steps) gives back to the pool: a window group

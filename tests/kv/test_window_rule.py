@@ -62,7 +62,15 @@ def test_a_new_kind_is_one_spec_and_one_manager():
     assert kv.block_ids("r")[0][:3] == [-1, -1, -1]
     assert kv.num_held_blocks("r") == (2, 5)
     assert kv.num_free_blocks == 40 - 7
+    assert kv.num_blocks_to_append({"r": 1}) == 2  # the one blocks-per-step question knows the kind too
     kv.append_token("r", 99)  # position 20 starts block 5 in both groups
     assert kv.num_held_blocks("r") == (3, 6)
+    # 8 more tokens (29: 8 entries), all but the newest computed first: the toy group skips 28 - 5 = 23
+    # tokens (5 blocks), so it releases blocks 3 and 4 and takes blocks 6 and 7; the full group takes 6 and 7
+    assert kv.num_blocks_to_append({"r": 8}) == (2 - 2) + 2
+    free = kv.num_free_blocks
+    kv.decode_steps({"r": [1] * 8})
+    assert free - kv.num_free_blocks == 2
+    assert kv.num_held_blocks("r") == (3, 8)
     kv.free("r")
     assert kv.num_free_blocks == 40
