@@ -91,6 +91,7 @@ class EngineMemory:
         self.watermark_blocks = int(watermark * self.num_blocks)
         self.held: dict[int, SequenceGroup] = {}
         self.cow_log: list[tuple[int, int, int, int]] = []
+        self._grown: list[Sequence] = []  # the sequences `grow` gave this step's token, marked by `decoded`
 
     # ---- sizing -------------------------------------------------------------------------------------------
 
@@ -171,12 +172,44 @@ class EngineMemory:
                 mgr.fork(first.seq_id, child.seq_id)
                 child.num_allocated, child.num_computed = first.num_allocated, first.num_computed
         group.prefill_plan = plan
+        group.prefill_owners = [] if group.started_sampling else list(group.seqs)
         group.num_cached_tokens += hit_tokens
         self.held[id(group)] = group
         return Admission(sum(n for _, n in plan), hit_tokens)
 
     def prefill(self, group: SequenceGroup, num_tokens: int) -> None:
-        """Nothing to account: the engine marks the computed tokens when it runs the chunk."""
+        """The chunk ending `num_tokens` before the group's prefill point (the scheduler already lowered
+        `num_prefill_tokens`) ran: mark each planned sequence's part of it computed (every fork sharing the
+        prompt, before sampling started), then, when the prefill ended, apply the sampler's `kv_changes`."""
+        done = group.num_prefill_total - group.num_prefill_tokens
+        offset = 0
+        for seq, todo in group.prefill_plan:
+            upto = min(max(done - offset, 0), todo)
+            stop = seq.num_allocated - todo + upto
+            for owner in group.prefill_owners or [seq]:
+                if owner.num_allocated and stop > owner.num_computed:
+                    self.mark_computed(owner, stop)
+            offset += todo
+        if group.num_prefill_tokens == 0:
+            self._apply_changes(group)
+
+    def decoded(self, groups: list, steps: int) -> None:
+        """The step ran: every sequence `grow` gave a token has its K/V computed (the manager caches newly full
+        blocks, windows release what no later token reads); then the sampler's `kv_changes` of the groups
+        apply (forks share the computed blocks, ended sequences free theirs)."""
+        for seq in self._grown:
+            self.mark_computed(seq, seq.num_allocated)
+        self._grown = []
+        for group in groups:
+            self._apply_changes(group)
+
+    def _apply_changes(self, group: SequenceGroup) -> None:
+        for seq, child in group.kv_changes:
+            if child is None:
+                self.free_seq(seq)
+            else:
+                self.manager.fork(seq.seq_id, child.seq_id)
+        group.kv_changes.clear()
 
     def grow(self, groups: list, steps: int) -> None:
         """Append each decoding sequence's last sampled token (its K/V slot in every KV cache group), copying a
@@ -190,6 +223,7 @@ class EngineMemory:
                     self.cache.copy_blocks(cows)
                     self.cow_log += [(group.request_id, seq.seq_id, *cow) for cow in cows]
                 seq.num_allocated += 1
+                self._grown.append(seq)
 
     def block_tables(self, seqs: list[Sequence]) -> np.ndarray:
         """[num_groups, len(seqs), max blocks] int32 block tables of the sequences, one per KV cache group,
@@ -223,9 +257,6 @@ class EngineMemory:
         self.manager.mark_computed(seq.seq_id, stop)
         seq.num_computed = stop
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        self.manager.fork(parent.seq_id, child.seq_id)
-
     def free_seq(self, seq: Sequence) -> None:
         if seq.num_allocated:
             self.manager.free(seq.seq_id)
@@ -233,8 +264,15 @@ class EngineMemory:
 
     def release(self, group: SequenceGroup) -> int:
         free0 = self.manager.num_free_blocks
+        for seq, child in group.kv_changes:  # changes sampling decided but no step applied (an abort)
+            if child is None:
+                self.free_seq(seq)
+            else:
+                child.num_allocated = child.num_computed = 0  # never forked in the manager
+        group.kv_changes.clear()
         for seq in group.seqs:
             self.free_seq(seq)
+        self._grown = [s for s in self._grown if s.num_allocated]
         self.held.pop(id(group), None)
         return self.manager.num_free_blocks - free0
 

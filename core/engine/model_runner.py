@@ -30,6 +30,7 @@ class PreparedStep:
     logits_owner: for each row of the logits, the sequences that sample from it (a prompt whose prefill ends feeds
         every one of its n forked samples, which share it).
     kv_tokens_read: KV token slots the step's attention reads (all sequences, one layer: the mean over layers).
+    logits: the forward pass's [rows, vocab] float32 logits, set by `ModelRunner.execute`.
     """
 
     batch: ForwardBatch
@@ -37,6 +38,7 @@ class PreparedStep:
     pieces: list[tuple[SequenceGroup, Sequence, int, int]]
     logits_owner: list[list[Sequence]]
     kv_tokens_read: int
+    logits: torch.Tensor | None = None  # [rows, vocab] once `execute` ran it
 
 
 def prefill_pieces(scheduled: ScheduledStep) -> list[tuple[SequenceGroup, Sequence, int, int]]:
@@ -77,6 +79,7 @@ class ModelRunner:
         self.memory = memory
         self.last_forward_ms = 0.0
         self.last_attention_ms = 0.0
+        self.last_kv_tokens_read = 0
 
     def prepare(self, scheduled: ScheduledStep) -> PreparedStep:
         """The flattened batch of a non-empty step (decoding sequences already grown by `Scheduler.allocate`)."""
@@ -132,20 +135,27 @@ class ModelRunner:
 
     def run(self, prepared: PreparedStep) -> torch.Tensor:
         """Run the forward pass (K/V of every token written to its slot); returns [rows, vocab] float32 logits,
-        row i for `prepared.logits_owner[i]`. Marks the computed tokens in memory."""
+        row i for `prepared.logits_owner[i]`. Changes no block table: the scheduler's postprocess marks the
+        computed tokens (`EngineMemory.prefill` / `decoded`)."""
         started = time.perf_counter()
         logits = self.model.forward(prepared.batch, self.memory.cache)
         if logits.device.type == "cuda":
             torch.cuda.synchronize(logits.device)
         self.last_forward_ms = (time.perf_counter() - started) * 1e3
         self.last_attention_ms = self.model.attention_ms
-        mem = self.memory
-        for seq in prepared.decode_seqs:
-            mem.mark_computed(seq, seq.num_allocated)
-        for group, seq, start, chunk in prepared.pieces:
-            for owner in [seq] if group.started_sampling else group.seqs:
-                mem.mark_computed(owner, start + chunk)
         return logits
+
+    def execute(self, scheduled: ScheduledStep) -> PreparedStep | None:
+        """Prepare and run a step; returns its `PreparedStep` with `logits` ([rows, vocab] float32) set, or None
+        for an empty step (nothing runs: `last_forward_ms`, `last_attention_ms` and `last_kv_tokens_read` are 0)."""
+        if scheduled.is_empty:
+            self.last_forward_ms = self.last_attention_ms = 0.0
+            self.last_kv_tokens_read = 0
+            return None
+        prepared = self.prepare(scheduled)
+        prepared.logits = self.run(prepared)
+        self.last_kv_tokens_read = prepared.kv_tokens_read
+        return prepared
 
     def warm_up(self) -> float:
         """Run the kernels once on a throwaway batch (one decode row and a 2-token prefill chunk writing into

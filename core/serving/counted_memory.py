@@ -111,6 +111,9 @@ class CountedPagedMemory:
         free = self._free - np.cumsum(takes)
         return MemoryMetrics.paged(self.num_blocks, bs, self.capacity, free, tail, self.pending)
 
+    def decoded(self, groups: list, steps: int) -> None:
+        """Nothing: blocks are counted when `grow` takes them."""
+
     def grow(self, groups: list, steps: int) -> None:
         bs, rule = self.block_size, self._group_rule
         for group in groups:

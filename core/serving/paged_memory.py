@@ -242,6 +242,9 @@ class PagedMemory:
         free = self.kv.num_free_blocks - np.cumsum(takes) + np.cumsum(frees)
         return MemoryMetrics.paged(self.num_blocks, bs, self.capacity, free, tail, self.pending)
 
+    def decoded(self, groups: list, steps: int) -> None:
+        """Nothing: `decode_steps` marks the tokens computed before the next ones are appended."""
+
     def grow(self, groups: list, steps: int) -> None:
         count, bs = len(self.windows), self.block_size
         new_tokens = {}
