@@ -37,7 +37,9 @@ from core.kv.block_hash import extend_block_hashes
 from core.kv.block_pool import BlockPool
 from core.kv.events import KVEvent
 from core.kv.single_type_manager import (
+    BlockCopy,
     FullAttentionManager,
+    KVCacheBlocks,
     RequestBlocks,
     SingleTypeKVCacheManager,
     manager_for,
@@ -146,10 +148,10 @@ class KVCacheManager:
         """Live request ids, in the order they were allocated or forked."""
         return list(self._requests)
 
-    def block_ids(self, request_id: Hashable) -> tuple[list[int], ...]:
+    def block_ids(self, request_id: Hashable) -> KVCacheBlocks:
         """Copies of the request's block tables, one per group in order: logical block i of group g lives in
         physical block `block_ids(r)[g][i]`; -1 marks an entry the group released."""
-        return tuple(list(rec.table) for rec in self._request(request_id).blocks)
+        return KVCacheBlocks(list(rec.table) for rec in self._request(request_id).blocks)
 
     def num_held_blocks(self, request_id: Hashable) -> tuple[int, ...]:
         """Blocks the request holds now in each group (table entries that are not -1)."""
@@ -331,9 +333,9 @@ class KVCacheManager:
                 manager.cache_blocks(rec, keys, tokens, num)
             manager.remove_skipped_blocks(rec, num)
 
-    def append_token(self, request_id: Hashable, token_id: int) -> tuple[tuple[int, int] | None, ...]:
-        """Make room for one decode token in every group. Returns, per group, the copy-on-write pair
-        (src, dst) whose K/V the caller copies before writing (the last block was shared after a fork), or
+    def append_token(self, request_id: Hashable, token_id: int) -> tuple[BlockCopy | None, ...]:
+        """Make room for one decode token in every group. Returns, per group, the copy-on-write
+        `BlockCopy(src, dst)` whose K/V the caller copies before writing (the last block was shared after a fork), or
         None. Raises UnknownSequenceError, InvalidArgumentError or OutOfBlocksError with nothing changed."""
         req = self._request(request_id)
         check_token_ids(request_id, [token_id])

@@ -25,6 +25,7 @@ Invariants every manager keeps (with the pool's):
 """
 
 from collections.abc import Hashable, Sequence
+from typing import NamedTuple
 
 from core.common import cdiv
 from core.kv.block_pool import BlockPool
@@ -51,6 +52,27 @@ class RequestBlocks:
     @property
     def num_held(self) -> int:
         return len(self.table) - self.first_held
+
+
+class BlockCopy(NamedTuple):
+    """A copy-on-write: the K/V of block `src` (shared, about to be written) are copied into `dst`, the
+    writer's own block, before the write."""
+
+    src: int
+    dst: int
+
+
+class KVCacheBlocks(tuple):
+    """One request's block tables, one per KV cache group in order (vLLM V1's `KVCacheBlocks`):
+    `blocks[g][i]` is the physical block of logical block i in group g, -1 where the group released it. A
+    tuple of lists, so it indexes, iterates and compares like the tuples it replaces."""
+
+    __slots__ = ()
+
+    @property
+    def num_held(self) -> tuple[int, ...]:
+        """Blocks held in each group (entries that are not -1)."""
+        return tuple(sum(1 for b in table if b >= 0) for table in self)
 
 
 _MANAGER_OF_SPEC: dict[type[KVCacheSpec], type["SingleTypeKVCacheManager"]] = {}
@@ -186,7 +208,7 @@ class SingleTypeKVCacheManager:
         self.requests[request_id] = rec
         return rec
 
-    def append_slots(self, rec: RequestBlocks, old_tokens: int, new_tokens: int) -> tuple[int, int] | None:
+    def append_slots(self, rec: RequestBlocks, old_tokens: int, new_tokens: int) -> BlockCopy | None:
         """Make room for tokens [old_tokens, new_tokens): copy a shared written last block first, then grow
         the table. Returns the copy-on-write pair (src, dst) whose K/V the caller copies, or None. The caller
         has checked capacity (`num_blocks_to_append`)."""
@@ -198,7 +220,7 @@ class SingleTypeKVCacheManager:
             dst = pool.take_one()
             pool.release(src)
             table[-1] = dst
-            cow = (src, dst)
+            cow = BlockCopy(src, dst)
         for _ in range(self.num_new_blocks(len(table), new_tokens, 0)):
             table.append(pool.take_one())
         return cow

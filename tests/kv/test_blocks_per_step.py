@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from core.engine.memory import EngineMemory
+from core.kv import BlockCopy, KVCacheBlocks
 from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.single_type_manager import SingleTypeKVCacheManager
 from core.kv.specs import FullAttentionSpec, SlidingWindowSpec
@@ -117,7 +118,11 @@ def test_blocks_needed_worked_example():
     assert kv.blocks_needed(10) == 3
     kv.allocate("p", list(range(6)))
     kv.fork("p", "c")
-    for rid in ("p", "c"):
-        for t in range(4):
-            kv.append_token(rid, t)
+    copies = [kv.append_token(rid, t) for rid in ("p", "c") for t in range(4)]
     assert kv.num_blocks - kv.num_free_blocks == 5  # what blocks_needed(10, 2, 6) said
+    # typed block lists: the first write into the shared tail copies it, a BlockCopy(src, dst)
+    first = copies[0][0]
+    assert isinstance(first, BlockCopy) and first.src == kv.block_ids("c")[0][1] != first.dst
+    assert all(c == (None,) for c in copies[1:])
+    tables = kv.block_ids("p")
+    assert isinstance(tables, KVCacheBlocks) and tables.num_held == kv.num_held_blocks("p") == (3,)
