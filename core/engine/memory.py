@@ -27,13 +27,12 @@ Invariants:
 
 import numpy as np
 
-from core.common import cdiv
 from core.engine.sequence import Sequence, SequenceGroup
 from core.errors import InvalidArgumentError
 from core.kv import KVCacheManager, KVCacheSnapshot
 from core.kv.hf_config import layer_specs
 from core.kv.layout import KVCacheGroup, kv_cache_groups
-from core.kv.specs import KVCacheSpec, SlidingWindowSpec
+from core.kv.specs import KVCacheSpec
 from core.paging.kv_cache import KVCache
 from core.sched.memory import Admission, MemoryMetrics
 
@@ -81,9 +80,6 @@ class EngineMemory:
         self.cache = cache
         self.layer_group = tuple(layer_group)
         self.num_groups = len(manager.groups)
-        self.windows = tuple(
-            s.sliding_window if isinstance(s, SlidingWindowSpec) else None for s in manager.groups
-        )
         self.block_size = cache.block_size
         self.num_blocks = manager.num_blocks
         self.capacity = self.num_blocks * self.block_size
@@ -107,16 +103,10 @@ class EngineMemory:
         return sum(self.manager.blocks_needed(len(s.token_ids)) for s in self._to_allocate(group))
 
     def peak_blocks_per_seq(self, prompt_len: int, max_output_len: int) -> int:
-        """The most blocks one sequence holds at any time, summed over the KV cache groups: ceil((prompt +
-        outputs) / block_size) for a full-attention group. A window group (W) holds the whole prompt until it is
-        computed, then after appending the token at position n the blocks n // bs - (n - W + 1) // bs + 1 <=
-        ceil((W + bs - 1) / bs); so min(full, max(ceil(prompt / bs), ceil((W + bs - 1) / bs)))."""
-        bs = self.block_size
-        full = cdiv(prompt_len + max_output_len, bs)
-        return sum(
-            full if window is None else min(full, max(cdiv(prompt_len, bs), cdiv(window + bs - 1, bs)))
-            for window in self.windows
-        )
+        """The most blocks one sequence holds at any time, summed over the KV cache groups: the KV core's
+        `max_blocks_held` (a full group: ceil((prompt + outputs) / block_size); a window group W holds the whole
+        prompt until it is computed, then at most ceil((W + block_size - 1) / block_size))."""
+        return self.manager.max_blocks_held(prompt_len, prompt_len + max_output_len)
 
     def check_fits(self, group: SequenceGroup, max_output_len: int) -> None:
         """Raise InvalidArgumentError when the group's sequences at their largest (`peak_blocks_per_seq` each)

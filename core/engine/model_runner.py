@@ -56,14 +56,15 @@ def prefill_pieces(scheduled: ScheduledStep) -> list[tuple[SequenceGroup, Sequen
     return pieces
 
 
-def kv_tokens_read(dec_lens: np.ndarray, pre_ctx: np.ndarray, pre_q: np.ndarray, window: int | None) -> int:
-    """KV slots read by one layer's attention: every cached position of each query's sequence, or with a sliding
-    window W, a decode query's last W positions and a chunk of q tokens the q + W - 1 positions before it.
+def kv_tokens_read(dec_lens: np.ndarray, pre_ctx: np.ndarray, pre_q: np.ndarray, manager) -> int:
+    """KV slots read by one layer's attention, whose group's single-type `manager` says which leading tokens a
+    query skips (`num_skipped_tokens`, the KV core's window rule): a decode query at position len - 1 reads
+    len - skipped(len - 1), a chunk of q tokens ending at ctx reads from where its first query's window starts,
+    ctx - skipped(ctx - q) (full attention: everything; a sliding window W: min(len, W) and min(ctx, q + W - 1)).
     `PreparedStep.kv_tokens_read` is its mean over the model's layers (rounded down): one layer's count when
     every layer is alike."""
-    if window is None:
-        return int(dec_lens.sum() + pre_ctx.sum())
-    return int(np.minimum(dec_lens, window).sum() + np.minimum(pre_ctx, pre_q + window - 1).sum())
+    skipped = manager.num_skipped_tokens
+    return int((dec_lens - skipped(dec_lens - 1)).sum() + (pre_ctx - skipped(pre_ctx - pre_q)).sum())
 
 
 class ModelRunner:
@@ -129,8 +130,9 @@ class ModelRunner:
             prefill_query_lens=longs(pre_q),
             logits_indices=longs(logits_indices),
         )
-        layer_windows = [mem.windows[g] for g in mem.layer_group]
-        read = sum(kv_tokens_read(dec_lens, pre_ctx, pre_q, w) for w in layer_windows) // len(layer_windows)
+        managers = mem.manager.managers
+        per_group = [kv_tokens_read(dec_lens, pre_ctx, pre_q, m) for m in managers]
+        read = sum(per_group[g] for g in mem.layer_group) // len(mem.layer_group)
         return PreparedStep(batch, decode_seqs, pieces, logits_owner, read)
 
     def run(self, prepared: PreparedStep) -> torch.Tensor:

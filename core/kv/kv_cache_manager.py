@@ -185,6 +185,11 @@ class KVCacheManager:
             need += full + num_seqs * manager.num_new_blocks(full, num_tokens, 0)
         return need
 
+    def max_blocks_held(self, prompt_len: int, num_tokens: int) -> int:
+        """The most blocks one unshared request holds at any time over all groups while it grows from a
+        `prompt_len`-token prompt to `num_tokens` tokens (each manager's `max_blocks_held` bound)."""
+        return sum(m.max_blocks_held(prompt_len, num_tokens) for m in self.managers)
+
     def num_blocks_held(self, num_tokens: int) -> tuple[int, ...]:
         """Blocks one unshared request of `num_tokens` tokens holds in each group once all but its newest token
         are computed (a window group has released what no later token reads):

@@ -27,6 +27,8 @@ Invariants every manager keeps (with the pool's):
 from collections.abc import Hashable, Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from core.common import cdiv
 from core.kv.block_pool import BlockPool
 from core.kv.specs import (
@@ -115,9 +117,22 @@ class SingleTypeKVCacheManager:
         - chunked local attention C = 8: position 10 is in the chunk 8..15, so 10 // 8 * 8 = 8 tokens are
           skipped and 8 // 4 = 2 blocks are released.
         - full attention: 0 tokens, 0 blocks.
-        Every caller that asks which blocks a request no longer needs goes through this method (the block
-        manager facade, `num_skipped_blocks`, hits behind a window); subclasses override only this."""
+        Every caller that asks which blocks a request no longer needs, or which tokens a query reads, goes
+        through this method (the block manager facade, `num_skipped_blocks`, hits behind a window, the serving
+        policy's release prediction, the engine's fit check and its count of K/V read); subclasses override
+        only this, and keep it non-decreasing in `num_computed` and elementwise for an int64 array."""
         return 0
+
+    def max_blocks_held(self, prompt_len: int, num_tokens: int) -> int:
+        """An upper bound on the blocks one unshared request holds at any time while it grows from a
+        `prompt_len`-token prompt (held whole until computed) to `num_tokens` tokens: all of them under full
+        attention; otherwise the blocks covering the most tokens one of its queries reads, plus one because
+        those need not start on a block boundary (a window W: ceil((W + B - 1) / B)), never more than all."""
+        every = self.num_required_blocks(num_tokens)
+        lengths = np.arange(1, max(num_tokens, 1) + 1, dtype=np.int64)
+        most_read = int((lengths - self.num_skipped_tokens(lengths - 1)).max())
+        reading = self.num_required_blocks(most_read + self.block_size - 1)
+        return min(every, max(self.num_required_blocks(prompt_len), reading))
 
     def num_skipped_blocks(self, num_computed: int) -> int:
         """Leading blocks no uncomputed token will read once `num_computed` tokens are computed: the blocks
@@ -294,7 +309,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.sliding_window = spec.sliding_window
 
     def num_skipped_tokens(self, num_computed: int) -> int:
-        return max(0, num_computed - self.sliding_window + 1)
+        skipped = num_computed - self.sliding_window + 1
+        return skipped * (skipped > 0)  # max(0, skipped), for an int or elementwise for an int64 array
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):

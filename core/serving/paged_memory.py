@@ -26,6 +26,7 @@ import numpy as np
 from core.common import check_int
 from core.errors import InvalidArgumentError
 from core.kv.kv_cache_manager import KVCacheManager
+from core.kv.single_type_manager import SingleTypeKVCacheManager
 from core.kv.snapshot import KVCacheSnapshot
 from core.kv.specs import FullAttentionSpec, SlidingWindowSpec
 from core.sched.memory import Admission, MemoryMetrics
@@ -193,33 +194,43 @@ class PagedMemory:
         return self.kv.num_blocks_for_decode(sid for group in groups for sid in group.seq_ids)
 
     def _releases(self, groups: list, steps: int, frees: np.ndarray) -> None:
-        """Add to frees[t - 1] the blocks that decode step t (1..steps) gives back to the pool: a window group
-        releases logical block i of a sequence of length L at step max(1, (i + 1) x block_size + W - L)."""
-        bs = self.block_size
+        """Add to frees[t - 1] the blocks that decode step t (1..steps) gives back to the pool. Step t computes
+        the token at position L - 1 + t of a sequence of length L, after which its group's manager skips
+        `num_skipped_blocks(L - 1 + t)` leading blocks (the KV core's window rule, asked for every step at
+        once): logical block i goes at the first step that skips more than i blocks. A block shared by several
+        sequences is freed when the last of them releases it; a shared written tail's copy and blocks taken
+        within the run count too."""
         ref_counts = self.kv.pool.ref_counts
+        first_steps = np.arange(1, steps + 1, dtype=np.int64)
         released: dict[int, list[int]] = {}  # existing block -> [releases, last step]
-        for manager, window in zip(self.kv.managers, self.windows, strict=True):
-            if window is None:
-                continue
+        for manager in self.kv.managers:
+            if type(manager).num_skipped_tokens is SingleTypeKVCacheManager.num_skipped_tokens:
+                continue  # never skips anything (full attention)
             for group in groups:
                 length = group.length
-                state = self._held[group]
+                skipped = manager.num_skipped_blocks(
+                    length - 1 + first_steps
+                )  # after each step, non-decreasing
+                last_index = int(skipped[-1]) - 1  # released by the last step, at most
+                shared_tail = self._held[group].shared_tail
                 for sid in group.seq_ids:
                     rec = manager.requests[sid]
                     table = rec.table
-                    last_index = (steps + length - window) // bs - 1  # released by the last step, at most
-                    for index in range(rec.first_held, min(len(table), last_index + 1)):
-                        entry = released.setdefault(table[index], [0, 0])
-                        entry[0] += 1
-                        entry[1] = max(entry[1], max(1, (index + 1) * bs + window - length))
                     first_new = len(table)
-                    if state.shared_tail and first_new - 1 <= last_index and sid != group.seq_ids[-1]:
-                        frees[max(1, first_new * bs + window - length) - 1] += (
-                            1  # its copy of the shared tail
+                    stop = min(first_new, last_index + 1)
+                    if rec.first_held < stop:
+                        at = np.searchsorted(skipped, np.arange(rec.first_held, stop), side="right") + 1
+                        for index, step in zip(range(rec.first_held, stop), at.tolist(), strict=True):
+                            entry = released.setdefault(table[index], [0, 0])
+                            entry[0] += 1
+                            entry[1] = max(entry[1], step)
+                    if shared_tail and first_new - 1 <= last_index and sid != group.seq_ids[-1]:
+                        frees[int(np.searchsorted(skipped, first_new - 1, side="right"))] += (
+                            1  # its tail's copy
                         )
                     if last_index >= first_new:
-                        at = np.maximum(1, (np.arange(first_new, last_index + 1) + 1) * bs + window - length)
-                        np.add.at(frees, at - 1, 1)
+                        at = np.searchsorted(skipped, np.arange(first_new, last_index + 1), side="right")
+                        np.add.at(frees, at, 1)
         for block, (count, step) in released.items():
             if count == ref_counts[block]:
                 frees[step - 1] += 1

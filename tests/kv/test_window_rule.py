@@ -74,3 +74,35 @@ def test_a_new_kind_is_one_spec_and_one_manager():
     assert kv.num_held_blocks("r") == (3, 8)
     kv.free("r")
     assert kv.num_free_blocks == 40
+
+
+def test_every_user_of_the_rule_matches_its_closed_form():
+    """The fit bound, the K/V read count and the facade's releases ask `num_skipped_tokens`; for a sliding
+    window they equal the closed forms that used to be written beside them (brute force over small cases)."""
+    import numpy as np
+
+    from core.common import cdiv
+    from core.engine.model_runner import kv_tokens_read
+
+    for bs in (1, 2, 4, 16):
+        for w in (1, 3, 8, 17):
+            m = _manager(SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=1, sliding_window=w))
+            for prompt in (1, 5, 16, 40):
+                for out in (1, 7, 30):
+                    full = cdiv(prompt + out, bs)
+                    assert m.max_blocks_held(prompt, prompt + out) == min(
+                        full, max(cdiv(prompt, bs), cdiv(w + bs - 1, bs))
+                    )
+            lens = np.arange(1, 60, dtype=np.int64)
+            q = (lens % 7) + 1
+            ctx = lens + q
+            assert kv_tokens_read(lens, ctx, q, m) == int(
+                np.minimum(lens, w).sum() + np.minimum(ctx, q + w - 1).sum()
+            )
+    # chunked local attention (C = 8): a decode query at position p reads its chunk so far, p % 8 + 1 tokens
+    chunked = _manager(
+        ChunkedLocalAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, attention_chunk_size=8)
+    )
+    lens = np.arange(1, 30, dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    assert kv_tokens_read(lens, empty, empty, chunked) == int(((lens - 1) % 8 + 1).sum())
