@@ -24,6 +24,7 @@ Invariants every manager keeps (with the pool's):
 - A request releases its blocks last to first when freed, so its tail is evicted before its head.
 """
 
+import functools
 from collections.abc import Hashable, Sequence
 from typing import NamedTuple
 
@@ -346,7 +347,15 @@ class MambaManager(SingleTypeKVCacheManager):
         return []
 
 
-def manager_for(spec: KVCacheSpec, pool: BlockPool, group_idx: int) -> SingleTypeKVCacheManager:
+@functools.cache
+def rule_of(spec: KVCacheSpec) -> SingleTypeKVCacheManager:
+    """The manager of `spec`'s kind without a pool, for its arithmetic only (`num_required_blocks`,
+    `num_skipped_tokens`, `num_new_blocks`, `max_blocks_held`): what planners, counted policies and read
+    counts ask without block tables. One per spec (specs are frozen and hashable)."""
+    return manager_for(spec, None, -1)
+
+
+def manager_for(spec: KVCacheSpec, pool: BlockPool | None, group_idx: int) -> SingleTypeKVCacheManager:
     """The manager of a group of `spec`'s kind: the manager registered for the nearest class of the spec's
     MRO (MLA layers keep their latents like full attention; an unregistered spec kind is full attention)."""
     for cls in type(spec).__mro__:

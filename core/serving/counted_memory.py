@@ -13,7 +13,7 @@ to snapshot (`snapshot` returns None) and no prefix cache.
 import numpy as np
 
 from core.errors import InvalidArgumentError
-from core.kv.kv_cache_manager import KVCacheManager
+from core.kv.single_type_manager import rule_of
 from core.kv.specs import FullAttentionSpec
 from core.sched.memory import Admission, MemoryMetrics
 
@@ -38,11 +38,8 @@ class CountedPagedMemory:
         if self.num_blocks < 1:
             raise InvalidArgumentError(f"KV capacity {capacity} tokens holds no block of {block_size} tokens")
         self.watermark_blocks = int(watermark * self.num_blocks)
-        # the KV core's rule for one full-attention group (its one-block pool is never used)
-        self._rule = KVCacheManager(
-            [FullAttentionSpec(block_size=block_size, num_kv_heads=0, head_size=0)], 1
-        )
-        self._group_rule = self._rule.managers[0]
+        # the KV core's arithmetic for one full-attention group (no pool, no tables)
+        self._group_rule = rule_of(FullAttentionSpec(block_size=block_size, num_kv_heads=0, head_size=0))
         self._free = self.num_blocks
         self.pending = 0
         self.tail_empty = 0  # empty slots of the sequences' last blocks
