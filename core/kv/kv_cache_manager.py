@@ -49,10 +49,24 @@ from core.kv.specs import KVCacheSpec
 
 
 class _Request:
-    __slots__ = ("blocks", "hashes", "num_computed", "token_ids")
+    """One request: `token_ids` (its first `num_tokens` have room; a view of the caller's own list when
+    `view`, which may already hold the next token), the computed count, one `RequestBlocks` per group, and the
+    chained block keys per block size, computed once as blocks fill."""
 
-    def __init__(self, token_ids: list[int], num_computed: int, blocks: tuple, hashes: dict[int, list[int]]):
+    __slots__ = ("blocks", "hashes", "num_computed", "num_tokens", "token_ids", "view")
+
+    def __init__(
+        self,
+        token_ids: list[int],
+        num_computed: int,
+        blocks: tuple,
+        hashes: dict[int, list[int]],
+        num_tokens: int,
+        view: bool = False,
+    ):
         self.token_ids = token_ids
+        self.num_tokens = num_tokens
+        self.view = view
         self.num_computed = num_computed
         self.blocks: tuple[RequestBlocks, ...] = blocks  # one per group
         self.hashes = hashes  # block size -> chained keys of the leading full blocks
@@ -159,14 +173,15 @@ class KVCacheManager:
 
     def num_tokens(self, request_id: Hashable) -> int:
         """Tokens the request has room for (prompt plus appended tokens)."""
-        return len(self._request(request_id).token_ids)
+        return self._request(request_id).num_tokens
 
     def num_computed_tokens(self, request_id: Hashable) -> int:
         """Leading tokens whose K/V are written (prefix-cache hits included)."""
         return self._request(request_id).num_computed
 
     def token_ids(self, request_id: Hashable) -> list[int]:
-        return list(self._request(request_id).token_ids)
+        req = self._request(request_id)
+        return list(req.token_ids[: req.num_tokens])
 
     def blocks_needed(self, num_tokens: int, num_seqs: int = 1, num_shared_tokens: int | None = None) -> int:
         """Free blocks a new request takes over all groups, counting no prefix-cache hits: `num_seqs` sequences
@@ -216,7 +231,7 @@ class KVCacheManager:
         ref_counts = self.pool.ref_counts
         for request_id, count in new_tokens.items():
             req = self._request(request_id)
-            old = len(req.token_ids)
+            old = req.num_tokens
             new = old + count
             computed = max(req.num_computed, new - 1)
             for manager, rec in zip(self.managers, req.blocks, strict=True):
@@ -246,7 +261,7 @@ class KVCacheManager:
         block_sizes = [manager.block_size for manager in self.managers]
         for request_id, count in new_tokens.items():
             req = requests.get(request_id) or self._request(request_id)
-            old = len(req.token_ids)
+            old = req.num_tokens
             new = old + count
             for bs, rec in zip(block_sizes, req.blocks, strict=True):
                 table = rec.table
@@ -266,7 +281,7 @@ class KVCacheManager:
     def snapshot(self) -> KVCacheSnapshot:
         """A frozen view of every block of the pool (see `KVCacheSnapshot`)."""
         return build_snapshot(
-            self.pool, self.managers, {rid: len(req.token_ids) for rid, req in self._requests.items()}
+            self.pool, self.managers, {rid: req.num_tokens for rid, req in self._requests.items()}
         )
 
     # ---- operations -------------------------------------------------------------------------------------
@@ -297,14 +312,19 @@ class KVCacheManager:
                 free=free,
             )
 
-    def allocate(self, request_id: Hashable, token_ids: Sequence[int]) -> int:
+    def allocate(self, request_id: Hashable, token_ids: Sequence[int], *, view: bool = False) -> int:
         """Make room for a new request's whole prompt in every group. Returns how many leading prompt tokens the
         prefix cache served (0 without caching): their blocks are shared, their K/V need no prefill, and they
         count as computed. Raises DuplicateSequenceError, InvalidArgumentError (empty prompt, non-integer
-        token) or OutOfBlocksError, with nothing changed."""
+        token) or OutOfBlocksError, with nothing changed.
+
+        view: `token_ids` is the request's own token list (the engine's `Sequence.token_ids`), validated where it
+        was made and read here, not copied or checked again: the caller appends each new token to it before
+        `append_token` and never changes the tokens the manager has room for. Without it the manager keeps a
+        checked copy."""
         if request_id in self._requests:
             raise DuplicateSequenceError(f"request {request_id!r} already exists; free it or choose a new id")
-        tokens = check_token_ids(request_id, token_ids)
+        tokens = token_ids if view else check_token_ids(request_id, token_ids)
         n = len(tokens)
         hashes: dict[int, list[int]] = {}
         hit_tokens, hits = 0, [[] for _ in self.managers]
@@ -316,7 +336,7 @@ class KVCacheManager:
         blocks = tuple(m.save_hits(request_id, h) for m, h in zip(self.managers, hits, strict=True))
         for manager, rec in zip(self.managers, blocks, strict=True):
             manager.append_slots(rec, 0, n)
-        self._requests[request_id] = _Request(tokens, hit_tokens, blocks, hashes)
+        self._requests[request_id] = _Request(tokens, hit_tokens, blocks, hashes, n, view)
         if self.enable_prefix_caching:
             self.prefix_cache_queries += n
             self.prefix_cache_hits += hit_tokens
@@ -329,7 +349,7 @@ class KVCacheManager:
         Raises UnknownSequenceError or InvalidArgumentError with nothing changed."""
         req = self._request(request_id)
         tokens = req.token_ids
-        num = check_int(num_tokens, "num_tokens", minimum=req.num_computed, maximum=len(tokens))
+        num = check_int(num_tokens, "num_tokens", minimum=req.num_computed, maximum=req.num_tokens)
         req.num_computed = num
         for manager, rec in zip(self.managers, req.blocks, strict=True):
             if self.enable_prefix_caching and manager.caches_blocks:
@@ -338,33 +358,50 @@ class KVCacheManager:
                 manager.cache_blocks(rec, keys, tokens, num)
             manager.remove_skipped_blocks(rec, num)
 
-    def append_token(self, request_id: Hashable, token_id: int) -> tuple[BlockCopy | None, ...]:
-        """Make room for one decode token in every group. Returns, per group, the copy-on-write
-        `BlockCopy(src, dst)` whose K/V the caller copies before writing (the last block was shared after a fork), or
-        None. Raises UnknownSequenceError, InvalidArgumentError or OutOfBlocksError with nothing changed."""
+    def append_token(self, request_id: Hashable, token_id: int | None = None) -> tuple[BlockCopy | None, ...]:
+        """Make room for one decode token in every group: `token_id`, or for a `view` request the next token of
+        its list (already appended by its owner; `token_id` not needed). Returns, per group, the copy-on-write
+        `BlockCopy(src, dst)` whose K/V the caller copies before writing (the last block was shared after a
+        fork), or None. Raises UnknownSequenceError, InvalidArgumentError or OutOfBlocksError with nothing
+        changed."""
         req = self._request(request_id)
-        check_token_ids(request_id, [token_id])
-        old = len(req.token_ids)
+        old = req.num_tokens
+        if req.view:
+            if len(req.token_ids) <= old:
+                raise InvalidArgumentError(
+                    f"request {request_id!r} reads its owner's token list, which holds no token after the "
+                    f"{old:,} with room: append the token to it first"
+                )
+        else:
+            check_token_ids(request_id, [token_id])
         needed = sum(
             m.num_blocks_to_append(rec, old, old + 1)
             for m, rec in zip(self.managers, req.blocks, strict=True)
         )
         self._check_room(needed, f"one more token for request {request_id!r}")
-        req.token_ids.append(token_id)
+        if not req.view:
+            req.token_ids.append(token_id)
+        req.num_tokens = old + 1
         return tuple(
             m.append_slots(rec, old, old + 1) for m, rec in zip(self.managers, req.blocks, strict=True)
         )
 
-    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
+    def fork(self, parent_id: Hashable, child_id: Hashable, token_ids: list[int] | None = None) -> None:
         """A new request `child_id` sharing every block `parent_id` holds in every group (ref counts + 1), with
         the parent's tokens and computed count; the first of them to write a shared last block copies it.
-        Raises UnknownSequenceError (parent) or DuplicateSequenceError (child) with nothing changed."""
+        token_ids: the child's own token list to read (a `view` request; it starts with the parent's tokens),
+        else the child keeps a copy of the parent's. Raises UnknownSequenceError (parent) or
+        DuplicateSequenceError (child) with nothing changed."""
         parent = self._request(parent_id)
         if child_id in self._requests:
             raise DuplicateSequenceError(f"cannot fork into {child_id!r}: that request already exists")
         blocks = tuple(m.fork(parent_id, child_id) for m in self.managers)
         hashes = {bs: list(keys) for bs, keys in parent.hashes.items()}
-        self._requests[child_id] = _Request(list(parent.token_ids), parent.num_computed, blocks, hashes)
+        view = token_ids is not None
+        tokens = token_ids if view else list(parent.token_ids[: parent.num_tokens])
+        self._requests[child_id] = _Request(
+            tokens, parent.num_computed, blocks, hashes, parent.num_tokens, view
+        )
 
     def free(self, request_id: Hashable) -> None:
         """End the request: every block it holds loses a reference, last to first in each group; blocks at 0
@@ -401,6 +438,7 @@ class KVCacheManager:
         copied = []  # per request and group: the index of a shared written last block, else -1
         for req, tokens, old, new in plan:
             req.token_ids.extend(tokens)
+            req.num_tokens = new
             copied.append(
                 [
                     self._cache_computed(req, m, rec, old, new - 1)
@@ -425,8 +463,12 @@ class KVCacheManager:
         requests = self._requests
         for request_id, new_tokens in token_ids.items():
             req = requests.get(request_id) or self._request(request_id)
+            if req.view:
+                raise InvalidArgumentError(
+                    f"request {request_id!r} reads its owner's token list: decode it with append_token"
+                )
             tokens = check_token_ids(request_id, new_tokens)
-            old = len(req.token_ids)
+            old = req.num_tokens
             plan[request_id] = (req, tokens, old, old + len(tokens))
         return plan
 
@@ -436,6 +478,7 @@ class KVCacheManager:
         pool, caching = self.pool, self.enable_prefix_caching
         for req, tokens, old, new in plan:
             req.token_ids.extend(tokens)
+            req.num_tokens = new
             for manager, rec in zip(self.managers, req.blocks, strict=True):
                 if caching:
                     self._cache_computed(req, manager, rec, old, new - 1)

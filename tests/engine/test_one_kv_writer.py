@@ -91,3 +91,18 @@ def test_the_step_reads_schedule_run_postprocess(name):
         ):
             assert phase in code
         assert "memory" not in code  # no direct KV access
+
+
+def test_a_sequences_tokens_are_held_once():
+    """The KV cache manager reads each live sequence's own token list (no second copy kept in step by hand)."""
+    engine = _engine()
+    engine.add_request([1, 2, 3, 4, 5], SamplingParams(6, n=2, temperature=1.0, seed=0, ignore_eos=True))
+    engine.add_request([9, 8, 7], SamplingParams(6, beam_width=2, ignore_eos=True))
+    checked = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        for seq in engine.memory.live_seqs():
+            assert engine.manager._requests[seq.seq_id].token_ids is seq.token_ids
+            assert engine.manager.num_tokens(seq.seq_id) == seq.num_allocated
+            checked += 1
+    assert checked > 10

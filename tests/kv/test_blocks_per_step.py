@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from core.engine.memory import EngineMemory
+from core.errors import InvalidArgumentError
 from core.kv import BlockCopy, KVCacheBlocks
 from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.single_type_manager import SingleTypeKVCacheManager
@@ -126,3 +127,32 @@ def test_blocks_needed_worked_example():
     assert all(c == (None,) for c in copies[1:])
     tables = kv.block_ids("p")
     assert isinstance(tables, KVCacheBlocks) and tables.num_held == kv.num_held_blocks("p") == (3,)
+
+
+def test_a_view_request_reads_its_owners_tokens():
+    """`allocate(..., view=True)`: the manager reads the caller's list (tokens held once), hashes it as blocks
+    fill, and a decode only says the list's next token has room."""
+    kv = KVCacheManager(
+        [FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1)], 20, enable_prefix_caching=True
+    )
+    own = [1, 2, 3, 4, 5, 6]
+    kv.allocate("r", own, view=True)
+    kv.mark_computed("r", 6)
+    own.append(7)  # the sampled token, not in the cache yet
+    assert kv.num_tokens("r") == 6 and kv.token_ids("r") == own[:6]
+    kv.append_token("r")
+    assert kv.num_tokens("r") == 7
+    with pytest.raises(InvalidArgumentError, match="append the token"):
+        kv.append_token("r")  # the list holds no next token
+    with pytest.raises(InvalidArgumentError, match="append_token"):
+        kv.decode_steps({"r": [8]})
+    own.append(8)
+    kv.append_token("r")
+    kv.mark_computed("r", 8)  # block 1 (5..8) is full: hashed from the owner's list and cached
+    child = list(own)
+    kv.fork("r", "c", child)
+    child.append(9)
+    kv.append_token("c")
+    assert kv.token_ids("c") == [1, 2, 3, 4, 5, 6, 7, 8, 9] and kv.token_ids("r") == own
+    kv.allocate("again", [1, 2, 3, 4, 5, 6, 7, 8, 0])
+    assert kv.num_computed_tokens("again") == 8  # both full blocks hit: the hashes were the owner's tokens
