@@ -223,24 +223,38 @@ class KVCacheManager:
         all its writers but the last holder. The engine (after `mark_computed` of every computed token: nothing
         left to release), the serving simulator's paged policy and the scheduler's preemption all ask this.
         Changes nothing; raises UnknownSequenceError for an unknown request."""
+        requests = self._requests
+        growth = []
+        for request_id, count in new_tokens.items():
+            req = requests.get(request_id) or self._request(request_id)
+            growth.append((req, None, req.num_tokens, req.num_tokens + count))
+        return self._blocks_to_append(growth)
+
+    def num_blocks_for_decode(self, request_ids: Iterable[Hashable]) -> int:
+        """`num_blocks_to_append` of one decode token for each of `request_ids`."""
+        requests = self._requests
+        reqs = [requests.get(request_id) or self._request(request_id) for request_id in request_ids]
+        return self._blocks_to_append([(req, None, req.num_tokens, req.num_tokens + 1) for req in reqs])
+
+    def _blocks_to_append(self, growth: list[tuple]) -> int:
+        """`num_blocks_to_append` of (request, new tokens or None, tokens now, tokens after) items (the shape of
+        `decode_steps`' plan)."""
         if self._all_full:
-            return self._num_blocks_to_append_full(new_tokens)
+            return self._blocks_to_append_full(growth)
         releases: dict[int, int] = {}  # block -> table entries released first
         tails: dict[int, int] = {}  # shared written last block -> requests that write it
         takes = 0
         ref_counts = self.pool.ref_counts
-        for request_id, count in new_tokens.items():
-            req = self._request(request_id)
-            old = req.num_tokens
-            new = old + count
+        managers = self.managers
+        for req, _, old, new in growth:
             computed = max(req.num_computed, new - 1)
-            for manager, rec in zip(self.managers, req.blocks, strict=True):
+            for manager, rec in zip(managers, req.blocks, strict=True):
                 table = rec.table
-                skip = manager.num_skipped_blocks(computed)
+                skip = manager.num_skipped_blocks(computed) if manager.skips_tokens else 0
                 for index in range(rec.first_held, min(skip, len(table))):
                     releases[table[index]] = releases.get(table[index], 0) + 1
                 takes += manager.num_new_blocks(len(table), new, computed)
-                tail = manager.written_tail(rec, old, computed)
+                tail = manager.written_tail(rec, old, skip)
                 if tail >= 0 and ref_counts[tail] > 1:
                     tails[tail] = tails.get(tail, 0) + 1
         freed = sum(1 for block, count in releases.items() if count == ref_counts[block])
@@ -250,29 +264,21 @@ class KVCacheManager:
         )
         return takes + copies - freed
 
-    def _num_blocks_to_append_full(self, new_tokens: Mapping[Hashable, int]) -> int:
-        """`num_blocks_to_append` when every group is full attention (tested equal to the general path): nothing
+    def _blocks_to_append_full(self, growth: list[tuple]) -> int:
+        """`_blocks_to_append` when every group is full attention (tested equal to the general path): nothing
         is skipped or released, so `num_new_blocks` is the table's growth and the written tail is the last
         block of a table whose tokens end inside it."""
         tails: dict[int, int] = {}
         takes = 0
         ref_counts = self.pool.ref_counts
-        requests = self._requests
         block_sizes = [manager.block_size for manager in self.managers]
-        for request_id, count in new_tokens.items():
-            req = requests.get(request_id) or self._request(request_id)
-            old = req.num_tokens
-            new = old + count
+        for req, _, old, new in growth:
             for bs, rec in zip(block_sizes, req.blocks, strict=True):
                 table = rec.table
                 takes += max(0, -(-new // bs) - len(table))
                 if old % bs and ref_counts[table[-1]] > 1:
                     tails[table[-1]] = tails.get(table[-1], 0) + 1
         return takes + sum(min(count, ref_counts[block] - 1) for block, count in tails.items())
-
-    def num_blocks_for_decode(self, request_ids: Iterable[Hashable]) -> int:
-        """`num_blocks_to_append` of one decode token for each of `request_ids`."""
-        return self.num_blocks_to_append(dict.fromkeys(request_ids, 1))
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new prompt of `num_tokens` fits in the free blocks without any prefix-cache hit."""
@@ -413,7 +419,7 @@ class KVCacheManager:
 
     # ---- bulk decode (the serving simulator's batched steps) --------------------------------------------
 
-    def decode_steps(self, token_ids: Mapping[Hashable, Sequence[int]]) -> None:
+    def decode_steps(self, token_ids: Mapping[Hashable, Sequence[int]], *, trusted: bool = False) -> None:
         """Several decode steps of several requests at once: for each request r and each of its new tokens t,
         in order, as `mark_computed(r, n); append_token(r, t)` with n the tokens before t (so afterwards all
         but each request's newest token are computed). O(blocks), not O(tokens).
@@ -426,15 +432,17 @@ class KVCacheManager:
         the window by the end is taken only to be cached (with prefix caching, while a block is free) and
         released at once. So the call needs no more free blocks than the end state holds: it raises
         OutOfBlocksError (or UnknownSequenceError, InvalidArgumentError) with nothing changed otherwise.
+
+        trusted: every value of `token_ids` is a non-empty list or tuple of ints made or checked where the
+        request was made (the serving simulator's groups make them): not checked again.
         """
-        plan = self._decode_plan(token_ids)
+        plan = self._decode_plan(token_ids, trusted)
         self._check_room(
-            self.num_blocks_to_append({rid: len(tokens) for rid, (_, tokens, _, _) in plan.items()}),
+            self._blocks_to_append(plan),
             f"{len(plan):,} requests' decode steps",
         )
         if self._all_full:
-            return self._decode_steps_full(plan.values())
-        plan = plan.values()
+            return self._decode_steps_full(plan)
         copied = []  # per request and group: the index of a shared written last block, else -1
         for req, tokens, old, new in plan:
             req.token_ids.extend(tokens)
@@ -456,10 +464,10 @@ class KVCacheManager:
                 self._grow_table(req, manager, rec, old, new)
             req.num_computed = new - 1
 
-    def _decode_plan(self, token_ids: Mapping[Hashable, Sequence[int]]) -> dict:
-        """request id -> (request, checked new tokens, tokens before, tokens after); raises UnknownSequenceError
+    def _decode_plan(self, token_ids: Mapping[Hashable, Sequence[int]], trusted: bool) -> list:
+        """(request, checked new tokens, tokens before, tokens after) per request; raises UnknownSequenceError
         or InvalidArgumentError."""
-        plan = {}
+        plan = []
         requests = self._requests
         for request_id, new_tokens in token_ids.items():
             req = requests.get(request_id) or self._request(request_id)
@@ -467,9 +475,9 @@ class KVCacheManager:
                 raise InvalidArgumentError(
                     f"request {request_id!r} reads its owner's token list: decode it with append_token"
                 )
-            tokens = check_token_ids(request_id, new_tokens)
+            tokens = new_tokens if trusted else check_token_ids(request_id, new_tokens)
             old = req.num_tokens
-            plan[request_id] = (req, tokens, old, old + len(tokens))
+            plan.append((req, tokens, old, old + len(tokens)))
         return plan
 
     def _decode_steps_full(self, plan) -> None:
@@ -535,7 +543,7 @@ class KVCacheManager:
         up to `num_required_blocks(new)`, -1 for those already behind the window (cached on the way)."""
         pool, table = self.pool, rec.table
         skip = manager.num_skipped_blocks(new - 1)
-        src = manager.written_tail(rec, old, new - 1)
+        src = manager.written_tail(rec, old, skip)
         if src >= 0 and pool.ref_counts[src] > 1:
             table[-1] = pool.take_one()
             pool.release(src)

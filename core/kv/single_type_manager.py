@@ -85,6 +85,7 @@ class SingleTypeKVCacheManager:
     """Full attention's behaviour; subclasses change which blocks are needed, skipped, cached and written."""
 
     caches_blocks = True  # whether its full blocks enter the prefix cache
+    skips_tokens = False  # whether `num_skipped_tokens` is overridden (set for each subclass)
     spec_type: type[KVCacheSpec] | None = None  # the spec class this manager serves (see `manager_for`)
 
     def __init_subclass__(cls, **kwargs):
@@ -93,6 +94,8 @@ class SingleTypeKVCacheManager:
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("spec_type") is not None:
             _MANAGER_OF_SPEC[cls.spec_type] = cls
+        # whether `num_skipped_tokens` may be > 0 (a kind that overrides it): lets sums skip the call
+        cls.skips_tokens = cls.num_skipped_tokens is not SingleTypeKVCacheManager.num_skipped_tokens
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_idx: int):
         self.spec = spec
@@ -175,17 +178,16 @@ class SingleTypeKVCacheManager:
           with 19 computed (skips 16 tokens, 4 blocks), 5 - 4 = 1: logical block 3 is never taken.
         Every "how many blocks does this take" question of `KVCacheManager` (admission, a decode step, a run
         of decode steps) and of the serving policies adds up this method's answers over groups and requests."""
-        required = self.num_required_blocks(num_tokens)
-        return max(0, required - max(self.num_skipped_blocks(num_computed), num_entries))
+        skipped = self.num_skipped_tokens(num_computed) // self.block_size if self.skips_tokens else 0
+        return max(0, self.num_required_blocks(num_tokens) - max(skipped, num_entries))
 
-    def written_tail(self, rec: RequestBlocks, num_tokens: int, num_computed: int) -> int:
-        """The held last block that the token at position `num_tokens` writes, once `num_computed` tokens are
-        computed (the blocks they skip released), or -1: the block a shared table must copy (copy-on-write)."""
+    def written_tail(self, rec: RequestBlocks, num_tokens: int, num_skipped_blocks: int) -> int:
+        """The held last block that the token at position `num_tokens` writes once the leading
+        `num_skipped_blocks` blocks are released (`num_skipped_blocks(num_computed)`), or -1: the block a shared
+        table must copy first (copy-on-write)."""
         table = rec.table
         last = len(table) - 1
-        if last < max(self.num_skipped_blocks(num_computed), rec.first_held) or not self._tail_is_written(
-            num_tokens
-        ):
+        if last < num_skipped_blocks or last < rec.first_held or not self._tail_is_written(num_tokens):
             return -1
         return table[last]
 

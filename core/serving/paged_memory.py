@@ -26,7 +26,6 @@ import numpy as np
 from core.common import check_int
 from core.errors import InvalidArgumentError
 from core.kv.kv_cache_manager import KVCacheManager
-from core.kv.single_type_manager import SingleTypeKVCacheManager
 from core.kv.snapshot import KVCacheSnapshot
 from core.kv.specs import FullAttentionSpec, SlidingWindowSpec
 from core.sched.memory import Admission, MemoryMetrics
@@ -204,7 +203,7 @@ class PagedMemory:
         first_steps = np.arange(1, steps + 1, dtype=np.int64)
         released: dict[int, list[int]] = {}  # existing block -> [releases, last step]
         for manager in self.kv.managers:
-            if type(manager).num_skipped_tokens is SingleTypeKVCacheManager.num_skipped_tokens:
+            if not manager.skips_tokens:
                 continue  # never skips anything (full attention)
             for group in groups:
                 length = group.length
@@ -267,7 +266,7 @@ class PagedMemory:
             before = (1 if state.shared_tail else n) * (-length % bs)
             self.tail_empty += count * (n * (-(length + steps) % bs) - before)
             state.shared_tail = False
-        self.kv.decode_steps(new_tokens)
+        self.kv.decode_steps(new_tokens, trusted=True)  # our groups made the ids
 
     # ---- release, metrics ------------------------------------------------------------------------------------
 

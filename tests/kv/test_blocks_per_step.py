@@ -80,8 +80,8 @@ def test_every_caller_asks_the_one_question(monkeypatch):
     views = _seq_groups(groups)
     engine, simulator = _engine_memory(kv), _paged_policy(kv)
     before = (engine.decode_blocks(views), simulator.decode_blocks(views))
-    real = KVCacheManager.num_blocks_to_append
-    monkeypatch.setattr(KVCacheManager, "num_blocks_to_append", lambda self, new: real(self, new) + 1000)
+    real = KVCacheManager._blocks_to_append  # what num_blocks_to_append / num_blocks_for_decode sum with
+    monkeypatch.setattr(KVCacheManager, "_blocks_to_append", lambda self, growth: real(self, growth) + 1000)
     assert (engine.decode_blocks(views), simulator.decode_blocks(views)) == (
         before[0] + 1000,
         before[1] + 1000,
