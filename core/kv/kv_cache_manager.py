@@ -245,16 +245,22 @@ class KVCacheManager:
         tails: dict[int, int] = {}  # shared written last block -> requests that write it
         takes = 0
         ref_counts = self.pool.ref_counts
-        managers = self.managers
+        # per group: its window rule (None: never skips), growth rule and written tail, bound once
+        rules = [
+            (m.num_skipped_blocks if m.skips_tokens else None, m.num_new_blocks, m.written_tail)
+            for m in self.managers
+        ]
         for req, _, old, new in growth:
             computed = max(req.num_computed, new - 1)
-            for manager, rec in zip(managers, req.blocks, strict=True):
+            for (skipped_blocks, new_blocks, written_tail), rec in zip(rules, req.blocks, strict=True):
                 table = rec.table
-                skip = manager.num_skipped_blocks(computed) if manager.skips_tokens else 0
-                for index in range(rec.first_held, min(skip, len(table))):
-                    releases[table[index]] = releases.get(table[index], 0) + 1
-                takes += manager.num_new_blocks(len(table), new, computed)
-                tail = manager.written_tail(rec, old, skip)
+                skip = 0
+                if skipped_blocks is not None:
+                    skip = skipped_blocks(computed)
+                    for index in range(rec.first_held, min(skip, len(table))):
+                        releases[table[index]] = releases.get(table[index], 0) + 1
+                takes += new_blocks(len(table), new, computed)
+                tail = written_tail(rec, old, skip)
                 if tail >= 0 and ref_counts[tail] > 1:
                     tails[tail] = tails.get(tail, 0) + 1
         freed = sum(1 for block, count in releases.items() if count == ref_counts[block])

@@ -207,29 +207,28 @@ class PagedMemory:
                 continue  # never skips anything (full attention)
             for group in groups:
                 length = group.length
-                skipped = manager.num_skipped_blocks(
-                    length - 1 + first_steps
-                )  # after each step, non-decreasing
-                last_index = int(skipped[-1]) - 1  # released by the last step, at most
+                last_index = manager.num_skipped_blocks(length - 1 + steps) - 1  # released by the last step
+                recs = [manager.requests[sid] for sid in group.seq_ids]
+                low = min(rec.first_held for rec in recs)
+                if last_index < low:
+                    continue  # nothing released within the run
+                skipped = manager.num_skipped_blocks(length - 1 + first_steps)  # per step, non-decreasing
+                # the step releasing logical block low + j (every sequence of the group has the same length)
+                step_of = (
+                    np.searchsorted(skipped, np.arange(low, last_index + 1), side="right") + 1
+                ).tolist()
                 shared_tail = self._held[group].shared_tail
-                for sid in group.seq_ids:
-                    rec = manager.requests[sid]
+                for rec, sid in zip(recs, group.seq_ids, strict=True):
                     table = rec.table
                     first_new = len(table)
-                    stop = min(first_new, last_index + 1)
-                    if rec.first_held < stop:
-                        at = np.searchsorted(skipped, np.arange(rec.first_held, stop), side="right") + 1
-                        for index, step in zip(range(rec.first_held, stop), at.tolist(), strict=True):
-                            entry = released.setdefault(table[index], [0, 0])
-                            entry[0] += 1
-                            entry[1] = max(entry[1], step)
+                    for index in range(rec.first_held, min(first_new, last_index + 1)):
+                        entry = released.setdefault(table[index], [0, 0])
+                        entry[0] += 1
+                        entry[1] = max(entry[1], step_of[index - low])
                     if shared_tail and first_new - 1 <= last_index and sid != group.seq_ids[-1]:
-                        frees[int(np.searchsorted(skipped, first_new - 1, side="right"))] += (
-                            1  # its tail's copy
-                        )
-                    if last_index >= first_new:
-                        at = np.searchsorted(skipped, np.arange(first_new, last_index + 1), side="right")
-                        np.add.at(frees, at, 1)
+                        frees[step_of[first_new - 1 - low] - 1] += 1  # its copy of the shared tail
+                    for index in range(first_new, last_index + 1):  # taken and released within the run
+                        frees[step_of[index - low] - 1] += 1
         for block, (count, step) in released.items():
             if count == ref_counts[block]:
                 frees[step - 1] += 1
