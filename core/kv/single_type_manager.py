@@ -30,7 +30,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from core.common import cdiv
 from core.kv.block_pool import BlockPool
 from core.kv.specs import (
     ChunkedLocalAttentionSpec,
@@ -107,8 +106,9 @@ class SingleTypeKVCacheManager:
     # ---- arithmetic (pure) --------------------------------------------------------------------------------
 
     def num_required_blocks(self, num_tokens: int) -> int:
-        """Table length once room is made for `num_tokens` tokens."""
-        return cdiv(num_tokens, self.block_size)
+        """Table length once room is made for `num_tokens` tokens: ceil(num_tokens / block_size) (elementwise for
+        an int64 array too)."""
+        return -(-num_tokens // self.block_size)
 
     def num_skipped_tokens(self, num_computed: int) -> int:
         """THE window rule (vLLM's `get_num_skipped_tokens`): how many leading tokens no uncomputed token reads
@@ -179,7 +179,8 @@ class SingleTypeKVCacheManager:
         Every "how many blocks does this take" question of `KVCacheManager` (admission, a decode step, a run
         of decode steps) and of the serving policies adds up this method's answers over groups and requests."""
         skipped = self.num_skipped_tokens(num_computed) // self.block_size if self.skips_tokens else 0
-        return max(0, self.num_required_blocks(num_tokens) - max(skipped, num_entries))
+        new = self.num_required_blocks(num_tokens) - (skipped if skipped > num_entries else num_entries)
+        return new if new > 0 else 0
 
     def written_tail(self, rec: RequestBlocks, num_tokens: int, num_skipped_blocks: int) -> int:
         """The held last block that the token at position `num_tokens` writes once the leading
