@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from core.kv.block_pool import BlockPool
 from core.kv.kv_cache_manager import KVCacheManager
-from core.kv.single_type_manager import SingleTypeKVCacheManager, manager_for
+from core.kv.single_type_manager import SingleTypeKVCacheManager, manager_for, rule_of
 from core.kv.specs import ChunkedLocalAttentionSpec, FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from core.paging.block_manager import BlockManager
 
@@ -49,7 +49,8 @@ class _RecentManager(SingleTypeKVCacheManager):
     spec_type = _RecentSpec
 
     def num_skipped_tokens(self, num_computed: int) -> int:
-        return max(0, num_computed - self.spec.keep)
+        skipped = num_computed - self.spec.keep
+        return skipped * (skipped > 0)  # max(0, skipped), elementwise for arrays too (the rule's contract)
 
 
 def test_a_new_kind_is_one_spec_and_one_manager():
@@ -74,6 +75,10 @@ def test_a_new_kind_is_one_spec_and_one_manager():
     assert kv.num_held_blocks("r") == (3, 8)
     kv.free("r")
     assert kv.num_free_blocks == 40
+    # and the table-less questions (planners, counted policies, read counts) know it through rule_of
+    rule = rule_of(spec)
+    assert isinstance(rule, _RecentManager) and rule.num_skipped_tokens(20) == 15
+    assert rule.max_blocks_held(3, 40) == 3  # a query reads 6 tokens (5 + itself): ceil((6 + 3) / 4) blocks
 
 
 def test_every_user_of_the_rule_matches_its_closed_form():
