@@ -11,8 +11,10 @@ KV memory) and the engine's `SequenceGroup`s as its
 groups. Each step: `schedule()` decides (decode groups, prefill chunks, preemptions); `allocate()` appends each
 decoding sequence's last token to the KV cache manager (copying a shared last block first); the `ModelRunner`
 builds one flattened batch and runs the forward pass (K/V written by slot, read by the paged kernels); each
-request samples, forking or freeing sequences; `postprocess()` counts the outputs and releases finished
-requests; the step's row (metrics and timings, `core.engine.metrics`) is recorded. See `core.engine` for the
+request samples, deciding which sequences end or fork; `postprocess()` marks the step's tokens computed, applies
+those forks and frees, counts the outputs and releases finished requests (the scheduler, through `EngineMemory`,
+is the only writer of KV memory); a `StepObserver` records the step's row (metrics and timings,
+`core.engine.metrics`) and snapshots. See `core.engine` for the
 public API. What the engine is built from (the dtype, a checkpoint or random weights, the pool's size) is
 `core.engine.loading`; chat prompts through the tokenizer's template are `core.engine.chat`.
 """

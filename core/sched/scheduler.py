@@ -7,6 +7,9 @@ One step goes through three named phases, called by whoever drives the engine (t
     ... run the step (a simulated cost, or a real forward pass over step.decoding and step.prefill_chunks) ...
     outcome = scheduler.postprocess(step)   # account computed tokens and outputs, free finished groups
 
+Every change to the memory goes through these phases (and `abort` / `reset`): the caller runs the step and
+reads the memory, it never writes it.
+
 The rules of `schedule` (one step):
 1. Preemption: every running, decoding group needs its next decode's new blocks (`SchedulerMemory.decode_blocks`).
    While they exceed the free blocks, the newest running group is preempted (all its sequences together):
