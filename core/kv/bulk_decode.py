@@ -87,10 +87,8 @@ class BulkDecode:
                 if caching:
                     self._cache_computed(req, manager, rec, old, new - 1)
                 table, bs = rec.table, manager.block_size
-                if old % bs and ref_counts[table[-1]] > 1:  # copy-on-write of the shared written last block
-                    src = table[-1]
-                    table[-1] = pool.take_one()
-                    pool.release(src)
+                if ref_counts[table[-1]] > 1:  # a shared last block: copied if this step writes it
+                    manager.copy_on_write(rec, old)
                 for _ in range(-(-new // bs) - len(table)):
                     table.append(pool.take_one())
                 if caching:
@@ -139,10 +137,7 @@ class BulkDecode:
         up to `num_required_blocks(new)`, -1 for those already behind the window (cached on the way)."""
         pool, table = self.pool, rec.table
         skip = manager.num_skipped_blocks(new - 1)
-        src = manager.written_tail(rec, old, skip)
-        if src >= 0 and pool.ref_counts[src] > 1:
-            table[-1] = pool.take_one()
-            pool.release(src)
+        manager.copy_on_write(rec, old, skip)
         caching = self.enable_prefix_caching and manager.caches_blocks
         for index in range(len(table), manager.num_required_blocks(new)):
             if index >= skip:

@@ -233,16 +233,25 @@ class SingleTypeKVCacheManager:
         has checked capacity (`num_blocks_to_append`)."""
         pool = self.pool
         table = rec.table
-        cow = None
-        src = self.written_tail(rec, old_tokens, 0)
-        if src >= 0 and pool.ref_counts[src] > 1:
-            dst = pool.take_one()
-            pool.release(src)
-            table[-1] = dst
-            cow = BlockCopy(src, dst)
+        cow = self.copy_on_write(rec, old_tokens)
         for _ in range(self.num_new_blocks(len(table), new_tokens, 0)):
             table.append(pool.take_one())
         return cow
+
+    def copy_on_write(
+        self, rec: RequestBlocks, num_tokens: int, num_skipped_blocks: int = 0
+    ) -> BlockCopy | None:
+        """Before the token at position `num_tokens` is written: when the held last block it writes
+        (`written_tail`) is shared, the request gets its own copy (a new block in the table; the shared one
+        loses a reference). Returns `BlockCopy(src, dst)`, whose K/V the caller copies, or None. The one place
+        a table copies on write (the per-token and the bulk decode paths both call it)."""
+        src = self.written_tail(rec, num_tokens, num_skipped_blocks)
+        if src < 0 or self.pool.ref_counts[src] <= 1:
+            return None
+        dst = self.pool.take_one()
+        self.pool.release(src)
+        rec.table[-1] = dst
+        return BlockCopy(src, dst)
 
     def cache_blocks(
         self, rec: RequestBlocks, hashes: Sequence[int], token_ids: Sequence[int], num_computed: int
