@@ -34,7 +34,7 @@ class BulkDecode:
         """
         plan = self._decode_plan(token_ids, trusted)
         self._check_room(
-            self._blocks_to_append(plan),
+            self._blocks_to_append([req for req, *_ in plan], [new - old for _, _, old, new in plan]),
             f"{len(plan):,} requests' decode steps",
         )
         if self._all_full:

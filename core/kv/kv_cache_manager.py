@@ -27,6 +27,7 @@ brute-force model):
 """
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from itertools import repeat
 from math import lcm
 
 from core.common import check_int
@@ -75,6 +76,7 @@ class KVCacheManager(BulkDecode):
         self._hit_granularity = lcm(*(spec.block_size for spec in groups))
         self._can_hit = all(manager.caches_blocks for manager in self.managers)
         self._all_full = all(type(manager) is FullAttentionManager for manager in self.managers)
+        self._one_full_group = self._all_full and len(self.managers) == 1
         self._requests: dict[Hashable, KVRequest] = {}
         self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_cache_hits = 0  # of those, tokens served by it
@@ -153,7 +155,8 @@ class KVCacheManager(BulkDecode):
         prompt; each sequence's own entries are its manager's `num_new_blocks` past the shared full blocks.
         Worked example, block size 4, 2 sequences of 10 tokens forked from a 6-token prompt: 1 shared full
         block + 2 x (3 - 1) own entries = 5 blocks per full-attention group; with 6 tokens each, 2 blocks."""
-        num_tokens = check_int(num_tokens, "num_tokens", minimum=1)
+        if type(num_tokens) is not int or num_tokens < 1:  # the common case skips the full check
+            num_tokens = check_int(num_tokens, "num_tokens", minimum=1)
         shared = num_tokens if num_shared_tokens is None else num_shared_tokens
         if num_seqs == 1 or shared >= num_tokens:
             return sum(manager.num_required_blocks(num_tokens) for manager in self.managers)
@@ -187,23 +190,20 @@ class KVCacheManager(BulkDecode):
         left to release), the serving simulator's paged policy and the scheduler's preemption all ask this.
         Changes nothing; raises UnknownSequenceError for an unknown request."""
         requests = self._requests
-        growth = []
-        for request_id, count in new_tokens.items():
-            req = requests.get(request_id) or self._request(request_id)
-            growth.append((req, None, req.num_tokens, req.num_tokens + count))
-        return self._blocks_to_append(growth)
+        reqs = [requests.get(request_id) or self._request(request_id) for request_id in new_tokens]
+        return self._blocks_to_append(reqs, list(new_tokens.values()))
 
     def num_blocks_for_decode(self, request_ids: Iterable[Hashable]) -> int:
         """`num_blocks_to_append` of one decode token for each of `request_ids`."""
         requests = self._requests
-        reqs = [requests.get(request_id) or self._request(request_id) for request_id in request_ids]
-        return self._blocks_to_append([(req, None, req.num_tokens, req.num_tokens + 1) for req in reqs])
+        return self._blocks_to_append([requests.get(rid) or self._request(rid) for rid in request_ids], 1)
 
-    def _blocks_to_append(self, growth: list[tuple]) -> int:
-        """`num_blocks_to_append` of (request, new tokens or None, tokens now, tokens after) items (the shape of
-        `decode_steps`' plan)."""
-        if self._all_full:
-            return self._blocks_to_append_full(growth)
+    def _blocks_to_append(self, reqs: list[KVRequest], counts: list[int] | int) -> int:
+        """`num_blocks_to_append` when request `reqs[i]` gets `counts[i]` more tokens (`counts` each, for an
+        int)."""
+        counts = repeat(counts) if isinstance(counts, int) else counts
+        if self._one_full_group:
+            return self._blocks_to_append_one_full(reqs, counts)
         releases: dict[int, int] = {}  # block -> table entries released first
         tails: dict[int, int] = {}  # shared written last block -> requests that write it
         takes = 0
@@ -213,7 +213,9 @@ class KVCacheManager(BulkDecode):
             (m.num_skipped_blocks if m.skips_tokens else None, m.num_new_blocks, m.written_tail)
             for m in self.managers
         ]
-        for req, _, old, new in growth:
+        for req, count in zip(reqs, counts, strict=False):
+            old = req.num_tokens
+            new = old + count
             computed = max(req.num_computed, new - 1)
             for (skipped_blocks, new_blocks, written_tail), rec in zip(rules, req.blocks, strict=True):
                 table = rec.table
@@ -233,20 +235,22 @@ class KVCacheManager(BulkDecode):
         )
         return takes + copies - freed
 
-    def _blocks_to_append_full(self, growth: list[tuple]) -> int:
-        """`_blocks_to_append` when every group is full attention (tested equal to the general path): nothing
-        is skipped or released, so `num_new_blocks` is the table's growth and the written tail is the last
-        block of a table whose tokens end inside it."""
+    def _blocks_to_append_one_full(self, reqs: list[KVRequest], counts) -> int:
+        """`_blocks_to_append` for one full-attention group (the paper's vLLM; tested equal to the general
+        path): nothing is skipped or released, so `num_new_blocks` is the table's growth and the written tail
+        is the last block of a table whose tokens end inside it."""
         tails: dict[int, int] = {}
         takes = 0
         ref_counts = self.pool.ref_counts
-        block_sizes = [manager.block_size for manager in self.managers]
-        for req, _, old, new in growth:
-            for bs, rec in zip(block_sizes, req.blocks, strict=True):
-                table = rec.table
-                takes += max(0, -(-new // bs) - len(table))
-                if old % bs and ref_counts[table[-1]] > 1:
-                    tails[table[-1]] = tails.get(table[-1], 0) + 1
+        bs = self.managers[0].block_size
+        for req, count in zip(reqs, counts, strict=False):
+            table = req.blocks[0].table
+            old = req.num_tokens
+            grow = -(-(old + count) // bs) - len(table)
+            if grow > 0:
+                takes += grow
+            if old % bs and ref_counts[table[-1]] > 1:
+                tails[table[-1]] = tails.get(table[-1], 0) + 1
         return takes + sum(min(count, ref_counts[block] - 1) for block, count in tails.items())
 
     def can_allocate(self, num_tokens: int) -> bool:

@@ -81,7 +81,7 @@ def test_every_caller_asks_the_one_question(monkeypatch):
     engine, simulator = _engine_memory(kv), _paged_policy(kv)
     before = (engine.decode_blocks(views), simulator.decode_blocks(views))
     real = KVCacheManager._blocks_to_append  # what num_blocks_to_append / num_blocks_for_decode sum with
-    monkeypatch.setattr(KVCacheManager, "_blocks_to_append", lambda self, growth: real(self, growth) + 1000)
+    monkeypatch.setattr(KVCacheManager, "_blocks_to_append", lambda self, *args: real(self, *args) + 1000)
     assert (engine.decode_blocks(views), simulator.decode_blocks(views)) == (
         before[0] + 1000,
         before[1] + 1000,
@@ -105,9 +105,9 @@ def test_the_full_attention_fast_path_is_the_general_rule(seed):
         ids = [s for g in groups for s in g]
         counts = {s: rng.randint(1, 9) for s in rng.sample(ids, rng.randint(1, len(ids)))}
         fast = kv.num_blocks_to_append(counts)
-        kv._all_full = False
+        kv._one_full_group = False
         general = kv.num_blocks_to_append(counts)
-        kv._all_full = True
+        kv._one_full_group = True
         assert fast == general
         kv.decode_steps({s: [1] * n for s, n in counts.items()})
 
