@@ -93,10 +93,10 @@ class CountedPagedMemory:
         self.pending -= done
 
     def decode_blocks(self, groups: list) -> int:
-        """The KV core's `num_new_blocks` of each sequence's next token (all but its newest token computed)."""
-        rule = self._group_rule
-        required = rule.num_required_blocks
-        return sum(rule.num_new_blocks(required(g.length), g.length + 1, g.length) for g in groups)
+        """Each sequence's table growth by its next token, by the KV core's table length (`num_required_blocks`;
+        a full-attention group skips nothing, so that is what `num_new_blocks` answers)."""
+        required = self._group_rule.num_required_blocks
+        return sum(required(g.length + 1) - required(g.length) for g in groups)
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
         bs = self.block_size
@@ -112,10 +112,10 @@ class CountedPagedMemory:
         """Nothing: blocks are counted when `grow` takes them."""
 
     def grow(self, groups: list, steps: int) -> None:
-        bs, rule = self.block_size, self._group_rule
+        bs, required = self.block_size, self._group_rule.num_required_blocks
         for group in groups:
             length = group.length
-            taken = rule.num_new_blocks(rule.num_required_blocks(length), length + steps, length + steps - 1)
+            taken = required(length + steps) - required(length)
             self._held[group].blocks += taken
             self._free -= taken
             self.tail_empty += -(length + steps) % bs - (-length % bs)

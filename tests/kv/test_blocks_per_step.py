@@ -90,9 +90,11 @@ def test_every_caller_asks_the_one_question(monkeypatch):
     counted = CountedPagedMemory(BS, 400, 0.0)
     lengths = [SimpleNamespace(length=n) for n in (3, 4, 8, 9)]
     assert counted.decode_blocks(lengths) == 2  # lengths 4 and 8 start a block
-    rule = SingleTypeKVCacheManager.num_new_blocks
-    monkeypatch.setattr(SingleTypeKVCacheManager, "num_new_blocks", lambda self, *a: rule(self, *a) + 1000)
-    assert counted.decode_blocks(lengths) == 2 + 4 * 1000
+    # the counted policy has no tables: it asks the KV core's table length (twice as many blocks per token:
+    # twice the growth)
+    rule = SingleTypeKVCacheManager.num_required_blocks
+    monkeypatch.setattr(SingleTypeKVCacheManager, "num_required_blocks", lambda self, n: 2 * rule(self, n))
+    assert counted.decode_blocks(lengths) == 2 * 2
 
 
 @pytest.mark.parametrize("seed", range(15))
