@@ -234,15 +234,17 @@ class PagedMemory:
                 frees[step - 1] += 1
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
-        """Every sequence takes a block in every group when its length L is a multiple of block_size; a forked
-        group whose last block is still shared copies it on its first write (n - 1 new blocks per group); window
-        groups release as `_releases` says."""
+        """Every sequence's table grows by the KV core's table length (`num_required_blocks`, elementwise: a
+        block in every group when its length L is a multiple of block_size); a forked group whose last block is
+        still shared copies it on its first write (n - 1 new blocks per group); window groups release as
+        `_releases` says."""
         bs, count = self.block_size, len(self.windows)
         lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
         ns = np.fromiter((g.num_seqs for g in groups), np.int64, len(groups))
         shared = np.fromiter((self._held[g].shared_tail for g in groups), bool, len(groups))
         before = lengths[:, None] + np.arange(steps)[None, :]  # [groups, steps]: lengths before each step
-        takes = ((before % bs == 0) * ns[:, None]).sum(axis=0) * count
+        required = self.kv.managers[0].num_required_blocks  # every group has the same block size
+        takes = ((required(before + 1) - required(before)) * ns[:, None]).sum(axis=0) * count
         takes[0] += int(((ns - 1) * shared).sum()) * count
         tails_now = int((np.where(shared, 1, ns) * (-lengths % bs)).sum())
         tail = self.tail_empty + count * ((ns[:, None] * (-(before + 1) % bs)).sum(axis=0) - tails_now)
