@@ -202,6 +202,7 @@ class PagedMemory:
         ref_counts = self.kv.pool.ref_counts
         first_steps = np.arange(1, steps + 1, dtype=np.int64)
         released: dict[int, list[int]] = {}  # existing block -> [releases, last step]
+        bumps: dict[int, int] = {}  # step -> blocks it frees (added to `frees` once, at the end)
         for manager in self.kv.managers:
             if not manager.skips_tokens:
                 continue  # never skips anything (full attention)
@@ -224,14 +225,20 @@ class PagedMemory:
                     for index in range(rec.first_held, min(first_new, last_index + 1)):
                         entry = released.setdefault(table[index], [0, 0])
                         entry[0] += 1
-                        entry[1] = max(entry[1], step_of[index - low])
+                        step = step_of[index - low]
+                        if step > entry[1]:
+                            entry[1] = step
                     if shared_tail and first_new - 1 <= last_index and sid != group.seq_ids[-1]:
-                        frees[step_of[first_new - 1 - low] - 1] += 1  # its copy of the shared tail
+                        step = step_of[first_new - 1 - low]  # its copy of the shared tail
+                        bumps[step] = bumps.get(step, 0) + 1
                     for index in range(first_new, last_index + 1):  # taken and released within the run
-                        frees[step_of[index - low] - 1] += 1
+                        step = step_of[index - low]
+                        bumps[step] = bumps.get(step, 0) + 1
         for block, (count, step) in released.items():
             if count == ref_counts[block]:
-                frees[step - 1] += 1
+                bumps[step] = bumps.get(step, 0) + 1
+        for step, count in bumps.items():
+            frees[step - 1] += count
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
         """Every sequence's table grows by the KV core's table length (`num_required_blocks`, elementwise: a
@@ -242,9 +249,12 @@ class PagedMemory:
         lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
         ns = np.fromiter((g.num_seqs for g in groups), np.int64, len(groups))
         shared = np.fromiter((self._held[g].shared_tail for g in groups), bool, len(groups))
-        before = lengths[:, None] + np.arange(steps)[None, :]  # [groups, steps]: lengths before each step
+        after = (
+            lengths[:, None] + np.arange(steps + 1)[None, :]
+        )  # [groups, steps + 1]: lengths after 0..steps
+        before = after[:, :-1]  # [groups, steps]: lengths before each step
         required = self.kv.managers[0].num_required_blocks  # every group has the same block size
-        takes = ((required(before + 1) - required(before)) * ns[:, None]).sum(axis=0) * count
+        takes = (np.diff(required(after), axis=1) * ns[:, None]).sum(axis=0) * count
         takes[0] += int(((ns - 1) * shared).sum()) * count
         tails_now = int((np.where(shared, 1, ns) * (-lengths % bs)).sum())
         tail = self.tail_empty + count * ((ns[:, None] * (-(before + 1) % bs)).sum(axis=0) - tails_now)
