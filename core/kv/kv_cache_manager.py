@@ -225,9 +225,11 @@ class KVCacheManager(BulkDecode):
                     for index in range(rec.first_held, min(skip, len(table))):
                         releases[table[index]] = releases.get(table[index], 0) + 1
                 takes += new_blocks(len(table), new, computed)
-                tail = written_tail(rec, old, skip)
-                if tail >= 0 and ref_counts[tail] > 1:
-                    tails[tail] = tails.get(tail, 0) + 1
+                last = table[-1] if table else -1
+                if (
+                    last >= 0 and ref_counts[last] > 1 and written_tail(rec, old, skip) >= 0
+                ):  # shared, written
+                    tails[last] = tails.get(last, 0) + 1
         freed = sum(1 for block, count in releases.items() if count == ref_counts[block])
         copies = sum(  # the holders left after the releases copy it, all but the last
             max(0, min(count, ref_counts[block] - releases.get(block, 0) - 1))

@@ -103,7 +103,7 @@ class CountedPagedMemory:
         lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
         before = lengths[:, None] + np.arange(steps)[None, :]  # [groups, steps]: lengths before each step
         required = self._group_rule.num_required_blocks  # elementwise over int64 arrays too
-        takes = (required(before + 1) - required(before)).sum(axis=0)
+        takes = np.diff(required(lengths[:, None] + np.arange(steps + 1)[None, :]), axis=1).sum(axis=0)
         tail = self.tail_empty + (-(before + 1) % bs).sum(axis=0) - int((-lengths % bs).sum())
         free = self._free - np.cumsum(takes)
         return MemoryMetrics.paged(self.num_blocks, bs, self.capacity, free, tail, self.pending)

@@ -201,37 +201,48 @@ class PagedMemory:
         within the run count too."""
         ref_counts = self.kv.pool.ref_counts
         first_steps = np.arange(1, steps + 1, dtype=np.int64)
+        lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
         released: dict[int, list[int]] = {}  # existing block -> [releases, last step]
         bumps: dict[int, int] = {}  # step -> blocks it frees (added to `frees` once, at the end)
         for manager in self.kv.managers:
             if not manager.skips_tokens:
                 continue  # never skips anything (full attention)
-            for group in groups:
-                length = group.length
-                last_index = manager.num_skipped_blocks(length - 1 + steps) - 1  # released by the last step
+            # [groups, steps]: blocks skipped once each step computed its token, non-decreasing along a row
+            skipped = manager.num_skipped_blocks(lengths[:, None] - 1 + first_steps[None, :])
+            last_index = (skipped[:, -1] - 1).tolist()  # per group: the last block released by the run
+            todo = []  # (group row, its sequences' records, lowest held block) of the groups that release
+            for row, group in enumerate(groups):
                 recs = [manager.requests[sid] for sid in group.seq_ids]
                 low = min(rec.first_held for rec in recs)
-                if last_index < low:
-                    continue  # nothing released within the run
-                skipped = manager.num_skipped_blocks(length - 1 + first_steps)  # per step, non-decreasing
-                # the step releasing logical block low + j (every sequence of the group has the same length)
-                step_of = (
-                    np.searchsorted(skipped, np.arange(low, last_index + 1), side="right") + 1
-                ).tolist()
+                if last_index[row] >= low:
+                    todo.append((row, group, recs, low))
+            if not todo:
+                continue
+            # the step releasing logical block i of row g: 1 + the steps whose skipped count is <= i, found by
+            # one search over the rows laid end to end (row g shifted by g x (max + 1) stays sorted)
+            shift = int(skipped[:, -1].max()) + 1
+            flat = (skipped + np.arange(len(groups), dtype=np.int64)[:, None] * shift).ravel()
+            queries = [row * shift + i for row, _, _, low in todo for i in range(low, last_index[row] + 1)]
+            found = np.searchsorted(flat, np.asarray(queries, dtype=np.int64), side="right").tolist()
+            at = 0
+            for row, group, recs, low in todo:
+                last = last_index[row]
+                step_of = [found[at + j] - row * steps + 1 for j in range(last - low + 1)]
+                at += last - low + 1
                 shared_tail = self._held[group].shared_tail
                 for rec, sid in zip(recs, group.seq_ids, strict=True):
                     table = rec.table
                     first_new = len(table)
-                    for index in range(rec.first_held, min(first_new, last_index + 1)):
+                    for index in range(rec.first_held, min(first_new, last + 1)):
                         entry = released.setdefault(table[index], [0, 0])
                         entry[0] += 1
                         step = step_of[index - low]
                         if step > entry[1]:
                             entry[1] = step
-                    if shared_tail and first_new - 1 <= last_index and sid != group.seq_ids[-1]:
+                    if shared_tail and first_new - 1 <= last and sid != group.seq_ids[-1]:
                         step = step_of[first_new - 1 - low]  # its copy of the shared tail
                         bumps[step] = bumps.get(step, 0) + 1
-                    for index in range(first_new, last_index + 1):  # taken and released within the run
+                    for index in range(first_new, last + 1):  # taken and released within the run
                         step = step_of[index - low]
                         bumps[step] = bumps.get(step, 0) + 1
         for block, (count, step) in released.items():
