@@ -93,10 +93,11 @@ class CountedPagedMemory:
         self.pending -= done
 
     def decode_blocks(self, groups: list) -> int:
-        """Each sequence's table growth by its next token, by the KV core's table length (`num_required_blocks`;
-        a full-attention group skips nothing, so that is what `num_new_blocks` answers)."""
-        required = self._group_rule.num_required_blocks
-        return sum(required(g.length + 1) - required(g.length) for g in groups)
+        """Each sequence's table growth by its next token: the KV core's table length (`num_required_blocks`)
+        for one more token less the blocks it holds (a full-attention group skips nothing, so that is what
+        `num_new_blocks` answers)."""
+        required, held = self._group_rule.num_required_blocks, self._held
+        return sum(required(g.length + 1) - held[g].blocks for g in groups)
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
         bs = self.block_size
@@ -113,10 +114,12 @@ class CountedPagedMemory:
 
     def grow(self, groups: list, steps: int) -> None:
         bs, required = self.block_size, self._group_rule.num_required_blocks
+        held = self._held
         for group in groups:
             length = group.length
-            taken = required(length + steps) - required(length)
-            self._held[group].blocks += taken
+            state = held[group]
+            taken = required(length + steps) - state.blocks
+            state.blocks += taken
             self._free -= taken
             self.tail_empty += -(length + steps) % bs - (-length % bs)
 

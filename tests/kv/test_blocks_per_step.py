@@ -48,6 +48,13 @@ def _seq_groups(groups: list) -> list:
     ]
 
 
+class _Counted:
+    """A group as the counted policy keys it (by identity) and reads it (its length)."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+
 def _engine_memory(kv: KVCacheManager) -> EngineMemory:
     cache = SimpleNamespace(block_size=BS, num_blocks=kv.num_blocks, num_layers=len(kv.groups))
     return EngineMemory(kv, cache, tuple(range(len(kv.groups))))
@@ -88,13 +95,15 @@ def test_every_caller_asks_the_one_question(monkeypatch):
     )
 
     counted = CountedPagedMemory(BS, 400, 0.0)
-    lengths = [SimpleNamespace(length=n) for n in (3, 4, 8, 9)]
+    lengths = [_Counted(n) for n in (3, 4, 8, 9)]
+    for group in lengths:
+        counted.admit(group, group.length)  # holds ceil(L / 4) blocks: 1, 1, 2, 3
     assert counted.decode_blocks(lengths) == 2  # lengths 4 and 8 start a block
-    # the counted policy has no tables: it asks the KV core's table length (twice as many blocks per token:
-    # twice the growth)
+    # the counted policy has no tables: it asks the KV core's table length for L + 1 tokens (doubled here:
+    # 2 x (1, 2, 3, 3) less the blocks held)
     rule = SingleTypeKVCacheManager.num_required_blocks
     monkeypatch.setattr(SingleTypeKVCacheManager, "num_required_blocks", lambda self, n: 2 * rule(self, n))
-    assert counted.decode_blocks(lengths) == 2 * 2
+    assert counted.decode_blocks(lengths) == (2 - 1) + (4 - 1) + (6 - 2) + (6 - 3)
 
 
 @pytest.mark.parametrize("seed", range(15))
