@@ -11,8 +11,10 @@ KV memory) and the engine's `SequenceGroup`s as its
 groups. Each step: `schedule()` decides (decode groups, prefill chunks, preemptions); `allocate()` appends each
 decoding sequence's last token to the KV cache manager (copying a shared last block first); the `ModelRunner`
 builds one flattened batch and runs the forward pass (K/V written by slot, read by the paged kernels); each
-request samples, forking or freeing sequences; `postprocess()` counts the outputs and releases finished
-requests; the step's row (metrics and timings, `core.engine.metrics`) is recorded. See `core.engine` for the
+request samples, deciding which sequences end or fork; `postprocess()` marks the step's tokens computed, applies
+those forks and frees, counts the outputs and releases finished requests (the scheduler, through `EngineMemory`,
+is the only writer of KV memory); a `StepObserver` records the step's row (metrics and timings,
+`core.engine.metrics`) and snapshots. See `core.engine` for the
 public API. What the engine is built from (the dtype, a checkpoint or random weights, the pool's size) is
 `core.engine.loading`; chat prompts through the tokenizer's template are `core.engine.chat`.
 """
@@ -30,9 +32,9 @@ from core.engine.chat import chat_prompt, conversations_of
 from core.engine.config import ModelConfig
 from core.engine.loading import engine_bytes, load_checkpoint, pool_blocks, random_model
 from core.engine.memory import EngineMemory, kv_groups_of
-from core.engine.metrics import EngineRun, EngineSnapshot, StepRecorder, step_row
+from core.engine.metrics import EngineRun, EngineSnapshot, StepObserver, StepRecorder
 from core.engine.model import LlamaModel
-from core.engine.model_runner import ModelRunner
+from core.engine.model_runner import ModelRunner, PreparedStep
 from core.engine.postprocess import finish_group_outputs, process_group
 from core.engine.requests import RequestInbox, make_group, prompts_and_params
 from core.engine.sampling import SamplingParams
@@ -307,27 +309,15 @@ class Engine:
                 self._drop(self._live.pop(item))
 
     def _drop(self, group: SequenceGroup) -> None:
-        """Take a group out of the scheduler's queues and give its blocks back."""
-        sched = self.scheduler
-        for queue in (sched.waiting, sched.swapped):
-            if group in queue:
-                queue.remove(group)
-        if group in sched.running:
-            sched.running.remove(group)
-        if id(group) in self.memory.held:
-            self.memory.release(group)
+        """Take a group out of the scheduler's queues; the scheduler gives its blocks back."""
+        self.scheduler.abort(group)
 
     def _abort_all(self) -> None:
         """Drop every request (after an error): the pool is empty again and nothing is queued."""
         self._inbox.drain()
         self._inbox.clear()
-        for group in list(self._live.values()):
-            self._drop(group)
+        self.scheduler.reset()
         self._live.clear()
-        for group in list(self.memory.held.values()):
-            self.memory.release(group)
-        self.scheduler.waiting.clear()
-        self.scheduler.running.clear()
         self.memory.cow_log.clear()
 
     # ---- the loop -----------------------------------------------------------------------------------------
@@ -350,78 +340,45 @@ class Engine:
                 raise
 
     def _step(self, started: float) -> list[RequestOutput]:
-        sched, mem, rec = self.scheduler, self.memory, self._recorder
-        scheduled = sched.schedule()
-        if scheduled.is_empty and not scheduled.preempted:
-            raise SchedulerStuckError(
-                f"the scheduler is stuck: {len(sched.waiting)} waiting request(s) fit in none of the "
-                f"{mem.free_blocks:,} free blocks and nothing runs (use more blocks or shorter requests)",
-                num_waiting=len(sched.waiting),
-                free_blocks=mem.free_blocks,
-            )
-        sched.allocate(scheduled)  # appends each decoding sequence's token: EngineMemory.grow
-        step = len(rec.rows)
-        rec.cow_events += [(step, *event) for event in mem.cow_log]
-        cows = len(mem.cow_log)
-        mem.cow_log.clear()
-        forward_ms = attention_ms = 0.0
-        kv_read = 0
-        if not scheduled.is_empty:
-            prepared = self.runner.prepare(scheduled)
-            logits = self.runner.run(prepared)  # [rows, vocab]
-            self._sample(scheduled, prepared.logits_owner, logits)
-            forward_ms, attention_ms = self.runner.last_forward_ms, self.runner.last_attention_ms
-            kv_read = prepared.kv_tokens_read
-        outcome = sched.postprocess(scheduled)
+        """schedule -> run -> postprocess (nano-vllm's loop); the observer records the step."""
+        scheduled = self.scheduler.schedule()  # admissions, preemptions: the scheduler takes and frees memory
+        self._check_not_stuck(scheduled)
+        self.scheduler.allocate(scheduled)  # each decoding sequence's token gets its slot
+        self._sample(scheduled, self.runner.execute(scheduled))  # forward pass, then sampling
+        outcome = self.scheduler.postprocess(scheduled)  # marks computed, forks / frees, releases finished
         outputs = self._outputs(scheduled, outcome)
-        usage = mem.usage(mem.live_seqs())
-        now = time.perf_counter()
-        step_ms = (now - started) * 1e3
-        rec.add(
-            step_row(
-                scheduled,
-                outcome,
-                usage,
-                step=step,
-                time_s=now - rec.started,
-                free_blocks=mem.free_blocks,
-                block_size=mem.block_size,
-                preemptions_total=sched.num_preemptions - rec.preemptions_base,
-                kv_tokens_read=kv_read,
-                cow_copies=cows,
-                times_ms=(step_ms, attention_ms, forward_ms - attention_ms, step_ms - forward_ms),
-            )
-        )
-        rec.maybe_snapshot(step, self._snapshot, not sched.has_unfinished)
+        self._observer.on_step(scheduled, outcome, outputs, started)
         return outputs
 
-    def _sample(self, scheduled: ScheduledStep, logits_owner: list, logits: torch.Tensor) -> None:
-        """Give each sequence its row of logits, then sample every group whose sequences all have theirs."""
-        for row, owners in enumerate(logits_owner):
+    def _check_not_stuck(self, scheduled: ScheduledStep) -> None:
+        if scheduled.is_empty and not scheduled.preempted:
+            raise SchedulerStuckError(
+                f"the scheduler is stuck: {len(self.scheduler.waiting)} waiting request(s) fit in none of the "
+                f"{self.memory.free_blocks:,} free blocks and nothing runs (use more blocks or shorter requests)",
+                num_waiting=len(self.scheduler.waiting),
+                free_blocks=self.memory.free_blocks,
+            )
+
+    def _sample(self, scheduled: ScheduledStep, prepared: PreparedStep | None) -> None:
+        """Give each sequence its row of logits, then sample every group whose sequences all have theirs (the
+        sequences it ends or forks are left in `kv_changes` for the scheduler's postprocess)."""
+        if prepared is None:
+            return
+        for row, owners in enumerate(prepared.logits_owner):
             for seq in owners:
-                seq.pending_logits = logits[row]
+                seq.pending_logits = prepared.logits[row]
         eos = self.config.eos_token_ids
         touched = dict.fromkeys([*scheduled.decoding, *(g for g, _, _ in scheduled.prefill_chunks)])
         for group in touched:
             if group.seqs and all(s.pending_logits is not None for s in group.seqs):
-                process_group(group, self.memory, self._new_seq_id, eos)
+                process_group(group, self._new_seq_id, eos)
 
     def _outputs(self, scheduled: ScheduledStep, outcome) -> list[RequestOutput]:
         """RequestOutputs of the groups that finished, and of the streamed ones that produced tokens."""
         outputs = []
         for group in outcome.finished:
             self._live.pop(group.request_id, None)
-            out = finish_group_outputs(group, self.tokenizer)
-            self._recorder.requests.append(
-                (
-                    group.request_id,
-                    len(group.prompt_token_ids),
-                    sum(len(o.token_ids) for o in out.outputs),
-                    group.num_preemptions,
-                    group.num_cached_tokens,
-                )
-            )
-            outputs.append(out)
+            outputs.append(finish_group_outputs(group, self.tokenizer))
         self._inbox.finished([g.request_id for g in outcome.finished])
         for group in dict.fromkeys([*scheduled.decoding, *outcome.first_token]):
             if group.stream and group.seqs:
@@ -438,6 +395,9 @@ class Engine:
     def reset_metrics(self) -> None:
         """Start a new record: steps, snapshots, copy-on-write events and finished requests (see `current_run`)."""
         self._recorder = StepRecorder(self.max_snapshots, preemptions_base=self.scheduler.num_preemptions)
+        self._observer = StepObserver(
+            self.memory, self.scheduler, self.runner, self._snapshot, self._recorder
+        )
 
     def current_run(self) -> EngineRun:
         """An `EngineRun` of every step since the last `reset_metrics` (or the engine's start, or the last

@@ -6,7 +6,9 @@ pool, the tables and the snapshot are `core.kv`'s.
 Invariants:
 - A live sequence `s` is a request of the manager (request id = `s.seq_id`) with room for `s.num_allocated`
   tokens: its prompt (and, after a recompute preemption, its earlier output) from admission, and one more token
-  per decode step, appended just before the step computes it.
+  per decode step, appended just before the step computes it. The manager reads the sequence's own token list
+  (`allocate(..., view=True)`): the tokens are held once, validated once where the request was made
+  (`core.engine.requests`), and a decode step only says that the list's next token now has room.
 - Caching on compute: `mark_computed(s, stop)` tells the manager the K/V of tokens [0, stop) are written; only
   then do their full blocks enter the prefix cache, so a prefix-cache hit is always computed K/V (what a
   `ready[]` bitmap once guarded). The manager's computed count equals `s.num_computed`.
@@ -27,13 +29,12 @@ Invariants:
 
 import numpy as np
 
-from core.common import cdiv
 from core.engine.sequence import Sequence, SequenceGroup
 from core.errors import InvalidArgumentError
 from core.kv import KVCacheManager, KVCacheSnapshot
 from core.kv.hf_config import layer_specs
 from core.kv.layout import KVCacheGroup, kv_cache_groups
-from core.kv.specs import KVCacheSpec, SlidingWindowSpec
+from core.kv.specs import KVCacheSpec
 from core.paging.kv_cache import KVCache
 from core.sched.memory import Admission, MemoryMetrics
 
@@ -81,9 +82,6 @@ class EngineMemory:
         self.cache = cache
         self.layer_group = tuple(layer_group)
         self.num_groups = len(manager.groups)
-        self.windows = tuple(
-            s.sliding_window if isinstance(s, SlidingWindowSpec) else None for s in manager.groups
-        )
         self.block_size = cache.block_size
         self.num_blocks = manager.num_blocks
         self.capacity = self.num_blocks * self.block_size
@@ -91,6 +89,7 @@ class EngineMemory:
         self.watermark_blocks = int(watermark * self.num_blocks)
         self.held: dict[int, SequenceGroup] = {}
         self.cow_log: list[tuple[int, int, int, int]] = []
+        self._grown: list[Sequence] = []  # the sequences `grow` gave this step's token, marked by `decoded`
 
     # ---- sizing -------------------------------------------------------------------------------------------
 
@@ -106,16 +105,10 @@ class EngineMemory:
         return sum(self.manager.blocks_needed(len(s.token_ids)) for s in self._to_allocate(group))
 
     def peak_blocks_per_seq(self, prompt_len: int, max_output_len: int) -> int:
-        """The most blocks one sequence holds at any time, summed over the KV cache groups: ceil((prompt +
-        outputs) / block_size) for a full-attention group. A window group (W) holds the whole prompt until it is
-        computed, then after appending the token at position n the blocks n // bs - (n - W + 1) // bs + 1 <=
-        ceil((W + bs - 1) / bs); so min(full, max(ceil(prompt / bs), ceil((W + bs - 1) / bs)))."""
-        bs = self.block_size
-        full = cdiv(prompt_len + max_output_len, bs)
-        return sum(
-            full if window is None else min(full, max(cdiv(prompt_len, bs), cdiv(window + bs - 1, bs)))
-            for window in self.windows
-        )
+        """The most blocks one sequence holds at any time, summed over the KV cache groups: the KV core's
+        `max_blocks_held` (a full group: ceil((prompt + outputs) / block_size); a window group W holds the whole
+        prompt until it is computed, then at most ceil((W + block_size - 1) / block_size))."""
+        return self.manager.max_blocks_held(prompt_len, prompt_len + max_output_len)
 
     def check_fits(self, group: SequenceGroup, max_output_len: int) -> None:
         """Raise InvalidArgumentError when the group's sequences at their largest (`peak_blocks_per_seq` each)
@@ -160,7 +153,7 @@ class EngineMemory:
         hit_tokens = 0
         plan = []
         for seq in self._to_allocate(group):
-            hits = mgr.allocate(seq.seq_id, seq.token_ids)
+            hits = mgr.allocate(seq.seq_id, seq.token_ids, view=True)  # the manager reads the sequence's list
             seq.num_allocated = len(seq.token_ids)
             seq.num_computed = hits
             hit_tokens += hits
@@ -168,15 +161,47 @@ class EngineMemory:
         if not group.started_sampling:
             first = group.seqs[0]
             for child in group.seqs[1:]:
-                mgr.fork(first.seq_id, child.seq_id)
+                mgr.fork(first.seq_id, child.seq_id, child.token_ids)
                 child.num_allocated, child.num_computed = first.num_allocated, first.num_computed
         group.prefill_plan = plan
+        group.prefill_owners = [] if group.started_sampling else list(group.seqs)
         group.num_cached_tokens += hit_tokens
         self.held[id(group)] = group
         return Admission(sum(n for _, n in plan), hit_tokens)
 
     def prefill(self, group: SequenceGroup, num_tokens: int) -> None:
-        """Nothing to account: the engine marks the computed tokens when it runs the chunk."""
+        """The chunk ending `num_tokens` before the group's prefill point (the scheduler already lowered
+        `num_prefill_tokens`) ran: mark each planned sequence's part of it computed (every fork sharing the
+        prompt, before sampling started), then, when the prefill ended, apply the sampler's `kv_changes`."""
+        done = group.num_prefill_total - group.num_prefill_tokens
+        offset = 0
+        for seq, todo in group.prefill_plan:
+            upto = min(max(done - offset, 0), todo)
+            stop = seq.num_allocated - todo + upto
+            for owner in group.prefill_owners or [seq]:
+                if owner.num_allocated and stop > owner.num_computed:
+                    self.mark_computed(owner, stop)
+            offset += todo
+        if group.num_prefill_tokens == 0:
+            self._apply_changes(group)
+
+    def decoded(self, groups: list, steps: int) -> None:
+        """The step ran: every sequence `grow` gave a token has its K/V computed (the manager caches newly full
+        blocks, windows release what no later token reads); then the sampler's `kv_changes` of the groups
+        apply (forks share the computed blocks, ended sequences free theirs)."""
+        for seq in self._grown:
+            self.mark_computed(seq, seq.num_allocated)
+        self._grown = []
+        for group in groups:
+            self._apply_changes(group)
+
+    def _apply_changes(self, group: SequenceGroup) -> None:
+        for seq, child in group.kv_changes:
+            if child is None:
+                self.free_seq(seq)
+            else:
+                self.manager.fork(seq.seq_id, child.seq_id, child.token_ids)
+        group.kv_changes.clear()
 
     def grow(self, groups: list, steps: int) -> None:
         """Append each decoding sequence's last sampled token (its K/V slot in every KV cache group), copying a
@@ -185,11 +210,12 @@ class EngineMemory:
             raise InvalidArgumentError("the engine grows one decode step at a time")
         for group in groups:
             for seq in group.seqs:
-                cows = [c for c in self.manager.append_token(seq.seq_id, seq.token_ids[-1]) if c is not None]
+                cows = [c for c in self.manager.append_token(seq.seq_id) if c is not None]  # its last token
                 if cows:
                     self.cache.copy_blocks(cows)
                     self.cow_log += [(group.request_id, seq.seq_id, *cow) for cow in cows]
                 seq.num_allocated += 1
+                self._grown.append(seq)
 
     def block_tables(self, seqs: list[Sequence]) -> np.ndarray:
         """[num_groups, len(seqs), max blocks] int32 block tables of the sequences, one per KV cache group,
@@ -223,9 +249,6 @@ class EngineMemory:
         self.manager.mark_computed(seq.seq_id, stop)
         seq.num_computed = stop
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        self.manager.fork(parent.seq_id, child.seq_id)
-
     def free_seq(self, seq: Sequence) -> None:
         if seq.num_allocated:
             self.manager.free(seq.seq_id)
@@ -233,8 +256,15 @@ class EngineMemory:
 
     def release(self, group: SequenceGroup) -> int:
         free0 = self.manager.num_free_blocks
+        for seq, child in group.kv_changes:  # changes sampling decided but no step applied (an abort)
+            if child is None:
+                self.free_seq(seq)
+            else:
+                child.num_allocated = child.num_computed = 0  # never forked in the manager
+        group.kv_changes.clear()
         for seq in group.seqs:
             self.free_seq(seq)
+        self._grown = [s for s in self._grown if s.num_allocated]
         self.held.pop(id(group), None)
         return self.manager.num_free_blocks - free0
 

@@ -142,6 +142,57 @@ class StepRecorder:
         return frame.astype(dict.fromkeys(ints, np.int64))
 
 
+class StepObserver:
+    """Records each engine step once the scheduler postprocessed it: the step's row, its copy-on-write events,
+    the requests that finished and the snapshots, into `recorder` (a `StepRecorder`, replaced by
+    `Engine.reset_metrics`). It reads the memory, the scheduler and the runner and writes none of them (the
+    memory's copy-on-write log is drained here: a log, not KV memory)."""
+
+    def __init__(self, memory, scheduler, runner, snapshot_fn, recorder: StepRecorder):
+        self.memory = memory
+        self.scheduler = scheduler
+        self.runner = runner
+        self.snapshot_fn = snapshot_fn
+        self.recorder = recorder
+
+    def on_step(self, scheduled, outcome, outputs: list, started: float) -> None:
+        """Record the step that began at `started` (`time.perf_counter()`) and returned `outputs`."""
+        rec, mem, runner = self.recorder, self.memory, self.runner
+        step = len(rec.rows)
+        rec.cow_events += [(step, *event) for event in mem.cow_log]
+        cows = len(mem.cow_log)
+        mem.cow_log.clear()
+        for out in outputs:
+            if out.finished:
+                generated = sum(len(c.token_ids) for c in out.outputs)
+                prompt_len = len(out.prompt_token_ids)
+                rec.requests.append(
+                    (out.request_id, prompt_len, generated, out.num_preemptions, out.num_cached_tokens)
+                )
+        usage = mem.usage(mem.live_seqs())
+        now = time.perf_counter()
+        step_ms, forward_ms, attention_ms = (
+            (now - started) * 1e3,
+            runner.last_forward_ms,
+            runner.last_attention_ms,
+        )
+        row = step_row(
+            scheduled,
+            outcome,
+            usage,
+            step=step,
+            time_s=now - rec.started,
+            free_blocks=mem.free_blocks,
+            block_size=mem.block_size,
+            preemptions_total=self.scheduler.num_preemptions - rec.preemptions_base,
+            kv_tokens_read=runner.last_kv_tokens_read,
+            cow_copies=cows,
+            times_ms=(step_ms, attention_ms, forward_ms - attention_ms, step_ms - forward_ms),
+        )
+        rec.add(row)
+        rec.maybe_snapshot(step, self.snapshot_fn, not self.scheduler.has_unfinished)
+
+
 def step_row(
     scheduled,
     outcome,

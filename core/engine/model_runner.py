@@ -30,6 +30,7 @@ class PreparedStep:
     logits_owner: for each row of the logits, the sequences that sample from it (a prompt whose prefill ends feeds
         every one of its n forked samples, which share it).
     kv_tokens_read: KV token slots the step's attention reads (all sequences, one layer: the mean over layers).
+    logits: the forward pass's [rows, vocab] float32 logits, set by `ModelRunner.execute`.
     """
 
     batch: ForwardBatch
@@ -37,6 +38,7 @@ class PreparedStep:
     pieces: list[tuple[SequenceGroup, Sequence, int, int]]
     logits_owner: list[list[Sequence]]
     kv_tokens_read: int
+    logits: torch.Tensor | None = None  # [rows, vocab] once `execute` ran it
 
 
 def prefill_pieces(scheduled: ScheduledStep) -> list[tuple[SequenceGroup, Sequence, int, int]]:
@@ -54,14 +56,15 @@ def prefill_pieces(scheduled: ScheduledStep) -> list[tuple[SequenceGroup, Sequen
     return pieces
 
 
-def kv_tokens_read(dec_lens: np.ndarray, pre_ctx: np.ndarray, pre_q: np.ndarray, window: int | None) -> int:
-    """KV slots read by one layer's attention: every cached position of each query's sequence, or with a sliding
-    window W, a decode query's last W positions and a chunk of q tokens the q + W - 1 positions before it.
+def kv_tokens_read(dec_lens: np.ndarray, pre_ctx: np.ndarray, pre_q: np.ndarray, manager) -> int:
+    """KV slots read by one layer's attention, whose group's single-type `manager` says which leading tokens a
+    query skips (`num_skipped_tokens`, the KV core's window rule): a decode query at position len - 1 reads
+    len - skipped(len - 1), a chunk of q tokens ending at ctx reads from where its first query's window starts,
+    ctx - skipped(ctx - q) (full attention: everything; a sliding window W: min(len, W) and min(ctx, q + W - 1)).
     `PreparedStep.kv_tokens_read` is its mean over the model's layers (rounded down): one layer's count when
     every layer is alike."""
-    if window is None:
-        return int(dec_lens.sum() + pre_ctx.sum())
-    return int(np.minimum(dec_lens, window).sum() + np.minimum(pre_ctx, pre_q + window - 1).sum())
+    skipped = manager.num_skipped_tokens
+    return int((dec_lens - skipped(dec_lens - 1)).sum() + (pre_ctx - skipped(pre_ctx - pre_q)).sum())
 
 
 class ModelRunner:
@@ -77,6 +80,7 @@ class ModelRunner:
         self.memory = memory
         self.last_forward_ms = 0.0
         self.last_attention_ms = 0.0
+        self.last_kv_tokens_read = 0
 
     def prepare(self, scheduled: ScheduledStep) -> PreparedStep:
         """The flattened batch of a non-empty step (decoding sequences already grown by `Scheduler.allocate`)."""
@@ -126,26 +130,34 @@ class ModelRunner:
             prefill_query_lens=longs(pre_q),
             logits_indices=longs(logits_indices),
         )
-        layer_windows = [mem.windows[g] for g in mem.layer_group]
-        read = sum(kv_tokens_read(dec_lens, pre_ctx, pre_q, w) for w in layer_windows) // len(layer_windows)
+        managers = mem.manager.managers
+        per_group = [kv_tokens_read(dec_lens, pre_ctx, pre_q, m) for m in managers]
+        read = sum(per_group[g] for g in mem.layer_group) // len(mem.layer_group)
         return PreparedStep(batch, decode_seqs, pieces, logits_owner, read)
 
     def run(self, prepared: PreparedStep) -> torch.Tensor:
         """Run the forward pass (K/V of every token written to its slot); returns [rows, vocab] float32 logits,
-        row i for `prepared.logits_owner[i]`. Marks the computed tokens in memory."""
+        row i for `prepared.logits_owner[i]`. Changes no block table: the scheduler's postprocess marks the
+        computed tokens (`EngineMemory.prefill` / `decoded`)."""
         started = time.perf_counter()
         logits = self.model.forward(prepared.batch, self.memory.cache)
         if logits.device.type == "cuda":
             torch.cuda.synchronize(logits.device)
         self.last_forward_ms = (time.perf_counter() - started) * 1e3
         self.last_attention_ms = self.model.attention_ms
-        mem = self.memory
-        for seq in prepared.decode_seqs:
-            mem.mark_computed(seq, seq.num_allocated)
-        for group, seq, start, chunk in prepared.pieces:
-            for owner in [seq] if group.started_sampling else group.seqs:
-                mem.mark_computed(owner, start + chunk)
         return logits
+
+    def execute(self, scheduled: ScheduledStep) -> PreparedStep | None:
+        """Prepare and run a step; returns its `PreparedStep` with `logits` ([rows, vocab] float32) set, or None
+        for an empty step (nothing runs: `last_forward_ms`, `last_attention_ms` and `last_kv_tokens_read` are 0)."""
+        if scheduled.is_empty:
+            self.last_forward_ms = self.last_attention_ms = 0.0
+            self.last_kv_tokens_read = 0
+            return None
+        prepared = self.prepare(scheduled)
+        prepared.logits = self.run(prepared)
+        self.last_kv_tokens_read = prepared.kv_tokens_read
+        return prepared
 
     def warm_up(self) -> float:
         """Run the kernels once on a throwaway batch (one decode row and a 2-token prefill chunk writing into

@@ -9,14 +9,15 @@ A group is processed once every live sequence has its `pending_logits` (the logi
   best k others continue: a beam chosen c times is kept for its first continuation and forked c - 1 times, a beam
   never chosen is freed. The run stops at max_tokens, or when k hypotheses are finished and none of the running
   beams scores better (transformers' `early_stopping=False` rule with length_penalty 1.0).
-Finished sequences free their blocks at once.
+Sampling writes no KV memory: the sequences it ends or forks are recorded on the group (`kv_changes`, in order)
+and `EngineMemory` applies them when the scheduler postprocesses the step, after marking the step's tokens
+computed (so the scheduler, through its memory, is the only writer of KV memory).
 """
 
 from collections.abc import Callable
 
 import torch
 
-from core.engine.memory import EngineMemory
 from core.engine.sampling import beam_candidates, sample
 from core.engine.sequence import CompletionOutput, RequestOutput, Sequence, SequenceGroup
 
@@ -38,12 +39,11 @@ def _append(seq: Sequence, token: int, logprobs: torch.Tensor, logits: torch.Ten
         seq.logits.append(logits)
 
 
-def process_group(
-    group: SequenceGroup, memory: EngineMemory, new_seq_id: Callable[[], int], eos: tuple[int, ...]
-) -> int:
-    """Sample (or take a beam step) for the group from its sequences' pending logits; returns tokens emitted."""
+def process_group(group: SequenceGroup, new_seq_id: Callable[[], int], eos: tuple[int, ...]) -> int:
+    """Sample (or take a beam step) for the group from its sequences' pending logits; returns tokens emitted.
+    Sequences that end or fork are recorded in `group.kv_changes` for the memory to apply."""
     if group.params.use_beam_search:
-        return _beam_step(group, memory, new_seq_id, eos)
+        return _beam_step(group, new_seq_id, eos)
     params = group.params
     seqs = group.seqs
     logits = torch.stack([s.pending_logits for s in seqs])  # [num_seqs, vocab]
@@ -54,11 +54,11 @@ def process_group(
     logprobs = torch.log_softmax(logits, dim=-1)
     for row, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
         _append(seq, token, logprobs[row], logits[row])
-    _retire_finished(group, memory, eos)
+    _retire_finished(group, eos)
     return len(tokens)
 
 
-def _retire_finished(group: SequenceGroup, memory: EngineMemory, eos: tuple[int, ...]) -> None:
+def _retire_finished(group: SequenceGroup, eos: tuple[int, ...]) -> None:
     alive = []
     for seq in group.seqs:
         reason = _finish_reason(seq, group, eos)
@@ -66,12 +66,12 @@ def _retire_finished(group: SequenceGroup, memory: EngineMemory, eos: tuple[int,
             alive.append(seq)
         else:
             seq.finish_reason = reason
-            memory.free_seq(seq)
+            group.kv_changes.append((seq, None))
             group.finished.append(seq)
     group.seqs = alive
 
 
-def _beam_step(group: SequenceGroup, memory: EngineMemory, new_seq_id: Callable[[], int], eos) -> int:
+def _beam_step(group: SequenceGroup, new_seq_id: Callable[[], int], eos) -> int:
     params = group.params
     k = params.beam_width
     beams = group.seqs
@@ -102,11 +102,11 @@ def _beam_step(group: SequenceGroup, memory: EngineMemory, new_seq_id: Callable[
     for b, beam in enumerate(beams):
         picks = by_parent.get(b)
         if not picks:
-            memory.free_seq(beam)
+            group.kv_changes.append((beam, None))
             continue
         for token, score in picks[1:]:
             child = beam.fork(new_seq_id())
-            memory.fork(beam, child)
+            group.kv_changes.append((beam, child))
             child.token_ids.append(token)
             child.cumulative_logprob = score
             survivors.append(child)
@@ -122,7 +122,7 @@ def _beam_step(group: SequenceGroup, memory: EngineMemory, new_seq_id: Callable[
     ):
         for seq in survivors:
             seq.finish_reason = "length"
-            memory.free_seq(seq)
+            group.kv_changes.append((seq, None))
             group.finished.append(seq)
         group.seqs = []
     return len(survivors)

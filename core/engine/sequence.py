@@ -112,6 +112,12 @@ class SequenceGroup:
     # set at admission by EngineMemory: the (sequence, tokens to compute) whose concatenation is the group's
     # prefill, so the scheduler's chunk [start, start + n) maps onto sequences
     prefill_plan: list = field(default_factory=list)
+    # the sequences whose K/V each prefill chunk computes: the forks sharing the prompt before sampling started
+    # (set at admission by EngineMemory), else each planned sequence alone
+    prefill_owners: list = field(default_factory=list)
+    # (sequence, None) to free or (parent, child) to fork, in the order sampling decided them; EngineMemory
+    # applies and clears them when the scheduler postprocesses the step
+    kv_changes: list = field(default_factory=list)
 
     @property
     def is_prefilling(self) -> bool:

@@ -23,6 +23,7 @@ from core.kv.events import (
     encode_event_batch,
 )
 from core.kv.kv_cache_manager import KVCacheManager
+from core.kv.single_type_manager import BlockCopy, KVCacheBlocks
 from core.kv.snapshot import KVCacheSnapshot
 from core.kv.specs import (
     ChunkedLocalAttentionSpec,
@@ -35,11 +36,13 @@ from core.kv.specs import (
 
 __all__ = [
     "AllBlocksCleared",
+    "BlockCopy",
     "BlockPool",
     "BlockRemoved",
     "BlockStored",
     "ChunkedLocalAttentionSpec",
     "FullAttentionSpec",
+    "KVCacheBlocks",
     "KVCacheManager",
     "KVCacheSnapshot",
     "KVCacheSpec",

@@ -27,18 +27,20 @@ brute-force model):
 """
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from itertools import repeat
 from math import lcm
-
-import numpy as np
 
 from core.common import check_int
 from core.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
 from core.kv.block_hash import extend_block_hashes
 from core.kv.block_pool import BlockPool
+from core.kv.bulk_decode import BulkDecode
 from core.kv.events import KVEvent
+from core.kv.request import KVRequest, check_token_ids
 from core.kv.single_type_manager import (
+    BlockCopy,
     FullAttentionManager,
-    RequestBlocks,
+    KVCacheBlocks,
     SingleTypeKVCacheManager,
     manager_for,
 )
@@ -46,29 +48,7 @@ from core.kv.snapshot import KVCacheSnapshot, build_snapshot
 from core.kv.specs import KVCacheSpec
 
 
-class _Request:
-    __slots__ = ("blocks", "hashes", "num_computed", "token_ids")
-
-    def __init__(self, token_ids: list[int], num_computed: int, blocks: tuple, hashes: dict[int, list[int]]):
-        self.token_ids = token_ids
-        self.num_computed = num_computed
-        self.blocks: tuple[RequestBlocks, ...] = blocks  # one per group
-        self.hashes = hashes  # block size -> chained keys of the leading full blocks
-
-
-def check_token_ids(request_id: Hashable, token_ids: Sequence[int]) -> list[int]:
-    """`token_ids` as a non-empty list of integers, else InvalidArgumentError naming the request."""
-    tokens = list(token_ids)
-    if tokens and all(type(t) is int for t in tokens):  # the common case, fast
-        return tokens
-    if not tokens:
-        raise InvalidArgumentError(f"request {request_id!r}: a prompt needs at least 1 token, got 0")
-    if not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in tokens):
-        raise InvalidArgumentError(f"request {request_id!r}: token ids must be integers")
-    return tokens
-
-
-class KVCacheManager:
+class KVCacheManager(BulkDecode):
     """Block tables for `groups` (one spec per KV cache group, in order) over `num_blocks` shared block ids.
 
     enable_prefix_caching: computed full blocks are cached by chained hash and reused by later prompts.
@@ -96,7 +76,8 @@ class KVCacheManager:
         self._hit_granularity = lcm(*(spec.block_size for spec in groups))
         self._can_hit = all(manager.caches_blocks for manager in self.managers)
         self._all_full = all(type(manager) is FullAttentionManager for manager in self.managers)
-        self._requests: dict[Hashable, _Request] = {}
+        self._one_full_group = self._all_full and len(self.managers) == 1
+        self._requests: dict[Hashable, KVRequest] = {}
         self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_cache_hits = 0  # of those, tokens served by it
 
@@ -131,7 +112,7 @@ class KVCacheManager:
 
     # ---- per-request queries ----------------------------------------------------------------------------
 
-    def _request(self, request_id: Hashable) -> _Request:
+    def _request(self, request_id: Hashable) -> KVRequest:
         req = self._requests.get(request_id)
         if req is None:
             live = list(self._requests)
@@ -146,10 +127,10 @@ class KVCacheManager:
         """Live request ids, in the order they were allocated or forked."""
         return list(self._requests)
 
-    def block_ids(self, request_id: Hashable) -> tuple[list[int], ...]:
+    def block_ids(self, request_id: Hashable) -> KVCacheBlocks:
         """Copies of the request's block tables, one per group in order: logical block i of group g lives in
         physical block `block_ids(r)[g][i]`; -1 marks an entry the group released."""
-        return tuple(list(rec.table) for rec in self._request(request_id).blocks)
+        return KVCacheBlocks(list(rec.table) for rec in self._request(request_id).blocks)
 
     def num_held_blocks(self, request_id: Hashable) -> tuple[int, ...]:
         """Blocks the request holds now in each group (table entries that are not -1)."""
@@ -157,42 +138,122 @@ class KVCacheManager:
 
     def num_tokens(self, request_id: Hashable) -> int:
         """Tokens the request has room for (prompt plus appended tokens)."""
-        return len(self._request(request_id).token_ids)
+        return self._request(request_id).num_tokens
 
     def num_computed_tokens(self, request_id: Hashable) -> int:
         """Leading tokens whose K/V are written (prefix-cache hits included)."""
         return self._request(request_id).num_computed
 
     def token_ids(self, request_id: Hashable) -> list[int]:
-        return list(self._request(request_id).token_ids)
+        req = self._request(request_id)
+        return list(req.token_ids[: req.num_tokens])
 
-    def blocks_needed(self, num_tokens: int) -> int:
-        """Free blocks a new prompt of `num_tokens` takes over all groups, counting no prefix-cache hits."""
-        num_tokens = check_int(num_tokens, "num_tokens", minimum=1)
-        return sum(manager.num_required_blocks(num_tokens) for manager in self.managers)
+    def blocks_needed(self, num_tokens: int, num_seqs: int = 1, num_shared_tokens: int | None = None) -> int:
+        """Free blocks a new request takes over all groups, counting no prefix-cache hits: `num_seqs` sequences
+        of `num_tokens` tokens forked from one prompt of `num_shared_tokens` (default: all of them). The forks
+        share the prompt's full blocks, and its partly filled last block while none has written past the
+        prompt; each sequence's own entries are its manager's `num_new_blocks` past the shared full blocks.
+        Worked example, block size 4, 2 sequences of 10 tokens forked from a 6-token prompt: 1 shared full
+        block + 2 x (3 - 1) own entries = 5 blocks per full-attention group; with 6 tokens each, 2 blocks."""
+        if type(num_tokens) is not int or num_tokens < 1:  # the common case skips the full check
+            num_tokens = check_int(num_tokens, "num_tokens", minimum=1)
+        shared = num_tokens if num_shared_tokens is None else num_shared_tokens
+        if num_seqs == 1 or shared >= num_tokens:
+            return sum(manager.num_required_blocks(num_tokens) for manager in self.managers)
+        need = 0
+        for manager in self.managers:
+            full = shared // manager.block_size
+            need += full + num_seqs * manager.num_new_blocks(full, num_tokens, 0)
+        return need
+
+    def max_blocks_held(self, prompt_len: int, num_tokens: int) -> int:
+        """The most blocks one unshared request holds at any time over all groups while it grows from a
+        `prompt_len`-token prompt to `num_tokens` tokens (each manager's `max_blocks_held` bound)."""
+        return sum(m.max_blocks_held(prompt_len, num_tokens) for m in self.managers)
+
+    def num_blocks_held(self, num_tokens: int) -> tuple[int, ...]:
+        """Blocks one unshared request of `num_tokens` tokens holds in each group once all but its newest token
+        are computed (a window group has released what no later token reads):
+        `num_required_blocks(n) - num_skipped_blocks(n - 1)` per group."""
+        return tuple(
+            m.num_required_blocks(num_tokens) - m.num_skipped_blocks(num_tokens - 1) for m in self.managers
+        )
+
+    def num_blocks_to_append(self, new_tokens: Mapping[Hashable, int]) -> int:
+        """THE blocks-per-step question (vLLM's coordinator summing each manager's `get_num_blocks_to_allocate`):
+        net free blocks taken when each request r of `new_tokens` gets `new_tokens[r]` more tokens as
+        `decode_steps` does it (its tokens but the newest computed first, which releases what a window no
+        longer reads; then copy-on-write of a shared written last block, then new table entries). Per group and
+        request it adds the manager's `num_new_blocks` and `written_tail`; across requests it replays ref
+        counts: a released block is freed when every holder releases it, and a shared written tail is copied by
+        all its writers but the last holder. The engine (after `mark_computed` of every computed token: nothing
+        left to release), the serving simulator's paged policy and the scheduler's preemption all ask this.
+        Changes nothing; raises UnknownSequenceError for an unknown request."""
+        requests = self._requests
+        reqs = [requests.get(request_id) or self._request(request_id) for request_id in new_tokens]
+        return self._blocks_to_append(reqs, list(new_tokens.values()))
 
     def num_blocks_for_decode(self, request_ids: Iterable[Hashable]) -> int:
-        """Free blocks one decode token for each of `request_ids` takes, appended in that order, summed over
-        the groups (vLLM's coordinator summing each manager's `get_num_blocks_to_allocate`): per group the
-        table's growth (`num_required_blocks`) plus, for a shared last block that the token writes, one copy
-        for every holder but the last (ref counts replayed on a scratch copy). The releases of computed tokens
-        are assumed done (`mark_computed`), as the engine does after each step. Changes nothing."""
+        """`num_blocks_to_append` of one decode token for each of `request_ids`."""
+        requests = self._requests
+        return self._blocks_to_append([requests.get(rid) or self._request(rid) for rid in request_ids], 1)
+
+    def _blocks_to_append(self, reqs: list[KVRequest], counts: list[int] | int) -> int:
+        """`num_blocks_to_append` when request `reqs[i]` gets `counts[i]` more tokens (`counts` each, for an
+        int)."""
+        counts = repeat(counts) if isinstance(counts, int) else counts
+        if self._one_full_group:
+            return self._blocks_to_append_one_full(reqs, counts)
+        releases: dict[int, int] = {}  # block -> table entries released first
+        tails: dict[int, int] = {}  # shared written last block -> requests that write it
+        takes = 0
         ref_counts = self.pool.ref_counts
-        refs: dict[int, int] = {}  # block -> holders left after the copies counted so far
-        need = 0
-        for request_id in request_ids:
-            req = self._request(request_id)
-            n = len(req.token_ids)
-            for manager, rec in zip(self.managers, req.blocks, strict=True):
+        # per group: its window rule (None: never skips), growth rule and written tail, bound once
+        rules = [
+            (m.num_skipped_blocks if m.skips_tokens else None, m.num_new_blocks, m.written_tail)
+            for m in self.managers
+        ]
+        for req, count in zip(reqs, counts, strict=False):
+            old = req.num_tokens
+            new = old + count
+            computed = max(req.num_computed, new - 1)
+            for (skipped_blocks, new_blocks, written_tail), rec in zip(rules, req.blocks, strict=True):
                 table = rec.table
-                need += max(0, manager.num_required_blocks(n + 1) - len(table))
-                if table and table[-1] >= 0 and manager._tail_is_written(n):
-                    last = table[-1]
-                    count = refs.get(last, ref_counts[last])
-                    take = int(count > 1)
-                    refs[last] = count - take
-                    need += take
-        return need
+                skip = 0
+                if skipped_blocks is not None:
+                    skip = skipped_blocks(computed)
+                    for index in range(rec.first_held, min(skip, len(table))):
+                        releases[table[index]] = releases.get(table[index], 0) + 1
+                takes += new_blocks(len(table), new, computed)
+                last = table[-1] if table else -1
+                if (
+                    last >= 0 and ref_counts[last] > 1 and written_tail(rec, old, skip) >= 0
+                ):  # shared, written
+                    tails[last] = tails.get(last, 0) + 1
+        freed = sum(1 for block, count in releases.items() if count == ref_counts[block])
+        copies = sum(  # the holders left after the releases copy it, all but the last
+            max(0, min(count, ref_counts[block] - releases.get(block, 0) - 1))
+            for block, count in tails.items()
+        )
+        return takes + copies - freed
+
+    def _blocks_to_append_one_full(self, reqs: list[KVRequest], counts) -> int:
+        """`_blocks_to_append` for one full-attention group (the paper's vLLM; tested equal to the general
+        path): nothing is skipped or released, so `num_new_blocks` is the table's growth and the written tail
+        is the last block of a table whose tokens end inside it."""
+        tails: dict[int, int] = {}
+        takes = 0
+        ref_counts = self.pool.ref_counts
+        bs = self.managers[0].block_size
+        for req, count in zip(reqs, counts, strict=False):
+            table = req.blocks[0].table
+            old = req.num_tokens
+            grow = -(-(old + count) // bs) - len(table)
+            if grow > 0:
+                takes += grow
+            if old % bs and ref_counts[table[-1]] > 1:
+                tails[table[-1]] = tails.get(table[-1], 0) + 1
+        return takes + sum(min(count, ref_counts[block] - 1) for block, count in tails.items())
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new prompt of `num_tokens` fits in the free blocks without any prefix-cache hit."""
@@ -201,7 +262,7 @@ class KVCacheManager:
     def snapshot(self) -> KVCacheSnapshot:
         """A frozen view of every block of the pool (see `KVCacheSnapshot`)."""
         return build_snapshot(
-            self.pool, self.managers, {rid: len(req.token_ids) for rid, req in self._requests.items()}
+            self.pool, self.managers, {rid: req.num_tokens for rid, req in self._requests.items()}
         )
 
     # ---- operations -------------------------------------------------------------------------------------
@@ -232,14 +293,19 @@ class KVCacheManager:
                 free=free,
             )
 
-    def allocate(self, request_id: Hashable, token_ids: Sequence[int]) -> int:
+    def allocate(self, request_id: Hashable, token_ids: Sequence[int], *, view: bool = False) -> int:
         """Make room for a new request's whole prompt in every group. Returns how many leading prompt tokens the
         prefix cache served (0 without caching): their blocks are shared, their K/V need no prefill, and they
         count as computed. Raises DuplicateSequenceError, InvalidArgumentError (empty prompt, non-integer
-        token) or OutOfBlocksError, with nothing changed."""
+        token) or OutOfBlocksError, with nothing changed.
+
+        view: `token_ids` is the request's own token list (the engine's `Sequence.token_ids`), validated where it
+        was made and read here, not copied or checked again: the caller appends each new token to it before
+        `append_token` and never changes the tokens the manager has room for. Without it the manager keeps a
+        checked copy."""
         if request_id in self._requests:
             raise DuplicateSequenceError(f"request {request_id!r} already exists; free it or choose a new id")
-        tokens = check_token_ids(request_id, token_ids)
+        tokens = token_ids if view else check_token_ids(request_id, token_ids)
         n = len(tokens)
         hashes: dict[int, list[int]] = {}
         hit_tokens, hits = 0, [[] for _ in self.managers]
@@ -251,7 +317,7 @@ class KVCacheManager:
         blocks = tuple(m.save_hits(request_id, h) for m, h in zip(self.managers, hits, strict=True))
         for manager, rec in zip(self.managers, blocks, strict=True):
             manager.append_slots(rec, 0, n)
-        self._requests[request_id] = _Request(tokens, hit_tokens, blocks, hashes)
+        self._requests[request_id] = KVRequest(tokens, hit_tokens, blocks, hashes, n, view)
         if self.enable_prefix_caching:
             self.prefix_cache_queries += n
             self.prefix_cache_hits += hit_tokens
@@ -264,7 +330,7 @@ class KVCacheManager:
         Raises UnknownSequenceError or InvalidArgumentError with nothing changed."""
         req = self._request(request_id)
         tokens = req.token_ids
-        num = check_int(num_tokens, "num_tokens", minimum=req.num_computed, maximum=len(tokens))
+        num = check_int(num_tokens, "num_tokens", minimum=req.num_computed, maximum=req.num_tokens)
         req.num_computed = num
         for manager, rec in zip(self.managers, req.blocks, strict=True):
             if self.enable_prefix_caching and manager.caches_blocks:
@@ -273,33 +339,50 @@ class KVCacheManager:
                 manager.cache_blocks(rec, keys, tokens, num)
             manager.remove_skipped_blocks(rec, num)
 
-    def append_token(self, request_id: Hashable, token_id: int) -> tuple[tuple[int, int] | None, ...]:
-        """Make room for one decode token in every group. Returns, per group, the copy-on-write pair
-        (src, dst) whose K/V the caller copies before writing (the last block was shared after a fork), or
-        None. Raises UnknownSequenceError, InvalidArgumentError or OutOfBlocksError with nothing changed."""
+    def append_token(self, request_id: Hashable, token_id: int | None = None) -> tuple[BlockCopy | None, ...]:
+        """Make room for one decode token in every group: `token_id`, or for a `view` request the next token of
+        its list (already appended by its owner; `token_id` not needed). Returns, per group, the copy-on-write
+        `BlockCopy(src, dst)` whose K/V the caller copies before writing (the last block was shared after a
+        fork), or None. Raises UnknownSequenceError, InvalidArgumentError or OutOfBlocksError with nothing
+        changed."""
         req = self._request(request_id)
-        check_token_ids(request_id, [token_id])
-        old = len(req.token_ids)
+        old = req.num_tokens
+        if req.view:
+            if len(req.token_ids) <= old:
+                raise InvalidArgumentError(
+                    f"request {request_id!r} reads its owner's token list, which holds no token after the "
+                    f"{old:,} with room: append the token to it first"
+                )
+        else:
+            check_token_ids(request_id, [token_id])
         needed = sum(
             m.num_blocks_to_append(rec, old, old + 1)
             for m, rec in zip(self.managers, req.blocks, strict=True)
         )
         self._check_room(needed, f"one more token for request {request_id!r}")
-        req.token_ids.append(token_id)
+        if not req.view:
+            req.token_ids.append(token_id)
+        req.num_tokens = old + 1
         return tuple(
             m.append_slots(rec, old, old + 1) for m, rec in zip(self.managers, req.blocks, strict=True)
         )
 
-    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
+    def fork(self, parent_id: Hashable, child_id: Hashable, token_ids: list[int] | None = None) -> None:
         """A new request `child_id` sharing every block `parent_id` holds in every group (ref counts + 1), with
         the parent's tokens and computed count; the first of them to write a shared last block copies it.
-        Raises UnknownSequenceError (parent) or DuplicateSequenceError (child) with nothing changed."""
+        token_ids: the child's own token list to read (a `view` request; it starts with the parent's tokens),
+        else the child keeps a copy of the parent's. Raises UnknownSequenceError (parent) or
+        DuplicateSequenceError (child) with nothing changed."""
         parent = self._request(parent_id)
         if child_id in self._requests:
             raise DuplicateSequenceError(f"cannot fork into {child_id!r}: that request already exists")
         blocks = tuple(m.fork(parent_id, child_id) for m in self.managers)
         hashes = {bs: list(keys) for bs, keys in parent.hashes.items()}
-        self._requests[child_id] = _Request(list(parent.token_ids), parent.num_computed, blocks, hashes)
+        view = token_ids is not None
+        tokens = token_ids if view else list(parent.token_ids[: parent.num_tokens])
+        self._requests[child_id] = KVRequest(
+            tokens, parent.num_computed, blocks, hashes, parent.num_tokens, view
+        )
 
     def free(self, request_id: Hashable) -> None:
         """End the request: every block it holds loses a reference, last to first in each group; blocks at 0
@@ -308,185 +391,3 @@ class KVCacheManager:
         for manager in self.managers:
             manager.free(request_id)
         del self._requests[request_id]
-
-    # ---- bulk decode (the serving simulator's batched steps) --------------------------------------------
-
-    def decode_steps(self, token_ids: Mapping[Hashable, Sequence[int]]) -> None:
-        """Several decode steps of several requests at once: for each request r and each of its new tokens t,
-        in order, as `mark_computed(r, n); append_token(r, t)` with n the tokens before t (so afterwards all
-        but each request's newest token are computed). O(blocks), not O(tokens).
-
-        The end state has the same tables (lengths, -1 entries), ref counts, free count, computed counts and
-        prefix cache as those calls one by one; only which free ids are taken may differ (and so, when cached
-        free blocks must be evicted, which of them are). Order: first every
-        request's computed full blocks enter the cache and every group releases what its newest token no longer
-        reads, then room is made (copy-on-write of a shared last block, new blocks). A block that lies behind
-        the window by the end is taken only to be cached (with prefix caching, while a block is free) and
-        released at once. So the call needs no more free blocks than the end state holds: it raises
-        OutOfBlocksError (or UnknownSequenceError, InvalidArgumentError) with nothing changed otherwise.
-        """
-        if self._all_full:
-            return self._decode_steps_full(token_ids)
-        plan = []
-        releases: dict[int, int] = {}  # block -> table entries released in the first phase
-        tails: dict[int, int] = {}  # shared written last block -> requests that may copy it
-        takes = 0
-        ref_counts = self.pool.ref_counts
-        for request_id, new_tokens in token_ids.items():
-            req = self._request(request_id)
-            tokens = check_token_ids(request_id, new_tokens)
-            old = len(req.token_ids)
-            new = old + len(tokens)
-            plan.append((req, tokens, old, new))
-            for manager, rec in zip(self.managers, req.blocks, strict=True):
-                table = rec.table
-                skip = manager.num_skipped_blocks(new - 1)
-                for index in range(rec.first_held, min(skip, len(table))):
-                    releases[table[index]] = releases.get(table[index], 0) + 1
-                takes += max(0, manager.num_required_blocks(new) - max(skip, len(table)))
-                last = len(table) - 1
-                written = last >= max(skip, rec.first_held) and manager._tail_is_written(old)
-                if written and ref_counts[table[last]] > 1:
-                    tails[table[last]] = tails.get(table[last], 0) + 1
-        freed = sum(1 for block, count in releases.items() if count == ref_counts[block])
-        copies = sum(  # the holders left after the releases copy it, all but the last
-            max(0, min(count, ref_counts[block] - releases.get(block, 0) - 1))
-            for block, count in tails.items()
-        )
-        self._check_room(takes + copies - freed, f"{len(plan):,} requests' decode steps")
-        copied = []  # per request and group: the index of a shared written last block, else -1
-        for req, tokens, old, new in plan:
-            req.token_ids.extend(tokens)
-            copied.append(
-                [
-                    self._cache_computed(req, m, rec, old, new - 1)
-                    for m, rec in zip(self.managers, req.blocks, strict=True)
-                ]
-            )
-            for manager, rec in zip(self.managers, req.blocks, strict=True):
-                manager.remove_skipped_blocks(rec, new - 1)
-        for (req, _, old, new), shared in zip(plan, copied, strict=True):
-            for manager, rec, index in zip(self.managers, req.blocks, shared, strict=True):
-                if (
-                    0 <= index < rec.first_held
-                ):  # the shared last block fell behind the window: cache its copy
-                    self._cache_in_passing(req, manager, index)
-                self._grow_table(req, manager, rec, old, new)
-            req.num_computed = new - 1
-
-    def _decode_steps_full(self, token_ids: Mapping[Hashable, Sequence[int]]) -> None:
-        """`decode_steps` when every group is full attention (nothing is ever released): the same end state,
-        one pass to check room (new blocks, copies of shared written last blocks), one to apply it."""
-        plan = []
-        tails: dict[int, int] = {}  # shared written last block -> requests that copy it
-        takes = 0
-        ref_counts = self.pool.ref_counts
-        requests = self._requests
-        block_sizes = [manager.block_size for manager in self.managers]
-        for request_id, new_tokens in token_ids.items():
-            req = requests.get(request_id) or self._request(request_id)
-            tokens = check_token_ids(request_id, new_tokens)
-            old = len(req.token_ids)
-            new = old + len(tokens)
-            plan.append((req, tokens, old, new))
-            for bs, rec in zip(block_sizes, req.blocks, strict=True):
-                table = rec.table
-                takes += max(0, -(-new // bs) - len(table))
-                if old % bs and ref_counts[table[-1]] > 1:
-                    tails[table[-1]] = tails.get(table[-1], 0) + 1
-        copies = sum(min(count, ref_counts[block] - 1) for block, count in tails.items())
-        self._check_room(takes + copies, f"{len(plan):,} requests' decode steps")
-        pool, caching = self.pool, self.enable_prefix_caching
-        for req, tokens, old, new in plan:
-            req.token_ids.extend(tokens)
-            for manager, rec in zip(self.managers, req.blocks, strict=True):
-                if caching:
-                    self._cache_computed(req, manager, rec, old, new - 1)
-                table, bs = rec.table, manager.block_size
-                if old % bs and ref_counts[table[-1]] > 1:  # copy-on-write of the shared written last block
-                    src = table[-1]
-                    table[-1] = pool.take_one()
-                    pool.release(src)
-                for _ in range(-(-new // bs) - len(table)):
-                    table.append(pool.take_one())
-                if caching:
-                    self._cache_held(req, manager, rec)
-            req.num_computed = new - 1
-
-    def _cache_computed(
-        self, req: _Request, manager: SingleTypeKVCacheManager, rec, old: int, computed: int
-    ) -> int:
-        """`decode_steps`' first phase for one group (caching on): hash the request's full blocks up to
-        `computed` tokens and offer the held ones to the prefix cache, except a shared last block that is
-        written (copy-on-write gives this request its own copy, cached later). Returns that block's index, or
-        -1."""
-        if not (self.enable_prefix_caching and manager.caches_blocks):
-            return -1
-        bs, table = manager.block_size, rec.table
-        keys = req.hashes.setdefault(bs, [])
-        extend_block_hashes(keys, req.token_ids, bs, computed // bs)
-        shared = -1
-        if (
-            len(table) > rec.first_held
-            and self.pool.ref_counts[table[-1]] > 1
-            and manager._tail_is_written(old)
-        ):
-            shared = len(table) - 1
-            computed = min(computed, old - old % bs)
-        manager.cache_blocks(rec, keys, req.token_ids, min(computed, len(table) * bs))
-        return shared
-
-    def _cache_in_passing(self, req: _Request, manager: SingleTypeKVCacheManager, index: int) -> None:
-        """A computed full block that a window released within `decode_steps`: take a free block, cache it as
-        logical block `index` of the request, release it (nothing when it is not full and computed, or no block
-        is free)."""
-        bs, pool = manager.block_size, self.pool
-        keys = req.hashes.get(bs, [])
-        if index >= len(keys) or not pool.num_free_blocks:
-            return
-        block = pool.take_one()
-        parent = keys[index - 1] if index else None
-        tokens = tuple(req.token_ids[index * bs : (index + 1) * bs])
-        pool.cache_block(manager.group_idx, block, keys[index], parent, tokens)
-        pool.release(block)
-
-    def _grow_table(self, req: _Request, manager: SingleTypeKVCacheManager, rec, old: int, new: int) -> None:
-        """`decode_steps`' second phase for one group: copy a shared written last block, then append entries
-        up to `num_required_blocks(new)`, -1 for those already behind the window (cached on the way)."""
-        pool, table = self.pool, rec.table
-        skip = manager.num_skipped_blocks(new - 1)
-        last = len(table) - 1
-        if last >= max(skip, rec.first_held) and manager._tail_is_written(old):
-            src = table[last]
-            if pool.ref_counts[src] > 1:
-                table[last] = pool.take_one()
-                pool.release(src)
-        caching = self.enable_prefix_caching and manager.caches_blocks
-        for index in range(len(table), manager.num_required_blocks(new)):
-            if index >= skip:
-                table.append(pool.take_one())
-                continue
-            table.append(-1)
-            if caching:  # computed and full: cached on the way
-                self._cache_in_passing(req, manager, index)
-        rec.first_held = max(rec.first_held, min(skip, len(table)))
-        if caching:
-            self._cache_held(req, manager, rec)
-
-    def _cache_held(self, req: _Request, manager: SingleTypeKVCacheManager, rec) -> None:
-        """Offer the held blocks whose chained keys are known (full and computed) and not yet offered to the
-        prefix cache: after `decode_steps` copied a shared last block, its copy is cached here."""
-        pool, table, bs = self.pool, rec.table, manager.block_size
-        keys = req.hashes.get(bs, [])
-        full = min(len(keys), len(table))
-        for index in range(rec.num_cached, full):
-            if table[index] >= 0:
-                parent = keys[index - 1] if index else None
-                pool.cache_block(
-                    manager.group_idx,
-                    table[index],
-                    keys[index],
-                    parent,
-                    tuple(req.token_ids[index * bs : (index + 1) * bs]),
-                )
-        rec.num_cached = max(rec.num_cached, full)

@@ -16,6 +16,7 @@ from typing import Any
 from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
 from core.kv.hf_config import KVLayers, as_kv_layers, cached_layer_specs, resolve_kv_dtype_name
+from core.kv.single_type_manager import rule_of
 from core.kv.specs import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -349,14 +350,10 @@ def kv_read_bytes_per_sequence(
     for stage in stages:
         tokens = state = 0
         for spec, count in stage:
-            if isinstance(spec, SlidingWindowSpec):
-                tokens += count * min(context_len, spec.sliding_window)
-            elif isinstance(spec, ChunkedLocalAttentionSpec):
-                tokens += count * ((context_len - 1) % spec.attention_chunk_size + 1)
-            elif isinstance(spec, MambaSpec):
+            if isinstance(spec, MambaSpec):
                 state += count * spec.state_bytes
-            else:
-                tokens += count * context_len
+            else:  # the tokens the query at position context_len - 1 reads: the KV core's window rule
+                tokens += count * (context_len - rule_of(spec).num_skipped_tokens(context_len - 1))
         # Specs of 8-token blocks: an attention page is the bits of one token (the same for every attention
         # layer of a model).
         token_bits = next((s.page_size_bytes for s, _ in stage if not isinstance(s, MambaSpec)), 0)

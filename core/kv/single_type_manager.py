@@ -24,9 +24,12 @@ Invariants every manager keeps (with the pool's):
 - A request releases its blocks last to first when freed, so its tail is evicted before its head.
 """
 
+import functools
 from collections.abc import Hashable, Sequence
+from typing import NamedTuple
 
-from core.common import cdiv
+import numpy as np
+
 from core.kv.block_pool import BlockPool
 from core.kv.specs import (
     ChunkedLocalAttentionSpec,
@@ -53,6 +56,27 @@ class RequestBlocks:
         return len(self.table) - self.first_held
 
 
+class BlockCopy(NamedTuple):
+    """A copy-on-write: the K/V of block `src` (shared, about to be written) are copied into `dst`, the
+    writer's own block, before the write."""
+
+    src: int
+    dst: int
+
+
+class KVCacheBlocks(tuple):
+    """One request's block tables, one per KV cache group in order (vLLM V1's `KVCacheBlocks`):
+    `blocks[g][i]` is the physical block of logical block i in group g, -1 where the group released it. A
+    tuple of lists, so it indexes, iterates and compares like the tuples it replaces."""
+
+    __slots__ = ()
+
+    @property
+    def num_held(self) -> tuple[int, ...]:
+        """Blocks held in each group (entries that are not -1)."""
+        return tuple(sum(1 for b in table if b >= 0) for table in self)
+
+
 _MANAGER_OF_SPEC: dict[type[KVCacheSpec], type["SingleTypeKVCacheManager"]] = {}
 
 
@@ -60,6 +84,7 @@ class SingleTypeKVCacheManager:
     """Full attention's behaviour; subclasses change which blocks are needed, skipped, cached and written."""
 
     caches_blocks = True  # whether its full blocks enter the prefix cache
+    skips_tokens = False  # whether `num_skipped_tokens` is overridden (set for each subclass)
     spec_type: type[KVCacheSpec] | None = None  # the spec class this manager serves (see `manager_for`)
 
     def __init_subclass__(cls, **kwargs):
@@ -68,6 +93,8 @@ class SingleTypeKVCacheManager:
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("spec_type") is not None:
             _MANAGER_OF_SPEC[cls.spec_type] = cls
+        # whether `num_skipped_tokens` may be > 0 (a kind that overrides it): lets sums skip the call
+        cls.skips_tokens = cls.num_skipped_tokens is not SingleTypeKVCacheManager.num_skipped_tokens
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_idx: int):
         self.spec = spec
@@ -79,8 +106,9 @@ class SingleTypeKVCacheManager:
     # ---- arithmetic (pure) --------------------------------------------------------------------------------
 
     def num_required_blocks(self, num_tokens: int) -> int:
-        """Table length once room is made for `num_tokens` tokens."""
-        return cdiv(num_tokens, self.block_size)
+        """Table length once room is made for `num_tokens` tokens: ceil(num_tokens / block_size) (elementwise for
+        an int64 array too)."""
+        return -(-num_tokens // self.block_size)
 
     def num_skipped_tokens(self, num_computed: int) -> int:
         """THE window rule (vLLM's `get_num_skipped_tokens`): how many leading tokens no uncomputed token reads
@@ -93,9 +121,22 @@ class SingleTypeKVCacheManager:
         - chunked local attention C = 8: position 10 is in the chunk 8..15, so 10 // 8 * 8 = 8 tokens are
           skipped and 8 // 4 = 2 blocks are released.
         - full attention: 0 tokens, 0 blocks.
-        Every caller that asks which blocks a request no longer needs goes through this method (the block
-        manager facade, `num_skipped_blocks`, hits behind a window); subclasses override only this."""
+        Every caller that asks which blocks a request no longer needs, or which tokens a query reads, goes
+        through this method (the block manager facade, `num_skipped_blocks`, hits behind a window, the serving
+        policy's release prediction, the engine's fit check and its count of K/V read); subclasses override
+        only this, and keep it non-decreasing in `num_computed` and elementwise for an int64 array."""
         return 0
+
+    def max_blocks_held(self, prompt_len: int, num_tokens: int) -> int:
+        """An upper bound on the blocks one unshared request holds at any time while it grows from a
+        `prompt_len`-token prompt (held whole until computed) to `num_tokens` tokens: all of them under full
+        attention; otherwise the blocks covering the most tokens one of its queries reads, plus one because
+        those need not start on a block boundary (a window W: ceil((W + B - 1) / B)), never more than all."""
+        every = self.num_required_blocks(num_tokens)
+        lengths = np.arange(1, max(num_tokens, 1) + 1, dtype=np.int64)
+        most_read = int((lengths - self.num_skipped_tokens(lengths - 1)).max())
+        reading = self.num_required_blocks(most_read + self.block_size - 1)
+        return min(every, max(self.num_required_blocks(prompt_len), reading))
 
     def num_skipped_blocks(self, num_computed: int) -> int:
         """Leading blocks no uncomputed token will read once `num_computed` tokens are computed: the blocks
@@ -124,26 +165,50 @@ class SingleTypeKVCacheManager:
             parent = hashes[i]
         return hits
 
+    def num_new_blocks(self, num_entries: int, num_tokens: int, num_computed: int) -> int:
+        """THE blocks-per-step rule of one group (vLLM's `get_num_blocks_to_allocate`): table entries to take
+        anew so that a table of `num_entries` entries makes room for `num_tokens` tokens once `num_computed` of
+        them are computed. Entries wholly behind the window (`num_skipped_blocks(num_computed)`) are never
+        taken: `max(0, num_required_blocks(num_tokens) - max(num_skipped_blocks(num_computed), num_entries))`.
+
+        Worked example, block size 4, a table of 3 entries (room for 9..12 tokens), 12 tokens computed:
+        - full attention, room for 13 tokens: 4 - max(0, 3) = 1 new block.
+        - sliding window W = 4 (skips 9 tokens, 2 blocks), room for 20 tokens: 5 - max(2, 3) = 2.
+        - sliding window W = 4, 18 computed (skips 15 tokens, 3 blocks), room for 20: 5 - max(3, 3) = 2;
+          with 19 computed (skips 16 tokens, 4 blocks), 5 - 4 = 1: logical block 3 is never taken.
+        Every "how many blocks does this take" question of `KVCacheManager` (admission, a decode step, a run
+        of decode steps) and of the serving policies adds up this method's answers over groups and requests."""
+        skipped = self.num_skipped_tokens(num_computed) // self.block_size if self.skips_tokens else 0
+        new = self.num_required_blocks(num_tokens) - (skipped if skipped > num_entries else num_entries)
+        return new if new > 0 else 0
+
+    def written_tail(self, rec: RequestBlocks, num_tokens: int, num_skipped_blocks: int) -> int:
+        """The held last block that the token at position `num_tokens` writes once the leading
+        `num_skipped_blocks` blocks are released (`num_skipped_blocks(num_computed)`), or -1: the block a shared
+        table must copy first (copy-on-write)."""
+        table = rec.table
+        last = len(table) - 1
+        if last < num_skipped_blocks or last < rec.first_held or not self._tail_is_written(num_tokens):
+            return -1
+        return table[last]
+
     def num_blocks_to_allocate(self, num_tokens: int, hits: Sequence[int]) -> int:
-        """Free blocks a new request of `num_tokens` tokens consumes with these hits: new blocks plus the hit
-        blocks it holds that are free now (reviving them takes them off the free queues). Hit blocks that no
-        uncomputed token reads (behind a window) are not held."""
+        """Free blocks a new request of `num_tokens` tokens consumes with these hits (computed): the new entries
+        (`num_new_blocks` of a table of the hits) plus the hit blocks it holds that are free now (reviving them
+        takes them off the free queues). Hit blocks that no uncomputed token reads (behind a window) are not
+        held."""
         ref_counts = self.pool.ref_counts
-        skip = self.num_skipped_blocks(len(hits) * self.block_size)
+        computed = len(hits) * self.block_size
+        skip = self.num_skipped_blocks(computed)
         revived = sum(1 for b in hits[skip:] if ref_counts[b] == 0)
-        return self.num_required_blocks(num_tokens) - len(hits) + revived
+        return self.num_new_blocks(len(hits), num_tokens, computed) + revived
 
     def num_blocks_to_append(self, rec: RequestBlocks, old_tokens: int, new_tokens: int) -> int:
-        """Free blocks taken to grow the request from `old_tokens` to `new_tokens`: one for copy-on-write of a
-        shared, written last block, plus the table's growth."""
-        table = rec.table
-        cow = (
-            self._tail_is_written(old_tokens)
-            and table
-            and table[-1] >= 0
-            and self.pool.ref_counts[table[-1]] > 1
-        )
-        return int(bool(cow)) + max(0, self.num_required_blocks(new_tokens) - len(table))
+        """Free blocks taken to grow the request from `old_tokens` to `new_tokens` tokens, nothing released on
+        the way: one for copy-on-write of a shared, written last block, plus `num_new_blocks`."""
+        tail = self.written_tail(rec, old_tokens, 0)
+        cow = tail >= 0 and self.pool.ref_counts[tail] > 1
+        return int(cow) + self.num_new_blocks(len(rec.table), new_tokens, 0)
 
     # ---- changes ------------------------------------------------------------------------------------------
 
@@ -162,23 +227,31 @@ class SingleTypeKVCacheManager:
         self.requests[request_id] = rec
         return rec
 
-    def append_slots(self, rec: RequestBlocks, old_tokens: int, new_tokens: int) -> tuple[int, int] | None:
+    def append_slots(self, rec: RequestBlocks, old_tokens: int, new_tokens: int) -> BlockCopy | None:
         """Make room for tokens [old_tokens, new_tokens): copy a shared written last block first, then grow
         the table. Returns the copy-on-write pair (src, dst) whose K/V the caller copies, or None. The caller
         has checked capacity (`num_blocks_to_append`)."""
         pool = self.pool
         table = rec.table
-        cow = None
-        if self._tail_is_written(old_tokens) and table:
-            src = table[-1]
-            if src >= 0 and pool.ref_counts[src] > 1:
-                dst = pool.take_one()
-                pool.release(src)
-                table[-1] = dst
-                cow = (src, dst)
-        for _ in range(self.num_required_blocks(new_tokens) - len(table)):
+        cow = self.copy_on_write(rec, old_tokens)
+        for _ in range(self.num_new_blocks(len(table), new_tokens, 0)):
             table.append(pool.take_one())
         return cow
+
+    def copy_on_write(
+        self, rec: RequestBlocks, num_tokens: int, num_skipped_blocks: int = 0
+    ) -> BlockCopy | None:
+        """Before the token at position `num_tokens` is written: when the held last block it writes
+        (`written_tail`) is shared, the request gets its own copy (a new block in the table; the shared one
+        loses a reference). Returns `BlockCopy(src, dst)`, whose K/V the caller copies, or None. The one place
+        a table copies on write (the per-token and the bulk decode paths both call it)."""
+        src = self.written_tail(rec, num_tokens, num_skipped_blocks)
+        if src < 0 or self.pool.ref_counts[src] <= 1:
+            return None
+        dst = self.pool.take_one()
+        self.pool.release(src)
+        rec.table[-1] = dst
+        return BlockCopy(src, dst)
 
     def cache_blocks(
         self, rec: RequestBlocks, hashes: Sequence[int], token_ids: Sequence[int], num_computed: int
@@ -249,7 +322,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.sliding_window = spec.sliding_window
 
     def num_skipped_tokens(self, num_computed: int) -> int:
-        return max(0, num_computed - self.sliding_window + 1)
+        skipped = num_computed - self.sliding_window + 1
+        return skipped * (skipped > 0)  # max(0, skipped), for an int or elementwise for an int64 array
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
@@ -285,7 +359,15 @@ class MambaManager(SingleTypeKVCacheManager):
         return []
 
 
-def manager_for(spec: KVCacheSpec, pool: BlockPool, group_idx: int) -> SingleTypeKVCacheManager:
+@functools.cache
+def rule_of(spec: KVCacheSpec) -> SingleTypeKVCacheManager:
+    """The manager of `spec`'s kind without a pool, for its arithmetic only (`num_required_blocks`,
+    `num_skipped_tokens`, `num_new_blocks`, `max_blocks_held`): what planners, counted policies and read
+    counts ask without block tables. One per spec (specs are frozen and hashable)."""
+    return manager_for(spec, None, -1)
+
+
+def manager_for(spec: KVCacheSpec, pool: BlockPool | None, group_idx: int) -> SingleTypeKVCacheManager:
     """The manager of a group of `spec`'s kind: the manager registered for the nearest class of the spec's
     MRO (MLA layers keep their latents like full attention; an unregistered spec kind is full attention)."""
     for cls in type(spec).__mro__:

@@ -223,26 +223,29 @@ class BlockManager:
         block: appended to the table or, for copy-on-write, replacing the shared tail) and ("full", i) (logical
         block i is now full). Only positions where something happens are visited: O(blocks), not O(tokens).
         """
-        bs, window = self._block_size, self._window
+        bs = self._block_size
         old, new = seq.num_tokens, seq.num_tokens + count
         held = seq.blocks.first_held
-        skipped_blocks = self._manager.num_skipped_blocks
-        release_phase = (window - 1) % bs  # positions p where (p - window + 1) is a multiple of bs
+        skipped_blocks = self._manager.num_skipped_blocks  # the KV core's window rule, nothing repeated here
         p = old
-        while p < new:
-            target = skipped_blocks(p)  # blocks [0, target) lie wholly before token p's window (the KV rule)
+        while p < new:  # the first position, then each block's first position
+            target = skipped_blocks(p)  # blocks [0, target) lie wholly before token p's window
             while held < target:
                 yield "release", held
                 held += 1
             index = p // bs
             if p % bs == 0 or (p == old and self._ref_counts[seq.block_table[-1]] > 1):
                 yield "take", p
-            block_end = (index + 1) * bs
-            next_release = p + 1 + (release_phase - (p + 1)) % bs
-            nxt = min(block_end, next_release, new)
-            if nxt == block_end:
+            p = (index + 1) * bs
+            if p <= new:
                 yield "full", index
-            p = nxt
+        # releases between the last block start and the newest token (a release frees a block to the pool and
+        # touches no block being filled, so yielding it at the next block start, before its take, or here at
+        # the end leaves the pool as appending token by token does)
+        target = skipped_blocks(new - 1)
+        while held < target:
+            yield "release", held
+            held += 1
 
     def _check_window_room(self, seq_id: SeqId, seq: _Sequence, count: int) -> None:
         """Raise OutOfBlocksError (nothing changed) unless every block the `count` appends take is free when taken,

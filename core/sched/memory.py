@@ -2,8 +2,9 @@
 
 The scheduler (`core.sched.scheduler`) asks a memory object five things over a request group's life: may it be
 admitted (`can_admit`), take its memory (`admit`), account computed prefill tokens (`prefill`), room for the
-decodes (`decode_blocks`, then `grow`), and give everything back (`release`); `swap_blocks` prices a swap, and
-`metrics` says where the capacity is after a step. The serving simulator's policies (`core.serving`) and the
+decodes (`decode_blocks`, then `grow`, and `decoded` once they ran), and give everything back (`release`);
+`swap_blocks` prices a swap, and `metrics` says where the capacity is after a step. The scheduler is the only
+caller that changes a memory object: whoever drives it (the simulator, the engine) writes no KV memory itself. The serving simulator's policies (`core.serving`) and the
 engine's paged KV memory (`core.engine.memory`) implement it; the simulator's policies add what only a simulated
 run needs (`check_fits`, `decode_metrics` for replaying many decode steps at once, `snapshot`).
 
@@ -95,6 +96,11 @@ class SchedulerMemory(Protocol):
 
     def grow(self, groups: list, steps: int) -> None:
         """Append `steps` decode tokens to every sequence of the groups (their lengths before this call)."""
+        ...
+
+    def decoded(self, groups: list, steps: int) -> None:
+        """The step ran: the `steps` decode tokens `grow` gave the groups' sequences are computed (the engine
+        marks them and applies what sampling decided; a simulated policy has nothing to do)."""
         ...
 
     def swap_blocks(self, group) -> int:

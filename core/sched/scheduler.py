@@ -7,6 +7,9 @@ One step goes through three named phases, called by whoever drives the engine (t
     ... run the step (a simulated cost, or a real forward pass over step.decoding and step.prefill_chunks) ...
     outcome = scheduler.postprocess(step)   # account computed tokens and outputs, free finished groups
 
+Every change to the memory goes through these phases (and `abort` / `reset`): the caller runs the step and
+reads the memory, it never writes it.
+
 The rules of `schedule` (one step):
 1. Preemption: every running, decoding group needs its next decode's new blocks (`SchedulerMemory.decode_blocks`).
    While they exceed the free blocks, the newest running group is preempted (all its sequences together):
@@ -180,6 +183,23 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.running or self.waiting or self.swapped)
 
+    def abort(self, group: SequenceGroup) -> None:
+        """Take `group` out of whichever queue holds it and give its memory back (a running group holds some)."""
+        for queue in (self.waiting, self.swapped):
+            if group in queue:
+                queue.remove(group)
+        if group in self.running:
+            self.running.remove(group)
+            self.memory.release(group)
+
+    def reset(self) -> None:
+        """Abort every group (after a failed step): the queues are empty and every running group's memory is
+        given back."""
+        for group in list(self.running):
+            self.abort(group)
+        self.waiting.clear()
+        self.swapped.clear()
+
     # ---- phase 1: schedule -----------------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledStep:
@@ -319,6 +339,7 @@ class Scheduler:
         generated = step.num_decode_tokens * k
         for group in step.decoding:
             group.num_output_tokens += k
+        self.memory.decoded(step.decoding, k)
         prefilled = 0
         first_token = []
         for group, _, tokens in step.prefill_chunks:

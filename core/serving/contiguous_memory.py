@@ -120,6 +120,9 @@ class ContiguousMemory:
             constant(now.free_blocks),
         )
 
+    def decoded(self, groups: list, steps: int) -> None:
+        """Nothing: a reservation holds its decode tokens from admission."""
+
     def grow(self, groups: list, steps: int) -> None:
         self.token_states += sum(g.num_seqs for g in groups) * steps
 

@@ -3,7 +3,8 @@ one full-attention pool, no prefix caching and one sequence per request, without
 
 A sequence of L tokens holds cdiv(L, block_size) blocks: admission takes cdiv(prompt + recomputed outputs,
 block_size), a decode step takes one block when the sequence's length is a multiple of block_size, release gives
-them all back; the watermark, the reserved decode blocks and the slot categories are `PagedMemory`'s. So the
+them all back. Those counts are not written here: they are the answers of the KV core's full-attention manager
+(`num_required_blocks`, `num_new_blocks`), asked without a block table; the watermark, the reserved decode blocks and the slot categories are `PagedMemory`'s. So the
 scheduler makes exactly the same decisions as under the full paged policy (tests/serving/test_counted_memory.py
 runs both), at a fraction of the cost: what the SLO planner's many simulations need. There are no block tables
 to snapshot (`snapshot` returns None) and no prefix cache.
@@ -11,8 +12,9 @@ to snapshot (`snapshot` returns None) and no prefix cache.
 
 import numpy as np
 
-from core.common import cdiv
 from core.errors import InvalidArgumentError
+from core.kv.single_type_manager import rule_of
+from core.kv.specs import FullAttentionSpec
 from core.sched.memory import Admission, MemoryMetrics
 
 
@@ -36,6 +38,8 @@ class CountedPagedMemory:
         if self.num_blocks < 1:
             raise InvalidArgumentError(f"KV capacity {capacity} tokens holds no block of {block_size} tokens")
         self.watermark_blocks = int(watermark * self.num_blocks)
+        # the KV core's arithmetic for one full-attention group (no pool, no tables)
+        self._group_rule = rule_of(FullAttentionSpec(block_size=block_size, num_kv_heads=0, head_size=0))
         self._free = self.num_blocks
         self.pending = 0
         self.tail_empty = 0  # empty slots of the sequences' last blocks
@@ -52,27 +56,27 @@ class CountedPagedMemory:
                 f"got n={group.num_seqs} (use the full paged policy)"
             )
         prompt, bs = group.prompt_len, self.block_size
-        peak = cdiv(prompt + max_output_len - 1, bs)
+        peak = self._group_rule.num_required_blocks(prompt + max_output_len - 1)
         if peak > self.num_blocks:
             raise InvalidArgumentError(
                 f"request {group.request_id} ({prompt} + {max_output_len} tokens, n=1) needs {peak:,} blocks "
                 f"of {bs} at its longest, more than the {self.num_blocks:,} blocks of the cache"
             )
-        if cdiv(prompt, bs) > self.num_blocks - self.watermark_blocks:
+        if self._group_rule.num_required_blocks(prompt) > self.num_blocks - self.watermark_blocks:
             raise InvalidArgumentError(
                 f"request {group.request_id}'s prompt of {prompt} tokens never fits in {self.num_blocks:,} "
                 f"blocks less the {self.watermark_blocks} watermark blocks"
             )
 
     def swap_blocks(self, group) -> int:
-        return cdiv(max(group.length, group.prompt_len), self.block_size)
+        return self._group_rule.num_required_blocks(max(group.length, group.prompt_len))
 
     def can_admit(self, group, num_tokens: int, reserved_blocks: int) -> bool:
-        need = cdiv(num_tokens, self.block_size)
+        need = self._group_rule.num_required_blocks(num_tokens)
         return need <= self._free - self.watermark_blocks - max(0, reserved_blocks)
 
     def admit(self, group, num_tokens: int) -> Admission:
-        blocks = cdiv(num_tokens, self.block_size)
+        blocks = self._group_rule.num_required_blocks(num_tokens)
         self._free -= blocks
         self.pending += num_tokens
         self.tail_empty += -num_tokens % self.block_size
@@ -89,24 +93,33 @@ class CountedPagedMemory:
         self.pending -= done
 
     def decode_blocks(self, groups: list) -> int:
-        bs = self.block_size
-        return sum(1 for g in groups if g.length % bs == 0)
+        """Each sequence's table growth by its next token: the KV core's table length (`num_required_blocks`)
+        for one more token less the blocks it holds (a full-attention group skips nothing, so that is what
+        `num_new_blocks` answers)."""
+        required, held = self._group_rule.num_required_blocks, self._held
+        return sum(required(g.length + 1) - held[g].blocks for g in groups)
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
         bs = self.block_size
         lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
         before = lengths[:, None] + np.arange(steps)[None, :]  # [groups, steps]: lengths before each step
-        takes = (before % bs == 0).sum(axis=0)
+        required = self._group_rule.num_required_blocks  # elementwise over int64 arrays too
+        takes = np.diff(required(lengths[:, None] + np.arange(steps + 1)[None, :]), axis=1).sum(axis=0)
         tail = self.tail_empty + (-(before + 1) % bs).sum(axis=0) - int((-lengths % bs).sum())
         free = self._free - np.cumsum(takes)
         return MemoryMetrics.paged(self.num_blocks, bs, self.capacity, free, tail, self.pending)
 
+    def decoded(self, groups: list, steps: int) -> None:
+        """Nothing: blocks are counted when `grow` takes them."""
+
     def grow(self, groups: list, steps: int) -> None:
-        bs = self.block_size
+        bs, required = self.block_size, self._group_rule.num_required_blocks
+        held = self._held
         for group in groups:
             length = group.length
-            taken = cdiv(length + steps, bs) - cdiv(length, bs)
-            self._held[group].blocks += taken
+            state = held[group]
+            taken = required(length + steps) - state.blocks
+            state.blocks += taken
             self._free -= taken
             self.tail_empty += -(length + steps) % bs - (-length % bs)
 

@@ -23,7 +23,7 @@ the pool is the simulator's accounting: the paper's slot categories and the bulk
 
 import numpy as np
 
-from core.common import cdiv, check_int
+from core.common import check_int
 from core.errors import InvalidArgumentError
 from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.snapshot import KVCacheSnapshot
@@ -110,28 +110,22 @@ class PagedMemory:
         return self.kv.num_free_blocks
 
     def _blocks_for(self, prompt: int, generated: int, n: int) -> int:
-        """Blocks one group holds for n sequences sharing `prompt` tokens with `generated` own tokens each, with
-        nothing released yet (as at admission)."""
-        bs = self.block_size
-        if generated == 0:
-            return cdiv(prompt, bs)
-        shared = prompt // bs
-        return shared + n * (cdiv(prompt + generated, bs) - shared)
-
-    def _window_blocks(self, length: int, window: int) -> int:
-        """Blocks a window group holds for one sequence of `length` tokens once all but the newest are computed."""
-        last = length - 1
-        return last // self.block_size - max(0, last - window + 1) // self.block_size + 1
+        """Blocks all groups hold for n sequences sharing `prompt` tokens with `generated` own tokens each, with
+        nothing released yet (as at admission): the KV core's `blocks_needed`."""
+        return self.kv.blocks_needed(prompt + generated, n, prompt)
 
     def check_fits(self, group, max_output_len: int) -> None:
         n, prompt = group.num_seqs, group.prompt_len
         longest = prompt + max_output_len - 1
-        admit = self._blocks_for(prompt, 0, n)
+        kv, count = self.kv, len(self.windows)
+        # per group (every group holds a prompt alike): a full group keeps everything, the prompt shared; a
+        # window group holds at most what its window reads at the longest length (each sequence its own
+        # blocks), never less than the prompt
+        admit = kv.blocks_needed(prompt, n) // count
+        full = kv.blocks_needed(longest, n, prompt) // count
         peak = sum(
-            self._blocks_for(prompt, max_output_len - 1, n)
-            if w is None
-            else max(admit, n * self._window_blocks(longest, w))
-            for w in self.windows
+            full if w is None else max(admit, n * held)
+            for w, held in zip(self.windows, kv.num_blocks_held(longest), strict=True)
         )
         groups = "" if len(self.windows) == 1 else f" over its {len(self.windows)} KV cache groups"
         if peak > self.num_blocks:
@@ -148,16 +142,12 @@ class PagedMemory:
     def swap_blocks(self, group) -> int:
         """Blocks the group's KV takes in swap space: what swapping it back in allocates (every group holds the
         whole sequences again, the prompt shared), the same whether it is asked while held or swapped out."""
-        return len(self.windows) * self._blocks_for(
-            group.prompt_len, group.length - group.prompt_len, group.num_seqs
-        )
+        return self._blocks_for(group.prompt_len, group.length - group.prompt_len, group.num_seqs)
 
     # ---- admission --------------------------------------------------------------------------------------------
 
     def can_admit(self, group, num_tokens: int, reserved_blocks: int) -> bool:
-        need = len(self.windows) * self._blocks_for(
-            group.prompt_len, num_tokens - group.prompt_len, group.num_seqs
-        )
+        need = self._blocks_for(group.prompt_len, num_tokens - group.prompt_len, group.num_seqs)
         # the step's decodes may release more than they take (windows), but only after the admission
         return need <= self.kv.num_free_blocks - self.watermark_blocks - max(0, reserved_blocks)
 
@@ -198,60 +188,84 @@ class PagedMemory:
     # ---- decode ----------------------------------------------------------------------------------------------
 
     def decode_blocks(self, groups: list) -> int:
-        """Net blocks the groups' next decode step takes (new and copied blocks less the blocks it releases)."""
-        bs, count = self.block_size, len(self.windows)
-        takes = 0
-        for group in groups:
-            if group.length % bs == 0:
-                takes += group.num_seqs * count
-            elif self._held[group].shared_tail:
-                takes += (group.num_seqs - 1) * count
-        frees = np.zeros(1, dtype=np.int64)
-        self._releases(groups, 1, frees)
-        return takes - int(frees[0])
+        """Net blocks the groups' next decode step takes (new and copied blocks less the blocks it releases):
+        the KV core's `num_blocks_for_decode`, the question the engine asks too."""
+        return self.kv.num_blocks_for_decode(sid for group in groups for sid in group.seq_ids)
 
     def _releases(self, groups: list, steps: int, frees: np.ndarray) -> None:
-        """Add to frees[t - 1] the blocks that decode step t (1..steps) gives back to the pool: a window group
-        releases logical block i of a sequence of length L at step max(1, (i + 1) x block_size + W - L)."""
-        bs = self.block_size
+        """Add to frees[t - 1] the blocks that decode step t (1..steps) gives back to the pool. Step t computes
+        the token at position L - 1 + t of a sequence of length L, after which its group's manager skips
+        `num_skipped_blocks(L - 1 + t)` leading blocks (the KV core's window rule, asked for every step at
+        once): logical block i goes at the first step that skips more than i blocks. A block shared by several
+        sequences is freed when the last of them releases it; a shared written tail's copy and blocks taken
+        within the run count too."""
         ref_counts = self.kv.pool.ref_counts
+        first_steps = np.arange(1, steps + 1, dtype=np.int64)
+        lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
         released: dict[int, list[int]] = {}  # existing block -> [releases, last step]
-        for manager, window in zip(self.kv.managers, self.windows, strict=True):
-            if window is None:
+        bumps: dict[int, int] = {}  # step -> blocks it frees (added to `frees` once, at the end)
+        for manager in self.kv.managers:
+            if not manager.skips_tokens:
+                continue  # never skips anything (full attention)
+            # [groups, steps]: blocks skipped once each step computed its token, non-decreasing along a row
+            skipped = manager.num_skipped_blocks(lengths[:, None] - 1 + first_steps[None, :])
+            last_index = (skipped[:, -1] - 1).tolist()  # per group: the last block released by the run
+            todo = []  # (group row, its sequences' records, lowest held block) of the groups that release
+            for row, group in enumerate(groups):
+                recs = [manager.requests[sid] for sid in group.seq_ids]
+                low = min(rec.first_held for rec in recs)
+                if last_index[row] >= low:
+                    todo.append((row, group, recs, low))
+            if not todo:
                 continue
-            for group in groups:
-                length = group.length
-                state = self._held[group]
-                for sid in group.seq_ids:
-                    rec = manager.requests[sid]
+            # the step releasing logical block i of row g: 1 + the steps whose skipped count is <= i, found by
+            # one search over the rows laid end to end (row g shifted by g x (max + 1) stays sorted)
+            shift = int(skipped[:, -1].max()) + 1
+            flat = (skipped + np.arange(len(groups), dtype=np.int64)[:, None] * shift).ravel()
+            queries = [row * shift + i for row, _, _, low in todo for i in range(low, last_index[row] + 1)]
+            found = np.searchsorted(flat, np.asarray(queries, dtype=np.int64), side="right").tolist()
+            at = 0
+            for row, group, recs, low in todo:
+                last = last_index[row]
+                step_of = [found[at + j] - row * steps + 1 for j in range(last - low + 1)]
+                at += last - low + 1
+                shared_tail = self._held[group].shared_tail
+                for rec, sid in zip(recs, group.seq_ids, strict=True):
                     table = rec.table
-                    last_index = (steps + length - window) // bs - 1  # released by the last step, at most
-                    for index in range(rec.first_held, min(len(table), last_index + 1)):
+                    first_new = len(table)
+                    for index in range(rec.first_held, min(first_new, last + 1)):
                         entry = released.setdefault(table[index], [0, 0])
                         entry[0] += 1
-                        entry[1] = max(entry[1], max(1, (index + 1) * bs + window - length))
-                    first_new = len(table)
-                    if state.shared_tail and first_new - 1 <= last_index and sid != group.seq_ids[-1]:
-                        frees[max(1, first_new * bs + window - length) - 1] += (
-                            1  # its copy of the shared tail
-                        )
-                    if last_index >= first_new:
-                        at = np.maximum(1, (np.arange(first_new, last_index + 1) + 1) * bs + window - length)
-                        np.add.at(frees, at - 1, 1)
+                        step = step_of[index - low]
+                        if step > entry[1]:
+                            entry[1] = step
+                    if shared_tail and first_new - 1 <= last and sid != group.seq_ids[-1]:
+                        step = step_of[first_new - 1 - low]  # its copy of the shared tail
+                        bumps[step] = bumps.get(step, 0) + 1
+                    for index in range(first_new, last + 1):  # taken and released within the run
+                        step = step_of[index - low]
+                        bumps[step] = bumps.get(step, 0) + 1
         for block, (count, step) in released.items():
             if count == ref_counts[block]:
-                frees[step - 1] += 1
+                bumps[step] = bumps.get(step, 0) + 1
+        for step, count in bumps.items():
+            frees[step - 1] += count
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
-        """Every sequence takes a block in every group when its length L is a multiple of block_size; a forked
-        group whose last block is still shared copies it on its first write (n - 1 new blocks per group); window
-        groups release as `_releases` says."""
+        """Every sequence's table grows by the KV core's table length (`num_required_blocks`, elementwise: a
+        block in every group when its length L is a multiple of block_size); a forked group whose last block is
+        still shared copies it on its first write (n - 1 new blocks per group); window groups release as
+        `_releases` says."""
         bs, count = self.block_size, len(self.windows)
         lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
         ns = np.fromiter((g.num_seqs for g in groups), np.int64, len(groups))
         shared = np.fromiter((self._held[g].shared_tail for g in groups), bool, len(groups))
-        before = lengths[:, None] + np.arange(steps)[None, :]  # [groups, steps]: lengths before each step
-        takes = ((before % bs == 0) * ns[:, None]).sum(axis=0) * count
+        after = (
+            lengths[:, None] + np.arange(steps + 1)[None, :]
+        )  # [groups, steps + 1]: lengths after 0..steps
+        before = after[:, :-1]  # [groups, steps]: lengths before each step
+        required = self.kv.managers[0].num_required_blocks  # every group has the same block size
+        takes = (np.diff(required(after), axis=1) * ns[:, None]).sum(axis=0) * count
         takes[0] += int(((ns - 1) * shared).sum()) * count
         tails_now = int((np.where(shared, 1, ns) * (-lengths % bs)).sum())
         tail = self.tail_empty + count * ((ns[:, None] * (-(before + 1) % bs)).sum(axis=0) - tails_now)
@@ -259,6 +273,9 @@ class PagedMemory:
         self._releases(groups, steps, frees)
         free = self.kv.num_free_blocks - np.cumsum(takes) + np.cumsum(frees)
         return MemoryMetrics.paged(self.num_blocks, bs, self.capacity, free, tail, self.pending)
+
+    def decoded(self, groups: list, steps: int) -> None:
+        """Nothing: `decode_steps` marks the tokens computed before the next ones are appended."""
 
     def grow(self, groups: list, steps: int) -> None:
         count, bs = len(self.windows), self.block_size
@@ -271,7 +288,7 @@ class PagedMemory:
             before = (1 if state.shared_tail else n) * (-length % bs)
             self.tail_empty += count * (n * (-(length + steps) % bs) - before)
             state.shared_tail = False
-        self.kv.decode_steps(new_tokens)
+        self.kv.decode_steps(new_tokens, trusted=True)  # our groups made the ids
 
     # ---- release, metrics ------------------------------------------------------------------------------------
 

@@ -1,0 +1,45 @@
+"""One request of `KVCacheManager`: its tokens (or a view of its owner's list), computed count, per-group block
+tables and chained block keys; and the token-id check of the KV core's public entry points."""
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from core.errors import InvalidArgumentError
+from core.kv.single_type_manager import RequestBlocks
+
+
+class KVRequest:
+    """One request: `token_ids` (its first `num_tokens` have room; a view of the caller's own list when
+    `view`, which may already hold the next token), the computed count, one `RequestBlocks` per group, and the
+    chained block keys per block size, computed once as blocks fill."""
+
+    __slots__ = ("blocks", "hashes", "num_computed", "num_tokens", "token_ids", "view")
+
+    def __init__(
+        self,
+        token_ids: list[int],
+        num_computed: int,
+        blocks: tuple,
+        hashes: dict[int, list[int]],
+        num_tokens: int,
+        view: bool = False,
+    ):
+        self.token_ids = token_ids
+        self.num_tokens = num_tokens
+        self.view = view
+        self.num_computed = num_computed
+        self.blocks: tuple[RequestBlocks, ...] = blocks  # one per group
+        self.hashes = hashes  # block size -> chained keys of the leading full blocks
+
+
+def check_token_ids(request_id: Hashable, token_ids: Sequence[int]) -> list[int]:
+    """`token_ids` as a non-empty list of integers, else InvalidArgumentError naming the request."""
+    tokens = list(token_ids)
+    if tokens and all(type(t) is int for t in tokens):  # the common case, fast
+        return tokens
+    if not tokens:
+        raise InvalidArgumentError(f"request {request_id!r}: a prompt needs at least 1 token, got 0")
+    if not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in tokens):
+        raise InvalidArgumentError(f"request {request_id!r}: token ids must be integers")
+    return tokens
