@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from core.serving.memory_policies import POLICY_LABELS
 from ui.block_grid import block_axes, grid_shape, grid_traces
 from ui.theme import MEMORY_COLORS, integer_dtick, policy_color
 
@@ -25,12 +26,6 @@ PAPER_FIGURE_2 = {
 # Figure 13(a): average batched requests, OPT-13B, ShareGPT at 2 req/s.
 PAPER_BATCHED = {"orca-max": 7.00, "orca-pow2": 9.81, "orca-oracle": 13.62, "paged": 30.42}
 
-POLICY_LABELS = {
-    "paged": "Paged (vLLM)",
-    "orca-max": "Orca (Max)",
-    "orca-pow2": "Orca (Pow2)",
-    "orca-oracle": "Orca (Oracle)",
-}
 # (step column, summary key prefix, category): where the KV capacity is; the five sum to the capacity
 BREAKDOWN = (
     ("token_states", "token_states", "token states"),

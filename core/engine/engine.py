@@ -351,12 +351,9 @@ class Engine:
         return outputs
 
     def _check_not_stuck(self, scheduled: ScheduledStep) -> None:
-        if scheduled.is_empty and not scheduled.preempted:
-            raise SchedulerStuckError(
-                f"the scheduler is stuck: {len(self.scheduler.waiting)} waiting request(s) fit in none of the "
-                f"{self.memory.free_blocks:,} free blocks and nothing runs (use more blocks or shorter requests)",
-                num_waiting=len(self.scheduler.waiting),
-                free_blocks=self.memory.free_blocks,
+        if scheduled.is_stuck:
+            raise SchedulerStuckError.nothing_fits(
+                len(self.scheduler.waiting), free_blocks=self.memory.free_blocks
             )
 
     def _sample(self, scheduled: ScheduledStep, prepared: PreparedStep | None) -> None:

@@ -123,6 +123,12 @@ class ScheduledStep:
         return not self.decoding and not self.prefill_chunks
 
     @property
+    def is_stuck(self) -> bool:
+        """Nothing runs and nothing moved (no preemption, no swap-in): the waiting requests fit nowhere, and the
+        next step would be the same. Every driver raises `SchedulerStuckError.nothing_fits` on it."""
+        return self.is_empty and not (self.preempted or self.swapped_in)
+
+    @property
     def is_decode_only(self) -> bool:
         """Only decodes: no prefill, no preemption, no swap-in, so the same step may repeat unchanged."""
         return bool(self.decoding) and not (self.prefill_chunks or self.preempted or self.swapped_in)

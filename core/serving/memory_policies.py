@@ -31,6 +31,13 @@ from core.serving.counted_memory import CountedPagedMemory
 from core.serving.paged_memory import PagedMemory, check_kv_groups
 
 POLICY_NAMES = ("paged", *CONTIGUOUS_POLICIES)
+# What charts, tables and progress lines call each policy: the one table of policy labels.
+POLICY_LABELS = {
+    "paged": "Paged (vLLM)",
+    "orca-max": "Orca (Max)",
+    "orca-pow2": "Orca (Pow2)",
+    "orca-oracle": "Orca (Oracle)",
+}
 
 
 @dataclass(frozen=True)
@@ -72,9 +79,7 @@ class Policy:
             hybrid = f", hybrid {len(self.kv_groups)} groups" if self.kv_groups else ""
             counted = ", counted" if self.counted else ""
             return f"paged (block {self.block_size}{cache}{hybrid}{counted})"
-        return {"orca-max": "Orca (Max)", "orca-pow2": "Orca (Pow2)", "orca-oracle": "Orca (Oracle)"}[
-            self.name
-        ]
+        return POLICY_LABELS[self.name]
 
 
 def paged(block_size: int = 16, enable_prefix_caching: bool = False, counted: bool = False) -> Policy:

@@ -167,14 +167,10 @@ class _Simulation:
         """Schedule, price and account one step (or a batch of identical decode-only steps), and record it."""
         sched = self.scheduler
         step = sched.schedule()
-        if step.is_empty:
-            if step.swapped_in or step.preempted:
-                return
-            raise SchedulerStuckError(
-                f"the scheduler is stuck at step {self.step}: {step.num_waiting} waiting request(s) fit in no "
-                f"free memory and nothing runs (check the KV capacity and the scheduler limits)",
-                num_waiting=step.num_waiting,
-            )
+        if step.is_stuck:
+            raise SchedulerStuckError.nothing_fits(step.num_waiting, step=self.step)
+        if step.is_empty:  # it preempted or swapped in: memory moved, the next step may run
+            return
         for group, start, _ in step.prefill_chunks:
             if start == 0 and math.isnan(group.admit_time):
                 group.admit_time = self.now  # admitted at the start of this step

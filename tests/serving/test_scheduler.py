@@ -134,3 +134,16 @@ def test_phases_must_run_in_order():
         Scheduler(memory, max_num_seqs=8, max_num_batched_tokens=4)
     with pytest.raises(InvalidArgumentError):
         Scheduler(memory, preemption_mode="drop")
+
+
+def test_a_step_is_stuck_only_when_nothing_runs_and_nothing_moved():
+    """`ScheduledStep.is_stuck`, the one condition on which every driver raises `SchedulerStuckError.nothing_fits`:
+    empty and no preemption or swap-in (memory that moved may let the next step run)."""
+    from core.sched.scheduler import ScheduledStep
+
+    assert ScheduledStep().is_stuck
+    assert not ScheduledStep(preempted=["g"]).is_stuck and not ScheduledStep(swapped_in=["g"]).is_stuck
+    assert (
+        not ScheduledStep(decoding=["g"]).is_stuck
+        and not ScheduledStep(prefill_chunks=[("g", 0, 4)]).is_stuck
+    )
