@@ -25,7 +25,7 @@ from core.planning.plan import plan
 from core.planning.slo import Slo, SloCandidates, SloPlan, SloWorkload, latency_curve, plan_slo
 from core.planning.slo_eval import SloConfig
 
-CURVE_FACTORS = tuple(0.25 * k / 2 for k in range(2, 17))  # 0.25x, 0.375x, ..., 2x the target rate
+CURVE_FACTORS = tuple(0.25 * k for k in range(1, 9))  # 0.25x, 0.5x, ..., 2x the target rate
 CHART_CONFIGS = 3  # configurations the chart draws
 
 

@@ -40,13 +40,14 @@ def highest_rates(
     params: SloPlannerParams, configs: tuple[SloConfig, ...], progress: Callable[[float, str], None]
 ) -> tuple[HighestRate, ...]:
     """`max_rate` of each configuration at the page's lengths and targets, priced as the search priced it (its
-    engine and step-time overrides), reporting progress per configuration."""
+    engine and step-time overrides), the bisection starting from the page's rate (the configurations drawn
+    meet the SLO there), reporting progress per configuration."""
     cands, load, targets = params.candidates(), params.workload(), params.slo().targets()
     found = []
     for i, config in enumerate(configs):
         progress(i / len(configs), f"configuration {i + 1} of {len(configs)}")
         deployment = config_deployment(params.model, config, cands)
-        rate = max_rate(deployment, load, targets, step_time=cands.step_time)
+        rate = max_rate(deployment, load, targets, step_time=cands.step_time, holds_at=params.rate)
         found.append(HighestRate(rate_key(config), config_label(config), rate.max_req_per_s, rate.binding,
                                  rate.evaluations))  # fmt: skip
     return tuple(found)

@@ -2,22 +2,22 @@
 bisection on the rate, each point a steady-state prediction (`core.planning.predict`).
 
 A rate holds when its steady state is stable (the load is served) and every target {metric}_p{q}_s is met by
-the prediction. The bracket starts at the rate one replica's batch could sustain at its idle speed and is
-widened by halving / doubling until one end holds and the other does not; then bisected to `rel_tol`.
+the prediction, each prediction simulated until its verdict on the targets is clear (`core.planning.verdict`).
+Rates are searched on a fixed geometric grid, (1 + rel_tol)^k req/s, so the answer does not depend on where the
+bracket starts: it starts at a rate known to hold (`holds_at`, checked) and twice it, or at the rate one
+replica's batch could sustain at its idle speed, and is widened by halving / doubling until one end holds and
+the other does not; then bisected to adjacent grid rates.
 """
 
+import math
 from dataclasses import dataclass, replace
 
 from core.common import check_float
 from core.errors import InvalidArgumentError
 from core.planning.load import Load
 from core.planning.predict import Deployment, Prediction, idle_lifetime, predict
-from core.serving.steady_state import SteadyStateSettings, metric_keys
-
-# The searches' estimates (max_rate's bisection, the SLO search): 10% intervals over batches of 3 lifetimes
-SEARCH_SETTINGS = SteadyStateSettings(
-    tolerance=0.1, initial_measured=300, max_requests=3000, batch_lifetimes=3.0
-)
+from core.planning.verdict import SEARCH_SETTINGS, verdict_decider
+from core.serving.steady_state import metric_keys
 
 
 def check_targets(targets: dict) -> dict[str, float]:
@@ -57,42 +57,54 @@ class MaxRate:
 
 
 def max_rate(
-    deployment: Deployment, load: Load, targets: dict, rel_tol: float = 0.03, step_time=None
+    deployment: Deployment,
+    load: Load,
+    targets: dict,
+    rel_tol: float = 0.03,
+    step_time=None,
+    holds_at: float | None = None,
 ) -> MaxRate:
-    """The highest rate of `load`'s lengths that `deployment` serves within `targets` (module docstring)."""
+    """The highest rate of `load`'s lengths that `deployment` serves within `targets` (module docstring): the
+    highest rate of the grid (1 + rel_tol)^k req/s (k an integer) that holds, so any starting bracket finds the
+    same one. Each prediction stops once its verdict on the targets is clear (`core.planning.verdict`).
+    holds_at: a rate already found to hold (e.g. the SLO search's), where the bracket starts instead of the idle
+    guess (checked; ignored when it does not hold)."""
     targets = check_targets(targets)
-    step = deployment.step_model(step_time)
+    check_float(rel_tol, "rel_tol", minimum=1e-3, maximum=1.0)
     base = replace(load, rate=1.0, concurrency=None)
-    guess = (
-        deployment.replicas
-        * deployment.max_num_seqs
-        / idle_lifetime(step, base, deployment.max_num_batched_tokens)
-    )
-    evaluations = 0
+    decided, focus = verdict_decider(targets), tuple(targets)
+    grid = math.log1p(rel_tol)
+    preds: dict[int, Prediction] = {}
 
-    def at(rate: float) -> Prediction:
-        nonlocal evaluations
-        evaluations += 1
-        return predict(deployment, replace(base, rate=rate), step_time, SEARCH_SETTINGS)
+    def holds(k: int) -> bool:
+        if k not in preds:
+            preds[k] = predict(deployment, replace(base, rate=math.exp(k * grid)), step_time, SEARCH_SETTINGS,
+                               decided, focus)  # fmt: skip
+        return meets(preds[k], targets)
 
-    lo, lo_pred, hi, hi_pred = None, None, guess, at(guess)
-    while meets(hi_pred, targets) and hi < 1e6:
-        lo, lo_pred, hi = hi, hi_pred, hi * 2
-        hi_pred = at(hi)
+    octave = math.ceil(math.log(2) / grid)  # grid steps in a doubling
+    if holds_at is not None and holds(lo := math.floor(math.log(check_float(holds_at, "holds_at", minimum=1e-4))
+                                                       / grid)):  # fmt: skip
+        hi = lo + octave
+    else:
+        step = deployment.step_model(step_time)
+        guess = (
+            deployment.replicas
+            * deployment.max_num_seqs
+            / idle_lifetime(step, base, deployment.max_num_batched_tokens)
+        )
+        lo, hi = None, math.ceil(math.log(guess) / grid)
+    while holds(hi) and hi * grid < math.log(1e6):
+        lo, hi = hi, hi + octave
     while lo is None:
-        low = hi / 4
-        pred = at(low)
-        if meets(pred, targets):
-            lo, lo_pred = low, pred
+        low = hi - 2 * octave
+        if holds(low):
+            lo = low
         else:
-            hi, hi_pred = low, pred
-            if low < 1e-4:
-                return MaxRate(0.0, None, limiting(pred, targets), evaluations)
-    while hi - lo > rel_tol * lo:
-        mid = (lo + hi) / 2
-        pred = at(mid)
-        if meets(pred, targets):
-            lo, lo_pred = mid, pred
-        else:
-            hi, hi_pred = mid, pred
-    return MaxRate(lo, lo_pred, limiting(hi_pred, targets), evaluations)
+            hi = low
+            if low * grid < math.log(1e-4):
+                return MaxRate(0.0, None, limiting(preds[low], targets), len(preds))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return MaxRate(math.exp(lo * grid), preds[lo], limiting(preds[hi], targets), len(preds))

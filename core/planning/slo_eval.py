@@ -28,11 +28,11 @@ from typing import NamedTuple
 import numpy as np
 
 from core.planning.load import Load
-from core.planning.max_rate import SEARCH_SETTINGS
 from core.planning.plan import CapacityPlan
 from core.planning.predict import Deployment, replica_steady_state
 from core.planning.slo_candidates import Candidate, SloCandidates, SloWorkload
 from core.planning.step_time import StepTimeModel, from_specs
+from core.planning.verdict import SEARCH_SETTINGS, verdict_decider, verdict_is_clear  # noqa: F401 (re-exported)
 from core.serving.sim_result import SimulationResult
 from core.serving.steady_state import SteadyState
 from core.serving.workload import Request
@@ -238,12 +238,6 @@ def _per_request(values: np.ndarray, fn) -> np.ndarray:
     return np.array([fn(v) for v in unique], dtype=np.float64)[inverse]
 
 
-# A miss seen before the batches are long enough must clear its target by a margin, its interval above it, or be
-# far over it: such a replay started empty not long before and sees less queueing than the steady state.
-EARLY_MISS_MARGIN = 1.1
-EARLY_MISS_FAR = 1.3
-
-
 def steady_prediction(
     deployment: Deployment, share: Load, step: StepTimeModel, kv_tokens: int, targets: dict
 ):
@@ -256,36 +250,6 @@ def steady_prediction(
 
     decided = verdict_decider(targets)
     return replica_steady_state(deployment, share, step, kv_tokens, SEARCH_SETTINGS, decided, tuple(targets))
-
-
-def verdict_decider(targets: dict[str, float], met: dict[str, float] | None = None):
-    """The `decided` of a steady state asked about `targets` (`steady_prediction`'s rule): with long enough
-    batches, `verdict_is_clear(intervals, targets, met)`; before, a miss by EARLY_MISS_MARGIN with the
-    interval clear of the target, or by EARLY_MISS_FAR."""
-
-    def decided(estimate: SteadyState) -> bool:
-        if estimate.long_enough:
-            return verdict_is_clear(estimate.intervals, targets, met)
-        m, intervals = estimate.metrics, estimate.intervals
-        return any(
-            m[key] > EARLY_MISS_FAR * target
-            or (intervals[key][0] > target and m[key] > EARLY_MISS_MARGIN * target)
-            for key, target in targets.items()
-            if key in intervals
-        )
-
-    return decided
-
-
-def verdict_is_clear(intervals: dict, targets: dict[str, float], met: dict[str, float] | None = None) -> bool:
-    """True when some target is missed with its whole 95% interval above it, or every target is met with its
-    whole interval below it (a percentile without an interval decides nothing). met: other thresholds for the
-    "met" side (a pool's share of a target, `core.planning.slo_disagg`); None: `targets`."""
-    met = targets if met is None else met
-    known = {key: intervals[key] for key in targets if key in intervals}
-    if any(low > targets[key] for key, (low, _) in known.items()):
-        return True
-    return len(known) == len(targets) and all(high <= met[key] for key, (_, high) in known.items())
 
 
 def simulated_binding(state: SteadyState, candidate: Candidate, step, workload, limiting: str) -> str:

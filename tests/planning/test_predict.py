@@ -3,6 +3,7 @@ command lines, against what must hold whatever the simulator's knobs: Little's l
 a closed loop of one client worked by hand, two seeds agreeing, and bad input exiting 2 with one line."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -59,6 +60,11 @@ def test_max_rate_brackets_the_targets():
     assert found.at is not None and found.at.metrics["tpot_p99_s"] <= 0.03
     above = predict(LLAMA, Load(found.max_req_per_s * 1.15, 1500, 256))
     assert not above.stable or above.metrics["tpot_p99_s"] > 0.03 * 0.97
+    # a rate of the grid 1.03^k, wherever the bracket starts: a warm start (the page's) finds the same one
+    k = math.log(found.max_req_per_s) / math.log(1.03)
+    assert k == pytest.approx(round(k), abs=1e-9)
+    warm = max_rate(LLAMA, load, {"tpot_p99_s": 0.03}, holds_at=found.max_req_per_s / 1.5)
+    assert warm.max_req_per_s == found.max_req_per_s and warm.evaluations < found.evaluations
 
 
 @pytest.mark.parametrize(

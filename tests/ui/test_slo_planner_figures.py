@@ -78,10 +78,10 @@ def test_slo_lines_target_rate_and_knees(plan):
 def test_a_queueing_knee_is_marked_on_its_point(plan):
     from ui.slo_planner_figures import latency_vs_rate_figure
 
-    # the answer's deployment capped at 64 sequences: requests wait for a slot before the throughput bound
+    # one H100 capped at 128 sequences: requests wait for a slot before the throughput bound rules a rate out
     capped = next(
-        c for c in plan.configs if (c.gpu, c.tp, c.replicas, c.kv_dtype, c.max_num_seqs) == ("h100-80gb", 2, 1,
-                                                                                             "fp8", 64)
+        c for c in plan.configs if (c.gpu, c.tp, c.replicas, c.kv_dtype, c.max_num_seqs) == ("h100-80gb", 1, 1,
+                                                                                             "auto", 128)
     )  # fmt: skip
     drawn = curve(P, capped)
     expected, point, _ = first_queueing_rate(capped, drawn.rates)
