@@ -125,6 +125,7 @@ FIELDS = [
     Field("kv", D.kv_dtypes, "multi", KV_DTYPES, label="KV cache dtypes"),
     Field("weights", D.weight_dtypes, "multi", WEIGHT_DTYPES, label="weight dtypes"),
     Field("rates", True, "bool", label="find the highest rates"),
+    Field("disagg_too", D.disagg, "bool", label="disaggregated deployments too"),
     *_target_fields(),
     Field("engine", D.engine, "choice", ENGINES, label="engine"),
     Field("seed", D.seed, "int", minimum=0, maximum=2**31 - 1, step=1, label="seed"),
@@ -133,7 +134,7 @@ FIELDS = [
 SHARED_KEYS = ("model", "rate", "prompt_len", "output_len", "spread", "ttft", "tpot_ms", "itl_ms", "e2e", "ttft_q",
                "tpot_q", "itl_q", "e2e_q", "engine", "seed")  # fmt: skip
 MODE_KEYS = {
-    "search": ("mode", *SHARED_KEYS, "gpus", "max_gpus", "kv", "weights", "rates"),
+    "search": ("mode", *SHARED_KEYS, "gpus", "max_gpus", "kv", "weights", "rates", "disagg_too"),
     "predict": ("mode", *SHARED_KEYS, *(f.key for f in PREDICT_FIELDS)),
 }
 
@@ -152,7 +153,7 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
         output_len=int(values["output_len"]), length_spread=float(values["spread"]), targets=targets_from(values),
         chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])), gpus=tuple(values["gpus"]),
         max_gpus=int(values["max_gpus"]), kv_dtypes=tuple(values["kv"]), weight_dtypes=tuple(values["weights"]),
-        engine=values["engine"], seed=int(values["seed"]),
+        engine=values["engine"], seed=int(values["seed"]), disagg=bool(values["disagg_too"]),
     )  # fmt: skip
 
 

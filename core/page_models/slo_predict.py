@@ -282,16 +282,21 @@ def disagg_answer(params: SloPredictParams, progress: Callable[[float, str], Non
     progress(0.0, "predicting the prefill and decode pools' steady states")
     prediction = finite(predict_disagg(deployment, load).to_dict())
     progress(0.95, "writing the vLLM commands")
-    pools = ((deployment.prefill, "prefill", deployment.prefill_workers),
-             (deployment.decode, "decode", deployment.decode_workers))  # fmt: skip
-    serve = f"# {SERVE_NOTE}\n" + "\n".join(
-        f"# {name} pool: {workers} worker(s) of tp {pool.tp}\n{serve_command(pool, load)}"
-        for pool, name, workers in pools
-    )
+    serve = disagg_serve_command(deployment, load)
     flying = in_flight(prediction["stable"], prediction.get("e2e_p50_s"), deployment.decode, load)
     num_prompts = bench_num_prompts(load, flying)
     bench = bench_command(deployment.decode.model_spec, load, num_prompts)
     return DeploymentAnswer(prediction, None, serve, bench, num_prompts)
+
+
+def disagg_serve_command(deployment: DisaggDeployment, load: Load) -> str:
+    """SERVE_NOTE as a comment, then each pool's `vllm serve` flags (its workers as --data-parallel-size)."""
+    pools = ((deployment.prefill, "prefill", deployment.prefill_workers),
+             (deployment.decode, "decode", deployment.decode_workers))  # fmt: skip
+    return f"# {SERVE_NOTE}\n" + "\n".join(
+        f"# {name} pool: {workers} worker(s) of tp {pool.tp}\n{serve_command(pool, load)}"
+        for pool, name, workers in pools
+    )
 
 
 def larger_kv_deployments(params: SloPredictParams) -> list[tuple[str, SloPredictParams]]:
