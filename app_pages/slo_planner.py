@@ -230,6 +230,7 @@ def lever_inputs() -> None:
             placeholder="uniform",
         )
         w(st.number_input, "Turns per conversation (--turns)", "turns")
+        w(st.number_input, "Seconds between a chat's turns (--turn-gap)", "turn_gap")
     with c2:
         st.markdown("**Speculative decoding**")
         w(st.number_input, "Speculative tokens K (--spec-tokens; 0: none)", "spec_k")
@@ -248,6 +249,7 @@ def lever_inputs() -> None:
         with b:
             w(st.number_input, "Prefill TP", "p_tp")
             w(st.number_input, "Decode TP", "d_tp")
+        w(st.selectbox, "KV link (--kv-link; auto: NVLink within 8 GPUs)", "kv_link")
 
 
 def _latency(seconds: float | None) -> str:

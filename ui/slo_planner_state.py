@@ -15,6 +15,7 @@ from typing import Any
 
 from core.page_models.slo_planner import DEFAULT_PARAMS, SloPlannerParams
 from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, LOAD_KINDS, SloPredictParams
+from core.planning.disagg import KV_LINKS
 from core.planning.engine_profiles import ENGINES
 from core.planning.hardware import GPUS
 from core.planning.kv_accounting import KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES
@@ -71,6 +72,7 @@ LEVER_FIELDS = [
         "zipf", P.prefix_zipf, "float", maximum=100.0, step=0.1, optional=True, label="prefix Zipf exponent"
     ),
     Field("turns", P.turns, "int", maximum=1000, step=1, label="turns per conversation"),
+    Field("turn_gap", P.turn_gap_s, "float", maximum=86_400.0, step=1.0, label="seconds between turns"),
     Field("spec_k", P.spec_tokens, "int", maximum=16, step=1, label="speculative tokens"),
     Field("spec_acc", P.spec_acceptance, "str", max_length=200, label="acceptance per position"),
     Field("spec_method", P.spec_method, "choice", SPEC_METHODS, label="speculation method"),
@@ -80,6 +82,7 @@ LEVER_FIELDS = [
     Field("p_tp", P.prefill_tp, "int", maximum=64, step=1, label="prefill TP"),
     Field("d_workers", P.decode_workers, "int", maximum=1024, step=1, label="decode workers"),
     Field("d_tp", P.decode_tp, "int", maximum=64, step=1, label="decode TP"),
+    Field("kv_link", "auto", "choice", ("auto", *KV_LINKS), label="KV link"),
 ]
 
 PREDICT_FIELDS = [
@@ -183,9 +186,11 @@ def predict_params_from(values: dict[str, Any]) -> SloPredictParams:
         output_len=int(values["output_len"]), length_spread=float(values["spread"]), seed=int(values["seed"]),
         targets=targets_from(values), shared_prefix_len=int(values["prefix_len"]),
         num_prefixes=int(values["prefixes"]), prefix_zipf=_optional(values["zipf"]), turns=int(values["turns"]),
+        turn_gap_s=float(values["turn_gap"]),
         spec_tokens=int(values["spec_k"]), spec_acceptance=str(values["spec_acc"]).strip(),
         spec_method=values["spec_method"],
         draft_model=values["draft"] if values["spec_method"] == "draft-model" else None, disagg=bool(values["disagg"]),
         prefill_workers=int(values["p_workers"]), prefill_tp=int(values["p_tp"]),
         decode_workers=int(values["d_workers"]), decode_tp=int(values["d_tp"]),
+        kv_link=None if values["kv_link"] == "auto" else values["kv_link"],
     )  # fmt: skip

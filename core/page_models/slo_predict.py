@@ -62,6 +62,7 @@ class SloPredictParams:
     num_prefixes: int = 1
     prefix_zipf: float | None = None
     turns: int = 1
+    turn_gap_s: float = 10.0
     spec_tokens: int = 0
     spec_acceptance: str = ""
     spec_method: str = "ngram"
@@ -71,6 +72,7 @@ class SloPredictParams:
     prefill_tp: int = 1
     decode_workers: int = 1
     decode_tp: int = 1
+    kv_link: str | None = None
 
     def speculation(self) -> Speculation | None:
         """The `Speculation` of spec_tokens (0: none) and spec_acceptance ("a1,...,aK", as --spec-acceptance);
@@ -104,6 +106,7 @@ class SloPredictParams:
         return DisaggDeployment(
             self.model, self.gpu, self.prefill_workers, self.prefill_tp, self.decode_workers, self.decode_tp,
             self.max_num_seqs, self.max_num_batched_tokens, self.weight_dtype, self.kv_dtype, self.engine,
+            kv_link=self.kv_link,
         )  # fmt: skip
 
     def load(self) -> Load:
@@ -112,7 +115,7 @@ class SloPredictParams:
                 f"load_kind must be one of {', '.join(LOAD_KINDS)}, got {self.load_kind!r}"
             )
         levers = {"shared_prefix_len": self.shared_prefix_len, "num_prefixes": self.num_prefixes,
-                  "prefix_zipf": self.prefix_zipf, "turns": self.turns}  # fmt: skip
+                  "prefix_zipf": self.prefix_zipf, "turns": self.turns, "turn_gap_s": self.turn_gap_s}  # fmt: skip
         if self.load_kind == "rate":
             return Load(self.rate, self.prompt_len, self.output_len, self.length_spread, self.seed, **levers)
         return Load(
@@ -162,6 +165,8 @@ class SloPredictParams:
                 args += [flag, str(value)]
         if self.prefix_zipf is not None:
             args += ["--prefix-zipf", repr(float(self.prefix_zipf))]
+        if self.turn_gap_s != 10.0:
+            args += ["--turn-gap", repr(float(self.turn_gap_s))]
         if self.spec_tokens:
             args += ["--spec-tokens", str(self.spec_tokens), "--spec-acceptance", self.spec_acceptance,
                      "--spec-method", self.spec_method]  # fmt: skip
@@ -171,7 +176,8 @@ class SloPredictParams:
 
     def _disagg_args(self) -> list[str]:
         return ["--disagg", "--prefill-workers", str(self.prefill_workers), "--prefill-tp", str(self.prefill_tp),
-                "--decode-workers", str(self.decode_workers), "--decode-tp", str(self.decode_tp)]  # fmt: skip
+                "--decode-workers", str(self.decode_workers), "--decode-tp", str(self.decode_tp),
+                *(["--kv-link", self.kv_link] if self.kv_link is not None else [])]  # fmt: skip
 
 
 DEFAULT_PREDICT_PARAMS = SloPredictParams()

@@ -26,9 +26,9 @@ TINY = {"mode": "predict", "model": "qwen2.5-7b", "rate": "12", "prompt_len": "1
         "spread": "0", "ttft": "auto", "tpot_ms": "auto", "gpu": "l40s", "tp": "1", "pp": "1", "replicas": "1",
         "seqs": "1", "kv_dtype": "auto", "weight_dtype": "auto", "engine": "vllm", "load": "concurrency",
         "clients": "2", "seed": "0", "itl_ms": "auto", "e2e": "0.5", "ttft_q": "95", "tpot_q": "95",
-        "itl_q": "99", "e2e_q": "50", "prefix_len": "0", "prefixes": "1", "zipf": "auto", "turns": "1",
+        "itl_q": "99", "e2e_q": "50", "prefix_len": "0", "prefixes": "1", "zipf": "auto", "turns": "1", "turn_gap": "10",
         "spec_k": "0", "spec_acc": "", "spec_method": "ngram", "draft": "phi-3-mini", "disagg": "0",
-        "p_workers": "1", "p_tp": "1", "d_workers": "1", "d_tp": "1"}  # fmt: skip
+        "p_workers": "1", "p_tp": "1", "d_workers": "1", "d_tp": "1", "kv_link": "auto"}  # fmt: skip
 NO_TARGETS = {"e2e": "auto"}  # no highest rate to bisect where it is not what a test checks
 
 
@@ -114,12 +114,14 @@ def test_the_page_shows_what_predict_and_the_cli_give(capsys):
         ({"prefix_len": "8", "prefixes": "0"}, "--num-prefixes"),
         ({"prefix_len": "8", "zipf": "-1"}, "--prefix-zipf"),
         ({"turns": "0"}, "--turns"),
+        ({"turns": "2", "turn_gap": "0"}, "--turn-gap"),
         ({"spec_k": "2", "spec_acc": "0.8,1.5"}, "--spec-acceptance rates must be in [0, 1], got 1.5"),
         ({"spec_k": "2", "spec_acc": "0.8,x"}, "--spec-acceptance must be comma-separated numbers"),
         ({"spec_k": "2", "spec_acc": "0.8"}, "--spec-acceptance needs one rate per draft token"),
         ({"spec_k": "-1", "spec_acc": "0.8"}, "--spec-tokens"),
         ({"disagg": "1", "spec_k": "1", "spec_acc": "0.5"}, "--disagg takes neither --spec-tokens"),
         ({"disagg": "1", "d_workers": "0"}, "replicas"),
+        ({"disagg": "1", "kv_link": "network"}, "L40S has no known network bandwidth"),
     ],
 )
 def test_bad_input_is_an_error_naming_it(params, named):
@@ -193,10 +195,10 @@ def test_speculation_shows_the_mean_accepted_length_and_its_tpot(capsys):
 
 
 def test_disaggregated_shows_how_the_gpus_split_and_the_kv_transfer(capsys):
-    levers = {"output_len": "4", "disagg": "1", "p_workers": "1", "d_workers": "2"}
+    levers = {"output_len": "4", "disagg": "1", "p_workers": "1", "d_workers": "2", "kv_link": "nvlink"}
     at = open_page(TINY | NO_TARGETS | levers)
     assert not at.error
-    deployment = DisaggDeployment("qwen2.5-7b", "l40s", 1, 1, 2, 1, max_num_seqs=1)
+    deployment = DisaggDeployment("qwen2.5-7b", "l40s", 1, 1, 2, 1, max_num_seqs=1, kv_link="nvlink")
     ref = predict_disagg(deployment, Load(None, 16, 4, concurrency=2)).to_dict()
     shown = metrics(at)
     assert shown["Mode"] == "disagg" and shown["Prefill / decode GPUs"] == "1 + 2"
