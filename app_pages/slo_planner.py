@@ -21,9 +21,17 @@ from core.page_models.tasks import slo_curves, slo_highest_rates, slo_predict, s
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from core.planning.slo_candidates import metric_label
-from core.serving.steady_state import SteadyStateSettings
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.jobs import run_job
+from ui.slo_levers_view import (
+    latency_text,
+    lever_inputs,
+    percentiles_caption,
+    show_agg_figures,
+    show_disagg_figures,
+    show_larger_kv,
+    show_lever_figures,
+)
 from ui.slo_planner_figures import latency_vs_rate_figure, percentiles_figure
 from ui.slo_planner_state import FIELDS, MODE_LABELS, TARGETS, params_from, predict_params_from, url_params
 from ui.url_widgets import UrlState
@@ -175,7 +183,6 @@ def search_caption(plan) -> str:
     )
 
 
-STEADY = SteadyStateSettings()  # predict's own settings: the tolerance and cap its `converged` refers to
 PREDICT_COLUMNS = ("predicted (ms)", "95% interval low (ms)", "95% interval high (ms)", "target (ms)")
 LOAD_LABELS = {"rate": "request rate (Poisson)", "concurrency": "concurrent clients (closed loop)"}
 
@@ -211,128 +218,8 @@ def predict_inputs() -> None:
             w(st.number_input, "Seed (arrivals and lengths)", "seed")
         with c3:
             target_inputs(" (optional)")
-        lever_inputs()
+        lever_inputs(state.widget)
         st.form_submit_button("Predict", type="primary")
-
-
-def lever_inputs() -> None:
-    """The levers: shared prefixes and chats, speculative decoding, disaggregated prefill / decode."""
-    w = state.widget
-    c1, c2, c3 = st.columns(3)
-    with c1:
-        st.markdown("**Shared prefixes and chats**")
-        w(st.number_input, "Shared prefix length (tokens, --shared-prefix-len; 0: none)", "prefix_len")
-        w(st.number_input, "Distinct prefixes (--num-prefixes)", "prefixes")
-        w(
-            st.number_input,
-            "Prefix Zipf exponent (--prefix-zipf; empty: uniform)",
-            "zipf",
-            placeholder="uniform",
-        )
-        w(st.number_input, "Turns per conversation (--turns)", "turns")
-        w(st.number_input, "Seconds between a chat's turns (--turn-gap)", "turn_gap")
-    with c2:
-        st.markdown("**Speculative decoding**")
-        w(st.number_input, "Speculative tokens K (--spec-tokens; 0: none)", "spec_k")
-        w(st.text_input, "Acceptance per position, a1,...,aK (--spec-acceptance)", "spec_acc",
-          help="the probability that draft token i is accepted given the ones before it, each in [0, 1]")  # fmt: skip
-        w(st.selectbox, "Method (--spec-method)", "spec_method")
-        w(st.selectbox, "Draft model (--draft-model, method draft-model)", "draft",
-          format_func=lambda m: MODELS[m].name)  # fmt: skip
-    with c3:
-        st.markdown("**Disaggregated prefill / decode**")
-        w(st.checkbox, "Disaggregated (--disagg: TP, PP and replicas above unused)", "disagg")
-        a, b = st.columns(2)
-        with a:
-            w(st.number_input, "Prefill workers", "p_workers")
-            w(st.number_input, "Decode workers", "d_workers")
-        with b:
-            w(st.number_input, "Prefill TP", "p_tp")
-            w(st.number_input, "Decode TP", "d_tp")
-        w(st.selectbox, "KV link (--kv-link; auto: NVLink within 8 GPUs)", "kv_link")
-
-
-def _latency(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
-
-
-def show_agg_figures(p: dict, params) -> None:
-    c = st.columns(6)
-    c[0].metric("Deployment", f"{p['deployment']['num_gpus']} × {p['deployment']['gpu']}")
-    c[1].metric("TP × PP × replicas", f"{params.tp} × {params.pp} × {params.replicas}")
-    throughput = p["throughput_tokens_per_s"]
-    c[2].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
-    c[3].metric("Mean running batch", f"{p['mean_running_batch']:.3g}", help="per replica")
-    c[4].metric("KV-limited", "yes" if p["kv_limited"] else "no",
-                help="the KV cache, not compute, held requests back: queueing for blocks or preemption")  # fmt: skip
-    c[5].metric("Converged", "yes" if p["converged"] else "no",
-                help=f"every percentile's 95% interval within {STEADY.tolerance:.0%} of its value")  # fmt: skip
-
-
-def show_disagg_figures(p: dict) -> None:
-    """A disaggregated deployment: how its GPUs split, the KV transfer and its link's load."""
-    c = st.columns(5)
-    c[0].metric("Mode", p["mode"])
-    c[1].metric("Prefill / decode GPUs", f"{p['prefill_gpus']} + {p['decode_gpus']}",
-                help=f"prefill: {p['deployment']['prefill_workers']} worker(s) of tp {p['deployment']['prefill_tp']}; "
-                f"decode: {p['deployment']['decode_workers']} of tp {p['deployment']['decode_tp']}")  # fmt: skip
-    c[2].metric("KV transfer per request", _latency(p["kv_transfer_s"]),
-                help=f"{p['kv_bytes_per_request']:,} bytes over {p['kv_link']}")  # fmt: skip
-    c[3].metric("KV link utilization", f"{p['kv_link_utilization']:.3g}", help="1 or more: no steady state")
-    throughput = p["throughput_tokens_per_s"]
-    c[4].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
-
-
-def show_lever_figures(p: dict) -> None:
-    """TTFT with the prefix-hit rate beside it (prompts sharing tokens), the mean accepted length
-    (speculation), and output tokens/s per GPU."""
-    c = st.columns(5)
-    c[0].metric("TTFT p50 (predicted)", _latency(p["ttft_p50_s"]))
-    c[1].metric("TTFT p99 (predicted)", _latency(p["ttft_p99_s"]))
-    per_gpu = p.get("tokens_per_s_per_gpu")
-    c[2].metric("Output tokens/s per GPU", "—" if per_gpu is None else f"{per_gpu:,.0f}")
-    hit = p["prefix_hit_rate"] if p["mode"] == "agg" else p["prefill"]["prefix_hit_rate"]
-    if hit is not None:
-        c[3].metric(
-            "Prefix-hit rate", f"{hit:.3f}", help="prompt tokens served from the prefix cache / prompt tokens"
-        )
-    if p.get("mean_accepted_len") is not None:
-        c[4].metric("Mean accepted length", f"{p['mean_accepted_len']:.3g} tokens/step",
-                    help="tokens one speculative step emits per sequence: 1 + a1 + a1 a2 + ...")  # fmt: skip
-
-
-def percentiles_caption(p: dict) -> str:
-    if p["mode"] == "disagg":
-        return (
-            "Steady-state percentiles of a disaggregated deployment: TTFT and e2e add the prefill pool's TTFT, "
-            "the KV transfer and the decode pool's (an upper bound of the sum's percentile); TPOT and ITL are "
-            "the decode pool's; open bars: the targets (docs/levers.md)."
-        )
-    converged = (
-        f"Converged: every interval is within {STEADY.tolerance:.0%} of its value."
-        if p["converged"]
-        else f"Not converged: some interval is wider than {STEADY.tolerance:.0%} of its value at the "
-        f"{STEADY.max_requests:,}-request cap."
-    )
-    return (
-        f"Steady-state percentiles of one replica's simulation ({p['simulated_requests']:,} requests, "
-        f"{p['warmup_requests']:,} of warm-up dropped, {p['measured_requests']:,} measured); error bars: 95% "
-        f"batch-means intervals; open bars: the targets. {converged}"
-    )
-
-
-def show_larger_kv(rows) -> None:
-    st.markdown("**What a larger KV cache does to the prefix-hit rate and TTFT** (the same load)")
-    formats = {k: st.column_config.NumberColumn(format="%.4g") for k in ("TTFT p50 (s)", "TTFT p99 (s)")}
-    cached_dataframe(st, list(rows), width="stretch", column_config=formats)
-    st.caption(
-        "Each row is its own steady-state prediction: fp8 KV halves the bytes per token, so the same memory holds "
-        "twice the blocks; twice the GPUs as tensor parallel splits the weights over twice the GPUs (replicas "
-        "when the model's heads do not allow it: the same cache per replica at half the load). Cached prefixes "
-        "compete with running requests for the blocks, and evictions are LRU, as in vLLM."
-    )
 
 
 def show_prediction(found, params) -> None:
@@ -349,7 +236,7 @@ def show_prediction(found, params) -> None:
         )
     elif missed_targets(p, targets):
         misses = "; ".join(
-            f"{k} {_latency(p[k])} against {_latency(targets[k])}" for k in missed_targets(p, targets)
+            f"{k} {latency_text(p[k])} against {latency_text(targets[k])}" for k in missed_targets(p, targets)
         )
         st.warning(f"At {at}, {name} misses the targets: {misses}.")
     else:
@@ -373,7 +260,7 @@ def show_prediction(found, params) -> None:
         c[0].metric("Highest rate within the targets", f"{m['max_rate_req_per_s']:.3g} req/s")
         c[1].metric("Binding at the next rate", m["binding"])
         binding = m["binding"]
-        there = _latency(m.get(binding)) if binding in targets else "—"
+        there = latency_text(m.get(binding)) if binding in targets else "—"
         c[2].metric(
             "Binding target at the highest rate", there, help="its predicted value at the highest rate held"
         )
