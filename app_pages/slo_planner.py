@@ -7,23 +7,38 @@ import shlex
 import streamlit as st
 
 from core.errors import LabError
-from core.page_models.slo_planner import chart_configs, column_name, config_label, serve_command, table_rows
+from core.page_models.slo_planner import (
+    chart_configs,
+    column_name,
+    config_label,
+    config_layout,
+    serve_command,
+    table_rows,
+)
 from core.page_models.slo_predict import missed_targets, percentile_rows
 from core.page_models.slo_rates import MAX_RATE_CONFIGS, bench_command
 from core.page_models.tasks import slo_curves, slo_highest_rates, slo_predict, slo_search
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from core.planning.slo_candidates import metric_label
-from core.serving.steady_state import SteadyStateSettings
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.jobs import run_job
+from ui.slo_levers_view import (
+    latency_text,
+    lever_inputs,
+    percentiles_caption,
+    show_agg_figures,
+    show_disagg_figures,
+    show_larger_kv,
+    show_lever_figures,
+)
 from ui.slo_planner_figures import latency_vs_rate_figure, percentiles_figure
 from ui.slo_planner_state import FIELDS, MODE_LABELS, TARGETS, params_from, predict_params_from, url_params
 from ui.url_widgets import UrlState
 
 state = UrlState("_slo_planner", FIELDS)
 TABLE_FORMATS = {"output tokens/s": "%.0f", "GPUs per req/s": "%.3g", "worst / target": "%.2f",
-                 "highest rate (req/s)": "%.3g"}  # fmt: skip
+                 "highest rate (req/s)": "%.3g", "tokens/s per GPU": "%.0f", "KV transfer (ms)": "%.3g"}  # fmt: skip
 
 
 def inputs() -> None:
@@ -50,6 +65,9 @@ def inputs() -> None:
             w(st.selectbox, "Engine (step-time profile)", "engine", help=ENGINE_HELP)
             w(st.checkbox, f"Find the highest rate of the top {MAX_RATE_CONFIGS} configurations", "rates",
               help="a bisection of steady-state predictions each: about 10 s per configuration on 2 CPU cores")  # fmt: skip
+            w(st.checkbox, "Disaggregated prefill / decode deployments too (slo --disagg)", "disagg_too",
+              help="x prefill workers and y decode workers, each its own TP, the KV cache moved between them; "
+              "ranked with the aggregated ones (at least 2 GPUs)")  # fmt: skip
         st.form_submit_button("Search", type="primary")
 
 
@@ -81,7 +99,11 @@ def show_config(config, meets: bool, params) -> None:
         st.warning(f"Closest configuration (misses the SLO): **{config_label(config)}**. {reason}.")
     c = st.columns([2, 1.2, 1.6, 1])
     c[0].metric("Deployment", f"{config.num_gpus} × {config.gpu_name}")
-    c[1].metric("TP × PP × replicas", f"{config.tp} × {config.pp} × {config.replicas}")
+    if config.mode == "disagg":
+        c[1].metric("Prefill + decode GPUs", f"{config.prefill_gpus} + {config.decode_gpus}",
+                    help=f"{config_layout(config)}; KV transfer {config.kv_transfer_s * 1e3:.3g} ms per request")  # fmt: skip
+    else:
+        c[1].metric("TP × PP × replicas", f"{config.tp} × {config.pp} × {config.replicas}")
     c[2].metric("Binding constraint", config.binding)
     c[3].metric("GPUs per request/s", f"{config.gpus_per_request_per_s:.3g}")
     c = st.columns([1, 1, 1, 1, 1.4])
@@ -98,6 +120,8 @@ def show_config(config, meets: bool, params) -> None:
         col.metric(f"{metric_label(key)} (predicted)", shown, help=target)
     throughput = config.throughput_tokens_per_s
     c[4].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
+    if config.tokens_per_s_per_gpu is not None:
+        st.caption(f"{config.tokens_per_s_per_gpu:,.0f} output tokens/s per GPU ({config.mode}).")
     left, right = st.columns(2)
     with left:
         st.markdown("`vllm serve` flags for this configuration:")
@@ -134,6 +158,11 @@ def show_curves(curves, params, meeting: bool) -> None:
         f"from 0.25x to 2x the target {params.rate:g} req/s (dotted line); dashed lines: the targets. The knee "
         "(✕ and a dashed line in the configuration's colour) is the first rate where queueing binds or the "
         f"throughput bound rules the rate out; a line stops where a bound ruled its points out. {knees}."
+        + (
+            " Disaggregated configurations are not drawn (two pools, not one curve): see the table."
+            if params.disagg
+            else ""
+        )
     )
 
 
@@ -154,7 +183,6 @@ def search_caption(plan) -> str:
     )
 
 
-STEADY = SteadyStateSettings()  # predict's own settings: the tolerance and cap its `converged` refers to
 PREDICT_COLUMNS = ("predicted (ms)", "95% interval low (ms)", "95% interval high (ms)", "target (ms)")
 LOAD_LABELS = {"rate": "request rate (Poisson)", "concurrency": "concurrent clients (closed loop)"}
 
@@ -190,13 +218,8 @@ def predict_inputs() -> None:
             w(st.number_input, "Seed (arrivals and lengths)", "seed")
         with c3:
             target_inputs(" (optional)")
+        lever_inputs(state.widget)
         st.form_submit_button("Predict", type="primary")
-
-
-def _latency(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
 def show_prediction(found, params) -> None:
@@ -213,39 +236,31 @@ def show_prediction(found, params) -> None:
         )
     elif missed_targets(p, targets):
         misses = "; ".join(
-            f"{k} {_latency(p[k])} against {_latency(targets[k])}" for k in missed_targets(p, targets)
+            f"{k} {latency_text(p[k])} against {latency_text(targets[k])}" for k in missed_targets(p, targets)
         )
         st.warning(f"At {at}, {name} misses the targets: {misses}.")
     else:
         st.success(f"At {at}, {name} is in steady state{' and meets every target' if targets else ''}.")
-    c = st.columns(6)
-    c[0].metric("Deployment", name)
-    c[1].metric("TP × PP × replicas", f"{params.tp} × {params.pp} × {params.replicas}")
-    throughput = p["throughput_tokens_per_s"]
-    c[2].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
-    c[3].metric("Mean running batch", f"{p['mean_running_batch']:.3g}", help="per replica")
-    c[4].metric("KV-limited", "yes" if p["kv_limited"] else "no",
-                help="the KV cache, not compute, held requests back: queueing for blocks or preemption")  # fmt: skip
-    c[5].metric("Converged", "yes" if p["converged"] else "no",
-                help=f"every percentile's 95% interval within {STEADY.tolerance:.0%} of its value")  # fmt: skip
+    if p["mode"] == "disagg":
+        show_disagg_figures(p)
+    else:
+        show_agg_figures(p, params)
+    show_lever_figures(p)
     cached_chart(st, percentiles_figure, p, targets)
-    st.caption(
-        f"Steady-state percentiles of one replica's simulation ({p['simulated_requests']:,} requests, "
-        f"{p['warmup_requests']:,} of warm-up dropped, {p['measured_requests']:,} measured); error bars: 95% "
-        "batch-means intervals; open bars: the targets. "
-        + (f"Converged: every interval is within {STEADY.tolerance:.0%} of its value." if p["converged"] else
-           f"Not converged: some interval is wider than {STEADY.tolerance:.0%} of its value at the "
-           f"{STEADY.max_requests:,}-request cap.")
-    )  # fmt: skip
+    st.caption(percentiles_caption(p))
     formats = {k: st.column_config.NumberColumn(format="%.4g") for k in PREDICT_COLUMNS}
     cached_dataframe(st, cached_value(percentile_rows, p, targets), width="stretch", column_config=formats)
+    if found.larger_kv:
+        show_larger_kv(found.larger_kv)
+    if p["mode"] == "disagg" and targets:
+        st.caption("No highest rate: `max-rate` takes one aggregated deployment, not two pools.")
     if found.max_rate is not None:
         m = found.max_rate
         c = st.columns(3)
         c[0].metric("Highest rate within the targets", f"{m['max_rate_req_per_s']:.3g} req/s")
         c[1].metric("Binding at the next rate", m["binding"])
         binding = m["binding"]
-        there = _latency(m.get(binding)) if binding in targets else "—"
+        there = latency_text(m.get(binding)) if binding in targets else "—"
         c[2].metric(
             "Binding target at the highest rate", there, help="its predicted value at the highest rate held"
         )
@@ -301,7 +316,9 @@ st.markdown(
     "state by the step-time model and the continuous-batching simulator, with latency against request rate and "
     "the highest rate each holds for the best configurations; or, for the deployment you run, its steady-state "
     "latency percentiles at your load and the highest rate it holds within your targets, with the `vllm bench "
-    "serve` command that checks it on your GPU. Every input is in the URL: copy it to share."
+    "serve` command that checks it on your GPU. The levers serving engineers pull are inputs: shared prefixes "
+    "and chats (through the simulator's real prefix cache), speculative decoding, disaggregated prefill / "
+    "decode. Every input is in the URL: copy it to share."
 )
 state.sync_from_url()
 mode = state.widget(st.radio, "Question", "mode", horizontal=True, format_func=MODE_LABELS.get)

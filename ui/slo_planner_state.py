@@ -15,10 +15,12 @@ from typing import Any
 
 from core.page_models.slo_planner import DEFAULT_PARAMS, SloPlannerParams
 from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, LOAD_KINDS, SloPredictParams
+from core.planning.disagg import KV_LINKS
 from core.planning.engine_profiles import ENGINES
 from core.planning.hardware import GPUS
 from core.planning.kv_accounting import KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES
 from core.planning.models import MODELS
+from core.planning.speculative import SPEC_METHODS
 from core.serving.latency import PERCENTILES
 from ui.query_state import Field, encode_params
 
@@ -60,6 +62,29 @@ def _target_fields() -> list[Field]:
     return fields
 
 
+DRAFT_DEFAULT = "phi-3-mini"  # the smallest preset: a draft model's role
+# the levers (predict mode): no lower bounds on lengths and counts, so a bad value reaches core's check, whose
+# message names the input (its CLI flag); speculative tokens 0 = no speculation
+LEVER_FIELDS = [
+    Field("prefix_len", P.shared_prefix_len, "int", maximum=1 << 22, step=100, label="shared prefix tokens"),
+    Field("prefixes", P.num_prefixes, "int", maximum=1 << 20, step=1, label="distinct prefixes"),
+    Field(
+        "zipf", P.prefix_zipf, "float", maximum=100.0, step=0.1, optional=True, label="prefix Zipf exponent"
+    ),
+    Field("turns", P.turns, "int", maximum=1000, step=1, label="turns per conversation"),
+    Field("turn_gap", P.turn_gap_s, "float", maximum=86_400.0, step=1.0, label="seconds between turns"),
+    Field("spec_k", P.spec_tokens, "int", maximum=16, step=1, label="speculative tokens"),
+    Field("spec_acc", P.spec_acceptance, "str", max_length=200, label="acceptance per position"),
+    Field("spec_method", P.spec_method, "choice", SPEC_METHODS, label="speculation method"),
+    Field("draft", DRAFT_DEFAULT, "choice", tuple(MODELS), label="draft model"),
+    Field("disagg", P.disagg, "bool", label="disaggregated prefill / decode"),
+    Field("p_workers", P.prefill_workers, "int", maximum=1024, step=1, label="prefill workers"),
+    Field("p_tp", P.prefill_tp, "int", maximum=64, step=1, label="prefill TP"),
+    Field("d_workers", P.decode_workers, "int", maximum=1024, step=1, label="decode workers"),
+    Field("d_tp", P.decode_tp, "int", maximum=64, step=1, label="decode TP"),
+    Field("kv_link", "auto", "choice", ("auto", *KV_LINKS), label="KV link"),
+]
+
 PREDICT_FIELDS = [
     Field("gpu", P.gpu, "choice", tuple(GPUS), label="GPU"),
     Field("tp", P.tp, "int", minimum=1, maximum=64, step=1, label="tensor parallel"),
@@ -70,6 +95,7 @@ PREDICT_FIELDS = [
     Field("weight_dtype", P.weight_dtype, "choice", WEIGHT_DTYPES, label="weight dtype"),
     Field("load", P.load_kind, "choice", LOAD_KINDS, label="load given as"),
     Field("clients", P.concurrency, "int", maximum=100_000, step=8, label="concurrent clients"),
+    *LEVER_FIELDS,
 ]
 
 FIELDS = [
@@ -102,6 +128,7 @@ FIELDS = [
     Field("kv", D.kv_dtypes, "multi", KV_DTYPES, label="KV cache dtypes"),
     Field("weights", D.weight_dtypes, "multi", WEIGHT_DTYPES, label="weight dtypes"),
     Field("rates", True, "bool", label="find the highest rates"),
+    Field("disagg_too", D.disagg, "bool", label="disaggregated deployments too"),
     *_target_fields(),
     Field("engine", D.engine, "choice", ENGINES, label="engine"),
     Field("seed", D.seed, "int", minimum=0, maximum=2**31 - 1, step=1, label="seed"),
@@ -110,7 +137,7 @@ FIELDS = [
 SHARED_KEYS = ("model", "rate", "prompt_len", "output_len", "spread", "ttft", "tpot_ms", "itl_ms", "e2e", "ttft_q",
                "tpot_q", "itl_q", "e2e_q", "engine", "seed")  # fmt: skip
 MODE_KEYS = {
-    "search": ("mode", *SHARED_KEYS, "gpus", "max_gpus", "kv", "weights", "rates"),
+    "search": ("mode", *SHARED_KEYS, "gpus", "max_gpus", "kv", "weights", "rates", "disagg_too"),
     "predict": ("mode", *SHARED_KEYS, *(f.key for f in PREDICT_FIELDS)),
 }
 
@@ -129,7 +156,7 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
         output_len=int(values["output_len"]), length_spread=float(values["spread"]), targets=targets_from(values),
         chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])), gpus=tuple(values["gpus"]),
         max_gpus=int(values["max_gpus"]), kv_dtypes=tuple(values["kv"]), weight_dtypes=tuple(values["weights"]),
-        engine=values["engine"], seed=int(values["seed"]),
+        engine=values["engine"], seed=int(values["seed"]), disagg=bool(values["disagg_too"]),
     )  # fmt: skip
 
 
@@ -149,12 +176,21 @@ def targets_from(values: dict[str, Any]) -> tuple[tuple[str, float], ...]:
 
 def predict_params_from(values: dict[str, Any]) -> SloPredictParams:
     """The predict mode's inputs as `SloPredictParams` (targets converted to seconds, each at its percentile).
-    Builds nothing that can fail: core's checks run in `SloPredictParams.check`."""
+    Builds nothing that can fail: core's checks run in `SloPredictParams.check`. The draft model counts only
+    for the draft-model method (None otherwise, as the CLI takes --draft-model)."""
     return SloPredictParams(
         model=values["model"], gpu=values["gpu"], tp=int(values["tp"]), pp=int(values["pp"]),
         replicas=int(values["replicas"]), max_num_seqs=int(values["seqs"]), weight_dtype=values["weight_dtype"],
         kv_dtype=values["kv_dtype"], engine=values["engine"], load_kind=values["load"], rate=float(values["rate"]),
         concurrency=int(values["clients"]), prompt_len=int(values["prompt_len"]),
         output_len=int(values["output_len"]), length_spread=float(values["spread"]), seed=int(values["seed"]),
-        targets=targets_from(values),
+        targets=targets_from(values), shared_prefix_len=int(values["prefix_len"]),
+        num_prefixes=int(values["prefixes"]), prefix_zipf=_optional(values["zipf"]), turns=int(values["turns"]),
+        turn_gap_s=float(values["turn_gap"]),
+        spec_tokens=int(values["spec_k"]), spec_acceptance=str(values["spec_acc"]).strip(),
+        spec_method=values["spec_method"],
+        draft_model=values["draft"] if values["spec_method"] == "draft-model" else None, disagg=bool(values["disagg"]),
+        prefill_workers=int(values["p_workers"]), prefill_tp=int(values["p_tp"]),
+        decode_workers=int(values["d_workers"]), decode_tp=int(values["d_tp"]),
+        kv_link=None if values["kv_link"] == "auto" else values["kv_link"],
     )  # fmt: skip

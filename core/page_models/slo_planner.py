@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
+from core.page_models.slo_predict import disagg_serve_command
+from core.planning.disagg import DisaggDeployment
 from core.planning.engine_profiles import DEFAULT_ENGINE
 from core.planning.hardware import GPUS
 from core.planning.models import get_model
@@ -35,7 +37,8 @@ class SloPlannerParams:
     TPOT, ITL, e2e: `Slo`'s fields); chart_percentiles: the (TTFT, TPOT) percentiles the chart and the answer
     show (the targets' own when they have one); rate in requests/s, lengths in tokens, seed the draw; engine:
     the profile pricing the steps; gpus / kv_dtypes / weight_dtypes: the values the search tries (each
-    configuration is simulated to its steady state)."""
+    configuration is simulated to its steady state); disagg: disaggregated prefill / decode deployments too
+    (`SloCandidates(disagg=True)`, ranked with the aggregated ones)."""
 
     model: str = "llama-3.1-8b"
     rate: float = 12.0
@@ -50,6 +53,7 @@ class SloPlannerParams:
     weight_dtypes: tuple[str, ...] = ("auto",)
     engine: str = DEFAULT_ENGINE
     seed: int = 0
+    disagg: bool = False
 
     def slo(self) -> Slo:
         return Slo.of(dict(self.targets))
@@ -60,7 +64,7 @@ class SloPlannerParams:
     def candidates(self) -> SloCandidates:
         return SloCandidates(
             gpus=self.gpus, max_gpus=self.max_gpus, kv_dtypes=self.kv_dtypes, weight_dtypes=self.weight_dtypes,
-            engine=self.engine,
+            engine=self.engine, disagg=self.disagg,
         )  # fmt: skip
 
     def chart_keys(self) -> tuple[str, str]:
@@ -112,9 +116,11 @@ def chart_configs(plan: SloPlan, count: int = CHART_CONFIGS) -> tuple[SloConfig,
     """The configurations the chart draws: the first `count` that meet the SLO, in rank order, one per deployment
     (GPU, tp, pp, replicas, KV and weight dtypes: a smaller max_num_seqs of the same deployment draws the same
     line until the knee), topped up, when fewer meet it, by the feasible ones closest to it (smallest
-    slo_ratio)."""
-    meeting = [c for c in plan.configs if c.meets_slo]
-    closest = sorted((c for c in plan.configs if c.feasible and not c.meets_slo), key=lambda c: c.slo_ratio)
+    slo_ratio). Aggregated only: a disaggregated configuration is two pools, not one curve `latency_curve`
+    draws (the ranked table shows them)."""
+    aggregated = [c for c in plan.configs if c.mode == "agg"]
+    meeting = [c for c in aggregated if c.meets_slo]
+    closest = sorted((c for c in aggregated if c.feasible and not c.meets_slo), key=lambda c: c.slo_ratio)
     chosen, seen = [], set()
     for config in [*meeting, *closest]:
         if _deployment(config) not in seen and len(chosen) < count:
@@ -165,7 +171,10 @@ class Curve:
 
 def config_label(config: SloConfig) -> str:
     """ "2 x H100 SXM 80GB, tp 2, max_num_seqs 256, KV fp8" (pp and replicas only when > 1, weights when not
-    auto)."""
+    auto); a disaggregated one with its split (`config_layout`)."""
+    if config.mode == "disagg":
+        return f"{config.num_gpus} x {config.gpu_name}, {config_layout(config)}, max_num_seqs " \
+               f"{config.max_num_seqs}, KV {config.kv_dtype}"  # fmt: skip
     parts = [f"{config.num_gpus} x {config.gpu_name}", f"tp {config.tp}"]
     if config.pp > 1:
         parts.append(f"pp {config.pp}")
@@ -213,8 +222,11 @@ def curves(
 
 def serve_command(params: SloPlannerParams, config: SloConfig) -> str:
     """The `vllm serve` flags of `config` (`core.planning.vllm_command` on the exact plan of the whole
-    deployment: --data-parallel-size for replicas, max_model_len the longest request)."""
+    deployment: --data-parallel-size for replicas, max_model_len the longest request); for a disaggregated
+    one its serve_note and each pool's flags (`slo_predict.disagg_serve_command`)."""
     cands = params.candidates()
+    if config.mode == "disagg":
+        return disagg_serve_command(disagg_deployment(params, config), params.workload())
     capacity = plan(
         get_model(params.model), GPUS[config.gpu], num_gpus=config.num_gpus, tensor_parallel=config.tp,
         pipeline_parallel=config.pp, weight_dtype=config.weight_dtype, kv_dtype=config.kv_dtype,
@@ -225,13 +237,33 @@ def serve_command(params: SloPlannerParams, config: SloConfig) -> str:
     return capacity.vllm_command
 
 
+def disagg_deployment(params: SloPlannerParams, config: SloConfig) -> DisaggDeployment:
+    """A disaggregated row as the `DisaggDeployment` the search evaluated (its pools, settings and engine)."""
+    cands = params.candidates()
+    return DisaggDeployment(
+        get_model(params.model), GPUS[config.gpu], config.prefill_workers, config.prefill_tp,
+        config.decode_workers, config.decode_tp, config.max_num_seqs, cands.max_num_batched_tokens,
+        config.weight_dtype, config.kv_dtype, cands.engine, cands.block_size, cands.gpu_memory_utilization,
+    )  # fmt: skip
+
+
+def config_layout(config: SloConfig) -> str:
+    """ "tp 2, pp 1, 2 replicas", or for a disaggregated one "1 prefill x tp 1 + 2 decode x tp 1"."""
+    if config.mode == "disagg":
+        return (f"{config.prefill_workers} prefill x tp {config.prefill_tp} + {config.decode_workers} decode x "
+                f"tp {config.decode_tp}")  # fmt: skip
+    return f"tp {config.tp}, pp {config.pp}, {config.replicas} replica(s)"
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
 def table_rows(plan: SloPlan, params: SloPlannerParams, rates: tuple = ()) -> list[dict]:
     """One row per evaluated configuration, in rank order, with units in the column names: the chart's TTFT and
-    TPOT percentiles, then every other target's, and (`rates`: `slo_rates.HighestRate`s) the highest rate within
+    TPOT percentiles, then every other target's, the mode ("agg" | "disagg"), prefill / decode GPUs and the KV
+    transfer per request (disaggregated rows; None for aggregated), output tokens/s and tokens/s per GPU, and
+    (`rates`: `slo_rates.HighestRate`s) the highest rate within
     the targets of the configurations it was computed for (None elsewhere)."""
     ttft_key, tpot_key = params.chart_keys()
     others = [k for k, _ in params.targets if k not in (ttft_key, tpot_key)]
@@ -245,7 +277,9 @@ def table_rows(plan: SloPlan, params: SloPlannerParams, rates: tuple = ()) -> li
         for key in others:
             value = getattr(c, key)
             row[column_name(key)] = value if key.startswith(("ttft", "e2e")) else _ms(value)
-        row |= {"output tokens/s": c.throughput_tokens_per_s, "binding": c.binding,
+        row |= {"mode": c.mode, "prefill GPUs": c.prefill_gpus, "decode GPUs": c.decode_gpus,
+                "KV transfer (ms)": _ms(c.kv_transfer_s), "output tokens/s": c.throughput_tokens_per_s,
+                "tokens/s per GPU": c.tokens_per_s_per_gpu, "binding": c.binding,
                 "highest rate (req/s)": highest.get(rate_key(c)), "converged": c.converged,
                 "KV-limited": c.kv_limited, "GPUs per req/s": c.gpus_per_request_per_s,
                 "worst / target": c.slo_ratio, "why": c.reason}  # fmt: skip
@@ -260,6 +294,7 @@ def column_name(key: str) -> str:
 
 
 def rate_key(config: SloConfig) -> tuple:
-    """What a highest rate depends on besides the workload and targets: the deployment and its max_num_seqs."""
+    """What a highest rate depends on besides the workload and targets: the deployment and its max_num_seqs
+    (and its mode: a disaggregated row's decode tp / workers never stand for an aggregated deployment)."""
     return (config.gpu, config.tp, config.pp, config.replicas, config.max_num_seqs, config.kv_dtype,
-            config.weight_dtype)  # fmt: skip
+            config.weight_dtype, config.mode)  # fmt: skip

@@ -14,15 +14,18 @@ Invariants:
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.errors import InvalidArgumentError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.planning.disagg import DisaggDeployment, predict_disagg
 from core.planning.engine_profiles import DEFAULT_ENGINE
 from core.planning.load import Load
 from core.planning.max_rate import check_targets, max_rate
 from core.planning.plan import plan
 from core.planning.predict import Deployment, predict
+from core.planning.slo_disagg import SERVE_NOTE
+from core.planning.speculative import Speculation
 from core.planning.vllm_command import bench_num_prompts, vllm_bench_serve_command
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
@@ -55,11 +58,55 @@ class SloPredictParams:
     length_spread: float = 0.0
     seed: int = 0
     targets: tuple[tuple[str, float], ...] = (("ttft_p95_s", 1.0), ("tpot_p95_s", 0.05))
+    shared_prefix_len: int = 0
+    num_prefixes: int = 1
+    prefix_zipf: float | None = None
+    turns: int = 1
+    turn_gap_s: float = 10.0
+    spec_tokens: int = 0
+    spec_acceptance: str = ""
+    spec_method: str = "ngram"
+    draft_model: str | None = None
+    disagg: bool = False
+    prefill_workers: int = 1
+    prefill_tp: int = 1
+    decode_workers: int = 1
+    decode_tp: int = 1
+    kv_link: str | None = None
+
+    def speculation(self) -> Speculation | None:
+        """The `Speculation` of spec_tokens (0: none) and spec_acceptance ("a1,...,aK", as --spec-acceptance);
+        draft_model counts only for spec_method "draft-model". Raises InvalidArgumentError naming the flag."""
+        if self.spec_tokens == 0:
+            return None
+        try:
+            parts = self.spec_acceptance.split(",") if self.spec_acceptance.strip() else []
+            rates = tuple(float(part) for part in parts)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"--spec-acceptance must be comma-separated numbers in [0, 1], got {self.spec_acceptance!r}"
+            ) from None
+        draft = self.draft_model if self.spec_method == "draft-model" else None
+        return Speculation(self.spec_tokens, rates, self.spec_method, draft)
 
     def deployment(self) -> Deployment:
         return Deployment(
             self.model, self.gpu, self.tp, self.pp, self.replicas, self.max_num_seqs, self.max_num_batched_tokens,
-            self.weight_dtype, self.kv_dtype, self.engine,
+            self.weight_dtype, self.kv_dtype, self.engine, speculation=self.speculation(),
+        )  # fmt: skip
+
+    def disagg_deployment(self) -> DisaggDeployment:
+        """The disaggregated deployment (prefill / decode workers and TPs; as `predict --disagg`). Raises
+        InvalidArgumentError for speculation or PP > 1, which it does not take (each pool is TP only)."""
+        if self.spec_tokens != 0 or self.pp != 1:
+            raise InvalidArgumentError(
+                "--disagg takes neither --spec-tokens nor --pp (each pool is tp-only): set speculative tokens "
+                "to 0 and PP to 1"
+            )
+        return DisaggDeployment(
+            self.model, self.gpu, self.prefill_workers, self.prefill_tp, self.decode_workers, self.decode_tp,
+            self.max_num_seqs, self.max_num_batched_tokens, self.weight_dtype, self.kv_dtype, self.engine,
+            kv_link=self.kv_link,
         )  # fmt: skip
 
     def load(self) -> Load:
@@ -67,9 +114,13 @@ class SloPredictParams:
             raise InvalidArgumentError(
                 f"load_kind must be one of {', '.join(LOAD_KINDS)}, got {self.load_kind!r}"
             )
+        levers = {"shared_prefix_len": self.shared_prefix_len, "num_prefixes": self.num_prefixes,
+                  "prefix_zipf": self.prefix_zipf, "turns": self.turns, "turn_gap_s": self.turn_gap_s}  # fmt: skip
         if self.load_kind == "rate":
-            return Load(self.rate, self.prompt_len, self.output_len, self.length_spread, self.seed)
-        return Load(None, self.prompt_len, self.output_len, self.length_spread, self.seed, self.concurrency)
+            return Load(self.rate, self.prompt_len, self.output_len, self.length_spread, self.seed, **levers)
+        return Load(
+            None, self.prompt_len, self.output_len, self.length_spread, self.seed, self.concurrency, **levers
+        )
 
     def targets_dict(self) -> dict[str, float]:
         """The targets, checked as `max_rate` checks them ({} for none)."""
@@ -77,7 +128,7 @@ class SloPredictParams:
 
     def check(self) -> None:
         """Raise core's InvalidArgumentError for any bad input (before a job is submitted)."""
-        self.deployment()
+        self.disagg_deployment() if self.disagg else self.deployment()
         self.load()
         self.targets_dict()
 
@@ -91,6 +142,7 @@ class SloPredictParams:
             "--output-len", str(self.output_len), "--length-spread", repr(float(self.length_spread)),
             "--seed", str(self.seed),
         ]  # fmt: skip
+        common += self._lever_args()
         load = (
             ["--rate", repr(float(self.rate))]
             if self.load_kind == "rate"
@@ -100,7 +152,32 @@ class SloPredictParams:
         targets = [
             word for flag, (_, value) in zip(flags, self.targets, strict=True) for word in (flag, repr(value))
         ]
+        if self.disagg:
+            return [*common, *load, *self._disagg_args()], []
         return common + load, common + targets
+
+    def _lever_args(self) -> list[str]:
+        """The prefix and speculation flags that differ from the CLI's defaults."""
+        args = []
+        for flag, value, default in (("--shared-prefix-len", self.shared_prefix_len, 0),
+                                     ("--num-prefixes", self.num_prefixes, 1), ("--turns", self.turns, 1)):  # fmt: skip
+            if value != default:
+                args += [flag, str(value)]
+        if self.prefix_zipf is not None:
+            args += ["--prefix-zipf", repr(float(self.prefix_zipf))]
+        if self.turn_gap_s != 10.0:
+            args += ["--turn-gap", repr(float(self.turn_gap_s))]
+        if self.spec_tokens:
+            args += ["--spec-tokens", str(self.spec_tokens), "--spec-acceptance", self.spec_acceptance,
+                     "--spec-method", self.spec_method]  # fmt: skip
+            if self.spec_method == "draft-model" and self.draft_model is not None:
+                args += ["--draft-model", self.draft_model]
+        return args
+
+    def _disagg_args(self) -> list[str]:
+        return ["--disagg", "--prefill-workers", str(self.prefill_workers), "--prefill-tp", str(self.prefill_tp),
+                "--decode-workers", str(self.decode_workers), "--decode-tp", str(self.decode_tp),
+                *(["--kv-link", self.kv_link] if self.kv_link is not None else [])]  # fmt: skip
 
 
 DEFAULT_PREDICT_PARAMS = SloPredictParams()
@@ -109,16 +186,20 @@ DEFAULT_PREDICT_PARAMS = SloPredictParams()
 @dataclass(frozen=True, eq=False)
 class DeploymentAnswer:
     """One deployment's answer. prediction: the JSON object `predict` prints (every percentile key, the
-    intervals, converged, stable, kv_limited, throughput, ...); max_rate: the one `max-rate` prints
-    (max_rate_req_per_s, binding, evaluations, the percentiles there), None without targets; serve_command /
-    bench_command: `vllm serve` for the whole deployment and `vllm bench serve` replaying the load in
-    `num_prompts` requests."""
+    intervals, converged, stable, kv_limited, throughput, prefix_hit_rate, mean_accepted_len, ...; for a
+    disaggregated deployment `predict --disagg`'s: mode, prefill_gpus, decode_gpus, kv_transfer_s, ...), with
+    tokens_per_s_per_gpu added for an aggregated one (throughput / num_gpus); max_rate: the one `max-rate`
+    prints (max_rate_req_per_s, binding, evaluations, the percentiles there), None without targets or when
+    disaggregated (max-rate takes one aggregated deployment); serve_command / bench_command: `vllm serve` for
+    the whole deployment (disaggregated: SERVE_NOTE and each pool's flags) and `vllm bench serve` replaying the
+    load in `num_prompts` requests; larger_kv: `larger_kv_rows` when prompts share tokens (aggregated only)."""
 
     prediction: dict
     max_rate: dict | None
     serve_command: str
     bench_command: str
     num_prompts: int
+    larger_kv: tuple[dict, ...] = ()
 
 
 def finite(value):
@@ -155,12 +236,16 @@ def in_flight(stable: bool, mean_e2e_s: float | None, deployment: Deployment, lo
 
 
 def deployment_answer(params: SloPredictParams, progress: Callable[[float, str], None]) -> DeploymentAnswer:
-    """`predict` of the inputs, then (with targets) `max_rate`, and the two vLLM commands (class docstring).
-    Raises InvalidArgumentError for bad inputs or a deployment that does not fit in memory (the planner's
-    verdict)."""
+    """`predict` of the inputs, then (with targets) `max_rate`, the larger-KV comparison when prompts share
+    tokens, and the two vLLM commands (class docstring); a disaggregated deployment: `predict_disagg` and the
+    commands. Raises InvalidArgumentError for bad inputs or a deployment that does not fit in memory (the
+    planner's verdict)."""
+    if params.disagg:
+        return disagg_answer(params, progress)
     deployment, load, targets = params.deployment(), params.load(), params.targets_dict()
     progress(0.0, "predicting the steady state at this load")
     prediction = finite(predict(deployment, load).to_dict())
+    prediction["tokens_per_s_per_gpu"] = per_gpu(prediction["throughput_tokens_per_s"], deployment.num_gpus)
     found = None
     if targets:
         progress(0.4, "bisecting for the highest rate within the targets")
@@ -168,12 +253,89 @@ def deployment_answer(params: SloPredictParams, progress: Callable[[float, str],
         found = {"max_rate_req_per_s": rate.max_req_per_s, "binding": rate.binding, "targets": targets,
                  "evaluations": rate.evaluations, "deployment": deployment.flags()}  # fmt: skip
         found = finite(found | (rate.at.to_dict() if rate.at is not None else {}))
+    larger = ()
+    if load.uses_prefix_cache:
+        progress(0.7, "predicting the same load with a larger KV cache")
+        larger = larger_kv_rows(params, prediction)
     progress(0.95, "writing the vLLM commands")
     num_prompts = bench_num_prompts(
         load, in_flight(prediction["stable"], prediction["mean_e2e_s"], deployment, load)
     )
-    bench = vllm_bench_serve_command(deployment.model_spec, load, num_prompts, STEADY_METRICS, PERCENTILES)
-    return DeploymentAnswer(prediction, found, serve_command(deployment, load), bench, num_prompts)
+    bench = bench_command(deployment.model_spec, load, num_prompts)
+    return DeploymentAnswer(prediction, found, serve_command(deployment, load), bench, num_prompts, larger)
+
+
+def bench_command(model_spec, load: Load, num_prompts: int) -> str:
+    """`vllm bench serve` replaying `load`; for shared prefixes, which its random dataset cannot replay (one fixed
+    prefix, not num_prefixes drawn uniformly or by Zipf), a comment saying so instead."""
+    if load.shared_prefix_len:
+        return (
+            "# no vllm bench serve --dataset-name random equivalent: its random dataset has one fixed prefix, "
+            f"not {load.num_prefixes} prefix(es) of {load.shared_prefix_len} tokens drawn as the lab draws them"
+        )
+    return vllm_bench_serve_command(model_spec, load, num_prompts, STEADY_METRICS, PERCENTILES)
+
+
+def per_gpu(throughput: float | None, num_gpus: int) -> float | None:
+    return None if throughput is None else throughput / num_gpus
+
+
+def disagg_answer(params: SloPredictParams, progress: Callable[[float, str], None]) -> DeploymentAnswer:
+    """`predict_disagg` of the inputs (as `predict --disagg` prints it), each pool's `vllm serve` flags under
+    SERVE_NOTE and the `vllm bench serve` command (prompts sized from rate x the median end-to-end latency)."""
+    deployment, load = params.disagg_deployment(), params.load()
+    params.targets_dict()
+    progress(0.0, "predicting the prefill and decode pools' steady states")
+    prediction = finite(predict_disagg(deployment, load).to_dict())
+    progress(0.95, "writing the vLLM commands")
+    serve = disagg_serve_command(deployment, load)
+    flying = in_flight(prediction["stable"], prediction.get("e2e_p50_s"), deployment.decode, load)
+    num_prompts = bench_num_prompts(load, flying)
+    bench = bench_command(deployment.decode.model_spec, load, num_prompts)
+    return DeploymentAnswer(prediction, None, serve, bench, num_prompts)
+
+
+def disagg_serve_command(deployment: DisaggDeployment, load: Load) -> str:
+    """SERVE_NOTE as a comment, then each pool's `vllm serve` flags (its workers as --data-parallel-size)."""
+    pools = ((deployment.prefill, "prefill", deployment.prefill_workers),
+             (deployment.decode, "decode", deployment.decode_workers))  # fmt: skip
+    return f"# {SERVE_NOTE}\n" + "\n".join(
+        f"# {name} pool: {workers} worker(s) of tp {pool.tp}\n{serve_command(pool, load)}"
+        for pool, name, workers in pools
+    )
+
+
+def larger_kv_deployments(params: SloPredictParams) -> list[tuple[str, SloPredictParams]]:
+    """(label, inputs) of the same deployment with a larger KV cache: fp8 KV (unless it is fp8 already), and
+    twice the GPUs: tp x 2 when the model allows it (each replica's cache more than doubles: the weights are
+    split over twice the GPUs), else replicas x 2 (the same cache per replica, each at half the load)."""
+    options = []
+    if params.kv_dtype != "fp8":
+        options.append(("fp8 KV cache", replace(params, kv_dtype="fp8")))
+    doubled = replace(params, tp=params.tp * 2)
+    try:
+        doubled.deployment()
+        options.append((f"2x GPUs: tp {doubled.tp} (was {params.tp})", doubled))
+    except InvalidArgumentError:
+        wider = replace(params, replicas=params.replicas * 2)
+        options.append((f"2x GPUs: {wider.replicas} replicas (was {params.replicas})", wider))
+    return options
+
+
+def larger_kv_rows(params: SloPredictParams, prediction: dict) -> tuple[dict, ...]:
+    """One row per deployment (as given, then `larger_kv_deployments`): GPUs, KV slots per replica,
+    prefix_hit_rate, TTFT p50 / p99 in seconds, stable; each `predict`'s own figures on the same load."""
+    rows = [_kv_row("as given", params.deployment().num_gpus, prediction)]
+    for label, other in larger_kv_deployments(params):
+        deployment = other.deployment()
+        rows.append(_kv_row(label, deployment.num_gpus, finite(predict(deployment, other.load()).to_dict())))
+    return tuple(rows)
+
+
+def _kv_row(label: str, num_gpus: int, p: dict) -> dict:
+    return {"deployment": label, "GPUs": num_gpus, "KV slots per replica": p["kv_tokens"],
+            "prefix-hit rate": p["prefix_hit_rate"], "TTFT p50 (s)": p["ttft_p50_s"],
+            "TTFT p99 (s)": p["ttft_p99_s"], "steady state": p["stable"]}  # fmt: skip
 
 
 def _ms(seconds) -> float | None:
@@ -182,12 +344,13 @@ def _ms(seconds) -> float | None:
 
 def percentile_rows(prediction: dict, targets: dict[str, float]) -> list[dict]:
     """One row per percentile key (TTFT, TPOT, ITL, e2e at p50 ... p99): the prediction and its 95% interval
-    in milliseconds, the target (None: none) and whether the prediction meets it (None without a target)."""
+    in milliseconds (no interval for a disaggregated prediction: its parts are summed), the target (None: none)
+    and whether the prediction meets it (None without a target)."""
     rows = []
     for metric in STEADY_METRICS:
         for q in PERCENTILES:
             key = f"{metric}_p{q}_s"
-            low, high = prediction["intervals"].get(key, (None, None))
+            low, high = prediction.get("intervals", {}).get(key, (None, None))
             value, target = prediction.get(key), targets.get(key)
             meets = None if target is None else value is not None and value <= target
             rows.append({"metric": metric, "percentile": f"p{q}", "predicted (ms)": _ms(value),

@@ -12,7 +12,7 @@ deployment and its max_num_seqs), by which the ranked table finds its row.
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.page_models.slo_planner import SloPlannerParams, config_label, rate_key
+from core.page_models.slo_planner import SloPlannerParams, config_label, disagg_deployment, rate_key
 from core.page_models.slo_predict import in_flight
 from core.planning.max_rate import max_rate
 from core.planning.slo import config_deployment
@@ -58,6 +58,11 @@ def bench_command(params: SloPlannerParams, config: SloConfig) -> str:
     sized from the requests in flight (rate x the configuration's median end-to-end latency, a stand-in for the
     mean the search does not keep; all it can run when it does not keep up)."""
     load = params.workload()
-    deployment = config_deployment(params.model, config, params.candidates())
+    if (
+        config.mode == "disagg"
+    ):  # the client sees one endpoint: sized on the decode pool, which holds requests
+        deployment = disagg_deployment(params, config).decode
+    else:
+        deployment = config_deployment(params.model, config, params.candidates())
     flying = in_flight(config.simulated and config.stable, config.e2e_p50_s, deployment, load)
     return vllm_bench_serve_command(deployment.model_spec, load, bench_num_prompts(load, flying))

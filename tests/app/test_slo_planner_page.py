@@ -82,13 +82,14 @@ def test_defaults_show_the_best_configuration_of_plan_slo():
         "spread": "0", "ttft": "1", "tpot_ms": "50", "itl_ms": "auto", "e2e": "auto", "ttft_q": "95",
         "tpot_q": "95", "itl_q": "99", "e2e_q": "99", "engine": "vllm", "seed": "0",
         "gpus": "h100-80gb,h200-141gb,l40s", "max_gpus": "8", "kv": "auto,fp8", "weights": "auto", "rates": "1",
+        "disagg_too": "0",
     }  # fmt: skip
 
 
 SHARED = {"mode": "search", "model": "qwen2.5-7b", "rate": "6", "prompt_len": "1000", "output_len": "200",
           "spread": "0.2", "ttft": "0.5", "tpot_ms": "40", "itl_ms": "auto", "e2e": "auto", "ttft_q": "95",
           "tpot_q": "95", "itl_q": "99", "e2e_q": "99", "engine": "vllm", "seed": "0", "gpus": "l40s,h100-80gb",
-          "max_gpus": "4", "kv": "fp8", "weights": "auto", "rates": "0"}  # fmt: skip
+          "max_gpus": "4", "kv": "fp8", "weights": "auto", "rates": "0", "disagg_too": "0"}  # fmt: skip
 
 
 def test_a_shared_url_reproduces_its_inputs_and_answer():

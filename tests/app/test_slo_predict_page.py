@@ -12,9 +12,11 @@ import shlex
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from core.planning.disagg import DisaggDeployment, predict_disagg
 from core.planning.load import Load
 from core.planning.predict import Deployment, predict
 from core.planning.predict_cli import max_rate_main, predict_main
+from core.planning.speculative import Speculation
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
 from tests.conftest import ROOT
@@ -24,7 +26,10 @@ TINY = {"mode": "predict", "model": "qwen2.5-7b", "rate": "12", "prompt_len": "1
         "spread": "0", "ttft": "auto", "tpot_ms": "auto", "gpu": "l40s", "tp": "1", "pp": "1", "replicas": "1",
         "seqs": "1", "kv_dtype": "auto", "weight_dtype": "auto", "engine": "vllm", "load": "concurrency",
         "clients": "2", "seed": "0", "itl_ms": "auto", "e2e": "0.5", "ttft_q": "95", "tpot_q": "95",
-        "itl_q": "99", "e2e_q": "50"}  # fmt: skip
+        "itl_q": "99", "e2e_q": "50", "prefix_len": "0", "prefixes": "1", "zipf": "auto", "turns": "1", "turn_gap": "10",
+        "spec_k": "0", "spec_acc": "", "spec_method": "ngram", "draft": "phi-3-mini", "disagg": "0",
+        "p_workers": "1", "p_tp": "1", "d_workers": "1", "d_tp": "1", "kv_link": "auto"}  # fmt: skip
+NO_TARGETS = {"e2e": "auto"}  # no highest rate to bisect where it is not what a test checks
 
 
 def open_page(params: dict[str, str]) -> AppTest:
@@ -104,10 +109,23 @@ def test_the_page_shows_what_predict_and_the_cli_give(capsys):
         ({"load": "rate", "rate": "-1"}, "rate (requests/s)"),
         ({"load": "concurrency", "clients": "0"}, "concurrency (clients)"),
         ({"e2e": "0"}, "e2e_p50_s"),
+        ({"prefix_len": "-1"}, "--shared-prefix-len"),  # a negative length
+        ({"prefix_len": "17"}, "--shared-prefix-len 17 is longer than the shortest prompt (16"),
+        ({"prefix_len": "8", "prefixes": "0"}, "--num-prefixes"),
+        ({"prefix_len": "8", "zipf": "-1"}, "--prefix-zipf"),
+        ({"turns": "0"}, "--turns"),
+        ({"turns": "2", "turn_gap": "0"}, "--turn-gap"),
+        ({"spec_k": "2", "spec_acc": "0.8,1.5"}, "--spec-acceptance rates must be in [0, 1], got 1.5"),
+        ({"spec_k": "2", "spec_acc": "0.8,x"}, "--spec-acceptance must be comma-separated numbers"),
+        ({"spec_k": "2", "spec_acc": "0.8"}, "--spec-acceptance needs one rate per draft token"),
+        ({"spec_k": "-1", "spec_acc": "0.8"}, "--spec-tokens"),
+        ({"disagg": "1", "spec_k": "1", "spec_acc": "0.5"}, "--disagg takes neither --spec-tokens"),
+        ({"disagg": "1", "d_workers": "0"}, "replicas"),
+        ({"disagg": "1", "kv_link": "network"}, "L40S has no known network bandwidth"),
     ],
 )
 def test_bad_input_is_an_error_naming_it(params, named):
-    at = open_page(TINY | params)
+    at = open_page(TINY | NO_TARGETS | params)
     [error] = at.error
     assert error.value.startswith("Cannot predict: ") and named in error.value
     assert not at.metric and not at.dataframe
@@ -123,3 +141,71 @@ def test_an_unknown_engine_in_the_url_is_named_and_replaced():
     at = open_page(TINY | {"engine": "sglang"})
     assert any("`engine`" in e.value and "vllm, trtllm" in e.value for e in at.error)
     assert query(at)["engine"] == "vllm" and at.dataframe
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_shared_prefixes_show_the_hit_rate_beside_ttft_and_what_a_larger_kv_cache_does(capsys):
+    levers = {"prompt_len": "64", "prefix_len": "48", "prefixes": "2", "zipf": "1.2"}  # 3 of 4 blocks shared
+    at = open_page(TINY | NO_TARGETS | levers)
+    assert not at.error and query(at) == TINY | NO_TARGETS | levers
+    load = Load(None, 64, 1, concurrency=2, shared_prefix_len=48, num_prefixes=2, prefix_zipf=1.2)
+    ref = predict(Deployment("qwen2.5-7b", "l40s", max_num_seqs=1), load).to_dict()
+    assert 0 < ref["prefix_hit_rate"] < 1
+    shown = metrics(at)
+    assert shown["Prefix-hit rate"] == f"{ref['prefix_hit_rate']:.3f}"
+    assert shown["TTFT p50 (predicted)"] == f"{ref['ttft_p50_s'] * 1e3:.3g} ms"
+    assert shown["Output tokens/s per GPU"] == f"{ref['throughput_tokens_per_s']:,.0f}"  # one GPU
+    _, larger = at.dataframe
+    rows = larger.value.set_index("deployment")
+    for label, deployment in (("fp8 KV cache", Deployment("qwen2.5-7b", "l40s", max_num_seqs=1, kv_dtype="fp8")),
+                              ("2x GPUs: tp 2 (was 1)", Deployment("qwen2.5-7b", "l40s", tp=2, max_num_seqs=1))):  # fmt: skip
+        other = predict(deployment, load)
+        assert rows.loc[label, "prefix-hit rate"] == pytest.approx(
+            other.to_dict()["prefix_hit_rate"], rel=1e-12
+        )
+        assert rows.loc[label, "TTFT p99 (s)"] == pytest.approx(other.metrics["ttft_p99_s"], rel=1e-12)
+        assert rows.loc[label, "KV slots per replica"] == other.kv_tokens
+    assert (
+        rows.loc["fp8 KV cache", "KV slots per replica"] == 2 * rows.loc["as given", "KV slots per replica"]
+    )
+    printed = cli_json(predict_main, at.code[0].value, capsys)  # the printed command carries the levers
+    assert printed["prefix_hit_rate"] == pytest.approx(ref["prefix_hit_rate"], rel=1e-12)
+    assert at.code[2].value.startswith(
+        "# no vllm bench serve"
+    )  # its random dataset cannot replay the prefixes
+
+
+def test_speculation_shows_the_mean_accepted_length_and_its_tpot(capsys):
+    levers = {"output_len": "6", "spec_k": "2", "spec_acc": "0.8,0.5", "spec_method": "eagle"}
+    at = open_page(TINY | NO_TARGETS | levers)
+    assert not at.error
+    spec = Speculation(2, (0.8, 0.5), "eagle")
+    ref = predict(Deployment("qwen2.5-7b", "l40s", max_num_seqs=1, speculation=spec),
+                  Load(None, 16, 6, concurrency=2)).to_dict()  # fmt: skip
+    assert metrics(at)["Mean accepted length"] == "2.2 tokens/step"  # 1 + 0.8 + 0.8 x 0.5
+    rows = at.dataframe[0].value.set_index(["metric", "percentile"])
+    assert rows.loc[("tpot", "p50"), "predicted (ms)"] == pytest.approx(ref["tpot_p50_s"] * 1e3, rel=1e-12)
+    printed = cli_json(predict_main, at.code[0].value, capsys)
+    assert printed["mean_accepted_len"] == pytest.approx(2.2) and printed["tpot_p50_s"] == pytest.approx(
+        ref["tpot_p50_s"], rel=1e-12
+    )
+
+
+def test_disaggregated_shows_how_the_gpus_split_and_the_kv_transfer(capsys):
+    levers = {"output_len": "4", "disagg": "1", "p_workers": "1", "d_workers": "2", "kv_link": "nvlink"}
+    at = open_page(TINY | NO_TARGETS | levers)
+    assert not at.error
+    deployment = DisaggDeployment("qwen2.5-7b", "l40s", 1, 1, 2, 1, max_num_seqs=1, kv_link="nvlink")
+    ref = predict_disagg(deployment, Load(None, 16, 4, concurrency=2)).to_dict()
+    shown = metrics(at)
+    assert shown["Mode"] == "disagg" and shown["Prefill / decode GPUs"] == "1 + 2"
+    assert shown["KV transfer per request"] == f"{ref['kv_transfer_s'] * 1e3:.3g} ms"
+    assert shown["Output tokens/s per GPU"] == f"{ref['tokens_per_s_per_gpu']:,.0f}"
+    rows = at.dataframe[0].value.set_index(["metric", "percentile"])
+    assert rows.loc[("ttft", "p99"), "predicted (ms)"] == pytest.approx(ref["ttft_p99_s"] * 1e3, rel=1e-12)
+    cli, serve, _ = (c.value for c in at.code)
+    assert cli_json(predict_main, cli, capsys)["kv_transfer_s"] == pytest.approx(ref["kv_transfer_s"])
+    assert serve.startswith("# disaggregated") and serve.count("\nvllm serve") == 2  # one per pool

@@ -6,9 +6,12 @@ A tiny search (one L40S, 64 / 8 tokens at 2 req/s) keeps it to a few seconds."""
 
 import json
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from core.errors import SloInfeasibleError
+from core.page_models.slo_planner import SloPlannerParams, search, serve_command, table_rows
 from core.planning.load import Load
 from core.planning.predict_cli import max_rate_main
 from core.planning.slo import Slo, SloCandidates, plan_slo
@@ -64,3 +67,51 @@ def test_targets_on_any_percentile_and_the_engine_reach_the_search_and_the_highe
         assert printed["max_rate_req_per_s"] > 2.0  # it meets the targets at 2 req/s, so holds more
     bench = at.code[1].value
     assert "--request-rate 2 " in bench and "--random-output-len 8 " in bench
+
+
+def test_disaggregated_too_ranks_both_kinds_side_by_side():
+    # 90 req/s of 256 / 8 tokens on up to 2 L40S: no deployment holds it, so every one is evaluated (agg and the
+    # disaggregated 1 + 1) in a fraction of a second, each ruled out by a bound
+    params = SMALL | {"rate": "90", "prompt_len": "256", "ttft": "0.5", "max_gpus": "2", "disagg_too": "1",
+                      "rates": "0"}  # fmt: skip
+    at = open_page(params)
+    assert at.query_params["disagg_too"] == "1"
+    cands = SloCandidates(gpus=("l40s",), max_gpus=2, kv_dtypes=("auto",), engine="trtllm", disagg=True)
+    with pytest.raises(SloInfeasibleError) as infeasible:
+        plan_slo("qwen2.5-7b", Load(90.0, 256, 8), Slo(ttft_p99_s=0.5, e2e_p90_s=2.0), cands)
+    plan = infeasible.value.plan
+    assert [e.value for e in at.error] == [str(infeasible.value)]
+    [table] = at.dataframe
+    rows = table.value
+    assert len(rows) == len(plan.configs) and set(rows["mode"]) == {"agg", "disagg"}
+    for (_, row), config in zip(rows.iterrows(), plan.configs, strict=True):
+        assert (row["mode"], row["GPUs"], row["TP"]) == (config.mode, config.num_gpus, config.tp)
+        for column, key in (("prefill GPUs", "prefill_gpus"), ("decode GPUs", "decode_gpus"),
+                            ("tokens/s per GPU", "tokens_per_s_per_gpu")):  # fmt: skip
+            assert (
+                pd.isna(row[column]) if getattr(config, key) is None else row[column] == getattr(config, key)
+            )
+        transfer = config.kv_transfer_s
+        assert (
+            pd.isna(row["KV transfer (ms)"])
+            if transfer is None
+            else row["KV transfer (ms)"] == transfer * 1e3
+        )
+    [disagg] = rows[rows["mode"] == "disagg"].to_dict("records")
+    assert (disagg["prefill GPUs"], disagg["decode GPUs"]) == (1, 1) and disagg["KV transfer (ms)"] > 0
+
+
+def test_the_table_s_tokens_per_gpu_and_a_disaggregated_serve_note():
+    # 9 req/s of 1,000 / 8 tokens: every 2-GPU layout is simulated, the disaggregated 1 + 1 among them
+    params = SloPlannerParams(model="qwen2.5-7b", rate=9.0, prompt_len=1000, output_len=8,
+                              targets=(("ttft_p99_s", 1.0), ("e2e_p90_s", 3.0)), gpus=("l40s",), max_gpus=2,
+                              kv_dtypes=("auto",), engine="trtllm", disagg=True)  # fmt: skip
+    plan = search(params).plan
+    rows = table_rows(plan, params)
+    simulated = [(r, c) for r, c in zip(rows, plan.configs, strict=True) if c.simulated]
+    assert {c.mode for _, c in simulated} == {"agg", "disagg"}
+    for row, config in simulated:
+        assert row["tokens/s per GPU"] == pytest.approx(row["output tokens/s"] / config.num_gpus, rel=1e-12)
+    [disagg] = [c for c in plan.configs if c.mode == "disagg"]
+    serve = serve_command(params, disagg)  # a disaggregated best shows its note and both pools' flags
+    assert serve.startswith(f"# {disagg.serve_note}") and serve.count("\nvllm serve") == 2

@@ -5,8 +5,10 @@ import pytest
 
 from core.page_models.slo_planner import DEFAULT_PARAMS
 from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, missed_targets, percentile_rows
+from core.planning.disagg import DisaggDeployment
 from core.planning.load import Load
 from core.planning.predict import Deployment, predict
+from core.planning.speculative import Speculation
 from core.serving.latency import PERCENTILES
 from ui.query_state import parse_params
 from ui.slo_planner_figures import PERCENTILE_PANELS, percentiles_figure
@@ -69,3 +71,26 @@ def test_the_url_fields_build_the_params_and_hold_only_the_mode_s_inputs():
     assert set(url_params(search)) == set(MODE_KEYS["search"]) and "gpu" not in url_params(search)
     # one set of target fields serves both modes, so both defaults are the same targets
     assert params_from(search) == DEFAULT_PARAMS and DEFAULT_PARAMS.targets == DEFAULT_PREDICT_PARAMS.targets
+
+
+def test_the_lever_fields_build_the_levers_core_takes():
+    values, errors = parse_params({"mode": "predict", "prompt_len": "4000", "prefix_len": "3500", "prefixes": "8",
+                                   "zipf": "1.1", "turns": "3", "turn_gap": "30", "spec_k": "2", "spec_acc": "0.9, 0.7",
+                                   "spec_method": "draft-model", "draft": "qwen2.5-7b"}, FIELDS)  # fmt: skip
+    assert not errors
+    params = predict_params_from(values)
+    assert params.load() == Load(
+        12.0, 4000, 300, shared_prefix_len=3500, num_prefixes=8, prefix_zipf=1.1, turns=3, turn_gap_s=30.0
+    )
+    assert params.deployment().speculation == Speculation(2, (0.9, 0.7), "draft-model", "qwen2.5-7b")
+    assert set(url_params(values)) == set(MODE_KEYS["predict"])
+    disagg, _ = parse_params(
+        {"mode": "predict", "disagg": "1", "p_workers": "2", "d_tp": "2", "kv_link": "network"}, FIELDS
+    )
+    assert predict_params_from(disagg).disagg_deployment() == DisaggDeployment(
+        "llama-3.1-8b", "h100-80gb", 2, 1, 1, 2, kv_dtype="fp8", kv_link="network"
+    )
+    ngram, _ = parse_params(
+        {"mode": "predict", "spec_k": "1", "spec_acc": "0.5", "draft": "qwen2.5-7b"}, FIELDS
+    )
+    assert predict_params_from(ngram).deployment().speculation == Speculation(1, (0.5,))  # draft: method only

@@ -1,0 +1,139 @@
+"""The SLO planner's predict mode: the levers' inputs (shared prefixes and chats, speculative decoding,
+disaggregated prefill / decode) and the answer's figures that depend on them (the prefix-hit rate beside TTFT,
+the mean accepted length, how a disaggregated deployment's GPUs split, tokens/s per GPU, what a larger KV cache
+does). Streamlit rendering only: every value comes from `core.page_models.slo_predict.DeploymentAnswer`."""
+
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+
+from core.planning.models import MODELS
+from core.serving.steady_state import SteadyStateSettings
+from ui.charts import cached_dataframe
+
+STEADY = SteadyStateSettings()  # predict's own settings: the tolerance and cap its `converged` refers to
+
+
+def latency_text(seconds: float | None) -> str:
+    """ "—", "850 ms" or "1.2 s"."""
+    if seconds is None:
+        return "—"
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
+
+
+def lever_inputs(w: Callable[..., Any]) -> None:
+    """The levers' inputs (`w`: the page's `UrlState.widget`, so each is in the URL): shared prefixes and chats,
+    speculative decoding, disaggregated prefill / decode."""
+    c1, c2, c3 = st.columns(3)
+    with c1:
+        st.markdown("**Shared prefixes and chats**")
+        w(st.number_input, "Shared prefix length (tokens, --shared-prefix-len; 0: none)", "prefix_len")
+        w(st.number_input, "Distinct prefixes (--num-prefixes)", "prefixes")
+        w(
+            st.number_input,
+            "Prefix Zipf exponent (--prefix-zipf; empty: uniform)",
+            "zipf",
+            placeholder="uniform",
+        )
+        w(st.number_input, "Turns per conversation (--turns)", "turns")
+        w(st.number_input, "Seconds between a chat's turns (--turn-gap)", "turn_gap")
+    with c2:
+        st.markdown("**Speculative decoding**")
+        w(st.number_input, "Speculative tokens K (--spec-tokens; 0: none)", "spec_k")
+        w(st.text_input, "Acceptance per position, a1,...,aK (--spec-acceptance)", "spec_acc",
+          help="the probability that draft token i is accepted given the ones before it, each in [0, 1]")  # fmt: skip
+        w(st.selectbox, "Method (--spec-method)", "spec_method")
+        w(st.selectbox, "Draft model (--draft-model, method draft-model)", "draft",
+          format_func=lambda m: MODELS[m].name)  # fmt: skip
+    with c3:
+        st.markdown("**Disaggregated prefill / decode**")
+        w(st.checkbox, "Disaggregated (--disagg: TP, PP and replicas above unused)", "disagg")
+        a, b = st.columns(2)
+        with a:
+            w(st.number_input, "Prefill workers", "p_workers")
+            w(st.number_input, "Decode workers", "d_workers")
+        with b:
+            w(st.number_input, "Prefill TP", "p_tp")
+            w(st.number_input, "Decode TP", "d_tp")
+        w(st.selectbox, "KV link (--kv-link; auto: NVLink within 8 GPUs)", "kv_link")
+
+
+def show_agg_figures(p: dict, params) -> None:
+    """An aggregated deployment: its layout, throughput, mean batch, KV-limited, converged."""
+    c = st.columns(6)
+    c[0].metric("Deployment", f"{p['deployment']['num_gpus']} × {p['deployment']['gpu']}")
+    c[1].metric("TP × PP × replicas", f"{params.tp} × {params.pp} × {params.replicas}")
+    throughput = p["throughput_tokens_per_s"]
+    c[2].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
+    c[3].metric("Mean running batch", f"{p['mean_running_batch']:.3g}", help="per replica")
+    c[4].metric("KV-limited", "yes" if p["kv_limited"] else "no",
+                help="the KV cache, not compute, held requests back: queueing for blocks or preemption")  # fmt: skip
+    c[5].metric("Converged", "yes" if p["converged"] else "no",
+                help=f"every percentile's 95% interval within {STEADY.tolerance:.0%} of its value")  # fmt: skip
+
+
+def show_disagg_figures(p: dict) -> None:
+    """A disaggregated deployment: how its GPUs split, the KV transfer and its link's load."""
+    c = st.columns(5)
+    c[0].metric("Mode", p["mode"])
+    c[1].metric("Prefill / decode GPUs", f"{p['prefill_gpus']} + {p['decode_gpus']}",
+                help=f"prefill: {p['deployment']['prefill_workers']} worker(s) of tp {p['deployment']['prefill_tp']}; "
+                f"decode: {p['deployment']['decode_workers']} of tp {p['deployment']['decode_tp']}")  # fmt: skip
+    c[2].metric("KV transfer per request", latency_text(p["kv_transfer_s"]),
+                help=f"{p['kv_bytes_per_request']:,} bytes over {p['kv_link']}")  # fmt: skip
+    c[3].metric("KV link utilization", f"{p['kv_link_utilization']:.3g}", help="1 or more: no steady state")
+    throughput = p["throughput_tokens_per_s"]
+    c[4].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
+
+
+def show_lever_figures(p: dict) -> None:
+    """TTFT with the prefix-hit rate beside it (prompts sharing tokens), the mean accepted length
+    (speculation), and output tokens/s per GPU."""
+    c = st.columns(5)
+    c[0].metric("TTFT p50 (predicted)", latency_text(p["ttft_p50_s"]))
+    c[1].metric("TTFT p99 (predicted)", latency_text(p["ttft_p99_s"]))
+    per_gpu = p.get("tokens_per_s_per_gpu")
+    c[2].metric("Output tokens/s per GPU", "—" if per_gpu is None else f"{per_gpu:,.0f}")
+    hit = p["prefix_hit_rate"] if p["mode"] == "agg" else p["prefill"]["prefix_hit_rate"]
+    if hit is not None:
+        c[3].metric(
+            "Prefix-hit rate", f"{hit:.3f}", help="prompt tokens served from the prefix cache / prompt tokens"
+        )
+    if p.get("mean_accepted_len") is not None:
+        c[4].metric("Mean accepted length", f"{p['mean_accepted_len']:.3g} tokens/step",
+                    help="tokens one speculative step emits per sequence: 1 + a1 + a1 a2 + ...")  # fmt: skip
+
+
+def percentiles_caption(p: dict) -> str:
+    """What the percentile chart and table hold: one replica's simulation, or a disaggregated sum of parts."""
+    if p["mode"] == "disagg":
+        return (
+            "Steady-state percentiles of a disaggregated deployment: TTFT and e2e add the prefill pool's TTFT, "
+            "the KV transfer and the decode pool's (an upper bound of the sum's percentile); TPOT and ITL are "
+            "the decode pool's; open bars: the targets (docs/levers.md)."
+        )
+    converged = (
+        f"Converged: every interval is within {STEADY.tolerance:.0%} of its value."
+        if p["converged"]
+        else f"Not converged: some interval is wider than {STEADY.tolerance:.0%} of its value at the "
+        f"{STEADY.max_requests:,}-request cap."
+    )
+    return (
+        f"Steady-state percentiles of one replica's simulation ({p['simulated_requests']:,} requests, "
+        f"{p['warmup_requests']:,} of warm-up dropped, {p['measured_requests']:,} measured); error bars: 95% "
+        f"batch-means intervals; open bars: the targets. {converged}"
+    )
+
+
+def show_larger_kv(rows) -> None:
+    """`slo_predict.larger_kv_rows`: the same load with fp8 KV and with twice the GPUs, side by side."""
+    st.markdown("**What a larger KV cache does to the prefix-hit rate and TTFT** (the same load)")
+    formats = {k: st.column_config.NumberColumn(format="%.4g") for k in ("TTFT p50 (s)", "TTFT p99 (s)")}
+    cached_dataframe(st, list(rows), width="stretch", column_config=formats)
+    st.caption(
+        "Each row is its own steady-state prediction: fp8 KV halves the bytes per token, so the same memory holds "
+        "twice the blocks; twice the GPUs as tensor parallel splits the weights over twice the GPUs (replicas "
+        "when the model's heads do not allow it: the same cache per replica at half the load). Cached prefixes "
+        "compete with running requests for the blocks, and evictions are LRU, as in vLLM."
+    )
