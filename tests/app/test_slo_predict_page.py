@@ -94,7 +94,8 @@ def test_the_page_shows_what_predict_and_the_cli_give(capsys):
     highest = cli_json(max_rate_main, max_rate_line, capsys)
     assert highest["targets"] == {"e2e_p50_s": 0.5} and highest["max_rate_req_per_s"] > 0
     assert shown["Highest rate within the targets"] == f"{highest['max_rate_req_per_s']:.3g} req/s"
-    assert shown["Binding at the next rate"] == highest["binding"] == "e2e_p50_s"
+    # one sequence at a time: the next grid rate misses on its e2e p50 or is not served at all
+    assert shown["Binding at the next rate"] == highest["binding"] in ("e2e_p50_s", "rate")
     assert highest["e2e_p50_s"] <= 0.5  # the rate held meets the target
     assert "--max-num-seqs 1" in serve and "--max-model-len 17" in serve
     assert (
