@@ -1,9 +1,10 @@
 """The Kernels page and bench/attention.py time one configuration through the same code and agree: the page's
 sweep runs in a real worker of the app's pool (niced, spawned, with the operator limits in its
 environment), the bench as its own process. No absolute time is asserted, only that the two medians of the
-paged/contiguous ratio lie within a third of each other and were taken under the same allocator and thread
+paged/contiguous ratio lie within a factor 2 of each other and were taken under the same allocator and thread
 settings. (Their interquartile ranges, each ~10 % wide, missed each other by 0.005 once on a busy 2-core CI
-machine: two processes timed a minute apart drift by more than one run's spread.)
+machine: two processes timed a minute apart drift by more than one run's spread; at a load average of 4-5 the
+gather backend's medians were 1.55x apart.)
 
 Before they shared core/kernels/timer.py, the bench tuned glibc's malloc and the worker did not: the gather
 backend read 6.2x on the page and 1.75x in the bench for the same problem: 3.5 times apart, far outside the bound.
@@ -20,7 +21,7 @@ from core.kernels.timing import KernelConfig
 from core.limits import Limits
 from tests.conftest import ROOT
 
-MEDIANS_WITHIN = 4 / 3  # the larger median ratio over the smaller
+MEDIANS_WITHIN = 2.0  # the larger median ratio over the smaller: the bug this guards was 3.5x
 BATCH, CONTEXT, REPEATS = 2, 256, 31  # 4 MiB of K/V per step: the gathered copy is far above mmap's threshold
 BACKENDS = tuple(available_backends("cpu"))
 
