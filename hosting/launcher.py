@@ -194,7 +194,7 @@ class Host:
         a summary; raises RuntimeError when stopped meanwhile. Pages that fail are logged, not fatal."""
         log = lambda line: print(f"hosting: {line}", flush=True)  # noqa: E731
         started = time.perf_counter()
-        page_timeout_s = 4 * self.limits.job_timeout_s + 60  # a page runs at most three jobs, and may queue
+        page_timeout_s = 4 * self.limits.job_timeout_s + 60  # a page runs up to three jobs, and may queue
         warm_up = warm_replicas(
             [r.health_port for r in self.replicas],
             timeout_s=page_timeout_s,

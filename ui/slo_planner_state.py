@@ -127,7 +127,7 @@ FIELDS = [
     Field("max_gpus", D.max_gpus, "int", minimum=1, maximum=MAX_GPUS, step=1, label="most GPUs"),
     Field("kv", D.kv_dtypes, "multi", KV_DTYPES, label="KV cache dtypes"),
     Field("weights", D.weight_dtypes, "multi", WEIGHT_DTYPES, label="weight dtypes"),
-    Field("rates", True, "bool", label="find the highest rates"),
+    Field("rates", False, "bool", label="find the highest rates"),
     Field("disagg_too", D.disagg, "bool", label="disaggregated deployments too"),
     *_target_fields(),
     Field("engine", D.engine, "choice", ENGINES, label="engine"),

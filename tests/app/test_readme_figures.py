@@ -127,8 +127,16 @@ def test_the_slo_cli_row_is_the_saved_run():
                        ("llama-3.1-70b@4", "70B at 4 req/s → {num_gpus} × H100, TP {tp}")):  # fmt: skip
         answer = cases[case]["answer"]
         assert answer["gpu"] == "h100-80gb" and text.format(**answer) in row, (case, answer, row)
+        assert f"({cases[case]['wall_s']['median']:.1f} s)" in row, (case, row)
     refused = cases["llama-3.1-70b@12"]
-    assert refused["exit_status"] == 2 and "9.93 req/s" in refused["answer"]["error"] and "1.21x short" in row
+    most = re.search(r"the most any holds is ([\d.]+) req/s", refused["answer"]["error"]).group(1)
+    short = re.search(r"([\d.]+)x short", refused["answer"]["error"]).group(1)
+    assert refused["exit_status"] == 2 and f"at most {most} req/s on 8 GPUs, {short}x short" in row, row
+    disagg = cases["llama-3.1-8b@2 8k prompts --disagg"]["answer"]
+    assert (
+        disagg["mode"] == "disagg"
+        and f"{disagg['prefill_gpus']} prefill + {disagg['decode_gpus']} decode" in row
+    )
 
 
 def test_the_vllm_profile_row_is_the_saved_run():

@@ -41,7 +41,6 @@ DEFAULT_JOBS = {
     "compare_policies",
     "slo_search",
     "slo_curves",
-    "slo_highest_rates",
 }
 ENGINE_JOBS = {"chat_outputs", "generate_outputs"}
 
