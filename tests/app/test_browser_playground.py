@@ -50,8 +50,15 @@ def test_a_scenario_link_steps_and_plays_in_a_real_browser(streamlit_server, pag
     expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text(
         "6 / 8", timeout=STEP_MS
     )  # 24 tokens: 2 blocks
-    box = page.locator('[data-testid="stPlotlyChart"]').first.bounding_box()
-    assert box is not None and box["y"] < 1000, box  # a scenario, too, opens on the pool
+    wait_for_script_done(
+        page, STEP_MS
+    )  # the layout is read once the run has drawn everything above the chart
+    chart = page.locator('[data-testid="stPlotlyChart"]').first
+    page.wait_for_function(  # a scenario, too, opens on the pool: the chart's top within the first screen
+        "el => el.getBoundingClientRect().top + window.scrollY < 1000",
+        arg=chart.element_handle(),
+        timeout=STEP_MS,
+    )
     expect(page.get_by_text("Free blocks: 6")).to_be_visible(
         timeout=STEP_MS
     )  # the C++ status lines beside our metrics
