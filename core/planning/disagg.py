@@ -79,8 +79,30 @@ class ArrivedKVStepTime:
         return self.target.decode_step_seconds(batch, context_len)
 
 
+class PrefillDecodeSplit:
+    """How a disaggregated deployment's GPUs split: prefill_workers x prefill_tp prefill, decode_workers x
+    decode_tp decode (the fields of the class that mixes it in)."""
+
+    prefill_workers: int
+    prefill_tp: int
+    decode_workers: int
+    decode_tp: int
+
+    @property
+    def prefill_gpus(self) -> int:
+        return self.prefill_workers * self.prefill_tp
+
+    @property
+    def decode_gpus(self) -> int:
+        return self.decode_workers * self.decode_tp
+
+    @property
+    def num_gpus(self) -> int:
+        return self.prefill_gpus + self.decode_gpus
+
+
 @dataclass(frozen=True)
-class DisaggDeployment:
+class DisaggDeployment(PrefillDecodeSplit):
     """`prefill_workers` workers of `prefill_tp` GPUs and `decode_workers` of `decode_tp`, one GPU type, each
     running vLLM with these settings (as `Deployment`). kv_link: "nvlink" or "network"; None: NVLink when all
     the GPUs fit one 8-GPU node. Raises InvalidArgumentError as `Deployment` does, for an unknown link, or for
@@ -122,18 +144,6 @@ class DisaggDeployment:
                 f"{self.decode.gpu_spec.name} has no known network bandwidth: a disaggregated deployment of "
                 f"{self.num_gpus} GPUs spans nodes; use at most {GPUS_PER_NODE} GPUs (NVLink) or another GPU"
             )
-
-    @property
-    def prefill_gpus(self) -> int:
-        return self.prefill_workers * self.prefill_tp
-
-    @property
-    def decode_gpus(self) -> int:
-        return self.decode_workers * self.decode_tp
-
-    @property
-    def num_gpus(self) -> int:
-        return self.prefill_gpus + self.decode_gpus
 
     @property
     def link(self) -> str:

@@ -30,7 +30,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from core.errors import InvalidArgumentError
-from core.planning.disagg import GPUS_PER_NODE, DisaggDeployment, DisaggPrediction, predict_disagg
+from core.planning.disagg import (
+    GPUS_PER_NODE,
+    DisaggDeployment,
+    DisaggPrediction,
+    PrefillDecodeSplit,
+    predict_disagg,
+)
 from core.planning.hardware import GPUSpec
 from core.planning.kv_accounting import check_parallelism
 from core.planning.max_rate import SEARCH_SETTINGS
@@ -55,7 +61,7 @@ SERVE_NOTE = (
 
 
 @dataclass(frozen=True)
-class DisaggCandidate:
+class DisaggCandidate(PrefillDecodeSplit):
     """One disaggregated deployment: prefill_workers x prefill_tp GPUs prefill, decode_workers x decode_tp
     decode, one GPU type, pp 1."""
 
@@ -68,18 +74,6 @@ class DisaggCandidate:
     max_num_seqs: int
     kv_dtype: str
     weight_dtype: str
-
-    @property
-    def prefill_gpus(self) -> int:
-        return self.prefill_workers * self.prefill_tp
-
-    @property
-    def decode_gpus(self) -> int:
-        return self.decode_workers * self.decode_tp
-
-    @property
-    def num_gpus(self) -> int:
-        return self.prefill_gpus + self.decode_gpus
 
     @property
     def cost_proxy(self) -> float:
