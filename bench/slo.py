@@ -2,8 +2,8 @@
 then serve a Poisson workload through `Engine` at three rates and compare the measured latency with the
 simulator's prediction for the same arrivals.
 
-    python -m bench.slo --quick        # ~2.5 minutes on the 2-core machine (more when it is shared)
-    python -m bench.slo                # 120 requests per rate, longer sweeps
+    python -m bench.slo --quick        # ~4.5 minutes on the 2-core machine (more when it is shared)
+    python -m bench.slo                # three times the requests per rate, longer sweeps
 
 Model: SmolLM2-135M-Instruct (the real model, `core.engine.fetch`), float32 on the CPU, `--threads` torch threads
 (1 by default: on a shared 2-core machine one thread keeps each step's time its own; two threads wait on each
@@ -24,7 +24,8 @@ other whenever another process takes a core), at niceness PRIORITY_NICE when all
    before the first rate, between the rates and after the last, and each rate's prediction uses the fit on the
    two sweeps around it (other sessions change the machine's speed over minutes; `sweep_drift_after_over_before`
    says by how much). `--fit-once`: the first sweep's fit for both rates. No fit ever sees a validation step.
-4. Validation (no fitting): the same seeded requests (prompt 16-96 tokens, output 8-40, uniform) arriving as a
+4. Validation (no fitting): the same seeded requests (prompt 16-96 tokens, output 8-40, uniform; the first 40, 80
+   and 120 of them at the three rates in quick mode: each rate serves for about the same time) arriving as a
    Poisson process at three rates (0.25, 0.5 and, near the knee, 0.75 of the first fit's throughput bound): each request is added when the
    wall clock reaches its arrival, the engine steps meanwhile; a request's first token / finish are the wall
    times at which the step() that produced them returned (read from the scheduler's outcome, without
@@ -65,11 +66,13 @@ NUM_BLOCKS = 1024
 MAX_NUM_SEQS = 16
 MAX_NUM_BATCHED_TOKENS = 256
 MAX_SEQ_LEN = 256
-# requests per rate, sweep steps per level, rates as fractions of the fitted throughput bound: a light load, a
-# middling one and one near the knee (0.75 of an upper bound on the throughput: requests queue for their prefill)
+# rates as fractions of the fitted throughput bound (a light load, a middling one and one near the knee, 0.75 of
+# an upper bound on the throughput: requests queue for their prefill), the requests served at each (in proportion
+# to the rate: every rate serves for the same ~53 s (quick), so the knee's p95 / p99 rest on 120 requests, not on
+# the two slowest of 40), sweep steps per level
 SIZES = {
-    "quick": {"requests": 40, "steps_per_level": 6, "rates": (0.25, 0.5, 0.75)},
-    "full": {"requests": 120, "steps_per_level": 20, "rates": (0.25, 0.5, 0.75)},
+    "quick": {"requests": (40, 80, 120), "steps_per_level": 6, "rates": (0.25, 0.5, 0.75)},
+    "full": {"requests": (120, 240, 360), "steps_per_level": 20, "rates": (0.25, 0.5, 0.75)},
 }
 METRICS = ("ttft_p50", "ttft_p95", "ttft_p99", "tpot_p50", "tpot_p95", "tpot_p99")
 # Niceness the bench asks for: the machine is shared, and at the default niceness a process that another one
@@ -340,7 +343,7 @@ def main() -> None:
 
     log = StepLog(engine)
     load_before = os.getloadavg()
-    requests = make_requests(size["requests"])
+    requests = make_requests(max(size["requests"]))
     roofs = measure_roofs()
     base = base_model(engine, roofs)
 
@@ -358,9 +361,9 @@ def main() -> None:
         first_fit.model, requests, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, NUM_BLOCKS * BLOCK_SIZE
     )
     rates = {}
-    for i, fraction in enumerate(size["rates"]):
+    for i, (fraction, served) in enumerate(zip(size["rates"], size["requests"], strict=True)):
         rate = fraction * bound.capacity_rps
-        timed = at_rate(requests, rate)
+        timed = at_rate(requests[:served], rate)
         t = time.perf_counter()
         measured = serve(engine, log, timed, low, vocab, params)
         serve_s = time.perf_counter() - t
@@ -376,7 +379,7 @@ def main() -> None:
         row = compare(measured, predict(timed, used.model))
         row["step_time_measured_over_predicted"] = step_ratio(served_s, served_loads, used.model)
         rates[f"{rate:.3f}"] = {"rate_req_per_s": rate, "fraction_of_bound": fraction,
-                                "serve_s": serve_s,
+                                "requests": served, "serve_s": serve_s,
                                 "sweep_drift_after_over_before": machine_drift, "fit": used.to_dict(),
                                 "sweep_steps_by_size": steps_by_size(fitted_on),
                                 **row}  # fmt: skip
@@ -393,7 +396,7 @@ def main() -> None:
         "fit_once": args.fit_once, "robust_fit": args.robust, "limits": {"max_num_seqs": MAX_NUM_SEQS,
         "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "kv_tokens": NUM_BLOCKS * BLOCK_SIZE},
         "roofs": roofs, "roofs_after": measure_roofs(), "sweep_steps": len(sweeps[0]), "sweep_s": sweep_s, "throughput_bound_req_per_s": bound.capacity_rps,
-        "requests_per_rate": len(requests), "rates": rates, "worst": worst,
+        "requests_per_rate": list(size["requests"]), "rates": rates, "worst": worst,
         "load_s": load_s, "wall_s": time.perf_counter() - started,
     }, indent=2))  # fmt: skip
 
