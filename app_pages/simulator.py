@@ -149,8 +149,8 @@ try:
         st.info(f"{MODELS[model].name} has one KV cache group kind: the hybrid manager changes nothing.")
     elif hybrid:
         kinds: dict[tuple, list[int]] = {}
-        for kind, layers, window in params.kv_groups:
-            kinds.setdefault((kind, window), []).append(layers)
+        for group in params.kv_groups:
+            kinds.setdefault((group.kind, group.window), []).append(group.num_layers)
         st.caption(
             "Hybrid KV cache manager: "
             + "; ".join(
@@ -232,7 +232,7 @@ if "paged" in results and results["paged"].snapshots:
         )
     if params.kv_groups is not None:
         cached_chart(st, block_heatmap_figure, snap, params.block_size, kv_groups=params.kv_groups)
-        layers = max(num_layers for _, num_layers, _ in params.kv_groups)
+        layers = max(g.num_layers for g in params.kv_groups)
         st.caption(
             "One pool for every KV cache group, as vLLM draws them: one cell per physical block (of "
             f"{params.block_size} tokens x {layers} layers, a smaller group padded as vLLM does), in block-id "

@@ -313,8 +313,8 @@ def _held_by_kind(kv_group: np.ndarray, held: np.ndarray, kv_groups) -> str:
     """ "full attention 9, sliding window 32 tokens 6": blocks held per group kind, in first-group order."""
     counts = np.bincount(kv_group[held].astype(np.int64), minlength=len(kv_groups))
     kinds: dict = {}
-    for (kind, _, window), count in zip(kv_groups, counts, strict=True):
-        name = kv_group_name(kind, window)
+    for group, count in zip(kv_groups, counts, strict=True):
+        name = kv_group_name(group.kind, group.window)
         kinds[name] = kinds.get(name, 0) + int(count)
     return ", ".join(f"{name} {count:,}" for name, count in kinds.items())
 
@@ -326,7 +326,7 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None, 
     coloured by the share used, the hover naming the blocks.
 
     `snapshot` is a paged run's `StepSnapshot`: its `pool` (the one snapshot type) and the request of each block.
-    A hybrid pool (`kv_groups` the policy's (kind, num_layers, window) groups) is the same grid: every group draws
+    A hybrid pool (`kv_groups` the policy's `PagedKVGroup`s) is the same grid: every group draws
     its block ids from the one pool, the hover names each block's group (`pool.group`) and the title counts the
     blocks each group kind holds."""
     pool = snapshot.pool
@@ -335,7 +335,7 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None, 
     num_blocks = len(owner)
     shape = grid_shape(num_blocks, columns)
     hybrid = kv_groups is not None
-    group_names = [kv_group_name(kind, window) for kind, _, window in kv_groups] if hybrid else []
+    group_names = [kv_group_name(g.kind, g.window) for g in kv_groups] if hybrid else []
 
     def names(start: int, stop: int) -> str:
         if stop != start + 1:
@@ -352,7 +352,7 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None, 
     per_cell = "" if shape.blocks_per_cell == 1 else f"; a cell = {shape.blocks_per_cell:,} blocks"
     at = f"after step {snapshot.step:,} (t = {snapshot.time_s:,.1f} s)"
     if hybrid:
-        layers = max(num_layers for _, num_layers, _ in kv_groups)
+        layers = max(g.num_layers for g in kv_groups)
         by_kind = _held_by_kind(pool.group, owner >= 0, kv_groups)
         title = (
             f"Hybrid KV cache {at}: {used:,} of {num_blocks:,} blocks used, one pool for every group "

@@ -6,7 +6,8 @@ layers with identical specs, and splits the buckets into groups of one size so t
 page in every group's tensor: a block costs `group_size x page_bytes` and serves one group. A request holds, per
 group, as many blocks as that group's spec needs, so window groups stay bounded while full groups grow with the
 context. `kv_cache_layout` reproduces that arithmetic (`vllm/v1/core/kv_cache_utils.py`,
-`vllm/v1/kv_cache_interface.py`); `kv_cache_groups` is its grouping step alone.
+`vllm/v1/kv_cache_interface.py`); `kv_cache_groups` is its grouping step alone. `model_kv_specs` derives a
+model's specs, groups and pipeline stages once (memoised); `layout_of` and `kv_read_bytes_of` count from them.
 """
 
 from dataclasses import dataclass, replace
@@ -177,47 +178,94 @@ def kv_cache_layout(
         raise InvalidArgumentError(
             f"hybrid_kv_cache_manager must be True or False, got {hybrid_kv_cache_manager!r}"
         )
-    dtype = resolve_kv_dtype_name(layers, kv_dtype)
-    specs, groups, padding = _grouped_specs(
-        layers, block_size, dtype, tensor_parallel, max_model_len, hybrid_kv_cache_manager
+    kv = model_kv_specs(
+        layers, block_size, resolve_kv_dtype_name(layers, kv_dtype), tensor_parallel, pipeline_parallel,
+        max_model_len, hybrid_kv_cache_manager,
+    )  # fmt: skip
+    return layout_of(kv, available_bytes, max_model_len=max_model_len, max_num_batched_tokens=in_flight)
+
+
+@dataclass(frozen=True)
+class ModelKVSpecs:
+    """A model's KV cache specs on one tensor-parallel rank, derived once from its `KVLayers` for one block
+    size, KV dtype, tp, pp, max_model_len and hybrid setting (`model_kv_specs`).
+
+    specs: one per layer, as `cached_layer_specs` gives them (before vLLM unifies them). groups /
+    padding_layers: vLLM's KV cache groups of the unified specs (`kv_cache_groups`); group_size: layers per
+    group on the most loaded pipeline stage; page_bytes: one block of one layer (every group's);
+    block_size: the attention block size (raised above the requested one when a Mamba state needs a larger
+    page). stage_reads: per pipeline stage, ((spec, layers of the stage with it), ...) over `specs` and the
+    bytes of 8 tokens of one attention layer (0 without attention): what one decode step reads.
+    """
+
+    layers: KVLayers
+    specs: tuple[KVCacheSpec, ...]
+    groups: tuple[KVCacheGroup, ...]
+    padding_layers: int
+    group_size: int
+    page_bytes: int
+    block_size: int
+    hybrid_kv_cache_manager: bool
+    stage_reads: tuple[tuple[tuple[tuple[KVCacheSpec, int], ...], int], ...]
+
+
+@lru_cache(maxsize=256)
+def model_kv_specs(
+    layers: KVLayers,
+    block_size: int,
+    dtype: str,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    max_model_len: int | None,
+    hybrid: bool,
+) -> ModelKVSpecs:
+    """The `ModelKVSpecs` of `layers` for checked arguments (a short KV dtype name), memoised: the one
+    derivation of a model's layer specs, groups and stages behind `kv_cache_layout`,
+    `kv_read_bytes_per_sequence` and the planner's `ResolvedDeployment`. Raises `InvalidArgumentError` when
+    `hybrid` is False and the specs cannot be unified (`unify_hybrid_specs`)."""
+    specs = cached_layer_specs(layers, block_size, dtype, tensor_parallel, max_model_len)
+    unified = list(specs) if hybrid else unify_hybrid_specs(list(specs), layers.name)
+    unified = unify_page_sizes(unified)
+    groups, padding = kv_cache_groups(unified)
+    attention = next((s for s in unified if not isinstance(s, MambaSpec)), None)
+    return ModelKVSpecs(
+        layers=layers,
+        specs=specs,
+        groups=groups,
+        padding_layers=padding,
+        group_size=_stage_group_size(groups, layers.num_layers, pipeline_parallel),
+        page_bytes=groups[0].page_bytes,
+        block_size=block_size if attention is None else attention.block_size,
+        hybrid_kv_cache_manager=hybrid,
+        stage_reads=_stage_reads(specs, pipeline_parallel),
     )
-    page = groups[0].page_bytes
-    group_size = _stage_group_size(groups, layers.num_layers, pipeline_parallel)
-    num_blocks = max(0, available_bytes // page // group_size)
-    group_blocks = tuple(g.worst_case_blocks(max_model_len, in_flight) for g in groups)
+
+
+def layout_of(
+    kv: ModelKVSpecs, available_bytes: int, *, max_model_len: int, max_num_batched_tokens: int
+) -> KVCacheLayout:
+    """The `KVCacheLayout` of derived specs (`model_kv_specs`, made for this max_model_len) in
+    `available_bytes` (>= 0) per GPU, for checked arguments: counts blocks, derives nothing."""
+    num_blocks = max(0, available_bytes // kv.page_bytes // kv.group_size)
+    group_blocks = tuple(g.worst_case_blocks(max_model_len, max_num_batched_tokens) for g in kv.groups)
     per_request = sum(group_blocks)
     concurrency = num_blocks / per_request
-    attention = next((s for s in specs if not isinstance(s, MambaSpec)), None)
     return KVCacheLayout(
-        groups=groups,
-        group_size=group_size,
-        padding_layers=padding,
-        page_bytes=page,
-        block_bytes=group_size * page,
+        groups=kv.groups,
+        group_size=kv.group_size,
+        padding_layers=kv.padding_layers,
+        page_bytes=kv.page_bytes,
+        block_bytes=kv.group_size * kv.page_bytes,
         num_blocks=num_blocks,
         group_blocks=group_blocks,
         blocks_per_request=per_request,
         max_concurrency=concurrency,
         kv_tokens=int(concurrency * max_model_len),
-        block_size=block_size if attention is None else attention.block_size,
+        block_size=kv.block_size,
         max_model_len=max_model_len,
-        max_num_batched_tokens=in_flight,
-        hybrid_kv_cache_manager=hybrid_kv_cache_manager,
+        max_num_batched_tokens=max_num_batched_tokens,
+        hybrid_kv_cache_manager=kv.hybrid_kv_cache_manager,
     )
-
-
-@lru_cache(maxsize=256)
-def _grouped_specs(
-    layers: KVLayers, block_size: int, dtype: str, tensor_parallel: int, max_model_len: int, hybrid: bool
-) -> tuple[tuple[KVCacheSpec, ...], tuple[KVCacheGroup, ...], int]:
-    """(per-layer specs with one page size, groups, padding layers) for checked arguments, memoised (a plan
-    lays the same model out several times)."""
-    specs = list(cached_layer_specs(layers, block_size, dtype, tensor_parallel, max_model_len))
-    if not hybrid:
-        specs = unify_hybrid_specs(specs, layers.name)
-    specs = unify_page_sizes(specs)
-    groups, padding = kv_cache_groups(specs)
-    return tuple(specs), groups, padding
 
 
 def unify_hybrid_specs(specs: list[KVCacheSpec], name: str = "the model") -> list[KVCacheSpec]:
@@ -343,30 +391,32 @@ def kv_read_bytes_per_sequence(
     pipeline_parallel = parallel_size(pipeline_parallel, "pipeline_parallel")
     layers.check_parallel(tensor_parallel, pipeline_parallel)
     context_len = check_int(context_len, "context_len", minimum=1, maximum=MAX_LAYOUT_TOKENS)
-    stages = _stage_spec_counts(
-        layers, resolve_kv_dtype_name(layers, kv_dtype), tensor_parallel, pipeline_parallel
+    kv = model_kv_specs(
+        layers, 8, resolve_kv_dtype_name(layers, kv_dtype), tensor_parallel, pipeline_parallel, None, True
     )
+    return kv_read_bytes_of(kv, context_len)
+
+
+def kv_read_bytes_of(kv: ModelKVSpecs, context_len: int) -> int:
+    """`kv_read_bytes_per_sequence` of derived specs (`model_kv_specs`) for a checked `context_len`: derives
+    nothing."""
     best = 0
-    for stage in stages:
+    for stage, token_bits in kv.stage_reads:
         tokens = state = 0
         for spec, count in stage:
             if isinstance(spec, MambaSpec):
                 state += count * spec.state_bytes
             else:  # the tokens the query at position context_len - 1 reads: the KV core's window rule
                 tokens += count * (context_len - rule_of(spec).num_skipped_tokens(context_len - 1))
-        # Specs of 8-token blocks: an attention page is the bits of one token (the same for every attention
-        # layer of a model).
-        token_bits = next((s.page_size_bytes for s, _ in stage if not isinstance(s, MambaSpec)), 0)
         best = max(best, tokens * token_bits // 8 + state)
     return best
 
 
-@lru_cache(maxsize=256)
-def _stage_spec_counts(
-    layers: KVLayers, dtype: str, tensor_parallel: int, pipeline_parallel: int
-) -> tuple[tuple[tuple[KVCacheSpec, int], ...], ...]:
-    """Per pipeline stage: (spec of 8-token blocks, layers of the stage with it) pairs, memoised."""
-    specs = cached_layer_specs(layers, 8, dtype, tensor_parallel, None)
+def _stage_reads(
+    specs: tuple[KVCacheSpec, ...], pipeline_parallel: int
+) -> tuple[tuple[tuple[tuple[KVCacheSpec, int], ...], int], ...]:
+    """Per pipeline stage: ((spec, layers of the stage with it), ...) and the bytes of an 8-token page of its
+    attention layers, which is the bits of one token (the same for every attention layer of a model)."""
     sizes = pipeline_stage_sizes(len(specs), pipeline_parallel)
     stages = []
     for stage, size in enumerate(sizes):
@@ -374,7 +424,9 @@ def _stage_spec_counts(
         counts: dict[KVCacheSpec, int] = {}
         for spec in specs[start : start + size]:
             counts[spec] = counts.get(spec, 0) + 1
-        stages.append(tuple(counts.items()))
+        attention = next((s for s in counts if not isinstance(s, MambaSpec)), None)
+        token_bits = 0 if attention is None else replace(attention, block_size=8).page_size_bytes
+        stages.append((tuple(counts.items()), token_bits))
     return tuple(stages)
 
 

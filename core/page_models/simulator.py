@@ -16,6 +16,7 @@ from core.planning.models import MODELS
 from core.planning.plan import plan
 from core.planning.step_time import from_specs
 from core.serving.memory_policies import POLICY_NAMES, Policy
+from core.serving.paged_memory import KV_GROUP_KINDS, ONE_FULL_GROUP, PagedKVGroup, check_kv_groups
 from core.serving.simulator import PAPER_KV_TOKENS, SimulationResult, SimulatorConfig, simulate
 from core.serving.workload import Request, alpaca, fixed, sharegpt, uniform
 
@@ -23,16 +24,15 @@ DATASETS = ("sharegpt", "alpaca", "fixed", "uniform", "trace")
 CAPACITY_SOURCES = ("paper", "model", "raw")
 
 
-def model_kv_groups(model: str, max_model_len: int = 2048) -> tuple | None:
-    """The preset model's KV cache groups as ((kind, num_layers, window), ...) for the paged policy, from
-    vLLM's layout (`kv_cache_layout`); None when the model has one group kind only or a kind the hybrid
-    allocator does not simulate (MLA, chunked local, Mamba)."""
+def model_kv_groups(model: str, max_model_len: int = 2048) -> tuple[PagedKVGroup, ...] | None:
+    """The preset model's KV cache groups for the paged policy, from vLLM's layout (`kv_cache_layout`); None
+    when the model has one group kind only or a kind the hybrid allocator does not simulate (MLA, chunked
+    local, Mamba)."""
     layout = kv_cache_layout(MODELS[model], 1 << 34, max_model_len=max_model_len)
-    groups = tuple((g.kind, len(g.layers), g.window) for g in layout.groups)
-    kinds = {kind for kind, _, _ in groups}
-    if len(kinds) < 2 or not kinds <= {"full", "sliding_window"}:
+    kinds = {g.kind for g in layout.groups}
+    if len(kinds) < 2 or not kinds <= set(KV_GROUP_KINDS):
         return None
-    return groups
+    return tuple(PagedKVGroup.from_layout(g) for g in layout.groups)
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,11 @@ class SimulatorParams:
     preemption_mode: str = "recompute"
     swap_space_gib: float = 4.0
     overhead_ms: float = 15.0
-    kv_groups: tuple | None = (
-        None  # the paged policy's KV cache groups ((kind, num_layers, window), ...): hybrid
-    )
+    kv_groups: tuple[PagedKVGroup, ...] | None = None  # the paged policy's KV cache groups: hybrid
+
+    def __post_init__(self) -> None:
+        if self.kv_groups is not None:  # (kind, num_layers, window) triples become groups here, once
+            object.__setattr__(self, "kv_groups", check_kv_groups(self.kv_groups))
 
     def kv_capacity_tokens(self) -> int:
         """Token slots of the KV cache: the paper's 15,728, vLLM's rule for the model on the GPU, or raw."""
@@ -172,22 +174,24 @@ class SaturatingLoad:
         )
 
 
-def peak_tokens_per_request(requests: Sequence[Request], kv_groups: tuple | None = None) -> float:
+def peak_tokens_per_request(
+    requests: Sequence[Request], kv_groups: tuple[PagedKVGroup, ...] | None = None
+) -> float:
     """KV tokens held per request at the busiest step when all `requests` start together and each sequence
     emits one token per step: max over t of the sum over unfinished requests (output_len > t), divided by the
     number of requests (a finished request frees its tokens). A request holds prompt + n x t tokens of every
-    layer; with `kv_groups` ((kind, layers, window), ...) a sliding-window group's layers hold at most n x window
+    layer; with `kv_groups` (`PagedKVGroup`s) a sliding-window group's layers hold at most n x window
     of them, and the layers' average is taken, in the pool's unit (a token of every layer)."""
     prompts = np.array([r.prompt_len for r in requests], dtype=np.float64)[:, None]
     outputs = np.array([r.output_len for r in requests], dtype=np.int64)[:, None]
     samples = np.array([r.n for r in requests], dtype=np.float64)[:, None]
     t = np.arange(int(outputs.max()), dtype=np.float64)[None, :]  # [1, steps]
     full = prompts + samples * t  # [requests, steps]
-    groups = kv_groups or (("full", 1, None),)
-    layers = sum(count for _, count, _ in groups)
+    groups = kv_groups or ONE_FULL_GROUP
+    layers = sum(g.num_layers for g in groups)
     held = sum(
-        count / layers * (full if window is None else np.minimum(full, samples * window))
-        for _, count, window in groups
+        g.num_layers / layers * (full if g.window is None else np.minimum(full, samples * g.window))
+        for g in groups
     )
     held = np.where(outputs > t, held, 0.0)
     return float(held.sum(axis=0).max()) / len(requests)

@@ -40,6 +40,8 @@ def decode_step_estimate(
     kv_dtype: str = "auto",
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
+    *,
+    kv_read_bytes: int | None = None,
 ) -> tuple[float, str]:
     """(seconds per decode step, "memory" or "compute"): every one of `batch` requests makes one token.
 
@@ -51,6 +53,8 @@ def decode_step_estimate(
     chunk or recurrent state of hybrid layers (`kv_read_bytes_per_sequence`).
         flops  = 2 x active_params x batch / (tp x pp)                                      (per GPU)
         step_s = max(bytes / memory_bandwidth, flops / peak_bf16_flops)
+    kv_read_bytes: one sequence's KV read when the caller has it (a `ResolvedDeployment` reads it from the
+    layer specs it holds); default `kv_read_bytes_per_sequence` of the model.
     """
     batch = check_int(batch, "batch", minimum=1)
     context_len = check_int(context_len, "context_len", minimum=1)
@@ -58,13 +62,15 @@ def decode_step_estimate(
     weights = pipeline_parallel * weight_bytes_read_per_step(
         model, micro, weight_dtype, tensor_parallel, pipeline_parallel
     )
-    kv = batch * kv_read_bytes_per_sequence(
-        model,
-        context_len,
-        kv_dtype=kv_dtype,
-        tensor_parallel=tensor_parallel,
-        pipeline_parallel=pipeline_parallel,
-    )
+    if kv_read_bytes is None:
+        kv_read_bytes = kv_read_bytes_per_sequence(
+            model,
+            context_len,
+            kv_dtype=kv_dtype,
+            tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
+        )
+    kv = batch * kv_read_bytes
     memory_s = (weights + kv) / gpu.memory_bandwidth
     compute_s = 0.0
     if gpu.peak_bf16_flops:

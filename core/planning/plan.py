@@ -1,23 +1,23 @@
 """The capacity plan: what fits on one model replica, its verdict, notes, decode roofline and `vllm serve` flags.
 
-`plan(model, gpu, ...)` (or `plan_from(PlanInputs(...))`) validates the inputs, does vLLM's memory arithmetic,
-decides whether the deployment fits and writes notes about what the figures leave out; its types live in
-`core.planning.capacity`, the decode roofline in `core.planning.decode_roofline` and the matching `vllm serve`
-command in `core.planning.vllm_command` (all re-exported here). Each `CapacityPlan` keeps
-the inputs it was planned from (`plan.inputs`), so a variant is `plan_from(dataclasses.replace(plan.inputs,
-gpu=other))`. Every number is per GPU (the most loaded one) unless its name says otherwise.
+`plan(model, gpu, ...)` (or `plan_from(PlanInputs(...))`) resolves the inputs into one `ResolvedDeployment`
+(`core.planning.resolved`: checked, defaults applied, the model's KV layer specs derived once), does vLLM's
+memory arithmetic, decides whether the deployment fits and writes notes about what the figures leave out; its
+types live in `core.planning.capacity`, the decode roofline in `core.planning.decode_roofline` and the
+matching `vllm serve` command in `core.planning.vllm_command` (all re-exported here). Each `CapacityPlan`
+keeps the inputs it was planned from (`plan.inputs`), so a variant is
+`plan_from(dataclasses.replace(plan.inputs, gpu=other))`. Every number is per GPU (the most loaded one) unless
+its name says otherwise.
 """
 
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from core.common import check_float, check_int
+from core.common import check_int
 from core.errors import InvalidArgumentError
 from core.kv.layout import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     KVCacheLayout,
-    kv_cache_layout,
-    layout_notes,
     longest_fitting_len,
     request_blocks,
 )
@@ -25,21 +25,16 @@ from core.planning.capacity import CapacityPlan, PlanInputs
 from core.planning.decode_roofline import decode_step_estimate, weight_bytes_read_per_step
 from core.planning.hardware import GPUSpec
 from core.planning.kv_accounting import (
-    BLOCK_SIZES,
     DEFAULT_MAX_NUM_SEQS,
     DTYPE_BITS,
     MAX_CONTEXT_TOKENS,
-    MAX_GPUS,
     VLLM_BLOCK_SIZES,
     blocks_for_tokens,
     check_parallelism,
-    estimate_activation_bytes,
-    kv_bytes_per_token,
-    resolve_kv_dtype,
     resolve_weight_dtype,
-    weight_bytes_per_gpu,
 )
 from core.planning.models import ModelSpec
+from core.planning.resolved import ResolvedDeployment, resolve_deployment
 from core.planning.vllm_command import vllm_serve_command
 from core.planning.weights import uses_group_quantization
 
@@ -55,30 +50,6 @@ __all__ = [
 ]
 
 GiB = 1024**3
-MAX_ACTIVATION_BYTES = 1024 * 1024**4  # 1 PiB: refuse absurd activation reserves
-MAX_NUM_SEQS = 65_536
-
-
-class _Checked(NamedTuple):
-    """Validated inputs with every default rule applied and dtypes resolved."""
-
-    model: ModelSpec
-    gpu: GPUSpec
-    num_gpus: int
-    tensor_parallel: int
-    pipeline_parallel: int
-    replicas: int
-    weight_dtype: str
-    kv_dtype: str
-    utilization: float
-    block_size: int
-    max_model_len: int
-    context_len: int
-    max_num_seqs: int
-    activation_bytes: int
-    activation_estimated: bool
-    max_num_batched_tokens: int
-    hybrid: bool
 
 
 class _Memory(NamedTuple):
@@ -104,70 +75,13 @@ class _Verdict(NamedTuple):
     min_tensor_parallel: int | None
 
 
-def _validate(inputs: PlanInputs) -> _Checked:
-    """Check every input (raising `InvalidArgumentError` that says what is allowed) and apply the defaults."""
-    model = inputs.model
-    tp = check_int(inputs.tensor_parallel, "tensor_parallel", minimum=1)
-    pp = check_int(inputs.pipeline_parallel, "pipeline_parallel", minimum=1)
-    check_parallelism(model, tp, pp)
-    per_replica = tp * pp
-    num_gpus = per_replica if inputs.num_gpus is None else inputs.num_gpus
-    num_gpus = check_int(num_gpus, "num_gpus", minimum=1, maximum=MAX_GPUS)
-    if num_gpus % per_replica:
-        raise InvalidArgumentError(
-            f"num_gpus={num_gpus} is not a multiple of tensor_parallel x pipeline_parallel = {per_replica}"
-        )
-    utilization = check_float(
-        inputs.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0
-    )
-    if inputs.block_size not in BLOCK_SIZES:
-        raise InvalidArgumentError(
-            f"block_size must be one of {', '.join(map(str, BLOCK_SIZES))} tokens, got {inputs.block_size!r}"
-        )
-    max_len = model.max_position_embeddings if inputs.max_model_len is None else inputs.max_model_len
-    max_len = check_int(max_len, "max_model_len", minimum=1, maximum=MAX_CONTEXT_TOKENS)
-    if max_len > model.max_position_embeddings:
-        raise InvalidArgumentError(
-            f"max_model_len {max_len:,} exceeds {model.name}'s max_position_embeddings "
-            f"{model.max_position_embeddings:,} (vLLM refuses it)"
-        )
-    context_len = max_len if inputs.context_len is None else inputs.context_len
-    context_len = check_int(context_len, "context_len", minimum=1, maximum=max_len)
-    max_num_seqs = check_int(inputs.max_num_seqs, "max_num_seqs", minimum=1, maximum=MAX_NUM_SEQS)
-    batched = check_int(
-        inputs.max_num_batched_tokens, "max_num_batched_tokens", minimum=1, maximum=MAX_CONTEXT_TOKENS
-    )
-    weight_dtype = resolve_weight_dtype(model, inputs.weight_dtype)
-    kv_dtype = resolve_kv_dtype(model, inputs.kv_dtype)
-    estimated = inputs.activation_reserve is None
-    reserve = (
-        estimate_activation_bytes(model, tp, batched, max_num_seqs)
-        if estimated
-        else inputs.activation_reserve
-    )
-    reserve = check_int(reserve, "activation_reserve (bytes)", minimum=0, maximum=MAX_ACTIVATION_BYTES)
-    if not isinstance(inputs.hybrid_kv_cache_manager, bool):
-        raise InvalidArgumentError(
-            f"hybrid_kv_cache_manager must be True or False, got {inputs.hybrid_kv_cache_manager!r}"
-        )
-    return _Checked(
-        model, inputs.gpu, num_gpus, tp, pp, num_gpus // per_replica, weight_dtype, kv_dtype, utilization,
-        inputs.block_size, max_len, context_len, max_num_seqs, reserve, estimated, batched,
-        inputs.hybrid_kv_cache_manager,
-    )  # fmt: skip
-
-
-def _arithmetic(c: _Checked) -> _Memory:
+def _arithmetic(c: ResolvedDeployment) -> _Memory:
     """usable = memory x utilization; KV budget = usable - weights - activations; blocks and requests in it."""
     usable = int(c.gpu.memory_bytes * c.utilization)
-    weights = weight_bytes_per_gpu(c.model, c.weight_dtype, c.tensor_parallel, c.pipeline_parallel)
+    weights = c.weight_bytes()
     kv_budget = usable - weights - c.activation_bytes
-    per_token = kv_bytes_per_token(c.model, c.kv_dtype, c.tensor_parallel, c.pipeline_parallel)
-    layout = kv_cache_layout(
-        c.model, max(0, kv_budget), max_model_len=c.max_model_len, block_size=c.block_size, kv_dtype=c.kv_dtype,
-        tensor_parallel=c.tensor_parallel, pipeline_parallel=c.pipeline_parallel,
-        max_num_batched_tokens=c.max_num_batched_tokens, hybrid_kv_cache_manager=c.hybrid,
-    )  # fmt: skip
+    per_token = c.kv_bytes_per_token()
+    layout = c.kv_layout(max(0, kv_budget))
     num_blocks = layout.num_blocks
     # One attention group: every slot is a token slot; otherwise the tokens of max_model_len requests that fit.
     single = len(layout.groups) == 1 and layout.groups[0].kind != "mamba"
@@ -191,7 +105,7 @@ def _fit_tp(model: ModelSpec, gpu: GPUSpec, utilization: float, bits: int, pp: i
     return None
 
 
-def _verdict(c: _Checked, m: _Memory) -> _Verdict:
+def _verdict(c: ResolvedDeployment, m: _Memory) -> _Verdict:
     """Fits, or why not: no KV budget at all (with a TP size whose weights would fit), or one `max_model_len`
     request needs more blocks than the budget holds (with the longest max_model_len that would fit)."""
     if m.kv_budget <= 0 or m.num_blocks == 0:
@@ -226,7 +140,7 @@ def _verdict(c: _Checked, m: _Memory) -> _Verdict:
     return _Verdict(True, text, None, None)
 
 
-def _notes(c: _Checked, m: _Memory, fits: bool) -> tuple[str, ...]:
+def _notes(c: ResolvedDeployment, m: _Memory, fits: bool) -> tuple[str, ...]:
     """What the figures leave out or assume, one sentence each."""
     notes = []
     if c.activation_estimated:
@@ -234,7 +148,7 @@ def _notes(c: _Checked, m: _Memory, fits: bool) -> tuple[str, ...]:
             "Activation reserve is an estimate (token budget x hidden/MLP width, fp32 logits, 1 GiB non-torch); "
             "vLLM measures it at start-up."
         )
-    notes += layout_notes(c.model, m.layout)
+    notes += c.layout_notes(m.layout)
     model = c.model
     if model.checkpoint_bytes is not None and c.weight_dtype == resolve_weight_dtype(model, "auto"):
         notes.append(f"Weights: the checkpoint's exact {model.checkpoint_bytes:,} B (safetensors index).")
@@ -298,16 +212,13 @@ def plan(
 
 def plan_from(inputs: PlanInputs) -> CapacityPlan:
     """The plan for `inputs` (see `plan` for the rules); the result keeps `inputs` as `.inputs`."""
-    c = _validate(inputs)
+    c = resolve_deployment(inputs)
     m = _arithmetic(c)
     verdict = _verdict(c, m)
     decode_batch = max(1, min(m.max_concurrency, c.max_num_seqs)) if verdict.fits else 0
     step = tokens_per_s = bound = None
     if verdict.fits:
-        step, bound = decode_step_estimate(
-            c.model, c.gpu, decode_batch, c.context_len, c.weight_dtype, c.kv_dtype, c.tensor_parallel,
-            c.pipeline_parallel,
-        )  # fmt: skip
+        step, bound = c.decode_step(decode_batch)
         tokens_per_s = decode_batch / step * c.replicas
     figures = {
         "inputs": inputs,

@@ -28,7 +28,7 @@ from core.kv.snapshot import KVCacheSnapshot
 from core.sched.memory import MemoryMetrics, SchedulerMemory
 from core.serving.contiguous_memory import CONTIGUOUS_POLICIES, ContiguousMemory
 from core.serving.counted_memory import CountedPagedMemory
-from core.serving.paged_memory import PagedMemory, check_kv_groups
+from core.serving.paged_memory import PagedKVGroup, PagedMemory, check_kv_groups
 
 POLICY_NAMES = ("paged", *CONTIGUOUS_POLICIES)
 # What charts, tables and progress lines call each policy: the one table of policy labels.
@@ -44,15 +44,16 @@ POLICY_LABELS = {
 class Policy:
     """How KV memory is handed out. block_size (tokens) and enable_prefix_caching apply to "paged" only.
 
-    kv_groups (paged only): None for one full-attention pool, or the model's KV cache groups as
-    ((kind, num_layers, window), ...), vLLM's hybrid allocator (`core.serving.paged_memory`).
+    kv_groups (paged only): None for one full-attention pool, or the model's KV cache groups
+    (`PagedKVGroup`s; (kind, num_layers, window) triples are converted once, here), vLLM's hybrid allocator
+    (`core.serving.paged_memory`).
     counted (paged only): count blocks without block tables (`core.serving.counted_memory`): the same schedule
     for one full-attention pool, no prefix caching and one sequence per request, no snapshots; for planners."""
 
     name: str
     block_size: int = 16
     enable_prefix_caching: bool = False
-    kv_groups: tuple | None = None
+    kv_groups: tuple[PagedKVGroup, ...] | None = None
     counted: bool = False
 
     def __post_init__(self):

@@ -2,13 +2,13 @@
 (`core.kv.KVCacheManager`); full-attention groups grow with the sequence, sliding-window groups keep only the
 blocks their window still reads. A model with one kind of layer is one full-attention group (the paper's vLLM).
 
-The model's layers form KV cache groups, given as (kind, num_layers, window) with kind "full" (window None) or
-"sliding_window" (window >= 1 tokens); the default is one full group. As in vLLM every group's page is the same
-size: a block of any group holds `block_size` tokens of K/V for `group_size` = the largest group's layers, so a
-smaller group is padded (its padding layers' pages are allocated and unused, vLLM's "Add N padding layers"). The
-pool has the bytes of `capacity` token slots of every real layer: `capacity x real_layers // group_size` *group
-slots* (one token of one group's block), so num_blocks = that // block_size, vLLM's available_bytes // page //
-group_size (one group: capacity // block_size).
+The model's layers form KV cache groups, given as `PagedKVGroup`s (kind, num_layers, window) with kind "full"
+(window None) or "sliding_window" (window >= 1 tokens); the default is one full group. As in vLLM every
+group's page is the same size: a block of any group holds `block_size` tokens of K/V for `group_size` = the
+largest group's layers, so a smaller group is padded (its padding layers' pages are allocated and unused,
+vLLM's "Add N padding layers"). The pool has the bytes of `capacity` token slots of every real layer:
+`capacity x real_layers // group_size` *group slots* (one token of one group's block), so num_blocks = that //
+block_size, vLLM's available_bytes // page // group_size (one group: capacity // block_size).
 
 A request is allocated in every group at admission (the prompt held whole until computed), its prompt enters the
 prefix cache as it is computed (a hit needs the prefix cached in every group, as in vLLM), parallel samples are
@@ -21,41 +21,74 @@ padding pages, as vLLM allocates them. This policy stays in `core.serving` (not 
 the pool is the simulator's accounting: the paper's slot categories and the bulk decode prediction.
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from core.common import check_int
 from core.errors import InvalidArgumentError
 from core.kv.kv_cache_manager import KVCacheManager
+from core.kv.layout import KVCacheGroup
 from core.kv.snapshot import KVCacheSnapshot
-from core.kv.specs import FullAttentionSpec, SlidingWindowSpec
+from core.kv.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from core.sched.memory import Admission, MemoryMetrics
 
 KV_GROUP_KINDS = ("full", "sliding_window")
-ONE_FULL_GROUP = (("full", 1, None),)  # a model whose layers are all alike: one full-attention group
 
 
-def check_kv_groups(kv_groups) -> tuple:
-    """The groups as a tuple of (kind, num_layers, window) tuples; raises InvalidArgumentError when a kind is
-    unknown, a window is missing or set on a full group, or a group has no layer. Groups may differ in size
-    (smaller ones are padded to the largest, as vLLM does)."""
-    groups = tuple(tuple(g) for g in kv_groups)
+@dataclass(frozen=True)
+class PagedKVGroup:
+    """One KV cache group as the paged policy simulates it: `num_layers` (>= 1) layers of one `kind` sharing a
+    block table; kind "full" (window None) or "sliding_window" (window >= 1 tokens). A real model's groups
+    come from vLLM's layout (`core.kv.layout.KVCacheGroup`, see `from_layout`). Raises InvalidArgumentError on
+    construction for an unknown kind, a window missing or set on a full group, or a group with no layer."""
+
+    kind: str
+    num_layers: int
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KV_GROUP_KINDS:
+            raise InvalidArgumentError(
+                f"KV cache group kind must be one of {KV_GROUP_KINDS}, got {self.kind!r}"
+            )
+        check_int(self.num_layers, "num_layers of a KV cache group", minimum=1)
+        if self.kind == "full" and self.window is not None:
+            raise InvalidArgumentError(f"a full-attention group has no window, got {self.window!r}")
+        if self.kind == "sliding_window":
+            check_int(self.window, "sliding window (tokens)", minimum=1)
+
+    @classmethod
+    def from_layout(cls, group: KVCacheGroup) -> "PagedKVGroup":
+        """The paged policy's view of one of vLLM's groups: its kind, layer count and window."""
+        return cls(group.kind, len(group.layers), group.window)
+
+    def spec(self, block_size: int) -> KVCacheSpec:
+        """The `core.kv` spec of this group's block table (no heads: the simulator counts blocks)."""
+        if self.window is None:
+            return FullAttentionSpec(block_size=block_size, num_kv_heads=0, head_size=0)
+        return SlidingWindowSpec(
+            block_size=block_size, num_kv_heads=0, head_size=0, sliding_window=self.window
+        )
+
+
+ONE_FULL_GROUP = (PagedKVGroup("full", 1),)  # a model whose layers are all alike: one full-attention group
+
+
+def check_kv_groups(kv_groups) -> tuple[PagedKVGroup, ...]:
+    """The groups as a tuple of `PagedKVGroup`, the one place a (kind, num_layers, window) triple given by a
+    caller becomes one; raises InvalidArgumentError for no group or a bad one (see `PagedKVGroup`). Groups may
+    differ in size (smaller ones are padded to the largest, as vLLM does)."""
+    groups = tuple(g if isinstance(g, PagedKVGroup) else _from_triple(g) for g in kv_groups)
     if not groups:
         raise InvalidArgumentError("a hybrid policy needs at least one KV cache group")
-    for kind, layers, window in groups:
-        if kind not in KV_GROUP_KINDS:
-            raise InvalidArgumentError(f"KV cache group kind must be one of {KV_GROUP_KINDS}, got {kind!r}")
-        check_int(layers, "num_layers of a KV cache group", minimum=1)
-        if kind == "full" and window is not None:
-            raise InvalidArgumentError(f"a full-attention group has no window, got {window!r}")
-        if kind == "sliding_window":
-            check_int(window, "sliding window (tokens)", minimum=1)
     return groups
 
 
-def _spec(block_size: int, window: int | None):
-    if window is None:
-        return FullAttentionSpec(block_size=block_size, num_kv_heads=0, head_size=0)
-    return SlidingWindowSpec(block_size=block_size, num_kv_heads=0, head_size=0, sliding_window=window)
+def _from_triple(group) -> PagedKVGroup:
+    if not isinstance(group, (tuple, list)) or len(group) != 3:
+        raise InvalidArgumentError(f"a KV cache group is (kind, num_layers, window), got {group!r}")
+    return PagedKVGroup(*group)
 
 
 class _PagedGroupState:
@@ -86,15 +119,15 @@ class PagedMemory:
     def __init__(self, policy, capacity: int, watermark: float):
         self.groups = check_kv_groups(policy.kv_groups or ONE_FULL_GROUP)
         self.block_size = bs = policy.block_size
-        self.group_size = max(layers for _, layers, _ in self.groups)
-        real_layers = sum(layers for _, layers, _ in self.groups)
+        self.group_size = max(g.num_layers for g in self.groups)
+        real_layers = sum(g.num_layers for g in self.groups)
         self.capacity = capacity * real_layers // self.group_size  # group slots
         self.num_blocks = self.capacity // bs
         if self.num_blocks < 1:
             raise InvalidArgumentError(f"KV capacity {capacity} tokens holds no block of {bs} tokens")
-        self.windows = [w for _, _, w in self.groups]
+        self.windows = [g.window for g in self.groups]
         self.kv = KVCacheManager(
-            [_spec(bs, w) for w in self.windows],
+            [g.spec(bs) for g in self.groups],
             self.num_blocks,
             enable_prefix_caching=policy.enable_prefix_caching,
         )

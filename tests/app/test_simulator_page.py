@@ -298,11 +298,12 @@ def test_peak_tokens_per_request_by_hand():
     finishes and 10 + 2 = 12 remain: the busiest step holds 22, 11 per request; with n = 2 samples each holds
     10 + 2t: 20 + 4 = 24 at t = 1, 12 per request. A sliding window caps what its layers hold."""
     from core.page_models.simulator import peak_tokens_per_request
+    from core.serving.paged_memory import PagedKVGroup
     from core.serving.workload import Request
 
     assert peak_tokens_per_request([Request(0, 0.0, 10, 4), Request(1, 0.0, 10, 2)]) == 11.0
     assert peak_tokens_per_request([Request(0, 0.0, 10, 4, n=2), Request(1, 0.0, 10, 2, n=2)]) == 12.0
     # half the layers in a window of 5 tokens: at t = 1 the full half holds 11 + 11, the window half 5 + 5, an
     # average of 16 (t = 0: 15; t = 2, one request left: (12 + 5) / 2): 8 per request
-    windowed = (("full", 6, None), ("sliding_window", 6, 5))
+    windowed = (PagedKVGroup("full", 6), PagedKVGroup("sliding_window", 6, 5))
     assert peak_tokens_per_request([Request(0, 0.0, 10, 4), Request(1, 0.0, 10, 2)], windowed) == 8.0

@@ -9,6 +9,7 @@ from core.common import cdiv
 from core.errors import InvalidArgumentError
 from core.planning.step_time import StepTimeModel, opt_13b_a100
 from core.serving.memory_policies import Policy
+from core.serving.paged_memory import PagedKVGroup, check_kv_groups
 from core.serving.simulator import COLUMNS, SimulatorConfig, simulate
 from core.serving.workload import Request, fixed, sharegpt
 
@@ -88,6 +89,28 @@ def test_bad_kv_groups_are_rejected(groups):
         _hybrid(groups)
 
 
+def test_kv_groups_are_typed_once_at_the_edge():
+    """A (kind, num_layers, window) triple becomes a `PagedKVGroup` in `check_kv_groups` (what `Policy` and
+    `SimulatorParams` call), a typed group passes as it is; a model's groups come typed from vLLM's layout
+    (Gemma 2 9B: 21 sliding-window layers over 4,096 tokens and 21 full, as in
+    tests/planning/test_kv_layout.py)."""
+    from core.page_models.simulator import model_kv_groups
+
+    window = PagedKVGroup("sliding_window", 2, 64)
+    assert check_kv_groups((("full", 2, None), window)) == (PagedKVGroup("full", 2), window)
+    assert Policy("paged", 16, kv_groups=[("full", 2, None), ("sliding_window", 2, 64)]).kv_groups == (
+        PagedKVGroup("full", 2, None),
+        window,
+    )
+    assert model_kv_groups("gemma-2-9b") == (
+        PagedKVGroup("sliding_window", 21, 4096),
+        PagedKVGroup("full", 21),
+    )
+    assert model_kv_groups("opt-13b") is None
+    with pytest.raises(InvalidArgumentError, match="kind must be one of"):
+        PagedKVGroup("mamba", 1)
+
+
 def test_parallel_samples_share_their_prompt_blocks_in_every_group():
     """gpt-oss-20b's groups (12 full layers, 12 sliding over 128 tokens), block 16, one request of 100 prompt
     tokens with n = 2: after the prefill the two samples share the prompt's cdiv(100, 16) = 7 blocks in each
@@ -96,7 +119,7 @@ def test_parallel_samples_share_their_prompt_blocks_in_every_group():
     from core.page_models.simulator import model_kv_groups
 
     groups = model_kv_groups("gpt-oss-20b")
-    assert sorted(kind for kind, _, _ in groups) == ["full", "sliding_window"]
+    assert sorted(g.kind for g in groups) == ["full", "sliding_window"]
     config = SimulatorConfig(kv_capacity_tokens=4096, step_time=FLAT, max_snapshots=10**7)
     result = simulate([Request(0, 0.0, 100, 40, n=2)], _hybrid(groups), config)
     s = result.steps
@@ -151,7 +174,9 @@ def test_experiment_runs_the_paged_policy_hybrid():
     groups = (("full", 20, None), ("sliding_window", 20, 4096))
     params = SimulatorParams(num_requests=40, rate=4.0, policies=("paged",), kv_groups=groups)
     result = run_comparison(params)["paged"]
-    assert result.policy.kv_groups == groups and result.capacity_slots == 2 * params.kv_capacity_tokens()
+    assert params.kv_groups == (PagedKVGroup("full", 20), PagedKVGroup("sliding_window", 20, 4096))
+    assert result.policy.kv_groups == params.kv_groups
+    assert result.capacity_slots == 2 * params.kv_capacity_tokens()
 
 
 def test_snapshot_shows_every_group_in_one_id_space():
@@ -204,7 +229,7 @@ def test_gemma_3_pool_is_vllms_block_count():
     from core.serving.memory_policies import make_memory
 
     groups = model_kv_groups("gemma-3-27b")
-    assert sorted(layers for _, layers, _ in groups) == [8, 8, 9, 9, 9, 9, 10]
+    assert sorted(g.num_layers for g in groups) == [8, 8, 9, 9, 9, 9, 10]
     memory = make_memory(_hybrid(groups), 15_728, 0.0, 2048)
     assert memory.num_blocks == 6_094 and memory.group_size == 10
     layout = kv_cache_layout(MODELS["gemma-3-27b"], 1 << 34, max_model_len=2048)
@@ -221,7 +246,7 @@ def test_gemma_3_pool_is_vllms_block_count():
     assert len(busiest.context_lens) >= 2 and (busiest.context_lens > 1200).all()
     held = busiest.owner_request >= 0
     per_group = np.bincount(busiest.pool.group[held], minlength=7)
-    full = next(i for i, (kind, _, _) in enumerate(groups) if kind == "full")
+    full = next(i for i, g in enumerate(groups) if g.kind == "full")
     windows = [g for i, g in enumerate(per_group) if i != full]
     requests_held = len(set(busiest.owner_request[held].tolist()))
     assert per_group[full] > windows[0] and len(set(windows)) == 1  # the window groups make the same moves

@@ -7,6 +7,7 @@ import pytest
 from core.kv import KVCacheSnapshot
 from core.planning.step_time import opt_13b_a100
 from core.serving.memory_policies import Policy, orca_max, orca_oracle, paged
+from core.serving.paged_memory import check_kv_groups
 from core.serving.simulator import SimulatorConfig, StepSnapshot, simulate
 from core.serving.workload import sharegpt
 from ui.simulator_figures import (
@@ -238,7 +239,7 @@ def test_hybrid_heatmap_draws_every_group_in_one_id_space():
     snap = _step_snapshot(
         1_234, 5_678.9, np.array([41, 20]), owner, (owner >= 0).astype(int), fill, np.zeros(n, bool), kv_group
     )
-    groups = (("full", 10, None), ("sliding_window", 9, 32), ("sliding_window", 8, 32))
+    groups = check_kv_groups((("full", 10, None), ("sliding_window", 9, 32), ("sliding_window", 8, 32)))
     fig = block_heatmap_figure(snap, 16, columns=4, kv_groups=groups)
     heat = fig.data[0]
     assert np.asarray(heat.z, dtype=float).tolist() == [[5, 5, 5, 5], [5, 9, 9, 0], [0, 9, 0, 0]]
@@ -296,7 +297,7 @@ def test_hybrid_heatmap_of_a_simulation_covers_the_pool():
     to one group, and a request's window-group blocks stay within its bound: all its tokens while admitted and not
     yet computed, then at most cdiv(128, 16) + 1 = 9, while its full-group blocks grow with its length."""
     requests = sharegpt(60, rate=6.0, seed=3)
-    groups = (("full", 12, None), ("sliding_window", 12, 128))
+    groups = check_kv_groups((("full", 12, None), ("sliding_window", 12, 128)))
     result = simulate(
         requests,
         Policy("paged", 16, kv_groups=groups),
