@@ -6,7 +6,8 @@ there is no upward arrow and no circle. `tests/test_core_map.py` reads this list
 import statement of core (module level or inside a function), and that every `core.` name below exists.
 
 - `core.kv` (imports: none): the one home of KV-cache memory: per-layer specs in vLLM V1's vocabulary
-  (`core.kv.specs`), the one reader of a Hugging Face config's layer kinds (`core.kv.hf_config`), the layout
+  (`core.kv.specs`), the one reader of a Hugging Face config's layer kinds (`core.kv.hf_config`) and of the
+  shape facts the engine's and the planner's model views share (`core.kv.model_shape`), the layout
   arithmetic (`core.kv.layout`), the block pool, its single-type managers and the manager over them
   (`core.kv.block_pool`, `core.kv.single_type_manager`, `core.kv.kv_cache_manager`), block hashes, snapshots,
   vLLM's KV events (`core.kv.events`) and the Orca baselines' buddy allocator (`core.kv.buddy_allocator`).

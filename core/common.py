@@ -19,6 +19,17 @@ def cdiv(numerator: int, denominator: int) -> int:
     return -(-numerator // denominator)
 
 
+# How a value's type is named in messages: JSON's names for the types a parsed JSON body holds (an HTTP
+# request's fields and a Python caller's arguments are described alike), the class name for anything else.
+JSON_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+                   dict: "an object", type(None): "null"}  # fmt: skip
+
+
+def json_type_name(value: object) -> str:
+    """What `value` is, for a message: "a string", "an array", "null", ... (`JSON_TYPE_NAMES`), else its class."""
+    return JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
 def check_int(value: object, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """`value` as a Python int when it is an integer (numpy integers too, never bool) within the bounds."""
     if isinstance(value, bool) or not isinstance(value, Integral):

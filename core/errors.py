@@ -209,6 +209,16 @@ class ModelFetchError(ModelLoadError):
     The message says which step failed and how to fetch the file by hand; nothing is left in the cache."""
 
 
+class TokenIdsError(InvalidArgumentError):
+    """Token ids a request may not carry (`core.engine.token_ids.check_token_ids`): not a list of integers,
+    an id outside the vocabulary, none where one is needed, or too many. `param` names the list or the one id at
+    fault ("prompt", "prompt[3]", "stop_token_ids[0]"): the server answers it as the OpenAI 400's `param`."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
 class RequestError(InvalidArgumentError):
     """A request `core.serve` refuses (answered as OpenAI's error object): `param` names the field, `status` the
     HTTP status (400 bad input, 404 another model's name, 413 a body over the size cap)."""

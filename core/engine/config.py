@@ -16,10 +16,12 @@ import torch
 
 from core.errors import InvalidArgumentError, ModelLoadError
 from core.kv.hf_config import FULL, SLIDING, KVLayers, read_kv_layers
+from core.kv.model_shape import ModelShape, read_model_shape
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_ARCH_MODEL_TYPES = {arch: model_type for model_type, arch in _MODEL_TYPES.items()}
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 LAYER_TYPES = (FULL, SLIDING)  # the layer types this engine runs
 # The one tiny Llama config of the lab (random weights, no tokenizer): the Engine page's "tiny" model, the
@@ -112,6 +114,52 @@ class ModelConfig:
         )
 
     @property
+    def shape(self) -> ModelShape:
+        """The facts this config shares with the planner's `ModelSpec` (`core.kv.model_shape` maps the field
+        names of both): `ModelSpec.from_model_config(self).shape` equals this."""
+        return ModelShape(
+            num_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_position_embeddings,
+            tie_word_embeddings=self.tie_word_embeddings,
+            layer_types=self.layer_types,
+            sliding_window=self.sliding_window if SLIDING in self.layer_types else None,
+        )
+
+    def to_hf_config(self) -> dict:
+        """This config as a Hugging Face config dict (transformers 4 keys): `from_dict` reads it back equal."""
+        raw = {
+            "architectures": [self.architecture],
+            "model_type": _ARCH_MODEL_TYPES[self.architecture],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None if self.rope_scaling is None else dict(self.rope_scaling),
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "sliding_window": self.sliding_window,
+            "use_sliding_window": SLIDING in self.layer_types,  # Qwen2 reads its layer_types only when set
+            "layer_types": list(self.layer_types),
+            "torch_dtype": self.torch_dtype,
+            "hidden_act": self.hidden_act,
+        }
+        if self.eos_token_ids:
+            raw["eos_token_id"] = list(self.eos_token_ids)
+        return raw
+
+    @property
     def checkpoint_dtype(self) -> torch.dtype:
         return _DTYPES.get(self.torch_dtype, torch.float32)
 
@@ -161,36 +209,37 @@ class ModelConfig:
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         try:
-            hidden = int(raw["hidden_size"])
-            heads = int(raw["num_attention_heads"])
+            if "intermediate_size" not in raw:  # a Llama MLP has no fallback width (the planner's 4 x hidden)
+                raise KeyError("intermediate_size")
+            cfg = {**raw, "model_type": raw.get("model_type") or _ARCH_MODEL_TYPES[arch]}
+            kv = read_kv_layers(cfg)  # layer types (Qwen2: max_window_layers, use_sliding_window), KV heads
+            shape = read_model_shape(cfg, kv)  # the facts the planner reads too, by the same function
             rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
             theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
             if "type" in rope and "rope_type" not in rope:
                 rope["rope_type"] = rope.pop("type")
-            num_layers = int(raw["num_hidden_layers"])
-            kv = read_kv_layers(raw)  # layer types (Qwen2: max_window_layers, use_sliding_window), KV heads
             eos = raw.get("eos_token_id")
             eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
             return cls(
                 architecture=arch,
-                vocab_size=int(raw["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(raw["intermediate_size"]),
-                num_layers=num_layers,
-                num_heads=heads,
-                num_kv_heads=kv.num_kv_heads,
-                head_dim=kv.head_size,
+                vocab_size=shape.vocab_size,
+                hidden_size=shape.hidden_size,
+                intermediate_size=shape.intermediate_size,
+                num_layers=shape.num_layers,
+                num_heads=shape.num_attention_heads,
+                num_kv_heads=shape.num_kv_heads,
+                head_dim=shape.head_dim,
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=theta,
                 rope_scaling=rope if rope.get("rope_type", "default") != "default" else None,
-                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                max_position_embeddings=shape.max_position_embeddings,
+                tie_word_embeddings=shape.tie_word_embeddings,
                 attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
-                sliding_window=kv.sliding_window,
+                sliding_window=shape.sliding_window,
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
                 hidden_act=str(raw.get("hidden_act", "silu")),
-                layer_types=kv.layer_types,
+                layer_types=shape.layer_types,
             )
         except InvalidArgumentError as bad:
             raise ModelLoadError(f"config.json: {bad}") from None

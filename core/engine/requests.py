@@ -12,27 +12,26 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from core.common import check_int
 from core.engine.sampling import SamplingParams
 from core.engine.sequence import Sequence, SequenceGroup
+from core.engine.token_ids import CheckedTokenIds, check_token_ids
 from core.errors import InvalidArgumentError
 
 
-def prompt_ids(prompt, tokenizer, vocab_size: int) -> tuple[list[int], str | None]:
-    """(token ids, text or None) of a prompt given as text (needs a tokenizer) or as a list of token ids."""
+def prompt_ids(prompt, tokenizer, vocab_size: int) -> tuple[CheckedTokenIds, str | None]:
+    """(token ids, text or None) of a prompt given as text (needs a tokenizer) or as token ids, checked once
+    (`check_token_ids`; the tokenizer's ids too): a `CheckedTokenIds` of this vocabulary, already checked at
+    another edge (the server's), is taken as it is. Raises InvalidArgumentError (TokenIdsError for bad ids)."""
+    if isinstance(prompt, CheckedTokenIds) and prompt.vocab_size == vocab_size:
+        return prompt, None
     if isinstance(prompt, str):
         if tokenizer is None:
             raise InvalidArgumentError("this model has no tokenizer: give prompts as lists of token ids")
         ids = list(tokenizer(prompt)["input_ids"])
         if not ids:
             raise InvalidArgumentError("a prompt needs at least one token; this text has none")
-        return ids, prompt
-    if isinstance(prompt, bytes | dict) or not hasattr(prompt, "__iter__"):
-        raise InvalidArgumentError(f"a prompt is text or a list of token ids, got {type(prompt).__name__}")
-    ids = [check_int(t, "token id", minimum=0, maximum=vocab_size - 1) for t in prompt]
-    if not ids:
-        raise InvalidArgumentError("a prompt needs at least one token")
-    return ids, None
+        return check_token_ids(ids, vocab_size), prompt
+    return check_token_ids(prompt, vocab_size), None
 
 
 def prompts_and_params(prompts, params) -> tuple[list, list[SamplingParams]]:

@@ -2,6 +2,8 @@
 
 - `specs`: what one layer keeps per block (full attention, sliding window, chunked local, MLA, Mamba).
 - `hf_config`: the one reader of a Hugging Face config's layer kinds (`read_kv_layers`, `layer_specs`).
+- `model_shape`: the one model vocabulary: the facts of a model's shape the engine's `ModelConfig` and the
+  planner's `ModelSpec` share (`ModelShape`), read from a config by `read_model_shape`.
 - `layout`: vLLM V1's layout arithmetic on the specs (`kv_cache_layout`, `KVCacheLayout`, `KVCacheGroup`).
 - `events`: vLLM's KV cache events (BlockStored, BlockRemoved, AllBlocksCleared) and their msgpack wire format.
 - `block_hash`: the chained prefix-cache key of a full block.

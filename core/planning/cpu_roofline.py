@@ -8,6 +8,7 @@ the best sample is the machine least disturbed by other processes, so fitted eff
 
 import time
 
+from core.kv.model_shape import ModelShape
 from core.planning.step_time import StepTimeModel
 
 
@@ -58,4 +59,22 @@ def engine_step_model(
         bandwidth_efficiency=1.0,
         flops_efficiency=1.0,
         overhead_s=0.0,
+    )
+
+
+def engine_step_model_of(
+    shape: ModelShape, *, weight_bytes: float, dtype_bytes: int, roofs: dict
+) -> StepTimeModel:
+    """`engine_step_model` of a model's shared facts (`ModelConfig.shape`, `ModelSpec.shape`), so no caller
+    copies the engine config's fields into the planner's names by hand."""
+    return engine_step_model(
+        weight_bytes=weight_bytes,
+        num_layers=shape.num_layers,
+        num_heads=shape.num_attention_heads,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        hidden_size=shape.hidden_size,
+        vocab_size=shape.vocab_size,
+        dtype_bytes=dtype_bytes,
+        roofs=roofs,
     )

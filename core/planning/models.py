@@ -20,32 +20,18 @@ from typing import Any
 from core.errors import InvalidArgumentError
 from core.kv.hf_config import (
     FULL,
-    HEAD_KEYS,
-    HIDDEN_KEYS,
-    KV_HEAD_KEYS,
-    LAYER_KEYS,
     LINEAR,
     KVLayers,
     RecurrentStateSpec,
     language_config,
     read_int,
     read_kv_layers,
-    read_layer_types,
     read_recurrent_state,
 )
+from core.kv.model_shape import ModelShape, read_model_shape
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MODELS_JSON = DATA_DIR / "models.json"
-
-# Alternative config keys, tried in order (vLLM's ModelConfig reads the same aliases).
-_INTERMEDIATE_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
-_POSITION_KEYS = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_seq_len",
-    "seq_length",
-    "max_sequence_length",
-)
 
 # vLLM serves a float32 checkpoint in float16, except for model types known to overflow in float16, which it
 # serves in bfloat16 (vllm/config: _FLOAT16_NOT_SUPPORTED_MODELS).
@@ -172,6 +158,35 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def shape(self) -> ModelShape:
+        """The facts this spec shares with the engine's `ModelConfig` (`core.kv.model_shape`, which maps the
+        field names of both): for a config both read, `ModelConfig.from_dict(c).shape` equals this."""
+        return ModelShape(
+            num_layers=self.num_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_position_embeddings,
+            tie_word_embeddings=self.tie_word_embeddings,
+            layer_types=self.layer_kinds,
+            sliding_window=self.sliding_window,
+        )
+
+    @classmethod
+    def from_model_config(
+        cls, config: Any, name: str | None = None, num_params: float | None = None
+    ) -> "ModelSpec":
+        """The spec of an engine model (`core.engine.config.ModelConfig`, read through its `to_hf_config()`, the
+        config.json it was read from, so the planner reads it with `from_hf_config`'s one parser); `name`
+        defaults to its architecture. Its `.shape` equals the config's."""
+        return cls.from_hf_config(
+            config.to_hf_config(), name=name or config.architecture, num_params=num_params
+        )
+
     @classmethod
     def from_hf_config(
         cls,
@@ -189,21 +204,26 @@ class ModelSpec:
         `InvalidArgumentError` naming the missing or bad field.
         """
         cfg = language_config(config)
-        shape = _read_shape(cfg)
         kv = read_kv_layers(cfg, name)
+        shape = read_model_shape(cfg, kv)
         quantization = _read_quantization(cfg)
         num_experts, experts_per_tok = _read_experts(cfg)
-        estimate = estimate_num_params(cfg)
+        estimate = estimate_num_params(cfg, shape)
         total, active = _param_counts(estimate, num_params, num_params_active, bool(num_experts))
         model_type = str(cfg.get("model_type", "unknown"))
         return cls(
             name=kv.name,
-            **shape,
-            num_kv_heads=kv.num_kv_heads,
-            head_dim=kv.head_size,
+            num_layers=shape.num_layers,
+            num_attention_heads=shape.num_attention_heads,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            hidden_size=shape.hidden_size,
+            intermediate_size=shape.intermediate_size,
+            vocab_size=shape.vocab_size,
+            max_position_embeddings=shape.max_position_embeddings,
             num_params=round(total),
             num_params_active=round(active),
-            sliding_window=kv.sliding_window,
+            sliding_window=shape.sliding_window,
             kv_lora_rank=read_int(cfg, ("kv_lora_rank",), "kv_lora_rank", default=None),
             qk_rope_head_dim=read_int(cfg, ("qk_rope_head_dim",), "qk_rope_head_dim", default=None),
             model_type=model_type,
@@ -211,7 +231,7 @@ class ModelSpec:
             **quantization,
             num_experts=num_experts,
             num_experts_per_tok=experts_per_tok,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),  # PretrainedConfig default
+            tie_word_embeddings=shape.tie_word_embeddings,
             embedding_params=estimate["embedding"],
             lm_head_params=estimate["lm_head"],
             expert_params=estimate["experts"],
@@ -222,22 +242,6 @@ class ModelSpec:
             attention_chunk_size=kv.attention_chunk_size,
             recurrent_state=kv.recurrent_state,
         )
-
-
-def _read_shape(cfg: dict[str, Any]) -> dict[str, int]:
-    """Layers, heads, widths, vocabulary and positions, with vLLM's fallbacks (KV heads and head size:
-    `read_kv_layers`)."""
-    num_layers = read_int(cfg, LAYER_KEYS, "number of layers")
-    num_heads = read_int(cfg, HEAD_KEYS, "number of attention heads")
-    hidden = read_int(cfg, HIDDEN_KEYS, "hidden size")
-    return {
-        "num_layers": num_layers,
-        "num_attention_heads": num_heads,
-        "hidden_size": hidden,
-        "intermediate_size": read_int(cfg, _INTERMEDIATE_KEYS, "intermediate size", default=4 * hidden),
-        "vocab_size": read_int(cfg, ("vocab_size", "padded_vocab_size"), "vocab_size"),
-        "max_position_embeddings": read_int(cfg, _POSITION_KEYS, "max_position_embeddings", default=2048),
-    }
 
 
 def _read_quantization(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -310,7 +314,7 @@ def _param_counts(
     return total, active
 
 
-def estimate_num_params(config: dict[str, Any]) -> dict[str, int]:
+def estimate_num_params(config: dict[str, Any], shape: ModelShape | None = None) -> dict[str, int]:
     """Parameter count from a config's shapes: {"total", "active", "embedding", "lm_head", "experts",
     "attention"}.
 
@@ -321,21 +325,20 @@ def estimate_num_params(config: dict[str, Any]) -> dict[str, int]:
     `num_nextn_predict_layers`) are not part of the served model and are not counted. "active" counts only
     `num_experts_per_tok` routed experts per MoE layer; "experts" is every routed expert's parameters,
     "attention" every attention (or linear-attention) layer's. Within ~1% of published counts for the presets
-    (tests/planning/test_models.py).
+    (tests/planning/test_models.py). `shape`: the config's `read_model_shape`, when the caller has it already.
     """
-    cfg = config
-    layers = read_int(cfg, LAYER_KEYS, "number of layers")
-    hidden = read_int(cfg, HIDDEN_KEYS, "hidden size")
-    inter = read_int(cfg, _INTERMEDIATE_KEYS, "intermediate size", default=4 * hidden)
-    vocab = read_int(cfg, ("vocab_size", "padded_vocab_size"), "vocab_size")
+    cfg = language_config(config)
+    shape = read_model_shape(cfg) if shape is None else shape
+    layers, hidden, inter = shape.num_layers, shape.hidden_size, shape.intermediate_size
+    vocab = shape.vocab_size
     model_type = str(cfg.get("model_type", "unknown"))
     biased = model_type == "opt" and bool(cfg.get("enable_bias", True))
     ungated = model_type in _UNGATED_MLP_MODEL_TYPES
     norm = 2 * hidden if model_type == "opt" else hidden  # LayerNorm has a bias, RMSNorm does not
     norms_per_layer = 4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2
 
-    linear_layers = read_layer_types(cfg, layers)[0].count(LINEAR)
-    attention = (layers - linear_layers) * _attention_params(cfg, hidden)
+    linear_layers = shape.layer_types.count(LINEAR)
+    attention = (layers - linear_layers) * _attention_params(cfg, shape)
     if linear_layers:
         attention += linear_layers * _linear_attention_params(read_recurrent_state(cfg, hidden), hidden)
 
@@ -368,10 +371,8 @@ def estimate_num_params(config: dict[str, Any]) -> dict[str, int]:
 
     embedding = vocab * hidden
     if model_type == "opt":
-        embedding += (
-            int(cfg.get("max_position_embeddings", 2048)) + 2
-        ) * hidden  # learned positions, offset 2
-    lm_head = 0 if cfg.get("tie_word_embeddings", True) else vocab * hidden
+        embedding += (shape.max_position_embeddings + 2) * hidden  # learned positions, offset 2
+    lm_head = 0 if shape.tie_word_embeddings else vocab * hidden
     outside = embedding + lm_head + norm  # final norm
     return {
         "total": decoder + experts + outside,
@@ -383,11 +384,10 @@ def estimate_num_params(config: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def _attention_params(cfg: dict[str, Any], hidden: int) -> int:
+def _attention_params(cfg: dict[str, Any], shape: ModelShape) -> int:
     """Parameters of one (full, sliding or chunked) attention layer: standard, GQA or MLA projections."""
-    heads = read_int(cfg, HEAD_KEYS, "number of attention heads")
-    kv_heads = read_int(cfg, KV_HEAD_KEYS, "number of KV heads", default=None) or heads
-    head_dim = read_int(cfg, ("head_dim",), "head_dim", default=None) or hidden // heads
+    hidden, heads = shape.hidden_size, shape.num_attention_heads
+    kv_heads, head_dim = shape.num_kv_heads, shape.head_dim  # MLA: the latent, not used below
     model_type = str(cfg.get("model_type", "unknown"))
     kv_lora = cfg.get("kv_lora_rank")
     if kv_lora:

@@ -6,8 +6,10 @@ prompts already turned into token ids; every bad field raises `RequestError` nam
 model's name), never a 500. Nothing that reaches the tokenizer or the engine is unchecked:
 - text (prompts, message roles and contents, the model name) is valid Unicode (no lone surrogates), holds no
   control character but tab, newline and carriage return, and is at most MAX_TEXT_CHARS long;
-- token ids (prompts, stop_token_ids) are integers in [0, vocab_size); lists are bounded (MAX_PROMPTS prompts,
-  max_model_len prompt tokens, MAX_MESSAGES messages, MAX_STOP_TOKEN_IDS stop ids);
+- token ids (prompts, the tokenizer's and the chat template's ids too, stop_token_ids) are integers in
+  [0, vocab_size), by the engine's one rule (`core.engine.token_ids.check_token_ids`), checked here once: the
+  prompts go to the engine as `CheckedTokenIds`, which it does not check again; lists are bounded (MAX_PROMPTS
+  prompts, max_model_len prompt tokens, MAX_MESSAGES messages, MAX_STOP_TOKEN_IDS stop ids);
 - every number has its JSON type (an integer field refuses 1.5 and true) and its range: max_tokens >= 1 and,
   with the prompt, within max_model_len (vLLM's rule); n from 1 to max_num_seqs; temperature >= 0; top_p in
   (0, 1]; top_k -1 or >= 0; seed in [0, 2^63); nested objects only where an object is expected.
@@ -21,8 +23,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.common import JSON_TYPE_NAMES, json_type_name
 from core.engine import SamplingParams
-from core.errors import InvalidArgumentError, RequestError
+from core.engine.token_ids import CheckedTokenIds
+from core.engine.token_ids import check_token_ids as check_ids
+from core.errors import InvalidArgumentError, RequestError, TokenIdsError
 
 MAX_PROMPTS = 64  # prompts in one completions request
 MAX_MESSAGES = 1_024
@@ -51,7 +56,7 @@ class ModelFacts:
 
 @dataclass
 class ParsedRequest:
-    prompts: list[list[int]]  # token ids of each prompt, checked against the vocabulary and the context
+    prompts: list[CheckedTokenIds]  # token ids of each prompt, checked against the vocabulary and the context
     params: SamplingParams
     stream: bool
     include_usage: bool
@@ -59,14 +64,6 @@ class ParsedRequest:
     chat: bool = False
     return_token_ids: bool = False
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-
-_JSON_TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-               dict: "an object", type(None): "null"}  # fmt: skip
-
-
-def _json_type(value: object) -> str:
-    return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def _shown(text: str, limit: int = 60) -> str:
@@ -77,7 +74,7 @@ def check_text(value: object, param: str, *, max_chars: int = MAX_TEXT_CHARS) ->
     """`value` when it is a string of valid Unicode without control characters (tab, newline, carriage return
     allowed) and at most `max_chars` long; else RequestError naming `param`."""
     if not isinstance(value, str):
-        raise RequestError(f"{param} must be a string, got {_json_type(value)}", param)
+        raise RequestError(f"{param} must be a string, got {json_type_name(value)}", param)
     if len(value) > max_chars:
         raise RequestError(
             f"{param} is {len(value):,} characters long; at most {max_chars:,} are allowed", param
@@ -110,7 +107,7 @@ def _optional(body: dict, name: str, kind: type, default=None):
     if kind is float:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
     if not ok:
-        raise RequestError(f"{name} must be {_JSON_TYPES[kind]}, got {_json_type(value)}", name)
+        raise RequestError(f"{name} must be {JSON_TYPE_NAMES[kind]}, got {json_type_name(value)}", name)
     return value
 
 
@@ -138,29 +135,21 @@ def _number(body: dict, name: str, default: float, minimum: float, maximum: floa
     return number
 
 
-def check_token_ids(value: object, param: str, model: ModelFacts, *, max_len: int) -> list[int]:
-    """`value` as a list of token ids, each an integer in [0, vocab_size), at most `max_len` of them."""
-    if not isinstance(value, list):
-        raise RequestError(f"{param} must be an array of token ids, got {_json_type(value)}", param)
-    if len(value) > max_len:
-        raise RequestError(f"{param} has {len(value):,} token ids; at most {max_len:,} are allowed", param)
-    for i, t in enumerate(value):
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise RequestError(
-                f"{param}[{i}] must be an integer token id, got {_json_type(t)}", f"{param}[{i}]"
-            )
-        if not 0 <= t < model.vocab_size:
-            shown = f"{t:,}" if abs(t) < 10**30 else "a larger number"
-            raise RequestError(
-                f"{param}[{i}] is {shown}, outside the vocabulary (token ids 0 to {model.vocab_size - 1:,})",
-                f"{param}[{i}]",
-            )
-    return list(value)
+def check_token_ids(
+    value: object, param: str, model: ModelFacts, *, max_len: int | None, allow_empty: bool = False
+) -> CheckedTokenIds:
+    """`value` checked by the engine's one rule (`core.engine.token_ids.check_token_ids`: integers in
+    [0, vocab_size), at most `max_len`, at least one unless `allow_empty`), as a RequestError naming `param` or the
+    bad id (`param[i]`). The engine takes the result without checking it again."""
+    try:
+        return check_ids(value, model.vocab_size, param=param, max_len=max_len, allow_empty=allow_empty)
+    except TokenIdsError as err:
+        raise RequestError(str(err), err.param) from None
 
 
 def _check_body(body: Any, model: ModelFacts) -> dict:
     if not isinstance(body, dict):
-        raise RequestError(f"the request body must be a JSON object, got {_json_type(body)}")
+        raise RequestError(f"the request body must be a JSON object, got {json_type_name(body)}")
     given = body.get("model")
     name = model.name if given is None else check_text(given, "model", max_chars=1_000)
     if name != model.name:
@@ -189,13 +178,12 @@ def _encode(model: ModelFacts, text: str, param: str) -> list[int]:
     return ids
 
 
-def _prompt_ids(model: ModelFacts, prompt: object, param: str) -> list[int]:
+def _prompt_ids(model: ModelFacts, prompt: object, param: str) -> CheckedTokenIds:
+    """A prompt's ids, checked once (the tokenizer's too): the engine takes them as they are."""
+    max_len = model.max_model_len  # ids sent: bounded before they are read; a text's: by the context below
     if isinstance(prompt, str):
-        ids = _encode(model, check_text(prompt, param), param)
-    else:
-        ids = check_token_ids(prompt, param, model, max_len=model.max_model_len)
-    if not ids:
-        raise RequestError(f"{param} needs at least one token", param)
+        prompt, max_len = _encode(model, check_text(prompt, param), param), None
+    ids = check_token_ids(prompt, param, model, max_len=max_len)
     if len(ids) >= model.max_model_len:
         raise RequestError(
             f"{param} has {len(ids):,} tokens; this model's maximum context length is {model.max_model_len:,} "
@@ -220,13 +208,15 @@ def _sampling(body: dict, model: ModelFacts, prompts: list[list[int]], max_token
         )
     stop = body.get("stop_token_ids")
     stop_ids = (
-        [] if stop is None else check_token_ids(stop, "stop_token_ids", model, max_len=MAX_STOP_TOKEN_IDS)
+        []
+        if stop is None
+        else check_token_ids(stop, "stop_token_ids", model, max_len=MAX_STOP_TOKEN_IDS, allow_empty=True)
     )
     top_k = _int(body, "top_k", 0, -1)
     options = _optional(body, "stream_options", dict, {})
     usage = options.get("include_usage")
     if usage is not None and not isinstance(usage, bool):
-        raise RequestError(f"stream_options.include_usage must be a boolean, got {_json_type(usage)}",
+        raise RequestError(f"stream_options.include_usage must be a boolean, got {json_type_name(usage)}",
                            "stream_options.include_usage")  # fmt: skip
     fields = {
         "temperature": _number(body, "temperature", 1.0, 0.0),
@@ -255,7 +245,7 @@ def completion_request(body: Any, model: ModelFacts) -> ParsedRequest:
     else:
         raise RequestError(
             f"prompt must be a string, an array of token ids, or a non-empty array of either, got "
-            f"{_json_type(prompt)}",
+            f"{json_type_name(prompt)}",
             "prompt",
         )
     max_tokens = _int(body, "max_tokens", None, 1)
@@ -272,7 +262,7 @@ def chat_request(body: Any, model: ModelFacts) -> ParsedRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(
-            f"messages must be a non-empty array of {{role, content}} objects, got {_json_type(messages)}",
+            f"messages must be a non-empty array of {{role, content}} objects, got {json_type_name(messages)}",
             "messages",
         )
     if len(messages) > MAX_MESSAGES:
@@ -282,7 +272,7 @@ def chat_request(body: Any, model: ModelFacts) -> ParsedRequest:
     turns = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise RequestError(f"messages[{i}] must be an object, got {_json_type(m)}", f"messages[{i}]")
+            raise RequestError(f"messages[{i}] must be an object, got {json_type_name(m)}", f"messages[{i}]")
         role = check_text(m.get("role"), f"messages[{i}].role", max_chars=MAX_ROLE_CHARS)
         turns.append({"role": role, "content": check_text(m.get("content"), f"messages[{i}].content")})
     if sum(len(t["content"]) for t in turns) > MAX_TEXT_CHARS:
