@@ -187,9 +187,15 @@ def config_label(config: SloConfig) -> str:
 
 
 def curve(params: SloPlannerParams, config: SloConfig) -> Curve:
-    """`latency_curve` of `config` at `curve_rates(params.rate)`, as a Curve."""
+    """`latency_curve` of `config` at `curve_rates(params.rate)`, as a Curve. `config` is a row of the search of
+    `params` (`search`), so the point at the target rate is that row itself: the search already simulated it,
+    with the same workload, SLO and candidates (`latency_curve` would run the same simulation again)."""
     rates = curve_rates(params.rate)
-    points = latency_curve(params.model, config, params.workload(), params.slo(), rates, params.candidates())
+    others = tuple(r for r in rates if r != params.rate)
+    found = iter(
+        latency_curve(params.model, config, params.workload(), params.slo(), others, params.candidates())
+    )
+    points = [config if r == params.rate else next(found) for r in rates]
     knee = knee_index(points)
     ttft_key, tpot_key = params.chart_keys()
     reason = (
