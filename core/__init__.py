@@ -15,8 +15,10 @@ import statement of core (module level or inside a function), and that every `co
   tensors that hold the paged K/V (`core.paging.kv_cache`).
 - `core.kernels` (imports: none): the paged attention API, its backends (torch, C for the CPU, Triton, gather)
   and their timing (`core.kernels.timer`, `core.kernels.timing`).
-- `core.sched` (imports: none): the continuous-batching scheduler (`core.sched.scheduler`) and the slim memory
-  protocol it drives (`core.sched.memory`), below both of its drivers, the simulator and the engine.
+- `core.sched` (imports: none): the continuous-batching scheduler (`core.sched.scheduler`), the slim memory
+  protocol it drives (`core.sched.memory`) and the run driver (`core.sched.driver`: one step, schedule ->
+  allocate -> execute -> postprocess -> observe, and the step rows `core.sched.step_columns.StepRows`), below
+  both of its drivers, the simulator and the engine.
 - `core.serving` (imports: kv, kernels, sched): workloads, memory policies, the serving simulator
   (`core.serving.simulator`), latency percentiles and steady state; a step's cost is injected (a step-time
   model), never read from planning.

@@ -7,14 +7,15 @@ whether to keep stepping, `abort_request` drops one. `generate` is a loop over `
 The engine is driven by `core.sched.scheduler.Scheduler`, the serving simulator's too (FCFS admission with a
 watermark, chunked prefill budget, newest-first preemption by recompute), with `EngineMemory` as its memory policy
 (a `core.kv.KVCacheManager` with one block table per KV cache group, and the KVCache: the engine's only door to
-KV memory) and the engine's `SequenceGroup`s as its
-groups. Each step: `schedule()` decides (decode groups, prefill chunks, preemptions); `allocate()` appends each
-decoding sequence's last token to the KV cache manager (copying a shared last block first); the `ModelRunner`
-builds one flattened batch and runs the forward pass (K/V written by slot, read by the paged kernels); each
-request samples, deciding which sequences end or fork; `postprocess()` marks the step's tokens computed, applies
-those forks and frees, counts the outputs and releases finished requests (the scheduler, through `EngineMemory`,
-is the only writer of KV memory); a `StepObserver` records the step's row (metrics and timings,
-`core.engine.metrics`) and snapshots. See `core.engine` for the
+KV memory) and the engine's `SequenceGroup`s as its groups. Each step runs through `core.sched.driver.run_step`,
+the simulator's driver too, with `core.engine.step_executor.EngineExecutor` as its executor: `schedule()`
+decides (decode groups, prefill chunks, preemptions); `allocate()` appends each decoding sequence's last token to
+the KV cache manager (copying a shared last block first); the `ModelRunner` builds one flattened batch and runs
+the forward pass (K/V written by slot, read by the paged kernels); each request samples, deciding which sequences
+end or fork; `postprocess()` marks the step's tokens computed, applies those forks and frees, counts the outputs
+and releases finished requests (the scheduler, through `EngineMemory`, is the only writer of KV memory); the
+driver's observer, a `StepObserver`, records the step's row (metrics and timings, `core.engine.metrics`) and
+snapshots. See `core.engine` for the
 public API. What the engine is built from (the dtype, a checkpoint or random weights, the pool's size) is
 `core.engine.loading`; chat prompts through the tokenizer's template are `core.engine.chat`.
 """
@@ -34,15 +35,16 @@ from core.engine.loading import engine_bytes, load_checkpoint, pool_blocks, rand
 from core.engine.memory import EngineMemory, kv_groups_of
 from core.engine.metrics import EngineRun, EngineSnapshot, StepObserver, StepRecorder
 from core.engine.model import LlamaModel
-from core.engine.model_runner import ModelRunner, PreparedStep
-from core.engine.postprocess import finish_group_outputs, process_group
+from core.engine.model_runner import ModelRunner
 from core.engine.requests import RequestInbox, make_group, prompts_and_params
 from core.engine.sampling import SamplingParams
 from core.engine.sequence import RequestOutput, SequenceGroup
-from core.errors import InvalidArgumentError, SchedulerStuckError
+from core.engine.step_executor import EngineExecutor
+from core.errors import InvalidArgumentError
 from core.kv import KVCacheManager
 from core.paging.kv_cache import KVCache
-from core.sched.scheduler import ScheduledStep, Scheduler
+from core.sched import driver
+from core.sched.scheduler import Scheduler
 
 __all__ = ["DEFAULT_MAX_NUM_BATCHED_TOKENS", "DEFAULT_MAX_NUM_SEQS", "Engine", "engine_bytes"]
 
@@ -132,11 +134,20 @@ class Engine:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_snapshots = check_int(max_snapshots, "max_snapshots", minimum=1)
         self.scheduler = Scheduler(self.memory, max_num_seqs, max_num_batched_tokens, "recompute")
-        self.runner = ModelRunner(self.model, self.memory)
-        self.last_run: EngineRun | None = None
         self._seq_ids = itertools.count()
         self._inbox = RequestInbox()
         self._live: dict = {}  # request_id -> group, for every request in the scheduler's queues
+        self.runner = ModelRunner(self.model, self.memory)
+        self._executor = EngineExecutor(
+            self.scheduler,
+            self.runner,
+            config.eos_token_ids,
+            self._new_seq_id,
+            tokenizer,
+            self._live,
+            self._inbox,
+        )
+        self.last_run: EngineRun | None = None
         self._step_lock = threading.RLock()
         self.warmup_ms = self.runner.warm_up() if warmup else 0.0
         self.reset_metrics()
@@ -340,47 +351,10 @@ class Engine:
                 raise
 
     def _step(self, started: float) -> list[RequestOutput]:
-        """schedule -> run -> postprocess (nano-vllm's loop); the observer records the step."""
-        scheduled = self.scheduler.schedule()  # admissions, preemptions: the scheduler takes and frees memory
-        self._check_not_stuck(scheduled)
-        self.scheduler.allocate(scheduled)  # each decoding sequence's token gets its slot
-        self._sample(scheduled, self.runner.execute(scheduled))  # forward pass, then sampling
-        outcome = self.scheduler.postprocess(scheduled)  # marks computed, forks / frees, releases finished
-        outputs = self._outputs(scheduled, outcome)
-        self._observer.on_step(scheduled, outcome, outputs, started)
-        return outputs
-
-    def _check_not_stuck(self, scheduled: ScheduledStep) -> None:
-        if scheduled.is_stuck:
-            raise SchedulerStuckError.nothing_fits(
-                len(self.scheduler.waiting), free_blocks=self.memory.free_blocks
-            )
-
-    def _sample(self, scheduled: ScheduledStep, prepared: PreparedStep | None) -> None:
-        """Give each sequence its row of logits, then sample every group whose sequences all have theirs (the
-        sequences it ends or forks are left in `kv_changes` for the scheduler's postprocess)."""
-        if prepared is None:
-            return
-        for row, owners in enumerate(prepared.logits_owner):
-            for seq in owners:
-                seq.pending_logits = prepared.logits[row]
-        eos = self.config.eos_token_ids
-        touched = dict.fromkeys([*scheduled.decoding, *(g for g, _, _ in scheduled.prefill_chunks)])
-        for group in touched:
-            if group.seqs and all(s.pending_logits is not None for s in group.seqs):
-                process_group(group, self._new_seq_id, eos)
-
-    def _outputs(self, scheduled: ScheduledStep, outcome) -> list[RequestOutput]:
-        """RequestOutputs of the groups that finished, and of the streamed ones that produced tokens."""
-        outputs = []
-        for group in outcome.finished:
-            self._live.pop(group.request_id, None)
-            outputs.append(finish_group_outputs(group, self.tokenizer))
-        self._inbox.finished([g.request_id for g in outcome.finished])
-        for group in dict.fromkeys([*scheduled.decoding, *outcome.first_token]):
-            if group.stream and group.seqs:
-                outputs.append(finish_group_outputs(group, self.tokenizer))
-        return outputs
+        """schedule -> allocate -> run -> postprocess (nano-vllm's loop) through the run driver the simulator
+        uses too (`core.sched.driver.run_step`); the executor runs the model, the observer records the step."""
+        self._observer.step_started = started
+        return driver.run_step(self.scheduler, self._executor, self._observer)
 
     def _snapshot(self, step: int) -> EngineSnapshot:
         pool = self.memory.snapshot(self.scheduler.running)

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from core.kv import KVCacheSnapshot
-from core.sched.step_columns import COLUMNS
+from core.sched.step_columns import COLUMNS, StepRows
 
 ENGINE_COLUMNS = (
     "shared_blocks",
@@ -90,11 +90,12 @@ def sharing_saving(steps: pd.DataFrame) -> float:
 @dataclass(eq=False)
 class StepRecorder:
     """Rows accumulated during a run, and the snapshot sampling (every `stride` steps, stride doubling to keep at
-    most `max_snapshots`). requests: one REQUEST_COLUMNS row per finished request, in the order they finished;
+    most `max_snapshots`). rows: the `STEP_COLUMNS` step rows (`core.sched.step_columns.StepRows`, the
+    simulator's too); requests: one REQUEST_COLUMNS row per finished request, in the order they finished;
     started: the run's start (`time.perf_counter()`); preemptions_base: the scheduler's preemption count then."""
 
     max_snapshots: int = 100
-    rows: list = field(default_factory=list)
+    rows: StepRows = field(default_factory=lambda: StepRows(STEP_COLUMNS, TIMED_COLUMNS))
     snapshots: list = field(default_factory=list)
     cow_events: list = field(default_factory=list)
     stride: int = 1
@@ -103,7 +104,7 @@ class StepRecorder:
     preemptions_base: int = 0
 
     def add(self, row: dict) -> None:
-        self.rows.append(row)
+        self.rows.add(row)
 
     def maybe_snapshot(self, step: int, blocks_fn, force: bool = False) -> None:
         if step % self.stride and not force:
@@ -117,9 +118,7 @@ class StepRecorder:
             self.snapshots = [s for s in self.snapshots if s.step % self.stride == 0 or s is last]
 
     def steps_frame(self) -> pd.DataFrame:
-        frame = pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
-        ints = [c for c in STEP_COLUMNS if c not in TIMED_COLUMNS]
-        return frame.astype(dict.fromkeys(ints, np.int64) | dict.fromkeys(TIMED_COLUMNS, np.float64))
+        return self.rows.frame()
 
     def run(self, num_blocks: int, block_size: int) -> "EngineRun":
         """The `EngineRun` of every step recorded so far (wall time: from `started` to now)."""
@@ -143,10 +142,12 @@ class StepRecorder:
 
 
 class StepObserver:
-    """Records each engine step once the scheduler postprocessed it: the step's row, its copy-on-write events,
-    the requests that finished and the snapshots, into `recorder` (a `StepRecorder`, replaced by
+    """The engine's `core.sched.driver.StepObserver`: records each step once the scheduler postprocessed it (an
+    empty one too: one row per `Engine.step` that ran the driver): the step's row, its copy-on-write events, the
+    requests that finished and the snapshots, into `recorder` (a `StepRecorder`, replaced by
     `Engine.reset_metrics`). It reads the memory, the scheduler and the runner and writes none of them (the
-    memory's copy-on-write log is drained here: a log, not KV memory)."""
+    memory's copy-on-write log is drained here: a log, not KV memory). step_started: when the step being run
+    began (`time.perf_counter()`, set by `Engine.step` before the driver runs)."""
 
     def __init__(self, memory, scheduler, runner, snapshot_fn, recorder: StepRecorder):
         self.memory = memory
@@ -154,11 +155,12 @@ class StepObserver:
         self.runner = runner
         self.snapshot_fn = snapshot_fn
         self.recorder = recorder
+        self.step_started = time.perf_counter()
 
-    def on_step(self, scheduled, outcome, outputs: list, started: float) -> None:
-        """Record the step that began at `started` (`time.perf_counter()`) and returned `outputs`."""
-        rec, mem, runner = self.recorder, self.memory, self.runner
-        step = len(rec.rows)
+    def on_step(self, scheduled, outcome, outputs: list) -> None:
+        """Record the step that began at `step_started` and returned `outputs`."""
+        rec, mem, runner, started = self.recorder, self.memory, self.runner, self.step_started
+        step = rec.rows.size
         rec.cow_events += [(step, *event) for event in mem.cow_log]
         cows = len(mem.cow_log)
         mem.cow_log.clear()

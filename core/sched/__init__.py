@@ -5,13 +5,16 @@ serving simulator (`core.serving`) and the engine (`core.engine`). It imports ne
   recompute or swap), `ScheduledStep`, `StepOutcome`, the `SequenceGroup` protocol, `PREEMPTION_MODES`.
 - `memory`: `SchedulerMemory` (admit, prefill, grow, release, metrics and the checks around them),
   `MemoryMetrics`, `Admission`.
-- `step_columns`: `COLUMNS`, the per-step record both drivers keep.
+- `driver`: `run_step`, one step (schedule -> allocate -> execute -> postprocess -> observe) for both drivers,
+  with the `StepExecutor` / `StepObserver` protocols they plug in.
+- `step_columns`: `COLUMNS`, the per-step record both drivers keep, and `StepRows`, the buffer they keep it in.
 - `step_load`: `step_load` / `StepLoad`, the load of a scheduled step that a step-time model prices.
 """
 
+from core.sched.driver import StepExecutor, StepObserver, run_step
 from core.sched.memory import Admission, MemoryMetrics, SchedulerMemory
 from core.sched.scheduler import PREEMPTION_MODES, ScheduledStep, Scheduler, SequenceGroup, StepOutcome
-from core.sched.step_columns import COLUMNS
+from core.sched.step_columns import COLUMNS, StepRows
 from core.sched.step_load import StepLoad, step_load
 
 __all__ = [
@@ -23,7 +26,11 @@ __all__ = [
     "Scheduler",
     "SchedulerMemory",
     "SequenceGroup",
+    "StepExecutor",
     "StepLoad",
+    "StepObserver",
     "StepOutcome",
+    "StepRows",
+    "run_step",
     "step_load",
 ]

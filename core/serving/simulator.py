@@ -5,7 +5,9 @@ The scheduling rules are `core.sched.scheduler`'s (FCFS admission with a waterma
 `max_num_batched_tokens`, newest-first preemption by recompute or swap). The simulator owns what the scheduler
 leaves to its caller: arrivals (a request joins the waiting queue once the clock reaches its arrival time), the
 step cost (`SimulatorConfig.step_time`, the roofline `StepTimeModel` or anything with its `step_seconds` /
-`step_time` / `kv_bytes_per_token` / `swap_bandwidth`), the clock, and one recorded row per step.
+`step_time` / `kv_bytes_per_token` / `swap_bandwidth`), the clock, and one recorded row per step. Each step goes
+through `core.sched.driver.run_step`, the engine's driver too: `_Simulation` is its executor (a step's execution
+is its modeled cost on the clock), `_SimRecord` its observer (rows in `core.sched.step_columns.StepRows`).
 
 Steps in which nothing but decoding happens are replayed in one batch (`Scheduler.allocate(step, k)`: identical
 bookkeeping, recorded per step from `MemoryPolicy.decode_metrics`), which is what makes 10,000-request runs take
@@ -15,13 +17,23 @@ seconds; the paged policy still appends every token of every sequence to its `co
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from core.common import check_int
 from core.errors import InvalidArgumentError, SchedulerStuckError
-from core.sched import COLUMNS, MemoryMetrics, ScheduledStep, Scheduler, StepOutcome, step_load
+from core.sched import (
+    COLUMNS,
+    MemoryMetrics,
+    ScheduledStep,
+    Scheduler,
+    StepOutcome,
+    StepRows,
+    driver,
+    step_load,
+)
 from core.serving.memory_policies import MemoryPolicy, Policy, make_memory
 from core.serving.sim_config import PAPER_KV_TOKENS, SimulatorConfig
 from core.serving.sim_groups import SimulatedGroup, make_groups
@@ -45,28 +57,6 @@ def fitting_steps(ahead, queued: bool = False) -> int:
     if queued:
         fits &= free <= free[0]
     return max(1, len(fits) if fits.all() else int(fits.argmin()))
-
-
-class _Recorder:
-    """Per-step rows in a growing float64 buffer [steps, len(COLUMNS)]."""
-
-    def __init__(self):
-        self.buf = np.empty((4096, len(COLUMNS)))
-        self.size = 0
-
-    def rows(self, count: int) -> np.ndarray:
-        """The next `count` rows (a view to fill), counted as recorded."""
-        if self.size + count > len(self.buf):
-            grown = np.empty((max(2 * len(self.buf), self.size + count), len(COLUMNS)))
-            grown[: self.size] = self.buf[: self.size]
-            self.buf = grown
-        self.size += count
-        return self.buf[self.size - count : self.size]
-
-    def frame(self) -> pd.DataFrame:
-        frame = pd.DataFrame(self.buf[: self.size], columns=list(COLUMNS))
-        ints = [c for c in COLUMNS if c not in ("time_s", "step_time_ms")]
-        return frame.astype(dict.fromkeys(ints, np.int64))
 
 
 _MEMORY_COLUMNS = [_COL[name] for name in MemoryMetrics._fields]  # the metrics' columns, in field order
@@ -113,8 +103,22 @@ def _validate_requests(requests: Sequence[Request], config: SimulatorConfig) -> 
     return sorted(requests, key=lambda r: r.arrival_time)
 
 
+class _Priced(NamedTuple):
+    """A step (or a decode-only batch of k identical steps) as the simulator ran it: start, the clock before it;
+    end, after it; end_times / dts: float64 [k], each step's end and seconds; ahead: the memory policy's
+    predicted metrics of a batch (k > 1), else None."""
+
+    start: float
+    end: float
+    end_times: np.ndarray
+    dts: np.ndarray
+    ahead: MemoryMetrics | None
+
+
 class _Simulation:
-    """The clock, the arrivals, the recorded rows and snapshots around one `Scheduler` run."""
+    """The clock and the arrivals around one `Scheduler` run, and its executor for `core.sched.driver.run_step`:
+    a step's execution is its modeled cost on the clock (`SimulatorConfig.step_time`). `record` (`_SimRecord`)
+    is the run's observer: its rows and snapshots."""
 
     def __init__(
         self,
@@ -140,16 +144,18 @@ class _Simulation:
             self.arrivals[:concurrency] = 0.0
             self.arrivals[concurrency:] = np.inf
         self.next_closed = concurrency or 0  # closed loop: the next request a finish sends
-        self.recorder = _Recorder()
-        self.snapshots: list[StepSnapshot] = []
-        self.request_of = {sid: g.request_id for g in groups for sid in g.seq_ids}  # sequence -> its request
-        self.stride = 1  # snapshots are kept at steps that are multiples of the stride
+        self.record = _SimRecord(self)
         self.now = 0.0
-        self.step = 0
         self.arrived = 0
         self.finished = 0
         self.until = len(groups)  # stop once the first `until` groups (arrival order) have finished
         self.finished_first = 0  # how many of those have
+        self._planned: tuple = (None, None)  # plan -> execute: a decode-only batch's (predicted metrics, dts)
+
+    @property
+    def step(self) -> int:
+        """Steps run so far (the index of the next one): the rows recorded."""
+        return self.record.rows.size
 
     def admit_arrivals(self) -> bool:
         """Queue the groups that arrived by now; when nothing is queued or running, jump the clock to the next
@@ -163,26 +169,40 @@ class _Simulation:
             return False
         return True
 
-    def run_step(self) -> None:
-        """Schedule, price and account one step (or a batch of identical decode-only steps), and record it."""
-        sched = self.scheduler
-        step = sched.schedule()
-        if step.is_stuck:
-            raise SchedulerStuckError.nothing_fits(step.num_waiting, step=self.step)
-        if step.is_empty:  # it preempted or swapped in: memory moved, the next step may run
-            return
+    # ---- the executor (`core.sched.driver.StepExecutor`) -----------------------------------------------------
+
+    def stuck_error(self, step: ScheduledStep) -> Exception:
+        return SchedulerStuckError.nothing_fits(step.num_waiting, step=self.step)
+
+    def plan(self, step: ScheduledStep) -> int:
+        """Stamp the admissions' time; a decode-only step may stand for k identical ones (`_decode_run`)."""
+        self._planned = (None, None)
         for group, start, _ in step.prefill_chunks:
             if start == 0 and math.isnan(group.admit_time):
                 group.admit_time = self.now  # admitted at the start of this step
                 group.prefix_hit_tokens = group.prompt_len - group.num_prefill_total  # what the cache served
-        k, ahead, dts = self._decode_run(step) if step.is_decode_only else (1, None, None)
-        if k == 1:
-            dt = self._step_seconds(step)
-            dts = np.array([dt])
-        sched.allocate(step, k)
+        if not step.is_decode_only:
+            return 1
+        k, ahead, dts = self._decode_run(step)
+        self._planned = (ahead, dts)
+        return k
+
+    def execute(self, step: ScheduledStep) -> _Priced | None:
+        """The step's modeled time (None for an empty step: nothing ran, the clock stands)."""
+        if step.is_empty:  # it preempted or swapped in: memory moved, the next step may run
+            return None
+        ahead, dts = self._planned
+        if dts is None:
+            dts = np.array([self._step_seconds(step)])
         end_times = self.now + np.cumsum(dts)
-        end = float(end_times[-1]) if k > 1 else self.now + float(dts[0])
-        outcome = sched.postprocess(step)
+        end = float(end_times[-1]) if len(dts) > 1 else self.now + float(dts[0])
+        return _Priced(self.now, end, end_times, dts, ahead)
+
+    def finish(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced | None) -> _Priced | None:
+        """Stamp first tokens and finishes, send the closed loop's next requests, move the clock to the end."""
+        if priced is None:
+            return None
+        end = priced.end
         for group in outcome.first_token:
             if math.isnan(group.first_token_time):
                 group.first_token_time = end
@@ -192,14 +212,8 @@ class _Simulation:
         if self.closed_loop:
             self._send_next(len(outcome.finished), end)
         self.finished += len(outcome.finished)
-        if k == 1:
-            self._record_one(step, outcome, end)
-        else:
-            self._record_decode_run(step, outcome, ahead, end_times, dts)
-        self.step += k
         self.now = end
-        if (self.step - 1) % self.stride == 0:
-            self._snapshot()
+        return priced
 
     def _send_next(self, count: int, now: float) -> None:
         """Closed loop: each of `count` clients whose request just finished sends its next one at `now`."""
@@ -211,7 +225,7 @@ class _Simulation:
         """How many identical decode-only steps run at once: until a group finishes, the next snapshot step,
         the memory runs out or (with empty queues) a request arrives. Returns (k, predicted metrics, step times)."""
         k = min(g.output_len - g.num_output_tokens for g in step.decoding)
-        k = min(k, (-self.step) % self.stride + 1, MAX_BATCHED_DECODE_STEPS)
+        k = min(k, (-self.step) % self.record.stride + 1, MAX_BATCHED_DECODE_STEPS)
         if k == 1:
             return 1, None, None
         ahead = self.memory.decode_metrics(step.decoding, k)
@@ -251,68 +265,6 @@ class _Simulation:
             dt = swap_bytes / self.model.swap_bandwidth
         return dt
 
-    def _record_one(self, step: ScheduledStep, outcome: StepOutcome, end: float) -> None:
-        row = self.recorder.rows(1)
-        prior = sum(start for _, start, _ in step.prefill_chunks)
-        row[0, : _COL["free_blocks"]] = (
-            self.step,
-            end,
-            (end - self.now) * 1000.0,
-            step.num_running,
-            step.num_running_seqs,
-            step.num_waiting,
-            step.num_swapped,
-            len(step.preempted),
-            self.scheduler.num_preemptions,
-        )
-        _put_memory(row, self.memory.metrics())
-        row[0, _COL["tokens_generated"]] = outcome.tokens_generated
-        row[0, _COL["prefill_tokens"]] = outcome.prefill_tokens
-        row[0, _COL["kv_tokens_read"]] = step.decode_context_tokens + step.num_decode_tokens + prior
-        row[0, _COL["prefix_hit_tokens"]] = step.prefix_hit_tokens
-
-    def _record_decode_run(self, step, outcome, ahead: MemoryMetrics, end_times, dts) -> None:
-        """k rows of one decode-only batch: memory from the policy's prediction, the last row after the frees."""
-        k = len(dts)
-        n_decode = step.num_decode_tokens
-        rows = self.recorder.rows(k)
-        rows[:, _COL["step"]] = np.arange(self.step, self.step + k)
-        rows[:, _COL["time_s"]] = end_times
-        rows[:, _COL["step_time_ms"]] = dts * 1000.0
-        constants = (
-            step.num_running,
-            step.num_running_seqs,
-            step.num_swapped,
-            0,
-            self.scheduler.num_preemptions,
-        )
-        rows[:, _DECODE_RUN_CONSTANTS] = (*constants, n_decode, 0, 0)
-        starts = end_times - dts
-        arrived_meanwhile = np.searchsorted(self.arrivals, starts, side="right") - self.arrived
-        rows[:, _COL["waiting"]] = step.num_waiting + arrived_meanwhile
-        rows[:, _COL["kv_tokens_read"]] = step.decode_context_tokens + n_decode * np.arange(1, k + 1)
-        _put_memory(rows, MemoryMetrics(*(values[:k] for values in ahead)))
-        _put_memory(rows[-1:], self.memory.metrics())
-        rows[-1, _COL["tokens_generated"]] = outcome.tokens_generated - n_decode * (k - 1)
-
-    def _snapshot(self) -> None:
-        """Sample the state after the step just recorded; thin the samples when over max_snapshots."""
-        decoding = [g for g in self.scheduler.running if g.num_prefill_tokens == 0]
-        lens = np.array([g.length for g in decoding for _ in range(g.num_seqs)], dtype=np.int64)
-        pool = self.memory.snapshot(decoding)
-        if pool is None:
-            self.snapshots.append(StepSnapshot(self.step - 1, self.now, lens))
-        else:
-            row = {sid: r for r, sid in enumerate(pool.request_ids)}
-            holder_request = np.array([self.request_of[sid] for sid in pool.request_ids], dtype=np.int32)
-            decode_rows = np.array([row[sid] for g in decoding for sid in g.seq_ids], dtype=np.int32)
-            self.snapshots.append(
-                StepSnapshot(self.step - 1, self.now, lens, pool, holder_request, decode_rows)
-            )
-        if len(self.snapshots) > self.config.max_snapshots:
-            self.stride *= 2
-            self.snapshots = [s for s in self.snapshots if s.step % self.stride == 0]
-
     def requests_frame(self) -> pd.DataFrame:
         groups = self.groups
         return pd.DataFrame(
@@ -329,6 +281,98 @@ class _Simulation:
                 "prefix_hit_tokens": [g.prefix_hit_tokens for g in groups],
             }
         )
+
+
+class _SimRecord:
+    """The simulation's observer (`core.sched.driver.StepObserver`): one `COLUMNS` row per step that ran (an
+    empty step, which only preempted or swapped in, has none) in `rows` (`StepRows`), and the sampled
+    `snapshots` (at steps that are multiples of `stride`, which doubles to keep at most max_snapshots). It reads
+    the simulation, the scheduler and the memory policy and writes none of them."""
+
+    def __init__(self, sim: _Simulation):
+        self.sim = sim
+        self.rows = StepRows()
+        self.snapshots: list[StepSnapshot] = []
+        self.request_of = {sid: g.request_id for g in sim.groups for sid in g.seq_ids}  # sequence -> request
+        self.stride = 1
+
+    def on_step(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced | None) -> None:
+        if priced is None:
+            return
+        if len(priced.dts) == 1:
+            self._record_one(step, outcome, priced)
+        else:
+            self._record_decode_run(step, outcome, priced)
+        if (self.rows.size - 1) % self.stride == 0:
+            self._snapshot(priced.end)
+
+    def _record_one(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced) -> None:
+        sim = self.sim
+        index = self.rows.size
+        row = self.rows.rows(1)
+        prior = sum(start for _, start, _ in step.prefill_chunks)
+        row[0, : _COL["free_blocks"]] = (
+            index,
+            priced.end,
+            (priced.end - priced.start) * 1000.0,
+            step.num_running,
+            step.num_running_seqs,
+            step.num_waiting,
+            step.num_swapped,
+            len(step.preempted),
+            sim.scheduler.num_preemptions,
+        )
+        _put_memory(row, sim.memory.metrics())
+        row[0, _COL["tokens_generated"]] = outcome.tokens_generated
+        row[0, _COL["prefill_tokens"]] = outcome.prefill_tokens
+        row[0, _COL["kv_tokens_read"]] = step.decode_context_tokens + step.num_decode_tokens + prior
+        row[0, _COL["prefix_hit_tokens"]] = step.prefix_hit_tokens
+
+    def _record_decode_run(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced) -> None:
+        """k rows of one decode-only batch: memory from the policy's prediction, the last row after the frees."""
+        sim = self.sim
+        end_times, dts = priced.end_times, priced.dts
+        k = len(dts)
+        n_decode = step.num_decode_tokens
+        first = self.rows.size
+        rows = self.rows.rows(k)
+        rows[:, _COL["step"]] = np.arange(first, first + k)
+        rows[:, _COL["time_s"]] = end_times
+        rows[:, _COL["step_time_ms"]] = dts * 1000.0
+        constants = (
+            step.num_running,
+            step.num_running_seqs,
+            step.num_swapped,
+            0,
+            sim.scheduler.num_preemptions,
+        )
+        rows[:, _DECODE_RUN_CONSTANTS] = (*constants, n_decode, 0, 0)
+        starts = end_times - dts
+        arrived_meanwhile = np.searchsorted(sim.arrivals, starts, side="right") - sim.arrived
+        rows[:, _COL["waiting"]] = step.num_waiting + arrived_meanwhile
+        rows[:, _COL["kv_tokens_read"]] = step.decode_context_tokens + n_decode * np.arange(1, k + 1)
+        _put_memory(rows, MemoryMetrics(*(values[:k] for values in priced.ahead)))
+        _put_memory(rows[-1:], sim.memory.metrics())
+        rows[-1, _COL["tokens_generated"]] = outcome.tokens_generated - n_decode * (k - 1)
+
+    def _snapshot(self, now: float) -> None:
+        """Sample the state after the step just recorded (it ended at `now`); thin the samples when over
+        max_snapshots."""
+        sim = self.sim
+        step = self.rows.size - 1
+        decoding = [g for g in sim.scheduler.running if g.num_prefill_tokens == 0]
+        lens = np.array([g.length for g in decoding for _ in range(g.num_seqs)], dtype=np.int64)
+        pool = sim.memory.snapshot(decoding)
+        if pool is None:
+            self.snapshots.append(StepSnapshot(step, now, lens))
+        else:
+            row = {sid: r for r, sid in enumerate(pool.request_ids)}
+            holder_request = np.array([self.request_of[sid] for sid in pool.request_ids], dtype=np.int32)
+            decode_rows = np.array([row[sid] for g in decoding for sid in g.seq_ids], dtype=np.int32)
+            self.snapshots.append(StepSnapshot(step, now, lens, pool, holder_request, decode_rows))
+        if len(self.snapshots) > sim.config.max_snapshots:
+            self.stride *= 2
+            self.snapshots = [s for s in self.snapshots if s.step % self.stride == 0]
 
 
 def simulate(
@@ -373,16 +417,16 @@ def simulate(
     while sim.finished_first < total:
         if not sim.admit_arrivals():
             continue
-        sim.run_step()
+        driver.run_step(sim.scheduler, sim, sim.record)  # one step, or a batch of decode-only ones
         if progress is not None and sim.finished_first * 100 >= next_report * total:
             progress(sim.finished_first / total)
             next_report = sim.finished_first * 100 // total + 1
     if progress is not None:
         progress(1.0)
-    steps_frame = sim.recorder.frame()
+    steps_frame = sim.record.rows.frame()
     requests_frame = sim.requests_frame()
     summary = summarize(steps_frame, requests_frame, memory.capacity)
     wall = time.perf_counter() - started
     return SimulationResult(
-        policy, config, steps_frame, requests_frame, summary, sim.snapshots, wall, memory.capacity
+        policy, config, steps_frame, requests_frame, summary, sim.record.snapshots, wall, memory.capacity
     )

@@ -9,7 +9,9 @@ import inspect
 import pytest
 
 from core.engine import Engine, SamplingParams
+from core.engine.step_executor import EngineExecutor
 from core.kv.kv_cache_manager import KVCacheManager
+from core.sched import driver
 from core.sched import scheduler as scheduler_module
 
 WRITES = ("allocate", "append_token", "mark_computed", "fork", "free", "decode_steps")
@@ -77,20 +79,26 @@ def test_only_the_scheduler_writes_kv_memory(monkeypatch):
 
 @pytest.mark.parametrize("name", ["_step", "step"])
 def test_the_step_reads_schedule_run_postprocess(name):
-    """`Engine._step` is nano-vllm's loop: schedule, run, postprocess, an observer records (under 15 lines)."""
+    """`Engine._step` is nano-vllm's loop: schedule, run, postprocess, an observer records (under 15 lines),
+    written once in the run driver the simulator uses too; the engine's executor runs the model."""
     lines = [line for line in inspect.getsource(getattr(Engine, name)).splitlines() if line.strip()]
     body = [line for line in lines if not line.strip().startswith(('"""', "#"))]
     assert len(body) < 20 if name == "step" else len(body) < 15
     if name == "_step":
         code = "\n".join(line.split("  #")[0] for line in body)
-        for phase in (
+        assert "driver.run_step(self.scheduler, self._executor, self._observer)" in code
+        assert "memory" not in code  # no direct KV access
+        phases = (
             "scheduler.schedule()",
             "scheduler.allocate(",
-            "runner.execute(",
+            "executor.execute(",
             "scheduler.postprocess(",
-        ):
-            assert phase in code
-        assert "memory" not in code  # no direct KV access
+            "observer.on_step(",
+        )
+        source = inspect.getsource(driver.run_step)
+        positions = [source.index(phase, source.index("def run_step")) for phase in phases]
+        assert positions == sorted(positions)  # in this order
+        assert "self.runner.execute(step)" in inspect.getsource(EngineExecutor.execute)
 
 
 def test_a_sequences_tokens_are_held_once():
