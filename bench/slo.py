@@ -136,12 +136,9 @@ class StepLog:
 def base_model(engine, roofs: dict) -> StepTimeModel:
     """The roofline of the engine's model on this CPU (`core.planning.cpu_roofline.engine_step_model`): fp32
     weights, efficiencies and overheads to fit."""
-    c = engine.config
     return engine_step_model(
-        weight_bytes=float(engine.model.weight_bytes), num_layers=c.num_layers, num_heads=c.num_heads,
-        num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
-        dtype_bytes=4, roofs=roofs,
-    )  # fmt: skip
+        engine.config, weight_bytes=float(engine.model.weight_bytes), dtype_bytes=4, roofs=roofs
+    )
 
 
 def _prompt(rng, length: int, low: int, vocab: int) -> list[int]:

@@ -30,22 +30,15 @@ def measure_roofs(repeats: int = 12) -> dict:
     return {"memory_bandwidth": 2 * src.nbytes / min(copy), "peak_flops": 2 * n**3 / min(mm)}
 
 
-def engine_step_model(
-    *,
-    weight_bytes: float,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    hidden_size: int,
-    vocab_size: int,
-    dtype_bytes: int,
-    roofs: dict,
-) -> StepTimeModel:
+def engine_step_model(config, *, weight_bytes: float, dtype_bytes: int, roofs: dict) -> StepTimeModel:
     """Our engine's roofline: the weights read once per step, K/V per token (layers x 2 x kv heads x head_dim x
     dtype bytes), 2 FLOPs per weight per token outside the LM head and 2 x vocab x hidden per sampled token for
     it (the engine computes logits only for the tokens it samples), 4 x layers x heads x head_dim per attention
-    pair; memory_bandwidth and peak_flops from `roofs`; efficiencies at 1 and overheads at 0, to be fitted."""
+    pair; memory_bandwidth and peak_flops from `roofs`; efficiencies at 1 and overheads at 0, to be fitted.
+    `config`: the model's shapes as the engine's `ModelConfig` holds them (num_layers, num_heads, num_kv_heads,
+    head_dim, hidden_size, vocab_size), passed whole instead of field by field."""
+    num_layers, num_heads, head_dim = config.num_layers, config.num_heads, config.head_dim
+    num_kv_heads, hidden_size, vocab_size = config.num_kv_heads, config.hidden_size, config.vocab_size
     lm_head = float(vocab_size * hidden_size)
     return StepTimeModel(
         weight_bytes=float(weight_bytes),

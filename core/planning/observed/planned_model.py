@@ -72,11 +72,7 @@ def core_serve_step_model(served_name: str, roofs: dict, dtype: str = "float32")
         )
     size = DTYPE_BYTES[dtype]
     weights = sum(_numel(shape) for shape in expected_shapes(config).values()) * size
-    return engine_step_model(
-        weight_bytes=float(weights), num_layers=config.num_layers, num_heads=config.num_heads,
-        num_kv_heads=config.num_kv_heads, head_dim=config.head_dim, hidden_size=config.hidden_size,
-        vocab_size=config.vocab_size, dtype_bytes=size, roofs=roofs,
-    )  # fmt: skip
+    return engine_step_model(config, weight_bytes=float(weights), dtype_bytes=size, roofs=roofs)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
