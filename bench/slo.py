@@ -51,7 +51,7 @@ import pandas as pd
 import torch
 
 from core.kernels.cpu_isa import cpu_description
-from core.planning.cpu_roofline import engine_step_model_of, measure_roofs
+from core.planning.cpu_roofline import engine_step_model, measure_roofs
 from core.planning.slo_eval import analytic_bounds
 from core.planning.step_fit import fit_step_time
 from core.planning.step_time import StepTimeModel
@@ -139,7 +139,7 @@ class StepLog:
 def base_model(engine, roofs: dict) -> StepTimeModel:
     """The roofline of the engine's model on this CPU (`core.planning.cpu_roofline.engine_step_model`): fp32
     weights, efficiencies and overheads to fit."""
-    return engine_step_model_of(
+    return engine_step_model(
         engine.config.shape, weight_bytes=float(engine.model.weight_bytes), dtype_bytes=4, roofs=roofs
     )
 

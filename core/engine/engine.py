@@ -144,8 +144,7 @@ class Engine:
             config.eos_token_ids,
             self._new_seq_id,
             tokenizer,
-            self._live,
-            self._inbox,
+            self._forget,
         )
         self.last_run: EngineRun | None = None
         self._step_lock = threading.RLock()
@@ -247,6 +246,12 @@ class Engine:
         return chat_prompt(self.tokenizer, conversation)
 
     # ---- requests -----------------------------------------------------------------------------------------
+
+    def _forget(self, finished_ids: list) -> None:
+        """Drop the requests a step finished from the live requests and tell the inbox (the executor's `forget`)."""
+        for request_id in finished_ids:
+            self._live.pop(request_id, None)
+        self._inbox.finished(finished_ids)
 
     def _new_seq_id(self) -> int:
         return next(self._seq_ids)  # itertools.count: atomic under the interpreter lock, safe from any thread

@@ -20,6 +20,7 @@ forward pass when the engine is built (`Engine.warmup_ms`), so the first step's 
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -178,43 +179,42 @@ class StepObserver:
             runner.last_forward_ms,
             runner.last_attention_ms,
         )
-        row = step_row(
-            scheduled,
-            outcome,
-            usage,
+        measured = StepMeasures(
             step=step,
             time_s=now - rec.started,
-            free_blocks=mem.free_blocks,
-            block_size=mem.block_size,
-            preemptions_total=self.scheduler.num_preemptions - rec.preemptions_base,
+            times_ms=(step_ms, attention_ms, forward_ms - attention_ms, step_ms - forward_ms),
             kv_tokens_read=runner.last_kv_tokens_read,
             cow_copies=cows,
-            times_ms=(step_ms, attention_ms, forward_ms - attention_ms, step_ms - forward_ms),
+            preemptions_total=self.scheduler.num_preemptions - rec.preemptions_base,
         )
+        row = step_row(scheduled, outcome, usage, mem, measured)
         rec.add(row)
         rec.maybe_snapshot(step, self.snapshot_fn, not self.scheduler.has_unfinished)
 
 
-def step_row(
-    scheduled,
-    outcome,
-    usage: dict,
-    *,
-    step: int,
-    time_s: float,
-    free_blocks: int,
-    block_size: int,
-    preemptions_total: int,
-    kv_tokens_read: int,
-    cow_copies: int,
-    times_ms: tuple[float, float, float, float],
-) -> dict:
+class StepMeasures(NamedTuple):
+    """What the observer measured of one engine step (the rest of its row is the scheduler's and the memory's):
+    its index, its end in seconds since the recorder started, times_ms = (step, attention, rest of the model,
+    host) milliseconds, the K/V tokens attention read, the copy-on-write copies it made and the preemptions so
+    far."""
+
+    step: int
+    time_s: float
+    times_ms: tuple[float, float, float, float]
+    kv_tokens_read: int
+    cow_copies: int
+    preemptions_total: int
+
+
+def step_row(scheduled, outcome, usage: dict, memory, measured: StepMeasures) -> dict:
     """One row of `STEP_COLUMNS` from the scheduler's `ScheduledStep` and `StepOutcome`, `EngineMemory.usage` after
-    the step, and times_ms = (step, attention, rest of the model, host) milliseconds."""
-    step_ms, attention_ms, rest_ms, host_ms = times_ms
+    the step, the memory's free blocks and block size (`EngineMemory`), and what the observer measured."""
+    step_ms, attention_ms, rest_ms, host_ms = measured.times_ms
+    free_blocks, kv_tokens_read, cow_copies = memory.free_blocks, measured.kv_tokens_read, measured.cow_copies
+    preemptions_total = measured.preemptions_total
     return {
-        "step": step,
-        "time_s": time_s,
+        "step": measured.step,
+        "time_s": measured.time_s,
         "step_time_ms": step_ms,
         "running": scheduled.num_running,
         "running_seqs": scheduled.num_running_seqs,
@@ -223,7 +223,7 @@ def step_row(
         "preemptions": len(scheduled.preempted),
         "preemptions_total": preemptions_total,
         "free_blocks": free_blocks,
-        "free_slots": free_blocks * block_size,
+        "free_slots": free_blocks * memory.block_size,
         "token_states": usage["token_states"],
         "reservation": usage["reservation"],
         "internal_fragmentation": usage["internal_fragmentation"],

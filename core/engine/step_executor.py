@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 from core.engine.model_runner import ModelRunner, PreparedStep
 from core.engine.postprocess import finish_group_outputs, process_group
-from core.engine.requests import RequestInbox
 from core.engine.sequence import RequestOutput
 from core.errors import SchedulerStuckError
 from core.sched.scheduler import ScheduledStep, Scheduler, StepOutcome
@@ -16,9 +15,9 @@ from core.sched.scheduler import ScheduledStep, Scheduler, StepOutcome
 class EngineExecutor:
     """`core.sched.driver.StepExecutor` for the engine: one step at a time (`plan` is always 1).
 
-    live: request_id -> group of every request in the scheduler's queues (the engine's dict: finished ones leave
-    it here); inbox: the engine's `RequestInbox`, told which requests finished. eos_token_ids: the model's end
-    tokens; new_seq_id: the engine's sequence-id counter (a fork's new sequence takes one)."""
+    forget: called with the ids of the requests a step finished (the engine drops them from its live requests
+    and tells its `RequestInbox`). eos_token_ids: the model's end tokens; new_seq_id: the engine's sequence-id
+    counter (a fork's new sequence takes one)."""
 
     def __init__(
         self,
@@ -27,16 +26,14 @@ class EngineExecutor:
         eos_token_ids,
         new_seq_id: Callable[[], int],
         tokenizer,
-        live: dict,
-        inbox: RequestInbox,
+        forget: Callable[[list], None],
     ):
         self.scheduler = scheduler
         self.runner = runner
         self.eos_token_ids = eos_token_ids
         self.new_seq_id = new_seq_id
         self.tokenizer = tokenizer
-        self.live = live
-        self.inbox = inbox
+        self.forget = forget
 
     def stuck_error(self, step: ScheduledStep) -> Exception:
         return SchedulerStuckError.nothing_fits(
@@ -67,9 +64,8 @@ class EngineExecutor:
         """RequestOutputs of the groups that finished, and of the streamed ones that produced tokens."""
         outputs = []
         for group in outcome.finished:
-            self.live.pop(group.request_id, None)
             outputs.append(finish_group_outputs(group, self.tokenizer))
-        self.inbox.finished([g.request_id for g in outcome.finished])
+        self.forget([g.request_id for g in outcome.finished])
         for group in dict.fromkeys([*step.decoding, *outcome.first_token]):
             if group.stream and group.seqs:
                 outputs.append(finish_group_outputs(group, self.tokenizer))

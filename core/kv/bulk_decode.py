@@ -39,25 +39,34 @@ class BulkDecode:
         )
         if self._all_full:
             return self._decode_steps_full(plan)
-        copied = []  # per request and group: the index of a shared written last block, else -1
+        managers, caching = self.managers, self.enable_prefix_caching
+        no_copies = (-1,) * len(managers)
+        # per request: per group, (blocks skipped once all but the newest token are computed (the window rule,
+        # asked once for both phases), the index of a shared written last block or -1)
+        marks = []
         for req, tokens, old, new in plan:
             req.token_ids.extend(tokens)
             req.num_tokens = new
-            copied.append(
-                [
+            copied = no_copies
+            if caching:
+                copied = [
                     self._cache_computed(req, m, rec, old, new - 1)
-                    for m, rec in zip(self.managers, req.blocks, strict=True)
+                    for m, rec in zip(managers, req.blocks, strict=True)
                 ]
-            )
-            for manager, rec in zip(self.managers, req.blocks, strict=True):
-                manager.remove_skipped_blocks(rec, new - 1)
-        for (req, _, old, new), shared in zip(plan, copied, strict=True):
-            for manager, rec, index in zip(self.managers, req.blocks, shared, strict=True):
+            skips = []
+            for manager, rec in zip(managers, req.blocks, strict=True):
+                skip = manager.num_skipped_blocks(new - 1) if manager.skips_tokens else 0
+                if skip > rec.first_held:  # what `remove_skipped_blocks(rec, new - 1)` releases
+                    manager.release_leading(rec, skip)
+                skips.append(skip)
+            marks.append((skips, copied))
+        for (req, _, old, new), (skips, copied) in zip(plan, marks, strict=True):
+            for manager, rec, skip, index in zip(managers, req.blocks, skips, copied, strict=True):
                 if (
                     0 <= index < rec.first_held
                 ):  # the shared last block fell behind the window: cache its copy
                     self._cache_in_passing(req, manager, index)
-                self._grow_table(req, manager, rec, old, new)
+                self._grow_table(req, manager, rec, old, new, skip)
             req.num_computed = new - 1
 
     def _decode_plan(self, token_ids: Mapping[Hashable, Sequence[int]], trusted: bool) -> list:
@@ -132,12 +141,15 @@ class BulkDecode:
         pool.cache_block(manager.group_idx, block, keys[index], parent, tokens)
         pool.release(block)
 
-    def _grow_table(self, req: KVRequest, manager: SingleTypeKVCacheManager, rec, old: int, new: int) -> None:
-        """`decode_steps`' second phase for one group: copy a shared written last block, then append entries
-        up to `num_required_blocks(new)`, -1 for those already behind the window (cached on the way)."""
+    def _grow_table(
+        self, req: KVRequest, manager: SingleTypeKVCacheManager, rec, old: int, new: int, skip: int
+    ) -> None:
+        """`decode_steps`' second phase for one group, `skip` = `num_skipped_blocks(new - 1)`: copy a shared
+        written last block, then append entries up to `num_required_blocks(new)`, -1 for those already behind
+        the window (cached on the way)."""
         pool, table = self.pool, rec.table
-        skip = manager.num_skipped_blocks(new - 1)
-        manager.copy_on_write(rec, old, skip)
+        if table and table[-1] >= 0 and pool.ref_counts[table[-1]] > 1:  # else nothing to copy
+            manager.copy_on_write(rec, old, skip)
         caching = self.enable_prefix_caching and manager.caches_blocks
         for index in range(len(table), manager.num_required_blocks(new)):
             if index >= skip:
@@ -146,7 +158,8 @@ class BulkDecode:
             table.append(-1)
             if caching:  # computed and full: cached on the way
                 self._cache_in_passing(req, manager, index)
-        rec.first_held = max(rec.first_held, min(skip, len(table)))
+        if skip > rec.first_held:
+            rec.first_held = skip if skip < len(table) else len(table)
         if caching:
             self._cache_held(req, manager, rec)
 

@@ -210,21 +210,22 @@ class KVCacheManager(BulkDecode):
         ref_counts = self.pool.ref_counts
         # per group: its window rule (None: never skips), growth rule and written tail, bound once
         rules = [
-            (m.num_skipped_blocks if m.skips_tokens else None, m.num_new_blocks, m.written_tail)
+            (m.num_skipped_blocks if m.skips_tokens else None, m.num_new_entries, m.written_tail)
             for m in self.managers
         ]
         for req, count in zip(reqs, counts, strict=False):
             old = req.num_tokens
             new = old + count
-            computed = max(req.num_computed, new - 1)
-            for (skipped_blocks, new_blocks, written_tail), rec in zip(rules, req.blocks, strict=True):
+            computed = req.num_computed if req.num_computed > new - 1 else new - 1
+            for (skipped_blocks, new_entries, written_tail), rec in zip(rules, req.blocks, strict=True):
                 table = rec.table
                 skip = 0
                 if skipped_blocks is not None:
                     skip = skipped_blocks(computed)
-                    for index in range(rec.first_held, min(skip, len(table))):
-                        releases[table[index]] = releases.get(table[index], 0) + 1
-                takes += new_blocks(len(table), new, computed)
+                    if skip > rec.first_held:  # it releases entries [first_held, skip) of its table
+                        for index in range(rec.first_held, min(skip, len(table))):
+                            releases[table[index]] = releases.get(table[index], 0) + 1
+                takes += new_entries(len(table), new, skip)  # num_new_blocks(len(table), new, computed)
                 last = table[-1] if table else -1
                 if (
                     last >= 0 and ref_counts[last] > 1 and written_tail(rec, old, skip) >= 0

@@ -179,7 +179,7 @@ def kv_cache_layout(
             f"hybrid_kv_cache_manager must be True or False, got {hybrid_kv_cache_manager!r}"
         )
     kv = model_kv_specs(
-        layers, block_size, resolve_kv_dtype_name(layers, kv_dtype), tensor_parallel, pipeline_parallel,
+        layers, block_size, resolve_kv_dtype_name(layers, kv_dtype), (tensor_parallel, pipeline_parallel),
         max_model_len, hybrid_kv_cache_manager,
     )  # fmt: skip
     return layout_of(kv, available_bytes, max_model_len=max_model_len, max_num_batched_tokens=in_flight)
@@ -214,15 +214,16 @@ def model_kv_specs(
     layers: KVLayers,
     block_size: int,
     dtype: str,
-    tensor_parallel: int,
-    pipeline_parallel: int,
+    parallel: tuple[int, int],
     max_model_len: int | None,
     hybrid: bool,
 ) -> ModelKVSpecs:
-    """The `ModelKVSpecs` of `layers` for checked arguments (a short KV dtype name), memoised: the one
+    """The `ModelKVSpecs` of `layers` for checked arguments (a short KV dtype name; `parallel` the
+    (tensor_parallel, pipeline_parallel) sizes), memoised: the one
     derivation of a model's layer specs, groups and stages behind `kv_cache_layout`,
     `kv_read_bytes_per_sequence` and the planner's `ResolvedDeployment`. Raises `InvalidArgumentError` when
     `hybrid` is False and the specs cannot be unified (`unify_hybrid_specs`)."""
+    tensor_parallel, pipeline_parallel = parallel
     specs = cached_layer_specs(layers, block_size, dtype, tensor_parallel, max_model_len)
     unified = list(specs) if hybrid else unify_hybrid_specs(list(specs), layers.name)
     unified = unify_page_sizes(unified)
@@ -392,7 +393,7 @@ def kv_read_bytes_per_sequence(
     layers.check_parallel(tensor_parallel, pipeline_parallel)
     context_len = check_int(context_len, "context_len", minimum=1, maximum=MAX_LAYOUT_TOKENS)
     kv = model_kv_specs(
-        layers, 8, resolve_kv_dtype_name(layers, kv_dtype), tensor_parallel, pipeline_parallel, None, True
+        layers, 8, resolve_kv_dtype_name(layers, kv_dtype), (tensor_parallel, pipeline_parallel), None, True
     )
     return kv_read_bytes_of(kv, context_len)
 

@@ -177,9 +177,19 @@ class SingleTypeKVCacheManager:
         - sliding window W = 4, 18 computed (skips 15 tokens, 3 blocks), room for 20: 5 - max(3, 3) = 2;
           with 19 computed (skips 16 tokens, 4 blocks), 5 - 4 = 1: logical block 3 is never taken.
         Every "how many blocks does this take" question of `KVCacheManager` (admission, a decode step, a run
-        of decode steps) and of the serving policies adds up this method's answers over groups and requests."""
-        skipped = self.num_skipped_tokens(num_computed) // self.block_size if self.skips_tokens else 0
-        new = self.num_required_blocks(num_tokens) - (skipped if skipped > num_entries else num_entries)
+        of decode steps) and of the serving policies adds up this method's answers over groups and requests
+        (through `num_new_entries` where the caller already knows the skipped blocks)."""
+        return self.num_new_entries(
+            num_entries, num_tokens, self.num_skipped_blocks(num_computed) if self.skips_tokens else 0
+        )
+
+    def num_new_entries(self, num_entries: int, num_tokens: int, num_skipped_blocks: int) -> int:
+        """`num_new_blocks` given `num_skipped_blocks(num_computed)`, the formula itself: the coordinator's
+        decode question has already asked the window rule for the skipped blocks (it releases them), so it asks
+        this instead of asking the rule twice."""
+        new = self.num_required_blocks(num_tokens) - (
+            num_skipped_blocks if num_skipped_blocks > num_entries else num_entries
+        )
         return new if new > 0 else 0
 
     def written_tail(self, rec: RequestBlocks, num_tokens: int, num_skipped_blocks: int) -> int:

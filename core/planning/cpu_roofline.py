@@ -32,49 +32,24 @@ def measure_roofs(repeats: int = 12) -> dict:
 
 
 def engine_step_model(
-    *,
-    weight_bytes: float,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    hidden_size: int,
-    vocab_size: int,
-    dtype_bytes: int,
-    roofs: dict,
+    shape: ModelShape, *, weight_bytes: float, dtype_bytes: int, roofs: dict
 ) -> StepTimeModel:
     """Our engine's roofline: the weights read once per step, K/V per token (layers x 2 x kv heads x head_dim x
     dtype bytes), 2 FLOPs per weight per token outside the LM head and 2 x vocab x hidden per sampled token for
     it (the engine computes logits only for the tokens it samples), 4 x layers x heads x head_dim per attention
-    pair; memory_bandwidth and peak_flops from `roofs`; efficiencies at 1 and overheads at 0, to be fitted."""
-    lm_head = float(vocab_size * hidden_size)
+    pair; memory_bandwidth and peak_flops from `roofs`; efficiencies at 1 and overheads at 0, to be fitted.
+    `shape`: the model's shared facts (`ModelConfig.shape`, `ModelSpec.shape`), passed whole, so no caller
+    copies the engine config's fields into the planner's names by hand."""
+    lm_head = float(shape.vocab_size * shape.hidden_size)
     return StepTimeModel(
         weight_bytes=float(weight_bytes),
-        kv_bytes_per_token=float(num_layers * 2 * num_kv_heads * head_dim * dtype_bytes),
+        kv_bytes_per_token=float(shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * dtype_bytes),
         flops_per_token=2.0 * (weight_bytes / dtype_bytes - lm_head),
         lm_head_flops_per_output=2.0 * lm_head,
-        attention_flops_per_pair=4.0 * num_layers * num_heads * head_dim,
+        attention_flops_per_pair=4.0 * shape.num_layers * shape.num_attention_heads * shape.head_dim,
         memory_bandwidth=roofs["memory_bandwidth"],
         peak_flops=roofs["peak_flops"],
         bandwidth_efficiency=1.0,
         flops_efficiency=1.0,
         overhead_s=0.0,
-    )
-
-
-def engine_step_model_of(
-    shape: ModelShape, *, weight_bytes: float, dtype_bytes: int, roofs: dict
-) -> StepTimeModel:
-    """`engine_step_model` of a model's shared facts (`ModelConfig.shape`, `ModelSpec.shape`), so no caller
-    copies the engine config's fields into the planner's names by hand."""
-    return engine_step_model(
-        weight_bytes=weight_bytes,
-        num_layers=shape.num_layers,
-        num_heads=shape.num_attention_heads,
-        num_kv_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim,
-        hidden_size=shape.hidden_size,
-        vocab_size=shape.vocab_size,
-        dtype_bytes=dtype_bytes,
-        roofs=roofs,
     )

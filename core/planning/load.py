@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
-from core.serving.prefix_workload import conversations, share_prefixes
+from core.serving.prefix_workload import SharedPrefixes, Turns, conversations, share_prefixes
 from core.serving.workload import Request, fixed, uniform
 
 
@@ -104,14 +104,16 @@ class Load:
         rate = self.rate if self.rate is not None else math.inf
         prompts, outputs = self._range(self.prompt_len), self._range(self.output_len)
         shared = self.shared_prefix_len
+        prefixes = SharedPrefixes(shared, self.num_prefixes, self.prefix_zipf)
         if self.turns > 1:
             users = (prompts[0] - shared, prompts[1] - shared)
-            return conversations(count, rate, self.turns, self.turn_gap_s, shared, users, outputs,
-                                 self.num_prefixes, self.prefix_zipf, self.seed)  # fmt: skip
+            return conversations(
+                count, rate, Turns(self.turns, self.turn_gap_s, users, outputs), prefixes, self.seed
+            )
         if self.length_spread == 0:
             requests = fixed(count, self.prompt_len, self.output_len, rate, self.seed, max_len=self.max_len)
         else:
             requests = uniform(count, prompts, outputs, rate, self.seed, max_len=self.max_len)
         if shared:
-            return share_prefixes(requests, shared, self.num_prefixes, self.prefix_zipf, self.seed)
+            return share_prefixes(requests, prefixes, self.seed)
         return requests

@@ -161,7 +161,7 @@ def resolve_deployment(inputs: PlanInputs) -> ResolvedDeployment:
         )
     layers = model.kv_layers
     kv_specs = model_kv_specs(
-        layers, inputs.block_size, kv_dtype, tp, pp, max_len, inputs.hybrid_kv_cache_manager
+        layers, inputs.block_size, kv_dtype, (tp, pp), max_len, inputs.hybrid_kv_cache_manager
     )
     return ResolvedDeployment(
         model, inputs.gpu, num_gpus, tp, pp, num_gpus // per_replica, weight_dtype, kv_dtype, utilization,

@@ -95,18 +95,24 @@ class CountedPagedMemory:
     def decode_blocks(self, groups: list) -> int:
         """Each sequence's table growth by its next token: the KV core's table length (`num_required_blocks`)
         for one more token less the blocks it holds (a full-attention group skips nothing, so that is what
-        `num_new_blocks` answers)."""
-        required, held = self._group_rule.num_required_blocks, self._held
-        return sum(required(g.length + 1) - held[g].blocks for g in groups)
+        `num_new_blocks` answers). `groups`: distinct held groups; when they are all of them (a decode-only
+        batch, the usual case), the blocks they hold are every taken block, so none is looked up."""
+        need = sum(map(self._group_rule.num_required_blocks, [g.length + 1 for g in groups]))
+        if len(groups) == len(self._held):
+            return need - (self.num_blocks - self._free)
+        held = self._held
+        return need - sum([held[g].blocks for g in groups])
 
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
+        """After step t the groups' tables need `num_required_blocks` of their lengths then (elementwise), so the
+        blocks taken by steps 1..t are that sum less the sum now (no per-step differences to add up)."""
         bs = self.block_size
-        lengths = np.fromiter((g.length for g in groups), np.int64, len(groups))
-        before = lengths[:, None] + np.arange(steps)[None, :]  # [groups, steps]: lengths before each step
-        required = self._group_rule.num_required_blocks  # elementwise over int64 arrays too
-        takes = np.diff(required(lengths[:, None] + np.arange(steps + 1)[None, :]), axis=1).sum(axis=0)
-        tail = self.tail_empty + (-(before + 1) % bs).sum(axis=0) - int((-lengths % bs).sum())
-        free = self._free - np.cumsum(takes)
+        lengths = np.fromiter([g.length for g in groups], np.int64, len(groups))
+        after = lengths[:, None] + np.arange(steps + 1)  # [groups, steps + 1]: lengths after 0..steps steps
+        needed = self._group_rule.num_required_blocks(after).sum(axis=0)  # elementwise over int64 arrays
+        empty = (-after % bs).sum(axis=0)  # empty tail slots after 0..steps steps
+        free = self._free - (needed[1:] - needed[0])
+        tail = self.tail_empty + (empty[1:] - empty[0])
         return MemoryMetrics.paged(self.num_blocks, bs, self.capacity, free, tail, self.pending)
 
     def decoded(self, groups: list, steps: int) -> None:
@@ -115,13 +121,16 @@ class CountedPagedMemory:
     def grow(self, groups: list, steps: int) -> None:
         bs, required = self.block_size, self._group_rule.num_required_blocks
         held = self._held
+        taken = tail = 0  # summed here, added once: this runs for every decoding group of every step
         for group in groups:
             length = group.length
             state = held[group]
-            taken = required(length + steps) - state.blocks
-            state.blocks += taken
-            self._free -= taken
-            self.tail_empty += -(length + steps) % bs - (-length % bs)
+            blocks = required(length + steps)
+            taken += blocks - state.blocks
+            state.blocks = blocks
+            tail += -(length + steps) % bs - (-length % bs)
+        self._free -= taken
+        self.tail_empty += tail
 
     def release(self, group) -> int:
         state = self._held.pop(group)

@@ -20,6 +20,7 @@ own conversation.
 
 import math
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,11 +39,29 @@ def _prefix_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, 0x5EED])  # apart from the arrivals' and lengths' draw
 
 
-def share_prefixes(
-    requests: list[Request], shared_prefix_len: int, num_prefixes: int, zipf: float | None, seed: int
-) -> list[Request]:
-    """One-turn requests, each its own conversation, their first `shared_prefix_len` prompt tokens those of a
-    prefix drawn from `prefix_weights` (no prefix when shared_prefix_len is 0). Lengths and arrivals unchanged."""
+class SharedPrefixes(NamedTuple):
+    """`count` distinct prefixes of `length` tokens each (none when length is 0), one drawn per conversation
+    from `prefix_weights(count, zipf)`."""
+
+    length: int
+    count: int = 1
+    zipf: float | None = None
+
+
+class Turns(NamedTuple):
+    """A conversation's turns: `count` of them, each arriving `gap_s` seconds after the previous one arrived,
+    with a new user message and an output whose lengths are drawn uniformly from the inclusive token ranges."""
+
+    count: int
+    gap_s: float
+    user_range: tuple[int, int]
+    output_range: tuple[int, int]
+
+
+def share_prefixes(requests: list[Request], prefixes: SharedPrefixes, seed: int) -> list[Request]:
+    """One-turn requests, each its own conversation, their first `prefixes.length` prompt tokens those of a
+    prefix drawn from `prefix_weights` (no prefix when the length is 0). Lengths and arrivals unchanged."""
+    shared_prefix_len, num_prefixes, zipf = prefixes
     rng = _prefix_rng(seed)
     groups = rng.choice(num_prefixes, size=len(requests), p=prefix_weights(num_prefixes, zipf))
     out = []
@@ -53,22 +72,12 @@ def share_prefixes(
     return out
 
 
-def conversations(
-    count: int,
-    rate: float,
-    turns: int,
-    turn_gap_s: float,
-    shared_prefix_len: int,
-    user_range: tuple[int, int],
-    output_range: tuple[int, int],
-    num_prefixes: int,
-    zipf: float | None,
-    seed: int,
-) -> list[Request]:
-    """The first `count` requests (by arrival) of multi-turn conversations (module docstring). user_range /
-    output_range: inclusive token ranges each turn's new user message / output is drawn from (uniform).
-    rate = inf (a closed loop, which ignores arrival times but keeps their order): a conversation starts every
-    turn_gap_s / turns seconds."""
+def conversations(count: int, rate: float, chat: Turns, prefixes: SharedPrefixes, seed: int) -> list[Request]:
+    """The first `count` requests (by arrival) of multi-turn conversations (module docstring) whose turns are
+    `chat` and whose prefixes are `prefixes`. rate = inf (a closed loop, which ignores arrival times but keeps
+    their order): a conversation starts every chat.gap_s / chat.count seconds."""
+    turns, turn_gap_s, user_range, output_range = chat
+    shared_prefix_len, num_prefixes, zipf = prefixes
     rng = np.random.default_rng(seed)
     conv_rate = rate / turns
     span = (turns - 1) * turn_gap_s

@@ -9,6 +9,7 @@ made outside the timed region). Both are timed on the same device; nothing here 
 
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -61,9 +62,8 @@ COLUMNS = [
 ]
 
 
-def _random_pool(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype, device, gen):
-    """Random K and V caches [num_blocks, block_size, kv_heads, head_dim] on `device`."""
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+def _random_pool(shape: tuple[int, int, int, int], dtype, device, gen):
+    """Random K and V caches of `shape` = [num_blocks, block_size, kv_heads, head_dim] on `device`."""
     key_cache = torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
     value_cache = torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
     return key_cache, value_cache
@@ -81,11 +81,24 @@ def _check_memory(snaps: list, num_blocks: int, bs: int, num_kv_heads: int, head
     )
 
 
-def _measure_step(snap, caches, bs: int, num_heads: int, kernels, repeats: int, device, gen) -> tuple:
+class _Bench(NamedTuple):
+    """What every measured step shares: the random K/V caches, the (paged, contiguous) kernels, the query heads,
+    timed repeats, the device and the generator the queries are drawn from."""
+
+    caches: tuple[torch.Tensor, torch.Tensor]
+    kernels: tuple[Callable, Callable]
+    num_heads: int
+    repeats: int
+    device: torch.device
+    gen: torch.Generator
+
+
+def _measure_step(snap, bench: _Bench) -> tuple:
     """One row of `measure_step_attention`: the step's decoding batch through both kernels."""
-    key_cache, value_cache = caches
-    paged_fn, contiguous_fn = kernels
-    _, _, num_kv_heads, head_dim = key_cache.shape
+    key_cache, value_cache = bench.caches
+    paged_fn, contiguous_fn = bench.kernels
+    num_heads, repeats, device, gen = bench.num_heads, bench.repeats, bench.device, bench.gen
+    _, bs, num_kv_heads, head_dim = key_cache.shape
     lens_np = snap.context_lens
     num_seqs, max_len = len(lens_np), int(lens_np.max())
     tables = torch.from_numpy(snap.block_tables.astype(np.int64)).clamp_min(0).to(device)
@@ -139,13 +152,12 @@ def measure_step_attention(
     num_blocks = result.config.kv_capacity_tokens // bs
     _check_memory(snaps, num_blocks, bs, num_kv_heads, head_dim, dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    caches = _random_pool(num_blocks, bs, num_kv_heads, head_dim, dtype, device, gen)
+    caches = _random_pool((num_blocks, bs, num_kv_heads, head_dim), dtype, device, gen)
+    bench = _Bench(caches, kernels, num_heads or num_kv_heads, repeats, device, gen)
     rows = []
     deadline = time.perf_counter() + time_budget_s
     for index in _spread(len(snaps)):
         if rows and time.perf_counter() > deadline:
             break
-        rows.append(
-            _measure_step(snaps[index], caches, bs, num_heads or num_kv_heads, kernels, repeats, device, gen)
-        )
+        rows.append(_measure_step(snaps[index], bench))
     return pd.DataFrame(rows, columns=COLUMNS).sort_values("step").reset_index(drop=True)

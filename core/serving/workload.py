@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -117,16 +117,20 @@ def poisson_arrivals(num_requests: int, rate: float, rng: np.random.Generator) -
     return np.cumsum(rng.exponential(1.0 / rate, size=num_requests))
 
 
+class _Shape(NamedTuple):
+    """What every request of one draw shares (the generators' common keywords): n parallel samples, a
+    `prefix_len`-token shared prefix on a `prefix_fraction` of them, and the max_len token cap."""
+
+    n: int
+    prefix_len: int
+    prefix_fraction: float
+    max_len: int
+
+
 def _build(
-    arrivals: np.ndarray,
-    prompts: np.ndarray,
-    outputs: np.ndarray,
-    n: int,
-    rng: np.random.Generator,
-    prefix_len: int,
-    prefix_fraction: float,
-    max_len: int,
+    arrivals: np.ndarray, prompts: np.ndarray, outputs: np.ndarray, rng: np.random.Generator, shape: _Shape
 ) -> list[Request]:
+    n, prefix_len, prefix_fraction, max_len = shape
     check_int(prefix_len, "prefix_len (tokens)", minimum=0)
     check_float(prefix_fraction, "prefix_fraction", minimum=0.0, maximum=1.0)
     shared = rng.random(len(arrivals)) < prefix_fraction if prefix_len > 0 else np.zeros(len(arrivals), bool)
@@ -162,21 +166,12 @@ def sample_lengths(
     return prompts.astype(np.int64), outputs.astype(np.int64)
 
 
-def _dataset(
-    name: str,
-    num_requests: int,
-    rate: float,
-    seed: int,
-    n: int,
-    prefix_len: int,
-    prefix_fraction: float,
-    max_len: int,
-) -> list[Request]:
-    _check_common(num_requests, rate, seed, n, max_len)
+def _dataset(name: str, num_requests: int, rate: float, seed: int, shape: _Shape) -> list[Request]:
+    _check_common(num_requests, rate, seed, shape.n, shape.max_len)
     rng = np.random.default_rng(seed)
     arrivals = poisson_arrivals(num_requests, rate, rng)
-    prompts, outputs = sample_lengths(name, num_requests, rng, max_len - prefix_len)
-    return _build(arrivals, prompts, outputs, n, rng, prefix_len, prefix_fraction, max_len)
+    prompts, outputs = sample_lengths(name, num_requests, rng, shape.max_len - shape.prefix_len)
+    return _build(arrivals, prompts, outputs, rng, shape)
 
 
 def sharegpt(
@@ -193,7 +188,7 @@ def sharegpt(
     n: parallel samples per prompt. A `prefix_fraction` of the requests start with a common system prompt of
     `prefix_len` tokens (added to their prompt; prefix_group 0). Deterministic for a seed.
     """
-    return _dataset("sharegpt", num_requests, rate, seed, n, prefix_len, prefix_fraction, max_len)
+    return _dataset("sharegpt", num_requests, rate, seed, _Shape(n, prefix_len, prefix_fraction, max_len))
 
 
 def alpaca(
@@ -206,7 +201,7 @@ def alpaca(
     max_len: int = DEFAULT_MAX_LEN,
 ) -> list[Request]:
     """Alpaca-like requests (mean prompt 19.31, output 58.45 tokens); otherwise as `sharegpt`."""
-    return _dataset("alpaca", num_requests, rate, seed, n, prefix_len, prefix_fraction, max_len)
+    return _dataset("alpaca", num_requests, rate, seed, _Shape(n, prefix_len, prefix_fraction, max_len))
 
 
 def fixed(
@@ -227,7 +222,7 @@ def fixed(
     arrivals = poisson_arrivals(num_requests, rate, rng)
     prompts = np.full(num_requests, prompt_len, dtype=np.int64)
     outputs = np.full(num_requests, output_len, dtype=np.int64)
-    return _build(arrivals, prompts, outputs, n, rng, prefix_len, prefix_fraction, max_len)
+    return _build(arrivals, prompts, outputs, rng, _Shape(n, prefix_len, prefix_fraction, max_len))
 
 
 def uniform(
@@ -249,7 +244,7 @@ def uniform(
     arrivals = poisson_arrivals(num_requests, rate, rng)
     prompts = rng.integers(p_lo, p_hi + 1, size=num_requests)
     outputs = rng.integers(o_lo, o_hi + 1, size=num_requests)
-    return _build(arrivals, prompts, outputs, n, rng, prefix_len, prefix_fraction, max_len)
+    return _build(arrivals, prompts, outputs, rng, _Shape(n, prefix_len, prefix_fraction, max_len))
 
 
 def _check_lengths(p_lo: int, o_lo: int, p_hi: int, o_hi: int, max_len: int) -> None:

@@ -4,6 +4,7 @@ core.serve's exporter counts them (per-token ITLs are not in the simulator's fra
 exact, the buckets per request)."""
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -14,12 +15,18 @@ from core.planning.cpu_roofline import engine_step_model
 from core.planning.observed.planned import ServerLimits, _simulate
 from core.serving.workload import Request, poisson_arrivals
 
+SMOLLM2_135M = SimpleNamespace(  # the shapes of SmolLM2-135M's config (`ModelShape`'s names)
+    num_layers=30, num_attention_heads=9, num_kv_heads=3, head_dim=64, hidden_size=576, vocab_size=49152
+)
 BASE = replace(
-    engine_step_model(weight_bytes=134.5e6 * 4, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
-                      hidden_size=576, vocab_size=49152, dtype_bytes=4,
-                      roofs={"memory_bandwidth": 26e9, "peak_flops": 80e9}),
+    engine_step_model(
+        SMOLLM2_135M,
+        weight_bytes=134.5e6 * 4,
+        dtype_bytes=4,
+        roofs={"memory_bandwidth": 26e9, "peak_flops": 80e9},
+    ),
     bandwidth_efficiency=0.8,
-)  # fmt: skip
+)
 LIMITS = ServerLimits(kv_capacity_tokens=64 * 16, block_size=16, max_num_seqs=8, max_num_batched_tokens=2048,
                       max_seq_len=2048)  # fmt: skip
 TRUTH = replace(BASE, overhead_s=0.03, flops_efficiency=0.4)

@@ -13,7 +13,7 @@ hardware (efficiencies and overhead then fitted to its histograms) and the sched
 
 from core.errors import InvalidArgumentError
 from core.live.metrics import VllmMetrics
-from core.planning.cpu_roofline import engine_step_model_of
+from core.planning.cpu_roofline import engine_step_model
 from core.planning.engine_profiles import engine_step_defaults
 from core.planning.hardware import get_gpu
 from core.planning.models import MODELS, get_model
@@ -72,7 +72,7 @@ def core_serve_step_model(served_name: str, roofs: dict, dtype: str = "float32")
         )
     size = DTYPE_BYTES[dtype]
     weights = sum(_numel(shape) for shape in expected_shapes(config).values()) * size
-    return engine_step_model_of(config.shape, weight_bytes=float(weights), dtype_bytes=size, roofs=roofs)
+    return engine_step_model(config.shape, weight_bytes=float(weights), dtype_bytes=size, roofs=roofs)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
