@@ -27,6 +27,12 @@ CHROMIUM_ARGS = [
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# Under pytest-xdist (`-n 2`: a worker per core on CI's two) each worker, and every server it starts, runs torch
+# and OpenMP on one thread: two workers of two threads each on two cores spin-wait on each other's cores (the
+# real-model tests took 4-10x their serial time that way). Before torch is imported, so that it takes effect.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def open_app(page: str | None = None, timeout: float = 120):
     """Run app.py under AppTest, switch to `page` (e.g. "app_pages/playground.py") and return the AppTest.
@@ -62,7 +68,8 @@ def streamlit_server():
     """`streamlit run app.py` on 127.0.0.1 for the whole session; yields its base URL, then stops it."""
     port = _free_port()
     ARTIFACTS.mkdir(exist_ok=True)
-    log_path = ARTIFACTS / "streamlit.log"
+    # one log per pytest-xdist worker (gw0, gw1, ...): two workers' servers never write one file
+    log_path = ARTIFACTS / f"streamlit-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [
