@@ -34,7 +34,7 @@ from pathlib import Path
 
 from core.errors import JobError
 from core.jobs.disk_cache import DiskResultCache
-from core.jobs.remote import remote_pool_from_env
+from core.jobs.remote import CACHE_DIR_VARIABLE, remote_pool_from_env
 from core.limits import Limits
 from hosting.live_hosts import live_hosts_notice
 from hosting.proxy import copy_static_files, render_config
@@ -296,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         "--replicas", type=int, default=None, help="Streamlit processes (default: one per core)"
     )
     parser.add_argument(
-        "--cache-dir", default=None, help="shared result cache directory (default: temporary)"
+        "--cache-dir",
+        default=os.environ.get(CACHE_DIR_VARIABLE) or None,
+        help=f"shared result cache directory, kept when the host stops (default: ${CACHE_DIR_VARIABLE}, e.g. a "
+        "volume of the container, else a temporary one)",
     )
     parser.add_argument(
         "--no-warm",

@@ -108,6 +108,18 @@ def streamlit_server():
 
 
 @pytest.fixture(scope="session")
+def shared_host_cache(tmp_path_factory) -> Path:
+    """One result cache directory (PAGED_LAB_CACHE_DIR) for the team hosts the suite starts besides
+    tests/hosting/test_host.py's (which starts empty, to see its warm-up fill the cache): the first host's warm-up
+    computes each page's defaults, a later one finds them. Shared by the pytest-xdist workers (their base
+    temporary directories have one parent); concurrent hosts write it safely (`DiskResultCache`)."""
+    root = tmp_path_factory.getbasetemp()
+    path = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "shared-host-results"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
 def browser():
     """Debian's Chromium driven by Python Playwright (never a downloaded browser).
 

@@ -69,7 +69,7 @@ def _dockerfile_instructions() -> list[tuple[str, str]]:
     return [tuple(line.split(None, 1)) for line in lines]
 
 
-def test_the_images_command_and_health_check_work_outside_docker(tmp_path):
+def test_the_images_command_and_health_check_work_outside_docker(tmp_path, shared_host_cache):
     """Without a Docker engine, the next best check: the image's CMD, with the image's ENV (address and port
     moved to loopback and a free port, one replica), starts the team host from this checkout, and the
     HEALTHCHECK command passes against it; SIGTERM stops it."""
@@ -86,6 +86,7 @@ def test_the_images_command_and_health_check_work_outside_docker(tmp_path):
     )
     env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"  # this machine's python, not /opt/venv's
     env.pop("PAGED_LAB_MODEL_ROOT")  # /models does not exist here
+    env["PAGED_LAB_CACHE_DIR"] = str(shared_host_cache)  # a volume's cache: what the suite's hosts computed
     command = json.loads(next(args for name, args in instructions if name == "CMD"))
     health = next(args for name, args in instructions if name == "HEALTHCHECK").split(" CMD ", 1)[1]
     log = tmp_path / "host.log"
