@@ -106,12 +106,13 @@ def _validate_requests(requests: Sequence[Request], config: SimulatorConfig) -> 
 class _Priced(NamedTuple):
     """A step (or a decode-only batch of k identical steps) as the simulator ran it: start, the clock before it;
     end, after it; end_times / dts: float64 [k], each step's end and seconds; ahead: the memory policy's
-    predicted metrics of a batch (k > 1), else None."""
+    predicted metrics of a batch (k > 1), else None. A single step's dts is the one-tuple (seconds,) and its
+    end_times None (its end is `end`)."""
 
     start: float
     end: float
-    end_times: np.ndarray
-    dts: np.ndarray
+    end_times: np.ndarray | None
+    dts: np.ndarray | tuple[float]
     ahead: MemoryMetrics | None
 
 
@@ -192,11 +193,11 @@ class _Simulation:
         if step.is_empty:  # it preempted or swapped in: memory moved, the next step may run
             return None
         ahead, dts = self._planned
-        if dts is None:
-            dts = np.array([self._step_seconds(step)])
+        if dts is None:  # one step: plain floats (no arrays to build for each of the run's many single steps)
+            dt = float(self._step_seconds(step))
+            return _Priced(self.now, self.now + dt, None, (dt,), ahead)
         end_times = self.now + np.cumsum(dts)
-        end = float(end_times[-1]) if len(dts) > 1 else self.now + float(dts[0])
-        return _Priced(self.now, end, end_times, dts, ahead)
+        return _Priced(self.now, float(end_times[-1]), end_times, dts, ahead)
 
     def finish(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced | None) -> _Priced | None:
         """Stamp first tokens and finishes, send the closed loop's next requests, move the clock to the end."""
