@@ -132,6 +132,8 @@ class _Simulation:
         self.memory = memory
         self.config = config
         self.model = config.step_time
+        # a step-time model that prices the step's parts (speculative decoding), looked up once, not per step
+        self._price_load = getattr(self.model, "step_load_seconds", None)
         self.scheduler = Scheduler(
             memory,
             config.max_num_seqs,
@@ -226,7 +228,8 @@ class _Simulation:
         """How many identical decode-only steps run at once: until a group finishes, the next snapshot step,
         the memory runs out or (with empty queues) a request arrives. Returns (k, predicted metrics, step times)."""
         k = min(g.output_len - g.num_output_tokens for g in step.decoding)
-        k = min(k, (-self.step) % self.record.stride + 1, MAX_BATCHED_DECODE_STEPS)
+        record = self.record
+        k = min(k, (-record.rows.size) % record.stride + 1, MAX_BATCHED_DECODE_STEPS)  # rows.size: self.step
         if k == 1:
             return 1, None, None
         ahead = self.memory.decode_metrics(step.decoding, k)
@@ -252,9 +255,8 @@ class _Simulation:
         its prior context and causally to itself); a step that only swaps in costs the transfer."""
         load = step_load(step)
         swap_bytes = self._swap_bytes(step)
-        price = getattr(self.model, "step_load_seconds", None)
-        if price is not None:  # a cost that needs the step's parts (speculative decoding)
-            return price(load, swap_bytes)
+        if self._price_load is not None:  # a cost that needs the step's parts (speculative decoding)
+            return self._price_load(load, swap_bytes)
         dt = self.model.step_seconds(
             load.new_tokens,
             load.kv_tokens_read,
