@@ -1,5 +1,6 @@
 """Shared test harness: AppTest on the real entry point, a live streamlit server, and a real Chromium."""
 
+import fcntl
 import os
 import shutil
 import socket
@@ -55,6 +56,29 @@ def wait_for_script_done(page, timeout_ms: float) -> None:
     """Until a rerun ends, Streamlit shows its status widget and keeps the last run's stale elements beside the new
     ones, so a button whose place moved is on the page twice; wait for the end before clicking."""
     page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
+
+
+@pytest.fixture(scope="session")
+def _worker_lock_path(tmp_path_factory) -> Path:
+    """A file the pytest-xdist workers of one run share (their base temporary directories have one parent)."""
+    return tmp_path_factory.getbasetemp().parent / "exclusive.lock"
+
+
+@pytest.fixture(autouse=True)
+def _exclusive_when_marked(request, _worker_lock_path):
+    """Under pytest-xdist a test marked `exclusive` (its bounds are timings on this machine, e.g. the load
+    tests') runs with no other test at the same time: it takes the workers' lock file exclusively, every other
+    test takes it shared (flock), so the other worker finishes its current test and waits for this one."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    exclusive = request.node.get_closest_marker("exclusive") is not None
+    with open(_worker_lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _free_port() -> int:

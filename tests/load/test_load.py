@@ -23,6 +23,9 @@ from tests.conftest import CHROMIUM, ROOT
 from tests.load.run import PAGE_P95_S as PAGE_SERVER_P95_S
 from tests.load.run import PLANNER_P95_S as PLANNER_SERVER_P95_S
 
+# The bounds are latencies on this machine: the other pytest-xdist worker's tests wait meanwhile (tests/conftest.py)
+pytestmark = pytest.mark.exclusive
+
 SESSIONS = 6
 WATCHED_PLANNER_TITLE_S = 5.0
 PEAK_RSS_BYTES = 3 * 1024**3
