@@ -8,7 +8,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 from core.errors import InvalidArgumentError
 from core.kv.block_hash import extend_block_hashes
-from core.kv.request import KVRequest, check_token_ids
+from core.kv.request import KVRequest, check_kv_token_ids
 from core.kv.single_type_manager import SingleTypeKVCacheManager
 
 
@@ -80,7 +80,7 @@ class BulkDecode:
                 raise InvalidArgumentError(
                     f"request {request_id!r} reads its owner's token list: decode it with append_token"
                 )
-            tokens = new_tokens if trusted else check_token_ids(request_id, new_tokens)
+            tokens = new_tokens if trusted else check_kv_token_ids(request_id, new_tokens)
             old = req.num_tokens
             plan.append((req, tokens, old, old + len(tokens)))
         return plan

@@ -36,7 +36,7 @@ from core.kv.block_hash import extend_block_hashes
 from core.kv.block_pool import BlockPool
 from core.kv.bulk_decode import BulkDecode
 from core.kv.events import KVEvent
-from core.kv.request import KVRequest, check_token_ids
+from core.kv.request import KVRequest, check_kv_token_ids
 from core.kv.single_type_manager import (
     BlockCopy,
     FullAttentionManager,
@@ -306,7 +306,7 @@ class KVCacheManager(BulkDecode):
         checked copy."""
         if request_id in self._requests:
             raise DuplicateSequenceError(f"request {request_id!r} already exists; free it or choose a new id")
-        tokens = token_ids if view else check_token_ids(request_id, token_ids)
+        tokens = token_ids if view else check_kv_token_ids(request_id, token_ids)
         n = len(tokens)
         hashes: dict[int, list[int]] = {}
         hit_tokens, hits = 0, [[] for _ in self.managers]
@@ -355,7 +355,7 @@ class KVCacheManager(BulkDecode):
                     f"{old:,} with room: append the token to it first"
                 )
         else:
-            check_token_ids(request_id, [token_id])
+            check_kv_token_ids(request_id, [token_id])
         needed = sum(
             m.num_blocks_to_append(rec, old, old + 1)
             for m, rec in zip(self.managers, req.blocks, strict=True)

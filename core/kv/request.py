@@ -33,8 +33,11 @@ class KVRequest:
         self.hashes = hashes  # block size -> chained keys of the leading full blocks
 
 
-def check_token_ids(request_id: Hashable, token_ids: Sequence[int]) -> list[int]:
-    """`token_ids` as a non-empty list of integers, else InvalidArgumentError naming the request."""
+def check_kv_token_ids(request_id: Hashable, token_ids: Sequence[int]) -> list[int]:
+    """`token_ids` as a non-empty list of integers, else InvalidArgumentError naming the request: the KV core's
+    own guard for a caller that hands it tokens directly (the block manager, the simulator). It knows no
+    vocabulary; a request's ids are checked against one once, at the engine's or the server's edge
+    (`core.engine.token_ids.check_token_ids`), and the engine hands the KV core a view it trusts."""
     tokens = list(token_ids)
     if tokens and all(type(t) is int for t in tokens):  # the common case, fast
         return tokens

@@ -37,7 +37,7 @@ from core.errors import DuplicateSequenceError, OutOfBlocksError, UnknownSequenc
 from core.kv.block_hash import extend_block_hashes, hash_block_tokens
 from core.kv.block_pool import BlockPool
 from core.kv.events import KVEvent
-from core.kv.kv_cache_manager import check_token_ids
+from core.kv.kv_cache_manager import check_kv_token_ids
 from core.kv.single_type_manager import RequestBlocks, manager_for
 from core.kv.snapshot import KVCacheSnapshot, build_snapshot
 from core.kv.specs import FullAttentionSpec, SlidingWindowSpec
@@ -301,7 +301,7 @@ class BlockManager:
         """
         if seq_id in self._seqs:
             raise DuplicateSequenceError(f"sequence {seq_id!r} already exists; free it or choose a new id")
-        tokens = check_token_ids(seq_id, token_ids)
+        tokens = check_kv_token_ids(seq_id, token_ids)
         bs = self._block_size
         num_needed = self.blocks_needed(len(tokens))
         hashes: list[int] = []

@@ -48,7 +48,9 @@ def server():
 @pytest.fixture
 def calls(monkeypatch):
     """(the one validator's calls, the KV core guard's calls) from now on."""
-    return _spy(monkeypatch, token_ids, "check_token_ids"), _spy(monkeypatch, kv_request, "check_token_ids")
+    return _spy(monkeypatch, token_ids, "check_token_ids"), _spy(
+        monkeypatch, kv_request, "check_kv_token_ids"
+    )
 
 
 def test_a_server_request_checks_each_id_list_once(server, calls):
