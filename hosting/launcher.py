@@ -13,7 +13,8 @@ answers. A child that exits is started again (at most MAX_RESTARTS times each).
 
 Stops everything on SIGTERM or SIGINT (Ctrl-C): proxy first, then replicas, then the pool and its workers, each
 given GRACE_S before SIGKILL; every child also gets SIGTERM from the kernel if this process dies (PR_SET_PDEATHSIG).
-Leaves no process and no file behind (the runtime directory is removed; a --cache-dir given by the operator stays).
+Leaves no process and no file behind (the runtime directory is removed; a --cache-dir or PAGED_LAB_CACHE_DIR
+given by the operator stays).
 """
 
 import argparse
