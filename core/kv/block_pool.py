@@ -25,6 +25,12 @@ Invariants (checked by tests/kv against a brute-force model):
 - `usage` = 1 - num_free_blocks / num_blocks (vLLM divides by num_blocks - 1 because its block 0 is a reserved
   null block; this pool has none: released table entries are -1 instead).
 - Every public method either succeeds or raises a `LabError` with the pool unchanged.
+
+The offload seam (vLLM's KV connector, here only its native host-memory backend): `offload` is None or a
+`core.kv.host_tier.HostTier`. When set, every chain `cache_blocks` registers (newly computed full blocks, those
+whose hash was cached already included) is offered to it afterwards: the tier stores what it does not hold, so
+it is inclusive of HBM. Evicting a block here does not store it (vLLM stores as blocks are produced, not on
+eviction). The lookup side is `KVCacheManager`'s: a hit continues from this pool's longest hit into the tier.
 """
 
 from collections import OrderedDict, deque
@@ -65,6 +71,7 @@ class BlockPool:
         self._block_group: list[int] = [-1] * self.num_blocks  # the group of a cached block
         self._events: list[KVEvent] = []
         self.num_evicted_blocks = 0  # cached blocks evicted to reuse their slots, since construction
+        self.offload = None  # the offload seam: a HostTier offered each cached chain (module docstring)
 
     # ---- counts -----------------------------------------------------------------------------------------
 
@@ -218,11 +225,14 @@ class BlockPool:
         hashes: Sequence[int],
         parent_hash: int | None,
         token_ids: Sequence[int],
+        first_block: int = 0,
     ) -> int:
         """Register a chain of newly full, computed blocks of `group`: blocks[i] holds
         token_ids[i*B:(i+1)*B] (B = the group's block size) under hashes[i], whose parent is hashes[i-1]
         (`parent_hash` for i = 0). Blocks already cached, or whose hash the group caches already, are skipped.
-        Emits one BlockStored per run of newly cached blocks. Returns how many entered the cache."""
+        Emits one BlockStored per run of newly cached blocks. Returns how many entered the cache.
+        `first_block`: the logical index of blocks[0] in its request (the offload seam aligns host blocks on
+        it); the whole chain is then offered to `offload` when set."""
         bs = self.group_specs[group].block_size
         cache = self._cached[group]
         events = self.enable_kv_cache_events
@@ -250,6 +260,8 @@ class BlockPool:
             parent = block_hash
         if run_hashes:
             self._flush_run(group, run_hashes, run_parent, token_ids, run_start, bs)
+        if self.offload is not None:
+            self.offload.offer(hashes, parent_hash, token_ids, first_block)
         return added
 
     def _flush_run(self, group, hashes, parent, token_ids, start, bs) -> None:
