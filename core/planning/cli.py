@@ -22,6 +22,7 @@ from core.planning.kv_accounting import (
     WEIGHT_DTYPES,
 )
 from core.planning.models import MODELS, ModelSpec, get_model
+from core.planning.offload import HostKVTier, host_kv_tier
 from core.planning.plan import CapacityPlan, plan
 from core.planning.weights import with_checkpoint_bytes
 
@@ -99,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--safetensors-index", help="path of the model's model.safetensors.index.json: exact weight bytes"
     )
+    parser.add_argument(
+        "--kv-offload-gib",
+        type=float,
+        help="GiB of host memory per replica for vLLM's native KV offloading (--kv-offloading-size)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
@@ -166,15 +172,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
         )
+        tier = None if args.kv_offload_gib is None else host_kv_tier(capacity, args.kv_offload_gib)
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(capacity.to_dict(), indent=2))
+        out = capacity.to_dict()
+        if tier is not None:
+            out.update(tier.to_dict())
+        print(json.dumps(out, indent=2))
         return 0
     print(plan_table(capacity))
+    if tier is not None:
+        print(host_tier_table(tier))
     print()
     if not capacity.fits:
         print("# does not fit as planned; with the largest fitting settings:")
-    print(capacity.vllm_command)
+    print(
+        capacity.vllm_command + (f" \\\n  {tier.vllm_flags}" if tier is not None and tier.vllm_flags else "")
+    )
     return 0
+
+
+def host_tier_table(tier: HostKVTier) -> str:
+    """The host tier's rows (`--kv-offload-gib`), aligned like the plan's."""
+    rows = [
+        ("host KV tier per replica", f"{tier.kv_offload_gib:g} GiB over {tier.world_size} rank(s)"),
+        ("host block bytes (all ranks, page-aligned)", f"{tier.host_block_bytes:,} B"),
+        ("host_kv_tokens", f"{tier.host_kv_tokens:,} ({tier.host_kv_blocks:,} blocks; {tier.host_extra_tokens:,} beyond HBM)"),
+        ("host memory pinned, all replicas", f"{tier.host_memory_bytes_total / 1024**3:,.2f} GiB"),
+    ]  # fmt: skip
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
