@@ -137,7 +137,13 @@ class _LRU:
                 self.entries.move_to_end(key)
 
     def evict(self, n: int, protected: set[int]) -> list[tuple[int, _Entry]] | None:
-        chosen = [key for key in self.entries if key not in protected][:n]
+        chosen = []
+        if n > 0:
+            for key in self.entries:  # oldest first, stopping at n
+                if key not in protected:
+                    chosen.append(key)
+                    if len(chosen) == n:
+                        break
         if len(chosen) < n:
             return None
         return [(key, self.entries.pop(key)) for key in chosen]

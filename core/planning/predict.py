@@ -37,6 +37,7 @@ from core.planning.kv_accounting import (
 )
 from core.planning.load import Load
 from core.planning.models import ModelSpec, get_model
+from core.planning.offload import check_offload_gib, host_kv_tier, offload_flags
 from core.planning.plan import CapacityPlan, plan
 from core.planning.speculative import (
     Speculation,
@@ -47,6 +48,7 @@ from core.planning.speculative import (
     speculative_kv_tokens,
 )
 from core.planning.step_time import StepTimeModel, from_specs
+from core.serving.host_offload import DEFAULT_OFFLOAD_BANDWIDTH, HostOffload
 from core.serving.memory_policies import paged
 from core.serving.sim_config import SimulatorConfig
 from core.serving.simulator import simulate
@@ -76,6 +78,9 @@ class Deployment:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     speculation: Speculation | None = None
+    kv_offload_gib: float = 0.0  # host-memory KV tier per replica (vLLM's --kv-offloading-size), 0: none
+    offload_policy: str = "lru"  # its eviction: "lru" | "arc"
+    offload_bandwidth_gbps: float = DEFAULT_OFFLOAD_BANDWIDTH / 1e9  # host -> GPU GB/s per GPU
 
     def __post_init__(self):
         model = get_model(self.model) if isinstance(self.model, str) else self.model
@@ -99,6 +104,17 @@ class Deployment:
         check_float(self.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0)
         if self.speculation is not None and not isinstance(self.speculation, Speculation):
             raise InvalidArgumentError("speculation must be a core.planning.speculative.Speculation or None")
+        check_offload_gib(self.kv_offload_gib, "kv_offload_gib")
+        HostOffload(0, self.offload_policy, check_float(self.offload_bandwidth_gbps, "offload_bandwidth_gbps",
+                                                        minimum=0, exclusive_minimum=True) * 1e9)  # fmt: skip
+
+    def host_offload(self, capacity: CapacityPlan) -> HostOffload | None:
+        """The simulator's host tier for one replica of `capacity` (vLLM's arithmetic, `host_kv_tier`), None
+        without one."""
+        if not self.kv_offload_gib:
+            return None
+        tier = host_kv_tier(capacity, self.kv_offload_gib)
+        return HostOffload(tier.host_kv_tokens, self.offload_policy, self.offload_bandwidth_gbps * 1e9)
 
     @property
     def num_gpus(self) -> int:
@@ -158,7 +174,14 @@ class Deployment:
             "max_num_batched_tokens": self.max_num_batched_tokens, "weight_dtype": self.weight_dtype,
             "kv_dtype": self.kv_dtype, "engine": self.engine, "block_size": self.block_size,
             "gpu_memory_utilization": self.gpu_memory_utilization,
-        }  # fmt: skip
+        } | self._offload_flags()  # fmt: skip
+
+    def _offload_flags(self) -> dict:
+        if not self.kv_offload_gib:
+            return {}
+        return {"kv_offload_gib": self.kv_offload_gib, "offload_policy": self.offload_policy,
+                "offload_bandwidth_gbps": self.offload_bandwidth_gbps,
+                "vllm_serve_flags": offload_flags(self.kv_offload_gib)}  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -189,7 +212,9 @@ class Prediction:
                     "throughput_tokens_per_s", "request_throughput_per_s", "mean_running_batch",
                     "mean_waiting", "preemptions", "preemptions_per_s"):  # fmt: skip
             out[key] = m.get(key)
-        out["prefix_hit_rate"] = m.get("prefix_hit_rate") if self.load.uses_prefix_cache else None
+        caching = self.load.uses_prefix_cache or bool(self.deployment.kv_offload_gib)
+        for key in ("prefix_hit_rate", "gpu_hit_rate", "host_hit_rate"):  # all tiers, then HBM's and the host's
+            out[key] = m.get(key) if caching else None
         spec = self.deployment.speculation
         out["mean_accepted_len"] = spec.mean_accepted_len if spec is not None else None
         out |= {
@@ -228,12 +253,13 @@ def replica_steady_state(
     """The steady state of one replica under `load` (already its share), KV capacity `kv_tokens` slots: counted
     blocks, or block tables with prefix caching when the load's prompts share tokens; settings / decided /
     focus as `core.serving.steady_state.steady_state` takes them."""
+    caching = load.uses_prefix_cache or bool(deployment.kv_offload_gib)  # a host tier runs with the cache on
+    offload = deployment.host_offload(deployment.memory_plan(load.max_len))
     config = SimulatorConfig(
         kv_capacity_tokens=int(kv_tokens), max_num_seqs=deployment.max_num_seqs,
         max_num_batched_tokens=deployment.max_num_batched_tokens, max_seq_len=load.max_len, step_time=step,
-        max_snapshots=1,
+        max_snapshots=1, offload=offload,
     )  # fmt: skip
-    caching = load.uses_prefix_cache
     policy = paged(deployment.block_size, enable_prefix_caching=caching, counted=not caching)
     lifetime = (
         idle_lifetime(step, load, deployment.max_num_batched_tokens) + (load.turns - 1) * load.turn_gap_s

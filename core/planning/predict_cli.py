@@ -60,6 +60,10 @@ def deployment_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--spec-method", default="ngram", help=f"one of {', '.join(SPEC_METHODS)}")
     parser.add_argument("--draft-model", default=None, help="draft model preset (--spec-method draft-model)")
+    # a host-memory KV tier (vLLM's native offloading, core.serving.host_offload)
+    parser.add_argument("--kv-offload-gib", type=float, default=0.0, help="GiB of host KV per replica")
+    parser.add_argument("--offload-policy", default="lru", help="host tier eviction: lru or arc")
+    parser.add_argument("--offload-bandwidth-gbps", type=float, default=50.0, help="host->GPU GB/s per GPU")
 
 
 def load_flags(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +121,8 @@ def deployment_from_args(args) -> Deployment:
     return Deployment(
         args.model, args.gpu, args.tp, args.pp, args.replicas, args.max_num_seqs, args.max_num_batched_tokens,
         args.weight_dtype, args.kv_dtype, args.engine, speculation=speculation_from_args(args),
+        kv_offload_gib=args.kv_offload_gib, offload_policy=args.offload_policy,
+        offload_bandwidth_gbps=args.offload_bandwidth_gbps,
     )  # fmt: skip
 
 
