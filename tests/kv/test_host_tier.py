@@ -275,3 +275,21 @@ def test_lru_tier_matches_a_brute_force_model():
         assert tier.num_used_blocks + tier.num_free_blocks == capacity
         ids = [tier.host_block(k) for k in model]
         assert len(set(ids)) == len(ids) and all(0 <= i < capacity for i in ids)
+
+
+def test_the_live_tree_keeps_the_cpu_pool_apart():
+    """The events travel vLLM's wire format to the Live page's tree (`core.live.tree`), which draws one band
+    per (group, medium): after HBM evicted a's tail, the CPU pool still holds both of a's blocks."""
+    from core.kv.events import decode_event_batch, encode_event_batch
+    from core.live.tree import CachedBlockTree
+
+    m = manager(events=True)
+    run(m, "a", A)
+    run(m, "b", B)
+    tree = CachedBlockTree()
+    tree.apply_batch(decode_event_batch(encode_event_batch(m.take_events(), ts=1.0)))
+    k1, k2 = chain(A, 4)
+    assert set(tree.pools()) == {(0, "GPU"), (0, "CPU")}
+    assert set(tree.blocks((0, "CPU"))) == {k1, k2, *chain(B, 4)}
+    assert not {k1, k2} & set(tree.blocks((0, "GPU")))
+    assert k1 in tree.roots((0, "CPU")) and tree.children((0, "CPU"), k1) == [k2]
