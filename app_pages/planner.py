@@ -152,6 +152,7 @@ def scenario_inputs(p: str) -> None:
           help="Leave empty for the estimate; enter vLLM's logged activation peak for an exact plan.")  # fmt: skip
     with c[1]:
         w(st.number_input, "max_num_seqs", f"{p}seqs")
+    w(st.number_input, "Host KV tier per replica (GiB, vLLM's --kv-offloading-size; 0: none)", f"{p}offload")
     hybrid_inputs(p)
 
 
@@ -264,8 +265,17 @@ def show_plan(prefix: str, result, workload_error: str | None) -> None:
             st.markdown(f"- {line}")
         for note in result.plan.notes:
             st.caption(note)
+    tier = result.host_tier
+    if tier is not None:
+        st.markdown(
+            f"Host KV tier: {tier.kv_offload_gib:g} GiB per replica holds **{tier.host_kv_tokens:,} tokens** "
+            f"({tier.host_kv_blocks:,} host blocks of {tier.host_block_bytes:,} B over {tier.world_size} GPU(s); "
+            f"{tier.host_extra_tokens:,} beyond HBM, the tier being inclusive); "
+            f"{tier.host_memory_bytes_total / 1024**3:,.0f} GiB of pinned host memory over all replicas."
+        )
     st.markdown("`vllm serve` flags for this plan:")
-    st.code(result.plan.vllm_command, language="bash")
+    flags = f" \\\n  {tier.vllm_flags}" if tier is not None else ""
+    st.code(result.plan.vllm_command + flags, language="bash")
 
 
 st.title("Capacity planner")

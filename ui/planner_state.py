@@ -43,6 +43,7 @@ def scenario_fields(prefix: str) -> list[Field]:
         Field(
             f"{p}ckpt", None, "int", minimum=1, maximum=2**50, optional=True, label="checkpoint bytes (index)"
         ),
+        Field(f"{p}offload", 0.0, "float", minimum=0, maximum=4096, step=10, label="host KV tier, GiB"),
     ]
     assert tuple(f.key[len(p) :] for f in fields) == SCENARIO_KEYS
     return fields
@@ -164,7 +165,12 @@ def url_params(values: dict[str, Any]) -> dict[str, str]:
             skip |= {f"{prefix}gpu_mem", f"{prefix}gpu_bw", f"{prefix}gpu_tflops"}
         if values[f"{prefix}model"] != CUSTOM:
             skip.add(f"{prefix}config")
-        for key, default in (("mbt", DEFAULT_MAX_NUM_BATCHED_TOKENS), ("hybrid", True), ("ckpt", None)):
+        for key, default in (
+            ("mbt", DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            ("hybrid", True),
+            ("ckpt", None),
+            ("offload", 0.0),
+        ):
             if values.get(f"{prefix}{key}", default) == default:
                 skip.add(f"{prefix}{key}")  # only a changed setting goes into the URL
     if not values["compare"]:

@@ -16,6 +16,7 @@ from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.page_models.planner_config import decode_config, model_from_config
 from core.planning.hardware import GPUSpec, get_gpu
 from core.planning.models import MODELS, ModelSpec, get_model
+from core.planning.offload import HostKVTier, host_kv_tier
 from core.planning.plan import CapacityPlan, PlanInputs, plan_from
 from core.planning.what_if import WorkloadWhatIf, fragmentation_by_block_size, workload_what_if
 from core.serving.workload import alpaca, fixed, sharegpt, uniform
@@ -24,7 +25,7 @@ CUSTOM = "custom"
 WORKLOADS = ("sharegpt", "alpaca", "fixed", "uniform")
 SCENARIO_KEYS = (
     "model", "config", "gpu", "gpu_mem", "gpu_bw", "gpu_tflops", "gpus", "tp", "pp", "wdtype", "kvdtype",
-    "util", "block", "ctx", "act", "seqs", "mbt", "hybrid", "ckpt",
+    "util", "block", "ctx", "act", "seqs", "mbt", "hybrid", "ckpt", "offload",
 )  # fmt: skip
 WORKLOAD_KEYS = ("wl", "wl_n", "wl_prompt", "wl_output", "wl_seed")
 GiB = 1024**3
@@ -128,6 +129,9 @@ class ScenarioResult:
         None  # the plan with the hybrid KV cache manager switched the other way
     )
     other_hybrid_error: str | None = None
+    host_tier: HostKVTier | None = (
+        None  # the host KV tier of `{prefix}offload` GiB (vLLM's native offloading)
+    )
 
 
 @functools.lru_cache(maxsize=32)
@@ -168,8 +172,18 @@ def compute_scenario(
                 what_if = _what_if(capacity, workload)
         except InvalidArgumentError as error:
             workload_error = str(error)
+    gib = values.get(f"{prefix}offload") or 0.0
+    host_tier = host_kv_tier(capacity, gib) if gib else None
     return ScenarioResult(
-        inputs.model, inputs.gpu, capacity, what_if, fragmentation, workload_error, other, other_error
+        inputs.model,
+        inputs.gpu,
+        capacity,
+        what_if,
+        fragmentation,
+        workload_error,
+        other,
+        other_error,
+        host_tier,
     )
 
 
