@@ -38,6 +38,8 @@ def lever_inputs(w: Callable[..., Any]) -> None:
         )
         w(st.number_input, "Turns per conversation (--turns)", "turns")
         w(st.number_input, "Seconds between a chat's turns (--turn-gap)", "turn_gap")
+        w(st.number_input, "Host KV tier per replica, GiB (--kv-offload-gib; 0: none)", "offload")
+        w(st.selectbox, "Host tier eviction (--offload-policy)", "offload_policy")
     with c2:
         st.markdown("**Speculative decoding**")
         w(st.number_input, "Speculative tokens K (--spec-tokens; 0: none)", "spec_k")
@@ -97,8 +99,13 @@ def show_lever_figures(p: dict) -> None:
     c[2].metric("Output tokens/s per GPU", "—" if per_gpu is None else f"{per_gpu:,.0f}")
     hit = p["prefix_hit_rate"] if p["mode"] == "agg" else p["prefill"]["prefix_hit_rate"]
     if hit is not None:
+        host = (
+            p.get("host_hit_rate") if p["mode"] == "agg" and p["deployment"].get("kv_offload_gib") else None
+        )
         c[3].metric(
-            "Prefix-hit rate", f"{hit:.3f}", help="prompt tokens served from the prefix cache / prompt tokens"
+            "Prefix-hit rate",
+            f"{hit:.3f}" if host is None else f"{hit:.3f} = {p['gpu_hit_rate']:.3f} HBM + {host:.3f} host",
+            help="prompt tokens served from the prefix cache (HBM, then the host tier) / prompt tokens",
         )
     if p.get("mean_accepted_len") is not None:
         c[4].metric("Mean accepted length", f"{p['mean_accepted_len']:.3g} tokens/step",

@@ -73,6 +73,8 @@ class SloPredictParams:
     decode_workers: int = 1
     decode_tp: int = 1
     kv_link: str | None = None
+    kv_offload_gib: float = 0.0  # a host KV tier per replica (--kv-offload-gib), 0: none
+    offload_policy: str = "lru"
 
     def speculation(self) -> Speculation | None:
         """The `Speculation` of spec_tokens (0: none) and spec_acceptance ("a1,...,aK", as --spec-acceptance);
@@ -93,6 +95,7 @@ class SloPredictParams:
         return Deployment(
             self.model, self.gpu, self.tp, self.pp, self.replicas, self.max_num_seqs, self.max_num_batched_tokens,
             self.weight_dtype, self.kv_dtype, self.engine, speculation=self.speculation(),
+            kv_offload_gib=self.kv_offload_gib, offload_policy=self.offload_policy,
         )  # fmt: skip
 
     def disagg_deployment(self) -> DisaggDeployment:
@@ -172,6 +175,13 @@ class SloPredictParams:
                      "--spec-method", self.spec_method]  # fmt: skip
             if self.spec_method == "draft-model" and self.draft_model is not None:
                 args += ["--draft-model", self.draft_model]
+        if self.kv_offload_gib:
+            args += [
+                "--kv-offload-gib",
+                repr(float(self.kv_offload_gib)),
+                "--offload-policy",
+                self.offload_policy,
+            ]
         return args
 
     def _disagg_args(self) -> list[str]:
