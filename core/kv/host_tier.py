@@ -269,6 +269,9 @@ class HostTier:
         self._policy = _LRU(self.num_blocks) if policy == "lru" else _ARC(self.num_blocks)
         self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))  # pop() gives the lowest id first
         self._counts: OrderedDict[int, int] = OrderedDict()  # offer counts (store_threshold >= 2)
+        self._partial: dict[
+            int, tuple
+        ] = {}  # last hash -> (hashes, tokens, parent) of an unfinished host block
         self._events: list[KVEvent] = []
         self.num_stored_blocks = 0  # host blocks stored since construction
         self.num_evicted_blocks = 0  # host blocks evicted since construction
@@ -330,10 +333,30 @@ class HostTier:
     ) -> int:
         """Offer a run of newly computed full GPU blocks: GPU block `first_block + i` has chain hash
         `hashes[i]` (its parent is `hashes[i-1]`, `parent_hash` for i = 0) and tokens
-        `token_ids[i*B:(i+1)*B]`. Every host block wholly inside the run whose key is not stored is a store
+        `token_ids[i*B:(i+1)*B]`. Every host block the run completes whose key is not stored is a store
         candidate (subject to `store_threshold`); candidates are stored together, evicting as needed, or not at
-        all when too few blocks can be evicted. Returns how many host blocks were stored."""
+        all when too few blocks can be evicted. A host block split over two runs (prefill chunks that end inside
+        it) is completed from the first run's blocks, kept by their last hash. Returns how many host blocks were
+        stored."""
         per, bs = self.blocks_per_host_block, self.block_size
+        head = first_block % per
+        if per > 1 and head:
+            carried = self._partial.pop(parent_hash, None)
+            if carried is not None and len(carried[0]) == head:  # the host block's first GPU blocks
+                before, tokens_before, parent_before = carried
+                hashes = [*before, *hashes]
+                token_ids = [*tokens_before, *token_ids]
+                parent_hash, first_block = parent_before, first_block - head
+        if per > 1:
+            tail = (first_block + len(hashes)) % per
+            if tail and len(hashes) >= tail:  # keep the unfinished host block's blocks for the next run
+                cut = len(hashes) - tail
+                self._partial[hashes[-1]] = (
+                    list(hashes[cut:]), list(token_ids[cut * bs : len(hashes) * bs]),
+                    hashes[cut - 1] if cut else parent_hash,
+                )  # fmt: skip
+                while len(self._partial) > self.max_tracker_size:
+                    self._partial.pop(next(iter(self._partial)))
         candidates: list[tuple[int, _Entry]] = []
         offered: list[int] = []
         for i in range(len(hashes)):

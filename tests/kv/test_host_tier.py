@@ -293,3 +293,13 @@ def test_the_live_tree_keeps_the_cpu_pool_apart():
     assert set(tree.blocks((0, "CPU"))) == {k1, k2, *chain(B, 4)}
     assert not {k1, k2} & set(tree.blocks((0, "GPU")))
     assert k1 in tree.roots((0, "CPU")) and tree.children((0, "CPU"), k1) == [k2]
+
+
+def test_a_host_block_split_over_two_prefill_chunks_is_stored_whole():
+    tier = HostTier(4, 2, blocks_per_host_block=2)
+    tokens = [1, 1, 2, 2, 3, 3, 4, 4]
+    keys = chain(tokens, 2)
+    assert tier.offer(keys[:3], None, tokens[:6], 0) == 1  # host block 0 (GPU 0-1); GPU 2 waits for GPU 3
+    assert tier.offer(keys[3:], keys[2], tokens[6:], 3) == 1  # completes host block 1 (GPU 2-3)
+    assert tier.stored_keys() == {keys[1], keys[3]}
+    assert tier.lookup(keys, tokens, 0, 4) == [tier.host_block(keys[1]), tier.host_block(keys[3])]
