@@ -20,8 +20,6 @@ and when to redo the fit (`core.planning.observed.planned`). No streamlit here.
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from core.errors import LabError
 from core.live.history import FLEET, LiveHistory
 from core.live.metrics import VllmMetrics
@@ -87,7 +85,11 @@ def served_config(
     config.json) first, else the config.json in the folder `served.root` names when the server runs here; None
     when neither. `gpu_here` (default: torch sees a CUDA device) decides whether a server on this machine runs
     on its CPU."""
-    on_this_cpu = is_loopback(host) and not (torch.cuda.is_available() if gpu_here is None else gpu_here)
+    if gpu_here is None:
+        import torch  # only asked for a server on this machine
+
+        gpu_here = is_loopback(host) and torch.cuda.is_available()
+    on_this_cpu = is_loopback(host) and not gpu_here
     max_len = served.max_model_len if served is not None else None
     if given is not None:
         return ServedConfig(given, "the config.json given", max_len, on_this_cpu)
