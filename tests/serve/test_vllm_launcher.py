@@ -4,6 +4,7 @@ the planner sizes that command's KV cache as the run's vLLM does (1,456 blocks),
 the page says why when vLLM is not installed."""
 
 import http.server
+import itertools
 import json
 import threading
 import time
@@ -29,9 +30,7 @@ def test_the_command_listens_on_loopback_only(capsys):
     server = VLLMLabServer((18000, 15557, 15558))
     cmd, env = server.command()
     assert cmd[:2] == [str(vllm.command), "serve"]
-    flags = {
-        a: b for a, b in zip(cmd, cmd[1:], strict=False) if a.startswith("--") and not b.startswith("--")
-    }
+    flags = {a: b for a, b in itertools.pairwise(cmd) if a.startswith("--") and not b.startswith("--")}
     assert (
         flags["--host"] == "127.0.0.1"
         and flags["--port"] == "18000"
