@@ -220,21 +220,23 @@ def _result(policy, config, fleet, replicas, assignment, wall) -> FleetResult:
     return FleetResult(policy, config, steps, requests, summary, [], wall, capacity, fleet, per_replica)
 
 
-def replica_breakdown(result: FleetResult, first: int, stop: int) -> list[dict]:
-    """Per replica, over the requests first..stop-1 in arrival order (a steady state's measured window) and the
+def replica_breakdown(result: SimulationResult, first: int, stop: int) -> list[dict]:
+    """Per replica of a fleet's result (a plain `SimulationResult` is one replica), over the requests first..stop-1 in arrival order (a steady state's measured window) and the
     steps that ended between the first and the last of their arrivals: load_share (its share of those requests),
     prefix_hit_rate (prompt tokens its prefix cache served / its prompt tokens; 0 without prefix caching),
     kv_usage (the fraction of its KV capacity held, averaged over its steps' time), throughput_tokens_per_s (output tokens of its
     steps / the window) and requests."""
     window = result.requests.iloc[first:stop]
+    steps = result.steps
+    if "replica" not in window:  # a plain simulation: one replica
+        window, steps = window.assign(replica=0), steps.assign(replica=0)
     arrivals = window["arrival_time"].to_numpy()
     t0, t1 = float(arrivals.min()), float(arrivals.max())
     span = t1 - t0
     capacity = result.capacity_slots or result.config.kv_capacity_tokens
     out = []
-    for r in range(result.fleet.replicas):
+    for r in range(result.fleet.replicas if isinstance(result, FleetResult) else 1):
         mine = window[window["replica"] == r]
-        steps = result.steps
         sel = steps[(steps["replica"] == r) & (steps["time_s"] > t0) & (steps["time_s"] <= t1)]
         dt = sel["step_time_ms"].to_numpy()
         used = 1.0 - sel["free_slots"].to_numpy() / capacity
