@@ -9,13 +9,32 @@ there. docs/levers.md section 4 gives both sizes' numbers."""
 import pytest
 
 from core.planning.predict import predict
-from core.planning.published_fleet import PUBLISHED, kv_cache_wins_deployment, kv_cache_wins_load
+from core.planning.published_fleet import (
+    KV_TOKENS_PER_POD,
+    OPERATING_RATE,
+    PUBLISHED,
+    kv_cache_wins_deployment,
+    kv_cache_wins_load,
+)
 from core.serving.steady_state import SteadyStateSettings
 
 SATURATED = SteadyStateSettings(initial_measured=300, max_requests=3000, warmup_lifetimes=2.0)
 # prefix-aware starts cold (150 prefixes to place): a longer warm-up, so its queue of the cold start has drained
 WARM = SteadyStateSettings(tolerance=0.2, initial_measured=400, max_requests=3000, warmup_lifetimes=4.0)
 SCALED_RATE = 190.0
+
+
+def test_round_robin_falls_behind_at_the_published_operating_point():
+    """Full size, the published parameters, 8.73 req/s (what precise routing kept up with): round-robin's 8 pods
+    do not (not a steady state), serve well short of it (published 4,429 tok/s), hit a quarter of the 0.83
+    ceiling, and wait over 10x the published prefix-aware TTFT p90 (~9 s of CPU: a saturated estimate stops at
+    its first window; prefix-aware at full size takes ~30 s and is in docs/levers.md)."""
+    p = predict(kv_cache_wins_deployment("round-robin"), kv_cache_wins_load(OPERATING_RATE), settings=WARM)
+    assert p.kv_tokens == pytest.approx(KV_TOKENS_PER_POD, rel=0.001)
+    assert not p.stable
+    assert p.metrics["throughput_tokens_per_s"] < 0.85 * PUBLISHED["precise prefix-aware"][0]
+    assert p.metrics["prefix_hit_rate"] < 0.3
+    assert p.metrics["ttft_p90_s"] > 10 * PUBLISHED["precise prefix-aware"][1]
 
 
 @pytest.fixture(scope="module")
