@@ -13,8 +13,12 @@ cache holds now) and picks one index. The policies, by name (`ROUTING_POLICIES`)
                   BlockStored / BlockRemoved events tell a router); the score is uncached tokens in flight +
                   prompt tokens x (1 - hit) and the lowest wins; a replica whose uncached tokens in flight exceed
                   `SATURATION_BATCHES` x max_num_batched_tokens is saturated and skipped (the valve; all
-                  saturated: all are candidates); when a candidate's hit is at least `AFFINITY` of the prompt,
-                  only such replicas are scored (prefix affinity).
+                  saturated: all are candidates); prefix affinity: a candidate holding at least `AFFINITY` of the
+                  prompt whose score is within one prompt (prompt_len tokens) of the best wins over any replica
+                  holding less. The band keeps a prefix home through the load's ups and downs, yet lets a busy
+                  home overflow: a hard affinity made the first replica to cache a single popular prefix take
+                  every request for it until the valve (tens of requests past what its KV cache holds) while the
+                  others never cached it.
     session       sticky per conversation: a conversation's first request goes round-robin over conversations,
                   every later turn to the same replica.
 
@@ -118,11 +122,10 @@ class Router:
         ]
         if not candidates:
             candidates = list(range(self.num_replicas))
-        affine = [r for r in candidates if cached[r] >= AFFINITY * prompt_len]
-        pool = affine or candidates
-        chosen = min(
-            pool, key=lambda r: (replicas[r].uncached_in_flight + prompt_len - cached[r], self._turn(r))
-        )
+        score = {r: replicas[r].uncached_in_flight + prompt_len - cached[r] for r in candidates}
+        band = min(score.values()) + prompt_len
+        affine = [r for r in candidates if cached[r] >= AFFINITY * prompt_len and score[r] <= band]
+        chosen = min(affine or candidates, key=lambda r: (score[r], self._turn(r)))
         self._count += 1
         return chosen, cached[chosen]
 

@@ -139,14 +139,17 @@ def test_prefix_aware_score_hand_worked():
 
 
 def test_prefix_affinity_and_saturation_valve():
-    """A hit of >= 0.8 of the prompt keeps the request there even at a worse score; above SATURATION_BATCHES x
-    max_num_batched_tokens uncached tokens in flight the replica is skipped, affinity or not."""
+    """A hit of >= 0.8 of the prompt keeps the request there at a score up to one prompt worse than the best;
+    above SATURATION_BATCHES x max_num_batched_tokens uncached tokens in flight the replica is skipped, affinity or
+    not."""
     router = Router("prefix-aware", 2, 100)
     keys = list(range(62))  # 1,000-token prompt, (1000 - 1) // 16 = 62 full blocks
-    affine = _View(in_flight=3000, cached=50)  # 800 tokens = 0.8: 3000 + 200 = 3200
-    idle = _View(in_flight=0, cached=0)  # 0 + 1000 = 1000, a better score
+    affine = _View(in_flight=1800, cached=50)  # 800 tokens = 0.8: 1800 + 200 = 2000, one prompt past the best
+    idle = _View(in_flight=0, cached=0)  # 0 + 1000 = 1000, the best score
     assert AFFINITY * 1000 <= 50 * 16
     assert router.route([affine, idle], 1000, keys, 16)[0] == 0
+    busy = _View(in_flight=1801, cached=50)  # 2001: past the band, the score decides
+    assert router.route([busy, idle], 1000, keys, 16)[0] == 1
     saturated = _View(in_flight=SATURATION_BATCHES * 100 + 1, cached=62)
     assert router.route([saturated, idle], 1000, keys, 16)[0] == 1
     both = [_View(in_flight=SATURATION_BATCHES * 100 + 1, cached=62), _View(in_flight=10**6)]
