@@ -91,7 +91,8 @@ class _Replica:
 
     @property
     def kv_usage(self) -> float:
-        return 1.0 - self.memory.free_blocks / self.memory.num_blocks
+        memory = self.memory  # any policy's metrics: the contiguous ones count no blocks
+        return 1.0 - memory.metrics().free_slots / memory.capacity
 
     def cached_prefix_blocks(self, block_hashes: Sequence[int]) -> int:
         return 0 if self._kv is None or not block_hashes else self._kv.num_cached_prefix_blocks(block_hashes)

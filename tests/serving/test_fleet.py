@@ -10,7 +10,7 @@ from core.errors import InvalidArgumentError, RoutingError
 from core.planning.load import Load
 from core.planning.step_time import StepTimeModel
 from core.serving.fleet import Fleet, replica_breakdown, simulate_fleet
-from core.serving.memory_policies import paged
+from core.serving.memory_policies import orca_max, paged
 from core.serving.router import AFFINITY, ROUTING_POLICIES, SATURATION_BATCHES, Router
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.workload import fixed
@@ -185,9 +185,12 @@ def test_replica_breakdown_adds_up():
     assert all(0.0 < p["kv_usage"] <= 1.0 for p in parts)
 
 
-def test_plain_requests_route_without_a_prefix_cache():
-    """Counted memory (no prefix cache): prefix-aware degrades to the load score, every request still runs."""
+@pytest.mark.parametrize("policy", [paged(16, counted=True), orca_max()], ids=["counted", "orca-max"])
+@pytest.mark.parametrize("routing", ["least-loaded", "prefix-aware"])
+def test_plain_requests_route_without_a_prefix_cache(policy, routing):
+    """Counted or contiguous memory (no prefix cache): the load signals still route, every request runs."""
     requests = fixed(80, 100, 10, 50.0, 1)
-    result = simulate_fleet(requests, paged(16, counted=True), _config(), Fleet(2, "prefix-aware"))
+    result = simulate_fleet(requests, policy, _config(), Fleet(2, routing))
     assert result.requests["finish_time"].notna().all()
     assert result.requests["prefix_hit_tokens"].sum() == 0
+    assert sorted(set(result.requests["replica"])) == [0, 1]
