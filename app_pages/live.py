@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from core.errors import LabError
+from core.live.fleet_prefixes import fleet_prefixes
 from core.live.history import FLEET
 from core.live.poller import source_label
 from core.live.served_model import fetch_served_models
@@ -382,6 +383,7 @@ def draw_events(result: PollResult) -> None:
         st.dataframe(table, hide_index=True, width="stretch")
         if len(rows) > 1:
             st.caption(f"Fleet: {int(table['cached blocks'].sum()):,} cached blocks over {len(rows)} ranks.")
+            draw_fleet_prefixes()
         errors = [
             f"rank {r}: {sub.stats.last_error}"
             for r, sub in enumerate(watch.subscribers)
@@ -402,6 +404,27 @@ def draw_events(result: PollResult) -> None:
             else:
                 st.info(f"Rank {rank} has announced no cached block yet.")
     st.markdown(TREE_NOTE)
+
+
+def draw_fleet_prefixes() -> None:
+    """Which prefixes each replica (rank) holds and how many blocks several hold at once (group 0, GPU)."""
+    fleet = fleet_prefixes({f"rank {r}": sub.tree for r, sub in enumerate(watch.subscribers)})
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {"replica": r.name, "cached blocks": r.blocks, "prefixes (first blocks)": r.prefixes,
+                 "also cached elsewhere": r.shared, "chain unknown": r.orphans}
+                for r in fleet.replicas
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )  # fmt: skip
+    st.caption(
+        f"{fleet.duplicated_blocks:,} of {fleet.distinct_blocks:,} distinct cached blocks are held by several "
+        f"replicas at once ({fleet.extra_copies:,} blocks of memory spent twice or more), matched by their tokens. "
+        "Round-robin routing spreads every prefix over every replica; prefix-aware routing keeps each on one."
+    )
 
 
 def draw_plan() -> None:
