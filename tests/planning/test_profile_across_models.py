@@ -147,3 +147,27 @@ def test_config_flag_errors(tmp_path, capsys):
     assert "--num-params goes with --config" in capsys.readouterr().err
     assert predict_main(["--config", str(tmp_path / "none.json"), *LOAD, "--concurrency", "1"]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_sliding_window_layers_read_only_their_window():
+    """gpt-oss-120b: 18 of its 36 layers slide over 128 tokens, so a decode at a 9,000-token context reads 9,000
+    tokens in 18 layers and 128 in the other 18. Mistral-7B slides every layer over 4,096: shorter contexts read
+    in full, longer ones the window. A dense model reads every layer."""
+    model = MODELS["gpt-oss-120b"]
+    assert model.layer_kinds.count("full_attention") == 18 and model.sliding_window == 128
+    step = from_specs(model, GPUS["h200-141gb"], 1, "auto", bandwidth_efficiency=1.0)
+    assert step.kv_bytes_per_token == 2 * 36 * 8 * 64 * 2  # written to every layer
+    assert (step.sliding_layer_fraction, step.sliding_window) == (0.5, 128)
+    assert step.attention_flops_per_pair == 4 * 36 * 64 * 64
+    ctx = 9000.0
+    dense_bytes = step.weight_bytes + step.expert_weight_bytes * 4 / 128
+    by_hand = (dense_bytes + step.kv_bytes_per_token * (ctx / 2 + 128 / 2 + 1)) / 4.8e12
+    assert step.breakdown(1, ctx, ctx + 1).memory_s == pytest.approx(by_hand, rel=1e-12)
+    assert step.step_seconds(3, 3 * ctx, 3 * ctx) == pytest.approx(float(step.step_time(3, 3 * ctx, 3 * ctx)))
+    mistral = from_specs(MODELS["mistral-7b"], GPUS["h200-141gb"])
+    assert (mistral.sliding_layer_fraction, mistral.sliding_window) == (1.0, 4096)
+    assert (
+        mistral.windowed(4 * 2000.0, 4) == 4 * 2000.0
+    )  # four sequences at 2,000 tokens: all within the window
+    assert mistral.windowed(4 * 8000.0, 4) == 4 * 4096.0  # at 8,000: the window each
+    assert from_specs(MODELS["llama-3.1-8b"], GPUS["h200-141gb"]).sliding_layer_fraction == 0
