@@ -11,6 +11,10 @@ The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zip
 --spec-method ngram|draft-model|eagle --draft-model NAME (speculative decoding); predict --disagg
 --prefill-workers X --prefill-tp A --decode-workers Y --decode-tp B [--kv-link nvlink|network].
 
+Any model: --config PATH [--num-params N] (a Hugging Face config.json, as the capacity planner takes it) in place
+of --model, on predict, max-rate and slo; the same JSON keys as for a preset (deployment.model is the file's
+name).
+
 Exit status 0; 2 with one plain line on stderr naming the bad flag.
 """
 

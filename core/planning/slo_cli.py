@@ -1,6 +1,6 @@
 """`python -m core.planning slo`: the cheapest deployment that meets a latency SLO, as JSON.
 
-    python -m core.planning slo --model llama-3.1-8b --rate 12 --prompt-len 2000 --output-len 300 \\
+    python -m core.planning slo --model llama-3.1-8b | --config config.json [--num-params N] --rate 12 --prompt-len 2000 --output-len 300 \\
         --ttft-p95 1 --tpot-p95 0.05 [--ttft-p99 ... --itl-p99 ... --e2e-p90 ...] [--engine vllm|trtllm] \\
         [--gpus h100-80gb h200-141gb l40s] [--max-gpus 8] [--length-spread S] [--seed K] [--disagg]
 

@@ -171,3 +171,20 @@ def test_sliding_window_layers_read_only_their_window():
     )  # four sequences at 2,000 tokens: all within the window
     assert mistral.windowed(4 * 8000.0, 4) == 4 * 4096.0  # at 8,000: the window each
     assert from_specs(MODELS["llama-3.1-8b"], GPUS["h200-141gb"]).sliding_layer_fraction == 0
+
+
+def test_slo_takes_a_config_too(tmp_path, capsys):
+    from core.planning.slo_cli import main as slo_main
+
+    raw = json.loads(MODELS_JSON.read_text())["llama-3.1-8b"]
+    path = tmp_path / "eight.json"
+    path.write_text(json.dumps(raw["config"]))
+    common = ["--rate", "1", "--prompt-len", "256", "--output-len", "16", "--ttft-p95", "2", "--gpus", "h100-80gb",
+              "--max-gpus", "1", "--tp", "1", "--max-num-seqs", "32", "--kv-dtypes", "auto", "--weight-dtypes", "auto"]  # fmt: skip
+    preset = _answer(slo_main, ["--model", "llama-3.1-8b", *common], capsys)
+    custom = _answer(
+        slo_main, ["--config", str(path), "--num-params", str(raw["num_params"]), *common], capsys
+    )
+    assert custom.keys() == preset.keys() and custom["configs"] and custom["best"] is not None
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "model"} for r in rows]  # noqa: E731
+    assert strip(custom["configs"]) == strip(preset["configs"])
