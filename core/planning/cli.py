@@ -30,7 +30,7 @@ from core.planning.kv_accounting import (
     KV_DTYPES,
     WEIGHT_DTYPES,
 )
-from core.planning.models import MODELS, ModelSpec, get_model
+from core.planning.models import MODELS, ModelSpec, get_model, model_from_config_file
 from core.planning.plan import CapacityPlan, plan
 from core.planning.weights import with_checkpoint_bytes
 
@@ -131,16 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _model_and_gpu(args: argparse.Namespace) -> tuple[ModelSpec, GPUSpec]:
     """The model (a preset or a config.json file) and the GPU (a preset or custom figures) the flags name."""
-    if args.config:
-        try:
-            config = json.loads(Path(args.config).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise InvalidArgumentError(f"cannot read {args.config}: {error}") from None
-        if not isinstance(config, dict):
-            raise InvalidArgumentError(f"{args.config} must hold a JSON object (a Hugging Face config.json)")
-        model = ModelSpec.from_hf_config(config, name=Path(args.config).stem, num_params=args.num_params)
-    else:
-        model = get_model(args.model)
+    model = model_from_config_file(args.config, args.num_params) if args.config else get_model(args.model)
     if args.safetensors_index:
         try:
             index = Path(args.safetensors_index).read_text()
