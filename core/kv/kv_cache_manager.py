@@ -278,11 +278,12 @@ class KVCacheManager(BulkDecode):
         """(hit tokens, hit blocks per group): the longest prefix cached in every group, last token excluded."""
         n = len(tokens)
         per_group = []
+        whole = tuple(tokens)  # a block is then one tuple slice (tuple() of a tuple is itself), not two copies
         for manager in self.managers:
             bs = manager.block_size
             keys = hashes.setdefault(bs, [])
-            extend_block_hashes(keys, tokens, bs, (n - 1) // bs)
-            per_group.append(manager.find_longest_cache_hit(keys, tokens, (n - 1) // bs))
+            extend_block_hashes(keys, whole, bs, (n - 1) // bs)
+            per_group.append(manager.find_longest_cache_hit(keys, whole, (n - 1) // bs))
         hit_tokens = min(len(hits) * m.block_size for hits, m in zip(per_group, self.managers, strict=True))
         hit_tokens -= hit_tokens % self._hit_granularity
         return hit_tokens, [
