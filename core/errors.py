@@ -100,6 +100,11 @@ class BackendUnavailableError(LabError):
     """A compute backend was asked for that cannot run here (e.g. Triton without a GPU or without triton)."""
 
 
+class VLLMUnavailableError(BackendUnavailableError):
+    """vLLM's CPU build (the reference server) is not installed where the lab looks for it
+    (`core.serve.vllm_env`), or did not start; the message says what is missing and the command that makes it."""
+
+
 class ModelLoadError(LabError):
     """A model directory or config cannot be loaded: a missing or unreadable file, a missing weight, an
     unsupported architecture or setting. The message names the file, key or setting and what is supported."""
@@ -230,3 +235,12 @@ class RequestError(InvalidArgumentError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.param, self.status))
+
+
+class RoutingError(InvalidArgumentError):
+    """A fleet that cannot be routed (`core.serving.router`): an unknown routing policy (`policy` names it) or a
+    fleet of fewer than one replica. The message names the allowed policies or the bound."""
+
+    def __init__(self, message: str, policy=None):
+        super().__init__(message)
+        self.policy = policy

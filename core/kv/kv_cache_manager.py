@@ -152,6 +152,12 @@ class KVCacheManager(BulkDecode):
         """Every (group index, block hash) in the prefix cache now."""
         return self.pool.cached_hashes()
 
+    def num_cached_prefix_blocks(self, block_hashes: Sequence[int], group: int = 0) -> int:
+        """How many leading keys of `block_hashes` (a prompt's chained full-block keys, `core.kv.block_hash`)
+        the prefix cache of `group` holds now, by key (`BlockPool.num_leading_cached`): what a prefix-aware
+        router asks of each replica. Changes nothing."""
+        return self.pool.num_leading_cached(group, block_hashes)
+
     # ---- per-request queries ----------------------------------------------------------------------------
 
     def _request(self, request_id: Hashable) -> KVRequest:
@@ -314,11 +320,12 @@ class KVCacheManager(BulkDecode):
         """(hit tokens, hit blocks per group): the longest prefix cached in every group, last token excluded."""
         n = len(tokens)
         per_group = []
+        whole = tuple(tokens)  # a block is then one tuple slice (tuple() of a tuple is itself), not two copies
         for manager in self.managers:
             bs = manager.block_size
             keys = hashes.setdefault(bs, [])
-            extend_block_hashes(keys, tokens, bs, (n - 1) // bs)
-            per_group.append(manager.find_longest_cache_hit(keys, tokens, (n - 1) // bs))
+            extend_block_hashes(keys, whole, bs, (n - 1) // bs)
+            per_group.append(manager.find_longest_cache_hit(keys, whole, (n - 1) // bs))
         hit_tokens = min(len(hits) * m.block_size for hits, m in zip(per_group, self.managers, strict=True))
         hit_tokens -= hit_tokens % self._hit_granularity
         return hit_tokens, [

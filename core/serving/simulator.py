@@ -159,6 +159,9 @@ class _Simulation:
             tuple[float, int, SimulatedGroup]
         ] = []  # host-tier loads in flight: (done, index, group)
         self._link_free = 0.0  # when the host link finishes its queued loads
+        # a fleet's replica (`core.serving.fleet`): any arrival may be routed here, so a decode-only batch
+        # always ends at the next one, queue or not (alone, a queued request is admitted by memory, not time)
+        self.cut_every_arrival = False
 
     @property
     def step(self) -> int:
@@ -172,12 +175,16 @@ class _Simulation:
         while self.arrived < total and self.arrivals[self.arrived] <= self.now:
             self.scheduler.add(self.groups[self.arrived])
             self.arrived += 1
-        while self._loads and self._loads[0][0] <= self.now:  # host-tier loads done: their prefills may run
-            self.scheduler.loaded(heapq.heappop(self._loads)[2])
+        self._release_loads()
         if not self.scheduler.has_unfinished:
             self.now = float(self.arrivals[self.arrived])
             return False
         return True
+
+    def _release_loads(self) -> None:
+        """Host-tier loads done by now: their groups may prefill from the next step on."""
+        while self._loads and self._loads[0][0] <= self.now:
+            self.scheduler.loaded(heapq.heappop(self._loads)[2])
 
     # ---- the executor (`core.sched.driver.StepExecutor`) -----------------------------------------------------
 
@@ -210,6 +217,7 @@ class _Simulation:
             if not (step.preempted or step.swapped_in) and self._loads:  # only loads in flight: wait for one
                 self.now = max(self.now, min(self._loads[0][0], float(self.arrivals[self.arrived])
                                              if self.arrived < len(self.groups) else math.inf))  # fmt: skip
+                self._release_loads()
             return None
         ahead, dts = self._planned
         if dts is None:  # one step: plain floats (no arrays to build for each of the run's many single steps)
@@ -233,6 +241,7 @@ class _Simulation:
             self._send_next(len(outcome.finished), end)
         self.finished += len(outcome.finished)
         self.now = end
+        self._release_loads()
         return priced
 
     def _send_next(self, count: int, now: float) -> None:
@@ -257,7 +266,8 @@ class _Simulation:
         ctx = step.decode_context_tokens
         j = np.arange(k, dtype=np.float64)
         dts = self.model.step_time(n_decode, ctx + j * n_decode, ctx + (j + 1) * n_decode)
-        if not step.num_waiting and not step.num_swapped and self.arrived < len(self.groups):
+        quiet = self.cut_every_arrival or not (step.num_waiting or step.num_swapped)
+        if quiet and self.arrived < len(self.groups):
             ends = self.now + np.cumsum(dts)
             k = min(k, int(np.searchsorted(ends, self.arrivals[self.arrived], side="left")) + 1)
             dts = dts[:k]
@@ -400,6 +410,16 @@ class _SimRecord:
             self.snapshots = [s for s in self.snapshots if s.step % self.stride == 0]
 
 
+def attach_offload(memory: MemoryPolicy, policy: Policy, config: SimulatorConfig) -> None:
+    """Put `config.offload`'s host KV tier behind `memory` (nothing without one). Raises InvalidArgumentError
+    unless the policy is paged with prefix caching and block tables."""
+    if config.offload is None:
+        return
+    if not (policy.is_paged and policy.enable_prefix_caching and not policy.counted):
+        raise InvalidArgumentError("a host KV tier needs the paged policy with prefix caching")
+    memory.attach_host_tier(config.offload)
+
+
 def simulate(
     requests: Sequence[Request],
     policy: Policy,
@@ -429,10 +449,7 @@ def simulate(
     reqs = _validate_requests(requests, config)
     capacity = int(config.kv_capacity_tokens)
     memory = make_memory(policy, capacity, config.watermark, config.max_seq_len)
-    if config.offload is not None:  # a host tier behind the pool (core.serving.host_offload)
-        if not (policy.is_paged and policy.enable_prefix_caching and not policy.counted):
-            raise InvalidArgumentError("a host KV tier needs the paged policy with prefix caching")
-        memory.attach_host_tier(config.offload)
+    attach_offload(memory, policy, config)
     groups = make_groups(reqs, policy.is_paged and not policy.counted)
     for group in groups:
         memory.check_fits(group, group.output_len)
