@@ -89,3 +89,19 @@ def test_predict_cli_prints_hits_per_tier(capsys):
     out = json.loads(capsys.readouterr().out)
     assert {"prefix_hit_rate", "gpu_hit_rate", "host_hit_rate"} <= out.keys()
     assert out["deployment"]["offload_policy"] == "arc"
+
+
+def test_each_replica_of_a_routed_fleet_has_its_own_tier():
+    """Two replicas behind prefix-aware routing, 80 prefixes (twice what their HBM holds): each replica's host
+    tier serves what its HBM lost, and TTFT falls."""
+
+    def fleet(gib):
+        deployment = Deployment("llama-3.1-8b", "h100-80gb", replicas=2, routing="prefix-aware", max_num_seqs=32,
+                                gpu_memory_utilization=0.3, kv_offload_gib=gib)  # fmt: skip
+        load = Load(8.0, 3000, 64, shared_prefix_len=2900, num_prefixes=80)
+        return predict(deployment, load, settings=SMALL).to_dict()
+
+    none, tier = fleet(0), fleet(20)
+    assert none["host_hit_rate"] == 0 and tier["host_hit_rate"] > 0.1
+    assert tier["prefix_hit_rate"] > none["prefix_hit_rate"] + 0.1
+    assert tier["mean_ttft_s"] < none["mean_ttft_s"]
