@@ -320,7 +320,8 @@ class KVCacheManager(BulkDecode):
         """(hit tokens, hit blocks per group): the longest prefix cached in every group, last token excluded."""
         n = len(tokens)
         per_group = []
-        whole = tuple(tokens)  # a block is then one tuple slice (tuple() of a tuple is itself), not two copies
+        # a block is then one tuple slice (tuple() of a tuple is itself), not two copies
+        whole = tuple(tokens)
         for manager in self.managers:
             bs = manager.block_size
             keys = hashes.setdefault(bs, [])

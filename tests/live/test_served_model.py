@@ -48,9 +48,8 @@ def test_local_config_only_from_this_machine(tmp_path):
     assert local_hf_config(str(tmp_path), "localhost") == {"model_type": "llama"}
     assert local_hf_config(str(tmp_path), "10.0.0.5") is None  # another machine's path means nothing here
     assert local_hf_config(str(tmp_path / "missing"), "127.0.0.1") is None
-    assert (
-        local_hf_config("HuggingFaceTB/SmolLM2-135M-Instruct", "127.0.0.1") is None
-    )  # a repository: no download
+    # a repository's name: nothing is downloaded
+    assert local_hf_config("HuggingFaceTB/SmolLM2-135M-Instruct", "127.0.0.1") is None
     (tmp_path / "config.json").write_text("[1, 2]")
     assert local_hf_config(str(tmp_path), "127.0.0.1") is None
     (tmp_path / "config.json").write_text(" " * (MAX_CONFIG_BYTES + 1) + "{}")

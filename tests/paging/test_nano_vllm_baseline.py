@@ -39,7 +39,7 @@ def test_a_checkout_named_by_the_environment_is_loaded(tmp_path, monkeypatch):
     nano = nano_vllm_source.load()
     assert nano.source == str(tmp_path / "nano-vllm")
     (tmp_path / "nano-vllm" / "nanovllm" / "engine" / "sequence.py").unlink()
-    with pytest.raises(FileNotFoundError, match="sequence.py"):
+    with pytest.raises(FileNotFoundError, match=r"sequence\.py"):
         nano_vllm_source.load()
 
 
