@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from core.errors import InvalidArgumentError, LabError, LiveEndpointError
-from core.kv.block_hash import DEFAULT_NONE_HASH_SEED, vllm_block_hashes
+from core.kv.block_hash import DEFAULT_NONE_HASH_SEED, VllmBlockHasher, vllm_block_hashes
 from core.live.addresses import MetricsUrl
 from core.live.fetch import post_json
 from core.live.tree import CachedBlockTree, Pool
@@ -78,6 +78,7 @@ def lookup_prompt(
         raise InvalidArgumentError(
             f"a prompt to look up has 1 to {MAX_LOOKUP_TOKENS:,} tokens, got {len(tokens):,}"
         )
+    VllmBlockHasher(hash_algo, extra_keys=extra_keys, hash_seed=hash_seed)  # refused before any lookup
     by_size: dict[int, list[int]] = {}
     out = []
     for server, tree in trees.items():
