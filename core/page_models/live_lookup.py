@@ -94,7 +94,10 @@ def _sentence(found: Sequence[CachedPrefix], num_tokens: int, watching: bool) ->
     best = max(found, key=lambda p: p.cached_blocks)
     if best.cached_blocks == 0:
         blocks = max(p.num_blocks for p in found)
-        return f"No server caches the prompt's first block ({num_tokens:,} tokens, {blocks:,} full blocks)."
+        return (
+            f"No server caches the prompt's first block ({num_tokens:,} tokens, {blocks:,} full "
+            f"block{'' if blocks == 1 else 's'})."
+        )
     return (
         f"{best.server} ({best.medium}, group {best.group}) caches the first {best.cached_blocks:,} of the "
         f"prompt's {best.num_blocks:,} full blocks: {best.cached_tokens:,} of its {num_tokens:,} tokens need no "

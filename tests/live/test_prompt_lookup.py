@@ -75,7 +75,7 @@ def test_lookup_per_server_and_medium_and_the_answer():
     assert not answer.error and "b (GPU, group 0) caches the first 6 of the prompt's 6" in answer.sentence
     assert answer.rows[0]["cached tokens"] == 32 and answer.rows[2]["cached (% of prompt tokens)"] == 96.0
     fresh = answer_lookup(LookupRequest("500 501 502 " * 10, "token ids"), {"a": gpu, "b": both}, None)
-    assert fresh.sentence.startswith("No server caches the prompt's first block (30 tokens, 1 full blocks)")
+    assert fresh.sentence.startswith("No server caches the prompt's first block (30 tokens, 1 full block)")
     salted = answer_lookup(LookupRequest("0 1 2 " * 40, "token ids", cache_salt="x"), {"b": both}, None)
     assert all(row["leading blocks cached"] == 0 for row in salted.rows)  # another tenant's salt: no hit
     other_seed = answer_lookup(
