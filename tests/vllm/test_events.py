@@ -30,7 +30,7 @@ def subscribe(vllm) -> KVEventSubscriber:
 def hear_pub(vllm, sub: KVEventSubscriber, timeout_s: float = 120) -> None:
     """Send one-block prompts until a batch arrives on the PUB socket itself (vLLM's connection to our bound
     socket, and our subscription over it, are in place)."""
-    start, deadline = 40_000, time.monotonic() + timeout_s
+    start, deadline = 40_000, time.monotonic() + timeout_s  # ids below the vocabulary (49,152)
     while sub.stats.received == 0:
         assert time.monotonic() < deadline, f"nothing on the PUB socket: {sub.stats}"
         vllm.complete(list(range(start, start + vllm.block_size + 1)))
@@ -101,7 +101,7 @@ def test_the_tree_holds_every_block_vllm_announced_and_none_it_removed(real_vllm
         hear_pub(real_vllm, sub)
         bs, blocks = real_vllm.block_size, real_vllm.num_gpu_blocks_override
         for i in range(blocks // 12 + 4):  # ~12 full blocks each: the pool overflows
-            real_vllm.complete([50_000 + i, *range(1000 * i, 1000 * i + 12 * bs)])
+            real_vllm.complete([30_000 + i, *range(1000 * i, 1000 * i + 12 * bs)])
         drain(sub, 2.0)
         cached: set[int] = set()
         removed = 0
