@@ -49,9 +49,14 @@ def test_live_page_finds_the_prompt_and_labels_the_tree(real_vllm):
         if found and any(label.startswith("A paged KV") for label in labels):
             break
         time.sleep(1)
-    assert found and "rank 0 (GPU, group 0)" in found[0], [m.value for m in at.markdown][-5:]
+    blocks = len(real_vllm.post("/tokenize", {"model": real_vllm.model, "prompt": TEXT})["tokens"]) // 32
+    assert (
+        found and f"rank 0 (GPU, group 0) caches the first {blocks} of the prompt's {blocks} full" in found[0]
+    )
     table = at.dataframe[0].value
-    assert table["endpoint"].iloc[0].endswith("(bound here)") and table["cached blocks"].iloc[0] >= 3
+    assert (
+        table["endpoint"].iloc[0].endswith("(bound here)") and table["cached blocks"].iloc[0] >= blocks >= 2
+    )
     assert any(label.startswith("A paged KV") for label in labels), labels[:10]
     assert not any("PUB socket is silent" in w.value for w in at.warning)
 
