@@ -33,6 +33,13 @@ def test_live_page_finds_the_prompt_and_labels_the_tree(real_vllm):
               "lookup_as": "text"}  # fmt: skip
     for key, value in params.items():
         at.query_params[key] = value
+    try:
+        _watch_and_check(at, real_vllm)
+    finally:  # the page's socket is bound on vLLM's endpoint: free it for the next test (a session ends later)
+        at.session_state["_live_watch"].close()
+
+
+def _watch_and_check(at, real_vllm):
     at.run()
     assert not at.exception, at.exception
     deadline, sent = time.monotonic() + 180, 0
