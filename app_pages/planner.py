@@ -26,6 +26,7 @@ from core.page_models.planner import (
     what_if_summary,
     workload_max_len,
 )
+from core.page_models.planner_scenario import cpu_plan
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS, preset_configs
 from core.planning.weights import read_safetensors_index
@@ -392,6 +393,48 @@ st.download_button(
     file_name="capacity_plan.json",
     mime="application/json",
 )
+
+
+def cpu_section() -> None:
+    """vLLM on a CPU: scenario A's model in VLLM_CPU_KVCACHE_SPACE, the blocks and tokens vLLM's CPU backend
+    allocates, and the command (issue 36)."""
+    st.subheader("vLLM on a CPU")
+    if not state.widget(
+        st.toggle, "Plan scenario A's model on vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE)", "cpu"
+    ):
+        return
+    c1, c2, c3, c4 = st.columns(4)
+    with c1:
+        state.widget(st.number_input, "VLLM_CPU_KVCACHE_SPACE (GiB, whole)", "cpu_gib")
+    with c2:
+        state.widget(st.selectbox, "Block size (tokens; multiples of 32)", "cpu_block")
+    with c3:
+        state.widget(st.selectbox, "vllm serve --dtype", "cpu_dtype")
+    with c4:
+        state.widget(st.selectbox, "--kv-cache-dtype", "cpu_kvdtype")
+    try:
+        cpu = cpu_plan(state.values)
+    except LabError as error:
+        st.error(f"vLLM on a CPU: {error}")
+        return
+    (st.success if cpu.fits else st.warning)(cpu.verdict)
+    m = st.columns(4)
+    m[0].metric("num_blocks", f"{cpu.num_blocks:,}", help=f"blocks of {cpu.block_size} tokens")
+    m[1].metric("kv_tokens", f"{cpu.kv_tokens:,}", help="as vLLM logs its CPU KV cache size")
+    m[2].metric("Block bytes (all layers)", f"{cpu.block_bytes:,} B")
+    m[3].metric("KV dtype", f"{cpu.kv_dtype} (model {cpu.dtype})")
+    st.code(cpu.vllm_command, language="bash")
+    st.caption(
+        "vLLM's CPU backend takes the whole space for the KV cache (weights live in the rest of RAM): "
+        "num_blocks = floor(space / (block size x KV bytes per token over all layers)); kv_tokens as its start log "
+        'says them ("CPU KV cache size"). dtype auto serves a float32 checkpoint in bfloat16. Uses scenario A\'s '
+        "model, max_model_len and max_num_batched_tokens; the same as `python -m core.planning --cpu-kv-cache-space-gib`."
+    )
+    for note in cpu.notes:
+        st.caption(note)
+
+
+cpu_section()
 
 show_presets = state.widget(
     st.toggle, "Show the presets: models and GPUs (the data behind the numbers)", "presets"

@@ -244,3 +244,12 @@ class BlockHashError(InvalidArgumentError):
     def __init__(self, message: str, feature: str):
         super().__init__(message)
         self.feature = feature
+
+
+class RoutingError(InvalidArgumentError):
+    """A fleet that cannot be routed (`core.serving.router`): an unknown routing policy (`policy` names it) or a
+    fleet of fewer than one replica. The message names the allowed policies or the bound."""
+
+    def __init__(self, message: str, policy=None):
+        super().__init__(message)
+        self.policy = policy

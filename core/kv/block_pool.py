@@ -111,6 +111,18 @@ class BlockPool:
         """Every (group index, block hash) in the prefix cache now."""
         return {(group, h) for group, cache in enumerate(self._cached) for h in cache}
 
+    def num_leading_cached(self, group: int, block_hashes) -> int:
+        """How many leading keys of `block_hashes` (one prompt's chained full-block keys) `group` caches now, by
+        key alone, as a router that learns a replica's keys from its BlockStored / BlockRemoved events knows
+        them (a lookup to allocate also compares tokens: `get_cached`). Changes nothing."""
+        cache = self._cached[group]
+        count = 0
+        for block_hash in block_hashes:
+            if block_hash not in cache:
+                break
+            count += 1
+        return count
+
     def cached_blocks(self, group: int) -> list[int]:
         """The block ids in `group`'s prefix cache now (held or free)."""
         return list(self._cached[group].values())

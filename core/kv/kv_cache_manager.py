@@ -115,6 +115,12 @@ class KVCacheManager(BulkDecode):
         """Every (group index, block hash) in the prefix cache now, the hash as KV events carry it."""
         return {(group, event_block_hash(key)) for group, key in self.pool.cached_hashes()}
 
+    def num_cached_prefix_blocks(self, block_hashes: Sequence[int], group: int = 0) -> int:
+        """How many leading keys of `block_hashes` (a prompt's chained full-block keys, `core.kv.block_hash`)
+        the prefix cache of `group` holds now, by key (`BlockPool.num_leading_cached`): what a prefix-aware
+        router asks of each replica. Changes nothing."""
+        return self.pool.num_leading_cached(group, block_hashes)
+
     # ---- per-request queries ----------------------------------------------------------------------------
 
     def _request(self, request_id: Hashable) -> KVRequest:

@@ -14,6 +14,7 @@ from typing import Any
 from core.errors import InvalidArgumentError, LabError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.page_models.planner_config import decode_config, model_from_config
+from core.planning.cpu_kv import CpuKVInputs, CpuKVPlan, plan_cpu_kv
 from core.planning.hardware import GPUSpec, get_gpu
 from core.planning.models import MODELS, ModelSpec, get_model
 from core.planning.plan import CapacityPlan, PlanInputs, plan_from
@@ -197,3 +198,16 @@ def smallest_deployment(values: dict[str, Any], prefix: str) -> tuple[int, int] 
     ):  # nothing could even be planned: the scenario's own inputs are wrong
         raise errors[-1]
     return None
+
+
+def cpu_plan(values: Mapping[str, Any]) -> CpuKVPlan:
+    """Scenario A's model served by vLLM's CPU backend in `cpu_gib` GiB of KV cache (VLLM_CPU_KVCACHE_SPACE) at
+    `cpu_block` tokens per block, `cpu_dtype` / `cpu_kvdtype`, and scenario A's max_model_len,
+    max_num_batched_tokens and hybrid setting (`core.planning.cpu_kv`); raises InvalidArgumentError."""
+    return plan_cpu_kv(
+        CpuKVInputs.from_space_gib(
+            build_model(values, "a_"), values["cpu_gib"], block_size=values["cpu_block"],
+            dtype=values["cpu_dtype"], kv_cache_dtype=values["cpu_kvdtype"], max_model_len=values["a_ctx"],
+            max_num_batched_tokens=values["a_mbt"], hybrid_kv_cache_manager=values["a_hybrid"],
+        )
+    )  # fmt: skip

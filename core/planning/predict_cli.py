@@ -9,7 +9,8 @@ highest Poisson rate it holds within latency targets), each printing one JSON ob
 The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zipf a --turns T --turn-gap s
 (prompts sharing prefixes, chats, through the prefix cache); --spec-tokens K --spec-acceptance a1,...,aK
 --spec-method ngram|draft-model|eagle --draft-model NAME (speculative decoding); predict --disagg
---prefill-workers X --prefill-tp A --decode-workers Y --decode-tp B [--kv-link nvlink|network].
+--prefill-workers X --prefill-tp A --decode-workers Y --decode-tp B [--kv-link nvlink|network]; --replicas N
+--routing round-robin|random|least-loaded|prefix-aware|session (a routed fleet: `core.serving.fleet`).
 
 Exit status 0; 2 with one plain line on stderr naming the bad flag.
 """
@@ -29,6 +30,7 @@ from core.planning.max_rate import max_rate
 from core.planning.predict import Deployment, predict
 from core.planning.speculative import SPEC_METHODS, Speculation
 from core.serving.latency import PERCENTILES
+from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES
 from core.serving.steady_state import STEADY_METRICS
 
 
@@ -60,6 +62,9 @@ def deployment_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--spec-method", default="ngram", help=f"one of {', '.join(SPEC_METHODS)}")
     parser.add_argument("--draft-model", default=None, help="draft model preset (--spec-method draft-model)")
+    parser.add_argument(
+        "--routing", default=DEFAULT_ROUTING, help=f"replica router: one of {', '.join(ROUTING_POLICIES)}"
+    )
 
 
 def load_flags(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +122,7 @@ def deployment_from_args(args) -> Deployment:
     return Deployment(
         args.model, args.gpu, args.tp, args.pp, args.replicas, args.max_num_seqs, args.max_num_batched_tokens,
         args.weight_dtype, args.kv_dtype, args.engine, speculation=speculation_from_args(args),
+        routing=args.routing,
     )  # fmt: skip
 
 

@@ -154,6 +154,9 @@ class _Simulation:
         self.until = len(groups)  # stop once the first `until` groups (arrival order) have finished
         self.finished_first = 0  # how many of those have
         self._planned: tuple = (None, None)  # plan -> execute: a decode-only batch's (predicted metrics, dts)
+        # a fleet's replica (`core.serving.fleet`): any arrival may be routed here, so a decode-only batch
+        # always ends at the next one, queue or not (alone, a queued request is admitted by memory, not time)
+        self.cut_every_arrival = False
 
     @property
     def step(self) -> int:
@@ -240,7 +243,8 @@ class _Simulation:
         ctx = step.decode_context_tokens
         j = np.arange(k, dtype=np.float64)
         dts = self.model.step_time(n_decode, ctx + j * n_decode, ctx + (j + 1) * n_decode)
-        if not step.num_waiting and not step.num_swapped and self.arrived < len(self.groups):
+        quiet = self.cut_every_arrival or not (step.num_waiting or step.num_swapped)
+        if quiet and self.arrived < len(self.groups):
             ends = self.now + np.cumsum(dts)
             k = min(k, int(np.searchsorted(ends, self.arrivals[self.arrived], side="left")) + 1)
             dts = dts[:k]
