@@ -157,9 +157,9 @@ def lab_server_for(model: str) -> LabServer | None:
 
 
 def point_at_vllm(server: LabServer) -> None:
-    """vLLM connects its PUB socket to a host-named endpoint, so the page's subscriber binds there."""
-    if isinstance(server, VLLMLabServer) and any(f.name == "events_bind" for f in FIELDS):
-        state.set("events_bind", True)  # the bind option (KVEventSubscriber(bind=True)) where the page has it
+    """vLLM connects its PUB socket to a host-named endpoint, so the page's subscriber binds there; core.serve
+    is started with wildcard endpoints, which it binds, so the page connects."""
+    state.set("events_bind", isinstance(server, VLLMLabServer))
 
 
 lab_server_controls()
