@@ -10,8 +10,10 @@ from core.errors import LabError
 from core.live.fleet_prefixes import fleet_prefixes
 from core.live.history import FLEET
 from core.live.poller import source_label
+from core.live.prompt_lookup import PrefixLabels, detokenize
 from core.live.served_model import fetch_served_models
 from core.live.watch import LiveWatch, PollResult
+from core.page_models.live_lookup import LookupRequest, answer_lookup
 from core.page_models.live_planned import PlanCache, ServedConfig, live_plan, served_config
 from core.page_models.planner_config import config_from_text, decode_config, encode_config, model_from_config
 from core.planning.cpu_roofline import measure_roofs
@@ -39,6 +41,7 @@ from ui.url_widgets import UrlState
 
 WATCH_KEY = "_live_watch"
 PLAN_KEY = "_live_plan_cache"
+LABELS_KEY = "_live_prefix_labels"
 LAB_MODEL_LABELS = {
     "smollm2-135m-instruct": "SmolLM2-135M-Instruct (real)",
     "tiny": "tiny random Llama",
@@ -154,9 +157,9 @@ def lab_server_for(model: str) -> LabServer | None:
 
 
 def point_at_vllm(server: LabServer) -> None:
-    """vLLM connects its PUB socket to a host-named endpoint, so the page's subscriber binds there."""
-    if isinstance(server, VLLMLabServer) and any(f.name == "events_bind" for f in FIELDS):
-        state.set("events_bind", True)  # the bind option (KVEventSubscriber(bind=True)) where the page has it
+    """vLLM connects its PUB socket to a host-named endpoint, so the page's subscriber binds there; core.serve
+    is started with wildcard endpoints, which it binds, so the page connects."""
+    state.set("events_bind", isinstance(server, VLLMLabServer))
 
 
 lab_server_controls()
@@ -269,6 +272,14 @@ with st.expander("Sources, polling and the plan to compare with", expanded=True)
         state.widget(
             st.text_input, "Replay endpoint (optional)", "replay", placeholder="tcp://127.0.0.1:5558"
         )
+        state.widget(
+            st.toggle,
+            "Bind the events socket here (vLLM connects)",
+            "events_bind",
+            help="vLLM binds its PUB socket only for a wildcard endpoint (tcp://*:5557): then this page connects "
+            "(off). A vLLM whose endpoint names a host (tcp://127.0.0.1:5557) connects to it: then this page "
+            "binds that address (on; loopback addresses only). The replay endpoint is always connected to.",
+        )
         state.widget(st.text_input, "Topic", "topic")
         state.widget(st.number_input, "Data-parallel ranks (rank r on port + r)", "ranks")
     with c3:
@@ -281,6 +292,26 @@ with st.expander("Sources, polling and the plan to compare with", expanded=True)
         state.widget(st.number_input, "max_num_seqs (0: the server's default)", "pvo_seqs")
         state.widget(st.number_input, "max_num_batched_tokens (0: the server's default)", "pvo_tokens")
     served_config_input()
+
+with st.expander(
+    "Where is my prompt cached (needs a KV events endpoint)", expanded=bool(state.values["lookup"])
+):
+    st.markdown(
+        "A prompt's vLLM block hashes (for text, the server's own tokenizer: its `/tokenize`), looked up in the "
+        "cached blocks each watched server announced: how many of its leading full blocks each server and medium "
+        "holds, which is what a precise prefix-aware router scores. The answer is drawn below the cached-block tree."
+    )
+    c1, c2 = st.columns([3, 1])
+    with c1:
+        state.widget(st.text_area, "Prompt (text, or token ids)", "lookup", height=100)
+    with c2:
+        state.widget(st.radio, "Read the prompt as", "lookup_as", horizontal=True)
+        state.widget(st.selectbox, "The server's --prefix-caching-hash-algo", "hash_algo")
+        state.widget(
+            st.text_input, "The server's NONE_HASH seed", "hash_seed",
+            help="vllm-none-hash unless the server runs with PYTHONHASHSEED set (then that value)",
+        )  # fmt: skip
+        state.widget(st.text_input, "cache_salt (optional)", "cache_salt")
 
 values = dict(state.values)
 state.write_url(encode_params(values, FIELDS))
@@ -359,7 +390,7 @@ def draw_events(result: PollResult) -> None:
         rows.append(
             {
                 "rank": rank,
-                "endpoint": sub.endpoint.address,
+                "endpoint": sub.endpoint.address + (" (bound here)" if sub.bind else ""),
                 "cached blocks": sub.tree.num_blocks(),
                 "pools (group · medium)": ", ".join(
                     f"{g} · {m}: {n:,}" for (g, m), n in sub.tree.counts().items()
@@ -373,6 +404,19 @@ def draw_events(result: PollResult) -> None:
                 "bad messages": s.bad_messages,
             }
         )
+    if watch.pub_silent:
+        if sources.bind:
+            st.warning(
+                "The replay endpoint answers with new batches but nothing arrives on the bound events socket: is "
+                f"the server's KV events endpoint {sources.events.address} (its PUB socket connects there)?"
+            )
+        else:
+            st.warning(
+                "The PUB socket is silent while the replay answers with new batches: the server publishes, but "
+                "not to this page. A vLLM whose events endpoint names a host (not tcp://*:PORT) connects its "
+                "PUB socket instead of binding it: turn on **Bind the events socket here** (or start vLLM with "
+                "a wildcard endpoint). Meanwhile the tree is kept from the replay."
+            )
     if rows and all(sub.stats.received == 0 and sub.stats.replayed == 0 for sub in watch.subscribers):
         st.caption(
             f"No batch has arrived yet on topic {sources.topic!r}. An idle server sends none; vLLM's default topic "
@@ -395,7 +439,8 @@ def draw_events(result: PollResult) -> None:
         if rank < len(watch.subscribers):
             tree = watch.subscribers[rank].tree
             if tree.num_blocks():
-                fig, drawn = tree_figure(tree)
+                texts = prefix_texts(tree)
+                fig, drawn = tree_figure(tree, texts=texts)
                 st.plotly_chart(fig, width="stretch")
                 if drawn < tree.num_blocks():
                     st.caption(
@@ -404,6 +449,49 @@ def draw_events(result: PollResult) -> None:
             else:
                 st.info(f"Rank {rank} has announced no cached block yet.")
     st.markdown(TREE_NOTE)
+
+
+def prefix_texts(tree) -> dict:
+    """The server's text of the drawn blocks' tokens (its /detokenize), fetched a few per poll, shallowest first."""
+    if not sources.urls:
+        return {}
+    server = sources.urls[0]
+    held = st.session_state.get(LABELS_KEY)
+    if (
+        held is None or held[0] != server.url
+    ):  # a hash fixes the tokens; the text is this server's tokenizer's
+        held = st.session_state[LABELS_KEY] = (server.url, PrefixLabels())
+    labels: PrefixLabels = held[1]
+    order = sorted(
+        (p for pool in tree.pools() for p in tree.walk(pool)), key=lambda p: (p.depth, -p.blocks_below)
+    )
+    labels.fetch([p.block for p in order], lambda ids: detokenize(server, ids))
+    if labels.error and not labels.texts:
+        st.caption(
+            f"The prefixes are labelled by hash: the server's /detokenize did not answer ({labels.error})."
+        )
+    return labels.texts
+
+
+def draw_lookup() -> None:
+    """Where is my prompt cached: per server and medium, the prompt's leading blocks cached."""
+    st.subheader("Where is my prompt cached")
+    if not values["lookup"].strip():
+        st.caption(
+            "Type a prompt sent to the server before (in the box above) to see where its prefix is cached."
+        )
+        return
+    request = LookupRequest(values["lookup"], values["lookup_as"], values["hash_algo"], values["hash_seed"],
+                            values["cache_salt"])  # fmt: skip
+    trees = {f"rank {r}": sub.tree for r, sub in enumerate(watch.subscribers)}
+    answer = answer_lookup(request, trees, sources.urls[0] if sources.urls else None)
+    if answer.error:
+        st.error(f"The prompt cannot be looked up: {answer.error}")
+        return
+    st.markdown(f"**{answer.sentence}**")
+    if answer.rows:
+        st.dataframe(pd.DataFrame(answer.rows), hide_index=True, width="stretch")
+    st.caption(f"The prompt has {len(answer.token_ids):,} tokens; a partial last block is never cached.")
 
 
 def draw_fleet_prefixes() -> None:
@@ -497,6 +585,8 @@ def live_view() -> None:
     result = watch.poll(timeout_s=min(3.0, values["every"]))
     draw_metrics(result)
     draw_events(result)
+    if sources.events is not None:
+        draw_lookup()
     draw_served_plan() or draw_plan()
     draw_planned_vs_observed()
 

@@ -19,6 +19,8 @@ Invariants (checked by tests/kv against a brute-force model):
   freed first (LRU). Callers free a request's blocks last to first, so its tail is evicted before its head (the
   most shareable prefix). vLLM keeps one queue for both states; preferring empty blocks over cached ones keeps
   more of the cache and is the order this lab's BlockManager has always shown.
+- Block hashes are the keys the managers compute (`core.kv.block_hash`): ints, or vLLM's 32-byte digests, which
+  events carry as their low 64 bits (`event_block_hash`), as vLLM's do.
 - Events (when enabled, drained by `take_events`): BlockStored when blocks enter the cache (one event per
   `cache_blocks` chain, split where a block was already cached), BlockRemoved when a free cached block is
   evicted because its slot is taken, AllBlocksCleared on `reset_prefix_cache`. Freeing a request emits nothing.
@@ -39,6 +41,7 @@ from itertools import chain
 
 from core.common import check_int
 from core.errors import InvalidArgumentError, OutOfBlocksError
+from core.kv.block_hash import event_block_hash
 from core.kv.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from core.kv.specs import KVCacheSpec, SlidingWindowSpec
 
@@ -173,7 +176,9 @@ class BlockPool:
         self._block_group[block] = -1
         self.num_evicted_blocks += 1
         if self.enable_kv_cache_events:
-            self._events.append(BlockRemoved(block_hashes=[block_hash], medium=MEDIUM_GPU, group_idx=group))
+            self._events.append(
+                BlockRemoved(block_hashes=[event_block_hash(block_hash)], medium=MEDIUM_GPU, group_idx=group)
+            )
 
     def touch(self, block: int) -> None:
         """One more reference to `block`: a prefix-cache hit (a free cached block is revived, O(1)) or a fork."""
@@ -285,6 +290,9 @@ class BlockPool:
         self, group: int, hashes: list[int], parent: int | None, tokens: Sequence
     ) -> BlockStored:
         spec = self.group_specs[group]
+        if isinstance(hashes[0], bytes):  # vLLM's digests (`VllmBlockHasher`): events carry their low 64 bits
+            hashes = [event_block_hash(h) for h in hashes]
+            parent = None if parent is None else event_block_hash(parent)
         return BlockStored(
             block_hashes=hashes,
             parent_block_hash=parent,

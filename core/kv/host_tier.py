@@ -45,6 +45,7 @@ from typing import NamedTuple
 
 from core.common import check_int
 from core.errors import InvalidArgumentError
+from core.kv.block_hash import event_block_hash
 from core.kv.events import MEDIUM_CPU, BlockRemoved, BlockStored, KVEvent
 
 HOST_PAGE_ALIGNMENT = 4096  # vLLM rounds one host block's bytes up to the OS page size (mmap.PAGESIZE)
@@ -395,7 +396,7 @@ class HostTier:
             self._free.append(entry.block)
         self.num_evicted_blocks += len(evicted)
         if evicted and self.enable_kv_cache_events:
-            removed = [h for _, entry in evicted for h in entry.gpu_hashes]
+            removed = [event_block_hash(h) for _, entry in evicted for h in entry.gpu_hashes]
             self._events.append(BlockRemoved(block_hashes=removed, medium=MEDIUM_CPU, group_idx=0))
         for key, entry in candidates:
             entry.block = self._free.pop()
@@ -403,8 +404,8 @@ class HostTier:
             if self.enable_kv_cache_events:
                 self._events.append(
                     BlockStored(
-                        block_hashes=list(entry.gpu_hashes),
-                        parent_block_hash=entry.parent,
+                        block_hashes=[event_block_hash(h) for h in entry.gpu_hashes],
+                        parent_block_hash=None if entry.parent is None else event_block_hash(entry.parent),
                         token_ids=list(entry.tokens),
                         block_size=bs,
                         lora_id=None,

@@ -39,7 +39,7 @@ from math import lcm
 
 from core.common import check_int
 from core.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
-from core.kv.block_hash import extend_block_hashes
+from core.kv.block_hash import event_block_hash, extend_block_hashes, hash_block_tokens
 from core.kv.block_pool import BlockPool
 from core.kv.bulk_decode import BulkDecode
 from core.kv.events import KVEvent
@@ -61,6 +61,9 @@ class KVCacheManager(BulkDecode):
 
     enable_prefix_caching: computed full blocks are cached by chained hash and reused by later prompts.
     enable_kv_cache_events: the pool queues vLLM's KV cache events; drain them with `take_events()`.
+    block_hasher: the chained key of a full block, `block_hasher(parent key or None, tokens)`
+    (`core.kv.block_hash`): Python's hash by default, or a `VllmBlockHasher` for the keys a vLLM server uses
+    (its events then carry the same hashes as vLLM's).
     Request ids are any hashable values.
     """
 
@@ -72,12 +75,14 @@ class KVCacheManager(BulkDecode):
         enable_prefix_caching: bool = False,
         enable_kv_cache_events: bool = False,
         host_tier: HostTier | None = None,
+        block_hasher=hash_block_tokens,
     ):
         groups = tuple(groups)
         if not groups or not all(isinstance(spec, KVCacheSpec) for spec in groups):
             raise InvalidArgumentError(f"groups must be a non-empty list of KV cache specs, got {groups!r}")
         self.groups = groups
         self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.block_hasher = block_hasher
         self.pool = BlockPool(num_blocks, groups, enable_kv_cache_events=enable_kv_cache_events)
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             manager_for(spec, self.pool, index) for index, spec in enumerate(groups)
@@ -149,8 +154,8 @@ class KVCacheManager(BulkDecode):
         return self.pool.reset_prefix_cache()
 
     def cached_block_hashes(self) -> set[tuple[int, int]]:
-        """Every (group index, block hash) in the prefix cache now."""
-        return self.pool.cached_hashes()
+        """Every (group index, block hash) in the prefix cache now, the hash as KV events carry it."""
+        return {(group, event_block_hash(key)) for group, key in self.pool.cached_hashes()}
 
     def num_cached_prefix_blocks(self, block_hashes: Sequence[int], group: int = 0) -> int:
         """How many leading keys of `block_hashes` (a prompt's chained full-block keys, `core.kv.block_hash`)
@@ -325,7 +330,7 @@ class KVCacheManager(BulkDecode):
         for manager in self.managers:
             bs = manager.block_size
             keys = hashes.setdefault(bs, [])
-            extend_block_hashes(keys, whole, bs, (n - 1) // bs)
+            extend_block_hashes(keys, whole, bs, (n - 1) // bs, self.block_hasher)
             per_group.append(manager.find_longest_cache_hit(keys, whole, (n - 1) // bs))
         hit_tokens = min(len(hits) * m.block_size for hits, m in zip(per_group, self.managers, strict=True))
         hit_tokens -= hit_tokens % self._hit_granularity
@@ -416,7 +421,9 @@ class KVCacheManager(BulkDecode):
         for manager, rec in zip(self.managers, req.blocks, strict=True):
             if self.enable_prefix_caching and manager.caches_blocks:
                 keys = req.hashes.setdefault(manager.block_size, [])
-                extend_block_hashes(keys, tokens, manager.block_size, num // manager.block_size)
+                extend_block_hashes(
+                    keys, tokens, manager.block_size, num // manager.block_size, self.block_hasher
+                )
                 manager.cache_blocks(rec, keys, tokens, num)
             manager.remove_skipped_blocks(rec, num)
 

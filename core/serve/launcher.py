@@ -113,7 +113,7 @@ class LabServer:
                "--num-blocks", str(self.num_blocks), "--enable-prefix-caching", *self.extra_args]  # fmt: skip
         if self.events:
             config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
-                      "endpoint": f"tcp://{HOST}:{events}", "replay_endpoint": f"tcp://{HOST}:{replay}"}  # fmt: skip
+                      "endpoint": f"tcp://*:{events}", "replay_endpoint": f"tcp://*:{replay}"}  # fmt: skip
             cmd += ["--kv-events-config", json.dumps(config)]
         self.process = subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
