@@ -15,6 +15,7 @@ import json
 import socket
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from playwright.sync_api import expect
@@ -64,8 +65,8 @@ def _send(server: LabServer, prompt: list[int]) -> None:
 def test_live_page_shows_where_each_prefix_lives(streamlit_server, page):
     servers = _replicas()
     try:
-        for server in servers:
-            server.start(wait_s=120)
+        with ThreadPoolExecutor(2) as pool:  # both start at once: their start is most of the wait
+            list(pool.map(lambda server: server.start(wait_s=120), servers))
         shared = list(range(1, 33))
         for i, server in enumerate(servers):
             _send(server, [*shared, 100 + i, 7])
