@@ -29,8 +29,8 @@ from core.kv.layout import (
     longest_fitting_len,
 )
 from core.kv.specs import KV_DTYPE_BITS
-from core.planning.kv_accounting import MAX_CONTEXT_TOKENS
 from core.planning.models import ModelSpec
+from core.planning.resolved import checked_max_model_len
 
 GiB = 1024**3
 CPU_DEFAULT_BLOCK_SIZE = 128  # vLLM's block size on a CPU when --block-size is not given
@@ -134,13 +134,7 @@ def plan_cpu_kv(inputs: CpuKVInputs) -> CpuKVPlan:
             f"vLLM's CPU attention backend takes block sizes that are multiples of {CPU_BLOCK_MULTIPLE} "
             f"(32, 64, 128, ...), got {block_size}"
         )
-    max_len = model.max_position_embeddings if inputs.max_model_len is None else inputs.max_model_len
-    max_len = check_int(max_len, "max_model_len", minimum=1, maximum=MAX_CONTEXT_TOKENS)
-    if max_len > model.max_position_embeddings:
-        raise InvalidArgumentError(
-            f"max_model_len {max_len:,} exceeds {model.name}'s max_position_embeddings "
-            f"{model.max_position_embeddings:,} (vLLM refuses it)"
-        )
+    max_len = checked_max_model_len(model, inputs.max_model_len)
     dtype = cpu_model_dtype(model, inputs.dtype)
     kv_dtype = cpu_kv_dtype(model, inputs.kv_cache_dtype, inputs.dtype)
     layout = kv_cache_layout(

@@ -59,6 +59,20 @@ def stop_all() -> None:
         server.stop()
 
 
+def _wait_healthy(server, url: str, name: str, wait_s: float, poll_s: float) -> None:
+    """Until `url`/health answers 200; stops `server` and raises LiveEndpointError when its process exits first
+    (with its last log lines) or `wait_s` passes."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise LiveEndpointError(f"{name} exited: {' '.join(server.log[-3:]) or 'no output'}")
+        if _get(f"{url}/health") == 200:
+            return
+        time.sleep(poll_s)
+    server.stop()
+    raise LiveEndpointError(f"{name} did not answer within {wait_s:g} s")
+
+
 class LabServer:
     """One `python -m core.serve` child process on 127.0.0.1 (`ports`: HTTP, events, replay), always with prefix
     caching; `events` adds KV events with a replay socket; `extra_args` go to core.serve as given."""
@@ -121,15 +135,7 @@ class LabServer:
         threading.Thread(target=self._read_log, daemon=True).start()
         _STARTED.append(self)
         atexit.register(self.stop)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise LiveEndpointError(f"core.serve exited: {' '.join(self.log[-3:]) or 'no output'}")
-            if _get(f"http://{HOST}:{http}/health") == 200:
-                return
-            time.sleep(0.5)
-        self.stop()
-        raise LiveEndpointError(f"core.serve did not answer within {wait_s:g} s")
+        _wait_healthy(self, f"http://{HOST}:{http}", "core.serve", wait_s, poll_s=0.5)
 
     def _read_log(self) -> None:
         for line in self.process.stdout:
@@ -197,15 +203,7 @@ class VLLMLabServer(LabServer):
         threading.Thread(target=self._read_log, daemon=True).start()
         _STARTED.append(self)
         atexit.register(self.stop)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise LiveEndpointError(f"vllm serve exited: {' '.join(self.log[-3:]) or 'no output'}")
-            if _get(f"{self.url}/health") == 200:
-                return
-            time.sleep(1.0)
-        self.stop()
-        raise LiveEndpointError(f"vllm serve did not answer within {wait_s:g} s")
+        _wait_healthy(self, self.url, "vllm serve", wait_s, poll_s=1.0)
 
     def start_load(self, concurrency: int = 3, max_requests: int = 2_000) -> None:
         if self.load is None or not self.load.alive:
