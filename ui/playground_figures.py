@@ -96,7 +96,12 @@ def host_tier_heatmap(tier: HostTier, moves: HostMoves, columns: int | None = No
     stored = set(moves.stored)
     loaded = {src for src, _ in moves.loaded}
     keys = [FREE_BLOCK_COLOR, HOST_HELD_COLOR, HOST_STORED_COLOR, HOST_LOADED_COLOR]
-    names = ["free", "holding KV", f"{DOWN} stored by the last action", f"{UP} loaded by the last action"]
+    names = [
+        "free",
+        f"holding KV ({len(held):,} in all)",
+        f"{DOWN} stored by the last action",
+        f"{UP} loaded by the last action",
+    ]
     z = np.full(rows * columns, np.nan)
     hover = np.full(rows * columns, "", dtype=object)
     text = np.full(rows * columns, "", dtype=object)
@@ -125,12 +130,16 @@ def host_tier_heatmap(tier: HostTier, moves: HostMoves, columns: int | None = No
         figure,
         rows,
         columns,
-        f"Host tier ({n:,} × {span} tokens, {tier.policy.upper()}): {len(held):,} holding KV",
+        f"Host tier ({n:,} × {span} tokens, {tier.policy.upper()})",
     )
     for name, color in zip(names, keys, strict=True):  # a legend: one invisible trace per state
         figure.add_trace(
             go.Scatter(x=[None], y=[None], mode="markers", name=name, marker={"color": color, "size": 12})
         )
+    figure.update_layout(
+        legend={"orientation": "h", "y": -0.02, "yanchor": "top"}
+    )  # below: the grid keeps its width
+    figure.update_layout(height=figure.layout.height + 60, margin={"b": 70})
     return figure
 
 

@@ -22,7 +22,8 @@ def test_host_grid_cells_are_the_tiers_blocks_with_the_last_loads_marked():
     assert {int(b) for b in np.flatnonzero(codes == 0)} == set(range(64)) - held
     text = cells(figure, "text")
     assert [int(b) for b in np.flatnonzero(text == UP)] == [0, 1]
-    assert figure.layout.title.text == "Host tier (64 × 16 tokens, LRU): 54 holding KV"
+    assert figure.layout.title.text == "Host tier (64 × 16 tokens, LRU)"
+    assert figure.data[2].name == "holding KV (54 in all)"
     assert figure.layout.xaxis.title.text == "+ column (blocks)"
 
 
