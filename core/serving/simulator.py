@@ -195,9 +195,10 @@ class _Simulation:
         """Stamp the admissions' time; a decode-only step may stand for k identical ones (`_decode_run`)."""
         self._planned = (None, None)
         for group, tokens in step.loads:  # queued on the host link; the group prefills once it is done
-            group.admit_time = self.now if math.isnan(group.admit_time) else group.admit_time
-            group.prefix_hit_tokens = group.prompt_len - group.num_prefill_total
-            group.host_hit_tokens = tokens
+            if math.isnan(group.admit_time):  # a preempted group's reload costs the link, not its first hits
+                group.admit_time = self.now
+                group.prefix_hit_tokens = group.prompt_len - group.num_prefill_total
+                group.host_hit_tokens = tokens
             start = max(self.now, self._link_free)
             self._link_free = start + tokens * self.model.kv_bytes_per_token / self.memory.host_bandwidth
             heapq.heappush(self._loads, (self._link_free, group.index, group))
