@@ -100,6 +100,11 @@ class BackendUnavailableError(LabError):
     """A compute backend was asked for that cannot run here (e.g. Triton without a GPU or without triton)."""
 
 
+class VLLMUnavailableError(BackendUnavailableError):
+    """vLLM's CPU build (the reference server) is not installed where the lab looks for it
+    (`core.serve.vllm_env`), or did not start; the message says what is missing and the command that makes it."""
+
+
 class ModelLoadError(LabError):
     """A model directory or config cannot be loaded: a missing or unreadable file, a missing weight, an
     unsupported architecture or setting. The message names the file, key or setting and what is supported."""

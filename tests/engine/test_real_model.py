@@ -94,3 +94,25 @@ def test_seeded_samples_are_reproducible_and_distinct(models):
     assert [o.token_ids for o in first] == [o.token_ids for o in again]
     assert len({tuple(o.token_ids) for o in first}) == 4
     assert all(o.text for o in first)
+
+
+def test_the_hugging_face_export_is_the_model_transformers_reads_from_the_gguf(models, tmp_path):
+    """`python -m core.engine.fetch ... --hf DIR` (what vLLM serves): transformers loading the folder gives the
+    logits transformers gives loading the GGUF itself, and the same tokenizer and chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from core.engine.fetch import main as fetch_main
+
+    _, reference, reference_tokenizer = models
+    folder = tmp_path / "smollm2-hf"
+    assert fetch_main(["smollm2-135m-instruct", "--hf", str(folder)]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    prompt = _hf_ids(reference_tokenizer, QUESTIONS[0])
+    assert _hf_ids(tokenizer, QUESTIONS[0]) == prompt
+    with torch.inference_mode():
+        ids = torch.tensor([prompt])
+        torch.testing.assert_close(exported(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
+    mtime = (folder / "model.safetensors").stat().st_mtime_ns
+    assert fetch_main(["smollm2-135m-instruct", "--hf", str(folder)]) == 0  # found, not written again
+    assert (folder / "model.safetensors").stat().st_mtime_ns == mtime

@@ -1,0 +1,230 @@
+"""One real vLLM (its CPU build) on loopback for the whole test run, shared by the pytest-xdist workers.
+
+The first test that asks for it starts `vllm serve` on SmolLM2-135M-Instruct (the fetched GGUF written as a Hugging
+Face folder) from `.venv-vllm` (`core.serve.vllm_env`), on free loopback ports, with block size 32 (the CPU
+attention backend takes multiples of 32), 1 GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE=1`), prefix caching and KV
+events. vLLM binds its PUB socket only for a wildcard endpoint and connects to any other, so the events endpoint
+names 127.0.0.1: vLLM connects, and a test that wants the events binds a SUB socket there (nothing listens beyond
+loopback); the replay endpoint (a ROUTER vLLM always binds) is on 127.0.0.1 too.
+
+Started once per run: under pytest-xdist the workers share a state file in the run's base temporary directory, the
+first one starts the server under a file lock and the others read its address; the run's controller stops it at
+the end (`stop_shared_vllm`, called from conftest's `pytest_sessionfinish`). Tests take the server one at a time
+(`use_vllm`: an exclusive lock), each starting from an empty prefix cache (`/reset_prefix_cache`, served with
+VLLM_SERVER_DEV_MODE=1), since hit counts and events depend on what the cache held.
+
+Outside CI a machine without vLLM skips these tests saying how to install it; under CI=true that fails them.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pytest
+
+STATE_FILE = "real-vllm.json"
+START_LOCK = "real-vllm-start.lock"
+USE_LOCK = "real-vllm-use.lock"
+SERVED_NAME = "smollm2"
+BLOCK_SIZE = 32
+KV_CACHE_SPACE_GIB = 1
+MAX_MODEL_LEN = 2048
+# vLLM's CPU backend sizes 1 GiB as 1,456 blocks of 32 tokens for bf16 SmolLM2; filling that takes ~80 s of prefill
+# on 2 cores, so the server keeps 128 of them (`--num-gpu-blocks-override`: what it computed stays in its start log
+# and in cache_config_info's kv_cache_memory_bytes) and a test overflows it with ~10k tokens.
+NUM_GPU_BLOCKS_OVERRIDE = 128
+TOPIC = "kv-events"
+START_TIMEOUT_S = 600  # the first start compiles the model with inductor (~2-4 minutes on 2 busy cores)
+
+
+@dataclass(frozen=True)
+class RealVLLM:
+    """A running vLLM: its HTTP base URL, served model name and folder, cache settings, and KV-event endpoints
+    (`events_endpoint`: vLLM connects, bind a SUB there; `replay_endpoint`: vLLM's ROUTER)."""
+
+    url: str
+    model: str
+    model_dir: str
+    block_size: int
+    kv_cache_space_gib: int
+    num_gpu_blocks_override: int
+    max_model_len: int
+    events_endpoint: str
+    replay_endpoint: str
+    topic: str
+    pid: int
+    log_path: str
+
+    def get(self, path: str, timeout: float = 30) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
+            return response.read()
+
+    def post(self, path: str, body: dict | None = None, timeout: float = 300) -> dict:
+        data = json.dumps(body or {}).encode()
+        request = urllib.request.Request(
+            self.url + path, data=data, headers={"Content-Type": "application/json"}, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            text = response.read().decode()
+        return json.loads(text) if text.strip() else {}
+
+    def complete(self, prompt: list[int] | str, max_tokens: int = 1, **extra) -> dict:
+        """One /v1/completions request (greedy, `ignore_eos` so the length is what was asked)."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        return self.post("/v1/completions", body | {"ignore_eos": True} | extra)
+
+    def reset_prefix_cache(self) -> None:
+        self.post("/reset_prefix_cache")
+
+
+def _shared_dir(config) -> Path:
+    """The run's base temporary directory: a worker's own is `<controller's>/gwN`, so its parent."""
+    base = config._tmp_path_factory.getbasetemp()
+    return base.parent if hasattr(config, "workerinput") else base
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _unavailable(message: str):
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def model_folder() -> Path:
+    """SmolLM2 as a Hugging Face folder in the model cache (written once from the fetched GGUF)."""
+    from core.engine.fetch import model_cache_dir
+    from core.engine.hf_export import export_hf_folder
+    from tests.real_model import real_model_path
+
+    gguf = real_model_path()
+    return export_hf_folder(gguf, model_cache_dir() / "SmolLM2-135M-Instruct-hf")
+
+
+def _start(shared: Path) -> RealVLLM:
+    from core.errors import VLLMUnavailableError
+    from core.serve.vllm_env import find_vllm
+
+    try:
+        vllm = find_vllm()
+    except VLLMUnavailableError as err:
+        _unavailable(str(err))
+    folder = model_folder()
+    http, events, replay = _free_port(), _free_port(), _free_port()
+    log_path = shared / "real-vllm.log"
+    kv_events = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://127.0.0.1:{events}",
+        "replay_endpoint": f"tcp://127.0.0.1:{replay}",
+        "topic": TOPIC,
+    }
+    command = [
+        str(vllm.command), "serve", str(folder), "--served-model-name", SERVED_NAME,
+        "--host", "127.0.0.1", "--port", str(http), "--block-size", str(BLOCK_SIZE), "--dtype", "bfloat16",
+        "--enable-prefix-caching", "--max-model-len", str(MAX_MODEL_LEN),
+        "--num-gpu-blocks-override", str(NUM_GPU_BLOCKS_OVERRIDE),
+        "--kv-events-config", json.dumps(kv_events),
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_SPACE_GIB),
+        "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores with the test workers, never pin them
+        "OMP_NUM_THREADS": "2",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=shared
+        )
+    server = RealVLLM(
+        url=f"http://127.0.0.1:{http}", model=SERVED_NAME, model_dir=str(folder), block_size=BLOCK_SIZE,
+        kv_cache_space_gib=KV_CACHE_SPACE_GIB, num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE,
+        max_model_len=MAX_MODEL_LEN,
+        events_endpoint=kv_events["endpoint"], replay_endpoint=kv_events["replay_endpoint"], topic=TOPIC,
+        pid=process.pid, log_path=str(log_path),
+    )  # fmt: skip
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _healthy(server.url):
+        if process.poll() is not None or time.monotonic() > deadline:
+            _kill(process.pid)
+            tail = "".join(Path(log_path).read_text(errors="replace").splitlines(True)[-15:])
+            pytest.fail(f"vLLM did not start (exit {process.poll()}); the end of {log_path}:\n{tail}")
+        time.sleep(1)
+    return server
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+        for _ in range(100):
+            os.killpg(pid, 0)
+            time.sleep(0.1)
+        os.killpg(pid, signal.SIGKILL)
+
+
+def shared_vllm(config) -> RealVLLM:
+    """The run's vLLM, started by the first caller of any worker (under a file lock)."""
+    shared = _shared_dir(config)
+    state = shared / STATE_FILE
+    with open(shared / START_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if state.exists():
+                server = RealVLLM(**json.loads(state.read_text()))
+                if _healthy(server.url):
+                    return server
+                pytest.fail(f"the run's vLLM (pid {server.pid}) stopped answering; see {server.log_path}")
+            server = _start(shared)
+            state.write_text(json.dumps(asdict(server)))
+            return server
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def use_vllm(config) -> Iterator[RealVLLM]:
+    """The run's vLLM for one test alone (other workers' vLLM tests wait), its prefix cache emptied first."""
+    server = shared_vllm(config)
+    with open(_shared_dir(config) / USE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            server.reset_prefix_cache()
+            yield server
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def stop_shared_vllm(config) -> None:
+    """Stop the run's vLLM if this run started one (the controller's, or the single process's, session end)."""
+    if hasattr(config, "workerinput"):
+        return
+    state = _shared_dir(config) / STATE_FILE
+    if state.exists():
+        _kill(json.loads(state.read_text())["pid"])
+        state.unlink(missing_ok=True)
