@@ -26,6 +26,7 @@ from core.page_models.planner import (
     what_if_summary,
     workload_max_len,
 )
+from core.page_models.planner_scenario import cpu_plan
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS, preset_configs
 from core.planning.weights import read_safetensors_index
@@ -152,6 +153,7 @@ def scenario_inputs(p: str) -> None:
           help="Leave empty for the estimate; enter vLLM's logged activation peak for an exact plan.")  # fmt: skip
     with c[1]:
         w(st.number_input, "max_num_seqs", f"{p}seqs")
+    w(st.number_input, "Host KV tier per replica (GiB, vLLM's --kv-offloading-size; 0: none)", f"{p}offload")
     hybrid_inputs(p)
 
 
@@ -264,8 +266,17 @@ def show_plan(prefix: str, result, workload_error: str | None) -> None:
             st.markdown(f"- {line}")
         for note in result.plan.notes:
             st.caption(note)
+    tier = result.host_tier
+    if tier is not None:
+        st.markdown(
+            f"Host KV tier: {tier.kv_offload_gib:g} GiB per replica holds **{tier.host_kv_tokens:,} tokens** "
+            f"({tier.host_kv_blocks:,} host blocks of {tier.host_block_bytes:,} B over {tier.world_size} GPU(s); "
+            f"{tier.host_extra_tokens:,} beyond HBM, the tier being inclusive); "
+            f"{tier.host_memory_bytes_total / 1024**3:,.0f} GiB of pinned host memory over all replicas."
+        )
     st.markdown("`vllm serve` flags for this plan:")
-    st.code(result.plan.vllm_command, language="bash")
+    flags = f" \\\n  {tier.vllm_flags}" if tier is not None else ""
+    st.code(result.plan.vllm_command + flags, language="bash")
 
 
 st.title("Capacity planner")
@@ -392,6 +403,48 @@ st.download_button(
     file_name="capacity_plan.json",
     mime="application/json",
 )
+
+
+def cpu_section() -> None:
+    """vLLM on a CPU: scenario A's model in VLLM_CPU_KVCACHE_SPACE, the blocks and tokens vLLM's CPU backend
+    allocates, and the command (issue 36)."""
+    st.subheader("vLLM on a CPU")
+    if not state.widget(
+        st.toggle, "Plan scenario A's model on vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE)", "cpu"
+    ):
+        return
+    c1, c2, c3, c4 = st.columns(4)
+    with c1:
+        state.widget(st.number_input, "VLLM_CPU_KVCACHE_SPACE (GiB, whole)", "cpu_gib")
+    with c2:
+        state.widget(st.selectbox, "Block size (tokens; multiples of 32)", "cpu_block")
+    with c3:
+        state.widget(st.selectbox, "vllm serve --dtype", "cpu_dtype")
+    with c4:
+        state.widget(st.selectbox, "--kv-cache-dtype", "cpu_kvdtype")
+    try:
+        cpu = cpu_plan(state.values)
+    except LabError as error:
+        st.error(f"vLLM on a CPU: {error}")
+        return
+    (st.success if cpu.fits else st.warning)(cpu.verdict)
+    m = st.columns(4)
+    m[0].metric("num_blocks", f"{cpu.num_blocks:,}", help=f"blocks of {cpu.block_size} tokens")
+    m[1].metric("kv_tokens", f"{cpu.kv_tokens:,}", help="as vLLM logs its CPU KV cache size")
+    m[2].metric("Block bytes (all layers)", f"{cpu.block_bytes:,} B")
+    m[3].metric("KV dtype", f"{cpu.kv_dtype} (model {cpu.dtype})")
+    st.code(cpu.vllm_command, language="bash")
+    st.caption(
+        "vLLM's CPU backend takes the whole space for the KV cache (weights live in the rest of RAM): "
+        "num_blocks = floor(space / (block size x KV bytes per token over all layers)); kv_tokens as its start log "
+        'says them ("CPU KV cache size"). dtype auto serves a float32 checkpoint in bfloat16. Uses scenario A\'s '
+        "model, max_model_len and max_num_batched_tokens; the same as `python -m core.planning --cpu-kv-cache-space-gib`."
+    )
+    for note in cpu.notes:
+        st.caption(note)
+
+
+cpu_section()
 
 show_presets = state.widget(
     st.toggle, "Show the presets: models and GPUs (the data behind the numbers)", "presets"

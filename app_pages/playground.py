@@ -7,10 +7,25 @@ import streamlit as st
 
 from core.device import format_bytes
 from core.errors import LabError
+from core.kv.host_tier import OFFLOAD_POLICIES
 from core.page_models.playground import Playground, PlaygroundConfig
 from core.page_models.scenarios import SCENARIOS, Scenario, cpp_status_lines, replay
-from ui.playground_figures import block_heatmap, free_blocks_over_actions, waste_over_actions
-from ui.playground_url import FREE_PLAY, URL_FIELDS, params_for, position_from_params
+from ui.playground_figures import (
+    block_heatmap,
+    free_blocks_over_actions,
+    hbm_marks,
+    host_tier_heatmap,
+    waste_over_actions,
+)
+from ui.playground_url import (
+    FREE_PLAY,
+    HOST_FIELDS,
+    URL_FIELDS,
+    host_from_params,
+    host_params,
+    params_for,
+    position_from_params,
+)
 
 PLAY_DELAY_S = 1.2  # pause between two steps while playing
 SCENARIO, STEP, PLAYING = "_pg_scenario", "_pg_step", "_pg_playing"  # the position (not widget keys)
@@ -19,18 +34,33 @@ TITLES = {FREE_PLAY: "Free play (your own actions)"} | {key: s.title for key, s 
 
 
 def sync_from_url() -> None:
-    """Take the position from the URL on the first run and whenever the URL no longer matches what we wrote."""
-    current = {field.key: st.query_params[field.key] for field in URL_FIELDS if field.key in st.query_params}
+    """Take the position (and the free-play pool's host tier) from the URL on the first run and whenever the
+    URL no longer matches what we wrote."""
+    fields = (*URL_FIELDS, *HOST_FIELDS)
+    current = {field.key: st.query_params[field.key] for field in fields if field.key in st.query_params}
     if SCENARIO in st.session_state and (st.session_state.get(WRITTEN) == current or not current):
         return  # ours, or back from another page (navigation drops the query): keep this session's place
     key, step, errors = position_from_params(current)
     st.session_state[SCENARIO], st.session_state[STEP], st.session_state[PLAYING] = key, step, False
+    host, host_errors = host_from_params(current)
+    errors += host_errors
+    if host["host_blocks"]:  # the free-play pool with that tier behind it (prefix caching on)
+        try:
+            config = PlaygroundConfig(enable_prefix_caching=True, **host)
+            st.session_state.playground = Playground.demo(config)
+        except LabError as error:
+            errors.append(f"Host tier not applied: {error}")
+    elif getattr(st.session_state.get("playground"), "host_tier", None) is not None:
+        st.session_state.playground = Playground.demo()  # the URL asks for no tier: back to the plain pool
     st.session_state[URL_ERRORS] = errors
 
 
 def write_url() -> None:
     wanted = params_for(st.session_state[SCENARIO], st.session_state[STEP])
-    for field in URL_FIELDS:
+    if st.session_state[SCENARIO] == FREE_PLAY:
+        config = st.session_state.playground.config
+        wanted |= host_params(config.host_blocks, config.host_block_tokens, config.offload_policy)
+    for field in (*URL_FIELDS, *HOST_FIELDS):
         if field.key in wanted and st.query_params.get(field.key) != wanted[field.key]:
             st.query_params[field.key] = wanted[field.key]
         elif field.key not in wanted and field.key in st.query_params:
@@ -121,6 +151,9 @@ def on_apply_settings() -> None:
             contiguous_max_len=int(state.cfg_max_len),
             system_prompt_len=int(state.cfg_system_len),
             sliding_window=int(state.cfg_window) or None,
+            host_blocks=int(state.cfg_host_blocks),
+            host_block_tokens=int(state.cfg_host_block) or None,
+            offload_policy=state.cfg_offload,
         )
         state.playground = Playground.demo(config) if state.cfg_demo else Playground(config)
     except LabError as error:
@@ -238,6 +271,25 @@ def settings_form() -> None:
             key="cfg_system_len",
             help="a prompt prefix every new sequence shares (what prefix caching can reuse)",
         )
+        h1, h2 = st.columns(2)
+        h1.number_input(
+            "Host tier (host blocks)",
+            0,
+            4096,
+            0,
+            key="cfg_host_blocks",
+            help="a host-memory KV tier behind the pool (vLLM's native CPU offloading), 0 = none; needs "
+            "prefix caching",
+        )
+        h2.number_input(
+            "Host block (tokens)",
+            0,
+            4096,
+            0,
+            key="cfg_host_block",
+            help="tokens per host block, a multiple of the block size; 0 = one GPU block",
+        )
+        st.selectbox("Host tier eviction", OFFLOAD_POLICIES, key="cfg_offload", format_func=str.upper)
         st.toggle("Prefix caching", value=False, key="cfg_caching")
         st.checkbox("Start from the demo scene", value=True, key="cfg_demo")  # full width: the label fits
         st.form_submit_button("Apply and reset pool", on_click=on_apply_settings, width="stretch")
@@ -250,7 +302,25 @@ def pool_overview(playground: Playground, scenario: Scenario | None) -> None:
     if scenario is None:
         st.caption(f"Last action: {last.action}: {'done' if last.ok else 'refused'} ({last.message})")
     snapshot = playground.snapshot()
-    st.plotly_chart(block_heatmap(snapshot, playground.color_index), width="stretch", key="heatmap")
+    tier = playground.host_tier
+    if tier is None:
+        st.plotly_chart(block_heatmap(snapshot, playground.color_index), width="stretch", key="heatmap")
+    else:
+        moves = playground.host_moves
+        st.markdown(
+            "**HBM (left) and the host tier (right).** Every block a sequence completes is copied down to the "
+            "host tier (↓); a prompt whose prefix left HBM but is still in the host tier loads it back up (↑) "
+            "instead of recomputing it. The marks show what the last action moved: "
+            f"{len(moves.stored):,} host blocks stored, {len(moves.loaded):,} GPU blocks loaded, "
+            f"{moves.evicted:,} host blocks evicted."
+        )
+        hbm, host = st.columns(2)
+        hbm.plotly_chart(
+            block_heatmap(snapshot, playground.color_index, title="HBM blocks", marks=hbm_marks(moves)),
+            width="stretch",
+            key="heatmap",
+        )
+        host.plotly_chart(host_tier_heatmap(tier, moves), width="stretch", key="host_heatmap")
     waste = playground.waste()
     if scenario is not None and scenario.seed_status:
         metrics, seed = st.columns([2, 1])  # room for the longest status line
@@ -274,9 +344,15 @@ def pool_overview(playground: Playground, scenario: Scenario | None) -> None:
     if config.enable_prefix_caching:
         stats = playground.manager.prefix_cache_stats
         st.caption(
-            f"Prefix cache: {stats.hits_tokens:,} of {stats.queries_tokens:,} prompt tokens hit "
+            f"Prefix cache: {stats.hits_tokens:,} of {stats.queries_tokens:,} prompt tokens hit in HBM "
             f"({stats.hit_rate:.0%}); {playground.manager.num_cached_free_blocks:,} free blocks still cached; "
             f"{stats.evictions_blocks:,} evictions."
+        )
+    if tier is not None:
+        st.caption(
+            f"Host tier: {playground.host_hit_tokens:,} prompt tokens loaded from it; "
+            f"{tier.num_used_blocks:,} of {tier.num_blocks:,} host blocks hold KV; {tier.num_stored_blocks:,} "
+            f"stored and {tier.num_evicted_blocks:,} evicted ({tier.policy.upper()}) so far."
         )
     order = snapshot.free_order.tolist()
     shown = ", ".join(f"{b}{' (cached)' if snapshot.is_cached[b] else ''}" for b in order[:64])

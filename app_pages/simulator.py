@@ -27,6 +27,7 @@ from ui.simulator_figures import (
     running_waiting_figure,
     steps_table,
     summary_bars_figure,
+    tier_hits_figure,
     verdict_text,
 )
 from ui.simulator_state import FIELDS, params_from, url_params
@@ -113,6 +114,15 @@ with st.expander("Workload, model, policies and scheduler settings", expanded=Fa
             "hybrid",
             help="Paged policy only; for models mixing full and sliding-window layers (e.g. Gemma 2, gpt-oss).",
         )
+        w(
+            st.number_input,
+            "Host KV tier (GiB)",
+            "kv_offload_gib",
+            help="vLLM's native CPU offloading (--kv-offloading-size) behind the paged pool, 0 = none; needs "
+            "prefix caching. Every computed block is copied to host memory; a prefix that left HBM is loaded back "
+            "over the host link (50 GB/s) instead of recomputed.",
+        )
+        w(st.selectbox, "Host tier eviction", "offload_policy", format_func=str.upper)
         w(st.number_input, "max_num_seqs", "max_num_seqs")
         w(st.number_input, "max_num_batched_tokens", "max_tokens")
         w(st.radio, "Preemption", "preemption", horizontal=True)
@@ -212,6 +222,20 @@ cached_chart(st, memory_breakdown_figure, steps, capacity)
 left, right = st.columns(2)
 cached_chart(left, free_memory_figure, steps, capacity)
 cached_chart(right, running_waiting_figure, steps)
+
+if "paged" in results and params.kv_offload_gib:
+    st.subheader("Two KV tiers: HBM and host memory")
+    paged_requests = results["paged"].requests
+    host_tokens = int(paged_requests["host_hit_tokens"].sum())
+    hit_tokens = int(paged_requests["prefix_hit_tokens"].sum())
+    offload = params.config().offload
+    st.markdown(
+        f"The paged pool's prompts, by where their KV came from: {hit_tokens - host_tokens:,} tokens hit in HBM, "
+        f"{host_tokens:,} were loaded from the {params.kv_offload_gib:g} GiB host tier "
+        f"({offload.host_capacity_tokens:,} tokens, {params.offload_policy.upper()}) instead of prefilled, and "
+        f"{int(paged_requests['prompt_len'].sum()) - hit_tokens:,} were computed."
+    )
+    cached_chart(st, tier_hits_figure, paged_requests)
 
 if "paged" in results and results["paged"].snapshots:
     snaps = results["paged"].snapshots

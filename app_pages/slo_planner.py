@@ -15,22 +15,28 @@ from core.page_models.slo_planner import (
     serve_command,
     table_rows,
 )
-from core.page_models.slo_predict import missed_targets, percentile_rows
+from core.page_models.slo_predict import larger_kv_given_row, missed_targets, percentile_rows
 from core.page_models.slo_rates import MAX_RATE_CONFIGS, bench_command
-from core.page_models.tasks import slo_curves, slo_highest_rates, slo_predict, slo_search
+from core.page_models.tasks import (
+    slo_curves,
+    slo_highest_rates,
+    slo_predict,
+    slo_predict_highest_rate,
+    slo_predict_larger_kv,
+    slo_search,
+)
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
 from core.planning.slo_candidates import metric_label
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.jobs import run_job
+from ui.metric_cards import Card, metric_cards
 from ui.slo_levers_view import (
     latency_text,
     lever_inputs,
     percentiles_caption,
-    show_agg_figures,
-    show_disagg_figures,
     show_larger_kv,
-    show_lever_figures,
+    show_prediction_figures,
 )
 from ui.slo_planner_figures import latency_vs_rate_figure, percentiles_figure
 from ui.slo_planner_state import FIELDS, MODE_LABELS, TARGETS, params_from, predict_params_from, url_params
@@ -97,29 +103,28 @@ def show_config(config, meets: bool, params) -> None:
         st.success(f"Cheapest configuration that meets the SLO: **{config_label(config)}**. {reason}.")
     else:
         st.warning(f"Closest configuration (misses the SLO): **{config_label(config)}**. {reason}.")
-    c = st.columns([2, 1.2, 1.6, 1])
-    c[0].metric("Deployment", f"{config.num_gpus} × {config.gpu_name}")
     if config.mode == "disagg":
-        c[1].metric("Prefill + decode GPUs", f"{config.prefill_gpus} + {config.decode_gpus}",
-                    help=f"{config_layout(config)}; KV transfer {config.kv_transfer_s * 1e3:.3g} ms per request")  # fmt: skip
+        transfer = f"{config_layout(config)}; KV transfer {config.kv_transfer_s * 1e3:.3g} ms per request"
+        split = Card("Prefill + decode GPUs", f"{config.prefill_gpus} + {config.decode_gpus}", transfer)
     else:
-        c[1].metric("TP × PP × replicas", f"{config.tp} × {config.pp} × {config.replicas}")
-    c[2].metric("Binding constraint", config.binding)
-    c[3].metric("GPUs per request/s", f"{config.gpus_per_request_per_s:.3g}")
-    c = st.columns([1, 1, 1, 1, 1.4])
-    c[0].metric("max_num_seqs", f"{config.max_num_seqs:,}")
-    c[1].metric("KV cache dtype", config.kv_dtype, help=f"weights: {config.weight_dtype}")
+        split = Card("TP × PP × replicas", f"{config.tp} × {config.pp} × {config.replicas}")
+    cards = [
+        Card("Deployment", f"{config.num_gpus} × {config.gpu_name}"),
+        split,
+        Card("Binding constraint", config.binding),
+        Card("GPUs per request/s", f"{config.gpus_per_request_per_s:.3g}"),
+        Card("max_num_seqs", f"{config.max_num_seqs:,}"),
+        Card("KV cache dtype", config.kv_dtype, f"weights: {config.weight_dtype}"),
+    ]
     targets = dict(params.targets)
-    for col, key, factor, unit in (
-        (c[2], params.chart_keys()[0], 1, "s"),
-        (c[3], params.chart_keys()[1], 1e3, "ms"),
-    ):
+    for key, factor, unit in ((params.chart_keys()[0], 1, "s"), (params.chart_keys()[1], 1e3, "ms")):
         value = getattr(config, key)
         shown = "—" if value is None else f"{value * factor:.3g} {unit}"
         target = "no target" if key not in targets else f"target {targets[key] * factor:g} {unit}"
-        col.metric(f"{metric_label(key)} (predicted)", shown, help=target)
+        cards.append(Card(f"{metric_label(key)} (predicted)", shown, target))
     throughput = config.throughput_tokens_per_s
-    c[4].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
+    cards.append(Card("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s"))
+    metric_cards(cards)
     if config.tokens_per_s_per_gpu is not None:
         st.caption(f"{config.tokens_per_s_per_gpu:,.0f} output tokens/s per GPU ({config.mode}).")
     left, right = st.columns(2)
@@ -223,8 +228,9 @@ def predict_inputs() -> None:
 
 
 def show_prediction(found, params) -> None:
-    """The predict mode's answer: verdict, figures, the percentile chart and table, the highest rate, the
-    equivalent CLI and the vLLM commands."""
+    """The predict mode's first answer: verdict, figures, the percentile chart and table, the equivalent CLI and
+    the vLLM commands; then the extras, each its own job with its own progress, in places kept above the
+    commands: what a larger KV cache does (prompts sharing tokens) and the highest rate (targets given)."""
     p, targets = found.prediction, params.targets_dict()
     load = params.load()
     at = f"{load.rate:g} req/s" if load.concurrency is None else f"{load.concurrency:,} concurrent clients"
@@ -241,38 +247,19 @@ def show_prediction(found, params) -> None:
         st.warning(f"At {at}, {name} misses the targets: {misses}.")
     else:
         st.success(f"At {at}, {name} is in steady state{' and meets every target' if targets else ''}.")
-    if p["mode"] == "disagg":
-        show_disagg_figures(p)
-    else:
-        show_agg_figures(p, params)
-    show_lever_figures(p)
+    show_prediction_figures(p, params)
     cached_chart(st, percentiles_figure, p, targets)
     st.caption(percentiles_caption(p))
     formats = {k: st.column_config.NumberColumn(format="%.4g") for k in PREDICT_COLUMNS}
     cached_dataframe(st, cached_value(percentile_rows, p, targets), width="stretch", column_config=formats)
-    if found.larger_kv:
-        show_larger_kv(found.larger_kv)
+    larger_place, rate_place = st.container(), st.container()  # filled below, once the commands are drawn
+    asks_rate = bool(targets) and p["mode"] != "disagg"
     if p["mode"] == "disagg" and targets:
         st.caption("No highest rate: `max-rate` takes one aggregated deployment, not two pools.")
-    if found.max_rate is not None:
-        m = found.max_rate
-        c = st.columns(3)
-        c[0].metric("Highest rate within the targets", f"{m['max_rate_req_per_s']:.3g} req/s")
-        c[1].metric("Binding at the next rate", m["binding"])
-        binding = m["binding"]
-        there = latency_text(m.get(binding)) if binding in targets else "—"
-        c[2].metric(
-            "Binding target at the highest rate", there, help="its predicted value at the highest rate held"
-        )
-        st.caption(
-            f"The highest Poisson rate of these lengths whose steady state meets every target, by bisection "
-            f"({m['evaluations']} predictions, 3% apart at the end; MLPerf's Server figure). Binding: the target "
-            'the next higher rate missed ("rate": it was not served at all).'
-        )
     predict_args, max_rate_args = params.cli_args()
     st.markdown("The same answer from the command line:")
     commands = [shlex.join(["python", "-m", "core.planning", "predict", *predict_args])]
-    if found.max_rate is not None:
+    if asks_rate:
         commands.append(shlex.join(["python", "-m", "core.planning", "max-rate", *max_rate_args]))
     st.code("\n".join(commands), language="bash")
     left, right = st.columns(2)
@@ -286,6 +273,47 @@ def show_prediction(found, params) -> None:
         f"{found.num_prompts:,} prompts: 20 × the requests in flight (Little's law), at least 1,000, so the ramp-up "
         "and the drain that vLLM's percentiles include are about a tenth of the run. --random-range-ratio is the "
         "length spread (the same uniform range, to a token); --ignore-eos makes every output its full length."
+    )
+    if p["mode"] != "disagg" and load.uses_prefix_cache:
+        with larger_place:
+            show_larger_kv_job(p, params)
+    if asks_rate:
+        with rate_place:
+            show_highest_rate_job(params, targets)
+
+
+def show_larger_kv_job(p: dict, params) -> None:
+    """What a larger KV cache does: its own job (one prediction per larger deployment), then the table."""
+    try:
+        others = run_job(
+            slo_predict_larger_kv, params, label="Predicting the same load with a larger KV cache"
+        )
+    except LabError as error:
+        st.error(f"Cannot predict a larger KV cache: {error}")
+        return
+    show_larger_kv((larger_kv_given_row(params, p), *others))
+
+
+def show_highest_rate_job(params, targets: dict[str, float]) -> None:
+    """The highest rate within the targets: its own job (a bisection of predictions), then its cards."""
+    try:
+        m = run_job(slo_predict_highest_rate, params, label="Finding the highest rate within the targets")
+    except LabError as error:
+        st.error(f"Cannot find the highest rate: {error}")
+        return
+    binding = m["binding"]
+    there = latency_text(m.get(binding)) if binding in targets else "—"
+    metric_cards(
+        [
+            Card("Highest rate within the targets", f"{m['max_rate_req_per_s']:.3g} req/s"),
+            Card("Binding at the next rate", binding),
+            Card("Binding target at the highest rate", there, "its predicted value at the highest rate held"),
+        ]
+    )
+    st.caption(
+        f"The highest Poisson rate of these lengths whose steady state meets every target, by bisection "
+        f"({m['evaluations']} predictions, 3% apart at the end; MLPerf's Server figure). Binding: the target "
+        'the next higher rate missed ("rate": it was not served at all).'
     )
 
 

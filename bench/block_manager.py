@@ -1,33 +1,35 @@
 """Time the block manager's hot paths and print one JSON object.
 
-- nano_vllm_time_ratio: our time / nano-vllm's time on nano-vllm's decode trace (`bench/nano_vllm_trace.py`
-  defines it: 512 sequences sharing a system prompt, 256 decode steps of one token each, then every sequence
-  freed), at nano-vllm's block size, 256 (its config requires a multiple of 256), our `append_token` against
-  nano-vllm's per-token work (its sequence's append, `can_append`, `may_append`, and the slot its model runner
-  reads: what our `append_token` returns); goal <= 0.5. nano-vllm's algorithm is re-implemented in
-  `bench/nano_vllm_reference.py` from its published description, with this project's block key on both sides
-  (nano-vllm hashes with xxhash, which is not a dependency here). In one process, the sides in turn, timed in
-  CPU time; printed with the range of the per-repetition ratios. Beside it: the same without nano-vllm's slot
-  read (`..._block_manager_only`, stricter) and both at block size 16 (vLLM's default: 16x the block fills
-  and hashes per token); `nano_vllm_decode_trace` has every ratio and each side's ns per token.
+- nano_vllm_time_ratio (the headline): our time / nano-vllm's time on nano-vllm's decode trace
+  (`bench/nano_vllm_trace.py` defines it: 512 sequences sharing a system prompt, 256 decode steps of one token
+  each, then every sequence freed), like for like: our `append_token` (which also returns the token's slot)
+  against nano-vllm's own block manager and sequence doing the token's block work, as its scheduler and
+  postprocess call them (`append_token`, `can_append`, `may_append`, `hash_blocks`), at nano-vllm's block size,
+  256 (its config requires a multiple of 256); goal <= 0.5. nano-vllm's side is its own source, not a
+  re-implementation (`bench/nano_vllm_source.py`: the pinned copy in `bench/third_party/nano_vllm/`, or the
+  checkout `--nano-vllm DIR` names); `nano_vllm_source` and `nano_vllm_hash` say what ran. In one process,
+  the sides in turn, timed in CPU time; printed with the range of the per-repetition ratios. Beside it: the
+  same with the slot nano-vllm's model runner reads added to its side (`..._with_slot_read`: the same work as
+  ours, a looser comparison) and both at block size 16 (vLLM's default: 16x the block fills and hashes per
+  token); `nano_vllm_decode_trace` has every ratio and each side's ns per token.
 - append_tokens_per_s: append_token throughput for 1,000 sequences x 512 decode tokens, with forks (parallel
   sampling) and frees along the way, prefix caching on (and, for comparison, off). Pure Python: one core.
 - revival: re-admitting prompts whose blocks are cached but free. The same prompts are re-admitted in a pool of
   40,000 and of 100,000 blocks, every free block cached; time per revived block must not grow with the cached
-  free list (no scan). `revival_nano_vllm`: nano-vllm's algorithm on the same setup, with 8 prompts instead of
-  500 (it takes a revived block out of its free deque by value: a scan of the deque per block).
+  free list (no scan). `revival_nano_vllm`: nano-vllm's own block manager on the same setup, with 8 prompts
+  instead of 500 (it takes a revived block out of its free deque by value: a scan of the deque per block).
 - snapshot_ms: BlockManager.snapshot() of a 100,000-block pool holding ~1,000 sequences.
 
-Usage: python -m bench.block_manager [--quick]
+Usage: python -m bench.block_manager [--quick] [--nano-vllm DIR]
 """
 
 import argparse
 import json
+import os
 import platform
 import time
 
-from bench import nano_vllm_trace
-from bench.nano_vllm_reference import NanoBlockManager, NanoSequence
+from bench import nano_vllm_source, nano_vllm_trace
 from core.kernels.cpu_isa import cpu_description
 from core.paging.block_manager import BlockManager
 
@@ -102,31 +104,29 @@ def revival_run(pool_blocks: int, num_prompts: int, prompt_tokens: int) -> dict:
 
 
 def nano_revival_run(pool_blocks: int, num_prompts: int, prompt_tokens: int) -> dict:
-    """`revival_run`'s setup through nano-vllm's algorithm: other prompts fill the pool and are freed, then
-    `num_prompts` prompts are allocated and freed, then re-admitted (timed). A hit on a free block takes it out
-    of the free deque by value, so each revived block costs a scan of the deque."""
-    manager = NanoBlockManager(pool_blocks, BLOCK_SIZE)
+    """`revival_run`'s setup through nano-vllm's own block manager, each prompt admitted and prefilled as its
+    scheduler does it (`nano_vllm_trace.nano_admit`): other prompts fill the pool and are freed, then
+    `num_prompts` prompts are admitted and freed, then admitted again (timed). A hit on a free block takes it
+    out of the free deque by value, so each revived block costs a scan of the deque."""
+    nano = nano_vllm_trace.nano_vllm()
+    nano.Sequence.block_size = BLOCK_SIZE
+    manager = nano.BlockManager(pool_blocks, BLOCK_SIZE)
     prompts = [[p * 1_000_003 + t for t in range(prompt_tokens)] for p in range(num_prompts)]
     fillers = []
     filler_blocks = pool_blocks - num_prompts * -(-prompt_tokens // BLOCK_SIZE)
     while filler_blocks >= 64:
-        seq = NanoSequence([-(len(fillers) * 1_000_003 + t) - 1 for t in range(1024)], BLOCK_SIZE)
-        manager.allocate(seq)
-        fillers.append(seq)
+        prompt = [-(len(fillers) * 1_000_003 + t) - 1 for t in range(1024)]
+        fillers.append(nano_vllm_trace.nano_admit(nano, manager, prompt)[0])
         filler_blocks -= 64
     for seq in fillers:
         manager.deallocate(seq)
-    firsts = [NanoSequence(prompt, BLOCK_SIZE) for prompt in prompts]
-    for seq in firsts:
-        manager.allocate(seq)
+    firsts = [nano_vllm_trace.nano_admit(nano, manager, prompt)[0] for prompt in prompts]
     for seq in firsts:
         manager.deallocate(seq)
-    again = [NanoSequence(prompt, BLOCK_SIZE) for prompt in prompts]
     start = time.perf_counter()
-    for seq in again:
-        manager.allocate(seq)
+    again = [nano_vllm_trace.nano_admit(nano, manager, prompt) for prompt in prompts]
     elapsed = time.perf_counter() - start
-    revived = sum(seq.num_cached_tokens // BLOCK_SIZE for seq in again)
+    revived = sum(hits for _, hits in again)
     return {
         "pool_blocks": pool_blocks,
         "revived_blocks": revived,
@@ -161,7 +161,15 @@ def _median(run, key: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sequences and tokens (a smoke run)")
+    parser.add_argument(
+        "--nano-vllm",
+        metavar="DIR",
+        help=f"a nano-vllm checkout to time instead of the pinned copy (or set {nano_vllm_source.ENV_VAR})",
+    )
     args = parser.parse_args()
+    if args.nano_vllm:
+        os.environ[nano_vllm_source.ENV_VAR] = args.nano_vllm
+    source = nano_vllm_trace.nano_vllm()
     num_seqs, decode_tokens = (100, 64) if args.quick else (1_000, 512)
     trace_seqs, trace_repeats = (64, 5) if args.quick else (512, 9)
     nano = nano_vllm_trace.compare(NANO_VLLM_BLOCK_SIZE, trace_seqs, 256, trace_repeats)
@@ -175,18 +183,20 @@ def main() -> None:
     # nano-vllm scans its free deque per revived block: 8 prompts (512 blocks) keep this to about a second
     nano_small = nano_revival_run(40_000, 8, 1024)
     nano_large = nano_revival_run(100_000, 8, 1024)
-    same, strict = "ratio_vs_nano_vllm", "ratio_vs_nano_vllm_block_manager_only"
+    like, loose = "ratio_vs_nano_vllm_block_manager_only", "ratio_vs_nano_vllm"
     result = {
-        "nano_vllm_time_ratio": nano[same]["median"],
-        "nano_vllm_time_ratio_spread": _range(nano[same]),
+        "nano_vllm_time_ratio": nano[like]["median"],
+        "nano_vllm_time_ratio_spread": _range(nano[like]),
         "nano_vllm_time_ratio_goal": 0.5,
-        "nano_vllm_time_ratio_block_manager_only": nano[strict]["median"],
-        "nano_vllm_time_ratio_block_manager_only_spread": _range(nano[strict]),
-        "nano_vllm_time_ratio_block_16": nano_16[same]["median"],
-        "nano_vllm_time_ratio_block_16_spread": _range(nano_16[same]),
-        "nano_vllm_time_ratio_block_16_block_manager_only": nano_16[strict]["median"],
-        "nano_vllm_time_ratio_block_16_block_manager_only_spread": _range(nano_16[strict]),
+        "nano_vllm_time_ratio_with_slot_read": nano[loose]["median"],
+        "nano_vllm_time_ratio_with_slot_read_spread": _range(nano[loose]),
+        "nano_vllm_time_ratio_block_16": nano_16[like]["median"],
+        "nano_vllm_time_ratio_block_16_spread": _range(nano_16[like]),
+        "nano_vllm_time_ratio_block_16_with_slot_read": nano_16[loose]["median"],
+        "nano_vllm_time_ratio_block_16_with_slot_read_spread": _range(nano_16[loose]),
         "nano_vllm_decode_trace": {"block_256": nano, "block_16": nano_16},
+        "nano_vllm_source": source.source,
+        "nano_vllm_hash": source.hash_name,
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "cpu": cpu_description(),
         "python": platform.python_version(),

@@ -13,6 +13,10 @@ evaluated / simulated. The baseline, measured in the same run: a fresh interpret
 command's module (`import core.planning.slo_cli`: torch, pandas and the planner), so ratio_to_import says how
 much of the wall time is the search. target_met: every case's slowest run under TARGET_S (issue 23: "answers
 ... in under 10 s"). The machine is shared: the load average before and after is recorded.
+
+predict_cases: issue 37's `python -m core.planning predict` with the levers on (Llama-3.1-8B on 2 x H100 at 8
+req/s, 4,000 / 256 tokens, a 3,500-token prefix shared 8 ways, EAGLE with acceptance 0.8,0.6,0.4), timed the
+same way against PREDICT_TARGET_S (issue 37: "<= 5 s on 2 cores"); `--only predict` runs just those.
 """
 
 import argparse
@@ -41,6 +45,14 @@ CASES = {
     "llama-3.1-8b@12 --disagg": ["--model", "llama-3.1-8b", "--rate", "12", *COMMON, "--disagg"],
     "llama-3.1-8b@2 8k prompts --disagg": ["--model", "llama-3.1-8b", "--rate", "2", *LONG, "--disagg"],
 }
+PREDICT_TARGET_S = 5.0
+PREDICT_CASES = {
+    "llama-3.1-8b 2 x h100 @8 prefix 3500 x 8 eagle": [
+        "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--replicas", "2", "--rate", "8", "--prompt-len", "4000",
+        "--output-len", "256", "--shared-prefix-len", "3500", "--num-prefixes", "8", "--spec-tokens", "3",
+        "--spec-acceptance", "0.8,0.6,0.4", "--spec-method", "eagle",
+    ],
+}  # fmt: skip
 
 
 def _run(args: list[str]) -> tuple[float, subprocess.CompletedProcess, float]:
@@ -69,11 +81,13 @@ def _answer(body: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=("slo", "predict"), help="run one part only")
     args = parser.parse_args()
     load_before = os.getloadavg()
     baseline = [_run(["-c", "import core.planning.slo_cli"])[0] for _ in range(args.repeats)]
+    predict_cases = {} if args.only == "slo" else _predict_cases(args.repeats)
     cases = {}
-    for name, argv in CASES.items():
+    for name, argv in {} if args.only == "predict" else CASES.items():
         walls, cpus, searches, body, status = [], [], [], {}, None
         for _ in range(args.repeats):
             wall, done, cpu = _run(["-m", "core.planning", "slo", *argv])
@@ -90,15 +104,36 @@ def main() -> None:
             "num_candidates": body["num_candidates"], "num_evaluated": body["num_evaluated"],
             "num_simulated": body["num_simulated"], "num_reused": body["num_reused"], "answer": _answer(body),
         }  # fmt: skip
-    slowest = max(c["wall_s"]["max"] for c in cases.values())
+    slowest = max((c["wall_s"]["max"] for c in cases.values()), default=None)
+    predict_slowest = max((c["wall_s"]["max"] for c in predict_cases.values()), default=None)
     print(json.dumps({
         "cpu": cpu_description(),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "python": platform.python_version(), "load_average_before": load_before,
                     "load_average_after": os.getloadavg()},
         "target_s": TARGET_S, "baseline_import_s": _spread(baseline), "cases": cases,
-        "slowest_wall_s": slowest, "target_met": slowest < TARGET_S,
+        "slowest_wall_s": slowest, "target_met": None if slowest is None else slowest < TARGET_S,
+        "predict_target_s": PREDICT_TARGET_S, "predict_cases": predict_cases,
+        "predict_target_met": None if predict_slowest is None else predict_slowest <= PREDICT_TARGET_S,
     }, indent=2))  # fmt: skip
+
+
+def _predict_cases(repeats: int) -> dict:
+    """Each of PREDICT_CASES `repeats` times in a fresh interpreter: wall and CPU seconds, and what it answered."""
+    cases = {}
+    for name, argv in PREDICT_CASES.items():
+        walls, cpus, body = [], [], {}
+        for _ in range(repeats):
+            wall, done, cpu = _run(["-m", "core.planning", "predict", *argv])
+            if done.returncode != 0:
+                raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr[-2000:]}")
+            body = json.loads(done.stdout)
+            walls.append(wall)
+            cpus.append(cpu)
+        keys = ("ttft_p99_s", "tpot_p99_s", "prefix_hit_rate", "mean_accepted_len", "simulated_requests")
+        cases[name] = {"argv": argv, "wall_s": _spread(walls), "cpu_s": _spread(cpus),
+                       "answer": {k: body.get(k) for k in keys}}  # fmt: skip
+    return cases
 
 
 if __name__ == "__main__":

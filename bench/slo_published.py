@@ -1,17 +1,22 @@
-"""Fit the vLLM engine profile to measured vLLM runs and print one JSON object: the fit, its errors, every row.
+"""Fit the vLLM engine profile across models and print one JSON object: the fit, its errors per model, every row.
 
     python -m bench.slo_published
 
-The rows (`core.planning.published_vllm.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM, Llama-3.1-70B
-FP8 on H100 SXM (TP 2 / 4 / 8) and H200 SXM (TP 1 / 2 / 4 / 8), mean TTFT and TPOT of closed loops of 4-64 clients
-at fixed lengths. Each row is simulated as its benchmark (`predict_row`: the lab's scheduler and KV cache, the
-exact planner's KV capacity, the step-time model), the parameters fitted on the H100 rows (`fit_vllm`) and the
-H200 rows held out. Printed: training_rms_rel_err and heldout_rms_rel_err (RMS of the TTFT and TPOT relative
-errors together, predicted / measured - 1), kvlimited_rms_rel_err (the rows whose clients' KV footprint exceeds
-the cache, in neither set), the fitted values and the stored ones (`core.planning.engine_profiles`), the same
-errors with the TensorRT-LLM profile (the baseline: what the planner priced vLLM with before), and per row:
-model, gpu, tp, isl, osl, concurrency, measured / predicted ttft and tpot (seconds), their errors and the set.
-target_met: heldout_rms_rel_err <= TARGET (issue 29). elapsed_s: the whole run (simulations and fit).
+The rows (`core.planning.published_vllm.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM on H100 /
+H200 SXM: Llama-3.1-70B FP8, Qwen3-32B bf16, gpt-oss-120b MXFP4 (the training models) and Llama-3.1-8B FP8,
+Qwen3-235B-A22B FP8 (held out whole), mean TTFT and TPOT of closed loops at fixed lengths. Each row is simulated
+as its benchmark (`predict_row`: the lab's scheduler and KV cache, the exact planner's KV capacity, the step-time
+model), FIT_NAMES fitted on the training models (`fit_vllm`). Printed: training_rms_rel_err and
+heldout_rms_rel_err (RMS of the TTFT and TPOT relative errors together, predicted / measured - 1),
+kvlimited_rms_rel_err (rows whose clients' KV footprint exceeds the cache or whose clients exceed max_num_seqs,
+in neither set), heldout_by_model and training_by_model ({model: {"ttft_rms_rel_err", "tpot_rms_rel_err",
+"rms_rel_err", "rows", "by_gpu"}}), the fitted values; the same errors with the stored profile
+(`core.planning.engine_profiles`, the single-model fit) and the TensorRT-LLM profile; without_term: the errors
+with one term of the cross-model step time switched off at the fitted values (which term moved which error);
+single_model: the stored profile on its own split (Llama-3.1-70B, H100 training, H200 held out); and per row:
+model, gpu, weight dtype, tp, ep, isl, osl, concurrency, measured / predicted ttft and tpot (seconds), their
+errors and the set. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
+RMS <= TRAINING_TARGET (issue 40). elapsed_s: the whole run (simulations and fit).
 """
 
 import json
@@ -23,7 +28,15 @@ from core.kernels.cpu_isa import cpu_description
 from core.planning import published_vllm as pv
 from core.planning.engine_profiles import VLLM_STEP_DEFAULTS, engine_step_defaults
 
-TARGET = 0.25
+TARGET = 0.25  # each held-out model's rms_rel_err (issue 40)
+TRAINING_TARGET = 0.20
+
+
+def _met(errors: dict) -> bool:
+    held_out = errors["heldout_by_model"]
+    return (len(held_out) >= 2 and any(m in pv.MOE_MODELS for m in held_out)
+            and all(e["rms_rel_err"] <= TARGET for e in held_out.values())
+            and errors["training_rms_rel_err"] <= TRAINING_TARGET)  # fmt: skip
 
 
 def _errors(rows: list[dict]) -> dict:
@@ -31,13 +44,36 @@ def _errors(rows: list[dict]) -> dict:
         "training_rms_rel_err": pv.rms_relative_error(rows, "training"),
         "heldout_rms_rel_err": pv.rms_relative_error(rows, "held out"),
         "kvlimited_rms_rel_err": pv.rms_relative_error(rows, "kv-limited"),
+        "heldout_by_model": pv.errors_by_model(rows, "held out"),
+        "training_by_model": pv.errors_by_model(rows, "training"),
+    }
+
+
+def _single_model(overrides: dict) -> dict:
+    """The stored profile's own split: Llama-3.1-70B's H100 rows (training) and H200 rows (held out)."""
+    rows = []
+    for r in pv.comparison(overrides, [row for row in pv.ROWS if row.model == "llama-3.1-70b"]):
+        held = r["row"].gpu == "h200-141gb"
+        rows.append(r | {"set": r["set"] if r["set"] == "kv-limited" else "held out" if held else "training"})
+    return {"training_rms_rel_err": pv.rms_relative_error(rows, "training"),
+            "heldout_rms_rel_err": pv.rms_relative_error(rows, "held out")}  # fmt: skip
+
+
+def _ablations(fitted: dict) -> dict:
+    """Each term of the cross-model step time switched off at the fitted values (no refit): what it moves."""
+    layers = 80  # Llama-3.1-70B's layers: one fixed cost for every model, as the single-model fit had
+    return {
+        "moe_expert_reads": {"moe_reads_all_experts": True},
+        "expert_flops_efficiency": {"expert_flops_efficiency": None},
+        "layer_overhead_s": {"layer_overhead_s": 0.0, "overhead_s": fitted["layer_overhead_s"] * layers},
     }
 
 
 def _row(r: dict) -> dict:
     row = r["row"]
     return {
-        "id": row.id, "model": row.model, "gpu": row.gpu, "tp": row.tp, "isl": row.isl, "osl": row.osl,
+        "id": row.id, "model": row.model, "gpu": row.gpu, "weight_dtype": row.weight_dtype, "tp": row.tp,
+        "ep": row.ep, "isl": row.isl, "osl": row.osl,
         "concurrency": row.concurrency, "measured_ttft_s": row.ttft_s, "predicted_ttft_s": r["ttft_s"],
         "ttft_rel_err": r["ttft_error"], "measured_tpot_s": row.tpot_s, "predicted_tpot_s": r["tpot_s"],
         "tpot_rel_err": r["tpot_error"], "set": r["set"],
@@ -52,6 +88,8 @@ def main() -> None:
     stored = _errors(pv.comparison(VLLM_STEP_DEFAULTS))
     baseline = _errors(pv.comparison(engine_step_defaults("trtllm")))
     errors = _errors(rows)
+    single = _single_model(VLLM_STEP_DEFAULTS), _single_model(engine_step_defaults("trtllm"))
+    terms = {name: _errors(pv.comparison(fitted | change)) for name, change in _ablations(fitted).items()}
     worst = sorted(rows, key=lambda r: -max(abs(r["ttft_error"]), abs(r["tpot_error"])))
     print(json.dumps({
         "cpu": cpu_description(),
@@ -59,12 +97,18 @@ def main() -> None:
                     "python": platform.python_version(), "load_average_before": load_before,
                     "load_average_after": os.getloadavg()},
         "source": pv.VLLM_SOURCE,
-        "split": {"training": "H100 SXM rows", "held_out": "H200 SXM rows (another GPU; TP 1 unseen)",
-                  "kv_limited": "C x (ISL + OSL / 2) > the planner's KV tokens: reported, not fitted"},
+        "split": {"training": f"every row of {', '.join(pv.TRAINING_MODELS)} (H100 and H200 SXM)",
+                  "held_out": f"every row of {', '.join(pv.HELD_OUT_MODELS)}: models the fit never sees",
+                  "kv_limited": "C x (ISL + OSL / 2) > the planner's KV tokens, or C > max_num_seqs: reported, "
+                                "not fitted",
+                  "attention_dp": f"{len(pv.ATTENTION_DP_ROWS)} rows served with data-parallel attention: "
+                                  "left out (not priced)"},
         "counts": {s: sum(r["set"] == s for r in rows) for s in ("training", "held out", "kv-limited")},
-        **errors, "target": TARGET, "target_met": errors["heldout_rms_rel_err"] <= TARGET,
+        **errors, "target": TARGET, "training_target": TRAINING_TARGET, "target_met": _met(errors),
         "fitted": fitted, "stored": VLLM_STEP_DEFAULTS, "stored_errors": stored,
-        "trtllm_profile_errors": baseline,
+        "trtllm_profile_errors": baseline, "without_term": terms,
+        "single_model": {"split": "Llama-3.1-70B only: H100 rows training, H200 rows held out (issue 29)",
+                         "stored": single[0], "trtllm": single[1]},
         "worst_fitted_or_held_out": [_row(r) for r in worst if r["set"] != "kv-limited"][:5],
         "rows": [_row(r) for r in rows], "elapsed_s": time.perf_counter() - started,
     }, indent=2))  # fmt: skip

@@ -235,3 +235,21 @@ class RequestError(InvalidArgumentError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.param, self.status))
+
+
+class BlockHashError(InvalidArgumentError):
+    """A block hash vLLM computes that the lab does not reproduce, or arguments it cannot hash: `feature` names
+    what was refused ("xxhash", "multimodal extra keys", "lora_path", ...); the message says what is supported."""
+
+    def __init__(self, message: str, feature: str):
+        super().__init__(message)
+        self.feature = feature
+
+
+class RoutingError(InvalidArgumentError):
+    """A fleet that cannot be routed (`core.serving.router`): an unknown routing policy (`policy` names it) or a
+    fleet of fewer than one replica. The message names the allowed policies or the bound."""
+
+    def __init__(self, message: str, policy=None):
+        super().__init__(message)
+        self.policy = policy

@@ -5,6 +5,7 @@ Figure. Units: x is seconds since the page began watching; usage in % of KV bloc
 keeps `sequence_color` of its position in the list of sources; the fleet (their sum) is black throughout.
 """
 
+import html
 from collections.abc import Mapping
 
 import pandas as pd
@@ -12,6 +13,7 @@ import plotly.graph_objects as go
 
 from core.live.histogram import Histogram
 from core.live.history import FLEET
+from core.live.prompt_lookup import first_words
 from core.live.tree import CachedBlockTree, Pool
 from core.planning.observed.compare import Comparison
 from core.planning.observed.planned import PlannedVsObserved
@@ -125,10 +127,18 @@ def latency_figure(histograms: Mapping[str, Histogram | None]) -> go.Figure:
     return _layout(fig, "Latency percentiles from the histograms (estimates within a bucket)")
 
 
-def tree_figure(tree: CachedBlockTree, pools: list[Pool] | None = None, max_nodes: int = MAX_TREE_NODES):
+def tree_figure(
+    tree: CachedBlockTree,
+    pools: list[Pool] | None = None,
+    max_nodes: int = MAX_TREE_NODES,
+    texts: Mapping | None = None,
+):
     """An icicle of the cached blocks: one band per pool (KV cache group, medium), under it the prefix chains,
     each block sized by itself plus the cached blocks below it. Shallow and large subtrees come first; past
-    `max_nodes` the rest is left out (the space stays, sized by its parent). Returns (figure, nodes drawn)."""
+    `max_nodes` the rest is left out (the space stays, sized by its parent). `texts` (block hash -> the server's
+    text of its tokens): a block found there is labelled with its first words, else with its hash. Returns
+    (figure, nodes drawn)."""
+    texts = texts or {}
     ids, parents, values, labels, hovers = [], [], [], [], []
     budget = max_nodes
     for pool in pools if pools is not None else tree.pools():
@@ -148,11 +158,14 @@ def tree_figure(tree: CachedBlockTree, pools: list[Pool] | None = None, max_node
             ids.append(f"{pool_id}/{_full(p.block.block_hash)}")
             parents.append(pool_id if p.depth == 1 else f"{pool_id}/{_full(parent)}")
             values.append(1 + p.blocks_below)
-            labels.append(_short(p.block.block_hash))
+            text = texts.get(p.block.block_hash)
+            labels.append(_short(p.block.block_hash) if text is None else html.escape(first_words(text)))
             tokens = " ".join(str(t) for t in p.block.token_ids[:8])
+            shown = "" if text is None else "<br>text " + html.escape(" ".join(text.split())[:120])
             hovers.append(
                 f"depth {p.depth}, {p.blocks_below:,} cached blocks below, {p.leaves:,} chains<br>tokens {tokens}"
                 + (" …" if len(p.block.token_ids) > 8 else "")
+                + shown
             )
         budget -= len(chosen)
     fig = go.Figure(

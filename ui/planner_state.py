@@ -9,6 +9,12 @@ from typing import Any
 
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.page_models.planner import CUSTOM, SCENARIO_KEYS, WORKLOAD_KEYS, WORKLOADS
+from core.planning.cpu_kv import (
+    CPU_DEFAULT_BLOCK_SIZE,
+    CPU_KV_CACHE_DTYPES,
+    CPU_MODEL_DTYPES,
+    MAX_KV_CACHE_SPACE_GIB,
+)
 from core.planning.hardware import GPUS
 from core.planning.kv_accounting import (
     BLOCK_SIZES,
@@ -43,6 +49,7 @@ def scenario_fields(prefix: str) -> list[Field]:
         Field(
             f"{p}ckpt", None, "int", minimum=1, maximum=2**50, optional=True, label="checkpoint bytes (index)"
         ),
+        Field(f"{p}offload", 0.0, "float", minimum=0, maximum=4096, step=10, label="host KV tier, GiB"),
     ]
     assert tuple(f.key[len(p) :] for f in fields) == SCENARIO_KEYS
     return fields
@@ -151,7 +158,17 @@ assert tuple(f.key for f in WORKLOAD_FIELDS[1:]) == WORKLOAD_KEYS
 # load Streamlit's table and JSON viewers, which a browser fetches and runs before it draws the charts).
 VIEW_FIELDS = [Field("presets", False, "bool", label="show the presets")]
 
-ALL_FIELDS = scenario_fields("a_") + scenario_fields("b_") + WORKLOAD_FIELDS + VIEW_FIELDS
+# vLLM on a CPU: scenario A's model in VLLM_CPU_KVCACHE_SPACE (core.planning.cpu_kv), drawn when `cpu` is on.
+CPU_FIELDS = [
+    Field("cpu", False, "bool", label="plan vLLM on a CPU"),
+    Field("cpu_gib", 4, "int", minimum=1, maximum=MAX_KV_CACHE_SPACE_GIB, step=1,
+          label="VLLM_CPU_KVCACHE_SPACE, GiB"),
+    Field("cpu_block", CPU_DEFAULT_BLOCK_SIZE, "choice", (32, 64, 128, 256, 512), label="CPU block size, tokens"),
+    Field("cpu_dtype", "auto", "choice", CPU_MODEL_DTYPES, label="vllm serve --dtype"),
+    Field("cpu_kvdtype", "auto", "choice", CPU_KV_CACHE_DTYPES, label="CPU KV cache dtype"),
+]  # fmt: skip
+
+ALL_FIELDS = scenario_fields("a_") + scenario_fields("b_") + WORKLOAD_FIELDS + VIEW_FIELDS + CPU_FIELDS
 FIELDS = {field.key: field for field in ALL_FIELDS}
 
 
@@ -164,7 +181,12 @@ def url_params(values: dict[str, Any]) -> dict[str, str]:
             skip |= {f"{prefix}gpu_mem", f"{prefix}gpu_bw", f"{prefix}gpu_tflops"}
         if values[f"{prefix}model"] != CUSTOM:
             skip.add(f"{prefix}config")
-        for key, default in (("mbt", DEFAULT_MAX_NUM_BATCHED_TOKENS), ("hybrid", True), ("ckpt", None)):
+        for key, default in (
+            ("mbt", DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            ("hybrid", True),
+            ("ckpt", None),
+            ("offload", 0.0),
+        ):
             if values.get(f"{prefix}{key}", default) == default:
                 skip.add(f"{prefix}{key}")  # only a changed setting goes into the URL
     if not values["compare"]:
@@ -173,4 +195,6 @@ def url_params(values: dict[str, Any]) -> dict[str, str]:
         skip |= {"wl_prompt", "wl_output"}
     if not values.get("presets"):
         skip.add("presets")
+    if not values.get("cpu"):
+        skip |= {f.key for f in CPU_FIELDS}
     return {k: v for k, v in encode_params(values, ALL_FIELDS).items() if k not in skip}

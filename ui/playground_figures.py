@@ -6,24 +6,42 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from core.kv import KVCacheSnapshot
-from core.page_models.playground import HistoryEntry
+from core.kv import HostTier, KVCacheSnapshot
+from core.page_models.playground import HistoryEntry, HostMoves
 from ui.axes import integer_ticks
 from ui.block_grid import step_colorscale
 from ui.theme import CACHED_BLOCK_COLOR, FREE_BLOCK_COLOR, POLICY_COLORS, sequence_color
+
+DOWN, UP = "↓", "↑"  # a block whose KV went down to the host tier / came up from it in the last action
+HOST_HELD_COLOR = "#9ecae1"  # a host block holding KV
+HOST_STORED_COLOR = "#3182bd"  # stored (gone down) by the last action
+HOST_LOADED_COLOR = "#e6550d"  # loaded (come up) by the last action
 
 ROW_LABEL_PX = 16  # at least this far apart: a 12 px tick label and a gap
 MIN_PLOT_PX = 170  # a grid at least as tall as its row axis's title ("block id at row start")
 
 
+def hbm_marks(moves: HostMoves) -> dict[int, str]:
+    """GPU block -> "↓" (its KV was copied down to the host tier by the last action) or "↑" (loaded into it
+    from the host tier by the last action)."""
+    marks = dict.fromkeys(moves.stored_from, DOWN)
+    marks.update(dict.fromkeys((dst for _, dst in moves.loaded), UP))
+    return marks
+
+
 def block_heatmap(
-    snapshot: KVCacheSnapshot, color_index: Mapping, columns: int | None = None, title: str | None = None
+    snapshot: KVCacheSnapshot,
+    color_index: Mapping,
+    columns: int | None = None,
+    title: str | None = None,
+    marks: Mapping[int, str] | None = None,
 ) -> go.Figure:
     """The physical block pool as a grid, block 0 top left, row-major.
 
     Colour = owning sequence (its stable `color_index`), light grey = free, grey = free but cached.
     Shared blocks (ref count > 1) carry a "×n" label; each cell shows its fill (tokens stored) when the grid is
-    small enough to read; hover gives block id, owners, fill and ref count.
+    small enough to read; hover gives block id, owners, fill and ref count. `marks` (block -> "↓" / "↑", see
+    `hbm_marks`) are drawn first in their cells and named in the hover.
     """
     n = snapshot.num_blocks
     columns = columns or max(1, min(32, math.ceil(math.sqrt(n * 2))))
@@ -32,6 +50,10 @@ def block_heatmap(
     z = np.full(rows * columns, np.nan)
     z[:n] = codes + 0.5  # the middle of code k's colour band
     hover, text = _cell_texts(snapshot, rows * columns)
+    for block, mark in (marks or {}).items():
+        moved = "stored to the host tier" if mark == DOWN else "loaded from the host tier"
+        text[block] = f"{mark}{text[block]}"
+        hover[block] += f"<br>{mark} {moved} by the last action"
     figure = go.Figure(
         go.Heatmap(
             z=z.reshape(rows, columns),
@@ -59,6 +81,65 @@ def block_heatmap(
                 x=[None], y=[None], mode="markers", name=str(seq), marker={"color": keys[code], "size": 12}
             )
         )
+    return figure
+
+
+def host_tier_heatmap(tier: HostTier, moves: HostMoves, columns: int | None = None) -> go.Figure:
+    """The host tier's blocks as a grid, host block 0 top left, row-major, beside the HBM grid.
+
+    Colour: free; holding KV; stored by the last action ("↓", its KV gone down from HBM); loaded by the last
+    action ("↑", its KV come up into HBM on a hit). Hover: host block id, its state, tokens it spans."""
+    n = tier.num_blocks
+    columns = columns or max(1, min(32, math.ceil(math.sqrt(n * 2))))
+    rows = math.ceil(n / columns)
+    held = {tier.host_block(key) for key in tier.stored_keys()}
+    stored = set(moves.stored)
+    loaded = {src for src, _ in moves.loaded}
+    keys = [FREE_BLOCK_COLOR, HOST_HELD_COLOR, HOST_STORED_COLOR, HOST_LOADED_COLOR]
+    names = [
+        "free",
+        f"holding KV ({len(held):,} in all)",
+        f"{DOWN} stored by the last action",
+        f"{UP} loaded by the last action",
+    ]
+    z = np.full(rows * columns, np.nan)
+    hover = np.full(rows * columns, "", dtype=object)
+    text = np.full(rows * columns, "", dtype=object)
+    span = tier.tokens_per_host_block
+    for block in range(n):
+        code = 3 if block in loaded else 2 if block in stored else 1 if block in held else 0
+        z[block] = code + 0.5
+        text[block] = {3: UP, 2: DOWN}.get(code, "")
+        hover[block] = f"host block {block}<br>{names[code]}<br>{span} tokens"
+    figure = go.Figure(
+        go.Heatmap(
+            z=z.reshape(rows, columns),
+            zmin=0,
+            zmax=len(keys),
+            colorscale=step_colorscale(keys),
+            showscale=False,
+            xgap=2,
+            ygap=2,
+            text=text.reshape(rows, columns),
+            texttemplate="%{text}",
+            customdata=hover.reshape(rows, columns),
+            hovertemplate="%{customdata}<extra></extra>",
+        )
+    )
+    _grid_layout(
+        figure,
+        rows,
+        columns,
+        f"Host tier ({n:,} × {span} tokens, {tier.policy.upper()})",
+    )
+    for name, color in zip(names, keys, strict=True):  # a legend: one invisible trace per state
+        figure.add_trace(
+            go.Scatter(x=[None], y=[None], mode="markers", name=name, marker={"color": color, "size": 12})
+        )
+    figure.update_layout(
+        legend={"orientation": "h", "y": -0.02, "yanchor": "top"}
+    )  # below: the grid keeps its width
+    figure.update_layout(height=figure.layout.height + 60, margin={"b": 70})
     return figure
 
 

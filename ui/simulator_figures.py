@@ -275,6 +275,49 @@ def running_waiting_figure(steps: dict[str, pd.DataFrame]) -> go.Figure:
     return _layout(fig, "Running and waiting requests")
 
 
+TIER_COLORS = {"HBM": "#2ca02c", "host": "#3182bd", "prefill": "#7f7f7f"}
+
+
+def tier_hits_table(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per admitted request, in admission order: admit time (s) and the cumulative prompt tokens served by HBM's
+    prefix cache, loaded from the host tier, and prefilled (computed), from the run's requests frame
+    (`prefix_hit_tokens` counts both tiers, `host_hit_tokens` the host tier's share)."""
+    admitted = requests[requests["admit_time"].notna()].sort_values("admit_time", kind="stable")
+    host = admitted["host_hit_tokens"].to_numpy(dtype=np.int64)
+    hits = admitted["prefix_hit_tokens"].to_numpy(dtype=np.int64)
+    prompt = admitted["prompt_len"].to_numpy(dtype=np.int64)
+    return pd.DataFrame(
+        {
+            "admit_time_s": admitted["admit_time"].to_numpy(dtype=float),
+            "HBM": np.cumsum(hits - host),
+            "host": np.cumsum(host),
+            "prefill": np.cumsum(prompt - hits),
+        }
+    )
+
+
+def tier_hits_figure(requests: pd.DataFrame) -> go.Figure:
+    """Where the paged run's prompt tokens came from over time: HBM's prefix cache, the host tier (loaded over
+    the host link), or prefill (computed); cumulative, by admission time."""
+    table = thin(tier_hits_table(requests))
+    fig = go.Figure()
+    names = {"HBM": "hit in HBM", "host": "loaded from the host tier", "prefill": "prefilled (computed)"}
+    for column, name in names.items():
+        fig.add_trace(
+            go.Scatter(
+                x=table["admit_time_s"],
+                y=table[column],
+                name=name,
+                mode="lines",
+                line={"color": TIER_COLORS[column], "width": 2, "shape": "hv"},
+                hovertemplate=f"t=%{{x:,.1f}} s<br>%{{y:,}} tokens {name}<extra></extra>",
+            )
+        )
+    fig.update_xaxes(title="simulated time (s)", rangemode="tozero")
+    fig.update_yaxes(title="prompt tokens, cumulative", tickformat=",d", rangemode="tozero")
+    return _layout(fig, "Prompt tokens by KV tier (paged)")
+
+
 def attention_latency_figure(table: pd.DataFrame) -> go.Figure:
     """Measured decode attention per sampled step: paged (through the block tables) vs contiguous (padded to the
     batch's longest sequence)."""

@@ -8,6 +8,7 @@ says so and falls back to the generated workload. No streamlit here.
 import math
 from typing import Any
 
+from core.kv.host_tier import OFFLOAD_POLICIES
 from core.page_models.simulator import (
     CAPACITY_SOURCES,
     DATASETS,
@@ -48,6 +49,16 @@ FIELDS = [
     Field("block_size", D.block_size, "choice", BLOCK_SIZES, label="block size, tokens"),
     Field("prefix_caching", D.enable_prefix_caching, "bool", label="prefix caching"),
     Field("hybrid", False, "bool", label="hybrid KV cache manager"),
+    Field(
+        "kv_offload_gib",
+        D.kv_offload_gib,
+        "float",
+        minimum=0.0,
+        maximum=4096.0,
+        step=1.0,
+        label="host KV tier, GiB",
+    ),
+    Field("offload_policy", D.offload_policy, "choice", OFFLOAD_POLICIES, label="host tier eviction"),
     Field("max_num_seqs", D.max_num_seqs, "int", minimum=1, maximum=4096, step=1, label="max_num_seqs"),
     Field(
         "max_tokens",
@@ -84,6 +95,8 @@ def url_params(values: dict[str, Any]) -> dict[str, str]:
         skip.add("saturate")
     if not values["measure"]:
         skip.add("budget_s")
+    if not values["kv_offload_gib"]:
+        skip.add("offload_policy")
     return {k: v for k, v in encode_params(values, FIELDS).items() if k not in skip}
 
 
@@ -115,4 +128,6 @@ def params_from(values: dict[str, Any]) -> SimulatorParams:
         swap_space_gib=float(values["swap_gib"]),
         overhead_ms=float(values["overhead_ms"]),
         kv_groups=model_kv_groups(values["model"]) if values["hybrid"] else None,
+        kv_offload_gib=float(values["kv_offload_gib"]),
+        offload_policy=values["offload_policy"],
     )

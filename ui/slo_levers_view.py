@@ -11,6 +11,7 @@ import streamlit as st
 from core.planning.models import MODELS
 from core.serving.steady_state import SteadyStateSettings
 from ui.charts import cached_dataframe
+from ui.metric_cards import Card, metric_cards
 
 STEADY = SteadyStateSettings()  # predict's own settings: the tolerance and cap its `converged` refers to
 
@@ -38,6 +39,8 @@ def lever_inputs(w: Callable[..., Any]) -> None:
         )
         w(st.number_input, "Turns per conversation (--turns)", "turns")
         w(st.number_input, "Seconds between a chat's turns (--turn-gap)", "turn_gap")
+        w(st.number_input, "Host KV tier per replica, GiB (--kv-offload-gib; 0: none)", "offload")
+        w(st.selectbox, "Host tier eviction (--offload-policy)", "offload_policy")
     with c2:
         st.markdown("**Speculative decoding**")
         w(st.number_input, "Speculative tokens K (--spec-tokens; 0: none)", "spec_k")
@@ -59,50 +62,82 @@ def lever_inputs(w: Callable[..., Any]) -> None:
         w(st.selectbox, "KV link (--kv-link; auto: NVLink within 8 GPUs)", "kv_link")
 
 
-def show_agg_figures(p: dict, params) -> None:
+def agg_cards(p: dict, params) -> list[Card]:
     """An aggregated deployment: its layout, throughput, mean batch, KV-limited, converged."""
-    c = st.columns(6)
-    c[0].metric("Deployment", f"{p['deployment']['num_gpus']} × {p['deployment']['gpu']}")
-    c[1].metric("TP × PP × replicas", f"{params.tp} × {params.pp} × {params.replicas}")
     throughput = p["throughput_tokens_per_s"]
-    c[2].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
-    c[3].metric("Mean running batch", f"{p['mean_running_batch']:.3g}", help="per replica")
-    c[4].metric("KV-limited", "yes" if p["kv_limited"] else "no",
-                help="the KV cache, not compute, held requests back: queueing for blocks or preemption")  # fmt: skip
-    c[5].metric("Converged", "yes" if p["converged"] else "no",
-                help=f"every percentile's 95% interval within {STEADY.tolerance:.0%} of its value")  # fmt: skip
+    return [
+        Card("Deployment", f"{p['deployment']['num_gpus']} × {p['deployment']['gpu']}"),
+        Card("TP × PP × replicas", f"{params.tp} × {params.pp} × {params.replicas}"),
+        Card("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s"),
+        Card("Mean running batch", f"{p['mean_running_batch']:.3g}", "per replica"),
+        Card(
+            "KV-limited",
+            "yes" if p["kv_limited"] else "no",
+            "the KV cache, not compute, held requests back: queueing for blocks or preemption",
+        ),
+        Card(
+            "Converged",
+            "yes" if p["converged"] else "no",
+            f"every percentile's 95% interval within {STEADY.tolerance:.0%} of its value",
+        ),
+    ]
 
 
-def show_disagg_figures(p: dict) -> None:
+def disagg_cards(p: dict) -> list[Card]:
     """A disaggregated deployment: how its GPUs split, the KV transfer and its link's load."""
-    c = st.columns(5)
-    c[0].metric("Mode", p["mode"])
-    c[1].metric("Prefill / decode GPUs", f"{p['prefill_gpus']} + {p['decode_gpus']}",
-                help=f"prefill: {p['deployment']['prefill_workers']} worker(s) of tp {p['deployment']['prefill_tp']}; "
-                f"decode: {p['deployment']['decode_workers']} of tp {p['deployment']['decode_tp']}")  # fmt: skip
-    c[2].metric("KV transfer per request", latency_text(p["kv_transfer_s"]),
-                help=f"{p['kv_bytes_per_request']:,} bytes over {p['kv_link']}")  # fmt: skip
-    c[3].metric("KV link utilization", f"{p['kv_link_utilization']:.3g}", help="1 or more: no steady state")
-    throughput = p["throughput_tokens_per_s"]
-    c[4].metric("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s")
+    d, throughput = p["deployment"], p["throughput_tokens_per_s"]
+    return [
+        Card("Mode", p["mode"]),
+        Card(
+            "Prefill / decode GPUs",
+            f"{p['prefill_gpus']} + {p['decode_gpus']}",
+            f"prefill: {d['prefill_workers']} worker(s) of tp {d['prefill_tp']}; "
+            f"decode: {d['decode_workers']} of tp {d['decode_tp']}",
+        ),
+        Card(
+            "KV transfer per request",
+            latency_text(p["kv_transfer_s"]),
+            f"{p['kv_bytes_per_request']:,} bytes over {p['kv_link']}",
+        ),
+        Card("KV link utilization", f"{p['kv_link_utilization']:.3g}", "1 or more: no steady state"),
+        Card("Output throughput", "—" if throughput is None else f"{throughput:,.0f} tok/s"),
+    ]
 
 
-def show_lever_figures(p: dict) -> None:
+def lever_cards(p: dict) -> list[Card]:
     """TTFT with the prefix-hit rate beside it (prompts sharing tokens), the mean accepted length
     (speculation), and output tokens/s per GPU."""
-    c = st.columns(5)
-    c[0].metric("TTFT p50 (predicted)", latency_text(p["ttft_p50_s"]))
-    c[1].metric("TTFT p99 (predicted)", latency_text(p["ttft_p99_s"]))
     per_gpu = p.get("tokens_per_s_per_gpu")
-    c[2].metric("Output tokens/s per GPU", "—" if per_gpu is None else f"{per_gpu:,.0f}")
+    cards = [
+        Card("TTFT p50 (predicted)", latency_text(p["ttft_p50_s"])),
+        Card("TTFT p99 (predicted)", latency_text(p["ttft_p99_s"])),
+        Card("Output tokens/s per GPU", "—" if per_gpu is None else f"{per_gpu:,.0f}"),
+    ]
     hit = p["prefix_hit_rate"] if p["mode"] == "agg" else p["prefill"]["prefix_hit_rate"]
     if hit is not None:
-        c[3].metric(
-            "Prefix-hit rate", f"{hit:.3f}", help="prompt tokens served from the prefix cache / prompt tokens"
+        host = (
+            p.get("host_hit_rate") if p["mode"] == "agg" and p["deployment"].get("kv_offload_gib") else None
+        )
+        cards.append(
+            Card(
+                "Prefix-hit rate",
+                f"{hit:.3f}"
+                if host is None
+                else f"{hit:.3f} = {p['gpu_hit_rate']:.3f} HBM + {host:.3f} host",
+                "prompt tokens served from the prefix cache (HBM, then the host tier) / prompt tokens",
+            )
         )
     if p.get("mean_accepted_len") is not None:
-        c[4].metric("Mean accepted length", f"{p['mean_accepted_len']:.3g} tokens/step",
-                    help="tokens one speculative step emits per sequence: 1 + a1 + a1 a2 + ...")  # fmt: skip
+        accepted = f"{p['mean_accepted_len']:.3g} tokens/step"
+        meaning = "tokens one speculative step emits per sequence: 1 + a1 + a1 a2 + ..."
+        cards.append(Card("Mean accepted length", accepted, meaning))
+    return cards
+
+
+def show_prediction_figures(p: dict, params) -> None:
+    """The prediction's metric cards: the deployment's (aggregated or disaggregated), then the levers'."""
+    own = disagg_cards(p) if p["mode"] == "disagg" else agg_cards(p, params)
+    metric_cards([*own, *lever_cards(p)])
 
 
 def percentiles_caption(p: dict) -> str:

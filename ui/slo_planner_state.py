@@ -83,6 +83,8 @@ LEVER_FIELDS = [
     Field("d_workers", P.decode_workers, "int", maximum=1024, step=1, label="decode workers"),
     Field("d_tp", P.decode_tp, "int", maximum=64, step=1, label="decode TP"),
     Field("kv_link", "auto", "choice", ("auto", *KV_LINKS), label="KV link"),
+    Field("offload", P.kv_offload_gib, "float", maximum=4096.0, step=10.0, label="host KV tier, GiB"),
+    Field("offload_policy", P.offload_policy, "choice", ("lru", "arc"), label="host tier eviction"),
 ]
 
 PREDICT_FIELDS = [
@@ -193,4 +195,5 @@ def predict_params_from(values: dict[str, Any]) -> SloPredictParams:
         prefill_workers=int(values["p_workers"]), prefill_tp=int(values["p_tp"]),
         decode_workers=int(values["d_workers"]), decode_tp=int(values["d_tp"]),
         kv_link=None if values["kv_link"] == "auto" else values["kv_link"],
+        kv_offload_gib=float(values["offload"]), offload_policy=values["offload_policy"],
     )  # fmt: skip

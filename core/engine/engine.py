@@ -73,6 +73,8 @@ class Engine:
     over ONE pool of `num_blocks` blocks of `block_size` tokens, and layer l reads and writes through the tables of
     group `layer_group[l]`. enable_kv_cache_events: the manager's pool queues vLLM's KV cache events (BlockStored
     as computed blocks enter the prefix cache, BlockRemoved on eviction); drain them with `manager.take_events()`.
+    block_hasher: the manager's block key (`core.kv.block_hash`; None: Python's hash), e.g. a `VllmBlockHasher`
+    so that the events carry the hashes a vLLM server would send.
 
     Sliding window: a group of sliding-window layers (window W; every layer for Mistral-7B-v0.1, some for
     Gemma-2 style `layer_types` or Qwen2's `max_window_layers`) releases, once c tokens are computed, the blocks
@@ -97,6 +99,7 @@ class Engine:
         max_snapshots: int = 100,
         warmup: bool = True,
         enable_kv_cache_events: bool = False,
+        block_hasher=None,
     ):
         block_size = check_int(block_size, "block_size", minimum=1, maximum=1024)
         max_num_seqs = check_int(max_num_seqs, "max_num_seqs", minimum=1)
@@ -128,6 +131,7 @@ class Engine:
             num_blocks,
             enable_prefix_caching=enable_prefix_caching,
             enable_kv_cache_events=self.enable_kv_cache_events,
+            **({} if block_hasher is None else {"block_hasher": block_hasher}),
         )
         self.memory = EngineMemory(self.manager, self.cache, self.layer_group)
         self.max_num_seqs = max_num_seqs

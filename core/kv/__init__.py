@@ -12,6 +12,9 @@
 - `single_type_manager`: one group's block tables by layer kind (full, sliding window, chunked local, Mamba).
 - `kv_cache_manager`: `KVCacheManager`, every group of a model over one pool: allocate, mark_computed,
   append_token, fork (copy-on-write), free, block_ids.
+- `host_tier`: `HostTier`, the host-memory tier behind the pool (vLLM's native CPU offloading): its capacity
+  by vLLM's arithmetic (`host_tier_num_blocks`), stores as blocks are computed, LRU / ARC eviction, the
+  `HostLoad` copies a host hit lists for the executor, events with medium "CPU".
 - `snapshot`: `KVCacheSnapshot`, a frozen picture of a pool for plots and tests.
 """
 
@@ -24,6 +27,7 @@ from core.kv.events import (
     decode_event_batch,
     encode_event_batch,
 )
+from core.kv.host_tier import HostLoad, HostTier, host_tier_num_blocks
 from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.single_type_manager import BlockCopy, KVCacheBlocks
 from core.kv.snapshot import KVCacheSnapshot
@@ -44,6 +48,8 @@ __all__ = [
     "BlockStored",
     "ChunkedLocalAttentionSpec",
     "FullAttentionSpec",
+    "HostLoad",
+    "HostTier",
     "KVCacheBlocks",
     "KVCacheManager",
     "KVCacheSnapshot",
@@ -54,4 +60,5 @@ __all__ = [
     "SlidingWindowSpec",
     "decode_event_batch",
     "encode_event_batch",
+    "host_tier_num_blocks",
 ]

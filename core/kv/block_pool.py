@@ -19,12 +19,20 @@ Invariants (checked by tests/kv against a brute-force model):
   freed first (LRU). Callers free a request's blocks last to first, so its tail is evicted before its head (the
   most shareable prefix). vLLM keeps one queue for both states; preferring empty blocks over cached ones keeps
   more of the cache and is the order this lab's BlockManager has always shown.
+- Block hashes are the keys the managers compute (`core.kv.block_hash`): ints, or vLLM's 32-byte digests, which
+  events carry as their low 64 bits (`event_block_hash`), as vLLM's do.
 - Events (when enabled, drained by `take_events`): BlockStored when blocks enter the cache (one event per
   `cache_blocks` chain, split where a block was already cached), BlockRemoved when a free cached block is
   evicted because its slot is taken, AllBlocksCleared on `reset_prefix_cache`. Freeing a request emits nothing.
 - `usage` = 1 - num_free_blocks / num_blocks (vLLM divides by num_blocks - 1 because its block 0 is a reserved
   null block; this pool has none: released table entries are -1 instead).
 - Every public method either succeeds or raises a `LabError` with the pool unchanged.
+
+The offload seam (vLLM's KV connector, here only its native host-memory backend): `offload` is None or a
+`core.kv.host_tier.HostTier`. When set, every chain `cache_blocks` registers (newly computed full blocks, those
+whose hash was cached already included) is offered to it afterwards: the tier stores what it does not hold, so
+it is inclusive of HBM. Evicting a block here does not store it (vLLM stores as blocks are produced, not on
+eviction). The lookup side is `KVCacheManager`'s: a hit continues from this pool's longest hit into the tier.
 """
 
 from collections import OrderedDict, deque
@@ -33,6 +41,7 @@ from itertools import chain
 
 from core.common import check_int
 from core.errors import InvalidArgumentError, OutOfBlocksError
+from core.kv.block_hash import event_block_hash
 from core.kv.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from core.kv.specs import KVCacheSpec, SlidingWindowSpec
 
@@ -65,6 +74,7 @@ class BlockPool:
         self._block_group: list[int] = [-1] * self.num_blocks  # the group of a cached block
         self._events: list[KVEvent] = []
         self.num_evicted_blocks = 0  # cached blocks evicted to reuse their slots, since construction
+        self.offload = None  # the offload seam: a HostTier offered each cached chain (module docstring)
 
     # ---- counts -----------------------------------------------------------------------------------------
 
@@ -107,6 +117,18 @@ class BlockPool:
     def cached_hashes(self) -> set[tuple[int, int]]:
         """Every (group index, block hash) in the prefix cache now."""
         return {(group, h) for group, cache in enumerate(self._cached) for h in cache}
+
+    def num_leading_cached(self, group: int, block_hashes) -> int:
+        """How many leading keys of `block_hashes` (one prompt's chained full-block keys) `group` caches now, by
+        key alone, as a router that learns a replica's keys from its BlockStored / BlockRemoved events knows
+        them (a lookup to allocate also compares tokens: `get_cached`). Changes nothing."""
+        cache = self._cached[group]
+        count = 0
+        for block_hash in block_hashes:
+            if block_hash not in cache:
+                break
+            count += 1
+        return count
 
     def cached_blocks(self, group: int) -> list[int]:
         """The block ids in `group`'s prefix cache now (held or free)."""
@@ -154,7 +176,9 @@ class BlockPool:
         self._block_group[block] = -1
         self.num_evicted_blocks += 1
         if self.enable_kv_cache_events:
-            self._events.append(BlockRemoved(block_hashes=[block_hash], medium=MEDIUM_GPU, group_idx=group))
+            self._events.append(
+                BlockRemoved(block_hashes=[event_block_hash(block_hash)], medium=MEDIUM_GPU, group_idx=group)
+            )
 
     def touch(self, block: int) -> None:
         """One more reference to `block`: a prefix-cache hit (a free cached block is revived, O(1)) or a fork."""
@@ -218,11 +242,14 @@ class BlockPool:
         hashes: Sequence[int],
         parent_hash: int | None,
         token_ids: Sequence[int],
+        first_block: int = 0,
     ) -> int:
         """Register a chain of newly full, computed blocks of `group`: blocks[i] holds
         token_ids[i*B:(i+1)*B] (B = the group's block size) under hashes[i], whose parent is hashes[i-1]
         (`parent_hash` for i = 0). Blocks already cached, or whose hash the group caches already, are skipped.
-        Emits one BlockStored per run of newly cached blocks. Returns how many entered the cache."""
+        Emits one BlockStored per run of newly cached blocks. Returns how many entered the cache.
+        `first_block`: the logical index of blocks[0] in its request (the offload seam aligns host blocks on
+        it); the whole chain is then offered to `offload` when set."""
         bs = self.group_specs[group].block_size
         cache = self._cached[group]
         events = self.enable_kv_cache_events
@@ -250,6 +277,8 @@ class BlockPool:
             parent = block_hash
         if run_hashes:
             self._flush_run(group, run_hashes, run_parent, token_ids, run_start, bs)
+        if self.offload is not None:
+            self.offload.offer(hashes, parent_hash, token_ids, first_block)
         return added
 
     def _flush_run(self, group, hashes, parent, token_ids, start, bs) -> None:
@@ -261,6 +290,9 @@ class BlockPool:
         self, group: int, hashes: list[int], parent: int | None, tokens: Sequence
     ) -> BlockStored:
         spec = self.group_specs[group]
+        if isinstance(hashes[0], bytes):  # vLLM's digests (`VllmBlockHasher`): events carry their low 64 bits
+            hashes = [event_block_hash(h) for h in hashes]
+            parent = None if parent is None else event_block_hash(parent)
         return BlockStored(
             block_hashes=hashes,
             parent_block_hash=parent,

@@ -115,7 +115,7 @@ class BulkDecode:
             return -1
         bs, table = manager.block_size, rec.table
         keys = req.hashes.setdefault(bs, [])
-        extend_block_hashes(keys, req.token_ids, bs, computed // bs)
+        extend_block_hashes(keys, req.token_ids, bs, computed // bs, self.block_hasher)
         shared = -1
         if (
             len(table) > rec.first_held

@@ -34,6 +34,7 @@ import msgspec
 from core.errors import KVEventDecodeError
 
 MEDIUM_GPU = "GPU"  # the `medium` of the device KV cache ("CPU" / "STORAGE" for offloaded tiers)
+MEDIUM_CPU = "CPU"  # the `medium` of the host-memory tier (`core.kv.host_tier`, vLLM's native offloading)
 
 BlockHash = int | bytes
 

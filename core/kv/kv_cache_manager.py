@@ -23,7 +23,14 @@ brute-force model):
 - A refused call (OutOfBlocksError, UnknownSequenceError, DuplicateSequenceError, InvalidArgumentError)
   changes nothing: capacity is checked before anything is taken.
 - Counters, in tokens, as vLLM's `prefix_cache_queries` / `prefix_cache_hits`: each allocated prompt adds its
-  length to queries and its hit tokens to hits (only while prefix caching is on).
+  length to queries and its hit tokens to hits (only while prefix caching is on). With a host tier,
+  `prefix_cache_hits` counts both tiers, `gpu_cache_hits` + `host_cache_hits` == `prefix_cache_hits`.
+- Host tier (`host_tier`, vLLM's native CPU offloading; one full-attention group with prefix caching on): the
+  pool offers every computed chain to it (`BlockPool.offload`); a prompt's hit is the pool's longest hit, then
+  the tier's consecutive run after it (never the last prompt token). The host-hit blocks take new GPU blocks,
+  count as computed, and are listed as `HostLoad(src, dst)` by `take_host_loads()`, which the executor copies
+  before the request's first step (as it copies a `BlockCopy`). They enter the pool's prefix cache at the next
+  `mark_computed`.
 """
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -32,10 +39,11 @@ from math import lcm
 
 from core.common import check_int
 from core.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
-from core.kv.block_hash import extend_block_hashes
+from core.kv.block_hash import event_block_hash, extend_block_hashes, hash_block_tokens
 from core.kv.block_pool import BlockPool
 from core.kv.bulk_decode import BulkDecode
 from core.kv.events import KVEvent
+from core.kv.host_tier import HostLoad, HostTier
 from core.kv.request import KVRequest, check_kv_token_ids
 from core.kv.single_type_manager import (
     BlockCopy,
@@ -53,6 +61,9 @@ class KVCacheManager(BulkDecode):
 
     enable_prefix_caching: computed full blocks are cached by chained hash and reused by later prompts.
     enable_kv_cache_events: the pool queues vLLM's KV cache events; drain them with `take_events()`.
+    block_hasher: the chained key of a full block, `block_hasher(parent key or None, tokens)`
+    (`core.kv.block_hash`): Python's hash by default, or a `VllmBlockHasher` for the keys a vLLM server uses
+    (its events then carry the same hashes as vLLM's).
     Request ids are any hashable values.
     """
 
@@ -63,12 +74,15 @@ class KVCacheManager(BulkDecode):
         *,
         enable_prefix_caching: bool = False,
         enable_kv_cache_events: bool = False,
+        host_tier: HostTier | None = None,
+        block_hasher=hash_block_tokens,
     ):
         groups = tuple(groups)
         if not groups or not all(isinstance(spec, KVCacheSpec) for spec in groups):
             raise InvalidArgumentError(f"groups must be a non-empty list of KV cache specs, got {groups!r}")
         self.groups = groups
         self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.block_hasher = block_hasher
         self.pool = BlockPool(num_blocks, groups, enable_kv_cache_events=enable_kv_cache_events)
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             manager_for(spec, self.pool, index) for index, spec in enumerate(groups)
@@ -79,7 +93,36 @@ class KVCacheManager(BulkDecode):
         self._one_full_group = self._all_full and len(self.managers) == 1
         self._requests: dict[Hashable, KVRequest] = {}
         self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
-        self.prefix_cache_hits = 0  # of those, tokens served by it
+        self.prefix_cache_hits = 0  # of those, tokens served by it (both tiers)
+        self.gpu_cache_hits = 0  # of those, tokens served by the GPU pool
+        self.host_cache_hits = 0  # of those, tokens loaded from the host tier
+        self.host_tier = self._check_host_tier(host_tier)
+        self._host_loads: list[HostLoad] = []
+        self._host_reused: dict[Hashable, set[int]] = {}  # request -> host keys it loaded
+        self.pool.offload = self.host_tier
+
+    def _check_host_tier(self, tier: HostTier | None) -> HostTier | None:
+        if tier is None:
+            return None
+        if not isinstance(tier, HostTier):
+            raise InvalidArgumentError(f"host_tier must be a HostTier or None, got {type(tier).__name__}")
+        if not (self._one_full_group and self.enable_prefix_caching):
+            raise InvalidArgumentError(
+                "a host tier needs prefix caching on and one full-attention KV cache group, "
+                f"got {len(self.groups)} group(s), prefix caching {'on' if self.enable_prefix_caching else 'off'}"
+            )
+        if tier.block_size != self.groups[0].block_size:
+            raise InvalidArgumentError(
+                f"the host tier's GPU block size must be the pool's ({self.groups[0].block_size}), "
+                f"got {tier.block_size}"
+            )
+        return tier
+
+    def take_host_loads(self) -> list[HostLoad]:
+        """Host-to-GPU copies listed by `allocate` since the last call (host tier hits), oldest first; the
+        executor copies each before the request's first step. The list is emptied."""
+        loads, self._host_loads = self._host_loads, []
+        return loads
 
     # ---- pool-wide counts -------------------------------------------------------------------------------
 
@@ -98,8 +141,12 @@ class KVCacheManager(BulkDecode):
         return self.pool.usage
 
     def take_events(self) -> list[KVEvent]:
-        """KV cache events since the last call, oldest first (always empty unless events are enabled)."""
-        return self.pool.take_events()
+        """KV cache events since the last call, oldest first (always empty unless events are enabled): the
+        pool's (medium "GPU"), then the host tier's (medium "CPU") when there is one."""
+        events = self.pool.take_events()
+        if self.host_tier is not None:
+            events.extend(self.host_tier.take_events())
+        return events
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block (AllBlocksCleared); returns how many were dropped. Blocks computed before
@@ -107,8 +154,14 @@ class KVCacheManager(BulkDecode):
         return self.pool.reset_prefix_cache()
 
     def cached_block_hashes(self) -> set[tuple[int, int]]:
-        """Every (group index, block hash) in the prefix cache now."""
-        return self.pool.cached_hashes()
+        """Every (group index, block hash) in the prefix cache now, the hash as KV events carry it."""
+        return {(group, event_block_hash(key)) for group, key in self.pool.cached_hashes()}
+
+    def num_cached_prefix_blocks(self, block_hashes: Sequence[int], group: int = 0) -> int:
+        """How many leading keys of `block_hashes` (a prompt's chained full-block keys, `core.kv.block_hash`)
+        the prefix cache of `group` holds now, by key (`BlockPool.num_leading_cached`): what a prefix-aware
+        router asks of each replica. Changes nothing."""
+        return self.pool.num_leading_cached(group, block_hashes)
 
     # ---- per-request queries ----------------------------------------------------------------------------
 
@@ -272,11 +325,13 @@ class KVCacheManager(BulkDecode):
         """(hit tokens, hit blocks per group): the longest prefix cached in every group, last token excluded."""
         n = len(tokens)
         per_group = []
+        # a block is then one tuple slice (tuple() of a tuple is itself), not two copies
+        whole = tuple(tokens)
         for manager in self.managers:
             bs = manager.block_size
             keys = hashes.setdefault(bs, [])
-            extend_block_hashes(keys, tokens, bs, (n - 1) // bs)
-            per_group.append(manager.find_longest_cache_hit(keys, tokens, (n - 1) // bs))
+            extend_block_hashes(keys, whole, bs, (n - 1) // bs, self.block_hasher)
+            per_group.append(manager.find_longest_cache_hit(keys, whole, (n - 1) // bs))
         hit_tokens = min(len(hits) * m.block_size for hits, m in zip(per_group, self.managers, strict=True))
         hit_tokens -= hit_tokens % self._hit_granularity
         return hit_tokens, [
@@ -312,17 +367,47 @@ class KVCacheManager(BulkDecode):
         hit_tokens, hits = 0, [[] for _ in self.managers]
         if self.enable_prefix_caching and self._can_hit:
             hit_tokens, hits = self._find_hits(tokens, hashes)
+        host_blocks: list[int] = []
+        if self.host_tier is not None:
+            bs = self.managers[0].block_size
+            host_blocks = self.host_tier.lookup(hashes[bs], tokens, len(hits[0]), (n - 1) // bs)
         needed = sum(m.num_blocks_to_allocate(n, h) for m, h in zip(self.managers, hits, strict=True))
         self._check_room(needed, f"request {request_id!r} ({n:,} tokens, {hit_tokens:,} cached)")
         # every group's hits first: taking new blocks must not evict a later group's free cached hit
         blocks = tuple(m.save_hits(request_id, h) for m, h in zip(self.managers, hits, strict=True))
         for manager, rec in zip(self.managers, blocks, strict=True):
             manager.append_slots(rec, 0, n)
+        gpu_hit_tokens = hit_tokens
+        if host_blocks:
+            hit_tokens += self._list_host_loads(
+                request_id, blocks[0].table, len(hits[0]), host_blocks, hashes
+            )
         self._requests[request_id] = KVRequest(tokens, hit_tokens, blocks, hashes, n, view)
         if self.enable_prefix_caching:
             self.prefix_cache_queries += n
             self.prefix_cache_hits += hit_tokens
+            self.gpu_cache_hits += gpu_hit_tokens
+            self.host_cache_hits += hit_tokens - gpu_hit_tokens
         return hit_tokens
+
+    def _list_host_loads(
+        self, request_id, table: list[int], gpu_hits: int, host_blocks: list[int], hashes
+    ) -> int:
+        """Queue the copies of the host-hit GPU blocks after the `gpu_hits` pool hits into `table`'s new
+        entries; returns the tokens they serve."""
+        tier = self.host_tier
+        per, bs = tier.blocks_per_host_block, tier.block_size
+        first_chunk = gpu_hits // per
+        end = (first_chunk + len(host_blocks)) * per
+        for index in range(gpu_hits, end):
+            self._host_loads.append(
+                HostLoad(host_blocks[index // per - first_chunk], table[index], index % per)
+            )
+        keys = hashes[bs]
+        self._host_reused[request_id] = {
+            keys[(first_chunk + i + 1) * per - 1] for i in range(len(host_blocks))
+        }
+        return (end - gpu_hits) * bs
 
     def mark_computed(self, request_id: Hashable, num_tokens: int) -> None:
         """The K/V of the request's first `num_tokens` tokens are written (a running total, never lower than
@@ -336,7 +421,9 @@ class KVCacheManager(BulkDecode):
         for manager, rec in zip(self.managers, req.blocks, strict=True):
             if self.enable_prefix_caching and manager.caches_blocks:
                 keys = req.hashes.setdefault(manager.block_size, [])
-                extend_block_hashes(keys, tokens, manager.block_size, num // manager.block_size)
+                extend_block_hashes(
+                    keys, tokens, manager.block_size, num // manager.block_size, self.block_hasher
+                )
                 manager.cache_blocks(rec, keys, tokens, num)
             manager.remove_skipped_blocks(rec, num)
 
@@ -388,7 +475,13 @@ class KVCacheManager(BulkDecode):
     def free(self, request_id: Hashable) -> None:
         """End the request: every block it holds loses a reference, last to first in each group; blocks at 0
         become free (cached-free when cached). Raises UnknownSequenceError with nothing changed."""
-        self._request(request_id)
+        req = self._request(request_id)
+        if self.host_tier is not None:
+            per = self.host_tier.blocks_per_host_block
+            keys = req.hashes.get(self.managers[0].block_size, [])
+            full = min(len(keys), req.num_computed // self.managers[0].block_size)
+            reused = self._host_reused.pop(request_id, set())
+            self.host_tier.on_request_finished(keys[per - 1 : full : per], reused)
         for manager in self.managers:
             manager.free(request_id)
         del self._requests[request_id]

@@ -33,13 +33,16 @@ class KVRequest:
         self.hashes = hashes  # block size -> chained keys of the leading full blocks
 
 
+_EXACT_INT = {int}
+
+
 def check_kv_token_ids(request_id: Hashable, token_ids: Sequence[int]) -> list[int]:
     """`token_ids` as a non-empty list of integers, else InvalidArgumentError naming the request: the KV core's
     own guard for a caller that hands it tokens directly (the block manager, the simulator). It knows no
     vocabulary; a request's ids are checked against one once, at the engine's or the server's edge
     (`core.engine.token_ids.check_token_ids`), and the engine hands the KV core a view it trusts."""
     tokens = list(token_ids)
-    if tokens and all(type(t) is int for t in tokens):  # the common case, fast
+    if tokens and set(map(type, tokens)) == _EXACT_INT:  # the common case: every id an int (no bool), in C
         return tokens
     if not tokens:
         raise InvalidArgumentError(f"request {request_id!r}: a prompt needs at least 1 token, got 0")

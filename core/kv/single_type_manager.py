@@ -282,6 +282,7 @@ class SingleTypeKVCacheManager:
             hashes[start:num_full],
             parent,
             token_ids[start * bs : num_full * bs],
+            start,
         )
         rec.num_cached = num_full
 

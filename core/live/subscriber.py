@@ -24,14 +24,27 @@ it is not counted lost.
 Addresses: each endpoint's host is resolved once when the subscriber is made, every address checked against
 PAGED_LAB_LIVE_HOSTS (`resolve_checked`), and the socket connects to the checked IP (ZMQ's own reconnects then
 reuse that IP, never the name).
+
+Both ways (vLLM's rule, `ZmqEventPublisher._is_bind_endpoint` in vllm/distributed/kv_events.py): a vLLM whose
+`endpoint` is a wildcard (`tcp://*:5557`) binds its PUB socket and the subscriber connects (the default); a vLLM
+whose endpoint names a host (`tcp://127.0.0.1:5557`) *connects* its PUB socket to whoever binds there, so the
+subscriber binds (`bind=True`; loopback addresses only: the lab never listens beyond this host). The replay
+socket is always bound by vLLM, so the subscriber always connects to it.
+
+A silent PUB socket: with a replay endpoint, a poll (SILENT_PROBE_S or more after the first, at most once per
+SILENT_PROBE_S) while nothing at all has come on the PUB socket asks
+the replay for what came after the last batch applied; batches it brings (`stats.replayed_while_silent`) keep
+the tree current and mean the PUB socket is not reaching us (`pub_silent`): typically the subscriber connects
+while vLLM connects too (its endpoint names a host), and should bind instead.
 """
 
+import ipaddress
 import time
 from dataclasses import dataclass, field
 
 import zmq
 
-from core.errors import KVEventDecodeError, LabError, LiveEndpointError
+from core.errors import InvalidArgumentError, KVEventDecodeError, LabError, LiveEndpointError
 from core.kv.events import KVEventBatch, decode_event_batch
 from core.limits import Limits
 from core.live.addresses import EventsEndpoint, endpoint_for_rank, resolve_checked
@@ -56,10 +69,18 @@ class SubscriberStats:
     last_ts: float | None = None  # the server's timestamp of the last batch applied
     gaps: list[tuple[int, int, bool]] = field(default_factory=list)
     last_error: str = ""
+    replayed_while_silent: int = 0  # batches the replay brought while the PUB socket had delivered none
 
 
 class KVEventSubscriber:
-    """One server's (one data-parallel rank's) event stream and its tree. Close it when done."""
+    """One server's (one data-parallel rank's) event stream and its tree. Close it when done.
+
+    bind: bind the SUB socket on `endpoint` (a loopback address) for a vLLM that connects its PUB socket there,
+    instead of connecting to a vLLM that binds. Raises InvalidArgumentError for a bind address that is not
+    loopback, LiveEndpointError when the socket cannot be opened (e.g. the port is taken)."""
+
+    RECEIVE_BUFFER = 100_000  # batches ZMQ holds for us between polls (the SUB socket's high-water mark)
+    SILENT_PROBE_S = 2.0  # after the first poll, at most one replay probe for a silent PUB socket per this
 
     def __init__(
         self,
@@ -69,9 +90,10 @@ class KVEventSubscriber:
         replay_endpoint: EventsEndpoint | None = None,
         context: zmq.Context | None = None,
         replay_timeout_s: float = 1.0,
-        receive_buffer: int = 100_000,
+        bind: bool = False,
     ):
         self.endpoint = endpoint
+        self.bind = bool(bind)
         self.topic = topic
         self.replay_endpoint = replay_endpoint
         self.replay_timeout_s = replay_timeout_s
@@ -85,15 +107,28 @@ class KVEventSubscriber:
         self._replay_address = (
             pinned_address(replay_endpoint, "the replay endpoint") if replay_endpoint is not None else None
         )
+        if self.bind:
+            host = self._pub_address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+            if not ipaddress.ip_address(host).is_loopback:
+                raise InvalidArgumentError(
+                    f"a binding subscriber listens on a loopback address only (127.0.0.1, ::1), not {host}; "
+                    "give this host's loopback address and point vLLM's endpoint at it"
+                )
+        self._next_probe: float | None = None  # when a poll may next ask the replay whether the PUB is silent
         try:
             self._sub = self._context.socket(zmq.SUB)
-            self._sub.setsockopt(zmq.RCVHWM, receive_buffer)
+            self._sub.setsockopt(zmq.RCVHWM, self.RECEIVE_BUFFER)
             self._sub.setsockopt(zmq.LINGER, 0)
             self._sub.setsockopt(zmq.IPV6, int(self._pub_address.startswith("tcp://[")))
             self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-            self._sub.connect(self._pub_address)
+            if self.bind:
+                self._sub.bind(self._pub_address)
+            else:
+                self._sub.connect(self._pub_address)
         except zmq.ZMQError as err:
-            raise LiveEndpointError(f"cannot subscribe to {endpoint.address}: {err}", "network") from None
+            self._sub.close(linger=0)
+            how = "listen for KV events on" if self.bind else "subscribe to"
+            raise LiveEndpointError(f"cannot {how} {endpoint.address}: {err}", "network") from None
 
     # --- receiving -----------------------------------------------------------------------------------------
     def poll(self, timeout_s: float = 0.0, max_messages: int = 100_000) -> int:
@@ -109,7 +144,22 @@ class KVEventSubscriber:
             if not self._sub.poll(wait_ms if self.stats.applied == applied_before else 0):
                 break
             self.on_message(self._sub.recv_multipart())
+        now = time.monotonic()
+        if self._next_probe is None:
+            self._next_probe = now + self.SILENT_PROBE_S
+        elif now >= self._next_probe and self.stats.received == 0 and self.replay_endpoint is not None:
+            self._next_probe = now + self.SILENT_PROBE_S
+            before = self.stats.applied
+            last = self.stats.last_seq
+            self._replay_from(0 if last is None else last + 1, 2**63 - 1, catch_up=True)
+            self.stats.replayed_while_silent += self.stats.applied - before
         return self.stats.applied - applied_before
+
+    @property
+    def pub_silent(self) -> bool:
+        """The replay brought batches the PUB socket never delivered, and it has delivered nothing at all: the
+        events are published, but not to us (a vLLM whose endpoint names a host connects: bind instead)."""
+        return self.stats.received == 0 and self.stats.replayed_while_silent > 0
 
     def on_message(self, frames: list[bytes]) -> None:
         """Handle one message as received on the PUB socket (`[topic, 8-byte seq, payload]`). Never raises for
@@ -238,12 +288,13 @@ def subscribe_fleet(
     ranks: int,
     limits: Limits,
     *,
-    topic: str = DEFAULT_TOPIC,
     replay_endpoint: EventsEndpoint | None = None,
-    context: zmq.Context | None = None,
+    **options,
 ) -> list[KVEventSubscriber]:
     """One subscriber per data-parallel rank 0..ranks-1: rank r on the endpoint's (and replay endpoint's) port
-    + r, as vLLM binds them. Every address is checked against PAGED_LAB_LIVE_HOSTS before any is opened."""
+    + r, as vLLM binds them (or connects to them: `bind=True`). `options`: KVEventSubscriber's keywords (topic,
+    context, bind, replay_timeout_s). Every address is checked against PAGED_LAB_LIVE_HOSTS before any is
+    opened."""
     pubs = [endpoint_for_rank(endpoint, r, limits) for r in range(ranks)]
     replays = [
         endpoint_for_rank(replay_endpoint, r, limits) if replay_endpoint else None for r in range(ranks)
@@ -251,7 +302,7 @@ def subscribe_fleet(
     subscribers: list[KVEventSubscriber] = []
     try:
         for pub, replay in zip(pubs, replays, strict=True):
-            subscribers.append(KVEventSubscriber(pub, topic=topic, replay_endpoint=replay, context=context))
+            subscribers.append(KVEventSubscriber(pub, replay_endpoint=replay, **options))
     except LabError:
         for s in subscribers:
             s.close()

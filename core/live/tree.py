@@ -132,6 +132,10 @@ class CachedBlockTree:
         """hash -> block of one pool (a copy)."""
         return dict(self._blocks.get(pool, {}))
 
+    def block(self, pool: Pool, block_hash: BlockHash) -> CachedBlock | None:
+        """The cached block of `pool` under `block_hash`, None when it is not cached there."""
+        return self._blocks.get(pool, {}).get(block_hash)
+
     def children(self, pool: Pool, parent: BlockHash | None) -> list[BlockHash]:
         """Cached blocks whose parent is `parent`."""
         return list(self._children.get(pool, {}).get(parent, ()))

@@ -24,6 +24,7 @@ class Sources:
     replay: EventsEndpoint | None = None
     ranks: int = 1
     topic: str = DEFAULT_TOPIC
+    bind: bool = False  # bind the SUB sockets (a vLLM whose endpoint names this host connects to them)
 
 
 @dataclass
@@ -55,7 +56,12 @@ class LiveWatch:
         if sources.events is not None:
             try:
                 self.subscribers = subscribe_fleet(
-                    sources.events, sources.ranks, limits, topic=sources.topic, replay_endpoint=sources.replay
+                    sources.events,
+                    sources.ranks,
+                    limits,
+                    topic=sources.topic,
+                    replay_endpoint=sources.replay,
+                    bind=sources.bind,
                 )
             except LabError as err:
                 self._events_error = str(err)
@@ -73,6 +79,11 @@ class LiveWatch:
         for sub in self.subscribers:
             result.batches_applied += sub.poll(0.0)
         return result
+
+    @property
+    def pub_silent(self) -> bool:
+        """Some rank's replay brought batches while its PUB socket delivered none (`KVEventSubscriber.pub_silent`)."""
+        return any(sub.pub_silent for sub in self.subscribers)
 
     def close(self) -> None:
         for sub in self.subscribers:

@@ -14,8 +14,10 @@ from typing import Any
 from core.errors import InvalidArgumentError, LabError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.page_models.planner_config import decode_config, model_from_config
+from core.planning.cpu_kv import CpuKVInputs, CpuKVPlan, plan_cpu_kv
 from core.planning.hardware import GPUSpec, get_gpu
 from core.planning.models import MODELS, ModelSpec, get_model
+from core.planning.offload import HostKVTier, host_kv_tier
 from core.planning.plan import CapacityPlan, PlanInputs, plan_from
 from core.planning.what_if import WorkloadWhatIf, fragmentation_by_block_size, workload_what_if
 from core.serving.workload import alpaca, fixed, sharegpt, uniform
@@ -24,7 +26,7 @@ CUSTOM = "custom"
 WORKLOADS = ("sharegpt", "alpaca", "fixed", "uniform")
 SCENARIO_KEYS = (
     "model", "config", "gpu", "gpu_mem", "gpu_bw", "gpu_tflops", "gpus", "tp", "pp", "wdtype", "kvdtype",
-    "util", "block", "ctx", "act", "seqs", "mbt", "hybrid", "ckpt",
+    "util", "block", "ctx", "act", "seqs", "mbt", "hybrid", "ckpt", "offload",
 )  # fmt: skip
 WORKLOAD_KEYS = ("wl", "wl_n", "wl_prompt", "wl_output", "wl_seed")
 GiB = 1024**3
@@ -128,6 +130,9 @@ class ScenarioResult:
         None  # the plan with the hybrid KV cache manager switched the other way
     )
     other_hybrid_error: str | None = None
+    host_tier: HostKVTier | None = (
+        None  # the host KV tier of `{prefix}offload` GiB (vLLM's native offloading)
+    )
 
 
 @functools.lru_cache(maxsize=32)
@@ -168,8 +173,18 @@ def compute_scenario(
                 what_if = _what_if(capacity, workload)
         except InvalidArgumentError as error:
             workload_error = str(error)
+    gib = values.get(f"{prefix}offload") or 0.0
+    host_tier = host_kv_tier(capacity, gib) if gib else None
     return ScenarioResult(
-        inputs.model, inputs.gpu, capacity, what_if, fragmentation, workload_error, other, other_error
+        inputs.model,
+        inputs.gpu,
+        capacity,
+        what_if,
+        fragmentation,
+        workload_error,
+        other,
+        other_error,
+        host_tier,
     )
 
 
@@ -197,3 +212,16 @@ def smallest_deployment(values: dict[str, Any], prefix: str) -> tuple[int, int] 
     ):  # nothing could even be planned: the scenario's own inputs are wrong
         raise errors[-1]
     return None
+
+
+def cpu_plan(values: Mapping[str, Any]) -> CpuKVPlan:
+    """Scenario A's model served by vLLM's CPU backend in `cpu_gib` GiB of KV cache (VLLM_CPU_KVCACHE_SPACE) at
+    `cpu_block` tokens per block, `cpu_dtype` / `cpu_kvdtype`, and scenario A's max_model_len,
+    max_num_batched_tokens and hybrid setting (`core.planning.cpu_kv`); raises InvalidArgumentError."""
+    return plan_cpu_kv(
+        CpuKVInputs.from_space_gib(
+            build_model(values, "a_"), values["cpu_gib"], block_size=values["cpu_block"],
+            dtype=values["cpu_dtype"], kv_cache_dtype=values["cpu_kvdtype"], max_model_len=values["a_ctx"],
+            max_num_batched_tokens=values["a_mbt"], hybrid_kv_cache_manager=values["a_hybrid"],
+        )
+    )  # fmt: skip

@@ -10,11 +10,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from core.errors import InvalidArgumentError
+from core.kv.host_tier import host_tier_num_blocks
 from core.kv.layout import kv_cache_layout
 from core.planning.hardware import GPUS
 from core.planning.models import MODELS
+from core.planning.offload import GIB, check_offload_gib
 from core.planning.plan import plan
 from core.planning.step_time import from_specs
+from core.serving.host_offload import HostOffload
 from core.serving.memory_policies import POLICY_NAMES, Policy
 from core.serving.paged_memory import KV_GROUP_KINDS, ONE_FULL_GROUP, PagedKVGroup, check_kv_groups
 from core.serving.simulator import PAPER_KV_TOKENS, SimulationResult, SimulatorConfig, simulate
@@ -39,7 +42,9 @@ def model_kv_groups(model: str, max_model_len: int = 2048) -> tuple[PagedKVGroup
 class SimulatorParams:
     """Everything one comparison depends on. Lengths in tokens, rate in requests/s (inf: all at t = 0),
     capacity in token slots, swap space in GiB, overhead in ms. kv_groups: None (every layer full attention), or
-    the model's KV cache groups for the paged policy's hybrid allocator (`core.serving.paged_memory`)."""
+    the model's KV cache groups for the paged policy's hybrid allocator (`core.serving.paged_memory`).
+    kv_offload_gib: GiB of host memory for a host KV tier behind the paged policy's pool (vLLM's
+    `--kv-offloading-size`, one GPU), 0: none; it needs prefix caching. offload_policy: its eviction, lru | arc."""
 
     dataset: str = "sharegpt"
     num_requests: int = 1000
@@ -67,6 +72,8 @@ class SimulatorParams:
     swap_space_gib: float = 4.0
     overhead_ms: float = 15.0
     kv_groups: tuple[PagedKVGroup, ...] | None = None  # the paged policy's KV cache groups: hybrid
+    kv_offload_gib: float = 0.0
+    offload_policy: str = "lru"
 
     def __post_init__(self) -> None:
         if self.kv_groups is not None:  # (kind, num_layers, window) triples become groups here, once
@@ -95,6 +102,23 @@ class SimulatorParams:
             f"capacity_source must be one of {CAPACITY_SOURCES}, got {self.capacity_source!r}"
         )
 
+    def host_offload(self, kv_bytes_per_token: float) -> HostOffload | None:
+        """The host tier of `kv_offload_gib` GiB (None for 0): vLLM's capacity arithmetic on one GPU
+        (`host_tier_num_blocks` of blocks of `block_size` tokens x `kv_bytes_per_token`). Raises
+        InvalidArgumentError for a negative, infinite or NaN size, an unknown policy, or a tier without prefix
+        caching."""
+        gib = check_offload_gib(self.kv_offload_gib, "host KV tier (GiB)")
+        if not gib:
+            return None
+        if not self.enable_prefix_caching:
+            raise InvalidArgumentError(
+                "a host KV tier needs prefix caching on (vLLM's offloading stores and finds blocks by their "
+                "prefix-cache hash); turn prefix caching on or set the host tier to 0 GiB"
+            )
+        block_bytes = max(1, math.ceil(kv_bytes_per_token * self.block_size))
+        blocks = host_tier_num_blocks(gib * GIB, block_bytes)
+        return HostOffload(blocks * self.block_size, self.offload_policy)
+
     def config(self) -> SimulatorConfig:
         if self.model not in MODELS or self.gpu not in GPUS:
             raise InvalidArgumentError(f"unknown model {self.model!r} or GPU {self.gpu!r}")
@@ -107,6 +131,7 @@ class SimulatorParams:
             preemption_mode=self.preemption_mode,
             swap_space_bytes=self.swap_space_gib * 1024**3,
             step_time=step_time,
+            offload=self.host_offload(step_time.kv_bytes_per_token),
         )
 
     def requests(self) -> list[Request]:
@@ -232,7 +257,9 @@ def run_comparison(
             if progress is not None:
                 progress((index + fraction) / len(policies), label)
 
-        results[policy.name] = simulate(requests, policy, config, progress=report)
+        # the host tier sits behind the paged pool only (Orca's contiguous allocators have no prefix cache)
+        used = config if policy.name == "paged" else replace(config, offload=None)
+        results[policy.name] = simulate(requests, policy, used, progress=report)
     return results
 
 

@@ -73,6 +73,8 @@ class SloPredictParams:
     decode_workers: int = 1
     decode_tp: int = 1
     kv_link: str | None = None
+    kv_offload_gib: float = 0.0  # a host KV tier per replica (--kv-offload-gib), 0: none
+    offload_policy: str = "lru"
 
     def speculation(self) -> Speculation | None:
         """The `Speculation` of spec_tokens (0: none) and spec_acceptance ("a1,...,aK", as --spec-acceptance);
@@ -93,6 +95,7 @@ class SloPredictParams:
         return Deployment(
             self.model, self.gpu, self.tp, self.pp, self.replicas, self.max_num_seqs, self.max_num_batched_tokens,
             self.weight_dtype, self.kv_dtype, self.engine, speculation=self.speculation(),
+            kv_offload_gib=self.kv_offload_gib, offload_policy=self.offload_policy,
         )  # fmt: skip
 
     def disagg_deployment(self) -> DisaggDeployment:
@@ -172,6 +175,13 @@ class SloPredictParams:
                      "--spec-method", self.spec_method]  # fmt: skip
             if self.spec_method == "draft-model" and self.draft_model is not None:
                 args += ["--draft-model", self.draft_model]
+        if self.kv_offload_gib:
+            args += [
+                "--kv-offload-gib",
+                repr(float(self.kv_offload_gib)),
+                "--offload-policy",
+                self.offload_policy,
+            ]
         return args
 
     def _disagg_args(self) -> list[str]:
@@ -236,33 +246,48 @@ def in_flight(stable: bool, mean_e2e_s: float | None, deployment: Deployment, lo
 
 
 def deployment_answer(params: SloPredictParams, progress: Callable[[float, str], None]) -> DeploymentAnswer:
-    """`predict` of the inputs, then (with targets) `max_rate`, the larger-KV comparison when prompts share
-    tokens, and the two vLLM commands (class docstring); a disaggregated deployment: `predict_disagg` and the
-    commands. Raises InvalidArgumentError for bad inputs or a deployment that does not fit in memory (the
-    planner's verdict)."""
+    """The whole answer: `prediction_answer`, then (with targets) `highest_rate` and, when prompts share tokens,
+    the larger-KV comparison (`larger_kv_rows`). The page asks for the three parts one after the other, to show
+    the prediction as soon as it exists. Raises InvalidArgumentError for bad inputs or a deployment that does not
+    fit in memory (the planner's verdict)."""
+    answer = prediction_answer(params, lambda f, m: progress(0.4 * f, m))
+    found = highest_rate(params, lambda f, m: progress(0.4 + 0.3 * f, m))
+    others = larger_kv_others(params, lambda f, m: progress(0.7 + 0.3 * f, m))
+    larger = (larger_kv_given_row(params, answer.prediction), *others) if others else ()
+    return replace(answer, max_rate=found, larger_kv=larger)
+
+
+def prediction_answer(params: SloPredictParams, progress: Callable[[float, str], None]) -> DeploymentAnswer:
+    """`predict` of the inputs and the two vLLM commands (`max_rate` None, `larger_kv` empty: the page's first
+    answer); a disaggregated deployment: `predict_disagg` and the commands. Raises InvalidArgumentError for bad
+    inputs or a deployment that does not fit in memory (the planner's verdict)."""
     if params.disagg:
         return disagg_answer(params, progress)
-    deployment, load, targets = params.deployment(), params.load(), params.targets_dict()
+    deployment, load = params.deployment(), params.load()
+    params.targets_dict()
     progress(0.0, "predicting the steady state at this load")
     prediction = finite(predict(deployment, load).to_dict())
     prediction["tokens_per_s_per_gpu"] = per_gpu(prediction["throughput_tokens_per_s"], deployment.num_gpus)
-    found = None
-    if targets:
-        progress(0.4, "bisecting for the highest rate within the targets")
-        rate = max_rate(deployment, load, targets)
-        found = {"max_rate_req_per_s": rate.max_req_per_s, "binding": rate.binding, "targets": targets,
-                 "evaluations": rate.evaluations, "deployment": deployment.flags()}  # fmt: skip
-        found = finite(found | (rate.at.to_dict() if rate.at is not None else {}))
-    larger = ()
-    if load.uses_prefix_cache:
-        progress(0.7, "predicting the same load with a larger KV cache")
-        larger = larger_kv_rows(params, prediction)
     progress(0.95, "writing the vLLM commands")
     num_prompts = bench_num_prompts(
         load, in_flight(prediction["stable"], prediction["mean_e2e_s"], deployment, load)
     )
     bench = bench_command(deployment.model_spec, load, num_prompts)
-    return DeploymentAnswer(prediction, found, serve_command(deployment, load), bench, num_prompts, larger)
+    return DeploymentAnswer(prediction, None, serve_command(deployment, load), bench, num_prompts)
+
+
+def highest_rate(params: SloPredictParams, progress: Callable[[float, str], None]) -> dict | None:
+    """The JSON object `max-rate` prints for the inputs (`DeploymentAnswer.max_rate`), or None without targets
+    or for a disaggregated deployment (max-rate takes one aggregated deployment)."""
+    targets = params.targets_dict()
+    if params.disagg or not targets:
+        return None
+    deployment, load = params.deployment(), params.load()
+    progress(0.0, "bisecting for the highest rate within the targets")
+    rate = max_rate(deployment, load, targets)
+    found = {"max_rate_req_per_s": rate.max_req_per_s, "binding": rate.binding, "targets": targets,
+             "evaluations": rate.evaluations, "deployment": deployment.flags()}  # fmt: skip
+    return finite(found | (rate.at.to_dict() if rate.at is not None else {}))
 
 
 def bench_command(model_spec, load: Load, num_prompts: int) -> str:
@@ -325,8 +350,27 @@ def larger_kv_deployments(params: SloPredictParams) -> list[tuple[str, SloPredic
 def larger_kv_rows(params: SloPredictParams, prediction: dict) -> tuple[dict, ...]:
     """One row per deployment (as given, then `larger_kv_deployments`): GPUs, KV slots per replica,
     prefix_hit_rate, TTFT p50 / p99 in seconds, stable; each `predict`'s own figures on the same load."""
-    rows = [_kv_row("as given", params.deployment().num_gpus, prediction)]
-    for label, other in larger_kv_deployments(params):
+    others = _larger_kv_rows(params, lambda f, m: None)
+    return (larger_kv_given_row(params, prediction), *others)
+
+
+def larger_kv_given_row(params: SloPredictParams, prediction: dict) -> dict:
+    """`larger_kv_rows`' first row: the deployment as given, from its own prediction."""
+    return _kv_row("as given", params.deployment().num_gpus, prediction)
+
+
+def larger_kv_others(params: SloPredictParams, progress: Callable[[float, str], None]) -> tuple[dict, ...]:
+    """`larger_kv_rows` but its first row, when prompts share tokens and the deployment is aggregated; else ()."""
+    if params.disagg or not params.load().uses_prefix_cache:
+        return ()
+    return _larger_kv_rows(params, progress)
+
+
+def _larger_kv_rows(params: SloPredictParams, progress: Callable[[float, str], None]) -> tuple[dict, ...]:
+    options = larger_kv_deployments(params)
+    rows = []
+    for index, (label, other) in enumerate(options):
+        progress(index / len(options), f"predicting the same load with a larger KV cache: {label}")
         deployment = other.deployment()
         rows.append(_kv_row(label, deployment.num_gpus, finite(predict(deployment, other.load()).to_dict())))
     return tuple(rows)

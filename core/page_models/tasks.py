@@ -30,7 +30,13 @@ from core.limits import Limits
 from core.page_models.engines import TINY_LLAMA, build_engine, check_pool, fetch_real_model  # noqa: F401 (re-exported)
 from core.page_models.simulator import SimulatorParams, run_comparison, steady_summary
 from core.page_models.slo_planner import Curve, SloPlannerParams, SloSearch, curves, search
-from core.page_models.slo_predict import DeploymentAnswer, SloPredictParams, deployment_answer
+from core.page_models.slo_predict import (
+    DeploymentAnswer,
+    SloPredictParams,
+    highest_rate,
+    larger_kv_others,
+    prediction_answer,
+)
 from core.page_models.slo_rates import HighestRate, highest_rates
 from core.planning.max_rate import SEARCH_SETTINGS
 from core.planning.slo_eval import SloConfig
@@ -117,13 +123,28 @@ def slo_highest_rates(
 
 
 def slo_predict(params: SloPredictParams, *, progress: Callable = _no_progress) -> DeploymentAnswer:
-    """The SLO planner's "predict my deployment" mode (`slo_predict.deployment_answer`): the steady state of the
-    deployment at the load, the highest rate within the targets, the vLLM commands. LimitExceededError
-    (PAGED_LAB_MAX_REQUESTS) when the operator allows fewer requests than a prediction may simulate
-    (`SteadyStateSettings().max_requests`, 10,000 by default as the limit): the page then refuses instead of
-    showing a shorter estimate than `python -m core.planning predict` prints."""
+    """The SLO planner's "predict my deployment" mode, its first answer (`slo_predict.prediction_answer`): the
+    steady state of the deployment at the load and the vLLM commands; the extras are their own jobs
+    (`slo_predict_highest_rate`, `slo_predict_larger_kv`), so the page shows this one as soon as it exists.
+    LimitExceededError (PAGED_LAB_MAX_REQUESTS) when the operator allows fewer requests than a prediction may
+    simulate (`SteadyStateSettings().max_requests`, 10,000 by default as the limit): the page then refuses
+    instead of showing a shorter estimate than `python -m core.planning predict` prints."""
     Limits.from_env().check_requests(SteadyStateSettings().max_requests, "a steady-state prediction")
-    return deployment_answer(params, progress)
+    return prediction_answer(params, progress)
+
+
+def slo_predict_highest_rate(params: SloPredictParams, *, progress: Callable = _no_progress) -> dict | None:
+    """The predict mode's highest rate within the targets (`slo_predict.highest_rate`, as `max-rate` prints it;
+    None without targets or disaggregated). Same limit as `slo_predict`."""
+    Limits.from_env().check_requests(SteadyStateSettings().max_requests, "a steady-state prediction")
+    return highest_rate(params, progress)
+
+
+def slo_predict_larger_kv(params: SloPredictParams, *, progress: Callable = _no_progress) -> tuple[dict, ...]:
+    """The predict mode's larger-KV rows but the deployment's own (`slo_predict.larger_kv_others`; () unless
+    prompts share tokens). Same limit as `slo_predict`."""
+    Limits.from_env().check_requests(SteadyStateSettings().max_requests, "a steady-state prediction")
+    return larger_kv_others(params, progress)
 
 
 def kernel_correctness(

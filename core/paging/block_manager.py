@@ -86,6 +86,8 @@ class BlockManager:
     sliding_window: None (full attention), or W >= 1: each token attends to the last W positions (itself
         included), and blocks wholly outside every future token's window are released (see the invariants).
     enable_kv_cache_events: queue vLLM's KV cache events (group_idx 0) for `take_events()`.
+    block_hasher: the chained key of a full block (`core.kv.block_hash`; None: Python's hash), e.g. a
+        `VllmBlockHasher` for the keys, and so the events, of a vLLM server.
     Sequences are identified by any hashable id.
     """
 
@@ -96,6 +98,7 @@ class BlockManager:
         enable_prefix_caching: bool = False,
         sliding_window: int | None = None,
         enable_kv_cache_events: bool = False,
+        block_hasher=None,
     ):
         num_blocks = check_int(num_blocks, "num_blocks", minimum=1)
         self._block_size = check_int(block_size, "block_size", minimum=1)
@@ -109,6 +112,7 @@ class BlockManager:
                 block_size=self._block_size, num_kv_heads=0, head_size=0, sliding_window=self._window
             )
         self._caching = bool(enable_prefix_caching)
+        self._block_hasher = block_hasher  # None: the module's _chain_hash, looked up at call time
         self._pool = BlockPool(num_blocks, [spec], enable_kv_cache_events=enable_kv_cache_events)
         self._manager = manager_for(spec, self._pool, 0)
         self._ref_counts = self._pool.ref_counts  # the pool's live list (read-only here)
@@ -209,9 +213,12 @@ class BlockManager:
 
     # ---- prefix cache -------------------------------------------------------------------------------------
 
+    def _hash_fn(self):
+        return self._block_hasher or _chain_hash
+
     def _cache_full_blocks(self, seq: _Sequence, num_full: int) -> None:
         """Offer the sequence's blocks up to `num_full` (now full, K/V written) to the prefix cache."""
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self._block_size, num_full, _chain_hash)
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self._block_size, num_full, self._hash_fn())
         self._manager.cache_blocks(seq.blocks, seq.block_hashes, seq.token_ids, num_full * self._block_size)
 
     # ---- sliding window -------------------------------------------------------------------------------------
@@ -308,7 +315,7 @@ class BlockManager:
         hits: list[int] = []
         manager = self._manager
         if self._caching:
-            extend_block_hashes(hashes, tokens, bs, len(tokens) // bs, _chain_hash)
+            extend_block_hashes(hashes, tokens, bs, len(tokens) // bs, self._hash_fn())
             hits = manager.find_longest_cache_hit(hashes, tokens, (len(tokens) - 1) // bs)
         revived = sum(1 for b in hits if self._ref_counts[b] == 0)
         num_new = num_needed - len(hits)
@@ -384,7 +391,7 @@ class BlockManager:
             hashes = seq.block_hashes
             parent = hashes[-1] if hashes else None
             full = tuple(tokens[-bs:])
-            block_hash = _chain_hash(parent, full)
+            block_hash = self._hash_fn()(parent, full)
             hashes.append(block_hash)
             self._pool.cache_block(0, block, block_hash, parent, full)
             seq.blocks.num_cached = len(hashes)

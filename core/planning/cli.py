@@ -1,5 +1,7 @@
 """The command line: `python -m core.planning --model llama-3.1-70b --gpu h100-80gb --tp 4 --kv-dtype fp8 [--json]`,
-and `python -m core.planning slo ...` for the SLO planner (`core.planning.slo_cli`).
+and `python -m core.planning slo ...` for the SLO planner (`core.planning.slo_cli`). With
+`--cpu-kv-cache-space-gib G` it plans vLLM's CPU backend instead (`core.planning.cpu_kv`): the blocks and tokens
+`VLLM_CPU_KVCACHE_SPACE=G` holds for the model, and that `vllm serve` command.
 
 Prints the plan as an aligned table (or JSON) and the matching `vllm serve` flags; exit status 2 with the
 reason on stderr for bad input.
@@ -14,6 +16,13 @@ from pathlib import Path
 from core.common import check_float
 from core.errors import InvalidArgumentError, LabError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.planning.cpu_kv import (
+    CPU_DEFAULT_BLOCK_SIZE,
+    CPU_MODEL_DTYPES,
+    CpuKVInputs,
+    CpuKVPlan,
+    plan_cpu_kv,
+)
 from core.planning.hardware import GPUS, GPUSpec, get_gpu
 from core.planning.kv_accounting import (
     BLOCK_SIZES,
@@ -21,7 +30,8 @@ from core.planning.kv_accounting import (
     KV_DTYPES,
     WEIGHT_DTYPES,
 )
-from core.planning.models import MODELS, ModelSpec, get_model
+from core.planning.models import MODELS, ModelSpec, get_model, model_from_config_file
+from core.planning.offload import HostKVTier, host_kv_tier
 from core.planning.plan import CapacityPlan, plan
 from core.planning.weights import with_checkpoint_bytes
 
@@ -80,7 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
     parser.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--block-size", type=int, default=16, choices=BLOCK_SIZES)
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        choices=BLOCK_SIZES,
+        help="tokens per block (default 16; 128 on a CPU, as vLLM's)",
+    )
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--context-len", type=int, help="request length for the concurrency figure")
     parser.add_argument("--activation-reserve-gib", type=float, help="measured activation peak, GiB per GPU")
@@ -99,22 +114,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--safetensors-index", help="path of the model's model.safetensors.index.json: exact weight bytes"
     )
+    parser.add_argument(
+        "--kv-offload-gib",
+        type=float,
+        help="GiB of host memory per replica for vLLM's native KV offloading (--kv-offloading-size)",
+    )
+    parser.add_argument(
+        "--cpu-kv-cache-space-gib",
+        type=int,
+        metavar="G",
+        help="plan vLLM's CPU backend with VLLM_CPU_KVCACHE_SPACE=G (whole GiB) instead of a GPU",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=CPU_MODEL_DTYPES,
+        help="vllm serve --dtype (the CPU plan's KV dtype auto)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
 
 def _model_and_gpu(args: argparse.Namespace) -> tuple[ModelSpec, GPUSpec]:
     """The model (a preset or a config.json file) and the GPU (a preset or custom figures) the flags name."""
-    if args.config:
-        try:
-            config = json.loads(Path(args.config).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise InvalidArgumentError(f"cannot read {args.config}: {error}") from None
-        if not isinstance(config, dict):
-            raise InvalidArgumentError(f"{args.config} must hold a JSON object (a Hugging Face config.json)")
-        model = ModelSpec.from_hf_config(config, name=Path(args.config).stem, num_params=args.num_params)
-    else:
-        model = get_model(args.model)
+    model = model_from_config_file(args.config, args.num_params) if args.config else get_model(args.model)
     if args.safetensors_index:
         try:
             index = Path(args.safetensors_index).read_text()
@@ -141,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return slo_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.cpu_kv_cache_space_gib is not None:
+        return _cpu_main(args)
     try:
         model, gpu = _model_and_gpu(args)
         reserve = None
@@ -158,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             weight_dtype=args.weight_dtype,
             kv_dtype=args.kv_dtype,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            block_size=args.block_size,
+            block_size=16 if args.block_size is None else args.block_size,
             max_model_len=args.max_model_len,
             activation_reserve=reserve,
             context_len=args.context_len,
@@ -166,15 +191,81 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
         )
+        tier = None if args.kv_offload_gib is None else host_kv_tier(capacity, args.kv_offload_gib)
+    except LabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = capacity.to_dict()
+        if tier is not None:
+            out.update(tier.to_dict())
+        print(json.dumps(out, indent=2))
+        return 0
+    print(plan_table(capacity))
+    if tier is not None:
+        print(host_tier_table(tier))
+    print()
+    if not capacity.fits:
+        print("# does not fit as planned; with the largest fitting settings:")
+    print(
+        capacity.vllm_command + (f" \\\n  {tier.vllm_flags}" if tier is not None and tier.vllm_flags else "")
+    )
+    return 0
+
+
+def host_tier_table(tier: HostKVTier) -> str:
+    """The host tier's rows (`--kv-offload-gib`), aligned like the plan's."""
+    rows = [
+        ("host KV tier per replica", f"{tier.kv_offload_gib:g} GiB over {tier.world_size} rank(s)"),
+        ("host block bytes (all ranks, page-aligned)", f"{tier.host_block_bytes:,} B"),
+        ("host_kv_tokens", f"{tier.host_kv_tokens:,} ({tier.host_kv_blocks:,} blocks; {tier.host_extra_tokens:,} beyond HBM)"),
+        ("host memory pinned, all replicas", f"{tier.host_memory_bytes_total / 1024**3:,.2f} GiB"),
+    ]  # fmt: skip
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def cpu_table(capacity: CpuKVPlan) -> str:
+    """The CPU plan as an aligned text table."""
+    rows = [
+        ("model", capacity.model),
+        ("KV cache space", f"{capacity.kv_cache_space_gib:g} GiB ({capacity.kv_cache_memory_bytes:,} B)"),
+        ("dtypes", f"model {capacity.dtype}, KV cache {capacity.kv_dtype}"),
+        ("KV bytes per token", f"{capacity.kv_bytes_per_token:,} B (all layers)"),
+        (f"block bytes ({capacity.block_size} tokens)", f"{capacity.block_bytes:,} B"),
+        ("num_blocks", f"{capacity.num_blocks:,}"),
+        ("kv_tokens", f"{capacity.kv_tokens:,}"),
+        (f"max concurrency at {capacity.max_model_len:,} tokens", f"{capacity.max_concurrency:,.2f}"),
+        ("verdict", capacity.verdict),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    return "\n".join(lines + [f"note: {note}" for note in capacity.notes])
+
+
+def _cpu_main(args: argparse.Namespace) -> int:
+    """The CPU plan of `--cpu-kv-cache-space-gib` (exit status 0, or 2 with the reason on stderr)."""
+    try:
+        model, _ = _model_and_gpu(args)
+        capacity = plan_cpu_kv(
+            CpuKVInputs.from_space_gib(
+                model, args.cpu_kv_cache_space_gib,
+                block_size=CPU_DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size,
+                dtype=args.dtype, kv_cache_dtype=args.kv_dtype, max_model_len=args.max_model_len,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
+                model_path=str(Path(args.config).resolve().parent) if args.config else None,
+            )
+        )  # fmt: skip
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(capacity.to_dict(), indent=2))
         return 0
-    print(plan_table(capacity))
+    print(cpu_table(capacity))
     print()
     if not capacity.fits:
-        print("# does not fit as planned; with the largest fitting settings:")
+        print("# vLLM refuses to start with this max_model_len (see the verdict)")
     print(capacity.vllm_command)
     return 0

@@ -465,3 +465,16 @@ def get_model(slug: str) -> ModelSpec:
         return MODELS[_ALIASES.get(slug, slug)]
     except (KeyError, TypeError):
         raise InvalidArgumentError(f"unknown model {slug!r}; known: {', '.join(MODELS)}") from None
+
+
+def model_from_config_file(path: str | Path, num_params: float | None = None) -> ModelSpec:
+    """The model a Hugging Face config.json file describes (named after the file), with `num_params` when given
+    (else estimated from the shapes). Raises InvalidArgumentError when the file cannot be read or holds no JSON
+    object, or for a config the planner cannot read."""
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InvalidArgumentError(f"cannot read {path}: {error}") from None
+    if not isinstance(config, dict):
+        raise InvalidArgumentError(f"{path} must hold a JSON object (a Hugging Face config.json)")
+    return ModelSpec.from_hf_config(config, name=Path(path).stem, num_params=num_params)

@@ -16,8 +16,12 @@ A replica of the deployment is
    whose prompts share tokens (`Load.uses_prefix_cache`: shared prefixes, multi-turn chats) runs the paged
    policy with block tables and prefix caching instead, so the real block hashing and LRU eviction decide what
    hits (`prefix_hit_rate`), and its warm-up spans a whole conversation (turns x turn_gap_s).
-The load is split evenly over the replicas (the rate, or the clients rounded up); throughput is the whole
-deployment's (replicas x one replica's).
+Several replicas serving a Poisson load run as a fleet (`core.serving.fleet`): each replica its own scheduler
+and KV core, a router (`Deployment.routing`, `core.serving.router`: round-robin by default, what a plain load
+balancer does) sending each arrival to one of them, one steady-state estimate over the whole fleet (its
+percentiles, throughput and prefix hit rate) and a breakdown per replica (`Prediction.per_replica`). A closed
+loop (concurrency) keeps its clients pinned, ceil(clients / replicas) to each replica, and simulates one of them
+(throughput replicas x one replica's); so does a single replica, whatever the routing.
 """
 
 import math
@@ -37,6 +41,7 @@ from core.planning.kv_accounting import (
 )
 from core.planning.load import Load
 from core.planning.models import ModelSpec, get_model
+from core.planning.offload import check_offload_gib, host_kv_tier, offload_flags
 from core.planning.plan import CapacityPlan, plan
 from core.planning.speculative import (
     Speculation,
@@ -47,7 +52,10 @@ from core.planning.speculative import (
     speculative_kv_tokens,
 )
 from core.planning.step_time import StepTimeModel, from_specs
+from core.serving.fleet import Fleet, replica_breakdown, simulate_fleet
+from core.serving.host_offload import DEFAULT_OFFLOAD_BANDWIDTH, HostOffload
 from core.serving.memory_policies import paged
+from core.serving.router import DEFAULT_ROUTING, check_routing
 from core.serving.sim_config import SimulatorConfig
 from core.serving.simulator import simulate
 from core.serving.steady_state import SteadyState, SteadyStateSettings, metric_keys, steady_state
@@ -59,9 +67,10 @@ __all__ = ["Deployment", "Load", "Prediction", "predict"]
 class Deployment:
     """One way to serve a model: `replicas` copies (data parallel) of a tp x pp group of one GPU type, each
     running `engine` with these vLLM settings. model / gpu: preset slugs or ModelSpec / GPUSpec objects.
-    speculation: speculative decoding (`core.planning.speculative`), None for none.
+    speculation: speculative decoding (`core.planning.speculative`), None for none. routing: the policy that
+    sends each request to a replica (`core.serving.router.ROUTING_POLICIES`; module docstring).
     Raises InvalidArgumentError for an unknown model, GPU, dtype, engine or block size, or a TP/PP layout the
-    model does not allow (tp must divide the attention heads)."""
+    model does not allow (tp must divide the attention heads); RoutingError for an unknown routing policy."""
 
     model: str | ModelSpec
     gpu: str | GPUSpec
@@ -76,8 +85,13 @@ class Deployment:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     speculation: Speculation | None = None
+    kv_offload_gib: float = 0.0  # host-memory KV tier per replica (vLLM's --kv-offloading-size), 0: none
+    offload_policy: str = "lru"  # its eviction: "lru" | "arc"
+    offload_bandwidth_gbps: float = DEFAULT_OFFLOAD_BANDWIDTH / 1e9  # host -> GPU GB/s per GPU
+    routing: str = DEFAULT_ROUTING
 
     def __post_init__(self):
+        check_routing(self.routing)
         model = get_model(self.model) if isinstance(self.model, str) else self.model
         gpu = get_gpu(self.gpu) if isinstance(self.gpu, str) else self.gpu
         if not isinstance(model, ModelSpec) or not isinstance(gpu, GPUSpec):
@@ -99,10 +113,26 @@ class Deployment:
         check_float(self.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0)
         if self.speculation is not None and not isinstance(self.speculation, Speculation):
             raise InvalidArgumentError("speculation must be a core.planning.speculative.Speculation or None")
+        check_offload_gib(self.kv_offload_gib, "kv_offload_gib")
+        HostOffload(0, self.offload_policy, check_float(self.offload_bandwidth_gbps, "offload_bandwidth_gbps",
+                                                        minimum=0, exclusive_minimum=True) * 1e9)  # fmt: skip
+
+    def host_offload(self, capacity: CapacityPlan) -> HostOffload | None:
+        """The simulator's host tier for one replica of `capacity` (vLLM's arithmetic, `host_kv_tier`), None
+        without one."""
+        if not self.kv_offload_gib:
+            return None
+        tier = host_kv_tier(capacity, self.kv_offload_gib)
+        return HostOffload(tier.host_kv_tokens, self.offload_policy, self.offload_bandwidth_gbps * 1e9)
 
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.replicas
+
+    def routes(self, load: Load) -> bool:
+        """Whether `load` runs on the replicas as a routed fleet: more than one replica and Poisson arrivals
+        (module docstring)."""
+        return self.replicas > 1 and load.rate is not None
 
     def memory_plan(self, max_len: int) -> CapacityPlan:
         """The exact planner's verdict for one replica serving requests of up to `max_len` tokens."""
@@ -157,8 +187,15 @@ class Deployment:
             "replicas": self.replicas, "num_gpus": self.num_gpus, "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens, "weight_dtype": self.weight_dtype,
             "kv_dtype": self.kv_dtype, "engine": self.engine, "block_size": self.block_size,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-        }  # fmt: skip
+            "gpu_memory_utilization": self.gpu_memory_utilization, "routing": self.routing,
+        } | self._offload_flags()  # fmt: skip
+
+    def _offload_flags(self) -> dict:
+        if not self.kv_offload_gib:
+            return {}
+        return {"kv_offload_gib": self.kv_offload_gib, "offload_policy": self.offload_policy,
+                "offload_bandwidth_gbps": self.offload_bandwidth_gbps,
+                "vllm_serve_flags": offload_flags(self.kv_offload_gib)}  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,7 +204,10 @@ class Prediction:
     with throughput_tokens_per_s scaled to the whole deployment; intervals: the 95% interval of each
     percentile; converged / stable / kv_limited as there; kv_tokens: KV slots per replica for the target's
     sequences (after a draft's weights, K/V and lookahead slots when speculating); state: the
-    replica's estimate (its last simulation in state.result)."""
+    replica's estimate, or the fleet's when routed (its last simulation in state.result); per_replica: each
+    replica's load_share, prefix_hit_rate, kv_usage, throughput_tokens_per_s and requests over the measured
+    window (`core.serving.fleet.replica_breakdown`), None for a closed loop over several replicas (one simulated
+    replica stands for each)."""
 
     deployment: Deployment
     load: Load
@@ -178,6 +218,7 @@ class Prediction:
     kv_limited: bool
     kv_tokens: int
     state: SteadyState = field(repr=False)
+    per_replica: list | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready: every percentile key (ttft_p50_s ... e2e_p99_s; None where undefined), the means,
@@ -189,7 +230,13 @@ class Prediction:
                     "throughput_tokens_per_s", "request_throughput_per_s", "mean_running_batch",
                     "mean_waiting", "preemptions", "preemptions_per_s"):  # fmt: skip
             out[key] = m.get(key)
-        out["prefix_hit_rate"] = m.get("prefix_hit_rate") if self.load.uses_prefix_cache else None
+        caching = self.load.uses_prefix_cache or bool(self.deployment.kv_offload_gib)
+        for key in (
+            "prefix_hit_rate",
+            "gpu_hit_rate",
+            "host_hit_rate",
+        ):  # all tiers, then HBM's and the host's
+            out[key] = m.get(key) if caching else None
         spec = self.deployment.speculation
         out["mean_accepted_len"] = spec.mean_accepted_len if spec is not None else None
         out |= {
@@ -197,7 +244,8 @@ class Prediction:
             "intervals": {k: list(v) for k, v in self.intervals.items()}, "kv_tokens": self.kv_tokens,
             "simulated_requests": self.state.simulated_requests,
             "measured_requests": self.state.measured_requests,
-            "warmup_requests": self.state.warmup_requests, "deployment": self.deployment.flags(),
+            "warmup_requests": self.state.warmup_requests, "per_replica": self.per_replica,
+            "deployment": self.deployment.flags(),
             "load": {"rate": self.load.rate, "concurrency": self.load.concurrency,
                      "prompt_len": self.load.prompt_len, "output_len": self.load.output_len,
                      "length_spread": self.load.length_spread, "seed": self.load.seed},
@@ -224,22 +272,27 @@ def replica_steady_state(
     settings: SteadyStateSettings | None = None,
     decided: Callable[[SteadyState], bool] | None = None,
     focus: tuple[str, ...] | None = None,
+    fleet: Fleet | None = None,
 ) -> SteadyState:
     """The steady state of one replica under `load` (already its share), KV capacity `kv_tokens` slots: counted
     blocks, or block tables with prefix caching when the load's prompts share tokens; settings / decided /
-    focus as `core.serving.steady_state.steady_state` takes them."""
+    focus as `core.serving.steady_state.steady_state` takes them. fleet: instead, `load` is the whole fleet's and
+    the estimate is that of `fleet`'s replicas behind its router (`core.serving.fleet.simulate_fleet`)."""
+    caching = load.uses_prefix_cache or bool(deployment.kv_offload_gib)  # a host tier runs with the cache on
+    offload = deployment.host_offload(deployment.memory_plan(load.max_len))
     config = SimulatorConfig(
         kv_capacity_tokens=int(kv_tokens), max_num_seqs=deployment.max_num_seqs,
         max_num_batched_tokens=deployment.max_num_batched_tokens, max_seq_len=load.max_len, step_time=step,
-        max_snapshots=1,
+        max_snapshots=1, offload=offload,
     )  # fmt: skip
-    caching = load.uses_prefix_cache
     policy = paged(deployment.block_size, enable_prefix_caching=caching, counted=not caching)
     lifetime = (
         idle_lifetime(step, load, deployment.max_num_batched_tokens) + (load.turns - 1) * load.turn_gap_s
     )
 
     def run(requests, until):
+        if fleet is not None:
+            return simulate_fleet(requests, policy, config, fleet, until_finished=until)
         return simulate(requests, policy, config, until_finished=until, concurrency=load.concurrency)
 
     return steady_state(
@@ -266,15 +319,22 @@ def predict(
     capacity = deployment.memory_plan(load.max_len)
     if not capacity.fits:
         raise InvalidArgumentError(f"the deployment does not fit: {capacity.verdict}")
-    share = load.per_replica(deployment.replicas)
+    routed = deployment.routes(load)
+    share = load if routed else load.per_replica(deployment.replicas)
     cost, kv_tokens = deployment.step_cost(deployment.step_model(step_time), int(capacity.kv_tokens))
-    state = replica_steady_state(deployment, share, cost, kv_tokens, settings, decided, focus)
+    fleet = Fleet(deployment.replicas, deployment.routing, load.seed) if routed else None
+    state = replica_steady_state(deployment, share, cost, kv_tokens, settings, decided, focus, fleet)
     metrics = dict(state.metrics)
-    for key in ("throughput_tokens_per_s", "request_throughput_per_s"):
-        if key in metrics:
-            metrics[key] *= deployment.replicas
+    if not routed:
+        for key in ("throughput_tokens_per_s", "request_throughput_per_s"):
+            if key in metrics:
+                metrics[key] *= deployment.replicas
+    per_replica = None
+    if routed or deployment.replicas == 1:
+        first = state.warmup_requests
+        per_replica = replica_breakdown(state.result, first, first + state.measured_requests)
     return Prediction(deployment, load, metrics, state.intervals, state.converged, state.stable,
-                      state.kv_limited, kv_tokens, state)  # fmt: skip
+                      state.kv_limited, kv_tokens, state, per_replica)  # fmt: skip
 
 
 def _finite(value) -> float | None:

@@ -9,7 +9,12 @@ highest Poisson rate it holds within latency targets), each printing one JSON ob
 The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zipf a --turns T --turn-gap s
 (prompts sharing prefixes, chats, through the prefix cache); --spec-tokens K --spec-acceptance a1,...,aK
 --spec-method ngram|draft-model|eagle --draft-model NAME (speculative decoding); predict --disagg
---prefill-workers X --prefill-tp A --decode-workers Y --decode-tp B [--kv-link nvlink|network].
+--prefill-workers X --prefill-tp A --decode-workers Y --decode-tp B [--kv-link nvlink|network]; --replicas N
+--routing round-robin|random|least-loaded|prefix-aware|session (a routed fleet: `core.serving.fleet`).
+
+Any model: --config PATH [--num-params N] (a Hugging Face config.json, as the capacity planner takes it) in place
+of --model, on predict, max-rate and slo; the same JSON keys as for a preset (deployment.model is the file's
+name).
 
 Exit status 0; 2 with one plain line on stderr naming the bad flag.
 """
@@ -26,9 +31,11 @@ from core.planning.disagg import DisaggDeployment, predict_disagg
 from core.planning.engine_profiles import DEFAULT_ENGINE, ENGINES
 from core.planning.load import Load
 from core.planning.max_rate import max_rate
+from core.planning.models import MODELS, ModelSpec, model_from_config_file
 from core.planning.predict import Deployment, predict
 from core.planning.speculative import SPEC_METHODS, Speculation
 from core.serving.latency import PERCENTILES
+from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES
 from core.serving.steady_state import STEADY_METRICS
 
 
@@ -44,7 +51,7 @@ def deployment_flags(parser: argparse.ArgumentParser) -> None:
     """--model --gpu --tp --pp --replicas --max-num-seqs --max-num-batched-tokens --weight-dtype --kv-dtype
     --engine, and speculative decoding (--spec-tokens --spec-acceptance --spec-method --draft-model): one
     deployment (`Deployment`)."""
-    parser.add_argument("--model", required=True, help="model preset")
+    config_flags(parser)
     parser.add_argument("--gpu", required=True, help="GPU preset")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
@@ -60,6 +67,31 @@ def deployment_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--spec-method", default="ngram", help=f"one of {', '.join(SPEC_METHODS)}")
     parser.add_argument("--draft-model", default=None, help="draft model preset (--spec-method draft-model)")
+    # a host-memory KV tier (vLLM's native offloading, core.serving.host_offload)
+    parser.add_argument("--kv-offload-gib", type=float, default=0.0, help="GiB of host KV per replica")
+    parser.add_argument("--offload-policy", default="lru", help="host tier eviction: lru or arc")
+    parser.add_argument("--offload-bandwidth-gbps", type=float, default=50.0, help="host->GPU GB/s per GPU")
+    parser.add_argument(
+        "--routing", default=DEFAULT_ROUTING, help=f"replica router: one of {', '.join(ROUTING_POLICIES)}"
+    )
+
+
+def config_flags(parser: argparse.ArgumentParser) -> None:
+    """--model PRESET | --config PATH [--num-params N]: a preset or any Hugging Face config.json (as the capacity
+    planner takes them; `model_from_args` reads them)."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
+    source.add_argument("--config", help="path of a Hugging Face config.json (instead of --model)")
+    parser.add_argument("--num-params", type=float, help="parameter count for --config (default: estimated)")
+
+
+def model_from_args(args) -> "str | ModelSpec":
+    """The preset slug of --model, or the ModelSpec of --config (--num-params only with --config)."""
+    if args.config is None:
+        if args.num_params is not None:
+            raise InvalidArgumentError("--num-params goes with --config (a preset has its own count)")
+        return args.model
+    return model_from_config_file(args.config, args.num_params)
 
 
 def load_flags(parser: argparse.ArgumentParser) -> None:
@@ -115,8 +147,11 @@ def speculation_from_args(args) -> Speculation | None:
 
 def deployment_from_args(args) -> Deployment:
     return Deployment(
-        args.model, args.gpu, args.tp, args.pp, args.replicas, args.max_num_seqs, args.max_num_batched_tokens,
-        args.weight_dtype, args.kv_dtype, args.engine, speculation=speculation_from_args(args),
+        model_from_args(args), args.gpu, args.tp, args.pp, args.replicas, args.max_num_seqs,
+        args.max_num_batched_tokens, args.weight_dtype, args.kv_dtype, args.engine,
+        speculation=speculation_from_args(args), routing=args.routing,
+        kv_offload_gib=args.kv_offload_gib, offload_policy=args.offload_policy,
+        offload_bandwidth_gbps=args.offload_bandwidth_gbps,
     )  # fmt: skip
 
 
@@ -145,8 +180,8 @@ def disagg_from_args(args) -> DisaggDeployment:
     if args.spec_tokens is not None or args.pp != 1:
         raise InvalidArgumentError("--disagg takes neither --spec-tokens nor --pp (each pool is tp-only)")
     return DisaggDeployment(
-        args.model, args.gpu, args.prefill_workers, args.prefill_tp, args.decode_workers, args.decode_tp,
-        args.max_num_seqs, args.max_num_batched_tokens, args.weight_dtype, args.kv_dtype, args.engine,
+        model_from_args(args), args.gpu, args.prefill_workers, args.prefill_tp, args.decode_workers,
+        args.decode_tp, args.max_num_seqs, args.max_num_batched_tokens, args.weight_dtype, args.kv_dtype, args.engine,
         kv_link=args.kv_link,
     )  # fmt: skip
 

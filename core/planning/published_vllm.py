@@ -1,13 +1,21 @@
 """Measured vLLM serving figures, the simulator's prediction of each, and the vLLM step-time parameters fitted to
 them (`core.planning.engine_profiles` stores the fitted values; docs/slo.md has the method and the table).
 
-The figures (`ROWS`, from core/planning/data/vllm_silicon_llama31_70b.csv): ai-dynamo/aiconfigurator's
-silicon_sample.csv, its vLLM rows of Llama-3.1-70B with FP8 weights on H100 SXM (TP 2, 4, 8) and H200 SXM (TP 1, 2,
-4, 8): mean TTFT and mean TPOT of a closed loop of C clients (C = 4 ... 64) at fixed lengths ISL / OSL
-(1,024 / 1,024, 1,024 / 8,192, 8,192 / 1,024).
+The figures (`ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, its vLLM rows on H100 SXM and H200 SXM:
+mean TTFT and mean TPOT of a closed loop of C clients at fixed lengths ISL / OSL. From
+core/planning/data/vllm_silicon_llama31_70b.csv, Llama-3.1-70B with FP8 weights (TP 2, 4, 8 on H100; 1, 2, 4, 8
+on H200; C = 4 ... 64; 1,024 / 1,024, 1,024 / 8,192, 8,192 / 1,024); from
+core/planning/data/vllm_silicon_models.csv (issue 40), Qwen3-32B bf16 (H100), Llama-3.1-8B-Instruct FP8 (H200),
+gpt-oss-120b MXFP4 (H100, H200) and Qwen3-235B-A22B FP8 (H200; its 19 rows served with data-parallel attention
+are kept apart in ATTENTION_DP_ROWS, not priced).
 
-The prediction of one row (`predict_row`) is a deployment with vLLM's defaults where the row says nothing: FP8
-weights, KV cache in the model's dtype (kv_cache_dtype auto), block size 16, max_num_batched_tokens 8,192,
+Split (issue 40): whole models. TRAINING_MODELS (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b) are fitted; every row of
+HELD_OUT_MODELS (Llama-3.1-8B, a small dense model; Qwen3-235B-A22B, an MoE model) is held out. The stored
+profile `VLLM_STEP_DEFAULTS` is the earlier single-model fit (SINGLE_MODEL_FIT_NAMES on Llama-3.1-70B's H100 rows,
+its H200 rows held out); FIT_NAMES / FIXED are the cross-model profile (docs/slo.md, section 2c).
+
+The prediction of one row (`predict_row`) is a deployment with vLLM's defaults where the row says nothing: the
+row's weight dtype, KV cache in the model's dtype (kv_cache_dtype auto), block size 16, max_num_batched_tokens 8,192,
 max_num_seqs 256, gpu_memory_utilization 0.9, max_model_len ISL + OSL, the KV capacity from the exact planner
 (`core.planning.plan.plan`); the step time `core.planning.step_time.from_specs` with the parameters given; run
 through `core.serving.simulator.simulate(..., concurrency=C)` (the closed loop, the paged policy counting blocks)
@@ -27,12 +35,11 @@ a row once, records every step's load (new tokens, keys read, attention pairs, s
 each measured request arrived, got its first token and finished in; other parameters then only re-price the
 recorded steps (numpy), exactly what simulating again gives (tests check it).
 
-`fit_vllm` fits FIT_NAMES by Gauss-Newton least squares on log(predicted / measured) of mean TTFT and mean TPOT
-over the training rows: the H100 rows. The H200 rows are held out: another GPU (1.43x the bandwidth, 1.76x the
-memory) and a TP size (1) the training rows do not have.
+`fit_vllm` fits FIT_NAMES (FIXED held) by Gauss-Newton least squares on log(predicted / measured) of mean TTFT
+and mean TPOT over the training rows.
 
 KV-limited rows (`kv_limited`: C x (ISL + OSL / 2), the KV tokens the clients hold on average, exceeds the
-planner's KV tokens) are reported but neither fitted nor counted in either RMS: there requests wait for KV
+planner's KV tokens, or C exceeds MAX_NUM_SEQS: gpt-oss-120b's 512-client rows) are reported but neither fitted nor counted in either RMS: there requests wait for KV
 blocks (or are preempted) and the measured TTFT is a queueing time that depends on the benchmark's length and
 on vLLM's preemption order, not on the step time the fit is about. docs/slo.md lists them with their errors.
 """
@@ -55,9 +62,11 @@ from core.serving.simulator import simulate
 from core.serving.workload import Request
 
 DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_llama31_70b.csv"
+MODELS_DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_models.csv"
 VLLM_SOURCE = (
     "ai-dynamo/aiconfigurator, aic-core/src/aiconfigurator_core/systems/silicon_sample.csv at commit "
-    "095f58a51c4ca8e61b66ec108d86f223f8d559ce (Apache-2.0): vLLM rows, Llama-3.1-70B FP8, H100 / H200 SXM"
+    "095f58a51c4ca8e61b66ec108d86f223f8d559ce (Apache-2.0): vLLM rows, H100 / H200 SXM, of Llama-3.1-70B FP8, "
+    "Qwen3-32B bf16, Llama-3.1-8B-Instruct FP8, gpt-oss-120b MXFP4 and Qwen3-235B-A22B FP8"
 )
 WEIGHT_DTYPE = "fp8"
 KV_DTYPE = "auto"  # vLLM's default kv_cache_dtype: the model's dtype (bf16)
@@ -69,10 +78,22 @@ WARMUP_ROUNDS = 2
 MEASURED_ROUNDS = 2
 BENCHMARK_ROUNDS = 20
 PHASES = ("first", "steady")
-HELD_OUT_GPUS = ("h200-141gb",)
-FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
-START = {"bandwidth_efficiency": 0.6, "flops_efficiency": 0.4, "overhead_s": 0.003,
-         "per_token_overhead_s": 1e-6}  # fmt: skip
+TRAINING_MODELS = ("llama-3.1-70b", "qwen3-32b", "gpt-oss-120b")  # two dense, one MoE; H100 and H200
+HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b")  # a small dense model and an MoE one
+MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b")
+# The cross-model profile (issue 40): one FLOP/s efficiency for dense GEMMs, one for routed-expert GEMMs, and a
+# fixed cost per layer per step; the weights and K/V read at the datasheet bandwidth (the single-model fit put
+# bandwidth_efficiency at its bound 1), no fixed cost beside the per-layer one and no per-token host time (the
+# single-model fit's 16.6 us per token, fixed whatever the model and TP, made an 8B model's 8,192-token
+# prefill cost 136 ms of host time alone).
+FIT_NAMES = ("flops_efficiency", "layer_overhead_s", "expert_flops_efficiency")
+FIXED = {"bandwidth_efficiency": 1.0, "overhead_s": 0.0, "per_token_overhead_s": 0.0}
+SINGLE_MODEL_FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
+# Gauss-Newton's starting point: round values near the cross-model solution (the fit is the same from 0.4 / 2e-5
+# / 0.2 in more iterations: docs/slo.md 2c).
+START = {"bandwidth_efficiency": 0.6, "flops_efficiency": 0.3, "overhead_s": 0.003,
+         "per_token_overhead_s": 1e-6, "layer_overhead_s": 7e-5, "expert_flops_efficiency": 0.08,
+         "fp8_flops_ratio": 1.5}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -88,36 +109,48 @@ class VllmRow:
     concurrency: int
     ttft_s: float
     tpot_s: float
+    weight_dtype: str = WEIGHT_DTYPE
+    dp: int = 1
+    ep: int = 1
 
     @property
     def held_out(self) -> bool:
-        return self.gpu in HELD_OUT_GPUS
+        return self.model in HELD_OUT_MODELS
 
     @property
     def label(self) -> str:
-        return (f"{MODELS[self.model].name} FP8, {GPUS[self.gpu].name} TP{self.tp}, ISL {self.isl} / OSL "
-                f"{self.osl}, {self.concurrency} clients")  # fmt: skip
+        weights = "MXFP4" if self.weight_dtype == "auto" else self.weight_dtype.upper()
+        ep = f" EP{self.ep}" if self.ep > 1 else ""
+        return (f"{MODELS[self.model].name} {weights}, {GPUS[self.gpu].name} TP{self.tp}{ep}, ISL {self.isl} / "
+                f"OSL {self.osl}, {self.concurrency} clients")  # fmt: skip
 
 
-def _read_rows() -> tuple[VllmRow, ...]:
-    with DATA_PATH.open(newline="") as f:
+def _read_rows(path: Path) -> tuple[VllmRow, ...]:
+    with path.open(newline="") as f:
         lines = [line for line in f if not line.startswith("#")]
     rows = []
     for r in csv.DictReader(lines):
         ints = (int(r[k]) for k in ("tp", "isl", "osl", "concurrency"))
         seconds = (float(r[k]) / 1e3 for k in ("ttft_ms", "tpot_ms"))
-        rows.append(VllmRow(r["id"], r["model"], r["gpu"], *ints, *seconds))
+        more = (
+            {"weight_dtype": r["weight_dtype"], "dp": int(r["dp"]), "ep": int(r["ep"])} if "dp" in r else {}
+        )
+        rows.append(VllmRow(r["id"], r["model"], r["gpu"], *ints, *seconds, **more))
     return tuple(rows)
 
 
-ROWS = _read_rows()
+_ALL_ROWS = _read_rows(DATA_PATH) + _read_rows(MODELS_DATA_PATH)
+# Rows served with data-parallel attention (Qwen3-235B-A22B at attention TP 1 / 2 with MoE TP 2 / 4): another
+# deployment than one TP group, which the step-time model does not price; kept apart, neither fitted nor scored.
+ATTENTION_DP_ROWS = tuple(r for r in _ALL_ROWS if r.dp > 1)
+ROWS = tuple(r for r in _ALL_ROWS if r.dp == 1)
 
 
 @cache
 def kv_tokens(row: VllmRow) -> int:
     """KV slots of the row's replica by the exact planner (vLLM's memory rules and defaults)."""
     capacity = plan(
-        MODELS[row.model], GPUS[row.gpu], tensor_parallel=row.tp, weight_dtype=WEIGHT_DTYPE, kv_dtype=KV_DTYPE,
+        MODELS[row.model], GPUS[row.gpu], tensor_parallel=row.tp, weight_dtype=row.weight_dtype, kv_dtype=KV_DTYPE,
         gpu_memory_utilization=GPU_MEMORY_UTILIZATION, block_size=BLOCK_SIZE, max_model_len=row.isl + row.osl,
         max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
     )  # fmt: skip
@@ -125,8 +158,9 @@ def kv_tokens(row: VllmRow) -> int:
 
 
 def kv_limited(row: VllmRow) -> bool:
-    """Whether the clients' average KV footprint, C x (ISL + OSL / 2) tokens, exceeds the cache (module docstring)."""
-    return row.concurrency * (row.isl + row.osl / 2) > kv_tokens(row)
+    """Whether the clients' average KV footprint, C x (ISL + OSL / 2) tokens, exceeds the cache, or there are more
+    clients than MAX_NUM_SEQS (requests then queue for a slot; module docstring)."""
+    return row.concurrency > MAX_NUM_SEQS or row.concurrency * (row.isl + row.osl / 2) > kv_tokens(row)
 
 
 def row_set(row: VllmRow) -> str:
@@ -135,7 +169,7 @@ def row_set(row: VllmRow) -> str:
 
 
 def step_model(row: VllmRow, overrides: dict) -> StepTimeModel:
-    return from_specs(MODELS[row.model], GPUS[row.gpu], row.tp, WEIGHT_DTYPE, KV_DTYPE, **overrides)
+    return from_specs(MODELS[row.model], GPUS[row.gpu], row.tp, row.weight_dtype, KV_DTYPE, **overrides)
 
 
 def _run(row: VllmRow, step, phase: str):
@@ -251,8 +285,8 @@ def replay(row: VllmRow) -> RowReplay:
     return RowReplay(row)
 
 
-def _log_errors(x: np.ndarray, rows) -> np.ndarray:
-    overrides = dict(zip(FIT_NAMES, np.exp(x), strict=True))
+def _log_errors(x: np.ndarray, rows, names=FIT_NAMES, fixed=None) -> np.ndarray:
+    overrides = dict(fixed or {}) | dict(zip(names, np.exp(x), strict=True))
     out = []
     for row in rows:
         ttft, tpot = replay(row).latencies(overrides)
@@ -264,24 +298,27 @@ def training_rows() -> list[VllmRow]:
     return [r for r in ROWS if row_set(r) == "training"]
 
 
-def fit_vllm(rows=None, iterations: int = 60) -> dict:
+def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED) -> dict:
     """FIT_NAMES minimising sum(log(predicted / measured)^2) over mean TTFT and mean TPOT of `rows` (default: the
     training rows), by damped Gauss-Newton on their logs (finite-difference Jacobians, the efficiencies held in
     (0, 1], the overheads > 0 by the log)."""
     rows = training_rows() if rows is None else list(rows)
-    upper = np.array([0.0 if n.endswith("efficiency") else math.inf for n in FIT_NAMES])
-    x = np.log([START[n] for n in FIT_NAMES])
-    r = _log_errors(x, rows)
+    upper = np.array([0.0 if n.endswith("efficiency") else math.log(2) if n == "fp8_flops_ratio" else math.inf
+                      for n in names])  # fmt: skip
+    x = np.log([START[n] for n in names])
+    r = _log_errors(x, rows, names, fixed)
     for _ in range(iterations):
         jac = np.empty((len(r), len(x)))
         for j in range(len(x)):
             dx = np.zeros_like(x)
             dx[j] = 1e-6
-            jac[:, j] = (r - _log_errors(x - dx, rows)) / 1e-6  # backward: an efficiency may sit at 1
+            jac[:, j] = (
+                r - _log_errors(x - dx, rows, names, fixed)
+            ) / 1e-6  # backward: an efficiency may sit at 1
         step = np.linalg.lstsq(jac, -r, rcond=None)[0]
         for _ in range(20):  # halve the step until the cost falls
             x_new = np.minimum(x + step, upper)
-            r_new = _log_errors(x_new, rows)
+            r_new = _log_errors(x_new, rows, names, fixed)
             if r_new @ r_new < r @ r:
                 break
             step /= 2
@@ -291,14 +328,14 @@ def fit_vllm(rows=None, iterations: int = 60) -> dict:
         x, r = x_new, r_new
         if converged:
             break
-    return dict(zip(FIT_NAMES, (float(v) for v in np.exp(x)), strict=True))
+    return dict(fixed or {}) | dict(zip(names, (float(v) for v in np.exp(x)), strict=True))
 
 
-def comparison(overrides: dict) -> list[dict]:
-    """One dict per row: the row, measured and predicted mean TTFT / TPOT (seconds), their relative errors
-    (predicted / measured - 1) and the set ("training", "held out", "kv-limited")."""
+def comparison(overrides: dict, rows=None) -> list[dict]:
+    """One dict per row of `rows` (default ROWS): the row, measured and predicted mean TTFT / TPOT (seconds), their
+    relative errors (predicted / measured - 1) and the set ("training", "held out", "kv-limited")."""
     out = []
-    for row in ROWS:
+    for row in ROWS if rows is None else rows:
         ttft, tpot = replay(row).latencies(overrides)
         out.append({
             "row": row, "ttft_s": ttft, "tpot_s": tpot, "ttft_error": ttft / row.ttft_s - 1.0,
@@ -311,3 +348,27 @@ def rms_relative_error(rows: list[dict], which: str) -> float:
     """RMS of the TTFT and TPOT relative errors together over the comparison rows of set `which`."""
     errors = [e for r in rows if r["set"] == which for e in (r["ttft_error"], r["tpot_error"])]
     return float(np.sqrt(np.mean(np.square(errors)))) if errors else math.nan
+
+
+def _rms(values) -> float:
+    return float(np.sqrt(np.mean(np.square(values)))) if len(values) else math.nan
+
+
+def errors_by_model(rows: list[dict], which: str) -> dict:
+    """{model: {"ttft_rms_rel_err", "tpot_rms_rel_err", "rms_rel_err", "rows", "by_gpu"}} over the comparison rows
+    of set `which`: the RMS relative errors of TTFT and TPOT apart and together, the row count, and the same per
+    GPU ({gpu: {...}} without by_gpu)."""
+
+    def summary(group: list[dict]) -> dict:
+        ttft, tpot = [r["ttft_error"] for r in group], [r["tpot_error"] for r in group]
+        return {"ttft_rms_rel_err": _rms(ttft), "tpot_rms_rel_err": _rms(tpot), "rms_rel_err": _rms(ttft + tpot),
+                "rows": len(group)}  # fmt: skip
+
+    out = {}
+    for model in dict.fromkeys(r["row"].model for r in rows if r["set"] == which):
+        group = [r for r in rows if r["set"] == which and r["row"].model == model]
+        gpus = dict.fromkeys(r["row"].gpu for r in group)
+        out[model] = summary(group) | {
+            "by_gpu": {g: summary([r for r in group if r["row"].gpu == g]) for g in gpus}
+        }
+    return out

@@ -110,6 +110,19 @@ class ResolvedDeployment:
         )  # fmt: skip
 
 
+def checked_max_model_len(model, max_model_len: int | None) -> int:
+    """`max_model_len` (default the model's max_position_embeddings), checked as vLLM checks it at start.
+    Raises InvalidArgumentError (not an int >= 1, or over the model's positions: vLLM refuses it)."""
+    max_len = model.max_position_embeddings if max_model_len is None else max_model_len
+    max_len = check_int(max_len, "max_model_len", minimum=1, maximum=MAX_CONTEXT_TOKENS)
+    if max_len > model.max_position_embeddings:
+        raise InvalidArgumentError(
+            f"max_model_len {max_len:,} exceeds {model.name}'s max_position_embeddings "
+            f"{model.max_position_embeddings:,} (vLLM refuses it)"
+        )
+    return max_len
+
+
 def resolve_deployment(inputs: PlanInputs) -> ResolvedDeployment:
     """`inputs` checked (raising `InvalidArgumentError` that says what is allowed), the defaults applied (see
     `core.planning.plan.plan`) and the model's layer specs, groups and stages derived (`model_kv_specs`):
@@ -133,13 +146,7 @@ def resolve_deployment(inputs: PlanInputs) -> ResolvedDeployment:
         raise InvalidArgumentError(
             f"block_size must be one of {', '.join(map(str, BLOCK_SIZES))} tokens, got {inputs.block_size!r}"
         )
-    max_len = model.max_position_embeddings if inputs.max_model_len is None else inputs.max_model_len
-    max_len = check_int(max_len, "max_model_len", minimum=1, maximum=MAX_CONTEXT_TOKENS)
-    if max_len > model.max_position_embeddings:
-        raise InvalidArgumentError(
-            f"max_model_len {max_len:,} exceeds {model.name}'s max_position_embeddings "
-            f"{model.max_position_embeddings:,} (vLLM refuses it)"
-        )
+    max_len = checked_max_model_len(model, inputs.max_model_len)
     context_len = max_len if inputs.context_len is None else inputs.context_len
     context_len = check_int(context_len, "context_len", minimum=1, maximum=max_len)
     max_num_seqs = check_int(inputs.max_num_seqs, "max_num_seqs", minimum=1, maximum=MAX_NUM_SEQS)

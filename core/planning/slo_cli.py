@@ -1,6 +1,6 @@
 """`python -m core.planning slo`: the cheapest deployment that meets a latency SLO, as JSON.
 
-    python -m core.planning slo --model llama-3.1-8b --rate 12 --prompt-len 2000 --output-len 300 \\
+    python -m core.planning slo --model llama-3.1-8b | --config config.json [--num-params N] --rate 12 --prompt-len 2000 --output-len 300 \\
         --ttft-p95 1 --tpot-p95 0.05 [--ttft-p99 ... --itl-p99 ... --e2e-p90 ...] [--engine vllm|trtllm] \\
         [--gpus h100-80gb h200-141gb l40s] [--max-gpus 8] [--length-spread S] [--seed K] [--disagg]
 
@@ -22,8 +22,7 @@ from core.errors import LabError, SloInfeasibleError
 from core.planning.engine_profiles import DEFAULT_ENGINE, ENGINES
 from core.planning.hardware import GPUS
 from core.planning.kv_accounting import KV_DTYPES, WEIGHT_DTYPES
-from core.planning.models import MODELS
-from core.planning.predict_cli import LineErrorParser, load_flags, target_flags
+from core.planning.predict_cli import LineErrorParser, config_flags, load_flags, model_from_args, target_flags
 from core.planning.slo import Slo, SloCandidates, SloWorkload, plan_slo
 from core.planning.slo_candidates import DEFAULT_SLO_GPUS
 
@@ -34,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m core.planning slo",
         description="The cheapest GPU deployment that serves a workload within latency targets (steady state).",
     )
-    parser.add_argument("--model", required=True, help=f"preset: {', '.join(MODELS)}")
+    config_flags(parser)  # --model PRESET | --config PATH [--num-params N]
     parser.add_argument("--rate", type=float, required=True, help="requests per second (Poisson)")
     load_flags(parser)
     target_flags(parser)
@@ -79,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens, max_meeting=args.max_meeting,
             engine=args.engine, disagg=args.disagg,
         )  # fmt: skip
-        plan = plan_slo(args.model, workload, slo, candidates)
+        plan = plan_slo(model_from_args(args), workload, slo, candidates)
     except SloInfeasibleError as error:
         print(f"error: {error}", file=sys.stderr)
         body = error.plan.to_dict() if error.plan is not None else {"configs": []}

@@ -113,8 +113,10 @@ def eagle_head_model(target: StepTimeModel, spec) -> StepTimeModel:
     layers = spec.num_layers
     share = (spec.layer_params + max(spec.lm_head_params, spec.embedding_params)) / spec.num_params
     return draft_pass_model(replace(
-        target, weight_bytes=target.weight_bytes * share, flops_per_token=target.flops_per_token * share,
-        kv_bytes_per_token=target.kv_bytes_per_token / layers,
+        target, weight_bytes=(target.weight_bytes + target.expert_weight_bytes) * share,
+        flops_per_token=target.flops_per_token * share, kv_bytes_per_token=target.kv_bytes_per_token / layers,
+        expert_weight_bytes=0.0, num_experts=0, experts_per_token=0, expert_flops_per_token=0.0,
+        sliding_layer_fraction=0.0,
         attention_flops_per_pair=target.attention_flops_per_pair / layers,
         comm_latency_s=target.comm_latency_s / layers, comm_bytes_per_token=target.comm_bytes_per_token / layers,
         lm_head_flops_per_output=0.0, pipeline_stages=1,
@@ -124,7 +126,7 @@ def eagle_head_model(target: StepTimeModel, spec) -> StepTimeModel:
 def eagle_head_bytes(target: StepTimeModel, spec) -> tuple[float, float]:
     """(weight bytes, K/V bytes per token) the EAGLE head adds on a GPU: one layer (the LM head is shared)."""
     return (
-        target.weight_bytes * spec.layer_params / spec.num_params,
+        (target.weight_bytes + target.expert_weight_bytes) * spec.layer_params / spec.num_params,
         target.kv_bytes_per_token / spec.num_layers,
     )
 

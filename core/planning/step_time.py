@@ -41,6 +41,31 @@ Parallelism (`from_specs`):
   2 bytes. This is conservative: vLLM keeps pp micro-batches in flight, so a saturated pipeline can approach
   pp times this throughput; latency per step is as modelled.
 
+Mixture of experts (`from_specs` for a model with routed experts; issue 40): a step reads the layers' dense
+weights (attention, router, embeddings) and only the experts its tokens route to. With E experts, k per token and
+uniform routing a step of n tokens touches 1 - (1 - k / E)^n of each layer's experts (`experts_touched`: one
+decoding token of gpt-oss-120b reads 4 of 128, 64 tokens ~87%), so
+
+    bytes   = weight_bytes (dense part) + expert_weight_bytes x experts_touched(n) + KV as above
+
+(`expert_weight_share`: the experts' share of the stored bytes; MXFP4 experts at 4.25 bits beside bf16 attention
+for gpt-oss). The routed experts' FLOPs (2 x k / E x expert parameters per token) run as grouped GEMMs of
+n x k / E rows each, far below the dense GEMMs' efficiency: priced at expert_flops_efficiency when it is set
+(None: flops_efficiency). Real routing is not uniform (more experts stay cold, a hot one is a straggler): what
+the fitted efficiency absorbs.
+
+Sliding-window layers (gpt-oss, Gemma-2/3, Mistral-7B): a layer with a window of W tokens reads and attends to
+at most W earlier tokens per query. With a fraction f of the layers windowed, a step's context reads and its
+attention pairs count as (1 - f) x load + f x min(load, W x new_tokens) (`windowed`: at most new_tokens queries,
+each seeing at most W keys; exact for decode steps whose contexts are all past W or all within it). gpt-oss's
+window of 128 against contexts of 1,000-9,000 halves its context reads; Mistral-7B's 4,096 changes nothing
+below 4,096 tokens. New tokens are still written to every layer.
+
+Per-layer overhead (`from_specs(..., layer_overhead_s=...)`): a step's fixed cost outside the roofline grows
+with the number of layers (each layer's kernels have a floor of launch and synchronisation time however small
+the batch): overhead_s + layer_overhead_s x layers. A fixed cost fitted on one model's 80 layers over-prices
+a 32- or 36-layer model's step.
+
 Efficiencies and overheads are fitted, never guessed: `core.planning.step_fit.fit_step_time` fits bandwidth_efficiency,
 flops_efficiency, overhead_s and per_token_overhead_s by least squares on relative error from measured step
 times (our engine: `bench/slo.py`; published GPU figures: `core.planning.published`). The defaults below are
@@ -61,7 +86,9 @@ import numpy as np
 
 from core.common import cdiv
 from core.errors import InvalidArgumentError
+from core.kv.hf_config import SLIDING
 from core.planning.kv_accounting import kv_bytes_per_token, resolve_weight_dtype, weight_bytes_per_gpu
+from core.planning.weights import bits_per_quantized_param, checkpoint_weight_bytes, uses_group_quantization
 
 # The constants used for the paper reproduction (OPT-13B, fp16, one A100-SXM4-40GB).
 OPT_13B_PARAMS = 12.9e9
@@ -101,6 +128,9 @@ class StepTimeModel:
     (QK^T and PV for one query-key pair). memory_bandwidth (bytes/s) and peak_flops (FLOP/s), scaled by the two
     efficiencies (in (0, 1]). overhead_s: fixed per-step time outside the kernels; per_token_overhead_s: host time
     per token of the step; single_token_overhead_s: overhead_s of a one-token step (None: the same).
+    expert_weight_bytes / num_experts / experts_per_token: an MoE model's routed-expert bytes on the GPU (outside
+    weight_bytes) and its routing (num_experts 0: every expert read every step); expert_flops_per_token (part of
+    flops_per_token) priced at expert_flops_efficiency (None: flops_efficiency). Module docstring: MoE.
     small_step_factors: entry n - 1 multiplies the time of a step of exactly n new tokens (module docstring;
     () : none; each finite and > 0; stored as a tuple of floats).
     lm_head_flops_per_output: FLOPs of the LM head per sampled token, when flops_per_token leaves it out (engines
@@ -127,6 +157,13 @@ class StepTimeModel:
     single_token_overhead_s: float | None = None
     lm_head_flops_per_output: float = 0.0
     small_step_factors: tuple[float, ...] = ()
+    expert_weight_bytes: float = 0.0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_flops_per_token: float = 0.0
+    expert_flops_efficiency: float | None = None
+    sliding_layer_fraction: float = 0.0
+    sliding_window: int = 0
 
     def __post_init__(self):
         try:
@@ -141,6 +178,7 @@ class StepTimeModel:
         for name in (
             "weight_bytes", "kv_bytes_per_token", "flops_per_token", "attention_flops_per_pair", "overhead_s",
             "per_token_overhead_s", "comm_bytes_per_token", "comm_latency_s", "lm_head_flops_per_output",
+            "expert_weight_bytes", "expert_flops_per_token",
         ):  # fmt: skip
             if not getattr(self, name) >= 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -150,6 +188,26 @@ class StepTimeModel:
         for name in ("bandwidth_efficiency", "flops_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise InvalidArgumentError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        if not 0 <= self.sliding_layer_fraction <= 1 or (
+            self.sliding_layer_fraction and not self.sliding_window >= 1
+        ):
+            raise InvalidArgumentError(
+                f"sliding_layer_fraction must be in [0, 1] with a sliding_window >= 1, got "
+                f"{self.sliding_layer_fraction!r} and {self.sliding_window!r}"
+            )
+        if self.expert_flops_efficiency is not None and not 0 < self.expert_flops_efficiency <= 1:
+            raise InvalidArgumentError(
+                f"expert_flops_efficiency must be in (0, 1] or None, got {self.expert_flops_efficiency!r}"
+            )
+        if self.expert_flops_per_token > self.flops_per_token:
+            raise InvalidArgumentError(
+                "expert_flops_per_token is part of flops_per_token: it cannot exceed it"
+            )
+        if self.num_experts and not (1 <= self.experts_per_token <= self.num_experts):
+            raise InvalidArgumentError(
+                f"routed experts need 1 <= experts_per_token <= num_experts, got "
+                f"{self.experts_per_token!r} of {self.num_experts!r}"
+            )
         if self.single_token_overhead_s is not None and not self.single_token_overhead_s >= 0:
             raise InvalidArgumentError(
                 f"single_token_overhead_s must be >= 0, got {self.single_token_overhead_s!r}"
@@ -176,13 +234,21 @@ class StepTimeModel:
         step samples (decodes + prefills it completes; None: new_tokens), priced by lm_head_flops_per_output."""
         if new_tokens <= 0:
             return 0.0
-        memory = (self.weight_bytes + self.kv_bytes_per_token * (kv_tokens_read + new_tokens)) / (
+        weights = self.weight_bytes
+        if self.expert_weight_bytes:
+            weights += self.expert_weight_bytes * self.experts_touched(new_tokens)
+        if self.sliding_layer_fraction:
+            kv_tokens_read = self.windowed(kv_tokens_read, new_tokens)
+            attention_pairs = self.windowed(attention_pairs, new_tokens)
+        memory = (weights + self.kv_bytes_per_token * (kv_tokens_read + new_tokens)) / (
             self.memory_bandwidth * self.bandwidth_efficiency
         )
         flops = self.flops_per_token * new_tokens + self.attention_flops_per_pair * attention_pairs
         if self.lm_head_flops_per_output:
             flops += self.lm_head_flops_per_output * (new_tokens if output_tokens is None else output_tokens)
         compute = flops / (self.peak_flops * self.flops_efficiency)
+        if self.expert_flops_efficiency is not None and self.expert_flops_per_token:
+            compute += self._expert_extra_seconds(new_tokens)
         roof = max(memory, compute)
         if self.pipeline_stages != 1:
             roof *= self.pipeline_stages
@@ -211,9 +277,14 @@ class StepTimeModel:
     def breakdown(self, new_tokens, kv_tokens_read, attention_pairs=0.0, output_tokens=None) -> StepBreakdown:
         """The parts of the step time (arrays broadcast like `step_time`; swap left out)."""
         new_tokens = np.asarray(new_tokens, dtype=np.float64)
-        bytes_moved = self.weight_bytes + self.kv_bytes_per_token * (
-            np.asarray(kv_tokens_read, dtype=np.float64) + new_tokens
-        )
+        kv_tokens_read = np.asarray(kv_tokens_read, dtype=np.float64)
+        attention_pairs = np.asarray(attention_pairs, dtype=np.float64)
+        if self.sliding_layer_fraction:
+            kv_tokens_read = self.windowed(kv_tokens_read, new_tokens)
+            attention_pairs = self.windowed(attention_pairs, new_tokens)
+        bytes_moved = self.weight_bytes + self.kv_bytes_per_token * (kv_tokens_read + new_tokens)
+        if self.expert_weight_bytes:
+            bytes_moved = bytes_moved + self.expert_weight_bytes * self.experts_touched(new_tokens)
         flops = self.flops_per_token * new_tokens + self.attention_flops_per_pair * np.asarray(
             attention_pairs, dtype=np.float64
         )
@@ -223,6 +294,8 @@ class StepTimeModel:
         stages = self.pipeline_stages
         memory = bytes_moved / (self.memory_bandwidth * self.bandwidth_efficiency)
         compute = flops / (self.peak_flops * self.flops_efficiency)
+        if self.expert_flops_efficiency is not None and self.expert_flops_per_token:
+            compute = compute + self._expert_extra_seconds(new_tokens)
         if stages != 1:
             memory, compute = memory * stages, compute * stages
         fixed = self.overhead_s
@@ -239,6 +312,36 @@ class StepTimeModel:
                 x * scale for x in (overhead, memory, compute, comm, total)
             )
         return StepBreakdown(overhead, memory, compute, comm, total)
+
+    def windowed(self, per_layer_load, new_tokens):
+        """A step's context reads (or attention pairs) averaged over the layers when a sliding_layer_fraction of
+        them see at most sliding_window keys per query: (1 - f) x load + f x min(load, window x new_tokens) (each of
+        the step's at most new_tokens queries reads at most the window in a windowed layer; module docstring)."""
+        f, cap = self.sliding_layer_fraction, self.sliding_window * new_tokens
+        low = (
+            np.minimum(per_layer_load, cap)
+            if isinstance(per_layer_load, np.ndarray)
+            else min(per_layer_load, cap)
+        )
+        return (1.0 - f) * per_layer_load + f * low
+
+    def _expert_extra_seconds(self, new_tokens):
+        """The routed experts' FLOPs priced at expert_flops_efficiency instead of flops_efficiency: the time to add
+        to the compute roof (negative when the experts run more efficiently than the rest)."""
+        flops = self.expert_flops_per_token * new_tokens
+        return flops / self.peak_flops * (1.0 / self.expert_flops_efficiency - 1.0 / self.flops_efficiency)
+
+    def experts_touched(self, new_tokens):
+        """The expected fraction of a layer's routed experts that a step of `new_tokens` tokens reads (module
+        docstring: MoE), 1 - (1 - k / E)^n; a float for a float, an array for an array."""
+        if not self.num_experts:
+            return 1.0
+        miss = 1.0 - self.experts_per_token / self.num_experts
+        return (
+            1.0 - miss ** np.maximum(new_tokens, 0.0)
+            if isinstance(new_tokens, np.ndarray)
+            else (1.0 - miss ** max(new_tokens, 0.0))
+        )
 
     def step_factor(self, new_tokens) -> np.ndarray:
         """The small-step factor of each step (float64, shaped like new_tokens): small_step_factors[n - 1] for
@@ -315,6 +418,19 @@ def parallel_traffic(model, tensor_parallel: int = 1, pipeline_parallel: int = 1
     return float(per_token), (all_reduces + pp - 1) * ALL_REDUCE_LATENCY_S
 
 
+def expert_weight_share(model, weight_dtype: str = "auto") -> float:
+    """The routed experts' share of the model's stored weight bytes (0 for a dense model): expert parameters x
+    their stored bits over all the weights' bits. A group-quantized checkpoint (gpt-oss's MXFP4) packs the
+    experts at `bits_per_quantized_param` and keeps the rest 16-bit; otherwise every weight has one dtype."""
+    if not model.is_moe or not model.expert_params:
+        return 0.0
+    name = resolve_weight_dtype(model, weight_dtype)
+    if name == resolve_weight_dtype(model, "auto") and uses_group_quantization(model):
+        total, _ = checkpoint_weight_bytes(model)
+        return min(1.0, model.expert_params * bits_per_quantized_param(model) / 8 / total)
+    return min(1.0, model.expert_params / model.num_params)
+
+
 def from_specs(
     model,
     gpu,
@@ -334,9 +450,19 @@ def from_specs(
     ones from `fit_step_time`, `core.planning.published`), else the defaults.
     """
     tp, pp = tensor_parallel, pipeline_parallel
+    layer_overhead = kwargs.pop("layer_overhead_s", 0.0)
+    if not layer_overhead >= 0:
+        raise InvalidArgumentError(f"layer_overhead_s must be >= 0, got {layer_overhead!r}")
+    if layer_overhead:
+        kwargs["overhead_s"] = (
+            kwargs.get("overhead_s", DEFAULT_OVERHEAD_S) + layer_overhead * model.num_layers
+        )
+    fp8_ratio = kwargs.pop("fp8_flops_ratio", None)
+    if fp8_ratio is not None and not 0 < fp8_ratio <= 2:
+        raise InvalidArgumentError(f"fp8_flops_ratio must be in (0, 2] or None, got {fp8_ratio!r}")
     peak = gpu.peak_bf16_flops
     if resolve_weight_dtype(model, weight_dtype) == "fp8" and getattr(gpu, "peak_fp8_flops", None):
-        peak = gpu.peak_fp8_flops
+        peak = gpu.peak_fp8_flops if fp8_ratio is None or not peak else peak * fp8_ratio
     peak = peak or gpu.memory_bandwidth * 1000.0
     heads = model.num_attention_heads * model.head_dim
     link = getattr(gpu, "interconnect_bandwidth", None)
@@ -344,9 +470,25 @@ def from_specs(
     extra = {"pipeline_stages": pp} if pp > 1 else {}
     if comm_bytes or comm_latency:
         extra |= {"comm_bytes_per_token": comm_bytes, "comm_latency_s": comm_latency}
+    weights = float(weight_bytes_per_gpu(model, weight_dtype, tp, pp))
+    share = expert_weight_share(model, weight_dtype)
+    # moe_reads_all_experts=True: every expert read every step, the model before issue 40 (an ablation)
+    routed = not kwargs.pop("moe_reads_all_experts", False)
+    if share:
+        active_experts = model.expert_params * model.num_experts_per_tok / model.num_experts
+        extra |= {
+            "expert_weight_bytes": weights * share,
+            "expert_flops_per_token": 2.0 * active_experts / (tp * pp),
+        }
+        if routed:
+            extra |= {"num_experts": model.num_experts, "experts_per_token": model.num_experts_per_tok}
+    kv_token = float(kv_bytes_per_token(model, kv_dtype, tp, pp))
+    sliding = model.layer_kinds.count(SLIDING) / model.num_layers
+    if sliding and model.sliding_window:  # module docstring: sliding-window layers
+        extra |= {"sliding_layer_fraction": sliding, "sliding_window": int(model.sliding_window)}
     return StepTimeModel(
-        weight_bytes=float(weight_bytes_per_gpu(model, weight_dtype, tp, pp)),
-        kv_bytes_per_token=float(kv_bytes_per_token(model, kv_dtype, tp, pp)),
+        weight_bytes=weights * (1.0 - share),
+        kv_bytes_per_token=kv_token,
         flops_per_token=2.0 * model.num_params_active / (tp * pp),
         attention_flops_per_pair=4.0 * cdiv(model.num_layers, pp) * heads / tp,
         memory_bandwidth=float(gpu.memory_bandwidth),

@@ -54,10 +54,13 @@ class MemoryMetrics(NamedTuple):
 
 class Admission(NamedTuple):
     """An admitted group: num_prefill_tokens to compute over all its sequences (the shared prompt once, each
-    sequence's recomputed outputs, less prefix-cache hits); hit_tokens found in the prefix cache."""
+    sequence's recomputed outputs, less prefix-cache hits); hit_tokens found in the prefix cache (every tier);
+    load_tokens: of those, the tokens to load from a host tier before the group can prefill (vLLM's
+    WAITING_FOR_REMOTE_KVS: the scheduler holds its prefill until the caller says `Scheduler.loaded`)."""
 
     num_prefill_tokens: int
     hit_tokens: int
+    load_tokens: int = 0
 
 
 class SchedulerMemory(Protocol):

@@ -23,6 +23,9 @@ The rules of `schedule` (one step):
    which keeps the decodes' blocks and the watermark free) allow. Nothing new is admitted in a step that
    preempted, or while swapped groups wait. A prompt larger than the budget is prefilled in chunks over several
    steps; the step that finishes a prefill emits the group's first output token.
+3. Host-tier loads (vLLM's offloading connector): a group whose admission loads part of its prefix from a host
+   tier (`Admission.load_tokens`) holds its blocks but runs no prefill until the caller calls `loaded(group)`;
+   the other groups' steps go on meanwhile (vLLM parks it in WAITING_FOR_REMOTE_KVS while the DMA runs).
 
 The scheduler never computes time: the step's cost and the clock belong to the caller, who reads the
 `ScheduledStep` (a plain record of the decisions) to price it, and who decides when groups arrive (`add`).
@@ -95,6 +98,8 @@ class ScheduledStep:
     num_running / num_running_seqs: groups and sequences running in this step (admitted ones included);
       num_waiting / num_swapped: groups left waiting / swapped after the decisions.
     num_steps: decode steps this record stands for, set by `Scheduler.allocate` (0 until then).
+    loads: (group, tokens) admitted this step whose prefix the memory loads from a host tier first (no prefill
+      chunk until the caller calls `Scheduler.loaded(group)`); num_loading: groups still loading after it.
     """
 
     decoding: list = field(default_factory=list)
@@ -112,6 +117,8 @@ class ScheduledStep:
     num_waiting: int = 0
     num_swapped: int = 0
     num_steps: int = 0
+    loads: list = field(default_factory=list)
+    num_loading: int = 0
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -124,9 +131,10 @@ class ScheduledStep:
 
     @property
     def is_stuck(self) -> bool:
-        """Nothing runs and nothing moved (no preemption, no swap-in): the waiting requests fit nowhere, and the
-        next step would be the same. Every driver raises `SchedulerStuckError.nothing_fits` on it."""
-        return self.is_empty and not (self.preempted or self.swapped_in)
+        """Nothing runs and nothing moved (no preemption, no swap-in, no host load begun or in flight): the
+        waiting requests fit nowhere, and the next step would be the same. Every driver raises
+        `SchedulerStuckError.nothing_fits` on it."""
+        return self.is_empty and not (self.preempted or self.swapped_in or self.loads or self.num_loading)
 
     @property
     def is_decode_only(self) -> bool:
@@ -178,6 +186,7 @@ class Scheduler:
         self.running: list = []
         self.swapped: deque = deque()
         self.num_preemptions = 0
+        self.loading: dict = {}  # running groups whose host-tier load is in flight (insertion order)
 
     # ---- queues ----------------------------------------------------------------------------------------------
 
@@ -196,6 +205,7 @@ class Scheduler:
                 queue.remove(group)
         if group in self.running:
             self.running.remove(group)
+            self.loading.pop(group, None)
             self.memory.release(group)
 
     def reset(self) -> None:
@@ -230,7 +240,13 @@ class Scheduler:
         step.num_running_seqs = seqs
         step.num_waiting = len(self.waiting)
         step.num_swapped = len(self.swapped)
+        step.num_loading = len(self.loading)
         return step
+
+    def loaded(self, group: SequenceGroup) -> None:
+        """The host-tier load of `group` (listed in a step's `loads`) is done: its prefill may run from the next
+        step on. Nothing for a group not loading (preempted or aborted meanwhile)."""
+        self.loading.pop(group, None)
 
     def _preempt_for_decodes(self, step: ScheduledStep) -> tuple[list, int]:
         """Preempt the newest running groups until the decodes' new blocks fit; returns (decoding groups, the
@@ -253,6 +269,7 @@ class Scheduler:
         the blocks that became free."""
         victim.num_preemptions += 1
         self.num_preemptions += 1
+        self.loading.pop(victim, None)
         step.preempted.append(victim)
         if self.preemption_mode == "swap" and victim.num_prefill_tokens == 0:
             blocks = self.memory.swap_blocks(victim)
@@ -290,7 +307,7 @@ class Scheduler:
         for group in self.running:
             if budget <= 0:
                 break
-            if group.num_prefill_tokens > 0:
+            if group.num_prefill_tokens > 0 and group not in self.loading:
                 tokens = min(group.num_prefill_tokens, budget)
                 start = group.num_prefill_total - group.num_prefill_tokens
                 step.prefill_chunks.append((group, start, tokens))
@@ -313,6 +330,10 @@ class Scheduler:
             step.prefix_hit_tokens += admission.hit_tokens
             self.running.append(group)
             seqs += group.num_seqs
+            if admission.load_tokens:  # its prefix comes from the host tier first; others go on meanwhile
+                self.loading[group] = None
+                step.loads.append((group, admission.load_tokens))
+                continue
             tokens = min(group.num_prefill_tokens, budget)
             step.prefill_chunks.append((group, 0, tokens))
             budget -= tokens

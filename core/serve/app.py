@@ -1,7 +1,8 @@
 """The HTTP side of `core.serve`: a FastAPI app with vLLM's OpenAI-compatible routes over one `EngineLoop`.
 
 Routes: POST /v1/completions and /v1/chat/completions (JSON, or SSE with `stream`: `data: {chunk}` lines and a
-final `data: [DONE]`), GET /health, /v1/models, /metrics (Prometheus text, vLLM's names). Every request body is
+final `data: [DONE]`), POST /tokenize and /detokenize (vLLM's shapes), GET /health, /v1/models, /metrics
+(Prometheus text, vLLM's names). Every request body is
 read up to MAX_BODY_BYTES (413 past it), parsed as JSON (400 when it is not, however deep or broken) and checked
 field by field in `core.serve.protocol` before anything is queued: a bad request is an OpenAI-style JSON error
 with status 400 (404 for another model's name), as are unknown routes (404) and wrong methods (405); a request
@@ -28,7 +29,15 @@ from core.engine import Engine
 from core.errors import InvalidArgumentError
 from core.serve.exporter import ServerMetrics
 from core.serve.loop import EngineLoop
-from core.serve.protocol import ModelFacts, ParsedRequest, RequestError, chat_request, completion_request
+from core.serve.protocol import (
+    ModelFacts,
+    ParsedRequest,
+    RequestError,
+    chat_request,
+    completion_request,
+    detokenize_response,
+    tokenize_response,
+)
 from core.serve.responses import chunk_body, error_body, response_body, usage_body
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a MAX_TEXT_CHARS prompt escaped as JSON, with room to spare
@@ -60,7 +69,7 @@ def build_app(served: ServedModel) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException):  # unknown route, wrong method
         message = {404: f"no route {request.url.path[:100]!r}; this server has /v1/completions, "
-                        "/v1/chat/completions, /v1/models, /health and /metrics",
+                        "/v1/chat/completions, /tokenize, /detokenize, /v1/models, /health and /metrics",
                    405: f"{request.method[:20]} is not allowed on {request.url.path[:100]!r}"}.get(
             err.status_code, str(err.detail))  # fmt: skip
         return JSONResponse(error_body(message, err.status_code), err.status_code, headers=err.headers)
@@ -90,6 +99,14 @@ def build_app(served: ServedModel) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         return await _serve(served, chat_request(await read_json(request), facts), request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return tokenize_response(await read_json(request), facts)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return detokenize_response(await read_json(request), facts)
 
     return app
 

@@ -1,6 +1,7 @@
 """KV cache events of `core.serve` on ZMQ, framed as vLLM's `ZmqEventPublisher` frames them.
 
-`ZmqEventPublisher`: a PUB socket sending `[topic, seq (8 bytes big-endian, from 0), payload]` (payload:
+`ZmqEventPublisher`: a PUB socket (bound to `endpoint`, or with `bind=False` connected to it: the consumer binds,
+as for a vLLM whose endpoint names a host) sending `[topic, seq (8 bytes big-endian, from 0), payload]` (payload:
 `encode_event_batch`), and an optional replay ROUTER answering a request `[id, b"", start seq]` (a REQ or DEALER
 client; `[id, start seq]` is accepted too) with `[id, b"", seq, payload]` for every buffered batch from there
 and `[id, b"", -1, b""]`. One thread owns both sockets; `publish` only enqueues, so the engine loop never blocks.
@@ -28,6 +29,7 @@ class ZmqEventPublisher:
         topic: str = "",
         buffer_steps: int = 10_000,
         hwm: int = 100_000,
+        bind: bool = True,
     ):
         self.topic = topic.encode()
         self._context = zmq.Context()
@@ -39,8 +41,14 @@ class ZmqEventPublisher:
             self._pub = self._context.socket(zmq.PUB)
             self._pub.setsockopt(zmq.SNDHWM, hwm)
             self._pub.setsockopt(zmq.LINGER, 0)
-            self._pub.bind(endpoint)
-            self.endpoint = self._pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+            self._pub.setsockopt(zmq.IPV6, int(endpoint.startswith("tcp://[")))
+            if bind:
+                self._pub.bind(endpoint)
+                self.endpoint = self._pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+            else:
+                self._pub.connect(endpoint)  # ZMQ reconnects until the consumer's socket is there
+                self.endpoint = endpoint
+            self.binds = bool(bind)
             self._replay = None
             self.replay_endpoint = None
             if replay_endpoint:
@@ -51,7 +59,7 @@ class ZmqEventPublisher:
         except zmq.ZMQError as err:
             self._context.destroy(linger=0)
             raise InvalidArgumentError(
-                f"cannot bind the KV events sockets ({endpoint}, {replay_endpoint}): {err}"
+                f"cannot open the KV events sockets ({endpoint}, {replay_endpoint}): {err}"
             ) from None
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()

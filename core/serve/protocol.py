@@ -296,3 +296,42 @@ def chat_request(body: Any, model: ModelFacts) -> ParsedRequest:
     default = max(1, min(MAX_DEFAULT_CHAT_TOKENS, model.max_model_len - len(ids)))
     params, stream, usage = _sampling(body, model, [ids], max_tokens, default, name)
     return ParsedRequest([ids], params, stream, usage, model.name, chat=True)
+
+
+def tokenize_response(body: Any, model: ModelFacts) -> dict:
+    """POST /tokenize in vLLM's shape: {"model"?, "prompt": text, "add_special_tokens"?: true} ->
+    {"count", "max_model_len", "tokens", "token_strs"} (token_strs with "return_token_strs": true, else null).
+    The ids are exactly those a completion of the same prompt gets. vLLM's chat form ("messages") is refused
+    by name. Raises RequestError."""
+    body = _check_body(body, model)
+    if body.get("messages") is not None:
+        raise RequestError("this server's /tokenize takes a prompt, not messages", "messages")
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise RequestError(f"prompt must be a string, got {json_type_name(prompt)}", "prompt")
+    prompt = check_text(prompt, "prompt")
+    special = _optional(body, "add_special_tokens", bool, True)
+    strs = _optional(body, "return_token_strs", bool, False)
+    if model.tokenizer is None:
+        raise RequestError("this model has no tokenizer: /tokenize needs one", "prompt")
+    try:
+        ids = [int(t) for t in model.tokenizer(prompt, add_special_tokens=special)["input_ids"]]
+        token_strs = model.tokenizer.convert_ids_to_tokens(ids) if strs else None
+    except Exception as err:  # text already checked: a tokenizer failure is still the request's
+        raise RequestError(f"prompt cannot be tokenized ({type(err).__name__})", "prompt") from None
+    return {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids, "token_strs": token_strs}
+
+
+def detokenize_response(body: Any, model: ModelFacts) -> dict:
+    """POST /detokenize in vLLM's shape: {"model"?, "tokens": [ids]} -> {"prompt": text} (special tokens kept, as
+    vLLM's renderer decodes them). Ids are checked like a prompt's (in [0, vocab_size), at most max_model_len).
+    Raises RequestError."""
+    body = _check_body(body, model)
+    ids = check_token_ids(body.get("tokens"), "tokens", model, max_len=model.max_model_len, allow_empty=True)
+    if model.tokenizer is None:
+        raise RequestError("this model has no tokenizer: /detokenize needs one", "tokens")
+    try:
+        text = model.tokenizer.decode(list(ids))
+    except Exception as err:
+        raise RequestError(f"tokens cannot be decoded ({type(err).__name__})", "tokens") from None
+    return {"prompt": text}

@@ -1,9 +1,16 @@
 """Start `core.serve`: build the engine, its metrics and KV-event publisher, the engine loop and the HTTP app.
 
 `--kv-events-config` takes vLLM's JSON: {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
-"tcp://*:5557", "replay_endpoint": null, "topic": "", "buffer_steps": 10000, "hwm": 100000}. A `*` host binds
-the server's own --host (127.0.0.1 by default), never every interface. Events need prefix caching (only cached
-blocks are announced): events without --enable-prefix-caching are refused.
+"tcp://*:5557", "replay_endpoint": null, "topic": "", "buffer_steps": 10000, "hwm": 100000}. The PUB socket follows
+vLLM's rule (`ZmqEventPublisher._is_bind_endpoint` in vllm/distributed/kv_events.py): a wildcard endpoint (`*`
+or `::` as the host) is bound, any other is *connected to* (the consumer binds there, as a central KV-cache
+indexer does). A wildcard binds the server's own --host (127.0.0.1 by default), never every interface. The
+replay endpoint is always bound. Events need prefix caching (only cached blocks are announced): events without
+--enable-prefix-caching are refused.
+
+Block hashes: `--prefix-caching-hash-algo` (vLLM's flag and default, sha256; or sha256_cbor) keys the prefix cache
+with vLLM's own block hashes (`core.kv.block_hash.VllmBlockHasher`), so the events carry the ints a vLLM
+serving the same prompts would send.
 """
 
 import argparse
@@ -14,6 +21,7 @@ from pathlib import Path
 
 from core.engine import Engine
 from core.errors import InvalidArgumentError, LabError
+from core.kv.block_hash import VLLM_HASH_ALGOS, VllmBlockHasher
 from core.serve.app import ServedModel, build_app
 from core.serve.exporter import ServerMetrics
 from core.serve.kv_publisher import ZmqEventPublisher
@@ -29,6 +37,13 @@ class KVEventsConfig:
     topic: str
     buffer_steps: int
     hwm: int
+    bind: bool = True  # the PUB socket binds `endpoint` (a wildcard was given) or connects to it
+
+
+def is_bind_endpoint(endpoint: str) -> bool:
+    """vLLM's rule for its PUB socket: bind a wildcard host (`*`, `::`) or an ipc/inproc address, connect to
+    any other."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
 def parse_kv_events_config(text: str | None, host: str) -> KVEventsConfig | None:
@@ -48,18 +63,25 @@ def parse_kv_events_config(text: str | None, host: str) -> KVEventsConfig | None
             f"publisher {raw.get('publisher')!r} is not supported; this server has 'zmq'"
         )
 
-    def bind(address: str | None) -> str | None:
-        if address is None:
+    def address(value: str | None) -> str | None:
+        if value is None:
             return None
-        if not isinstance(address, str) or not address.startswith("tcp://"):
-            raise InvalidArgumentError(f"KV event endpoints must be tcp://host:port, got {address!r}")
-        return address.replace("tcp://*:", f"tcp://{host}:")
+        if not isinstance(value, str) or not value.startswith("tcp://"):
+            raise InvalidArgumentError(f"KV event endpoints must be tcp://host:port, got {value!r}")
+        wildcard = f"tcp://[{host}]:" if ":" in host else f"tcp://{host}:"
+        return (
+            value.replace("tcp://*:", wildcard)
+            .replace("tcp://[::]:", wildcard)
+            .replace("tcp://:::", wildcard)
+        )
 
     topic, buffer_steps, hwm = raw.get("topic", ""), raw.get("buffer_steps", 10_000), raw.get("hwm", 100_000)
     if not isinstance(topic, str) or not all(isinstance(v, int) and v > 0 for v in (buffer_steps, hwm)):
         raise InvalidArgumentError("topic must be a string; buffer_steps and hwm positive integers")
+    endpoint = raw.get("endpoint", "tcp://*:5557")
+    bind = isinstance(endpoint, str) and is_bind_endpoint(endpoint)
     return KVEventsConfig(
-        bind(raw.get("endpoint", "tcp://*:5557")), bind(raw.get("replay_endpoint")), topic, buffer_steps, hwm
+        address(endpoint), address(raw.get("replay_endpoint")), topic, buffer_steps, hwm, bind=bind
     )
 
 
@@ -68,7 +90,8 @@ class ServeConfig:
     """What one server serves, as `python -m core.serve`'s flags say: the model (`tiny`, REAL_MODEL, a model
     directory or .gguf file), the name it answers to (None: the model's), the KV pool (`block_size` tokens a
     block; `num_blocks` None: from the memory budget), prefix caching, the tiny model's weight seed, the
-    scheduler's max_num_seqs, and the KV-event publisher (None: off; events need prefix caching)."""
+    scheduler's max_num_seqs, the KV-event publisher (None: off; events need prefix caching) and the prefix
+    cache's block hash (vLLM's `--prefix-caching-hash-algo`)."""
 
     model: str = "tiny"
     served_name: str | None = None
@@ -78,6 +101,7 @@ class ServeConfig:
     seed: int = 0
     max_num_seqs: int = 64
     events: KVEventsConfig | None = None
+    hash_algo: str = "sha256"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServeConfig":
@@ -86,6 +110,7 @@ class ServeConfig:
             args.model, served_name=args.served_model_name, block_size=args.block_size, num_blocks=args.num_blocks,
             prefix_caching=args.enable_prefix_caching, seed=args.seed, max_num_seqs=args.max_num_seqs,
             events=parse_kv_events_config(args.kv_events_config, args.host),
+            hash_algo=args.prefix_caching_hash_algo,
         )  # fmt: skip
 
 
@@ -97,7 +122,8 @@ def build_engine(config: ServeConfig) -> tuple[Engine, str]:
     model = config.model
     common = {"block_size": config.block_size, "num_blocks": config.num_blocks,
               "enable_prefix_caching": config.prefix_caching, "max_num_seqs": config.max_num_seqs,
-              "enable_kv_cache_events": config.events is not None}  # fmt: skip
+              "enable_kv_cache_events": config.events is not None,
+              "block_hasher": VllmBlockHasher(config.hash_algo)}  # fmt: skip
     if model == "tiny":
         from core.engine.config import TINY_LLAMA
 
@@ -122,6 +148,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--enable-prefix-caching", action="store_true")
     p.add_argument("--kv-events-config", default=None, help="vLLM's JSON (see the module doc)")
+    p.add_argument("--prefix-caching-hash-algo", default="sha256", choices=VLLM_HASH_ALGOS,
+                   help="vLLM's block hash of the prefix cache (and the KV events)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="weights of the tiny model")
     return p
 
@@ -142,7 +170,7 @@ def build_served(config: ServeConfig) -> tuple[ServedModel, ZmqEventPublisher | 
     publisher = None
     if events is not None:
         publisher = ZmqEventPublisher(events.endpoint, events.replay_endpoint, events.topic, events.buffer_steps,
-                                      events.hwm)  # fmt: skip
+                                      events.hwm, bind=events.bind)  # fmt: skip
     loop = EngineLoop(engine, metrics, publisher)
     return ServedModel(name, engine, loop, metrics, engine.config.max_position_embeddings), publisher
 

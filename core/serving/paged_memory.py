@@ -28,6 +28,7 @@ import numpy as np
 
 from core.common import check_int
 from core.errors import InvalidArgumentError
+from core.kv.host_tier import HostTier
 from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.layout import KVCacheGroup
 from core.kv.snapshot import KVCacheSnapshot
@@ -132,10 +133,33 @@ class PagedMemory:
             self.num_blocks,
             enable_prefix_caching=policy.enable_prefix_caching,
         )
+        self.host_bandwidth = 0.0  # bytes/s of host-tier loads (attach_host_tier)
         self.watermark_blocks = int(watermark * self.num_blocks)
         self.pending = 0  # group slots of tokens allocated but not computed
         self.tail_empty = 0  # empty slots of last blocks, over groups and sequences (a shared one once)
         self._held: dict = {}  # group -> _PagedGroupState (shared_tail: forks still share the last block)
+
+    def attach_host_tier(self, offload) -> None:
+        """Put a host-memory tier (`core.serving.host_offload.HostOffload`) behind the pool: admissions then hit
+        HBM, then the tier, and report the tier's tokens as `Admission.load_tokens`. Call before any admission;
+        raises InvalidArgumentError unless the pool is one full-attention group with prefix caching."""
+        if self.kv.request_ids() or len(self.groups) != 1 or self.windows[0] is not None:
+            raise InvalidArgumentError(
+                "a host tier needs one full-attention KV cache group and no request yet"
+            )
+        tier = HostTier(
+            offload.host_capacity_tokens // self.block_size,
+            self.block_size,
+            policy=offload.policy,
+            store_threshold=offload.store_threshold,
+        )
+        self.kv = KVCacheManager(
+            [g.spec(self.block_size) for g in self.groups],
+            self.num_blocks,
+            enable_prefix_caching=self.kv.enable_prefix_caching,
+            host_tier=tier,
+        )
+        self.host_bandwidth = offload.bandwidth_bytes_per_s
 
     # ---- sizing --------------------------------------------------------------------------------------------
 
@@ -191,7 +215,11 @@ class PagedMemory:
         kv, n, count = self.kv, group.num_seqs, len(self.windows)
         gen = num_tokens - group.prompt_len
         sid0 = group.seq_ids[0]
+        host_before = kv.host_cache_hits
         hits = kv.allocate(sid0, group.token_ids(0, 0, num_tokens if n == 1 else group.prompt_len))
+        loads = kv.host_cache_hits - host_before
+        if loads:
+            kv.take_host_loads()  # the simulator prices the copies (host tokens over the link), it copies nothing
         for sid in group.seq_ids[1:]:
             kv.fork(sid0, sid)
         if n > 1 and gen:
@@ -203,7 +231,7 @@ class PagedMemory:
         self.pending += count * prefill
         self.tail_empty += count * (-num_tokens % self.block_size) * (1 if shared_tail else n)
         self._held[group] = _PagedGroupState(count * prefill, shared_tail)
-        return Admission(prefill, hits)
+        return Admission(prefill, hits, loads)
 
     def prefill(self, group, num_tokens: int) -> None:
         """Account the computed slots; the prompt's computed tokens enter the prefix cache (a sequence group

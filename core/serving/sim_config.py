@@ -9,6 +9,7 @@ import numpy as np
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
 from core.sched import PREEMPTION_MODES
+from core.serving.host_offload import HostOffload
 
 PAPER_KV_TOKENS = 15_728  # OPT-13B on one A100-40GB: 12 GiB of KV / 800 KiB per token (paper Table 1: 15.7K)
 
@@ -55,6 +56,8 @@ class SimulatorConfig:
     watermark: fraction of blocks kept free when admitting (vLLM's 0.01). step_time: the step-time model
     (a `StepCost`, required: e.g. `core.planning.step_time.opt_13b_a100()`, the paper's OPT-13B on an A100-40GB).
     max_snapshots: block-table snapshots (paged) and batch context lengths kept, at evenly spaced steps.
+    offload: a host-memory KV tier (`core.serving.host_offload.HostOffload`, paged policy with prefix caching),
+    None for none.
     """
 
     kv_capacity_tokens: int = PAPER_KV_TOKENS
@@ -66,6 +69,7 @@ class SimulatorConfig:
     watermark: float = 0.01
     step_time: StepCost | None = None
     max_snapshots: int = 100
+    offload: HostOffload | None = None
 
     def __post_init__(self):
         if self.step_time is None:
@@ -94,6 +98,8 @@ class SimulatorConfig:
         if not self.watermark < 1:
             raise InvalidArgumentError(f"watermark must be in [0, 1), got {self.watermark!r}")
         check_float(self.swap_space_bytes, "swap_space_bytes", minimum=0.0)
+        if self.offload is not None and not isinstance(self.offload, HostOffload):
+            raise InvalidArgumentError("offload must be a core.serving.host_offload.HostOffload or None")
 
     def swap_capacity_blocks(self, block_size: int) -> int:
         """Blocks of `block_size` tokens the CPU swap space holds (unbounded when KV takes no bytes)."""

@@ -45,6 +45,7 @@ class SimulatedGroup:
         "admit_time",
         "finish_time",
         "first_token_time",
+        "host_hit_tokens",
         "index",
         "length",
         "num_output_tokens",
@@ -77,6 +78,7 @@ class SimulatedGroup:
         self.prompt_tokens = prompt_tokens
         self.prefix_index = prefix_index
         self.prefix_hit_tokens = 0  # prompt tokens the prefix cache served at its first admission
+        self.host_hit_tokens = 0  # of those, tokens loaded from the host tier (SimulatorConfig.offload)
         self.length = 0
         self.num_prefill_tokens = 0
         self.num_prefill_total = 0

@@ -14,6 +14,7 @@ bookkeeping, recorded per step from `MemoryPolicy.decode_metrics`), which is wha
 seconds; the paged policy still appends every token of every sequence to its `core.kv` manager.
 """
 
+import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -154,6 +155,13 @@ class _Simulation:
         self.until = len(groups)  # stop once the first `until` groups (arrival order) have finished
         self.finished_first = 0  # how many of those have
         self._planned: tuple = (None, None)  # plan -> execute: a decode-only batch's (predicted metrics, dts)
+        self._loads: list[
+            tuple[float, int, SimulatedGroup]
+        ] = []  # host-tier loads in flight: (done, index, group)
+        self._link_free = 0.0  # when the host link finishes its queued loads
+        # a fleet's replica (`core.serving.fleet`): any arrival may be routed here, so a decode-only batch
+        # always ends at the next one, queue or not (alone, a queued request is admitted by memory, not time)
+        self.cut_every_arrival = False
 
     @property
     def step(self) -> int:
@@ -167,10 +175,16 @@ class _Simulation:
         while self.arrived < total and self.arrivals[self.arrived] <= self.now:
             self.scheduler.add(self.groups[self.arrived])
             self.arrived += 1
+        self._release_loads()
         if not self.scheduler.has_unfinished:
             self.now = float(self.arrivals[self.arrived])
             return False
         return True
+
+    def _release_loads(self) -> None:
+        """Host-tier loads done by now: their groups may prefill from the next step on."""
+        while self._loads and self._loads[0][0] <= self.now:
+            self.scheduler.loaded(heapq.heappop(self._loads)[2])
 
     # ---- the executor (`core.sched.driver.StepExecutor`) -----------------------------------------------------
 
@@ -180,6 +194,13 @@ class _Simulation:
     def plan(self, step: ScheduledStep) -> int:
         """Stamp the admissions' time; a decode-only step may stand for k identical ones (`_decode_run`)."""
         self._planned = (None, None)
+        for group, tokens in step.loads:  # queued on the host link; the group prefills once it is done
+            group.admit_time = self.now if math.isnan(group.admit_time) else group.admit_time
+            group.prefix_hit_tokens = group.prompt_len - group.num_prefill_total
+            group.host_hit_tokens = tokens
+            start = max(self.now, self._link_free)
+            self._link_free = start + tokens * self.model.kv_bytes_per_token / self.memory.host_bandwidth
+            heapq.heappush(self._loads, (self._link_free, group.index, group))
         for group, start, _ in step.prefill_chunks:
             if start == 0 and math.isnan(group.admit_time):
                 group.admit_time = self.now  # admitted at the start of this step
@@ -193,6 +214,10 @@ class _Simulation:
     def execute(self, step: ScheduledStep) -> _Priced | None:
         """The step's modeled time (None for an empty step: nothing ran, the clock stands)."""
         if step.is_empty:  # it preempted or swapped in: memory moved, the next step may run
+            if not (step.preempted or step.swapped_in) and self._loads:  # only loads in flight: wait for one
+                self.now = max(self.now, min(self._loads[0][0], float(self.arrivals[self.arrived])
+                                             if self.arrived < len(self.groups) else math.inf))  # fmt: skip
+                self._release_loads()
             return None
         ahead, dts = self._planned
         if dts is None:  # one step: plain floats (no arrays to build for each of the run's many single steps)
@@ -216,6 +241,7 @@ class _Simulation:
             self._send_next(len(outcome.finished), end)
         self.finished += len(outcome.finished)
         self.now = end
+        self._release_loads()
         return priced
 
     def _send_next(self, count: int, now: float) -> None:
@@ -240,9 +266,14 @@ class _Simulation:
         ctx = step.decode_context_tokens
         j = np.arange(k, dtype=np.float64)
         dts = self.model.step_time(n_decode, ctx + j * n_decode, ctx + (j + 1) * n_decode)
-        if not step.num_waiting and not step.num_swapped and self.arrived < len(self.groups):
+        quiet = self.cut_every_arrival or not (step.num_waiting or step.num_swapped)
+        if quiet and self.arrived < len(self.groups):
             ends = self.now + np.cumsum(dts)
             k = min(k, int(np.searchsorted(ends, self.arrivals[self.arrived], side="left")) + 1)
+            dts = dts[:k]
+        if self._loads:  # a host-tier load ends: its prefill joins the next step
+            ends = self.now + np.cumsum(dts)
+            k = min(k, int(np.searchsorted(ends, self._loads[0][0], side="left")) + 1)
             dts = dts[:k]
         return k, ahead, dts
 
@@ -282,6 +313,7 @@ class _Simulation:
                 "n": [g.num_seqs for g in groups],
                 "preemptions": [g.num_preemptions for g in groups],
                 "prefix_hit_tokens": [g.prefix_hit_tokens for g in groups],
+                "host_hit_tokens": [g.host_hit_tokens for g in groups],
             }
         )
 
@@ -378,6 +410,16 @@ class _SimRecord:
             self.snapshots = [s for s in self.snapshots if s.step % self.stride == 0]
 
 
+def attach_offload(memory: MemoryPolicy, policy: Policy, config: SimulatorConfig) -> None:
+    """Put `config.offload`'s host KV tier behind `memory` (nothing without one). Raises InvalidArgumentError
+    unless the policy is paged with prefix caching and block tables."""
+    if config.offload is None:
+        return
+    if not (policy.is_paged and policy.enable_prefix_caching and not policy.counted):
+        raise InvalidArgumentError("a host KV tier needs the paged policy with prefix caching")
+    memory.attach_host_tier(config.offload)
+
+
 def simulate(
     requests: Sequence[Request],
     policy: Policy,
@@ -407,6 +449,7 @@ def simulate(
     reqs = _validate_requests(requests, config)
     capacity = int(config.kv_capacity_tokens)
     memory = make_memory(policy, capacity, config.watermark, config.max_seq_len)
+    attach_offload(memory, policy, config)
     groups = make_groups(reqs, policy.is_paged and not policy.counted)
     for group in groups:
         memory.check_fits(group, group.output_len)

@@ -95,7 +95,8 @@ class SteadyState:
     mean_{ttft,tpot,itl,e2e,queue}_s, queue_p{..}_s, throughput_tokens_per_s (output tokens/s in the window),
     request_throughput_per_s, mean_running_batch (sequences, time-weighted), mean_waiting, preemptions
     (in the window), preemptions_per_s, prefix_hit_rate (prompt tokens the prefix cache served at the measured
-    requests' first admission / their prompt tokens; 0 without prefix caching). intervals: key -> (low, high), the 95% batch-means interval of each
+    requests' first admission / their prompt tokens; 0 without prefix caching), gpu_hit_rate and host_hit_rate
+    (its HBM and host-tier parts, `SimulatorConfig.offload`). intervals: key -> (low, high), the 95% batch-means interval of each
     percentile. converged: every interval within the tolerance (or the question decided, see `decided`).
     decided: the caller's `decided` answered True. stable: the load is served (module docstring). kv_limited:
     the KV cache held requests back in the window (a preemption, or a step that left requests waiting with
@@ -336,6 +337,10 @@ def _estimate(result: SimulationResult, warmup: int, total: int, settings, max_n
         "prefix_hit_tokens" in window
     ):  # prompt tokens the prefix cache served, of the measured requests' prompts
         metrics["prefix_hit_rate"] = float(window["prefix_hit_tokens"].sum() / window["prompt_len"].sum())
+        if "host_hit_tokens" in window:  # of those, HBM's and the host tier's (SimulatorConfig.offload)
+            host = float(window["host_hit_tokens"].sum() / window["prompt_len"].sum())
+            metrics["host_hit_rate"] = host
+            metrics["gpu_hit_rate"] = metrics["prefix_hit_rate"] - host
     deficit = 1.0 - load["throughput_tokens_per_s"] / max(load["offered_tokens_per_s"], 1e-30)
     overloaded = deficit > 3 * OVERLOAD_SLACK or (
         deficit > OVERLOAD_SLACK and load["queue_growth"] > OVERLOAD_SLACK / 2 * len(window)

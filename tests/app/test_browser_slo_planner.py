@@ -40,3 +40,30 @@ def test_shared_url_shows_the_answer_the_chart_and_the_table(streamlit_server, p
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "slo_planner_shared_url.png"), full_page=True)
     page.locator('[data-testid="stPlotlyChart"]').screenshot(path=str(ARTIFACTS / "slo_planner_chart.png"))
+
+
+CUT_VALUES = """() => [...document.querySelectorAll('[data-testid="stMetricValue"]')]
+    .map(e => [e.innerText, e.firstElementChild || e])
+    .filter(([, d]) => d.scrollWidth > d.clientWidth).map(([text]) => text)"""
+
+
+@pytest.mark.browser
+def test_predict_mode_shows_every_card_value_whole(streamlit_server, page):
+    """Every metric card's value fits its column (Streamlit cuts a wider one with an ellipsis: "2 × H1..." in
+    six equal columns), with the levers' cards too; tiny loads keep the predictions short."""
+    params = {"mode": "predict", "model": "llama-3.1-8b", "gpu": "h100-80gb", "replicas": "2", "seqs": "1",
+              "load": "concurrency", "clients": "2", "prompt_len": "64", "output_len": "4", "ttft": "auto",
+              "tpot_ms": "auto", "prefix_len": "48", "prefixes": "2", "spec_k": "2", "spec_acc": "0.8,0.5",
+              "spec_method": "eagle"}  # fmt: skip
+    page.goto(f"{streamlit_server}/slo_planner?{urlencode(params)}")
+    main = page.locator('[data-testid="stMain"]')
+    values = main.locator('[data-testid="stMetricValue"]')
+    expect(values.get_by_text("2 × H100 SXM 80GB", exact=True)).to_be_visible(timeout=WAIT_MS)
+    expect(values.get_by_text("tokens/step")).to_be_visible(timeout=WAIT_MS)
+    expect(main.get_by_text("What a larger KV cache does")).to_be_visible(timeout=WAIT_MS)
+    wait_for_script_done(page, WAIT_MS)
+    assert values.count() >= 11
+    assert page.evaluate(CUT_VALUES) == []
+    assert page.locator('[data-testid="stException"]').count() == 0
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "slo_predict_cards.png"))

@@ -152,6 +152,50 @@ def test_cached_block_tree_from_events(server):
         pub.close()
 
 
+def _two_ranks():
+    """Publishers of ranks 0 and 1 on consecutive ports (rank r listens on the endpoint's port + r)."""
+    import zmq
+
+    for _ in range(20):
+        first = FakeVllmPublisher(replay=False)
+        port = int(first.endpoint.rsplit(":", 1)[1])
+        try:
+            return first, FakeVllmPublisher(replay=False, port=port + 1)
+        except zmq.ZMQError:
+            first.close()
+    raise AssertionError("no two consecutive free ports")
+
+
+def test_where_each_prefix_lives_over_two_ranks(server):
+    """Rank 0 caches a 3-block prefix; rank 1 the same tokens under other hashes (another process's seed) and a
+    prefix of its own: 3 blocks held twice, matched by tokens."""
+    from core.kv.events import BlockStored
+
+    ranks = _two_ranks()
+    try:
+        at = live({"metrics": server.url(), "events": ranks[0].endpoint, "ranks": "2", "watch": "0"})
+        for pub in ranks:
+            pub.wait_subscribed()
+        ranks[0].publish([BlockStored([1, 2, 3], None, list(range(12)), 4, None, "GPU", None)])
+        ranks[1].publish([BlockStored([7, 8, 9], None, list(range(12)), 4, None, "GPU", None)])
+        ranks[1].publish([BlockStored([5], None, [50, 51, 52, 53], 4, None, "GPU", None)])
+        for _ in range(30):
+            at.run()
+            if len(at.dataframe) > 1 and at.dataframe[1].value["cached blocks"].tolist() == [3, 4]:
+                break
+            time.sleep(0.1)
+        assert not at.exception
+        table = at.dataframe[1].value
+        assert table["cached blocks"].tolist() == [3, 4] and table["also cached elsewhere"].tolist() == [3, 3]
+        assert table["prefixes (first blocks)"].tolist() == [1, 2]
+        assert any(
+            "3 of 4 distinct cached blocks are held by several replicas" in c.value for c in at.caption
+        )
+    finally:
+        for pub in ranks:
+            pub.close()
+
+
 def test_one_click_lab_server_with_load(monkeypatch):
     """The button starts core.serve (tiny model, free loopback ports) with a mixed load and points the page at it;
     the page then reads its metrics and its KV events; the stop button ends it."""

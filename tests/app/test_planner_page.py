@@ -435,3 +435,18 @@ def test_the_presets_are_drawn_on_request_and_the_request_is_in_the_url():
     assert at.query_params["presets"] == "1"
     shared = open_planner({"compare": "0", "presets": "1"})
     assert len(shared.dataframe) == 2 and len(shared.json) == 1
+
+
+def test_a_host_kv_tier_from_the_url_shows_its_tokens_and_flags():
+    """llama-3.1-70b fp8 on 4 x H100 (TP4): 80 layers x 8 KV heads x 128 x 2 x 1 B = 163,840 B a token, a
+    16-token block 655,360 B a rank over 4 ranks = 2,621,440 B (page-aligned already); 100 GiB holds
+    40,960 blocks = 655,360 tokens, by vLLM's arithmetic."""
+    at = open_planner({"a_offload": "100", "compare": "0"})
+    assert not at.error and not at.exception
+    shown = " ".join(md.value for md in at.markdown)
+    assert "655,360 tokens" in shown and "40,960 host blocks" in shown
+    assert any("--kv-offloading-size 100 --kv-offloading-backend native" in c.value for c in at.code)
+    assert "100" in str(at.query_params["a_offload"])
+    bad = open_planner({"a_offload": "nan", "compare": "0"})
+    assert any("`a_offload`" in e.value for e in bad.error) and not bad.exception
+    assert not any("kv-offloading" in c.value for c in bad.code)  # the default (no tier) is drawn instead

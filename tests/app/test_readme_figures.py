@@ -175,12 +175,20 @@ def test_the_slo_cli_row_is_the_saved_run():
 
 def test_the_vllm_profile_row_is_the_saved_run():
     saved = _saved("slo-published.json")
-    assert saved["target_met"] and saved["heldout_rms_rel_err"] <= saved["target"]
+    single = saved["single_model"]
+    assert single["stored"]["heldout_rms_rel_err"] <= saved["target"]
     row = _row("the vLLM engine profile against aiconfigurator")
     assert (
-        f"held-out RMS relative error {saved['heldout_rms_rel_err']:.3f}** (target {saved['target']:g})"
+        f"held-out RMS relative error {single['stored']['heldout_rms_rel_err']:.3f}** (target {saved['target']:g})"
         in row
     )
-    assert f"training {saved['training_rms_rel_err']:.3f}" in row, row
-    trtllm = saved["trtllm_profile_errors"]["heldout_rms_rel_err"]
+    assert f"training {single['stored']['training_rms_rel_err']:.3f}" in row, row
+    trtllm = single["trtllm"]["heldout_rms_rel_err"]
     assert f"the TensorRT-LLM profile on the same held-out rows {trtllm:.3f}" in row, row
+    # across models: every held-out model's RMS, the training RMS, and whether the targets are met
+    from core.planning.models import MODELS
+
+    for model, errors in saved["heldout_by_model"].items():
+        assert f"{MODELS[model].name} {errors['rms_rel_err']:.3f}" in row, (model, row)
+    assert f"cross-model training {saved['training_rms_rel_err']:.3f}" in row, row
+    assert ("targets met" in row) == saved["target_met"] and ("not met" in row) != saved["target_met"], row

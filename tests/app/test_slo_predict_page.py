@@ -28,7 +28,8 @@ TINY = {"mode": "predict", "model": "qwen2.5-7b", "rate": "12", "prompt_len": "1
         "clients": "2", "seed": "0", "itl_ms": "auto", "e2e": "0.5", "ttft_q": "95", "tpot_q": "95",
         "itl_q": "99", "e2e_q": "50", "prefix_len": "0", "prefixes": "1", "zipf": "auto", "turns": "1", "turn_gap": "10",
         "spec_k": "0", "spec_acc": "", "spec_method": "ngram", "draft": "phi-3-mini", "disagg": "0",
-        "p_workers": "1", "p_tp": "1", "d_workers": "1", "d_tp": "1", "kv_link": "auto"}  # fmt: skip
+        "p_workers": "1", "p_tp": "1", "d_workers": "1", "d_tp": "1", "kv_link": "auto", "offload": "0",
+        "offload_policy": "lru"}  # fmt: skip
 NO_TARGETS = {"e2e": "auto"}  # no highest rate to bisect where it is not what a test checks
 
 
@@ -177,6 +178,31 @@ def test_shared_prefixes_show_the_hit_rate_beside_ttft_and_what_a_larger_kv_cach
     assert at.code[2].value.startswith(
         "# no vllm bench serve"
     )  # its prefix_repetition dataset uses each prefix equally: no Zipf weights
+
+
+def test_a_host_kv_tier_shows_the_hits_per_tier_and_its_flags(capsys):
+    levers = {
+        "prompt_len": "64",
+        "prefix_len": "48",
+        "prefixes": "2",
+        "offload": "1",
+        "offload_policy": "arc",
+    }
+    at = open_page(TINY | NO_TARGETS | levers)
+    assert not at.error and query(at) == TINY | NO_TARGETS | levers
+    load = Load(None, 64, 1, concurrency=2, shared_prefix_len=48, num_prefixes=2)
+    deployment = Deployment("qwen2.5-7b", "l40s", max_num_seqs=1, kv_offload_gib=1, offload_policy="arc")
+    ref = predict(deployment, load).to_dict()
+    shown = metrics(at)["Prefix-hit rate"]
+    assert (
+        shown
+        == f"{ref['prefix_hit_rate']:.3f} = {ref['gpu_hit_rate']:.3f} HBM + {ref['host_hit_rate']:.3f} host"
+    )
+    printed = cli_json(predict_main, at.code[0].value, capsys)  # the printed command carries the tier
+    assert (
+        printed["deployment"]["vllm_serve_flags"] == "--kv-offloading-size 1 --kv-offloading-backend native"
+    )
+    assert printed["host_hit_rate"] == pytest.approx(ref["host_hit_rate"], rel=1e-12)
 
 
 def test_speculation_shows_the_mean_accepted_length_and_its_tpot(capsys):

@@ -11,12 +11,12 @@ from core.kv.events import encode_event_batch
 
 
 class FakeVllmPublisher:
-    def __init__(self, topic: str = "kv-events", replay: bool = True):
+    def __init__(self, topic: str = "kv-events", replay: bool = True, port: int | None = None):
         self.context = zmq.Context()
         self.topic = topic.encode()
         self.pub = self.context.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind("tcp://127.0.0.1:*")
+        self.pub.bind(f"tcp://127.0.0.1:{port or '*'}")  # a given port: another rank's (endpoint port + rank)
         self.endpoint = self.pub.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.buffer: list[tuple[int, bytes]] = []
         self.next_seq = 0

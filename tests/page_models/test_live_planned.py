@@ -90,3 +90,39 @@ def test_a_core_serve_window_is_planned_on_the_cpu_roofs():
     first = cache.get("k", 0.0, lambda: plan)
     assert cache.get("k", 30.0, lambda: pytest.fail("recomputed within REFRESH_S")) is first
     assert cache.get("k", 61.0, lambda: replace(plan, planned_with="again")).planned_with == "again"
+
+
+SMOLLM2_CONFIG = {  # SmolLM2-135M-Instruct's config.json, the fields the planner reads
+    "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+    "max_position_embeddings": 8192, "tie_word_embeddings": True, "torch_dtype": "float32",
+}  # fmt: skip
+
+
+def test_a_vllm_model_that_is_no_preset_is_planned_from_its_config(tmp_path):
+    """A vLLM serving "smollm2" (no preset) on this machine: planned from the config.json its /v1/models root
+    names, on the CPU roofs, in bfloat16 (vLLM's CPU dtype for a float32 checkpoint), with vLLM's CPU limits."""
+    from core.live.served_model import ServedModel
+    from core.page_models.live_planned import served_config
+
+    (tmp_path / "config.json").write_text(__import__("json").dumps(SMOLLM2_CONFIG))
+    served = ServedModel("smollm2", str(tmp_path), 2048)
+    config = served_config("127.0.0.1", served, gpu_here=False)
+    assert config.on_this_cpu and config.max_model_len == 2048 and config.config == SMOLLM2_CONFIG
+    assert served_config("10.1.2.3", served, gpu_here=False) is None  # a remote folder is not read
+    given = served_config("10.1.2.3", served, SMOLLM2_CONFIG, gpu_here=False)
+    assert given.origin == "the config.json given" and not given.on_this_cpu
+    assert not served_config("127.0.0.1", served, gpu_here=True).on_this_cpu
+
+    _, window = simulated_server(n=30)
+    h = history_of((0.0, empty_like(window)), (window.seconds, scrape(window, name="smollm2")))
+    refused = live_plan(h, "srv", VALUES, lambda: ROOFS)
+    assert refused.problem and "not a planner preset" in refused.reason
+    plan = live_plan(h, "srv", {**VALUES, "pvo_seqs": 0, "pvo_tokens": 0}, lambda: ROOFS, config)
+    assert plan.result is not None, plan.reason
+    assert plan.planned_with == f"smollm2 (bfloat16, {tmp_path}/config.json) on this machine's CPU"
+    assert plan.result.prior is None
+    on_gpu = live_plan(h, "srv", VALUES, lambda: ROOFS, given)
+    assert on_gpu.planned_with == "smollm2 (the config.json given) on 1 x h100-80gb", on_gpu.reason
+    broken = live_plan(h, "srv", VALUES, lambda: ROOFS, replace(given, config={"model_type": "llama"}))
+    assert broken.problem and "cannot run" in broken.reason  # a config that names no model: said, not raised

@@ -1,46 +1,77 @@
-"""The benchmark's baseline, nano-vllm's block manager algorithm re-implemented in `bench/nano_vllm_reference.py`:
-a hand-worked example of its allocate / may_append / deallocate, and the decode trace of `bench/nano_vllm_trace.py`
-leaving both sides in the same state (so the benchmark times the same work)."""
+"""The benchmark's baseline is nano-vllm's own block manager (`bench/nano_vllm_source.py`): the pinned copy is
+upstream's bytes, it loads without touching `sys.modules`, the bench drives it as nano-vllm's scheduler does (a
+hand-worked example), and the decode trace of `bench/nano_vllm_trace.py` leaves both sides in the same state (so
+the benchmark times the same work)."""
+
+import shutil
+import sys
 
 import pytest
 
-from bench import nano_vllm_trace
-from bench.nano_vllm_reference import NanoBlockManager, NanoSequence
-from core.kv.block_hash import hash_block_tokens
+from bench import nano_vllm_source, nano_vllm_trace
 
 
-def test_hand_worked_allocate_may_append_deallocate():
-    m = NanoBlockManager(6, 4)
-    a = NanoSequence([1, 2, 3, 4, 5], 4)
-    m.allocate(a)  # block 0 full (keyed), block 1 partial (no key)
-    k0 = hash_block_tokens(None, (1, 2, 3, 4))
-    assert a.block_table == [0, 1] and m.hash_to_block_id == {k0: 0}
-    b = NanoSequence([1, 2, 3, 4, 9], 4)
-    m.allocate(b)  # block 0 is a hit on a used block: one more reference
-    assert b.block_table == [0, 2] and b.num_cached_tokens == 4 and m.blocks[0].ref_count == 2
-    for token in (6, 7, 8):  # the 8th token fills block 1: it is keyed, chained to block 0
-        a.append_token(token)
-        assert m.can_append(a)
-        m.may_append(a)
-    k1 = hash_block_tokens(k0, (5, 6, 7, 8))
-    assert m.blocks[1].hash == k1 and m.hash_to_block_id[k1] == 1 and a.block_table == [0, 1]
-    a.append_token(10)  # the 9th token starts a block: the leftmost free one
-    m.may_append(a)
-    assert a.block_table == [0, 1, 3]
-    m.deallocate(a)  # last to first; block 0 is still B's
+def test_git_blob_id_is_gits():
+    # `git hash-object` of an empty file and of "hello\n", as git prints them
+    assert nano_vllm_source.git_blob_id(b"") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+    assert nano_vllm_source.git_blob_id(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"
+
+
+def test_the_pinned_copy_is_upstreams_bytes_with_its_licence():
+    for path, blob in nano_vllm_source.UPSTREAM_BLOBS.items():
+        assert nano_vllm_source.git_blob_id((nano_vllm_source.VENDORED / path).read_bytes()) == blob, path
+    licence = (nano_vllm_source.VENDORED / "LICENSE").read_text()
+    assert licence.startswith("MIT License") and "Copyright (c) 2025 Xingkai Yu" in licence
+
+
+def test_loading_leaves_sys_modules_as_it_was():
+    before = {name for name in sys.modules if name.split(".")[0] in ("nanovllm", "xxhash")}
+    nano = nano_vllm_source.load()
+    after = {name for name in sys.modules if name.split(".")[0] in ("nanovllm", "xxhash")}
+    assert before == after
+    assert nano.BlockManager.__module__ == "nanovllm.engine.block_manager"
+    assert nano.source.startswith("vendored GeeeekExplorer/nano-vllm@bb823b3")
+
+
+def test_a_checkout_named_by_the_environment_is_loaded(tmp_path, monkeypatch):
+    shutil.copytree(nano_vllm_source.VENDORED, tmp_path / "nano-vllm")
+    monkeypatch.setenv(nano_vllm_source.ENV_VAR, str(tmp_path / "nano-vllm"))
+    nano = nano_vllm_source.load()
+    assert nano.source == str(tmp_path / "nano-vllm")
+    (tmp_path / "nano-vllm" / "nanovllm" / "engine" / "sequence.py").unlink()
+    with pytest.raises(FileNotFoundError, match=r"sequence\.py"):
+        nano_vllm_source.load()
+
+
+def test_the_stand_in_hash_has_xxh64s_calls():
+    def digest(*parts):
+        h = nano_vllm_source.XXH64StandIn()
+        for part in parts:
+            h.update(part)
+        return h.intdigest()
+
+    assert digest(b"ab", b"cd") == digest(b"abcd") != digest(b"abce")
+    assert 0 <= digest(b"x" * 2048) < 2**64
+
+
+def test_hand_worked_admit_decode_free_through_nano_vllms_own_code():
+    nano = nano_vllm_source.load()
+    nano.Sequence.block_size = 4
+    m = nano.BlockManager(6, 4)
+    a, hits = nano_vllm_trace.nano_admit(nano, m, [1, 2, 3, 4, 5])
+    assert hits == 0 and a.block_table == [0, 1] and a.num_cached_tokens == 5
+    assert m.blocks[0].hash != -1 and m.blocks[1].hash == -1  # the prefill keyed its one full block
+    b, hits = nano_vllm_trace.nano_admit(nano, m, [1, 2, 3, 4, 9])
+    assert hits == 1 and b.block_table == [0, 2] and m.blocks[0].ref_count == 2
+    nano_vllm_trace._nano_steps(m, [a], [[6], [7], [8]])  # the 8th token fills block 1: keyed
+    assert a.block_table == [0, 1] and m.blocks[1].hash != -1 and m.hash_to_block_id[m.blocks[1].hash] == 1
+    nano_vllm_trace._nano_steps(m, [a], [[10]])  # the 9th starts a block: the leftmost free one
+    assert a.block_table == [0, 1, 3] and a.num_cached_tokens == 9
+    m.deallocate(a)  # last to first; block 0 is still b's
     assert list(m.free_block_ids) == [4, 5, 3, 1] and m.blocks[0].ref_count == 1
-    c = NanoSequence([1, 2, 3, 4, 5, 6, 7, 8, 11], 4)
-    m.allocate(c)  # block 1 is revived out of the middle of the free deque
-    assert c.block_table == [0, 1, 4] and c.num_cached_tokens == 8
-    assert list(m.free_block_ids) == [5, 3] and m.used_block_ids == {0, 1, 2, 4}
-
-
-def test_a_full_pool_cannot_append_a_new_block():
-    m = NanoBlockManager(1, 2)
-    s = NanoSequence([1, 2], 2)
-    m.allocate(s)
-    s.append_token(3)
-    assert not m.can_append(s)
+    c, hits = nano_vllm_trace.nano_admit(nano, m, [1, 2, 3, 4, 5, 6, 7, 8, 11])
+    assert hits == 2 and c.block_table == [0, 1, 4]  # block 1 revived out of the middle of the free deque
+    assert list(m.free_block_ids) == [5, 3]
 
 
 @pytest.mark.parametrize("block_size", [4, 16, 256])
@@ -56,6 +87,14 @@ def test_the_trace_leaves_both_sides_in_the_same_state(block_size):
     assert all(table[:shared] == tables[0][:shared] for table in tables)  # the system prompt's blocks
     lengths = [len(p) + 300 for p in prompts]
     assert sum(k is not None for k in keys) == sum(n // block_size for n in lengths)  # every full block keyed
+
+
+def test_the_state_check_sees_a_difference():
+    """Not vacuous: one key renamed apart, or one block moved, and the states differ."""
+    same = nano_vllm_trace._state([[0, 1], [0, 2]], [[10, None], [10, None]])
+    assert same == nano_vllm_trace._state([[0, 1], [0, 2]], [[77, None], [77, None]])
+    assert same != nano_vllm_trace._state([[0, 1], [0, 2]], [[10, None], [11, None]])
+    assert same != nano_vllm_trace._state([[0, 1], [0, 3]], [[10, None], [10, None]])
 
 
 def test_the_comparison_reports_every_side():

@@ -5,6 +5,13 @@ vLLM reports `num_gpu_blocks` per engine (one data-parallel rank = one model rep
 planner's `num_blocks` is the same quantity (blocks of one replica, each spanning its tensor-parallel shards).
 The plan is made with the server's own block size, KV cache dtype and gpu_memory_utilization when its
 `vllm:cache_config_info` publishes them, so what remains of a difference is memory the plan cannot see.
+
+A server with an explicit KV space (cache_config_info's kv_cache_memory_bytes: vLLM's CPU build, which sets it from
+VLLM_CPU_KVCACHE_SPACE, or `--kv-cache-memory-bytes`) sizes its cache from those bytes alone, with no profiling:
+`compare_kv_space_with_server` plans that (`core.planning.cpu_kv`) for the served model's own config.json, so the
+two agree block for block. A server started with --num-gpu-blocks-override keeps the override (cache_config_info's
+num_gpu_blocks); the count it computed is in its start log ("Overriding num_gpu_blocks=N"), and the comparison
+says so.
 """
 
 import re
@@ -13,7 +20,9 @@ from dataclasses import dataclass, replace
 from core.common import cdiv
 from core.errors import InvalidArgumentError
 from core.live.metrics import VllmMetrics
+from core.planning.cpu_kv import CpuKVInputs, CpuKVPlan, plan_cpu_kv
 from core.planning.kv_accounting import KV_DTYPES
+from core.planning.models import ModelSpec
 from core.planning.plan import CapacityPlan, PlanInputs, plan_from
 
 AGREE_WITHIN = 0.05  # relative difference under which the plan and the server agree
@@ -26,7 +35,7 @@ class Comparison:
     (blocks // ceil(context_len / block_size)); `relative_difference` = observed / planned - 1 (None when
     either is unknown or the plan has no blocks); `explanations`: sentences, the verdict first (after a warning when the server's model_name is another model)."""
 
-    plan: CapacityPlan
+    plan: CapacityPlan | CpuKVPlan
     planned_blocks: int
     observed_blocks: int | None
     block_size: int
@@ -82,6 +91,81 @@ def compare_with_server(inputs: PlanInputs, observed: VllmMetrics, context_len: 
     return Comparison(
         capacity, capacity.num_blocks, observed_blocks, bs, context_len, planned_conc, observed_conc, diff, taken,
         _model_note(capacity.model, observed.model_names) + _explain(capacity, observed_blocks, diff, engines),
+    )  # fmt: skip
+
+
+def kv_space_bytes(observed: VllmMetrics) -> int | None:
+    """cache_config_info's kv_cache_memory_bytes (the server's explicit KV space), None when it sizes its cache by
+    profiling (the label absent or "None")."""
+    try:
+        value = int(observed.cache_setting("kv_cache_memory_bytes") or "")
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def _override(observed: VllmMetrics) -> int | None:
+    try:
+        return int(observed.cache_setting("num_gpu_blocks_override") or "")
+    except ValueError:
+        return None
+
+
+def compare_kv_space_with_server(
+    model: ModelSpec, observed: VllmMetrics, context_len: int, max_model_len: int | None = None
+) -> Comparison:
+    """`model` (the served model's config) planned in the server's own KV space, block size and KV dtype (its
+    cache_config_info) beside the blocks it reports. Raises InvalidArgumentError when the server publishes no
+    kv_cache_memory_bytes or block_size, or for a plan vLLM refuses."""
+    if context_len < 1:
+        raise InvalidArgumentError(f"context_len must be at least 1 token, got {context_len}")
+    space = kv_space_bytes(observed)
+    if space is None or not observed.block_size:
+        raise InvalidArgumentError(
+            "the server publishes no kv_cache_memory_bytes and block_size in vllm:cache_config_info: its KV "
+            "space was sized by profiling, so plan it with a GPU preset"
+        )
+    cache_dtype = (observed.cache_setting("cache_dtype") or "auto").lower()
+    inputs = CpuKVInputs(model, space, block_size=observed.block_size,
+                         kv_cache_dtype="auto" if cache_dtype == "auto" else cache_dtype,
+                         max_model_len=max_model_len)  # fmt: skip
+    capacity = plan_cpu_kv(inputs)
+    taken = (
+        f"kv_cache_memory_bytes {space:,}",
+        f"block_size {observed.block_size}",
+        f"kv cache dtype {cache_dtype}",
+    )
+    engines = max(1, len(observed.engines))
+    observed_blocks = observed.num_gpu_blocks // engines if observed.num_gpu_blocks is not None else None
+    per_request = cdiv(context_len, capacity.block_size)
+    diff = (
+        observed_blocks / capacity.num_blocks - 1
+        if observed_blocks is not None and capacity.num_blocks
+        else None
+    )
+    override = _override(observed)
+    if override is not None:
+        words = (
+            f"The server keeps {override:,} blocks (--num-gpu-blocks-override {override}); the count it computed "
+            f'from its {space / 1024**3:g} GiB KV space is in its start log ("Overriding num_gpu_blocks=N"), '
+            f"which the plan's {capacity.num_blocks:,} is to be compared with.",
+        )
+    elif observed_blocks is None:
+        words = ("The server does not publish num_gpu_blocks, so only the plan is shown.",)
+    elif observed_blocks == capacity.num_blocks:
+        words = (f"The plan and the server agree: {capacity.num_blocks:,} blocks of {capacity.block_size} tokens "
+                 f"in {space:,} bytes ({capacity.block_bytes:,} bytes per block over all layers).",)  # fmt: skip
+    else:
+        words = (
+            f"The server holds {observed_blocks:,} blocks, {diff:+.1%} against the plan's {capacity.num_blocks:,} "
+            f"in the same {space:,} bytes: the config.json or dtype planned is not the one it serves (a "
+            "--dtype float32 server caches in float32).",
+        )
+    return Comparison(
+        capacity, capacity.num_blocks, observed_blocks, capacity.block_size, context_len,
+        capacity.num_blocks // per_request,
+        observed_blocks // per_request if observed_blocks is not None else None, diff, taken,
+        _model_note(capacity.model, observed.model_names) + words,
     )  # fmt: skip
 
 

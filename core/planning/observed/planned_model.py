@@ -7,6 +7,10 @@ hardware (efficiencies and overhead then fitted to its histograms) and the sched
 - `core.serve` on this CPU: its model's own config (`tiny`, or the cached real model's GGUF header; nothing is
   downloaded) and weights in the served dtype (vllm:cache_config_info's cache_dtype), on the roofs measured in
   this process (`core.planning.cpu_roofline`). The roofs are the server machine's only when the page runs there.
+- A vLLM server whose model is no preset: its Hugging Face config.json (the folder its /v1/models `root` names,
+  read when it runs on this machine, or one the user gives: `core.live.served_model`); on this machine's CPU
+  (vLLM's CPU build) the roofline of that config on the measured roofs, in the dtype vLLM serves it in
+  (`core.planning.cpu_kv.cpu_model_dtype`), else on the chosen GPU preset (`hf_gpu_step_model`).
 - Limits: the KV capacity from vllm:cache_config_info (num_gpu_blocks x block_size); max_num_seqs,
   max_num_batched_tokens and max_model_len are not in /metrics: the user's (vLLM's defaults offered).
 """
@@ -16,7 +20,7 @@ from core.live.metrics import VllmMetrics
 from core.planning.cpu_roofline import engine_step_model
 from core.planning.engine_profiles import engine_step_defaults
 from core.planning.hardware import get_gpu
-from core.planning.models import MODELS, get_model
+from core.planning.models import MODELS, ModelSpec, get_model
 from core.planning.observed.planned import ServerLimits
 from core.planning.step_time import StepTimeModel, from_specs
 
@@ -44,6 +48,22 @@ def gpu_step_model(
     (or engines) when one is unknown."""
     overrides = {} if engine is None else engine_step_defaults(engine)
     return from_specs(get_model(model_slug), get_gpu(gpu_slug), tensor_parallel=tensor_parallel, **overrides)
+
+
+def hf_gpu_step_model(model: ModelSpec, gpu_slug: str, tensor_parallel: int = 1) -> StepTimeModel:
+    """The roofline of a model read from its config.json on `tensor_parallel` preset GPUs."""
+    return from_specs(model, get_gpu(gpu_slug), tensor_parallel=tensor_parallel)
+
+
+def hf_cpu_step_model(model: ModelSpec, roofs: dict, dtype: str) -> StepTimeModel:
+    """The roofline of a model read from its config.json served on this CPU in `dtype` (DTYPE_BYTES): its
+    parameters (`ModelSpec.num_params`: the config's estimate) in that dtype, on the measured roofs."""
+    if dtype not in DTYPE_BYTES:
+        raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    size = DTYPE_BYTES[dtype]
+    return engine_step_model(
+        model.shape, weight_bytes=float(model.num_params * size), dtype_bytes=size, roofs=roofs
+    )
 
 
 def core_serve_step_model(served_name: str, roofs: dict, dtype: str = "float32") -> StepTimeModel:

@@ -1,0 +1,190 @@
+"""Issue 40's pieces that do not depend on the fitted values: the sample's model presets against their model
+cards, the MoE and per-layer terms of the step-time model worked by hand, the rows of the cross-model sample
+and their per-model errors, and `--config PATH [--num-params N]` on predict / max-rate / slo."""
+
+import json
+
+import numpy as np
+import pytest
+
+from core.errors import InvalidArgumentError
+from core.planning import published_vllm as pv
+from core.planning.hardware import GPUS
+from core.planning.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
+from core.planning.models import MODELS, MODELS_JSON, estimate_num_params
+from core.planning.predict_cli import max_rate_main, predict_main
+from core.planning.step_time import expert_weight_share, from_specs
+
+CARDS = {  # slug: (layers, KV heads, head_dim, total, active parameters on the model card)
+    "qwen3-32b": (64, 8, 128, 32.8e9, 32.8e9),
+    "qwen3-235b-a22b": (94, 4, 128, 235e9, 22e9),
+}
+
+
+@pytest.mark.parametrize("slug", sorted(CARDS))
+def test_sample_presets_match_their_model_cards(slug):
+    layers, kv_heads, head_dim, total, active = CARDS[slug]
+    model = MODELS[slug]
+    assert (model.num_layers, model.num_kv_heads, model.head_dim) == (layers, kv_heads, head_dim)
+    # the parameters the shapes imply agree with the card's rounded figures
+    estimate = estimate_num_params(json.loads(MODELS_JSON.read_text())[slug]["config"])
+    assert estimate["total"] == pytest.approx(total, rel=0.01)
+    assert estimate["active"] == pytest.approx(active, rel=0.01)
+    # bf16 K and V of every layer: 2 x layers x KV heads x head_dim x 2 bytes
+    assert kv_bytes_per_token(model, "auto") == 2 * layers * kv_heads * head_dim * 2
+
+
+def test_moe_step_reads_only_the_experts_its_tokens_route_to():
+    model, gpu = MODELS["gpt-oss-120b"], GPUS["h100-80gb"]
+    step = from_specs(model, gpu, 2, "auto", bandwidth_efficiency=1.0, overhead_s=0.0)
+    per_gpu = weight_bytes_per_gpu(model, "auto", 2)
+    assert step.weight_bytes + step.expert_weight_bytes == pytest.approx(per_gpu, rel=1e-12)
+    # MXFP4 experts: 114.7e9 parameters x 4.25 bits of the ~65 GB checkpoint (the rest bf16)
+    assert expert_weight_share(model) == pytest.approx(114.70e9 * 4.25 / 8 / 65.2e9, rel=0.01)
+    assert (step.num_experts, step.experts_per_token) == (128, 4)
+    # one token reads 4 of 128 experts; n tokens 1 - (124/128)^n of them (uniform routing)
+    assert step.experts_touched(1) == pytest.approx(4 / 128)
+    assert step.experts_touched(np.array([1.0, 64.0]))[1] == pytest.approx(1 - (124 / 128) ** 64)
+    kv = step.kv_bytes_per_token
+    by_hand = (step.weight_bytes + step.expert_weight_bytes * 4 / 128 + kv * (100 + 1)) / gpu.memory_bandwidth
+    assert step.breakdown(1, 100, 101).memory_s == pytest.approx(by_hand, rel=1e-12)
+    assert step.step_seconds(1, 100, 101) == pytest.approx(float(step.step_time(1, 100, 101)), rel=1e-12)
+    # a dense model reads all its weights every step, as before
+    dense = from_specs(MODELS["llama-3.1-70b"], gpu, 2, "fp8")
+    assert dense.expert_weight_bytes == 0 and dense.weight_bytes == weight_bytes_per_gpu(
+        MODELS["llama-3.1-70b"], "fp8", 2
+    )
+    assert expert_weight_share(MODELS["qwen3-235b-a22b"], "fp8") == pytest.approx(227.1 / 235.0, rel=1e-3)
+
+
+def test_expert_gemms_priced_at_their_own_efficiency():
+    model, gpu = MODELS["qwen3-235b-a22b"], GPUS["h200-141gb"]
+    step = from_specs(model, gpu, 4, "fp8", flops_efficiency=0.5, expert_flops_efficiency=0.1)
+    # routed experts of 8 of 128: 227.1e9 x 8 / 128 parameters, 2 FLOPs each, over 4 GPUs
+    assert step.expert_flops_per_token == pytest.approx(2 * 227.096e9 * 8 / 128 / 4, rel=1e-4)
+    n = 4096.0
+    dense = (step.flops_per_token - step.expert_flops_per_token) * n / (gpu.peak_fp8_flops * 0.5)
+    experts = step.expert_flops_per_token * n / (gpu.peak_fp8_flops * 0.1)
+    assert step.breakdown(n, 0, 0).compute_s == pytest.approx(dense + experts, rel=1e-12)
+    assert step.step_seconds(n, 0, 0) == pytest.approx(float(step.step_time(n, 0, 0)), rel=1e-12)
+    with pytest.raises(InvalidArgumentError, match="expert_flops_efficiency"):
+        from_specs(model, gpu, 4, "fp8", expert_flops_efficiency=1.5)
+
+
+def test_layer_overhead_counts_every_layer():
+    gpu = GPUS["h100-80gb"]
+    for slug, layers in (("llama-3.1-8b", 32), ("llama-3.1-70b", 80)):
+        step = from_specs(MODELS[slug], gpu, 1, "fp8", overhead_s=0.001, layer_overhead_s=5e-5)
+        assert step.overhead_s == pytest.approx(0.001 + layers * 5e-5)
+    with pytest.raises(InvalidArgumentError, match="layer_overhead_s"):
+        from_specs(MODELS["llama-3.1-8b"], gpu, 1, layer_overhead_s=-1.0)
+
+
+def test_sample_rows_and_their_split():
+    models = {r.model for r in pv.ROWS}
+    assert models == set(pv.TRAINING_MODELS) | set(pv.HELD_OUT_MODELS)
+    assert len(pv.ROWS) + len(pv.ATTENTION_DP_ROWS) == 105 + 306
+    assert all(r.model == "qwen3-235b-a22b" for r in pv.ATTENTION_DP_ROWS) and len(pv.ATTENTION_DP_ROWS) == 19
+    assert {pv.row_set(r) for r in pv.ROWS if r.model in pv.HELD_OUT_MODELS} <= {"held out", "kv-limited"}
+    assert any(m in pv.MOE_MODELS for m in pv.HELD_OUT_MODELS)
+    gpt = [r for r in pv.ROWS if r.model == "gpt-oss-120b"]
+    assert len(gpt) == 144 and {r.weight_dtype for r in gpt} == {"auto"}
+    first = next(r for r in pv.ROWS if r.model == "llama-3.1-8b")  # the file's first 8B row
+    assert (first.tp, first.isl, first.osl, first.concurrency, first.ttft_s, first.tpot_s) == (
+        1,
+        1000,
+        100,
+        112,
+        pytest.approx(0.07191),
+        pytest.approx(0.01125),
+    )
+
+
+def test_errors_by_model_by_hand():
+    a = pv.VllmRow("a", "llama-3.1-8b", "h200-141gb", 1, 10, 10, 1, 1.0, 1.0)
+    b = pv.VllmRow("b", "llama-3.1-8b", "h100-80gb", 1, 10, 10, 1, 1.0, 1.0)
+    rows = [{"row": a, "ttft_error": 0.3, "tpot_error": -0.4, "set": "held out"},
+            {"row": b, "ttft_error": 0.0, "tpot_error": 0.0, "set": "held out"},
+            {"row": a, "ttft_error": 9.0, "tpot_error": 9.0, "set": "training"}]  # fmt: skip
+    out = pv.errors_by_model(rows, "held out")["llama-3.1-8b"]
+    assert out["rows"] == 2
+    assert out["ttft_rms_rel_err"] == pytest.approx(np.sqrt(0.09 / 2))
+    assert out["tpot_rms_rel_err"] == pytest.approx(np.sqrt(0.16 / 2))
+    assert out["rms_rel_err"] == pytest.approx(np.sqrt(0.25 / 4))
+    assert out["by_gpu"]["h200-141gb"]["rms_rel_err"] == pytest.approx(np.sqrt(0.25 / 2))
+
+
+LOAD = ["--gpu", "h100-80gb", "--tp", "2", "--prompt-len", "256", "--output-len", "16"]
+
+
+def _answer(main, argv, capsys):
+    assert main(argv) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "main, load", [(predict_main, ["--concurrency", "4"]), (max_rate_main, ["--ttft-p95", "1"])]
+)
+def test_config_answers_as_the_preset(tmp_path, capsys, main, load):
+    """A config.json with the preset's fields and its parameter count answers exactly as the preset, same keys."""
+    raw = json.loads(MODELS_JSON.read_text())["qwen3-32b"]
+    path = tmp_path / "my-qwen.json"
+    path.write_text(json.dumps(raw["config"]))
+    preset = _answer(main, ["--model", "qwen3-32b", *LOAD, *load], capsys)
+    custom = _answer(
+        main, ["--config", str(path), "--num-params", str(raw["num_params"]), *LOAD, *load], capsys
+    )
+    assert custom.keys() == preset.keys()
+    name = custom["deployment"]["model"] if "deployment" in custom else None
+    if name is not None:
+        assert name == "my-qwen" and preset["deployment"]["model"] == "Qwen3-32B"
+        custom["deployment"]["model"] = preset["deployment"]["model"]
+    assert custom == preset
+
+
+def test_config_flag_errors(tmp_path, capsys):
+    assert predict_main(["--model", "qwen3-32b", "--num-params", "1e9", *LOAD, "--concurrency", "1"]) == 2
+    assert "--num-params goes with --config" in capsys.readouterr().err
+    assert predict_main(["--config", str(tmp_path / "none.json"), *LOAD, "--concurrency", "1"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_sliding_window_layers_read_only_their_window():
+    """gpt-oss-120b: 18 of its 36 layers slide over 128 tokens, so a decode at a 9,000-token context reads 9,000
+    tokens in 18 layers and 128 in the other 18. Mistral-7B slides every layer over 4,096: shorter contexts read
+    in full, longer ones the window. A dense model reads every layer."""
+    model = MODELS["gpt-oss-120b"]
+    assert model.layer_kinds.count("full_attention") == 18 and model.sliding_window == 128
+    step = from_specs(model, GPUS["h200-141gb"], 1, "auto", bandwidth_efficiency=1.0)
+    assert step.kv_bytes_per_token == 2 * 36 * 8 * 64 * 2  # written to every layer
+    assert (step.sliding_layer_fraction, step.sliding_window) == (0.5, 128)
+    assert step.attention_flops_per_pair == 4 * 36 * 64 * 64
+    ctx = 9000.0
+    dense_bytes = step.weight_bytes + step.expert_weight_bytes * 4 / 128
+    by_hand = (dense_bytes + step.kv_bytes_per_token * (ctx / 2 + 128 / 2 + 1)) / 4.8e12
+    assert step.breakdown(1, ctx, ctx + 1).memory_s == pytest.approx(by_hand, rel=1e-12)
+    assert step.step_seconds(3, 3 * ctx, 3 * ctx) == pytest.approx(float(step.step_time(3, 3 * ctx, 3 * ctx)))
+    mistral = from_specs(MODELS["mistral-7b"], GPUS["h200-141gb"])
+    assert (mistral.sliding_layer_fraction, mistral.sliding_window) == (1.0, 4096)
+    assert (
+        mistral.windowed(4 * 2000.0, 4) == 4 * 2000.0
+    )  # four sequences at 2,000 tokens: all within the window
+    assert mistral.windowed(4 * 8000.0, 4) == 4 * 4096.0  # at 8,000: the window each
+    assert from_specs(MODELS["llama-3.1-8b"], GPUS["h200-141gb"]).sliding_layer_fraction == 0
+
+
+def test_slo_takes_a_config_too(tmp_path, capsys):
+    from core.planning.slo_cli import main as slo_main
+
+    raw = json.loads(MODELS_JSON.read_text())["llama-3.1-8b"]
+    path = tmp_path / "eight.json"
+    path.write_text(json.dumps(raw["config"]))
+    common = ["--rate", "1", "--prompt-len", "256", "--output-len", "16", "--ttft-p95", "2", "--gpus", "h100-80gb",
+              "--max-gpus", "1", "--tp", "1", "--max-num-seqs", "32", "--kv-dtypes", "auto", "--weight-dtypes", "auto"]  # fmt: skip
+    preset = _answer(slo_main, ["--model", "llama-3.1-8b", *common], capsys)
+    custom = _answer(
+        slo_main, ["--config", str(path), "--num-params", str(raw["num_params"]), *common], capsys
+    )
+    assert custom.keys() == preset.keys() and custom["configs"] and custom["best"] is not None
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "model"} for r in rows]  # noqa: E731
+    assert strip(custom["configs"]) == strip(preset["configs"])
