@@ -4,6 +4,7 @@ simulator's prediction for the same arrivals.
 
     python -m bench.slo --quick        # ~4.5 minutes on the 2-core machine (more when it is shared)
     python -m bench.slo                # three times the requests per rate, longer sweeps
+    python -m bench.slo --quick --server vllm   # the same against a real vLLM (bench/slo_vllm.py)
 
 Model: SmolLM2-135M-Instruct (the real model, `core.engine.fetch`), float32 on the CPU, `--threads` torch threads
 (1 by default: on a shared 2-core machine one thread keeps each step's time its own; two threads wait on each
@@ -296,6 +297,12 @@ def drift(before: pd.DataFrame, after: pd.DataFrame) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--server",
+        choices=("engine", "vllm"),
+        default="engine",
+        help="engine: our Engine in this process (default); vllm: a real vLLM this bench starts (bench/slo_vllm.py)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--fit-once", action="store_true", help="one sweep and fit for both rates")
     parser.add_argument(
@@ -325,6 +332,11 @@ def load_engine():
 def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
+    if args.server == "vllm":
+        from bench.slo_vllm import main as vllm_main
+
+        vllm_main(args)
+        return
     niceness = raise_priority(args.nice)
     size = SIZES["quick" if args.quick else "full"]
     started = time.perf_counter()

@@ -26,7 +26,7 @@ from core.planning.plan import plan
 from core.planning.predict import Deployment, predict
 from core.planning.slo_disagg import SERVE_NOTE
 from core.planning.speculative import Speculation
-from core.planning.vllm_command import bench_num_prompts, vllm_bench_serve_command
+from core.planning.vllm_command import bench_num_prompts, prefix_repetition_problem, vllm_bench_serve_command
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
 
@@ -291,13 +291,13 @@ def highest_rate(params: SloPredictParams, progress: Callable[[float, str], None
 
 
 def bench_command(model_spec, load: Load, num_prompts: int) -> str:
-    """`vllm bench serve` replaying `load`; for shared prefixes, which its random dataset cannot replay (one fixed
-    prefix, not num_prefixes drawn uniformly or by Zipf), a comment saying so instead."""
-    if load.shared_prefix_len:
-        return (
-            "# no vllm bench serve --dataset-name random equivalent: its random dataset has one fixed prefix, "
-            f"not {load.num_prefixes} prefix(es) of {load.shared_prefix_len} tokens drawn as the lab draws them"
-        )
+    """`vllm bench serve` replaying `load` (shared prefixes through its prefix_repetition dataset); for a load no
+    vLLM dataset replays (multi-turn chats, Zipf-weighted prefixes, a length spread with shared prefixes), a
+    comment saying why instead."""
+    if load.uses_prefix_cache:
+        problem = prefix_repetition_problem(load)
+        if problem is not None:
+            return f"# {problem}"
     return vllm_bench_serve_command(model_spec, load, num_prompts, STEADY_METRICS, PERCENTILES)
 
 

@@ -12,14 +12,16 @@ from core.kv.model_shape import ModelShape
 from core.planning.step_time import StepTimeModel
 
 
-def measure_roofs(repeats: int = 12) -> dict:
-    """{"memory_bandwidth": bytes/s, "peak_flops": FLOP/s} of this machine in this process (its torch threads)."""
+def measure_roofs(repeats: int = 12, matmul_dtype: str = "float32") -> dict:
+    """{"memory_bandwidth": bytes/s, "peak_flops": FLOP/s} of this machine in this process (its torch threads);
+    the FLOP/s of a `matmul_dtype` matmul ("bfloat16" for a server computing in bf16, as vLLM's CPU build does:
+    on a CPU with AVX-512 BF16 that roof is several times float32's)."""
     import torch
 
     src = torch.ones(64 * 1024 * 1024)  # 256 MiB of float32
     dst = torch.empty_like(src)
     n = 1536
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = (torch.randn(n, n).to(getattr(torch, matmul_dtype)) for _ in range(2))
     copy, mm = [], []
     for _ in range(repeats):
         t = time.perf_counter()

@@ -14,6 +14,13 @@ is for.
 - `--ignore-eos`: every request generates exactly its output length, as the simulator does.
 - `--percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99`: the percentiles the lab predicts (vLLM
   calls end-to-end latency e2el); `--seed K`: the lengths' draw.
+- `--dataset-name prefix_repetition --prefix-repetition-prefix-len P --prefix-repetition-suffix-len S
+  --prefix-repetition-num-prefixes N --prefix-repetition-output-len O` (vLLM 0.32's `PrefixRepetitionRandomDataset`)
+  for a load with shared prefixes: N random prefixes of P tokens, each followed by random suffixes of S tokens, every
+  prompt P + S tokens with O output tokens. vLLM gives each prefix exactly num_prompts // N prompts (then shuffles
+  them), where `Load` draws each request's prefix uniformly: the same share of each prefix on average, so the same
+  hits once every prefix has been seen; the command rounds num_prompts up to a multiple of N, which vLLM would
+  otherwise round down. It has no length spread, no Zipf weights and no multi-turn chats: those loads are refused.
 vLLM's percentiles cover every prompt, the ramp-up from an empty server and the drain included; `bench_num_prompts`
 sizes the run so that those are a small share of it.
 """
@@ -98,6 +105,29 @@ def bench_num_prompts(load: Load, in_flight: float) -> int:
     return -(-wanted // 100) * 100
 
 
+def prefix_repetition_problem(load: Load) -> str | None:
+    """Why vLLM's prefix_repetition dataset cannot replay `load` (a load whose prompts share tokens), or None when
+    it can: every prompt shared_prefix_len + a suffix of at least one token, fixed lengths, prefixes drawn
+    uniformly, one request per conversation."""
+    why = []
+    if load.turns > 1:
+        why.append(f"multi-turn chats (--turns {load.turns})")
+    if load.length_spread > 0:
+        why.append(f"length spread ({load.length_spread:g}: its prompts and outputs have fixed lengths)")
+    if load.prefix_zipf is not None:
+        why.append(
+            f"Zipf-weighted prefixes (--prefix-zipf {load.prefix_zipf:g}: it uses each prefix equally)"
+        )
+    if load.shared_prefix_len >= load.prompt_len:
+        why.append("prompts that are all prefix (it appends a suffix of at least one token)")
+    if not why:
+        return None
+    return (
+        "no vllm bench serve dataset replays this load: prefix_repetition (its dataset for shared prefixes) has "
+        f"no {', no '.join(why)}"
+    )
+
+
 def vllm_bench_serve_command(
     model: ModelSpec,
     load: Load,
@@ -107,9 +137,10 @@ def vllm_bench_serve_command(
 ) -> str:
     """The `vllm bench serve` command replaying `load` (rate or clients, lengths, spread, seed) in `num_prompts`
     requests against a `vllm serve` of `model` on this machine's default port, reporting the percentiles
-    `percentiles` of `metrics` (our names: ttft, tpot, itl, e2e). Flags and their semantics: module docstring.
-    Raises InvalidArgumentError for an unknown metric, a percentile outside (0, 100), num_prompts < 1 or a load
-    with shared prefixes."""
+    `percentiles` of `metrics` (our names: ttft, tpot, itl, e2e). A load with shared prefixes is replayed by the
+    prefix_repetition dataset (num_prompts rounded up to a multiple of its prefixes). Flags and their semantics:
+    module docstring. Raises InvalidArgumentError for an unknown metric, a percentile outside (0, 100),
+    num_prompts < 1, or a shared-prefix load that dataset cannot replay (`prefix_repetition_problem`)."""
     if not isinstance(num_prompts, int) or num_prompts < 1:
         raise InvalidArgumentError(f"num_prompts must be a whole number >= 1, got {num_prompts!r}")
     unknown = [m for m in metrics if m not in BENCH_METRIC_NAMES]
@@ -119,20 +150,27 @@ def vllm_bench_serve_command(
         )
     if not percentiles or any(not 0 < q < 100 for q in percentiles):
         raise InvalidArgumentError(f"percentiles must be in (0, 100), got {list(percentiles)}")
-    if load.shared_prefix_len:
-        raise InvalidArgumentError(
-            "a load with shared prefixes has no vllm bench serve --dataset-name random equivalent (its prefixes "
-            "are not the lab's); give shared_prefix_len 0"
-        )
-    parts = [
-        "vllm bench serve",
-        f"--model {model.hf_repo or model.name}",
-        "--dataset-name random",
-        f"--random-input-len {load.prompt_len}",
-        f"--random-output-len {load.output_len}",
-    ]
-    if load.length_spread > 0:
-        parts.append(f"--random-range-ratio {load.length_spread:.12g}")
+    parts = ["vllm bench serve", f"--model {model.hf_repo or model.name}"]
+    if load.uses_prefix_cache:
+        problem = prefix_repetition_problem(load)
+        if problem is not None:
+            raise InvalidArgumentError(problem)
+        num_prompts = -(-num_prompts // load.num_prefixes) * load.num_prefixes
+        parts += [
+            "--dataset-name prefix_repetition",
+            f"--prefix-repetition-prefix-len {load.shared_prefix_len}",
+            f"--prefix-repetition-suffix-len {load.prompt_len - load.shared_prefix_len}",
+            f"--prefix-repetition-num-prefixes {load.num_prefixes}",
+            f"--prefix-repetition-output-len {load.output_len}",
+        ]
+    else:
+        parts += [
+            "--dataset-name random",
+            f"--random-input-len {load.prompt_len}",
+            f"--random-output-len {load.output_len}",
+        ]
+        if load.length_spread > 0:
+            parts.append(f"--random-range-ratio {load.length_spread:.12g}")
     parts.append(f"--num-prompts {num_prompts}")
     if load.concurrency is not None:
         parts += ["--request-rate inf", f"--max-concurrency {load.concurrency}"]

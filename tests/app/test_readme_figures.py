@@ -68,6 +68,22 @@ def test_the_kernel_runs_were_built_for_the_isa_the_row_names():
             assert "avx512f" in run["cpu"]["vector_features"] and run["cpu"]["logical_cpus"] == 2
 
 
+def test_the_vllm_kernel_row_is_the_saved_runs():
+    """The lab's `cpu` kernel over vLLM's CPU kernel (bench.attention --quick's lab_over_vllm), per dtype: the
+    median and range over the saved runs, each run's problem the one the row names and vLLM's output correct."""
+    runs = _saved("attention-vllm.json")["runs"]
+    row = _row("the `cpu` kernel against vLLM's own CPU paged-attention kernel")
+    for dtype, short in (("float32", "fp32"), ("bfloat16", "bf16")):
+        ratios = [run["lab_over_vllm"][dtype] for run in runs]
+        figure = f"{short} {statistics.median(ratios):.2f}× ({_span(ratios, '.2f')})"
+        assert figure in row, (figure, row)
+    assert f"{len(runs)} runs" in row, row
+    for run in runs:
+        for result in run["vllm_kernel"]["results"]:
+            assert (result["batch"], result["context_len"], result["backend"]) == (16, 2048, "cpu")
+            assert result["vllm_max_abs_err"] <= result["tolerance"]
+
+
 def test_the_block_manager_row_is_the_saved_run():
     saved = _saved("block-manager.json")
     spread = saved["nano_vllm_time_ratio_spread"]
@@ -115,6 +131,24 @@ def test_the_slo_row_is_the_saved_runs():
     assert f"throughput within {100 * throughput:.1f} %" in row, row
     walls = [r["wall_s"] for r in runs]
     assert f"{min(walls):.0f}–{max(walls):.0f} s a run" in row, row
+
+
+def test_the_slo_vllm_row_is_the_saved_runs():
+    runs = _saved("slo-vllm.json")["runs"]
+    assert all(r["mode"] == "quick" and r["server"]["kind"] == "vllm" for r in runs)
+    row = _row("predicted latency against a real vLLM")
+    worst = [r["worst"]["max_rel_err"] for r in runs]
+    assert ", ".join(f"{w:.3f}" for w in worst) + f" in {len(runs)} run" in row, row
+    assert (
+        f"{len(runs[0]['rates'])}" == "3"
+        and f"its own {runs[0]['server']['num_gpu_blocks']:,}-block cache" in row
+    )
+    lowest = min(runs[-1]["rates"].values(), key=lambda r: r["rate_req_per_s"])
+    for name, label in (("ttft_p50", "TTFT p50"), ("tpot_p50", "TPOT p50")):
+        assert f"{label} {lowest[f'{name}_rel_err']:.3f}" in row, (label, row)
+    assert f"throughput {100 * lowest['throughput_rel_err']:.1f} %" in row, row
+    met = all(w <= 0.20 for w in worst)
+    assert ("target 0.20 missed" in row) == (not met), row
 
 
 def test_the_slo_cli_row_is_the_saved_run():

@@ -177,7 +177,7 @@ def test_shared_prefixes_show_the_hit_rate_beside_ttft_and_what_a_larger_kv_cach
     assert printed["prefix_hit_rate"] == pytest.approx(ref["prefix_hit_rate"], rel=1e-12)
     assert at.code[2].value.startswith(
         "# no vllm bench serve"
-    )  # its random dataset cannot replay the prefixes
+    )  # its prefix_repetition dataset uses each prefix equally: no Zipf weights
 
 
 def test_a_host_kv_tier_shows_the_hits_per_tier_and_its_flags(capsys):

@@ -22,10 +22,16 @@ def vllm_bench_parser() -> argparse.ArgumentParser:
     """The `vllm bench serve` flags the command may use, with vLLM's names, types and defaults."""
     parser = argparse.ArgumentParser(prog="vllm bench serve", exit_on_error=False)
     parser.add_argument("--model", type=str, default=None)
-    parser.add_argument("--dataset-name", type=str, default="random", choices=["random", "sharegpt"])
+    parser.add_argument(
+        "--dataset-name", type=str, default="random", choices=["random", "sharegpt", "prefix_repetition"]
+    )
     parser.add_argument("--random-input-len", type=int, default=1024)
     parser.add_argument("--random-output-len", type=int, default=128)
     parser.add_argument("--random-range-ratio", type=float, default=0.0)
+    parser.add_argument("--prefix-repetition-prefix-len", type=int, default=256)
+    parser.add_argument("--prefix-repetition-suffix-len", type=int, default=256)
+    parser.add_argument("--prefix-repetition-num-prefixes", type=int, default=10)
+    parser.add_argument("--prefix-repetition-output-len", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=1000)
     parser.add_argument("--request-rate", type=float, default=float("inf"))
     parser.add_argument("--max-concurrency", type=int, default=None)
@@ -105,6 +111,27 @@ def test_bad_arguments_are_refused_naming_them(kwargs, message):
         vllm_bench_serve_command(LLAMA, Load(1.0, 10, 10), **kwargs)
 
 
-def test_a_load_with_shared_prefixes_is_refused_not_replayed_without_them():
-    with pytest.raises(InvalidArgumentError, match="shared_prefix_len"):
-        vllm_bench_serve_command(LLAMA, Load(1.0, 100, 10, shared_prefix_len=50), 1000)
+def test_a_load_with_shared_prefixes_is_replayed_by_the_prefix_repetition_dataset():
+    load = Load(2.5, 320, 16, shared_prefix_len=256, num_prefixes=3, seed=4)
+    args = parse(vllm_bench_serve_command(LLAMA, load, 1000))
+    assert args.dataset_name == "prefix_repetition"
+    assert (args.prefix_repetition_prefix_len, args.prefix_repetition_suffix_len) == (256, 64)  # prompt = 320
+    assert (args.prefix_repetition_num_prefixes, args.prefix_repetition_output_len) == (3, 16)
+    # vLLM gives each prefix num_prompts // num_prefixes prompts: rounded up, none are dropped
+    assert args.num_prompts == 1002 and args.num_prompts // 3 * 3 == args.num_prompts
+    assert (args.request_rate, args.seed, args.ignore_eos) == (2.5, 4, True)
+
+
+@pytest.mark.parametrize(
+    "levers, why",
+    [
+        ({"prefix_zipf": 1.1}, "no Zipf-weighted prefixes"),
+        ({"length_spread": 0.1}, "no length spread"),
+        ({"turns": 3}, "no multi-turn chats"),
+        ({"shared_prefix_len": 100}, "prompts that are all prefix"),
+    ],
+)
+def test_a_shared_prefix_load_that_dataset_cannot_replay_is_refused_saying_why(levers, why):
+    load = Load(1.0, 100, 10, **({"shared_prefix_len": 50} | levers))
+    with pytest.raises(InvalidArgumentError, match=f"prefix_repetition .*{why}"):
+        vllm_bench_serve_command(LLAMA, load, 1000)

@@ -1,0 +1,296 @@
+"""`python -m bench.slo --quick --server vllm`: the latency prediction held to a real vLLM (its CPU build, the
+`.venv-vllm` of `core.serve.vllm_env`) serving SmolLM2-135M-Instruct in bf16 on this machine.
+
+1. The bench starts its own `vllm serve` (`core.serve.vllm_server.VLLMServer`) on loopback, with bench.slo's
+   `--threads` OpenMP threads (1 by default) at its `--nice` niceness (-10 where allowed: on a shared 2-core
+   machine a step whose two threads wait on each other while another process holds a core takes seconds, not
+   tens of ms; the roofs are measured with as many threads): block size 32,
+   VLLM_CPU_KVCACHE_SPACE=1 with the KV cache vLLM sizes itself (no block override; `num_gpu_blocks` read back from
+   /metrics), max_num_seqs MAX_NUM_SEQS, max_num_batched_tokens MAX_NUM_BATCHED_TOKENS, prefix caching as vLLM's
+   default (the random prompts share nothing).
+2. Roofs: this machine's copy bandwidth and bf16 matmul FLOP/s (`core.planning.cpu_roofline.measure_roofs`; vLLM
+   computes in bf16, whose matmuls run ~3-4x float32's here with AVX-512 BF16: a float32 roof left the fit's
+   FLOP/s efficiency at its bound of 1 and priced prefills 3x too slow), the roofline of the model's bf16 weights
+   and KV (`engine_step_model`); the bench itself at the same niceness as the server.
+3. Sweep, measured from outside as for any vLLM (no access to its engine): streaming /v1/completions with token-id
+   prompts and `continuous_usage_stats` (each chunk says how many tokens the request has produced).
+   Decode steps: for each level c of SWEEP_LEVELS, c requests (prompt SWEEP_PROMPT random tokens, SWEEP_OUTPUT
+   outputs) sent together; while all c are decoding, each request's time per token over that window is a step of c
+   decodes reading c x context KV tokens (single gaps seen from outside are bursty: some ~0, some two steps). Prefill steps: one request alone of
+   each of PREFILL_LENGTHS prompt tokens and one output token, its time to the first chunk (so the request's own
+   HTTP and tokenizer-free entry are in it, as they are in the TTFT `vllm bench serve` measures). A sweep runs
+   before the first rate and after the last; the fit (`core.planning.step_fit.fit_step_time`, bench.slo's
+   CPU_FIT) is on both.
+4. Validation (no fitting): `vllm bench serve` (the wheel's CLI) at three Poisson rates, 0.25, 0.5 and 0.75 of the
+   fit's throughput bound (`analytic_bounds`; the third near the knee), random prompts of 56 +- 70 % tokens and
+   outputs of 24 +- 70 % (`--random-range-ratio 0.7`: prompts 16-96, outputs 7-41), `--ignore-eos`,
+   `--save-detailed`: each request's send time, lengths, TTFT and end-to-end latency come back, and the lab's
+   simulator (core.sched's scheduler at the server's limits, paged KV at its num_gpu_blocks x 32 tokens, the
+   fitted step time) replays the same arrivals and lengths. Both sides' percentiles are
+   `core.serving.latency.latency_summary` of the requests' times (vLLM's own p50 / p99 are kept beside them).
+
+Prints bench.slo's JSON keys (machine, roofs, sweep_steps, rates with the measured and predicted TTFT / TPOT
+p50 / p95 / p99, throughput, `*_rel_err`, step_time_measured_over_predicted is absent: vLLM's steps are not
+visible from outside; `worst`, wall_s) plus server (the vLLM and its cache).
+"""
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from bench.slo import METRICS, SIZES, compare, fit, raise_priority
+from core.kernels.cpu_isa import cpu_description
+from core.live.metrics import parse_vllm_metrics
+from core.planning.cpu_roofline import engine_step_model, measure_roofs
+from core.planning.models import ModelSpec
+from core.planning.slo_eval import analytic_bounds
+from core.serve.vllm_env import find_vllm
+from core.serve.vllm_server import VLLMServeConfig, VLLMServer
+from core.serving.memory_policies import paged
+from core.serving.simulator import SimulatorConfig, simulate
+from core.serving.workload import Request
+
+BLOCK_SIZE = 32
+MAX_NUM_SEQS = 16
+MAX_NUM_BATCHED_TOKENS = 256
+MAX_MODEL_LEN = 2048
+SWEEP_LEVELS = (1, 1, 1, 1, 2, 2, 3, 4, 6, 8, 12, 16)  # one row per request: a lone decode four times
+SWEEP_PROMPT, SWEEP_OUTPUT = 48, 24
+SEGMENT_TOKENS = 8  # a request's window must span this many tokens to give a row
+PREFILL_LENGTHS = (16, 32, 48, 64, 96, 128, 192, 256)
+PREFILL_REPEATS = 2
+INPUT_LEN, OUTPUT_LEN, RANGE_RATIO = 56, 24, 0.7
+TOKEN_LOW = 1000  # random prompt ids from here up: no special tokens
+
+
+class StreamRecord:
+    """One streamed request: (perf_counter, completion tokens so far) per chunk."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[float, int]] = []
+        self.error: str | None = None
+
+
+def stream(url: str, model: str, prompt: list[int], max_tokens: int, record: StreamRecord) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
+    request = urllib.request.Request(
+        url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                usage = json.loads(line[6:]).get("usage") or {}
+                if usage.get("completion_tokens"):
+                    record.chunks.append((time.perf_counter(), int(usage["completion_tokens"])))
+    except OSError as error:
+        record.error = str(error)
+
+
+def _send_together(url: str, model: str, prompts: list[list[int]], max_tokens: int) -> list[StreamRecord]:
+    records = [StreamRecord() for _ in prompts]
+    threads = [
+        threading.Thread(target=stream, args=(url, model, p, max_tokens, r))
+        for p, r in zip(prompts, records, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = [r.error for r in records if r.error]
+    if failed:
+        raise RuntimeError(f"a sweep request failed: {failed[0]}")
+    return records
+
+
+def decode_rows(records: list[StreamRecord], prompt_len: int) -> list[dict]:
+    """Steps of len(records) decodes, one row per request: its time per token over the window in which every
+    request decodes (first to last chunk inside it). Seen from outside, chunks arrive in bursts (the API server
+    forwards several steps' tokens at once when it falls behind), so single gaps and short segments can be ~0 or
+    several steps long; over the whole window the bursts cancel."""
+    c = len(records)
+    start = max(r.chunks[0][0] for r in records)
+    end = min(r.chunks[-1][0] for r in records)
+    rows = []
+    for record in records:
+        inside = [(t, n) for t, n in record.chunks if start <= t <= end]
+        if len(inside) < 2 or inside[-1][1] - inside[0][1] < SEGMENT_TOKENS:
+            continue
+        (t0, n0), (t1, n1) = inside[0], inside[-1]
+        kv = c * (prompt_len + (n0 + n1) / 2)
+        rows.append({"new_tokens": c, "kv_tokens_read": kv, "attention_pairs": kv + c, "output_tokens": c,
+                     "seconds": (t1 - t0) / (n1 - n0), "kind": "decode"})  # fmt: skip
+    return rows
+
+
+def sweep(url: str, model: str, rng: np.random.Generator, vocab: int) -> pd.DataFrame:
+    rows = []
+    for level in SWEEP_LEVELS:
+        prompts = [rng.integers(TOKEN_LOW, vocab, SWEEP_PROMPT).tolist() for _ in range(level)]
+        rows += decode_rows(_send_together(url, model, prompts, SWEEP_OUTPUT), SWEEP_PROMPT)
+    for _ in range(PREFILL_REPEATS):
+        for n in PREFILL_LENGTHS:
+            record = StreamRecord()
+            sent = time.perf_counter()
+            stream(url, model, rng.integers(TOKEN_LOW, vocab, n).tolist(), 1, record)
+            if record.error or not record.chunks:
+                raise RuntimeError(f"a prefill request failed: {record.error}")
+            rows.append({"new_tokens": n, "kv_tokens_read": 0, "attention_pairs": n * (n + 1) / 2,
+                         "output_tokens": 1, "seconds": record.chunks[0][0] - sent, "kind": "prefill"})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def bench_serve(server: VLLMServer, model_dir: str, rate: float, num: int, seed: int, out: Path) -> dict:
+    """`vllm bench serve` at `rate` (Poisson), its saved detailed result."""
+    name = f"rate-{rate:.4f}.json"
+    argv = [str(find_vllm().command), "bench", "serve", "--base-url", server.url, "--model",
+            server.config.served_name, "--tokenizer", model_dir, "--dataset-name", "random",
+            "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+            "--random-range-ratio", str(RANGE_RATIO), "--num-prompts", str(num), "--request-rate", f"{rate:.6g}",
+            "--ignore-eos", "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,95,99", "--save-result", "--save-detailed", "--result-dir", str(out),
+            "--result-filename", name, "--disable-tqdm"]  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env)
+    if run.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed: {run.stdout[-1500:]} {run.stderr[-1500:]}")
+    return json.loads((out / name).read_text())
+
+
+def measured_requests(result: dict) -> pd.DataFrame:
+    """The requests' times as core.serving.latency reads them, from the detailed result (seconds from the first
+    send)."""
+    start = np.array(result["start_times"], dtype=np.float64)
+    arrival = start - start.min()
+    return pd.DataFrame({
+        "arrival_time": arrival, "first_token_time": arrival + np.array(result["ttfts"], dtype=np.float64),
+        "finish_time": arrival + np.array(result["latencies"], dtype=np.float64),
+        "output_len": np.array(result["output_lens"], dtype=np.int64),
+        "prompt_len": np.array(result["input_lens"], dtype=np.int64),
+    })  # fmt: skip
+
+
+def predict(measured: pd.DataFrame, model, kv_tokens: int) -> pd.DataFrame:
+    requests = [Request(i, float(r.arrival_time), int(r.prompt_len), int(r.output_len))
+                for i, r in enumerate(measured.itertuples())]  # fmt: skip
+    config = SimulatorConfig(
+        kv_capacity_tokens=kv_tokens, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_seq_len=MAX_MODEL_LEN, step_time=model, max_snapshots=1,
+    )  # fmt: skip
+    return simulate(requests, paged(BLOCK_SIZE), config).requests
+
+
+def _requests_for_bound(num: int, seed: int) -> list[Request]:
+    """Lengths like the validation's (uniform over vLLM's random-dataset ranges) for the throughput bound."""
+    rng = np.random.default_rng(seed)
+    low_in, high_in = int(INPUT_LEN * (1 - RANGE_RATIO)), int(np.ceil(INPUT_LEN * (1 + RANGE_RATIO)))
+    low_out, high_out = int(OUTPUT_LEN * (1 - RANGE_RATIO)), int(np.ceil(OUTPUT_LEN * (1 + RANGE_RATIO)))
+    return [Request(i, 0.0, int(rng.integers(low_in, high_in + 1)), int(rng.integers(low_out, high_out + 1)))
+            for i in range(num)]  # fmt: skip
+
+
+def _drift(before: pd.DataFrame, after: pd.DataFrame) -> float | None:
+    """Median over the decode levels of the after sweep's median step over the before sweep's: how much the
+    machine's speed changed while the rates ran."""
+    ratios = []
+    for level in SWEEP_LEVELS:
+        a = after[(after.kind == "decode") & (after.new_tokens == level)]["seconds"]
+        b = before[(before.kind == "decode") & (before.new_tokens == level)]["seconds"]
+        if len(a) and len(b):
+            ratios.append(float(np.median(a) / np.median(b)))
+    return float(np.median(ratios)) if ratios else None
+
+
+def main(args) -> None:
+    from core.engine.fetch import fetch_model, model_cache_dir
+    from core.engine.hf_export import export_hf_folder
+
+    started = time.perf_counter()
+    size = SIZES["quick" if args.quick else "full"]
+    torch.set_num_threads(args.threads)
+    folder = str(
+        export_hf_folder(fetch_model("smollm2-135m-instruct"), model_cache_dir() / "SmolLM2-135M-Instruct-hf")
+    )
+    spec = ModelSpec.from_hf_config(json.loads((Path(folder) / "config.json").read_text()), name="smollm2")
+    config = VLLMServeConfig(model_dir=folder, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
+                             max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+                             threads=args.threads, nice=args.nice)  # fmt: skip
+    load_before = os.getloadavg()
+    loads: list[tuple[float, float, float]] = []
+    niceness_bench = raise_priority(args.nice)
+    roofs = measure_roofs(matmul_dtype="bfloat16")
+    base = engine_step_model(spec.shape, weight_bytes=2.0 * spec.num_params, dtype_bytes=2, roofs=roofs)
+    rng = np.random.default_rng(1)
+    with tempfile.TemporaryDirectory(prefix="slo-vllm-") as tmp, VLLMServer(config) as server:
+        niceness = server.niceness
+        metrics = parse_vllm_metrics(server.get("/metrics").decode())
+        kv_tokens = int(metrics.num_gpu_blocks) * BLOCK_SIZE
+        t = time.perf_counter()
+        before = sweep(server.url, config.served_name, rng, spec.vocab_size)
+        sweep_s = [time.perf_counter() - t]
+        first_fit = fit(before, base, args.robust)
+        requests = _requests_for_bound(max(size["requests"]), 0)
+        bound = analytic_bounds(first_fit.model, requests, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, kv_tokens)
+        results = []
+        for fraction, served in zip(size["rates"], size["requests"], strict=True):
+            rate = fraction * bound.capacity_rps
+            t = time.perf_counter()
+            results.append((rate, fraction, served, bench_serve(server, folder, rate, served, 7, Path(tmp)),
+                            time.perf_counter() - t))  # fmt: skip
+            loads.append(os.getloadavg())
+        t = time.perf_counter()
+        after = sweep(server.url, config.served_name, rng, spec.vocab_size)
+        sweep_s.append(time.perf_counter() - t)
+        log_tail = server.log_tail(3)
+    fitted_on = pd.concat([before, after], ignore_index=True)
+    used = first_fit if args.fit_once else fit(fitted_on, base, args.robust)
+    rates = {}
+    for rate, fraction, served, result, serve_s in results:
+        measured = measured_requests(result)
+        row = compare(measured, predict(measured, used.model, kv_tokens))
+        vllm_own = {
+            k: result[k] / 1e3 for k in result if k.startswith(("p50_", "p95_", "p99_")) and k.endswith("_ms")
+        }
+        rates[f"{rate:.3f}"] = {"rate_req_per_s": rate, "fraction_of_bound": fraction, "requests": served,
+                                "completed": result["completed"], "serve_s": serve_s,
+                                "fit": used.to_dict(), "vllm_bench_serve_s": vllm_own,
+                                "vllm_output_throughput": result["output_throughput"], **row}  # fmt: skip
+    keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
+    worst = {k: max(r[k] for r in rates.values()) for k in keys}
+    worst["max_rel_err"] = max(worst.values())
+    decode = np.median(before[before.kind == "decode"]["seconds"]) if len(before) else None
+    drift = _drift(before, after)
+    print(json.dumps({
+        "cpu": cpu_description(),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "torch": torch.__version__, "load_average_before": load_before,
+                    "load_average_during": loads, "load_average_after": os.getloadavg()},
+        "server": {"kind": "vllm", "vllm": find_vllm().version, "model": "SmolLM2-135M-Instruct bf16",
+                   "block_size": BLOCK_SIZE, "num_gpu_blocks": int(metrics.num_gpu_blocks),
+                   "kv_cache_space_gib": config.kv_cache_space_gib, "threads": config.threads, "nice": niceness,
+                   "log_tail": log_tail},
+        "model": "SmolLM2-135M-Instruct bf16 (vLLM)", "mode": "quick" if args.quick else "full",
+        "fit_once": args.fit_once, "robust_fit": args.robust,
+        "limits": {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                   "kv_tokens": kv_tokens},
+        "roofs": roofs, "roofs_after": measure_roofs(matmul_dtype="bfloat16"), "bench_nice": niceness_bench, "sweep_steps": len(before), "sweep_s": sweep_s,
+        "sweep_decode_median_s": decode, "sweep_drift_after_over_before": drift,
+        "throughput_bound_req_per_s": bound.capacity_rps, "requests_per_rate": list(size["requests"]),
+        "rates": rates, "worst": worst, "wall_s": time.perf_counter() - started,
+        "sweep_rows": {"before": before.to_dict(orient="list"), "after": after.to_dict(orient="list")},
+        "measured_requests": {f"{rate:.3f}": measured_requests(result).to_dict(orient="list")
+                              for rate, _, _, result, _ in results},
+    }, indent=2))  # fmt: skip
