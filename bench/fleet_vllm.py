@@ -61,6 +61,7 @@ from core.live.tree import DEFAULT_MEDIUM, CachedBlockTree  # noqa: E402
 from core.planning.step_time import StepTimeModel  # noqa: E402
 from core.serve.launcher import free_port  # noqa: E402
 from core.serve.vllm_env import find_vllm  # noqa: E402
+from core.serve.vllm_server import VLLMServeConfig  # noqa: E402
 from core.serving.fleet import Fleet, simulate_fleet  # noqa: E402
 from core.serving.memory_policies import paged  # noqa: E402
 from core.serving.router import Router  # noqa: E402
@@ -94,15 +95,12 @@ class Replica:
         self.sub.bind(f"tcp://127.0.0.1:{events}")
         config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": TOPIC,
                   "endpoint": f"tcp://127.0.0.1:{events}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}  # fmt: skip
-        command = [
-            str(find_vllm().command), "serve", folder, "--served-model-name", SERVED_NAME,
-            "--host", "127.0.0.1", "--port", str(self.http), "--block-size", str(BLOCK_SIZE), "--dtype", "bfloat16",
-            "--enable-prefix-caching", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
-            "--num-gpu-blocks-override", str(blocks), "--kv-events-config", json.dumps(config),
-        ]  # fmt: skip
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1",
-               "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-               "HF_HUB_OFFLINE": "1"}  # fmt: skip
+        serve = VLLMServeConfig(
+            model_dir=folder, served_name=SERVED_NAME, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
+            num_gpu_blocks_override=blocks, threads=1, kv_events=config, extra_args=("--enforce-eager",),
+            extra_env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache between the policies
+        )  # fmt: skip
+        command, env = serve.command(find_vllm().command, self.http), serve.env()
         self.log_path = log_dir / f"fleet-vllm-{index}.log"
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,

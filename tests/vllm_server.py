@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -126,14 +125,14 @@ def model_folder() -> Path:
 def _start(shared: Path) -> RealVLLM:
     from core.errors import VLLMUnavailableError
     from core.serve.vllm_env import find_vllm
+    from core.serve.vllm_server import VLLMServeConfig, VLLMServer
 
     try:
-        vllm = find_vllm()
+        find_vllm()
     except VLLMUnavailableError as err:
         _unavailable(str(err))
     folder = model_folder()
-    http, events, replay = _free_port(), _free_port(), _free_port()
-    log_path = shared / "real-vllm.log"
+    events, replay = _free_port(), _free_port()
     kv_events = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -141,42 +140,24 @@ def _start(shared: Path) -> RealVLLM:
         "replay_endpoint": f"tcp://127.0.0.1:{replay}",
         "topic": TOPIC,
     }
-    command = [
-        str(vllm.command), "serve", str(folder), "--served-model-name", SERVED_NAME,
-        "--host", "127.0.0.1", "--port", str(http), "--block-size", str(BLOCK_SIZE), "--dtype", "bfloat16",
-        "--enable-prefix-caching", "--max-model-len", str(MAX_MODEL_LEN),
-        "--num-gpu-blocks-override", str(NUM_GPU_BLOCKS_OVERRIDE),
-        "--kv-events-config", json.dumps(kv_events),
-    ]  # fmt: skip
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_SPACE_GIB),
-        "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores with the test workers, never pin them
-        "OMP_NUM_THREADS": "2",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1",
-    }
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=shared
-        )
-    server = RealVLLM(
-        url=f"http://127.0.0.1:{http}", model=SERVED_NAME, model_dir=str(folder), block_size=BLOCK_SIZE,
-        kv_cache_space_gib=KV_CACHE_SPACE_GIB, num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE,
-        max_model_len=MAX_MODEL_LEN,
-        events_endpoint=kv_events["endpoint"], replay_endpoint=kv_events["replay_endpoint"], topic=TOPIC,
-        pid=process.pid, log_path=str(log_path),
+    config = VLLMServeConfig(
+        model_dir=str(folder), served_name=SERVED_NAME, block_size=BLOCK_SIZE,
+        kv_cache_space_gib=KV_CACHE_SPACE_GIB, max_model_len=MAX_MODEL_LEN,
+        num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE, threads=2, kv_events=kv_events,
+        extra_env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
     )  # fmt: skip
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not _healthy(server.url):
-        if process.poll() is not None or time.monotonic() > deadline:
-            _kill(process.pid)
-            tail = "".join(Path(log_path).read_text(errors="replace").splitlines(True)[-15:])
-            pytest.fail(f"vLLM did not start (exit {process.poll()}); the end of {log_path}:\n{tail}")
-        time.sleep(1)
-    return server
+    process = VLLMServer(config, log_path=shared / "real-vllm.log")
+    try:
+        process.start(timeout_s=START_TIMEOUT_S)
+    except VLLMUnavailableError as err:
+        pytest.fail(str(err))
+    return RealVLLM(
+        url=process.url, model=SERVED_NAME, model_dir=str(folder), block_size=BLOCK_SIZE,
+        kv_cache_space_gib=KV_CACHE_SPACE_GIB, num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE,
+        max_model_len=MAX_MODEL_LEN, events_endpoint=kv_events["endpoint"],
+        replay_endpoint=kv_events["replay_endpoint"], topic=TOPIC, pid=process.process.pid,
+        log_path=str(process.log_path),
+    )  # fmt: skip
 
 
 def _kill(pid: int) -> None:

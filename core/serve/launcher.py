@@ -177,18 +177,19 @@ class VLLMLabServer(LabServer):
         from core.engine.fetch import fetch_model, model_cache_dir
         from core.engine.hf_export import export_hf_folder
         from core.serve.vllm_env import find_vllm
+        from core.serve.vllm_server import VLLMServeConfig
 
         vllm = find_vllm()
         folder = export_hf_folder(fetch_model(MODELS[0]), model_cache_dir() / "SmolLM2-135M-Instruct-hf")
         http, events, replay = self.ports
-        config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
-                  "endpoint": f"tcp://{HOST}:{events}", "replay_endpoint": f"tcp://{HOST}:{replay}"}  # fmt: skip
-        cmd = [str(vllm.command), "serve", str(folder), "--served-model-name", VLLM_SERVED_NAME, "--host", HOST,
-               "--port", str(http), "--block-size", str(VLLM_BLOCK_SIZE), "--dtype", "bfloat16",
-               "--enable-prefix-caching", "--max-model-len", str(VLLM_MAX_MODEL_LEN),
-               "--kv-events-config", json.dumps(config), *self.extra_args]  # fmt: skip
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(VLLM_KV_CACHE_SPACE_GIB), "VLLM_NO_USAGE_STATS": "1",
-               "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # fmt: skip
+        config = VLLMServeConfig(
+            model_dir=str(folder), served_name=VLLM_SERVED_NAME, block_size=VLLM_BLOCK_SIZE,
+            kv_cache_space_gib=VLLM_KV_CACHE_SPACE_GIB, max_model_len=VLLM_MAX_MODEL_LEN, threads=2,
+            kv_events={"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
+                       "endpoint": f"tcp://{HOST}:{events}", "replay_endpoint": f"tcp://{HOST}:{replay}"},
+            extra_args=self.extra_args,
+        )  # fmt: skip
+        cmd, env = config.command(vllm.command, http), config.env()
         return cmd, env
 
     def start(self, wait_s: float = VLLM_START_S) -> None:

@@ -37,8 +37,10 @@ class VLLMServeConfig:
     smollm2-135m-instruct --hf DIR`); served_name: the model name requests use; block_size: a multiple of 32 (the
     CPU attention backend's); kv_cache_space_gib: VLLM_CPU_KVCACHE_SPACE; max_num_seqs / max_num_batched_tokens:
     the scheduler's limits (None: vLLM's defaults); threads: OMP_NUM_THREADS; nice: the niceness to start it at
-    (a negative one needs root; where refused it runs as started, `VLLMServer.niceness` says which); extra_args:
-    more flags as given."""
+    (a negative one needs root; where refused it runs as started, `VLLMServer.niceness` says which); kv_events:
+    vLLM's --kv-events-config object (None: no events; an endpoint naming 127.0.0.1 makes vLLM connect there, so
+    nothing it publishes listens beyond loopback); extra_args: more flags as given. The one place the lab writes a
+    `vllm serve` command: the Live page's launcher, the benches and the tests' shared server all build it here."""
 
     model_dir: str
     served_name: str = "smollm2"
@@ -53,6 +55,7 @@ class VLLMServeConfig:
     threads: int = 2
     bind_threads: bool = False
     nice: int = 0
+    kv_events: dict | None = None
     extra_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -68,6 +71,8 @@ class VLLMServeConfig:
         ):
             if value is not None:
                 args += [flag, str(value)]
+        if self.kv_events is not None:
+            args += ["--kv-events-config", json.dumps(self.kv_events)]
         return args + list(self.extra_args)
 
     def env(self) -> dict[str, str]:
