@@ -2,7 +2,7 @@
 
 `?scenario=<key>&step=<k>` opens a scenario at step k; no parameter (or `scenario=free`) is free play. An unknown
 scenario falls back to free play and a step past the end is clamped to the last step; each with a message.
-`?host_blocks=<n>&host_block=<tokens>&offload=lru|arc` puts a host-memory KV tier of n host blocks behind the
+`?host_blocks=<n>&host_block=<tokens>&host_policy=lru|arc` puts a host-memory KV tier of n host blocks behind the
 free-play pool (prefix caching on); `host_block` is the host block's tokens (a multiple of the GPU block;
 auto = one GPU block).
 """
@@ -24,7 +24,7 @@ HOST_FIELDS = (
     Field(
         "host_block", None, kind="int", minimum=1, maximum=4096, optional=True, label="host block (tokens)"
     ),
-    Field("offload", "lru", kind="choice", choices=OFFLOAD_POLICIES, label="host tier eviction"),
+    Field("host_policy", "lru", kind="choice", choices=OFFLOAD_POLICIES, label="host tier eviction"),
 )
 
 
@@ -35,7 +35,7 @@ def host_from_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], list[st
     host = {
         "host_blocks": values["host_blocks"],
         "host_block_tokens": values["host_block"],
-        "offload_policy": values["offload"],
+        "offload_policy": values["host_policy"],
     }
     return host, errors
 
@@ -44,7 +44,7 @@ def host_params(host_blocks: int, host_block_tokens: int | None, offload_policy:
     """The URL parameters of a host tier (none without one)."""
     if not host_blocks:
         return {}
-    values = {"host_blocks": host_blocks, "host_block": host_block_tokens, "offload": offload_policy}
+    values = {"host_blocks": host_blocks, "host_block": host_block_tokens, "host_policy": offload_policy}
     return encode_params(values, HOST_FIELDS)
 
 

@@ -13,7 +13,7 @@ RUN_MS = 90_000  # a simulation of 120 requests under two policies on a busy 2-c
 
 def test_playground_and_simulator_draw_both_tiers(streamlit_server, page):
     page.set_viewport_size({"width": 1500, "height": 1100})
-    page.goto(f"{streamlit_server}/?host_blocks=64&host_block=32&offload=arc")
+    page.goto(f"{streamlit_server}/?host_blocks=64&host_block=32&host_policy=arc")
     expect(page.get_by_text("HBM (left) and the host tier (right).")).to_be_visible(timeout=FIRST_RUN_MS)
     charts = page.locator('[data-testid="stPlotlyChart"]')
     expect(charts.nth(0)).to_contain_text("HBM blocks", timeout=FIRST_RUN_MS)

@@ -37,9 +37,11 @@ def test_live_page_watches_core_serve(streamlit_server, page):
         expect(blocks).to_contain_text("256")
         expect(page.get_by_text("Cached blocks (KV cache events)")).to_be_visible()
         # the icicle appears once the polled events hold blocks; usage, requests, hit rate, preemptions,
-        # latency, the tree and the plan comparison are all charts
+        # latency, the tree, the plan comparison and planned vs observed (any served model now, its config read
+        # from the server, not presets only) are all charts
         charts = page.locator('[data-testid="stPlotlyChart"]')
-        expect(charts).to_have_count(7)
+        expect(charts).to_have_count(8)
+        expect(page.get_by_role("heading", name="Planned vs observed latency")).to_be_visible()
         expect(charts.nth(6).locator(".main-svg").first).to_be_visible()
         assert page.locator('[data-testid="stException"]').count() == 0
         page.screenshot(path=str(ARTIFACTS / "live_core_serve.png"), full_page=True)

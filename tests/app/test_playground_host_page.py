@@ -17,7 +17,7 @@ def open_with_url(**params) -> AppTest:
 
 
 def test_a_link_puts_a_host_tier_behind_the_pool_and_both_grids_are_drawn():
-    at = open_with_url(host_blocks="64", host_block="32", offload="arc")
+    at = open_with_url(host_blocks="64", host_block="32", host_policy="arc")
     assert not at.error
     charts = at.get("plotly_chart")
     assert len(charts) == 4  # HBM grid, host grid, and the two history charts
@@ -25,7 +25,7 @@ def test_a_link_puts_a_host_tier_behind_the_pool_and_both_grids_are_drawn():
     host_caption = next(c.value for c in at.caption if c.value.startswith("Host tier:"))
     # hand-worked (tests/page_models/test_playground_host_tier.py): 32 tokens loaded; 27 host blocks of 32 tokens
     assert host_caption.startswith("Host tier: 32 prompt tokens loaded from it; 27 of 64 host blocks hold KV")
-    assert dict(at.query_params) == {"host_blocks": "64", "host_block": "32", "offload": "arc"}
+    assert dict(at.query_params) == {"host_blocks": "64", "host_block": "32", "host_policy": "arc"}
 
 
 @pytest.mark.parametrize(
@@ -37,13 +37,15 @@ def test_a_link_puts_a_host_tier_behind_the_pool_and_both_grids_are_drawn():
         ),
         ({"host_blocks": "nan"}, "`host_blocks` (host tier size (host blocks)) = 'nan' ignored"),
         ({"host_blocks": "64", "host_block": "24"}, "must be a multiple of the GPU block size 16, got 24"),
-        ({"host_blocks": "64", "offload": "fifo"}, "`offload` (host tier eviction) = 'fifo' ignored"),
+        ({"host_blocks": "64", "host_policy": "fifo"}, "`host_policy` (host tier eviction) = 'fifo' ignored"),
     ],
 )
 def test_each_bad_url_value_is_one_plain_error(params, message):
     at = open_with_url(**params)
     assert len(at.error) == 1 and message in at.error[0].value
-    assert len(at.get("plotly_chart")) == (4 if "offload" in params else 3)  # a bad policy keeps LRU's tier
+    assert len(at.get("plotly_chart")) == (
+        4 if "host_policy" in params else 3
+    )  # a bad policy keeps LRU's tier
 
 
 def test_settings_refuse_a_host_block_that_is_not_a_multiple_of_the_gpu_block():

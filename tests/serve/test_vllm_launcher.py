@@ -83,9 +83,13 @@ def test_the_load_names_the_served_model():
         server.shutdown()
 
 
-def test_the_page_says_why_without_vllm(monkeypatch, tmp_path):
+def test_the_page_says_why_without_vllm(monkeypatch, tmp_path, request):
+    from ui.jobs import app_limits
+
     monkeypatch.setenv("PAGED_LAB_VLLM_VENV", str(tmp_path / "no-venv"))
     monkeypatch.setenv("PAGED_LAB_LIVE_HOSTS", "127.0.0.1")
+    app_limits.clear()  # the limits another test of this worker cached were read under other hosts
+    request.addfinalizer(app_limits.clear)
     monkeypatch.setattr(
         launcher, "DEFAULT_PORTS", (launcher.free_port(), launcher.free_port(), launcher.free_port())
     )
