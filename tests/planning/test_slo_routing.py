@@ -1,0 +1,105 @@
+"""The SLO search with a router in front of the replicas (issue 39, build item 2): a deployment of several
+replicas is evaluated as a routed fleet (`core.serving.fleet`) under each policy asked, and the (deployment,
+routing) pairs are ranked cheapest first, the better metric breaking ties. Checked against `predict` run on the
+same deployment and policy (its own path from a `Deployment` to a fleet), and one replica (no router) gives the
+same rows under every policy."""
+
+import json
+
+import pytest
+
+from core.errors import RoutingError
+from core.planning.cli import main
+from core.planning.predict import Load, predict
+from core.planning.slo import Slo, SloCandidates, SloWorkload, config_deployment, plan_slo
+from core.planning.verdict import SEARCH_SETTINGS, verdict_decider
+from core.serving.router import ROUTING_POLICIES
+
+MODEL = "llama-3.1-8b"
+
+
+def _space(max_gpus: int, routing) -> SloCandidates:
+    return SloCandidates(gpus=("h100-80gb",), max_gpus=max_gpus, tensor_parallel=(1,), pipeline_parallel=(1,),
+                         max_num_seqs=(256,), kv_dtypes=("auto",), routing=routing)  # fmt: skip
+
+
+def test_one_replica_gives_the_same_rows_under_every_routing():
+    workload = SloWorkload(rate=2.0, prompt_len=1000, output_len=50, length_spread=0.5, seed=0)
+    rows = []
+    for policy in ROUTING_POLICIES:
+        result = plan_slo(MODEL, workload, Slo(ttft_p99_s=0.5), _space(1, (policy,)))
+        rows.append([c.to_dict() for c in result.configs])
+    assert all(row == rows[0] for row in rows)
+    assert rows[0] and all(c["replicas"] == 1 and c["routing"] is None for c in rows[0])
+    assert all(c["routing_note"] is None for c in rows[0])
+
+
+def test_least_loaded_beats_random_on_the_ttft_tail_as_predict_says():
+    """2 x H100 at 8 req/s of widely spread prompts (200-3,800 tokens): random routing piles long prompts on one
+    replica now and then, least-loaded sends each to the shorter queue, so its TTFT p99 is well under random's.
+    The search ranks least-loaded first (same GPUs and cost, it meets the target, random misses it), and each
+    row is what `predict` gives the same deployment behind the same router."""
+    workload = SloWorkload(rate=8.0, prompt_len=2000, output_len=50, length_spread=0.9, seed=0)
+    slo = Slo(ttft_p99_s=0.6)
+    cands = _space(2, ("random", "least-loaded"))
+    result = plan_slo(MODEL, workload, slo, cands)
+    routed = [c for c in result.configs if c.replicas == 2]
+    assert [c.routing for c in routed] == ["least-loaded", "random"]
+    best, rand = routed
+    assert result.best == best and best.meets_slo and not rand.meets_slo
+    assert best.ttft_p99_s < 0.6 < rand.ttft_p99_s
+    assert "plain load balancer" in best.routing_note and "load-aware" in best.routing_note
+    for row in routed:
+        deployment = config_deployment(MODEL, row, cands)
+        assert deployment.routing == row.routing and deployment.replicas == 2
+        load = Load(rate=8.0, prompt_len=2000, output_len=50, length_spread=0.9, seed=0)
+        p = predict(deployment, load, settings=SEARCH_SETTINGS, decided=verdict_decider(slo.targets()),
+                    focus=tuple(slo.targets()))  # fmt: skip
+        assert p.deployment.flags()["routing"] == row.routing
+        assert p.metrics["ttft_p99_s"] == pytest.approx(row.ttft_p99_s, rel=1e-9)
+        # the fleet's throughput, not replicas x a replica's: the offered output tokens/s when it keeps up
+        assert row.throughput_tokens_per_s == pytest.approx(p.metrics["throughput_tokens_per_s"], rel=1e-9)
+        assert row.throughput_tokens_per_s == pytest.approx(8.0 * 50, rel=0.1)
+        assert len(p.per_replica) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--routing", "sticky"], "unknown routing policy 'sticky'; choose one of round-robin, random"),
+        (["--routing-candidates", "round-robin,bogus"], "unknown routing policy 'bogus'"),
+        (["--routing-candidates", "round-robin,,random"], "--routing-candidates must be comma-separated"),
+        (["--routing", "random", "--routing-candidates", "random"], "not both"),
+    ],
+)
+def test_the_cli_refuses_bad_routing_with_one_line(capsys, argv, message):
+    code = main(["slo", "--model", MODEL, "--rate", "2", "--prompt-len", "1000", "--output-len", "50",
+                 "--ttft-p99", "0.5", "--gpus", "h100-80gb", "--max-gpus", "2", *argv])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+@pytest.mark.parametrize("routing", [(), ("least-loaded", "nope"), "nope", (None,)])
+def test_bad_routing_candidates_raise_a_routing_error(routing):
+    with pytest.raises(RoutingError) as info:
+        SloCandidates(routing=routing)
+    assert "round-robin" in str(info.value)
+
+
+def test_the_cli_rows_carry_the_routing_asked(capsys):
+    code = main(["slo", "--model", MODEL, "--rate", "8", "--prompt-len", "2000", "--output-len", "50",
+                 "--length-spread", "0.9", "--ttft-p99", "0.6", "--gpus", "h100-80gb", "--max-gpus", "2",
+                 "--tp", "1", "--pp", "1", "--max-num-seqs", "256", "--kv-dtypes", "auto",
+                 "--routing", "least-loaded"])  # fmt: skip
+    assert code == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [(c["replicas"], c["routing"]) for c in body["configs"]] == [(1, None), (2, "least-loaded")]
+    assert body["best"]["routing"] == "least-loaded" and body["best"]["meets_slo"]
+    note = body["best"]["routing_note"]
+    assert (
+        note.startswith("2 `vllm serve` replicas behind a load-aware router")
+        and "plain load balancer" in note
+    )
+    assert SloCandidates(routing="random").routing == ("random",)
