@@ -159,7 +159,9 @@ class _Search:
         )
         base |= {"feasible": True, "kv_tokens": int(capacity.kv_tokens),
                  "capacity_requests_per_s": bounds.capacity_rps * cand.replicas}  # fmt: skip
-        pruned = self._pruned(step, bounds, share.rate, base)
+        # a prefix hit skips part of a prefill: the floors and the bound (every prompt token computed) would not
+        # bound a load whose prompts share tokens, so such a load is always simulated
+        pruned = None if workload.uses_prefix_cache else self._pruned(step, bounds, share.rate, base)
         if pruned is not None:
             return pruned
         state = self._steady(deployment, share, step, cand, int(capacity.kv_tokens), base)

@@ -25,8 +25,15 @@ from core.errors import LabError, RoutingError, SloInfeasibleError
 from core.planning.engine_profiles import DEFAULT_ENGINE, ENGINES
 from core.planning.hardware import GPUS
 from core.planning.kv_accounting import KV_DTYPES, WEIGHT_DTYPES
-from core.planning.predict_cli import LineErrorParser, config_flags, load_flags, model_from_args, target_flags
-from core.planning.slo import Slo, SloCandidates, SloWorkload, plan_slo
+from core.planning.predict_cli import (
+    LineErrorParser,
+    config_flags,
+    load_flags,
+    load_from_args,
+    model_from_args,
+    target_flags,
+)
+from core.planning.slo import Slo, SloCandidates, plan_slo
 from core.planning.slo_candidates import DEFAULT_SLO_GPUS
 from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES
 
@@ -102,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets = {k: v for k, v in vars(args).items() if k.endswith("_s") and v is not None}
     try:
         slo = Slo.of(targets)
-        workload = SloWorkload(args.rate, args.prompt_len, args.output_len, args.length_spread, args.seed)
+        workload = load_from_args(args, args.rate)  # with its shared prefixes and turns (an SloWorkload)
         candidates = SloCandidates(
             gpus=tuple(args.gpus), max_gpus=args.max_gpus, tensor_parallel=tuple(args.tp),
             pipeline_parallel=tuple(args.pp), max_num_seqs=tuple(args.max_num_seqs),
