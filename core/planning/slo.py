@@ -113,6 +113,8 @@ class SloPlan:
         }
 
 
+# routers whose choices never read a replica's state (queue, KV usage, cache): a fleet's run behind one is reusable
+STATE_BLIND_ROUTING = ("round-robin", "random", "session")
 BOUND_SAMPLE = 500  # requests whose lengths the analytic bounds are taken over (a seeded draw of the load)
 
 
@@ -198,20 +200,24 @@ class _Search:
     def _steady(self, deployment, share, step, cand: Candidate, kv_tokens: int, base: dict) -> SteadyState:
         """The replica's steady state, or an earlier one of the same deployment with a larger max_num_seqs
         whose run is provably the one this candidate would get (`reusable`). A routed deployment
-        (`Deployment.routes`): the whole fleet's behind its router, at the whole rate (never reused)."""
-        if deployment.routes(self.workload):
-            fleet = Fleet(cand.replicas, deployment.routing, self.workload.seed)
-            state = steady_prediction(deployment, self.workload, step, kv_tokens, self.slo.targets(), fleet)
-            self.simulated += 1
-            return state
+        (`Deployment.routes`): the whole fleet's behind its router, at the whole rate; reused only under a router
+        blind to the replicas' state (`STATE_BLIND_ROUTING`: each replica then gets the same requests in both
+        runs, and `reusable` holds per replica, the fleet's steps being every replica's rows)."""
+        routed = deployment.routes(self.workload)
         key = cand.deployment_key()
         max_len, block = self.workload.max_len, self.cands.block_size
-        for state in self.runs.get(key, []):
-            if reusable(state.result, cand.max_num_seqs, kv_tokens, max_len, block):
-                self.reused += 1
-                base["reused_simulation"] = True
-                return state
-        state = steady_prediction(deployment, share, step, kv_tokens, self.slo.targets())
+        if not routed or deployment.routing in STATE_BLIND_ROUTING:
+            for state in self.runs.get(key, []):
+                if reusable(state.result, cand.max_num_seqs, kv_tokens, max_len, block):
+                    self.reused += 1
+                    base["reused_simulation"] = True
+                    return state
+        targets = self.slo.targets()
+        if routed:
+            fleet = Fleet(cand.replicas, deployment.routing, self.workload.seed)
+            state = steady_prediction(deployment, self.workload, step, kv_tokens, targets, fleet)
+        else:
+            state = steady_prediction(deployment, share, step, kv_tokens, targets)
         self.simulated += 1
         self.runs.setdefault(key, []).append(state)
         return state

@@ -128,3 +128,22 @@ def test_prefix_aware_beats_round_robin_on_a_shared_prefix_load_as_predict_says(
         assert p.metrics["ttft_p99_s"] == pytest.approx(row.ttft_p99_s, rel=1e-9)
         hits[row.routing] = p.metrics["prefix_hit_rate"]
     assert hits["prefix-aware"] > hits["round-robin"] + 0.1, hits
+
+
+@pytest.mark.parametrize("routing", ["round-robin", "random"])
+def test_a_reused_fleet_run_is_the_run_predict_gives(routing):
+    """Behind a router blind to the replicas' state a fleet's run with a larger max_num_seqs stands for a smaller
+    one when `reusable` holds on every replica's rows: each reused row equals `predict` of its own deployment."""
+    workload = SloWorkload(rate=6.0, prompt_len=500, output_len=100)
+    cands = SloCandidates(gpus=("h100-80gb",), max_gpus=2, tensor_parallel=(1,), pipeline_parallel=(1,),
+                          max_num_seqs=(64, 128, 256), kv_dtypes=("auto",), max_meeting=10, routing=(routing,))  # fmt: skip
+    slo = Slo(1.0, 0.05)
+    result = plan_slo(MODEL, workload, slo, cands)
+    reused = [c for c in result.configs if c.reused_simulation and c.replicas == 2]
+    assert reused and all(c.routing == routing for c in reused)
+    for row in reused:
+        p = predict(config_deployment(MODEL, row, cands), workload, settings=SEARCH_SETTINGS,
+                    decided=verdict_decider(slo.targets()), focus=tuple(slo.targets()))  # fmt: skip
+        assert all(
+            getattr(row, key) == p.metrics.get(key) for key in ("ttft_p95_s", "tpot_p95_s", "e2e_p99_s")
+        )
