@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.common import check_float, check_int
-from core.errors import InvalidArgumentError, RoutingError
+from core.errors import InvalidArgumentError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.engine_profiles import DEFAULT_ENGINE, engine_step_defaults
 from core.planning.hardware import GPUS, GPUSpec, get_gpu
@@ -195,8 +195,9 @@ class SloCandidates:
     there is the largest value only); needs max_gpus >= 2.
     routing: the router policies tried in front of every deployment of several replicas
     (`core.serving.router.ROUTING_POLICIES`; each (deployment, policy) pair is a candidate, simulated as a routed
-    fleet as `predict` does); default round-robin alone, what a plain load balancer does. A string is one policy.
-    Raises RoutingError for an unknown policy or an empty tuple."""
+    fleet as `predict` does); default (): no router, each replica serves 1 / N of the load as its own Poisson
+    stream (the search's model before routing, 3-4x cheaper than a fleet simulation). A string is one policy.
+    Raises RoutingError for an unknown policy."""
 
     gpus: tuple = DEFAULT_SLO_GPUS
     max_gpus: int = 8
@@ -212,7 +213,7 @@ class SloCandidates:
     step_time: Mapping[str, Any] | None = None
     engine: str = DEFAULT_ENGINE
     disagg: bool = False
-    routing: tuple[str, ...] = (DEFAULT_ROUTING,)
+    routing: tuple[str, ...] = ()
 
     def __post_init__(self):
         if isinstance(self.gpus, str | GPUSpec) or not tuple(self.gpus):
@@ -248,10 +249,6 @@ class SloCandidates:
             routing = tuple(routing)
         except TypeError:
             routing = (routing,)
-        if not routing:
-            raise RoutingError(
-                f"routing needs at least one policy; choose among {', '.join(ROUTING_POLICIES)}"
-            )
         object.__setattr__(self, "routing", tuple(dict.fromkeys(check_routing(r) for r in routing)))
 
     def step_overrides(self) -> dict:
@@ -285,6 +282,6 @@ def enumerate_candidates(model: ModelSpec, candidates: SloCandidates) -> Iterato
         for seqs in candidates.max_num_seqs
         for kv in candidates.kv_dtypes
         for wd in candidates.weight_dtypes
-        for routing in ((None,) if replicas == 1 else candidates.routing)
+        for routing in ((None,) if replicas == 1 or not candidates.routing else candidates.routing)
     ]
     return iter(sorted(found, key=Candidate.sort_key))

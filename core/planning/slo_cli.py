@@ -9,8 +9,9 @@ Prints one JSON object (`SloPlan.to_dict`): `configs`, sorted by GPU count then 
 bandwidth), each with gpu, num_gpus, tp, pp, max_num_seqs, every steady-state percentile (ttft_p50_s ...
 e2e_p99_s, itl_*), throughput_tokens_per_s, tokens_per_s_per_gpu, meets_slo, binding, converged (and more), mode
 ("agg"; with --disagg also "disagg" rows, with prefill_gpus, decode_gpus, kv_transfer_s and their layout: see
-`core.planning.slo_disagg`); `best`, the first that meets the SLO. Every row of several replicas is a routed
-fleet (`--routing`, default round-robin: what a plain load balancer does) with `routing` and `routing_note`;
+`core.planning.slo_disagg`); `best`, the first that meets the SLO. With `--routing POLICY` every row of several
+replicas is a routed fleet with `routing` and `routing_note` (without it, as before, each replica serves 1 / N of
+the load as its own Poisson stream: a fleet simulation costs the search 3-4x its time);
 `--routing-candidates` ranks (deployment, routing) pairs, cheapest first, the better metric breaking ties. Exit status 0; 2 with the reason on stderr
 for bad input, or when no configuration meets the SLO (then stdout still carries every configuration evaluated,
 with `error` saying what cannot be met and by how much).
@@ -35,7 +36,7 @@ from core.planning.predict_cli import (
 )
 from core.planning.slo import Slo, SloCandidates, plan_slo
 from core.planning.slo_candidates import DEFAULT_SLO_GPUS
-from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES
+from core.serving.router import ROUTING_POLICIES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--routing",
         default=None,
         help=f"the router in front of every deployment of several replicas: one of {', '.join(ROUTING_POLICIES)} "
-        f"(default {DEFAULT_ROUTING}, what a plain load balancer does)",
+        "(default: none, each replica serves 1 / N of the load; round-robin is what a plain load balancer does)",
     )
     parser.add_argument(
         "--routing-candidates",
@@ -96,7 +97,7 @@ def routing_from_args(args) -> tuple[str, ...]:
                 args.routing_candidates,
             )
         return tuple(parts)
-    return (DEFAULT_ROUTING if args.routing is None else args.routing,)
+    return () if args.routing is None else (args.routing,)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -81,7 +81,7 @@ def test_the_cli_refuses_bad_routing_with_one_line(capsys, argv, message):
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
 
 
-@pytest.mark.parametrize("routing", [(), ("least-loaded", "nope"), "nope", (None,)])
+@pytest.mark.parametrize("routing", [("least-loaded", "nope"), "nope", (None,)])
 def test_bad_routing_candidates_raise_a_routing_error(routing):
     with pytest.raises(RoutingError) as info:
         SloCandidates(routing=routing)
@@ -103,6 +103,16 @@ def test_the_cli_rows_carry_the_routing_asked(capsys):
         and "plain load balancer" in note
     )
     assert SloCandidates(routing="random").routing == ("random",)
+
+
+def test_without_routing_the_replicas_split_the_load_as_before():
+    """No --routing: every row of several replicas is one replica at 1 / N of the load (no router, no fleet)."""
+    plan = plan_slo(MODEL, SloWorkload(8.0, 2000, 50, 0.9, 0), Slo(ttft_p99_s=0.6), _space(2, ()))
+    assert SloCandidates().routing == ()
+    assert [(c.replicas, c.routing, c.routing_note) for c in plan.configs] == [
+        (1, None, None),
+        (2, None, None),
+    ]
 
 
 def test_prefix_aware_beats_round_robin_on_a_shared_prefix_load_as_predict_says():
