@@ -7,7 +7,8 @@
     latency_curve("llama-3.1-8b", plan.best, workload, slo, rates=[4, 8, 12, 16])   # percentiles against rate
 
 The search (`core.planning.slo_candidates`): GPU type x tp x pp x replicas x max_num_seqs x KV dtype (x weight
-dtype), num_gpus = tp x pp x replicas <= max_gpus, the rate split evenly over the replicas. Candidates are
+dtype) (x the routing policies, `SloCandidates.routing`, for several replicas), num_gpus = tp x pp x replicas
+<= max_gpus; several replicas run as a routed fleet (`core.serving.fleet`, as `predict` runs them). Candidates are
 visited in rank order (GPU count, then the cost proxy: total memory bandwidth) and each is
 1. checked for memory by the exact planner (`Deployment.memory_plan`, vLLM's arithmetic, max_model_len = the
    longest request): one that does not fit is infeasible;
@@ -44,6 +45,7 @@ from core.planning.slo_candidates import (
     SloWorkload,
     enumerate_candidates,
     metric_label,
+    routing_note,
 )
 from core.planning.slo_disagg import DisaggCandidate, DisaggEvaluator, enumerate_disagg
 from core.planning.slo_eval import (
@@ -56,6 +58,7 @@ from core.planning.slo_eval import (
     steady_prediction,
     step_model,
 )
+from core.serving.fleet import Fleet
 from core.serving.steady_state import SteadyState, metric_keys
 
 __all__ = [
@@ -110,6 +113,8 @@ class SloPlan:
         }
 
 
+# routers whose choices never read a replica's state (queue, KV usage, cache): a fleet's run behind one is reusable
+STATE_BLIND_ROUTING = ("round-robin", "random", "session")
 BOUND_SAMPLE = 500  # requests whose lengths the analytic bounds are taken over (a seeded draw of the load)
 
 
@@ -141,6 +146,7 @@ class _Search:
             "pp": cand.pp, "replicas": cand.replicas, "max_num_seqs": cand.max_num_seqs,
             "kv_dtype": cand.kv_dtype, "weight_dtype": cand.weight_dtype, "engine": cands.engine,
             "gpus_per_request_per_s": cand.num_gpus / workload.rate, "cost_proxy_tb_per_s": cand.cost_proxy,
+            "routing": cand.routing, "routing_note": routing_note(cand.routing, cand.replicas),
         }  # fmt: skip
         deployment = cand.deployment(self.model, cands)
         capacity = deployment.memory_plan(workload.max_len)
@@ -155,7 +161,9 @@ class _Search:
         )
         base |= {"feasible": True, "kv_tokens": int(capacity.kv_tokens),
                  "capacity_requests_per_s": bounds.capacity_rps * cand.replicas}  # fmt: skip
-        pruned = self._pruned(step, bounds, share.rate, base)
+        # a prefix hit skips part of a prefill: the floors and the bound (every prompt token computed) would not
+        # bound a load whose prompts share tokens, so such a load is always simulated
+        pruned = None if workload.uses_prefix_cache else self._pruned(step, bounds, share.rate, base)
         if pruned is not None:
             return pruned
         state = self._steady(deployment, share, step, cand, int(capacity.kv_tokens), base)
@@ -191,26 +199,38 @@ class _Search:
 
     def _steady(self, deployment, share, step, cand: Candidate, kv_tokens: int, base: dict) -> SteadyState:
         """The replica's steady state, or an earlier one of the same deployment with a larger max_num_seqs
-        whose run is provably the one this candidate would get (`reusable`)."""
+        whose run is provably the one this candidate would get (`reusable`). A routed deployment
+        (`Deployment.routes`): the whole fleet's behind its router, at the whole rate; reused only under a router
+        blind to the replicas' state (`STATE_BLIND_ROUTING`: each replica then gets the same requests in both
+        runs, and `reusable` holds per replica, the fleet's steps being every replica's rows)."""
+        routed = deployment.routes(self.workload)
         key = cand.deployment_key()
         max_len, block = self.workload.max_len, self.cands.block_size
-        for state in self.runs.get(key, []):
-            if reusable(state.result, cand.max_num_seqs, kv_tokens, max_len, block):
-                self.reused += 1
-                base["reused_simulation"] = True
-                return state
-        state = steady_prediction(deployment, share, step, kv_tokens, self.slo.targets())
+        if not routed or deployment.routing in STATE_BLIND_ROUTING:
+            for state in self.runs.get(key, []):
+                if reusable(state.result, cand.max_num_seqs, kv_tokens, max_len, block):
+                    self.reused += 1
+                    base["reused_simulation"] = True
+                    return state
+        targets = self.slo.targets()
+        if routed:
+            fleet = Fleet(cand.replicas, deployment.routing, self.workload.seed)
+            state = steady_prediction(deployment, self.workload, step, kv_tokens, targets, fleet)
+        else:
+            state = steady_prediction(deployment, share, step, kv_tokens, targets)
         self.simulated += 1
         self.runs.setdefault(key, []).append(state)
         return state
 
     def _simulated(self, state: SteadyState, step, cand: Candidate, base: dict) -> SloConfig:
         m, targets = state.metrics, self.slo.targets()
+        routed = cand.routing is not None and cand.replicas > 1
         ratios = {key: m[key] / target for key, target in targets.items() if m.get(key) is not None}
         if not state.stable:
             served = m.get("throughput_tokens_per_s") or 0.0
             metric, ratio = "rate", m.get("offered_tokens_per_s", 0.0) / max(served, 1e-30)
-            reason = (f"the load is not served: a replica generates {served:,.0f} of the "
+            who = f"the {cand.routing}-routed fleet" if routed else "a replica"
+            reason = (f"the load is not served: {who} generates {served:,.0f} of the "
                       f"{m.get('offered_tokens_per_s', 0.0):,.0f} output tokens/s that arrive")  # fmt: skip
         else:
             metric = max(ratios, key=ratios.get) if ratios else next(iter(targets))
@@ -220,7 +240,8 @@ class _Search:
         meets = state.stable and all(r <= 1.0 for r in ratios.values())
         figures = {key: m.get(key) for key in (*metric_keys(), "queue_p95_s")}
         throughput = m.get("throughput_tokens_per_s")
-        throughput = None if throughput is None else throughput * cand.replicas
+        if throughput is not None and not routed:  # a routed fleet's throughput is already the whole fleet's
+            throughput *= cand.replicas
         return SloConfig(
             **base, simulated=True, meets_slo=meets, reason=reason, slo_ratio=ratio, limiting_metric=metric,
             binding=simulated_binding(state, cand, step, self.workload, metric), **figures,
@@ -234,7 +255,7 @@ class _Search:
 def _rank(config: SloConfig) -> tuple:
     ratio = config.slo_ratio if config.slo_ratio is not None else float("inf")
     return (config.num_gpus, config.cost_proxy_tb_per_s, not config.meets_slo, ratio, config.tp * config.pp,
-            config.pp, -config.max_num_seqs, config.kv_dtype, config.mode)  # fmt: skip
+            config.pp, -config.max_num_seqs, config.kv_dtype, config.mode, config.routing or "")  # fmt: skip
 
 
 def search_space(model: ModelSpec, cands: SloCandidates) -> list[Candidate | DisaggCandidate]:
@@ -330,7 +351,7 @@ def _candidate(config: SloConfig, cands: SloCandidates) -> Candidate:
             f"GPU {config.gpu!r} is not among the candidates' GPUs ({', '.join(specs)})"
         )
     return Candidate(config.gpu, specs[config.gpu], config.tp, config.pp, config.replicas, config.max_num_seqs,
-                     config.kv_dtype, config.weight_dtype)  # fmt: skip
+                     config.kv_dtype, config.weight_dtype, config.routing)  # fmt: skip
 
 
 def _infeasible(plan: SloPlan) -> SloInfeasibleError:

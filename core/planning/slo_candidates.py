@@ -21,6 +21,7 @@ from core.planning.kv_accounting import BLOCK_SIZES, KV_DTYPES, MAX_GPUS, WEIGHT
 from core.planning.load import Load
 from core.planning.models import ModelSpec
 from core.planning.predict import Deployment
+from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES, check_routing
 from core.serving.steady_state import metric_keys
 
 DEFAULT_SLO_GPUS = ("l40s", "h100-80gb", "h200-141gb")
@@ -103,6 +104,7 @@ class Candidate:
     max_num_seqs: int
     kv_dtype: str
     weight_dtype: str
+    routing: str | None = None  # the router's policy in front of the replicas; None: one replica, no router
 
     @property
     def num_gpus(self) -> int:
@@ -114,11 +116,12 @@ class Candidate:
         return self.num_gpus * self.spec.memory_bandwidth / 1e12
 
     def sort_key(self) -> tuple:
-        return (self.num_gpus, self.cost_proxy, self.tp * self.pp, self.pp, -self.max_num_seqs, self.kv_dtype)
+        return (self.num_gpus, self.cost_proxy, self.tp * self.pp, self.pp, -self.max_num_seqs, self.kv_dtype,
+                _routing_rank(self.routing))  # fmt: skip
 
     def deployment_key(self) -> tuple:
-        """The deployment apart from its scheduler cap: GPU, tp, pp, replicas, KV and weight dtypes."""
-        return (self.gpu, self.tp, self.pp, self.replicas, self.kv_dtype, self.weight_dtype)
+        """The deployment apart from its scheduler cap: GPU, tp, pp, replicas, KV and weight dtypes, routing."""
+        return (self.gpu, self.tp, self.pp, self.replicas, self.kv_dtype, self.weight_dtype, self.routing)
 
     def deployment(self, model: ModelSpec, candidates: "SloCandidates") -> Deployment:
         """This candidate as a `Deployment` (what `predict` and `max_rate` take), with the search's shared vLLM
@@ -127,13 +130,40 @@ class Candidate:
             model, self.spec, self.tp, self.pp, self.replicas, self.max_num_seqs,
             candidates.max_num_batched_tokens, self.weight_dtype, self.kv_dtype, candidates.engine,
             candidates.block_size, candidates.gpu_memory_utilization,
+            routing=self.routing or DEFAULT_ROUTING,
         )  # fmt: skip
 
     def label(self) -> str:
+        routed = f", {self.routing} routing" if self.routing else ""
         return (
-            f"{self.num_gpus} x {self.spec.name} (tp {self.tp}, pp {self.pp}, {self.replicas} replica(s), "
+            f"{self.num_gpus} x {self.spec.name} (tp {self.tp}, pp {self.pp}, {self.replicas} replica(s){routed}, "
             f"max_num_seqs {self.max_num_seqs}, KV {self.kv_dtype}, weights {self.weight_dtype})"
         )
+
+
+def _routing_rank(routing: str | None) -> int:
+    return -1 if routing is None else ROUTING_POLICIES.index(routing)
+
+
+# What the router in front of a routed row's replicas is, against a plain load balancer (`routing_note`).
+ROUTING_NOTES = {
+    "round-robin": "{n} `vllm serve` replicas behind a plain load balancer (a Kubernetes Service, round-robin): "
+    "every prefix is scattered over every replica",
+    "random": "{n} `vllm serve` replicas behind a plain load balancer picking at random (the other thing a "
+    "Kubernetes Service does)",
+    "least-loaded": "{n} `vllm serve` replicas behind a load-aware router (queue and KV usage, blind to what each "
+    "caches: llm-d's load-only scorers), not a plain load balancer (that is the round-robin row)",
+    "prefix-aware": "{n} `vllm serve` replicas behind a prefix-aware router reading each replica's KV events "
+    "(llm-d's precise prefix-cache scorer), not a plain load balancer (that is the round-robin row): it "
+    "partitions prefixes over the replicas",
+    "session": "{n} `vllm serve` replicas behind a sticky-session router (each conversation pinned to one "
+    "replica), not a plain load balancer (that is the round-robin row)",
+}
+
+
+def routing_note(routing: str | None, replicas: int) -> str | None:
+    """What serves a row of `replicas` replicas routed by `routing` (None for one replica)."""
+    return None if routing is None else ROUTING_NOTES[routing].format(n=replicas)
 
 
 def _int_choices(values, name: str, minimum: int, maximum: int) -> tuple[int, ...]:
@@ -162,7 +192,12 @@ class SloCandidates:
     (`core.planning.engine_profiles.ENGINES`; "vllm", the engine whose flags the planner prints); step_time:
     keyword overrides of that profile's efficiencies and overheads (None: the profile as fitted).
     disagg: also search disaggregated prefill / decode deployments (`core.planning.slo_disagg`; max_num_seqs
-    there is the largest value only); needs max_gpus >= 2."""
+    there is the largest value only); needs max_gpus >= 2.
+    routing: the router policies tried in front of every deployment of several replicas
+    (`core.serving.router.ROUTING_POLICIES`; each (deployment, policy) pair is a candidate, simulated as a routed
+    fleet as `predict` does); default (): no router, each replica serves 1 / N of the load as its own Poisson
+    stream (the search's model before routing, 3-4x cheaper than a fleet simulation). A string is one policy.
+    Raises RoutingError for an unknown policy."""
 
     gpus: tuple = DEFAULT_SLO_GPUS
     max_gpus: int = 8
@@ -178,6 +213,7 @@ class SloCandidates:
     step_time: Mapping[str, Any] | None = None
     engine: str = DEFAULT_ENGINE
     disagg: bool = False
+    routing: tuple[str, ...] = ()
 
     def __post_init__(self):
         if isinstance(self.gpus, str | GPUSpec) or not tuple(self.gpus):
@@ -208,6 +244,12 @@ class SloCandidates:
                 f"a disaggregated deployment needs at least 2 GPUs (one prefill, one decode); max_gpus is "
                 f"{self.max_gpus}"
             )
+        routing = (self.routing,) if isinstance(self.routing, str) else self.routing
+        try:
+            routing = tuple(routing)
+        except TypeError:
+            routing = (routing,)
+        object.__setattr__(self, "routing", tuple(dict.fromkeys(check_routing(r) for r in routing)))
 
     def step_overrides(self) -> dict:
         """The step-time keyword overrides of every candidate: the engine's profile, `step_time` on top (as
@@ -233,12 +275,13 @@ def enumerate_candidates(model: ModelSpec, candidates: SloCandidates) -> Iterato
                 continue
             layouts.append((tp, pp))
     found = [
-        Candidate(slug, spec, tp, pp, replicas, seqs, kv, wd)
+        Candidate(slug, spec, tp, pp, replicas, seqs, kv, wd, routing)
         for slug, spec in candidates.gpu_specs()
         for tp, pp in layouts
         for replicas in range(1, candidates.max_gpus // (tp * pp) + 1)
         for seqs in candidates.max_num_seqs
         for kv in candidates.kv_dtypes
         for wd in candidates.weight_dtypes
+        for routing in ((None,) if replicas == 1 or not candidates.routing else candidates.routing)
     ]
     return iter(sorted(found, key=Candidate.sort_key))

@@ -67,6 +67,10 @@ class SloConfig:
     decode_gpus = num_gpus; tp / replicas are then the decode pool's, pp 1; kv_transfer_s: seconds to move one
     prompt's K/V (kv_bytes_per_request bytes, of a workload.prompt_len prompt) over kv_link; serve_note: why
     the row is not one `vllm serve` command). These are None on aggregated rows.
+    routing: the router's policy in front of the replicas (`core.serving.router`), None for one replica (no
+    router); a routed row's percentiles, throughput and stability are the whole fleet's (`core.serving.fleet`:
+    every replica simulated behind that router at the whole rate) instead of one replica's at its share.
+    routing_note: what fronts the replicas, against what a plain load balancer does (None for one replica).
     """
 
     gpu: str
@@ -125,6 +129,8 @@ class SloConfig:
     decode_workers: int | None = None
     decode_tp: int | None = None
     serve_note: str | None = None
+    routing: str | None = None
+    routing_note: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -239,17 +245,20 @@ def _per_request(values: np.ndarray, fn) -> np.ndarray:
 
 
 def steady_prediction(
-    deployment: Deployment, share: Load, step: StepTimeModel, kv_tokens: int, targets: dict
+    deployment: Deployment, share: Load, step: StepTimeModel, kv_tokens: int, targets: dict, fleet=None
 ):
     """The steady state of one replica at its `share` of the load (`core.planning.predict.replica_steady_state`,
     counted blocks over the plan's KV tokens), simulated until the targets' percentiles' intervals are within
     SEARCH_SETTINGS' tolerance or the verdict on `targets` is clear of them (`verdict_is_clear`). A verdict
     needs batches long enough to trust the intervals (`SteadyState.long_enough`), except a miss by
     EARLY_MISS_MARGIN with the interval clear, or by EARLY_MISS_FAR: a shorter replay from an empty system sees
-    less queueing than the steady state, so a target it misses by a margin is missed in steady state too."""
+    less queueing than the steady state, so a target it misses by a margin is missed in steady state too.
+    fleet: a `core.serving.fleet.Fleet`: `share` is then the whole load and the estimate the routed fleet's."""
 
     decided = verdict_decider(targets)
-    return replica_steady_state(deployment, share, step, kv_tokens, SEARCH_SETTINGS, decided, tuple(targets))
+    return replica_steady_state(
+        deployment, share, step, kv_tokens, SEARCH_SETTINGS, decided, tuple(targets), fleet
+    )
 
 
 def simulated_binding(state: SteadyState, candidate: Candidate, step, workload, limiting: str) -> str:
