@@ -179,6 +179,30 @@ def real_vllm(request):
         yield server
 
 
+REAL_VLLM_TESTS = "tests/vllm/"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with tests/vllm/ as one unit: those tests take the run's one vLLM one at a time, so on two
+    workers they run best on one while the other runs everything else (as separate files both workers ended up
+    waiting on them, at the end of the run: ~4 minutes of one idle worker)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RealVLLMTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return REAL_VLLM_TESTS if nodeid.startswith(REAL_VLLM_TESTS) else super()._split_scope(nodeid)
+
+    return RealVLLMTogether(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The real-vLLM tests first: their worker starts the server (1-3 minutes) while the other runs the rest."""
+    items.sort(key=lambda item: not item.nodeid.startswith(REAL_VLLM_TESTS))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The run's controller (or the single process) stops the real vLLM a worker started."""
     from tests.vllm_server import stop_shared_vllm

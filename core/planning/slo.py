@@ -203,7 +203,7 @@ class _Search:
         (`Deployment.routes`): the whole fleet's behind its router, at the whole rate; reused only under a router
         blind to the replicas' state (`STATE_BLIND_ROUTING`: each replica then gets the same requests in both
         runs, and `reusable` holds per replica, the fleet's steps being every replica's rows)."""
-        routed = deployment.routes(self.workload)
+        routed = cand.routing is not None and deployment.routes(self.workload)  # no --routing: the even split
         key = cand.deployment_key()
         max_len, block = self.workload.max_len, self.cands.block_size
         if not routed or deployment.routing in STATE_BLIND_ROUTING:
