@@ -54,7 +54,26 @@ def block_heatmap(
         moved = "stored to the host tier" if mark == DOWN else "loaded from the host tier"
         text[block] = f"{mark}{text[block]}"
         hover[block] += f"<br>{mark} {moved} by the last action"
-    figure = go.Figure(
+    figure = _grid_heatmap(z, text, hover, keys, rows, columns)
+    _grid_layout(
+        figure,
+        rows,
+        columns,
+        title or f"Physical blocks ({n:,} × {snapshot.block_size} tokens); ×n = shared by n sequences",
+    )
+    for seq, code in seq_code.items():  # a legend: one invisible trace per sequence
+        figure.add_trace(
+            go.Scatter(
+                x=[None], y=[None], mode="markers", name=str(seq), marker={"color": keys[code], "size": 12}
+            )
+        )
+    return figure
+
+
+def _grid_heatmap(z, text, hover, keys: list[str], rows: int, columns: int) -> go.Figure:
+    """A block grid: cell values `z` (code k + 0.5 picks colour `keys[k]`), their labels and hover texts, all
+    flat arrays of rows x columns reshaped row-major."""
+    return go.Figure(
         go.Heatmap(
             z=z.reshape(rows, columns),
             zmin=0,
@@ -69,19 +88,6 @@ def block_heatmap(
             hovertemplate="%{customdata}<extra></extra>",
         )
     )
-    _grid_layout(
-        figure,
-        rows,
-        columns,
-        title or f"Physical blocks ({n:,} × {snapshot.block_size} tokens); ×n = shared by n sequences",
-    )
-    for seq, code in seq_code.items():  # a legend: one invisible trace per sequence
-        figure.add_trace(
-            go.Scatter(
-                x=[None], y=[None], mode="markers", name=str(seq), marker={"color": keys[code], "size": 12}
-            )
-        )
-    return figure
 
 
 def host_tier_heatmap(tier: HostTier, moves: HostMoves, columns: int | None = None) -> go.Figure:
@@ -111,21 +117,7 @@ def host_tier_heatmap(tier: HostTier, moves: HostMoves, columns: int | None = No
         z[block] = code + 0.5
         text[block] = {3: UP, 2: DOWN}.get(code, "")
         hover[block] = f"host block {block}<br>{names[code]}<br>{span} tokens"
-    figure = go.Figure(
-        go.Heatmap(
-            z=z.reshape(rows, columns),
-            zmin=0,
-            zmax=len(keys),
-            colorscale=step_colorscale(keys),
-            showscale=False,
-            xgap=2,
-            ygap=2,
-            text=text.reshape(rows, columns),
-            texttemplate="%{text}",
-            customdata=hover.reshape(rows, columns),
-            hovertemplate="%{customdata}<extra></extra>",
-        )
-    )
+    figure = _grid_heatmap(z, text, hover, keys, rows, columns)
     _grid_layout(
         figure,
         rows,
