@@ -20,7 +20,6 @@ import atexit
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from core.errors import LabError, LiveEndpointError
 from core.hosts import LAB_SERVER_PORTS
+from core.serve.vllm_server import VLLMServeConfig, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -177,7 +177,6 @@ class VLLMLabServer(LabServer):
         from core.engine.fetch import fetch_model, model_cache_dir
         from core.engine.hf_export import export_hf_folder
         from core.serve.vllm_env import find_vllm
-        from core.serve.vllm_server import VLLMServeConfig
 
         vllm = find_vllm()
         folder = export_hf_folder(fetch_model(MODELS[0]), model_cache_dir() / "SmolLM2-135M-Instruct-hf")
@@ -313,13 +312,6 @@ def _post(url: str, body: dict) -> bool:
             return r.status == 200
     except (OSError, urllib.error.URLError):
         return False
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 class LoopbackServer(LabServer):

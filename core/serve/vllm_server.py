@@ -100,6 +100,7 @@ def _renice(nice: int):
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
