@@ -21,7 +21,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -92,12 +91,6 @@ def _shared_dir(config) -> Path:
     return base.parent if hasattr(config, "workerinput") else base
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=5) as response:
@@ -125,14 +118,14 @@ def model_folder() -> Path:
 def _start(shared: Path) -> RealVLLM:
     from core.errors import VLLMUnavailableError
     from core.serve.vllm_env import find_vllm
-    from core.serve.vllm_server import VLLMServeConfig, VLLMServer
+    from core.serve.vllm_server import VLLMServeConfig, VLLMServer, free_port
 
     try:
         find_vllm()
     except VLLMUnavailableError as err:
         _unavailable(str(err))
     folder = model_folder()
-    events, replay = _free_port(), _free_port()
+    events, replay = free_port(), free_port()
     kv_events = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
