@@ -56,6 +56,11 @@ def wait_for_script_done(page, timeout_ms: float) -> None:
     """Until a rerun ends, Streamlit shows its status widget and keeps the last run's stale elements beside the new
     ones, so a button whose place moved is on the page twice; wait for the end before clicking."""
     page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
+    # the widget shows a moment after a run starts, so its absence alone can be read too early: the last run's
+    # elements are marked data-stale="true" until the run that replaces them ends
+    page.wait_for_function(
+        "() => document.querySelectorAll('[data-stale=\"true\"]').length === 0", timeout=timeout_ms
+    )
 
 
 @pytest.fixture(scope="session")

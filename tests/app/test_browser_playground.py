@@ -82,7 +82,9 @@ def test_a_scenario_link_steps_and_plays_in_a_real_browser(streamlit_server, pag
     expect(page.get_by_text("Last action: free 1: done")).to_be_visible(timeout=STEP_MS)
     # until the run ends, the scenario view's stale "Add sequence" shows beside the new one
     wait_for_script_done(page, STEP_MS)
-    page.get_by_role("button", name="Add sequence").click()  # 37 tokens = 3 blocks of 16
+    add = page.get_by_role("button", name="Add sequence")
+    expect(add).to_have_count(1, timeout=STEP_MS)
+    add.click()  # 37 tokens = 3 blocks of 16
     expect(page.locator('[data-testid="stMetricValue"]').first).to_have_text("4 / 8", timeout=STEP_MS)
     expect(page.locator('[data-testid="stException"]')).to_have_count(0)
     ARTIFACTS.mkdir(exist_ok=True)
