@@ -36,13 +36,19 @@ USE_LOCK = "real-vllm-use.lock"
 SERVED_NAME = "smollm2"
 BLOCK_SIZE = 32
 KV_CACHE_SPACE_GIB = 1
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = 1024  # the longest prompt here is ~540 tokens
 # vLLM's CPU backend sizes 1 GiB as 1,456 blocks of 32 tokens for bf16 SmolLM2; filling that takes ~80 s of prefill
-# on 2 cores, so the server keeps 128 of them (`--num-gpu-blocks-override`: what it computed stays in its start log
-# and in cache_config_info's kv_cache_memory_bytes) and a test overflows it with ~10k tokens.
-NUM_GPU_BLOCKS_OVERRIDE = 128
+# on 2 cores, so the server keeps 64 of them (`--num-gpu-blocks-override`: what it computed stays in its start log
+# and in cache_config_info's kv_cache_memory_bytes; vLLM wants max_model_len in the 63 after its null block) and a
+# test overflows it with ~9k tokens.
+# `-O0`: no torch.compile. What these tests check (hashes, events, counters, blocks) does not depend on it, and
+# compiling SmolLM2 took 43 of the server's 67 s start on 2 cores (vLLM 0.32's AOT cache fails to load back here:
+# "'function' object has no attribute 'finalize_loading'", so it compiles on every start); eager decodes ~1.6x
+# slower, prefills as fast.
+EAGER = ("-O0",)
+NUM_GPU_BLOCKS_OVERRIDE = 64
 TOPIC = "kv-events"
-START_TIMEOUT_S = 600  # the first start compiles the model with inductor (~2-4 minutes on 2 busy cores)
+START_TIMEOUT_S = 600  # ~45 s on 2 quiet cores, minutes on busy ones
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,7 @@ def _start(shared: Path) -> RealVLLM:
         model_dir=str(folder), served_name=SERVED_NAME, block_size=BLOCK_SIZE,
         kv_cache_space_gib=KV_CACHE_SPACE_GIB, max_model_len=MAX_MODEL_LEN,
         num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE, threads=2, kv_events=kv_events,
-        extra_env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
+        extra_args=EAGER, extra_env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
     )  # fmt: skip
     process = VLLMServer(config, log_path=shared / "real-vllm.log")
     try:

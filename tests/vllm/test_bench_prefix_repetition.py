@@ -8,8 +8,8 @@ also pays each of the N prefixes' first sighting, which hits nothing: the run's 
 exactly when nothing else differs. What else can: two requests of one prefix in the same prefill step (vLLM
 registers a block's hash when its step is scheduled, so the second still hits), the text prompt re-tokenized by the
 server (vLLM's dataset builds each prompt as text; a merge across the prefix / suffix seam would cost the prefix's
-last block), and a suffix block that repeats by chance (none: random tokens). The cache (128 blocks) holds the
-prefixes (16 blocks) and every request in flight, so nothing the prediction keeps is evicted. The run's rate must
+last block), and a suffix block that repeats by chance (none: random tokens). The cache (64 blocks) holds the
+prefixes (16 blocks) and every request in flight (2 blocks of its own each), so nothing the prediction keeps is evicted. The run's rate must
 lie within one block per request of the first-sighting figure (32 / 320 = 0.1 would be a whole block lost on
 every request; it is held to 0.02, a fifth of that), and the counters must count exactly the prompts' tokens.
 """

@@ -29,10 +29,10 @@ def test_live_page_plans_the_real_vllm(real_vllm, streamlit_server, page):
             if worker == 0 and i % 10 == 0:  # the prompt to look up; the first may precede vLLM's connection
                 real_vllm.complete(TEXT, max_tokens=1)
             prompt = [100 + worker * 1000 + 7 * i + j for j in range(24 + 8 * (i % 3))]
-            real_vllm.complete(prompt, max_tokens=4 + 4 * (i % 3))
+            real_vllm.complete(prompt, max_tokens=2 + 2 * (i % 3))  # short: the plan waits for 20 to finish
             i += 1
 
-    senders = [threading.Thread(target=load, args=(w,), daemon=True) for w in range(2)]
+    senders = [threading.Thread(target=load, args=(w,), daemon=True) for w in range(4)]
     for sender in senders:
         sender.start()
     try:
@@ -41,7 +41,9 @@ def test_live_page_plans_the_real_vllm(real_vllm, streamlit_server, page):
                   "topic": real_vllm.topic, "lookup": TEXT, "lookup_as": "text"}  # fmt: skip
         page.goto(f"{streamlit_server}/live?{urllib.parse.urlencode(watched | events)}")
         expect(page.get_by_role("heading", name="Predicted against observed")).to_be_visible()
-        expect(page.get_by_text("--num-gpu-blocks-override 128")).to_be_visible()
+        expect(
+            page.get_by_text(f"--num-gpu-blocks-override {real_vllm.num_gpu_blocks_override}")
+        ).to_be_visible()
         expect(page.get_by_role("heading", name="Planned vs observed latency")).to_be_visible()
         caption = page.get_by_text("Planned with smollm2 (bfloat16,")
         expect(caption).to_be_visible()

@@ -1,9 +1,9 @@
 """The planner against a running vLLM's CPU backend: the blocks `VLLM_CPU_KVCACHE_SPACE` holds for the served
 model, planned from the config.json the server names in /v1/models, equal the blocks vLLM computed.
 
-The run's vLLM keeps 128 blocks (`--num-gpu-blocks-override 128`, so other tests overflow its cache cheaply), so
+The run's vLLM keeps 64 blocks (`--num-gpu-blocks-override 64`, so other tests overflow its cache cheaply), so
 its /metrics report the override; the number vLLM computed from its KV space is in its start log ("Overriding
-num_gpu_blocks=N with num_gpu_blocks_override=128") and its KV space in cache_config_info's kv_cache_memory_bytes.
+num_gpu_blocks=N with num_gpu_blocks_override=64") and its KV space in cache_config_info's kv_cache_memory_bytes.
 """
 
 import re
@@ -29,7 +29,11 @@ def test_planned_cpu_blocks_equal_the_blocks_vllm_computed(real_vllm, capsys):
     metrics = parse_vllm_metrics(real_vllm.get("/metrics").decode())
     space = int(metrics.cache_setting("kv_cache_memory_bytes"))
     assert space == real_vllm.kv_cache_space_gib * GiB
-    assert metrics.num_gpu_blocks == int(metrics.cache_setting("num_gpu_blocks_override")) == 128
+    assert (
+        metrics.num_gpu_blocks
+        == int(metrics.cache_setting("num_gpu_blocks_override"))
+        == real_vllm.num_gpu_blocks_override
+    )
 
     inputs = CpuKVInputs(ModelSpec.from_hf_config(config, name=served.name), space,
                          block_size=metrics.block_size, max_model_len=served.max_model_len)  # fmt: skip

@@ -94,13 +94,13 @@ def test_binding_subscriber_hears_vllm_and_the_hashes_are_vllm_block_hashes(real
 
 
 def test_the_tree_holds_every_block_vllm_announced_and_none_it_removed(real_vllm):
-    """Prompts of distinct text past the pool's 128 blocks evict cached blocks; the tree, fed by the PUB socket,
+    """Prompts of distinct text past the pool's 64 blocks evict cached blocks; the tree, fed by the PUB socket,
     equals the fold of the replay's record (stored minus removed, cleared on a reset)."""
     sub = subscribe(real_vllm)
     try:
         hear_pub(real_vllm, sub)
         bs, blocks = real_vllm.block_size, real_vllm.num_gpu_blocks_override
-        for i in range(blocks // 12 + 2):  # 12 full blocks each: 144 > 128, the pool overflows
+        for i in range(blocks // 12 + 2):  # 12 full blocks each: 84 > 64, the pool overflows
             real_vllm.complete([30_000 + i, *range(1000 * i, 1000 * i + 12 * bs)])
         drain(sub, 2.0)
         cached: set[int] = set()
