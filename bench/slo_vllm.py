@@ -37,6 +37,7 @@ visible from outside; `worst`, wall_s) plus server (the vLLM and its cache).
 import json
 import os
 import platform
+import resource
 import subprocess
 import tempfile
 import threading
@@ -214,6 +215,22 @@ def _drift(before: pd.DataFrame, after: pd.DataFrame) -> float | None:
     return float(np.median(ratios)) if ratios else None
 
 
+def _cpu_now(server: VLLMServer) -> tuple[dict[str, float], float]:
+    """The server's processes' CPU seconds so far, and this process's children's (`vllm bench serve`, waited for)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return server.cpu_seconds(), children.ru_utime + children.ru_stime
+
+
+def _cpu_use(server: VLLMServer, since: tuple[dict[str, float], float], seconds: float) -> dict[str, float]:
+    """Cores each of the server's processes, the benchmark client and this bench (its sweep clients) used on
+    average over the last `seconds` (CPU seconds since `since` / wall seconds): on 2 cores, what the engine core
+    shares its cores with at each rate."""
+    (server_then, children_then), (server_now, children_now) = since, _cpu_now(server)
+    used = {name: (server_now[name] - server_then.get(name, 0.0)) / seconds for name in server_now}
+    used["vllm bench serve"] = (children_now - children_then) / seconds
+    return {name: round(cores, 4) for name, cores in used.items()}
+
+
 def main(args) -> None:
     from core.engine.fetch import fetch_model, model_cache_dir
     from core.engine.hf_export import export_hf_folder
@@ -238,18 +255,20 @@ def main(args) -> None:
         niceness = server.niceness
         metrics = parse_vllm_metrics(server.get("/metrics").decode())
         kv_tokens = int(metrics.num_gpu_blocks) * BLOCK_SIZE
-        t = time.perf_counter()
+        t, before_cpu = time.perf_counter(), _cpu_now(server)
         before = sweep(server.url, config.served_name, rng, spec.vocab_size)
         sweep_s = [time.perf_counter() - t]
         first_fit = fit(before, base, args.robust)
         requests = _requests_for_bound(max(size["requests"]), 0)
         bound = analytic_bounds(first_fit.model, requests, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, kv_tokens)
         results = []
+        cpu = {"sweep_before": _cpu_use(server, before_cpu, sweep_s[0])}
         for fraction, served in zip(size["rates"], size["requests"], strict=True):
             rate = fraction * bound.capacity_rps
-            t = time.perf_counter()
+            t, at = time.perf_counter(), _cpu_now(server)
             results.append((rate, fraction, served, bench_serve(server, folder, rate, served, 7, Path(tmp)),
                             time.perf_counter() - t))  # fmt: skip
+            cpu[f"{rate:.3f}"] = _cpu_use(server, at, results[-1][-1])
             loads.append(os.getloadavg())
         t = time.perf_counter()
         after = sweep(server.url, config.served_name, rng, spec.vocab_size)
@@ -288,7 +307,7 @@ def main(args) -> None:
                    "kv_tokens": kv_tokens},
         "roofs": roofs, "roofs_after": measure_roofs(matmul_dtype="bfloat16"), "bench_nice": niceness_bench, "sweep_steps": len(before), "sweep_s": sweep_s,
         "sweep_decode_median_s": decode, "sweep_drift_after_over_before": drift,
-        "throughput_bound_req_per_s": bound.capacity_rps, "requests_per_rate": list(size["requests"]),
+        "throughput_bound_req_per_s": bound.capacity_rps, "cpu_cores_used": cpu, "requests_per_rate": list(size["requests"]),
         "rates": rates, "worst": worst, "wall_s": time.perf_counter() - started,
         "sweep_rows": {"before": before.to_dict(orient="list"), "after": after.to_dict(orient="list")},
         "measured_requests": {f"{rate:.3f}": measured_requests(result).to_dict(orient="list")

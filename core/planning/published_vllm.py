@@ -46,6 +46,7 @@ on vLLM's preemption order, not on the step time the fit is about. docs/slo.md l
 
 import csv
 import math
+import random
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -78,6 +79,8 @@ WARMUP_ROUNDS = 2
 MEASURED_ROUNDS = 2
 BENCHMARK_ROUNDS = 20
 PHASES = ("first", "steady")
+AIPERF_DATASET_ENTRIES = 100  # aiperf's default --num-dataset-entries
+AIPERF_SEED = 100  # the --random-seed of aiconfigurator's generated benchmark script
 TRAINING_MODELS = ("llama-3.1-70b", "qwen3-32b", "gpt-oss-120b")  # two dense, one MoE; H100 and H200
 HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b")  # a small dense model and an MoE one
 MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b")
@@ -172,12 +175,28 @@ def step_model(row: VllmRow, overrides: dict) -> StepTimeModel:
     return from_specs(MODELS[row.model], GPUS[row.gpu], row.tp, row.weight_dtype, KV_DTYPE, **overrides)
 
 
-def _run(row: VllmRow, step, phase: str):
+def pool_draws(count: int, pool: int, seed: int = AIPERF_SEED) -> list[int]:
+    """Which of `pool` prompts each of `count` requests sends when a benchmark samples its dataset by shuffling:
+    a random order of the pool, then another, and so on (aiperf's default "shuffle" sampling)."""
+    rng = random.Random(seed)
+    draws: list[int] = []
+    while len(draws) < count:
+        order = list(range(pool))
+        rng.shuffle(order)
+        draws += order
+    return draws[:count]
+
+
+def _run(row: VllmRow, step, phase: str, prompt_pool: int | None = None):
     """The closed-loop simulation of `row` priced by `step` (a StepTimeModel or anything with its interface) and
     the requests it measures: phase "first" runs one round from a synchronized start (every client sends at 0)
     and measures it; phase "steady" staggers the first round (client i's first output is (i + 1) / C x OSL
     tokens, so the clients are out of phase as a real server's drift apart) and measures requests
-    WARMUP_ROUNDS x C to (WARMUP_ROUNDS + MEASURED_ROUNDS) x C."""
+    WARMUP_ROUNDS x C to (WARMUP_ROUNDS + MEASURED_ROUNDS) x C.
+
+    prompt_pool: None, every prompt unique (the profile's assumption); or N, the prompts drawn from N distinct
+    ones (`pool_draws`) and served with vLLM's prefix caching, so a prompt still cached is not prefilled again
+    (the what-if of docs/slo.md 2c: a benchmark reusing a dataset of N prompts, as aiperf does by default)."""
     c = row.concurrency
     if phase == "first":
         start, end = 0, c
@@ -185,12 +204,19 @@ def _run(row: VllmRow, step, phase: str):
     else:
         start, end = WARMUP_ROUNDS * c, (WARMUP_ROUNDS + MEASURED_ROUNDS) * c
         lengths = [max(2, round((i + 1) * row.osl / c)) for i in range(c)] + [row.osl] * end
-    requests = [Request(i, 0.0, row.isl, n) for i, n in enumerate(lengths)]
+    if prompt_pool is None:
+        requests = [Request(i, 0.0, row.isl, n) for i, n in enumerate(lengths)]
+        policy = paged(BLOCK_SIZE, counted=True)
+    else:
+        draws = pool_draws(len(lengths), prompt_pool)
+        requests = [Request(i, 0.0, row.isl, n, prefix_group=draws[i], prefix_len=row.isl)
+                    for i, n in enumerate(lengths)]  # fmt: skip
+        policy = paged(BLOCK_SIZE, enable_prefix_caching=True)
     config = SimulatorConfig(
         kv_capacity_tokens=kv_tokens(row), max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
         max_seq_len=row.isl + row.osl, step_time=step, max_snapshots=1,
     )  # fmt: skip
-    result = simulate(requests, paged(BLOCK_SIZE, counted=True), config, until_finished=end, concurrency=c)
+    result = simulate(requests, policy, config, until_finished=end, concurrency=c)
     return result, result.requests.iloc[start:end]
 
 
@@ -207,10 +233,23 @@ def benchmark_mean(first: tuple[float, float], steady: tuple[float, float]) -> t
     return tuple(weight * f + (1.0 - weight) * s for f, s in zip(first, steady, strict=True))
 
 
-def predict_row(row: VllmRow, overrides: dict) -> tuple[float, float]:
-    """(mean TTFT, mean TPOT) in seconds that `row`'s benchmark would measure, simulated with these parameters."""
+def predict_row(row: VllmRow, overrides: dict, prompt_pool: int | None = None) -> tuple[float, float]:
+    """(mean TTFT, mean TPOT) in seconds that `row`'s benchmark would measure, simulated with these parameters
+    (prompt_pool: `_run`'s)."""
     step = step_model(row, overrides)
-    return benchmark_mean(*(_means(_run(row, step, phase)[1]) for phase in PHASES))
+    return benchmark_mean(*(_means(_run(row, step, phase, prompt_pool)[1]) for phase in PHASES))
+
+
+def prefill_fraction_of_peak(row: VllmRow) -> float:
+    """The dense FLOP/s the row's measured throughput implies for prefilling its prompts alone, over its GPUs'
+    datasheet peak in the weights' dtype: C / (TTFT + (OSL - 1) x TPOT) requests a second, each ISL tokens at 2 x
+    the parameters active per token. A benchmark whose prompts were all computed cannot exceed ~1 (no vLLM step
+    reaches its GPU's peak); a high value says its prompts were (partly) served from the prefix cache."""
+    spec, gpu = MODELS[row.model], GPUS[row.gpu]
+    rate = row.concurrency / (row.ttft_s + (row.osl - 1) * row.tpot_s)
+    # FP8 weights run FP8 GEMMs; bf16 and MXFP4 (dequantized to bf16 on Hopper) run bf16 ones
+    per_gpu = gpu.peak_fp8_flops if row.weight_dtype == "fp8" else gpu.peak_bf16_flops
+    return rate * row.isl * 2.0 * spec.num_params_active / (per_gpu * row.tp)
 
 
 class _RecordingStep:

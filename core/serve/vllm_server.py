@@ -152,6 +152,25 @@ class VLLMServer:
         except (OSError, ValueError, IndexError):
             return None
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) each process of the server's group has used so far, by its name in /proc
+        (the API server, the engine core, the model worker; the same name summed); {} when not running."""
+        if self.process is None:
+            return {}
+        tick = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                head, tail = stat.read_text().rsplit(")", 1)
+            except OSError:
+                continue  # the process ended while we read
+            fields = tail.split()
+            if int(fields[2]) != self.process.pid:  # the process group the server leads
+                continue
+            name = head.split("(", 1)[1]
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        return out
+
     def log_tail(self, lines: int = 15) -> str:
         return "".join(self.log_path.read_text(errors="replace").splitlines(True)[-lines:])
 

@@ -188,3 +188,28 @@ def test_slo_takes_a_config_too(tmp_path, capsys):
     assert custom.keys() == preset.keys() and custom["configs"] and custom["best"] is not None
     strip = lambda rows: [{k: v for k, v in r.items() if k != "model"} for r in rows]  # noqa: E731
     assert strip(custom["configs"]) == strip(preset["configs"])
+
+
+def test_pool_draws_shuffle_the_pool_again_each_time_it_is_used_up():
+    draws = pv.pool_draws(25, 10, seed=3)
+    assert len(draws) == 25 and draws == pv.pool_draws(25, 10, seed=3)
+    assert sorted(draws[:10]) == sorted(draws[10:20]) == list(range(10))  # two whole orders, then a part
+    assert draws[:10] != draws[10:20] and len(set(draws[20:])) == 5
+
+
+def test_prefill_fraction_of_peak_by_hand():
+    row = next(r for r in pv.ROWS if r.model == "llama-3.1-8b")  # 1,000 / 100 tokens, 112 clients, TP 1, FP8
+    rate = 112 / (0.07191 + 99 * 0.01125)  # requests a second: 94.46
+    flops = rate * 1000 * 2 * MODELS["llama-3.1-8b"].num_params_active
+    assert pv.prefill_fraction_of_peak(row) == pytest.approx(flops / GPUS["h200-141gb"].peak_fp8_flops, rel=1e-4)
+    assert 0.75 < pv.prefill_fraction_of_peak(row) < 0.78
+
+
+def test_a_prompt_pool_larger_than_the_run_is_unique_prompts_and_a_small_one_skips_prefills():
+    row = pv.VllmRow("pool", "llama-3.1-8b", "h200-141gb", 1, 2048, 8, 4, 1.0, 1.0)
+    fitted = {"flops_efficiency": 0.3, "layer_overhead_s": 7e-5, "expert_flops_efficiency": 0.08} | pv.FIXED
+    unique = pv.predict_row(row, fitted)
+    # the prefix-caching KV core with prompts that never repeat prices what the counted policy does
+    assert pv.predict_row(row, fitted, prompt_pool=10_000) == pytest.approx(unique, rel=1e-9)
+    one = pv.predict_row(row, fitted, prompt_pool=1)  # every prompt the same: all but the first are cache hits
+    assert one[0] < 0.5 * unique[0] and one[1] <= unique[1]
