@@ -62,7 +62,23 @@ def hf_name(gguf_name: str) -> str | None:
 def _reader(path: str, size: int, mtime_ns: int):
     from gguf import GGUFReader
 
-    return GGUFReader(path)
+    class PlainSliceReader(GGUFReader):
+        """gguf's reader, its reads sliced from a plain ndarray view of the same memory map: each slice of an
+        np.memmap runs memmap's Python-level __array_finalize__, and the header of a file with a 49,152-token
+        vocabulary (SmolLM2's) is read in ~1.2 million slices (6 s of a 11 s model load; <1 s this way). The
+        bytes and offsets are the same (gguf 0.19.0's `_get`, on the view)."""
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            plain = self.__dict__.get("_plain")
+            if plain is None:
+                plain = self._plain = self.data.view(np.ndarray)  # no copy: the map itself
+            count = int(count)
+            arr = plain[offset : offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
+            return arr.view(
+                arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order)
+            )
+
+    return PlainSliceReader(path)
 
 
 def open_gguf(path: str | Path):

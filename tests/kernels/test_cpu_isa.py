@@ -171,6 +171,8 @@ def test_bench_prints_the_isa_it_built_for():
     isa = BUILT[1] if len(BUILT) > 1 else BUILT[0]  # not the widest: the switch must really change the build
     command = [sys.executable, "-m", "bench.attention", "--isa", isa, "--batches", "2", "--contexts", "32"]
     command += ["--dtypes", "float32", "--repeats", "1", "--warmup", "0", "--backends", "cpu"]
+    # --no-vllm: vLLM's kernel baseline (vLLM's own interpreter, ~20 s) is tests/vllm/test_kernel_baseline.py's
+    command += ["--no-vllm"]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)

@@ -62,19 +62,25 @@ def test_kernel_jobs_match_timing_and_refuse_over_budget(monkeypatch):
         kernel_sweep(TINY_KERNEL, ("torch",), "cpu", 1)
 
 
-def test_a_limit_error_travels_back_from_the_worker_intact():
+@pytest.fixture(scope="module")
+def worker_pool():
+    """One spawned worker for the tests that go through a pool (starting one, which imports torch, took ~4 s per
+    test). Its limit of 10 simulated requests is what the limit test trips; the Engine jobs count no requests."""
     pool = JobPool.from_limits(Limits(max_simulated_requests=10, workers=1))
-    try:
-        pool.submit("s", compare_policies, SMALL, None)
-        deadline = time.monotonic() + 120
-        while not (status := pool.poll("s")).finished and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert isinstance(status.error, LimitExceededError)
-        assert status.error.variable == "PAGED_LAB_MAX_REQUESTS" and "over this server's limit of 10" in str(
-            status.error
-        )
-    finally:
-        pool.close()
+    yield pool
+    pool.close()
+
+
+def test_a_limit_error_travels_back_from_the_worker_intact(worker_pool):
+    pool = worker_pool
+    pool.submit("limit", compare_policies, SMALL, None)
+    deadline = time.monotonic() + 120
+    while not (status := pool.poll("limit")).finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert isinstance(status.error, LimitExceededError)
+    assert status.error.variable == "PAGED_LAB_MAX_REQUESTS" and "over this server's limit of 10" in str(
+        status.error
+    )
 
 
 # ---- the Engine page's jobs ----------------------------------------------------------------------------------
@@ -169,27 +175,24 @@ def test_engine_sharing_is_measure_sharing_and_checks_the_budget_first(monkeypat
         engine_sharing(*small)
 
 
-def test_an_engine_run_through_the_pool_matches_the_direct_run():
+def test_an_engine_run_through_the_pool_matches_the_direct_run(worker_pool):
     params = SamplingParams(8, n=2, seed=3, ignore_eos=True)
-    pool = JobPool.from_limits(Limits(workers=1))
-    try:
-        pool.submit("s", generate_outputs, "tiny", "", 48, 16, False, ENGINE_PROMPTS, params)
-        deadline = time.monotonic() + 120
-        while not (status := pool.poll("s")).finished and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert status.state == "done", status.error
-        assert _completions(status.result.outputs) == _completions(
-            Engine.from_config(
-                TINY_LLAMA, seed=0, num_blocks=48, block_size=16, device=default_device()
-            ).generate(PROMPT_IDS, params)
-        )
-        pool.submit("s", generate_outputs, "tiny", "", 2_000_000, 16, False, ENGINE_PROMPTS, params)
-        while not (status := pool.poll("s")).finished and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert status.state == "failed" and "PAGED_LAB_MAX_BYTES" in str(status.error)
-        assert (
-            isinstance(status.error, MemoryBudgetError)
-            and status.error.requested_bytes > status.error.allowed_bytes
-        )
-    finally:
-        pool.close()
+    pool = worker_pool
+    pool.submit("engine", generate_outputs, "tiny", "", 48, 16, False, ENGINE_PROMPTS, params)
+    deadline = time.monotonic() + 120
+    while not (status := pool.poll("engine")).finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status.state == "done", status.error
+    assert _completions(status.result.outputs) == _completions(
+        Engine.from_config(
+            TINY_LLAMA, seed=0, num_blocks=48, block_size=16, device=default_device()
+        ).generate(PROMPT_IDS, params)
+    )
+    pool.submit("engine", generate_outputs, "tiny", "", 2_000_000, 16, False, ENGINE_PROMPTS, params)
+    while not (status := pool.poll("engine")).finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status.state == "failed" and "PAGED_LAB_MAX_BYTES" in str(status.error)
+    assert (
+        isinstance(status.error, MemoryBudgetError)
+        and status.error.requested_bytes > status.error.allowed_bytes
+    )

@@ -14,6 +14,7 @@ from core.live.histogram import Histogram
 from core.live.metrics import VllmMetrics
 from core.live.window import bucketed, observe_window
 from core.metric_names import request_token_buckets
+from core.planning.observed import planned as planned_module
 from core.planning.observed.planned import (
     FitSettings,
     fit_to_window,
@@ -25,6 +26,18 @@ from core.planning.observed.planned import (
 from tests.planning.simulated_server import BASE, LIMITS, TRUTH, simulated_server
 
 INF = math.inf
+
+
+@pytest.fixture(scope="module")
+def server():
+    """(requests, window) of the simulated server whose truth is known."""
+    return simulated_server()
+
+
+@pytest.fixture(scope="module")
+def plain(server):
+    """`plan_against_observed` of the server's window with no prior (a fit: ~8 s), read by two tests."""
+    return plan_against_observed(server[1], BASE, LIMITS)
 
 
 def test_request_token_buckets_are_vllms_1_2_5():
@@ -91,19 +104,19 @@ def test_simulated_moments_by_hand():
     assert exact["tpot_p50_s"] == pytest.approx(0.25)  # numpy's percentile over the defined TPOTs only
 
 
-def test_fit_recovers_the_truth_from_its_own_workload():
-    requests, window = simulated_server()
+def test_fit_recovers_the_truth_from_its_own_workload(server):
+    requests, window = server
     fit, _ = fit_to_window(window, BASE, LIMITS, [requests])
     assert fit.converged and fit.at_bound == ()
     assert fit.model.overhead_s == pytest.approx(0.03, rel=0.05)
     assert fit.model.flops_efficiency == pytest.approx(0.4, rel=0.05)
 
 
-def test_plan_against_a_simulated_server():
+def test_plan_against_a_simulated_server(server, plain):
     """From the histograms alone (lengths resampled from buckets, arrivals redrawn): the fitted parameters land
     near the truth and the planned percentiles within 15% of the observed ones (measured: <= 7%)."""
-    _, window = simulated_server()
-    result = plan_against_observed(window, BASE, LIMITS)
+    _, window = server
+    result = plain
     assert result.fit.converged
     assert result.fit.model.flops_efficiency == pytest.approx(0.4, rel=0.15)
     for key, err in result.rel_errors.items():
@@ -113,14 +126,26 @@ def test_plan_against_a_simulated_server():
     assert result.prior is None and result.prior_rel_errors is None
 
 
-def test_the_planners_own_prediction_beside_the_fit():
+def test_the_planners_own_prediction_beside_the_fit(server, plain, monkeypatch):
     """A prior model (what the SLO planner prices the deployment with, nothing fitted) predicts the same
     workload: the server's true model lands as close as the fit (within 15%), a model with twice the true
     overhead predicts every latency higher than the truth does."""
-    _, window = simulated_server()
+    _, window = server
+    # the fit reads the window and its workloads, never the prior (truth.planned == plain.planned below): the
+    # second prior's call takes the first call's fit (the same arguments) instead of running the same ~8 s fit
+    # again; each prior is simulated on its own
+    fit_to_window, fits = planned_module.fit_to_window, []
+
+    def fitted_once(*args, **kwargs):
+        if not fits:
+            fits.append((args, kwargs, fit_to_window(*args, **kwargs)))
+        assert (args, kwargs) == fits[0][:2]
+        return fits[0][2]
+
+    monkeypatch.setattr(planned_module, "fit_to_window", fitted_once)
     truth = plan_against_observed(window, BASE, LIMITS, prior=TRUTH)
     assert all(err < 0.15 for err in truth.prior_rel_errors.values()), (truth.prior, truth.observed)
-    assert truth.planned == plan_against_observed(window, BASE, LIMITS).planned  # the fit is not touched
+    assert truth.planned == plain.planned  # the fit is not touched (plain's fit ran unpatched)
     slow = plan_against_observed(window, BASE, LIMITS, prior=replace(TRUTH, overhead_s=0.06)).prior
     assert all(
         slow[key] > truth.prior[key] for key in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s")
