@@ -201,7 +201,9 @@ def test_prefill_fraction_of_peak_by_hand():
     row = next(r for r in pv.ROWS if r.model == "llama-3.1-8b")  # 1,000 / 100 tokens, 112 clients, TP 1, FP8
     rate = 112 / (0.07191 + 99 * 0.01125)  # requests a second: 94.46
     flops = rate * 1000 * 2 * MODELS["llama-3.1-8b"].num_params_active
-    assert pv.prefill_fraction_of_peak(row) == pytest.approx(flops / GPUS["h200-141gb"].peak_fp8_flops, rel=1e-4)
+    assert pv.prefill_fraction_of_peak(row) == pytest.approx(
+        flops / GPUS["h200-141gb"].peak_fp8_flops, rel=1e-4
+    )
     assert 0.75 < pv.prefill_fraction_of_peak(row) < 0.78
 
 
@@ -211,5 +213,7 @@ def test_a_prompt_pool_larger_than_the_run_is_unique_prompts_and_a_small_one_ski
     unique = pv.predict_row(row, fitted)
     # the prefix-caching KV core with prompts that never repeat prices what the counted policy does
     assert pv.predict_row(row, fitted, prompt_pool=10_000) == pytest.approx(unique, rel=1e-9)
-    one = pv.predict_row(row, fitted, prompt_pool=1)  # every prompt the same: all but the first are cache hits
+    one = pv.predict_row(
+        row, fitted, prompt_pool=1
+    )  # every prompt the same: all but the first are cache hits
     assert one[0] < 0.5 * unique[0] and one[1] <= unique[1]
