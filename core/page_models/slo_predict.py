@@ -20,12 +20,12 @@ from core.errors import InvalidArgumentError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.disagg import DisaggDeployment, predict_disagg
 from core.planning.engine_profiles import DEFAULT_ENGINE
-from core.planning.load import Load
+from core.planning.load import DEFAULT_TURN_GAP_S, Load
 from core.planning.max_rate import check_targets, max_rate
 from core.planning.plan import plan
 from core.planning.predict import Deployment, predict
 from core.planning.slo_disagg import SERVE_NOTE
-from core.planning.speculative import Speculation
+from core.planning.speculative import Speculation, parse_acceptance
 from core.planning.vllm_command import bench_num_prompts, prefix_repetition_problem, vllm_bench_serve_command
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
@@ -62,7 +62,7 @@ class SloPredictParams:
     num_prefixes: int = 1
     prefix_zipf: float | None = None
     turns: int = 1
-    turn_gap_s: float = 10.0
+    turn_gap_s: float = DEFAULT_TURN_GAP_S
     spec_tokens: int = 0
     spec_acceptance: str = ""
     spec_method: str = "ngram"
@@ -81,13 +81,7 @@ class SloPredictParams:
         draft_model counts only for spec_method "draft-model". Raises InvalidArgumentError naming the flag."""
         if self.spec_tokens == 0:
             return None
-        try:
-            parts = self.spec_acceptance.split(",") if self.spec_acceptance.strip() else []
-            rates = tuple(float(part) for part in parts)
-        except ValueError:
-            raise InvalidArgumentError(
-                f"--spec-acceptance must be comma-separated numbers in [0, 1], got {self.spec_acceptance!r}"
-            ) from None
+        rates = parse_acceptance(self.spec_acceptance)
         draft = self.draft_model if self.spec_method == "draft-model" else None
         return Speculation(self.spec_tokens, rates, self.spec_method, draft)
 
@@ -168,7 +162,7 @@ class SloPredictParams:
                 args += [flag, str(value)]
         if self.prefix_zipf is not None:
             args += ["--prefix-zipf", repr(float(self.prefix_zipf))]
-        if self.turn_gap_s != 10.0:
+        if self.turn_gap_s != DEFAULT_TURN_GAP_S:
             args += ["--turn-gap", repr(float(self.turn_gap_s))]
         if self.spec_tokens:
             args += ["--spec-tokens", str(self.spec_tokens), "--spec-acceptance", self.spec_acceptance,

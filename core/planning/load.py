@@ -9,6 +9,8 @@ from core.errors import InvalidArgumentError
 from core.serving.prefix_workload import SharedPrefixes, Turns, conversations, share_prefixes
 from core.serving.workload import Request, fixed, uniform
 
+DEFAULT_TURN_GAP_S = 10.0  # seconds between a chat's turns, arrival to arrival (--turn-gap's default)
+
 
 @dataclass(frozen=True)
 class Load:
@@ -38,7 +40,7 @@ class Load:
     num_prefixes: int = 1
     prefix_zipf: float | None = None
     turns: int = 1
-    turn_gap_s: float = 10.0
+    turn_gap_s: float = DEFAULT_TURN_GAP_S
 
     def __post_init__(self):
         if (self.rate is None) == (self.concurrency is None):

@@ -29,11 +29,11 @@ from core.errors import InvalidArgumentError, LabError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.disagg import DisaggDeployment, predict_disagg
 from core.planning.engine_profiles import DEFAULT_ENGINE, ENGINES
-from core.planning.load import Load
+from core.planning.load import DEFAULT_TURN_GAP_S, Load
 from core.planning.max_rate import max_rate
 from core.planning.models import MODELS, ModelSpec, model_from_config_file
 from core.planning.predict import Deployment, predict
-from core.planning.speculative import SPEC_METHODS, Speculation
+from core.planning.speculative import SPEC_METHODS, Speculation, parse_acceptance
 from core.serving.latency import PERCENTILES
 from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES
 from core.serving.steady_state import STEADY_METRICS
@@ -105,7 +105,9 @@ def load_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prefixes", type=int, default=1, help="distinct shared prefixes")
     parser.add_argument("--prefix-zipf", type=float, default=None, help="Zipf exponent of prefix popularity")
     parser.add_argument("--turns", type=int, default=1, help="requests per conversation")
-    parser.add_argument("--turn-gap", type=float, default=10.0, help="seconds between a chat's turns")
+    parser.add_argument(
+        "--turn-gap", type=float, default=DEFAULT_TURN_GAP_S, help="seconds between a chat's turns"
+    )
 
 
 def target_flags(parser: argparse.ArgumentParser) -> None:
@@ -136,12 +138,7 @@ def speculation_from_args(args) -> Speculation | None:
         raise InvalidArgumentError(
             "--spec-tokens needs --spec-acceptance a1,...,aK (one rate per draft token)"
         )
-    try:
-        rates = tuple(float(part) for part in args.spec_acceptance.split(","))
-    except ValueError:
-        raise InvalidArgumentError(
-            f"--spec-acceptance must be comma-separated numbers in [0, 1], got {args.spec_acceptance!r}"
-        ) from None
+    rates = parse_acceptance(args.spec_acceptance)
     return Speculation(args.spec_tokens, rates, args.spec_method, args.draft_model)
 
 

@@ -41,6 +41,17 @@ from core.planning.step_time import StepTimeModel
 SPEC_METHODS = ("ngram", "draft-model", "eagle")
 
 
+def parse_acceptance(text: str) -> tuple[float, ...]:
+    """--spec-acceptance's "a1,...,aK" as floats ("" gives none; `Speculation` checks the count and range).
+    Raises InvalidArgumentError naming the flag for a part that is not a number."""
+    try:
+        return tuple(float(part) for part in text.split(",")) if text.strip() else ()
+    except ValueError:
+        raise InvalidArgumentError(
+            f"--spec-acceptance must be comma-separated numbers in [0, 1], got {text!r}"
+        ) from None
+
+
 @dataclass(frozen=True)
 class Speculation:
     """num_tokens: K draft tokens per step (1..16); acceptance: (a_1, ..., a_K), each in [0, 1], the probability
