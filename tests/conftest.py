@@ -189,14 +189,22 @@ REAL_VLLM_TESTS = "tests/vllm/"
 # The files that start team hosts, in the order they run, on one worker: test_host.py computes every page's
 # defaults into an empty cache (what it checks) and hands them to `shared_host_cache`, which the others read.
 TEAM_HOST_TESTS = ("tests/hosting/test_host.py", "tests/hosting/test_docker.py", "tests/load/test_load.py")
+# Browser tests on one worker's `streamlit_server`, in this order: the Engine page's default chat turn on SmolLM2
+# (~15 s), computed by test_browser_engine.py, is in that server's result cache when the offline test opens it.
+ENGINE_BROWSER_TESTS = ("tests/app/test_browser_engine.py", "tests/app/test_browser_offline.py")
+# AppTest files in one process, in this order: the SLO planner's and the Engine page's defaults (~15 s and ~10 s)
+# the page tests compute are in the process-wide job pool's cache when the hostile-URL tests open those pages.
+APP_DEFAULT_TESTS = ("tests/app/test_engine_chat.py", "tests/app/test_slo_planner_page.py",
+                     "tests/hosting/test_hostile_urls.py")  # fmt: skip
+TOGETHER = (TEAM_HOST_TESTS, ENGINE_BROWSER_TESTS, APP_DEFAULT_TESTS)  # each: one unit of work, in its order
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` with tests/vllm/ as one unit: those tests take the run's one vLLM one at a time, so on two
     workers they run best on one while the other runs everything else (as separate files both workers ended up
-    waiting on them, at the end of the run: ~4 minutes of one idle worker). TEAM_HOST_TESTS are one unit too, so
-    the pages' defaults test_host.py computes serve the later hosts (`shared_host_cache`)."""
+    waiting on them, at the end of the run: ~4 minutes of one idle worker). Each group of TOGETHER is one unit
+    too, so what its first file computes serves the later ones."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -205,8 +213,9 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(REAL_VLLM_TESTS):
                 return REAL_VLLM_TESTS
-            if nodeid.startswith(TEAM_HOST_TESTS):
-                return TEAM_HOST_TESTS[0]
+            for group in TOGETHER:
+                if nodeid.startswith(group):
+                    return group[0]
             return super()._split_scope(nodeid)
 
     return RealVLLMTogether(config, log)
@@ -214,16 +223,15 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(config, items):
     """The real-vLLM tests first: their worker starts the server (1-3 minutes) while the other runs the rest.
-    TEAM_HOST_TESTS together, in that order, where the first of them was."""
+    Each group of TOGETHER together, in its order, where the first of its tests was."""
     items.sort(key=lambda item: not item.nodeid.startswith(REAL_VLLM_TESTS))
-    hosts = [item for item in items if item.nodeid.startswith(TEAM_HOST_TESTS)]
-    if hosts:
-        at = items.index(hosts[0])
-        rest = [item for item in items if not item.nodeid.startswith(TEAM_HOST_TESTS)]
-        hosts.sort(
-            key=lambda item: next(i for i, f in enumerate(TEAM_HOST_TESTS) if item.nodeid.startswith(f))
-        )
-        items[:] = rest[:at] + hosts + rest[at:]
+    for group in TOGETHER:
+        members = [item for item in items if item.nodeid.startswith(group)]
+        if members:
+            at = items.index(members[0])
+            rest = [item for item in items if not item.nodeid.startswith(group)]
+            members.sort(key=lambda item: next(i for i, f in enumerate(group) if item.nodeid.startswith(f)))
+            items[:] = rest[:at] + members + rest[at:]
 
 
 def pytest_sessionfinish(session, exitstatus):
