@@ -139,8 +139,9 @@ def streamlit_server():
 @pytest.fixture(scope="session")
 def shared_host_cache(tmp_path_factory) -> Path:
     """One result cache directory (PAGED_LAB_CACHE_DIR) for the team hosts the suite starts besides
-    tests/hosting/test_host.py's (which starts empty, to see its warm-up fill the cache): the first host's warm-up
-    computes each page's defaults, a later one finds them. Shared by the pytest-xdist workers (their base
+    tests/hosting/test_host.py's (which starts empty, to see its warm-up fill the cache, then hands its results
+    over to this one: TEAM_HOST_TESTS run as one unit, that file first, so the pages' defaults are computed once
+    in the run); a host that finds it empty computes them. Shared by the pytest-xdist workers (their base
     temporary directories have one parent); concurrent hosts write it safely (`DiskResultCache`)."""
     root = tmp_path_factory.getbasetemp()
     path = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "shared-host-results"
@@ -185,27 +186,52 @@ def real_vllm(request):
 
 
 REAL_VLLM_TESTS = "tests/vllm/"
+# The files that start team hosts, in the order they run, on one worker: test_host.py computes every page's
+# defaults into an empty cache (what it checks) and hands them to `shared_host_cache`, which the others read.
+TEAM_HOST_TESTS = ("tests/hosting/test_host.py", "tests/hosting/test_docker.py", "tests/load/test_load.py")
+# Browser tests on one worker's `streamlit_server`, in this order: the Engine page's default chat turn on SmolLM2
+# (~15 s), computed by test_browser_engine.py, is in that server's result cache when the offline test opens it.
+ENGINE_BROWSER_TESTS = ("tests/app/test_browser_engine.py", "tests/app/test_browser_offline.py")
+# AppTest files in one process, in this order: the SLO planner's and the Engine page's defaults (~15 s and ~10 s)
+# the page tests compute are in the process-wide job pool's cache when the hostile-URL tests open those pages.
+APP_DEFAULT_TESTS = ("tests/app/test_engine_chat.py", "tests/app/test_slo_planner_page.py",
+                     "tests/hosting/test_hostile_urls.py")  # fmt: skip
+TOGETHER = (TEAM_HOST_TESTS, ENGINE_BROWSER_TESTS, APP_DEFAULT_TESTS)  # each: one unit of work, in its order
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` with tests/vllm/ as one unit: those tests take the run's one vLLM one at a time, so on two
     workers they run best on one while the other runs everything else (as separate files both workers ended up
-    waiting on them, at the end of the run: ~4 minutes of one idle worker)."""
+    waiting on them, at the end of the run: ~4 minutes of one idle worker). Each group of TOGETHER is one unit
+    too, so what its first file computes serves the later ones."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class RealVLLMTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return REAL_VLLM_TESTS if nodeid.startswith(REAL_VLLM_TESTS) else super()._split_scope(nodeid)
+            if nodeid.startswith(REAL_VLLM_TESTS):
+                return REAL_VLLM_TESTS
+            for group in TOGETHER:
+                if nodeid.startswith(group):
+                    return group[0]
+            return super()._split_scope(nodeid)
 
     return RealVLLMTogether(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    """The real-vLLM tests first: their worker starts the server (1-3 minutes) while the other runs the rest."""
+    """The real-vLLM tests first: their worker starts the server (1-3 minutes) while the other runs the rest.
+    Each group of TOGETHER together, in its order, where the first of its tests was."""
     items.sort(key=lambda item: not item.nodeid.startswith(REAL_VLLM_TESTS))
+    for group in TOGETHER:
+        members = [item for item in items if item.nodeid.startswith(group)]
+        if members:
+            at = items.index(members[0])
+            rest = [item for item in items if not item.nodeid.startswith(group)]
+            members.sort(key=lambda item: next(i for i, f in enumerate(group) if item.nodeid.startswith(f)))
+            items[:] = rest[:at] + members + rest[at:]
 
 
 def pytest_sessionfinish(session, exitstatus):

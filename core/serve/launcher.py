@@ -135,7 +135,7 @@ class LabServer:
         threading.Thread(target=self._read_log, daemon=True).start()
         _STARTED.append(self)
         atexit.register(self.stop)
-        _wait_healthy(self, f"http://{HOST}:{http}", "core.serve", wait_s, poll_s=0.5)
+        _wait_healthy(self, f"http://{HOST}:{http}", "core.serve", wait_s, poll_s=0.1)
 
     def _read_log(self) -> None:
         for line in self.process.stdout:
