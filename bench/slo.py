@@ -309,6 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--robust", action="store_true", help="Huber-reweighted fit (default: plain least squares)"
     )
     parser.add_argument(
+        "--bind",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--server vllm: vLLM's default CPU binding (its OpenMP thread on the first core, the last reserved "
+        "for its scheduler and API server), this bench and its client on the reserved core (default); "
+        "--no-bind: nothing pinned",
+    )
+    parser.add_argument(
         "--nice",
         type=int,
         default=PRIORITY_NICE,

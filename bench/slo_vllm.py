@@ -244,10 +244,12 @@ def main(args) -> None:
     spec = ModelSpec.from_hf_config(json.loads((Path(folder) / "config.json").read_text()), name="smollm2")
     config = VLLMServeConfig(model_dir=folder, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
                              max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                             threads=args.threads, nice=args.nice)  # fmt: skip
+                             threads=args.threads, nice=args.nice, bind_threads=args.bind)  # fmt: skip
     load_before = os.getloadavg()
     loads: list[tuple[float, float, float]] = []
     niceness_bench = raise_priority(args.nice)
+    if args.bind:  # vLLM's auto binding puts its OpenMP thread on the first core and reserves the last
+        os.sched_setaffinity(0, {os.cpu_count() - 1})
     roofs = measure_roofs(matmul_dtype="bfloat16")
     base = engine_step_model(spec.shape, weight_bytes=2.0 * spec.num_params, dtype_bytes=2, roofs=roofs)
     rng = np.random.default_rng(1)
@@ -300,6 +302,7 @@ def main(args) -> None:
         "server": {"kind": "vllm", "vllm": find_vllm().version, "model": "SmolLM2-135M-Instruct bf16",
                    "block_size": BLOCK_SIZE, "num_gpu_blocks": int(metrics.num_gpu_blocks),
                    "kv_cache_space_gib": config.kv_cache_space_gib, "threads": config.threads, "nice": niceness,
+                   "bind": args.bind, "bench_affinity": sorted(os.sched_getaffinity(0)),
                    "log_tail": log_tail},
         "model": "SmolLM2-135M-Instruct bf16 (vLLM)", "mode": "quick" if args.quick else "full",
         "fit_once": args.fit_once, "robust_fit": args.robust,
