@@ -198,8 +198,7 @@ class KVCacheManager(BulkDecode):
         return self._request(request_id).num_computed
 
     def token_ids(self, request_id: Hashable) -> list[int]:
-        req = self._request(request_id)
-        return list(req.token_ids[: req.num_tokens])
+        return list(self._request(request_id).token_ids)
 
     def blocks_needed(self, num_tokens: int, num_seqs: int = 1, num_shared_tokens: int | None = None) -> int:
         """Free blocks a new request takes over all groups, counting no prefix-cache hits: `num_seqs` sequences
@@ -349,19 +348,15 @@ class KVCacheManager(BulkDecode):
                 free=free,
             )
 
-    def allocate(self, request_id: Hashable, token_ids: Sequence[int], *, view: bool = False) -> int:
+    def allocate(self, request_id: Hashable, token_ids: Sequence[int]) -> int:
         """Make room for a new request's whole prompt in every group. Returns how many leading prompt tokens the
         prefix cache served (0 without caching): their blocks are shared, their K/V need no prefill, and they
-        count as computed. Raises DuplicateSequenceError, InvalidArgumentError (empty prompt, non-integer
-        token) or OutOfBlocksError, with nothing changed.
-
-        view: `token_ids` is the request's own token list (the engine's `Sequence.token_ids`), validated where it
-        was made and read here, not copied or checked again: the caller appends each new token to it before
-        `append_token` and never changes the tokens the manager has room for. Without it the manager keeps a
-        checked copy."""
+        count as computed. The request keeps its own checked copy of `token_ids`. Raises
+        DuplicateSequenceError, InvalidArgumentError (empty prompt, non-integer token) or OutOfBlocksError, with
+        nothing changed."""
         if request_id in self._requests:
             raise DuplicateSequenceError(f"request {request_id!r} already exists; free it or choose a new id")
-        tokens = token_ids if view else check_kv_token_ids(request_id, token_ids)
+        tokens = check_kv_token_ids(request_id, token_ids)
         n = len(tokens)
         hashes: dict[int, list[int]] = {}
         hit_tokens, hits = 0, [[] for _ in self.managers]
@@ -382,7 +377,7 @@ class KVCacheManager(BulkDecode):
             hit_tokens += self._list_host_loads(
                 request_id, blocks[0].table, len(hits[0]), host_blocks, hashes
             )
-        self._requests[request_id] = KVRequest(tokens, hit_tokens, blocks, hashes, n, view)
+        self._requests[request_id] = KVRequest(tokens, hit_tokens, blocks, hashes)
         if self.enable_prefix_caching:
             self.prefix_cache_queries += n
             self.prefix_cache_hits += hit_tokens
@@ -420,57 +415,43 @@ class KVCacheManager(BulkDecode):
         req.num_computed = num
         for manager, rec in zip(self.managers, req.blocks, strict=True):
             if self.enable_prefix_caching and manager.caches_blocks:
-                keys = req.hashes.setdefault(manager.block_size, [])
+                keys = req.block_hashes.setdefault(manager.block_size, [])
                 extend_block_hashes(
                     keys, tokens, manager.block_size, num // manager.block_size, self.block_hasher
                 )
                 manager.cache_blocks(rec, keys, tokens, num)
             manager.remove_skipped_blocks(rec, num)
 
-    def append_token(self, request_id: Hashable, token_id: int | None = None) -> tuple[BlockCopy | None, ...]:
-        """Make room for one decode token in every group: `token_id`, or for a `view` request the next token of
-        its list (already appended by its owner; `token_id` not needed). Returns, per group, the copy-on-write
-        `BlockCopy(src, dst)` whose K/V the caller copies before writing (the last block was shared after a
-        fork), or None. Raises UnknownSequenceError, InvalidArgumentError or OutOfBlocksError with nothing
-        changed."""
+    def append_token(self, request_id: Hashable, token_id: int) -> tuple[BlockCopy | None, ...]:
+        """Make room for one decode token `token_id` in every group (the request appends it to its tokens).
+        Returns, per group, the copy-on-write `BlockCopy(src, dst)` whose K/V the caller copies before writing
+        (the last block was shared after a fork), or None. Raises UnknownSequenceError, InvalidArgumentError or
+        OutOfBlocksError with nothing changed."""
         req = self._request(request_id)
+        check_kv_token_ids(request_id, [token_id])
         old = req.num_tokens
-        if req.view:
-            if len(req.token_ids) <= old:
-                raise InvalidArgumentError(
-                    f"request {request_id!r} reads its owner's token list, which holds no token after the "
-                    f"{old:,} with room: append the token to it first"
-                )
-        else:
-            check_kv_token_ids(request_id, [token_id])
         needed = sum(
             m.num_blocks_to_append(rec, old, old + 1)
             for m, rec in zip(self.managers, req.blocks, strict=True)
         )
         self._check_room(needed, f"one more token for request {request_id!r}")
-        if not req.view:
-            req.token_ids.append(token_id)
+        req.token_ids.append(token_id)
         req.num_tokens = old + 1
         return tuple(
             m.append_slots(rec, old, old + 1) for m, rec in zip(self.managers, req.blocks, strict=True)
         )
 
-    def fork(self, parent_id: Hashable, child_id: Hashable, token_ids: list[int] | None = None) -> None:
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """A new request `child_id` sharing every block `parent_id` holds in every group (ref counts + 1), with
-        the parent's tokens and computed count; the first of them to write a shared last block copies it.
-        token_ids: the child's own token list to read (a `view` request; it starts with the parent's tokens),
-        else the child keeps a copy of the parent's. Raises UnknownSequenceError (parent) or
-        DuplicateSequenceError (child) with nothing changed."""
+        copies of the parent's tokens, block hashes and computed count; the first of them to write a shared last
+        block copies it. Raises UnknownSequenceError (parent) or DuplicateSequenceError (child) with nothing
+        changed."""
         parent = self._request(parent_id)
         if child_id in self._requests:
             raise DuplicateSequenceError(f"cannot fork into {child_id!r}: that request already exists")
         blocks = tuple(m.fork(parent_id, child_id) for m in self.managers)
-        hashes = {bs: list(keys) for bs, keys in parent.hashes.items()}
-        view = token_ids is not None
-        tokens = token_ids if view else list(parent.token_ids[: parent.num_tokens])
-        self._requests[child_id] = KVRequest(
-            tokens, parent.num_computed, blocks, hashes, parent.num_tokens, view
-        )
+        hashes = {bs: list(keys) for bs, keys in parent.block_hashes.items()}
+        self._requests[child_id] = KVRequest(list(parent.token_ids), parent.num_computed, blocks, hashes)
 
     def free(self, request_id: Hashable) -> None:
         """End the request: every block it holds loses a reference, last to first in each group; blocks at 0
@@ -478,7 +459,7 @@ class KVCacheManager(BulkDecode):
         req = self._request(request_id)
         if self.host_tier is not None:
             per = self.host_tier.blocks_per_host_block
-            keys = req.hashes.get(self.managers[0].block_size, [])
+            keys = req.block_hashes.get(self.managers[0].block_size, [])
             full = min(len(keys), req.num_computed // self.managers[0].block_size)
             reused = self._host_reused.pop(request_id, set())
             self.host_tier.on_request_finished(keys[per - 1 : full : per], reused)
