@@ -25,9 +25,10 @@ brute-force model):
 - Counters, in tokens, as vLLM's `prefix_cache_queries` / `prefix_cache_hits`: each allocated prompt adds its
   length to queries and its hit tokens to hits (only while prefix caching is on). With a host tier,
   `prefix_cache_hits` counts both tiers, `gpu_cache_hits` + `host_cache_hits` == `prefix_cache_hits`.
-- Host tier (`host_tier`, vLLM's native CPU offloading; one full-attention group with prefix caching on): the
-  pool offers every computed chain to it (`BlockPool.offload`); a prompt's hit is the pool's longest hit, then
-  the tier's consecutive run after it (never the last prompt token). The host-hit blocks take new GPU blocks,
+- Host tier (`host_tier`: the pool's hook, `core.kv.block_pool.PoolHook`, e.g. `HostTier`, vLLM's native CPU
+  offloading; one full-attention group with prefix caching on): the pool tells it of every computed chain and
+  every eviction; a prompt's hit is the pool's longest hit, then the tier's consecutive run after it
+  (`BlockPool.lookup_external`; never the last prompt token). The host-hit blocks take new GPU blocks,
   count as computed, and are listed as `HostLoad(src, dst)` by `take_host_loads()`, which the executor copies
   before the request's first step (as it copies a `BlockCopy`). They enter the pool's prefix cache at the next
   `mark_computed`.
@@ -40,10 +41,10 @@ from math import lcm
 from core.common import check_int
 from core.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
 from core.kv.block_hash import event_block_hash, extend_block_hashes, hash_block_tokens
-from core.kv.block_pool import BlockPool
+from core.kv.block_pool import BlockPool, PoolHook
 from core.kv.bulk_decode import BulkDecode
 from core.kv.events import KVEvent
-from core.kv.host_tier import HostLoad, HostTier
+from core.kv.host_tier import HostLoad
 from core.kv.request import KVRequest, check_kv_token_ids
 from core.kv.single_type_manager import (
     BlockCopy,
@@ -74,7 +75,7 @@ class KVCacheManager(BulkDecode):
         *,
         enable_prefix_caching: bool = False,
         enable_kv_cache_events: bool = False,
-        host_tier: HostTier | None = None,
+        host_tier: PoolHook | None = None,
         block_hasher=hash_block_tokens,
     ):
         groups = tuple(groups)
@@ -99,13 +100,15 @@ class KVCacheManager(BulkDecode):
         self.host_tier = self._check_host_tier(host_tier)
         self._host_loads: list[HostLoad] = []
         self._host_reused: dict[Hashable, set[int]] = {}  # request -> host keys it loaded
-        self.pool.offload = self.host_tier
+        self.pool.hook = self.host_tier
 
-    def _check_host_tier(self, tier: HostTier | None) -> HostTier | None:
+    def _check_host_tier(self, tier: PoolHook | None) -> PoolHook | None:
         if tier is None:
             return None
-        if not isinstance(tier, HostTier):
-            raise InvalidArgumentError(f"host_tier must be a HostTier or None, got {type(tier).__name__}")
+        if not isinstance(tier, PoolHook):
+            raise InvalidArgumentError(
+                f"host_tier must be a HostTier (or another PoolHook) or None, got {type(tier).__name__}"
+            )
         if not (self._one_full_group and self.enable_prefix_caching):
             raise InvalidArgumentError(
                 "a host tier needs prefix caching on and one full-attention KV cache group, "
@@ -142,10 +145,10 @@ class KVCacheManager(BulkDecode):
 
     def take_events(self) -> list[KVEvent]:
         """KV cache events since the last call, oldest first (always empty unless events are enabled): the
-        pool's (medium "GPU"), then the host tier's (medium "CPU") when there is one."""
+        pool's (medium "GPU"), then the pool hook's (a host tier's, medium "CPU") when there is one."""
         events = self.pool.take_events()
-        if self.host_tier is not None:
-            events.extend(self.host_tier.take_events())
+        if self.pool.hook is not None:
+            events.extend(self.pool.hook.take_events())
         return events
 
     def reset_prefix_cache(self) -> int:
@@ -365,7 +368,7 @@ class KVCacheManager(BulkDecode):
         host_blocks: list[int] = []
         if self.host_tier is not None:
             bs = self.managers[0].block_size
-            host_blocks = self.host_tier.lookup(hashes[bs], tokens, len(hits[0]), (n - 1) // bs)
+            host_blocks = self.pool.lookup_external(hashes[bs], tokens, len(hits[0]), (n - 1) // bs)
         needed = sum(m.num_blocks_to_allocate(n, h) for m, h in zip(self.managers, hits, strict=True))
         self._check_room(needed, f"request {request_id!r} ({n:,} tokens, {hit_tokens:,} cached)")
         # every group's hits first: taking new blocks must not evict a later group's free cached hit
