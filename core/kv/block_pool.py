@@ -201,6 +201,18 @@ class BlockPool:
             )
         return [self.take_one() for _ in range(count)]
 
+    def check_free(self, needed: int, what: str, *args, free: int | None = None) -> None:
+        """Raise OutOfBlocksError ("out of KV blocks: {what % args} {needed} new blocks, ...", the message made
+        only then) unless `needed` blocks are free (`free`: the count to compare with, default
+        `num_free_blocks`). Changes nothing."""
+        free = self.num_free_blocks if free is None else free
+        if needed > free:
+            raise OutOfBlocksError(
+                f"out of KV blocks: {what % args if args else what} {needed:,} new blocks, {free:,} of {self.num_blocks:,} free",
+                needed=needed,
+                free=free,
+            )
+
     def take_one(self) -> int:
         """One free block with ref count 1: the oldest free uncached block, else the least recently freed
         cached block, which leaves the cache (BlockRemoved). Raises OutOfBlocksError when none is free."""
