@@ -34,10 +34,6 @@ class PrefixCacheStats:
     evictions_tokens: int = 0
 
     @property
-    def misses_tokens(self) -> int:
-        return self.queries_tokens - self.hits_tokens
-
-    @property
     def misses_blocks(self) -> int:
         return self.queries_blocks - self.hits_blocks
 
