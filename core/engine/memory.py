@@ -6,9 +6,10 @@ pool, the tables and the snapshot are `core.kv`'s.
 Invariants:
 - A live sequence `s` is a request of the manager (request id = `s.seq_id`) with room for `s.num_allocated`
   tokens: its prompt (and, after a recompute preemption, its earlier output) from admission, and one more token
-  per decode step, appended just before the step computes it. The manager reads the sequence's own token list
-  (`allocate(..., view=True)`): the tokens are held once, validated once where the request was made
-  (`core.engine.requests`), and a decode step only says that the list's next token now has room.
+  per decode step, appended just before the step computes it. The manager's request owns a copy of the tokens it
+  has room for (`allocate` copies the sequence's list; `grow` appends the sequence's next token,
+  `seq.token_ids[seq.num_allocated]`; a fork copies the parent's), so both lists hold the same first
+  `num_allocated` tokens.
 - Caching on compute: `mark_computed(s, stop)` tells the manager the K/V of tokens [0, stop) are written; only
   then do their full blocks enter the prefix cache, so a prefix-cache hit is always computed K/V (what a
   `ready[]` bitmap once guarded). The manager's computed count equals `s.num_computed`.
@@ -153,7 +154,7 @@ class EngineMemory:
         hit_tokens = 0
         plan = []
         for seq in self._to_allocate(group):
-            hits = mgr.allocate(seq.seq_id, seq.token_ids, view=True)  # the manager reads the sequence's list
+            hits = mgr.allocate(seq.seq_id, seq.token_ids)
             seq.num_allocated = len(seq.token_ids)
             seq.num_computed = hits
             hit_tokens += hits
@@ -161,7 +162,7 @@ class EngineMemory:
         if not group.started_sampling:
             first = group.seqs[0]
             for child in group.seqs[1:]:
-                mgr.fork(first.seq_id, child.seq_id, child.token_ids)
+                mgr.fork(first.seq_id, child.seq_id)
                 child.num_allocated, child.num_computed = first.num_allocated, first.num_computed
         group.prefill_plan = plan
         group.prefill_owners = [] if group.started_sampling else list(group.seqs)
@@ -200,7 +201,7 @@ class EngineMemory:
             if child is None:
                 self.free_seq(seq)
             else:
-                self.manager.fork(seq.seq_id, child.seq_id, child.token_ids)
+                self.manager.fork(seq.seq_id, child.seq_id)
         group.kv_changes.clear()
 
     def grow(self, groups: list, steps: int) -> None:
@@ -210,7 +211,8 @@ class EngineMemory:
             raise InvalidArgumentError("the engine grows one decode step at a time")
         for group in groups:
             for seq in group.seqs:
-                cows = [c for c in self.manager.append_token(seq.seq_id) if c is not None]  # its last token
+                token = seq.token_ids[seq.num_allocated]  # its last sampled token
+                cows = [c for c in self.manager.append_token(seq.seq_id, token) if c is not None]
                 if cows:
                     self.cache.copy_blocks(cows)
                     self.cow_log += [(group.request_id, seq.seq_id, *cow) for cow in cows]

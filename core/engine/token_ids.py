@@ -5,8 +5,8 @@ and the HTTP server (`core.serve.protocol`, from a JSON body). Both call `check_
 as a `CheckedTokenIds` (a tuple of Python ints, tagged with the vocabulary size they were checked against).
 The engine takes a `CheckedTokenIds` of its own vocabulary as it is, so ids the server checked are not checked
 again; anything else given to the engine (a list, a numpy array, ids checked against another vocabulary) is
-checked there. Below the engine nothing checks token ids again (the KV cache manager reads the engine's
-sequences as views; its own `core.kv.request.check_token_ids` guards only direct callers of the KV core).
+checked there. Below the engine nothing checks them against a vocabulary again (the KV core's
+`core.kv.request.check_kv_token_ids` only checks that they are integers, as it copies them).
 
 The rule: a list (any iterable but text, bytes or a mapping) of integers (Python or numpy, never bool), each in
 [0, vocab_size); at most `max_len` of them when given; at least one unless `allow_empty`. A bad list raises

@@ -8,17 +8,18 @@
 - `events`: vLLM's KV cache events (BlockStored, BlockRemoved, AllBlocksCleared) and their msgpack wire format.
 - `block_hash`: the chained prefix-cache key of a full block.
 - `block_pool`: `BlockPool`, the one pool of block ids for every group: free queues, ref counts, the prefix
-  cache, the event queue.
+  cache, the event queue; `PoolHook`, its connector seam (what enters and leaves the cache, external lookups).
 - `single_type_manager`: one group's block tables by layer kind (full, sliding window, chunked local, Mamba).
 - `kv_cache_manager`: `KVCacheManager`, every group of a model over one pool: allocate, mark_computed,
   append_token, fork (copy-on-write), free, block_ids.
-- `host_tier`: `HostTier`, the host-memory tier behind the pool (vLLM's native CPU offloading): its capacity
+- `host_tier`: `HostTier`, the host-memory tier behind the pool (vLLM's native CPU offloading; the pool's
+  `PoolHook`): its capacity
   by vLLM's arithmetic (`host_tier_num_blocks`), stores as blocks are computed, LRU / ARC eviction, the
   `HostLoad` copies a host hit lists for the executor, events with medium "CPU".
 - `snapshot`: `KVCacheSnapshot`, a frozen picture of a pool for plots and tests.
 """
 
-from core.kv.block_pool import BlockPool
+from core.kv.block_pool import BlockPool, PoolHook
 from core.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -57,6 +58,7 @@ __all__ = [
     "KVEventBatch",
     "MLAAttentionSpec",
     "MambaSpec",
+    "PoolHook",
     "SlidingWindowSpec",
     "decode_event_batch",
     "encode_event_batch",

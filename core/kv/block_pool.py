@@ -28,11 +28,16 @@ Invariants (checked by tests/kv against a brute-force model):
   null block; this pool has none: released table entries are -1 instead).
 - Every public method either succeeds or raises a `LabError` with the pool unchanged.
 
-The offload seam (vLLM's KV connector, here only its native host-memory backend): `offload` is None or a
-`core.kv.host_tier.HostTier`. When set, every chain `cache_blocks` registers (newly computed full blocks, those
-whose hash was cached already included) is offered to it afterwards: the tier stores what it does not hold, so
-it is inclusive of HBM. Evicting a block here does not store it (vLLM stores as blocks are produced, not on
-eviction). The lookup side is `KVCacheManager`'s: a hit continues from this pool's longest hit into the tier.
+The connector seam (vLLM's KV connector, `vllm/distributed/kv_transfer/kv_connector/v1/base.py`, whose native
+host-memory backend is `core.kv.host_tier.HostTier`): `hook` is None or a `PoolHook`, told of what enters and
+what leaves the prefix cache and asked for blocks the pool does not hold:
+- `on_stored`: every chain `cache_blocks` registers (newly computed full blocks, those whose hash was cached
+  already included) is offered afterwards (vLLM stores as blocks are produced: the host tier is inclusive).
+- `on_evicted`: a cached block whose slot is taken (the BlockRemoved moment) hands over its hash, parent and
+  tokens, so what eviction drops can be stored elsewhere (the host tier ignores it: it stored the block already).
+- `lookup_external`: the pool's caller (`KVCacheManager.allocate`) continues a prompt's longest pool hit with
+  the hook's consecutive run after it (the blocks it holds, which the executor then loads).
+The hook sees blocks and keys only; it never changes the pool.
 """
 
 from collections import OrderedDict, deque
@@ -46,9 +51,43 @@ from core.kv.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStor
 from core.kv.specs import KVCacheSpec, SlidingWindowSpec
 
 
+class PoolHook:
+    """The pool's connector seam (module docstring): a second tier behind the pool subclasses it and overrides
+    what it needs; every method does nothing by default. `block_size`: the GPU block size it stores (the
+    pool's); `blocks_per_host_block`: GPU blocks per block of its own (a lookup returns its own block ids)."""
+
+    block_size = 0
+    blocks_per_host_block = 1
+
+    def on_stored(
+        self, hashes: Sequence[int], parent_hash: int | None, token_ids: Sequence[int], first_block: int
+    ) -> object:
+        """A chain of newly computed full blocks entered the pool's cache: block `first_block + i` of its
+        request has chained hash `hashes[i]` (parent `hashes[i-1]`, `parent_hash` for i = 0) and tokens
+        `token_ids[i*B:(i+1)*B]`."""
+
+    def on_evicted(self, group: int, block_hash: int, parent_hash: int | None, tokens: tuple) -> None:
+        """A free cached block of `group` left the pool's cache because its slot was taken."""
+
+    def lookup(
+        self, hashes: Sequence[int], token_ids: Sequence[int], start: int, max_blocks: int
+    ) -> list[int]:
+        """This tier's blocks holding the consecutive run of full blocks `start` .. (at most) `max_blocks` - 1 of
+        the prompt whose chained hashes are `hashes`; changes nothing."""
+        return []
+
+    def on_request_finished(self, keys: Sequence[int], reused: set[int]) -> None:
+        """A request that stored or loaded keys `keys` (head to tail; `reused`: loaded from this tier) ended."""
+
+    def take_events(self) -> list[KVEvent]:
+        """This tier's KV events since the last call (none by default)."""
+        return []
+
+
 class BlockPool:
     """`num_blocks` block ids shared by the groups whose specs are `group_specs` (used for the events'
-    block_size, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window).
+    block_size, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window). hook: a `PoolHook` (the connector
+    seam, module docstring) or None.
 
     `ref_counts` is the pool's live list of ref counts, indexed by block id: read it, never write it.
     """
@@ -59,6 +98,7 @@ class BlockPool:
         group_specs: Sequence[KVCacheSpec],
         *,
         enable_kv_cache_events: bool = False,
+        hook: PoolHook | None = None,
     ):
         self.num_blocks = check_int(num_blocks, "num_blocks", minimum=1)
         if not group_specs:
@@ -74,7 +114,16 @@ class BlockPool:
         self._block_group: list[int] = [-1] * self.num_blocks  # the group of a cached block
         self._events: list[KVEvent] = []
         self.num_evicted_blocks = 0  # cached blocks evicted to reuse their slots, since construction
-        self.offload = None  # the offload seam: a HostTier offered each cached chain (module docstring)
+        self.hook = hook  # the connector seam (module docstring)
+
+    @property
+    def offload(self) -> PoolHook | None:
+        """The hook under its earlier name (the playground sets it)."""
+        return self.hook
+
+    @offload.setter
+    def offload(self, hook: PoolHook | None) -> None:
+        self.hook = hook
 
     # ---- counts -----------------------------------------------------------------------------------------
 
@@ -152,6 +201,18 @@ class BlockPool:
             )
         return [self.take_one() for _ in range(count)]
 
+    def check_free(self, needed: int, what: str, *args, free: int | None = None) -> None:
+        """Raise OutOfBlocksError ("out of KV blocks: {what % args} {needed} new blocks, ...", the message made
+        only then) unless `needed` blocks are free (`free`: the count to compare with, default
+        `num_free_blocks`). Changes nothing."""
+        free = self.num_free_blocks if free is None else free
+        if needed > free:
+            raise OutOfBlocksError(
+                f"out of KV blocks: {what % args if args else what} {needed:,} new blocks, {free:,} of {self.num_blocks:,} free",
+                needed=needed,
+                free=free,
+            )
+
     def take_one(self) -> int:
         """One free block with ref count 1: the oldest free uncached block, else the least recently freed
         cached block, which leaves the cache (BlockRemoved). Raises OutOfBlocksError when none is free."""
@@ -170,6 +231,8 @@ class BlockPool:
     def _evict(self, block: int) -> None:
         group = self._block_group[block]
         block_hash = self._block_hash[block]
+        if self.hook is not None:
+            self.hook.on_evicted(group, block_hash, *self._block_key[block])
         del self._cached[group][block_hash]
         self._block_hash[block] = None
         self._block_key[block] = None
@@ -248,8 +311,8 @@ class BlockPool:
         token_ids[i*B:(i+1)*B] (B = the group's block size) under hashes[i], whose parent is hashes[i-1]
         (`parent_hash` for i = 0). Blocks already cached, or whose hash the group caches already, are skipped.
         Emits one BlockStored per run of newly cached blocks. Returns how many entered the cache.
-        `first_block`: the logical index of blocks[0] in its request (the offload seam aligns host blocks on
-        it); the whole chain is then offered to `offload` when set."""
+        `first_block`: the logical index of blocks[0] in its request (a host tier aligns its blocks on it); the
+        whole chain is then offered to the hook (`on_stored`) when there is one."""
         bs = self.group_specs[group].block_size
         cache = self._cached[group]
         events = self.enable_kv_cache_events
@@ -277,9 +340,16 @@ class BlockPool:
             parent = block_hash
         if run_hashes:
             self._flush_run(group, run_hashes, run_parent, token_ids, run_start, bs)
-        if self.offload is not None:
-            self.offload.offer(hashes, parent_hash, token_ids, first_block)
+        if self.hook is not None:
+            self.hook.on_stored(hashes, parent_hash, token_ids, first_block)
         return added
+
+    def lookup_external(
+        self, hashes: Sequence[int], token_ids: Sequence[int], start: int, max_blocks: int
+    ) -> list[int]:
+        """The hook's blocks continuing a prompt's pool hit of `start` full blocks (at most up to full block
+        `max_blocks`): `PoolHook.lookup`, or [] without a hook. Changes nothing."""
+        return [] if self.hook is None else self.hook.lookup(hashes, token_ids, start, max_blocks)
 
     def _flush_run(self, group, hashes, parent, token_ids, start, bs) -> None:
         self._events.append(

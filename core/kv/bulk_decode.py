@@ -6,7 +6,6 @@ blocks-per-step question `_blocks_to_append`, and changes block tables only thro
 
 from collections.abc import Hashable, Mapping, Sequence
 
-from core.errors import InvalidArgumentError
 from core.kv.block_hash import extend_block_hashes
 from core.kv.request import KVRequest, check_kv_token_ids
 from core.kv.single_type_manager import SingleTypeKVCacheManager
@@ -76,10 +75,6 @@ class BulkDecode:
         requests = self._requests
         for request_id, new_tokens in token_ids.items():
             req = requests.get(request_id) or self._request(request_id)
-            if req.view:
-                raise InvalidArgumentError(
-                    f"request {request_id!r} reads its owner's token list: decode it with append_token"
-                )
             tokens = new_tokens if trusted else check_kv_token_ids(request_id, new_tokens)
             old = req.num_tokens
             plan.append((req, tokens, old, old + len(tokens)))
@@ -114,7 +109,7 @@ class BulkDecode:
         if not (self.enable_prefix_caching and manager.caches_blocks):
             return -1
         bs, table = manager.block_size, rec.table
-        keys = req.hashes.setdefault(bs, [])
+        keys = req.block_hashes.setdefault(bs, [])
         extend_block_hashes(keys, req.token_ids, bs, computed // bs, self.block_hasher)
         shared = -1
         if (
@@ -132,7 +127,7 @@ class BulkDecode:
         logical block `index` of the request, release it (nothing when it is not full and computed, or no block
         is free)."""
         bs, pool = manager.block_size, self.pool
-        keys = req.hashes.get(bs, [])
+        keys = req.block_hashes.get(bs, [])
         if index >= len(keys) or not pool.num_free_blocks:
             return
         block = pool.take_one()
@@ -167,7 +162,7 @@ class BulkDecode:
         """Offer the held blocks whose chained keys are known (full and computed) and not yet offered to the
         prefix cache: after `decode_steps` copied a shared last block, its copy is cached here."""
         pool, table, bs = self.pool, rec.table, manager.block_size
-        keys = req.hashes.get(bs, [])
+        keys = req.block_hashes.get(bs, [])
         full = min(len(keys), len(table))
         for index in range(rec.num_cached, full):
             if table[index] >= 0:

@@ -46,6 +46,7 @@ from typing import NamedTuple
 from core.common import check_int
 from core.errors import InvalidArgumentError
 from core.kv.block_hash import event_block_hash
+from core.kv.block_pool import PoolHook
 from core.kv.events import MEDIUM_CPU, BlockRemoved, BlockStored, KVEvent
 
 HOST_PAGE_ALIGNMENT = 4096  # vLLM rounds one host block's bytes up to the OS page size (mmap.PAGESIZE)
@@ -239,8 +240,10 @@ class _ARC:
         return [*self.t1, *self.t2]
 
 
-class HostTier:
-    """`num_blocks` host blocks of `blocks_per_host_block` GPU blocks of `block_size` tokens each.
+class HostTier(PoolHook):
+    """`num_blocks` host blocks of `blocks_per_host_block` GPU blocks of `block_size` tokens each: the pool's
+    hook (`core.kv.block_pool.PoolHook`): `on_stored` is `offer`, `lookup` answers `lookup_external`, and an
+    eviction from the pool stores nothing (the tier stored the block when it was computed).
 
     policy: "lru" or "arc". store_threshold: offers a new key needs before it is stored (< 2: every offer).
     enable_kv_cache_events: queue BlockStored / BlockRemoved with medium "CPU" (drained by `take_events`)."""
@@ -417,6 +420,8 @@ class HostTier:
                 )
         self.num_stored_blocks += len(candidates)
         return len(candidates)
+
+    on_stored = offer  # the pool's hook: every computed chain is offered as it enters the pool's cache
 
     def _record_offers(self, keys: Sequence[int]) -> None:
         """Count one offer of each key in a bounded LRU table (vLLM's `_record_accesses`): keys offered now are

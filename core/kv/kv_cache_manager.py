@@ -25,9 +25,10 @@ brute-force model):
 - Counters, in tokens, as vLLM's `prefix_cache_queries` / `prefix_cache_hits`: each allocated prompt adds its
   length to queries and its hit tokens to hits (only while prefix caching is on). With a host tier,
   `prefix_cache_hits` counts both tiers, `gpu_cache_hits` + `host_cache_hits` == `prefix_cache_hits`.
-- Host tier (`host_tier`, vLLM's native CPU offloading; one full-attention group with prefix caching on): the
-  pool offers every computed chain to it (`BlockPool.offload`); a prompt's hit is the pool's longest hit, then
-  the tier's consecutive run after it (never the last prompt token). The host-hit blocks take new GPU blocks,
+- Host tier (`host_tier`: the pool's hook, `core.kv.block_pool.PoolHook`, e.g. `HostTier`, vLLM's native CPU
+  offloading; one full-attention group with prefix caching on): the pool tells it of every computed chain and
+  every eviction; a prompt's hit is the pool's longest hit, then the tier's consecutive run after it
+  (`BlockPool.lookup_external`; never the last prompt token). The host-hit blocks take new GPU blocks,
   count as computed, and are listed as `HostLoad(src, dst)` by `take_host_loads()`, which the executor copies
   before the request's first step (as it copies a `BlockCopy`). They enter the pool's prefix cache at the next
   `mark_computed`.
@@ -40,10 +41,10 @@ from math import lcm
 from core.common import check_int
 from core.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
 from core.kv.block_hash import event_block_hash, extend_block_hashes, hash_block_tokens
-from core.kv.block_pool import BlockPool
+from core.kv.block_pool import BlockPool, PoolHook
 from core.kv.bulk_decode import BulkDecode
 from core.kv.events import KVEvent
-from core.kv.host_tier import HostLoad, HostTier
+from core.kv.host_tier import HostLoad
 from core.kv.request import KVRequest, check_kv_token_ids
 from core.kv.single_type_manager import (
     BlockCopy,
@@ -74,7 +75,7 @@ class KVCacheManager(BulkDecode):
         *,
         enable_prefix_caching: bool = False,
         enable_kv_cache_events: bool = False,
-        host_tier: HostTier | None = None,
+        host_tier: PoolHook | None = None,
         block_hasher=hash_block_tokens,
     ):
         groups = tuple(groups)
@@ -99,13 +100,15 @@ class KVCacheManager(BulkDecode):
         self.host_tier = self._check_host_tier(host_tier)
         self._host_loads: list[HostLoad] = []
         self._host_reused: dict[Hashable, set[int]] = {}  # request -> host keys it loaded
-        self.pool.offload = self.host_tier
+        self.pool.hook = self.host_tier
 
-    def _check_host_tier(self, tier: HostTier | None) -> HostTier | None:
+    def _check_host_tier(self, tier: PoolHook | None) -> PoolHook | None:
         if tier is None:
             return None
-        if not isinstance(tier, HostTier):
-            raise InvalidArgumentError(f"host_tier must be a HostTier or None, got {type(tier).__name__}")
+        if not isinstance(tier, PoolHook):
+            raise InvalidArgumentError(
+                f"host_tier must be a HostTier (or another PoolHook) or None, got {type(tier).__name__}"
+            )
         if not (self._one_full_group and self.enable_prefix_caching):
             raise InvalidArgumentError(
                 "a host tier needs prefix caching on and one full-attention KV cache group, "
@@ -142,10 +145,10 @@ class KVCacheManager(BulkDecode):
 
     def take_events(self) -> list[KVEvent]:
         """KV cache events since the last call, oldest first (always empty unless events are enabled): the
-        pool's (medium "GPU"), then the host tier's (medium "CPU") when there is one."""
+        pool's (medium "GPU"), then the pool hook's (a host tier's, medium "CPU") when there is one."""
         events = self.pool.take_events()
-        if self.host_tier is not None:
-            events.extend(self.host_tier.take_events())
+        if self.pool.hook is not None:
+            events.extend(self.pool.hook.take_events())
         return events
 
     def reset_prefix_cache(self) -> int:
@@ -198,8 +201,7 @@ class KVCacheManager(BulkDecode):
         return self._request(request_id).num_computed
 
     def token_ids(self, request_id: Hashable) -> list[int]:
-        req = self._request(request_id)
-        return list(req.token_ids[: req.num_tokens])
+        return list(self._request(request_id).token_ids)
 
     def blocks_needed(self, num_tokens: int, num_seqs: int = 1, num_shared_tokens: int | None = None) -> int:
         """Free blocks a new request takes over all groups, counting no prefix-cache hits: `num_seqs` sequences
@@ -349,19 +351,15 @@ class KVCacheManager(BulkDecode):
                 free=free,
             )
 
-    def allocate(self, request_id: Hashable, token_ids: Sequence[int], *, view: bool = False) -> int:
+    def allocate(self, request_id: Hashable, token_ids: Sequence[int]) -> int:
         """Make room for a new request's whole prompt in every group. Returns how many leading prompt tokens the
         prefix cache served (0 without caching): their blocks are shared, their K/V need no prefill, and they
-        count as computed. Raises DuplicateSequenceError, InvalidArgumentError (empty prompt, non-integer
-        token) or OutOfBlocksError, with nothing changed.
-
-        view: `token_ids` is the request's own token list (the engine's `Sequence.token_ids`), validated where it
-        was made and read here, not copied or checked again: the caller appends each new token to it before
-        `append_token` and never changes the tokens the manager has room for. Without it the manager keeps a
-        checked copy."""
+        count as computed. The request keeps its own checked copy of `token_ids`. Raises
+        DuplicateSequenceError, InvalidArgumentError (empty prompt, non-integer token) or OutOfBlocksError, with
+        nothing changed."""
         if request_id in self._requests:
             raise DuplicateSequenceError(f"request {request_id!r} already exists; free it or choose a new id")
-        tokens = token_ids if view else check_kv_token_ids(request_id, token_ids)
+        tokens = check_kv_token_ids(request_id, token_ids)
         n = len(tokens)
         hashes: dict[int, list[int]] = {}
         hit_tokens, hits = 0, [[] for _ in self.managers]
@@ -370,7 +368,7 @@ class KVCacheManager(BulkDecode):
         host_blocks: list[int] = []
         if self.host_tier is not None:
             bs = self.managers[0].block_size
-            host_blocks = self.host_tier.lookup(hashes[bs], tokens, len(hits[0]), (n - 1) // bs)
+            host_blocks = self.pool.lookup_external(hashes[bs], tokens, len(hits[0]), (n - 1) // bs)
         needed = sum(m.num_blocks_to_allocate(n, h) for m, h in zip(self.managers, hits, strict=True))
         self._check_room(needed, f"request {request_id!r} ({n:,} tokens, {hit_tokens:,} cached)")
         # every group's hits first: taking new blocks must not evict a later group's free cached hit
@@ -382,7 +380,7 @@ class KVCacheManager(BulkDecode):
             hit_tokens += self._list_host_loads(
                 request_id, blocks[0].table, len(hits[0]), host_blocks, hashes
             )
-        self._requests[request_id] = KVRequest(tokens, hit_tokens, blocks, hashes, n, view)
+        self._requests[request_id] = KVRequest(tokens, hit_tokens, blocks, hashes)
         if self.enable_prefix_caching:
             self.prefix_cache_queries += n
             self.prefix_cache_hits += hit_tokens
@@ -420,57 +418,43 @@ class KVCacheManager(BulkDecode):
         req.num_computed = num
         for manager, rec in zip(self.managers, req.blocks, strict=True):
             if self.enable_prefix_caching and manager.caches_blocks:
-                keys = req.hashes.setdefault(manager.block_size, [])
+                keys = req.block_hashes.setdefault(manager.block_size, [])
                 extend_block_hashes(
                     keys, tokens, manager.block_size, num // manager.block_size, self.block_hasher
                 )
                 manager.cache_blocks(rec, keys, tokens, num)
             manager.remove_skipped_blocks(rec, num)
 
-    def append_token(self, request_id: Hashable, token_id: int | None = None) -> tuple[BlockCopy | None, ...]:
-        """Make room for one decode token in every group: `token_id`, or for a `view` request the next token of
-        its list (already appended by its owner; `token_id` not needed). Returns, per group, the copy-on-write
-        `BlockCopy(src, dst)` whose K/V the caller copies before writing (the last block was shared after a
-        fork), or None. Raises UnknownSequenceError, InvalidArgumentError or OutOfBlocksError with nothing
-        changed."""
+    def append_token(self, request_id: Hashable, token_id: int) -> tuple[BlockCopy | None, ...]:
+        """Make room for one decode token `token_id` in every group (the request appends it to its tokens).
+        Returns, per group, the copy-on-write `BlockCopy(src, dst)` whose K/V the caller copies before writing
+        (the last block was shared after a fork), or None. Raises UnknownSequenceError, InvalidArgumentError or
+        OutOfBlocksError with nothing changed."""
         req = self._request(request_id)
+        check_kv_token_ids(request_id, [token_id])
         old = req.num_tokens
-        if req.view:
-            if len(req.token_ids) <= old:
-                raise InvalidArgumentError(
-                    f"request {request_id!r} reads its owner's token list, which holds no token after the "
-                    f"{old:,} with room: append the token to it first"
-                )
-        else:
-            check_kv_token_ids(request_id, [token_id])
         needed = sum(
             m.num_blocks_to_append(rec, old, old + 1)
             for m, rec in zip(self.managers, req.blocks, strict=True)
         )
         self._check_room(needed, f"one more token for request {request_id!r}")
-        if not req.view:
-            req.token_ids.append(token_id)
+        req.token_ids.append(token_id)
         req.num_tokens = old + 1
         return tuple(
             m.append_slots(rec, old, old + 1) for m, rec in zip(self.managers, req.blocks, strict=True)
         )
 
-    def fork(self, parent_id: Hashable, child_id: Hashable, token_ids: list[int] | None = None) -> None:
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """A new request `child_id` sharing every block `parent_id` holds in every group (ref counts + 1), with
-        the parent's tokens and computed count; the first of them to write a shared last block copies it.
-        token_ids: the child's own token list to read (a `view` request; it starts with the parent's tokens),
-        else the child keeps a copy of the parent's. Raises UnknownSequenceError (parent) or
-        DuplicateSequenceError (child) with nothing changed."""
+        copies of the parent's tokens, block hashes and computed count; the first of them to write a shared last
+        block copies it. Raises UnknownSequenceError (parent) or DuplicateSequenceError (child) with nothing
+        changed."""
         parent = self._request(parent_id)
         if child_id in self._requests:
             raise DuplicateSequenceError(f"cannot fork into {child_id!r}: that request already exists")
         blocks = tuple(m.fork(parent_id, child_id) for m in self.managers)
-        hashes = {bs: list(keys) for bs, keys in parent.hashes.items()}
-        view = token_ids is not None
-        tokens = token_ids if view else list(parent.token_ids[: parent.num_tokens])
-        self._requests[child_id] = KVRequest(
-            tokens, parent.num_computed, blocks, hashes, parent.num_tokens, view
-        )
+        hashes = {bs: list(keys) for bs, keys in parent.block_hashes.items()}
+        self._requests[child_id] = KVRequest(list(parent.token_ids), parent.num_computed, blocks, hashes)
 
     def free(self, request_id: Hashable) -> None:
         """End the request: every block it holds loses a reference, last to first in each group; blocks at 0
@@ -478,7 +462,7 @@ class KVCacheManager(BulkDecode):
         req = self._request(request_id)
         if self.host_tier is not None:
             per = self.host_tier.blocks_per_host_block
-            keys = req.hashes.get(self.managers[0].block_size, [])
+            keys = req.block_hashes.get(self.managers[0].block_size, [])
             full = min(len(keys), req.num_computed // self.managers[0].block_size)
             reused = self._host_reused.pop(request_id, set())
             self.host_tier.on_request_finished(keys[per - 1 : full : per], reused)

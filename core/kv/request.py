@@ -1,5 +1,6 @@
-"""One request of `KVCacheManager`: its tokens (or a view of its owner's list), computed count, per-group block
-tables and chained block keys; and the token-id check of the KV core's public entry points."""
+"""One request of `KVCacheManager`: the tokens it has room for, its computed count, per-group block tables and
+chained block keys (vLLM's `request.block_hashes`), all its own; and the token-id check of the KV core's public
+entry points."""
 
 from collections.abc import Hashable, Sequence
 
@@ -10,27 +11,21 @@ from core.kv.single_type_manager import RequestBlocks
 
 
 class KVRequest:
-    """One request: `token_ids` (its first `num_tokens` have room; a view of the caller's own list when
-    `view`, which may already hold the next token), the computed count, one `RequestBlocks` per group, and the
-    chained block keys per block size, computed once as blocks fill."""
+    """One request, owning its state (one mode: the manager appends every token to `token_ids` itself):
+    `token_ids`, the tokens it has room for (`num_tokens == len(token_ids)`, kept as a field for the hot
+    paths), the computed count, one `RequestBlocks` per group, and `block_hashes`, the chained keys of its
+    leading full blocks per block size, computed once as blocks fill."""
 
-    __slots__ = ("blocks", "hashes", "num_computed", "num_tokens", "token_ids", "view")
+    __slots__ = ("block_hashes", "blocks", "num_computed", "num_tokens", "token_ids")
 
     def __init__(
-        self,
-        token_ids: list[int],
-        num_computed: int,
-        blocks: tuple,
-        hashes: dict[int, list[int]],
-        num_tokens: int,
-        view: bool = False,
+        self, token_ids: list[int], num_computed: int, blocks: tuple, block_hashes: dict[int, list[int]]
     ):
         self.token_ids = token_ids
-        self.num_tokens = num_tokens
-        self.view = view
+        self.num_tokens = len(token_ids)
         self.num_computed = num_computed
         self.blocks: tuple[RequestBlocks, ...] = blocks  # one per group
-        self.hashes = hashes  # block size -> chained keys of the leading full blocks
+        self.block_hashes = block_hashes  # block size -> chained keys of the leading full blocks
 
 
 _EXACT_INT = {int}
@@ -38,9 +33,9 @@ _EXACT_INT = {int}
 
 def check_kv_token_ids(request_id: Hashable, token_ids: Sequence[int]) -> list[int]:
     """`token_ids` as a non-empty list of integers, else InvalidArgumentError naming the request: the KV core's
-    own guard for a caller that hands it tokens directly (the block manager, the simulator). It knows no
+    own guard for every caller that hands it tokens (the engine, the block manager, the simulator). It knows no
     vocabulary; a request's ids are checked against one once, at the engine's or the server's edge
-    (`core.engine.token_ids.check_token_ids`), and the engine hands the KV core a view it trusts."""
+    (`core.engine.token_ids.check_token_ids`)."""
     tokens = list(token_ids)
     if tokens and set(map(type, tokens)) == _EXACT_INT:  # the common case: every id an int (no bool), in C
         return tokens

@@ -220,6 +220,34 @@ class SingleTypeKVCacheManager:
         cow = tail >= 0 and self.pool.ref_counts[tail] > 1
         return int(cow) + self.num_new_blocks(len(rec.table), new_tokens, 0)
 
+    def num_blocks_to_write(self, rec: RequestBlocks, old_tokens: int, new_tokens: int) -> int:
+        """Free blocks needed to grow the request one token at a time from `old_tokens` to `new_tokens` when each
+        token's K/V are written at once (the block manager facade): before the token at position p takes room,
+        the blocks no token from p on reads (`num_skipped_blocks(p)`) are released, freeing those this request
+        alone holds. The most blocks short at any take (0 for no token; `num_blocks_to_append` when nothing is
+        skipped): the same order of releases and takes as `BlockManager.append_token`, token by token.
+
+        Worked example, block size 2, window 4, a table of 3 blocks (6 tokens) shared with a fork: token 6
+        releases block 0 (its fork still holds it, nothing is freed) and takes a block: 1 needed."""
+        if new_tokens <= old_tokens:
+            return 0
+        if not self.skips_tokens:
+            return self.num_blocks_to_append(rec, old_tokens, new_tokens)
+        ref_counts, table, bs = self.pool.ref_counts, rec.table, self.block_size
+        refs = {i: ref_counts[table[i]] for i in range(rec.first_held, len(table))}
+        held, short, most = rec.first_held, 0, 0
+        shared_tail = old_tokens % bs and ref_counts[table[-1]] > 1  # copied by the first token
+        starts = range(-(-old_tokens // bs) * bs, new_tokens, bs)  # the tokens that start a block
+        for p in [old_tokens, *starts] if shared_tail else starts:
+            skip = self.num_skipped_blocks(p)
+            for index in range(held, skip):  # released before the token at p
+                short -= refs.pop(index) == 1
+            held = max(held, skip)
+            short += 1  # the token at p takes a block (a new one, or its copy of the shared tail)
+            most = max(most, short)
+            refs[p // bs] = 1
+        return most
+
     # ---- changes ------------------------------------------------------------------------------------------
 
     def save_hits(

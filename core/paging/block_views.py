@@ -34,10 +34,6 @@ class PrefixCacheStats:
     evictions_tokens: int = 0
 
     @property
-    def misses_tokens(self) -> int:
-        return self.queries_tokens - self.hits_tokens
-
-    @property
     def misses_blocks(self) -> int:
         return self.queries_blocks - self.hits_blocks
 
@@ -45,18 +41,3 @@ class PrefixCacheStats:
     def hit_rate(self) -> float:
         """Hits / queries in tokens; 0.0 before the first query."""
         return self.hits_tokens / self.queries_tokens if self.queries_tokens else 0.0
-
-
-@dataclass(slots=True)
-class PrefixCacheCounters:
-    """The manager's mutable prefix-cache counters; `PrefixCacheStats` is the frozen copy handed out."""
-
-    queries_tokens: int = 0
-    hits_tokens: int = 0
-    queries_blocks: int = 0
-    hits_blocks: int = 0
-    evictions_blocks: int = 0
-    evictions_tokens: int = 0
-
-    def frozen(self) -> PrefixCacheStats:
-        return PrefixCacheStats(**{name: getattr(self, name) for name in self.__slots__})

@@ -101,8 +101,9 @@ def test_the_step_reads_schedule_run_postprocess(name):
         assert "self.runner.execute(step)" in inspect.getsource(EngineExecutor.execute)
 
 
-def test_a_sequences_tokens_are_held_once():
-    """The KV cache manager reads each live sequence's own token list (no second copy kept in step by hand)."""
+def test_a_sequences_kv_request_owns_the_same_tokens():
+    """One mode (issue 37): the KV cache manager's request owns its tokens (a copy made at admission, a fork, and
+    each `grow`), and they stay the sequence's first `num_allocated` tokens through sampling, forks and beams."""
     engine = _engine()
     engine.add_request([1, 2, 3, 4, 5], SamplingParams(6, n=2, temperature=1.0, seed=0, ignore_eos=True))
     engine.add_request([9, 8, 7], SamplingParams(6, beam_width=2, ignore_eos=True))
@@ -110,7 +111,7 @@ def test_a_sequences_tokens_are_held_once():
     while engine.has_unfinished_requests():
         engine.step()
         for seq in engine.memory.live_seqs():
-            assert engine.manager._requests[seq.seq_id].token_ids is seq.token_ids
+            assert engine.manager.token_ids(seq.seq_id) == seq.token_ids[: seq.num_allocated]
             assert engine.manager.num_tokens(seq.seq_id) == seq.num_allocated
             checked += 1
     assert checked > 10

@@ -11,6 +11,7 @@ import pytest
 from core.engine.memory import EngineMemory
 from core.errors import InvalidArgumentError
 from core.kv import BlockCopy, KVCacheBlocks
+from core.kv.block_hash import hash_block_tokens
 from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.single_type_manager import SingleTypeKVCacheManager
 from core.kv.specs import FullAttentionSpec, SlidingWindowSpec
@@ -140,30 +141,33 @@ def test_blocks_needed_worked_example():
     assert isinstance(tables, KVCacheBlocks) and tables.num_held == kv.num_held_blocks("p") == (3,)
 
 
-def test_a_view_request_reads_its_owners_tokens():
-    """`allocate(..., view=True)`: the manager reads the caller's list (tokens held once), hashes it as blocks
-    fill, and a decode only says the list's next token has room."""
+def test_a_request_owns_its_tokens_and_block_hashes():
+    """One mode (vLLM's request with its `block_hashes`): `allocate` keeps a checked copy of the prompt, every
+    decode token is given to `append_token` (checked), a fork copies the parent's tokens and hashes, and a
+    later change to the caller's list changes nothing in the manager."""
     kv = KVCacheManager(
         [FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1)], 20, enable_prefix_caching=True
     )
     own = [1, 2, 3, 4, 5, 6]
-    kv.allocate("r", own, view=True)
+    kv.allocate("r", own)
+    own[0] = 99  # the caller's list is not the request's
+    own.append(7)
     kv.mark_computed("r", 6)
-    own.append(7)  # the sampled token, not in the cache yet
-    assert kv.num_tokens("r") == 6 and kv.token_ids("r") == own[:6]
-    kv.append_token("r")
-    assert kv.num_tokens("r") == 7
-    with pytest.raises(InvalidArgumentError, match="append the token"):
-        kv.append_token("r")  # the list holds no next token
-    with pytest.raises(InvalidArgumentError, match="append_token"):
-        kv.decode_steps({"r": [8]})
-    own.append(8)
-    kv.append_token("r")
-    kv.mark_computed("r", 8)  # block 1 (5..8) is full: hashed from the owner's list and cached
-    child = list(own)
-    kv.fork("r", "c", child)
-    child.append(9)
-    kv.append_token("c")
-    assert kv.token_ids("c") == [1, 2, 3, 4, 5, 6, 7, 8, 9] and kv.token_ids("r") == own
+    assert kv.num_tokens("r") == 6 and kv.token_ids("r") == [1, 2, 3, 4, 5, 6]
+    assert not hasattr(kv._request("r"), "view")
+    with pytest.raises(InvalidArgumentError, match="integers"):
+        kv.append_token("r", "7")  # checked, and nothing changed
+    assert kv.num_tokens("r") == 6
+    kv.append_token("r", 7)
+    kv.append_token("r", 8)
+    kv.mark_computed("r", 8)  # block 1 (5..8) is full: hashed from the request's own tokens and cached
+    request = kv._request("r")
+    first = hash_block_tokens(None, (1, 2, 3, 4))
+    assert request.block_hashes[4] == [first, hash_block_tokens(first, (5, 6, 7, 8))]
+    kv.fork("r", "c")
+    kv.append_token("c", 9)
+    child = kv._request("c")
+    assert child.block_hashes == request.block_hashes and child.block_hashes[4] is not request.block_hashes[4]
+    assert kv.token_ids("c") == [1, 2, 3, 4, 5, 6, 7, 8, 9] and kv.token_ids("r") == [1, 2, 3, 4, 5, 6, 7, 8]
     kv.allocate("again", [1, 2, 3, 4, 5, 6, 7, 8, 0])
-    assert kv.num_computed_tokens("again") == 8  # both full blocks hit: the hashes were the owner's tokens
+    assert kv.num_computed_tokens("again") == 8  # both full blocks hit: the hashes were the request's tokens

@@ -11,13 +11,13 @@ from core.paging.block_manager import BlockManager
 
 
 class SlowPathOnly(BlockManager):
-    """The reference: every append disarms the fast path first, so it always takes `_append_slow` (the code
-    that handled every token before the fast path existed)."""
+    """The reference: every append disarms the fast path first, so it always takes the one append path through
+    the KV core's manager (room check, copy-on-write, new block, caching)."""
 
     def append_token(self, seq_id, token_id):
         seq = self._seq(seq_id)
         seq.next_slot = seq.fast_end = 0
-        return self._append_slow(seq_id, seq, token_id)
+        return super().append_token(seq_id, token_id)
 
 
 def _same_state(a: BlockManager, b: BlockManager) -> None:
