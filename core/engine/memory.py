@@ -154,7 +154,7 @@ class EngineMemory:
         hit_tokens = 0
         plan = []
         for seq in self._to_allocate(group):
-            hits = mgr.allocate(seq.seq_id, seq.token_ids)
+            hits = mgr.allocate(seq.seq_id, seq.token_ids, trusted=True)  # checked at the engine's edge
             seq.num_allocated = len(seq.token_ids)
             seq.num_computed = hits
             hit_tokens += hits
@@ -212,7 +212,9 @@ class EngineMemory:
         for group in groups:
             for seq in group.seqs:
                 token = seq.token_ids[seq.num_allocated]  # its last sampled token
-                cows = [c for c in self.manager.append_token(seq.seq_id, token) if c is not None]
+                cows = [
+                    c for c in self.manager.append_token(seq.seq_id, token, trusted=True) if c is not None
+                ]
                 if cows:
                     self.cache.copy_blocks(cows)
                     self.cow_log += [(group.request_id, seq.seq_id, *cow) for cow in cows]

@@ -351,15 +351,16 @@ class KVCacheManager(BulkDecode):
                 free=free,
             )
 
-    def allocate(self, request_id: Hashable, token_ids: Sequence[int]) -> int:
+    def allocate(self, request_id: Hashable, token_ids: Sequence[int], trusted: bool = False) -> int:
         """Make room for a new request's whole prompt in every group. Returns how many leading prompt tokens the
         prefix cache served (0 without caching): their blocks are shared, their K/V need no prefill, and they
-        count as computed. The request keeps its own checked copy of `token_ids`. Raises
+        count as computed. The request keeps its own checked copy of `token_ids` (trusted: the caller checked them at
+        its edge, as the engine does, so they are copied unchecked: a request's ids are checked once). Raises
         DuplicateSequenceError, InvalidArgumentError (empty prompt, non-integer token) or OutOfBlocksError, with
         nothing changed."""
         if request_id in self._requests:
             raise DuplicateSequenceError(f"request {request_id!r} already exists; free it or choose a new id")
-        tokens = check_kv_token_ids(request_id, token_ids)
+        tokens = list(token_ids) if trusted else check_kv_token_ids(request_id, token_ids)
         n = len(tokens)
         hashes: dict[int, list[int]] = {}
         hit_tokens, hits = 0, [[] for _ in self.managers]
@@ -425,13 +426,16 @@ class KVCacheManager(BulkDecode):
                 manager.cache_blocks(rec, keys, tokens, num)
             manager.remove_skipped_blocks(rec, num)
 
-    def append_token(self, request_id: Hashable, token_id: int) -> tuple[BlockCopy | None, ...]:
+    def append_token(
+        self, request_id: Hashable, token_id: int, trusted: bool = False
+    ) -> tuple[BlockCopy | None, ...]:
         """Make room for one decode token `token_id` in every group (the request appends it to its tokens).
         Returns, per group, the copy-on-write `BlockCopy(src, dst)` whose K/V the caller copies before writing
         (the last block was shared after a fork), or None. Raises UnknownSequenceError, InvalidArgumentError or
-        OutOfBlocksError with nothing changed."""
+        OutOfBlocksError with nothing changed (trusted: as `allocate`'s)."""
         req = self._request(request_id)
-        check_kv_token_ids(request_id, [token_id])
+        if not trusted:
+            check_kv_token_ids(request_id, [token_id])
         old = req.num_tokens
         needed = sum(
             m.num_blocks_to_append(rec, old, old + 1)

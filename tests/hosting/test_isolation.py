@@ -1,8 +1,15 @@
-"""Two AppTest sessions acting at the same time never see each other's state."""
+"""Two AppTest sessions acting in turns from two threads never see each other's state.
+
+Each thread's actions interleave with the other's, but one AppTest run at a time: AppTest installs a process-wide
+mock Runtime for each run and removes it when the run ends (`Runtime._instance`, streamlit/testing/v1/app_test.py),
+so two runs overlapping in one process break each other ("Runtime hasn't been created!", the page half drawn).
+Sessions truly at the same time go through a real server in tests/load/test_load.py."""
 
 import threading
 
 from tests.conftest import open_app
+
+APPTEST_RUN = threading.Lock()  # one AppTest run at a time in this process (module docstring)
 
 
 def _rendered(at) -> dict:
@@ -15,9 +22,10 @@ def _rendered(at) -> dict:
 
 def _act_on_playground(at, prompt_len: int, adds: int) -> None:
     for _ in range(adds):
-        at.number_input(key="prompt_len").set_value(prompt_len)
-        at.button(key="add").click()
-        at.run()
+        with APPTEST_RUN:
+            at.number_input(key="prompt_len").set_value(prompt_len)
+            at.button(key="add").click()
+            at.run()
         assert not at.exception, at.exception
 
 
