@@ -28,7 +28,7 @@ from core.planning.predict import Deployment, Load, predict
 from core.planning.vllm_command import vllm_bench_serve_command
 from core.serve.vllm_env import find_vllm
 
-PREFIX, SUFFIX, PREFIXES, REQUESTS, OUTPUT = 256, 64, 2, 32, 4
+PREFIX, SUFFIX, PREFIXES, REQUESTS, OUTPUT = 256, 64, 2, 16, 4
 TOLERANCE = 0.02
 
 
