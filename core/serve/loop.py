@@ -111,9 +111,9 @@ class EngineLoop:
             self.steps += 1
             now = time.perf_counter()
             self._mark_scheduled(started, outputs)
+            self._update_gauges()  # before any response completes: a client that then reads /metrics sees this step
             step_tokens = sum(self._deliver(out, now) for out in outputs)
             self.metrics.iteration_tokens.observe(step_tokens)
-            self._update_gauges()
 
     def _mark_scheduled(self, started: float, outputs: list[RequestOutput]) -> None:
         """Record `started` as the scheduled time of every request the step ran for the first time."""
