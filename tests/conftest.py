@@ -52,6 +52,21 @@ def open_app(page: str | None = None, timeout: float = 120):
     return at
 
 
+def open_page_with(page: str | None, params: dict[str, str], timeout: float = 120):
+    """app.py under AppTest on `page` (None: the app's default page) with this query string, as a shared link
+    opens it; fails on an exception. The one helper the page tests' `open_*` functions call."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
+    if page is not None:
+        at.switch_page(page)
+    for key, value in params.items():
+        at.query_params[key] = value
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
 def wait_for_script_done(page, timeout_ms: float) -> None:
     """Until a rerun ends, Streamlit shows its status widget and keeps the last run's stale elements beside the new
     ones, so a button whose place moved is on the page twice; wait for the end before clicking."""

@@ -5,7 +5,7 @@ from streamlit.testing.v1 import AppTest
 
 from core.device import default_device
 from core.kernels.attention import available_backends
-from tests.conftest import ROOT, open_app
+from tests.conftest import open_app, open_page_with
 
 PAGE = "app_pages/kernels.py"
 BACKENDS = available_backends(default_device())
@@ -21,14 +21,7 @@ def _submit(at):
 
 def open_with_url(**params) -> AppTest:
     """app.py under AppTest on the Kernels page with this query string, as a shared link opens it."""
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    at.run()
-    at.switch_page(PAGE)
-    for key, value in params.items():
-        at.query_params[key] = value
-    at.run()
-    assert not at.exception, at.exception
-    return at
+    return open_page_with(PAGE, params)
 
 
 def _text(at) -> str:

@@ -8,6 +8,7 @@ import pytest
 from core.kv.block_hash import vllm_block_hashes
 from core.kv.events import BlockStored
 from core.serve.launcher import free_port
+from tests.conftest import open_page_with
 from tests.live.exposition import EngineState, vllm_exposition
 from tests.live.metrics_server import MetricsServer
 from tests.live.zmq_vllm import FakeVllmPublisher
@@ -33,17 +34,7 @@ def metrics():
 
 
 def live(params: dict[str, str]):
-    from streamlit.testing.v1 import AppTest
-
-    from tests.conftest import ROOT
-
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
-    at.switch_page(PAGE)
-    for key, value in params.items():
-        at.query_params[key] = value
-    at.run()
-    assert not at.exception, at.exception
-    return at
+    return open_page_with(PAGE, params, timeout=60)
 
 
 def rerun_until(at, done, tries=40):

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from tests.conftest import open_page_with
 from tests.live.exposition import EngineState, vllm_exposition
 from tests.live.metrics_server import MetricsServer
 from tests.live.zmq_vllm import FakeVllmPublisher
@@ -42,17 +43,7 @@ def server():
 
 
 def live(params: dict[str, str]):
-    from streamlit.testing.v1 import AppTest
-
-    from tests.conftest import ROOT
-
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
-    at.switch_page(PAGE)
-    for key, value in params.items():
-        at.query_params[key] = value
-    at.run()
-    assert not at.exception, at.exception
-    return at
+    return open_page_with(PAGE, params, timeout=60)
 
 
 def metric(at, label):

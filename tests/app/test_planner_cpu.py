@@ -6,19 +6,14 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 from core.page_models.planner_config import encode_config
+from tests.conftest import open_page_with
 from tests.planning.test_cpu_kv import SMOLLM2
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def planner(params: dict[str, str]) -> AppTest:
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    at.switch_page("app_pages/planner.py")
-    for key, value in params.items():
-        at.query_params[key] = value
-    at.run()
-    assert not at.exception, at.exception
-    return at
+    return open_page_with("app_pages/planner.py", params)
 
 
 def metric(at: AppTest, label: str) -> str:

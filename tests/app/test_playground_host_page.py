@@ -4,16 +4,11 @@ value is one plain error."""
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.conftest import ROOT
+from tests.conftest import open_page_with
 
 
 def open_with_url(**params) -> AppTest:
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    for key, value in params.items():
-        at.query_params[key] = value
-    at.run()
-    assert not at.exception, at.exception
-    return at
+    return open_page_with(None, params)
 
 
 def test_a_link_puts_a_host_tier_behind_the_pool_and_both_grids_are_drawn():

@@ -4,18 +4,12 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from core.page_models.scenarios import SCENARIOS
-from tests.conftest import ROOT, open_app
+from tests.conftest import open_app, open_page_with
 from ui.playground_url import position_from_params
 
 
 def open_with_url(**params) -> AppTest:
-    """app.py under AppTest with the given query string (the playground is the default page)."""
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    for key, value in params.items():
-        at.query_params[key] = value
-    at.run()
-    assert not at.exception, at.exception
-    return at
+    return open_page_with(None, params)
 
 
 def free_blocks_shown(at) -> int:

@@ -4,7 +4,7 @@ error each."""
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.conftest import ROOT
+from tests.conftest import open_page_with
 
 PAGE = "app_pages/simulator.py"
 SMALL = {
@@ -14,14 +14,7 @@ SMALL = {
 
 
 def open_simulator(**params) -> AppTest:
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
-    at.run()
-    at.switch_page(PAGE)
-    for key, value in params.items():
-        at.query_params[key] = value
-    at.run()
-    assert not at.exception, at.exception
-    return at
+    return open_page_with(PAGE, params, timeout=180)
 
 
 def test_a_host_tier_draws_the_prompt_tokens_by_tier():
