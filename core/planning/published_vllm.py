@@ -245,11 +245,9 @@ def prefill_fraction_of_peak(row: VllmRow) -> float:
     datasheet peak in the weights' dtype: C / (TTFT + (OSL - 1) x TPOT) requests a second, each ISL tokens at 2 x
     the parameters active per token. A benchmark whose prompts were all computed cannot exceed ~1 (no vLLM step
     reaches its GPU's peak); a high value says its prompts were (partly) served from the prefix cache."""
-    spec, gpu = MODELS[row.model], GPUS[row.gpu]
     rate = row.concurrency / (row.ttft_s + (row.osl - 1) * row.tpot_s)
-    # FP8 weights run FP8 GEMMs; bf16 and MXFP4 (dequantized to bf16 on Hopper) run bf16 ones
-    per_gpu = gpu.peak_fp8_flops if row.weight_dtype == "fp8" else gpu.peak_bf16_flops
-    return rate * row.isl * 2.0 * spec.num_params_active / (per_gpu * row.tp)
+    per_gpu = step_model(row, {}).peak_flops  # the step-time model's peak for the row's weights (FP8 or bf16)
+    return rate * row.isl * 2.0 * MODELS[row.model].num_params_active / (per_gpu * row.tp)
 
 
 class _RecordingStep:
