@@ -231,6 +231,23 @@ def _cpu_use(server: VLLMServer, since: tuple[dict[str, float], float], seconds:
     return {name: round(cores, 4) for name, cores in used.items()}
 
 
+def compare_rates(results: list, used, kv_tokens: int) -> dict:
+    """{rate: the measured and predicted percentiles, their errors, and vLLM's own figures} for each
+    (rate, fraction, requests, `vllm bench serve` result, seconds) of `results`, predicted with the fit `used`."""
+    rates = {}
+    for rate, fraction, served, result, serve_s in results:
+        measured = measured_requests(result)
+        row = compare(measured, predict(measured, used.model, kv_tokens))
+        vllm_own = {
+            k: result[k] / 1e3 for k in result if k.startswith(("p50_", "p95_", "p99_")) and k.endswith("_ms")
+        }
+        rates[f"{rate:.3f}"] = {"rate_req_per_s": rate, "fraction_of_bound": fraction, "requests": served,
+                                "completed": result["completed"], "serve_s": serve_s,
+                                "fit": used.to_dict(), "vllm_bench_serve_s": vllm_own,
+                                "vllm_output_throughput": result["output_throughput"], **row}  # fmt: skip
+    return rates
+
+
 def main(args) -> None:
     from core.engine.fetch import fetch_model, model_cache_dir
     from core.engine.hf_export import export_hf_folder
@@ -278,17 +295,7 @@ def main(args) -> None:
         log_tail = server.log_tail(3)
     fitted_on = pd.concat([before, after], ignore_index=True)
     used = first_fit if args.fit_once else fit(fitted_on, base, args.robust)
-    rates = {}
-    for rate, fraction, served, result, serve_s in results:
-        measured = measured_requests(result)
-        row = compare(measured, predict(measured, used.model, kv_tokens))
-        vllm_own = {
-            k: result[k] / 1e3 for k in result if k.startswith(("p50_", "p95_", "p99_")) and k.endswith("_ms")
-        }
-        rates[f"{rate:.3f}"] = {"rate_req_per_s": rate, "fraction_of_bound": fraction, "requests": served,
-                                "completed": result["completed"], "serve_s": serve_s,
-                                "fit": used.to_dict(), "vllm_bench_serve_s": vllm_own,
-                                "vllm_output_throughput": result["output_throughput"], **row}  # fmt: skip
+    rates = compare_rates(results, used, kv_tokens)
     keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
     worst = {k: max(r[k] for r in rates.values()) for k in keys}
     worst["max_rel_err"] = max(worst.values())
