@@ -217,3 +217,24 @@ def test_a_prompt_pool_larger_than_the_run_is_unique_prompts_and_a_small_one_ski
         row, fitted, prompt_pool=1
     )  # every prompt the same: all but the first are cache hits
     assert one[0] < 0.5 * unique[0] and one[1] <= unique[1]
+
+
+def test_request_term_adds_its_fixed_time_and_the_step_in_flight_by_hand():
+    """One client, 16 prompt / 4 output tokens: each request is a 16-token prefill step and 3 decodes at contexts
+    16, 17, 18. With the request term its TTFT gains the fixed time and, once a previous request has finished,
+    the step in flight when it arrives (the previous request's last decode, at context 18); the first round's
+    only request reaches an idle engine. The TPOT does not move; the replay re-prices it exactly."""
+    row = pv.VllmRow("tiny", "llama-3.1-70b", "h100-80gb", 8, 16, 4, 1, 1.0, 1.0)
+    steps = {"flops_efficiency": 0.35, "layer_overhead_s": 7e-5} | pv.FIXED
+    with_term = steps | {pv.REQUEST_TERM: 0.03}
+    step = pv.step_model(row, with_term)
+    assert step == pv.step_model(row, steps)  # not a step-time parameter
+    prefill = step.step_seconds(16, 0, 16 * 17 / 2)
+    last_decode = step.step_seconds(1, 18, 19)
+    first_round, steady = prefill + 0.03, prefill + 0.03 + last_decode
+    ttft = (first_round + (pv.BENCHMARK_ROUNDS - 1) * steady) / pv.BENCHMARK_ROUNDS
+    without = pv.predict_row(row, steps)
+    predicted = pv.predict_row(row, with_term)
+    assert predicted == pytest.approx((ttft, without[1]), rel=1e-9)
+    assert without[0] == pytest.approx(prefill, rel=1e-9)
+    assert pv.RowReplay(row).latencies(with_term) == pytest.approx(predicted, rel=1e-9)
