@@ -12,7 +12,8 @@ kvlimited_rms_rel_err (rows whose clients' KV footprint exceeds the cache or who
 in neither set), heldout_by_model and training_by_model ({model: {"ttft_rms_rel_err", "tpot_rms_rel_err",
 "rms_rel_err", "rows", "by_gpu"}}), the fitted values; the same errors with the stored profile
 (`core.planning.engine_profiles`, the single-model fit) and the TensorRT-LLM profile; without_term: the errors
-with one term of the cross-model step time switched off at the fitted values (which term moved which error);
+with one term of the cross-model profile switched off at the fitted values, the request-side TTFT term included
+(which term moved which error);
 single_model: the stored profile on its own split (Llama-3.1-70B, H100 training, H200 held out); and per row:
 model, gpu, weight dtype, tp, ep, isl, osl, concurrency, measured / predicted ttft and tpot (seconds), their
 errors and the set. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
@@ -60,12 +61,15 @@ def _single_model(overrides: dict) -> dict:
 
 
 def _ablations(fitted: dict) -> dict:
-    """Each term of the cross-model step time switched off at the fitted values (no refit): what it moves."""
+    """The fitted parameters with one term of the cross-model model switched off (no refit): what it moves."""
     layers = 80  # Llama-3.1-70B's layers: one fixed cost for every model, as the single-model fit had
+    without_request = {k: v for k, v in fitted.items() if k != pv.REQUEST_TERM}
+    per_layer = fitted["layer_overhead_s"]
     return {
-        "moe_expert_reads": {"moe_reads_all_experts": True},
-        "expert_flops_efficiency": {"expert_flops_efficiency": None},
-        "layer_overhead_s": {"layer_overhead_s": 0.0, "overhead_s": fitted["layer_overhead_s"] * layers},
+        "moe_expert_reads": fitted | {"moe_reads_all_experts": True},
+        "expert_flops_efficiency": fitted | {"expert_flops_efficiency": None},
+        "layer_overhead_s": fitted | {"layer_overhead_s": 0.0, "overhead_s": layers * per_layer},
+        "request_overhead_s": without_request,
     }
 
 
@@ -89,7 +93,7 @@ def main() -> None:
     baseline = _errors(pv.comparison(engine_step_defaults("trtllm")))
     errors = _errors(rows)
     single = _single_model(VLLM_STEP_DEFAULTS), _single_model(engine_step_defaults("trtllm"))
-    terms = {name: _errors(pv.comparison(fitted | change)) for name, change in _ablations(fitted).items()}
+    terms = {name: _errors(pv.comparison(overrides)) for name, overrides in _ablations(fitted).items()}
     worst = sorted(rows, key=lambda r: -max(abs(r["ttft_error"]), abs(r["tpot_error"])))
     print(json.dumps({
         "cpu": cpu_description(),

@@ -19,8 +19,8 @@ DEFAULT_ENGINE = "vllm"
 # low-concurrency TPOTs fall by the weights' read time at the datasheet bandwidth from TP 1 to TP 8 on both GPUs,
 # and the rest of the step is the fixed overhead (5.2 ms: launches, sampling, scheduling at these batch sizes).
 # Issue 40's cross-model fit (published_vllm.FIT_NAMES over Llama-3.1-70B, Qwen3-32B and gpt-oss-120b, per-layer
-# overhead and expert GEMM efficiency; docs/slo.md 2c) is not stored here: it meets neither of that issue's
-# targets yet and is worse on the 70B model than this one.
+# overhead, expert GEMM efficiency and a request-side TTFT term that predict does not price yet; docs/slo.md 2c)
+# is not stored here: it meets neither of that issue's targets yet and is worse on the 70B model than this one.
 VLLM_STEP_DEFAULTS = {
     "bandwidth_efficiency": 1.0,
     "flops_efficiency": 0.42070728149109854,

@@ -35,6 +35,12 @@ a row once, records every step's load (new tokens, keys read, attention pairs, s
 each measured request arrived, got its first token and finished in; other parameters then only re-price the
 recorded steps (numpy), exactly what simulating again gives (tests check it).
 
+Request-side latency (REQUEST_TERM, in the cross-model profile only): with an override "request_overhead_s" each
+predicted TTFT gains that fixed time (the serving front end: HTTP, tokenization, the hand-off to the engine, the
+first token's way back) plus the step in flight when the request reaches the engine (`request_latency`): a
+closed-loop client's next request arrives after the engine has scheduled the next step without it, where the
+simulator admits it at once. Without the override, TTFT is the simulator's (the stored profile's numbers).
+
 `fit_vllm` fits FIT_NAMES (FIXED held) by Gauss-Newton least squares on log(predicted / measured) of mean TTFT
 and mean TPOT over the training rows.
 
@@ -88,15 +94,19 @@ MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b")
 # fixed cost per layer per step; the weights and K/V read at the datasheet bandwidth (the single-model fit put
 # bandwidth_efficiency at its bound 1), no fixed cost beside the per-layer one and no per-token host time (the
 # single-model fit's 16.6 us per token, fixed whatever the model and TP, made an 8B model's 8,192-token
-# prefill cost 136 ms of host time alone).
-FIT_NAMES = ("flops_efficiency", "layer_overhead_s", "expert_flops_efficiency")
+# prefill cost 136 ms of host time alone), and a request-side latency (REQUEST_TERM: a fixed time per request
+# outside the steps plus the step in flight when it arrives; docs/slo.md 2c).
+FIT_NAMES = ("flops_efficiency", "layer_overhead_s", "expert_flops_efficiency", "request_overhead_s")
 FIXED = {"bandwidth_efficiency": 1.0, "overhead_s": 0.0, "per_token_overhead_s": 0.0}
 SINGLE_MODEL_FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
 # Gauss-Newton's starting point: round values near the cross-model solution (the fit is the same from 0.4 / 2e-5
 # / 0.2 in more iterations: docs/slo.md 2c).
 START = {"bandwidth_efficiency": 0.6, "flops_efficiency": 0.3, "overhead_s": 0.003,
          "per_token_overhead_s": 1e-6, "layer_overhead_s": 7e-5, "expert_flops_efficiency": 0.08,
-         "fp8_flops_ratio": 1.5}  # fmt: skip
+         "fp8_flops_ratio": 1.5, "request_overhead_s": 0.03}  # fmt: skip
+# The request-side latency (module docstring): an override of this name (not a StepTimeModel parameter) adds to
+# every TTFT the fixed time a request spends outside the engine's steps and the step in flight when it arrives.
+REQUEST_TERM = "request_overhead_s"
 
 
 @dataclass(frozen=True)
@@ -172,7 +182,23 @@ def row_set(row: VllmRow) -> str:
 
 
 def step_model(row: VllmRow, overrides: dict) -> StepTimeModel:
-    return from_specs(MODELS[row.model], GPUS[row.gpu], row.tp, row.weight_dtype, KV_DTYPE, **overrides)
+    """The row's StepTimeModel with these parameters (REQUEST_TERM, not a step parameter, left out)."""
+    step = {k: v for k, v in overrides.items() if k != REQUEST_TERM}
+    return from_specs(MODELS[row.model], GPUS[row.gpu], row.tp, row.weight_dtype, KV_DTYPE, **step)
+
+
+def request_latency(overrides: dict, durations: np.ndarray, arrival: np.ndarray):
+    """What REQUEST_TERM adds to each request's TTFT: 0 without it; with it, its fixed seconds plus the step in
+    flight when the request reaches the engine, taken as long as the step whose end the simulated request
+    arrived at (durations[arrival - 1]; nothing at arrival 0, an idle engine). A closed-loop client sends its
+    next request when the last token of its previous one reaches it: by then the engine has started the next
+    step without it (the simulator, which admits it at that step, misses this wait). The fixed part is the
+    serving front end's (HTTP, prompt tokenization, hand-off to the engine, the first token's way back).
+    durations: float64 [steps]; arrival: int64 [requests], steps ended when each request arrived."""
+    if REQUEST_TERM not in overrides:
+        return 0.0
+    in_flight = np.where(arrival > 0, durations[np.maximum(arrival - 1, 0)], 0.0)
+    return overrides[REQUEST_TERM] + in_flight
 
 
 def pool_draws(count: int, pool: int, seed: int = AIPERF_SEED) -> list[int]:
@@ -220,8 +246,8 @@ def _run(row: VllmRow, step, phase: str, prompt_pool: int | None = None):
     return result, result.requests.iloc[start:end]
 
 
-def _means(measured) -> tuple[float, float]:
-    ttft = measured["first_token_time"] - measured["arrival_time"]
+def _means(measured, extra_ttft=0.0) -> tuple[float, float]:
+    ttft = measured["first_token_time"] - measured["arrival_time"] + extra_ttft
     tpot = (measured["finish_time"] - measured["first_token_time"]) / (measured["output_len"] - 1)
     return float(ttft.mean()), float(tpot.mean())
 
@@ -237,7 +263,13 @@ def predict_row(row: VllmRow, overrides: dict, prompt_pool: int | None = None) -
     """(mean TTFT, mean TPOT) in seconds that `row`'s benchmark would measure, simulated with these parameters
     (prompt_pool: `_run`'s)."""
     step = step_model(row, overrides)
-    return benchmark_mean(*(_means(_run(row, step, phase, prompt_pool)[1]) for phase in PHASES))
+    means = []
+    for phase in PHASES:
+        result, measured = _run(row, step, phase, prompt_pool)
+        edges = np.concatenate([[0.0], result.steps["time_s"].to_numpy(np.float64)])
+        arrival = _step_index(edges, measured["arrival_time"].to_numpy(np.float64))
+        means.append(_means(measured, request_latency(overrides, np.diff(edges), arrival)))
+    return benchmark_mean(*means)
 
 
 def prefill_fraction_of_peak(row: VllmRow) -> float:
@@ -288,8 +320,9 @@ class RowReplay:
         step = step_model(self.row, overrides)
         means = []
         for loads, (arrival, first, finish) in (self.phases[p] for p in PHASES):
-            clock = np.concatenate([[0.0], np.cumsum(step.step_time(*loads[:3], output_tokens=loads[3]))])
-            ttft = clock[first] - clock[arrival]
+            durations = step.step_time(*loads[:3], output_tokens=loads[3])
+            clock = np.concatenate([[0.0], np.cumsum(durations)])
+            ttft = clock[first] - clock[arrival] + request_latency(overrides, durations, arrival)
             tpot = (clock[finish] - clock[first]) / (self.row.osl - 1)
             means.append((float(ttft.mean()), float(tpot.mean())))
         return benchmark_mean(*means)
