@@ -23,8 +23,8 @@ import statement of core (module level or inside a function), and that every `co
   (`core.serving.simulator`), latency percentiles and steady state; a step's cost is injected (a step-time
   model), never read from planning.
 - `core.planning` (imports: kv, serving): model and GPU presets, KV accounting
-  (`core.planning.kv_accounting`), capacity plans (`core.planning.plan`), the step-time model
-  (`core.planning.step_time`) and its fit, the workload what-if, the SLO search, the steady-state predictor
+  (`core.planning.memory.kv_accounting`), capacity plans (`core.planning.memory.plan`), the step-time model
+  (`core.planning.cost.step_time`) and its fit, the workload what-if, the SLO search, the steady-state predictor
   and the CLI (`python -m core.planning`). Planning drives the simulator with its step-time model; serving
   never imports planning.
 - `core.engine` (imports: kv, paging, kernels, sched, serving): a real Llama-family model run through the

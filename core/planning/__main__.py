@@ -1,5 +1,5 @@
-"""`python -m core.planning`: the capacity planner's command line (see `core.planning.cli`)."""
+"""`python -m core.planning`: the capacity planner's command line (see `core.planning.commands.capacity`)."""
 
-from core.planning.cli import main
+from core.planning.commands.capacity import main
 
 raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Steady-state predictions (`core.planning.predict`, `core.serving.steady_state`) and the predict / max-rate
+"""Steady-state predictions (`core.planning.predict.prediction`, `core.serving.steady_state`) and the predict / max-rate
 command lines, against what must hold whatever the simulator's knobs: Little's law's throughput below capacity,
 a closed loop of one client worked by hand, two seeds agreeing, and bad input exiting 2 with one line."""
 
@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.load import Load
-from core.planning.max_rate import max_rate
-from core.planning.predict import Deployment, idle_lifetime, predict
+from core.planning.predict.load import Load
+from core.planning.predict.max_rate import max_rate
+from core.planning.predict.prediction import Deployment, idle_lifetime, predict
 from core.serving.steady_state import metric_keys
 
 LLAMA = Deployment("llama-3.1-8b", "h100-80gb")
@@ -100,7 +100,7 @@ def _cli(*args):
 def _cli_here(capsys, *args) -> tuple[int, str]:
     """(exit status, stderr) of `python -m core.planning`'s main in this process (an escaping exception fails
     the test, as a traceback would)."""
-    from core.planning.cli import main
+    from core.planning.commands.capacity import main
 
     try:
         status = main(list(args))
