@@ -7,7 +7,7 @@ import pytest
 
 from core.errors import InvalidArgumentError
 from core.planning.catalog.models import ModelSpec, get_model
-from core.planning.commands.capacity import main
+from core.planning.commands.dispatch import main
 from core.planning.memory.cpu_kv import CpuKVInputs, GiB, cpu_kv_dtype, plan_cpu_kv
 
 SMOLLM2 = {  # SmolLM2-135M-Instruct's config.json (the fields the planner reads), a float32 checkpoint

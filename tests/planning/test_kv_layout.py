@@ -232,7 +232,7 @@ def test_gpt_oss_weights_are_estimated_from_mxfp4_unless_an_index_is_given():
 
 
 def test_cli_flags(tmp_path, capsys):
-    from core.planning.commands.capacity import main
+    from core.planning.commands.dispatch import main
 
     index = tmp_path / "model.safetensors.index.json"
     index.write_text('{"metadata": {"total_size": 14000000000}}')

@@ -9,7 +9,7 @@ import pytest
 from core.errors import InvalidArgumentError
 from core.planning.catalog.hardware import get_gpu
 from core.planning.catalog.models import ModelSpec
-from core.planning.commands.capacity import main
+from core.planning.commands.dispatch import main
 from core.planning.memory.offload import host_kv_tier
 from core.planning.memory.plan import plan
 

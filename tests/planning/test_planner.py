@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from core.errors import InvalidArgumentError
 from core.planning.catalog.hardware import GPUS, GPUSpec
 from core.planning.catalog.models import MODELS, ModelSpec, preset_configs
-from core.planning.commands.capacity import main
+from core.planning.commands.dispatch import main
 from core.planning.memory.kv_accounting import (
     kv_bytes_per_token,
     kv_capacity,

@@ -100,7 +100,7 @@ def _cli(*args):
 def _cli_here(capsys, *args) -> tuple[int, str]:
     """(exit status, stderr) of `python -m core.planning`'s main in this process (an escaping exception fails
     the test, as a traceback would)."""
-    from core.planning.commands.capacity import main
+    from core.planning.commands.dispatch import main
 
     try:
         status = main(list(args))

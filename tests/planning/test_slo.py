@@ -11,7 +11,7 @@ import pytest
 from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
-from core.planning.commands.capacity import main
+from core.planning.commands.dispatch import main
 from core.planning.memory.plan import plan
 from core.planning.search.slo import (
     Slo,

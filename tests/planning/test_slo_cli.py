@@ -10,7 +10,7 @@ import pytest
 
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
-from core.planning.commands.capacity import main
+from core.planning.commands.dispatch import main
 from core.planning.memory.plan import plan
 
 GPUS_ASKED = ["h100-80gb", "h200-141gb", "l40s"]

@@ -15,7 +15,7 @@ import pytest
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.catalog.models import get_model
-from core.planning.commands.capacity import main
+from core.planning.commands.dispatch import main
 from core.planning.predict.disagg import predict_disagg
 from core.planning.search.slo import (
     Slo,

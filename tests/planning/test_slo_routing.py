@@ -9,7 +9,7 @@ import json
 import pytest
 
 from core.errors import RoutingError
-from core.planning.commands.capacity import main
+from core.planning.commands.dispatch import main
 from core.planning.predict.early_stop import SEARCH_SETTINGS, verdict_decider
 from core.planning.predict.prediction import Load, predict
 from core.planning.search.slo import Slo, SloCandidates, SloWorkload, config_deployment, plan_slo

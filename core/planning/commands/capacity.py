@@ -1,7 +1,7 @@
-"""The command line: `python -m core.planning --model llama-3.1-70b --gpu h100-80gb --tp 4 --kv-dtype fp8 [--json]`,
-and `python -m core.planning slo ...` for the SLO planner (`core.planning.commands.slo_cli`). With
-`--cpu-kv-cache-space-gib G` it plans vLLM's CPU backend instead (`core.planning.memory.cpu_kv`): the blocks and tokens
-`VLLM_CPU_KVCACHE_SPACE=G` holds for the model, and that `vllm serve` command.
+"""The capacity command: `python -m core.planning --model llama-3.1-70b --gpu h100-80gb --tp 4 --kv-dtype fp8
+[--json]` (`capacity_main`; `core.planning.commands.dispatch` sends every argv without a subcommand here). With
+`--cpu-kv-cache-space-gib G` it plans vLLM's CPU backend instead (`core.planning.memory.cpu_kv`): the blocks and
+tokens `VLLM_CPU_KVCACHE_SPACE=G` holds for the model, and that `vllm serve` command.
 
 Prints the plan as an aligned table (or JSON) and the matching `vllm serve` flags; exit status 2 with the
 reason on stderr for bad input.
@@ -151,19 +151,10 @@ def _model_and_gpu(args: argparse.Namespace) -> tuple[ModelSpec, GPUSpec]:
     return model, GPUSpec.custom("custom GPU", args.gpu_memory_gib, args.gpu_bandwidth_gbps)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m core.planning`: the capacity plan, or with `slo` first the SLO planner
-    (`core.planning.commands.slo_cli`). Exit status 0, or 2 with the reason on stderr."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] in (["predict"], ["max-rate"]):
-        from core.planning.commands.predict_cli import max_rate_main, predict_main
-
-        return (predict_main if argv[0] == "predict" else max_rate_main)(argv[1:])
-    if argv[:1] == ["slo"]:
-        from core.planning.commands.slo_cli import main as slo_main
-
-        return slo_main(argv[1:])
-    args = build_parser().parse_args(argv)
+def capacity_main(argv: Sequence[str]) -> int:
+    """The capacity plan of `argv` (the flags of `build_parser`), printed. Exit status 0, or 2 with the reason on
+    stderr."""
+    args = build_parser().parse_args(list(argv))
     if args.cpu_kv_cache_space_gib is not None:
         return _cpu_main(args)
     try:
