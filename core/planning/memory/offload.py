@@ -54,7 +54,8 @@ class HostKVTier:
 
 
 def host_kv_tier(capacity, kv_offload_gib: float) -> HostKVTier:
-    """The host tier `kv_offload_gib` GiB adds to each replica of `capacity` (a `CapacityPlan`): its blocks
+    """The host tier `kv_offload_gib` GiB adds to each replica of `capacity` (a `CapacityPlan`, or the
+    `ReplicaMemory` a prediction sizes a replica with: both have the fields read here): its blocks
     from the plan's block bytes per GPU and world size tp x pp. Raises InvalidArgumentError for a bad size."""
     gib = check_offload_gib(kv_offload_gib)
     world = capacity.tensor_parallel * capacity.pipeline_parallel

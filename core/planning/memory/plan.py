@@ -11,6 +11,7 @@ its name says otherwise.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from core.common import check_int
@@ -41,10 +42,12 @@ from core.planning.memory.vllm_command import vllm_serve_command
 __all__ = [
     "CapacityPlan",
     "PlanInputs",
+    "ReplicaMemory",
     "concurrency_vs_context",
     "decode_step_estimate",
     "plan",
     "plan_from",
+    "replica_memory",
     "vllm_serve_command",
     "weight_bytes_read_per_step",
 ]
@@ -264,6 +267,47 @@ def plan_from(inputs: PlanInputs) -> CapacityPlan:
     }
     draft = CapacityPlan(**figures)  # the command is written from the plan's own figures
     return CapacityPlan(**figures, vllm_command=vllm_serve_command(draft, c.model))
+
+
+@dataclass(frozen=True)
+class ReplicaMemory:
+    """What one replica's memory holds, by a plan's own arithmetic and verdict (`plan_from` runs the same two),
+    without the rest of a `CapacityPlan` (notes, the decode roofline, `vllm serve` flags): what a prediction
+    asks. deployment: the resolved deployment it is of. The host tier (`core.planning.memory.offload.host_kv_tier`)
+    reads it as it reads a plan (tensor_parallel, pipeline_parallel, block_size, replicas, block_bytes,
+    kv_tokens)."""
+
+    deployment: ResolvedDeployment
+    fits: bool
+    verdict: str
+    num_blocks: int
+    block_bytes: int
+    kv_tokens: int
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.deployment.tensor_parallel
+
+    @property
+    def pipeline_parallel(self) -> int:
+        return self.deployment.pipeline_parallel
+
+    @property
+    def block_size(self) -> int:
+        return self.deployment.block_size
+
+    @property
+    def replicas(self) -> int:
+        return self.deployment.replicas
+
+
+def replica_memory(deployment: ResolvedDeployment) -> ReplicaMemory:
+    """Whether `deployment` fits and the KV blocks and tokens a replica holds: the plan's arithmetic and verdict
+    on the deployment already resolved (`plan_from` gives the same fits, verdict, num_blocks, block_bytes and
+    kv_tokens for the same inputs)."""
+    m = _arithmetic(deployment)
+    verdict = _verdict(deployment, m)
+    return ReplicaMemory(deployment, verdict.fits, verdict.text, m.num_blocks, m.block_bytes, m.kv_tokens)
 
 
 def concurrency_vs_context(capacity: CapacityPlan, contexts: Sequence[int]) -> list[int]:

@@ -34,6 +34,7 @@ from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
 from core.planning.cost.step_time import StepTimeModel
 from core.planning.memory.kv_accounting import kv_bytes_per_token
+from core.planning.memory.plan import replica_memory
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import Deployment, Prediction, predict, replica_steady_state
 from core.serving.latency import PERCENTILES
@@ -236,15 +237,17 @@ def predict_disagg(
         deployment.prefill, replace(load, output_len=1), step_time, settings, first, focus.get("prefill")
     )
     decode_dep = deployment.decode
-    capacity = decode_dep.memory_plan(load.max_len)
-    if not capacity.fits:
-        raise InvalidArgumentError(f"a decode worker does not fit: {capacity.verdict}")
-    cost = ArrivedKVStepTime(decode_dep.step_model(step_time))
+    resolved = decode_dep.resolve(load.max_len)
+    memory = replica_memory(resolved)
+    if not memory.fits:
+        raise InvalidArgumentError(f"a decode worker does not fit: {memory.verdict}")
+    cost = ArrivedKVStepTime(decode_dep.step_model(step_time, resolved))
     share = load.per_replica(deployment.decode_workers)
     then = None if decided is None else (lambda estimate: decided("decode", estimate, prefill))
     decode = replica_steady_state(
-        decode_dep, share, cost, int(capacity.kv_tokens), settings, then, focus.get("decode")
-    )
+        decode_dep, share, cost, memory.kv_tokens, settings, then, focus.get("decode"),
+        offload=decode_dep.host_offload(memory),
+    )  # fmt: skip
     transfer = deployment.kv_transfer_seconds(load.prompt_len)
     rate = load.rate if load.rate is not None else prefill.metrics.get("request_throughput_per_s", 0.0)
     utilization = rate / deployment.prefill_workers * transfer

@@ -6,9 +6,11 @@ holds requests back (`predict`), as `python -m core.planning predict` prints it.
     p.metrics["tpot_p99_s"], p.converged, p.to_dict()
 
 A replica of the deployment is
-1. sized by the exact planner (`core.planning.memory.plan.plan`, vLLM's memory arithmetic, max_model_len = the longest
-   request): a deployment that does not fit raises `InvalidArgumentError` with the planner's verdict;
-2. priced by the step-time model (`core.planning.cost.step_time.from_specs`) with the engine's profile
+1. resolved once (`Deployment.resolve`, max_model_len = the longest request) and sized by the exact planner's
+   arithmetic on it (`core.planning.memory.plan.replica_memory`, vLLM's memory rules; no whole `CapacityPlan`):
+   a deployment that does not fit raises `InvalidArgumentError` with the planner's verdict;
+2. priced, from the same resolved deployment, by the step-time model (`core.planning.cost.step_time.from_specs`)
+   with the engine's profile
    (`core.planning.cost.fits.engine_profiles`): each step's weights, KV traffic and FLOPs at that engine's fitted
    efficiencies and overheads;
 3. simulated (core.sched's Scheduler over the paged KV core, counted blocks) until its percentiles converge
@@ -50,7 +52,8 @@ from core.planning.memory.kv_accounting import (
     check_parallelism,
 )
 from core.planning.memory.offload import check_offload_gib, host_kv_tier, offload_flags
-from core.planning.memory.plan import CapacityPlan, plan
+from core.planning.memory.plan import CapacityPlan, PlanInputs, ReplicaMemory, plan_from, replica_memory
+from core.planning.memory.resolved import ResolvedDeployment, resolve_deployment
 from core.planning.predict.load import Load
 from core.serving.fleet import Fleet, replica_breakdown, simulate_fleet
 from core.serving.host_offload import DEFAULT_OFFLOAD_BANDWIDTH, HostOffload
@@ -119,9 +122,9 @@ class Deployment:
         HostOffload(0, self.offload_policy, check_float(self.offload_bandwidth_gbps, "offload_bandwidth_gbps",
                                                         minimum=0, exclusive_minimum=True) * 1e9)  # fmt: skip
 
-    def host_offload(self, capacity: CapacityPlan) -> HostOffload | None:
-        """The simulator's host tier for one replica of `capacity` (vLLM's arithmetic, `host_kv_tier`), None
-        without one."""
+    def host_offload(self, capacity: CapacityPlan | ReplicaMemory) -> HostOffload | None:
+        """The simulator's host tier for one replica of `capacity` (a plan, or a replica's memory: vLLM's
+        arithmetic, `host_kv_tier`), None without one."""
         if not self.kv_offload_gib:
             return None
         tier = host_kv_tier(capacity, self.kv_offload_gib)
@@ -136,9 +139,9 @@ class Deployment:
         (module docstring)."""
         return self.replicas > 1 and load.rate is not None
 
-    def memory_plan(self, max_len: int) -> CapacityPlan:
-        """The exact planner's verdict for one replica serving requests of up to `max_len` tokens."""
-        return plan(
+    def plan_inputs(self, max_len: int) -> PlanInputs:
+        """The capacity planner's inputs for one replica serving requests of up to `max_len` tokens."""
+        return PlanInputs(
             self.model_spec, self.gpu_spec, num_gpus=self.tp * self.pp, tensor_parallel=self.tp,
             pipeline_parallel=self.pp, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
             gpu_memory_utilization=self.gpu_memory_utilization, block_size=self.block_size,
@@ -146,10 +149,29 @@ class Deployment:
             max_num_batched_tokens=self.max_num_batched_tokens,
         )  # fmt: skip
 
-    def step_model(self, overrides: Mapping | None = None) -> StepTimeModel:
-        """The step-time model of one replica: the engine's profile, then `overrides` on top."""
+    def resolve(self, max_len: int) -> ResolvedDeployment:
+        """One replica serving requests of up to `max_len` tokens, resolved once (`resolve_deployment`: checked,
+        dtypes concrete, the model's KV layer specs derived): the one deployment its memory
+        (`replica_memory(resolved)`) and its step cost (`step_model(resolved=resolved)`) both read."""
+        return resolve_deployment(self.plan_inputs(max_len))
+
+    def memory_plan(self, max_len: int) -> CapacityPlan:
+        """The exact planner's whole plan for one replica serving requests of up to `max_len` tokens (verdict,
+        notes, `vllm serve` flags: what the SLO search shows); `predict` asks only `replica_memory`."""
+        return plan_from(self.plan_inputs(max_len))
+
+    def step_model(
+        self, overrides: Mapping | None = None, resolved: ResolvedDeployment | None = None
+    ) -> StepTimeModel:
+        """The step-time model of one replica: the engine's profile, then `overrides` on top. resolved: this
+        deployment resolved (`resolve`), whose model, GPU, parallelism and concrete dtypes it is priced with
+        (the same figures as the deployment's own: "auto" resolves to the same dtype either way)."""
         kwargs = engine_step_defaults(self.engine) | dict(overrides or {})
-        return from_specs(self.model_spec, self.gpu_spec, self.tp, self.weight_dtype, self.kv_dtype, self.pp,
+        if resolved is None:
+            return from_specs(self.model_spec, self.gpu_spec, self.tp, self.weight_dtype, self.kv_dtype, self.pp,
+                              **kwargs)  # fmt: skip
+        r = resolved
+        return from_specs(r.model, r.gpu, r.tensor_parallel, r.weight_dtype, r.kv_dtype, r.pipeline_parallel,
                           **kwargs)  # fmt: skip
 
     def step_cost(
@@ -275,13 +297,18 @@ def replica_steady_state(
     decided: Callable[[SteadyState], bool] | None = None,
     focus: tuple[str, ...] | None = None,
     fleet: Fleet | None = None,
+    offload: HostOffload | None = None,
 ) -> SteadyState:
     """The steady state of one replica under `load` (already its share), KV capacity `kv_tokens` slots: counted
     blocks, or block tables with prefix caching when the load's prompts share tokens; settings / decided /
     focus as `core.serving.steady_state.steady_state` takes them. fleet: instead, `load` is the whole fleet's and
-    the estimate is that of `fleet`'s replicas behind its router (`core.serving.fleet.simulate_fleet`)."""
+    the estimate is that of `fleet`'s replicas behind its router (`core.serving.fleet.simulate_fleet`). offload:
+    the replica's host tier (`Deployment.host_offload`), required when the deployment has one."""
     caching = load.uses_prefix_cache or bool(deployment.kv_offload_gib)  # a host tier runs with the cache on
-    offload = deployment.host_offload(deployment.memory_plan(load.max_len))
+    if deployment.kv_offload_gib and offload is None:
+        raise InvalidArgumentError(
+            "a deployment with a host KV tier (kv_offload_gib) needs its offload: Deployment.host_offload(memory)"
+        )
     config = SimulatorConfig(
         kv_capacity_tokens=int(kv_tokens), max_num_seqs=deployment.max_num_seqs,
         max_num_batched_tokens=deployment.max_num_batched_tokens, max_seq_len=load.max_len, step_time=step,
@@ -318,14 +345,16 @@ def predict(
     in memory."""
     if not isinstance(deployment, Deployment) or not isinstance(load, Load):
         raise InvalidArgumentError("predict needs a Deployment and a Load")
-    capacity = deployment.memory_plan(load.max_len)
-    if not capacity.fits:
-        raise InvalidArgumentError(f"the deployment does not fit: {capacity.verdict}")
+    resolved = deployment.resolve(load.max_len)
+    memory = replica_memory(resolved)
+    if not memory.fits:
+        raise InvalidArgumentError(f"the deployment does not fit: {memory.verdict}")
     routed = deployment.routes(load)
     share = load if routed else load.per_replica(deployment.replicas)
-    cost, kv_tokens = deployment.step_cost(deployment.step_model(step_time), int(capacity.kv_tokens))
+    cost, kv_tokens = deployment.step_cost(deployment.step_model(step_time, resolved), memory.kv_tokens)
     fleet = Fleet(deployment.replicas, deployment.routing, load.seed) if routed else None
-    state = replica_steady_state(deployment, share, cost, kv_tokens, settings, decided, focus, fleet)
+    offload = deployment.host_offload(memory)
+    state = replica_steady_state(deployment, share, cost, kv_tokens, settings, decided, focus, fleet, offload)
     metrics = dict(state.metrics)
     if not routed:
         for key in ("throughput_tokens_per_s", "request_throughput_per_s"):
