@@ -5,7 +5,7 @@ import streamlit as st
 from core.errors import LabError
 from core.live.history import FLEET
 from core.live.watch import LiveWatch, PollResult
-from core.planning.hardware import GPUS
+from core.planning.catalog.hardware import GPUS
 from ui.jobs import app_limits
 from ui.live_events_view import draw_events, draw_lookup
 from ui.live_figures import (

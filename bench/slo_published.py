@@ -26,8 +26,8 @@ import platform
 import time
 
 from core.kernels.cpu_isa import cpu_description
-from core.planning import published_vllm as pv
-from core.planning.engine_profiles import VLLM_STEP_DEFAULTS, engine_step_defaults
+from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.fits.engine_profiles import VLLM_STEP_DEFAULTS, engine_step_defaults
 
 TARGET = 0.25  # each held-out model's rms_rel_err (issue 40)
 TRAINING_TARGET = 0.20

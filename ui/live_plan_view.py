@@ -12,11 +12,11 @@ from core.live.poller import source_label
 from core.live.served_model import fetch_served_models
 from core.page_models.live_planned import PlanCache, ServedConfig, live_plan, served_config
 from core.page_models.planner_config import config_from_text, decode_config, encode_config, model_from_config
-from core.planning.cpu_roofline import measure_roofs
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS, ModelSpec
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS, ModelSpec
+from core.planning.cost.cpu_roofline import measure_roofs
+from core.planning.memory.plan import PlanInputs
 from core.planning.observed.compare import compare_kv_space_with_server, compare_with_server, kv_space_bytes
-from core.planning.plan import PlanInputs
 from ui.live_figures import comparison_figure, planned_observed_figure, source_colors
 from ui.live_url import NO_MODEL, LiveInputs
 from ui.url_widgets import UrlState

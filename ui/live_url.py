@@ -15,8 +15,8 @@ from core.live.addresses import check_events_endpoint, check_metrics_url
 from core.live.subscriber import DEFAULT_TOPIC
 from core.live.watch import LiveWatch, Sources
 from core.page_models.live_lookup import LOOKUP_AS
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
 from core.serve.launcher import MODELS as LAB_MODELS
 from core.serve.launcher import VLLM_CHOICE
 from ui.query_state import Field

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.page_models.slo_predict import disagg_serve_command
-from core.planning.disagg import DisaggDeployment
-from core.planning.engine_profiles import DEFAULT_ENGINE
-from core.planning.hardware import GPUS
-from core.planning.models import get_model
-from core.planning.plan import plan
-from core.planning.slo import Slo, SloCandidates, SloPlan, SloWorkload, latency_curve, plan_slo
-from core.planning.slo_eval import SloConfig
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import get_model
+from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
+from core.planning.memory.plan import plan
+from core.planning.predict.disagg import DisaggDeployment
+from core.planning.search.slo import Slo, SloCandidates, SloPlan, SloWorkload, latency_curve, plan_slo
+from core.planning.search.slo_eval import SloConfig
 
 CURVE_FACTORS = tuple(0.25 * k for k in range(1, 9))  # 0.25x, 0.5x, ..., 2x the target rate
 CHART_CONFIGS = 3  # configurations the chart draws

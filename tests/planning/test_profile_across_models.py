@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning import published_vllm as pv
-from core.planning.hardware import GPUS
-from core.planning.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
-from core.planning.models import MODELS, MODELS_JSON, estimate_num_params
-from core.planning.predict_cli import max_rate_main, predict_main
-from core.planning.step_time import expert_weight_share, from_specs
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS, MODELS_JSON, estimate_num_params
+from core.planning.commands.predict_cli import max_rate_main, predict_main
+from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.step_time import expert_weight_share, from_specs
+from core.planning.memory.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
 
 CARDS = {  # slug: (layers, KV heads, head_dim, total, active parameters on the model card)
     "qwen3-32b": (64, 8, 128, 32.8e9, 32.8e9),
@@ -174,7 +174,7 @@ def test_sliding_window_layers_read_only_their_window():
 
 
 def test_slo_takes_a_config_too(tmp_path, capsys):
-    from core.planning.slo_cli import main as slo_main
+    from core.planning.commands.slo_cli import main as slo_main
 
     raw = json.loads(MODELS_JSON.read_text())["llama-3.1-8b"]
     path = tmp_path / "eight.json"
