@@ -2,7 +2,7 @@
 
     python -m bench.slo_published
 
-The rows (`core.planning.published_vllm.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM on H100 /
+The rows (`core.planning.cost.fits.published_vllm.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM on H100 /
 H200 SXM: Llama-3.1-70B FP8, Qwen3-32B bf16, gpt-oss-120b MXFP4 (the training models) and Llama-3.1-8B FP8,
 Qwen3-235B-A22B FP8 (held out whole), mean TTFT and TPOT of closed loops at fixed lengths. Each row is simulated
 as its benchmark (`predict_row`: the lab's scheduler and KV cache, the exact planner's KV capacity, the step-time
@@ -11,7 +11,7 @@ heldout_rms_rel_err (RMS of the TTFT and TPOT relative errors together, predicte
 kvlimited_rms_rel_err (rows whose clients' KV footprint exceeds the cache or whose clients exceed max_num_seqs,
 in neither set), heldout_by_model and training_by_model ({model: {"ttft_rms_rel_err", "tpot_rms_rel_err",
 "rms_rel_err", "rows", "by_gpu"}}), the fitted values; the same errors with the stored profile
-(`core.planning.engine_profiles`, the single-model fit) and the TensorRT-LLM profile; without_term: the errors
+(`core.planning.cost.fits.engine_profiles`, the single-model fit) and the TensorRT-LLM profile; without_term: the errors
 with one term of the cross-model profile switched off at the fitted values, the request-side TTFT term included
 (which term moved which error);
 single_model: the stored profile on its own split (Llama-3.1-70B, H100 training, H200 held out); and per row:

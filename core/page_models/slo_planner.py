@@ -1,4 +1,4 @@
-"""What the SLO planner page computes: the search (`core.planning.slo.plan_slo`) for its inputs, the configurations
+"""What the SLO planner page computes: the search (`core.planning.search.slo.plan_slo`) for its inputs, the configurations
 its chart draws, their latency against the request rate (`latency_curve`), the knee of each curve, the ranked
 table's rows and the `vllm serve` flags of the answer. No streamlit here; the page submits `search` and
 `curves` to the worker pool through `core.page_models.tasks`.
@@ -227,7 +227,7 @@ def curves(
 
 
 def serve_command(params: SloPlannerParams, config: SloConfig) -> str:
-    """The `vllm serve` flags of `config` (`core.planning.vllm_command` on the exact plan of the whole
+    """The `vllm serve` flags of `config` (`core.planning.memory.vllm_command` on the exact plan of the whole
     deployment: --data-parallel-size for replicas, max_model_len the longest request); for a disaggregated
     one its serve_note and each pool's flags (`slo_predict.disagg_serve_command`)."""
     cands = params.candidates()

@@ -1,6 +1,6 @@
 """What the SLO planner's "predict my deployment" mode computes: one deployment's steady state at one load
-(`core.planning.predict.predict`, exactly as `python -m core.planning predict` prints it), the highest Poisson rate
-it holds within the targets (`core.planning.max_rate.max_rate`, as `python -m core.planning max-rate` prints it),
+(`core.planning.predict.prediction.predict`, exactly as `python -m core.planning predict` prints it), the highest Poisson rate
+it holds within the targets (`core.planning.predict.max_rate.max_rate`, as `python -m core.planning max-rate` prints it),
 its `vllm serve` flags and the `vllm bench serve` command that replays the load on the user's GPU. No streamlit
 here; the page submits `deployment_answer` to the worker pool through `core.page_models.tasks`.
 

@@ -1,5 +1,5 @@
 """What the SLO planner's search mode adds to each ranked configuration it shows: the highest Poisson rate it holds
-within the targets (`core.planning.max_rate.max_rate` of `core.planning.slo.config_deployment`, exactly what
+within the targets (`core.planning.predict.max_rate.max_rate` of `core.planning.search.slo.config_deployment`, exactly what
 `python -m core.planning max-rate` prints for that deployment, engine and targets) and the `vllm bench serve`
 command that replays the workload against it. No streamlit here; the page submits `highest_rates` to the worker
 pool through `core.page_models.tasks`.

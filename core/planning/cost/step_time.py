@@ -24,7 +24,7 @@ dimension (SmolLM2-135M, one thread, bench/slo.py: 2 tokens ~60-72 ms, 3 tokens 
 roofline fit, 4 tokens 55-65 ms, 0.9x), which no roofline term expresses. It multiplies the whole step, not
 its roof: at 2-8 tokens the roofs are ~15 ms of a ~60-90 ms step, so the 15-25 ms a 3-token step runs over
 the fit would need its roof to double, and the kernels' fixed costs (weight packing, which the fit puts in
-overhead_s) are what changes with M. `core.planning.step_fit` fits the factors as medians of measured /
+overhead_s) are what changes with M. `core.planning.cost.fits.step_fit` fits the factors as medians of measured /
 predicted per n.
 
 kv_tokens_read = context tokens the decode queries attend to plus the prior context of prefill chunks;
@@ -66,9 +66,9 @@ with the number of layers (each layer's kernels have a floor of launch and synch
 the batch): overhead_s + layer_overhead_s x layers. A fixed cost fitted on one model's 80 layers over-prices
 a 32- or 36-layer model's step.
 
-Efficiencies and overheads are fitted, never guessed: `core.planning.step_fit.fit_step_time` fits bandwidth_efficiency,
+Efficiencies and overheads are fitted, never guessed: `core.planning.cost.fits.step_fit.fit_step_time` fits bandwidth_efficiency,
 flops_efficiency, overhead_s and per_token_overhead_s by least squares on relative error from measured step
-times (our engine: `bench/slo.py`; published GPU figures: `core.planning.published`). The defaults below are
+times (our engine: `bench/slo.py`; published GPU figures: `core.planning.cost.fits.published`). The defaults below are
 the paper reproduction's (`opt_13b_a100`): 80% / 50% and 15 ms per step, chosen so that bench/paper.py
 reproduces the PagedAttention paper's Figure 13 (vLLM memory-bound at 2 req/s, 31.26 batched against the
 paper's 30.42), i.e. calibrated on that published figure; 25 GB/s for PCIe 4.0 x16 swapping.
@@ -444,14 +444,14 @@ def from_specs(
     pipeline_parallel: int = 1,
     **kwargs,
 ) -> StepTimeModel:
-    """A StepTimeModel for `model` (core.planning.models.ModelSpec) on `gpu` (core.planning.hardware.GPUSpec)
+    """A StepTimeModel for `model` (core.planning.catalog.models.ModelSpec) on `gpu` (core.planning.catalog.hardware.GPUSpec)
     with tp x pp GPUs per replica (module docstring: Parallelism).
 
-    Weight and KV bytes per GPU come from core.planning.kv_accounting (vLLM's rules, the largest pipeline stage);
+    Weight and KV bytes per GPU come from core.planning.memory.kv_accounting (vLLM's rules, the largest pipeline stage);
     FLOPs use the active parameters (MoE) split over tp x pp. fp8 weights run at the GPU's FP8 peak when it has
     one. A GPU without a known peak is treated as memory-bound (its compute roof set at 1,000 FLOP per byte of
     bandwidth, far above any decode step's intensity). Efficiencies and overheads: keyword arguments (fitted
-    ones from `fit_step_time`, `core.planning.published`), else the defaults.
+    ones from `fit_step_time`, `core.planning.cost.fits.published`), else the defaults.
     """
     tp, pp = tensor_parallel, pipeline_parallel
     layer_overhead = kwargs.pop("layer_overhead_s", 0.0)

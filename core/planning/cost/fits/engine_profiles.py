@@ -1,7 +1,7 @@
-"""Engine profiles: the step-time parameters (`core.planning.step_time.StepTimeModel` keyword overrides) that price
+"""Engine profiles: the step-time parameters (`core.planning.cost.step_time.StepTimeModel` keyword overrides) that price
 a GPU step for one serving engine. `engine_step_defaults("trtllm")` is the fit to NVIDIA's TensorRT-LLM throughput
-table (`core.planning.published.gpu_step_defaults`); `engine_step_defaults("vllm")` the fit to measured vLLM
-runs (`core.planning.published_vllm`), stored below. docs/slo.md: sources, method, errors.
+table (`core.planning.cost.fits.published.gpu_step_defaults`); `engine_step_defaults("vllm")` the fit to measured vLLM
+runs (`core.planning.cost.fits.published_vllm`), stored below. docs/slo.md: sources, method, errors.
 """
 
 from core.errors import InvalidArgumentError
@@ -10,7 +10,7 @@ from core.planning.cost.fits.published import gpu_step_defaults
 ENGINES = ("vllm", "trtllm")
 DEFAULT_ENGINE = "vllm"
 
-# Fitted by core.planning.published_vllm.fit_vllm (bench/slo_published.py recomputes it and prints the errors):
+# Fitted by core.planning.cost.fits.published_vllm.fit_vllm (bench/slo_published.py recomputes it and prints the errors):
 # least squares on log(predicted / measured) of mean TTFT and mean TPOT over the 42 training rows (H100 SXM,
 # Llama-3.1-70B FP8, TP 2 / 4 / 8, ISL / OSL 1,024 / 1,024, 1,024 / 8,192 and 8,192 / 1,024, 4-64 clients;
 # ai-dynamo/aiconfigurator's silicon_sample.csv at 095f58a51c4c), each row simulated as its closed-loop benchmark.

@@ -1,5 +1,5 @@
 """Measured vLLM serving figures, the simulator's prediction of each, and the vLLM step-time parameters fitted to
-them (`core.planning.engine_profiles` stores the fitted values; docs/slo.md has the method and the table).
+them (`core.planning.cost.fits.engine_profiles` stores the fitted values; docs/slo.md has the method and the table).
 
 The figures (`ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, its vLLM rows on H100 SXM and H200 SXM:
 mean TTFT and mean TPOT of a closed loop of C clients at fixed lengths ISL / OSL. From
@@ -17,7 +17,7 @@ its H200 rows held out); FIT_NAMES / FIXED are the cross-model profile (docs/slo
 The prediction of one row (`predict_row`) is a deployment with vLLM's defaults where the row says nothing: the
 row's weight dtype, KV cache in the model's dtype (kv_cache_dtype auto), block size 16, max_num_batched_tokens 8,192,
 max_num_seqs 256, gpu_memory_utilization 0.9, max_model_len ISL + OSL, the KV capacity from the exact planner
-(`core.planning.plan.plan`); the step time `core.planning.step_time.from_specs` with the parameters given; run
+(`core.planning.memory.plan.plan`); the step time `core.planning.cost.step_time.from_specs` with the parameters given; run
 through `core.serving.simulator.simulate(..., concurrency=C)` (the closed loop, the paged policy counting blocks)
 as the benchmark that measured it: BENCHMARK_ROUNDS rounds of C requests (aiconfigurator's benchmark template
 sends 20 x C requests at concurrency C), the mean over all of them. Two phases make that mean:

@@ -1,8 +1,8 @@
-"""Fitting the step-time model (`core.planning.step_time.StepTimeModel`) to measured steps: `fit_step_time`
+"""Fitting the step-time model (`core.planning.cost.step_time.StepTimeModel`) to measured steps: `fit_step_time`
 finds the bandwidth and FLOP/s efficiencies and the per-step / per-token overheads that minimise the squared
 relative error of the predicted step times (numpy least squares; optionally robust to steps slowed by another
 process), and optionally the small-step factors (`StepTimeModel.small_step_factors`: a measured ratio per
-step size). Our engine's steps are fitted by bench/slo.py; published GPU figures by `core.planning.published`."""
+step size). Our engine's steps are fitted by bench/slo.py; published GPU figures by `core.planning.cost.fits.published`."""
 
 import math
 from dataclasses import dataclass, replace
