@@ -20,13 +20,12 @@ forward pass when the engine is built (`Engine.warmup_ms`), so the first step's 
 
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from core.kv import KVCacheSnapshot
-from core.sched.step_columns import COLUMNS, StepRows
+from core.sched.step_columns import COLUMNS, StepMeasures, StepRows
 
 ENGINE_COLUMNS = (
     "shared_blocks",
@@ -104,9 +103,6 @@ class StepRecorder:
     started: float = field(default_factory=time.perf_counter)
     preemptions_base: int = 0
 
-    def add(self, row: dict) -> None:
-        self.rows.add(row)
-
     def maybe_snapshot(self, step: int, blocks_fn, force: bool = False) -> None:
         if step % self.stride and not force:
             return
@@ -180,64 +176,16 @@ class StepObserver:
             runner.last_attention_ms,
         )
         measured = StepMeasures(
-            step=step,
-            time_s=now - rec.started,
-            times_ms=(step_ms, attention_ms, forward_ms - attention_ms, step_ms - forward_ms),
-            kv_tokens_read=runner.last_kv_tokens_read,
-            cow_copies=cows,
-            preemptions_total=self.scheduler.num_preemptions - rec.preemptions_base,
+            step, now - rec.started, step_ms, self.scheduler.num_preemptions - rec.preemptions_base
         )
-        row = step_row(scheduled, outcome, usage, mem, measured)
-        rec.add(row)
+        extra = (
+            usage["shared_blocks"],
+            cows,
+            attention_ms,
+            usage["blocks_in_use"],
+            usage["blocks_without_sharing"],
+            forward_ms - attention_ms,
+            step_ms - forward_ms,
+        )  # ENGINE_COLUMNS
+        rec.rows.record(scheduled, outcome, mem.metrics(usage), measured, extra)
         rec.maybe_snapshot(step, self.snapshot_fn, not self.scheduler.has_unfinished)
-
-
-class StepMeasures(NamedTuple):
-    """What the observer measured of one engine step (the rest of its row is the scheduler's and the memory's):
-    its index, its end in seconds since the recorder started, times_ms = (step, attention, rest of the model,
-    host) milliseconds, the K/V tokens attention read, the copy-on-write copies it made and the preemptions so
-    far."""
-
-    step: int
-    time_s: float
-    times_ms: tuple[float, float, float, float]
-    kv_tokens_read: int
-    cow_copies: int
-    preemptions_total: int
-
-
-def step_row(scheduled, outcome, usage: dict, memory, measured: StepMeasures) -> dict:
-    """One row of `STEP_COLUMNS` from the scheduler's `ScheduledStep` and `StepOutcome`, `EngineMemory.usage` after
-    the step, the memory's free blocks and block size (`EngineMemory`), and what the observer measured."""
-    step_ms, attention_ms, rest_ms, host_ms = measured.times_ms
-    free_blocks, kv_tokens_read, cow_copies = memory.free_blocks, measured.kv_tokens_read, measured.cow_copies
-    preemptions_total = measured.preemptions_total
-    return {
-        "step": measured.step,
-        "time_s": measured.time_s,
-        "step_time_ms": step_ms,
-        "running": scheduled.num_running,
-        "running_seqs": scheduled.num_running_seqs,
-        "waiting": scheduled.num_waiting,
-        "swapped": 0,
-        "preemptions": len(scheduled.preempted),
-        "preemptions_total": preemptions_total,
-        "free_blocks": free_blocks,
-        "free_slots": free_blocks * memory.block_size,
-        "token_states": usage["token_states"],
-        "reservation": usage["reservation"],
-        "internal_fragmentation": usage["internal_fragmentation"],
-        "allocator_slack": 0,
-        "external_fragmentation": 0,  # a paged pool has none: free blocks are free_slots
-        "tokens_generated": outcome.tokens_generated,
-        "prefill_tokens": outcome.prefill_tokens,
-        "kv_tokens_read": kv_tokens_read,
-        "prefix_hit_tokens": scheduled.prefix_hit_tokens,
-        "shared_blocks": usage["shared_blocks"],
-        "cow_copies": cow_copies,
-        "attention_ms": attention_ms,
-        "blocks_in_use": usage["blocks_in_use"],
-        "blocks_without_sharing": usage["blocks_without_sharing"],
-        "rest_of_model_ms": rest_ms,
-        "host_ms": host_ms,
-    }

@@ -127,6 +127,13 @@ class SingleTypeKVCacheManager:
         only this, and keep it non-decreasing in `num_computed` and elementwise for an int64 array."""
         return 0
 
+    def num_keys_read(self, starts: np.ndarray) -> np.ndarray:
+        """Earlier keys read by query spans that start at positions `starts` (int64 array): a span starting at s
+        (a decode: s is its context; a prefill chunk: its first position) reads s - num_skipped_tokens(s) keys
+        before itself (its first query's window; its later queries read their own span too); summed over the
+        last axis."""
+        return (starts - self.num_skipped_tokens(starts)).sum(axis=-1)
+
     def max_blocks_held(self, prompt_len: int, num_tokens: int) -> int:
         """An upper bound on the blocks one unshared request holds at any time while it grows from a
         `prompt_len`-token prompt (held whole until computed) to `num_tokens` tokens: all of them under full

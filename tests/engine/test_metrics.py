@@ -22,7 +22,7 @@ def test_steps_frame_counts_tokens_and_blocks_by_hand():
     assert steps["free_blocks"].tolist() == [27, 27, 32]
     assert steps["prefill_tokens"].tolist() == [14, 0, 0]
     assert steps["tokens_generated"].tolist() == [2, 2, 2]
-    assert steps["kv_tokens_read"].tolist() == [14, 6 + 10, 7 + 11]
+    assert steps["kv_tokens_read"].tolist() == [0, 5 + 9, 6 + 10]  # keys read before the step's own tokens
     assert steps["running_seqs"].tolist() == [2, 2, 2]
     assert (steps["attention_ms"] > 0).all()
     total = steps[["token_states", "reservation", "internal_fragmentation", "allocator_slack", "free_slots"]]
