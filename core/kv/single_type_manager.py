@@ -123,8 +123,9 @@ class SingleTypeKVCacheManager:
         - full attention: 0 tokens, 0 blocks.
         Every caller that asks which blocks a request no longer needs, or which tokens a query reads, goes
         through this method (the block manager facade, `num_skipped_blocks`, hits behind a window, the serving
-        policy's release prediction, the engine's fit check and its count of K/V read); subclasses override
-        only this, and keep it non-decreasing in `num_computed` and elementwise for an int64 array."""
+        policy's release prediction, the engine's fit check, `num_keys_read`: the K/V a step reads);
+        subclasses override only this, and keep it non-decreasing in `num_computed` and elementwise for an int64
+        array."""
         return 0
 
     def num_keys_read(self, starts: np.ndarray) -> np.ndarray:

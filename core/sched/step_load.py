@@ -56,8 +56,9 @@ def step_load(step: ScheduledStep, memory=None) -> StepLoad:
         pairs += tokens * start + tokens * (tokens + 1) / 2
         if start + tokens >= group.num_prefill_total:
             outputs += group.num_seqs
-    prior = sum(starts)
-    if memory is not None and getattr(memory, "windowed", False):
-        ctx = int(memory.num_keys_read(decode_starts(step)))
-        prior = int(memory.num_keys_read(np.array(starts, dtype=np.int64)))
-    return StepLoad(n_decode, prefill_tokens, ctx + prior, pairs, outputs, ctx)
+    read = ctx + sum(starts)
+    if memory is not None and getattr(memory, "windowed", False):  # the whole step's mean, and the decodes'
+        decodes = decode_starts(step)
+        read = int(memory.num_keys_read(np.concatenate([decodes, np.array(starts, dtype=np.int64)])))
+        ctx = int(memory.num_keys_read(decodes))
+    return StepLoad(n_decode, prefill_tokens, read, pairs, outputs, ctx)

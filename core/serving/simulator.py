@@ -35,6 +35,7 @@ from core.sched import (
     StepRows,
     driver,
 )
+from core.sched.snapshots import SnapshotSampler, take_snapshot
 from core.sched.step_load import decode_starts
 from core.serving.memory_policies import MemoryPolicy, Policy, make_memory
 from core.serving.sim_config import PAPER_KV_TOKENS, SimulatorConfig
@@ -238,7 +239,8 @@ class _Simulation:
         keys read: each step's `core.sched.step_load` kv_tokens_read, the window rule asked through the memory)."""
         k = min(g.output_len - g.num_output_tokens for g in step.decoding)
         record = self.record
-        k = min(k, (-record.rows.size) % record.stride + 1, MAX_BATCHED_DECODE_STEPS)  # rows.size: self.step
+        stride = record.sampler.stride  # a batch ends on the next row due for a snapshot
+        k = min(k, (-record.rows.size) % stride + 1, MAX_BATCHED_DECODE_STEPS)  # rows.size: self.step
         if k == 1:
             return 1, None, None, None
         ahead = self.memory.decode_metrics(step.decoding, k)
@@ -308,15 +310,18 @@ class _Simulation:
 class _SimRecord:
     """The simulation's observer (`core.sched.driver.StepObserver`): one `COLUMNS` row per step that ran (an
     empty step, which only preempted or swapped in, has none) in `rows` (`StepRows`), and the sampled
-    `snapshots` (at steps that are multiples of `stride`, which doubles to keep at most max_snapshots). It reads
-    the simulation, the scheduler and the memory policy and writes none of them."""
+    `snapshots` (`core.sched.snapshots.SnapshotSampler`: rows whose index is a multiple of its stride, which
+    doubles to keep at most max_snapshots). It reads the simulation, the scheduler and the memory policy and
+    writes none of them."""
 
     def __init__(self, sim: _Simulation):
         self.sim = sim
         self.rows = StepRows()
-        self.snapshots: list[StepSnapshot] = []
-        self.request_of = {sid: g.request_id for g in sim.groups for sid in g.seq_ids}  # sequence -> request
-        self.stride = 1
+        self.sampler = SnapshotSampler(sim.config.max_snapshots)
+
+    @property
+    def snapshots(self) -> list[StepSnapshot]:
+        return self.sampler.snapshots
 
     def on_step(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced | None) -> None:
         if priced is None:
@@ -325,8 +330,7 @@ class _SimRecord:
             self._record_one(step, outcome, priced)
         else:
             self._record_decode_run(step, outcome, priced)
-        if (self.rows.size - 1) % self.stride == 0:
-            self._snapshot(priced.end)
+        self._snapshot(priced.end)
 
     def _record_one(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced) -> None:
         sim = self.sim
@@ -362,23 +366,9 @@ class _SimRecord:
         self.rows.record(step, outcome, metrics, measured)
 
     def _snapshot(self, now: float) -> None:
-        """Sample the state after the step just recorded (it ended at `now`); thin the samples when over
-        max_snapshots."""
-        sim = self.sim
-        step = self.rows.size - 1
-        decoding = [g for g in sim.scheduler.running if g.num_prefill_tokens == 0]
-        lens = np.array([g.length for g in decoding for _ in range(g.num_seqs)], dtype=np.int64)
-        pool = sim.memory.snapshot(decoding)
-        if pool is None:
-            self.snapshots.append(StepSnapshot(step, now, lens))
-        else:
-            row = {sid: r for r, sid in enumerate(pool.request_ids)}
-            holder_request = np.array([self.request_of[sid] for sid in pool.request_ids], dtype=np.int32)
-            decode_rows = np.array([row[sid] for g in decoding for sid in g.seq_ids], dtype=np.int32)
-            self.snapshots.append(StepSnapshot(step, now, lens, pool, holder_request, decode_rows))
-        if len(self.snapshots) > sim.config.max_snapshots:
-            self.stride *= 2
-            self.snapshots = [s for s in self.snapshots if s.step % self.stride == 0]
+        """Sample the state after the step just recorded (it ended at `now`), if its row is due."""
+        sim, step = self.sim, self.rows.size - 1
+        self.sampler.sample(step, lambda: take_snapshot(step, now, sim.scheduler.running, sim.memory))
 
 
 def attach_offload(memory: MemoryPolicy, policy: Policy, config: SimulatorConfig) -> None:
