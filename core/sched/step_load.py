@@ -36,7 +36,10 @@ class StepLoad(NamedTuple):
 
 def decode_starts(step: ScheduledStep) -> np.ndarray:
     """int64 [decoding sequences]: each decoding sequence's context before the step (its new token's position)."""
-    return np.array([g.length for g in step.decoding for _ in range(g.num_seqs)], dtype=np.int64)
+    groups = step.decoding
+    if step.num_decode_tokens == len(groups):  # one sequence each (no parallel samples)
+        return np.fromiter((g.length for g in groups), np.int64, len(groups))
+    return np.array([g.length for g in groups for _ in range(g.num_seqs)], dtype=np.int64)
 
 
 def step_load(step: ScheduledStep, memory=None) -> StepLoad:
@@ -57,8 +60,13 @@ def step_load(step: ScheduledStep, memory=None) -> StepLoad:
         if start + tokens >= group.num_prefill_total:
             outputs += group.num_seqs
     read = ctx + sum(starts)
-    if memory is not None and getattr(memory, "windowed", False):  # the whole step's mean, and the decodes'
+    if memory is not None and getattr(memory, "windowed", False):  # the decodes' mean, and the whole step's
         decodes = decode_starts(step)
-        read = int(memory.num_keys_read(np.concatenate([decodes, np.array(starts, dtype=np.int64)])))
-        ctx = int(memory.num_keys_read(decodes))
+        if starts:  # one question: row 0 the decodes (a span starting at 0 reads nothing), row 1 every span
+            both = np.zeros((2, len(decodes) + len(starts)), dtype=np.int64)
+            both[:, : len(decodes)] = decodes
+            both[1, len(decodes) :] = starts
+            ctx, read = (int(x) for x in memory.num_keys_read(both))
+        else:
+            ctx = read = int(memory.num_keys_read(decodes))
     return StepLoad(n_decode, prefill_tokens, read, pairs, outputs, ctx)

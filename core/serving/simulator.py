@@ -350,10 +350,9 @@ class _SimRecord:
         arrived_meanwhile = np.searchsorted(sim.arrivals, starts, side="right") - sim.arrived
         generated = np.full(k, n_decode)
         generated[-1] = outcome.tokens_generated - n_decode * (k - 1)
-        after = sim.memory.metrics()  # the last row: after the frees
-        metrics = MemoryMetrics(
-            *(np.append(ahead[: k - 1], last) for ahead, last in zip(priced.ahead, after, strict=True))
-        )
+        predicted = np.array(priced.ahead)[:, :k]  # [metrics, k]; the last row is after the frees
+        predicted[:, -1] = sim.memory.metrics()
+        metrics = MemoryMetrics(*predicted)
         measured = StepMeasures(
             np.arange(first, first + k),
             end_times,
