@@ -27,10 +27,10 @@ from core.page_models.planner import (
     workload_max_len,
 )
 from core.page_models.planner_scenario import cpu_plan
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS, preset_configs
-from core.planning.weights import read_safetensors_index
-from core.planning.what_if import memory_breakdown
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS, preset_configs
+from core.planning.catalog.weights import read_safetensors_index
+from core.planning.memory.what_if import memory_breakdown
 from core.uploads import read_upload
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.jobs import app_limits

@@ -9,8 +9,8 @@ from core.errors import LabError
 from core.limits import Limits
 from core.page_models.simulator import SimulatorParams, saturating_load
 from core.page_models.tasks import compare_policies, measure_simulated_attention
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
 from core.serving.simulator import PAPER_KV_TOKENS
 from core.serving.workload import load_trace
 from core.uploads import read_upload

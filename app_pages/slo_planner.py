@@ -25,9 +25,9 @@ from core.page_models.tasks import (
     slo_predict_larger_kv,
     slo_search,
 )
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
-from core.planning.slo_candidates import metric_label
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.search.slo_candidates import metric_label
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.jobs import run_job
 from ui.metric_cards import Card, metric_cards

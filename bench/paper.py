@@ -16,7 +16,7 @@ Usage: python -m bench.paper
 import json
 
 from core.kernels.cpu_isa import cpu_description
-from core.planning.step_time import opt_13b_a100
+from core.planning.cost.step_time import opt_13b_a100
 from core.serving.memory_policies import orca_max, orca_oracle, orca_pow2, paged
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.workload import sharegpt

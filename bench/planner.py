@@ -17,10 +17,10 @@ import statistics
 import time
 
 from core.kernels.cpu_isa import cpu_description
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
-from core.planning.plan import concurrency_vs_context, plan
-from core.planning.what_if import fragmentation_by_block_size, workload_what_if
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.memory.plan import concurrency_vs_context, plan
+from core.planning.memory.what_if import fragmentation_by_block_size, workload_what_if
 from core.serving.workload import sharegpt
 
 

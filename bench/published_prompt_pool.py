@@ -3,7 +3,7 @@ benchmark reusing a pool of prompts would have measured.
 
     python -m bench.published_prompt_pool [--fitted bench/results/slo-published.json] [--stride 1]
 
-For every row of `core.planning.published_vllm.ROWS` outside the KV-limited set: `prefill_fraction_of_peak` (the
+For every row of `core.planning.cost.fits.published_vllm.ROWS` outside the KV-limited set: `prefill_fraction_of_peak` (the
 dense FLOP/s its measured throughput implies for prefilling its prompts alone, over the GPUs' datasheet peak:
 above ~0.5 no vLLM step computes that, so its prompts were partly served from the prefix cache), and the mean
 TTFT / TPOT predicted twice with the cross-model profile (`fitted` of the saved `bench.slo_published` run, not
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from core.kernels.cpu_isa import cpu_description
-from core.planning import published_vllm as pv
+from core.planning.cost.fits import published_vllm as pv
 
 SAVED_FIT = Path(__file__).parent / "results" / "slo-published.json"
 

@@ -16,7 +16,7 @@ import time
 
 from core.kernels.cpu_isa import cpu_description
 from core.page_models.simulator import DEFAULT_PARAMS, model_kv_groups, run_comparison
-from core.planning.step_time import opt_13b_a100
+from core.planning.cost.step_time import opt_13b_a100
 from core.serving.memory_policies import Policy, orca_max, orca_oracle, orca_pow2, paged
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.workload import sharegpt

@@ -18,7 +18,7 @@ other whenever another process takes a core), at niceness PRIORITY_NICE when all
    decodes take 75-93 ms, four 55-65 ms) and decodes mixed with newcomers' prefill chunks, the steps a served
    workload is made of. Every step's load is `core.sched.step_load` of the engine's own scheduled step, its time
    the engine's step_time_ms; the first WARMUP_STEPS are dropped.
-3. Fit (`core.planning.step_fit.fit_step_time`, least squares on relative error): bandwidth and FLOP/s
+3. Fit (`core.planning.cost.fits.step_fit.fit_step_time`, least squares on relative error): bandwidth and FLOP/s
    efficiencies, the per-step overheads of one-token and larger steps, and the small-step factors (the median
    measured / predicted of the sweep's steps of exactly n <= 16 tokens, where it has 4 or more; `CPU_FIT`;
    `sweep_steps_by_size` counts them). Bracketed: a sweep runs
@@ -52,10 +52,10 @@ import pandas as pd
 import torch
 
 from core.kernels.cpu_isa import cpu_description
-from core.planning.cpu_roofline import engine_step_model, measure_roofs
-from core.planning.slo_eval import analytic_bounds
-from core.planning.step_fit import fit_step_time
-from core.planning.step_time import StepTimeModel
+from core.planning.cost.cpu_roofline import engine_step_model, measure_roofs
+from core.planning.cost.fits.step_fit import fit_step_time
+from core.planning.cost.step_time import StepTimeModel
+from core.planning.search.slo_eval import analytic_bounds
 from core.sched import step_load
 from core.serving.latency import latency_summary
 from core.serving.memory_policies import paged
@@ -86,7 +86,7 @@ PRIORITY_NICE = -10
 # on this CPU it is collinear with the FLOP/s roof (both grow with the step's tokens), and the engine's host time
 # per token is under 0.1 ms (its host_ms column). small_step_factors: steps of 2-16 tokens are not monotonic in
 # time (three decodes 1.22-1.32x the roofline fit, four 0.9x: the matrix kernels' M dimension), so each size gets
-# its measured ratio (core.planning.step_time's module docstring).
+# its measured ratio (core.planning.cost.step_time's module docstring).
 CPU_FIT = (
     "bandwidth_efficiency",
     "flops_efficiency",
@@ -138,7 +138,7 @@ class StepLog:
 
 
 def base_model(engine, roofs: dict) -> StepTimeModel:
-    """The roofline of the engine's model on this CPU (`core.planning.cpu_roofline.engine_step_model`): fp32
+    """The roofline of the engine's model on this CPU (`core.planning.cost.cpu_roofline.engine_step_model`): fp32
     weights, efficiencies and overheads to fit."""
     return engine_step_model(
         engine.config.shape, weight_bytes=float(engine.model.weight_bytes), dtype_bytes=4, roofs=roofs

@@ -10,7 +10,7 @@ cpu_s (the child's user + system CPU seconds: what a shared machine's load does 
 the search's own elapsed_s (from the JSON it prints), the exit status (2 when no configuration meets the SLO:
 an answer too), the answer (the cheapest configuration, or the error), and how many configurations were
 evaluated / simulated. The baseline, measured in the same run: a fresh interpreter that only imports the
-command's module (`import core.planning.slo_cli`: torch, pandas and the planner), so ratio_to_import says how
+command's module (`import core.planning.commands.slo_cli`: torch, pandas and the planner), so ratio_to_import says how
 much of the wall time is the search. target_met: every case's slowest run under TARGET_S (issue 23: "answers
 ... in under 10 s"). The machine is shared: the load average before and after is recorded.
 
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("slo", "predict"), help="run one part only")
     args = parser.parse_args()
     load_before = os.getloadavg()
-    baseline = [_run(["-c", "import core.planning.slo_cli"])[0] for _ in range(args.repeats)]
+    baseline = [_run(["-c", "import core.planning.commands.slo_cli"])[0] for _ in range(args.repeats)]
     predict_cases = {} if args.only == "slo" else _predict_cases(args.repeats)
     cases = {}
     for name, argv in {} if args.only == "predict" else CASES.items():

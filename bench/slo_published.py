@@ -2,7 +2,7 @@
 
     python -m bench.slo_published
 
-The rows (`core.planning.published_vllm.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM on H100 /
+The rows (`core.planning.cost.fits.published_vllm.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM on H100 /
 H200 SXM: Llama-3.1-70B FP8, Qwen3-32B bf16, gpt-oss-120b MXFP4 (the training models) and Llama-3.1-8B FP8,
 Qwen3-235B-A22B FP8 (held out whole), mean TTFT and TPOT of closed loops at fixed lengths. Each row is simulated
 as its benchmark (`predict_row`: the lab's scheduler and KV cache, the exact planner's KV capacity, the step-time
@@ -11,8 +11,9 @@ heldout_rms_rel_err (RMS of the TTFT and TPOT relative errors together, predicte
 kvlimited_rms_rel_err (rows whose clients' KV footprint exceeds the cache or whose clients exceed max_num_seqs,
 in neither set), heldout_by_model and training_by_model ({model: {"ttft_rms_rel_err", "tpot_rms_rel_err",
 "rms_rel_err", "rows", "by_gpu"}}), the fitted values; the same errors with the stored profile
-(`core.planning.engine_profiles`, the single-model fit) and the TensorRT-LLM profile; without_term: the errors
-with one term of the cross-model step time switched off at the fitted values (which term moved which error);
+(`core.planning.cost.fits.engine_profiles`, the single-model fit) and the TensorRT-LLM profile; without_term: the errors
+with one term of the cross-model profile switched off at the fitted values, the request-side TTFT term included
+(which term moved which error);
 single_model: the stored profile on its own split (Llama-3.1-70B, H100 training, H200 held out); and per row:
 model, gpu, weight dtype, tp, ep, isl, osl, concurrency, measured / predicted ttft and tpot (seconds), their
 errors and the set. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
@@ -25,8 +26,8 @@ import platform
 import time
 
 from core.kernels.cpu_isa import cpu_description
-from core.planning import published_vllm as pv
-from core.planning.engine_profiles import VLLM_STEP_DEFAULTS, engine_step_defaults
+from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.fits.engine_profiles import VLLM_STEP_DEFAULTS, engine_step_defaults
 
 TARGET = 0.25  # each held-out model's rms_rel_err (issue 40)
 TRAINING_TARGET = 0.20
@@ -60,12 +61,15 @@ def _single_model(overrides: dict) -> dict:
 
 
 def _ablations(fitted: dict) -> dict:
-    """Each term of the cross-model step time switched off at the fitted values (no refit): what it moves."""
+    """The fitted parameters with one term of the cross-model model switched off (no refit): what it moves."""
     layers = 80  # Llama-3.1-70B's layers: one fixed cost for every model, as the single-model fit had
+    without_request = {k: v for k, v in fitted.items() if k != pv.REQUEST_TERM}
+    per_layer = fitted["layer_overhead_s"]
     return {
-        "moe_expert_reads": {"moe_reads_all_experts": True},
-        "expert_flops_efficiency": {"expert_flops_efficiency": None},
-        "layer_overhead_s": {"layer_overhead_s": 0.0, "overhead_s": fitted["layer_overhead_s"] * layers},
+        "moe_expert_reads": fitted | {"moe_reads_all_experts": True},
+        "expert_flops_efficiency": fitted | {"expert_flops_efficiency": None},
+        "layer_overhead_s": fitted | {"layer_overhead_s": 0.0, "overhead_s": layers * per_layer},
+        "request_overhead_s": without_request,
     }
 
 
@@ -89,7 +93,7 @@ def main() -> None:
     baseline = _errors(pv.comparison(engine_step_defaults("trtllm")))
     errors = _errors(rows)
     single = _single_model(VLLM_STEP_DEFAULTS), _single_model(engine_step_defaults("trtllm"))
-    terms = {name: _errors(pv.comparison(fitted | change)) for name, change in _ablations(fitted).items()}
+    terms = {name: _errors(pv.comparison(overrides)) for name, overrides in _ablations(fitted).items()}
     worst = sorted(rows, key=lambda r: -max(abs(r["ttft_error"]), abs(r["tpot_error"])))
     print(json.dumps({
         "cpu": cpu_description(),

@@ -8,7 +8,7 @@
    VLLM_CPU_KVCACHE_SPACE=1 with the KV cache vLLM sizes itself (no block override; `num_gpu_blocks` read back from
    /metrics), max_num_seqs MAX_NUM_SEQS, max_num_batched_tokens MAX_NUM_BATCHED_TOKENS, prefix caching as vLLM's
    default (the random prompts share nothing).
-2. Roofs: this machine's copy bandwidth and bf16 matmul FLOP/s (`core.planning.cpu_roofline.measure_roofs`; vLLM
+2. Roofs: this machine's copy bandwidth and bf16 matmul FLOP/s (`core.planning.cost.cpu_roofline.measure_roofs`; vLLM
    computes in bf16, whose matmuls run ~3-4x float32's here with AVX-512 BF16: a float32 roof left the fit's
    FLOP/s efficiency at its bound of 1 and priced prefills 3x too slow), the roofline of the model's bf16 weights
    and KV (`engine_step_model`); the bench itself at the same niceness as the server.
@@ -19,7 +19,7 @@
    decodes reading c x context KV tokens (single gaps seen from outside are bursty: some ~0, some two steps). Prefill steps: one request alone of
    each of PREFILL_LENGTHS prompt tokens and one output token, its time to the first chunk (so the request's own
    HTTP and tokenizer-free entry are in it, as they are in the TTFT `vllm bench serve` measures). A sweep runs
-   before the first rate and after the last; the fit (`core.planning.step_fit.fit_step_time`, bench.slo's
+   before the first rate and after the last; the fit (`core.planning.cost.fits.step_fit.fit_step_time`, bench.slo's
    CPU_FIT) is on both.
 4. Validation (no fitting): `vllm bench serve` (the wheel's CLI) at three Poisson rates, 0.25, 0.5 and 0.75 of the
    fit's throughput bound (`analytic_bounds`; the third near the knee), random prompts of 56 +- 70 % tokens and
@@ -52,9 +52,9 @@ import torch
 from bench.slo import METRICS, SIZES, compare, fit, raise_priority
 from core.kernels.cpu_isa import cpu_description
 from core.live.metrics import parse_vllm_metrics
-from core.planning.cpu_roofline import engine_step_model, measure_roofs
-from core.planning.models import ModelSpec
-from core.planning.slo_eval import analytic_bounds
+from core.planning.catalog.models import ModelSpec
+from core.planning.cost.cpu_roofline import engine_step_model, measure_roofs
+from core.planning.search.slo_eval import analytic_bounds
 from core.serve.vllm_env import find_vllm
 from core.serve.vllm_server import VLLMServeConfig, VLLMServer
 from core.serving.memory_policies import paged

@@ -22,11 +22,30 @@ import statement of core (module level or inside a function), and that every `co
 - `core.serving` (imports: kv, kernels, sched): workloads, memory policies, the serving simulator
   (`core.serving.simulator`), latency percentiles and steady state; a step's cost is injected (a step-time
   model), never read from planning.
-- `core.planning` (imports: kv, serving): model and GPU presets, KV accounting
-  (`core.planning.kv_accounting`), capacity plans (`core.planning.plan`), the step-time model
-  (`core.planning.step_time`) and its fit, the workload what-if, the SLO search, the steady-state predictor
-  and the CLI (`python -m core.planning`). Planning drives the simulator with its step-time model; serving
-  never imports planning.
+- `core.planning.catalog` (imports: kv): what is given: model architectures (`core.planning.catalog.models`,
+  presets from Hugging Face configs), GPUs (`core.planning.catalog.hardware`), stored weights' bytes
+  (`core.planning.catalog.weights`). The planner is laid out by the question each part answers, from here up,
+  and no part imports one above it (`tests/test_layers.py` checks the order module by module).
+- `core.planning.memory` (imports: kv, planning.catalog): what fits: KV accounting
+  (`core.planning.memory.kv_accounting`), the resolved deployment (`core.planning.memory.resolved`), the capacity
+  plan (`core.planning.memory.plan`), the workload what-if, the `vllm serve` flags, vLLM's CPU KV space and the
+  host KV tier.
+- `core.planning.cost` (imports: kv, planning.catalog, planning.memory): what a step costs: the step-time model
+  (`core.planning.cost.step_time`, the simulator's step cost), speculative decoding, our CPU engine's roofline.
+- `core.planning.cost.fits` (imports: serving, planning.catalog, planning.memory, planning.cost): the step-time
+  model fitted (`core.planning.cost.fits.step_fit`) to published and measured runs, and the engines' fitted
+  profiles (`core.planning.cost.fits.engine_profiles`).
+- `core.planning.predict` (imports: kv, serving, planning.catalog, planning.memory, planning.cost,
+  planning.cost.fits): what one deployment does at one load, in steady state (`core.planning.predict.prediction`:
+  `Deployment`, `predict`), disaggregated, and the highest rate within targets. Planning drives the simulator
+  with its step-time model; serving never imports planning.
+- `core.planning.search` (imports: kv, serving, planning.catalog, planning.memory, planning.cost,
+  planning.cost.fits, planning.predict): which deployment meets a latency SLO at the lowest cost
+  (`core.planning.search.slo`).
+- `core.planning.commands` (imports: kv, serving, planning.catalog, planning.memory, planning.cost,
+  planning.cost.fits, planning.predict, planning.search): `python -m core.planning`, argv -> JSON
+  (`core.planning.commands.dispatch`).
+- `core.planning` (imports: planning.commands): the package itself holds only `__main__`.
 - `core.engine` (imports: kv, paging, kernels, sched, serving): a real Llama-family model run through the
   paged KV cache (config, weights, forward pass, sampling, the engine loop, its metrics and the sharing
   measurement; the real model's fetch and GGUF files).
@@ -34,7 +53,8 @@ import statement of core (module level or inside a function), and that every `co
   (`core.live.metrics`), its KV cache events over ZMQ with replay (`core.live.subscriber`) and the
   cached-block tree they describe (`core.live.tree`), polls over time and windows between two scrapes
   (`core.live.window`).
-- `core.planning.observed` (imports: serving, planning, engine, live): planning against what a running server
+- `core.planning.observed` (imports: serving, planning.catalog, planning.memory, planning.cost,
+  planning.cost.fits, engine, live): planning against what a running server
   reports: planned vs observed (`core.planning.observed.planned`, fitted to the server's histograms, with the
   model it plans with in `core.planning.observed.planned_model`) and a capacity plan beside a server's figures
   (`core.planning.observed.compare`).
@@ -43,7 +63,8 @@ import statement of core (module level or inside a function), and that every `co
   starts it on loopback for the Live page, the tests and `bench.serve`.
 - `core.jobs` (imports: none): heavy work off the server process: the worker pool, the worker loop and the
   result caches; it runs the functions it is given.
-- `core.page_models` (imports: kv, paging, kernels, serving, planning, engine, live, planning.observed): what
+- `core.page_models` (imports: kv, paging, kernels, serving, planning.catalog, planning.memory, planning.cost,
+  planning.cost.fits, planning.predict, planning.search, engine, live, planning.observed): what
   a page computes (the planner's scenarios, the simulator's comparison, the playground and its guided
   scenarios, the Live page's planned vs observed, the heavy tasks pages submit to the worker pool,
   `core.jobs`, which does not import them back); it imports neither streamlit nor `ui`.

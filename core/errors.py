@@ -71,7 +71,7 @@ class SchedulerStuckError(LabError):
 
 
 class SloInfeasibleError(LabError):
-    """No candidate deployment meets the latency target (`core.planning.slo.plan_slo`). `metric` names what cannot
+    """No candidate deployment meets the latency target (`core.planning.search.slo.plan_slo`). `metric` names what cannot
     be met: "ttft_p95_s" or "tpot_p95_s" (a latency target), "rate" (no candidate can sustain the request rate)
     or "memory" (no candidate fits the model and one request). `target`: the asked value (seconds, or requests/s);
     `best`: the closest any candidate gets (None for memory); `shortfall`: how far off, best / target for a

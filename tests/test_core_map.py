@@ -134,9 +134,13 @@ def test_the_checker_fails_on_forbidden_imports():
     assert map_violations({"core.kv.x": {"core.paging.block_manager"}}, MAP) == [
         "core.kv.x imports core.paging.block_manager"
     ]
-    assert map_violations({"core.serving.x": {"core.planning.plan"}}, MAP)  # serving never reads planning
-    assert map_violations({"core.planning.plan": {"core.planning.observed.planned"}}, MAP)  # planning proper
-    assert map_violations({"core.planning.plan": {"core.live.metrics"}}, MAP)
+    assert map_violations(
+        {"core.serving.x": {"core.planning.memory.plan"}}, MAP
+    )  # serving never reads planning
+    assert map_violations(
+        {"core.planning.memory.plan": {"core.planning.observed.planned"}}, MAP
+    )  # planning proper
+    assert map_violations({"core.planning.memory.plan": {"core.live.metrics"}}, MAP)
     assert map_violations({"core.errors": {"core.kv.specs"}}, MAP)  # top-level modules import no package
     assert map_violations({"core.serve.x": {"core.page_models.tasks"}}, MAP)
     source = "def f():\n    from ..serving import simulator\n"  # relative, inside a function
@@ -145,7 +149,7 @@ def test_the_checker_fails_on_forbidden_imports():
         "core.live.x imports core.serving",
         "core.live.x imports core.serving.simulator",
     ]
-    allowed = {"core.planning.observed.x": {"core.live.metrics", "core.planning.plan", "core.errors"}}
+    allowed = {"core.planning.observed.x": {"core.live.metrics", "core.planning.memory.plan", "core.errors"}}
     assert map_violations(allowed, MAP) == []
 
 

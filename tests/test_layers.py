@@ -131,6 +131,73 @@ def test_serving_does_not_import_planning():
     assert violations({"serving"}, {"planning"}) == []
 
 
+# core.planning by the question each part answers, from the bottom up: what is given, what fits, what a step costs
+# (and, one folder below, its fits), what a deployment does at a load, which deployment to buy, the command line,
+# and planning against a running server. A part imports only parts before it.
+PLANNING_ORDER = ("catalog", "memory", "cost", "cost.fits", "predict", "search", "commands", "observed")
+MAX_FLAT_PLANNING_MODULES = 3
+
+
+def planning_part(module: str) -> str | None:
+    """ "core.planning.cost.fits.step_fit" -> "cost.fits", "core.planning.memory.plan.plan" -> "memory";
+    None for a module outside core.planning, the package itself or a module left flat in it."""
+    parts = module.split(".")
+    if parts[:2] != ["core", "planning"] or len(parts) < 4:
+        return None
+    if parts[2:4] == ["cost", "fits"] and len(parts) > 4:
+        return "cost.fits"
+    return parts[2] if parts[2] in PLANNING_ORDER else None
+
+
+def planning_order_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of `graph` (module -> modules it imports) from one part of core.planning into a part after it
+    in PLANNING_ORDER (an arrow back up the chain), as "core.planning.memory.x imports core.planning.predict.y"."""
+    out = []
+    for name, imported in sorted(graph.items()):
+        own = planning_part(name)
+        if own is None:
+            continue
+        rank = PLANNING_ORDER.index(own)
+        out += [
+            f"{name} imports {m}"
+            for m in sorted(imported)
+            if planning_part(m) is not None and PLANNING_ORDER.index(planning_part(m)) > rank
+        ]
+    return out
+
+
+def test_planning_is_laid_out_by_question():
+    """Every module of core.planning sits in one of the parts (at most MAX_FLAT_PLANNING_MODULES left flat: the
+    package and its `__main__`), and every part exists."""
+    planning = CORE / "planning"
+    flat = sorted(p.name for p in planning.glob("*.py"))
+    assert len(flat) <= MAX_FLAT_PLANNING_MODULES, flat
+    homeless = sorted(
+        name
+        for name in (module_name(p) for p in planning.rglob("*.py"))
+        if name.count(".") >= 3 and planning_part(name + ".x") is None
+    )
+    assert homeless == []
+    assert all((planning / part.replace(".", "/") / "__init__.py").is_file() for part in PLANNING_ORDER)
+
+
+def test_planning_has_no_arrow_back_up():
+    """No part of core.planning imports a part after it (module level or inside a function): catalog ->
+    memory -> cost -> cost.fits -> predict -> search -> commands -> observed."""
+    graph = module_graph()
+    assert "core.planning.memory.plan" in graph["core.planning.predict.prediction"]  # the reader sees arrows
+    assert planning_order_violations(graph) == []
+
+
+def test_the_planning_order_check_fails_on_an_arrow_back_up():
+    assert planning_order_violations({"core.planning.memory.plan": {"core.planning.predict.load.Load"}}) == [
+        "core.planning.memory.plan imports core.planning.predict.load.Load"
+    ]
+    assert planning_order_violations({"core.planning.cost.step_time": {"core.planning.cost.fits.step_fit"}})
+    assert planning_order_violations({"core.planning.predict.x": {"core.planning.cost.fits.published"}}) == []
+    assert planning_part("core.planning.__main__") is None and planning_part("core.planning.cost") is None
+
+
 def test_jobs_knows_tasks_only_as_the_functions_it_is_given():
     assert violations({JOBS}, set(DOMAIN) | {PAGE_MODELS}) == []
 

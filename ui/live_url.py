@@ -6,16 +6,17 @@ PAGED_LAB_LIVE_HOSTS before anything connects; a refused one is reported and lef
 """
 
 import re
+from dataclasses import dataclass
 
 from core.errors import LabError
 from core.kv.block_hash import DEFAULT_NONE_HASH_SEED, VLLM_HASH_ALGOS
 from core.limits import Limits
 from core.live.addresses import check_events_endpoint, check_metrics_url
 from core.live.subscriber import DEFAULT_TOPIC
-from core.live.watch import Sources
+from core.live.watch import LiveWatch, Sources
 from core.page_models.live_lookup import LOOKUP_AS
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
 from core.serve.launcher import MODELS as LAB_MODELS
 from core.serve.launcher import VLLM_CHOICE
 from ui.query_state import Field
@@ -86,3 +87,12 @@ def resolve_sources(values: dict, limits: Limits) -> tuple[Sources, list[str]]:
     return Sources(
         tuple(urls), events, replay, int(values["ranks"]), topic, bool(values["events_bind"])
     ), errors
+
+
+@dataclass(frozen=True)
+class LiveInputs:
+    """What the Live page's views read on one run: the URL's values, the checked sources, the session's watch."""
+
+    values: dict
+    sources: Sources
+    watch: LiveWatch

@@ -4,7 +4,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from core.planning.what_if import MEMORY_CATEGORIES, WorkloadWhatIf
+from core.planning.memory.what_if import MEMORY_CATEGORIES, WorkloadWhatIf
 from ui.theme import MEMORY_COLORS, POLICY_COLORS, fmt_int, integer_dtick
 
 GiB = 1024**3

@@ -9,20 +9,20 @@ from typing import Any
 
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.page_models.planner import CUSTOM, SCENARIO_KEYS, WORKLOAD_KEYS, WORKLOADS
-from core.planning.cpu_kv import (
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.memory.cpu_kv import (
     CPU_DEFAULT_BLOCK_SIZE,
     CPU_KV_CACHE_DTYPES,
     CPU_MODEL_DTYPES,
     MAX_KV_CACHE_SPACE_GIB,
 )
-from core.planning.hardware import GPUS
-from core.planning.kv_accounting import (
+from core.planning.memory.kv_accounting import (
     BLOCK_SIZES,
     KV_DTYPES,
     MAX_CONTEXT_TOKENS,
     WEIGHT_DTYPES,
 )
-from core.planning.models import MODELS
 from ui.query_state import Field, encode_params
 
 SCENARIO_NAMES = {"a_": "Scenario A", "b_": "Scenario B"}
@@ -158,7 +158,7 @@ assert tuple(f.key for f in WORKLOAD_FIELDS[1:]) == WORKLOAD_KEYS
 # load Streamlit's table and JSON viewers, which a browser fetches and runs before it draws the charts).
 VIEW_FIELDS = [Field("presets", False, "bool", label="show the presets")]
 
-# vLLM on a CPU: scenario A's model in VLLM_CPU_KVCACHE_SPACE (core.planning.cpu_kv), drawn when `cpu` is on.
+# vLLM on a CPU: scenario A's model in VLLM_CPU_KVCACHE_SPACE (core.planning.memory.cpu_kv), drawn when `cpu` is on.
 CPU_FIELDS = [
     Field("cpu", False, "bool", label="plan vLLM on a CPU"),
     Field("cpu_gib", 4, "int", minimum=1, maximum=MAX_KV_CACHE_SPACE_GIB, step=1,

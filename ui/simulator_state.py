@@ -16,9 +16,9 @@ from core.page_models.simulator import (
     SimulatorParams,
     model_kv_groups,
 )
-from core.planning.hardware import GPUS
-from core.planning.kv_accounting import BLOCK_SIZES
-from core.planning.models import MODELS
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.memory.kv_accounting import BLOCK_SIZES
 from core.serving.memory_policies import POLICY_NAMES
 from ui.query_state import Field, encode_params
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import streamlit as st
 
-from core.planning.models import MODELS
+from core.planning.catalog.models import MODELS
 from core.serving.steady_state import SteadyStateSettings
 from ui.charts import cached_dataframe
 from ui.metric_cards import Card, metric_cards

@@ -15,12 +15,12 @@ from typing import Any
 
 from core.page_models.slo_planner import DEFAULT_PARAMS, SloPlannerParams
 from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, LOAD_KINDS, SloPredictParams
-from core.planning.disagg import KV_LINKS
-from core.planning.engine_profiles import ENGINES
-from core.planning.hardware import GPUS
-from core.planning.kv_accounting import KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES
-from core.planning.models import MODELS
-from core.planning.speculative import SPEC_METHODS
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.cost.fits.engine_profiles import ENGINES
+from core.planning.cost.speculative import SPEC_METHODS
+from core.planning.memory.kv_accounting import KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES
+from core.planning.predict.disagg import KV_LINKS
 from core.serving.latency import PERCENTILES
 from ui.query_state import Field, encode_params
 

@@ -342,30 +342,58 @@ class HostTier(PoolHook):
         all when too few blocks can be evicted. A host block split over two runs (prefill chunks that end inside
         it) is completed from the first run's blocks, kept by their last hash. Returns how many host blocks were
         stored."""
+        hashes, parent_hash, token_ids, first_block = self._join_partial(
+            hashes, parent_hash, token_ids, first_block
+        )
+        offered, candidates = self._store_candidates(hashes, parent_hash, token_ids, first_block)
+        if not offered:
+            return 0
+        if self.store_threshold >= 2:
+            self._record_offers(offered)
+            kept = [(k, e) for k, e in candidates if self._counts.get(k, 0) >= self.store_threshold]
+            self.num_skipped_stores += len(candidates) - len(kept)
+            candidates = kept
+        return self._store(candidates, protected=set(offered)) if candidates else 0
+
+    def _join_partial(
+        self, hashes: Sequence[int], parent_hash: int | None, token_ids: Sequence[int], first_block: int
+    ) -> tuple:
+        """The run completed, at its head, by the blocks kept from an earlier run that ended inside the same host
+        block; and the blocks of an unfinished host block at its tail kept for the next run (at most
+        `max_tracker_size` such tails). Returns (hashes, parent_hash, token_ids, first_block) of the run."""
         per, bs = self.blocks_per_host_block, self.block_size
+        if per == 1:
+            return hashes, parent_hash, token_ids, first_block
         head = first_block % per
-        if per > 1 and head:
+        if head:
             carried = self._partial.pop(parent_hash, None)
             if carried is not None and len(carried[0]) == head:  # the host block's first GPU blocks
                 before, tokens_before, parent_before = carried
                 hashes = [*before, *hashes]
                 token_ids = [*tokens_before, *token_ids]
                 parent_hash, first_block = parent_before, first_block - head
-        if per > 1:
-            tail = (first_block + len(hashes)) % per
-            if tail and len(hashes) >= tail:  # keep the unfinished host block's blocks for the next run
-                cut = len(hashes) - tail
-                self._partial[hashes[-1]] = (
-                    list(hashes[cut:]), list(token_ids[cut * bs : len(hashes) * bs]),
-                    hashes[cut - 1] if cut else parent_hash,
-                )  # fmt: skip
-                while len(self._partial) > self.max_tracker_size:
-                    self._partial.pop(next(iter(self._partial)))
+        tail = (first_block + len(hashes)) % per
+        if tail and len(hashes) >= tail:  # keep the unfinished host block's blocks for the next run
+            cut = len(hashes) - tail
+            parent = hashes[cut - 1] if cut else parent_hash
+            self._partial[hashes[-1]] = (
+                list(hashes[cut:]),
+                list(token_ids[cut * bs : len(hashes) * bs]),
+                parent,
+            )
+            while len(self._partial) > self.max_tracker_size:
+                self._partial.pop(next(iter(self._partial)))
+        return hashes, parent_hash, token_ids, first_block
+
+    def _store_candidates(
+        self, hashes: Sequence[int], parent_hash: int | None, token_ids: Sequence[int], first_block: int
+    ) -> tuple[list[int], list[tuple[int, _Entry]]]:
+        """(the keys of every host block the run completes, those of them not stored yet with their entries)."""
+        per, bs = self.blocks_per_host_block, self.block_size
         candidates: list[tuple[int, _Entry]] = []
         offered: list[int] = []
         for i in range(len(hashes)):
-            gpu_index = first_block + i
-            if (gpu_index + 1) % per:
+            if (first_block + i + 1) % per:
                 continue  # not the last GPU block of a host block
             lo = i - per + 1
             if lo < 0:
@@ -377,20 +405,16 @@ class HostTier(PoolHook):
             parent = hashes[lo - 1] if lo else parent_hash
             tokens = tuple(int(t) for t in token_ids[lo * bs : (i + 1) * bs])
             candidates.append((key, _Entry(-1, parent, tokens, list(hashes[lo : i + 1]))))
-        if not offered:
-            return 0
-        if self.store_threshold >= 2:
-            self._record_offers(offered)
-            kept = [(k, e) for k, e in candidates if self._counts.get(k, 0) >= self.store_threshold]
-            self.num_skipped_stores += len(candidates) - len(kept)
-            candidates = kept
-        if not candidates:
-            return 0
+        return offered, candidates
+
+    def _store(self, candidates: list[tuple[int, _Entry]], protected: set[int]) -> int:
+        """Store every candidate, evicting (never a `protected` key) as needed, or none when too few blocks can be
+        evicted; queue the events. Returns how many host blocks were stored."""
         self._policy.on_store_miss([k for k, _ in candidates])
         need = len(candidates) - len(self._free)
         evicted: list[tuple[int, _Entry]] = []
         if need > 0:
-            got = self._policy.evict(need, set(offered))
+            got = self._policy.evict(need, protected)
             if got is None:
                 self.num_skipped_stores += len(candidates)
                 return 0
@@ -405,21 +429,22 @@ class HostTier(PoolHook):
             entry.block = self._free.pop()
             self._policy.insert(key, entry)
             if self.enable_kv_cache_events:
-                self._events.append(
-                    BlockStored(
-                        block_hashes=[event_block_hash(h) for h in entry.gpu_hashes],
-                        parent_block_hash=None if entry.parent is None else event_block_hash(entry.parent),
-                        token_ids=list(entry.tokens),
-                        block_size=bs,
-                        lora_id=None,
-                        medium=MEDIUM_CPU,
-                        lora_name=None,
-                        group_idx=0,
-                        kv_cache_spec_kind="full_attention",
-                    )
-                )
+                self._events.append(self._stored_event(entry))
         self.num_stored_blocks += len(candidates)
         return len(candidates)
+
+    def _stored_event(self, entry: _Entry) -> BlockStored:
+        return BlockStored(
+            block_hashes=[event_block_hash(h) for h in entry.gpu_hashes],
+            parent_block_hash=None if entry.parent is None else event_block_hash(entry.parent),
+            token_ids=list(entry.tokens),
+            block_size=self.block_size,
+            lora_id=None,
+            medium=MEDIUM_CPU,
+            lora_name=None,
+            group_idx=0,
+            kv_cache_spec_kind="full_attention",
+        )
 
     on_stored = offer  # the pool's hook: every computed chain is offered as it enters the pool's cache
 

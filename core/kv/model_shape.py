@@ -1,7 +1,7 @@
 """One model vocabulary: the facts of a decoder's shape that the engine's `ModelConfig` and the planner's
 `ModelSpec` share, read from a Hugging Face `config.json` by one function, `read_model_shape`.
 
-`core.engine.config.ModelConfig.from_dict` and `core.planning.models.ModelSpec.from_hf_config` both read their
+`core.engine.config.ModelConfig.from_dict` and `core.planning.catalog.models.ModelSpec.from_hf_config` both read their
 shared facts here (and nowhere else); each reads only what is its own beside them (the engine: architecture,
 RoPE, norms, biases, EOS ids, the dtype it computes in; the planner: parameter counts, quantization, experts,
 MLA, chunked and linear-attention layers). Both give their shared facts back as a `ModelShape` (`.shape`), so

@@ -25,8 +25,8 @@ from core.live.history import FLEET, LiveHistory
 from core.live.metrics import VllmMetrics
 from core.live.served_model import ServedModel, is_loopback, local_hf_config
 from core.live.window import observe_window
-from core.planning.cpu_kv import cpu_model_dtype
-from core.planning.models import ModelSpec
+from core.planning.catalog.models import ModelSpec
+from core.planning.memory.cpu_kv import cpu_model_dtype
 from core.planning.observed.planned import (
     MEASURED_ROOF_HEADROOM,
     MIN_REQUESTS,

@@ -42,11 +42,11 @@ from core.page_models.planner_scenario import (
     smallest_deployment,
     workload_max_len,
 )
-from core.planning.hardware import GPUS
-from core.planning.kv_accounting import kv_bytes_per_token
-from core.planning.models import MODELS
-from core.planning.plan import concurrency_vs_context, plan_from
-from core.planning.what_if import WorkloadWhatIf
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.memory.kv_accounting import kv_bytes_per_token
+from core.planning.memory.plan import concurrency_vs_context, plan_from
+from core.planning.memory.what_if import WorkloadWhatIf
 
 __all__ = [
     "CUSTOM",

@@ -11,7 +11,7 @@ import zlib
 from typing import Any
 
 from core.errors import InvalidArgumentError, LabError
-from core.planning.models import ModelSpec
+from core.planning.catalog.models import ModelSpec
 from core.uploads import parse_json, upload_text
 
 MAX_CONFIG_CHARS = 200_000  # a pasted or uploaded config.json

@@ -5,16 +5,16 @@ from typing import Any
 
 from core.kv.layout import request_blocks
 from core.page_models.planner_scenario import GiB, ScenarioResult
-from core.planning.kv_accounting import (
+from core.planning.catalog.models import ModelSpec
+from core.planning.catalog.weights import bits_per_quantized_param, quantized_params, uses_group_quantization
+from core.planning.memory.kv_accounting import (
     DTYPE_BITS,
     blocks_for_tokens,
     kv_heads_per_gpu,
     layers_per_gpu,
     resolve_weight_dtype,
 )
-from core.planning.models import ModelSpec
-from core.planning.plan import CapacityPlan
-from core.planning.weights import bits_per_quantized_param, quantized_params, uses_group_quantization
+from core.planning.memory.plan import CapacityPlan
 
 
 def formula_lines(result: ScenarioResult) -> list[str]:

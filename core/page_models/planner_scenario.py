@@ -14,12 +14,12 @@ from typing import Any
 from core.errors import InvalidArgumentError, LabError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.page_models.planner_config import decode_config, model_from_config
-from core.planning.cpu_kv import CpuKVInputs, CpuKVPlan, plan_cpu_kv
-from core.planning.hardware import GPUSpec, get_gpu
-from core.planning.models import MODELS, ModelSpec, get_model
-from core.planning.offload import HostKVTier, host_kv_tier
-from core.planning.plan import CapacityPlan, PlanInputs, plan_from
-from core.planning.what_if import WorkloadWhatIf, fragmentation_by_block_size, workload_what_if
+from core.planning.catalog.hardware import GPUSpec, get_gpu
+from core.planning.catalog.models import MODELS, ModelSpec, get_model
+from core.planning.memory.cpu_kv import CpuKVInputs, CpuKVPlan, plan_cpu_kv
+from core.planning.memory.offload import HostKVTier, host_kv_tier
+from core.planning.memory.plan import CapacityPlan, PlanInputs, plan_from
+from core.planning.memory.what_if import WorkloadWhatIf, fragmentation_by_block_size, workload_what_if
 from core.serving.workload import alpaca, fixed, sharegpt, uniform
 
 CUSTOM = "custom"
@@ -217,7 +217,7 @@ def smallest_deployment(values: dict[str, Any], prefix: str) -> tuple[int, int] 
 def cpu_plan(values: Mapping[str, Any]) -> CpuKVPlan:
     """Scenario A's model served by vLLM's CPU backend in `cpu_gib` GiB of KV cache (VLLM_CPU_KVCACHE_SPACE) at
     `cpu_block` tokens per block, `cpu_dtype` / `cpu_kvdtype`, and scenario A's max_model_len,
-    max_num_batched_tokens and hybrid setting (`core.planning.cpu_kv`); raises InvalidArgumentError."""
+    max_num_batched_tokens and hybrid setting (`core.planning.memory.cpu_kv`); raises InvalidArgumentError."""
     return plan_cpu_kv(
         CpuKVInputs.from_space_gib(
             build_model(values, "a_"), values["cpu_gib"], block_size=values["cpu_block"],

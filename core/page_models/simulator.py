@@ -12,11 +12,11 @@ import numpy as np
 from core.errors import InvalidArgumentError
 from core.kv.host_tier import host_tier_num_blocks
 from core.kv.layout import kv_cache_layout
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
-from core.planning.offload import GIB, check_offload_gib
-from core.planning.plan import plan
-from core.planning.step_time import from_specs
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.cost.step_time import from_specs
+from core.planning.memory.offload import GIB, check_offload_gib
+from core.planning.memory.plan import plan
 from core.serving.host_offload import HostOffload
 from core.serving.memory_policies import POLICY_NAMES, Policy
 from core.serving.paged_memory import KV_GROUP_KINDS, ONE_FULL_GROUP, PagedKVGroup, check_kv_groups

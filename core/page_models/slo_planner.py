@@ -1,4 +1,4 @@
-"""What the SLO planner page computes: the search (`core.planning.slo.plan_slo`) for its inputs, the configurations
+"""What the SLO planner page computes: the search (`core.planning.search.slo.plan_slo`) for its inputs, the configurations
 its chart draws, their latency against the request rate (`latency_curve`), the knee of each curve, the ranked
 table's rows and the `vllm serve` flags of the answer. No streamlit here; the page submits `search` and
 `curves` to the worker pool through `core.page_models.tasks`.
@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.page_models.slo_predict import disagg_serve_command
-from core.planning.disagg import DisaggDeployment
-from core.planning.engine_profiles import DEFAULT_ENGINE
-from core.planning.hardware import GPUS
-from core.planning.models import get_model
-from core.planning.plan import plan
-from core.planning.slo import Slo, SloCandidates, SloPlan, SloWorkload, latency_curve, plan_slo
-from core.planning.slo_eval import SloConfig
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import get_model
+from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
+from core.planning.memory.plan import plan
+from core.planning.predict.disagg import DisaggDeployment
+from core.planning.search.slo import Slo, SloCandidates, SloPlan, SloWorkload, latency_curve, plan_slo
+from core.planning.search.slo_eval import SloConfig
 
 CURVE_FACTORS = tuple(0.25 * k for k in range(1, 9))  # 0.25x, 0.5x, ..., 2x the target rate
 CHART_CONFIGS = 3  # configurations the chart draws
@@ -227,7 +227,7 @@ def curves(
 
 
 def serve_command(params: SloPlannerParams, config: SloConfig) -> str:
-    """The `vllm serve` flags of `config` (`core.planning.vllm_command` on the exact plan of the whole
+    """The `vllm serve` flags of `config` (`core.planning.memory.vllm_command` on the exact plan of the whole
     deployment: --data-parallel-size for replicas, max_model_len the longest request); for a disaggregated
     one its serve_note and each pool's flags (`slo_predict.disagg_serve_command`)."""
     cands = params.candidates()

@@ -1,6 +1,6 @@
 """What the SLO planner's "predict my deployment" mode computes: one deployment's steady state at one load
-(`core.planning.predict.predict`, exactly as `python -m core.planning predict` prints it), the highest Poisson rate
-it holds within the targets (`core.planning.max_rate.max_rate`, as `python -m core.planning max-rate` prints it),
+(`core.planning.predict.prediction.predict`, exactly as `python -m core.planning predict` prints it), the highest Poisson rate
+it holds within the targets (`core.planning.predict.max_rate.max_rate`, as `python -m core.planning max-rate` prints it),
 its `vllm serve` flags and the `vllm bench serve` command that replays the load on the user's GPU. No streamlit
 here; the page submits `deployment_answer` to the worker pool through `core.page_models.tasks`.
 
@@ -18,15 +18,19 @@ from dataclasses import dataclass, replace
 
 from core.errors import InvalidArgumentError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
-from core.planning.disagg import DisaggDeployment, predict_disagg
-from core.planning.engine_profiles import DEFAULT_ENGINE
-from core.planning.load import DEFAULT_TURN_GAP_S, Load
-from core.planning.max_rate import check_targets, max_rate
-from core.planning.plan import plan
-from core.planning.predict import Deployment, predict
-from core.planning.slo_disagg import SERVE_NOTE
-from core.planning.speculative import Speculation, parse_acceptance
-from core.planning.vllm_command import bench_num_prompts, prefix_repetition_problem, vllm_bench_serve_command
+from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
+from core.planning.cost.speculative import Speculation, parse_acceptance
+from core.planning.memory.plan import plan
+from core.planning.predict.disagg import DisaggDeployment, predict_disagg
+from core.planning.predict.load import DEFAULT_TURN_GAP_S, Load
+from core.planning.predict.max_rate import check_targets, max_rate
+from core.planning.predict.prediction import Deployment, predict
+from core.planning.predict.vllm_bench import (
+    bench_num_prompts,
+    prefix_repetition_problem,
+    vllm_bench_serve_command,
+)
+from core.planning.search.slo_disagg import SERVE_NOTE
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
 

@@ -1,5 +1,5 @@
 """What the SLO planner's search mode adds to each ranked configuration it shows: the highest Poisson rate it holds
-within the targets (`core.planning.max_rate.max_rate` of `core.planning.slo.config_deployment`, exactly what
+within the targets (`core.planning.predict.max_rate.max_rate` of `core.planning.search.slo.config_deployment`, exactly what
 `python -m core.planning max-rate` prints for that deployment, engine and targets) and the `vllm bench serve`
 command that replays the workload against it. No streamlit here; the page submits `highest_rates` to the worker
 pool through `core.page_models.tasks`.
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from core.page_models.slo_planner import SloPlannerParams, config_label, disagg_deployment, rate_key
 from core.page_models.slo_predict import in_flight
-from core.planning.max_rate import max_rate
-from core.planning.slo import config_deployment
-from core.planning.slo_eval import SloConfig
-from core.planning.vllm_command import bench_num_prompts, vllm_bench_serve_command
+from core.planning.predict.max_rate import max_rate
+from core.planning.predict.vllm_bench import bench_num_prompts, vllm_bench_serve_command
+from core.planning.search.slo import config_deployment
+from core.planning.search.slo_eval import SloConfig
 
 # configurations whose highest rate the page computes: those its chart draws that meet the SLO
 MAX_RATE_CONFIGS = 3

@@ -38,8 +38,8 @@ from core.page_models.slo_predict import (
     prediction_answer,
 )
 from core.page_models.slo_rates import HighestRate, highest_rates
-from core.planning.max_rate import SEARCH_SETTINGS
-from core.planning.slo_eval import SloConfig
+from core.planning.predict.max_rate import SEARCH_SETTINGS
+from core.planning.search.slo_eval import SloConfig
 from core.serving.steady_state import SteadyStateSettings
 from core.serving.step_attention import measure_step_attention
 from core.serving.workload import Request

@@ -1,5 +1,5 @@
-"""`python -m core.planning`: the capacity planner's command line (see `core.planning.cli`)."""
+"""`python -m core.planning`: the planner's command line (`core.planning.commands.dispatch`)."""
 
-from core.planning.cli import main
+from core.planning.commands.dispatch import main
 
 raise SystemExit(main())

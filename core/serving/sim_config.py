@@ -15,7 +15,7 @@ PAPER_KV_TOKENS = 15_728  # OPT-13B on one A100-40GB: 12 GiB of KV / 800 KiB per
 
 
 class StepCost(Protocol):
-    """What the simulator asks of a step-time model (`core.planning.step_time.StepTimeModel` is one): the
+    """What the simulator asks of a step-time model (`core.planning.cost.step_time.StepTimeModel` is one): the
     simulator owns no hardware knowledge, the caller injects it.
 
     step_seconds(new_tokens, kv_tokens_read, attention_pairs, swap_bytes, output_tokens=None): one step's seconds
@@ -25,7 +25,7 @@ class StepCost(Protocol):
     kv_bytes_per_token: K and V bytes of one token (prices swapping); swap_bandwidth: CPU<->GPU bytes/s.
     Optionally step_load_seconds(load, swap_bytes): one step's seconds from its `core.sched.step_load.StepLoad`
         (decodes and prefill chunks apart), used instead of step_seconds when present
-        (`core.planning.speculative.SpeculativeStepTime`).
+        (`core.planning.cost.speculative.SpeculativeStepTime`).
     """
 
     kv_bytes_per_token: float
@@ -54,7 +54,7 @@ class SimulatorConfig:
     step (decode + prefill); must be >= max_num_seqs. max_seq_len: prompt + output limit (2048 as in the paper).
     preemption_mode: "recompute" or "swap"; swap_space_bytes: CPU swap space (vLLM's default 4 GiB).
     watermark: fraction of blocks kept free when admitting (vLLM's 0.01). step_time: the step-time model
-    (a `StepCost`, required: e.g. `core.planning.step_time.opt_13b_a100()`, the paper's OPT-13B on an A100-40GB).
+    (a `StepCost`, required: e.g. `core.planning.cost.step_time.opt_13b_a100()`, the paper's OPT-13B on an A100-40GB).
     max_snapshots: block-table snapshots (paged) and batch context lengths kept, at evenly spaced steps.
     offload: a host-memory KV tier (`core.serving.host_offload.HostOffload`, paged policy with prefix caching),
     None for none.
@@ -75,7 +75,7 @@ class SimulatorConfig:
         if self.step_time is None:
             raise InvalidArgumentError(
                 "SimulatorConfig needs a step_time model (what one step costs): e.g. "
-                "core.planning.step_time.opt_13b_a100() for the paper's OPT-13B on an A100-40GB, or from_specs(model, gpu)"
+                "core.planning.cost.step_time.opt_13b_a100() for the paper's OPT-13B on an A100-40GB, or from_specs(model, gpu)"
             )
         for name in (
             "kv_capacity_tokens",

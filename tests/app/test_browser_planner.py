@@ -6,9 +6,9 @@ from urllib.parse import urlencode
 import pytest
 from playwright.sync_api import expect
 
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
-from core.planning.plan import plan
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.memory.plan import plan
 from tests.conftest import wait_for_script_done
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 import pytest
 from playwright.sync_api import expect
 
-from core.planning.slo import Slo, SloCandidates, SloWorkload, plan_slo
+from core.planning.search.slo import Slo, SloCandidates, SloWorkload, plan_slo
 from tests.conftest import wait_for_script_done
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

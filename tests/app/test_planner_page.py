@@ -25,9 +25,9 @@ from core.page_models.planner import (
     model_from_config,
     plan_document,
 )
-from core.planning.hardware import GPUS, GPUSpec
-from core.planning.models import MODELS, ModelSpec, preset_configs
-from core.planning.plan import plan, plan_from
+from core.planning.catalog.hardware import GPUS, GPUSpec
+from core.planning.catalog.models import MODELS, ModelSpec, preset_configs
+from core.planning.memory.plan import plan, plan_from
 from ui.planner_state import ALL_FIELDS, url_params
 from ui.query_state import Field, encode_params, parse_params
 

@@ -10,7 +10,7 @@ import statistics
 import numpy as np
 import pytest
 
-from core.planning.published import comparison
+from core.planning.cost.fits.published import comparison
 from tests.conftest import ROOT
 
 README = (ROOT / "README.md").read_text()
@@ -186,7 +186,7 @@ def test_the_vllm_profile_row_is_the_saved_run():
     trtllm = single["trtllm"]["heldout_rms_rel_err"]
     assert f"the TensorRT-LLM profile on the same held-out rows {trtllm:.3f}" in row, row
     # across models: every held-out model's RMS, the training RMS, and whether the targets are met
-    from core.planning.models import MODELS
+    from core.planning.catalog.models import MODELS
 
     for model, errors in saved["heldout_by_model"].items():
         assert f"{MODELS[model].name} {errors['rms_rel_err']:.3f}" in row, (model, row)

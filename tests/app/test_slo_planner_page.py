@@ -6,8 +6,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
-from core.planning.engine_profiles import VLLM_STEP_DEFAULTS
-from core.planning.slo import Slo, SloCandidates, SloWorkload, plan_slo
+from core.planning.cost.fits.engine_profiles import VLLM_STEP_DEFAULTS
+from core.planning.search.slo import Slo, SloCandidates, SloWorkload, plan_slo
 from tests.conftest import ROOT
 
 PAGE = "app_pages/slo_planner.py"

@@ -12,9 +12,9 @@ from streamlit.testing.v1 import AppTest
 
 from core.errors import SloInfeasibleError
 from core.page_models.slo_planner import SloPlannerParams, search, serve_command, table_rows
-from core.planning.load import Load
-from core.planning.predict_cli import max_rate_main
-from core.planning.slo import Slo, SloCandidates, plan_slo
+from core.planning.commands.predict_cli import max_rate_main
+from core.planning.predict.load import Load
+from core.planning.search.slo import Slo, SloCandidates, plan_slo
 from tests.conftest import ROOT
 
 PAGE = "app_pages/slo_planner.py"

@@ -18,8 +18,8 @@ import pytest
 from core.errors import InvalidArgumentError, LabError, LimitExceededError
 from core.limits import Limits
 from core.page_models.planner import config_from_bytes, config_from_text, model_from_config
-from core.planning.models import preset_configs
-from core.planning.weights import read_safetensors_index
+from core.planning.catalog.models import preset_configs
+from core.planning.catalog.weights import read_safetensors_index
 from core.serving.workload import Request, load_trace
 from core.uploads import archive_kind, parse_json, read_upload, upload_text
 

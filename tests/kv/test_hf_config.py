@@ -8,7 +8,7 @@ from core.errors import InvalidArgumentError, ModelLoadError
 from core.kv.hf_config import layer_specs, read_kv_layers
 from core.kv.layout import kv_cache_groups, kv_cache_layout
 from core.kv.specs import FullAttentionSpec, MambaSpec, MLAAttentionSpec, SlidingWindowSpec
-from core.planning.models import MODELS, ModelSpec
+from core.planning.catalog.models import MODELS, ModelSpec
 
 QWEN2 = {
     "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32,

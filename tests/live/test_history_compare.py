@@ -4,10 +4,10 @@ import pytest
 
 from core.live.history import FLEET, LiveHistory, window_hit_rate
 from core.live.metrics import VllmMetrics, parse_vllm_metrics
-from core.planning.hardware import get_gpu
-from core.planning.models import get_model
+from core.planning.catalog.hardware import get_gpu
+from core.planning.catalog.models import get_model
+from core.planning.memory.plan import PlanInputs
 from core.planning.observed.compare import compare_with_server
-from core.planning.plan import PlanInputs
 from tests.live.exposition import EngineState, vllm_exposition
 
 

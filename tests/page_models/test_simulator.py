@@ -11,10 +11,10 @@ from core.page_models.simulator import (
     run_comparison,
     steady_summary,
 )
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
-from core.planning.plan import plan
-from core.planning.step_time import from_specs, opt_13b_a100
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.cost.step_time import from_specs, opt_13b_a100
+from core.planning.memory.plan import plan
 
 
 def test_paper_preset_step_model_is_the_documented_one():

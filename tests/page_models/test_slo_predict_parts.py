@@ -15,9 +15,9 @@ from core.page_models.slo_predict import (
     larger_kv_rows,
     prediction_answer,
 )
-from core.planning.load import Load
-from core.planning.max_rate import max_rate
-from core.planning.predict import Deployment
+from core.planning.predict.load import Load
+from core.planning.predict.max_rate import max_rate
+from core.planning.predict.prediction import Deployment
 
 TINY = SloPredictParams(model="qwen2.5-7b", gpu="l40s", replicas=1, max_num_seqs=1, kv_dtype="auto",
                         load_kind="concurrency", concurrency=2, prompt_len=64, output_len=1,

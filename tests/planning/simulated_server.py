@@ -11,7 +11,7 @@ import numpy as np
 from core.live.histogram import Histogram
 from core.live.window import ObservedWindow, bucketed
 from core.metric_names import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, request_token_buckets
-from core.planning.cpu_roofline import engine_step_model
+from core.planning.cost.cpu_roofline import engine_step_model
 from core.planning.observed.planned import ServerLimits, _simulate
 from core.serving.workload import Request, poisson_arrivals
 

@@ -1,4 +1,4 @@
-"""vLLM's CPU KV cache sizing (`core.planning.cpu_kv`) against hand-worked figures (the real server's own count is
+"""vLLM's CPU KV cache sizing (`core.planning.memory.cpu_kv`) against hand-worked figures (the real server's own count is
 checked in tests/vllm/test_cpu_plan.py)."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.cli import main
-from core.planning.cpu_kv import CpuKVInputs, GiB, cpu_kv_dtype, plan_cpu_kv
-from core.planning.models import ModelSpec, get_model
+from core.planning.catalog.models import ModelSpec, get_model
+from core.planning.commands.dispatch import main
+from core.planning.memory.cpu_kv import CpuKVInputs, GiB, cpu_kv_dtype, plan_cpu_kv
 
 SMOLLM2 = {  # SmolLM2-135M-Instruct's config.json (the fields the planner reads), a float32 checkpoint
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,

@@ -1,4 +1,4 @@
-"""Disaggregated prefill and decode (`core.planning.disagg`): the KV bytes a request moves and the time they take,
+"""Disaggregated prefill and decode (`core.planning.predict.disagg`): the KV bytes a request moves and the time they take,
 worked by hand from Llama-3.1-8B's config and the link figures of docs/figures.md; in simulation the decode pool
 free of prefill interference, TTFT the sum of its parts, an overloaded prefill pool not a steady state; bad
 deployments refused with one line."""
@@ -8,10 +8,10 @@ import json
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.disagg import DisaggDeployment, predict_disagg
-from core.planning.load import Load
-from core.planning.predict import Deployment, predict
-from core.planning.predict_cli import predict_main
+from core.planning.commands.predict_cli import predict_main
+from core.planning.predict.disagg import DisaggDeployment, predict_disagg
+from core.planning.predict.load import Load
+from core.planning.predict.prediction import Deployment, predict
 from core.serving.steady_state import SteadyStateSettings
 
 SMALL = SteadyStateSettings(tolerance=0.2, initial_measured=100, max_requests=400, warmup_lifetimes=2.0)

@@ -1,14 +1,19 @@
-"""The engine profiles (`core.planning.engine_profiles`) and the vLLM fit behind them
-(`core.planning.published_vllm`): the API, the stored fit's held-out error recomputed from the measured rows,
+"""The engine profiles (`core.planning.cost.fits.engine_profiles`) and the vLLM fit behind them
+(`core.planning.cost.fits.published_vllm`): the API, the stored fit's held-out error recomputed from the measured rows,
 the replay against simulating again, and the row predictor on a case small enough to work out by hand."""
 
 import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning import published_vllm as pv
-from core.planning.engine_profiles import DEFAULT_ENGINE, ENGINES, VLLM_STEP_DEFAULTS, engine_step_defaults
-from core.planning.published import gpu_step_defaults
+from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.fits.engine_profiles import (
+    DEFAULT_ENGINE,
+    ENGINES,
+    VLLM_STEP_DEFAULTS,
+    engine_step_defaults,
+)
+from core.planning.cost.fits.published import gpu_step_defaults
 
 STATED_TRAINING_RMS = 0.150  # engine_profiles' comment and docs/slo.md
 STATED_HELDOUT_RMS = 0.159

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from core.errors import RoutingError
-from core.planning.load import Load
-from core.planning.predict import Deployment, predict
+from core.planning.predict.load import Load
+from core.planning.predict.prediction import Deployment, predict
 from core.serving.router import ROUTING_POLICIES
 from core.serving.steady_state import SteadyStateSettings
 

@@ -1,4 +1,4 @@
-"""llm-d's "KV-cache wins" (`core.planning.published_fleet`): prefix-aware routing against round-robin on 8 pods of
+"""llm-d's "KV-cache wins" (`core.planning.predict.published_fleet`): prefix-aware routing against round-robin on 8 pods of
 Qwen3-32B, in direction and size, and no gap when every request shares one prefix (docs/levers.md section 4).
 
 The comparison runs on the case scaled by 10 (`scale=10`: tokens, KV cache and prefill chunk a tenth, every ratio
@@ -8,8 +8,8 @@ there. docs/levers.md section 4 gives both sizes' numbers."""
 
 import pytest
 
-from core.planning.predict import predict
-from core.planning.published_fleet import (
+from core.planning.predict.prediction import predict
+from core.planning.predict.published_fleet import (
     KV_TOKENS_PER_POD,
     OPERATING_RATE,
     PUBLISHED,

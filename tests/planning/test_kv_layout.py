@@ -5,7 +5,7 @@ import pytest
 
 from core.errors import InvalidArgumentError
 from core.kv.layout import kv_cache_layout
-from core.planning.models import MODELS, ModelSpec
+from core.planning.catalog.models import MODELS, ModelSpec
 
 GiB, KiB = 1024**3, 1024
 
@@ -191,8 +191,8 @@ def test_bad_arguments_raise_typed_errors(kwargs, message):
 
 
 def test_plan_uses_the_layout_and_prints_the_flags():
-    from core.planning.hardware import GPUS
-    from core.planning.plan import concurrency_vs_context, plan
+    from core.planning.catalog.hardware import GPUS
+    from core.planning.memory.plan import concurrency_vs_context, plan
 
     model, gpu = MODELS["gpt-oss-20b"], GPUS["h100-80gb"]
     on = plan(model, gpu, max_model_len=131_072)
@@ -209,8 +209,12 @@ def test_plan_uses_the_layout_and_prints_the_flags():
 
 
 def test_gpt_oss_weights_are_estimated_from_mxfp4_unless_an_index_is_given():
-    from core.planning.kv_accounting import weight_bytes_per_gpu
-    from core.planning.weights import checkpoint_weight_bytes, read_safetensors_index, with_checkpoint_bytes
+    from core.planning.catalog.weights import (
+        checkpoint_weight_bytes,
+        read_safetensors_index,
+        with_checkpoint_bytes,
+    )
+    from core.planning.memory.kv_accounting import weight_bytes_per_gpu
 
     model = MODELS["gpt-oss-20b"]
     estimate, estimated = checkpoint_weight_bytes(model)
@@ -228,7 +232,7 @@ def test_gpt_oss_weights_are_estimated_from_mxfp4_unless_an_index_is_given():
 
 
 def test_cli_flags(tmp_path, capsys):
-    from core.planning.cli import main
+    from core.planning.commands.dispatch import main
 
     index = tmp_path / "model.safetensors.index.json"
     index.write_text('{"metadata": {"total_size": 14000000000}}')
@@ -244,7 +248,7 @@ def test_cli_flags(tmp_path, capsys):
 
 def test_decode_reads_only_the_windows_of_hybrid_layers():
     from core.kv.layout import kv_read_bytes_per_sequence
-    from core.planning.kv_accounting import kv_bytes_per_token
+    from core.planning.memory.kv_accounting import kv_bytes_per_token
 
     llama = MODELS["llama-3.1-70b"]
     assert kv_read_bytes_per_sequence(

@@ -13,7 +13,7 @@ from core.engine.config import TINY_LLAMA, ModelConfig
 from core.engine.weights import expected_shapes
 from core.kv.hf_config import FULL, SLIDING
 from core.kv.model_shape import ModelShape, read_model_shape
-from core.planning.models import ModelSpec
+from core.planning.catalog.models import ModelSpec
 from tests.real_model import real_model_path
 
 # SmolLM2-135M-Instruct's published config.json (the fields both views read).

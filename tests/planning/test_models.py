@@ -5,8 +5,8 @@ import json
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.hardware import GB, GPUS, GiB, GPUSpec, get_gpu
-from core.planning.models import MODELS, MODELS_JSON, ModelSpec, estimate_num_params, get_model
+from core.planning.catalog.hardware import GB, GPUS, GiB, GPUSpec, get_gpu
+from core.planning.catalog.models import MODELS, MODELS_JSON, ModelSpec, estimate_num_params, get_model
 
 # docs/figures.md, "Model configurations": layers, heads, KV heads, head_dim, max positions.
 PUBLISHED = {

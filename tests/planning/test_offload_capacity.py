@@ -7,11 +7,11 @@ import json
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.cli import main
-from core.planning.hardware import get_gpu
-from core.planning.models import ModelSpec
-from core.planning.offload import host_kv_tier
-from core.planning.plan import plan
+from core.planning.catalog.hardware import get_gpu
+from core.planning.catalog.models import ModelSpec
+from core.planning.commands.dispatch import main
+from core.planning.memory.offload import host_kv_tier
+from core.planning.memory.plan import plan
 
 QWEN3_32B = {  # Qwen/Qwen3-32B config.json, the fields the planner reads
     "architectures": ["Qwen3ForCausalLM"],

@@ -12,17 +12,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidArgumentError
-from core.planning.cli import main
-from core.planning.hardware import GPUS, GPUSpec
-from core.planning.kv_accounting import (
+from core.planning.catalog.hardware import GPUS, GPUSpec
+from core.planning.catalog.models import MODELS, ModelSpec, preset_configs
+from core.planning.commands.dispatch import main
+from core.planning.memory.kv_accounting import (
     kv_bytes_per_token,
     kv_capacity,
     resolve_kv_dtype,
     weight_bytes_per_gpu,
 )
-from core.planning.models import MODELS, ModelSpec, preset_configs
-from core.planning.plan import concurrency_vs_context, decode_step_estimate, plan, weight_bytes_read_per_step
-from core.planning.what_if import fragmentation_by_block_size, workload_what_if
+from core.planning.memory.plan import (
+    concurrency_vs_context,
+    decode_step_estimate,
+    plan,
+    weight_bytes_read_per_step,
+)
+from core.planning.memory.what_if import fragmentation_by_block_size, workload_what_if
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Steady-state predictions (`core.planning.predict`, `core.serving.steady_state`) and the predict / max-rate
+"""Steady-state predictions (`core.planning.predict.prediction`, `core.serving.steady_state`) and the predict / max-rate
 command lines, against what must hold whatever the simulator's knobs: Little's law's throughput below capacity,
 a closed loop of one client worked by hand, two seeds agreeing, and bad input exiting 2 with one line."""
 
@@ -10,12 +10,14 @@ import sys
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.load import Load
-from core.planning.max_rate import max_rate
-from core.planning.predict import Deployment, idle_lifetime, predict
-from core.serving.steady_state import metric_keys
+from core.planning.memory.plan import replica_memory
+from core.planning.predict.load import Load
+from core.planning.predict.max_rate import max_rate
+from core.planning.predict.prediction import Deployment, idle_lifetime, predict, replica_steady_state
+from core.serving.steady_state import SteadyStateSettings, metric_keys
 
 LLAMA = Deployment("llama-3.1-8b", "h100-80gb")
+SMALL = SteadyStateSettings(tolerance=0.2, initial_measured=100, max_requests=400, warmup_lifetimes=2.0)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +102,7 @@ def _cli(*args):
 def _cli_here(capsys, *args) -> tuple[int, str]:
     """(exit status, stderr) of `python -m core.planning`'s main in this process (an escaping exception fails
     the test, as a traceback would)."""
-    from core.planning.cli import main
+    from core.planning.commands.dispatch import main
 
     try:
         status = main(list(args))
@@ -126,3 +128,82 @@ def test_predict_cli_prints_one_json_object_and_bad_flags_exit_2(capsys):
             status, err = _cli_here(capsys, *args)
         assert status == 2, bad
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_predict_resolves_the_deployment_once_and_builds_no_capacity_plan(monkeypatch):
+    """`Deployment.resolve()` is the one resolved deployment the memory and the step cost both read: a
+    prediction (here with a host tier, which sizes its blocks from the memory too) derives the model's KV layer
+    specs once (`resolve_deployment` is their one caller), builds no `CapacityPlan`, and prices its steps
+    with the resolved (concrete) dtypes. Counted by patching; the KV tokens are the whole plan's."""
+    import core.planning.memory.resolved as resolved_module
+    import core.planning.predict.prediction as prediction_module
+    from core.planning.memory.plan_types import CapacityPlan
+
+    derived, plans, priced = [], [], []
+    real_specs, real_init, real_from_specs = (
+        resolved_module.model_kv_specs,
+        CapacityPlan.__init__,
+        prediction_module.from_specs,
+    )
+
+    def counting_specs(*args, **kwargs):
+        derived.append(args)
+        return real_specs(*args, **kwargs)
+
+    def counting_init(self, *args, **kwargs):
+        plans.append(args)
+        real_init(self, *args, **kwargs)
+
+    def recording_from_specs(*args, **kwargs):
+        priced.append(args)
+        return real_from_specs(*args, **kwargs)
+
+    monkeypatch.setattr(resolved_module, "model_kv_specs", counting_specs)
+    monkeypatch.setattr(CapacityPlan, "__init__", counting_init)
+    monkeypatch.setattr(prediction_module, "from_specs", recording_from_specs)
+    deployment = Deployment("llama-3.1-8b", "h100-80gb", kv_offload_gib=8.0)
+    load = Load(2.0, 500, 32, seed=0)
+    p = predict(deployment, load, settings=SMALL)
+    assert len(derived) == 1 and plans == []
+    assert [args[2:6] for args in priced] == [(1, "bf16", "bf16", 1)]  # tp, weights, KV (not "auto"), pp
+    monkeypatch.undo()
+    capacity = deployment.memory_plan(load.max_len)
+    assert p.kv_tokens == capacity.kv_tokens
+    memory = replica_memory(deployment.resolve(load.max_len))
+    assert deployment.host_offload(capacity) == deployment.host_offload(memory)
+
+
+@pytest.mark.parametrize(
+    "deployment, max_len",
+    [
+        (Deployment("llama-3.1-8b", "h100-80gb"), 1756),
+        (Deployment("llama-3.1-70b", "h100-80gb"), 4096),  # the weights leave no KV budget
+        (Deployment("gemma-2-9b", "l4", block_size=32), 8192),  # sliding-window groups
+        (
+            Deployment("llama-3.1-8b", "a10g", tp=1, kv_dtype="fp8"),
+            131072,
+        ),  # one request needs too many blocks
+    ],
+)
+def test_replica_memory_is_the_plans_memory(deployment, max_len):
+    """What predict sizes a replica with (`replica_memory` of the resolved deployment) is the whole plan's
+    fits, verdict, blocks and tokens, whether or not it fits."""
+    memory = replica_memory(deployment.resolve(max_len))
+    capacity = deployment.memory_plan(max_len)
+    got = (memory.fits, memory.verdict, memory.num_blocks, memory.block_bytes, memory.kv_tokens)
+    assert got == (
+        capacity.fits,
+        capacity.verdict,
+        capacity.num_blocks,
+        capacity.block_bytes,
+        capacity.kv_tokens,
+    )
+    assert (memory.tensor_parallel, memory.pipeline_parallel, memory.block_size, memory.replicas) == (
+        capacity.tensor_parallel, capacity.pipeline_parallel, capacity.block_size, capacity.replicas,
+    )  # fmt: skip
+
+
+def test_a_host_tier_needs_its_offload():
+    deployment = Deployment("llama-3.1-8b", "h100-80gb", kv_offload_gib=8.0)
+    with pytest.raises(InvalidArgumentError, match="needs its offload"):
+        replica_steady_state(deployment, Load(1.0, 100, 10), deployment.step_model(), 10_000)

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning import published_vllm as pv
-from core.planning.hardware import GPUS
-from core.planning.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
-from core.planning.models import MODELS, MODELS_JSON, estimate_num_params
-from core.planning.predict_cli import max_rate_main, predict_main
-from core.planning.step_time import expert_weight_share, from_specs
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS, MODELS_JSON, estimate_num_params
+from core.planning.commands.predict_cli import max_rate_main, predict_main
+from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.step_time import expert_weight_share, from_specs
+from core.planning.memory.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
 
 CARDS = {  # slug: (layers, KV heads, head_dim, total, active parameters on the model card)
     "qwen3-32b": (64, 8, 128, 32.8e9, 32.8e9),
@@ -174,7 +174,7 @@ def test_sliding_window_layers_read_only_their_window():
 
 
 def test_slo_takes_a_config_too(tmp_path, capsys):
-    from core.planning.slo_cli import main as slo_main
+    from core.planning.commands.slo_cli import main as slo_main
 
     raw = json.loads(MODELS_JSON.read_text())["llama-3.1-8b"]
     path = tmp_path / "eight.json"
@@ -217,3 +217,48 @@ def test_a_prompt_pool_larger_than_the_run_is_unique_prompts_and_a_small_one_ski
         row, fitted, prompt_pool=1
     )  # every prompt the same: all but the first are cache hits
     assert one[0] < 0.5 * unique[0] and one[1] <= unique[1]
+
+
+def test_request_term_adds_its_fixed_time_and_the_step_in_flight_by_hand():
+    """One client, 16 prompt / 4 output tokens: each request is a 16-token prefill step and 3 decodes at contexts
+    16, 17, 18. With the request term its TTFT gains the fixed time and, once a previous request has finished,
+    the step in flight when it arrives (the previous request's last decode, at context 18); the first round's
+    only request reaches an idle engine. The TPOT does not move; the replay re-prices it exactly."""
+    row = pv.VllmRow("tiny", "llama-3.1-70b", "h100-80gb", 8, 16, 4, 1, 1.0, 1.0)
+    steps = {"flops_efficiency": 0.35, "layer_overhead_s": 7e-5} | pv.FIXED
+    with_term = steps | {pv.REQUEST_TERM: 0.03}
+    step = pv.step_model(row, with_term)
+    assert step == pv.step_model(row, steps)  # not a step-time parameter
+    prefill = step.step_seconds(16, 0, 16 * 17 / 2)
+    last_decode = step.step_seconds(1, 18, 19)
+    first_round, steady = prefill + 0.03, prefill + 0.03 + last_decode
+    ttft = (first_round + (pv.BENCHMARK_ROUNDS - 1) * steady) / pv.BENCHMARK_ROUNDS
+    without = pv.predict_row(row, steps)
+    predicted = pv.predict_row(row, with_term)
+    assert predicted == pytest.approx((ttft, without[1]), rel=1e-9)
+    assert without[0] == pytest.approx(prefill, rel=1e-9)
+    assert pv.RowReplay(row).latencies(with_term) == pytest.approx(predicted, rel=1e-9)
+
+
+def _row(model, gpu, tp, isl, osl, clients):
+    key = (model, gpu, tp, isl, osl, clients)
+    return next(r for r in pv.ROWS if (r.model, r.gpu, r.tp, r.isl, r.osl, r.concurrency) == key)
+
+
+def test_qwen3_32b_rows_prefill_slower_at_low_load_than_their_high_load_throughput_allows():
+    """docs/slo.md 2c: at 8 clients Qwen3-32B's TTFT grows 194 us per prompt token on 2 x H100 (0.17 of the bf16
+    peak for 3.3e10 FLOP per token per GPU), while its 64-client 4,096 / 128 row needs >= 0.45 of that peak for its
+    prompts alone; Llama-3.1-70B's rows agree with themselves (0.41 of FP8 peak at low load, <= 0.13 needed)."""
+    short, long = (_row("qwen3-32b", "h100-80gb", 2, isl, 1024, 8) for isl in (1024, 4096))
+    slope = (long.ttft_s - short.ttft_s) / (4096 - 1024)
+    assert slope == pytest.approx((0.7489 - 0.1543) / 3072, rel=1e-3)
+    per_token = 2 * MODELS["qwen3-32b"].num_params_active / 2  # FLOP per prompt token per GPU at TP 2
+    bf16 = GPUS["h100-80gb"].peak_bf16_flops
+    assert 0.16 < per_token / slope / bf16 < 0.18
+    assert pv.prefill_fraction_of_peak(_row("qwen3-32b", "h100-80gb", 2, 4096, 128, 64)) > 0.44
+    short, long = (_row("llama-3.1-70b", "h100-80gb", 2, isl, 1024, 4) for isl in (1024, 8192))
+    slope = (long.ttft_s - short.ttft_s) / (8192 - 1024)
+    fp8 = GPUS["h100-80gb"].peak_fp8_flops
+    assert 0.40 < 2 * MODELS["llama-3.1-70b"].num_params_active / 2 / slope / fp8 < 0.42
+    llama = [r for r in pv.ROWS if (r.model, r.gpu, r.tp) == ("llama-3.1-70b", "h100-80gb", 2)]
+    assert max(pv.prefill_fraction_of_peak(r) for r in llama if pv.row_set(r) != "kv-limited") < 0.14

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from core.planning.published import (
+from core.planning.cost.fits.published import (
     FIGURES,
     bench_settings,
     comparison,

@@ -10,12 +10,12 @@ import core.kv.hf_config
 import core.kv.layout
 from core.errors import InvalidArgumentError
 from core.kv.layout import kv_cache_layout, kv_read_bytes_per_sequence
-from core.planning.capacity import PlanInputs
-from core.planning.decode_roofline import decode_step_estimate
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
-from core.planning.plan import plan
-from core.planning.resolved import resolve_deployment
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.memory.decode_roofline import decode_step_estimate
+from core.planning.memory.plan import plan
+from core.planning.memory.plan_types import PlanInputs
+from core.planning.memory.resolved import resolve_deployment
 
 GiB = 1024**3
 

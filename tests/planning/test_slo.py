@@ -9,13 +9,20 @@ import re
 import pytest
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
-from core.planning.cli import main
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
-from core.planning.plan import plan
-from core.planning.slo import Slo, SloCandidates, SloWorkload, config_deployment, latency_curve, plan_slo
-from core.planning.slo_candidates import enumerate_candidates
-from core.planning.slo_eval import (
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.commands.dispatch import main
+from core.planning.memory.plan import plan
+from core.planning.search.slo import (
+    Slo,
+    SloCandidates,
+    SloWorkload,
+    config_deployment,
+    latency_curve,
+    plan_slo,
+)
+from core.planning.search.slo_candidates import enumerate_candidates
+from core.planning.search.slo_eval import (
     BINDINGS,
     analytic_bounds,
     floor_of,

@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from core.planning.cli import main
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
-from core.planning.plan import plan
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.commands.dispatch import main
+from core.planning.memory.plan import plan
 
 GPUS_ASKED = ["h100-80gb", "h200-141gb", "l40s"]
 PROMPT, OUTPUT = 2000, 300

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
-from core.planning.cli import main
-from core.planning.disagg import predict_disagg
-from core.planning.models import get_model
-from core.planning.slo import (
+from core.planning.catalog.models import get_model
+from core.planning.commands.dispatch import main
+from core.planning.predict.disagg import predict_disagg
+from core.planning.search.slo import (
     Slo,
     SloCandidates,
     SloConfig,
@@ -27,8 +27,8 @@ from core.planning.slo import (
     config_deployment,
     plan_slo,
 )
-from core.planning.slo_disagg import DisaggEvaluator, disagg_floors, enumerate_disagg, pool_deciders
-from core.planning.slo_eval import Bounds
+from core.planning.search.slo_disagg import DisaggEvaluator, disagg_floors, enumerate_disagg, pool_deciders
+from core.planning.search.slo_eval import Bounds
 from core.serving.steady_state import SteadyStateSettings
 
 # Llama-3.1-8B: 2 (K, V) x 32 layers x 8 KV heads x 128 head size x 2 bytes (bf16) = 131,072 bytes per token

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from core.errors import RoutingError
-from core.planning.cli import main
-from core.planning.predict import Load, predict
-from core.planning.slo import Slo, SloCandidates, SloWorkload, config_deployment, plan_slo
-from core.planning.verdict import SEARCH_SETTINGS, verdict_decider
+from core.planning.commands.dispatch import main
+from core.planning.predict.early_stop import SEARCH_SETTINGS, verdict_decider
+from core.planning.predict.prediction import Load, predict
+from core.planning.search.slo import Slo, SloCandidates, SloWorkload, config_deployment, plan_slo
 from core.serving.router import ROUTING_POLICIES
 
 MODEL = "llama-3.1-8b"

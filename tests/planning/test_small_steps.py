@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.step_fit import SMALL_STEP_MIN_STEPS, fit_step_time
-from core.planning.step_time import opt_13b_a100
+from core.planning.cost.fits.step_fit import SMALL_STEP_MIN_STEPS, fit_step_time
+from core.planning.cost.step_time import opt_13b_a100
 
 ONE_TOKEN = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "single_token_overhead_s")
 

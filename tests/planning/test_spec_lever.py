@@ -1,4 +1,4 @@
-"""Speculative decoding in the steady-state predictor (`core.planning.speculative`): the expected accepted length
+"""Speculative decoding in the steady-state predictor (`core.planning.cost.speculative`): the expected accepted length
 worked by hand, a speculative step priced as K + 1 tokens per sequence against the roofline, the gain at batch 1
 (memory-bound: about the accepted length) against a compute-bound batch (none), and in simulation TPOT cut at
 low load, zero acceptance costing, the gain shrinking as the rate rises; bad flags exit 2 with one line."""
@@ -8,10 +8,10 @@ import json
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.load import Load
-from core.planning.predict import Deployment, predict
-from core.planning.predict_cli import predict_main
-from core.planning.speculative import Speculation, SpeculativeStepTime
+from core.planning.commands.predict_cli import predict_main
+from core.planning.cost.speculative import Speculation, SpeculativeStepTime
+from core.planning.predict.load import Load
+from core.planning.predict.prediction import Deployment, predict
 from core.serving.steady_state import SteadyStateSettings
 
 SMALL = SteadyStateSettings(tolerance=0.2, initial_measured=100, max_requests=400, warmup_lifetimes=2.0)

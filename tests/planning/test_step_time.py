@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
-from core.planning.step_fit import FIT_PARAMETERS, fit_step_time
-from core.planning.step_time import ALL_REDUCE_LATENCY_S, StepTimeModel, from_specs, opt_13b_a100
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.cost.fits.step_fit import FIT_PARAMETERS, fit_step_time
+from core.planning.cost.step_time import ALL_REDUCE_LATENCY_S, StepTimeModel, from_specs, opt_13b_a100
 from core.sched import ScheduledStep, step_load
 
 

@@ -1,4 +1,4 @@
-"""The `vllm bench serve` command that replays a `Load` (`core.planning.vllm_command.vllm_bench_serve_command`):
+"""The `vllm bench serve` command that replays a `Load` (`core.planning.predict.vllm_bench.vllm_bench_serve_command`):
 parsed back with a parser declaring vLLM's flag names and types (vllm/benchmarks/serve.py `add_cli_args`,
 vllm/benchmarks/datasets `add_dataset_parser`), every flag carries the load's value; vLLM's length range for
 --random-range-ratio (worked from its documented formula) matches `Load.length_spread` within a token; the
@@ -11,9 +11,9 @@ import shlex
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.load import Load
-from core.planning.models import get_model
-from core.planning.vllm_command import bench_num_prompts, vllm_bench_serve_command
+from core.planning.catalog.models import get_model
+from core.planning.predict.load import Load
+from core.planning.predict.vllm_bench import bench_num_prompts, vllm_bench_serve_command
 
 LLAMA = get_model("llama-3.1-8b")
 

@@ -7,7 +7,7 @@ import pytest
 from core.engine import Engine, SamplingParams
 from core.engine.config import TINY_LLAMA
 from core.errors import SchedulerStuckError
-from core.planning.step_time import opt_13b_a100
+from core.planning.cost.step_time import opt_13b_a100
 from core.sched import ScheduledStep, StepOutcome, driver
 from core.sched.step_columns import COLUMNS, FLOAT_COLUMNS
 from core.sched.step_load import step_load

@@ -20,7 +20,7 @@ import pytest
 
 from core.live.metrics import parse_vllm_metrics
 from core.live.window import observe_window
-from core.planning.cpu_roofline import measure_roofs
+from core.planning.cost.cpu_roofline import measure_roofs
 from core.planning.observed.planned import MEASURED_ROOF_HEADROOM, FitSettings, plan_against_observed
 from core.planning.observed.planned_model import core_serve_step_model, limits_from_metrics
 from core.serve.launcher import LoopbackServer

@@ -44,7 +44,7 @@ def test_the_command_listens_on_loopback_only(capsys):
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and flags["--block-size"] == "32"
 
     # the planner's CPU plan of that folder and those settings: bf16 SmolLM2, 1 GiB, block 32 -> 1,456 blocks
-    from core.planning.cli import main
+    from core.planning.commands.dispatch import main
 
     folder = cmd[2]
     assert (

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.step_time import opt_13b_a100
+from core.planning.cost.step_time import opt_13b_a100
 from core.serving.memory_policies import Policy, paged
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.workload import Request, sharegpt, uniform

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError, RoutingError
-from core.planning.load import Load
-from core.planning.step_time import StepTimeModel
+from core.planning.cost.step_time import StepTimeModel
+from core.planning.predict.load import Load
 from core.serving.fleet import Fleet, replica_breakdown, simulate_fleet
 from core.serving.memory_policies import orca_max, paged
 from core.serving.router import AFFINITY, ROUTING_POLICIES, SATURATION_BATCHES, Router

@@ -7,7 +7,7 @@ import pytest
 
 from core.common import cdiv
 from core.errors import InvalidArgumentError
-from core.planning.step_time import StepTimeModel, opt_13b_a100
+from core.planning.cost.step_time import StepTimeModel, opt_13b_a100
 from core.serving.memory_policies import Policy
 from core.serving.paged_memory import PagedKVGroup, check_kv_groups
 from core.serving.simulator import COLUMNS, SimulatorConfig, simulate
@@ -225,7 +225,7 @@ def test_gemma_3_pool_is_vllms_block_count():
     equal to kv_cache_layout's num_blocks for the same bytes (available // page // group_size)."""
     from core.kv.layout import kv_cache_layout
     from core.page_models.simulator import model_kv_groups
-    from core.planning.models import MODELS
+    from core.planning.catalog.models import MODELS
     from core.serving.memory_policies import make_memory
 
     groups = model_kv_groups("gemma-3-27b")

@@ -6,7 +6,7 @@ import torch
 
 from core.errors import InvalidArgumentError
 from core.kernels.attention import contiguous_attention, paged_attention
-from core.planning.step_time import opt_13b_a100
+from core.planning.cost.step_time import opt_13b_a100
 from core.serving.memory_policies import orca_oracle, paged
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.step_attention import measure_step_attention

@@ -9,10 +9,10 @@ from core.live.histogram import Histogram
 from core.live.history import FLEET, LiveHistory
 from core.live.metrics import parse_vllm_metrics
 from core.live.tree import CachedBlockTree
-from core.planning.hardware import get_gpu
-from core.planning.models import get_model
+from core.planning.catalog.hardware import get_gpu
+from core.planning.catalog.models import get_model
+from core.planning.memory.plan import PlanInputs
 from core.planning.observed.compare import compare_with_server
-from core.planning.plan import PlanInputs
 from tests.live.exposition import EngineState, vllm_exposition
 from ui.live_figures import (
     FLEET_COLOR,
@@ -73,8 +73,8 @@ def test_comparison_bars():
 
 
 def test_planned_observed_bars_in_ms_with_the_source_colour():
+    from core.planning.cost.step_time import opt_13b_a100
     from core.planning.observed.planned import HistogramFit, PlannedVsObserved
-    from core.planning.step_time import opt_13b_a100
     from tests.planning.simulated_server import simulated_server
     from ui.live_figures import PLANNED_COLOR, PRIOR_COLOR, planned_observed_figure
 

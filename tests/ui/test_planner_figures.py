@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from core.planning.hardware import GPUS
-from core.planning.models import MODELS
-from core.planning.plan import concurrency_vs_context, plan
-from core.planning.what_if import fragmentation_by_block_size, memory_breakdown, workload_what_if
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.memory.plan import concurrency_vs_context, plan
+from core.planning.memory.what_if import fragmentation_by_block_size, memory_breakdown, workload_what_if
 from ui.planner_figures import (
     BREAKDOWN_ORDER,
     activation_label,

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from core.kv import KVCacheSnapshot
-from core.planning.step_time import opt_13b_a100
+from core.planning.cost.step_time import opt_13b_a100
 from core.serving.memory_policies import Policy, orca_max, orca_oracle, paged
 from core.serving.paged_memory import check_kv_groups
 from core.serving.simulator import SimulatorConfig, StepSnapshot, simulate

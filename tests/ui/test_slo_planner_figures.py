@@ -15,7 +15,7 @@ from core.page_models.slo_planner import (
     curves,
     search,
 )
-from core.planning.slo import latency_curve
+from core.planning.search.slo import latency_curve
 
 # the page's defaults (rate 12, its targets, GPUs and dtypes) with shorter requests: the same chart is drawn from a
 # search and curves that simulate ~5x fewer steps (2000 / 300 tokens took 50 s for this file)

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from core.live.metrics import parse_vllm_metrics
-from core.planning.models import ModelSpec
-from core.planning.predict import Deployment, Load, predict
-from core.planning.vllm_command import vllm_bench_serve_command
+from core.planning.catalog.models import ModelSpec
+from core.planning.predict.prediction import Deployment, Load, predict
+from core.planning.predict.vllm_bench import vllm_bench_serve_command
 from core.serve.vllm_env import find_vllm
 
 PREFIX, SUFFIX, PREFIXES, REQUESTS, OUTPUT = 256, 64, 2, 16, 4

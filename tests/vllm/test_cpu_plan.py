@@ -13,9 +13,9 @@ from core.limits import Limits
 from core.live.addresses import check_metrics_url
 from core.live.metrics import parse_vllm_metrics
 from core.live.served_model import fetch_served_models, local_hf_config
-from core.planning.cli import main as planning_main
-from core.planning.cpu_kv import CpuKVInputs, GiB, plan_cpu_kv
-from core.planning.models import ModelSpec
+from core.planning.catalog.models import ModelSpec
+from core.planning.commands.dispatch import main as planning_main
+from core.planning.memory.cpu_kv import CpuKVInputs, GiB, plan_cpu_kv
 
 OVERRIDE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
 

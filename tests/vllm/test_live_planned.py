@@ -12,7 +12,7 @@ from core.live.history import LiveHistory
 from core.live.metrics import parse_vllm_metrics
 from core.live.served_model import fetch_served_models
 from core.page_models.live_planned import VLLM_CPU_DEFAULTS, live_plan, served_config
-from core.planning.cpu_roofline import measure_roofs
+from core.planning.cost.cpu_roofline import measure_roofs
 
 VALUES = {"pvo_window": 600.0, "pvo_seqs": 0, "pvo_tokens": 0, "model": "none", "gpu": "h100-80gb", "tp": 1}
 REQUESTS = 24

@@ -8,7 +8,7 @@ The plan is made with the server's own block size, KV cache dtype and gpu_memory
 
 A server with an explicit KV space (cache_config_info's kv_cache_memory_bytes: vLLM's CPU build, which sets it from
 VLLM_CPU_KVCACHE_SPACE, or `--kv-cache-memory-bytes`) sizes its cache from those bytes alone, with no profiling:
-`compare_kv_space_with_server` plans that (`core.planning.cpu_kv`) for the served model's own config.json, so the
+`compare_kv_space_with_server` plans that (`core.planning.memory.cpu_kv`) for the served model's own config.json, so the
 two agree block for block. A server started with --num-gpu-blocks-override keeps the override (cache_config_info's
 num_gpu_blocks); the count it computed is in its start log ("Overriding num_gpu_blocks=N"), and the comparison
 says so.
@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from core.common import cdiv
 from core.errors import InvalidArgumentError
 from core.live.metrics import VllmMetrics
-from core.planning.cpu_kv import CpuKVInputs, CpuKVPlan, plan_cpu_kv
-from core.planning.kv_accounting import KV_DTYPES
-from core.planning.models import ModelSpec
-from core.planning.plan import CapacityPlan, PlanInputs, plan_from
+from core.planning.catalog.models import ModelSpec
+from core.planning.memory.cpu_kv import CpuKVInputs, CpuKVPlan, plan_cpu_kv
+from core.planning.memory.kv_accounting import KV_DTYPES
+from core.planning.memory.plan import CapacityPlan, PlanInputs, plan_from
 
 AGREE_WITHIN = 0.05  # relative difference under which the plan and the server agree
 _CACHE_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "fp8_inc": "fp8"}

@@ -1,28 +1,28 @@
 """What planned vs observed (`core.planning.observed.planned`) plans with: the step-time roofline of the server's model on its
 hardware (efficiencies and overhead then fitted to its histograms) and the scheduler limits it runs under.
 
-- A vLLM server: the model from its `model_name` label when that is a planner preset (`core.planning.models`:
+- A vLLM server: the model from its `model_name` label when that is a planner preset (`core.planning.catalog.models`:
   the slug, or its Hugging Face repository, case-insensitive) or the preset the user picks; the hardware a GPU
-  preset (`core.planning.hardware`) with a tensor-parallel size (`core.planning.step_time.from_specs`).
+  preset (`core.planning.catalog.hardware`) with a tensor-parallel size (`core.planning.cost.step_time.from_specs`).
 - `core.serve` on this CPU: its model's own config (`tiny`, or the cached real model's GGUF header; nothing is
   downloaded) and weights in the served dtype (vllm:cache_config_info's cache_dtype), on the roofs measured in
-  this process (`core.planning.cpu_roofline`). The roofs are the server machine's only when the page runs there.
+  this process (`core.planning.cost.cpu_roofline`). The roofs are the server machine's only when the page runs there.
 - A vLLM server whose model is no preset: its Hugging Face config.json (the folder its /v1/models `root` names,
   read when it runs on this machine, or one the user gives: `core.live.served_model`); on this machine's CPU
   (vLLM's CPU build) the roofline of that config on the measured roofs, in the dtype vLLM serves it in
-  (`core.planning.cpu_kv.cpu_model_dtype`), else on the chosen GPU preset (`hf_gpu_step_model`).
+  (`core.planning.memory.cpu_kv.cpu_model_dtype`), else on the chosen GPU preset (`hf_gpu_step_model`).
 - Limits: the KV capacity from vllm:cache_config_info (num_gpu_blocks x block_size); max_num_seqs,
   max_num_batched_tokens and max_model_len are not in /metrics: the user's (vLLM's defaults offered).
 """
 
 from core.errors import InvalidArgumentError
 from core.live.metrics import VllmMetrics
-from core.planning.cpu_roofline import engine_step_model
-from core.planning.engine_profiles import engine_step_defaults
-from core.planning.hardware import get_gpu
-from core.planning.models import MODELS, ModelSpec, get_model
+from core.planning.catalog.hardware import get_gpu
+from core.planning.catalog.models import MODELS, ModelSpec, get_model
+from core.planning.cost.cpu_roofline import engine_step_model
+from core.planning.cost.fits.engine_profiles import engine_step_defaults
+from core.planning.cost.step_time import StepTimeModel, from_specs
 from core.planning.observed.planned import ServerLimits
-from core.planning.step_time import StepTimeModel, from_specs
 
 CORE_SERVE_MODELS = ("tiny", "smollm2-135m-instruct")  # the names `python -m core.serve --model` serves as
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

@@ -1,0 +1,230 @@
+"""`python -m core.planning predict` (one deployment at one load) and `python -m core.planning max-rate` (the
+highest Poisson rate it holds within latency targets), each printing one JSON object.
+
+    python -m core.planning predict --model llama-3.1-8b --gpu h100-80gb --tp 1 --rate 12 \\
+        --prompt-len 1500 --output-len 256
+    python -m core.planning max-rate --model llama-3.1-8b --gpu h100-80gb --prompt-len 1500 --output-len 256 \\
+        --ttft-p99 1 --tpot-p99 0.05
+
+The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zipf a --turns T --turn-gap s
+(prompts sharing prefixes, chats, through the prefix cache); --spec-tokens K --spec-acceptance a1,...,aK
+--spec-method ngram|draft-model|eagle --draft-model NAME (speculative decoding); predict --disagg
+--prefill-workers X --prefill-tp A --decode-workers Y --decode-tp B [--kv-link nvlink|network]; --replicas N
+--routing round-robin|random|least-loaded|prefix-aware|session (a routed fleet: `core.serving.fleet`).
+
+Any model: --config PATH [--num-params N] (a Hugging Face config.json, as the capacity planner takes it) in place
+of --model, on predict, max-rate and slo; the same JSON keys as for a preset (deployment.model is the file's
+name).
+
+Exit status 0; 2 with one plain line on stderr naming the bad flag.
+"""
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+
+from core.errors import InvalidArgumentError, LabError
+from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.planning.catalog.models import MODELS, ModelSpec, model_from_config_file
+from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, ENGINES
+from core.planning.cost.speculative import SPEC_METHODS, Speculation, parse_acceptance
+from core.planning.predict.disagg import DisaggDeployment, predict_disagg
+from core.planning.predict.load import DEFAULT_TURN_GAP_S, Load
+from core.planning.predict.max_rate import max_rate
+from core.planning.predict.prediction import Deployment, predict
+from core.serving.latency import PERCENTILES
+from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES
+from core.serving.steady_state import STEADY_METRICS
+
+
+class LineErrorParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one plain line on stderr and exit status 2."""
+
+    def error(self, message):  # one plain line and exit 2, as every other bad input
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def deployment_flags(parser: argparse.ArgumentParser) -> None:
+    """--model --gpu --tp --pp --replicas --max-num-seqs --max-num-batched-tokens --weight-dtype --kv-dtype
+    --engine, and speculative decoding (--spec-tokens --spec-acceptance --spec-method --draft-model): one
+    deployment (`Deployment`)."""
+    config_flags(parser)
+    parser.add_argument("--gpu", required=True, help="GPU preset")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    parser.add_argument("--weight-dtype", default="auto")
+    parser.add_argument("--kv-dtype", default="auto")
+    parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
+    parser.add_argument("--spec-tokens", type=int, default=None, help="speculative decoding: K draft tokens")
+    parser.add_argument(
+        "--spec-acceptance", default=None, help="a1,...,aK: per-position acceptance in [0, 1]"
+    )
+    parser.add_argument("--spec-method", default="ngram", help=f"one of {', '.join(SPEC_METHODS)}")
+    parser.add_argument("--draft-model", default=None, help="draft model preset (--spec-method draft-model)")
+    # a host-memory KV tier (vLLM's native offloading, core.serving.host_offload)
+    parser.add_argument("--kv-offload-gib", type=float, default=0.0, help="GiB of host KV per replica")
+    parser.add_argument("--offload-policy", default="lru", help="host tier eviction: lru or arc")
+    parser.add_argument("--offload-bandwidth-gbps", type=float, default=50.0, help="host->GPU GB/s per GPU")
+    parser.add_argument(
+        "--routing", default=DEFAULT_ROUTING, help=f"replica router: one of {', '.join(ROUTING_POLICIES)}"
+    )
+
+
+def config_flags(parser: argparse.ArgumentParser) -> None:
+    """--model PRESET | --config PATH [--num-params N]: a preset or any Hugging Face config.json (as the capacity
+    planner takes them; `model_from_args` reads them)."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
+    source.add_argument("--config", help="path of a Hugging Face config.json (instead of --model)")
+    parser.add_argument("--num-params", type=float, help="parameter count for --config (default: estimated)")
+
+
+def model_from_args(args) -> "str | ModelSpec":
+    """The preset slug of --model, or the ModelSpec of --config (--num-params only with --config)."""
+    if args.config is None:
+        if args.num_params is not None:
+            raise InvalidArgumentError("--num-params goes with --config (a preset has its own count)")
+        return args.model
+    return model_from_config_file(args.config, args.num_params)
+
+
+def load_flags(parser: argparse.ArgumentParser) -> None:
+    """--prompt-len --output-len --length-spread --seed, and the shared prefixes and chats (--shared-prefix-len
+    --num-prefixes --prefix-zipf --turns --turn-gap): the requests' shape (`Load` without its rate)."""
+    parser.add_argument("--prompt-len", type=int, required=True)
+    parser.add_argument("--output-len", type=int, required=True)
+    parser.add_argument("--length-spread", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt shares")
+    parser.add_argument("--num-prefixes", type=int, default=1, help="distinct shared prefixes")
+    parser.add_argument("--prefix-zipf", type=float, default=None, help="Zipf exponent of prefix popularity")
+    parser.add_argument("--turns", type=int, default=1, help="requests per conversation")
+    parser.add_argument(
+        "--turn-gap", type=float, default=DEFAULT_TURN_GAP_S, help="seconds between a chat's turns"
+    )
+
+
+def target_flags(parser: argparse.ArgumentParser) -> None:
+    """--ttft-p50 ... --e2e-p99: latency targets in seconds."""
+    for metric in STEADY_METRICS:
+        for q in PERCENTILES:
+            parser.add_argument(f"--{metric}-p{q}", type=float, dest=f"{metric}_p{q}_s", help="seconds")
+
+
+def load_from_args(args, rate: float | None, concurrency: int | None = None) -> Load:
+    """The `Load` of `load_flags` at `rate` requests/s (or `concurrency` clients)."""
+    return Load(
+        rate, args.prompt_len, args.output_len, args.length_spread, args.seed, concurrency,
+        shared_prefix_len=args.shared_prefix_len, num_prefixes=args.num_prefixes,
+        prefix_zipf=args.prefix_zipf, turns=args.turns, turn_gap_s=args.turn_gap,
+    )  # fmt: skip
+
+
+def speculation_from_args(args) -> Speculation | None:
+    """The `Speculation` of --spec-tokens --spec-acceptance --spec-method --draft-model, None without them."""
+    if args.spec_tokens is None:
+        if args.spec_acceptance is not None or args.draft_model is not None or args.spec_method != "ngram":
+            raise InvalidArgumentError(
+                "--spec-acceptance, --spec-method and --draft-model need --spec-tokens K"
+            )
+        return None
+    if args.spec_acceptance is None:
+        raise InvalidArgumentError(
+            "--spec-tokens needs --spec-acceptance a1,...,aK (one rate per draft token)"
+        )
+    rates = parse_acceptance(args.spec_acceptance)
+    return Speculation(args.spec_tokens, rates, args.spec_method, args.draft_model)
+
+
+def deployment_from_args(args) -> Deployment:
+    return Deployment(
+        model_from_args(args), args.gpu, args.tp, args.pp, args.replicas, args.max_num_seqs,
+        args.max_num_batched_tokens, args.weight_dtype, args.kv_dtype, args.engine,
+        speculation=speculation_from_args(args), routing=args.routing,
+        kv_offload_gib=args.kv_offload_gib, offload_policy=args.offload_policy,
+        offload_bandwidth_gbps=args.offload_bandwidth_gbps,
+    )  # fmt: skip
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def disagg_flags(parser: argparse.ArgumentParser) -> None:
+    """--disagg --prefill-workers --prefill-tp --decode-workers --decode-tp --kv-link: a disaggregated
+    deployment (`core.planning.predict.disagg.DisaggDeployment`) instead of --tp / --pp / --replicas."""
+    parser.add_argument("--disagg", action="store_true", help="separate prefill and decode workers")
+    parser.add_argument("--prefill-workers", type=int, default=1)
+    parser.add_argument("--prefill-tp", type=int, default=1)
+    parser.add_argument("--decode-workers", type=int, default=1)
+    parser.add_argument("--decode-tp", type=int, default=1)
+    parser.add_argument("--kv-link", default=None, help="nvlink or network (default: nvlink within 8 GPUs)")
+
+
+def disagg_from_args(args) -> DisaggDeployment:
+    if args.spec_tokens is not None or args.pp != 1:
+        raise InvalidArgumentError("--disagg takes neither --spec-tokens nor --pp (each pool is tp-only)")
+    return DisaggDeployment(
+        model_from_args(args), args.gpu, args.prefill_workers, args.prefill_tp, args.decode_workers,
+        args.decode_tp, args.max_num_seqs, args.max_num_batched_tokens, args.weight_dtype, args.kv_dtype, args.engine,
+        kv_link=args.kv_link,
+    )  # fmt: skip
+
+
+def predict_main(argv: Sequence[str]) -> int:
+    parser = LineErrorParser(
+        prog="python -m core.planning predict", description="One deployment's steady state."
+    )
+    deployment_flags(parser)
+    load_flags(parser)
+    disagg_flags(parser)
+    load = parser.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=float, help="requests/s, Poisson")
+    load.add_argument("--concurrency", type=int, help="closed-loop clients")
+    args = parser.parse_args(argv)
+    try:
+        load = load_from_args(args, args.rate, args.concurrency)
+        if args.disagg:
+            result = predict_disagg(disagg_from_args(args), load).to_dict()
+        else:
+            result = predict(deployment_from_args(args), load).to_dict()
+    except LabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(_clean(result), indent=2))
+    return 0
+
+
+def max_rate_main(argv: Sequence[str]) -> int:
+    parser = LineErrorParser(
+        prog="python -m core.planning max-rate", description="The highest rate within targets."
+    )
+    deployment_flags(parser)
+    load_flags(parser)
+    target_flags(parser)
+    args = parser.parse_args(argv)
+    targets = {k: v for k, v in vars(args).items() if k.endswith("_s") and v is not None}
+    try:
+        deployment = deployment_from_args(args)
+        load = load_from_args(args, 1.0)
+        found = max_rate(deployment, load, targets)
+    except LabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    body = {"max_rate_req_per_s": found.max_req_per_s, "binding": found.binding, "targets": targets,
+            "evaluations": found.evaluations, "deployment": deployment.flags()}  # fmt: skip
+    body |= found.at.to_dict() if found.at is not None else {}
+    print(json.dumps(_clean(body), indent=2))
+    return 0

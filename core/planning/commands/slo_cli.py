@@ -1,0 +1,133 @@
+"""`python -m core.planning slo`: the cheapest deployment that meets a latency SLO, as JSON.
+
+    python -m core.planning slo --model llama-3.1-8b | --config config.json [--num-params N] --rate 12 --prompt-len 2000 --output-len 300 \\
+        --ttft-p95 1 --tpot-p95 0.05 [--ttft-p99 ... --itl-p99 ... --e2e-p90 ...] [--engine vllm|trtllm] \\
+        [--gpus h100-80gb h200-141gb l40s] [--max-gpus 8] [--length-spread S] [--seed K] [--disagg] \
+        [--routing POLICY | --routing-candidates P1,P2,...]
+
+Prints one JSON object (`SloPlan.to_dict`): `configs`, sorted by GPU count then the cost proxy (total memory
+bandwidth), each with gpu, num_gpus, tp, pp, max_num_seqs, every steady-state percentile (ttft_p50_s ...
+e2e_p99_s, itl_*), throughput_tokens_per_s, tokens_per_s_per_gpu, meets_slo, binding, converged (and more), mode
+("agg"; with --disagg also "disagg" rows, with prefill_gpus, decode_gpus, kv_transfer_s and their layout: see
+`core.planning.search.slo_disagg`); `best`, the first that meets the SLO. With `--routing POLICY` every row of several
+replicas is a routed fleet with `routing` and `routing_note` (without it, as before, each replica serves 1 / N of
+the load as its own Poisson stream: a fleet simulation costs the search 3-4x its time);
+`--routing-candidates` ranks (deployment, routing) pairs, cheapest first, the better metric breaking ties. Exit status 0; 2 with the reason on stderr
+for bad input, or when no configuration meets the SLO (then stdout still carries every configuration evaluated,
+with `error` saying what cannot be met and by how much).
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from core.errors import LabError, RoutingError, SloInfeasibleError
+from core.planning.catalog.hardware import GPUS
+from core.planning.commands.predict_cli import (
+    LineErrorParser,
+    config_flags,
+    load_flags,
+    load_from_args,
+    model_from_args,
+    target_flags,
+)
+from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, ENGINES
+from core.planning.memory.kv_accounting import KV_DTYPES, WEIGHT_DTYPES
+from core.planning.search.slo import Slo, SloCandidates, plan_slo
+from core.planning.search.slo_candidates import DEFAULT_SLO_GPUS
+from core.serving.router import ROUTING_POLICIES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = SloCandidates()
+    parser = LineErrorParser(
+        prog="python -m core.planning slo",
+        description="The cheapest GPU deployment that serves a workload within latency targets (steady state).",
+    )
+    config_flags(parser)  # --model PRESET | --config PATH [--num-params N]
+    parser.add_argument("--rate", type=float, required=True, help="requests per second (Poisson)")
+    load_flags(parser)
+    target_flags(parser)
+    parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
+    parser.add_argument(
+        "--gpus", nargs="+", default=list(DEFAULT_SLO_GPUS), help=f"presets: {', '.join(GPUS)}"
+    )
+    parser.add_argument("--max-gpus", type=int, default=defaults.max_gpus)
+    parser.add_argument("--tp", type=int, nargs="+", default=list(defaults.tensor_parallel))
+    parser.add_argument("--pp", type=int, nargs="+", default=list(defaults.pipeline_parallel))
+    parser.add_argument("--max-num-seqs", type=int, nargs="+", default=list(defaults.max_num_seqs))
+    parser.add_argument("--kv-dtypes", nargs="+", default=list(defaults.kv_dtypes), choices=KV_DTYPES)
+    parser.add_argument(
+        "--weight-dtypes", nargs="+", default=list(defaults.weight_dtypes), choices=WEIGHT_DTYPES
+    )
+    parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    parser.add_argument("--max-meeting", type=int, default=defaults.max_meeting)
+    parser.add_argument(
+        "--disagg",
+        action="store_true",
+        help="also search disaggregated deployments: x prefill workers + y decode workers of one GPU type "
+        "(tp from --tp, pp 1, max_num_seqs the largest --max-num-seqs), ranked with the aggregated ones",
+    )
+    parser.add_argument(
+        "--routing",
+        default=None,
+        help=f"the router in front of every deployment of several replicas: one of {', '.join(ROUTING_POLICIES)} "
+        "(default: none, each replica serves 1 / N of the load; round-robin is what a plain load balancer does)",
+    )
+    parser.add_argument(
+        "--routing-candidates",
+        default=None,
+        help="comma-separated routing policies to rank with the deployments (each (deployment, policy) a "
+        "candidate), e.g. round-robin,least-loaded,prefix-aware",
+    )
+    return parser
+
+
+def routing_from_args(args) -> tuple[str, ...]:
+    """The policies of --routing / --routing-candidates (one of them at most); RoutingError otherwise."""
+    if args.routing is not None and args.routing_candidates is not None:
+        raise RoutingError("give --routing POLICY or --routing-candidates P1,P2,..., not both", args.routing)
+    if args.routing_candidates is not None:
+        parts = [part.strip() for part in args.routing_candidates.split(",")]
+        if not all(parts):
+            raise RoutingError(
+                f"--routing-candidates must be comma-separated policies among {', '.join(ROUTING_POLICIES)}, "
+                f"got {args.routing_candidates!r}",
+                args.routing_candidates,
+            )
+        return tuple(parts)
+    return () if args.routing is None else (args.routing,)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m core.planning slo`. Exit status 0, or 2 (reason on stderr)."""
+    args = build_parser().parse_args(argv)
+    if args.disagg and args.max_gpus < 2:
+        print(f"error: --disagg needs --max-gpus of at least 2 (a prefill and a decode GPU), got {args.max_gpus}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    targets = {k: v for k, v in vars(args).items() if k.endswith("_s") and v is not None}
+    try:
+        slo = Slo.of(targets)
+        workload = load_from_args(args, args.rate)  # with its shared prefixes and turns (an SloWorkload)
+        candidates = SloCandidates(
+            gpus=tuple(args.gpus), max_gpus=args.max_gpus, tensor_parallel=tuple(args.tp),
+            pipeline_parallel=tuple(args.pp), max_num_seqs=tuple(args.max_num_seqs),
+            kv_dtypes=tuple(args.kv_dtypes), weight_dtypes=tuple(args.weight_dtypes),
+            max_num_batched_tokens=args.max_num_batched_tokens, max_meeting=args.max_meeting,
+            engine=args.engine, disagg=args.disagg, routing=routing_from_args(args),
+        )  # fmt: skip
+        plan = plan_slo(model_from_args(args), workload, slo, candidates)
+    except SloInfeasibleError as error:
+        print(f"error: {error}", file=sys.stderr)
+        body = error.plan.to_dict() if error.plan is not None else {"configs": []}
+        body["error"] = {"message": str(error), "metric": error.metric, "target": error.target,
+                         "best": error.best, "shortfall": error.shortfall}  # fmt: skip
+        print(json.dumps(body, indent=2))
+        return 2
+    except LabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_dict(), indent=2))
+    return 0

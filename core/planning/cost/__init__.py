@@ -1,0 +1,3 @@
+"""What a step costs: the step-time model (`step_time`), speculative decoding (`speculative`) and our CPU engine's
+roofline (`cpu_roofline`). Imports `catalog` and `memory` (of planning). The fits of the step-time model, the
+published runs they are fitted to and the serving engines' fitted profiles live one folder below, in `fits`."""

@@ -1,0 +1,444 @@
+"""Measured vLLM serving figures, the simulator's prediction of each, and the vLLM step-time parameters fitted to
+them (`core.planning.cost.fits.engine_profiles` stores the fitted values; docs/slo.md has the method and the table).
+
+The figures (`ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, its vLLM rows on H100 SXM and H200 SXM:
+mean TTFT and mean TPOT of a closed loop of C clients at fixed lengths ISL / OSL. From
+core/planning/data/vllm_silicon_llama31_70b.csv, Llama-3.1-70B with FP8 weights (TP 2, 4, 8 on H100; 1, 2, 4, 8
+on H200; C = 4 ... 64; 1,024 / 1,024, 1,024 / 8,192, 8,192 / 1,024); from
+core/planning/data/vllm_silicon_models.csv (issue 40), Qwen3-32B bf16 (H100), Llama-3.1-8B-Instruct FP8 (H200),
+gpt-oss-120b MXFP4 (H100, H200) and Qwen3-235B-A22B FP8 (H200; its 19 rows served with data-parallel attention
+are kept apart in ATTENTION_DP_ROWS, not priced).
+
+Split (issue 40): whole models. TRAINING_MODELS (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b) are fitted; every row of
+HELD_OUT_MODELS (Llama-3.1-8B, a small dense model; Qwen3-235B-A22B, an MoE model) is held out. The stored
+profile `VLLM_STEP_DEFAULTS` is the earlier single-model fit (SINGLE_MODEL_FIT_NAMES on Llama-3.1-70B's H100 rows,
+its H200 rows held out); FIT_NAMES / FIXED are the cross-model profile (docs/slo.md, section 2c).
+
+The prediction of one row (`predict_row`) is a deployment with vLLM's defaults where the row says nothing: the
+row's weight dtype, KV cache in the model's dtype (kv_cache_dtype auto), block size 16, max_num_batched_tokens 8,192,
+max_num_seqs 256, gpu_memory_utilization 0.9, max_model_len ISL + OSL, the KV capacity from the exact planner
+(`core.planning.memory.plan.plan`); the step time `core.planning.cost.step_time.from_specs` with the parameters given; run
+through `core.serving.simulator.simulate(..., concurrency=C)` (the closed loop, the paged policy counting blocks)
+as the benchmark that measured it: BENCHMARK_ROUNDS rounds of C requests (aiconfigurator's benchmark template
+sends 20 x C requests at concurrency C), the mean over all of them. Two phases make that mean:
+- "first": the first round, from a synchronized start (all C clients send at 0: the prompts queue for the
+  prefill budget, so TTFT grows with C);
+- "steady": the rounds after, in the steady state of clients out of phase (a real server's clients drift apart;
+  the simulator's, with fixed lengths, would stay in lockstep forever, every round a synchronized start): the
+  first round's outputs are staggered ((i + 1) / C x OSL tokens for client i), the next WARMUP_ROUNDS x C
+  requests dropped, the next MEASURED_ROUNDS x C measured.
+mean = (first + (BENCHMARK_ROUNDS - 1) x steady) / BENCHMARK_ROUNDS, for TTFT and for TPOT.
+
+Why the fit is fast: in a closed loop a request arrives the moment another finishes, i.e. at the end of a step,
+so which requests each step holds never depends on how long the steps take. `RowReplay` simulates each phase of
+a row once, records every step's load (new tokens, keys read, attention pairs, sampled tokens) and which step
+each measured request arrived, got its first token and finished in; other parameters then only re-price the
+recorded steps (numpy), exactly what simulating again gives (tests check it).
+
+Request-side latency (REQUEST_TERM, in the cross-model profile only): with an override "request_overhead_s" each
+predicted TTFT gains that fixed time (the serving front end: HTTP, tokenization, the hand-off to the engine, the
+first token's way back) plus the step in flight when the request reaches the engine (`request_latency`): a
+closed-loop client's next request arrives after the engine has scheduled the next step without it, where the
+simulator admits it at once. Without the override, TTFT is the simulator's (the stored profile's numbers).
+
+`fit_vllm` fits FIT_NAMES (FIXED held) by Gauss-Newton least squares on log(predicted / measured) of mean TTFT
+and mean TPOT over the training rows.
+
+KV-limited rows (`kv_limited`: C x (ISL + OSL / 2), the KV tokens the clients hold on average, exceeds the
+planner's KV tokens, or C exceeds MAX_NUM_SEQS: gpt-oss-120b's 512-client rows) are reported but neither fitted nor counted in either RMS: there requests wait for KV
+blocks (or are preempted) and the measured TTFT is a queueing time that depends on the benchmark's length and
+on vLLM's preemption order, not on the step time the fit is about. docs/slo.md lists them with their errors.
+"""
+
+import csv
+import math
+import random
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.cost.step_time import StepTimeModel, from_specs
+from core.planning.memory.plan import plan
+from core.serving.memory_policies import paged
+from core.serving.sim_config import SimulatorConfig
+from core.serving.simulator import simulate
+from core.serving.workload import Request
+
+DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_llama31_70b.csv"
+MODELS_DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_models.csv"
+VLLM_SOURCE = (
+    "ai-dynamo/aiconfigurator, aic-core/src/aiconfigurator_core/systems/silicon_sample.csv at commit "
+    "095f58a51c4ca8e61b66ec108d86f223f8d559ce (Apache-2.0): vLLM rows, H100 / H200 SXM, of Llama-3.1-70B FP8, "
+    "Qwen3-32B bf16, Llama-3.1-8B-Instruct FP8, gpt-oss-120b MXFP4 and Qwen3-235B-A22B FP8"
+)
+WEIGHT_DTYPE = "fp8"
+KV_DTYPE = "auto"  # vLLM's default kv_cache_dtype: the model's dtype (bf16)
+BLOCK_SIZE = 16
+MAX_NUM_BATCHED_TOKENS = 8192
+MAX_NUM_SEQS = 256
+GPU_MEMORY_UTILIZATION = 0.9
+WARMUP_ROUNDS = 2
+MEASURED_ROUNDS = 2
+BENCHMARK_ROUNDS = 20
+PHASES = ("first", "steady")
+AIPERF_DATASET_ENTRIES = 100  # aiperf's default --num-dataset-entries
+AIPERF_SEED = 100  # the --random-seed of aiconfigurator's generated benchmark script
+TRAINING_MODELS = ("llama-3.1-70b", "qwen3-32b", "gpt-oss-120b")  # two dense, one MoE; H100 and H200
+HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b")  # a small dense model and an MoE one
+MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b")
+# The cross-model profile (issue 40): one FLOP/s efficiency for dense GEMMs, one for routed-expert GEMMs, and a
+# fixed cost per layer per step; the weights and K/V read at the datasheet bandwidth (the single-model fit put
+# bandwidth_efficiency at its bound 1), no fixed cost beside the per-layer one and no per-token host time (the
+# single-model fit's 16.6 us per token, fixed whatever the model and TP, made an 8B model's 8,192-token
+# prefill cost 136 ms of host time alone), and a request-side latency (REQUEST_TERM: a fixed time per request
+# outside the steps plus the step in flight when it arrives; docs/slo.md 2c).
+FIT_NAMES = ("flops_efficiency", "layer_overhead_s", "expert_flops_efficiency", "request_overhead_s")
+FIXED = {"bandwidth_efficiency": 1.0, "overhead_s": 0.0, "per_token_overhead_s": 0.0}
+SINGLE_MODEL_FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
+# Gauss-Newton's starting point: round values near the cross-model solution (the fit is the same from 0.4 / 2e-5
+# / 0.2 in more iterations: docs/slo.md 2c).
+START = {"bandwidth_efficiency": 0.6, "flops_efficiency": 0.3, "overhead_s": 0.003,
+         "per_token_overhead_s": 1e-6, "layer_overhead_s": 7e-5, "expert_flops_efficiency": 0.08,
+         "fp8_flops_ratio": 1.5, "request_overhead_s": 0.03}  # fmt: skip
+# The request-side latency (module docstring): an override of this name (not a StepTimeModel parameter) adds to
+# every TTFT the fixed time a request spends outside the engine's steps and the step in flight when it arrives.
+REQUEST_TERM = "request_overhead_s"
+
+
+@dataclass(frozen=True)
+class VllmRow:
+    """One measured run: preset slugs, tp, lengths (tokens), clients, mean TTFT and TPOT (seconds)."""
+
+    id: str
+    model: str
+    gpu: str
+    tp: int
+    isl: int
+    osl: int
+    concurrency: int
+    ttft_s: float
+    tpot_s: float
+    weight_dtype: str = WEIGHT_DTYPE
+    dp: int = 1
+    ep: int = 1
+
+    @property
+    def held_out(self) -> bool:
+        return self.model in HELD_OUT_MODELS
+
+    @property
+    def label(self) -> str:
+        weights = "MXFP4" if self.weight_dtype == "auto" else self.weight_dtype.upper()
+        ep = f" EP{self.ep}" if self.ep > 1 else ""
+        return (f"{MODELS[self.model].name} {weights}, {GPUS[self.gpu].name} TP{self.tp}{ep}, ISL {self.isl} / "
+                f"OSL {self.osl}, {self.concurrency} clients")  # fmt: skip
+
+
+def _read_rows(path: Path) -> tuple[VllmRow, ...]:
+    with path.open(newline="") as f:
+        lines = [line for line in f if not line.startswith("#")]
+    rows = []
+    for r in csv.DictReader(lines):
+        ints = (int(r[k]) for k in ("tp", "isl", "osl", "concurrency"))
+        seconds = (float(r[k]) / 1e3 for k in ("ttft_ms", "tpot_ms"))
+        more = (
+            {"weight_dtype": r["weight_dtype"], "dp": int(r["dp"]), "ep": int(r["ep"])} if "dp" in r else {}
+        )
+        rows.append(VllmRow(r["id"], r["model"], r["gpu"], *ints, *seconds, **more))
+    return tuple(rows)
+
+
+_ALL_ROWS = _read_rows(DATA_PATH) + _read_rows(MODELS_DATA_PATH)
+# Rows served with data-parallel attention (Qwen3-235B-A22B at attention TP 1 / 2 with MoE TP 2 / 4): another
+# deployment than one TP group, which the step-time model does not price; kept apart, neither fitted nor scored.
+ATTENTION_DP_ROWS = tuple(r for r in _ALL_ROWS if r.dp > 1)
+ROWS = tuple(r for r in _ALL_ROWS if r.dp == 1)
+
+
+@cache
+def kv_tokens(row: VllmRow) -> int:
+    """KV slots of the row's replica by the exact planner (vLLM's memory rules and defaults)."""
+    capacity = plan(
+        MODELS[row.model], GPUS[row.gpu], tensor_parallel=row.tp, weight_dtype=row.weight_dtype, kv_dtype=KV_DTYPE,
+        gpu_memory_utilization=GPU_MEMORY_UTILIZATION, block_size=BLOCK_SIZE, max_model_len=row.isl + row.osl,
+        max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+    )  # fmt: skip
+    return int(capacity.kv_tokens)
+
+
+def kv_limited(row: VllmRow) -> bool:
+    """Whether the clients' average KV footprint, C x (ISL + OSL / 2) tokens, exceeds the cache, or there are more
+    clients than MAX_NUM_SEQS (requests then queue for a slot; module docstring)."""
+    return row.concurrency > MAX_NUM_SEQS or row.concurrency * (row.isl + row.osl / 2) > kv_tokens(row)
+
+
+def row_set(row: VllmRow) -> str:
+    """The row's set: "kv-limited", "held out" or "training"."""
+    return "kv-limited" if kv_limited(row) else "held out" if row.held_out else "training"
+
+
+def step_model(row: VllmRow, overrides: dict) -> StepTimeModel:
+    """The row's StepTimeModel with these parameters (REQUEST_TERM, not a step parameter, left out)."""
+    step = {k: v for k, v in overrides.items() if k != REQUEST_TERM}
+    return from_specs(MODELS[row.model], GPUS[row.gpu], row.tp, row.weight_dtype, KV_DTYPE, **step)
+
+
+def request_latency(overrides: dict, durations: np.ndarray, arrival: np.ndarray):
+    """What REQUEST_TERM adds to each request's TTFT: 0 without it; with it, its fixed seconds plus the step in
+    flight when the request reaches the engine, taken as long as the step whose end the simulated request
+    arrived at (durations[arrival - 1]; nothing at arrival 0, an idle engine). A closed-loop client sends its
+    next request when the last token of its previous one reaches it: by then the engine has started the next
+    step without it (the simulator, which admits it at that step, misses this wait). The fixed part is the
+    serving front end's (HTTP, prompt tokenization, hand-off to the engine, the first token's way back).
+    durations: float64 [steps]; arrival: int64 [requests], steps ended when each request arrived."""
+    if REQUEST_TERM not in overrides:
+        return 0.0
+    in_flight = np.where(arrival > 0, durations[np.maximum(arrival - 1, 0)], 0.0)
+    return overrides[REQUEST_TERM] + in_flight
+
+
+def pool_draws(count: int, pool: int, seed: int = AIPERF_SEED) -> list[int]:
+    """Which of `pool` prompts each of `count` requests sends when a benchmark samples its dataset by shuffling:
+    a random order of the pool, then another, and so on (aiperf's default "shuffle" sampling)."""
+    rng = random.Random(seed)
+    draws: list[int] = []
+    while len(draws) < count:
+        order = list(range(pool))
+        rng.shuffle(order)
+        draws += order
+    return draws[:count]
+
+
+def _run(row: VllmRow, step, phase: str, prompt_pool: int | None = None):
+    """The closed-loop simulation of `row` priced by `step` (a StepTimeModel or anything with its interface) and
+    the requests it measures: phase "first" runs one round from a synchronized start (every client sends at 0)
+    and measures it; phase "steady" staggers the first round (client i's first output is (i + 1) / C x OSL
+    tokens, so the clients are out of phase as a real server's drift apart) and measures requests
+    WARMUP_ROUNDS x C to (WARMUP_ROUNDS + MEASURED_ROUNDS) x C.
+
+    prompt_pool: None, every prompt unique (the profile's assumption); or N, the prompts drawn from N distinct
+    ones (`pool_draws`) and served with vLLM's prefix caching, so a prompt still cached is not prefilled again
+    (the what-if of docs/slo.md 2c: a benchmark reusing a dataset of N prompts, as aiperf does by default)."""
+    c = row.concurrency
+    if phase == "first":
+        start, end = 0, c
+        lengths = [row.osl] * (2 * c)
+    else:
+        start, end = WARMUP_ROUNDS * c, (WARMUP_ROUNDS + MEASURED_ROUNDS) * c
+        lengths = [max(2, round((i + 1) * row.osl / c)) for i in range(c)] + [row.osl] * end
+    if prompt_pool is None:
+        requests = [Request(i, 0.0, row.isl, n) for i, n in enumerate(lengths)]
+        policy = paged(BLOCK_SIZE, counted=True)
+    else:
+        draws = pool_draws(len(lengths), prompt_pool)
+        requests = [Request(i, 0.0, row.isl, n, prefix_group=draws[i], prefix_len=row.isl)
+                    for i, n in enumerate(lengths)]  # fmt: skip
+        policy = paged(BLOCK_SIZE, enable_prefix_caching=True)
+    config = SimulatorConfig(
+        kv_capacity_tokens=kv_tokens(row), max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_seq_len=row.isl + row.osl, step_time=step, max_snapshots=1,
+    )  # fmt: skip
+    result = simulate(requests, policy, config, until_finished=end, concurrency=c)
+    return result, result.requests.iloc[start:end]
+
+
+def _means(measured, extra_ttft=0.0) -> tuple[float, float]:
+    ttft = measured["first_token_time"] - measured["arrival_time"] + extra_ttft
+    tpot = (measured["finish_time"] - measured["first_token_time"]) / (measured["output_len"] - 1)
+    return float(ttft.mean()), float(tpot.mean())
+
+
+def benchmark_mean(first: tuple[float, float], steady: tuple[float, float]) -> tuple[float, float]:
+    """(mean TTFT, mean TPOT) of a benchmark of BENCHMARK_ROUNDS rounds: its first round from a synchronized
+    start, the others in the steady state."""
+    weight = 1.0 / BENCHMARK_ROUNDS
+    return tuple(weight * f + (1.0 - weight) * s for f, s in zip(first, steady, strict=True))
+
+
+def predict_row(row: VllmRow, overrides: dict, prompt_pool: int | None = None) -> tuple[float, float]:
+    """(mean TTFT, mean TPOT) in seconds that `row`'s benchmark would measure, simulated with these parameters
+    (prompt_pool: `_run`'s)."""
+    step = step_model(row, overrides)
+    means = []
+    for phase in PHASES:
+        result, measured = _run(row, step, phase, prompt_pool)
+        edges = np.concatenate([[0.0], result.steps["time_s"].to_numpy(np.float64)])
+        arrival = _step_index(edges, measured["arrival_time"].to_numpy(np.float64))
+        means.append(_means(measured, request_latency(overrides, np.diff(edges), arrival)))
+    return benchmark_mean(*means)
+
+
+def prefill_fraction_of_peak(row: VllmRow) -> float:
+    """The dense FLOP/s the row's measured throughput implies for prefilling its prompts alone, over its GPUs'
+    datasheet peak in the weights' dtype: C / (TTFT + (OSL - 1) x TPOT) requests a second, each ISL tokens at 2 x
+    the parameters active per token. A benchmark whose prompts were all computed cannot exceed ~1 (no vLLM step
+    reaches its GPU's peak); a high value says its prompts were (partly) served from the prefix cache."""
+    rate = row.concurrency / (row.ttft_s + (row.osl - 1) * row.tpot_s)
+    per_gpu = step_model(row, {}).peak_flops  # the step-time model's peak for the row's weights (FP8 or bf16)
+    return rate * row.isl * 2.0 * MODELS[row.model].num_params_active / (per_gpu * row.tp)
+
+
+class _RecordingStep:
+    """A StepTimeModel that records the load of every step it prices, in the order priced."""
+
+    def __init__(self, step: StepTimeModel):
+        self.step = step
+        self.kv_bytes_per_token = step.kv_bytes_per_token
+        self.swap_bandwidth = step.swap_bandwidth
+        self.loads: list[tuple[np.ndarray, ...]] = []
+
+    def step_seconds(self, new_tokens, kv_read, pairs=0.0, swap_bytes=0.0, output_tokens=None):
+        if swap_bytes:
+            raise AssertionError("a replay cannot re-price swaps (the rows run with preemption by recompute)")
+        outputs = new_tokens if output_tokens is None else output_tokens
+        self.loads.append(tuple(np.array([v], dtype=np.float64) for v in (new_tokens, kv_read, pairs, outputs)))  # fmt: skip
+        return self.step.step_seconds(new_tokens, kv_read, pairs, output_tokens=output_tokens)
+
+    def step_time(self, new_tokens, kv_read, pairs=0.0):
+        arrays = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (new_tokens, kv_read, pairs)))
+        self.loads.append((*arrays, arrays[0]))
+        return self.step.step_time(new_tokens, kv_read, pairs)
+
+
+class RowReplay:
+    """One row simulated once per phase, re-priced for any parameters (module docstring: why that is exact).
+
+    For each phase: the recorded step loads (new tokens, keys read, attention pairs, sampled tokens; float64
+    [steps]) and, per measured request, the number of steps that had ended when it arrived, got its first token
+    and finished (int64 [requests]; its times are the cumulative step times there)."""
+
+    def __init__(self, row: VllmRow):
+        self.row = row
+        self.phases = {phase: _record(row, phase) for phase in PHASES}
+
+    def latencies(self, overrides: dict) -> tuple[float, float]:
+        """(mean TTFT, mean TPOT) in seconds, as `predict_row` computes them, with these parameters."""
+        step = step_model(self.row, overrides)
+        means = []
+        for loads, (arrival, first, finish) in (self.phases[p] for p in PHASES):
+            durations = step.step_time(*loads[:3], output_tokens=loads[3])
+            clock = np.concatenate([[0.0], np.cumsum(durations)])
+            ttft = clock[first] - clock[arrival] + request_latency(overrides, durations, arrival)
+            tpot = (clock[finish] - clock[first]) / (self.row.osl - 1)
+            means.append((float(ttft.mean()), float(tpot.mean())))
+        return benchmark_mean(*means)
+
+
+def _record(row: VllmRow, phase: str):
+    """(loads, (arrival, first, finish) step indices) of one phase of `row` (RowReplay)."""
+    recorder = _RecordingStep(step_model(row, START))
+    result, measured = _run(row, recorder, phase)
+    loads = tuple(np.concatenate(parts) for parts in zip(*recorder.loads, strict=True))
+    ends = result.steps["time_s"].to_numpy(np.float64)
+    if len(ends) != len(loads[0]):
+        raise AssertionError(f"{len(loads[0])} steps priced, {len(ends)} recorded: cannot replay")
+    edges = np.concatenate([[0.0], ends])
+    names = ("arrival_time", "first_token_time", "finish_time")
+    return loads, tuple(_step_index(edges, measured[n].to_numpy(np.float64)) for n in names)
+
+
+def _step_index(edges: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Index into edges (0, then each step's end) of each time, which must be one of them."""
+    index = np.searchsorted(edges, times)
+    index = np.minimum(index, len(edges) - 1)
+    if not np.allclose(edges[index], times, rtol=1e-12, atol=1e-12):
+        raise AssertionError("a request time is not a step end: cannot replay")
+    return index
+
+
+@cache
+def replay(row: VllmRow) -> RowReplay:
+    return RowReplay(row)
+
+
+def _log_errors(x: np.ndarray, rows, names=FIT_NAMES, fixed=None) -> np.ndarray:
+    overrides = dict(fixed or {}) | dict(zip(names, np.exp(x), strict=True))
+    out = []
+    for row in rows:
+        ttft, tpot = replay(row).latencies(overrides)
+        out += [math.log(ttft / row.ttft_s), math.log(tpot / row.tpot_s)]
+    return np.array(out)
+
+
+def training_rows() -> list[VllmRow]:
+    return [r for r in ROWS if row_set(r) == "training"]
+
+
+def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED) -> dict:
+    """FIT_NAMES minimising sum(log(predicted / measured)^2) over mean TTFT and mean TPOT of `rows` (default: the
+    training rows), by damped Gauss-Newton on their logs (finite-difference Jacobians, the efficiencies held in
+    (0, 1], the overheads > 0 by the log)."""
+    rows = training_rows() if rows is None else list(rows)
+    upper = np.array([0.0 if n.endswith("efficiency") else math.log(2) if n == "fp8_flops_ratio" else math.inf
+                      for n in names])  # fmt: skip
+    x = np.log([START[n] for n in names])
+    r = _log_errors(x, rows, names, fixed)
+    for _ in range(iterations):
+        jac = np.empty((len(r), len(x)))
+        for j in range(len(x)):
+            dx = np.zeros_like(x)
+            dx[j] = 1e-6
+            jac[:, j] = (
+                r - _log_errors(x - dx, rows, names, fixed)
+            ) / 1e-6  # backward: an efficiency may sit at 1
+        step = np.linalg.lstsq(jac, -r, rcond=None)[0]
+        for _ in range(20):  # halve the step until the cost falls
+            x_new = np.minimum(x + step, upper)
+            r_new = _log_errors(x_new, rows, names, fixed)
+            if r_new @ r_new < r @ r:
+                break
+            step /= 2
+        else:
+            break
+        converged = np.max(np.abs(x_new - x)) < 1e-9
+        x, r = x_new, r_new
+        if converged:
+            break
+    return dict(fixed or {}) | dict(zip(names, (float(v) for v in np.exp(x)), strict=True))
+
+
+def comparison(overrides: dict, rows=None) -> list[dict]:
+    """One dict per row of `rows` (default ROWS): the row, measured and predicted mean TTFT / TPOT (seconds), their
+    relative errors (predicted / measured - 1) and the set ("training", "held out", "kv-limited")."""
+    out = []
+    for row in ROWS if rows is None else rows:
+        ttft, tpot = replay(row).latencies(overrides)
+        out.append({
+            "row": row, "ttft_s": ttft, "tpot_s": tpot, "ttft_error": ttft / row.ttft_s - 1.0,
+            "tpot_error": tpot / row.tpot_s - 1.0, "set": row_set(row),
+        })  # fmt: skip
+    return out
+
+
+def rms_relative_error(rows: list[dict], which: str) -> float:
+    """RMS of the TTFT and TPOT relative errors together over the comparison rows of set `which`."""
+    errors = [e for r in rows if r["set"] == which for e in (r["ttft_error"], r["tpot_error"])]
+    return float(np.sqrt(np.mean(np.square(errors)))) if errors else math.nan
+
+
+def _rms(values) -> float:
+    return float(np.sqrt(np.mean(np.square(values)))) if len(values) else math.nan
+
+
+def errors_by_model(rows: list[dict], which: str) -> dict:
+    """{model: {"ttft_rms_rel_err", "tpot_rms_rel_err", "rms_rel_err", "rows", "by_gpu"}} over the comparison rows
+    of set `which`: the RMS relative errors of TTFT and TPOT apart and together, the row count, and the same per
+    GPU ({gpu: {...}} without by_gpu)."""
+
+    def summary(group: list[dict]) -> dict:
+        ttft, tpot = [r["ttft_error"] for r in group], [r["tpot_error"] for r in group]
+        return {"ttft_rms_rel_err": _rms(ttft), "tpot_rms_rel_err": _rms(tpot), "rms_rel_err": _rms(ttft + tpot),
+                "rows": len(group)}  # fmt: skip
+
+    out = {}
+    for model in dict.fromkeys(r["row"].model for r in rows if r["set"] == which):
+        group = [r for r in rows if r["set"] == which and r["row"].model == model]
+        gpus = dict.fromkeys(r["row"].gpu for r in group)
+        out[model] = summary(group) | {
+            "by_gpu": {g: summary([r for r in group if r["row"].gpu == g]) for g in gpus}
+        }
+    return out

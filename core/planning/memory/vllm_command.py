@@ -1,0 +1,58 @@
+"""The `vllm serve` command line that matches a capacity plan, with a comment for what vLLM cannot be told. The
+`vllm bench serve` command that replays a load against that server is `core.planning.predict.vllm_bench`'s."""
+
+from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.planning.catalog.models import ModelSpec
+from core.planning.memory.kv_accounting import COMPUTE_DTYPE_SHORT, resolve_weight_dtype
+from core.planning.memory.plan_types import CapacityPlan
+
+
+def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec | None = None) -> str:
+    """The `vllm serve` flags matching the plan (`model` defaults to the plan's own). max-num-seqs is the plan's
+    scheduler cap (vLLM's default 256 unless chosen), not the number of full-length requests that fit: with
+    paging, shorter requests share the cache, and vLLM's scheduler admits them while blocks remain."""
+    model = capacity.inputs.model if model is None else model
+    kv_flag = {"fp8": "fp8"}.get(capacity.kv_dtype, "auto")
+    comments = []
+    checkpoint_weights = resolve_weight_dtype(model, "auto")
+    quantize = None
+    if capacity.weight_dtype != checkpoint_weights:
+        if capacity.weight_dtype == "fp8":
+            quantize = "--quantization fp8"  # vLLM quantizes a 16-bit checkpoint to FP8 at load time
+        else:
+            comments.append(
+                f"# {capacity.weight_dtype} weights need a checkpoint stored that way (the preset's is "
+                f"{checkpoint_weights}), e.g. a GPTQ/AWQ/W8A8 export of {model.name}"
+            )
+    if capacity.kv_dtype in ("int8", "fp4"):
+        comments.append(
+            f"# {capacity.kv_dtype} KV cache is not a vLLM --kv-cache-dtype choice: with auto, vLLM holds fewer "
+            "tokens than this plan"
+        )
+    parts = [
+        f"vllm serve {model.hf_repo or model.name}",
+        f"--tensor-parallel-size {capacity.tensor_parallel}",
+    ]
+    if capacity.pipeline_parallel > 1:
+        parts.append(f"--pipeline-parallel-size {capacity.pipeline_parallel}")
+    if capacity.replicas > 1:
+        parts.append(f"--data-parallel-size {capacity.replicas}")
+    if (
+        capacity.kv_dtype in ("fp16", "bf16")
+        and capacity.kv_dtype != COMPUTE_DTYPE_SHORT[model.compute_dtype]
+    ):
+        parts.append(f"--dtype {'float16' if capacity.kv_dtype == 'fp16' else 'bfloat16'}")
+    if quantize:
+        parts.append(quantize)
+    parts += [
+        f"--kv-cache-dtype {kv_flag}",
+        f"--gpu-memory-utilization {capacity.gpu_memory_utilization:g}",
+        f"--max-model-len {capacity.max_fitting_model_len or capacity.max_model_len}",
+        f"--block-size {capacity.block_size}",
+        f"--max-num-seqs {capacity.max_num_seqs}",
+    ]
+    if capacity.max_num_batched_tokens != DEFAULT_MAX_NUM_BATCHED_TOKENS:
+        parts.append(f"--max-num-batched-tokens {capacity.max_num_batched_tokens}")
+    if not capacity.hybrid_kv_cache_manager:
+        parts.append("--disable-hybrid-kv-cache-manager")
+    return "\n".join([*comments, " \\\n  ".join(parts)])

@@ -1,0 +1,110 @@
+"""The highest Poisson rate a deployment holds within latency targets (`max_rate`, MLPerf's Server figure):
+bisection on the rate, each point a steady-state prediction (`core.planning.predict.prediction`).
+
+A rate holds when its steady state is stable (the load is served) and every target {metric}_p{q}_s is met by
+the prediction, each prediction simulated until its verdict on the targets is clear (`core.planning.predict.early_stop`).
+Rates are searched on a fixed geometric grid, (1 + rel_tol)^k req/s, so the answer does not depend on where the
+bracket starts: it starts at a rate known to hold (`holds_at`, checked) and twice it, or at the rate one
+replica's batch could sustain at its idle speed, and is widened by halving / doubling until one end holds and
+the other does not; then bisected to adjacent grid rates.
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+from core.common import check_float
+from core.errors import InvalidArgumentError
+from core.planning.predict.early_stop import SEARCH_SETTINGS, verdict_decider
+from core.planning.predict.load import Load
+from core.planning.predict.prediction import Deployment, Prediction, idle_lifetime, predict
+from core.serving.steady_state import metric_keys
+
+
+def check_targets(targets: dict) -> dict[str, float]:
+    """`targets` (key -> seconds) with every key a percentile key and every value positive and finite."""
+    if not targets:
+        raise InvalidArgumentError("give at least one latency target (e.g. --ttft-p99 or --tpot-p99)")
+    out = {}
+    for key, value in targets.items():
+        if key not in metric_keys():
+            raise InvalidArgumentError(f"unknown target {key!r}; targets are {', '.join(metric_keys())}")
+        out[key] = check_float(value, key, minimum=0.0, exclusive_minimum=True, maximum=3600.0)
+    return out
+
+
+def meets(prediction: Prediction, targets: dict[str, float]) -> bool:
+    m = prediction.metrics
+    return prediction.stable and all(m.get(k) is not None and m[k] <= t for k, t in targets.items())
+
+
+def limiting(prediction: Prediction, targets: dict[str, float]) -> str:
+    """The target with the largest predicted / target ratio, or "rate" when the load is not served."""
+    if not prediction.stable:
+        return "rate"
+    m = prediction.metrics
+    return max(targets, key=lambda k: (m.get(k) or float("inf")) / targets[k])
+
+
+@dataclass(frozen=True, eq=False)
+class MaxRate:
+    """max_req_per_s: the highest rate found to hold (0 when even the lowest tried misses); at: the prediction
+    there (None when none holds); binding: the target (or "rate") that the next higher rate missed on."""
+
+    max_req_per_s: float
+    at: Prediction | None
+    binding: str
+    evaluations: int
+
+
+def max_rate(
+    deployment: Deployment,
+    load: Load,
+    targets: dict,
+    rel_tol: float = 0.03,
+    step_time=None,
+    holds_at: float | None = None,
+) -> MaxRate:
+    """The highest rate of `load`'s lengths that `deployment` serves within `targets` (module docstring): the
+    highest rate of the grid (1 + rel_tol)^k req/s (k an integer) that holds, so any starting bracket finds the
+    same one. Each prediction stops once its verdict on the targets is clear (`core.planning.predict.early_stop`).
+    holds_at: a rate already found to hold (e.g. the SLO search's), where the bracket starts instead of the idle
+    guess (checked; ignored when it does not hold)."""
+    targets = check_targets(targets)
+    check_float(rel_tol, "rel_tol", minimum=1e-3, maximum=1.0)
+    base = replace(load, rate=1.0, concurrency=None)
+    decided, focus = verdict_decider(targets), tuple(targets)
+    grid = math.log1p(rel_tol)
+    preds: dict[int, Prediction] = {}
+
+    def holds(k: int) -> bool:
+        if k not in preds:
+            preds[k] = predict(deployment, replace(base, rate=math.exp(k * grid)), step_time, SEARCH_SETTINGS,
+                               decided, focus)  # fmt: skip
+        return meets(preds[k], targets)
+
+    octave = math.ceil(math.log(2) / grid)  # grid steps in a doubling
+    if holds_at is not None and holds(lo := math.floor(math.log(check_float(holds_at, "holds_at", minimum=1e-4))
+                                                       / grid)):  # fmt: skip
+        hi = lo + octave
+    else:
+        step = deployment.step_model(step_time)
+        guess = (
+            deployment.replicas
+            * deployment.max_num_seqs
+            / idle_lifetime(step, base, deployment.max_num_batched_tokens)
+        )
+        lo, hi = None, math.ceil(math.log(guess) / grid)
+    while holds(hi) and hi * grid < math.log(1e6):
+        lo, hi = hi, hi + octave
+    while lo is None:
+        low = hi - 2 * octave
+        if holds(low):
+            lo = low
+        else:
+            hi = low
+            if low * grid < math.log(1e-4):
+                return MaxRate(0.0, None, limiting(preds[low], targets), len(preds))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return MaxRate(math.exp(lo * grid), preds[lo], limiting(preds[hi], targets), len(preds))

@@ -1,0 +1,70 @@
+"""llm-d's "KV-cache wins" benchmark as a `predict` question: the deployment, the load and the published figures
+it is checked against (docs/levers.md, "A fleet, routed").
+
+The benchmark (llm-d blog "KV-Cache Wins You Can See", 2025): Qwen3-32B on 8 pods of TP 2 H100, 307,328 KV tokens a
+pod; 150 prefix groups x 5 users, 6,000-token shared prefixes, 1,200-token questions, 1,000-token outputs, Poisson
+arrivals ramped from 3 to 60 QPS. Published output tokens/s and TTFT p90: precise prefix-aware routing 8,730 /
+0.542 s; approximate prefix routing 6,944 / 31.1 s; load-only 4,429 / 94.9 s; random 4,429 / 92.6 s.
+
+Reading them: precise routing's sub-second TTFT p90 says its pods kept up, so its output rate is what was offered
+(8.73 requests/s of 1,000 output tokens), while the load-only and random pods were saturated (TTFT p90 of 1.5
+minutes: queues that grew over the run) and their 4,429 tok/s is their capacity. `OPERATING_RATE` is that
+offered rate; at it the prediction for round-robin (llm-d's random: blind to the prefixes) should serve about
+4,429 tok/s with a growing queue, and prefix-aware all 8,730 with a short TTFT.
+
+`scale` shrinks the case for a fast check, keeping every ratio that decides what hits: token lengths, the KV
+cache a pod holds and the prefill chunk (max_num_batched_tokens) are divided by `scale`; the pods, the groups,
+the prefix / prompt / output proportions and the cache footprint ratios (150 prefixes x 6,000 tokens = 2.8 pods'
+KV cache under round-robin, 150 / 8 x 6,000 = 0.35 of one under prefix-aware) stay.
+"""
+
+from core.planning.catalog.models import ModelSpec
+from core.planning.predict.load import Load
+from core.planning.predict.prediction import Deployment
+
+SOURCE = "llm-d blog, KV-Cache Wins You Can See (llm-d.ai/blog/kvcache-wins-you-can-see, 2025)"
+# Qwen/Qwen3-32B config.json (the fields the planner reads); 32.8 B parameters (its model card)
+QWEN3_32B_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120,
+    "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}  # fmt: skip
+QWEN3_32B_PARAMS = 32.8e9
+PODS, TP, GROUPS = 8, 2, 150
+PREFIX_LEN, QUESTION_LEN, OUTPUT_LEN = 6000, 1200, 1000
+KV_TOKENS_PER_POD = 307_328
+# routing -> (output tokens/s, TTFT p90 seconds) as published
+PUBLISHED = {
+    "precise prefix-aware": (8730.0, 0.542),
+    "approximate prefix": (6944.0, 31.1),
+    "load-only": (4429.0, 94.9),
+    "random": (4429.0, 92.6),
+}
+OPERATING_RATE = PUBLISHED["precise prefix-aware"][0] / OUTPUT_LEN  # requests/s precise routing kept up with
+# gpu_memory_utilization that leaves a pod its published KV cache: 307,360 tokens (the default 0.9: 321,520);
+# scale 10: 30,736 tokens, a tenth (both found with the planner, `Deployment.memory_plan`)
+_UTILIZATION = {1: 0.8783, 10: 0.4444}
+
+
+def qwen3_32b() -> ModelSpec:
+    return ModelSpec.from_hf_config(QWEN3_32B_CONFIG, name="Qwen3-32B", num_params=QWEN3_32B_PARAMS)
+
+
+def kv_cache_wins_deployment(routing: str, scale: int = 1) -> Deployment:
+    """The 8 pods of TP 2 H100 behind `routing`; scale 10: a pod with a tenth of the KV cache and prefill chunks
+    of 256 tokens (max_num_seqs 128, never reached: ~40 requests fill a pod's cache)."""
+    if scale == 1:
+        return Deployment(qwen3_32b(), "h100-80gb", tp=TP, replicas=PODS, routing=routing,
+                          gpu_memory_utilization=_UTILIZATION[1])  # fmt: skip
+    return Deployment(qwen3_32b(), "h100-80gb", tp=TP, replicas=PODS, max_num_seqs=128,
+                      max_num_batched_tokens=2048 // 8, routing=routing,
+                      gpu_memory_utilization=_UTILIZATION[scale])  # fmt: skip
+
+
+def kv_cache_wins_load(rate: float, scale: int = 1, groups: int = GROUPS) -> Load:
+    """The benchmark's requests at `rate` requests/s (token lengths divided by `scale`); groups=1: the same load
+    with one shared prefix (no routing gap expected)."""
+    prefix, question, output = PREFIX_LEN // scale, QUESTION_LEN // scale, OUTPUT_LEN // scale
+    return Load(rate=rate, prompt_len=prefix + question, output_len=output, shared_prefix_len=prefix,
+                num_prefixes=groups, seed=0)  # fmt: skip

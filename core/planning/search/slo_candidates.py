@@ -1,0 +1,293 @@
+"""The inputs of the SLO planner (`core.planning.search.slo.plan_slo`): the latency target (`Slo`), the traffic
+(`SloWorkload`), the search space (`SloCandidates`) and its enumeration into `Candidate` deployments.
+
+A candidate is one way to serve the model: `replicas` copies (data parallel) of a tp x pp GPU group of one GPU
+type, each copy running vLLM with `max_num_seqs` and a KV cache dtype; num_gpus = tp x pp x replicas and the
+request rate is split evenly over the replicas. The cost proxy ranks candidates of equal GPU count: no GPU price
+is cited here (public prices vary by provider and month), so the proxy is the total memory bandwidth
+(num_gpus x datasheet bandwidth, TB/s), which orders the presets as their prices do (L40S < H100 < H200).
+"""
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.common import check_float, check_int
+from core.errors import InvalidArgumentError
+from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.planning.catalog.hardware import GPUS, GPUSpec, get_gpu
+from core.planning.catalog.models import ModelSpec
+from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, engine_step_defaults
+from core.planning.memory.kv_accounting import (
+    BLOCK_SIZES,
+    KV_DTYPES,
+    MAX_GPUS,
+    WEIGHT_DTYPES,
+    check_parallelism,
+)
+from core.planning.predict.load import Load
+from core.planning.predict.prediction import Deployment
+from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES, check_routing
+from core.serving.steady_state import metric_keys
+
+DEFAULT_SLO_GPUS = ("l40s", "h100-80gb", "h200-141gb")
+
+
+@dataclass(frozen=True)
+class Slo:
+    """The latency targets, seconds: any percentile (p50, p90, p95, p99) of time to first token, time per output
+    token, inter-token latency or end-to-end latency, as the keys of a steady-state estimate
+    (`core.serving.steady_state.metric_keys`). None: no bound on that one; at least one is set.
+    `Slo(1.0, 0.05)` is TTFT p95 1 s and TPOT p95 50 ms; `Slo(ttft_p99_s=0.5, itl_p99_s=0.1)` MLPerf-style.
+    Raises InvalidArgumentError for zero, negative, non-finite or over-an-hour targets."""
+
+    ttft_p95_s: float | None = None
+    tpot_p95_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p90_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p90_s: float | None = None
+    tpot_p99_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p90_s: float | None = None
+    itl_p95_s: float | None = None
+    itl_p99_s: float | None = None
+    e2e_p50_s: float | None = None
+    e2e_p90_s: float | None = None
+    e2e_p95_s: float | None = None
+    e2e_p99_s: float | None = None
+
+    def __post_init__(self):
+        if all(getattr(self, key) is None for key in metric_keys()):
+            raise InvalidArgumentError(
+                "an SLO needs at least one latency target in seconds (e.g. ttft_p95_s, tpot_p99_s, itl_p99_s)"
+            )
+        for key in metric_keys():
+            value = getattr(self, key)
+            if value is not None:
+                value = check_float(value, f"{key} (the {metric_label(key)} target, seconds)", minimum=0.0,
+                                    exclusive_minimum=True)  # fmt: skip
+                if value > 3600:
+                    raise InvalidArgumentError(f"{key} must be at most 3,600 seconds, got {value:g}")
+                object.__setattr__(self, key, value)
+
+    def targets(self) -> dict[str, float]:
+        """The bounded percentiles: {key: seconds} of those set, in `metric_keys()` order."""
+        return {key: getattr(self, key) for key in metric_keys() if getattr(self, key) is not None}
+
+    @classmethod
+    def of(cls, targets: Mapping[str, float]) -> "Slo":
+        """The SLO of a {key: seconds} mapping; an unknown key raises, naming the keys allowed."""
+        unknown = [key for key in targets if key not in metric_keys()]
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown target {unknown[0]!r}; targets are {', '.join(metric_keys())}"
+            )
+        return cls(**dict(targets))
+
+
+def metric_label(key: str) -> str:
+    """ "ttft_p95_s" -> "TTFT p95", "e2e_p99_s" -> "E2E p99"."""
+    metric, quantile, _ = key.split("_")
+    return f"{metric.upper()} {quantile}"
+
+
+# The traffic of an SLO question is the traffic of any prediction: Poisson arrivals (or closed-loop clients) and
+# the requests' lengths. The planner simulates each candidate to its steady state, so no request count is asked.
+SloWorkload = Load
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One deployment. gpu: the preset slug (or the custom GPU's name); num_gpus = tp x pp x replicas."""
+
+    gpu: str
+    spec: GPUSpec = field(repr=False, compare=False)
+    tp: int
+    pp: int
+    replicas: int
+    max_num_seqs: int
+    kv_dtype: str
+    weight_dtype: str
+    routing: str | None = None  # the router's policy in front of the replicas; None: one replica, no router
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.replicas
+
+    @property
+    def cost_proxy(self) -> float:
+        """Total memory bandwidth of the deployment in TB/s (num_gpus x the GPU's)."""
+        return self.num_gpus * self.spec.memory_bandwidth / 1e12
+
+    def sort_key(self) -> tuple:
+        return (self.num_gpus, self.cost_proxy, self.tp * self.pp, self.pp, -self.max_num_seqs, self.kv_dtype,
+                _routing_rank(self.routing))  # fmt: skip
+
+    def deployment_key(self) -> tuple:
+        """The deployment apart from its scheduler cap: GPU, tp, pp, replicas, KV and weight dtypes, routing."""
+        return (self.gpu, self.tp, self.pp, self.replicas, self.kv_dtype, self.weight_dtype, self.routing)
+
+    def deployment(self, model: ModelSpec, candidates: "SloCandidates") -> Deployment:
+        """This candidate as a `Deployment` (what `predict` and `max_rate` take), with the search's shared vLLM
+        settings and engine."""
+        return Deployment(
+            model, self.spec, self.tp, self.pp, self.replicas, self.max_num_seqs,
+            candidates.max_num_batched_tokens, self.weight_dtype, self.kv_dtype, candidates.engine,
+            candidates.block_size, candidates.gpu_memory_utilization,
+            routing=self.routing or DEFAULT_ROUTING,
+        )  # fmt: skip
+
+    def label(self) -> str:
+        routed = f", {self.routing} routing" if self.routing else ""
+        return (
+            f"{self.num_gpus} x {self.spec.name} (tp {self.tp}, pp {self.pp}, {self.replicas} replica(s){routed}, "
+            f"max_num_seqs {self.max_num_seqs}, KV {self.kv_dtype}, weights {self.weight_dtype})"
+        )
+
+
+def _routing_rank(routing: str | None) -> int:
+    return -1 if routing is None else ROUTING_POLICIES.index(routing)
+
+
+# What the router in front of a routed row's replicas is, against a plain load balancer (`routing_note`).
+ROUTING_NOTES = {
+    "round-robin": "{n} `vllm serve` replicas behind a plain load balancer (a Kubernetes Service, round-robin): "
+    "every prefix is scattered over every replica",
+    "random": "{n} `vllm serve` replicas behind a plain load balancer picking at random (the other thing a "
+    "Kubernetes Service does)",
+    "least-loaded": "{n} `vllm serve` replicas behind a load-aware router (queue and KV usage, blind to what each "
+    "caches: llm-d's load-only scorers), not a plain load balancer (that is the round-robin row)",
+    "prefix-aware": "{n} `vllm serve` replicas behind a prefix-aware router reading each replica's KV events "
+    "(llm-d's precise prefix-cache scorer), not a plain load balancer (that is the round-robin row): it "
+    "partitions prefixes over the replicas",
+    "session": "{n} `vllm serve` replicas behind a sticky-session router (each conversation pinned to one "
+    "replica), not a plain load balancer (that is the round-robin row)",
+}
+
+
+def routing_note(routing: str | None, replicas: int) -> str | None:
+    """What serves a row of `replicas` replicas routed by `routing` (None for one replica)."""
+    return None if routing is None else ROUTING_NOTES[routing].format(n=replicas)
+
+
+def _int_choices(values, name: str, minimum: int, maximum: int) -> tuple[int, ...]:
+    values = tuple(values)
+    if not values:
+        raise InvalidArgumentError(f"{name} needs at least one value")
+    return tuple(sorted({check_int(v, name, minimum=minimum, maximum=maximum) for v in values}))
+
+
+def _choices(values, allowed, name: str) -> tuple[str, ...]:
+    values = tuple(values)
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise InvalidArgumentError(f"{name} must be among {', '.join(allowed)}; got {list(values)}")
+    return tuple(dict.fromkeys(values))
+
+
+@dataclass(frozen=True)
+class SloCandidates:
+    """The search space. gpus: preset slugs (core.planning.catalog.hardware.GPUS) or GPUSpec objects; max_gpus: most GPUs
+    a deployment may use; tensor_parallel / pipeline_parallel / max_num_seqs / kv_dtypes / weight_dtypes: the
+    values tried. max_num_batched_tokens (vLLM's default 8,192, as the capacity planner's), gpu_memory_utilization,
+    block_size: vLLM settings shared by all.
+    max_meeting: the search stops once this many deployments (`Candidate.deployment_key`: any max_num_seqs)
+    met the SLO (every cheaper configuration has then been evaluated). engine: the serving engine whose profile prices the steps
+    (`core.planning.cost.fits.engine_profiles.ENGINES`; "vllm", the engine whose flags the planner prints); step_time:
+    keyword overrides of that profile's efficiencies and overheads (None: the profile as fitted).
+    disagg: also search disaggregated prefill / decode deployments (`core.planning.search.slo_disagg`; max_num_seqs
+    there is the largest value only); needs max_gpus >= 2.
+    routing: the router policies tried in front of every deployment of several replicas
+    (`core.serving.router.ROUTING_POLICIES`; each (deployment, policy) pair is a candidate, simulated as a routed
+    fleet as `predict` does); default (): no router, each replica serves 1 / N of the load as its own Poisson
+    stream (the search's model before routing, 3-4x cheaper than a fleet simulation). A string is one policy.
+    Raises RoutingError for an unknown policy."""
+
+    gpus: tuple = DEFAULT_SLO_GPUS
+    max_gpus: int = 8
+    tensor_parallel: tuple[int, ...] = (1, 2, 4, 8)
+    pipeline_parallel: tuple[int, ...] = (1, 2)
+    max_num_seqs: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    kv_dtypes: tuple[str, ...] = ("auto", "fp8")
+    weight_dtypes: tuple[str, ...] = ("auto",)
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    max_meeting: int = 3
+    step_time: Mapping[str, Any] | None = None
+    engine: str = DEFAULT_ENGINE
+    disagg: bool = False
+    routing: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.gpus, str | GPUSpec) or not tuple(self.gpus):
+            raise InvalidArgumentError(
+                "gpus must be a non-empty sequence of GPU preset slugs or GPUSpec objects"
+            )
+        object.__setattr__(self, "gpus", tuple(self.gpus))
+        for gpu in self.gpus:
+            if not isinstance(gpu, GPUSpec):
+                get_gpu(gpu)  # raises, listing the presets
+        check_int(self.max_gpus, "max_gpus", minimum=1, maximum=MAX_GPUS)
+        for name, top in (("tensor_parallel", 64), ("pipeline_parallel", 64), ("max_num_seqs", 65_536)):
+            object.__setattr__(self, name, _int_choices(getattr(self, name), name, 1, top))
+        object.__setattr__(self, "kv_dtypes", _choices(self.kv_dtypes, KV_DTYPES, "kv_dtypes"))
+        object.__setattr__(
+            self, "weight_dtypes", _choices(self.weight_dtypes, WEIGHT_DTYPES, "weight_dtypes")
+        )
+        check_int(self.max_num_batched_tokens, "max_num_batched_tokens", minimum=max(self.max_num_seqs))
+        check_float(self.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0)
+        if self.block_size not in BLOCK_SIZES:
+            raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
+        check_int(self.max_meeting, "max_meeting", minimum=1)
+        engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
+        if self.disagg not in (True, False):
+            raise InvalidArgumentError(f"disagg must be True or False, got {self.disagg!r}")
+        if self.disagg and self.max_gpus < 2:
+            raise InvalidArgumentError(
+                f"a disaggregated deployment needs at least 2 GPUs (one prefill, one decode); max_gpus is "
+                f"{self.max_gpus}"
+            )
+        routing = (self.routing,) if isinstance(self.routing, str) else self.routing
+        try:
+            routing = tuple(routing)
+        except TypeError:
+            routing = (routing,)
+        object.__setattr__(self, "routing", tuple(dict.fromkeys(check_routing(r) for r in routing)))
+
+    def step_overrides(self) -> dict:
+        """The step-time keyword overrides of every candidate: the engine's profile, `step_time` on top (as
+        `Deployment.step_model` layers them)."""
+        return engine_step_defaults(self.engine) | dict(self.step_time or {})
+
+    def gpu_specs(self) -> list[tuple[str, GPUSpec]]:
+        """(slug or name, spec) of each GPU type."""
+        return [(g.name, g) if isinstance(g, GPUSpec) else (g, GPUS[g]) for g in self.gpus]
+
+
+def enumerate_candidates(model: ModelSpec, candidates: SloCandidates) -> Iterator[Candidate]:
+    """Every candidate deployment with a TP/PP layout the model allows (`check_parallelism`) and at most
+    max_gpus GPUs, in `Candidate.sort_key` order (GPU count, then the cost proxy)."""
+    layouts = []
+    for tp in candidates.tensor_parallel:
+        for pp in candidates.pipeline_parallel:
+            if tp * pp > candidates.max_gpus:
+                continue
+            try:
+                check_parallelism(model, tp, pp)
+            except InvalidArgumentError:
+                continue
+            layouts.append((tp, pp))
+    found = [
+        Candidate(slug, spec, tp, pp, replicas, seqs, kv, wd, routing)
+        for slug, spec in candidates.gpu_specs()
+        for tp, pp in layouts
+        for replicas in range(1, candidates.max_gpus // (tp * pp) + 1)
+        for seqs in candidates.max_num_seqs
+        for kv in candidates.kv_dtypes
+        for wd in candidates.weight_dtypes
+        for routing in ((None,) if replicas == 1 or not candidates.routing else candidates.routing)
+    ]
+    return iter(sorted(found, key=Candidate.sort_key))
