@@ -9,7 +9,9 @@ serving simulator (`core.serving`) and the engine (`core.engine`). It imports ne
   with the `StepExecutor` / `StepObserver` protocols they plug in.
 - `step_columns`: `COLUMNS`, the per-step record both drivers keep, `StepRows`, the buffer they keep it in, and
   `StepMeasures`, what an executor measured of a step (`StepRows.record` builds the row).
-- `step_load`: `step_load` / `StepLoad`, the load of a scheduled step that a step-time model prices.
+- `step_load`: `step_load` / `StepLoad`, the load of a scheduled step that a step-time model prices (its
+  `kv_tokens_read` is the one count of keys read, priced and recorded).
+- `snapshots`: `StepSnapshot`, the one snapshot type of both drivers, `SnapshotSampler` and `take_snapshot`.
 """
 
 from core.sched.driver import StepExecutor, StepObserver, run_step
