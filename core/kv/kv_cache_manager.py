@@ -311,6 +311,18 @@ class KVCacheManager(BulkDecode):
                 tails[table[-1]] = tails.get(table[-1], 0) + 1
         return takes + sum(min(count, ref_counts[block] - 1) for block, count in tails.items())
 
+    @property
+    def skips_keys(self) -> bool:
+        """False when every group is full attention: then `num_keys_read` is the plain sum of the starts."""
+        return not self._all_full
+
+    def num_keys_read(self, starts, layers: Sequence[int]):
+        """Earlier keys read by query spans starting at positions `starts` (an int64 array; each group's window
+        rule, `SingleTypeKVCacheManager.num_keys_read`), summed over its last axis and averaged over the model's
+        layers (`layers[g]` of them in group g), rounded down."""
+        total = sum(n * m.num_keys_read(starts) for m, n in zip(self.managers, layers, strict=True))
+        return total // sum(layers)
+
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new prompt of `num_tokens` fits in the free blocks without any prefix-cache hit."""
         return self.blocks_needed(num_tokens) <= self.pool.num_free_blocks

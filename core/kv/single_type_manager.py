@@ -123,9 +123,17 @@ class SingleTypeKVCacheManager:
         - full attention: 0 tokens, 0 blocks.
         Every caller that asks which blocks a request no longer needs, or which tokens a query reads, goes
         through this method (the block manager facade, `num_skipped_blocks`, hits behind a window, the serving
-        policy's release prediction, the engine's fit check and its count of K/V read); subclasses override
-        only this, and keep it non-decreasing in `num_computed` and elementwise for an int64 array."""
+        policy's release prediction, the engine's fit check, `num_keys_read`: the K/V a step reads);
+        subclasses override only this, and keep it non-decreasing in `num_computed` and elementwise for an int64
+        array."""
         return 0
+
+    def num_keys_read(self, starts: np.ndarray) -> np.ndarray:
+        """Earlier keys read by query spans that start at positions `starts` (int64 array): a span starting at s
+        (a decode: s is its context; a prefill chunk: its first position) reads s - num_skipped_tokens(s) keys
+        before itself (its first query's window; its later queries read their own span too); summed over the
+        last axis."""
+        return (starts - self.num_skipped_tokens(starts)).sum(axis=-1)
 
     def max_blocks_held(self, prompt_len: int, num_tokens: int) -> int:
         """An upper bound on the blocks one unshared request holds at any time while it grows from a
