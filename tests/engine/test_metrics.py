@@ -41,6 +41,7 @@ def test_chunked_prefill_shows_reserved_slots_and_snapshots():
     assert run.steps["reservation"].iloc[0] == 12
     assert [s.step for s in run.snapshots] == list(range(len(run.steps)))
     first = run.snapshots[0]
-    assert len(first.pool.request_ids) == 1 and first.holder_request.tolist() == [0]  # the one sequence's prompt
+    # the one sequence's prompt
+    assert len(first.pool.request_ids) == 1 and first.holder_request.tolist() == [0]
     assert first.time_s == run.steps["time_s"].iloc[0] and len(first.context_lens) == 0  # still prefilling
     assert int(first.pool.ref_count.sum()) == 5  # ceil(20 / 4) blocks of one sequence
