@@ -43,6 +43,7 @@ The hook sees blocks and keys only; it never changes the pool.
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
+from operator import itemgetter
 
 from core.common import check_int
 from core.errors import InvalidArgumentError, OutOfBlocksError
@@ -199,7 +200,17 @@ class BlockPool:
                 needed=count,
                 free=free,
             )
-        return [self.take_one() for _ in range(count)]
+        ref_counts, uncached, cached = self.ref_counts, self._free_uncached, self._free_cached
+        blocks = []
+        for _ in range(count):  # `take_one`'s body inlined
+            if uncached:
+                block = uncached.popleft()
+            else:
+                block, _ = cached.popitem(last=False)
+                self._evict(block)
+            ref_counts[block] = 1
+            blocks.append(block)
+        return blocks
 
     def check_free(self, needed: int, what: str, *args, free: int | None = None) -> None:
         """Raise OutOfBlocksError ("out of KV blocks: {what % args} {needed} new blocks, ...", the message made
@@ -249,6 +260,14 @@ class BlockPool:
             del self._free_cached[block]
         self.ref_counts[block] += 1
 
+    def touch_all(self, blocks: Iterable[int]) -> None:
+        """`touch` each block in order (its body inlined: the per-block loop of saving a prompt's hits)."""
+        ref_counts, free_cached = self.ref_counts, self._free_cached
+        for block in blocks:
+            if ref_counts[block] == 0:
+                del free_cached[block]
+            ref_counts[block] += 1
+
     def release(self, block: int) -> None:
         """One reference fewer; at 0 the block becomes free (cached-free when cached), newest in its queue."""
         count = self.ref_counts[block] - 1
@@ -281,6 +300,37 @@ class BlockPool:
         if block is None or self._block_key[block] != (parent_hash, tokens):
             return None
         return block
+
+    def longest_cached_run(
+        self, group: int, hashes: Sequence[int], token_ids: Sequence[int], block_size: int, max_blocks: int
+    ) -> list[int]:
+        """The blocks `get_cached` finds for the leading full blocks of `token_ids` (at most `max_blocks`),
+        whose chained keys are `hashes`, up to the first miss. The keys are probed, and the found blocks'
+        parents and tokens compared with the prompt's, as whole lists (loops in C; a shared prefix's ids are
+        compared by identity), then block by block only when they differ."""
+        cache = self._cached[group]
+        count = min(max_blocks, len(hashes))
+        blocks = list(map(cache.get, hashes[:count]))
+        if None in blocks:
+            count = blocks.index(None)
+            del blocks[count:]
+        if not blocks:
+            return blocks
+        found = list(map(self._block_key.__getitem__, blocks))  # (parent, tokens) of each
+        window = token_ids[: count * block_size]
+        if type(window) is not tuple:
+            window = tuple(window)
+        if list(map(itemgetter(0), found)) != [None, *hashes[: count - 1]] or window != tuple(
+            chain.from_iterable(map(itemgetter(1), found))
+        ):  # a block whose (parent, tokens) differ (a key collision): the run ends there
+            parent = None
+            for i in range(len(blocks)):
+                start = i * block_size
+                if found[i] != (parent, window[start : start + block_size]):
+                    del blocks[i:]
+                    break
+                parent = hashes[i]
+        return blocks
 
     def cache_block(
         self, group: int, block: int, block_hash: int, parent_hash: int | None, tokens: tuple
