@@ -94,32 +94,43 @@ class PrefixChains:
         self.block_size = block_size
         self.hash_fn = hash_fn
         self.max_tokens = max_tokens
-        self._chains: dict = {}  # first block's key -> (tokens of the chain's blocks, their keys); LRU order
+        self._chains: dict = {}  # first block's key -> [tokens, keys, block keys or None]; LRU order
         self._tokens = 0  # tokens held by the chains
 
     def keys(self, token_ids: tuple, num_blocks: int) -> list:
         """The chained keys of the first `num_blocks` full blocks of `token_ids` (a tuple of at least
         `num_blocks * block_size` ids): `extend_block_hashes([], token_ids, ...)`'s list."""
+        return self.lookup(token_ids, num_blocks)[0]
+
+    def lookup(self, token_ids: tuple, num_blocks: int) -> tuple[list, list]:
+        """(`keys(token_ids, num_blocks)`, the (parent key, block tokens) tuples of the leading blocks taken
+        from a stored chain, [] when none was): tuples kept with the chain, the same objects every time, which
+        the pool may adopt for its cached blocks (`BlockPool.longest_cached_run`'s known_keys)."""
         bs, hash_fn = self.block_size, self.hash_fn
         keys: list = []
+        known: list = []
         if num_blocks <= 0:
-            return keys
+            return keys, known
         if hash_fn is not hash_block_tokens:
             extend_block_hashes(keys, token_ids, bs, num_blocks, hash_fn)
-            return keys
+            return keys, known
         head = hash((None, token_ids[:bs]))
         chains = self._chains
         entry = chains.pop(head, None)
         if entry is not None:
-            chain_tokens, chain_keys = entry
+            chain_tokens, chain_keys, block_keys = entry
             common = min(len(chain_keys), num_blocks)
             span = common * bs
             if token_ids[:span] != (chain_tokens if span == len(chain_tokens) else chain_tokens[:span]):
                 common = _common_blocks(token_ids, chain_tokens, common, bs)
                 self._tokens -= len(chain_tokens) - common * bs
-                entry = (chain_tokens[: common * bs], chain_keys[:common])  # cut to the shared prefix
-            keys = entry[1][:common]
+                block_keys = block_keys[:common] if block_keys is not None else None
+                entry = [chain_tokens[: common * bs], chain_keys[:common], block_keys]  # the shared prefix
             if common:
+                if entry[2] is None:  # built once per chain, on its first reuse
+                    ck, ct = entry[1], entry[0]
+                    entry[2] = [(ck[i - 1] if i else None, ct[i * bs : (i + 1) * bs]) for i in range(len(ck))]
+                keys, known = entry[1][:common], entry[2][:common]
                 chains[head] = entry  # the most recently used last
             else:  # the first block's tokens differ (a key collision): this prompt's chain replaces it
                 self._tokens -= len(entry[0])
@@ -127,12 +138,12 @@ class PrefixChains:
         extend_block_hashes(keys, token_ids, bs, num_blocks, hash_fn)
         if entry is None:
             self._store(head, token_ids[: num_blocks * bs], list(keys))
-        return keys
+        return keys, known
 
     def _store(self, head, tokens: tuple, keys: list) -> None:
         chains = self._chains
         self._tokens += len(tokens)
-        chains[head] = (tokens, keys)
+        chains[head] = [tokens, keys, None]  # the chain's tokens, keys and (later) block keys
         while self._tokens > self.max_tokens and chains:
             oldest = next(iter(chains))
             self._tokens -= len(chains.pop(oldest)[0])

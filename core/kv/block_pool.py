@@ -43,7 +43,7 @@ The hook sees blocks and keys only; it never changes the pool.
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
-from operator import itemgetter
+from operator import is_not, itemgetter
 
 from core.common import check_int
 from core.errors import InvalidArgumentError, OutOfBlocksError
@@ -302,13 +302,23 @@ class BlockPool:
         return block
 
     def longest_cached_run(
-        self, group: int, hashes: Sequence[int], token_ids: Sequence[int], block_size: int, max_blocks: int
+        self,
+        group: int,
+        hashes: Sequence[int],
+        token_ids: Sequence[int],
+        block_size: int,
+        max_blocks: int,
+        known_keys: Sequence[tuple] = (),
     ) -> list[int]:
         """The blocks `get_cached` finds for the leading full blocks of `token_ids` (at most `max_blocks`),
         whose chained keys are `hashes`, up to the first miss. The keys are probed, and the found blocks'
-        parents and tokens compared with the prompt's, as whole lists (loops in C; a shared prefix's ids are
-        compared by identity), then block by block only when they differ."""
-        cache = self._cached[group]
+        parents and tokens compared with the prompt's as whole lists (loops in C), then block by block only
+        when they differ (a key collision ends the run there).
+
+        known_keys: the (parent, tokens) of the prompt's leading blocks as tuples the caller keeps (a shared
+        prefix's, `PrefixChains`). Found blocks whose keys equal them adopt those very tuples (the same values),
+        so the next prompt of that prefix compares its keys by identity, without reading its ids again."""
+        cache, block_key = self._cached[group], self._block_key
         count = min(max_blocks, len(hashes))
         blocks = list(map(cache.get, hashes[:count]))
         if None in blocks:
@@ -316,20 +326,30 @@ class BlockPool:
             del blocks[count:]
         if not blocks:
             return blocks
-        found = list(map(self._block_key.__getitem__, blocks))  # (parent, tokens) of each
-        window = token_ids[: count * block_size]
+        found = list(map(block_key.__getitem__, blocks))  # (parent, tokens) of each
+        known = min(len(known_keys), count)
+        head = list(known_keys[:known])
+        if known and found[:known] == head:  # by identity once adopted
+            if any(map(is_not, found[:known], head)):
+                for block, key in zip(blocks, head, strict=False):
+                    block_key[block] = key
+        else:
+            known = 0
+        if known == count:
+            return blocks
+        window = token_ids[known * block_size : count * block_size]
         if type(window) is not tuple:
             window = tuple(window)
-        if list(map(itemgetter(0), found)) != [None, *hashes[: count - 1]] or window != tuple(
-            chain.from_iterable(map(itemgetter(1), found))
-        ):  # a block whose (parent, tokens) differ (a key collision): the run ends there
-            parent = None
-            for i in range(len(blocks)):
+        rest = found[known:]
+        parents = [hashes[known - 1] if known else None, *hashes[known : count - 1]]
+        if list(map(itemgetter(0), rest)) != parents or window != tuple(
+            chain.from_iterable(map(itemgetter(1), rest))
+        ):  # a block whose (parent, tokens) differ: the run ends there
+            for i, key in enumerate(rest):
                 start = i * block_size
-                if found[i] != (parent, window[start : start + block_size]):
-                    del blocks[i:]
+                if key != (parents[i], window[start : start + block_size]):
+                    del blocks[known + i :]
                     break
-                parent = hashes[i]
         return blocks
 
     def cache_block(

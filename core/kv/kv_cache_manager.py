@@ -330,6 +330,7 @@ class KVCacheManager(BulkDecode):
         per_group = []
         # a block is then one tuple slice (tuple() of a tuple is itself), not two copies
         whole = tuple(tokens)
+        known: dict[int, list] = {}  # block size -> the shared prefix's block keys (`PrefixChains.lookup`)
         for manager in self.managers:
             bs = manager.block_size
             keys = hashes.get(bs)
@@ -337,8 +338,9 @@ class KVCacheManager(BulkDecode):
                 chains = self._chains.get(bs)
                 if chains is None:
                     chains = self._chains[bs] = PrefixChains(bs, self.block_hasher)
-                keys = hashes[bs] = chains.keys(whole, (n - 1) // bs)
-            per_group.append(manager.find_longest_cache_hit(keys, whole, (n - 1) // bs))
+                keys, known[bs] = chains.lookup(whole, (n - 1) // bs)
+                hashes[bs] = keys
+            per_group.append(manager.find_longest_cache_hit(keys, whole, (n - 1) // bs, known[bs]))
         hit_tokens = min(len(hits) * m.block_size for hits, m in zip(per_group, self.managers, strict=True))
         hit_tokens -= hit_tokens % self._hit_granularity
         return hit_tokens, [

@@ -150,11 +150,14 @@ class SingleTypeKVCacheManager:
     # ---- planning (no change) -----------------------------------------------------------------------------
 
     def find_longest_cache_hit(
-        self, hashes: Sequence[int], token_ids: Sequence[int], max_blocks: int
+        self, hashes: Sequence[int], token_ids: Sequence[int], max_blocks: int, known_keys: Sequence = ()
     ) -> list[int]:
         """The cached blocks holding the longest run of leading full blocks (at most `max_blocks`) of
-        `token_ids`, whose chained hashes are `hashes`; a block is a hit only with equal tokens and parent."""
-        return self.pool.longest_cached_run(self.group_idx, hashes, token_ids, self.block_size, max_blocks)
+        `token_ids`, whose chained hashes are `hashes`; a block is a hit only with equal tokens and parent.
+        known_keys: as `BlockPool.longest_cached_run` takes them."""
+        return self.pool.longest_cached_run(
+            self.group_idx, hashes, token_ids, self.block_size, max_blocks, known_keys
+        )
 
     def num_new_blocks(self, num_entries: int, num_tokens: int, num_computed: int) -> int:
         """THE blocks-per-step rule of one group (vLLM's `get_num_blocks_to_allocate`): table entries to take
@@ -384,7 +387,7 @@ class MambaManager(SingleTypeKVCacheManager):
         return True
 
     def find_longest_cache_hit(
-        self, hashes: Sequence[int], token_ids: Sequence[int], max_blocks: int
+        self, hashes: Sequence[int], token_ids: Sequence[int], max_blocks: int, known_keys: Sequence = ()
     ) -> list[int]:
         return []
 

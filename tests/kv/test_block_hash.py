@@ -230,8 +230,13 @@ def test_prefix_chains_give_the_keys_hashing_every_block_gives():
             num_blocks = rng.randrange(0, len(prompt) // block_size + 1)
             expected: list = []
             extend_block_hashes(expected, prompt, block_size, num_blocks)
-            assert chains.keys(prompt, num_blocks) == expected
-            assert chains._tokens == sum(len(t) for t, _ in chains._chains.values()) <= budget
+            keys, known = chains.lookup(prompt, num_blocks)
+            assert keys == expected
+            assert known == [
+                (expected[i - 1] if i else None, prompt[i * block_size : (i + 1) * block_size])
+                for i in range(len(known))
+            ]  # the leading blocks' (parent, tokens), as the pool keys them
+            assert chains._tokens == sum(len(entry[0]) for entry in chains._chains.values()) <= budget
     hasher = VllmBlockHasher()
     chains = PrefixChains(4, hasher)
     for prompt in prompts[:20]:

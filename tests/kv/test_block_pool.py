@@ -150,3 +150,14 @@ def test_longest_cached_run_is_the_walk_of_get_cached_up_to_a_collision():
             assert run == reference(pool)[:max_blocks], (name, max_blocks)
             assert len(run) == min(expected[name], max_blocks), (name, max_blocks)
         assert pool.longest_cached_run(0, keys, list(tokens), 2, 6) == reference(pool)  # a list of ids too
+        for num_known in (1, 3, 6):  # the prompt's own leading keys as tuples the caller keeps
+            known = [(keys[i - 1] if i else None, tokens[2 * i : 2 * i + 2]) for i in range(num_known)]
+            pool = pool_with(chain)
+            want = reference(pool)
+            assert pool.longest_cached_run(0, keys, tokens, 2, 6, known) == want, (name, num_known)
+            probed = min(num_known, pool.num_leading_cached(0, keys))  # blocks found for known keys
+            found = [pool._cached[0][key] for key in keys[:probed]]
+            adopted = [pool._block_key[b] is k for b, k in zip(found, known, strict=False)]
+            assert all(adopted) == (len(want) >= probed), (name, num_known)  # equal keys: adopted
+            assert any(adopted) == all(adopted), (name, num_known)  # all or none
+            assert pool.longest_cached_run(0, keys, tokens, 2, 6, known) == want  # by identity now
