@@ -110,9 +110,8 @@ class SimulatedGroup:
         self.output_token = [-(index * 1024 + k) - 1 for k in range(request.n)]
         self.prompt_tokens = prompt_tokens
         self.prefix_index = prefix_index
-        self.prefix_tokens = (
-            prefix_tokens  # the conversation stream's shared prefix ids (`prefix_stream`), or None
-        )
+        # the conversation stream's shared prefix ids (`prefix_stream`, one list per prefix group), or None
+        self.prefix_tokens = prefix_tokens
         self.prefix_hit_tokens = 0  # prompt tokens the prefix cache served at its first admission
         self.host_hit_tokens = 0  # of those, tokens loaded from the host tier (SimulatorConfig.offload)
         self.length = 0
