@@ -40,7 +40,7 @@ from math import lcm
 
 from core.common import check_int
 from core.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
-from core.kv.block_hash import event_block_hash, extend_block_hashes, hash_block_tokens
+from core.kv.block_hash import PrefixChains, event_block_hash, extend_block_hashes, hash_block_tokens
 from core.kv.block_pool import BlockPool, PoolHook
 from core.kv.bulk_decode import BulkDecode
 from core.kv.events import KVEvent
@@ -93,6 +93,7 @@ class KVCacheManager(BulkDecode):
         self._all_full = all(type(manager) is FullAttentionManager for manager in self.managers)
         self._one_full_group = self._all_full and len(self.managers) == 1
         self._requests: dict[Hashable, KVRequest] = {}
+        self._chains: dict[int, PrefixChains] = {}  # block size -> recently hashed prompts' keys
         self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_cache_hits = 0  # of those, tokens served by it (both tiers)
         self.gpu_cache_hits = 0  # of those, tokens served by the GPU pool
@@ -341,11 +342,17 @@ class KVCacheManager(BulkDecode):
         per_group = []
         # a block is then one tuple slice (tuple() of a tuple is itself), not two copies
         whole = tuple(tokens)
+        known: dict[int, list] = {}  # block size -> the shared prefix's block keys (`PrefixChains.lookup`)
         for manager in self.managers:
             bs = manager.block_size
-            keys = hashes.setdefault(bs, [])
-            extend_block_hashes(keys, whole, bs, (n - 1) // bs, self.block_hasher)
-            per_group.append(manager.find_longest_cache_hit(keys, whole, (n - 1) // bs))
+            keys = hashes.get(bs)
+            if keys is None:  # a prompt's keys are computed once, a shared prefix's chain reused
+                chains = self._chains.get(bs)
+                if chains is None:
+                    chains = self._chains[bs] = PrefixChains(bs, self.block_hasher)
+                keys, known[bs] = chains.lookup(whole, (n - 1) // bs)
+                hashes[bs] = keys
+            per_group.append(manager.find_longest_cache_hit(keys, whole, (n - 1) // bs, known[bs]))
         hit_tokens = min(len(hits) * m.block_size for hits, m in zip(per_group, self.managers, strict=True))
         hit_tokens -= hit_tokens % self._hit_granularity
         return hit_tokens, [
