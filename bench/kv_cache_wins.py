@@ -94,7 +94,7 @@ def fleet_setup(routing: str):
 
 def replay(routing: str, stages: list[Stage], groups: int = GROUPS, seed: int = 0) -> dict:
     """One policy's run of the ramp: ramp_report's figures, plus its CPU seconds."""
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     policy, config, deployment = fleet_setup(routing)
     prompts = SharedPrefixPrompts(groups, USERS, PREFIX_LEN, QUESTION_LEN, OUTPUT_LEN)
     requests = staged_requests(stages, prompts, seed)
@@ -103,6 +103,7 @@ def replay(routing: str, stages: list[Stage], groups: int = GROUPS, seed: int = 
     report["kv_tokens_per_pod"] = config.kv_capacity_tokens
     report["requests"] = len(requests)
     report["wall_s"] = round(time.perf_counter() - started, 1)
+    report["cpu_s"] = round(time.process_time() - cpu, 1)
     return report
 
 
@@ -133,8 +134,13 @@ def main() -> None:
     if not args.no_single_prefix:
         jobs += [(routing, 1, compress) for routing in ("round-robin", "prefix-aware")]
     started = time.perf_counter()
+    runs = []
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        runs = list(pool.map(_run, jobs))
+        for run in pool.map(_run, jobs):
+            runs.append(run)
+            routing, groups, got = run
+            brief = {k: v for k, v in got.items() if k != "stages"}
+            print(f"{routing} groups={groups}: {json.dumps(brief)}", file=sys.stderr, flush=True)
     out = {"bench": "kv_cache_wins", "kind": "transient replay of a staged ramp, not a steady-state estimate",
            "compress": compress, "machine": machine(), "cpu_count": os.cpu_count(), "jobs": args.jobs,
            "stages": [list(stage) for stage in ramp(compress)], "policies": {}}  # fmt: skip
