@@ -7,19 +7,25 @@ pointers and strides. No torch C++ headers, no ninja: one build takes about a se
 `cpu_kernel_available()` is False, `cpu_kernel_error()` says why, and the backend is not offered.
 
 What the kernel does, for one work item = (sequence s, a range of KV heads):
-    q rows of the range, scaled, in float32;  m = -inf, l = 0, acc = 0            [rows, head_dim] float32
-    for each block b of the table up to the last position any row may see (never further):
-        for each KV head h of the range:   (K/V rows of (b, h) are read once for all the group's query rows)
-            scores = q_r . K[b, :, h]      for the block's tokens t <= row_pos[r] only (slots past are not read)
-            online softmax (the paper's equation 4): m' = max(m, max scores); acc = acc * e^(m - m') + sum_t
-            e^(s_t - m') V[b, t, h];  l = l * e^(m - m') + sum_t e^(s_t - m')
+    q rows of the range, scaled, in float32;  m = -inf, l = 0, acc = 0            [heads, rows, D] float32
+    for each block b of the table up to the last position any row may see (never further), in one pass over it:
+        scores = q_r . K[b, t, h] for every head h of the range and the block's tokens t <= row_pos[r] only
+            (K/V rows of (b, h) are read once for all the group's query rows; slots past are not read)
+        online softmax (the paper's equation 4), per row: m' = max(m, max scores); acc = acc * e^(m - m') +
+            sum_t e^(s_t - m') V[b, t, h];  l = l * e^(m - m') + sum_t e^(s_t - m')
     out = acc / l  (0 for a row that may see no position)
+The block is read in the order it lies in memory (the cache is [blocks, tokens, KV heads, D]): q.K a few tokens at a
+time for every head of the range, then the next tokens; P.V the same way. One (block, head)'s rows are a head's
+stride apart (4 KiB in float32 for 8 heads of 128), so head by head the reads jump a page at every row; token by
+token they run through the block front to back, as the hardware prefetcher follows.
 Work items run in parallel with OpenMP (torch's own libgomp when torch is loaded first, so one thread pool); with
 few sequences the KV heads of a sequence are split over several items so both cores have work. bfloat16 and
 float16 are converted to float32 as they are loaded; the softmax and accumulation are float32; the kernel writes
-float32 and the caller converts to the query's dtype. While one (block, head) is computed, the rows of the one
-PF_AHEAD = 4 steps later are prefetched a few cache lines at a time between tiles (block ids are random, so the
-hardware prefetcher cannot guess the jump; prefetching a whole block at once stalled the core instead).
+float32 and the caller converts to the query's dtype. While one block is computed, the next block's K/V rows of
+the item's heads are prefetched into L2 (`prefetcht1`), a few rows between tiles (block ids are random, so the
+hardware prefetcher cannot guess the jump; a whole block at once stalled the core instead). Prefetching into L1
+(`prefetcht0`, before 2026-12-06) made the fp32 kernel ~1.15x slower than vLLM's on one core instead of ~0.75x:
+docs/kernels-isa.md.
 With head_dim a multiple of the vector width, the inner loops are register tiles written with GCC/clang vector
 extensions, sized for the ISA the compiler targets (`core.kernels.cpu_isa`, `PAGED_LAB_CPU_ISA`): on AVX-512 4
 query rows x 4 tokens for q.K and 4 rows x 64 dims for P.V, on AVX2 4 x 2 and 4 rows x 16 dims (16 registers),

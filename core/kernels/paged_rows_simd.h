@@ -86,6 +86,9 @@ static inline void load_row(float *restrict dst, const void *src, int64_t n, int
 #ifndef PV_G /* VL-float vectors of head_dim per P.V tile */
 #define PV_G (NREGS >= 32 ? 4 : 2)
 #endif
+#ifndef PV_T /* tokens per P.V pass over one head (the accumulators are loaded and stored once a pass) */
+#define PV_T 16
+#endif
 typedef float vf __attribute__((vector_size(VL * 4)));
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
 typedef uint16_t vh __attribute__((vector_size(VL * 2)));
