@@ -21,11 +21,12 @@ token they run through the block front to back, as the hardware prefetcher follo
 Work items run in parallel with OpenMP (torch's own libgomp when torch is loaded first, so one thread pool); with
 few sequences the KV heads of a sequence are split over several items so both cores have work. bfloat16 and
 float16 are converted to float32 as they are loaded; the softmax and accumulation are float32; the kernel writes
-float32 and the caller converts to the query's dtype. While one block is computed, the next block's K/V rows of
-the item's heads are prefetched into L2 (`prefetcht1`), a few rows between tiles (block ids are random, so the
-hardware prefetcher cannot guess the jump; a whole block at once stalled the core instead). Prefetching into L1
-(`prefetcht0`, before 2026-12-06) made the fp32 kernel ~1.15x slower than vLLM's on one core instead of ~0.75x:
-docs/kernels-isa.md.
+float32, or bfloat16 for bfloat16 queries (rounded to nearest even in the kernel, as torch rounds: a separate
+conversion would be one more OpenMP region, which costs most on a machine whose cores are shared); the caller
+converts float16. While one block is computed, the next block's K/V rows of the item's heads are prefetched into
+L2 (`prefetcht1`), a few rows between tiles (block ids are random, so the hardware prefetcher cannot guess the
+jump; a whole block at once stalled the core instead). Prefetching into L1 (`prefetcht0`, before 2026-12-06) made
+the fp32 kernel ~1.5x slower on one core (33 ms against 21 ms; vLLM's kernel 29-30 ms): docs/kernels-isa.md.
 With head_dim a multiple of the vector width, the inner loops are register tiles written with GCC/clang vector
 extensions, sized for the ISA the compiler targets (`core.kernels.cpu_isa`, `PAGED_LAB_CPU_ISA`): on AVX-512 4
 query rows x 4 tokens for q.K and 4 rows x 64 dims for P.V, on AVX2 4 x 2 and 4 rows x 16 dims (16 registers),
@@ -125,10 +126,10 @@ def _build(compiler: str, isa: str = "native") -> tuple[Path, tuple[str, ...]]:
 def _open(path: Path, compiler: str, isa: str, flags: tuple[str, ...]) -> dict:
     """Load a built library; return {"lib", "info"} with what the library says it was built for."""
     lib = ctypes.CDLL(str(path))
-    fn = lib.paged_rows
+    fn = lib.paged_rows_out
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = (
-        [ptr, i64, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, ptr, ptr]
+        [ptr, i64, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, ptr, ptr, ctypes.c_int]
         + [i64] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, i64, i64]
     )  # fmt: skip
     fn.restype = ctypes.c_int
@@ -228,7 +229,7 @@ def cpu_paged_rows(
     isa: the build to run (default `selected_isa()`, i.e. `PAGED_LAB_CPU_ISA` or native).
     Returns [S, KV, R, D] in rows' dtype, written into `out` (same shape, contiguous) when given.
     """
-    fn = _load(isa)["lib"].paged_rows
+    fn = _load(isa)["lib"].paged_rows_out
     num_seqs, num_kv_heads, num_rows, head_dim = rows.shape
     if rows.dtype not in DTYPE_CODES or rows.device.type != "cpu":
         raise BackendUnavailableError(
@@ -236,14 +237,16 @@ def cpu_paged_rows(
         )
     table = block_tables.to(torch.int64).contiguous()  # [S, max_blocks]
     pos = row_pos.to(torch.int64).contiguous()  # [S, R]
-    direct = out is not None and out.dtype == torch.float32
-    result = out if direct else torch.empty(rows.shape, dtype=torch.float32)
+    # the kernel writes float32, or bfloat16 for bfloat16 rows (rounded as torch rounds): no conversion after it
+    out_dtype = torch.bfloat16 if rows.dtype == torch.bfloat16 else torch.float32
+    direct = out is not None and out.dtype == out_dtype
+    result = out if direct else torch.empty(rows.shape, dtype=out_dtype)
     threads = torch.get_num_threads()
     status = fn(
         rows.data_ptr(), *rows.stride()[:3],
         key_cache.data_ptr(), *key_cache.stride()[:3],
         value_cache.data_ptr(), *value_cache.stride()[:3],
-        table.data_ptr(), table.stride(0), pos.data_ptr(), result.data_ptr(),
+        table.data_ptr(), table.stride(0), pos.data_ptr(), result.data_ptr(), DTYPE_CODES[out_dtype],
         num_seqs, num_kv_heads, num_rows, head_dim, key_cache.shape[1], float(scale),
         DTYPE_CODES[rows.dtype], threads, head_split(num_seqs, num_kv_heads, threads),
         FULL_WINDOW if window is None else int(window),
@@ -254,4 +257,4 @@ def cpu_paged_rows(
         return out
     if out is not None:
         return out.copy_(result)
-    return result.to(rows.dtype)
+    return result if result.dtype == rows.dtype else result.to(rows.dtype)

@@ -284,7 +284,7 @@ static void pf_aim(prefetcher *pf, const caches *c, int64_t bid, int64_t h, int6
    already at sequence s). Blocks are taken in table order, every head of the item in one pass over a block. */
 static void run_item(const scratch *w, int64_t s, int64_t h0, int64_t h1, const void *q, int64_t q_s,
                      int64_t q_h, int64_t q_r, const caches *c, const int64_t *table, const int64_t *pos,
-                     float *out, int64_t KV, int64_t R, float scale, int dtype, int64_t window) {
+                     void *out, int out_dtype, int64_t KV, int64_t R, float scale, int dtype, int64_t window) {
     const int64_t D = c->D, BS = c->BS, esize = c->esize, nh = h1 - h0;
     const int tiled = D % VL == 0, direct = dtype == DT_F32 || (dtype == DT_BF16 && tiled);
     int64_t maxpos = -1, minstart = INT64_MAX; /* blocks read: those of positions [minstart, maxpos] */
@@ -349,22 +349,29 @@ static void run_item(const scratch *w, int64_t s, int64_t h0, int64_t h1, const 
         }
     }
     for (int64_t i = 0; i < nh * R; i++) {
-        float *o = out + ((s * KV + h0) * R + i) * D;
+        const int64_t at = ((s * KV + h0) * R + i) * D;
         const float inv = w->l[i] > 0.0f ? 1.0f / w->l[i] : 0.0f;
-        for (int64_t d = 0; d < D; d++) o[d] = w->l[i] > 0.0f ? w->acc[i * D + d] * inv : 0.0f;
+        if (out_dtype == DT_BF16) {
+            uint16_t *o = (uint16_t *)out + at;
+            for (int64_t d = 0; d < D; d++) o[d] = f32_to_bf16(w->l[i] > 0.0f ? w->acc[i * D + d] * inv : 0.0f);
+        } else {
+            float *o = (float *)out + at;
+            for (int64_t d = 0; d < D; d++) o[d] = w->l[i] > 0.0f ? w->acc[i * D + d] * inv : 0.0f;
+        }
     }
 }
 
 /* rows [S, KV, R, D] (element strides q_s, q_h, q_r; stride 1 in D) attend to positions
    max(0, row_pos[s, r] - window + 1) .. row_pos[s, r] of sequence s (-1: none, output 0; window >= 1, a huge
    value for full attention). K/V caches [num_blocks, BS, KV, D] with element strides (k_b, k_t, k_h),
-   (v_b, v_t, v_h). table [S, table_stride] int64. out [S, KV, R, D] float32 contiguous.
+   (v_b, v_t, v_h). table [S, table_stride] int64. out [S, KV, R, D] contiguous, float32 or (out_dtype DT_BF16) bfloat16, the
+   float32 result rounded to nearest even as torch rounds.
    Work items (sequence, range of KV heads) are shared dynamically over nthreads OpenMP threads.
    Returns 0, or -1 when scratch memory could not be allocated. */
-int paged_rows(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
+int paged_rows_out(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
                const void *kc, int64_t k_b, int64_t k_t, int64_t k_h,
                const void *vc, int64_t v_b, int64_t v_t, int64_t v_h,
-               const int64_t *table, int64_t table_stride, const int64_t *row_pos, float *out,
+               const int64_t *table, int64_t table_stride, const int64_t *row_pos, void *out, int out_dtype,
                int64_t S, int64_t KV, int64_t R, int64_t D, int64_t BS, float scale, int dtype,
                int nthreads, int64_t head_split, int64_t window) {
     const caches c = {kc, vc, k_b, k_t, k_h, v_b, v_t, v_h, dtype == DT_F32 ? 4 : 2, D, BS};
@@ -384,11 +391,22 @@ int paged_rows(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
             if (!ok) continue;
             const int64_t s = item / head_split, part = item % head_split;
             run_item(&w, s, part * KV / head_split, (part + 1) * KV / head_split, q, q_s, q_h, q_r, &c,
-                     table + s * table_stride, row_pos + s * R, out, KV, R, scale, dtype, window);
+                     table + s * table_stride, row_pos + s * R, out, out_dtype, KV, R, scale, dtype, window);
         }
         scratch_free(&w);
     }
     return failed ? -1 : 0;
+}
+
+/* paged_rows_out writing float32 (the signature tests/kernels/paged_rows_driver.c calls). */
+int paged_rows(const void *q, int64_t q_s, int64_t q_h, int64_t q_r,
+               const void *kc, int64_t k_b, int64_t k_t, int64_t k_h,
+               const void *vc, int64_t v_b, int64_t v_t, int64_t v_h,
+               const int64_t *table, int64_t table_stride, const int64_t *row_pos, float *out,
+               int64_t S, int64_t KV, int64_t R, int64_t D, int64_t BS, float scale, int dtype,
+               int nthreads, int64_t head_split, int64_t window) {
+    return paged_rows_out(q, q_s, q_h, q_r, kc, k_b, k_t, k_h, vc, v_b, v_t, v_h, table, table_stride, row_pos, out,
+                          DT_F32, S, KV, R, D, BS, scale, dtype, nthreads, head_split, window);
 }
 
 /* What this build targets: the ISA name ("avx512", "avx2", "neon", "generic"), and in tiles[0..4) the floats per

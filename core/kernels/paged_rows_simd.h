@@ -14,6 +14,14 @@ static inline float bf16_to_f32(uint16_t h) {
     return v.f;
 }
 
+/* float32 -> bfloat16, rounded to nearest even (NaN: the quiet NaN 0x7fc0), as torch converts */
+static inline uint16_t f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v;
+    v.f = f;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
 #if defined(__FLT16_MAX__)
 static inline float f16_to_f32(uint16_t h) {
     _Float16 x;
