@@ -13,9 +13,9 @@ step in vLLM, shared by every layer) and then times `torch.ops._C.cpu_attention_
 
 Protocol on stdin / stdout, one JSON object a line: at start it loads vLLM's kernels and prints {"vllm": version,
 "torch": version, "threads": n}; "load PATH" lays out the problem in PATH and answers {"ready": true, "isa": the
-ISA hint}; each "run" runs the kernel once and answers {"ms": wall time of the call}; "output PATH" writes the
-output tensor to PATH and answers {"saved": PATH}; "quit" (or end of input) exits. A failed command answers
-{"error": message} and the worker goes on.
+ISA hint}; each "run" runs the kernel once and answers {"ms": wall time of the call, "cpu_ms": CPU time the worker
+process used during it}; "output PATH" writes the output tensor to PATH and answers {"saved": PATH}; "quit" (or
+end of input) exits. A failed command answers {"error": message} and the worker goes on.
 """
 
 import json
@@ -107,9 +107,9 @@ def answer(command: str, arg: str, state: dict) -> dict:
         return {"error": f"{command!r} before any problem was loaded"}
     if command == "run":
         kernel = torch.ops._C.cpu_attention_with_kv_cache
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         kernel(*state["args"])
-        return {"ms": (time.perf_counter() - began) * 1e3}
+        return {"ms": (time.perf_counter() - began) * 1e3, "cpu_ms": (time.process_time() - cpu) * 1e3}
     if command == "output":
         torch.save(state["output"].clone(), arg)
         return {"saved": arg}

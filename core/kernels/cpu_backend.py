@@ -7,19 +7,26 @@ pointers and strides. No torch C++ headers, no ninja: one build takes about a se
 `cpu_kernel_available()` is False, `cpu_kernel_error()` says why, and the backend is not offered.
 
 What the kernel does, for one work item = (sequence s, a range of KV heads):
-    q rows of the range, scaled, in float32;  m = -inf, l = 0, acc = 0            [rows, head_dim] float32
-    for each block b of the table up to the last position any row may see (never further):
-        for each KV head h of the range:   (K/V rows of (b, h) are read once for all the group's query rows)
-            scores = q_r . K[b, :, h]      for the block's tokens t <= row_pos[r] only (slots past are not read)
-            online softmax (the paper's equation 4): m' = max(m, max scores); acc = acc * e^(m - m') + sum_t
-            e^(s_t - m') V[b, t, h];  l = l * e^(m - m') + sum_t e^(s_t - m')
+    q rows of the range, scaled, in float32;  m = -inf, l = 0, acc = 0            [heads, rows, D] float32
+    for each block b of the table up to the last position any row may see (never further), in one pass over it:
+        scores = q_r . K[b, t, h] for every head h of the range and the block's tokens t <= row_pos[r] only
+            (K/V rows of (b, h) are read once for all the group's query rows; slots past are not read)
+        online softmax (the paper's equation 4), per row: m' = max(m, max scores); acc = acc * e^(m - m') +
+            sum_t e^(s_t - m') V[b, t, h];  l = l * e^(m - m') + sum_t e^(s_t - m')
     out = acc / l  (0 for a row that may see no position)
+The block is read in the order it lies in memory (the cache is [blocks, tokens, KV heads, D]): q.K a few tokens at a
+time for every head of the range, then the next tokens; P.V the same way. One (block, head)'s rows are a head's
+stride apart (4 KiB in float32 for 8 heads of 128), so head by head the reads jump a page at every row; token by
+token they run through the block front to back, as the hardware prefetcher follows.
 Work items run in parallel with OpenMP (torch's own libgomp when torch is loaded first, so one thread pool); with
 few sequences the KV heads of a sequence are split over several items so both cores have work. bfloat16 and
 float16 are converted to float32 as they are loaded; the softmax and accumulation are float32; the kernel writes
-float32 and the caller converts to the query's dtype. While one (block, head) is computed, the rows of the one
-PF_AHEAD = 4 steps later are prefetched a few cache lines at a time between tiles (block ids are random, so the
-hardware prefetcher cannot guess the jump; prefetching a whole block at once stalled the core instead).
+float32, or bfloat16 for bfloat16 queries (rounded to nearest even in the kernel, as torch rounds: a separate
+conversion would be one more OpenMP region, which costs most on a machine whose cores are shared); the caller
+converts float16. While one block is computed, the next block's K/V rows of the item's heads are prefetched into
+L2 (`prefetcht1`), a few rows between tiles (block ids are random, so the hardware prefetcher cannot guess the
+jump; a whole block at once stalled the core instead). Prefetching into L1 (`prefetcht0`, before 2026-12-06) made
+the fp32 kernel ~1.5x slower on one core (33 ms against 21 ms; vLLM's kernel 29-30 ms): docs/kernels-isa.md.
 With head_dim a multiple of the vector width, the inner loops are register tiles written with GCC/clang vector
 extensions, sized for the ISA the compiler targets (`core.kernels.cpu_isa`, `PAGED_LAB_CPU_ISA`): on AVX-512 4
 query rows x 4 tokens for q.K and 4 rows x 64 dims for P.V, on AVX2 4 x 2 and 4 rows x 16 dims (16 registers),
@@ -119,10 +126,10 @@ def _build(compiler: str, isa: str = "native") -> tuple[Path, tuple[str, ...]]:
 def _open(path: Path, compiler: str, isa: str, flags: tuple[str, ...]) -> dict:
     """Load a built library; return {"lib", "info"} with what the library says it was built for."""
     lib = ctypes.CDLL(str(path))
-    fn = lib.paged_rows
+    fn = lib.paged_rows_out
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = (
-        [ptr, i64, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, ptr, ptr]
+        [ptr, i64, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, ptr, ptr, ctypes.c_int]
         + [i64] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, i64, i64]
     )  # fmt: skip
     fn.restype = ctypes.c_int
@@ -222,7 +229,7 @@ def cpu_paged_rows(
     isa: the build to run (default `selected_isa()`, i.e. `PAGED_LAB_CPU_ISA` or native).
     Returns [S, KV, R, D] in rows' dtype, written into `out` (same shape, contiguous) when given.
     """
-    fn = _load(isa)["lib"].paged_rows
+    fn = _load(isa)["lib"].paged_rows_out
     num_seqs, num_kv_heads, num_rows, head_dim = rows.shape
     if rows.dtype not in DTYPE_CODES or rows.device.type != "cpu":
         raise BackendUnavailableError(
@@ -230,14 +237,16 @@ def cpu_paged_rows(
         )
     table = block_tables.to(torch.int64).contiguous()  # [S, max_blocks]
     pos = row_pos.to(torch.int64).contiguous()  # [S, R]
-    direct = out is not None and out.dtype == torch.float32
-    result = out if direct else torch.empty(rows.shape, dtype=torch.float32)
+    # the kernel writes float32, or bfloat16 for bfloat16 rows (rounded as torch rounds): no conversion after it
+    out_dtype = torch.bfloat16 if rows.dtype == torch.bfloat16 else torch.float32
+    direct = out is not None and out.dtype == out_dtype
+    result = out if direct else torch.empty(rows.shape, dtype=out_dtype)
     threads = torch.get_num_threads()
     status = fn(
         rows.data_ptr(), *rows.stride()[:3],
         key_cache.data_ptr(), *key_cache.stride()[:3],
         value_cache.data_ptr(), *value_cache.stride()[:3],
-        table.data_ptr(), table.stride(0), pos.data_ptr(), result.data_ptr(),
+        table.data_ptr(), table.stride(0), pos.data_ptr(), result.data_ptr(), DTYPE_CODES[out_dtype],
         num_seqs, num_kv_heads, num_rows, head_dim, key_cache.shape[1], float(scale),
         DTYPE_CODES[rows.dtype], threads, head_split(num_seqs, num_kv_heads, threads),
         FULL_WINDOW if window is None else int(window),
@@ -248,4 +257,4 @@ def cpu_paged_rows(
         return out
     if out is not None:
         return out.copy_(result)
-    return result.to(rows.dtype)
+    return result if result.dtype == rows.dtype else result.to(rows.dtype)

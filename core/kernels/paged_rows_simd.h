@@ -14,6 +14,14 @@ static inline float bf16_to_f32(uint16_t h) {
     return v.f;
 }
 
+/* float32 -> bfloat16, rounded to nearest even (NaN: the quiet NaN 0x7fc0), as torch converts */
+static inline uint16_t f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v;
+    v.f = f;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
 #if defined(__FLT16_MAX__)
 static inline float f16_to_f32(uint16_t h) {
     _Float16 x;
@@ -85,6 +93,9 @@ static inline void load_row(float *restrict dst, const void *src, int64_t n, int
 #endif
 #ifndef PV_G /* VL-float vectors of head_dim per P.V tile */
 #define PV_G (NREGS >= 32 ? 4 : 2)
+#endif
+#ifndef PV_T /* tokens per P.V pass over one head (the accumulators are loaded and stored once a pass) */
+#define PV_T 16
 #endif
 typedef float vf __attribute__((vector_size(VL * 4)));
 typedef int32_t vi __attribute__((vector_size(VL * 4)));

@@ -7,6 +7,7 @@ not a multiple of the vector width at all (the plain loop); query groups of 1, 3
 and single rows); lengths that end mid-block (a q.K tile's token remainder), sliding windows and prefill rows.
 """
 
+import ctypes
 import json
 import subprocess
 import sys
@@ -130,6 +131,37 @@ def test_every_isa_build_for_prefill_rows(dtype, monkeypatch):
         got = paged_prefill_attention(query, *cache, query_lens, backend="cpu")
         err = (got.double() - expected).abs().max().item()
         assert not torch.isnan(got).any() and err <= ATOL[dtype], f"{isa}: max abs error {err:.3g}"
+
+
+@needs_kernel
+def test_bfloat16_output_is_the_float32_result_rounded_as_torch_rounds():
+    """The kernel writes bfloat16 rows itself: bit for bit torch's rounding of the float32 result that the
+    library's float32 entry point (`paged_rows`, the one the cross-architecture driver calls) writes."""
+    problem = make_problem(len(LENS), 32, 8, 128, 16, max(LENS), torch.bfloat16, seed=11, lens=LENS)
+    query = problem["query"]
+    seqs, heads, dim = query.shape
+    rows = query.view(seqs, 8, heads // 8, dim)
+    table = problem["block_tables"].to(torch.int64).contiguous()
+    pos = (problem["context_lens"].to(torch.int64) - 1)[:, None].expand(seqs, heads // 8).contiguous()
+    kc, vc = problem["key_cache"], problem["value_cache"]
+    scale = dim**-0.5
+    for isa in BUILT:
+        got = cpu_backend.cpu_paged_rows(rows, kc, vc, table, None, pos, scale, isa=isa)
+        fn = cpu_backend._load(isa)["lib"].paged_rows
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        fn.argtypes = (
+            [ptr, i64, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, ptr, ptr]
+            + [i64] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, i64, i64]
+        )  # fmt: skip
+        wide = torch.empty(rows.shape, dtype=torch.float32)
+        status = fn(
+            rows.data_ptr(), *rows.stride()[:3], kc.data_ptr(), *kc.stride()[:3], vc.data_ptr(), *vc.stride()[:3],
+            table.data_ptr(), table.stride(0), pos.data_ptr(), wide.data_ptr(),
+            seqs, 8, heads // 8, dim, kc.shape[1], scale, cpu_backend.DTYPE_CODES[torch.bfloat16], 2, 1,
+            cpu_backend.FULL_WINDOW,
+        )  # fmt: skip
+        assert status == 0 and got.dtype == torch.bfloat16, isa
+        assert torch.equal(got, wide.to(torch.bfloat16)), isa
 
 
 def test_an_unknown_isa_is_refused_with_the_choices(monkeypatch):
