@@ -13,7 +13,9 @@ from core.errors import InvalidArgumentError
 from core.planning.catalog.hardware import get_gpu
 from core.planning.catalog.models import MODELS
 from core.planning.commands.capacity import capacity_main
+from core.planning.commands.dispatch import main as slo_main
 from core.planning.commands.predict_cli import predict_main
+from core.planning.cost.fits import published_vllm as pv
 from core.planning.cost.step_time import ALL_REDUCE_LATENCY_S, from_specs
 from core.planning.memory.kv_accounting import (
     expert_bytes_fraction,
@@ -24,6 +26,9 @@ from core.planning.memory.kv_accounting import (
 from core.planning.memory.plan import PlanInputs, plan, plan_from, replica_memory
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import Deployment, predict, replica_steady_state
+from core.planning.search.slo import config_deployment
+from core.planning.search.slo_candidates import SloCandidates, enumerate_candidates
+from core.planning.search.slo_eval import SloConfig
 from core.serving.steady_state import SteadyStateSettings
 from tests.vllm_reference import run_vllm_script
 
@@ -220,3 +225,68 @@ def test_cli_flags_reach_plan_and_predict(capsys):
     assert predict_main([*args, "--concurrency", "2", "--disagg"]) == 2
     assert predict_main(["--model", "llama-3.1-8b", "--gpu", "h200-141gb", "--prompt-len", "500", "--output-len",
                          "20", "--enable-expert-parallel", "--concurrency", "2"]) == 2  # fmt: skip
+
+
+def test_the_slo_search_tries_data_parallel_ranks_with_expert_parallel(capsys):
+    """`slo --data-parallel-size 1 2 --enable-expert-parallel`: candidates of 1 and 2 DP ranks per replica, each
+    row's num_gpus counting the ranks, its memory the plan's per DP rank, its vLLM flags printed; a row turns
+    back into the same Deployment (`config_deployment`)."""
+    cands = SloCandidates(gpus=("h200-141gb",), max_gpus=4, tensor_parallel=(2,), pipeline_parallel=(1,),
+                          max_num_seqs=(64,), kv_dtypes=("auto",), weight_dtypes=("fp8",),
+                          data_parallel=(1, 2), expert_parallel=True)  # fmt: skip
+    found = list(enumerate_candidates(QWEN, cands))
+    assert sorted((c.data_parallel, c.replicas, c.num_gpus) for c in found) == [
+        (1, 1, 2),
+        (1, 2, 4),
+        (2, 1, 4),
+    ]
+    assert all(c.expert_parallel for c in found)
+    with pytest.raises(InvalidArgumentError, match="mixture-of-experts"):
+        list(enumerate_candidates(MODELS["llama-3.1-8b"], cands))
+    argv = ["slo", "--model", "qwen3-235b-a22b", "--rate", "1", "--prompt-len", "1000", "--output-len", "50",
+            "--ttft-p95", "0.001", "--gpus", "h200-141gb", "--max-gpus", "4", "--tp", "2", "--pp", "1",
+            "--max-num-seqs", "64", "--kv-dtypes", "auto", "--weight-dtypes", "fp8", "--data-parallel-size", "2",
+            "--enable-expert-parallel"]  # fmt: skip
+    assert slo_main(argv) == 2  # a 1 ms TTFT is out of reach: every row still printed
+    rows = json.loads(capsys.readouterr().out)["configs"]
+    assert [(r["num_gpus"], r["data_parallel"], r["replicas"]) for r in rows] == [(4, 2, 1)]
+    row = rows[0]
+    assert (
+        row["vllm_parallel_flags"]
+        == "--tensor-parallel-size 2 --data-parallel-size 2 --enable-expert-parallel"
+    )
+    capacity = plan(QWEN, H200, tensor_parallel=2, data_parallel=2, expert_parallel=True, weight_dtype="fp8",
+                    max_model_len=1050, max_num_seqs=64)  # fmt: skip
+    assert row["kv_tokens"] == capacity.kv_tokens
+    config = SloConfig(**row)
+    deployment = config_deployment(QWEN, config, cands)
+    assert (deployment.data_parallel, deployment.expert_parallel, deployment.num_gpus) == (2, True, 4)
+
+
+# The cross-model profile as docs/slo.md 2c prints it (bench.slo_published's fit), with its fixed terms.
+CROSS_MODEL_FIT = {"flops_efficiency": 0.353, "layer_overhead_s": 71.3e-6, "expert_flops_efficiency": 0.129,
+                   "request_overhead_s": 0.0286} | pv.FIXED  # fmt: skip
+
+
+def test_attention_dp_rows_price_as_ranks_and_the_docs_errors_hold():
+    """The sample's 19 Qwen3-235B-A22B rows served with attention DP (never fitted): C clients over D ranks as
+    vLLM's coordinator balances them (5 over 4: one rank of 2, three of 1), each rank with one DP rank's KV
+    cache; their RMS relative errors at the cross-model profile are docs/slo.md 2d's (TTFT 0.526, TPOT 0.590,
+    together 0.559; as one TP group of tp x D GPUs 0.712 / 0.597 / 0.657)."""
+    row = next(r for r in pv.ATTENTION_DP_ROWS if (r.tp, r.dp, r.concurrency) == (1, 4, 5))
+    assert [(rank.concurrency, clients) for rank, clients in pv.rank_rows(row)] == [(2, 2), (1, 3)]
+    assert pv.kv_tokens(row) == plan(QWEN, H200, tensor_parallel=1, data_parallel=4, num_gpus=4, weight_dtype="fp8",
+                                     max_model_len=row.isl + row.osl, max_num_batched_tokens=8192).kv_tokens  # fmt: skip
+    rows = pv.attention_dp_comparison(CROSS_MODEL_FIT)
+    assert len(rows) == 19 and all(r["set"] == "attention dp" for r in rows)
+    ttft, tpot = [r["ttft_error"] for r in rows], [r["tpot_error"] for r in rows]
+    assert rms(ttft) == pytest.approx(0.526, abs=0.005) and rms(tpot) == pytest.approx(0.590, abs=0.005)
+    assert rms(ttft + tpot) == pytest.approx(0.559, abs=0.005)
+    naive = pv.comparison(CROSS_MODEL_FIT, [replace(r, tp=r.tp * r.dp, dp=1) for r in pv.ATTENTION_DP_ROWS])
+    assert rms([r["ttft_error"] for r in naive] + [r["tpot_error"] for r in naive]) == pytest.approx(
+        0.657, abs=0.005
+    )
+
+
+def rms(values) -> float:
+    return math.sqrt(sum(v * v for v in values) / len(values))
