@@ -63,7 +63,8 @@ def plan_table(capacity: CapacityPlan) -> str:
         ("KV tokens", f"{capacity.kv_tokens:,}"),
         (f"bytes per {capacity.context_len:,}-token request", size(capacity.per_request_bytes)),
         (f"max concurrency at {capacity.context_len:,} tokens",
-         f"{capacity.max_concurrency:,} per replica, {capacity.max_concurrency_total:,} total"),
+         f"{capacity.max_concurrency:,} per {'DP rank' if capacity.data_parallel > 1 else 'replica'}, "
+         f"{capacity.max_concurrency_total:,} total"),
         ("decode estimate (roofline upper bound)",
          f"{capacity.decode_tokens_per_s:,.0f} tokens/s at batch {capacity.decode_batch:,} ({capacity.decode_bound}-bound)"
          if capacity.decode_tokens_per_s else "n/a"),
