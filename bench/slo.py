@@ -123,7 +123,7 @@ class StepLog:
         def logged_schedule():
             started = time.perf_counter()
             step = schedule()
-            self.loads.append(step_load(step))
+            self.loads.append(step_load(step, scheduler.memory))  # what the driver sets as `step.load`
             for group, start, _ in step.prefill_chunks:
                 if start == 0:
                     self.admitted.setdefault(group.request_id, started)

@@ -17,8 +17,9 @@ import statement of core (module level or inside a function), and that every `co
   and their timing (`core.kernels.timer`, `core.kernels.timing`).
 - `core.sched` (imports: none): the continuous-batching scheduler (`core.sched.scheduler`), the slim memory
   protocol it drives (`core.sched.memory`) and the run driver (`core.sched.driver`: one step, schedule ->
-  allocate -> execute -> postprocess -> observe, and the step rows `core.sched.step_columns.StepRows`), below
-  both of its drivers, the simulator and the engine.
+  allocate -> execute -> postprocess -> observe; the one run record: the step load `core.sched.step_load`, the
+  step rows `core.sched.step_columns.StepRows` and the snapshots `core.sched.snapshots`), below both of its
+  drivers, the simulator and the engine.
 - `core.serving` (imports: kv, kernels, sched): workloads, memory policies, the serving simulator
   (`core.serving.simulator`), latency percentiles and steady state; a step's cost is injected (a step-time
   model), never read from planning.

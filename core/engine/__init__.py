@@ -21,9 +21,10 @@ Per-step metrics and block snapshots of the last run: after `generate`, `engine.
   kv_tokens_read, prefix_hit_tokens, ..., in KV token slots) plus shared_blocks, cow_copies, attention_ms,
   blocks_in_use, blocks_without_sharing, rest_of_model_ms, host_ms (see `core.engine.metrics`; per step
   attention_ms + rest_of_model_ms + host_ms == step_time_ms; `TIMED_COLUMNS` are the wall-clock ones).
-- `engine.last_run.snapshots`: `EngineSnapshot(step, pool, request_of)` at evenly spaced steps (the last
-  step always); `pool` is the KV cache manager's `core.kv.KVCacheSnapshot` at that step (its holders are the live
-  sequences, one block table per KV cache group), `request_of[seq_id]` the prompt index owning each sequence.
+- `engine.last_run.snapshots`: `core.sched.snapshots.StepSnapshot`s, the simulator's type (step, time_s,
+  context_lens, pool, holder_request, decode_rows), at evenly spaced steps (the last step always); `pool` is the
+  KV cache manager's `core.kv.KVCacheSnapshot` at that step (its holders `pool.request_ids` are the live
+  sequences, one block table per KV cache group), `holder_request[i]` the prompt index owning holder i.
 - `engine.last_run.cow_events` (step, request, seq_id, src_block, dst_block), `.requests`, `.sharing_saving()`.
 Progress: `engine.generate(prompts, params, progress=callback)` calls `callback(fraction)` after every step with
 the fraction (0..1) of the requested output tokens produced so far; the last call passes 1.0.
@@ -38,7 +39,7 @@ Sharing as in the paper's Figure 15: `core.engine.sharing.measure_sharing` (one 
 
 from core.engine.config import ModelConfig
 from core.engine.engine import Engine
-from core.engine.metrics import STEP_COLUMNS, TIMED_COLUMNS, EngineRun, EngineSnapshot
+from core.engine.metrics import STEP_COLUMNS, TIMED_COLUMNS, EngineRun
 from core.engine.sampling import SamplingParams
 from core.engine.sequence import CompletionOutput, RequestOutput
 
@@ -48,7 +49,6 @@ __all__ = [
     "CompletionOutput",
     "Engine",
     "EngineRun",
-    "EngineSnapshot",
     "ModelConfig",
     "RequestOutput",
     "SamplingParams",

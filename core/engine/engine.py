@@ -33,7 +33,7 @@ from core.engine.chat import chat_prompt, conversations_of
 from core.engine.config import ModelConfig
 from core.engine.loading import engine_bytes, load_checkpoint, pool_blocks, random_model
 from core.engine.memory import EngineMemory, kv_groups_of
-from core.engine.metrics import EngineRun, EngineSnapshot, StepObserver, StepRecorder
+from core.engine.metrics import EngineRun, StepObserver, StepRecorder
 from core.engine.model import LlamaModel
 from core.engine.model_runner import ModelRunner
 from core.engine.requests import RequestInbox, make_group, prompts_and_params
@@ -365,19 +365,12 @@ class Engine:
         self._observer.step_started = started
         return driver.run_step(self.scheduler, self._executor, self._observer)
 
-    def _snapshot(self, step: int) -> EngineSnapshot:
-        pool = self.memory.snapshot(self.scheduler.running)
-        request_of = {s.seq_id: g.request_id for g in self.scheduler.running for s in g.seqs}
-        return EngineSnapshot(step, pool, {s: request_of.get(s, -1) for s in pool.seq_ids})
-
     # ---- runs ---------------------------------------------------------------------------------------------
 
     def reset_metrics(self) -> None:
         """Start a new record: steps, snapshots, copy-on-write events and finished requests (see `current_run`)."""
         self._recorder = StepRecorder(self.max_snapshots, preemptions_base=self.scheduler.num_preemptions)
-        self._observer = StepObserver(
-            self.memory, self.scheduler, self.runner, self._snapshot, self._recorder
-        )
+        self._observer = StepObserver(self.memory, self.scheduler, self.runner, self._recorder)
 
     def current_run(self) -> EngineRun:
         """An `EngineRun` of every step since the last `reset_metrics` (or the engine's start, or the last

@@ -91,8 +91,15 @@ class EngineMemory:
         self.held: dict[int, SequenceGroup] = {}
         self.cow_log: list[tuple[int, int, int, int]] = []
         self._grown: list[Sequence] = []  # the sequences `grow` gave this step's token, marked by `decoded`
+        self.windowed = manager.skips_keys  # `num_keys_read` is less than the sum of the starts
+        self._layers = [self.layer_group.count(g) for g in range(self.num_groups)]
 
     # ---- sizing -------------------------------------------------------------------------------------------
+
+    def num_keys_read(self, starts):
+        """Earlier keys read by query spans starting at `starts` (the KV core's window rule, averaged over the
+        model's layers: `core.kv.KVCacheManager.num_keys_read`); `core.sched.step_load` asks it."""
+        return self.manager.num_keys_read(starts, self._layers)
 
     @property
     def free_blocks(self) -> int:
@@ -277,8 +284,9 @@ class EngineMemory:
     def live_seqs(self) -> list[Sequence]:
         return [s for g in self.held.values() for s in g.seqs if s.num_allocated]
 
-    def metrics(self) -> MemoryMetrics:
-        u = self.usage(self.live_seqs())
+    def metrics(self, usage: dict | None = None) -> MemoryMetrics:
+        """The `MemoryMetrics` of the pool; usage: `usage(live_seqs())` when the caller has it already."""
+        u = self.usage(self.live_seqs()) if usage is None else usage
         free = self.free_blocks
         return MemoryMetrics(
             u["token_states"], u["reservation"], u["internal_fragmentation"], 0, free * self.block_size, free

@@ -20,13 +20,12 @@ forward pass when the engine is built (`Engine.warmup_ms`), so the first step's 
 
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from core.kv import KVCacheSnapshot
-from core.sched.step_columns import COLUMNS, StepRows
+from core.sched.snapshots import SnapshotSampler, StepSnapshot, take_snapshot
+from core.sched.step_columns import COLUMNS, StepMeasures, StepRows
 
 ENGINE_COLUMNS = (
     "shared_blocks",
@@ -43,23 +42,14 @@ REQUEST_COLUMNS = ("request_id", "prompt_len", "output_tokens", "preemptions", "
 TIMED_COLUMNS = ("time_s", "step_time_ms", "attention_ms", "rest_of_model_ms", "host_ms")
 
 
-@dataclass(frozen=True, eq=False)
-class EngineSnapshot:
-    """The pool after one sampled step: the KV cache manager's `KVCacheSnapshot` (`pool`: its holders are the
-    live sequences, one table per KV cache group), and for each live sequence id the request that owns it
-    (`request_of[seq_id]`, the prompt's index in the `generate` call)."""
-
-    step: int
-    pool: KVCacheSnapshot
-    request_of: dict
-
-
 @dataclass(eq=False)
 class EngineRun:
     """Everything recorded by the last `Engine.generate` call.
 
     steps: one row per step, columns `STEP_COLUMNS` (see the module docstring).
-    snapshots: `EngineSnapshot`s at evenly spaced steps (at most `max_snapshots`, the last step always included).
+    snapshots: `core.sched.snapshots.StepSnapshot`s (the simulator's type: `pool`, the KV cache manager's
+        `KVCacheSnapshot` whose holders are the live sequences; `holder_request`, the request (prompt index in a
+        `generate` call) of each) at evenly spaced steps (at most `max_snapshots`, the last step included).
     cow_events: one row per copy-on-write copy: step, request, seq_id, src_block, dst_block.
     requests: one row per prompt: request_id, prompt_len, output_tokens (sum over its outputs), preemptions,
         cached_tokens (prompt tokens served from the prefix cache).
@@ -67,7 +57,7 @@ class EngineRun:
     """
 
     steps: pd.DataFrame
-    snapshots: list[EngineSnapshot]
+    snapshots: list[StepSnapshot]
     cow_events: pd.DataFrame
     requests: pd.DataFrame
     num_blocks: int
@@ -90,33 +80,20 @@ def sharing_saving(steps: pd.DataFrame) -> float:
 
 @dataclass(eq=False)
 class StepRecorder:
-    """Rows accumulated during a run, and the snapshot sampling (every `stride` steps, stride doubling to keep at
-    most `max_snapshots`). rows: the `STEP_COLUMNS` step rows (`core.sched.step_columns.StepRows`, the
-    simulator's too); requests: one REQUEST_COLUMNS row per finished request, in the order they finished;
+    """Rows accumulated during a run, and the snapshots (`sampler`: `core.sched.snapshots.SnapshotSampler`, the
+    simulator's too, keeping at most `max_snapshots`). rows: the `STEP_COLUMNS` step rows
+    (`core.sched.step_columns.StepRows`, the simulator's too); requests: one REQUEST_COLUMNS row per finished request, in the order they finished;
     started: the run's start (`time.perf_counter()`); preemptions_base: the scheduler's preemption count then."""
 
     max_snapshots: int = 100
     rows: StepRows = field(default_factory=lambda: StepRows(STEP_COLUMNS, TIMED_COLUMNS))
-    snapshots: list = field(default_factory=list)
     cow_events: list = field(default_factory=list)
-    stride: int = 1
     requests: list = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
     preemptions_base: int = 0
 
-    def add(self, row: dict) -> None:
-        self.rows.add(row)
-
-    def maybe_snapshot(self, step: int, blocks_fn, force: bool = False) -> None:
-        if step % self.stride and not force:
-            return
-        if self.snapshots and self.snapshots[-1].step == step:
-            return
-        self.snapshots.append(blocks_fn(step))
-        if len(self.snapshots) > self.max_snapshots:
-            self.stride *= 2
-            last = self.snapshots[-1]
-            self.snapshots = [s for s in self.snapshots if s.step % self.stride == 0 or s is last]
+    def __post_init__(self):
+        self.sampler = SnapshotSampler(self.max_snapshots)
 
     def steps_frame(self) -> pd.DataFrame:
         return self.rows.frame()
@@ -125,7 +102,7 @@ class StepRecorder:
         """The `EngineRun` of every step recorded so far (wall time: from `started` to now)."""
         return EngineRun(
             self.steps_frame(),
-            list(self.snapshots),
+            list(self.sampler.snapshots),
             self.cow_frame(),
             pd.DataFrame(self.requests, columns=list(REQUEST_COLUMNS)),
             num_blocks,
@@ -145,16 +122,15 @@ class StepRecorder:
 class StepObserver:
     """The engine's `core.sched.driver.StepObserver`: records each step once the scheduler postprocessed it (an
     empty one too: one row per `Engine.step` that ran the driver): the step's row, its copy-on-write events, the
-    requests that finished and the snapshots, into `recorder` (a `StepRecorder`, replaced by
-    `Engine.reset_metrics`). It reads the memory, the scheduler and the runner and writes none of them (the
+    requests that finished and the snapshots (`core.sched.snapshots.take_snapshot`), into `recorder` (a
+    `StepRecorder`, replaced by `Engine.reset_metrics`). It reads the memory, the scheduler and the runner and writes none of them (the
     memory's copy-on-write log is drained here: a log, not KV memory). step_started: when the step being run
     began (`time.perf_counter()`, set by `Engine.step` before the driver runs)."""
 
-    def __init__(self, memory, scheduler, runner, snapshot_fn, recorder: StepRecorder):
+    def __init__(self, memory, scheduler, runner, recorder: StepRecorder):
         self.memory = memory
         self.scheduler = scheduler
         self.runner = runner
-        self.snapshot_fn = snapshot_fn
         self.recorder = recorder
         self.step_started = time.perf_counter()
 
@@ -180,64 +156,21 @@ class StepObserver:
             runner.last_attention_ms,
         )
         measured = StepMeasures(
-            step=step,
-            time_s=now - rec.started,
-            times_ms=(step_ms, attention_ms, forward_ms - attention_ms, step_ms - forward_ms),
-            kv_tokens_read=runner.last_kv_tokens_read,
-            cow_copies=cows,
-            preemptions_total=self.scheduler.num_preemptions - rec.preemptions_base,
+            step, now - rec.started, step_ms, self.scheduler.num_preemptions - rec.preemptions_base
         )
-        row = step_row(scheduled, outcome, usage, mem, measured)
-        rec.add(row)
-        rec.maybe_snapshot(step, self.snapshot_fn, not self.scheduler.has_unfinished)
-
-
-class StepMeasures(NamedTuple):
-    """What the observer measured of one engine step (the rest of its row is the scheduler's and the memory's):
-    its index, its end in seconds since the recorder started, times_ms = (step, attention, rest of the model,
-    host) milliseconds, the K/V tokens attention read, the copy-on-write copies it made and the preemptions so
-    far."""
-
-    step: int
-    time_s: float
-    times_ms: tuple[float, float, float, float]
-    kv_tokens_read: int
-    cow_copies: int
-    preemptions_total: int
-
-
-def step_row(scheduled, outcome, usage: dict, memory, measured: StepMeasures) -> dict:
-    """One row of `STEP_COLUMNS` from the scheduler's `ScheduledStep` and `StepOutcome`, `EngineMemory.usage` after
-    the step, the memory's free blocks and block size (`EngineMemory`), and what the observer measured."""
-    step_ms, attention_ms, rest_ms, host_ms = measured.times_ms
-    free_blocks, kv_tokens_read, cow_copies = memory.free_blocks, measured.kv_tokens_read, measured.cow_copies
-    preemptions_total = measured.preemptions_total
-    return {
-        "step": measured.step,
-        "time_s": measured.time_s,
-        "step_time_ms": step_ms,
-        "running": scheduled.num_running,
-        "running_seqs": scheduled.num_running_seqs,
-        "waiting": scheduled.num_waiting,
-        "swapped": 0,
-        "preemptions": len(scheduled.preempted),
-        "preemptions_total": preemptions_total,
-        "free_blocks": free_blocks,
-        "free_slots": free_blocks * memory.block_size,
-        "token_states": usage["token_states"],
-        "reservation": usage["reservation"],
-        "internal_fragmentation": usage["internal_fragmentation"],
-        "allocator_slack": 0,
-        "external_fragmentation": 0,  # a paged pool has none: free blocks are free_slots
-        "tokens_generated": outcome.tokens_generated,
-        "prefill_tokens": outcome.prefill_tokens,
-        "kv_tokens_read": kv_tokens_read,
-        "prefix_hit_tokens": scheduled.prefix_hit_tokens,
-        "shared_blocks": usage["shared_blocks"],
-        "cow_copies": cow_copies,
-        "attention_ms": attention_ms,
-        "blocks_in_use": usage["blocks_in_use"],
-        "blocks_without_sharing": usage["blocks_without_sharing"],
-        "rest_of_model_ms": rest_ms,
-        "host_ms": host_ms,
-    }
+        extra = (
+            usage["shared_blocks"],
+            cows,
+            attention_ms,
+            usage["blocks_in_use"],
+            usage["blocks_without_sharing"],
+            forward_ms - attention_ms,
+            step_ms - forward_ms,
+        )  # ENGINE_COLUMNS
+        rec.rows.record(scheduled, outcome, mem.metrics(usage), measured, extra)
+        running = self.scheduler.running
+        rec.sampler.sample(
+            step,
+            lambda: take_snapshot(step, measured.time_s, running, mem),
+            force=not self.scheduler.has_unfinished,  # the run's last step
+        )

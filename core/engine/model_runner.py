@@ -29,7 +29,6 @@ class PreparedStep:
     pieces: (group, sequence, first position, tokens) of each prefill chunk, in batch order.
     logits_owner: for each row of the logits, the sequences that sample from it (a prompt whose prefill ends feeds
         every one of its n forked samples, which share it).
-    kv_tokens_read: KV token slots the step's attention reads (all sequences, one layer: the mean over layers).
     logits: the forward pass's [rows, vocab] float32 logits, set by `ModelRunner.execute`.
     """
 
@@ -37,7 +36,6 @@ class PreparedStep:
     decode_seqs: list[Sequence]
     pieces: list[tuple[SequenceGroup, Sequence, int, int]]
     logits_owner: list[list[Sequence]]
-    kv_tokens_read: int
     logits: torch.Tensor | None = None  # [rows, vocab] once `execute` ran it
 
 
@@ -56,17 +54,6 @@ def prefill_pieces(scheduled: ScheduledStep) -> list[tuple[SequenceGroup, Sequen
     return pieces
 
 
-def kv_tokens_read(dec_lens: np.ndarray, pre_ctx: np.ndarray, pre_q: np.ndarray, manager) -> int:
-    """KV slots read by one layer's attention, whose group's single-type `manager` says which leading tokens a
-    query skips (`num_skipped_tokens`, the KV core's window rule): a decode query at position len - 1 reads
-    len - skipped(len - 1), a chunk of q tokens ending at ctx reads from where its first query's window starts,
-    ctx - skipped(ctx - q) (full attention: everything; a sliding window W: min(len, W) and min(ctx, q + W - 1)).
-    `PreparedStep.kv_tokens_read` is its mean over the model's layers (rounded down): one layer's count when
-    every layer is alike."""
-    skipped = manager.num_skipped_tokens
-    return int((dec_lens - skipped(dec_lens - 1)).sum() + (pre_ctx - skipped(pre_ctx - pre_q)).sum())
-
-
 class ModelRunner:
     """Turns `ScheduledStep`s into forward passes of `model` over the pool of `memory`.
 
@@ -80,7 +67,6 @@ class ModelRunner:
         self.memory = memory
         self.last_forward_ms = 0.0
         self.last_attention_ms = 0.0
-        self.last_kv_tokens_read = 0
 
     def prepare(self, scheduled: ScheduledStep) -> PreparedStep:
         """The flattened batch of a non-empty step (decoding sequences already grown by `Scheduler.allocate`)."""
@@ -130,10 +116,7 @@ class ModelRunner:
             prefill_query_lens=longs(pre_q),
             logits_indices=longs(logits_indices),
         )
-        managers = mem.manager.managers
-        per_group = [kv_tokens_read(dec_lens, pre_ctx, pre_q, m) for m in managers]
-        read = sum(per_group[g] for g in mem.layer_group) // len(mem.layer_group)
-        return PreparedStep(batch, decode_seqs, pieces, logits_owner, read)
+        return PreparedStep(batch, decode_seqs, pieces, logits_owner)
 
     def run(self, prepared: PreparedStep) -> torch.Tensor:
         """Run the forward pass (K/V of every token written to its slot); returns [rows, vocab] float32 logits,
@@ -149,14 +132,12 @@ class ModelRunner:
 
     def execute(self, scheduled: ScheduledStep) -> PreparedStep | None:
         """Prepare and run a step; returns its `PreparedStep` with `logits` ([rows, vocab] float32) set, or None
-        for an empty step (nothing runs: `last_forward_ms`, `last_attention_ms` and `last_kv_tokens_read` are 0)."""
+        for an empty step (nothing runs: `last_forward_ms` and `last_attention_ms` are 0)."""
         if scheduled.is_empty:
             self.last_forward_ms = self.last_attention_ms = 0.0
-            self.last_kv_tokens_read = 0
             return None
         prepared = self.prepare(scheduled)
         prepared.logits = self.run(prepared)
-        self.last_kv_tokens_read = prepared.kv_tokens_read
         return prepared
 
     def warm_up(self) -> float:

@@ -58,10 +58,108 @@ def extend_block_hashes(
     """Append to `hashes` (the keys of the first len(hashes) full blocks of `token_ids`) the keys of the next
     blocks, up to `num_blocks` keys in all, computed by `hash_fn(parent, tokens)`. The caller guarantees
     `num_blocks * block_size <= len(token_ids)`."""
+    start = len(hashes)
+    if start >= num_blocks:
+        return
     parent = hashes[-1] if hashes else None
-    for index in range(len(hashes), num_blocks):
-        parent = hash_fn(parent, tuple(token_ids[index * block_size : (index + 1) * block_size]))
+    window = token_ids[start * block_size : num_blocks * block_size]  # one copy; each block a slice of it
+    if type(window) is not tuple:
+        window = tuple(window)
+    if hash_fn is hash_block_tokens:  # the default key, inlined (the same values): the simulator's hot loop
+        for offset in range(0, len(window), block_size):
+            parent = hash((parent, window[offset : offset + block_size]))
+            hashes.append(parent)
+        return
+    for offset in range(0, len(window), block_size):
+        parent = hash_fn(parent, window[offset : offset + block_size])
         hashes.append(parent)
+
+
+class PrefixChains:
+    """The chained keys of recently hashed prompts, found by their first block's key, so that a prompt that
+    starts with another's tokens (a shared system prompt, a conversation's next turn) reuses that prompt's keys
+    instead of hashing its blocks again (vLLM computes a request's `block_hashes` once; this also computes a
+    shared prefix's chain once). A chain is reused only as far as its tokens equal the prompt's, compared token
+    for token, so the keys are exactly those `extend_block_hashes` computes. When a prompt diverges from a
+    chain, the chain is cut to their common full blocks (the prefix they share); chains hold at most
+    `max_tokens` tokens in all, the least recently used dropped first.
+
+    Only for `hash_block_tokens` (equal ids give equal keys whatever their int type); another key function
+    (a `VllmBlockHasher` pickles the ids, so an np.int64 id and an int id of equal value get different keys)
+    is hashed block by block."""
+
+    __slots__ = ("_chains", "_tokens", "block_size", "hash_fn", "max_tokens")
+
+    def __init__(self, block_size: int, hash_fn=hash_block_tokens, max_tokens: int = 1 << 20):
+        self.block_size = block_size
+        self.hash_fn = hash_fn
+        self.max_tokens = max_tokens
+        self._chains: dict = {}  # first block's key -> [tokens, keys, block keys or None]; LRU order
+        self._tokens = 0  # tokens held by the chains
+
+    def keys(self, token_ids: tuple, num_blocks: int) -> list:
+        """The chained keys of the first `num_blocks` full blocks of `token_ids` (a tuple of at least
+        `num_blocks * block_size` ids): `extend_block_hashes([], token_ids, ...)`'s list."""
+        return self.lookup(token_ids, num_blocks)[0]
+
+    def lookup(self, token_ids: tuple, num_blocks: int) -> tuple[list, list]:
+        """(`keys(token_ids, num_blocks)`, the (parent key, block tokens) tuples of the leading blocks taken
+        from a stored chain, [] when none was): tuples kept with the chain, the same objects every time, which
+        the pool may adopt for its cached blocks (`BlockPool.longest_cached_run`'s known_keys)."""
+        bs, hash_fn = self.block_size, self.hash_fn
+        keys: list = []
+        known: list = []
+        if num_blocks <= 0:
+            return keys, known
+        if hash_fn is not hash_block_tokens:
+            extend_block_hashes(keys, token_ids, bs, num_blocks, hash_fn)
+            return keys, known
+        head = hash((None, token_ids[:bs]))
+        chains = self._chains
+        entry = chains.pop(head, None)
+        if entry is not None:
+            chain_tokens, chain_keys, block_keys = entry
+            common = min(len(chain_keys), num_blocks)
+            span = common * bs
+            if token_ids[:span] != (chain_tokens if span == len(chain_tokens) else chain_tokens[:span]):
+                common = _common_blocks(token_ids, chain_tokens, common, bs)
+                self._tokens -= len(chain_tokens) - common * bs
+                block_keys = block_keys[:common] if block_keys is not None else None
+                entry = [chain_tokens[: common * bs], chain_keys[:common], block_keys]  # the shared prefix
+            if common:
+                if entry[2] is None:  # built once per chain, on its first reuse
+                    ck, ct = entry[1], entry[0]
+                    entry[2] = [(ck[i - 1] if i else None, ct[i * bs : (i + 1) * bs]) for i in range(len(ck))]
+                keys, known = entry[1][:common], entry[2][:common]
+                chains[head] = entry  # the most recently used last
+            else:  # the first block's tokens differ (a key collision): this prompt's chain replaces it
+                self._tokens -= len(entry[0])
+                entry = None
+        extend_block_hashes(keys, token_ids, bs, num_blocks, hash_fn)
+        if entry is None:
+            self._store(head, token_ids[: num_blocks * bs], list(keys))
+        return keys, known
+
+    def _store(self, head, tokens: tuple, keys: list) -> None:
+        chains = self._chains
+        self._tokens += len(tokens)
+        chains[head] = [tokens, keys, None]  # the chain's tokens, keys and (later) block keys
+        while self._tokens > self.max_tokens and chains:
+            oldest = next(iter(chains))
+            self._tokens -= len(chains.pop(oldest)[0])
+
+
+def _common_blocks(token_ids: tuple, chain_tokens: tuple, num_blocks: int, block_size: int) -> int:
+    """The most leading full blocks (< num_blocks) on which `token_ids` and `chain_tokens` agree (bisection:
+    equal leading blocks stay equal when fewer are compared)."""
+    low, high = 0, num_blocks - 1  # low blocks agree; more than high do not
+    while low < high:
+        mid = (low + high + 1) // 2
+        if token_ids[: mid * block_size] == chain_tokens[: mid * block_size]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def event_block_hash(key: int | bytes) -> int:

@@ -43,6 +43,7 @@ The hook sees blocks and keys only; it never changes the pool.
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
+from operator import is_not, itemgetter
 
 from core.common import check_int
 from core.errors import InvalidArgumentError, OutOfBlocksError
@@ -199,7 +200,17 @@ class BlockPool:
                 needed=count,
                 free=free,
             )
-        return [self.take_one() for _ in range(count)]
+        ref_counts, uncached, cached = self.ref_counts, self._free_uncached, self._free_cached
+        blocks = []
+        for _ in range(count):  # `take_one`'s body inlined
+            if uncached:
+                block = uncached.popleft()
+            else:
+                block, _ = cached.popitem(last=False)
+                self._evict(block)
+            ref_counts[block] = 1
+            blocks.append(block)
+        return blocks
 
     def check_free(self, needed: int, what: str, *args, free: int | None = None) -> None:
         """Raise OutOfBlocksError ("out of KV blocks: {what % args} {needed} new blocks, ...", the message made
@@ -249,6 +260,14 @@ class BlockPool:
             del self._free_cached[block]
         self.ref_counts[block] += 1
 
+    def touch_all(self, blocks: Iterable[int]) -> None:
+        """`touch` each block in order (its body inlined: the per-block loop of saving a prompt's hits)."""
+        ref_counts, free_cached = self.ref_counts, self._free_cached
+        for block in blocks:
+            if ref_counts[block] == 0:
+                del free_cached[block]
+            ref_counts[block] += 1
+
     def release(self, block: int) -> None:
         """One reference fewer; at 0 the block becomes free (cached-free when cached), newest in its queue."""
         count = self.ref_counts[block] - 1
@@ -281,6 +300,57 @@ class BlockPool:
         if block is None or self._block_key[block] != (parent_hash, tokens):
             return None
         return block
+
+    def longest_cached_run(
+        self,
+        group: int,
+        hashes: Sequence[int],
+        token_ids: Sequence[int],
+        block_size: int,
+        max_blocks: int,
+        known_keys: Sequence[tuple] = (),
+    ) -> list[int]:
+        """The blocks `get_cached` finds for the leading full blocks of `token_ids` (at most `max_blocks`),
+        whose chained keys are `hashes`, up to the first miss. The keys are probed, and the found blocks'
+        parents and tokens compared with the prompt's as whole lists (loops in C), then block by block only
+        when they differ (a key collision ends the run there).
+
+        known_keys: the (parent, tokens) of the prompt's leading blocks as tuples the caller keeps (a shared
+        prefix's, `PrefixChains`). Found blocks whose keys equal them adopt those very tuples (the same values),
+        so the next prompt of that prefix compares its keys by identity, without reading its ids again."""
+        cache, block_key = self._cached[group], self._block_key
+        count = min(max_blocks, len(hashes))
+        blocks = list(map(cache.get, hashes[:count]))
+        if None in blocks:
+            count = blocks.index(None)
+            del blocks[count:]
+        if not blocks:
+            return blocks
+        found = list(map(block_key.__getitem__, blocks))  # (parent, tokens) of each
+        known = min(len(known_keys), count)
+        head = list(known_keys[:known])
+        if known and found[:known] == head:  # by identity once adopted
+            if any(map(is_not, found[:known], head)):
+                for block, key in zip(blocks, head, strict=False):
+                    block_key[block] = key
+        else:
+            known = 0
+        if known == count:
+            return blocks
+        window = token_ids[known * block_size : count * block_size]
+        if type(window) is not tuple:
+            window = tuple(window)
+        rest = found[known:]
+        parents = [hashes[known - 1] if known else None, *hashes[known : count - 1]]
+        if list(map(itemgetter(0), rest)) != parents or window != tuple(
+            chain.from_iterable(map(itemgetter(1), rest))
+        ):  # a block whose (parent, tokens) differ: the run ends there
+            for i, key in enumerate(rest):
+                start = i * block_size
+                if key != (parents[i], window[start : start + block_size]):
+                    del blocks[known + i :]
+                    break
+        return blocks
 
     def cache_block(
         self, group: int, block: int, block_hash: int, parent_hash: int | None, tokens: tuple

@@ -40,7 +40,7 @@ from math import lcm
 
 from core.common import check_int
 from core.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
-from core.kv.block_hash import event_block_hash, extend_block_hashes, hash_block_tokens
+from core.kv.block_hash import PrefixChains, event_block_hash, extend_block_hashes, hash_block_tokens
 from core.kv.block_pool import BlockPool, PoolHook
 from core.kv.bulk_decode import BulkDecode
 from core.kv.events import KVEvent
@@ -93,6 +93,7 @@ class KVCacheManager(BulkDecode):
         self._all_full = all(type(manager) is FullAttentionManager for manager in self.managers)
         self._one_full_group = self._all_full and len(self.managers) == 1
         self._requests: dict[Hashable, KVRequest] = {}
+        self._chains: dict[int, PrefixChains] = {}  # block size -> recently hashed prompts' keys
         self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_cache_hits = 0  # of those, tokens served by it (both tiers)
         self.gpu_cache_hits = 0  # of those, tokens served by the GPU pool
@@ -311,6 +312,18 @@ class KVCacheManager(BulkDecode):
                 tails[table[-1]] = tails.get(table[-1], 0) + 1
         return takes + sum(min(count, ref_counts[block] - 1) for block, count in tails.items())
 
+    @property
+    def skips_keys(self) -> bool:
+        """False when every group is full attention: then `num_keys_read` is the plain sum of the starts."""
+        return not self._all_full
+
+    def num_keys_read(self, starts, layers: Sequence[int]):
+        """Earlier keys read by query spans starting at positions `starts` (an int64 array; each group's window
+        rule, `SingleTypeKVCacheManager.num_keys_read`), summed over its last axis and averaged over the model's
+        layers (`layers[g]` of them in group g), rounded down."""
+        total = sum(n * m.num_keys_read(starts) for m, n in zip(self.managers, layers, strict=True))
+        return total // sum(layers)
+
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new prompt of `num_tokens` fits in the free blocks without any prefix-cache hit."""
         return self.blocks_needed(num_tokens) <= self.pool.num_free_blocks
@@ -329,11 +342,17 @@ class KVCacheManager(BulkDecode):
         per_group = []
         # a block is then one tuple slice (tuple() of a tuple is itself), not two copies
         whole = tuple(tokens)
+        known: dict[int, list] = {}  # block size -> the shared prefix's block keys (`PrefixChains.lookup`)
         for manager in self.managers:
             bs = manager.block_size
-            keys = hashes.setdefault(bs, [])
-            extend_block_hashes(keys, whole, bs, (n - 1) // bs, self.block_hasher)
-            per_group.append(manager.find_longest_cache_hit(keys, whole, (n - 1) // bs))
+            keys = hashes.get(bs)
+            if keys is None:  # a prompt's keys are computed once, a shared prefix's chain reused
+                chains = self._chains.get(bs)
+                if chains is None:
+                    chains = self._chains[bs] = PrefixChains(bs, self.block_hasher)
+                keys, known[bs] = chains.lookup(whole, (n - 1) // bs)
+                hashes[bs] = keys
+            per_group.append(manager.find_longest_cache_hit(keys, whole, (n - 1) // bs, known[bs]))
         hit_tokens = min(len(hits) * m.block_size for hits, m in zip(per_group, self.managers, strict=True))
         hit_tokens -= hit_tokens % self._hit_granularity
         return hit_tokens, [

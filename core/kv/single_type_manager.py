@@ -123,9 +123,17 @@ class SingleTypeKVCacheManager:
         - full attention: 0 tokens, 0 blocks.
         Every caller that asks which blocks a request no longer needs, or which tokens a query reads, goes
         through this method (the block manager facade, `num_skipped_blocks`, hits behind a window, the serving
-        policy's release prediction, the engine's fit check and its count of K/V read); subclasses override
-        only this, and keep it non-decreasing in `num_computed` and elementwise for an int64 array."""
+        policy's release prediction, the engine's fit check, `num_keys_read`: the K/V a step reads);
+        subclasses override only this, and keep it non-decreasing in `num_computed` and elementwise for an int64
+        array."""
         return 0
+
+    def num_keys_read(self, starts: np.ndarray) -> np.ndarray:
+        """Earlier keys read by query spans that start at positions `starts` (int64 array): a span starting at s
+        (a decode: s is its context; a prefill chunk: its first position) reads s - num_skipped_tokens(s) keys
+        before itself (its first query's window; its later queries read their own span too); summed over the
+        last axis."""
+        return (starts - self.num_skipped_tokens(starts)).sum(axis=-1)
 
     def max_blocks_held(self, prompt_len: int, num_tokens: int) -> int:
         """An upper bound on the blocks one unshared request holds at any time while it grows from a
@@ -150,20 +158,14 @@ class SingleTypeKVCacheManager:
     # ---- planning (no change) -----------------------------------------------------------------------------
 
     def find_longest_cache_hit(
-        self, hashes: Sequence[int], token_ids: Sequence[int], max_blocks: int
+        self, hashes: Sequence[int], token_ids: Sequence[int], max_blocks: int, known_keys: Sequence = ()
     ) -> list[int]:
         """The cached blocks holding the longest run of leading full blocks (at most `max_blocks`) of
-        `token_ids`, whose chained hashes are `hashes`; a block is a hit only with equal tokens and parent."""
-        bs, pool, group = self.block_size, self.pool, self.group_idx
-        hits: list[int] = []
-        parent = None
-        for i in range(min(max_blocks, len(hashes))):
-            block = pool.get_cached(group, hashes[i], parent, tuple(token_ids[i * bs : (i + 1) * bs]))
-            if block is None:
-                break
-            hits.append(block)
-            parent = hashes[i]
-        return hits
+        `token_ids`, whose chained hashes are `hashes`; a block is a hit only with equal tokens and parent.
+        known_keys: as `BlockPool.longest_cached_run` takes them."""
+        return self.pool.longest_cached_run(
+            self.group_idx, hashes, token_ids, self.block_size, max_blocks, known_keys
+        )
 
     def num_new_blocks(self, num_entries: int, num_tokens: int, num_computed: int) -> int:
         """THE blocks-per-step rule of one group (vLLM's `get_num_blocks_to_allocate`): table entries to take
@@ -259,8 +261,7 @@ class SingleTypeKVCacheManager:
         another group's hit."""
         pool = self.pool
         skip = self.num_skipped_blocks(len(hits) * self.block_size) if release_skipped else 0
-        for block in hits[skip:]:
-            pool.touch(block)
+        pool.touch_all(hits[skip:] if skip else hits)
         rec = RequestBlocks([-1] * skip + list(hits[skip:]), skip, len(hits) if self.caches_blocks else 0)
         self.requests[request_id] = rec
         return rec
@@ -272,8 +273,9 @@ class SingleTypeKVCacheManager:
         pool = self.pool
         table = rec.table
         cow = self.copy_on_write(rec, old_tokens)
-        for _ in range(self.num_new_blocks(len(table), new_tokens, 0)):
-            table.append(pool.take_one())
+        new = self.num_new_blocks(len(table), new_tokens, 0)
+        if new:
+            table.extend(pool.take(new) if new > 1 else (pool.take_one(),))
         return cow
 
     def copy_on_write(
@@ -393,7 +395,7 @@ class MambaManager(SingleTypeKVCacheManager):
         return True
 
     def find_longest_cache_hit(
-        self, hashes: Sequence[int], token_ids: Sequence[int], max_blocks: int
+        self, hashes: Sequence[int], token_ids: Sequence[int], max_blocks: int, known_keys: Sequence = ()
     ) -> list[int]:
         return []
 

@@ -246,10 +246,12 @@ def serve_command(params: SloPlannerParams, config: SloConfig) -> str:
 def disagg_deployment(params: SloPlannerParams, config: SloConfig) -> DisaggDeployment:
     """A disaggregated row as the `DisaggDeployment` the search evaluated (its pools, settings and engine)."""
     cands = params.candidates()
-    return DisaggDeployment(
-        get_model(params.model), GPUS[config.gpu], config.prefill_workers, config.prefill_tp,
-        config.decode_workers, config.decode_tp, config.max_num_seqs, cands.max_num_batched_tokens,
-        config.weight_dtype, config.kv_dtype, cands.engine, cands.block_size, cands.gpu_memory_utilization,
+    return DisaggDeployment.of(
+        get_model(params.model), GPUS[config.gpu], (config.prefill_workers, config.prefill_tp),
+        (config.decode_workers, config.decode_tp), max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=cands.max_num_batched_tokens, weight_dtype=config.weight_dtype,
+        kv_dtype=config.kv_dtype, engine=cands.engine, block_size=cands.block_size,
+        gpu_memory_utilization=cands.gpu_memory_utilization,
     )  # fmt: skip
 
 

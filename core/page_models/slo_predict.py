@@ -104,10 +104,10 @@ class SloPredictParams:
                 "--disagg takes neither --spec-tokens nor --pp (each pool is tp-only): set speculative tokens "
                 "to 0 and PP to 1"
             )
-        return DisaggDeployment(
-            self.model, self.gpu, self.prefill_workers, self.prefill_tp, self.decode_workers, self.decode_tp,
-            self.max_num_seqs, self.max_num_batched_tokens, self.weight_dtype, self.kv_dtype, self.engine,
-            kv_link=self.kv_link,
+        return DisaggDeployment.of(
+            self.model, self.gpu, (self.prefill_workers, self.prefill_tp), (self.decode_workers, self.decode_tp),
+            self.kv_link, max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, engine=self.engine,
         )  # fmt: skip
 
     def load(self) -> Load:

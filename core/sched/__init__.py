@@ -7,14 +7,17 @@ serving simulator (`core.serving`) and the engine (`core.engine`). It imports ne
   `MemoryMetrics`, `Admission`.
 - `driver`: `run_step`, one step (schedule -> allocate -> execute -> postprocess -> observe) for both drivers,
   with the `StepExecutor` / `StepObserver` protocols they plug in.
-- `step_columns`: `COLUMNS`, the per-step record both drivers keep, and `StepRows`, the buffer they keep it in.
-- `step_load`: `step_load` / `StepLoad`, the load of a scheduled step that a step-time model prices.
+- `step_columns`: `COLUMNS`, the per-step record both drivers keep, `StepRows`, the buffer they keep it in, and
+  `StepMeasures`, what an executor measured of a step (`StepRows.record` builds the row).
+- `step_load`: `step_load` / `StepLoad`, the load of a scheduled step that a step-time model prices (its
+  `kv_tokens_read` is the one count of keys read, priced and recorded).
+- `snapshots`: `StepSnapshot`, the one snapshot type of both drivers, `SnapshotSampler` and `take_snapshot`.
 """
 
 from core.sched.driver import StepExecutor, StepObserver, run_step
 from core.sched.memory import Admission, MemoryMetrics, SchedulerMemory
 from core.sched.scheduler import PREEMPTION_MODES, ScheduledStep, Scheduler, SequenceGroup, StepOutcome
-from core.sched.step_columns import COLUMNS, StepRows
+from core.sched.step_columns import COLUMNS, StepMeasures, StepRows
 from core.sched.step_load import StepLoad, step_load
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
     "SequenceGroup",
     "StepExecutor",
     "StepLoad",
+    "StepMeasures",
     "StepObserver",
     "StepOutcome",
     "StepRows",

@@ -4,6 +4,7 @@ postprocess) with the scheduler's phases named (`core.sched.scheduler`):
 
     step = scheduler.schedule()                       # decisions; admission and preemption memory
     (a stuck step raises executor.stuck_error(step))
+    step.load = step_load(step, scheduler.memory)    # what the step reads and computes (priced, recorded)
     num_steps = executor.plan(step)                   # identical steps this record stands for (1 but for the
                                                       # simulator's decode-only replay)
     scheduler.allocate(step, num_steps)               # every decoding sequence's KV slots
@@ -18,8 +19,10 @@ observer may record it (the engine: one row per `Engine.step` call) or not (the 
 ran). Invariants: only the scheduler's phases write KV memory; the executor writes none (the engine's sampler
 leaves forks and ends for `postprocess`), the observer reads and writes nothing but its record.
 
-Both record their step rows in `StepRows` over `core.sched.step_columns.COLUMNS` (the engine adds columns after
-them), so a step row means the same thing in `EngineRun.steps` and `SimulationResult.steps`.
+Both observers record each step with `core.sched.step_columns.StepRows.record`, from the scheduled step (its
+`load`, `core.sched.step_load`, set here once: what the simulator prices and what both record as
+`kv_tokens_read`), its outcome, the memory's metrics and the executor's `StepMeasures` (the engine adds columns
+after `COLUMNS`), so a step row means the same thing in `EngineRun.steps` and `SimulationResult.steps`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from core.sched.scheduler import ScheduledStep, Scheduler, StepOutcome
+from core.sched.step_load import step_load
 
 
 class StepExecutor(Protocol):
@@ -57,6 +61,7 @@ def run_step(scheduler: Scheduler, executor: StepExecutor, observer: StepObserve
     step = scheduler.schedule()
     if step.is_stuck:
         raise executor.stuck_error(step)
+    step.load = step_load(step, scheduler.memory)
     scheduler.allocate(step, executor.plan(step))
     executed = executor.execute(step)
     outcome = scheduler.postprocess(step)

@@ -100,6 +100,8 @@ class ScheduledStep:
     num_steps: decode steps this record stands for, set by `Scheduler.allocate` (0 until then).
     loads: (group, tokens) admitted this step whose prefix the memory loads from a host tier first (no prefill
       chunk until the caller calls `Scheduler.loaded(group)`); num_loading: groups still loading after it.
+    load: the step's `core.sched.step_load.StepLoad`, set by the run driver right after `schedule()` (None
+      until then): what a step-time model prices and both drivers record.
     """
 
     decoding: list = field(default_factory=list)
@@ -119,6 +121,7 @@ class ScheduledStep:
     num_steps: int = 0
     loads: list = field(default_factory=list)
     num_loading: int = 0
+    load: object = None
 
     @property
     def num_prefill_tokens(self) -> int:

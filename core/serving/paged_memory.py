@@ -128,6 +128,7 @@ class PagedMemory:
         if self.num_blocks < 1:
             raise InvalidArgumentError(f"KV capacity {capacity} tokens holds no block of {bs} tokens")
         self.windows = [g.window for g in self.groups]
+        self.windowed = any(w is not None for w in self.windows)  # `num_keys_read` < the starts' sum
         self.kv = KVCacheManager(
             [g.spec(bs) for g in self.groups],
             self.num_blocks,
@@ -138,6 +139,11 @@ class PagedMemory:
         self.pending = 0  # group slots of tokens allocated but not computed
         self.tail_empty = 0  # empty slots of last blocks, over groups and sequences (a shared one once)
         self._held: dict = {}  # group -> _PagedGroupState (shared_tail: forks still share the last block)
+
+    def num_keys_read(self, starts):
+        """Earlier keys read by query spans starting at `starts` (the KV core's window rule, averaged over the
+        groups' layers: `core.kv.KVCacheManager.num_keys_read`); `core.sched.step_load` asks it."""
+        return self.kv.num_keys_read(starts, [g.num_layers for g in self.groups])
 
     def attach_host_tier(self, offload) -> None:
         """Put a host-memory tier (`core.serving.host_offload.HostOffload`) behind the pool: admissions then hit

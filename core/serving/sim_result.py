@@ -1,52 +1,17 @@
 """What a simulation returns: `SimulationResult` (per-step rows, per-request rows, the summary, sampled
-`StepSnapshot`s) and `summarize`, the Figure 2 breakdown and serving metrics over a window of steps."""
+`StepSnapshot`s, `core.sched.snapshots`'s, the engine's too) and `summarize`, the Figure 2 breakdown and serving metrics over a window of steps."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import pandas as pd
 
-from core.kv.snapshot import KVCacheSnapshot
+from core.sched.snapshots import StepSnapshot
 from core.serving.latency import latency_summary
 from core.serving.memory_policies import Policy
 from core.serving.sim_config import SimulatorConfig
-
-
-@dataclass(frozen=True, eq=False)
-class StepSnapshot:
-    """The state after one sampled step.
-
-    context_lens: int64 [num decoding sequences], tokens each decoding sequence attends to at that step.
-    Paged only (None otherwise): pool, the paged cache (`core.kv.KVCacheSnapshot`: its holders are the live
-    sequences; `pool.group` the KV cache group, an index into the policy's kv_groups, of each block);
-    holder_request: int32 [pool holders], the request each holder belongs to; decode_rows: int32 [num decoding
-    sequences], the holder row of the sequence of context_lens[i].
-    """
-
-    step: int
-    time_s: float
-    context_lens: np.ndarray
-    pool: KVCacheSnapshot | None = None
-    holder_request: np.ndarray | None = None
-    decode_rows: np.ndarray | None = None
-
-    @cached_property
-    def owner_request(self) -> np.ndarray | None:
-        """int32 per block: the request of the first live sequence holding it, -1 when free (None: contiguous)."""
-        if self.pool is None:
-            return None
-        return np.append(self.holder_request, np.int32(-1))[self.pool.owner]  # owner -1 picks the trailing -1
-
-    @property
-    def block_tables(self) -> np.ndarray | None:
-        """int32 [num decoding sequences, max blocks]: row i the block table of the sequence of context_lens[i],
-        padded with -1; None without a pool or with several KV cache groups (a sequence has one table each)."""
-        if self.pool is None or self.pool.num_groups != 1:
-            return None
-        return self.pool.tables[0][self.decode_rows]
 
 
 @dataclass(eq=False)

@@ -30,11 +30,13 @@ from core.sched import (
     MemoryMetrics,
     ScheduledStep,
     Scheduler,
+    StepMeasures,
     StepOutcome,
     StepRows,
     driver,
-    step_load,
 )
+from core.sched.snapshots import SnapshotSampler, take_snapshot
+from core.sched.step_load import decode_starts
 from core.serving.memory_policies import MemoryPolicy, Policy, make_memory
 from core.serving.sim_config import PAPER_KV_TOKENS, SimulatorConfig
 from core.serving.sim_groups import SimulatedGroup, make_groups
@@ -44,8 +46,6 @@ from core.serving.workload import Request
 __all__ = ["COLUMNS", "PAPER_KV_TOKENS", "SimulationResult", "SimulatorConfig", "StepSnapshot", "simulate"]
 
 MAX_BATCHED_DECODE_STEPS = 8192  # decode-only steps replayed at once, at most
-
-_COL = {name: i for i, name in enumerate(COLUMNS)}
 
 
 def fitting_steps(ahead, queued: bool = False) -> int:
@@ -58,29 +58,6 @@ def fitting_steps(ahead, queued: bool = False) -> int:
     if queued:
         fits &= free <= free[0]
     return max(1, len(fits) if fits.all() else int(fits.argmin()))
-
-
-_MEMORY_COLUMNS = [_COL[name] for name in MemoryMetrics._fields]  # the metrics' columns, in field order
-_DECODE_RUN_CONSTANTS = [  # columns alike in every row of a decode-only batch (the last row's frees aside)
-    _COL[name]
-    for name in (
-        "running",
-        "running_seqs",
-        "swapped",
-        "preemptions",
-        "preemptions_total",
-        "tokens_generated",
-        "prefill_tokens",
-        "prefix_hit_tokens",
-    )
-]
-
-
-def _put_memory(rows: np.ndarray, m: MemoryMetrics) -> None:
-    """Write the memory columns: Python ints (every row alike) or int64 arrays with one entry per row."""
-    for column, values in zip(_MEMORY_COLUMNS, m, strict=True):
-        rows[:, column] = values
-    rows[:, _COL["external_fragmentation"]] = m.allocator_slack  # real fragmentation only: free is not waste
 
 
 def _validate_requests(requests: Sequence[Request], config: SimulatorConfig) -> list[Request]:
@@ -107,14 +84,16 @@ def _validate_requests(requests: Sequence[Request], config: SimulatorConfig) -> 
 class _Priced(NamedTuple):
     """A step (or a decode-only batch of k identical steps) as the simulator ran it: start, the clock before it;
     end, after it; end_times / dts: float64 [k], each step's end and seconds; ahead: the memory policy's
-    predicted metrics of a batch (k > 1), else None. A single step's dts is the one-tuple (seconds,) and its
-    end_times None (its end is `end`)."""
+    predicted metrics of a batch (k > 1), else None; reads: a batch's kv_tokens_read [k] (each step's
+    `core.sched.step_load` count), else None. A single step's dts is the one-tuple (seconds,) and its end_times
+    None (its end is `end`)."""
 
     start: float
     end: float
     end_times: np.ndarray | None
     dts: np.ndarray | tuple[float]
     ahead: MemoryMetrics | None
+    reads: np.ndarray | None = None
 
 
 class _Simulation:
@@ -154,7 +133,10 @@ class _Simulation:
         self.finished = 0
         self.until = len(groups)  # stop once the first `until` groups (arrival order) have finished
         self.finished_first = 0  # how many of those have
-        self._planned: tuple = (None, None)  # plan -> execute: a decode-only batch's (predicted metrics, dts)
+        # plan -> execute: a decode-only batch's (predicted metrics, dts, keys read)
+        self._planned: tuple = (None, None, None)
+        # the keys a step reads are asked through the memory's window rule (`core.sched.step_load`)
+        self._windowed = getattr(memory, "windowed", False)
         self._loads: list[
             tuple[float, int, SimulatedGroup]
         ] = []  # host-tier loads in flight: (done, index, group)
@@ -193,7 +175,7 @@ class _Simulation:
 
     def plan(self, step: ScheduledStep) -> int:
         """Stamp the admissions' time; a decode-only step may stand for k identical ones (`_decode_run`)."""
-        self._planned = (None, None)
+        self._planned = (None, None, None)
         for group, tokens in step.loads:  # queued on the host link; the group prefills once it is done
             if math.isnan(group.admit_time):  # a preempted group's reload costs the link, not its first hits
                 group.admit_time = self.now
@@ -208,8 +190,8 @@ class _Simulation:
                 group.prefix_hit_tokens = group.prompt_len - group.num_prefill_total  # what the cache served
         if not step.is_decode_only:
             return 1
-        k, ahead, dts = self._decode_run(step)
-        self._planned = (ahead, dts)
+        k, *planned = self._decode_run(step)
+        self._planned = tuple(planned)
         return k
 
     def execute(self, step: ScheduledStep) -> _Priced | None:
@@ -220,12 +202,12 @@ class _Simulation:
                                              if self.arrived < len(self.groups) else math.inf))  # fmt: skip
                 self._release_loads()
             return None
-        ahead, dts = self._planned
+        ahead, dts, reads = self._planned
         if dts is None:  # one step: plain floats (no arrays to build for each of the run's many single steps)
             dt = float(self._step_seconds(step))
             return _Priced(self.now, self.now + dt, None, (dt,), ahead)
         end_times = self.now + np.cumsum(dts)
-        return _Priced(self.now, float(end_times[-1]), end_times, dts, ahead)
+        return _Priced(self.now, float(end_times[-1]), end_times, dts, ahead, reads)
 
     def finish(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced | None) -> _Priced | None:
         """Stamp first tokens and finishes, send the closed loop's next requests, move the clock to the end."""
@@ -253,39 +235,45 @@ class _Simulation:
 
     def _decode_run(self, step: ScheduledStep):
         """How many identical decode-only steps run at once: until a group finishes, the next snapshot step,
-        the memory runs out or (with empty queues) a request arrives. Returns (k, predicted metrics, step times)."""
+        the memory runs out or (with empty queues) a request arrives. Returns (k, predicted metrics, step times,
+        keys read: each step's `core.sched.step_load` kv_tokens_read, the window rule asked through the memory)."""
         k = min(g.output_len - g.num_output_tokens for g in step.decoding)
         record = self.record
-        k = min(k, (-record.rows.size) % record.stride + 1, MAX_BATCHED_DECODE_STEPS)  # rows.size: self.step
+        stride = record.sampler.stride  # a batch ends on the next row due for a snapshot
+        k = min(k, (-record.rows.size) % stride + 1, MAX_BATCHED_DECODE_STEPS)  # rows.size: self.step
         if k == 1:
-            return 1, None, None
+            return 1, None, None, None
         ahead = self.memory.decode_metrics(step.decoding, k)
         k = min(k, fitting_steps(ahead, bool(step.num_waiting or step.num_swapped)))
         if k == 1:
-            return 1, None, None
+            return 1, None, None, None
         n_decode = step.num_decode_tokens
         ctx = step.decode_context_tokens
         j = np.arange(k, dtype=np.float64)
-        dts = self.model.step_time(n_decode, ctx + j * n_decode, ctx + (j + 1) * n_decode)
+        if self._windowed:
+            reads = self.memory.num_keys_read(decode_starts(step) + np.arange(k, dtype=np.int64)[:, None])
+        else:
+            reads = ctx + j * n_decode
+        dts = self.model.step_time(n_decode, reads, ctx + (j + 1) * n_decode)
         quiet = self.cut_every_arrival or not (step.num_waiting or step.num_swapped)
         if quiet and self.arrived < len(self.groups):
             ends = self.now + np.cumsum(dts)
             k = min(k, int(np.searchsorted(ends, self.arrivals[self.arrived], side="left")) + 1)
-            dts = dts[:k]
+            dts, reads = dts[:k], reads[:k]
         if self._loads:  # a host-tier load ends: its prefill joins the next step
             ends = self.now + np.cumsum(dts)
             k = min(k, int(np.searchsorted(ends, self._loads[0][0], side="left")) + 1)
-            dts = dts[:k]
-        return k, ahead, dts
+            dts, reads = dts[:k], reads[:k]
+        return k, ahead, dts, reads
 
     def _swap_bytes(self, step: ScheduledStep) -> float:
         blocks = step.swap_out_blocks + step.swap_in_blocks
         return blocks * self.memory.block_size * self.model.kv_bytes_per_token
 
     def _step_seconds(self, step: ScheduledStep) -> float:
-        """The cost of one step (`core.sched.step_load`: decodes attend to their context, each prefill chunk to
-        its prior context and causally to itself); a step that only swaps in costs the transfer."""
-        load = step_load(step)
+        """The cost of one step (its `core.sched.step_load`, `step.load`: decodes attend to their context, each
+        prefill chunk to its prior context and causally to itself); a step that only swaps in costs the transfer."""
+        load = step.load
         swap_bytes = self._swap_bytes(step)
         if self._price_load is not None:  # a cost that needs the step's parts (speculative decoding)
             return self._price_load(load, swap_bytes)
@@ -322,15 +310,18 @@ class _Simulation:
 class _SimRecord:
     """The simulation's observer (`core.sched.driver.StepObserver`): one `COLUMNS` row per step that ran (an
     empty step, which only preempted or swapped in, has none) in `rows` (`StepRows`), and the sampled
-    `snapshots` (at steps that are multiples of `stride`, which doubles to keep at most max_snapshots). It reads
-    the simulation, the scheduler and the memory policy and writes none of them."""
+    `snapshots` (`core.sched.snapshots.SnapshotSampler`: rows whose index is a multiple of its stride, which
+    doubles to keep at most max_snapshots). It reads the simulation, the scheduler and the memory policy and
+    writes none of them."""
 
     def __init__(self, sim: _Simulation):
         self.sim = sim
         self.rows = StepRows()
-        self.snapshots: list[StepSnapshot] = []
-        self.request_of = {sid: g.request_id for g in sim.groups for sid in g.seq_ids}  # sequence -> request
-        self.stride = 1
+        self.sampler = SnapshotSampler(sim.config.max_snapshots)
+
+    @property
+    def snapshots(self) -> list[StepSnapshot]:
+        return self.sampler.snapshots
 
     def on_step(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced | None) -> None:
         if priced is None:
@@ -339,30 +330,14 @@ class _SimRecord:
             self._record_one(step, outcome, priced)
         else:
             self._record_decode_run(step, outcome, priced)
-        if (self.rows.size - 1) % self.stride == 0:
-            self._snapshot(priced.end)
+        self._snapshot(priced.end)
 
     def _record_one(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced) -> None:
         sim = self.sim
-        index = self.rows.size
-        row = self.rows.rows(1)
-        prior = sum(start for _, start, _ in step.prefill_chunks)
-        row[0, : _COL["free_blocks"]] = (
-            index,
-            priced.end,
-            (priced.end - priced.start) * 1000.0,
-            step.num_running,
-            step.num_running_seqs,
-            step.num_waiting,
-            step.num_swapped,
-            len(step.preempted),
-            sim.scheduler.num_preemptions,
+        measured = StepMeasures(
+            self.rows.size, priced.end, (priced.end - priced.start) * 1000.0, sim.scheduler.num_preemptions
         )
-        _put_memory(row, sim.memory.metrics())
-        row[0, _COL["tokens_generated"]] = outcome.tokens_generated
-        row[0, _COL["prefill_tokens"]] = outcome.prefill_tokens
-        row[0, _COL["kv_tokens_read"]] = step.decode_context_tokens + step.num_decode_tokens + prior
-        row[0, _COL["prefix_hit_tokens"]] = step.prefix_hit_tokens
+        self.rows.record(step, outcome, sim.memory.metrics(), measured)
 
     def _record_decode_run(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced) -> None:
         """k rows of one decode-only batch: memory from the policy's prediction, the last row after the frees."""
@@ -371,44 +346,28 @@ class _SimRecord:
         k = len(dts)
         n_decode = step.num_decode_tokens
         first = self.rows.size
-        rows = self.rows.rows(k)
-        rows[:, _COL["step"]] = np.arange(first, first + k)
-        rows[:, _COL["time_s"]] = end_times
-        rows[:, _COL["step_time_ms"]] = dts * 1000.0
-        constants = (
-            step.num_running,
-            step.num_running_seqs,
-            step.num_swapped,
-            0,
-            sim.scheduler.num_preemptions,
-        )
-        rows[:, _DECODE_RUN_CONSTANTS] = (*constants, n_decode, 0, 0)
         starts = end_times - dts
         arrived_meanwhile = np.searchsorted(sim.arrivals, starts, side="right") - sim.arrived
-        rows[:, _COL["waiting"]] = step.num_waiting + arrived_meanwhile
-        rows[:, _COL["kv_tokens_read"]] = step.decode_context_tokens + n_decode * np.arange(1, k + 1)
-        _put_memory(rows, MemoryMetrics(*(values[:k] for values in priced.ahead)))
-        _put_memory(rows[-1:], sim.memory.metrics())
-        rows[-1, _COL["tokens_generated"]] = outcome.tokens_generated - n_decode * (k - 1)
+        generated = np.full(k, n_decode)
+        generated[-1] = outcome.tokens_generated - n_decode * (k - 1)
+        predicted = np.array(priced.ahead)[:, :k]  # [metrics, k]; the last row is after the frees
+        predicted[:, -1] = sim.memory.metrics()
+        metrics = MemoryMetrics(*predicted)
+        measured = StepMeasures(
+            np.arange(first, first + k),
+            end_times,
+            dts * 1000.0,
+            sim.scheduler.num_preemptions,
+            waiting=step.num_waiting + arrived_meanwhile,
+            kv_tokens_read=priced.reads,
+            tokens_generated=generated,
+        )
+        self.rows.record(step, outcome, metrics, measured)
 
     def _snapshot(self, now: float) -> None:
-        """Sample the state after the step just recorded (it ended at `now`); thin the samples when over
-        max_snapshots."""
-        sim = self.sim
-        step = self.rows.size - 1
-        decoding = [g for g in sim.scheduler.running if g.num_prefill_tokens == 0]
-        lens = np.array([g.length for g in decoding for _ in range(g.num_seqs)], dtype=np.int64)
-        pool = sim.memory.snapshot(decoding)
-        if pool is None:
-            self.snapshots.append(StepSnapshot(step, now, lens))
-        else:
-            row = {sid: r for r, sid in enumerate(pool.request_ids)}
-            holder_request = np.array([self.request_of[sid] for sid in pool.request_ids], dtype=np.int32)
-            decode_rows = np.array([row[sid] for g in decoding for sid in g.seq_ids], dtype=np.int32)
-            self.snapshots.append(StepSnapshot(step, now, lens, pool, holder_request, decode_rows))
-        if len(self.snapshots) > sim.config.max_snapshots:
-            self.stride *= 2
-            self.snapshots = [s for s in self.snapshots if s.step % self.stride == 0]
+        """Sample the state after the step just recorded (it ended at `now`), if its row is due."""
+        sim, step = self.sim, self.rows.size - 1
+        self.sampler.sample(step, lambda: take_snapshot(step, now, sim.scheduler.running, sim.memory))
 
 
 def attach_offload(memory: MemoryPolicy, policy: Policy, config: SimulatorConfig) -> None:

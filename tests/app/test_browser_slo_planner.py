@@ -68,3 +68,40 @@ def test_predict_mode_shows_every_card_value_whole(streamlit_server, page):
     assert page.locator('[data-testid="stException"]').count() == 0
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "slo_predict_cards.png"))
+
+
+FIRST_SEEN = """(texts) => {
+    window.__firstSeen = {};
+    const look = () => {
+        const shown = document.body ? document.body.textContent : "";
+        for (const text of texts) {
+            if (!(text in window.__firstSeen) && shown.includes(text)) window.__firstSeen[text] = performance.now();
+        }
+    };
+    setInterval(look, 20);
+}"""
+
+
+@pytest.mark.browser
+def test_predict_mode_draws_the_prediction_before_its_extras(streamlit_server, page):
+    """The first answer (verdict and cards) is drawn as soon as the prediction exists; the larger-cache table and
+    the highest rate follow, each after its own progress bar (the page once ran them all before drawing
+    anything). Each text's first appearance is timed in the page (every 20 ms)."""
+    answer = "At 2 concurrent clients, "  # the verdict, drawn above the prediction's cards
+    larger_job, larger = "Predicting the same load with a larger KV cache", "What a larger KV cache does"
+    rate_job, rate = "Finding the highest rate within the targets", "Highest rate within the targets"
+    texts = [answer, larger_job, larger, rate_job, rate]
+    page.add_init_script(f"({FIRST_SEEN})({texts!r})")
+    params = {"mode": "predict", "model": "qwen2.5-7b", "gpu": "l40s", "seqs": "1", "load": "concurrency",
+              "clients": "2", "prompt_len": "64", "output_len": "1", "spread": "0", "ttft": "auto",
+              "tpot_ms": "auto", "e2e": "0.5", "e2e_q": "50", "prefix_len": "48", "prefixes": "2"}  # fmt: skip
+    page.goto(f"{streamlit_server}/slo_planner?{urlencode(params)}")
+    main = page.locator('[data-testid="stMain"]')
+    expect(main.get_by_text(rate, exact=True)).to_be_visible(timeout=WAIT_MS)
+    expect(main.get_by_text(larger)).to_be_visible(timeout=WAIT_MS)
+    wait_for_script_done(page, WAIT_MS)
+    seen = page.evaluate("() => window.__firstSeen")
+    assert set(seen) == set(texts), seen
+    assert seen[answer] < seen[larger_job] < seen[larger], seen
+    assert seen[answer] < seen[rate_job] < seen[rate], seen
+    assert page.locator('[data-testid="stException"]').count() == 0

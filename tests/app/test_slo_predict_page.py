@@ -225,7 +225,7 @@ def test_disaggregated_shows_how_the_gpus_split_and_the_kv_transfer(capsys):
     levers = {"output_len": "4", "disagg": "1", "p_workers": "1", "d_workers": "2", "kv_link": "nvlink"}
     at = open_page(TINY | NO_TARGETS | levers)
     assert not at.error
-    deployment = DisaggDeployment("qwen2.5-7b", "l40s", 1, 1, 2, 1, max_num_seqs=1, kv_link="nvlink")
+    deployment = DisaggDeployment.of("qwen2.5-7b", "l40s", (1, 1), (2, 1), "nvlink", max_num_seqs=1)
     ref = predict_disagg(deployment, Load(None, 16, 4, concurrency=2)).to_dict()
     shown = metrics(at)
     assert shown["Mode"] == "disagg" and shown["Prefill / decode GPUs"] == "1 + 2"

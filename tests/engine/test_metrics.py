@@ -22,7 +22,7 @@ def test_steps_frame_counts_tokens_and_blocks_by_hand():
     assert steps["free_blocks"].tolist() == [27, 27, 32]
     assert steps["prefill_tokens"].tolist() == [14, 0, 0]
     assert steps["tokens_generated"].tolist() == [2, 2, 2]
-    assert steps["kv_tokens_read"].tolist() == [14, 6 + 10, 7 + 11]
+    assert steps["kv_tokens_read"].tolist() == [0, 5 + 9, 6 + 10]  # keys read before the step's own tokens
     assert steps["running_seqs"].tolist() == [2, 2, 2]
     assert (steps["attention_ms"] > 0).all()
     total = steps[["token_states", "reservation", "internal_fragmentation", "allocator_slack", "free_slots"]]
@@ -41,6 +41,7 @@ def test_chunked_prefill_shows_reserved_slots_and_snapshots():
     assert run.steps["reservation"].iloc[0] == 12
     assert [s.step for s in run.snapshots] == list(range(len(run.steps)))
     first = run.snapshots[0]
-    (seq_id,) = first.pool.seq_ids
-    assert first.request_of[seq_id] == 0
+    # the one sequence's prompt
+    assert len(first.pool.request_ids) == 1 and first.holder_request.tolist() == [0]
+    assert first.time_s == run.steps["time_s"].iloc[0] and len(first.context_lens) == 0  # still prefilling
     assert int(first.pool.ref_count.sum()) == 5  # ceil(20 / 4) blocks of one sequence

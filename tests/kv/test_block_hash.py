@@ -207,3 +207,39 @@ def test_kv_core_announces_vllms_hashes(algo):
         kv.free(i)
         bm.free(i)
     assert announced_kv == announced_bm
+
+
+def test_prefix_chains_give_the_keys_hashing_every_block_gives():
+    """`PrefixChains.keys` (a shared prefix's chain reused) equals `extend_block_hashes` from scratch (the
+    reference) for prompts that share prefixes of any length, diverge inside a block, grow turn by turn, are
+    shorter than a stored chain, or evict each other (a tiny token budget); with vLLM's hasher it hashes."""
+    from core.kv.block_hash import PrefixChains, extend_block_hashes
+
+    rng = random.Random(7)
+    heads = [tuple(rng.randrange(1 << 40) for _ in range(rng.randrange(1, 70))) for _ in range(4)]
+    prompts = []
+    for _ in range(300):
+        head = heads[rng.randrange(4)][: rng.randrange(1, 70)]
+        tail = tuple(rng.randrange(1 << 40) for _ in range(rng.randrange(0, 40)))
+        prompts.append(head + tail)
+        if rng.random() < 0.3:  # a conversation's next turn: the last prompt, then more
+            prompts.append(prompts[-1] + tuple(rng.randrange(50) for _ in range(rng.randrange(1, 30))))
+    for block_size, budget in ((4, 1 << 20), (16, 1 << 20), (4, 40)):
+        chains = PrefixChains(block_size, max_tokens=budget)
+        for prompt in prompts:
+            num_blocks = rng.randrange(0, len(prompt) // block_size + 1)
+            expected: list = []
+            extend_block_hashes(expected, prompt, block_size, num_blocks)
+            keys, known = chains.lookup(prompt, num_blocks)
+            assert keys == expected
+            assert known == [
+                (expected[i - 1] if i else None, prompt[i * block_size : (i + 1) * block_size])
+                for i in range(len(known))
+            ]  # the leading blocks' (parent, tokens), as the pool keys them
+            assert chains._tokens == sum(len(entry[0]) for entry in chains._chains.values()) <= budget
+    hasher = VllmBlockHasher()
+    chains = PrefixChains(4, hasher)
+    for prompt in prompts[:20]:
+        expected = []
+        extend_block_hashes(expected, prompt, 4, len(prompt) // 4, hasher)
+        assert chains.keys(prompt, len(prompt) // 4) == expected

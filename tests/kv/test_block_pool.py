@@ -104,3 +104,60 @@ def test_events_off_queue_nothing_and_bad_arguments_are_refused():
         BlockPool(0, [FULL])
     with pytest.raises(InvalidArgumentError):
         BlockPool(4, [])
+
+
+def test_longest_cached_run_is_the_walk_of_get_cached_up_to_a_collision():
+    """The one-probe-per-block run against `get_cached` block by block (the reference): it stops at a missing
+    key, and at a key whose cached block holds other tokens or another parent (a collision), never past it."""
+    tokens = tuple(range(100, 112))  # 6 blocks of 2
+    keys = [11, 12, 13, 14, 15, 16]
+
+    def reference(pool):
+        hits, parent = [], None
+        for i, key in enumerate(keys):
+            block = pool.get_cached(0, key, parent, tokens[2 * i : 2 * i + 2])
+            if block is None:
+                break
+            hits.append(block)
+            parent = key
+        return hits
+
+    def pool_with(chain):  # chain: (key, parent, tokens) per cached block
+        pool = BlockPool(8, [FULL])
+        for key, parent, toks in chain:
+            pool.cache_block(0, pool.take_one(), key, parent, toks)
+        return pool
+
+    whole = [(keys[i], keys[i - 1] if i else None, tokens[2 * i : 2 * i + 2]) for i in range(6)]
+    cases = {
+        "all": whole,
+        "a missing key": whole[:3] + whole[4:],
+        "other tokens": [*whole[:2], (13, 12, (0, 0)), *whole[3:]],
+        "another parent": [*whole[:4], (15, 99, tokens[8:10]), *whole[5:]],
+        "a first block's collision": [(11, None, (7, 7)), *whole[1:]],
+    }
+    expected = {
+        "all": 6,
+        "a missing key": 3,
+        "other tokens": 2,
+        "another parent": 4,
+        "a first block's collision": 0,
+    }
+    for name, chain in cases.items():
+        pool = pool_with(chain)
+        for max_blocks in (0, 3, 6, 9):
+            run = pool.longest_cached_run(0, keys, tokens, 2, max_blocks)
+            assert run == reference(pool)[:max_blocks], (name, max_blocks)
+            assert len(run) == min(expected[name], max_blocks), (name, max_blocks)
+        assert pool.longest_cached_run(0, keys, list(tokens), 2, 6) == reference(pool)  # a list of ids too
+        for num_known in (1, 3, 6):  # the prompt's own leading keys as tuples the caller keeps
+            known = [(keys[i - 1] if i else None, tokens[2 * i : 2 * i + 2]) for i in range(num_known)]
+            pool = pool_with(chain)
+            want = reference(pool)
+            assert pool.longest_cached_run(0, keys, tokens, 2, 6, known) == want, (name, num_known)
+            probed = min(num_known, pool.num_leading_cached(0, keys))  # blocks found for known keys
+            found = [pool._cached[0][key] for key in keys[:probed]]
+            adopted = [pool._block_key[b] is k for b, k in zip(found, known, strict=False)]
+            assert all(adopted) == (len(want) >= probed), (name, num_known)  # equal keys: adopted
+            assert any(adopted) == all(adopted), (name, num_known)  # all or none
+            assert pool.longest_cached_run(0, keys, tokens, 2, 6, known) == want  # by identity now

@@ -87,7 +87,6 @@ def test_every_user_of_the_rule_matches_its_closed_form():
     import numpy as np
 
     from core.common import cdiv
-    from core.engine.model_runner import kv_tokens_read
 
     for bs in (1, 2, 4, 16):
         for w in (1, 3, 8, 17):
@@ -98,16 +97,21 @@ def test_every_user_of_the_rule_matches_its_closed_form():
                     assert m.max_blocks_held(prompt, prompt + out) == min(
                         full, max(cdiv(prompt, bs), cdiv(w + bs - 1, bs))
                     )
-            lens = np.arange(1, 60, dtype=np.int64)
-            q = (lens % 7) + 1
-            ctx = lens + q
-            assert kv_tokens_read(lens, ctx, q, m) == int(
-                np.minimum(lens, w).sum() + np.minimum(ctx, q + w - 1).sum()
-            )
+            # a span starting at position s (a decode's context, a chunk's first token) reads min(s, W - 1)
+            # keys before itself; a [k, n] array of starts gives one count per row
+            starts = np.arange(0, 60, dtype=np.int64)
+            assert m.num_keys_read(starts) == int(np.minimum(starts, w - 1).sum())
+            rows = starts[None, :40] + np.arange(3, dtype=np.int64)[:, None]
+            assert m.num_keys_read(rows).tolist() == [int(np.minimum(r, w - 1).sum()) for r in rows]
     # chunked local attention (C = 8): a decode query at position p reads its chunk so far, p % 8 + 1 tokens
     chunked = _manager(
         ChunkedLocalAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, attention_chunk_size=8)
     )
-    lens = np.arange(1, 30, dtype=np.int64)
-    empty = np.zeros(0, dtype=np.int64)
-    assert kv_tokens_read(lens, empty, empty, chunked) == int(((lens - 1) % 8 + 1).sum())
+    starts = np.arange(0, 30, dtype=np.int64)
+    assert chunked.num_keys_read(starts) == int((starts % 8).sum())  # position p reads p % 8 before itself
+    # the manager averages over the model's layers (3 full, 1 window of 4), rounded down
+    full = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1)
+    window = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=1, sliding_window=4)
+    both = KVCacheManager([full, window], 16)
+    assert both.skips_keys and not KVCacheManager([full], 16).skips_keys
+    assert both.num_keys_read(starts, [3, 1]) == (3 * starts.sum() + np.minimum(starts, 3).sum()) // 4

@@ -87,8 +87,8 @@ def test_the_lever_fields_build_the_levers_core_takes():
     disagg, _ = parse_params(
         {"mode": "predict", "disagg": "1", "p_workers": "2", "d_tp": "2", "kv_link": "network"}, FIELDS
     )
-    assert predict_params_from(disagg).disagg_deployment() == DisaggDeployment(
-        "llama-3.1-8b", "h100-80gb", 2, 1, 1, 2, kv_dtype="fp8", kv_link="network"
+    assert predict_params_from(disagg).disagg_deployment() == DisaggDeployment.of(
+        "llama-3.1-8b", "h100-80gb", (2, 1), (1, 2), "network", kv_dtype="fp8"
     )
     ngram, _ = parse_params(
         {"mode": "predict", "spec_k": "1", "spec_acc": "0.5", "draft": "qwen2.5-7b"}, FIELDS

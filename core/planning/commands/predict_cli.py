@@ -185,10 +185,11 @@ def disagg_from_args(args) -> DisaggDeployment:
         raise InvalidArgumentError(
             "--disagg takes neither --data-parallel-size nor --enable-expert-parallel (each pool is tp-only)"
         )
-    return DisaggDeployment(
-        model_from_args(args), args.gpu, args.prefill_workers, args.prefill_tp, args.decode_workers,
-        args.decode_tp, args.max_num_seqs, args.max_num_batched_tokens, args.weight_dtype, args.kv_dtype, args.engine,
-        kv_link=args.kv_link,
+    return DisaggDeployment.of(
+        model_from_args(args), args.gpu, (args.prefill_workers, args.prefill_tp),
+        (args.decode_workers, args.decode_tp), args.kv_link, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, weight_dtype=args.weight_dtype,
+        kv_dtype=args.kv_dtype, engine=args.engine,
     )  # fmt: skip
 
 

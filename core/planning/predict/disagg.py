@@ -1,7 +1,7 @@
 """Disaggregated prefill and decode (DistServe, Zhong et al., OSDI 2024; NVIDIA Dynamo; llm-d) as the
 steady-state predictor models it: `predict_disagg(DisaggDeployment, Load)`.
 
-    d = DisaggDeployment("llama-3.1-8b", "h100-80gb", prefill_workers=1, prefill_tp=1, decode_workers=2)
+    d = DisaggDeployment.of("llama-3.1-8b", "h100-80gb", prefill=(1, 1), decode=(2, 1))
     p = predict_disagg(d, Load(8, 2048, 256)); p.to_dict()["kv_transfer_s"], p.to_dict()["ttft_p99_s"]
 
 A request is prefilled by one of `prefill_workers` workers (each tp GPUs, its own queue), its KV cache moves to
@@ -27,11 +27,9 @@ several transfers on one link (reported as utilization, not queued), the connect
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from core.errors import InvalidArgumentError
-from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
-from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
 from core.planning.cost.step_time import StepTimeModel
 from core.planning.memory.kv_accounting import kv_bytes_per_token
 from core.planning.memory.plan import replica_memory
@@ -104,38 +102,54 @@ class PrefillDecodeSplit:
 
 @dataclass(frozen=True)
 class DisaggDeployment(PrefillDecodeSplit):
-    """`prefill_workers` workers of `prefill_tp` GPUs and `decode_workers` of `decode_tp`, one GPU type, each
-    running vLLM with these settings (as `Deployment`). kv_link: "nvlink" or "network"; None: NVLink when all
-    the GPUs fit one 8-GPU node. Raises InvalidArgumentError as `Deployment` does, for an unknown link, or for
-    the network when the GPU has no known NIC bandwidth."""
+    """Disaggregated serving of one model on one GPU type: the `prefill` pool (a `Deployment`: its replicas are
+    the prefill workers, its tp theirs), the `decode` pool (likewise) and the link that carries each prompt's
+    K/V from one to the other (kv_link: "nvlink" or "network"; None: NVLink when all the GPUs fit one 8-GPU
+    node). `DisaggDeployment.of(model, gpu, prefill=(workers, tp), decode=(workers, tp), kv_link, **settings)`
+    builds both pools from one set of `Deployment` settings. Raises InvalidArgumentError for pools that differ
+    in anything but tp and replicas (one model, GPU type and vLLM settings serve both), a pool with pp,
+    speculation or a host KV tier (not modelled here), an unknown link, or the network when the GPU has no
+    known NIC bandwidth."""
 
-    model: object
-    gpu: object
-    prefill_workers: int = 1
-    prefill_tp: int = 1
-    decode_workers: int = 1
-    decode_tp: int = 1
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    weight_dtype: str = "auto"
-    kv_dtype: str = "auto"
-    engine: str = DEFAULT_ENGINE
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
+    prefill: Deployment
+    decode: Deployment
     kv_link: str | None = None
-    prefill: Deployment = field(init=False, repr=False)
-    decode: Deployment = field(init=False, repr=False)
+
+    @classmethod
+    def of(
+        cls,
+        model,
+        gpu,
+        prefill: tuple[int, int] = (1, 1),
+        decode: tuple[int, int] = (1, 1),
+        kv_link: str | None = None,
+        **settings,
+    ) -> "DisaggDeployment":
+        """prefill / decode: (workers, tp) of each pool; settings: the `Deployment` fields both pools share
+        (max_num_seqs, max_num_batched_tokens, weight_dtype, kv_dtype, engine, block_size,
+        gpu_memory_utilization, ...)."""
+        pools = []
+        for name, pool in (("prefill", prefill), ("decode", decode)):
+            if not (isinstance(pool, tuple) and len(pool) == 2):
+                raise InvalidArgumentError(f"{name} must be (workers, tp), got {pool!r}")
+            workers, tp = pool
+            pools.append(Deployment(model, gpu, tp=tp, replicas=workers, **settings))
+        return cls(pools[0], pools[1], kv_link)  # fmt: skip
 
     def __post_init__(self):
-        common = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-                  "weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype, "engine": self.engine,
-                  "block_size": self.block_size, "gpu_memory_utilization": self.gpu_memory_utilization}  # fmt: skip
-        prefill = Deployment(
-            self.model, self.gpu, tp=self.prefill_tp, replicas=self.prefill_workers, **common
-        )
-        decode = Deployment(self.model, self.gpu, tp=self.decode_tp, replicas=self.decode_workers, **common)
-        object.__setattr__(self, "prefill", prefill)
-        object.__setattr__(self, "decode", decode)
+        if not isinstance(self.prefill, Deployment) or not isinstance(self.decode, Deployment):
+            raise InvalidArgumentError("a DisaggDeployment's prefill and decode pools must be Deployments")
+        for pool in (self.prefill, self.decode):
+            if pool.pp != 1 or pool.speculation is not None or pool.kv_offload_gib:
+                raise InvalidArgumentError(
+                    "a disaggregated pool is tp-only, without speculation or a host KV tier (pp 1, "
+                    "speculation None, kv_offload_gib 0)"
+                )
+        if replace(self.prefill, tp=self.decode.tp, replicas=self.decode.replicas) != self.decode:
+            raise InvalidArgumentError(
+                "the prefill and decode pools may differ only in tp and replicas (workers): one model, GPU type "
+                "and vLLM settings serve both"
+            )
         if self.kv_link is not None and self.kv_link not in KV_LINKS:
             raise InvalidArgumentError(
                 f"kv_link must be one of {', '.join(KV_LINKS)} or None, got {self.kv_link!r}"
@@ -145,6 +159,22 @@ class DisaggDeployment(PrefillDecodeSplit):
                 f"{self.decode.gpu_spec.name} has no known network bandwidth: a disaggregated deployment of "
                 f"{self.num_gpus} GPUs spans nodes; use at most {GPUS_PER_NODE} GPUs (NVLink) or another GPU"
             )
+
+    @property
+    def prefill_workers(self) -> int:
+        return self.prefill.replicas
+
+    @property
+    def prefill_tp(self) -> int:
+        return self.prefill.tp
+
+    @property
+    def decode_workers(self) -> int:
+        return self.decode.replicas
+
+    @property
+    def decode_tp(self) -> int:
+        return self.decode.tp
 
     @property
     def link(self) -> str:
@@ -165,7 +195,7 @@ class DisaggDeployment(PrefillDecodeSplit):
 
     def kv_bytes_per_request(self, prompt_len: int) -> int:
         """Bytes of K/V a prompt of `prompt_len` tokens moves: every layer's, all heads."""
-        return prompt_len * kv_bytes_per_token(self.decode.model_spec, self.kv_dtype)
+        return prompt_len * kv_bytes_per_token(self.decode.model_spec, self.decode.kv_dtype)
 
     def kv_transfer_seconds(self, prompt_len: int) -> float:
         """Seconds to move a prompt's K/V over min(prefill_tp, decode_tp) links in parallel."""

@@ -100,10 +100,11 @@ class DisaggCandidate(PrefillDecodeSplit):
         )
 
     def deployment(self, model, cands: SloCandidates) -> DisaggDeployment:
-        return DisaggDeployment(
-            model, self.spec, self.prefill_workers, self.prefill_tp, self.decode_workers, self.decode_tp,
-            self.max_num_seqs, cands.max_num_batched_tokens, self.weight_dtype, self.kv_dtype, cands.engine,
-            cands.block_size, cands.gpu_memory_utilization,
+        return DisaggDeployment.of(
+            model, self.spec, (self.prefill_workers, self.prefill_tp), (self.decode_workers, self.decode_tp),
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=cands.max_num_batched_tokens,
+            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, engine=cands.engine,
+            block_size=cands.block_size, gpu_memory_utilization=cands.gpu_memory_utilization,
         )  # fmt: skip
 
 

@@ -3,9 +3,9 @@ them (`core.planning.cost.fits.engine_profiles` stores the fitted values; docs/s
 
 The figures (`ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, its vLLM rows on H100 SXM and H200 SXM:
 mean TTFT and mean TPOT of a closed loop of C clients at fixed lengths ISL / OSL. From
-core/planning/data/vllm_silicon_llama31_70b.csv, Llama-3.1-70B with FP8 weights (TP 2, 4, 8 on H100; 1, 2, 4, 8
+core/planning/cost/fits/data/vllm_silicon_llama31_70b.csv, Llama-3.1-70B with FP8 weights (TP 2, 4, 8 on H100; 1, 2, 4, 8
 on H200; C = 4 ... 64; 1,024 / 1,024, 1,024 / 8,192, 8,192 / 1,024); from
-core/planning/data/vllm_silicon_models.csv (issue 40), Qwen3-32B bf16 (H100), Llama-3.1-8B-Instruct FP8 (H200),
+core/planning/cost/fits/data/vllm_silicon_models.csv (issue 40), Qwen3-32B bf16 (H100), Llama-3.1-8B-Instruct FP8 (H200),
 gpt-oss-120b MXFP4 (H100, H200) and Qwen3-235B-A22B FP8 (H200; its 19 rows served with data-parallel attention
 are kept apart in ATTENTION_DP_ROWS, neither fitted nor in any RMS above; `attention_dp_comparison` prices them as
 DP ranks, docs/slo.md 2d).
