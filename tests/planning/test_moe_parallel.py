@@ -290,3 +290,16 @@ def test_attention_dp_rows_price_as_ranks_and_the_docs_errors_hold():
 
 def rms(values) -> float:
     return math.sqrt(sum(v * v for v in values) / len(values))
+
+
+def test_the_plans_decode_roofline_reads_the_experts_all_ranks_touch():
+    """DeepSeek-V3 at tp 1 x DP 8 with EP: the decode roofline of one rank's batch b reads its dense weights and
+    the share 1 - (1 - 8 / 256)^(8 b) of its 32 experts (every rank's tokens meet them), plus b requests' KV."""
+    capacity = plan(DSV3, H200, tensor_parallel=1, data_parallel=8, expert_parallel=True, max_model_len=8192)
+    b = capacity.decode_batch
+    dense, experts = weight_split_per_gpu(DSV3, "auto", 1, 1, 8, True)
+    read = dense + experts * (1 - (1 - 8 / 256) ** (8 * b)) + b * 8192 * 70_272
+    memory_s = read / H200.memory_bandwidth
+    compute_s = 2 * DSV3.num_params_active * b / H200.peak_bf16_flops
+    assert capacity.decode_step_s == pytest.approx(max(memory_s, compute_s), rel=1e-9)
+    assert capacity.decode_tokens_per_s == pytest.approx(8 * b / capacity.decode_step_s)
