@@ -67,10 +67,13 @@ def seed_config_texts() -> None:
 
 
 def on_model_change(prefix: str) -> None:
-    """Clamp max_model_len to the new model, and replace a GPU count / TP chosen for the old model by the smallest
-    deployment of the new one that fits (`smallest_deployment`), saying so; or say that none fits."""
+    """Clamp max_model_len to the new model, reset DP ranks and expert parallel, and replace a GPU count / TP chosen
+    for the old model by the smallest deployment of the new one that fits (`smallest_deployment`), saying so; or
+    say that none fits."""
     key = f"{prefix}ctx"
     state.set(key, clamp_context(st.session_state[f"{prefix}model"], st.session_state.get(key, 0)))
+    state.set(f"{prefix}dp", 1)  # a new model starts as one server of tp x pp GPUs (the search below)
+    state.set(f"{prefix}ep", False)
     values = {**state.values, f"{prefix}model": st.session_state[f"{prefix}model"], key: state.values[key]}
     notes = []
     try:
@@ -154,7 +157,27 @@ def scenario_inputs(p: str) -> None:
     with c[1]:
         w(st.number_input, "max_num_seqs", f"{p}seqs")
     w(st.number_input, "Host KV tier per replica (GiB, vLLM's --kv-offloading-size; 0: none)", f"{p}offload")
+    moe_inputs(p)
     hybrid_inputs(p)
+
+
+def moe_inputs(p: str) -> None:
+    """A mixture-of-experts model served with data-parallel attention and expert parallelism (docs/pages/planner.md,
+    "MoE")."""
+    with st.expander("MoE: data-parallel attention, expert parallel"):
+        c = st.columns(2)
+        with c[0]:
+            state.widget(st.number_input, "DP ranks per server (--data-parallel-size)", f"{p}dp",
+                         help="Each DP rank: tensor-parallel GPUs with its own requests and KV cache; a MoE "
+                         "model's routed experts are spread over all tp × DP GPUs. GPUs must be a multiple of "
+                         "TP × PP × DP.")  # fmt: skip
+        with c[1]:
+            state.widget(
+                st.toggle,
+                "Expert parallel (--enable-expert-parallel)",
+                f"{p}ep",
+                help="MoE only: whole experts per GPU instead of every expert split over the GPUs.",
+            )
 
 
 def hybrid_inputs(p: str) -> None:

@@ -50,6 +50,16 @@ def scenario_fields(prefix: str) -> list[Field]:
             f"{p}ckpt", None, "int", minimum=1, maximum=2**50, optional=True, label="checkpoint bytes (index)"
         ),
         Field(f"{p}offload", 0.0, "float", minimum=0, maximum=4096, step=10, label="host KV tier, GiB"),
+        Field(
+            f"{p}dp",
+            1,
+            "int",
+            minimum=1,
+            maximum=1024,
+            step=1,
+            label="data-parallel ranks (MoE: attention DP)",
+        ),
+        Field(f"{p}ep", False, "bool", label="expert parallel"),
     ]
     assert tuple(f.key[len(p) :] for f in fields) == SCENARIO_KEYS
     return fields
@@ -186,6 +196,8 @@ def url_params(values: dict[str, Any]) -> dict[str, str]:
             ("hybrid", True),
             ("ckpt", None),
             ("offload", 0.0),
+            ("dp", 1),
+            ("ep", False),
         ):
             if values.get(f"{prefix}{key}", default) == default:
                 skip.add(f"{prefix}{key}")  # only a changed setting goes into the URL

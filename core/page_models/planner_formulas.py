@@ -13,6 +13,7 @@ from core.planning.memory.kv_accounting import (
     kv_heads_per_gpu,
     layers_per_gpu,
     resolve_weight_dtype,
+    weight_split_per_gpu,
 )
 from core.planning.memory.plan import CapacityPlan
 
@@ -50,9 +51,11 @@ def formula_lines(result: ScenarioResult) -> list[str]:
         f"KV blocks = floor({max(p.kv_budget_bytes, 0):,} B / {p.block_bytes:,} B) = **{p.num_blocks:,}**; "
         f"KV tokens = {p.num_blocks:,} × {p.block_size} = **{p.kv_tokens:,}**",
         f"Max concurrent requests of {p.context_len:,} tokens = {p.num_blocks:,} // ceil({p.context_len:,}/"
-        f"{p.block_size}) = {p.num_blocks:,} // {context_blocks:,} = **{p.max_concurrency:,}** per replica"
-        + (f" × {p.replicas} replicas = **{p.max_concurrency_total:,}**" if p.replicas > 1 else ""),
-        f"Weights per GPU = {m.num_params / 1e9:,.2f}B params"
+        f"{p.block_size}) = {p.num_blocks:,} // {context_blocks:,} = **{p.max_concurrency:,}**"
+        + _over_ranks(p),
+        _moe_weights_line(m, p)
+        if _moe_parallel(p)
+        else f"Weights per GPU = {m.num_params / 1e9:,.2f}B params"
         + (" (estimated from the config's shapes)" if m.params_estimated else "")
         + f" × {DTYPE_BITS[p.weight_dtype] / 8:g} B "
         f"({p.weight_dtype}) / {p.tensor_parallel} TP"
@@ -153,14 +156,48 @@ def _group_lines(result: ScenarioResult) -> list[str]:
         f"{layout.blocks_per_request:,} = **{layout.max_concurrency:,.2f}x**; KV tokens = int(that × "
         f"{p.max_model_len:,}) = **{p.kv_tokens:,}**",
         f"Max concurrent requests of {p.context_len:,} tokens = {p.num_blocks:,} // {context_blocks:,} = "
-        f"**{p.max_concurrency:,}** per replica"
-        + (f" × {p.replicas} replicas = **{p.max_concurrency_total:,}**" if p.replicas > 1 else ""),
+        f"**{p.max_concurrency:,}**" + _over_ranks(p),
         _weights_line(m, p),
     ]
     return lines
 
 
+def _moe_parallel(p: CapacityPlan) -> bool:
+    return p.data_parallel > 1 or p.expert_parallel
+
+
+def _over_ranks(p: CapacityPlan) -> str:
+    """ " per replica" (or " per DP rank") and, with more than one, the total over the ranks and replicas."""
+    if p.data_parallel > 1:
+        replicas = f" × {p.replicas} replicas" if p.replicas > 1 else ""
+        return (f" per DP rank (each its own KV cache) × {p.data_parallel} DP ranks{replicas} = "
+                f"**{p.max_concurrency_total:,}**")  # fmt: skip
+    return " per replica" + (
+        f" × {p.replicas} replicas = **{p.max_concurrency_total:,}**" if p.replicas > 1 else ""
+    )
+
+
+def _moe_weights_line(m: ModelSpec, p: CapacityPlan) -> str:
+    """Weights per GPU of a MoE model's DP ranks / EP (`weight_split_per_gpu`): the non-expert part over tp, the
+    routed experts over every GPU of the server."""
+    tp, dp = p.tensor_parallel, p.data_parallel
+    dense, experts = weight_split_per_gpu(m, p.weight_dtype, tp, p.pipeline_parallel, dp, p.expert_parallel)
+    if not m.is_moe:
+        return f"Weights per GPU = the model / {tp} TP on each of {dp} DP ranks = **{p.weights_bytes / GiB:,.2f} GiB**"
+    share = (
+        f"{-(-m.num_experts // (tp * dp))} of {m.num_experts} whole experts (expert parallel over {tp * dp} GPUs)"
+        if p.expert_parallel
+        else f"1/{tp * dp} of every expert (split over tp {tp} × DP {dp} GPUs)"
+    )
+    return (
+        f"Weights per GPU = {dense / GiB:,.2f} GiB attention, embeddings and dense layers (/ {tp} TP, on every DP "
+        f"rank) + {experts / GiB:,.2f} GiB routed experts ({share}) = **{p.weights_bytes / GiB:,.2f} GiB**"
+    )
+
+
 def _weights_line(m: ModelSpec, p: CapacityPlan) -> str:
+    if _moe_parallel(p):
+        return _moe_weights_line(m, p)
     if m.checkpoint_bytes is not None and p.weight_dtype == resolve_weight_dtype(m, "auto"):
         source = f"the checkpoint's {m.checkpoint_bytes:,} B (safetensors index, exact)"
     elif uses_group_quantization(m) and p.weight_dtype == resolve_weight_dtype(m, "auto"):

@@ -26,7 +26,7 @@ CUSTOM = "custom"
 WORKLOADS = ("sharegpt", "alpaca", "fixed", "uniform")
 SCENARIO_KEYS = (
     "model", "config", "gpu", "gpu_mem", "gpu_bw", "gpu_tflops", "gpus", "tp", "pp", "wdtype", "kvdtype",
-    "util", "block", "ctx", "act", "seqs", "mbt", "hybrid", "ckpt", "offload",
+    "util", "block", "ctx", "act", "seqs", "mbt", "hybrid", "ckpt", "offload", "dp", "ep",
 )  # fmt: skip
 WORKLOAD_KEYS = ("wl", "wl_n", "wl_prompt", "wl_output", "wl_seed")
 GiB = 1024**3
@@ -79,6 +79,8 @@ def plan_inputs(values: Mapping[str, Any], prefix: str) -> PlanInputs:
         max_num_seqs=values[f"{prefix}seqs"],
         max_num_batched_tokens=values.get(f"{prefix}mbt", DEFAULT_MAX_NUM_BATCHED_TOKENS),
         hybrid_kv_cache_manager=values.get(f"{prefix}hybrid", True),
+        data_parallel=values.get(f"{prefix}dp", 1),
+        expert_parallel=values.get(f"{prefix}ep", False),
     )
 
 

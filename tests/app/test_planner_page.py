@@ -450,3 +450,23 @@ def test_a_host_kv_tier_from_the_url_shows_its_tokens_and_flags():
     bad = open_planner({"a_offload": "nan", "compare": "0"})
     assert any("`a_offload`" in e.value for e in bad.error) and not bad.exception
     assert not any("kv-offloading" in c.value for c in bad.code)  # the default (no tier) is drawn instead
+
+
+def test_moe_data_parallel_attention_and_expert_parallel_from_the_url():
+    """Qwen3-235B-A22B on 8 x H200 as 2 DP ranks of TP 4 with EP: the page draws core's plan (KV per DP rank, 16 of
+    128 experts per GPU), the weights formula and `--data-parallel-size 2 --enable-expert-parallel`; both inputs
+    live in the URL, and a model change resets them."""
+    at = open_planner({"a_model": "qwen3-235b-a22b", "a_gpu": "h200-141gb", "a_gpus": "8", "a_tp": "4", "a_dp": "2",
+                       "a_ep": "1", "a_kvdtype": "auto", "a_ctx": "8192", "compare": "0"})  # fmt: skip
+    assert not at.exception and not at.error
+    expected = plan(MODELS["qwen3-235b-a22b"], GPUS["h200-141gb"], num_gpus=8, tensor_parallel=4, data_parallel=2,
+                    expert_parallel=True, max_model_len=8192)  # fmt: skip
+    assert ("KV tokens per replica", f"{expected.kv_tokens:,}") in metrics(at)
+    assert any("--data-parallel-size 2" in c.value and "--enable-expert-parallel" in c.value for c in at.code)
+    shown = " ".join(md.value for md in at.markdown)
+    assert "16 of 128 whole experts (expert parallel over 8 GPUs)" in shown
+    assert f"× 2 DP ranks = **{expected.max_concurrency_total:,}**" in shown
+    assert "2" in str(at.query_params["a_dp"])
+    at.selectbox(key="a_model").set_value("llama-3.1-8b").run()
+    assert not at.exception
+    assert "a_dp" not in at.query_params and "a_ep" not in at.query_params

@@ -260,3 +260,42 @@ def test_layer_type_rules(extra, full_layers):
 def test_bad_layer_types_are_refused(extra, message):
     with pytest.raises(InvalidArgumentError, match=message):
         ModelSpec.from_hf_config({**BASE, **extra})
+
+
+def test_minimax_m2_5_preset_counts_230b_and_10b_active():
+    """MiniMax-M2.5 (MiniMax-M2's shapes): 62 layers x 256 experts x 3 x 3,072 x 1,536 = 224.7B expert
+    parameters; the shapes total 228.7B against the published 230B (-0.6 %). "10B activated" counts the decoder
+    without the embedding and LM head (2 x 200,064 x 3,072 = 1.23B): 9.80B (-2.0 %; 11.03B with them)."""
+    raw = json.loads(MODELS_JSON.read_text())["minimax-m2.5"]["config"]
+    estimate = estimate_num_params(raw)
+    assert estimate["experts"] == 62 * 256 * 3 * 3072 * 1536
+    assert estimate["total"] == pytest.approx(230e9, rel=0.01)
+    outside = estimate["embedding"] + estimate["lm_head"]
+    assert outside == 2 * 200_064 * 3072
+    assert estimate["active"] - outside == pytest.approx(10e9, rel=0.025)
+    model = MODELS["minimax-m2.5"]
+    assert (model.num_layers, model.num_kv_heads, model.head_dim, model.num_experts, model.num_experts_per_tok) == (
+        62, 8, 128, 256, 8)  # fmt: skip
+    assert model.quantization == "fp8" and not model.is_mla and model.compute_dtype == "bfloat16"
+
+
+def test_kimi_k2_5_preset_counts_1_04t_and_32b_active():
+    """Kimi-K2.5 (DeepSeek-V3's architecture under text_config): 60 MoE layers x 384 experts x 3 x 7,168 x 2,048
+    = 1,014.7B expert parameters; the shapes total 1.026T against the published ~1.04T (-1.3 %; the model card
+    rounds to 1T) and 32.9B active against 32B (+2.7 %, embedding and LM head counted, as DeepSeek-V3's 37B).
+    MLA: one latent of 512 + 64 per layer, whole on every TP rank; int4 experts in groups of 32."""
+    raw = json.loads(MODELS_JSON.read_text())["kimi-k2.5"]["config"]
+    estimate = estimate_num_params(raw)
+    assert estimate["experts"] == 60 * 384 * 3 * 7168 * 2048
+    assert estimate["total"] == pytest.approx(1.04e12, rel=0.015)
+    assert estimate["active"] == pytest.approx(32e9, rel=0.03)
+    model = MODELS["kimi-k2.5"]
+    assert model.is_mla and (model.kv_lora_rank, model.qk_rope_head_dim, model.num_layers) == (512, 64, 61)
+    assert (model.num_experts, model.num_experts_per_tok, model.max_position_embeddings) == (384, 8, 262_144)
+    assert (model.quantization, model.quantization_bits, model.quantization_group_size) == (
+        "compressed-tensors",
+        4,
+        32,
+    )
+    assert model.num_params == round(estimate["total"]) and model.params_estimated
+    assert model.num_params_active == 32e9

@@ -46,7 +46,10 @@ def plan_table(capacity: CapacityPlan) -> str:
     rows = [
         ("model", capacity.model),
         ("GPUs", f"{capacity.num_gpus} x {capacity.gpu} (tp {capacity.tensor_parallel}, pp "
-                 f"{capacity.pipeline_parallel}, {capacity.replicas} replica(s))"),
+                 f"{capacity.pipeline_parallel}, "
+                 + (f"dp {capacity.data_parallel}, " if capacity.data_parallel > 1 else "")
+                 + ("expert parallel, " if capacity.expert_parallel else "")
+                 + f"{capacity.replicas} replica(s))"),
         ("dtypes", f"weights {capacity.weight_dtype}, KV cache {capacity.kv_dtype}"),
         ("GPU memory", size(capacity.gpu_memory_bytes)),
         (f"usable (x {capacity.gpu_memory_utilization:g})", size(capacity.usable_bytes)),
@@ -60,7 +63,8 @@ def plan_table(capacity: CapacityPlan) -> str:
         ("KV tokens", f"{capacity.kv_tokens:,}"),
         (f"bytes per {capacity.context_len:,}-token request", size(capacity.per_request_bytes)),
         (f"max concurrency at {capacity.context_len:,} tokens",
-         f"{capacity.max_concurrency:,} per replica, {capacity.max_concurrency_total:,} total"),
+         f"{capacity.max_concurrency:,} per {'DP rank' if capacity.data_parallel > 1 else 'replica'}, "
+         f"{capacity.max_concurrency_total:,} total"),
         ("decode estimate (roofline upper bound)",
          f"{capacity.decode_tokens_per_s:,.0f} tokens/s at batch {capacity.decode_batch:,} ({capacity.decode_bound}-bound)"
          if capacity.decode_tokens_per_s else "n/a"),
@@ -70,6 +74,24 @@ def plan_table(capacity: CapacityPlan) -> str:
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     lines += [f"note: {note}" for note in capacity.notes]
     return "\n".join(lines)
+
+
+def add_moe_parallel_flags(parser: argparse.ArgumentParser) -> None:
+    """`--data-parallel-size D` and `--enable-expert-parallel`, vLLM's flags, as `plan`, `predict`, `max-rate`
+    and `slo` take them (`core.planning.memory.kv_accounting`: a MoE model's DP ranks and EP)."""
+    parser.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        metavar="D",
+        help="DP ranks of one vLLM server, each its own requests and KV cache (a MoE model: data-parallel "
+        "attention, the routed experts spread over all tp x D GPUs)",
+    )
+    parser.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="MoE: whole routed experts per GPU over tp x D GPUs instead of every expert split over them",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-gpus", type=int)
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    add_moe_parallel_flags(parser)
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
     parser.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -181,6 +204,8 @@ def capacity_main(argv: Sequence[str]) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
+            data_parallel=args.data_parallel_size,
+            expert_parallel=args.enable_expert_parallel,
         )
         tier = None if args.kv_offload_gib is None else host_kv_tier(capacity, args.kv_offload_gib)
     except LabError as error:

@@ -10,7 +10,9 @@ The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zip
 (prompts sharing prefixes, chats, through the prefix cache); --spec-tokens K --spec-acceptance a1,...,aK
 --spec-method ngram|draft-model|eagle --draft-model NAME (speculative decoding); predict --disagg
 --prefill-workers X --prefill-tp A --decode-workers Y --decode-tp B [--kv-link nvlink|network]; --replicas N
---routing round-robin|random|least-loaded|prefix-aware|session (a routed fleet: `core.serving.fleet`).
+--routing round-robin|random|least-loaded|prefix-aware|session (a routed fleet: `core.serving.fleet`);
+--data-parallel-size D --enable-expert-parallel (a MoE model's data-parallel attention and expert parallelism,
+vLLM's flags: `Deployment.data_parallel` / `expert_parallel`; deployment.vllm_parallel_flags echoes them).
 
 Any model: --config PATH [--num-params N] (a Hugging Face config.json, as the capacity planner takes it) in place
 of --model, on predict, max-rate and slo; the same JSON keys as for a preset (deployment.model is the file's
@@ -28,6 +30,7 @@ from collections.abc import Sequence
 from core.errors import InvalidArgumentError, LabError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.catalog.models import MODELS, ModelSpec, model_from_config_file
+from core.planning.commands.capacity import add_moe_parallel_flags
 from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, ENGINES
 from core.planning.cost.speculative import SPEC_METHODS, Speculation, parse_acceptance
 from core.planning.predict.disagg import DisaggDeployment, predict_disagg
@@ -48,7 +51,7 @@ class LineErrorParser(argparse.ArgumentParser):
 
 
 def deployment_flags(parser: argparse.ArgumentParser) -> None:
-    """--model --gpu --tp --pp --replicas --max-num-seqs --max-num-batched-tokens --weight-dtype --kv-dtype
+    """--model --gpu --tp --pp --replicas --data-parallel-size --enable-expert-parallel --max-num-seqs --max-num-batched-tokens --weight-dtype --kv-dtype
     --engine, and speculative decoding (--spec-tokens --spec-acceptance --spec-method --draft-model): one
     deployment (`Deployment`)."""
     config_flags(parser)
@@ -56,6 +59,7 @@ def deployment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--replicas", type=int, default=1)
+    add_moe_parallel_flags(parser)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
     parser.add_argument("--weight-dtype", default="auto")
@@ -148,7 +152,8 @@ def deployment_from_args(args) -> Deployment:
         args.max_num_batched_tokens, args.weight_dtype, args.kv_dtype, args.engine,
         speculation=speculation_from_args(args), routing=args.routing,
         kv_offload_gib=args.kv_offload_gib, offload_policy=args.offload_policy,
-        offload_bandwidth_gbps=args.offload_bandwidth_gbps,
+        offload_bandwidth_gbps=args.offload_bandwidth_gbps, data_parallel=args.data_parallel_size,
+        expert_parallel=args.enable_expert_parallel,
     )  # fmt: skip
 
 
@@ -176,6 +181,10 @@ def disagg_flags(parser: argparse.ArgumentParser) -> None:
 def disagg_from_args(args) -> DisaggDeployment:
     if args.spec_tokens is not None or args.pp != 1:
         raise InvalidArgumentError("--disagg takes neither --spec-tokens nor --pp (each pool is tp-only)")
+    if args.data_parallel_size != 1 or args.enable_expert_parallel:
+        raise InvalidArgumentError(
+            "--disagg takes neither --data-parallel-size nor --enable-expert-parallel (each pool is tp-only)"
+        )
     return DisaggDeployment.of(
         model_from_args(args), args.gpu, (args.prefill_workers, args.prefill_tp),
         (args.decode_workers, args.decode_tp), args.kv_link, max_num_seqs=args.max_num_seqs,

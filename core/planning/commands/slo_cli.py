@@ -3,7 +3,7 @@
     python -m core.planning slo --model llama-3.1-8b | --config config.json [--num-params N] --rate 12 --prompt-len 2000 --output-len 300 \\
         --ttft-p95 1 --tpot-p95 0.05 [--ttft-p99 ... --itl-p99 ... --e2e-p90 ...] [--engine vllm|trtllm] \\
         [--gpus h100-80gb h200-141gb l40s] [--max-gpus 8] [--length-spread S] [--seed K] [--disagg] \
-        [--routing POLICY | --routing-candidates P1,P2,...]
+        [--routing POLICY | --routing-candidates P1,P2,...] [--data-parallel-size D [D ...]] [--enable-expert-parallel]
 
 Prints one JSON object (`SloPlan.to_dict`): `configs`, sorted by GPU count then the cost proxy (total memory
 bandwidth), each with gpu, num_gpus, tp, pp, max_num_seqs, every steady-state percentile (ttft_p50_s ...
@@ -62,6 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--weight-dtypes", nargs="+", default=list(defaults.weight_dtypes), choices=WEIGHT_DTYPES
     )
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    parser.add_argument(
+        "--data-parallel-size",
+        type=int,
+        nargs="+",
+        default=list(defaults.data_parallel),
+        metavar="D",
+        help="DP ranks per replica tried (vLLM's --data-parallel-size; a MoE model: data-parallel attention)",
+    )
+    parser.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="every candidate with vLLM's --enable-expert-parallel (a MoE model: whole experts per GPU)",
+    )
     parser.add_argument("--max-meeting", type=int, default=defaults.max_meeting)
     parser.add_argument(
         "--disagg",
@@ -117,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv_dtypes=tuple(args.kv_dtypes), weight_dtypes=tuple(args.weight_dtypes),
             max_num_batched_tokens=args.max_num_batched_tokens, max_meeting=args.max_meeting,
             engine=args.engine, disagg=args.disagg, routing=routing_from_args(args),
+            data_parallel=tuple(args.data_parallel_size), expert_parallel=args.enable_expert_parallel,
         )  # fmt: skip
         plan = plan_slo(model_from_args(args), workload, slo, candidates)
     except SloInfeasibleError as error:

@@ -54,6 +54,20 @@ n x k / E rows each, far below the dense GEMMs' efficiency: priced at expert_flo
 (None: flops_efficiency). Real routing is not uniform (more experts stay cold, a hot one is a straggler): what
 the fitted efficiency absorbs.
 
+Data-parallel attention and expert parallelism (`from_specs(..., data_parallel=D, expert_parallel=...)`, a MoE
+model served as vLLM's `--data-parallel-size D [--enable-expert-parallel]`): the model prices ONE DP rank's step on
+its own batch of n tokens. Its attention, dense layers and KV are the rank's (tp-split, `kv_accounting`); the
+routed experts sit on all tp x D GPUs of the server (`weight_split_per_gpu`: every expert split tp x D ways, or
+whole experts per GPU with EP) and serve the batches of all D ranks, which step in lockstep (vLLM runs a dummy
+batch on an idle rank). With equal batches per rank:
+- expert FLOPs per GPU = 2 x k / E x expert parameters x D x n / (tp x D): the same per own token as tp alone;
+- expert bytes read per GPU = this GPU's expert bytes x experts_touched(D x n) (`expert_token_ranks` = D);
+- DP collectives: each MoE layer all-gathers the ranks' hidden states and reduce-scatters the output
+  (`data_parallel_moe_traffic`), 2 x (D - 1) x hidden x 2 bytes per own token per layer on top of the tp
+  all-reduces, 2 latencies per layer.
+Left out: unequal batches across ranks (the slowest rank sets the step), routing skew over the GPUs (EP's hot
+expert), DeepEP-style all-to-all kernels and their overlap with compute.
+
 Sliding-window layers (gpt-oss, Gemma-2/3, Mistral-7B): a layer with a window of W tokens reads and attends to
 at most W earlier tokens per query. With a fraction f of the layers windowed, a step's context reads and its
 attention pairs count as (1 - f) x load + f x min(load, W x new_tokens) (`windowed`: at most new_tokens queries,
@@ -87,12 +101,14 @@ import numpy as np
 from core.common import cdiv
 from core.errors import InvalidArgumentError
 from core.kv.hf_config import SLIDING
-from core.planning.catalog.weights import (
-    bits_per_quantized_param,
-    checkpoint_weight_bytes,
-    uses_group_quantization,
+from core.planning.memory.kv_accounting import (
+    check_moe_parallel,
+    expert_byte_share,
+    kv_bytes_per_token,
+    resolve_weight_dtype,
+    weight_bytes_per_gpu,
+    weight_split_per_gpu,
 )
-from core.planning.memory.kv_accounting import kv_bytes_per_token, resolve_weight_dtype, weight_bytes_per_gpu
 
 # The constants used for the paper reproduction (OPT-13B, fp16, one A100-SXM4-40GB).
 OPT_13B_PARAMS = 12.9e9
@@ -168,6 +184,7 @@ class StepTimeModel:
     expert_flops_efficiency: float | None = None
     sliding_layer_fraction: float = 0.0
     sliding_window: int = 0
+    expert_token_ranks: int = 1
 
     def __post_init__(self):
         try:
@@ -215,6 +232,12 @@ class StepTimeModel:
         if self.single_token_overhead_s is not None and not self.single_token_overhead_s >= 0:
             raise InvalidArgumentError(
                 f"single_token_overhead_s must be >= 0, got {self.single_token_overhead_s!r}"
+            )
+        if isinstance(self.expert_token_ranks, bool) or not (
+            isinstance(self.expert_token_ranks, int) and self.expert_token_ranks >= 1
+        ):
+            raise InvalidArgumentError(
+                f"expert_token_ranks must be an integer >= 1, got {self.expert_token_ranks!r}"
             )
         if isinstance(self.pipeline_stages, bool) or not (
             isinstance(self.pipeline_stages, int) and self.pipeline_stages >= 1
@@ -336,15 +359,18 @@ class StepTimeModel:
         return flops / self.peak_flops * (1.0 / self.expert_flops_efficiency - 1.0 / self.flops_efficiency)
 
     def experts_touched(self, new_tokens):
-        """The expected fraction of a layer's routed experts that a step of `new_tokens` tokens reads (module
-        docstring: MoE), 1 - (1 - k / E)^n; a float for a float, an array for an array."""
+        """The expected fraction of a layer's routed experts (of this GPU's) that a step of `new_tokens` tokens
+        reads (module docstring: MoE), 1 - (1 - k / E)^(expert_token_ranks x n): with data-parallel attention
+        the experts serve the batches of all expert_token_ranks DP ranks; a float for a float, an array for an
+        array."""
         if not self.num_experts:
             return 1.0
         miss = 1.0 - self.experts_per_token / self.num_experts
+        ranks = self.expert_token_ranks  # data-parallel attention: every rank's batch meets the experts
         return (
-            1.0 - miss ** np.maximum(new_tokens, 0.0)
+            1.0 - miss ** (ranks * np.maximum(new_tokens, 0.0))
             if isinstance(new_tokens, np.ndarray)
-            else (1.0 - miss ** max(new_tokens, 0.0))
+            else (1.0 - miss ** (ranks * max(new_tokens, 0.0)))
         )
 
     def step_factor(self, new_tokens) -> np.ndarray:
@@ -422,17 +448,23 @@ def parallel_traffic(model, tensor_parallel: int = 1, pipeline_parallel: int = 1
     return float(per_token), (all_reduces + pp - 1) * ALL_REDUCE_LATENCY_S
 
 
+def data_parallel_moe_traffic(model, data_parallel: int, pipeline_parallel: int = 1) -> tuple[float, float]:
+    """(bytes per token per GPU, latency seconds per step) of a MoE model's data-parallel collectives (module
+    docstring: data-parallel attention): each MoE layer all-gathers the DP ranks' hidden states before the experts
+    and reduce-scatters the experts' output after them, (D - 1) x hidden x ACTIVATION_BYTES per own token each
+    (a ring), and costs 2 x ALL_REDUCE_LATENCY_S; every layer of the stage counts as a MoE layer (DeepSeek-V3: 61
+    for its 58), the stages run in sequence. Zero for data_parallel 1."""
+    if data_parallel <= 1:
+        return 0.0, 0.0
+    layers = cdiv(model.num_layers, pipeline_parallel) * pipeline_parallel
+    per_token = layers * 2 * (data_parallel - 1) * model.hidden_size * ACTIVATION_BYTES
+    return float(per_token), 2 * layers * ALL_REDUCE_LATENCY_S
+
+
 def expert_weight_share(model, weight_dtype: str = "auto") -> float:
-    """The routed experts' share of the model's stored weight bytes (0 for a dense model): expert parameters x
-    their stored bits over all the weights' bits. A group-quantized checkpoint (gpt-oss's MXFP4) packs the
-    experts at `bits_per_quantized_param` and keeps the rest 16-bit; otherwise every weight has one dtype."""
-    if not model.is_moe or not model.expert_params:
-        return 0.0
-    name = resolve_weight_dtype(model, weight_dtype)
-    if name == resolve_weight_dtype(model, "auto") and uses_group_quantization(model):
-        total, _ = checkpoint_weight_bytes(model)
-        return min(1.0, model.expert_params * bits_per_quantized_param(model) / 8 / total)
-    return min(1.0, model.expert_params / model.num_params)
+    """The routed experts' share of the model's stored weight bytes (0 for a dense model):
+    `core.planning.memory.kv_accounting.expert_byte_share`, the one home of that rule."""
+    return expert_byte_share(model, weight_dtype)
 
 
 def from_specs(
@@ -451,9 +483,14 @@ def from_specs(
     FLOPs use the active parameters (MoE) split over tp x pp. fp8 weights run at the GPU's FP8 peak when it has
     one. A GPU without a known peak is treated as memory-bound (its compute roof set at 1,000 FLOP per byte of
     bandwidth, far above any decode step's intensity). Efficiencies and overheads: keyword arguments (fitted
-    ones from `fit_step_time`, `core.planning.cost.fits.published`), else the defaults.
+    ones from `fit_step_time`, `core.planning.cost.fits.published`), else the defaults. data_parallel /
+    expert_parallel (keywords): a MoE model's DP ranks and EP (module docstring: data-parallel attention); the
+    model is that of one DP rank.
     """
     tp, pp = tensor_parallel, pipeline_parallel
+    dp = kwargs.pop("data_parallel", 1)
+    ep = kwargs.pop("expert_parallel", False)
+    check_moe_parallel(model, tp, dp, ep)
     layer_overhead = kwargs.pop("layer_overhead_s", 0.0)
     if not layer_overhead >= 0:
         raise InvalidArgumentError(f"layer_overhead_s must be >= 0, got {layer_overhead!r}")
@@ -471,11 +508,17 @@ def from_specs(
     heads = model.num_attention_heads * model.head_dim
     link = getattr(gpu, "interconnect_bandwidth", None)
     comm_bytes, comm_latency = parallel_traffic(model, tp, pp)
+    if dp > 1 and model.is_moe:
+        dp_bytes, dp_latency = data_parallel_moe_traffic(model, dp, pp)
+        comm_bytes, comm_latency = comm_bytes + dp_bytes, comm_latency + dp_latency
     extra = {"pipeline_stages": pp} if pp > 1 else {}
     if comm_bytes or comm_latency:
         extra |= {"comm_bytes_per_token": comm_bytes, "comm_latency_s": comm_latency}
-    weights = float(weight_bytes_per_gpu(model, weight_dtype, tp, pp))
+    weights = float(weight_bytes_per_gpu(model, weight_dtype, tp, pp, dp, ep))
     share = expert_weight_share(model, weight_dtype)
+    if share and (dp > 1 or ep):  # the experts' share of this GPU's bytes (kv_accounting: DP ranks and EP)
+        dense, experts = weight_split_per_gpu(model, weight_dtype, tp, pp, dp, ep)
+        share = experts / (dense + experts)
     # moe_reads_all_experts=True: every expert read every step, the model before issue 40 (an ablation)
     routed = not kwargs.pop("moe_reads_all_experts", False)
     if share:
@@ -486,6 +529,8 @@ def from_specs(
         }
         if routed:
             extra |= {"num_experts": model.num_experts, "experts_per_token": model.num_experts_per_tok}
+            if dp > 1:
+                extra["expert_token_ranks"] = dp
     kv_token = float(kv_bytes_per_token(model, kv_dtype, tp, pp))
     sliding = model.layer_kinds.count(SLIDING) / model.num_layers
     if sliding and model.sliding_window:  # module docstring: sliding-window layers

@@ -42,6 +42,7 @@ def decode_step_estimate(
     pipeline_parallel: int = 1,
     *,
     kv_read_bytes: int | None = None,
+    weights_read_bytes: float | None = None,
 ) -> tuple[float, str]:
     """(seconds per decode step, "memory" or "compute"): every one of `batch` requests makes one token.
 
@@ -54,14 +55,18 @@ def decode_step_estimate(
         flops  = 2 x active_params x batch / (tp x pp)                                      (per GPU)
         step_s = max(bytes / memory_bandwidth, flops / peak_bf16_flops)
     kv_read_bytes: one sequence's KV read when the caller has it (a `ResolvedDeployment` reads it from the
-    layer specs it holds); default `kv_read_bytes_per_sequence` of the model.
+    layer specs it holds); default `kv_read_bytes_per_sequence` of the model. weights_read_bytes: the
+    weight bytes of the whole step (all micro-batches) when the caller has them (a MoE model's DP ranks and
+    EP: `ResolvedDeployment.decode_step`); default pp x weights_read(batch / pp).
     """
     batch = check_int(batch, "batch", minimum=1)
     context_len = check_int(context_len, "context_len", minimum=1)
     micro = max(1, cdiv(batch, pipeline_parallel))
-    weights = pipeline_parallel * weight_bytes_read_per_step(
-        model, micro, weight_dtype, tensor_parallel, pipeline_parallel
-    )
+    weights = weights_read_bytes
+    if weights is None:
+        weights = pipeline_parallel * weight_bytes_read_per_step(
+            model, micro, weight_dtype, tensor_parallel, pipeline_parallel
+        )
     if kv_read_bytes is None:
         kv_read_bytes = kv_read_bytes_per_sequence(
             model,

@@ -2,8 +2,16 @@
 
 Every number is per GPU (the most loaded one: the largest pipeline stage) unless its name says otherwise.
 Units are in the names: `_bytes`, `_tokens`, `_blocks`. The rules are vLLM's: KV heads are split over
-tensor-parallel ranks (replicated past the KV head count), layers over pipeline stages, and the KV budget is
-total memory x utilization - weights - activation peak.
+tensor-parallel ranks (replicated past the KV head count; an MLA latent is whole on every rank), layers over
+pipeline stages, and the KV budget is total memory x utilization - weights - activation peak.
+
+A MoE model served with data-parallel attention (`--data-parallel-size D`) and / or expert parallelism
+(`--enable-expert-parallel`) keeps the attention, embeddings and dense MLPs once per DP rank, split over its tp
+ranks, and spreads the routed experts over all tp x D ranks (vLLM's `FusedMoEParallelConfig.make`, which
+flattens tp over the DP ranks for the MoE layers): without EP each expert's matrices are split tp x D ways;
+with EP each GPU holds whole experts, ceil(E / (tp x D)) of them on the most loaded one (`determine_expert_map`
+gives the first E mod (tp x D) ranks one more). Each DP rank has its own scheduler and KV cache, so every KV
+figure here is per DP rank, as for a replica (`weight_bytes_per_gpu`, `expert_bytes_fraction`).
 """
 
 import math
@@ -12,7 +20,11 @@ from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS, parallel_size
 from core.planning.catalog.models import ModelSpec
-from core.planning.catalog.weights import checkpoint_weight_bytes, uses_group_quantization
+from core.planning.catalog.weights import (
+    bits_per_quantized_param,
+    checkpoint_weight_bytes,
+    uses_group_quantization,
+)
 
 # Bits per stored element. fp4 packs two elements per byte.
 DTYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "fp4": 4, "int4": 4}
@@ -96,8 +108,61 @@ def resolve_weight_dtype(model: ModelSpec, weight_dtype: str = "auto") -> str:
     return COMPUTE_DTYPE_SHORT[model.compute_dtype]
 
 
+def check_moe_parallel(
+    model: ModelSpec, tensor_parallel: int, data_parallel: int, expert_parallel: bool
+) -> None:
+    """Raise `InvalidArgumentError` for a data-parallel / expert-parallel layout the planner cannot serve:
+    data_parallel an int in [1, MAX_GPUS]; expert_parallel a bool, for a MoE model only, with at most one GPU
+    per routed expert (tp x data_parallel <= num_experts: vLLM would leave GPUs without an expert)."""
+    check_int(data_parallel, "data_parallel", minimum=1, maximum=MAX_GPUS)
+    if not isinstance(expert_parallel, bool):
+        raise InvalidArgumentError(f"expert_parallel must be True or False, got {expert_parallel!r}")
+    if not expert_parallel:
+        return
+    if not model.is_moe:
+        raise InvalidArgumentError(
+            f"expert_parallel (--enable-expert-parallel) needs a mixture-of-experts model; {model.name} is dense"
+        )
+    ranks = tensor_parallel * data_parallel
+    if ranks > model.num_experts:
+        raise InvalidArgumentError(
+            f"expert_parallel over tp x data_parallel = {ranks} GPUs needs at least as many routed experts; "
+            f"{model.name} has {model.num_experts}"
+        )
+
+
+def expert_byte_share(model: ModelSpec, weight_dtype: str = "auto") -> float:
+    """The routed experts' share of the model's stored weight bytes (0 for a dense model): expert parameters x
+    their stored bits over all the weights' bits. A group-quantized checkpoint (gpt-oss's MXFP4) packs the
+    experts at `bits_per_quantized_param` and keeps the rest 16-bit; otherwise every weight has one dtype."""
+    if not model.is_moe or not model.expert_params:
+        return 0.0
+    name = resolve_weight_dtype(model, weight_dtype)
+    if name == resolve_weight_dtype(model, "auto") and uses_group_quantization(model):
+        total, _ = checkpoint_weight_bytes(model)
+        return min(1.0, model.expert_params * bits_per_quantized_param(model) / 8 / total)
+    return min(1.0, model.expert_params / model.num_params)
+
+
+def expert_bytes_fraction(
+    model: ModelSpec, tensor_parallel: int = 1, data_parallel: int = 1, expert_parallel: bool = False
+) -> float:
+    """The fraction of a pipeline stage's routed-expert bytes on its most loaded GPU (module docstring): 1 / tp
+    for tp alone; 1 / (tp x data_parallel) for data-parallel attention without EP (each expert split over every
+    rank); ceil(E / (tp x data_parallel)) / E with expert_parallel (whole experts per GPU)."""
+    ranks = tensor_parallel * data_parallel
+    if expert_parallel and model.is_moe:
+        return cdiv(model.num_experts, ranks) / model.num_experts
+    return 1.0 / ranks
+
+
 def weight_bytes_per_gpu(
-    model: ModelSpec, weight_dtype: str = "auto", tensor_parallel: int = 1, pipeline_parallel: int = 1
+    model: ModelSpec,
+    weight_dtype: str = "auto",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    data_parallel: int = 1,
+    expert_parallel: bool = False,
 ) -> int:
     """Weight bytes on the most loaded GPU.
 
@@ -107,10 +172,24 @@ def weight_bytes_per_gpu(
     counted (under 1% for block-wise FP8). With the checkpoint's own dtype, a known checkpoint size (safetensors
     index) or a group-quantized checkpoint (mxfp4, AWQ, GPTQ, compressed-tensors int4) uses
     `checkpoint_weight_bytes`, shared over the stage in proportion to its parameters.
+    data_parallel / expert_parallel (a MoE model's DP ranks, module docstring): the stage's routed-expert bytes
+    (`expert_byte_share`) are spread by `expert_bytes_fraction`, the rest split over tp; for a dense model, or
+    for a MoE model with data_parallel 1 and no EP, everything is split over tp as before. Example:
+    Qwen3-235B-A22B in bf16 on tp 8 with EP holds 16 of its 128 experts per GPU.
     """
     check_parallelism(model, tensor_parallel, pipeline_parallel)
+    check_moe_parallel(model, tensor_parallel, data_parallel, expert_parallel)
+    if data_parallel == 1 and not expert_parallel:
+        return math.ceil(_stage_weight_bytes(model, weight_dtype, pipeline_parallel) / tensor_parallel)
+    dense, experts = weight_split_per_gpu(
+        model, weight_dtype, tensor_parallel, pipeline_parallel, data_parallel, expert_parallel
+    )
+    return math.ceil(dense + experts)
+
+
+def _stage_weight_bytes(model: ModelSpec, weight_dtype: str, pipeline_parallel: int) -> float:
+    """Bytes of the largest pipeline stage's weights before any tensor-parallel split (`weight_bytes_per_gpu`)."""
     name = resolve_weight_dtype(model, weight_dtype)
-    bits = DTYPE_BITS[name]
     if pipeline_parallel == 1:
         params = model.num_params
     else:
@@ -120,9 +199,27 @@ def weight_bytes_per_gpu(
     if name == resolve_weight_dtype(model, "auto") and (
         model.checkpoint_bytes is not None or uses_group_quantization(model)
     ):
-        total, _ = checkpoint_weight_bytes(model)
-        return math.ceil(total * min(1.0, params / model.num_params) / tensor_parallel)
-    return math.ceil(params * bits / 8 / tensor_parallel)
+        return checkpoint_weight_bytes(model)[0] * min(1.0, params / model.num_params)
+    return params * DTYPE_BITS[name] / 8
+
+
+def weight_split_per_gpu(
+    model: ModelSpec,
+    weight_dtype: str = "auto",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    data_parallel: int = 1,
+    expert_parallel: bool = False,
+) -> tuple[float, float]:
+    """(dense bytes, routed-expert bytes) on the most loaded GPU, unrounded: the stage's bytes outside the
+    routed experts over tp, and its expert bytes (`expert_byte_share`) x `expert_bytes_fraction`; (all / tp, 0)
+    for a dense model. Their sum, rounded up, is `weight_bytes_per_gpu`."""
+    check_parallelism(model, tensor_parallel, pipeline_parallel)
+    check_moe_parallel(model, tensor_parallel, data_parallel, expert_parallel)
+    stage = _stage_weight_bytes(model, weight_dtype, pipeline_parallel)
+    share = expert_byte_share(model, weight_dtype)
+    fraction = expert_bytes_fraction(model, tensor_parallel, data_parallel, expert_parallel)
+    return stage * (1.0 - share) / tensor_parallel, stage * share * fraction
 
 
 def estimate_activation_bytes(

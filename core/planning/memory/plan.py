@@ -136,7 +136,13 @@ def _verdict(c: ResolvedDeployment, m: _Memory) -> _Verdict:
         f"Fits: {m.kv_tokens:,} KV tokens ({m.num_blocks:,} blocks) per replica; {m.max_concurrency:,} requests "
         f"of {c.context_len:,} tokens at once"
     )
-    if c.replicas > 1:
+    ranks = c.replicas * c.data_parallel
+    if c.data_parallel > 1:
+        text += (
+            f" per DP rank (each its own KV cache), {m.max_concurrency * ranks:,} over {c.data_parallel} DP "
+            f"rank(s) x {c.replicas} replica(s)."
+        )
+    elif c.replicas > 1:
         text += f" per replica, {m.max_concurrency * c.replicas:,} over {c.replicas} replicas."
     else:
         text += "."
@@ -160,6 +166,18 @@ def _notes(c: ResolvedDeployment, m: _Memory, fits: bool) -> tuple[str, ...]:
             f"Weights are an estimate from quantization_config ({model.quantization}: packed 4-bit weights with "
             "group scales, embedding, LM head and unquantized modules in 16-bit); a safetensors index gives "
             "the exact size."
+        )
+    if c.data_parallel > 1 and model.is_moe:
+        notes.append(
+            f"Data-parallel attention: each of the {c.data_parallel} DP ranks keeps the attention weights (split "
+            f"over its tp {c.tensor_parallel}), its own requests and its own KV cache; the routed experts are "
+            f"spread over all {c.tensor_parallel * c.data_parallel} GPUs of the server."
+        )
+    if c.expert_parallel:
+        per_gpu = -(-model.num_experts // (c.tensor_parallel * c.data_parallel))
+        notes.append(
+            f"Expert parallel: each GPU holds {per_gpu} whole routed experts of {model.num_experts} (the most "
+            "loaded GPU's share), not a slice of every expert."
         )
     if c.kv_dtype in ("int8", "fp4"):
         notes.append(f"{c.kv_dtype} is not a vLLM --kv-cache-dtype choice; it is shown for comparison.")
@@ -189,6 +207,8 @@ def plan(
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     hybrid_kv_cache_manager: bool = True,
+    data_parallel: int = 1,
+    expert_parallel: bool = False,
 ) -> CapacityPlan:
     """Plan a deployment of `model` on `num_gpus` x `gpu` (default tp x pp) with vLLM's memory rules.
 
@@ -202,13 +222,15 @@ def plan(
     (sliding-window, chunked-local or Mamba layers) one block spans a group of layers and a request's blocks
     are summed over the groups; max_num_batched_tokens bounds the window groups and
     `hybrid_kv_cache_manager=False` counts windowed layers as full attention (--disable-hybrid-kv-cache-manager).
-    Raises `InvalidArgumentError` for bad arguments (message says what is allowed).
+    data_parallel: DP ranks per server (--data-parallel-size; for a MoE model data-parallel attention, each rank
+    its own KV cache, the experts spread over all ranks); expert_parallel: --enable-expert-parallel
+    (`core.planning.memory.kv_accounting`). Raises `InvalidArgumentError` for bad arguments (message says what is allowed).
     """
     return plan_from(
         PlanInputs(
             model, gpu, num_gpus, tensor_parallel, pipeline_parallel, weight_dtype, kv_dtype,
             gpu_memory_utilization, block_size, max_model_len, activation_reserve, context_len, max_num_seqs,
-            max_num_batched_tokens, hybrid_kv_cache_manager,
+            max_num_batched_tokens, hybrid_kv_cache_manager, data_parallel, expert_parallel,
         )
     )  # fmt: skip
 
@@ -222,7 +244,7 @@ def plan_from(inputs: PlanInputs) -> CapacityPlan:
     step = tokens_per_s = bound = None
     if verdict.fits:
         step, bound = c.decode_step(decode_batch)
-        tokens_per_s = decode_batch / step * c.replicas
+        tokens_per_s = decode_batch / step * c.replicas * c.data_parallel
     figures = {
         "inputs": inputs,
         "model": c.model.name,
@@ -250,7 +272,7 @@ def plan_from(inputs: PlanInputs) -> CapacityPlan:
         "kv_tokens": m.kv_tokens,
         "per_request_bytes": m.context_blocks * m.block_bytes,
         "max_concurrency": m.max_concurrency,
-        "max_concurrency_total": m.max_concurrency * c.replicas,
+        "max_concurrency_total": m.max_concurrency * c.replicas * c.data_parallel,
         "vllm_max_concurrency": m.vllm_concurrency,
         "fits": verdict.fits,
         "verdict": verdict.text,
@@ -264,6 +286,8 @@ def plan_from(inputs: PlanInputs) -> CapacityPlan:
         "max_num_batched_tokens": c.max_num_batched_tokens,
         "hybrid_kv_cache_manager": c.hybrid,
         "kv_layout": m.layout,
+        "data_parallel": c.data_parallel,
+        "expert_parallel": c.expert_parallel,
     }
     draft = CapacityPlan(**figures)  # the command is written from the plan's own figures
     return CapacityPlan(**figures, vllm_command=vllm_serve_command(draft, c.model))
@@ -312,7 +336,7 @@ def replica_memory(deployment: ResolvedDeployment) -> ReplicaMemory:
 
 def concurrency_vs_context(capacity: CapacityPlan, contexts: Sequence[int]) -> list[int]:
     """Requests of each context length (tokens) the whole deployment holds at once:
-    replicas x (num_blocks // ceil(context / block_size))."""
+    replicas x data_parallel x (num_blocks // ceil(context / block_size))."""
     out = []
     for context in contexts:
         context = check_int(context, "context length", minimum=1, maximum=MAX_CONTEXT_TOKENS)
@@ -320,5 +344,5 @@ def concurrency_vs_context(capacity: CapacityPlan, contexts: Sequence[int]) -> l
             blocks = request_blocks(capacity.kv_layout, context)
         else:
             blocks = blocks_for_tokens(context, capacity.block_size)
-        out.append(capacity.num_blocks // blocks * capacity.replicas)
+        out.append(capacity.num_blocks // blocks * capacity.replicas * capacity.data_parallel)
     return out

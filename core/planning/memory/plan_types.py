@@ -32,6 +32,10 @@ class PlanInputs:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     hybrid_kv_cache_manager: bool = True
+    data_parallel: int = 1  # DP ranks of one vLLM server (--data-parallel-size); MoE: data-parallel attention
+    expert_parallel: bool = (
+        False  # --enable-expert-parallel (MoE): whole experts per GPU over tp x data_parallel
+    )
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,12 @@ class CapacityPlan:
     kv_tokens = num_blocks x block_size; max_concurrency = num_blocks // ceil(context_len / block_size)
     (requests of `context_len` tokens held at once by one replica). For a hybrid model these follow
     `kv_layout` (vLLM V1's KV cache groups): block_bytes = group_size x page, a request's blocks are summed
-    over the groups, kv_tokens = int(vllm_max_concurrency x max_model_len); replicas = num_gpus // (tp x pp) copies
-    of the model serve in parallel (data parallel). Decode figures are estimates from a roofline.
+    over the groups, kv_tokens = int(vllm_max_concurrency x max_model_len); replicas = num_gpus // (tp x pp x
+    data_parallel) copies of the model serve in parallel, each a server of data_parallel DP ranks (tp x pp GPUs
+    each, its own scheduler and KV cache: every KV figure is per DP rank; for a MoE model the routed experts
+    are spread over a server's tp x data_parallel GPUs, with expert_parallel whole experts per GPU:
+    `core.planning.memory.kv_accounting`); max_concurrency_total = max_concurrency x data_parallel x replicas.
+    Decode figures are estimates from a roofline.
     `inputs` are the arguments the plan was made from (not part of `to_dict` or equality).
     """
 
@@ -90,6 +98,8 @@ class CapacityPlan:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     hybrid_kv_cache_manager: bool = True
     kv_layout: KVCacheLayout | None = None  # the layout behind num_blocks, kv_tokens and the concurrency
+    data_parallel: int = 1
+    expert_parallel: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Every figure as plain JSON-able values (`inputs` left out; `notes` as a list)."""

@@ -9,7 +9,7 @@ the steady-state predictor's description of a serving setup (slugs, engine, repl
 
 from dataclasses import dataclass
 
-from core.common import check_float, check_int
+from core.common import cdiv, check_float, check_int
 from core.errors import InvalidArgumentError
 from core.kv.hf_config import KVLayers
 from core.kv.layout import (
@@ -27,12 +27,14 @@ from core.planning.memory.kv_accounting import (
     BLOCK_SIZES,
     MAX_CONTEXT_TOKENS,
     MAX_GPUS,
+    check_moe_parallel,
     check_parallelism,
     estimate_activation_bytes,
     kv_bytes_per_token,
     resolve_kv_dtype,
     resolve_weight_dtype,
     weight_bytes_per_gpu,
+    weight_split_per_gpu,
 )
 from core.planning.memory.plan_types import PlanInputs
 
@@ -44,7 +46,8 @@ MAX_NUM_SEQS = 65_536
 class ResolvedDeployment:
     """The deployment one capacity plan is for, checked and complete (no None left, dtypes concrete).
 
-    Invariants: num_gpus = replicas x tensor_parallel x pipeline_parallel; context_len <= max_model_len <=
+    Invariants: num_gpus = replicas x data_parallel x tensor_parallel x pipeline_parallel (data_parallel: DP ranks
+    of one server, each its own KV cache; expert_parallel: --enable-expert-parallel; `kv_accounting`); context_len <= max_model_len <=
     model.max_position_embeddings; weight_dtype and kv_dtype are short dtype names ("bf16", "fp8", ...);
     activation_bytes is the given reserve or `estimate_activation_bytes` (activation_estimated says which);
     hybrid is --enable/--disable-hybrid-kv-cache-manager. kv_layers is `model.kv_layers` and kv_specs its
@@ -72,12 +75,15 @@ class ResolvedDeployment:
     hybrid: bool
     kv_layers: KVLayers
     kv_specs: ModelKVSpecs
+    data_parallel: int = 1
+    expert_parallel: bool = False
 
     def weight_bytes(self) -> int:
-        """Weight bytes on the most loaded GPU (`weight_bytes_per_gpu`)."""
+        """Weight bytes on the most loaded GPU (`weight_bytes_per_gpu`, with the DP ranks and EP)."""
         return weight_bytes_per_gpu(
-            self.model, self.weight_dtype, self.tensor_parallel, self.pipeline_parallel
-        )
+            self.model, self.weight_dtype, self.tensor_parallel, self.pipeline_parallel,
+            self.data_parallel, self.expert_parallel,
+        )  # fmt: skip
 
     def kv_bytes_per_token(self) -> int:
         """KV bytes one token occupies on the most loaded GPU (`kv_bytes_per_token`)."""
@@ -101,13 +107,31 @@ class ResolvedDeployment:
         return kv_read_bytes_of(self.kv_specs, context_len)
 
     def decode_step(self, batch: int) -> tuple[float, str]:
-        """(seconds per decode step, "memory" or "compute") for `batch` requests of `context_len` tokens: the
-        decode roofline (`decode_step_estimate`) with the KV read from the specs held here."""
+        """(seconds per decode step, "memory" or "compute") for `batch` requests of `context_len` tokens on one DP
+        rank: the decode roofline (`decode_step_estimate`) with the KV read from the specs held here. With DP
+        ranks or EP the weights read are this GPU's (`weight_bytes`): its dense part, and its experts that the
+        batches of all data_parallel ranks (batch each, in lockstep) route to."""
+        weights_read = None
+        if self.data_parallel > 1 or self.expert_parallel:
+            weights_read = self._weights_read(batch)
         return decode_step_estimate(
             self.model, self.gpu, batch, self.context_len, self.weight_dtype, self.kv_dtype,
             self.tensor_parallel, self.pipeline_parallel,
-            kv_read_bytes=self.kv_read_bytes_per_sequence(self.context_len),
+            kv_read_bytes=self.kv_read_bytes_per_sequence(self.context_len), weights_read_bytes=weights_read,
         )  # fmt: skip
+
+    def _weights_read(self, batch: int) -> float:
+        """Weight bytes this GPU reads in one decode step of `batch` sequences per DP rank, over its pp
+        micro-batches (`decode_step_estimate`): the dense part each time, and the share of its experts that at
+        least one of the data_parallel ranks' tokens routes to, 1 - (1 - k / E)^(data_parallel x micro-batch)."""
+        pp, model = self.pipeline_parallel, self.model
+        dense, experts = weight_split_per_gpu(
+            model, self.weight_dtype, self.tensor_parallel, pp, self.data_parallel, self.expert_parallel
+        )
+        if experts:
+            micro = max(1, cdiv(batch, pp))
+            experts *= 1 - (1 - model.num_experts_per_tok / model.num_experts) ** (micro * self.data_parallel)
+        return float(pp * (dense + experts))
 
 
 def checked_max_model_len(model, max_model_len: int | None) -> int:
@@ -132,12 +156,15 @@ def resolve_deployment(inputs: PlanInputs) -> ResolvedDeployment:
     tp = check_int(inputs.tensor_parallel, "tensor_parallel", minimum=1)
     pp = check_int(inputs.pipeline_parallel, "pipeline_parallel", minimum=1)
     check_parallelism(model, tp, pp)
-    per_replica = tp * pp
+    dp, ep = inputs.data_parallel, inputs.expert_parallel
+    check_moe_parallel(model, tp, dp, ep)
+    per_replica = tp * pp * dp
     num_gpus = per_replica if inputs.num_gpus is None else inputs.num_gpus
     num_gpus = check_int(num_gpus, "num_gpus", minimum=1, maximum=MAX_GPUS)
     if num_gpus % per_replica:
         raise InvalidArgumentError(
-            f"num_gpus={num_gpus} is not a multiple of tensor_parallel x pipeline_parallel = {per_replica}"
+            f"num_gpus={num_gpus} is not a multiple of tensor_parallel x pipeline_parallel x data_parallel = "
+            f"{per_replica}"
         )
     utilization = check_float(
         inputs.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0
@@ -173,5 +200,5 @@ def resolve_deployment(inputs: PlanInputs) -> ResolvedDeployment:
     return ResolvedDeployment(
         model, inputs.gpu, num_gpus, tp, pp, num_gpus // per_replica, weight_dtype, kv_dtype, utilization,
         inputs.block_size, max_len, context_len, max_num_seqs, reserve, estimated, batched,
-        inputs.hybrid_kv_cache_manager, layers, kv_specs,
+        inputs.hybrid_kv_cache_manager, layers, kv_specs, dp, ep,
     )  # fmt: skip

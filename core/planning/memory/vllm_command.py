@@ -10,7 +10,11 @@ from core.planning.memory.plan_types import CapacityPlan
 def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec | None = None) -> str:
     """The `vllm serve` flags matching the plan (`model` defaults to the plan's own). max-num-seqs is the plan's
     scheduler cap (vLLM's default 256 unless chosen), not the number of full-length requests that fit: with
-    paging, shorter requests share the cache, and vLLM's scheduler admits them while blocks remain."""
+    paging, shorter requests share the cache, and vLLM's scheduler admits them while blocks remain.
+    Data parallel: a dense model's replicas and DP ranks are one `--data-parallel-size` (independent ranks in
+    vLLM); a MoE model's DP ranks (data-parallel attention, the experts spread over them) are
+    `--data-parallel-size data_parallel`, and its replicas separate servers (a comment says so), since one
+    server's DP ranks share the experts. expert_parallel adds `--enable-expert-parallel`."""
     model = capacity.inputs.model if model is None else model
     kv_flag = {"fp8": "fp8"}.get(capacity.kv_dtype, "auto")
     comments = []
@@ -35,8 +39,19 @@ def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec | None = None) -
     ]
     if capacity.pipeline_parallel > 1:
         parts.append(f"--pipeline-parallel-size {capacity.pipeline_parallel}")
-    if capacity.replicas > 1:
-        parts.append(f"--data-parallel-size {capacity.replicas}")
+    data_parallel = capacity.data_parallel
+    if model.is_moe and capacity.replicas > 1:
+        # vLLM's --data-parallel-size would spread a MoE model's experts over the replicas too (one server)
+        comments.append(
+            f"# {capacity.replicas} replicas: run this command on each of {capacity.replicas} groups of "
+            f"{capacity.num_gpus // capacity.replicas} GPUs (independent servers)"
+        )
+        if data_parallel > 1:
+            parts.append(f"--data-parallel-size {data_parallel}")
+    elif capacity.replicas * data_parallel > 1:
+        parts.append(f"--data-parallel-size {capacity.replicas * data_parallel}")
+    if capacity.expert_parallel:
+        parts.append("--enable-expert-parallel")
     if (
         capacity.kv_dtype in ("fp16", "bf16")
         and capacity.kv_dtype != COMPUTE_DTYPE_SHORT[model.compute_dtype]
@@ -56,3 +71,18 @@ def vllm_serve_command(capacity: CapacityPlan, model: ModelSpec | None = None) -
     if not capacity.hybrid_kv_cache_manager:
         parts.append("--disable-hybrid-kv-cache-manager")
     return "\n".join([*comments, " \\\n  ".join(parts)])
+
+
+def parallel_flags(
+    tensor_parallel: int, pipeline_parallel: int = 1, data_parallel: int = 1, expert_parallel: bool = False
+) -> str:
+    """The `vllm serve` parallelism flags of one server: --tensor-parallel-size, --pipeline-parallel-size (when
+    > 1), --data-parallel-size (when > 1) and --enable-expert-parallel (when set)."""
+    parts = [f"--tensor-parallel-size {tensor_parallel}"]
+    if pipeline_parallel > 1:
+        parts.append(f"--pipeline-parallel-size {pipeline_parallel}")
+    if data_parallel > 1:
+        parts.append(f"--data-parallel-size {data_parallel}")
+    if expert_parallel:
+        parts.append("--enable-expert-parallel")
+    return " ".join(parts)

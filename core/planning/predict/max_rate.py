@@ -89,7 +89,7 @@ def max_rate(
     else:
         step = deployment.step_model(step_time)
         guess = (
-            deployment.replicas
+            deployment.ranks
             * deployment.max_num_seqs
             / idle_lifetime(step, base, deployment.max_num_batched_tokens)
         )

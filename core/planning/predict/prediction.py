@@ -24,6 +24,13 @@ balancer does) sending each arrival to one of them, one steady-state estimate ov
 percentiles, throughput and prefix hit rate) and a breakdown per replica (`Prediction.per_replica`). A closed
 loop (concurrency) keeps its clients pinned, ceil(clients / replicas) to each replica, and simulates one of them
 (throughput replicas x one replica's); so does a single replica, whatever the routing.
+
+A MoE model served with data-parallel attention (`Deployment.data_parallel` D, vLLM's `--data-parallel-size`)
+runs D DP ranks per replica, each its own scheduler, requests and KV cache (`Deployment.ranks` = replicas x D
+schedulers, simulated as replicas are); its experts are spread over the replica's tp x D GPUs, with
+`expert_parallel` (`--enable-expert-parallel`) whole experts per GPU (`core.planning.memory.kv_accounting`).
+A rank's step is priced on its own batch, with the experts' weight reads and the DP collectives of the batches
+all D ranks run in lockstep (`core.planning.cost.step_time`, module docstring: data-parallel attention).
 """
 
 import math
@@ -49,11 +56,13 @@ from core.planning.memory.kv_accounting import (
     BLOCK_SIZES,
     KV_DTYPES,
     WEIGHT_DTYPES,
+    check_moe_parallel,
     check_parallelism,
 )
 from core.planning.memory.offload import check_offload_gib, host_kv_tier, offload_flags
 from core.planning.memory.plan import CapacityPlan, PlanInputs, ReplicaMemory, plan_from, replica_memory
 from core.planning.memory.resolved import ResolvedDeployment, resolve_deployment
+from core.planning.memory.vllm_command import parallel_flags
 from core.planning.predict.load import Load
 from core.serving.fleet import Fleet, replica_breakdown, simulate_fleet
 from core.serving.host_offload import DEFAULT_OFFLOAD_BANDWIDTH, HostOffload
@@ -70,8 +79,10 @@ __all__ = ["Deployment", "Load", "Prediction", "predict"]
 class Deployment:
     """One way to serve a model: `replicas` copies (data parallel) of a tp x pp group of one GPU type, each
     running `engine` with these vLLM settings. model / gpu: preset slugs or ModelSpec / GPUSpec objects.
-    speculation: speculative decoding (`core.planning.cost.speculative`), None for none. routing: the policy that
-    sends each request to a replica (`core.serving.router.ROUTING_POLICIES`; module docstring).
+    speculation: speculative decoding (`core.planning.cost.speculative`), None for none. data_parallel /
+    expert_parallel: a MoE model's DP ranks per replica (each tp x pp GPUs, its own requests and KV cache) and
+    whole experts per GPU (module docstring; a dense model's DP ranks are independent, as replicas).
+    routing: the policy that sends each request to a replica (a DP rank) (`core.serving.router.ROUTING_POLICIES`; module docstring).
     Raises InvalidArgumentError for an unknown model, GPU, dtype, engine or block size, or a TP/PP layout the
     model does not allow (tp must divide the attention heads); RoutingError for an unknown routing policy."""
 
@@ -92,6 +103,8 @@ class Deployment:
     offload_policy: str = "lru"  # its eviction: "lru" | "arc"
     offload_bandwidth_gbps: float = DEFAULT_OFFLOAD_BANDWIDTH / 1e9  # host -> GPU GB/s per GPU
     routing: str = DEFAULT_ROUTING
+    data_parallel: int = 1  # DP ranks per replica (vLLM's --data-parallel-size; MoE: data-parallel attention)
+    expert_parallel: bool = False  # vLLM's --enable-expert-parallel (MoE)
 
     def __post_init__(self):
         check_routing(self.routing)
@@ -105,6 +118,8 @@ class Deployment:
             check_int(getattr(self, name), name, minimum=1, maximum=top)
         check_int(self.max_num_batched_tokens, "max_num_batched_tokens", minimum=self.max_num_seqs)
         check_parallelism(model, self.tp, self.pp)
+        check_int(self.data_parallel, "data_parallel", minimum=1, maximum=1024)
+        check_moe_parallel(model, self.tp, self.data_parallel, self.expert_parallel)
         for name, allowed in (("weight_dtype", WEIGHT_DTYPES), ("kv_dtype", KV_DTYPES)):
             if getattr(self, name) not in allowed:
                 raise InvalidArgumentError(
@@ -132,17 +147,24 @@ class Deployment:
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp * self.replicas
+        return self.tp * self.pp * self.data_parallel * self.replicas
+
+    @property
+    def ranks(self) -> int:
+        """The schedulers serving the load, each with its own KV cache: replicas x data_parallel (a DP rank
+        schedules its own requests, as a replica does; module docstring)."""
+        return self.replicas * self.data_parallel
 
     def routes(self, load: Load) -> bool:
-        """Whether `load` runs on the replicas as a routed fleet: more than one replica and Poisson arrivals
+        """Whether `load` runs on the ranks (`ranks`) as a routed fleet: more than one and Poisson arrivals
         (module docstring)."""
-        return self.replicas > 1 and load.rate is not None
+        return self.ranks > 1 and load.rate is not None
 
     def plan_inputs(self, max_len: int) -> PlanInputs:
         """The capacity planner's inputs for one replica serving requests of up to `max_len` tokens."""
         return PlanInputs(
-            self.model_spec, self.gpu_spec, num_gpus=self.tp * self.pp, tensor_parallel=self.tp,
+            self.model_spec, self.gpu_spec, num_gpus=self.tp * self.pp * self.data_parallel,
+            data_parallel=self.data_parallel, expert_parallel=self.expert_parallel, tensor_parallel=self.tp,
             pipeline_parallel=self.pp, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
             gpu_memory_utilization=self.gpu_memory_utilization, block_size=self.block_size,
             max_model_len=max_len, max_num_seqs=self.max_num_seqs,
@@ -167,6 +189,8 @@ class Deployment:
         deployment resolved (`resolve`), whose model, GPU, parallelism and concrete dtypes it is priced with
         (the same figures as the deployment's own: "auto" resolves to the same dtype either way)."""
         kwargs = engine_step_defaults(self.engine) | dict(overrides or {})
+        if self.data_parallel > 1 or self.expert_parallel:
+            kwargs |= {"data_parallel": self.data_parallel, "expert_parallel": self.expert_parallel}
         if resolved is None:
             return from_specs(self.model_spec, self.gpu_spec, self.tp, self.weight_dtype, self.kv_dtype, self.pp,
                               **kwargs)  # fmt: skip
@@ -212,7 +236,15 @@ class Deployment:
             "max_num_batched_tokens": self.max_num_batched_tokens, "weight_dtype": self.weight_dtype,
             "kv_dtype": self.kv_dtype, "engine": self.engine, "block_size": self.block_size,
             "gpu_memory_utilization": self.gpu_memory_utilization, "routing": self.routing,
-        } | self._offload_flags()  # fmt: skip
+        } | self._offload_flags() | self._moe_flags()  # fmt: skip
+
+    def _moe_flags(self) -> dict:
+        """data_parallel / expert_parallel and their `vllm serve` flags, when either is set."""
+        if self.data_parallel == 1 and not self.expert_parallel:
+            return {}
+        return {"data_parallel": self.data_parallel, "expert_parallel": self.expert_parallel,
+                "vllm_parallel_flags": parallel_flags(self.tp, self.pp, self.data_parallel,
+                                                      self.expert_parallel)}  # fmt: skip
 
     def _offload_flags(self) -> dict:
         if not self.kv_offload_gib:
@@ -350,18 +382,18 @@ def predict(
     if not memory.fits:
         raise InvalidArgumentError(f"the deployment does not fit: {memory.verdict}")
     routed = deployment.routes(load)
-    share = load if routed else load.per_replica(deployment.replicas)
+    share = load if routed else load.per_replica(deployment.ranks)
     cost, kv_tokens = deployment.step_cost(deployment.step_model(step_time, resolved), memory.kv_tokens)
-    fleet = Fleet(deployment.replicas, deployment.routing, load.seed) if routed else None
+    fleet = Fleet(deployment.ranks, deployment.routing, load.seed) if routed else None
     offload = deployment.host_offload(memory)
     state = replica_steady_state(deployment, share, cost, kv_tokens, settings, decided, focus, fleet, offload)
     metrics = dict(state.metrics)
     if not routed:
         for key in ("throughput_tokens_per_s", "request_throughput_per_s"):
             if key in metrics:
-                metrics[key] *= deployment.replicas
+                metrics[key] *= deployment.ranks
     per_replica = None
-    if routed or deployment.replicas == 1:
+    if routed or deployment.ranks == 1:
         first = state.warmup_requests
         per_replica = replica_breakdown(state.result, first, first + state.measured_requests)
     return Prediction(deployment, load, metrics, state.intervals, state.converged, state.stable,

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, replace
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.catalog.models import ModelSpec, get_model
+from core.planning.memory.vllm_command import parallel_flags
 from core.planning.predict.prediction import Deployment
 from core.planning.search.slo_candidates import (
     Candidate,
@@ -146,7 +147,9 @@ class _Search:
             "pp": cand.pp, "replicas": cand.replicas, "max_num_seqs": cand.max_num_seqs,
             "kv_dtype": cand.kv_dtype, "weight_dtype": cand.weight_dtype, "engine": cands.engine,
             "gpus_per_request_per_s": cand.num_gpus / workload.rate, "cost_proxy_tb_per_s": cand.cost_proxy,
-            "routing": cand.routing, "routing_note": routing_note(cand.routing, cand.replicas),
+            "routing": cand.routing, "routing_note": routing_note(cand.routing, cand.ranks),
+            "data_parallel": cand.data_parallel, "expert_parallel": cand.expert_parallel,
+            "vllm_parallel_flags": parallel_flags(cand.tp, cand.pp, cand.data_parallel, cand.expert_parallel),
         }  # fmt: skip
         deployment = cand.deployment(self.model, cands)
         capacity = deployment.memory_plan(workload.max_len)
@@ -154,13 +157,13 @@ class _Search:
             return SloConfig(**base, feasible=False, simulated=False, meets_slo=False, binding="memory",
                              reason=capacity.verdict, slo_ratio=None, limiting_metric=None)  # fmt: skip
         step = step_model(self.model, cand, self.overrides)
-        share = workload.per_replica(cand.replicas)
+        share = workload.per_replica(cand.ranks)
         sample = self.samples.setdefault(share.rate, share.requests(BOUND_SAMPLE))
         bounds = analytic_bounds(
             step, sample, cand.max_num_seqs, cands.max_num_batched_tokens, capacity.kv_tokens
         )
         base |= {"feasible": True, "kv_tokens": int(capacity.kv_tokens),
-                 "capacity_requests_per_s": bounds.capacity_rps * cand.replicas}  # fmt: skip
+                 "capacity_requests_per_s": bounds.capacity_rps * cand.ranks}  # fmt: skip
         # a prefix hit skips part of a prefill: the floors and the bound (every prompt token computed) would not
         # bound a load whose prompts share tokens, so such a load is always simulated
         pruned = None if workload.uses_prefix_cache else self._pruned(step, bounds, share.rate, base)
@@ -214,7 +217,7 @@ class _Search:
                     return state
         targets = self.slo.targets()
         if routed:
-            fleet = Fleet(cand.replicas, deployment.routing, self.workload.seed)
+            fleet = Fleet(cand.ranks, deployment.routing, self.workload.seed)
             state = steady_prediction(deployment, self.workload, step, kv_tokens, targets, fleet)
         else:
             state = steady_prediction(deployment, share, step, kv_tokens, targets)
@@ -224,7 +227,7 @@ class _Search:
 
     def _simulated(self, state: SteadyState, step, cand: Candidate, base: dict) -> SloConfig:
         m, targets = state.metrics, self.slo.targets()
-        routed = cand.routing is not None and cand.replicas > 1
+        routed = cand.routing is not None and cand.ranks > 1
         ratios = {key: m[key] / target for key, target in targets.items() if m.get(key) is not None}
         if not state.stable:
             served = m.get("throughput_tokens_per_s") or 0.0
@@ -241,7 +244,7 @@ class _Search:
         figures = {key: m.get(key) for key in (*metric_keys(), "queue_p95_s")}
         throughput = m.get("throughput_tokens_per_s")
         if throughput is not None and not routed:  # a routed fleet's throughput is already the whole fleet's
-            throughput *= cand.replicas
+            throughput *= cand.ranks
         return SloConfig(
             **base, simulated=True, meets_slo=meets, reason=reason, slo_ratio=ratio, limiting_metric=metric,
             binding=simulated_binding(state, cand, step, self.workload, metric), **figures,
@@ -351,7 +354,8 @@ def _candidate(config: SloConfig, cands: SloCandidates) -> Candidate:
             f"GPU {config.gpu!r} is not among the candidates' GPUs ({', '.join(specs)})"
         )
     return Candidate(config.gpu, specs[config.gpu], config.tp, config.pp, config.replicas, config.max_num_seqs,
-                     config.kv_dtype, config.weight_dtype, config.routing)  # fmt: skip
+                     config.kv_dtype, config.weight_dtype, config.routing, config.data_parallel,
+                     config.expert_parallel)  # fmt: skip
 
 
 def _infeasible(plan: SloPlan) -> SloInfeasibleError:

@@ -23,6 +23,7 @@ from core.planning.memory.kv_accounting import (
     KV_DTYPES,
     MAX_GPUS,
     WEIGHT_DTYPES,
+    check_moe_parallel,
     check_parallelism,
 )
 from core.planning.predict.load import Load
@@ -100,7 +101,8 @@ SloWorkload = Load
 
 @dataclass(frozen=True)
 class Candidate:
-    """One deployment. gpu: the preset slug (or the custom GPU's name); num_gpus = tp x pp x replicas."""
+    """One deployment. gpu: the preset slug (or the custom GPU's name); num_gpus = tp x pp x data_parallel x
+    replicas (data_parallel / expert_parallel: `core.planning.predict.prediction.Deployment`'s)."""
 
     gpu: str
     spec: GPUSpec = field(repr=False, compare=False)
@@ -111,10 +113,17 @@ class Candidate:
     kv_dtype: str
     weight_dtype: str
     routing: str | None = None  # the router's policy in front of the replicas; None: one replica, no router
+    data_parallel: int = 1  # DP ranks per replica (vLLM's --data-parallel-size; MoE: data-parallel attention)
+    expert_parallel: bool = False  # vLLM's --enable-expert-parallel
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp * self.replicas
+        return self.tp * self.pp * self.data_parallel * self.replicas
+
+    @property
+    def ranks(self) -> int:
+        """Schedulers sharing the load, each its own KV cache: replicas x data_parallel (`Deployment.ranks`)."""
+        return self.replicas * self.data_parallel
 
     @property
     def cost_proxy(self) -> float:
@@ -123,11 +132,13 @@ class Candidate:
 
     def sort_key(self) -> tuple:
         return (self.num_gpus, self.cost_proxy, self.tp * self.pp, self.pp, -self.max_num_seqs, self.kv_dtype,
-                _routing_rank(self.routing))  # fmt: skip
+                _routing_rank(self.routing), self.data_parallel)  # fmt: skip
 
     def deployment_key(self) -> tuple:
-        """The deployment apart from its scheduler cap: GPU, tp, pp, replicas, KV and weight dtypes, routing."""
-        return (self.gpu, self.tp, self.pp, self.replicas, self.kv_dtype, self.weight_dtype, self.routing)
+        """The deployment apart from its scheduler cap: GPU, tp, pp, replicas, KV and weight dtypes, routing, DP
+        ranks and EP."""
+        return (self.gpu, self.tp, self.pp, self.replicas, self.kv_dtype, self.weight_dtype, self.routing,
+                self.data_parallel, self.expert_parallel)  # fmt: skip
 
     def deployment(self, model: ModelSpec, candidates: "SloCandidates") -> Deployment:
         """This candidate as a `Deployment` (what `predict` and `max_rate` take), with the search's shared vLLM
@@ -136,13 +147,16 @@ class Candidate:
             model, self.spec, self.tp, self.pp, self.replicas, self.max_num_seqs,
             candidates.max_num_batched_tokens, self.weight_dtype, self.kv_dtype, candidates.engine,
             candidates.block_size, candidates.gpu_memory_utilization,
-            routing=self.routing or DEFAULT_ROUTING,
+            routing=self.routing or DEFAULT_ROUTING, data_parallel=self.data_parallel,
+            expert_parallel=self.expert_parallel,
         )  # fmt: skip
 
     def label(self) -> str:
         routed = f", {self.routing} routing" if self.routing else ""
+        dp = f", dp {self.data_parallel}" if self.data_parallel > 1 else ""
+        dp += ", expert parallel" if self.expert_parallel else ""
         return (
-            f"{self.num_gpus} x {self.spec.name} (tp {self.tp}, pp {self.pp}, {self.replicas} replica(s){routed}, "
+            f"{self.num_gpus} x {self.spec.name} (tp {self.tp}, pp {self.pp}{dp}, {self.replicas} replica(s){routed}, "
             f"max_num_seqs {self.max_num_seqs}, KV {self.kv_dtype}, weights {self.weight_dtype})"
         )
 
@@ -203,7 +217,9 @@ class SloCandidates:
     (`core.serving.router.ROUTING_POLICIES`; each (deployment, policy) pair is a candidate, simulated as a routed
     fleet as `predict` does); default (): no router, each replica serves 1 / N of the load as its own Poisson
     stream (the search's model before routing, 3-4x cheaper than a fleet simulation). A string is one policy.
-    Raises RoutingError for an unknown policy."""
+    data_parallel: the DP ranks per replica tried (vLLM's --data-parallel-size; for a MoE model data-parallel
+    attention, `Deployment.data_parallel`); expert_parallel: every candidate with --enable-expert-parallel (a MoE
+    model only). Raises RoutingError for an unknown policy."""
 
     gpus: tuple = DEFAULT_SLO_GPUS
     max_gpus: int = 8
@@ -220,6 +236,8 @@ class SloCandidates:
     engine: str = DEFAULT_ENGINE
     disagg: bool = False
     routing: tuple[str, ...] = ()
+    data_parallel: tuple[int, ...] = (1,)
+    expert_parallel: bool = False
 
     def __post_init__(self):
         if isinstance(self.gpus, str | GPUSpec) or not tuple(self.gpus):
@@ -231,7 +249,10 @@ class SloCandidates:
             if not isinstance(gpu, GPUSpec):
                 get_gpu(gpu)  # raises, listing the presets
         check_int(self.max_gpus, "max_gpus", minimum=1, maximum=MAX_GPUS)
-        for name, top in (("tensor_parallel", 64), ("pipeline_parallel", 64), ("max_num_seqs", 65_536)):
+        if not isinstance(self.expert_parallel, bool):
+            raise InvalidArgumentError(f"expert_parallel must be True or False, got {self.expert_parallel!r}")
+        for name, top in (("tensor_parallel", 64), ("pipeline_parallel", 64), ("max_num_seqs", 65_536),
+                          ("data_parallel", 1024)):  # fmt: skip
             object.__setattr__(self, name, _int_choices(getattr(self, name), name, 1, top))
         object.__setattr__(self, "kv_dtypes", _choices(self.kv_dtypes, KV_DTYPES, "kv_dtypes"))
         object.__setattr__(
@@ -268,26 +289,32 @@ class SloCandidates:
 
 
 def enumerate_candidates(model: ModelSpec, candidates: SloCandidates) -> Iterator[Candidate]:
-    """Every candidate deployment with a TP/PP layout the model allows (`check_parallelism`) and at most
-    max_gpus GPUs, in `Candidate.sort_key` order (GPU count, then the cost proxy)."""
+    """Every candidate deployment with a TP/PP/DP layout the model allows (`check_parallelism`,
+    `check_moe_parallel`) and at most max_gpus GPUs, in `Candidate.sort_key` order (GPU count, then the cost
+    proxy). Raises InvalidArgumentError when expert_parallel is asked of a dense model."""
+    ep = candidates.expert_parallel
+    if ep and not model.is_moe:
+        check_moe_parallel(model, 1, 1, ep)  # raises, naming the dense model
     layouts = []
     for tp in candidates.tensor_parallel:
         for pp in candidates.pipeline_parallel:
-            if tp * pp > candidates.max_gpus:
-                continue
-            try:
-                check_parallelism(model, tp, pp)
-            except InvalidArgumentError:
-                continue
-            layouts.append((tp, pp))
+            for dp in candidates.data_parallel:
+                if tp * pp * dp > candidates.max_gpus:
+                    continue
+                try:
+                    check_parallelism(model, tp, pp)
+                    check_moe_parallel(model, tp, dp, ep)
+                except InvalidArgumentError:
+                    continue
+                layouts.append((tp, pp, dp))
     found = [
-        Candidate(slug, spec, tp, pp, replicas, seqs, kv, wd, routing)
+        Candidate(slug, spec, tp, pp, replicas, seqs, kv, wd, routing, dp, ep)
         for slug, spec in candidates.gpu_specs()
-        for tp, pp in layouts
-        for replicas in range(1, candidates.max_gpus // (tp * pp) + 1)
+        for tp, pp, dp in layouts
+        for replicas in range(1, candidates.max_gpus // (tp * pp * dp) + 1)
         for seqs in candidates.max_num_seqs
         for kv in candidates.kv_dtypes
         for wd in candidates.weight_dtypes
-        for routing in ((None,) if replicas == 1 or not candidates.routing else candidates.routing)
+        for routing in ((None,) if replicas * dp == 1 or not candidates.routing else candidates.routing)
     ]
     return iter(sorted(found, key=Candidate.sort_key))

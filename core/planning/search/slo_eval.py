@@ -67,7 +67,10 @@ class SloConfig:
     decode_gpus = num_gpus; tp / replicas are then the decode pool's, pp 1; kv_transfer_s: seconds to move one
     prompt's K/V (kv_bytes_per_request bytes, of a workload.prompt_len prompt) over kv_link; serve_note: why
     the row is not one `vllm serve` command). These are None on aggregated rows.
-    routing: the router's policy in front of the replicas (`core.serving.router`), None for one replica (no
+    data_parallel / expert_parallel: the DP ranks per replica and EP (`Candidate`'s; num_gpus counts the ranks,
+    the percentiles are one rank's at its share of the rate); vllm_parallel_flags: their `vllm serve` flags
+    (aggregated rows; `core.planning.memory.vllm_command.parallel_flags`). routing: the router's policy in front of the
+    replicas (`core.serving.router`), None for one replica (no
     router); a routed row's percentiles, throughput and stability are the whole fleet's (`core.serving.fleet`:
     every replica simulated behind that router at the whole rate) instead of one replica's at its share.
     routing_note: what fronts the replicas, against what a plain load balancer does (None for one replica).
@@ -131,6 +134,9 @@ class SloConfig:
     serve_note: str | None = None
     routing: str | None = None
     routing_note: str | None = None
+    data_parallel: int = 1
+    expert_parallel: bool = False
+    vllm_parallel_flags: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -167,9 +173,12 @@ def memory_plan(model, candidate: Candidate, workload: SloWorkload, cands: SloCa
 
 def step_model(model, candidate: Candidate, overrides) -> StepTimeModel:
     """The step-time model of one replica of `candidate` with these parameters (`SloCandidates.step_overrides`)."""
+    moe = {}
+    if candidate.data_parallel > 1 or candidate.expert_parallel:
+        moe = {"data_parallel": candidate.data_parallel, "expert_parallel": candidate.expert_parallel}
     return from_specs(
         model, candidate.spec, candidate.tp, candidate.weight_dtype, candidate.kv_dtype, candidate.pp,
-        **dict(overrides),
+        **dict(overrides), **moe,
     )  # fmt: skip
 
 

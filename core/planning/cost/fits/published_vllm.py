@@ -7,7 +7,8 @@ core/planning/cost/fits/data/vllm_silicon_llama31_70b.csv, Llama-3.1-70B with FP
 on H200; C = 4 ... 64; 1,024 / 1,024, 1,024 / 8,192, 8,192 / 1,024); from
 core/planning/cost/fits/data/vllm_silicon_models.csv (issue 40), Qwen3-32B bf16 (H100), Llama-3.1-8B-Instruct FP8 (H200),
 gpt-oss-120b MXFP4 (H100, H200) and Qwen3-235B-A22B FP8 (H200; its 19 rows served with data-parallel attention
-are kept apart in ATTENTION_DP_ROWS, not priced).
+are kept apart in ATTENTION_DP_ROWS, neither fitted nor in any RMS above; `attention_dp_comparison` prices them as
+DP ranks, docs/slo.md 2d).
 
 Split (issue 40): whole models. TRAINING_MODELS (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b) are fitted; every row of
 HELD_OUT_MODELS (Llama-3.1-8B, a small dense model; Qwen3-235B-A22B, an MoE model) is held out. The stored
@@ -53,7 +54,7 @@ on vLLM's preemption order, not on the step time the fit is about. docs/slo.md l
 import csv
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -154,18 +155,20 @@ def _read_rows(path: Path) -> tuple[VllmRow, ...]:
 
 _ALL_ROWS = _read_rows(DATA_PATH) + _read_rows(MODELS_DATA_PATH)
 # Rows served with data-parallel attention (Qwen3-235B-A22B at attention TP 1 / 2 with MoE TP 2 / 4): another
-# deployment than one TP group, which the step-time model does not price; kept apart, neither fitted nor scored.
+# deployment than one TP group; kept apart, neither fitted nor scored with the others (`attention_dp_comparison`).
 ATTENTION_DP_ROWS = tuple(r for r in _ALL_ROWS if r.dp > 1)
 ROWS = tuple(r for r in _ALL_ROWS if r.dp == 1)
 
 
 @cache
 def kv_tokens(row: VllmRow) -> int:
-    """KV slots of the row's replica by the exact planner (vLLM's memory rules and defaults)."""
+    """KV slots of the row's replica (of one DP rank for an attention-DP row) by the exact planner (vLLM's memory
+    rules and defaults)."""
     capacity = plan(
         MODELS[row.model], GPUS[row.gpu], tensor_parallel=row.tp, weight_dtype=row.weight_dtype, kv_dtype=KV_DTYPE,
         gpu_memory_utilization=GPU_MEMORY_UTILIZATION, block_size=BLOCK_SIZE, max_model_len=row.isl + row.osl,
-        max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, data_parallel=row.dp,
+        num_gpus=row.tp * row.dp,
     )  # fmt: skip
     return int(capacity.kv_tokens)
 
@@ -184,6 +187,8 @@ def row_set(row: VllmRow) -> str:
 def step_model(row: VllmRow, overrides: dict) -> StepTimeModel:
     """The row's StepTimeModel with these parameters (REQUEST_TERM, not a step parameter, left out)."""
     step = {k: v for k, v in overrides.items() if k != REQUEST_TERM}
+    if row.dp > 1:  # one DP rank of an attention-DP row (`attention_dp_comparison`)
+        step["data_parallel"] = row.dp
     return from_specs(MODELS[row.model], GPUS[row.gpu], row.tp, row.weight_dtype, KV_DTYPE, **step)
 
 
@@ -441,4 +446,32 @@ def errors_by_model(rows: list[dict], which: str) -> dict:
         out[model] = summary(group) | {
             "by_gpu": {g: summary([r for r in group if r["row"].gpu == g]) for g in gpus}
         }
+    return out
+
+
+def rank_rows(row: VllmRow) -> list[tuple[VllmRow, int]]:
+    """An attention-DP row as its DP ranks: (the row with one rank's clients, how many clients such ranks hold
+    in all). C clients over D ranks: C mod D ranks hold ceil(C / D), the others floor(C / D) (vLLM's DP
+    coordinator balances the ranks' queues); a rank without a client is left out."""
+    low, extra = divmod(row.concurrency, row.dp)
+    shares = [(low + 1, extra), (low, row.dp - extra)]
+    return [(replace(row, concurrency=c), c * n) for c, n in shares if c and n]
+
+
+def attention_dp_comparison(overrides: dict, rows=ATTENTION_DP_ROWS) -> list[dict]:
+    """`comparison` of the attention-DP rows (docs/slo.md, section 2d; never fitted): each row priced as its DP
+    ranks (`rank_rows`), one rank simulated per distinct share of the clients (`predict_row`, with the KV cache
+    of one DP rank and `from_specs(..., data_parallel=D)`: the rank's own batch, the experts touched by all D
+    ranks' tokens, the DP collectives), the means weighted by clients. set: "kv-limited" when a rank is."""
+    out = []
+    for row in rows:
+        ranks = rank_rows(row)
+        means = [(predict_row(rank, overrides), clients) for rank, clients in ranks]
+        ttft = sum(m[0] * c for m, c in means) / row.concurrency
+        tpot = sum(m[1] * c for m, c in means) / row.concurrency
+        limited = any(kv_limited(rank) for rank, _ in ranks)
+        out.append({
+            "row": row, "ttft_s": ttft, "tpot_s": tpot, "ttft_error": ttft / row.ttft_s - 1.0,
+            "tpot_error": tpot / row.tpot_s - 1.0, "set": "kv-limited" if limited else "attention dp",
+        })  # fmt: skip
     return out
