@@ -49,11 +49,15 @@ def inputs_form() -> None:
     rows = [
         [(st.selectbox, "query heads", "heads", None), (st.selectbox, "KV heads", "kv_heads", None)],
         [(st.selectbox, "head_dim", "head_dim", None), (st.selectbox, "block size (tokens)", "block", None)],
-        [(st.number_input, "batch (sequences)", "batch", None),
-         (st.number_input, "context length (tokens)", "ctx", None)],
-        [(st.selectbox, "dtype", "dtype", None),
-         (st.number_input, "sliding window (tokens)", "window", window_help)],
-    ]  # fmt: skip
+        [
+            (st.number_input, "batch (sequences)", "batch", None),
+            (st.number_input, "context length (tokens)", "ctx", None),
+        ],
+        [
+            (st.selectbox, "dtype", "dtype", None),
+            (st.number_input, "sliding window (tokens)", "window", window_help),
+        ],
+    ]
     with st.form("kernel_config"):
         for row in rows:
             for column, (factory, label, key, help_text) in zip(st.columns(2), row, strict=True):
@@ -210,8 +214,12 @@ else:
 with st.expander("Result rows (the bench JSON format)"):
     cached_dataframe(st, rows)
     check = [
-        {"backend": name, "max |paged - contiguous|": f"{err:.2e}", "tolerance": f"{limit:.0e}",
-         "result": "pass" if err <= limit else "FAIL"}
+        {
+            "backend": name,
+            "max |paged - contiguous|": f"{err:.2e}",
+            "tolerance": f"{limit:.0e}",
+            "result": "pass" if err <= limit else "FAIL",
+        }
         for name, err in errors.items()
-    ]  # fmt: skip
+    ]
     cached_dataframe(st, check)

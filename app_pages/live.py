@@ -108,9 +108,11 @@ with st.expander(
         state.widget(st.radio, "Read the prompt as", "lookup_as", horizontal=True)
         state.widget(st.selectbox, "The server's --prefix-caching-hash-algo", "hash_algo")
         state.widget(
-            st.text_input, "The server's NONE_HASH seed", "hash_seed",
+            st.text_input,
+            "The server's NONE_HASH seed",
+            "hash_seed",
             help="vllm-none-hash unless the server runs with PYTHONHASHSEED set (then that value)",
-        )  # fmt: skip
+        )
         state.widget(st.text_input, "cache_salt (optional)", "cache_salt")
 
 values = dict(state.values)

@@ -124,12 +124,24 @@ def custom_config_inputs(p: str) -> None:
 
 def scenario_inputs(p: str) -> None:
     w = state.widget
-    w(st.selectbox, "Model", f"{p}model", on_change=on_model_change, args=(p,),
-      format_func=lambda s: "Custom (paste or upload config.json)" if s == CUSTOM else MODELS[s].name)  # fmt: skip
+    w(
+        st.selectbox,
+        "Model",
+        f"{p}model",
+        on_change=on_model_change,
+        args=(p,),
+        format_func=lambda s: "Custom (paste or upload config.json)" if s == CUSTOM else MODELS[s].name,
+    )
     if state.values[f"{p}model"] == CUSTOM:
         custom_config_inputs(p)
-    w(st.selectbox, "GPU", f"{p}gpu",
-      format_func=lambda s: "Custom GPU" if s == CUSTOM else f"{GPUS[s].name} ({GPUS[s].memory_gib:,.1f} GiB)")  # fmt: skip
+    w(
+        st.selectbox,
+        "GPU",
+        f"{p}gpu",
+        format_func=lambda s: (
+            "Custom GPU" if s == CUSTOM else f"{GPUS[s].name} ({GPUS[s].memory_gib:,.1f} GiB)"
+        ),
+    )
     if state.values[f"{p}gpu"] == CUSTOM:
         c = st.columns(3)
         with c[0]:
@@ -139,21 +151,34 @@ def scenario_inputs(p: str) -> None:
         with c[2]:
             w(st.number_input, "bf16 TFLOP/s (dense)", f"{p}gpu_tflops", placeholder="unknown")
     rows = [
-        [(st.number_input, "GPUs", "gpus"), (st.number_input, "Tensor parallel", "tp"),
-         (st.number_input, "Pipeline parallel", "pp")],
-        [(st.selectbox, "Weight dtype", "wdtype"), (st.selectbox, "KV cache dtype", "kvdtype"),
-         (st.selectbox, "Block size (tokens)", "block")],
-        [(st.number_input, "Context length: max_model_len (tokens)", "ctx"),
-         (st.slider, "gpu_memory_utilization", "util")],
-    ]  # fmt: skip
+        [
+            (st.number_input, "GPUs", "gpus"),
+            (st.number_input, "Tensor parallel", "tp"),
+            (st.number_input, "Pipeline parallel", "pp"),
+        ],
+        [
+            (st.selectbox, "Weight dtype", "wdtype"),
+            (st.selectbox, "KV cache dtype", "kvdtype"),
+            (st.selectbox, "Block size (tokens)", "block"),
+        ],
+        [
+            (st.number_input, "Context length: max_model_len (tokens)", "ctx"),
+            (st.slider, "gpu_memory_utilization", "util"),
+        ],
+    ]
     for row in rows:
         for column, (factory, label, name) in zip(st.columns(len(row)), row, strict=True):
             with column:
                 w(factory, label, f"{p}{name}")
     c = st.columns(2)
     with c[0]:
-        w(st.number_input, "Activation reserve per GPU (GiB)", f"{p}act", placeholder="auto (estimate)",
-          help="Leave empty for the estimate; enter vLLM's logged activation peak for an exact plan.")  # fmt: skip
+        w(
+            st.number_input,
+            "Activation reserve per GPU (GiB)",
+            f"{p}act",
+            placeholder="auto (estimate)",
+            help="Leave empty for the estimate; enter vLLM's logged activation peak for an exact plan.",
+        )
     with c[1]:
         w(st.number_input, "max_num_seqs", f"{p}seqs")
     w(st.number_input, "Host KV tier per replica (GiB, vLLM's --kv-offloading-size; 0: none)", f"{p}offload")
@@ -167,10 +192,14 @@ def moe_inputs(p: str) -> None:
     with st.expander("MoE: data-parallel attention, expert parallel"):
         c = st.columns(2)
         with c[0]:
-            state.widget(st.number_input, "DP ranks per server (--data-parallel-size)", f"{p}dp",
-                         help="Each DP rank: tensor-parallel GPUs with its own requests and KV cache; a MoE "
-                         "model's routed experts are spread over all tp × DP GPUs. GPUs must be a multiple of "
-                         "TP × PP × DP.")  # fmt: skip
+            state.widget(
+                st.number_input,
+                "DP ranks per server (--data-parallel-size)",
+                f"{p}dp",
+                help="Each DP rank: tensor-parallel GPUs with its own requests and KV cache; a MoE "
+                "model's routed experts are spread over all tp × DP GPUs. GPUs must be a multiple of "
+                "TP × PP × DP.",
+            )
         with c[1]:
             state.widget(
                 st.toggle,
@@ -185,14 +214,22 @@ def hybrid_inputs(p: str) -> None:
     with st.expander("Hybrid KV cache manager, tokens per step, exact weights"):
         c = st.columns(2)
         with c[0]:
-            state.widget(st.number_input, "max_num_batched_tokens", f"{p}mbt",
-                         help="Tokens scheduled per step: a sliding-window group reserves room for the window "
-                         "plus these. With async scheduling vLLM keeps two steps in flight: enter twice the "
-                         "value.")  # fmt: skip
+            state.widget(
+                st.number_input,
+                "max_num_batched_tokens",
+                f"{p}mbt",
+                help="Tokens scheduled per step: a sliding-window group reserves room for the window "
+                "plus these. With async scheduling vLLM keeps two steps in flight: enter twice the "
+                "value.",
+            )
         with c[1]:
-            state.widget(st.toggle, "Hybrid KV cache manager", f"{p}hybrid",
-                         help="Off = vLLM's --disable-hybrid-kv-cache-manager: sliding and chunked layers are "
-                         "cached like full attention (compute stays windowed).")  # fmt: skip
+            state.widget(
+                st.toggle,
+                "Hybrid KV cache manager",
+                f"{p}hybrid",
+                help="Off = vLLM's --disable-hybrid-kv-cache-manager: sliding and chunked layers are "
+                "cached like full attention (compute stays windowed).",
+            )
         upload = st.file_uploader(
             "model.safetensors.index.json (exact weight bytes)", type=["json"], key=f"{p}index_upload"
         )
@@ -344,9 +381,13 @@ requests, workload_error = None, None
 try:
     requests = cached_value(
         workload,
-        values["wl"], values["wl_n"], values["wl_prompt"], values["wl_output"], values["wl_seed"],
+        values["wl"],
+        values["wl_n"],
+        values["wl_prompt"],
+        values["wl_output"],
+        values["wl_seed"],
         workload_max_len(values, prefixes),
-    )  # fmt: skip
+    )
 except LabError as error:
     workload_error = str(error)
     st.error(f"Workload: {error}")

@@ -43,8 +43,14 @@ from ui.slo_planner_state import FIELDS, MODE_LABELS, TARGETS, params_from, pred
 from ui.url_widgets import UrlState
 
 state = UrlState("_slo_planner", FIELDS)
-TABLE_FORMATS = {"output tokens/s": "%.0f", "GPUs per req/s": "%.3g", "worst / target": "%.2f",
-                 "highest rate (req/s)": "%.3g", "tokens/s per GPU": "%.0f", "KV transfer (ms)": "%.3g"}  # fmt: skip
+TABLE_FORMATS = {
+    "output tokens/s": "%.0f",
+    "GPUs per req/s": "%.3g",
+    "worst / target": "%.2f",
+    "highest rate (req/s)": "%.3g",
+    "tokens/s per GPU": "%.0f",
+    "KV transfer (ms)": "%.3g",
+}
 
 
 def inputs() -> None:
@@ -69,11 +75,19 @@ def inputs() -> None:
             w(st.multiselect, "KV cache dtypes", "kv")
             w(st.multiselect, "Weight dtypes", "weights")
             w(st.selectbox, "Engine (step-time profile)", "engine", help=ENGINE_HELP)
-            w(st.checkbox, f"Find the highest rate of the top {MAX_RATE_CONFIGS} configurations", "rates",
-              help="a bisection of steady-state predictions each: about 10 s per configuration on 2 CPU cores")  # fmt: skip
-            w(st.checkbox, "Disaggregated prefill / decode deployments too (slo --disagg)", "disagg_too",
-              help="x prefill workers and y decode workers, each its own TP, the KV cache moved between them; "
-              "ranked with the aggregated ones (at least 2 GPUs)")  # fmt: skip
+            w(
+                st.checkbox,
+                f"Find the highest rate of the top {MAX_RATE_CONFIGS} configurations",
+                "rates",
+                help="a bisection of steady-state predictions each: about 10 s per configuration on 2 CPU cores",
+            )
+            w(
+                st.checkbox,
+                "Disaggregated prefill / decode deployments too (slo --disagg)",
+                "disagg_too",
+                help="x prefill workers and y decode workers, each its own TP, the KV cache moved between them; "
+                "ranked with the aggregated ones (at least 2 GPUs)",
+            )
         st.form_submit_button("Search", type="primary")
 
 

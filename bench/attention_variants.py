@@ -114,14 +114,28 @@ def kernel_call(lib, problem: dict, config: KernelConfig, threads: int):
     def run() -> torch.Tensor:
         out = torch.empty(rows.shape, dtype=out_dtype)
         status = fn(
-            rows.data_ptr(), *rows.stride()[:3],
-            kc.data_ptr(), *kc.stride()[:3],
-            vc.data_ptr(), *vc.stride()[:3],
-            table.data_ptr(), table.stride(0), pos.data_ptr(), out.data_ptr(), cpu_backend.DTYPE_CODES[out_dtype],
-            batch, kv_heads, group, head_dim, kc.shape[1], float(head_dim**-0.5),
-            cpu_backend.DTYPE_CODES[q.dtype], threads, cpu_backend.head_split(batch, kv_heads, threads),
+            rows.data_ptr(),
+            *rows.stride()[:3],
+            kc.data_ptr(),
+            *kc.stride()[:3],
+            vc.data_ptr(),
+            *vc.stride()[:3],
+            table.data_ptr(),
+            table.stride(0),
+            pos.data_ptr(),
+            out.data_ptr(),
+            cpu_backend.DTYPE_CODES[out_dtype],
+            batch,
+            kv_heads,
+            group,
+            head_dim,
+            kc.shape[1],
+            float(head_dim**-0.5),
+            cpu_backend.DTYPE_CODES[q.dtype],
+            threads,
+            cpu_backend.head_split(batch, kv_heads, threads),
             cpu_backend.FULL_WINDOW,
-        )  # fmt: skip
+        )
         if status != 0:
             raise MemoryError("the C kernel could not allocate its scratch memory")
         return out.view(batch, heads, head_dim).float()

@@ -93,18 +93,30 @@ class Replica:
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())
         self.sub.bind(f"tcp://127.0.0.1:{events}")
-        config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": TOPIC,
-                  "endpoint": f"tcp://127.0.0.1:{events}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}  # fmt: skip
+        config = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "topic": TOPIC,
+            "endpoint": f"tcp://127.0.0.1:{events}",
+            "replay_endpoint": f"tcp://127.0.0.1:{replay}",
+        }
         serve = VLLMServeConfig(
-            model_dir=folder, served_name=SERVED_NAME, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
-            num_gpu_blocks_override=blocks, threads=1, kv_events=config, extra_args=("--enforce-eager",),
+            model_dir=folder,
+            served_name=SERVED_NAME,
+            block_size=BLOCK_SIZE,
+            max_model_len=MAX_MODEL_LEN,
+            num_gpu_blocks_override=blocks,
+            threads=1,
+            kv_events=config,
+            extra_args=("--enforce-eager",),
             extra_env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache between the policies
-        )  # fmt: skip
+        )
         command, env = serve.command(find_vllm().command, self.http), serve.env()
         self.log_path = log_dir / f"fleet-vllm-{index}.log"
         with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True, cwd=log_dir)  # fmt: skip
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=log_dir
+            )
 
     def healthy(self) -> bool:
         if self.process.poll() is not None:
@@ -188,11 +200,19 @@ def workload(groups: int, users: int, prefix_blocks: int, question_len: int, see
 
 
 def predict(load, prefix_len: int, blocks: int, routing: str) -> dict:
-    requests = [Request(i, 10.0 * i, len(p), 1, prefix_group=g, prefix_len=prefix_len) for i, (g, p) in
-                enumerate(load)]  # fmt: skip
+    requests = [
+        Request(i, 10.0 * i, len(p), 1, prefix_group=g, prefix_len=prefix_len)
+        for i, (g, p) in enumerate(load)
+    ]
     step = StepTimeModel(0.0, 0.0, 0.0, 0.0, 1e12, 1e15, overhead_s=0.010)
-    config = SimulatorConfig(kv_capacity_tokens=(blocks - 1) * BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN, watermark=0.0,
-                             max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, step_time=step, max_snapshots=1)  # fmt: skip
+    config = SimulatorConfig(
+        kv_capacity_tokens=(blocks - 1) * BLOCK_SIZE,
+        max_seq_len=MAX_MODEL_LEN,
+        watermark=0.0,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        step_time=step,
+        max_snapshots=1,
+    )
     result = simulate_fleet(
         requests, paged(BLOCK_SIZE, enable_prefix_caching=True), config, Fleet(2, routing)
     )
@@ -200,8 +220,13 @@ def predict(load, prefix_len: int, blocks: int, routing: str) -> dict:
     per = []
     for r in range(2):
         mine = frame[frame["replica"] == r]
-        per.append({"requests": len(mine), "hits_tokens": int(mine["prefix_hit_tokens"].sum()),
-                    "queries_tokens": int(mine["prompt_len"].sum())})  # fmt: skip
+        per.append(
+            {
+                "requests": len(mine),
+                "hits_tokens": int(mine["prefix_hit_tokens"].sum()),
+                "queries_tokens": int(mine["prompt_len"].sum()),
+            }
+        )
     return {
         "fleet_hit_rate": float(frame["prefix_hit_tokens"].sum() / frame["prompt_len"].sum()),
         "per_replica": per,
@@ -223,16 +248,23 @@ def measure(replicas: list[Replica], load, routing: str) -> dict:
         full = (len(prompt) - 1) // BLOCK_SIZE  # the last prompt token is never served from the cache
         blocks = [tuple(prompt[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]) for i in range(full)]
         chosen, _cached = router.route(views, len(prompt), blocks, BLOCK_SIZE)
-        replicas[chosen].post("/v1/completions", {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 1,
-                                                  "temperature": 0.0})  # fmt: skip
+        replicas[chosen].post(
+            "/v1/completions", {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
+        )
         replicas[chosen].drain(EVENT_WAIT_S)
         assignment.append(chosen)
     after = [rep.counters() for rep in replicas]
-    per = [{"requests": assignment.count(r), "hits_tokens": int(a[0] - b[0]), "queries_tokens": int(a[1] - b[1])}
-           for r, (a, b) in enumerate(zip(after, before, strict=True))]  # fmt: skip
+    per = [
+        {"requests": assignment.count(r), "hits_tokens": int(a[0] - b[0]), "queries_tokens": int(a[1] - b[1])}
+        for r, (a, b) in enumerate(zip(after, before, strict=True))
+    ]
     hits, queries = sum(p["hits_tokens"] for p in per), sum(p["queries_tokens"] for p in per)
-    return {"fleet_hit_rate": hits / queries if queries else 0.0, "per_replica": per, "assignment": assignment,
-            "wall_s": round(time.perf_counter() - started, 1)}  # fmt: skip
+    return {
+        "fleet_hit_rate": hits / queries if queries else 0.0,
+        "per_replica": per,
+        "assignment": assignment,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
 
 
 def _cpu_model() -> str:

@@ -58,8 +58,24 @@ from core.serving.staged_workload import SharedPrefixPrompts, Stage, ramp_report
 USERS = 5
 BLOCK_SIZE = 64  # the benchmark's vLLM --block-size (and its scorer's blockSize)
 WARMUP = Stage(15.0, 50.0)
-LADDER = [(3, 20), (10, 20), (15, 20), (20, 38), (22, 34), (25, 30), (30, 25), (35, 21), (40, 38), (43, 36),
-          (46, 33), (49, 30), (52, 29), (55, 27), (57, 26), (60, 25)]  # fmt: skip
+LADDER = [
+    (3, 20),
+    (10, 20),
+    (15, 20),
+    (20, 38),
+    (22, 34),
+    (25, 30),
+    (30, 25),
+    (35, 21),
+    (40, 38),
+    (43, 36),
+    (46, 33),
+    (49, 30),
+    (52, 29),
+    (55, 27),
+    (57, 26),
+    (60, 25),
+]
 POLICIES = {  # lab policy -> the published scheduler it stands for
     "prefix-aware": "precise prefix-aware",
     "round-robin": "random",
@@ -85,10 +101,13 @@ def fleet_setup(routing: str):
     capacity = deployment.memory_plan(max_len)
     step, kv_tokens = deployment.step_cost(deployment.step_model(), int(capacity.kv_tokens))
     config = SimulatorConfig(
-        kv_capacity_tokens=int(kv_tokens), max_num_seqs=deployment.max_num_seqs,
-        max_num_batched_tokens=deployment.max_num_batched_tokens, max_seq_len=max_len, step_time=step,
+        kv_capacity_tokens=int(kv_tokens),
+        max_num_seqs=deployment.max_num_seqs,
+        max_num_batched_tokens=deployment.max_num_batched_tokens,
+        max_seq_len=max_len,
+        step_time=step,
         max_snapshots=1,
-    )  # fmt: skip
+    )
     return paged(BLOCK_SIZE, enable_prefix_caching=True), config, deployment
 
 
@@ -141,9 +160,16 @@ def main() -> None:
             routing, groups, got = run
             brief = {k: v for k, v in got.items() if k != "stages"}
             print(f"{routing} groups={groups}: {json.dumps(brief)}", file=sys.stderr, flush=True)
-    out = {"bench": "kv_cache_wins", "kind": "transient replay of a staged ramp, not a steady-state estimate",
-           "compress": compress, "machine": machine(), "cpu_count": os.cpu_count(), "jobs": args.jobs,
-           "stages": [list(stage) for stage in ramp(compress)], "policies": {}}  # fmt: skip
+    out = {
+        "bench": "kv_cache_wins",
+        "kind": "transient replay of a staged ramp, not a steady-state estimate",
+        "compress": compress,
+        "machine": machine(),
+        "cpu_count": os.cpu_count(),
+        "jobs": args.jobs,
+        "stages": [list(stage) for stage in ramp(compress)],
+        "policies": {},
+    }
     single = {}
     for routing, groups, got in runs:
         if groups == 1:

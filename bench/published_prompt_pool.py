@@ -48,18 +48,32 @@ def main() -> None:
                 ttft, tpot = pv.predict_row(row, fitted, prompt_pool=pool)
                 errors += [ttft / row.ttft_s - 1.0, tpot / row.tpot_s - 1.0]
         models[model] = {
-            "set": pv.row_set(rows[0]) if rows else None, "rows": len(rows),
-            "max_prefill_fraction_of_peak": max(fractions), "median_prefill_fraction_of_peak": float(np.median(fractions)),
+            "set": pv.row_set(rows[0]) if rows else None,
+            "rows": len(rows),
+            "max_prefill_fraction_of_peak": max(fractions),
+            "median_prefill_fraction_of_peak": float(np.median(fractions)),
             "unique_prompts_rms_rel_err": float(np.sqrt(np.mean(np.square(unique)))),
             "prompt_pool_rms_rel_err": float(np.sqrt(np.mean(np.square(pooled)))),
-        }  # fmt: skip
-    print(json.dumps({
-        "cpu": cpu_description(),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "python": platform.python_version()},
-        "source": pv.VLLM_SOURCE, "fitted": fitted, "prompt_pool": pv.AIPERF_DATASET_ENTRIES,
-        "stride": args.stride, "models": models, "elapsed_s": time.perf_counter() - started,
-    }, indent=2))  # fmt: skip
+        }
+    print(
+        json.dumps(
+            {
+                "cpu": cpu_description(),
+                "machine": {
+                    "cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(),
+                    "python": platform.python_version(),
+                },
+                "source": pv.VLLM_SOURCE,
+                "fitted": fitted,
+                "prompt_pool": pv.AIPERF_DATASET_ENTRIES,
+                "stride": args.stride,
+                "models": models,
+                "elapsed_s": time.perf_counter() - started,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -80,8 +80,14 @@ def offline(model: str, prompts, max_tokens: int) -> float:
 
 
 def one_request(url: str, prompt, max_tokens: int) -> tuple[float, list[float], int]:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-            "return_token_ids": True}  # fmt: skip
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     sent = time.perf_counter()
     first, last, gaps, tokens = None, None, [], 0
@@ -163,26 +169,32 @@ def main() -> None:
     vocab = 512 if args.model == "tiny" else 49_152
     prompts = make_prompts(w["requests"], vocab)
     offline_tps = offline(args.model, prompts, w["max_tokens"])
-    server = LoopbackServer(args.model, num_blocks=NUM_BLOCKS, events=False, extra_args=("--max-num-seqs", "64"), startup_s=600)  # fmt: skip
+    server = LoopbackServer(
+        args.model, num_blocks=NUM_BLOCKS, events=False, extra_args=("--max-num-seqs", "64"), startup_s=600
+    )
     try:
         result = online(server, prompts, w["max_tokens"], w["concurrency"])
         metrics = parse_vllm_metrics(server.get("/metrics")[1].decode())
     finally:
         server.stop()
-    print(json.dumps({
-        "benchmark": "serve",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {device_label(default_device())}",
-        "cpu": cpu_description(),
-        "model": args.model,
-        **w,
-        **result,
-        "offline_tokens_per_s": round(offline_tps, 2),
-        "online_vs_offline": round(result["output_tokens_per_s"] / offline_tps, 3),
-        "serving_overhead": round(1 - result["output_tokens_per_s"] / offline_tps, 3),
-        "server_ttft_ms_p50": _ms(metrics.ttft.quantile(0.5)),
-        "server_itl_ms_p50": _ms(metrics.itl.quantile(0.5)),
-        "server_generation_tokens": metrics.generation_tokens,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "serve",
+                "machine": f"{platform.machine()}, {os.cpu_count()} cores, {device_label(default_device())}",
+                "cpu": cpu_description(),
+                "model": args.model,
+                **w,
+                **result,
+                "offline_tokens_per_s": round(offline_tps, 2),
+                "online_vs_offline": round(result["output_tokens_per_s"] / offline_tps, 3),
+                "serving_overhead": round(1 - result["output_tokens_per_s"] / offline_tps, 3),
+                "server_ttft_ms_p50": _ms(metrics.ttft.quantile(0.5)),
+                "server_itl_ms_p50": _ms(metrics.itl.quantile(0.5)),
+                "server_generation_tokens": metrics.generation_tokens,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -101,8 +101,12 @@ def merge(paths: list[str]) -> dict:
     same = ("model", "prompts", "max_tokens", "seed", "block_size")
     if any(tuple(r[k] for k in same) != tuple(results[0][k] for k in same) for r in results):
         raise SystemExit(f"--merge: the outputs differ in {same}")
-    random_pct = {(r["mode"], r["width"]): r["random_model_pct"] for x in results for r in x["rows"]
-                  if r["random_model_pct"] == r["random_model_pct"]}  # fmt: skip
+    random_pct = {
+        (r["mode"], r["width"]): r["random_model_pct"]
+        for x in results
+        for r in x["rows"]
+        if r["random_model_pct"] == r["random_model_pct"]
+    }
     rows = sorted(
         (r for x in results for r in x["rows"]), key=lambda r: (r["mode"] != "parallel sampling", r["width"])
     )

@@ -179,11 +179,15 @@ def calibrate(
         engine.step()
     steps = engine.current_run().steps
     loads = log.loads[first:]
-    frame = pd.DataFrame({
-        "new_tokens": [x.new_tokens for x in loads], "kv_tokens_read": [x.kv_tokens_read for x in loads],
-        "attention_pairs": [x.attention_pairs for x in loads], "output_tokens": [x.output_tokens for x in loads],
-        "seconds": steps["step_time_ms"].to_numpy() / 1e3,
-    })  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "new_tokens": [x.new_tokens for x in loads],
+            "kv_tokens_read": [x.kv_tokens_read for x in loads],
+            "attention_pairs": [x.attention_pairs for x in loads],
+            "output_tokens": [x.output_tokens for x in loads],
+            "seconds": steps["step_time_ms"].to_numpy() / 1e3,
+        }
+    )
     return frame.iloc[WARMUP_STEPS:].reset_index(drop=True)  # the first steps warm caches and allocators
 
 
@@ -226,12 +230,15 @@ def serve(engine, log: StepLog, requests: list[Request], low: int, vocab: int, p
             first.setdefault(request_id, done)
         for out in outputs:
             finish[out.request_id] = done
-    return pd.DataFrame({
-        "arrival_time": [r.arrival_time for r in requests],
-        "admit_time": [log.admitted[r.request_id] - start for r in requests],
-        "first_token_time": [first[r.request_id] for r in requests],
-        "finish_time": [finish[r.request_id] for r in requests], "output_len": [r.output_len for r in requests],
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "arrival_time": [r.arrival_time for r in requests],
+            "admit_time": [log.admitted[r.request_id] - start for r in requests],
+            "first_token_time": [first[r.request_id] for r in requests],
+            "finish_time": [finish[r.request_id] for r in requests],
+            "output_len": [r.output_len for r in requests],
+        }
+    )
 
 
 def step_ratio(measured_s: np.ndarray, loads: list, model: StepTimeModel) -> dict:
@@ -248,19 +255,26 @@ def step_ratio(measured_s: np.ndarray, loads: list, model: StepTimeModel) -> dic
         for k in range(1, SIZES_REPORTED + 1)
         if (n == k).any()
     }
-    return {"by_size": by_size,
-        "median": float(np.median(ratio)), "p10": float(np.percentile(ratio, 10)),
-        "p90": float(np.percentile(ratio, 90)), "decode_only_median": float(np.median(ratio[decode])),
+    return {
+        "by_size": by_size,
+        "median": float(np.median(ratio)),
+        "p10": float(np.percentile(ratio, 10)),
+        "p90": float(np.percentile(ratio, 90)),
+        "decode_only_median": float(np.median(ratio[decode])),
         "with_prefill_median": float(np.median(ratio[~decode])) if (~decode).any() else None,
         "steps": len(ratio),
-    }  # fmt: skip
+    }
 
 
 def predict(requests: list[Request], model: StepTimeModel) -> pd.DataFrame:
     config = SimulatorConfig(
-        kv_capacity_tokens=NUM_BLOCKS * BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_seq_len=MAX_SEQ_LEN, step_time=model, max_snapshots=1,
-    )  # fmt: skip
+        kv_capacity_tokens=NUM_BLOCKS * BLOCK_SIZE,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_seq_len=MAX_SEQ_LEN,
+        step_time=model,
+        max_snapshots=1,
+    )
     return simulate(requests, paged(BLOCK_SIZE), config).requests
 
 
@@ -331,10 +345,15 @@ def load_engine():
     from core.engine.fetch import fetch_model
 
     return Engine.from_pretrained(
-        fetch_model("smollm2-135m-instruct"), dtype=torch.float32, device="cpu", num_blocks=NUM_BLOCKS,
-        block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        fetch_model("smollm2-135m-instruct"),
+        dtype=torch.float32,
+        device="cpu",
+        num_blocks=NUM_BLOCKS,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
         max_snapshots=1,
-    )  # fmt: skip
+    )
 
 
 def main() -> None:
@@ -395,27 +414,55 @@ def main() -> None:
             machine_drift = drift(sweeps[i], sweeps[i + 1])
         row = compare(measured, predict(timed, used.model))
         row["step_time_measured_over_predicted"] = step_ratio(served_s, served_loads, used.model)
-        rates[f"{rate:.3f}"] = {"rate_req_per_s": rate, "fraction_of_bound": fraction,
-                                "requests": served, "serve_s": serve_s,
-                                "sweep_drift_after_over_before": machine_drift, "fit": used.to_dict(),
-                                "sweep_steps_by_size": steps_by_size(fitted_on),
-                                **row}  # fmt: skip
+        rates[f"{rate:.3f}"] = {
+            "rate_req_per_s": rate,
+            "fraction_of_bound": fraction,
+            "requests": served,
+            "serve_s": serve_s,
+            "sweep_drift_after_over_before": machine_drift,
+            "fit": used.to_dict(),
+            "sweep_steps_by_size": steps_by_size(fitted_on),
+            **row,
+        }
     keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
     worst = {k: max(r[k] for r in rates.values()) for k in keys}
     worst["max_rel_err"] = max(worst.values())
-    print(json.dumps({
-        "cpu": cpu_description(),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "torch": torch.__version__, "threads": args.threads, "nice": niceness,
+    print(
+        json.dumps(
+            {
+                "cpu": cpu_description(),
+                "machine": {
+                    "cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(),
+                    "torch": torch.__version__,
+                    "threads": args.threads,
+                    "nice": niceness,
                     "load_average_before": load_before,
-                    "load_average_after": os.getloadavg()},
-        "model": "SmolLM2-135M-Instruct fp32", "mode": "quick" if args.quick else "full",
-        "fit_once": args.fit_once, "robust_fit": args.robust, "limits": {"max_num_seqs": MAX_NUM_SEQS,
-        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "kv_tokens": NUM_BLOCKS * BLOCK_SIZE},
-        "roofs": roofs, "roofs_after": measure_roofs(), "sweep_steps": len(sweeps[0]), "sweep_s": sweep_s, "throughput_bound_req_per_s": bound.capacity_rps,
-        "requests_per_rate": list(size["requests"]), "rates": rates, "worst": worst,
-        "load_s": load_s, "wall_s": time.perf_counter() - started,
-    }, indent=2))  # fmt: skip
+                    "load_average_after": os.getloadavg(),
+                },
+                "model": "SmolLM2-135M-Instruct fp32",
+                "mode": "quick" if args.quick else "full",
+                "fit_once": args.fit_once,
+                "robust_fit": args.robust,
+                "limits": {
+                    "max_num_seqs": MAX_NUM_SEQS,
+                    "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                    "kv_tokens": NUM_BLOCKS * BLOCK_SIZE,
+                },
+                "roofs": roofs,
+                "roofs_after": measure_roofs(),
+                "sweep_steps": len(sweeps[0]),
+                "sweep_s": sweep_s,
+                "throughput_bound_req_per_s": bound.capacity_rps,
+                "requests_per_rate": list(size["requests"]),
+                "rates": rates,
+                "worst": worst,
+                "load_s": load_s,
+                "wall_s": time.perf_counter() - started,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

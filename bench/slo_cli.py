@@ -32,10 +32,32 @@ import time
 from core.kernels.cpu_isa import cpu_description
 
 TARGET_S = 10.0
-COMMON = ["--prompt-len", "2000", "--output-len", "300", "--ttft-p95", "1", "--tpot-p95", "0.05",
-          "--gpus", "h100-80gb", "h200-141gb", "l40s"]  # fmt: skip
-LONG = ["--prompt-len", "8000", "--output-len", "256", "--ttft-p95", "2", "--tpot-p99", "0.012", "--gpus",
-        "h100-80gb"]  # fmt: skip
+COMMON = [
+    "--prompt-len",
+    "2000",
+    "--output-len",
+    "300",
+    "--ttft-p95",
+    "1",
+    "--tpot-p95",
+    "0.05",
+    "--gpus",
+    "h100-80gb",
+    "h200-141gb",
+    "l40s",
+]
+LONG = [
+    "--prompt-len",
+    "8000",
+    "--output-len",
+    "256",
+    "--ttft-p95",
+    "2",
+    "--tpot-p99",
+    "0.012",
+    "--gpus",
+    "h100-80gb",
+]
 CASES = {
     "llama-3.1-8b@12": ["--model", "llama-3.1-8b", "--rate", "12", *COMMON],
     "llama-3.1-70b@4": ["--model", "llama-3.1-70b", "--rate", "4", *COMMON],
@@ -48,11 +70,30 @@ CASES = {
 PREDICT_TARGET_S = 5.0
 PREDICT_CASES = {
     "llama-3.1-8b 2 x h100 @8 prefix 3500 x 8 eagle": [
-        "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--replicas", "2", "--rate", "8", "--prompt-len", "4000",
-        "--output-len", "256", "--shared-prefix-len", "3500", "--num-prefixes", "8", "--spec-tokens", "3",
-        "--spec-acceptance", "0.8,0.6,0.4", "--spec-method", "eagle",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100-80gb",
+        "--replicas",
+        "2",
+        "--rate",
+        "8",
+        "--prompt-len",
+        "4000",
+        "--output-len",
+        "256",
+        "--shared-prefix-len",
+        "3500",
+        "--num-prefixes",
+        "8",
+        "--spec-tokens",
+        "3",
+        "--spec-acceptance",
+        "0.8,0.6,0.4",
+        "--spec-method",
+        "eagle",
     ],
-}  # fmt: skip
+}
 
 
 def _run(args: list[str]) -> tuple[float, subprocess.CompletedProcess, float]:
@@ -73,8 +114,22 @@ def _answer(body: dict) -> dict:
     best = body.get("best")
     if best is None:
         return {"error": body.get("error", {}).get("message")}
-    keys = ("gpu", "num_gpus", "tp", "pp", "replicas", "max_num_seqs", "kv_dtype", "ttft_p95_s", "tpot_p95_s",
-            "throughput_tokens_per_s", "binding", "mode", "prefill_gpus", "decode_gpus")  # fmt: skip
+    keys = (
+        "gpu",
+        "num_gpus",
+        "tp",
+        "pp",
+        "replicas",
+        "max_num_seqs",
+        "kv_dtype",
+        "ttft_p95_s",
+        "tpot_p95_s",
+        "throughput_tokens_per_s",
+        "binding",
+        "mode",
+        "prefill_gpus",
+        "decode_gpus",
+    )
     return {k: best.get(k) for k in keys}
 
 
@@ -98,24 +153,45 @@ def main() -> None:
             cpus.append(cpu)
             searches.append(body["elapsed_s"])
         cases[name] = {
-            "argv": argv, "exit_status": status, "wall_s": _spread(walls), "cpu_s": _spread(cpus),
+            "argv": argv,
+            "exit_status": status,
+            "wall_s": _spread(walls),
+            "cpu_s": _spread(cpus),
             "search_s": _spread(searches),
             "ratio_to_import": statistics.median(walls) / statistics.median(baseline),
-            "num_candidates": body["num_candidates"], "num_evaluated": body["num_evaluated"],
-            "num_simulated": body["num_simulated"], "num_reused": body["num_reused"], "answer": _answer(body),
-        }  # fmt: skip
+            "num_candidates": body["num_candidates"],
+            "num_evaluated": body["num_evaluated"],
+            "num_simulated": body["num_simulated"],
+            "num_reused": body["num_reused"],
+            "answer": _answer(body),
+        }
     slowest = max((c["wall_s"]["max"] for c in cases.values()), default=None)
     predict_slowest = max((c["wall_s"]["max"] for c in predict_cases.values()), default=None)
-    print(json.dumps({
-        "cpu": cpu_description(),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "python": platform.python_version(), "load_average_before": load_before,
-                    "load_average_after": os.getloadavg()},
-        "target_s": TARGET_S, "baseline_import_s": _spread(baseline), "cases": cases,
-        "slowest_wall_s": slowest, "target_met": None if slowest is None else slowest < TARGET_S,
-        "predict_target_s": PREDICT_TARGET_S, "predict_cases": predict_cases,
-        "predict_target_met": None if predict_slowest is None else predict_slowest <= PREDICT_TARGET_S,
-    }, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "cpu": cpu_description(),
+                "machine": {
+                    "cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "load_average_before": load_before,
+                    "load_average_after": os.getloadavg(),
+                },
+                "target_s": TARGET_S,
+                "baseline_import_s": _spread(baseline),
+                "cases": cases,
+                "slowest_wall_s": slowest,
+                "target_met": None if slowest is None else slowest < TARGET_S,
+                "predict_target_s": PREDICT_TARGET_S,
+                "predict_cases": predict_cases,
+                "predict_target_met": None
+                if predict_slowest is None
+                else predict_slowest <= PREDICT_TARGET_S,
+            },
+            indent=2,
+        )
+    )
 
 
 def _predict_cases(repeats: int) -> dict:
@@ -131,8 +207,12 @@ def _predict_cases(repeats: int) -> dict:
             walls.append(wall)
             cpus.append(cpu)
         keys = ("ttft_p99_s", "tpot_p99_s", "prefix_hit_rate", "mean_accepted_len", "simulated_requests")
-        cases[name] = {"argv": argv, "wall_s": _spread(walls), "cpu_s": _spread(cpus),
-                       "answer": {k: body.get(k) for k in keys}}  # fmt: skip
+        cases[name] = {
+            "argv": argv,
+            "wall_s": _spread(walls),
+            "cpu_s": _spread(cpus),
+            "answer": {k: body.get(k) for k in keys},
+        }
     return cases
 
 

@@ -35,9 +35,12 @@ TRAINING_TARGET = 0.20
 
 def _met(errors: dict) -> bool:
     held_out = errors["heldout_by_model"]
-    return (len(held_out) >= 2 and any(m in pv.MOE_MODELS for m in held_out)
-            and all(e["rms_rel_err"] <= TARGET for e in held_out.values())
-            and errors["training_rms_rel_err"] <= TRAINING_TARGET)  # fmt: skip
+    return (
+        len(held_out) >= 2
+        and any(m in pv.MOE_MODELS for m in held_out)
+        and all(e["rms_rel_err"] <= TARGET for e in held_out.values())
+        and errors["training_rms_rel_err"] <= TRAINING_TARGET
+    )
 
 
 def _errors(rows: list[dict]) -> dict:
@@ -56,8 +59,10 @@ def _single_model(overrides: dict) -> dict:
     for r in pv.comparison(overrides, [row for row in pv.ROWS if row.model == "llama-3.1-70b"]):
         held = r["row"].gpu == "h200-141gb"
         rows.append(r | {"set": r["set"] if r["set"] == "kv-limited" else "held out" if held else "training"})
-    return {"training_rms_rel_err": pv.rms_relative_error(rows, "training"),
-            "heldout_rms_rel_err": pv.rms_relative_error(rows, "held out")}  # fmt: skip
+    return {
+        "training_rms_rel_err": pv.rms_relative_error(rows, "training"),
+        "heldout_rms_rel_err": pv.rms_relative_error(rows, "held out"),
+    }
 
 
 def _ablations(fitted: dict) -> dict:
@@ -76,12 +81,23 @@ def _ablations(fitted: dict) -> dict:
 def _row(r: dict) -> dict:
     row = r["row"]
     return {
-        "id": row.id, "model": row.model, "gpu": row.gpu, "weight_dtype": row.weight_dtype, "tp": row.tp,
-        "ep": row.ep, "isl": row.isl, "osl": row.osl,
-        "concurrency": row.concurrency, "measured_ttft_s": row.ttft_s, "predicted_ttft_s": r["ttft_s"],
-        "ttft_rel_err": r["ttft_error"], "measured_tpot_s": row.tpot_s, "predicted_tpot_s": r["tpot_s"],
-        "tpot_rel_err": r["tpot_error"], "set": r["set"],
-    }  # fmt: skip
+        "id": row.id,
+        "model": row.model,
+        "gpu": row.gpu,
+        "weight_dtype": row.weight_dtype,
+        "tp": row.tp,
+        "ep": row.ep,
+        "isl": row.isl,
+        "osl": row.osl,
+        "concurrency": row.concurrency,
+        "measured_ttft_s": row.ttft_s,
+        "predicted_ttft_s": r["ttft_s"],
+        "ttft_rel_err": r["ttft_error"],
+        "measured_tpot_s": row.tpot_s,
+        "predicted_tpot_s": r["tpot_s"],
+        "tpot_rel_err": r["tpot_error"],
+        "set": r["set"],
+    }
 
 
 def main() -> None:
@@ -95,27 +111,50 @@ def main() -> None:
     single = _single_model(VLLM_STEP_DEFAULTS), _single_model(engine_step_defaults("trtllm"))
     terms = {name: _errors(pv.comparison(overrides)) for name, overrides in _ablations(fitted).items()}
     worst = sorted(rows, key=lambda r: -max(abs(r["ttft_error"]), abs(r["tpot_error"])))
-    print(json.dumps({
-        "cpu": cpu_description(),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "python": platform.python_version(), "load_average_before": load_before,
-                    "load_average_after": os.getloadavg()},
-        "source": pv.VLLM_SOURCE,
-        "split": {"training": f"every row of {', '.join(pv.TRAINING_MODELS)} (H100 and H200 SXM)",
-                  "held_out": f"every row of {', '.join(pv.HELD_OUT_MODELS)}: models the fit never sees",
-                  "kv_limited": "C x (ISL + OSL / 2) > the planner's KV tokens, or C > max_num_seqs: reported, "
-                                "not fitted",
-                  "attention_dp": f"{len(pv.ATTENTION_DP_ROWS)} rows served with data-parallel attention: "
-                                  "left out (not priced)"},
-        "counts": {s: sum(r["set"] == s for r in rows) for s in ("training", "held out", "kv-limited")},
-        **errors, "target": TARGET, "training_target": TRAINING_TARGET, "target_met": _met(errors),
-        "fitted": fitted, "stored": VLLM_STEP_DEFAULTS, "stored_errors": stored,
-        "trtllm_profile_errors": baseline, "without_term": terms,
-        "single_model": {"split": "Llama-3.1-70B only: H100 rows training, H200 rows held out (issue 29)",
-                         "stored": single[0], "trtllm": single[1]},
-        "worst_fitted_or_held_out": [_row(r) for r in worst if r["set"] != "kv-limited"][:5],
-        "rows": [_row(r) for r in rows], "elapsed_s": time.perf_counter() - started,
-    }, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "cpu": cpu_description(),
+                "machine": {
+                    "cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "load_average_before": load_before,
+                    "load_average_after": os.getloadavg(),
+                },
+                "source": pv.VLLM_SOURCE,
+                "split": {
+                    "training": f"every row of {', '.join(pv.TRAINING_MODELS)} (H100 and H200 SXM)",
+                    "held_out": f"every row of {', '.join(pv.HELD_OUT_MODELS)}: models the fit never sees",
+                    "kv_limited": "C x (ISL + OSL / 2) > the planner's KV tokens, or C > max_num_seqs: reported, "
+                    "not fitted",
+                    "attention_dp": f"{len(pv.ATTENTION_DP_ROWS)} rows served with data-parallel attention: "
+                    "left out (not priced)",
+                },
+                "counts": {
+                    s: sum(r["set"] == s for r in rows) for s in ("training", "held out", "kv-limited")
+                },
+                **errors,
+                "target": TARGET,
+                "training_target": TRAINING_TARGET,
+                "target_met": _met(errors),
+                "fitted": fitted,
+                "stored": VLLM_STEP_DEFAULTS,
+                "stored_errors": stored,
+                "trtllm_profile_errors": baseline,
+                "without_term": terms,
+                "single_model": {
+                    "split": "Llama-3.1-70B only: H100 rows training, H200 rows held out (issue 29)",
+                    "stored": single[0],
+                    "trtllm": single[1],
+                },
+                "worst_fitted_or_held_out": [_row(r) for r in worst if r["set"] != "kv-limited"][:5],
+                "rows": [_row(r) for r in rows],
+                "elapsed_s": time.perf_counter() - started,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -83,8 +83,15 @@ class StreamRecord:
 
 
 def stream(url: str, model: str, prompt: list[int], max_tokens: int, record: StreamRecord) -> None:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     request = urllib.request.Request(
         url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
@@ -132,8 +139,16 @@ def decode_rows(records: list[StreamRecord], prompt_len: int) -> list[dict]:
             continue
         (t0, n0), (t1, n1) = inside[0], inside[-1]
         kv = c * (prompt_len + (n0 + n1) / 2)
-        rows.append({"new_tokens": c, "kv_tokens_read": kv, "attention_pairs": kv + c, "output_tokens": c,
-                     "seconds": (t1 - t0) / (n1 - n0), "kind": "decode"})  # fmt: skip
+        rows.append(
+            {
+                "new_tokens": c,
+                "kv_tokens_read": kv,
+                "attention_pairs": kv + c,
+                "output_tokens": c,
+                "seconds": (t1 - t0) / (n1 - n0),
+                "kind": "decode",
+            }
+        )
     return rows
 
 
@@ -149,21 +164,59 @@ def sweep(url: str, model: str, rng: np.random.Generator, vocab: int) -> pd.Data
             stream(url, model, rng.integers(TOKEN_LOW, vocab, n).tolist(), 1, record)
             if record.error or not record.chunks:
                 raise RuntimeError(f"a prefill request failed: {record.error}")
-            rows.append({"new_tokens": n, "kv_tokens_read": 0, "attention_pairs": n * (n + 1) / 2,
-                         "output_tokens": 1, "seconds": record.chunks[0][0] - sent, "kind": "prefill"})  # fmt: skip
+            rows.append(
+                {
+                    "new_tokens": n,
+                    "kv_tokens_read": 0,
+                    "attention_pairs": n * (n + 1) / 2,
+                    "output_tokens": 1,
+                    "seconds": record.chunks[0][0] - sent,
+                    "kind": "prefill",
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def bench_serve(server: VLLMServer, model_dir: str, rate: float, num: int, seed: int, out: Path) -> dict:
     """`vllm bench serve` at `rate` (Poisson), its saved detailed result."""
     name = f"rate-{rate:.4f}.json"
-    argv = [str(find_vllm().command), "bench", "serve", "--base-url", server.url, "--model",
-            server.config.served_name, "--tokenizer", model_dir, "--dataset-name", "random",
-            "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-            "--random-range-ratio", str(RANGE_RATIO), "--num-prompts", str(num), "--request-rate", f"{rate:.6g}",
-            "--ignore-eos", "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,95,99", "--save-result", "--save-detailed", "--result-dir", str(out),
-            "--result-filename", name, "--disable-tqdm"]  # fmt: skip
+    argv = [
+        str(find_vllm().command),
+        "bench",
+        "serve",
+        "--base-url",
+        server.url,
+        "--model",
+        server.config.served_name,
+        "--tokenizer",
+        model_dir,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(INPUT_LEN),
+        "--random-output-len",
+        str(OUTPUT_LEN),
+        "--random-range-ratio",
+        str(RANGE_RATIO),
+        "--num-prompts",
+        str(num),
+        "--request-rate",
+        f"{rate:.6g}",
+        "--ignore-eos",
+        "--seed",
+        str(seed),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,95,99",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        name,
+        "--disable-tqdm",
+    ]
     env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
     run = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env)
     if run.returncode != 0:
@@ -176,21 +229,30 @@ def measured_requests(result: dict) -> pd.DataFrame:
     send)."""
     start = np.array(result["start_times"], dtype=np.float64)
     arrival = start - start.min()
-    return pd.DataFrame({
-        "arrival_time": arrival, "first_token_time": arrival + np.array(result["ttfts"], dtype=np.float64),
-        "finish_time": arrival + np.array(result["latencies"], dtype=np.float64),
-        "output_len": np.array(result["output_lens"], dtype=np.int64),
-        "prompt_len": np.array(result["input_lens"], dtype=np.int64),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "arrival_time": arrival,
+            "first_token_time": arrival + np.array(result["ttfts"], dtype=np.float64),
+            "finish_time": arrival + np.array(result["latencies"], dtype=np.float64),
+            "output_len": np.array(result["output_lens"], dtype=np.int64),
+            "prompt_len": np.array(result["input_lens"], dtype=np.int64),
+        }
+    )
 
 
 def predict(measured: pd.DataFrame, model, kv_tokens: int) -> pd.DataFrame:
-    requests = [Request(i, float(r.arrival_time), int(r.prompt_len), int(r.output_len))
-                for i, r in enumerate(measured.itertuples())]  # fmt: skip
+    requests = [
+        Request(i, float(r.arrival_time), int(r.prompt_len), int(r.output_len))
+        for i, r in enumerate(measured.itertuples())
+    ]
     config = SimulatorConfig(
-        kv_capacity_tokens=kv_tokens, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-        max_seq_len=MAX_MODEL_LEN, step_time=model, max_snapshots=1,
-    )  # fmt: skip
+        kv_capacity_tokens=kv_tokens,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_seq_len=MAX_MODEL_LEN,
+        step_time=model,
+        max_snapshots=1,
+    )
     return simulate(requests, paged(BLOCK_SIZE), config).requests
 
 
@@ -199,8 +261,10 @@ def _requests_for_bound(num: int, seed: int) -> list[Request]:
     rng = np.random.default_rng(seed)
     low_in, high_in = int(INPUT_LEN * (1 - RANGE_RATIO)), int(np.ceil(INPUT_LEN * (1 + RANGE_RATIO)))
     low_out, high_out = int(OUTPUT_LEN * (1 - RANGE_RATIO)), int(np.ceil(OUTPUT_LEN * (1 + RANGE_RATIO)))
-    return [Request(i, 0.0, int(rng.integers(low_in, high_in + 1)), int(rng.integers(low_out, high_out + 1)))
-            for i in range(num)]  # fmt: skip
+    return [
+        Request(i, 0.0, int(rng.integers(low_in, high_in + 1)), int(rng.integers(low_out, high_out + 1)))
+        for i in range(num)
+    ]
 
 
 def _drift(before: pd.DataFrame, after: pd.DataFrame) -> float | None:
@@ -241,10 +305,17 @@ def compare_rates(results: list, used, kv_tokens: int) -> dict:
         vllm_own = {
             k: result[k] / 1e3 for k in result if k.startswith(("p50_", "p95_", "p99_")) and k.endswith("_ms")
         }
-        rates[f"{rate:.3f}"] = {"rate_req_per_s": rate, "fraction_of_bound": fraction, "requests": served,
-                                "completed": result["completed"], "serve_s": serve_s,
-                                "fit": used.to_dict(), "vllm_bench_serve_s": vllm_own,
-                                "vllm_output_throughput": result["output_throughput"], **row}  # fmt: skip
+        rates[f"{rate:.3f}"] = {
+            "rate_req_per_s": rate,
+            "fraction_of_bound": fraction,
+            "requests": served,
+            "completed": result["completed"],
+            "serve_s": serve_s,
+            "fit": used.to_dict(),
+            "vllm_bench_serve_s": vllm_own,
+            "vllm_output_throughput": result["output_throughput"],
+            **row,
+        }
     return rates
 
 
@@ -259,9 +330,16 @@ def main(args) -> None:
         export_hf_folder(fetch_model("smollm2-135m-instruct"), model_cache_dir() / "SmolLM2-135M-Instruct-hf")
     )
     spec = ModelSpec.from_hf_config(json.loads((Path(folder) / "config.json").read_text()), name="smollm2")
-    config = VLLMServeConfig(model_dir=folder, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
-                             max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                             threads=args.threads, nice=args.nice, bind_threads=args.bind)  # fmt: skip
+    config = VLLMServeConfig(
+        model_dir=folder,
+        block_size=BLOCK_SIZE,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        threads=args.threads,
+        nice=args.nice,
+        bind_threads=args.bind,
+    )
     load_before = os.getloadavg()
     loads: list[tuple[float, float, float]] = []
     niceness_bench = raise_priority(args.nice)
@@ -285,8 +363,15 @@ def main(args) -> None:
         for fraction, served in zip(size["rates"], size["requests"], strict=True):
             rate = fraction * bound.capacity_rps
             t, at = time.perf_counter(), _cpu_now(server)
-            results.append((rate, fraction, served, bench_serve(server, folder, rate, served, 7, Path(tmp)),
-                            time.perf_counter() - t))  # fmt: skip
+            results.append(
+                (
+                    rate,
+                    fraction,
+                    served,
+                    bench_serve(server, folder, rate, served, 7, Path(tmp)),
+                    time.perf_counter() - t,
+                )
+            )
             cpu[f"{rate:.3f}"] = _cpu_use(server, at, results[-1][-1])
             loads.append(os.getloadavg())
         t = time.perf_counter()
@@ -301,25 +386,62 @@ def main(args) -> None:
     worst["max_rel_err"] = max(worst.values())
     decode = np.median(before[before.kind == "decode"]["seconds"]) if len(before) else None
     drift = _drift(before, after)
-    print(json.dumps({
-        "cpu": cpu_description(),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "torch": torch.__version__, "load_average_before": load_before,
-                    "load_average_during": loads, "load_average_after": os.getloadavg()},
-        "server": {"kind": "vllm", "vllm": find_vllm().version, "model": "SmolLM2-135M-Instruct bf16",
-                   "block_size": BLOCK_SIZE, "num_gpu_blocks": int(metrics.num_gpu_blocks),
-                   "kv_cache_space_gib": config.kv_cache_space_gib, "threads": config.threads, "nice": niceness,
-                   "bind": args.bind, "bench_affinity": sorted(os.sched_getaffinity(0)),
-                   "log_tail": log_tail},
-        "model": "SmolLM2-135M-Instruct bf16 (vLLM)", "mode": "quick" if args.quick else "full",
-        "fit_once": args.fit_once, "robust_fit": args.robust,
-        "limits": {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-                   "kv_tokens": kv_tokens},
-        "roofs": roofs, "roofs_after": measure_roofs(matmul_dtype="bfloat16"), "bench_nice": niceness_bench, "sweep_steps": len(before), "sweep_s": sweep_s,
-        "sweep_decode_median_s": decode, "sweep_drift_after_over_before": drift,
-        "throughput_bound_req_per_s": bound.capacity_rps, "cpu_cores_used": cpu, "requests_per_rate": list(size["requests"]),
-        "rates": rates, "worst": worst, "wall_s": time.perf_counter() - started,
-        "sweep_rows": {"before": before.to_dict(orient="list"), "after": after.to_dict(orient="list")},
-        "measured_requests": {f"{rate:.3f}": measured_requests(result).to_dict(orient="list")
-                              for rate, _, _, result, _ in results},
-    }, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "cpu": cpu_description(),
+                "machine": {
+                    "cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(),
+                    "torch": torch.__version__,
+                    "load_average_before": load_before,
+                    "load_average_during": loads,
+                    "load_average_after": os.getloadavg(),
+                },
+                "server": {
+                    "kind": "vllm",
+                    "vllm": find_vllm().version,
+                    "model": "SmolLM2-135M-Instruct bf16",
+                    "block_size": BLOCK_SIZE,
+                    "num_gpu_blocks": int(metrics.num_gpu_blocks),
+                    "kv_cache_space_gib": config.kv_cache_space_gib,
+                    "threads": config.threads,
+                    "nice": niceness,
+                    "bind": args.bind,
+                    "bench_affinity": sorted(os.sched_getaffinity(0)),
+                    "log_tail": log_tail,
+                },
+                "model": "SmolLM2-135M-Instruct bf16 (vLLM)",
+                "mode": "quick" if args.quick else "full",
+                "fit_once": args.fit_once,
+                "robust_fit": args.robust,
+                "limits": {
+                    "max_num_seqs": MAX_NUM_SEQS,
+                    "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                    "kv_tokens": kv_tokens,
+                },
+                "roofs": roofs,
+                "roofs_after": measure_roofs(matmul_dtype="bfloat16"),
+                "bench_nice": niceness_bench,
+                "sweep_steps": len(before),
+                "sweep_s": sweep_s,
+                "sweep_decode_median_s": decode,
+                "sweep_drift_after_over_before": drift,
+                "throughput_bound_req_per_s": bound.capacity_rps,
+                "cpu_cores_used": cpu,
+                "requests_per_rate": list(size["requests"]),
+                "rates": rates,
+                "worst": worst,
+                "wall_s": time.perf_counter() - started,
+                "sweep_rows": {
+                    "before": before.to_dict(orient="list"),
+                    "after": after.to_dict(orient="list"),
+                },
+                "measured_requests": {
+                    f"{rate:.3f}": measured_requests(result).to_dict(orient="list")
+                    for rate, _, _, result, _ in results
+                },
+            },
+            indent=2,
+        )
+    )

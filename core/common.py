@@ -21,8 +21,15 @@ def cdiv(numerator: int, denominator: int) -> int:
 
 # How a value's type is named in messages: JSON's names for the types a parsed JSON body holds (an HTTP
 # request's fields and a Python caller's arguments are described alike), the class name for anything else.
-JSON_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-                   dict: "an object", type(None): "null"}  # fmt: skip
+JSON_TYPE_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+    type(None): "null",
+}
 
 
 def json_type_name(value: object) -> str:

@@ -77,8 +77,15 @@ class SloInfeasibleError(LabError):
     `best`: the closest any candidate gets (None for memory); `shortfall`: how far off, best / target for a
     latency, target / best for the rate (> 1); `plan`: the SloPlan with every configuration evaluated."""
 
-    def __init__(self, message: str, metric: str, target: float | None, best: float | None, shortfall: float | None,
-                 plan=None):  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        metric: str,
+        target: float | None,
+        best: float | None,
+        shortfall: float | None,
+        plan=None,
+    ):
         super().__init__(message)
         self.metric = metric
         self.target = target
@@ -193,8 +200,20 @@ class LiveEndpointError(LabError):
         self.failure = failure
 
 
-LIVE_FAILURES = ("unresolvable", "refused", "unreachable", "timeout", "reset", "tls", "not-http", "http-status",
-                 "redirect", "too-large", "network", "failed")  # fmt: skip
+LIVE_FAILURES = (
+    "unresolvable",
+    "refused",
+    "unreachable",
+    "timeout",
+    "reset",
+    "tls",
+    "not-http",
+    "http-status",
+    "redirect",
+    "too-large",
+    "network",
+    "failed",
+)
 
 
 class LiveAddressRefusedError(LimitExceededError):

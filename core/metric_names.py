@@ -14,8 +14,13 @@ ENGINE_LABEL = "engine"  # the data-parallel index, as a string ("0" for one eng
 LABELS = (MODEL_NAME_LABEL, ENGINE_LABEL)  # on every metric, in this order
 FINISHED_REASON_LABEL = "finished_reason"  # request_success's own label, after LABELS
 CACHE_CONFIG_LABELS = (
-    "block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization", "num_gpu_blocks", ENGINE_LABEL,
-)  # fmt: skip
+    "block_size",
+    "cache_dtype",
+    "enable_prefix_caching",
+    "gpu_memory_utilization",
+    "num_gpu_blocks",
+    ENGINE_LABEL,
+)
 
 GAUGES: dict[str, tuple[str, ...]] = {
     "kv_cache_usage": (
@@ -52,16 +57,73 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # a gauge of value 1 whose labels carry the cache config
 
 TTFT_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-    160.0, 640.0, 2560.0,
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 ITL_BUCKETS = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 REQUEST_LATENCY_BUCKETS = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
-    1920.0, 7680.0,
-)  # fmt: skip
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
     "ttft": TTFT_BUCKETS,

@@ -146,11 +146,22 @@ class Host:
         for index in range(replicas):
             replica_port = free_port()
             command = [
-                sys.executable, "-m", "streamlit", "run", "app.py",
-                "--server.headless", "true", "--server.address", "127.0.0.1", "--server.port", str(replica_port),
-                "--server.fileWatcherType", "none",
-                "--browser.gatherUsageStats", "false",
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                "app.py",
+                "--server.headless",
+                "true",
+                "--server.address",
+                "127.0.0.1",
+                "--server.port",
+                str(replica_port),
+                "--server.fileWatcherType",
+                "none",
+                "--browser.gatherUsageStats",
+                "false",
+            ]
             self.replicas.append(Child(f"replica {index + 1}", command, env, health_port=replica_port))
         config = self.runtime / "nginx.conf"
         config.write_text(

@@ -117,18 +117,26 @@ def streamlit_server():
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [
-                sys.executable, "-m", "streamlit", "run", "app.py",
-                "--server.headless", "true",
-                "--server.port", str(port),
-                "--server.address", "127.0.0.1",
-                "--browser.gatherUsageStats", "false",
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                "app.py",
+                "--server.headless",
+                "true",
+                "--server.port",
+                str(port),
+                "--server.address",
+                "127.0.0.1",
+                "--browser.gatherUsageStats",
+                "false",
             ],
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
             # the browser tests' own core.serve listens on free loopback ports, not the lab server's defaults
             env={**os.environ, "PAGED_LAB_LIVE_HOSTS": "127.0.0.1"},
-        )  # fmt: skip
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 60
@@ -209,8 +217,11 @@ TEAM_HOST_TESTS = ("tests/hosting/test_host.py", "tests/hosting/test_docker.py",
 ENGINE_BROWSER_TESTS = ("tests/app/test_browser_engine.py", "tests/app/test_browser_offline.py")
 # AppTest files in one process, in this order: the SLO planner's and the Engine page's defaults (~15 s and ~10 s)
 # the page tests compute are in the process-wide job pool's cache when the hostile-URL tests open those pages.
-APP_DEFAULT_TESTS = ("tests/app/test_engine_chat.py", "tests/app/test_slo_planner_page.py",
-                     "tests/hosting/test_hostile_urls.py")  # fmt: skip
+APP_DEFAULT_TESTS = (
+    "tests/app/test_engine_chat.py",
+    "tests/app/test_slo_planner_page.py",
+    "tests/hosting/test_hostile_urls.py",
+)
 TOGETHER = (TEAM_HOST_TESTS, ENGINE_BROWSER_TESTS, APP_DEFAULT_TESTS)  # each: one unit of work, in its order
 
 

@@ -55,8 +55,16 @@ def test_every_error_survives_a_pickle_round_trip(cls):
 def test_the_errors_with_fields_are_covered():
     """The discovery above finds the errors that carry fields (it would pass vacuously on an empty list)."""
     with_fields = {c.__name__ for c in _all_subclasses(errors.LabError) if _build(c)[1]}
-    assert {"OutOfBlocksError", "JobFailedError", "MemoryBudgetError", "ModelTooLargeError", "LimitConfigError",
-            "LimitExceededError", "QueueFullError", "SchedulerStuckError"} <= with_fields  # fmt: skip
+    assert {
+        "OutOfBlocksError",
+        "JobFailedError",
+        "MemoryBudgetError",
+        "ModelTooLargeError",
+        "LimitConfigError",
+        "LimitExceededError",
+        "QueueFullError",
+        "SchedulerStuckError",
+    } <= with_fields
 
 
 def test_the_stuck_verdict_is_one_message_for_every_driver():

@@ -140,23 +140,36 @@ def _start(shared: Path) -> RealVLLM:
         "topic": TOPIC,
     }
     config = VLLMServeConfig(
-        model_dir=str(folder), served_name=SERVED_NAME, block_size=BLOCK_SIZE,
-        kv_cache_space_gib=KV_CACHE_SPACE_GIB, max_model_len=MAX_MODEL_LEN,
-        num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE, threads=2, kv_events=kv_events,
-        extra_args=EAGER, extra_env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
-    )  # fmt: skip
+        model_dir=str(folder),
+        served_name=SERVED_NAME,
+        block_size=BLOCK_SIZE,
+        kv_cache_space_gib=KV_CACHE_SPACE_GIB,
+        max_model_len=MAX_MODEL_LEN,
+        num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE,
+        threads=2,
+        kv_events=kv_events,
+        extra_args=EAGER,
+        extra_env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
+    )
     process = VLLMServer(config, log_path=shared / "real-vllm.log")
     try:
         process.start(timeout_s=START_TIMEOUT_S)
     except VLLMUnavailableError as err:
         pytest.fail(str(err))
     return RealVLLM(
-        url=process.url, model=SERVED_NAME, model_dir=str(folder), block_size=BLOCK_SIZE,
-        kv_cache_space_gib=KV_CACHE_SPACE_GIB, num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE,
-        max_model_len=MAX_MODEL_LEN, events_endpoint=kv_events["endpoint"],
-        replay_endpoint=kv_events["replay_endpoint"], topic=TOPIC, pid=process.process.pid,
+        url=process.url,
+        model=SERVED_NAME,
+        model_dir=str(folder),
+        block_size=BLOCK_SIZE,
+        kv_cache_space_gib=KV_CACHE_SPACE_GIB,
+        num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE,
+        max_model_len=MAX_MODEL_LEN,
+        events_endpoint=kv_events["endpoint"],
+        replay_endpoint=kv_events["replay_endpoint"],
+        topic=TOPIC,
+        pid=process.process.pid,
         log_path=str(process.log_path),
-    )  # fmt: skip
+    )
 
 
 def _kill(pid: int) -> None:

@@ -131,8 +131,9 @@ def draw_lookup(live: LiveInputs) -> None:
             "Type a prompt sent to the server before (in the box above) to see where its prefix is cached."
         )
         return
-    request = LookupRequest(values["lookup"], values["lookup_as"], values["hash_algo"], values["hash_seed"],
-                            values["cache_salt"])  # fmt: skip
+    request = LookupRequest(
+        values["lookup"], values["lookup_as"], values["hash_algo"], values["hash_seed"], values["cache_salt"]
+    )
     trees = {f"rank {r}": sub.tree for r, sub in enumerate(watch.subscribers)}
     answer = answer_lookup(request, trees, sources.urls[0] if sources.urls else None)
     if answer.error:
@@ -150,14 +151,19 @@ def draw_fleet_prefixes(watch: LiveWatch) -> None:
     st.dataframe(
         pd.DataFrame(
             [
-                {"replica": r.name, "cached blocks": r.blocks, "prefixes (first blocks)": r.prefixes,
-                 "also cached elsewhere": r.shared, "chain unknown": r.orphans}
+                {
+                    "replica": r.name,
+                    "cached blocks": r.blocks,
+                    "prefixes (first blocks)": r.prefixes,
+                    "also cached elsewhere": r.shared,
+                    "chain unknown": r.orphans,
+                }
                 for r in fleet.replicas
             ]
         ),
         hide_index=True,
         width="stretch",
-    )  # fmt: skip
+    )
     st.caption(
         f"{fleet.duplicated_blocks:,} of {fleet.distinct_blocks:,} distinct cached blocks are held by several "
         f"replicas at once ({fleet.extra_copies:,} blocks of memory spent twice or more), matched by their tokens. "

@@ -204,11 +204,25 @@ def comparison_figure(c: Comparison) -> go.Figure:
     kinds = ["KV blocks per replica", f"requests of {c.context_len:,} tokens"]
     planned = [c.planned_blocks, c.planned_concurrency]
     observed = [c.observed_blocks, c.observed_concurrency]
-    fig.add_trace(go.Bar(x=kinds, y=planned, name="planned (capacity planner)", marker_color=PLANNED_COLOR,
-                         text=[f"{v:,}" for v in planned]))  # fmt: skip
+    fig.add_trace(
+        go.Bar(
+            x=kinds,
+            y=planned,
+            name="planned (capacity planner)",
+            marker_color=PLANNED_COLOR,
+            text=[f"{v:,}" for v in planned],
+        )
+    )
     if c.observed_blocks is not None:
-        fig.add_trace(go.Bar(x=kinds, y=observed, name="observed (server)", marker_color=policy_color("paged"),
-                             text=[f"{v:,}" for v in observed]))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=kinds,
+                y=observed,
+                name="observed (server)",
+                marker_color=policy_color("paged"),
+                text=[f"{v:,}" for v in observed],
+            )
+        )
     fig.update_layout(barmode="group")
     fig.update_yaxes(title="blocks / requests (log scale)", type="log")
     return _layout(fig, f"Predicted against observed (blocks of {c.block_size} tokens)")
@@ -241,23 +255,43 @@ def planned_observed_figure(result: PlannedVsObserved, observed_color: str, sour
     observed = [result.observed[k] * 1000 for k in keys]
     signed = [100 * (p - o) / o for p, o in zip(planned, observed, strict=True)]  # planned vs observed, %
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=x, y=observed, name=f"observed ({source})", marker_color=observed_color,
-                         text=[f"{v:,.0f}" for v in observed],
-                         hovertemplate="%{x}<br>observed %{y:,.1f} ms<extra></extra>"))  # fmt: skip
-    fig.add_trace(go.Bar(x=x, y=planned, name="planned (fitted step-time model, simulated)",
-                         marker_color=PLANNED_COLOR,
-                         text=[f"{v:,.0f} ({e:+.0f}%)" for v, e in zip(planned, signed, strict=True)],
-                         hovertemplate="%{x}<br>planned %{y:,.1f} ms<extra></extra>"))  # fmt: skip
+    fig.add_trace(
+        go.Bar(
+            x=x,
+            y=observed,
+            name=f"observed ({source})",
+            marker_color=observed_color,
+            text=[f"{v:,.0f}" for v in observed],
+            hovertemplate="%{x}<br>observed %{y:,.1f} ms<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            x=x,
+            y=planned,
+            name="planned (fitted step-time model, simulated)",
+            marker_color=PLANNED_COLOR,
+            text=[f"{v:,.0f} ({e:+.0f}%)" for v, e in zip(planned, signed, strict=True)],
+            hovertemplate="%{x}<br>planned %{y:,.1f} ms<extra></extra>",
+        )
+    )
     if result.prior is not None:
         prior = [result.prior.get(k) for k in keys]
-        fig.add_trace(go.Bar(
-            x=x, y=[None if v is None else v * 1000 for v in prior],
-            name="SLO planner (vLLM profile, not fitted)", marker_color=PRIOR_COLOR,
-            text=[_vs_observed(v, o) for v, o in zip(prior, observed, strict=True)],
-            hovertemplate="%{x}<br>SLO planner %{y:,.1f} ms<extra></extra>",
-        ))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=x,
+                y=[None if v is None else v * 1000 for v in prior],
+                name="SLO planner (vLLM profile, not fitted)",
+                marker_color=PRIOR_COLOR,
+                text=[_vs_observed(v, o) for v, o in zip(prior, observed, strict=True)],
+                hovertemplate="%{x}<br>SLO planner %{y:,.1f} ms<extra></extra>",
+            )
+        )
     fig.update_layout(barmode="group")
     fig.update_yaxes(title="latency (ms, log scale)", type="log")
     w = result.window
-    return _layout(fig, f"Planned vs observed over {w.seconds:,.0f} s ({w.requests:,.0f} requests, "
-                        f"{w.request_rate:,.2f} req/s)")  # fmt: skip
+    return _layout(
+        fig,
+        f"Planned vs observed over {w.seconds:,.0f} s ({w.requests:,.0f} requests, "
+        f"{w.request_rate:,.2f} req/s)",
+    )

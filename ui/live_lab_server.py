@@ -33,8 +33,14 @@ def lab_server_controls(state: UrlState, limits: Limits) -> None:
     running = server is not None and server.running
     c1, c2, c3 = st.columns([2, 1, 3])
     with c1:
-        model = state.widget(st.radio, "Lab server model", "lab_model", horizontal=True, disabled=running,
-                             format_func=LAB_MODEL_LABELS.get)  # fmt: skip
+        model = state.widget(
+            st.radio,
+            "Lab server model",
+            "lab_model",
+            horizontal=True,
+            disabled=running,
+            format_func=LAB_MODEL_LABELS.get,
+        )
     if not running and c2.button("Start a lab server", type="primary", key="lab_start"):
         server = lab_server_for(model)
         if server is None:

@@ -165,8 +165,10 @@ def draw_planned_vs_observed(live: LiveInputs) -> None:
     st.plotly_chart(planned_observed_figure(plan.result, colors[source], source), width="stretch")
     fit = plan.result.fit
     if not fit.converged:
-        st.warning(f"The fit did not converge (held at a bound: {', '.join(fit.at_bound) or 'none'}): this model "
-                   "and hardware cannot reproduce the window's means; check the model, GPU and limits.")  # fmt: skip
+        st.warning(
+            f"The fit did not converge (held at a bound: {', '.join(fit.at_bound) or 'none'}): this model "
+            "and hardware cannot reproduce the window's means; check the model, GPU and limits."
+        )
     st.caption(
         f"Planned with {plan.planned_with}: the step-time model's overhead ({1000 * fit.model.overhead_s:,.1f} ms "
         f"per step) and FLOP/s ({100 * fit.flops_vs_roof:.0f}% of the roof) fitted so that the simulator "

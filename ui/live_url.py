@@ -40,18 +40,40 @@ FIELDS = [
     Field("tp", 1, "int", minimum=1, maximum=64, step=1, label="tensor parallel"),
     Field("context", 4096, "int", minimum=1, maximum=10_000_000, step=256, label="context tokens"),
     Field("lab_model", LAB_MODELS[0], "choice", (*LAB_MODELS, VLLM_CHOICE), label="lab server model"),
-    Field("pvo_window", 120.0, "float", minimum=10.0, maximum=3600.0, step=10.0,
-          label="planned vs observed window (s)"),
-    Field("pvo_seqs", 0, "int", minimum=0, maximum=65_536, step=1, label="max_num_seqs (0: the server's default)"),
-    Field("pvo_tokens", 0, "int", minimum=0, maximum=1_048_576, step=256,
-          label="max_num_batched_tokens (0: the server's default)"),
+    Field(
+        "pvo_window",
+        120.0,
+        "float",
+        minimum=10.0,
+        maximum=3600.0,
+        step=10.0,
+        label="planned vs observed window (s)",
+    ),
+    Field(
+        "pvo_seqs",
+        0,
+        "int",
+        minimum=0,
+        maximum=65_536,
+        step=1,
+        label="max_num_seqs (0: the server's default)",
+    ),
+    Field(
+        "pvo_tokens",
+        0,
+        "int",
+        minimum=0,
+        maximum=1_048_576,
+        step=256,
+        label="max_num_batched_tokens (0: the server's default)",
+    ),
     Field("lookup", "", "str", max_length=20_000, label="prompt to look up"),
     Field("lookup_as", LOOKUP_AS[0], "choice", LOOKUP_AS, label="read the prompt as"),
     Field("hash_algo", VLLM_HASH_ALGOS[0], "choice", VLLM_HASH_ALGOS, label="the server's block hash"),
     Field("hash_seed", DEFAULT_NONE_HASH_SEED, "str", max_length=100, label="the server's NONE_HASH seed"),
     Field("cache_salt", "", "str", max_length=200, label="cache_salt"),
     Field("pvo_config", "", "str", max_length=8000, label="the served model's config.json (encoded)"),
-]  # fmt: skip
+]
 
 
 def split_urls(text: str) -> list[str]:

@@ -171,12 +171,21 @@ VIEW_FIELDS = [Field("presets", False, "bool", label="show the presets")]
 # vLLM on a CPU: scenario A's model in VLLM_CPU_KVCACHE_SPACE (core.planning.memory.cpu_kv), drawn when `cpu` is on.
 CPU_FIELDS = [
     Field("cpu", False, "bool", label="plan vLLM on a CPU"),
-    Field("cpu_gib", 4, "int", minimum=1, maximum=MAX_KV_CACHE_SPACE_GIB, step=1,
-          label="VLLM_CPU_KVCACHE_SPACE, GiB"),
-    Field("cpu_block", CPU_DEFAULT_BLOCK_SIZE, "choice", (32, 64, 128, 256, 512), label="CPU block size, tokens"),
+    Field(
+        "cpu_gib",
+        4,
+        "int",
+        minimum=1,
+        maximum=MAX_KV_CACHE_SPACE_GIB,
+        step=1,
+        label="VLLM_CPU_KVCACHE_SPACE, GiB",
+    ),
+    Field(
+        "cpu_block", CPU_DEFAULT_BLOCK_SIZE, "choice", (32, 64, 128, 256, 512), label="CPU block size, tokens"
+    ),
     Field("cpu_dtype", "auto", "choice", CPU_MODEL_DTYPES, label="vllm serve --dtype"),
     Field("cpu_kvdtype", "auto", "choice", CPU_KV_CACHE_DTYPES, label="CPU KV cache dtype"),
-]  # fmt: skip
+]
 
 ALL_FIELDS = scenario_fields("a_") + scenario_fields("b_") + WORKLOAD_FIELDS + VIEW_FIELDS + CPU_FIELDS
 FIELDS = {field.key: field for field in ALL_FIELDS}

@@ -44,11 +44,19 @@ def lever_inputs(w: Callable[..., Any]) -> None:
     with c2:
         st.markdown("**Speculative decoding**")
         w(st.number_input, "Speculative tokens K (--spec-tokens; 0: none)", "spec_k")
-        w(st.text_input, "Acceptance per position, a1,...,aK (--spec-acceptance)", "spec_acc",
-          help="the probability that draft token i is accepted given the ones before it, each in [0, 1]")  # fmt: skip
+        w(
+            st.text_input,
+            "Acceptance per position, a1,...,aK (--spec-acceptance)",
+            "spec_acc",
+            help="the probability that draft token i is accepted given the ones before it, each in [0, 1]",
+        )
         w(st.selectbox, "Method (--spec-method)", "spec_method")
-        w(st.selectbox, "Draft model (--draft-model, method draft-model)", "draft",
-          format_func=lambda m: MODELS[m].name)  # fmt: skip
+        w(
+            st.selectbox,
+            "Draft model (--draft-model, method draft-model)",
+            "draft",
+            format_func=lambda m: MODELS[m].name,
+        )
     with c3:
         st.markdown("**Disaggregated prefill / decode**")
         w(st.checkbox, "Disaggregated (--disagg: TP, PP and replicas above unused)", "disagg")

@@ -30,8 +30,12 @@ MODES = ("search", "predict")
 MODE_LABELS = {"search": "Cheapest configuration for an SLO", "predict": "Predict my deployment"}
 PERCENTILE_CHOICES = tuple(PERCENTILES)
 # each target: (metric, value field, percentile field, unit: factor from seconds to the field's unit)
-TARGETS = (("ttft", "ttft", "ttft_q", "s", 1.0), ("tpot", "tpot_ms", "tpot_q", "ms", 1e3),
-           ("itl", "itl_ms", "itl_q", "ms", 1e3), ("e2e", "e2e", "e2e_q", "s", 1.0))  # fmt: skip
+TARGETS = (
+    ("ttft", "ttft", "ttft_q", "s", 1.0),
+    ("tpot", "tpot_ms", "tpot_q", "ms", 1e3),
+    ("itl", "itl_ms", "itl_q", "ms", 1e3),
+    ("e2e", "e2e", "e2e_q", "s", 1.0),
+)
 _P_TARGETS = dict(P.targets)
 
 
@@ -53,12 +57,27 @@ def _target_fields() -> list[Field]:
     fields = []
     for metric, value_key, _, unit, factor in TARGETS[2:]:  # ttft / tpot values are the search's fields
         value, _ = _default_target(metric)
-        fields.append(Field(value_key, None if value is None else value * factor, "float", maximum=3600.0 * factor,
-                            step=1.0 if unit == "ms" else 0.1, optional=True,
-                            label=f"{metric.upper()} target, {unit}"))  # fmt: skip
+        fields.append(
+            Field(
+                value_key,
+                None if value is None else value * factor,
+                "float",
+                maximum=3600.0 * factor,
+                step=1.0 if unit == "ms" else 0.1,
+                optional=True,
+                label=f"{metric.upper()} target, {unit}",
+            )
+        )
     for metric, _, q_key, _, _ in TARGETS:
-        fields.append(Field(q_key, _default_target(metric)[1], "choice", PERCENTILE_CHOICES,
-                            label=f"{metric.upper()} target percentile"))  # fmt: skip
+        fields.append(
+            Field(
+                q_key,
+                _default_target(metric)[1],
+                "choice",
+                PERCENTILE_CHOICES,
+                label=f"{metric.upper()} target percentile",
+            )
+        )
     return fields
 
 
@@ -136,8 +155,23 @@ FIELDS = [
     Field("seed", D.seed, "int", minimum=0, maximum=2**31 - 1, step=1, label="seed"),
     *PREDICT_FIELDS,
 ]
-SHARED_KEYS = ("model", "rate", "prompt_len", "output_len", "spread", "ttft", "tpot_ms", "itl_ms", "e2e", "ttft_q",
-               "tpot_q", "itl_q", "e2e_q", "engine", "seed")  # fmt: skip
+SHARED_KEYS = (
+    "model",
+    "rate",
+    "prompt_len",
+    "output_len",
+    "spread",
+    "ttft",
+    "tpot_ms",
+    "itl_ms",
+    "e2e",
+    "ttft_q",
+    "tpot_q",
+    "itl_q",
+    "e2e_q",
+    "engine",
+    "seed",
+)
 MODE_KEYS = {
     "search": ("mode", *SHARED_KEYS, "gpus", "max_gpus", "kv", "weights", "rates", "disagg_too"),
     "predict": ("mode", *SHARED_KEYS, *(f.key for f in PREDICT_FIELDS)),
@@ -154,12 +188,21 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
     """The search's inputs as `SloPlannerParams` (targets in seconds, each at its percentile). Builds nothing
     that can fail: core's checks run in `SloPlannerParams.check`."""
     return SloPlannerParams(
-        model=values["model"], rate=float(values["rate"]), prompt_len=int(values["prompt_len"]),
-        output_len=int(values["output_len"]), length_spread=float(values["spread"]), targets=targets_from(values),
-        chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])), gpus=tuple(values["gpus"]),
-        max_gpus=int(values["max_gpus"]), kv_dtypes=tuple(values["kv"]), weight_dtypes=tuple(values["weights"]),
-        engine=values["engine"], seed=int(values["seed"]), disagg=bool(values["disagg_too"]),
-    )  # fmt: skip
+        model=values["model"],
+        rate=float(values["rate"]),
+        prompt_len=int(values["prompt_len"]),
+        output_len=int(values["output_len"]),
+        length_spread=float(values["spread"]),
+        targets=targets_from(values),
+        chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])),
+        gpus=tuple(values["gpus"]),
+        max_gpus=int(values["max_gpus"]),
+        kv_dtypes=tuple(values["kv"]),
+        weight_dtypes=tuple(values["weights"]),
+        engine=values["engine"],
+        seed=int(values["seed"]),
+        disagg=bool(values["disagg_too"]),
+    )
 
 
 def _optional(value, factor: float = 1.0) -> float | None:
@@ -181,19 +224,38 @@ def predict_params_from(values: dict[str, Any]) -> SloPredictParams:
     Builds nothing that can fail: core's checks run in `SloPredictParams.check`. The draft model counts only
     for the draft-model method (None otherwise, as the CLI takes --draft-model)."""
     return SloPredictParams(
-        model=values["model"], gpu=values["gpu"], tp=int(values["tp"]), pp=int(values["pp"]),
-        replicas=int(values["replicas"]), max_num_seqs=int(values["seqs"]), weight_dtype=values["weight_dtype"],
-        kv_dtype=values["kv_dtype"], engine=values["engine"], load_kind=values["load"], rate=float(values["rate"]),
-        concurrency=int(values["clients"]), prompt_len=int(values["prompt_len"]),
-        output_len=int(values["output_len"]), length_spread=float(values["spread"]), seed=int(values["seed"]),
-        targets=targets_from(values), shared_prefix_len=int(values["prefix_len"]),
-        num_prefixes=int(values["prefixes"]), prefix_zipf=_optional(values["zipf"]), turns=int(values["turns"]),
+        model=values["model"],
+        gpu=values["gpu"],
+        tp=int(values["tp"]),
+        pp=int(values["pp"]),
+        replicas=int(values["replicas"]),
+        max_num_seqs=int(values["seqs"]),
+        weight_dtype=values["weight_dtype"],
+        kv_dtype=values["kv_dtype"],
+        engine=values["engine"],
+        load_kind=values["load"],
+        rate=float(values["rate"]),
+        concurrency=int(values["clients"]),
+        prompt_len=int(values["prompt_len"]),
+        output_len=int(values["output_len"]),
+        length_spread=float(values["spread"]),
+        seed=int(values["seed"]),
+        targets=targets_from(values),
+        shared_prefix_len=int(values["prefix_len"]),
+        num_prefixes=int(values["prefixes"]),
+        prefix_zipf=_optional(values["zipf"]),
+        turns=int(values["turns"]),
         turn_gap_s=float(values["turn_gap"]),
-        spec_tokens=int(values["spec_k"]), spec_acceptance=str(values["spec_acc"]).strip(),
+        spec_tokens=int(values["spec_k"]),
+        spec_acceptance=str(values["spec_acc"]).strip(),
         spec_method=values["spec_method"],
-        draft_model=values["draft"] if values["spec_method"] == "draft-model" else None, disagg=bool(values["disagg"]),
-        prefill_workers=int(values["p_workers"]), prefill_tp=int(values["p_tp"]),
-        decode_workers=int(values["d_workers"]), decode_tp=int(values["d_tp"]),
+        draft_model=values["draft"] if values["spec_method"] == "draft-model" else None,
+        disagg=bool(values["disagg"]),
+        prefill_workers=int(values["p_workers"]),
+        prefill_tp=int(values["p_tp"]),
+        decode_workers=int(values["d_workers"]),
+        decode_tp=int(values["d_tp"]),
         kv_link=None if values["kv_link"] == "auto" else values["kv_link"],
-        kv_offload_gib=float(values["offload"]), offload_policy=values["offload_policy"],
-    )  # fmt: skip
+        kv_offload_gib=float(values["offload"]),
+        offload_policy=values["offload_policy"],
+    )

@@ -129,9 +129,12 @@ def _open(path: Path, compiler: str, isa: str, flags: tuple[str, ...]) -> dict:
     fn = lib.paged_rows_out
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = (
-        [ptr, i64, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, ptr, ptr, ctypes.c_int]
-        + [i64] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, i64, i64]
-    )  # fmt: skip
+        [ptr, i64, i64, i64]
+        + [ptr, i64, i64, i64] * 2
+        + [ptr, i64, ptr, ptr, ctypes.c_int]
+        + [i64] * 5
+        + [ctypes.c_float, ctypes.c_int, ctypes.c_int, i64, i64]
+    )
     fn.restype = ctypes.c_int
     lib.paged_rows_isa.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     lib.paged_rows_isa.restype = ctypes.c_char_p
@@ -243,14 +246,28 @@ def cpu_paged_rows(
     result = out if direct else torch.empty(rows.shape, dtype=out_dtype)
     threads = torch.get_num_threads()
     status = fn(
-        rows.data_ptr(), *rows.stride()[:3],
-        key_cache.data_ptr(), *key_cache.stride()[:3],
-        value_cache.data_ptr(), *value_cache.stride()[:3],
-        table.data_ptr(), table.stride(0), pos.data_ptr(), result.data_ptr(), DTYPE_CODES[out_dtype],
-        num_seqs, num_kv_heads, num_rows, head_dim, key_cache.shape[1], float(scale),
-        DTYPE_CODES[rows.dtype], threads, head_split(num_seqs, num_kv_heads, threads),
+        rows.data_ptr(),
+        *rows.stride()[:3],
+        key_cache.data_ptr(),
+        *key_cache.stride()[:3],
+        value_cache.data_ptr(),
+        *value_cache.stride()[:3],
+        table.data_ptr(),
+        table.stride(0),
+        pos.data_ptr(),
+        result.data_ptr(),
+        DTYPE_CODES[out_dtype],
+        num_seqs,
+        num_kv_heads,
+        num_rows,
+        head_dim,
+        key_cache.shape[1],
+        float(scale),
+        DTYPE_CODES[rows.dtype],
+        threads,
+        head_split(num_seqs, num_kv_heads, threads),
         FULL_WINDOW if window is None else int(window),
-    )  # fmt: skip
+    )
     if status != 0:
         raise MemoryError("the C paged-attention kernel could not allocate its scratch memory")
     if direct:

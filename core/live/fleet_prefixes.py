@@ -76,9 +76,15 @@ def fleet_prefixes(trees: Mapping[str, CachedBlockTree], pool: Pool = (0, DEFAUL
         roots = [h for h, b in blocks.items() if b.parent_hash is None]
         for h in roots:
             first.setdefault(blocks[h].token_ids, []).append(name)
-        replicas.append(ReplicaPrefixes(name, len(blocks), len(roots),
-                                        sum(1 for key in keys.values() if holders[key] > 1),
-                                        len(blocks) - len(keys)))  # fmt: skip
+        replicas.append(
+            ReplicaPrefixes(
+                name,
+                len(blocks),
+                len(roots),
+                sum(1 for key in keys.values() if holders[key] > 1),
+                len(blocks) - len(keys),
+            )
+        )
     orphans = sum(r.orphans for r in replicas)
     listed = sorted(first.items(), key=lambda item: (-len(item[1]), item[0]))
     return FleetPrefixes(

@@ -78,8 +78,10 @@ def observe_window(before: VllmMetrics, after: VllmMetrics, seconds: float) -> O
     core.serve publish them all)."""
     if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
         raise InvalidArgumentError(f"the window must last a positive number of seconds, got {seconds!r}")
-    parts = {name: _delta(before, after, name) for name in (*REQUIRED, "request_tpot", "decode_time",
-                                                            "queue_time", "iteration_tokens")}  # fmt: skip
+    parts = {
+        name: _delta(before, after, name)
+        for name in (*REQUIRED, "request_tpot", "decode_time", "queue_time", "iteration_tokens")
+    }
     missing = [name for name in REQUIRED if parts[name] is None]
     if missing:
         raise InvalidArgumentError(

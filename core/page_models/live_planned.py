@@ -173,17 +173,22 @@ def live_plan(
     try:
         window = observe_window(before, after, seconds)
         if window.requests < MIN_REQUESTS:
-            return LivePlan(None, f"The last {seconds:,.0f} s finished {window.requests:,.0f} request(s); planned "
-                                  f"vs observed needs {MIN_REQUESTS} (more traffic, or a longer window).")  # fmt: skip
+            return LivePlan(
+                None,
+                f"The last {seconds:,.0f} s finished {window.requests:,.0f} request(s); planned "
+                f"vs observed needs {MIN_REQUESTS} (more traffic, or a longer window).",
+            )
         base, planned_with, kind = _base(after, values, roofs, config)
         seqs_default, tokens_default = {"core.serve": CORE_SERVE_DEFAULTS, "cpu": VLLM_CPU_DEFAULTS}.get(
             kind, VLLM_DEFAULTS
         )
         max_len = config.max_model_len if config is not None and config.max_model_len else MAX_MODEL_LEN
         limits = limits_from_metrics(
-            after, max_num_seqs=int(values["pvo_seqs"]) or seqs_default,
-            max_num_batched_tokens=int(values["pvo_tokens"]) or tokens_default, max_model_len=max_len,
-        )  # fmt: skip
+            after,
+            max_num_seqs=int(values["pvo_seqs"]) or seqs_default,
+            max_num_batched_tokens=int(values["pvo_tokens"]) or tokens_default,
+            max_model_len=max_len,
+        )
         headroom = (
             1.0 if kind == "gpu" else MEASURED_ROOF_HEADROOM
         )  # a GPU's datasheet peak, or a measured roof

@@ -170,8 +170,10 @@ def _over_ranks(p: CapacityPlan) -> str:
     """ " per replica" (or " per DP rank") and, with more than one, the total over the ranks and replicas."""
     if p.data_parallel > 1:
         replicas = f" × {p.replicas} replicas" if p.replicas > 1 else ""
-        return (f" per DP rank (each its own KV cache) × {p.data_parallel} DP ranks{replicas} = "
-                f"**{p.max_concurrency_total:,}**")  # fmt: skip
+        return (
+            f" per DP rank (each its own KV cache) × {p.data_parallel} DP ranks{replicas} = "
+            f"**{p.max_concurrency_total:,}**"
+        )
     return " per replica" + (
         f" × {p.replicas} replicas = **{p.max_concurrency_total:,}**" if p.replicas > 1 else ""
     )

@@ -25,9 +25,29 @@ from core.serving.workload import alpaca, fixed, sharegpt, uniform
 CUSTOM = "custom"
 WORKLOADS = ("sharegpt", "alpaca", "fixed", "uniform")
 SCENARIO_KEYS = (
-    "model", "config", "gpu", "gpu_mem", "gpu_bw", "gpu_tflops", "gpus", "tp", "pp", "wdtype", "kvdtype",
-    "util", "block", "ctx", "act", "seqs", "mbt", "hybrid", "ckpt", "offload", "dp", "ep",
-)  # fmt: skip
+    "model",
+    "config",
+    "gpu",
+    "gpu_mem",
+    "gpu_bw",
+    "gpu_tflops",
+    "gpus",
+    "tp",
+    "pp",
+    "wdtype",
+    "kvdtype",
+    "util",
+    "block",
+    "ctx",
+    "act",
+    "seqs",
+    "mbt",
+    "hybrid",
+    "ckpt",
+    "offload",
+    "dp",
+    "ep",
+)
 WORKLOAD_KEYS = ("wl", "wl_n", "wl_prompt", "wl_output", "wl_seed")
 GiB = 1024**3
 
@@ -222,8 +242,13 @@ def cpu_plan(values: Mapping[str, Any]) -> CpuKVPlan:
     max_num_batched_tokens and hybrid setting (`core.planning.memory.cpu_kv`); raises InvalidArgumentError."""
     return plan_cpu_kv(
         CpuKVInputs.from_space_gib(
-            build_model(values, "a_"), values["cpu_gib"], block_size=values["cpu_block"],
-            dtype=values["cpu_dtype"], kv_cache_dtype=values["cpu_kvdtype"], max_model_len=values["a_ctx"],
-            max_num_batched_tokens=values["a_mbt"], hybrid_kv_cache_manager=values["a_hybrid"],
+            build_model(values, "a_"),
+            values["cpu_gib"],
+            block_size=values["cpu_block"],
+            dtype=values["cpu_dtype"],
+            kv_cache_dtype=values["cpu_kvdtype"],
+            max_model_len=values["a_ctx"],
+            max_num_batched_tokens=values["a_mbt"],
+            hybrid_kv_cache_manager=values["a_hybrid"],
         )
-    )  # fmt: skip
+    )

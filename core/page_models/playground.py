@@ -245,8 +245,9 @@ class Playground:
     def _hashes(self, tokens: list[int]) -> list[int]:
         """The chain hash of each full block of `tokens` (the keys the pool and the host tier use)."""
         hashes: list[int] = []
-        extend_block_hashes(hashes, tokens, self.config.block_size, len(tokens) // self.config.block_size,
-                            hash_block_tokens)  # fmt: skip
+        extend_block_hashes(
+            hashes, tokens, self.config.block_size, len(tokens) // self.config.block_size, hash_block_tokens
+        )
         return hashes
 
     def _load_host_hits(

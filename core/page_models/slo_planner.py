@@ -63,9 +63,13 @@ class SloPlannerParams:
 
     def candidates(self) -> SloCandidates:
         return SloCandidates(
-            gpus=self.gpus, max_gpus=self.max_gpus, kv_dtypes=self.kv_dtypes, weight_dtypes=self.weight_dtypes,
-            engine=self.engine, disagg=self.disagg,
-        )  # fmt: skip
+            gpus=self.gpus,
+            max_gpus=self.max_gpus,
+            kv_dtypes=self.kv_dtypes,
+            weight_dtypes=self.weight_dtypes,
+            engine=self.engine,
+            disagg=self.disagg,
+        )
 
     def chart_keys(self) -> tuple[str, str]:
         """The percentile keys the chart draws: TTFT and TPOT at `chart_percentiles`."""
@@ -73,8 +77,11 @@ class SloPlannerParams:
 
     def check(self) -> None:
         """Raise core's InvalidArgumentError for any bad input (before a job is submitted)."""
-        for values, what in ((self.gpus, "GPU type"), (self.kv_dtypes, "KV cache dtype"),
-                             (self.weight_dtypes, "weight dtype")):  # fmt: skip
+        for values, what in (
+            (self.gpus, "GPU type"),
+            (self.kv_dtypes, "KV cache dtype"),
+            (self.weight_dtypes, "weight dtype"),
+        ):
             if not values:
                 raise InvalidArgumentError(f"choose at least one {what} to search over")
         self.slo()
@@ -173,8 +180,10 @@ def config_label(config: SloConfig) -> str:
     """ "2 x H100 SXM 80GB, tp 2, max_num_seqs 256, KV fp8" (pp and replicas only when > 1, weights when not
     auto); a disaggregated one with its split (`config_layout`)."""
     if config.mode == "disagg":
-        return f"{config.num_gpus} x {config.gpu_name}, {config_layout(config)}, max_num_seqs " \
-               f"{config.max_num_seqs}, KV {config.kv_dtype}"  # fmt: skip
+        return (
+            f"{config.num_gpus} x {config.gpu_name}, {config_layout(config)}, max_num_seqs "
+            f"{config.max_num_seqs}, KV {config.kv_dtype}"
+        )
     parts = [f"{config.num_gpus} x {config.gpu_name}", f"tp {config.tp}"]
     if config.pp > 1:
         parts.append(f"pp {config.pp}")
@@ -234,12 +243,19 @@ def serve_command(params: SloPlannerParams, config: SloConfig) -> str:
     if config.mode == "disagg":
         return disagg_serve_command(disagg_deployment(params, config), params.workload())
     capacity = plan(
-        get_model(params.model), GPUS[config.gpu], num_gpus=config.num_gpus, tensor_parallel=config.tp,
-        pipeline_parallel=config.pp, weight_dtype=config.weight_dtype, kv_dtype=config.kv_dtype,
-        gpu_memory_utilization=cands.gpu_memory_utilization, block_size=cands.block_size,
-        max_model_len=params.workload().max_len, max_num_seqs=config.max_num_seqs,
+        get_model(params.model),
+        GPUS[config.gpu],
+        num_gpus=config.num_gpus,
+        tensor_parallel=config.tp,
+        pipeline_parallel=config.pp,
+        weight_dtype=config.weight_dtype,
+        kv_dtype=config.kv_dtype,
+        gpu_memory_utilization=cands.gpu_memory_utilization,
+        block_size=cands.block_size,
+        max_model_len=params.workload().max_len,
+        max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=cands.max_num_batched_tokens,
-    )  # fmt: skip
+    )
     return capacity.vllm_command
 
 
@@ -247,19 +263,27 @@ def disagg_deployment(params: SloPlannerParams, config: SloConfig) -> DisaggDepl
     """A disaggregated row as the `DisaggDeployment` the search evaluated (its pools, settings and engine)."""
     cands = params.candidates()
     return DisaggDeployment.of(
-        get_model(params.model), GPUS[config.gpu], (config.prefill_workers, config.prefill_tp),
-        (config.decode_workers, config.decode_tp), max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=cands.max_num_batched_tokens, weight_dtype=config.weight_dtype,
-        kv_dtype=config.kv_dtype, engine=cands.engine, block_size=cands.block_size,
+        get_model(params.model),
+        GPUS[config.gpu],
+        (config.prefill_workers, config.prefill_tp),
+        (config.decode_workers, config.decode_tp),
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=cands.max_num_batched_tokens,
+        weight_dtype=config.weight_dtype,
+        kv_dtype=config.kv_dtype,
+        engine=cands.engine,
+        block_size=cands.block_size,
         gpu_memory_utilization=cands.gpu_memory_utilization,
-    )  # fmt: skip
+    )
 
 
 def config_layout(config: SloConfig) -> str:
     """ "tp 2, pp 1, 2 replicas", or for a disaggregated one "1 prefill x tp 1 + 2 decode x tp 1"."""
     if config.mode == "disagg":
-        return (f"{config.prefill_workers} prefill x tp {config.prefill_tp} + {config.decode_workers} decode x "
-                f"tp {config.decode_tp}")  # fmt: skip
+        return (
+            f"{config.prefill_workers} prefill x tp {config.prefill_tp} + {config.decode_workers} decode x "
+            f"tp {config.decode_tp}"
+        )
     return f"tp {config.tp}, pp {config.pp}, {config.replicas} replica(s)"
 
 
@@ -278,19 +302,38 @@ def table_rows(plan: SloPlan, params: SloPlannerParams, rates: tuple = ()) -> li
     highest = {r.key: r.max_req_per_s for r in rates}
     rows = []
     for i, c in enumerate(plan.configs):
-        row = {"rank": i + 1, "meets SLO": c.meets_slo, "GPUs": c.num_gpus, "GPU": c.gpu_name, "TP": c.tp,
-               "PP": c.pp, "replicas": c.replicas, "max_num_seqs": c.max_num_seqs, "KV dtype": c.kv_dtype,
-               "weights": c.weight_dtype, column_name(ttft_key): getattr(c, ttft_key),
-               column_name(tpot_key): _ms(getattr(c, tpot_key))}  # fmt: skip
+        row = {
+            "rank": i + 1,
+            "meets SLO": c.meets_slo,
+            "GPUs": c.num_gpus,
+            "GPU": c.gpu_name,
+            "TP": c.tp,
+            "PP": c.pp,
+            "replicas": c.replicas,
+            "max_num_seqs": c.max_num_seqs,
+            "KV dtype": c.kv_dtype,
+            "weights": c.weight_dtype,
+            column_name(ttft_key): getattr(c, ttft_key),
+            column_name(tpot_key): _ms(getattr(c, tpot_key)),
+        }
         for key in others:
             value = getattr(c, key)
             row[column_name(key)] = value if key.startswith(("ttft", "e2e")) else _ms(value)
-        row |= {"mode": c.mode, "prefill GPUs": c.prefill_gpus, "decode GPUs": c.decode_gpus,
-                "KV transfer (ms)": _ms(c.kv_transfer_s), "output tokens/s": c.throughput_tokens_per_s,
-                "tokens/s per GPU": c.tokens_per_s_per_gpu, "binding": c.binding,
-                "highest rate (req/s)": highest.get(rate_key(c)), "converged": c.converged,
-                "KV-limited": c.kv_limited, "GPUs per req/s": c.gpus_per_request_per_s,
-                "worst / target": c.slo_ratio, "why": c.reason}  # fmt: skip
+        row |= {
+            "mode": c.mode,
+            "prefill GPUs": c.prefill_gpus,
+            "decode GPUs": c.decode_gpus,
+            "KV transfer (ms)": _ms(c.kv_transfer_s),
+            "output tokens/s": c.throughput_tokens_per_s,
+            "tokens/s per GPU": c.tokens_per_s_per_gpu,
+            "binding": c.binding,
+            "highest rate (req/s)": highest.get(rate_key(c)),
+            "converged": c.converged,
+            "KV-limited": c.kv_limited,
+            "GPUs per req/s": c.gpus_per_request_per_s,
+            "worst / target": c.slo_ratio,
+            "why": c.reason,
+        }
         rows.append(row)
     return rows
 
@@ -304,5 +347,13 @@ def column_name(key: str) -> str:
 def rate_key(config: SloConfig) -> tuple:
     """What a highest rate depends on besides the workload and targets: the deployment and its max_num_seqs
     (and its mode: a disaggregated row's decode tp / workers never stand for an aggregated deployment)."""
-    return (config.gpu, config.tp, config.pp, config.replicas, config.max_num_seqs, config.kv_dtype,
-            config.weight_dtype, config.mode)  # fmt: skip
+    return (
+        config.gpu,
+        config.tp,
+        config.pp,
+        config.replicas,
+        config.max_num_seqs,
+        config.kv_dtype,
+        config.weight_dtype,
+        config.mode,
+    )

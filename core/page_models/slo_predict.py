@@ -91,10 +91,20 @@ class SloPredictParams:
 
     def deployment(self) -> Deployment:
         return Deployment(
-            self.model, self.gpu, self.tp, self.pp, self.replicas, self.max_num_seqs, self.max_num_batched_tokens,
-            self.weight_dtype, self.kv_dtype, self.engine, speculation=self.speculation(),
-            kv_offload_gib=self.kv_offload_gib, offload_policy=self.offload_policy,
-        )  # fmt: skip
+            self.model,
+            self.gpu,
+            self.tp,
+            self.pp,
+            self.replicas,
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
+            self.weight_dtype,
+            self.kv_dtype,
+            self.engine,
+            speculation=self.speculation(),
+            kv_offload_gib=self.kv_offload_gib,
+            offload_policy=self.offload_policy,
+        )
 
     def disagg_deployment(self) -> DisaggDeployment:
         """The disaggregated deployment (prefill / decode workers and TPs; as `predict --disagg`). Raises
@@ -105,18 +115,30 @@ class SloPredictParams:
                 "to 0 and PP to 1"
             )
         return DisaggDeployment.of(
-            self.model, self.gpu, (self.prefill_workers, self.prefill_tp), (self.decode_workers, self.decode_tp),
-            self.kv_link, max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, engine=self.engine,
-        )  # fmt: skip
+            self.model,
+            self.gpu,
+            (self.prefill_workers, self.prefill_tp),
+            (self.decode_workers, self.decode_tp),
+            self.kv_link,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            weight_dtype=self.weight_dtype,
+            kv_dtype=self.kv_dtype,
+            engine=self.engine,
+        )
 
     def load(self) -> Load:
         if self.load_kind not in LOAD_KINDS:
             raise InvalidArgumentError(
                 f"load_kind must be one of {', '.join(LOAD_KINDS)}, got {self.load_kind!r}"
             )
-        levers = {"shared_prefix_len": self.shared_prefix_len, "num_prefixes": self.num_prefixes,
-                  "prefix_zipf": self.prefix_zipf, "turns": self.turns, "turn_gap_s": self.turn_gap_s}  # fmt: skip
+        levers = {
+            "shared_prefix_len": self.shared_prefix_len,
+            "num_prefixes": self.num_prefixes,
+            "prefix_zipf": self.prefix_zipf,
+            "turns": self.turns,
+            "turn_gap_s": self.turn_gap_s,
+        }
         if self.load_kind == "rate":
             return Load(self.rate, self.prompt_len, self.output_len, self.length_spread, self.seed, **levers)
         return Load(
@@ -136,13 +158,35 @@ class SloPredictParams:
     def cli_args(self) -> tuple[list[str], list[str]]:
         """(predict flags, max-rate flags) of these inputs: `python -m core.planning predict` / `max-rate`."""
         common = [
-            "--model", self.model, "--gpu", self.gpu, "--tp", str(self.tp), "--pp", str(self.pp),
-            "--replicas", str(self.replicas), "--max-num-seqs", str(self.max_num_seqs),
-            "--max-num-batched-tokens", str(self.max_num_batched_tokens), "--weight-dtype", self.weight_dtype,
-            "--kv-dtype", self.kv_dtype, "--engine", self.engine, "--prompt-len", str(self.prompt_len),
-            "--output-len", str(self.output_len), "--length-spread", repr(float(self.length_spread)),
-            "--seed", str(self.seed),
-        ]  # fmt: skip
+            "--model",
+            self.model,
+            "--gpu",
+            self.gpu,
+            "--tp",
+            str(self.tp),
+            "--pp",
+            str(self.pp),
+            "--replicas",
+            str(self.replicas),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(self.max_num_batched_tokens),
+            "--weight-dtype",
+            self.weight_dtype,
+            "--kv-dtype",
+            self.kv_dtype,
+            "--engine",
+            self.engine,
+            "--prompt-len",
+            str(self.prompt_len),
+            "--output-len",
+            str(self.output_len),
+            "--length-spread",
+            repr(float(self.length_spread)),
+            "--seed",
+            str(self.seed),
+        ]
         common += self._lever_args()
         load = (
             ["--rate", repr(float(self.rate))]
@@ -160,8 +204,11 @@ class SloPredictParams:
     def _lever_args(self) -> list[str]:
         """The prefix and speculation flags that differ from the CLI's defaults."""
         args = []
-        for flag, value, default in (("--shared-prefix-len", self.shared_prefix_len, 0),
-                                     ("--num-prefixes", self.num_prefixes, 1), ("--turns", self.turns, 1)):  # fmt: skip
+        for flag, value, default in (
+            ("--shared-prefix-len", self.shared_prefix_len, 0),
+            ("--num-prefixes", self.num_prefixes, 1),
+            ("--turns", self.turns, 1),
+        ):
             if value != default:
                 args += [flag, str(value)]
         if self.prefix_zipf is not None:
@@ -169,8 +216,14 @@ class SloPredictParams:
         if self.turn_gap_s != DEFAULT_TURN_GAP_S:
             args += ["--turn-gap", repr(float(self.turn_gap_s))]
         if self.spec_tokens:
-            args += ["--spec-tokens", str(self.spec_tokens), "--spec-acceptance", self.spec_acceptance,
-                     "--spec-method", self.spec_method]  # fmt: skip
+            args += [
+                "--spec-tokens",
+                str(self.spec_tokens),
+                "--spec-acceptance",
+                self.spec_acceptance,
+                "--spec-method",
+                self.spec_method,
+            ]
             if self.spec_method == "draft-model" and self.draft_model is not None:
                 args += ["--draft-model", self.draft_model]
         if self.kv_offload_gib:
@@ -183,9 +236,18 @@ class SloPredictParams:
         return args
 
     def _disagg_args(self) -> list[str]:
-        return ["--disagg", "--prefill-workers", str(self.prefill_workers), "--prefill-tp", str(self.prefill_tp),
-                "--decode-workers", str(self.decode_workers), "--decode-tp", str(self.decode_tp),
-                *(["--kv-link", self.kv_link] if self.kv_link is not None else [])]  # fmt: skip
+        return [
+            "--disagg",
+            "--prefill-workers",
+            str(self.prefill_workers),
+            "--prefill-tp",
+            str(self.prefill_tp),
+            "--decode-workers",
+            str(self.decode_workers),
+            "--decode-tp",
+            str(self.decode_tp),
+            *(["--kv-link", self.kv_link] if self.kv_link is not None else []),
+        ]
 
 
 DEFAULT_PREDICT_PARAMS = SloPredictParams()
@@ -225,12 +287,19 @@ def serve_command(deployment: Deployment, load: Load) -> str:
     """The `vllm serve` flags of the whole deployment (the exact planner on all its GPUs: replicas become
     --data-parallel-size; max_model_len the longest request of `load`)."""
     return plan(
-        deployment.model_spec, deployment.gpu_spec, num_gpus=deployment.num_gpus, tensor_parallel=deployment.tp,
-        pipeline_parallel=deployment.pp, weight_dtype=deployment.weight_dtype, kv_dtype=deployment.kv_dtype,
-        gpu_memory_utilization=deployment.gpu_memory_utilization, block_size=deployment.block_size,
-        max_model_len=load.max_len, max_num_seqs=deployment.max_num_seqs,
+        deployment.model_spec,
+        deployment.gpu_spec,
+        num_gpus=deployment.num_gpus,
+        tensor_parallel=deployment.tp,
+        pipeline_parallel=deployment.pp,
+        weight_dtype=deployment.weight_dtype,
+        kv_dtype=deployment.kv_dtype,
+        gpu_memory_utilization=deployment.gpu_memory_utilization,
+        block_size=deployment.block_size,
+        max_model_len=load.max_len,
+        max_num_seqs=deployment.max_num_seqs,
         max_num_batched_tokens=deployment.max_num_batched_tokens,
-    ).vllm_command  # fmt: skip
+    ).vllm_command
 
 
 def in_flight(stable: bool, mean_e2e_s: float | None, deployment: Deployment, load: Load) -> float:
@@ -283,8 +352,13 @@ def highest_rate(params: SloPredictParams, progress: Callable[[float, str], None
     deployment, load = params.deployment(), params.load()
     progress(0.0, "bisecting for the highest rate within the targets")
     rate = max_rate(deployment, load, targets)
-    found = {"max_rate_req_per_s": rate.max_req_per_s, "binding": rate.binding, "targets": targets,
-             "evaluations": rate.evaluations, "deployment": deployment.flags()}  # fmt: skip
+    found = {
+        "max_rate_req_per_s": rate.max_req_per_s,
+        "binding": rate.binding,
+        "targets": targets,
+        "evaluations": rate.evaluations,
+        "deployment": deployment.flags(),
+    }
     return finite(found | (rate.at.to_dict() if rate.at is not None else {}))
 
 
@@ -320,8 +394,10 @@ def disagg_answer(params: SloPredictParams, progress: Callable[[float, str], Non
 
 def disagg_serve_command(deployment: DisaggDeployment, load: Load) -> str:
     """SERVE_NOTE as a comment, then each pool's `vllm serve` flags (its workers as --data-parallel-size)."""
-    pools = ((deployment.prefill, "prefill", deployment.prefill_workers),
-             (deployment.decode, "decode", deployment.decode_workers))  # fmt: skip
+    pools = (
+        (deployment.prefill, "prefill", deployment.prefill_workers),
+        (deployment.decode, "decode", deployment.decode_workers),
+    )
     return f"# {SERVE_NOTE}\n" + "\n".join(
         f"# {name} pool: {workers} worker(s) of tp {pool.tp}\n{serve_command(pool, load)}"
         for pool, name, workers in pools
@@ -375,9 +451,15 @@ def _larger_kv_rows(params: SloPredictParams, progress: Callable[[float, str], N
 
 
 def _kv_row(label: str, num_gpus: int, p: dict) -> dict:
-    return {"deployment": label, "GPUs": num_gpus, "KV slots per replica": p["kv_tokens"],
-            "prefix-hit rate": p["prefix_hit_rate"], "TTFT p50 (s)": p["ttft_p50_s"],
-            "TTFT p99 (s)": p["ttft_p99_s"], "steady state": p["stable"]}  # fmt: skip
+    return {
+        "deployment": label,
+        "GPUs": num_gpus,
+        "KV slots per replica": p["kv_tokens"],
+        "prefix-hit rate": p["prefix_hit_rate"],
+        "TTFT p50 (s)": p["ttft_p50_s"],
+        "TTFT p99 (s)": p["ttft_p99_s"],
+        "steady state": p["stable"],
+    }
 
 
 def _ms(seconds) -> float | None:
@@ -395,9 +477,17 @@ def percentile_rows(prediction: dict, targets: dict[str, float]) -> list[dict]:
             low, high = prediction.get("intervals", {}).get(key, (None, None))
             value, target = prediction.get(key), targets.get(key)
             meets = None if target is None else value is not None and value <= target
-            rows.append({"metric": metric, "percentile": f"p{q}", "predicted (ms)": _ms(value),
-                         "95% interval low (ms)": _ms(low), "95% interval high (ms)": _ms(high),
-                         "target (ms)": _ms(target), "meets target": meets})  # fmt: skip
+            rows.append(
+                {
+                    "metric": metric,
+                    "percentile": f"p{q}",
+                    "predicted (ms)": _ms(value),
+                    "95% interval low (ms)": _ms(low),
+                    "95% interval high (ms)": _ms(high),
+                    "target (ms)": _ms(target),
+                    "meets target": meets,
+                }
+            )
     return rows
 
 

@@ -48,8 +48,11 @@ def highest_rates(
         progress(i / len(configs), f"configuration {i + 1} of {len(configs)}")
         deployment = config_deployment(params.model, config, cands)
         rate = max_rate(deployment, load, targets, step_time=cands.step_time, holds_at=params.rate)
-        found.append(HighestRate(rate_key(config), config_label(config), rate.max_req_per_s, rate.binding,
-                                 rate.evaluations))  # fmt: skip
+        found.append(
+            HighestRate(
+                rate_key(config), config_label(config), rate.max_req_per_s, rate.binding, rate.evaluations
+            )
+        )
     return tuple(found)
 
 

@@ -248,8 +248,11 @@ def _generation(engine: Engine, prompts: list, params: SamplingParams, progress:
         )
     texts = None
     if engine.tokenizer is not None:
-        texts = {tuple(c.token_ids): engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
-                 for o in outputs for c in o.outputs}  # fmt: skip
+        texts = {
+            tuple(c.token_ids): engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            for o in outputs
+            for c in o.outputs
+        }
     return Generation(
         tuple(tuple(o.prompt_token_ids) for o in outputs), tuple(outputs), engine.last_run, texts
     )

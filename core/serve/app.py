@@ -54,8 +54,13 @@ class ServedModel:
 
     @property
     def facts(self) -> ModelFacts:
-        return ModelFacts(self.name, self.engine.config.vocab_size, self.max_model_len,
-                          self.engine.max_num_seqs, self.engine.tokenizer)  # fmt: skip
+        return ModelFacts(
+            self.name,
+            self.engine.config.vocab_size,
+            self.max_model_len,
+            self.engine.max_num_seqs,
+            self.engine.tokenizer,
+        )
 
 
 def build_app(served: ServedModel) -> FastAPI:
@@ -68,10 +73,11 @@ def build_app(served: ServedModel) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException):  # unknown route, wrong method
-        message = {404: f"no route {request.url.path[:100]!r}; this server has /v1/completions, "
-                        "/v1/chat/completions, /tokenize, /detokenize, /v1/models, /health and /metrics",
-                   405: f"{request.method[:20]} is not allowed on {request.url.path[:100]!r}"}.get(
-            err.status_code, str(err.detail))  # fmt: skip
+        message = {
+            404: f"no route {request.url.path[:100]!r}; this server has /v1/completions, "
+            "/v1/chat/completions, /tokenize, /detokenize, /v1/models, /health and /metrics",
+            405: f"{request.method[:20]} is not allowed on {request.url.path[:100]!r}",
+        }.get(err.status_code, str(err.detail))
         return JSONResponse(error_body(message, err.status_code), err.status_code, headers=err.headers)
 
     @app.exception_handler(Exception)
@@ -84,8 +90,15 @@ def build_app(served: ServedModel) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": served.name, "object": "model", "created": int(time.time()), "owned_by": "paged-attention-lab",
-                "root": served.name, "parent": None, "max_model_len": served.max_model_len}  # fmt: skip
+        card = {
+            "id": served.name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "paged-attention-lab",
+            "root": served.name,
+            "parent": None,
+            "max_model_len": served.max_model_len,
+        }
         return {"object": "list", "data": [card]}
 
     @app.get("/metrics")

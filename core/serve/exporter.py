@@ -44,9 +44,15 @@ class FinishedRequest:
 
 class ServerMetrics:
     def __init__(
-        self, model_name: str, *, block_size: int, num_gpu_blocks: int, prefix_caching: bool, dtype: str,
+        self,
+        model_name: str,
+        *,
+        block_size: int,
+        num_gpu_blocks: int,
+        prefix_caching: bool,
+        dtype: str,
         max_model_len: int = 2048,
-    ):  # fmt: skip
+    ):
         self.registry = CollectorRegistry()
         names = list(LABELS)
         labels = (model_name, "0")
@@ -75,9 +81,11 @@ class ServerMetrics:
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
         self._success = Counter(
-            current_name("request_success"), "Count of successfully processed requests.",
-            [*names, FINISHED_REASON_LABEL], registry=reg,
-        )  # fmt: skip
+            current_name("request_success"),
+            "Count of successfully processed requests.",
+            [*names, FINISHED_REASON_LABEL],
+            registry=reg,
+        )
         self._labels = labels
         self.ttft = histogram("ttft", "Histogram of time to first token in seconds.")
         self.itl = histogram("itl", "Histogram of inter-token latency in seconds.")

@@ -44,10 +44,16 @@ VLLM_MAX_MODEL_LEN = 2048
 VLLM_START_S = 600.0  # the first start compiles the model (1-5 minutes on 2 busy cores)
 SYSTEM = "You are a concise assistant for people who run LLM servers. Answer in one or two sentences."
 QUESTIONS = (
-    "What is a KV cache?", "Why does paging help LLM serving?", "What is prefix caching?",
-    "What does a block size of 16 mean?", "When is a request preempted?", "What is continuous batching?",
-    "Why is decoding memory-bound?", "What limits the batch size?", "What is time to first token?",
-)  # fmt: skip
+    "What is a KV cache?",
+    "Why does paging help LLM serving?",
+    "What is prefix caching?",
+    "What does a block size of 16 mean?",
+    "When is a request preempted?",
+    "What is continuous batching?",
+    "Why is decoding memory-bound?",
+    "What limits the batch size?",
+    "What is time to first token?",
+)
 
 
 _STARTED: list["LabServer"] = []
@@ -123,11 +129,29 @@ class LabServer:
         if self.running:
             return
         http, events, replay = self.ports
-        cmd = [sys.executable, "-m", "core.serve", "--model", self.model, "--host", HOST, "--port", str(http),
-               "--num-blocks", str(self.num_blocks), "--enable-prefix-caching", *self.extra_args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "core.serve",
+            "--model",
+            self.model,
+            "--host",
+            HOST,
+            "--port",
+            str(http),
+            "--num-blocks",
+            str(self.num_blocks),
+            "--enable-prefix-caching",
+            *self.extra_args,
+        ]
         if self.events:
-            config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
-                      "endpoint": f"tcp://*:{events}", "replay_endpoint": f"tcp://*:{replay}"}  # fmt: skip
+            config = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "topic": "kv-events",
+                "endpoint": f"tcp://*:{events}",
+                "replay_endpoint": f"tcp://*:{replay}",
+            }
             cmd += ["--kv-events-config", json.dumps(config)]
         self.process = subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -182,12 +206,21 @@ class VLLMLabServer(LabServer):
         folder = export_hf_folder(fetch_model(MODELS[0]), model_cache_dir() / "SmolLM2-135M-Instruct-hf")
         http, events, replay = self.ports
         config = VLLMServeConfig(
-            model_dir=str(folder), served_name=VLLM_SERVED_NAME, block_size=VLLM_BLOCK_SIZE,
-            kv_cache_space_gib=VLLM_KV_CACHE_SPACE_GIB, max_model_len=VLLM_MAX_MODEL_LEN, threads=2,
-            kv_events={"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
-                       "endpoint": f"tcp://{HOST}:{events}", "replay_endpoint": f"tcp://{HOST}:{replay}"},
+            model_dir=str(folder),
+            served_name=VLLM_SERVED_NAME,
+            block_size=VLLM_BLOCK_SIZE,
+            kv_cache_space_gib=VLLM_KV_CACHE_SPACE_GIB,
+            max_model_len=VLLM_MAX_MODEL_LEN,
+            threads=2,
+            kv_events={
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "topic": "kv-events",
+                "endpoint": f"tcp://{HOST}:{events}",
+                "replay_endpoint": f"tcp://{HOST}:{replay}",
+            },
             extra_args=self.extra_args,
-        )  # fmt: skip
+        )
         cmd, env = config.command(vllm.command, http), config.env()
         return cmd, env
 
@@ -197,9 +230,14 @@ class VLLMLabServer(LabServer):
             return
         cmd, env = self.command()
         self.process = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            cmd,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
             start_new_session=True,
-        )  # fmt: skip
+        )
         threading.Thread(target=self._read_log, daemon=True).start()
         _STARTED.append(self)
         atexit.register(self.stop)
@@ -239,9 +277,14 @@ class MixedLoad:
     `model` names the served model in each request (vLLM's OpenAI server takes it; core.serve ignores it)."""
 
     def __init__(
-        self, base_url: str, chat: bool, concurrency: int = 3, max_requests: int = 2_000, seed: int = 0,
+        self,
+        base_url: str,
+        chat: bool,
+        concurrency: int = 3,
+        max_requests: int = 2_000,
+        seed: int = 0,
         model: str | None = None,
-    ):  # fmt: skip
+    ):
         self.base_url, self.chat, self.model = base_url, chat, model
         self.sent = self.failed = 0
         self._budget = max_requests
@@ -318,10 +361,18 @@ class LoopbackServer(LabServer):
     """A `LabServer` on three free loopback ports, started on construction (`startup_s` to answer /health), with a
     tiny HTTP client: `get` and `post` return the status and the body (raw bytes; parsed JSON)."""
 
-    def __init__(self, model: str = "tiny", *, num_blocks: int = 128, events: bool = True, extra_args=(),
-                 startup_s: float = 120):  # fmt: skip
-        super().__init__(model, (free_port(), free_port(), free_port()), num_blocks, events=events,
-                         extra_args=extra_args)  # fmt: skip
+    def __init__(
+        self,
+        model: str = "tiny",
+        *,
+        num_blocks: int = 128,
+        events: bool = True,
+        extra_args=(),
+        startup_s: float = 120,
+    ):
+        super().__init__(
+            model, (free_port(), free_port(), free_port()), num_blocks, events=events, extra_args=extra_args
+        )
         self.start(wait_s=startup_s)
 
     @property

@@ -153,9 +153,17 @@ class EngineLoop:
                 m.request_finished(reason)
             else:
                 scheduled = tracked.arrival if tracked.scheduled_at is None else tracked.scheduled_at
-                m.request_finished(reason, FinishedRequest(tracked.arrival, scheduled, tracked.first_token_at,
-                                                           tracked.last_token_at, len(out.prompt_token_ids),
-                                                           tracked.tokens))  # fmt: skip
+                m.request_finished(
+                    reason,
+                    FinishedRequest(
+                        tracked.arrival,
+                        scheduled,
+                        tracked.first_token_at,
+                        tracked.last_token_at,
+                        len(out.prompt_token_ids),
+                        tracked.tokens,
+                    ),
+                )
             with self._lock:
                 self._requests.pop(out.request_id, None)
         tracked.callback(out, None)

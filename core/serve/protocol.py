@@ -120,8 +120,15 @@ def _int(body: dict, name: str, default: int | None, minimum: int, maximum: int 
     return value
 
 
-def _number(body: dict, name: str, default: float, minimum: float, maximum: float | None = None,
-            *, exclusive_minimum: bool = False) -> float:  # fmt: skip
+def _number(
+    body: dict,
+    name: str,
+    default: float,
+    minimum: float,
+    maximum: float | None = None,
+    *,
+    exclusive_minimum: bool = False,
+) -> float:
     value = _optional(body, name, float, default)
     try:
         number = float(value)
@@ -193,8 +200,14 @@ def _prompt_ids(model: ModelFacts, prompt: object, param: str) -> CheckedTokenId
     return ids
 
 
-def _sampling(body: dict, model: ModelFacts, prompts: list[list[int]], max_tokens: int | None,
-              default_tokens: int, tokens_name: str) -> tuple[SamplingParams, bool, bool]:  # fmt: skip
+def _sampling(
+    body: dict,
+    model: ModelFacts,
+    prompts: list[list[int]],
+    max_tokens: int | None,
+    default_tokens: int,
+    tokens_name: str,
+) -> tuple[SamplingParams, bool, bool]:
     n = _int(body, "n", 1, 1, model.max_num_seqs)
     if _int(body, "best_of", n, 1) != n:
         raise RequestError("best_of must equal n on this server", "best_of")
@@ -216,8 +229,10 @@ def _sampling(body: dict, model: ModelFacts, prompts: list[list[int]], max_token
     options = _optional(body, "stream_options", dict, {})
     usage = options.get("include_usage")
     if usage is not None and not isinstance(usage, bool):
-        raise RequestError(f"stream_options.include_usage must be a boolean, got {json_type_name(usage)}",
-                           "stream_options.include_usage")  # fmt: skip
+        raise RequestError(
+            f"stream_options.include_usage must be a boolean, got {json_type_name(usage)}",
+            "stream_options.include_usage",
+        )
     fields = {
         "temperature": _number(body, "temperature", 1.0, 0.0),
         "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, exclusive_minimum=True),
@@ -225,8 +240,13 @@ def _sampling(body: dict, model: ModelFacts, prompts: list[list[int]], max_token
         "ignore_eos": _optional(body, "ignore_eos", bool, False),
     }
     try:
-        params = SamplingParams(max_tokens=tokens, top_k=0 if top_k == -1 else top_k, n=n,
-                                stop_token_ids=tuple(stop_ids), **fields)  # fmt: skip
+        params = SamplingParams(
+            max_tokens=tokens,
+            top_k=0 if top_k == -1 else top_k,
+            n=n,
+            stop_token_ids=tuple(stop_ids),
+            **fields,
+        )
     except InvalidArgumentError as err:  # every field was checked above: a rule of SamplingParams' own
         raise RequestError(str(err)) from None
     return params, _optional(body, "stream", bool, False), bool(usage)

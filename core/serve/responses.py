@@ -37,11 +37,24 @@ def response_body(req: ParsedRequest, results: list[RequestOutput], *, with_toke
             completion_tokens += len(o.token_ids)
             index = p_index * req.params.n + o.index
             if req.chat:
-                choices.append({"index": index, "message": {"role": "assistant", "content": o.text or ""},
-                                "logprobs": None, "finish_reason": o.finish_reason, "stop_reason": None})  # fmt: skip
+                choices.append(
+                    {
+                        "index": index,
+                        "message": {"role": "assistant", "content": o.text or ""},
+                        "logprobs": None,
+                        "finish_reason": o.finish_reason,
+                        "stop_reason": None,
+                    }
+                )
             else:
-                choice = {"index": index, "text": o.text or "", "logprobs": None, "finish_reason": o.finish_reason,
-                          "stop_reason": None, "prompt_logprobs": None}  # fmt: skip
+                choice = {
+                    "index": index,
+                    "text": o.text or "",
+                    "logprobs": None,
+                    "finish_reason": o.finish_reason,
+                    "stop_reason": None,
+                    "prompt_logprobs": None,
+                }
                 if with_token_ids:
                     choice["token_ids"] = list(o.token_ids)
                 choices.append(choice)
@@ -55,8 +68,15 @@ def response_body(req: ParsedRequest, results: list[RequestOutput], *, with_toke
     }
 
 
-def chunk_body(req: ParsedRequest, index: int, text: str, finish_reason: str | None, token_ids=None, *,
-               role: bool = False) -> dict:  # fmt: skip
+def chunk_body(
+    req: ParsedRequest,
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    token_ids=None,
+    *,
+    role: bool = False,
+) -> dict:
     """One streamed chunk: a text delta for choice `index` (and its finish reason on the last one)."""
     if req.chat:
         delta: dict = {"role": "assistant", "content": ""} if role else {"content": text}

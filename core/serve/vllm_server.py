@@ -60,9 +60,23 @@ class VLLMServeConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def command(self, vllm: Path, port: int) -> list[str]:
-        args = [str(vllm), "serve", self.model_dir, "--served-model-name", self.served_name, "--host", HOST,
-                "--port", str(port), "--block-size", str(self.block_size), "--dtype", self.dtype,
-                "--max-model-len", str(self.max_model_len)]  # fmt: skip
+        args = [
+            str(vllm),
+            "serve",
+            self.model_dir,
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--block-size",
+            str(self.block_size),
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+        ]
         args.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
         for flag, value in (
             ("--max-num-seqs", self.max_num_seqs),
@@ -128,9 +142,13 @@ class VLLMServer:
         command = self.config.command(find_vllm().command, self.port)
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=self.config.env(), start_new_session=True,
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.config.env(),
+                start_new_session=True,
                 preexec_fn=_renice(self.config.nice),
-            )  # fmt: skip
+            )
         deadline = time.monotonic() + timeout_s
         while not self.healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:

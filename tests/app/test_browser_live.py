@@ -28,10 +28,15 @@ def test_live_page_watches_core_serve(streamlit_server, page):
     sender = threading.Thread(target=load, daemon=True)
     sender.start()
     try:
-        query = urllib.parse.urlencode({
-            "metrics": f"{server.url}/metrics", "events": f"tcp://127.0.0.1:{server.events_port}",
-            "replay": f"tcp://127.0.0.1:{server.replay_port}", "every": "5", "model": "llama-3.1-8b",
-        })  # fmt: skip
+        query = urllib.parse.urlencode(
+            {
+                "metrics": f"{server.url}/metrics",
+                "events": f"tcp://127.0.0.1:{server.events_port}",
+                "replay": f"tcp://127.0.0.1:{server.replay_port}",
+                "every": "5",
+                "model": "llama-3.1-8b",
+            }
+        )
         page.goto(f"{streamlit_server}/live?{query}")
         blocks = page.locator('[data-testid="stMetric"]').filter(has_text="KV blocks (num_gpu_blocks)")
         expect(blocks).to_contain_text("256")

@@ -73,10 +73,15 @@ def test_live_page_shows_where_each_prefix_lives(streamlit_server, page):
             _send(server, [*shared, 110 + i, 8, 9])
         _send(servers[0], [*range(300, 332), 5])
         _send(servers[1], [*range(400, 448), 5])
-        query = urllib.parse.urlencode({
-            "metrics": "\n".join(s.metrics_url for s in servers), "events": servers[0].events_endpoint,
-            "replay": servers[0].replay_endpoint, "ranks": "2", "every": "2",
-        })  # fmt: skip
+        query = urllib.parse.urlencode(
+            {
+                "metrics": "\n".join(s.metrics_url for s in servers),
+                "events": servers[0].events_endpoint,
+                "replay": servers[0].replay_endpoint,
+                "ranks": "2",
+                "every": "2",
+            }
+        )
         page.goto(f"{streamlit_server}/live?{query}")
         expect(page.get_by_text("Fleet: 9 cached blocks over 2 ranks.")).to_be_visible(timeout=WAIT_MS)
         expect(

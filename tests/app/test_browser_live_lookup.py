@@ -19,8 +19,13 @@ SENT = [*range(1, 81), 7, 8, 9]  # 83 tokens: 5 full blocks of 16
 def test_live_page_finds_a_prompt_sent_before(streamlit_server, page):
     server = LoopbackServer("tiny", num_blocks=256)
     try:
-        base = {"metrics": f"{server.url}/metrics", "events": f"tcp://127.0.0.1:{server.events_port}",
-                "replay": f"tcp://127.0.0.1:{server.replay_port}", "every": "3", "lookup_as": "token ids"}  # fmt: skip
+        base = {
+            "metrics": f"{server.url}/metrics",
+            "events": f"tcp://127.0.0.1:{server.events_port}",
+            "replay": f"tcp://127.0.0.1:{server.replay_port}",
+            "every": "3",
+            "lookup_as": "token ids",
+        }
         status, _ = server.post("/v1/completions", {"prompt": SENT, "max_tokens": 2})
         assert status == 200  # before the page subscribes: the replay buffer brings its blocks
         query = urllib.parse.urlencode({**base, "lookup": " ".join(map(str, SENT))})

@@ -18,13 +18,32 @@ WAIT_MS = 60_000  # a loaded 2-core machine renders the first run in well over e
 @pytest.mark.browser
 def test_shared_url_reproduces_the_what_if(streamlit_server, page):
     params = {
-        "a_model": "qwen2.5-72b", "a_gpu": "h200-141gb", "a_gpus": "2", "a_tp": "2", "a_kvdtype": "bf16",
-        "a_ctx": "8192", "a_block": "32", "b_model": "llama-3.1-8b", "b_gpu": "l4", "b_gpus": "1", "b_tp": "1",
-        "b_ctx": "8192", "b_kvdtype": "auto", "compare": "1", "wl": "alpaca", "wl_n": "500",
-    }  # fmt: skip
+        "a_model": "qwen2.5-72b",
+        "a_gpu": "h200-141gb",
+        "a_gpus": "2",
+        "a_tp": "2",
+        "a_kvdtype": "bf16",
+        "a_ctx": "8192",
+        "a_block": "32",
+        "b_model": "llama-3.1-8b",
+        "b_gpu": "l4",
+        "b_gpus": "1",
+        "b_tp": "1",
+        "b_ctx": "8192",
+        "b_kvdtype": "auto",
+        "compare": "1",
+        "wl": "alpaca",
+        "wl_n": "500",
+    }
     page.goto(f"{streamlit_server}/planner?{urlencode(params)}")
-    expected_a = plan(MODELS["qwen2.5-72b"], GPUS["h200-141gb"], tensor_parallel=2, kv_dtype="bf16",
-                      max_model_len=8192, block_size=32)  # fmt: skip
+    expected_a = plan(
+        MODELS["qwen2.5-72b"],
+        GPUS["h200-141gb"],
+        tensor_parallel=2,
+        kv_dtype="bf16",
+        max_model_len=8192,
+        block_size=32,
+    )
     expected_b = plan(MODELS["llama-3.1-8b"], GPUS["l4"], max_model_len=8192)
     main = page.locator('[data-testid="stMain"]')
     expect(main.get_by_text("Scenario A: Qwen2.5-72B on 2 × H200 SXM 141GB")).to_be_visible(timeout=WAIT_MS)

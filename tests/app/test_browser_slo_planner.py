@@ -17,13 +17,24 @@ WAIT_MS = 90_000  # a first visit starts the worker pool on a loaded 2-core mach
 @pytest.mark.browser
 def test_shared_url_shows_the_answer_the_chart_and_the_table(streamlit_server, page):
     # short requests: the page's search and curves simulate ~1 s, not ~30 s (1500 / 250 tokens)
-    params = {"model": "mistral-7b", "rate": "8", "prompt_len": "500", "output_len": "50", "ttft": "0.8",
-              "tpot_ms": "40", "gpus": "h100-80gb,l40s", "max_gpus": "4", "kv": "auto,fp8"}  # fmt: skip
+    params = {
+        "model": "mistral-7b",
+        "rate": "8",
+        "prompt_len": "500",
+        "output_len": "50",
+        "ttft": "0.8",
+        "tpot_ms": "40",
+        "gpus": "h100-80gb,l40s",
+        "max_gpus": "4",
+        "kv": "auto,fp8",
+    }
     page.goto(f"{streamlit_server}/slo_planner?{urlencode(params)}")
     best = plan_slo(
-        "mistral-7b", SloWorkload(8, 500, 50), Slo(0.8, 0.04),
+        "mistral-7b",
+        SloWorkload(8, 500, 50),
+        Slo(0.8, 0.04),
         SloCandidates(gpus=("h100-80gb", "l40s"), max_gpus=4),
-    ).best  # fmt: skip
+    ).best
     main = page.locator('[data-testid="stMain"]')
     expect(main.get_by_text("Cheapest configuration that meets the SLO")).to_be_visible(timeout=WAIT_MS)
     values = main.locator('[data-testid="stMetricValue"]')
@@ -52,10 +63,24 @@ CUT_VALUES = """() => [...document.querySelectorAll('[data-testid="stMetricValue
 def test_predict_mode_shows_every_card_value_whole(streamlit_server, page):
     """Every metric card's value fits its column (Streamlit cuts a wider one with an ellipsis: "2 × H1..." in
     six equal columns), with the levers' cards too; tiny loads keep the predictions short."""
-    params = {"mode": "predict", "model": "llama-3.1-8b", "gpu": "h100-80gb", "replicas": "2", "seqs": "1",
-              "load": "concurrency", "clients": "2", "prompt_len": "64", "output_len": "4", "ttft": "auto",
-              "tpot_ms": "auto", "prefix_len": "48", "prefixes": "2", "spec_k": "2", "spec_acc": "0.8,0.5",
-              "spec_method": "eagle"}  # fmt: skip
+    params = {
+        "mode": "predict",
+        "model": "llama-3.1-8b",
+        "gpu": "h100-80gb",
+        "replicas": "2",
+        "seqs": "1",
+        "load": "concurrency",
+        "clients": "2",
+        "prompt_len": "64",
+        "output_len": "4",
+        "ttft": "auto",
+        "tpot_ms": "auto",
+        "prefix_len": "48",
+        "prefixes": "2",
+        "spec_k": "2",
+        "spec_acc": "0.8,0.5",
+        "spec_method": "eagle",
+    }
     page.goto(f"{streamlit_server}/slo_planner?{urlencode(params)}")
     main = page.locator('[data-testid="stMain"]')
     values = main.locator('[data-testid="stMetricValue"]')
@@ -92,9 +117,23 @@ def test_predict_mode_draws_the_prediction_before_its_extras(streamlit_server, p
     rate_job, rate = "Finding the highest rate within the targets", "Highest rate within the targets"
     texts = [answer, larger_job, larger, rate_job, rate]
     page.add_init_script(f"({FIRST_SEEN})({texts!r})")
-    params = {"mode": "predict", "model": "qwen2.5-7b", "gpu": "l40s", "seqs": "1", "load": "concurrency",
-              "clients": "2", "prompt_len": "64", "output_len": "1", "spread": "0", "ttft": "auto",
-              "tpot_ms": "auto", "e2e": "0.5", "e2e_q": "50", "prefix_len": "48", "prefixes": "2"}  # fmt: skip
+    params = {
+        "mode": "predict",
+        "model": "qwen2.5-7b",
+        "gpu": "l40s",
+        "seqs": "1",
+        "load": "concurrency",
+        "clients": "2",
+        "prompt_len": "64",
+        "output_len": "1",
+        "spread": "0",
+        "ttft": "auto",
+        "tpot_ms": "auto",
+        "e2e": "0.5",
+        "e2e_q": "50",
+        "prefix_len": "48",
+        "prefixes": "2",
+    }
     page.goto(f"{streamlit_server}/slo_planner?{urlencode(params)}")
     main = page.locator('[data-testid="stMain"]')
     expect(main.get_by_text(rate, exact=True)).to_be_visible(timeout=WAIT_MS)

@@ -43,9 +43,16 @@ def test_defaults_check_correctness_and_draw_every_chart():
     assert "Paged / contiguous latency at 1,024 tokens" in text and "middle half" in text
     assert "every backend matches contiguous attention" in text
     assert dict(at.query_params) == {
-        "heads": "32", "kv_heads": "8", "head_dim": "128", "block": "16", "batch": "4", "ctx": "1024",
-        "dtype": "float32", "window": "0", "backends": ",".join(BACKENDS),
-    }  # fmt: skip
+        "heads": "32",
+        "kv_heads": "8",
+        "head_dim": "128",
+        "block": "16",
+        "batch": "4",
+        "ctx": "1024",
+        "dtype": "float32",
+        "window": "0",
+        "backends": ",".join(BACKENDS),
+    }
     assert "Measured at" in " ".join(c.value for c in at.caption)
 
 

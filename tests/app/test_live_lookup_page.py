@@ -51,8 +51,16 @@ def test_lookup_counts_the_leading_blocks_the_server_announced(metrics):
     hashes = vllm_block_hashes(PROMPT, 16)
     pub = FakeVllmPublisher()
     try:
-        at = live({"metrics": metrics.url(), "events": pub.endpoint, "replay": pub.replay_endpoint, "watch": "0",
-                   "lookup": ", ".join(map(str, PROMPT[:90])), "lookup_as": "token ids"})  # fmt: skip
+        at = live(
+            {
+                "metrics": metrics.url(),
+                "events": pub.endpoint,
+                "replay": pub.replay_endpoint,
+                "watch": "0",
+                "lookup": ", ".join(map(str, PROMPT[:90])),
+                "lookup_as": "token ids",
+            }
+        )
         pub.wait_subscribed()
         pub.publish([BlockStored(hashes[:4], None, PROMPT[:64], 16, None, "GPU", None)])
         pub.publish([BlockStored(hashes[:2], None, PROMPT[:32], 16, None, "CPU", None)])

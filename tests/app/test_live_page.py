@@ -226,8 +226,9 @@ def test_planned_vs_observed_section():
     then after 24 finished requests. The first run has one poll (the section waits), the second plans the window."""
     from core.serve.exporter import FinishedRequest, ServerMetrics
 
-    metrics = ServerMetrics("meta-llama/Llama-3.1-8B", block_size=16, num_gpu_blocks=4000, prefix_caching=False,
-                            dtype="bfloat16")  # fmt: skip
+    metrics = ServerMetrics(
+        "meta-llama/Llama-3.1-8B", block_size=16, num_gpu_blocks=4000, prefix_caching=False, dtype="bfloat16"
+    )
     s = MetricsServer({"/metrics": metrics.render()})
     try:
         at = live({"metrics": s.url(), "pvo_seqs": "16", "pvo_tokens": "2048"})

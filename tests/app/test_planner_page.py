@@ -61,10 +61,19 @@ def test_parse_params_accepts_valid_values_and_round_trips():
 
 @pytest.mark.parametrize(
     "key, raw, reason",
-    [("n", "-3", "at least 1"), ("n", "1e99", "whole number"), ("n", "101", "at most 100"),
-     ("n", "four", "whole number"), ("u", "nan", "finite"), ("u", "inf", "finite"), ("g", "h1000", "allowed"),
-     ("b", "12", "allowed"), ("on", "maybe", "1/0"), ("act", "-1", "at least 0")],
-)  # fmt: skip
+    [
+        ("n", "-3", "at least 1"),
+        ("n", "1e99", "whole number"),
+        ("n", "101", "at most 100"),
+        ("n", "four", "whole number"),
+        ("u", "nan", "finite"),
+        ("u", "inf", "finite"),
+        ("g", "h1000", "allowed"),
+        ("b", "12", "allowed"),
+        ("on", "maybe", "1/0"),
+        ("act", "-1", "at least 0"),
+    ],
+)
 def test_parse_params_rejects_with_reason_and_uses_default(key, raw, reason):
     values, errors = parse_params({key: raw}, FIELDS)
     default = next(f.default for f in FIELDS if f.key == key)
@@ -99,8 +108,9 @@ def test_plan_document_is_json_and_matches_core():
     results = {"Scenario A": compute_scenario(values, "a_", requests)}
     document = json.loads(json.dumps(plan_document(values, results)))
     scenario = document["scenarios"]["Scenario A"]
-    expected = plan(MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="fp8",
-                    max_model_len=4096)  # fmt: skip
+    expected = plan(
+        MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="fp8", max_model_len=4096
+    )
     assert scenario["plan"]["kv_tokens"] == expected.kv_tokens
     assert scenario["model"]["num_kv_heads"] == 8 and scenario["gpu"]["memory_bytes"] == 81_559 * 1024**2
     assert scenario["workload_what_if"]["num_requests"] == 1000
@@ -138,8 +148,9 @@ def metrics(at: AppTest) -> list[tuple[str, str]]:
 def test_defaults_draw_the_plan_of_core():
     at = open_planner()
     assert not at.error
-    expected = plan(MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="fp8",
-                    max_model_len=4096)  # fmt: skip
+    expected = plan(
+        MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="fp8", max_model_len=4096
+    )
     shown = metrics(at)
     assert ("KV tokens per replica", f"{expected.kv_tokens:,}") in shown
     assert ("KV blocks", f"{expected.num_blocks:,}") in shown
@@ -152,8 +163,16 @@ def test_defaults_draw_the_plan_of_core():
 
 
 def test_bad_query_params_give_reasons_not_tracebacks():
-    at = open_planner({"a_model": "llama-9", "a_tp": "-4", "a_ctx": "99999999999", "a_gpu": "h1000",
-                       "a_util": "7", "compare": "0"})  # fmt: skip
+    at = open_planner(
+        {
+            "a_model": "llama-9",
+            "a_tp": "-4",
+            "a_ctx": "99999999999",
+            "a_gpu": "h1000",
+            "a_util": "7",
+            "compare": "0",
+        }
+    )
     errors = " ".join(e.value for e in at.error)
     for text in ("`a_model`", "llama-9", "`a_tp`", "at least 1", "`a_ctx`", "at most", "`a_gpu`", "`a_util`"):
         assert text in errors
@@ -173,8 +192,9 @@ def test_changing_an_input_updates_metrics_and_url():
     at = open_planner({"compare": "0"})
     at.selectbox(key="a_kvdtype").set_value("bf16").run()
     assert not at.exception
-    expected = plan(MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="bf16",
-                    max_model_len=4096)  # fmt: skip
+    expected = plan(
+        MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="bf16", max_model_len=4096
+    )
     assert ("KV tokens per replica", f"{expected.kv_tokens:,}") in metrics(at)
     assert "bf16" in str(at.query_params["a_kvdtype"])
 
@@ -217,8 +237,18 @@ def test_custom_config_paste_and_bad_json():
 
 
 def test_custom_gpu_from_url():
-    at = open_planner({"compare": "0", "a_model": "llama-3.1-8b", "a_gpu": "custom", "a_gpu_mem": "48",
-                       "a_gpu_bw": "1000", "a_gpus": "1", "a_tp": "1", "a_kvdtype": "auto"})  # fmt: skip
+    at = open_planner(
+        {
+            "compare": "0",
+            "a_model": "llama-3.1-8b",
+            "a_gpu": "custom",
+            "a_gpu_mem": "48",
+            "a_gpu_bw": "1000",
+            "a_gpus": "1",
+            "a_tp": "1",
+            "a_kvdtype": "auto",
+        }
+    )
     expected = plan(MODELS["llama-3.1-8b"], GPUSpec.custom("x", 48, 1000), max_model_len=4096)
     assert ("KV blocks", f"{expected.num_blocks:,}") in metrics(at)
 
@@ -250,8 +280,14 @@ def test_changing_the_model_offers_the_smallest_deployment_that_fits():
     at.selectbox(key="a_model").set_value("llama-3.1-405b").run()
     assert not at.exception
     assert any("No deployment of up to 8 GPUs" in i.value for i in at.info)
-    assert not plan(MODELS["llama-3.1-405b"], GPUS["l4"], num_gpus=8, tensor_parallel=8, kv_dtype="fp8",
-                    max_model_len=4096).fits  # fmt: skip
+    assert not plan(
+        MODELS["llama-3.1-405b"],
+        GPUS["l4"],
+        num_gpus=8,
+        tensor_parallel=8,
+        kv_dtype="fp8",
+        max_model_len=4096,
+    ).fits
 
 
 def test_what_if_survives_a_visit_to_another_page():
@@ -325,9 +361,15 @@ def test_bad_pasted_config_changes_nothing():
 
 @pytest.mark.parametrize(
     "data, reason",
-    [(b"", "is empty"), (b"\x89PNG\r\n\x1a\n\x00\x00", "binary"), (b'{"a": "\x00"}', "binary"),
-     (b" " * 1_000_000, "bytes"), (b"[]", "JSON object"), (b"\xef\xbb\xbf{}", None)],
-)  # fmt: skip
+    [
+        (b"", "is empty"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "binary"),
+        (b'{"a": "\x00"}', "binary"),
+        (b" " * 1_000_000, "bytes"),
+        (b"[]", "JSON object"),
+        (b"\xef\xbb\xbf{}", None),
+    ],
+)
 def test_uploaded_config_is_checked(data, reason):
     if reason is None:
         assert config_from_bytes(data) == {}  # a UTF-8 byte-order mark is accepted
@@ -355,8 +397,17 @@ def test_replanning_from_the_kept_inputs():
 
 
 def test_hybrid_model_shows_groups_comparison_and_flags():
-    at = open_planner({"a_model": "gpt-oss-20b", "a_gpu": "h100-80gb", "a_gpus": "1", "a_tp": "1",
-                       "a_kvdtype": "auto", "a_ctx": "131072", "compare": "0"})  # fmt: skip
+    at = open_planner(
+        {
+            "a_model": "gpt-oss-20b",
+            "a_gpu": "h100-80gb",
+            "a_gpus": "1",
+            "a_tp": "1",
+            "a_kvdtype": "auto",
+            "a_ctx": "131072",
+            "compare": "0",
+        }
+    )
     assert not at.exception and not at.error
     expected = plan(MODELS["gpt-oss-20b"], GPUS["h100-80gb"], max_model_len=131_072)
     assert ("Full-length requests", f"{expected.max_concurrency:,}") in metrics(at)
@@ -373,8 +424,10 @@ def test_hybrid_model_shows_groups_comparison_and_flags():
 
 
 def test_safetensors_index_in_the_url_gives_exact_weights():
-    values, _ = parse_params({"a_model": "gpt-oss-20b", "a_ckpt": "13761264768", "a_ctx": "8192", "a_gpus": "1",
-                              "a_tp": "1"}, ALL_FIELDS)  # fmt: skip
+    values, _ = parse_params(
+        {"a_model": "gpt-oss-20b", "a_ckpt": "13761264768", "a_ctx": "8192", "a_gpus": "1", "a_tp": "1"},
+        ALL_FIELDS,
+    )
     result = compute_scenario(values, "a_", None)
     assert result.plan.weights_bytes == 13_761_264_768
     assert any("13,761,264,768 B (safetensors index, exact)" in line for line in formula_lines(result))
@@ -456,11 +509,29 @@ def test_moe_data_parallel_attention_and_expert_parallel_from_the_url():
     """Qwen3-235B-A22B on 8 x H200 as 2 DP ranks of TP 4 with EP: the page draws core's plan (KV per DP rank, 16 of
     128 experts per GPU), the weights formula and `--data-parallel-size 2 --enable-expert-parallel`; both inputs
     live in the URL, and a model change resets them."""
-    at = open_planner({"a_model": "qwen3-235b-a22b", "a_gpu": "h200-141gb", "a_gpus": "8", "a_tp": "4", "a_dp": "2",
-                       "a_ep": "1", "a_kvdtype": "auto", "a_ctx": "8192", "compare": "0"})  # fmt: skip
+    at = open_planner(
+        {
+            "a_model": "qwen3-235b-a22b",
+            "a_gpu": "h200-141gb",
+            "a_gpus": "8",
+            "a_tp": "4",
+            "a_dp": "2",
+            "a_ep": "1",
+            "a_kvdtype": "auto",
+            "a_ctx": "8192",
+            "compare": "0",
+        }
+    )
     assert not at.exception and not at.error
-    expected = plan(MODELS["qwen3-235b-a22b"], GPUS["h200-141gb"], num_gpus=8, tensor_parallel=4, data_parallel=2,
-                    expert_parallel=True, max_model_len=8192)  # fmt: skip
+    expected = plan(
+        MODELS["qwen3-235b-a22b"],
+        GPUS["h200-141gb"],
+        num_gpus=8,
+        tensor_parallel=4,
+        data_parallel=2,
+        expert_parallel=True,
+        max_model_len=8192,
+    )
     assert ("KV tokens per replica", f"{expected.kv_tokens:,}") in metrics(at)
     assert any("--data-parallel-size 2" in c.value and "--enable-expert-parallel" in c.value for c in at.code)
     shown = " ".join(md.value for md in at.markdown)

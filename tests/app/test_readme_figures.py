@@ -51,8 +51,10 @@ def _kernel_figures(name: str) -> list[str]:
 
 
 def test_the_kernel_rows_are_the_saved_runs():
-    for starts, name in (("paged decode attention", "attention-avx512.json"), ("the same kernel built for AVX2",
-                                                                              "attention-avx2.json")):  # fmt: skip
+    for starts, name in (
+        ("paged decode attention", "attention-avx512.json"),
+        ("the same kernel built for AVX2", "attention-avx2.json"),
+    ):
         row = _row(starts)
         for figure in _kernel_figures(name):
             assert figure in row, (name, figure, row)
@@ -157,8 +159,10 @@ def test_the_slo_cli_row_is_the_saved_run():
     row = _row("the SLO planner's command line")
     assert f"slowest {saved['slowest_wall_s']:.1f} s** (target {saved['target_s']:.0f} s)" in row, row
     cases = saved["cases"]
-    for case, text in (("llama-3.1-8b@12", "8B at 12 req/s → {num_gpus} × H100, TP {tp}, {kv_dtype} KV"),
-                       ("llama-3.1-70b@4", "70B at 4 req/s → {num_gpus} × H100, TP {tp}")):  # fmt: skip
+    for case, text in (
+        ("llama-3.1-8b@12", "8B at 12 req/s → {num_gpus} × H100, TP {tp}, {kv_dtype} KV"),
+        ("llama-3.1-70b@4", "70B at 4 req/s → {num_gpus} × H100, TP {tp}"),
+    ):
         answer = cases[case]["answer"]
         assert answer["gpu"] == "h100-80gb" and text.format(**answer) in row, (case, answer, row)
         assert f"({cases[case]['wall_s']['median']:.1f} s)" in row, (case, row)

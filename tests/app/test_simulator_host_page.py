@@ -8,9 +8,15 @@ from tests.conftest import open_page_with
 
 PAGE = "app_pages/simulator.py"
 SMALL = {
-    "num_requests": "120", "rate": "1", "prefix_len": "512", "prefix_fraction": "0.3", "capacity": "raw",
-    "raw_capacity": "4096", "prefix_caching": "1", "policies": "paged,orca-oracle",
-}  # fmt: skip
+    "num_requests": "120",
+    "rate": "1",
+    "prefix_len": "512",
+    "prefix_fraction": "0.3",
+    "capacity": "raw",
+    "raw_capacity": "4096",
+    "prefix_caching": "1",
+    "policies": "paged,orca-oracle",
+}
 
 
 def open_simulator(**params) -> AppTest:

@@ -233,9 +233,13 @@ def test_a_hybrid_run_sent_as_a_link_reproduces_the_run():
     assert [(m.label, m.value) for m in again.metric] == shown
     assert _query(again) == link
     params = SimulatorParams(
-        num_requests=40, rate=4.0, seed=7, model="gpt-oss-20b", policies=("paged", "orca-oracle"),
+        num_requests=40,
+        rate=4.0,
+        seed=7,
+        model="gpt-oss-20b",
+        policies=("paged", "orca-oracle"),
         kv_groups=model_kv_groups("gpt-oss-20b"),
-    )  # fmt: skip
+    )
     _, summaries = compare_policies(params)
     assert ("Paged (vLLM): token states", f"{summaries['paged']['token_states_pct']:.1f}%") in shown
     assert ("Batched requests (avg)", f"{summaries['orca-oracle']['avg_batched_requests']:,.2f}") in shown

@@ -77,26 +77,66 @@ def test_defaults_show_the_best_configuration_of_plan_slo(default_plan):
     first = table.value[table.value["meets SLO"]].iloc[0]  # the ranked table's first row meeting the SLO
     assert first["rank"] == plan.configs.index(best) + 1
     assert (first["GPUs"], first["TP"], first["max_num_seqs"], first["KV dtype"]) == (
-        best.num_gpus, best.tp, best.max_num_seqs, best.kv_dtype,
-    )  # fmt: skip
+        best.num_gpus,
+        best.tp,
+        best.max_num_seqs,
+        best.kv_dtype,
+    )
     assert first["TTFT p95 (s)"] == pytest.approx(best.ttft_p95_s)
     # the highest rates are asked for, not computed by default (test_slo_search_choices_page computes them)
     assert table.value["highest rate (req/s)"].isna().all()
     assert query(at) == {
-        "mode": "search", "model": "llama-3.1-8b", "rate": "12", "prompt_len": "2000", "output_len": "300",
-        "spread": "0", "ttft": "1", "tpot_ms": "50", "itl_ms": "auto", "e2e": "auto", "ttft_q": "95",
-        "tpot_q": "95", "itl_q": "99", "e2e_q": "99", "engine": "vllm", "seed": "0",
-        "gpus": "h100-80gb,h200-141gb,l40s", "max_gpus": "8", "kv": "auto,fp8", "weights": "auto", "rates": "0",
+        "mode": "search",
+        "model": "llama-3.1-8b",
+        "rate": "12",
+        "prompt_len": "2000",
+        "output_len": "300",
+        "spread": "0",
+        "ttft": "1",
+        "tpot_ms": "50",
+        "itl_ms": "auto",
+        "e2e": "auto",
+        "ttft_q": "95",
+        "tpot_q": "95",
+        "itl_q": "99",
+        "e2e_q": "99",
+        "engine": "vllm",
+        "seed": "0",
+        "gpus": "h100-80gb,h200-141gb,l40s",
+        "max_gpus": "8",
+        "kv": "auto,fp8",
+        "weights": "auto",
+        "rates": "0",
         "disagg_too": "0",
-    }  # fmt: skip
+    }
 
 
 # short requests (500 / 50 tokens): every input is still one the defaults do not have, and each search (the page's
 # and the one here) simulates a few seconds, not ten (1000 / 200 tokens took 30 s for the whole test)
-SHARED = {"mode": "search", "model": "qwen2.5-7b", "rate": "6", "prompt_len": "500", "output_len": "50",
-          "spread": "0.2", "ttft": "0.5", "tpot_ms": "40", "itl_ms": "auto", "e2e": "auto", "ttft_q": "95",
-          "tpot_q": "95", "itl_q": "99", "e2e_q": "99", "engine": "vllm", "seed": "0", "gpus": "l40s,h100-80gb",
-          "max_gpus": "4", "kv": "fp8", "weights": "auto", "rates": "0", "disagg_too": "0"}  # fmt: skip
+SHARED = {
+    "mode": "search",
+    "model": "qwen2.5-7b",
+    "rate": "6",
+    "prompt_len": "500",
+    "output_len": "50",
+    "spread": "0.2",
+    "ttft": "0.5",
+    "tpot_ms": "40",
+    "itl_ms": "auto",
+    "e2e": "auto",
+    "ttft_q": "95",
+    "tpot_q": "95",
+    "itl_q": "99",
+    "e2e_q": "99",
+    "engine": "vllm",
+    "seed": "0",
+    "gpus": "l40s,h100-80gb",
+    "max_gpus": "4",
+    "kv": "fp8",
+    "weights": "auto",
+    "rates": "0",
+    "disagg_too": "0",
+}
 
 
 def test_a_shared_url_reproduces_its_inputs_and_answer():
@@ -110,9 +150,11 @@ def test_a_shared_url_reproduces_its_inputs_and_answer():
     assert query(at) == SHARED  # the page rewrote the URL with the same values
     assert at.dataframe[0].value["highest rate (req/s)"].isna().all()  # rates=0: no bisection asked
     plan = plan_slo(
-        "qwen2.5-7b", SloWorkload(6, 500, 50, 0.2), Slo(0.5, 0.04),
+        "qwen2.5-7b",
+        SloWorkload(6, 500, 50, 0.2),
+        Slo(0.5, 0.04),
         SloCandidates(gpus=("l40s", "h100-80gb"), max_gpus=4, kv_dtypes=("fp8",)),
-    )  # fmt: skip
+    )
     assert metrics(at) == expected_figures(plan.best)
     # a changed input goes into the URL once the form is submitted, and the answer follows it
     at.number_input(key="rate").set_value(3.0)
@@ -121,9 +163,11 @@ def test_a_shared_url_reproduces_its_inputs_and_answer():
     assert not at.exception, at.exception
     assert query(at)["rate"] == "3"
     plan = plan_slo(
-        "qwen2.5-7b", SloWorkload(3, 500, 50, 0.2), Slo(0.5, 0.04),
+        "qwen2.5-7b",
+        SloWorkload(3, 500, 50, 0.2),
+        Slo(0.5, 0.04),
         SloCandidates(gpus=("l40s", "h100-80gb"), max_gpus=4, kv_dtypes=("fp8",)),
-    )  # fmt: skip
+    )
     assert metrics(at) == expected_figures(plan.best)
 
 

@@ -22,14 +22,50 @@ from core.serving.steady_state import STEADY_METRICS
 from tests.conftest import ROOT
 
 PAGE = "app_pages/slo_planner.py"
-TINY = {"mode": "predict", "model": "qwen2.5-7b", "rate": "12", "prompt_len": "16", "output_len": "1",
-        "spread": "0", "ttft": "auto", "tpot_ms": "auto", "gpu": "l40s", "tp": "1", "pp": "1", "replicas": "1",
-        "seqs": "1", "kv_dtype": "auto", "weight_dtype": "auto", "engine": "vllm", "load": "concurrency",
-        "clients": "2", "seed": "0", "itl_ms": "auto", "e2e": "0.5", "ttft_q": "95", "tpot_q": "95",
-        "itl_q": "99", "e2e_q": "50", "prefix_len": "0", "prefixes": "1", "zipf": "auto", "turns": "1", "turn_gap": "10",
-        "spec_k": "0", "spec_acc": "", "spec_method": "ngram", "draft": "phi-3-mini", "disagg": "0",
-        "p_workers": "1", "p_tp": "1", "d_workers": "1", "d_tp": "1", "kv_link": "auto", "offload": "0",
-        "offload_policy": "lru"}  # fmt: skip
+TINY = {
+    "mode": "predict",
+    "model": "qwen2.5-7b",
+    "rate": "12",
+    "prompt_len": "16",
+    "output_len": "1",
+    "spread": "0",
+    "ttft": "auto",
+    "tpot_ms": "auto",
+    "gpu": "l40s",
+    "tp": "1",
+    "pp": "1",
+    "replicas": "1",
+    "seqs": "1",
+    "kv_dtype": "auto",
+    "weight_dtype": "auto",
+    "engine": "vllm",
+    "load": "concurrency",
+    "clients": "2",
+    "seed": "0",
+    "itl_ms": "auto",
+    "e2e": "0.5",
+    "ttft_q": "95",
+    "tpot_q": "95",
+    "itl_q": "99",
+    "e2e_q": "50",
+    "prefix_len": "0",
+    "prefixes": "1",
+    "zipf": "auto",
+    "turns": "1",
+    "turn_gap": "10",
+    "spec_k": "0",
+    "spec_acc": "",
+    "spec_method": "ngram",
+    "draft": "phi-3-mini",
+    "disagg": "0",
+    "p_workers": "1",
+    "p_tp": "1",
+    "d_workers": "1",
+    "d_tp": "1",
+    "kv_link": "auto",
+    "offload": "0",
+    "offload_policy": "lru",
+}
 NO_TARGETS = {"e2e": "auto"}  # no highest rate to bisect where it is not what a test checks
 
 
@@ -162,8 +198,10 @@ def test_shared_prefixes_show_the_hit_rate_beside_ttft_and_what_a_larger_kv_cach
     assert shown["Output tokens/s per GPU"] == f"{ref['throughput_tokens_per_s']:,.0f}"  # one GPU
     _, larger = at.dataframe
     rows = larger.value.set_index("deployment")
-    for label, deployment in (("fp8 KV cache", Deployment("qwen2.5-7b", "l40s", max_num_seqs=1, kv_dtype="fp8")),
-                              ("2x GPUs: tp 2 (was 1)", Deployment("qwen2.5-7b", "l40s", tp=2, max_num_seqs=1))):  # fmt: skip
+    for label, deployment in (
+        ("fp8 KV cache", Deployment("qwen2.5-7b", "l40s", max_num_seqs=1, kv_dtype="fp8")),
+        ("2x GPUs: tp 2 (was 1)", Deployment("qwen2.5-7b", "l40s", tp=2, max_num_seqs=1)),
+    ):
         other = predict(deployment, load)
         assert rows.loc[label, "prefix-hit rate"] == pytest.approx(
             other.to_dict()["prefix_hit_rate"], rel=1e-12
@@ -210,8 +248,9 @@ def test_speculation_shows_the_mean_accepted_length_and_its_tpot(capsys):
     at = open_page(TINY | NO_TARGETS | levers)
     assert not at.error
     spec = Speculation(2, (0.8, 0.5), "eagle")
-    ref = predict(Deployment("qwen2.5-7b", "l40s", max_num_seqs=1, speculation=spec),
-                  Load(None, 16, 6, concurrency=2)).to_dict()  # fmt: skip
+    ref = predict(
+        Deployment("qwen2.5-7b", "l40s", max_num_seqs=1, speculation=spec), Load(None, 16, 6, concurrency=2)
+    ).to_dict()
     assert metrics(at)["Mean accepted length"] == "2.2 tokens/step"  # 1 + 0.8 + 0.8 x 0.5
     rows = at.dataframe[0].value.set_index(["metric", "percentile"])
     assert rows.loc[("tpot", "p50"), "predicted (ms)"] == pytest.approx(ref["tpot_p50_s"] * 1e3, rel=1e-12)

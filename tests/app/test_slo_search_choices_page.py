@@ -18,9 +18,24 @@ from core.planning.search.slo import Slo, SloCandidates, plan_slo
 from tests.conftest import ROOT
 
 PAGE = "app_pages/slo_planner.py"
-SMALL = {"mode": "search", "model": "qwen2.5-7b", "rate": "2", "prompt_len": "64", "output_len": "8", "spread": "0",
-         "ttft": "0.5", "ttft_q": "99", "tpot_ms": "auto", "e2e": "2", "e2e_q": "90", "gpus": "l40s",
-         "max_gpus": "1", "kv": "auto", "weights": "auto", "engine": "trtllm"}  # fmt: skip
+SMALL = {
+    "mode": "search",
+    "model": "qwen2.5-7b",
+    "rate": "2",
+    "prompt_len": "64",
+    "output_len": "8",
+    "spread": "0",
+    "ttft": "0.5",
+    "ttft_q": "99",
+    "tpot_ms": "auto",
+    "e2e": "2",
+    "e2e_q": "90",
+    "gpus": "l40s",
+    "max_gpus": "1",
+    "kv": "auto",
+    "weights": "auto",
+    "engine": "trtllm",
+}
 
 
 def open_page(params: dict[str, str]) -> AppTest:
@@ -56,10 +71,34 @@ def test_targets_on_any_percentile_and_the_engine_reach_the_search_and_the_highe
     rated = rows[rows["highest rate (req/s)"].notna()]
     assert 1 <= len(rated) <= 3
     for _, row in rated.iterrows():
-        argv = ["--model", "qwen2.5-7b", "--gpu", "l40s", "--tp", str(row["TP"]), "--pp", str(row["PP"]),
-                "--replicas", str(row["replicas"]), "--max-num-seqs", str(row["max_num_seqs"]), "--kv-dtype",
-                row["KV dtype"], "--weight-dtype", row["weights"], "--engine", "trtllm", "--prompt-len", "64",
-                "--output-len", "8", "--ttft-p99", "0.5", "--e2e-p90", "2"]  # fmt: skip
+        argv = [
+            "--model",
+            "qwen2.5-7b",
+            "--gpu",
+            "l40s",
+            "--tp",
+            str(row["TP"]),
+            "--pp",
+            str(row["PP"]),
+            "--replicas",
+            str(row["replicas"]),
+            "--max-num-seqs",
+            str(row["max_num_seqs"]),
+            "--kv-dtype",
+            row["KV dtype"],
+            "--weight-dtype",
+            row["weights"],
+            "--engine",
+            "trtllm",
+            "--prompt-len",
+            "64",
+            "--output-len",
+            "8",
+            "--ttft-p99",
+            "0.5",
+            "--e2e-p90",
+            "2",
+        ]
         capsys.readouterr()
         assert max_rate_main(argv) == 0
         printed = json.loads(capsys.readouterr().out)
@@ -72,8 +111,14 @@ def test_targets_on_any_percentile_and_the_engine_reach_the_search_and_the_highe
 def test_disaggregated_too_ranks_both_kinds_side_by_side():
     # 90 req/s of 256 / 8 tokens on up to 2 L40S: no deployment holds it, so every one is evaluated (agg and the
     # disaggregated 1 + 1) in a fraction of a second, each ruled out by a bound
-    params = SMALL | {"rate": "90", "prompt_len": "256", "ttft": "0.5", "max_gpus": "2", "disagg_too": "1",
-                      "rates": "0"}  # fmt: skip
+    params = SMALL | {
+        "rate": "90",
+        "prompt_len": "256",
+        "ttft": "0.5",
+        "max_gpus": "2",
+        "disagg_too": "1",
+        "rates": "0",
+    }
     at = open_page(params)
     assert at.query_params["disagg_too"] == "1"
     cands = SloCandidates(gpus=("l40s",), max_gpus=2, kv_dtypes=("auto",), engine="trtllm", disagg=True)
@@ -86,8 +131,11 @@ def test_disaggregated_too_ranks_both_kinds_side_by_side():
     assert len(rows) == len(plan.configs) and set(rows["mode"]) == {"agg", "disagg"}
     for (_, row), config in zip(rows.iterrows(), plan.configs, strict=True):
         assert (row["mode"], row["GPUs"], row["TP"]) == (config.mode, config.num_gpus, config.tp)
-        for column, key in (("prefill GPUs", "prefill_gpus"), ("decode GPUs", "decode_gpus"),
-                            ("tokens/s per GPU", "tokens_per_s_per_gpu")):  # fmt: skip
+        for column, key in (
+            ("prefill GPUs", "prefill_gpus"),
+            ("decode GPUs", "decode_gpus"),
+            ("tokens/s per GPU", "tokens_per_s_per_gpu"),
+        ):
             assert (
                 pd.isna(row[column]) if getattr(config, key) is None else row[column] == getattr(config, key)
             )
@@ -103,9 +151,18 @@ def test_disaggregated_too_ranks_both_kinds_side_by_side():
 
 def test_the_table_s_tokens_per_gpu_and_a_disaggregated_serve_note():
     # 9 req/s of 1,000 / 8 tokens: every 2-GPU layout is simulated, the disaggregated 1 + 1 among them
-    params = SloPlannerParams(model="qwen2.5-7b", rate=9.0, prompt_len=1000, output_len=8,
-                              targets=(("ttft_p99_s", 1.0), ("e2e_p90_s", 3.0)), gpus=("l40s",), max_gpus=2,
-                              kv_dtypes=("auto",), engine="trtllm", disagg=True)  # fmt: skip
+    params = SloPlannerParams(
+        model="qwen2.5-7b",
+        rate=9.0,
+        prompt_len=1000,
+        output_len=8,
+        targets=(("ttft_p99_s", 1.0), ("e2e_p90_s", 3.0)),
+        gpus=("l40s",),
+        max_gpus=2,
+        kv_dtypes=("auto",),
+        engine="trtllm",
+        disagg=True,
+    )
     plan = search(params).plan
     rows = table_rows(plan, params)
     simulated = [(r, c) for r, c in zip(rows, plan.configs, strict=True) if c.simulated]

@@ -191,9 +191,17 @@ def test_mistral_window_frees_blocks_behind_it(tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
     config = MistralConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, sliding_window=6, max_position_embeddings=256, eos_token_id=None, bos_token_id=None,
-    )  # fmt: skip
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=6,
+        max_position_embeddings=256,
+        eos_token_id=None,
+        bos_token_id=None,
+    )
     model = save_model(MistralForCausalLM, config, tmp_path)
     prompt = prompts((11,), seed=5)[0]
     engine = Engine.from_pretrained(tmp_path, num_blocks=32, block_size=4, device="cpu")

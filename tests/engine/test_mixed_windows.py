@@ -101,9 +101,14 @@ def test_chunked_prefill_prefix_caching_and_beams_on_mixed_groups(alternating):
     shared = prompts((16,), seed=7)[0]
     batch = [shared + tail for tail in prompts((3, 5), seed=8)]
     engine = Engine.from_pretrained(
-        path, num_blocks=96, block_size=4, device="cpu", enable_prefix_caching=True, max_num_seqs=1,
+        path,
+        num_blocks=96,
+        block_size=4,
+        device="cpu",
+        enable_prefix_caching=True,
+        max_num_seqs=1,
         max_num_batched_tokens=4,
-    )  # fmt: skip
+    )
     assert_greedy_like_transformers(engine, model, batch, 8)
     assert engine.last_run.steps["prefill_tokens"].max() <= 4
     assert engine.last_run.requests["cached_tokens"].tolist() == [

@@ -87,9 +87,18 @@ def base_image(scratch: Path) -> str:
     rootfs = scratch / "rootfs"
     try:
         made = subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm", str(rootfs), _debian_mirror()],
-            capture_output=True, text=True, timeout=1800,
-        )  # fmt: skip
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={BASE_PACKAGES}",
+                "bookworm",
+                str(rootfs),
+                _debian_mirror(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         imported = subprocess.run(
@@ -114,15 +123,30 @@ def _wheelhouse() -> Path:
     shutil.rmtree(WHEELHOUSE, ignore_errors=True)
     WHEELHOUSE.mkdir(parents=True)
     downloaded = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(WHEELHOUSE),
-         "torch==2.13.0", "-r", str(ROOT / "requirements.txt")],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--only-binary=:all:",
+            "-d",
+            str(WHEELHOUSE),
+            "torch==2.13.0",
+            "-r",
+            str(ROOT / "requirements.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert downloaded.returncode == 0, downloaded.stderr[-3000:]
     downloaded = subprocess.run(
         [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(WHEELHOUSE), model],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert downloaded.returncode == 0, downloaded.stderr[-3000:]
     stamp.touch()
     return WHEELHOUSE

@@ -116,18 +116,39 @@ def test_image_builds_on_a_debian_base_and_serves_a_page_through_its_proxy(tmp_p
         tag = f"paged-lab-test:{os.getpid()}"
         started = time.monotonic()
         built = docker(
-            "build", "-t", tag, "--build-arg", f"BASE_IMAGE={base}", "--build-arg", "PIP_OFFLINE=1", str(context),
+            "build",
+            "-t",
+            tag,
+            "--build-arg",
+            f"BASE_IMAGE={base}",
+            "--build-arg",
+            "PIP_OFFLINE=1",
+            str(context),
             timeout=1800,
-        )  # fmt: skip
+        )
         assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
         build_s = time.monotonic() - started
         port = _free_port()
         name = f"paged-lab-{os.getpid()}"
         run = docker(
-            "run", "-d", "--name", name, "--network", "host",
-            "-e", "PAGED_LAB_ADDRESS=127.0.0.1", "-e", f"PAGED_LAB_PORT={port}", "-e", "PAGED_LAB_REPLICAS=2",
-            "--health-interval", "2s", "--health-start-period", "120s", tag,
-        )  # fmt: skip
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            "host",
+            "-e",
+            "PAGED_LAB_ADDRESS=127.0.0.1",
+            "-e",
+            f"PAGED_LAB_PORT={port}",
+            "-e",
+            "PAGED_LAB_REPLICAS=2",
+            "--health-interval",
+            "2s",
+            "--health-start-period",
+            "120s",
+            tag,
+        )
         assert run.returncode == 0, run.stderr
         try:
             deadline = time.monotonic() + 180

@@ -20,8 +20,16 @@ from tests.conftest import ROOT, open_app
 ACTIONS_PER_EXAMPLE = 4
 EXAMPLES = int(os.environ.get("PAGED_LAB_FUZZ_EXAMPLES", "2"))
 WIDGET_KINDS = (
-    "number_input", "selectbox", "radio", "select_slider", "multiselect", "checkbox", "toggle", "slider", "button",
-)  # fmt: skip
+    "number_input",
+    "selectbox",
+    "radio",
+    "select_slider",
+    "multiselect",
+    "checkbox",
+    "toggle",
+    "slider",
+    "button",
+)
 # Pages whose fuzzing found a real bug, with the bug (see the report): xfail(strict=True) until fixed.
 KNOWN_BUGS: dict[str, str] = {}
 

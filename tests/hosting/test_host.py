@@ -48,8 +48,11 @@ ENGINE_JOBS = {"chat_outputs", "generate_outputs"}
 def _start(port: int, replicas: int, log: Path, until: str = "hosting: ready") -> subprocess.Popen:
     process = subprocess.Popen(
         [sys.executable, "-m", "hosting", "--port", str(port), "--replicas", str(replicas)],
-        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + READY_S
     while until not in log.read_text():
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]

@@ -30,8 +30,14 @@ def test_a_default_host_refuses_a_metrics_url_it_was_not_given(tmp_path):
     server = MetricsServer({"/metrics": "vllm:num_requests_running 1.0\n"})  # a real server it must not reach
     port, log = _free_port(), tmp_path / "host.log"
     env = {k: v for k, v in os.environ.items() if k != "PAGED_LAB_LIVE_HOSTS"}
-    process = subprocess.Popen([sys.executable, "-m", "hosting", "--port", str(port), "--replicas", "1", "--no-warm"], cwd=ROOT,
-                               env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hosting", "--port", str(port), "--replicas", "1", "--no-warm"],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while "hosting: ready" not in log.read_text():
@@ -54,8 +60,11 @@ def test_a_default_host_refuses_a_metrics_url_it_was_not_given(tmp_path):
         refused = [e for e in render.errors if "refused" in e and "PAGED_LAB_LIVE_HOSTS" in e]
         assert len(refused) == 4, render.errors  # three metrics URLs and the events endpoint
         text = " ".join(refused)
-        for expected in ("address 127.0.0.1 is a loopback address", "169.254.169.254 is a link-local address",
-                         "10.0.0.5 is a private address"):  # fmt: skip
+        for expected in (
+            "address 127.0.0.1 is a loopback address",
+            "169.254.169.254 is a link-local address",
+            "10.0.0.5 is a private address",
+        ):
             assert expected in text, text
         assert server.hits == 0  # nothing connected to it
     finally:

@@ -150,16 +150,35 @@ def test_bfloat16_output_is_the_float32_result_rounded_as_torch_rounds():
         fn = cpu_backend._load(isa)["lib"].paged_rows
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         fn.argtypes = (
-            [ptr, i64, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, ptr, ptr]
-            + [i64] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, i64, i64]
-        )  # fmt: skip
+            [ptr, i64, i64, i64]
+            + [ptr, i64, i64, i64] * 2
+            + [ptr, i64, ptr, ptr]
+            + [i64] * 5
+            + [ctypes.c_float, ctypes.c_int, ctypes.c_int, i64, i64]
+        )
         wide = torch.empty(rows.shape, dtype=torch.float32)
         status = fn(
-            rows.data_ptr(), *rows.stride()[:3], kc.data_ptr(), *kc.stride()[:3], vc.data_ptr(), *vc.stride()[:3],
-            table.data_ptr(), table.stride(0), pos.data_ptr(), wide.data_ptr(),
-            seqs, 8, heads // 8, dim, kc.shape[1], scale, cpu_backend.DTYPE_CODES[torch.bfloat16], 2, 1,
+            rows.data_ptr(),
+            *rows.stride()[:3],
+            kc.data_ptr(),
+            *kc.stride()[:3],
+            vc.data_ptr(),
+            *vc.stride()[:3],
+            table.data_ptr(),
+            table.stride(0),
+            pos.data_ptr(),
+            wide.data_ptr(),
+            seqs,
+            8,
+            heads // 8,
+            dim,
+            kc.shape[1],
+            scale,
+            cpu_backend.DTYPE_CODES[torch.bfloat16],
+            2,
+            1,
             cpu_backend.FULL_WINDOW,
-        )  # fmt: skip
+        )
         assert status == 0 and got.dtype == torch.bfloat16, isa
         assert torch.equal(got, wide.to(torch.bfloat16)), isa
 

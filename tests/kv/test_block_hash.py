@@ -95,9 +95,32 @@ def _lab(case) -> list[int]:
     )
 
 
-CBOR_VALUES = [None, True, False, 0, 23, 24, 255, 256, 65_535, 65_536, 2**32, 2**64 - 1, -1, -24, -25, -(2**64),
-               "", "vllm-none-hash", "é✓", {"bytes": ""}, {"bytes": "00ff" * 20}, [], [1, [2, [None, "x"]]],
-               ["x" * 300, list(range(30))]]  # fmt: skip
+CBOR_VALUES = [
+    None,
+    True,
+    False,
+    0,
+    23,
+    24,
+    255,
+    256,
+    65_535,
+    65_536,
+    2**32,
+    2**64 - 1,
+    -1,
+    -24,
+    -25,
+    -(2**64),
+    "",
+    "vllm-none-hash",
+    "é✓",
+    {"bytes": ""},
+    {"bytes": "00ff" * 20},
+    [],
+    [1, [2, [None, "x"]]],
+    ["x" * 300, list(range(30))],
+]
 
 
 def _cbor_value(value):
@@ -185,9 +208,12 @@ def test_kv_core_announces_vllms_hashes(algo):
     prompts = [shared + [rng.randrange(1000) for _ in range(40)] for _ in range(3)]
     hasher = VllmBlockHasher(algo)
     kv = KVCacheManager(
-        [FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8)], 12,
-        enable_prefix_caching=True, enable_kv_cache_events=True, block_hasher=hasher,
-    )  # fmt: skip
+        [FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8)],
+        12,
+        enable_prefix_caching=True,
+        enable_kv_cache_events=True,
+        block_hasher=hasher,
+    )
     bm = BlockManager(12, 16, enable_prefix_caching=True, enable_kv_cache_events=True, block_hasher=hasher)
     announced_kv, announced_bm = [], []
     for i, prompt in enumerate(prompts):

@@ -14,9 +14,17 @@ WINDOW = SlidingWindowSpec(block_size=2, num_kv_heads=1, head_size=8, sliding_wi
 
 def stored(hashes, parent, tokens, group=0, kind="full_attention", window=None):
     return BlockStored(
-        block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=2, lora_id=None,
-        medium="GPU", lora_name=None, group_idx=group, kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window,
-    )  # fmt: skip
+        block_hashes=hashes,
+        parent_block_hash=parent,
+        token_ids=tokens,
+        block_size=2,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        group_idx=group,
+        kv_cache_spec_kind=kind,
+        kv_cache_spec_sliding_window=window,
+    )
 
 
 def test_take_order_uncached_first_then_cached_lru():

@@ -56,9 +56,14 @@ def test_encode_writes_the_current_format():
 
 def test_encode_omits_unset_optional_fields_but_keeps_the_seven_always_sent():
     stored = BlockStored(
-        block_hashes=[7], parent_block_hash=5, token_ids=[9, 9], block_size=2, lora_id=None, medium="GPU",
+        block_hashes=[7],
+        parent_block_hash=5,
+        token_ids=[9, 9],
+        block_size=2,
+        lora_id=None,
+        medium="GPU",
         lora_name=None,
-    )  # fmt: skip
+    )
     raw = msgspec.msgpack.decode(
         encode_event_batch([stored, BlockRemoved(block_hashes=[5], medium=None)], 0.0)
     )
@@ -84,8 +89,19 @@ def test_decode_current_format_built_by_hand():
 
 def test_decode_older_positional_format():
     legacy = [
-        "BlockStored", [11, 22], None, [1, 2, 3, 4], 2, None, "GPU", None, None, 1, "sliding_window", 6,
-    ]  # fmt: skip
+        "BlockStored",
+        [11, 22],
+        None,
+        [1, 2, 3, 4],
+        2,
+        None,
+        "GPU",
+        None,
+        None,
+        1,
+        "sliding_window",
+        6,
+    ]
     payload = msgspec.msgpack.encode([3.25, [legacy, ["BlockRemoved", [22], "GPU", 1], ["AllBlocksCleared"]]])
     batch = decode_event_batch(payload)
     assert batch.ts == 3.25 and batch.data_parallel_rank is None
@@ -96,9 +112,14 @@ def test_decode_oldest_positional_format_without_medium_or_lora_name():
     payload = msgspec.msgpack.encode([1, [["BlockStored", [5], 4, [7, 8], 2, None], ["BlockRemoved", [5]]]])
     stored, removed = decode_event_batch(payload).events
     assert stored == BlockStored(
-        block_hashes=[5], parent_block_hash=4, token_ids=[7, 8], block_size=2, lora_id=None, medium=None,
+        block_hashes=[5],
+        parent_block_hash=4,
+        token_ids=[7, 8],
+        block_size=2,
+        lora_id=None,
+        medium=None,
         lora_name=None,
-    )  # fmt: skip
+    )
     assert removed == BlockRemoved(block_hashes=[5], medium=None)
 
 
@@ -111,9 +132,16 @@ def test_unknown_fields_are_ignored_in_both_formats():
 
 def test_bytes_hashes_and_chained_parent_round_trip():
     stored = BlockStored(
-        block_hashes=[b"\x01" * 32, b"\x02" * 32], parent_block_hash=b"\x00" * 32, token_ids=[1, 2, 3, 4],
-        block_size=2, lora_id=3, medium="CPU", lora_name="adapter", session_id="s1", extra_keys=[None, None],
-    )  # fmt: skip
+        block_hashes=[b"\x01" * 32, b"\x02" * 32],
+        parent_block_hash=b"\x00" * 32,
+        token_ids=[1, 2, 3, 4],
+        block_size=2,
+        lora_id=3,
+        medium="CPU",
+        lora_name="adapter",
+        session_id="s1",
+        extra_keys=[None, None],
+    )
     events = [stored, BlockRemoved(block_hashes=[2**64 - 1], medium="GPU"), AllBlocksCleared()]
     batch = decode_event_batch(encode_event_batch(events, ts=99.0, data_parallel_rank=7))
     assert batch == KVEventBatch(ts=99.0, events=events, data_parallel_rank=7)

@@ -11,10 +11,18 @@ from core.kv.specs import FullAttentionSpec, MambaSpec, MLAAttentionSpec, Slidin
 from core.planning.catalog.models import MODELS, ModelSpec
 
 QWEN2 = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32,
-    "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "sliding_window": 8, "use_sliding_window": True, "max_window_layers": 2,
-}  # fmt: skip
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "sliding_window": 8,
+    "use_sliding_window": True,
+    "max_window_layers": 2,
+}
 
 
 def test_one_reader_for_planner_engine_and_dicts():
@@ -52,10 +60,22 @@ def test_page_sizes_by_hand():
 def test_mamba_state_per_tensor_dtypes():
     """A Mamba2 layer (granite-4.0-h-like): conv (3, 8192 + 2 x 1 x 128) in bf16 and SSM (128, 64, 128) in
     fp32: 3 x 8,448 x 2 + 128 x 64 x 128 x 4 = 4,244,992 B."""
-    config = {"model_type": "granitemoehybrid", "hidden_size": 4096, "num_attention_heads": 32,
-              "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 100, "torch_dtype": "bfloat16",
-              "layer_types": ["mamba", "attention"], "mamba_n_heads": 128, "mamba_d_head": 64,
-              "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_expand": 2, "mamba_ssm_dtype": "float32"}  # fmt: skip
+    config = {
+        "model_type": "granitemoehybrid",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 2,
+        "vocab_size": 100,
+        "torch_dtype": "bfloat16",
+        "layer_types": ["mamba", "attention"],
+        "mamba_n_heads": 128,
+        "mamba_d_head": 64,
+        "mamba_d_state": 128,
+        "mamba_n_groups": 1,
+        "mamba_expand": 2,
+        "mamba_ssm_dtype": "float32",
+    }
     mamba, attention = layer_specs(config, block_size=16, max_model_len=4096)
     assert isinstance(mamba, MambaSpec) and mamba.dtypes == ("bf16", "fp32")
     assert mamba.page_size_bytes == 3 * 8448 * 2 + 128 * 64 * 128 * 4 == 4_244_992

@@ -163,9 +163,21 @@ def test_host_events_carry_medium_cpu_and_the_gpu_hashes():
     cpu = [e for e in events if e.medium == "CPU"]
     common = {"block_size": 4, "lora_id": None, "medium": "CPU", "lora_name": None, "group_idx": 0}
     assert cpu == [
-        BlockStored(block_hashes=[k1], parent_block_hash=None, token_ids=[1, 2, 3, 4], kv_cache_spec_kind="full_attention", **common),
-        BlockStored(block_hashes=[k2], parent_block_hash=k1, token_ids=[5, 6, 7, 8], kv_cache_spec_kind="full_attention", **common),
-    ]  # fmt: skip
+        BlockStored(
+            block_hashes=[k1],
+            parent_block_hash=None,
+            token_ids=[1, 2, 3, 4],
+            kv_cache_spec_kind="full_attention",
+            **common,
+        ),
+        BlockStored(
+            block_hashes=[k2],
+            parent_block_hash=k1,
+            token_ids=[5, 6, 7, 8],
+            kv_cache_spec_kind="full_attention",
+            **common,
+        ),
+    ]
     run(m, "b", B[:5])  # one new block: the full tier evicts its LRU block (a's tail: the head was refreshed)
     cpu = [e for e in m.take_events() if e.medium == "CPU"]
     assert cpu[0] == BlockRemoved(block_hashes=[k2], medium="CPU", group_idx=0)

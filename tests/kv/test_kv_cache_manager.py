@@ -145,9 +145,21 @@ def test_events_chain_by_parent_and_eviction_alone_removes():
     h2 = h(h1, [3, 4])
     common = {"block_size": 2, "lora_id": None, "medium": "GPU", "lora_name": None, "group_idx": 0}
     assert m.take_events() == [
-        BlockStored(block_hashes=[h1], parent_block_hash=None, token_ids=[1, 2], kv_cache_spec_kind="full_attention", **common),
-        BlockStored(block_hashes=[h2], parent_block_hash=h1, token_ids=[3, 4], kv_cache_spec_kind="full_attention", **common),
-    ]  # fmt: skip
+        BlockStored(
+            block_hashes=[h1],
+            parent_block_hash=None,
+            token_ids=[1, 2],
+            kv_cache_spec_kind="full_attention",
+            **common,
+        ),
+        BlockStored(
+            block_hashes=[h2],
+            parent_block_hash=h1,
+            token_ids=[3, 4],
+            kv_cache_spec_kind="full_attention",
+            **common,
+        ),
+    ]
     m.free("a")
     assert m.take_events() == []  # freeing keeps the cache
     # free now: uncached 3 and 2 (a's partial last block), then cached 1 (a's tail) and 0 (its head)

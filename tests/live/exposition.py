@@ -67,8 +67,12 @@ def vllm_exposition(
         "gpu_memory_utilization",
         "num_gpu_blocks",
     ]
-    info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", [*info_labels, "engine"],
-                 registry=reg)  # fmt: skip
+    info = Gauge(
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        [*info_labels, "engine"],
+        registry=reg,
+    )
     for engine, s in engines.items():
         ls = (model, engine)
         running.labels(*ls).set(s.running)

@@ -19,20 +19,37 @@ from tests.live.metrics_server import MetricsServer
 
 # (address, its class): the IANA IPv4 / IPv6 special-purpose address registries, by hand
 CLASSES = [
-    ("8.8.8.8", "public"), ("1.1.1.1", "public"), ("2606:4700:4700::1111", "public"),
-    ("127.0.0.1", "loopback"), ("127.255.0.9", "loopback"), ("::1", "loopback"),
-    ("10.0.0.5", "private"), ("172.16.0.1", "private"), ("172.31.255.255", "private"), ("192.168.1.1", "private"),
-    ("fd12:3456::1", "private"), ("fc00::1", "private"),
-    ("169.254.169.254", "link-local"), ("fe80::1", "link-local"), ("fe80::1%eth0", "link-local"),
-    ("0.0.0.0", "unspecified"), ("::", "unspecified"),
-    ("224.0.0.1", "multicast"), ("ff02::1", "multicast"),
-    ("100.64.0.1", "shared"), ("100.127.255.254", "shared"),
-    ("fec0::1", "site-local"), ("240.0.0.1", "reserved"),
-    ("::ffff:169.254.169.254", "link-local"), ("::ffff:127.0.0.1", "loopback"), ("::ffff:8.8.8.8", "public"),
+    ("8.8.8.8", "public"),
+    ("1.1.1.1", "public"),
+    ("2606:4700:4700::1111", "public"),
+    ("127.0.0.1", "loopback"),
+    ("127.255.0.9", "loopback"),
+    ("::1", "loopback"),
+    ("10.0.0.5", "private"),
+    ("172.16.0.1", "private"),
+    ("172.31.255.255", "private"),
+    ("192.168.1.1", "private"),
+    ("fd12:3456::1", "private"),
+    ("fc00::1", "private"),
+    ("169.254.169.254", "link-local"),
+    ("fe80::1", "link-local"),
+    ("fe80::1%eth0", "link-local"),
+    ("0.0.0.0", "unspecified"),
+    ("::", "unspecified"),
+    ("224.0.0.1", "multicast"),
+    ("ff02::1", "multicast"),
+    ("100.64.0.1", "shared"),
+    ("100.127.255.254", "shared"),
+    ("fec0::1", "site-local"),
+    ("240.0.0.1", "reserved"),
+    ("::ffff:169.254.169.254", "link-local"),
+    ("::ffff:127.0.0.1", "loopback"),
+    ("::ffff:8.8.8.8", "public"),
     ("64:ff9b::a00:5", "private"),  # NAT64 of 10.0.0.5
     ("2002:a9fe:a9fe::1", "link-local"),  # 6to4 of 169.254.169.254
-    ("192.0.2.1", "private"), ("198.18.0.1", "private"),  # documentation, benchmarking: not routable
-]  # fmt: skip
+    ("192.0.2.1", "private"),
+    ("198.18.0.1", "private"),  # documentation, benchmarking: not routable
+]
 
 
 @pytest.mark.parametrize(("text", "kind"), CLASSES)
@@ -47,9 +64,15 @@ def test_the_default_is_the_lab_servers_loopback_ports():
     )
     for port in (8000, 5557, 5558):
         policy.admit("127.0.0.1", port, "x")
-    for host, port, kind in [("127.0.0.1", 8001, "loopback"), ("[::1]", 8000, "loopback"), ("10.0.0.5", 8000, "private"),
-                             ("169.254.169.254", 80, "link-local"), ("8.8.8.8", 8000, "public"),
-                             ("[::ffff:127.0.0.1]", 9000, "loopback"), ("0.0.0.0", 8000, "unspecified")]:  # fmt: skip
+    for host, port, kind in [
+        ("127.0.0.1", 8001, "loopback"),
+        ("[::1]", 8000, "loopback"),
+        ("10.0.0.5", 8000, "private"),
+        ("169.254.169.254", 80, "link-local"),
+        ("8.8.8.8", 8000, "public"),
+        ("[::ffff:127.0.0.1]", 9000, "loopback"),
+        ("0.0.0.0", 8000, "unspecified"),
+    ]:
         with pytest.raises(LiveAddressRefusedError) as caught:
             policy.admit(host, port, "the metrics URL's host")
         assert caught.value.address_class == kind and caught.value.variable == "PAGED_LAB_LIVE_HOSTS"
@@ -154,8 +177,12 @@ def test_the_fetch_connects_to_the_checked_address_with_the_name_as_host(dns):
 
 
 def test_errors_name_the_failure_class_never_what_answered():
-    server = MetricsServer({"/metrics": "<html><body>internal admin: password hunter2</body></html>",
-                            "/junk": "password=hunter2 {{{\n"})  # fmt: skip
+    server = MetricsServer(
+        {
+            "/metrics": "<html><body>internal admin: password hunter2</body></html>",
+            "/junk": "password=hunter2 {{{\n",
+        }
+    )
     banner = socket.socket()
     banner.bind(("127.0.0.1", 0))
     banner.listen()
@@ -181,7 +208,11 @@ def test_errors_name_the_failure_class_never_what_answered():
             )
         failures["banner"] = caught.value
         assert {k: e.failure for k, e in failures.items()} == {
-            "/secret-error": "http-status", "/redirect": "redirect", "/nope": "http-status", "banner": "not-http"}  # fmt: skip
+            "/secret-error": "http-status",
+            "/redirect": "redirect",
+            "/nope": "http-status",
+            "banner": "not-http",
+        }
         assert "HTTP 500" in str(failures["/secret-error"]) and "HTTP 302" in str(failures["/redirect"])
         for path in ("/metrics", "/junk"):  # what a refused parse says names the line, not its content
             with pytest.raises(Exception, match="not a Prometheus exposition") as caught:

@@ -33,19 +33,30 @@ from core.serve.launcher import free_port
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MSGPACK = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=12)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=12)
     | st.binary(max_size=12),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=12,
-)  # fmt: skip
+)
 
 
 @functools.cache
 def seeds() -> tuple[bytes, ...]:
     """Frames from a real run: the tiny engine with prefix caching and events, two prompts sharing a prefix and
     a pool small enough that a third evicts (BlockRemoved), then a cache reset (AllBlocksCleared)."""
-    engine = Engine.from_config(TINY_LLAMA, num_blocks=12, block_size=4, device="cpu", warmup=False,
-                                enable_prefix_caching=True, enable_kv_cache_events=True)  # fmt: skip
+    engine = Engine.from_config(
+        TINY_LLAMA,
+        num_blocks=12,
+        block_size=4,
+        device="cpu",
+        warmup=False,
+        enable_prefix_caching=True,
+        enable_kv_cache_events=True,
+    )
     batches = []
     for prompt in ([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 20], list(range(30, 62))):
         engine.generate([prompt], SamplingParams(4, temperature=0.0, ignore_eos=True))
@@ -138,8 +149,12 @@ def endpoint():
 def _state(tree) -> tuple[dict, set]:
     """Every cached block per pool, and every (pool, parent, child) link: the whole tree, comparable."""
     blocks = {pool: tree.blocks(pool) for pool in tree.pools()}
-    links = {(pool, parent, child) for pool, bs in blocks.items()
-             for parent in [None, *bs] for child in tree.children(pool, parent)}  # fmt: skip
+    links = {
+        (pool, parent, child)
+        for pool, bs in blocks.items()
+        for parent in [None, *bs]
+        for child in tree.children(pool, parent)
+    }
     return blocks, links
 
 
@@ -168,8 +183,16 @@ def test_a_bad_frame_leaves_the_tree_unchanged_and_the_subscriber_working(endpoi
         sub.close()
 
 
-@pytest.mark.parametrize("frames", [[], [b"kv-events"], [b"t", b"\x00" * 7, b"x"], [b"t", b"\x00" * 9, b"x"],
-                                    [b"t", b"\x00" * 8, b"x", b"y"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [],
+        [b"kv-events"],
+        [b"t", b"\x00" * 7, b"x"],
+        [b"t", b"\x00" * 9, b"x"],
+        [b"t", b"\x00" * 8, b"x", b"y"],
+    ],
+)
 def test_a_message_of_the_wrong_shape_changes_nothing(endpoint, frames):
     sub = KVEventSubscriber(endpoint)
     try:

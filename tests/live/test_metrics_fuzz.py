@@ -30,16 +30,21 @@ INSERT = st.lists(SYNTAX | st.characters(exclude_categories=()), min_size=1, max
 
 def _served_exposition() -> str:
     """core.serve's /metrics after three real requests through its engine loop (the tiny model)."""
-    engine = Engine.from_config(TINY_LLAMA, num_blocks=32, block_size=4, device="cpu", warmup=False,
-                                enable_prefix_caching=True)  # fmt: skip
+    engine = Engine.from_config(
+        TINY_LLAMA, num_blocks=32, block_size=4, device="cpu", warmup=False, enable_prefix_caching=True
+    )
     metrics = ServerMetrics("tiny", block_size=4, num_gpu_blocks=32, prefix_caching=True, dtype="float32")
     loop = EngineLoop(engine, metrics)
     loop.start()
     try:
         done = []
         for i in range(3):
-            loop.submit(f"r{i}", list(range(1, 12)), SamplingParams(4, temperature=0.0, ignore_eos=True),
-                        lambda out, err: done.append(out) if out is not None and out.finished else None)  # fmt: skip
+            loop.submit(
+                f"r{i}",
+                list(range(1, 12)),
+                SamplingParams(4, temperature=0.0, ignore_eos=True),
+                lambda out, err: done.append(out) if out is not None and out.finished else None,
+            )
         deadline = time.monotonic() + 30
         while len(done) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -61,8 +66,13 @@ def seeds() -> tuple[str, str, str]:
 @st.composite
 def mutated(draw) -> str:
     text = draw(st.sampled_from(seeds()))
-    for op in draw(st.lists(st.sampled_from(["delete", "insert", "flip", "dup", "swap", "replace", "cut"]),
-                            min_size=1, max_size=4)):  # fmt: skip
+    for op in draw(
+        st.lists(
+            st.sampled_from(["delete", "insert", "flip", "dup", "swap", "replace", "cut"]),
+            min_size=1,
+            max_size=4,
+        )
+    ):
         i = draw(st.integers(0, len(text)))
         j = min(len(text), i + draw(st.integers(1, 40)))
         lines = text.split("\n")

@@ -31,9 +31,12 @@ def test_leading_blocks_equal_the_kv_cores_hits_through_eviction():
     allocated: the tokens the lookup says are cached are the tokens the pool serves from cache."""
     rng = random.Random(7)
     kv = KVCacheManager(
-        [FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8)], 40,
-        enable_prefix_caching=True, enable_kv_cache_events=True, block_hasher=VllmBlockHasher(),
-    )  # fmt: skip
+        [FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8)],
+        40,
+        enable_prefix_caching=True,
+        enable_kv_cache_events=True,
+        block_hasher=VllmBlockHasher(),
+    )
     tree = CachedBlockTree()
     system = [rng.randrange(5000) for _ in range(64)]
     branches = [system + [rng.randrange(5000) for _ in range(48)] for _ in range(4)]
@@ -67,8 +70,10 @@ def test_lookup_per_server_and_medium_and_the_answer():
     store(both, 3, "CPU")
     found = lookup_prompt(prompt, {"a": gpu, "b": both})
     assert [(p.server, p.medium, p.cached_blocks, p.num_blocks) for p in found] == [
-        ("a", "GPU", 2, 6), ("b", "CPU", 3, 6), ("b", "GPU", 6, 6),
-    ]  # fmt: skip
+        ("a", "GPU", 2, 6),
+        ("b", "CPU", 3, 6),
+        ("b", "GPU", 6, 6),
+    ]
     answer = answer_lookup(
         LookupRequest(" ".join(map(str, prompt)), "token ids"), {"a": gpu, "b": both}, None
     )

@@ -19,10 +19,19 @@ from core.live.served_model import (
 
 VLLM_BODY = {  # vLLM 0.32's answer for `vllm serve /models/smollm2-hf --served-model-name smollm2`
     "object": "list",
-    "data": [{"id": "smollm2", "object": "model", "created": 1765000000, "owned_by": "vllm",
-              "root": "/models/smollm2-hf", "parent": None, "max_model_len": 2048,
-              "permission": [{"id": "modelperm-1", "object": "model_permission"}]}],
-}  # fmt: skip
+    "data": [
+        {
+            "id": "smollm2",
+            "object": "model",
+            "created": 1765000000,
+            "owned_by": "vllm",
+            "root": "/models/smollm2-hf",
+            "parent": None,
+            "max_model_len": 2048,
+            "permission": [{"id": "modelperm-1", "object": "model_permission"}],
+        }
+    ],
+}
 
 
 def test_parse_vllm_models():

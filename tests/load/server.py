@@ -93,10 +93,20 @@ def start_server(
     RuntimeError (the server stopped) when it does not within `ready_timeout_s`."""
     if replicas is None:
         command = [
-            sys.executable, "-m", "streamlit", "run", "app.py",
-            "--server.headless", "true", "--server.port", str(port),
-            "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.headless",
+            "true",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--browser.gatherUsageStats",
+            "false",
+        ]
     else:
         command = [sys.executable, "-m", "hosting", "--port", str(port), "--replicas", str(replicas)]
     log = open(log_path, "w")  # noqa: SIM115 (closed with the process)

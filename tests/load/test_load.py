@@ -32,8 +32,12 @@ def _load(*args: str, env: dict[str, str] | None = None) -> dict:
     # its own process: the suite's session-wide Playwright already runs an event loop in this one
     completed = subprocess.run(
         [sys.executable, "-m", "tests.load.run", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
     assert completed.returncode in (0, 1), completed.stderr[-4000:]
     return json.loads(completed.stdout)
 

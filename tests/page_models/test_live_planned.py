@@ -22,9 +22,18 @@ ROOFS = {"memory_bandwidth": 26e9, "peak_flops": 80e9}
 
 
 def scrape(window, name="tiny", blocks=64) -> VllmMetrics:
-    return VllmMetrics(ttft=window.ttft, itl=window.itl, e2e=window.e2e, prefill_time=window.prefill_time,
-                       request_prompt_tokens=window.prompt_tokens, request_generation_tokens=window.output_tokens,
-                       request_tpot=window.tpot, num_gpu_blocks=blocks, block_size=16, model_names=(name,))  # fmt: skip
+    return VllmMetrics(
+        ttft=window.ttft,
+        itl=window.itl,
+        e2e=window.e2e,
+        prefill_time=window.prefill_time,
+        request_prompt_tokens=window.prompt_tokens,
+        request_generation_tokens=window.output_tokens,
+        request_tpot=window.tpot,
+        num_gpu_blocks=blocks,
+        block_size=16,
+        model_names=(name,),
+    )
 
 
 def history_of(*polls) -> LiveHistory:
@@ -49,9 +58,18 @@ def empty_like(window) -> VllmMetrics:
     def zero(h):
         return replace(h, cumulative=tuple(0.0 for _ in h.cumulative), sum=0.0, count=0.0)
 
-    return scrape(replace(window, ttft=zero(window.ttft), itl=zero(window.itl), e2e=zero(window.e2e),
-                          prefill_time=zero(window.prefill_time), prompt_tokens=zero(window.prompt_tokens),
-                          output_tokens=zero(window.output_tokens), tpot=zero(window.tpot)))  # fmt: skip
+    return scrape(
+        replace(
+            window,
+            ttft=zero(window.ttft),
+            itl=zero(window.itl),
+            e2e=zero(window.e2e),
+            prefill_time=zero(window.prefill_time),
+            prompt_tokens=zero(window.prompt_tokens),
+            output_tokens=zero(window.output_tokens),
+            tpot=zero(window.tpot),
+        )
+    )
 
 
 def test_reasons_without_enough_traffic_or_a_plannable_model():
@@ -74,8 +92,12 @@ def test_a_core_serve_window_is_planned_on_the_cpu_roofs():
 
     _, window = simulated_server(n=40)
     calls = []
-    tiny = live_plan(history_of((0.0, empty_like(window)), (window.seconds, scrape(window))), "srv", VALUES,
-                     lambda: calls.append(1) or ROOFS)  # fmt: skip
+    tiny = live_plan(
+        history_of((0.0, empty_like(window)), (window.seconds, scrape(window))),
+        "srv",
+        VALUES,
+        lambda: calls.append(1) or ROOFS,
+    )
     assert tiny.planned_with == "tiny (float32) on this machine's CPU" and calls == [1]
     assert tiny.result is not None and not tiny.result.fit.converged
     if cached_model("smollm2-135m-instruct") is None:
@@ -93,10 +115,18 @@ def test_a_core_serve_window_is_planned_on_the_cpu_roofs():
 
 
 SMOLLM2_CONFIG = {  # SmolLM2-135M-Instruct's config.json, the fields the planner reads
-    "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
-    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
-    "max_position_embeddings": 8192, "tie_word_embeddings": True, "torch_dtype": "float32",
-}  # fmt: skip
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
 
 
 def test_a_vllm_model_that_is_no_preset_is_planned_from_its_config(tmp_path):

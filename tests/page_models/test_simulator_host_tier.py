@@ -10,9 +10,15 @@ from core.errors import InvalidArgumentError
 from core.page_models.simulator import SimulatorParams, run_comparison
 
 RUN = SimulatorParams(
-    num_requests=120, rate=1.0, prefix_len=512, prefix_fraction=0.3, capacity_source="raw",
-    raw_capacity_tokens=4096, enable_prefix_caching=True, policies=("paged", "orca-oracle"),
-)  # fmt: skip
+    num_requests=120,
+    rate=1.0,
+    prefix_len=512,
+    prefix_fraction=0.3,
+    capacity_source="raw",
+    raw_capacity_tokens=4096,
+    enable_prefix_caching=True,
+    policies=("paged", "orca-oracle"),
+)
 
 
 def test_host_tier_capacity_is_vllms_arithmetic_by_hand():

@@ -19,9 +19,20 @@ from core.planning.predict.load import Load
 from core.planning.predict.max_rate import max_rate
 from core.planning.predict.prediction import Deployment
 
-TINY = SloPredictParams(model="qwen2.5-7b", gpu="l40s", replicas=1, max_num_seqs=1, kv_dtype="auto",
-                        load_kind="concurrency", concurrency=2, prompt_len=64, output_len=1,
-                        targets=(("e2e_p50_s", 0.5),), shared_prefix_len=48, num_prefixes=2)  # fmt: skip
+TINY = SloPredictParams(
+    model="qwen2.5-7b",
+    gpu="l40s",
+    replicas=1,
+    max_num_seqs=1,
+    kv_dtype="auto",
+    load_kind="concurrency",
+    concurrency=2,
+    prompt_len=64,
+    output_len=1,
+    targets=(("e2e_p50_s", 0.5),),
+    shared_prefix_len=48,
+    num_prefixes=2,
+)
 calls = []
 
 

@@ -27,8 +27,9 @@ BASE = replace(
     ),
     bandwidth_efficiency=0.8,
 )
-LIMITS = ServerLimits(kv_capacity_tokens=64 * 16, block_size=16, max_num_seqs=8, max_num_batched_tokens=2048,
-                      max_seq_len=2048)  # fmt: skip
+LIMITS = ServerLimits(
+    kv_capacity_tokens=64 * 16, block_size=16, max_num_seqs=8, max_num_batched_tokens=2048, max_seq_len=2048
+)
 TRUTH = replace(BASE, overhead_s=0.03, flops_efficiency=0.4)
 
 
@@ -36,8 +37,9 @@ def simulated_server(n: int = 60, rate: float = 0.7, seed: int = 5):
     """(requests, the window a /metrics of a server with TRUTH serving them would show)."""
     rng = np.random.default_rng(seed)
     arrivals = poisson_arrivals(n, rate, rng)
-    requests = [Request(i, float(arrivals[i]), int(rng.integers(16, 97)), int(rng.integers(8, 41)))
-                for i in range(n)]  # fmt: skip
+    requests = [
+        Request(i, float(arrivals[i]), int(rng.integers(16, 97)), int(rng.integers(8, 41))) for i in range(n)
+    ]
     f = _simulate([requests], TRUTH, LIMITS)
     decode, out = f["finish_time"] - f["first_token_time"], f["output_len"]
     tpot = decode / (out - 1)
@@ -46,11 +48,18 @@ def simulated_server(n: int = 60, rate: float = 0.7, seed: int = 5):
     span = float(f["finish_time"].max() - f["arrival_time"].min())
     tokens = request_token_buckets(2048)
     window = ObservedWindow(
-        seconds=span, requests=n, request_rate=n / span, mean_prompt_tokens=float(f["prompt_len"].mean()),
-        mean_output_tokens=float(out.mean()), ttft=bucketed(f["first_token_time"] - f["arrival_time"], TTFT_BUCKETS),
-        itl=itl, e2e=bucketed(f["finish_time"] - f["arrival_time"], REQUEST_LATENCY_BUCKETS),
+        seconds=span,
+        requests=n,
+        request_rate=n / span,
+        mean_prompt_tokens=float(f["prompt_len"].mean()),
+        mean_output_tokens=float(out.mean()),
+        ttft=bucketed(f["first_token_time"] - f["arrival_time"], TTFT_BUCKETS),
+        itl=itl,
+        e2e=bucketed(f["finish_time"] - f["arrival_time"], REQUEST_LATENCY_BUCKETS),
         prefill_time=bucketed(f["first_token_time"] - f["admit_time"], REQUEST_LATENCY_BUCKETS),
-        prompt_tokens=bucketed(f["prompt_len"], tokens), output_tokens=bucketed(out, tokens),
-        tpot=bucketed(tpot, ITL_BUCKETS), tpot_source="request_tpot",
-    )  # fmt: skip
+        prompt_tokens=bucketed(f["prompt_len"], tokens),
+        output_tokens=bucketed(out, tokens),
+        tpot=bucketed(tpot, ITL_BUCKETS),
+        tpot_source="request_tpot",
+    )
     return requests, window

@@ -11,10 +11,19 @@ from core.planning.commands.dispatch import main
 from core.planning.memory.cpu_kv import CpuKVInputs, GiB, cpu_kv_dtype, plan_cpu_kv
 
 SMOLLM2 = {  # SmolLM2-135M-Instruct's config.json (the fields the planner reads), a float32 checkpoint
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
-    "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-    "head_dim": 64, "max_position_embeddings": 8192, "tie_word_embeddings": True, "torch_dtype": "float32",
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
 
 
 def smollm2(dtype="float32") -> ModelSpec:
@@ -64,9 +73,13 @@ def test_a_request_that_does_not_fit():
 
 @pytest.mark.parametrize(
     "change, words",
-    [({"block_size": 16}, "multiples of 32"), ({"kv_cache_dtype": "fp16"}, "auto, fp8"),
-     ({"dtype": "float64"}, "dtype must be one of"), ({"max_model_len": 10_000}, "max_position_embeddings")],
-)  # fmt: skip
+    [
+        ({"block_size": 16}, "multiples of 32"),
+        ({"kv_cache_dtype": "fp16"}, "auto, fp8"),
+        ({"dtype": "float64"}, "dtype must be one of"),
+        ({"max_model_len": 10_000}, "max_position_embeddings"),
+    ],
+)
 def test_refusals(change, words):
     with pytest.raises(InvalidArgumentError, match=words):
         plan_cpu_kv(CpuKVInputs(smollm2(), GiB, **change))
@@ -93,10 +106,19 @@ def test_compare_with_a_server_that_names_its_kv_space():
     from core.planning.observed.compare import compare_kv_space_with_server
 
     def server(blocks, override="None", space=str(GiB)):
-        labels = {"block_size": "32", "cache_dtype": "auto", "kv_cache_memory_bytes": space,
-                  "num_gpu_blocks": str(blocks), "num_gpu_blocks_override": override}  # fmt: skip
-        return VllmMetrics(num_gpu_blocks=blocks, block_size=32, model_names=("smollm2",),
-                           cache_config=tuple(sorted(labels.items())))  # fmt: skip
+        labels = {
+            "block_size": "32",
+            "cache_dtype": "auto",
+            "kv_cache_memory_bytes": space,
+            "num_gpu_blocks": str(blocks),
+            "num_gpu_blocks_override": override,
+        }
+        return VllmMetrics(
+            num_gpu_blocks=blocks,
+            block_size=32,
+            model_names=("smollm2",),
+            cache_config=tuple(sorted(labels.items())),
+        )
 
     agree = compare_kv_space_with_server(smollm2(), server(1_456), 4096, 2048)
     assert (agree.planned_blocks, agree.observed_blocks, agree.relative_difference) == (1_456, 1_456, 0.0)

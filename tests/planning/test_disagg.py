@@ -77,8 +77,19 @@ def test_bad_disaggregated_deployments_are_refused():
 
 
 def test_cli_disagg(capsys):
-    base = ["--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--prompt-len", "512", "--output-len", "4",
-            "--rate", "1", "--disagg"]  # fmt: skip
+    base = [
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100-80gb",
+        "--prompt-len",
+        "512",
+        "--output-len",
+        "4",
+        "--rate",
+        "1",
+        "--disagg",
+    ]
     assert predict_main(base) == 0
     body = json.loads(capsys.readouterr().out)
     assert body["mode"] == "disagg" and body["kv_transfer_s"] == pytest.approx(

@@ -54,9 +54,15 @@ def _llama70b(rows: list[dict]) -> list[dict]:
 def test_rows_cover_both_gpus_and_every_tp():
     rows = LLAMA_70B
     assert len(rows) == 105
-    assert {(r.gpu, r.tp) for r in rows} == {("h100-80gb", 2), ("h100-80gb", 4), ("h100-80gb", 8),
-                                             ("h200-141gb", 1), ("h200-141gb", 2), ("h200-141gb", 4),
-                                             ("h200-141gb", 8)}  # fmt: skip
+    assert {(r.gpu, r.tp) for r in rows} == {
+        ("h100-80gb", 2),
+        ("h100-80gb", 4),
+        ("h100-80gb", 8),
+        ("h200-141gb", 1),
+        ("h200-141gb", 2),
+        ("h200-141gb", 4),
+        ("h200-141gb", 8),
+    }
     sets = [pv.row_set(r) for r in rows]
     assert (sets.count("training"), sets.count("kv-limited")) == (99, 6)
 

@@ -59,8 +59,9 @@ def test_bad_routing_and_no_replica_are_plain_errors():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "core.planning", *args], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "core.planning", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize(
@@ -72,16 +73,44 @@ def _cli(*args):
     ],
 )
 def test_cli_bad_values_exit_2_with_one_line(command, bad, word):
-    run = _cli(command, "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--prompt-len", "10",
-               "--output-len", "10", *bad)  # fmt: skip
+    run = _cli(
+        command,
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100-80gb",
+        "--prompt-len",
+        "10",
+        "--output-len",
+        "10",
+        *bad,
+    )
     assert run.returncode == 2 and word in run.stderr
     assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
 
 
 def test_cli_prints_the_fleet():
-    run = _cli("predict", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--replicas", "2", "--routing",
-               "prefix-aware", "--rate", "4", "--prompt-len", "300", "--output-len", "8",
-               "--shared-prefix-len", "256", "--num-prefixes", "4")  # fmt: skip
+    run = _cli(
+        "predict",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100-80gb",
+        "--replicas",
+        "2",
+        "--routing",
+        "prefix-aware",
+        "--rate",
+        "4",
+        "--prompt-len",
+        "300",
+        "--output-len",
+        "8",
+        "--shared-prefix-len",
+        "256",
+        "--num-prefixes",
+        "4",
+    )
     assert run.returncode == 0, run.stderr
     body = json.loads(run.stdout)
     assert body["deployment"]["routing"] == "prefix-aware" and len(body["per_replica"]) == 2

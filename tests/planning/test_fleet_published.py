@@ -42,8 +42,9 @@ def scaled():
     out = {}
     for routing in ("round-robin", "prefix-aware"):
         settings = WARM if routing == "prefix-aware" else SATURATED
-        out[routing] = predict(kv_cache_wins_deployment(routing, 10), kv_cache_wins_load(SCALED_RATE, 10),
-                               settings=settings)  # fmt: skip
+        out[routing] = predict(
+            kv_cache_wins_deployment(routing, 10), kv_cache_wins_load(SCALED_RATE, 10), settings=settings
+        )
     return out
 
 

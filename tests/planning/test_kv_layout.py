@@ -133,11 +133,21 @@ def test_qwen3_next_gated_delta_net_state_raises_the_block_size():
 
 
 GRANITE_LIKE = {
-    "model_type": "granitemoehybrid", "hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 4,
-    "num_hidden_layers": 4, "vocab_size": 1000, "torch_dtype": "bfloat16",
-    "layer_types": ["mamba", "mamba", "mamba", "attention"], "mamba_n_heads": 48, "mamba_d_head": 64,
-    "mamba_d_state": 128, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_n_groups": 1,
-}  # fmt: skip
+    "model_type": "granitemoehybrid",
+    "hidden_size": 1536,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 4,
+    "vocab_size": 1000,
+    "torch_dtype": "bfloat16",
+    "layer_types": ["mamba", "mamba", "mamba", "attention"],
+    "mamba_n_heads": 48,
+    "mamba_d_head": 64,
+    "mamba_d_state": 128,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_n_groups": 1,
+}
 
 
 def test_mamba2_state_hand_checked():
@@ -156,9 +166,17 @@ def test_mamba2_state_hand_checked():
 
 def test_group_size_takes_the_largest_bucket_when_close():
     # 12 full + 13 sliding layers (gpt-oss with a drafter layer): padded to 13 + 13, not 24 + 13.
-    config = {"model_type": "gpt_oss", "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "head_dim": 64, "num_hidden_layers": 25, "vocab_size": 100, "sliding_window": 128,
-              "layer_types": ["sliding_attention", "full_attention"] * 12 + ["sliding_attention"]}  # fmt: skip
+    config = {
+        "model_type": "gpt_oss",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "num_hidden_layers": 25,
+        "vocab_size": 100,
+        "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"] * 12 + ["sliding_attention"],
+    }
     layout = kv_cache_layout(ModelSpec.from_hf_config(config), GiB, max_model_len=4096)
     assert kinds(layout) == [("sliding_window", 13, 128), ("full", 12, None)]
     assert (layout.group_size, layout.padding_layers) == (13, 1)
@@ -236,8 +254,19 @@ def test_cli_flags(tmp_path, capsys):
 
     index = tmp_path / "model.safetensors.index.json"
     index.write_text('{"metadata": {"total_size": 14000000000}}')
-    argv = ["--model", "gemma-2-9b", "--gpu", "h100-80gb", "--max-model-len", "8192", "--json",
-            "--safetensors-index", str(index), "--max-num-batched-tokens", "2048"]  # fmt: skip
+    argv = [
+        "--model",
+        "gemma-2-9b",
+        "--gpu",
+        "h100-80gb",
+        "--max-model-len",
+        "8192",
+        "--json",
+        "--safetensors-index",
+        str(index),
+        "--max-num-batched-tokens",
+        "2048",
+    ]
     assert main(argv) == 0
     data = __import__("json").loads(capsys.readouterr().out)
     assert data["weights_bytes"] == 14_000_000_000 and data["kv_layout"]["group_blocks"] == [385, 512]

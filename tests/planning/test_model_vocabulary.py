@@ -18,32 +18,64 @@ from tests.real_model import real_model_path
 
 # SmolLM2-135M-Instruct's published config.json (the fields both views read).
 SMOLLM2_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
-    "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-    "max_position_embeddings": 8192, "tie_word_embeddings": True, "rope_theta": 100000, "rms_norm_eps": 1e-05,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "rope_theta": 100000,
+    "rms_norm_eps": 1e-05,
     "torch_dtype": "bfloat16",
-}  # fmt: skip
+}
 SMOLLM2_SHAPE = ModelShape(30, 9, 3, 64, 576, 1536, 49152, 8192, True, (FULL,) * 30)
 # Embedding 49,152 x 576; per layer q and o 576 x 576, k and v 192 x 576, gate/up/down 3 x 1,536 x 576, two
 # norms of 576; the final norm; the LM head tied: 28,311,552 + 30 x 3,540,096 + 576 = 134,515,008 (~134.5M).
 SMOLLM2_PARAMS = 134_515_008
 
 GQA = {  # an explicit head_dim (32 x 128 = 4,096 != hidden 3,072), 4 KV heads; no tie key: Llama's default
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000, "hidden_size": 3072,
-    "intermediate_size": 8192, "num_hidden_layers": 3, "num_attention_heads": 32, "num_key_value_heads": 4,
-    "head_dim": 128, "max_position_embeddings": 4096,
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 1000,
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "max_position_embeddings": 4096,
+}
 MISTRAL = {  # every layer slides; no max_position_embeddings: the 2,048 both assume
-    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 320, "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1,
-    "sliding_window": 24, "tie_word_embeddings": False,
-}  # fmt: skip
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "vocab_size": 320,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "sliding_window": 24,
+    "tie_word_embeddings": False,
+}
 QWEN2 = {  # layers >= max_window_layers slide, only because use_sliding_window is set
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 256, "hidden_size": 64,
-    "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "sliding_window": 16, "use_sliding_window": True, "max_window_layers": 2, "max_position_embeddings": 256,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "sliding_window": 16,
+    "use_sliding_window": True,
+    "max_window_layers": 2,
+    "max_position_embeddings": 256,
     "tie_word_embeddings": True,
-}  # fmt: skip
+}
 CASES = {
     "tiny": (TINY_LLAMA, ModelShape(2, 4, 2, 16, 64, 176, 512, 512, False, (FULL,) * 2)),
     "gqa": (GQA, ModelShape(3, 32, 4, 128, 3072, 8192, 1000, 4096, False, (FULL,) * 3)),
@@ -89,7 +121,13 @@ def test_tie_word_embeddings_defaults_like_the_family():
     assert not ModelConfig.from_dict(untied).tie_word_embeddings
     spec = ModelSpec.from_hf_config(untied)
     assert not spec.tie_word_embeddings and spec.lm_head_params == 256 * 64
-    opt = {"model_type": "opt", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-           "ffn_dim": 256, "vocab_size": 100}  # fmt: skip
+    opt = {
+        "model_type": "opt",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "ffn_dim": 256,
+        "vocab_size": 100,
+    }
     tied = ModelSpec.from_hf_config(opt)
     assert tied.tie_word_embeddings and tied.lm_head_params == 0

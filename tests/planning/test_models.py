@@ -26,24 +26,50 @@ PUBLISHED = {
     "phi-3-mini": (32, 32, 32, 96, 4096),
 }
 PUBLISHED_PARAMS = {
-    "llama-2-7b": 6.74e9, "llama-2-13b": 13.0e9, "llama-2-70b": 69.0e9, "llama-3.1-8b": 8.03e9,
-    "llama-3.1-70b": 70.6e9, "llama-3.1-405b": 405.9e9, "mistral-7b": 7.24e9, "mixtral-8x7b": 46.7e9,
-    "qwen2.5-7b": 7.62e9, "qwen2.5-72b": 72.7e9, "opt-13b": 12.9e9, "opt-66b": 65.7e9, "gemma-2-9b": 9.24e9,
-    "phi-3-mini": 3.82e9, "deepseek-v3": 671e9,
-}  # fmt: skip
+    "llama-2-7b": 6.74e9,
+    "llama-2-13b": 13.0e9,
+    "llama-2-70b": 69.0e9,
+    "llama-3.1-8b": 8.03e9,
+    "llama-3.1-70b": 70.6e9,
+    "llama-3.1-405b": 405.9e9,
+    "mistral-7b": 7.24e9,
+    "mixtral-8x7b": 46.7e9,
+    "qwen2.5-7b": 7.62e9,
+    "qwen2.5-72b": 72.7e9,
+    "opt-13b": 12.9e9,
+    "opt-66b": 65.7e9,
+    "gemma-2-9b": 9.24e9,
+    "phi-3-mini": 3.82e9,
+    "deepseek-v3": 671e9,
+}
 
 
 def test_all_issue_presets_exist():
     assert set(PUBLISHED) | {"deepseek-v3"} <= set(MODELS)
-    assert {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "l4", "l40s", "rtx-4090", "a10g", "mi300x",
-            "b200"} <= set(GPUS)  # fmt: skip
+    assert {
+        "a100-40gb",
+        "a100-80gb",
+        "h100-80gb",
+        "h200-141gb",
+        "l4",
+        "l40s",
+        "rtx-4090",
+        "a10g",
+        "mi300x",
+        "b200",
+    } <= set(GPUS)
 
 
 @pytest.mark.parametrize("slug", sorted(PUBLISHED))
 def test_preset_shapes_match_published_config(slug):
     model = MODELS[slug]
-    shape = (model.num_layers, model.num_attention_heads, model.num_kv_heads, model.head_dim,
-             model.max_position_embeddings)  # fmt: skip
+    shape = (
+        model.num_layers,
+        model.num_attention_heads,
+        model.num_kv_heads,
+        model.head_dim,
+        model.max_position_embeddings,
+    )
     assert shape == PUBLISHED[slug]
 
 
@@ -71,8 +97,16 @@ def test_moe_active_parameter_estimate():
 
 def test_from_hf_config_falls_back_like_vllm():
     # No num_key_value_heads: one KV head per attention head; no head_dim: hidden / heads.
-    opt = ModelSpec.from_hf_config({"model_type": "opt", "hidden_size": 5120, "num_attention_heads": 40,
-                                    "num_hidden_layers": 40, "ffn_dim": 20480, "vocab_size": 50272})  # fmt: skip
+    opt = ModelSpec.from_hf_config(
+        {
+            "model_type": "opt",
+            "hidden_size": 5120,
+            "num_attention_heads": 40,
+            "num_hidden_layers": 40,
+            "ffn_dim": 20480,
+            "vocab_size": 50272,
+        }
+    )
     assert (opt.num_kv_heads, opt.head_dim) == (40, 128)
     assert opt.params_estimated and opt.num_params == pytest.approx(12.85e9, rel=0.01)
     # Explicit head_dim wins over hidden / heads (Gemma-2-9B: 256, not 3584 / 16 = 224).
@@ -80,13 +114,29 @@ def test_from_hf_config_falls_back_like_vllm():
     assert gemma.head_dim == 256 and gemma.hidden_size // gemma.num_attention_heads == 224
     # float32 checkpoint: Gemma-2 is served in bf16 (fp16 overflows), others in fp16.
     assert gemma.compute_dtype == "bfloat16"
-    other = ModelSpec.from_hf_config({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-                                      "vocab_size": 100, "torch_dtype": "float32"})  # fmt: skip
+    other = ModelSpec.from_hf_config(
+        {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+            "vocab_size": 100,
+            "torch_dtype": "float32",
+        }
+    )
     assert other.compute_dtype == "float16"
     # Multimodal configs nest the language model under text_config.
-    nested = ModelSpec.from_hf_config({"model_type": "llava", "text_config": {
-        "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
-        "vocab_size": 32000}})  # fmt: skip
+    nested = ModelSpec.from_hf_config(
+        {
+            "model_type": "llava",
+            "text_config": {
+                "hidden_size": 4096,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "num_hidden_layers": 32,
+                "vocab_size": 32000,
+            },
+        }
+    )
     assert (nested.num_layers, nested.num_kv_heads) == (32, 8)
 
 
@@ -95,17 +145,47 @@ def test_from_hf_config_falls_back_like_vllm():
     [
         ([1, 2], "JSON object"),
         ({"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}, "number of layers"),
-        ({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": -2, "vocab_size": 10}, "out of range"),
-        ({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": "x", "vocab_size": 10}, "integer"),
-        ({"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 8, "num_hidden_layers": 2,
-          "vocab_size": 10}, "exceeds"),
+        (
+            {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": -2, "vocab_size": 10},
+            "out of range",
+        ),
+        (
+            {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": "x", "vocab_size": 10},
+            "integer",
+        ),
+        (
+            {
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 8,
+                "num_hidden_layers": 2,
+                "vocab_size": 10,
+            },
+            "exceeds",
+        ),
         ({"hidden_size": 66, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 10}, "head_dim"),
-        ({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 10,
-          "torch_dtype": "int3"}, "torch_dtype"),
-        ({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 10,
-          "kv_lora_rank": 16}, "MLA"),
+        (
+            {
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "num_hidden_layers": 2,
+                "vocab_size": 10,
+                "torch_dtype": "int3",
+            },
+            "torch_dtype",
+        ),
+        (
+            {
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "num_hidden_layers": 2,
+                "vocab_size": 10,
+                "kv_lora_rank": 16,
+            },
+            "MLA",
+        ),
     ],
-)  # fmt: skip
+)
 def test_from_hf_config_rejects_bad_configs(config, message):
     with pytest.raises(InvalidArgumentError, match=message):
         ModelSpec.from_hf_config(config)
@@ -120,11 +200,19 @@ def test_unknown_slugs_list_the_known_ones():
 
 @pytest.mark.parametrize(
     "slug, memory_mib, bandwidth_gb_per_s, driver",
-    [("a100-40gb", 40_960, 1555, True), ("a100-80gb", 81_920, 2039, False), ("h100-80gb", 81_559, 3350, True),
-     ("h200-141gb", 143_771, 4800, True), ("l4", 23_034, 300, True), ("l40s", 46_068, 864, True),
-     ("rtx-4090", 24_564, 1008, True), ("a10g", 23_028, 600, True), ("mi300x", 192 * 1024, 5300, False),
-     ("b200", 180 * 1024, 8000, False)],
-)  # fmt: skip
+    [
+        ("a100-40gb", 40_960, 1555, True),
+        ("a100-80gb", 81_920, 2039, False),
+        ("h100-80gb", 81_559, 3350, True),
+        ("h200-141gb", 143_771, 4800, True),
+        ("l4", 23_034, 300, True),
+        ("l40s", 46_068, 864, True),
+        ("rtx-4090", 24_564, 1008, True),
+        ("a10g", 23_028, 600, True),
+        ("mi300x", 192 * 1024, 5300, False),
+        ("b200", 180 * 1024, 8000, False),
+    ],
+)
 def test_gpu_presets_use_the_driver_reported_total(slug, memory_mib, bandwidth_gb_per_s, driver):
     """Memory: the total nvidia-smi / torch.cuda.mem_get_info report in public logs (docs/figures.md), or, without
     one, the HBM rule (printed GB as GiB); bandwidth from the datasheets."""
@@ -138,11 +226,19 @@ def test_gpu_presets_use_the_driver_reported_total(slug, memory_mib, bandwidth_g
 
 @pytest.mark.parametrize(
     "slug, link, link_gb_per_s, fp8_tflops",
-    [("a100-40gb", "NVLink 3", 600, None), ("a100-80gb", "NVLink 3", 600, None),
-     ("h100-80gb", "NVLink 4", 900, 1979), ("h200-141gb", "NVLink 4", 900, 1979), ("l4", "PCIe Gen4 x16", 64, 242.5),
-     ("l40s", "PCIe Gen4 x16", 64, 733), ("rtx-4090", "PCIe Gen4 x16", 64, None), ("a10g", "PCIe Gen4 x16", 64, None),
-     ("mi300x", "Infinity Fabric", 896, 2614.9), ("b200", "NVLink 5", 1800, 4500)],
-)  # fmt: skip
+    [
+        ("a100-40gb", "NVLink 3", 600, None),
+        ("a100-80gb", "NVLink 3", 600, None),
+        ("h100-80gb", "NVLink 4", 900, 1979),
+        ("h200-141gb", "NVLink 4", 900, 1979),
+        ("l4", "PCIe Gen4 x16", 64, 242.5),
+        ("l40s", "PCIe Gen4 x16", 64, 733),
+        ("rtx-4090", "PCIe Gen4 x16", 64, None),
+        ("a10g", "PCIe Gen4 x16", 64, None),
+        ("mi300x", "Infinity Fabric", 896, 2614.9),
+        ("b200", "NVLink 5", 1800, 4500),
+    ],
+)
 def test_gpu_presets_carry_the_datasheet_interconnect_and_fp8_peak(slug, link, link_gb_per_s, fp8_tflops):
     """docs/figures.md, GPUs: the bidirectional GPU-to-GPU bandwidth and the dense FP8 TFLOP/s printed."""
     gpu = GPUS[slug]
@@ -162,9 +258,16 @@ def test_gb_versus_gib():
 
 @pytest.mark.parametrize(
     "args, message",
-    [((0, 100), "positive"), ((-1, 100), "positive"), ((80, "fast"), "number"), ((1e9, 100), "absurd"),
-     ((80, 1e9), "absurd"), ((80, float("nan")), "positive"), ((80, 100, 1e9), "absurd")],
-)  # fmt: skip
+    [
+        ((0, 100), "positive"),
+        ((-1, 100), "positive"),
+        ((80, "fast"), "number"),
+        ((1e9, 100), "absurd"),
+        ((80, 1e9), "absurd"),
+        ((80, float("nan")), "positive"),
+        ((80, 100, 1e9), "absurd"),
+    ],
+)
 def test_custom_gpu_validation(args, message):
     with pytest.raises(InvalidArgumentError, match=message):
         GPUSpec.custom("mine", *args)
@@ -189,7 +292,11 @@ def test_hybrid_presets_shapes_and_parameter_estimate(slug):
     layers, kv_heads, head_dim, positions, params = NEW_PRESETS[slug]
     model = MODELS[slug]
     assert (model.num_layers, model.num_kv_heads, model.head_dim, model.max_position_embeddings) == (
-        layers, kv_heads, head_dim, positions)  # fmt: skip
+        layers,
+        kv_heads,
+        head_dim,
+        positions,
+    )
     raw = json.loads(MODELS_JSON.read_text())[slug]
     config = {**raw["config"], **raw["config"].get("text_config", {})}
     assert estimate_num_params(config)["total"] == pytest.approx(params, rel=0.015)
@@ -230,18 +337,35 @@ BASE = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 8, "vo
     "extra, full_layers",
     [
         ({"model_type": "qwen2", "sliding_window": 32, "use_sliding_window": False}, list(range(8))),
-        ({"model_type": "qwen2", "sliding_window": 32, "use_sliding_window": True, "max_window_layers": 6},
-         list(range(6))),
+        (
+            {"model_type": "qwen2", "sliding_window": 32, "use_sliding_window": True, "max_window_layers": 6},
+            list(range(6)),
+        ),
         ({"model_type": "gemma3_text", "sliding_window": 32, "sliding_window_pattern": 4}, [3, 7]),
         ({"model_type": "gemma3_text", "sliding_window": 32}, [5]),
-        ({"model_type": "llama4_text", "attention_chunk_size": 64, "no_rope_layer_interval": 2}, [1, 3, 5, 7]),
-        ({"model_type": "llama4_text", "attention_chunk_size": 64, "no_rope_layers": [0, 1, 1, 1, 1, 1, 1, 0]},
-         [0, 7]),
+        (
+            {"model_type": "llama4_text", "attention_chunk_size": 64, "no_rope_layer_interval": 2},
+            [1, 3, 5, 7],
+        ),
+        (
+            {
+                "model_type": "llama4_text",
+                "attention_chunk_size": 64,
+                "no_rope_layers": [0, 1, 1, 1, 1, 1, 1, 0],
+            },
+            [0, 7],
+        ),
         ({"model_type": "mistral", "sliding_window": 32}, []),
-        ({"model_type": "llama", "layer_types": ["full_attention", "sliding_attention"] * 4, "sliding_window": 8},
-         [0, 2, 4, 6]),
+        (
+            {
+                "model_type": "llama",
+                "layer_types": ["full_attention", "sliding_attention"] * 4,
+                "sliding_window": 8,
+            },
+            [0, 2, 4, 6],
+        ),
     ],
-)  # fmt: skip
+)
 def test_layer_type_rules(extra, full_layers):
     model = ModelSpec.from_hf_config({**BASE, **extra})
     assert [i for i, t in enumerate(model.layer_kinds) if t == "full_attention"] == full_layers
@@ -274,8 +398,13 @@ def test_minimax_m2_5_preset_counts_230b_and_10b_active():
     assert outside == 2 * 200_064 * 3072
     assert estimate["active"] - outside == pytest.approx(10e9, rel=0.025)
     model = MODELS["minimax-m2.5"]
-    assert (model.num_layers, model.num_kv_heads, model.head_dim, model.num_experts, model.num_experts_per_tok) == (
-        62, 8, 128, 256, 8)  # fmt: skip
+    assert (
+        model.num_layers,
+        model.num_kv_heads,
+        model.head_dim,
+        model.num_experts,
+        model.num_experts_per_tok,
+    ) == (62, 8, 128, 256, 8)
     assert model.quantization == "fp8" and not model.is_mla and model.compute_dtype == "bfloat16"
 
 

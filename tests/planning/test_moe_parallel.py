@@ -144,8 +144,9 @@ def test_a_dp_rank_step_prices_its_batch_and_all_ranks_experts():
     the dense part / 2 and the experts / 4 (`weight_split_per_gpu`); the experts read are those the 2 x b tokens
     of both ranks route to, 1 - (1 - 8 / 128)^(2b); the DP collectives add 94 layers x 2 x (2 - 1) x 4,096 x 2
     bytes per token over the link and 2 x 94 latencies beside the tp all-reduces."""
-    step = from_specs(QWEN, H200, 2, "fp8", data_parallel=2, bandwidth_efficiency=1.0, flops_efficiency=1.0,
-                      overhead_s=0.0)  # fmt: skip
+    step = from_specs(
+        QWEN, H200, 2, "fp8", data_parallel=2, bandwidth_efficiency=1.0, flops_efficiency=1.0, overhead_s=0.0
+    )
     alone = from_specs(QWEN, H200, 2, "fp8", bandwidth_efficiency=1.0, flops_efficiency=1.0, overhead_s=0.0)
     dense, experts = weight_split_per_gpu(QWEN, "fp8", 2, 1, 2, False)
     assert step.weight_bytes == pytest.approx(dense, rel=1e-9)
@@ -171,8 +172,15 @@ def test_deployment_with_data_parallel_attention_runs_ranks_as_schedulers():
     deployment = Deployment(QWEN, H200, tp=2, data_parallel=2, weight_dtype="fp8", max_num_seqs=64)
     assert deployment.num_gpus == 4 and deployment.ranks == 2
     memory = replica_memory(deployment.resolve(2100))
-    capacity = plan(QWEN, H200, tensor_parallel=2, data_parallel=2, weight_dtype="fp8", max_model_len=2100,
-                    max_num_seqs=64)  # fmt: skip
+    capacity = plan(
+        QWEN,
+        H200,
+        tensor_parallel=2,
+        data_parallel=2,
+        weight_dtype="fp8",
+        max_model_len=2100,
+        max_num_seqs=64,
+    )
     assert memory.kv_tokens == capacity.kv_tokens and capacity.num_gpus == 4
     flags = deployment.flags()
     assert flags["vllm_parallel_flags"] == "--tensor-parallel-size 2 --data-parallel-size 2"
@@ -181,9 +189,12 @@ def test_deployment_with_data_parallel_attention_runs_ranks_as_schedulers():
     both = predict(deployment, load, settings=SETTINGS)
     assert both.kv_tokens == memory.kv_tokens
     one_rank = replica_steady_state(
-        deployment, load.per_replica(2), deployment.step_model(resolved=deployment.resolve(load.max_len)),
-        memory.kv_tokens, SETTINGS,
-    )  # fmt: skip
+        deployment,
+        load.per_replica(2),
+        deployment.step_model(resolved=deployment.resolve(load.max_len)),
+        memory.kv_tokens,
+        SETTINGS,
+    )
     assert both.metrics["mean_tpot_s"] == pytest.approx(one_rank.metrics["mean_tpot_s"])
     assert both.metrics["throughput_tokens_per_s"] == pytest.approx(
         2 * one_rank.metrics["throughput_tokens_per_s"]
@@ -193,8 +204,25 @@ def test_deployment_with_data_parallel_attention_runs_ranks_as_schedulers():
 
 
 def test_cli_flags_reach_plan_and_predict(capsys):
-    assert capacity_main(["--model", "qwen3-235b-a22b", "--gpu", "h200-141gb", "--tp", "4", "--data-parallel-size",
-                          "2", "--enable-expert-parallel", "--max-model-len", "8192", "--json"]) == 0  # fmt: skip
+    assert (
+        capacity_main(
+            [
+                "--model",
+                "qwen3-235b-a22b",
+                "--gpu",
+                "h200-141gb",
+                "--tp",
+                "4",
+                "--data-parallel-size",
+                "2",
+                "--enable-expert-parallel",
+                "--max-model-len",
+                "8192",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["data_parallel"] == 2 and out["expert_parallel"] is True and out["num_gpus"] == 8
     assert (
@@ -223,17 +251,41 @@ def test_cli_flags_reach_plan_and_predict(capsys):
         "--tensor-parallel-size 2 --data-parallel-size 2 --enable-expert-parallel"
     )
     assert predict_main([*args, "--concurrency", "2", "--disagg"]) == 2
-    assert predict_main(["--model", "llama-3.1-8b", "--gpu", "h200-141gb", "--prompt-len", "500", "--output-len",
-                         "20", "--enable-expert-parallel", "--concurrency", "2"]) == 2  # fmt: skip
+    assert (
+        predict_main(
+            [
+                "--model",
+                "llama-3.1-8b",
+                "--gpu",
+                "h200-141gb",
+                "--prompt-len",
+                "500",
+                "--output-len",
+                "20",
+                "--enable-expert-parallel",
+                "--concurrency",
+                "2",
+            ]
+        )
+        == 2
+    )
 
 
 def test_the_slo_search_tries_data_parallel_ranks_with_expert_parallel(capsys):
     """`slo --data-parallel-size 1 2 --enable-expert-parallel`: candidates of 1 and 2 DP ranks per replica, each
     row's num_gpus counting the ranks, its memory the plan's per DP rank, its vLLM flags printed; a row turns
     back into the same Deployment (`config_deployment`)."""
-    cands = SloCandidates(gpus=("h200-141gb",), max_gpus=4, tensor_parallel=(2,), pipeline_parallel=(1,),
-                          max_num_seqs=(64,), kv_dtypes=("auto",), weight_dtypes=("fp8",),
-                          data_parallel=(1, 2), expert_parallel=True)  # fmt: skip
+    cands = SloCandidates(
+        gpus=("h200-141gb",),
+        max_gpus=4,
+        tensor_parallel=(2,),
+        pipeline_parallel=(1,),
+        max_num_seqs=(64,),
+        kv_dtypes=("auto",),
+        weight_dtypes=("fp8",),
+        data_parallel=(1, 2),
+        expert_parallel=True,
+    )
     found = list(enumerate_candidates(QWEN, cands))
     assert sorted((c.data_parallel, c.replicas, c.num_gpus) for c in found) == [
         (1, 1, 2),
@@ -243,10 +295,36 @@ def test_the_slo_search_tries_data_parallel_ranks_with_expert_parallel(capsys):
     assert all(c.expert_parallel for c in found)
     with pytest.raises(InvalidArgumentError, match="mixture-of-experts"):
         list(enumerate_candidates(MODELS["llama-3.1-8b"], cands))
-    argv = ["slo", "--model", "qwen3-235b-a22b", "--rate", "1", "--prompt-len", "1000", "--output-len", "50",
-            "--ttft-p95", "0.001", "--gpus", "h200-141gb", "--max-gpus", "4", "--tp", "2", "--pp", "1",
-            "--max-num-seqs", "64", "--kv-dtypes", "auto", "--weight-dtypes", "fp8", "--data-parallel-size", "2",
-            "--enable-expert-parallel"]  # fmt: skip
+    argv = [
+        "slo",
+        "--model",
+        "qwen3-235b-a22b",
+        "--rate",
+        "1",
+        "--prompt-len",
+        "1000",
+        "--output-len",
+        "50",
+        "--ttft-p95",
+        "0.001",
+        "--gpus",
+        "h200-141gb",
+        "--max-gpus",
+        "4",
+        "--tp",
+        "2",
+        "--pp",
+        "1",
+        "--max-num-seqs",
+        "64",
+        "--kv-dtypes",
+        "auto",
+        "--weight-dtypes",
+        "fp8",
+        "--data-parallel-size",
+        "2",
+        "--enable-expert-parallel",
+    ]
     assert slo_main(argv) == 2  # a 1 ms TTFT is out of reach: every row still printed
     rows = json.loads(capsys.readouterr().out)["configs"]
     assert [(r["num_gpus"], r["data_parallel"], r["replicas"]) for r in rows] == [(4, 2, 1)]
@@ -255,8 +333,16 @@ def test_the_slo_search_tries_data_parallel_ranks_with_expert_parallel(capsys):
         row["vllm_parallel_flags"]
         == "--tensor-parallel-size 2 --data-parallel-size 2 --enable-expert-parallel"
     )
-    capacity = plan(QWEN, H200, tensor_parallel=2, data_parallel=2, expert_parallel=True, weight_dtype="fp8",
-                    max_model_len=1050, max_num_seqs=64)  # fmt: skip
+    capacity = plan(
+        QWEN,
+        H200,
+        tensor_parallel=2,
+        data_parallel=2,
+        expert_parallel=True,
+        weight_dtype="fp8",
+        max_model_len=1050,
+        max_num_seqs=64,
+    )
     assert row["kv_tokens"] == capacity.kv_tokens
     config = SloConfig(**row)
     deployment = config_deployment(QWEN, config, cands)
@@ -264,8 +350,12 @@ def test_the_slo_search_tries_data_parallel_ranks_with_expert_parallel(capsys):
 
 
 # The cross-model profile as docs/slo.md 2c prints it (bench.slo_published's fit), with its fixed terms.
-CROSS_MODEL_FIT = {"flops_efficiency": 0.353, "layer_overhead_s": 71.3e-6, "expert_flops_efficiency": 0.129,
-                   "request_overhead_s": 0.0286} | pv.FIXED  # fmt: skip
+CROSS_MODEL_FIT = {
+    "flops_efficiency": 0.353,
+    "layer_overhead_s": 71.3e-6,
+    "expert_flops_efficiency": 0.129,
+    "request_overhead_s": 0.0286,
+} | pv.FIXED
 
 
 def test_attention_dp_rows_price_as_ranks_and_the_docs_errors_hold():
@@ -275,8 +365,19 @@ def test_attention_dp_rows_price_as_ranks_and_the_docs_errors_hold():
     together 0.559; as one TP group of tp x D GPUs 0.712 / 0.597 / 0.657)."""
     row = next(r for r in pv.ATTENTION_DP_ROWS if (r.tp, r.dp, r.concurrency) == (1, 4, 5))
     assert [(rank.concurrency, clients) for rank, clients in pv.rank_rows(row)] == [(2, 2), (1, 3)]
-    assert pv.kv_tokens(row) == plan(QWEN, H200, tensor_parallel=1, data_parallel=4, num_gpus=4, weight_dtype="fp8",
-                                     max_model_len=row.isl + row.osl, max_num_batched_tokens=8192).kv_tokens  # fmt: skip
+    assert (
+        pv.kv_tokens(row)
+        == plan(
+            QWEN,
+            H200,
+            tensor_parallel=1,
+            data_parallel=4,
+            num_gpus=4,
+            weight_dtype="fp8",
+            max_model_len=row.isl + row.osl,
+            max_num_batched_tokens=8192,
+        ).kv_tokens
+    )
     rows = pv.attention_dp_comparison(CROSS_MODEL_FIT)
     assert len(rows) == 19 and all(r["set"] == "attention dp" for r in rows)
     ttft, tpot = [r["ttft_error"] for r in rows], [r["tpot_error"] for r in rows]

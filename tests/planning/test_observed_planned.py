@@ -56,18 +56,36 @@ def test_bucketed_counts_like_prometheus_and_reads_back_by_hand():
 
 
 def window_metrics(prefill, itl, ttft, prompts, outputs, e2e) -> VllmMetrics:
-    return VllmMetrics(ttft=ttft, itl=itl, e2e=e2e, prefill_time=prefill, request_prompt_tokens=prompts,
-                       request_generation_tokens=outputs)  # fmt: skip
+    return VllmMetrics(
+        ttft=ttft,
+        itl=itl,
+        e2e=e2e,
+        prefill_time=prefill,
+        request_prompt_tokens=prompts,
+        request_generation_tokens=outputs,
+    )
 
 
 def test_observe_window_subtracts_the_earlier_scrape():
     def h(bounds, cum, total):
         return Histogram((*bounds, INF), cum, total, cum[-1])
 
-    before = window_metrics(h([1], (1, 1), 0.5), h([1], (4, 4), 0.4), h([1], (1, 1), 0.6), h([10], (1, 1), 8),
-                            h([10], (1, 1), 5), h([1], (1, 1), 0.9))  # fmt: skip
-    after = window_metrics(h([1], (3, 5), 4.5), h([1], (20, 24), 6.4), h([1], (4, 5), 3.6), h([10], (3, 5), 108),
-                           h([10], (4, 5), 45), h([1], (2, 5), 9.9))  # fmt: skip
+    before = window_metrics(
+        h([1], (1, 1), 0.5),
+        h([1], (4, 4), 0.4),
+        h([1], (1, 1), 0.6),
+        h([10], (1, 1), 8),
+        h([10], (1, 1), 5),
+        h([1], (1, 1), 0.9),
+    )
+    after = window_metrics(
+        h([1], (3, 5), 4.5),
+        h([1], (20, 24), 6.4),
+        h([1], (4, 5), 3.6),
+        h([10], (3, 5), 108),
+        h([10], (4, 5), 45),
+        h([1], (2, 5), 9.9),
+    )
     w = observe_window(before, after, 8.0)
     assert w.requests == 4 and w.request_rate == 0.5  # 5 - 1 finished in 8 s
     assert w.mean_prompt_tokens == 25 and w.mean_output_tokens == 10  # (108 - 8) / 4, (45 - 5) / 4
@@ -90,9 +108,17 @@ def test_sample_lengths_keeps_the_exact_mean_and_the_buckets():
 
 
 def test_simulated_moments_by_hand():
-    frame = pd.DataFrame({"arrival_time": [0.0, 1.0], "admit_time": [0.5, 1.0], "first_token_time": [1.0, 1.4],
-                          "finish_time": [2.0, 1.4], "output_len": [5, 1], "prompt_len": [3, 3],
-                          "n": [1, 1]})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "arrival_time": [0.0, 1.0],
+            "admit_time": [0.5, 1.0],
+            "first_token_time": [1.0, 1.4],
+            "finish_time": [2.0, 1.4],
+            "output_len": [5, 1],
+            "prompt_len": [3, 3],
+            "n": [1, 1],
+        }
+    )
     m = simulated_moments(frame)
     assert m["prefill_mean_s"] == pytest.approx((0.5 + 0.4) / 2)
     assert m["itl_mean_s"] == pytest.approx(

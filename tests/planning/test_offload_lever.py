@@ -17,8 +17,14 @@ HBM_GIB = 58_496 * 131_072 / 2**30  # the tier no larger than HBM: 7.14 GiB (lla
 
 
 def run(rate, gib=0.0, bandwidth=50.0, reuse=True):
-    deployment = Deployment("llama-3.1-8b", "h100-80gb", max_num_seqs=32, gpu_memory_utilization=0.3,
-                            kv_offload_gib=gib, offload_bandwidth_gbps=bandwidth)  # fmt: skip
+    deployment = Deployment(
+        "llama-3.1-8b",
+        "h100-80gb",
+        max_num_seqs=32,
+        gpu_memory_utilization=0.3,
+        kv_offload_gib=gib,
+        offload_bandwidth_gbps=bandwidth,
+    )
     load = Load(rate, 3000, 64, shared_prefix_len=2900, num_prefixes=40) if reuse else Load(rate, 3000, 64)
     return predict(deployment, load, settings=SMALL).to_dict()
 
@@ -75,16 +81,44 @@ def test_a_link_slower_than_recomputing_is_a_loss():
     ],
 )
 def test_bad_tier_flags_exit_2_with_one_line(flag, value, says, capsys):
-    args = ["--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--rate", "1", "--prompt-len", "100",
-            "--output-len", "8", flag, value]  # fmt: skip
+    args = [
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100-80gb",
+        "--rate",
+        "1",
+        "--prompt-len",
+        "100",
+        "--output-len",
+        "8",
+        flag,
+        value,
+    ]
     assert predict_main(args) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and "\n" not in err
 
 
 def test_predict_cli_prints_hits_per_tier(capsys):
-    args = ["--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--rate", "1", "--prompt-len", "300",
-            "--output-len", "8", "--shared-prefix-len", "200", "--kv-offload-gib", "1", "--offload-policy", "arc"]  # fmt: skip
+    args = [
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100-80gb",
+        "--rate",
+        "1",
+        "--prompt-len",
+        "300",
+        "--output-len",
+        "8",
+        "--shared-prefix-len",
+        "200",
+        "--kv-offload-gib",
+        "1",
+        "--offload-policy",
+        "arc",
+    ]
     assert predict_main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"prefix_hit_rate", "gpu_hit_rate", "host_hit_rate"} <= out.keys()
@@ -96,8 +130,15 @@ def test_each_replica_of_a_routed_fleet_has_its_own_tier():
     tier serves what its HBM lost, and TTFT falls."""
 
     def fleet(gib):
-        deployment = Deployment("llama-3.1-8b", "h100-80gb", replicas=2, routing="prefix-aware", max_num_seqs=32,
-                                gpu_memory_utilization=0.3, kv_offload_gib=gib)  # fmt: skip
+        deployment = Deployment(
+            "llama-3.1-8b",
+            "h100-80gb",
+            replicas=2,
+            routing="prefix-aware",
+            max_num_seqs=32,
+            gpu_memory_utilization=0.3,
+            kv_offload_gib=gib,
+        )
         load = Load(8.0, 3000, 64, shared_prefix_len=2900, num_prefixes=80)
         return predict(deployment, load, settings=SMALL).to_dict()
 

@@ -35,11 +35,22 @@ KiB = 1024
 
 # docs/figures.md, "Model configurations", KV bytes/token (bf16; fp16 for the fp16 checkpoints: same 2 bytes).
 PUBLISHED_KV_BYTES = {
-    "llama-2-7b": 524_288, "llama-2-13b": 819_200, "llama-2-70b": 327_680, "llama-3.1-8b": 131_072,
-    "llama-3.1-70b": 327_680, "llama-3.1-405b": 516_096, "mistral-7b": 131_072, "mixtral-8x7b": 131_072,
-    "qwen2.5-7b": 57_344, "qwen2.5-72b": 327_680, "opt-13b": 819_200, "opt-66b": 2_359_296,
-    "gemma-2-9b": 344_064, "phi-3-mini": 393_216, "deepseek-v3": 70_272,
-}  # fmt: skip
+    "llama-2-7b": 524_288,
+    "llama-2-13b": 819_200,
+    "llama-2-70b": 327_680,
+    "llama-3.1-8b": 131_072,
+    "llama-3.1-70b": 327_680,
+    "llama-3.1-405b": 516_096,
+    "mistral-7b": 131_072,
+    "mixtral-8x7b": 131_072,
+    "qwen2.5-7b": 57_344,
+    "qwen2.5-72b": 327_680,
+    "opt-13b": 819_200,
+    "opt-66b": 2_359_296,
+    "gemma-2-9b": 344_064,
+    "phi-3-mini": 393_216,
+    "deepseek-v3": 70_272,
+}
 
 
 @pytest.mark.parametrize("slug", sorted(PUBLISHED_KV_BYTES))
@@ -89,8 +100,10 @@ def test_pipeline_parallel_uses_largest_stage():
     assert kv_bytes_per_token(model, "bf16", pipeline_parallel=4) == 2 * 32 * 8 * 128 * 2  # ceil(126/4) = 32
 
 
-@pytest.mark.parametrize("kv_dtype, expected", [("fp16", 131_072), ("bf16", 131_072), ("fp8", 65_536),
-                                                ("int8", 65_536), ("fp4", 32_768)])  # fmt: skip
+@pytest.mark.parametrize(
+    "kv_dtype, expected",
+    [("fp16", 131_072), ("bf16", 131_072), ("fp8", 65_536), ("int8", 65_536), ("fp4", 32_768)],
+)
 def test_kv_dtypes(kv_dtype, expected):
     assert kv_bytes_per_token(MODELS["llama-3.1-8b"], kv_dtype) == expected
 
@@ -104,17 +117,29 @@ def test_auto_dtype_follows_vllm():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"kv_dtype": "fp3"}, "allowed"), ({"tensor_parallel": 0}, "between 1 and 1,024"), ({"tensor_parallel": 3}, "divisible"),
-     ({"pipeline_parallel": 81}, "exceeds"), ({"tensor_parallel": 2.0}, "integer")],
-)  # fmt: skip
+    [
+        ({"kv_dtype": "fp3"}, "allowed"),
+        ({"tensor_parallel": 0}, "between 1 and 1,024"),
+        ({"tensor_parallel": 3}, "divisible"),
+        ({"pipeline_parallel": 81}, "exceeds"),
+        ({"tensor_parallel": 2.0}, "integer"),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     with pytest.raises(InvalidArgumentError, match=message):
         kv_bytes_per_token(MODELS["llama-3.1-70b"], **kwargs)
 
 
 def test_kv_heads_neither_dividing_nor_multiple_is_refused():
-    model = ModelSpec.from_hf_config({"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4,
-                                      "num_hidden_layers": 2, "vocab_size": 100})  # fmt: skip
+    model = ModelSpec.from_hf_config(
+        {
+            "hidden_size": 768,
+            "num_attention_heads": 12,
+            "num_key_value_heads": 4,
+            "num_hidden_layers": 2,
+            "vocab_size": 100,
+        }
+    )
     with pytest.raises(InvalidArgumentError, match="KV heads"):
         kv_bytes_per_token(model, tensor_parallel=6)
     assert kv_bytes_per_token(model, "fp16", tensor_parallel=2) == 2 * 2 * 2 * 64 * 2
@@ -131,8 +156,14 @@ def _table1_plan(**kwargs):
     """OPT-13B on one A100-40GB with exactly 12 GiB left for KV, as in the paper's Table 1."""
     model, gpu = MODELS["opt-13b"], GPUS["a100-40gb"]
     weights = weight_bytes_per_gpu(model)
-    return plan(model, gpu, gpu_memory_utilization=1.0, activation_reserve=40 * GiB - weights - 12 * GiB,
-                max_model_len=2048, **kwargs)  # fmt: skip
+    return plan(
+        model,
+        gpu,
+        gpu_memory_utilization=1.0,
+        activation_reserve=40 * GiB - weights - 12 * GiB,
+        max_model_len=2048,
+        **kwargs,
+    )
 
 
 def test_table1_opt_13b_12gb_of_kv_gives_15_7k_slots():
@@ -153,9 +184,17 @@ def test_table1_larger_models_slots():
     # 12288 hidden): 264 GiB over 8 GPUs -> 60.1K slots.
     opt66 = MODELS["opt-66b"]
     assert kv_capacity(21 * GiB, kv_bytes_per_token(opt66)) == pytest.approx(9.7e3, rel=0.02)
-    opt175 = ModelSpec.from_hf_config({"model_type": "opt", "hidden_size": 12288, "num_attention_heads": 96,
-                                       "num_hidden_layers": 96, "ffn_dim": 49152, "vocab_size": 50272,
-                                       "torch_dtype": "float16"})  # fmt: skip
+    opt175 = ModelSpec.from_hf_config(
+        {
+            "model_type": "opt",
+            "hidden_size": 12288,
+            "num_attention_heads": 96,
+            "num_hidden_layers": 96,
+            "ffn_dim": 49152,
+            "vocab_size": 50272,
+            "torch_dtype": "float16",
+        }
+    )
     assert opt175.num_params == pytest.approx(175e9, rel=0.01)
     assert round(kv_capacity(264 * GiB, kv_bytes_per_token(opt175)) / 1000, 1) == 60.1
 
@@ -253,12 +292,19 @@ def test_deepseek_v3_weights_are_fp8_and_kv_bf16():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"gpu_memory_utilization": 0}, "gpu_memory_utilization"), ({"gpu_memory_utilization": 1.5}, "between"),
-     ({"block_size": 12}, "block_size"), ({"max_model_len": 200_000}, "max_model_len"),
-     ({"max_model_len": -1}, "max_model_len"), ({"context_len": 9000, "max_model_len": 8192}, "context_len"),
-     ({"num_gpus": 0}, "num_gpus"), ({"weight_dtype": "fp2"}, "weight_dtype"),
-     ({"activation_reserve": -5}, "activation_reserve"), ({"max_num_seqs": 0}, "max_num_seqs")],
-)  # fmt: skip
+    [
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 1.5}, "between"),
+        ({"block_size": 12}, "block_size"),
+        ({"max_model_len": 200_000}, "max_model_len"),
+        ({"max_model_len": -1}, "max_model_len"),
+        ({"context_len": 9000, "max_model_len": 8192}, "context_len"),
+        ({"num_gpus": 0}, "num_gpus"),
+        ({"weight_dtype": "fp2"}, "weight_dtype"),
+        ({"activation_reserve": -5}, "activation_reserve"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+    ],
+)
 def test_plan_rejects_bad_arguments(kwargs, message):
     with pytest.raises(InvalidArgumentError, match=message):
         plan(MODELS["llama-3.1-8b"], GPUS["h100-80gb"], **kwargs)
@@ -292,8 +338,9 @@ def test_moe_reads_only_touched_experts():
 
 
 def test_plan_decode_estimate_is_consistent():
-    capacity = plan(MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="fp8",
-                    max_model_len=4096)  # fmt: skip
+    capacity = plan(
+        MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="fp8", max_model_len=4096
+    )
     assert capacity.decode_batch == min(capacity.max_concurrency, 256)
     assert capacity.decode_tokens_per_s == pytest.approx(capacity.decode_batch / capacity.decode_step_s)
     assert any("estimate" in note for note in capacity.notes)
@@ -314,8 +361,10 @@ def _brute_force(requests, block_size):
     return tokens / steps, blocks / steps
 
 
-@given(st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300)), min_size=1, max_size=12),
-       st.sampled_from([1, 2, 8, 16, 32, 128]))  # fmt: skip
+@given(
+    st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300)), min_size=1, max_size=12),
+    st.sampled_from([1, 2, 8, 16, 32, 128]),
+)
 @settings(max_examples=60, deadline=None)
 def test_fragmentation_matches_brute_force(requests, block_size):
     tokens, blocks = _brute_force(requests, block_size)
@@ -360,8 +409,16 @@ def test_what_if_accepts_request_objects_and_caps_at_max_num_seqs():
     # tokens 11..16 hold 1 block (6 steps), 17..20 hold 2 blocks (4 steps): 1.4 blocks on average.
 
 
-@pytest.mark.parametrize("requests, message", [([], "no requests"), ([(0, 5)], "prompt_len"), ([(5, -1)], "output_len"),
-                                               ([(3000, 5)], "longer than"), (["xy1"], "prompt_len")])  # fmt: skip
+@pytest.mark.parametrize(
+    "requests, message",
+    [
+        ([], "no requests"),
+        ([(0, 5)], "prompt_len"),
+        ([(5, -1)], "output_len"),
+        ([(3000, 5)], "longer than"),
+        (["xy1"], "prompt_len"),
+    ],
+)
 def test_what_if_rejects_bad_workloads(requests, message):
     capacity = plan(MODELS["llama-3.1-8b"], GPUS["h100-80gb"], max_model_len=2048)
     with pytest.raises(InvalidArgumentError, match=message):
@@ -371,7 +428,10 @@ def test_what_if_rejects_bad_workloads(requests, message):
 def test_concurrency_vs_context():
     capacity = plan(MODELS["llama-3.1-8b"], GPUS["h100-80gb"], num_gpus=2, max_model_len=8192)
     assert concurrency_vs_context(capacity, [16, 17, 8192]) == [
-        2 * capacity.num_blocks, 2 * (capacity.num_blocks // 2), 2 * (capacity.num_blocks // 512)]  # fmt: skip
+        2 * capacity.num_blocks,
+        2 * (capacity.num_blocks // 2),
+        2 * (capacity.num_blocks // 512),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -380,11 +440,34 @@ def test_concurrency_vs_context():
 
 
 def test_cli_table_and_vllm_flags(capsys):
-    assert main(["--model", "llama-3.1-70b", "--gpu", "h100-80gb", "--tp", "4", "--kv-dtype", "fp8",
-                 "--max-model-len", "4096"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--model",
+                "llama-3.1-70b",
+                "--gpu",
+                "h100-80gb",
+                "--tp",
+                "4",
+                "--kv-dtype",
+                "fp8",
+                "--max-model-len",
+                "4096",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    for text in ("KV bytes per token per GPU", "40,960 B", "--tensor-parallel-size 4", "--kv-cache-dtype fp8",
-                 "--gpu-memory-utilization 0.9", "--max-model-len 4096", "--block-size 16", "--max-num-seqs 256"):  # fmt: skip
+    for text in (
+        "KV bytes per token per GPU",
+        "40,960 B",
+        "--tensor-parallel-size 4",
+        "--kv-cache-dtype fp8",
+        "--gpu-memory-utilization 0.9",
+        "--max-model-len 4096",
+        "--block-size 16",
+        "--max-num-seqs 256",
+    ):
         assert text in out
 
 
@@ -409,7 +492,22 @@ def test_cli_custom_config_and_errors(tmp_path, capsys):
 
 
 def test_cli_runs_as_module():
-    result = subprocess.run([sys.executable, "-m", "core.planning", "--model", "qwen2.5-7b", "--gpu", "l4",
-                             "--max-model-len", "8192"], capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "core.planning",
+            "--model",
+            "qwen2.5-7b",
+            "--gpu",
+            "l4",
+            "--max-model-len",
+            "8192",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "57,344 B" in result.stdout and "vllm serve Qwen/Qwen2.5-7B" in result.stdout

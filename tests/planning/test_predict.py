@@ -95,8 +95,9 @@ def test_bad_deployment_names_the_input():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "core.planning", *args], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "core.planning", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def _cli_here(capsys, *args) -> tuple[int, str]:
@@ -112,15 +113,42 @@ def _cli_here(capsys, *args) -> tuple[int, str]:
 
 
 def test_predict_cli_prints_one_json_object_and_bad_flags_exit_2(capsys):
-    ok = _cli("predict", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--concurrency", "8",
-              "--prompt-len", "256", "--output-len", "32")  # fmt: skip
+    ok = _cli(
+        "predict",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100-80gb",
+        "--concurrency",
+        "8",
+        "--prompt-len",
+        "256",
+        "--output-len",
+        "32",
+    )
     assert ok.returncode == 0, ok.stderr
     body = json.loads(ok.stdout)
     assert body["converged"] is True and body["deployment"]["engine"] == "vllm"
-    for bad in (["--rate", "-2"], ["--rate", "nan"], ["--concurrency", "0"], ["--tp", "3", "--rate", "1"],
-                ["--gpu", "nope", "--rate", "1"], ["--engine", "nope", "--rate", "1"]):  # fmt: skip
-        args = ["predict", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--prompt-len", "10",
-                "--output-len", "10", *bad]  # fmt: skip
+    for bad in (
+        ["--rate", "-2"],
+        ["--rate", "nan"],
+        ["--concurrency", "0"],
+        ["--tp", "3", "--rate", "1"],
+        ["--gpu", "nope", "--rate", "1"],
+        ["--engine", "nope", "--rate", "1"],
+    ):
+        args = [
+            "predict",
+            "--model",
+            "llama-3.1-8b",
+            "--gpu",
+            "h100-80gb",
+            "--prompt-len",
+            "10",
+            "--output-len",
+            "10",
+            *bad,
+        ]
         if bad == ["--rate", "-2"]:  # one as a process: its exit status and stderr
             run = _cli(*args)
             status, err = run.returncode, run.stderr
@@ -199,8 +227,11 @@ def test_replica_memory_is_the_plans_memory(deployment, max_len):
         capacity.kv_tokens,
     )
     assert (memory.tensor_parallel, memory.pipeline_parallel, memory.block_size, memory.replicas) == (
-        capacity.tensor_parallel, capacity.pipeline_parallel, capacity.block_size, capacity.replicas,
-    )  # fmt: skip
+        capacity.tensor_parallel,
+        capacity.pipeline_parallel,
+        capacity.block_size,
+        capacity.replicas,
+    )
 
 
 def test_a_host_tier_needs_its_offload():

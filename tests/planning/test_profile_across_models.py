@@ -103,9 +103,11 @@ def test_sample_rows_and_their_split():
 def test_errors_by_model_by_hand():
     a = pv.VllmRow("a", "llama-3.1-8b", "h200-141gb", 1, 10, 10, 1, 1.0, 1.0)
     b = pv.VllmRow("b", "llama-3.1-8b", "h100-80gb", 1, 10, 10, 1, 1.0, 1.0)
-    rows = [{"row": a, "ttft_error": 0.3, "tpot_error": -0.4, "set": "held out"},
-            {"row": b, "ttft_error": 0.0, "tpot_error": 0.0, "set": "held out"},
-            {"row": a, "ttft_error": 9.0, "tpot_error": 9.0, "set": "training"}]  # fmt: skip
+    rows = [
+        {"row": a, "ttft_error": 0.3, "tpot_error": -0.4, "set": "held out"},
+        {"row": b, "ttft_error": 0.0, "tpot_error": 0.0, "set": "held out"},
+        {"row": a, "ttft_error": 9.0, "tpot_error": 9.0, "set": "training"},
+    ]
     out = pv.errors_by_model(rows, "held out")["llama-3.1-8b"]
     assert out["rows"] == 2
     assert out["ttft_rms_rel_err"] == pytest.approx(np.sqrt(0.09 / 2))
@@ -179,8 +181,28 @@ def test_slo_takes_a_config_too(tmp_path, capsys):
     raw = json.loads(MODELS_JSON.read_text())["llama-3.1-8b"]
     path = tmp_path / "eight.json"
     path.write_text(json.dumps(raw["config"]))
-    common = ["--rate", "1", "--prompt-len", "256", "--output-len", "16", "--ttft-p95", "2", "--gpus", "h100-80gb",
-              "--max-gpus", "1", "--tp", "1", "--max-num-seqs", "32", "--kv-dtypes", "auto", "--weight-dtypes", "auto"]  # fmt: skip
+    common = [
+        "--rate",
+        "1",
+        "--prompt-len",
+        "256",
+        "--output-len",
+        "16",
+        "--ttft-p95",
+        "2",
+        "--gpus",
+        "h100-80gb",
+        "--max-gpus",
+        "1",
+        "--tp",
+        "1",
+        "--max-num-seqs",
+        "32",
+        "--kv-dtypes",
+        "auto",
+        "--weight-dtypes",
+        "auto",
+    ]
     preset = _answer(slo_main, ["--model", "llama-3.1-8b", *common], capsys)
     custom = _answer(
         slo_main, ["--config", str(path), "--num-params", str(raw["num_params"]), *common], capsys

@@ -30,8 +30,10 @@ def _table() -> list[dict]:
 
 
 def test_every_stated_error_holds():
-    computed = {(f["figure"].gpu, f["figure"].tp, f["figure"].isl, f["figure"].osl, f["figure"].model): f
-                for f in comparison()}  # fmt: skip
+    computed = {
+        (f["figure"].gpu, f["figure"].tp, f["figure"].isl, f["figure"].osl, f["figure"].model): f
+        for f in comparison()
+    }
     models = {"Llama-3.1-8B": "llama-3.1-8b", "Llama-3.3-70B": "llama-3.1-70b"}
     gpus = {"H100 SXM 80GB": "h100-80gb", "H200 SXM 141GB": "h200-141gb"}
     for row in _table():

@@ -61,9 +61,16 @@ def test_one_plan_derives_the_layer_specs_and_groups_once(monkeypatch, model, gp
 @pytest.mark.parametrize("hybrid", [True, False])
 def test_resolved_answers_equal_the_model_based_functions(model, gpu, tp, pp, hybrid):
     inputs = PlanInputs(
-        MODELS[model], GPUS[gpu], tensor_parallel=tp, pipeline_parallel=pp, kv_dtype="fp8",
-        max_model_len=32_768, context_len=10_000, block_size=32, hybrid_kv_cache_manager=hybrid,
-    )  # fmt: skip
+        MODELS[model],
+        GPUS[gpu],
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        kv_dtype="fp8",
+        max_model_len=32_768,
+        context_len=10_000,
+        block_size=32,
+        hybrid_kv_cache_manager=hybrid,
+    )
     if model == "qwen3-next-80b" and not hybrid:  # vLLM refuses to unify Mamba layers: both paths say so
         with pytest.raises(InvalidArgumentError, match="disable-hybrid-kv-cache-manager"):
             resolve_deployment(inputs)
@@ -73,9 +80,15 @@ def test_resolved_answers_equal_the_model_based_functions(model, gpu, tp, pp, hy
     d = resolve_deployment(inputs)
     assert d.kv_dtype == "fp8" and d.num_gpus == tp * pp and d.replicas == 1
     assert d.kv_layout(20 * GiB) == kv_cache_layout(
-        MODELS[model], 20 * GiB, max_model_len=32_768, block_size=32, kv_dtype="fp8", tensor_parallel=tp,
-        pipeline_parallel=pp, hybrid_kv_cache_manager=hybrid,
-    )  # fmt: skip
+        MODELS[model],
+        20 * GiB,
+        max_model_len=32_768,
+        block_size=32,
+        kv_dtype="fp8",
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        hybrid_kv_cache_manager=hybrid,
+    )
     for context in (1, 100, 10_000, 32_768):
         assert d.kv_read_bytes_per_sequence(context) == kv_read_bytes_per_sequence(
             MODELS[model], context, kv_dtype="fp8", tensor_parallel=tp, pipeline_parallel=pp

@@ -62,8 +62,15 @@ def test_a_tiny_search_answers_as_worked_by_hand():
     tp1, tp2 = _by_hand_prefill(1), _by_hand_prefill(2)
     assert tp2 < 0.025 < tp1
     workload = SloWorkload(rate=0.01, prompt_len=1000, output_len=11)
-    candidates = SloCandidates(gpus=("h100-80gb",), max_gpus=2, tensor_parallel=(1, 2), pipeline_parallel=(1,),
-                               max_num_seqs=(8,), kv_dtypes=("auto",), step_time=STEP)  # fmt: skip
+    candidates = SloCandidates(
+        gpus=("h100-80gb",),
+        max_gpus=2,
+        tensor_parallel=(1, 2),
+        pipeline_parallel=(1,),
+        max_num_seqs=(8,),
+        kv_dtypes=("auto",),
+        step_time=STEP,
+    )
     result = plan_slo("llama-3.1-8b", workload, Slo(ttft_p95_s=0.025), candidates)
     assert result.complete and result.num_candidates == 3  # 1 x tp1, 2 x tp1 (2 replicas), 1 x tp2
     one, two_replicas, tp_two = sorted(result.configs, key=lambda c: (c.num_gpus, c.tp))
@@ -97,9 +104,17 @@ def test_every_feasible_configuration_fits_by_the_exact_planner(model, rate):
     assert result.configs
     spec = MODELS[model]
     for c in result.configs:
-        capacity = plan(spec, GPUS[c.gpu], num_gpus=c.tp * c.pp, tensor_parallel=c.tp, pipeline_parallel=c.pp,
-                        kv_dtype=c.kv_dtype, max_model_len=2300, max_num_seqs=c.max_num_seqs,
-                        max_num_batched_tokens=8192)  # fmt: skip
+        capacity = plan(
+            spec,
+            GPUS[c.gpu],
+            num_gpus=c.tp * c.pp,
+            tensor_parallel=c.tp,
+            pipeline_parallel=c.pp,
+            kv_dtype=c.kv_dtype,
+            max_model_len=2300,
+            max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=8192,
+        )
         assert capacity.fits == c.feasible, c
         if c.feasible:
             assert c.kv_tokens == capacity.kv_tokens
@@ -112,10 +127,13 @@ def test_every_feasible_configuration_fits_by_the_exact_planner(model, rate):
 def _simulate_all(step, requests, cand, capacity, cands, max_len):
     """Every request through the simulator (counted paged blocks over the plan's KV tokens), drained."""
     config = SimulatorConfig(
-        kv_capacity_tokens=int(capacity.kv_tokens), max_num_seqs=cand.max_num_seqs,
-        max_num_batched_tokens=cands.max_num_batched_tokens, max_seq_len=max_len, step_time=step,
+        kv_capacity_tokens=int(capacity.kv_tokens),
+        max_num_seqs=cand.max_num_seqs,
+        max_num_batched_tokens=cands.max_num_batched_tokens,
+        max_seq_len=max_len,
+        step_time=step,
         max_snapshots=1,
-    )  # fmt: skip
+    )
     return simulate(requests, paged(cands.block_size, counted=True), config)
 
 
@@ -133,8 +151,15 @@ def test_the_bounds_it_prunes_with_hold_against_the_simulator():
         )
         s = _simulate_all(step, requests, cand, capacity, cands, workload.max_len).summary
         assert s["request_throughput_per_s"] <= bounds.capacity_rps * 1.000001, cand
-        for key in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "tpot_p95_s", "tpot_p99_s",
-                    "e2e_p95_s"):  # fmt: skip
+        for key in (
+            "ttft_p50_s",
+            "ttft_p95_s",
+            "ttft_p99_s",
+            "tpot_p50_s",
+            "tpot_p95_s",
+            "tpot_p99_s",
+            "e2e_p95_s",
+        ):
             assert s[key] >= floor_of(bounds, key) * 0.999999, (cand, key)
         assert (bounds.ttft_floor_s, bounds.tpot_floor_s) == (
             floor_of(bounds, "ttft_p95_s"),
@@ -155,8 +180,9 @@ def test_a_verdict_is_clear_only_when_every_interval_is():
 
 def test_a_reused_simulation_is_the_run_it_stands_for():
     workload = SloWorkload(rate=3.0, prompt_len=500, output_len=100)
-    cands = SloCandidates(gpus=("h100-80gb",), max_gpus=1, max_num_seqs=(64, 128, 256), kv_dtypes=("auto",),
-                          max_meeting=10)  # fmt: skip
+    cands = SloCandidates(
+        gpus=("h100-80gb",), max_gpus=1, max_num_seqs=(64, 128, 256), kv_dtypes=("auto",), max_meeting=10
+    )
     slo = Slo(1.0, 0.05)
     result = plan_slo("llama-3.1-8b", workload, slo, cands)
     reused = [c for c in result.configs if c.reused_simulation]
@@ -164,9 +190,13 @@ def test_a_reused_simulation_is_the_run_it_stands_for():
     for config in reused:
         cand = next(c for c in enumerate_candidates(LLAMA_8B, cands) if c.max_num_seqs == config.max_num_seqs)
         capacity = memory_plan(LLAMA_8B, cand, workload, cands)
-        fresh = steady_prediction(cand.deployment(LLAMA_8B, cands), workload,
-                                  step_model(LLAMA_8B, cand, result.step_time), int(capacity.kv_tokens),
-                                  slo.targets()).metrics  # fmt: skip
+        fresh = steady_prediction(
+            cand.deployment(LLAMA_8B, cands),
+            workload,
+            step_model(LLAMA_8B, cand, result.step_time),
+            int(capacity.kv_tokens),
+            slo.targets(),
+        ).metrics
         assert all(getattr(config, key) == fresh.get(key) for key in metric_keys())
 
 
@@ -210,35 +240,92 @@ def test_slos_nothing_meets_say_what_and_by_how_much():
     assert info.value.metric == "ttft_p95_s" and info.value.shortfall > 1 and info.value.plan.configs
     assert "TTFT p95 <= 0.001 s cannot be met" in str(info.value)
     with pytest.raises(SloInfeasibleError) as info:
-        plan_slo("llama-3.1-405b", SloWorkload(rate=1.0, prompt_len=100, output_len=10), Slo(1.0),
-                 SloCandidates(gpus=("l40s",), max_gpus=2))  # fmt: skip
+        plan_slo(
+            "llama-3.1-405b",
+            SloWorkload(rate=1.0, prompt_len=100, output_len=10),
+            Slo(1.0),
+            SloCandidates(gpus=("l40s",), max_gpus=2),
+        )
     assert info.value.metric == "memory" and "in memory" in str(info.value)
 
 
 def test_the_cli_prints_the_issue_keys_sorted(capsys):
-    argv = ["slo", "--model", "llama-3.1-8b", "--rate", "12", "--prompt-len", "2000", "--output-len", "300",
-            "--ttft-p99", "1", "--tpot-p99", "0.05", "--engine", "vllm", "--gpus", "h100-80gb", "h200-141gb",
-            "--max-num-seqs", "1024", "--kv-dtypes", "fp8", "--max-meeting", "2"]  # fmt: skip
+    argv = [
+        "slo",
+        "--model",
+        "llama-3.1-8b",
+        "--rate",
+        "12",
+        "--prompt-len",
+        "2000",
+        "--output-len",
+        "300",
+        "--ttft-p99",
+        "1",
+        "--tpot-p99",
+        "0.05",
+        "--engine",
+        "vllm",
+        "--gpus",
+        "h100-80gb",
+        "h200-141gb",
+        "--max-num-seqs",
+        "1024",
+        "--kv-dtypes",
+        "fp8",
+        "--max-meeting",
+        "2",
+    ]
     assert main(argv) == 0
     body = json.loads(capsys.readouterr().out)
-    keys = {"gpu", "num_gpus", "tp", "pp", "max_num_seqs", "throughput_tokens_per_s", "meets_slo", "binding",
-            "converged", "engine", *metric_keys()}  # fmt: skip
+    keys = {
+        "gpu",
+        "num_gpus",
+        "tp",
+        "pp",
+        "max_num_seqs",
+        "throughput_tokens_per_s",
+        "meets_slo",
+        "binding",
+        "converged",
+        "engine",
+        *metric_keys(),
+    }
     assert body["configs"] and all(keys <= set(c) for c in body["configs"])
     order = [(c["num_gpus"], c["cost_proxy_tb_per_s"]) for c in body["configs"]]
     assert order == sorted(order) and body["best"]["meets_slo"] and body["engine"] == "vllm"
     assert body["slo"]["ttft_p99_s"] == 1.0 and body["slo"]["tpot_p99_s"] == 0.05
     best = body["best"]
     assert best["ttft_p99_s"] <= 1.0 and best["tpot_p99_s"] <= 0.05 and best["stable"]
-    for bad, message in ((["--ttft-p95", "-1"], "greater than 0"), (["--engine", "sglang"], "unknown engine"),
-                         (["--num-requests", "200"], "unrecognized arguments: --num-requests"),
-                         (["--rate", "nan"], "rate .* finite")):  # fmt: skip
+    for bad, message in (
+        (["--ttft-p95", "-1"], "greater than 0"),
+        (["--engine", "sglang"], "unknown engine"),
+        (["--num-requests", "200"], "unrecognized arguments: --num-requests"),
+        (["--rate", "nan"], "rate .* finite"),
+    ):
         with pytest.raises(SystemExit) if bad[0] == "--num-requests" else contextlib.nullcontext() as exits:
             assert main([*argv, *bad]) == 2
         assert exits is None or exits.value.code == 2  # argparse's own refusal: one line, status 2
         err = capsys.readouterr().err
         assert re.search(message, err) and err.count("\n") == 1 and "Traceback" not in err, err
-    assert main(["slo", "--model", "llama-3.1-8b", "--rate", "5000", "--prompt-len", "2000", "--output-len",
-                 "300", "--ttft-p95", "1"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "slo",
+                "--model",
+                "llama-3.1-8b",
+                "--rate",
+                "5000",
+                "--prompt-len",
+                "2000",
+                "--output-len",
+                "300",
+                "--ttft-p95",
+                "1",
+            ]
+        )
+        == 2
+    )
     out = capsys.readouterr()
     assert "no candidate can sustain" in out.err and json.loads(out.out)["error"]["metric"] == "rate"
 
@@ -260,8 +347,11 @@ def test_a_row_is_the_deployment_predict_takes():
     best = result.best
     deployment = config_deployment("llama-3.1-8b", best, SMALL_SPACE)
     assert (deployment.tp, deployment.replicas, deployment.max_num_seqs, deployment.kv_dtype) == (
-        best.tp, best.replicas, best.max_num_seqs, best.kv_dtype
-    )  # fmt: skip
+        best.tp,
+        best.replicas,
+        best.max_num_seqs,
+        best.kv_dtype,
+    )
     assert deployment.memory_plan(workload.max_len).kv_tokens == best.kv_tokens
     cand = next(c for c in enumerate_candidates(LLAMA_8B, SMALL_SPACE) if (c.tp, c.replicas) == (best.tp, 1))
     searched = step_model(LLAMA_8B, cand, result.step_time)

@@ -18,8 +18,20 @@ PROMPT, OUTPUT = 2000, 300
 
 
 def _argv(model: str, rate: float, *extra: str) -> list[str]:
-    return ["slo", "--model", model, "--rate", str(rate), "--prompt-len", str(PROMPT), "--output-len",
-            str(OUTPUT), "--gpus", *GPUS_ASKED, *extra]  # fmt: skip
+    return [
+        "slo",
+        "--model",
+        model,
+        "--rate",
+        str(rate),
+        "--prompt-len",
+        str(PROMPT),
+        "--output-len",
+        str(OUTPUT),
+        "--gpus",
+        *GPUS_ASKED,
+        *extra,
+    ]
 
 
 def _kv_bytes_per_token_by_hand(model, tp: int, pp: int, kv_dtype: str) -> int:
@@ -40,9 +52,17 @@ def test_every_configuration_the_cli_calls_feasible_fits_in_memory(capsys, model
     assert {c["gpu"] for c in body["configs"]} <= set(GPUS_ASKED)
     for c in body["configs"]:
         gpu = GPUS[c["gpu"]]
-        exact = plan(spec, gpu, num_gpus=c["tp"] * c["pp"], tensor_parallel=c["tp"], pipeline_parallel=c["pp"],
-                     kv_dtype=c["kv_dtype"], max_model_len=PROMPT + OUTPUT, max_num_seqs=c["max_num_seqs"],
-                     max_num_batched_tokens=8192)  # fmt: skip
+        exact = plan(
+            spec,
+            gpu,
+            num_gpus=c["tp"] * c["pp"],
+            tensor_parallel=c["tp"],
+            pipeline_parallel=c["pp"],
+            kv_dtype=c["kv_dtype"],
+            max_model_len=PROMPT + OUTPUT,
+            max_num_seqs=c["max_num_seqs"],
+            max_num_batched_tokens=8192,
+        )
         assert exact.fits == c["feasible"], c
         assert not c["meets_slo"] or (c["feasible"] and c["simulated"]), c
         if not c["feasible"]:

@@ -36,11 +36,45 @@ LLAMA_KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2
 PROMPT, OUTPUT, RATE = 2000, 100, 4.0
 WORKLOAD = SloWorkload(RATE, PROMPT, OUTPUT)
 SLO = Slo(ttft_p95_s=1.0, tpot_p95_s=0.05)
-SMALL = SloCandidates(gpus=("h100-80gb",), max_gpus=3, tensor_parallel=(1, 2), pipeline_parallel=(1,),
-                      max_num_seqs=(64,), kv_dtypes=("auto",), max_meeting=20)  # fmt: skip
-ARGV = ["slo", "--model", "llama-3.1-8b", "--rate", str(RATE), "--prompt-len", str(PROMPT), "--output-len",
-        str(OUTPUT), "--gpus", "h100-80gb", "--max-gpus", "3", "--tp", "1", "2", "--pp", "1", "--max-num-seqs",
-        "64", "--kv-dtypes", "auto", "--max-meeting", "20", "--ttft-p95", "1", "--tpot-p95", "0.05"]  # fmt: skip
+SMALL = SloCandidates(
+    gpus=("h100-80gb",),
+    max_gpus=3,
+    tensor_parallel=(1, 2),
+    pipeline_parallel=(1,),
+    max_num_seqs=(64,),
+    kv_dtypes=("auto",),
+    max_meeting=20,
+)
+ARGV = [
+    "slo",
+    "--model",
+    "llama-3.1-8b",
+    "--rate",
+    str(RATE),
+    "--prompt-len",
+    str(PROMPT),
+    "--output-len",
+    str(OUTPUT),
+    "--gpus",
+    "h100-80gb",
+    "--max-gpus",
+    "3",
+    "--tp",
+    "1",
+    "2",
+    "--pp",
+    "1",
+    "--max-num-seqs",
+    "64",
+    "--kv-dtypes",
+    "auto",
+    "--max-meeting",
+    "20",
+    "--ttft-p95",
+    "1",
+    "--tpot-p95",
+    "0.05",
+]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +91,11 @@ def test_disagg_ranks_both_kinds_together_and_says_how_gpus_split(mixed):
     # by hand: aggregated tp 1 x 1, 2, 3 replicas and tp 2 x 1; disaggregated (x prefill of tp_p, y decode of
     # tp_d) with x tp_p + y tp_d <= 3: 1x1+1x1, 2x1+1x1, 1x1+2x1, 1x2+1x1, 1x1+1x2
     assert mixed["num_candidates"] == 9 and mixed["complete"] and len(rows) == 9
-    layouts = {(c["prefill_workers"], c["prefill_tp"], c["decode_workers"], c["decode_tp"])
-               for c in rows if c["mode"] == "disagg"}  # fmt: skip
+    layouts = {
+        (c["prefill_workers"], c["prefill_tp"], c["decode_workers"], c["decode_tp"])
+        for c in rows
+        if c["mode"] == "disagg"
+    }
     assert layouts == {(1, 1, 1, 1), (2, 1, 1, 1), (1, 1, 2, 1), (1, 2, 1, 1), (1, 1, 1, 2)}
     assert {c["mode"] for c in rows} == {"agg", "disagg"}
     keys = [(c["num_gpus"], c["cost_proxy_tb_per_s"], not c["meets_slo"], c["slo_ratio"]) for c in rows]
@@ -93,8 +130,15 @@ def test_kv_transfer_across_nodes_and_in_fp8_worked_by_hand():
     """Pruned rows carry the transfer too: 8 + 8 GPUs at tp 8 span two nodes, eight ConnectX-7 NICs of 400 Gb/s
     (50 GB/s) each move the shards in parallel; an fp8 cache moves half the bytes. A TPOT no GPU reaches prunes
     every row, so nothing is simulated."""
-    cands = SloCandidates(gpus=("h100-80gb",), max_gpus=16, tensor_parallel=(8,), pipeline_parallel=(1,),
-                          max_num_seqs=(64,), kv_dtypes=("auto", "fp8"), disagg=True)  # fmt: skip
+    cands = SloCandidates(
+        gpus=("h100-80gb",),
+        max_gpus=16,
+        tensor_parallel=(8,),
+        pipeline_parallel=(1,),
+        max_num_seqs=(64,),
+        kv_dtypes=("auto", "fp8"),
+        disagg=True,
+    )
     with pytest.raises(SloInfeasibleError) as caught:
         plan_slo("llama-3.1-8b", WORKLOAD, Slo(tpot_p95_s=1e-4), cands)
     rows = [c for c in caught.value.plan.configs if c.mode == "disagg"]
@@ -111,8 +155,10 @@ def test_simulated_rows_are_above_their_analytic_floors(mixed):
     model = get_model("llama-3.1-8b")
     cands = replace(SMALL, disagg=True)
     evaluator = DisaggEvaluator(model, WORKLOAD, SLO, cands, cands.step_overrides(), 500)
-    by_layout = {(c.prefill_workers, c.prefill_tp, c.decode_workers, c.decode_tp): c
-                 for c in enumerate_disagg(model, cands)}  # fmt: skip
+    by_layout = {
+        (c.prefill_workers, c.prefill_tp, c.decode_workers, c.decode_tp): c
+        for c in enumerate_disagg(model, cands)
+    }
     checked = 0
     for row in (c for c in mixed["configs"] if c["mode"] == "disagg" and c["simulated"]):
         cand = by_layout[(row["prefill_workers"], row["prefill_tp"], row["decode_workers"], row["decode_tp"])]
@@ -160,8 +206,13 @@ def test_each_pool_stops_only_on_a_verdict_the_sum_of_its_parts_keeps():
     """TTFT p95 target 1 s, transfer 0.1 s, the decode pool's first-token floor 0.05 s: the prefill pool's
     share is 0.85 s; the decode pool's is what the prefill pool's interval leaves (its low end for a miss, its
     high end for a met)."""
-    dec = Bounds(0.05, 0.01, 10.0, "compute", {"ttft": np.full(4, 0.05), "tpot": np.full(4, 0.01),
-                                               "e2e": np.full(4, 0.5)})  # fmt: skip
+    dec = Bounds(
+        0.05,
+        0.01,
+        10.0,
+        "compute",
+        {"ttft": np.full(4, 0.05), "tpot": np.full(4, 0.01), "e2e": np.full(4, 0.5)},
+    )
     decided, focus = pool_deciders({"ttft_p95_s": 1.0, "tpot_p95_s": 0.02}, dec, 0.1)
     assert focus == {"prefill": ("ttft_p95_s",), "decode": ("ttft_p95_s", "tpot_p95_s")}
 
@@ -182,12 +233,26 @@ def test_each_pool_stops_only_on_a_verdict_the_sum_of_its_parts_keeps():
 def test_an_unmeetable_slo_names_a_disaggregated_closest_by_its_split(mixed):
     """The error's closest configuration, when disaggregated, is named by its split, not by a tp / pp it lacks."""
     rows = tuple(SloConfig(**c) for c in mixed["configs"] if c["mode"] == "disagg")
-    plan = SloPlan("Llama-3.1-8B", SLO, WORKLOAD, replace(SMALL, disagg=True), rows, len(rows), len(rows), 0, 0,
-                   True, {}, 0.0)  # fmt: skip
+    plan = SloPlan(
+        "Llama-3.1-8B",
+        SLO,
+        WORKLOAD,
+        replace(SMALL, disagg=True),
+        rows,
+        len(rows),
+        len(rows),
+        0,
+        0,
+        True,
+        {},
+        0.0,
+    )
     closest = min(rows, key=lambda c: c.slo_ratio)
     error = _infeasible(plan)
-    split = (f"{closest.num_gpus} x H100 SXM 80GB ({closest.prefill_workers} prefill x tp {closest.prefill_tp} + "
-             f"{closest.decode_workers} decode x tp {closest.decode_tp}, max_num_seqs 64")  # fmt: skip
+    split = (
+        f"{closest.num_gpus} x H100 SXM 80GB ({closest.prefill_workers} prefill x tp {closest.prefill_tp} + "
+        f"{closest.decode_workers} decode x tp {closest.decode_tp}, max_num_seqs 64"
+    )
     assert error.metric == closest.limiting_metric and split in str(error), str(error)
     assert error.best == pytest.approx(getattr(closest, error.metric))
 

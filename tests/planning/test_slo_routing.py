@@ -19,8 +19,15 @@ MODEL = "llama-3.1-8b"
 
 
 def _space(max_gpus: int, routing) -> SloCandidates:
-    return SloCandidates(gpus=("h100-80gb",), max_gpus=max_gpus, tensor_parallel=(1,), pipeline_parallel=(1,),
-                         max_num_seqs=(256,), kv_dtypes=("auto",), routing=routing)  # fmt: skip
+    return SloCandidates(
+        gpus=("h100-80gb",),
+        max_gpus=max_gpus,
+        tensor_parallel=(1,),
+        pipeline_parallel=(1,),
+        max_num_seqs=(256,),
+        kv_dtypes=("auto",),
+        routing=routing,
+    )
 
 
 def test_one_replica_gives_the_same_rows_under_every_routing():
@@ -53,8 +60,13 @@ def test_least_loaded_beats_random_on_the_ttft_tail_as_predict_says():
         deployment = config_deployment(MODEL, row, cands)
         assert deployment.routing == row.routing and deployment.replicas == 2
         load = Load(rate=8.0, prompt_len=2000, output_len=50, length_spread=0.9, seed=0)
-        p = predict(deployment, load, settings=SEARCH_SETTINGS, decided=verdict_decider(slo.targets()),
-                    focus=tuple(slo.targets()))  # fmt: skip
+        p = predict(
+            deployment,
+            load,
+            settings=SEARCH_SETTINGS,
+            decided=verdict_decider(slo.targets()),
+            focus=tuple(slo.targets()),
+        )
         assert p.deployment.flags()["routing"] == row.routing
         assert p.metrics["ttft_p99_s"] == pytest.approx(row.ttft_p99_s, rel=1e-9)
         # the fleet's throughput, not replicas x a replica's: the offered output tokens/s when it keeps up
@@ -73,8 +85,26 @@ def test_least_loaded_beats_random_on_the_ttft_tail_as_predict_says():
     ],
 )
 def test_the_cli_refuses_bad_routing_with_one_line(capsys, argv, message):
-    code = main(["slo", "--model", MODEL, "--rate", "2", "--prompt-len", "1000", "--output-len", "50",
-                 "--ttft-p99", "0.5", "--gpus", "h100-80gb", "--max-gpus", "2", *argv])  # fmt: skip
+    code = main(
+        [
+            "slo",
+            "--model",
+            MODEL,
+            "--rate",
+            "2",
+            "--prompt-len",
+            "1000",
+            "--output-len",
+            "50",
+            "--ttft-p99",
+            "0.5",
+            "--gpus",
+            "h100-80gb",
+            "--max-gpus",
+            "2",
+            *argv,
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     lines = captured.err.strip().splitlines()
@@ -89,10 +119,37 @@ def test_bad_routing_candidates_raise_a_routing_error(routing):
 
 
 def test_the_cli_rows_carry_the_routing_asked(capsys):
-    code = main(["slo", "--model", MODEL, "--rate", "8", "--prompt-len", "2000", "--output-len", "50",
-                 "--length-spread", "0.9", "--ttft-p99", "0.6", "--gpus", "h100-80gb", "--max-gpus", "2",
-                 "--tp", "1", "--pp", "1", "--max-num-seqs", "256", "--kv-dtypes", "auto",
-                 "--routing", "least-loaded"])  # fmt: skip
+    code = main(
+        [
+            "slo",
+            "--model",
+            MODEL,
+            "--rate",
+            "8",
+            "--prompt-len",
+            "2000",
+            "--output-len",
+            "50",
+            "--length-spread",
+            "0.9",
+            "--ttft-p99",
+            "0.6",
+            "--gpus",
+            "h100-80gb",
+            "--max-gpus",
+            "2",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--max-num-seqs",
+            "256",
+            "--kv-dtypes",
+            "auto",
+            "--routing",
+            "least-loaded",
+        ]
+    )
     assert code == 0
     body = json.loads(capsys.readouterr().out)
     assert [(c["replicas"], c["routing"]) for c in body["configs"]] == [(1, None), (2, "least-loaded")]
@@ -124,8 +181,15 @@ def test_prefix_aware_beats_round_robin_on_a_shared_prefix_load_as_predict_says(
     prompt token computed) would have pruned it."""
     load = Load(rate=4.0, prompt_len=6000, output_len=50, seed=0, shared_prefix_len=5000, num_prefixes=60)
     slo = Slo(ttft_p99_s=6.0)
-    cands = SloCandidates(gpus=("l40s",), max_gpus=2, tensor_parallel=(1,), pipeline_parallel=(1,),
-                          max_num_seqs=(256,), kv_dtypes=("auto",), routing=("round-robin", "prefix-aware"))  # fmt: skip
+    cands = SloCandidates(
+        gpus=("l40s",),
+        max_gpus=2,
+        tensor_parallel=(1,),
+        pipeline_parallel=(1,),
+        max_num_seqs=(256,),
+        kv_dtypes=("auto",),
+        routing=("round-robin", "prefix-aware"),
+    )
     result = plan_slo(MODEL, load, slo, cands)
     routed = [c for c in result.configs if c.replicas == 2]
     assert [c.routing for c in routed] == ["prefix-aware", "round-robin"]
@@ -133,8 +197,13 @@ def test_prefix_aware_beats_round_robin_on_a_shared_prefix_load_as_predict_says(
     assert all(c.simulated for c in result.configs)
     hits = {}
     for row in routed:
-        p = predict(config_deployment(MODEL, row, cands), load, settings=SEARCH_SETTINGS,
-                    decided=verdict_decider(slo.targets()), focus=tuple(slo.targets()))  # fmt: skip
+        p = predict(
+            config_deployment(MODEL, row, cands),
+            load,
+            settings=SEARCH_SETTINGS,
+            decided=verdict_decider(slo.targets()),
+            focus=tuple(slo.targets()),
+        )
         assert p.metrics["ttft_p99_s"] == pytest.approx(row.ttft_p99_s, rel=1e-9)
         hits[row.routing] = p.metrics["prefix_hit_rate"]
     assert hits["prefix-aware"] > hits["round-robin"] + 0.1, hits
@@ -145,15 +214,28 @@ def test_a_reused_fleet_run_is_the_run_predict_gives(routing):
     """Behind a router blind to the replicas' state a fleet's run with a larger max_num_seqs stands for a smaller
     one when `reusable` holds on every replica's rows: each reused row equals `predict` of its own deployment."""
     workload = SloWorkload(rate=6.0, prompt_len=500, output_len=100)
-    cands = SloCandidates(gpus=("h100-80gb",), max_gpus=2, tensor_parallel=(1,), pipeline_parallel=(1,),
-                          max_num_seqs=(64, 128, 256), kv_dtypes=("auto",), max_meeting=10, routing=(routing,))  # fmt: skip
+    cands = SloCandidates(
+        gpus=("h100-80gb",),
+        max_gpus=2,
+        tensor_parallel=(1,),
+        pipeline_parallel=(1,),
+        max_num_seqs=(64, 128, 256),
+        kv_dtypes=("auto",),
+        max_meeting=10,
+        routing=(routing,),
+    )
     slo = Slo(1.0, 0.05)
     result = plan_slo(MODEL, workload, slo, cands)
     reused = [c for c in result.configs if c.reused_simulation and c.replicas == 2]
     assert reused and all(c.routing == routing for c in reused)
     for row in reused:
-        p = predict(config_deployment(MODEL, row, cands), workload, settings=SEARCH_SETTINGS,
-                    decided=verdict_decider(slo.targets()), focus=tuple(slo.targets()))  # fmt: skip
+        p = predict(
+            config_deployment(MODEL, row, cands),
+            workload,
+            settings=SEARCH_SETTINGS,
+            decided=verdict_decider(slo.targets()),
+            focus=tuple(slo.targets()),
+        )
         assert all(
             getattr(row, key) == p.metrics.get(key) for key in ("ttft_p95_s", "tpot_p95_s", "e2e_p99_s")
         )

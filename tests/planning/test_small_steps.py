@@ -53,8 +53,13 @@ def test_factors_must_be_finite_and_positive(bad):
 
 
 def test_the_fit_recovers_known_factors_without_noise():
-    truth = opt_13b_a100(bandwidth_efficiency=0.7, flops_efficiency=0.45, overhead_s=0.010,
-                         single_token_overhead_s=0.004, small_step_factors=(1.0, 1.1, 1.3, 0.9))  # fmt: skip
+    truth = opt_13b_a100(
+        bandwidth_efficiency=0.7,
+        flops_efficiency=0.45,
+        overhead_s=0.010,
+        single_token_overhead_s=0.004,
+        small_step_factors=(1.0, 1.1, 1.3, 0.9),
+    )
     fit = fit_step_time(_steps(3, 0.0, truth), opt_13b_a100(), fit=(*ONE_TOKEN, "small_step_factors"))
     assert fit.fitted == (*ONE_TOKEN, "small_step_factors")
     factors = fit.model.small_step_factors
@@ -71,8 +76,13 @@ def test_the_fit_recovers_known_factors_without_noise():
 
 @pytest.mark.parametrize("robust", [False, True])
 def test_the_fit_recovers_known_factors_within_a_few_percent_under_noise(robust):
-    truth = opt_13b_a100(bandwidth_efficiency=0.7, flops_efficiency=0.45, overhead_s=0.010,
-                         single_token_overhead_s=0.004, small_step_factors=(1.0, 1.0, 1.3, 0.9))  # fmt: skip
+    truth = opt_13b_a100(
+        bandwidth_efficiency=0.7,
+        flops_efficiency=0.45,
+        overhead_s=0.010,
+        single_token_overhead_s=0.004,
+        small_step_factors=(1.0, 1.0, 1.3, 0.9),
+    )
     steps = _steps(4, 0.03, truth, small=240, large=80)  # ~30 steps of each size 1..8, 3% noise
     fit = fit_step_time(steps, opt_13b_a100(), fit=(*ONE_TOKEN, "small_step_factors"), robust=robust)
     factors = fit.model.small_step_factors
@@ -106,8 +116,9 @@ def test_without_the_name_the_fit_is_bit_identical_to_the_one_before_factors():
     # Values printed by commit c7b57be's fit_step_time (before small_step_factors existed) on this same case, on
     # one CPU. Another CPU's BLAS rounds the least-squares solve differently (an Intel Xeon: 0.6741490391 against
     # 0.6741490360, 5e-9 relative), so they are held to 1e-6 relative: far below any change of the fit itself.
-    truth = opt_13b_a100(bandwidth_efficiency=0.7, flops_efficiency=0.45, overhead_s=0.010,
-                         single_token_overhead_s=0.004)  # fmt: skip
+    truth = opt_13b_a100(
+        bandwidth_efficiency=0.7, flops_efficiency=0.45, overhead_s=0.010, single_token_overhead_s=0.004
+    )
     rng = np.random.default_rng(11)
     n = np.concatenate([rng.integers(1, 9, 60), rng.integers(64, 2048, 40)]).astype(float)
     ctx = rng.integers(10, 2000, 100).astype(float)
@@ -116,11 +127,21 @@ def test_without_the_name_the_fit_is_bit_identical_to_the_one_before_factors():
     seconds = truth.step_time(n, kv, pairs) * rng.lognormal(0, 0.05, 100)
     steps = {"new_tokens": n, "kv_tokens_read": kv, "attention_pairs": pairs, "seconds": seconds}
     before = {
-        False: ("0x1.56206751cdd95p-1", "0x1.ce3ebc063e49fp-2", "0x1.1e50d16651105p-7", "0x1.f4e394e962800p-9",
-                "0x1.721a61fa4003ep-5"),
-        True: ("0x1.592a0ffc3aca3p-1", "0x1.ced5d1677f786p-2", "0x1.2602cd36a3905p-7", "0x1.fb779159a0a00p-9",
-               "0x1.723f15813702fp-5"),
-    }  # fmt: skip
+        False: (
+            "0x1.56206751cdd95p-1",
+            "0x1.ce3ebc063e49fp-2",
+            "0x1.1e50d16651105p-7",
+            "0x1.f4e394e962800p-9",
+            "0x1.721a61fa4003ep-5",
+        ),
+        True: (
+            "0x1.592a0ffc3aca3p-1",
+            "0x1.ced5d1677f786p-2",
+            "0x1.2602cd36a3905p-7",
+            "0x1.fb779159a0a00p-9",
+            "0x1.723f15813702fp-5",
+        ),
+    }
     for robust, values in before.items():
         fit = fit_step_time(steps, opt_13b_a100(), fit=ONE_TOKEN, robust=robust)
         got = [getattr(fit.model, k) for k in ONE_TOKEN] + [fit.rms_relative_error]

@@ -135,9 +135,32 @@ def test_cli_bad_speculation_exits_2_with_one_line(bad, capsys):
 
 
 def test_cli_prints_the_levers(capsys):
-    args = ["--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--prompt-len", "600", "--output-len", "32",
-            "--rate", "1", "--shared-prefix-len", "512", "--num-prefixes", "2", "--turns", "2", "--turn-gap", "3",
-            "--spec-tokens", "2", "--spec-acceptance", "0.8,0.5", "--spec-method", "eagle"]  # fmt: skip
+    args = [
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100-80gb",
+        "--prompt-len",
+        "600",
+        "--output-len",
+        "32",
+        "--rate",
+        "1",
+        "--shared-prefix-len",
+        "512",
+        "--num-prefixes",
+        "2",
+        "--turns",
+        "2",
+        "--turn-gap",
+        "3",
+        "--spec-tokens",
+        "2",
+        "--spec-acceptance",
+        "0.8,0.5",
+        "--spec-method",
+        "eagle",
+    ]
     assert predict_main(args) == 0
     body = json.loads(capsys.readouterr().out)
     assert body["mean_accepted_len"] == pytest.approx(1 + 0.8 + 0.4)

@@ -138,16 +138,35 @@ def test_fit_of_the_overhead_alone_and_the_efficiency_bound():
     ("steps", "fit", "message"),
     [
         ({"new_tokens": [1, 2]}, FIT_PARAMETERS, "columns"),
-        ({"new_tokens": [1], "kv_tokens_read": [0], "attention_pairs": [1], "seconds": [0.1]}, FIT_PARAMETERS,
-         "at least 5 steps"),
-        ({"new_tokens": [0, 1], "kv_tokens_read": [0, 0], "attention_pairs": [0, 0], "seconds": [0.1, 0.1]},
-         ("overhead_s",), "new_tokens > 0"),
-        ({"new_tokens": [1, 2], "kv_tokens_read": [0, 0], "attention_pairs": [1, 3], "seconds": [0.1, math.nan]},
-         ("overhead_s",), "finite"),
+        (
+            {"new_tokens": [1], "kv_tokens_read": [0], "attention_pairs": [1], "seconds": [0.1]},
+            FIT_PARAMETERS,
+            "at least 5 steps",
+        ),
+        (
+            {
+                "new_tokens": [0, 1],
+                "kv_tokens_read": [0, 0],
+                "attention_pairs": [0, 0],
+                "seconds": [0.1, 0.1],
+            },
+            ("overhead_s",),
+            "new_tokens > 0",
+        ),
+        (
+            {
+                "new_tokens": [1, 2],
+                "kv_tokens_read": [0, 0],
+                "attention_pairs": [1, 3],
+                "seconds": [0.1, math.nan],
+            },
+            ("overhead_s",),
+            "finite",
+        ),
         (_shapes(0, 10) | {"seconds": np.ones(10)}, ("flops_efficiency",), "together"),
         (_shapes(0, 10) | {"seconds": np.ones(10)}, ("speed",), "fit names"),
     ],
-)  # fmt: skip
+)
 def test_fit_rejects_bad_input(steps, fit, message):
     with pytest.raises(InvalidArgumentError, match=message):
         fit_step_time(steps, opt_13b_a100(), fit=fit)
@@ -185,8 +204,12 @@ def test_the_lm_head_is_priced_per_sampled_token_when_split_out():
     truth = replace(split, flops_efficiency=0.4, overhead_s=0.004)
     steps = _shapes(8, 60)
     steps["output_tokens"] = np.where(steps["kv_tokens_read"] > 0, steps["new_tokens"], 1)
-    steps["seconds"] = truth.step_time(steps["new_tokens"], steps["kv_tokens_read"], steps["attention_pairs"],
-                                       output_tokens=steps["output_tokens"])  # fmt: skip
+    steps["seconds"] = truth.step_time(
+        steps["new_tokens"],
+        steps["kv_tokens_read"],
+        steps["attention_pairs"],
+        output_tokens=steps["output_tokens"],
+    )
     fit = fit_step_time(steps, split)
     assert fit.model.flops_efficiency == pytest.approx(0.4, rel=1e-9) and fit.rms_relative_error < 1e-12
 

@@ -35,8 +35,14 @@ class InProcessServer:
                 raise RuntimeError("the in-process server did not start")
             time.sleep(0.02)
 
-    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
-                timeout: float = 120) -> tuple[int, dict, bytes]:  # fmt: skip
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict | None = None,
+        timeout: float = 120,
+    ) -> tuple[int, dict, bytes]:
         """(status, headers, body) of one request on a fresh connection."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:

@@ -23,8 +23,10 @@ class Outcome:
 
 def _request(path: str, body: dict) -> bytes:
     data = json.dumps(body).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    )
     return head.encode() + data
 
 
@@ -122,7 +124,9 @@ def leave_while_computing(port: int, body: dict, wait_s: float) -> Outcome:
 def leave_mid_body(port: int) -> Outcome:
     """A client that announces 5,000 bytes, sends 20 and goes away."""
     with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b'Content-Length: 5000\r\n\r\n{"prompt": [1, 2, 3')  # fmt: skip
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 5000\r\n\r\n{"prompt": [1, 2, 3'
+        )
         sock.shutdown(socket.SHUT_RDWR)
     return Outcome("left mid-body")

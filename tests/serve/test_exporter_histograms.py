@@ -12,8 +12,29 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serve.inproc import InProcessServer
 
-LATENCY = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-           960.0, 1920.0, 7680.0]  # fmt: skip
+LATENCY = [
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
 ITL = [
     0.01,
     0.025,
@@ -36,18 +57,23 @@ ITL = [
     80.0,
 ]
 VLLM_HISTOGRAMS = {  # name -> (HELP, upper bounds without +Inf)
-    "vllm:iteration_tokens_total": ("Histogram of number of tokens per engine_step.",
-                                    [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]),
+    "vllm:iteration_tokens_total": (
+        "Histogram of number of tokens per engine_step.",
+        [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384],
+    ),
     "vllm:e2e_request_latency_seconds": ("Histogram of e2e request latency in seconds.", LATENCY),
     "vllm:request_queue_time_seconds": ("Histogram of time spent in WAITING phase for request.", LATENCY),
     "vllm:request_inference_time_seconds": ("Histogram of time spent in RUNNING phase for request.", LATENCY),
     "vllm:request_prefill_time_seconds": ("Histogram of time spent in PREFILL phase for request.", LATENCY),
     "vllm:request_decode_time_seconds": ("Histogram of time spent in DECODE phase for request.", LATENCY),
-    "vllm:request_time_per_output_token_seconds": ("Histogram of time_per_output_token_seconds per request.", ITL),
+    "vllm:request_time_per_output_token_seconds": (
+        "Histogram of time_per_output_token_seconds per request.",
+        ITL,
+    ),
     "vllm:inter_token_latency_seconds": ("Histogram of inter-token latency in seconds.", ITL),
     "vllm:request_prompt_tokens": ("Number of prefill tokens processed.", None),  # 1-2-5 up to max_model_len
     "vllm:request_generation_tokens": ("Number of generation tokens processed.", None),
-}  # fmt: skip
+}
 REQUESTS = [([1 + i] * (3 + 5 * i), 2 + 3 * i) for i in range(6)]  # (prompt, max_tokens): 3..28 and 2..17
 
 
@@ -59,8 +85,16 @@ def one_two_five(limit: int) -> list[float]:
 def scraped():
     server = InProcessServer("tiny", num_blocks=128)
     try:
-        threads = [threading.Thread(target=server.post, args=("/v1/completions", {"prompt": p, "max_tokens": n,
-                   "temperature": 0, "ignore_eos": True})) for p, n in REQUESTS]  # fmt: skip
+        threads = [
+            threading.Thread(
+                target=server.post,
+                args=(
+                    "/v1/completions",
+                    {"prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": True},
+                ),
+            )
+            for p, n in REQUESTS
+        ]
         for t in threads:  # concurrent: some steps batch several requests
             t.start()
         for t in threads:
@@ -105,8 +139,11 @@ def test_counts_and_sums_match_the_requests_served(scraped):
     families, steps, _ = scraped
     n = len(REQUESTS)
     prompts, outputs = sum(len(p) for p, _ in REQUESTS), sum(k for _, k in REQUESTS)
-    per_request = [k for k in VLLM_HISTOGRAMS if k not in ("vllm:iteration_tokens_total",
-                                                           "vllm:inter_token_latency_seconds")]  # fmt: skip
+    per_request = [
+        k
+        for k in VLLM_HISTOGRAMS
+        if k not in ("vllm:iteration_tokens_total", "vllm:inter_token_latency_seconds")
+    ]
     for name in per_request:
         assert histogram(families, name)[3] == n, name
     assert histogram(families, "vllm:request_prompt_tokens")[2] == prompts

@@ -57,8 +57,13 @@ def poisson_load(server: LoopbackServer, seed: int = 0) -> list[int]:
 @pytest.fixture(scope="module")
 def server():
     real_model_path()  # skips outside CI when the model cannot be fetched
-    s = LoopbackServer(REAL_MODEL, num_blocks=256, events=False, startup_s=300,
-                        extra_args=("--max-num-seqs", str(MAX_NUM_SEQS)))  # fmt: skip
+    s = LoopbackServer(
+        REAL_MODEL,
+        num_blocks=256,
+        events=False,
+        startup_s=300,
+        extra_args=("--max-num-seqs", str(MAX_NUM_SEQS)),
+    )
     yield s
     s.stop()
 
@@ -76,8 +81,9 @@ def test_planned_matches_observed_on_core_serve(server):
     assert window.requests == REQUESTS and window.tpot_source == "request_tpot"
     roofs = measure_roofs()
     base = core_serve_step_model(REAL_MODEL, roofs, after.cache_setting("cache_dtype") or "float32")
-    limits = limits_from_metrics(after, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2048,
-                                 max_model_len=2048)  # fmt: skip
+    limits = limits_from_metrics(
+        after, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2048, max_model_len=2048
+    )
     result = plan_against_observed(window, base, limits, FitSettings(flops_headroom=MEASURED_ROOF_HEADROOM))
     print(result.to_dict())  # the measured errors, for docs/live-planned.md (pytest -s)
     assert result.fit.converged, result.fit.to_dict()

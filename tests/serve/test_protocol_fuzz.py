@@ -15,34 +15,63 @@ from core.serve.protocol import chat_request, completion_request
 # Strings of any code point, lone surrogates and control characters included (JSON can carry them all).
 TEXT = st.text(st.characters(exclude_categories=()), max_size=40)
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | TEXT
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
-                    max_leaves=20)  # fmt: skip
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=20,
+)
 TOKEN_IDS = st.lists(st.integers(min_value=-2, max_value=49_160) | JSON, max_size=12)
 FIELD_VALUES = {
     "model": st.just("smollm2-135m-instruct") | JSON,
     "prompt": TEXT | TOKEN_IDS | st.lists(TEXT | TOKEN_IDS, max_size=3) | JSON,
-    "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]) | JSON,
-                                                "content": TEXT | JSON}) | JSON, max_size=3) | JSON,
+    "messages": st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "system", "assistant"]) | JSON, "content": TEXT | JSON}
+        )
+        | JSON,
+        max_size=3,
+    )
+    | JSON,
     "max_tokens": st.integers(min_value=-2, max_value=10_000) | JSON,
     "max_completion_tokens": st.integers(min_value=-2, max_value=10_000) | JSON,
-    "temperature": st.floats() | st.integers() | JSON, "top_p": st.floats() | JSON,
-    "top_k": st.integers(min_value=-3, max_value=60_000) | JSON, "n": st.integers(min_value=-1, max_value=10) | JSON,
-    "best_of": st.integers(min_value=0, max_value=3) | JSON, "seed": st.integers() | JSON,
-    "stop": st.just([]) | JSON, "stop_token_ids": TOKEN_IDS | JSON, "ignore_eos": st.booleans() | JSON,
-    "stream": st.booleans() | JSON, "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | JSON}) | JSON,
-    "return_token_ids": st.booleans() | JSON, "logprobs": st.just(0) | JSON, "echo": st.just(False) | JSON,
-}  # fmt: skip
-PLAIN = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF, exclude_categories=("Cs", "Cc")), min_size=1,
-               max_size=30)  # fmt: skip
+    "temperature": st.floats() | st.integers() | JSON,
+    "top_p": st.floats() | JSON,
+    "top_k": st.integers(min_value=-3, max_value=60_000) | JSON,
+    "n": st.integers(min_value=-1, max_value=10) | JSON,
+    "best_of": st.integers(min_value=0, max_value=3) | JSON,
+    "seed": st.integers() | JSON,
+    "stop": st.just([]) | JSON,
+    "stop_token_ids": TOKEN_IDS | JSON,
+    "ignore_eos": st.booleans() | JSON,
+    "stream": st.booleans() | JSON,
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | JSON}) | JSON,
+    "return_token_ids": st.booleans() | JSON,
+    "logprobs": st.just(0) | JSON,
+    "echo": st.just(False) | JSON,
+}
+PLAIN = st.text(
+    st.characters(min_codepoint=32, max_codepoint=0x2FFF, exclude_categories=("Cs", "Cc")),
+    min_size=1,
+    max_size=30,
+)
 VALID = {
     "prompt": PLAIN | st.lists(st.integers(0, 49_151), min_size=1, max_size=20),
-    "messages": st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": PLAIN}), min_size=1, max_size=2),
-    "max_tokens": st.integers(1, 8), "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1),
-    "top_k": st.integers(-1, 100), "n": st.integers(1, 3), "seed": st.integers(0, 2**63 - 1), "stop": st.just([]),
-    "stop_token_ids": st.lists(st.integers(0, 49_151), max_size=3), "ignore_eos": st.booleans(),
-    "stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "messages": st.lists(
+        st.fixed_dictionaries({"role": st.just("user"), "content": PLAIN}), min_size=1, max_size=2
+    ),
+    "max_tokens": st.integers(1, 8),
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.01, 1),
+    "top_k": st.integers(-1, 100),
+    "n": st.integers(1, 3),
+    "seed": st.integers(0, 2**63 - 1),
+    "stop": st.just([]),
+    "stop_token_ids": st.lists(st.integers(0, 49_151), max_size=3),
+    "ignore_eos": st.booleans(),
+    "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
     "return_token_ids": st.booleans(),
-}  # fmt: skip
+}
 
 
 @st.composite

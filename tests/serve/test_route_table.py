@@ -14,24 +14,85 @@ from tests.real_model import REAL_MODEL
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD")
 # Greedy (temperature 0): the answers that ask for the default length (max_tokens null) stop at the same, early,
 # token in every run instead of sampling up to 512 tokens (~8 s); every field is still checked on its own.
-POST_ROUTES = {"/v1/completions": {"prompt": "Hello", "max_tokens": 1, "temperature": 0},
-               "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
-                                        "temperature": 0},
-               "/tokenize": {"prompt": "Hello"}, "/detokenize": {"tokens": [1, 2]}}  # fmt: skip
+POST_ROUTES = {
+    "/v1/completions": {"prompt": "Hello", "max_tokens": 1, "temperature": 0},
+    "/v1/chat/completions": {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+        "temperature": 0,
+    },
+    "/tokenize": {"prompt": "Hello"},
+    "/detokenize": {"tokens": [1, 2]},
+}
 COMPLETION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 HOSTILE_BODIES = [
-    b"", b"{", b"null", b"[]", b'"text"', b"1e999", b"NaN", b"\xff\xfe\x00", b"\xef\xbb\xbf{}", b"[" * 100_000,
-    b'{"a":' * 50_000, b"1" * 5_000, b'{"prompt": "\\ud800", "max_tokens": 1}', b'{"prompt": "\\udfff\\ud800"}',
-    b'{"messages": [{"role": "user", "content": "\\ud83d"}]}', b'{"prompt": "a\\u0000b"}', "{\"prompt\": \"\u0085\"}".encode(),
-    b'{"prompt": [1, 2], "prompt": {"x": 1}}', b"\x00" * 1000,
-]  # fmt: skip
-COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "n", "best_of", "seed", "stop", "stop_token_ids",
-          "ignore_eos", "stream", "stream_options", "logprobs", "echo", "suffix")  # fmt: skip
-FIELDS = {"/v1/completions": ("prompt", "return_token_ids", *COMMON),
-          "/v1/chat/completions": ("messages", "max_completion_tokens", *COMMON),
-          "/tokenize": ("prompt", "model", "add_special_tokens"), "/detokenize": ("tokens", "model")}  # fmt: skip
-VALUES = [None, True, 0, -1, 2, 1.5, 2**64, 10**400, float("nan"), float("inf"), "", "\ud800", "a\x07b", [],
-          [1, [2]], [-1], [49_152], ["a", {}], {}, {"include_usage": "yes"}, {"a": {"b": [None]}}]  # fmt: skip
+    b"",
+    b"{",
+    b"null",
+    b"[]",
+    b'"text"',
+    b"1e999",
+    b"NaN",
+    b"\xff\xfe\x00",
+    b"\xef\xbb\xbf{}",
+    b"[" * 100_000,
+    b'{"a":' * 50_000,
+    b"1" * 5_000,
+    b'{"prompt": "\\ud800", "max_tokens": 1}',
+    b'{"prompt": "\\udfff\\ud800"}',
+    b'{"messages": [{"role": "user", "content": "\\ud83d"}]}',
+    b'{"prompt": "a\\u0000b"}',
+    '{"prompt": "\u0085"}'.encode(),
+    b'{"prompt": [1, 2], "prompt": {"x": 1}}',
+    b"\x00" * 1000,
+]
+COMMON = (
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "best_of",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "echo",
+    "suffix",
+)
+FIELDS = {
+    "/v1/completions": ("prompt", "return_token_ids", *COMMON),
+    "/v1/chat/completions": ("messages", "max_completion_tokens", *COMMON),
+    "/tokenize": ("prompt", "model", "add_special_tokens"),
+    "/detokenize": ("tokens", "model"),
+}
+VALUES = [
+    None,
+    True,
+    0,
+    -1,
+    2,
+    1.5,
+    2**64,
+    10**400,
+    float("nan"),
+    float("inf"),
+    "",
+    "\ud800",
+    "a\x07b",
+    [],
+    [1, [2]],
+    [-1],
+    [49_152],
+    ["a", {}],
+    {},
+    {"include_usage": "yes"},
+    {"a": {"b": [None]}},
+]
 
 
 def _routes(app) -> dict[str, set[str]]:
@@ -49,10 +110,15 @@ def _check(status: int, headers: dict, raw: bytes, method: str = "GET") -> dict 
 
 
 def test_the_route_table_is_what_the_hostile_requests_cover(real_server):
-    assert _routes(real_server.app) == {"/health": {"GET"}, "/v1/models": {"GET"},
-                                        "/metrics": {"GET"}, "/v1/completions": {"POST"},
-                                        "/v1/chat/completions": {"POST"}, "/tokenize": {"POST"},
-                                        "/detokenize": {"POST"}}  # fmt: skip
+    assert _routes(real_server.app) == {
+        "/health": {"GET"},
+        "/v1/models": {"GET"},
+        "/metrics": {"GET"},
+        "/v1/completions": {"POST"},
+        "/v1/chat/completions": {"POST"},
+        "/tokenize": {"POST"},
+        "/detokenize": {"POST"},
+    }
 
 
 def test_every_route_every_method_hostile_bodies_and_queries(real_server):
@@ -92,8 +158,12 @@ def test_every_route_every_method_hostile_bodies_and_queries(real_server):
 
 
 def test_every_field_of_every_type_is_a_400_naming_it_or_a_real_answer(real_server):
-    cases = [(path, field, value, {**base, field: value})
-             for path, base in POST_ROUTES.items() for field in FIELDS[path] for value in VALUES]  # fmt: skip
+    cases = [
+        (path, field, value, {**base, field: value})
+        for path, base in POST_ROUTES.items()
+        for field in FIELDS[path]
+        for value in VALUES
+    ]
 
     def send(case):
         path, _, _, body = case
@@ -141,7 +211,9 @@ def test_the_lone_surrogate_prompt_is_a_400_before_the_tokenizer(real_server):
 @pytest.mark.parametrize("path", list(POST_ROUTES))
 def test_a_client_that_leaves_mid_body_does_not_break_the_server(real_server, path):
     sock = real_server.connect()
-    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
-                 '{"prompt": "half'.encode())  # fmt: skip
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+        '{"prompt": "half'.encode()
+    )
     sock.close()
     assert real_server.post(path, POST_ROUTES[path])[0] == 200

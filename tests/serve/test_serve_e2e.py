@@ -64,8 +64,12 @@ def test_completions_metrics_and_events(server, subscriber):
         assert status == 200, body
         (choice,) = body["choices"]
         assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 20
-        assert body["usage"] == {"prompt_tokens": 34, "completion_tokens": 20, "total_tokens": 54,
-                                 "prompt_tokens_details": None}  # fmt: skip
+        assert body["usage"] == {
+            "prompt_tokens": 34,
+            "completion_tokens": 20,
+            "total_tokens": 54,
+            "prompt_tokens_details": None,
+        }
         written.append(prompt + choice["token_ids"][:-1])
         completion_tokens += 20
     status, text = server.get("/metrics")
@@ -92,8 +96,16 @@ def test_completions_metrics_and_events(server, subscriber):
 
 
 def test_streaming_chunks_and_usage(server):
-    status, chunks = server.post("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 4, "n": 2, "stream": True,
-                                                     "stream_options": {"include_usage": True}})  # fmt: skip
+    status, chunks = server.post(
+        "/v1/completions",
+        {
+            "prompt": [5, 6, 7],
+            "max_tokens": 4,
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert status == 200 and chunks[-1] == "[DONE]"
     by_index = {0: [], 1: []}
     finish = {}

@@ -14,12 +14,23 @@ def test_vllms_json_with_defaults_and_star_bound_to_host():
     )
     assert (config.endpoint, config.replay_endpoint, config.topic) == ("tcp://127.0.0.1:5557", None, "")
     config = parse_kv_events_config(
-        json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:6000", "replay_endpoint": "tcp://*:6001",
-                    "topic": "kv-events", "buffer_steps": 50}), "127.0.0.1",
-    )  # fmt: skip
+        json.dumps(
+            {
+                "enable_kv_cache_events": True,
+                "endpoint": "tcp://*:6000",
+                "replay_endpoint": "tcp://*:6001",
+                "topic": "kv-events",
+                "buffer_steps": 50,
+            }
+        ),
+        "127.0.0.1",
+    )
     assert (config.endpoint, config.replay_endpoint, config.topic, config.buffer_steps) == (
-        "tcp://127.0.0.1:6000", "tcp://127.0.0.1:6001", "kv-events", 50,
-    )  # fmt: skip
+        "tcp://127.0.0.1:6000",
+        "tcp://127.0.0.1:6001",
+        "kv-events",
+        50,
+    )
     assert parse_kv_events_config(json.dumps({"enable_kv_cache_events": False}), "127.0.0.1") is None
     assert parse_kv_events_config(None, "127.0.0.1") is None
 
@@ -46,13 +57,35 @@ def test_events_without_prefix_caching_are_refused_before_anything_starts(capsys
 
 def test_every_flag_reaches_the_serve_config():
     """`ServeConfig.from_args`: the one object `build_served` and `build_engine` take, flag by flag."""
-    argv = ["--model", "m.gguf", "--served-model-name", "x", "--host", "127.0.0.2", "--block-size", "8",
-            "--num-blocks", "99", "--max-num-seqs", "3", "--enable-prefix-caching", "--seed", "5",
-            "--kv-events-config", '{"enable_kv_cache_events": true, "endpoint": "tcp://*:7000"}']  # fmt: skip
+    argv = [
+        "--model",
+        "m.gguf",
+        "--served-model-name",
+        "x",
+        "--host",
+        "127.0.0.2",
+        "--block-size",
+        "8",
+        "--num-blocks",
+        "99",
+        "--max-num-seqs",
+        "3",
+        "--enable-prefix-caching",
+        "--seed",
+        "5",
+        "--kv-events-config",
+        '{"enable_kv_cache_events": true, "endpoint": "tcp://*:7000"}',
+    ]
     assert ServeConfig.from_args(make_parser().parse_args(argv)) == ServeConfig(
-        "m.gguf", served_name="x", block_size=8, num_blocks=99, prefix_caching=True, seed=5, max_num_seqs=3,
+        "m.gguf",
+        served_name="x",
+        block_size=8,
+        num_blocks=99,
+        prefix_caching=True,
+        seed=5,
+        max_num_seqs=3,
         events=KVEventsConfig("tcp://127.0.0.2:7000", None, "", 10_000, 100_000),
-    )  # fmt: skip
+    )
     assert (
         ServeConfig.from_args(make_parser().parse_args([])) == ServeConfig()
     )  # the flags' defaults are its own

@@ -51,9 +51,15 @@ def _prompt(rng: random.Random) -> list[int]:
 
 def _short_body(rng: random.Random) -> tuple[dict, int]:
     prompts = [_prompt(rng) for _ in range(rng.choice([1, 1, 1, 2]))]
-    body = {"prompt": prompts[0] if len(prompts) == 1 else prompts, "max_tokens": rng.randrange(1, 40),
-            "n": rng.choice([1, 1, 2]), "temperature": rng.choice([0.0, 1.0]), "seed": rng.randrange(1000),
-            "ignore_eos": rng.random() < 0.5, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "prompt": prompts[0] if len(prompts) == 1 else prompts,
+        "max_tokens": rng.randrange(1, 40),
+        "n": rng.choice([1, 1, 2]),
+        "temperature": rng.choice([0.0, 1.0]),
+        "seed": rng.randrange(1000),
+        "ignore_eos": rng.random() < 0.5,
+        "stream_options": {"include_usage": True},
+    }
     if rng.random() < 0.3:
         body["stop_token_ids"] = rng.sample(range(VOCAB), 20)  # likely hit: "stop" reasons
     return body, len(prompts)
@@ -61,14 +67,27 @@ def _short_body(rng: random.Random) -> tuple[dict, int]:
 
 def _long_body(rng: random.Random) -> dict:
     prompt = _prompt(rng)
-    return {"prompt": prompt, "max_tokens": CONTEXT - len(prompt), "ignore_eos": True, "temperature": 1.0,
-            "n": rng.choice([1, 2]), "seed": rng.randrange(1000)}  # fmt: skip
+    return {
+        "prompt": prompt,
+        "max_tokens": CONTEXT - len(prompt),
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "n": rng.choice([1, 2]),
+        "seed": rng.randrange(1000),
+    }
 
 
 def _client(port: int, rng: random.Random, clean: bool) -> Outcome:
-    kind = "complete" if clean and rng.random() < 0.5 else "stream" if clean else rng.choices(
-        ["complete", "stream", "long", "left mid-stream", "left while computing", "left mid-body", "bad"],
-        [27, 22, 8, 15, 15, 5, 8])[0]  # fmt: skip
+    kind = (
+        "complete"
+        if clean and rng.random() < 0.5
+        else "stream"
+        if clean
+        else rng.choices(
+            ["complete", "stream", "long", "left mid-stream", "left while computing", "left mid-body", "bad"],
+            [27, 22, 8, 15, 15, 5, 8],
+        )[0]
+    )
     if kind in ("complete", "stream"):
         body, count = _short_body(rng)
         out = (complete if kind == "complete" else stream)(port, body, count)
@@ -90,8 +109,14 @@ def _client(port: int, rng: random.Random, clean: bool) -> Outcome:
         return out
     if kind == "left mid-body":
         return leave_mid_body(port)
-    body = rng.choice([{"prompt": [1, VOCAB]}, {"prompt": "text, but the tiny model has no tokenizer"},
-                       {"prompt": [1], "max_tokens": CONTEXT}, {"prompt": [1], "n": 9}])  # fmt: skip
+    body = rng.choice(
+        [
+            {"prompt": [1, VOCAB]},
+            {"prompt": "text, but the tiny model has no tokenizer"},
+            {"prompt": [1], "max_tokens": CONTEXT},
+            {"prompt": [1], "n": 9},
+        ]
+    )
     out = complete(port, {"max_tokens": 4, **body}, 1, kind="bad")
     assert out.status == 400, out
     return out

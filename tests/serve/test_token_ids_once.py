@@ -30,8 +30,13 @@ def _spy(monkeypatch, module, name: str) -> list[str]:
         calls.append(kwargs.get("param", args[0] if module is kv_request else "prompt"))
         return real(*args, **kwargs)
 
-    holders = [(m, attr) for n, m in list(sys.modules.items()) if n.startswith("core.")
-               for attr, value in list(vars(m).items()) if value is real]  # fmt: skip
+    holders = [
+        (m, attr)
+        for n, m in list(sys.modules.items())
+        if n.startswith("core.")
+        for attr, value in list(vars(m).items())
+        if value is real
+    ]
     assert (module, name) in holders
     for holder, attr in holders:
         monkeypatch.setattr(holder, attr, spy)

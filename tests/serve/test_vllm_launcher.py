@@ -48,9 +48,21 @@ def test_the_command_listens_on_loopback_only(capsys):
 
     folder = cmd[2]
     assert (
-        main(["--config", f"{folder}/config.json", "--cpu-kv-cache-space-gib", env["VLLM_CPU_KVCACHE_SPACE"],
-              "--block-size", flags["--block-size"], "--max-model-len", flags["--max-model-len"], "--json"]) == 0
-    )  # fmt: skip
+        main(
+            [
+                "--config",
+                f"{folder}/config.json",
+                "--cpu-kv-cache-space-gib",
+                env["VLLM_CPU_KVCACHE_SPACE"],
+                "--block-size",
+                flags["--block-size"],
+                "--max-model-len",
+                flags["--max-model-len"],
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["num_blocks"] == 1_456
 
 

@@ -16,10 +16,12 @@ from core.serving.workload import Request, sharegpt, uniform
     [
         (sharegpt(300, rate=4.0, seed=1), {}),  # the paper's cache, memory-bound: recompute preemptions
         (sharegpt(200, rate=20.0, seed=2), {"kv_capacity_tokens": 6_000, "preemption_mode": "swap"}),
-        (uniform(150, (5, 300), (1, 200), rate=8.0, seed=3), {"kv_capacity_tokens": 3_000, "max_num_seqs": 24,
-                                                              "max_num_batched_tokens": 256}),
+        (
+            uniform(150, (5, 300), (1, 200), rate=8.0, seed=3),
+            {"kv_capacity_tokens": 3_000, "max_num_seqs": 24, "max_num_batched_tokens": 256},
+        ),
     ],
-)  # fmt: skip
+)
 def test_counted_policy_replays_the_paged_schedule(requests, config):
     config = SimulatorConfig(step_time=opt_13b_a100(), **config)
     full = simulate(requests, paged(16), config)

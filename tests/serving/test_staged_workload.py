@@ -56,14 +56,16 @@ def test_ramp_report_hand_worked():
     20 / 2.5 = 8 tok/s. Stage 1: arrivals 1.5 and 2.0, last finish 5.0: 20 / 3.5 tok/s. The run: the mean of
     the stages' (or stage 1's alone past a warm-up); TTFT p90 over all four TTFTs 0.1, 0.2, 0.5, 1.0 (linear
     interpolation: 0.5 + 0.7 x 0.5 = 0.85)."""
-    frame = pd.DataFrame({
-        "arrival_time": [0.5, 1.0, 1.5, 2.0],
-        "first_token_time": [0.6, 1.2, 2.0, 3.0],
-        "finish_time": [3.0, 2.0, 4.0, 5.0],
-        "output_len": [10, 10, 10, 10],
-        "prompt_len": [100, 100, 100, 100],
-        "prefix_hit_tokens": [0, 50, 50, 100],
-    })  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "arrival_time": [0.5, 1.0, 1.5, 2.0],
+            "first_token_time": [0.6, 1.2, 2.0, 3.0],
+            "finish_time": [3.0, 2.0, 4.0, 5.0],
+            "output_len": [10, 10, 10, 10],
+            "prompt_len": [100, 100, 100, 100],
+            "prefix_hit_tokens": [0, 50, 50, 100],
+        }
+    )
     stages = [Stage(2, 1), Stage(2, 1)]
     report = ramp_report(frame, stages)
     assert [s["output_tokens_per_s"] for s in report["stages"]] == pytest.approx([8.0, 20 / 3.5])
@@ -95,8 +97,13 @@ def _replay(routing, groups):
     of 400 tokens x 3 users of 100-token questions, 30 output tokens. 12 groups: all prompts are 7,200 tokens,
     three replicas' caches, so round-robin (every replica sees every group) thrashes while prefix-aware gives
     each replica 3 groups (1,800 tokens: they fit)."""
-    config = SimulatorConfig(kv_capacity_tokens=2400, max_seq_len=2048, step_time=SLOPED, max_snapshots=1,
-                             max_num_batched_tokens=512)  # fmt: skip
+    config = SimulatorConfig(
+        kv_capacity_tokens=2400,
+        max_seq_len=2048,
+        step_time=SLOPED,
+        max_snapshots=1,
+        max_num_batched_tokens=512,
+    )
     requests = staged_requests(RAMP, SharedPrefixPrompts(groups, 3, 400, 100, 30), seed=0)
     result = simulate_fleet(requests, paged(16, enable_prefix_caching=True), config, Fleet(4, routing))
     return ramp_report(result.requests, RAMP, first_stage=1)

@@ -44,8 +44,11 @@ def test_the_element_is_the_one_st_plotly_chart_sends_but_for_its_id():
     assert not at.exception, at.exception
     public, cached = (chart.proto for chart in at.get("plotly_chart"))
     assert (cached.spec, cached.config, cached.theme, cached.form_id) == (
-        public.spec, public.config, public.theme, public.form_id,
-    )  # fmt: skip
+        public.spec,
+        public.config,
+        public.theme,
+        public.form_id,
+    )
     assert cached.id and cached.id != public.id
 
 

@@ -27,9 +27,16 @@ def test_defaults_are_the_page_defaults_and_describe_the_documented_problem():
         batch=4, context_len=1024
     )  # 32 / 8 heads, 128 dims, blocks of 16
     assert url_params(values) == {
-        "heads": "32", "kv_heads": "8", "head_dim": "128", "block": "16", "batch": "4", "ctx": "1024",
-        "dtype": "float32", "window": "0", "backends": "cpu,torch,gather",
-    }  # fmt: skip
+        "heads": "32",
+        "kv_heads": "8",
+        "head_dim": "128",
+        "block": "16",
+        "batch": "4",
+        "ctx": "1024",
+        "dtype": "float32",
+        "window": "0",
+        "backends": "cpu,torch,gather",
+    }
 
 
 def test_bad_values_fall_back_with_a_reason():

@@ -27,8 +27,13 @@ from ui.live_figures import (
 def test_usage_lines_per_source_and_fleet_in_percent():
     h = LiveHistory()
     for t, (ua, ub) in enumerate([(0.1, 0.3), (0.5, 0.7)]):
-        h.record(float(t), {"a": parse_vllm_metrics(vllm_exposition({"0": EngineState(usage=ua)})),
-                            "b": parse_vllm_metrics(vllm_exposition({"0": EngineState(usage=ub)}))})  # fmt: skip
+        h.record(
+            float(t),
+            {
+                "a": parse_vllm_metrics(vllm_exposition({"0": EngineState(usage=ua)})),
+                "b": parse_vllm_metrics(vllm_exposition({"0": EngineState(usage=ub)})),
+            },
+        )
     colors = source_colors([*h.sources(), FLEET])
     fig = usage_figure(h.frame(), colors)
     by_name = {trace.name: trace for trace in fig.data}

@@ -66,8 +66,16 @@ def test_integer_ticks_are_whole_numbers_of_1_2_5_steps():
 
     # hand-worked: the smallest of 1, 2, 5, 10, 20, ... with at most 8 intervals up to the maximum
     assert [integer_ticks(m)["dtick"] for m in (0, 5, 8, 9, 16, 17, 48, 555, 4096)] == [
-        1, 1, 1, 2, 2, 5, 10, 100, 1000,
-    ]  # fmt: skip
+        1,
+        1,
+        1,
+        2,
+        2,
+        5,
+        10,
+        100,
+        1000,
+    ]
     assert integer_ticks(3) == {"tick0": 0, "dtick": 1, "tickformat": ",d"}
 
 

@@ -20,19 +20,51 @@ def test_an_empty_url_is_the_default_parameters():
 
 def test_every_field_reaches_its_parameter():
     url = {
-        "dataset": "fixed", "num_requests": "40", "rate": "3.5", "seed": "7", "n": "2", "prefix_len": "64",
-        "prefix_fraction": "0.5", "fixed_prompt": "100", "fixed_output": "20", "model": "llama-3.1-8b",
-        "gpu": "h100-80gb", "capacity": "raw", "raw_capacity": "4096", "overhead_ms": "5",
-        "policies": "paged,orca-max", "block_size": "32", "prefix_caching": "1", "max_num_seqs": "8",
-        "max_tokens": "512", "preemption": "swap", "swap_gib": "2",
-    }  # fmt: skip
+        "dataset": "fixed",
+        "num_requests": "40",
+        "rate": "3.5",
+        "seed": "7",
+        "n": "2",
+        "prefix_len": "64",
+        "prefix_fraction": "0.5",
+        "fixed_prompt": "100",
+        "fixed_output": "20",
+        "model": "llama-3.1-8b",
+        "gpu": "h100-80gb",
+        "capacity": "raw",
+        "raw_capacity": "4096",
+        "overhead_ms": "5",
+        "policies": "paged,orca-max",
+        "block_size": "32",
+        "prefix_caching": "1",
+        "max_num_seqs": "8",
+        "max_tokens": "512",
+        "preemption": "swap",
+        "swap_gib": "2",
+    }
     assert params_from(values(**url)) == SimulatorParams(
-        dataset="fixed", num_requests=40, rate=3.5, seed=7, n=2, prefix_len=64, prefix_fraction=0.5,
-        prompt_len=100, output_len=20, model="llama-3.1-8b", gpu="h100-80gb", capacity_source="raw",
-        raw_capacity_tokens=4096, overhead_ms=5.0, policies=("paged", "orca-max"), block_size=32,
-        enable_prefix_caching=True, max_num_seqs=8, max_num_batched_tokens=512, preemption_mode="swap",
+        dataset="fixed",
+        num_requests=40,
+        rate=3.5,
+        seed=7,
+        n=2,
+        prefix_len=64,
+        prefix_fraction=0.5,
+        prompt_len=100,
+        output_len=20,
+        model="llama-3.1-8b",
+        gpu="h100-80gb",
+        capacity_source="raw",
+        raw_capacity_tokens=4096,
+        overhead_ms=5.0,
+        policies=("paged", "orca-max"),
+        block_size=32,
+        enable_prefix_caching=True,
+        max_num_seqs=8,
+        max_num_batched_tokens=512,
+        preemption_mode="swap",
         swap_space_gib=2.0,
-    )  # fmt: skip
+    )
 
 
 def test_a_trace_runs_as_sharegpt_and_all_at_once_is_an_infinite_rate():

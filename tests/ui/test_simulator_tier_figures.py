@@ -21,8 +21,10 @@ def test_tier_table_is_cumulative_in_admission_order_by_hand():
     assert table["prefill"].tolist() == [64, 64 + 16, 64 + 16 + 52]
     figure = tier_hits_figure(requests)
     assert [trace.name for trace in figure.data] == [
-        "hit in HBM", "loaded from the host tier", "prefilled (computed)",
-    ]  # fmt: skip
+        "hit in HBM",
+        "loaded from the host tier",
+        "prefilled (computed)",
+    ]
     assert list(figure.data[1].y) == [0, 16, 48]
     assert figure.layout.xaxis.title.text == "simulated time (s)"
     assert figure.layout.yaxis.title.text == "prompt tokens, cumulative"

@@ -84,9 +84,10 @@ def test_a_queueing_knee_is_marked_on_its_point(plan):
 
     # one H100 capped at 128 sequences: requests wait for a slot before the throughput bound rules a rate out
     capped = next(
-        c for c in plan.configs if (c.gpu, c.tp, c.replicas, c.kv_dtype, c.max_num_seqs) == ("h100-80gb", 1, 1,
-                                                                                             "auto", 128)
-    )  # fmt: skip
+        c
+        for c in plan.configs
+        if (c.gpu, c.tp, c.replicas, c.kv_dtype, c.max_num_seqs) == ("h100-80gb", 1, 1, "auto", 128)
+    )
     drawn = curve(P, capped)
     expected, point, _ = first_queueing_rate(capped, drawn.rates)
     assert point.binding == "queueing" and point.simulated

@@ -56,8 +56,18 @@ def test_table_rows_say_which_targets_are_met(prediction):
 
 
 def test_the_url_fields_build_the_params_and_hold_only_the_mode_s_inputs():
-    values, errors = parse_params({"mode": "predict", "tpot_ms": "40", "tpot_q": "99", "itl_ms": "25",
-                                   "load": "concurrency", "clients": "16", "kv_dtype": "auto"}, FIELDS)  # fmt: skip
+    values, errors = parse_params(
+        {
+            "mode": "predict",
+            "tpot_ms": "40",
+            "tpot_q": "99",
+            "itl_ms": "25",
+            "load": "concurrency",
+            "clients": "16",
+            "kv_dtype": "auto",
+        },
+        FIELDS,
+    )
     assert not errors
     params = predict_params_from(values)
     assert params.targets == (("ttft_p95_s", 1.0), ("tpot_p99_s", 0.04), ("itl_p99_s", 0.025))
@@ -74,9 +84,22 @@ def test_the_url_fields_build_the_params_and_hold_only_the_mode_s_inputs():
 
 
 def test_the_lever_fields_build_the_levers_core_takes():
-    values, errors = parse_params({"mode": "predict", "prompt_len": "4000", "prefix_len": "3500", "prefixes": "8",
-                                   "zipf": "1.1", "turns": "3", "turn_gap": "30", "spec_k": "2", "spec_acc": "0.9, 0.7",
-                                   "spec_method": "draft-model", "draft": "qwen2.5-7b"}, FIELDS)  # fmt: skip
+    values, errors = parse_params(
+        {
+            "mode": "predict",
+            "prompt_len": "4000",
+            "prefix_len": "3500",
+            "prefixes": "8",
+            "zipf": "1.1",
+            "turns": "3",
+            "turn_gap": "30",
+            "spec_k": "2",
+            "spec_acc": "0.9, 0.7",
+            "spec_method": "draft-model",
+            "draft": "qwen2.5-7b",
+        },
+        FIELDS,
+    )
     assert not errors
     params = predict_params_from(values)
     assert params.load() == Load(

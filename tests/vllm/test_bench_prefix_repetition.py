@@ -40,20 +40,43 @@ def _counters(server) -> tuple[float, float, float]:
 def test_the_printed_prefix_repetition_command_measures_the_predicted_hit_rate(real_vllm, tmp_path):
     config = json.loads((Path(real_vllm.model_dir) / "config.json").read_text())
     model = ModelSpec.from_hf_config(config, name=real_vllm.model)
-    load = Load(rate=8.0, prompt_len=PREFIX + SUFFIX, output_len=OUTPUT, shared_prefix_len=PREFIX,
-                num_prefixes=PREFIXES, seed=3)  # fmt: skip
+    load = Load(
+        rate=8.0,
+        prompt_len=PREFIX + SUFFIX,
+        output_len=OUTPUT,
+        shared_prefix_len=PREFIX,
+        num_prefixes=PREFIXES,
+        seed=3,
+    )
     predicted = predict(Deployment(model, "h100-80gb", block_size=real_vllm.block_size), load).to_dict()
     assert predicted["prefix_hit_rate"] == pytest.approx(PREFIX / (PREFIX + SUFFIX), abs=0.01)
 
     command = vllm_bench_serve_command(model, load, REQUESTS, ("ttft",), (50,))
     words = shlex.split(command.replace("\\\n", " "))
     assert words[:3] == ["vllm", "bench", "serve"] and "--model" in words
-    argv = [str(find_vllm().command), *words[1:], "--base-url", real_vllm.url, "--tokenizer", real_vllm.model_dir,
-            "--save-result", "--result-dir", str(tmp_path), "--result-filename", "run.json", "--disable-tqdm"]  # fmt: skip
+    argv = [
+        str(find_vllm().command),
+        *words[1:],
+        "--base-url",
+        real_vllm.url,
+        "--tokenizer",
+        real_vllm.model_dir,
+        "--save-result",
+        "--result-dir",
+        str(tmp_path),
+        "--result-filename",
+        "run.json",
+        "--disable-tqdm",
+    ]
 
     hits0, queries0, prompt0 = _counters(real_vllm)
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=600,
-                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})  # fmt: skip
+    run = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     hits1, queries1, prompt1 = _counters(real_vllm)
     result = json.loads((tmp_path / "run.json").read_text())
@@ -64,6 +87,8 @@ def test_the_printed_prefix_repetition_command_measures_the_predicted_hit_rate(r
     assert queries1 - queries0 == prompt_tokens
     measured = (hits1 - hits0) / (queries1 - queries0)
     first_sightings = predicted["prefix_hit_rate"] * (REQUESTS - PREFIXES) / REQUESTS
-    print(f"predicted {predicted['prefix_hit_rate']:.4f} (steady), {first_sightings:.4f} with the first "
-          f"sightings; vLLM measured {measured:.4f}")  # fmt: skip
+    print(
+        f"predicted {predicted['prefix_hit_rate']:.4f} (steady), {first_sightings:.4f} with the first "
+        f"sightings; vLLM measured {measured:.4f}"
+    )
     assert measured == pytest.approx(first_sightings, abs=TOLERANCE)

@@ -15,8 +15,10 @@ from playwright.sync_api import expect
 from tests.conftest import ARTIFACTS
 
 expect.set_options(timeout=240_000)  # the server, its load, the page and the fit share two cores
-TEXT = ("Paged attention keeps the KV cache in fixed-size blocks, so requests that share a system prompt share its "
-        "blocks and skip its prefill. ") * 3  # fmt: skip
+TEXT = (
+    "Paged attention keeps the KV cache in fixed-size blocks, so requests that share a system prompt share its "
+    "blocks and skip its prefill. "
+) * 3
 
 
 @pytest.mark.browser
@@ -37,8 +39,14 @@ def test_live_page_plans_the_real_vllm(real_vllm, streamlit_server, page):
         sender.start()
     try:
         watched = {"metrics": f"{real_vllm.url}/metrics", "every": "2", "pvo_window": "600"}
-        events = {"events": real_vllm.events_endpoint, "events_bind": "1", "replay": real_vllm.replay_endpoint,
-                  "topic": real_vllm.topic, "lookup": TEXT, "lookup_as": "text"}  # fmt: skip
+        events = {
+            "events": real_vllm.events_endpoint,
+            "events_bind": "1",
+            "replay": real_vllm.replay_endpoint,
+            "topic": real_vllm.topic,
+            "lookup": TEXT,
+            "lookup_as": "text",
+        }
         page.goto(f"{streamlit_server}/live?{urllib.parse.urlencode(watched | events)}")
         expect(page.get_by_role("heading", name="Predicted against observed")).to_be_visible()
         expect(

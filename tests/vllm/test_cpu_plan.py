@@ -35,8 +35,12 @@ def test_planned_cpu_blocks_equal_the_blocks_vllm_computed(real_vllm, capsys):
         == real_vllm.num_gpu_blocks_override
     )
 
-    inputs = CpuKVInputs(ModelSpec.from_hf_config(config, name=served.name), space,
-                         block_size=metrics.block_size, max_model_len=served.max_model_len)  # fmt: skip
+    inputs = CpuKVInputs(
+        ModelSpec.from_hf_config(config, name=served.name),
+        space,
+        block_size=metrics.block_size,
+        max_model_len=served.max_model_len,
+    )
     plan = plan_cpu_kv(inputs)
     computed, override = map(int, OVERRIDE.search(Path(real_vllm.log_path).read_text()).groups())
     assert override == real_vllm.num_gpu_blocks_override
@@ -44,9 +48,18 @@ def test_planned_cpu_blocks_equal_the_blocks_vllm_computed(real_vllm, capsys):
     assert plan.kv_tokens == computed * real_vllm.block_size
 
     # the command line says the same, from the folder the server names
-    code = planning_main(["--config", str(Path(served.root) / "config.json"), "--cpu-kv-cache-space-gib",
-                          str(real_vllm.kv_cache_space_gib), "--block-size", str(real_vllm.block_size),
-                          "--max-model-len", str(real_vllm.max_model_len)])  # fmt: skip
+    code = planning_main(
+        [
+            "--config",
+            str(Path(served.root) / "config.json"),
+            "--cpu-kv-cache-space-gib",
+            str(real_vllm.kv_cache_space_gib),
+            "--block-size",
+            str(real_vllm.block_size),
+            "--max-model-len",
+            str(real_vllm.max_model_len),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert re.search(rf"num_blocks\s+{computed:,}\n", out)

@@ -124,8 +124,10 @@ def test_lookup_finds_a_prompt_sent_before_and_labels_come_from_detokenize(real_
     from core.live.addresses import check_metrics_url
 
     server = check_metrics_url(real_vllm.url + "/metrics", LOOPBACK)
-    text = ("PagedAttention stores the key and value cache of every sequence in fixed-size blocks, so memory is "
-            "allocated on demand and shared between requests with a common prefix. ") * 3  # fmt: skip
+    text = (
+        "PagedAttention stores the key and value cache of every sequence in fixed-size blocks, so memory is "
+        "allocated on demand and shared between requests with a common prefix. "
+    ) * 3
     ids = tokenize(server, text)
     assert ids == real_vllm.post("/tokenize", {"model": real_vllm.model, "prompt": text})["tokens"]
     sub = subscribe(real_vllm)

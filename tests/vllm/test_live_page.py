@@ -8,8 +8,10 @@ import time
 import pytest
 
 PAGE = "app_pages/live.py"
-TEXT = ("A paged KV cache hands out fixed-size blocks on demand, so requests that share a system prompt share its "
-        "blocks and skip its prefill. ") * 3  # fmt: skip
+TEXT = (
+    "A paged KV cache hands out fixed-size blocks on demand, so requests that share a system prompt share its "
+    "blocks and skip its prefill. "
+) * 3
 
 
 @pytest.fixture(autouse=True)
@@ -28,9 +30,16 @@ def test_live_page_finds_the_prompt_and_labels_the_tree(real_vllm):
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
     at.switch_page(PAGE)
-    params = {"metrics": real_vllm.url + "/metrics", "events": real_vllm.events_endpoint, "events_bind": "1",
-              "replay": real_vllm.replay_endpoint, "topic": real_vllm.topic, "watch": "0", "lookup": TEXT,
-              "lookup_as": "text"}  # fmt: skip
+    params = {
+        "metrics": real_vllm.url + "/metrics",
+        "events": real_vllm.events_endpoint,
+        "events_bind": "1",
+        "replay": real_vllm.replay_endpoint,
+        "topic": real_vllm.topic,
+        "watch": "0",
+        "lookup": TEXT,
+        "lookup_as": "text",
+    }
     for key, value in params.items():
         at.query_params[key] = value
     try:

@@ -139,9 +139,17 @@ def _preset(
     fp8 = None if fp8_tflops is None else fp8_tflops * TFLOPS
     network = None if nic_gbit is None else nic_gbit * GB / 8
     return GPUSpec(
-        name, memory_bytes, bandwidth, flops, memory_type, f"{memory_source}; {datasheet}",
-        link_gb_per_s * GB, interconnect, fp8, network,
-    )  # fmt: skip
+        name,
+        memory_bytes,
+        bandwidth,
+        flops,
+        memory_type,
+        f"{memory_source}; {datasheet}",
+        link_gb_per_s * GB,
+        interconnect,
+        fp8,
+        network,
+    )
 
 
 # One NIC per GPU in the vendor's 8-GPU systems (datasheets' networking rows): DGX A100 "8x Single-Port

@@ -45,31 +45,41 @@ def plan_table(capacity: CapacityPlan) -> str:
 
     rows = [
         ("model", capacity.model),
-        ("GPUs", f"{capacity.num_gpus} x {capacity.gpu} (tp {capacity.tensor_parallel}, pp "
-                 f"{capacity.pipeline_parallel}, "
-                 + (f"dp {capacity.data_parallel}, " if capacity.data_parallel > 1 else "")
-                 + ("expert parallel, " if capacity.expert_parallel else "")
-                 + f"{capacity.replicas} replica(s))"),
+        (
+            "GPUs",
+            f"{capacity.num_gpus} x {capacity.gpu} (tp {capacity.tensor_parallel}, pp "
+            f"{capacity.pipeline_parallel}, "
+            + (f"dp {capacity.data_parallel}, " if capacity.data_parallel > 1 else "")
+            + ("expert parallel, " if capacity.expert_parallel else "")
+            + f"{capacity.replicas} replica(s))",
+        ),
         ("dtypes", f"weights {capacity.weight_dtype}, KV cache {capacity.kv_dtype}"),
         ("GPU memory", size(capacity.gpu_memory_bytes)),
         (f"usable (x {capacity.gpu_memory_utilization:g})", size(capacity.usable_bytes)),
         ("weights per GPU", size(capacity.weights_bytes)),
-        ("activations per GPU" + (" (estimate)" if capacity.activation_estimated else ""),
-         size(capacity.activation_bytes)),
+        (
+            "activations per GPU" + (" (estimate)" if capacity.activation_estimated else ""),
+            size(capacity.activation_bytes),
+        ),
         ("KV budget per GPU", size(capacity.kv_budget_bytes)),
         ("KV bytes per token per GPU", f"{capacity.kv_bytes_per_token:,} B"),
         (f"block bytes ({capacity.block_size} tokens)", f"{capacity.block_bytes:,} B"),
         ("KV blocks", f"{capacity.num_blocks:,}"),
         ("KV tokens", f"{capacity.kv_tokens:,}"),
         (f"bytes per {capacity.context_len:,}-token request", size(capacity.per_request_bytes)),
-        (f"max concurrency at {capacity.context_len:,} tokens",
-         f"{capacity.max_concurrency:,} per {'DP rank' if capacity.data_parallel > 1 else 'replica'}, "
-         f"{capacity.max_concurrency_total:,} total"),
-        ("decode estimate (roofline upper bound)",
-         f"{capacity.decode_tokens_per_s:,.0f} tokens/s at batch {capacity.decode_batch:,} ({capacity.decode_bound}-bound)"
-         if capacity.decode_tokens_per_s else "n/a"),
+        (
+            f"max concurrency at {capacity.context_len:,} tokens",
+            f"{capacity.max_concurrency:,} per {'DP rank' if capacity.data_parallel > 1 else 'replica'}, "
+            f"{capacity.max_concurrency_total:,} total",
+        ),
+        (
+            "decode estimate (roofline upper bound)",
+            f"{capacity.decode_tokens_per_s:,.0f} tokens/s at batch {capacity.decode_batch:,} ({capacity.decode_bound}-bound)"
+            if capacity.decode_tokens_per_s
+            else "n/a",
+        ),
         ("verdict", capacity.verdict),
-    ]  # fmt: skip
+    ]
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     lines += [f"note: {note}" for note in capacity.notes]
@@ -234,9 +244,12 @@ def host_tier_table(tier: HostKVTier) -> str:
     rows = [
         ("host KV tier per replica", f"{tier.kv_offload_gib:g} GiB over {tier.world_size} rank(s)"),
         ("host block bytes (all ranks, page-aligned)", f"{tier.host_block_bytes:,} B"),
-        ("host_kv_tokens", f"{tier.host_kv_tokens:,} ({tier.host_kv_blocks:,} blocks; {tier.host_extra_tokens:,} beyond HBM)"),
+        (
+            "host_kv_tokens",
+            f"{tier.host_kv_tokens:,} ({tier.host_kv_blocks:,} blocks; {tier.host_extra_tokens:,} beyond HBM)",
+        ),
         ("host memory pinned, all replicas", f"{tier.host_memory_bytes_total / 1024**3:,.2f} GiB"),
-    ]  # fmt: skip
+    ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -265,14 +278,17 @@ def _cpu_main(args: argparse.Namespace) -> int:
         model, _ = _model_and_gpu(args)
         capacity = plan_cpu_kv(
             CpuKVInputs.from_space_gib(
-                model, args.cpu_kv_cache_space_gib,
+                model,
+                args.cpu_kv_cache_space_gib,
                 block_size=CPU_DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size,
-                dtype=args.dtype, kv_cache_dtype=args.kv_dtype, max_model_len=args.max_model_len,
+                dtype=args.dtype,
+                kv_cache_dtype=args.kv_dtype,
+                max_model_len=args.max_model_len,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
                 model_path=str(Path(args.config).resolve().parent) if args.config else None,
             )
-        )  # fmt: skip
+        )
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -124,10 +124,18 @@ def target_flags(parser: argparse.ArgumentParser) -> None:
 def load_from_args(args, rate: float | None, concurrency: int | None = None) -> Load:
     """The `Load` of `load_flags` at `rate` requests/s (or `concurrency` clients)."""
     return Load(
-        rate, args.prompt_len, args.output_len, args.length_spread, args.seed, concurrency,
-        shared_prefix_len=args.shared_prefix_len, num_prefixes=args.num_prefixes,
-        prefix_zipf=args.prefix_zipf, turns=args.turns, turn_gap_s=args.turn_gap,
-    )  # fmt: skip
+        rate,
+        args.prompt_len,
+        args.output_len,
+        args.length_spread,
+        args.seed,
+        concurrency,
+        shared_prefix_len=args.shared_prefix_len,
+        num_prefixes=args.num_prefixes,
+        prefix_zipf=args.prefix_zipf,
+        turns=args.turns,
+        turn_gap_s=args.turn_gap,
+    )
 
 
 def speculation_from_args(args) -> Speculation | None:
@@ -148,13 +156,24 @@ def speculation_from_args(args) -> Speculation | None:
 
 def deployment_from_args(args) -> Deployment:
     return Deployment(
-        model_from_args(args), args.gpu, args.tp, args.pp, args.replicas, args.max_num_seqs,
-        args.max_num_batched_tokens, args.weight_dtype, args.kv_dtype, args.engine,
-        speculation=speculation_from_args(args), routing=args.routing,
-        kv_offload_gib=args.kv_offload_gib, offload_policy=args.offload_policy,
-        offload_bandwidth_gbps=args.offload_bandwidth_gbps, data_parallel=args.data_parallel_size,
+        model_from_args(args),
+        args.gpu,
+        args.tp,
+        args.pp,
+        args.replicas,
+        args.max_num_seqs,
+        args.max_num_batched_tokens,
+        args.weight_dtype,
+        args.kv_dtype,
+        args.engine,
+        speculation=speculation_from_args(args),
+        routing=args.routing,
+        kv_offload_gib=args.kv_offload_gib,
+        offload_policy=args.offload_policy,
+        offload_bandwidth_gbps=args.offload_bandwidth_gbps,
+        data_parallel=args.data_parallel_size,
         expert_parallel=args.enable_expert_parallel,
-    )  # fmt: skip
+    )
 
 
 def _clean(value):
@@ -186,11 +205,17 @@ def disagg_from_args(args) -> DisaggDeployment:
             "--disagg takes neither --data-parallel-size nor --enable-expert-parallel (each pool is tp-only)"
         )
     return DisaggDeployment.of(
-        model_from_args(args), args.gpu, (args.prefill_workers, args.prefill_tp),
-        (args.decode_workers, args.decode_tp), args.kv_link, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, weight_dtype=args.weight_dtype,
-        kv_dtype=args.kv_dtype, engine=args.engine,
-    )  # fmt: skip
+        model_from_args(args),
+        args.gpu,
+        (args.prefill_workers, args.prefill_tp),
+        (args.decode_workers, args.decode_tp),
+        args.kv_link,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        weight_dtype=args.weight_dtype,
+        kv_dtype=args.kv_dtype,
+        engine=args.engine,
+    )
 
 
 def predict_main(argv: Sequence[str]) -> int:
@@ -233,8 +258,13 @@ def max_rate_main(argv: Sequence[str]) -> int:
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    body = {"max_rate_req_per_s": found.max_req_per_s, "binding": found.binding, "targets": targets,
-            "evaluations": found.evaluations, "deployment": deployment.flags()}  # fmt: skip
+    body = {
+        "max_rate_req_per_s": found.max_req_per_s,
+        "binding": found.binding,
+        "targets": targets,
+        "evaluations": found.evaluations,
+        "deployment": deployment.flags(),
+    }
     body |= found.at.to_dict() if found.at is not None else {}
     print(json.dumps(_clean(body), indent=2))
     return 0

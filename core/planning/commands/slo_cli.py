@@ -117,27 +117,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m core.planning slo`. Exit status 0, or 2 (reason on stderr)."""
     args = build_parser().parse_args(argv)
     if args.disagg and args.max_gpus < 2:
-        print(f"error: --disagg needs --max-gpus of at least 2 (a prefill and a decode GPU), got {args.max_gpus}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: --disagg needs --max-gpus of at least 2 (a prefill and a decode GPU), got {args.max_gpus}",
+            file=sys.stderr,
+        )
         return 2
     targets = {k: v for k, v in vars(args).items() if k.endswith("_s") and v is not None}
     try:
         slo = Slo.of(targets)
         workload = load_from_args(args, args.rate)  # with its shared prefixes and turns (an SloWorkload)
         candidates = SloCandidates(
-            gpus=tuple(args.gpus), max_gpus=args.max_gpus, tensor_parallel=tuple(args.tp),
-            pipeline_parallel=tuple(args.pp), max_num_seqs=tuple(args.max_num_seqs),
-            kv_dtypes=tuple(args.kv_dtypes), weight_dtypes=tuple(args.weight_dtypes),
-            max_num_batched_tokens=args.max_num_batched_tokens, max_meeting=args.max_meeting,
-            engine=args.engine, disagg=args.disagg, routing=routing_from_args(args),
-            data_parallel=tuple(args.data_parallel_size), expert_parallel=args.enable_expert_parallel,
-        )  # fmt: skip
+            gpus=tuple(args.gpus),
+            max_gpus=args.max_gpus,
+            tensor_parallel=tuple(args.tp),
+            pipeline_parallel=tuple(args.pp),
+            max_num_seqs=tuple(args.max_num_seqs),
+            kv_dtypes=tuple(args.kv_dtypes),
+            weight_dtypes=tuple(args.weight_dtypes),
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_meeting=args.max_meeting,
+            engine=args.engine,
+            disagg=args.disagg,
+            routing=routing_from_args(args),
+            data_parallel=tuple(args.data_parallel_size),
+            expert_parallel=args.enable_expert_parallel,
+        )
         plan = plan_slo(model_from_args(args), workload, slo, candidates)
     except SloInfeasibleError as error:
         print(f"error: {error}", file=sys.stderr)
         body = error.plan.to_dict() if error.plan is not None else {"configs": []}
-        body["error"] = {"message": str(error), "metric": error.metric, "target": error.target,
-                         "best": error.best, "shortfall": error.shortfall}  # fmt: skip
+        body["error"] = {
+            "message": str(error),
+            "metric": error.metric,
+            "target": error.target,
+            "best": error.best,
+            "shortfall": error.shortfall,
+        }
         print(json.dumps(body, indent=2))
         return 2
     except LabError as error:

@@ -108,14 +108,19 @@ class Speculation:
         return total
 
     def flags(self) -> dict:
-        return {"spec_tokens": self.num_tokens, "spec_acceptance": list(self.acceptance),
-                "spec_method": self.method, "draft_model": self.draft_model}  # fmt: skip
+        return {
+            "spec_tokens": self.num_tokens,
+            "spec_acceptance": list(self.acceptance),
+            "spec_method": self.method,
+            "draft_model": self.draft_model,
+        }
 
 
 def draft_pass_model(model: StepTimeModel) -> StepTimeModel:
     """A draft's passes inside the engine step: its roofline and collectives, no per-step overheads."""
-    return replace(model, overhead_s=0.0, per_token_overhead_s=0.0, single_token_overhead_s=None,
-                   small_step_factors=())  # fmt: skip
+    return replace(
+        model, overhead_s=0.0, per_token_overhead_s=0.0, single_token_overhead_s=None, small_step_factors=()
+    )
 
 
 def eagle_head_model(target: StepTimeModel, spec) -> StepTimeModel:
@@ -123,15 +128,24 @@ def eagle_head_model(target: StepTimeModel, spec) -> StepTimeModel:
     each pass; one layer's K/V and attention."""
     layers = spec.num_layers
     share = (spec.layer_params + max(spec.lm_head_params, spec.embedding_params)) / spec.num_params
-    return draft_pass_model(replace(
-        target, weight_bytes=(target.weight_bytes + target.expert_weight_bytes) * share,
-        flops_per_token=target.flops_per_token * share, kv_bytes_per_token=target.kv_bytes_per_token / layers,
-        expert_weight_bytes=0.0, num_experts=0, experts_per_token=0, expert_flops_per_token=0.0,
-        sliding_layer_fraction=0.0,
-        attention_flops_per_pair=target.attention_flops_per_pair / layers,
-        comm_latency_s=target.comm_latency_s / layers, comm_bytes_per_token=target.comm_bytes_per_token / layers,
-        lm_head_flops_per_output=0.0, pipeline_stages=1,
-    ))  # fmt: skip
+    return draft_pass_model(
+        replace(
+            target,
+            weight_bytes=(target.weight_bytes + target.expert_weight_bytes) * share,
+            flops_per_token=target.flops_per_token * share,
+            kv_bytes_per_token=target.kv_bytes_per_token / layers,
+            expert_weight_bytes=0.0,
+            num_experts=0,
+            experts_per_token=0,
+            expert_flops_per_token=0.0,
+            sliding_layer_fraction=0.0,
+            attention_flops_per_pair=target.attention_flops_per_pair / layers,
+            comm_latency_s=target.comm_latency_s / layers,
+            comm_bytes_per_token=target.comm_bytes_per_token / layers,
+            lm_head_flops_per_output=0.0,
+            pipeline_stages=1,
+        )
+    )
 
 
 def eagle_head_bytes(target: StepTimeModel, spec) -> tuple[float, float]:
@@ -142,8 +156,13 @@ def eagle_head_bytes(target: StepTimeModel, spec) -> tuple[float, float]:
     )
 
 
-def speculative_kv_tokens(kv_tokens: int, target: StepTimeModel, draft_bytes: tuple[float, float],
-                          spec: Speculation, max_num_seqs: int) -> int:  # fmt: skip
+def speculative_kv_tokens(
+    kv_tokens: int,
+    target: StepTimeModel,
+    draft_bytes: tuple[float, float],
+    spec: Speculation,
+    max_num_seqs: int,
+) -> int:
     """KV slots left for the target's sequences: the draft's weights taken out of the KV memory, each slot now
     holding the target's and the draft's K/V of a token, less max_num_seqs x K lookahead slots."""
     weights, kv = draft_bytes
@@ -169,20 +188,23 @@ class SpeculativeStepTime:
     def swap_bandwidth(self) -> float:
         return self.target.swap_bandwidth
 
-    def _verify_and_draft(self, decodes, context, prefill_tokens=0.0, prefill_read=0.0, prefill_pairs=0.0,
-                          prefill_outputs=0.0):  # fmt: skip
+    def _verify_and_draft(
+        self, decodes, context, prefill_tokens=0.0, prefill_read=0.0, prefill_pairs=0.0, prefill_outputs=0.0
+    ):
         """Seconds of one speculative step: d = `decodes` sequences with `context` keys in all (floats or
         arrays), plus prefill chunks' tokens, prior context, pairs and sampled tokens."""
         k = self.spec.num_tokens
         verify = self.target.step_time(
-            prefill_tokens + decodes * (k + 1), context + prefill_read,
+            prefill_tokens + decodes * (k + 1),
+            context + prefill_read,
             prefill_pairs + (k + 1) * context + decodes * (k + 1) * (k + 2) / 2,
             output_tokens=prefill_outputs + decodes * (k + 1),
-        )  # fmt: skip
+        )
         if self.draft is None:
             return verify
-        draft = self.draft.step_time(prefill_tokens + decodes, context + prefill_read,
-                                     prefill_pairs + context + decodes)  # fmt: skip
+        draft = self.draft.step_time(
+            prefill_tokens + decodes, context + prefill_read, prefill_pairs + context + decodes
+        )
         for i in range(1, k):
             draft = draft + self.draft.step_time(decodes, context + i * decodes, context + (i + 1) * decodes)
         return verify + draft
@@ -204,10 +226,16 @@ class SpeculativeStepTime:
             return float(self._verify_and_draft(d, context)) / self.spec.mean_accepted_len + swap
         # the decodes' context is their pairs less one per decode; what remains of the read is the chunks' prior
         decode_context = load.decode_context_tokens
-        return swap + float(self._verify_and_draft(
-            d, decode_context, p, load.kv_tokens_read - decode_context,
-            load.attention_pairs - decode_context - d, load.output_tokens - d,
-        ))  # fmt: skip
+        return swap + float(
+            self._verify_and_draft(
+                d,
+                decode_context,
+                p,
+                load.kv_tokens_read - decode_context,
+                load.attention_pairs - decode_context - d,
+                load.output_tokens - d,
+            )
+        )
 
     def prefill_seconds(self, prompt_len: int, chunk: int) -> float:
         """A prompt's prefill alone (the target's, plus the proposer's pass over it)."""

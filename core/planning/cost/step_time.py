@@ -197,10 +197,18 @@ class StepTimeModel:
             )
         object.__setattr__(self, "small_step_factors", factors)
         for name in (
-            "weight_bytes", "kv_bytes_per_token", "flops_per_token", "attention_flops_per_pair", "overhead_s",
-            "per_token_overhead_s", "comm_bytes_per_token", "comm_latency_s", "lm_head_flops_per_output",
-            "expert_weight_bytes", "expert_flops_per_token",
-        ):  # fmt: skip
+            "weight_bytes",
+            "kv_bytes_per_token",
+            "flops_per_token",
+            "attention_flops_per_pair",
+            "overhead_s",
+            "per_token_overhead_s",
+            "comm_bytes_per_token",
+            "comm_latency_s",
+            "lm_head_flops_per_output",
+            "expert_weight_bytes",
+            "expert_flops_per_token",
+        ):
             if not getattr(self, name) >= 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("memory_bandwidth", "peak_flops", "swap_bandwidth", "interconnect_bandwidth"):

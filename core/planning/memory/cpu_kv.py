@@ -62,8 +62,9 @@ class CpuKVInputs:
     def from_space_gib(cls, model: ModelSpec, kv_cache_space_gib: int, **rest: Any) -> "CpuKVInputs":
         """Inputs for `VLLM_CPU_KVCACHE_SPACE=kv_cache_space_gib` (a positive whole number of GiB, as vLLM
         reads it). Raises InvalidArgumentError otherwise."""
-        gib = check_int(kv_cache_space_gib, "the CPU KV cache space (GiB)", minimum=1,
-                        maximum=MAX_KV_CACHE_SPACE_GIB)  # fmt: skip
+        gib = check_int(
+            kv_cache_space_gib, "the CPU KV cache space (GiB)", minimum=1, maximum=MAX_KV_CACHE_SPACE_GIB
+        )
         return cls(model, gib * GiB, **rest)
 
 
@@ -126,8 +127,9 @@ def plan_cpu_kv(inputs: CpuKVInputs) -> CpuKVPlan:
     """The blocks and tokens vLLM's CPU backend allocates for `inputs` (module docstring). Raises
     InvalidArgumentError for arguments vLLM refuses (the message says what is allowed)."""
     model = inputs.model
-    space = check_int(inputs.kv_cache_memory_bytes, "kv_cache_memory_bytes", minimum=1,
-                      maximum=MAX_KV_CACHE_SPACE_GIB * GiB)  # fmt: skip
+    space = check_int(
+        inputs.kv_cache_memory_bytes, "kv_cache_memory_bytes", minimum=1, maximum=MAX_KV_CACHE_SPACE_GIB * GiB
+    )
     block_size = check_int(inputs.block_size, "block_size", minimum=1, maximum=65_536)
     if block_size % CPU_BLOCK_MULTIPLE:
         raise InvalidArgumentError(
@@ -138,10 +140,14 @@ def plan_cpu_kv(inputs: CpuKVInputs) -> CpuKVPlan:
     dtype = cpu_model_dtype(model, inputs.dtype)
     kv_dtype = cpu_kv_dtype(model, inputs.kv_cache_dtype, inputs.dtype)
     layout = kv_cache_layout(
-        model, space, max_model_len=max_len, block_size=block_size, kv_dtype=kv_dtype,
+        model,
+        space,
+        max_model_len=max_len,
+        block_size=block_size,
+        kv_dtype=kv_dtype,
         max_num_batched_tokens=inputs.max_num_batched_tokens,
         hybrid_kv_cache_manager=inputs.hybrid_kv_cache_manager,
-    )  # fmt: skip
+    )
     per_token = _kv_bytes_per_token(model, kv_dtype)
     fits = 0 < layout.blocks_per_request <= layout.num_blocks
     space_gib = space / GiB
@@ -166,10 +172,26 @@ def plan_cpu_kv(inputs: CpuKVInputs) -> CpuKVPlan:
     served = inputs.model_path or model.hf_repo or model.name
     command = cpu_serve_command(served, space, block_size, dtype_flags(inputs), max_len)
     return CpuKVPlan(
-        inputs, model.name, space, space_gib, layout.block_size, dtype, kv_dtype, max_len, per_token,
-        layout.block_bytes, layout.num_blocks, layout.kv_tokens, layout.max_concurrency, fits, verdict, max_fit,
-        tuple(notes), command, layout,
-    )  # fmt: skip
+        inputs,
+        model.name,
+        space,
+        space_gib,
+        layout.block_size,
+        dtype,
+        kv_dtype,
+        max_len,
+        per_token,
+        layout.block_bytes,
+        layout.num_blocks,
+        layout.kv_tokens,
+        layout.max_concurrency,
+        fits,
+        verdict,
+        max_fit,
+        tuple(notes),
+        command,
+        layout,
+    )
 
 
 def _kv_bytes_per_token(model: ModelSpec, kv_dtype: str) -> int:
@@ -201,6 +223,13 @@ def cpu_serve_command(
         env = f"VLLM_CPU_KVCACHE_SPACE={kv_cache_memory_bytes // GiB} "
     else:
         extra = ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
-    parts = [f"{env}vllm serve {model}", "--block-size", str(block_size),
-             "--max-model-len", str(max_model_len), *flags, *extra]  # fmt: skip
+    parts = [
+        f"{env}vllm serve {model}",
+        "--block-size",
+        str(block_size),
+        "--max-model-len",
+        str(max_model_len),
+        *flags,
+        *extra,
+    ]
     return " ".join(parts)

@@ -91,9 +91,18 @@ def _arithmetic(c: ResolvedDeployment) -> _Memory:
     kv_tokens = num_blocks * layout.block_size if single else layout.kv_tokens
     context_blocks = request_blocks(layout, c.context_len)
     return _Memory(
-        usable, weights, kv_budget, per_token, layout.block_bytes, num_blocks, kv_tokens, context_blocks,
-        num_blocks // context_blocks, layout.max_concurrency, layout,
-    )  # fmt: skip
+        usable,
+        weights,
+        kv_budget,
+        per_token,
+        layout.block_bytes,
+        num_blocks,
+        kv_tokens,
+        context_blocks,
+        num_blocks // context_blocks,
+        layout.max_concurrency,
+        layout,
+    )
 
 
 def _fit_tp(model: ModelSpec, gpu: GPUSpec, utilization: float, bits: int, pp: int) -> int | None:
@@ -228,11 +237,25 @@ def plan(
     """
     return plan_from(
         PlanInputs(
-            model, gpu, num_gpus, tensor_parallel, pipeline_parallel, weight_dtype, kv_dtype,
-            gpu_memory_utilization, block_size, max_model_len, activation_reserve, context_len, max_num_seqs,
-            max_num_batched_tokens, hybrid_kv_cache_manager, data_parallel, expert_parallel,
+            model,
+            gpu,
+            num_gpus,
+            tensor_parallel,
+            pipeline_parallel,
+            weight_dtype,
+            kv_dtype,
+            gpu_memory_utilization,
+            block_size,
+            max_model_len,
+            activation_reserve,
+            context_len,
+            max_num_seqs,
+            max_num_batched_tokens,
+            hybrid_kv_cache_manager,
+            data_parallel,
+            expert_parallel,
         )
-    )  # fmt: skip
+    )
 
 
 def plan_from(inputs: PlanInputs) -> CapacityPlan:

@@ -81,9 +81,13 @@ class ResolvedDeployment:
     def weight_bytes(self) -> int:
         """Weight bytes on the most loaded GPU (`weight_bytes_per_gpu`, with the DP ranks and EP)."""
         return weight_bytes_per_gpu(
-            self.model, self.weight_dtype, self.tensor_parallel, self.pipeline_parallel,
-            self.data_parallel, self.expert_parallel,
-        )  # fmt: skip
+            self.model,
+            self.weight_dtype,
+            self.tensor_parallel,
+            self.pipeline_parallel,
+            self.data_parallel,
+            self.expert_parallel,
+        )
 
     def kv_bytes_per_token(self) -> int:
         """KV bytes one token occupies on the most loaded GPU (`kv_bytes_per_token`)."""
@@ -93,9 +97,11 @@ class ResolvedDeployment:
         """vLLM V1's KV cache layout in `available_bytes` (>= 0) per GPU, from the specs held here
         (`layout_of`; the same as `kv_cache_layout` of the model)."""
         return layout_of(
-            self.kv_specs, available_bytes, max_model_len=self.max_model_len,
+            self.kv_specs,
+            available_bytes,
+            max_model_len=self.max_model_len,
             max_num_batched_tokens=self.max_num_batched_tokens,
-        )  # fmt: skip
+        )
 
     def layout_notes(self, layout: KVCacheLayout) -> list[str]:
         """Notes on the model's KV cache groups in `layout` (`layout_notes`)."""
@@ -115,10 +121,17 @@ class ResolvedDeployment:
         if self.data_parallel > 1 or self.expert_parallel:
             weights_read = self._weights_read(batch)
         return decode_step_estimate(
-            self.model, self.gpu, batch, self.context_len, self.weight_dtype, self.kv_dtype,
-            self.tensor_parallel, self.pipeline_parallel,
-            kv_read_bytes=self.kv_read_bytes_per_sequence(self.context_len), weights_read_bytes=weights_read,
-        )  # fmt: skip
+            self.model,
+            self.gpu,
+            batch,
+            self.context_len,
+            self.weight_dtype,
+            self.kv_dtype,
+            self.tensor_parallel,
+            self.pipeline_parallel,
+            kv_read_bytes=self.kv_read_bytes_per_sequence(self.context_len),
+            weights_read_bytes=weights_read,
+        )
 
     def _weights_read(self, batch: int) -> float:
         """Weight bytes this GPU reads in one decode step of `batch` sequences per DP rank, over its pp
@@ -198,7 +211,25 @@ def resolve_deployment(inputs: PlanInputs) -> ResolvedDeployment:
         layers, inputs.block_size, kv_dtype, (tp, pp), max_len, inputs.hybrid_kv_cache_manager
     )
     return ResolvedDeployment(
-        model, inputs.gpu, num_gpus, tp, pp, num_gpus // per_replica, weight_dtype, kv_dtype, utilization,
-        inputs.block_size, max_len, context_len, max_num_seqs, reserve, estimated, batched,
-        inputs.hybrid_kv_cache_manager, layers, kv_specs, dp, ep,
-    )  # fmt: skip
+        model,
+        inputs.gpu,
+        num_gpus,
+        tp,
+        pp,
+        num_gpus // per_replica,
+        weight_dtype,
+        kv_dtype,
+        utilization,
+        inputs.block_size,
+        max_len,
+        context_len,
+        max_num_seqs,
+        reserve,
+        estimated,
+        batched,
+        inputs.hybrid_kv_cache_manager,
+        layers,
+        kv_specs,
+        dp,
+        ep,
+    )

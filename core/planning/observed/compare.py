@@ -89,9 +89,18 @@ def compare_with_server(inputs: PlanInputs, observed: VllmMetrics, context_len: 
         else None
     )
     return Comparison(
-        capacity, capacity.num_blocks, observed_blocks, bs, context_len, planned_conc, observed_conc, diff, taken,
-        _model_note(capacity.model, observed.model_names) + _explain(capacity, observed_blocks, diff, engines),
-    )  # fmt: skip
+        capacity,
+        capacity.num_blocks,
+        observed_blocks,
+        bs,
+        context_len,
+        planned_conc,
+        observed_conc,
+        diff,
+        taken,
+        _model_note(capacity.model, observed.model_names)
+        + _explain(capacity, observed_blocks, diff, engines),
+    )
 
 
 def kv_space_bytes(observed: VllmMetrics) -> int | None:
@@ -126,9 +135,13 @@ def compare_kv_space_with_server(
             "space was sized by profiling, so plan it with a GPU preset"
         )
     cache_dtype = (observed.cache_setting("cache_dtype") or "auto").lower()
-    inputs = CpuKVInputs(model, space, block_size=observed.block_size,
-                         kv_cache_dtype="auto" if cache_dtype == "auto" else cache_dtype,
-                         max_model_len=max_model_len)  # fmt: skip
+    inputs = CpuKVInputs(
+        model,
+        space,
+        block_size=observed.block_size,
+        kv_cache_dtype="auto" if cache_dtype == "auto" else cache_dtype,
+        max_model_len=max_model_len,
+    )
     capacity = plan_cpu_kv(inputs)
     taken = (
         f"kv_cache_memory_bytes {space:,}",
@@ -153,8 +166,10 @@ def compare_kv_space_with_server(
     elif observed_blocks is None:
         words = ("The server does not publish num_gpu_blocks, so only the plan is shown.",)
     elif observed_blocks == capacity.num_blocks:
-        words = (f"The plan and the server agree: {capacity.num_blocks:,} blocks of {capacity.block_size} tokens "
-                 f"in {space:,} bytes ({capacity.block_bytes:,} bytes per block over all layers).",)  # fmt: skip
+        words = (
+            f"The plan and the server agree: {capacity.num_blocks:,} blocks of {capacity.block_size} tokens "
+            f"in {space:,} bytes ({capacity.block_bytes:,} bytes per block over all layers).",
+        )
     else:
         words = (
             f"The server holds {observed_blocks:,} blocks, {diff:+.1%} against the plan's {capacity.num_blocks:,} "
@@ -162,11 +177,17 @@ def compare_kv_space_with_server(
             "--dtype float32 server caches in float32).",
         )
     return Comparison(
-        capacity, capacity.num_blocks, observed_blocks, capacity.block_size, context_len,
+        capacity,
+        capacity.num_blocks,
+        observed_blocks,
+        capacity.block_size,
+        context_len,
         capacity.num_blocks // per_request,
-        observed_blocks // per_request if observed_blocks is not None else None, diff, taken,
+        observed_blocks // per_request if observed_blocks is not None else None,
+        diff,
+        taken,
         _model_note(capacity.model, observed.model_names) + words,
-    )  # fmt: skip
+    )
 
 
 def _model_note(planned: str, served: tuple[str, ...]) -> tuple[str, ...]:
@@ -189,8 +210,10 @@ def _explain(
             "The server does not publish vllm:cache_config_info's num_gpu_blocks, so only the plan is shown.",
         )
     if capacity.num_blocks == 0:
-        return (f"The plan leaves no KV memory ({capacity.verdict}), yet the server holds {observed:,} blocks: "
-                "the model, GPU or parallelism named here is not the one it runs.",)  # fmt: skip
+        return (
+            f"The plan leaves no KV memory ({capacity.verdict}), yet the server holds {observed:,} blocks: "
+            "the model, GPU or parallelism named here is not the one it runs.",
+        )
     gap_gib = (observed - capacity.num_blocks) * block_gib
     per_replica = f" per replica ({engines} engines)" if engines > 1 else ""
     if abs(diff) <= AGREE_WITHIN:

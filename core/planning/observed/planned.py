@@ -133,13 +133,23 @@ class PlannedVsObserved:
     def to_dict(self) -> dict:
         w = self.window
         return {
-            "window": {"seconds": w.seconds, "requests": w.requests, "request_rate": w.request_rate,
-                       "mean_prompt_tokens": w.mean_prompt_tokens, "mean_output_tokens": w.mean_output_tokens,
-                       "steps": w.steps, "tpot_source": w.tpot_source},
-            "fit": self.fit.to_dict(), "planned": self.planned, "planned_exact": self.planned_exact,
-            "observed": self.observed, "rel_errors": self.rel_errors, "prior": self.prior,
+            "window": {
+                "seconds": w.seconds,
+                "requests": w.requests,
+                "request_rate": w.request_rate,
+                "mean_prompt_tokens": w.mean_prompt_tokens,
+                "mean_output_tokens": w.mean_output_tokens,
+                "steps": w.steps,
+                "tpot_source": w.tpot_source,
+            },
+            "fit": self.fit.to_dict(),
+            "planned": self.planned,
+            "planned_exact": self.planned_exact,
+            "observed": self.observed,
+            "rel_errors": self.rel_errors,
+            "prior": self.prior,
             "prior_rel_errors": self.prior_rel_errors,
-        }  # fmt: skip
+        }
 
 
 def _rel_errors(planned: dict, observed: dict) -> dict:
@@ -190,10 +200,13 @@ def window_workloads(
 def _simulate(workloads: list[list[Request]], model: StepTimeModel, limits: ServerLimits) -> pd.DataFrame:
     """The simulated requests of every workload (each served from an idle server), concatenated."""
     config = SimulatorConfig(
-        kv_capacity_tokens=limits.kv_capacity_tokens, max_num_seqs=limits.max_num_seqs,
-        max_num_batched_tokens=limits.max_num_batched_tokens, max_seq_len=limits.max_seq_len, step_time=model,
+        kv_capacity_tokens=limits.kv_capacity_tokens,
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_seq_len=limits.max_seq_len,
+        step_time=model,
         max_snapshots=1,
-    )  # fmt: skip
+    )
     policy = paged(limits.block_size)
     return pd.concat([simulate(w, policy, config).requests for w in workloads], ignore_index=True)
 
@@ -293,8 +306,15 @@ def fit_to_window(
         if min(abs(value - b) for b in bounds) < 1e-9
     )
     gaps = [abs(math.log(moments[k] / target[k])) for k in target]
-    fit = HistogramFit(model, at_bound, target, moments, len(cache), max(gaps) <= 2 * TOLERANCE,
-                       math.exp(log_e) * flops_headroom)  # fmt: skip
+    fit = HistogramFit(
+        model,
+        at_bound,
+        target,
+        moments,
+        len(cache),
+        max(gaps) <= 2 * TOLERANCE,
+        math.exp(log_e) * flops_headroom,
+    )
     return fit, frame
 
 
@@ -308,8 +328,12 @@ def planned_latency(frame: pd.DataFrame) -> tuple[dict, dict]:
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(out > 1, (done["finish_time"] - done["first_token_time"]).to_numpy() / (out - 1), 0.0)
     t, p = bucketed(ttft, TTFT_BUCKETS), bucketed(tpot, ITL_BUCKETS)
-    planned = {"ttft_p50_s": t.quantile(0.5), "ttft_p95_s": t.quantile(0.95), "tpot_p50_s": p.quantile(0.5),
-               "tpot_p95_s": p.quantile(0.95)}  # fmt: skip
+    planned = {
+        "ttft_p50_s": t.quantile(0.5),
+        "ttft_p95_s": t.quantile(0.95),
+        "tpot_p50_s": p.quantile(0.5),
+        "tpot_p95_s": p.quantile(0.95),
+    }
     summary = latency_summary(done)
     exact = {key: summary.get(key) for key in LATENCY_KEYS}
     return planned, exact

@@ -112,8 +112,11 @@ def limits_from_metrics(
             "the server publishes no vllm:cache_config_info with num_gpu_blocks and block_size: its KV pool "
             "is unknown"
         )
-    for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                        ("max_model_len", max_model_len)):  # fmt: skip
+    for name, value in (
+        ("max_num_seqs", max_num_seqs),
+        ("max_num_batched_tokens", max_num_batched_tokens),
+        ("max_model_len", max_model_len),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
     return ServerLimits(

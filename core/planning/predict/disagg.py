@@ -68,8 +68,13 @@ class ArrivedKVStepTime:
         new = load.decode_tokens + firsts
         if new == 0:
             return swap_bytes / self.swap_bandwidth
-        return self.target.step_seconds(new, load.decode_context_tokens + prompt_read,
-                                        decode_pairs + prompt_read, swap_bytes, output_tokens=new)  # fmt: skip
+        return self.target.step_seconds(
+            new,
+            load.decode_context_tokens + prompt_read,
+            decode_pairs + prompt_read,
+            swap_bytes,
+            output_tokens=new,
+        )
 
     def prefill_seconds(self, prompt_len: int, chunk: int) -> float:
         return self.target.step_seconds(1, prompt_len, prompt_len)
@@ -134,7 +139,7 @@ class DisaggDeployment(PrefillDecodeSplit):
                 raise InvalidArgumentError(f"{name} must be (workers, tp), got {pool!r}")
             workers, tp = pool
             pools.append(Deployment(model, gpu, tp=tp, replicas=workers, **settings))
-        return cls(pools[0], pools[1], kv_link)  # fmt: skip
+        return cls(pools[0], pools[1], kv_link)
 
     def __post_init__(self):
         if not isinstance(self.prefill, Deployment) or not isinstance(self.decode, Deployment):
@@ -206,10 +211,17 @@ class DisaggDeployment(PrefillDecodeSplit):
         out = self.decode.flags()
         for key in ("tp", "pp", "replicas"):
             out.pop(key)
-        return out | {"mode": "disagg", "prefill_workers": self.prefill_workers, "prefill_tp": self.prefill_tp,
-                      "decode_workers": self.decode_workers, "decode_tp": self.decode_tp,
-                      "prefill_gpus": self.prefill_gpus, "decode_gpus": self.decode_gpus,
-                      "num_gpus": self.num_gpus, "kv_link": self.link}  # fmt: skip
+        return out | {
+            "mode": "disagg",
+            "prefill_workers": self.prefill_workers,
+            "prefill_tp": self.prefill_tp,
+            "decode_workers": self.decode_workers,
+            "decode_tp": self.decode_tp,
+            "prefill_gpus": self.prefill_gpus,
+            "decode_gpus": self.decode_gpus,
+            "num_gpus": self.num_gpus,
+            "kv_link": self.link,
+        }
 
 
 @dataclass(frozen=True, eq=False)
@@ -231,16 +243,29 @@ class DisaggPrediction:
         """JSON-ready: mode "disagg", prefill_gpus, decode_gpus, kv_transfer_s, the combined percentiles,
         throughput_tokens_per_s and tokens_per_s_per_gpu, stable, and each pool's key figures."""
         d = self.deployment
-        out = {"mode": "disagg", "prefill_gpus": d.prefill_gpus, "decode_gpus": d.decode_gpus,
-               "num_gpus": d.num_gpus, "kv_transfer_s": self.kv_transfer_s,
-               "kv_bytes_per_request": self.kv_bytes_per_request, "kv_link": d.link,
-               "kv_link_utilization": self.kv_link_utilization, "stable": self.stable}  # fmt: skip
+        out = {
+            "mode": "disagg",
+            "prefill_gpus": d.prefill_gpus,
+            "decode_gpus": d.decode_gpus,
+            "num_gpus": d.num_gpus,
+            "kv_transfer_s": self.kv_transfer_s,
+            "kv_bytes_per_request": self.kv_bytes_per_request,
+            "kv_link": d.link,
+            "kv_link_utilization": self.kv_link_utilization,
+            "stable": self.stable,
+        }
         out |= self.metrics
-        out["prefill"] = {"ttft_p50_s": self.prefill.metrics.get("ttft_p50_s"),
-                          "ttft_p99_s": self.prefill.metrics.get("ttft_p99_s"), "stable": self.prefill.stable,
-                          "prefix_hit_rate": self.prefill.to_dict()["prefix_hit_rate"]}  # fmt: skip
-        out["decode"] = {"ttft_p99_s": self.decode.metrics.get("ttft_p99_s"), "stable": self.decode.stable,
-                         "mean_running_batch": self.decode.metrics.get("mean_running_batch")}  # fmt: skip
+        out["prefill"] = {
+            "ttft_p50_s": self.prefill.metrics.get("ttft_p50_s"),
+            "ttft_p99_s": self.prefill.metrics.get("ttft_p99_s"),
+            "stable": self.prefill.stable,
+            "prefix_hit_rate": self.prefill.to_dict()["prefix_hit_rate"],
+        }
+        out["decode"] = {
+            "ttft_p99_s": self.decode.metrics.get("ttft_p99_s"),
+            "stable": self.decode.stable,
+            "mean_running_batch": self.decode.metrics.get("mean_running_batch"),
+        }
         out["deployment"] = d.flags()
         return out
 
@@ -275,9 +300,15 @@ def predict_disagg(
     share = load.per_replica(deployment.decode_workers)
     then = None if decided is None else (lambda estimate: decided("decode", estimate, prefill))
     decode = replica_steady_state(
-        decode_dep, share, cost, memory.kv_tokens, settings, then, focus.get("decode"),
+        decode_dep,
+        share,
+        cost,
+        memory.kv_tokens,
+        settings,
+        then,
+        focus.get("decode"),
         offload=decode_dep.host_offload(memory),
-    )  # fmt: skip
+    )
     transfer = deployment.kv_transfer_seconds(load.prompt_len)
     rate = load.rate if load.rate is not None else prefill.metrics.get("request_throughput_per_s", 0.0)
     utilization = rate / deployment.prefill_workers * transfer
@@ -287,8 +318,17 @@ def predict_disagg(
     )
     metrics["tokens_per_s_per_gpu"] = metrics["throughput_tokens_per_s"] / deployment.num_gpus
     stable = prefill.stable and decode.stable and utilization < 1.0
-    return DisaggPrediction(deployment, load, metrics, stable, transfer,
-                            deployment.kv_bytes_per_request(load.prompt_len), utilization, prefill, decode)  # fmt: skip
+    return DisaggPrediction(
+        deployment,
+        load,
+        metrics,
+        stable,
+        transfer,
+        deployment.kv_bytes_per_request(load.prompt_len),
+        utilization,
+        prefill,
+        decode,
+    )
 
 
 def _combine(prefill: dict, decode: dict, transfer: float) -> dict:

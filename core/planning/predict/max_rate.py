@@ -78,13 +78,15 @@ def max_rate(
 
     def holds(k: int) -> bool:
         if k not in preds:
-            preds[k] = predict(deployment, replace(base, rate=math.exp(k * grid)), step_time, SEARCH_SETTINGS,
-                               decided, focus)  # fmt: skip
+            preds[k] = predict(
+                deployment, replace(base, rate=math.exp(k * grid)), step_time, SEARCH_SETTINGS, decided, focus
+            )
         return meets(preds[k], targets)
 
     octave = math.ceil(math.log(2) / grid)  # grid steps in a doubling
-    if holds_at is not None and holds(lo := math.floor(math.log(check_float(holds_at, "holds_at", minimum=1e-4))
-                                                       / grid)):  # fmt: skip
+    if holds_at is not None and holds(
+        lo := math.floor(math.log(check_float(holds_at, "holds_at", minimum=1e-4)) / grid)
+    ):
         hi = lo + octave
     else:
         step = deployment.step_model(step_time)

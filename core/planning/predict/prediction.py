@@ -134,8 +134,14 @@ class Deployment:
                 "speculation must be a core.planning.cost.speculative.Speculation or None"
             )
         check_offload_gib(self.kv_offload_gib, "kv_offload_gib")
-        HostOffload(0, self.offload_policy, check_float(self.offload_bandwidth_gbps, "offload_bandwidth_gbps",
-                                                        minimum=0, exclusive_minimum=True) * 1e9)  # fmt: skip
+        HostOffload(
+            0,
+            self.offload_policy,
+            check_float(
+                self.offload_bandwidth_gbps, "offload_bandwidth_gbps", minimum=0, exclusive_minimum=True
+            )
+            * 1e9,
+        )
 
     def host_offload(self, capacity: CapacityPlan | ReplicaMemory) -> HostOffload | None:
         """The simulator's host tier for one replica of `capacity` (a plan, or a replica's memory: vLLM's
@@ -163,13 +169,21 @@ class Deployment:
     def plan_inputs(self, max_len: int) -> PlanInputs:
         """The capacity planner's inputs for one replica serving requests of up to `max_len` tokens."""
         return PlanInputs(
-            self.model_spec, self.gpu_spec, num_gpus=self.tp * self.pp * self.data_parallel,
-            data_parallel=self.data_parallel, expert_parallel=self.expert_parallel, tensor_parallel=self.tp,
-            pipeline_parallel=self.pp, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
-            gpu_memory_utilization=self.gpu_memory_utilization, block_size=self.block_size,
-            max_model_len=max_len, max_num_seqs=self.max_num_seqs,
+            self.model_spec,
+            self.gpu_spec,
+            num_gpus=self.tp * self.pp * self.data_parallel,
+            data_parallel=self.data_parallel,
+            expert_parallel=self.expert_parallel,
+            tensor_parallel=self.tp,
+            pipeline_parallel=self.pp,
+            weight_dtype=self.weight_dtype,
+            kv_dtype=self.kv_dtype,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            block_size=self.block_size,
+            max_model_len=max_len,
+            max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-        )  # fmt: skip
+        )
 
     def resolve(self, max_len: int) -> ResolvedDeployment:
         """One replica serving requests of up to `max_len` tokens, resolved once (`resolve_deployment`: checked,
@@ -192,11 +206,13 @@ class Deployment:
         if self.data_parallel > 1 or self.expert_parallel:
             kwargs |= {"data_parallel": self.data_parallel, "expert_parallel": self.expert_parallel}
         if resolved is None:
-            return from_specs(self.model_spec, self.gpu_spec, self.tp, self.weight_dtype, self.kv_dtype, self.pp,
-                              **kwargs)  # fmt: skip
+            return from_specs(
+                self.model_spec, self.gpu_spec, self.tp, self.weight_dtype, self.kv_dtype, self.pp, **kwargs
+            )
         r = resolved
-        return from_specs(r.model, r.gpu, r.tensor_parallel, r.weight_dtype, r.kv_dtype, r.pipeline_parallel,
-                          **kwargs)  # fmt: skip
+        return from_specs(
+            r.model, r.gpu, r.tensor_parallel, r.weight_dtype, r.kv_dtype, r.pipeline_parallel, **kwargs
+        )
 
     def step_cost(
         self, step: StepTimeModel, kv_tokens: int
@@ -216,8 +232,15 @@ class Deployment:
         elif spec.method == "draft-model":
             model = get_model(spec.draft_model)
             check_parallelism(model, self.tp, 1)
-            full = from_specs(model, self.gpu_spec, self.tp, self.weight_dtype, self.kv_dtype, 1,
-                              **engine_step_defaults(self.engine))  # fmt: skip
+            full = from_specs(
+                model,
+                self.gpu_spec,
+                self.tp,
+                self.weight_dtype,
+                self.kv_dtype,
+                1,
+                **engine_step_defaults(self.engine),
+            )
             draft, draft_bytes = draft_pass_model(full), (full.weight_bytes, full.kv_bytes_per_token)
         slots = speculative_kv_tokens(kv_tokens, step, draft_bytes, spec, self.max_num_seqs)
         if slots < self.block_size:
@@ -230,28 +253,47 @@ class Deployment:
     def flags(self) -> dict:
         """The deployment as the CLI's JSON echoes it (with speculation's flags when set)."""
         spec = {} if self.speculation is None else self.speculation.flags()
-        return spec | {
-            "model": self.model_spec.name, "gpu": self.gpu_spec.name, "tp": self.tp, "pp": self.pp,
-            "replicas": self.replicas, "num_gpus": self.num_gpus, "max_num_seqs": self.max_num_seqs,
-            "max_num_batched_tokens": self.max_num_batched_tokens, "weight_dtype": self.weight_dtype,
-            "kv_dtype": self.kv_dtype, "engine": self.engine, "block_size": self.block_size,
-            "gpu_memory_utilization": self.gpu_memory_utilization, "routing": self.routing,
-        } | self._offload_flags() | self._moe_flags()  # fmt: skip
+        return (
+            spec
+            | {
+                "model": self.model_spec.name,
+                "gpu": self.gpu_spec.name,
+                "tp": self.tp,
+                "pp": self.pp,
+                "replicas": self.replicas,
+                "num_gpus": self.num_gpus,
+                "max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "weight_dtype": self.weight_dtype,
+                "kv_dtype": self.kv_dtype,
+                "engine": self.engine,
+                "block_size": self.block_size,
+                "gpu_memory_utilization": self.gpu_memory_utilization,
+                "routing": self.routing,
+            }
+            | self._offload_flags()
+            | self._moe_flags()
+        )
 
     def _moe_flags(self) -> dict:
         """data_parallel / expert_parallel and their `vllm serve` flags, when either is set."""
         if self.data_parallel == 1 and not self.expert_parallel:
             return {}
-        return {"data_parallel": self.data_parallel, "expert_parallel": self.expert_parallel,
-                "vllm_parallel_flags": parallel_flags(self.tp, self.pp, self.data_parallel,
-                                                      self.expert_parallel)}  # fmt: skip
+        return {
+            "data_parallel": self.data_parallel,
+            "expert_parallel": self.expert_parallel,
+            "vllm_parallel_flags": parallel_flags(self.tp, self.pp, self.data_parallel, self.expert_parallel),
+        }
 
     def _offload_flags(self) -> dict:
         if not self.kv_offload_gib:
             return {}
-        return {"kv_offload_gib": self.kv_offload_gib, "offload_policy": self.offload_policy,
-                "offload_bandwidth_gbps": self.offload_bandwidth_gbps,
-                "vllm_serve_flags": offload_flags(self.kv_offload_gib)}  # fmt: skip
+        return {
+            "kv_offload_gib": self.kv_offload_gib,
+            "offload_policy": self.offload_policy,
+            "offload_bandwidth_gbps": self.offload_bandwidth_gbps,
+            "vllm_serve_flags": offload_flags(self.kv_offload_gib),
+        }
 
 
 @dataclass(frozen=True, eq=False)
@@ -282,9 +324,19 @@ class Prediction:
         intervals, and what was simulated."""
         m = self.metrics
         out = {"mode": "agg"} | {key: m.get(key) for key in metric_keys()}
-        for key in ("mean_ttft_s", "mean_tpot_s", "mean_itl_s", "mean_e2e_s", "queue_p99_s",
-                    "throughput_tokens_per_s", "request_throughput_per_s", "mean_running_batch",
-                    "mean_waiting", "preemptions", "preemptions_per_s"):  # fmt: skip
+        for key in (
+            "mean_ttft_s",
+            "mean_tpot_s",
+            "mean_itl_s",
+            "mean_e2e_s",
+            "queue_p99_s",
+            "throughput_tokens_per_s",
+            "request_throughput_per_s",
+            "mean_running_batch",
+            "mean_waiting",
+            "preemptions",
+            "preemptions_per_s",
+        ):
             out[key] = m.get(key)
         caching = self.load.uses_prefix_cache or bool(self.deployment.kv_offload_gib)
         for key in (
@@ -296,20 +348,33 @@ class Prediction:
         spec = self.deployment.speculation
         out["mean_accepted_len"] = spec.mean_accepted_len if spec is not None else None
         out |= {
-            "kv_limited": self.kv_limited, "converged": self.converged, "stable": self.stable,
-            "intervals": {k: list(v) for k, v in self.intervals.items()}, "kv_tokens": self.kv_tokens,
+            "kv_limited": self.kv_limited,
+            "converged": self.converged,
+            "stable": self.stable,
+            "intervals": {k: list(v) for k, v in self.intervals.items()},
+            "kv_tokens": self.kv_tokens,
             "simulated_requests": self.state.simulated_requests,
             "measured_requests": self.state.measured_requests,
-            "warmup_requests": self.state.warmup_requests, "per_replica": self.per_replica,
+            "warmup_requests": self.state.warmup_requests,
+            "per_replica": self.per_replica,
             "deployment": self.deployment.flags(),
-            "load": {"rate": self.load.rate, "concurrency": self.load.concurrency,
-                     "prompt_len": self.load.prompt_len, "output_len": self.load.output_len,
-                     "length_spread": self.load.length_spread, "seed": self.load.seed},
-        }  # fmt: skip
+            "load": {
+                "rate": self.load.rate,
+                "concurrency": self.load.concurrency,
+                "prompt_len": self.load.prompt_len,
+                "output_len": self.load.output_len,
+                "length_spread": self.load.length_spread,
+                "seed": self.load.seed,
+            },
+        }
         if self.load.uses_prefix_cache:
-            out["load"] |= {"shared_prefix_len": self.load.shared_prefix_len,
-                            "num_prefixes": self.load.num_prefixes, "prefix_zipf": self.load.prefix_zipf,
-                            "turns": self.load.turns, "turn_gap_s": self.load.turn_gap_s}  # fmt: skip
+            out["load"] |= {
+                "shared_prefix_len": self.load.shared_prefix_len,
+                "num_prefixes": self.load.num_prefixes,
+                "prefix_zipf": self.load.prefix_zipf,
+                "turns": self.load.turns,
+                "turn_gap_s": self.load.turn_gap_s,
+            }
         return out
 
 
@@ -342,10 +407,14 @@ def replica_steady_state(
             "a deployment with a host KV tier (kv_offload_gib) needs its offload: Deployment.host_offload(memory)"
         )
     config = SimulatorConfig(
-        kv_capacity_tokens=int(kv_tokens), max_num_seqs=deployment.max_num_seqs,
-        max_num_batched_tokens=deployment.max_num_batched_tokens, max_seq_len=load.max_len, step_time=step,
-        max_snapshots=1, offload=offload,
-    )  # fmt: skip
+        kv_capacity_tokens=int(kv_tokens),
+        max_num_seqs=deployment.max_num_seqs,
+        max_num_batched_tokens=deployment.max_num_batched_tokens,
+        max_seq_len=load.max_len,
+        step_time=step,
+        max_snapshots=1,
+        offload=offload,
+    )
     policy = paged(deployment.block_size, enable_prefix_caching=caching, counted=not caching)
     lifetime = (
         idle_lifetime(step, load, deployment.max_num_batched_tokens) + (load.turns - 1) * load.turn_gap_s
@@ -357,10 +426,16 @@ def replica_steady_state(
         return simulate(requests, policy, config, until_finished=until, concurrency=load.concurrency)
 
     return steady_state(
-        load.requests, run, rate=load.rate, concurrency=load.concurrency,
+        load.requests,
+        run,
+        rate=load.rate,
+        concurrency=load.concurrency,
         lifetime_s=lifetime,
-        max_num_seqs=deployment.max_num_seqs, settings=settings, decided=decided, focus=focus,
-    )  # fmt: skip
+        max_num_seqs=deployment.max_num_seqs,
+        settings=settings,
+        decided=decided,
+        focus=focus,
+    )
 
 
 def predict(
@@ -396,8 +471,18 @@ def predict(
     if routed or deployment.ranks == 1:
         first = state.warmup_requests
         per_replica = replica_breakdown(state.result, first, first + state.measured_requests)
-    return Prediction(deployment, load, metrics, state.intervals, state.converged, state.stable,
-                      state.kv_limited, kv_tokens, state, per_replica)  # fmt: skip
+    return Prediction(
+        deployment,
+        load,
+        metrics,
+        state.intervals,
+        state.converged,
+        state.stable,
+        state.kv_limited,
+        kv_tokens,
+        state,
+        per_replica,
+    )
 
 
 def _finite(value) -> float | None:

@@ -25,11 +25,19 @@ from core.planning.predict.prediction import Deployment
 SOURCE = "llm-d blog, KV-Cache Wins You Can See (llm-d.ai/blog/kvcache-wins-you-can-see, 2025)"
 # Qwen/Qwen3-32B config.json (the fields the planner reads); 32.8 B parameters (its model card)
 QWEN3_32B_CONFIG = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120,
-    "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
-    "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
-}  # fmt: skip
+}
 QWEN3_32B_PARAMS = 32.8e9
 PODS, TP, GROUPS = 8, 2, 150
 PREFIX_LEN, QUESTION_LEN, OUTPUT_LEN = 6000, 1200, 1000
@@ -55,16 +63,35 @@ def kv_cache_wins_deployment(routing: str, scale: int = 1) -> Deployment:
     """The 8 pods of TP 2 H100 behind `routing`; scale 10: a pod with a tenth of the KV cache and prefill chunks
     of 256 tokens (max_num_seqs 128, never reached: ~40 requests fill a pod's cache)."""
     if scale == 1:
-        return Deployment(qwen3_32b(), "h100-80gb", tp=TP, replicas=PODS, routing=routing,
-                          gpu_memory_utilization=_UTILIZATION[1])  # fmt: skip
-    return Deployment(qwen3_32b(), "h100-80gb", tp=TP, replicas=PODS, max_num_seqs=128,
-                      max_num_batched_tokens=2048 // 8, routing=routing,
-                      gpu_memory_utilization=_UTILIZATION[scale])  # fmt: skip
+        return Deployment(
+            qwen3_32b(),
+            "h100-80gb",
+            tp=TP,
+            replicas=PODS,
+            routing=routing,
+            gpu_memory_utilization=_UTILIZATION[1],
+        )
+    return Deployment(
+        qwen3_32b(),
+        "h100-80gb",
+        tp=TP,
+        replicas=PODS,
+        max_num_seqs=128,
+        max_num_batched_tokens=2048 // 8,
+        routing=routing,
+        gpu_memory_utilization=_UTILIZATION[scale],
+    )
 
 
 def kv_cache_wins_load(rate: float, scale: int = 1, groups: int = GROUPS) -> Load:
     """The benchmark's requests at `rate` requests/s (token lengths divided by `scale`); groups=1: the same load
     with one shared prefix (no routing gap expected)."""
     prefix, question, output = PREFIX_LEN // scale, QUESTION_LEN // scale, OUTPUT_LEN // scale
-    return Load(rate=rate, prompt_len=prefix + question, output_len=output, shared_prefix_len=prefix,
-                num_prefixes=groups, seed=0)  # fmt: skip
+    return Load(
+        rate=rate,
+        prompt_len=prefix + question,
+        output_len=output,
+        shared_prefix_len=prefix,
+        num_prefixes=groups,
+        seed=0,
+    )

@@ -63,8 +63,15 @@ from core.serving.fleet import Fleet
 from core.serving.steady_state import SteadyState, metric_keys
 
 __all__ = [
-    "Slo", "SloCandidates", "SloConfig", "SloPlan", "SloWorkload", "config_deployment", "latency_curve", "plan_slo",
-]  # fmt: skip
+    "Slo",
+    "SloCandidates",
+    "SloConfig",
+    "SloPlan",
+    "SloWorkload",
+    "config_deployment",
+    "latency_curve",
+    "plan_slo",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,27 +150,48 @@ class _Search:
             return self.disagg.evaluate(cand)
         workload, cands = self.workload, self.cands
         base = {
-            "gpu": cand.gpu, "gpu_name": cand.spec.name, "num_gpus": cand.num_gpus, "tp": cand.tp,
-            "pp": cand.pp, "replicas": cand.replicas, "max_num_seqs": cand.max_num_seqs,
-            "kv_dtype": cand.kv_dtype, "weight_dtype": cand.weight_dtype, "engine": cands.engine,
-            "gpus_per_request_per_s": cand.num_gpus / workload.rate, "cost_proxy_tb_per_s": cand.cost_proxy,
-            "routing": cand.routing, "routing_note": routing_note(cand.routing, cand.ranks),
-            "data_parallel": cand.data_parallel, "expert_parallel": cand.expert_parallel,
+            "gpu": cand.gpu,
+            "gpu_name": cand.spec.name,
+            "num_gpus": cand.num_gpus,
+            "tp": cand.tp,
+            "pp": cand.pp,
+            "replicas": cand.replicas,
+            "max_num_seqs": cand.max_num_seqs,
+            "kv_dtype": cand.kv_dtype,
+            "weight_dtype": cand.weight_dtype,
+            "engine": cands.engine,
+            "gpus_per_request_per_s": cand.num_gpus / workload.rate,
+            "cost_proxy_tb_per_s": cand.cost_proxy,
+            "routing": cand.routing,
+            "routing_note": routing_note(cand.routing, cand.ranks),
+            "data_parallel": cand.data_parallel,
+            "expert_parallel": cand.expert_parallel,
             "vllm_parallel_flags": parallel_flags(cand.tp, cand.pp, cand.data_parallel, cand.expert_parallel),
-        }  # fmt: skip
+        }
         deployment = cand.deployment(self.model, cands)
         capacity = deployment.memory_plan(workload.max_len)
         if not capacity.fits:
-            return SloConfig(**base, feasible=False, simulated=False, meets_slo=False, binding="memory",
-                             reason=capacity.verdict, slo_ratio=None, limiting_metric=None)  # fmt: skip
+            return SloConfig(
+                **base,
+                feasible=False,
+                simulated=False,
+                meets_slo=False,
+                binding="memory",
+                reason=capacity.verdict,
+                slo_ratio=None,
+                limiting_metric=None,
+            )
         step = step_model(self.model, cand, self.overrides)
         share = workload.per_replica(cand.ranks)
         sample = self.samples.setdefault(share.rate, share.requests(BOUND_SAMPLE))
         bounds = analytic_bounds(
             step, sample, cand.max_num_seqs, cands.max_num_batched_tokens, capacity.kv_tokens
         )
-        base |= {"feasible": True, "kv_tokens": int(capacity.kv_tokens),
-                 "capacity_requests_per_s": bounds.capacity_rps * cand.ranks}  # fmt: skip
+        base |= {
+            "feasible": True,
+            "kv_tokens": int(capacity.kv_tokens),
+            "capacity_requests_per_s": bounds.capacity_rps * cand.ranks,
+        }
         # a prefix hit skips part of a prefill: the floors and the bound (every prompt token computed) would not
         # bound a load whose prompts share tokens, so such a load is always simulated
         pruned = None if workload.uses_prefix_cache else self._pruned(step, bounds, share.rate, base)
@@ -185,20 +213,31 @@ class _Search:
         ctx = self.workload.prompt_len
         if metric == "rate":
             binding = bounds.capacity_binding
-            reason = (f"a replica sustains at most {bounds.capacity_rps:,.3g} req/s (upper bound), "
-                      f"{rate:,.3g} asked")  # fmt: skip
+            reason = (
+                f"a replica sustains at most {bounds.capacity_rps:,.3g} req/s (upper bound), "
+                f"{rate:,.3g} asked"
+            )
         elif metric.startswith("ttft"):
             binding = dominant_part(step, chunk, 0, chunk * (chunk + 1) / 2)
-            reason = f"a prompt's prefill alone takes {floors[metric]:.3g} s, over the {targets[metric]:g} s " \
-                     f"{metric_label(metric)}"  # fmt: skip
+            reason = (
+                f"a prompt's prefill alone takes {floors[metric]:.3g} s, over the {targets[metric]:g} s "
+                f"{metric_label(metric)}"
+            )
         else:
             binding = dominant_part(step, 1, ctx, ctx + 1)
             alone = "one decode step" if not metric.startswith("e2e") else "a request alone"
             reason = (
                 f"{alone} takes {floors[metric]:.3g} s, over the {targets[metric]:g} s {metric_label(metric)}"
             )
-        return SloConfig(**base, simulated=False, meets_slo=False, binding=binding, reason=reason,
-                         slo_ratio=ratios[metric], limiting_metric=metric)  # fmt: skip
+        return SloConfig(
+            **base,
+            simulated=False,
+            meets_slo=False,
+            binding=binding,
+            reason=reason,
+            slo_ratio=ratios[metric],
+            limiting_metric=metric,
+        )
 
     def _steady(self, deployment, share, step, cand: Candidate, kv_tokens: int, base: dict) -> SteadyState:
         """The replica's steady state, or an earlier one of the same deployment with a larger max_num_seqs
@@ -233,8 +272,10 @@ class _Search:
             served = m.get("throughput_tokens_per_s") or 0.0
             metric, ratio = "rate", m.get("offered_tokens_per_s", 0.0) / max(served, 1e-30)
             who = f"the {cand.routing}-routed fleet" if routed else "a replica"
-            reason = (f"the load is not served: {who} generates {served:,.0f} of the "
-                      f"{m.get('offered_tokens_per_s', 0.0):,.0f} output tokens/s that arrive")  # fmt: skip
+            reason = (
+                f"the load is not served: {who} generates {served:,.0f} of the "
+                f"{m.get('offered_tokens_per_s', 0.0):,.0f} output tokens/s that arrive"
+            )
         else:
             metric = max(ratios, key=ratios.get) if ratios else next(iter(targets))
             ratio = ratios.get(metric, 0.0)
@@ -246,19 +287,37 @@ class _Search:
         if throughput is not None and not routed:  # a routed fleet's throughput is already the whole fleet's
             throughput *= cand.ranks
         return SloConfig(
-            **base, simulated=True, meets_slo=meets, reason=reason, slo_ratio=ratio, limiting_metric=metric,
-            binding=simulated_binding(state, cand, step, self.workload, metric), **figures,
+            **base,
+            simulated=True,
+            meets_slo=meets,
+            reason=reason,
+            slo_ratio=ratio,
+            limiting_metric=metric,
+            binding=simulated_binding(state, cand, step, self.workload, metric),
+            **figures,
             throughput_tokens_per_s=throughput,
             tokens_per_s_per_gpu=None if throughput is None else throughput / cand.num_gpus,
-            converged=state.converged or state.decided, stable=state.stable, kv_limited=state.kv_limited,
+            converged=state.converged or state.decided,
+            stable=state.stable,
+            kv_limited=state.kv_limited,
             simulated_requests=state.simulated_requests,
-        )  # fmt: skip
+        )
 
 
 def _rank(config: SloConfig) -> tuple:
     ratio = config.slo_ratio if config.slo_ratio is not None else float("inf")
-    return (config.num_gpus, config.cost_proxy_tb_per_s, not config.meets_slo, ratio, config.tp * config.pp,
-            config.pp, -config.max_num_seqs, config.kv_dtype, config.mode, config.routing or "")  # fmt: skip
+    return (
+        config.num_gpus,
+        config.cost_proxy_tb_per_s,
+        not config.meets_slo,
+        ratio,
+        config.tp * config.pp,
+        config.pp,
+        -config.max_num_seqs,
+        config.kv_dtype,
+        config.mode,
+        config.routing or "",
+    )
 
 
 def search_space(model: ModelSpec, cands: SloCandidates) -> list[Candidate | DisaggCandidate]:
@@ -299,10 +358,19 @@ def plan_slo(
         if len(meeting) >= cands.max_meeting:
             break
     result = SloPlan(
-        model.name, slo, workload, cands, tuple(sorted(configs, key=_rank)), len(space), len(configs),
-        search.num_simulated, search.reused, len(configs) == len(space), search.overrides,
+        model.name,
+        slo,
+        workload,
+        cands,
+        tuple(sorted(configs, key=_rank)),
+        len(space),
+        len(configs),
+        search.num_simulated,
+        search.reused,
+        len(configs) == len(space),
+        search.overrides,
         time.perf_counter() - started,
-    )  # fmt: skip
+    )
     if result.best is None:
         raise _infeasible(result)
     return result
@@ -353,9 +421,19 @@ def _candidate(config: SloConfig, cands: SloCandidates) -> Candidate:
         raise InvalidArgumentError(
             f"GPU {config.gpu!r} is not among the candidates' GPUs ({', '.join(specs)})"
         )
-    return Candidate(config.gpu, specs[config.gpu], config.tp, config.pp, config.replicas, config.max_num_seqs,
-                     config.kv_dtype, config.weight_dtype, config.routing, config.data_parallel,
-                     config.expert_parallel)  # fmt: skip
+    return Candidate(
+        config.gpu,
+        specs[config.gpu],
+        config.tp,
+        config.pp,
+        config.replicas,
+        config.max_num_seqs,
+        config.kv_dtype,
+        config.weight_dtype,
+        config.routing,
+        config.data_parallel,
+        config.expert_parallel,
+    )
 
 
 def _infeasible(plan: SloPlan) -> SloInfeasibleError:
@@ -378,10 +456,14 @@ def _infeasible(plan: SloPlan) -> SloInfeasibleError:
     closest = min(feasible, key=lambda c: c.slo_ratio)
     layout = f"tp {closest.tp}, pp {closest.pp}"
     if closest.mode == "disagg":
-        layout = (f"{closest.prefill_workers} prefill x tp {closest.prefill_tp} + {closest.decode_workers} decode "
-                  f"x tp {closest.decode_tp}")  # fmt: skip
-    where = f"{closest.num_gpus} x {closest.gpu_name} ({layout}, max_num_seqs {closest.max_num_seqs}, KV " \
-            f"{closest.kv_dtype})"  # fmt: skip
+        layout = (
+            f"{closest.prefill_workers} prefill x tp {closest.prefill_tp} + {closest.decode_workers} decode "
+            f"x tp {closest.decode_tp}"
+        )
+    where = (
+        f"{closest.num_gpus} x {closest.gpu_name} ({layout}, max_num_seqs {closest.max_num_seqs}, KV "
+        f"{closest.kv_dtype})"
+    )
     if closest.limiting_metric == "rate":
         best = rate / closest.slo_ratio
         how = "simulated" if closest.simulated else "an upper bound"

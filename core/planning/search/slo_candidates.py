@@ -67,8 +67,12 @@ class Slo:
         for key in metric_keys():
             value = getattr(self, key)
             if value is not None:
-                value = check_float(value, f"{key} (the {metric_label(key)} target, seconds)", minimum=0.0,
-                                    exclusive_minimum=True)  # fmt: skip
+                value = check_float(
+                    value,
+                    f"{key} (the {metric_label(key)} target, seconds)",
+                    minimum=0.0,
+                    exclusive_minimum=True,
+                )
                 if value > 3600:
                     raise InvalidArgumentError(f"{key} must be at most 3,600 seconds, got {value:g}")
                 object.__setattr__(self, key, value)
@@ -131,25 +135,52 @@ class Candidate:
         return self.num_gpus * self.spec.memory_bandwidth / 1e12
 
     def sort_key(self) -> tuple:
-        return (self.num_gpus, self.cost_proxy, self.tp * self.pp, self.pp, -self.max_num_seqs, self.kv_dtype,
-                _routing_rank(self.routing), self.data_parallel)  # fmt: skip
+        return (
+            self.num_gpus,
+            self.cost_proxy,
+            self.tp * self.pp,
+            self.pp,
+            -self.max_num_seqs,
+            self.kv_dtype,
+            _routing_rank(self.routing),
+            self.data_parallel,
+        )
 
     def deployment_key(self) -> tuple:
         """The deployment apart from its scheduler cap: GPU, tp, pp, replicas, KV and weight dtypes, routing, DP
         ranks and EP."""
-        return (self.gpu, self.tp, self.pp, self.replicas, self.kv_dtype, self.weight_dtype, self.routing,
-                self.data_parallel, self.expert_parallel)  # fmt: skip
+        return (
+            self.gpu,
+            self.tp,
+            self.pp,
+            self.replicas,
+            self.kv_dtype,
+            self.weight_dtype,
+            self.routing,
+            self.data_parallel,
+            self.expert_parallel,
+        )
 
     def deployment(self, model: ModelSpec, candidates: "SloCandidates") -> Deployment:
         """This candidate as a `Deployment` (what `predict` and `max_rate` take), with the search's shared vLLM
         settings and engine."""
         return Deployment(
-            model, self.spec, self.tp, self.pp, self.replicas, self.max_num_seqs,
-            candidates.max_num_batched_tokens, self.weight_dtype, self.kv_dtype, candidates.engine,
-            candidates.block_size, candidates.gpu_memory_utilization,
-            routing=self.routing or DEFAULT_ROUTING, data_parallel=self.data_parallel,
+            model,
+            self.spec,
+            self.tp,
+            self.pp,
+            self.replicas,
+            self.max_num_seqs,
+            candidates.max_num_batched_tokens,
+            self.weight_dtype,
+            self.kv_dtype,
+            candidates.engine,
+            candidates.block_size,
+            candidates.gpu_memory_utilization,
+            routing=self.routing or DEFAULT_ROUTING,
+            data_parallel=self.data_parallel,
             expert_parallel=self.expert_parallel,
-        )  # fmt: skip
+        )
 
     def label(self) -> str:
         routed = f", {self.routing} routing" if self.routing else ""
@@ -251,8 +282,12 @@ class SloCandidates:
         check_int(self.max_gpus, "max_gpus", minimum=1, maximum=MAX_GPUS)
         if not isinstance(self.expert_parallel, bool):
             raise InvalidArgumentError(f"expert_parallel must be True or False, got {self.expert_parallel!r}")
-        for name, top in (("tensor_parallel", 64), ("pipeline_parallel", 64), ("max_num_seqs", 65_536),
-                          ("data_parallel", 1024)):  # fmt: skip
+        for name, top in (
+            ("tensor_parallel", 64),
+            ("pipeline_parallel", 64),
+            ("max_num_seqs", 65_536),
+            ("data_parallel", 1024),
+        ):
             object.__setattr__(self, name, _int_choices(getattr(self, name), name, 1, top))
         object.__setattr__(self, "kv_dtypes", _choices(self.kv_dtypes, KV_DTYPES, "kv_dtypes"))
         object.__setattr__(

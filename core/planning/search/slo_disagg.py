@@ -81,12 +81,26 @@ class DisaggCandidate(PrefillDecodeSplit):
         return self.num_gpus * self.spec.memory_bandwidth / 1e12
 
     def sort_key(self) -> tuple:
-        return (self.num_gpus, self.cost_proxy, self.decode_tp, self.prefill_tp, self.prefill_workers,
-                self.kv_dtype)  # fmt: skip
+        return (
+            self.num_gpus,
+            self.cost_proxy,
+            self.decode_tp,
+            self.prefill_tp,
+            self.prefill_workers,
+            self.kv_dtype,
+        )
 
     def deployment_key(self) -> tuple:
-        return ("disagg", self.gpu, self.prefill_workers, self.prefill_tp, self.decode_workers, self.decode_tp,
-                self.kv_dtype, self.weight_dtype)  # fmt: skip
+        return (
+            "disagg",
+            self.gpu,
+            self.prefill_workers,
+            self.prefill_tp,
+            self.decode_workers,
+            self.decode_tp,
+            self.kv_dtype,
+            self.weight_dtype,
+        )
 
     def pool(self, role: str) -> Candidate:
         """The prefill or decode pool as an aggregated `Candidate` (its workers as replicas)."""
@@ -101,11 +115,18 @@ class DisaggCandidate(PrefillDecodeSplit):
 
     def deployment(self, model, cands: SloCandidates) -> DisaggDeployment:
         return DisaggDeployment.of(
-            model, self.spec, (self.prefill_workers, self.prefill_tp), (self.decode_workers, self.decode_tp),
-            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=cands.max_num_batched_tokens,
-            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, engine=cands.engine,
-            block_size=cands.block_size, gpu_memory_utilization=cands.gpu_memory_utilization,
-        )  # fmt: skip
+            model,
+            self.spec,
+            (self.prefill_workers, self.prefill_tp),
+            (self.decode_workers, self.decode_tp),
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=cands.max_num_batched_tokens,
+            weight_dtype=self.weight_dtype,
+            kv_dtype=self.kv_dtype,
+            engine=cands.engine,
+            block_size=cands.block_size,
+            gpu_memory_utilization=cands.gpu_memory_utilization,
+        )
 
 
 def enumerate_disagg(model, cands: SloCandidates) -> list[DisaggCandidate]:
@@ -248,22 +269,43 @@ class DisaggEvaluator:
         deployment = cand.deployment(self.model, self.cands)
         prompt = self.workload.prompt_len
         base = {
-            "gpu": cand.gpu, "gpu_name": cand.spec.name, "num_gpus": cand.num_gpus, "tp": cand.decode_tp,
-            "pp": 1, "replicas": cand.decode_workers, "max_num_seqs": cand.max_num_seqs,
-            "kv_dtype": cand.kv_dtype, "weight_dtype": cand.weight_dtype, "engine": self.cands.engine,
-            "gpus_per_request_per_s": cand.num_gpus / self.workload.rate, "cost_proxy_tb_per_s": cand.cost_proxy,
-            "mode": "disagg", "prefill_gpus": cand.prefill_gpus, "decode_gpus": cand.decode_gpus,
+            "gpu": cand.gpu,
+            "gpu_name": cand.spec.name,
+            "num_gpus": cand.num_gpus,
+            "tp": cand.decode_tp,
+            "pp": 1,
+            "replicas": cand.decode_workers,
+            "max_num_seqs": cand.max_num_seqs,
+            "kv_dtype": cand.kv_dtype,
+            "weight_dtype": cand.weight_dtype,
+            "engine": self.cands.engine,
+            "gpus_per_request_per_s": cand.num_gpus / self.workload.rate,
+            "cost_proxy_tb_per_s": cand.cost_proxy,
+            "mode": "disagg",
+            "prefill_gpus": cand.prefill_gpus,
+            "decode_gpus": cand.decode_gpus,
             "kv_transfer_s": deployment.kv_transfer_seconds(prompt),
-            "kv_bytes_per_request": deployment.kv_bytes_per_request(prompt), "kv_link": deployment.link,
-            "prefill_workers": cand.prefill_workers, "prefill_tp": cand.prefill_tp,
-            "decode_workers": cand.decode_workers, "decode_tp": cand.decode_tp, "serve_note": SERVE_NOTE,
-        }  # fmt: skip
+            "kv_bytes_per_request": deployment.kv_bytes_per_request(prompt),
+            "kv_link": deployment.link,
+            "prefill_workers": cand.prefill_workers,
+            "prefill_tp": cand.prefill_tp,
+            "decode_workers": cand.decode_workers,
+            "decode_tp": cand.decode_tp,
+            "serve_note": SERVE_NOTE,
+        }
         pools = {role: self._pool(cand, role) for role in ("prefill", "decode")}
         for role, (capacity, _, _) in pools.items():
             if not capacity.fits:
-                return SloConfig(**base, feasible=False, simulated=False, meets_slo=False, binding="memory",
-                                 reason=f"a {role} worker does not fit: {capacity.verdict}", slo_ratio=None,
-                                 limiting_metric=None)  # fmt: skip
+                return SloConfig(
+                    **base,
+                    feasible=False,
+                    simulated=False,
+                    meets_slo=False,
+                    binding="memory",
+                    reason=f"a {role} worker does not fit: {capacity.verdict}",
+                    slo_ratio=None,
+                    limiting_metric=None,
+                )
         pre, dec = pools["prefill"][2], pools["decode"][2]
         transfer = base["kv_transfer_s"]
         capacities = {
@@ -271,8 +313,11 @@ class DisaggEvaluator:
             "decode": dec.capacity_rps * cand.decode_workers,
             "link": cand.prefill_workers / transfer,
         }
-        base |= {"feasible": True, "kv_tokens": int(pools["decode"][0].kv_tokens),
-                 "capacity_requests_per_s": min(capacities.values())}  # fmt: skip
+        base |= {
+            "feasible": True,
+            "kv_tokens": int(pools["decode"][0].kv_tokens),
+            "capacity_requests_per_s": min(capacities.values()),
+        }
         targets = self.slo.targets()
         floors = disagg_floors(targets, pre, dec, transfer)
         ratios = {key: floors[key] / target for key, target in targets.items() if key in floors}
@@ -287,14 +332,25 @@ class DisaggEvaluator:
                 what = (
                     "the prefill workers' KV links sustain" if pool == "link" else f"the {pool} pool sustains"
                 )
-                reason = (f"{what} at most {capacities[pool]:,.3g} req/s (upper bound), "
-                          f"{self.workload.rate:g} asked")  # fmt: skip
+                reason = (
+                    f"{what} at most {capacities[pool]:,.3g} req/s (upper bound), "
+                    f"{self.workload.rate:g} asked"
+                )
             else:
                 binding = "compute" if metric.startswith(("ttft", "e2e")) else "bandwidth"
-                reason = (f"{metric_label(metric)} is at least {floors[metric]:.3g} s (prefill, KV transfer and "
-                          f"decode alone), over the {targets[metric]:g} s target")  # fmt: skip
-            return SloConfig(**base, simulated=False, meets_slo=False, binding=binding, reason=reason,
-                             slo_ratio=ratios[metric], limiting_metric=metric)  # fmt: skip
+                reason = (
+                    f"{metric_label(metric)} is at least {floors[metric]:.3g} s (prefill, KV transfer and "
+                    f"decode alone), over the {targets[metric]:g} s target"
+                )
+            return SloConfig(
+                **base,
+                simulated=False,
+                meets_slo=False,
+                binding=binding,
+                reason=reason,
+                slo_ratio=ratios[metric],
+                limiting_metric=metric,
+            )
         decided, focus = pool_deciders(targets, dec, transfer)
         prediction = predict_disagg(
             deployment, self.workload, self.cands.step_time, SEARCH_SETTINGS, decided, focus
@@ -336,10 +392,19 @@ class DisaggEvaluator:
         figures = {key: m.get(key) for key in metric_keys()}
         throughput = m.get("throughput_tokens_per_s")
         return SloConfig(
-            **base, simulated=True, meets_slo=meets, reason=reason, slo_ratio=ratio,
-            limiting_metric=metric, binding=binding, **figures, queue_p95_s=prefill.metrics.get("queue_p95_s"),
-            throughput_tokens_per_s=throughput, tokens_per_s_per_gpu=m.get("tokens_per_s_per_gpu"),
+            **base,
+            simulated=True,
+            meets_slo=meets,
+            reason=reason,
+            slo_ratio=ratio,
+            limiting_metric=metric,
+            binding=binding,
+            **figures,
+            queue_p95_s=prefill.metrics.get("queue_p95_s"),
+            throughput_tokens_per_s=throughput,
+            tokens_per_s_per_gpu=m.get("tokens_per_s_per_gpu"),
             converged=(prefill.converged or prefill.decided) and (decode.converged or decode.decided),
-            stable=p.stable, kv_limited=prefill.kv_limited or decode.kv_limited,
+            stable=p.stable,
+            kv_limited=prefill.kv_limited or decode.kv_limited,
             simulated_requests=prefill.simulated_requests + decode.simulated_requests,
-        )  # fmt: skip
+        )

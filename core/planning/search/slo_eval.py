@@ -177,9 +177,15 @@ def step_model(model, candidate: Candidate, overrides) -> StepTimeModel:
     if candidate.data_parallel > 1 or candidate.expert_parallel:
         moe = {"data_parallel": candidate.data_parallel, "expert_parallel": candidate.expert_parallel}
     return from_specs(
-        model, candidate.spec, candidate.tp, candidate.weight_dtype, candidate.kv_dtype, candidate.pp,
-        **dict(overrides), **moe,
-    )  # fmt: skip
+        model,
+        candidate.spec,
+        candidate.tp,
+        candidate.weight_dtype,
+        candidate.kv_dtype,
+        candidate.pp,
+        **dict(overrides),
+        **moe,
+    )
 
 
 def dominant_part(step: StepTimeModel, new_tokens, kv_tokens_read, attention_pairs) -> str:

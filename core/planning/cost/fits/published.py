@@ -38,8 +38,18 @@ TRTLLM_SOURCE = (
     "github.com/NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md at 00f37686aa85)"
 )
 KV_MEMORY_FRACTION = 0.95  # trtllm-bench's kv_cache_gpu_mem_fraction
-SETTINGS = ((128, 128), (128, 2048), (128, 4096), (500, 2000), (1000, 1000), (1000, 2000), (2048, 128),
-            (2048, 2048), (5000, 500), (20000, 2000))  # fmt: skip
+SETTINGS = (
+    (128, 128),
+    (128, 2048),
+    (128, 4096),
+    (500, 2000),
+    (1000, 1000),
+    (1000, 2000),
+    (2048, 128),
+    (2048, 2048),
+    (5000, 500),
+    (20000, 2000),
+)
 # (model preset, GPU preset, tp) -> published output tokens/s per SETTINGS entry
 TABLES = {
     ("llama-3.1-8b", "h100-80gb", 1): (28312, 22714, 14325, 17660, 15220, 13899, 3450, 9305, 3459, 1351),
@@ -163,10 +173,15 @@ def comparison(overrides: dict | None = None) -> list[dict]:
     rows = []
     for f in FIGURES:
         predicted = predict(f, overrides)
-        rows.append({
-            "figure": f, "published": f.tokens_per_s, "predicted": predicted,
-            "error": predicted / f.tokens_per_s - 1.0, "set": "training" if f.training else "held out",
-        })  # fmt: skip
+        rows.append(
+            {
+                "figure": f,
+                "published": f.tokens_per_s,
+                "predicted": predicted,
+                "error": predicted / f.tokens_per_s - 1.0,
+                "set": "training" if f.training else "held out",
+            }
+        )
     return rows
 
 

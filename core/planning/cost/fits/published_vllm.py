@@ -102,9 +102,16 @@ FIXED = {"bandwidth_efficiency": 1.0, "overhead_s": 0.0, "per_token_overhead_s":
 SINGLE_MODEL_FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
 # Gauss-Newton's starting point: round values near the cross-model solution (the fit is the same from 0.4 / 2e-5
 # / 0.2 in more iterations: docs/slo.md 2c).
-START = {"bandwidth_efficiency": 0.6, "flops_efficiency": 0.3, "overhead_s": 0.003,
-         "per_token_overhead_s": 1e-6, "layer_overhead_s": 7e-5, "expert_flops_efficiency": 0.08,
-         "fp8_flops_ratio": 1.5, "request_overhead_s": 0.03}  # fmt: skip
+START = {
+    "bandwidth_efficiency": 0.6,
+    "flops_efficiency": 0.3,
+    "overhead_s": 0.003,
+    "per_token_overhead_s": 1e-6,
+    "layer_overhead_s": 7e-5,
+    "expert_flops_efficiency": 0.08,
+    "fp8_flops_ratio": 1.5,
+    "request_overhead_s": 0.03,
+}
 # The request-side latency (module docstring): an override of this name (not a StepTimeModel parameter) adds to
 # every TTFT the fixed time a request spends outside the engine's steps and the step in flight when it arrives.
 REQUEST_TERM = "request_overhead_s"
@@ -135,8 +142,10 @@ class VllmRow:
     def label(self) -> str:
         weights = "MXFP4" if self.weight_dtype == "auto" else self.weight_dtype.upper()
         ep = f" EP{self.ep}" if self.ep > 1 else ""
-        return (f"{MODELS[self.model].name} {weights}, {GPUS[self.gpu].name} TP{self.tp}{ep}, ISL {self.isl} / "
-                f"OSL {self.osl}, {self.concurrency} clients")  # fmt: skip
+        return (
+            f"{MODELS[self.model].name} {weights}, {GPUS[self.gpu].name} TP{self.tp}{ep}, ISL {self.isl} / "
+            f"OSL {self.osl}, {self.concurrency} clients"
+        )
 
 
 def _read_rows(path: Path) -> tuple[VllmRow, ...]:
@@ -165,11 +174,19 @@ def kv_tokens(row: VllmRow) -> int:
     """KV slots of the row's replica (of one DP rank for an attention-DP row) by the exact planner (vLLM's memory
     rules and defaults)."""
     capacity = plan(
-        MODELS[row.model], GPUS[row.gpu], tensor_parallel=row.tp, weight_dtype=row.weight_dtype, kv_dtype=KV_DTYPE,
-        gpu_memory_utilization=GPU_MEMORY_UTILIZATION, block_size=BLOCK_SIZE, max_model_len=row.isl + row.osl,
-        max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, data_parallel=row.dp,
+        MODELS[row.model],
+        GPUS[row.gpu],
+        tensor_parallel=row.tp,
+        weight_dtype=row.weight_dtype,
+        kv_dtype=KV_DTYPE,
+        gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+        block_size=BLOCK_SIZE,
+        max_model_len=row.isl + row.osl,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        data_parallel=row.dp,
         num_gpus=row.tp * row.dp,
-    )  # fmt: skip
+    )
     return int(capacity.kv_tokens)
 
 
@@ -240,13 +257,19 @@ def _run(row: VllmRow, step, phase: str, prompt_pool: int | None = None):
         policy = paged(BLOCK_SIZE, counted=True)
     else:
         draws = pool_draws(len(lengths), prompt_pool)
-        requests = [Request(i, 0.0, row.isl, n, prefix_group=draws[i], prefix_len=row.isl)
-                    for i, n in enumerate(lengths)]  # fmt: skip
+        requests = [
+            Request(i, 0.0, row.isl, n, prefix_group=draws[i], prefix_len=row.isl)
+            for i, n in enumerate(lengths)
+        ]
         policy = paged(BLOCK_SIZE, enable_prefix_caching=True)
     config = SimulatorConfig(
-        kv_capacity_tokens=kv_tokens(row), max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-        max_seq_len=row.isl + row.osl, step_time=step, max_snapshots=1,
-    )  # fmt: skip
+        kv_capacity_tokens=kv_tokens(row),
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_seq_len=row.isl + row.osl,
+        step_time=step,
+        max_snapshots=1,
+    )
     result = simulate(requests, policy, config, until_finished=end, concurrency=c)
     return result, result.requests.iloc[start:end]
 
@@ -300,7 +323,9 @@ class _RecordingStep:
         if swap_bytes:
             raise AssertionError("a replay cannot re-price swaps (the rows run with preemption by recompute)")
         outputs = new_tokens if output_tokens is None else output_tokens
-        self.loads.append(tuple(np.array([v], dtype=np.float64) for v in (new_tokens, kv_read, pairs, outputs)))  # fmt: skip
+        self.loads.append(
+            tuple(np.array([v], dtype=np.float64) for v in (new_tokens, kv_read, pairs, outputs))
+        )
         return self.step.step_seconds(new_tokens, kv_read, pairs, output_tokens=output_tokens)
 
     def step_time(self, new_tokens, kv_read, pairs=0.0):
@@ -378,8 +403,12 @@ def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED) -> d
     training rows), by damped Gauss-Newton on their logs (finite-difference Jacobians, the efficiencies held in
     (0, 1], the overheads > 0 by the log)."""
     rows = training_rows() if rows is None else list(rows)
-    upper = np.array([0.0 if n.endswith("efficiency") else math.log(2) if n == "fp8_flops_ratio" else math.inf
-                      for n in names])  # fmt: skip
+    upper = np.array(
+        [
+            0.0 if n.endswith("efficiency") else math.log(2) if n == "fp8_flops_ratio" else math.inf
+            for n in names
+        ]
+    )
     x = np.log([START[n] for n in names])
     r = _log_errors(x, rows, names, fixed)
     for _ in range(iterations):
@@ -412,10 +441,16 @@ def comparison(overrides: dict, rows=None) -> list[dict]:
     out = []
     for row in ROWS if rows is None else rows:
         ttft, tpot = replay(row).latencies(overrides)
-        out.append({
-            "row": row, "ttft_s": ttft, "tpot_s": tpot, "ttft_error": ttft / row.ttft_s - 1.0,
-            "tpot_error": tpot / row.tpot_s - 1.0, "set": row_set(row),
-        })  # fmt: skip
+        out.append(
+            {
+                "row": row,
+                "ttft_s": ttft,
+                "tpot_s": tpot,
+                "ttft_error": ttft / row.ttft_s - 1.0,
+                "tpot_error": tpot / row.tpot_s - 1.0,
+                "set": row_set(row),
+            }
+        )
     return out
 
 
@@ -436,8 +471,12 @@ def errors_by_model(rows: list[dict], which: str) -> dict:
 
     def summary(group: list[dict]) -> dict:
         ttft, tpot = [r["ttft_error"] for r in group], [r["tpot_error"] for r in group]
-        return {"ttft_rms_rel_err": _rms(ttft), "tpot_rms_rel_err": _rms(tpot), "rms_rel_err": _rms(ttft + tpot),
-                "rows": len(group)}  # fmt: skip
+        return {
+            "ttft_rms_rel_err": _rms(ttft),
+            "tpot_rms_rel_err": _rms(tpot),
+            "rms_rel_err": _rms(ttft + tpot),
+            "rows": len(group),
+        }
 
     out = {}
     for model in dict.fromkeys(r["row"].model for r in rows if r["set"] == which):
@@ -470,8 +509,14 @@ def attention_dp_comparison(overrides: dict, rows=ATTENTION_DP_ROWS) -> list[dic
         ttft = sum(m[0] * c for m, c in means) / row.concurrency
         tpot = sum(m[1] * c for m, c in means) / row.concurrency
         limited = any(kv_limited(rank) for rank, _ in ranks)
-        out.append({
-            "row": row, "ttft_s": ttft, "tpot_s": tpot, "ttft_error": ttft / row.ttft_s - 1.0,
-            "tpot_error": tpot / row.tpot_s - 1.0, "set": "kv-limited" if limited else "attention dp",
-        })  # fmt: skip
+        out.append(
+            {
+                "row": row,
+                "ttft_s": ttft,
+                "tpot_s": tpot,
+                "ttft_error": ttft / row.ttft_s - 1.0,
+                "tpot_error": tpot / row.tpot_s - 1.0,
+                "set": "kv-limited" if limited else "attention dp",
+            }
+        )
     return out

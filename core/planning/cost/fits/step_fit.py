@@ -127,8 +127,10 @@ def _check_fit_names(fit) -> tuple[str, ...]:
             f"fit names some of {', '.join(FIT_PARAMETERS + OPTIONAL_FIT)}; got {list(names)}"
         )
     if ("bandwidth_efficiency" in names) != ("flops_efficiency" in names):
-        raise InvalidArgumentError("bandwidth_efficiency and flops_efficiency are fitted together (their ratio "
-                                   "decides which roof binds), or neither")  # fmt: skip
+        raise InvalidArgumentError(
+            "bandwidth_efficiency and flops_efficiency are fitted together (their ratio "
+            "decides which roof binds), or neither"
+        )
     return names
 
 
@@ -253,8 +255,15 @@ def _overhead_columns(base: StepTimeModel, names, n: np.ndarray, y: np.ndarray):
 def _fit_weighted(base: StepTimeModel, names, data, weights: np.ndarray) -> "StepTimeFit":
     """One weighted least-squares fit (fit_step_time's docstring); weights multiply the squared relative errors."""
     n, kv, pairs, seconds, outputs = data
-    ideal = replace(base, bandwidth_efficiency=1.0, flops_efficiency=1.0, overhead_s=0.0, per_token_overhead_s=0.0,
-                    single_token_overhead_s=None, small_step_factors=())  # fmt: skip
+    ideal = replace(
+        base,
+        bandwidth_efficiency=1.0,
+        flops_efficiency=1.0,
+        overhead_s=0.0,
+        per_token_overhead_s=0.0,
+        single_token_overhead_s=None,
+        small_step_factors=(),
+    )
     parts = ideal.breakdown(n, kv, pairs, outputs)
     memory, compute = parts.memory_s, parts.compute_s
     y = seconds - (parts.comm_s if (base.comm_bytes_per_token or base.comm_latency_s) else 0.0)
