@@ -288,34 +288,7 @@ class EngineMemory:
         """The whole pool (every live sequence, whichever group it belongs to): the manager's snapshot."""
         return self.manager.snapshot()
 
-    def usage(self, seqs: list[Sequence]) -> dict:
-        """Token states, reservation and sharing of the live sequences, in slots or blocks (see STEP_COLUMNS),
-        over every KV cache group (a token kept by two groups fills a slot in each). Only held blocks count: a
-        window group's released (-1) entries hold nothing; blocks_without_sharing is the sum of the blocks each
-        sequence holds."""
-        mgr, bs = self.manager, self.block_size
-        ref_counts = mgr.pool.ref_counts
-        computed = np.zeros(self.num_blocks, dtype=np.int64)
-        allocated = np.zeros(self.num_blocks, dtype=np.int64)
-        shared = set()
-        unshared = 0
-        for seq in seqs:
-            for table in mgr.block_ids(seq.seq_id):
-                table = np.asarray(table, dtype=np.int64)
-                offsets = np.arange(len(table)) * bs
-                held = table >= 0
-                table, offsets = table[held], offsets[held]
-                np.maximum.at(computed, table, np.clip(seq.num_computed - offsets, 0, bs))
-                np.maximum.at(allocated, table, np.clip(seq.num_allocated - offsets, 0, bs))
-                unshared += len(table)
-                shared.update(b for b in table.tolist() if ref_counts[b] > 1)
-        used = self.num_blocks - mgr.num_free_blocks
-        token_states = int(computed.sum())
-        return {
-            "token_states": token_states,
-            "reservation": int(allocated.sum()) - token_states,
-            "internal_fragmentation": used * bs - int(allocated.sum()),
-            "blocks_in_use": used,
-            "blocks_without_sharing": unshared,
-            "shared_blocks": len(shared),
-        }
+    def usage(self, seqs: list[Sequence] | None = None) -> dict:
+        """Token states, reservation and sharing of the live sequences (every request of the manager: `seqs`,
+        when given, are `live_seqs()`), in slots or blocks (see STEP_COLUMNS): the KV core's `slot_usage`."""
+        return self.manager.slot_usage()

@@ -56,17 +56,6 @@ def prefill_pieces(scheduled: ScheduledStep) -> list[tuple[SequenceGroup, Sequen
     return pieces
 
 
-def kv_tokens_read(dec_lens: np.ndarray, pre_ctx: np.ndarray, pre_q: np.ndarray, manager) -> int:
-    """KV slots read by one layer's attention, whose group's single-type `manager` says which leading tokens a
-    query skips (`num_skipped_tokens`, the KV core's window rule): a decode query at position len - 1 reads
-    len - skipped(len - 1), a chunk of q tokens ending at ctx reads from where its first query's window starts,
-    ctx - skipped(ctx - q) (full attention: everything; a sliding window W: min(len, W) and min(ctx, q + W - 1)).
-    `PreparedStep.kv_tokens_read` is its mean over the model's layers (rounded down): one layer's count when
-    every layer is alike."""
-    skipped = manager.num_skipped_tokens
-    return int((dec_lens - skipped(dec_lens - 1)).sum() + (pre_ctx - skipped(pre_ctx - pre_q)).sum())
-
-
 class ModelRunner:
     """Turns `ScheduledStep`s into forward passes of `model` over the pool of `memory`.
 
@@ -130,8 +119,7 @@ class ModelRunner:
             prefill_query_lens=longs(pre_q),
             logits_indices=longs(logits_indices),
         )
-        managers = mem.manager.managers
-        per_group = [kv_tokens_read(dec_lens, pre_ctx, pre_q, m) for m in managers]
+        per_group = mem.manager.kv_tokens_read(dec_lens, pre_ctx, pre_q)  # one layer of each KV cache group
         read = sum(per_group[g] for g in mem.layer_group) // len(mem.layer_group)
         return PreparedStep(batch, decode_seqs, pieces, logits_owner, read)
 

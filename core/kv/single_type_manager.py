@@ -143,7 +143,18 @@ class SingleTypeKVCacheManager:
         wholly inside `num_skipped_tokens(num_computed)`."""
         return self.num_skipped_tokens(num_computed) // self.block_size
 
-    def _tail_is_written(self, num_tokens: int) -> bool:
+    def num_tokens_read(self, decode_lengths, prefill_context, prefill_query) -> int:
+        """K/V slots one layer of this group reads (int64 arrays in, an int out): a decode query at position
+        len - 1 reads len - skipped(len - 1), a prefill chunk of q tokens ending at ctx reads from where its first
+        query's window starts, ctx - skipped(ctx - q) (`num_skipped_tokens`; full attention: everything; a
+        sliding window W: min(len, W) and min(ctx, q + W - 1))."""
+        skipped = self.num_skipped_tokens
+        return int(
+            (decode_lengths - skipped(decode_lengths - 1)).sum()
+            + (prefill_context - skipped(prefill_context - prefill_query)).sum()
+        )
+
+    def tail_is_written(self, num_tokens: int) -> bool:
         """Whether the next token writes into the existing last block (so a shared one must be copied)."""
         return num_tokens % self.block_size != 0
 
@@ -198,7 +209,7 @@ class SingleTypeKVCacheManager:
         table must copy first (copy-on-write)."""
         table = rec.table
         last = len(table) - 1
-        if last < num_skipped_blocks or last < rec.first_held or not self._tail_is_written(num_tokens):
+        if last < num_skipped_blocks or last < rec.first_held or not self.tail_is_written(num_tokens):
             return -1
         return table[last]
 
@@ -389,7 +400,7 @@ class MambaManager(SingleTypeKVCacheManager):
     def num_required_blocks(self, num_tokens: int) -> int:
         return 1 if num_tokens > 0 else 0
 
-    def _tail_is_written(self, num_tokens: int) -> bool:
+    def tail_is_written(self, num_tokens: int) -> bool:
         return True
 
     def find_longest_cache_hit(

@@ -21,7 +21,6 @@ padding pages, as vLLM allocates them. This policy stays in `core.serving` (not 
 the pool is the simulator's accounting: the paper's slot categories and the bulk decode prediction.
 """
 
-from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,77 +253,23 @@ class PagedMemory:
         the KV core's `num_blocks_for_decode`, the question the engine asks too."""
         return self.kv.num_blocks_for_decode(sid for group in groups for sid in group.seq_ids)
 
-    def _releases(self, groups: list, steps: int, lengths: np.ndarray) -> np.ndarray:
-        """int64 [steps]: the blocks decode steps 1..t give back to the pool (cumulative). Step t computes the
-        token at position L - 1 + t of a sequence of length L (`lengths`, per group), after which its group's
-        manager skips `num_skipped_blocks(L - 1 + t)` leading blocks (the KV core's window rule): logical block i
-        goes at the first step that skips more than i blocks, found by bisection over the run's positions (the
-        rule never decreases). A block shared by several sequences is freed when the last of them releases it;
-        a shared written tail's copy and blocks taken within the run count too."""
-        ref_counts = self.kv.pool.ref_counts
-        released: dict[int, list[int]] = {}  # existing block -> [releases, last step]
-        bumps: dict[int, int] = {}  # step -> blocks it frees (added up once, at the end)
-        for manager in self.kv.managers:
-            if not manager.skips_tokens:
-                continue  # never skips anything (full attention)
-            requests, skipped_blocks = manager.requests, manager.num_skipped_blocks
-            # per group: the last block the run releases (the rule, elementwise, at the run's last position)
-            last_index = (skipped_blocks(lengths + (steps - 1)) - 1).tolist()
-            for row, group in enumerate(groups):
-                ids = group.seq_ids
-                recs = [requests[sid] for sid in ids]
-                low = recs[0].first_held if len(recs) == 1 else min([rec.first_held for rec in recs])
-                last = last_index[row]
-                if last < low:
-                    continue  # releases nothing in the run
-                positions = range(group.length, group.length + steps)  # computed by steps 1..steps
-                step_of = [bisect_right(positions, i, key=skipped_blocks) + 1 for i in range(low, last + 1)]
-                shared_tail = self._held[group].shared_tail
-                for rec, sid in zip(recs, ids, strict=True):
-                    table = rec.table
-                    first_new = len(table)
-                    for index in range(rec.first_held, min(first_new, last + 1)):
-                        entry = released.setdefault(table[index], [0, 0])
-                        entry[0] += 1
-                        step = step_of[index - low]
-                        if step > entry[1]:
-                            entry[1] = step
-                    if shared_tail and first_new - 1 <= last and sid != ids[-1]:
-                        step = step_of[first_new - 1 - low]  # its copy of the shared tail
-                        bumps[step] = bumps.get(step, 0) + 1
-                    for index in range(first_new, last + 1):  # taken and released within the run
-                        step = step_of[index - low]
-                        bumps[step] = bumps.get(step, 0) + 1
-        for block, (count, step) in released.items():
-            if count == ref_counts[block]:
-                bumps[step] = bumps.get(step, 0) + 1
-        frees = np.zeros(steps + 1, dtype=np.int64)
-        for step, count in bumps.items():
-            frees[step] += count
-        return np.cumsum(frees[1:])
-
     def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
-        """Every sequence's table grows to the KV core's table length (`num_required_blocks`, elementwise) in
-        every group: the blocks taken by steps 1..t are the tables' length after step t less their length now,
-        summed over sequences once per step; a forked group whose last block is still shared copies it on its
-        first write (n - 1 new blocks per group); window groups release as `_releases` says."""
+        """The free blocks after steps 1..t are the KV core's k-step prediction
+        (`KVCacheManager.num_free_blocks_after_decode`: tables grow by `num_required_blocks`, a shared written tail
+        is copied, window groups release by the window rule); the empty tail slots grow with the lengths, each
+        sequence its own after the first step (a shared tail is empty once before it)."""
         bs, count, n = self.block_size, len(self.windows), len(groups)
         held = self._held
         lengths = np.fromiter([g.length for g in groups], np.int64, n)
         ns = np.fromiter([g.num_seqs for g in groups], np.int64, n)
         shared = np.fromiter([held[g].shared_tail for g in groups], bool, n)
         after = lengths[:, None] + np.arange(steps + 1)  # [groups, steps + 1]: lengths after 0..steps steps
-        required = self.kv.managers[0].num_required_blocks  # every group has the same block size
-        entries = ns @ required(after)  # [steps + 1]: one group's table entries over all sequences
         empty = ns @ (-after % bs)  # [steps + 1]: one group's empty tail slots, each sequence its own
-        taken = entries[1:] - entries[0]  # [steps]: one group's blocks taken by steps 1..t
         tails_now = int(empty[0])
         if shared.any():
-            copies = (ns - 1) * shared
-            taken += int(copies.sum())
-            tails_now -= int((copies * (-lengths % bs)).sum())  # a shared tail is empty once, not n times
+            tails_now -= int((((ns - 1) * shared) * (-lengths % bs)).sum())  # a shared tail is empty once
         tail = self.tail_empty + count * (empty[1:] - tails_now)
-        free = self.kv.num_free_blocks - count * taken + self._releases(groups, steps, lengths)
+        free = self.kv.num_free_blocks_after_decode([g.seq_ids for g in groups], steps)
         return MemoryMetrics.paged(self.num_blocks, bs, self.capacity, free, tail, self.pending)
 
     def decoded(self, groups: list, steps: int) -> None:

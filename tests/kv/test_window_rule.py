@@ -87,7 +87,6 @@ def test_every_user_of_the_rule_matches_its_closed_form():
     import numpy as np
 
     from core.common import cdiv
-    from core.engine.model_runner import kv_tokens_read
 
     for bs in (1, 2, 4, 16):
         for w in (1, 3, 8, 17):
@@ -101,7 +100,7 @@ def test_every_user_of_the_rule_matches_its_closed_form():
             lens = np.arange(1, 60, dtype=np.int64)
             q = (lens % 7) + 1
             ctx = lens + q
-            assert kv_tokens_read(lens, ctx, q, m) == int(
+            assert m.num_tokens_read(lens, ctx, q) == int(
                 np.minimum(lens, w).sum() + np.minimum(ctx, q + w - 1).sum()
             )
     # chunked local attention (C = 8): a decode query at position p reads its chunk so far, p % 8 + 1 tokens
@@ -110,4 +109,4 @@ def test_every_user_of_the_rule_matches_its_closed_form():
     )
     lens = np.arange(1, 30, dtype=np.int64)
     empty = np.zeros(0, dtype=np.int64)
-    assert kv_tokens_read(lens, empty, empty, chunked) == int(((lens - 1) % 8 + 1).sum())
+    assert chunked.num_tokens_read(lens, empty, empty) == int(((lens - 1) % 8 + 1).sum())
