@@ -147,7 +147,8 @@ class EngineMemory(KVSchedulerMemory):
                 f"{cache.num_layers} layers, got {list(layer_group)}"
             )
         self.engine_hook = EngineKVHook(manager, cache)
-        super().__init__(manager, watermark, self.engine_hook)
+        layers = tuple(layer_group.count(g) for g in range(len(manager.groups)))
+        super().__init__(manager, watermark, self.engine_hook, layers_per_group=layers)
         self.manager = manager
         self.cache = cache
         self.layer_group = tuple(layer_group)

@@ -118,8 +118,7 @@ class ModelRunner:
             prefill_query_lens=longs(pre_q),
             logits_indices=longs(logits_indices),
         )
-        per_group = mem.manager.kv_tokens_read(dec_lens, pre_ctx, pre_q)  # one layer of each KV cache group
-        read = sum(per_group[g] for g in mem.layer_group) // len(mem.layer_group)
+        read = mem.kv_tokens_read(dec_lens, pre_ctx, pre_q)  # the mean over layers, each group's window rule
         return PreparedStep(batch, decode_seqs, pieces, logits_owner, read)
 
     def run(self, prepared: PreparedStep) -> torch.Tensor:

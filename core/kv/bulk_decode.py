@@ -1,12 +1,13 @@
 """The bulk decode path of `KVCacheManager` (`decode_steps`: many decode steps of many requests in O(blocks)),
 kept apart from the per-token path: `BulkDecode` is composed into the manager (`KVCacheManager.decode_steps`
-calls it) and uses the manager's public members only: `record` (a request's `KVRequest`), `managers`, `pool`,
+calls it) and uses the manager's public members only: `records` (requests' `KVRequest`s), `managers`, `pool`,
 `enable_prefix_caching`, `all_full_attention`, `block_hasher`, `check_room` and the one blocks-per-step question
 `num_blocks_to_append_records`. It changes block tables only through the same pool and single-type managers.
 """
 
 from bisect import bisect_right
 from collections.abc import Hashable, Mapping, Sequence
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -94,9 +95,8 @@ class BulkDecode:
         """(request, checked new tokens, tokens before, tokens after) per request; raises UnknownSequenceError
         or InvalidArgumentError."""
         plan = []
-        record = self.kv.record
-        for request_id, new_tokens in token_ids.items():
-            req = record(request_id)
+        reqs = self.kv.records(token_ids)
+        for (request_id, new_tokens), req in zip(token_ids.items(), reqs, strict=True):
             tokens = new_tokens if trusted else check_kv_token_ids(request_id, new_tokens)
             old = req.num_tokens
             plan.append((req, tokens, old, old + len(tokens)))
@@ -107,7 +107,9 @@ class BulkDecode:
         kv = self.kv
         pool, caching = kv.pool, kv.enable_prefix_caching
         ref_counts = pool.ref_counts
-        for (req, tokens, old, new), rid in zip(plan, request_ids, strict=True):
+        ids = iter(request_ids)
+        for req, tokens, old, new in plan:
+            rid = next(ids)
             req.token_ids.extend(tokens)
             req.num_tokens = new
             for manager, rec in zip(kv.managers, req.blocks, strict=True):
@@ -210,32 +212,37 @@ class BulkDecode:
         forks sharing a written last block copy it at the first step (all but the last holder); window groups
         give blocks back as `_releases` says."""
         kv = self.kv
-        record = kv.record
-        groups = [[record(r) for r in ids] for ids in request_groups]
-        n = len(groups)
-        lengths = np.fromiter([recs[0].num_tokens for recs in groups], np.int64, n)
-        ns = np.fromiter([len(recs) for recs in groups], np.int64, n)
+        records = kv.records
+        sizes = list(map(len, request_groups))
+        n = len(sizes)
+        firsts = records(list(map(itemgetter(0), request_groups)))  # one per group: its lengths are equal
+        forked = []
+        if n and max(sizes) > 1:
+            forked = [(row, records(ids)) for row, ids in enumerate(request_groups) if sizes[row] > 1]
+        lengths = np.fromiter(map(attrgetter("num_tokens"), firsts), np.int64, n)
+        ns = np.fromiter(sizes, np.int64, n)
         after = lengths[:, None] + np.arange(steps + 1)  # [groups, steps + 1]: lengths after 0..steps steps
         ref_counts = kv.pool.ref_counts
         taken = np.zeros(steps, dtype=np.int64)
-        shared = []  # per pool group: per request group, whether its forks share a written last block
+        shared = []  # per pool group: the rows whose forks share a written last block
         for g, manager in enumerate(kv.managers):
             entries = ns @ manager.num_required_blocks(after)  # [steps + 1]: table entries over all requests
             taken += entries[1:] - entries[0]
-            flags = [False] * n
-            copies = 0
-            for row, recs in enumerate(groups):
-                if len(recs) > 1:
-                    tail = manager.written_tail(recs[0].blocks[g], recs[0].num_tokens, 0)
-                    if tail >= 0 and ref_counts[tail] > 1:
-                        holders = sum(1 for rec in recs if rec.blocks[g].table[-1] == tail)
-                        copies += min(holders, ref_counts[tail] - 1)
-                        flags[row] = True
-            taken += copies
-            shared.append(flags)
-        return kv.num_free_blocks - taken + self._releases(groups, steps, lengths, shared)
+            rows = set()
+            for row, recs in forked:
+                tail = manager.written_tail(recs[0].blocks[g], recs[0].num_tokens, 0)
+                if tail >= 0 and ref_counts[tail] > 1:
+                    holders = sum(1 for rec in recs if rec.blocks[g].table[-1] == tail)
+                    taken += min(holders, ref_counts[tail] - 1)
+                    rows.add(row)
+            shared.append(rows)
+        free = kv.num_free_blocks - taken
+        if not any(manager.skips_tokens for manager in kv.managers):
+            return free  # full attention releases nothing before a request ends
+        groups = [records(ids) if sizes[row] > 1 else [firsts[row]] for row, ids in enumerate(request_groups)]
+        return free + self._releases(groups, steps, lengths, shared)
 
-    def _releases(self, groups: list, steps: int, lengths: np.ndarray, shared: list) -> np.ndarray:
+    def _releases(self, groups: list, steps: int, lengths: np.ndarray, shared: list[set]) -> np.ndarray:
         """int64 [steps]: the blocks decode steps 1..t give back to the pool (cumulative). After step t a
         request of length L (`lengths`, per group) has computed L - 1 + t tokens and its group's manager skips
         `num_skipped_blocks(L - 1 + t)` leading blocks (the window rule): logical block i goes at the first step
@@ -260,7 +267,7 @@ class BulkDecode:
                 length = int(lengths[row])
                 positions = range(length, length + steps)  # computed by steps 1..steps
                 step_of = [bisect_right(positions, i, key=skipped_blocks) + 1 for i in range(low, last + 1)]
-                shared_tail, final = shared[g][row], len(blocks) - 1
+                shared_tail, final = row in shared[g], len(blocks) - 1
                 for k, rec in enumerate(blocks):
                     table = rec.table
                     first_new = len(table)

@@ -190,6 +190,16 @@ class KVCacheManager:
         UnknownSequenceError."""
         return self._requests.get(request_id) or self._request(request_id)
 
+    def records(self, request_ids: Iterable[Hashable]) -> list[KVRequest]:
+        """`record` of each request, in order (one call for a batch: the bulk paths' lookup). Raises
+        UnknownSequenceError."""
+        out = list(map(self._requests.get, request_ids))
+        if None in out:
+            for request_id, req in zip(request_ids, out, strict=True):
+                if req is None:
+                    self._request(request_id)
+        return out
+
     @property
     def all_full_attention(self) -> bool:
         """Every group is full attention (nothing is ever released before a request ends)."""

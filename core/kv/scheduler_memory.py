@@ -30,6 +30,7 @@ formula (`pending_done`). Block counts use the KV core's one vocabulary (docs/ap
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -38,6 +39,8 @@ from core.errors import InvalidArgumentError
 from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.single_type_manager import BlockCopy
 from core.kv.snapshot import KVCacheSnapshot
+
+_SEQ_IDS = attrgetter("seq_ids")
 
 
 class MemoryMetrics(NamedTuple):
@@ -175,10 +178,16 @@ class KVHook:
 class KVSchedulerMemory:
     """`core.sched.memory.SchedulerMemory` over `kv` (module docstring). watermark: fraction of the blocks kept
     free when admitting (vLLM's 0.01). capacity: token slots the metrics sum to (default num_blocks x
-    block_size). hook: the driver's `KVHook`. Every group of `kv` has one block size."""
+    block_size). hook: the driver's `KVHook`. layers_per_group: the model's layers in each KV cache group (default
+    one each: `kv_tokens_read` weighs the groups by them). Every group of `kv` has one block size."""
 
     def __init__(
-        self, kv: KVCacheManager, watermark: float, hook: KVHook | None = None, capacity: int | None = None
+        self,
+        kv: KVCacheManager,
+        watermark: float,
+        hook: KVHook | None = None,
+        capacity: int | None = None,
+        layers_per_group: Sequence[int] | None = None,
     ):
         sizes = {manager.block_size for manager in kv.managers}
         if len(sizes) != 1:
@@ -194,6 +203,7 @@ class KVSchedulerMemory:
         self.watermark_blocks = int(watermark * self.num_blocks)
         self._pieces: dict = {}  # held group -> its PrefillPieces
         self._grown: list = []  # with a computing driver: the sequences the last `grow` gave a token
+        self.layers_per_group = tuple(layers_per_group or (1,) * len(kv.managers))
 
     # ---- sizing ---------------------------------------------------------------------------------------------
 
@@ -320,7 +330,7 @@ class KVSchedulerMemory:
         blocks are the KV core's k-step prediction (`num_free_blocks_after_decode`); the slot categories the
         hook's (else the metrics now, repeated). free_blocks goes negative from the first step that would not
         fit."""
-        free = self.kv.num_free_blocks_after_decode([group.seq_ids for group in groups], steps)
+        free = self.kv.num_free_blocks_after_decode(list(map(_SEQ_IDS, groups)), steps)
         predicted = self.hook.decode_metrics(self, groups, steps, free)
         if predicted is not None:
             return predicted
@@ -370,12 +380,15 @@ class KVSchedulerMemory:
         blocks that became free."""
         kv = self.kv
         free0 = kv.num_free_blocks
-        if self.hook.has_kv_changes:
+        if self.hook.has_kv_changes:  # sampling may have ended or forked sequences no step applied
             for parent, child in self.hook.kv_changes(group):
                 if child is None and parent in kv:
                     kv.free(parent)
-        for sid in group.seq_ids:
-            if sid in kv:
+            for sid in group.seq_ids:
+                if sid in kv:
+                    kv.free(sid)
+        else:
+            for sid in group.seq_ids:
                 kv.free(sid)
         self._pieces.pop(group, None)
         self.hook.released(group)
@@ -396,6 +409,15 @@ class KVSchedulerMemory:
             free * self.block_size,
             free,
         )
+
+    def kv_tokens_read(self, decode_lengths, prefill_context, prefill_query) -> int:
+        """K/V slots a step's attention reads per layer, the mean over the model's layers (rounded down): each KV
+        cache group's `KVCacheManager.kv_tokens_read` (its window rule) weighed by its layers. decode_lengths:
+        the decoding sequences' lengths (their new token included); prefill chunks of `prefill_query` tokens
+        ending at `prefill_context` tokens (int64 arrays). One layer's count when every layer is alike."""
+        per_group = self.kv.kv_tokens_read(decode_lengths, prefill_context, prefill_query)
+        layers = self.layers_per_group
+        return sum(read * n for read, n in zip(per_group, layers, strict=True)) // sum(layers)
 
     def snapshot(self, groups: list) -> KVCacheSnapshot:
         """The one pool: every group's blocks in one id space, every live sequence's tables."""

@@ -24,6 +24,7 @@ records the paper's slot categories as an observer (what the simulator adds to t
 """
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from core.kv.scheduler_memory import KVHook, KVSchedulerMemory, MemoryMetrics, p
 from core.kv.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
 KV_GROUP_KINDS = ("full", "sliding_window")
+_LENGTH, _NUM_SEQS = attrgetter("length"), attrgetter("num_seqs")
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class SlotCategories(KVHook):
         self.pending = 0
         self.tail_empty = 0
         self._held: dict = {}  # group -> _GroupSlots
+        self._shared_tails: set = set()  # held groups whose forks still share their last block
 
     def admitted(self, group, num_tokens, pieces, admission) -> None:
         n, count = group.num_seqs, self.num_groups
@@ -124,6 +127,8 @@ class SlotCategories(KVHook):
         self.pending += pending
         self.tail_empty += count * (-num_tokens % self.block_size) * (1 if shared_tail else n)
         self._held[group] = _GroupSlots(pending, shared_tail)
+        if shared_tail:
+            self._shared_tails.add(group)
 
     def prefilled(self, group, num_tokens: int) -> None:
         state = self._held[group]
@@ -132,18 +137,22 @@ class SlotCategories(KVHook):
         self.pending -= done
 
     def grown(self, groups: list, steps: int) -> None:
-        count, bs, held = self.num_groups, self.block_size, self._held
+        bs = self.block_size
         tail = 0
-        for group in groups:
-            length, n = group.length, group.num_seqs
-            state = held[group]
-            before = (1 if state.shared_tail else n) * (-length % bs)
-            tail += n * (-(length + steps) % bs) - before
-            state.shared_tail = False
-        self.tail_empty += count * tail
+        for group in groups:  # each sequence's own tail, before and after
+            length = group.length
+            tail += group.num_seqs * (-(length + steps) % bs - -length % bs)
+        if self._shared_tails:  # a tail the forks shared was empty once before, and is each one's own now
+            for group in groups:
+                if group in self._shared_tails:
+                    self._shared_tails.discard(group)
+                    self._held[group].shared_tail = False
+                    tail += (group.num_seqs - 1) * (-group.length % bs)
+        self.tail_empty += self.num_groups * tail
 
     def released(self, group) -> None:
         state = self._held.pop(group)
+        self._shared_tails.discard(group)
         shared = 1 if state.shared_tail else group.num_seqs
         self.tail_empty -= self.num_groups * shared * (-group.length % self.block_size)
         self.pending -= state.pending_left
@@ -162,13 +171,13 @@ class SlotCategories(KVHook):
         """The empty tail slots grow with the lengths, each sequence its own after the first step (a shared
         tail is empty once before it); `free` is the KV core's k-step prediction."""
         bs, n, held = self.block_size, len(groups), self._held
-        lengths = np.fromiter([g.length for g in groups], np.int64, n)
-        ns = np.fromiter([g.num_seqs for g in groups], np.int64, n)
-        shared = np.fromiter([held[g].shared_tail for g in groups], bool, n)
+        lengths = np.fromiter(map(_LENGTH, groups), np.int64, n)
+        ns = np.fromiter(map(_NUM_SEQS, groups), np.int64, n)
         after = lengths[:, None] + np.arange(steps + 1)  # [groups, steps + 1]: lengths after 0..steps steps
         empty = ns @ (-after % bs)  # [steps + 1]: one group's empty tail slots, each sequence its own
         tails_now = int(empty[0])
-        if shared.any():
+        if self._shared_tails:
+            shared = np.fromiter([held[g].shared_tail for g in groups], bool, n)
             tails_now -= int((((ns - 1) * shared) * (-lengths % bs)).sum())  # a shared tail is empty once
         tail = self.tail_empty + self.num_groups * (empty[1:] - tails_now)
         return MemoryMetrics.paged(memory.num_blocks, bs, memory.capacity, free, tail, self.pending)
@@ -193,7 +202,8 @@ class PagedMemory(KVSchedulerMemory):
             [g.spec(bs) for g in self.groups], num_blocks, enable_prefix_caching=policy.enable_prefix_caching
         )
         self.slots = SlotCategories(bs, len(self.groups))
-        super().__init__(kv, watermark, self.slots, capacity=group_slots)
+        layers = [g.num_layers for g in self.groups]
+        super().__init__(kv, watermark, self.slots, capacity=group_slots, layers_per_group=layers)
         self.host_bandwidth = 0.0  # bytes/s of host-tier loads (attach_host_tier)
 
     @property

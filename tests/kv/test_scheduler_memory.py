@@ -5,6 +5,7 @@ hand); the counted policy answers the same prediction and the same fits formula.
 
 import random
 
+import numpy as np
 import pytest
 
 from core.engine.memory import EngineMemory
@@ -188,3 +189,17 @@ def test_fits_is_brute_force_for_windows_and_forks():
                     assert most <= peak, (window, prompt, n, out)
                     if window is None:
                         assert most == peak, (prompt, n, out)
+
+
+def test_kv_tokens_read_is_the_mean_over_layers_of_each_groups_window_rule():
+    """Worked by hand: two full-attention layers and one window-4 layer; a decode at length 10 reads 10, 10 and
+    4 slots, a 3-token chunk ending at 9 reads 9, 9 and 3 + 4 - 1 = 6: (10 + 10 + 4) // 3 = 8, (9 + 9 + 6) // 3."""
+    specs = [
+        FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1),
+        SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=1, sliding_window=4),
+    ]
+    memory = KVSchedulerMemory(KVCacheManager(specs, 10), 0.0, layers_per_group=(2, 1))
+    one, none = np.array([10]), np.array([], dtype=np.int64)
+    assert memory.kv.kv_tokens_read(one, none, none) == (10, 4)
+    assert memory.kv_tokens_read(one, none, none) == 8
+    assert memory.kv_tokens_read(none, np.array([9]), np.array([3])) == (9 + 9 + 6) // 3
