@@ -53,18 +53,18 @@ class BulkDecode:
         plan = self._decode_plan(token_ids, trusted)
         kv.check_room(
             kv.num_blocks_to_append_records(
-                [req for req, *_ in plan], [new - old for _, _, old, new in plan]
+                [req for req, *_ in plan], [new - old for _, _, old, new, _ in plan]
             ),
             f"{len(plan):,} requests' decode steps",
         )
         if kv.all_full_attention:
-            return self._decode_steps_full(plan, token_ids, copies)
+            return self._decode_steps_full(plan, copies)
         managers, caching = kv.managers, kv.enable_prefix_caching
         no_copies = (-1,) * len(managers)
         # per request: per group, (blocks skipped once all but the newest token are computed (the window rule,
         # asked once for both phases), the index of a shared written last block or -1)
         marks = []
-        for req, tokens, old, new in plan:
+        for req, tokens, old, new, _ in plan:
             req.token_ids.extend(tokens)
             req.num_tokens = new
             copied = no_copies
@@ -80,7 +80,7 @@ class BulkDecode:
                     manager.release_leading(rec, skip)
                 skips.append(skip)
             marks.append((skips, copied))
-        for (req, _, old, new), (skips, copied), rid in zip(plan, marks, token_ids, strict=True):
+        for (req, _, old, new, rid), (skips, copied) in zip(plan, marks, strict=True):
             for manager, rec, skip, index in zip(managers, req.blocks, skips, copied, strict=True):
                 if (
                     0 <= index < rec.first_held
@@ -92,24 +92,22 @@ class BulkDecode:
             req.num_computed = new - 1
 
     def _decode_plan(self, token_ids: Mapping[Hashable, Sequence[int]], trusted: bool) -> list:
-        """(request, checked new tokens, tokens before, tokens after) per request; raises UnknownSequenceError
+        """(request, checked new tokens, tokens before, tokens after, request id) per request; raises UnknownSequenceError
         or InvalidArgumentError."""
         plan = []
         reqs = self.kv.records(token_ids)
         for (request_id, new_tokens), req in zip(token_ids.items(), reqs, strict=True):
             tokens = new_tokens if trusted else check_kv_token_ids(request_id, new_tokens)
             old = req.num_tokens
-            plan.append((req, tokens, old, old + len(tokens)))
+            plan.append((req, tokens, old, old + len(tokens), request_id))
         return plan
 
-    def _decode_steps_full(self, plan, request_ids, copies: list | None) -> None:
+    def _decode_steps_full(self, plan, copies: list | None) -> None:
         """`decode_steps` when every group is full attention (nothing is ever released), room checked."""
         kv = self.kv
         pool, caching = kv.pool, kv.enable_prefix_caching
         ref_counts = pool.ref_counts
-        ids = iter(request_ids)
-        for req, tokens, old, new in plan:
-            rid = next(ids)
+        for req, tokens, old, new, rid in plan:
             req.token_ids.extend(tokens)
             req.num_tokens = new
             for manager, rec in zip(kv.managers, req.blocks, strict=True):
