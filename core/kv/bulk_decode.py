@@ -203,7 +203,9 @@ class BulkDecode:
 
     # ---- the k-step decode prediction ------------------------------------------------------------------------
 
-    def num_free_blocks_after(self, request_groups: Sequence[Sequence[Hashable]], steps: int) -> np.ndarray:
+    def num_free_blocks_after(
+        self, request_groups: Sequence[Sequence[Hashable]], steps: int, lengths: np.ndarray | None = None
+    ) -> np.ndarray:
         """`KVCacheManager.num_free_blocks_after_decode`: int64 [steps], free blocks after steps 1..t. Step t
         computes the token at position L - 1 + t of a request of L tokens (its group's length). Per group of the
         pool: every table grows to `num_required_blocks(L + t)` entries (elementwise over requests and steps);
@@ -213,11 +215,13 @@ class BulkDecode:
         records = kv.records
         sizes = list(map(len, request_groups))
         n = len(sizes)
-        firsts = records(list(map(itemgetter(0), request_groups)))  # one per group: its lengths are equal
+        firsts = None
+        if lengths is None:
+            firsts = records(list(map(itemgetter(0), request_groups)))  # one per group: its lengths are equal
+            lengths = np.fromiter(map(attrgetter("num_tokens"), firsts), np.int64, n)
         forked = []
         if n and max(sizes) > 1:
             forked = [(row, records(ids)) for row, ids in enumerate(request_groups) if sizes[row] > 1]
-        lengths = np.fromiter(map(attrgetter("num_tokens"), firsts), np.int64, n)
         ns = np.fromiter(sizes, np.int64, n)
         after = lengths[:, None] + np.arange(steps + 1)  # [groups, steps + 1]: lengths after 0..steps steps
         ref_counts = kv.pool.ref_counts
@@ -237,7 +241,7 @@ class BulkDecode:
         free = kv.num_free_blocks - taken
         if not any(manager.skips_tokens for manager in kv.managers):
             return free  # full attention releases nothing before a request ends
-        groups = [records(ids) if sizes[row] > 1 else [firsts[row]] for row, ids in enumerate(request_groups)]
+        groups = list(map(records, request_groups))
         return free + self._releases(groups, steps, lengths, shared)
 
     def _releases(self, groups: list, steps: int, lengths: np.ndarray, shared: list[set]) -> np.ndarray:

@@ -295,15 +295,16 @@ class KVCacheManager:
         self._bulk.decode_steps(token_ids, trusted=trusted, copies=copies)
 
     def num_free_blocks_after_decode(
-        self, request_groups: Sequence[Sequence[Hashable]], steps: int
+        self, request_groups: Sequence[Sequence[Hashable]], steps: int, lengths: np.ndarray | None = None
     ) -> np.ndarray:
         """THE k-step decode prediction: int64 [steps], the free blocks after decode steps 1..t of every request,
         each step one token per request (as `decode_steps` runs them). `request_groups`: the requests decoding
         together, grouped by equal length (a scheduler group's sequences); a group whose forks still share a
         written last block copies it once per fork but the last holder. `BulkDecode.num_free_blocks_after` says
-        how (table growth by `num_required_blocks`, releases by the window rule). Changes nothing; raises
-        UnknownSequenceError for an unknown request."""
-        return self._bulk.num_free_blocks_after(request_groups, steps)
+        how (table growth by `num_required_blocks`, releases by the window rule). lengths: int64, each group's
+        tokens (its requests' `num_tokens`) when the caller keeps them (the scheduler's groups do), so they are
+        not looked up. Changes nothing; raises UnknownSequenceError for an unknown request."""
+        return self._bulk.num_free_blocks_after(request_groups, steps, lengths)
 
     def kv_tokens_read(self, decode_lengths, prefill_context, prefill_query) -> tuple[int, ...]:
         """K/V slots one layer of each group reads in a step (per group, in order): decode queries of sequences

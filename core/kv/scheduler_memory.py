@@ -40,7 +40,7 @@ from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.single_type_manager import BlockCopy
 from core.kv.snapshot import KVCacheSnapshot
 
-_SEQ_IDS = attrgetter("seq_ids")
+_SEQ_IDS, _LENGTH = attrgetter("seq_ids"), attrgetter("length")
 
 
 class MemoryMetrics(NamedTuple):
@@ -170,8 +170,9 @@ class KVHook:
         """The hook's own metrics (a simulator's slot counters), or None: the KV core's `slot_usage`."""
         return None
 
-    def decode_metrics(self, memory, groups: list, steps: int, free: np.ndarray) -> MemoryMetrics | None:
-        """The hook's own k-step metrics given the predicted free blocks, or None (the metrics now, repeated)."""
+    def decode_metrics(self, memory, groups: list, steps: int, free, lengths) -> MemoryMetrics | None:
+        """The hook's own k-step metrics given the predicted free blocks (int64 [steps]) and the groups' lengths
+        (int64), or None (the metrics now, repeated)."""
         return None
 
 
@@ -330,8 +331,9 @@ class KVSchedulerMemory:
         blocks are the KV core's k-step prediction (`num_free_blocks_after_decode`); the slot categories the
         hook's (else the metrics now, repeated). free_blocks goes negative from the first step that would not
         fit."""
-        free = self.kv.num_free_blocks_after_decode(list(map(_SEQ_IDS, groups)), steps)
-        predicted = self.hook.decode_metrics(self, groups, steps, free)
+        lengths = np.fromiter(map(_LENGTH, groups), np.int64, len(groups))  # the scheduler keeps them
+        free = self.kv.num_free_blocks_after_decode(list(map(_SEQ_IDS, groups)), steps, lengths)
+        predicted = self.hook.decode_metrics(self, groups, steps, free, lengths)
         if predicted is not None:
             return predicted
         now = self.metrics()

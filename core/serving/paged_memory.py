@@ -37,7 +37,7 @@ from core.kv.scheduler_memory import KVHook, KVSchedulerMemory, MemoryMetrics, p
 from core.kv.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
 KV_GROUP_KINDS = ("full", "sliding_window")
-_LENGTH, _NUM_SEQS = attrgetter("length"), attrgetter("num_seqs")
+_NUM_SEQS = attrgetter("num_seqs")
 
 
 @dataclass(frozen=True)
@@ -167,11 +167,10 @@ class SlotCategories(KVHook):
             self.pending,
         )
 
-    def decode_metrics(self, memory, groups: list, steps: int, free: np.ndarray) -> MemoryMetrics:
+    def decode_metrics(self, memory, groups: list, steps: int, free, lengths) -> MemoryMetrics:
         """The empty tail slots grow with the lengths, each sequence its own after the first step (a shared
         tail is empty once before it); `free` is the KV core's k-step prediction."""
         bs, n, held = self.block_size, len(groups), self._held
-        lengths = np.fromiter(map(_LENGTH, groups), np.int64, n)
         ns = np.fromiter(map(_NUM_SEQS, groups), np.int64, n)
         after = lengths[:, None] + np.arange(steps + 1)  # [groups, steps + 1]: lengths after 0..steps steps
         empty = ns @ (-after % bs)  # [steps + 1]: one group's empty tail slots, each sequence its own
