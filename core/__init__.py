@@ -10,13 +10,15 @@ import statement of core (module level or inside a function), and that every `co
   shape facts the engine's and the planner's model views share (`core.kv.model_shape`), the layout
   arithmetic (`core.kv.layout`), the block pool, its single-type managers and the manager over them
   (`core.kv.block_pool`, `core.kv.single_type_manager`, `core.kv.kv_cache_manager`), block hashes, snapshots,
-  vLLM's KV events (`core.kv.events`) and the Orca baselines' buddy allocator (`core.kv.buddy_allocator`).
+  vLLM's KV events (`core.kv.events`), the Orca baselines' buddy allocator (`core.kv.buddy_allocator`) and the
+  scheduler's memory over the KV core, written once (`core.kv.scheduler_memory`).
 - `core.paging` (imports: kv): the one-group block manager facade (`core.paging.block_manager`) and the torch
   tensors that hold the paged K/V (`core.paging.kv_cache`).
 - `core.kernels` (imports: none): the paged attention API, its backends (torch, C for the CPU, Triton, gather)
   and their timing (`core.kernels.timer`, `core.kernels.timing`).
-- `core.sched` (imports: none): the continuous-batching scheduler (`core.sched.scheduler`), the slim memory
-  protocol it drives (`core.sched.memory`) and the run driver (`core.sched.driver`: one step, schedule ->
+- `core.sched` (imports: kv): the continuous-batching scheduler (`core.sched.scheduler`), the slim memory
+  protocol it drives (`core.sched.memory`, whose records and one implementation,
+  `core.kv.scheduler_memory`, are the KV core's) and the run driver (`core.sched.driver`: one step, schedule ->
   allocate -> execute -> postprocess -> observe; the one run record: the step load `core.sched.step_load`, the
   step rows `core.sched.step_columns.StepRows` and the snapshots `core.sched.snapshots`), below both of its
   drivers, the simulator and the engine.

@@ -273,7 +273,7 @@ class Engine:
             return_logits=return_logits,
             stream=stream,
         )
-        self.memory.check_fits(group, params.max_tokens)
+        self.memory.check_fits(group, params.max_tokens, params.num_sequences)
         return group
 
     def add_request(

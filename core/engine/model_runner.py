@@ -41,15 +41,14 @@ class PreparedStep:
 
 def prefill_pieces(scheduled: ScheduledStep) -> list[tuple[SequenceGroup, Sequence, int, int]]:
     """The scheduler's group chunks (group, start, tokens) as (group, sequence, first position, tokens): a group's
-    prefill is the concatenation of its `prefill_plan` (see EngineMemory.admit)."""
+    prefill is the concatenation of its `prefill_plan` (see `EngineKVHook.admitted`)."""
     pieces = []
     for group, start, count in scheduled.prefill_chunks:
         offset = 0
-        for seq, todo in group.prefill_plan:
+        for seq, first, todo in group.prefill_plan:
             lo, hi = max(start, offset), min(start + count, offset + todo)
             if lo < hi:
-                first = seq.num_allocated - todo + (lo - offset)
-                pieces.append((group, seq, first, hi - lo))
+                pieces.append((group, seq, first + (lo - offset), hi - lo))
             offset += todo
     return pieces
 

@@ -109,12 +109,10 @@ class SequenceGroup:
     num_prefill_tokens: int = 0
     num_prefill_total: int = 0
     num_output_tokens: int = 0
-    # set at admission by EngineMemory: the (sequence, tokens to compute) whose concatenation is the group's
-    # prefill, so the scheduler's chunk [start, start + n) maps onto sequences
+    # set at admission by the engine's KV hook: the (sequence, first token, tokens to compute) pieces whose
+    # concatenation is the group's prefill, so the scheduler's chunk [start, start + n) maps onto sequences (a
+    # piece the forks share is written once, into the blocks they share)
     prefill_plan: list = field(default_factory=list)
-    # the sequences whose K/V each prefill chunk computes: the forks sharing the prompt before sampling started
-    # (set at admission by EngineMemory), else each planned sequence alone
-    prefill_owners: list = field(default_factory=list)
     # (sequence, None) to free or (parent, child) to fork, in the order sampling decided them; EngineMemory
     # applies and clears them when the scheduler postprocesses the step
     kv_changes: list = field(default_factory=list)
@@ -142,3 +140,8 @@ class SequenceGroup:
 
     def is_finished(self) -> bool:
         return not self.seqs
+
+    def token_ids(self, index: int, start: int, stop: int) -> list[int]:
+        """Tokens [start, stop) of the group's `index`-th live sequence (what the KV core's adapter allocates and
+        appends)."""
+        return self.seqs[index].token_ids[start:stop]

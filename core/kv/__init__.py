@@ -16,7 +16,18 @@
   `PoolHook`): its capacity
   by vLLM's arithmetic (`host_tier_num_blocks`), stores as blocks are computed, LRU / ARC eviction, the
   `HostLoad` copies a host hit lists for the executor, events with medium "CPU".
+- `bulk_decode`: `BulkDecode`, composed into the manager: many decode steps at once (`decode_steps`) and the
+  k-step decode prediction (`num_free_blocks_after_decode`), through the manager's public members.
+- `scheduler_memory`: `KVSchedulerMemory`, the scheduler's memory protocol over `KVCacheManager` written once
+  (the engine and the simulator configure it with a `KVHook`), and the records it exchanges (`MemoryMetrics`,
+  `Admission`).
 - `snapshot`: `KVCacheSnapshot`, a frozen picture of a pool for plots and tests.
+
+Block counts have one vocabulary: table entries (`num_required_blocks`) and skipped entries
+(`num_skipped_blocks`) per group, and from them blocks a change takes (`num_new_blocks`, `blocks_needed`,
+`num_blocks_to_allocate`, `num_blocks_to_append`, `num_blocks_for_decode`, `num_blocks_to_write`), blocks a
+request holds (`num_held_blocks`, `num_blocks_held`, `max_blocks_held`) and the pool's free blocks
+(`num_free_blocks`, `num_free_blocks_after_decode`); docs/api.md lists them.
 """
 
 from core.kv.block_pool import BlockPool, PoolHook

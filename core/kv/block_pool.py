@@ -156,6 +156,10 @@ class BlockPool:
         """`free_order()` without building the list (num_free_blocks items)."""
         return chain(self._free_uncached, self._free_cached)
 
+    def ref_count(self, block_id: int) -> int:
+        """Holders of block `block_id` now (0: free)."""
+        return self.ref_counts[block_id]
+
     def block_hash(self, block_id: int) -> int | None:
         """The prefix-cache hash of `block_id`, or None when it is not cached."""
         return self._block_hash[block_id]

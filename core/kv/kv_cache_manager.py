@@ -38,6 +38,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from itertools import repeat
 from math import lcm
 
+import numpy as np
+
 from core.common import check_int
 from core.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
 from core.kv.block_hash import PrefixChains, event_block_hash, extend_block_hashes, hash_block_tokens
@@ -57,7 +59,7 @@ from core.kv.snapshot import KVCacheSnapshot, build_snapshot
 from core.kv.specs import KVCacheSpec
 
 
-class KVCacheManager(BulkDecode):
+class KVCacheManager:
     """Block tables for `groups` (one spec per KV cache group, in order) over `num_blocks` shared block ids.
 
     enable_prefix_caching: computed full blocks are cached by chained hash and reused by later prompts.
@@ -102,6 +104,9 @@ class KVCacheManager(BulkDecode):
         self._host_loads: list[HostLoad] = []
         self._host_reused: dict[Hashable, set[int]] = {}  # request -> host keys it loaded
         self.pool.hook = self.host_tier
+        self._bulk = BulkDecode(
+            self
+        )  # the bulk decode path, composed (`decode_steps`, the k-step prediction)
 
     def _check_host_tier(self, tier: PoolHook | None) -> PoolHook | None:
         if tier is None:
@@ -180,6 +185,31 @@ class KVCacheManager(BulkDecode):
             )
         return req
 
+    def record(self, request_id: Hashable) -> KVRequest:
+        """The live request's own `KVRequest` (its tokens, computed count, per-group `RequestBlocks`, block keys),
+        for the KV core's composed parts (`BulkDecode`): read it, change it only through this manager. Raises
+        UnknownSequenceError."""
+        return self._requests.get(request_id) or self._request(request_id)
+
+    def records(self, request_ids: Iterable[Hashable]) -> list[KVRequest]:
+        """`record` of each request, in order (one call for a batch: the bulk paths' lookup). Raises
+        UnknownSequenceError."""
+        out = list(map(self._requests.get, request_ids))
+        if None in out:
+            for request_id, req in zip(request_ids, out, strict=True):
+                if req is None:
+                    self._request(request_id)
+        return out
+
+    @property
+    def all_full_attention(self) -> bool:
+        """Every group is full attention (nothing is ever released before a request ends)."""
+        return self._all_full
+
+    def __contains__(self, request_id: Hashable) -> bool:
+        """Whether `request_id` is a live request."""
+        return request_id in self._requests
+
     def request_ids(self) -> list[Hashable]:
         """Live request ids, in the order they were allocated or forked."""
         return list(self._requests)
@@ -253,6 +283,69 @@ class KVCacheManager(BulkDecode):
         """`num_blocks_to_append` of one decode token for each of `request_ids`."""
         requests = self._requests
         return self._blocks_to_append([requests.get(rid) or self._request(rid) for rid in request_ids], 1)
+
+    def decode_steps(
+        self,
+        token_ids: Mapping[Hashable, Sequence[int]],
+        *,
+        trusted: bool = False,
+        copies: list | None = None,
+    ) -> None:
+        """Several decode steps of several requests at once, in O(blocks): the bulk path (`BulkDecode.decode_steps`
+        says what it does and guarantees; `copies` gets its copy-on-writes)."""
+        self._bulk.decode_steps(token_ids, trusted=trusted, copies=copies)
+
+    def num_free_blocks_after_decode(
+        self, request_groups: Sequence[Sequence[Hashable]], steps: int, lengths: np.ndarray | None = None
+    ) -> np.ndarray:
+        """THE k-step decode prediction: int64 [steps], the free blocks after decode steps 1..t of every request,
+        each step one token per request (as `decode_steps` runs them). `request_groups`: the requests decoding
+        together, grouped by equal length (a scheduler group's sequences); a group whose forks still share a
+        written last block copies it once per fork but the last holder. `BulkDecode.num_free_blocks_after` says
+        how (table growth by `num_required_blocks`, releases by the window rule). lengths: int64, each group's
+        tokens (its requests' `num_tokens`) when the caller keeps them (the scheduler's groups do), so they are
+        not looked up. Changes nothing; raises UnknownSequenceError for an unknown request."""
+        return self._bulk.num_free_blocks_after(request_groups, steps, lengths)
+
+    def slot_usage(self) -> dict:
+        """Where the live requests' held slots are, over every group (a token kept by two groups fills a slot in
+        each; a block shared by several requests counts once): token_states (slots of computed tokens),
+        reservation (slots with room made, not computed), internal_fragmentation (held slots past every holder's
+        tokens), blocks_in_use (held blocks), blocks_without_sharing (the sum of the blocks each request holds),
+        shared_blocks (held blocks with more than one holder). Released (-1) entries hold nothing."""
+        bs = self.managers[0].block_size
+        if any(m.block_size != bs for m in self.managers):
+            raise InvalidArgumentError("slot_usage needs one block size for every group")
+        ref_counts, num_blocks = self.pool.ref_counts, self.num_blocks
+        computed = np.zeros(num_blocks, dtype=np.int64)
+        allocated = np.zeros(num_blocks, dtype=np.int64)
+        shared = set()
+        unshared = 0
+        for req in self._requests.values():
+            for rec in req.blocks:
+                table = np.asarray(rec.table, dtype=np.int64)
+                offsets = np.arange(len(table)) * bs
+                held = table >= 0
+                table, offsets = table[held], offsets[held]
+                np.maximum.at(computed, table, np.clip(req.num_computed - offsets, 0, bs))
+                np.maximum.at(allocated, table, np.clip(req.num_tokens - offsets, 0, bs))
+                unshared += len(table)
+                shared.update(b for b in table.tolist() if ref_counts[b] > 1)
+        used = num_blocks - self.num_free_blocks
+        token_states = int(computed.sum())
+        return {
+            "token_states": token_states,
+            "reservation": int(allocated.sum()) - token_states,
+            "internal_fragmentation": used * bs - int(allocated.sum()),
+            "blocks_in_use": used,
+            "blocks_without_sharing": unshared,
+            "shared_blocks": len(shared),
+        }
+
+    def num_blocks_to_append_records(self, reqs: list[KVRequest], counts: list[int] | int) -> int:
+        """`num_blocks_to_append` for requests given by their `record`s, `counts[i]` more tokens for `reqs[i]`
+        (`counts` each, for an int)."""
+        return self._blocks_to_append(reqs, counts)
 
     def _blocks_to_append(self, reqs: list[KVRequest], counts: list[int] | int) -> int:
         """`num_blocks_to_append` when request `reqs[i]` gets `counts[i]` more tokens (`counts` each, for an
@@ -359,7 +452,7 @@ class KVCacheManager(BulkDecode):
             hits[: hit_tokens // m.block_size] for hits, m in zip(per_group, self.managers, strict=True)
         ]
 
-    def _check_room(self, needed: int, what: str) -> None:
+    def check_room(self, needed: int, what: str) -> None:
         """Raise OutOfBlocksError (before anything changes) when `needed` blocks exceed the free ones."""
         free = self.pool.num_free_blocks
         if needed > free:
@@ -390,7 +483,7 @@ class KVCacheManager(BulkDecode):
             bs = self.managers[0].block_size
             host_blocks = self.pool.lookup_external(hashes[bs], tokens, len(hits[0]), (n - 1) // bs)
         needed = sum(m.num_blocks_to_allocate(n, h) for m, h in zip(self.managers, hits, strict=True))
-        self._check_room(needed, f"request {request_id!r} ({n:,} tokens, {hit_tokens:,} cached)")
+        self.check_room(needed, f"request {request_id!r} ({n:,} tokens, {hit_tokens:,} cached)")
         # every group's hits first: taking new blocks must not evict a later group's free cached hit
         blocks = tuple(m.save_hits(request_id, h) for m, h in zip(self.managers, hits, strict=True))
         for manager, rec in zip(self.managers, blocks, strict=True):
@@ -460,7 +553,7 @@ class KVCacheManager(BulkDecode):
             m.num_blocks_to_append(rec, old, old + 1)
             for m, rec in zip(self.managers, req.blocks, strict=True)
         )
-        self._check_room(needed, f"one more token for request {request_id!r}")
+        self.check_room(needed, f"one more token for request {request_id!r}")
         req.token_ids.append(token_id)
         req.num_tokens = old + 1
         return tuple(

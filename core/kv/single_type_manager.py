@@ -151,7 +151,7 @@ class SingleTypeKVCacheManager:
         wholly inside `num_skipped_tokens(num_computed)`."""
         return self.num_skipped_tokens(num_computed) // self.block_size
 
-    def _tail_is_written(self, num_tokens: int) -> bool:
+    def tail_is_written(self, num_tokens: int) -> bool:
         """Whether the next token writes into the existing last block (so a shared one must be copied)."""
         return num_tokens % self.block_size != 0
 
@@ -200,7 +200,7 @@ class SingleTypeKVCacheManager:
         table must copy first (copy-on-write)."""
         table = rec.table
         last = len(table) - 1
-        if last < num_skipped_blocks or last < rec.first_held or not self._tail_is_written(num_tokens):
+        if last < num_skipped_blocks or last < rec.first_held or not self.tail_is_written(num_tokens):
             return -1
         return table[last]
 
@@ -391,7 +391,7 @@ class MambaManager(SingleTypeKVCacheManager):
     def num_required_blocks(self, num_tokens: int) -> int:
         return 1 if num_tokens > 0 else 0
 
-    def _tail_is_written(self, num_tokens: int) -> bool:
+    def tail_is_written(self, num_tokens: int) -> bool:
         return True
 
     def find_longest_cache_hit(

@@ -103,7 +103,7 @@ def check_pool(engine: Engine, prompts: list[list[int]], params: SamplingParams)
     largest request's peak blocks (plus the watermark) up, requests wait or are preempted (recompute) when they do
     not all fit at once; from the sum of all requests' peaks up, every sequence is held at once."""
     memory = engine.memory
-    peaks = [params.num_sequences * memory.peak_blocks_per_seq(len(p), params.max_tokens) for p in prompts]
+    peaks = [memory.peak_blocks(len(p), params.max_tokens, params.num_sequences) for p in prompts]
     if max(peaks) <= memory.num_blocks - memory.watermark_blocks:
         return
     smallest, roomy = _pool_for(max(peaks), memory.watermark), _pool_for(sum(peaks), memory.watermark)

@@ -56,7 +56,6 @@ class BlockManager:
         self._block_hasher = block_hasher  # None: Python's hash (`_chain_hash`), else e.g. a VllmBlockHasher
         self.pool = BlockPool(num_blocks, [spec], enable_kv_cache_events=enable_kv_cache_events)
         self._manager = manager_for(spec, self.pool, 0)
-        self._ref_counts = self.pool.ref_counts  # the pool's live list (read-only here)
         self._seqs: dict[Hashable, _Sequence] = {}
         self._counts = [0, 0, 0, 0]  # prefix-cache queries and hits, in tokens, then in blocks
 
@@ -95,7 +94,7 @@ class BlockManager:
         return list(self._seq(seq_id).token_ids)
 
     def ref_count(self, block_id: int) -> int:
-        return self._ref_counts[check_int(block_id, "block_id", minimum=0, maximum=self.num_blocks - 1)]
+        return self.pool.ref_count(check_int(block_id, "block_id", minimum=0, maximum=self.num_blocks - 1))
 
     def blocks_needed(self, num_tokens: int) -> int:  # the blocks a new prompt holds (window or not)
         return cdiv(num_tokens, self.block_size)
@@ -114,7 +113,7 @@ class BlockManager:
             extend_block_hashes(hashes, tokens, bs, n // bs, self._block_hasher or _chain_hash)
             hits = manager.find_longest_cache_hit(hashes, tokens, (n - 1) // bs)
         num_new = self.blocks_needed(n) - len(hits)
-        available = self.num_free_blocks - sum(1 for b in hits if self._ref_counts[b] == 0)  # revived hits
+        available = self.num_free_blocks - sum(1 for b in hits if not self.pool.ref_count(b))  # revived hits
         self.pool.check_free(num_new, f"sequence {seq_id!r} ({n:,} tokens) needs", free=available)
         rec = manager.save_hits(seq_id, hits, release_skipped=False)
         manager.append_slots(rec, 0, n)
@@ -147,7 +146,7 @@ class BlockManager:
         elif p % bs == 0:  # full attention's `append_slots` for one token: a new block, no copy (None)
             cow = table.append(self.pool.take_one())  # OutOfBlocksError before any change
         else:  # or a copy of a shared last block (`take_one` raises before any change)
-            cow = manager.copy_on_write(rec, p) if self._ref_counts[table[-1]] > 1 else None
+            cow = manager.copy_on_write(rec, p)  # None unless the last block is shared
         tokens.append(token_id)
         if self.enable_prefix_caching and (p + 1) % bs == 0:  # a full block: hashed, cached
             hashes, full = seq.block_hashes, tuple(tokens[-bs:])
@@ -164,7 +163,7 @@ class BlockManager:
         table, bs = seq.block_table, self.block_size
         seq.next_slot = table[-1] * bs + len(seq.token_ids) - (len(table) - 1) * bs
         seq.fast_end = table[-1] * bs + bs - self.enable_prefix_caching  # a filling token is hashed: slow
-        if self.sliding_window is not None or self._ref_counts[table[-1]] > 1:
+        if self.sliding_window is not None or self.pool.ref_count(table[-1]) > 1:
             seq.next_slot = seq.fast_end = 0
 
     def append_tokens(self, seq_id: Hashable, token_ids: Sequence[int]) -> list[AppendResult]:

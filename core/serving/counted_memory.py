@@ -4,7 +4,10 @@ one full-attention pool, no prefix caching and one sequence per request, without
 A sequence of L tokens holds cdiv(L, block_size) blocks: admission takes cdiv(prompt + recomputed outputs,
 block_size), a decode step takes one block when the sequence's length is a multiple of block_size, release gives
 them all back. Those counts are not written here: they are the answers of the KV core's full-attention manager
-(`num_required_blocks`, `num_new_blocks`), asked without a block table; the watermark, the reserved decode blocks and the slot categories are `PagedMemory`'s. So the
+(`num_required_blocks`, `num_new_blocks`), asked without a block table; the fits formula (`fits_blocks`), the
+pending-slots formula (`pending_done`) and the k-step prediction's name (`num_free_blocks_after_decode`) are the
+KV core's adapter's (`core.kv.scheduler_memory`); the watermark, the reserved decode blocks and the slot
+categories are `PagedMemory`'s. So the
 scheduler makes exactly the same decisions as under the full paged policy (tests/serving/test_counted_memory.py
 runs both), at a fraction of the cost: what the SLO planner's many simulations need. There are no block tables
 to snapshot (`snapshot` returns None) and no prefix cache.
@@ -13,9 +16,9 @@ to snapshot (`snapshot` returns None) and no prefix cache.
 import numpy as np
 
 from core.errors import InvalidArgumentError
+from core.kv.scheduler_memory import Admission, MemoryMetrics, fits_blocks, pending_done
 from core.kv.single_type_manager import rule_of
 from core.kv.specs import FullAttentionSpec
-from core.sched.memory import Admission, MemoryMetrics
 
 
 class _Held:
@@ -56,13 +59,13 @@ class CountedPagedMemory:
                 f"got n={group.num_seqs} (use the full paged policy)"
             )
         prompt, bs = group.prompt_len, self.block_size
-        peak = self._group_rule.num_required_blocks(prompt + max_output_len - 1)
+        admit, peak = fits_blocks([self._group_rule], prompt, max_output_len, 1)  # the one fits formula
         if peak > self.num_blocks:
             raise InvalidArgumentError(
                 f"request {group.request_id} ({prompt} + {max_output_len} tokens, n=1) needs {peak:,} blocks "
                 f"of {bs} at its longest, more than the {self.num_blocks:,} blocks of the cache"
             )
-        if self._group_rule.num_required_blocks(prompt) > self.num_blocks - self.watermark_blocks:
+        if admit > self.num_blocks - self.watermark_blocks:
             raise InvalidArgumentError(
                 f"request {group.request_id}'s prompt of {prompt} tokens never fits in {self.num_blocks:,} "
                 f"blocks less the {self.watermark_blocks} watermark blocks"
@@ -85,10 +88,7 @@ class CountedPagedMemory:
 
     def prefill(self, group, num_tokens: int) -> None:
         state = self._held[group]
-        if group.num_prefill_tokens == 0:
-            done = state.pending_left
-        else:
-            done = min(state.pending_left, state.pending_total * num_tokens // group.num_prefill_total)
+        done = pending_done(state.pending_total, state.pending_left, group, num_tokens)
         state.pending_left -= done
         self.pending -= done
 
@@ -103,15 +103,23 @@ class CountedPagedMemory:
         held = self._held
         return need - sum([held[g].blocks for g in groups])
 
-    def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
-        """After step t the groups' tables need `num_required_blocks` of their lengths then (elementwise), so the
-        blocks taken by steps 1..t are that sum less the sum now (no per-step differences to add up)."""
-        bs = self.block_size
+    def num_free_blocks_after_decode(self, groups: list, steps: int) -> np.ndarray:
+        """The k-step decode prediction `KVCacheManager.num_free_blocks_after_decode` answers for block tables,
+        answered by the full-attention rule alone (keyed by held group, one sequence each): after step t the
+        groups' tables need `num_required_blocks` of their lengths then (elementwise), so the blocks taken by
+        steps 1..t are that sum less the sum now (nothing is released, nothing shared)."""
         lengths = np.fromiter([g.length for g in groups], np.int64, len(groups))
         after = lengths[:, None] + np.arange(steps + 1)  # [groups, steps + 1]: lengths after 0..steps steps
         needed = self._group_rule.num_required_blocks(after).sum(axis=0)  # elementwise over int64 arrays
+        return self._free - (needed[1:] - needed[0])
+
+    def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
+        """Free blocks by `num_free_blocks_after_decode`; the empty tail slots follow the lengths."""
+        bs = self.block_size
+        lengths = np.fromiter([g.length for g in groups], np.int64, len(groups))
+        after = lengths[:, None] + np.arange(steps + 1)
         empty = (-after % bs).sum(axis=0)  # empty tail slots after 0..steps steps
-        free = self._free - (needed[1:] - needed[0])
+        free = self.num_free_blocks_after_decode(groups, steps)
         tail = self.tail_empty + (empty[1:] - empty[0])
         return MemoryMetrics.paged(self.num_blocks, bs, self.capacity, free, tail, self.pending)
 

@@ -17,12 +17,14 @@ releases a block once the token about to be appended no longer reads it. The sim
 run through `KVCacheManager.decode_steps`, and `decode_metrics` predicts them block by block.
 
 The metrics are in group slots and sum to `capacity` (group slots); token states include a padded group's
-padding pages, as vLLM allocates them. This policy stays in `core.serving` (not `core.kv`) because what it adds to
-the pool is the simulator's accounting: the paper's slot categories and the bulk decode prediction.
+padding pages, as vLLM allocates them. Everything the scheduler asks is the KV core's adapter,
+`core.kv.scheduler_memory.KVSchedulerMemory` (admission, prefill marking, fits, decode prediction, grow, release);
+`PagedMemory` only configures it: the pool from the groups, a host tier, and `SlotCategories`, the hook that
+records the paper's slot categories as an observer (what the simulator adds to the pool).
 """
 
-from bisect import bisect_right
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -31,11 +33,11 @@ from core.errors import InvalidArgumentError
 from core.kv.host_tier import HostTier
 from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.layout import KVCacheGroup
-from core.kv.snapshot import KVCacheSnapshot
+from core.kv.scheduler_memory import KVHook, KVSchedulerMemory, MemoryMetrics, pending_done
 from core.kv.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
-from core.sched.memory import Admission, MemoryMetrics
 
 KV_GROUP_KINDS = ("full", "sliding_window")
+_NUM_SEQS = attrgetter("num_seqs")
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def _from_triple(group) -> PagedKVGroup:
     return PagedKVGroup(*group)
 
 
-class _PagedGroupState:
+class _GroupSlots:
     """Per held group: pending_total / pending_left (group slots allocated but not computed: total at
     admission, left now); shared_tail (forked sequences still share a partially filled last block)."""
 
@@ -103,47 +105,115 @@ class _PagedGroupState:
         self.pending_total = self.pending_left = pending
         self.shared_tail = shared_tail
 
-    def compute(self, group, num_tokens: int) -> int:
-        """Marks the pending slots that `num_tokens` prefill tokens of `group` compute (all that are left when the
-        group has no prefill, e.g. a full prefix-cache hit; else in proportion to its prompt); returns how many."""
-        if group.num_prefill_tokens == 0:
-            done = self.pending_left
-        else:
-            done = min(self.pending_left, self.pending_total * num_tokens // group.num_prefill_total)
-        self.pending_left -= done
-        return done
+
+class SlotCategories(KVHook):
+    """The simulator's hook: the paper's slot categories as counters, told of each change (an observer; it
+    changes no block). pending: group slots of tokens allocated but not computed (`pending_done`); tail_empty:
+    empty slots of last blocks over groups and sequences (a shared one once). `num_groups` KV cache groups of
+    blocks of `block_size` tokens."""
+
+    def __init__(self, block_size: int, num_groups: int):
+        self.block_size = block_size
+        self.num_groups = num_groups
+        self.pending = 0
+        self.tail_empty = 0
+        self._held: dict = {}  # group -> _GroupSlots
+        self._shared_tails: set = set()  # held groups whose forks still share their last block
+
+    def admitted(self, group, num_tokens, pieces, admission) -> None:
+        n, count = group.num_seqs, self.num_groups
+        shared_tail = n > 1 and num_tokens <= group.prompt_len and num_tokens % self.block_size != 0
+        pending = count * admission.num_prefill_tokens
+        self.pending += pending
+        self.tail_empty += count * (-num_tokens % self.block_size) * (1 if shared_tail else n)
+        self._held[group] = _GroupSlots(pending, shared_tail)
+        if shared_tail:
+            self._shared_tails.add(group)
+
+    def prefilled(self, group, num_tokens: int) -> None:
+        state = self._held[group]
+        done = pending_done(state.pending_total, state.pending_left, group, num_tokens)
+        state.pending_left -= done
+        self.pending -= done
+
+    def grown(self, groups: list, steps: int) -> None:
+        bs = self.block_size
+        tail = 0
+        for group in groups:  # each sequence's own tail, before and after
+            length = group.length
+            tail += group.num_seqs * (-(length + steps) % bs - -length % bs)
+        if self._shared_tails:  # a tail the forks shared was empty once before, and is each one's own now
+            for group in groups:
+                if group in self._shared_tails:
+                    self._shared_tails.discard(group)
+                    self._held[group].shared_tail = False
+                    tail += (group.num_seqs - 1) * (-group.length % bs)
+        self.tail_empty += self.num_groups * tail
+
+    def released(self, group) -> None:
+        state = self._held.pop(group)
+        self._shared_tails.discard(group)
+        shared = 1 if state.shared_tail else group.num_seqs
+        self.tail_empty -= self.num_groups * shared * (-group.length % self.block_size)
+        self.pending -= state.pending_left
+
+    def metrics(self, memory) -> MemoryMetrics:
+        return MemoryMetrics.paged(
+            memory.num_blocks,
+            self.block_size,
+            memory.capacity,
+            memory.kv.num_free_blocks,
+            self.tail_empty,
+            self.pending,
+        )
+
+    def decode_metrics(self, memory, groups: list, steps: int, free, lengths) -> MemoryMetrics:
+        """The empty tail slots grow with the lengths, each sequence its own after the first step (a shared
+        tail is empty once before it); `free` is the KV core's k-step prediction."""
+        bs, n, held = self.block_size, len(groups), self._held
+        ns = np.fromiter(map(_NUM_SEQS, groups), np.int64, n)
+        after = lengths[:, None] + np.arange(steps + 1)  # [groups, steps + 1]: lengths after 0..steps steps
+        empty = ns @ (-after % bs)  # [steps + 1]: one group's empty tail slots, each sequence its own
+        tails_now = int(empty[0])
+        if self._shared_tails:
+            shared = np.fromiter([held[g].shared_tail for g in groups], bool, n)
+            tails_now -= int((((ns - 1) * shared) * (-lengths % bs)).sum())  # a shared tail is empty once
+        tail = self.tail_empty + self.num_groups * (empty[1:] - tails_now)
+        return MemoryMetrics.paged(memory.num_blocks, bs, memory.capacity, free, tail, self.pending)
 
 
-class PagedMemory:
+class PagedMemory(KVSchedulerMemory):
     """`MemoryPolicy` over one pool shared by the model's KV cache groups (module docstring): `policy.kv_groups`,
-    or one full-attention group when None."""
+    or one full-attention group when None. The KV core's adapter, configured: it overrides none of its
+    methods."""
 
     def __init__(self, policy, capacity: int, watermark: float):
         self.groups = check_kv_groups(policy.kv_groups or ONE_FULL_GROUP)
-        self.block_size = bs = policy.block_size
+        bs = policy.block_size
         self.group_size = max(g.num_layers for g in self.groups)
         real_layers = sum(g.num_layers for g in self.groups)
-        self.capacity = capacity * real_layers // self.group_size  # group slots
-        self.num_blocks = self.capacity // bs
-        if self.num_blocks < 1:
+        group_slots = capacity * real_layers // self.group_size
+        num_blocks = group_slots // bs
+        if num_blocks < 1:
             raise InvalidArgumentError(f"KV capacity {capacity} tokens holds no block of {bs} tokens")
         self.windows = [g.window for g in self.groups]
-        self.windowed = any(w is not None for w in self.windows)  # `num_keys_read` < the starts' sum
-        self.kv = KVCacheManager(
-            [g.spec(bs) for g in self.groups],
-            self.num_blocks,
-            enable_prefix_caching=policy.enable_prefix_caching,
+        kv = KVCacheManager(
+            [g.spec(bs) for g in self.groups], num_blocks, enable_prefix_caching=policy.enable_prefix_caching
         )
+        self.slots = SlotCategories(bs, len(self.groups))
+        layers = [g.num_layers for g in self.groups]
+        super().__init__(kv, watermark, self.slots, capacity=group_slots, layers_per_group=layers)
         self.host_bandwidth = 0.0  # bytes/s of host-tier loads (attach_host_tier)
-        self.watermark_blocks = int(watermark * self.num_blocks)
-        self.pending = 0  # group slots of tokens allocated but not computed
-        self.tail_empty = 0  # empty slots of last blocks, over groups and sequences (a shared one once)
-        self._held: dict = {}  # group -> _PagedGroupState (shared_tail: forks still share the last block)
 
-    def num_keys_read(self, starts):
-        """Earlier keys read by query spans starting at `starts` (the KV core's window rule, averaged over the
-        groups' layers: `core.kv.KVCacheManager.num_keys_read`); `core.sched.step_load` asks it."""
-        return self.kv.num_keys_read(starts, [g.num_layers for g in self.groups])
+    @property
+    def pending(self) -> int:
+        """Group slots of tokens allocated but not computed (the slot hook's counter)."""
+        return self.slots.pending
+
+    @property
+    def tail_empty(self) -> int:
+        """Empty slots of last blocks over groups and sequences (the slot hook's counter)."""
+        return self.slots.tail_empty
 
     def attach_host_tier(self, offload) -> None:
         """Put a host-memory tier (`core.serving.host_offload.HostOffload`) behind the pool: admissions then hit
@@ -166,212 +236,3 @@ class PagedMemory:
             host_tier=tier,
         )
         self.host_bandwidth = offload.bandwidth_bytes_per_s
-
-    # ---- sizing --------------------------------------------------------------------------------------------
-
-    @property
-    def free_blocks(self) -> int:
-        return self.kv.num_free_blocks
-
-    def _blocks_for(self, prompt: int, generated: int, n: int) -> int:
-        """Blocks all groups hold for n sequences sharing `prompt` tokens with `generated` own tokens each, with
-        nothing released yet (as at admission): the KV core's `blocks_needed`."""
-        return self.kv.blocks_needed(prompt + generated, n, prompt)
-
-    def check_fits(self, group, max_output_len: int) -> None:
-        n, prompt = group.num_seqs, group.prompt_len
-        longest = prompt + max_output_len - 1
-        kv, count = self.kv, len(self.windows)
-        # per group (every group holds a prompt alike): a full group keeps everything, the prompt shared; a
-        # window group holds at most what its window reads at the longest length (each sequence its own
-        # blocks), never less than the prompt
-        admit = kv.blocks_needed(prompt, n) // count
-        full = kv.blocks_needed(longest, n, prompt) // count
-        peak = sum(
-            full if w is None else max(admit, n * held)
-            for w, held in zip(self.windows, kv.num_blocks_held(longest), strict=True)
-        )
-        groups = "" if len(self.windows) == 1 else f" over its {len(self.windows)} KV cache groups"
-        if peak > self.num_blocks:
-            raise InvalidArgumentError(
-                f"request {group.request_id} ({prompt} + {max_output_len} tokens, n={n}) needs {peak:,} blocks "
-                f"of {self.block_size} at its longest{groups}, more than the {self.num_blocks:,} blocks of the cache"
-            )
-        if len(self.windows) * admit > self.num_blocks - self.watermark_blocks:
-            raise InvalidArgumentError(
-                f"request {group.request_id}'s prompt of {prompt} tokens{groups} never fits in "
-                f"{self.num_blocks:,} blocks less the {self.watermark_blocks} watermark blocks"
-            )
-
-    def swap_blocks(self, group) -> int:
-        """Blocks the group's KV takes in swap space: what swapping it back in allocates (every group holds the
-        whole sequences again, the prompt shared), the same whether it is asked while held or swapped out."""
-        return self._blocks_for(group.prompt_len, group.length - group.prompt_len, group.num_seqs)
-
-    # ---- admission --------------------------------------------------------------------------------------------
-
-    def can_admit(self, group, num_tokens: int, reserved_blocks: int) -> bool:
-        need = self._blocks_for(group.prompt_len, num_tokens - group.prompt_len, group.num_seqs)
-        # the step's decodes may release more than they take (windows), but only after the admission
-        return need <= self.kv.num_free_blocks - self.watermark_blocks - max(0, reserved_blocks)
-
-    def admit(self, group, num_tokens: int) -> Admission:
-        """Allocate the prompt in every group (looked up in the prefix cache) and fork it into the other
-        sequences; outputs to restore are appended to each (pending until prefilled)."""
-        kv, n, count = self.kv, group.num_seqs, len(self.windows)
-        gen = num_tokens - group.prompt_len
-        sid0 = group.seq_ids[0]
-        host_before = kv.host_cache_hits
-        hits = kv.allocate(sid0, group.token_ids(0, 0, num_tokens if n == 1 else group.prompt_len))
-        loads = kv.host_cache_hits - host_before
-        if loads:
-            kv.take_host_loads()  # the simulator prices the copies (host tokens over the link), it copies nothing
-        for sid in group.seq_ids[1:]:
-            kv.fork(sid0, sid)
-        if n > 1 and gen:
-            for index, sid in enumerate(group.seq_ids):
-                for token in group.token_ids(index, group.prompt_len, num_tokens):
-                    kv.append_token(sid, token)
-        shared_tail = n > 1 and gen == 0 and num_tokens % self.block_size != 0
-        prefill = num_tokens + (n - 1) * gen - hits
-        self.pending += count * prefill
-        self.tail_empty += count * (-num_tokens % self.block_size) * (1 if shared_tail else n)
-        self._held[group] = _PagedGroupState(count * prefill, shared_tail)
-        return Admission(prefill, hits, loads)
-
-    def prefill(self, group, num_tokens: int) -> None:
-        """Account the computed slots; the prompt's computed tokens enter the prefix cache (a sequence group
-        once its whole admission is computed, a single sequence chunk by chunk)."""
-        self.pending -= self._held[group].compute(group, num_tokens)
-        kv = self.kv
-        if group.num_prefill_tokens == 0:
-            for sid in group.seq_ids:
-                kv.mark_computed(sid, kv.num_tokens(sid))
-        elif group.num_seqs == 1:
-            sid = group.seq_ids[0]
-            kv.mark_computed(
-                sid, max(kv.num_computed_tokens(sid), kv.num_tokens(sid) - group.num_prefill_tokens)
-            )
-
-    # ---- decode ----------------------------------------------------------------------------------------------
-
-    def decode_blocks(self, groups: list) -> int:
-        """Net blocks the groups' next decode step takes (new and copied blocks less the blocks it releases):
-        the KV core's `num_blocks_for_decode`, the question the engine asks too."""
-        return self.kv.num_blocks_for_decode(sid for group in groups for sid in group.seq_ids)
-
-    def _releases(self, groups: list, steps: int, lengths: np.ndarray) -> np.ndarray:
-        """int64 [steps]: the blocks decode steps 1..t give back to the pool (cumulative). Step t computes the
-        token at position L - 1 + t of a sequence of length L (`lengths`, per group), after which its group's
-        manager skips `num_skipped_blocks(L - 1 + t)` leading blocks (the KV core's window rule): logical block i
-        goes at the first step that skips more than i blocks, found by bisection over the run's positions (the
-        rule never decreases). A block shared by several sequences is freed when the last of them releases it;
-        a shared written tail's copy and blocks taken within the run count too."""
-        ref_counts = self.kv.pool.ref_counts
-        released: dict[int, list[int]] = {}  # existing block -> [releases, last step]
-        bumps: dict[int, int] = {}  # step -> blocks it frees (added up once, at the end)
-        for manager in self.kv.managers:
-            if not manager.skips_tokens:
-                continue  # never skips anything (full attention)
-            requests, skipped_blocks = manager.requests, manager.num_skipped_blocks
-            # per group: the last block the run releases (the rule, elementwise, at the run's last position)
-            last_index = (skipped_blocks(lengths + (steps - 1)) - 1).tolist()
-            for row, group in enumerate(groups):
-                ids = group.seq_ids
-                recs = [requests[sid] for sid in ids]
-                low = recs[0].first_held if len(recs) == 1 else min([rec.first_held for rec in recs])
-                last = last_index[row]
-                if last < low:
-                    continue  # releases nothing in the run
-                positions = range(group.length, group.length + steps)  # computed by steps 1..steps
-                step_of = [bisect_right(positions, i, key=skipped_blocks) + 1 for i in range(low, last + 1)]
-                shared_tail = self._held[group].shared_tail
-                for rec, sid in zip(recs, ids, strict=True):
-                    table = rec.table
-                    first_new = len(table)
-                    for index in range(rec.first_held, min(first_new, last + 1)):
-                        entry = released.setdefault(table[index], [0, 0])
-                        entry[0] += 1
-                        step = step_of[index - low]
-                        if step > entry[1]:
-                            entry[1] = step
-                    if shared_tail and first_new - 1 <= last and sid != ids[-1]:
-                        step = step_of[first_new - 1 - low]  # its copy of the shared tail
-                        bumps[step] = bumps.get(step, 0) + 1
-                    for index in range(first_new, last + 1):  # taken and released within the run
-                        step = step_of[index - low]
-                        bumps[step] = bumps.get(step, 0) + 1
-        for block, (count, step) in released.items():
-            if count == ref_counts[block]:
-                bumps[step] = bumps.get(step, 0) + 1
-        frees = np.zeros(steps + 1, dtype=np.int64)
-        for step, count in bumps.items():
-            frees[step] += count
-        return np.cumsum(frees[1:])
-
-    def decode_metrics(self, groups: list, steps: int) -> MemoryMetrics:
-        """Every sequence's table grows to the KV core's table length (`num_required_blocks`, elementwise) in
-        every group: the blocks taken by steps 1..t are the tables' length after step t less their length now,
-        summed over sequences once per step; a forked group whose last block is still shared copies it on its
-        first write (n - 1 new blocks per group); window groups release as `_releases` says."""
-        bs, count, n = self.block_size, len(self.windows), len(groups)
-        held = self._held
-        lengths = np.fromiter([g.length for g in groups], np.int64, n)
-        ns = np.fromiter([g.num_seqs for g in groups], np.int64, n)
-        shared = np.fromiter([held[g].shared_tail for g in groups], bool, n)
-        after = lengths[:, None] + np.arange(steps + 1)  # [groups, steps + 1]: lengths after 0..steps steps
-        required = self.kv.managers[0].num_required_blocks  # every group has the same block size
-        entries = ns @ required(after)  # [steps + 1]: one group's table entries over all sequences
-        empty = ns @ (-after % bs)  # [steps + 1]: one group's empty tail slots, each sequence its own
-        taken = entries[1:] - entries[0]  # [steps]: one group's blocks taken by steps 1..t
-        tails_now = int(empty[0])
-        if shared.any():
-            copies = (ns - 1) * shared
-            taken += int(copies.sum())
-            tails_now -= int((copies * (-lengths % bs)).sum())  # a shared tail is empty once, not n times
-        tail = self.tail_empty + count * (empty[1:] - tails_now)
-        free = self.kv.num_free_blocks - count * taken + self._releases(groups, steps, lengths)
-        return MemoryMetrics.paged(self.num_blocks, bs, self.capacity, free, tail, self.pending)
-
-    def decoded(self, groups: list, steps: int) -> None:
-        """Nothing: `decode_steps` marks the tokens computed before the next ones are appended."""
-
-    def grow(self, groups: list, steps: int) -> None:
-        count, bs = len(self.windows), self.block_size
-        new_tokens = {}
-        for group in groups:
-            length, n = group.length, group.num_seqs
-            for index, sid in enumerate(group.seq_ids):
-                new_tokens[sid] = group.token_ids(index, length, length + steps)
-            state = self._held[group]
-            before = (1 if state.shared_tail else n) * (-length % bs)
-            self.tail_empty += count * (n * (-(length + steps) % bs) - before)
-            state.shared_tail = False
-        self.kv.decode_steps(new_tokens, trusted=True)  # our groups made the ids
-
-    # ---- release, metrics ------------------------------------------------------------------------------------
-
-    def release(self, group) -> int:
-        state = self._held.pop(group)
-        free0 = self.kv.num_free_blocks
-        for sid in group.seq_ids:
-            self.kv.free(sid)
-        shared = 1 if state.shared_tail else group.num_seqs
-        self.tail_empty -= len(self.windows) * shared * (-group.length % self.block_size)
-        self.pending -= state.pending_left
-        return self.kv.num_free_blocks - free0
-
-    def metrics(self) -> MemoryMetrics:
-        return MemoryMetrics.paged(
-            self.num_blocks,
-            self.block_size,
-            self.capacity,
-            self.kv.num_free_blocks,
-            self.tail_empty,
-            self.pending,
-        )
-
-    def snapshot(self, groups: list) -> KVCacheSnapshot:
-        """The one pool: every group's blocks in one id space (`group` says whose), every live sequence's tables.
-        O(blocks + table entries)."""
-        return self.kv.snapshot()

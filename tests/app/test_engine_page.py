@@ -111,13 +111,15 @@ def test_over_the_limits_is_an_error_and_a_fix_draws_again():
 
 def test_a_pool_too_small_says_which_pools_run_it_and_which_preempt():
     at = open_app(PAGE, timeout=TIMEOUT)
-    at.number_input(key="pool").set_value(8)  # the 20-token prompt x 4 samples x (20 + 32 tokens) = 16 blocks
+    # the 20-token prompt's full block is shared by its 4 samples, each then holds 3 blocks of its own (tokens
+    # 16..50: the last of its 20 + 32 tokens is sampled, never stored): 1 + 4 x 3 = 13 blocks (the one fits formula)
+    at.number_input(key="pool").set_value(8)
     _submit(at)
     message = at.error[0].value
-    assert "too small" in message and "needs 16 blocks" in message
-    # from 16 blocks the largest request runs; below the three requests' 16 + 12 + 12 = 40 they wait or preempt
-    assert "a pool of 16 to 39 blocks runs them with requests waiting or preempted" in message
-    assert "40 or more holds every sequence at once" in message
+    assert "too small" in message and "needs 13 blocks" in message
+    # from 13 blocks the largest request runs; below the three requests' 13 + 12 + 12 = 37 they wait or preempt
+    assert "a pool of 13 to 36 blocks runs them with requests waiting or preempted" in message
+    assert "37 or more holds every sequence at once" in message
     at.number_input(key="pool").set_value(16)
     _submit(at)
     assert not at.error and _metric(at, "Tokens generated") == "384"

@@ -156,7 +156,7 @@ def test_bad_requests_queue_nothing(llama):
     engine.add_request(batch[0], GREEDY, request_id="a")
     with pytest.raises(InvalidArgumentError, match="already in use"):
         engine.add_request(batch[1], GREEDY, request_id="a")
-    with pytest.raises(InvalidArgumentError, match="may need"):
+    with pytest.raises(InvalidArgumentError, match="at its longest"):
         engine.add_request(batch[3], SamplingParams(200, temperature=0.0))
     with pytest.raises(InvalidArgumentError, match="request_id"):
         engine.add_request(batch[0], GREEDY, request_id=1.5)
