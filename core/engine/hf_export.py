@@ -66,8 +66,11 @@ def export_hf_folder(gguf_path: str | Path, folder: str | Path) -> Path:
         from safetensors.torch import save_file
 
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file({name: t.contiguous() for name, t in tensors.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})  # fmt: skip
+        save_file(
+            {name: t.contiguous() for name, t in tensors.items()},
+            str(tmp / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         (tmp / SOURCE_FILE).write_text(json.dumps(_source(gguf_path)) + "\n")

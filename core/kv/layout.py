@@ -179,9 +179,13 @@ def kv_cache_layout(
             f"hybrid_kv_cache_manager must be True or False, got {hybrid_kv_cache_manager!r}"
         )
     kv = model_kv_specs(
-        layers, block_size, resolve_kv_dtype_name(layers, kv_dtype), (tensor_parallel, pipeline_parallel),
-        max_model_len, hybrid_kv_cache_manager,
-    )  # fmt: skip
+        layers,
+        block_size,
+        resolve_kv_dtype_name(layers, kv_dtype),
+        (tensor_parallel, pipeline_parallel),
+        max_model_len,
+        hybrid_kv_cache_manager,
+    )
     return layout_of(kv, available_bytes, max_model_len=max_model_len, max_num_batched_tokens=in_flight)
 
 

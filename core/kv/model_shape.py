@@ -51,9 +51,25 @@ DEFAULT_MAX_POSITIONS = 2048
 # Model types whose transformers config class defaults tie_word_embeddings to False (transformers 5.23:
 # `CONFIG_MAPPING[model_type]().tie_word_embeddings`); any other type takes PretrainedConfig's True.
 UNTIED_MODEL_TYPES = frozenset(
-    {"llama", "llama4", "llama4_text", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-     "qwen3_next", "phi", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "gpt_neox"}
-)  # fmt: skip
+    {
+        "llama",
+        "llama4",
+        "llama4_text",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "qwen3_next",
+        "phi",
+        "phi3",
+        "deepseek_v2",
+        "deepseek_v3",
+        "gpt_oss",
+        "gpt_neox",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -218,8 +218,18 @@ def _result(policy, config, fleet, replicas, assignment, wall) -> FleetResult:
     per_replica = []
     for r, (rep, frame) in enumerate(zip(replicas, frames, strict=True)):
         mine = requests[requests["replica"] == r].reset_index(drop=True)
-        per_replica.append(SimulationResult(policy, config, frame, mine, summarize(frame, mine, capacity),
-                                            rep.sim.record.snapshots, wall, capacity))  # fmt: skip
+        per_replica.append(
+            SimulationResult(
+                policy,
+                config,
+                frame,
+                mine,
+                summarize(frame, mine, capacity),
+                rep.sim.record.snapshots,
+                wall,
+                capacity,
+            )
+        )
     summary = summarize(steps, requests, capacity)
     return FleetResult(policy, config, steps, requests, summary, [], wall, capacity, fleet, per_replica)
 
@@ -245,12 +255,14 @@ def replica_breakdown(result: SimulationResult, first: int, stop: int) -> list[d
         dt = sel["step_time_ms"].to_numpy()
         used = 1.0 - sel["free_slots"].to_numpy() / capacity
         prompts = float(mine["prompt_len"].sum())
-        out.append({
-            "replica": r,
-            "requests": len(mine),
-            "load_share": len(mine) / len(window) if len(window) else 0.0,
-            "prefix_hit_rate": float(mine["prefix_hit_tokens"].sum() / prompts) if prompts else 0.0,
-            "kv_usage": float((used * dt).sum() / dt.sum()) if dt.sum() > 0 else 0.0,
-            "throughput_tokens_per_s": float(sel["tokens_generated"].sum() / span) if span > 0 else 0.0,
-        })  # fmt: skip
+        out.append(
+            {
+                "replica": r,
+                "requests": len(mine),
+                "load_share": len(mine) / len(window) if len(window) else 0.0,
+                "prefix_hit_rate": float(mine["prefix_hit_tokens"].sum() / prompts) if prompts else 0.0,
+                "kv_usage": float((used * dt).sum() / dt.sum()) if dt.sum() > 0 else 0.0,
+                "throughput_tokens_per_s": float(sel["tokens_generated"].sum() / span) if span > 0 else 0.0,
+            }
+        )
     return out

@@ -67,8 +67,14 @@ def share_prefixes(requests: list[Request], prefixes: SharedPrefixes, seed: int)
     out = []
     for req, group in zip(requests, groups, strict=True):
         shared = shared_prefix_len > 0
-        out.append(replace(req, prefix_group=int(group) if shared else None,
-                           prefix_len=shared_prefix_len if shared else 0, conversation=req.request_id))  # fmt: skip
+        out.append(
+            replace(
+                req,
+                prefix_group=int(group) if shared else None,
+                prefix_len=shared_prefix_len if shared else 0,
+                conversation=req.request_id,
+            )
+        )
     return out
 
 

@@ -101,8 +101,15 @@ class Router:
         elif policy == "random":
             chosen = int(self._rng.integers(n))
         elif policy == "least-loaded":
-            chosen = min(range(n), key=lambda r: (replicas[r].num_waiting, replicas[r].kv_usage,
-                                                  replicas[r].num_running, self._turn(r)))  # fmt: skip
+            chosen = min(
+                range(n),
+                key=lambda r: (
+                    replicas[r].num_waiting,
+                    replicas[r].kv_usage,
+                    replicas[r].num_running,
+                    self._turn(r),
+                ),
+            )
         elif policy == "session":
             if conversation is None or conversation not in self._sessions:
                 chosen = len(self._sessions) % n

@@ -198,8 +198,13 @@ class _Simulation:
         """The step's modeled time (None for an empty step: nothing ran, the clock stands)."""
         if step.is_empty:  # it preempted or swapped in: memory moved, the next step may run
             if not (step.preempted or step.swapped_in) and self._loads:  # only loads in flight: wait for one
-                self.now = max(self.now, min(self._loads[0][0], float(self.arrivals[self.arrived])
-                                             if self.arrived < len(self.groups) else math.inf))  # fmt: skip
+                self.now = max(
+                    self.now,
+                    min(
+                        self._loads[0][0],
+                        float(self.arrivals[self.arrived]) if self.arrived < len(self.groups) else math.inf,
+                    ),
+                )
                 self._release_loads()
             return None
         ahead, dts, reads = self._planned

@@ -129,8 +129,18 @@ def staged_requests(stages: Sequence[Stage], prompts: SharedPrefixPrompts, seed:
     for i, at in enumerate(arrivals):
         user = int(order[i % len(order)])
         group = user // per_group if prefix_len else None
-        out.append(Request(i, float(at), prompt_len, output_len, 1, group, prefix_len if prefix_len else 0,
-                           conversation=user))  # fmt: skip
+        out.append(
+            Request(
+                i,
+                float(at),
+                prompt_len,
+                output_len,
+                1,
+                group,
+                prefix_len if prefix_len else 0,
+                conversation=user,
+            )
+        )
     return out
 
 

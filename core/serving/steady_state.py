@@ -53,8 +53,22 @@ STEADY_METRICS = (
 OVERLOAD_SLACK = 0.05
 KV_FULL = 0.9  # a step that leaves requests waiting with the cache this full is KV-limited
 # two-sided 95% Student t quantiles by degrees of freedom (batches - 1)
-_T95 = {4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179,
-        14: 2.145, 15: 2.131, 19: 2.093, 24: 2.064, 29: 2.045}  # fmt: skip
+_T95 = {
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    11: 2.201,
+    12: 2.179,
+    14: 2.145,
+    15: 2.131,
+    19: 2.093,
+    24: 2.064,
+    29: 2.045,
+}
 
 
 def metric_keys() -> tuple[str, ...]:
@@ -300,8 +314,12 @@ def steady_state(
         grown = math.ceil(measured * min(max((worst / settings.tolerance) ** 2, 2.0), 8.0))
         grown = min(max(grown, floor), room)
         if converged or is_decided or not estimate.stable or grown <= measured:
-            return replace(estimate, converged=bool(converged and estimate.stable), decided=is_decided,
-                           simulated_requests=total + extra)  # fmt: skip
+            return replace(
+                estimate,
+                converged=bool(converged and estimate.stable),
+                decided=is_decided,
+                simulated_requests=total + extra,
+            )
         measured, lifetime = grown, max(lifetime, measured_life)
 
 
@@ -346,5 +364,16 @@ def _estimate(result: SimulationResult, warmup: int, total: int, settings, max_n
         deficit > OVERLOAD_SLACK and load["queue_growth"] > OVERLOAD_SLACK / 2 * len(window)
     )
     intervals = _batch_intervals(window, itl, settings.num_batches, metrics)
-    return SteadyState(metrics, intervals, False, False, not overloaded, load["kv_limited"], total,
-                       len(window), warmup, t1 - t0, result)  # fmt: skip
+    return SteadyState(
+        metrics,
+        intervals,
+        False,
+        False,
+        not overloaded,
+        load["kv_limited"],
+        total,
+        len(window),
+        warmup,
+        t1 - t0,
+        result,
+    )
