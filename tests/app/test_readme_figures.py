@@ -196,3 +196,20 @@ def test_the_vllm_profile_row_is_the_saved_run():
         assert f"{MODELS[model].name} {errors['rms_rel_err']:.3f}" in row, (model, row)
     assert f"cross-model training {saved['training_rms_rel_err']:.3f}" in row, row
     assert ("targets met" in row) == saved["target_met"] and ("not met" in row) != saved["target_met"], row
+
+
+def test_the_kv_cache_wins_row_is_the_saved_run():
+    saved = _saved("kv-cache-wins.json")
+    policies = saved["policies"]
+    row = _row('llm-d\'s "KV-cache wins" run replayed')
+    gap = saved["throughput_gap"]
+    assert f"round-robin output tok/s {gap['lab']:.2f}×** (published {gap['published']:.2f}×)" in row, row
+    tok = {name: f"{p['output_tokens_per_s']:,.0f}" for name, p in policies.items()}
+    assert f"{tok['prefix-aware']} against {tok['round-robin']} tok/s" in row, row
+    assert f"(random {tok['random']}, least-loaded {tok['least-loaded']})" in row, row
+    hits = f"{policies['prefix-aware']['prefix_hit_rate']:.3f} / {policies['round-robin']['prefix_hit_rate']:.3f}"
+    assert f"hit rates {hits}" in row, row
+    single = saved["single_prefix"]
+    ratio = single["prefix-aware"]["output_tokens_per_s"] / single["round-robin"]["output_tokens_per_s"]
+    assert f"one shared prefix {ratio:.3f}×" in row, row
+    assert f"TTFT p90 {policies['prefix-aware']['ttft_p90_s']:.0f} s" in row, row
