@@ -141,6 +141,8 @@ def test_predict_mode_draws_the_prediction_before_its_extras(streamlit_server, p
     wait_for_script_done(page, WAIT_MS)
     seen = page.evaluate("() => window.__firstSeen")
     assert set(seen) == set(texts), seen
-    assert seen[answer] < seen[larger_job] < seen[larger], seen
-    assert seen[answer] < seen[rate_job] < seen[rate], seen
+    # the answer and an extra's progress bar may arrive in one batch of deltas (one 20 ms poll): no later is
+    # what the page promises; each extra's result comes strictly after its bar
+    assert seen[answer] <= seen[larger_job] < seen[larger], seen
+    assert seen[answer] <= seen[rate_job] < seen[rate], seen
     assert page.locator('[data-testid="stException"]').count() == 0
