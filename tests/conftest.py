@@ -4,10 +4,7 @@ import fcntl
 import os
 import shutil
 import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -114,49 +111,15 @@ def streamlit_server():
     ARTIFACTS.mkdir(exist_ok=True)
     # one log per pytest-xdist worker (gw0, gw1, ...): two workers' servers never write one file
     log_path = ARTIFACTS / f"streamlit-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streamlit",
-                "run",
-                "app.py",
-                "--server.headless",
-                "true",
-                "--server.port",
-                str(port),
-                "--server.address",
-                "127.0.0.1",
-                "--browser.gatherUsageStats",
-                "false",
-            ],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            # the browser tests' own core.serve listens on free loopback ports, not the lab server's defaults
-            env={**os.environ, "PAGED_LAB_LIVE_HOSTS": "127.0.0.1"},
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                        if response.read().decode().strip() == "ok":
-                            break
-                except OSError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"streamlit did not start; see {log_path}")
-                time.sleep(0.25)
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    from tests.load.server import start_server, stop_server  # it imports this module's ROOT
+
+    # the browser tests' own core.serve listens on free loopback ports, not the lab server's defaults
+    env = {**os.environ, "PAGED_LAB_LIVE_HOSTS": "127.0.0.1"}
+    process = start_server(port, log_path, env, ready_timeout_s=60)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_server(process)
 
 
 @pytest.fixture(scope="session")

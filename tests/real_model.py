@@ -9,6 +9,20 @@ from pathlib import Path
 import pytest
 
 REAL_MODEL = "smollm2-135m-instruct"
+SMOLLM2_CONFIG = {  # SmolLM2-135M-Instruct's config.json (the fields the planner reads), a float32 checkpoint
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
 
 
 def real_model_path() -> Path:

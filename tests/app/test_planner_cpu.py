@@ -7,7 +7,7 @@ from streamlit.testing.v1 import AppTest
 
 from core.page_models.planner_config import encode_config
 from tests.conftest import open_page_with
-from tests.planning.test_cpu_kv import SMOLLM2
+from tests.real_model import SMOLLM2_CONFIG as SMOLLM2
 
 ROOT = Path(__file__).resolve().parents[2]
 

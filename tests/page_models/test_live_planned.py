@@ -9,6 +9,7 @@ from core.live.history import LiveHistory
 from core.live.metrics import VllmMetrics
 from core.page_models.live_planned import PlanCache, live_plan, window_scrapes
 from tests.planning.simulated_server import simulated_server
+from tests.real_model import SMOLLM2_CONFIG
 
 VALUES = {
     "pvo_window": 120.0,
@@ -112,21 +113,6 @@ def test_a_core_serve_window_is_planned_on_the_cpu_roofs():
     first = cache.get("k", 0.0, lambda: plan)
     assert cache.get("k", 30.0, lambda: pytest.fail("recomputed within REFRESH_S")) is first
     assert cache.get("k", 61.0, lambda: replace(plan, planned_with="again")).planned_with == "again"
-
-
-SMOLLM2_CONFIG = {  # SmolLM2-135M-Instruct's config.json, the fields the planner reads
-    "model_type": "llama",
-    "vocab_size": 49152,
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "head_dim": 64,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": True,
-    "torch_dtype": "float32",
-}
 
 
 def test_a_vllm_model_that_is_no_preset_is_planned_from_its_config(tmp_path):

@@ -9,21 +9,7 @@ from core.errors import InvalidArgumentError
 from core.planning.catalog.models import ModelSpec, get_model
 from core.planning.commands.dispatch import main
 from core.planning.memory.cpu_kv import CpuKVInputs, GiB, cpu_kv_dtype, plan_cpu_kv
-
-SMOLLM2 = {  # SmolLM2-135M-Instruct's config.json (the fields the planner reads), a float32 checkpoint
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 49152,
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "head_dim": 64,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": True,
-    "torch_dtype": "float32",
-}
+from tests.real_model import SMOLLM2_CONFIG as SMOLLM2
 
 
 def smollm2(dtype="float32") -> ModelSpec:
