@@ -319,6 +319,66 @@ def compare_rates(results: list, used, kv_tokens: int) -> dict:
     return rates
 
 
+def _serve_rates(server, folder: str, size: dict, capacity_rps: float, tmp: Path, record: tuple) -> list:
+    """`vllm bench serve` at each of the mode's rates (fractions of `capacity_rps`): per rate (rate, fraction,
+    requests, result, seconds); `record` = (cpu, loads): each rate's cores used and the load average after it."""
+    cpu, loads = record
+    results = []
+    for fraction, served in zip(size["rates"], size["requests"], strict=True):
+        rate = fraction * capacity_rps
+        t, at = time.perf_counter(), _cpu_now(server)
+        result = bench_serve(server, folder, rate, served, 7, tmp)
+        results.append((rate, fraction, served, result, time.perf_counter() - t))
+        cpu[f"{rate:.3f}"] = _cpu_use(server, at, results[-1][-1])
+        loads.append(os.getloadavg())
+    return results
+
+
+def _machine(load_before, loads) -> dict:
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "load_average_before": load_before,
+        "load_average_during": loads,
+        "load_average_after": os.getloadavg(),
+    }
+
+
+def _server_facts(config: VLLMServeConfig, num_gpu_blocks: int, niceness: int, bind: bool, log_tail) -> dict:
+    return {
+        "kind": "vllm",
+        "vllm": find_vllm().version,
+        "model": "SmolLM2-135M-Instruct bf16",
+        "block_size": BLOCK_SIZE,
+        "num_gpu_blocks": num_gpu_blocks,
+        "kv_cache_space_gib": config.kv_cache_space_gib,
+        "threads": config.threads,
+        "nice": niceness,
+        "bind": bind,
+        "bench_affinity": sorted(os.sched_getaffinity(0)),
+        "log_tail": log_tail,
+    }
+
+
+def _worst(rates: dict) -> dict:
+    """Each error's largest over the rates, and the largest of all (`max_rel_err`)."""
+    keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
+    worst = {k: max(r[k] for r in rates.values()) for k in keys}
+    return worst | {"max_rel_err": max(worst.values())}
+
+
+def _raw_rows(before: pd.DataFrame, after: pd.DataFrame, results: list) -> dict:
+    """The sweeps' rows and each rate's measured requests, as saved beside the figures."""
+    return {
+        "sweep_rows": {"before": before.to_dict(orient="list"), "after": after.to_dict(orient="list")},
+        "measured_requests": {
+            f"{rate:.3f}": measured_requests(result).to_dict(orient="list")
+            for rate, _, _, result, _ in results
+        },
+    }
+
+
 def main(args) -> None:
     from core.engine.fetch import fetch_model, model_cache_dir
     from core.engine.hf_export import export_hf_folder
@@ -358,22 +418,8 @@ def main(args) -> None:
         first_fit = fit(before, base, args.robust)
         requests = _requests_for_bound(max(size["requests"]), 0)
         bound = analytic_bounds(first_fit.model, requests, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, kv_tokens)
-        results = []
         cpu = {"sweep_before": _cpu_use(server, before_cpu, sweep_s[0])}
-        for fraction, served in zip(size["rates"], size["requests"], strict=True):
-            rate = fraction * bound.capacity_rps
-            t, at = time.perf_counter(), _cpu_now(server)
-            results.append(
-                (
-                    rate,
-                    fraction,
-                    served,
-                    bench_serve(server, folder, rate, served, 7, Path(tmp)),
-                    time.perf_counter() - t,
-                )
-            )
-            cpu[f"{rate:.3f}"] = _cpu_use(server, at, results[-1][-1])
-            loads.append(os.getloadavg())
+        results = _serve_rates(server, folder, size, bound.capacity_rps, Path(tmp), (cpu, loads))
         t = time.perf_counter()
         after = sweep(server.url, config.served_name, rng, spec.vocab_size)
         sweep_s.append(time.perf_counter() - t)
@@ -381,36 +427,14 @@ def main(args) -> None:
     fitted_on = pd.concat([before, after], ignore_index=True)
     used = first_fit if args.fit_once else fit(fitted_on, base, args.robust)
     rates = compare_rates(results, used, kv_tokens)
-    keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
-    worst = {k: max(r[k] for r in rates.values()) for k in keys}
-    worst["max_rel_err"] = max(worst.values())
     decode = np.median(before[before.kind == "decode"]["seconds"]) if len(before) else None
     drift = _drift(before, after)
     print(
         json.dumps(
             {
                 "cpu": cpu_description(),
-                "machine": {
-                    "cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(),
-                    "torch": torch.__version__,
-                    "load_average_before": load_before,
-                    "load_average_during": loads,
-                    "load_average_after": os.getloadavg(),
-                },
-                "server": {
-                    "kind": "vllm",
-                    "vllm": find_vllm().version,
-                    "model": "SmolLM2-135M-Instruct bf16",
-                    "block_size": BLOCK_SIZE,
-                    "num_gpu_blocks": int(metrics.num_gpu_blocks),
-                    "kv_cache_space_gib": config.kv_cache_space_gib,
-                    "threads": config.threads,
-                    "nice": niceness,
-                    "bind": args.bind,
-                    "bench_affinity": sorted(os.sched_getaffinity(0)),
-                    "log_tail": log_tail,
-                },
+                "machine": _machine(load_before, loads),
+                "server": _server_facts(config, int(metrics.num_gpu_blocks), niceness, args.bind, log_tail),
                 "model": "SmolLM2-135M-Instruct bf16 (vLLM)",
                 "mode": "quick" if args.quick else "full",
                 "fit_once": args.fit_once,
@@ -431,16 +455,9 @@ def main(args) -> None:
                 "cpu_cores_used": cpu,
                 "requests_per_rate": list(size["requests"]),
                 "rates": rates,
-                "worst": worst,
+                "worst": _worst(rates),
                 "wall_s": time.perf_counter() - started,
-                "sweep_rows": {
-                    "before": before.to_dict(orient="list"),
-                    "after": after.to_dict(orient="list"),
-                },
-                "measured_requests": {
-                    f"{rate:.3f}": measured_requests(result).to_dict(orient="list")
-                    for rate, _, _, result, _ in results
-                },
+                **_raw_rows(before, after, results),
             },
             indent=2,
         )
