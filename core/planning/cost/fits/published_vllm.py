@@ -91,13 +91,20 @@ AIPERF_SEED = 100  # the --random-seed of aiconfigurator's generated benchmark s
 TRAINING_MODELS = ("llama-3.1-70b", "qwen3-32b", "gpt-oss-120b")  # two dense, one MoE; H100 and H200
 HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b")  # a small dense model and an MoE one
 MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b")
-# The cross-model profile (issue 40): one FLOP/s efficiency for dense GEMMs, one for routed-expert GEMMs, and a
-# fixed cost per layer per step; the weights and K/V read at the datasheet bandwidth (the single-model fit put
-# bandwidth_efficiency at its bound 1), no fixed cost beside the per-layer one and no per-token host time (the
+# The cross-model profile (issue 40): one FLOP/s efficiency for dense GEMMs, one for routed-expert GEMMs, a
+# bandwidth efficiency for the routed experts' weight reads (grouped GEMMs over few rows per expert; the dense
+# reads at the datasheet bandwidth), and a fixed cost per layer per step; the dense weights and K/V read at the
+# datasheet bandwidth (the single-model fit put bandwidth_efficiency at its bound 1), no fixed cost beside the per-layer one and no per-token host time (the
 # single-model fit's 16.6 us per token, fixed whatever the model and TP, made an 8B model's 8,192-token
 # prefill cost 136 ms of host time alone), and a request-side latency (REQUEST_TERM: a fixed time per request
 # outside the steps plus the step in flight when it arrives; docs/slo.md 2c).
-FIT_NAMES = ("flops_efficiency", "layer_overhead_s", "expert_flops_efficiency", "request_overhead_s")
+FIT_NAMES = (
+    "flops_efficiency",
+    "layer_overhead_s",
+    "expert_flops_efficiency",
+    "expert_bandwidth_efficiency",
+    "request_overhead_s",
+)
 FIXED = {"bandwidth_efficiency": 1.0, "overhead_s": 0.0, "per_token_overhead_s": 0.0}
 SINGLE_MODEL_FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
 # Gauss-Newton's starting point: round values near the cross-model solution (the fit is the same from 0.4 / 2e-5
@@ -109,6 +116,7 @@ START = {
     "per_token_overhead_s": 1e-6,
     "layer_overhead_s": 7e-5,
     "expert_flops_efficiency": 0.08,
+    "expert_bandwidth_efficiency": 0.7,
     "fp8_flops_ratio": 1.5,
     "request_overhead_s": 0.03,
 }
