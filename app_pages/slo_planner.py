@@ -92,7 +92,8 @@ def inputs() -> None:
 
 
 ENGINE_HELP = (
-    "vllm: fitted to measured vLLM runs (the flags printed are vLLM's); trtllm: to TensorRT-LLM's table"
+    "vllm: fitted to measured vLLM runs (the flags printed are vLLM's); trtllm: to TensorRT-LLM's table; "
+    "vllm-cross-model: vLLM fitted across three models, with a per-request front-end time in TTFT"
 )
 
 

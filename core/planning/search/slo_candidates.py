@@ -17,7 +17,12 @@ from core.errors import InvalidArgumentError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.catalog.hardware import GPUS, GPUSpec, get_gpu
 from core.planning.catalog.models import ModelSpec
-from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, engine_step_defaults
+from core.planning.cost.fits.engine_profiles import (
+    DEFAULT_ENGINE,
+    REQUEST_TERM,
+    engine_step_defaults,
+    split_request_term,
+)
 from core.planning.memory.kv_accounting import (
     BLOCK_SIZES,
     KV_DTYPES,
@@ -299,6 +304,11 @@ class SloCandidates:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
         check_int(self.max_meeting, "max_meeting", minimum=1)
         engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
+        if split_request_term(self.step_time)[1] is not None:
+            raise InvalidArgumentError(
+                f"{REQUEST_TERM} is an engine profile's request-side term, not a step_time override in the SLO "
+                "search: choose the engine whose profile has it (engine='vllm-cross-model')"
+            )
         if self.disagg not in (True, False):
             raise InvalidArgumentError(f"disagg must be True or False, got {self.disagg!r}")
         if self.disagg and self.max_gpus < 2:
