@@ -29,6 +29,7 @@ from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.search.slo_candidates import metric_label
 from ui.charts import cached_chart, cached_dataframe, cached_value
+from ui.input_fields import input_widget
 from ui.jobs import run_job
 from ui.metric_cards import Card, metric_cards
 from ui.slo_levers_view import (
@@ -39,7 +40,17 @@ from ui.slo_levers_view import (
     show_prediction_figures,
 )
 from ui.slo_planner_figures import latency_vs_rate_figure, percentiles_figure
-from ui.slo_planner_state import FIELDS, MODE_LABELS, TARGETS, params_from, predict_params_from, url_params
+from ui.slo_planner_state import (
+    FIELDS,
+    MODE_LABELS,
+    RATE,
+    RATE_FIELDS,
+    SHAPE_FIELDS,
+    TARGETS,
+    params_from,
+    predict_params_from,
+    url_params,
+)
 from ui.url_widgets import UrlState
 
 state = UrlState("_slo_planner", FIELDS)
@@ -61,11 +72,9 @@ def inputs() -> None:
         with c1:
             st.markdown("**Workload**")
             w(st.selectbox, "Model", "model", format_func=lambda m: MODELS[m].name)
-            w(st.number_input, "Request rate (requests/s, Poisson)", "rate")
-            w(st.number_input, "Prompt length (tokens)", "prompt_len")
-            w(st.number_input, "Output length (tokens)", "output_len")
-            w(st.slider, "Length spread (each length uniform in ± this share)", "spread")
-            w(st.number_input, "Seed (arrivals and lengths)", "seed")
+            input_widget(w, st.number_input, RATE)
+            for field in SHAPE_FIELDS:
+                input_widget(w, st.slider if field.name == "length_spread" else st.number_input, field)
         with c2:
             target_inputs()
         with c3:
@@ -229,12 +238,10 @@ def predict_inputs() -> None:
         with c2:
             st.markdown("**Load**")
             w(st.radio, "Load given as", "load", format_func=LOAD_LABELS.get)
-            w(st.number_input, "Request rate (requests/s, Poisson)", "rate")
-            w(st.number_input, "Concurrent clients (closed loop)", "clients")
-            w(st.number_input, "Prompt length (tokens)", "prompt_len")
-            w(st.number_input, "Output length (tokens)", "output_len")
-            w(st.slider, "Length spread (each length uniform in ± this share)", "spread")
-            w(st.number_input, "Seed (arrivals and lengths)", "seed")
+            for field in RATE_FIELDS:
+                input_widget(w, st.number_input, field)
+            for field in SHAPE_FIELDS:
+                input_widget(w, st.slider if field.name == "length_spread" else st.number_input, field)
         with c3:
             target_inputs(" (optional)")
         lever_inputs(state.widget)

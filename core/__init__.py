@@ -77,5 +77,7 @@ base class), `core.device` (torch device, memory budget), `core.common` (ceiling
 the budget check, timing), `core.limits` (operator limits read from the environment), `core.hosts` (where the
 Live page may connect: PAGED_LAB_LIVE_HOSTS and the address classes it refuses), `core.uploads` (bounded
 reading of uploaded files), `core.metric_names` (vLLM's metric names, labels and buckets: the vocabulary both
-`core.live` reads and `core.serve` publishes).
+`core.live` reads and `core.serve` publishes), `core.fields` (an input's one declaration, `InputField`: flag, URL key,
+bounds, label, default; the planner's input groups are made of it and the CLI flags, URL fields, widgets and
+checks come from them).
 """

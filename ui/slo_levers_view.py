@@ -9,8 +9,10 @@ from typing import Any
 import streamlit as st
 
 from core.planning.catalog.models import MODELS
+from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.serving.steady_state import SteadyStateSettings
 from ui.charts import cached_dataframe
+from ui.input_fields import input_widget
 from ui.metric_cards import Card, metric_cards
 
 STEADY = SteadyStateSettings()  # predict's own settings: the tolerance and cap its `converged` refers to
@@ -29,16 +31,9 @@ def lever_inputs(w: Callable[..., Any]) -> None:
     c1, c2, c3 = st.columns(3)
     with c1:
         st.markdown("**Shared prefixes and chats**")
-        w(st.number_input, "Shared prefix length (tokens, --shared-prefix-len; 0: none)", "prefix_len")
-        w(st.number_input, "Distinct prefixes (--num-prefixes)", "prefixes")
-        w(
-            st.number_input,
-            "Prefix Zipf exponent (--prefix-zipf; empty: uniform)",
-            "zipf",
-            placeholder="uniform",
-        )
-        w(st.number_input, "Turns per conversation (--turns)", "turns")
-        w(st.number_input, "Seconds between a chat's turns (--turn-gap)", "turn_gap")
+        for field in LOAD_LEVERS:
+            extra = {"placeholder": "uniform"} if field.optional else {}
+            input_widget(w, st.number_input, field, **extra)
         w(st.number_input, "Host KV tier per replica, GiB (--kv-offload-gib; 0: none)", "offload")
         w(st.selectbox, "Host tier eviction (--offload-policy)", "offload_policy")
     with c2:

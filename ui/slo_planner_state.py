@@ -13,6 +13,7 @@ entered in milliseconds, TTFT and end-to-end in seconds; each target's percentil
 
 from typing import Any
 
+from core.fields import field_named
 from core.page_models.slo_planner import DEFAULT_PARAMS, SloPlannerParams
 from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, LOAD_KINDS, SloPredictParams
 from core.planning.catalog.hardware import GPUS
@@ -21,8 +22,14 @@ from core.planning.cost.fits.engine_profiles import ENGINES
 from core.planning.cost.speculative import SPEC_METHODS
 from core.planning.memory.kv_accounting import KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES
 from core.planning.predict.disagg import KV_LINKS
+from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
+from core.planning.predict.load import RATE_FIELDS, SHAPE_FIELDS
 from core.serving.latency import PERCENTILES
+from ui.input_fields import url_field, values_by_name
 from ui.query_state import Field, encode_params
+
+RATE, CONCURRENCY = RATE_FIELDS
+SEED = field_named(SHAPE_FIELDS, "seed")
 
 D = DEFAULT_PARAMS
 P = DEFAULT_PREDICT_PARAMS
@@ -85,13 +92,7 @@ DRAFT_DEFAULT = "phi-3-mini"  # the smallest preset: a draft model's role
 # the levers (predict mode): no lower bounds on lengths and counts, so a bad value reaches core's check, whose
 # message names the input (its CLI flag); speculative tokens 0 = no speculation
 LEVER_FIELDS = [
-    Field("prefix_len", P.shared_prefix_len, "int", maximum=1 << 22, step=100, label="shared prefix tokens"),
-    Field("prefixes", P.num_prefixes, "int", maximum=1 << 20, step=1, label="distinct prefixes"),
-    Field(
-        "zipf", P.prefix_zipf, "float", maximum=100.0, step=0.1, optional=True, label="prefix Zipf exponent"
-    ),
-    Field("turns", P.turns, "int", maximum=1000, step=1, label="turns per conversation"),
-    Field("turn_gap", P.turn_gap_s, "float", maximum=86_400.0, step=1.0, label="seconds between turns"),
+    *(url_field(f, getattr(P, f.name)) for f in LOAD_LEVERS),
     Field("spec_k", P.spec_tokens, "int", maximum=16, step=1, label="speculative tokens"),
     Field("spec_acc", P.spec_acceptance, "str", max_length=200, label="acceptance per position"),
     Field("spec_method", P.spec_method, "choice", SPEC_METHODS, label="speculation method"),
@@ -115,17 +116,15 @@ PREDICT_FIELDS = [
     Field("kv_dtype", P.kv_dtype, "choice", KV_DTYPES, label="KV cache dtype"),
     Field("weight_dtype", P.weight_dtype, "choice", WEIGHT_DTYPES, label="weight dtype"),
     Field("load", P.load_kind, "choice", LOAD_KINDS, label="load given as"),
-    Field("clients", P.concurrency, "int", maximum=100_000, step=8, label="concurrent clients"),
+    url_field(CONCURRENCY, P.concurrency),
     *LEVER_FIELDS,
 ]
 
 FIELDS = [
     Field("mode", "search", "choice", MODES, label="question"),
     Field("model", D.model, "choice", tuple(MODELS), label="model"),
-    Field("rate", D.rate, "float", maximum=100_000.0, step=1.0, label="request rate, requests/s"),
-    Field("prompt_len", D.prompt_len, "int", minimum=1, maximum=1 << 20, step=100, label="prompt tokens"),
-    Field("output_len", D.output_len, "int", minimum=1, maximum=1 << 20, step=50, label="output tokens"),
-    Field("spread", D.length_spread, "float", minimum=0.0, maximum=0.99, step=0.05, label="length spread"),
+    url_field(RATE, D.rate),
+    *(url_field(f, getattr(D, f.name), bounded=f.name == "length_spread") for f in SHAPE_FIELDS[:3]),
     Field(
         "ttft",
         _TARGETS0.get("ttft"),
@@ -152,7 +151,7 @@ FIELDS = [
     Field("disagg_too", D.disagg, "bool", label="disaggregated deployments too"),
     *_target_fields(),
     Field("engine", D.engine, "choice", ENGINES, label="engine"),
-    Field("seed", D.seed, "int", minimum=0, maximum=2**31 - 1, step=1, label="seed"),
+    url_field(SEED, D.seed),
     *PREDICT_FIELDS,
 ]
 SHARED_KEYS = (
@@ -189,10 +188,7 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
     that can fail: core's checks run in `SloPlannerParams.check`."""
     return SloPlannerParams(
         model=values["model"],
-        rate=float(values["rate"]),
-        prompt_len=int(values["prompt_len"]),
-        output_len=int(values["output_len"]),
-        length_spread=float(values["spread"]),
+        **values_by_name(values, (RATE, *SHAPE_FIELDS)),
         targets=targets_from(values),
         chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])),
         gpus=tuple(values["gpus"]),
@@ -200,7 +196,6 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
         kv_dtypes=tuple(values["kv"]),
         weight_dtypes=tuple(values["weights"]),
         engine=values["engine"],
-        seed=int(values["seed"]),
         disagg=bool(values["disagg_too"]),
     )
 
@@ -234,18 +229,8 @@ def predict_params_from(values: dict[str, Any]) -> SloPredictParams:
         kv_dtype=values["kv_dtype"],
         engine=values["engine"],
         load_kind=values["load"],
-        rate=float(values["rate"]),
-        concurrency=int(values["clients"]),
-        prompt_len=int(values["prompt_len"]),
-        output_len=int(values["output_len"]),
-        length_spread=float(values["spread"]),
-        seed=int(values["seed"]),
+        **values_by_name(values, RATE_FIELDS + SHAPE_FIELDS + LOAD_LEVERS),
         targets=targets_from(values),
-        shared_prefix_len=int(values["prefix_len"]),
-        num_prefixes=int(values["prefixes"]),
-        prefix_zipf=_optional(values["zipf"]),
-        turns=int(values["turns"]),
-        turn_gap_s=float(values["turn_gap"]),
         spec_tokens=int(values["spec_k"]),
         spec_acceptance=str(values["spec_acc"]).strip(),
         spec_method=values["spec_method"],

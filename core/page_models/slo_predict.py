@@ -17,12 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from core.errors import InvalidArgumentError
+from core.fields import changed_words, field_named
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
 from core.planning.cost.speculative import Speculation, parse_acceptance
 from core.planning.memory.plan import plan
 from core.planning.predict.disagg import DisaggDeployment, predict_disagg
-from core.planning.predict.load import DEFAULT_TURN_GAP_S, Load
+from core.planning.predict.inputs import load_from
+from core.planning.predict.load import DEFAULT_TURN_GAP_S, LOAD_FIELDS, SHAPE_FIELDS, Load
+from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.max_rate import check_targets, max_rate
 from core.planning.predict.prediction import Deployment, predict
 from core.planning.predict.vllm_bench import (
@@ -128,22 +131,13 @@ class SloPredictParams:
         )
 
     def load(self) -> Load:
+        """The `Load` of the inputs (`load_from`): at `rate` requests/s, or `concurrency` clients."""
         if self.load_kind not in LOAD_KINDS:
             raise InvalidArgumentError(
                 f"load_kind must be one of {', '.join(LOAD_KINDS)}, got {self.load_kind!r}"
             )
-        levers = {
-            "shared_prefix_len": self.shared_prefix_len,
-            "num_prefixes": self.num_prefixes,
-            "prefix_zipf": self.prefix_zipf,
-            "turns": self.turns,
-            "turn_gap_s": self.turn_gap_s,
-        }
-        if self.load_kind == "rate":
-            return Load(self.rate, self.prompt_len, self.output_len, self.length_spread, self.seed, **levers)
-        return Load(
-            None, self.prompt_len, self.output_len, self.length_spread, self.seed, self.concurrency, **levers
-        )
+        values = {f.name: getattr(self, f.name) for f in LOAD_FIELDS}
+        return load_from(values | {LOAD_KINDS[self.load_kind == "rate"]: None})
 
     def targets_dict(self) -> dict[str, float]:
         """The targets, checked as `max_rate` checks them ({} for none)."""
@@ -178,21 +172,10 @@ class SloPredictParams:
             self.kv_dtype,
             "--engine",
             self.engine,
-            "--prompt-len",
-            str(self.prompt_len),
-            "--output-len",
-            str(self.output_len),
-            "--length-spread",
-            repr(float(self.length_spread)),
-            "--seed",
-            str(self.seed),
         ]
-        common += self._lever_args()
-        load = (
-            ["--rate", repr(float(self.rate))]
-            if self.load_kind == "rate"
-            else ["--concurrency", str(self.concurrency)]
-        )
+        common += [w for f in SHAPE_FIELDS for w in f.words(getattr(self, f.name))]
+        common += changed_words(LOAD_LEVERS, self) + self._lever_args()
+        load = field_named(LOAD_FIELDS, self.load_kind).words(getattr(self, self.load_kind))
         flags = [f"--{key.removesuffix('_s').replace('_', '-')}" for key, _ in self.targets]
         targets = [
             word for flag, (_, value) in zip(flags, self.targets, strict=True) for word in (flag, repr(value))
@@ -202,19 +185,8 @@ class SloPredictParams:
         return common + load, common + targets
 
     def _lever_args(self) -> list[str]:
-        """The prefix and speculation flags that differ from the CLI's defaults."""
+        """The speculation and host-tier flags that differ from the CLI's defaults."""
         args = []
-        for flag, value, default in (
-            ("--shared-prefix-len", self.shared_prefix_len, 0),
-            ("--num-prefixes", self.num_prefixes, 1),
-            ("--turns", self.turns, 1),
-        ):
-            if value != default:
-                args += [flag, str(value)]
-        if self.prefix_zipf is not None:
-            args += ["--prefix-zipf", repr(float(self.prefix_zipf))]
-        if self.turn_gap_s != DEFAULT_TURN_GAP_S:
-            args += ["--turn-gap", repr(float(self.turn_gap_s))]
         if self.spec_tokens:
             args += [
                 "--spec-tokens",

@@ -31,10 +31,12 @@ from core.errors import InvalidArgumentError, LabError
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.catalog.models import MODELS, ModelSpec, model_from_config_file
 from core.planning.commands.capacity import add_moe_parallel_flags
+from core.planning.commands.flags import add_exclusive_flags, add_flags
 from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, ENGINES
 from core.planning.cost.speculative import SPEC_METHODS, Speculation, parse_acceptance
 from core.planning.predict.disagg import DisaggDeployment, predict_disagg
-from core.planning.predict.load import DEFAULT_TURN_GAP_S, Load
+from core.planning.predict.inputs import load_from
+from core.planning.predict.load import LEVER_FIELDS, RATE_FIELDS, SHAPE_FIELDS, Load
 from core.planning.predict.max_rate import max_rate
 from core.planning.predict.prediction import Deployment, predict
 from core.serving.latency import PERCENTILES
@@ -100,18 +102,9 @@ def model_from_args(args) -> "str | ModelSpec":
 
 def load_flags(parser: argparse.ArgumentParser) -> None:
     """--prompt-len --output-len --length-spread --seed, and the shared prefixes and chats (--shared-prefix-len
-    --num-prefixes --prefix-zipf --turns --turn-gap): the requests' shape (`Load` without its rate)."""
-    parser.add_argument("--prompt-len", type=int, required=True)
-    parser.add_argument("--output-len", type=int, required=True)
-    parser.add_argument("--length-spread", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt shares")
-    parser.add_argument("--num-prefixes", type=int, default=1, help="distinct shared prefixes")
-    parser.add_argument("--prefix-zipf", type=float, default=None, help="Zipf exponent of prefix popularity")
-    parser.add_argument("--turns", type=int, default=1, help="requests per conversation")
-    parser.add_argument(
-        "--turn-gap", type=float, default=DEFAULT_TURN_GAP_S, help="seconds between a chat's turns"
-    )
+    --num-prefixes --prefix-zipf --turns --turn-gap): the requests' shape (`Load` without its rate), made from
+    `SHAPE_FIELDS` and `LEVER_FIELDS`."""
+    add_flags(parser, SHAPE_FIELDS + LEVER_FIELDS)
 
 
 def target_flags(parser: argparse.ArgumentParser) -> None:
@@ -121,21 +114,15 @@ def target_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(f"--{metric}-p{q}", type=float, dest=f"{metric}_p{q}_s", help="seconds")
 
 
+def targets_from_args(args) -> dict[str, float]:
+    """The latency targets `target_flags` were given: {"ttft_p95_s": seconds, ...}."""
+    keys = [f"{metric}_p{q}_s" for metric in STEADY_METRICS for q in PERCENTILES]
+    return {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+
+
 def load_from_args(args, rate: float | None, concurrency: int | None = None) -> Load:
     """The `Load` of `load_flags` at `rate` requests/s (or `concurrency` clients)."""
-    return Load(
-        rate,
-        args.prompt_len,
-        args.output_len,
-        args.length_spread,
-        args.seed,
-        concurrency,
-        shared_prefix_len=args.shared_prefix_len,
-        num_prefixes=args.num_prefixes,
-        prefix_zipf=args.prefix_zipf,
-        turns=args.turns,
-        turn_gap_s=args.turn_gap,
-    )
+    return load_from(vars(args) | {"rate": rate, "concurrency": concurrency})
 
 
 def speculation_from_args(args) -> Speculation | None:
@@ -225,9 +212,7 @@ def predict_main(argv: Sequence[str]) -> int:
     deployment_flags(parser)
     load_flags(parser)
     disagg_flags(parser)
-    load = parser.add_mutually_exclusive_group(required=True)
-    load.add_argument("--rate", type=float, help="requests/s, Poisson")
-    load.add_argument("--concurrency", type=int, help="closed-loop clients")
+    add_exclusive_flags(parser, RATE_FIELDS)
     args = parser.parse_args(argv)
     try:
         load = load_from_args(args, args.rate, args.concurrency)
@@ -250,7 +235,7 @@ def max_rate_main(argv: Sequence[str]) -> int:
     load_flags(parser)
     target_flags(parser)
     args = parser.parse_args(argv)
-    targets = {k: v for k, v in vars(args).items() if k.endswith("_s") and v is not None}
+    targets = targets_from_args(args)
     try:
         deployment = deployment_from_args(args)
         load = load_from_args(args, 1.0)
