@@ -9,6 +9,7 @@ from typing import Any
 import streamlit as st
 
 from core.planning.catalog.models import MODELS
+from core.planning.cost.speculative import SPECULATION_FIELDS
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.serving.steady_state import SteadyStateSettings
 from ui.charts import cached_dataframe
@@ -38,20 +39,16 @@ def lever_inputs(w: Callable[..., Any]) -> None:
         w(st.selectbox, "Host tier eviction (--offload-policy)", "offload_policy")
     with c2:
         st.markdown("**Speculative decoding**")
-        w(st.number_input, "Speculative tokens K (--spec-tokens; 0: none)", "spec_k")
-        w(
-            st.text_input,
-            "Acceptance per position, a1,...,aK (--spec-acceptance)",
-            "spec_acc",
-            help="the probability that draft token i is accepted given the ones before it, each in [0, 1]",
-        )
-        w(st.selectbox, "Method (--spec-method)", "spec_method")
-        w(
-            st.selectbox,
-            "Draft model (--draft-model, method draft-model)",
-            "draft",
-            format_func=lambda m: MODELS[m].name,
-        )
+        for field in SPECULATION_FIELDS:
+            if field.name == "spec_acceptance":
+                help_ = (
+                    "the probability that draft token i is accepted given the ones before it, each in [0, 1]"
+                )
+                input_widget(w, st.text_input, field, help=help_)
+            elif field.name == "draft_model":
+                input_widget(w, st.selectbox, field, format_func=lambda m: MODELS[m].name)
+            else:
+                input_widget(w, st.number_input if field.kind == "int" else st.selectbox, field)
     with c3:
         st.markdown("**Disaggregated prefill / decode**")
         w(st.checkbox, "Disaggregated (--disagg: TP, PP and replicas above unused)", "disagg")

@@ -19,7 +19,7 @@ from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, LOAD_KINDS, Slo
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.cost.fits.engine_profiles import ENGINES
-from core.planning.cost.speculative import SPEC_METHODS
+from core.planning.cost.speculative import SPECULATION_FIELDS
 from core.planning.memory.kv_accounting import KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES
 from core.planning.predict.disagg import KV_LINKS
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
@@ -88,15 +88,11 @@ def _target_fields() -> list[Field]:
     return fields
 
 
-DRAFT_DEFAULT = "phi-3-mini"  # the smallest preset: a draft model's role
 # the levers (predict mode): no lower bounds on lengths and counts, so a bad value reaches core's check, whose
 # message names the input (its CLI flag); speculative tokens 0 = no speculation
 LEVER_FIELDS = [
     *(url_field(f, getattr(P, f.name)) for f in LOAD_LEVERS),
-    Field("spec_k", P.spec_tokens, "int", maximum=16, step=1, label="speculative tokens"),
-    Field("spec_acc", P.spec_acceptance, "str", max_length=200, label="acceptance per position"),
-    Field("spec_method", P.spec_method, "choice", SPEC_METHODS, label="speculation method"),
-    Field("draft", DRAFT_DEFAULT, "choice", tuple(MODELS), label="draft model"),
+    *(url_field(f, getattr(P, f.name)) for f in SPECULATION_FIELDS),
     Field("disagg", P.disagg, "bool", label="disaggregated prefill / decode"),
     Field("p_workers", P.prefill_workers, "int", maximum=1024, step=1, label="prefill workers"),
     Field("p_tp", P.prefill_tp, "int", maximum=64, step=1, label="prefill TP"),
@@ -231,10 +227,7 @@ def predict_params_from(values: dict[str, Any]) -> SloPredictParams:
         load_kind=values["load"],
         **values_by_name(values, RATE_FIELDS + SHAPE_FIELDS + LOAD_LEVERS),
         targets=targets_from(values),
-        spec_tokens=int(values["spec_k"]),
-        spec_acceptance=str(values["spec_acc"]).strip(),
-        spec_method=values["spec_method"],
-        draft_model=values["draft"] if values["spec_method"] == "draft-model" else None,
+        **values_by_name(values, SPECULATION_FIELDS),
         disagg=bool(values["disagg"]),
         prefill_workers=int(values["p_workers"]),
         prefill_tp=int(values["p_tp"]),

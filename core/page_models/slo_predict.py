@@ -20,10 +20,10 @@ from core.errors import InvalidArgumentError
 from core.fields import changed_words, field_named
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
-from core.planning.cost.speculative import Speculation, parse_acceptance
+from core.planning.cost.speculative import SPECULATION_FIELDS, Speculation
 from core.planning.memory.plan import plan
 from core.planning.predict.disagg import DisaggDeployment, predict_disagg
-from core.planning.predict.inputs import load_from
+from core.planning.predict.inputs import load_from, speculation_from, speculation_words
 from core.planning.predict.load import DEFAULT_TURN_GAP_S, LOAD_FIELDS, SHAPE_FIELDS, Load
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.max_rate import check_targets, max_rate
@@ -73,7 +73,9 @@ class SloPredictParams:
     spec_tokens: int = 0
     spec_acceptance: str = ""
     spec_method: str = "ngram"
-    draft_model: str | None = None
+    draft_model: str | None = (
+        "phi-3-mini"  # the smallest preset: a draft model's role (method draft-model only)
+    )
     disagg: bool = False
     prefill_workers: int = 1
     prefill_tp: int = 1
@@ -84,13 +86,8 @@ class SloPredictParams:
     offload_policy: str = "lru"
 
     def speculation(self) -> Speculation | None:
-        """The `Speculation` of spec_tokens (0: none) and spec_acceptance ("a1,...,aK", as --spec-acceptance);
-        draft_model counts only for spec_method "draft-model". Raises InvalidArgumentError naming the flag."""
-        if self.spec_tokens == 0:
-            return None
-        rates = parse_acceptance(self.spec_acceptance)
-        draft = self.draft_model if self.spec_method == "draft-model" else None
-        return Speculation(self.spec_tokens, rates, self.spec_method, draft)
+        """The `Speculation` of the spec_* inputs and draft_model (`speculation_from`, as the command line's)."""
+        return speculation_from({f.name: getattr(self, f.name) for f in SPECULATION_FIELDS})
 
     def deployment(self) -> Deployment:
         return Deployment(
@@ -186,18 +183,7 @@ class SloPredictParams:
 
     def _lever_args(self) -> list[str]:
         """The speculation and host-tier flags that differ from the CLI's defaults."""
-        args = []
-        if self.spec_tokens:
-            args += [
-                "--spec-tokens",
-                str(self.spec_tokens),
-                "--spec-acceptance",
-                self.spec_acceptance,
-                "--spec-method",
-                self.spec_method,
-            ]
-            if self.spec_method == "draft-model" and self.draft_model is not None:
-                args += ["--draft-model", self.draft_model]
+        args = speculation_words(self.speculation())
         if self.kv_offload_gib:
             args += [
                 "--kv-offload-gib",

@@ -33,9 +33,9 @@ from core.planning.catalog.models import MODELS, ModelSpec, model_from_config_fi
 from core.planning.commands.capacity import add_moe_parallel_flags
 from core.planning.commands.flags import add_exclusive_flags, add_flags
 from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, ENGINES
-from core.planning.cost.speculative import SPEC_METHODS, Speculation, parse_acceptance
+from core.planning.cost.speculative import SPECULATION_FIELDS
 from core.planning.predict.disagg import DisaggDeployment, predict_disagg
-from core.planning.predict.inputs import load_from
+from core.planning.predict.inputs import load_from, speculation_from
 from core.planning.predict.load import LEVER_FIELDS, RATE_FIELDS, SHAPE_FIELDS, Load
 from core.planning.predict.max_rate import max_rate
 from core.planning.predict.prediction import Deployment, predict
@@ -67,12 +67,7 @@ def deployment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-dtype", default="auto")
     parser.add_argument("--kv-dtype", default="auto")
     parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
-    parser.add_argument("--spec-tokens", type=int, default=None, help="speculative decoding: K draft tokens")
-    parser.add_argument(
-        "--spec-acceptance", default=None, help="a1,...,aK: per-position acceptance in [0, 1]"
-    )
-    parser.add_argument("--spec-method", default="ngram", help=f"one of {', '.join(SPEC_METHODS)}")
-    parser.add_argument("--draft-model", default=None, help="draft model preset (--spec-method draft-model)")
+    add_flags(parser, SPECULATION_FIELDS)
     # a host-memory KV tier (vLLM's native offloading, core.serving.host_offload)
     parser.add_argument("--kv-offload-gib", type=float, default=0.0, help="GiB of host KV per replica")
     parser.add_argument("--offload-policy", default="lru", help="host tier eviction: lru or arc")
@@ -125,22 +120,6 @@ def load_from_args(args, rate: float | None, concurrency: int | None = None) -> 
     return load_from(vars(args) | {"rate": rate, "concurrency": concurrency})
 
 
-def speculation_from_args(args) -> Speculation | None:
-    """The `Speculation` of --spec-tokens --spec-acceptance --spec-method --draft-model, None without them."""
-    if args.spec_tokens is None:
-        if args.spec_acceptance is not None or args.draft_model is not None or args.spec_method != "ngram":
-            raise InvalidArgumentError(
-                "--spec-acceptance, --spec-method and --draft-model need --spec-tokens K"
-            )
-        return None
-    if args.spec_acceptance is None:
-        raise InvalidArgumentError(
-            "--spec-tokens needs --spec-acceptance a1,...,aK (one rate per draft token)"
-        )
-    rates = parse_acceptance(args.spec_acceptance)
-    return Speculation(args.spec_tokens, rates, args.spec_method, args.draft_model)
-
-
 def deployment_from_args(args) -> Deployment:
     return Deployment(
         model_from_args(args),
@@ -153,7 +132,7 @@ def deployment_from_args(args) -> Deployment:
         args.weight_dtype,
         args.kv_dtype,
         args.engine,
-        speculation=speculation_from_args(args),
+        speculation=speculation_from(vars(args)),
         routing=args.routing,
         kv_offload_gib=args.kv_offload_gib,
         offload_policy=args.offload_policy,
