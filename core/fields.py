@@ -28,11 +28,12 @@ class InputField:
     URL error's); help: the flag's help text; unit: what the number counts ("tokens"), named in the message;
     minimum / maximum / exclusive_minimum: the bounds `check` enforces; optional: None is allowed (the flag left
     out, the URL's "auto"); choices: a choice's allowed values; step: a number widget's step; required: the flag
-    must be given (its `default` then only seeds a page)."""
+    must be given (its `default` then only seeds a page); metavar: the flag's value in --help. url_key None: on
+    no page."""
 
     name: str
     flag: str
-    url_key: str
+    url_key: str | None
     kind: str
     default: Any = None
     label: str = ""
@@ -45,6 +46,7 @@ class InputField:
     choices: tuple[Any, ...] = ()
     step: float | None = None
     required: bool = False
+    metavar: str | None = None  # the flag's value in --help (default: the flag's name in capitals)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -89,11 +91,6 @@ class InputField:
         return [self.flag, repr(float(value)) if self.kind == "float" else str(value)]
 
 
-def changed_words(fields: tuple[InputField, ...], obj: object) -> list[str]:
-    """The command-line words of every field of `fields` whose value on `obj` differs from its default."""
-    return [w for f in fields if getattr(obj, f.name) != f.default for w in f.words(getattr(obj, f.name))]
-
-
 def field_named(fields: tuple[InputField, ...], name: str) -> InputField:
     """The field of `fields` called `name` (KeyError for none)."""
     for field in fields:
@@ -107,3 +104,8 @@ def check_fields(obj: object, fields: tuple[InputField, ...]) -> None:
     dataclass's `int` / `float` normalised as `check_int` / `check_float` return it)."""
     for field in fields:
         object.__setattr__(obj, field.name, field.check(getattr(obj, field.name)))
+
+
+def check_values(values: dict[str, Any], fields: tuple[InputField, ...]) -> dict[str, Any]:
+    """`values` with every field of `fields` checked (`InputField.check`), for inputs no domain type holds."""
+    return values | {field.name: field.check(values[field.name]) for field in fields}

@@ -10,6 +10,8 @@ import streamlit as st
 
 from core.planning.catalog.models import MODELS
 from core.planning.cost.speculative import SPECULATION_FIELDS
+from core.planning.predict.deployment_fields import OFFLOAD_FIELDS
+from core.planning.predict.disagg import DISAGG_FIELDS
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.serving.steady_state import SteadyStateSettings
 from ui.charts import cached_dataframe
@@ -35,8 +37,8 @@ def lever_inputs(w: Callable[..., Any]) -> None:
         for field in LOAD_LEVERS:
             extra = {"placeholder": "uniform"} if field.optional else {}
             input_widget(w, st.number_input, field, **extra)
-        w(st.number_input, "Host KV tier per replica, GiB (--kv-offload-gib; 0: none)", "offload")
-        w(st.selectbox, "Host tier eviction (--offload-policy)", "offload_policy")
+        input_widget(w, st.number_input, OFFLOAD_FIELDS[0])
+        input_widget(w, st.selectbox, OFFLOAD_FIELDS[1])
     with c2:
         st.markdown("**Speculative decoding**")
         for field in SPECULATION_FIELDS:
@@ -51,15 +53,16 @@ def lever_inputs(w: Callable[..., Any]) -> None:
                 input_widget(w, st.number_input if field.kind == "int" else st.selectbox, field)
     with c3:
         st.markdown("**Disaggregated prefill / decode**")
-        w(st.checkbox, "Disaggregated (--disagg: TP, PP and replicas above unused)", "disagg")
+        disagg, p_workers, p_tp, d_workers, d_tp, kv_link = DISAGG_FIELDS
+        input_widget(w, st.checkbox, disagg)
         a, b = st.columns(2)
         with a:
-            w(st.number_input, "Prefill workers", "p_workers")
-            w(st.number_input, "Decode workers", "d_workers")
+            input_widget(w, st.number_input, p_workers)
+            input_widget(w, st.number_input, d_workers)
         with b:
-            w(st.number_input, "Prefill TP", "p_tp")
-            w(st.number_input, "Decode TP", "d_tp")
-        w(st.selectbox, "KV link (--kv-link; auto: NVLink within 8 GPUs)", "kv_link")
+            input_widget(w, st.number_input, p_tp)
+            input_widget(w, st.number_input, d_tp)
+        input_widget(w, st.selectbox, kv_link)
 
 
 def agg_cards(p: dict, params) -> list[Card]:

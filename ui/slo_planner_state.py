@@ -17,11 +17,16 @@ from core.fields import field_named
 from core.page_models.slo_planner import DEFAULT_PARAMS, SloPlannerParams
 from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, LOAD_KINDS, SloPredictParams
 from core.planning.catalog.hardware import GPUS
-from core.planning.catalog.models import MODELS
-from core.planning.cost.fits.engine_profiles import ENGINES
 from core.planning.cost.speculative import SPECULATION_FIELDS
 from core.planning.memory.kv_accounting import KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES
-from core.planning.predict.disagg import KV_LINKS
+from core.planning.predict.deployment_fields import (
+    GPU_FIELD,
+    MODEL_FIELD,
+    OFFLOAD_FIELDS,
+    PARALLEL_FIELDS,
+    SETTING_FIELDS,
+)
+from core.planning.predict.disagg import DISAGG_FIELDS
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.load import RATE_FIELDS, SHAPE_FIELDS
 from core.serving.latency import PERCENTILES
@@ -29,6 +34,21 @@ from ui.input_fields import url_field, values_by_name
 from ui.query_state import Field, encode_params
 
 RATE, CONCURRENCY = RATE_FIELDS
+ENGINE = field_named(SETTING_FIELDS, "engine")
+# the predict mode's deployment inputs on the page (the model and engine are both modes' fields)
+PREDICT_DEPLOYMENT = (GPU_FIELD, *PARALLEL_FIELDS, SETTING_FIELDS[0], *SETTING_FIELDS[2:4])
+# every input of the predict mode that is a field of an input group (`SloPredictParams` has each by its name)
+PREDICT_INPUTS = (
+    MODEL_FIELD,
+    *PREDICT_DEPLOYMENT,
+    ENGINE,
+    *RATE_FIELDS,
+    *SHAPE_FIELDS,
+    *LOAD_LEVERS,
+    *SPECULATION_FIELDS,
+    *DISAGG_FIELDS,
+    *OFFLOAD_FIELDS[:2],
+)
 SEED = field_named(SHAPE_FIELDS, "seed")
 
 D = DEFAULT_PARAMS
@@ -93,24 +113,11 @@ def _target_fields() -> list[Field]:
 LEVER_FIELDS = [
     *(url_field(f, getattr(P, f.name)) for f in LOAD_LEVERS),
     *(url_field(f, getattr(P, f.name)) for f in SPECULATION_FIELDS),
-    Field("disagg", P.disagg, "bool", label="disaggregated prefill / decode"),
-    Field("p_workers", P.prefill_workers, "int", maximum=1024, step=1, label="prefill workers"),
-    Field("p_tp", P.prefill_tp, "int", maximum=64, step=1, label="prefill TP"),
-    Field("d_workers", P.decode_workers, "int", maximum=1024, step=1, label="decode workers"),
-    Field("d_tp", P.decode_tp, "int", maximum=64, step=1, label="decode TP"),
-    Field("kv_link", "auto", "choice", ("auto", *KV_LINKS), label="KV link"),
-    Field("offload", P.kv_offload_gib, "float", maximum=4096.0, step=10.0, label="host KV tier, GiB"),
-    Field("offload_policy", P.offload_policy, "choice", ("lru", "arc"), label="host tier eviction"),
+    *(url_field(f, getattr(P, f.name)) for f in (*DISAGG_FIELDS, *OFFLOAD_FIELDS[:2])),
 ]
 
 PREDICT_FIELDS = [
-    Field("gpu", P.gpu, "choice", tuple(GPUS), label="GPU"),
-    Field("tp", P.tp, "int", minimum=1, maximum=64, step=1, label="tensor parallel"),
-    Field("pp", P.pp, "int", minimum=1, maximum=64, step=1, label="pipeline parallel"),
-    Field("replicas", P.replicas, "int", minimum=1, maximum=1024, step=1, label="replicas"),
-    Field("seqs", P.max_num_seqs, "int", minimum=1, maximum=65_536, step=32, label="max_num_seqs"),
-    Field("kv_dtype", P.kv_dtype, "choice", KV_DTYPES, label="KV cache dtype"),
-    Field("weight_dtype", P.weight_dtype, "choice", WEIGHT_DTYPES, label="weight dtype"),
+    *(url_field(f, getattr(P, f.name)) for f in PREDICT_DEPLOYMENT),
     Field("load", P.load_kind, "choice", LOAD_KINDS, label="load given as"),
     url_field(CONCURRENCY, P.concurrency),
     *LEVER_FIELDS,
@@ -118,7 +125,7 @@ PREDICT_FIELDS = [
 
 FIELDS = [
     Field("mode", "search", "choice", MODES, label="question"),
-    Field("model", D.model, "choice", tuple(MODELS), label="model"),
+    url_field(MODEL_FIELD, D.model),
     url_field(RATE, D.rate),
     *(url_field(f, getattr(D, f.name), bounded=f.name == "length_spread") for f in SHAPE_FIELDS[:3]),
     Field(
@@ -146,7 +153,7 @@ FIELDS = [
     Field("rates", False, "bool", label="find the highest rates"),
     Field("disagg_too", D.disagg, "bool", label="disaggregated deployments too"),
     *_target_fields(),
-    Field("engine", D.engine, "choice", ENGINES, label="engine"),
+    url_field(ENGINE, D.engine),
     url_field(SEED, D.seed),
     *PREDICT_FIELDS,
 ]
@@ -183,15 +190,13 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
     """The search's inputs as `SloPlannerParams` (targets in seconds, each at its percentile). Builds nothing
     that can fail: core's checks run in `SloPlannerParams.check`."""
     return SloPlannerParams(
-        model=values["model"],
-        **values_by_name(values, (RATE, *SHAPE_FIELDS)),
+        **values_by_name(values, (MODEL_FIELD, RATE, *SHAPE_FIELDS, ENGINE)),
         targets=targets_from(values),
         chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])),
         gpus=tuple(values["gpus"]),
         max_gpus=int(values["max_gpus"]),
         kv_dtypes=tuple(values["kv"]),
         weight_dtypes=tuple(values["weights"]),
-        engine=values["engine"],
         disagg=bool(values["disagg_too"]),
     )
 
@@ -211,29 +216,9 @@ def targets_from(values: dict[str, Any]) -> tuple[tuple[str, float], ...]:
 
 
 def predict_params_from(values: dict[str, Any]) -> SloPredictParams:
-    """The predict mode's inputs as `SloPredictParams` (targets converted to seconds, each at its percentile).
-    Builds nothing that can fail: core's checks run in `SloPredictParams.check`. The draft model counts only
-    for the draft-model method (None otherwise, as the CLI takes --draft-model)."""
+    """The predict mode's inputs as `SloPredictParams` (targets converted to seconds, each at its percentile),
+    every other input by its field's name. Builds nothing that can fail: core's checks run in
+    `SloPredictParams.check`."""
     return SloPredictParams(
-        model=values["model"],
-        gpu=values["gpu"],
-        tp=int(values["tp"]),
-        pp=int(values["pp"]),
-        replicas=int(values["replicas"]),
-        max_num_seqs=int(values["seqs"]),
-        weight_dtype=values["weight_dtype"],
-        kv_dtype=values["kv_dtype"],
-        engine=values["engine"],
-        load_kind=values["load"],
-        **values_by_name(values, RATE_FIELDS + SHAPE_FIELDS + LOAD_LEVERS),
-        targets=targets_from(values),
-        **values_by_name(values, SPECULATION_FIELDS),
-        disagg=bool(values["disagg"]),
-        prefill_workers=int(values["p_workers"]),
-        prefill_tp=int(values["p_tp"]),
-        decode_workers=int(values["d_workers"]),
-        decode_tp=int(values["d_tp"]),
-        kv_link=None if values["kv_link"] == "auto" else values["kv_link"],
-        kv_offload_gib=float(values["offload"]),
-        offload_policy=values["offload_policy"],
+        load_kind=values["load"], targets=targets_from(values), **values_by_name(values, PREDICT_INPUTS)
     )

@@ -14,16 +14,23 @@ Invariants:
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from core.errors import InvalidArgumentError
-from core.fields import changed_words, field_named
+from core.fields import field_named
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
-from core.planning.cost.speculative import SPECULATION_FIELDS, Speculation
+from core.planning.cost.speculative import Speculation
 from core.planning.memory.plan import plan
-from core.planning.predict.disagg import DisaggDeployment, predict_disagg
-from core.planning.predict.inputs import load_from, speculation_from, speculation_words
+from core.planning.predict.deployment_fields import DEPLOYMENT_FIELDS, MODEL_FIELD, OFFLOAD_FIELDS
+from core.planning.predict.disagg import DISAGG_FIELDS, DisaggDeployment, predict_disagg
+from core.planning.predict.inputs import (
+    deployment_from,
+    disagg_from,
+    load_from,
+    speculation_from,
+    speculation_words,
+)
 from core.planning.predict.load import DEFAULT_TURN_GAP_S, LOAD_FIELDS, SHAPE_FIELDS, Load
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.max_rate import check_targets, max_rate
@@ -81,51 +88,25 @@ class SloPredictParams:
     prefill_tp: int = 1
     decode_workers: int = 1
     decode_tp: int = 1
-    kv_link: str | None = None
+    kv_link: str = "auto"
     kv_offload_gib: float = 0.0  # a host KV tier per replica (--kv-offload-gib), 0: none
     offload_policy: str = "lru"
 
+    def values(self) -> dict:
+        """The inputs as the converters of `core.planning.predict.inputs` take them (keyed by field name)."""
+        return asdict(self)
+
     def speculation(self) -> Speculation | None:
         """The `Speculation` of the spec_* inputs and draft_model (`speculation_from`, as the command line's)."""
-        return speculation_from({f.name: getattr(self, f.name) for f in SPECULATION_FIELDS})
+        return speculation_from(self.values())
 
     def deployment(self) -> Deployment:
-        return Deployment(
-            self.model,
-            self.gpu,
-            self.tp,
-            self.pp,
-            self.replicas,
-            self.max_num_seqs,
-            self.max_num_batched_tokens,
-            self.weight_dtype,
-            self.kv_dtype,
-            self.engine,
-            speculation=self.speculation(),
-            kv_offload_gib=self.kv_offload_gib,
-            offload_policy=self.offload_policy,
-        )
+        """The aggregated deployment (`deployment_from`, as `predict` builds it from its flags)."""
+        return deployment_from(self.values())
 
     def disagg_deployment(self) -> DisaggDeployment:
-        """The disaggregated deployment (prefill / decode workers and TPs; as `predict --disagg`). Raises
-        InvalidArgumentError for speculation or PP > 1, which it does not take (each pool is TP only)."""
-        if self.spec_tokens != 0 or self.pp != 1:
-            raise InvalidArgumentError(
-                "--disagg takes neither --spec-tokens nor --pp (each pool is tp-only): set speculative tokens "
-                "to 0 and PP to 1"
-            )
-        return DisaggDeployment.of(
-            self.model,
-            self.gpu,
-            (self.prefill_workers, self.prefill_tp),
-            (self.decode_workers, self.decode_tp),
-            self.kv_link,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            weight_dtype=self.weight_dtype,
-            kv_dtype=self.kv_dtype,
-            engine=self.engine,
-        )
+        """The disaggregated deployment (`disagg_from`, as `predict --disagg` builds it from its flags)."""
+        return disagg_from(self.values())
 
     def load(self) -> Load:
         """The `Load` of the inputs (`load_from`): at `rate` requests/s, or `concurrency` clients."""
@@ -133,8 +114,7 @@ class SloPredictParams:
             raise InvalidArgumentError(
                 f"load_kind must be one of {', '.join(LOAD_KINDS)}, got {self.load_kind!r}"
             )
-        values = {f.name: getattr(self, f.name) for f in LOAD_FIELDS}
-        return load_from(values | {LOAD_KINDS[self.load_kind == "rate"]: None})
+        return load_from(self.values() | {LOAD_KINDS[self.load_kind == "rate"]: None})
 
     def targets_dict(self) -> dict[str, float]:
         """The targets, checked as `max_rate` checks them ({} for none)."""
@@ -147,65 +127,27 @@ class SloPredictParams:
         self.targets_dict()
 
     def cli_args(self) -> tuple[list[str], list[str]]:
-        """(predict flags, max-rate flags) of these inputs: `python -m core.planning predict` / `max-rate`."""
-        common = [
-            "--model",
-            self.model,
-            "--gpu",
-            self.gpu,
-            "--tp",
-            str(self.tp),
-            "--pp",
-            str(self.pp),
-            "--replicas",
-            str(self.replicas),
-            "--max-num-seqs",
-            str(self.max_num_seqs),
-            "--max-num-batched-tokens",
-            str(self.max_num_batched_tokens),
-            "--weight-dtype",
-            self.weight_dtype,
-            "--kv-dtype",
-            self.kv_dtype,
-            "--engine",
-            self.engine,
-        ]
-        common += [w for f in SHAPE_FIELDS for w in f.words(getattr(self, f.name))]
-        common += changed_words(LOAD_LEVERS, self) + self._lever_args()
+        """(predict flags, max-rate flags) of these inputs: `python -m core.planning predict` / `max-rate`,
+        written from the input groups (every deployment and shape flag, the levers that differ from their
+        defaults)."""
+        common = [w for f in (MODEL_FIELD, *DEPLOYMENT_FIELDS, *SHAPE_FIELDS) for w in self._words(f)]
+        common += [w for f in (*LOAD_LEVERS, *OFFLOAD_FIELDS) if self._changed(f) for w in self._words(f)]
+        common += speculation_words(self.speculation())
         load = field_named(LOAD_FIELDS, self.load_kind).words(getattr(self, self.load_kind))
         flags = [f"--{key.removesuffix('_s').replace('_', '-')}" for key, _ in self.targets]
         targets = [
             word for flag, (_, value) in zip(flags, self.targets, strict=True) for word in (flag, repr(value))
         ]
         if self.disagg:
-            return [*common, *load, *self._disagg_args()], []
+            return [*common, *load, *(w for f in DISAGG_FIELDS for w in self._words(f))], []
         return common + load, common + targets
 
-    def _lever_args(self) -> list[str]:
-        """The speculation and host-tier flags that differ from the CLI's defaults."""
-        args = speculation_words(self.speculation())
-        if self.kv_offload_gib:
-            args += [
-                "--kv-offload-gib",
-                repr(float(self.kv_offload_gib)),
-                "--offload-policy",
-                self.offload_policy,
-            ]
-        return args
+    def _words(self, field) -> list[str]:
+        """`field`'s command-line words for this input (none for one the page does not hold)."""
+        return field.words(getattr(self, field.name)) if hasattr(self, field.name) else []
 
-    def _disagg_args(self) -> list[str]:
-        return [
-            "--disagg",
-            "--prefill-workers",
-            str(self.prefill_workers),
-            "--prefill-tp",
-            str(self.prefill_tp),
-            "--decode-workers",
-            str(self.decode_workers),
-            "--decode-tp",
-            str(self.decode_tp),
-            *(["--kv-link", self.kv_link] if self.kv_link is not None else []),
-        ]
+    def _changed(self, field) -> bool:
+        return hasattr(self, field.name) and getattr(self, field.name) != field.default
 
 
 DEFAULT_PREDICT_PARAMS = SloPredictParams()

@@ -158,7 +158,7 @@ def test_the_page_shows_what_predict_and_the_cli_give(capsys):
         ({"spec_k": "2", "spec_acc": "0.8"}, "--spec-acceptance needs one rate per draft token"),
         ({"spec_k": "-1", "spec_acc": "0.8"}, "--spec-tokens"),
         ({"disagg": "1", "spec_k": "1", "spec_acc": "0.5"}, "--disagg takes neither --spec-tokens"),
-        ({"disagg": "1", "d_workers": "0"}, "replicas"),
+        ({"disagg": "1", "d_workers": "0"}, "--decode-workers must be between 1 and 1,024, got 0"),
         ({"disagg": "1", "kv_link": "network"}, "L40S has no known network bandwidth"),
     ],
 )

@@ -19,6 +19,7 @@ from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.catalog.hardware import GPUS, GPUSpec, get_gpu
 from core.planning.catalog.models import MODELS, ModelSpec, get_model, model_from_config_file
 from core.planning.catalog.weights import with_checkpoint_bytes
+from core.planning.commands.flags import add_flags
 from core.planning.memory.cpu_kv import (
     CPU_DEFAULT_BLOCK_SIZE,
     CPU_MODEL_DTYPES,
@@ -34,6 +35,7 @@ from core.planning.memory.kv_accounting import (
 )
 from core.planning.memory.offload import HostKVTier, host_kv_tier
 from core.planning.memory.plan import CapacityPlan, plan
+from core.planning.predict.deployment_fields import MOE_FIELDS
 
 
 def plan_table(capacity: CapacityPlan) -> str:
@@ -87,21 +89,9 @@ def plan_table(capacity: CapacityPlan) -> str:
 
 
 def add_moe_parallel_flags(parser: argparse.ArgumentParser) -> None:
-    """`--data-parallel-size D` and `--enable-expert-parallel`, vLLM's flags, as `plan`, `predict`, `max-rate`
-    and `slo` take them (`core.planning.memory.kv_accounting`: a MoE model's DP ranks and EP)."""
-    parser.add_argument(
-        "--data-parallel-size",
-        type=int,
-        default=1,
-        metavar="D",
-        help="DP ranks of one vLLM server, each its own requests and KV cache (a MoE model: data-parallel "
-        "attention, the routed experts spread over all tp x D GPUs)",
-    )
-    parser.add_argument(
-        "--enable-expert-parallel",
-        action="store_true",
-        help="MoE: whole routed experts per GPU over tp x D GPUs instead of every expert split over them",
-    )
+    """`--data-parallel-size D` and `--enable-expert-parallel`, vLLM's flags, as `plan`, `predict` and `max-rate`
+    take them (`core.planning.predict.deployment_fields.MOE_FIELDS`; a MoE model's DP ranks and EP)."""
+    add_flags(parser, MOE_FIELDS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,8 +204,8 @@ def capacity_main(argv: Sequence[str]) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
-            data_parallel=args.data_parallel_size,
-            expert_parallel=args.enable_expert_parallel,
+            data_parallel=args.data_parallel,
+            expert_parallel=args.expert_parallel,
         )
         tier = None if args.kv_offload_gib is None else host_kv_tier(capacity, args.kv_offload_gib)
     except LabError as error:

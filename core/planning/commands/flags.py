@@ -17,7 +17,10 @@ def flag_kwargs(field: InputField) -> dict:
         kwargs["help"] = field.help
     if field.kind == "bool":
         return kwargs | {"action": "store_true"}
-    kwargs |= {"type": _TYPES[field.kind], "metavar": field.flag.removeprefix("--").upper().replace("-", "_")}
+    kwargs |= {
+        "type": _TYPES[field.kind],
+        "metavar": field.metavar or field.flag.removeprefix("--").upper().replace("-", "_"),
+    }
     return kwargs | ({"required": True} if field.required else {"default": field.default})
 
 

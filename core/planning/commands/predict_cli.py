@@ -28,19 +28,21 @@ import sys
 from collections.abc import Sequence
 
 from core.errors import InvalidArgumentError, LabError
-from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
-from core.planning.catalog.models import MODELS, ModelSpec, model_from_config_file
-from core.planning.commands.capacity import add_moe_parallel_flags
-from core.planning.commands.flags import add_exclusive_flags, add_flags
-from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, ENGINES
+from core.planning.catalog.models import ModelSpec, model_from_config_file
+from core.planning.commands.flags import add_exclusive_flags, add_flags, flag_kwargs
 from core.planning.cost.speculative import SPECULATION_FIELDS
-from core.planning.predict.disagg import DisaggDeployment, predict_disagg
-from core.planning.predict.inputs import load_from, speculation_from
+from core.planning.predict.deployment_fields import (
+    DEPLOYMENT_FIELDS,
+    MODEL_FIELD,
+    OFFLOAD_FIELDS,
+    ROUTING_FIELD,
+)
+from core.planning.predict.disagg import DISAGG_FIELDS, predict_disagg
+from core.planning.predict.inputs import deployment_from, disagg_from, load_from
 from core.planning.predict.load import LEVER_FIELDS, RATE_FIELDS, SHAPE_FIELDS, Load
 from core.planning.predict.max_rate import max_rate
-from core.planning.predict.prediction import Deployment, predict
+from core.planning.predict.prediction import predict
 from core.serving.latency import PERCENTILES
-from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES
 from core.serving.steady_state import STEADY_METRICS
 
 
@@ -53,35 +55,19 @@ class LineErrorParser(argparse.ArgumentParser):
 
 
 def deployment_flags(parser: argparse.ArgumentParser) -> None:
-    """--model --gpu --tp --pp --replicas --data-parallel-size --enable-expert-parallel --max-num-seqs --max-num-batched-tokens --weight-dtype --kv-dtype
-    --engine, and speculative decoding (--spec-tokens --spec-acceptance --spec-method --draft-model): one
-    deployment (`Deployment`)."""
+    """--model --gpu --tp --pp --replicas --data-parallel-size --enable-expert-parallel --max-num-seqs
+    --max-num-batched-tokens --weight-dtype --kv-dtype --engine, speculative decoding (--spec-tokens
+    --spec-acceptance --spec-method --draft-model), a host KV tier (--kv-offload-gib --offload-policy
+    --offload-bandwidth-gbps) and --routing: one deployment (`Deployment`), made from its input groups."""
     config_flags(parser)
-    parser.add_argument("--gpu", required=True, help="GPU preset")
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--replicas", type=int, default=1)
-    add_moe_parallel_flags(parser)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    parser.add_argument("--weight-dtype", default="auto")
-    parser.add_argument("--kv-dtype", default="auto")
-    parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
-    add_flags(parser, SPECULATION_FIELDS)
-    # a host-memory KV tier (vLLM's native offloading, core.serving.host_offload)
-    parser.add_argument("--kv-offload-gib", type=float, default=0.0, help="GiB of host KV per replica")
-    parser.add_argument("--offload-policy", default="lru", help="host tier eviction: lru or arc")
-    parser.add_argument("--offload-bandwidth-gbps", type=float, default=50.0, help="host->GPU GB/s per GPU")
-    parser.add_argument(
-        "--routing", default=DEFAULT_ROUTING, help=f"replica router: one of {', '.join(ROUTING_POLICIES)}"
-    )
+    add_flags(parser, DEPLOYMENT_FIELDS + SPECULATION_FIELDS + OFFLOAD_FIELDS + (ROUTING_FIELD,))
 
 
 def config_flags(parser: argparse.ArgumentParser) -> None:
     """--model PRESET | --config PATH [--num-params N]: a preset or any Hugging Face config.json (as the capacity
     planner takes them; `model_from_args` reads them)."""
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
+    source.add_argument(MODEL_FIELD.flag, **flag_kwargs(MODEL_FIELD))
     source.add_argument("--config", help="path of a Hugging Face config.json (instead of --model)")
     parser.add_argument("--num-params", type=float, help="parameter count for --config (default: estimated)")
 
@@ -120,26 +106,10 @@ def load_from_args(args, rate: float | None, concurrency: int | None = None) -> 
     return load_from(vars(args) | {"rate": rate, "concurrency": concurrency})
 
 
-def deployment_from_args(args) -> Deployment:
-    return Deployment(
-        model_from_args(args),
-        args.gpu,
-        args.tp,
-        args.pp,
-        args.replicas,
-        args.max_num_seqs,
-        args.max_num_batched_tokens,
-        args.weight_dtype,
-        args.kv_dtype,
-        args.engine,
-        speculation=speculation_from(vars(args)),
-        routing=args.routing,
-        kv_offload_gib=args.kv_offload_gib,
-        offload_policy=args.offload_policy,
-        offload_bandwidth_gbps=args.offload_bandwidth_gbps,
-        data_parallel=args.data_parallel_size,
-        expert_parallel=args.enable_expert_parallel,
-    )
+def deployment_values(args) -> dict:
+    """The values dict of the parsed flags (`core.planning.predict.inputs`' converters take it), the model that
+    of --model or --config (`model_from_args`)."""
+    return vars(args) | {"model": model_from_args(args)}
 
 
 def _clean(value):
@@ -155,33 +125,7 @@ def _clean(value):
 def disagg_flags(parser: argparse.ArgumentParser) -> None:
     """--disagg --prefill-workers --prefill-tp --decode-workers --decode-tp --kv-link: a disaggregated
     deployment (`core.planning.predict.disagg.DisaggDeployment`) instead of --tp / --pp / --replicas."""
-    parser.add_argument("--disagg", action="store_true", help="separate prefill and decode workers")
-    parser.add_argument("--prefill-workers", type=int, default=1)
-    parser.add_argument("--prefill-tp", type=int, default=1)
-    parser.add_argument("--decode-workers", type=int, default=1)
-    parser.add_argument("--decode-tp", type=int, default=1)
-    parser.add_argument("--kv-link", default=None, help="nvlink or network (default: nvlink within 8 GPUs)")
-
-
-def disagg_from_args(args) -> DisaggDeployment:
-    if args.spec_tokens is not None or args.pp != 1:
-        raise InvalidArgumentError("--disagg takes neither --spec-tokens nor --pp (each pool is tp-only)")
-    if args.data_parallel_size != 1 or args.enable_expert_parallel:
-        raise InvalidArgumentError(
-            "--disagg takes neither --data-parallel-size nor --enable-expert-parallel (each pool is tp-only)"
-        )
-    return DisaggDeployment.of(
-        model_from_args(args),
-        args.gpu,
-        (args.prefill_workers, args.prefill_tp),
-        (args.decode_workers, args.decode_tp),
-        args.kv_link,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        weight_dtype=args.weight_dtype,
-        kv_dtype=args.kv_dtype,
-        engine=args.engine,
-    )
+    add_flags(parser, DISAGG_FIELDS)
 
 
 def predict_main(argv: Sequence[str]) -> int:
@@ -196,9 +140,9 @@ def predict_main(argv: Sequence[str]) -> int:
     try:
         load = load_from_args(args, args.rate, args.concurrency)
         if args.disagg:
-            result = predict_disagg(disagg_from_args(args), load).to_dict()
+            result = predict_disagg(disagg_from(deployment_values(args)), load).to_dict()
         else:
-            result = predict(deployment_from_args(args), load).to_dict()
+            result = predict(deployment_from(deployment_values(args)), load).to_dict()
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -216,7 +160,7 @@ def max_rate_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     targets = targets_from_args(args)
     try:
-        deployment = deployment_from_args(args)
+        deployment = deployment_from(deployment_values(args))
         load = load_from_args(args, 1.0)
         found = max_rate(deployment, load, targets)
     except LabError as error:

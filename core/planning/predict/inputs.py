@@ -1,6 +1,7 @@
 """One converter from a values dict (keyed by the input groups' field names, `core.fields`) to the planner's
 domain types, used by the command line (`vars(args)` of `core.planning.commands.flags`) and the pages
-(`core.page_models.slo_predict`) alike: `load_from` -> `Load`, `speculation_from` -> `Speculation` (and back: `speculation_words`). A key left
+(`core.page_models.slo_predict`) alike: `deployment_from` -> `Deployment`, `disagg_from` -> `DisaggDeployment`, `load_from` -> `Load`,
+`speculation_from` -> `Speculation` (and back: `speculation_words`). A key left
 out takes its field's default; each value is checked once, by the domain type's constructor, with the message
 that names its flag."""
 
@@ -8,8 +9,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from core.errors import InvalidArgumentError
+from core.fields import check_values
 from core.planning.cost.speculative import SPECULATION_FIELDS, Speculation, parse_acceptance
+from core.planning.predict.deployment_fields import (
+    DEPLOYMENT_FIELDS,
+    MODEL_FIELD,
+    OFFLOAD_FIELDS,
+    ROUTING_FIELD,
+)
+from core.planning.predict.disagg import DISAGG_FIELDS, DisaggDeployment
 from core.planning.predict.load import LOAD_FIELDS, Load
+from core.planning.predict.prediction import Deployment
 
 
 def _values(fields, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -52,3 +62,42 @@ def speculation_words(speculation: Speculation | None) -> list[str]:
         "draft_model": speculation.draft_model,
     }
     return [word for field in SPECULATION_FIELDS for word in field.words(values[field.name])]
+
+
+# every input of one aggregated deployment but speculation's (a values dict's keys; `deployment_from` reads them)
+AGG_FIELDS = (MODEL_FIELD, *DEPLOYMENT_FIELDS, *OFFLOAD_FIELDS, ROUTING_FIELD)
+
+
+def deployment_from(values: Mapping[str, Any]) -> Deployment:
+    """The `Deployment` of `values`: the model (a preset slug or a ModelSpec), the GPU, parallelism, vLLM's
+    settings, the host tier, the router and speculation (`speculation_from`)."""
+    return Deployment(**_values(AGG_FIELDS, values), speculation=speculation_from(values))
+
+
+def disagg_from(values: Mapping[str, Any]) -> DisaggDeployment:
+    """The `DisaggDeployment` of `values`: each pool's workers and TP, the KV link ("auto": None, NVLink within
+    8 GPUs), and the aggregated deployment's model, GPU and settings, which both pools share. Raises
+    InvalidArgumentError naming the flag for a bad pool, or for what a disaggregated deployment does not take
+    (speculation, PP, DP ranks, expert parallelism, a host tier: each pool is TP only)."""
+    v = _values(AGG_FIELDS + SPECULATION_FIELDS + DISAGG_FIELDS, values)
+    v = check_values(v, DISAGG_FIELDS)
+    if (
+        v["spec_tokens"]
+        or v["pp"] != 1
+        or v["data_parallel"] != 1
+        or v["expert_parallel"]
+        or v["kv_offload_gib"]
+    ):
+        raise InvalidArgumentError(
+            "--disagg takes neither --spec-tokens, --pp, --data-parallel-size, --enable-expert-parallel nor "
+            "--kv-offload-gib (each pool is tp-only): leave them at 0 / 1 / off"
+        )
+    shared = ("max_num_seqs", "max_num_batched_tokens", "weight_dtype", "kv_dtype", "engine")
+    return DisaggDeployment.of(
+        v["model"],
+        v["gpu"],
+        (v["prefill_workers"], v["prefill_tp"]),
+        (v["decode_workers"], v["decode_tp"]),
+        None if v["kv_link"] == "auto" else v["kv_link"],
+        **{name: v[name] for name in shared},
+    )
