@@ -128,7 +128,8 @@ def disagg_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, DISAGG_FIELDS)
 
 
-def predict_main(argv: Sequence[str]) -> int:
+def predict_parser() -> argparse.ArgumentParser:
+    """The flags of `python -m core.planning predict`: a deployment, a load, --disagg, --rate | --concurrency."""
     parser = LineErrorParser(
         prog="python -m core.planning predict", description="One deployment's steady state."
     )
@@ -136,7 +137,11 @@ def predict_main(argv: Sequence[str]) -> int:
     load_flags(parser)
     disagg_flags(parser)
     add_exclusive_flags(parser, RATE_FIELDS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def predict_main(argv: Sequence[str]) -> int:
+    args = predict_parser().parse_args(argv)
     try:
         load = load_from_args(args, args.rate, args.concurrency)
         if args.disagg:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from core.errors import LabError, RoutingError, SloInfeasibleError
 from core.fields import field_named
 from core.planning.catalog.hardware import GPUS
-from core.planning.commands.flags import flag_kwargs
+from core.planning.commands.flags import add_flags, flag_kwargs
 from core.planning.commands.predict_cli import (
     LineErrorParser,
     config_flags,
@@ -35,8 +35,8 @@ from core.planning.commands.predict_cli import (
     target_flags,
     targets_from_args,
 )
-from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, ENGINES
 from core.planning.memory.kv_accounting import KV_DTYPES, WEIGHT_DTYPES
+from core.planning.predict.deployment_fields import SETTING_FIELDS
 from core.planning.predict.load import RATE_FIELDS
 from core.planning.search.slo import Slo, SloCandidates, plan_slo
 from core.planning.search.slo_candidates import DEFAULT_SLO_GPUS
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(rate.flag, **flag_kwargs(rate) | {"required": True})
     load_flags(parser)
     target_flags(parser)
-    parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
+    add_flags(parser, (field_named(SETTING_FIELDS, "engine"),))
     parser.add_argument(
         "--gpus", nargs="+", default=list(DEFAULT_SLO_GPUS), help=f"presets: {', '.join(GPUS)}"
     )
