@@ -24,10 +24,16 @@ def flag_kwargs(field: InputField) -> dict:
     return kwargs | ({"required": True} if field.required else {"default": field.default})
 
 
-def add_flags(parser: argparse.ArgumentParser, fields: tuple[InputField, ...]) -> None:
-    """One flag per field of `fields`, in order."""
+def add_flags(
+    parser: argparse.ArgumentParser, fields: tuple[InputField, ...], defaults: dict | None = None
+) -> None:
+    """One flag per field of `fields`, in order; `defaults`: a command's own default for some (by field name),
+    which makes a required flag optional."""
     for field in fields:
-        parser.add_argument(field.flag, **flag_kwargs(field))
+        kwargs = flag_kwargs(field)
+        if defaults and field.name in defaults:
+            kwargs = {k: v for k, v in kwargs.items() if k != "required"} | {"default": defaults[field.name]}
+        parser.add_argument(field.flag, **kwargs)
 
 
 def add_exclusive_flags(parser: argparse.ArgumentParser, fields: tuple[InputField, ...]) -> None:

@@ -26,11 +26,19 @@ MODEL_FIELD = InputField(
     choices=tuple(MODELS),
 )
 GPU_FIELD = InputField(
-    "gpu", "--gpu", "gpu", "choice", None, "GPU", "GPU preset", choices=tuple(GPUS), required=True
+    "gpu",
+    "--gpu",
+    "gpu",
+    "choice",
+    None,
+    "GPU",
+    f"GPU preset: {', '.join(GPUS)}",
+    choices=tuple(GPUS),
+    required=True,
 )
 PARALLEL_FIELDS = (
-    InputField("tp", "--tp", "tp", "int", 1, "TP", minimum=1, maximum=64, step=1),
-    InputField("pp", "--pp", "pp", "int", 1, "PP", minimum=1, maximum=64, step=1),
+    InputField("tp", "--tp", "tp", "int", 1, "TP", "tensor parallel size", minimum=1, maximum=64, step=1),
+    InputField("pp", "--pp", "pp", "int", 1, "PP", "pipeline parallel size", minimum=1, maximum=64, step=1),
     InputField("replicas", "--replicas", "replicas", "int", 1, "Replicas", minimum=1, maximum=1024, step=1),
 )
 MOE_FIELDS = (
@@ -71,7 +79,13 @@ SETTING_FIELDS = (
         step=32,
     ),
     InputField(
-        "max_num_batched_tokens", "--max-num-batched-tokens", None, "int", DEFAULT_MAX_NUM_BATCHED_TOKENS
+        "max_num_batched_tokens",
+        "--max-num-batched-tokens",
+        None,
+        "int",
+        DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        "max_num_batched_tokens",
+        "tokens scheduled per step; sizes the sliding-window groups (async scheduling doubles them in flight)",
     ),
     InputField(
         "weight_dtype",
@@ -103,7 +117,7 @@ OFFLOAD_FIELDS = (
         "float",
         0.0,
         "Host KV tier per replica, GiB (--kv-offload-gib; 0: none)",
-        "GiB of host KV per replica",
+        "GiB of host memory per replica for vLLM's native KV offloading (--kv-offloading-size)",
         step=10.0,
     ),
     InputField(
@@ -128,6 +142,17 @@ OFFLOAD_FIELDS = (
         exclusive_minimum=True,
     ),
 )
+# vLLM's --gpu-memory-utilization: the capacity command's flag (predict takes the default)
+GPU_MEMORY_FIELD = InputField(
+    "gpu_memory_utilization",
+    "--gpu-memory-utilization",
+    None,
+    "float",
+    0.9,
+    "GPU memory utilization",
+    minimum=0.01,
+    maximum=1.0,
+)
 ROUTING_FIELD = InputField(
     "routing",
     "--routing",
@@ -143,4 +168,11 @@ ROUTING_FIELD = InputField(
 DEPLOYMENT_FIELDS = (GPU_FIELD, *PARALLEL_FIELDS, *MOE_FIELDS, *SETTING_FIELDS)
 # the values `Deployment` checks by their field (the others have their own checks: a preset or a spec object,
 # max_num_batched_tokens at least max_num_seqs, the engine's profile, the host tier, the router)
-CHECKED_FIELDS = (*PARALLEL_FIELDS, MOE_FIELDS[0], SETTING_FIELDS[0], *SETTING_FIELDS[2:4], OFFLOAD_FIELDS[2])
+CHECKED_FIELDS = (
+    *PARALLEL_FIELDS,
+    MOE_FIELDS[0],
+    SETTING_FIELDS[0],
+    *SETTING_FIELDS[2:4],
+    GPU_MEMORY_FIELD,
+    OFFLOAD_FIELDS[2],
+)

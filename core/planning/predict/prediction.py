@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from core.common import check_float, check_int
+from core.common import check_int
 from core.errors import InvalidArgumentError
 from core.fields import check_fields
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
@@ -121,7 +121,6 @@ class Deployment:
         engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
         if self.block_size not in BLOCK_SIZES:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
-        check_float(self.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0)
         if self.speculation is not None and not isinstance(self.speculation, Speculation):
             raise InvalidArgumentError(
                 "speculation must be a core.planning.cost.speculative.Speculation or None"
