@@ -5,8 +5,10 @@ Keys are the page's widget keys. `mode` picks the question: "search" (the cheape
 `SloPlannerParams()`'s: Llama-3.1-8B, 12 req/s of 2,000 in / 300 out tokens, TTFT p95 <= 1 s, TPOT p95 <= 50 ms
 over H100 / H200 / L40S) or "predict" (one deployment at one load, defaults `SloPredictParams()`'s). The workload
 and the TTFT / TPOT targets are shared by both modes; the URL holds the mode and that mode's fields
-(`MODE_KEYS`). The latency targets and the rate have no lower bound here: a zero or negative value reaches
-core's checks, whose typed error the page shows (one place states what is allowed). TPOT and ITL targets are
+(`MODE_KEYS`). The model, the deployment, the load, speculation, the disaggregated pools and the host tier are
+their input groups' fields (`core.fields`; `ui.input_fields.url_field`: key, kind, label, step from the
+declaration, the seed this page's scenario): their numbers have no bounds here, nor do the latency targets, so
+a bad value reaches core's one check, whose typed error (naming the flag) the page shows. TPOT and ITL targets are
 entered in milliseconds, TTFT and end-to-end in seconds; each target's percentile is its own field
 (`{metric}_q`, predict mode). No streamlit here.
 """
@@ -108,8 +110,8 @@ def _target_fields() -> list[Field]:
     return fields
 
 
-# the levers (predict mode): no lower bounds on lengths and counts, so a bad value reaches core's check, whose
-# message names the input (its CLI flag); speculative tokens 0 = no speculation
+# the levers (predict mode): shared prefixes and chats, speculation (0 tokens: none), disaggregated prefill /
+# decode, the host KV tier
 LEVER_FIELDS = [
     *(url_field(f, getattr(P, f.name)) for f in LOAD_LEVERS),
     *(url_field(f, getattr(P, f.name)) for f in SPECULATION_FIELDS),

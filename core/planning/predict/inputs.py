@@ -1,9 +1,9 @@
 """One converter from a values dict (keyed by the input groups' field names, `core.fields`) to the planner's
-domain types, used by the command line (`vars(args)` of `core.planning.commands.flags`) and the pages
-(`core.page_models.slo_predict`) alike: `deployment_from` -> `Deployment`, `disagg_from` -> `DisaggDeployment`, `load_from` -> `Load`,
-`speculation_from` -> `Speculation` (and back: `speculation_words`). A key left
-out takes its field's default; each value is checked once, by the domain type's constructor, with the message
-that names its flag."""
+domain types, used by the command line (`vars(args)`: `core.planning.commands.flags` makes each flag's dest its
+field's name) and the pages (`core.page_models.slo_predict`) alike: `deployment_from` -> `Deployment`,
+`disagg_from` -> `DisaggDeployment`, `load_from` -> `Load`, `speculation_from` -> `Speculation` (and back:
+`speculation_words`). A key left out takes its field's default; each value is checked once, by the domain type's
+constructor (or here, for the inputs no type holds), with the message that names its flag."""
 
 from collections.abc import Mapping
 from typing import Any
