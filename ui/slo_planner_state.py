@@ -18,9 +18,7 @@ from typing import Any
 from core.fields import field_named
 from core.page_models.slo_planner import DEFAULT_PARAMS, SloPlannerParams
 from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, LOAD_KINDS, SloPredictParams
-from core.planning.catalog.hardware import GPUS
 from core.planning.cost.speculative import SPECULATION_FIELDS
-from core.planning.memory.kv_accounting import KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES
 from core.planning.predict.deployment_fields import (
     GPU_FIELD,
     MODEL_FIELD,
@@ -31,6 +29,7 @@ from core.planning.predict.deployment_fields import (
 from core.planning.predict.disagg import DISAGG_FIELDS
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.load import RATE_FIELDS, SHAPE_FIELDS
+from core.planning.search.slo_candidates import SEARCH_FIELDS
 from core.serving.latency import PERCENTILES
 from ui.input_fields import url_field, values_by_name
 from ui.query_state import Field, encode_params
@@ -148,10 +147,7 @@ FIELDS = [
         optional=True,
         label="TPOT target, ms",
     ),
-    Field("gpus", D.gpus, "multi", tuple(GPUS), label="GPU types"),
-    Field("max_gpus", D.max_gpus, "int", minimum=1, maximum=MAX_GPUS, step=1, label="most GPUs"),
-    Field("kv", D.kv_dtypes, "multi", KV_DTYPES, label="KV cache dtypes"),
-    Field("weights", D.weight_dtypes, "multi", WEIGHT_DTYPES, label="weight dtypes"),
+    *(url_field(f, getattr(D, f.name)) for f in SEARCH_FIELDS),
     Field("rates", False, "bool", label="find the highest rates"),
     Field("disagg_too", D.disagg, "bool", label="disaggregated deployments too"),
     *_target_fields(),
@@ -195,10 +191,7 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
         **values_by_name(values, (MODEL_FIELD, RATE, *SHAPE_FIELDS, ENGINE)),
         targets=targets_from(values),
         chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])),
-        gpus=tuple(values["gpus"]),
-        max_gpus=int(values["max_gpus"]),
-        kv_dtypes=tuple(values["kv"]),
-        weight_dtypes=tuple(values["weights"]),
+        **values_by_name(values, SEARCH_FIELDS),
         disagg=bool(values["disagg_too"]),
     )
 

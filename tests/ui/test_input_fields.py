@@ -8,13 +8,15 @@ import pytest
 
 from core.errors import InvalidArgumentError
 from core.planning.commands.predict_cli import deployment_values, predict_main, predict_parser
+from core.planning.commands.slo_cli import build_parser as build_slo_parser
 from core.planning.cost.speculative import Speculation
 from core.planning.predict.disagg import DisaggDeployment
 from core.planning.predict.inputs import deployment_from, disagg_from, load_from
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import Deployment
+from core.planning.search.slo_candidates import SEARCH_FIELDS, SloCandidates
 from ui.query_state import parse_params
-from ui.slo_planner_state import FIELDS, PREDICT_INPUTS, predict_params_from
+from ui.slo_planner_state import FIELDS, PREDICT_INPUTS, params_from, predict_params_from
 
 # a value other than its default for every input of the predict mode, by field name
 VALUES = {
@@ -134,3 +136,46 @@ def test_a_bad_value_has_one_message_on_the_command_line_and_the_page(bad, capsy
     with pytest.raises(InvalidArgumentError) as raised:
         predict_params_from(url(values)).check()
     assert printed == f"error: {raised.value}"
+
+
+def test_the_search_space_flags_and_url_fields_are_its_fields():
+    """`slo`'s --gpus --max-gpus --kv-dtypes --weight-dtypes and the search mode's URL fields: one declaration, and
+    the same values give the same `SloCandidates` (as written by hand) from either."""
+    flags = build_slo_parser()._option_string_actions
+    for field in SEARCH_FIELDS:
+        assert flags[field.flag].dest == field.name
+        url_field = FIELDS_BY_KEY[field.url_key]
+        assert (url_field.label, url_field.kind, url_field.choices) == (
+            field.label,
+            field.kind,
+            field.choices,
+        )
+    words = ["--model", "qwen2.5-7b", "--rate", "2", "--prompt-len", "100", "--output-len", "10"]
+    words += [
+        "--gpus",
+        "l40s",
+        "h100-80gb",
+        "--max-gpus",
+        "4",
+        "--kv-dtypes",
+        "fp8",
+        "--weight-dtypes",
+        "fp8",
+    ]
+    args = build_slo_parser().parse_args(words)
+    query = {"mode": "search", "gpus": "l40s,h100-80gb", "max_gpus": "4", "kv": "fp8", "weights": "fp8"}
+    values, errors = parse_params(query, FIELDS)
+    assert errors == []
+    expected = SloCandidates(
+        gpus=("l40s", "h100-80gb"), max_gpus=4, kv_dtypes=("fp8",), weight_dtypes=("fp8",)
+    )
+    page = params_from(values).candidates()
+    cli = SloCandidates(**{f.name: getattr(args, f.name) for f in SEARCH_FIELDS})
+    assert cli == expected and (page.gpus, page.max_gpus, page.kv_dtypes, page.weight_dtypes) == (
+        expected.gpus,
+        expected.max_gpus,
+        expected.kv_dtypes,
+        expected.weight_dtypes,
+    )
+    with pytest.raises(InvalidArgumentError, match="--kv-dtypes must be among auto, fp16"):
+        SloCandidates(kv_dtypes=("int3",))

@@ -7,7 +7,7 @@ import argparse
 
 from core.fields import InputField
 
-_TYPES = {"int": int, "float": float, "str": str, "choice": str}
+_TYPES = {"int": int, "float": float, "str": str, "choice": str, "multi": str}
 
 
 def flag_kwargs(field: InputField) -> dict:
@@ -21,6 +21,8 @@ def flag_kwargs(field: InputField) -> dict:
         "type": _TYPES[field.kind],
         "metavar": field.metavar or field.flag.removeprefix("--").upper().replace("-", "_"),
     }
+    if field.kind == "multi":  # one or more values: --gpus l40s h100-80gb
+        return kwargs | {"nargs": "+", "default": list(field.default)}
     return kwargs | ({"required": True} if field.required else {"default": field.default})
 
 

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 
 from core.errors import LabError, RoutingError, SloInfeasibleError
 from core.fields import field_named
-from core.planning.catalog.hardware import GPUS
 from core.planning.commands.flags import add_flags, flag_kwargs
 from core.planning.commands.predict_cli import (
     LineErrorParser,
@@ -35,11 +34,10 @@ from core.planning.commands.predict_cli import (
     target_flags,
     targets_from_args,
 )
-from core.planning.memory.kv_accounting import KV_DTYPES, WEIGHT_DTYPES
 from core.planning.predict.deployment_fields import SETTING_FIELDS
 from core.planning.predict.load import RATE_FIELDS
 from core.planning.search.slo import Slo, SloCandidates, plan_slo
-from core.planning.search.slo_candidates import DEFAULT_SLO_GPUS
+from core.planning.search.slo_candidates import SEARCH_FIELDS
 from core.serving.router import ROUTING_POLICIES
 
 
@@ -55,17 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     load_flags(parser)
     target_flags(parser)
     add_flags(parser, (field_named(SETTING_FIELDS, "engine"),))
-    parser.add_argument(
-        "--gpus", nargs="+", default=list(DEFAULT_SLO_GPUS), help=f"presets: {', '.join(GPUS)}"
-    )
-    parser.add_argument("--max-gpus", type=int, default=defaults.max_gpus)
+    add_flags(parser, SEARCH_FIELDS[:2])  # --gpus --max-gpus
     parser.add_argument("--tp", type=int, nargs="+", default=list(defaults.tensor_parallel))
     parser.add_argument("--pp", type=int, nargs="+", default=list(defaults.pipeline_parallel))
     parser.add_argument("--max-num-seqs", type=int, nargs="+", default=list(defaults.max_num_seqs))
-    parser.add_argument("--kv-dtypes", nargs="+", default=list(defaults.kv_dtypes), choices=KV_DTYPES)
-    parser.add_argument(
-        "--weight-dtypes", nargs="+", default=list(defaults.weight_dtypes), choices=WEIGHT_DTYPES
-    )
+    add_flags(parser, SEARCH_FIELDS[2:])  # --kv-dtypes --weight-dtypes
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
     parser.add_argument(
         "--data-parallel-size",
