@@ -44,8 +44,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from core.common import check_float, check_int
+from core.common import check_int
 from core.errors import InvalidArgumentError
+from core.fields import check_fields
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.catalog.hardware import GPUSpec, get_gpu
 from core.planning.catalog.models import ModelSpec, get_model
@@ -66,8 +67,6 @@ from core.planning.cost.speculative import (
 from core.planning.cost.step_time import StepTimeModel, from_specs
 from core.planning.memory.kv_accounting import (
     BLOCK_SIZES,
-    KV_DTYPES,
-    WEIGHT_DTYPES,
     check_moe_parallel,
     check_parallelism,
 )
@@ -75,6 +74,7 @@ from core.planning.memory.offload import check_offload_gib, host_kv_tier, offloa
 from core.planning.memory.plan import CapacityPlan, PlanInputs, ReplicaMemory, plan_from, replica_memory
 from core.planning.memory.resolved import ResolvedDeployment, resolve_deployment
 from core.planning.memory.vllm_command import parallel_flags
+from core.planning.predict.deployment_fields import CHECKED_FIELDS
 from core.planning.predict.load import Load
 from core.serving.fleet import Fleet, replica_breakdown, simulate_fleet
 from core.serving.host_offload import DEFAULT_OFFLOAD_BANDWIDTH, HostOffload
@@ -128,34 +128,19 @@ class Deployment:
             raise InvalidArgumentError("model and gpu must be preset slugs or ModelSpec / GPUSpec objects")
         object.__setattr__(self, "model_spec", model)
         object.__setattr__(self, "gpu_spec", gpu)
-        for name, top in (("tp", 64), ("pp", 64), ("replicas", 1024), ("max_num_seqs", 65_536)):
-            check_int(getattr(self, name), name, minimum=1, maximum=top)
-        check_int(self.max_num_batched_tokens, "max_num_batched_tokens", minimum=self.max_num_seqs)
+        check_fields(self, CHECKED_FIELDS)  # tp, pp, replicas, DP ranks, max_num_seqs, dtypes, host bandwidth
+        check_int(self.max_num_batched_tokens, "--max-num-batched-tokens", minimum=self.max_num_seqs)
         check_parallelism(model, self.tp, self.pp)
-        check_int(self.data_parallel, "data_parallel", minimum=1, maximum=1024)
         check_moe_parallel(model, self.tp, self.data_parallel, self.expert_parallel)
-        for name, allowed in (("weight_dtype", WEIGHT_DTYPES), ("kv_dtype", KV_DTYPES)):
-            if getattr(self, name) not in allowed:
-                raise InvalidArgumentError(
-                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
-                )
         engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
         if self.block_size not in BLOCK_SIZES:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
-        check_float(self.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0)
         if self.speculation is not None and not isinstance(self.speculation, Speculation):
             raise InvalidArgumentError(
                 "speculation must be a core.planning.cost.speculative.Speculation or None"
             )
         check_offload_gib(self.kv_offload_gib, "kv_offload_gib")
-        HostOffload(
-            0,
-            self.offload_policy,
-            check_float(
-                self.offload_bandwidth_gbps, "offload_bandwidth_gbps", minimum=0, exclusive_minimum=True
-            )
-            * 1e9,
-        )
+        HostOffload(0, self.offload_policy, self.offload_bandwidth_gbps * 1e9)
 
     def host_offload(self, capacity: CapacityPlan | ReplicaMemory) -> HostOffload | None:
         """The simulator's host tier for one replica of `capacity` (a plan, or a replica's memory: vLLM's
