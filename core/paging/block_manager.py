@@ -161,11 +161,9 @@ class BlockManager:
             seq.fast = slot_results(slot + 1, slot - p % bs + bs - self.enable_prefix_caching)
         return _new_tuple(AppendResult, (slot, cow))
 
-    def _arm(self, seq: _Sequence) -> None:  # the fast slots: for full attention, in an unshared tail
-        table, bs, seq.fast = seq.block_table, self.block_size, iter(())
-        if (
-            self.sliding_window is None and self.pool.ref_count(table[-1]) == 1
-        ):  # a filling token is hashed: slow
+    def _arm(self, seq: _Sequence) -> None:  # fast slots for full attention in an unshared tail (a filling
+        table, bs, seq.fast = seq.block_table, self.block_size, iter(())  # token is hashed: never fast)
+        if self.sliding_window is None and self.pool.ref_count(table[-1]) == 1:
             start = table[-1] * bs + len(seq.token_ids) - (len(table) - 1) * bs
             seq.fast = slot_results(start, table[-1] * bs + bs - self.enable_prefix_caching)
 
