@@ -23,15 +23,15 @@ _chain_hash = hash_block_tokens  # the default key of a full block (looked up at
 _new_tuple = tuple.__new__
 
 
-class _Sequence:
-    """A sequence's tokens, chained block hashes and table (`blocks`; `block_table` is its list). `fast`
-    yields the results of its next tokens that need only a slot in the unshared last block (see `_arm`)."""
+class _Sequence(list):
+    """A sequence's tokens (the list itself: a fast append touches one object), block hashes, table (`blocks`,
+    `block_table` its list); `fast` yields the results of next tokens needing only a slot in the tail (`_arm`)."""
 
-    __slots__ = ("block_hashes", "block_table", "blocks", "fast", "token_ids")
+    __slots__ = ("block_hashes", "block_table", "blocks", "fast")
 
     def __init__(self, blocks: RequestBlocks, token_ids: list[int], block_hashes: list[int]):
-        self.blocks, self.block_table = blocks, blocks.table
-        self.token_ids, self.block_hashes = token_ids, block_hashes
+        super().__init__(token_ids)
+        self.blocks, self.block_table, self.block_hashes = blocks, blocks.table, block_hashes
         self.fast = iter(())
 
 
@@ -88,10 +88,10 @@ class BlockManager:
         return self._seq(seq_id).blocks.num_held
 
     def num_tokens(self, seq_id: Hashable) -> int:
-        return len(self._seq(seq_id).token_ids)
+        return len(self._seq(seq_id))
 
     def token_ids(self, seq_id: Hashable) -> list[int]:
-        return list(self._seq(seq_id).token_ids)
+        return list(self._seq(seq_id))
 
     def ref_count(self, block_id: int) -> int:
         return self.pool.ref_count(check_int(block_id, "block_id", minimum=0, maximum=self.num_blocks - 1))
@@ -133,13 +133,13 @@ class BlockManager:
         except KeyError:
             seq = self._seq(seq_id)  # raises UnknownSequenceError
         for result in seq.fast:  # AppendResult(slot, None) for a token that needs no block work
-            seq.token_ids.append(token_id)
+            seq.append(token_id)
             return result
         return self._append_slow(seq, seq_id, token_id)
 
     def _append_slow(self, seq: _Sequence, seq_id: Hashable, token_id: int) -> AppendResult:
         """`append_token` past the fast slots: window releases, a block or a copy, caching a full block."""
-        manager, rec, tokens, bs = self._manager, seq.blocks, seq.token_ids, self.block_size
+        manager, rec, tokens, bs = self._manager, seq.blocks, seq, self.block_size
         p, table, window = len(tokens), seq.block_table, self.sliding_window is not None
         if window:  # what the token at p no longer reads goes first
             self.pool.check_free(manager.num_blocks_to_write(rec, p, p + 1), "sequence %r needs", seq_id)
@@ -164,7 +164,7 @@ class BlockManager:
     def _arm(self, seq: _Sequence) -> None:  # fast slots for full attention in an unshared tail (a filling
         table, bs, seq.fast = seq.block_table, self.block_size, iter(())  # token is hashed: never fast)
         if self.sliding_window is None and self.pool.ref_count(table[-1]) == 1:
-            start = table[-1] * bs + len(seq.token_ids) - (len(table) - 1) * bs
+            start = table[-1] * bs + len(seq) - (len(table) - 1) * bs
             seq.fast = slot_results(start, table[-1] * bs + bs - self.enable_prefix_caching)
 
     def append_tokens(self, seq_id: Hashable, token_ids: Sequence[int]) -> list[AppendResult]:
@@ -183,7 +183,7 @@ class BlockManager:
         if child_id in self._seqs:
             raise DuplicateSequenceError(f"cannot fork into {child_id!r}: that sequence already exists")
         rec = self._manager.fork(parent_id, child_id)
-        self._seqs[child_id] = child = _Sequence(rec, list(parent.token_ids), list(parent.block_hashes))
+        self._seqs[child_id] = child = _Sequence(rec, parent, list(parent.block_hashes))
         for seq in (parent, child):
             self._arm(seq)  # the tail is shared now: both take the slow path (copy-on-write) next
 
@@ -196,5 +196,5 @@ class BlockManager:
         return self.pool.reset_prefix_cache()
 
     def snapshot(self) -> KVCacheSnapshot:  # one group: a holder is a sequence
-        lengths = {seq_id: len(seq.token_ids) for seq_id, seq in self._seqs.items()}
+        lengths = {seq_id: len(seq) for seq_id, seq in self._seqs.items()}
         return build_snapshot(self.pool, [self._manager], lengths)
