@@ -76,8 +76,10 @@ def ours_trace(block_size: int, prompts: list, tokens: list, check: bool = False
     """Steps 1-3 through `BlockManager`: {"decode_s", "free_s", "state"}; `state` (`_state` of the tables after
     step 2) only when `check`."""
     manager = BlockManager(TRACE_POOL_BLOCKS, block_size, enable_prefix_caching=True)
-    seqs = list(range(len(prompts)))  # the ids, held as nano-vllm's scheduler holds its sequence objects: the
-    for seq, prompt in zip(seqs, prompts, strict=True):  # objects admitted (an equal int >= 256 is another one)
+    # the ids, held as nano-vllm's scheduler holds its sequence objects: the very objects admitted (an equal int
+    # >= 256 is another object, and a lookup by it compares values)
+    seqs = list(range(len(prompts)))
+    for seq, prompt in zip(seqs, prompts, strict=True):
         manager.allocate(seq, prompt)
     append = manager.append_token
     gc.collect()
