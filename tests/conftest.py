@@ -198,6 +198,12 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    # xdist reorders the units by their number of tests unless told not to (`--loadscope-reorder`, on by default):
+    # the 12 real-vLLM tests then started ~100 s into a full run, behind 38 larger files, and the run ended on one
+    # worker with the other idle (~55 s between the two in a replay of a full run's durations). The order
+    # pytest_collection_modifyitems gives is the one meant.
+    config.option.loadscopereorder = False
+
     class RealVLLMTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(REAL_VLLM_TESTS):

@@ -46,6 +46,11 @@ MAX_MODEL_LEN = 1024  # the longest prompt here is ~540 tokens
 # "'function' object has no attribute 'finalize_loading'", so it compiles on every start); eager decodes ~1.6x
 # slower, prefills as fast.
 EAGER = ("-O0",)
+# One OpenMP thread, as the suite's workers and the servers they start have (tests/conftest.py): the other worker
+# keeps a core busy all run long, so vLLM's second thread waited on a core that was not free at every barrier. On
+# the shared 2-core machine under load, 8 output tokens took 6-10 s with 2 threads and 0.4-1.3 s with 1 (a 384-token
+# prefill 3-4 s and 0.6-1.2 s), and tests/vllm/ summed 265 s against 188 s.
+THREADS = 1
 NUM_GPU_BLOCKS_OVERRIDE = 64
 TOPIC = "kv-events"
 START_TIMEOUT_S = 600  # ~45 s on 2 quiet cores, minutes on busy ones
@@ -146,7 +151,7 @@ def _start(shared: Path) -> RealVLLM:
         kv_cache_space_gib=KV_CACHE_SPACE_GIB,
         max_model_len=MAX_MODEL_LEN,
         num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE,
-        threads=2,
+        threads=THREADS,
         kv_events=kv_events,
         extra_args=EAGER,
         extra_env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
