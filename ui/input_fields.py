@@ -17,7 +17,7 @@ _SEED = object()
 def url_field(field: InputField, default: Any = _SEED, *, bounded: bool = False, prefix: str = "") -> Field:
     """The URL field of `field`, seeded with `default` (the schema's default when left out); `bounded`: its
     minimum and maximum too (a slider's range, or a page that refuses an out-of-range URL value as it parses
-    it). Empty ("auto") is allowed when the field is optional and the page seeds it empty. `prefix`: a page's
+    it, by the field's `check`: its message, the command line's). Empty ("auto") is allowed when the field is optional and the page seeds it empty. `prefix`: a page's
     group of inputs shown twice (the Capacity Planner's scenarios, "a_" and "b_") keys each copy `prefix` +
     `url_key`."""
     seed = field.default if default is _SEED else default
@@ -31,6 +31,7 @@ def url_field(field: InputField, default: Any = _SEED, *, bounded: bool = False,
         optional=field.optional and seed is None,
         label=field.label,
         step=field.step,
+        check=field.check if bounded and field.kind in ("int", "float") else None,
     )
 
 
