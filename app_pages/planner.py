@@ -14,10 +14,7 @@ from core.page_models.planner import (
     context_sweep,
     decode_config,
     encode_config,
-    formula_lines,
     gpu_preset_rows,
-    hybrid_comparison,
-    kv_group_rows,
     make_workload,
     model_from_config,
     model_preset_rows,
@@ -33,6 +30,7 @@ from core.planning.catalog.weights import read_safetensors_index
 from core.planning.memory.what_if import memory_breakdown
 from core.uploads import read_upload
 from ui.charts import cached_chart, cached_dataframe, cached_value
+from ui.input_fields import input_widget
 from ui.jobs import app_limits
 from ui.planner_figures import (
     concurrency_vs_context_figure,
@@ -40,8 +38,8 @@ from ui.planner_figures import (
     memory_breakdown_figure,
     paged_vs_contiguous_figure,
 )
-from ui.planner_state import ALL_FIELDS, SCENARIO_NAMES, WORKLOAD_LABELS, url_params
-from ui.theme import fmt_int
+from ui.planner_state import ALL_FIELDS, PLANNER, SCENARIO_NAMES, WORKLOAD_LABELS, url_params
+from ui.planner_view import show_metrics, show_plan, show_verdict
 from ui.url_widgets import UrlState
 
 state = UrlState("_planner", ALL_FIELDS)
@@ -123,104 +121,72 @@ def custom_config_inputs(p: str) -> None:
 
 
 def scenario_inputs(p: str) -> None:
-    w = state.widget
-    w(
+    """One scenario's inputs: each widget's label, key (after the scenario's prefix `p`) and bounds from the
+    capacity plan's field (`PLANNER`, `core.planning.predict.plan_fields`)."""
+
+    def field(factory, key: str, **kwargs):
+        return input_widget(state.widget, factory, PLANNER[key], prefix=p, **kwargs)
+
+    field(
         st.selectbox,
-        "Model",
-        f"{p}model",
+        "model",
         on_change=on_model_change,
         args=(p,),
         format_func=lambda s: "Custom (paste or upload config.json)" if s == CUSTOM else MODELS[s].name,
     )
     if state.values[f"{p}model"] == CUSTOM:
         custom_config_inputs(p)
-    w(
+    field(
         st.selectbox,
-        "GPU",
-        f"{p}gpu",
+        "gpu",
         format_func=lambda s: (
             "Custom GPU" if s == CUSTOM else f"{GPUS[s].name} ({GPUS[s].memory_gib:,.1f} GiB)"
         ),
     )
     if state.values[f"{p}gpu"] == CUSTOM:
-        c = st.columns(3)
-        with c[0]:
-            w(st.number_input, "Memory (GiB)", f"{p}gpu_mem")
-        with c[1]:
-            w(st.number_input, "Bandwidth (GB/s)", f"{p}gpu_bw")
-        with c[2]:
-            w(st.number_input, "bf16 TFLOP/s (dense)", f"{p}gpu_tflops", placeholder="unknown")
+        for column, key in zip(st.columns(3), ("gpu_mem", "gpu_bw", "gpu_tflops"), strict=True):
+            with column:
+                field(st.number_input, key, **({"placeholder": "unknown"} if key == "gpu_tflops" else {}))
     rows = [
-        [
-            (st.number_input, "GPUs", "gpus"),
-            (st.number_input, "Tensor parallel", "tp"),
-            (st.number_input, "Pipeline parallel", "pp"),
-        ],
-        [
-            (st.selectbox, "Weight dtype", "wdtype"),
-            (st.selectbox, "KV cache dtype", "kvdtype"),
-            (st.selectbox, "Block size (tokens)", "block"),
-        ],
-        [
-            (st.number_input, "Context length: max_model_len (tokens)", "ctx"),
-            (st.slider, "gpu_memory_utilization", "util"),
-        ],
+        [(st.number_input, "gpus"), (st.number_input, "tp"), (st.number_input, "pp")],
+        [(st.selectbox, "wdtype"), (st.selectbox, "kvdtype"), (st.selectbox, "block")],
+        [(st.number_input, "ctx"), (st.slider, "util")],
     ]
     for row in rows:
-        for column, (factory, label, name) in zip(st.columns(len(row)), row, strict=True):
+        for column, (factory, key) in zip(st.columns(len(row)), row, strict=True):
             with column:
-                w(factory, label, f"{p}{name}")
+                field(factory, key)
     c = st.columns(2)
     with c[0]:
-        w(
+        field(
             st.number_input,
-            "Activation reserve per GPU (GiB)",
-            f"{p}act",
+            "act",
             placeholder="auto (estimate)",
             help="Leave empty for the estimate; enter vLLM's logged activation peak for an exact plan.",
         )
     with c[1]:
-        w(st.number_input, "max_num_seqs", f"{p}seqs")
-    w(st.number_input, "Host KV tier per replica (GiB, vLLM's --kv-offloading-size; 0: none)", f"{p}offload")
-    moe_inputs(p)
-    hybrid_inputs(p)
-
-
-def moe_inputs(p: str) -> None:
-    """A mixture-of-experts model served with data-parallel attention and expert parallelism (docs/pages/planner.md,
-    "MoE")."""
-    with st.expander("MoE: data-parallel attention, expert parallel"):
+        field(st.number_input, "seqs")
+    field(st.number_input, "offload", help=PLANNER["offload"].help)
+    with st.expander("MoE: data-parallel attention, expert parallel"):  # docs/pages/planner.md, "MoE"
         c = st.columns(2)
         with c[0]:
-            state.widget(
-                st.number_input,
-                "DP ranks per server (--data-parallel-size)",
-                f"{p}dp",
-                help="Each DP rank: tensor-parallel GPUs with its own requests and KV cache; a MoE "
-                "model's routed experts are spread over all tp × DP GPUs. GPUs must be a multiple of "
-                "TP × PP × DP.",
+            field(
+                st.number_input, "dp", help=PLANNER["dp"].help + ". GPUs must be a multiple of TP × PP × DP."
             )
         with c[1]:
-            state.widget(
-                st.toggle,
-                "Expert parallel (--enable-expert-parallel)",
-                f"{p}ep",
-                help="MoE only: whole experts per GPU instead of every expert split over the GPUs.",
-            )
+            field(st.toggle, "ep", help=PLANNER["ep"].help)
+    hybrid_inputs(p, field)
 
 
-def hybrid_inputs(p: str) -> None:
+def hybrid_inputs(p: str, field) -> None:
     """Inputs that matter for hybrid models (sliding-window, chunked, Mamba layers) and exact weights."""
     with st.expander("Hybrid KV cache manager, tokens per step, exact weights"):
         c = st.columns(2)
         with c[0]:
-            state.widget(
+            field(
                 st.number_input,
-                "max_num_batched_tokens",
-                f"{p}mbt",
-                help="Tokens scheduled per step: a sliding-window group reserves room for the window "
-                "plus these. With async scheduling vLLM keeps two steps in flight: enter twice the "
-                "value.",
+                "mbt",
+                help=PLANNER["mbt"].help + " (enter twice the value to count both steps)",
             )
         with c[1]:
             state.widget(
@@ -262,81 +228,6 @@ def workload_inputs() -> None:
         state.widget(st.number_input, "Output tokens" + suffix, "wl_output", disabled=fixed)
     with c[4]:
         state.widget(st.number_input, "Seed", "wl_seed")
-
-
-def show_metrics(result, baseline) -> None:
-    p, w = result.plan, result.what_if
-    b = baseline.plan if baseline else None
-    bw = baseline.what_if if baseline else None
-
-    def delta(value, base_value):
-        if baseline is None or value is None or base_value is None:
-            return None
-        return f"{value - base_value:+,.0f}"
-
-    c = st.columns(5)
-    c[0].metric("KV tokens per replica", fmt_int(p.kv_tokens), delta(p.kv_tokens, b and b.kv_tokens))
-    c[1].metric("KV blocks", fmt_int(p.num_blocks), delta(p.num_blocks, b and b.num_blocks))
-    c[2].metric(
-        "Full-length requests",
-        fmt_int(p.max_concurrency_total),
-        delta(p.max_concurrency_total, b and b.max_concurrency_total),
-        help=f"Requests of {p.context_len:,} tokens held at once, all replicas together; each holds "
-        f"ceil({p.context_len:,} / {p.block_size}) blocks.",
-    )
-    c[3].metric(
-        "Avg concurrent, paged",
-        fmt_int(w.paged_concurrency) if w else "—",
-        delta(w.paged_concurrency if w else None, bw.paged_concurrency if bw else None),
-        help="Per replica, capped at max_num_seqs; the chart below shows the memory-bound figure.",
-    )
-    c[4].metric(
-        "Decode tokens/s (est.)",
-        fmt_int(p.decode_tokens_per_s) if p.decode_tokens_per_s else "—",
-        delta(p.decode_tokens_per_s, b and b.decode_tokens_per_s),
-        help="Roofline estimate: weights + KV read per step over memory bandwidth (or FLOPs over peak).",
-    )
-    if p.decode_tokens_per_s:
-        st.caption(
-            f"Decode tokens/s (est.): a batch of {p.decode_batch:,} requests per replica (the smaller of the full-"
-            f"length requests that fit and max_num_seqs) at a context of {p.context_len:,} tokens, "
-            f"{p.replicas:,} replica{'s' * (p.replicas > 1)}: a roofline upper bound."
-        )
-
-
-def show_verdict(prefix: str, result) -> None:
-    st.markdown(
-        f"#### {SCENARIO_NAMES[prefix]}: {result.model.name} on {result.plan.num_gpus} × {result.gpu.name}"
-    )
-    (st.success if result.plan.fits else st.error)(result.plan.verdict)
-
-
-def show_plan(prefix: str, result, workload_error: str | None) -> None:
-    st.markdown(f"**{SCENARIO_NAMES[prefix]}**")
-    if result.model.is_hybrid or len(result.plan.kv_layout.groups) > 1:
-        st.markdown("KV cache groups, as vLLM V1 lays them out:")
-        cached_dataframe(st, cached_value(kv_group_rows, result.plan), width="stretch")
-        comparison = hybrid_comparison(result)
-        if comparison:
-            st.caption(comparison)
-    if result.workload_error and result.workload_error != workload_error:
-        st.warning(f"Workload what-if: {result.workload_error}")
-    with st.expander("Formula, with these numbers", expanded=prefix == "a_"):
-        for line in formula_lines(result):
-            st.markdown(f"- {line}")
-        for note in result.plan.notes:
-            st.caption(note)
-    tier = result.host_tier
-    if tier is not None:
-        st.markdown(
-            f"Host KV tier: {tier.kv_offload_gib:g} GiB per replica holds **{tier.host_kv_tokens:,} tokens** "
-            f"({tier.host_kv_blocks:,} host blocks of {tier.host_block_bytes:,} B over {tier.world_size} GPU(s); "
-            f"{tier.host_extra_tokens:,} beyond HBM, the tier being inclusive); "
-            f"{tier.host_memory_bytes_total / 1024**3:,.0f} GiB of pinned host memory over all replicas."
-        )
-    st.markdown("`vllm serve` flags for this plan:")
-    flags = f" \\\n  {tier.vllm_flags}" if tier is not None else ""
-    st.code(result.plan.vllm_command + flags, language="bash")
 
 
 st.title("Capacity planner")

@@ -86,8 +86,8 @@ def test_the_reader_sees_imports_it_should():
     found = imported_modules(source, "core.kv.block_pool", is_package=False)
     assert found >= {"core.kv", "core.kv.sibling", "core.paging", "core.paging.x", "streamlit"}
     assert imported_modules("from . import a", "core.kv", is_package=True) == {"core.kv", "core.kv.a"}
-    _, planner_layers = IMPORTS["core.page_models.planner_scenario"]
-    assert {"planning", "serving", "kv"} <= planner_layers
+    _, page_layers = IMPORTS["core.page_models.simulator"]
+    assert {"planning", "serving", "kv"} <= page_layers
     assert {"kv", "paging", "kernels", "serving", "planning", "engine"} <= set(DOMAIN)
 
 

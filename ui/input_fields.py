@@ -14,13 +14,15 @@ from ui.query_state import Field
 _SEED = object()
 
 
-def url_field(field: InputField, default: Any = _SEED, *, bounded: bool = False) -> Field:
+def url_field(field: InputField, default: Any = _SEED, *, bounded: bool = False, prefix: str = "") -> Field:
     """The URL field of `field`, seeded with `default` (the schema's default when left out); `bounded`: its
-    minimum and maximum too (a slider's range). Empty ("auto") is allowed when the field is optional and the
-    page seeds it empty."""
+    minimum and maximum too (a slider's range, or a page that refuses an out-of-range URL value as it parses
+    it, by the field's `check`: its message, the command line's). Empty ("auto") is allowed when the field is optional and the page seeds it empty. `prefix`: a page's
+    group of inputs shown twice (the Capacity Planner's scenarios, "a_" and "b_") keys each copy `prefix` +
+    `url_key`."""
     seed = field.default if default is _SEED else default
     return Field(
-        field.url_key,
+        prefix + field.url_key,
         seed,
         field.kind,
         field.choices,
@@ -29,14 +31,20 @@ def url_field(field: InputField, default: Any = _SEED, *, bounded: bool = False)
         optional=field.optional and seed is None,
         label=field.label,
         step=field.step,
+        check=field.check if bounded and field.kind in ("int", "float") else None,
     )
 
 
-def values_by_name(values: Mapping[str, Any], fields: Iterable[InputField]) -> dict[str, Any]:
-    """A page's values (keyed by URL key) as the converters take them (keyed by field name)."""
-    return {field.name: values[field.url_key] for field in fields}
+def values_by_name(
+    values: Mapping[str, Any], fields: Iterable[InputField], *, prefix: str = ""
+) -> dict[str, Any]:
+    """A page's values (keyed by URL key, after `prefix`) as the converters take them (keyed by field name)."""
+    return {field.name: values[prefix + field.url_key] for field in fields}
 
 
-def input_widget(w: Callable[..., Any], factory: Callable[..., Any], field: InputField, **kwargs: Any) -> Any:
-    """`w(factory, label, key, ...)` (`w`: a page's `UrlState.widget`) with the label and key of `field`."""
-    return w(factory, field.label, field.url_key, **kwargs)
+def input_widget(
+    w: Callable[..., Any], factory: Callable[..., Any], field: InputField, *, prefix: str = "", **kwargs: Any
+) -> Any:
+    """`w(factory, label, key, ...)` (`w`: a page's `UrlState.widget`) with the label and key (after `prefix`)
+    of `field`."""
+    return w(factory, field.label, prefix + field.url_key, **kwargs)

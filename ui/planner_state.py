@@ -1,16 +1,17 @@
-"""The Planner page's inputs as URL fields: their types, bounds, widget steps and defaults, in one schema.
+"""The Planner page's inputs as URL fields: a scenario's deployment from the capacity plan's field schema
+(`core.planning.predict.plan_fields.PLANNER_FIELDS`: the `plan` command's flags, bounds and labels), the rest
+(the workload, the view, vLLM on a CPU) declared here.
 
 Two scenarios share one schema under the prefixes "a_" and "b_"; the workload fields are shared so that both
 scenarios serve the same requests. The page's widgets read their bounds from these fields, and
 `core.page_models.planner` computes from the parsed values (keys `{prefix}{name}`). No streamlit here.
 """
 
+from dataclasses import replace
 from typing import Any
 
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.page_models.planner import CUSTOM, SCENARIO_KEYS, WORKLOAD_KEYS, WORKLOADS
-from core.planning.catalog.hardware import GPUS
-from core.planning.catalog.models import MODELS
 from core.planning.memory.cpu_kv import (
     CPU_DEFAULT_BLOCK_SIZE,
     CPU_KV_CACHE_DTYPES,
@@ -18,11 +19,10 @@ from core.planning.memory.cpu_kv import (
     MAX_KV_CACHE_SPACE_GIB,
 )
 from core.planning.memory.kv_accounting import (
-    BLOCK_SIZES,
-    KV_DTYPES,
     MAX_CONTEXT_TOKENS,
-    WEIGHT_DTYPES,
 )
+from core.planning.predict.plan_fields import PLANNER_FIELDS
+from ui.input_fields import url_field
 from ui.query_state import Field, encode_params
 
 SCENARIO_NAMES = {"a_": "Scenario A", "b_": "Scenario B"}
@@ -30,6 +30,11 @@ SCENARIO_DEFAULTS = {
     "a_": {"model": "llama-3.1-70b", "gpu": "h100-80gb", "gpus": 4, "tp": 4, "kvdtype": "fp8", "ctx": 4096},
     "b_": {"model": "llama-3.1-70b", "gpu": "h200-141gb", "gpus": 2, "tp": 2, "kvdtype": "fp8", "ctx": 4096},
 }
+# the page's seeds where they differ from the plan's command line (which leaves out GPUs, max_model_len, block
+# size and a custom GPU's figures): a custom GPU starts as an H100's memory and bandwidth
+SCENARIO_SEEDS = {"block": 16, "gpu_mem": 80.0, "gpu_bw": 3350.0}
+# the scenario's deployment inputs by the page's key (before the scenario's prefix)
+PLANNER = {field.url_key: field for field in PLANNER_FIELDS}
 WORKLOAD_LABELS = {
     "sharegpt": "ShareGPT-like (161 in / 338 out)",
     "alpaca": "Alpaca-like (19 in / 58 out)",
@@ -39,119 +44,27 @@ WORKLOAD_LABELS = {
 
 
 def scenario_fields(prefix: str) -> list[Field]:
-    """The URL fields of one scenario; keys are `prefix` + a name of SCENARIO_KEYS (e.g. "a_model")."""
-    d = {"wdtype": "auto", "pp": 1, "util": 0.9, "block": 16, "seqs": 256, **SCENARIO_DEFAULTS[prefix]}
+    """The URL fields of one scenario; keys are `prefix` + a name of SCENARIO_KEYS (e.g. "a_model"). A
+    deployment's inputs are the capacity plan's fields (`PLANNER_FIELDS`: their kind, bounds, step and label;
+    the page's seeds below), a custom model and GPU add "custom" to the presets; the page's own: the encoded
+    config.json, the hybrid KV cache manager's switch and an uploaded index's checkpoint bytes."""
+    seeds = {**SCENARIO_SEEDS, **SCENARIO_DEFAULTS[prefix]}
+    fields = {
+        field.url_key: url_field(field, seeds.get(field.url_key, field.default), bounded=True, prefix=prefix)
+        for field in PLANNER_FIELDS
+    }
+    for key in ("model", "gpu"):  # a preset, or "custom" (a pasted config.json, a custom GPU's figures)
+        fields[key] = replace(fields[key], choices=(*fields[key].choices, CUSTOM))
     p = prefix
-    fields = [
-        *_model_and_gpu_fields(p, d),
-        *_deployment_fields(p, d),
-        *_vllm_setting_fields(p, d),
-        Field(
+    fields |= {
+        "config": Field(f"{p}config", "", "str", max_length=8000, label="custom config.json (encoded)"),
+        "hybrid": Field(f"{p}hybrid", True, "bool", label="hybrid KV cache manager"),
+        "ckpt": Field(
             f"{p}ckpt", None, "int", minimum=1, maximum=2**50, optional=True, label="checkpoint bytes (index)"
         ),
-        Field(f"{p}offload", 0.0, "float", minimum=0, maximum=4096, step=10, label="host KV tier, GiB"),
-        Field(
-            f"{p}dp",
-            1,
-            "int",
-            minimum=1,
-            maximum=1024,
-            step=1,
-            label="data-parallel ranks (MoE: attention DP)",
-        ),
-        Field(f"{p}ep", False, "bool", label="expert parallel"),
-    ]
-    assert tuple(f.key[len(p) :] for f in fields) == SCENARIO_KEYS
-    return fields
-
-
-def _model_and_gpu_fields(p: str, d: dict[str, Any]) -> list[Field]:
-    """What runs: the model (a preset, or a custom config.json) and the GPU (a preset, or custom figures)."""
-    return [
-        Field(f"{p}model", d["model"], "choice", (*MODELS, CUSTOM), label="model"),
-        Field(f"{p}config", "", "str", max_length=8000, label="custom config.json (encoded)"),
-        Field(f"{p}gpu", d["gpu"], "choice", (*GPUS, CUSTOM), label="GPU"),
-        Field(
-            f"{p}gpu_mem", 80.0, "float", minimum=0.5, maximum=4096, step=1, label="custom GPU memory, GiB"
-        ),
-        Field(
-            f"{p}gpu_bw",
-            3350.0,
-            "float",
-            minimum=1,
-            maximum=100_000,
-            step=100,
-            label="custom GPU bandwidth, GB/s",
-        ),
-        Field(
-            f"{p}gpu_tflops",
-            None,
-            "float",
-            minimum=0,
-            maximum=100_000,
-            step=10,
-            optional=True,
-            label="custom TFLOP/s",
-        ),
-    ]
-
-
-def _deployment_fields(p: str, d: dict[str, Any]) -> list[Field]:
-    """How it is deployed: the number of GPUs, tensor and pipeline parallel, weight and KV cache dtypes."""
-    return [
-        Field(f"{p}gpus", d["gpus"], "int", minimum=1, maximum=4096, step=1, label="number of GPUs"),
-        Field(f"{p}tp", d["tp"], "int", minimum=1, maximum=1024, step=1, label="tensor parallel"),
-        Field(f"{p}pp", d["pp"], "int", minimum=1, maximum=1024, step=1, label="pipeline parallel"),
-        Field(f"{p}wdtype", d["wdtype"], "choice", WEIGHT_DTYPES, label="weight dtype"),
-        Field(f"{p}kvdtype", d["kvdtype"], "choice", KV_DTYPES, label="KV cache dtype"),
-    ]
-
-
-def _vllm_setting_fields(p: str, d: dict[str, Any]) -> list[Field]:
-    """vLLM's settings that size the KV cache: memory utilization, block size, max_model_len, activation
-    reserve, max_num_seqs, max_num_batched_tokens and the hybrid KV cache manager."""
-    return [
-        Field(
-            f"{p}util",
-            d["util"],
-            "float",
-            minimum=0.05,
-            maximum=1.0,
-            step=0.01,
-            label="gpu_memory_utilization",
-        ),
-        Field(f"{p}block", d["block"], "choice", BLOCK_SIZES, label="block size, tokens"),
-        Field(
-            f"{p}ctx",
-            d["ctx"],
-            "int",
-            minimum=16,
-            maximum=MAX_CONTEXT_TOKENS,
-            step=1024,
-            label="max_model_len, tokens",
-        ),
-        Field(
-            f"{p}act",
-            None,
-            "float",
-            minimum=0,
-            maximum=1024,
-            step=0.5,
-            optional=True,
-            label="activation reserve, GiB",
-        ),
-        Field(f"{p}seqs", d["seqs"], "int", minimum=1, maximum=65_536, step=16, label="max_num_seqs"),
-        Field(
-            f"{p}mbt",
-            DEFAULT_MAX_NUM_BATCHED_TOKENS,
-            "int",
-            minimum=1,
-            maximum=MAX_CONTEXT_TOKENS,
-            step=1024,
-            label="max_num_batched_tokens",
-        ),
-        Field(f"{p}hybrid", True, "bool", label="hybrid KV cache manager"),
-    ]
+    }
+    assert set(fields) == set(SCENARIO_KEYS)
+    return [fields[key] for key in SCENARIO_KEYS]
 
 
 WORKLOAD_FIELDS = [

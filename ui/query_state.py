@@ -7,13 +7,17 @@ Nothing here imports streamlit: the functions take and return plain mappings, so
 
 Value kinds: "int", "float" (finite, within [minimum, maximum]); "choice" (one of `choices`); "multi" (a tuple of
 distinct `choices`, comma-separated in the URL, in the order given); "bool" ("1"/"0", "true"/"false"); "str" (at
-most `max_length` characters). `optional=True` adds "auto" (None).
+most `max_length` characters). `optional=True` adds "auto" (None). A number field made from an input's
+declaration (`ui.input_fields.url_field`, bounded) is checked by that input's `check`, with its message.
 """
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from core.errors import LabError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -36,6 +40,9 @@ class Field:
     max_length: int = 200
     label: str = ""
     step: float | None = None  # a number widget's step
+    # a number's one check (`core.fields.InputField.check`): when set, the URL refuses what it refuses, with its
+    # message (the command line's); else the bounds above are checked here
+    check: Callable[[Any], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.kind not in ("int", "float", "choice", "multi", "bool", "str"):
@@ -74,6 +81,11 @@ class Field:
             raise ValueError(f"expected {kind}") from None
         if not math.isfinite(value):
             raise ValueError("expected a finite number")
+        if self.check is not None:
+            try:
+                return self.check(value)
+            except LabError as error:
+                raise ValueError(str(error)) from None
         if self.minimum is not None and value < self.minimum:
             raise ValueError(f"must be at least {self.minimum:,g}")
         if self.maximum is not None and value > self.maximum:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from core.errors import InvalidArgumentError, LabError
-from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.page_models.planner_config import decode_config, model_from_config
 from core.planning.catalog.hardware import GPUSpec, get_gpu
 from core.planning.catalog.models import MODELS, ModelSpec, get_model
@@ -20,6 +19,8 @@ from core.planning.memory.cpu_kv import CpuKVInputs, CpuKVPlan, plan_cpu_kv
 from core.planning.memory.offload import HostKVTier, host_kv_tier
 from core.planning.memory.plan import CapacityPlan, PlanInputs, plan_from
 from core.planning.memory.what_if import WorkloadWhatIf, fragmentation_by_block_size, workload_what_if
+from core.planning.predict.inputs import custom_gpu_from, plan_inputs_from
+from core.planning.predict.plan_fields import CUSTOM_GPU_FIELDS, OFFLOAD_FIELD, PLANNER_FIELDS
 from core.serving.workload import alpaca, fixed, sharegpt, uniform
 
 CUSTOM = "custom"
@@ -72,36 +73,28 @@ def _base_model(values: Mapping[str, Any], prefix: str) -> ModelSpec:
 
 def build_gpu(values: Mapping[str, Any], prefix: str) -> GPUSpec:
     """The scenario's GPU: a preset, or a custom one from `{prefix}gpu_mem` (GiB), `gpu_bw` (GB/s) and
-    `gpu_tflops` (dense bf16, optional)."""
+    `gpu_tflops` (dense bf16, optional), checked by their fields (`custom_gpu_from`)."""
     slug = values[f"{prefix}gpu"]
     if slug != CUSTOM:
         return get_gpu(slug)
-    return GPUSpec.custom(
-        "custom GPU", values[f"{prefix}gpu_mem"], values[f"{prefix}gpu_bw"], values[f"{prefix}gpu_tflops"]
-    )
+    return custom_gpu_from(by_name(values, prefix, CUSTOM_GPU_FIELDS))
+
+
+def by_name(values: Mapping[str, Any], prefix: str, fields=PLANNER_FIELDS) -> dict[str, Any]:
+    """One scenario's values (keyed `{prefix}{url_key}`) keyed by their fields' names, as the converters of
+    `core.planning.predict.inputs` take them (a key the page left out: left out, its field's default)."""
+    return {f.name: values[prefix + f.url_key] for f in fields if prefix + f.url_key in values}
 
 
 def plan_inputs(values: Mapping[str, Any], prefix: str) -> PlanInputs:
-    """The plan's inputs for one scenario (activation reserve `{prefix}act` in GiB, None for the estimate)."""
-    act = values[f"{prefix}act"]
-    return PlanInputs(
-        model=build_model(values, prefix),
-        gpu=build_gpu(values, prefix),
-        num_gpus=values[f"{prefix}gpus"],
-        tensor_parallel=values[f"{prefix}tp"],
-        pipeline_parallel=values[f"{prefix}pp"],
-        weight_dtype=values[f"{prefix}wdtype"],
-        kv_dtype=values[f"{prefix}kvdtype"],
-        gpu_memory_utilization=values[f"{prefix}util"],
-        block_size=values[f"{prefix}block"],
-        max_model_len=values[f"{prefix}ctx"],
-        activation_reserve=None if act is None else int(act * GiB),
-        max_num_seqs=values[f"{prefix}seqs"],
-        max_num_batched_tokens=values.get(f"{prefix}mbt", DEFAULT_MAX_NUM_BATCHED_TOKENS),
-        hybrid_kv_cache_manager=values.get(f"{prefix}hybrid", True),
-        data_parallel=values.get(f"{prefix}dp", 1),
-        expert_parallel=values.get(f"{prefix}ep", False),
-    )
+    """The plan's inputs for one scenario (`plan_inputs_from`, the `plan` command's converter: each value checked
+    by its field, with the command line's message), its model and GPU a preset or the page's custom one."""
+    named = by_name(values, prefix) | {
+        "model": build_model(values, prefix),
+        "gpu": build_gpu(values, prefix),
+        "hybrid_kv_cache_manager": values.get(f"{prefix}hybrid", True),
+    }
+    return plan_inputs_from(named)
 
 
 def clamp_context(model_slug: str, context_len: int) -> int:
@@ -195,7 +188,7 @@ def compute_scenario(
                 what_if = _what_if(capacity, workload)
         except InvalidArgumentError as error:
             workload_error = str(error)
-    gib = values.get(f"{prefix}offload") or 0.0
+    gib = OFFLOAD_FIELD.check(values.get(f"{prefix}offload", 0.0))  # as `plan --kv-offload-gib` checks it
     host_tier = host_kv_tier(capacity, gib) if gib else None
     return ScenarioResult(
         inputs.model,

@@ -174,7 +174,10 @@ def test_bad_query_params_give_reasons_not_tracebacks():
         }
     )
     errors = " ".join(e.value for e in at.error)
-    for text in ("`a_model`", "llama-9", "`a_tp`", "at least 1", "`a_ctx`", "at most", "`a_gpu`", "`a_util`"):
+    for text in ("`a_model`", "llama-9", "`a_tp`", "`a_ctx`", "`a_gpu`", "`a_util`"):
+        assert text in errors
+    # a number out of range: the message of its input's one check, the `plan` command's (tests/ui/test_input_fields.py)
+    for text in ("--tp must be between 1 and 64, got -4", "--max-model-len (tokens) must be between 16 and"):
         assert text in errors
     # The page still shows the default plan, and the URL now holds valid values.
     assert ("KV tokens per replica", "972,720") in metrics(at)  # 4 x H100 at their driver-reported 79.6 GiB

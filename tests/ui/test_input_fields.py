@@ -1,20 +1,33 @@
-"""Every input declared once: for each field of the planner's input groups (`core.fields.InputField`), the
+"""Every input declared once: for each field of the planner's input groups (and the Capacity Planner's, the `plan`
+command's) (`core.fields.InputField`), the
 command-line flag (`predict`'s parser), the SLO planner page's URL field and its widget come from the one
 declaration, and a command line and the equivalent URL build the same `Deployment` / `Load` /
 `DisaggDeployment`, the ones written out by hand here; a bad value has one message, the command line's and the
 page's (the page's widgets: tests/app/test_slo_predict_page.py)."""
 
+from pathlib import Path
+
 import pytest
+from streamlit.testing.v1 import AppTest
 
 from core.errors import InvalidArgumentError
+from core.page_models.planner_scenario import plan_inputs
+from core.planning.catalog.hardware import get_gpu
+from core.planning.catalog.models import get_model
+from core.planning.commands.capacity import build_parser as build_plan_parser
+from core.planning.commands.capacity import capacity_main
 from core.planning.commands.predict_cli import deployment_values, predict_main, predict_parser
 from core.planning.commands.slo_cli import build_parser as build_slo_parser
 from core.planning.cost.speculative import Speculation
+from core.planning.memory.plan import PlanInputs
 from core.planning.predict.disagg import DisaggDeployment
-from core.planning.predict.inputs import deployment_from, disagg_from, load_from
+from core.planning.predict.inputs import deployment_from, disagg_from, load_from, plan_inputs_from
 from core.planning.predict.load import Load
+from core.planning.predict.plan_fields import PLANNER_FIELDS
 from core.planning.predict.prediction import Deployment
 from core.planning.search.slo_candidates import SEARCH_FIELDS, SloCandidates
+from ui.planner_state import ALL_FIELDS as PLANNER_URL_FIELDS
+from ui.planner_state import scenario_fields
 from ui.query_state import parse_params
 from ui.slo_planner_state import FIELDS, PREDICT_INPUTS, params_from, predict_params_from
 
@@ -179,3 +192,89 @@ def test_the_search_space_flags_and_url_fields_are_its_fields():
     )
     with pytest.raises(InvalidArgumentError, match="--kv-dtypes must be among auto, fp16"):
         SloCandidates(kv_dtypes=("int3",))
+
+
+# the Capacity Planner page (`plan`'s inputs, two scenarios "a_" / "b_"): a value other than the page's seed for
+# every input of a preset model on a preset GPU, by field name
+PLAN_VALUES = {
+    "model": "qwen2.5-7b",
+    "gpu": "l40s",
+    "num_gpus": 8,
+    "tp": 2,
+    "pp": 2,
+    "weight_dtype": "fp8",
+    "kv_dtype": "bf16",
+    "gpu_memory_utilization": 0.85,
+    "block_size": 32,
+    "max_model_len": 8192,
+    "activation_reserve_gib": 1.5,
+    "max_num_seqs": 64,
+    "max_num_batched_tokens": 4096,
+    "data_parallel": 2,
+}
+PLANNER_BY_NAME = {field.name: field for field in PLANNER_FIELDS}
+
+
+def test_the_planner_inputs_are_the_plan_commands_flags_and_url_fields_and_build_the_same_plan():
+    flags = build_plan_parser()._option_string_actions
+    for prefix in ("a_", "b_"):
+        url_fields = {f.key: f for f in scenario_fields(prefix)}
+        for field in PLANNER_FIELDS:
+            assert flags[field.flag].dest == field.name, field
+            url = url_fields[prefix + field.url_key]
+            declared = (field.label, field.step, field.minimum, field.maximum)
+            assert (url.label, url.step, url.minimum, url.maximum) == declared, field
+    words = [w for name, v in PLAN_VALUES.items() for w in (PLANNER_BY_NAME[name].flag, str(v))]
+    args = build_plan_parser().parse_args(words)
+    query = {"compare": "0"} | {f"a_{PLANNER_BY_NAME[n].url_key}": str(v) for n, v in PLAN_VALUES.items()}
+    values, errors = parse_params(query, PLANNER_URL_FIELDS)
+    assert errors == []
+    expected = PlanInputs(
+        get_model("qwen2.5-7b"),
+        get_gpu("l40s"),
+        num_gpus=8,
+        tensor_parallel=2,
+        pipeline_parallel=2,
+        weight_dtype="fp8",
+        kv_dtype="bf16",
+        gpu_memory_utilization=0.85,
+        block_size=32,
+        max_model_len=8192,
+        activation_reserve=int(1.5 * 1024**3),
+        max_num_seqs=64,
+        max_num_batched_tokens=4096,
+        data_parallel=2,
+    )
+    assert plan_inputs_from(vars(args)) == expected
+    assert plan_inputs(values, "a_") == expected
+
+
+def _widget(at: AppTest, key: str):
+    for kind in ("number_input", "selectbox", "slider", "toggle"):
+        found = [w for w in getattr(at, kind) if w.key == key]
+        if found:
+            return found[0]
+    raise AssertionError(f"no widget keyed {key}")
+
+
+def test_the_planner_widgets_are_the_fields_and_a_bad_value_says_what_plan_says(capsys):
+    """One run of the Capacity Planner page (a custom GPU, so its figures are drawn too): every widget of a
+    scenario's deployment has its field's label and key; a bad value in the URL is refused with the message the
+    `plan` command prints for the same value."""
+    bad = {"tp": "100", "gpu_memory_utilization": "7", "max_model_len": "10", "max_num_seqs": "0"}
+    printed = []
+    for name, value in bad.items():
+        capsys.readouterr()
+        assert capacity_main([PLANNER_BY_NAME[name].flag, value]) == 2
+        [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        printed.append(line.removeprefix("error: "))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app_pages" / "planner.py"))
+    at.query_params.update({"a_gpu": "custom", "compare": "0"})
+    at.query_params.update({f"a_{PLANNER_BY_NAME[name].url_key}": value for name, value in bad.items()})
+    at.run(timeout=120)
+    assert not at.exception, at.exception
+    shown = [e.value for e in at.error]
+    for message in printed:
+        assert sum(message in e for e in shown) == 1, (message, shown)
+    for field in PLANNER_FIELDS:
+        assert _widget(at, f"a_{field.url_key}").label == field.label, field

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.common import check_float
 from core.errors import InvalidArgumentError, LabError
+from core.fields import check_values
 from core.planning.catalog.hardware import GPUSpec, get_gpu
 from core.planning.catalog.models import ModelSpec, get_model, model_from_config_file
 from core.planning.catalog.weights import with_checkpoint_bytes
@@ -26,19 +26,26 @@ from core.planning.memory.cpu_kv import (
     CpuKVPlan,
     plan_cpu_kv,
 )
-from core.planning.memory.kv_accounting import (
-    BLOCK_SIZES,
-)
 from core.planning.memory.offload import HostKVTier, host_kv_tier
-from core.planning.memory.plan import CapacityPlan, plan
+from core.planning.memory.plan import CapacityPlan, plan_from
 from core.planning.predict.deployment_fields import (
     GPU_FIELD,
     GPU_MEMORY_FIELD,
     MODEL_FIELD,
     MOE_FIELDS,
-    OFFLOAD_FIELDS,
     PARALLEL_FIELDS,
     SETTING_FIELDS,
+)
+from core.planning.predict.inputs import custom_gpu_from, plan_inputs_from
+from core.planning.predict.plan_fields import (
+    ACTIVATION_FIELD,
+    BLOCK_SIZE_FIELD,
+    CONFIG_FIELDS,
+    CONTEXT_LEN_FIELD,
+    CUSTOM_GPU_FIELDS,
+    MAX_MODEL_LEN_FIELD,
+    NUM_GPUS_FIELD,
+    OFFLOAD_FIELD,
 )
 
 
@@ -105,22 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(MODEL_FIELD.flag, **flag_kwargs(MODEL_FIELD) | {"default": "llama-3.1-70b"})
-    source.add_argument("--config", help="path of a Hugging Face config.json (instead of --model)")
-    parser.add_argument("--num-params", type=float, help="parameter count for --config (default: estimated)")
+    source.add_argument(CONFIG_FIELDS[0].flag, **flag_kwargs(CONFIG_FIELDS[0]))
+    add_flags(parser, CONFIG_FIELDS[1:])
     add_flags(parser, (GPU_FIELD,), {"gpu": "h100-80gb"})
-    parser.add_argument("--gpu-memory-gib", type=float, help="custom GPU memory in GiB (overrides --gpu)")
-    parser.add_argument("--gpu-bandwidth-gbps", type=float, help="custom GPU bandwidth in GB/s")
-    parser.add_argument("--num-gpus", type=int)
-    add_flags(parser, (*PARALLEL_FIELDS[:2], *MOE_FIELDS, *SETTING_FIELDS[2:4], GPU_MEMORY_FIELD))
-    parser.add_argument(
-        "--block-size",
-        type=int,
-        choices=BLOCK_SIZES,
-        help="tokens per block (default 16; 128 on a CPU, as vLLM's)",
+    add_flags(parser, CUSTOM_GPU_FIELDS)
+    add_flags(
+        parser, (NUM_GPUS_FIELD, *PARALLEL_FIELDS[:2], *MOE_FIELDS, *SETTING_FIELDS[2:4], GPU_MEMORY_FIELD)
     )
-    parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--context-len", type=int, help="request length for the concurrency figure")
-    parser.add_argument("--activation-reserve-gib", type=float, help="measured activation peak, GiB per GPU")
+    add_flags(parser, (BLOCK_SIZE_FIELD, MAX_MODEL_LEN_FIELD, CONTEXT_LEN_FIELD, ACTIVATION_FIELD))
     add_flags(parser, SETTING_FIELDS[:2])
     parser.add_argument(
         "--disable-hybrid-kv-cache-manager",
@@ -130,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--safetensors-index", help="path of the model's model.safetensors.index.json: exact weight bytes"
     )
-    add_flags(parser, OFFLOAD_FIELDS[:1], {"kv_offload_gib": None})  # None: no host tier
+    add_flags(parser, (OFFLOAD_FIELD,), {"kv_offload_gib": None})  # None: no host tier
     parser.add_argument(
         "--cpu-kv-cache-space-gib",
         type=int,
@@ -149,7 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _model_and_gpu(args: argparse.Namespace) -> tuple[ModelSpec, GPUSpec]:
     """The model (a preset or a config.json file) and the GPU (a preset or custom figures) the flags name."""
-    model = model_from_config_file(args.config, args.num_params) if args.config else get_model(args.model)
+    if args.config:
+        num_params = check_values(vars(args), CONFIG_FIELDS[1:])["num_params"]
+        model = model_from_config_file(args.config, num_params)
+    else:
+        model = get_model(args.model)
     if args.safetensors_index:
         try:
             index = Path(args.safetensors_index).read_text()
@@ -158,9 +161,7 @@ def _model_and_gpu(args: argparse.Namespace) -> tuple[ModelSpec, GPUSpec]:
         model = with_checkpoint_bytes(model, index)
     if args.gpu_memory_gib is None:
         return model, get_gpu(args.gpu)
-    if args.gpu_bandwidth_gbps is None:
-        raise InvalidArgumentError("--gpu-memory-gib needs --gpu-bandwidth-gbps too")
-    return model, GPUSpec.custom("custom GPU", args.gpu_memory_gib, args.gpu_bandwidth_gbps)
+    return model, custom_gpu_from(vars(args))
 
 
 def capacity_main(argv: Sequence[str]) -> int:
@@ -171,32 +172,10 @@ def capacity_main(argv: Sequence[str]) -> int:
         return _cpu_main(args)
     try:
         model, gpu = _model_and_gpu(args)
-        reserve = None
-        if args.activation_reserve_gib is not None:
-            gib = check_float(
-                args.activation_reserve_gib, "--activation-reserve-gib", minimum=0, maximum=1024**2
-            )
-            reserve = int(gib * 1024**3)
-        capacity = plan(
-            model,
-            gpu,
-            num_gpus=args.num_gpus,
-            tensor_parallel=args.tp,
-            pipeline_parallel=args.pp,
-            weight_dtype=args.weight_dtype,
-            kv_dtype=args.kv_dtype,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            block_size=16 if args.block_size is None else args.block_size,
-            max_model_len=args.max_model_len,
-            activation_reserve=reserve,
-            context_len=args.context_len,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
-            data_parallel=args.data_parallel,
-            expert_parallel=args.expert_parallel,
-        )
-        tier = None if args.kv_offload_gib is None else host_kv_tier(capacity, args.kv_offload_gib)
+        values = vars(args) | {"hybrid_kv_cache_manager": not args.disable_hybrid_kv_cache_manager}
+        capacity = plan_from(plan_inputs_from(values | {"model": model, "gpu": gpu}))
+        gib = args.kv_offload_gib  # None: no host tier
+        tier = None if gib is None else host_kv_tier(capacity, OFFLOAD_FIELD.check(gib))
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -17,8 +17,11 @@ def flag_kwargs(field: InputField) -> dict:
         kwargs["help"] = field.help
     if field.kind == "bool":
         return kwargs | {"action": "store_true"}
+    kind = _TYPES[field.kind]
+    if field.kind == "choice" and field.choices:  # a choice of numbers reads numbers: --block-size 32
+        kind = type(field.choices[0])
     kwargs |= {
-        "type": _TYPES[field.kind],
+        "type": kind,
         "metavar": field.metavar or field.flag.removeprefix("--").upper().replace("-", "_"),
     }
     if field.kind == "multi":  # one or more values: --gpus l40s h100-80gb

@@ -1,7 +1,8 @@
 """A deployment's inputs, declared once (`core.fields`): the model and GPU presets, parallelism (TP, PP,
 replicas, a MoE model's DP ranks and expert parallelism), vLLM's scheduler settings and dtypes, the engine
 profile, the host KV tier and the router. `Deployment` checks its values by them, the command line's flags
-(`predict`, `max-rate`; `plan` shares --data-parallel-size / --enable-expert-parallel) and the SLO planner page's
+(`predict`, `max-rate`; `plan` and the Capacity Planner page take them with their own keys:
+`core.planning.predict.plan_fields`) and the SLO planner page's
 URL fields and widgets are made from them, and `core.planning.predict.inputs.deployment_from` is the one
 converter. Speculation's inputs are `core.planning.cost.speculative.SPECULATION_FIELDS`, a disaggregated
 deployment's `core.planning.predict.disagg.DISAGG_FIELDS`."""
@@ -11,7 +12,7 @@ from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, ENGINES
-from core.planning.memory.kv_accounting import KV_DTYPES, WEIGHT_DTYPES
+from core.planning.memory.kv_accounting import KV_DTYPES, MAX_CONTEXT_TOKENS, WEIGHT_DTYPES
 from core.serving.host_offload import DEFAULT_OFFLOAD_BANDWIDTH
 from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES
 
@@ -86,6 +87,9 @@ SETTING_FIELDS = (
         DEFAULT_MAX_NUM_BATCHED_TOKENS,
         "max_num_batched_tokens",
         "tokens scheduled per step; sizes the sliding-window groups (async scheduling doubles them in flight)",
+        minimum=1,
+        maximum=MAX_CONTEXT_TOKENS,
+        step=1024,
     ),
     InputField(
         "weight_dtype",
@@ -118,6 +122,8 @@ OFFLOAD_FIELDS = (
         0.0,
         "Host KV tier per replica, GiB (--kv-offload-gib; 0: none)",
         "GiB of host memory per replica for vLLM's native KV offloading (--kv-offloading-size)",
+        minimum=0.0,
+        maximum=4096.0,
         step=10.0,
     ),
     InputField(
@@ -152,6 +158,7 @@ GPU_MEMORY_FIELD = InputField(
     "GPU memory utilization",
     minimum=0.01,
     maximum=1.0,
+    step=0.01,
 )
 ROUTING_FIELD = InputField(
     "routing",

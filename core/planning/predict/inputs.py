@@ -2,7 +2,8 @@
 domain types, used by the command line (`vars(args)`: `core.planning.commands.flags` makes each flag's dest its
 field's name) and the pages (`core.page_models.slo_predict`) alike: `deployment_from` -> `Deployment`,
 `disagg_from` -> `DisaggDeployment`, `load_from` -> `Load`, `speculation_from` -> `Speculation` (and back:
-`speculation_words`). A key left out takes its field's default; each value is checked once, by the domain type's
+`speculation_words`), and for the capacity plan (the `plan` command and the Capacity Planner page)
+`plan_inputs_from` -> `PlanInputs`, `custom_gpu_from` -> a custom `GPUSpec`. A key left out takes its field's default; each value is checked once, by the domain type's
 constructor (or here, for the inputs no type holds), with the message that names its flag."""
 
 from collections.abc import Mapping
@@ -10,7 +11,10 @@ from typing import Any
 
 from core.errors import InvalidArgumentError
 from core.fields import check_values
+from core.planning.catalog.hardware import GPUSpec, get_gpu
+from core.planning.catalog.models import get_model
 from core.planning.cost.speculative import SPECULATION_FIELDS, Speculation, parse_acceptance
+from core.planning.memory.plan import PlanInputs
 from core.planning.predict.deployment_fields import (
     DEPLOYMENT_FIELDS,
     MODEL_FIELD,
@@ -19,6 +23,7 @@ from core.planning.predict.deployment_fields import (
 )
 from core.planning.predict.disagg import DISAGG_FIELDS, DisaggDeployment
 from core.planning.predict.load import LOAD_FIELDS, Load
+from core.planning.predict.plan_fields import CUSTOM_GPU_FIELDS, PLAN_CHECKED_FIELDS
 from core.planning.predict.prediction import Deployment
 
 
@@ -101,3 +106,35 @@ def disagg_from(values: Mapping[str, Any]) -> DisaggDeployment:
         None if v["kv_link"] == "auto" else v["kv_link"],
         **{name: v[name] for name in shared},
     )
+
+
+def plan_inputs_from(values: Mapping[str, Any]) -> PlanInputs:
+    """The `PlanInputs` of `values`: the model (a preset slug or a ModelSpec), the GPU (a preset slug or a
+    GPUSpec), and the plan's settings (`core.planning.predict.plan_fields.PLAN_CHECKED_FIELDS`, each checked by
+    its field: the message names its flag; a key left out takes its field's default, block_size None: 16),
+    activation_reserve_gib in GiB (None: the estimate) and hybrid_kv_cache_manager (default on)."""
+    v = check_values(_values(PLAN_CHECKED_FIELDS, values), PLAN_CHECKED_FIELDS)
+    model, gpu = values["model"], values["gpu"]
+    gib = v.pop("activation_reserve_gib")
+    block_size = v.pop("block_size")
+    return PlanInputs(
+        model=get_model(model) if isinstance(model, str) else model,
+        gpu=get_gpu(gpu) if isinstance(gpu, str) else gpu,
+        tensor_parallel=v.pop("tp"),
+        pipeline_parallel=v.pop("pp"),
+        activation_reserve=None if gib is None else int(gib * 1024**3),
+        block_size=16 if block_size is None else block_size,
+        hybrid_kv_cache_manager=values.get("hybrid_kv_cache_manager", True),
+        **v,
+    )
+
+
+def custom_gpu_from(values: Mapping[str, Any]) -> GPUSpec:
+    """The custom GPU of gpu_memory_gib, gpu_bandwidth_gbps and gpu_tflops (optional;
+    `core.planning.predict.plan_fields.CUSTOM_GPU_FIELDS`), checked by `GPUSpec.custom` (positive, finite, not
+    absurd: the same message for a flag and a page). Raises InvalidArgumentError, also for a memory without a
+    bandwidth."""
+    v = _values(CUSTOM_GPU_FIELDS, values)
+    if v["gpu_bandwidth_gbps"] is None or v["gpu_memory_gib"] is None:
+        raise InvalidArgumentError("--gpu-memory-gib needs --gpu-bandwidth-gbps too")
+    return GPUSpec.custom("custom GPU", v["gpu_memory_gib"], v["gpu_bandwidth_gbps"], v["gpu_tflops"])
