@@ -206,6 +206,14 @@ class SpeculativeStepTime:
         )
         if self.draft is None:
             return verify
+        if not numbers and type(decodes) is int and not (prefill_tokens or prefill_read or prefill_pairs):
+            # a decode run: the K passes as rows of one array, pass i reading context + i x decodes
+            offsets = np.arange(k + 1) * decodes
+            rows = self.draft.step_time(decodes, context + offsets[:k, None], context + offsets[1:, None])
+            draft = rows[0]
+            for i in range(1, k):
+                draft = draft + rows[i]
+            return verify + draft
         price = self.draft.seconds if numbers else self.draft.step_time
         draft = price(prefill_tokens + decodes, context + prefill_read, prefill_pairs + context + decodes)
         for i in range(1, k):
