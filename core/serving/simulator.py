@@ -255,23 +255,15 @@ class _Simulation:
         k = min(k, MAX_BATCHED_DECODE_STEPS)
         if k == 1:
             return 1, None, None, None, None, None
+        queued = bool(step.num_waiting or step.num_swapped)
+        if self.round_robin is not None:  # timed first: the memory is then predicted for the batch only
+            return self._own_run(step, k, capped, queued)
         ahead = self.memory.decode_metrics(step.decoding, k)
-        fit = fitting_steps(ahead, bool(step.num_waiting or step.num_swapped))
-        capped = capped and fit >= k
+        fit = fitting_steps(ahead, queued)
         k = min(k, fit)
         if k == 1:
             return 1, None, None, None, None, None
-        n_decode = step.num_decode_tokens
-        ctx = step.decode_context_tokens
-        j = np.arange(k, dtype=np.float64)
-        if self._windowed:
-            reads = self.memory.num_keys_read(decode_starts(step) + np.arange(k, dtype=np.int64)[:, None])
-        else:
-            reads = ctx + j * n_decode
-        dts = self.model.step_time(n_decode, reads, ctx + (j + 1) * n_decode)
-        if self.round_robin is not None:
-            k, end_times, step_ms = self._own_cut(dts, capped)
-            return k, ahead, dts[:k], reads[:k], end_times, step_ms
+        reads, dts = self._decode_times(step, k)
         quiet = self.cut_every_arrival or not (step.num_waiting or step.num_swapped)
         if quiet and self.arrived < len(self.groups):
             ends = self.now + np.cumsum(dts)
@@ -282,6 +274,31 @@ class _Simulation:
             k = min(k, int(np.searchsorted(ends, self._loads[0][0], side="left")) + 1)
             dts, reads = dts[:k], reads[:k]
         return k, ahead, dts, reads, None, None
+
+    def _decode_times(self, step: ScheduledStep, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(keys read, seconds) of the next k decode-only steps of `step`."""
+        n_decode = step.num_decode_tokens
+        ctx = step.decode_context_tokens
+        j = np.arange(k, dtype=np.float64)
+        if self._windowed:
+            reads = self.memory.num_keys_read(decode_starts(step) + np.arange(k, dtype=np.int64)[:, None])
+        else:
+            reads = ctx + j * n_decode
+        return reads, self.model.step_time(n_decode, reads, ctx + (j + 1) * n_decode)
+
+    def _own_run(self, step: ScheduledStep, k: int, capped: bool, queued: bool):
+        """`_decode_run` of a round-robin replica (`_own_cut`). The steps' times do not depend on the memory, so
+        the batch is cut at the arrivals first and the memory predicted for its steps only (the k-step
+        prediction of fewer steps is the same prefix: nothing but decodes run, free blocks only fall)."""
+        reads, dts = self._decode_times(step, k)
+        k, end_times, step_ms = self._own_cut(dts, capped)
+        ahead = self.memory.decode_metrics(step.decoding, k)
+        fit = fitting_steps(ahead, queued)
+        if fit < k:  # the memory runs out first: the batch ends there, a limit of every segment
+            if fit == 1:
+                return 1, None, None, None, None, None
+            k, end_times, step_ms = self._own_cut(dts[:fit], False)
+        return k, ahead, dts[:k], reads[:k], end_times, step_ms
 
     def _own_cut(self, dts: np.ndarray, capped: bool) -> tuple[int, np.ndarray, np.ndarray]:
         """A round-robin replica's decode-only batch (`round_robin`): its length (the steps up to the one that
