@@ -313,19 +313,20 @@ class _Simulation:
         total = len(arrivals)
         me, replicas = self.round_robin
         k = len(dts)
-        ends = np.empty(k)
         ms = dts * 1000.0
+        pieces = []  # each segment's end times
         pos, start = 0, self.now
         while pos < k:
             nxt = int(np.searchsorted(arrivals, start, side="right"))  # the first arrival after the start
             segment = start + np.cumsum(dts[pos : min(k, pos + MAX_BATCHED_DECODE_STEPS)])
-            cut = len(segment)
-            if nxt < total:
-                cut = min(cut, int(np.searchsorted(segment, arrivals[nxt], side="left")) + 1)
-            spans = nxt < total and segment[cut - 1] >= arrivals[nxt]
+            cut, spans = len(segment), False
+            if nxt < total:  # the first step that ends at or after it spans it
+                first = int(np.searchsorted(segment, arrivals[nxt], side="left"))
+                if first < cut:
+                    cut, spans = first + 1, True
             if capped and pos and pos + cut == k and cut < MAX_BATCHED_DECODE_STEPS and not spans:
-                return pos, ends[:pos], ms[:pos]  # cut short by the cap, not by its own limits
-            ends[pos : pos + cut] = segment[:cut]
+                break  # cut short by the cap, not by its own limits: the batch ends where this segment starts
+            pieces.append(segment[:cut])
             if cut == 1:  # a batch of one step is recorded as a single step: end - start
                 ms[pos] = (float(segment[0]) - start) * 1000.0
             pos += cut
@@ -333,8 +334,9 @@ class _Simulation:
             if spans:  # the arrivals up to its end are routed before the replica's next step
                 after = int(np.searchsorted(arrivals, start, side="right"))
                 if after - nxt >= replicas or any(j % replicas == me for j in range(nxt, after)):
-                    return pos, ends[:pos], ms[:pos]  # one is routed here: it joins the next step
-        return pos, ends, ms
+                    break  # one is routed here: it joins the next step
+        ends = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return pos, ends, ms[:pos]
 
     def _swap_bytes(self, step: ScheduledStep) -> float:
         blocks = step.swap_out_blocks + step.swap_in_blocks
