@@ -418,14 +418,15 @@ class _SimRecord:
         k = len(dts)
         n_decode = step.num_decode_tokens
         first = self.rows.size
-        starts = end_times - dts
         if sim.round_robin is None:
-            arrived_meanwhile = np.searchsorted(sim.arrivals, starts, side="right") - sim.arrived
+            arrived_meanwhile = np.searchsorted(sim.arrivals, end_times - dts, side="right") - sim.arrived
         else:  # a batch ends at the arrival routed here: none joined its queue meanwhile
             arrived_meanwhile = 0
         ms = dts * 1000.0 if priced.step_ms is None else priced.step_ms
-        generated = np.full(k, n_decode)
-        generated[-1] = outcome.tokens_generated - n_decode * (k - 1)
+        generated = n_decode  # every step's tokens alike (decode-only: the outcome is k x n_decode)
+        if outcome.tokens_generated != n_decode * k:
+            generated = np.full(k, n_decode)
+            generated[-1] = outcome.tokens_generated - n_decode * (k - 1)
         predicted = np.array(priced.ahead)[:, :k]  # [metrics, k]; the last row is after the frees
         predicted[:, -1] = sim.memory.metrics()
         metrics = MemoryMetrics(*predicted)
