@@ -5,7 +5,9 @@
 happen is either the next arrival (routed, then queued at its replica) or the step of the busy replica whose clock
 is furthest behind (each replica's steps are `core.serving.simulator`'s, through `core.sched.driver.run_step`). A
 replica's decode-only batch always ends at the next arrival, whatever its queue, since that arrival may be routed
-to it.
+to it; under round-robin routing (the j-th arrival to replica j % N, N > 1) with one full-attention pool and no
+host tier, it ends only at the next arrival routed to it, its rows the same to the last bit
+(`_Simulation._own_cut`: the batch is timed as the batches cut at every arrival would be).
 
 Invariants:
 - Every replica has its own memory policy (`make_memory`: its own block pool and prefix cache); nothing is shared
