@@ -7,6 +7,7 @@ import shlex
 import streamlit as st
 
 from core.errors import LabError
+from core.fields import field_named
 from core.page_models.slo_planner import (
     chart_configs,
     column_name,
@@ -27,8 +28,10 @@ from core.page_models.tasks import (
 )
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
-from core.planning.search.slo_candidates import metric_label
+from core.planning.predict.deployment_fields import GPU_FIELD, MODEL_FIELD, PARALLEL_FIELDS, SETTING_FIELDS
+from core.planning.search.slo_candidates import SEARCH_FIELDS, metric_label
 from ui.charts import cached_chart, cached_dataframe, cached_value
+from ui.input_fields import input_widget
 from ui.jobs import run_job
 from ui.metric_cards import Card, metric_cards
 from ui.slo_levers_view import (
@@ -39,7 +42,18 @@ from ui.slo_levers_view import (
     show_prediction_figures,
 )
 from ui.slo_planner_figures import latency_vs_rate_figure, percentiles_figure
-from ui.slo_planner_state import FIELDS, MODE_LABELS, TARGETS, params_from, predict_params_from, url_params
+from ui.slo_planner_state import (
+    ENGINE,
+    FIELDS,
+    MODE_LABELS,
+    RATE,
+    RATE_FIELDS,
+    SHAPE_FIELDS,
+    TARGETS,
+    params_from,
+    predict_params_from,
+    url_params,
+)
 from ui.url_widgets import UrlState
 
 state = UrlState("_slo_planner", FIELDS)
@@ -60,21 +74,20 @@ def inputs() -> None:
         c1, c2, c3 = st.columns(3)
         with c1:
             st.markdown("**Workload**")
-            w(st.selectbox, "Model", "model", format_func=lambda m: MODELS[m].name)
-            w(st.number_input, "Request rate (requests/s, Poisson)", "rate")
-            w(st.number_input, "Prompt length (tokens)", "prompt_len")
-            w(st.number_input, "Output length (tokens)", "output_len")
-            w(st.slider, "Length spread (each length uniform in ± this share)", "spread")
-            w(st.number_input, "Seed (arrivals and lengths)", "seed")
+            input_widget(w, st.selectbox, MODEL_FIELD, format_func=lambda m: MODELS[m].name)
+            input_widget(w, st.number_input, RATE)
+            for field in SHAPE_FIELDS:
+                input_widget(w, st.slider if field.name == "length_spread" else st.number_input, field)
         with c2:
             target_inputs()
         with c3:
             st.markdown("**Search space**")
-            w(st.multiselect, "GPU types", "gpus", format_func=lambda g: GPUS[g].name)
-            w(st.number_input, "Most GPUs per deployment", "max_gpus")
-            w(st.multiselect, "KV cache dtypes", "kv")
-            w(st.multiselect, "Weight dtypes", "weights")
-            w(st.selectbox, "Engine (step-time profile)", "engine", help=ENGINE_HELP)
+            gpus, max_gpus, kv_dtypes, weight_dtypes = SEARCH_FIELDS
+            input_widget(w, st.multiselect, gpus, format_func=lambda g: GPUS[g].name)
+            input_widget(w, st.number_input, max_gpus)
+            input_widget(w, st.multiselect, kv_dtypes)
+            input_widget(w, st.multiselect, weight_dtypes)
+            input_widget(w, st.selectbox, ENGINE, help=ENGINE_HELP)
             w(
                 st.checkbox,
                 f"Find the highest rate of the top {MAX_RATE_CONFIGS} configurations",
@@ -92,7 +105,8 @@ def inputs() -> None:
 
 
 ENGINE_HELP = (
-    "vllm: fitted to measured vLLM runs (the flags printed are vLLM's); trtllm: to TensorRT-LLM's table"
+    "vllm: fitted to measured vLLM runs (the flags printed are vLLM's); trtllm: to TensorRT-LLM's table; "
+    "vllm-cross-model: vLLM fitted across three models, with a per-request front-end time in TTFT"
 )
 
 
@@ -213,28 +227,22 @@ def predict_inputs() -> None:
         c1, c2, c3 = st.columns(3)
         with c1:
             st.markdown("**Deployment**")
-            w(st.selectbox, "Model", "model", format_func=lambda m: MODELS[m].name)
-            w(st.selectbox, "GPU", "gpu", format_func=lambda g: GPUS[g].name)
-            a, b, c = st.columns(3)
-            with a:
-                w(st.number_input, "TP", "tp")
-            with b:
-                w(st.number_input, "PP", "pp")
-            with c:
-                w(st.number_input, "Replicas", "replicas")
-            w(st.number_input, "max_num_seqs", "seqs")
-            w(st.selectbox, "KV cache dtype", "kv_dtype")
-            w(st.selectbox, "Weight dtype", "weight_dtype")
-            w(st.selectbox, "Engine (step-time profile)", "engine", help=ENGINE_HELP)
+            input_widget(w, st.selectbox, MODEL_FIELD, format_func=lambda m: MODELS[m].name)
+            input_widget(w, st.selectbox, GPU_FIELD, format_func=lambda g: GPUS[g].name)
+            for column, field in zip(st.columns(3), PARALLEL_FIELDS, strict=True):
+                with column:
+                    input_widget(w, st.number_input, field)
+            input_widget(w, st.number_input, field_named(SETTING_FIELDS, "max_num_seqs"))
+            input_widget(w, st.selectbox, field_named(SETTING_FIELDS, "kv_dtype"))
+            input_widget(w, st.selectbox, field_named(SETTING_FIELDS, "weight_dtype"))
+            input_widget(w, st.selectbox, ENGINE, help=ENGINE_HELP)
         with c2:
             st.markdown("**Load**")
             w(st.radio, "Load given as", "load", format_func=LOAD_LABELS.get)
-            w(st.number_input, "Request rate (requests/s, Poisson)", "rate")
-            w(st.number_input, "Concurrent clients (closed loop)", "clients")
-            w(st.number_input, "Prompt length (tokens)", "prompt_len")
-            w(st.number_input, "Output length (tokens)", "output_len")
-            w(st.slider, "Length spread (each length uniform in ± this share)", "spread")
-            w(st.number_input, "Seed (arrivals and lengths)", "seed")
+            for field in RATE_FIELDS:
+                input_widget(w, st.number_input, field)
+            for field in SHAPE_FIELDS:
+                input_widget(w, st.slider if field.name == "length_spread" else st.number_input, field)
         with c3:
             target_inputs(" (optional)")
         lever_inputs(state.widget)

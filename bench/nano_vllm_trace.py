@@ -76,9 +76,11 @@ def ours_trace(block_size: int, prompts: list, tokens: list, check: bool = False
     """Steps 1-3 through `BlockManager`: {"decode_s", "free_s", "state"}; `state` (`_state` of the tables after
     step 2) only when `check`."""
     manager = BlockManager(TRACE_POOL_BLOCKS, block_size, enable_prefix_caching=True)
-    for seq, prompt in enumerate(prompts):
+    # the ids, held as nano-vllm's scheduler holds its sequence objects: the very objects admitted (an equal int
+    # >= 256 is another object, and a lookup by it compares values)
+    seqs = list(range(len(prompts)))
+    for seq, prompt in zip(seqs, prompts, strict=True):
         manager.allocate(seq, prompt)
-    seqs = list(range(len(prompts)))  # the ids, held as nano-vllm's scheduler holds its sequence objects
     append = manager.append_token
     gc.collect()
     start = _clock()

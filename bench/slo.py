@@ -356,9 +356,64 @@ def load_engine():
     )
 
 
+class Sweeper:
+    """The bench's calibration sweeps on one engine: the same seed every time (the same steps, so that drift()
+    compares like with like), each sweep's wall time kept."""
+
+    def __init__(self, engine, log: StepLog, steps_per_level: int, params) -> None:
+        self.engine, self.log, self.steps_per_level, self.params = engine, log, steps_per_level, params
+        self.low = max(engine.tokenizer.all_special_ids or [0]) + 1
+        self.vocab = engine.config.vocab_size
+        self.frames: list[pd.DataFrame] = []
+        self.seconds: list[float] = []
+
+    def __call__(self) -> pd.DataFrame:
+        t = time.perf_counter()
+        frame = calibrate(self.engine, self.log, self.steps_per_level, 1, self.low, self.vocab, self.params)
+        self.seconds.append(time.perf_counter() - t)
+        self.frames.append(frame)
+        return frame
+
+
+def serve_rate(
+    sweeps: Sweeper, timed: list[Request], fit_once: bool, base: StepTimeModel, robust: bool
+) -> dict:
+    """Serve `timed` through the engine, fit the step time on the sweeps around it (the first sweep's fit with
+    `fit_once`), and compare the measurement with the simulator's prediction of the same arrivals."""
+    engine, log = sweeps.engine, sweeps.log
+    i = len(sweeps.frames) - 1
+    t = time.perf_counter()
+    measured = serve(engine, log, timed, sweeps.low, sweeps.vocab, sweeps.params)
+    serve_s = time.perf_counter() - t
+    served_s = engine.current_run().steps["step_time_ms"].to_numpy() / 1e3
+    served_loads = log.loads[-len(served_s) :]
+    if fit_once:
+        fitted_on, machine_drift = sweeps.frames[0], None
+    else:  # bracketed: the sweeps right before and right after this rate
+        sweeps()
+        fitted_on = pd.concat(sweeps.frames[i : i + 2], ignore_index=True)
+        machine_drift = drift(sweeps.frames[i], sweeps.frames[i + 1])
+    used = fit(fitted_on, base, robust)
+    row = compare(measured, predict(timed, used.model))
+    row["step_time_measured_over_predicted"] = step_ratio(served_s, served_loads, used.model)
+    return {
+        "serve_s": serve_s,
+        "sweep_drift_after_over_before": machine_drift,
+        "fit": used.to_dict(),
+        "sweep_steps_by_size": steps_by_size(fitted_on),
+        **row,
+    }
+
+
+def worst_errors(rates: dict) -> dict:
+    """Each error's largest over the rates, and the largest of all (`max_rel_err`)."""
+    keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
+    worst = {k: max(r[k] for r in rates.values()) for k in keys}
+    return worst | {"max_rel_err": max(worst.values())}
+
+
 def main() -> None:
-    parser = build_parser()
-    args = parser.parse_args()
+    args = build_parser().parse_args()
     if args.server == "vllm":
         from bench.slo_vllm import main as vllm_main
 
@@ -372,97 +427,64 @@ def main() -> None:
 
     engine = load_engine()
     load_s = time.perf_counter() - started
-    low, vocab = max(engine.tokenizer.all_special_ids or [0]) + 1, engine.config.vocab_size
 
     def params(tokens: int):
         return SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
 
-    log = StepLog(engine)
+    sweeps = Sweeper(engine, StepLog(engine), size["steps_per_level"], params)
     load_before = os.getloadavg()
     requests = make_requests(max(size["requests"]))
     roofs = measure_roofs()
     base = base_model(engine, roofs)
-
-    sweep_s = []
-
-    def sweep():  # the same seed every time: the same steps, so that drift() compares like with like
-        t = time.perf_counter()
-        frame = calibrate(engine, log, size["steps_per_level"], 1, low, vocab, params)
-        sweep_s.append(time.perf_counter() - t)
-        return frame
-
-    sweeps = [sweep()]
-    first_fit = fit(sweeps[0], base, args.robust)
+    first_fit = fit(sweeps(), base, args.robust)
+    limits = {
+        "max_num_seqs": MAX_NUM_SEQS,
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+        "kv_tokens": NUM_BLOCKS * BLOCK_SIZE,
+    }
     bound = analytic_bounds(
-        first_fit.model, requests, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, NUM_BLOCKS * BLOCK_SIZE
+        first_fit.model, requests, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, limits["kv_tokens"]
     )
     rates = {}
-    for i, (fraction, served) in enumerate(zip(size["rates"], size["requests"], strict=True)):
+    for fraction, served in zip(size["rates"], size["requests"], strict=True):
         rate = fraction * bound.capacity_rps
         timed = at_rate(requests[:served], rate)
-        t = time.perf_counter()
-        measured = serve(engine, log, timed, low, vocab, params)
-        serve_s = time.perf_counter() - t
-        served_s = engine.current_run().steps["step_time_ms"].to_numpy() / 1e3
-        served_loads = log.loads[-len(served_s) :]
-        if args.fit_once:
-            used, machine_drift, fitted_on = first_fit, None, sweeps[0]
-        else:  # bracketed: the sweeps right before and right after this rate
-            sweeps.append(sweep())
-            fitted_on = pd.concat(sweeps[i : i + 2], ignore_index=True)
-            used = fit(fitted_on, base, args.robust)
-            machine_drift = drift(sweeps[i], sweeps[i + 1])
-        row = compare(measured, predict(timed, used.model))
-        row["step_time_measured_over_predicted"] = step_ratio(served_s, served_loads, used.model)
+        row = serve_rate(sweeps, timed, args.fit_once, base, args.robust)
         rates[f"{rate:.3f}"] = {
             "rate_req_per_s": rate,
             "fraction_of_bound": fraction,
             "requests": served,
-            "serve_s": serve_s,
-            "sweep_drift_after_over_before": machine_drift,
-            "fit": used.to_dict(),
-            "sweep_steps_by_size": steps_by_size(fitted_on),
             **row,
         }
-    keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
-    worst = {k: max(r[k] for r in rates.values()) for k in keys}
-    worst["max_rel_err"] = max(worst.values())
-    print(
-        json.dumps(
-            {
-                "cpu": cpu_description(),
-                "machine": {
-                    "cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(),
-                    "torch": torch.__version__,
-                    "threads": args.threads,
-                    "nice": niceness,
-                    "load_average_before": load_before,
-                    "load_average_after": os.getloadavg(),
-                },
-                "model": "SmolLM2-135M-Instruct fp32",
-                "mode": "quick" if args.quick else "full",
-                "fit_once": args.fit_once,
-                "robust_fit": args.robust,
-                "limits": {
-                    "max_num_seqs": MAX_NUM_SEQS,
-                    "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-                    "kv_tokens": NUM_BLOCKS * BLOCK_SIZE,
-                },
-                "roofs": roofs,
-                "roofs_after": measure_roofs(),
-                "sweep_steps": len(sweeps[0]),
-                "sweep_s": sweep_s,
-                "throughput_bound_req_per_s": bound.capacity_rps,
-                "requests_per_rate": list(size["requests"]),
-                "rates": rates,
-                "worst": worst,
-                "load_s": load_s,
-                "wall_s": time.perf_counter() - started,
-            },
-            indent=2,
-        )
-    )
+    machine = {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "nice": niceness,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+    }
+    report = {
+        "cpu": cpu_description(),
+        "machine": machine,
+        "model": "SmolLM2-135M-Instruct fp32",
+        "mode": "quick" if args.quick else "full",
+        "fit_once": args.fit_once,
+        "robust_fit": args.robust,
+        "limits": limits,
+        "roofs": roofs,
+        "roofs_after": measure_roofs(),
+        "sweep_steps": len(sweeps.frames[0]),
+        "sweep_s": sweeps.seconds,
+        "throughput_bound_req_per_s": bound.capacity_rps,
+        "requests_per_rate": list(size["requests"]),
+        "rates": rates,
+        "worst": worst_errors(rates),
+        "load_s": load_s,
+        "wall_s": time.perf_counter() - started,
+    }
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ def _ablations(fitted: dict) -> dict:
     return {
         "moe_expert_reads": fitted | {"moe_reads_all_experts": True},
         "expert_flops_efficiency": fitted | {"expert_flops_efficiency": None},
+        "expert_bandwidth_efficiency": fitted | {"expert_bandwidth_efficiency": None},
         "layer_overhead_s": fitted | {"layer_overhead_s": 0.0, "overhead_s": layers * per_layer},
         "request_overhead_s": without_request,
     }

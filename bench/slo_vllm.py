@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bench.slo import METRICS, SIZES, compare, fit, raise_priority
+from bench.slo import SIZES, compare, fit, raise_priority, worst_errors
 from core.kernels.cpu_isa import cpu_description
 from core.live.metrics import parse_vllm_metrics
 from core.planning.catalog.models import ModelSpec
@@ -361,13 +361,6 @@ def _server_facts(config: VLLMServeConfig, num_gpu_blocks: int, niceness: int, b
     }
 
 
-def _worst(rates: dict) -> dict:
-    """Each error's largest over the rates, and the largest of all (`max_rel_err`)."""
-    keys = [f"{m}_rel_err" for m in METRICS] + ["throughput_rel_err"]
-    worst = {k: max(r[k] for r in rates.values()) for k in keys}
-    return worst | {"max_rel_err": max(worst.values())}
-
-
 def _raw_rows(before: pd.DataFrame, after: pd.DataFrame, results: list) -> dict:
     """The sweeps' rows and each rate's measured requests, as saved beside the figures."""
     return {
@@ -377,6 +370,20 @@ def _raw_rows(before: pd.DataFrame, after: pd.DataFrame, results: list) -> dict:
             for rate, _, _, result, _ in results
         },
     }
+
+
+def serve_config(folder: str, args) -> VLLMServeConfig:
+    """The bench's vLLM: the lab's limits, `--threads` OpenMP threads at `--nice`, pinned as vLLM pins (`--bind`)."""
+    return VLLMServeConfig(
+        model_dir=folder,
+        block_size=BLOCK_SIZE,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        threads=args.threads,
+        nice=args.nice,
+        bind_threads=args.bind,
+    )
 
 
 def main(args) -> None:
@@ -390,16 +397,7 @@ def main(args) -> None:
         export_hf_folder(fetch_model("smollm2-135m-instruct"), model_cache_dir() / "SmolLM2-135M-Instruct-hf")
     )
     spec = ModelSpec.from_hf_config(json.loads((Path(folder) / "config.json").read_text()), name="smollm2")
-    config = VLLMServeConfig(
-        model_dir=folder,
-        block_size=BLOCK_SIZE,
-        max_model_len=MAX_MODEL_LEN,
-        max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-        threads=args.threads,
-        nice=args.nice,
-        bind_threads=args.bind,
-    )
+    config = serve_config(folder, args)
     load_before = os.getloadavg()
     loads: list[tuple[float, float, float]] = []
     niceness_bench = raise_priority(args.nice)
@@ -455,7 +453,7 @@ def main(args) -> None:
                 "cpu_cores_used": cpu,
                 "requests_per_rate": list(size["requests"]),
                 "rates": rates,
-                "worst": _worst(rates),
+                "worst": worst_errors(rates),
                 "wall_s": time.perf_counter() - started,
                 **_raw_rows(before, after, results),
             },

@@ -33,7 +33,7 @@ import statement of core (module level or inside a function), and that every `co
   (`core.planning.memory.kv_accounting`), the resolved deployment (`core.planning.memory.resolved`), the capacity
   plan (`core.planning.memory.plan`), the workload what-if, the `vllm serve` flags, vLLM's CPU KV space and the
   host KV tier.
-- `core.planning.cost` (imports: kv, planning.memory): what a step costs: the step-time model
+- `core.planning.cost` (imports: kv, planning.catalog, planning.memory): what a step costs: the step-time model
   (`core.planning.cost.step_time`, the simulator's step cost), speculative decoding, our CPU engine's roofline.
 - `core.planning.cost.fits` (imports: serving, planning.catalog, planning.memory, planning.cost): the step-time
   model fitted (`core.planning.cost.fits.step_fit`) to published and measured runs, and the engines' fitted
@@ -45,8 +45,8 @@ import statement of core (module level or inside a function), and that every `co
 - `core.planning.search` (imports: kv, serving, planning.catalog, planning.memory, planning.cost,
   planning.cost.fits, planning.predict): which deployment meets a latency SLO at the lowest cost
   (`core.planning.search.slo`).
-- `core.planning.commands` (imports: kv, serving, planning.catalog, planning.memory, planning.cost,
-  planning.cost.fits, planning.predict, planning.search): `python -m core.planning`, argv -> JSON
+- `core.planning.commands` (imports: serving, planning.catalog, planning.memory, planning.cost,
+  planning.predict, planning.search): `python -m core.planning`, argv -> JSON
   (`core.planning.commands.dispatch`).
 - `core.planning` (imports: planning.commands): the package itself holds only `__main__`.
 - `core.engine` (imports: kv, paging, kernels, sched, serving): a real Llama-family model run through the
@@ -77,5 +77,7 @@ base class), `core.device` (torch device, memory budget), `core.common` (ceiling
 the budget check, timing), `core.limits` (operator limits read from the environment), `core.hosts` (where the
 Live page may connect: PAGED_LAB_LIVE_HOSTS and the address classes it refuses), `core.uploads` (bounded
 reading of uploaded files), `core.metric_names` (vLLM's metric names, labels and buckets: the vocabulary both
-`core.live` reads and `core.serve` publishes).
+`core.live` reads and `core.serve` publishes), `core.fields` (an input's one declaration, `InputField`: flag, URL key,
+bounds, label, default; the planner's input groups are made of it and the CLI flags, URL fields, widgets and
+checks come from them).
 """

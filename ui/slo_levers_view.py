@@ -9,8 +9,13 @@ from typing import Any
 import streamlit as st
 
 from core.planning.catalog.models import MODELS
+from core.planning.cost.speculative import SPECULATION_FIELDS
+from core.planning.predict.deployment_fields import OFFLOAD_FIELDS
+from core.planning.predict.disagg import DISAGG_FIELDS
+from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.serving.steady_state import SteadyStateSettings
 from ui.charts import cached_dataframe
+from ui.input_fields import input_widget
 from ui.metric_cards import Card, metric_cards
 
 STEADY = SteadyStateSettings()  # predict's own settings: the tolerance and cap its `converged` refers to
@@ -29,45 +34,35 @@ def lever_inputs(w: Callable[..., Any]) -> None:
     c1, c2, c3 = st.columns(3)
     with c1:
         st.markdown("**Shared prefixes and chats**")
-        w(st.number_input, "Shared prefix length (tokens, --shared-prefix-len; 0: none)", "prefix_len")
-        w(st.number_input, "Distinct prefixes (--num-prefixes)", "prefixes")
-        w(
-            st.number_input,
-            "Prefix Zipf exponent (--prefix-zipf; empty: uniform)",
-            "zipf",
-            placeholder="uniform",
-        )
-        w(st.number_input, "Turns per conversation (--turns)", "turns")
-        w(st.number_input, "Seconds between a chat's turns (--turn-gap)", "turn_gap")
-        w(st.number_input, "Host KV tier per replica, GiB (--kv-offload-gib; 0: none)", "offload")
-        w(st.selectbox, "Host tier eviction (--offload-policy)", "offload_policy")
+        for field in LOAD_LEVERS:
+            extra = {"placeholder": "uniform"} if field.optional else {}
+            input_widget(w, st.number_input, field, **extra)
+        input_widget(w, st.number_input, OFFLOAD_FIELDS[0])
+        input_widget(w, st.selectbox, OFFLOAD_FIELDS[1])
     with c2:
         st.markdown("**Speculative decoding**")
-        w(st.number_input, "Speculative tokens K (--spec-tokens; 0: none)", "spec_k")
-        w(
-            st.text_input,
-            "Acceptance per position, a1,...,aK (--spec-acceptance)",
-            "spec_acc",
-            help="the probability that draft token i is accepted given the ones before it, each in [0, 1]",
-        )
-        w(st.selectbox, "Method (--spec-method)", "spec_method")
-        w(
-            st.selectbox,
-            "Draft model (--draft-model, method draft-model)",
-            "draft",
-            format_func=lambda m: MODELS[m].name,
-        )
+        for field in SPECULATION_FIELDS:
+            if field.name == "spec_acceptance":
+                help_ = (
+                    "the probability that draft token i is accepted given the ones before it, each in [0, 1]"
+                )
+                input_widget(w, st.text_input, field, help=help_)
+            elif field.name == "draft_model":
+                input_widget(w, st.selectbox, field, format_func=lambda m: MODELS[m].name)
+            else:
+                input_widget(w, st.number_input if field.kind == "int" else st.selectbox, field)
     with c3:
         st.markdown("**Disaggregated prefill / decode**")
-        w(st.checkbox, "Disaggregated (--disagg: TP, PP and replicas above unused)", "disagg")
+        disagg, p_workers, p_tp, d_workers, d_tp, kv_link = DISAGG_FIELDS
+        input_widget(w, st.checkbox, disagg)
         a, b = st.columns(2)
         with a:
-            w(st.number_input, "Prefill workers", "p_workers")
-            w(st.number_input, "Decode workers", "d_workers")
+            input_widget(w, st.number_input, p_workers)
+            input_widget(w, st.number_input, d_workers)
         with b:
-            w(st.number_input, "Prefill TP", "p_tp")
-            w(st.number_input, "Decode TP", "d_tp")
-        w(st.selectbox, "KV link (--kv-link; auto: NVLink within 8 GPUs)", "kv_link")
+            input_widget(w, st.number_input, p_tp)
+            input_widget(w, st.number_input, d_tp)
+        input_widget(w, st.selectbox, kv_link)
 
 
 def agg_cards(p: dict, params) -> list[Card]:

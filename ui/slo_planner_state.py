@@ -5,24 +5,52 @@ Keys are the page's widget keys. `mode` picks the question: "search" (the cheape
 `SloPlannerParams()`'s: Llama-3.1-8B, 12 req/s of 2,000 in / 300 out tokens, TTFT p95 <= 1 s, TPOT p95 <= 50 ms
 over H100 / H200 / L40S) or "predict" (one deployment at one load, defaults `SloPredictParams()`'s). The workload
 and the TTFT / TPOT targets are shared by both modes; the URL holds the mode and that mode's fields
-(`MODE_KEYS`). The latency targets and the rate have no lower bound here: a zero or negative value reaches
-core's checks, whose typed error the page shows (one place states what is allowed). TPOT and ITL targets are
+(`MODE_KEYS`). The model, the deployment, the load, speculation, the disaggregated pools and the host tier are
+their input groups' fields (`core.fields`; `ui.input_fields.url_field`: key, kind, label, step from the
+declaration, the seed this page's scenario): their numbers have no bounds here, nor do the latency targets, so
+a bad value reaches core's one check, whose typed error (naming the flag) the page shows. TPOT and ITL targets are
 entered in milliseconds, TTFT and end-to-end in seconds; each target's percentile is its own field
 (`{metric}_q`, predict mode). No streamlit here.
 """
 
 from typing import Any
 
+from core.fields import field_named
 from core.page_models.slo_planner import DEFAULT_PARAMS, SloPlannerParams
 from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, LOAD_KINDS, SloPredictParams
-from core.planning.catalog.hardware import GPUS
-from core.planning.catalog.models import MODELS
-from core.planning.cost.fits.engine_profiles import ENGINES
-from core.planning.cost.speculative import SPEC_METHODS
-from core.planning.memory.kv_accounting import KV_DTYPES, MAX_GPUS, WEIGHT_DTYPES
-from core.planning.predict.disagg import KV_LINKS
+from core.planning.cost.speculative import SPECULATION_FIELDS
+from core.planning.predict.deployment_fields import (
+    GPU_FIELD,
+    MODEL_FIELD,
+    OFFLOAD_FIELDS,
+    PARALLEL_FIELDS,
+    SETTING_FIELDS,
+)
+from core.planning.predict.disagg import DISAGG_FIELDS
+from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
+from core.planning.predict.load import RATE_FIELDS, SHAPE_FIELDS
+from core.planning.search.slo_candidates import SEARCH_FIELDS
 from core.serving.latency import PERCENTILES
+from ui.input_fields import url_field, values_by_name
 from ui.query_state import Field, encode_params
+
+RATE, CONCURRENCY = RATE_FIELDS
+ENGINE = field_named(SETTING_FIELDS, "engine")
+# the predict mode's deployment inputs on the page (the model and engine are both modes' fields)
+PREDICT_DEPLOYMENT = (GPU_FIELD, *PARALLEL_FIELDS, SETTING_FIELDS[0], *SETTING_FIELDS[2:4])
+# every input of the predict mode that is a field of an input group (`SloPredictParams` has each by its name)
+PREDICT_INPUTS = (
+    MODEL_FIELD,
+    *PREDICT_DEPLOYMENT,
+    ENGINE,
+    *RATE_FIELDS,
+    *SHAPE_FIELDS,
+    *LOAD_LEVERS,
+    *SPECULATION_FIELDS,
+    *DISAGG_FIELDS,
+    *OFFLOAD_FIELDS[:2],
+)
+SEED = field_named(SHAPE_FIELDS, "seed")
 
 D = DEFAULT_PARAMS
 P = DEFAULT_PREDICT_PARAMS
@@ -81,51 +109,26 @@ def _target_fields() -> list[Field]:
     return fields
 
 
-DRAFT_DEFAULT = "phi-3-mini"  # the smallest preset: a draft model's role
-# the levers (predict mode): no lower bounds on lengths and counts, so a bad value reaches core's check, whose
-# message names the input (its CLI flag); speculative tokens 0 = no speculation
+# the levers (predict mode): shared prefixes and chats, speculation (0 tokens: none), disaggregated prefill /
+# decode, the host KV tier
 LEVER_FIELDS = [
-    Field("prefix_len", P.shared_prefix_len, "int", maximum=1 << 22, step=100, label="shared prefix tokens"),
-    Field("prefixes", P.num_prefixes, "int", maximum=1 << 20, step=1, label="distinct prefixes"),
-    Field(
-        "zipf", P.prefix_zipf, "float", maximum=100.0, step=0.1, optional=True, label="prefix Zipf exponent"
-    ),
-    Field("turns", P.turns, "int", maximum=1000, step=1, label="turns per conversation"),
-    Field("turn_gap", P.turn_gap_s, "float", maximum=86_400.0, step=1.0, label="seconds between turns"),
-    Field("spec_k", P.spec_tokens, "int", maximum=16, step=1, label="speculative tokens"),
-    Field("spec_acc", P.spec_acceptance, "str", max_length=200, label="acceptance per position"),
-    Field("spec_method", P.spec_method, "choice", SPEC_METHODS, label="speculation method"),
-    Field("draft", DRAFT_DEFAULT, "choice", tuple(MODELS), label="draft model"),
-    Field("disagg", P.disagg, "bool", label="disaggregated prefill / decode"),
-    Field("p_workers", P.prefill_workers, "int", maximum=1024, step=1, label="prefill workers"),
-    Field("p_tp", P.prefill_tp, "int", maximum=64, step=1, label="prefill TP"),
-    Field("d_workers", P.decode_workers, "int", maximum=1024, step=1, label="decode workers"),
-    Field("d_tp", P.decode_tp, "int", maximum=64, step=1, label="decode TP"),
-    Field("kv_link", "auto", "choice", ("auto", *KV_LINKS), label="KV link"),
-    Field("offload", P.kv_offload_gib, "float", maximum=4096.0, step=10.0, label="host KV tier, GiB"),
-    Field("offload_policy", P.offload_policy, "choice", ("lru", "arc"), label="host tier eviction"),
+    *(url_field(f, getattr(P, f.name)) for f in LOAD_LEVERS),
+    *(url_field(f, getattr(P, f.name)) for f in SPECULATION_FIELDS),
+    *(url_field(f, getattr(P, f.name)) for f in (*DISAGG_FIELDS, *OFFLOAD_FIELDS[:2])),
 ]
 
 PREDICT_FIELDS = [
-    Field("gpu", P.gpu, "choice", tuple(GPUS), label="GPU"),
-    Field("tp", P.tp, "int", minimum=1, maximum=64, step=1, label="tensor parallel"),
-    Field("pp", P.pp, "int", minimum=1, maximum=64, step=1, label="pipeline parallel"),
-    Field("replicas", P.replicas, "int", minimum=1, maximum=1024, step=1, label="replicas"),
-    Field("seqs", P.max_num_seqs, "int", minimum=1, maximum=65_536, step=32, label="max_num_seqs"),
-    Field("kv_dtype", P.kv_dtype, "choice", KV_DTYPES, label="KV cache dtype"),
-    Field("weight_dtype", P.weight_dtype, "choice", WEIGHT_DTYPES, label="weight dtype"),
+    *(url_field(f, getattr(P, f.name)) for f in PREDICT_DEPLOYMENT),
     Field("load", P.load_kind, "choice", LOAD_KINDS, label="load given as"),
-    Field("clients", P.concurrency, "int", maximum=100_000, step=8, label="concurrent clients"),
+    url_field(CONCURRENCY, P.concurrency),
     *LEVER_FIELDS,
 ]
 
 FIELDS = [
     Field("mode", "search", "choice", MODES, label="question"),
-    Field("model", D.model, "choice", tuple(MODELS), label="model"),
-    Field("rate", D.rate, "float", maximum=100_000.0, step=1.0, label="request rate, requests/s"),
-    Field("prompt_len", D.prompt_len, "int", minimum=1, maximum=1 << 20, step=100, label="prompt tokens"),
-    Field("output_len", D.output_len, "int", minimum=1, maximum=1 << 20, step=50, label="output tokens"),
-    Field("spread", D.length_spread, "float", minimum=0.0, maximum=0.99, step=0.05, label="length spread"),
+    url_field(MODEL_FIELD, D.model),
+    url_field(RATE, D.rate),
+    *(url_field(f, getattr(D, f.name), bounded=f.name == "length_spread") for f in SHAPE_FIELDS[:3]),
     Field(
         "ttft",
         _TARGETS0.get("ttft"),
@@ -144,15 +147,12 @@ FIELDS = [
         optional=True,
         label="TPOT target, ms",
     ),
-    Field("gpus", D.gpus, "multi", tuple(GPUS), label="GPU types"),
-    Field("max_gpus", D.max_gpus, "int", minimum=1, maximum=MAX_GPUS, step=1, label="most GPUs"),
-    Field("kv", D.kv_dtypes, "multi", KV_DTYPES, label="KV cache dtypes"),
-    Field("weights", D.weight_dtypes, "multi", WEIGHT_DTYPES, label="weight dtypes"),
+    *(url_field(f, getattr(D, f.name)) for f in SEARCH_FIELDS),
     Field("rates", False, "bool", label="find the highest rates"),
     Field("disagg_too", D.disagg, "bool", label="disaggregated deployments too"),
     *_target_fields(),
-    Field("engine", D.engine, "choice", ENGINES, label="engine"),
-    Field("seed", D.seed, "int", minimum=0, maximum=2**31 - 1, step=1, label="seed"),
+    url_field(ENGINE, D.engine),
+    url_field(SEED, D.seed),
     *PREDICT_FIELDS,
 ]
 SHARED_KEYS = (
@@ -188,19 +188,10 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
     """The search's inputs as `SloPlannerParams` (targets in seconds, each at its percentile). Builds nothing
     that can fail: core's checks run in `SloPlannerParams.check`."""
     return SloPlannerParams(
-        model=values["model"],
-        rate=float(values["rate"]),
-        prompt_len=int(values["prompt_len"]),
-        output_len=int(values["output_len"]),
-        length_spread=float(values["spread"]),
+        **values_by_name(values, (MODEL_FIELD, RATE, *SHAPE_FIELDS, ENGINE)),
         targets=targets_from(values),
         chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])),
-        gpus=tuple(values["gpus"]),
-        max_gpus=int(values["max_gpus"]),
-        kv_dtypes=tuple(values["kv"]),
-        weight_dtypes=tuple(values["weights"]),
-        engine=values["engine"],
-        seed=int(values["seed"]),
+        **values_by_name(values, SEARCH_FIELDS),
         disagg=bool(values["disagg_too"]),
     )
 
@@ -220,42 +211,9 @@ def targets_from(values: dict[str, Any]) -> tuple[tuple[str, float], ...]:
 
 
 def predict_params_from(values: dict[str, Any]) -> SloPredictParams:
-    """The predict mode's inputs as `SloPredictParams` (targets converted to seconds, each at its percentile).
-    Builds nothing that can fail: core's checks run in `SloPredictParams.check`. The draft model counts only
-    for the draft-model method (None otherwise, as the CLI takes --draft-model)."""
+    """The predict mode's inputs as `SloPredictParams` (targets converted to seconds, each at its percentile),
+    every other input by its field's name. Builds nothing that can fail: core's checks run in
+    `SloPredictParams.check`."""
     return SloPredictParams(
-        model=values["model"],
-        gpu=values["gpu"],
-        tp=int(values["tp"]),
-        pp=int(values["pp"]),
-        replicas=int(values["replicas"]),
-        max_num_seqs=int(values["seqs"]),
-        weight_dtype=values["weight_dtype"],
-        kv_dtype=values["kv_dtype"],
-        engine=values["engine"],
-        load_kind=values["load"],
-        rate=float(values["rate"]),
-        concurrency=int(values["clients"]),
-        prompt_len=int(values["prompt_len"]),
-        output_len=int(values["output_len"]),
-        length_spread=float(values["spread"]),
-        seed=int(values["seed"]),
-        targets=targets_from(values),
-        shared_prefix_len=int(values["prefix_len"]),
-        num_prefixes=int(values["prefixes"]),
-        prefix_zipf=_optional(values["zipf"]),
-        turns=int(values["turns"]),
-        turn_gap_s=float(values["turn_gap"]),
-        spec_tokens=int(values["spec_k"]),
-        spec_acceptance=str(values["spec_acc"]).strip(),
-        spec_method=values["spec_method"],
-        draft_model=values["draft"] if values["spec_method"] == "draft-model" else None,
-        disagg=bool(values["disagg"]),
-        prefill_workers=int(values["p_workers"]),
-        prefill_tp=int(values["p_tp"]),
-        decode_workers=int(values["d_workers"]),
-        decode_tp=int(values["d_tp"]),
-        kv_link=None if values["kv_link"] == "auto" else values["kv_link"],
-        kv_offload_gib=float(values["offload"]),
-        offload_policy=values["offload_policy"],
+        load_kind=values["load"], targets=targets_from(values), **values_by_name(values, PREDICT_INPUTS)
     )

@@ -14,15 +14,25 @@ Invariants:
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from core.errors import InvalidArgumentError
+from core.fields import field_named
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
-from core.planning.cost.speculative import Speculation, parse_acceptance
+from core.planning.cost.speculative import Speculation
 from core.planning.memory.plan import plan
-from core.planning.predict.disagg import DisaggDeployment, predict_disagg
-from core.planning.predict.load import DEFAULT_TURN_GAP_S, Load
+from core.planning.predict.deployment_fields import DEPLOYMENT_FIELDS, MODEL_FIELD, OFFLOAD_FIELDS
+from core.planning.predict.disagg import DISAGG_FIELDS, DisaggDeployment, predict_disagg
+from core.planning.predict.inputs import (
+    deployment_from,
+    disagg_from,
+    load_from,
+    speculation_from,
+    speculation_words,
+)
+from core.planning.predict.load import DEFAULT_TURN_GAP_S, LOAD_FIELDS, SHAPE_FIELDS, Load
+from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.max_rate import check_targets, max_rate
 from core.planning.predict.prediction import Deployment, predict
 from core.planning.predict.vllm_bench import (
@@ -70,80 +80,41 @@ class SloPredictParams:
     spec_tokens: int = 0
     spec_acceptance: str = ""
     spec_method: str = "ngram"
-    draft_model: str | None = None
+    draft_model: str | None = (
+        "phi-3-mini"  # the smallest preset: a draft model's role (method draft-model only)
+    )
     disagg: bool = False
     prefill_workers: int = 1
     prefill_tp: int = 1
     decode_workers: int = 1
     decode_tp: int = 1
-    kv_link: str | None = None
+    kv_link: str = "auto"
     kv_offload_gib: float = 0.0  # a host KV tier per replica (--kv-offload-gib), 0: none
     offload_policy: str = "lru"
 
+    def values(self) -> dict:
+        """The inputs as the converters of `core.planning.predict.inputs` take them (keyed by field name)."""
+        return asdict(self)
+
     def speculation(self) -> Speculation | None:
-        """The `Speculation` of spec_tokens (0: none) and spec_acceptance ("a1,...,aK", as --spec-acceptance);
-        draft_model counts only for spec_method "draft-model". Raises InvalidArgumentError naming the flag."""
-        if self.spec_tokens == 0:
-            return None
-        rates = parse_acceptance(self.spec_acceptance)
-        draft = self.draft_model if self.spec_method == "draft-model" else None
-        return Speculation(self.spec_tokens, rates, self.spec_method, draft)
+        """The `Speculation` of the spec_* inputs and draft_model (`speculation_from`, as the command line's)."""
+        return speculation_from(self.values())
 
     def deployment(self) -> Deployment:
-        return Deployment(
-            self.model,
-            self.gpu,
-            self.tp,
-            self.pp,
-            self.replicas,
-            self.max_num_seqs,
-            self.max_num_batched_tokens,
-            self.weight_dtype,
-            self.kv_dtype,
-            self.engine,
-            speculation=self.speculation(),
-            kv_offload_gib=self.kv_offload_gib,
-            offload_policy=self.offload_policy,
-        )
+        """The aggregated deployment (`deployment_from`, as `predict` builds it from its flags)."""
+        return deployment_from(self.values())
 
     def disagg_deployment(self) -> DisaggDeployment:
-        """The disaggregated deployment (prefill / decode workers and TPs; as `predict --disagg`). Raises
-        InvalidArgumentError for speculation or PP > 1, which it does not take (each pool is TP only)."""
-        if self.spec_tokens != 0 or self.pp != 1:
-            raise InvalidArgumentError(
-                "--disagg takes neither --spec-tokens nor --pp (each pool is tp-only): set speculative tokens "
-                "to 0 and PP to 1"
-            )
-        return DisaggDeployment.of(
-            self.model,
-            self.gpu,
-            (self.prefill_workers, self.prefill_tp),
-            (self.decode_workers, self.decode_tp),
-            self.kv_link,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            weight_dtype=self.weight_dtype,
-            kv_dtype=self.kv_dtype,
-            engine=self.engine,
-        )
+        """The disaggregated deployment (`disagg_from`, as `predict --disagg` builds it from its flags)."""
+        return disagg_from(self.values())
 
     def load(self) -> Load:
+        """The `Load` of the inputs (`load_from`): at `rate` requests/s, or `concurrency` clients."""
         if self.load_kind not in LOAD_KINDS:
             raise InvalidArgumentError(
                 f"load_kind must be one of {', '.join(LOAD_KINDS)}, got {self.load_kind!r}"
             )
-        levers = {
-            "shared_prefix_len": self.shared_prefix_len,
-            "num_prefixes": self.num_prefixes,
-            "prefix_zipf": self.prefix_zipf,
-            "turns": self.turns,
-            "turn_gap_s": self.turn_gap_s,
-        }
-        if self.load_kind == "rate":
-            return Load(self.rate, self.prompt_len, self.output_len, self.length_spread, self.seed, **levers)
-        return Load(
-            None, self.prompt_len, self.output_len, self.length_spread, self.seed, self.concurrency, **levers
-        )
+        return load_from(self.values() | {LOAD_KINDS[self.load_kind == "rate"]: None})
 
     def targets_dict(self) -> dict[str, float]:
         """The targets, checked as `max_rate` checks them ({} for none)."""
@@ -156,98 +127,27 @@ class SloPredictParams:
         self.targets_dict()
 
     def cli_args(self) -> tuple[list[str], list[str]]:
-        """(predict flags, max-rate flags) of these inputs: `python -m core.planning predict` / `max-rate`."""
-        common = [
-            "--model",
-            self.model,
-            "--gpu",
-            self.gpu,
-            "--tp",
-            str(self.tp),
-            "--pp",
-            str(self.pp),
-            "--replicas",
-            str(self.replicas),
-            "--max-num-seqs",
-            str(self.max_num_seqs),
-            "--max-num-batched-tokens",
-            str(self.max_num_batched_tokens),
-            "--weight-dtype",
-            self.weight_dtype,
-            "--kv-dtype",
-            self.kv_dtype,
-            "--engine",
-            self.engine,
-            "--prompt-len",
-            str(self.prompt_len),
-            "--output-len",
-            str(self.output_len),
-            "--length-spread",
-            repr(float(self.length_spread)),
-            "--seed",
-            str(self.seed),
-        ]
-        common += self._lever_args()
-        load = (
-            ["--rate", repr(float(self.rate))]
-            if self.load_kind == "rate"
-            else ["--concurrency", str(self.concurrency)]
-        )
+        """(predict flags, max-rate flags) of these inputs: `python -m core.planning predict` / `max-rate`,
+        written from the input groups (every deployment and shape flag, the levers that differ from their
+        defaults)."""
+        common = [w for f in (MODEL_FIELD, *DEPLOYMENT_FIELDS, *SHAPE_FIELDS) for w in self._words(f)]
+        common += [w for f in (*LOAD_LEVERS, *OFFLOAD_FIELDS) if self._changed(f) for w in self._words(f)]
+        common += speculation_words(self.speculation())
+        load = field_named(LOAD_FIELDS, self.load_kind).words(getattr(self, self.load_kind))
         flags = [f"--{key.removesuffix('_s').replace('_', '-')}" for key, _ in self.targets]
         targets = [
             word for flag, (_, value) in zip(flags, self.targets, strict=True) for word in (flag, repr(value))
         ]
         if self.disagg:
-            return [*common, *load, *self._disagg_args()], []
+            return [*common, *load, *(w for f in DISAGG_FIELDS for w in self._words(f))], []
         return common + load, common + targets
 
-    def _lever_args(self) -> list[str]:
-        """The prefix and speculation flags that differ from the CLI's defaults."""
-        args = []
-        for flag, value, default in (
-            ("--shared-prefix-len", self.shared_prefix_len, 0),
-            ("--num-prefixes", self.num_prefixes, 1),
-            ("--turns", self.turns, 1),
-        ):
-            if value != default:
-                args += [flag, str(value)]
-        if self.prefix_zipf is not None:
-            args += ["--prefix-zipf", repr(float(self.prefix_zipf))]
-        if self.turn_gap_s != DEFAULT_TURN_GAP_S:
-            args += ["--turn-gap", repr(float(self.turn_gap_s))]
-        if self.spec_tokens:
-            args += [
-                "--spec-tokens",
-                str(self.spec_tokens),
-                "--spec-acceptance",
-                self.spec_acceptance,
-                "--spec-method",
-                self.spec_method,
-            ]
-            if self.spec_method == "draft-model" and self.draft_model is not None:
-                args += ["--draft-model", self.draft_model]
-        if self.kv_offload_gib:
-            args += [
-                "--kv-offload-gib",
-                repr(float(self.kv_offload_gib)),
-                "--offload-policy",
-                self.offload_policy,
-            ]
-        return args
+    def _words(self, field) -> list[str]:
+        """`field`'s command-line words for this input (none for one the page does not hold)."""
+        return field.words(getattr(self, field.name)) if hasattr(self, field.name) else []
 
-    def _disagg_args(self) -> list[str]:
-        return [
-            "--disagg",
-            "--prefill-workers",
-            str(self.prefill_workers),
-            "--prefill-tp",
-            str(self.prefill_tp),
-            "--decode-workers",
-            str(self.decode_workers),
-            "--decode-tp",
-            str(self.decode_tp),
-            *(["--kv-link", self.kv_link] if self.kv_link is not None else []),
-        ]
+    def _changed(self, field) -> bool:
+        return hasattr(self, field.name) and getattr(self, field.name) != field.default
 
 
 DEFAULT_PREDICT_PARAMS = SloPredictParams()

@@ -15,7 +15,7 @@ from core.kv.kv_cache_manager import check_kv_token_ids
 from core.kv.single_type_manager import RequestBlocks, manager_for
 from core.kv.snapshot import KVCacheSnapshot, build_snapshot
 from core.kv.specs import FullAttentionSpec, SlidingWindowSpec
-from core.paging.block_views import AppendResult, PrefixCacheStats
+from core.paging.block_views import AppendResult, PrefixCacheStats, slot_results
 
 __all__ = ["AppendResult", "BlockManager", "KVCacheSnapshot", "PrefixCacheStats"]
 
@@ -23,16 +23,16 @@ _chain_hash = hash_block_tokens  # the default key of a full block (looked up at
 _new_tuple = tuple.__new__
 
 
-class _Sequence:
-    """A sequence's tokens, chained block hashes and table (`blocks`; `block_table` is its list). While
-    `next_slot < fast_end` the next token needs only its slot in the unshared last block (see `_arm`)."""
+class _Sequence(list):
+    """A sequence's tokens (the list itself: a fast append touches one object), block hashes, table (`blocks`,
+    `block_table` its list); `fast` yields the results of next tokens needing only a slot in the tail (`_arm`)."""
 
-    __slots__ = ("block_hashes", "block_table", "blocks", "fast_end", "next_slot", "token_ids")
+    __slots__ = ("block_hashes", "block_table", "blocks", "fast")
 
     def __init__(self, blocks: RequestBlocks, token_ids: list[int], block_hashes: list[int]):
-        self.blocks, self.block_table = blocks, blocks.table
-        self.token_ids, self.block_hashes = token_ids, block_hashes
-        self.next_slot = self.fast_end = 0
+        super().__init__(token_ids)
+        self.blocks, self.block_table, self.block_hashes = blocks, blocks.table, block_hashes
+        self.fast = iter(())
 
 
 class BlockManager:
@@ -88,10 +88,10 @@ class BlockManager:
         return self._seq(seq_id).blocks.num_held
 
     def num_tokens(self, seq_id: Hashable) -> int:
-        return len(self._seq(seq_id).token_ids)
+        return len(self._seq(seq_id))
 
     def token_ids(self, seq_id: Hashable) -> list[int]:
-        return list(self._seq(seq_id).token_ids)
+        return list(self._seq(seq_id))
 
     def ref_count(self, block_id: int) -> int:
         return self.pool.ref_count(check_int(block_id, "block_id", minimum=0, maximum=self.num_blocks - 1))
@@ -127,17 +127,19 @@ class BlockManager:
 
     def append_token(self, seq_id: Hashable, token_id: int) -> AppendResult:
         """Room for one more token: `AppendResult(slot, cow)`, cow = (src, dst) when the shared last block was
-        copied. The one append path: the fast slot (`_Sequence`), else window releases, a block, caching."""
+        copied. The one append path: the next fast slot (`_Sequence.fast`), else `_append_slow`."""
         try:
             seq = self._seqs[seq_id]
         except KeyError:
             seq = self._seq(seq_id)  # raises UnknownSequenceError
-        slot = seq.next_slot
-        if slot < seq.fast_end:
-            seq.next_slot = slot + 1
-            seq.token_ids.append(token_id)
-            return _new_tuple(AppendResult, (slot, None))  # AppendResult(slot, None), without its frame
-        manager, rec, tokens, bs = self._manager, seq.blocks, seq.token_ids, self.block_size
+        for result in seq.fast:  # AppendResult(slot, None) for a token that needs no block work
+            seq.append(token_id)
+            return result
+        return self._append_slow(seq, seq_id, token_id)
+
+    def _append_slow(self, seq: _Sequence, seq_id: Hashable, token_id: int) -> AppendResult:
+        """`append_token` past the fast slots: window releases, a block or a copy, caching a full block."""
+        manager, rec, tokens, bs = self._manager, seq.blocks, seq, self.block_size
         p, table, window = len(tokens), seq.block_table, self.sliding_window is not None
         if window:  # what the token at p no longer reads goes first
             self.pool.check_free(manager.num_blocks_to_write(rec, p, p + 1), "sequence %r needs", seq_id)
@@ -155,16 +157,15 @@ class BlockManager:
             self.pool.cache_block(0, table[-1], hashes[-1], parent, full)
             rec.num_cached = len(hashes)
         slot = table[-1] * bs + p % bs
-        if not window:  # the last block is this sequence's alone now: arm the fast path
-            seq.next_slot, seq.fast_end = slot + 1, slot - p % bs + bs - self.enable_prefix_caching
+        if not window:  # the last block is this sequence's alone now: its next tokens take fast slots
+            seq.fast = slot_results(slot + 1, slot - p % bs + bs - self.enable_prefix_caching)
         return _new_tuple(AppendResult, (slot, cow))
 
-    def _arm(self, seq: _Sequence) -> None:  # the fast path: armed for full attention, an unshared tail
-        table, bs = seq.block_table, self.block_size
-        seq.next_slot = table[-1] * bs + len(seq.token_ids) - (len(table) - 1) * bs
-        seq.fast_end = table[-1] * bs + bs - self.enable_prefix_caching  # a filling token is hashed: slow
-        if self.sliding_window is not None or self.pool.ref_count(table[-1]) > 1:
-            seq.next_slot = seq.fast_end = 0
+    def _arm(self, seq: _Sequence) -> None:  # fast slots for full attention in an unshared tail (a filling
+        table, bs, seq.fast = seq.block_table, self.block_size, iter(())  # token is hashed: never fast)
+        if self.sliding_window is None and self.pool.ref_count(table[-1]) == 1:
+            start = table[-1] * bs + len(seq) - (len(table) - 1) * bs
+            seq.fast = slot_results(start, table[-1] * bs + bs - self.enable_prefix_caching)
 
     def append_tokens(self, seq_id: Hashable, token_ids: Sequence[int]) -> list[AppendResult]:
         """`append_token` for each token, all or nothing."""
@@ -182,7 +183,7 @@ class BlockManager:
         if child_id in self._seqs:
             raise DuplicateSequenceError(f"cannot fork into {child_id!r}: that sequence already exists")
         rec = self._manager.fork(parent_id, child_id)
-        self._seqs[child_id] = child = _Sequence(rec, list(parent.token_ids), list(parent.block_hashes))
+        self._seqs[child_id] = child = _Sequence(rec, parent, list(parent.block_hashes))
         for seq in (parent, child):
             self._arm(seq)  # the tail is shared now: both take the slow path (copy-on-write) next
 
@@ -195,5 +196,5 @@ class BlockManager:
         return self.pool.reset_prefix_cache()
 
     def snapshot(self) -> KVCacheSnapshot:  # one group: a holder is a sequence
-        lengths = {seq_id: len(seq.token_ids) for seq_id, seq in self._seqs.items()}
+        lengths = {seq_id: len(seq) for seq_id, seq in self._seqs.items()}
         return build_snapshot(self.pool, [self._manager], lengths)

@@ -9,6 +9,9 @@ Per finished request (seconds):
     queue = admit_time - arrival_time                            time waiting before the scheduler first admits it
                                                                  (vLLM's request_queue_time; a preempted request
                                                                  keeps its first admission)
+With a request-side time (column REQUEST_SIDE_COLUMN, `request_side_seconds`: what a request spends outside the
+simulated steps before its first token reaches its client) ttft and e2e gain it; tpot and queue do not move.
+
 Percentiles p50 / p90 / p95 / p99 are numpy's default (linear interpolation between the closest ranks: for n sorted
 values v, the q-th percentile is v[h] + (h - floor(h)) (v[floor(h) + 1] - v[floor(h)]) at h = (n - 1) q / 100).
 Throughput over the requests' span (the first arrival to the last finish): output tokens (output_len x n) per
@@ -21,6 +24,35 @@ import pandas as pd
 PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue")
 REQUEST_TIME_COLUMNS = ("arrival_time", "admit_time", "first_token_time", "finish_time", "output_len")
+REQUEST_SIDE_COLUMN = "request_side_s"  # optional: seconds outside the steps added to ttft and e2e
+
+
+def steps_ended_before(step_ends: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """How many steps had ended at each time (int64 [times]): step_ends float64 [steps], ascending; a time equal
+    to a step's end counts that step as ended (a closed-loop request arrives at the end of the step that finished
+    its client's previous request)."""
+    return np.searchsorted(np.asarray(step_ends, np.float64), np.asarray(times, np.float64), side="right")
+
+
+def request_side_seconds(
+    fixed_s: float, step_durations: np.ndarray, arrival_steps: np.ndarray, closed_loop: bool = True
+) -> np.ndarray:
+    """What each request spends outside the simulated steps before its first token reaches its client
+    (docs/slo.md 2c, the request-side term of the vLLM profile): fixed_s, the serving front end's time (HTTP,
+    tokenization, the hand-off to the engine, the first token's way back), plus, in a closed loop, the step in
+    flight when the request reaches the engine: its client sends it when the previous request's last token
+    reaches it, by which time the engine has scheduled the next step without it, where the simulator admits it
+    at once. That step is taken as long as the one whose end the simulated request arrived at,
+    step_durations[arrival_steps - 1]; nothing for a request that arrived before any step ended (an idle
+    engine). An open-loop arrival already waits for the step in flight in the simulator: fixed_s alone.
+    step_durations: float64 [steps]; arrival_steps: int64 [requests], steps ended when each arrived
+    (`steps_ended_before`). Returns float64 [requests]."""
+    arrival_steps = np.asarray(arrival_steps, np.int64)
+    if not closed_loop or len(step_durations) == 0:
+        return np.full(arrival_steps.shape, float(fixed_s))
+    durations = np.asarray(step_durations, np.float64)
+    in_flight = np.where(arrival_steps > 0, durations[np.clip(arrival_steps - 1, 0, len(durations) - 1)], 0.0)
+    return fixed_s + in_flight
 
 
 def request_latencies(requests: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -37,7 +69,13 @@ def request_latencies(requests: pd.DataFrame) -> dict[str, np.ndarray]:
         if "admit_time" in requests
         else np.full_like(arrival, np.nan)
     )
-    return {"ttft": first - arrival, "tpot": tpot, "e2e": finish - arrival, "queue": admit - arrival}
+    side = requests[REQUEST_SIDE_COLUMN].to_numpy(np.float64) if REQUEST_SIDE_COLUMN in requests else 0.0
+    return {
+        "ttft": first - arrival + side,
+        "tpot": tpot,
+        "e2e": finish - arrival + side,
+        "queue": admit - arrival,
+    }
 
 
 def latency_summary(requests: pd.DataFrame) -> dict:

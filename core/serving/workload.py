@@ -78,6 +78,16 @@ DATASETS = {
 }
 
 
+def out_of_phase_outputs(clients: int, output_len: int) -> list[int]:
+    """Output lengths for the first round of a closed loop of `clients` clients at a fixed output length, so that
+    the clients run out of phase from their second request on, as a real server's clients drift apart (with
+    fixed lengths and a synchronized start a simulated loop stays in lockstep for ever, every round a
+    synchronized start): client i's first output is (i + 1) / clients x output_len tokens, at least 2 (a TPOT
+    needs two tokens) and at most output_len. The runs that use it measure only requests after that round
+    (docs/slo.md 2b: the vLLM profile's benchmark replay; `predict --concurrency`)."""
+    return [min(output_len, max(2, round((i + 1) * output_len / clients))) for i in range(clients)]
+
+
 def _phi(x: float) -> float:
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
 

@@ -20,6 +20,7 @@ from core.planning.predict.prediction import Deployment, predict
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
 from tests.conftest import ROOT
+from ui.slo_planner_state import PREDICT_INPUTS
 
 PAGE = "app_pages/slo_planner.py"
 TINY = {
@@ -158,7 +159,7 @@ def test_the_page_shows_what_predict_and_the_cli_give(capsys):
         ({"spec_k": "2", "spec_acc": "0.8"}, "--spec-acceptance needs one rate per draft token"),
         ({"spec_k": "-1", "spec_acc": "0.8"}, "--spec-tokens"),
         ({"disagg": "1", "spec_k": "1", "spec_acc": "0.5"}, "--disagg takes neither --spec-tokens"),
-        ({"disagg": "1", "d_workers": "0"}, "replicas"),
+        ({"disagg": "1", "d_workers": "0"}, "--decode-workers must be between 1 and 1,024, got 0"),
         ({"disagg": "1", "kv_link": "network"}, "L40S has no known network bandwidth"),
     ],
 )
@@ -275,3 +276,22 @@ def test_disaggregated_shows_how_the_gpus_split_and_the_kv_transfer(capsys):
     cli, serve, _ = (c.value for c in at.code)
     assert cli_json(predict_main, cli, capsys)["kv_transfer_s"] == pytest.approx(ref["kv_transfer_s"])
     assert serve.startswith("# disaggregated") and serve.count("\nvllm serve") == 2  # one per pool
+
+
+def test_every_widget_is_labelled_and_keyed_by_its_field(capsys):
+    """The predict form's widgets come from the input groups' declarations (`ui.slo_planner_state.PREDICT_INPUTS`),
+    and a bad value's error is the command line's, word for word."""
+    at = open_page(TINY | NO_TARGETS | {"turns": "0"})
+    shown = {
+        w.key: w.label
+        for kind in (at.number_input, at.selectbox, at.text_input, at.checkbox, at.slider)
+        for w in kind
+    }
+    assert {f.url_key: f.label for f in PREDICT_INPUTS}.items() <= shown.items()
+    [error] = at.error
+    argv = ["--model", "qwen2.5-7b", "--gpu", "l40s", "--concurrency", "2", "--prompt-len", "16"]
+    capsys.readouterr()
+    assert predict_main([*argv, "--output-len", "1", "--turns", "0"]) == 2
+    # the command's one line (a worker thread's logging may write to the captured stderr too)
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert error.value == f"Cannot predict: {line.removeprefix('error: ')}"

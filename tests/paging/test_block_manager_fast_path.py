@@ -1,23 +1,34 @@
 """`append_token`'s fast path (a token that lands in the unshared last block without filling it) gives exactly
 what its slow path gives: the same slot, the same copy-on-write, the same pool, after any mix of operations."""
 
+import copy
+import pickle
 import random
 
 import numpy as np
 import pytest
 
 from core.errors import OutOfBlocksError
-from core.paging.block_manager import BlockManager
+from core.paging.block_manager import AppendResult, BlockManager
 
 
 class SlowPathOnly(BlockManager):
-    """The reference: every append disarms the fast path first, so it always takes the one append path through
-    the KV core's manager (room check, copy-on-write, new block, caching)."""
+    """The reference: every append disarms the fast slots first, so it always takes the path through the KV
+    core's manager (room check, copy-on-write, new block, caching)."""
 
     def append_token(self, seq_id, token_id):
-        seq = self._seq(seq_id)
-        seq.next_slot = seq.fast_end = 0
+        self._seq(seq_id).fast = iter(())
         return super().append_token(seq_id, token_id)
+
+
+class CountsSlowCalls(BlockManager):
+    """The manager under test, counting the appends that leave the fast slots for `_append_slow`."""
+
+    slow_calls = 0
+
+    def _append_slow(self, seq, seq_id, token_id):
+        self.slow_calls += 1
+        return super()._append_slow(seq, seq_id, token_id)
 
 
 def _same_state(a: BlockManager, b: BlockManager) -> None:
@@ -33,7 +44,7 @@ def _same_state(a: BlockManager, b: BlockManager) -> None:
 @pytest.mark.parametrize("caching", [False, True])
 def test_fast_path_equals_slow_path_under_random_operations(block_size, caching):
     rng = random.Random(block_size * 10 + caching)
-    fast = BlockManager(30, block_size, caching, enable_kv_cache_events=True)
+    fast = CountsSlowCalls(30, block_size, caching, enable_kv_cache_events=True)
     slow = SlowPathOnly(30, block_size, caching, enable_kv_cache_events=True)
     live: list[int] = []
     next_id = 0
@@ -77,17 +88,19 @@ def test_fast_path_equals_slow_path_under_random_operations(block_size, caching)
         else:
             seq = rng.choice(live)
             token = rng.randint(0, 2)
-            armed = fast._seqs[seq].next_slot < fast._seqs[seq].fast_end
+            slow_calls = fast.slow_calls
             try:
                 result = fast.append_token(seq, token)
             except OutOfBlocksError:
-                assert not armed  # the fast path never needs a block
+                assert fast.slow_calls > slow_calls  # the fast path never needs a block
                 with pytest.raises(OutOfBlocksError):
                     slow.append_token(seq, token)
                 _same_state(fast, slow)
                 continue
-            assert slow.append_token(seq, token) == result
-            if armed:
+            expected = slow.append_token(seq, token)
+            assert result == expected and isinstance(result, AppendResult)
+            assert (result.slot, result.cow, repr(result)) == (expected.slot, expected.cow, repr(expected))
+            if fast.slow_calls == slow_calls:
                 fast_appends += 1
                 assert result.cow is None
         _same_state(fast, slow)
@@ -105,3 +118,15 @@ def test_a_fork_disarms_both_sides_until_copy_on_write():
     assert first.cow is not None and first.cow[0] == shared  # copied, not written in place
     assert m.append_token("b", 5).slot == shared * 4 + 3  # b now holds the old block alone: no copy
     assert m.ref_count(shared) == 1
+
+
+def test_a_fast_result_is_an_append_result_in_every_use():
+    m = BlockManager(4, 8)
+    m.allocate("a", [1, 2])
+    fast = m.append_token("a", 3)  # block 0's third slot, taken from the fast slots
+    plain = AppendResult(slot=2, cow=None)
+    assert fast == plain and hash(fast) == hash(plain) and isinstance(fast, AppendResult)
+    assert repr(fast) == repr(plain) == "AppendResult(slot=2, cow=None)"
+    assert fast._asdict() == {"slot": 2, "cow": None} and fast._replace(slot=5) == (5, None)
+    for twin in (pickle.loads(pickle.dumps(fast)), copy.copy(fast), copy.deepcopy(fast)):
+        assert twin == plain and type(twin) is AppendResult

@@ -20,7 +20,7 @@ STATED_HELDOUT_RMS = 0.159
 
 
 def test_engines_and_default():
-    assert ENGINES == ("vllm", "trtllm")
+    assert ENGINES == ("vllm", "trtllm", "vllm-cross-model")
     assert DEFAULT_ENGINE == "vllm"
     assert engine_step_defaults("trtllm") == gpu_step_defaults()
     vllm = engine_step_defaults("vllm")

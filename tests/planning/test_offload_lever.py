@@ -77,7 +77,7 @@ def test_a_link_slower_than_recomputing_is_a_loss():
         ("--kv-offload-gib", "nan", "kv_offload_gib must be a finite number"),
         ("--kv-offload-gib", "-2", "kv_offload_gib must be between 0"),
         ("--offload-policy", "mru", "offload policy must be one of lru, arc"),
-        ("--offload-bandwidth-gbps", "0", "offload_bandwidth_gbps must be greater than 0"),
+        ("--offload-bandwidth-gbps", "0", "--offload-bandwidth-gbps must be greater than 0"),
     ],
 )
 def test_bad_tier_flags_exit_2_with_one_line(flag, value, says, capsys):

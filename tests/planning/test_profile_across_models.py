@@ -71,6 +71,32 @@ def test_expert_gemms_priced_at_their_own_efficiency():
         from_specs(model, gpu, 4, "fp8", expert_flops_efficiency=1.5)
 
 
+def test_expert_weights_read_at_their_own_bandwidth_efficiency():
+    """The routed experts' bytes a step reads (1 - (1 - k / E)^n of them) at expert_bandwidth_efficiency of the
+    datasheet bandwidth, the dense weights and K/V at bandwidth_efficiency; None leaves the experts at the dense
+    efficiency (the model before this term)."""
+    model, gpu = MODELS["qwen3-235b-a22b"], GPUS["h200-141gb"]
+    kw = {"bandwidth_efficiency": 0.9, "overhead_s": 0.0}
+    step = from_specs(model, gpu, 2, "fp8", expert_bandwidth_efficiency=0.6, **kw)
+    plain = from_specs(model, gpu, 2, "fp8", **kw)
+    n, kv = 16.0, 16 * 3000.0
+    touched = 1 - (1 - 8 / 128) ** n
+    dense = (step.weight_bytes + step.kv_bytes_per_token * (kv + n)) / (gpu.memory_bandwidth * 0.9)
+    experts = step.expert_weight_bytes * touched / (gpu.memory_bandwidth * 0.6)
+    assert step.breakdown(n, kv, 0).memory_s == pytest.approx(dense + experts, rel=1e-12)
+    assert step.step_seconds(n, kv, 0) == pytest.approx(float(step.step_time(n, kv, 0)), rel=1e-12)
+    assert plain.breakdown(n, kv, 0).memory_s == pytest.approx(
+        dense + step.expert_weight_bytes * touched / (gpu.memory_bandwidth * 0.9), rel=1e-12
+    )
+    # a dense model has no expert bytes: the term changes nothing
+    llama = MODELS["llama-3.1-70b"]
+    assert from_specs(llama, gpu, 2, "fp8", expert_bandwidth_efficiency=0.5).step_seconds(n, kv, 0) == (
+        from_specs(llama, gpu, 2, "fp8").step_seconds(n, kv, 0)
+    )
+    with pytest.raises(InvalidArgumentError, match="expert_bandwidth_efficiency"):
+        from_specs(model, gpu, 2, "fp8", expert_bandwidth_efficiency=0.0)
+
+
 def test_layer_overhead_counts_every_layer():
     gpu = GPUS["h100-80gb"]
     for slug, layers in (("llama-3.1-8b", 32), ("llama-3.1-70b", 80)):

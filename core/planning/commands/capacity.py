@@ -15,10 +15,10 @@ from pathlib import Path
 
 from core.common import check_float
 from core.errors import InvalidArgumentError, LabError
-from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
-from core.planning.catalog.hardware import GPUS, GPUSpec, get_gpu
-from core.planning.catalog.models import MODELS, ModelSpec, get_model, model_from_config_file
+from core.planning.catalog.hardware import GPUSpec, get_gpu
+from core.planning.catalog.models import ModelSpec, get_model, model_from_config_file
 from core.planning.catalog.weights import with_checkpoint_bytes
+from core.planning.commands.flags import add_flags, flag_kwargs
 from core.planning.memory.cpu_kv import (
     CPU_DEFAULT_BLOCK_SIZE,
     CPU_MODEL_DTYPES,
@@ -28,12 +28,18 @@ from core.planning.memory.cpu_kv import (
 )
 from core.planning.memory.kv_accounting import (
     BLOCK_SIZES,
-    DEFAULT_MAX_NUM_SEQS,
-    KV_DTYPES,
-    WEIGHT_DTYPES,
 )
 from core.planning.memory.offload import HostKVTier, host_kv_tier
 from core.planning.memory.plan import CapacityPlan, plan
+from core.planning.predict.deployment_fields import (
+    GPU_FIELD,
+    GPU_MEMORY_FIELD,
+    MODEL_FIELD,
+    MOE_FIELDS,
+    OFFLOAD_FIELDS,
+    PARALLEL_FIELDS,
+    SETTING_FIELDS,
+)
 
 
 def plan_table(capacity: CapacityPlan) -> str:
@@ -87,21 +93,9 @@ def plan_table(capacity: CapacityPlan) -> str:
 
 
 def add_moe_parallel_flags(parser: argparse.ArgumentParser) -> None:
-    """`--data-parallel-size D` and `--enable-expert-parallel`, vLLM's flags, as `plan`, `predict`, `max-rate`
-    and `slo` take them (`core.planning.memory.kv_accounting`: a MoE model's DP ranks and EP)."""
-    parser.add_argument(
-        "--data-parallel-size",
-        type=int,
-        default=1,
-        metavar="D",
-        help="DP ranks of one vLLM server, each its own requests and KV cache (a MoE model: data-parallel "
-        "attention, the routed experts spread over all tp x D GPUs)",
-    )
-    parser.add_argument(
-        "--enable-expert-parallel",
-        action="store_true",
-        help="MoE: whole routed experts per GPU over tp x D GPUs instead of every expert split over them",
-    )
+    """`--data-parallel-size D` and `--enable-expert-parallel`, vLLM's flags, as `plan`, `predict` and `max-rate`
+    take them (`core.planning.predict.deployment_fields.MOE_FIELDS`; a MoE model's DP ranks and EP)."""
+    add_flags(parser, MOE_FIELDS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,19 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="KV cache capacity plan for vLLM-style paged serving.",
     )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--model", default="llama-3.1-70b", help=f"preset: {', '.join(MODELS)}")
+    source.add_argument(MODEL_FIELD.flag, **flag_kwargs(MODEL_FIELD) | {"default": "llama-3.1-70b"})
     source.add_argument("--config", help="path of a Hugging Face config.json (instead of --model)")
     parser.add_argument("--num-params", type=float, help="parameter count for --config (default: estimated)")
-    parser.add_argument("--gpu", default="h100-80gb", help=f"preset: {', '.join(GPUS)}")
+    add_flags(parser, (GPU_FIELD,), {"gpu": "h100-80gb"})
     parser.add_argument("--gpu-memory-gib", type=float, help="custom GPU memory in GiB (overrides --gpu)")
     parser.add_argument("--gpu-bandwidth-gbps", type=float, help="custom GPU bandwidth in GB/s")
     parser.add_argument("--num-gpus", type=int)
-    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
-    add_moe_parallel_flags(parser)
-    parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
-    parser.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    add_flags(parser, (*PARALLEL_FIELDS[:2], *MOE_FIELDS, *SETTING_FIELDS[2:4], GPU_MEMORY_FIELD))
     parser.add_argument(
         "--block-size",
         type=int,
@@ -132,13 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--context-len", type=int, help="request length for the concurrency figure")
     parser.add_argument("--activation-reserve-gib", type=float, help="measured activation peak, GiB per GPU")
-    parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        help="tokens scheduled per step; sizes the sliding-window groups (async scheduling doubles them in flight)",
-    )
+    add_flags(parser, SETTING_FIELDS[:2])
     parser.add_argument(
         "--disable-hybrid-kv-cache-manager",
         action="store_true",
@@ -147,11 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--safetensors-index", help="path of the model's model.safetensors.index.json: exact weight bytes"
     )
-    parser.add_argument(
-        "--kv-offload-gib",
-        type=float,
-        help="GiB of host memory per replica for vLLM's native KV offloading (--kv-offloading-size)",
-    )
+    add_flags(parser, OFFLOAD_FIELDS[:1], {"kv_offload_gib": None})  # None: no host tier
     parser.add_argument(
         "--cpu-kv-cache-space-gib",
         type=int,
@@ -214,8 +193,8 @@ def capacity_main(argv: Sequence[str]) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
-            data_parallel=args.data_parallel_size,
-            expert_parallel=args.enable_expert_parallel,
+            data_parallel=args.data_parallel,
+            expert_parallel=args.expert_parallel,
         )
         tier = None if args.kv_offload_gib is None else host_kv_tier(capacity, args.kv_offload_gib)
     except LabError as error:

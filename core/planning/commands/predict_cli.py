@@ -28,17 +28,21 @@ import sys
 from collections.abc import Sequence
 
 from core.errors import InvalidArgumentError, LabError
-from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
-from core.planning.catalog.models import MODELS, ModelSpec, model_from_config_file
-from core.planning.commands.capacity import add_moe_parallel_flags
-from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, ENGINES
-from core.planning.cost.speculative import SPEC_METHODS, Speculation, parse_acceptance
-from core.planning.predict.disagg import DisaggDeployment, predict_disagg
-from core.planning.predict.load import DEFAULT_TURN_GAP_S, Load
+from core.planning.catalog.models import ModelSpec, model_from_config_file
+from core.planning.commands.flags import add_exclusive_flags, add_flags, flag_kwargs
+from core.planning.cost.speculative import SPECULATION_FIELDS
+from core.planning.predict.deployment_fields import (
+    DEPLOYMENT_FIELDS,
+    MODEL_FIELD,
+    OFFLOAD_FIELDS,
+    ROUTING_FIELD,
+)
+from core.planning.predict.disagg import DISAGG_FIELDS, predict_disagg
+from core.planning.predict.inputs import deployment_from, disagg_from, load_from
+from core.planning.predict.load import LEVER_FIELDS, RATE_FIELDS, SHAPE_FIELDS, Load
 from core.planning.predict.max_rate import max_rate
-from core.planning.predict.prediction import Deployment, predict
+from core.planning.predict.prediction import predict
 from core.serving.latency import PERCENTILES
-from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES
 from core.serving.steady_state import STEADY_METRICS
 
 
@@ -51,40 +55,19 @@ class LineErrorParser(argparse.ArgumentParser):
 
 
 def deployment_flags(parser: argparse.ArgumentParser) -> None:
-    """--model --gpu --tp --pp --replicas --data-parallel-size --enable-expert-parallel --max-num-seqs --max-num-batched-tokens --weight-dtype --kv-dtype
-    --engine, and speculative decoding (--spec-tokens --spec-acceptance --spec-method --draft-model): one
-    deployment (`Deployment`)."""
+    """--model --gpu --tp --pp --replicas --data-parallel-size --enable-expert-parallel --max-num-seqs
+    --max-num-batched-tokens --weight-dtype --kv-dtype --engine, speculative decoding (--spec-tokens
+    --spec-acceptance --spec-method --draft-model), a host KV tier (--kv-offload-gib --offload-policy
+    --offload-bandwidth-gbps) and --routing: one deployment (`Deployment`), made from its input groups."""
     config_flags(parser)
-    parser.add_argument("--gpu", required=True, help="GPU preset")
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--replicas", type=int, default=1)
-    add_moe_parallel_flags(parser)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    parser.add_argument("--weight-dtype", default="auto")
-    parser.add_argument("--kv-dtype", default="auto")
-    parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
-    parser.add_argument("--spec-tokens", type=int, default=None, help="speculative decoding: K draft tokens")
-    parser.add_argument(
-        "--spec-acceptance", default=None, help="a1,...,aK: per-position acceptance in [0, 1]"
-    )
-    parser.add_argument("--spec-method", default="ngram", help=f"one of {', '.join(SPEC_METHODS)}")
-    parser.add_argument("--draft-model", default=None, help="draft model preset (--spec-method draft-model)")
-    # a host-memory KV tier (vLLM's native offloading, core.serving.host_offload)
-    parser.add_argument("--kv-offload-gib", type=float, default=0.0, help="GiB of host KV per replica")
-    parser.add_argument("--offload-policy", default="lru", help="host tier eviction: lru or arc")
-    parser.add_argument("--offload-bandwidth-gbps", type=float, default=50.0, help="host->GPU GB/s per GPU")
-    parser.add_argument(
-        "--routing", default=DEFAULT_ROUTING, help=f"replica router: one of {', '.join(ROUTING_POLICIES)}"
-    )
+    add_flags(parser, DEPLOYMENT_FIELDS + SPECULATION_FIELDS + OFFLOAD_FIELDS + (ROUTING_FIELD,))
 
 
 def config_flags(parser: argparse.ArgumentParser) -> None:
     """--model PRESET | --config PATH [--num-params N]: a preset or any Hugging Face config.json (as the capacity
     planner takes them; `model_from_args` reads them)."""
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
+    source.add_argument(MODEL_FIELD.flag, **flag_kwargs(MODEL_FIELD))
     source.add_argument("--config", help="path of a Hugging Face config.json (instead of --model)")
     parser.add_argument("--num-params", type=float, help="parameter count for --config (default: estimated)")
 
@@ -100,18 +83,9 @@ def model_from_args(args) -> "str | ModelSpec":
 
 def load_flags(parser: argparse.ArgumentParser) -> None:
     """--prompt-len --output-len --length-spread --seed, and the shared prefixes and chats (--shared-prefix-len
-    --num-prefixes --prefix-zipf --turns --turn-gap): the requests' shape (`Load` without its rate)."""
-    parser.add_argument("--prompt-len", type=int, required=True)
-    parser.add_argument("--output-len", type=int, required=True)
-    parser.add_argument("--length-spread", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt shares")
-    parser.add_argument("--num-prefixes", type=int, default=1, help="distinct shared prefixes")
-    parser.add_argument("--prefix-zipf", type=float, default=None, help="Zipf exponent of prefix popularity")
-    parser.add_argument("--turns", type=int, default=1, help="requests per conversation")
-    parser.add_argument(
-        "--turn-gap", type=float, default=DEFAULT_TURN_GAP_S, help="seconds between a chat's turns"
-    )
+    --num-prefixes --prefix-zipf --turns --turn-gap): the requests' shape (`Load` without its rate), made from
+    `SHAPE_FIELDS` and `LEVER_FIELDS`."""
+    add_flags(parser, SHAPE_FIELDS + LEVER_FIELDS)
 
 
 def target_flags(parser: argparse.ArgumentParser) -> None:
@@ -121,59 +95,21 @@ def target_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(f"--{metric}-p{q}", type=float, dest=f"{metric}_p{q}_s", help="seconds")
 
 
+def targets_from_args(args) -> dict[str, float]:
+    """The latency targets `target_flags` were given: {"ttft_p95_s": seconds, ...}."""
+    keys = [f"{metric}_p{q}_s" for metric in STEADY_METRICS for q in PERCENTILES]
+    return {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+
+
 def load_from_args(args, rate: float | None, concurrency: int | None = None) -> Load:
     """The `Load` of `load_flags` at `rate` requests/s (or `concurrency` clients)."""
-    return Load(
-        rate,
-        args.prompt_len,
-        args.output_len,
-        args.length_spread,
-        args.seed,
-        concurrency,
-        shared_prefix_len=args.shared_prefix_len,
-        num_prefixes=args.num_prefixes,
-        prefix_zipf=args.prefix_zipf,
-        turns=args.turns,
-        turn_gap_s=args.turn_gap,
-    )
+    return load_from(vars(args) | {"rate": rate, "concurrency": concurrency})
 
 
-def speculation_from_args(args) -> Speculation | None:
-    """The `Speculation` of --spec-tokens --spec-acceptance --spec-method --draft-model, None without them."""
-    if args.spec_tokens is None:
-        if args.spec_acceptance is not None or args.draft_model is not None or args.spec_method != "ngram":
-            raise InvalidArgumentError(
-                "--spec-acceptance, --spec-method and --draft-model need --spec-tokens K"
-            )
-        return None
-    if args.spec_acceptance is None:
-        raise InvalidArgumentError(
-            "--spec-tokens needs --spec-acceptance a1,...,aK (one rate per draft token)"
-        )
-    rates = parse_acceptance(args.spec_acceptance)
-    return Speculation(args.spec_tokens, rates, args.spec_method, args.draft_model)
-
-
-def deployment_from_args(args) -> Deployment:
-    return Deployment(
-        model_from_args(args),
-        args.gpu,
-        args.tp,
-        args.pp,
-        args.replicas,
-        args.max_num_seqs,
-        args.max_num_batched_tokens,
-        args.weight_dtype,
-        args.kv_dtype,
-        args.engine,
-        speculation=speculation_from_args(args),
-        routing=args.routing,
-        kv_offload_gib=args.kv_offload_gib,
-        offload_policy=args.offload_policy,
-        offload_bandwidth_gbps=args.offload_bandwidth_gbps,
-        data_parallel=args.data_parallel_size,
-        expert_parallel=args.enable_expert_parallel,
-    )
+def deployment_values(args) -> dict:
+    """The values dict of the parsed flags (`core.planning.predict.inputs`' converters take it), the model that
+    of --model or --config (`model_from_args`)."""
+    return vars(args) | {"model": model_from_args(args)}
 
 
 def _clean(value):
@@ -189,52 +125,29 @@ def _clean(value):
 def disagg_flags(parser: argparse.ArgumentParser) -> None:
     """--disagg --prefill-workers --prefill-tp --decode-workers --decode-tp --kv-link: a disaggregated
     deployment (`core.planning.predict.disagg.DisaggDeployment`) instead of --tp / --pp / --replicas."""
-    parser.add_argument("--disagg", action="store_true", help="separate prefill and decode workers")
-    parser.add_argument("--prefill-workers", type=int, default=1)
-    parser.add_argument("--prefill-tp", type=int, default=1)
-    parser.add_argument("--decode-workers", type=int, default=1)
-    parser.add_argument("--decode-tp", type=int, default=1)
-    parser.add_argument("--kv-link", default=None, help="nvlink or network (default: nvlink within 8 GPUs)")
+    add_flags(parser, DISAGG_FIELDS)
 
 
-def disagg_from_args(args) -> DisaggDeployment:
-    if args.spec_tokens is not None or args.pp != 1:
-        raise InvalidArgumentError("--disagg takes neither --spec-tokens nor --pp (each pool is tp-only)")
-    if args.data_parallel_size != 1 or args.enable_expert_parallel:
-        raise InvalidArgumentError(
-            "--disagg takes neither --data-parallel-size nor --enable-expert-parallel (each pool is tp-only)"
-        )
-    return DisaggDeployment.of(
-        model_from_args(args),
-        args.gpu,
-        (args.prefill_workers, args.prefill_tp),
-        (args.decode_workers, args.decode_tp),
-        args.kv_link,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        weight_dtype=args.weight_dtype,
-        kv_dtype=args.kv_dtype,
-        engine=args.engine,
-    )
-
-
-def predict_main(argv: Sequence[str]) -> int:
+def predict_parser() -> argparse.ArgumentParser:
+    """The flags of `python -m core.planning predict`: a deployment, a load, --disagg, --rate | --concurrency."""
     parser = LineErrorParser(
         prog="python -m core.planning predict", description="One deployment's steady state."
     )
     deployment_flags(parser)
     load_flags(parser)
     disagg_flags(parser)
-    load = parser.add_mutually_exclusive_group(required=True)
-    load.add_argument("--rate", type=float, help="requests/s, Poisson")
-    load.add_argument("--concurrency", type=int, help="closed-loop clients")
-    args = parser.parse_args(argv)
+    add_exclusive_flags(parser, RATE_FIELDS)
+    return parser
+
+
+def predict_main(argv: Sequence[str]) -> int:
+    args = predict_parser().parse_args(argv)
     try:
         load = load_from_args(args, args.rate, args.concurrency)
         if args.disagg:
-            result = predict_disagg(disagg_from_args(args), load).to_dict()
+            result = predict_disagg(disagg_from(deployment_values(args)), load).to_dict()
         else:
-            result = predict(deployment_from_args(args), load).to_dict()
+            result = predict(deployment_from(deployment_values(args)), load).to_dict()
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -250,9 +163,9 @@ def max_rate_main(argv: Sequence[str]) -> int:
     load_flags(parser)
     target_flags(parser)
     args = parser.parse_args(argv)
-    targets = {k: v for k, v in vars(args).items() if k.endswith("_s") and v is not None}
+    targets = targets_from_args(args)
     try:
-        deployment = deployment_from_args(args)
+        deployment = deployment_from(deployment_values(args))
         load = load_from_args(args, 1.0)
         found = max_rate(deployment, load, targets)
     except LabError as error:

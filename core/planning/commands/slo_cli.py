@@ -23,7 +23,8 @@ import sys
 from collections.abc import Sequence
 
 from core.errors import LabError, RoutingError, SloInfeasibleError
-from core.planning.catalog.hardware import GPUS
+from core.fields import field_named
+from core.planning.commands.flags import add_flags, flag_kwargs
 from core.planning.commands.predict_cli import (
     LineErrorParser,
     config_flags,
@@ -31,11 +32,12 @@ from core.planning.commands.predict_cli import (
     load_from_args,
     model_from_args,
     target_flags,
+    targets_from_args,
 )
-from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, ENGINES
-from core.planning.memory.kv_accounting import KV_DTYPES, WEIGHT_DTYPES
+from core.planning.predict.deployment_fields import SETTING_FIELDS
+from core.planning.predict.load import RATE_FIELDS
 from core.planning.search.slo import Slo, SloCandidates, plan_slo
-from core.planning.search.slo_candidates import DEFAULT_SLO_GPUS
+from core.planning.search.slo_candidates import SEARCH_FIELDS
 from core.serving.router import ROUTING_POLICIES
 
 
@@ -46,21 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="The cheapest GPU deployment that serves a workload within latency targets (steady state).",
     )
     config_flags(parser)  # --model PRESET | --config PATH [--num-params N]
-    parser.add_argument("--rate", type=float, required=True, help="requests per second (Poisson)")
+    rate = field_named(RATE_FIELDS, "rate")
+    parser.add_argument(rate.flag, **flag_kwargs(rate) | {"required": True})
     load_flags(parser)
     target_flags(parser)
-    parser.add_argument("--engine", default=DEFAULT_ENGINE, help=f"one of {', '.join(ENGINES)}")
-    parser.add_argument(
-        "--gpus", nargs="+", default=list(DEFAULT_SLO_GPUS), help=f"presets: {', '.join(GPUS)}"
-    )
-    parser.add_argument("--max-gpus", type=int, default=defaults.max_gpus)
+    add_flags(parser, (field_named(SETTING_FIELDS, "engine"),))
+    add_flags(parser, SEARCH_FIELDS[:2])  # --gpus --max-gpus
     parser.add_argument("--tp", type=int, nargs="+", default=list(defaults.tensor_parallel))
     parser.add_argument("--pp", type=int, nargs="+", default=list(defaults.pipeline_parallel))
     parser.add_argument("--max-num-seqs", type=int, nargs="+", default=list(defaults.max_num_seqs))
-    parser.add_argument("--kv-dtypes", nargs="+", default=list(defaults.kv_dtypes), choices=KV_DTYPES)
-    parser.add_argument(
-        "--weight-dtypes", nargs="+", default=list(defaults.weight_dtypes), choices=WEIGHT_DTYPES
-    )
+    add_flags(parser, SEARCH_FIELDS[2:])  # --kv-dtypes --weight-dtypes
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
     parser.add_argument(
         "--data-parallel-size",
@@ -122,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    targets = {k: v for k, v in vars(args).items() if k.endswith("_s") and v is not None}
+    targets = targets_from_args(args)
     try:
         slo = Slo.of(targets)
         workload = load_from_args(args, args.rate)  # with its shared prefixes and turns (an SloWorkload)

@@ -36,11 +36,66 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from core.common import check_int
 from core.errors import InvalidArgumentError
+from core.fields import InputField, check_fields, field_named
+from core.planning.catalog.models import MODELS
 from core.planning.cost.step_time import StepTimeModel
 
 SPEC_METHODS = ("ngram", "draft-model", "eagle")
+# Speculation's inputs, declared once (`core.fields`): the flags, the SLO page's URL fields and widgets, and
+# `Speculation`'s checks of K and the method are made from them; `core.planning.predict.inputs.speculation_from`
+# is the one converter. spec_tokens None or 0: no speculation; draft_model counts only for "draft-model".
+SPECULATION_FIELDS = (
+    InputField(
+        "spec_tokens",
+        "--spec-tokens",
+        "spec_k",
+        "int",
+        None,
+        "Speculative tokens K (--spec-tokens; 0: none)",
+        "speculative decoding: K draft tokens",
+        minimum=1,
+        maximum=16,
+        optional=True,
+        step=1,
+    ),
+    InputField(
+        "spec_acceptance",
+        "--spec-acceptance",
+        "spec_acc",
+        "str",
+        None,
+        "Acceptance per position, a1,...,aK (--spec-acceptance)",
+        "a1,...,aK: per-position acceptance in [0, 1]",
+        optional=True,
+    ),
+    InputField(
+        "spec_method",
+        "--spec-method",
+        "spec_method",
+        "choice",
+        "ngram",
+        "Method (--spec-method)",
+        f"one of {', '.join(SPEC_METHODS)}",
+        choices=SPEC_METHODS,
+    ),
+    InputField(
+        "draft_model",
+        "--draft-model",
+        "draft",
+        "choice",
+        None,
+        "Draft model (--draft-model, method draft-model)",
+        "draft model preset (--spec-method draft-model)",
+        optional=True,
+        choices=tuple(MODELS),
+    ),
+)
+# the Speculation attribute each field checks
+_CHECKED = (
+    replace(field_named(SPECULATION_FIELDS, "spec_tokens"), name="num_tokens", optional=False),
+    replace(field_named(SPECULATION_FIELDS, "spec_method"), name="method"),
+)
 
 
 def parse_acceptance(text: str) -> tuple[float, ...]:
@@ -67,7 +122,7 @@ class Speculation:
     draft_model: str | None = None
 
     def __post_init__(self):
-        check_int(self.num_tokens, "--spec-tokens", minimum=1, maximum=16)
+        check_fields(self, _CHECKED[:1])
         try:
             rates = tuple(float(a) for a in self.acceptance)
         except (TypeError, ValueError):
@@ -83,10 +138,7 @@ class Speculation:
         if bad:
             raise InvalidArgumentError(f"--spec-acceptance rates must be in [0, 1], got {bad[0]!r}")
         object.__setattr__(self, "acceptance", rates)
-        if self.method not in SPEC_METHODS:
-            raise InvalidArgumentError(
-                f"--spec-method must be one of {', '.join(SPEC_METHODS)}, got {self.method!r}"
-            )
+        check_fields(self, _CHECKED[1:])
         if (self.method == "draft-model") != (self.draft_model is not None):
             raise InvalidArgumentError(
                 "--draft-model names the draft of --spec-method draft-model (and only it)"

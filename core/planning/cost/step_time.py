@@ -51,8 +51,15 @@ decoding token of gpt-oss-120b reads 4 of 128, 64 tokens ~87%), so
 (`expert_weight_share`: the experts' share of the stored bytes; MXFP4 experts at 4.25 bits beside bf16 attention
 for gpt-oss). The routed experts' FLOPs (2 x k / E x expert parameters per token) run as grouped GEMMs of
 n x k / E rows each, far below the dense GEMMs' efficiency: priced at expert_flops_efficiency when it is set
-(None: flops_efficiency). Real routing is not uniform (more experts stay cold, a hot one is a straggler): what
-the fitted efficiency absorbs.
+(None: flops_efficiency), and their weights stream at expert_bandwidth_efficiency of the bandwidth when it is set
+(None: bandwidth_efficiency): a grouped GEMM over a few rows per expert reads each expert's weights in short
+tiles, one expert after another, where a dense GEMM streams one long matrix, so
+
+    memory_s = (dense bytes + KV) / (bandwidth x bandwidth_efficiency)
+               + expert_weight_bytes x experts_touched(n) / (bandwidth x expert_bandwidth_efficiency)
+
+(docs/slo.md 2c: fitted on gpt-oss-120b's MXFP4 experts, 0.68 beside the dense reads' 1.0). Real routing is not
+uniform (more experts stay cold, a hot one is a straggler): what the fitted efficiencies absorb.
 
 Data-parallel attention and expert parallelism (`from_specs(..., data_parallel=D, expert_parallel=...)`, a MoE
 model served as vLLM's `--data-parallel-size D [--enable-expert-parallel]`): the model prices ONE DP rank's step on
@@ -150,7 +157,8 @@ class StepTimeModel:
     per token of the step; single_token_overhead_s: overhead_s of a one-token step (None: the same).
     expert_weight_bytes / num_experts / experts_per_token: an MoE model's routed-expert bytes on the GPU (outside
     weight_bytes) and its routing (num_experts 0: every expert read every step); expert_flops_per_token (part of
-    flops_per_token) priced at expert_flops_efficiency (None: flops_efficiency). Module docstring: MoE.
+    flops_per_token) priced at expert_flops_efficiency (None: flops_efficiency), the expert bytes read at
+    expert_bandwidth_efficiency (None: bandwidth_efficiency). Module docstring: MoE.
     small_step_factors: entry n - 1 multiplies the time of a step of exactly n new tokens (module docstring;
     () : none; each finite and > 0; stored as a tuple of floats).
     lm_head_flops_per_output: FLOPs of the LM head per sampled token, when flops_per_token leaves it out (engines
@@ -182,6 +190,7 @@ class StepTimeModel:
     experts_per_token: int = 0
     expert_flops_per_token: float = 0.0
     expert_flops_efficiency: float | None = None
+    expert_bandwidth_efficiency: float | None = None
     sliding_layer_fraction: float = 0.0
     sliding_window: int = 0
     expert_token_ranks: int = 1
@@ -224,10 +233,10 @@ class StepTimeModel:
                 f"sliding_layer_fraction must be in [0, 1] with a sliding_window >= 1, got "
                 f"{self.sliding_layer_fraction!r} and {self.sliding_window!r}"
             )
-        if self.expert_flops_efficiency is not None and not 0 < self.expert_flops_efficiency <= 1:
-            raise InvalidArgumentError(
-                f"expert_flops_efficiency must be in (0, 1] or None, got {self.expert_flops_efficiency!r}"
-            )
+        for name in ("expert_flops_efficiency", "expert_bandwidth_efficiency"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 1:
+                raise InvalidArgumentError(f"{name} must be in (0, 1] or None, got {value!r}")
         if self.expert_flops_per_token > self.flops_per_token:
             raise InvalidArgumentError(
                 "expert_flops_per_token is part of flops_per_token: it cannot exceed it"
@@ -278,6 +287,8 @@ class StepTimeModel:
         memory = (weights + self.kv_bytes_per_token * (kv_tokens_read + new_tokens)) / (
             self.memory_bandwidth * self.bandwidth_efficiency
         )
+        if self.expert_bandwidth_efficiency is not None and self.expert_weight_bytes:
+            memory += self._expert_read_extra_seconds(new_tokens)
         flops = self.flops_per_token * new_tokens + self.attention_flops_per_pair * attention_pairs
         if self.lm_head_flops_per_output:
             flops += self.lm_head_flops_per_output * (new_tokens if output_tokens is None else output_tokens)
@@ -386,6 +397,8 @@ class StepTimeModel:
             flops = flops + self.lm_head_flops_per_output * outputs
         stages = self.pipeline_stages
         memory = bytes_moved / (self.memory_bandwidth * self.bandwidth_efficiency)
+        if self.expert_bandwidth_efficiency is not None and self.expert_weight_bytes:
+            memory = memory + self._expert_read_extra_seconds(new_tokens)
         compute = flops / (self.peak_flops * self.flops_efficiency)
         if self.expert_flops_efficiency is not None and self.expert_flops_per_token:
             compute = compute + self._expert_extra_seconds(new_tokens)
@@ -423,6 +436,13 @@ class StepTimeModel:
         to the compute roof (negative when the experts run more efficiently than the rest)."""
         flops = self.expert_flops_per_token * new_tokens
         return flops / self.peak_flops * (1.0 / self.expert_flops_efficiency - 1.0 / self.flops_efficiency)
+
+    def _expert_read_extra_seconds(self, new_tokens):
+        """The routed experts' bytes read at expert_bandwidth_efficiency instead of bandwidth_efficiency: the time
+        to add to the memory roof (negative when the experts stream faster than the rest)."""
+        read = self.expert_weight_bytes * self.experts_touched(new_tokens)
+        scale = 1.0 / self.expert_bandwidth_efficiency - 1.0 / self.bandwidth_efficiency
+        return read / self.memory_bandwidth * scale
 
     def experts_touched(self, new_tokens):
         """The expected fraction of a layer's routed experts (of this GPU's) that a step of `new_tokens` tokens

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from core.errors import InvalidArgumentError
+from core.fields import InputField
 from core.planning.cost.step_time import StepTimeModel
 from core.planning.memory.kv_accounting import kv_bytes_per_token
 from core.planning.memory.plan import replica_memory
@@ -40,6 +41,54 @@ from core.serving.steady_state import SteadyState, SteadyStateSettings
 
 GPUS_PER_NODE = 8  # an HGX / DGX board: NVLink within, the NICs between
 KV_LINKS = ("nvlink", "network")
+# A disaggregated deployment's own inputs, declared once (`core.fields`; the rest are the aggregated deployment's):
+# the flags of `predict --disagg` and the SLO page's URL fields and widgets are made from them, and
+# `core.planning.predict.inputs.disagg_from` is the one converter (kv_link "auto": None, the rule below).
+DISAGG_FIELDS = (
+    InputField(
+        "disagg",
+        "--disagg",
+        "disagg",
+        "bool",
+        False,
+        "Disaggregated (--disagg: TP, PP and replicas above unused)",
+        "separate prefill and decode workers",
+    ),
+    InputField(
+        "prefill_workers",
+        "--prefill-workers",
+        "p_workers",
+        "int",
+        1,
+        "Prefill workers",
+        minimum=1,
+        maximum=1024,
+        step=1,
+    ),
+    InputField("prefill_tp", "--prefill-tp", "p_tp", "int", 1, "Prefill TP", minimum=1, maximum=64, step=1),
+    InputField(
+        "decode_workers",
+        "--decode-workers",
+        "d_workers",
+        "int",
+        1,
+        "Decode workers",
+        minimum=1,
+        maximum=1024,
+        step=1,
+    ),
+    InputField("decode_tp", "--decode-tp", "d_tp", "int", 1, "Decode TP", minimum=1, maximum=64, step=1),
+    InputField(
+        "kv_link",
+        "--kv-link",
+        "kv_link",
+        "choice",
+        "auto",
+        "KV link (--kv-link; auto: NVLink within 8 GPUs)",
+        "nvlink or network (default: nvlink within 8 GPUs)",
+        choices=("auto", *KV_LINKS),
+    ),
+)
 
 
 @dataclass(frozen=True)

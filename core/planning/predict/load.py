@@ -4,12 +4,154 @@ and output lengths, prompts that share prefixes and multi-turn chats; and the re
 import math
 from dataclasses import dataclass, replace
 
-from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
+from core.fields import InputField, check_fields
 from core.serving.prefix_workload import SharedPrefixes, Turns, conversations, share_prefixes
 from core.serving.workload import Request, fixed, uniform
 
 DEFAULT_TURN_GAP_S = 10.0  # seconds between a chat's turns, arrival to arrival (--turn-gap's default)
+
+# The load's inputs, declared once (`core.fields`): `Load` checks each value by them, the command line's flags and
+# the SLO planner page's URL fields and widgets are made from them. rate and concurrency are the two ways to give
+# a load (exactly one of them); prompt_len and output_len have no default on the command line (required there).
+RATE_FIELDS = (
+    InputField(
+        "rate",
+        "--rate",
+        "rate",
+        "float",
+        None,
+        "Request rate (requests/s, Poisson)",
+        "requests/s, Poisson",
+        "requests/s",
+        minimum=0.0,
+        maximum=1e6,
+        exclusive_minimum=True,
+        optional=True,
+        step=1.0,
+    ),
+    InputField(
+        "concurrency",
+        "--concurrency",
+        "clients",
+        "int",
+        None,
+        "Concurrent clients (closed loop)",
+        "closed-loop clients",
+        "clients",
+        minimum=1,
+        maximum=100_000,
+        optional=True,
+        step=8,
+    ),
+)
+SHAPE_FIELDS = (
+    InputField(
+        "prompt_len",
+        "--prompt-len",
+        "prompt_len",
+        "int",
+        None,
+        "Prompt length (tokens)",
+        unit="tokens",
+        minimum=1,
+        maximum=1 << 22,
+        step=100,
+        required=True,
+    ),
+    InputField(
+        "output_len",
+        "--output-len",
+        "output_len",
+        "int",
+        None,
+        "Output length (tokens)",
+        unit="tokens",
+        minimum=1,
+        maximum=1 << 22,
+        step=50,
+        required=True,
+    ),
+    InputField(
+        "length_spread",
+        "--length-spread",
+        "spread",
+        "float",
+        0.0,
+        "Length spread (each length uniform in ± this share)",
+        minimum=0.0,
+        maximum=0.99,
+        step=0.05,
+    ),
+    InputField("seed", "--seed", "seed", "int", 0, "Seed (arrivals and lengths)", minimum=0, step=1),
+)
+LEVER_FIELDS = (
+    InputField(
+        "shared_prefix_len",
+        "--shared-prefix-len",
+        "prefix_len",
+        "int",
+        0,
+        "Shared prefix length (tokens, --shared-prefix-len; 0: none)",
+        "tokens every prompt shares",
+        "tokens",
+        minimum=0,
+        maximum=1 << 22,
+        step=100,
+    ),
+    InputField(
+        "num_prefixes",
+        "--num-prefixes",
+        "prefixes",
+        "int",
+        1,
+        "Distinct prefixes (--num-prefixes)",
+        "distinct shared prefixes",
+        minimum=1,
+        maximum=1 << 20,
+        step=1,
+    ),
+    InputField(
+        "prefix_zipf",
+        "--prefix-zipf",
+        "zipf",
+        "float",
+        None,
+        "Prefix Zipf exponent (--prefix-zipf; empty: uniform)",
+        "Zipf exponent of prefix popularity",
+        minimum=0.0,
+        maximum=100.0,
+        exclusive_minimum=True,
+        optional=True,
+        step=0.1,
+    ),
+    InputField(
+        "turns",
+        "--turns",
+        "turns",
+        "int",
+        1,
+        "Turns per conversation (--turns)",
+        "requests per conversation",
+        minimum=1,
+        maximum=1000,
+        step=1,
+    ),
+    InputField(
+        "turn_gap_s",
+        "--turn-gap",
+        "turn_gap",
+        "float",
+        DEFAULT_TURN_GAP_S,
+        "Seconds between a chat's turns (--turn-gap)",
+        "seconds between a chat's turns",
+        "seconds",
+        minimum=0.0,
+        exclusive_minimum=True,
+        step=1.0,
+    ),
+)
+LOAD_FIELDS = RATE_FIELDS + SHAPE_FIELDS + LEVER_FIELDS
 
 
 @dataclass(frozen=True)
@@ -47,32 +189,17 @@ class Load:
             raise InvalidArgumentError(
                 "give exactly one of rate (requests/s, Poisson) and concurrency (closed-loop clients)"
             )
-        if self.rate is not None:
-            rate = check_float(self.rate, "rate (requests/s)", minimum=0.0, exclusive_minimum=True)
-            if not math.isfinite(rate) or rate > 1e6:
-                raise InvalidArgumentError(f"rate (requests/s) must be finite and at most 1e6, got {rate!r}")
-            object.__setattr__(self, "rate", rate)
-        else:
-            check_int(self.concurrency, "concurrency (clients)", minimum=1, maximum=100_000)
-        check_int(self.prompt_len, "prompt_len (tokens)", minimum=1, maximum=1 << 22)
-        check_int(self.output_len, "output_len (tokens)", minimum=1, maximum=1 << 22)
-        check_float(self.length_spread, "length_spread", minimum=0.0, maximum=0.99)
-        check_int(self.seed, "seed", minimum=0)
+        check_fields(self, RATE_FIELDS + SHAPE_FIELDS)
         self._check_levers()
 
     def _check_levers(self) -> None:
-        check_int(self.shared_prefix_len, "--shared-prefix-len (tokens)", minimum=0, maximum=1 << 22)
+        check_fields(self, LEVER_FIELDS)
         shortest = self._range(self.prompt_len)[0]
         if self.shared_prefix_len > shortest:
             raise InvalidArgumentError(
                 f"--shared-prefix-len {self.shared_prefix_len} is longer than the shortest prompt ({shortest} "
                 f"tokens): a prefix is part of the prompt, at most --prompt-len x (1 - --length-spread) tokens"
             )
-        check_int(self.num_prefixes, "--num-prefixes", minimum=1, maximum=1 << 20)
-        if self.prefix_zipf is not None:
-            check_float(self.prefix_zipf, "--prefix-zipf", minimum=0.0, exclusive_minimum=True, maximum=100.0)
-        check_int(self.turns, "--turns", minimum=1, maximum=1000)
-        check_float(self.turn_gap_s, "--turn-gap (seconds)", minimum=0.0, exclusive_minimum=True)
 
     @property
     def uses_prefix_cache(self) -> bool:

@@ -24,6 +24,11 @@ balancer does) sending each arrival to one of them, one steady-state estimate ov
 percentiles, throughput and prefix hit rate) and a breakdown per replica (`Prediction.per_replica`). A closed
 loop (concurrency) keeps its clients pinned, ceil(clients / replicas) to each replica, and simulates one of them
 (throughput replicas x one replica's); so does a single replica, whatever the routing.
+A closed loop at fixed lengths starts with its first round's outputs staggered
+(`core.serving.workload.out_of_phase_outputs`), so its clients run out of phase as a real server's do, not in
+lockstep. An engine profile with a request-side term ("vllm-cross-model"; `Deployment.request_overhead_s`) adds
+to each request's TTFT and E2E what it spends outside the steps (`add_request_side`, the definition the profile's
+fit replays: docs/slo.md 2c).
 
 A MoE model served with data-parallel attention (`Deployment.data_parallel` D, vLLM's `--data-parallel-size`)
 runs D DP ranks per replica, each its own scheduler, requests and KV cache (`Deployment.ranks` = replicas x D
@@ -35,14 +40,22 @@ all D ranks run in lockstep (`core.planning.cost.step_time`, module docstring: d
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from core.common import check_float, check_int
+import numpy as np
+
+from core.common import check_int
 from core.errors import InvalidArgumentError
+from core.fields import check_fields
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.catalog.hardware import GPUSpec, get_gpu
 from core.planning.catalog.models import ModelSpec, get_model
-from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, engine_step_defaults
+from core.planning.cost.fits.engine_profiles import (
+    DEFAULT_ENGINE,
+    engine_request_overhead_s,
+    engine_step_defaults,
+    split_request_term,
+)
 from core.planning.cost.speculative import (
     Speculation,
     SpeculativeStepTime,
@@ -54,8 +67,6 @@ from core.planning.cost.speculative import (
 from core.planning.cost.step_time import StepTimeModel, from_specs
 from core.planning.memory.kv_accounting import (
     BLOCK_SIZES,
-    KV_DTYPES,
-    WEIGHT_DTYPES,
     check_moe_parallel,
     check_parallelism,
 )
@@ -63,14 +74,17 @@ from core.planning.memory.offload import check_offload_gib, host_kv_tier, offloa
 from core.planning.memory.plan import CapacityPlan, PlanInputs, ReplicaMemory, plan_from, replica_memory
 from core.planning.memory.resolved import ResolvedDeployment, resolve_deployment
 from core.planning.memory.vllm_command import parallel_flags
+from core.planning.predict.deployment_fields import CHECKED_FIELDS
 from core.planning.predict.load import Load
 from core.serving.fleet import Fleet, replica_breakdown, simulate_fleet
 from core.serving.host_offload import DEFAULT_OFFLOAD_BANDWIDTH, HostOffload
+from core.serving.latency import REQUEST_SIDE_COLUMN, request_side_seconds, steps_ended_before
 from core.serving.memory_policies import paged
 from core.serving.router import DEFAULT_ROUTING, check_routing
 from core.serving.sim_config import SimulatorConfig
 from core.serving.simulator import simulate
 from core.serving.steady_state import SteadyState, SteadyStateSettings, metric_keys, steady_state
+from core.serving.workload import out_of_phase_outputs
 
 __all__ = ["Deployment", "Load", "Prediction", "predict"]
 
@@ -114,34 +128,19 @@ class Deployment:
             raise InvalidArgumentError("model and gpu must be preset slugs or ModelSpec / GPUSpec objects")
         object.__setattr__(self, "model_spec", model)
         object.__setattr__(self, "gpu_spec", gpu)
-        for name, top in (("tp", 64), ("pp", 64), ("replicas", 1024), ("max_num_seqs", 65_536)):
-            check_int(getattr(self, name), name, minimum=1, maximum=top)
-        check_int(self.max_num_batched_tokens, "max_num_batched_tokens", minimum=self.max_num_seqs)
+        check_fields(self, CHECKED_FIELDS)  # tp, pp, replicas, DP ranks, max_num_seqs, dtypes, host bandwidth
+        check_int(self.max_num_batched_tokens, "--max-num-batched-tokens", minimum=self.max_num_seqs)
         check_parallelism(model, self.tp, self.pp)
-        check_int(self.data_parallel, "data_parallel", minimum=1, maximum=1024)
         check_moe_parallel(model, self.tp, self.data_parallel, self.expert_parallel)
-        for name, allowed in (("weight_dtype", WEIGHT_DTYPES), ("kv_dtype", KV_DTYPES)):
-            if getattr(self, name) not in allowed:
-                raise InvalidArgumentError(
-                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
-                )
         engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
         if self.block_size not in BLOCK_SIZES:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
-        check_float(self.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0)
         if self.speculation is not None and not isinstance(self.speculation, Speculation):
             raise InvalidArgumentError(
                 "speculation must be a core.planning.cost.speculative.Speculation or None"
             )
         check_offload_gib(self.kv_offload_gib, "kv_offload_gib")
-        HostOffload(
-            0,
-            self.offload_policy,
-            check_float(
-                self.offload_bandwidth_gbps, "offload_bandwidth_gbps", minimum=0, exclusive_minimum=True
-            )
-            * 1e9,
-        )
+        HostOffload(0, self.offload_policy, self.offload_bandwidth_gbps * 1e9)
 
     def host_offload(self, capacity: CapacityPlan | ReplicaMemory) -> HostOffload | None:
         """The simulator's host tier for one replica of `capacity` (a plan, or a replica's memory: vLLM's
@@ -201,8 +200,9 @@ class Deployment:
     ) -> StepTimeModel:
         """The step-time model of one replica: the engine's profile, then `overrides` on top. resolved: this
         deployment resolved (`resolve`), whose model, GPU, parallelism and concrete dtypes it is priced with
-        (the same figures as the deployment's own: "auto" resolves to the same dtype either way)."""
-        kwargs = engine_step_defaults(self.engine) | dict(overrides or {})
+        (the same figures as the deployment's own: "auto" resolves to the same dtype either way). A request-side
+        term among the overrides is not a step parameter: `request_overhead_s` reads it."""
+        kwargs = engine_step_defaults(self.engine) | split_request_term(overrides)[0]
         if self.data_parallel > 1 or self.expert_parallel:
             kwargs |= {"data_parallel": self.data_parallel, "expert_parallel": self.expert_parallel}
         if resolved is None:
@@ -213,6 +213,12 @@ class Deployment:
         return from_specs(
             r.model, r.gpu, r.tensor_parallel, r.weight_dtype, r.kv_dtype, r.pipeline_parallel, **kwargs
         )
+
+    def request_overhead_s(self, overrides: Mapping | None = None) -> float | None:
+        """The request-side seconds TTFT gains (module docstring): the overrides' request term
+        (`engine_profiles.REQUEST_TERM`) when they have one, else the engine profile's; None: neither has one."""
+        term = split_request_term(overrides)[1]
+        return engine_request_overhead_s(self.engine) if term is None else term
 
     def step_cost(
         self, step: StepTimeModel, kv_tokens: int
@@ -395,12 +401,16 @@ def replica_steady_state(
     focus: tuple[str, ...] | None = None,
     fleet: Fleet | None = None,
     offload: HostOffload | None = None,
+    request_overhead_s: float | None = None,
 ) -> SteadyState:
     """The steady state of one replica under `load` (already its share), KV capacity `kv_tokens` slots: counted
     blocks, or block tables with prefix caching when the load's prompts share tokens; settings / decided /
     focus as `core.serving.steady_state.steady_state` takes them. fleet: instead, `load` is the whole fleet's and
     the estimate is that of `fleet`'s replicas behind its router (`core.serving.fleet.simulate_fleet`). offload:
-    the replica's host tier (`Deployment.host_offload`), required when the deployment has one."""
+    the replica's host tier (`Deployment.host_offload`), required when the deployment has one.
+    request_overhead_s: the profile's request-side seconds (`Deployment.request_overhead_s`; None: none), added
+    to every simulated request's TTFT and E2E with the step in flight when it arrives in a closed loop
+    (`add_request_side`)."""
     caching = load.uses_prefix_cache or bool(deployment.kv_offload_gib)  # a host tier runs with the cache on
     if deployment.kv_offload_gib and offload is None:
         raise InvalidArgumentError(
@@ -422,11 +432,18 @@ def replica_steady_state(
 
     def run(requests, until):
         if fleet is not None:
-            return simulate_fleet(requests, policy, config, fleet, until_finished=until)
-        return simulate(requests, policy, config, until_finished=until, concurrency=load.concurrency)
+            result = simulate_fleet(requests, policy, config, fleet, until_finished=until)
+        else:
+            result = simulate(requests, policy, config, until_finished=until, concurrency=load.concurrency)
+        if request_overhead_s is not None:
+            add_request_side(result, request_overhead_s, closed_loop=load.concurrency is not None)
+        return result
 
+    requests = load.requests
+    if load.concurrency is not None and load.length_spread == 0 and load.turns == 1:
+        requests = _out_of_phase(load)
     return steady_state(
-        load.requests,
+        requests,
         run,
         rate=load.rate,
         concurrency=load.concurrency,
@@ -436,6 +453,34 @@ def replica_steady_state(
         decided=decided,
         focus=focus,
     )
+
+
+def _out_of_phase(load: Load) -> Callable[[int], list]:
+    """`load.requests` with the first round's outputs staggered (`core.serving.workload.out_of_phase_outputs`): a
+    closed loop at fixed lengths then runs with its clients out of phase, as a real server's drift apart and as
+    the vLLM profile's fit replays its benchmarks, instead of in lockstep (the steady state's warm-up, which is
+    at least one request per client, drops the staggered round)."""
+    first = out_of_phase_outputs(load.concurrency, load.output_len)
+
+    def requests(count: int) -> list:
+        drawn = load.requests(count)
+        head = [replace(r, output_len=n) for r, n in zip(drawn, first, strict=False)]
+        return head + drawn[len(head) :]
+
+    return requests
+
+
+def add_request_side(result, fixed_s: float, closed_loop: bool) -> None:
+    """Write each simulated request's request-side seconds (`core.serving.latency.request_side_seconds`, the one
+    definition the vLLM profile's fit replays) into result.requests[REQUEST_SIDE_COLUMN]: fixed_s, plus in a
+    closed loop the step that ended when the request arrived (the step in flight when it reaches the engine).
+    Its TTFT and E2E then include it (`core.serving.latency.request_latencies`). A fleet's result (several
+    replicas' steps interleaved) is only ever an open loop here: fixed_s alone."""
+    requests, steps = result.requests, result.steps
+    ends = steps["time_s"].to_numpy(np.float64)
+    durations = steps["step_time_ms"].to_numpy(np.float64) / 1000.0
+    arrival = steps_ended_before(ends, requests["arrival_time"].to_numpy(np.float64))
+    requests[REQUEST_SIDE_COLUMN] = request_side_seconds(fixed_s, durations, arrival, closed_loop)
 
 
 def predict(
@@ -461,7 +506,10 @@ def predict(
     cost, kv_tokens = deployment.step_cost(deployment.step_model(step_time, resolved), memory.kv_tokens)
     fleet = Fleet(deployment.ranks, deployment.routing, load.seed) if routed else None
     offload = deployment.host_offload(memory)
-    state = replica_steady_state(deployment, share, cost, kv_tokens, settings, decided, focus, fleet, offload)
+    request_side = deployment.request_overhead_s(step_time)
+    state = replica_steady_state(
+        deployment, share, cost, kv_tokens, settings, decided, focus, fleet, offload, request_side
+    )
     metrics = dict(state.metrics)
     if not routed:
         for key in ("throughput_tokens_per_s", "request_throughput_per_s"):

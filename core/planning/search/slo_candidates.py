@@ -14,10 +14,16 @@ from typing import Any
 
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
+from core.fields import InputField, check_fields
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.catalog.hardware import GPUS, GPUSpec, get_gpu
 from core.planning.catalog.models import ModelSpec
-from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, engine_step_defaults
+from core.planning.cost.fits.engine_profiles import (
+    DEFAULT_ENGINE,
+    REQUEST_TERM,
+    engine_step_defaults,
+    split_request_term,
+)
 from core.planning.memory.kv_accounting import (
     BLOCK_SIZES,
     KV_DTYPES,
@@ -32,6 +38,52 @@ from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES, check_routing
 from core.serving.steady_state import metric_keys
 
 DEFAULT_SLO_GPUS = ("l40s", "h100-80gb", "h200-141gb")
+# The search space's inputs that the command line (`slo`) and the SLO planner page's search mode share, declared
+# once (`core.fields`): `SloCandidates` checks them by these, the flags and the page's URL fields and widgets are
+# made from them. (The other candidates' lists are command-line flags only.)
+SEARCH_FIELDS = (
+    InputField(
+        "gpus",
+        "--gpus",
+        "gpus",
+        "multi",
+        DEFAULT_SLO_GPUS,
+        "GPU types",
+        f"presets: {', '.join(GPUS)}",
+        choices=tuple(GPUS),
+    ),
+    InputField(
+        "max_gpus",
+        "--max-gpus",
+        "max_gpus",
+        "int",
+        8,
+        "Most GPUs per deployment",
+        minimum=1,
+        maximum=MAX_GPUS,
+        step=1,
+    ),
+    InputField(
+        "kv_dtypes",
+        "--kv-dtypes",
+        "kv",
+        "multi",
+        ("auto", "fp8"),
+        "KV cache dtypes",
+        f"one or more of {', '.join(KV_DTYPES)}",
+        choices=KV_DTYPES,
+    ),
+    InputField(
+        "weight_dtypes",
+        "--weight-dtypes",
+        "weights",
+        "multi",
+        ("auto",),
+        "Weight dtypes",
+        f"one or more of {', '.join(WEIGHT_DTYPES)}",
+        choices=WEIGHT_DTYPES,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -224,14 +276,6 @@ def _int_choices(values, name: str, minimum: int, maximum: int) -> tuple[int, ..
     return tuple(sorted({check_int(v, name, minimum=minimum, maximum=maximum) for v in values}))
 
 
-def _choices(values, allowed, name: str) -> tuple[str, ...]:
-    values = tuple(values)
-    bad = [v for v in values if v not in allowed]
-    if bad or not values:
-        raise InvalidArgumentError(f"{name} must be among {', '.join(allowed)}; got {list(values)}")
-    return tuple(dict.fromkeys(values))
-
-
 @dataclass(frozen=True)
 class SloCandidates:
     """The search space. gpus: preset slugs (core.planning.catalog.hardware.GPUS) or GPUSpec objects; max_gpus: most GPUs
@@ -252,13 +296,13 @@ class SloCandidates:
     attention, `Deployment.data_parallel`); expert_parallel: every candidate with --enable-expert-parallel (a MoE
     model only). Raises RoutingError for an unknown policy."""
 
-    gpus: tuple = DEFAULT_SLO_GPUS
-    max_gpus: int = 8
+    gpus: tuple = SEARCH_FIELDS[0].default
+    max_gpus: int = SEARCH_FIELDS[1].default
     tensor_parallel: tuple[int, ...] = (1, 2, 4, 8)
     pipeline_parallel: tuple[int, ...] = (1, 2)
     max_num_seqs: tuple[int, ...] = (64, 128, 256, 512, 1024)
-    kv_dtypes: tuple[str, ...] = ("auto", "fp8")
-    weight_dtypes: tuple[str, ...] = ("auto",)
+    kv_dtypes: tuple[str, ...] = SEARCH_FIELDS[2].default
+    weight_dtypes: tuple[str, ...] = SEARCH_FIELDS[3].default
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
@@ -279,7 +323,9 @@ class SloCandidates:
         for gpu in self.gpus:
             if not isinstance(gpu, GPUSpec):
                 get_gpu(gpu)  # raises, listing the presets
-        check_int(self.max_gpus, "max_gpus", minimum=1, maximum=MAX_GPUS)
+        check_fields(
+            self, SEARCH_FIELDS[1:]
+        )  # max_gpus, kv_dtypes, weight_dtypes (gpus: presets or GPUSpecs)
         if not isinstance(self.expert_parallel, bool):
             raise InvalidArgumentError(f"expert_parallel must be True or False, got {self.expert_parallel!r}")
         for name, top in (
@@ -289,16 +335,17 @@ class SloCandidates:
             ("data_parallel", 1024),
         ):
             object.__setattr__(self, name, _int_choices(getattr(self, name), name, 1, top))
-        object.__setattr__(self, "kv_dtypes", _choices(self.kv_dtypes, KV_DTYPES, "kv_dtypes"))
-        object.__setattr__(
-            self, "weight_dtypes", _choices(self.weight_dtypes, WEIGHT_DTYPES, "weight_dtypes")
-        )
         check_int(self.max_num_batched_tokens, "max_num_batched_tokens", minimum=max(self.max_num_seqs))
         check_float(self.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0)
         if self.block_size not in BLOCK_SIZES:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
         check_int(self.max_meeting, "max_meeting", minimum=1)
         engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
+        if split_request_term(self.step_time)[1] is not None:
+            raise InvalidArgumentError(
+                f"{REQUEST_TERM} is an engine profile's request-side term, not a step_time override in the SLO "
+                "search: choose the engine whose profile has it (engine='vllm-cross-model')"
+            )
         if self.disagg not in (True, False):
             raise InvalidArgumentError(f"disagg must be True or False, got {self.disagg!r}")
         if self.disagg and self.max_gpus < 2:

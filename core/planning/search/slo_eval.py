@@ -271,8 +271,9 @@ def steady_prediction(
     fleet: a `core.serving.fleet.Fleet`: `share` is then the whole load and the estimate the routed fleet's."""
 
     decided = verdict_decider(targets)
+    side = deployment.request_overhead_s()  # the engine profile's request-side term, as predict adds it
     return replica_steady_state(
-        deployment, share, step, kv_tokens, SEARCH_SETTINGS, decided, tuple(targets), fleet
+        deployment, share, step, kv_tokens, SEARCH_SETTINGS, decided, tuple(targets), fleet, None, side
     )
 
 

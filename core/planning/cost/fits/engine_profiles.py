@@ -1,13 +1,20 @@
 """Engine profiles: the step-time parameters (`core.planning.cost.step_time.StepTimeModel` keyword overrides) that price
 a GPU step for one serving engine. `engine_step_defaults("trtllm")` is the fit to NVIDIA's TensorRT-LLM throughput
 table (`core.planning.cost.fits.published.gpu_step_defaults`); `engine_step_defaults("vllm")` the fit to measured vLLM
-runs (`core.planning.cost.fits.published_vllm`), stored below. docs/slo.md: sources, method, errors.
+runs (`core.planning.cost.fits.published_vllm`), stored below; `engine_step_defaults("vllm-cross-model")` the same
+engine's profile fitted across models (issue 40, docs/slo.md 2c), whose request-side term
+(`engine_request_overhead_s`: a fixed front-end time per request plus, in a closed loop, the step in flight when a
+request arrives; `core.serving.latency.request_side_seconds`) `predict`, `max-rate` and `slo` add to every TTFT
+as the bench's replay does. docs/slo.md: sources, method, errors.
 """
 
 from core.errors import InvalidArgumentError
 from core.planning.cost.fits.published import gpu_step_defaults
 
-ENGINES = ("vllm", "trtllm")
+ENGINES = ("vllm", "trtllm", "vllm-cross-model")
+# The request-side term of a profile: seconds per request outside the engine's steps (not a StepTimeModel
+# parameter; `engine_request_overhead_s`, `split_request_term`).
+REQUEST_TERM = "request_overhead_s"
 DEFAULT_ENGINE = "vllm"
 
 # Fitted by core.planning.cost.fits.published_vllm.fit_vllm (bench/slo_published.py recomputes it and prints the errors):
@@ -18,9 +25,8 @@ DEFAULT_ENGINE = "vllm"
 # SXM, TP 1 / 2 / 4 / 8: a GPU and a TP size the fit never saw). bandwidth_efficiency sits at its bound 1: the
 # low-concurrency TPOTs fall by the weights' read time at the datasheet bandwidth from TP 1 to TP 8 on both GPUs,
 # and the rest of the step is the fixed overhead (5.2 ms: launches, sampling, scheduling at these batch sizes).
-# Issue 40's cross-model fit (published_vllm.FIT_NAMES over Llama-3.1-70B, Qwen3-32B and gpt-oss-120b, per-layer
-# overhead, expert GEMM efficiency and a request-side TTFT term that predict does not price yet; docs/slo.md 2c)
-# is not stored here: it meets neither of that issue's targets yet and is worse on the 70B model than this one.
+# Issue 40's cross-model fit is stored apart (VLLM_CROSS_MODEL_PROFILE, engine "vllm-cross-model"), not as this
+# default: it meets neither of that issue's targets yet and is worse on the 70B model than this one.
 VLLM_STEP_DEFAULTS = {
     "bandwidth_efficiency": 1.0,
     "flops_efficiency": 0.42070728149109854,
@@ -29,11 +35,51 @@ VLLM_STEP_DEFAULTS = {
 }
 
 
-def engine_step_defaults(engine: str) -> dict:
-    """The StepTimeModel keyword overrides for `engine` (one of ENGINES), a new dict each call.
-    Raises InvalidArgumentError naming the allowed engines for any other value."""
+# Fitted by core.planning.cost.fits.published_vllm.fit_vllm across models (published_vllm.FIT_NAMES, FIXED held):
+# every row of Llama-3.1-70B FP8, Qwen3-32B bf16 and gpt-oss-120b MXFP4 (H100 / H200 SXM) but the KV-limited ones;
+# Llama-3.1-8B and Qwen3-235B-A22B held out whole. bench/slo_published.py recomputes it (docs/slo.md 2c, third
+# stage): RMS relative error 0.201 on the training rows, held out Qwen3-235B-A22B 0.288, Llama-3.1-8B 1.435.
+VLLM_CROSS_MODEL_PROFILE = {
+    "bandwidth_efficiency": 1.0,
+    "overhead_s": 0.0,
+    "per_token_overhead_s": 0.0,
+    "flops_efficiency": 0.3501094510317033,
+    "layer_overhead_s": 6.285074601355248e-05,
+    "expert_flops_efficiency": 0.1352936477380538,
+    "expert_bandwidth_efficiency": 0.6823127521796253,
+    REQUEST_TERM: 0.02973557844819279,
+}
+
+
+def _profile(engine: str) -> dict:
     if engine == "vllm":
-        return dict(VLLM_STEP_DEFAULTS)
+        return VLLM_STEP_DEFAULTS
     if engine == "trtllm":
-        return dict(gpu_step_defaults())
+        return gpu_step_defaults()
+    if engine == "vllm-cross-model":
+        return VLLM_CROSS_MODEL_PROFILE
     raise InvalidArgumentError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+
+
+def split_request_term(overrides) -> tuple[dict, float | None]:
+    """(the StepTimeModel keyword overrides of a profile or of step-time overrides, its request-side seconds or
+    None): REQUEST_TERM taken out, the rest a new dict. Raises InvalidArgumentError for a negative or non-finite
+    request term."""
+    step = dict(overrides or {})
+    term = step.pop(REQUEST_TERM, None)
+    if term is not None and not (isinstance(term, int | float) and 0 <= term < float("inf")):
+        raise InvalidArgumentError(f"{REQUEST_TERM} must be a number of seconds >= 0, got {term!r}")
+    return step, None if term is None else float(term)
+
+
+def engine_step_defaults(engine: str) -> dict:
+    """The StepTimeModel keyword overrides for `engine` (one of ENGINES), a new dict each call; the profile's
+    request-side term, not a step parameter, left out (`engine_request_overhead_s`). Raises InvalidArgumentError
+    naming the allowed engines for any other value."""
+    return split_request_term(_profile(engine))[0]
+
+
+def engine_request_overhead_s(engine: str) -> float | None:
+    """The request-side seconds of `engine`'s profile (module docstring), None when it has none ("vllm",
+    "trtllm"). Raises InvalidArgumentError naming the allowed engines for an unknown one."""
+    return split_request_term(_profile(engine))[1]

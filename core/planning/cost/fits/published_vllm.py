@@ -62,12 +62,14 @@ import numpy as np
 
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
+from core.planning.cost.fits.engine_profiles import REQUEST_TERM
 from core.planning.cost.step_time import StepTimeModel, from_specs
 from core.planning.memory.plan import plan
+from core.serving.latency import request_side_seconds
 from core.serving.memory_policies import paged
 from core.serving.sim_config import SimulatorConfig
 from core.serving.simulator import simulate
-from core.serving.workload import Request
+from core.serving.workload import Request, out_of_phase_outputs
 
 DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_llama31_70b.csv"
 MODELS_DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_models.csv"
@@ -91,13 +93,20 @@ AIPERF_SEED = 100  # the --random-seed of aiconfigurator's generated benchmark s
 TRAINING_MODELS = ("llama-3.1-70b", "qwen3-32b", "gpt-oss-120b")  # two dense, one MoE; H100 and H200
 HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b")  # a small dense model and an MoE one
 MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b")
-# The cross-model profile (issue 40): one FLOP/s efficiency for dense GEMMs, one for routed-expert GEMMs, and a
-# fixed cost per layer per step; the weights and K/V read at the datasheet bandwidth (the single-model fit put
-# bandwidth_efficiency at its bound 1), no fixed cost beside the per-layer one and no per-token host time (the
+# The cross-model profile (issue 40): one FLOP/s efficiency for dense GEMMs, one for routed-expert GEMMs, a
+# bandwidth efficiency for the routed experts' weight reads (grouped GEMMs over few rows per expert; the dense
+# reads at the datasheet bandwidth), and a fixed cost per layer per step; the dense weights and K/V read at the
+# datasheet bandwidth (the single-model fit put bandwidth_efficiency at its bound 1), no fixed cost beside the per-layer one and no per-token host time (the
 # single-model fit's 16.6 us per token, fixed whatever the model and TP, made an 8B model's 8,192-token
 # prefill cost 136 ms of host time alone), and a request-side latency (REQUEST_TERM: a fixed time per request
 # outside the steps plus the step in flight when it arrives; docs/slo.md 2c).
-FIT_NAMES = ("flops_efficiency", "layer_overhead_s", "expert_flops_efficiency", "request_overhead_s")
+FIT_NAMES = (
+    "flops_efficiency",
+    "layer_overhead_s",
+    "expert_flops_efficiency",
+    "expert_bandwidth_efficiency",
+    "request_overhead_s",
+)
 FIXED = {"bandwidth_efficiency": 1.0, "overhead_s": 0.0, "per_token_overhead_s": 0.0}
 SINGLE_MODEL_FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
 # Gauss-Newton's starting point: round values near the cross-model solution (the fit is the same from 0.4 / 2e-5
@@ -109,12 +118,13 @@ START = {
     "per_token_overhead_s": 1e-6,
     "layer_overhead_s": 7e-5,
     "expert_flops_efficiency": 0.08,
+    "expert_bandwidth_efficiency": 0.7,
     "fp8_flops_ratio": 1.5,
     "request_overhead_s": 0.03,
 }
 # The request-side latency (module docstring): an override of this name (not a StepTimeModel parameter) adds to
-# every TTFT the fixed time a request spends outside the engine's steps and the step in flight when it arrives.
-REQUEST_TERM = "request_overhead_s"
+# every TTFT the fixed time a request spends outside the engine's steps and the step in flight when it arrives
+# (engine_profiles.REQUEST_TERM: the profile's term that predict, max-rate and slo price the same way).
 
 
 @dataclass(frozen=True)
@@ -216,11 +226,11 @@ def request_latency(overrides: dict, durations: np.ndarray, arrival: np.ndarray)
     next request when the last token of its previous one reaches it: by then the engine has started the next
     step without it (the simulator, which admits it at that step, misses this wait). The fixed part is the
     serving front end's (HTTP, prompt tokenization, hand-off to the engine, the first token's way back).
-    durations: float64 [steps]; arrival: int64 [requests], steps ended when each request arrived."""
+    durations: float64 [steps]; arrival: int64 [requests], steps ended when each request arrived. The one
+    definition, `core.serving.latency.request_side_seconds`, is what predict / max-rate / slo add too."""
     if REQUEST_TERM not in overrides:
         return 0.0
-    in_flight = np.where(arrival > 0, durations[np.maximum(arrival - 1, 0)], 0.0)
-    return overrides[REQUEST_TERM] + in_flight
+    return request_side_seconds(overrides[REQUEST_TERM], durations, arrival)
 
 
 def pool_draws(count: int, pool: int, seed: int = AIPERF_SEED) -> list[int]:
@@ -251,7 +261,7 @@ def _run(row: VllmRow, step, phase: str, prompt_pool: int | None = None):
         lengths = [row.osl] * (2 * c)
     else:
         start, end = WARMUP_ROUNDS * c, (WARMUP_ROUNDS + MEASURED_ROUNDS) * c
-        lengths = [max(2, round((i + 1) * row.osl / c)) for i in range(c)] + [row.osl] * end
+        lengths = out_of_phase_outputs(c, row.osl) + [row.osl] * end
     if prompt_pool is None:
         requests = [Request(i, 0.0, row.isl, n) for i, n in enumerate(lengths)]
         policy = paged(BLOCK_SIZE, counted=True)
@@ -347,15 +357,18 @@ class RowReplay:
 
     def latencies(self, overrides: dict) -> tuple[float, float]:
         """(mean TTFT, mean TPOT) in seconds, as `predict_row` computes them, with these parameters."""
+        return benchmark_mean(*(self.phase_latencies(overrides, p) for p in PHASES))
+
+    def phase_latencies(self, overrides: dict, phase: str) -> tuple[float, float]:
+        """(mean TTFT, mean TPOT) in seconds of one phase ("first" or "steady") with these parameters; "steady" is
+        what `predict --concurrency` estimates (a steady state of clients out of phase)."""
         step = step_model(self.row, overrides)
-        means = []
-        for loads, (arrival, first, finish) in (self.phases[p] for p in PHASES):
-            durations = step.step_time(*loads[:3], output_tokens=loads[3])
-            clock = np.concatenate([[0.0], np.cumsum(durations)])
-            ttft = clock[first] - clock[arrival] + request_latency(overrides, durations, arrival)
-            tpot = (clock[finish] - clock[first]) / (self.row.osl - 1)
-            means.append((float(ttft.mean()), float(tpot.mean())))
-        return benchmark_mean(*means)
+        loads, (arrival, first, finish) = self.phases[phase]
+        durations = step.step_time(*loads[:3], output_tokens=loads[3])
+        clock = np.concatenate([[0.0], np.cumsum(durations)])
+        ttft = clock[first] - clock[arrival] + request_latency(overrides, durations, arrival)
+        tpot = (clock[finish] - clock[first]) / (self.row.osl - 1)
+        return float(ttft.mean()), float(tpot.mean())
 
 
 def _record(row: VllmRow, phase: str):

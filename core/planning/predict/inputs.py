@@ -1,0 +1,103 @@
+"""One converter from a values dict (keyed by the input groups' field names, `core.fields`) to the planner's
+domain types, used by the command line (`vars(args)`: `core.planning.commands.flags` makes each flag's dest its
+field's name) and the pages (`core.page_models.slo_predict`) alike: `deployment_from` -> `Deployment`,
+`disagg_from` -> `DisaggDeployment`, `load_from` -> `Load`, `speculation_from` -> `Speculation` (and back:
+`speculation_words`). A key left out takes its field's default; each value is checked once, by the domain type's
+constructor (or here, for the inputs no type holds), with the message that names its flag."""
+
+from collections.abc import Mapping
+from typing import Any
+
+from core.errors import InvalidArgumentError
+from core.fields import check_values
+from core.planning.cost.speculative import SPECULATION_FIELDS, Speculation, parse_acceptance
+from core.planning.predict.deployment_fields import (
+    DEPLOYMENT_FIELDS,
+    MODEL_FIELD,
+    OFFLOAD_FIELDS,
+    ROUTING_FIELD,
+)
+from core.planning.predict.disagg import DISAGG_FIELDS, DisaggDeployment
+from core.planning.predict.load import LOAD_FIELDS, Load
+from core.planning.predict.prediction import Deployment
+
+
+def _values(fields, values: Mapping[str, Any]) -> dict[str, Any]:
+    return {field.name: values.get(field.name, field.default) for field in fields}
+
+
+def load_from(values: Mapping[str, Any]) -> Load:
+    """The `Load` of `values` (rate or concurrency, exactly one not None; the lengths; the levers)."""
+    return Load(**_values(LOAD_FIELDS, values))
+
+
+def speculation_from(values: Mapping[str, Any]) -> Speculation | None:
+    """The `Speculation` of spec_tokens (None or 0: none), spec_acceptance ("a1,...,aK"), spec_method and
+    draft_model (counted only for the "draft-model" method). Raises InvalidArgumentError naming the flag: an
+    acceptance or a method without K, K without an acceptance, or what `Speculation` refuses."""
+    v = _values(SPECULATION_FIELDS, values)
+    if not v["spec_tokens"]:
+        if v["spec_acceptance"] or v["spec_method"] != "ngram":
+            raise InvalidArgumentError(
+                "--spec-acceptance, --spec-method and --draft-model need --spec-tokens K"
+            )
+        return None
+    if v["spec_acceptance"] is None:
+        raise InvalidArgumentError(
+            "--spec-tokens needs --spec-acceptance a1,...,aK (one rate per draft token)"
+        )
+    draft = v["draft_model"] if v["spec_method"] == "draft-model" else None
+    rates = parse_acceptance(v["spec_acceptance"])
+    return Speculation(v["spec_tokens"], rates, v["spec_method"], draft)
+
+
+def speculation_words(speculation: Speculation | None) -> list[str]:
+    """The command-line words of `speculation` (none for None): what `speculation_from` reads back."""
+    if speculation is None:
+        return []
+    values = {
+        "spec_tokens": speculation.num_tokens,
+        "spec_acceptance": ",".join(repr(a) for a in speculation.acceptance),
+        "spec_method": speculation.method,
+        "draft_model": speculation.draft_model,
+    }
+    return [word for field in SPECULATION_FIELDS for word in field.words(values[field.name])]
+
+
+# every input of one aggregated deployment but speculation's (a values dict's keys; `deployment_from` reads them)
+AGG_FIELDS = (MODEL_FIELD, *DEPLOYMENT_FIELDS, *OFFLOAD_FIELDS, ROUTING_FIELD)
+
+
+def deployment_from(values: Mapping[str, Any]) -> Deployment:
+    """The `Deployment` of `values`: the model (a preset slug or a ModelSpec), the GPU, parallelism, vLLM's
+    settings, the host tier, the router and speculation (`speculation_from`)."""
+    return Deployment(**_values(AGG_FIELDS, values), speculation=speculation_from(values))
+
+
+def disagg_from(values: Mapping[str, Any]) -> DisaggDeployment:
+    """The `DisaggDeployment` of `values`: each pool's workers and TP, the KV link ("auto": None, NVLink within
+    8 GPUs), and the aggregated deployment's model, GPU and settings, which both pools share. Raises
+    InvalidArgumentError naming the flag for a bad pool, or for what a disaggregated deployment does not take
+    (speculation, PP, DP ranks, expert parallelism, a host tier: each pool is TP only)."""
+    v = _values(AGG_FIELDS + SPECULATION_FIELDS + DISAGG_FIELDS, values)
+    v = check_values(v, DISAGG_FIELDS)
+    if (
+        v["spec_tokens"]
+        or v["pp"] != 1
+        or v["data_parallel"] != 1
+        or v["expert_parallel"]
+        or v["kv_offload_gib"]
+    ):
+        raise InvalidArgumentError(
+            "--disagg takes neither --spec-tokens, --pp, --data-parallel-size, --enable-expert-parallel nor "
+            "--kv-offload-gib (each pool is tp-only): leave them at 0 / 1 / off"
+        )
+    shared = ("max_num_seqs", "max_num_batched_tokens", "weight_dtype", "kv_dtype", "engine")
+    return DisaggDeployment.of(
+        v["model"],
+        v["gpu"],
+        (v["prefill_workers"], v["prefill_tp"]),
+        (v["decode_workers"], v["decode_tp"]),
+        None if v["kv_link"] == "auto" else v["kv_link"],
+        **{name: v[name] for name in shared},
+    )

@@ -1,0 +1,128 @@
+"""The vLLM profile's request-side TTFT term in `predict` / `max-rate` / `slo` (issue 40; docs/slo.md 2c): the one
+definition (`core.serving.latency.request_side_seconds`) worked by hand, predict adding it as the bench's replay
+does, a closed loop at fixed lengths run out of phase as the replay runs it, and issue 40's check derived from the
+sample: `predict --concurrency C` for every row of the held-out MoE model against its measured TTFT and TPOT."""
+
+import json
+
+import numpy as np
+import pytest
+
+from core.errors import InvalidArgumentError
+from core.planning.commands.predict_cli import predict_main
+from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.fits.engine_profiles import (
+    REQUEST_TERM,
+    VLLM_CROSS_MODEL_PROFILE,
+    engine_request_overhead_s,
+    engine_step_defaults,
+)
+from core.planning.predict.load import Load
+from core.planning.predict.prediction import Deployment, predict
+from core.planning.search.slo_candidates import SloCandidates
+from core.serving.latency import request_side_seconds, steps_ended_before
+from core.serving.steady_state import SteadyStateSettings
+from tests.conftest import ROOT
+
+CROSS = "vllm-cross-model"
+FIXED_S = VLLM_CROSS_MODEL_PROFILE[REQUEST_TERM]
+# the cross-model profile's step parameters without its request term, on the default engine
+WITHOUT_TERM = {k: v for k, v in VLLM_CROSS_MODEL_PROFILE.items() if k != REQUEST_TERM}
+
+
+def test_request_side_seconds_by_hand():
+    """Steps of 10, 20, 30 ms ending at 10, 30, 60 ms. A closed-loop request arriving at 0 meets an idle engine
+    (the fixed time alone), one arriving at 30 ms (the end of the second step) waits for a step as long as that
+    one (20 ms); an open-loop arrival waits in the simulator already: the fixed time alone."""
+    ends, durations = np.array([0.01, 0.03, 0.06]), np.array([0.01, 0.02, 0.03])
+    arrival = steps_ended_before(ends, np.array([0.0, 0.03, 0.06, 0.045]))
+    assert arrival.tolist() == [0, 2, 3, 2]
+    closed = request_side_seconds(0.005, durations, arrival)
+    assert closed == pytest.approx([0.005, 0.025, 0.035, 0.025], abs=1e-15)
+    assert request_side_seconds(0.005, durations, arrival, closed_loop=False) == pytest.approx([0.005] * 4)
+
+
+def test_the_cross_model_profile_is_the_saved_fit_and_its_request_term_is_apart():
+    saved = json.loads((ROOT / "bench" / "results" / "slo-published.json").read_text())
+    assert saved["fitted"] == pytest.approx(VLLM_CROSS_MODEL_PROFILE, rel=1e-12)
+    assert engine_step_defaults(CROSS) == WITHOUT_TERM
+    assert engine_request_overhead_s(CROSS) == FIXED_S and engine_request_overhead_s("vllm") is None
+    with pytest.raises(InvalidArgumentError, match=REQUEST_TERM):
+        SloCandidates(step_time={REQUEST_TERM: 0.01})
+    with pytest.raises(InvalidArgumentError, match=REQUEST_TERM):
+        Deployment("llama-3.1-8b", "h100-80gb").request_overhead_s({REQUEST_TERM: -1.0})
+
+
+def test_predict_adds_the_fixed_time_and_the_step_in_flight_by_hand():
+    """One client, 16 prompt / 4 output tokens on 8 x H100 (as the bench's own hand-worked row): each request is a
+    16-token prefill step and 3 decodes at contexts 16, 17, 18; in the steady state every request arrives at the
+    end of the previous one's last decode, so its TTFT is the prefill + the fixed time + that decode. TPOT does not
+    move. A Poisson load's TTFT gains the fixed time alone, on the same simulated steps."""
+    deployment = Deployment("llama-3.1-70b", "h100-80gb", tp=8, weight_dtype="fp8", engine=CROSS)
+    step = deployment.step_model()
+    prefill = step.step_seconds(16, 0, 16 * 17 / 2)
+    last_decode = step.step_seconds(1, 18, 19)
+    closed = predict(deployment, Load(None, 16, 4, concurrency=1)).metrics
+    assert closed["mean_ttft_s"] == pytest.approx(prefill + FIXED_S + last_decode, rel=1e-9)
+    assert closed["mean_tpot_s"] == pytest.approx(
+        (sum(step.step_seconds(1, c, c + 1) for c in (16, 17, 18))) / 3, rel=1e-9
+    )
+    plain = Deployment("llama-3.1-70b", "h100-80gb", tp=8, weight_dtype="fp8")
+    assert plain.step_model(WITHOUT_TERM) == step
+    load = Load(20.0, 64, 8, seed=1)
+    with_term = predict(deployment, load).metrics
+    without = predict(plain, load, step_time=WITHOUT_TERM).metrics
+    assert with_term["mean_ttft_s"] == pytest.approx(without["mean_ttft_s"] + FIXED_S, rel=1e-9)
+    assert with_term["mean_tpot_s"] == without["mean_tpot_s"]
+
+
+def _qwen_row(tp, isl, osl, clients):
+    key = ("qwen3-235b-a22b", tp, isl, osl, clients)
+    return next(r for r in pv.ROWS if (r.model, r.tp, r.isl, r.osl, r.concurrency) == key and r.ep == 1)
+
+
+def _deployment(row) -> Deployment:
+    return Deployment(row.model, row.gpu, tp=row.tp, weight_dtype=row.weight_dtype, engine=CROSS)
+
+
+def test_predict_concurrency_answers_the_replays_steady_state(capsys):
+    """`python -m core.planning predict --concurrency C` on a sample row answers what the bench's replay of that
+    row's steady phase answers (clients out of phase, the same request term): Qwen3-235B-A22B on 2 x H200,
+    1,000 / 100 tokens, 16 clients. The replay's benchmark mean adds its synchronized first round on top."""
+    row = _qwen_row(2, 1000, 100, 16)
+    argv = ["--model", row.model, "--gpu", row.gpu, "--tp", "2", "--weight-dtype", "fp8", "--engine", CROSS]
+    argv += ["--concurrency", "16", "--prompt-len", "1000", "--output-len", "100"]
+    assert predict_main(argv) == 0
+    answer = json.loads(capsys.readouterr().out)
+    ttft, tpot = pv.replay(row).phase_latencies(VLLM_CROSS_MODEL_PROFILE, "steady")
+    assert answer["mean_ttft_s"] == pytest.approx(ttft, rel=0.03)
+    assert answer["mean_tpot_s"] == pytest.approx(tpot, rel=0.01)
+    assert answer["deployment"]["engine"] == CROSS
+
+
+# issue 40's bound: predict --concurrency C within 25 % of the measured TTFT and TPOT on average
+SAMPLE_BOUND = 0.25
+# enough for a mean of a fixed-length closed loop (its requests repeat; the defaults give the same means to 3
+# digits in ~5x the time)
+CHEAP = SteadyStateSettings(
+    initial_measured=60, num_batches=5, warmup_lifetimes=1.0, tolerance=0.5, batch_lifetimes=0.1
+)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="issue 40's check not met (docs/slo.md 2c): on Qwen3-235B-A22B's 32 rows predict --concurrency "
+    "under-predicts every TTFT and TPOT, mean |error| 0.39 / 0.32 with the cross-model profile",
+)
+def test_predict_concurrency_on_every_row_of_the_held_out_moe_model():
+    rows = [r for r in pv.ROWS if r.model == "qwen3-235b-a22b" and pv.row_set(r) == "held out"]
+    assert len(rows) == 32
+    ttft, tpot = [], []
+    for row in rows:
+        m = predict(
+            _deployment(row), Load(None, row.isl, row.osl, concurrency=row.concurrency), settings=CHEAP
+        )
+        ttft.append(abs(m.metrics["mean_ttft_s"] / row.ttft_s - 1))
+        tpot.append(abs(m.metrics["mean_tpot_s"] / row.tpot_s - 1))
+    assert np.mean(ttft) <= SAMPLE_BOUND and np.mean(tpot) <= SAMPLE_BOUND, (np.mean(ttft), np.mean(tpot))
