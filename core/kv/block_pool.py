@@ -211,7 +211,15 @@ class BlockPool:
                 block = uncached.popleft()
             else:
                 block, _ = cached.popitem(last=False)
-                self._evict(block)
+                if self.hook is not None or self.enable_kv_cache_events:
+                    self._evict(block)
+                else:  # `_evict`'s body without a hook or events (a new prompt's blocks evict dozens at once)
+                    group = self._block_group[block]
+                    del self._cached[group][self._block_hash[block]]
+                    self._block_hash[block] = None
+                    self._block_key[block] = None
+                    self._block_group[block] = -1
+                    self.num_evicted_blocks += 1
             ref_counts[block] = 1
             blocks.append(block)
         return blocks

@@ -120,7 +120,7 @@ class BulkDecode:
                         copies.append((rid, copy))
                 for _ in range(-(-new // bs) - len(table)):
                     table.append(pool.take_one())
-                if caching:
+                if caching and len(req.block_hashes.get(bs, ())) > rec.num_cached:  # else nothing to offer
                     self._cache_held(req, manager, rec)
             req.num_computed = new - 1
 

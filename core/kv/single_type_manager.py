@@ -212,7 +212,7 @@ class SingleTypeKVCacheManager:
         ref_counts = self.pool.ref_counts
         computed = len(hits) * self.block_size
         skip = self.num_skipped_blocks(computed)
-        revived = sum(1 for b in hits[skip:] if ref_counts[b] == 0)
+        revived = list(map(ref_counts.__getitem__, hits[skip:])).count(0)  # free now: taken off the queue
         return self.num_new_blocks(len(hits), num_tokens, computed) + revived
 
     def num_blocks_to_append(self, rec: RequestBlocks, old_tokens: int, new_tokens: int) -> int:

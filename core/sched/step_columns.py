@@ -128,6 +128,11 @@ class StepRows:
             self.rows(1)[0] = values
 
     def frame(self) -> pd.DataFrame:
-        frame = pd.DataFrame(self.buf[: self.size], columns=list(self.columns))
-        ints = [c for c in self.columns if c not in self.float_columns]
-        return frame.astype(dict.fromkeys(ints, np.int64))
+        """The rows as a DataFrame: `float_columns` float64, the others int64 (built column by column: a
+        float frame cast afterwards took ~10x longer)."""
+        buf, floats = self.buf[: self.size], self.float_columns
+        columns = {
+            name: buf[:, i].copy() if name in floats else buf[:, i].astype(np.int64)
+            for i, name in enumerate(self.columns)
+        }
+        return pd.DataFrame(columns, copy=False)

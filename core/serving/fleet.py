@@ -5,7 +5,9 @@
 happen is either the next arrival (routed, then queued at its replica) or the step of the busy replica whose clock
 is furthest behind (each replica's steps are `core.serving.simulator`'s, through `core.sched.driver.run_step`). A
 replica's decode-only batch always ends at the next arrival, whatever its queue, since that arrival may be routed
-to it.
+to it; under round-robin routing (the j-th arrival to replica j % N, N > 1) with one full-attention pool and no
+host tier, it ends only at the next arrival routed to it, its rows the same to the last bit
+(`_Simulation._own_cut`: the batch is timed as the batches cut at every arrival would be).
 
 Invariants:
 - Every replica has its own memory policy (`make_memory`: its own block pool and prefix cache); nothing is shared
@@ -176,6 +178,8 @@ def simulate_fleet(
         sim = _Simulation(groups, memory, config)
         sim.arrivals = arrivals  # one timeline: every replica cuts its decode batches at the next arrival
         sim.cut_every_arrival = True
+        if fleet.routing == "round-robin" and n > 1 and _runs_past_arrivals(policy, config):
+            sim.round_robin = (r, n)  # the j-th arrival goes to replica j % n, whatever the replicas hold
         sim.until = total
         replicas.append(_Replica(sim))
     router = Router(fleet.routing, n, config.max_num_batched_tokens, fleet.seed)
@@ -203,6 +207,13 @@ def simulate_fleet(
             continue
         driver.run_step(behind.sim.scheduler, behind.sim, behind)
     return _result(policy, config, fleet, replicas, assignment, time.perf_counter() - started)
+
+
+def _runs_past_arrivals(policy: Policy, config: SimulatorConfig) -> bool:
+    """Whether a replica's decode-only batch may run on past arrivals routed elsewhere
+    (`_Simulation.round_robin`): one full-attention pool and no host tier, whose k-step prediction does not
+    depend on where a batch starts (free blocks only fall while nothing but decodes run)."""
+    return policy.is_paged and policy.kv_groups is None and config.offload is None
 
 
 def _result(policy, config, fleet, replicas, assignment, wall) -> FleetResult:

@@ -128,8 +128,13 @@ class SimulatedGroup:
 
     def token_ids(self, seq_index: int, start: int, stop: int):
         prompt = self.prompt_len
-        if self.request.conversation is not None and (seq_index == 0 or stop <= prompt):
-            return stream_token_ids(self.request, self.prefix_index, start, stop, self.prefix_tokens)
+        request = self.request
+        if request.conversation is not None and (seq_index == 0 or stop <= prompt):
+            plen = request.prefix_len if self.prefix_index is not None else 0
+            if start >= plen:  # past the prefix (decode tokens): `stream_token_ids`' first branch, inlined
+                own = CONVERSATION_STREAM_BASE + request.conversation * (1 << 27) - plen
+                return list(range(own + start, own + stop))
+            return stream_token_ids(request, self.prefix_index, start, stop, self.prefix_tokens)
         if self.request.conversation is not None:
             head = (
                 stream_token_ids(self.request, self.prefix_index, start, prompt, self.prefix_tokens)

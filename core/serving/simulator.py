@@ -86,7 +86,7 @@ class _Priced(NamedTuple):
     end, after it; end_times / dts: float64 [k], each step's end and seconds; ahead: the memory policy's
     predicted metrics of a batch (k > 1), else None; reads: a batch's kv_tokens_read [k] (each step's
     `core.sched.step_load` count), else None. A single step's dts is the one-tuple (seconds,) and its end_times
-    None (its end is `end`)."""
+    None (its end is `end`). step_ms: a batch's recorded step_time_ms [k] when not dts x 1000 (`_own_cut`)."""
 
     start: float
     end: float
@@ -94,6 +94,7 @@ class _Priced(NamedTuple):
     dts: np.ndarray | tuple[float]
     ahead: MemoryMetrics | None
     reads: np.ndarray | None = None
+    step_ms: np.ndarray | None = None
 
 
 class _Simulation:
@@ -133,8 +134,8 @@ class _Simulation:
         self.finished = 0
         self.until = len(groups)  # stop once the first `until` groups (arrival order) have finished
         self.finished_first = 0  # how many of those have
-        # plan -> execute: a decode-only batch's (predicted metrics, dts, keys read)
-        self._planned: tuple = (None, None, None)
+        # plan -> execute: a decode-only batch's (predicted metrics, dts, keys read, end times and step_ms or None)
+        self._planned: tuple = (None, None, None, None, None)
         # the keys a step reads are asked through the memory's window rule (`core.sched.step_load`)
         self._windowed = getattr(memory, "windowed", False)
         self._loads: list[
@@ -144,6 +145,9 @@ class _Simulation:
         # a fleet's replica (`core.serving.fleet`): any arrival may be routed here, so a decode-only batch
         # always ends at the next one, queue or not (alone, a queued request is admitted by memory, not time)
         self.cut_every_arrival = False
+        # a replica of a fleet that routes the j-th arrival to replica j % N (`core.serving.fleet`): (its index,
+        # N). Its decode-only batch then runs on past the arrivals routed elsewhere (`_own_cut`)
+        self.round_robin: tuple[int, int] | None = None
 
     @property
     def step(self) -> int:
@@ -175,7 +179,7 @@ class _Simulation:
 
     def plan(self, step: ScheduledStep) -> int:
         """Stamp the admissions' time; a decode-only step may stand for k identical ones (`_decode_run`)."""
-        self._planned = (None, None, None)
+        self._planned = (None, None, None, None, None)
         for group, tokens in step.loads:  # queued on the host link; the group prefills once it is done
             if math.isnan(group.admit_time):  # a preempted group's reload costs the link, not its first hits
                 group.admit_time = self.now
@@ -207,12 +211,13 @@ class _Simulation:
                 )
                 self._release_loads()
             return None
-        ahead, dts, reads = self._planned
+        ahead, dts, reads, end_times, step_ms = self._planned
         if dts is None:  # one step: plain floats (no arrays to build for each of the run's many single steps)
             dt = float(self._step_seconds(step))
             return _Priced(self.now, self.now + dt, None, (dt,), ahead)
-        end_times = self.now + np.cumsum(dts)
-        return _Priced(self.now, float(end_times[-1]), end_times, dts, ahead, reads)
+        if end_times is None:
+            end_times = self.now + np.cumsum(dts)
+        return _Priced(self.now, float(end_times[-1]), end_times, dts, ahead, reads, step_ms)
 
     def finish(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced | None) -> _Priced | None:
         """Stamp first tokens and finishes, send the closed loop's next requests, move the clock to the end."""
@@ -245,21 +250,20 @@ class _Simulation:
         k = min(g.output_len - g.num_output_tokens for g in step.decoding)
         record = self.record
         stride = record.sampler.stride  # a batch ends on the next row due for a snapshot
-        k = min(k, (-record.rows.size) % stride + 1, MAX_BATCHED_DECODE_STEPS)  # rows.size: self.step
+        k = min(k, (-record.rows.size) % stride + 1)  # rows.size: self.step
+        capped = k > MAX_BATCHED_DECODE_STEPS
+        k = min(k, MAX_BATCHED_DECODE_STEPS)
         if k == 1:
-            return 1, None, None, None
+            return 1, None, None, None, None, None
+        queued = bool(step.num_waiting or step.num_swapped)
+        if self.round_robin is not None:  # timed first: the memory is then predicted for the batch only
+            return self._own_run(step, k, capped, queued)
         ahead = self.memory.decode_metrics(step.decoding, k)
-        k = min(k, fitting_steps(ahead, bool(step.num_waiting or step.num_swapped)))
+        fit = fitting_steps(ahead, queued)
+        k = min(k, fit)
         if k == 1:
-            return 1, None, None, None
-        n_decode = step.num_decode_tokens
-        ctx = step.decode_context_tokens
-        j = np.arange(k, dtype=np.float64)
-        if self._windowed:
-            reads = self.memory.num_keys_read(decode_starts(step) + np.arange(k, dtype=np.int64)[:, None])
-        else:
-            reads = ctx + j * n_decode
-        dts = self.model.step_time(n_decode, reads, ctx + (j + 1) * n_decode)
+            return 1, None, None, None, None, None
+        reads, dts = self._decode_times(step, k)
         quiet = self.cut_every_arrival or not (step.num_waiting or step.num_swapped)
         if quiet and self.arrived < len(self.groups):
             ends = self.now + np.cumsum(dts)
@@ -269,7 +273,70 @@ class _Simulation:
             ends = self.now + np.cumsum(dts)
             k = min(k, int(np.searchsorted(ends, self._loads[0][0], side="left")) + 1)
             dts, reads = dts[:k], reads[:k]
-        return k, ahead, dts, reads
+        return k, ahead, dts, reads, None, None
+
+    def _decode_times(self, step: ScheduledStep, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(keys read, seconds) of the next k decode-only steps of `step`."""
+        n_decode = step.num_decode_tokens
+        ctx = step.decode_context_tokens
+        j = np.arange(k, dtype=np.float64)
+        if self._windowed:
+            reads = self.memory.num_keys_read(decode_starts(step) + np.arange(k, dtype=np.int64)[:, None])
+        else:
+            reads = ctx + j * n_decode
+        return reads, self.model.step_time(n_decode, reads, ctx + (j + 1) * n_decode)
+
+    def _own_run(self, step: ScheduledStep, k: int, capped: bool, queued: bool):
+        """`_decode_run` of a round-robin replica (`_own_cut`). The steps' times do not depend on the memory, so
+        the batch is cut at the arrivals first and the memory predicted for its steps only (the k-step
+        prediction of fewer steps is the same prefix: nothing but decodes run, free blocks only fall)."""
+        reads, dts = self._decode_times(step, k)
+        k, end_times, step_ms = self._own_cut(dts, capped)
+        ahead = self.memory.decode_metrics(step.decoding, k)
+        fit = fitting_steps(ahead, queued)
+        if fit < k:  # the memory runs out first: the batch ends there, a limit of every segment
+            if fit == 1:
+                return 1, None, None, None, None, None
+            k, end_times, step_ms = self._own_cut(dts[:fit], False)
+        return k, ahead, dts[:k], reads[:k], end_times, step_ms
+
+    def _own_cut(self, dts: np.ndarray, capped: bool) -> tuple[int, np.ndarray, np.ndarray]:
+        """A round-robin replica's decode-only batch (`round_robin`): its length (the steps up to the one that
+        spans an arrival routed here), the steps' end times and their recorded step_time_ms. The batches the
+        replica would run if it cut at every arrival (`cut_every_arrival`) are its segments, each cut at the
+        step that spans the first arrival after its start and timed from that start (start + the cumulative sum
+        of its steps' seconds; a segment of one step is recorded as a single step, end - start), so every
+        row is the same to the last bit; nothing else changes at an arrival routed elsewhere (the replica's
+        queue, memory and steps are its own, and routing by turn reads no replica). `capped`: the batch was cut
+        to MAX_BATCHED_DECODE_STEPS (a segment's own limit): it then ends where its last segment starts."""
+        arrivals = self.arrivals
+        total = len(arrivals)
+        me, replicas = self.round_robin
+        k = len(dts)
+        ms = dts * 1000.0
+        pieces = []  # each segment's end times
+        pos, start = 0, self.now
+        while pos < k:
+            nxt = int(np.searchsorted(arrivals, start, side="right"))  # the first arrival after the start
+            segment = start + np.cumsum(dts[pos : min(k, pos + MAX_BATCHED_DECODE_STEPS)])
+            cut, spans = len(segment), False
+            if nxt < total:  # the first step that ends at or after it spans it
+                first = int(np.searchsorted(segment, arrivals[nxt], side="left"))
+                if first < cut:
+                    cut, spans = first + 1, True
+            if capped and pos and pos + cut == k and cut < MAX_BATCHED_DECODE_STEPS and not spans:
+                break  # cut short by the cap, not by its own limits: the batch ends where this segment starts
+            pieces.append(segment[:cut])
+            if cut == 1:  # a batch of one step is recorded as a single step: end - start
+                ms[pos] = (float(segment[0]) - start) * 1000.0
+            pos += cut
+            start = float(segment[cut - 1])
+            if spans:  # the arrivals up to its end are routed before the replica's next step
+                after = int(np.searchsorted(arrivals, start, side="right"))
+                if after - nxt >= replicas or any(j % replicas == me for j in range(nxt, after)):
+                    break  # one is routed here: it joins the next step
+        ends = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return pos, ends, ms[:pos]
 
     def _swap_bytes(self, step: ScheduledStep) -> float:
         blocks = step.swap_out_blocks + step.swap_in_blocks
@@ -351,17 +418,22 @@ class _SimRecord:
         k = len(dts)
         n_decode = step.num_decode_tokens
         first = self.rows.size
-        starts = end_times - dts
-        arrived_meanwhile = np.searchsorted(sim.arrivals, starts, side="right") - sim.arrived
-        generated = np.full(k, n_decode)
-        generated[-1] = outcome.tokens_generated - n_decode * (k - 1)
+        if sim.round_robin is None:
+            arrived_meanwhile = np.searchsorted(sim.arrivals, end_times - dts, side="right") - sim.arrived
+        else:  # a batch ends at the arrival routed here: none joined its queue meanwhile
+            arrived_meanwhile = 0
+        ms = dts * 1000.0 if priced.step_ms is None else priced.step_ms
+        generated = n_decode  # every step's tokens alike (decode-only: the outcome is k x n_decode)
+        if outcome.tokens_generated != n_decode * k:
+            generated = np.full(k, n_decode)
+            generated[-1] = outcome.tokens_generated - n_decode * (k - 1)
         predicted = np.array(priced.ahead)[:, :k]  # [metrics, k]; the last row is after the frees
         predicted[:, -1] = sim.memory.metrics()
         metrics = MemoryMetrics(*predicted)
         measured = StepMeasures(
             np.arange(first, first + k),
             end_times,
-            dts * 1000.0,
+            ms,
             sim.scheduler.num_preemptions,
             waiting=step.num_waiting + arrived_meanwhile,
             kv_tokens_read=priced.reads,

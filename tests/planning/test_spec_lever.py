@@ -5,6 +5,7 @@ low load, zero acceptance costing, the gain shrinking as the rate rises; bad fla
 
 import json
 
+import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError
@@ -50,6 +51,35 @@ def test_a_speculative_step_prices_k_plus_1_tokens_per_sequence():
     whole = target.step_seconds(d * 4, c, 4 * c + d * 4 * 5 / 2, output_tokens=d * 4)
     assert float(cost.step_time(d, c)) == pytest.approx(whole / 3.124, rel=1e-12)
     assert cost.decode_step_seconds(d, 1000) == pytest.approx(whole / 3.124, rel=1e-12)
+
+
+def test_decode_runs_and_single_steps_price_the_passes_bit_for_bit():
+    """EAGLE's K draft passes and the verify pass, priced on the simulator's decode-run arrays (the draft passes
+    as rows of one array) and on one step's numbers (Python floats), equal the passes priced one by one with
+    `StepTimeModel.breakdown` (numpy float64, the reference) and summed in order."""
+    from core.planning.catalog.models import MODELS
+    from core.planning.cost.speculative import eagle_head_model
+    from core.sched.step_load import StepLoad
+
+    target = _deploy().step_model()
+    cost = SpeculativeStepTime(
+        target, Speculation(3, MID, "eagle"), eagle_head_model(target, MODELS["llama-3.1-8b"])
+    )
+
+    def reference(d, c):
+        verify = target.breakdown(d * 4, c, 4 * c + d * 4 * 5 / 2, d * 4).total_s
+        draft = cost.draft.breakdown(d, c, c + d).total_s
+        for i in (1, 2):
+            draft = draft + cost.draft.breakdown(d, c + i * d, c + (i + 1) * d).total_s
+        return (verify + draft) / cost.spec.mean_accepted_len
+
+    d = 7
+    reads = 20_613 + d * np.arange(40, dtype=np.float64)
+    got = cost.step_time(d, reads, reads + d)
+    assert np.array_equal(got, np.array([reference(d, float(c)) for c in reads]))
+    for c in (0, 1, 20_613, 3_999_999):
+        load = StepLoad(d, 0, c, c + d, d, c)
+        assert cost.step_load_seconds(load) == float(reference(d, c))
 
 
 def test_speculation_gains_at_batch_one_and_gives_back_when_compute_bound():

@@ -254,3 +254,48 @@ def test_one_token_steps_may_have_their_own_overhead_and_the_fit_finds_it():
     without_lone = {k: v[20:] for k, v in steps.items()}
     with pytest.raises(InvalidArgumentError, match="one token and of more"):
         fit_step_time(without_lone, opt_13b_a100(), fit=names)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"tensor_parallel": 2},
+        {"pipeline_parallel": 2},
+        {"single": 0.03},
+        {"lm_head": True},
+        {"experts": True},  # not plain: `seconds` and `step_time` take the breakdown path
+    ],
+    ids=["tp1", "tp2", "pp2", "single-token", "lm-head", "moe"],
+)
+def test_number_paths_are_the_breakdown_bit_for_bit(overrides):
+    """`seconds` (Python floats) and `step_time` with a number of new tokens (the simulator's decode runs)
+    give exactly `breakdown`'s total (numpy float64, the reference) for numbers and arrays alike."""
+    name = "gpt-oss-120b" if overrides.get("experts") else "llama-3.1-8b"
+    model = from_specs(
+        MODELS[name],
+        GPUS["h100-80gb"],
+        tensor_parallel=overrides.get("tensor_parallel", 1),
+        pipeline_parallel=overrides.get("pipeline_parallel", 1),
+    )
+    if "single" in overrides:
+        model = replace(model, single_token_overhead_s=overrides["single"])
+    if overrides.get("lm_head"):
+        model = replace(model, lm_head_flops_per_output=1.3e9, per_token_overhead_s=3e-6)
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(0, 300))
+        new = n if rng.random() < 0.5 else float(n) + 0.5
+        read = float(rng.integers(0, 400_000))
+        pairs = read * 3.7 + n * 12.5
+        outputs = None if rng.random() < 0.5 else int(rng.integers(0, 8))
+        reference = model.breakdown(new, read, pairs, outputs).total_s
+        reference = float(np.where(np.asarray(new) > 0, reference, 0.0))
+        assert model.seconds(new, read, pairs, outputs) == reference
+        reads = read + np.arange(17, dtype=np.float64) * max(n, 1)
+        for swap in (0.0, 4096.0):
+            total = model.breakdown(new, reads, reads * 2 + 1, outputs).total_s + swap / model.swap_bandwidth
+            expected = np.where(np.asarray(new) > 0, total, 0.0)
+            got = model.step_time(new, reads, reads * 2 + 1, swap, outputs)
+            assert got.dtype == np.float64 and got.shape == (17,)
+            assert np.array_equal(got, expected)

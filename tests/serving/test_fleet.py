@@ -4,6 +4,7 @@
 import pickle
 
 import numpy as np
+import pandas.testing as pd_testing
 import pytest
 
 from core.errors import InvalidArgumentError, RoutingError
@@ -194,3 +195,51 @@ def test_plain_requests_route_without_a_prefix_cache(policy, routing):
     assert result.requests["finish_time"].notna().all()
     assert result.requests["prefix_hit_tokens"].sum() == 0
     assert sorted(set(result.requests["replica"])) == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("policy", "replicas", "capacity", "max_steps", "snapshots"),
+    [
+        (CACHING, 2, 3000, 8192, 1),
+        (CACHING, 3, 1200, 8192, 8),  # a small cache: queued requests, preemptions
+        (CACHING, 2, 3000, 5, 1),  # batches capped at 5 steps
+        (paged(16, counted=True), 2, 3000, 8192, 1),
+        (paged(16), 2, 1200, 7, 4),
+    ],
+    ids=["prefix", "small-cache", "capped", "counted", "paged-capped"],
+)
+def test_round_robin_batches_run_past_arrivals_routed_elsewhere(
+    monkeypatch, policy, replicas, capacity, max_steps, snapshots
+):
+    """Round-robin replicas cut their decode-only batches only at the arrivals routed to them: every step row
+    and every request is the same to the last bit as when each replica cuts at every arrival (the reference,
+    `cut_every_arrival` alone), in fewer batches."""
+    import core.serving.fleet as fleet_module
+    import core.serving.simulator as simulator_module
+
+    monkeypatch.setattr(simulator_module, "MAX_BATCHED_DECODE_STEPS", max_steps)
+    requests = _prefix_load(rate=25.0).requests(160)
+    config = SimulatorConfig(
+        kv_capacity_tokens=capacity, max_seq_len=2048, step_time=SLOPED, max_snapshots=snapshots
+    )
+    batches = []
+    run_step = fleet_module.driver.run_step
+
+    def counted(*args):
+        batches[-1] += 1
+        return run_step(*args)
+
+    monkeypatch.setattr(fleet_module.driver, "run_step", counted)
+    results = []
+    for past in (True, False):
+        monkeypatch.setattr(fleet_module, "_runs_past_arrivals", lambda policy, config, past=past: past)
+        batches.append(0)
+        results.append(simulate_fleet(requests, policy, config, Fleet(replicas), until_finished=140))
+    merged, reference = results
+    for r in range(replicas):
+        pd_testing.assert_frame_equal(
+            merged.replica_results[r].steps, reference.replica_results[r].steps, check_exact=True
+        )
+    finished = reference.requests["finish_time"].notna()
+    pd_testing.assert_frame_equal(merged.requests[finished], reference.requests[finished], check_exact=True)
+    assert batches[0] < batches[1]

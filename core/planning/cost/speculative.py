@@ -34,6 +34,8 @@ the same KV memory (`kv_tokens`).
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from core.errors import InvalidArgumentError
 from core.fields import InputField, check_fields, field_named
 from core.planning.catalog.models import MODELS
@@ -246,7 +248,9 @@ class SpeculativeStepTime:
         """Seconds of one speculative step: d = `decodes` sequences with `context` keys in all (floats or
         arrays), plus prefill chunks' tokens, prior context, pairs and sampled tokens."""
         k = self.spec.num_tokens
-        verify = self.target.step_time(
+        numbers = not isinstance(context, np.ndarray)  # one step: Python floats (`StepTimeModel.seconds`)
+        target = self.target.seconds if numbers else self.target.step_time
+        verify = target(
             prefill_tokens + decodes * (k + 1),
             context + prefill_read,
             prefill_pairs + (k + 1) * context + decodes * (k + 1) * (k + 2) / 2,
@@ -254,11 +258,18 @@ class SpeculativeStepTime:
         )
         if self.draft is None:
             return verify
-        draft = self.draft.step_time(
-            prefill_tokens + decodes, context + prefill_read, prefill_pairs + context + decodes
-        )
+        if not numbers and type(decodes) is int and not (prefill_tokens or prefill_read or prefill_pairs):
+            # a decode run: the K passes as rows of one array, pass i reading context + i x decodes
+            offsets = np.arange(k + 1) * decodes
+            rows = self.draft.step_time(decodes, context + offsets[:k, None], context + offsets[1:, None])
+            draft = rows[0]
+            for i in range(1, k):
+                draft = draft + rows[i]
+            return verify + draft
+        price = self.draft.seconds if numbers else self.draft.step_time
+        draft = price(prefill_tokens + decodes, context + prefill_read, prefill_pairs + context + decodes)
         for i in range(1, k):
-            draft = draft + self.draft.step_time(decodes, context + i * decodes, context + (i + 1) * decodes)
+            draft = draft + price(decodes, context + i * decodes, context + (i + 1) * decodes)
         return verify + draft
 
     def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0, output_tokens=None):

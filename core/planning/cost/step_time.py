@@ -316,9 +316,67 @@ class StepTimeModel:
 
     def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0, output_tokens=None):
         """Seconds for steps with these loads; scalars or numpy arrays (broadcast). 0 new tokens costs 0."""
+        if type(new_tokens) in (int, float) and self._plain:  # the simulator's decode runs: arrays of a batch
+            total = self._plain_total(new_tokens, kv_tokens_read, attention_pairs, output_tokens)
+            if not (type(swap_bytes) in (int, float) and swap_bytes == 0):
+                total = total + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
+            if new_tokens > 0 and isinstance(total, np.ndarray) and total.ndim:
+                return total
+            return np.where(new_tokens > 0, total, 0.0)
         parts = self.breakdown(new_tokens, kv_tokens_read, attention_pairs, output_tokens)
         total = parts.total_s + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
         return np.where(np.asarray(new_tokens) > 0, total, 0.0)
+
+    def seconds(self, new_tokens, kv_tokens_read, attention_pairs=0.0, output_tokens=None) -> float:
+        """`step_time` of one step (no swap) as a Python float, for numbers: the same value, bit for bit
+        (the same operations in the same order on float64), without numpy's per-call cost."""
+        if not self._plain:
+            return float(self.step_time(new_tokens, kv_tokens_read, attention_pairs, 0.0, output_tokens))
+        if not new_tokens > 0:
+            return 0.0
+        return self._plain_total(new_tokens, kv_tokens_read, attention_pairs, output_tokens)
+
+    @property
+    def _plain(self) -> bool:
+        """No routed experts, sliding-window layers or small-step factors: `_plain_total` prices the step."""
+        return not (
+            self.expert_weight_bytes
+            or self.expert_flops_per_token
+            or self.sliding_layer_fraction
+            or self.small_step_factors
+        )
+
+    def _plain_total(self, new_tokens, kv_tokens_read, attention_pairs, output_tokens):
+        """`breakdown(...).total_s` of a `_plain` model for a number of new tokens (the others numbers or float64
+        arrays): its operations in its order, numbers as Python floats (IEEE double like numpy's float64), so
+        the value is the same bit for bit; an array only where an input is one."""
+        n = float(new_tokens)
+        read = _as_float(kv_tokens_read)
+        pairs = _as_float(attention_pairs)
+        bytes_moved = self.weight_bytes + self.kv_bytes_per_token * (read + n)
+        flops = self.flops_per_token * n + self.attention_flops_per_pair * pairs
+        if self.lm_head_flops_per_output:
+            flops = flops + self.lm_head_flops_per_output * (
+                n if output_tokens is None else _as_float(output_tokens)
+            )
+        memory = bytes_moved / (self.memory_bandwidth * self.bandwidth_efficiency)
+        compute = flops / (self.peak_flops * self.flops_efficiency)
+        stages = self.pipeline_stages
+        if stages != 1:
+            memory, compute = memory * stages, compute * stages
+        fixed = self.overhead_s
+        if self.single_token_overhead_s is not None and n == 1:
+            fixed = self.single_token_overhead_s
+        overhead = fixed + self.per_token_overhead_s * n
+        if isinstance(memory, np.ndarray) or isinstance(compute, np.ndarray):
+            total = overhead + np.maximum(memory, compute)
+        else:
+            total = overhead + (memory if memory >= compute else compute)
+        if self.comm_bytes_per_token or self.comm_latency_s:
+            total = total + (
+                self.comm_latency_s + self.comm_bytes_per_token * n / self.interconnect_bandwidth
+            )
+        return total
 
     def breakdown(self, new_tokens, kv_tokens_read, attention_pairs=0.0, output_tokens=None) -> StepBreakdown:
         """The parts of the step time (arrays broadcast like `step_time`; swap left out)."""
@@ -421,6 +479,13 @@ class StepTimeModel:
             total += self.step_seconds(c, start, c * start + c * (c + 1) / 2)
             start += c
         return total
+
+
+def _as_float(value):
+    """A number as a Python float, an array as float64 (what `StepTimeModel.breakdown`'s np.asarray gives)."""
+    if isinstance(value, np.ndarray):
+        return value if value.dtype == np.float64 else value.astype(np.float64)
+    return float(value)
 
 
 def roofline(
