@@ -18,6 +18,9 @@ Method (docs/live-planned.md):
    (vllm:request_prefill_time_seconds: first scheduled -> first token) and the mean inter-token latency
    (vllm:inter_token_latency_seconds). Two nested monotone root searches on the log parameters (`fit_to_window`);
    a parameter the data push past its bound is held there (`at_bound`), and the other moment then fits alone.
+   The inner search (overhead for the ITL) steps in overhead_s and ITL themselves (the mean ITL is close to linear
+   in the overhead) and starts from the overheads already solved at the nearest flops_efficiencies below and
+   above, which bracket the new one (o(e) grows with e); that halves the simulations, not the fit's tolerance.
 3. Planned figures: the fitted model's simulation of the workload; its per-request TTFT and TPOT counted into
    vLLM's buckets and read with the same histogram_quantile as the observed ones (`planned`), so both carry the
    same bucket error; the simulator's exact percentiles are kept too (`planned_exact`).
@@ -232,28 +235,76 @@ def _with(base: StepTimeModel, overhead_s: float, flops_efficiency: float) -> St
     return replace(base, overhead_s=overhead_s, flops_efficiency=flops_efficiency)
 
 
-def _root(f, lo: float, hi: float) -> tuple[float, float, int]:
+def _root(
+    f, lo: float, hi: float, inside: tuple[float, float] | None = None, linear: bool = False
+) -> tuple[float, float, int]:
     """(x, f(x), evaluations) for an increasing f on [lo, hi] (log parameters): the end when f has one sign on the
-    whole interval (the parameter at its bound), else the Illinois variant of regula falsi to |f| <= TOLERANCE."""
-    f_lo, f_hi, evals = f(lo), f(hi), 2
+    whole interval (the parameter at its bound), else the Illinois variant of regula falsi to |f| <= TOLERANCE.
+    `inside` (a <= b in [lo, hi]): where the root likely lies; its ends are tried first, and [lo, hi]'s end on a
+    side only when f at a (b) already says the root is below (above) it: the same root, fewer evaluations. linear:
+    interpolate in exp(x) and exp(f) - 1 (the parameter and the moment's ratio, for a moment near linear in the
+    parameter); the bracket, the stop and the root are those of the log search."""
+    if inside is None:
+        f_lo, f_hi, evals = f(lo), f(hi), 2
+    else:
+        a, b = inside
+        f_a = f(a)
+        f_b, evals = (f_a, 1) if b == a else (f(b), 2)
+        if abs(f_a) <= TOLERANCE:
+            return a, f_a, evals
+        if abs(f_b) <= TOLERANCE:
+            return b, f_b, evals
+        if f_a > 0:  # the root is below a: bracket [lo, a]
+            hi, f_hi = a, f_a
+            f_lo = f(lo)
+            evals += 1
+        elif f_b < 0:  # the root is above b: bracket [b, hi]
+            lo, f_lo = b, f_b
+            f_hi = f(hi)
+            evals += 1
+        else:
+            lo, f_lo, hi, f_hi = a, f_a, b, f_b
     if f_lo >= 0 or f_hi <= 0:
         return (lo, f_lo, evals) if f_lo >= 0 else (hi, f_hi, evals)
+    u, v = (math.exp, math.expm1) if linear else (_same, _same)
+    u_lo, u_hi, v_lo, v_hi = u(lo), u(hi), v(f_lo), v(f_hi)
     side = 0
     for _ in range(MAX_ITERATIONS):
-        x = hi - f_hi * (hi - lo) / (f_hi - f_lo)
+        x = (
+            math.log(u_hi - v_hi * (u_hi - u_lo) / (v_hi - v_lo))
+            if linear
+            else u_hi - v_hi * (u_hi - u_lo) / (v_hi - v_lo)
+        )
+        x = min(max(x, lo), hi)
         fx = f(x)
         evals += 1
         if abs(fx) <= TOLERANCE:
             return x, fx, evals
         if fx < 0:
-            lo, f_lo = x, fx
-            f_hi = f_hi / 2 if side == -1 else f_hi
+            lo, u_lo, v_lo = x, u(x), v(fx)
+            v_hi = v_hi / 2 if side == -1 else v_hi
             side = -1
         else:
-            hi, f_hi = x, fx
-            f_lo = f_lo / 2 if side == 1 else f_lo
+            hi, u_hi, v_hi = x, u(x), v(fx)
+            v_lo = v_lo / 2 if side == 1 else v_lo
             side = 1
     return x, fx, evals
+
+
+def _same(x: float) -> float:
+    return x
+
+
+def _between(chosen: dict, log_e: float) -> tuple[float, float] | None:
+    """Where o(log_e) lies, from the o(e) already solved: o(e) grows with e (a faster FLOP/s leaves more of the
+    mean ITL to overhead), so between o at the nearest solved e below and at the nearest above; None unless both
+    sides were solved."""
+    below = [e for e in chosen if e < log_e]
+    above = [e for e in chosen if e > log_e]
+    if not below or not above:
+        return None
+    a, b = chosen[max(below)], chosen[min(above)]
+    return (a, b) if a <= b else (b, a)
 
 
 def fit_to_window(
@@ -266,7 +317,8 @@ def fit_to_window(
     """Fit FIT_PARAMETERS (module docstring, step 2) on `workloads` (the window's); (the fit, the fitted
     model's simulated requests). Both moments grow with overhead_s and shrink with flops_efficiency, so the fit
     nests two monotone root searches: for a flops_efficiency e, the overhead o(e) that matches the mean ITL;
-    then the e at which o(e) also matches the mean prefill time. Bounds: overhead_s in [1 us, the mean ITL],
+    then the e at which o(e) also matches the mean prefill time (the inner search warm-started between the o(e)
+    already solved on either side of e, and interpolating in o and ITL, not their logs: `_root`). Bounds: overhead_s in [1 us, the mean ITL],
     flops_efficiency in [1e-3, 1] of base's peak_flops x `flops_headroom` (1 for a datasheet peak; more for a
     roof measured on a shared machine, which a quieter moment of the server can beat). Raises
     InvalidArgumentError when the window has no prefill or ITL observation."""
@@ -292,7 +344,7 @@ def fit_to_window(
     chosen: dict = {}
 
     def prefill_gap(log_e: float) -> float:  # decreasing in e: returned negated, increasing
-        log_o, _, _ = _root(lambda lo: itl_gap(lo, log_e), *o_bounds)
+        log_o, _, _ = _root(lambda lo: itl_gap(lo, log_e), *o_bounds, _between(chosen, log_e), linear=True)
         chosen[log_e] = log_o
         return -math.log(run(log_o, log_e)[1]["prefill_mean_s"] / target["prefill_mean_s"])
 
