@@ -236,46 +236,58 @@ def _with(base: StepTimeModel, overhead_s: float, flops_efficiency: float) -> St
 
 
 def _root(
-    f, lo: float, hi: float, inside: tuple[float, float] | None = None, linear: bool = False
+    f, lo: float, hi: float, start: tuple | None = None, linear: bool = False
 ) -> tuple[float, float, int]:
     """(x, f(x), evaluations) for an increasing f on [lo, hi] (log parameters): the end when f has one sign on the
     whole interval (the parameter at its bound), else the Illinois variant of regula falsi to |f| <= TOLERANCE.
-    `inside` (a <= b in [lo, hi]): where the root likely lies; its ends are tried first, and [lo, hi]'s end on a
-    side only when f at a (b) already says the root is below (above) it: the same root, fewer evaluations. linear:
-    interpolate in exp(x) and exp(f) - 1 (the parameter and the moment's ratio, for a moment near linear in the
-    parameter); the bracket, the stop and the root are those of the log search."""
-    if inside is None:
+    linear: interpolate in exp(x) and exp(f) - 1 (the parameter and the moment's ratio, for a moment near linear
+    in the parameter). start, (x0, slope, a, b): a first guess, the slope of v(f) against u(x) (the interpolation
+    coordinates) for a Newton step from it, and a <= b where the root likely lies: the bracket is then sought
+    from x0 and that step outwards (a or b, then lo or hi: an end of [lo, hi] only when f says the root is past
+    the points tried), not from [lo, hi]'s ends: the same root and stop, fewer evaluations."""
+    u, u_inv, v = (math.exp, math.log, math.expm1) if linear else (_same, _same, _same)
+    if start is None:
         f_lo, f_hi, evals = f(lo), f(hi), 2
     else:
-        a, b = inside
-        f_a = f(a)
-        f_b, evals = (f_a, 1) if b == a else (f(b), 2)
-        if abs(f_a) <= TOLERANCE:
-            return a, f_a, evals
-        if abs(f_b) <= TOLERANCE:
-            return b, f_b, evals
-        if f_a > 0:  # the root is below a: bracket [lo, a]
-            hi, f_hi = a, f_a
-            f_lo = f(lo)
-            evals += 1
-        elif f_b < 0:  # the root is above b: bracket [b, hi]
-            lo, f_lo = b, f_b
-            f_hi = f(hi)
-            evals += 1
-        else:
-            lo, f_lo, hi, f_hi = a, f_a, b, f_b
+        x0, slope, a, b = start
+        seen: dict = {}
+        x = min(max(x0, lo), hi)
+        while True:
+            fx = seen[x] = f(x)
+            if abs(fx) <= TOLERANCE:
+                return x, fx, len(seen)
+            pos = [p for p in seen if seen[p] > 0]
+            neg = [n for n in seen if seen[n] < 0 and (not pos or n < min(pos))]
+            if pos and neg:
+                lo, hi = max(neg), min(pos)
+                f_lo, f_hi, evals = seen[lo], seen[hi], len(seen)
+                break
+            if len(seen) == 1 and slope and slope > 0:  # the Newton step
+                step = min(max(u(x) - v(fx) / slope, u(lo)), u(hi))
+                x = min(max(u_inv(step), lo), hi)
+                if x not in seen:
+                    continue
+            if pos and len(pos) < len(seen):  # a negative above a positive: not monotone here, so [lo, hi]
+                f_lo = seen[lo] if lo in seen else f(lo)
+                f_hi = seen[hi] if hi in seen else f(hi)
+                evals = len(seen) + (lo not in seen) + (hi not in seen)
+                break
+            if pos:  # the root is below every point tried
+                edge = min(seen)
+                if edge <= lo:
+                    return lo, seen[lo], len(seen)
+                x = a if a < edge else lo
+            else:
+                edge = max(seen)
+                if edge >= hi:
+                    return hi, seen[hi], len(seen)
+                x = b if b > edge else hi
     if f_lo >= 0 or f_hi <= 0:
         return (lo, f_lo, evals) if f_lo >= 0 else (hi, f_hi, evals)
-    u, v = (math.exp, math.expm1) if linear else (_same, _same)
     u_lo, u_hi, v_lo, v_hi = u(lo), u(hi), v(f_lo), v(f_hi)
     side = 0
     for _ in range(MAX_ITERATIONS):
-        x = (
-            math.log(u_hi - v_hi * (u_hi - u_lo) / (v_hi - v_lo))
-            if linear
-            else u_hi - v_hi * (u_hi - u_lo) / (v_hi - v_lo)
-        )
-        x = min(max(x, lo), hi)
+        x = min(max(u_inv(u_hi - v_hi * (u_hi - u_lo) / (v_hi - v_lo)), lo), hi)
         fx = f(x)
         evals += 1
         if abs(fx) <= TOLERANCE:
@@ -295,16 +307,28 @@ def _same(x: float) -> float:
     return x
 
 
-def _between(chosen: dict, log_e: float) -> tuple[float, float] | None:
-    """Where o(log_e) lies, from the o(e) already solved: o(e) grows with e (a faster FLOP/s leaves more of the
-    mean ITL to overhead), so between o at the nearest solved e below and at the nearest above; None unless both
-    sides were solved."""
+def _start(chosen: dict, slopes: list, log_e: float) -> tuple | None:
+    """`_root`'s start for the overhead at log_e, from the overheads o(e) already solved: o(e) grows with e (a
+    faster FLOP/s leaves more of the mean ITL to overhead), so it lies between o at the nearest solved e below and
+    at the nearest above; the guess interpolates o linearly in log e between them, the slope (of ITL / target
+    against o) is the last solved one's. None unless both sides were solved."""
     below = [e for e in chosen if e < log_e]
     above = [e for e in chosen if e > log_e]
     if not below or not above:
         return None
-    a, b = chosen[max(below)], chosen[min(above)]
-    return (a, b) if a <= b else (b, a)
+    (e0, o0), (e1, o1) = ((e, chosen[e]) for e in (max(below), min(above)))
+    guess = math.exp(o0) + (math.exp(o1) - math.exp(o0)) * (log_e - e0) / (e1 - e0)
+    return math.log(guess), slopes[-1] if slopes else None, min(o0, o1), max(o0, o1)
+
+
+def _slope(cache: dict, log_o: float, log_e: float, target: float) -> float | None:
+    """d(ITL / target) / d overhead_s at log_e near log_o, from the two simulations at log_e nearest to it."""
+    near = sorted((abs(k[0] - log_o), k[0]) for k in cache if k[1] == round(log_e, 12))[:2]
+    if len(near) < 2:
+        return None
+    (_, x0), (_, x1) = near
+    v0, v1 = (cache[(x, round(log_e, 12))][1]["itl_mean_s"] / target for x in (x0, x1))
+    return (v1 - v0) / (math.exp(x1) - math.exp(x0))
 
 
 def fit_to_window(
@@ -342,10 +366,15 @@ def fit_to_window(
 
     o_bounds = (math.log(1e-6), math.log(target["itl_mean_s"]))
     chosen: dict = {}
+    slopes: list = []
 
     def prefill_gap(log_e: float) -> float:  # decreasing in e: returned negated, increasing
-        log_o, _, _ = _root(lambda lo: itl_gap(lo, log_e), *o_bounds, _between(chosen, log_e), linear=True)
+        start = _start(chosen, slopes, log_e)
+        log_o, _, _ = _root(lambda lo: itl_gap(lo, log_e), *o_bounds, start, linear=True)
         chosen[log_e] = log_o
+        slope = _slope(cache, log_o, log_e, target["itl_mean_s"])
+        if slope and slope > 0:
+            slopes.append(slope)
         return -math.log(run(log_o, log_e)[1]["prefill_mean_s"] / target["prefill_mean_s"])
 
     log_e, _, _ = _root(prefill_gap, math.log(1e-3), 0.0)
