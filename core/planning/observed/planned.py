@@ -378,13 +378,14 @@ def fit_to_window(
             slopes.append(slope)
         return -math.log(run(log_o, log_e)[1]["prefill_mean_s"] / target["prefill_mean_s"])
 
-    log_e, _, _ = _root(prefill_gap, math.log(1e-3), 0.0)
+    e_bounds = (math.log(1e-3), 0.0)
+    log_e, _, _ = _root(prefill_gap, *e_bounds)
     log_o = chosen[log_e]
     frame, moments = run(log_o, log_e)
     model = _with(base, math.exp(log_o), math.exp(log_e))
     at_bound = tuple(
         name
-        for name, value, bounds in (("overhead_s", log_o, o_bounds), ("flops_efficiency", log_e, (-6.9, 0.0)))
+        for name, value, bounds in (("overhead_s", log_o, o_bounds), ("flops_efficiency", log_e, e_bounds))
         if min(abs(value - b) for b in bounds) < 1e-9
     )
     gaps = [abs(math.log(moments[k] / target[k])) for k in target]
