@@ -101,6 +101,7 @@ def test_a_core_serve_window_is_planned_on_the_cpu_roofs():
     )
     assert tiny.planned_with == "tiny (float32) on this machine's CPU" and calls == [1]
     assert tiny.result is not None and not tiny.result.fit.converged
+    assert tiny.result.fit.at_bound == ("flops_efficiency",)  # held at 1e-3: said, as the page shows it
     if cached_model("smollm2-135m-instruct") is None:
         pytest.skip("the real model is not in the model cache")
     h = history_of((0.0, empty_like(window)), (window.seconds, scrape(window, "smollm2-135m-instruct")))

@@ -177,3 +177,38 @@ def test_the_planners_own_prediction_beside_the_fit(server, plain, monkeypatch):
         slow[key] > truth.prior[key] for key in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s")
     )
     assert truth.to_dict()["prior"] == truth.prior
+
+
+def test_warm_started_root_finds_the_cold_searchs_root_and_bounds():
+    """`_root` from a start (guess, slope, neighbours) against the cold search over [lo, hi], on a moment that is
+    linear in the parameter as the mean ITL is in overhead_s (ITL = 0.01 + 1.1 o, hand-solved root): the same root
+    within TOLERANCE in fewer evaluations, a wrong guess or slope still converging, and the bound returned where
+    the root lies outside [lo, hi] whichever side the start is on."""
+    from core.planning.observed.planned import TOLERANCE, _root
+
+    def gap(target):
+        return lambda log_o: math.log((0.01 + 1.1 * math.exp(log_o)) / target)
+
+    lo, hi = math.log(1e-6), math.log(0.1)
+    root = math.log((0.05 - 0.01) / 1.1)
+    cold = _root(gap(0.05), lo, hi, linear=True)
+    assert abs(cold[1]) <= TOLERANCE and cold[0] == pytest.approx(root, abs=2 * TOLERANCE)
+    for guess, slope, a, b in (
+        (math.log(0.03), 1.1 / 0.05, math.log(0.02), math.log(0.05)),  # good guess, exact slope
+        (
+            math.log(0.09),
+            5.0 / 0.05,
+            math.log(0.06),
+            math.log(0.09),
+        ),  # guess and neighbours above, slope 4x off
+        (math.log(1e-4), None, math.log(1e-5), math.log(1e-4)),  # below, no slope
+    ):
+        warm = _root(gap(0.05), lo, hi, (guess, slope, a, b), linear=True)
+        assert abs(warm[1]) <= TOLERANCE and warm[0] == pytest.approx(root, abs=2 * TOLERANCE)
+    assert (
+        _root(gap(0.05), lo, hi, (math.log(0.03), 1.1 / 0.05, root - 0.1, root + 0.1), linear=True)[2]
+        < cold[2]
+    )
+    start = (math.log(0.05), 22.0, math.log(0.04), math.log(0.06))
+    assert _root(gap(0.5), lo, hi, start, linear=True)[0] == hi  # ITL 0.5 needs o > 0.1: held at hi
+    assert _root(gap(0.005), lo, hi, start, linear=True)[0] == lo  # below the 0.01 floor: held at lo
