@@ -49,7 +49,7 @@ from ui.slo_planner_state import (
     RATE,
     RATE_FIELDS,
     SHAPE_FIELDS,
-    TARGETS,
+    TARGET_METRICS,
     params_from,
     predict_params_from,
     url_params,
@@ -113,14 +113,12 @@ ENGINE_HELP = (
 def target_inputs(note: str = "") -> None:
     """The latency targets, each a value and its percentile (p50 ... p99); an empty value is no target."""
     st.markdown(f"**Latency targets{note}**")
-    for metric, value_key, q_key, unit, _ in TARGETS:
+    for metric in TARGET_METRICS:  # each a value (its unit) and its percentile, declared once
         a, b = st.columns([2, 1])
         with a:
-            state.widget(
-                st.number_input, f"{metric.upper()} target ({unit})", value_key, placeholder="no target"
-            )
+            state.widget(st.number_input, metric.label, metric.url_key, placeholder="no target")
         with b:
-            state.widget(st.selectbox, "percentile", q_key, format_func=lambda q: f"p{q}")
+            state.widget(st.selectbox, "percentile", metric.q_key, format_func=lambda q: f"p{q}")
 
 
 def show_config(config, meets: bool, params) -> None:

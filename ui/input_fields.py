@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from core.fields import InputField
+from core.planning.predict.target_fields import TargetMetric
+from core.serving.latency import PERCENTILES
 from ui.query_state import Field
 
 _SEED = object()
@@ -48,3 +50,21 @@ def input_widget(
     """`w(factory, label, key, ...)` (`w`: a page's `UrlState.widget`) with the label and key (after `prefix`)
     of `field`."""
     return w(factory, field.label, prefix + field.url_key, **kwargs)
+
+
+def target_value_field(metric: TargetMetric, default: float | None) -> Field:
+    """The URL field of `metric`'s target value (in its unit; empty: no target), seeded with `default`: no
+    bounds here, core checks the value in seconds by its flag's field (`TARGET_FIELDS`)."""
+    return Field(
+        metric.url_key,
+        default,
+        "float",
+        optional=True,
+        label=metric.label,
+        step=metric.step,
+    )
+
+
+def target_percentile_field(metric: TargetMetric, default: int) -> Field:
+    """The URL field of `metric`'s target percentile (p50 ... p99), seeded with `default`."""
+    return Field(metric.q_key, default, "choice", tuple(PERCENTILES), label=metric.q_label)

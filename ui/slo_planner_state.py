@@ -7,10 +7,10 @@ over H100 / H200 / L40S) or "predict" (one deployment at one load, defaults `Slo
 and the TTFT / TPOT targets are shared by both modes; the URL holds the mode and that mode's fields
 (`MODE_KEYS`). The model, the deployment, the load, speculation, the disaggregated pools and the host tier are
 their input groups' fields (`core.fields`; `ui.input_fields.url_field`: key, kind, label, step from the
-declaration, the seed this page's scenario): their numbers have no bounds here, nor do the latency targets, so
-a bad value reaches core's one check, whose typed error (naming the flag) the page shows. TPOT and ITL targets are
-entered in milliseconds, TTFT and end-to-end in seconds; each target's percentile is its own field
-(`{metric}_q`, predict mode). No streamlit here.
+declaration, the seed this page's scenario): their numbers have no bounds here, nor do the latency targets
+(`core.planning.predict.target_fields.TARGET_METRICS`: TPOT and ITL entered in milliseconds, TTFT and end-to-end
+in seconds, each target's percentile its own field `{metric}_q`), so a bad value reaches core's one check, whose
+typed error (naming the flag, in seconds: `TARGET_FIELDS`) the page shows. No streamlit here.
 """
 
 from typing import Any
@@ -29,9 +29,10 @@ from core.planning.predict.deployment_fields import (
 from core.planning.predict.disagg import DISAGG_FIELDS
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.load import RATE_FIELDS, SHAPE_FIELDS
+from core.planning.predict.target_fields import TARGET_METRICS, TargetMetric, page_target_values
 from core.planning.search.slo_candidates import SEARCH_FIELDS
 from core.serving.latency import PERCENTILES
-from ui.input_fields import url_field, values_by_name
+from ui.input_fields import target_percentile_field, target_value_field, url_field, values_by_name
 from ui.query_state import Field, encode_params
 
 RATE, CONCURRENCY = RATE_FIELDS
@@ -56,57 +57,21 @@ D = DEFAULT_PARAMS
 P = DEFAULT_PREDICT_PARAMS
 MODES = ("search", "predict")
 MODE_LABELS = {"search": "Cheapest configuration for an SLO", "predict": "Predict my deployment"}
-PERCENTILE_CHOICES = tuple(PERCENTILES)
-# each target: (metric, value field, percentile field, unit: factor from seconds to the field's unit)
-TARGETS = (
-    ("ttft", "ttft", "ttft_q", "s", 1.0),
-    ("tpot", "tpot_ms", "tpot_q", "ms", 1e3),
-    ("itl", "itl_ms", "itl_q", "ms", 1e3),
-    ("e2e", "e2e", "e2e_q", "s", 1.0),
-)
 _P_TARGETS = dict(P.targets)
 
 
-def _default_target(metric: str) -> tuple[float | None, int]:
-    """(value in seconds or None, percentile) of `metric`'s target in `SloPredictParams()` (the search's
+def _default_target(metric: TargetMetric) -> tuple[float | None, int]:
+    """(value in the metric's unit or None, percentile) of its target in `SloPredictParams()` (the search's
     defaults are the same: TTFT p95 1 s, TPOT p95 50 ms)."""
-    for q in PERCENTILE_CHOICES:
-        if f"{metric}_p{q}_s" in _P_TARGETS:
-            return _P_TARGETS[f"{metric}_p{q}_s"], q
+    for q in PERCENTILES:
+        if f"{metric.metric}_p{q}_s" in _P_TARGETS:
+            return _P_TARGETS[f"{metric.metric}_p{q}_s"] * metric.factor, q
     return None, 99
 
 
-_TARGETS0 = {
-    m: None if _default_target(m)[0] is None else _default_target(m)[0] * f for m, _, _, _, f in TARGETS
-}
-
-
-def _target_fields() -> list[Field]:
-    fields = []
-    for metric, value_key, _, unit, factor in TARGETS[2:]:  # ttft / tpot values are the search's fields
-        value, _ = _default_target(metric)
-        fields.append(
-            Field(
-                value_key,
-                None if value is None else value * factor,
-                "float",
-                maximum=3600.0 * factor,
-                step=1.0 if unit == "ms" else 0.1,
-                optional=True,
-                label=f"{metric.upper()} target, {unit}",
-            )
-        )
-    for metric, _, q_key, _, _ in TARGETS:
-        fields.append(
-            Field(
-                q_key,
-                _default_target(metric)[1],
-                "choice",
-                PERCENTILE_CHOICES,
-                label=f"{metric.upper()} target percentile",
-            )
-        )
-    return fields
+# each metric's target value (its unit, empty: no target) and percentile, the seed `SloPredictParams()`'s
+TARGET_VALUE_FIELDS = [target_value_field(m, _default_target(m)[0]) for m in TARGET_METRICS]
+TARGET_Q_FIELDS = [target_percentile_field(m, _default_target(m)[1]) for m in TARGET_METRICS]
 
 
 # the levers (predict mode): shared prefixes and chats, speculation (0 tokens: none), disaggregated prefill /
@@ -129,28 +94,12 @@ FIELDS = [
     url_field(MODEL_FIELD, D.model),
     url_field(RATE, D.rate),
     *(url_field(f, getattr(D, f.name), bounded=f.name == "length_spread") for f in SHAPE_FIELDS[:3]),
-    Field(
-        "ttft",
-        _TARGETS0.get("ttft"),
-        "float",
-        maximum=3600.0,
-        step=0.1,
-        optional=True,
-        label="TTFT target, s",
-    ),
-    Field(
-        "tpot_ms",
-        _TARGETS0.get("tpot"),
-        "float",
-        maximum=3.6e6,
-        step=5.0,
-        optional=True,
-        label="TPOT target, ms",
-    ),
+    *TARGET_VALUE_FIELDS[:2],  # ttft, tpot_ms
     *(url_field(f, getattr(D, f.name)) for f in SEARCH_FIELDS),
     Field("rates", False, "bool", label="find the highest rates"),
     Field("disagg_too", D.disagg, "bool", label="disaggregated deployments too"),
-    *_target_fields(),
+    *TARGET_VALUE_FIELDS[2:],  # itl_ms, e2e
+    *TARGET_Q_FIELDS,
     url_field(ENGINE, D.engine),
     url_field(SEED, D.seed),
     *PREDICT_FIELDS,
@@ -196,18 +145,10 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
     )
 
 
-def _optional(value, factor: float = 1.0) -> float | None:
-    return None if value is None else float(value) / factor
-
-
 def targets_from(values: dict[str, Any]) -> tuple[tuple[str, float], ...]:
-    """The targets of the shared target fields: ((`{metric}_p{q}_s`, seconds), ...), an empty value no target."""
-    targets = []
-    for metric, value_key, q_key, _, factor in TARGETS:
-        value = _optional(values[value_key], factor)
-        if value is not None:
-            targets.append((f"{metric}_p{int(values[q_key])}_s", value))
-    return tuple(targets)
+    """The targets of the shared target fields: ((`{metric}_p{q}_s`, seconds), ...), an empty value no target
+    (`page_target_values`; unchecked: core checks them, by their flags' fields)."""
+    return tuple(page_target_values(values).items())
 
 
 def predict_params_from(values: dict[str, Any]) -> SloPredictParams:

@@ -35,6 +35,7 @@ from core.planning.predict.load import DEFAULT_TURN_GAP_S, LOAD_FIELDS, SHAPE_FI
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.max_rate import check_targets, max_rate
 from core.planning.predict.prediction import Deployment, predict
+from core.planning.predict.target_fields import target_words
 from core.planning.predict.vllm_bench import (
     bench_num_prompts,
     prefix_repetition_problem,
@@ -134,10 +135,7 @@ class SloPredictParams:
         common += [w for f in (*LOAD_LEVERS, *OFFLOAD_FIELDS) if self._changed(f) for w in self._words(f)]
         common += speculation_words(self.speculation())
         load = field_named(LOAD_FIELDS, self.load_kind).words(getattr(self, self.load_kind))
-        flags = [f"--{key.removesuffix('_s').replace('_', '-')}" for key, _ in self.targets]
-        targets = [
-            word for flag, (_, value) in zip(flags, self.targets, strict=True) for word in (flag, repr(value))
-        ]
+        targets = target_words(dict(self.targets))
         if self.disagg:
             return [*common, *load, *(w for f in DISAGG_FIELDS for w in self._words(f))], []
         return common + load, common + targets

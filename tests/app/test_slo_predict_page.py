@@ -147,7 +147,7 @@ def test_the_page_shows_what_predict_and_the_cli_give(capsys):
         ({"tp": "3"}, "tensor_parallel=3"),  # Qwen2.5-7B's 28 heads: a TP of 3 does not divide them
         ({"load": "rate", "rate": "-1"}, "rate (requests/s)"),
         ({"load": "concurrency", "clients": "0"}, "concurrency (clients)"),
-        ({"e2e": "0"}, "e2e_p50_s"),
+        ({"e2e": "0"}, "--e2e-p50 (seconds) must be greater than 0"),
         ({"prefix_len": "-1"}, "--shared-prefix-len"),  # a negative length
         ({"prefix_len": "17"}, "--shared-prefix-len 17 is longer than the shortest prompt (16"),
         ({"prefix_len": "8", "prefixes": "0"}, "--num-prefixes"),

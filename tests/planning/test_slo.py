@@ -205,9 +205,9 @@ def test_a_reused_simulation_is_the_run_it_stands_for():
     [
         (lambda: Slo(ttft_p95_s=-1.0), "must be greater than 0"),
         (lambda: Slo(ttft_p95_s=0.0, tpot_p95_s=0.05), "must be greater than 0"),
-        (lambda: Slo(tpot_p95_s=-0.05), "tpot_p95_s .* must be greater than 0, got -0.05"),
+        (lambda: Slo(tpot_p95_s=-0.05), "--tpot-p95 \\(seconds\\) must be greater than 0, got -0.05"),
         (lambda: Slo(ttft_p95_s=float("nan")), "must be a finite number, got nan"),
-        (lambda: Slo(ttft_p95_s=1.0, tpot_p95_s=float("inf")), "tpot_p95_s .* finite"),
+        (lambda: Slo(ttft_p95_s=1.0, tpot_p95_s=float("inf")), "--tpot-p95 .* finite"),
         (lambda: SloWorkload(rate=float("nan"), prompt_len=10, output_len=10), "rate .* finite"),
         (lambda: SloWorkload(rate=-2.0, prompt_len=10, output_len=10), "rate .* greater than 0"),
         (lambda: Slo(), "needs at least one latency target"),

@@ -82,10 +82,10 @@ def test_every_configuration_the_cli_calls_feasible_fits_in_memory(capsys, model
 @pytest.mark.parametrize(
     ("slo_args", "stderr"),
     [
-        (["--ttft-p95", "-1"], "ttft_p95_s (the TTFT p95 target, seconds) must be greater than 0"),
+        (["--ttft-p95", "-1"], "--ttft-p95 (seconds) must be greater than 0, got -1"),
         (["--ttft-p95", "0"], "must be greater than 0"),
-        (["--tpot-p95", "nan"], "tpot_p95_s"),
-        (["--ttft-p95", "inf"], "ttft_p95_s"),
+        (["--tpot-p95", "nan"], "--tpot-p95 (seconds)"),
+        (["--ttft-p95", "inf"], "--ttft-p95 (seconds)"),
         ([], "needs at least one latency target"),
     ],
 )

@@ -16,8 +16,16 @@ from core.planning.catalog.hardware import get_gpu
 from core.planning.catalog.models import get_model
 from core.planning.commands.capacity import build_parser as build_plan_parser
 from core.planning.commands.capacity import capacity_main
-from core.planning.commands.predict_cli import deployment_values, predict_main, predict_parser
+from core.planning.commands.predict_cli import (
+    deployment_values,
+    max_rate_main,
+    max_rate_parser,
+    predict_main,
+    predict_parser,
+    targets_from_args,
+)
 from core.planning.commands.slo_cli import build_parser as build_slo_parser
+from core.planning.commands.slo_cli import main as slo_main
 from core.planning.cost.speculative import Speculation
 from core.planning.memory.plan import PlanInputs
 from core.planning.predict.disagg import DisaggDeployment
@@ -25,7 +33,8 @@ from core.planning.predict.inputs import deployment_from, disagg_from, load_from
 from core.planning.predict.load import Load
 from core.planning.predict.plan_fields import PLANNER_FIELDS
 from core.planning.predict.prediction import Deployment
-from core.planning.search.slo_candidates import SEARCH_FIELDS, SloCandidates
+from core.planning.predict.target_fields import TARGET_FIELDS, TARGET_METRICS
+from core.planning.search.slo_candidates import SEARCH_FIELDS, Slo, SloCandidates
 from ui.planner_state import ALL_FIELDS as PLANNER_URL_FIELDS
 from ui.planner_state import scenario_fields
 from ui.query_state import parse_params
@@ -278,3 +287,65 @@ def test_the_planner_widgets_are_the_fields_and_a_bad_value_says_what_plan_says(
         assert sum(message in e for e in shown) == 1, (message, shown)
     for field in PLANNER_FIELDS:
         assert _widget(at, f"a_{field.url_key}").label == field.label, field
+
+
+# the latency targets: `slo`'s and `max-rate`'s flags (seconds, any percentile) and the SLO page's fields (a value
+# per metric, TPOT / ITL in ms, and its percentile), one declaration (`core.planning.predict.target_fields`)
+TARGET_ARGV = ["--ttft-p99", "0.5", "--tpot-p90", "0.04", "--e2e-p50", "3"]
+TARGET_URL = {"ttft": "0.5", "ttft_q": "99", "tpot_ms": "40", "tpot_q": "90", "itl_ms": "auto", "e2e": "3"}
+TARGET_URL |= {"e2e_q": "50"}
+SHAPE_ARGV = ["--model", "qwen2.5-7b", "--prompt-len", "100", "--output-len", "10"]
+
+
+def _page(mode: str, query: dict) -> dict:
+    values, errors = parse_params({"mode": mode} | query, FIELDS)
+    assert errors == []
+    return values
+
+
+def test_the_target_flags_and_url_fields_are_their_fields_and_give_the_same_targets():
+    for parser in (build_slo_parser(), max_rate_parser()):
+        flags = parser._option_string_actions
+        for field in TARGET_FIELDS:
+            assert (flags[field.flag].dest, flags[field.flag].type) == (field.name, float), field
+    for metric in TARGET_METRICS:
+        value, q = FIELDS_BY_KEY[metric.url_key], FIELDS_BY_KEY[metric.q_key]
+        assert (value.label, value.kind, value.step) == (metric.label, "float", metric.step)
+        assert (q.label, q.kind, q.choices) == (metric.q_label, "choice", (50, 90, 95, 99))
+    expected = Slo(ttft_p99_s=0.5, tpot_p90_s=0.04, e2e_p50_s=3.0)  # TPOT: 40 ms on the page
+    slo_args = build_slo_parser().parse_args([*SHAPE_ARGV, "--rate", "2", *TARGET_ARGV])
+    assert Slo.of(targets_from_args(slo_args)) == expected
+    max_rate_args = max_rate_parser().parse_args([*SHAPE_ARGV, "--gpu", "l40s", *TARGET_ARGV])
+    assert targets_from_args(max_rate_args) == expected.targets()
+    assert params_from(_page("search", TARGET_URL)).slo() == expected
+    predict = predict_params_from(_page("predict", TARGET_URL))
+    assert predict.targets_dict() == expected.targets()
+    # the max-rate command the predict mode prints gives its targets back
+    words = predict.cli_args()[1]
+    assert targets_from_args(max_rate_parser().parse_args(words)) == expected.targets()
+
+
+@pytest.mark.parametrize(
+    ("flag", "seconds", "query"),
+    [
+        ("--ttft-p95", "-1", {"ttft": "-1", "ttft_q": "95"}),
+        ("--tpot-p99", "0", {"tpot_ms": "0", "tpot_q": "99"}),
+        ("--tpot-p50", "-0.005", {"tpot_ms": "-5", "tpot_q": "50"}),  # the page's ms, the message's seconds
+        ("--itl-p90", "4000", {"itl_ms": "4000000", "itl_q": "90"}),
+        ("--e2e-p99", "3601", {"e2e": "3601", "e2e_q": "99"}),
+    ],
+)
+def test_a_bad_target_has_one_message_on_both_commands_and_both_page_modes(flag, seconds, query, capsys):
+    printed = []
+    for main, extra in ((slo_main, ["--rate", "2"]), (max_rate_main, ["--gpu", "l40s"])):
+        capsys.readouterr()
+        assert main([*SHAPE_ARGV, *extra, flag, seconds]) == 2
+        [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        printed.append(line.removeprefix("error: "))
+    assert printed[0] == printed[1] and printed[0].startswith(f"{flag} (seconds) must be")
+    none = {"ttft": "auto", "tpot_ms": "auto"}
+    with pytest.raises(InvalidArgumentError) as search:
+        params_from(_page("search", none | query)).check()
+    with pytest.raises(InvalidArgumentError) as predict:
+        predict_params_from(_page("predict", none | query)).targets_dict()
+    assert str(search.value) == str(predict.value) == printed[0]

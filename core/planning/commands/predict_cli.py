@@ -42,8 +42,7 @@ from core.planning.predict.inputs import deployment_from, disagg_from, load_from
 from core.planning.predict.load import LEVER_FIELDS, RATE_FIELDS, SHAPE_FIELDS, Load
 from core.planning.predict.max_rate import max_rate
 from core.planning.predict.prediction import predict
-from core.serving.latency import PERCENTILES
-from core.serving.steady_state import STEADY_METRICS
+from core.planning.predict.target_fields import TARGET_FIELDS, targets_from
 
 
 class LineErrorParser(argparse.ArgumentParser):
@@ -89,16 +88,14 @@ def load_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def target_flags(parser: argparse.ArgumentParser) -> None:
-    """--ttft-p50 ... --e2e-p99: latency targets in seconds."""
-    for metric in STEADY_METRICS:
-        for q in PERCENTILES:
-            parser.add_argument(f"--{metric}-p{q}", type=float, dest=f"{metric}_p{q}_s", help="seconds")
+    """--ttft-p50 ... --e2e-p99: latency targets in seconds, made from `TARGET_FIELDS`."""
+    add_flags(parser, TARGET_FIELDS)
 
 
 def targets_from_args(args) -> dict[str, float]:
-    """The latency targets `target_flags` were given: {"ttft_p95_s": seconds, ...}."""
-    keys = [f"{metric}_p{q}_s" for metric in STEADY_METRICS for q in PERCENTILES]
-    return {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+    """The latency targets `target_flags` were given: {"ttft_p95_s": seconds, ...}, each checked by its field
+    (`targets_from`: InvalidArgumentError naming the flag)."""
+    return targets_from(vars(args))
 
 
 def load_from_args(args, rate: float | None, concurrency: int | None = None) -> Load:
@@ -155,16 +152,21 @@ def predict_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def max_rate_main(argv: Sequence[str]) -> int:
+def max_rate_parser() -> argparse.ArgumentParser:
+    """The flags of `python -m core.planning max-rate`: a deployment, a load's shape, the latency targets."""
     parser = LineErrorParser(
         prog="python -m core.planning max-rate", description="The highest rate within targets."
     )
     deployment_flags(parser)
     load_flags(parser)
     target_flags(parser)
-    args = parser.parse_args(argv)
-    targets = targets_from_args(args)
+    return parser
+
+
+def max_rate_main(argv: Sequence[str]) -> int:
+    args = max_rate_parser().parse_args(argv)
     try:
+        targets = targets_from_args(args)
         deployment = deployment_from(deployment_values(args))
         load = load_from_args(args, 1.0)
         found = max_rate(deployment, load, targets)

@@ -119,9 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    targets = targets_from_args(args)
     try:
-        slo = Slo.of(targets)
+        slo = Slo.of(targets_from_args(args))
         workload = load_from_args(args, args.rate)  # with its shared prefixes and turns (an SloWorkload)
         candidates = SloCandidates(
             gpus=tuple(args.gpus),

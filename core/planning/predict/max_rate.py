@@ -17,19 +17,15 @@ from core.errors import InvalidArgumentError
 from core.planning.predict.early_stop import SEARCH_SETTINGS, verdict_decider
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import Deployment, Prediction, idle_lifetime, predict
-from core.serving.steady_state import metric_keys
+from core.planning.predict.target_fields import check_targets as check_target_values
 
 
 def check_targets(targets: dict) -> dict[str, float]:
-    """`targets` (key -> seconds) with every key a percentile key and every value positive and finite."""
+    """`targets` (key -> seconds) with every key a percentile key and every value checked by its field
+    (`core.planning.predict.target_fields`: positive, finite, at most an hour; the message names the flag)."""
     if not targets:
         raise InvalidArgumentError("give at least one latency target (e.g. --ttft-p99 or --tpot-p99)")
-    out = {}
-    for key, value in targets.items():
-        if key not in metric_keys():
-            raise InvalidArgumentError(f"unknown target {key!r}; targets are {', '.join(metric_keys())}")
-        out[key] = check_float(value, key, minimum=0.0, exclusive_minimum=True, maximum=3600.0)
-    return out
+    return check_target_values(targets)
 
 
 def meets(prediction: Prediction, targets: dict[str, float]) -> bool:

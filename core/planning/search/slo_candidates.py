@@ -34,6 +34,7 @@ from core.planning.memory.kv_accounting import (
 )
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import Deployment
+from core.planning.predict.target_fields import TARGET_FIELDS
 from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES, check_routing
 from core.serving.steady_state import metric_keys
 
@@ -92,7 +93,8 @@ class Slo:
     token, inter-token latency or end-to-end latency, as the keys of a steady-state estimate
     (`core.serving.steady_state.metric_keys`). None: no bound on that one; at least one is set.
     `Slo(1.0, 0.05)` is TTFT p95 1 s and TPOT p95 50 ms; `Slo(ttft_p99_s=0.5, itl_p99_s=0.1)` MLPerf-style.
-    Raises InvalidArgumentError for zero, negative, non-finite or over-an-hour targets."""
+    Raises InvalidArgumentError for zero, negative, non-finite or over-an-hour targets (`TARGET_FIELDS`' check,
+    naming the flag: "--ttft-p95 (seconds) must be greater than 0, got -1.0")."""
 
     ttft_p95_s: float | None = None
     tpot_p95_s: float | None = None
@@ -116,18 +118,7 @@ class Slo:
             raise InvalidArgumentError(
                 "an SLO needs at least one latency target in seconds (e.g. ttft_p95_s, tpot_p99_s, itl_p99_s)"
             )
-        for key in metric_keys():
-            value = getattr(self, key)
-            if value is not None:
-                value = check_float(
-                    value,
-                    f"{key} (the {metric_label(key)} target, seconds)",
-                    minimum=0.0,
-                    exclusive_minimum=True,
-                )
-                if value > 3600:
-                    raise InvalidArgumentError(f"{key} must be at most 3,600 seconds, got {value:g}")
-                object.__setattr__(self, key, value)
+        check_fields(self, TARGET_FIELDS)  # each by its flag's field: the message `slo` and the page show
 
     def targets(self) -> dict[str, float]:
         """The bounded percentiles: {key: seconds} of those set, in `metric_keys()` order."""
