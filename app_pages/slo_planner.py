@@ -29,7 +29,7 @@ from core.page_models.tasks import (
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.predict.deployment_fields import GPU_FIELD, MODEL_FIELD, PARALLEL_FIELDS, SETTING_FIELDS
-from core.planning.search.slo_candidates import SEARCH_FIELDS, metric_label
+from core.planning.search.slo_candidates import SEARCH_URL_FIELDS, metric_label
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.input_fields import input_widget
 from ui.jobs import run_job
@@ -82,7 +82,7 @@ def inputs() -> None:
             target_inputs()
         with c3:
             st.markdown("**Search space**")
-            gpus, max_gpus, kv_dtypes, weight_dtypes = SEARCH_FIELDS
+            gpus, max_gpus, kv_dtypes, weight_dtypes = SEARCH_URL_FIELDS
             input_widget(w, st.multiselect, gpus, format_func=lambda g: GPUS[g].name)
             input_widget(w, st.number_input, max_gpus)
             input_widget(w, st.multiselect, kv_dtypes)

@@ -18,14 +18,15 @@ from typing import Any
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
 
-KINDS = ("int", "float", "str", "choice", "multi", "bool")
+KINDS = ("int", "float", "str", "choice", "multi", "ints", "bool")
 
 
 @dataclass(frozen=True)
 class InputField:
     """One input. name: the domain type's field and the key of a values dict; flag: the CLI flag ("--turn-gap",
     a public contract); url_key: the SLO planner page's URL parameter and widget key (a public contract too);
-    kind: one of KINDS ("multi": several distinct choices, a tuple); default: the flag's default (a page may seed another); label: the widget's label (and the
+    kind: one of KINDS ("multi": several distinct choices, a tuple; "ints": several ints within the bounds, a
+    sorted tuple of distinct values); default: the flag's default (a page may seed another); label: the widget's label (and the
     URL error's); help: the flag's help text; unit: what the number counts ("tokens"), named in the message;
     minimum / maximum / exclusive_minimum: the bounds `check` enforces; optional: None is allowed (the flag left
     out, the URL's "auto"); choices: a choice's allowed values; step: a number widget's step; required: the flag
@@ -79,6 +80,13 @@ class InputField:
                 allowed = ", ".join(str(c) for c in self.choices)
                 raise InvalidArgumentError(f"{self.flag} must be among {allowed}; got {list(values)}")
             return tuple(dict.fromkeys(values))  # each once, in the order given
+        if self.kind == "ints":
+            values = (value,) if isinstance(value, int) else tuple(value)
+            if not values:
+                raise InvalidArgumentError(f"{self.flag} needs at least one value")
+            return tuple(
+                sorted({check_int(v, self.what, minimum=self.minimum, maximum=self.maximum) for v in values})
+            )
         if self.kind == "choice" and value not in self.choices:
             allowed = ", ".join(str(c) for c in self.choices)
             raise InvalidArgumentError(f"{self.flag} must be one of {allowed}, got {value!r}")
@@ -95,7 +103,7 @@ class InputField:
             return []
         if self.kind == "bool":
             return [self.flag]
-        if self.kind == "multi":
+        if self.kind in ("multi", "ints"):
             return [self.flag, *(str(v) for v in value)]
         return [self.flag, repr(float(value)) if self.kind == "float" else str(value)]
 

@@ -30,7 +30,7 @@ from core.planning.predict.disagg import DISAGG_FIELDS
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.load import RATE_FIELDS, SHAPE_FIELDS
 from core.planning.predict.target_fields import TARGET_METRICS, TargetMetric, page_target_values
-from core.planning.search.slo_candidates import SEARCH_FIELDS
+from core.planning.search.slo_candidates import SEARCH_URL_FIELDS
 from core.serving.latency import PERCENTILES
 from ui.input_fields import target_percentile_field, target_value_field, url_field, values_by_name
 from ui.query_state import Field, encode_params
@@ -95,7 +95,7 @@ FIELDS = [
     url_field(RATE, D.rate),
     *(url_field(f, getattr(D, f.name), bounded=f.name == "length_spread") for f in SHAPE_FIELDS[:3]),
     *TARGET_VALUE_FIELDS[:2],  # ttft, tpot_ms
-    *(url_field(f, getattr(D, f.name)) for f in SEARCH_FIELDS),
+    *(url_field(f, getattr(D, f.name)) for f in SEARCH_URL_FIELDS),
     Field("rates", False, "bool", label="find the highest rates"),
     Field("disagg_too", D.disagg, "bool", label="disaggregated deployments too"),
     *TARGET_VALUE_FIELDS[2:],  # itl_ms, e2e
@@ -140,7 +140,7 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
         **values_by_name(values, (MODEL_FIELD, RATE, *SHAPE_FIELDS, ENGINE)),
         targets=targets_from(values),
         chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])),
-        **values_by_name(values, SEARCH_FIELDS),
+        **values_by_name(values, SEARCH_URL_FIELDS),
         disagg=bool(values["disagg_too"]),
     )
 

@@ -34,7 +34,13 @@ from core.planning.predict.load import Load
 from core.planning.predict.plan_fields import PLANNER_FIELDS
 from core.planning.predict.prediction import Deployment
 from core.planning.predict.target_fields import TARGET_FIELDS, TARGET_METRICS
-from core.planning.search.slo_candidates import SEARCH_FIELDS, Slo, SloCandidates
+from core.planning.search.slo_candidates import (
+    SEARCH_FIELDS,
+    SEARCH_URL_FIELDS,
+    Slo,
+    SloCandidates,
+    candidates_from,
+)
 from ui.planner_state import ALL_FIELDS as PLANNER_URL_FIELDS
 from ui.planner_state import scenario_fields
 from ui.query_state import parse_params
@@ -166,6 +172,15 @@ def test_the_search_space_flags_and_url_fields_are_its_fields():
     flags = build_slo_parser()._option_string_actions
     for field in SEARCH_FIELDS:
         assert flags[field.flag].dest == field.name
+    assert [f.flag for f in SEARCH_FIELDS if f not in SEARCH_URL_FIELDS] == [
+        "--tp",
+        "--pp",
+        "--max-num-seqs",
+        "--data-parallel-size",
+        "--max-meeting",
+        "--routing-candidates",
+    ]  # the command line's only: no URL key
+    for field in SEARCH_URL_FIELDS:
         url_field = FIELDS_BY_KEY[field.url_key]
         assert (url_field.label, url_field.kind, url_field.choices) == (
             field.label,
@@ -192,7 +207,7 @@ def test_the_search_space_flags_and_url_fields_are_its_fields():
         gpus=("l40s", "h100-80gb"), max_gpus=4, kv_dtypes=("fp8",), weight_dtypes=("fp8",)
     )
     page = params_from(values).candidates()
-    cli = SloCandidates(**{f.name: getattr(args, f.name) for f in SEARCH_FIELDS})
+    cli = candidates_from(vars(args))
     assert cli == expected and (page.gpus, page.max_gpus, page.kv_dtypes, page.weight_dtypes) == (
         expected.gpus,
         expected.max_gpus,
@@ -201,6 +216,44 @@ def test_the_search_space_flags_and_url_fields_are_its_fields():
     )
     with pytest.raises(InvalidArgumentError, match="--kv-dtypes must be among auto, fp16"):
         SloCandidates(kv_dtypes=("int3",))
+
+
+def test_the_search_lists_flags_are_their_fields_and_check_by_them(capsys):
+    """`slo`'s list-valued search flags (--tp --pp --max-num-seqs --data-parallel-size, several ints each, sorted
+    and each once) and --max-meeting --routing-candidates build the `SloCandidates` written by hand; a bad value
+    is the message `SloCandidates` raises for it, naming the flag."""
+    words = [*SHAPE_ARGV, "--rate", "2", "--tp", "4", "1", "4", "--pp", "1", "--max-num-seqs", "128", "64"]
+    words += ["--data-parallel-size", "2", "--max-meeting", "5"]
+    words += ["--routing-candidates", "round-robin, least-loaded"]
+    expected = SloCandidates(
+        tensor_parallel=(1, 4),
+        pipeline_parallel=(1,),
+        max_num_seqs=(64, 128),
+        data_parallel=(2,),
+        max_meeting=5,
+        routing=("round-robin", "least-loaded"),
+    )
+    assert candidates_from(vars(build_slo_parser().parse_args(words))) == expected
+    assert candidates_from({}) == SloCandidates()  # the flags' defaults are the search's
+    for flag, value, build in (
+        ("--tp", "0", lambda: SloCandidates(tensor_parallel=(0,))),
+        ("--max-num-seqs", "70000", lambda: SloCandidates(max_num_seqs=(64, 70000))),
+        ("--data-parallel-size", "0", lambda: SloCandidates(data_parallel=(0,))),
+        ("--max-meeting", "0", lambda: SloCandidates(max_meeting=0)),
+        (
+            "--routing-candidates",
+            "round-robin,,random",
+            lambda: candidates_from({"routing_candidates": "a,,b"}),
+        ),
+    ):
+        capsys.readouterr()
+        assert slo_main([*SHAPE_ARGV, "--rate", "2", "--ttft-p95", "1", flag, value]) == 2
+        [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        with pytest.raises(InvalidArgumentError) as raised:
+            build()
+        assert line.startswith(f"error: {flag} ") and str(raised.value).startswith(f"{flag} ")
+        if flag != "--routing-candidates":  # (the same rule; the message quotes the value given)
+            assert line == f"error: {raised.value}"
 
 
 # the Capacity Planner page (`plan`'s inputs, two scenarios "a_" / "b_"): a value other than the page's seed for

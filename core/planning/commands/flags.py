@@ -7,7 +7,7 @@ import argparse
 
 from core.fields import InputField
 
-_TYPES = {"int": int, "float": float, "str": str, "choice": str, "multi": str}
+_TYPES = {"int": int, "float": float, "str": str, "choice": str, "multi": str, "ints": int}
 
 
 def flag_kwargs(field: InputField) -> dict:
@@ -24,7 +24,7 @@ def flag_kwargs(field: InputField) -> dict:
         "type": kind,
         "metavar": field.metavar or field.flag.removeprefix("--").upper().replace("-", "_"),
     }
-    if field.kind == "multi":  # one or more values: --gpus l40s h100-80gb
+    if field.kind in ("multi", "ints"):  # one or more values: --gpus l40s h100-80gb, --tp 1 2 4
         return kwargs | {"nargs": "+", "default": list(field.default)}
     return kwargs | ({"required": True} if field.required else {"default": field.default})
 

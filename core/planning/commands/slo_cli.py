@@ -22,7 +22,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from core.errors import LabError, RoutingError, SloInfeasibleError
+from core.errors import LabError, SloInfeasibleError
 from core.fields import field_named
 from core.planning.commands.flags import add_flags, flag_kwargs
 from core.planning.commands.predict_cli import (
@@ -37,7 +37,7 @@ from core.planning.commands.predict_cli import (
 from core.planning.predict.deployment_fields import SETTING_FIELDS
 from core.planning.predict.load import RATE_FIELDS
 from core.planning.search.slo import Slo, SloCandidates, plan_slo
-from core.planning.search.slo_candidates import SEARCH_FIELDS
+from core.planning.search.slo_candidates import SEARCH_FIELDS, candidates_from
 from core.serving.router import ROUTING_POLICIES
 
 
@@ -53,26 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     load_flags(parser)
     target_flags(parser)
     add_flags(parser, (field_named(SETTING_FIELDS, "engine"),))
-    add_flags(parser, SEARCH_FIELDS[:2])  # --gpus --max-gpus
-    parser.add_argument("--tp", type=int, nargs="+", default=list(defaults.tensor_parallel))
-    parser.add_argument("--pp", type=int, nargs="+", default=list(defaults.pipeline_parallel))
-    parser.add_argument("--max-num-seqs", type=int, nargs="+", default=list(defaults.max_num_seqs))
-    add_flags(parser, SEARCH_FIELDS[2:])  # --kv-dtypes --weight-dtypes
+    # --gpus --max-gpus --kv-dtypes --weight-dtypes --tp --pp --max-num-seqs --data-parallel-size --max-meeting
+    # --routing-candidates: the search space's fields
+    add_flags(parser, SEARCH_FIELDS)
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
-    parser.add_argument(
-        "--data-parallel-size",
-        type=int,
-        nargs="+",
-        default=list(defaults.data_parallel),
-        metavar="D",
-        help="DP ranks per replica tried (vLLM's --data-parallel-size; a MoE model: data-parallel attention)",
-    )
     parser.add_argument(
         "--enable-expert-parallel",
         action="store_true",
         help="every candidate with vLLM's --enable-expert-parallel (a MoE model: whole experts per GPU)",
     )
-    parser.add_argument("--max-meeting", type=int, default=defaults.max_meeting)
     parser.add_argument(
         "--disagg",
         action="store_true",
@@ -85,29 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the router in front of every deployment of several replicas: one of {', '.join(ROUTING_POLICIES)} "
         "(default: none, each replica serves 1 / N of the load; round-robin is what a plain load balancer does)",
     )
-    parser.add_argument(
-        "--routing-candidates",
-        default=None,
-        help="comma-separated routing policies to rank with the deployments (each (deployment, policy) a "
-        "candidate), e.g. round-robin,least-loaded,prefix-aware",
-    )
     return parser
-
-
-def routing_from_args(args) -> tuple[str, ...]:
-    """The policies of --routing / --routing-candidates (one of them at most); RoutingError otherwise."""
-    if args.routing is not None and args.routing_candidates is not None:
-        raise RoutingError("give --routing POLICY or --routing-candidates P1,P2,..., not both", args.routing)
-    if args.routing_candidates is not None:
-        parts = [part.strip() for part in args.routing_candidates.split(",")]
-        if not all(parts):
-            raise RoutingError(
-                f"--routing-candidates must be comma-separated policies among {', '.join(ROUTING_POLICIES)}, "
-                f"got {args.routing_candidates!r}",
-                args.routing_candidates,
-            )
-        return tuple(parts)
-    return () if args.routing is None else (args.routing,)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,20 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         slo = Slo.of(targets_from_args(args))
         workload = load_from_args(args, args.rate)  # with its shared prefixes and turns (an SloWorkload)
-        candidates = SloCandidates(
-            gpus=tuple(args.gpus),
-            max_gpus=args.max_gpus,
-            tensor_parallel=tuple(args.tp),
-            pipeline_parallel=tuple(args.pp),
-            max_num_seqs=tuple(args.max_num_seqs),
-            kv_dtypes=tuple(args.kv_dtypes),
-            weight_dtypes=tuple(args.weight_dtypes),
+        candidates = candidates_from(  # the search space's flags, checked by their fields
+            vars(args),
             max_num_batched_tokens=args.max_num_batched_tokens,
-            max_meeting=args.max_meeting,
             engine=args.engine,
             disagg=args.disagg,
-            routing=routing_from_args(args),
-            data_parallel=tuple(args.data_parallel_size),
             expert_parallel=args.enable_expert_parallel,
         )
         plan = plan_slo(model_from_args(args), workload, slo, candidates)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.common import check_float, check_int
-from core.errors import InvalidArgumentError
+from core.errors import InvalidArgumentError, RoutingError
 from core.fields import InputField, check_fields
 from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.catalog.hardware import GPUS, GPUSpec, get_gpu
@@ -41,7 +41,7 @@ from core.serving.steady_state import metric_keys
 DEFAULT_SLO_GPUS = ("l40s", "h100-80gb", "h200-141gb")
 # The search space's inputs that the command line (`slo`) and the SLO planner page's search mode share, declared
 # once (`core.fields`): `SloCandidates` checks them by these, the flags and the page's URL fields and widgets are
-# made from them. (The other candidates' lists are command-line flags only.)
+# made from them (`SEARCH_URL_FIELDS`; the rest, below, are command-line flags only).
 SEARCH_FIELDS = (
     InputField(
         "gpus",
@@ -85,6 +85,82 @@ SEARCH_FIELDS = (
         choices=WEIGHT_DTYPES,
     ),
 )
+
+# The rest of the search space: `slo`'s flags only (no URL key: the page searches their defaults), declared here
+# too so `SloCandidates` checks them by their flags' fields (one message) and `candidates_from` converts them.
+SEARCH_FIELDS += (
+    InputField(
+        "tensor_parallel",
+        "--tp",
+        None,
+        "ints",
+        (1, 2, 4, 8),
+        "Tensor-parallel sizes",
+        "tensor-parallel sizes tried",
+        minimum=1,
+        maximum=64,
+    ),
+    InputField(
+        "pipeline_parallel",
+        "--pp",
+        None,
+        "ints",
+        (1, 2),
+        "Pipeline-parallel sizes",
+        "pipeline-parallel sizes tried",
+        minimum=1,
+        maximum=64,
+    ),
+    InputField(
+        "max_num_seqs",
+        "--max-num-seqs",
+        None,
+        "ints",
+        (64, 128, 256, 512, 1024),
+        "max_num_seqs values",
+        "vLLM's --max-num-seqs values tried",
+        minimum=1,
+        maximum=65_536,
+    ),
+    InputField(
+        "data_parallel",
+        "--data-parallel-size",
+        None,
+        "ints",
+        (1,),
+        "DP ranks per replica",
+        "DP ranks per replica tried (vLLM's --data-parallel-size; a MoE model: data-parallel attention)",
+        minimum=1,
+        maximum=1024,
+        metavar="D",
+    ),
+    InputField(
+        "max_meeting",
+        "--max-meeting",
+        None,
+        "int",
+        3,
+        "Deployments meeting the SLO before the search stops",
+        "the search stops once this many deployments met the SLO (every cheaper one has been evaluated)",
+        minimum=1,
+    ),
+    InputField(
+        "routing_candidates",
+        "--routing-candidates",
+        None,
+        "str",
+        None,
+        "Routing policies ranked",
+        "comma-separated routing policies to rank with the deployments (each (deployment, policy) a "
+        "candidate), e.g. round-robin,least-loaded,prefix-aware",
+        optional=True,
+    ),
+)
+# the search space's fields shared with the SLO planner page's search mode (its URL fields and widgets)
+SEARCH_URL_FIELDS = tuple(f for f in SEARCH_FIELDS if f.url_key is not None)
+# those `SloCandidates` holds by name and checks by their fields (gpus: presets or GPUSpecs, checked apart)
+_CHECKED_FIELDS = tuple(f for f in SEARCH_FIELDS[1:] if f.name != "routing_candidates")
+_DEFAULTS = {f.name: f.default for f in SEARCH_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -260,11 +336,31 @@ def routing_note(routing: str | None, replicas: int) -> str | None:
     return None if routing is None else ROUTING_NOTES[routing].format(n=replicas)
 
 
-def _int_choices(values, name: str, minimum: int, maximum: int) -> tuple[int, ...]:
-    values = tuple(values)
-    if not values:
-        raise InvalidArgumentError(f"{name} needs at least one value")
-    return tuple(sorted({check_int(v, name, minimum=minimum, maximum=maximum) for v in values}))
+def routing_policies(routing: str | None, routing_candidates: str | None) -> tuple[str, ...]:
+    """The router policies of `slo`'s --routing POLICY / --routing-candidates P1,P2,... (one of them at most;
+    neither: ()). Raises RoutingError for both, or an empty part (an unknown policy: `SloCandidates`)."""
+    if routing is not None and routing_candidates is not None:
+        raise RoutingError("give --routing POLICY or --routing-candidates P1,P2,..., not both", routing)
+    if routing_candidates is not None:
+        parts = [part.strip() for part in routing_candidates.split(",")]
+        if not all(parts):
+            raise RoutingError(
+                f"--routing-candidates must be comma-separated policies among {', '.join(ROUTING_POLICIES)}, "
+                f"got {routing_candidates!r}",
+                routing_candidates,
+            )
+        return tuple(parts)
+    return () if routing is None else (routing,)
+
+
+def candidates_from(values: Mapping[str, Any], **settings: Any) -> "SloCandidates":
+    """The `SloCandidates` of a values dict keyed by `SEARCH_FIELDS`' names (`slo`'s `vars(args)`, the page's
+    values; a key left out takes its field's default) and "routing" (one policy or None), with `settings`
+    (`SloCandidates`' other fields: engine, disagg, max_num_batched_tokens, ...). Each value is checked by its
+    field in `SloCandidates`."""
+    v = {f.name: values.get(f.name, f.default) for f in SEARCH_FIELDS}
+    routing = routing_policies(values.get("routing"), v.pop("routing_candidates"))
+    return SloCandidates(**v, routing=routing, **settings)
 
 
 @dataclass(frozen=True)
@@ -287,22 +383,22 @@ class SloCandidates:
     attention, `Deployment.data_parallel`); expert_parallel: every candidate with --enable-expert-parallel (a MoE
     model only). Raises RoutingError for an unknown policy."""
 
-    gpus: tuple = SEARCH_FIELDS[0].default
-    max_gpus: int = SEARCH_FIELDS[1].default
-    tensor_parallel: tuple[int, ...] = (1, 2, 4, 8)
-    pipeline_parallel: tuple[int, ...] = (1, 2)
-    max_num_seqs: tuple[int, ...] = (64, 128, 256, 512, 1024)
-    kv_dtypes: tuple[str, ...] = SEARCH_FIELDS[2].default
-    weight_dtypes: tuple[str, ...] = SEARCH_FIELDS[3].default
+    gpus: tuple = _DEFAULTS["gpus"]
+    max_gpus: int = _DEFAULTS["max_gpus"]
+    tensor_parallel: tuple[int, ...] = _DEFAULTS["tensor_parallel"]
+    pipeline_parallel: tuple[int, ...] = _DEFAULTS["pipeline_parallel"]
+    max_num_seqs: tuple[int, ...] = _DEFAULTS["max_num_seqs"]
+    kv_dtypes: tuple[str, ...] = _DEFAULTS["kv_dtypes"]
+    weight_dtypes: tuple[str, ...] = _DEFAULTS["weight_dtypes"]
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
-    max_meeting: int = 3
+    max_meeting: int = _DEFAULTS["max_meeting"]
     step_time: Mapping[str, Any] | None = None
     engine: str = DEFAULT_ENGINE
     disagg: bool = False
     routing: tuple[str, ...] = ()
-    data_parallel: tuple[int, ...] = (1,)
+    data_parallel: tuple[int, ...] = _DEFAULTS["data_parallel"]
     expert_parallel: bool = False
 
     def __post_init__(self):
@@ -314,23 +410,13 @@ class SloCandidates:
         for gpu in self.gpus:
             if not isinstance(gpu, GPUSpec):
                 get_gpu(gpu)  # raises, listing the presets
-        check_fields(
-            self, SEARCH_FIELDS[1:]
-        )  # max_gpus, kv_dtypes, weight_dtypes (gpus: presets or GPUSpecs)
+        check_fields(self, _CHECKED_FIELDS)  # by their flags' fields (gpus: presets or GPUSpecs)
         if not isinstance(self.expert_parallel, bool):
             raise InvalidArgumentError(f"expert_parallel must be True or False, got {self.expert_parallel!r}")
-        for name, top in (
-            ("tensor_parallel", 64),
-            ("pipeline_parallel", 64),
-            ("max_num_seqs", 65_536),
-            ("data_parallel", 1024),
-        ):
-            object.__setattr__(self, name, _int_choices(getattr(self, name), name, 1, top))
         check_int(self.max_num_batched_tokens, "max_num_batched_tokens", minimum=max(self.max_num_seqs))
         check_float(self.gpu_memory_utilization, "gpu_memory_utilization", minimum=0.01, maximum=1.0)
         if self.block_size not in BLOCK_SIZES:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
-        check_int(self.max_meeting, "max_meeting", minimum=1)
         engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
         if split_request_term(self.step_time)[1] is not None:
             raise InvalidArgumentError(
