@@ -63,7 +63,8 @@ import numpy as np
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.cost.fits.engine_profiles import REQUEST_TERM
-from core.planning.cost.step_time import StepTimeModel, from_specs
+from core.planning.cost.step_model import StepTimeModel
+from core.planning.cost.step_time import from_specs
 from core.planning.memory.plan import plan
 from core.serving.latency import request_side_seconds
 from core.serving.memory_policies import paged
