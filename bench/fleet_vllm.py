@@ -58,7 +58,7 @@ from core.kernels.cpu_isa import machine  # noqa: E402
 from core.kv.events import decode_event_batch  # noqa: E402
 from core.live.metrics import parse_vllm_metrics  # noqa: E402
 from core.live.tree import DEFAULT_MEDIUM, CachedBlockTree  # noqa: E402
-from core.planning.cost.step_time import StepTimeModel  # noqa: E402
+from core.planning.cost.step_model import StepTimeModel  # noqa: E402
 from core.serve.launcher import free_port  # noqa: E402
 from core.serve.vllm_env import find_vllm  # noqa: E402
 from core.serve.vllm_server import VLLMServeConfig  # noqa: E402

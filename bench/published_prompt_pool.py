@@ -3,7 +3,7 @@ benchmark reusing a pool of prompts would have measured.
 
     python -m bench.published_prompt_pool [--fitted bench/results/slo-published.json] [--stride 1]
 
-For every row of `core.planning.cost.fits.published_vllm.ROWS` outside the KV-limited set: `prefill_fraction_of_peak` (the
+For every row of `core.planning.cost.fits.published_vllm_rows.ROWS` outside the KV-limited set: `prefill_fraction_of_peak` (the
 dense FLOP/s its measured throughput implies for prefilling its prompts alone, over the GPUs' datasheet peak:
 above ~0.5 no vLLM step computes that, so its prompts were partly served from the prefix cache), and the mean
 TTFT / TPOT predicted twice with the cross-model profile (`fitted` of the saved `bench.slo_published` run, not
@@ -25,6 +25,7 @@ import numpy as np
 
 from core.kernels.cpu_isa import cpu_description
 from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.fits import published_vllm_rows as pvr
 
 SAVED_FIT = Path(__file__).parent / "results" / "slo-published.json"
 
@@ -39,8 +40,8 @@ def main() -> None:
     started = time.perf_counter()
     fitted = json.loads(args.fitted.read_text())["fitted"]
     models: dict[str, dict] = {}
-    for model in dict.fromkeys(r.model for r in pv.ROWS):
-        rows = [r for r in pv.ROWS if r.model == model and pv.row_set(r) != "kv-limited"][:: args.stride]
+    for model in dict.fromkeys(r.model for r in pvr.ROWS):
+        rows = [r for r in pvr.ROWS if r.model == model and pvr.row_set(r) != "kv-limited"][:: args.stride]
         fractions = [pv.prefill_fraction_of_peak(r) for r in rows]
         unique, pooled = [], []
         for row in rows:
@@ -48,7 +49,7 @@ def main() -> None:
                 ttft, tpot = pv.predict_row(row, fitted, prompt_pool=pool)
                 errors += [ttft / row.ttft_s - 1.0, tpot / row.tpot_s - 1.0]
         models[model] = {
-            "set": pv.row_set(rows[0]) if rows else None,
+            "set": pvr.row_set(rows[0]) if rows else None,
             "rows": len(rows),
             "max_prefill_fraction_of_peak": max(fractions),
             "median_prefill_fraction_of_peak": float(np.median(fractions)),
@@ -64,7 +65,7 @@ def main() -> None:
                     "cores": os.cpu_count(),
                     "python": platform.python_version(),
                 },
-                "source": pv.VLLM_SOURCE,
+                "source": pvr.VLLM_SOURCE,
                 "fitted": fitted,
                 "prompt_pool": pv.AIPERF_DATASET_ENTRIES,
                 "stride": args.stride,

@@ -54,7 +54,7 @@ import torch
 from core.kernels.cpu_isa import cpu_description
 from core.planning.cost.cpu_roofline import engine_step_model, measure_roofs
 from core.planning.cost.fits.step_fit import fit_step_time
-from core.planning.cost.step_time import StepTimeModel
+from core.planning.cost.step_model import StepTimeModel
 from core.planning.search.slo_eval import analytic_bounds
 from core.sched import step_load
 from core.serving.latency import latency_summary
@@ -86,7 +86,7 @@ PRIORITY_NICE = -10
 # on this CPU it is collinear with the FLOP/s roof (both grow with the step's tokens), and the engine's host time
 # per token is under 0.1 ms (its host_ms column). small_step_factors: steps of 2-16 tokens are not monotonic in
 # time (three decodes 1.22-1.32x the roofline fit, four 0.9x: the matrix kernels' M dimension), so each size gets
-# its measured ratio (core.planning.cost.step_time's module docstring).
+# its measured ratio (core.planning.cost.step_model's module docstring).
 CPU_FIT = (
     "bandwidth_efficiency",
     "flops_efficiency",

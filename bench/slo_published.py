@@ -2,7 +2,7 @@
 
     python -m bench.slo_published
 
-The rows (`core.planning.cost.fits.published_vllm.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM on H100 /
+The rows (`core.planning.cost.fits.published_vllm_rows.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM on H100 /
 H200 SXM: Llama-3.1-70B FP8, Qwen3-32B bf16, gpt-oss-120b MXFP4 (the training models) and Llama-3.1-8B FP8,
 Qwen3-235B-A22B FP8 (held out whole), mean TTFT and TPOT of closed loops at fixed lengths. Each row is simulated
 as its benchmark (`predict_row`: the lab's scheduler and KV cache, the exact planner's KV capacity, the step-time
@@ -27,6 +27,7 @@ import time
 
 from core.kernels.cpu_isa import cpu_description
 from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.fits import published_vllm_rows as pvr
 from core.planning.cost.fits.engine_profiles import VLLM_STEP_DEFAULTS, engine_step_defaults
 
 TARGET = 0.25  # each held-out model's rms_rel_err (issue 40)
@@ -37,7 +38,7 @@ def _met(errors: dict) -> bool:
     held_out = errors["heldout_by_model"]
     return (
         len(held_out) >= 2
-        and any(m in pv.MOE_MODELS for m in held_out)
+        and any(m in pvr.MOE_MODELS for m in held_out)
         and all(e["rms_rel_err"] <= TARGET for e in held_out.values())
         and errors["training_rms_rel_err"] <= TRAINING_TARGET
     )
@@ -56,7 +57,7 @@ def _errors(rows: list[dict]) -> dict:
 def _single_model(overrides: dict) -> dict:
     """The stored profile's own split: Llama-3.1-70B's H100 rows (training) and H200 rows (held out)."""
     rows = []
-    for r in pv.comparison(overrides, [row for row in pv.ROWS if row.model == "llama-3.1-70b"]):
+    for r in pv.comparison(overrides, [row for row in pvr.ROWS if row.model == "llama-3.1-70b"]):
         held = r["row"].gpu == "h200-141gb"
         rows.append(r | {"set": r["set"] if r["set"] == "kv-limited" else "held out" if held else "training"})
     return {
@@ -123,13 +124,13 @@ def main() -> None:
                     "load_average_before": load_before,
                     "load_average_after": os.getloadavg(),
                 },
-                "source": pv.VLLM_SOURCE,
+                "source": pvr.VLLM_SOURCE,
                 "split": {
-                    "training": f"every row of {', '.join(pv.TRAINING_MODELS)} (H100 and H200 SXM)",
-                    "held_out": f"every row of {', '.join(pv.HELD_OUT_MODELS)}: models the fit never sees",
+                    "training": f"every row of {', '.join(pvr.TRAINING_MODELS)} (H100 and H200 SXM)",
+                    "held_out": f"every row of {', '.join(pvr.HELD_OUT_MODELS)}: models the fit never sees",
                     "kv_limited": "C x (ISL + OSL / 2) > the planner's KV tokens, or C > max_num_seqs: reported, "
                     "not fitted",
-                    "attention_dp": f"{len(pv.ATTENTION_DP_ROWS)} rows served with data-parallel attention: "
+                    "attention_dp": f"{len(pvr.ATTENTION_DP_ROWS)} rows served with data-parallel attention: "
                     "left out (not priced)",
                 },
                 "counts": {

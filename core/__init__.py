@@ -34,7 +34,7 @@ import statement of core (module level or inside a function), and that every `co
   plan (`core.planning.memory.plan`), the workload what-if, the `vllm serve` flags, vLLM's CPU KV space and the
   host KV tier.
 - `core.planning.cost` (imports: kv, planning.catalog, planning.memory): what a step costs: the step-time model
-  (`core.planning.cost.step_time`, the simulator's step cost), speculative decoding, our CPU engine's roofline.
+  (`core.planning.cost.step_model`, the simulator's step cost, built by `step_time`), speculative decoding, our CPU engine's roofline.
 - `core.planning.cost.fits` (imports: serving, planning.catalog, planning.memory, planning.cost): the step-time
   model fitted (`core.planning.cost.fits.step_fit`) to published and measured runs, and the engines' fitted
   profiles (`core.planning.cost.fits.engine_profiles`).

@@ -5,6 +5,6 @@ buddy-allocated segments; `memory_policies`: their names and one interface), the
 measured on its batches (`step_attention`). The scheduler it drives lives below it, in `core.sched`.
 
 Layering: serving never imports `core.planning`. What a step costs is injected (`sim_config.StepCost`, e.g.
-`core.planning.cost.step_time.StepTimeModel`), so planning may drive the simulator (the SLO planner) and serving knows
+`core.planning.cost.step_model.StepTimeModel`), so planning may drive the simulator (the SLO planner) and serving knows
 no hardware. The Simulator page's parameters and policy comparison live above both, in
 `core.page_models.simulator`."""

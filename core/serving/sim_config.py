@@ -15,7 +15,7 @@ PAPER_KV_TOKENS = 15_728  # OPT-13B on one A100-40GB: 12 GiB of KV / 800 KiB per
 
 
 class StepCost(Protocol):
-    """What the simulator asks of a step-time model (`core.planning.cost.step_time.StepTimeModel` is one): the
+    """What the simulator asks of a step-time model (`core.planning.cost.step_model.StepTimeModel` is one): the
     simulator owns no hardware knowledge, the caller injects it.
 
     step_seconds(new_tokens, kv_tokens_read, attention_pairs, swap_bytes, output_tokens=None): one step's seconds

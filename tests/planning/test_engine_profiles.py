@@ -7,6 +7,7 @@ import pytest
 
 from core.errors import InvalidArgumentError
 from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.fits import published_vllm_rows as pvr
 from core.planning.cost.fits.engine_profiles import (
     DEFAULT_ENGINE,
     ENGINES,
@@ -36,7 +37,7 @@ def test_unknown_engine_names_the_choices(engine):
     assert "vllm" in str(err.value) and "trtllm" in str(err.value)
 
 
-LLAMA_70B = [r for r in pv.ROWS if r.model == "llama-3.1-70b"]
+LLAMA_70B = [r for r in pvr.ROWS if r.model == "llama-3.1-70b"]
 
 
 def _llama70b(rows: list[dict]) -> list[dict]:
@@ -63,7 +64,7 @@ def test_rows_cover_both_gpus_and_every_tp():
         ("h200-141gb", 4),
         ("h200-141gb", 8),
     }
-    sets = [pv.row_set(r) for r in rows]
+    sets = [pvr.row_set(r) for r in rows]
     assert (sets.count("training"), sets.count("kv-limited")) == (99, 6)
 
 
@@ -80,7 +81,7 @@ def test_stored_vllm_profile_meets_the_stated_errors():
 
 def test_replay_equals_simulating_again():
     row = next(
-        r for r in pv.ROWS if (r.gpu, r.tp, r.isl, r.osl, r.concurrency) == ("h100-80gb", 4, 8192, 1024, 16)
+        r for r in pvr.ROWS if (r.gpu, r.tp, r.isl, r.osl, r.concurrency) == ("h100-80gb", 4, 8192, 1024, 16)
     )
     other = {
         "bandwidth_efficiency": 0.7,
@@ -94,7 +95,7 @@ def test_replay_equals_simulating_again():
 def test_one_client_by_hand():
     """One client, 16 prompt / 4 output tokens: each request is a 16-token prefill step (TTFT) and 3 decode steps
     at contexts 16, 17, 18 (TPOT their mean), in both phases."""
-    row = pv.VllmRow("tiny", "llama-3.1-70b", "h100-80gb", 8, 16, 4, 1, 1.0, 1.0)
+    row = pvr.VllmRow("tiny", "llama-3.1-70b", "h100-80gb", 8, 16, 4, 1, 1.0, 1.0)
     overrides = dict(VLLM_STEP_DEFAULTS)
     step = pv.step_model(row, overrides)
     ttft = step.step_seconds(16, 0, 16 * 17 / 2)

@@ -16,6 +16,7 @@ from core.planning.commands.capacity import capacity_main
 from core.planning.commands.dispatch import main as slo_main
 from core.planning.commands.predict_cli import predict_main
 from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.fits import published_vllm_rows as pvr
 from core.planning.cost.step_time import ALL_REDUCE_LATENCY_S, from_specs
 from core.planning.memory.kv_accounting import (
     expert_bytes_fraction,
@@ -363,10 +364,10 @@ def test_attention_dp_rows_price_as_ranks_and_the_docs_errors_hold():
     vLLM's coordinator balances them (5 over 4: one rank of 2, three of 1), each rank with one DP rank's KV
     cache; their RMS relative errors at the cross-model profile are docs/slo.md 2d's (TTFT 0.526, TPOT 0.590,
     together 0.559; as one TP group of tp x D GPUs 0.712 / 0.597 / 0.657)."""
-    row = next(r for r in pv.ATTENTION_DP_ROWS if (r.tp, r.dp, r.concurrency) == (1, 4, 5))
-    assert [(rank.concurrency, clients) for rank, clients in pv.rank_rows(row)] == [(2, 2), (1, 3)]
+    row = next(r for r in pvr.ATTENTION_DP_ROWS if (r.tp, r.dp, r.concurrency) == (1, 4, 5))
+    assert [(rank.concurrency, clients) for rank, clients in pvr.rank_rows(row)] == [(2, 2), (1, 3)]
     assert (
-        pv.kv_tokens(row)
+        pvr.kv_tokens(row)
         == plan(
             QWEN,
             H200,
@@ -383,7 +384,7 @@ def test_attention_dp_rows_price_as_ranks_and_the_docs_errors_hold():
     ttft, tpot = [r["ttft_error"] for r in rows], [r["tpot_error"] for r in rows]
     assert rms(ttft) == pytest.approx(0.526, abs=0.005) and rms(tpot) == pytest.approx(0.590, abs=0.005)
     assert rms(ttft + tpot) == pytest.approx(0.559, abs=0.005)
-    naive = pv.comparison(CROSS_MODEL_FIT, [replace(r, tp=r.tp * r.dp, dp=1) for r in pv.ATTENTION_DP_ROWS])
+    naive = pv.comparison(CROSS_MODEL_FIT, [replace(r, tp=r.tp * r.dp, dp=1) for r in pvr.ATTENTION_DP_ROWS])
     assert rms([r["ttft_error"] for r in naive] + [r["tpot_error"] for r in naive]) == pytest.approx(
         0.657, abs=0.005
     )

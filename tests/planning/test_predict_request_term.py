@@ -11,6 +11,7 @@ import pytest
 from core.errors import InvalidArgumentError
 from core.planning.commands.predict_cli import predict_main
 from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.fits import published_vllm_rows as pvr
 from core.planning.cost.fits.engine_profiles import (
     REQUEST_TERM,
     VLLM_CROSS_MODEL_PROFILE,
@@ -78,7 +79,7 @@ def test_predict_adds_the_fixed_time_and_the_step_in_flight_by_hand():
 
 def _qwen_row(tp, isl, osl, clients):
     key = ("qwen3-235b-a22b", tp, isl, osl, clients)
-    return next(r for r in pv.ROWS if (r.model, r.tp, r.isl, r.osl, r.concurrency) == key and r.ep == 1)
+    return next(r for r in pvr.ROWS if (r.model, r.tp, r.isl, r.osl, r.concurrency) == key and r.ep == 1)
 
 
 def _deployment(row) -> Deployment:
@@ -116,7 +117,7 @@ CHEAP = SteadyStateSettings(
     "under-predicts every TTFT and TPOT, mean |error| 0.39 / 0.32 with the cross-model profile",
 )
 def test_predict_concurrency_on_every_row_of_the_held_out_moe_model():
-    rows = [r for r in pv.ROWS if r.model == "qwen3-235b-a22b" and pv.row_set(r) == "held out"]
+    rows = [r for r in pvr.ROWS if r.model == "qwen3-235b-a22b" and pvr.row_set(r) == "held out"]
     assert len(rows) == 32
     ttft, tpot = [], []
     for row in rows:

@@ -12,6 +12,7 @@ from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS, MODELS_JSON, estimate_num_params
 from core.planning.commands.predict_cli import max_rate_main, predict_main
 from core.planning.cost.fits import published_vllm as pv
+from core.planning.cost.fits import published_vllm_rows as pvr
 from core.planning.cost.step_time import expert_weight_share, from_specs
 from core.planning.memory.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
 
@@ -107,15 +108,17 @@ def test_layer_overhead_counts_every_layer():
 
 
 def test_sample_rows_and_their_split():
-    models = {r.model for r in pv.ROWS}
-    assert models == set(pv.TRAINING_MODELS) | set(pv.HELD_OUT_MODELS)
-    assert len(pv.ROWS) + len(pv.ATTENTION_DP_ROWS) == 105 + 306
-    assert all(r.model == "qwen3-235b-a22b" for r in pv.ATTENTION_DP_ROWS) and len(pv.ATTENTION_DP_ROWS) == 19
-    assert {pv.row_set(r) for r in pv.ROWS if r.model in pv.HELD_OUT_MODELS} <= {"held out", "kv-limited"}
-    assert any(m in pv.MOE_MODELS for m in pv.HELD_OUT_MODELS)
-    gpt = [r for r in pv.ROWS if r.model == "gpt-oss-120b"]
+    models = {r.model for r in pvr.ROWS}
+    assert models == set(pvr.TRAINING_MODELS) | set(pvr.HELD_OUT_MODELS)
+    assert len(pvr.ROWS) + len(pvr.ATTENTION_DP_ROWS) == 105 + 306
+    assert (
+        all(r.model == "qwen3-235b-a22b" for r in pvr.ATTENTION_DP_ROWS) and len(pvr.ATTENTION_DP_ROWS) == 19
+    )
+    assert {pvr.row_set(r) for r in pvr.ROWS if r.model in pvr.HELD_OUT_MODELS} <= {"held out", "kv-limited"}
+    assert any(m in pvr.MOE_MODELS for m in pvr.HELD_OUT_MODELS)
+    gpt = [r for r in pvr.ROWS if r.model == "gpt-oss-120b"]
     assert len(gpt) == 144 and {r.weight_dtype for r in gpt} == {"auto"}
-    first = next(r for r in pv.ROWS if r.model == "llama-3.1-8b")  # the file's first 8B row
+    first = next(r for r in pvr.ROWS if r.model == "llama-3.1-8b")  # the file's first 8B row
     assert (first.tp, first.isl, first.osl, first.concurrency, first.ttft_s, first.tpot_s) == (
         1,
         1000,
@@ -127,8 +130,8 @@ def test_sample_rows_and_their_split():
 
 
 def test_errors_by_model_by_hand():
-    a = pv.VllmRow("a", "llama-3.1-8b", "h200-141gb", 1, 10, 10, 1, 1.0, 1.0)
-    b = pv.VllmRow("b", "llama-3.1-8b", "h100-80gb", 1, 10, 10, 1, 1.0, 1.0)
+    a = pvr.VllmRow("a", "llama-3.1-8b", "h200-141gb", 1, 10, 10, 1, 1.0, 1.0)
+    b = pvr.VllmRow("b", "llama-3.1-8b", "h100-80gb", 1, 10, 10, 1, 1.0, 1.0)
     rows = [
         {"row": a, "ttft_error": 0.3, "tpot_error": -0.4, "set": "held out"},
         {"row": b, "ttft_error": 0.0, "tpot_error": 0.0, "set": "held out"},
@@ -246,7 +249,7 @@ def test_pool_draws_shuffle_the_pool_again_each_time_it_is_used_up():
 
 
 def test_prefill_fraction_of_peak_by_hand():
-    row = next(r for r in pv.ROWS if r.model == "llama-3.1-8b")  # 1,000 / 100 tokens, 112 clients, TP 1, FP8
+    row = next(r for r in pvr.ROWS if r.model == "llama-3.1-8b")  # 1,000 / 100 tokens, 112 clients, TP 1, FP8
     rate = 112 / (0.07191 + 99 * 0.01125)  # requests a second: 94.46
     flops = rate * 1000 * 2 * MODELS["llama-3.1-8b"].num_params_active
     assert pv.prefill_fraction_of_peak(row) == pytest.approx(
@@ -256,7 +259,7 @@ def test_prefill_fraction_of_peak_by_hand():
 
 
 def test_a_prompt_pool_larger_than_the_run_is_unique_prompts_and_a_small_one_skips_prefills():
-    row = pv.VllmRow("pool", "llama-3.1-8b", "h200-141gb", 1, 2048, 8, 4, 1.0, 1.0)
+    row = pvr.VllmRow("pool", "llama-3.1-8b", "h200-141gb", 1, 2048, 8, 4, 1.0, 1.0)
     fitted = {"flops_efficiency": 0.3, "layer_overhead_s": 7e-5, "expert_flops_efficiency": 0.08} | pv.FIXED
     unique = pv.predict_row(row, fitted)
     # the prefix-caching KV core with prompts that never repeat prices what the counted policy does
@@ -272,7 +275,7 @@ def test_request_term_adds_its_fixed_time_and_the_step_in_flight_by_hand():
     16, 17, 18. With the request term its TTFT gains the fixed time and, once a previous request has finished,
     the step in flight when it arrives (the previous request's last decode, at context 18); the first round's
     only request reaches an idle engine. The TPOT does not move; the replay re-prices it exactly."""
-    row = pv.VllmRow("tiny", "llama-3.1-70b", "h100-80gb", 8, 16, 4, 1, 1.0, 1.0)
+    row = pvr.VllmRow("tiny", "llama-3.1-70b", "h100-80gb", 8, 16, 4, 1, 1.0, 1.0)
     steps = {"flops_efficiency": 0.35, "layer_overhead_s": 7e-5} | pv.FIXED
     with_term = steps | {pv.REQUEST_TERM: 0.03}
     step = pv.step_model(row, with_term)
@@ -290,7 +293,7 @@ def test_request_term_adds_its_fixed_time_and_the_step_in_flight_by_hand():
 
 def _row(model, gpu, tp, isl, osl, clients):
     key = (model, gpu, tp, isl, osl, clients)
-    return next(r for r in pv.ROWS if (r.model, r.gpu, r.tp, r.isl, r.osl, r.concurrency) == key)
+    return next(r for r in pvr.ROWS if (r.model, r.gpu, r.tp, r.isl, r.osl, r.concurrency) == key)
 
 
 def test_qwen3_32b_rows_prefill_slower_at_low_load_than_their_high_load_throughput_allows():
@@ -308,5 +311,5 @@ def test_qwen3_32b_rows_prefill_slower_at_low_load_than_their_high_load_throughp
     slope = (long.ttft_s - short.ttft_s) / (8192 - 1024)
     fp8 = GPUS["h100-80gb"].peak_fp8_flops
     assert 0.40 < 2 * MODELS["llama-3.1-70b"].num_params_active / 2 / slope / fp8 < 0.42
-    llama = [r for r in pv.ROWS if (r.model, r.gpu, r.tp) == ("llama-3.1-70b", "h100-80gb", 2)]
-    assert max(pv.prefill_fraction_of_peak(r) for r in llama if pv.row_set(r) != "kv-limited") < 0.14
+    llama = [r for r in pvr.ROWS if (r.model, r.gpu, r.tp) == ("llama-3.1-70b", "h100-80gb", 2)]
+    assert max(pv.prefill_fraction_of_peak(r) for r in llama if pvr.row_set(r) != "kv-limited") < 0.14

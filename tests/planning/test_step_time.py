@@ -11,7 +11,8 @@ from core.errors import InvalidArgumentError
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.cost.fits.step_fit import FIT_PARAMETERS, fit_step_time
-from core.planning.cost.step_time import ALL_REDUCE_LATENCY_S, StepTimeModel, from_specs, opt_13b_a100
+from core.planning.cost.step_model import StepTimeModel
+from core.planning.cost.step_time import ALL_REDUCE_LATENCY_S, from_specs, opt_13b_a100
 from core.sched import ScheduledStep, step_load
 
 

@@ -8,7 +8,7 @@ import pandas.testing as pd_testing
 import pytest
 
 from core.errors import InvalidArgumentError, RoutingError
-from core.planning.cost.step_time import StepTimeModel
+from core.planning.cost.step_model import StepTimeModel
 from core.planning.predict.load import Load
 from core.serving.fleet import Fleet, replica_breakdown, simulate_fleet
 from core.serving.memory_policies import orca_max, paged

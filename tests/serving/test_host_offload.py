@@ -7,7 +7,7 @@ import math
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.cost.step_time import StepTimeModel
+from core.planning.cost.step_model import StepTimeModel
 from core.serving.host_offload import HostOffload
 from core.serving.memory_policies import paged
 from core.serving.simulator import SimulatorConfig, simulate

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from core.planning.cost.step_time import StepTimeModel, opt_13b_a100
+from core.planning.cost.step_model import StepTimeModel
+from core.planning.cost.step_time import opt_13b_a100
 from core.serving.latency import LATENCY_METRICS, PERCENTILES, latency_summary
 from core.serving.memory_policies import paged
 from core.serving.simulator import SimulatorConfig, simulate

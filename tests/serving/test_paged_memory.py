@@ -7,7 +7,8 @@ import pytest
 
 from core.common import cdiv
 from core.errors import InvalidArgumentError
-from core.planning.cost.step_time import StepTimeModel, opt_13b_a100
+from core.planning.cost.step_model import StepTimeModel
+from core.planning.cost.step_time import opt_13b_a100
 from core.serving.memory_policies import Policy
 from core.serving.paged_memory import PagedKVGroup, check_kv_groups
 from core.serving.simulator import COLUMNS, SimulatorConfig, simulate

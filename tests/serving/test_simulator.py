@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.cost.step_time import StepTimeModel, opt_13b_a100
+from core.planning.cost.step_model import StepTimeModel
+from core.planning.cost.step_time import opt_13b_a100
 from core.serving.memory_policies import Policy, contiguous, orca_max, orca_oracle, orca_pow2, paged
 from core.serving.simulator import COLUMNS, SimulatorConfig, simulate
 from core.serving.workload import Request, fixed, sharegpt

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from core.errors import InvalidArgumentError
-from core.planning.cost.step_time import StepTimeModel
+from core.planning.cost.step_model import StepTimeModel
 from core.serving.fleet import Fleet, simulate_fleet
 from core.serving.memory_policies import paged
 from core.serving.simulator import SimulatorConfig

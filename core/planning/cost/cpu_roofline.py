@@ -9,7 +9,7 @@ the best sample is the machine least disturbed by other processes, so fitted eff
 import time
 
 from core.kv.model_shape import ModelShape
-from core.planning.cost.step_time import StepTimeModel
+from core.planning.cost.step_model import StepTimeModel
 
 
 def measure_roofs(repeats: int = 12, matmul_dtype: str = "float32") -> dict:

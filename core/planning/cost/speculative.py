@@ -39,7 +39,7 @@ import numpy as np
 from core.errors import InvalidArgumentError
 from core.fields import InputField, check_fields, field_named
 from core.planning.catalog.models import MODELS
-from core.planning.cost.step_time import StepTimeModel
+from core.planning.cost.step_model import StepTimeModel
 
 SPEC_METHODS = ("ngram", "draft-model", "eagle")
 # Speculation's inputs, declared once (`core.fields`): the flags, the SLO page's URL fields and widgets, and

@@ -45,7 +45,7 @@ from core.errors import InvalidArgumentError
 from core.live.histogram import Histogram
 from core.live.window import LATENCY_KEYS, ObservedWindow, bucketed
 from core.metric_names import ITL_BUCKETS, TTFT_BUCKETS
-from core.planning.cost.step_time import StepTimeModel
+from core.planning.cost.step_model import StepTimeModel
 from core.serving.latency import latency_summary
 from core.serving.memory_policies import paged
 from core.serving.simulator import SimulatorConfig, simulate

@@ -21,7 +21,8 @@ from core.planning.catalog.hardware import get_gpu
 from core.planning.catalog.models import MODELS, ModelSpec, get_model
 from core.planning.cost.cpu_roofline import engine_step_model
 from core.planning.cost.fits.engine_profiles import engine_step_defaults
-from core.planning.cost.step_time import StepTimeModel, from_specs
+from core.planning.cost.step_model import StepTimeModel
+from core.planning.cost.step_time import from_specs
 from core.planning.observed.planned import ServerLimits
 
 CORE_SERVE_MODELS = ("tiny", "smollm2-135m-instruct")  # the names `python -m core.serve --model` serves as

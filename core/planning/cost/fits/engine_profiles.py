@@ -1,4 +1,4 @@
-"""Engine profiles: the step-time parameters (`core.planning.cost.step_time.StepTimeModel` keyword overrides) that price
+"""Engine profiles: the step-time parameters (`core.planning.cost.step_model.StepTimeModel` keyword overrides) that price
 a GPU step for one serving engine. `engine_step_defaults("trtllm")` is the fit to NVIDIA's TensorRT-LLM throughput
 table (`core.planning.cost.fits.published.gpu_step_defaults`); `engine_step_defaults("vllm")` the fit to measured vLLM
 runs (`core.planning.cost.fits.published_vllm`), stored below; `engine_step_defaults("vllm-cross-model")` the same

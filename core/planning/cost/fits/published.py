@@ -29,7 +29,8 @@ import numpy as np
 
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
-from core.planning.cost.step_time import StepTimeModel, from_specs
+from core.planning.cost.step_model import StepTimeModel
+from core.planning.cost.step_time import from_specs
 from core.planning.memory.kv_accounting import kv_bytes_per_token, weight_bytes_per_gpu
 
 TRTLLM_SOURCE = (

@@ -1,24 +1,10 @@
-"""Measured vLLM serving figures, the simulator's prediction of each, and the vLLM step-time parameters fitted to
+"""The simulator's prediction of each measured vLLM serving figure, and the vLLM step-time parameters fitted to
 them (`core.planning.cost.fits.engine_profiles` stores the fitted values; docs/slo.md has the method and the table).
+The figures, their deployments, KV capacity and sets (training, held out, KV-limited) are
+`core.planning.cost.fits.published_vllm_rows`'s.
 
-The figures (`ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, its vLLM rows on H100 SXM and H200 SXM:
-mean TTFT and mean TPOT of a closed loop of C clients at fixed lengths ISL / OSL. From
-core/planning/cost/fits/data/vllm_silicon_llama31_70b.csv, Llama-3.1-70B with FP8 weights (TP 2, 4, 8 on H100; 1, 2, 4, 8
-on H200; C = 4 ... 64; 1,024 / 1,024, 1,024 / 8,192, 8,192 / 1,024); from
-core/planning/cost/fits/data/vllm_silicon_models.csv (issue 40), Qwen3-32B bf16 (H100), Llama-3.1-8B-Instruct FP8 (H200),
-gpt-oss-120b MXFP4 (H100, H200) and Qwen3-235B-A22B FP8 (H200; its 19 rows served with data-parallel attention
-are kept apart in ATTENTION_DP_ROWS, neither fitted nor in any RMS above; `attention_dp_comparison` prices them as
-DP ranks, docs/slo.md 2d).
-
-Split (issue 40): whole models. TRAINING_MODELS (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b) are fitted; every row of
-HELD_OUT_MODELS (Llama-3.1-8B, a small dense model; Qwen3-235B-A22B, an MoE model) is held out. The stored
-profile `VLLM_STEP_DEFAULTS` is the earlier single-model fit (SINGLE_MODEL_FIT_NAMES on Llama-3.1-70B's H100 rows,
-its H200 rows held out); FIT_NAMES / FIXED are the cross-model profile (docs/slo.md, section 2c).
-
-The prediction of one row (`predict_row`) is a deployment with vLLM's defaults where the row says nothing: the
-row's weight dtype, KV cache in the model's dtype (kv_cache_dtype auto), block size 16, max_num_batched_tokens 8,192,
-max_num_seqs 256, gpu_memory_utilization 0.9, max_model_len ISL + OSL, the KV capacity from the exact planner
-(`core.planning.memory.plan.plan`); the step time `core.planning.cost.step_time.from_specs` with the parameters given; run
+The prediction of one row (`predict_row`) is the row's deployment (`published_vllm_rows`: vLLM's defaults where the
+row says nothing); the step time `core.planning.cost.step_time.from_specs` with the parameters given; run
 through `core.serving.simulator.simulate(..., concurrency=C)` (the closed loop, the paged policy counting blocks)
 as the benchmark that measured it: BENCHMARK_ROUNDS rounds of C requests (aiconfigurator's benchmark template
 sends 20 x C requests at concurrency C), the mean over all of them. Two phases make that mean:
@@ -43,56 +29,48 @@ closed-loop client's next request arrives after the engine has scheduled the nex
 simulator admits it at once. Without the override, TTFT is the simulator's (the stored profile's numbers).
 
 `fit_vllm` fits FIT_NAMES (FIXED held) by Gauss-Newton least squares on log(predicted / measured) of mean TTFT
-and mean TPOT over the training rows.
-
-KV-limited rows (`kv_limited`: C x (ISL + OSL / 2), the KV tokens the clients hold on average, exceeds the
-planner's KV tokens, or C exceeds MAX_NUM_SEQS: gpt-oss-120b's 512-client rows) are reported but neither fitted nor counted in either RMS: there requests wait for KV
-blocks (or are preempted) and the measured TTFT is a queueing time that depends on the benchmark's length and
-on vLLM's preemption order, not on the step time the fit is about. docs/slo.md lists them with their errors.
+and mean TPOT over the training rows. The stored profile `VLLM_STEP_DEFAULTS` is the earlier single-model fit
+(SINGLE_MODEL_FIT_NAMES on Llama-3.1-70B's H100 rows, its H200 rows held out); FIT_NAMES / FIXED are the
+cross-model profile (docs/slo.md, section 2c).
 """
 
-import csv
 import math
 import random
-from dataclasses import dataclass, replace
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.cost.fits.engine_profiles import REQUEST_TERM
-from core.planning.cost.step_time import StepTimeModel, from_specs
-from core.planning.memory.plan import plan
+from core.planning.cost.fits.published_vllm_rows import (
+    ATTENTION_DP_ROWS,
+    BLOCK_SIZE,
+    KV_DTYPE,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    ROWS,
+    VllmRow,
+    kv_limited,
+    kv_tokens,
+    rank_rows,
+    row_set,
+    training_rows,
+)
+from core.planning.cost.step_model import StepTimeModel
+from core.planning.cost.step_time import from_specs
 from core.serving.latency import request_side_seconds
 from core.serving.memory_policies import paged
 from core.serving.sim_config import SimulatorConfig
 from core.serving.simulator import simulate
 from core.serving.workload import Request, out_of_phase_outputs
 
-DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_llama31_70b.csv"
-MODELS_DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_models.csv"
-VLLM_SOURCE = (
-    "ai-dynamo/aiconfigurator, aic-core/src/aiconfigurator_core/systems/silicon_sample.csv at commit "
-    "095f58a51c4ca8e61b66ec108d86f223f8d559ce (Apache-2.0): vLLM rows, H100 / H200 SXM, of Llama-3.1-70B FP8, "
-    "Qwen3-32B bf16, Llama-3.1-8B-Instruct FP8, gpt-oss-120b MXFP4 and Qwen3-235B-A22B FP8"
-)
-WEIGHT_DTYPE = "fp8"
-KV_DTYPE = "auto"  # vLLM's default kv_cache_dtype: the model's dtype (bf16)
-BLOCK_SIZE = 16
-MAX_NUM_BATCHED_TOKENS = 8192
-MAX_NUM_SEQS = 256
-GPU_MEMORY_UTILIZATION = 0.9
 WARMUP_ROUNDS = 2
 MEASURED_ROUNDS = 2
 BENCHMARK_ROUNDS = 20
 PHASES = ("first", "steady")
 AIPERF_DATASET_ENTRIES = 100  # aiperf's default --num-dataset-entries
 AIPERF_SEED = 100  # the --random-seed of aiconfigurator's generated benchmark script
-TRAINING_MODELS = ("llama-3.1-70b", "qwen3-32b", "gpt-oss-120b")  # two dense, one MoE; H100 and H200
-HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b")  # a small dense model and an MoE one
-MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b")
 # The cross-model profile (issue 40): one FLOP/s efficiency for dense GEMMs, one for routed-expert GEMMs, a
 # bandwidth efficiency for the routed experts' weight reads (grouped GEMMs over few rows per expert; the dense
 # reads at the datasheet bandwidth), and a fixed cost per layer per step; the dense weights and K/V read at the
@@ -125,90 +103,6 @@ START = {
 # The request-side latency (module docstring): an override of this name (not a StepTimeModel parameter) adds to
 # every TTFT the fixed time a request spends outside the engine's steps and the step in flight when it arrives
 # (engine_profiles.REQUEST_TERM: the profile's term that predict, max-rate and slo price the same way).
-
-
-@dataclass(frozen=True)
-class VllmRow:
-    """One measured run: preset slugs, tp, lengths (tokens), clients, mean TTFT and TPOT (seconds)."""
-
-    id: str
-    model: str
-    gpu: str
-    tp: int
-    isl: int
-    osl: int
-    concurrency: int
-    ttft_s: float
-    tpot_s: float
-    weight_dtype: str = WEIGHT_DTYPE
-    dp: int = 1
-    ep: int = 1
-
-    @property
-    def held_out(self) -> bool:
-        return self.model in HELD_OUT_MODELS
-
-    @property
-    def label(self) -> str:
-        weights = "MXFP4" if self.weight_dtype == "auto" else self.weight_dtype.upper()
-        ep = f" EP{self.ep}" if self.ep > 1 else ""
-        return (
-            f"{MODELS[self.model].name} {weights}, {GPUS[self.gpu].name} TP{self.tp}{ep}, ISL {self.isl} / "
-            f"OSL {self.osl}, {self.concurrency} clients"
-        )
-
-
-def _read_rows(path: Path) -> tuple[VllmRow, ...]:
-    with path.open(newline="") as f:
-        lines = [line for line in f if not line.startswith("#")]
-    rows = []
-    for r in csv.DictReader(lines):
-        ints = (int(r[k]) for k in ("tp", "isl", "osl", "concurrency"))
-        seconds = (float(r[k]) / 1e3 for k in ("ttft_ms", "tpot_ms"))
-        more = (
-            {"weight_dtype": r["weight_dtype"], "dp": int(r["dp"]), "ep": int(r["ep"])} if "dp" in r else {}
-        )
-        rows.append(VllmRow(r["id"], r["model"], r["gpu"], *ints, *seconds, **more))
-    return tuple(rows)
-
-
-_ALL_ROWS = _read_rows(DATA_PATH) + _read_rows(MODELS_DATA_PATH)
-# Rows served with data-parallel attention (Qwen3-235B-A22B at attention TP 1 / 2 with MoE TP 2 / 4): another
-# deployment than one TP group; kept apart, neither fitted nor scored with the others (`attention_dp_comparison`).
-ATTENTION_DP_ROWS = tuple(r for r in _ALL_ROWS if r.dp > 1)
-ROWS = tuple(r for r in _ALL_ROWS if r.dp == 1)
-
-
-@cache
-def kv_tokens(row: VllmRow) -> int:
-    """KV slots of the row's replica (of one DP rank for an attention-DP row) by the exact planner (vLLM's memory
-    rules and defaults)."""
-    capacity = plan(
-        MODELS[row.model],
-        GPUS[row.gpu],
-        tensor_parallel=row.tp,
-        weight_dtype=row.weight_dtype,
-        kv_dtype=KV_DTYPE,
-        gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
-        block_size=BLOCK_SIZE,
-        max_model_len=row.isl + row.osl,
-        max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-        data_parallel=row.dp,
-        num_gpus=row.tp * row.dp,
-    )
-    return int(capacity.kv_tokens)
-
-
-def kv_limited(row: VllmRow) -> bool:
-    """Whether the clients' average KV footprint, C x (ISL + OSL / 2) tokens, exceeds the cache, or there are more
-    clients than MAX_NUM_SEQS (requests then queue for a slot; module docstring)."""
-    return row.concurrency > MAX_NUM_SEQS or row.concurrency * (row.isl + row.osl / 2) > kv_tokens(row)
-
-
-def row_set(row: VllmRow) -> str:
-    """The row's set: "kv-limited", "held out" or "training"."""
-    return "kv-limited" if kv_limited(row) else "held out" if row.held_out else "training"
 
 
 def step_model(row: VllmRow, overrides: dict) -> StepTimeModel:
@@ -407,10 +301,6 @@ def _log_errors(x: np.ndarray, rows, names=FIT_NAMES, fixed=None) -> np.ndarray:
     return np.array(out)
 
 
-def training_rows() -> list[VllmRow]:
-    return [r for r in ROWS if row_set(r) == "training"]
-
-
 def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED) -> dict:
     """FIT_NAMES minimising sum(log(predicted / measured)^2) over mean TTFT and mean TPOT of `rows` (default: the
     training rows), by damped Gauss-Newton on their logs (finite-difference Jacobians, the efficiencies held in
@@ -499,15 +389,6 @@ def errors_by_model(rows: list[dict], which: str) -> dict:
             "by_gpu": {g: summary([r for r in group if r["row"].gpu == g]) for g in gpus}
         }
     return out
-
-
-def rank_rows(row: VllmRow) -> list[tuple[VllmRow, int]]:
-    """An attention-DP row as its DP ranks: (the row with one rank's clients, how many clients such ranks hold
-    in all). C clients over D ranks: C mod D ranks hold ceil(C / D), the others floor(C / D) (vLLM's DP
-    coordinator balances the ranks' queues); a rank without a client is left out."""
-    low, extra = divmod(row.concurrency, row.dp)
-    shares = [(low + 1, extra), (low, row.dp - extra)]
-    return [(replace(row, concurrency=c), c * n) for c, n in shares if c and n]
 
 
 def attention_dp_comparison(overrides: dict, rows=ATTENTION_DP_ROWS) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Fitting the step-time model (`core.planning.cost.step_time.StepTimeModel`) to measured steps: `fit_step_time`
+"""Fitting the step-time model (`core.planning.cost.step_model.StepTimeModel`) to measured steps: `fit_step_time`
 finds the bandwidth and FLOP/s efficiencies and the per-step / per-token overheads that minimise the squared
 relative error of the predicted step times (numpy least squares; optionally robust to steps slowed by another
 process), and optionally the small-step factors (`StepTimeModel.small_step_factors`: a measured ratio per
@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from core.errors import InvalidArgumentError
-from core.planning.cost.step_time import StepTimeModel
+from core.planning.cost.step_model import StepTimeModel
 
 # --------------------------------------------------------------------------------------------------------------
 

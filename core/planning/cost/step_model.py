@@ -1,0 +1,438 @@
+"""How long one iteration (step) of the serving engine takes: a roofline on the step's batch, times efficiencies.
+
+A step runs `new_tokens` tokens (prefill chunks + one per decoding sequence). Per GPU (the most loaded one):
+
+    bytes   = weight_bytes + kv_bytes_per_token * (kv_tokens_read + new_tokens)        weights once, K/V read + written
+    flops   = flops_per_token * new_tokens + attention_flops_per_pair * attention_pairs
+              (+ lm_head_flops_per_output * output_tokens, the tokens the step samples, when set)
+    roof_s  = max(bytes / (memory_bandwidth * bandwidth_efficiency), flops / (peak_flops * flops_efficiency))
+    comm_s  = comm_latency_s + comm_bytes_per_token * new_tokens / interconnect_bandwidth
+    time_s  = overhead_s + per_token_overhead_s * new_tokens + pipeline_stages * roof_s + comm_s
+              + swap_bytes / swap_bandwidth                                              (0 when new_tokens == 0)
+
+with single_token_overhead_s in place of overhead_s for a step of exactly one token when it is set (on a CPU a
+lone decode runs matrix-vector kernels; from two rows torch's matrix-matrix kernels pack the weights first, a
+fixed cost per step: bench/slo.py measures 37 ms for one decode and ~60 ms for two to eight on SmolLM2-135M).
+
+Small-step correction (empty by default: every GPU preset and published fit is priced without it):
+
+    time_s  = small_step_factors[n - 1] x time_s       for a step of exactly n = new_tokens <= len(factors)
+
+(every part of `breakdown` is scaled alike; swap is not). It is a measured per-batch-size profile, the way
+profile-based simulators (Vidur) time each batch size: on a CPU the step time is not monotonic in the GEMMs' M
+dimension (SmolLM2-135M, one thread, bench/slo.py: 2 tokens ~60-72 ms, 3 tokens 75-93 ms, 1.22-1.32x the
+roofline fit, 4 tokens 55-65 ms, 0.9x), which no roofline term expresses. It multiplies the whole step, not
+its roof: at 2-8 tokens the roofs are ~15 ms of a ~60-90 ms step, so the 15-25 ms a 3-token step runs over
+the fit would need its roof to double, and the kernels' fixed costs (weight packing, which the fit puts in
+overhead_s) are what changes with M. `core.planning.cost.fits.step_fit` fits the factors as medians of measured /
+predicted per n.
+
+kv_tokens_read = context tokens the decode queries attend to plus the prior context of prefill chunks;
+attention_pairs = (query, key) pairs of the step (a decode: its context + 1; a prefill chunk of c tokens
+starting at s: c * s + c (c + 1) / 2). These are what `core.sched.step_load` computes from a scheduled step.
+
+Mixture of experts (`from_specs` for a model with routed experts; issue 40): a step reads the layers' dense
+weights (attention, router, embeddings) and only the experts its tokens route to. With E experts, k per token and
+uniform routing a step of n tokens touches 1 - (1 - k / E)^n of each layer's experts (`experts_touched`: one
+decoding token of gpt-oss-120b reads 4 of 128, 64 tokens ~87%), so
+
+    bytes   = weight_bytes (dense part) + expert_weight_bytes x experts_touched(n) + KV as above
+
+(`expert_weight_share`: the experts' share of the stored bytes; MXFP4 experts at 4.25 bits beside bf16 attention
+for gpt-oss). The routed experts' FLOPs (2 x k / E x expert parameters per token) run as grouped GEMMs of
+n x k / E rows each, far below the dense GEMMs' efficiency: priced at expert_flops_efficiency when it is set
+(None: flops_efficiency), and their weights stream at expert_bandwidth_efficiency of the bandwidth when it is set
+(None: bandwidth_efficiency): a grouped GEMM over a few rows per expert reads each expert's weights in short
+tiles, one expert after another, where a dense GEMM streams one long matrix, so
+
+    memory_s = (dense bytes + KV) / (bandwidth x bandwidth_efficiency)
+               + expert_weight_bytes x experts_touched(n) / (bandwidth x expert_bandwidth_efficiency)
+
+(docs/slo.md 2c: fitted on gpt-oss-120b's MXFP4 experts, 0.68 beside the dense reads' 1.0). Real routing is not
+uniform (more experts stay cold, a hot one is a straggler): what the fitted efficiencies absorb.
+
+Sliding-window layers (gpt-oss, Gemma-2/3, Mistral-7B): a layer with a window of W tokens reads and attends to
+at most W earlier tokens per query. With a fraction f of the layers windowed, a step's context reads and its
+attention pairs count as (1 - f) x load + f x min(load, W x new_tokens) (`windowed`: at most new_tokens queries,
+each seeing at most W keys; exact for decode steps whose contexts are all past W or all within it). gpt-oss's
+window of 128 against contexts of 1,000-9,000 halves its context reads; Mistral-7B's 4,096 changes nothing
+below 4,096 tokens. New tokens are still written to every layer.
+
+Efficiencies and overheads are fitted, never guessed: `core.planning.cost.fits.step_fit.fit_step_time` fits bandwidth_efficiency,
+flops_efficiency, overhead_s and per_token_overhead_s by least squares on relative error from measured step
+times (our engine: `bench/slo.py`; published GPU figures: `core.planning.cost.fits.published`). The defaults below are
+the paper reproduction's (`opt_13b_a100`): 80% / 50% and 15 ms per step, chosen so that bench/paper.py
+reproduces the PagedAttention paper's Figure 13 (vLLM memory-bound at 2 req/s, 31.26 batched against the
+paper's 30.42), i.e. calibrated on that published figure; 25 GB/s for PCIe 4.0 x16 swapping.
+
+The model's parameters for a model preset on a GPU preset (tensor / pipeline / data parallel, per-layer
+overhead) come from `core.planning.cost.step_time.from_specs`; the paper reproduction's from `opt_13b_a100` there.
+"""
+
+import math
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import numpy as np
+
+from core.errors import InvalidArgumentError
+
+# The defaults of StepTimeModel's fields: the paper reproduction's (module docstring).
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
+DEFAULT_FLOPS_EFFICIENCY = 0.5
+DEFAULT_OVERHEAD_S = 0.015
+DEFAULT_SWAP_BANDWIDTH = 25e9  # bytes/s, PCIe 4.0 x16 in practice
+
+
+class StepBreakdown(NamedTuple):
+    """The parts of `StepTimeModel.step_time` (seconds; floats or arrays like the inputs): overhead_s (fixed +
+    per token), memory_s and compute_s (the two roofs, already x pipeline_stages; the larger one counts),
+    comm_s (interconnect), total_s (what step_time returns, swap excluded)."""
+
+    overhead_s: object
+    memory_s: object
+    compute_s: object
+    comm_s: object
+    total_s: object
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """Roofline step-time model; see the module docstring for the formula. Bytes, FLOPs and seconds, per GPU.
+
+    weight_bytes: weights read once per step. kv_bytes_per_token: K and V bytes of one token over the GPU's layers.
+    flops_per_token: ~2 x parameters on the GPU. attention_flops_per_pair: 4 x layers x heads x head_dim on the GPU
+    (QK^T and PV for one query-key pair). memory_bandwidth (bytes/s) and peak_flops (FLOP/s), scaled by the two
+    efficiencies (in (0, 1]). overhead_s: fixed per-step time outside the kernels; per_token_overhead_s: host time
+    per token of the step; single_token_overhead_s: overhead_s of a one-token step (None: the same).
+    expert_weight_bytes / num_experts / experts_per_token: an MoE model's routed-expert bytes on the GPU (outside
+    weight_bytes) and its routing (num_experts 0: every expert read every step); expert_flops_per_token (part of
+    flops_per_token) priced at expert_flops_efficiency (None: flops_efficiency), the expert bytes read at
+    expert_bandwidth_efficiency (None: bandwidth_efficiency). Module docstring: MoE.
+    small_step_factors: entry n - 1 multiplies the time of a step of exactly n new tokens (module docstring;
+    () : none; each finite and > 0; stored as a tuple of floats).
+    lm_head_flops_per_output: FLOPs of the LM head per sampled token, when flops_per_token leaves it out (engines
+    compute logits only for the tokens they sample: a prefill chunk's last token); 0: flops_per_token has it. swap_bandwidth: CPU<->GPU bytes/s. pipeline_stages: the roofline is paid once per
+    stage. comm_bytes_per_token / comm_latency_s / interconnect_bandwidth: the tensor- and pipeline-parallel
+    traffic of one token (bytes per GPU), the fixed latency of a step's collectives, one direction's bytes/s.
+    """
+
+    weight_bytes: float
+    kv_bytes_per_token: float
+    flops_per_token: float
+    attention_flops_per_pair: float
+    memory_bandwidth: float
+    peak_flops: float
+    bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
+    flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY
+    overhead_s: float = DEFAULT_OVERHEAD_S
+    swap_bandwidth: float = DEFAULT_SWAP_BANDWIDTH
+    per_token_overhead_s: float = 0.0
+    pipeline_stages: int = 1
+    comm_bytes_per_token: float = 0.0
+    comm_latency_s: float = 0.0
+    interconnect_bandwidth: float = math.inf
+    single_token_overhead_s: float | None = None
+    lm_head_flops_per_output: float = 0.0
+    small_step_factors: tuple[float, ...] = ()
+    expert_weight_bytes: float = 0.0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_flops_per_token: float = 0.0
+    expert_flops_efficiency: float | None = None
+    expert_bandwidth_efficiency: float | None = None
+    sliding_layer_fraction: float = 0.0
+    sliding_window: int = 0
+    expert_token_ranks: int = 1
+
+    def __post_init__(self):
+        try:
+            factors = tuple(float(f) for f in self.small_step_factors)
+        except (TypeError, ValueError):
+            factors = None
+        if factors is None or not all(math.isfinite(f) and f > 0 for f in factors):
+            raise InvalidArgumentError(
+                f"small_step_factors must be finite numbers > 0, got {self.small_step_factors!r}"
+            )
+        object.__setattr__(self, "small_step_factors", factors)
+        for name in (
+            "weight_bytes",
+            "kv_bytes_per_token",
+            "flops_per_token",
+            "attention_flops_per_pair",
+            "overhead_s",
+            "per_token_overhead_s",
+            "comm_bytes_per_token",
+            "comm_latency_s",
+            "lm_head_flops_per_output",
+            "expert_weight_bytes",
+            "expert_flops_per_token",
+        ):
+            if not getattr(self, name) >= 0:
+                raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("memory_bandwidth", "peak_flops", "swap_bandwidth", "interconnect_bandwidth"):
+            if not getattr(self, name) > 0:
+                raise InvalidArgumentError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("bandwidth_efficiency", "flops_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise InvalidArgumentError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        if not 0 <= self.sliding_layer_fraction <= 1 or (
+            self.sliding_layer_fraction and not self.sliding_window >= 1
+        ):
+            raise InvalidArgumentError(
+                f"sliding_layer_fraction must be in [0, 1] with a sliding_window >= 1, got "
+                f"{self.sliding_layer_fraction!r} and {self.sliding_window!r}"
+            )
+        for name in ("expert_flops_efficiency", "expert_bandwidth_efficiency"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 1:
+                raise InvalidArgumentError(f"{name} must be in (0, 1] or None, got {value!r}")
+        if self.expert_flops_per_token > self.flops_per_token:
+            raise InvalidArgumentError(
+                "expert_flops_per_token is part of flops_per_token: it cannot exceed it"
+            )
+        if self.num_experts and not (1 <= self.experts_per_token <= self.num_experts):
+            raise InvalidArgumentError(
+                f"routed experts need 1 <= experts_per_token <= num_experts, got "
+                f"{self.experts_per_token!r} of {self.num_experts!r}"
+            )
+        if self.single_token_overhead_s is not None and not self.single_token_overhead_s >= 0:
+            raise InvalidArgumentError(
+                f"single_token_overhead_s must be >= 0, got {self.single_token_overhead_s!r}"
+            )
+        if isinstance(self.expert_token_ranks, bool) or not (
+            isinstance(self.expert_token_ranks, int) and self.expert_token_ranks >= 1
+        ):
+            raise InvalidArgumentError(
+                f"expert_token_ranks must be an integer >= 1, got {self.expert_token_ranks!r}"
+            )
+        if isinstance(self.pipeline_stages, bool) or not (
+            isinstance(self.pipeline_stages, int) and self.pipeline_stages >= 1
+        ):
+            raise InvalidArgumentError(
+                f"pipeline_stages must be an integer >= 1, got {self.pipeline_stages!r}"
+            )
+
+    def with_overhead(self, overhead_s: float) -> "StepTimeModel":
+        return replace(self, overhead_s=overhead_s)
+
+    def step_seconds(
+        self,
+        new_tokens: float,
+        kv_tokens_read: float,
+        attention_pairs: float = 0.0,
+        swap_bytes: float = 0.0,
+        output_tokens: float | None = None,
+    ) -> float:
+        """`step_time` for one step, on Python floats (the simulator's per-step fast path). output_tokens: tokens the
+        step samples (decodes + prefills it completes; None: new_tokens), priced by lm_head_flops_per_output."""
+        if new_tokens <= 0:
+            return 0.0
+        weights = self.weight_bytes
+        if self.expert_weight_bytes:
+            weights += self.expert_weight_bytes * self.experts_touched(new_tokens)
+        if self.sliding_layer_fraction:
+            kv_tokens_read = self.windowed(kv_tokens_read, new_tokens)
+            attention_pairs = self.windowed(attention_pairs, new_tokens)
+        memory = (weights + self.kv_bytes_per_token * (kv_tokens_read + new_tokens)) / (
+            self.memory_bandwidth * self.bandwidth_efficiency
+        )
+        if self.expert_bandwidth_efficiency is not None and self.expert_weight_bytes:
+            memory += self._expert_read_extra_seconds(new_tokens)
+        flops = self.flops_per_token * new_tokens + self.attention_flops_per_pair * attention_pairs
+        if self.lm_head_flops_per_output:
+            flops += self.lm_head_flops_per_output * (new_tokens if output_tokens is None else output_tokens)
+        compute = flops / (self.peak_flops * self.flops_efficiency)
+        if self.expert_flops_efficiency is not None and self.expert_flops_per_token:
+            compute += self._expert_extra_seconds(new_tokens)
+        roof = max(memory, compute)
+        if self.pipeline_stages != 1:
+            roof *= self.pipeline_stages
+        overhead = self.overhead_s
+        if new_tokens == 1 and self.single_token_overhead_s is not None:
+            overhead = self.single_token_overhead_s
+        factors = self.small_step_factors
+        swap = swap_bytes / self.swap_bandwidth
+        total = overhead + self.per_token_overhead_s * new_tokens + roof + (0.0 if factors else swap)
+        if self.comm_bytes_per_token or self.comm_latency_s:
+            total += (
+                self.comm_latency_s + self.comm_bytes_per_token * new_tokens / self.interconnect_bandwidth
+            )
+        if factors:  # the correction scales the step, not its swap (summed in this order without factors)
+            if new_tokens <= len(factors) and new_tokens == int(new_tokens):
+                total *= factors[int(new_tokens) - 1]
+            total += swap
+        return total
+
+    def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0, output_tokens=None):
+        """Seconds for steps with these loads; scalars or numpy arrays (broadcast). 0 new tokens costs 0."""
+        if type(new_tokens) in (int, float) and self._plain:  # the simulator's decode runs: arrays of a batch
+            total = self._plain_total(new_tokens, kv_tokens_read, attention_pairs, output_tokens)
+            if not (type(swap_bytes) in (int, float) and swap_bytes == 0):
+                total = total + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
+            if new_tokens > 0 and isinstance(total, np.ndarray) and total.ndim:
+                return total
+            return np.where(new_tokens > 0, total, 0.0)
+        parts = self.breakdown(new_tokens, kv_tokens_read, attention_pairs, output_tokens)
+        total = parts.total_s + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
+        return np.where(np.asarray(new_tokens) > 0, total, 0.0)
+
+    def seconds(self, new_tokens, kv_tokens_read, attention_pairs=0.0, output_tokens=None) -> float:
+        """`step_time` of one step (no swap) as a Python float, for numbers: the same value, bit for bit
+        (the same operations in the same order on float64), without numpy's per-call cost."""
+        if not self._plain:
+            return float(self.step_time(new_tokens, kv_tokens_read, attention_pairs, 0.0, output_tokens))
+        if not new_tokens > 0:
+            return 0.0
+        return self._plain_total(new_tokens, kv_tokens_read, attention_pairs, output_tokens)
+
+    @property
+    def _plain(self) -> bool:
+        """No routed experts, sliding-window layers or small-step factors: `_plain_total` prices the step."""
+        return not (
+            self.expert_weight_bytes
+            or self.expert_flops_per_token
+            or self.sliding_layer_fraction
+            or self.small_step_factors
+        )
+
+    def _plain_total(self, new_tokens, kv_tokens_read, attention_pairs, output_tokens):
+        """`breakdown(...).total_s` of a `_plain` model for a number of new tokens (the others numbers or float64
+        arrays): its operations in its order, numbers as Python floats (IEEE double like numpy's float64), so
+        the value is the same bit for bit; an array only where an input is one."""
+        n = float(new_tokens)
+        read = _as_float(kv_tokens_read)
+        pairs = _as_float(attention_pairs)
+        bytes_moved = self.weight_bytes + self.kv_bytes_per_token * (read + n)
+        flops = self.flops_per_token * n + self.attention_flops_per_pair * pairs
+        if self.lm_head_flops_per_output:
+            flops = flops + self.lm_head_flops_per_output * (
+                n if output_tokens is None else _as_float(output_tokens)
+            )
+        memory = bytes_moved / (self.memory_bandwidth * self.bandwidth_efficiency)
+        compute = flops / (self.peak_flops * self.flops_efficiency)
+        stages = self.pipeline_stages
+        if stages != 1:
+            memory, compute = memory * stages, compute * stages
+        fixed = self.overhead_s
+        if self.single_token_overhead_s is not None and n == 1:
+            fixed = self.single_token_overhead_s
+        overhead = fixed + self.per_token_overhead_s * n
+        if isinstance(memory, np.ndarray) or isinstance(compute, np.ndarray):
+            total = overhead + np.maximum(memory, compute)
+        else:
+            total = overhead + (memory if memory >= compute else compute)
+        if self.comm_bytes_per_token or self.comm_latency_s:
+            total = total + (
+                self.comm_latency_s + self.comm_bytes_per_token * n / self.interconnect_bandwidth
+            )
+        return total
+
+    def breakdown(self, new_tokens, kv_tokens_read, attention_pairs=0.0, output_tokens=None) -> StepBreakdown:
+        """The parts of the step time (arrays broadcast like `step_time`; swap left out)."""
+        new_tokens = np.asarray(new_tokens, dtype=np.float64)
+        kv_tokens_read = np.asarray(kv_tokens_read, dtype=np.float64)
+        attention_pairs = np.asarray(attention_pairs, dtype=np.float64)
+        if self.sliding_layer_fraction:
+            kv_tokens_read = self.windowed(kv_tokens_read, new_tokens)
+            attention_pairs = self.windowed(attention_pairs, new_tokens)
+        bytes_moved = self.weight_bytes + self.kv_bytes_per_token * (kv_tokens_read + new_tokens)
+        if self.expert_weight_bytes:
+            bytes_moved = bytes_moved + self.expert_weight_bytes * self.experts_touched(new_tokens)
+        flops = self.flops_per_token * new_tokens + self.attention_flops_per_pair * np.asarray(
+            attention_pairs, dtype=np.float64
+        )
+        if self.lm_head_flops_per_output:
+            outputs = new_tokens if output_tokens is None else np.asarray(output_tokens, dtype=np.float64)
+            flops = flops + self.lm_head_flops_per_output * outputs
+        stages = self.pipeline_stages
+        memory = bytes_moved / (self.memory_bandwidth * self.bandwidth_efficiency)
+        if self.expert_bandwidth_efficiency is not None and self.expert_weight_bytes:
+            memory = memory + self._expert_read_extra_seconds(new_tokens)
+        compute = flops / (self.peak_flops * self.flops_efficiency)
+        if self.expert_flops_efficiency is not None and self.expert_flops_per_token:
+            compute = compute + self._expert_extra_seconds(new_tokens)
+        if stages != 1:
+            memory, compute = memory * stages, compute * stages
+        fixed = self.overhead_s
+        if self.single_token_overhead_s is not None:
+            fixed = np.where(new_tokens == 1, self.single_token_overhead_s, self.overhead_s)
+        overhead = fixed + self.per_token_overhead_s * new_tokens
+        comm = self.comm_latency_s + self.comm_bytes_per_token * new_tokens / self.interconnect_bandwidth
+        total = overhead + np.maximum(memory, compute)
+        if self.comm_bytes_per_token or self.comm_latency_s:
+            total = total + comm
+        if self.small_step_factors:
+            scale = self.step_factor(new_tokens)
+            overhead, memory, compute, comm, total = (
+                x * scale for x in (overhead, memory, compute, comm, total)
+            )
+        return StepBreakdown(overhead, memory, compute, comm, total)
+
+    def windowed(self, per_layer_load, new_tokens):
+        """A step's context reads (or attention pairs) averaged over the layers when a sliding_layer_fraction of
+        them see at most sliding_window keys per query: (1 - f) x load + f x min(load, window x new_tokens) (each of
+        the step's at most new_tokens queries reads at most the window in a windowed layer; module docstring)."""
+        f, cap = self.sliding_layer_fraction, self.sliding_window * new_tokens
+        low = (
+            np.minimum(per_layer_load, cap)
+            if isinstance(per_layer_load, np.ndarray)
+            else min(per_layer_load, cap)
+        )
+        return (1.0 - f) * per_layer_load + f * low
+
+    def _expert_extra_seconds(self, new_tokens):
+        """The routed experts' FLOPs priced at expert_flops_efficiency instead of flops_efficiency: the time to add
+        to the compute roof (negative when the experts run more efficiently than the rest)."""
+        flops = self.expert_flops_per_token * new_tokens
+        return flops / self.peak_flops * (1.0 / self.expert_flops_efficiency - 1.0 / self.flops_efficiency)
+
+    def _expert_read_extra_seconds(self, new_tokens):
+        """The routed experts' bytes read at expert_bandwidth_efficiency instead of bandwidth_efficiency: the time
+        to add to the memory roof (negative when the experts stream faster than the rest)."""
+        read = self.expert_weight_bytes * self.experts_touched(new_tokens)
+        scale = 1.0 / self.expert_bandwidth_efficiency - 1.0 / self.bandwidth_efficiency
+        return read / self.memory_bandwidth * scale
+
+    def experts_touched(self, new_tokens):
+        """The expected fraction of a layer's routed experts (of this GPU's) that a step of `new_tokens` tokens
+        reads (module docstring: MoE), 1 - (1 - k / E)^(expert_token_ranks x n): with data-parallel attention
+        the experts serve the batches of all expert_token_ranks DP ranks; a float for a float, an array for an
+        array."""
+        if not self.num_experts:
+            return 1.0
+        miss = 1.0 - self.experts_per_token / self.num_experts
+        ranks = self.expert_token_ranks  # data-parallel attention: every rank's batch meets the experts
+        return (
+            1.0 - miss ** (ranks * np.maximum(new_tokens, 0.0))
+            if isinstance(new_tokens, np.ndarray)
+            else (1.0 - miss ** (ranks * max(new_tokens, 0.0)))
+        )
+
+    def step_factor(self, new_tokens) -> np.ndarray:
+        """The small-step factor of each step (float64, shaped like new_tokens): small_step_factors[n - 1] for
+        a step of exactly n tokens with 1 <= n <= len(small_step_factors), else 1."""
+        n = np.asarray(new_tokens, dtype=np.float64)
+        table = np.array((1.0, *self.small_step_factors))  # index 0: no correction
+        index = np.where((n >= 1) & (n <= len(self.small_step_factors)) & (n == np.floor(n)), n, 0.0)
+        return table[index.astype(np.int64)]
+
+    def decode_step_seconds(self, batch: float, context_len: float) -> float:
+        """One step of `batch` decoding sequences, each attending to `context_len` earlier tokens."""
+        return self.step_seconds(batch, batch * context_len, batch * (context_len + 1))
+
+    def prefill_seconds(self, prompt_len: int, chunk: int) -> float:
+        """Prefill of one `prompt_len` prompt alone, in chunks of at most `chunk` tokens (one step each)."""
+        total, start = 0.0, 0
+        while start < prompt_len:
+            c = min(chunk, prompt_len - start)
+            total += self.step_seconds(c, start, c * start + c * (c + 1) / 2)
+            start += c
+        return total
+
+
+def _as_float(value):
+    """A number as a Python float, an array as float64 (what `StepTimeModel.breakdown`'s np.asarray gives)."""
+    if isinstance(value, np.ndarray):
+        return value if value.dtype == np.float64 else value.astype(np.float64)
+    return float(value)
