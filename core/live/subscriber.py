@@ -80,6 +80,7 @@ class KVEventSubscriber:
     loopback, LiveEndpointError when the socket cannot be opened (e.g. the port is taken)."""
 
     RECEIVE_BUFFER = 100_000  # batches ZMQ holds for us between polls (the SUB socket's high-water mark)
+    BIND_WAIT_S = 2.0  # seconds a binding subscriber waits for its address to be released (_bind_when_free)
     SILENT_PROBE_S = 2.0  # after the first poll, at most one replay probe for a silent PUB socket per this
 
     def __init__(
@@ -122,13 +123,27 @@ class KVEventSubscriber:
             self._sub.setsockopt(zmq.IPV6, int(self._pub_address.startswith("tcp://[")))
             self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
             if self.bind:
-                self._sub.bind(self._pub_address)
+                self._bind_when_free()
             else:
                 self._sub.connect(self._pub_address)
         except zmq.ZMQError as err:
             self._sub.close(linger=0)
             how = "listen for KV events on" if self.bind else "subscribe to"
             raise LiveEndpointError(f"cannot {how} {endpoint.address}: {err}", "network") from None
+
+    def _bind_when_free(self) -> None:
+        """Bind the SUB socket, waiting up to BIND_WAIT_S while the address is in use: a subscriber closed just
+        before (the last page run's, or the last test's) releases its listening socket in ZeroMQ's I/O thread, a
+        moment after `close` returns. Any other error, or the address still in use after that, is raised."""
+        deadline = time.monotonic() + self.BIND_WAIT_S
+        while True:
+            try:
+                self._sub.bind(self._pub_address)
+                return
+            except zmq.ZMQError as err:
+                if err.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
 
     # --- receiving -----------------------------------------------------------------------------------------
     def poll(self, timeout_s: float = 0.0, max_messages: int = 100_000) -> int:

@@ -140,9 +140,14 @@ def test_predict_mode_draws_the_prediction_before_its_extras(streamlit_server, p
     expect(main.get_by_text(larger)).to_be_visible(timeout=WAIT_MS)
     wait_for_script_done(page, WAIT_MS)
     seen = page.evaluate("() => window.__firstSeen")
-    assert set(seen) == set(texts), seen
+    # the larger-cache job of this small case can run within one 20 ms poll (its bar then never seen: a full
+    # run saw its result and the rate search's bar in the same poll); the rate search takes seconds, so its bar
+    # is always seen
+    assert set(seen) >= {answer, larger, rate_job, rate}, seen
     # the answer and an extra's progress bar may arrive in one batch of deltas (one 20 ms poll): no later is
     # what the page promises; each extra's result comes strictly after its bar
-    assert seen[answer] <= seen[larger_job] < seen[larger], seen
+    assert seen[answer] <= seen.get(larger_job, seen[larger]) <= seen[larger], seen
+    if larger_job in seen:
+        assert seen[larger_job] < seen[larger], seen
     assert seen[answer] <= seen[rate_job] < seen[rate], seen
     assert page.locator('[data-testid="stException"]').count() == 0

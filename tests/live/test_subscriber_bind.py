@@ -4,6 +4,7 @@ bare pyzmq PUB socket), a connecting one hears a publisher that binds, and a sub
 silent while the replay answers says so (and keeps its tree from the replay)."""
 
 import json
+import threading
 import time
 
 import pytest
@@ -111,6 +112,23 @@ def test_bind_is_loopback_only_and_a_taken_port_is_a_typed_error():
             KVEventSubscriber(first.endpoint, bind=True)
     finally:
         first.close()
+
+
+def test_a_binding_subscriber_waits_for_an_address_released_a_moment_later():
+    """The last page run's (or test's) subscriber releases its listening socket in ZeroMQ's I/O thread a moment
+    after close: a new binding subscriber waits for it (up to BIND_WAIT_S) instead of failing at once."""
+    endpoint = check_events_endpoint(f"tcp://127.0.0.1:{free_port()}", LOOPBACK)
+    holder = zmq.Context.instance().socket(zmq.SUB)
+    holder.bind(endpoint.address)
+    release = threading.Timer(0.3, holder.close, kwargs={"linger": 0})
+    release.start()
+    started = time.monotonic()
+    try:
+        sub = KVEventSubscriber(endpoint, bind=True)
+        sub.close()
+    finally:
+        release.join()
+    assert 0.25 <= time.monotonic() - started < KVEventSubscriber.BIND_WAIT_S
 
 
 def test_a_silent_pub_socket_is_reported_and_the_replay_keeps_the_tree():
