@@ -44,13 +44,13 @@ validation steps), `worst` (the largest of each over the rates, and `max_rel_err
 import argparse
 import json
 import os
-import platform
 import time
 
 import numpy as np
 import pandas as pd
 import torch
 
+from bench.machine import machine_facts
 from core.kernels.cpu_isa import cpu_description
 from core.planning.cost.cpu_roofline import engine_step_model, measure_roofs
 from core.planning.cost.fits.step_fit import fit_step_time
@@ -456,15 +456,7 @@ def main() -> None:
             "requests": served,
             **row,
         }
-    machine = {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "threads": args.threads,
-        "nice": niceness,
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg(),
-    }
+    machine = machine_facts(load_before, torch=torch.__version__, threads=args.threads, nice=niceness)
     report = {
         "cpu": cpu_description(),
         "machine": machine,

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from bench.machine import machine_facts
 from core.kernels.cpu_isa import cpu_description
 
 TARGET_S = 10.0
@@ -171,13 +172,7 @@ def main() -> None:
         json.dumps(
             {
                 "cpu": cpu_description(),
-                "machine": {
-                    "cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "load_average_before": load_before,
-                    "load_average_after": os.getloadavg(),
-                },
+                "machine": machine_facts(load_before, python=platform.python_version()),
                 "target_s": TARGET_S,
                 "baseline_import_s": _spread(baseline),
                 "cases": cases,

@@ -25,6 +25,7 @@ import os
 import platform
 import time
 
+from bench.machine import machine_facts
 from core.kernels.cpu_isa import cpu_description
 from core.planning.cost.fits import published_vllm as pv
 from core.planning.cost.fits import published_vllm_rows as pvr
@@ -117,13 +118,7 @@ def main() -> None:
         json.dumps(
             {
                 "cpu": cpu_description(),
-                "machine": {
-                    "cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "load_average_before": load_before,
-                    "load_average_after": os.getloadavg(),
-                },
+                "machine": machine_facts(load_before, python=platform.python_version()),
                 "source": pvr.VLLM_SOURCE,
                 "split": {
                     "training": f"every row of {', '.join(pvr.TRAINING_MODELS)} (H100 and H200 SXM)",

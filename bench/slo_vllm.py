@@ -36,7 +36,6 @@ visible from outside; `worst`, wall_s) plus server (the vLLM and its cache).
 
 import json
 import os
-import platform
 import resource
 import subprocess
 import tempfile
@@ -49,6 +48,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from bench.machine import machine_facts
 from bench.slo import SIZES, compare, fit, raise_priority, worst_errors
 from core.kernels.cpu_isa import cpu_description
 from core.live.metrics import parse_vllm_metrics
@@ -334,17 +334,6 @@ def _serve_rates(server, folder: str, size: dict, capacity_rps: float, tmp: Path
     return results
 
 
-def _machine(load_before, loads) -> dict:
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "load_average_before": load_before,
-        "load_average_during": loads,
-        "load_average_after": os.getloadavg(),
-    }
-
-
 def _server_facts(config: VLLMServeConfig, num_gpu_blocks: int, niceness: int, bind: bool, log_tail) -> dict:
     return {
         "kind": "vllm",
@@ -431,7 +420,7 @@ def main(args) -> None:
         json.dumps(
             {
                 "cpu": cpu_description(),
-                "machine": _machine(load_before, loads),
+                "machine": machine_facts(load_before, torch=torch.__version__, load_average_during=loads),
                 "server": _server_facts(config, int(metrics.num_gpu_blocks), niceness, args.bind, log_tail),
                 "model": "SmolLM2-135M-Instruct bf16 (vLLM)",
                 "mode": "quick" if args.quick else "full",

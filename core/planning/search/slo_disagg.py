@@ -265,10 +265,10 @@ class DisaggEvaluator:
             self.pools[key] = (capacity, step, bounds)
         return self.pools[key]
 
-    def evaluate(self, cand: DisaggCandidate) -> SloConfig:
-        deployment = cand.deployment(self.model, self.cands)
+    def _facts(self, cand: DisaggCandidate, deployment) -> dict:
+        """What an SloConfig of `cand` says whatever its verdict: the deployment, its GPUs and the KV hand-off."""
         prompt = self.workload.prompt_len
-        base = {
+        return {
             "gpu": cand.gpu,
             "gpu_name": cand.spec.name,
             "num_gpus": cand.num_gpus,
@@ -293,6 +293,10 @@ class DisaggEvaluator:
             "decode_tp": cand.decode_tp,
             "serve_note": SERVE_NOTE,
         }
+
+    def evaluate(self, cand: DisaggCandidate) -> SloConfig:
+        deployment = cand.deployment(self.model, self.cands)
+        base = self._facts(cand, deployment)
         pools = {role: self._pool(cand, role) for role in ("prefill", "decode")}
         for role, (capacity, _, _) in pools.items():
             if not capacity.fits:
