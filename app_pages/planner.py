@@ -28,6 +28,7 @@ from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS, preset_configs
 from core.planning.catalog.weights import read_safetensors_index
 from core.planning.memory.what_if import memory_breakdown
+from core.planning.predict.plan_fields import CPU_FIELDS
 from core.uploads import read_upload
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.input_fields import input_widget
@@ -189,10 +190,9 @@ def hybrid_inputs(p: str, field) -> None:
                 help=PLANNER["mbt"].help + " (enter twice the value to count both steps)",
             )
         with c[1]:
-            state.widget(
+            field(
                 st.toggle,
-                "Hybrid KV cache manager",
-                f"{p}hybrid",
+                "hybrid",
                 help="Off = vLLM's --disable-hybrid-kv-cache-manager: sliding and chunked layers are "
                 "cached like full attention (compute stays windowed).",
             )
@@ -368,15 +368,9 @@ def cpu_section() -> None:
         st.toggle, "Plan scenario A's model on vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE)", "cpu"
     ):
         return
-    c1, c2, c3, c4 = st.columns(4)
-    with c1:
-        state.widget(st.number_input, "VLLM_CPU_KVCACHE_SPACE (GiB, whole)", "cpu_gib")
-    with c2:
-        state.widget(st.selectbox, "Block size (tokens; multiples of 32)", "cpu_block")
-    with c3:
-        state.widget(st.selectbox, "vllm serve --dtype", "cpu_dtype")
-    with c4:
-        state.widget(st.selectbox, "--kv-cache-dtype", "cpu_kvdtype")
+    for column, field in zip(st.columns(4), CPU_FIELDS, strict=True):  # `plan`'s CPU flags' fields
+        with column:
+            input_widget(state.widget, st.number_input if field.kind == "int" else st.selectbox, field)
     try:
         cpu = cpu_plan(state.values)
     except LabError as error:

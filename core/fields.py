@@ -31,7 +31,8 @@ class InputField:
     minimum / maximum / exclusive_minimum: the bounds `check` enforces; optional: None is allowed (the flag left
     out, the URL's "auto"); choices: a choice's allowed values; step: a number widget's step; required: the flag
     must be given (its `default` then only seeds a page); metavar: the flag's value in --help. url_key None: on
-    no page."""
+    no page. A "bool" is a switch: off by default, its flag turns it on (--disagg); on by default, its flag turns
+    it off (`hybrid_kv_cache_manager`, flag --disable-hybrid-kv-cache-manager)."""
 
     name: str
     flag: str
@@ -76,7 +77,9 @@ class InputField:
             )
         if self.kind == "multi":
             values = (value,) if isinstance(value, str) else tuple(value)
-            if not values or any(v not in self.choices for v in values):
+            if not values:
+                raise InvalidArgumentError(f"{self.flag} needs at least one value")
+            if any(v not in self.choices for v in values):
                 allowed = ", ".join(str(c) for c in self.choices)
                 raise InvalidArgumentError(f"{self.flag} must be among {allowed}; got {list(values)}")
             return tuple(dict.fromkeys(values))  # each once, in the order given
@@ -99,10 +102,10 @@ class InputField:
     def words(self, value: Any) -> list[str]:
         """The command-line words that give `value` (none for None or a switch off): `["--turns", "3"]`,
         `["--rate", "12.0"]` (a float as `repr`, so it reads back exactly), `["--disagg"]`."""
-        if value is None or value is False:
+        if self.kind == "bool":  # a switch away from the default: --disagg, --disable-hybrid-kv-cache-manager
+            return [self.flag] if value is not None and bool(value) != bool(self.default) else []
+        if value is None:
             return []
-        if self.kind == "bool":
-            return [self.flag]
         if self.kind in ("multi", "ints"):
             return [self.flag, *(str(v) for v in value)]
         return [self.flag, repr(float(value)) if self.kind == "float" else str(value)]
