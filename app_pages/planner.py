@@ -39,7 +39,7 @@ from ui.planner_figures import (
     memory_breakdown_figure,
     paged_vs_contiguous_figure,
 )
-from ui.planner_state import ALL_FIELDS, PLANNER, SCENARIO_NAMES, WORKLOAD_LABELS, url_params
+from ui.planner_state import ALL_FIELDS, FIELDS, PLANNER, SCENARIO_NAMES, WORKLOAD_LABELS, url_params
 from ui.planner_view import show_metrics, show_plan, show_verdict
 from ui.url_widgets import UrlState
 
@@ -215,19 +215,24 @@ def hybrid_inputs(p: str, field) -> None:
 
 
 def workload_inputs() -> None:
+    """The workload's widgets, each labelled by its URL field (`ui.planner_state.WORKLOAD_FIELDS`)."""
+
+    def field(factory, key: str, suffix: str = "", **kwargs):
+        return state.widget(factory, FIELDS[key].label + suffix, key, **kwargs)
+
     c = st.columns(5)
     with c[0]:
-        kind = state.widget(st.selectbox, "Requests", "wl", format_func=WORKLOAD_LABELS.get)
+        kind = field(st.selectbox, "wl", format_func=WORKLOAD_LABELS.get)
     fixed = kind in ("sharegpt", "alpaca")
     suffix = " (max)" if kind == "uniform" else ""
     with c[1]:
-        state.widget(st.number_input, "Number of requests", "wl_n")
+        field(st.number_input, "wl_n")
     with c[2]:
-        state.widget(st.number_input, "Prompt tokens" + suffix, "wl_prompt", disabled=fixed)
+        field(st.number_input, "wl_prompt", suffix, disabled=fixed)
     with c[3]:
-        state.widget(st.number_input, "Output tokens" + suffix, "wl_output", disabled=fixed)
+        field(st.number_input, "wl_output", suffix, disabled=fixed)
     with c[4]:
-        state.widget(st.number_input, "Seed", "wl_seed")
+        field(st.number_input, "wl_seed")
 
 
 st.title("Capacity planner")
@@ -247,7 +252,7 @@ for message in state.pop_errors():  # shown once; the URL is rewritten with vali
     st.error(message)
 
 st.subheader("Inputs")
-compare = state.widget(st.toggle, "Compare with scenario B", "compare")
+compare = state.widget(st.toggle, FIELDS["compare"].label, "compare")
 prefixes = ["a_", "b_"] if compare else ["a_"]
 for column, prefix in zip(st.columns(2) if compare else [st.container()], prefixes, strict=True):
     with column, st.container(border=True):
@@ -364,9 +369,7 @@ def cpu_section() -> None:
     """vLLM on a CPU: scenario A's model in VLLM_CPU_KVCACHE_SPACE, the blocks and tokens vLLM's CPU backend
     allocates, and the command (issue 36)."""
     st.subheader("vLLM on a CPU")
-    if not state.widget(
-        st.toggle, "Plan scenario A's model on vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE)", "cpu"
-    ):
+    if not state.widget(st.toggle, FIELDS["cpu"].label, "cpu"):
         return
     for column, field in zip(st.columns(4), CPU_FIELDS, strict=True):  # `plan`'s CPU flags' fields
         with column:
@@ -395,9 +398,7 @@ def cpu_section() -> None:
 
 cpu_section()
 
-show_presets = state.widget(
-    st.toggle, "Show the presets: models and GPUs (the data behind the numbers)", "presets"
-)
+show_presets = state.widget(st.toggle, FIELDS["presets"].label, "presets")
 state.write_url(url_params(state.values))  # this toggle is drawn below the URL's first write
 if show_presets:
     cached_dataframe(st, cached_value(model_preset_rows), width="stretch")

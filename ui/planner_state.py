@@ -58,24 +58,29 @@ def scenario_fields(prefix: str) -> list[Field]:
     return [fields[key] for key in SCENARIO_KEYS]
 
 
+# The workload what-if's requests (the page's own: no command takes them); each label is its widget's too.
 WORKLOAD_FIELDS = [
-    Field("compare", True, "bool", label="show scenario B"),
-    Field("wl", "sharegpt", "choice", WORKLOADS, label="workload"),
-    Field("wl_n", 1000, "int", minimum=1, maximum=20_000, step=100, label="requests"),
-    Field("wl_prompt", 512, "int", minimum=1, maximum=MAX_CONTEXT_TOKENS, step=64, label="prompt tokens"),
-    Field("wl_output", 256, "int", minimum=1, maximum=MAX_CONTEXT_TOKENS, step=64, label="output tokens"),
-    Field("wl_seed", 0, "int", minimum=0, maximum=2**31 - 1, step=1, label="seed"),
+    Field("compare", True, "bool", label="Compare with scenario B"),
+    Field("wl", "sharegpt", "choice", WORKLOADS, label="Requests"),
+    Field("wl_n", 1000, "int", minimum=1, maximum=20_000, step=100, label="Number of requests"),
+    Field("wl_prompt", 512, "int", minimum=1, maximum=MAX_CONTEXT_TOKENS, step=64, label="Prompt tokens"),
+    Field("wl_output", 256, "int", minimum=1, maximum=MAX_CONTEXT_TOKENS, step=64, label="Output tokens"),
+    Field("wl_seed", 0, "int", minimum=0, maximum=2**31 - 1, step=1, label="Seed"),
 ]
 assert tuple(f.key for f in WORKLOAD_FIELDS[1:]) == WORKLOAD_KEYS
 
 # What the page shows besides the plans: the presets' tables and a config template are drawn only on request (they
 # load Streamlit's table and JSON viewers, which a browser fetches and runs before it draws the charts).
-VIEW_FIELDS = [Field("presets", False, "bool", label="show the presets")]
+VIEW_FIELDS = [
+    Field("presets", False, "bool", label="Show the presets: models and GPUs (the data behind the numbers)")
+]
 
 # vLLM on a CPU: scenario A's model in VLLM_CPU_KVCACHE_SPACE (core.planning.memory.cpu_kv), drawn when `cpu` is on;
 # its inputs are the capacity plan's CPU fields (`CPU_FIELDS`: `plan --cpu-kv-cache-space-gib`'s), seeded 4 GiB.
 CPU_FIELDS = [
-    Field("cpu", False, "bool", label="plan vLLM on a CPU"),
+    Field(
+        "cpu", False, "bool", label="Plan scenario A's model on vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE)"
+    ),
     *(url_field(f, 4 if f is CPU_SPACE_FIELD else f.default, bounded=True) for f in PLAN_CPU_FIELDS),
 ]
 

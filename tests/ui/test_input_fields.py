@@ -383,7 +383,7 @@ def test_the_planner_widgets_are_the_fields_and_a_bad_value_says_what_plan_says(
         [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
         printed.append(line.removeprefix("error: "))
     at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app_pages" / "planner.py"))
-    at.query_params.update({"a_gpu": "custom", "compare": "0"})
+    at.query_params.update({"a_gpu": "custom", "compare": "0", "cpu": "1"})  # the CPU section drawn too
     at.query_params.update({f"a_{PLANNER_BY_NAME[name].url_key}": value for name, value in bad.items()})
     at.run(timeout=120)
     assert not at.exception, at.exception
@@ -392,6 +392,11 @@ def test_the_planner_widgets_are_the_fields_and_a_bad_value_says_what_plan_says(
         assert sum(message in e for e in shown) == 1, (message, shown)
     for field in PLANNER_FIELDS:
         assert _widget(at, f"a_{field.url_key}").label == field.label, field
+    for field in CPU_FIELDS:  # `plan`'s CPU flags
+        assert _widget(at, field.url_key).label == field.label, field
+    for field in PLANNER_URL_FIELDS:  # the page's own (the workload, the switches): one label, URL and widget
+        if not field.key.startswith(("a_", "b_", "cpu_")):
+            assert _widget(at, field.key).label == field.label, field
 
 
 # vLLM on a CPU: `plan --cpu-kv-cache-space-gib`'s flags and the Capacity Planner page's CPU section (scenario A's
