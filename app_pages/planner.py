@@ -71,8 +71,8 @@ def on_model_change(prefix: str) -> None:
     say that none fits."""
     key = f"{prefix}ctx"
     state.set(key, clamp_context(st.session_state[f"{prefix}model"], st.session_state.get(key, 0)))
-    state.set(f"{prefix}dp", 1)  # a new model starts as one server of tp x pp GPUs (the search below)
-    state.set(f"{prefix}ep", False)
+    for name in ("dp", "ep"):  # a new model starts as one server of tp x pp GPUs (the search below)
+        state.set(f"{prefix}{name}", PLANNER[name].default)
     values = {**state.values, f"{prefix}model": st.session_state[f"{prefix}model"], key: state.values[key]}
     notes = []
     try:
