@@ -456,6 +456,10 @@ def test_a_bad_cpu_value_has_the_plan_commands_message_in_the_url(flag, value, k
     _, errors = parse_params({key: value}, PLANNER_URL_FIELDS)
     [error] = errors
     assert line.removeprefix("error: ") in error
+    for argv in (["--dtype", "float64"], ["--dtype", "float64", "--cpu-kv-cache-space-gib", "1"]):
+        assert capacity_main(argv) == 2  # a GPU plan refuses a bad --dtype too, as the CPU plan does
+        [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        assert line == "error: --dtype must be one of auto, float32, float16, bfloat16, got 'float64'"
 
 
 # the latency targets: `slo`'s and `max-rate`'s flags (seconds, any percentile) and the SLO page's fields (a value

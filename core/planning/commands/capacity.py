@@ -153,6 +153,9 @@ def capacity_main(argv: Sequence[str]) -> int:
     if args.cpu_kv_cache_space_gib is not None:
         return _cpu_main(args)
     try:
+        CPU_DTYPE_FIELD.check(
+            args.dtype
+        )  # the CPU plan's --dtype, refused in a GPU plan too (as argparse did)
         model, gpu = _model_and_gpu(args)
         capacity = plan_from(plan_inputs_from(vars(args) | {"model": model, "gpu": gpu}))
         gib = args.kv_offload_gib  # None: no host tier
