@@ -81,21 +81,27 @@ class SimulationSession:
         started = time.perf_counter()
         reqs = _validate_requests(requests, self.config)
         until = check_int(until, "until_finished", minimum=1, maximum=len(reqs))
-        if self._continues(reqs, until):
-            self._extend(reqs[len(self._requests) :])
-            self.resumed += 1
-        else:
-            self._start(reqs)
-            self.fresh += 1
+        resume = self._continues(reqs, until)
+        try:
+            if resume:
+                self._extend(reqs[len(self._requests) :])
+            else:
+                self._start(reqs)
+            run = self._run
+            run.until = until
+            self._recount(until)
+            if self.fleet is None:
+                advance(run)
+            else:
+                run.advance()
+        except BaseException:
+            self._run, self._requests = None, []  # a run that failed part-way is not continued
+            raise
         self._requests, self._until = reqs, until
-        run = self._run
-        run.until = until
-        self._recount(until)
-        if self.fleet is None:
-            advance(run)
-            return simulation_result(run, self.policy, time.perf_counter() - started)
-        run.advance()
-        return run.result(time.perf_counter() - started)
+        self.resumed += resume
+        self.fresh += not resume
+        wall = time.perf_counter() - started
+        return simulation_result(run, self.policy, wall) if self.fleet is None else run.result(wall)
 
     def _continues(self, reqs: list[Request], until: int) -> bool:
         old = self._requests

@@ -19,6 +19,7 @@ from core.serving.host_offload import HostOffload
 from core.serving.memory_policies import paged
 from core.serving.resume import SimulationSession
 from core.serving.simulator import SimulatorConfig, _Simulation, simulate
+from core.serving.workload import Request
 
 SLOPED = StepTimeModel(0.0, 1000.0, 1e9, 0.0, 1e12, 1e15, overhead_s=0.004, per_token_overhead_s=2e-5)
 CACHING = paged(16, enable_prefix_caching=True)
@@ -205,3 +206,18 @@ def test_fewer_requests_or_an_earlier_stop_start_over_and_bad_input_is_refused()
         session.run(draw(10), 11)
     with pytest.raises(InvalidArgumentError, match="open-loop"):
         SimulationSession(CACHING, config, concurrency=4, fleet=Fleet(2))
+
+
+def test_a_run_that_fails_part_way_is_not_continued():
+    """A later request that never fits the cache (2,000 tokens in 1,500 slots) raises as `simulate` does; the
+    session then starts over instead of continuing the run it had begun to extend."""
+    config = _config(capacity=1500)
+    fresh = lambda reqs, until: simulate(reqs, CACHING, config, until_finished=until)  # noqa: E731
+    session = SimulationSession(CACHING, config)
+    _replay(session, PREFIXED.requests, fresh, ((160, 120),))
+    too_long = [*PREFIXED.requests(160), Request(160, 1e6, 1900, 100)]
+    for run in (session.run, fresh):
+        with pytest.raises(InvalidArgumentError, match="request 160"):
+            run(too_long, 120)
+    _replay(session, PREFIXED.requests, fresh, ((420, 360),))
+    assert session.resumed == 0 and session.fresh == 2
