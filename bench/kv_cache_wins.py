@@ -25,7 +25,7 @@ inference-perf's shared_prefix data cycles through its 750 prompts), 1,000 outpu
 lengths stay the published ones and it sends 1 / C of the requests, but a request's life (1,000 output tokens, 25 s
 or more) does not shrink, and a stage's output tok/s is its tokens over its first arrival to its last finish, so a
 compressed stage is credited over a span its own duration no longer dominates: its figures are distorted, which is
-why the default is the full length (C = 1; 17,084 requests, 4 policies and the one-prefix pair, about 2 minutes of
+why the default is the full length (C = 1; 17,084 requests, 5 policies and the one-prefix pair, about 2 minutes of
 CPU a run, `--jobs` processes at once). Policies: prefix-aware (llm-d's precise), round-robin and random (its
 random-scheduling), least-loaded (its load-scheduling), approximate-prefix (its estimated-scheduling: the
 prefix-cache-scorer at its defaults guessing from the router's own history, with the kv-cache and queue scorers,
