@@ -30,18 +30,19 @@ cache holds now) and picks one index. The policies, by name (`ROUTING_POLICIES`)
                   most `PrefixHistory.max_blocks` of them, behind one key every replica that served anything
                   holds (llm-d's model-name block; a block is known by the prompt's chained key of the KV block
                   holding its last token, and its index: `Router._history_keys`); block j counts for every
-                  replica remembering it, scanning blocks in order until one no replica remembers. Score per replica: matched / hashed blocks
-                  + (max waiting - its waiting) / (max - min waiting) over the replicas (1 when all are equal)
-                  + (1 - its KV usage). A replica that evicted what the router remembers still wins the prefix
+                  replica remembering it, scanning blocks in order until one no replica remembers. Score per
+                  replica: matched / hashed blocks + (max waiting - its waiting) / (max - min waiting) over the
+                  replicas (1 when all are equal) + (1 - its KV usage). A replica that evicted what the router remembers still wins the prefix
                   term and then misses: the guess's weakness, what precise (`prefix-aware`) routing fixes.
 
 Invariants:
 - `route` returns an index in [0, N) and changes nothing but the router's own bookkeeping (its counter, its
   random draw, its session table, its per-replica block history); it never writes a replica.
 - Deterministic: the same requests and replica states give the same choices (`random` draws from its seed).
-- Ties (least-loaded, prefix-aware) go round-robin: to the first tied replica at or after k % N for the k-th
-  request, so an idle fleet spreads new prefixes instead of piling them on replica 0; one replica (N = 1) always
-  gets index 0 under every policy.
+- Ties (least-loaded, prefix-aware, approximate-prefix) go round-robin: to the first tied replica at or after
+  k % N for the k-th request, so an idle fleet spreads new prefixes instead of piling them on replica 0 (but
+  approximate-prefix's model-name block breaks an idle fleet's tie for the replicas that served before, as
+  llm-d's does); one replica (N = 1) always gets index 0 under every policy.
 - The in-flight tally is the caller's: `ReplicaView.uncached_in_flight` is what `Router.routed` added at routing
   minus what `Router.done` removed when the request finished (`core.serving.fleet` keeps it).
 """
