@@ -5,6 +5,8 @@ benchmark's tool did, next to the published figures. Prints one JSON object.
     python -m bench.kv_cache_wins --out bench/results/kv-cache-wins.json   # the published ramp, full length
     python -m bench.kv_cache_wins --quick                  # smoke: durations / 5, two policies (distorted)
     python -m bench.kv_cache_wins --policies prefix-aware,round-robin --no-single-prefix
+    python -m bench.kv_cache_wins --policies approximate-prefix --no-single-prefix \
+        --merge bench/results/kv-cache-wins.json   # add one policy to the saved run, the others' figures kept
 
 This is a TRANSIENT replay, not a steady-state estimate: the fleet starts empty (cold caches, no queue), each
 stage's load is held only for its duration, and a saturated policy's queue grows through the ramp and drains
@@ -23,10 +25,11 @@ inference-perf's shared_prefix data cycles through its 750 prompts), 1,000 outpu
 lengths stay the published ones and it sends 1 / C of the requests, but a request's life (1,000 output tokens, 25 s
 or more) does not shrink, and a stage's output tok/s is its tokens over its first arrival to its last finish, so a
 compressed stage is credited over a span its own duration no longer dominates: its figures are distorted, which is
-why the default is the full length (C = 1; 17,084 requests, 4 policies and the one-prefix pair, about 2 minutes of
+why the default is the full length (C = 1; 17,084 requests, 5 policies and the one-prefix pair, about 2 minutes of
 CPU a run, `--jobs` processes at once). Policies: prefix-aware (llm-d's precise), round-robin and random (its
-random-scheduling), least-loaded (its load-scheduling); approximate prefix routing is not modelled. The one-prefix
-control (groups 1, the same 750 users' questions) expects no gap.
+random-scheduling), least-loaded (its load-scheduling), approximate-prefix (its estimated-scheduling: the
+prefix-cache-scorer at its defaults guessing from the router's own history, with the kv-cache and queue scorers,
+weights 1 : 1 : 1). The one-prefix control (groups 1, the same 750 users' questions) expects no gap.
 """
 
 import argparse
@@ -81,6 +84,7 @@ POLICIES = {  # lab policy -> the published scheduler it stands for
     "round-robin": "random",
     "random": "random",
     "least-loaded": "load-only",
+    "approximate-prefix": "approximate prefix",
 }
 REPORT_LOAD_ONLY = (
     4266.4  # load-scheduling in the 73-capacity report; the blog prints random's 4,428.7 for it
@@ -143,6 +147,12 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel processes")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        help="add the policies run to this saved JSON (each with its machine and load average), leaving the "
+        "saved policies' figures and gaps as they are",
+    )
     args = parser.parse_args()
     compress = 5.0 if args.quick else args.compress
     policies = ["prefix-aware", "round-robin"] if args.quick else args.policies.split(",")
@@ -198,10 +208,25 @@ def main() -> None:
         out["single_prefix"] = single
     out["report_load_only_output_tokens_per_s"] = REPORT_LOAD_ONLY
     out["wall_s"] = round(time.perf_counter() - started, 1)
+    if args.merge:
+        out = _merged(json.loads(args.merge.read_text()), out)
     text = json.dumps(out, indent=1)
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    for path in (args.out, args.merge):
+        if path:
+            path.write_text(text + "\n")
+
+
+def _merged(saved: dict, run: dict) -> dict:
+    """`saved` with `run`'s policies added (or replaced), each tagged with this run's machine, CPUs, jobs, load
+    average and wall time; `saved`'s other policies, gaps and one-prefix control are left as they are."""
+    if saved.get("compress") != run["compress"] or saved.get("stages") != run["stages"]:
+        raise SystemExit("--merge: the saved run used other stages; rerun them all instead")
+    tag = {k: run[k] for k in ("machine", "cpu_count", "jobs", "wall_s")}
+    tag["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    for routing, entry in run["policies"].items():
+        saved["policies"][routing] = {**entry, "run": tag}
+    return saved
 
 
 if __name__ == "__main__":

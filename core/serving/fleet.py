@@ -35,7 +35,7 @@ from core.errors import InvalidArgumentError, RoutingError
 from core.kv.block_hash import extend_block_hashes
 from core.sched import driver
 from core.serving.memory_policies import Policy, make_memory
-from core.serving.router import DEFAULT_ROUTING, Router, check_routing
+from core.serving.router import DEFAULT_ROUTING, PrefixHistory, Router, check_routing
 from core.serving.sim_config import SimulatorConfig
 from core.serving.sim_groups import GroupMaker
 from core.serving.sim_result import SimulationResult, summarize
@@ -48,11 +48,13 @@ __all__ = ["Fleet", "FleetResult", "replica_breakdown", "simulate_fleet"]
 @dataclass(frozen=True)
 class Fleet:
     """`replicas` copies of one engine behind a router of policy `routing` (`core.serving.router`); seed drives the
-    `random` policy. Raises RoutingError for an unknown policy or fewer than one replica."""
+    `random` policy; history: what `approximate-prefix` remembers (None: llm-d's defaults). Raises RoutingError
+    for an unknown policy or fewer than one replica."""
 
     replicas: int = 1
     routing: str = DEFAULT_ROUTING
     seed: int = 0
+    history: PrefixHistory | None = None
 
     def __post_init__(self):
         check_routing(self.routing)
@@ -192,9 +194,10 @@ class FleetRun:
             if fleet.routing == "round-robin" and n > 1 and _runs_past_arrivals(policy, config):
                 sim.round_robin = (r, n)  # the j-th arrival goes to replica j % n, whatever the replicas hold
             self.replicas.append(_Replica(sim))
-        self.router = Router(fleet.routing, n, config.max_num_batched_tokens, fleet.seed)
+        self.router = Router(fleet.routing, n, config.max_num_batched_tokens, fleet.seed, fleet.history)
         caching = policy.is_paged and policy.enable_prefix_caching and not policy.counted
-        self.keys = _PromptKeys(policy.block_size) if caching and fleet.routing == "prefix-aware" else None
+        prefixed = fleet.routing in ("prefix-aware", "approximate-prefix")
+        self.keys = _PromptKeys(policy.block_size) if caching and prefixed else None
         self.assignment = np.full(len(groups), -1, dtype=np.int64)
         self.arrived = 0
 

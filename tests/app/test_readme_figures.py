@@ -206,7 +206,8 @@ def test_the_kv_cache_wins_row_is_the_saved_run():
     assert f"round-robin output tok/s {gap['lab']:.2f}×** (published {gap['published']:.2f}×)" in row, row
     tok = {name: f"{p['output_tokens_per_s']:,.0f}" for name, p in policies.items()}
     assert f"{tok['prefix-aware']} against {tok['round-robin']} tok/s" in row, row
-    assert f"(random {tok['random']}, least-loaded {tok['least-loaded']})" in row, row
+    approximate = f"approximate-prefix {tok['approximate-prefix']}: published 6,944)"
+    assert f"(random {tok['random']}, least-loaded {tok['least-loaded']}, {approximate}" in row, row
     hits = f"{policies['prefix-aware']['prefix_hit_rate']:.3f} / {policies['round-robin']['prefix_hit_rate']:.3f}"
     assert f"hit rates {hits}" in row, row
     single = saved["single_prefix"]

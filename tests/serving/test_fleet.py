@@ -12,7 +12,7 @@ from core.planning.cost.step_model import StepTimeModel
 from core.planning.predict.load import Load
 from core.serving.fleet import Fleet, replica_breakdown, simulate_fleet
 from core.serving.memory_policies import orca_max, paged
-from core.serving.router import AFFINITY, ROUTING_POLICIES, SATURATION_BATCHES, Router
+from core.serving.router import AFFINITY, ROUTING_POLICIES, SATURATION_BATCHES, PrefixHistory, Router
 from core.serving.simulator import SimulatorConfig, simulate
 from core.serving.workload import fixed
 
@@ -74,7 +74,9 @@ def _prefix_aware_reference(r, groups):
     return choices
 
 
-@pytest.mark.parametrize("routing", ["round-robin", "random", "prefix-aware", "least-loaded"])
+@pytest.mark.parametrize(
+    "routing", ["round-robin", "random", "prefix-aware", "least-loaded", "approximate-prefix"]
+)
 def test_spaced_requests_hit_what_each_replica_cached(routing):
     """At 2 req/s (a request lives 0.2 s) every request runs alone: its hits are exactly the brute-force
     per-replica cache's. Round-robin sends request k to k % 4; prefix-aware chooses what its score, recomputed
@@ -94,6 +96,18 @@ def test_spaced_requests_hit_what_each_replica_cached(routing):
         again = simulate_fleet(requests, CACHING, _config(), Fleet(4, routing, seed=5)).requests
         assert again["replica"].tolist() == r["replica"].tolist()
         assert sorted(set(r["replica"])) == [0, 1, 2, 3]
+    if routing == "approximate-prefix":
+        # on an idle fleet (no queue, no KV held) only the prefix term differs: a request goes to a replica its
+        # group was sent to before if any (a full match), else to one holding llm-d's model block (any replica
+        # that served before), so new groups pile on replica 0 instead of spreading as prefix-aware's do
+        arrival, finish, replica = (r[c].to_numpy() for c in ("arrival_time", "finish_time", "replica"))
+        sent: dict = {}
+        for i in range(60):
+            if i and not (finish[:i] > arrival[i]).any():
+                home = sent.get(groups[i]) or set(replica[:i])
+                assert replica[i] in home
+            sent.setdefault(groups[i], set()).add(replica[i])
+        assert (replica == 0).mean() > 0.8
 
 
 def test_prefix_aware_partitions_what_round_robin_scatters():
@@ -103,10 +117,31 @@ def test_prefix_aware_partitions_what_round_robin_scatters():
     load = Load(rate=12.0, prompt_len=500, output_len=30, shared_prefix_len=400, num_prefixes=12, seed=7)
     requests = load.requests(400)
     rates = {}
-    for routing in ("round-robin", "prefix-aware"):
+    for routing in ("round-robin", "prefix-aware", "approximate-prefix"):
         r = simulate_fleet(requests, CACHING, _config(2400, SLOPED), Fleet(4, routing)).requests
         rates[routing] = r["prefix_hit_tokens"].sum() / r["prompt_len"].sum()
     assert rates["prefix-aware"] > 0.7 > 0.4 > rates["round-robin"]
+    # the guess partitions too, a little less tightly: its load terms send a group's request elsewhere when the
+    # replica it remembers is busier
+    assert rates["prefix-aware"] > rates["approximate-prefix"] > 0.7
+
+
+def test_approximate_prefix_believes_what_a_replica_evicted():
+    """The guess's weakness, in the simulator: spaced requests (6 prefixes, 2 replicas), so a request finds its
+    replica idle. The router believes a replica holds a group's prefix iff it sent the group there before (its
+    history of 31,250 keys forgets nothing here). With 8,000 slots a replica evicts nothing: the belief is
+    right, no believed request misses. With 800 slots (about two prefixes a replica) replicas evict what the
+    router still believes: some requests go to the replica the router remembers and miss there."""
+    requests = _prefix_load(rate=2.0, groups=6).requests(60)
+    groups = [req.prefix_group for req in sorted(requests, key=lambda q: q.arrival_time)]
+    missed = {}
+    for capacity in (8000, 800):
+        r = simulate_fleet(requests, CACHING, _config(capacity), Fleet(2, "approximate-prefix")).requests
+        sent, missed[capacity] = set(), 0
+        for group, replica, hit in zip(groups, r["replica"], r["prefix_hit_tokens"], strict=True):
+            missed[capacity] += (group, replica) in sent and hit == 0
+            sent.add((group, replica))
+    assert missed[8000] == 0 < missed[800]
 
 
 def test_session_sticks_to_a_conversation():
@@ -155,6 +190,49 @@ def test_prefix_affinity_and_saturation_valve():
     assert router.route([saturated, idle], 1000, keys, 16)[0] == 1
     both = [_View(in_flight=SATURATION_BATCHES * 100 + 1, cached=62), _View(in_flight=10**6)]
     assert router.route(both, 1000, keys, 16)[0] == 0  # all saturated: all are candidates again
+
+
+def test_approximate_prefix_hand_worked():
+    """llm-d's approximate prefix-cache scorer on 3 replicas, hand-worked: router blocks of 32 tokens over KV
+    blocks of 16 (router block j is known by KV key 2j + 1 and j), at most 3 blocks, an LRU of 4 keys a replica.
+    Prompts as their KV keys: A = a1..a8, B shares A's first 4 blocks (64 tokens), C = c1..c8. Router keys (M:
+    the model block): A [M, a2, a4, a6], B [M, a2, a4, b6], C [M, c2, c4, c6]. Score = matched / 4 + queue term
+    ((max waiting - waiting) / (max - min), 1 when all equal) + (1 - KV usage); ties from replica k % 3.
+    1. A, idle fleet: all 2.0, tie -> replica 0, which remembers M a2 a4 a6.
+    2. C, replica 0 has 1 waiting: r0 = 1/4 (M) + 0 + 1 = 1.25, r1 = r2 = 0 + 1 + 1 = 2; tie from 1 -> replica 1.
+    3. B, idle: M held by r0 and r1, a2 and a4 by r0, b6 by none: matched 3, 1, 0 -> r0 (2.75). Its LRU
+       (capacity 4) refreshes M a2 a4 and adds b6, evicting a6: it forgets A's third block.
+    4. A, idle, but replica 0's cache really evicted A (its view holds 0 blocks): the router still matches M a2
+       a4 there (a6: no one) -> r0 at 2.75, and the request misses: 0 cached tokens, the guess's weakness.
+    5. C, replica 1 (which remembers all of C: 4 / 4) has 2 waiting and 90 % KV: r1 = 1 + 0 + 0.1 = 1.1; r0 =
+       1/4 + 1 + 1 = 2.25; r2 = 0 + 1 + 1 = 2 -> replica 0: the load terms outweigh a full match."""
+    router = Router("approximate-prefix", 3, 2048, history=PrefixHistory(32, 3, 4))
+    a = [101, 102, 103, 104, 105, 106, 107, 108]
+    b = [*a[:4], 205, 206, 207, 208]
+    c = [301, 302, 303, 304, 305, 306, 307, 308]
+    idle = [_View(), _View(), _View()]
+    assert router.route(idle, 130, a, 16) == (0, 0)
+    assert router.route([_View(waiting=1), _View(), _View()], 130, c, 16) == (1, 0)
+    assert router.route([_View(cached=4), _View(), _View()], 130, b, 16) == (0, 64)
+    assert [router.remembers(r) for r in range(3)] == [4, 4, 0]
+    assert router.route([_View(cached=0), _View(), _View()], 130, a, 16) == (0, 0)
+    busy = [_View(), _View(waiting=2, kv=0.9, cached=8), _View()]
+    assert router.route(busy, 130, c, 16) == (0, 0)
+
+
+def test_approximate_prefix_history_is_the_routers_own():
+    """Routing writes no replica (the views are unchanged) and the same requests and views give the same
+    choices; a bad history is one plain error."""
+    views = [_View(waiting=1, kv=0.2), _View(kv=0.5)]
+    before = [vars(v).copy() for v in views]
+    choices = [
+        [Router("approximate-prefix", 2, 2048).route(views, 100, list(range(k, k + 6)), 16) for k in range(5)]
+        for _ in range(2)
+    ]
+    assert choices[0] == choices[1]
+    assert [vars(v) for v in views] == before
+    with pytest.raises(RoutingError, match=r"PrefixHistory\.capacity must be a positive integer, got 0"):
+        PrefixHistory(capacity=0)
 
 
 def test_least_loaded_reads_queue_then_kv():

@@ -10,7 +10,7 @@ The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zip
 (prompts sharing prefixes, chats, through the prefix cache); --spec-tokens K --spec-acceptance a1,...,aK
 --spec-method ngram|draft-model|eagle --draft-model NAME (speculative decoding); predict --disagg
 --prefill-workers X --prefill-tp A --decode-workers Y --decode-tp B [--kv-link nvlink|network]; --replicas N
---routing round-robin|random|least-loaded|prefix-aware|session (a routed fleet: `core.serving.fleet`);
+--routing round-robin|random|least-loaded|prefix-aware|session|approximate-prefix (a routed fleet: `core.serving.fleet`);
 --data-parallel-size D --enable-expert-parallel (a MoE model's data-parallel attention and expert parallelism,
 vLLM's flags: `Deployment.data_parallel` / `expert_parallel`; deployment.vllm_parallel_flags echoes them).
 

@@ -81,7 +81,7 @@ from core.serving.host_offload import DEFAULT_OFFLOAD_BANDWIDTH, HostOffload
 from core.serving.latency import REQUEST_SIDE_COLUMN, request_side_seconds, steps_ended_before
 from core.serving.memory_policies import paged
 from core.serving.resume import SimulationSession
-from core.serving.router import DEFAULT_ROUTING, check_routing
+from core.serving.router import DEFAULT_ROUTING, PrefixHistory, check_routing
 from core.serving.sim_config import SimulatorConfig
 from core.serving.steady_state import SteadyState, SteadyStateSettings, metric_keys, steady_state
 from core.serving.workload import out_of_phase_outputs
@@ -97,6 +97,8 @@ class Deployment:
     expert_parallel: a MoE model's DP ranks per replica (each tp x pp GPUs, its own requests and KV cache) and
     whole experts per GPU (module docstring; a dense model's DP ranks are independent, as replicas).
     routing: the policy that sends each request to a replica (a DP rank) (`core.serving.router.ROUTING_POLICIES`; module docstring).
+    prefix_history: what an `approximate-prefix` router remembers (`core.serving.router.PrefixHistory`; None:
+    llm-d's defaults).
     Raises InvalidArgumentError for an unknown model, GPU, dtype, engine or block size, or a TP/PP layout the
     model does not allow (tp must divide the attention heads); RoutingError for an unknown routing policy."""
 
@@ -119,6 +121,7 @@ class Deployment:
     routing: str = DEFAULT_ROUTING
     data_parallel: int = 1  # DP ranks per replica (vLLM's --data-parallel-size; MoE: data-parallel attention)
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel (MoE)
+    prefix_history: PrefixHistory | None = None
 
     def __post_init__(self):
         check_routing(self.routing)
@@ -504,7 +507,9 @@ def predict(
     routed = deployment.routes(load)
     share = load if routed else load.per_replica(deployment.ranks)
     cost, kv_tokens = deployment.step_cost(deployment.step_model(step_time, resolved), memory.kv_tokens)
-    fleet = Fleet(deployment.ranks, deployment.routing, load.seed) if routed else None
+    fleet = (
+        Fleet(deployment.ranks, deployment.routing, load.seed, deployment.prefix_history) if routed else None
+    )
     offload = deployment.host_offload(memory)
     request_side = deployment.request_overhead_s(step_time)
     state = replica_steady_state(

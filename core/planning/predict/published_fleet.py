@@ -4,7 +4,10 @@ it is checked against (docs/levers.md, "A fleet, routed").
 The benchmark (llm-d blog "KV-Cache Wins You Can See", 2025): Qwen3-32B on 8 pods of TP 2 H100, 307,328 KV tokens a
 pod; 150 prefix groups x 5 users, 6,000-token shared prefixes, 1,200-token questions, 1,000-token outputs, Poisson
 arrivals ramped from 3 to 60 QPS. Published output tokens/s and TTFT p90: precise prefix-aware routing 8,730 /
-0.542 s; approximate prefix routing 6,944 / 31.1 s; load-only 4,429 / 94.9 s; random 4,429 / 92.6 s.
+0.542 s; approximate prefix routing 6,944 / 31.1 s; load-only 4,429 / 94.9 s; random 4,429 / 92.6 s. Its
+approximate run ("estimated-scheduling" in llm-d-kv-cache-manager's benchmarking/73-capacity report) is llm-d's
+prefix-cache-scorer at its defaults (hashBlockSize 64, maxPrefixBlocksToMatch 256, lruCapacityPerServer 31,250)
+with the kv-cache and queue scorers, weights 1 : 1 : 1: `approximate-prefix` with `PrefixHistory()`.
 
 Reading them: precise routing's sub-second TTFT p90 says its pods kept up, so its output rate is what was offered
 (8.73 requests/s of 1,000 output tokens), while the load-only and random pods were saturated (TTFT p90 of 1.5
@@ -13,14 +16,17 @@ offered rate; at it the prediction for round-robin (llm-d's random: blind to the
 4,429 tok/s with a growing queue, and prefix-aware all 8,730 with a short TTFT.
 
 `scale` shrinks the case for a fast check, keeping every ratio that decides what hits: token lengths, the KV
-cache a pod holds and the prefill chunk (max_num_batched_tokens) are divided by `scale`; the pods, the groups,
-the prefix / prompt / output proportions and the cache footprint ratios (150 prefixes x 6,000 tokens = 2.8 pods'
+cache a pod holds and the prefill chunk (max_num_batched_tokens) are divided by `scale`; so are the approximate
+router's blocks matched and blocks remembered a pod (`PrefixHistory(16, 25, 3125)`: 400 matched tokens, within
+the 600-token prefix as 4,096 are within 6,000; 50,000 remembered tokens a pod, 1.6x its KV cache as 500,000
+are of 307,328); the pods, the groups, the prefix / prompt / output proportions and the cache footprint ratios (150 prefixes x 6,000 tokens = 2.8 pods'
 KV cache under round-robin, 150 / 8 x 6,000 = 0.35 of one under prefix-aware) stay.
 """
 
 from core.planning.catalog.models import ModelSpec
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import Deployment
+from core.serving.router import PrefixHistory
 
 SOURCE = "llm-d blog, KV-Cache Wins You Can See (llm-d.ai/blog/kvcache-wins-you-can-see, 2025)"
 # Qwen/Qwen3-32B config.json (the fields the planner reads); 32.8 B parameters (its model card)
@@ -61,7 +67,8 @@ def qwen3_32b() -> ModelSpec:
 
 def kv_cache_wins_deployment(routing: str, scale: int = 1) -> Deployment:
     """The 8 pods of TP 2 H100 behind `routing`; scale 10: a pod with a tenth of the KV cache and prefill chunks
-    of 256 tokens (max_num_seqs 128, never reached: ~40 requests fill a pod's cache)."""
+    of 256 tokens (max_num_seqs 128, never reached: ~40 requests fill a pod's cache), and an approximate router
+    remembering a tenth (module docstring)."""
     if scale == 1:
         return Deployment(
             qwen3_32b(),
@@ -79,6 +86,7 @@ def kv_cache_wins_deployment(routing: str, scale: int = 1) -> Deployment:
         max_num_seqs=128,
         max_num_batched_tokens=2048 // 8,
         routing=routing,
+        prefix_history=PrefixHistory(16, 256 // scale, 31_250 // scale),
         gpu_memory_utilization=_UTILIZATION[scale],
     )
 

@@ -358,6 +358,9 @@ ROUTING_NOTES = {
     "partitions prefixes over the replicas",
     "session": "{n} `vllm serve` replicas behind a sticky-session router (each conversation pinned to one "
     "replica), not a plain load balancer (that is the round-robin row)",
+    "approximate-prefix": "{n} `vllm serve` replicas behind a router guessing each replica's prefix cache from "
+    "its own routing history (llm-d's approximate prefix-cache scorer with its load scorers), not a plain load "
+    "balancer (that is the round-robin row): it partitions prefixes less tightly than one reading KV events",
 }
 
 
