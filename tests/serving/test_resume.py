@@ -100,7 +100,7 @@ def test_a_closed_loop_continues_to_the_bit():
     assert session.resumed >= 1
 
 
-@pytest.mark.parametrize("routing", ["round-robin", "prefix-aware"])
+@pytest.mark.parametrize("routing", ["round-robin", "prefix-aware", "approximate-prefix"])
 def test_a_two_replica_fleet_continues_to_the_bit(routing, monkeypatch):
     spans = []  # round-robin: decode-only batches with an arrival (routed elsewhere) before their last step
     own_cut = _Simulation._own_cut
