@@ -169,6 +169,17 @@ def from_specs(
         kwargs["overhead_s"] = (
             kwargs.get("overhead_s", DEFAULT_OVERHEAD_S) + layer_overhead * model.num_layers
         )
+    # The FP8 experts' own bandwidth efficiency (docs/slo.md 2c, fourth stage): FP8 block-quantized experts run
+    # another grouped-GEMM kernel than MXFP4 ones (or 16-bit ones), so a profile may give them their own share of
+    # the bandwidth; it replaces expert_bandwidth_efficiency when the experts are stored in FP8.
+    fp8_expert_bw = kwargs.pop("fp8_expert_bandwidth_efficiency", None)
+    if fp8_expert_bw is not None:
+        if not 0 < fp8_expert_bw <= 1:
+            raise InvalidArgumentError(
+                f"fp8_expert_bandwidth_efficiency must be in (0, 1] or None, got {fp8_expert_bw!r}"
+            )
+        if model.is_moe and resolve_weight_dtype(model, weight_dtype) == "fp8":
+            kwargs["expert_bandwidth_efficiency"] = fp8_expert_bw
     fp8_ratio = kwargs.pop("fp8_flops_ratio", None)
     if fp8_ratio is not None and not 0 < fp8_ratio <= 2:
         raise InvalidArgumentError(f"fp8_flops_ratio must be in (0, 2] or None, got {fp8_ratio!r}")

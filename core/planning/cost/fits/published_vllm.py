@@ -97,6 +97,7 @@ START = {
     "layer_overhead_s": 7e-5,
     "expert_flops_efficiency": 0.08,
     "expert_bandwidth_efficiency": 0.7,
+    "fp8_expert_bandwidth_efficiency": 0.5,
     "fp8_flops_ratio": 1.5,
     "request_overhead_s": 0.03,
 }
