@@ -3,7 +3,7 @@
     python -m bench.slo_published
 
 The rows (`core.planning.cost.fits.published_vllm_rows.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM on H100 /
-H200 SXM: Llama-3.1-70B FP8, Qwen3-32B bf16, gpt-oss-120b MXFP4 (the training models) and Llama-3.1-8B FP8,
+H200 SXM: Llama-3.1-70B FP8, Qwen3-32B bf16, gpt-oss-120b MXFP4, MiniMax-M2.5 FP8 (the training models) and Llama-3.1-8B FP8,
 Qwen3-235B-A22B FP8 (held out whole), mean TTFT and TPOT of closed loops at fixed lengths. Each row is simulated
 as its benchmark (`predict_row`: the lab's scheduler and KV cache, the exact planner's KV capacity, the step-time
 model), FIT_NAMES fitted on the training models (`fit_vllm`). Printed: training_rms_rel_err and
@@ -74,8 +74,12 @@ def _ablations(fitted: dict) -> dict:
     per_layer = fitted["layer_overhead_s"]
     return {
         "moe_expert_reads": fitted | {"moe_reads_all_experts": True},
-        "expert_flops_efficiency": fitted | {"expert_flops_efficiency": None},
-        "expert_bandwidth_efficiency": fitted | {"expert_bandwidth_efficiency": None},
+        "expert_flops_efficiency": fitted
+        | {"expert_flops_efficiency": None, "fp8_expert_flops_efficiency": None},
+        "expert_bandwidth_efficiency": fitted
+        | {"expert_bandwidth_efficiency": None, "fp8_expert_bandwidth_efficiency": None},
+        # FP8 experts priced with the MXFP4 experts' efficiencies: one set of expert parameters, the third stage
+        "fp8_expert_efficiencies": {k: v for k, v in fitted.items() if not k.startswith("fp8_expert_")},
         "layer_overhead_s": fitted | {"layer_overhead_s": 0.0, "overhead_s": layers * per_layer},
         "request_overhead_s": without_request,
     }

@@ -99,7 +99,8 @@ def test_expert_weights_read_at_their_own_bandwidth_efficiency():
 
 
 def test_fp8_experts_read_at_their_own_bandwidth_efficiency():
-    """fp8_expert_bandwidth_efficiency replaces expert_bandwidth_efficiency for experts stored in FP8 (MiniMax-M2.5,
+    """fp8_expert_bandwidth_efficiency (and fp8_expert_flops_efficiency) replace expert_bandwidth_efficiency
+    (expert_flops_efficiency) for experts stored in FP8 (MiniMax-M2.5,
     Qwen3-235B-A22B at fp8), not for gpt-oss-120b's MXFP4 experts nor a dense model: the FP8 experts' time is their
     bytes read at that share of the bandwidth, by hand."""
     gpu, n, kv = GPUS["h200-141gb"], 16.0, 16 * 3000.0
@@ -110,6 +111,14 @@ def test_fp8_experts_read_at_their_own_bandwidth_efficiency():
     ):
         step = from_specs(MODELS[slug], gpu, 4, dtype, fp8_expert_bandwidth_efficiency=0.4, **kw)
         assert step.expert_bandwidth_efficiency == 0.4
+        # the FLOP/s share likewise: the experts' FLOPs of a 64-token step at 0.05 of the FP8 peak, by hand
+        flops = from_specs(
+            MODELS[slug], gpu, 4, dtype, fp8_expert_flops_efficiency=0.05, flops_efficiency=0.5
+        )
+        assert flops.expert_flops_efficiency == 0.05
+        dense_flops = (flops.flops_per_token - flops.expert_flops_per_token) * 64 / (flops.peak_flops * 0.5)
+        expert_flops = flops.expert_flops_per_token * 64 / (flops.peak_flops * 0.05)
+        assert flops.breakdown(64, 0, 0).compute_s == pytest.approx(dense_flops + expert_flops, rel=1e-12)
         touched = 1 - (1 - per_tok / experts) ** n
         dense = (step.weight_bytes + step.kv_bytes_per_token * (kv + n)) / gpu.memory_bandwidth
         by_hand = dense + step.expert_weight_bytes * touched / (gpu.memory_bandwidth * 0.4)
@@ -121,6 +130,10 @@ def test_fp8_experts_read_at_their_own_bandwidth_efficiency():
         )
     with pytest.raises(InvalidArgumentError, match="fp8_expert_bandwidth_efficiency"):
         from_specs(MODELS["minimax-m2.5"], gpu, 4, "fp8", fp8_expert_bandwidth_efficiency=1.5)
+    with pytest.raises(InvalidArgumentError, match="fp8_expert_flops_efficiency"):
+        from_specs(MODELS["minimax-m2.5"], gpu, 4, "fp8", fp8_expert_flops_efficiency=0.0)
+    gpt = from_specs(MODELS["gpt-oss-120b"], gpu, 4, "auto", fp8_expert_flops_efficiency=0.05)
+    assert gpt.expert_flops_efficiency is None
 
 
 def test_layer_overhead_counts_every_layer():

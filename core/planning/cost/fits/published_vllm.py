@@ -77,13 +77,18 @@ AIPERF_SEED = 100  # the --random-seed of aiconfigurator's generated benchmark s
 # datasheet bandwidth (the single-model fit put bandwidth_efficiency at its bound 1), no fixed cost beside the per-layer one and no per-token host time (the
 # single-model fit's 16.6 us per token, fixed whatever the model and TP, made an 8B model's 8,192-token
 # prefill cost 136 ms of host time alone), and a request-side latency (REQUEST_TERM: a fixed time per request
-# outside the steps plus the step in flight when it arrives; docs/slo.md 2c).
+# outside the steps plus the step in flight when it arrives; docs/slo.md 2c). The routed experts' two
+# efficiencies are per expert weight format: FP8 block-quantized experts (MiniMax-M2.5, Qwen3-235B-A22B) run
+# another grouped-GEMM kernel than gpt-oss-120b's MXFP4 ones, so they get their own FLOP/s and bandwidth shares
+# (fp8_expert_*; docs/slo.md 2c, fourth stage).
 FIT_NAMES = (
     "flops_efficiency",
     "layer_overhead_s",
     "expert_flops_efficiency",
     "expert_bandwidth_efficiency",
     "request_overhead_s",
+    "fp8_expert_flops_efficiency",
+    "fp8_expert_bandwidth_efficiency",
 )
 FIXED = {"bandwidth_efficiency": 1.0, "overhead_s": 0.0, "per_token_overhead_s": 0.0}
 SINGLE_MODEL_FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
@@ -95,11 +100,12 @@ START = {
     "overhead_s": 0.003,
     "per_token_overhead_s": 1e-6,
     "layer_overhead_s": 7e-5,
-    "expert_flops_efficiency": 0.08,
+    "expert_flops_efficiency": 0.15,
     "expert_bandwidth_efficiency": 0.7,
-    "fp8_expert_bandwidth_efficiency": 0.5,
+    "fp8_expert_bandwidth_efficiency": 0.55,
+    "fp8_expert_flops_efficiency": 0.04,
     "fp8_flops_ratio": 1.5,
-    "request_overhead_s": 0.03,
+    "request_overhead_s": 0.035,
 }
 # The request-side latency (module docstring): an override of this name (not a StepTimeModel parameter) adds to
 # every TTFT the fixed time a request spends outside the engine's steps and the step in flight when it arrives
