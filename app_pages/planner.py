@@ -28,6 +28,7 @@ from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS, preset_configs
 from core.planning.catalog.weights import read_safetensors_index
 from core.planning.memory.what_if import memory_breakdown
+from core.planning.predict.plan_fields import CPU_FIELDS
 from core.uploads import read_upload
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.input_fields import input_widget
@@ -38,7 +39,7 @@ from ui.planner_figures import (
     memory_breakdown_figure,
     paged_vs_contiguous_figure,
 )
-from ui.planner_state import ALL_FIELDS, PLANNER, SCENARIO_NAMES, WORKLOAD_LABELS, url_params
+from ui.planner_state import ALL_FIELDS, FIELDS, PLANNER, SCENARIO_NAMES, WORKLOAD_LABELS, url_params
 from ui.planner_view import show_metrics, show_plan, show_verdict
 from ui.url_widgets import UrlState
 
@@ -70,8 +71,8 @@ def on_model_change(prefix: str) -> None:
     say that none fits."""
     key = f"{prefix}ctx"
     state.set(key, clamp_context(st.session_state[f"{prefix}model"], st.session_state.get(key, 0)))
-    state.set(f"{prefix}dp", 1)  # a new model starts as one server of tp x pp GPUs (the search below)
-    state.set(f"{prefix}ep", False)
+    for name in ("dp", "ep"):  # a new model starts as one server of tp x pp GPUs (the search below)
+        state.set(f"{prefix}{name}", PLANNER[name].default)
     values = {**state.values, f"{prefix}model": st.session_state[f"{prefix}model"], key: state.values[key]}
     notes = []
     try:
@@ -189,10 +190,9 @@ def hybrid_inputs(p: str, field) -> None:
                 help=PLANNER["mbt"].help + " (enter twice the value to count both steps)",
             )
         with c[1]:
-            state.widget(
+            field(
                 st.toggle,
-                "Hybrid KV cache manager",
-                f"{p}hybrid",
+                "hybrid",
                 help="Off = vLLM's --disable-hybrid-kv-cache-manager: sliding and chunked layers are "
                 "cached like full attention (compute stays windowed).",
             )
@@ -215,19 +215,24 @@ def hybrid_inputs(p: str, field) -> None:
 
 
 def workload_inputs() -> None:
+    """The workload's widgets, each labelled by its URL field (`ui.planner_state.WORKLOAD_FIELDS`)."""
+
+    def field(factory, key: str, suffix: str = "", **kwargs):
+        return state.widget(factory, FIELDS[key].label + suffix, key, **kwargs)
+
     c = st.columns(5)
     with c[0]:
-        kind = state.widget(st.selectbox, "Requests", "wl", format_func=WORKLOAD_LABELS.get)
+        kind = field(st.selectbox, "wl", format_func=WORKLOAD_LABELS.get)
     fixed = kind in ("sharegpt", "alpaca")
     suffix = " (max)" if kind == "uniform" else ""
     with c[1]:
-        state.widget(st.number_input, "Number of requests", "wl_n")
+        field(st.number_input, "wl_n")
     with c[2]:
-        state.widget(st.number_input, "Prompt tokens" + suffix, "wl_prompt", disabled=fixed)
+        field(st.number_input, "wl_prompt", suffix, disabled=fixed)
     with c[3]:
-        state.widget(st.number_input, "Output tokens" + suffix, "wl_output", disabled=fixed)
+        field(st.number_input, "wl_output", suffix, disabled=fixed)
     with c[4]:
-        state.widget(st.number_input, "Seed", "wl_seed")
+        field(st.number_input, "wl_seed")
 
 
 st.title("Capacity planner")
@@ -247,7 +252,7 @@ for message in state.pop_errors():  # shown once; the URL is rewritten with vali
     st.error(message)
 
 st.subheader("Inputs")
-compare = state.widget(st.toggle, "Compare with scenario B", "compare")
+compare = state.widget(st.toggle, FIELDS["compare"].label, "compare")
 prefixes = ["a_", "b_"] if compare else ["a_"]
 for column, prefix in zip(st.columns(2) if compare else [st.container()], prefixes, strict=True):
     with column, st.container(border=True):
@@ -364,19 +369,11 @@ def cpu_section() -> None:
     """vLLM on a CPU: scenario A's model in VLLM_CPU_KVCACHE_SPACE, the blocks and tokens vLLM's CPU backend
     allocates, and the command (issue 36)."""
     st.subheader("vLLM on a CPU")
-    if not state.widget(
-        st.toggle, "Plan scenario A's model on vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE)", "cpu"
-    ):
+    if not state.widget(st.toggle, FIELDS["cpu"].label, "cpu"):
         return
-    c1, c2, c3, c4 = st.columns(4)
-    with c1:
-        state.widget(st.number_input, "VLLM_CPU_KVCACHE_SPACE (GiB, whole)", "cpu_gib")
-    with c2:
-        state.widget(st.selectbox, "Block size (tokens; multiples of 32)", "cpu_block")
-    with c3:
-        state.widget(st.selectbox, "vllm serve --dtype", "cpu_dtype")
-    with c4:
-        state.widget(st.selectbox, "--kv-cache-dtype", "cpu_kvdtype")
+    for column, field in zip(st.columns(4), CPU_FIELDS, strict=True):  # `plan`'s CPU flags' fields
+        with column:
+            input_widget(state.widget, st.number_input if field.kind == "int" else st.selectbox, field)
     try:
         cpu = cpu_plan(state.values)
     except LabError as error:
@@ -401,9 +398,7 @@ def cpu_section() -> None:
 
 cpu_section()
 
-show_presets = state.widget(
-    st.toggle, "Show the presets: models and GPUs (the data behind the numbers)", "presets"
-)
+show_presets = state.widget(st.toggle, FIELDS["presets"].label, "presets")
 state.write_url(url_params(state.values))  # this toggle is drawn below the URL's first write
 if show_presets:
     cached_dataframe(st, cached_value(model_preset_rows), width="stretch")

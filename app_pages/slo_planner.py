@@ -82,7 +82,7 @@ def inputs() -> None:
             target_inputs()
         with c3:
             st.markdown("**Search space**")
-            gpus, max_gpus, kv_dtypes, weight_dtypes = SEARCH_URL_FIELDS
+            gpus, max_gpus, kv_dtypes, weight_dtypes, disagg_too = SEARCH_URL_FIELDS
             input_widget(w, st.multiselect, gpus, format_func=lambda g: GPUS[g].name)
             input_widget(w, st.number_input, max_gpus)
             input_widget(w, st.multiselect, kv_dtypes)
@@ -94,10 +94,10 @@ def inputs() -> None:
                 "rates",
                 help="a bisection of steady-state predictions each: about 10 s per configuration on 2 CPU cores",
             )
-            w(
+            input_widget(
+                w,
                 st.checkbox,
-                "Disaggregated prefill / decode deployments too (slo --disagg)",
-                "disagg_too",
+                disagg_too,
                 help="x prefill workers and y decode workers, each its own TP, the KV cache moved between them; "
                 "ranked with the aggregated ones (at least 2 GPUs)",
             )

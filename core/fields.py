@@ -2,7 +2,9 @@
 type, bounds, label, help, default and unit), and a tuple of them is an input group (the load's
 `core.planning.predict.load.LOAD_FIELDS`, speculation's `core.planning.cost.speculative.SPECULATION_FIELDS`, a
 deployment's `core.planning.predict.deployment_fields`, a disaggregated one's
-`core.planning.predict.disagg.DISAGG_FIELDS`). From a group are made the command line's
+`core.planning.predict.disagg.DISAGG_FIELDS`, the latency targets' `core.planning.predict.target_fields`, the
+capacity plan's and vLLM on a CPU's `core.planning.predict.plan_fields`, the SLO search's
+`core.planning.search.slo_candidates.SEARCH_FIELDS`). From a group are made the command line's
 flags (`core.planning.commands.flags.add_flags`), the pages' URL fields and widget labels (`ui.input_fields`),
 and the one check of each value (`InputField.check`, which the domain type calls in its own constructor, so a bad
 value has one message whether it came from a flag, a URL or a widget: the flag's name, what is allowed and what
@@ -31,7 +33,8 @@ class InputField:
     minimum / maximum / exclusive_minimum: the bounds `check` enforces; optional: None is allowed (the flag left
     out, the URL's "auto"); choices: a choice's allowed values; step: a number widget's step; required: the flag
     must be given (its `default` then only seeds a page); metavar: the flag's value in --help. url_key None: on
-    no page."""
+    no page. A "bool" is a switch: off by default, its flag turns it on (--disagg); on by default, its flag turns
+    it off (`hybrid_kv_cache_manager`, flag --disable-hybrid-kv-cache-manager)."""
 
     name: str
     flag: str
@@ -76,7 +79,9 @@ class InputField:
             )
         if self.kind == "multi":
             values = (value,) if isinstance(value, str) else tuple(value)
-            if not values or any(v not in self.choices for v in values):
+            if not values:
+                raise InvalidArgumentError(f"{self.flag} needs at least one value")
+            if any(v not in self.choices for v in values):
                 allowed = ", ".join(str(c) for c in self.choices)
                 raise InvalidArgumentError(f"{self.flag} must be among {allowed}; got {list(values)}")
             return tuple(dict.fromkeys(values))  # each once, in the order given
@@ -99,10 +104,10 @@ class InputField:
     def words(self, value: Any) -> list[str]:
         """The command-line words that give `value` (none for None or a switch off): `["--turns", "3"]`,
         `["--rate", "12.0"]` (a float as `repr`, so it reads back exactly), `["--disagg"]`."""
-        if value is None or value is False:
+        if self.kind == "bool":  # a switch away from the default: --disagg, --disable-hybrid-kv-cache-manager
+            return [self.flag] if value is not None and bool(value) != bool(self.default) else []
+        if value is None:
             return []
-        if self.kind == "bool":
-            return [self.flag]
         if self.kind in ("multi", "ints"):
             return [self.flag, *(str(v) for v in value)]
         return [self.flag, repr(float(value)) if self.kind == "float" else str(value)]

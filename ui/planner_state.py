@@ -1,6 +1,6 @@
-"""The Planner page's inputs as URL fields: a scenario's deployment from the capacity plan's field schema
-(`core.planning.predict.plan_fields.PLANNER_FIELDS`: the `plan` command's flags, bounds and labels), the rest
-(the workload, the view, vLLM on a CPU) declared here.
+"""The Planner page's inputs as URL fields: a scenario's deployment and vLLM on a CPU from the capacity plan's field
+schema (`core.planning.predict.plan_fields.PLANNER_FIELDS` and `CPU_FIELDS`: the `plan` command's flags, bounds and
+labels), the rest (the workload, the view, the CPU section's switch) declared here.
 
 Two scenarios share one schema under the prefixes "a_" and "b_"; the workload fields are shared so that both
 scenarios serve the same requests. The page's widgets read their bounds from these fields, and
@@ -10,18 +10,10 @@ scenarios serve the same requests. The page's widgets read their bounds from the
 from dataclasses import replace
 from typing import Any
 
-from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.page_models.planner import CUSTOM, SCENARIO_KEYS, WORKLOAD_KEYS, WORKLOADS
-from core.planning.memory.cpu_kv import (
-    CPU_DEFAULT_BLOCK_SIZE,
-    CPU_KV_CACHE_DTYPES,
-    CPU_MODEL_DTYPES,
-    MAX_KV_CACHE_SPACE_GIB,
-)
-from core.planning.memory.kv_accounting import (
-    MAX_CONTEXT_TOKENS,
-)
-from core.planning.predict.plan_fields import PLANNER_FIELDS
+from core.planning.memory.kv_accounting import MAX_CONTEXT_TOKENS
+from core.planning.predict.plan_fields import CPU_FIELDS as PLAN_CPU_FIELDS
+from core.planning.predict.plan_fields import CPU_SPACE_FIELD, PLANNER_FIELDS
 from ui.input_fields import url_field
 from ui.query_state import Field, encode_params
 
@@ -46,8 +38,8 @@ WORKLOAD_LABELS = {
 def scenario_fields(prefix: str) -> list[Field]:
     """The URL fields of one scenario; keys are `prefix` + a name of SCENARIO_KEYS (e.g. "a_model"). A
     deployment's inputs are the capacity plan's fields (`PLANNER_FIELDS`: their kind, bounds, step and label;
-    the page's seeds below), a custom model and GPU add "custom" to the presets; the page's own: the encoded
-    config.json, the hybrid KV cache manager's switch and an uploaded index's checkpoint bytes."""
+    the page's seeds below, the hybrid KV cache manager's switch among them), a custom model and GPU add "custom"
+    to the presets; the page's own: the encoded config.json and an uploaded index's checkpoint bytes."""
     seeds = {**SCENARIO_SEEDS, **SCENARIO_DEFAULTS[prefix]}
     fields = {
         field.url_key: url_field(field, seeds.get(field.url_key, field.default), bounded=True, prefix=prefix)
@@ -58,7 +50,6 @@ def scenario_fields(prefix: str) -> list[Field]:
     p = prefix
     fields |= {
         "config": Field(f"{p}config", "", "str", max_length=8000, label="custom config.json (encoded)"),
-        "hybrid": Field(f"{p}hybrid", True, "bool", label="hybrid KV cache manager"),
         "ckpt": Field(
             f"{p}ckpt", None, "int", minimum=1, maximum=2**50, optional=True, label="checkpoint bytes (index)"
         ),
@@ -67,37 +58,30 @@ def scenario_fields(prefix: str) -> list[Field]:
     return [fields[key] for key in SCENARIO_KEYS]
 
 
+# The workload what-if's requests (the page's own: no command takes them); each label is its widget's too.
 WORKLOAD_FIELDS = [
-    Field("compare", True, "bool", label="show scenario B"),
-    Field("wl", "sharegpt", "choice", WORKLOADS, label="workload"),
-    Field("wl_n", 1000, "int", minimum=1, maximum=20_000, step=100, label="requests"),
-    Field("wl_prompt", 512, "int", minimum=1, maximum=MAX_CONTEXT_TOKENS, step=64, label="prompt tokens"),
-    Field("wl_output", 256, "int", minimum=1, maximum=MAX_CONTEXT_TOKENS, step=64, label="output tokens"),
-    Field("wl_seed", 0, "int", minimum=0, maximum=2**31 - 1, step=1, label="seed"),
+    Field("compare", True, "bool", label="Compare with scenario B"),
+    Field("wl", "sharegpt", "choice", WORKLOADS, label="Requests"),
+    Field("wl_n", 1000, "int", minimum=1, maximum=20_000, step=100, label="Number of requests"),
+    Field("wl_prompt", 512, "int", minimum=1, maximum=MAX_CONTEXT_TOKENS, step=64, label="Prompt tokens"),
+    Field("wl_output", 256, "int", minimum=1, maximum=MAX_CONTEXT_TOKENS, step=64, label="Output tokens"),
+    Field("wl_seed", 0, "int", minimum=0, maximum=2**31 - 1, step=1, label="Seed"),
 ]
 assert tuple(f.key for f in WORKLOAD_FIELDS[1:]) == WORKLOAD_KEYS
 
 # What the page shows besides the plans: the presets' tables and a config template are drawn only on request (they
 # load Streamlit's table and JSON viewers, which a browser fetches and runs before it draws the charts).
-VIEW_FIELDS = [Field("presets", False, "bool", label="show the presets")]
+VIEW_FIELDS = [
+    Field("presets", False, "bool", label="Show the presets: models and GPUs (the data behind the numbers)")
+]
 
-# vLLM on a CPU: scenario A's model in VLLM_CPU_KVCACHE_SPACE (core.planning.memory.cpu_kv), drawn when `cpu` is on.
+# vLLM on a CPU: scenario A's model in VLLM_CPU_KVCACHE_SPACE (core.planning.memory.cpu_kv), drawn when `cpu` is on;
+# its inputs are the capacity plan's CPU fields (`CPU_FIELDS`: `plan --cpu-kv-cache-space-gib`'s), seeded 4 GiB.
 CPU_FIELDS = [
-    Field("cpu", False, "bool", label="plan vLLM on a CPU"),
     Field(
-        "cpu_gib",
-        4,
-        "int",
-        minimum=1,
-        maximum=MAX_KV_CACHE_SPACE_GIB,
-        step=1,
-        label="VLLM_CPU_KVCACHE_SPACE, GiB",
+        "cpu", False, "bool", label="Plan scenario A's model on vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE)"
     ),
-    Field(
-        "cpu_block", CPU_DEFAULT_BLOCK_SIZE, "choice", (32, 64, 128, 256, 512), label="CPU block size, tokens"
-    ),
-    Field("cpu_dtype", "auto", "choice", CPU_MODEL_DTYPES, label="vllm serve --dtype"),
-    Field("cpu_kvdtype", "auto", "choice", CPU_KV_CACHE_DTYPES, label="CPU KV cache dtype"),
+    *(url_field(f, 4 if f is CPU_SPACE_FIELD else f.default, bounded=True) for f in PLAN_CPU_FIELDS),
 ]
 
 ALL_FIELDS = scenario_fields("a_") + scenario_fields("b_") + WORKLOAD_FIELDS + VIEW_FIELDS + CPU_FIELDS
@@ -113,14 +97,8 @@ def url_params(values: dict[str, Any]) -> dict[str, str]:
             skip |= {f"{prefix}gpu_mem", f"{prefix}gpu_bw", f"{prefix}gpu_tflops"}
         if values[f"{prefix}model"] != CUSTOM:
             skip.add(f"{prefix}config")
-        for key, default in (
-            ("mbt", DEFAULT_MAX_NUM_BATCHED_TOKENS),
-            ("hybrid", True),
-            ("ckpt", None),
-            ("offload", 0.0),
-            ("dp", 1),
-            ("ep", False),
-        ):
+        for key in ("mbt", "hybrid", "ckpt", "offload", "dp", "ep"):
+            default = PLANNER[key].default if key in PLANNER else None
             if values.get(f"{prefix}{key}", default) == default:
                 skip.add(f"{prefix}{key}")  # only a changed setting goes into the URL
     if not values["compare"]:

@@ -30,7 +30,7 @@ from core.planning.predict.disagg import DISAGG_FIELDS
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.load import RATE_FIELDS, SHAPE_FIELDS
 from core.planning.predict.target_fields import TARGET_METRICS, TargetMetric, page_target_values
-from core.planning.search.slo_candidates import SEARCH_URL_FIELDS
+from core.planning.search.slo_candidates import SEARCH_FIELDS, SEARCH_URL_FIELDS
 from core.serving.latency import PERCENTILES
 from ui.input_fields import target_percentile_field, target_value_field, url_field, values_by_name
 from ui.query_state import Field, encode_params
@@ -52,6 +52,7 @@ PREDICT_INPUTS = (
     *OFFLOAD_FIELDS[:2],
 )
 SEED = field_named(SHAPE_FIELDS, "seed")
+DISAGG_TOO = field_named(SEARCH_FIELDS, "disagg")  # the search mode's `slo --disagg` (URL key disagg_too)
 
 D = DEFAULT_PARAMS
 P = DEFAULT_PREDICT_PARAMS
@@ -95,9 +96,9 @@ FIELDS = [
     url_field(RATE, D.rate),
     *(url_field(f, getattr(D, f.name), bounded=f.name == "length_spread") for f in SHAPE_FIELDS[:3]),
     *TARGET_VALUE_FIELDS[:2],  # ttft, tpot_ms
-    *(url_field(f, getattr(D, f.name)) for f in SEARCH_URL_FIELDS),
+    *(url_field(f, getattr(D, f.name)) for f in SEARCH_URL_FIELDS if f is not DISAGG_TOO),
     Field("rates", False, "bool", label="find the highest rates"),
-    Field("disagg_too", D.disagg, "bool", label="disaggregated deployments too"),
+    url_field(DISAGG_TOO, D.disagg),  # disagg_too
     *TARGET_VALUE_FIELDS[2:],  # itl_ms, e2e
     *TARGET_Q_FIELDS,
     url_field(ENGINE, D.engine),
@@ -141,7 +142,6 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
         targets=targets_from(values),
         chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])),
         **values_by_name(values, SEARCH_URL_FIELDS),
-        disagg=bool(values["disagg_too"]),
     )
 
 

@@ -12,15 +12,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from core.errors import InvalidArgumentError, LabError
+from core.fields import field_named
 from core.page_models.planner_config import decode_config, model_from_config
 from core.planning.catalog.hardware import GPUSpec, get_gpu
 from core.planning.catalog.models import MODELS, ModelSpec, get_model
-from core.planning.memory.cpu_kv import CpuKVInputs, CpuKVPlan, plan_cpu_kv
+from core.planning.memory.cpu_kv import CpuKVPlan, plan_cpu_kv
 from core.planning.memory.offload import HostKVTier, host_kv_tier
 from core.planning.memory.plan import CapacityPlan, PlanInputs, plan_from
 from core.planning.memory.what_if import WorkloadWhatIf, fragmentation_by_block_size, workload_what_if
-from core.planning.predict.inputs import custom_gpu_from, plan_inputs_from
-from core.planning.predict.plan_fields import CUSTOM_GPU_FIELDS, OFFLOAD_FIELD, PLANNER_FIELDS
+from core.planning.predict.inputs import cpu_inputs_from, custom_gpu_from, plan_inputs_from
+from core.planning.predict.plan_fields import CPU_FIELDS, CUSTOM_GPU_FIELDS, OFFLOAD_FIELD, PLANNER_FIELDS
 from core.serving.workload import alpaca, fixed, sharegpt, uniform
 
 CUSTOM = "custom"
@@ -89,11 +90,7 @@ def by_name(values: Mapping[str, Any], prefix: str, fields=PLANNER_FIELDS) -> di
 def plan_inputs(values: Mapping[str, Any], prefix: str) -> PlanInputs:
     """The plan's inputs for one scenario (`plan_inputs_from`, the `plan` command's converter: each value checked
     by its field, with the command line's message), its model and GPU a preset or the page's custom one."""
-    named = by_name(values, prefix) | {
-        "model": build_model(values, prefix),
-        "gpu": build_gpu(values, prefix),
-        "hybrid_kv_cache_manager": values.get(f"{prefix}hybrid", True),
-    }
+    named = by_name(values, prefix) | {"model": build_model(values, prefix), "gpu": build_gpu(values, prefix)}
     return plan_inputs_from(named)
 
 
@@ -230,18 +227,11 @@ def smallest_deployment(values: dict[str, Any], prefix: str) -> tuple[int, int] 
 
 
 def cpu_plan(values: Mapping[str, Any]) -> CpuKVPlan:
-    """Scenario A's model served by vLLM's CPU backend in `cpu_gib` GiB of KV cache (VLLM_CPU_KVCACHE_SPACE) at
-    `cpu_block` tokens per block, `cpu_dtype` / `cpu_kvdtype`, and scenario A's max_model_len,
-    max_num_batched_tokens and hybrid setting (`core.planning.memory.cpu_kv`); raises InvalidArgumentError."""
-    return plan_cpu_kv(
-        CpuKVInputs.from_space_gib(
-            build_model(values, "a_"),
-            values["cpu_gib"],
-            block_size=values["cpu_block"],
-            dtype=values["cpu_dtype"],
-            kv_cache_dtype=values["cpu_kvdtype"],
-            max_model_len=values["a_ctx"],
-            max_num_batched_tokens=values["a_mbt"],
-            hybrid_kv_cache_manager=values["a_hybrid"],
-        )
-    )
+    """Scenario A's model served by vLLM's CPU backend: the CPU section's inputs (`CPU_FIELDS`, `plan
+    --cpu-kv-cache-space-gib`'s: the KV space, block size, dtype and KV dtype) with scenario A's max_model_len,
+    max_num_batched_tokens and hybrid setting, through the `plan` command's converter (`cpu_inputs_from`);
+    raises InvalidArgumentError."""
+    names = ("max_model_len", "max_num_batched_tokens", "hybrid_kv_cache_manager")
+    scenario = by_name(values, "a_", tuple(field_named(PLANNER_FIELDS, name) for name in names))
+    named = {f.name: values[f.url_key] for f in CPU_FIELDS} | scenario
+    return plan_cpu_kv(cpu_inputs_from(named | {"model": build_model(values, "a_")}))

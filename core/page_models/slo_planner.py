@@ -17,7 +17,7 @@ Invariants:
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core.errors import InvalidArgumentError, SloInfeasibleError
+from core.errors import SloInfeasibleError
 from core.page_models.slo_predict import disagg_serve_command
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import get_model
@@ -25,6 +25,7 @@ from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
 from core.planning.memory.plan import plan
 from core.planning.predict.disagg import DisaggDeployment
 from core.planning.search.slo import Slo, SloCandidates, SloPlan, SloWorkload, latency_curve, plan_slo
+from core.planning.search.slo_candidates import candidates_from
 from core.planning.search.slo_eval import SloConfig
 
 CURVE_FACTORS = tuple(0.25 * k for k in range(1, 9))  # 0.25x, 0.5x, ..., 2x the target rate
@@ -62,14 +63,8 @@ class SloPlannerParams:
         return SloWorkload(self.rate, self.prompt_len, self.output_len, self.length_spread, self.seed)
 
     def candidates(self) -> SloCandidates:
-        return SloCandidates(
-            gpus=self.gpus,
-            max_gpus=self.max_gpus,
-            kv_dtypes=self.kv_dtypes,
-            weight_dtypes=self.weight_dtypes,
-            engine=self.engine,
-            disagg=self.disagg,
-        )
+        names = ("gpus", "max_gpus", "kv_dtypes", "weight_dtypes", "disagg")
+        return candidates_from({name: getattr(self, name) for name in names}, engine=self.engine)
 
     def chart_keys(self) -> tuple[str, str]:
         """The percentile keys the chart draws: TTFT and TPOT at `chart_percentiles`."""
@@ -77,13 +72,6 @@ class SloPlannerParams:
 
     def check(self) -> None:
         """Raise core's InvalidArgumentError for any bad input (before a job is submitted)."""
-        for values, what in (
-            (self.gpus, "GPU type"),
-            (self.kv_dtypes, "KV cache dtype"),
-            (self.weight_dtypes, "weight dtype"),
-        ):
-            if not values:
-                raise InvalidArgumentError(f"choose at least one {what} to search over")
         self.slo()
         self.workload()
         self.candidates()

@@ -37,9 +37,9 @@ from core.sched import driver
 from core.serving.memory_policies import Policy, make_memory
 from core.serving.router import DEFAULT_ROUTING, Router, check_routing
 from core.serving.sim_config import SimulatorConfig
-from core.serving.sim_groups import make_groups
+from core.serving.sim_groups import GroupMaker
 from core.serving.sim_result import SimulationResult, summarize
-from core.serving.simulator import _Simulation, _validate_requests, attach_offload
+from core.serving.simulator import _Simulation, _validate_requests, attach_offload, check_types
 from core.serving.workload import Request
 
 __all__ = ["Fleet", "FleetResult", "replica_breakdown", "simulate_fleet"]
@@ -154,59 +154,81 @@ def simulate_fleet(
     started = time.perf_counter()
     if not isinstance(fleet, Fleet):
         raise InvalidArgumentError(f"fleet must be a core.serving.fleet.Fleet, got {fleet!r}")
-    if not isinstance(config, SimulatorConfig):
-        raise InvalidArgumentError(f"config must be a core.serving.simulator.SimulatorConfig, got {config!r}")
-    if not isinstance(policy, Policy):
-        raise InvalidArgumentError(f"policy must be a core.serving.memory_policies.Policy, got {policy!r}")
-    reqs = _validate_requests(requests, config)
-    groups = make_groups(reqs, policy.is_paged and not policy.counted)
-    total = len(groups)
+    check_types(policy, config)
+    run = FleetRun(_validate_requests(requests, config), policy, config, fleet)
     if until_finished is not None:
-        total = check_int(until_finished, "until_finished", minimum=1, maximum=len(groups))
-    n = fleet.replicas
-    capacity = int(config.kv_capacity_tokens)
-    replicas = []
-    arrivals = np.array([g.request.arrival_time for g in groups], dtype=np.float64)
-    for r in range(n):
-        memory = make_memory(policy, capacity, config.watermark, config.max_seq_len)
-        attach_offload(
-            memory, policy, config
-        )  # each replica its own host tier (--kv-offload-gib per replica)
-        if r == 0:
-            for group in groups:
-                memory.check_fits(group, group.output_len)
-        sim = _Simulation(groups, memory, config)
-        sim.arrivals = arrivals  # one timeline: every replica cuts its decode batches at the next arrival
-        sim.cut_every_arrival = True
-        if fleet.routing == "round-robin" and n > 1 and _runs_past_arrivals(policy, config):
-            sim.round_robin = (r, n)  # the j-th arrival goes to replica j % n, whatever the replicas hold
-        sim.until = total
-        replicas.append(_Replica(sim))
-    router = Router(fleet.routing, n, config.max_num_batched_tokens, fleet.seed)
-    caching = policy.is_paged and policy.enable_prefix_caching and not policy.counted
-    keys = _PromptKeys(policy.block_size) if caching and fleet.routing == "prefix-aware" else None
-    assignment = np.full(len(groups), -1, dtype=np.int64)
-    arrived = 0
-    while sum(rep.sim.finished_first for rep in replicas) < total:
-        t_next = arrivals[arrived] if arrived < len(groups) else math.inf
-        busy = [rep for rep in replicas if rep.sim.scheduler.has_unfinished]
-        behind = min(busy, key=lambda rep: rep.sim.now) if busy else None
-        if behind is None or t_next <= behind.sim.now:
-            if arrived == len(groups):
-                break  # nothing left to run or arrive (cannot happen before `total` finished)
-            group = groups[arrived]
-            hashes = keys(group) if keys is not None else ()
-            chosen, cached = router.route(
-                replicas, group.prompt_len, hashes, policy.block_size, group.request.conversation
-            )
-            replicas[chosen].take(group, group.prompt_len - cached)
-            assignment[arrived] = chosen
-            arrived += 1
-            for rep in replicas:
-                rep.sim.arrived = arrived
-            continue
-        driver.run_step(behind.sim.scheduler, behind.sim, behind)
-    return _result(policy, config, fleet, replicas, assignment, time.perf_counter() - started)
+        run.until = check_int(until_finished, "until_finished", minimum=1, maximum=len(run.groups))
+    run.advance()
+    return run.result(time.perf_counter() - started)
+
+
+class FleetRun:
+    """`simulate_fleet`'s run: its replicas, router and arrivals so far (`arrived`, routed as `assignment`);
+    `advance` runs it until the first `until` groups (arrival order) have finished, `result` reads it. Its
+    groups' maker (`maker`) continues them over later requests (`core.serving.resume`)."""
+
+    def __init__(self, reqs: list, policy: Policy, config: SimulatorConfig, fleet: Fleet):
+        self.policy, self.config, self.fleet = policy, config, fleet
+        self.maker = GroupMaker(policy.is_paged and not policy.counted)
+        self.groups = groups = self.maker.make(reqs)
+        self.until = len(groups)
+        n = fleet.replicas
+        capacity = int(config.kv_capacity_tokens)
+        self.replicas = []
+        self.arrivals = np.array([g.request.arrival_time for g in groups], dtype=np.float64)
+        for r in range(n):
+            memory = make_memory(policy, capacity, config.watermark, config.max_seq_len)
+            attach_offload(
+                memory, policy, config
+            )  # each replica its own host tier (--kv-offload-gib per replica)
+            if r == 0:
+                for group in groups:
+                    memory.check_fits(group, group.output_len)
+            sim = _Simulation(groups, memory, config)
+            sim.arrivals = (
+                self.arrivals
+            )  # one timeline: every replica cuts its decode batches at the next arrival
+            sim.cut_every_arrival = True
+            if fleet.routing == "round-robin" and n > 1 and _runs_past_arrivals(policy, config):
+                sim.round_robin = (r, n)  # the j-th arrival goes to replica j % n, whatever the replicas hold
+            self.replicas.append(_Replica(sim))
+        self.router = Router(fleet.routing, n, config.max_num_batched_tokens, fleet.seed)
+        caching = policy.is_paged and policy.enable_prefix_caching and not policy.counted
+        self.keys = _PromptKeys(policy.block_size) if caching and fleet.routing == "prefix-aware" else None
+        self.assignment = np.full(len(groups), -1, dtype=np.int64)
+        self.arrived = 0
+
+    def advance(self) -> None:
+        """Route the arrivals and step the replicas in time order until the first `until` groups finished."""
+        groups, arrivals, replicas, keys = self.groups, self.arrivals, self.replicas, self.keys
+        policy, router, total = self.policy, self.router, self.until
+        for rep in replicas:
+            rep.sim.until = total
+        arrived = self.arrived
+        while sum(rep.sim.finished_first for rep in replicas) < total:
+            t_next = arrivals[arrived] if arrived < len(groups) else math.inf
+            busy = [rep for rep in replicas if rep.sim.scheduler.has_unfinished]
+            behind = min(busy, key=lambda rep: rep.sim.now) if busy else None
+            if behind is None or t_next <= behind.sim.now:
+                if arrived == len(groups):
+                    break  # nothing left to run or arrive (cannot happen before `total` finished)
+                group = groups[arrived]
+                hashes = keys(group) if keys is not None else ()
+                chosen, cached = router.route(
+                    replicas, group.prompt_len, hashes, policy.block_size, group.request.conversation
+                )
+                replicas[chosen].take(group, group.prompt_len - cached)
+                self.assignment[arrived] = chosen
+                arrived += 1
+                self.arrived = arrived
+                for rep in replicas:
+                    rep.sim.arrived = arrived
+                continue
+            driver.run_step(behind.sim.scheduler, behind.sim, behind)
+
+    def result(self, wall: float) -> "FleetResult":
+        """The run as it stands (its frames built anew: a later `advance` changes none of them)."""
+        return _result(self.policy, self.config, self.fleet, self.replicas, self.assignment.copy(), wall)
 
 
 def _runs_past_arrivals(policy: Policy, config: SimulatorConfig) -> bool:
@@ -236,7 +258,7 @@ def _result(policy, config, fleet, replicas, assignment, wall) -> FleetResult:
                 frame,
                 mine,
                 summarize(frame, mine, capacity),
-                rep.sim.record.snapshots,
+                list(rep.sim.record.snapshots),
                 wall,
                 capacity,
             )

@@ -1,6 +1,7 @@
 """The simulator's request groups: `SimulatedGroup` (a request and its parallel samples, as the scheduler's
 `SequenceGroup`), the stand-in token ids its prompt gets (`prompt_token_ids`, so prefix caching hits exactly a
-shared system prompt) and `make_groups` (one group per request, in arrival order)."""
+shared system prompt) and `make_groups` (one group per request, in arrival order; `GroupMaker` continues it
+over later requests)."""
 
 import math
 
@@ -148,29 +149,43 @@ class SimulatedGroup:
         return head + [self.output_token[seq_index]] * (stop - prompt) if stop > prompt else head
 
 
+class GroupMaker:
+    """Makes the groups of requests in arrival order, continuing over calls (`make`): requests of one prefix group
+    share their prefix's token ids (one list of id objects per prefix and length, which their prompts slice) and
+    a prefix group's dense index is the order in which the groups first appear, across calls too."""
+
+    def __init__(self, with_token_ids: bool):
+        self.with_token_ids = with_token_ids
+        self.prefix_ids: dict = {}
+        self.streams: dict = {}  # (prefix index, prefix length) -> the stream's prefix ids
+        self.prefixes: dict = {}  # (prefix index, prefix length) -> the stand-in prompts' prefix ids
+
+    def make(self, requests: list[Request], start: int = 0) -> list[SimulatedGroup]:
+        """One group per request, indexed from `start` (the groups made before: `make` continues them)."""
+        prefix_ids, streams, prefixes = self.prefix_ids, self.streams, self.prefixes
+        with_token_ids = self.with_token_ids
+        groups = []
+        for index, req in enumerate(requests, start):
+            pidx = None
+            if req.prefix_group is not None and req.prefix_len > 0:
+                pidx = prefix_ids.setdefault(req.prefix_group, len(prefix_ids))
+            shared = (pidx, req.prefix_len)
+            if req.conversation is not None:  # token ids computed on demand from the conversation's stream
+                stream = None
+                if pidx is not None and with_token_ids:
+                    stream = streams.get(shared) or streams.setdefault(shared, prefix_stream(*shared))
+                groups.append(SimulatedGroup(req, index, [], pidx, stream))
+                continue
+            tokens: list[int] = []
+            if with_token_ids:
+                head = None
+                if pidx is not None:
+                    head = prefixes.get(shared) or prefixes.setdefault(shared, prompt_prefix(*shared))
+                tokens = prompt_token_ids(req, pidx, head)
+            groups.append(SimulatedGroup(req, index, tokens))
+        return groups
+
+
 def make_groups(requests: list[Request], with_token_ids: bool) -> list[SimulatedGroup]:
-    """One group per request, in arrival order; requests of one prefix group share their prefix's token ids
-    (one list of id objects per prefix and length, which their prompts slice)."""
-    prefix_ids: dict = {}
-    streams: dict = {}  # (prefix index, prefix length) -> the stream's prefix ids
-    prefixes: dict = {}  # (prefix index, prefix length) -> the stand-in prompts' prefix ids
-    groups = []
-    for index, req in enumerate(requests):
-        pidx = None
-        if req.prefix_group is not None and req.prefix_len > 0:
-            pidx = prefix_ids.setdefault(req.prefix_group, len(prefix_ids))
-        shared = (pidx, req.prefix_len)
-        if req.conversation is not None:  # token ids computed on demand from the conversation's stream
-            stream = None
-            if pidx is not None and with_token_ids:
-                stream = streams.get(shared) or streams.setdefault(shared, prefix_stream(*shared))
-            groups.append(SimulatedGroup(req, index, [], pidx, stream))
-            continue
-        tokens: list[int] = []
-        if with_token_ids:
-            head = None
-            if pidx is not None:
-                head = prefixes.get(shared) or prefixes.setdefault(shared, prompt_prefix(*shared))
-            tokens = prompt_token_ids(req, pidx, head)
-        groups.append(SimulatedGroup(req, index, tokens))
-    return groups
+    """One group per request, in arrival order (`GroupMaker`)."""
+    return GroupMaker(with_token_ids).make(requests)

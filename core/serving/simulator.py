@@ -7,7 +7,8 @@ leaves to its caller: arrivals (a request joins the waiting queue once the clock
 step cost (`SimulatorConfig.step_time`, the roofline `StepTimeModel` or anything with its `step_seconds` /
 `step_time` / `kv_bytes_per_token` / `swap_bandwidth`), the clock, and one recorded row per step. Each step goes
 through `core.sched.driver.run_step`, the engine's driver too: `_Simulation` is its executor (a step's execution
-is its modeled cost on the clock), `_SimRecord` its observer (rows in `core.sched.step_columns.StepRows`).
+is its modeled cost on the clock), `_SimRecord` its observer (`core.serving.sim_record`: rows in
+`core.sched.step_columns.StepRows`).
 
 Steps in which nothing but decoding happens are replayed in one batch (`Scheduler.allocate(step, k)`: identical
 bookkeeping, recorded per step from `MemoryPolicy.decode_metrics`), which is what makes 10,000-request runs take
@@ -30,16 +31,14 @@ from core.sched import (
     MemoryMetrics,
     ScheduledStep,
     Scheduler,
-    StepMeasures,
     StepOutcome,
-    StepRows,
     driver,
 )
-from core.sched.snapshots import SnapshotSampler, take_snapshot
 from core.sched.step_load import decode_starts
 from core.serving.memory_policies import MemoryPolicy, Policy, make_memory
 from core.serving.sim_config import PAPER_KV_TOKENS, SimulatorConfig
-from core.serving.sim_groups import SimulatedGroup, make_groups
+from core.serving.sim_groups import GroupMaker, SimulatedGroup
+from core.serving.sim_record import _SimRecord
 from core.serving.sim_result import SimulationResult, StepSnapshot, summarize
 from core.serving.workload import Request
 
@@ -379,74 +378,6 @@ class _Simulation:
         )
 
 
-class _SimRecord:
-    """The simulation's observer (`core.sched.driver.StepObserver`): one `COLUMNS` row per step that ran (an
-    empty step, which only preempted or swapped in, has none) in `rows` (`StepRows`), and the sampled
-    `snapshots` (`core.sched.snapshots.SnapshotSampler`: rows whose index is a multiple of its stride, which
-    doubles to keep at most max_snapshots). It reads the simulation, the scheduler and the memory policy and
-    writes none of them."""
-
-    def __init__(self, sim: _Simulation):
-        self.sim = sim
-        self.rows = StepRows()
-        self.sampler = SnapshotSampler(sim.config.max_snapshots)
-
-    @property
-    def snapshots(self) -> list[StepSnapshot]:
-        return self.sampler.snapshots
-
-    def on_step(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced | None) -> None:
-        if priced is None:
-            return
-        if len(priced.dts) == 1:
-            self._record_one(step, outcome, priced)
-        else:
-            self._record_decode_run(step, outcome, priced)
-        self._snapshot(priced.end)
-
-    def _record_one(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced) -> None:
-        sim = self.sim
-        measured = StepMeasures(
-            self.rows.size, priced.end, (priced.end - priced.start) * 1000.0, sim.scheduler.num_preemptions
-        )
-        self.rows.record(step, outcome, sim.memory.metrics(), measured)
-
-    def _record_decode_run(self, step: ScheduledStep, outcome: StepOutcome, priced: _Priced) -> None:
-        """k rows of one decode-only batch: memory from the policy's prediction, the last row after the frees."""
-        sim = self.sim
-        end_times, dts = priced.end_times, priced.dts
-        k = len(dts)
-        n_decode = step.num_decode_tokens
-        first = self.rows.size
-        if sim.round_robin is None:
-            arrived_meanwhile = np.searchsorted(sim.arrivals, end_times - dts, side="right") - sim.arrived
-        else:  # a batch ends at the arrival routed here: none joined its queue meanwhile
-            arrived_meanwhile = 0
-        ms = dts * 1000.0 if priced.step_ms is None else priced.step_ms
-        generated = n_decode  # every step's tokens alike (decode-only: the outcome is k x n_decode)
-        if outcome.tokens_generated != n_decode * k:
-            generated = np.full(k, n_decode)
-            generated[-1] = outcome.tokens_generated - n_decode * (k - 1)
-        predicted = np.array(priced.ahead)[:, :k]  # [metrics, k]; the last row is after the frees
-        predicted[:, -1] = sim.memory.metrics()
-        metrics = MemoryMetrics(*predicted)
-        measured = StepMeasures(
-            np.arange(first, first + k),
-            end_times,
-            ms,
-            sim.scheduler.num_preemptions,
-            waiting=step.num_waiting + arrived_meanwhile,
-            kv_tokens_read=priced.reads,
-            tokens_generated=generated,
-        )
-        self.rows.record(step, outcome, metrics, measured)
-
-    def _snapshot(self, now: float) -> None:
-        """Sample the state after the step just recorded (it ended at `now`), if its row is due."""
-        sim, step = self.sim, self.rows.size - 1
-        self.sampler.sample(step, lambda: take_snapshot(step, now, sim.scheduler.running, sim.memory))
-
-
 def attach_offload(memory: MemoryPolicy, policy: Policy, config: SimulatorConfig) -> None:
     """Put `config.offload`'s host KV tier behind `memory` (nothing without one). Raises InvalidArgumentError
     unless the policy is paged with prefix caching and block tables."""
@@ -479,23 +410,43 @@ def simulate(
     cache alone) or a bad config.
     """
     started = time.perf_counter()
+    sim = start_simulation(requests, policy, config, concurrency)[0]
+    if until_finished is not None:
+        sim.until = check_int(until_finished, "until_finished", minimum=1, maximum=len(sim.groups))
+    advance(sim, progress)
+    return simulation_result(sim, policy, time.perf_counter() - started)
+
+
+def check_types(policy: Policy, config: SimulatorConfig) -> None:
+    """Raise InvalidArgumentError unless `policy` and `config` are a Policy and a SimulatorConfig."""
     if not isinstance(config, SimulatorConfig):
         raise InvalidArgumentError(f"config must be a core.serving.simulator.SimulatorConfig, got {config!r}")
     if not isinstance(policy, Policy):
         raise InvalidArgumentError(f"policy must be a core.serving.memory_policies.Policy, got {policy!r}")
+
+
+def start_simulation(
+    requests: Sequence[Request], policy: Policy, config: SimulatorConfig, concurrency: int | None = None
+) -> tuple[_Simulation, GroupMaker]:
+    """`simulate`'s run before its first step (every request checked, until: all of them), and the maker of its
+    groups (`GroupMaker`, which later requests continue: `core.serving.resume`)."""
+    check_types(policy, config)
     reqs = _validate_requests(requests, config)
     capacity = int(config.kv_capacity_tokens)
     memory = make_memory(policy, capacity, config.watermark, config.max_seq_len)
     attach_offload(memory, policy, config)
-    groups = make_groups(reqs, policy.is_paged and not policy.counted)
+    maker = GroupMaker(policy.is_paged and not policy.counted)
+    groups = maker.make(reqs)
     for group in groups:
         memory.check_fits(group, group.output_len)
     if concurrency is not None:
         concurrency = check_int(concurrency, "concurrency (clients)", minimum=1, maximum=len(groups))
-    sim = _Simulation(groups, memory, config, concurrency)
-    total = len(groups)
-    if until_finished is not None:
-        sim.until = total = check_int(until_finished, "until_finished", minimum=1, maximum=len(groups))
+    return _Simulation(groups, memory, config, concurrency), maker
+
+
+def advance(sim: _Simulation, progress: Callable[[float], None] | None = None) -> None:
+    """Run `sim` until the first `sim.until` groups (arrival order) have finished; progress as `simulate`'s."""
+    total = sim.until
     next_report = 1  # percent
     while sim.finished_first < total:
         if not sim.admit_arrivals():
@@ -506,10 +457,15 @@ def simulate(
             next_report = sim.finished_first * 100 // total + 1
     if progress is not None:
         progress(1.0)
+
+
+def simulation_result(sim: _Simulation, policy: Policy, wall: float) -> SimulationResult:
+    """The result of `sim` as it stands (its frames built anew: a later `advance` changes none of them)."""
     steps_frame = sim.record.rows.frame()
     requests_frame = sim.requests_frame()
-    summary = summarize(steps_frame, requests_frame, memory.capacity)
-    wall = time.perf_counter() - started
+    capacity = sim.memory.capacity
+    summary = summarize(steps_frame, requests_frame, capacity)
+    snapshots = list(sim.record.snapshots)
     return SimulationResult(
-        policy, config, steps_frame, requests_frame, summary, sim.record.snapshots, wall, memory.capacity
+        policy, sim.config, steps_frame, requests_frame, summary, snapshots, wall, capacity
     )

@@ -218,7 +218,7 @@ def test_a_rate_no_configuration_holds_still_draws_the_closest_curves():
 
 def test_no_gpu_type_chosen_is_an_error():
     at = open_page({"gpus": ""})
-    assert [e.value for e in at.error] == ["Cannot plan: choose at least one GPU type to search over"]
+    assert [e.value for e in at.error] == ["Cannot plan: --gpus needs at least one value"]
 
 
 def test_a_second_visit_with_the_same_inputs_computes_nothing(default_plan):

@@ -11,7 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from core.errors import InvalidArgumentError
-from core.page_models.planner_scenario import plan_inputs
+from core.page_models.planner_scenario import cpu_plan, plan_inputs
 from core.planning.catalog.hardware import get_gpu
 from core.planning.catalog.models import get_model
 from core.planning.commands.capacity import build_parser as build_plan_parser
@@ -27,11 +27,18 @@ from core.planning.commands.predict_cli import (
 from core.planning.commands.slo_cli import build_parser as build_slo_parser
 from core.planning.commands.slo_cli import main as slo_main
 from core.planning.cost.speculative import Speculation
+from core.planning.memory.cpu_kv import CpuKVInputs, plan_cpu_kv
 from core.planning.memory.plan import PlanInputs
 from core.planning.predict.disagg import DisaggDeployment
-from core.planning.predict.inputs import deployment_from, disagg_from, load_from, plan_inputs_from
+from core.planning.predict.inputs import (
+    cpu_inputs_from,
+    deployment_from,
+    disagg_from,
+    load_from,
+    plan_inputs_from,
+)
 from core.planning.predict.load import Load
-from core.planning.predict.plan_fields import PLANNER_FIELDS
+from core.planning.predict.plan_fields import CPU_FIELDS, PLANNER_FIELDS
 from core.planning.predict.prediction import Deployment
 from core.planning.predict.target_fields import TARGET_FIELDS, TARGET_METRICS
 from core.planning.search.slo_candidates import (
@@ -179,7 +186,10 @@ def test_the_search_space_flags_and_url_fields_are_its_fields():
         "--data-parallel-size",
         "--max-meeting",
         "--routing-candidates",
-    ]  # the command line's only: no URL key
+        "--max-num-batched-tokens",
+        "--enable-expert-parallel",
+        "--routing",
+    ]  # the command line's only: no URL key (--disagg is the search mode's disagg_too)
     for field in SEARCH_URL_FIELDS:
         url_field = FIELDS_BY_KEY[field.url_key]
         assert (url_field.label, url_field.kind, url_field.choices) == (
@@ -256,6 +266,41 @@ def test_the_search_lists_flags_are_their_fields_and_check_by_them(capsys):
             assert line == f"error: {raised.value}"
 
 
+def test_the_search_settings_flags_are_their_fields_and_the_page_builds_the_same_candidates(capsys):
+    """`slo`'s --max-num-batched-tokens --enable-expert-parallel --disagg --routing are the search's setting fields
+    (a deployment's fields with the search's help; --routing without a default); --disagg is the search mode's
+    `disagg_too` too, and both build the same `SloCandidates`; a bad value is `SloCandidates`' message."""
+    flags = build_slo_parser()._option_string_actions
+    for name in ("max_num_batched_tokens", "expert_parallel", "disagg", "routing"):
+        field = next(f for f in SEARCH_FIELDS if f.name == name)
+        assert flags[field.flag].dest == name and flags[field.flag].help == field.help, field
+    words = [*SHAPE_ARGV, "--rate", "2", "--max-num-batched-tokens", "4096", "--enable-expert-parallel"]
+    words += ["--disagg", "--routing", "least-loaded", "--max-gpus", "4"]
+    expected = SloCandidates(
+        max_gpus=4, max_num_batched_tokens=4096, expert_parallel=True, disagg=True, routing=("least-loaded",)
+    )
+    assert candidates_from(vars(build_slo_parser().parse_args(words))) == expected
+    page = params_from(_page("search", {"max_gpus": "4", "disagg_too": "1"})).candidates()
+    assert page.disagg and page.max_gpus == 4
+    for flag, value, build in (
+        ("--max-num-batched-tokens", "0", lambda: SloCandidates(max_num_batched_tokens=0)),
+        ("--max-gpus", "1", lambda: SloCandidates(max_gpus=1, disagg=True)),
+    ):
+        extra = [flag, value] + (["--disagg"] if flag == "--max-gpus" else [])
+        capsys.readouterr()
+        assert slo_main([*SHAPE_ARGV, "--rate", "2", "--ttft-p95", "1", *extra]) == 2
+        [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        with pytest.raises(InvalidArgumentError) as raised:
+            build()
+        assert line == f"error: {raised.value}"
+    with pytest.raises(InvalidArgumentError) as raised:
+        params_from(_page("search", {"max_gpus": "1", "disagg_too": "1"})).check()
+    assert (
+        str(raised.value)
+        == "--disagg needs --max-gpus of at least 2 GPUs (a prefill and a decode GPU), got 1"
+    )
+
+
 # the Capacity Planner page (`plan`'s inputs, two scenarios "a_" / "b_"): a value other than the page's seed for
 # every input of a preset model on a preset GPU, by field name
 PLAN_VALUES = {
@@ -273,6 +318,7 @@ PLAN_VALUES = {
     "max_num_seqs": 64,
     "max_num_batched_tokens": 4096,
     "data_parallel": 2,
+    "hybrid_kv_cache_manager": False,
 }
 PLANNER_BY_NAME = {field.name: field for field in PLANNER_FIELDS}
 
@@ -286,9 +332,14 @@ def test_the_planner_inputs_are_the_plan_commands_flags_and_url_fields_and_build
             url = url_fields[prefix + field.url_key]
             declared = (field.label, field.step, field.minimum, field.maximum)
             assert (url.label, url.step, url.minimum, url.maximum) == declared, field
-    words = [w for name, v in PLAN_VALUES.items() for w in (PLANNER_BY_NAME[name].flag, str(v))]
+    words = [w for name, v in PLAN_VALUES.items() for w in PLANNER_BY_NAME[name].words(v)]
+    assert "--disable-hybrid-kv-cache-manager" in words
     args = build_plan_parser().parse_args(words)
-    query = {"compare": "0"} | {f"a_{PLANNER_BY_NAME[n].url_key}": str(v) for n, v in PLAN_VALUES.items()}
+    url_fields = {f.key: f for f in scenario_fields("a_")}
+    query = {"compare": "0"}
+    for name, value in PLAN_VALUES.items():
+        key = f"a_{PLANNER_BY_NAME[name].url_key}"
+        query[key] = url_fields[key].encode(value)
     values, errors = parse_params(query, PLANNER_URL_FIELDS)
     assert errors == []
     expected = PlanInputs(
@@ -306,13 +357,14 @@ def test_the_planner_inputs_are_the_plan_commands_flags_and_url_fields_and_build
         max_num_seqs=64,
         max_num_batched_tokens=4096,
         data_parallel=2,
+        hybrid_kv_cache_manager=False,
     )
     assert plan_inputs_from(vars(args)) == expected
     assert plan_inputs(values, "a_") == expected
 
 
 def _widget(at: AppTest, key: str):
-    for kind in ("number_input", "selectbox", "slider", "toggle"):
+    for kind in ("number_input", "selectbox", "slider", "toggle", "checkbox"):
         found = [w for w in getattr(at, kind) if w.key == key]
         if found:
             return found[0]
@@ -331,7 +383,7 @@ def test_the_planner_widgets_are_the_fields_and_a_bad_value_says_what_plan_says(
         [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
         printed.append(line.removeprefix("error: "))
     at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app_pages" / "planner.py"))
-    at.query_params.update({"a_gpu": "custom", "compare": "0"})
+    at.query_params.update({"a_gpu": "custom", "compare": "0", "cpu": "1"})  # the CPU section drawn too
     at.query_params.update({f"a_{PLANNER_BY_NAME[name].url_key}": value for name, value in bad.items()})
     at.run(timeout=120)
     assert not at.exception, at.exception
@@ -340,6 +392,74 @@ def test_the_planner_widgets_are_the_fields_and_a_bad_value_says_what_plan_says(
         assert sum(message in e for e in shown) == 1, (message, shown)
     for field in PLANNER_FIELDS:
         assert _widget(at, f"a_{field.url_key}").label == field.label, field
+    for field in CPU_FIELDS:  # `plan`'s CPU flags
+        assert _widget(at, field.url_key).label == field.label, field
+    for field in PLANNER_URL_FIELDS:  # the page's own (the workload, the switches): one label, URL and widget
+        if not field.key.startswith(("a_", "b_", "cpu_")):
+            assert _widget(at, field.key).label == field.label, field
+
+
+# vLLM on a CPU: `plan --cpu-kv-cache-space-gib`'s flags and the Capacity Planner page's CPU section (scenario A's
+# model, max_model_len, max_num_batched_tokens and hybrid switch), one declaration (`CPU_FIELDS`)
+CPU_ARGV = [
+    "--model",
+    "gemma-3-27b",
+    "--cpu-kv-cache-space-gib",
+    "8",
+    "--block-size",
+    "64",
+    "--dtype",
+    "float16",
+]
+CPU_ARGV += ["--kv-dtype", "fp8", "--max-model-len", "8192", "--max-num-batched-tokens", "4096"]
+CPU_ARGV += ["--disable-hybrid-kv-cache-manager"]
+CPU_URL = {"compare": "0", "a_model": "gemma-3-27b", "a_ctx": "8192", "a_mbt": "4096", "a_hybrid": "0"}
+CPU_URL |= {"cpu": "1", "cpu_gib": "8", "cpu_block": "64", "cpu_dtype": "float16", "cpu_kvdtype": "fp8"}
+
+
+def test_the_cpu_inputs_are_the_plan_commands_flags_and_url_fields_and_build_the_same_cpu_plan():
+    flags = build_plan_parser()._option_string_actions
+    url_fields = {f.key: f for f in PLANNER_URL_FIELDS}
+    for field in CPU_FIELDS:
+        assert flags[field.flag].dest == field.name, field
+        url = url_fields[field.url_key]
+        assert (url.label, url.kind, url.minimum, url.maximum) == (
+            field.label,
+            field.kind,
+            field.minimum,
+            field.maximum,
+        ), field
+    assert url_fields["cpu_block"].choices == CPU_FIELDS[1].choices  # the CPU backend's (multiples of 32)
+    expected = CpuKVInputs.from_space_gib(
+        get_model("gemma-3-27b"),
+        8,
+        block_size=64,
+        dtype="float16",
+        kv_cache_dtype="fp8",
+        max_model_len=8192,
+        max_num_batched_tokens=4096,
+        hybrid_kv_cache_manager=False,
+    )
+    args = build_plan_parser().parse_args(CPU_ARGV)
+    assert cpu_inputs_from(vars(args) | {"model": get_model("gemma-3-27b")}) == expected
+    values, errors = parse_params(CPU_URL, PLANNER_URL_FIELDS)
+    assert errors == []
+    assert cpu_plan(values) == plan_cpu_kv(expected)
+
+
+@pytest.mark.parametrize(("flag", "value", "key"), [("--cpu-kv-cache-space-gib", "0", "cpu_gib")])
+def test_a_bad_cpu_value_has_the_plan_commands_message_in_the_url(flag, value, key, capsys):
+    capsys.readouterr()
+    assert capacity_main(["--model", "llama-3.1-8b", flag, value]) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert line.startswith(f"error: {flag} (GiB) must be")
+    _, errors = parse_params({key: value}, PLANNER_URL_FIELDS)
+    [error] = errors
+    assert line.removeprefix("error: ") in error
+    for argv in (["--dtype", "float64"], ["--dtype", "float64", "--cpu-kv-cache-space-gib", "1"]):
+        assert capacity_main(argv) == 2  # a GPU plan refuses a bad --dtype too, as the CPU plan does
+        [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        assert line == "error: --dtype must be one of auto, float32, float16, bfloat16, got 'float64'"
 
 
 # the latency targets: `slo`'s and `max-rate`'s flags (seconds, any percentile) and the SLO page's fields (a value

@@ -19,13 +19,7 @@ from core.planning.catalog.hardware import GPUSpec, get_gpu
 from core.planning.catalog.models import ModelSpec, get_model, model_from_config_file
 from core.planning.catalog.weights import with_checkpoint_bytes
 from core.planning.commands.flags import add_flags, flag_kwargs
-from core.planning.memory.cpu_kv import (
-    CPU_DEFAULT_BLOCK_SIZE,
-    CPU_MODEL_DTYPES,
-    CpuKVInputs,
-    CpuKVPlan,
-    plan_cpu_kv,
-)
+from core.planning.memory.cpu_kv import CpuKVPlan, plan_cpu_kv
 from core.planning.memory.offload import HostKVTier, host_kv_tier
 from core.planning.memory.plan import CapacityPlan, plan_from
 from core.planning.predict.deployment_fields import (
@@ -36,13 +30,16 @@ from core.planning.predict.deployment_fields import (
     PARALLEL_FIELDS,
     SETTING_FIELDS,
 )
-from core.planning.predict.inputs import custom_gpu_from, plan_inputs_from
+from core.planning.predict.inputs import cpu_inputs_from, custom_gpu_from, plan_inputs_from
 from core.planning.predict.plan_fields import (
     ACTIVATION_FIELD,
     BLOCK_SIZE_FIELD,
     CONFIG_FIELDS,
     CONTEXT_LEN_FIELD,
+    CPU_DTYPE_FIELD,
+    CPU_SPACE_FIELD,
     CUSTOM_GPU_FIELDS,
+    HYBRID_FIELD,
     MAX_MODEL_LEN_FIELD,
     NUM_GPUS_FIELD,
     OFFLOAD_FIELD,
@@ -121,27 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flags(parser, (BLOCK_SIZE_FIELD, MAX_MODEL_LEN_FIELD, CONTEXT_LEN_FIELD, ACTIVATION_FIELD))
     add_flags(parser, SETTING_FIELDS[:2])
-    parser.add_argument(
-        "--disable-hybrid-kv-cache-manager",
-        action="store_true",
-        help="count sliding-window and chunked layers as full attention, as vLLM does with this flag",
-    )
+    add_flags(parser, (HYBRID_FIELD,))  # --disable-hybrid-kv-cache-manager
     parser.add_argument(
         "--safetensors-index", help="path of the model's model.safetensors.index.json: exact weight bytes"
     )
     add_flags(parser, (OFFLOAD_FIELD,), {"kv_offload_gib": None})  # None: no host tier
-    parser.add_argument(
-        "--cpu-kv-cache-space-gib",
-        type=int,
-        metavar="G",
-        help="plan vLLM's CPU backend with VLLM_CPU_KVCACHE_SPACE=G (whole GiB) instead of a GPU",
-    )
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=CPU_MODEL_DTYPES,
-        help="vllm serve --dtype (the CPU plan's KV dtype auto)",
-    )
+    add_flags(parser, (CPU_SPACE_FIELD, CPU_DTYPE_FIELD))  # vLLM on a CPU: --cpu-kv-cache-space-gib, --dtype
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
@@ -171,9 +153,11 @@ def capacity_main(argv: Sequence[str]) -> int:
     if args.cpu_kv_cache_space_gib is not None:
         return _cpu_main(args)
     try:
+        CPU_DTYPE_FIELD.check(
+            args.dtype
+        )  # the CPU plan's --dtype, refused in a GPU plan too (as argparse did)
         model, gpu = _model_and_gpu(args)
-        values = vars(args) | {"hybrid_kv_cache_manager": not args.disable_hybrid_kv_cache_manager}
-        capacity = plan_from(plan_inputs_from(values | {"model": model, "gpu": gpu}))
+        capacity = plan_from(plan_inputs_from(vars(args) | {"model": model, "gpu": gpu}))
         gib = args.kv_offload_gib  # None: no host tier
         tier = None if gib is None else host_kv_tier(capacity, OFFLOAD_FIELD.check(gib))
     except LabError as error:
@@ -234,19 +218,8 @@ def _cpu_main(args: argparse.Namespace) -> int:
     """The CPU plan of `--cpu-kv-cache-space-gib` (exit status 0, or 2 with the reason on stderr)."""
     try:
         model, _ = _model_and_gpu(args)
-        capacity = plan_cpu_kv(
-            CpuKVInputs.from_space_gib(
-                model,
-                args.cpu_kv_cache_space_gib,
-                block_size=CPU_DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size,
-                dtype=args.dtype,
-                kv_cache_dtype=args.kv_dtype,
-                max_model_len=args.max_model_len,
-                max_num_batched_tokens=args.max_num_batched_tokens,
-                hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
-                model_path=str(Path(args.config).resolve().parent) if args.config else None,
-            )
-        )
+        path = str(Path(args.config).resolve().parent) if args.config else None
+        capacity = plan_cpu_kv(cpu_inputs_from(vars(args) | {"model": model, "model_path": path}))
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -11,12 +11,13 @@ _TYPES = {"int": int, "float": float, "str": str, "choice": str, "multi": str, "
 
 
 def flag_kwargs(field: InputField) -> dict:
-    """`add_argument`'s keyword arguments for `field` (a bool is a `store_true` switch)."""
+    """`add_argument`'s keyword arguments for `field` (a bool is a switch: `store_true`, or `store_false` for one
+    on by default: --disable-hybrid-kv-cache-manager)."""
     kwargs: dict = {"dest": field.name}
     if field.help is not None:
         kwargs["help"] = field.help
     if field.kind == "bool":
-        return kwargs | {"action": "store_true"}
+        return kwargs | {"action": "store_false" if field.default else "store_true"}
     kind = _TYPES[field.kind]
     if field.kind == "choice" and field.choices:  # a choice of numbers reads numbers: --block-size 32
         kind = type(field.choices[0])

@@ -36,13 +36,11 @@ from core.planning.commands.predict_cli import (
 )
 from core.planning.predict.deployment_fields import SETTING_FIELDS
 from core.planning.predict.load import RATE_FIELDS
-from core.planning.search.slo import Slo, SloCandidates, plan_slo
+from core.planning.search.slo import Slo, plan_slo
 from core.planning.search.slo_candidates import SEARCH_FIELDS, candidates_from
-from core.serving.router import ROUTING_POLICIES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    defaults = SloCandidates()
     parser = LineErrorParser(
         prog="python -m core.planning slo",
         description="The cheapest GPU deployment that serves a workload within latency targets (steady state).",
@@ -54,48 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
     target_flags(parser)
     add_flags(parser, (field_named(SETTING_FIELDS, "engine"),))
     # --gpus --max-gpus --kv-dtypes --weight-dtypes --tp --pp --max-num-seqs --data-parallel-size --max-meeting
-    # --routing-candidates: the search space's fields
+    # --routing-candidates --max-num-batched-tokens --enable-expert-parallel --disagg --routing: the search space's
+    # fields
     add_flags(parser, SEARCH_FIELDS)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
-    parser.add_argument(
-        "--enable-expert-parallel",
-        action="store_true",
-        help="every candidate with vLLM's --enable-expert-parallel (a MoE model: whole experts per GPU)",
-    )
-    parser.add_argument(
-        "--disagg",
-        action="store_true",
-        help="also search disaggregated deployments: x prefill workers + y decode workers of one GPU type "
-        "(tp from --tp, pp 1, max_num_seqs the largest --max-num-seqs), ranked with the aggregated ones",
-    )
-    parser.add_argument(
-        "--routing",
-        default=None,
-        help=f"the router in front of every deployment of several replicas: one of {', '.join(ROUTING_POLICIES)} "
-        "(default: none, each replica serves 1 / N of the load; round-robin is what a plain load balancer does)",
-    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m core.planning slo`. Exit status 0, or 2 (reason on stderr)."""
     args = build_parser().parse_args(argv)
-    if args.disagg and args.max_gpus < 2:
-        print(
-            f"error: --disagg needs --max-gpus of at least 2 (a prefill and a decode GPU), got {args.max_gpus}",
-            file=sys.stderr,
-        )
-        return 2
     try:
         slo = Slo.of(targets_from_args(args))
         workload = load_from_args(args, args.rate)  # with its shared prefixes and turns (an SloWorkload)
-        candidates = candidates_from(  # the search space's flags, checked by their fields
-            vars(args),
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            engine=args.engine,
-            disagg=args.disagg,
-            expert_parallel=args.enable_expert_parallel,
-        )
+        # the search space's flags, checked by their fields (--disagg with --max-gpus 1 refused there too)
+        candidates = candidates_from(vars(args), engine=args.engine)
         plan = plan_slo(model_from_args(args), workload, slo, candidates)
     except SloInfeasibleError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -3,27 +3,38 @@ domain types, used by the command line (`vars(args)`: `core.planning.commands.fl
 field's name) and the pages (`core.page_models.slo_predict`) alike: `deployment_from` -> `Deployment`,
 `disagg_from` -> `DisaggDeployment`, `load_from` -> `Load`, `speculation_from` -> `Speculation` (and back:
 `speculation_words`), and for the capacity plan (the `plan` command and the Capacity Planner page)
-`plan_inputs_from` -> `PlanInputs`, `custom_gpu_from` -> a custom `GPUSpec`. A key left out takes its field's default; each value is checked once, by the domain type's
+`plan_inputs_from` -> `PlanInputs`, `custom_gpu_from` -> a custom `GPUSpec`, and for vLLM on a CPU
+`cpu_inputs_from` -> `CpuKVInputs`. A key left out takes its field's default; each value is checked once, by the domain type's
 constructor (or here, for the inputs no type holds), with the message that names its flag."""
 
 from collections.abc import Mapping
 from typing import Any
 
 from core.errors import InvalidArgumentError
-from core.fields import check_values
+from core.fields import check_values, field_named
 from core.planning.catalog.hardware import GPUSpec, get_gpu
 from core.planning.catalog.models import get_model
 from core.planning.cost.speculative import SPECULATION_FIELDS, Speculation, parse_acceptance
+from core.planning.memory.cpu_kv import CPU_DEFAULT_BLOCK_SIZE, CpuKVInputs
 from core.planning.memory.plan import PlanInputs
 from core.planning.predict.deployment_fields import (
     DEPLOYMENT_FIELDS,
     MODEL_FIELD,
     OFFLOAD_FIELDS,
     ROUTING_FIELD,
+    SETTING_FIELDS,
 )
 from core.planning.predict.disagg import DISAGG_FIELDS, DisaggDeployment
 from core.planning.predict.load import LOAD_FIELDS, Load
-from core.planning.predict.plan_fields import CUSTOM_GPU_FIELDS, PLAN_CHECKED_FIELDS
+from core.planning.predict.plan_fields import (
+    CPU_DTYPE_FIELD,
+    CPU_FIELDS,
+    CPU_SPACE_FIELD,
+    CUSTOM_GPU_FIELDS,
+    HYBRID_FIELD,
+    MAX_MODEL_LEN_FIELD,
+    PLAN_CHECKED_FIELDS,
+)
 from core.planning.predict.prediction import Deployment
 
 
@@ -69,6 +80,7 @@ def speculation_words(speculation: Speculation | None) -> list[str]:
     return [word for field in SPECULATION_FIELDS for word in field.words(values[field.name])]
 
 
+MBT_FIELD = field_named(SETTING_FIELDS, "max_num_batched_tokens")
 # every input of one aggregated deployment but speculation's (a values dict's keys; `deployment_from` reads them)
 AGG_FIELDS = (MODEL_FIELD, *DEPLOYMENT_FIELDS, *OFFLOAD_FIELDS, ROUTING_FIELD)
 
@@ -112,7 +124,7 @@ def plan_inputs_from(values: Mapping[str, Any]) -> PlanInputs:
     """The `PlanInputs` of `values`: the model (a preset slug or a ModelSpec), the GPU (a preset slug or a
     GPUSpec), and the plan's settings (`core.planning.predict.plan_fields.PLAN_CHECKED_FIELDS`, each checked by
     its field: the message names its flag; a key left out takes its field's default, block_size None: 16),
-    activation_reserve_gib in GiB (None: the estimate) and hybrid_kv_cache_manager (default on)."""
+    activation_reserve_gib in GiB (None: the estimate) and hybrid_kv_cache_manager (`HYBRID_FIELD`, default on)."""
     v = check_values(_values(PLAN_CHECKED_FIELDS, values), PLAN_CHECKED_FIELDS)
     model, gpu = values["model"], values["gpu"]
     gib = v.pop("activation_reserve_gib")
@@ -124,8 +136,32 @@ def plan_inputs_from(values: Mapping[str, Any]) -> PlanInputs:
         pipeline_parallel=v.pop("pp"),
         activation_reserve=None if gib is None else int(gib * 1024**3),
         block_size=16 if block_size is None else block_size,
-        hybrid_kv_cache_manager=values.get("hybrid_kv_cache_manager", True),
         **v,
+    )
+
+
+def cpu_inputs_from(values: Mapping[str, Any]) -> CpuKVInputs:
+    """The `CpuKVInputs` of `values` (vLLM on a CPU, `plan --cpu-kv-cache-space-gib` and the Capacity Planner
+    page's CPU section): the model (a ModelSpec, or a preset slug), the KV space in whole GiB, block_size (None:
+    the CPU's default, 128), dtype and kv_dtype (`CPU_FIELDS`), max_model_len (None: the model's),
+    max_num_batched_tokens, hybrid_kv_cache_manager and model_path (what `vllm serve` is given; None: the
+    model's repository). The KV space and --dtype are checked by their fields (the message names the flag), the
+    rest by `plan_cpu_kv` with vLLM's CPU rules."""
+    v = _values((*CPU_FIELDS, MAX_MODEL_LEN_FIELD, MBT_FIELD, HYBRID_FIELD), values)
+    gib = CPU_SPACE_FIELD.check(v["cpu_kv_cache_space_gib"])
+    if gib is None:
+        raise InvalidArgumentError(f"{CPU_SPACE_FIELD.flag} is needed for a CPU plan")
+    model = values["model"]
+    return CpuKVInputs.from_space_gib(
+        get_model(model) if isinstance(model, str) else model,
+        gib,
+        block_size=CPU_DEFAULT_BLOCK_SIZE if v["block_size"] is None else v["block_size"],
+        dtype=CPU_DTYPE_FIELD.check(v["dtype"]),
+        kv_cache_dtype=v["kv_dtype"],
+        max_model_len=v["max_model_len"],
+        max_num_batched_tokens=v["max_num_batched_tokens"],
+        hybrid_kv_cache_manager=v["hybrid_kv_cache_manager"],
+        model_path=values.get("model_path"),
     )
 
 

@@ -7,12 +7,23 @@ reserve, a custom GPU's figures, a config.json and its parameter count) are decl
 `core.planning.predict.inputs.plan_inputs_from` is the one converter to `PlanInputs`, checking every value by its
 field, so a bad value has one message on the command line and on the page.
 
-The page-only inputs (an encoded config.json, checkpoint bytes from an uploaded index, the hybrid KV cache
-manager's switch, which the command line gives as `--disable-hybrid-kv-cache-manager`) stay the page's."""
+The hybrid KV cache manager's switch (`HYBRID_FIELD`: on by default, `--disable-hybrid-kv-cache-manager` turns it
+off) is a scenario's input too. vLLM on a CPU (`plan --cpu-kv-cache-space-gib G`, the page's "vLLM on a CPU"
+section) has `CPU_FIELDS`: the KV space, and the block size and dtypes with the CPU backend's choices (the same
+flags as a GPU plan's: the command line takes one --block-size and --kv-dtype for both, the page has a CPU copy of
+each, keyed cpu_block and cpu_kvdtype); `core.planning.predict.inputs.cpu_inputs_from` converts them.
+
+The page-only inputs (an encoded config.json, checkpoint bytes from an uploaded index) stay the page's."""
 
 from dataclasses import replace
 
 from core.fields import InputField, field_named
+from core.planning.memory.cpu_kv import (
+    CPU_DEFAULT_BLOCK_SIZE,
+    CPU_KV_CACHE_DTYPES,
+    CPU_MODEL_DTYPES,
+    MAX_KV_CACHE_SPACE_GIB,
+)
 from core.planning.memory.kv_accounting import BLOCK_SIZES, MAX_CONTEXT_TOKENS
 from core.planning.predict.deployment_fields import (
     GPU_FIELD,
@@ -164,7 +175,18 @@ CONFIG_FIELDS = (
     ),
 )
 
+HYBRID_FIELD = InputField(
+    "hybrid_kv_cache_manager",
+    "--disable-hybrid-kv-cache-manager",
+    "hybrid",
+    "bool",
+    True,
+    "Hybrid KV cache manager",
+    "count sliding-window and chunked layers as full attention, as vLLM does with this flag",
+)
+
 TP_FIELD, PP_FIELD = PARALLEL_FIELDS[:2]
+KV_DTYPE_FIELD = field_named(SETTING_FIELDS, "kv_dtype")
 OFFLOAD_FIELD = field_named(OFFLOAD_FIELDS, "kv_offload_gib")  # the host KV tier's GiB per replica
 # the scenario's deployment, as the Capacity Planner page keys it (before its scenario's prefix), in its order
 PLANNER_FIELDS = (
@@ -175,7 +197,7 @@ PLANNER_FIELDS = (
     _on_planner(TP_FIELD, "tp"),
     _on_planner(PP_FIELD, "pp"),
     _on_planner(field_named(SETTING_FIELDS, "weight_dtype"), "wdtype"),
-    _on_planner(field_named(SETTING_FIELDS, "kv_dtype"), "kvdtype"),
+    _on_planner(KV_DTYPE_FIELD, "kvdtype"),
     _on_planner(GPU_MEMORY_FIELD, "util"),
     BLOCK_SIZE_FIELD,
     MAX_MODEL_LEN_FIELD,
@@ -185,6 +207,7 @@ PLANNER_FIELDS = (
     _on_planner(OFFLOAD_FIELD, "offload"),
     _on_planner(MOE_FIELDS[0], "dp"),
     _on_planner(MOE_FIELDS[1], "ep"),
+    HYBRID_FIELD,
 )
 # every value `plan_inputs_from` checks by its field (the model and GPU: a preset or a spec, checked as such)
 PLAN_CHECKED_FIELDS = (
@@ -199,4 +222,51 @@ PLAN_CHECKED_FIELDS = (
     CONTEXT_LEN_FIELD,
     *(field_named(SETTING_FIELDS, name) for name in ("max_num_seqs", "max_num_batched_tokens")),
     *MOE_FIELDS,
+    HYBRID_FIELD,
+)
+
+# vLLM on a CPU (`core.planning.memory.cpu_kv`): the KV space in whole GiB (VLLM_CPU_KVCACHE_SPACE; the command
+# line plans a CPU when it is given), vllm serve's --dtype, and the CPU backend's block sizes and KV dtypes (the
+# command line's --block-size and --kv-dtype, with the CPU's choices on the page); the page seeds 4 GiB.
+CPU_SPACE_FIELD = InputField(
+    "cpu_kv_cache_space_gib",
+    "--cpu-kv-cache-space-gib",
+    "cpu_gib",
+    "int",
+    None,
+    "VLLM_CPU_KVCACHE_SPACE (GiB, whole)",
+    "plan vLLM's CPU backend with VLLM_CPU_KVCACHE_SPACE=G (whole GiB) instead of a GPU",
+    unit="GiB",
+    minimum=1,
+    maximum=MAX_KV_CACHE_SPACE_GIB,
+    optional=True,
+    step=1,
+    metavar="G",
+)
+CPU_DTYPE_FIELD = InputField(
+    "dtype",
+    "--dtype",
+    "cpu_dtype",
+    "choice",
+    "auto",
+    "vllm serve --dtype",
+    f"vllm serve --dtype: one of {', '.join(CPU_MODEL_DTYPES)} (the CPU plan's KV dtype auto)",
+    choices=CPU_MODEL_DTYPES,
+)
+CPU_FIELDS = (
+    CPU_SPACE_FIELD,
+    replace(
+        BLOCK_SIZE_FIELD,
+        url_key="cpu_block",
+        default=CPU_DEFAULT_BLOCK_SIZE,
+        label="CPU block size (tokens; multiples of 32)",
+        choices=(32, 64, 128, 256, 512),
+    ),
+    CPU_DTYPE_FIELD,
+    replace(
+        KV_DTYPE_FIELD,
+        url_key="cpu_kvdtype",
+        label="CPU KV cache dtype (--kv-cache-dtype)",
+        choices=CPU_KV_CACHE_DTYPES,
+    ),
 )

@@ -76,13 +76,13 @@ from core.planning.memory.resolved import ResolvedDeployment, resolve_deployment
 from core.planning.memory.vllm_command import parallel_flags
 from core.planning.predict.deployment_fields import CHECKED_FIELDS
 from core.planning.predict.load import Load
-from core.serving.fleet import Fleet, replica_breakdown, simulate_fleet
+from core.serving.fleet import Fleet, replica_breakdown
 from core.serving.host_offload import DEFAULT_OFFLOAD_BANDWIDTH, HostOffload
 from core.serving.latency import REQUEST_SIDE_COLUMN, request_side_seconds, steps_ended_before
 from core.serving.memory_policies import paged
+from core.serving.resume import SimulationSession
 from core.serving.router import DEFAULT_ROUTING, check_routing
 from core.serving.sim_config import SimulatorConfig
-from core.serving.simulator import simulate
 from core.serving.steady_state import SteadyState, SteadyStateSettings, metric_keys, steady_state
 from core.serving.workload import out_of_phase_outputs
 
@@ -430,11 +430,11 @@ def replica_steady_state(
         idle_lifetime(step, load, deployment.max_num_batched_tokens) + (load.turns - 1) * load.turn_gap_s
     )
 
+    # each growth of the window continues the last run when the draw is prefix-stable (`core.serving.resume`)
+    session = SimulationSession(policy, config, None if fleet is not None else load.concurrency, fleet)
+
     def run(requests, until):
-        if fleet is not None:
-            result = simulate_fleet(requests, policy, config, fleet, until_finished=until)
-        else:
-            result = simulate(requests, policy, config, until_finished=until, concurrency=load.concurrency)
+        result = session.run(requests, until)
         if request_overhead_s is not None:
             add_request_side(result, request_overhead_s, closed_loop=load.concurrency is not None)
         return result

@@ -9,13 +9,12 @@ is cited here (public prices vary by provider and month), so the proxy is the to
 """
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError, RoutingError
-from core.fields import InputField, check_fields
-from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from core.fields import InputField, check_fields, field_named
 from core.planning.catalog.hardware import GPUS, GPUSpec, get_gpu
 from core.planning.catalog.models import ModelSpec
 from core.planning.cost.fits.engine_profiles import (
@@ -32,6 +31,8 @@ from core.planning.memory.kv_accounting import (
     check_moe_parallel,
     check_parallelism,
 )
+from core.planning.predict.deployment_fields import MOE_FIELDS, ROUTING_FIELD, SETTING_FIELDS
+from core.planning.predict.disagg import DISAGG_FIELDS
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import Deployment
 from core.planning.predict.target_fields import TARGET_FIELDS
@@ -156,10 +157,39 @@ SEARCH_FIELDS += (
         optional=True,
     ),
 )
+# The search's shared settings, a deployment's fields with the search's meaning: one max_num_batched_tokens,
+# expert parallelism and the router for every candidate, disaggregated deployments too (the page's search mode's
+# `disagg_too`), --routing without a default (none: each replica serves 1 / N of the load).
+SEARCH_FIELDS += (
+    field_named(SETTING_FIELDS, "max_num_batched_tokens"),
+    replace(
+        MOE_FIELDS[1],
+        help="every candidate with vLLM's --enable-expert-parallel (a MoE model: whole experts per GPU)",
+    ),
+    replace(
+        DISAGG_FIELDS[0],
+        url_key="disagg_too",
+        label="Disaggregated prefill / decode deployments too (slo --disagg)",
+        help="also search disaggregated deployments: x prefill workers + y decode workers of one GPU type "
+        "(tp from --tp, pp 1, max_num_seqs the largest --max-num-seqs), ranked with the aggregated ones",
+    ),
+    replace(
+        ROUTING_FIELD,
+        default=None,
+        optional=True,
+        help=f"the router in front of every deployment of several replicas: one of {', '.join(ROUTING_POLICIES)} "
+        "(default: none, each replica serves 1 / N of the load; round-robin is what a plain load balancer does)",
+    ),
+)
 # the search space's fields shared with the SLO planner page's search mode (its URL fields and widgets)
 SEARCH_URL_FIELDS = tuple(f for f in SEARCH_FIELDS if f.url_key is not None)
-# those `SloCandidates` holds by name and checks by their fields (gpus: presets or GPUSpecs, checked apart)
-_CHECKED_FIELDS = tuple(f for f in SEARCH_FIELDS[1:] if f.name != "routing_candidates")
+# those `SloCandidates` holds by name and checks by their fields (gpus: presets or GPUSpecs, checked apart; the
+# router's policies: `routing_policies` and `check_routing`; the switches: their own checks, below)
+_CHECKED_FIELDS = tuple(
+    f
+    for f in SEARCH_FIELDS[1:]
+    if f.name not in ("routing_candidates", "routing", "disagg", "expert_parallel")
+)
 _DEFAULTS = {f.name: f.default for f in SEARCH_FIELDS}
 
 
@@ -359,7 +389,7 @@ def candidates_from(values: Mapping[str, Any], **settings: Any) -> "SloCandidate
     (`SloCandidates`' other fields: engine, disagg, max_num_batched_tokens, ...). Each value is checked by its
     field in `SloCandidates`."""
     v = {f.name: values.get(f.name, f.default) for f in SEARCH_FIELDS}
-    routing = routing_policies(values.get("routing"), v.pop("routing_candidates"))
+    routing = routing_policies(v.pop("routing"), v.pop("routing_candidates"))
     return SloCandidates(**v, routing=routing, **settings)
 
 
@@ -390,22 +420,22 @@ class SloCandidates:
     max_num_seqs: tuple[int, ...] = _DEFAULTS["max_num_seqs"]
     kv_dtypes: tuple[str, ...] = _DEFAULTS["kv_dtypes"]
     weight_dtypes: tuple[str, ...] = _DEFAULTS["weight_dtypes"]
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_batched_tokens: int = _DEFAULTS["max_num_batched_tokens"]
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     max_meeting: int = _DEFAULTS["max_meeting"]
     step_time: Mapping[str, Any] | None = None
     engine: str = DEFAULT_ENGINE
-    disagg: bool = False
+    disagg: bool = _DEFAULTS["disagg"]
     routing: tuple[str, ...] = ()
     data_parallel: tuple[int, ...] = _DEFAULTS["data_parallel"]
-    expert_parallel: bool = False
+    expert_parallel: bool = _DEFAULTS["expert_parallel"]
 
     def __post_init__(self):
-        if isinstance(self.gpus, str | GPUSpec) or not tuple(self.gpus):
-            raise InvalidArgumentError(
-                "gpus must be a non-empty sequence of GPU preset slugs or GPUSpec objects"
-            )
+        if isinstance(self.gpus, str | GPUSpec):
+            raise InvalidArgumentError("gpus must be a sequence of GPU preset slugs or GPUSpec objects")
+        if not tuple(self.gpus):
+            raise InvalidArgumentError(f"{SEARCH_FIELDS[0].flag} needs at least one value")
         object.__setattr__(self, "gpus", tuple(self.gpus))
         for gpu in self.gpus:
             if not isinstance(gpu, GPUSpec):
@@ -427,8 +457,7 @@ class SloCandidates:
             raise InvalidArgumentError(f"disagg must be True or False, got {self.disagg!r}")
         if self.disagg and self.max_gpus < 2:
             raise InvalidArgumentError(
-                f"a disaggregated deployment needs at least 2 GPUs (one prefill, one decode); max_gpus is "
-                f"{self.max_gpus}"
+                f"--disagg needs --max-gpus of at least 2 GPUs (a prefill and a decode GPU), got {self.max_gpus}"
             )
         routing = (self.routing,) if isinstance(self.routing, str) else self.routing
         try:
