@@ -155,7 +155,7 @@ def test_sample_rows_and_their_split():
     assert len(pvr.MINIMAX_ATTENTION_DP_ROWS) == 15 and {
         (r.gpu, r.tp, r.dp, r.ep) for r in pvr.MINIMAX_ATTENTION_DP_ROWS
     } == {("h100-80gb", 4, 4, 16)}
-    minimax = [r for r in pvr.ROWS if r.model == "minimax-m2.5"]  # the file's 99 others, FP8, in training
+    minimax = [r for r in pvr.ROWS if r.model == "minimax-m2.5"]  # the file's 99 others, FP8, held out
     assert (
         len(minimax) == 99
         and {r.weight_dtype for r in minimax} == {"fp8"}
@@ -177,6 +177,18 @@ def test_sample_rows_and_their_split():
     )
     assert {pvr.row_set(r) for r in pvr.ROWS if r.model in pvr.HELD_OUT_MODELS} <= {"held out", "kv-limited"}
     assert any(m in pvr.MOE_MODELS for m in pvr.HELD_OUT_MODELS)
+    # MiniMax-M2.5 is held out (97 rows, 2 KV-limited); the fourth stage (tried, not adopted) trains on it and
+    # holds out the other two, and its training rows are the adopted split's plus MiniMax-M2.5's
+    fourth = pvr.FOURTH_STAGE_TRAINING_MODELS
+    assert [pvr.row_set(r) for r in minimax].count("held out") == 97
+    assert [pvr.row_set(r, fourth) for r in minimax].count("training") == 97
+    assert {pvr.row_set(r, fourth) for r in pvr.ROWS if r.model in ("llama-3.1-8b", "qwen3-235b-a22b")} <= {
+        "held out",
+        "kv-limited",
+    }
+    assert sorted(r.id for r in pvr.training_rows(fourth)) == sorted(
+        [r.id for r in pvr.training_rows()] + [r.id for r in minimax if pvr.row_set(r) == "held out"]
+    )
     gpt = [r for r in pvr.ROWS if r.model == "gpt-oss-120b"]
     assert len(gpt) == 144 and {r.weight_dtype for r in gpt} == {"auto"}
     first = next(r for r in pvr.ROWS if r.model == "llama-3.1-8b")  # the file's first 8B row

@@ -13,11 +13,11 @@ with attention DP 4 are kept apart in MINIMAX_ATTENTION_DP_ROWS, not priced: the
 DP 4 x MoE EP 16 would be 16 GPUs, and their latencies equal the TP 4 EP 4 rows' at the same silicon_concurrency
 within a few percent, so which deployment they measured is unclear).
 
-Split (issue 40): whole models. TRAINING_MODELS (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b, MiniMax-M2.5) are fitted;
-every row of HELD_OUT_MODELS (Llama-3.1-8B, a small dense model; Qwen3-235B-A22B, an MoE model) is held out.
-MiniMax-M2.5 is in training because an FP8 MoE kernel can only be fitted on an FP8 MoE model (gpt-oss-120b's
-experts are MXFP4); that choice was made before any held-out error with it was computed (docs/slo.md 2c). (`published_vllm` fits the
-training rows.)
+Split (issue 40): whole models. TRAINING_MODELS (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b) are fitted; every row of
+HELD_OUT_MODELS (Llama-3.1-8B, a small dense model; Qwen3-235B-A22B and MiniMax-M2.5, MoE models with FP8 experts)
+is held out. (`published_vllm` fits the training rows.) FOURTH_STAGE_TRAINING_MODELS adds MiniMax-M2.5 to the
+training models: the fourth stage of docs/slo.md 2c, tried and not adopted (`bench.slo_published --train-minimax`
+reruns it); `row_set` and `training_rows` take the training models.
 
 KV-limited rows (`kv_limited`: C x (ISL + OSL / 2), the KV tokens the clients hold on average, exceeds the
 planner's KV tokens, or C exceeds MAX_NUM_SEQS: gpt-oss-120b's 512-client rows) are reported but neither fitted nor counted in either RMS: there requests wait for KV
@@ -51,9 +51,11 @@ BLOCK_SIZE = 16
 MAX_NUM_BATCHED_TOKENS = 8192
 MAX_NUM_SEQS = 256
 GPU_MEMORY_UTILIZATION = 0.9
-# two dense, two MoE (MXFP4 and FP8 experts); H100 and H200
-TRAINING_MODELS = ("llama-3.1-70b", "qwen3-32b", "gpt-oss-120b", "minimax-m2.5")
-HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b")  # a small dense model and an MoE one
+TRAINING_MODELS = ("llama-3.1-70b", "qwen3-32b", "gpt-oss-120b")  # two dense, one MoE; H100 and H200
+# a small dense model and two MoE ones (FP8 experts; MiniMax-M2.5 on H100 and H200)
+HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b", "minimax-m2.5")
+# The fourth stage (docs/slo.md 2c: tried, not adopted): MiniMax-M2.5, an FP8 MoE model, in training too.
+FOURTH_STAGE_TRAINING_MODELS = (*TRAINING_MODELS, "minimax-m2.5")
 MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b", "minimax-m2.5")
 
 
@@ -73,10 +75,6 @@ class VllmRow:
     weight_dtype: str = WEIGHT_DTYPE
     dp: int = 1
     ep: int = 1
-
-    @property
-    def held_out(self) -> bool:
-        return self.model in HELD_OUT_MODELS
 
     @property
     def label(self) -> str:
@@ -139,13 +137,13 @@ def kv_limited(row: VllmRow) -> bool:
     return row.concurrency > MAX_NUM_SEQS or row.concurrency * (row.isl + row.osl / 2) > kv_tokens(row)
 
 
-def row_set(row: VllmRow) -> str:
-    """The row's set: "kv-limited", "held out" or "training"."""
-    return "kv-limited" if kv_limited(row) else "held out" if row.held_out else "training"
+def row_set(row: VllmRow, training_models: tuple[str, ...] = TRAINING_MODELS) -> str:
+    """The row's set: "kv-limited", "training" (its model one of `training_models`) or "held out"."""
+    return "kv-limited" if kv_limited(row) else "training" if row.model in training_models else "held out"
 
 
-def training_rows() -> list[VllmRow]:
-    return [r for r in ROWS if row_set(r) == "training"]
+def training_rows(training_models: tuple[str, ...] = TRAINING_MODELS) -> list[VllmRow]:
+    return [r for r in ROWS if row_set(r, training_models) == "training"]
 
 
 def rank_rows(row: VllmRow) -> list[tuple[VllmRow, int]]:
