@@ -169,10 +169,11 @@ def from_specs(
         kwargs["overhead_s"] = (
             kwargs.get("overhead_s", DEFAULT_OVERHEAD_S) + layer_overhead * model.num_layers
         )
-    # The FP8 experts' own efficiencies (docs/slo.md 2c, fourth stage): FP8 block-quantized experts run another
+    # The FP8 experts' own efficiencies (docs/slo.md 2c, the fourth stage: tried, not adopted, so no stored profile
+    # sets them; `bench.slo_published --train-minimax` fits them): FP8 block-quantized experts run another
     # grouped-GEMM kernel than MXFP4 (or 16-bit) ones, so a profile may give them their own share of the bandwidth
     # and of the FLOP/s; each replaces expert_bandwidth_efficiency / expert_flops_efficiency when the experts are
-    # stored in FP8.
+    # stored in FP8 (None: the shared ones).
     fp8_moe = model.is_moe and resolve_weight_dtype(model, weight_dtype) == "fp8"
     for name in ("bandwidth", "flops"):
         value = kwargs.pop(f"fp8_expert_{name}_efficiency", None)
