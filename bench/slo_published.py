@@ -1,12 +1,13 @@
 """Fit the vLLM engine profile across models and print one JSON object: the fit, its errors per model, every row.
 
-    python -m bench.slo_published
+    python -m bench.slo_published                   # the adopted fit (docs/slo.md 2c, third stage)
+    python -m bench.slo_published --train-minimax   # the fourth stage: tried, not adopted
 
 The rows (`core.planning.cost.fits.published_vllm_rows.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM on H100 /
 H200 SXM: Llama-3.1-70B FP8, Qwen3-32B bf16, gpt-oss-120b MXFP4 (the training models) and Llama-3.1-8B FP8,
-Qwen3-235B-A22B FP8 (held out whole), mean TTFT and TPOT of closed loops at fixed lengths. Each row is simulated
-as its benchmark (`predict_row`: the lab's scheduler and KV cache, the exact planner's KV capacity, the step-time
-model), FIT_NAMES fitted on the training models (`fit_vllm`). Printed: training_rms_rel_err and
+Qwen3-235B-A22B FP8, MiniMax-M2.5 FP8 (held out whole), mean TTFT and TPOT of closed loops at fixed lengths. Each
+row is simulated as its benchmark (`predict_row`: the lab's scheduler and KV cache, the exact planner's KV capacity,
+the step-time model), FIT_NAMES fitted on the training models (`fit_vllm`). Printed: training_rms_rel_err and
 heldout_rms_rel_err (RMS of the TTFT and TPOT relative errors together, predicted / measured - 1),
 kvlimited_rms_rel_err (rows whose clients' KV footprint exceeds the cache or whose clients exceed max_num_seqs,
 in neither set), heldout_by_model and training_by_model ({model: {"ttft_rms_rel_err", "tpot_rms_rel_err",
@@ -18,8 +19,15 @@ single_model: the stored profile on its own split (Llama-3.1-70B, H100 training,
 model, gpu, weight dtype, tp, ep, isl, osl, concurrency, measured / predicted ttft and tpot (seconds), their
 errors and the set. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
 RMS <= TRAINING_TARGET (issue 40). elapsed_s: the whole run (simulations and fit).
+
+--train-minimax runs the fourth stage of docs/slo.md 2c, tried and not adopted: MiniMax-M2.5 in training
+(FOURTH_STAGE_TRAINING_MODELS) and the routed experts' FLOP/s and bandwidth efficiencies per expert weight format
+(FOURTH_STAGE_FIT_NAMES); the same keys, plus adopted_profile_errors (the adopted profile,
+VLLM_CROSS_MODEL_PROFILE, on that split) and without_term's fp8_expert_efficiencies (the FP8 experts priced with
+the shared efficiencies). Its output is not the saved run.
 """
 
+import argparse
 import json
 import os
 import platform
@@ -29,7 +37,11 @@ from bench.machine import machine_facts
 from core.kernels.cpu_isa import cpu_description
 from core.planning.cost.fits import published_vllm as pv
 from core.planning.cost.fits import published_vllm_rows as pvr
-from core.planning.cost.fits.engine_profiles import VLLM_STEP_DEFAULTS, engine_step_defaults
+from core.planning.cost.fits.engine_profiles import (
+    VLLM_CROSS_MODEL_PROFILE,
+    VLLM_STEP_DEFAULTS,
+    engine_step_defaults,
+)
 
 TARGET = 0.25  # each held-out model's rms_rel_err (issue 40)
 TRAINING_TARGET = 0.20
@@ -72,10 +84,21 @@ def _ablations(fitted: dict) -> dict:
     layers = 80  # Llama-3.1-70B's layers: one fixed cost for every model, as the single-model fit had
     without_request = {k: v for k, v in fitted.items() if k != pv.REQUEST_TERM}
     per_layer = fitted["layer_overhead_s"]
-    return {
+    per_format = any(name in fitted for name in pv.FP8_EXPERT_NAMES)  # the fourth stage's fit
+    terms = {
         "moe_expert_reads": fitted | {"moe_reads_all_experts": True},
-        "expert_flops_efficiency": fitted | {"expert_flops_efficiency": None},
-        "expert_bandwidth_efficiency": fitted | {"expert_bandwidth_efficiency": None},
+        "expert_flops_efficiency": fitted
+        | {"expert_flops_efficiency": None}
+        | ({"fp8_expert_flops_efficiency": None} if per_format else {}),
+        "expert_bandwidth_efficiency": fitted
+        | {"expert_bandwidth_efficiency": None}
+        | ({"fp8_expert_bandwidth_efficiency": None} if per_format else {}),
+    }
+    if (
+        per_format
+    ):  # FP8 experts priced with the shared (MXFP4) experts' efficiencies: the third stage's pricing
+        terms["fp8_expert_efficiencies"] = {k: v for k, v in fitted.items() if k not in pv.FP8_EXPERT_NAMES}
+    return terms | {
         "layer_overhead_s": fitted | {"layer_overhead_s": 0.0, "overhead_s": layers * per_layer},
         "request_overhead_s": without_request,
     }
@@ -103,16 +126,49 @@ def _row(r: dict) -> dict:
     }
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.slo_published",
+        description="Fit the vLLM engine profile across models (aiconfigurator's vLLM rows), hold out whole "
+        "models, print one JSON object.",
+    )
+    parser.add_argument(
+        "--train-minimax",
+        action="store_true",
+        help="the fourth stage of docs/slo.md 2c, tried and not adopted: MiniMax-M2.5 in training and the "
+        "routed experts' efficiencies per expert weight format (not the saved run)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     started = time.perf_counter()
     load_before = os.getloadavg()
-    fitted = pv.fit_vllm()
-    rows = pv.comparison(fitted)
-    stored = _errors(pv.comparison(VLLM_STEP_DEFAULTS))
-    baseline = _errors(pv.comparison(engine_step_defaults("trtllm")))
+    if args.train_minimax:
+        training, stage = pvr.FOURTH_STAGE_TRAINING_MODELS, "fourth (tried, not adopted: docs/slo.md 2c)"
+        fitted = pv.fit_vllm(
+            pvr.training_rows(training), names=pv.FOURTH_STAGE_FIT_NAMES, start=pv.FOURTH_STAGE_START
+        )
+    else:
+        training, stage = pvr.TRAINING_MODELS, "third (adopted: VLLM_CROSS_MODEL_PROFILE)"
+        fitted = pv.fit_vllm()
+
+    def compare(overrides: dict) -> list[dict]:
+        return pv.comparison(overrides, training_models=training)
+
+    held_out = [
+        m for m in dict.fromkeys(pvr.HELD_OUT_MODELS + pvr.FOURTH_STAGE_TRAINING_MODELS) if m not in training
+    ]
+    rows = compare(fitted)
+    stored = _errors(compare(VLLM_STEP_DEFAULTS))
+    baseline = _errors(compare(engine_step_defaults("trtllm")))
     errors = _errors(rows)
     single = _single_model(VLLM_STEP_DEFAULTS), _single_model(engine_step_defaults("trtllm"))
-    terms = {name: _errors(pv.comparison(overrides)) for name, overrides in _ablations(fitted).items()}
+    terms = {name: _errors(compare(overrides)) for name, overrides in _ablations(fitted).items()}
+    adopted = (
+        {"adopted_profile_errors": _errors(compare(VLLM_CROSS_MODEL_PROFILE))} if args.train_minimax else {}
+    )
     worst = sorted(rows, key=lambda r: -max(abs(r["ttft_error"]), abs(r["tpot_error"])))
     print(
         json.dumps(
@@ -120,13 +176,15 @@ def main() -> None:
                 "cpu": cpu_description(),
                 "machine": machine_facts(load_before, python=platform.python_version()),
                 "source": pvr.VLLM_SOURCE,
+                "stage": stage,
                 "split": {
-                    "training": f"every row of {', '.join(pvr.TRAINING_MODELS)} (H100 and H200 SXM)",
-                    "held_out": f"every row of {', '.join(pvr.HELD_OUT_MODELS)}: models the fit never sees",
+                    "training": f"every row of {', '.join(training)} (H100 and H200 SXM)",
+                    "held_out": f"every row of {', '.join(held_out)}: models the fit never sees",
                     "kv_limited": "C x (ISL + OSL / 2) > the planner's KV tokens, or C > max_num_seqs: reported, "
                     "not fitted",
-                    "attention_dp": f"{len(pvr.ATTENTION_DP_ROWS)} rows served with data-parallel attention: "
-                    "left out (not priced)",
+                    "attention_dp": f"{len(pvr.ATTENTION_DP_ROWS)} Qwen3-235B-A22B rows served with data-parallel "
+                    f"attention and MiniMax-M2.5's {len(pvr.MINIMAX_ATTENTION_DP_ROWS)} rows listed with attention "
+                    "DP 4: left out (not priced)",
                 },
                 "counts": {
                     s: sum(r["set"] == s for r in rows) for s in ("training", "held out", "kv-limited")
@@ -139,6 +197,7 @@ def main() -> None:
                 "stored": VLLM_STEP_DEFAULTS,
                 "stored_errors": stored,
                 "trtllm_profile_errors": baseline,
+                **adopted,
                 "without_term": terms,
                 "single_model": {
                     "split": "Llama-3.1-70B only: H100 rows training, H200 rows held out (issue 29)",

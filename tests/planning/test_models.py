@@ -408,6 +408,66 @@ def test_minimax_m2_5_preset_counts_230b_and_10b_active():
     assert model.quantization == "fp8" and not model.is_mla and model.compute_dtype == "bfloat16"
 
 
+# The config.json of MiniMaxAI/MiniMax-M2.5 as ai-dynamo/aiconfigurator stores it (Apache-2.0): file
+# aic-core/src/aiconfigurator_core/model_configs/MiniMaxAI--MiniMax-M2.5_config.json at commit
+# 095f58a51c4ca8e61b66ec108d86f223f8d559ce, the commit whose vLLM rows the cross-model fit uses (docs/slo.md 2c):
+# every field of it the planner or the step-time model reads, with the file's values.
+MINIMAX_M2_5_AIC_CONFIG = {
+    "architectures": ["MiniMaxM2ForCausalLM"],
+    "model_type": "minimax_m2",
+    "num_hidden_layers": 62,
+    "hidden_size": 3072,
+    "num_attention_heads": 48,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 1536,
+    "vocab_size": 200064,
+    "num_experts_per_tok": 8,
+    "num_local_experts": 256,
+    "max_position_embeddings": 196608,
+    "rotary_dim": 64,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "use_qk_norm": True,
+    "use_routing_bias": True,
+    "shared_intermediate_size": 0,
+    "scoring_func": "sigmoid",
+    "quantization_config": {
+        "quant_method": "fp8",
+        "fmt": "float8_e4m3fn",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"],
+    },
+}
+
+
+def test_minimax_m2_5_preset_is_the_cited_config():
+    """The preset's config fields are the cited file's (every field above, same value), and the ModelSpec read
+    from it has those shapes: no dense layer and no shared expert, so every one of the 62 layers is an MoE layer
+    of 256 experts of 3 x 3,072 x 1,536."""
+    preset = json.loads(MODELS_JSON.read_text())["minimax-m2.5"]["config"]
+    for key, value in MINIMAX_M2_5_AIC_CONFIG.items():
+        assert preset[key] == value, key
+    model = MODELS["minimax-m2.5"]
+    assert (
+        model.num_layers,
+        model.num_attention_heads,
+        model.num_kv_heads,
+        model.head_dim,
+        model.hidden_size,
+        model.vocab_size,
+        model.max_position_embeddings,
+        model.num_experts,
+        model.num_experts_per_tok,
+    ) == (62, 48, 8, 128, 3072, 200064, 196608, 256, 8)
+    assert model.expert_params == 62 * 256 * 3 * 3072 * 1536
+    # total from the shapes: the experts, the attention (q, k, v, o), routers, norms, embedding and LM head
+    attention = 62 * (3072 * 48 * 128 * 2 + 2 * 3072 * 8 * 128)
+    assert model.attention_params == attention
+    assert estimate_num_params(MINIMAX_M2_5_AIC_CONFIG)["total"] == pytest.approx(228.69e9, rel=1e-4)
+
+
 def test_kimi_k2_5_preset_counts_1_04t_and_32b_active():
     """Kimi-K2.5 (DeepSeek-V3's architecture under text_config): 60 MoE layers x 384 experts x 3 x 7,168 x 2,048
     = 1,014.7B expert parameters; the shapes total 1.026T against the published ~1.04T (-1.3 %; the model card

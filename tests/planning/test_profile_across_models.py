@@ -98,6 +98,44 @@ def test_expert_weights_read_at_their_own_bandwidth_efficiency():
         from_specs(model, gpu, 2, "fp8", expert_bandwidth_efficiency=0.0)
 
 
+def test_fp8_experts_read_at_their_own_bandwidth_efficiency():
+    """fp8_expert_bandwidth_efficiency (and fp8_expert_flops_efficiency) replace expert_bandwidth_efficiency
+    (expert_flops_efficiency) for experts stored in FP8 (MiniMax-M2.5,
+    Qwen3-235B-A22B at fp8), not for gpt-oss-120b's MXFP4 experts nor a dense model: the FP8 experts' time is their
+    bytes read at that share of the bandwidth, by hand."""
+    gpu, n, kv = GPUS["h200-141gb"], 16.0, 16 * 3000.0
+    kw = {"bandwidth_efficiency": 1.0, "overhead_s": 0.0, "expert_bandwidth_efficiency": 0.7}
+    for slug, dtype, experts, per_tok in (
+        ("minimax-m2.5", "fp8", 256, 8),
+        ("qwen3-235b-a22b", "fp8", 128, 8),
+    ):
+        step = from_specs(MODELS[slug], gpu, 4, dtype, fp8_expert_bandwidth_efficiency=0.4, **kw)
+        assert step.expert_bandwidth_efficiency == 0.4
+        # the FLOP/s share likewise: the experts' FLOPs of a 64-token step at 0.05 of the FP8 peak, by hand
+        flops = from_specs(
+            MODELS[slug], gpu, 4, dtype, fp8_expert_flops_efficiency=0.05, flops_efficiency=0.5
+        )
+        assert flops.expert_flops_efficiency == 0.05
+        dense_flops = (flops.flops_per_token - flops.expert_flops_per_token) * 64 / (flops.peak_flops * 0.5)
+        expert_flops = flops.expert_flops_per_token * 64 / (flops.peak_flops * 0.05)
+        assert flops.breakdown(64, 0, 0).compute_s == pytest.approx(dense_flops + expert_flops, rel=1e-12)
+        touched = 1 - (1 - per_tok / experts) ** n
+        dense = (step.weight_bytes + step.kv_bytes_per_token * (kv + n)) / gpu.memory_bandwidth
+        by_hand = dense + step.expert_weight_bytes * touched / (gpu.memory_bandwidth * 0.4)
+        assert step.breakdown(n, kv, 0).memory_s == pytest.approx(by_hand, rel=1e-12)
+    for slug, dtype in (("gpt-oss-120b", "auto"), ("qwen3-235b-a22b", "bf16"), ("llama-3.1-70b", "fp8")):
+        with_term = from_specs(MODELS[slug], gpu, 4, dtype, fp8_expert_bandwidth_efficiency=0.4, **kw)
+        assert with_term.step_seconds(n, kv, 0) == from_specs(MODELS[slug], gpu, 4, dtype, **kw).step_seconds(
+            n, kv, 0
+        )
+    with pytest.raises(InvalidArgumentError, match="fp8_expert_bandwidth_efficiency"):
+        from_specs(MODELS["minimax-m2.5"], gpu, 4, "fp8", fp8_expert_bandwidth_efficiency=1.5)
+    with pytest.raises(InvalidArgumentError, match="fp8_expert_flops_efficiency"):
+        from_specs(MODELS["minimax-m2.5"], gpu, 4, "fp8", fp8_expert_flops_efficiency=0.0)
+    gpt = from_specs(MODELS["gpt-oss-120b"], gpu, 4, "auto", fp8_expert_flops_efficiency=0.05)
+    assert gpt.expert_flops_efficiency is None
+
+
 def test_layer_overhead_counts_every_layer():
     gpu = GPUS["h100-80gb"]
     for slug, layers in (("llama-3.1-8b", 32), ("llama-3.1-70b", 80)):
@@ -110,12 +148,47 @@ def test_layer_overhead_counts_every_layer():
 def test_sample_rows_and_their_split():
     models = {r.model for r in pvr.ROWS}
     assert models == set(pvr.TRAINING_MODELS) | set(pvr.HELD_OUT_MODELS)
-    assert len(pvr.ROWS) + len(pvr.ATTENTION_DP_ROWS) == 105 + 306
+    assert len(pvr.ROWS) + len(pvr.ATTENTION_DP_ROWS) + len(pvr.MINIMAX_ATTENTION_DP_ROWS) == 105 + 306 + 114
     assert (
         all(r.model == "qwen3-235b-a22b" for r in pvr.ATTENTION_DP_ROWS) and len(pvr.ATTENTION_DP_ROWS) == 19
     )
+    assert len(pvr.MINIMAX_ATTENTION_DP_ROWS) == 15 and {
+        (r.gpu, r.tp, r.dp, r.ep) for r in pvr.MINIMAX_ATTENTION_DP_ROWS
+    } == {("h100-80gb", 4, 4, 16)}
+    minimax = [r for r in pvr.ROWS if r.model == "minimax-m2.5"]  # the file's 99 others, FP8, held out
+    assert (
+        len(minimax) == 99
+        and {r.weight_dtype for r in minimax} == {"fp8"}
+        and "minimax-m2.5" in pvr.MOE_MODELS
+    )
+    assert {(r.gpu, r.tp, r.ep) for r in minimax} == {
+        ("h100-80gb", 4, 4),
+        ("h200-141gb", 4, 1),
+        ("h200-141gb", 8, 1),
+    }
+    first = minimax[0]  # the file's first MiniMax-M2.5 vLLM agg row (H200, vLLM 0.16.0, config 606)
+    assert (first.tp, first.isl, first.osl, first.concurrency, first.ttft_s, first.tpot_s) == (
+        4,
+        8192,
+        1024,
+        8,
+        pytest.approx(0.41589451),
+        pytest.approx(0.015605238),
+    )
     assert {pvr.row_set(r) for r in pvr.ROWS if r.model in pvr.HELD_OUT_MODELS} <= {"held out", "kv-limited"}
     assert any(m in pvr.MOE_MODELS for m in pvr.HELD_OUT_MODELS)
+    # MiniMax-M2.5 is held out (97 rows, 2 KV-limited); the fourth stage (tried, not adopted) trains on it and
+    # holds out the other two, and its training rows are the adopted split's plus MiniMax-M2.5's
+    fourth = pvr.FOURTH_STAGE_TRAINING_MODELS
+    assert [pvr.row_set(r) for r in minimax].count("held out") == 97
+    assert [pvr.row_set(r, fourth) for r in minimax].count("training") == 97
+    assert {pvr.row_set(r, fourth) for r in pvr.ROWS if r.model in ("llama-3.1-8b", "qwen3-235b-a22b")} <= {
+        "held out",
+        "kv-limited",
+    }
+    assert sorted(r.id for r in pvr.training_rows(fourth)) == sorted(
+        [r.id for r in pvr.training_rows()] + [r.id for r in minimax if pvr.row_set(r) == "held out"]
+    )
     gpt = [r for r in pvr.ROWS if r.model == "gpt-oss-120b"]
     assert len(gpt) == 144 and {r.weight_dtype for r in gpt} == {"auto"}
     first = next(r for r in pvr.ROWS if r.model == "llama-3.1-8b")  # the file's first 8B row

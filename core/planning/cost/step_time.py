@@ -169,6 +169,22 @@ def from_specs(
         kwargs["overhead_s"] = (
             kwargs.get("overhead_s", DEFAULT_OVERHEAD_S) + layer_overhead * model.num_layers
         )
+    # The FP8 experts' own efficiencies (docs/slo.md 2c, the fourth stage: tried, not adopted, so no stored profile
+    # sets them; `bench.slo_published --train-minimax` fits them): FP8 block-quantized experts run another
+    # grouped-GEMM kernel than MXFP4 (or 16-bit) ones, so a profile may give them their own share of the bandwidth
+    # and of the FLOP/s; each replaces expert_bandwidth_efficiency / expert_flops_efficiency when the experts are
+    # stored in FP8 (None: the shared ones).
+    fp8_moe = model.is_moe and resolve_weight_dtype(model, weight_dtype) == "fp8"
+    for name in ("bandwidth", "flops"):
+        value = kwargs.pop(f"fp8_expert_{name}_efficiency", None)
+        if value is None:
+            continue
+        if not 0 < value <= 1:
+            raise InvalidArgumentError(
+                f"fp8_expert_{name}_efficiency must be in (0, 1] or None, got {value!r}"
+            )
+        if fp8_moe:
+            kwargs[f"expert_{name}_efficiency"] = value
     fp8_ratio = kwargs.pop("fp8_flops_ratio", None)
     if fp8_ratio is not None and not 0 < fp8_ratio <= 2:
         raise InvalidArgumentError(f"fp8_flops_ratio must be in (0, 2] or None, got {fp8_ratio!r}")

@@ -50,6 +50,7 @@ from core.planning.cost.fits.published_vllm_rows import (
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     ROWS,
+    TRAINING_MODELS,
     VllmRow,
     kv_limited,
     kv_tokens,
@@ -85,6 +86,12 @@ FIT_NAMES = (
     "expert_bandwidth_efficiency",
     "request_overhead_s",
 )
+# The fourth stage (docs/slo.md 2c: tried, not adopted; `bench.slo_published --train-minimax`): MiniMax-M2.5 in
+# training (published_vllm_rows.FOURTH_STAGE_TRAINING_MODELS) and the routed experts' two efficiencies per expert
+# weight format, FP8 block-quantized experts (MiniMax-M2.5, Qwen3-235B-A22B) with their own FLOP/s and bandwidth
+# shares (fp8_expert_*, `from_specs`), gpt-oss-120b's MXFP4 ones keeping the shared two.
+FP8_EXPERT_NAMES = ("fp8_expert_flops_efficiency", "fp8_expert_bandwidth_efficiency")
+FOURTH_STAGE_FIT_NAMES = FIT_NAMES + FP8_EXPERT_NAMES
 FIXED = {"bandwidth_efficiency": 1.0, "overhead_s": 0.0, "per_token_overhead_s": 0.0}
 SINGLE_MODEL_FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
 # Gauss-Newton's starting point: round values near the cross-model solution (the fit is the same from 0.4 / 2e-5
@@ -99,6 +106,13 @@ START = {
     "expert_bandwidth_efficiency": 0.7,
     "fp8_flops_ratio": 1.5,
     "request_overhead_s": 0.03,
+}
+# The fourth stage's starting point: round values near its solution.
+FOURTH_STAGE_START = START | {
+    "expert_flops_efficiency": 0.15,
+    "request_overhead_s": 0.035,
+    "fp8_expert_bandwidth_efficiency": 0.55,
+    "fp8_expert_flops_efficiency": 0.04,
 }
 # The request-side latency (module docstring): an override of this name (not a StepTimeModel parameter) adds to
 # every TTFT the fixed time a request spends outside the engine's steps and the step in flight when it arrives
@@ -301,10 +315,10 @@ def _log_errors(x: np.ndarray, rows, names=FIT_NAMES, fixed=None) -> np.ndarray:
     return np.array(out)
 
 
-def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED) -> dict:
+def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED, start=START) -> dict:
     """FIT_NAMES minimising sum(log(predicted / measured)^2) over mean TTFT and mean TPOT of `rows` (default: the
-    training rows), by damped Gauss-Newton on their logs (finite-difference Jacobians, the efficiencies held in
-    (0, 1], the overheads > 0 by the log)."""
+    training rows), by damped Gauss-Newton on their logs from `start` (finite-difference Jacobians, the
+    efficiencies held in (0, 1], the overheads > 0 by the log)."""
     rows = training_rows() if rows is None else list(rows)
     upper = np.array(
         [
@@ -312,7 +326,7 @@ def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED) -> d
             for n in names
         ]
     )
-    x = np.log([START[n] for n in names])
+    x = np.log([start[n] for n in names])
     r = _log_errors(x, rows, names, fixed)
     for _ in range(iterations):
         jac = np.empty((len(r), len(x)))
@@ -338,9 +352,10 @@ def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED) -> d
     return dict(fixed or {}) | dict(zip(names, (float(v) for v in np.exp(x)), strict=True))
 
 
-def comparison(overrides: dict, rows=None) -> list[dict]:
+def comparison(overrides: dict, rows=None, training_models=TRAINING_MODELS) -> list[dict]:
     """One dict per row of `rows` (default ROWS): the row, measured and predicted mean TTFT / TPOT (seconds), their
-    relative errors (predicted / measured - 1) and the set ("training", "held out", "kv-limited")."""
+    relative errors (predicted / measured - 1) and the set ("training", "held out", "kv-limited"; training: the
+    rows of `training_models`)."""
     out = []
     for row in ROWS if rows is None else rows:
         ttft, tpot = replay(row).latencies(overrides)
@@ -351,7 +366,7 @@ def comparison(overrides: dict, rows=None) -> list[dict]:
                 "tpot_s": tpot,
                 "ttft_error": ttft / row.ttft_s - 1.0,
                 "tpot_error": tpot / row.tpot_s - 1.0,
-                "set": row_set(row),
+                "set": row_set(row, training_models),
             }
         )
     return out

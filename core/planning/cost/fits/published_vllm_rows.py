@@ -6,13 +6,18 @@ mean TTFT and mean TPOT of a closed loop of C clients at fixed lengths ISL / OSL
 core/planning/cost/fits/data/vllm_silicon_llama31_70b.csv, Llama-3.1-70B with FP8 weights (TP 2, 4, 8 on H100; 1, 2, 4, 8
 on H200; C = 4 ... 64; 1,024 / 1,024, 1,024 / 8,192, 8,192 / 1,024); from
 core/planning/cost/fits/data/vllm_silicon_models.csv (issue 40), Qwen3-32B bf16 (H100), Llama-3.1-8B-Instruct FP8 (H200),
-gpt-oss-120b MXFP4 (H100, H200) and Qwen3-235B-A22B FP8 (H200; its 19 rows served with data-parallel attention
+gpt-oss-120b MXFP4 (H100, H200), Qwen3-235B-A22B FP8 (H200; its 19 rows served with data-parallel attention
 are kept apart in ATTENTION_DP_ROWS, neither fitted nor in any RMS above; `published_vllm.attention_dp_comparison` prices
-them as DP ranks (`rank_rows`), docs/slo.md 2d).
+them as DP ranks (`rank_rows`), docs/slo.md 2d) and MiniMax-M2.5 FP8 (H100, H200; its 15 H100 rows the file lists
+with attention DP 4 are kept apart in MINIMAX_ATTENTION_DP_ROWS, not priced: their ids say TP 4 EP 4, their TP 4 x
+DP 4 x MoE EP 16 would be 16 GPUs, and their latencies equal the TP 4 EP 4 rows' at the same silicon_concurrency
+within a few percent, so which deployment they measured is unclear).
 
 Split (issue 40): whole models. TRAINING_MODELS (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b) are fitted; every row of
-HELD_OUT_MODELS (Llama-3.1-8B, a small dense model; Qwen3-235B-A22B, an MoE model) is held out. (`published_vllm` fits the
-training rows.)
+HELD_OUT_MODELS (Llama-3.1-8B, a small dense model; Qwen3-235B-A22B and MiniMax-M2.5, MoE models with FP8 experts)
+is held out. (`published_vllm` fits the training rows.) FOURTH_STAGE_TRAINING_MODELS adds MiniMax-M2.5 to the
+training models: the fourth stage of docs/slo.md 2c, tried and not adopted (`bench.slo_published --train-minimax`
+reruns it); `row_set` and `training_rows` take the training models.
 
 KV-limited rows (`kv_limited`: C x (ISL + OSL / 2), the KV tokens the clients hold on average, exceeds the
 planner's KV tokens, or C exceeds MAX_NUM_SEQS: gpt-oss-120b's 512-client rows) are reported but neither fitted nor counted in either RMS: there requests wait for KV
@@ -38,7 +43,7 @@ MODELS_DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_models.csv"
 VLLM_SOURCE = (
     "ai-dynamo/aiconfigurator, aic-core/src/aiconfigurator_core/systems/silicon_sample.csv at commit "
     "095f58a51c4ca8e61b66ec108d86f223f8d559ce (Apache-2.0): vLLM rows, H100 / H200 SXM, of Llama-3.1-70B FP8, "
-    "Qwen3-32B bf16, Llama-3.1-8B-Instruct FP8, gpt-oss-120b MXFP4 and Qwen3-235B-A22B FP8"
+    "Qwen3-32B bf16, Llama-3.1-8B-Instruct FP8, gpt-oss-120b MXFP4, Qwen3-235B-A22B FP8 and MiniMax-M2.5 FP8"
 )
 WEIGHT_DTYPE = "fp8"
 KV_DTYPE = "auto"  # vLLM's default kv_cache_dtype: the model's dtype (bf16)
@@ -47,8 +52,11 @@ MAX_NUM_BATCHED_TOKENS = 8192
 MAX_NUM_SEQS = 256
 GPU_MEMORY_UTILIZATION = 0.9
 TRAINING_MODELS = ("llama-3.1-70b", "qwen3-32b", "gpt-oss-120b")  # two dense, one MoE; H100 and H200
-HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b")  # a small dense model and an MoE one
-MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b")
+# a small dense model and two MoE ones (FP8 experts; MiniMax-M2.5 on H100 and H200)
+HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b", "minimax-m2.5")
+# The fourth stage (docs/slo.md 2c: tried, not adopted): MiniMax-M2.5, an FP8 MoE model, in training too.
+FOURTH_STAGE_TRAINING_MODELS = (*TRAINING_MODELS, "minimax-m2.5")
+MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b", "minimax-m2.5")
 
 
 @dataclass(frozen=True)
@@ -67,10 +75,6 @@ class VllmRow:
     weight_dtype: str = WEIGHT_DTYPE
     dp: int = 1
     ep: int = 1
-
-    @property
-    def held_out(self) -> bool:
-        return self.model in HELD_OUT_MODELS
 
     @property
     def label(self) -> str:
@@ -99,7 +103,10 @@ def _read_rows(path: Path) -> tuple[VllmRow, ...]:
 _ALL_ROWS = _read_rows(DATA_PATH) + _read_rows(MODELS_DATA_PATH)
 # Rows served with data-parallel attention (Qwen3-235B-A22B at attention TP 1 / 2 with MoE TP 2 / 4): another
 # deployment than one TP group; kept apart, neither fitted nor scored with the others (`attention_dp_comparison`).
-ATTENTION_DP_ROWS = tuple(r for r in _ALL_ROWS if r.dp > 1)
+ATTENTION_DP_ROWS = tuple(r for r in _ALL_ROWS if r.dp > 1 and r.model != "minimax-m2.5")
+# MiniMax-M2.5's H100 rows listed with attention DP 4 (module docstring: which deployment they measured is
+# unclear): kept, never priced.
+MINIMAX_ATTENTION_DP_ROWS = tuple(r for r in _ALL_ROWS if r.dp > 1 and r.model == "minimax-m2.5")
 ROWS = tuple(r for r in _ALL_ROWS if r.dp == 1)
 
 
@@ -130,13 +137,13 @@ def kv_limited(row: VllmRow) -> bool:
     return row.concurrency > MAX_NUM_SEQS or row.concurrency * (row.isl + row.osl / 2) > kv_tokens(row)
 
 
-def row_set(row: VllmRow) -> str:
-    """The row's set: "kv-limited", "held out" or "training"."""
-    return "kv-limited" if kv_limited(row) else "held out" if row.held_out else "training"
+def row_set(row: VllmRow, training_models: tuple[str, ...] = TRAINING_MODELS) -> str:
+    """The row's set: "kv-limited", "training" (its model one of `training_models`) or "held out"."""
+    return "kv-limited" if kv_limited(row) else "training" if row.model in training_models else "held out"
 
 
-def training_rows() -> list[VllmRow]:
-    return [r for r in ROWS if row_set(r) == "training"]
+def training_rows(training_models: tuple[str, ...] = TRAINING_MODELS) -> list[VllmRow]:
+    return [r for r in ROWS if row_set(r, training_models) == "training"]
 
 
 def rank_rows(row: VllmRow) -> list[tuple[VllmRow, int]]:
