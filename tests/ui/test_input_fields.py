@@ -41,9 +41,8 @@ from core.planning.predict.load import Load
 from core.planning.predict.plan_fields import CPU_FIELDS, PLANNER_FIELDS
 from core.planning.predict.prediction import Deployment
 from core.planning.predict.target_fields import TARGET_FIELDS, TARGET_METRICS
+from core.planning.search.search_fields import SEARCH_FIELDS, SEARCH_URL_FIELDS
 from core.planning.search.slo_candidates import (
-    SEARCH_FIELDS,
-    SEARCH_URL_FIELDS,
     Slo,
     SloCandidates,
     candidates_from,
