@@ -29,8 +29,8 @@ from core.planning.memory.kv_accounting import (
     check_moe_parallel,
     check_parallelism,
 )
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment
 from core.planning.predict.target_fields import TARGET_FIELDS
 from core.planning.search.search_fields import SEARCH_FIELDS
 from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES, check_routing
@@ -108,7 +108,7 @@ SloWorkload = Load
 @dataclass(frozen=True)
 class Candidate:
     """One deployment. gpu: the preset slug (or the custom GPU's name); num_gpus = tp x pp x data_parallel x
-    replicas (data_parallel / expert_parallel: `core.planning.predict.prediction.Deployment`'s)."""
+    replicas (data_parallel / expert_parallel: `core.planning.predict.deployment.Deployment`'s)."""
 
     gpu: str
     spec: GPUSpec = field(repr=False, compare=False)
