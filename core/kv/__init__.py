@@ -15,6 +15,8 @@
 - `block_counts`: the block-count arithmetic the manager's questions are answered with, over its groups' managers
   (`blocks_needed`, `max_blocks_held`, `num_blocks_held`, `blocks_to_append`: the blocks-per-step count).
 - `prefix_hits`: `PrefixHits`, composed into the manager: a prompt's prefix-cache hit over every group.
+- `host_loads`: the manager's side of a host tier: `check_host_tier`, and `HostLoads`, composed into the manager
+  (the host-to-GPU copies a host hit lists, what the tier is told when a request ends).
 - `host_tier`: `HostTier`, the host-memory tier behind the pool (vLLM's native CPU offloading; the pool's
   `PoolHook`): its capacity
   by vLLM's arithmetic (`host_tier_num_blocks`), stores as blocks are computed, LRU / ARC eviction, the

@@ -7,8 +7,8 @@ prompt tokens served by the prefix cache); `mark_computed(request_id, n)` says t
 written (only then do their full blocks enter the prefix cache, and window groups release what no later token
 reads); `append_token` makes room for one decode token; `fork` shares a request's blocks with a new request;
 `free` ends it. `block_ids(request_id)` gives one block table per group, -1 for released entries. Its parts
-beside it: the prefix-cache hit lookup (`core.kv.prefix_hits.PrefixHits`) and the bulk decode path
-(`core.kv.bulk_decode.BulkDecode`), both composed; its block-count arithmetic over the groups
+beside it: the prefix-cache hit lookup (`core.kv.prefix_hits.PrefixHits`), the host tier's loads
+(`core.kv.host_loads.HostLoads`) and the bulk decode path (`core.kv.bulk_decode.BulkDecode`), all composed; its block-count arithmetic over the groups
 (`core.kv.block_counts`) and `slot_usage`'s count (`core.kv.snapshot.slot_usage`).
 
 Invariants (with those of `BlockPool` and the single-type managers; tests/kv checks them against a
@@ -48,6 +48,7 @@ from core.kv.block_hash import event_block_hash, extend_block_hashes, hash_block
 from core.kv.block_pool import BlockPool, PoolHook
 from core.kv.bulk_decode import BulkDecode
 from core.kv.events import KVEvent
+from core.kv.host_loads import HostLoads, check_host_tier
 from core.kv.host_tier import HostLoad
 from core.kv.prefix_hits import PrefixHits
 from core.kv.request import KVRequest, check_kv_token_ids
@@ -102,38 +103,17 @@ class KVCacheManager:
         self.prefix_cache_hits = 0  # of those, tokens served by it (both tiers)
         self.gpu_cache_hits = 0  # of those, tokens served by the GPU pool
         self.host_cache_hits = 0  # of those, tokens loaded from the host tier
-        self.host_tier = self._check_host_tier(host_tier)
-        self._host_loads: list[HostLoad] = []
-        self._host_reused: dict[Hashable, set[int]] = {}  # request -> host keys it loaded
+        self.host_tier = check_host_tier(host_tier, groups, self._one_full_group, self.enable_prefix_caching)
+        self._host = HostLoads(self.host_tier)  # its host loads and reused keys, composed
         self.pool.hook = self.host_tier
         self._bulk = BulkDecode(
             self
         )  # the bulk decode path, composed (`decode_steps`, the k-step prediction)
 
-    def _check_host_tier(self, tier: PoolHook | None) -> PoolHook | None:
-        if tier is None:
-            return None
-        if not isinstance(tier, PoolHook):
-            raise InvalidArgumentError(
-                f"host_tier must be a HostTier (or another PoolHook) or None, got {type(tier).__name__}"
-            )
-        if not (self._one_full_group and self.enable_prefix_caching):
-            raise InvalidArgumentError(
-                "a host tier needs prefix caching on and one full-attention KV cache group, "
-                f"got {len(self.groups)} group(s), prefix caching {'on' if self.enable_prefix_caching else 'off'}"
-            )
-        if tier.block_size != self.groups[0].block_size:
-            raise InvalidArgumentError(
-                f"the host tier's GPU block size must be the pool's ({self.groups[0].block_size}), "
-                f"got {tier.block_size}"
-            )
-        return tier
-
     def take_host_loads(self) -> list[HostLoad]:
         """Host-to-GPU copies listed by `allocate` since the last call (host tier hits), oldest first; the
-        executor copies each before the request's first step. The list is emptied."""
-        loads, self._host_loads = self._host_loads, []
-        return loads
+        executor copies each before the request's first step. The list is emptied (`HostLoads.take`)."""
+        return self._host.take()
 
     # ---- pool-wide counts -------------------------------------------------------------------------------
 
@@ -372,7 +352,7 @@ class KVCacheManager:
             manager.append_slots(rec, 0, n)
         gpu_hit_tokens = hit_tokens
         if host_blocks:
-            hit_tokens += self._list_host_loads(
+            hit_tokens += self._host.list_loads(
                 request_id, blocks[0].table, len(hits[0]), host_blocks, hashes
             )
         self._requests[request_id] = KVRequest(tokens, hit_tokens, blocks, hashes)
@@ -382,25 +362,6 @@ class KVCacheManager:
             self.gpu_cache_hits += gpu_hit_tokens
             self.host_cache_hits += hit_tokens - gpu_hit_tokens
         return hit_tokens
-
-    def _list_host_loads(
-        self, request_id, table: list[int], gpu_hits: int, host_blocks: list[int], hashes
-    ) -> int:
-        """Queue the copies of the host-hit GPU blocks after the `gpu_hits` pool hits into `table`'s new
-        entries; returns the tokens they serve."""
-        tier = self.host_tier
-        per, bs = tier.blocks_per_host_block, tier.block_size
-        first_chunk = gpu_hits // per
-        end = (first_chunk + len(host_blocks)) * per
-        for index in range(gpu_hits, end):
-            self._host_loads.append(
-                HostLoad(host_blocks[index // per - first_chunk], table[index], index % per)
-            )
-        keys = hashes[bs]
-        self._host_reused[request_id] = {
-            keys[(first_chunk + i + 1) * per - 1] for i in range(len(host_blocks))
-        }
-        return (end - gpu_hits) * bs
 
     def mark_computed(self, request_id: Hashable, num_tokens: int) -> None:
         """The K/V of the request's first `num_tokens` tokens are written (a running total, never lower than
@@ -459,11 +420,7 @@ class KVCacheManager:
         become free (cached-free when cached). Raises UnknownSequenceError with nothing changed."""
         req = self._request(request_id)
         if self.host_tier is not None:
-            per = self.host_tier.blocks_per_host_block
-            keys = req.block_hashes.get(self.managers[0].block_size, [])
-            full = min(len(keys), req.num_computed // self.managers[0].block_size)
-            reused = self._host_reused.pop(request_id, set())
-            self.host_tier.on_request_finished(keys[per - 1 : full : per], reused)
+            self._host.request_finished(request_id, req, self.managers[0].block_size)
         for manager in self.managers:
             manager.free(request_id)
         del self._requests[request_id]
