@@ -29,7 +29,8 @@ from core.page_models.tasks import (
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.predict.deployment_fields import GPU_FIELD, MODEL_FIELD, PARALLEL_FIELDS, SETTING_FIELDS
-from core.planning.search.slo_candidates import SEARCH_URL_FIELDS, metric_label
+from core.planning.search.search_fields import SEARCH_URL_FIELDS
+from core.planning.search.slo_candidates import metric_label
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.input_fields import input_widget
 from ui.jobs import run_job

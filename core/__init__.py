@@ -39,8 +39,8 @@ import statement of core (module level or inside a function), and that every `co
   model fitted (`core.planning.cost.fits.step_fit`) to published and measured runs, and the engines' fitted
   profiles (`core.planning.cost.fits.engine_profiles`).
 - `core.planning.predict` (imports: kv, serving, planning.catalog, planning.memory, planning.cost,
-  planning.cost.fits): what one deployment does at one load, in steady state (`core.planning.predict.prediction`:
-  `Deployment`, `predict`), disaggregated, and the highest rate within targets. Planning drives the simulator
+  planning.cost.fits): what one deployment does at one load, in steady state (`core.planning.predict.deployment`:
+  `Deployment`; `core.planning.predict.prediction`: `predict`), disaggregated, and the highest rate within targets. Planning drives the simulator
   with its step-time model; serving never imports planning.
 - `core.planning.search` (imports: kv, serving, planning.catalog, planning.memory, planning.cost,
   planning.cost.fits, planning.predict): which deployment meets a latency SLO at the lowest cost

@@ -30,7 +30,7 @@ from core.planning.predict.disagg import DISAGG_FIELDS
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.load import RATE_FIELDS, SHAPE_FIELDS
 from core.planning.predict.target_fields import TARGET_METRICS, TargetMetric, page_target_values
-from core.planning.search.slo_candidates import SEARCH_FIELDS, SEARCH_URL_FIELDS
+from core.planning.search.search_fields import SEARCH_FIELDS, SEARCH_URL_FIELDS
 from core.serving.latency import PERCENTILES
 from ui.input_fields import target_percentile_field, target_value_field, url_field, values_by_name
 from ui.query_state import Field, encode_params

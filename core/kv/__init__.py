@@ -12,6 +12,11 @@
 - `single_type_manager`: one group's block tables by layer kind (full, sliding window, chunked local, Mamba).
 - `kv_cache_manager`: `KVCacheManager`, every group of a model over one pool: allocate, mark_computed,
   append_token, fork (copy-on-write), free, block_ids.
+- `block_counts`: the block-count arithmetic the manager's questions are answered with, over its groups' managers
+  (`blocks_needed`, `max_blocks_held`, `num_blocks_held`, `blocks_to_append`: the blocks-per-step count).
+- `prefix_hits`: `PrefixHits`, composed into the manager: a prompt's prefix-cache hit over every group.
+- `host_loads`: the manager's side of a host tier: `check_host_tier`, and `HostLoads`, composed into the manager
+  (the host-to-GPU copies a host hit lists, what the tier is told when a request ends).
 - `host_tier`: `HostTier`, the host-memory tier behind the pool (vLLM's native CPU offloading; the pool's
   `PoolHook`): its capacity
   by vLLM's arithmetic (`host_tier_num_blocks`), stores as blocks are computed, LRU / ARC eviction, the
@@ -21,13 +26,15 @@
 - `scheduler_memory`: `KVSchedulerMemory`, the scheduler's memory protocol over `KVCacheManager` written once
   (the engine and the simulator configure it with a `KVHook`), and the records it exchanges (`MemoryMetrics`,
   `Admission`).
-- `snapshot`: `KVCacheSnapshot`, a frozen picture of a pool for plots and tests.
+- `snapshot`: `KVCacheSnapshot`, a frozen picture of a pool for plots and tests, and `slot_usage`, where the held
+  slots are.
 
 Block counts have one vocabulary: table entries (`num_required_blocks`) and skipped entries
 (`num_skipped_blocks`) per group, and from them blocks a change takes (`num_new_blocks`, `blocks_needed`,
 `num_blocks_to_allocate`, `num_blocks_to_append`, `num_blocks_for_decode`, `num_blocks_to_write`), blocks a
 request holds (`num_held_blocks`, `num_blocks_held`, `max_blocks_held`) and the pool's free blocks
-(`num_free_blocks`, `num_free_blocks_after_decode`); docs/api.md lists them.
+(`num_free_blocks`, `num_free_blocks_after_decode`); docs/api.md lists them. The manager's arithmetic over its
+groups lives in `block_counts`.
 """
 
 from core.kv.block_pool import BlockPool, PoolHook

@@ -6,7 +6,10 @@ A request's life: `allocate(request_id, prompt)` makes room for the whole prompt
 prompt tokens served by the prefix cache); `mark_computed(request_id, n)` says the K/V of the first n tokens are
 written (only then do their full blocks enter the prefix cache, and window groups release what no later token
 reads); `append_token` makes room for one decode token; `fork` shares a request's blocks with a new request;
-`free` ends it. `block_ids(request_id)` gives one block table per group, -1 for released entries.
+`free` ends it. `block_ids(request_id)` gives one block table per group, -1 for released entries. Its parts
+beside it: the prefix-cache hit lookup (`core.kv.prefix_hits.PrefixHits`), the host tier's loads
+(`core.kv.host_loads.HostLoads`) and the bulk decode path (`core.kv.bulk_decode.BulkDecode`), all composed; its block-count arithmetic over the groups
+(`core.kv.block_counts`) and `slot_usage`'s count (`core.kv.snapshot.slot_usage`).
 
 Invariants (with those of `BlockPool` and the single-type managers; tests/kv checks them against a
 brute-force model):
@@ -35,18 +38,19 @@ brute-force model):
 """
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from itertools import repeat
-from math import lcm
 
 import numpy as np
 
+import core.kv.block_counts as block_counts
 from core.common import check_int
 from core.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
-from core.kv.block_hash import PrefixChains, event_block_hash, extend_block_hashes, hash_block_tokens
+from core.kv.block_hash import event_block_hash, extend_block_hashes, hash_block_tokens
 from core.kv.block_pool import BlockPool, PoolHook
 from core.kv.bulk_decode import BulkDecode
 from core.kv.events import KVEvent
+from core.kv.host_loads import HostLoads, check_host_tier
 from core.kv.host_tier import HostLoad
+from core.kv.prefix_hits import PrefixHits
 from core.kv.request import KVRequest, check_kv_token_ids
 from core.kv.single_type_manager import (
     BlockCopy,
@@ -55,7 +59,7 @@ from core.kv.single_type_manager import (
     SingleTypeKVCacheManager,
     manager_for,
 )
-from core.kv.snapshot import KVCacheSnapshot, build_snapshot
+from core.kv.snapshot import KVCacheSnapshot, build_snapshot, slot_usage
 from core.kv.specs import KVCacheSpec
 
 
@@ -90,48 +94,26 @@ class KVCacheManager:
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             manager_for(spec, self.pool, index) for index, spec in enumerate(groups)
         )
-        self._hit_granularity = lcm(*(spec.block_size for spec in groups))
         self._can_hit = all(manager.caches_blocks for manager in self.managers)
         self._all_full = all(type(manager) is FullAttentionManager for manager in self.managers)
         self._one_full_group = self._all_full and len(self.managers) == 1
         self._requests: dict[Hashable, KVRequest] = {}
-        self._chains: dict[int, PrefixChains] = {}  # block size -> recently hashed prompts' keys
+        self._hits = PrefixHits(self.managers, block_hasher)  # the prefix-cache hit lookup, composed
         self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_cache_hits = 0  # of those, tokens served by it (both tiers)
         self.gpu_cache_hits = 0  # of those, tokens served by the GPU pool
         self.host_cache_hits = 0  # of those, tokens loaded from the host tier
-        self.host_tier = self._check_host_tier(host_tier)
-        self._host_loads: list[HostLoad] = []
-        self._host_reused: dict[Hashable, set[int]] = {}  # request -> host keys it loaded
+        self.host_tier = check_host_tier(host_tier, groups, self._one_full_group, self.enable_prefix_caching)
+        self._host = HostLoads(self.host_tier)  # its host loads and reused keys, composed
         self.pool.hook = self.host_tier
         self._bulk = BulkDecode(
             self
         )  # the bulk decode path, composed (`decode_steps`, the k-step prediction)
 
-    def _check_host_tier(self, tier: PoolHook | None) -> PoolHook | None:
-        if tier is None:
-            return None
-        if not isinstance(tier, PoolHook):
-            raise InvalidArgumentError(
-                f"host_tier must be a HostTier (or another PoolHook) or None, got {type(tier).__name__}"
-            )
-        if not (self._one_full_group and self.enable_prefix_caching):
-            raise InvalidArgumentError(
-                "a host tier needs prefix caching on and one full-attention KV cache group, "
-                f"got {len(self.groups)} group(s), prefix caching {'on' if self.enable_prefix_caching else 'off'}"
-            )
-        if tier.block_size != self.groups[0].block_size:
-            raise InvalidArgumentError(
-                f"the host tier's GPU block size must be the pool's ({self.groups[0].block_size}), "
-                f"got {tier.block_size}"
-            )
-        return tier
-
     def take_host_loads(self) -> list[HostLoad]:
         """Host-to-GPU copies listed by `allocate` since the last call (host tier hits), oldest first; the
-        executor copies each before the request's first step. The list is emptied."""
-        loads, self._host_loads = self._host_loads, []
-        return loads
+        executor copies each before the request's first step. The list is emptied (`HostLoads.take`)."""
+        return self._host.take()
 
     # ---- pool-wide counts -------------------------------------------------------------------------------
 
@@ -235,35 +217,19 @@ class KVCacheManager:
         return list(self._request(request_id).token_ids)
 
     def blocks_needed(self, num_tokens: int, num_seqs: int = 1, num_shared_tokens: int | None = None) -> int:
-        """Free blocks a new request takes over all groups, counting no prefix-cache hits: `num_seqs` sequences
-        of `num_tokens` tokens forked from one prompt of `num_shared_tokens` (default: all of them). The forks
-        share the prompt's full blocks, and its partly filled last block while none has written past the
-        prompt; each sequence's own entries are its manager's `num_new_blocks` past the shared full blocks.
-        Worked example, block size 4, 2 sequences of 10 tokens forked from a 6-token prompt: 1 shared full
-        block + 2 x (3 - 1) own entries = 5 blocks per full-attention group; with 6 tokens each, 2 blocks."""
-        if type(num_tokens) is not int or num_tokens < 1:  # the common case skips the full check
-            num_tokens = check_int(num_tokens, "num_tokens", minimum=1)
-        shared = num_tokens if num_shared_tokens is None else num_shared_tokens
-        if num_seqs == 1 or shared >= num_tokens:
-            return sum(manager.num_required_blocks(num_tokens) for manager in self.managers)
-        need = 0
-        for manager in self.managers:
-            full = shared // manager.block_size
-            need += full + num_seqs * manager.num_new_blocks(full, num_tokens, 0)
-        return need
+        """Free blocks a new request takes over all groups, counting no prefix-cache hits
+        (`core.kv.block_counts.blocks_needed`: `num_seqs` forks of one prompt of `num_shared_tokens`)."""
+        return block_counts.blocks_needed(self.managers, num_tokens, num_seqs, num_shared_tokens)
 
     def max_blocks_held(self, prompt_len: int, num_tokens: int) -> int:
         """The most blocks one unshared request holds at any time over all groups while it grows from a
-        `prompt_len`-token prompt to `num_tokens` tokens (each manager's `max_blocks_held` bound)."""
-        return sum(m.max_blocks_held(prompt_len, num_tokens) for m in self.managers)
+        `prompt_len`-token prompt to `num_tokens` tokens (`core.kv.block_counts.max_blocks_held`)."""
+        return block_counts.max_blocks_held(self.managers, prompt_len, num_tokens)
 
     def num_blocks_held(self, num_tokens: int) -> tuple[int, ...]:
         """Blocks one unshared request of `num_tokens` tokens holds in each group once all but its newest token
-        are computed (a window group has released what no later token reads):
-        `num_required_blocks(n) - num_skipped_blocks(n - 1)` per group."""
-        return tuple(
-            m.num_required_blocks(num_tokens) - m.num_skipped_blocks(num_tokens - 1) for m in self.managers
-        )
+        are computed (`core.kv.block_counts.num_blocks_held`)."""
+        return block_counts.num_blocks_held(self.managers, num_tokens)
 
     def num_blocks_to_append(self, new_tokens: Mapping[Hashable, int]) -> int:
         """THE blocks-per-step question (vLLM's coordinator summing each manager's `get_num_blocks_to_allocate`):
@@ -308,39 +274,9 @@ class KVCacheManager:
         return self._bulk.num_free_blocks_after(request_groups, steps, lengths)
 
     def slot_usage(self) -> dict:
-        """Where the live requests' held slots are, over every group (a token kept by two groups fills a slot in
-        each; a block shared by several requests counts once): token_states (slots of computed tokens),
-        reservation (slots with room made, not computed), internal_fragmentation (held slots past every holder's
-        tokens), blocks_in_use (held blocks), blocks_without_sharing (the sum of the blocks each request holds),
-        shared_blocks (held blocks with more than one holder). Released (-1) entries hold nothing."""
-        bs = self.managers[0].block_size
-        if any(m.block_size != bs for m in self.managers):
-            raise InvalidArgumentError("slot_usage needs one block size for every group")
-        ref_counts, num_blocks = self.pool.ref_counts, self.num_blocks
-        computed = np.zeros(num_blocks, dtype=np.int64)
-        allocated = np.zeros(num_blocks, dtype=np.int64)
-        shared = set()
-        unshared = 0
-        for req in self._requests.values():
-            for rec in req.blocks:
-                table = np.asarray(rec.table, dtype=np.int64)
-                offsets = np.arange(len(table)) * bs
-                held = table >= 0
-                table, offsets = table[held], offsets[held]
-                np.maximum.at(computed, table, np.clip(req.num_computed - offsets, 0, bs))
-                np.maximum.at(allocated, table, np.clip(req.num_tokens - offsets, 0, bs))
-                unshared += len(table)
-                shared.update(b for b in table.tolist() if ref_counts[b] > 1)
-        used = num_blocks - self.num_free_blocks
-        token_states = int(computed.sum())
-        return {
-            "token_states": token_states,
-            "reservation": int(allocated.sum()) - token_states,
-            "internal_fragmentation": used * bs - int(allocated.sum()),
-            "blocks_in_use": used,
-            "blocks_without_sharing": unshared,
-            "shared_blocks": len(shared),
-        }
+        """Where the live requests' held slots are, over every group (`core.kv.snapshot.slot_usage` says what
+        each count is)."""
+        return slot_usage(self.pool, self.managers, self._requests.values())
 
     def num_blocks_to_append_records(self, reqs: list[KVRequest], counts: list[int] | int) -> int:
         """`num_blocks_to_append` for requests given by their `record`s, `counts[i]` more tokens for `reqs[i]`
@@ -349,61 +285,10 @@ class KVCacheManager:
 
     def _blocks_to_append(self, reqs: list[KVRequest], counts: list[int] | int) -> int:
         """`num_blocks_to_append` when request `reqs[i]` gets `counts[i]` more tokens (`counts` each, for an
-        int)."""
-        counts = repeat(counts) if isinstance(counts, int) else counts
-        if self._one_full_group:
-            return self._blocks_to_append_one_full(reqs, counts)
-        releases: dict[int, int] = {}  # block -> table entries released first
-        tails: dict[int, int] = {}  # shared written last block -> requests that write it
-        takes = 0
-        ref_counts = self.pool.ref_counts
-        # per group: its window rule (None: never skips), growth rule and written tail, bound once
-        rules = [
-            (m.num_skipped_blocks if m.skips_tokens else None, m.num_new_entries, m.written_tail)
-            for m in self.managers
-        ]
-        for req, count in zip(reqs, counts, strict=False):
-            old = req.num_tokens
-            new = old + count
-            computed = req.num_computed if req.num_computed > new - 1 else new - 1
-            for (skipped_blocks, new_entries, written_tail), rec in zip(rules, req.blocks, strict=True):
-                table = rec.table
-                skip = 0
-                if skipped_blocks is not None:
-                    skip = skipped_blocks(computed)
-                    if skip > rec.first_held:  # it releases entries [first_held, skip) of its table
-                        for index in range(rec.first_held, min(skip, len(table))):
-                            releases[table[index]] = releases.get(table[index], 0) + 1
-                takes += new_entries(len(table), new, skip)  # num_new_blocks(len(table), new, computed)
-                last = table[-1] if table else -1
-                if (
-                    last >= 0 and ref_counts[last] > 1 and written_tail(rec, old, skip) >= 0
-                ):  # shared, written
-                    tails[last] = tails.get(last, 0) + 1
-        freed = sum(1 for block, count in releases.items() if count == ref_counts[block])
-        copies = sum(  # the holders left after the releases copy it, all but the last
-            max(0, min(count, ref_counts[block] - releases.get(block, 0) - 1))
-            for block, count in tails.items()
+        int): `core.kv.block_counts.blocks_to_append` over this manager's groups and pool."""
+        return block_counts.blocks_to_append(
+            self.managers, self.pool.ref_counts, reqs, counts, self._one_full_group
         )
-        return takes + copies - freed
-
-    def _blocks_to_append_one_full(self, reqs: list[KVRequest], counts) -> int:
-        """`_blocks_to_append` for one full-attention group (the paper's vLLM; tested equal to the general
-        path): nothing is skipped or released, so `num_new_blocks` is the table's growth and the written tail
-        is the last block of a table whose tokens end inside it."""
-        tails: dict[int, int] = {}
-        takes = 0
-        ref_counts = self.pool.ref_counts
-        bs = self.managers[0].block_size
-        for req, count in zip(reqs, counts, strict=False):
-            table = req.blocks[0].table
-            old = req.num_tokens
-            grow = -(-(old + count) // bs) - len(table)
-            if grow > 0:
-                takes += grow
-            if old % bs and ref_counts[table[-1]] > 1:
-                tails[table[-1]] = tails.get(table[-1], 0) + 1
-        return takes + sum(min(count, ref_counts[block] - 1) for block, count in tails.items())
 
     @property
     def skips_keys(self) -> bool:
@@ -428,29 +313,6 @@ class KVCacheManager:
         )
 
     # ---- operations -------------------------------------------------------------------------------------
-
-    def _find_hits(self, tokens: list[int], hashes: dict[int, list[int]]) -> tuple[int, list[list[int]]]:
-        """(hit tokens, hit blocks per group): the longest prefix cached in every group, last token excluded."""
-        n = len(tokens)
-        per_group = []
-        # a block is then one tuple slice (tuple() of a tuple is itself), not two copies
-        whole = tuple(tokens)
-        known: dict[int, list] = {}  # block size -> the shared prefix's block keys (`PrefixChains.lookup`)
-        for manager in self.managers:
-            bs = manager.block_size
-            keys = hashes.get(bs)
-            if keys is None:  # a prompt's keys are computed once, a shared prefix's chain reused
-                chains = self._chains.get(bs)
-                if chains is None:
-                    chains = self._chains[bs] = PrefixChains(bs, self.block_hasher)
-                keys, known[bs] = chains.lookup(whole, (n - 1) // bs)
-                hashes[bs] = keys
-            per_group.append(manager.find_longest_cache_hit(keys, whole, (n - 1) // bs, known[bs]))
-        hit_tokens = min(len(hits) * m.block_size for hits, m in zip(per_group, self.managers, strict=True))
-        hit_tokens -= hit_tokens % self._hit_granularity
-        return hit_tokens, [
-            hits[: hit_tokens // m.block_size] for hits, m in zip(per_group, self.managers, strict=True)
-        ]
 
     def check_room(self, needed: int, what: str) -> None:
         """Raise OutOfBlocksError (before anything changes) when `needed` blocks exceed the free ones."""
@@ -477,7 +339,7 @@ class KVCacheManager:
         hashes: dict[int, list[int]] = {}
         hit_tokens, hits = 0, [[] for _ in self.managers]
         if self.enable_prefix_caching and self._can_hit:
-            hit_tokens, hits = self._find_hits(tokens, hashes)
+            hit_tokens, hits = self._hits.find(tokens, hashes)
         host_blocks: list[int] = []
         if self.host_tier is not None:
             bs = self.managers[0].block_size
@@ -490,7 +352,7 @@ class KVCacheManager:
             manager.append_slots(rec, 0, n)
         gpu_hit_tokens = hit_tokens
         if host_blocks:
-            hit_tokens += self._list_host_loads(
+            hit_tokens += self._host.list_loads(
                 request_id, blocks[0].table, len(hits[0]), host_blocks, hashes
             )
         self._requests[request_id] = KVRequest(tokens, hit_tokens, blocks, hashes)
@@ -500,25 +362,6 @@ class KVCacheManager:
             self.gpu_cache_hits += gpu_hit_tokens
             self.host_cache_hits += hit_tokens - gpu_hit_tokens
         return hit_tokens
-
-    def _list_host_loads(
-        self, request_id, table: list[int], gpu_hits: int, host_blocks: list[int], hashes
-    ) -> int:
-        """Queue the copies of the host-hit GPU blocks after the `gpu_hits` pool hits into `table`'s new
-        entries; returns the tokens they serve."""
-        tier = self.host_tier
-        per, bs = tier.blocks_per_host_block, tier.block_size
-        first_chunk = gpu_hits // per
-        end = (first_chunk + len(host_blocks)) * per
-        for index in range(gpu_hits, end):
-            self._host_loads.append(
-                HostLoad(host_blocks[index // per - first_chunk], table[index], index % per)
-            )
-        keys = hashes[bs]
-        self._host_reused[request_id] = {
-            keys[(first_chunk + i + 1) * per - 1] for i in range(len(host_blocks))
-        }
-        return (end - gpu_hits) * bs
 
     def mark_computed(self, request_id: Hashable, num_tokens: int) -> None:
         """The K/V of the request's first `num_tokens` tokens are written (a running total, never lower than
@@ -577,11 +420,7 @@ class KVCacheManager:
         become free (cached-free when cached). Raises UnknownSequenceError with nothing changed."""
         req = self._request(request_id)
         if self.host_tier is not None:
-            per = self.host_tier.blocks_per_host_block
-            keys = req.block_hashes.get(self.managers[0].block_size, [])
-            full = min(len(keys), req.num_computed // self.managers[0].block_size)
-            reused = self._host_reused.pop(request_id, set())
-            self.host_tier.on_request_finished(keys[per - 1 : full : per], reused)
+            self._host.request_finished(request_id, req, self.managers[0].block_size)
         for manager in self.managers:
             manager.free(request_id)
         del self._requests[request_id]

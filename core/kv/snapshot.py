@@ -1,4 +1,6 @@
-"""`KVCacheSnapshot`: the one frozen picture of a block pool and its tables, and `build_snapshot`, its one builder.
+"""`KVCacheSnapshot`: the one frozen picture of a block pool and its tables, and `build_snapshot`, its one builder;
+and `slot_usage`, the same pool and tables read as counts of where the held slots are (`KVCacheManager.slot_usage`,
+the metrics' token states, reservation and fragmentation).
 
 Every reader of a pool's state reads this type: the block manager facade (`BlockManager.snapshot`), the KV core
 (`KVCacheManager.snapshot`), the serving simulator's paged policies (each sampled step), the engine (each sampled
@@ -9,7 +11,7 @@ Arrays are read-only numpy arrays; the per-block ones are indexed by physical bl
 groups, bool states.
 """
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from core.errors import InvalidArgumentError
 from core.kv.block_pool import BlockPool
+from core.kv.request import KVRequest
 from core.kv.single_type_manager import MambaManager, SingleTypeKVCacheManager
 
 
@@ -196,3 +199,41 @@ def build_snapshot(
         table_lens=table_lens,
         num_tokens=dict(num_tokens),
     )
+
+
+def slot_usage(
+    pool: BlockPool, managers: Sequence[SingleTypeKVCacheManager], reqs: Iterable[KVRequest]
+) -> dict:
+    """Where the live requests' held slots are, over every group (a token kept by two groups fills a slot in
+    each; a block shared by several requests counts once): token_states (slots of computed tokens),
+    reservation (slots with room made, not computed), internal_fragmentation (held slots past every holder's
+    tokens), blocks_in_use (held blocks), blocks_without_sharing (the sum of the blocks each request holds),
+    shared_blocks (held blocks with more than one holder). Released (-1) entries hold nothing."""
+    bs = managers[0].block_size
+    if any(m.block_size != bs for m in managers):
+        raise InvalidArgumentError("slot_usage needs one block size for every group")
+    ref_counts, num_blocks = pool.ref_counts, pool.num_blocks
+    computed = np.zeros(num_blocks, dtype=np.int64)
+    allocated = np.zeros(num_blocks, dtype=np.int64)
+    shared = set()
+    unshared = 0
+    for req in reqs:
+        for rec in req.blocks:
+            table = np.asarray(rec.table, dtype=np.int64)
+            offsets = np.arange(len(table)) * bs
+            held = table >= 0
+            table, offsets = table[held], offsets[held]
+            np.maximum.at(computed, table, np.clip(req.num_computed - offsets, 0, bs))
+            np.maximum.at(allocated, table, np.clip(req.num_tokens - offsets, 0, bs))
+            unshared += len(table)
+            shared.update(b for b in table.tolist() if ref_counts[b] > 1)
+    used = num_blocks - pool.num_free_blocks
+    token_states = int(computed.sum())
+    return {
+        "token_states": token_states,
+        "reservation": int(allocated.sum()) - token_states,
+        "internal_fragmentation": used * bs - int(allocated.sum()),
+        "blocks_in_use": used,
+        "blocks_without_sharing": unshared,
+        "shared_blocks": len(shared),
+    }

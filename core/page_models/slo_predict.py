@@ -22,6 +22,7 @@ from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
 from core.planning.cost.speculative import Speculation
 from core.planning.memory.plan import plan
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.deployment_fields import DEPLOYMENT_FIELDS, MODEL_FIELD, OFFLOAD_FIELDS
 from core.planning.predict.disagg import DISAGG_FIELDS, DisaggDeployment, predict_disagg
 from core.planning.predict.inputs import (
@@ -34,7 +35,7 @@ from core.planning.predict.inputs import (
 from core.planning.predict.load import DEFAULT_TURN_GAP_S, LOAD_FIELDS, SHAPE_FIELDS, Load
 from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.max_rate import check_targets, max_rate
-from core.planning.predict.prediction import Deployment, predict
+from core.planning.predict.prediction import predict
 from core.planning.predict.target_fields import target_words
 from core.planning.predict.vllm_bench import (
     bench_num_prompts,

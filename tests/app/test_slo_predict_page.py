@@ -14,9 +14,10 @@ from streamlit.testing.v1 import AppTest
 
 from core.planning.commands.predict_cli import max_rate_main, predict_main
 from core.planning.cost.speculative import Speculation
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.disagg import DisaggDeployment, predict_disagg
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment, predict
+from core.planning.predict.prediction import predict
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
 from tests.conftest import ROOT

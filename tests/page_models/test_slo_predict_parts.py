@@ -15,9 +15,9 @@ from core.page_models.slo_predict import (
     larger_kv_rows,
     prediction_answer,
 )
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
 from core.planning.predict.max_rate import max_rate
-from core.planning.predict.prediction import Deployment
 
 TINY = SloPredictParams(
     model="qwen2.5-7b",

@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from core.errors import RoutingError
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment, predict
+from core.planning.predict.prediction import predict
 from core.serving.router import ROUTING_POLICIES
 from core.serving.steady_state import SteadyStateSettings
 

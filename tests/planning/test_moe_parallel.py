@@ -25,8 +25,9 @@ from core.planning.memory.kv_accounting import (
     weight_split_per_gpu,
 )
 from core.planning.memory.plan import PlanInputs, plan, plan_from, replica_memory
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment, predict, replica_steady_state
+from core.planning.predict.prediction import predict, replica_steady_state
 from core.planning.search.slo import config_deployment
 from core.planning.search.slo_candidates import SloCandidates, enumerate_candidates
 from core.planning.search.slo_eval import SloConfig

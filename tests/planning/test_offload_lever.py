@@ -8,8 +8,9 @@ import json
 import pytest
 
 from core.planning.commands.predict_cli import predict_main
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment, predict
+from core.planning.predict.prediction import predict
 from core.serving.steady_state import SteadyStateSettings
 
 SMALL = SteadyStateSettings(tolerance=0.2, initial_measured=100, max_requests=400, warmup_lifetimes=2.0)

@@ -11,9 +11,10 @@ import pytest
 
 from core.errors import InvalidArgumentError
 from core.planning.memory.plan import replica_memory
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
 from core.planning.predict.max_rate import max_rate
-from core.planning.predict.prediction import Deployment, idle_lifetime, predict, replica_steady_state
+from core.planning.predict.prediction import idle_lifetime, predict, replica_steady_state
 from core.serving.steady_state import SteadyStateSettings, metric_keys
 
 LLAMA = Deployment("llama-3.1-8b", "h100-80gb")
@@ -164,14 +165,14 @@ def test_predict_resolves_the_deployment_once_and_builds_no_capacity_plan(monkey
     specs once (`resolve_deployment` is their one caller), builds no `CapacityPlan`, and prices its steps
     with the resolved (concrete) dtypes. Counted by patching; the KV tokens are the whole plan's."""
     import core.planning.memory.resolved as resolved_module
-    import core.planning.predict.prediction as prediction_module
+    import core.planning.predict.deployment as deployment_module
     from core.planning.memory.plan_types import CapacityPlan
 
     derived, plans, priced = [], [], []
     real_specs, real_init, real_from_specs = (
         resolved_module.model_kv_specs,
         CapacityPlan.__init__,
-        prediction_module.from_specs,
+        deployment_module.from_specs,
     )
 
     def counting_specs(*args, **kwargs):
@@ -188,7 +189,7 @@ def test_predict_resolves_the_deployment_once_and_builds_no_capacity_plan(monkey
 
     monkeypatch.setattr(resolved_module, "model_kv_specs", counting_specs)
     monkeypatch.setattr(CapacityPlan, "__init__", counting_init)
-    monkeypatch.setattr(prediction_module, "from_specs", recording_from_specs)
+    monkeypatch.setattr(deployment_module, "from_specs", recording_from_specs)
     deployment = Deployment("llama-3.1-8b", "h100-80gb", kv_offload_gib=8.0)
     load = Load(2.0, 500, 32, seed=0)
     p = predict(deployment, load, settings=SMALL)

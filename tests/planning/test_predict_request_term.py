@@ -18,8 +18,9 @@ from core.planning.cost.fits.engine_profiles import (
     engine_request_overhead_s,
     engine_step_defaults,
 )
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment, predict
+from core.planning.predict.prediction import predict
 from core.planning.search.slo_candidates import SloCandidates
 from core.serving.latency import request_side_seconds, steps_ended_before
 from core.serving.steady_state import SteadyStateSettings

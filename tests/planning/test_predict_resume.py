@@ -13,8 +13,9 @@ import pytest
 from core.planning.cost.fits.engine_profiles import REQUEST_TERM
 from core.planning.cost.speculative import Speculation
 from core.planning.predict import prediction
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment, predict
+from core.planning.predict.prediction import predict
 from core.serving.fleet import simulate_fleet
 from core.serving.resume import SimulationSession
 from core.serving.simulator import simulate

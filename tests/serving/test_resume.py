@@ -12,8 +12,8 @@ import pytest
 from core.errors import InvalidArgumentError
 from core.planning.cost.speculative import Speculation, SpeculativeStepTime, eagle_head_model
 from core.planning.cost.step_model import StepTimeModel
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment
 from core.serving.fleet import Fleet, simulate_fleet
 from core.serving.host_offload import HostOffload
 from core.serving.memory_policies import paged

@@ -29,6 +29,7 @@ from core.planning.commands.slo_cli import main as slo_main
 from core.planning.cost.speculative import Speculation
 from core.planning.memory.cpu_kv import CpuKVInputs, plan_cpu_kv
 from core.planning.memory.plan import PlanInputs
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.disagg import DisaggDeployment
 from core.planning.predict.inputs import (
     cpu_inputs_from,
@@ -39,11 +40,9 @@ from core.planning.predict.inputs import (
 )
 from core.planning.predict.load import Load
 from core.planning.predict.plan_fields import CPU_FIELDS, PLANNER_FIELDS
-from core.planning.predict.prediction import Deployment
 from core.planning.predict.target_fields import TARGET_FIELDS, TARGET_METRICS
+from core.planning.search.search_fields import SEARCH_FIELDS, SEARCH_URL_FIELDS
 from core.planning.search.slo_candidates import (
-    SEARCH_FIELDS,
-    SEARCH_URL_FIELDS,
     Slo,
     SloCandidates,
     candidates_from,

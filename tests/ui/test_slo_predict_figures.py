@@ -6,9 +6,10 @@ import pytest
 from core.page_models.slo_planner import DEFAULT_PARAMS
 from core.page_models.slo_predict import DEFAULT_PREDICT_PARAMS, missed_targets, percentile_rows
 from core.planning.cost.speculative import Speculation
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.disagg import DisaggDeployment
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment, predict
+from core.planning.predict.prediction import predict
 from core.serving.latency import PERCENTILES
 from ui.query_state import parse_params
 from ui.slo_planner_figures import PERCENTILE_PANELS, percentiles_figure

@@ -24,7 +24,8 @@ import pytest
 
 from core.live.metrics import parse_vllm_metrics
 from core.planning.catalog.models import ModelSpec
-from core.planning.predict.prediction import Deployment, Load, predict
+from core.planning.predict.deployment import Deployment
+from core.planning.predict.prediction import Load, predict
 from core.planning.predict.vllm_bench import vllm_bench_serve_command
 from core.serve.vllm_env import find_vllm
 

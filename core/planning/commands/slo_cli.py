@@ -36,8 +36,9 @@ from core.planning.commands.predict_cli import (
 )
 from core.planning.predict.deployment_fields import SETTING_FIELDS
 from core.planning.predict.load import RATE_FIELDS
+from core.planning.search.search_fields import SEARCH_FIELDS
 from core.planning.search.slo import Slo, plan_slo
-from core.planning.search.slo_candidates import SEARCH_FIELDS, candidates_from
+from core.planning.search.slo_candidates import candidates_from
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,7 @@ and the model's KV layers (`KVLayers`) and per-layer KV cache specs derived once
 
 `resolve_deployment(PlanInputs)` makes it; `core.planning.memory.plan` asks it every memory question (weights, KV
 bytes per token, the KV cache layout, the KV a decode step reads, the decode roofline), and none of those
-answers derives the model's layer specs again. Not to be confused with `core.planning.predict.prediction.Deployment`,
+answers derives the model's layer specs again. Not to be confused with `core.planning.predict.deployment.Deployment`,
 the steady-state predictor's description of a serving setup (slugs, engine, replicas).
 """
 

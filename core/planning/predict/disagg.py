@@ -34,8 +34,9 @@ from core.fields import InputField
 from core.planning.cost.step_time import StepTimeModel
 from core.planning.memory.kv_accounting import kv_bytes_per_token
 from core.planning.memory.plan import replica_memory
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment, Prediction, predict, replica_steady_state
+from core.planning.predict.prediction import Prediction, predict, replica_steady_state
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import SteadyState, SteadyStateSettings
 

@@ -17,6 +17,7 @@ from core.planning.catalog.models import get_model
 from core.planning.cost.speculative import SPECULATION_FIELDS, Speculation, parse_acceptance
 from core.planning.memory.cpu_kv import CPU_DEFAULT_BLOCK_SIZE, CpuKVInputs
 from core.planning.memory.plan import PlanInputs
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.deployment_fields import (
     DEPLOYMENT_FIELDS,
     MODEL_FIELD,
@@ -35,7 +36,6 @@ from core.planning.predict.plan_fields import (
     MAX_MODEL_LEN_FIELD,
     PLAN_CHECKED_FIELDS,
 )
-from core.planning.predict.prediction import Deployment
 
 
 def _values(fields, values: Mapping[str, Any]) -> dict[str, Any]:

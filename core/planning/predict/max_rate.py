@@ -14,9 +14,10 @@ from dataclasses import dataclass, replace
 
 from core.common import check_float
 from core.errors import InvalidArgumentError
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.early_stop import SEARCH_SETTINGS, verdict_decider
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment, Prediction, idle_lifetime, predict
+from core.planning.predict.prediction import Prediction, idle_lifetime, predict
 from core.planning.predict.target_fields import check_targets as check_target_values
 
 

@@ -24,8 +24,8 @@ KV cache under round-robin, 150 / 8 x 6,000 = 0.35 of one under prefix-aware) st
 """
 
 from core.planning.catalog.models import ModelSpec
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment
 from core.serving.router import PrefixHistory
 
 SOURCE = "llm-d blog, KV-Cache Wins You Can See (llm-d.ai/blog/kvcache-wins-you-can-see, 2025)"

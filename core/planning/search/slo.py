@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.catalog.models import ModelSpec, get_model
 from core.planning.memory.vllm_command import parallel_flags
-from core.planning.predict.prediction import Deployment
+from core.planning.predict.deployment import Deployment
 from core.planning.search.slo_candidates import (
     Candidate,
     Slo,

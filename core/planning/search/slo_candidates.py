@@ -1,5 +1,6 @@
 """The inputs of the SLO planner (`core.planning.search.slo.plan_slo`): the latency target (`Slo`), the traffic
-(`SloWorkload`), the search space (`SloCandidates`) and its enumeration into `Candidate` deployments.
+(`SloWorkload`), the search space (`SloCandidates`, checked by
+`core.planning.search.search_fields.SEARCH_FIELDS`) and its enumeration into `Candidate` deployments.
 
 A candidate is one way to serve the model: `replicas` copies (data parallel) of a tp x pp GPU group of one GPU
 type, each copy running vLLM with `max_num_seqs` and a KV cache dtype; num_gpus = tp x pp x replicas and the
@@ -9,12 +10,12 @@ is cited here (public prices vary by provider and month), so the proxy is the to
 """
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError, RoutingError
-from core.fields import InputField, check_fields, field_named
+from core.fields import check_fields
 from core.planning.catalog.hardware import GPUS, GPUSpec, get_gpu
 from core.planning.catalog.models import ModelSpec
 from core.planning.cost.fits.engine_profiles import (
@@ -25,164 +26,16 @@ from core.planning.cost.fits.engine_profiles import (
 )
 from core.planning.memory.kv_accounting import (
     BLOCK_SIZES,
-    KV_DTYPES,
-    MAX_GPUS,
-    WEIGHT_DTYPES,
     check_moe_parallel,
     check_parallelism,
 )
-from core.planning.predict.deployment_fields import MOE_FIELDS, ROUTING_FIELD, SETTING_FIELDS
-from core.planning.predict.disagg import DISAGG_FIELDS
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment
 from core.planning.predict.target_fields import TARGET_FIELDS
+from core.planning.search.search_fields import SEARCH_FIELDS
 from core.serving.router import DEFAULT_ROUTING, ROUTING_POLICIES, check_routing
 from core.serving.steady_state import metric_keys
 
-DEFAULT_SLO_GPUS = ("l40s", "h100-80gb", "h200-141gb")
-# The search space's inputs that the command line (`slo`) and the SLO planner page's search mode share, declared
-# once (`core.fields`): `SloCandidates` checks them by these, the flags and the page's URL fields and widgets are
-# made from them (`SEARCH_URL_FIELDS`; the rest, below, are command-line flags only).
-SEARCH_FIELDS = (
-    InputField(
-        "gpus",
-        "--gpus",
-        "gpus",
-        "multi",
-        DEFAULT_SLO_GPUS,
-        "GPU types",
-        f"presets: {', '.join(GPUS)}",
-        choices=tuple(GPUS),
-    ),
-    InputField(
-        "max_gpus",
-        "--max-gpus",
-        "max_gpus",
-        "int",
-        8,
-        "Most GPUs per deployment",
-        minimum=1,
-        maximum=MAX_GPUS,
-        step=1,
-    ),
-    InputField(
-        "kv_dtypes",
-        "--kv-dtypes",
-        "kv",
-        "multi",
-        ("auto", "fp8"),
-        "KV cache dtypes",
-        f"one or more of {', '.join(KV_DTYPES)}",
-        choices=KV_DTYPES,
-    ),
-    InputField(
-        "weight_dtypes",
-        "--weight-dtypes",
-        "weights",
-        "multi",
-        ("auto",),
-        "Weight dtypes",
-        f"one or more of {', '.join(WEIGHT_DTYPES)}",
-        choices=WEIGHT_DTYPES,
-    ),
-)
-
-# The rest of the search space: `slo`'s flags only (no URL key: the page searches their defaults), declared here
-# too so `SloCandidates` checks them by their flags' fields (one message) and `candidates_from` converts them.
-SEARCH_FIELDS += (
-    InputField(
-        "tensor_parallel",
-        "--tp",
-        None,
-        "ints",
-        (1, 2, 4, 8),
-        "Tensor-parallel sizes",
-        "tensor-parallel sizes tried",
-        minimum=1,
-        maximum=64,
-    ),
-    InputField(
-        "pipeline_parallel",
-        "--pp",
-        None,
-        "ints",
-        (1, 2),
-        "Pipeline-parallel sizes",
-        "pipeline-parallel sizes tried",
-        minimum=1,
-        maximum=64,
-    ),
-    InputField(
-        "max_num_seqs",
-        "--max-num-seqs",
-        None,
-        "ints",
-        (64, 128, 256, 512, 1024),
-        "max_num_seqs values",
-        "vLLM's --max-num-seqs values tried",
-        minimum=1,
-        maximum=65_536,
-    ),
-    InputField(
-        "data_parallel",
-        "--data-parallel-size",
-        None,
-        "ints",
-        (1,),
-        "DP ranks per replica",
-        "DP ranks per replica tried (vLLM's --data-parallel-size; a MoE model: data-parallel attention)",
-        minimum=1,
-        maximum=1024,
-        metavar="D",
-    ),
-    InputField(
-        "max_meeting",
-        "--max-meeting",
-        None,
-        "int",
-        3,
-        "Deployments meeting the SLO before the search stops",
-        "the search stops once this many deployments met the SLO (every cheaper one has been evaluated)",
-        minimum=1,
-    ),
-    InputField(
-        "routing_candidates",
-        "--routing-candidates",
-        None,
-        "str",
-        None,
-        "Routing policies ranked",
-        "comma-separated routing policies to rank with the deployments (each (deployment, policy) a "
-        "candidate), e.g. round-robin,least-loaded,prefix-aware",
-        optional=True,
-    ),
-)
-# The search's shared settings, a deployment's fields with the search's meaning: one max_num_batched_tokens,
-# expert parallelism and the router for every candidate, disaggregated deployments too (the page's search mode's
-# `disagg_too`), --routing without a default (none: each replica serves 1 / N of the load).
-SEARCH_FIELDS += (
-    field_named(SETTING_FIELDS, "max_num_batched_tokens"),
-    replace(
-        MOE_FIELDS[1],
-        help="every candidate with vLLM's --enable-expert-parallel (a MoE model: whole experts per GPU)",
-    ),
-    replace(
-        DISAGG_FIELDS[0],
-        url_key="disagg_too",
-        label="Disaggregated prefill / decode deployments too (slo --disagg)",
-        help="also search disaggregated deployments: x prefill workers + y decode workers of one GPU type "
-        "(tp from --tp, pp 1, max_num_seqs the largest --max-num-seqs), ranked with the aggregated ones",
-    ),
-    replace(
-        ROUTING_FIELD,
-        default=None,
-        optional=True,
-        help=f"the router in front of every deployment of several replicas: one of {', '.join(ROUTING_POLICIES)} "
-        "(default: none, each replica serves 1 / N of the load; round-robin is what a plain load balancer does)",
-    ),
-)
-# the search space's fields shared with the SLO planner page's search mode (its URL fields and widgets)
-SEARCH_URL_FIELDS = tuple(f for f in SEARCH_FIELDS if f.url_key is not None)
 # those `SloCandidates` holds by name and checks by their fields (gpus: presets or GPUSpecs, checked apart; the
 # router's policies: `routing_policies` and `check_routing`; the switches: their own checks, below)
 _CHECKED_FIELDS = tuple(
@@ -255,7 +108,7 @@ SloWorkload = Load
 @dataclass(frozen=True)
 class Candidate:
     """One deployment. gpu: the preset slug (or the custom GPU's name); num_gpus = tp x pp x data_parallel x
-    replicas (data_parallel / expert_parallel: `core.planning.predict.prediction.Deployment`'s)."""
+    replicas (data_parallel / expert_parallel: `core.planning.predict.deployment.Deployment`'s)."""
 
     gpu: str
     spec: GPUSpec = field(repr=False, compare=False)

@@ -29,9 +29,10 @@ import numpy as np
 
 from core.planning.cost.step_time import StepTimeModel, from_specs
 from core.planning.memory.plan import CapacityPlan
+from core.planning.predict.deployment import Deployment
 from core.planning.predict.early_stop import SEARCH_SETTINGS, verdict_decider, verdict_is_clear  # noqa: F401 (re-exported)
 from core.planning.predict.load import Load
-from core.planning.predict.prediction import Deployment, replica_steady_state
+from core.planning.predict.prediction import replica_steady_state
 from core.planning.search.slo_candidates import Candidate, SloCandidates, SloWorkload
 from core.serving.sim_result import SimulationResult
 from core.serving.steady_state import SteadyState
