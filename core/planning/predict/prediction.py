@@ -39,7 +39,6 @@ A rank's step is priced on its own batch, with the experts' weight reads and the
 all D ranks run in lockstep (`core.planning.cost.step_time`, module docstring: data-parallel attention).
 """
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -294,7 +293,3 @@ def predict(
         state,
         per_replica,
     )
-
-
-def _finite(value) -> float | None:
-    return None if value is None or not math.isfinite(value) else float(value)
