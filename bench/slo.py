@@ -336,6 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=PRIORITY_NICE,
         help="niceness to run at (0: as started; see PRIORITY_NICE)",
     )
+    parser.add_argument(
+        "--client-nice",
+        type=int,
+        default=None,
+        help="--server vllm: `vllm bench serve`'s niceness (default: the bench's, which it inherits; a higher "
+        "value makes the load generator yield the server's core to vLLM's scheduler and API server)",
+    )
     return parser
 
 
