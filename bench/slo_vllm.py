@@ -36,6 +36,7 @@ visible from outside; `worst`, wall_s) plus server (the vLLM and its cache).
 
 import functools
 import json
+import math
 import os
 import resource
 import subprocess
@@ -51,7 +52,7 @@ import pandas as pd
 import torch
 
 from bench.machine import machine_facts
-from bench.slo import SIZES, compare, fit, raise_priority, worst_errors
+from bench.slo import METRICS, SIZES, compare, fit, raise_priority, worst_errors
 from core.kernels.cpu_isa import cpu_description
 from core.live.metrics import parse_vllm_metrics
 from core.planning.catalog.models import ModelSpec
@@ -59,6 +60,7 @@ from core.planning.cost.cpu_roofline import engine_step_model, measure_roofs
 from core.planning.search.slo_eval import analytic_bounds
 from core.serve.vllm_env import find_vllm
 from core.serve.vllm_server import VLLMServeConfig, VLLMServer
+from core.serving.latency import latency_summary
 from core.serving.memory_policies import paged
 from core.serving.sim_result import SimulationResult
 from core.serving.simulator import SimulatorConfig, simulate
@@ -76,6 +78,8 @@ PREFILL_REPEATS = 2
 INPUT_LEN, OUTPUT_LEN, RANGE_RATIO = 56, 24, 0.7
 TOKEN_LOW = 1000  # random prompt ids from here up: no special tokens
 SEED = 7  # `vllm bench serve --seed`: its prompts, lengths and arrivals
+BAND_DRAWS, BAND_SEED = 40, 0  # the prediction band's resampled fits (`prediction_band`)
+WORKER = "VLLM::Worker"  # the model worker's process name (`VLLMServer.cpu_seconds`)
 
 
 class StreamRecord:
@@ -316,6 +320,32 @@ def tpot_by_batch(measured: pd.DataFrame, predicted: SimulationResult) -> dict:
     }
 
 
+def prediction_band(sweep_rows: pd.DataFrame, base, measured: pd.DataFrame, kv_tokens: int) -> dict:
+    """The fit's own uncertainty carried to the replay: the sweep's steps resampled with replacement (BAND_DRAWS
+    times, seeded), each resample fitted as the bench fits and `measured`'s arrivals replayed with it; per
+    metric of METRICS the 2.5th and 97.5th percentiles of the predicted values (seconds) and whether the
+    measured value lies between them. A miss inside the band is one the sweep cannot resolve (its steps' own
+    scatter allows it); outside it, the model or the machine differs between the sweep and the load."""
+    rng = np.random.default_rng(BAND_SEED)
+    draws: dict[str, list[float]] = {name: [] for name in METRICS}
+    for _ in range(BAND_DRAWS):
+        rows = sweep_rows.iloc[rng.integers(0, len(sweep_rows), len(sweep_rows))].reset_index(drop=True)
+        summary = latency_summary(predict(measured, fit(rows, base, False).model, kv_tokens).requests)
+        for name in METRICS:
+            draws[name].append(summary[f"{name}_s"])
+    observed = latency_summary(measured)
+    band = {}
+    for name, values in draws.items():
+        low, high = np.percentile(values, [2.5, 97.5])
+        value = observed[f"{name}_s"]
+        band[name] = {
+            "low_s": float(low),
+            "high_s": float(high),
+            "measured_within": bool(low <= value <= high),
+        }
+    return band
+
+
 def _requests_for_bound(num: int, seed: int) -> list[Request]:
     """Lengths like the validation's (uniform over vLLM's random-dataset ranges) for the throughput bound."""
     rng = np.random.default_rng(seed)
@@ -355,14 +385,23 @@ def _cpu_use(server: VLLMServer, since: tuple[dict[str, float], float], seconds:
     return {name: round(cores, 4) for name, cores in used.items()}
 
 
-def compare_rates(results: list, used, kv_tokens: int) -> dict:
+def compare_rates(results: list, used, kv_tokens: int, steps: dict | None = None, band=None) -> dict:
     """{rate: the measured and predicted percentiles, their errors, and vLLM's own figures} for each
-    (rate, fraction, requests, `vllm bench serve` result, seconds) of `results`, predicted with the fit `used`."""
+    (rate, fraction, requests, `vllm bench serve` result, seconds) of `results`, predicted with the fit `used`;
+    steps: per rate, the engine steps vLLM counted and its worker's CPU (`_engine_steps`), set beside the
+    replay's steps and their mean predicted time; band: (the sweep's rows, the base model) for each rate's
+    `prediction_band`."""
     rates = {}
     for rate, fraction, served, result, serve_s in results:
         measured = measured_requests(result)
         predicted = predict(measured, used.model, kv_tokens)
         row = compare(measured, predicted.requests)
+        if steps is not None and f"{rate:.3f}" in steps:
+            seconds = predicted.steps["step_time_ms"].to_numpy() / 1e3
+            row["engine_steps"] = steps[f"{rate:.3f}"] | {
+                "predicted_steps": len(seconds),
+                "predicted_mean_step_s": float(seconds.mean()),
+            }
         vllm_own = {
             k: result[k] / 1e3 for k in result if k.startswith(("p50_", "p95_", "p99_")) and k.endswith("_ms")
         }
@@ -376,6 +415,7 @@ def compare_rates(results: list, used, kv_tokens: int) -> dict:
             "vllm_bench_serve_s": vllm_own,
             "vllm_output_throughput": result["output_throughput"],
             "tpot_by_batch": tpot_by_batch(measured, predicted),
+            **({"prediction_band": prediction_band(band[0], band[1], measured, kv_tokens)} if band else {}),
             **row,
         }
     return rates
@@ -383,17 +423,40 @@ def compare_rates(results: list, used, kv_tokens: int) -> dict:
 
 def _serve_rates(server, folder: str, size: dict, capacity_rps: float, client: Client, record: tuple) -> list:
     """`vllm bench serve` at each of the mode's rates (fractions of `capacity_rps`): per rate (rate, fraction,
-    requests, result, seconds); `record` = (cpu, loads): each rate's cores used and the load average after it."""
-    cpu, loads = record
+    requests, result, seconds); `record` = (cpu, loads, steps): each rate's cores used, the load average after it
+    and its engine steps (`_engine_steps`)."""
+    cpu, loads, steps = record
     results = []
     for fraction, served in zip(size["rates"], size["requests"], strict=True):
         rate = fraction * capacity_rps
-        t, at = time.perf_counter(), _cpu_now(server)
+        t, at, counted = time.perf_counter(), _cpu_now(server), _iterations(server)
         result = client.serve(server, folder, rate, served)
         results.append((rate, fraction, served, result, time.perf_counter() - t))
         cpu[f"{rate:.3f}"] = _cpu_use(server, at, results[-1][-1])
+        steps[f"{rate:.3f}"] = _engine_steps(server, at[0], counted)
         loads.append(os.getloadavg())
     return results
+
+
+def _iterations(server: VLLMServer) -> tuple[float, float]:
+    """vLLM's `vllm:iteration_tokens_total` so far: (engine steps, tokens they scheduled)."""
+    histogram = parse_vllm_metrics(server.get("/metrics").decode()).iteration_tokens
+    return (histogram.count, histogram.sum) if histogram is not None else (math.nan, math.nan)
+
+
+def _engine_steps(server: VLLMServer, cpu_then: dict[str, float], counted: tuple[float, float]) -> dict:
+    """Since `cpu_then` / `counted`: the engine steps vLLM counted (`vllm:iteration_tokens_total`, one observation
+    a step), the tokens they scheduled and the model worker's CPU seconds (its one OpenMP thread: the step's
+    compute; it sleeps between steps), and so the worker's CPU a step."""
+    (steps_then, tokens_then), (steps_now, tokens_now) = counted, _iterations(server)
+    worker = server.cpu_seconds().get(WORKER, math.nan) - cpu_then.get(WORKER, math.nan)
+    steps = steps_now - steps_then
+    return {
+        "steps": steps,
+        "tokens": tokens_now - tokens_then,
+        "worker_cpu_s": worker,
+        "worker_cpu_s_per_step": worker / steps if steps else None,
+    }
 
 
 def _server_facts(
@@ -473,14 +536,15 @@ def main(args) -> None:
         bound = analytic_bounds(first_fit.model, requests, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, kv_tokens)
         cpu = {"sweep_before": _cpu_use(server, before_cpu, sweep_s[0])}
         client = Client(Path(tmp), args.client_nice)
-        results = _serve_rates(server, folder, size, bound.capacity_rps, client, (cpu, loads))
+        steps: dict = {}
+        results = _serve_rates(server, folder, size, bound.capacity_rps, client, (cpu, loads, steps))
         t = time.perf_counter()
         after = sweep(server.url, config.served_name, rng, spec.vocab_size)
         sweep_s.append(time.perf_counter() - t)
         log_tail = server.log_tail(3)
     fitted_on = pd.concat([before, after], ignore_index=True)
     used = first_fit if args.fit_once else fit(fitted_on, base, args.robust)
-    rates = compare_rates(results, used, kv_tokens)
+    rates = compare_rates(results, used, kv_tokens, steps, (before if args.fit_once else fitted_on, base))
     decode = np.median(before[before.kind == "decode"]["seconds"]) if len(before) else None
     drift = _drift(before, after)
     print(
