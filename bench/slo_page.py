@@ -2,7 +2,8 @@
 target: 15 s on 2 cores), on issue 37's case (`predict` for Llama-3.1-8B on 2 x H100 at 8 req/s of 4,000 / 256
 tokens, a 3,500-token prefix shared 8 ways, EAGLE 0.8, 0.6, 0.4), from a freshly started app.
 
-The app starts as the load tests start it (`tests.load.server`, on loopback, a free port); headless Chromium
+The app starts as `streamlit run app.py` on loopback (a free port; ready once /_stcore/health answers); headless
+Chromium (CHROMIUM, or $PAGED_LAB_CHROMIUM)
 opens the page's URL `--visits` times, one after another (the first visit cold: the worker pool starts and
 nothing is cached; later ones read the cache). Each visit's first answer is the moment the page's text holds the
 answer's opening words ("At 8 req/s, "), read by a script in the page every 20 ms from navigation; the seconds
@@ -11,11 +12,15 @@ in-page milliseconds of what it showed (the progress line, the answer, the large
 """
 
 import argparse
+import contextlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -41,6 +46,10 @@ CASE = {
 ANSWER = "At 8 req/s, "  # the answer's opening words
 SHOWN = (ANSWER, "Predicting the deployment", "Predicting the same load with a larger KV cache")
 TARGET_S = 15.0
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("PAGED_LAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+READY_TIMEOUT_S = 120
 # Records, every 20 ms, when each of `texts` first appears in the page (ms since navigation).
 FIRST_SEEN = """(texts) => { window.__firstSeen = {}; const look = () => {
   const shown = document.body ? document.body.textContent : "";
@@ -53,6 +62,41 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def start_app(port: int, log) -> subprocess.Popen:
+    """`streamlit run app.py` on 127.0.0.1:port, returned once its health check answers ok; RuntimeError when it
+    stops or does not answer within READY_TIMEOUT_S."""
+    command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true"]
+    command += [
+        "--server.port",
+        str(port),
+        "--server.address",
+        "127.0.0.1",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
+    env = {**os.environ, "PAGED_LAB_LIVE_HOSTS": "127.0.0.1"}
+    app = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline and app.poll() is None:
+        health = f"http://127.0.0.1:{port}/_stcore/health"
+        with contextlib.suppress(OSError), urllib.request.urlopen(health, timeout=2) as answer:
+            if answer.read().strip() == b"ok":
+                return app
+        time.sleep(0.25)
+    stop_app(app)
+    raise RuntimeError("the app did not start")
+
+
+def stop_app(app: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        app.terminate()
+    try:
+        app.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        app.kill()
+        app.wait()
 
 
 def visit(browser, url: str) -> dict:
@@ -75,17 +119,13 @@ def visit(browser, url: str) -> dict:
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
-    from tests.conftest import CHROMIUM, CHROMIUM_ARGS
-    from tests.load.server import start_server, stop_server
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--visits", type=int, default=2, help="visits in a row (the first one cold)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     port = free_port()
-    env = {**os.environ, "PAGED_LAB_LIVE_HOSTS": "127.0.0.1"}
-    with tempfile.TemporaryDirectory(prefix="slo-page-") as tmp:
-        server = start_server(port, Path(tmp) / "streamlit.log", env)
+    with tempfile.TemporaryFile() as log:
+        app = start_app(port, log)
         try:
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
@@ -93,7 +133,7 @@ def main() -> None:
                 visits = [visit(browser, url) for _ in range(args.visits)]
                 browser.close()
         finally:
-            stop_server(server)
+            stop_app(app)
     print(
         json.dumps(
             {

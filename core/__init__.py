@@ -42,11 +42,11 @@ import statement of core (module level or inside a function), and that every `co
   planning.cost.fits): what one deployment does at one load, in steady state (`core.planning.predict.deployment`:
   `Deployment`; `core.planning.predict.prediction`: `predict`), disaggregated, and the highest rate within targets. Planning drives the simulator
   with its step-time model; serving never imports planning.
-- `core.planning.search` (imports: kv, serving, planning.catalog, planning.memory, planning.cost,
+- `core.planning.search` (imports: serving, planning.catalog, planning.memory, planning.cost,
   planning.cost.fits, planning.predict): which deployment meets a latency SLO at the lowest cost
   (`core.planning.search.slo`).
-- `core.planning.commands` (imports: serving, planning.catalog, planning.memory, planning.cost,
-  planning.predict, planning.search): `python -m core.planning`, argv -> JSON
+- `core.planning.commands` (imports: planning.catalog, planning.memory, planning.cost, planning.predict,
+  planning.search): `python -m core.planning`, argv -> JSON
   (`core.planning.commands.dispatch`).
 - `core.planning` (imports: planning.commands): the package itself holds only `__main__`.
 - `core.engine` (imports: kv, paging, kernels, sched, serving): a real Llama-family model run through the
