@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from urllib.parse import urlencode
 
 from bench.machine import machine_facts
 from core.kernels.cpu_isa import cpu_description
+from hosting.launcher import free_port
 
 CASE = {
     "mode": "predict",
@@ -56,12 +56,6 @@ FIRST_SEEN = """(texts) => { window.__firstSeen = {}; const look = () => {
   for (const text of texts) { if (!(text in window.__firstSeen) && shown.includes(text))
     window.__firstSeen[text] = performance.now(); } };
   setInterval(look, 20); }"""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_app(port: int, log) -> subprocess.Popen:

@@ -85,7 +85,30 @@ def default_replicas(environ=os.environ) -> int:
     return int(raw)
 
 
-def _healthy(port: int, timeout: float = 2.0) -> bool:
+def app_command(port: int) -> list[str]:
+    """`streamlit run app.py` headless on 127.0.0.1:port, no file watcher, no usage stats: how every app process
+    is started (a team host's replicas, the load tests' app, `bench.slo_page`)."""
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        "app.py",
+        "--server.headless",
+        "true",
+        "--server.address",
+        "127.0.0.1",
+        "--server.port",
+        str(port),
+        "--server.fileWatcherType",
+        "none",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
+
+
+def healthy(port: int, timeout: float = 2.0) -> bool:
+    """Whether the app on 127.0.0.1:port answers its health check with ok."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=timeout) as response:
             return response.read().decode().strip() == "ok"
@@ -145,23 +168,7 @@ class Host:
         self.replicas = []
         for index in range(replicas):
             replica_port = free_port()
-            command = [
-                sys.executable,
-                "-m",
-                "streamlit",
-                "run",
-                "app.py",
-                "--server.headless",
-                "true",
-                "--server.address",
-                "127.0.0.1",
-                "--server.port",
-                str(replica_port),
-                "--server.fileWatcherType",
-                "none",
-                "--browser.gatherUsageStats",
-                "false",
-            ]
+            command = app_command(replica_port)
             self.replicas.append(Child(f"replica {index + 1}", command, env, health_port=replica_port))
         config = self.runtime / "nginx.conf"
         config.write_text(
@@ -192,13 +199,13 @@ class Host:
         for replica in self.replicas:
             replica.start()
         for replica in self.replicas:
-            while not _healthy(replica.health_port):
+            while not healthy(replica.health_port):
                 self._check_started(deadline)
         if self.warm_first:
             self.warm()
         self.proxy.start()
         deadline = time.monotonic() + READY_TIMEOUT_S  # anew: the warm-up is bounded by its pages' timeouts
-        while not _healthy(self.port):
+        while not healthy(self.port):
             self._check_started(deadline)
 
     def warm(self) -> None:

@@ -12,9 +12,9 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
+from hosting.launcher import app_command, healthy
 from tests.conftest import ROOT
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -73,14 +73,6 @@ class RssSampler(threading.Thread):
         return self.peak
 
 
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as response:
-            return response.read().decode().strip() == "ok"
-    except OSError:
-        return False
-
-
 def start_server(
     port: int,
     log_path: Path,
@@ -92,21 +84,7 @@ def start_server(
     once /_stcore/health answers ok through it (for the host: once it says ready, after its warm-up). Raises
     RuntimeError (the server stopped) when it does not within `ready_timeout_s`."""
     if replicas is None:
-        command = [
-            sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            "app.py",
-            "--server.headless",
-            "true",
-            "--server.port",
-            str(port),
-            "--server.address",
-            "127.0.0.1",
-            "--browser.gatherUsageStats",
-            "false",
-        ]
+        command = app_command(port)
     else:
         command = [sys.executable, "-m", "hosting", "--port", str(port), "--replicas", str(replicas)]
     log = open(log_path, "w")  # noqa: SIM115 (closed with the process)
@@ -116,7 +94,7 @@ def start_server(
     while time.monotonic() < deadline:
         if process.poll() is not None:
             break
-        if _healthy(port) and (ready is True or ready in log_path.read_text()):
+        if healthy(port) and (ready is True or ready in log_path.read_text()):
             return process
         time.sleep(0.25)
     stop_server(process)
