@@ -16,16 +16,14 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
 from bench.machine import machine_facts
 from core.kernels.cpu_isa import cpu_description
-from hosting.launcher import free_port
+from hosting.launcher import app_command, free_port, healthy
 
 CASE = {
     "mode": "predict",
@@ -61,23 +59,12 @@ FIRST_SEEN = """(texts) => { window.__firstSeen = {}; const look = () => {
 def start_app(port: int, log) -> subprocess.Popen:
     """`streamlit run app.py` on 127.0.0.1:port, returned once its health check answers ok; RuntimeError when it
     stops or does not answer within READY_TIMEOUT_S."""
-    command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true"]
-    command += [
-        "--server.port",
-        str(port),
-        "--server.address",
-        "127.0.0.1",
-        "--browser.gatherUsageStats",
-        "false",
-    ]
     env = {**os.environ, "PAGED_LAB_LIVE_HOSTS": "127.0.0.1"}
-    app = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+    app = subprocess.Popen(app_command(port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline and app.poll() is None:
-        health = f"http://127.0.0.1:{port}/_stcore/health"
-        with contextlib.suppress(OSError), urllib.request.urlopen(health, timeout=2) as answer:
-            if answer.read().strip() == b"ok":
-                return app
+        if healthy(port):
+            return app
         time.sleep(0.25)
     stop_app(app)
     raise RuntimeError("the app did not start")
