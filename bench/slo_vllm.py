@@ -293,6 +293,12 @@ def predict(measured: pd.DataFrame, model, kv_tokens: int) -> SimulationResult:
     return simulate(requests, paged(BLOCK_SIZE), config)
 
 
+def _mean_tpot(requests: pd.DataFrame) -> float:
+    """The mean over requests of more than one output token of (last token - first token) / (outputs - 1)."""
+    decoding = requests[requests["output_len"] > 1]
+    return float(((decoding.finish_time - decoding.first_token_time) / (decoding.output_len - 1)).mean())
+
+
 def tpot_by_batch(measured: pd.DataFrame, predicted: SimulationResult) -> dict:
     """Request by request, the measured TPOT over the predicted one (the same request, replayed): its median, and
     its least-squares slope on the mean running batch of the request's predicted decode window (sequences). A
@@ -401,6 +407,8 @@ def compare_rates(results: list, used, kv_tokens: int, steps: dict | None = None
             row["engine_steps"] = steps[f"{rate:.3f}"] | {
                 "predicted_steps": len(seconds),
                 "predicted_mean_step_s": float(seconds.mean()),
+                "client_mean_tpot_s": _mean_tpot(measured),
+                "predicted_mean_tpot_s": _mean_tpot(predicted.requests),
             }
         vllm_own = {
             k: result[k] / 1e3 for k in result if k.startswith(("p50_", "p95_", "p99_")) and k.endswith("_ms")
@@ -429,33 +437,45 @@ def _serve_rates(server, folder: str, size: dict, capacity_rps: float, client: C
     results = []
     for fraction, served in zip(size["rates"], size["requests"], strict=True):
         rate = fraction * capacity_rps
-        t, at, counted = time.perf_counter(), _cpu_now(server), _iterations(server)
+        t, at, scraped = time.perf_counter(), _cpu_now(server), _scrape(server)
         result = client.serve(server, folder, rate, served)
         results.append((rate, fraction, served, result, time.perf_counter() - t))
         cpu[f"{rate:.3f}"] = _cpu_use(server, at, results[-1][-1])
-        steps[f"{rate:.3f}"] = _engine_steps(server, at[0], counted)
+        steps[f"{rate:.3f}"] = _engine_steps(server, at[0], scraped)
         loads.append(os.getloadavg())
     return results
 
 
-def _iterations(server: VLLMServer) -> tuple[float, float]:
-    """vLLM's `vllm:iteration_tokens_total` so far: (engine steps, tokens they scheduled)."""
-    histogram = parse_vllm_metrics(server.get("/metrics").decode()).iteration_tokens
-    return (histogram.count, histogram.sum) if histogram is not None else (math.nan, math.nan)
+def _scrape(server: VLLMServer):
+    """The server's /metrics, parsed (`core.live.metrics.VllmMetrics`)."""
+    return parse_vllm_metrics(server.get("/metrics").decode())
 
 
-def _engine_steps(server: VLLMServer, cpu_then: dict[str, float], counted: tuple[float, float]) -> dict:
-    """Since `cpu_then` / `counted`: the engine steps vLLM counted (`vllm:iteration_tokens_total`, one observation
-    a step), the tokens they scheduled and the model worker's CPU seconds (its one OpenMP thread: the step's
-    compute; it sleeps between steps), and so the worker's CPU a step."""
-    (steps_then, tokens_then), (steps_now, tokens_now) = counted, _iterations(server)
+def _mean_since(then, now) -> float | None:
+    """The mean of a histogram's observations between two scrapes (None when none, or not exported)."""
+    if then is None or now is None or now.count <= then.count:
+        return None
+    return (now.sum - then.sum) / (now.count - then.count)
+
+
+def _engine_steps(server: VLLMServer, cpu_then: dict[str, float], then) -> dict:
+    """Since `cpu_then` and the scrape `then`: the engine steps vLLM counted (`vllm:iteration_tokens_total`, one
+    observation a step), the tokens they scheduled and the model worker's CPU seconds (its one OpenMP thread: the
+    step's compute; it sleeps between steps), so the worker's CPU a step; and vLLM's own means of what its output
+    processor timed (`vllm:inter_token_latency_seconds`, `vllm:request_time_per_output_token_seconds`,
+    `vllm:time_to_first_token_seconds`: engine-side, before the HTTP stream the client reads)."""
+    now = _scrape(server)
     worker = server.cpu_seconds().get(WORKER, math.nan) - cpu_then.get(WORKER, math.nan)
-    steps = steps_now - steps_then
+    counted = then.iteration_tokens is not None and now.iteration_tokens is not None
+    steps = now.iteration_tokens.count - then.iteration_tokens.count if counted else math.nan
     return {
         "steps": steps,
-        "tokens": tokens_now - tokens_then,
+        "tokens": now.iteration_tokens.sum - then.iteration_tokens.sum if counted else math.nan,
         "worker_cpu_s": worker,
         "worker_cpu_s_per_step": worker / steps if steps else None,
+        "server_mean_itl_s": _mean_since(then.itl, now.itl),
+        "server_mean_tpot_s": _mean_since(then.request_tpot, now.request_tpot),
+        "server_mean_ttft_s": _mean_since(then.ttft, now.ttft),
     }
 
 
