@@ -162,29 +162,8 @@ def from_specs(
     dp = kwargs.pop("data_parallel", 1)
     ep = kwargs.pop("expert_parallel", False)
     check_moe_parallel(model, tp, dp, ep)
-    layer_overhead = kwargs.pop("layer_overhead_s", 0.0)
-    if not layer_overhead >= 0:
-        raise InvalidArgumentError(f"layer_overhead_s must be >= 0, got {layer_overhead!r}")
-    if layer_overhead:
-        kwargs["overhead_s"] = (
-            kwargs.get("overhead_s", DEFAULT_OVERHEAD_S) + layer_overhead * model.num_layers
-        )
-    # The FP8 experts' own efficiencies (docs/slo.md 2c, the fourth stage: tried, not adopted, so no stored profile
-    # sets them; `bench.slo_published --train-minimax` fits them): FP8 block-quantized experts run another
-    # grouped-GEMM kernel than MXFP4 (or 16-bit) ones, so a profile may give them their own share of the bandwidth
-    # and of the FLOP/s; each replaces expert_bandwidth_efficiency / expert_flops_efficiency when the experts are
-    # stored in FP8 (None: the shared ones).
-    fp8_moe = model.is_moe and resolve_weight_dtype(model, weight_dtype) == "fp8"
-    for name in ("bandwidth", "flops"):
-        value = kwargs.pop(f"fp8_expert_{name}_efficiency", None)
-        if value is None:
-            continue
-        if not 0 < value <= 1:
-            raise InvalidArgumentError(
-                f"fp8_expert_{name}_efficiency must be in (0, 1] or None, got {value!r}"
-            )
-        if fp8_moe:
-            kwargs[f"expert_{name}_efficiency"] = value
+    _per_layer_overhead(model, kwargs)
+    _fp8_expert_efficiencies(model, weight_dtype, kwargs)
     fp8_ratio = kwargs.pop("fp8_flops_ratio", None)
     if fp8_ratio is not None and not 0 < fp8_ratio <= 2:
         raise InvalidArgumentError(f"fp8_flops_ratio must be in (0, 2] or None, got {fp8_ratio!r}")
@@ -231,3 +210,33 @@ def from_specs(
         peak_flops=float(peak),
         **({"interconnect_bandwidth": link / 2 if link else math.inf} | extra | kwargs),
     )
+
+
+def _per_layer_overhead(model, kwargs: dict) -> None:
+    """Fold the keyword `layer_overhead_s` (seconds a layer a step) into `overhead_s`, in place."""
+    layer_overhead = kwargs.pop("layer_overhead_s", 0.0)
+    if not layer_overhead >= 0:
+        raise InvalidArgumentError(f"layer_overhead_s must be >= 0, got {layer_overhead!r}")
+    if layer_overhead:
+        kwargs["overhead_s"] = (
+            kwargs.get("overhead_s", DEFAULT_OVERHEAD_S) + layer_overhead * model.num_layers
+        )
+
+
+def _fp8_expert_efficiencies(model, weight_dtype: str, kwargs: dict) -> None:
+    """The FP8 experts' own efficiencies (docs/slo.md 2c, the fourth stage: tried, not adopted, so no stored profile
+    sets them; `bench.slo_published --train-minimax` fits them), in place: FP8 block-quantized experts run another
+    grouped-GEMM kernel than MXFP4 (or 16-bit) ones, so a profile may give them their own share of the bandwidth
+    and of the FLOP/s; the keywords fp8_expert_{bandwidth,flops}_efficiency replace expert_bandwidth_efficiency /
+    expert_flops_efficiency when the experts are stored in FP8 (None: the shared ones)."""
+    fp8_moe = model.is_moe and resolve_weight_dtype(model, weight_dtype) == "fp8"
+    for name in ("bandwidth", "flops"):
+        value = kwargs.pop(f"fp8_expert_{name}_efficiency", None)
+        if value is None:
+            continue
+        if not 0 < value <= 1:
+            raise InvalidArgumentError(
+                f"fp8_expert_{name}_efficiency must be in (0, 1] or None, got {value!r}"
+            )
+        if fp8_moe:
+            kwargs[f"expert_{name}_efficiency"] = value
