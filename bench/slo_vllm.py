@@ -12,15 +12,9 @@
    computes in bf16, whose matmuls run ~3-4x float32's here with AVX-512 BF16: a float32 roof left the fit's
    FLOP/s efficiency at its bound of 1 and priced prefills 3x too slow), the roofline of the model's bf16 weights
    and KV (`engine_step_model`); the bench itself at the same niceness as the server.
-3. Sweep, measured from outside as for any vLLM (no access to its engine): streaming /v1/completions with token-id
-   prompts and `continuous_usage_stats` (each chunk says how many tokens the request has produced).
-   Decode steps: for each level c of SWEEP_LEVELS, c requests (prompt SWEEP_PROMPT random tokens, SWEEP_OUTPUT
-   outputs) sent together; while all c are decoding, each request's time per token over that window is a step of c
-   decodes reading c x context KV tokens (single gaps seen from outside are bursty: some ~0, some two steps). Prefill steps: one request alone of
-   each of PREFILL_LENGTHS prompt tokens and one output token, its time to the first chunk (so the request's own
-   HTTP and tokenizer-free entry are in it, as they are in the TTFT `vllm bench serve` measures). A sweep runs
-   before the first rate and after the last; the fit (`core.planning.cost.fits.step_fit.fit_step_time`, bench.slo's
-   CPU_FIT) is on both.
+3. Sweep (`bench.slo_vllm_sweep`): vLLM's steps measured from outside as for any vLLM, lockstep decode batches of
+   1-16 and lone prefills. A sweep runs before the first rate and after the last; the fit
+   (`core.planning.cost.fits.step_fit.fit_step_time`, bench.slo's CPU_FIT) is on both.
 4. Validation (no fitting): `vllm bench serve` (the wheel's CLI) at three Poisson rates, 0.25, 0.5 and 0.75 of the
    fit's throughput bound (`analytic_bounds`; the third near the knee), random prompts of 56 +- 70 % tokens and
    outputs of 24 +- 70 % (`--random-range-ratio 0.7`: prompts 16-96, outputs 7-41), `--ignore-eos`,
@@ -31,19 +25,17 @@
 
 Prints bench.slo's JSON keys (machine, roofs, sweep_steps, rates with the measured and predicted TTFT / TPOT
 p50 / p95 / p99, throughput, `*_rel_err`, step_time_measured_over_predicted is absent: vLLM's steps are not
-visible from outside; `worst`, wall_s) plus server (the vLLM and its cache).
+visible from outside; `worst`, wall_s) plus server (the vLLM and its cache), and per rate what says where a miss
+comes from (`bench.slo_vllm_limits`: tpot_by_batch, prediction_band, engine_steps).
 """
 
 import functools
 import json
-import math
 import os
 import resource
 import subprocess
 import tempfile
-import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +44,9 @@ import pandas as pd
 import torch
 
 from bench.machine import machine_facts
-from bench.slo import METRICS, SIZES, compare, fit, raise_priority, worst_errors
+from bench.slo import SIZES, compare, fit, raise_priority, worst_errors
+from bench.slo_vllm_limits import engine_steps, mean_tpot, prediction_band, scrape, tpot_by_batch
+from bench.slo_vllm_sweep import SWEEP_LEVELS, sweep
 from core.kernels.cpu_isa import cpu_description
 from core.live.metrics import parse_vllm_metrics
 from core.planning.catalog.models import ModelSpec
@@ -60,7 +54,6 @@ from core.planning.cost.cpu_roofline import engine_step_model, measure_roofs
 from core.planning.search.slo_eval import analytic_bounds
 from core.serve.vllm_env import find_vllm
 from core.serve.vllm_server import VLLMServeConfig, VLLMServer
-from core.serving.latency import latency_summary
 from core.serving.memory_policies import paged
 from core.serving.sim_result import SimulationResult
 from core.serving.simulator import SimulatorConfig, simulate
@@ -70,119 +63,8 @@ BLOCK_SIZE = 32
 MAX_NUM_SEQS = 16
 MAX_NUM_BATCHED_TOKENS = 256
 MAX_MODEL_LEN = 2048
-SWEEP_LEVELS = (1, 1, 1, 1, 2, 2, 3, 4, 6, 8, 12, 16)  # one row per request: a lone decode four times
-SWEEP_PROMPT, SWEEP_OUTPUT = 48, 24
-SEGMENT_TOKENS = 8  # a request's window must span this many tokens to give a row
-PREFILL_LENGTHS = (16, 32, 48, 64, 96, 128, 192, 256)
-PREFILL_REPEATS = 2
 INPUT_LEN, OUTPUT_LEN, RANGE_RATIO = 56, 24, 0.7
-TOKEN_LOW = 1000  # random prompt ids from here up: no special tokens
 SEED = 7  # `vllm bench serve --seed`: its prompts, lengths and arrivals
-BAND_DRAWS, BAND_SEED = 40, 0  # the prediction band's resampled fits (`prediction_band`)
-WORKER = "VLLM::Worker"  # the model worker's process name (`VLLMServer.cpu_seconds`)
-
-
-class StreamRecord:
-    """One streamed request: (perf_counter, completion tokens so far) per chunk."""
-
-    def __init__(self) -> None:
-        self.chunks: list[tuple[float, int]] = []
-        self.error: str | None = None
-
-
-def stream(url: str, model: str, prompt: list[int], max_tokens: int, record: StreamRecord) -> None:
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }
-    request = urllib.request.Request(
-        url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=600) as response:
-            for raw in response:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                usage = json.loads(line[6:]).get("usage") or {}
-                if usage.get("completion_tokens"):
-                    record.chunks.append((time.perf_counter(), int(usage["completion_tokens"])))
-    except OSError as error:
-        record.error = str(error)
-
-
-def _send_together(url: str, model: str, prompts: list[list[int]], max_tokens: int) -> list[StreamRecord]:
-    records = [StreamRecord() for _ in prompts]
-    threads = [
-        threading.Thread(target=stream, args=(url, model, p, max_tokens, r))
-        for p, r in zip(prompts, records, strict=True)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    failed = [r.error for r in records if r.error]
-    if failed:
-        raise RuntimeError(f"a sweep request failed: {failed[0]}")
-    return records
-
-
-def decode_rows(records: list[StreamRecord], prompt_len: int) -> list[dict]:
-    """Steps of len(records) decodes, one row per request: its time per token over the window in which every
-    request decodes (first to last chunk inside it). Seen from outside, chunks arrive in bursts (the API server
-    forwards several steps' tokens at once when it falls behind), so single gaps and short segments can be ~0 or
-    several steps long; over the whole window the bursts cancel."""
-    c = len(records)
-    start = max(r.chunks[0][0] for r in records)
-    end = min(r.chunks[-1][0] for r in records)
-    rows = []
-    for record in records:
-        inside = [(t, n) for t, n in record.chunks if start <= t <= end]
-        if len(inside) < 2 or inside[-1][1] - inside[0][1] < SEGMENT_TOKENS:
-            continue
-        (t0, n0), (t1, n1) = inside[0], inside[-1]
-        kv = c * (prompt_len + (n0 + n1) / 2)
-        rows.append(
-            {
-                "new_tokens": c,
-                "kv_tokens_read": kv,
-                "attention_pairs": kv + c,
-                "output_tokens": c,
-                "seconds": (t1 - t0) / (n1 - n0),
-                "kind": "decode",
-            }
-        )
-    return rows
-
-
-def sweep(url: str, model: str, rng: np.random.Generator, vocab: int) -> pd.DataFrame:
-    rows = []
-    for level in SWEEP_LEVELS:
-        prompts = [rng.integers(TOKEN_LOW, vocab, SWEEP_PROMPT).tolist() for _ in range(level)]
-        rows += decode_rows(_send_together(url, model, prompts, SWEEP_OUTPUT), SWEEP_PROMPT)
-    for _ in range(PREFILL_REPEATS):
-        for n in PREFILL_LENGTHS:
-            record = StreamRecord()
-            sent = time.perf_counter()
-            stream(url, model, rng.integers(TOKEN_LOW, vocab, n).tolist(), 1, record)
-            if record.error or not record.chunks:
-                raise RuntimeError(f"a prefill request failed: {record.error}")
-            rows.append(
-                {
-                    "new_tokens": n,
-                    "kv_tokens_read": 0,
-                    "attention_pairs": n * (n + 1) / 2,
-                    "output_tokens": 1,
-                    "seconds": record.chunks[0][0] - sent,
-                    "kind": "prefill",
-                }
-            )
-    return pd.DataFrame(rows)
 
 
 @dataclass(frozen=True)
@@ -293,63 +175,9 @@ def predict(measured: pd.DataFrame, model, kv_tokens: int) -> SimulationResult:
     return simulate(requests, paged(BLOCK_SIZE), config)
 
 
-def _mean_tpot(requests: pd.DataFrame) -> float:
-    """The mean over requests of more than one output token of (last token - first token) / (outputs - 1)."""
-    decoding = requests[requests["output_len"] > 1]
-    return float(((decoding.finish_time - decoding.first_token_time) / (decoding.output_len - 1)).mean())
-
-
-def tpot_by_batch(measured: pd.DataFrame, predicted: SimulationResult) -> dict:
-    """Request by request, the measured TPOT over the predicted one (the same request, replayed): its median, and
-    its least-squares slope on the mean running batch of the request's predicted decode window (sequences). A
-    slope near 0 is a step-time error that does not depend on the load; a positive one, decode steps that slow
-    down with the sequences running beside them more than the sweep's steps did."""
-    requests, steps = predicted.requests, predicted.steps
-    decoding = measured["output_len"] > 1
-    measured_tpot = (measured.finish_time - measured.first_token_time) / (measured.output_len - 1)
-    predicted_tpot = (requests.finish_time - requests.first_token_time) / (requests.output_len - 1)
-    ratio = (measured_tpot / predicted_tpot)[decoding].to_numpy()
-    times, running = steps["time_s"].to_numpy(), steps["running_seqs"].to_numpy()
-    batch = np.array(
-        [
-            running[(times > first) & (times <= last)].mean()
-            for first, last in zip(
-                requests.first_token_time[decoding], requests.finish_time[decoding], strict=True
-            )
-        ]
-    )
-    slope = float(np.polyfit(batch, ratio, 1)[0]) if len(ratio) > 2 and np.ptp(batch) > 0 else None
-    return {
-        "median_measured_over_predicted": float(np.median(ratio)),
-        "slope_per_running_seq": slope,
-        "mean_running_batch": float(batch.mean()),
-    }
-
-
-def prediction_band(sweep_rows: pd.DataFrame, base, measured: pd.DataFrame, kv_tokens: int) -> dict:
-    """The fit's own uncertainty carried to the replay: the sweep's steps resampled with replacement (BAND_DRAWS
-    times, seeded), each resample fitted as the bench fits and `measured`'s arrivals replayed with it; per
-    metric of METRICS the 2.5th and 97.5th percentiles of the predicted values (seconds) and whether the
-    measured value lies between them. A miss inside the band is one the sweep cannot resolve (its steps' own
-    scatter allows it); outside it, the model or the machine differs between the sweep and the load."""
-    rng = np.random.default_rng(BAND_SEED)
-    draws: dict[str, list[float]] = {name: [] for name in METRICS}
-    for _ in range(BAND_DRAWS):
-        rows = sweep_rows.iloc[rng.integers(0, len(sweep_rows), len(sweep_rows))].reset_index(drop=True)
-        summary = latency_summary(predict(measured, fit(rows, base, False).model, kv_tokens).requests)
-        for name in METRICS:
-            draws[name].append(summary[f"{name}_s"])
-    observed = latency_summary(measured)
-    band = {}
-    for name, values in draws.items():
-        low, high = np.percentile(values, [2.5, 97.5])
-        value = observed[f"{name}_s"]
-        band[name] = {
-            "low_s": float(low),
-            "high_s": float(high),
-            "measured_within": bool(low <= value <= high),
-        }
-    return band
+def _replay(measured: pd.DataFrame, kv_tokens: int):
+    """model -> the predicted requests of `measured`'s arrivals replayed with that step-time model."""
+    return lambda model: predict(measured, model, kv_tokens).requests
 
 
 def _requests_for_bound(num: int, seed: int) -> list[Request]:
@@ -394,7 +222,7 @@ def _cpu_use(server: VLLMServer, since: tuple[dict[str, float], float], seconds:
 def compare_rates(results: list, used, kv_tokens: int, steps: dict | None = None, band=None) -> dict:
     """{rate: the measured and predicted percentiles, their errors, and vLLM's own figures} for each
     (rate, fraction, requests, `vllm bench serve` result, seconds) of `results`, predicted with the fit `used`;
-    steps: per rate, the engine steps vLLM counted and its worker's CPU (`_engine_steps`), set beside the
+    steps: per rate, the engine steps vLLM counted and its worker's CPU (`bench.slo_vllm_limits.engine_steps`), set beside the
     replay's steps and their mean predicted time; band: (the sweep's rows, the base model) for each rate's
     `prediction_band`."""
     rates = {}
@@ -407,8 +235,8 @@ def compare_rates(results: list, used, kv_tokens: int, steps: dict | None = None
             row["engine_steps"] = steps[f"{rate:.3f}"] | {
                 "predicted_steps": len(seconds),
                 "predicted_mean_step_s": float(seconds.mean()),
-                "client_mean_tpot_s": _mean_tpot(measured),
-                "predicted_mean_tpot_s": _mean_tpot(predicted.requests),
+                "client_mean_tpot_s": mean_tpot(measured),
+                "predicted_mean_tpot_s": mean_tpot(predicted.requests),
             }
         vllm_own = {
             k: result[k] / 1e3 for k in result if k.startswith(("p50_", "p95_", "p99_")) and k.endswith("_ms")
@@ -423,7 +251,11 @@ def compare_rates(results: list, used, kv_tokens: int, steps: dict | None = None
             "vllm_bench_serve_s": vllm_own,
             "vllm_output_throughput": result["output_throughput"],
             "tpot_by_batch": tpot_by_batch(measured, predicted),
-            **({"prediction_band": prediction_band(band[0], band[1], measured, kv_tokens)} if band else {}),
+            **(
+                {"prediction_band": prediction_band(band, measured, _replay(measured, kv_tokens))}
+                if band
+                else {}
+            ),
             **row,
         }
     return rates
@@ -432,51 +264,18 @@ def compare_rates(results: list, used, kv_tokens: int, steps: dict | None = None
 def _serve_rates(server, folder: str, size: dict, capacity_rps: float, client: Client, record: tuple) -> list:
     """`vllm bench serve` at each of the mode's rates (fractions of `capacity_rps`): per rate (rate, fraction,
     requests, result, seconds); `record` = (cpu, loads, steps): each rate's cores used, the load average after it
-    and its engine steps (`_engine_steps`)."""
+    and its engine steps (`bench.slo_vllm_limits.engine_steps`)."""
     cpu, loads, steps = record
     results = []
     for fraction, served in zip(size["rates"], size["requests"], strict=True):
         rate = fraction * capacity_rps
-        t, at, scraped = time.perf_counter(), _cpu_now(server), _scrape(server)
+        t, at, scraped = time.perf_counter(), _cpu_now(server), scrape(server)
         result = client.serve(server, folder, rate, served)
         results.append((rate, fraction, served, result, time.perf_counter() - t))
         cpu[f"{rate:.3f}"] = _cpu_use(server, at, results[-1][-1])
-        steps[f"{rate:.3f}"] = _engine_steps(server, at[0], scraped)
+        steps[f"{rate:.3f}"] = engine_steps(server, at[0], scraped)
         loads.append(os.getloadavg())
     return results
-
-
-def _scrape(server: VLLMServer):
-    """The server's /metrics, parsed (`core.live.metrics.VllmMetrics`)."""
-    return parse_vllm_metrics(server.get("/metrics").decode())
-
-
-def _mean_since(then, now) -> float | None:
-    """The mean of a histogram's observations between two scrapes (None when none, or not exported)."""
-    if then is None or now is None or now.count <= then.count:
-        return None
-    return (now.sum - then.sum) / (now.count - then.count)
-
-
-def _engine_steps(server: VLLMServer, cpu_then: dict[str, float], then) -> dict:
-    """Since `cpu_then` and the scrape `then`: the engine steps vLLM counted (`vllm:iteration_tokens_total`, one
-    observation a step), the tokens they scheduled and the model worker's CPU seconds (its one OpenMP thread: the
-    step's compute; it sleeps between steps), so the worker's CPU a step; and vLLM's own means of what its output
-    processor timed (`vllm:inter_token_latency_seconds`, `vllm:request_time_per_output_token_seconds`,
-    `vllm:time_to_first_token_seconds`: engine-side, before the HTTP stream the client reads)."""
-    now = _scrape(server)
-    worker = server.cpu_seconds().get(WORKER, math.nan) - cpu_then.get(WORKER, math.nan)
-    counted = then.iteration_tokens is not None and now.iteration_tokens is not None
-    steps = now.iteration_tokens.count - then.iteration_tokens.count if counted else math.nan
-    return {
-        "steps": steps,
-        "tokens": now.iteration_tokens.sum - then.iteration_tokens.sum if counted else math.nan,
-        "worker_cpu_s": worker,
-        "worker_cpu_s_per_step": worker / steps if steps else None,
-        "server_mean_itl_s": _mean_since(then.itl, now.itl),
-        "server_mean_tpot_s": _mean_since(then.request_tpot, now.request_tpot),
-        "server_mean_ttft_s": _mean_since(then.ttft, now.ttft),
-    }
 
 
 def _server_facts(
