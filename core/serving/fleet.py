@@ -35,7 +35,7 @@ from core.errors import InvalidArgumentError, RoutingError
 from core.kv.block_hash import extend_block_hashes
 from core.sched import driver
 from core.serving.memory_policies import Policy, make_memory
-from core.serving.router import DEFAULT_ROUTING, PrefixHistory, Router, check_routing
+from core.serving.router import DEFAULT_ROUTING, PROMPT_KEYED, PrefixHistory, Router, check_routing
 from core.serving.sim_config import SimulatorConfig
 from core.serving.sim_groups import GroupMaker
 from core.serving.sim_result import SimulationResult, summarize
@@ -196,8 +196,8 @@ class FleetRun:
             self.replicas.append(_Replica(sim))
         self.router = Router(fleet.routing, n, config.max_num_batched_tokens, fleet.seed, fleet.history)
         caching = policy.is_paged and policy.enable_prefix_caching and not policy.counted
-        prefixed = fleet.routing in ("prefix-aware", "approximate-prefix")
-        self.keys = _PromptKeys(policy.block_size) if caching and prefixed else None
+        keyed = fleet.routing in PROMPT_KEYED
+        self.keys = _PromptKeys(policy.block_size) if caching and keyed else None
         self.assignment = np.full(len(groups), -1, dtype=np.int64)
         self.arrived = 0
 

@@ -65,6 +65,7 @@ ROUTING_POLICIES = (
     "approximate-prefix",
 )
 DEFAULT_ROUTING = "round-robin"
+PROMPT_KEYED = ("prefix-aware", "approximate-prefix")  # the policies that read a prompt's block keys
 SATURATION_BATCHES = 35  # llm-d's valve: uncached tokens in flight above 35 x max_num_batched_tokens
 AFFINITY = 0.8  # llm-d's prefix affinity: a hit of at least 80 % of the prompt keeps the request there
 
