@@ -144,27 +144,53 @@ def staged_requests(stages: Sequence[Stage], prompts: SharedPrefixPrompts, seed:
     return out
 
 
-def ramp_report(requests: pd.DataFrame, stages: Sequence[Stage], first_stage: int = 0) -> dict:
+def ramp_report(
+    requests: pd.DataFrame,
+    stages: Sequence[Stage],
+    first_stage: int = 0,
+    stage_of: np.ndarray | None = None,
+    timeout_s: float | None = None,
+) -> dict:
     """The run's figures (module docstring) from a simulation's `requests` frame (arrival_time, first_token_time,
     finish_time, output_len, prompt_len, prefix_hit_tokens): `stages` a list, per stage, of rate, requests
     sent, finished, output_tokens_per_s and ttft_p90_s; the whole run's output_tokens_per_s (the mean over the
     stages from `first_stage` on: a warm-up before it is left out, as the published summary leaves it out),
     ttft_p90_s and ttft_mean_s (over every finished request), prefix_hit_rate (prompt tokens the caches served /
-    prompt tokens, finished requests) and unfinished (requests sent but not finished when the run stopped)."""
+    prompt tokens, finished requests), unfinished (requests sent but not finished when the run stopped) and
+    timed_out. stage_of: each request's stage index (None: from its arrival time and the stages' bounds; a run
+    whose stages wait for each other, `core.serving.staged_run`, gives it). timeout_s: a request not finished
+    within it of its arrival failed at arrival + timeout_s, as a client's timeout fails it: left out of the
+    figures (counted in `timed_out`), its failure time still ending its stage's span as the tool's does."""
     stages = _check_stages(stages)
     check_int(first_stage, "first_stage", minimum=0, maximum=len(stages) - 1)
-    bounds = stage_bounds(stages)
     arrival = requests["arrival_time"].to_numpy()
-    stage_of = np.clip(np.searchsorted(bounds, arrival, side="left") - 1, 0, len(stages) - 1)
+    if stage_of is None:
+        bounds = stage_bounds(stages)
+        stage_of = np.clip(np.searchsorted(bounds, arrival, side="left") - 1, 0, len(stages) - 1)
+    stage_of = np.asarray(stage_of)
+    if stage_of.shape != arrival.shape or (
+        len(stage_of) and not 0 <= stage_of.min() <= stage_of.max() < len(stages)
+    ):
+        raise InvalidArgumentError(f"stage_of needs one stage index (0 to {len(stages) - 1}) per request")
+    finish = requests["finish_time"].to_numpy()
     done = requests["finish_time"].notna().to_numpy()
+    timed_out = np.zeros_like(done)
+    if timeout_s is not None:
+        check_float(timeout_s, "timeout_s (s)", minimum=0.0, exclusive_minimum=True)
+        timed_out = done & (finish - arrival > timeout_s)
+        finish = np.where(timed_out, arrival + timeout_s, finish)
+        done = done & ~timed_out
     ttft = (requests["first_token_time"] - requests["arrival_time"]).to_numpy()
     per_stage = []
     for k, stage in enumerate(stages):
         mine = (stage_of == k) & done
         sent = int((stage_of == k).sum())
         row = {"rate": stage.rate, "duration_s": stage.duration_s, "sent": sent, "finished": int(mine.sum())}
+        if timeout_s is not None:
+            row["timed_out"] = int(((stage_of == k) & timed_out).sum())
         if mine.any():
-            span = float(requests["finish_time"].to_numpy()[mine].max() - arrival[stage_of == k].min())
+            ended = (stage_of == k) & (done | timed_out)
+            span = float(finish[ended].max() - arrival[stage_of == k].min())
             tokens = float(requests["output_len"].to_numpy()[mine].sum())
             row["output_tokens_per_s"] = tokens / span if span > 0 else float("nan")
             row["ttft_p90_s"] = float(np.percentile(ttft[mine], 90))
@@ -180,6 +206,7 @@ def ramp_report(requests: pd.DataFrame, stages: Sequence[Stage], first_stage: in
         "prefix_hit_rate": float(requests["prefix_hit_tokens"].to_numpy()[done].sum() / prompts)
         if prompts
         else 0.0,
-        "unfinished": int((~done).sum()),
+        "unfinished": int((~done & ~timed_out).sum()),
+        "timed_out": int(timed_out.sum()),
         "stages": per_stage,
     }
