@@ -302,6 +302,18 @@ class KVCacheManager:
         total = sum(n * m.num_keys_read(starts) for m, n in zip(self.managers, layers, strict=True))
         return total // sum(layers)
 
+    def num_blocks_to_admit(self, token_ids: Sequence[int]) -> int:
+        """Free blocks `allocate(token_ids)` would take now, prefix-cache hits counted as vLLM V1's
+        `allocate_slots` counts them before it admits a request: the new blocks past the hit plus the hit blocks
+        that are free now (reviving an evictable cached block takes it off the free queue; a hit block another
+        request holds costs nothing). Without caching: `blocks_needed(len(token_ids))`. Changes nothing (the
+        lookup's key chains are remembered for the allocation that follows)."""
+        tokens = list(token_ids)
+        hits = [[] for _ in self.managers]
+        if self.enable_prefix_caching and self._can_hit:
+            _, hits = self._hits.find(tokens, {})
+        return sum(m.num_blocks_to_allocate(len(tokens), h) for m, h in zip(self.managers, hits, strict=True))
+
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new prompt of `num_tokens` fits in the free blocks without any prefix-cache hit."""
         return self.blocks_needed(num_tokens) <= self.pool.num_free_blocks

@@ -255,9 +255,18 @@ class KVSchedulerMemory:
         return self.kv.blocks_needed(length, group.num_seqs, group.prompt_len)
 
     def can_admit(self, group, num_tokens: int, reserved_blocks: int) -> bool:
+        """Whether the free blocks, less the watermark and the step's decodes' `reserved_blocks`, cover what
+        admitting the group takes. A group of one sequence is counted as vLLM V1 counts a request before admitting
+        it (`KVCacheManager.num_blocks_to_admit`: a cached prefix block another request holds takes nothing);
+        several sequences (forks of one prompt) by `admission_blocks`, no hit counted."""
         # the step's decodes may release more than they take (windows), but only after the admission
+        free = self.kv.num_free_blocks - self.watermark_blocks - max(0, reserved_blocks)
         need = self.admission_blocks(group, num_tokens)
-        return need <= self.kv.num_free_blocks - self.watermark_blocks - max(0, reserved_blocks)
+        if need <= free:
+            return True
+        if group.num_seqs != 1 or not self.kv.enable_prefix_caching:
+            return False
+        return self.kv.num_blocks_to_admit(group.token_ids(0, 0, num_tokens)) <= free
 
     # ---- admission and prefill ------------------------------------------------------------------------------
 

@@ -130,6 +130,34 @@ def test_a_readmitted_group_shares_its_prompts_full_blocks():
     assert memory.release(group) == 3 and kv.num_free_blocks == 10
 
 
+def test_admission_counts_prefix_hits_as_vllm_v1_does():
+    """Worked by hand: block size 4, 6 blocks, prefix caching. A (12 tokens, 3 blocks) is admitted and computed:
+    its 3 full blocks are cached and held. B = A's 12 tokens + 4 of its own (16 tokens) hits A's 3 blocks (the
+    last token is never a hit: 15 // 4 = 3) and needs 1 new block: `num_blocks_to_admit` 1 against
+    `blocks_needed` 4. With 2 blocks taken by C, 1 is free: the no-hit count (4) would refuse B, vLLM's (1) admits
+    it. Once A is freed its 3 blocks are evictable: reviving them takes them off the free queue, so B costs 1 + 3
+    = 4 and is refused with 3 free. The count changes nothing (free blocks, cached blocks the same after)."""
+    kv = KVCacheManager(
+        [FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1)], 6, enable_prefix_caching=True
+    )
+    memory = KVSchedulerMemory(kv, 0.0)
+    rnd = random.Random(0)
+    a = _Group(1, list(range(1, 13)), 1, rnd)
+    _admit_and_prefill(memory, a, 12)
+    c = _Group(3, [90, 91, 92, 93, 94, 95, 96, 97], 1, rnd)
+    _admit_and_prefill(memory, c, 8)
+    b = _Group(2, [*range(1, 13), 40, 41, 42, 43], 1, rnd)
+    assert kv.num_free_blocks == 1
+    assert kv.blocks_needed(16) == memory.admission_blocks(b, 16) == 4
+    assert kv.num_blocks_to_admit(b.token_ids(0, 0, 16)) == 1
+    assert kv.num_free_blocks == 1 and kv.pool.num_cached_blocks == 5
+    assert memory.can_admit(b, 16, 0) and not memory.can_admit(b, 16, 1)
+    memory.release(a)
+    assert kv.num_free_blocks == 4 and kv.num_blocks_to_admit(b.token_ids(0, 0, 16)) == 4
+    assert memory.can_admit(b, 16, 0) and not memory.can_admit(b, 16, 1)
+    assert memory.admit(b, 16).num_prefill_tokens == 4 and kv.num_free_blocks == 0
+
+
 def test_the_counted_policy_answers_the_same_prediction():
     """One full group, one sequence per request, no caching: the counted policy's k-step prediction and fits
     bound equal the block tables' (the same scheduler decisions follow, tests/serving/test_counted_memory.py)."""

@@ -32,7 +32,7 @@ def _drained(routing="prefix-aware", gap=STAGE_GAP_S):
 def test_each_stage_starts_a_gap_after_the_last_one_finished(routing):
     """Stage k + 1's first arrival is 2 s + its own first gap after stage k's last finish; within a stage the
     gaps are the back-to-back ramp's; no request of a stage arrives before the last stage's requests finished
-    (the 200 req/s stage overloads two replicas: its backlog must drain first)."""
+    (the 200 req/s stage's requests run past its sends: they must end first)."""
     result, stage_of = _drained(routing)
     frame = result.requests
     planned = staged_requests(RAMP, PROMPTS, 0)
@@ -50,7 +50,7 @@ def test_each_stage_starts_a_gap_after_the_last_one_finished(routing):
             assert arrival[stage_of == k + 1].min() > last + STAGE_GAP_S
         start = last + STAGE_GAP_S
     overloaded = finish[stage_of == 1].max() - arrival[stage_of == 1].min()
-    assert overloaded > 1.5  # its backlog took longer than its 1 s of sends
+    assert overloaded > 1.0  # its requests ran past its 1 s of sends, and the next stage waited for them
 
 
 def test_the_drained_run_equals_one_fresh_simulation_of_its_requests():
