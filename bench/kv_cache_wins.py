@@ -56,6 +56,7 @@ from core.planning.predict.published_fleet import (  # noqa: E402
 )
 from core.serving.fleet import Fleet, simulate_fleet  # noqa: E402
 from core.serving.memory_policies import paged  # noqa: E402
+from core.serving.resume import SimulationSession  # noqa: E402
 from core.serving.sim_config import SimulatorConfig  # noqa: E402
 from core.serving.staged_run import TIMEOUT_S, drained_ramp  # noqa: E402
 from core.serving.staged_workload import SharedPrefixPrompts, Stage, ramp_report, staged_requests  # noqa: E402
@@ -132,7 +133,8 @@ def replay(
         result = simulate_fleet(requests, policy, config, fleet)
         report = ramp_report(result.requests, stages, first_stage=1)
     else:
-        result, stage_of = drained_ramp(stages, prompts, policy, config, fleet, seed)
+        session = SimulationSession(policy, config, fleet=fleet)
+        result, stage_of = drained_ramp(stages, prompts, session, seed)
         requests = result.requests
         report = ramp_report(result.requests, stages, first_stage=1, stage_of=stage_of, timeout_s=TIMEOUT_S)
     report["kv_tokens_per_pod"] = config.kv_capacity_tokens

@@ -17,7 +17,7 @@ which a request fails; `TIMEOUT_S` and `ramp_report`'s `timeout_s` count such re
 figures, as the tool leaves failed requests out), but the simulated server still serves them to the end (vLLM
 aborts a request whose client went away: a fleet with many of them is slower here than the published one was).
 
-    result, stage_of = drained_ramp(stages, prompts, policy, config, fleet)
+    result, stage_of = drained_ramp(stages, prompts, SimulationSession(policy, config, fleet=fleet))
     report = ramp_report(result.requests, stages, first_stage=1, stage_of=stage_of)
 """
 
@@ -27,10 +27,9 @@ from dataclasses import replace
 import numpy as np
 
 from core.common import check_float
-from core.serving.fleet import Fleet, FleetResult
-from core.serving.memory_policies import Policy
+from core.errors import InvalidArgumentError
+from core.serving.fleet import FleetResult
 from core.serving.resume import SimulationSession
-from core.serving.sim_config import SimulatorConfig
 from core.serving.staged_workload import SharedPrefixPrompts, Stage, stage_bounds, staged_requests
 
 __all__ = ["STAGE_GAP_S", "TIMEOUT_S", "drained_ramp"]
@@ -44,22 +43,23 @@ TIMEOUT_S = 300.0  # aiohttp's default ClientTimeout(total=300): the tool's sess
 def drained_ramp(
     stages: Sequence[Stage],
     prompts: SharedPrefixPrompts,
-    policy: Policy,
-    config: SimulatorConfig,
-    fleet: Fleet,
+    session: SimulationSession,
     seed: int = 0,
     stage_gap_s: float = STAGE_GAP_S,
 ) -> tuple[FleetResult, np.ndarray]:
     """The ramp's requests (`staged_requests`: the same prompts and, within each stage, the same gaps) run
-    stage after stage on one fleet whose caches carry over: stage k + 1's schedule starts `stage_gap_s` after
-    the last of stage k's requests finished. Returns (the fleet's result over every request, in arrival order;
-    each request's stage index). Raises InvalidArgumentError as `staged_requests` and `simulate_fleet` do."""
+    stage after stage on `session`'s fleet (`SimulationSession(policy, config, fleet=fleet)`, not run yet), whose
+    caches carry over: stage k + 1's schedule starts `stage_gap_s` after the last of stage k's requests finished.
+    Returns (the fleet's result over every request, in arrival order; each request's stage index). Raises
+    InvalidArgumentError for a session without a fleet or one that ran, and as `staged_requests` and
+    `simulate_fleet` do."""
     gap = check_float(stage_gap_s, "stage_gap_s (s)", minimum=0.0)
+    if not isinstance(session, SimulationSession) or session.fleet is None or session.resumed + session.fresh:
+        raise InvalidArgumentError("drained_ramp needs a new SimulationSession(policy, config, fleet=fleet)")
     planned = staged_requests(stages, prompts, seed)
     bounds = stage_bounds(stages)
     arrival = np.array([r.arrival_time for r in planned])
     stage_of = np.clip(np.searchsorted(bounds, arrival, side="left") - 1, 0, len(bounds) - 2)
-    session = SimulationSession(policy, config, fleet=fleet)
     sent: list = []
     start = 0.0
     result = None

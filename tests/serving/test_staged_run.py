@@ -10,6 +10,7 @@ from core.errors import InvalidArgumentError
 from core.planning.cost.step_model import StepTimeModel
 from core.serving.fleet import Fleet, simulate_fleet
 from core.serving.memory_policies import paged
+from core.serving.resume import SimulationSession
 from core.serving.simulator import SimulatorConfig
 from core.serving.staged_run import STAGE_GAP_S, drained_ramp
 from core.serving.staged_workload import SharedPrefixPrompts, Stage, ramp_report, staged_requests
@@ -23,9 +24,8 @@ RAMP = [Stage(30, 2), Stage(200, 1), Stage(30, 1)]
 
 
 def _drained(routing="prefix-aware", gap=STAGE_GAP_S):
-    return drained_ramp(
-        RAMP, PROMPTS, paged(16, enable_prefix_caching=True), CONFIG, Fleet(2, routing), 0, gap
-    )
+    session = SimulationSession(paged(16, enable_prefix_caching=True), CONFIG, fleet=Fleet(2, routing))
+    return drained_ramp(RAMP, PROMPTS, session, 0, gap)
 
 
 @pytest.mark.parametrize("routing", ["prefix-aware", "round-robin"])
@@ -84,6 +84,9 @@ def test_a_zero_gap_and_bad_gaps():
     assert frame["arrival_time"][stage_of == 1].min() > frame["finish_time"][stage_of == 0].max()
     with pytest.raises(InvalidArgumentError):
         _drained(gap=-1.0)
+    one_replica = SimulationSession(paged(16, enable_prefix_caching=True), CONFIG)
+    with pytest.raises(InvalidArgumentError):
+        drained_ramp(RAMP, PROMPTS, one_replica)
 
 
 def test_ramp_report_counts_a_timed_out_request_as_failed_hand_worked():
