@@ -217,3 +217,12 @@ def test_simulated_mla_prefill_is_priced_as_a_prefill():
     assert pv.RowReplay(row).latencies(VLLM_CROSS_MODEL_PROFILE) == pytest.approx(
         pv.predict_row(row, VLLM_CROSS_MODEL_PROFILE), rel=1e-9
     )
+
+
+def test_kimi_row_replay_equals_simulating_again():
+    row = next(
+        r for r in pvr.ROWS if r.model == "kimi-k2.5" and (r.isl, r.osl, r.concurrency) == (8192, 1024, 4)
+    )
+    assert pv.replay(row).latencies(VLLM_CROSS_MODEL_PROFILE) == pytest.approx(
+        pv.predict_row(row, VLLM_CROSS_MODEL_PROFILE), rel=1e-9
+    )
