@@ -5,7 +5,8 @@
 
 The rows (`core.planning.cost.fits.published_vllm_rows.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM on H100 /
 H200 SXM: Llama-3.1-70B FP8, Qwen3-32B bf16, gpt-oss-120b MXFP4 (the training models) and Llama-3.1-8B FP8,
-Qwen3-235B-A22B FP8, MiniMax-M2.5 FP8 (held out whole), mean TTFT and TPOT of closed loops at fixed lengths. Each
+Qwen3-235B-A22B FP8, MiniMax-M2.5 FP8, Kimi-K2.5 int4 (MLA attention; held out whole), mean TTFT and TPOT of closed
+loops at fixed lengths. Each
 row is simulated as its benchmark (`predict_row`: the lab's scheduler and KV cache, the exact planner's KV capacity,
 the step-time model), FIT_NAMES fitted on the training models (`fit_vllm`). Printed: training_rms_rel_err and
 heldout_rms_rel_err (RMS of the TTFT and TPOT relative errors together, predicted / measured - 1),
@@ -13,8 +14,9 @@ kvlimited_rms_rel_err (rows whose clients' KV footprint exceeds the cache or who
 in neither set), heldout_by_model and training_by_model ({model: {"ttft_rms_rel_err", "tpot_rms_rel_err",
 "rms_rel_err", "rows", "by_gpu"}}), the fitted values; the same errors with the stored profile
 (`core.planning.cost.fits.engine_profiles`, the single-model fit) and the TensorRT-LLM profile; without_term: the errors
-with one term of the cross-model profile switched off at the fitted values, the request-side TTFT term included
-(which term moved which error);
+with one term of the cross-model profile switched off at the fitted values, the request-side TTFT term included,
+and mla_attention: MLA's two attention paths priced as one, as before them (Kimi-K2.5 only moves; which term moved
+which error);
 single_model: the stored profile on its own split (Llama-3.1-70B, H100 training, H200 held out); and per row:
 model, gpu, weight dtype, tp, ep, isl, osl, concurrency, measured / predicted ttft and tpot (seconds), their
 errors and the set. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
@@ -101,6 +103,7 @@ def _ablations(fitted: dict) -> dict:
     return terms | {
         "layer_overhead_s": fitted | {"layer_overhead_s": 0.0, "overhead_s": layers * per_layer},
         "request_overhead_s": without_request,
+        "mla_attention": fitted | {"mla_one_attention": True},
     }
 
 

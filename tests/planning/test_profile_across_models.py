@@ -148,7 +148,10 @@ def test_layer_overhead_counts_every_layer():
 def test_sample_rows_and_their_split():
     models = {r.model for r in pvr.ROWS}
     assert models == set(pvr.TRAINING_MODELS) | set(pvr.HELD_OUT_MODELS)
-    assert len(pvr.ROWS) + len(pvr.ATTENTION_DP_ROWS) + len(pvr.MINIMAX_ATTENTION_DP_ROWS) == 105 + 306 + 114
+    assert (
+        len(pvr.ROWS) + len(pvr.ATTENTION_DP_ROWS) + len(pvr.MINIMAX_ATTENTION_DP_ROWS)
+        == 105 + 306 + 114 + 45
+    )
     assert (
         all(r.model == "qwen3-235b-a22b" for r in pvr.ATTENTION_DP_ROWS) and len(pvr.ATTENTION_DP_ROWS) == 19
     )
@@ -199,6 +202,21 @@ def test_sample_rows_and_their_split():
         112,
         pytest.approx(0.07191),
         pytest.approx(0.01125),
+    )
+    # Kimi-K2.5 int4 (MLA attention, int4 experts): the file's 45 vLLM agg rows on H200, TP 8, no attention DP,
+    # every one held out (none KV-limited: 64 x (8,192 + 512) tokens against the planner's 859,360)
+    kimi = [r for r in pvr.ROWS if r.model == "kimi-k2.5"]
+    assert len(kimi) == 45 and "kimi-k2.5" in pvr.MOE_MODELS and "kimi-k2.5" in pvr.HELD_OUT_MODELS
+    assert {(r.gpu, r.weight_dtype, r.tp, r.dp, r.ep) for r in kimi} == {("h200-141gb", "int4", 8, 1, 1)}
+    assert [pvr.row_set(r) for r in kimi].count("held out") == 45 and pvr.kv_tokens(kimi[0]) == 859_360
+    assert [pvr.row_set(r, pvr.FOURTH_STAGE_TRAINING_MODELS) for r in kimi].count("held out") == 45
+    first = kimi[0]  # the file's first Kimi-K2.5 vLLM agg row on H200 (vLLM 0.16.0, measured 2026-03-02)
+    assert (first.isl, first.osl, first.concurrency, first.ttft_s, first.tpot_s) == (
+        8192,
+        1024,
+        4,
+        pytest.approx(0.5044941308558919),
+        pytest.approx(0.011731443304604047),
     )
 
 

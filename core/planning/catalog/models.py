@@ -36,6 +36,8 @@ MODELS_JSON = DATA_DIR / "models.json"
 # vLLM serves a float32 checkpoint in float16, except for model types known to overflow in float16, which it
 # serves in bfloat16 (vllm/config: _FLOAT16_NOT_SUPPORTED_MODELS).
 _FP16_UNSAFE_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "plamo2", "glm4"})
+# An MLA config's qk_nope_head_dim / v_head_dim when it leaves them out (DeepSeek-V2/V3's and Kimi-K2's value).
+MLA_HEAD_DIM_DEFAULT = 128
 # Dense MLPs without a gate projection (two matrices instead of three).
 _UNGATED_MLP_MODEL_TYPES = frozenset(
     {"opt", "gpt2", "gpt_neox", "gptj", "falcon", "bloom", "phi", "starcoder2"}
@@ -61,7 +63,9 @@ class ModelSpec:
     (`layer_kinds` always has one per layer). `sliding_window` is set iff a layer slides,
     `attention_chunk_size` iff a layer is chunked, `recurrent_state` iff a layer is linear attention.
     `checkpoint_bytes` is the exact size of the stored weights (a safetensors index's `metadata.total_size`)
-    when known, else None.
+    when known, else None. `qk_nope_head_dim` / `v_head_dim` (MLA only, else None): the per-head widths the latent
+    is up-projected to (the query-key part without rotary embedding, and V); the step-time model prices MLA's
+    prefill attention with them (`core.planning.cost.step_time.mla_attention_flops`).
     """
 
     name: str
@@ -97,6 +101,8 @@ class ModelSpec:
     attention_chunk_size: int | None = None
     recurrent_state: RecurrentStateSpec | None = None
     checkpoint_bytes: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.num_layers:
@@ -226,6 +232,7 @@ class ModelSpec:
             sliding_window=shape.sliding_window,
             kv_lora_rank=read_int(cfg, ("kv_lora_rank",), "kv_lora_rank", default=None),
             qk_rope_head_dim=read_int(cfg, ("qk_rope_head_dim",), "qk_rope_head_dim", default=None),
+            **_mla_head_dims(cfg),
             model_type=model_type,
             dtype=kv.dtype,
             **quantization,
@@ -242,6 +249,17 @@ class ModelSpec:
             attention_chunk_size=kv.attention_chunk_size,
             recurrent_state=kv.recurrent_state,
         )
+
+
+def _mla_head_dims(cfg: dict[str, Any]) -> dict[str, int]:
+    """An MLA config's per-head widths after up-projection (DeepSeek-V2/V3's qk_nope_head_dim and v_head_dim,
+    MLA_HEAD_DIM_DEFAULT each when the config leaves them out); {} for any other attention."""
+    if not cfg.get("kv_lora_rank"):
+        return {}
+    return {
+        name: read_int(cfg, (name,), name, default=MLA_HEAD_DIM_DEFAULT)
+        for name in ("qk_nope_head_dim", "v_head_dim")
+    }
 
 
 def _read_quantization(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -393,8 +411,7 @@ def _attention_params(cfg: dict[str, Any], shape: ModelShape) -> int:
     if kv_lora:
         q_lora = cfg.get("q_lora_rank")
         rope = int(cfg["qk_rope_head_dim"])
-        nope = int(cfg.get("qk_nope_head_dim", 128))
-        v_dim = int(cfg.get("v_head_dim", 128))
+        nope, v_dim = _mla_head_dims(cfg).values()
         q_dim = heads * (nope + rope)
         attn = (hidden * q_lora + q_lora + q_lora * q_dim) if q_lora else hidden * q_dim
         return attn + (

@@ -58,6 +58,26 @@ each seeing at most W keys; exact for decode steps whose contexts are all past W
 window of 128 against contexts of 1,000-9,000 halves its context reads; Mistral-7B's 4,096 changes nothing
 below 4,096 tokens. New tokens are still written to every layer.
 
+Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2; `from_specs` with
+`core.planning.cost.step_time.mla_attention_flops`): vLLM runs a step's decodes and its prefill chunks through two
+different attentions (vllm/model_executor/layers/attention/mla_attention.py, module docstring: a request whose
+query is one token is a decode). A decode runs the "data-movement friendly" path: the up-projection W_UK is
+absorbed into the query, so each head attends over the cached latent itself, QK^T over kv_lora_rank +
+qk_rope_head_dim and PV over kv_lora_rank. A prefill chunk runs the "compute friendly" path: the latent is
+up-projected to per-head K (qk_nope_head_dim) and V (v_head_dim), and each head attends as ordinary attention,
+QK^T over qk_nope_head_dim + qk_rope_head_dim and PV over v_head_dim (3.4x fewer FLOPs per pair for DeepSeek-V3's
+widths), after up-projecting the chunk's prior context (cached latents) to K and V. So
+
+    flops   = ... + attention_flops_per_pair x decode pairs + prefill_attention_flops_per_pair x prefill pairs
+              + prefill_context_flops_per_token x the prefill chunks' prior context tokens
+
+`prefill` (a `PrefillLoad`: the chunks' pairs and prior context, parts of attention_pairs and kv_tokens_read)
+gives the split; without it (a decode-only step, or a caller that does not know) every pair is priced as a
+decode's. The simulator passes it through `step_load_seconds`, which is None unless the model prices prefills
+apart, so every other model is priced by `step_seconds` exactly as before. The up-projections of the step's own
+tokens (absorbed or not, the same FLOPs) are in flops_per_token; the latent's bytes are kv_bytes_per_token
+(`core.planning.memory.kv_accounting`: one latent per layer, whole on every TP rank).
+
 Efficiencies and overheads are fitted, never guessed: `core.planning.cost.fits.step_fit.fit_step_time` fits bandwidth_efficiency,
 flops_efficiency, overhead_s and per_token_overhead_s by least squares on relative error from measured step
 times (our engine: `bench/slo.py`; published GPU figures: `core.planning.cost.fits.published`). The defaults below are
@@ -82,6 +102,15 @@ DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
 DEFAULT_FLOPS_EFFICIENCY = 0.5
 DEFAULT_OVERHEAD_S = 0.015
 DEFAULT_SWAP_BANDWIDTH = 25e9  # bytes/s, PCIe 4.0 x16 in practice
+
+
+class PrefillLoad(NamedTuple):
+    """The prefill chunks' part of a step's load (numbers or arrays, like the step's): pairs, their (query, key)
+    pairs (part of attention_pairs); context_tokens, their prior context (part of kv_tokens_read). Module
+    docstring: MLA."""
+
+    pairs: object
+    context_tokens: object
 
 
 class StepBreakdown(NamedTuple):
@@ -112,7 +141,10 @@ class StepTimeModel:
     small_step_factors: entry n - 1 multiplies the time of a step of exactly n new tokens (module docstring;
     () : none; each finite and > 0; stored as a tuple of floats).
     lm_head_flops_per_output: FLOPs of the LM head per sampled token, when flops_per_token leaves it out (engines
-    compute logits only for the tokens they sample: a prefill chunk's last token); 0: flops_per_token has it. swap_bandwidth: CPU<->GPU bytes/s. pipeline_stages: the roofline is paid once per
+    compute logits only for the tokens they sample: a prefill chunk's last token); 0: flops_per_token has it.
+    prefill_attention_flops_per_pair / prefill_context_flops_per_token: a prefill chunk's FLOPs per (query, key)
+    pair and per prior-context token when prefills run another attention than decodes (MLA; None / 0: every pair
+    at attention_flops_per_pair; module docstring: MLA). swap_bandwidth: CPU<->GPU bytes/s. pipeline_stages: the roofline is paid once per
     stage. comm_bytes_per_token / comm_latency_s / interconnect_bandwidth: the tensor- and pipeline-parallel
     traffic of one token (bytes per GPU), the fixed latency of a step's collectives, one direction's bytes/s.
     """
@@ -144,6 +176,8 @@ class StepTimeModel:
     sliding_layer_fraction: float = 0.0
     sliding_window: int = 0
     expert_token_ranks: int = 1
+    prefill_attention_flops_per_pair: float | None = None
+    prefill_context_flops_per_token: float = 0.0
 
     def __post_init__(self):
         try:
@@ -167,6 +201,7 @@ class StepTimeModel:
             "lm_head_flops_per_output",
             "expert_weight_bytes",
             "expert_flops_per_token",
+            "prefill_context_flops_per_token",
         ):
             if not getattr(self, name) >= 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -182,6 +217,15 @@ class StepTimeModel:
             raise InvalidArgumentError(
                 f"sliding_layer_fraction must be in [0, 1] with a sliding_window >= 1, got "
                 f"{self.sliding_layer_fraction!r} and {self.sliding_window!r}"
+            )
+        prefill_pair = self.prefill_attention_flops_per_pair
+        if prefill_pair is not None and not prefill_pair >= 0:
+            raise InvalidArgumentError(
+                f"prefill_attention_flops_per_pair must be >= 0 or None, got {prefill_pair!r}"
+            )
+        if (prefill_pair is not None or self.prefill_context_flops_per_token) and self.sliding_layer_fraction:
+            raise InvalidArgumentError(
+                "prefill attention priced apart (MLA) with sliding-window layers is not modelled: no model has both"
             )
         for name in ("expert_flops_efficiency", "expert_bandwidth_efficiency"):
             value = getattr(self, name)
@@ -223,9 +267,11 @@ class StepTimeModel:
         attention_pairs: float = 0.0,
         swap_bytes: float = 0.0,
         output_tokens: float | None = None,
+        prefill: PrefillLoad | None = None,
     ) -> float:
         """`step_time` for one step, on Python floats (the simulator's per-step fast path). output_tokens: tokens the
-        step samples (decodes + prefills it completes; None: new_tokens), priced by lm_head_flops_per_output."""
+        step samples (decodes + prefills it completes; None: new_tokens), priced by lm_head_flops_per_output.
+        prefill: the prefill chunks' pairs and prior context (module docstring: MLA; None: every pair a decode's)."""
         if new_tokens <= 0:
             return 0.0
         weights = self.weight_bytes
@@ -242,6 +288,8 @@ class StepTimeModel:
         flops = self.flops_per_token * new_tokens + self.attention_flops_per_pair * attention_pairs
         if self.lm_head_flops_per_output:
             flops += self.lm_head_flops_per_output * (new_tokens if output_tokens is None else output_tokens)
+        if prefill is not None and self.prefill_attention_flops_per_pair is not None:
+            flops += self.prefill_extra_flops(prefill)
         compute = flops / (self.peak_flops * self.flops_efficiency)
         if self.expert_flops_efficiency is not None and self.expert_flops_per_token:
             compute += self._expert_extra_seconds(new_tokens)
@@ -264,8 +312,17 @@ class StepTimeModel:
             total += swap
         return total
 
-    def step_time(self, new_tokens, kv_tokens_read, attention_pairs=0.0, swap_bytes=0.0, output_tokens=None):
-        """Seconds for steps with these loads; scalars or numpy arrays (broadcast). 0 new tokens costs 0."""
+    def step_time(
+        self,
+        new_tokens,
+        kv_tokens_read,
+        attention_pairs=0.0,
+        swap_bytes=0.0,
+        output_tokens=None,
+        prefill=None,
+    ):
+        """Seconds for steps with these loads; scalars or numpy arrays (broadcast). 0 new tokens costs 0. prefill:
+        a `PrefillLoad` of numbers or arrays (module docstring: MLA; None: every pair a decode's)."""
         if type(new_tokens) in (int, float) and self._plain:  # the simulator's decode runs: arrays of a batch
             total = self._plain_total(new_tokens, kv_tokens_read, attention_pairs, output_tokens)
             if not (type(swap_bytes) in (int, float) and swap_bytes == 0):
@@ -273,7 +330,7 @@ class StepTimeModel:
             if new_tokens > 0 and isinstance(total, np.ndarray) and total.ndim:
                 return total
             return np.where(new_tokens > 0, total, 0.0)
-        parts = self.breakdown(new_tokens, kv_tokens_read, attention_pairs, output_tokens)
+        parts = self.breakdown(new_tokens, kv_tokens_read, attention_pairs, output_tokens, prefill)
         total = parts.total_s + np.asarray(swap_bytes, dtype=np.float64) / self.swap_bandwidth
         return np.where(np.asarray(new_tokens) > 0, total, 0.0)
 
@@ -288,13 +345,48 @@ class StepTimeModel:
 
     @property
     def _plain(self) -> bool:
-        """No routed experts, sliding-window layers or small-step factors: `_plain_total` prices the step."""
+        """No routed experts, sliding-window layers, small-step factors or prefill attention priced apart:
+        `_plain_total` prices the step."""
         return not (
             self.expert_weight_bytes
             or self.expert_flops_per_token
             or self.sliding_layer_fraction
             or self.small_step_factors
+            or self.prefill_attention_flops_per_pair is not None
         )
+
+    @property
+    def step_load_seconds(self):
+        """`core.serving.sim_config.StepCost`'s optional hook, through which the simulator prices a step from its
+        `core.sched.step_load.StepLoad` (decodes and prefill chunks apart): None unless prefills have their own
+        attention cost (MLA), so every other model is priced by `step_seconds` as before."""
+        return None if self.prefill_attention_flops_per_pair is None else self._load_seconds
+
+    def _load_seconds(self, load, swap_bytes: float = 0.0) -> float:
+        """One scheduled step from its StepLoad: the prefill chunks' pairs are the step's less the decodes'
+        (context + 1 each), their prior context the keys read less the decodes' context; a step that only swaps
+        in costs the transfer (as the simulator prices it)."""
+        if not load.new_tokens > 0:
+            return swap_bytes / self.swap_bandwidth
+        decode_pairs = load.decode_context_tokens + load.decode_tokens
+        prefill = PrefillLoad(
+            load.attention_pairs - decode_pairs, load.kv_tokens_read - load.decode_context_tokens
+        )
+        return self.step_seconds(
+            load.new_tokens,
+            load.kv_tokens_read,
+            load.attention_pairs,
+            swap_bytes,
+            load.output_tokens,
+            prefill,
+        )
+
+    def prefill_extra_flops(self, prefill: PrefillLoad):
+        """FLOPs to add for the prefill chunks' part of a step priced at attention_flops_per_pair (module docstring:
+        MLA): (prefill_attention_flops_per_pair - attention_flops_per_pair) x their pairs +
+        prefill_context_flops_per_token x their prior context (negative: prefill pairs are the cheaper ones)."""
+        per_pair = self.prefill_attention_flops_per_pair - self.attention_flops_per_pair
+        return per_pair * prefill.pairs + self.prefill_context_flops_per_token * prefill.context_tokens
 
     def _plain_total(self, new_tokens, kv_tokens_read, attention_pairs, output_tokens):
         """`breakdown(...).total_s` of a `_plain` model for a number of new tokens (the others numbers or float64
@@ -328,7 +420,9 @@ class StepTimeModel:
             )
         return total
 
-    def breakdown(self, new_tokens, kv_tokens_read, attention_pairs=0.0, output_tokens=None) -> StepBreakdown:
+    def breakdown(
+        self, new_tokens, kv_tokens_read, attention_pairs=0.0, output_tokens=None, prefill=None
+    ) -> StepBreakdown:
         """The parts of the step time (arrays broadcast like `step_time`; swap left out)."""
         new_tokens = np.asarray(new_tokens, dtype=np.float64)
         kv_tokens_read = np.asarray(kv_tokens_read, dtype=np.float64)
@@ -345,6 +439,10 @@ class StepTimeModel:
         if self.lm_head_flops_per_output:
             outputs = new_tokens if output_tokens is None else np.asarray(output_tokens, dtype=np.float64)
             flops = flops + self.lm_head_flops_per_output * outputs
+        if prefill is not None and self.prefill_attention_flops_per_pair is not None:
+            flops = flops + self.prefill_extra_flops(
+                PrefillLoad(*(np.asarray(v, dtype=np.float64) for v in prefill))
+            )
         stages = self.pipeline_stages
         memory = bytes_moved / (self.memory_bandwidth * self.bandwidth_efficiency)
         if self.expert_bandwidth_efficiency is not None and self.expert_weight_bytes:
@@ -426,7 +524,8 @@ class StepTimeModel:
         total, start = 0.0, 0
         while start < prompt_len:
             c = min(chunk, prompt_len - start)
-            total += self.step_seconds(c, start, c * start + c * (c + 1) / 2)
+            pairs = c * start + c * (c + 1) / 2
+            total += self.step_seconds(c, start, pairs, prefill=PrefillLoad(pairs, start))
             start += c
         return total
 

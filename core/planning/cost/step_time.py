@@ -28,6 +28,17 @@ batch on an idle rank). With equal batches per rank:
 Left out: unequal batches across ranks (the slowest rank sets the step), routing skew over the GPUs (EP's hot
 expert), DeepEP-style all-to-all kernels and their overlap with compute.
 
+Multi-head latent attention (`mla_attention_flops`; the pricing is `step_model`'s module docstring, MLA): per
+layer on a GPU, with h = heads / tp query heads (vLLM splits MLA's query heads over TP and keeps the latent whole
+on every rank), L = kv_lora_rank, R = qk_rope_head_dim, P = qk_nope_head_dim, V = v_head_dim:
+- a decode's pair (the absorbed path over the latent): QK^T 2 h (L + R) + PV 2 h L = 2 h (2L + R);
+- a prefill chunk's pair (the up-projected heads): QK^T 2 h (P + R) + PV 2 h V = 2 h (P + R + V);
+- a prefill chunk's prior-context token: its latent up-projected to K and V, 2 L h (P + V).
+DeepSeek-V3 / Kimi-K2 widths (L 512, R 64, P 128, V 128, 64 heads) at tp 8 over 61 layers: 1,061,888 FLOPs per
+decode pair (a head's 2,176), 312,320 per prefill pair (640), 127,926,272 per prior-context token. Before, every
+pair was priced 4 x head_dim per head with the latent's 576 as head_dim (2,304); `from_specs(...,
+mla_one_attention=True)` still does (an ablation).
+
 Per-layer overhead (`from_specs(..., layer_overhead_s=...)`): a step's fixed cost outside the roofline grows
 with the number of layers (each layer's kernels have a floor of launch and synchronisation time however small
 the batch): overhead_s + layer_overhead_s x layers. A fixed cost fitted on one model's 80 layers over-prices
@@ -43,6 +54,7 @@ import math
 from core.common import cdiv
 from core.errors import InvalidArgumentError
 from core.kv.hf_config import SLIDING
+from core.planning.catalog.models import MLA_HEAD_DIM_DEFAULT
 from core.planning.cost.step_model import DEFAULT_OVERHEAD_S, StepTimeModel
 from core.planning.memory.kv_accounting import (
     check_moe_parallel,
@@ -171,13 +183,13 @@ def from_specs(
     if resolve_weight_dtype(model, weight_dtype) == "fp8" and getattr(gpu, "peak_fp8_flops", None):
         peak = gpu.peak_fp8_flops if fp8_ratio is None or not peak else peak * fp8_ratio
     peak = peak or gpu.memory_bandwidth * 1000.0
-    heads = model.num_attention_heads * model.head_dim
     link = getattr(gpu, "interconnect_bandwidth", None)
     comm_bytes, comm_latency = parallel_traffic(model, tp, pp)
     if dp > 1 and model.is_moe:
         dp_bytes, dp_latency = data_parallel_moe_traffic(model, dp, pp)
         comm_bytes, comm_latency = comm_bytes + dp_bytes, comm_latency + dp_latency
     extra = {"pipeline_stages": pp} if pp > 1 else {}
+    attention = _attention_flops(model, tp, pp, kwargs)
     if comm_bytes or comm_latency:
         extra |= {"comm_bytes_per_token": comm_bytes, "comm_latency_s": comm_latency}
     weights = float(weight_bytes_per_gpu(model, weight_dtype, tp, pp, dp, ep))
@@ -205,11 +217,38 @@ def from_specs(
         weight_bytes=weights * (1.0 - share),
         kv_bytes_per_token=kv_token,
         flops_per_token=2.0 * model.num_params_active / (tp * pp),
-        attention_flops_per_pair=4.0 * cdiv(model.num_layers, pp) * heads / tp,
         memory_bandwidth=float(gpu.memory_bandwidth),
         peak_flops=float(peak),
-        **({"interconnect_bandwidth": link / 2 if link else math.inf} | extra | kwargs),
+        **({"interconnect_bandwidth": link / 2 if link else math.inf} | attention | extra | kwargs),
     )
+
+
+def mla_attention_flops(model, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> dict:
+    """An MLA model's attention FLOPs on one GPU (module docstring: multi-head latent attention), as StepTimeModel
+    fields: attention_flops_per_pair (a decode's, the absorbed path), prefill_attention_flops_per_pair (a prefill
+    chunk's, the up-projected heads) and prefill_context_flops_per_token (a chunk's prior context up-projected),
+    over the largest pipeline stage's layers."""
+    layers = cdiv(model.num_layers, pipeline_parallel)
+    heads = model.num_attention_heads / tensor_parallel
+    latent, rope = model.kv_lora_rank, model.qk_rope_head_dim
+    nope = model.qk_nope_head_dim or MLA_HEAD_DIM_DEFAULT  # a spec built by hand may leave them out
+    v_dim = model.v_head_dim or MLA_HEAD_DIM_DEFAULT
+    return {
+        "attention_flops_per_pair": 2.0 * layers * heads * (2 * latent + rope),
+        "prefill_attention_flops_per_pair": 2.0 * layers * heads * (nope + rope + v_dim),
+        "prefill_context_flops_per_token": 2.0 * layers * latent * heads * (nope + v_dim),
+    }
+
+
+def _attention_flops(model, tp: int, pp: int, kwargs: dict) -> dict:
+    """The attention FLOPs fields of `from_specs`: 4 x layers x heads x head_dim / tp per pair, or an MLA model's
+    two paths (`mla_attention_flops`) unless the keyword mla_one_attention=True (popped from kwargs) prices it
+    as the model did before them, a standard head over the latent's width (an ablation)."""
+    if model.is_mla and not kwargs.pop("mla_one_attention", False):
+        return mla_attention_flops(model, tp, pp)
+    kwargs.pop("mla_one_attention", None)
+    heads = model.num_attention_heads * model.head_dim
+    return {"attention_flops_per_pair": 4.0 * cdiv(model.num_layers, pp) * heads / tp}
 
 
 def _per_layer_overhead(model, kwargs: dict) -> None:

@@ -58,7 +58,7 @@ from core.planning.cost.fits.published_vllm_rows import (
     row_set,
     training_rows,
 )
-from core.planning.cost.step_model import StepTimeModel
+from core.planning.cost.step_model import PrefillLoad, StepTimeModel
 from core.planning.cost.step_time import from_specs
 from core.serving.latency import request_side_seconds
 from core.serving.memory_policies import paged
@@ -229,7 +229,9 @@ def prefill_fraction_of_peak(row: VllmRow) -> float:
 
 
 class _RecordingStep:
-    """A StepTimeModel that records the load of every step it prices, in the order priced."""
+    """A StepTimeModel that records the load of every step it prices, in the order priced: new tokens, keys read,
+    attention pairs, sampled tokens, and the prefill chunks' pairs and prior context (`PrefillLoad`: what an MLA
+    model prices apart; the simulator gives them through `step_load_seconds`)."""
 
     def __init__(self, step: StepTimeModel):
         self.step = step
@@ -237,26 +239,36 @@ class _RecordingStep:
         self.swap_bandwidth = step.swap_bandwidth
         self.loads: list[tuple[np.ndarray, ...]] = []
 
-    def step_seconds(self, new_tokens, kv_read, pairs=0.0, swap_bytes=0.0, output_tokens=None):
+    def step_load_seconds(self, load, swap_bytes=0.0):
         if swap_bytes:
             raise AssertionError("a replay cannot re-price swaps (the rows run with preemption by recompute)")
-        outputs = new_tokens if output_tokens is None else output_tokens
-        self.loads.append(
-            tuple(np.array([v], dtype=np.float64) for v in (new_tokens, kv_read, pairs, outputs))
+        prefill = PrefillLoad(
+            load.attention_pairs - load.decode_context_tokens - load.decode_tokens,
+            load.kv_tokens_read - load.decode_context_tokens,
         )
-        return self.step.step_seconds(new_tokens, kv_read, pairs, output_tokens=output_tokens)
+        values = (load.new_tokens, load.kv_tokens_read, load.attention_pairs, load.output_tokens, *prefill)
+        self.loads.append(tuple(np.array([v], dtype=np.float64) for v in values))
+        return self.step.step_seconds(
+            load.new_tokens,
+            load.kv_tokens_read,
+            load.attention_pairs,
+            output_tokens=load.output_tokens,
+            prefill=prefill,
+        )
 
     def step_time(self, new_tokens, kv_read, pairs=0.0):
+        """Decode-only steps (the simulator's batched decode runs): no prefill part."""
         arrays = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (new_tokens, kv_read, pairs)))
-        self.loads.append((*arrays, arrays[0]))
+        none = np.zeros_like(arrays[0])
+        self.loads.append((*arrays, arrays[0], none, none))
         return self.step.step_time(new_tokens, kv_read, pairs)
 
 
 class RowReplay:
     """One row simulated once per phase, re-priced for any parameters (module docstring: why that is exact).
 
-    For each phase: the recorded step loads (new tokens, keys read, attention pairs, sampled tokens; float64
-    [steps]) and, per measured request, the number of steps that had ended when it arrived, got its first token
+    For each phase: the recorded step loads (new tokens, keys read, attention pairs, sampled tokens, the prefill
+    chunks' pairs and prior context; float64 [steps]) and, per measured request, the number of steps that had ended when it arrived, got its first token
     and finished (int64 [requests]; its times are the cumulative step times there)."""
 
     def __init__(self, row: VllmRow):
@@ -272,7 +284,7 @@ class RowReplay:
         what `predict --concurrency` estimates (a steady state of clients out of phase)."""
         step = step_model(self.row, overrides)
         loads, (arrival, first, finish) = self.phases[phase]
-        durations = step.step_time(*loads[:3], output_tokens=loads[3])
+        durations = step.step_time(*loads[:3], output_tokens=loads[3], prefill=PrefillLoad(*loads[4:]))
         clock = np.concatenate([[0.0], np.cumsum(durations)])
         ttft = clock[first] - clock[arrival] + request_latency(overrides, durations, arrival)
         tpot = (clock[finish] - clock[first]) / (self.row.osl - 1)

@@ -11,11 +11,12 @@ are kept apart in ATTENTION_DP_ROWS, neither fitted nor in any RMS above; `publi
 them as DP ranks (`rank_rows`), docs/slo.md 2d) and MiniMax-M2.5 FP8 (H100, H200; its 15 H100 rows the file lists
 with attention DP 4 are kept apart in MINIMAX_ATTENTION_DP_ROWS, not priced: their ids say TP 4 EP 4, their TP 4 x
 DP 4 x MoE EP 16 would be 16 GPUs, and their latencies equal the TP 4 EP 4 rows' at the same silicon_concurrency
-within a few percent, so which deployment they measured is unclear).
+within a few percent, so which deployment they measured is unclear) and Kimi-K2.5 int4 (H200, TP 8: int4 routed experts,
+MLA attention; no attention-DP row).
 
 Split (issue 40): whole models. TRAINING_MODELS (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b) are fitted; every row of
-HELD_OUT_MODELS (Llama-3.1-8B, a small dense model; Qwen3-235B-A22B and MiniMax-M2.5, MoE models with FP8 experts)
-is held out. (`published_vllm` fits the training rows.) FOURTH_STAGE_TRAINING_MODELS adds MiniMax-M2.5 to the
+HELD_OUT_MODELS (Llama-3.1-8B, a small dense model; Qwen3-235B-A22B and MiniMax-M2.5, MoE models with FP8 experts;
+Kimi-K2.5, a MoE model with int4 experts and MLA attention, formats no training model has) is held out. (`published_vllm` fits the training rows.) FOURTH_STAGE_TRAINING_MODELS adds MiniMax-M2.5 to the
 training models: the fourth stage of docs/slo.md 2c, tried and not adopted (`bench.slo_published --train-minimax`
 reruns it); `row_set` and `training_rows` take the training models.
 
@@ -43,7 +44,8 @@ MODELS_DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_models.csv"
 VLLM_SOURCE = (
     "ai-dynamo/aiconfigurator, aic-core/src/aiconfigurator_core/systems/silicon_sample.csv at commit "
     "095f58a51c4ca8e61b66ec108d86f223f8d559ce (Apache-2.0): vLLM rows, H100 / H200 SXM, of Llama-3.1-70B FP8, "
-    "Qwen3-32B bf16, Llama-3.1-8B-Instruct FP8, gpt-oss-120b MXFP4, Qwen3-235B-A22B FP8 and MiniMax-M2.5 FP8"
+    "Qwen3-32B bf16, Llama-3.1-8B-Instruct FP8, gpt-oss-120b MXFP4, Qwen3-235B-A22B FP8, MiniMax-M2.5 FP8 and "
+    "Kimi-K2.5 int4"
 )
 WEIGHT_DTYPE = "fp8"
 KV_DTYPE = "auto"  # vLLM's default kv_cache_dtype: the model's dtype (bf16)
@@ -52,11 +54,12 @@ MAX_NUM_BATCHED_TOKENS = 8192
 MAX_NUM_SEQS = 256
 GPU_MEMORY_UTILIZATION = 0.9
 TRAINING_MODELS = ("llama-3.1-70b", "qwen3-32b", "gpt-oss-120b")  # two dense, one MoE; H100 and H200
-# a small dense model and two MoE ones (FP8 experts; MiniMax-M2.5 on H100 and H200)
-HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b", "minimax-m2.5")
+# a small dense model and three MoE ones (FP8 experts; MiniMax-M2.5 on H100 and H200; Kimi-K2.5's int4 experts and
+# MLA attention, on H200)
+HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b", "minimax-m2.5", "kimi-k2.5")
 # The fourth stage (docs/slo.md 2c: tried, not adopted): MiniMax-M2.5, an FP8 MoE model, in training too.
 FOURTH_STAGE_TRAINING_MODELS = (*TRAINING_MODELS, "minimax-m2.5")
-MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b", "minimax-m2.5")
+MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b", "minimax-m2.5", "kimi-k2.5")
 
 
 @dataclass(frozen=True)
