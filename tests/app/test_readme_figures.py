@@ -216,10 +216,13 @@ def test_the_kv_cache_wins_row_is_the_saved_run():
     tok = {name: f"{p['output_tokens_per_s']:,.0f}" for name, p in policies.items()}
     assert f"{tok['prefix-aware']} against {tok['round-robin']} tok/s" in row, row
     approximate = f"approximate-prefix {tok['approximate-prefix']}: published 6,944)"
-    assert f"(random {tok['random']}, least-loaded {tok['least-loaded']}, {approximate}" in row, row
+    assert f"random {tok['random']}, least-loaded {tok['least-loaded']}, {approximate}" in row, row
     hits = f"{policies['prefix-aware']['prefix_hit_rate']:.3f} / {policies['round-robin']['prefix_hit_rate']:.3f}"
     assert f"hit rates {hits}" in row, row
     single = saved["single_prefix"]
     ratio = single["prefix-aware"]["output_tokens_per_s"] / single["round-robin"]["output_tokens_per_s"]
     assert f"one shared prefix {ratio:.3f}×" in row, row
-    assert f"TTFT p90 {policies['prefix-aware']['ttft_p90_s']:.0f} s" in row, row
+    pa, rr, ratio = policies["prefix-aware"], policies["round-robin"], saved["ttft_p90_ratio"]
+    assert f"TTFT p90 {pa['ttft_p90_s']:.2f} s against the published 0.542" in row, row
+    assert f"round-robin's {rr['ttft_p90_s']:.0f} s against 92.6" in row, row
+    assert f"({ratio['lab']:.0f}× against {ratio['published']:.0f}×)" in row, row
