@@ -9,11 +9,12 @@ approximate run ("estimated-scheduling" in llm-d-kv-cache-manager's benchmarking
 prefix-cache-scorer at its defaults (hashBlockSize 64, maxPrefixBlocksToMatch 256, lruCapacityPerServer 31,250)
 with the kv-cache and queue scorers, weights 1 : 1 : 1: `approximate-prefix` with `PrefixHistory()`.
 
-Reading them: precise routing's sub-second TTFT p90 says its pods kept up, so its output rate is what was offered
-(8.73 requests/s of 1,000 output tokens), while the load-only and random pods were saturated (TTFT p90 of 1.5
-minutes: queues that grew over the run) and their 4,429 tok/s is their capacity. `OPERATING_RATE` is that
-offered rate; at it the prediction for round-robin (llm-d's random: blind to the prefixes) should serve about
-4,429 tok/s with a growing queue, and prefix-aware all 8,730 with a short TTFT.
+The published figures are one run of a staged ramp (3 -> 60 QPS, each stage drained before the next, as
+inference-perf runs them), aggregated: `core.serving.staged_run` and bench/kv_cache_wins.py replay it, and
+`PUBLISHED_STAGES` holds the report's per-stage rows. `OPERATING_RATE` is a steady-state question asked of the
+same fleet: 8.73 requests/s, the rate whose 1,000-token outputs make precise routing's 8,730 tok/s; at it the
+prediction for round-robin (llm-d's random: blind to the prefixes) falls behind with a growing queue, and
+prefix-aware serves all of it with a short TTFT.
 
 `scale` shrinks the case for a fast check, keeping every ratio that decides what hits: token lengths, the KV
 cache a pod holds and the prefill chunk (max_num_batched_tokens) are divided by `scale`; so are the approximate
