@@ -54,10 +54,10 @@ from core.planning.predict.published_fleet import (  # noqa: E402
     QUESTION_LEN,
     kv_cache_wins_deployment,
 )
-from core.serving.fleet import Fleet, simulate_fleet  # noqa: E402
-from core.serving.memory_policies import paged  # noqa: E402
+from core.planning.predict.replica_sim import FleetSetup  # noqa: E402
+from core.planning.predict.replica_sim import fleet_setup as core_fleet_setup  # noqa: E402
+from core.serving.fleet import simulate_fleet  # noqa: E402
 from core.serving.resume import SimulationSession  # noqa: E402
-from core.serving.sim_config import SimulatorConfig  # noqa: E402
 from core.serving.staged_run import TIMEOUT_S, drained_ramp  # noqa: E402
 from core.serving.staged_workload import SharedPrefixPrompts, Stage, ramp_report, staged_requests  # noqa: E402
 
@@ -101,21 +101,11 @@ def ramp(compress: float) -> list[Stage]:
     ]
 
 
-def fleet_setup(routing: str):
-    """(policy, SimulatorConfig) of one pod of the published deployment at block size 64."""
+def fleet_setup(routing: str, seed: int = 0) -> FleetSetup:
+    """(policy, SimulatorConfig, Fleet, sized replica) of the published deployment at block size 64, built as
+    `python -m core.planning ramp` builds it (`core.planning.predict.replica_sim.fleet_setup`)."""
     deployment = replace(kv_cache_wins_deployment(routing), block_size=BLOCK_SIZE)
-    max_len = PREFIX_LEN + QUESTION_LEN + OUTPUT_LEN
-    capacity = deployment.memory_plan(max_len)
-    step, kv_tokens = deployment.step_cost(deployment.step_model(), int(capacity.kv_tokens))
-    config = SimulatorConfig(
-        kv_capacity_tokens=int(kv_tokens),
-        max_num_seqs=deployment.max_num_seqs,
-        max_num_batched_tokens=deployment.max_num_batched_tokens,
-        max_seq_len=max_len,
-        step_time=step,
-        max_snapshots=1,
-    )
-    return paged(BLOCK_SIZE, enable_prefix_caching=True), config, deployment
+    return core_fleet_setup(deployment, PREFIX_LEN + QUESTION_LEN + OUTPUT_LEN, seed)
 
 
 def replay(
@@ -125,9 +115,8 @@ def replay(
     it (`core.serving.staged_run`: each stage once the last has ended, a request failed after the client's
     timeout); True: the stages back to back, every request counted to its finish."""
     started, cpu = time.perf_counter(), time.process_time()
-    policy, config, deployment = fleet_setup(routing)
+    policy, config, fleet, _ = fleet_setup(routing, seed)
     prompts = SharedPrefixPrompts(groups, USERS, PREFIX_LEN, QUESTION_LEN, OUTPUT_LEN)
-    fleet = Fleet(deployment.replicas, routing, seed)
     if overlap:
         requests = staged_requests(stages, prompts, seed)
         result = simulate_fleet(requests, policy, config, fleet)

@@ -109,13 +109,14 @@ def deployment_values(args) -> dict:
     return vars(args) | {"model": model_from_args(args)}
 
 
-def _clean(value):
+def clean_json(value):
+    """`value` with every non-finite float (a percentile of no request) as None, in dicts and lists: JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: clean_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     return value
 
 
@@ -148,7 +149,7 @@ def predict_main(argv: Sequence[str]) -> int:
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(_clean(result), indent=2))
+    print(json.dumps(clean_json(result), indent=2))
     return 0
 
 
@@ -181,5 +182,5 @@ def max_rate_main(argv: Sequence[str]) -> int:
         "deployment": deployment.flags(),
     }
     body |= found.at.to_dict() if found.at is not None else {}
-    print(json.dumps(_clean(body), indent=2))
+    print(json.dumps(clean_json(body), indent=2))
     return 0

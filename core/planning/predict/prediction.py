@@ -47,15 +47,18 @@ import numpy as np
 from core.errors import InvalidArgumentError
 from core.planning.cost.speculative import SpeculativeStepTime
 from core.planning.cost.step_time import StepTimeModel
-from core.planning.memory.plan import replica_memory
 from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
+from core.planning.predict.replica_sim import (
+    replica_config,
+    replica_policy,
+    routed_fleet,
+    sized_replica,
+)
 from core.serving.fleet import Fleet, replica_breakdown
 from core.serving.host_offload import HostOffload
 from core.serving.latency import REQUEST_SIDE_COLUMN, request_side_seconds, steps_ended_before
-from core.serving.memory_policies import paged
 from core.serving.resume import SimulationSession
-from core.serving.sim_config import SimulatorConfig
 from core.serving.steady_state import SteadyState, SteadyStateSettings, metric_keys, steady_state
 from core.serving.workload import out_of_phase_outputs
 
@@ -176,16 +179,8 @@ def replica_steady_state(
         raise InvalidArgumentError(
             "a deployment with a host KV tier (kv_offload_gib) needs its offload: Deployment.host_offload(memory)"
         )
-    config = SimulatorConfig(
-        kv_capacity_tokens=int(kv_tokens),
-        max_num_seqs=deployment.max_num_seqs,
-        max_num_batched_tokens=deployment.max_num_batched_tokens,
-        max_seq_len=load.max_len,
-        step_time=step,
-        max_snapshots=1,
-        offload=offload,
-    )
-    policy = paged(deployment.block_size, enable_prefix_caching=caching, counted=not caching)
+    config = replica_config(deployment, step, kv_tokens, load.max_len, offload)
+    policy = replica_policy(deployment, caching)
     lifetime = (
         idle_lifetime(step, load, deployment.max_num_batched_tokens) + (load.turns - 1) * load.turn_gap_s
     )
@@ -257,20 +252,22 @@ def predict(
     in memory."""
     if not isinstance(deployment, Deployment) or not isinstance(load, Load):
         raise InvalidArgumentError("predict needs a Deployment and a Load")
-    resolved = deployment.resolve(load.max_len)
-    memory = replica_memory(resolved)
-    if not memory.fits:
-        raise InvalidArgumentError(f"the deployment does not fit: {memory.verdict}")
+    replica = sized_replica(deployment, load.max_len, step_time)
     routed = deployment.routes(load)
     share = load if routed else load.per_replica(deployment.ranks)
-    cost, kv_tokens = deployment.step_cost(deployment.step_model(step_time, resolved), memory.kv_tokens)
-    fleet = (
-        Fleet(deployment.ranks, deployment.routing, load.seed, deployment.prefix_history) if routed else None
-    )
-    offload = deployment.host_offload(memory)
-    request_side = deployment.request_overhead_s(step_time)
+    fleet = routed_fleet(deployment, load.seed) if routed else None
+    kv_tokens = replica.kv_tokens
     state = replica_steady_state(
-        deployment, share, cost, kv_tokens, settings, decided, focus, fleet, offload, request_side
+        deployment,
+        share,
+        replica.step,
+        kv_tokens,
+        settings,
+        decided,
+        focus,
+        fleet,
+        replica.offload,
+        replica.request_overhead_s,
     )
     metrics = dict(state.metrics)
     if not routed:
