@@ -4,8 +4,8 @@ type, bounds, label, help, default and unit), and a tuple of them is an input gr
 deployment's `core.planning.predict.deployment_fields`, a disaggregated one's
 `core.planning.predict.disagg.DISAGG_FIELDS`, the latency targets' `core.planning.predict.target_fields`, the
 capacity plan's and vLLM on a CPU's `core.planning.predict.plan_fields`, the SLO search's
-`core.planning.search.search_fields.SEARCH_FIELDS`). From a group are made the command line's
-flags (`core.planning.commands.flags.add_flags`), the pages' URL fields and widget labels (`ui.input_fields`),
+`core.planning.search.search_fields.SEARCH_FIELDS`, a staged ramp's `core.planning.predict.ramp.RAMP_FIELDS`).
+From a group are made the command line's flags (`core.planning.commands.flags.add_flags`), the pages' URL fields and widget labels (`ui.input_fields`),
 and the one check of each value (`InputField.check`, which the domain type calls in its own constructor, so a bad
 value has one message whether it came from a flag, a URL or a widget: the flag's name, what is allowed and what
 was given). The converters from a values dict (keyed by `name`) to the domain types live beside them

@@ -6,7 +6,7 @@ holds requests back (`predict`), as `python -m core.planning predict` prints it,
     p = predict(deployment, Load(rate=12, prompt_len=1500, output_len=256))
     p.metrics["tpot_p99_s"], p.converged, p.to_dict()
 
-A replica of the deployment is
+A replica of the deployment (`core.planning.predict.replica_sim`, shared with the staged-ramp replay) is
 1. resolved once (`Deployment.resolve`, max_model_len = the longest request) and sized by the exact planner's
    arithmetic on it (`core.planning.memory.plan.replica_memory`, vLLM's memory rules; no whole `CapacityPlan`):
    a deployment that does not fit raises `InvalidArgumentError` with the planner's verdict;
