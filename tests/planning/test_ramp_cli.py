@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from core.planning.commands.dispatch import main
+from core.planning.cost.fits.engine_profiles import engine_request_overhead_s
 from core.planning.predict.deployment import Deployment
 from core.serving.fleet import Fleet
 from core.serving.memory_policies import paged
@@ -65,8 +66,13 @@ def _same(got, want) -> bool:
     return got == want
 
 
-@pytest.mark.parametrize("routing", ["prefix-aware", "random"])
-def test_the_command_prints_drained_ramp_and_ramp_report_of_the_same_fleet(capsys, routing):
+@pytest.mark.parametrize(
+    ("routing", "engine"),
+    [("prefix-aware", "vllm"), ("random", "vllm"), ("prefix-aware", "vllm-cross-model")],
+)
+def test_the_command_prints_drained_ramp_and_ramp_report_of_the_same_fleet(capsys, routing, engine):
+    """The cross-model profile's request-side seconds (a front-end time outside the steps) are added to every
+    first token and finish, as `predict` adds them to TTFT and E2E."""
     stages, seed = [Stage(20.0, 4.0), Stage(3.0, 4.0), Stage(60.0, 2.0)], 3
     body = _ramp(
         capsys,
@@ -82,6 +88,8 @@ def test_the_command_prints_drained_ramp_and_ramp_report_of_the_same_fleet(capsy
         *SHARED,
         "--seed",
         str(seed),
+        "--engine",
+        engine,
     )
     # the independent path: the deployment, its SimulatorConfig, policy and fleet built by hand
     deployment = Deployment(
@@ -94,6 +102,7 @@ def test_the_command_prints_drained_ramp_and_ramp_report_of_the_same_fleet(capsy
         block_size=64,
         gpu_memory_utilization=0.4444,
         routing=routing,
+        engine=engine,
     )
     max_len = 2100 + 50
     kv_tokens = deployment.memory_plan(max_len).kv_tokens
@@ -108,7 +117,12 @@ def test_the_command_prints_drained_ramp_and_ramp_report_of_the_same_fleet(capsy
     session = SimulationSession(paged(64, enable_prefix_caching=True), config, fleet=Fleet(3, routing, seed))
     prompts = SharedPrefixPrompts(40, 2, 2000, 100, 50)
     result, stage_of = drained_ramp(stages, prompts, session, seed)
-    want = ramp_report(result.requests, stages, first_stage=1, stage_of=stage_of, timeout_s=TIMEOUT_S)
+    frame = result.requests.copy()
+    front_end = engine_request_overhead_s(engine) or 0.0
+    assert (front_end > 0) == (engine == "vllm-cross-model")
+    frame["first_token_time"] += front_end
+    frame["finish_time"] += front_end
+    want = ramp_report(frame, stages, first_stage=1, stage_of=stage_of, timeout_s=TIMEOUT_S)
 
     assert body["kind"] == (
         "transient replay of a staged ramp as inference-perf runs it, not a steady-state estimate"
