@@ -191,6 +191,21 @@ def main() -> None:
         "stages": [list(stage) for stage in ramp(compress)],
         "policies": {},
     }
+    _add_runs(out, runs, compress)
+    out["report_load_only_output_tokens_per_s"] = REPORT_LOAD_ONLY
+    out["wall_s"] = round(time.perf_counter() - started, 1)
+    if args.merge:
+        out = _merged(json.loads(args.merge.read_text()), out)
+    text = json.dumps(out, indent=1)
+    print(text)
+    for path in (args.out, args.merge):
+        if path:
+            path.write_text(text + "\n")
+
+
+def _add_runs(out: dict, runs: list, compress: float) -> None:
+    """Put the replays in `out`: each policy beside its published figures (and, at full length, each ladder stage
+    beside the report's row), the gaps prefix-aware / round-robin, and the one-prefix control apart."""
     single = {}
     for routing, groups, got in runs:
         if groups == 1:
@@ -220,15 +235,6 @@ def main() -> None:
             single["prefix-aware"]["output_tokens_per_s"] / single["round-robin"]["output_tokens_per_s"]
         )
         out["single_prefix"] = single
-    out["report_load_only_output_tokens_per_s"] = REPORT_LOAD_ONLY
-    out["wall_s"] = round(time.perf_counter() - started, 1)
-    if args.merge:
-        out = _merged(json.loads(args.merge.read_text()), out)
-    text = json.dumps(out, indent=1)
-    print(text)
-    for path in (args.out, args.merge):
-        if path:
-            path.write_text(text + "\n")
 
 
 def _merged(saved: dict, run: dict) -> dict:
