@@ -10,83 +10,48 @@ A step runs `new_tokens` tokens (prefill chunks + one per decoding sequence). Pe
     time_s  = overhead_s + per_token_overhead_s * new_tokens + pipeline_stages * roof_s + comm_s
               + swap_bytes / swap_bandwidth                                              (0 when new_tokens == 0)
 
-with single_token_overhead_s in place of overhead_s for a step of exactly one token when it is set (on a CPU a
-lone decode runs matrix-vector kernels; from two rows torch's matrix-matrix kernels pack the weights first, a
-fixed cost per step: bench/slo.py measures 37 ms for one decode and ~60 ms for two to eight on SmolLM2-135M).
-
-Small-step correction (empty by default: every GPU preset and published fit is priced without it):
-
-    time_s  = small_step_factors[n - 1] x time_s       for a step of exactly n = new_tokens <= len(factors)
-
-(every part of `breakdown` is scaled alike; swap is not). It is a measured per-batch-size profile, the way
-profile-based simulators (Vidur) time each batch size: on a CPU the step time is not monotonic in the GEMMs' M
-dimension (SmolLM2-135M, one thread, bench/slo.py: 2 tokens ~60-72 ms, 3 tokens 75-93 ms, 1.22-1.32x the
-roofline fit, 4 tokens 55-65 ms, 0.9x), which no roofline term expresses. It multiplies the whole step, not
-its roof: at 2-8 tokens the roofs are ~15 ms of a ~60-90 ms step, so the 15-25 ms a 3-token step runs over
-the fit would need its roof to double, and the kernels' fixed costs (weight packing, which the fit puts in
-overhead_s) are what changes with M. `core.planning.cost.fits.step_fit` fits the factors as medians of measured /
-predicted per n.
+with single_token_overhead_s in place of overhead_s for a step of exactly one token when it is set (a CPU's lone
+decode runs matrix-vector kernels: 37 ms against ~60 ms for two to eight tokens on SmolLM2-135M, bench/slo.py),
+and a CPU's small-step correction: a step of n <= len(small_step_factors) tokens takes small_step_factors[n - 1]
+x time_s (empty by default; a measured per-batch-size profile, docs/slo.md section 1; `fits.step_fit` fits it).
 
 kv_tokens_read = context tokens the decode queries attend to plus the prior context of prefill chunks;
 attention_pairs = (query, key) pairs of the step (a decode: its context + 1; a prefill chunk of c tokens
 starting at s: c * s + c (c + 1) / 2). These are what `core.sched.step_load` computes from a scheduled step.
 
-Mixture of experts (`from_specs` for a model with routed experts; issue 40): a step reads the layers' dense
-weights (attention, router, embeddings) and only the experts its tokens route to. With E experts, k per token and
-uniform routing a step of n tokens touches 1 - (1 - k / E)^n of each layer's experts (`experts_touched`: one
-decoding token of gpt-oss-120b reads 4 of 128, 64 tokens ~87%), so
-
-    bytes   = weight_bytes (dense part) + expert_weight_bytes x experts_touched(n) + KV as above
-
-(`expert_weight_share`: the experts' share of the stored bytes; MXFP4 experts at 4.25 bits beside bf16 attention
-for gpt-oss). The routed experts' FLOPs (2 x k / E x expert parameters per token) run as grouped GEMMs of
-n x k / E rows each, far below the dense GEMMs' efficiency: priced at expert_flops_efficiency when it is set
-(None: flops_efficiency), and their weights stream at expert_bandwidth_efficiency of the bandwidth when it is set
-(None: bandwidth_efficiency): a grouped GEMM over a few rows per expert reads each expert's weights in short
-tiles, one expert after another, where a dense GEMM streams one long matrix, so
+Mixture of experts (`from_specs` for a model with routed experts; issue 40; docs/slo.md sections 1 and 2c): a
+step reads the dense weights and only the experts its tokens route to, 1 - (1 - k / E)^n of each layer's E
+experts for n tokens at k a token under uniform routing (`experts_touched`), and the routed experts' grouped GEMMs
+(n x k / E rows an expert) and weight reads run at their own efficiencies when set (None: the dense ones):
 
     memory_s = (dense bytes + KV) / (bandwidth x bandwidth_efficiency)
                + expert_weight_bytes x experts_touched(n) / (bandwidth x expert_bandwidth_efficiency)
+    expert FLOPs (2 x k / E x expert parameters a token) at peak x expert_flops_efficiency
 
-(docs/slo.md 2c: fitted on gpt-oss-120b's MXFP4 experts, 0.68 beside the dense reads' 1.0). Real routing is not
-uniform (more experts stay cold, a hot one is a straggler): what the fitted efficiencies absorb.
+Real routing is not uniform (cold experts, a hot straggler): what the fitted efficiencies absorb.
 
-Sliding-window layers (gpt-oss, Gemma-2/3, Mistral-7B): a layer with a window of W tokens reads and attends to
-at most W earlier tokens per query. With a fraction f of the layers windowed, a step's context reads and its
-attention pairs count as (1 - f) x load + f x min(load, W x new_tokens) (`windowed`: at most new_tokens queries,
-each seeing at most W keys; exact for decode steps whose contexts are all past W or all within it). gpt-oss's
-window of 128 against contexts of 1,000-9,000 halves its context reads; Mistral-7B's 4,096 changes nothing
-below 4,096 tokens. New tokens are still written to every layer.
+Sliding-window layers (gpt-oss, Gemma-2/3, Mistral-7B): with a fraction f of the layers windowed at W tokens, a
+step's context reads and attention pairs count as (1 - f) x load + f x min(load, W x new_tokens) (`windowed`;
+exact for decode steps whose contexts are all past W or all within it); new tokens are still written to every
+layer.
 
-Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2; `from_specs` with
-`core.planning.cost.step_time.mla_attention_flops`): vLLM runs a step's decodes and its prefill chunks through two
-different attentions (vllm/model_executor/layers/attention/mla_attention.py, module docstring: a request whose
-query is one token is a decode). A decode runs the "data-movement friendly" path: the up-projection W_UK is
-absorbed into the query, so each head attends over the cached latent itself, QK^T over kv_lora_rank +
-qk_rope_head_dim and PV over kv_lora_rank. A prefill chunk runs the "compute friendly" path: the latent is
-up-projected to per-head K (qk_nope_head_dim) and V (v_head_dim), and each head attends as ordinary attention,
-QK^T over qk_nope_head_dim + qk_rope_head_dim and PV over v_head_dim (3.4x fewer FLOPs per pair for DeepSeek-V3's
-widths), after up-projecting the chunk's prior context (cached latents) to K and V. So
+Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2; `core.planning.cost.step_time.mla_attention_flops`;
+docs/slo.md section 1): vLLM runs a step's decodes on the cached latent (W_UK absorbed into the query) and its
+prefill chunks on per-head K and V up-projected from it, so
 
     flops   = ... + attention_flops_per_pair x decode pairs + prefill_attention_flops_per_pair x prefill pairs
               + prefill_context_flops_per_token x the prefill chunks' prior context tokens
 
 `prefill` (a `PrefillLoad`: the chunks' pairs and prior context, parts of attention_pairs and kv_tokens_read)
-gives the split; without it (a decode-only step, or a caller that does not know) every pair is priced as a
-decode's. The simulator passes it through `step_load_seconds`, which is None unless the model prices prefills
-apart, so every other model is priced by `step_seconds` exactly as before. The up-projections of the step's own
-tokens (absorbed or not, the same FLOPs) are in flops_per_token; the latent's bytes are kv_bytes_per_token
-(`core.planning.memory.kv_accounting`: one latent per layer, whole on every TP rank).
+gives the split; without it every pair is priced as a decode's. The simulator passes it through
+`step_load_seconds`, None unless the model prices prefills apart, so every other model is priced by
+`step_seconds` exactly as before.
 
-Efficiencies and overheads are fitted, never guessed: `core.planning.cost.fits.step_fit.fit_step_time` fits bandwidth_efficiency,
-flops_efficiency, overhead_s and per_token_overhead_s by least squares on relative error from measured step
-times (our engine: `bench/slo.py`; published GPU figures: `core.planning.cost.fits.published`). The defaults below are
-the paper reproduction's (`opt_13b_a100`): 80% / 50% and 15 ms per step, chosen so that bench/paper.py
-reproduces the PagedAttention paper's Figure 13 (vLLM memory-bound at 2 req/s, 31.26 batched against the
-paper's 30.42), i.e. calibrated on that published figure; 25 GB/s for PCIe 4.0 x16 swapping.
-
-The model's parameters for a model preset on a GPU preset (tensor / pipeline / data parallel, per-layer
-overhead) come from `core.planning.cost.step_time.from_specs`; the paper reproduction's from `opt_13b_a100` there.
+Efficiencies and overheads are fitted, never guessed (`core.planning.cost.fits.step_fit.fit_step_time`: least
+squares on relative error against measured step times, bench/slo.py, or published GPU figures,
+`core.planning.cost.fits.published`). The defaults below are the paper reproduction's (`opt_13b_a100`, 80 % / 50 %
+and 15 ms a step), calibrated on the PagedAttention paper's Figure 13 (bench/paper.py); 25 GB/s for PCIe 4.0 x16
+swapping. A model preset's parameters on a GPU preset come from `core.planning.cost.step_time.from_specs`.
 """
 
 import math
