@@ -15,9 +15,8 @@ decode runs matrix-vector kernels: 37 ms against ~60 ms for two to eight tokens 
 and a CPU's small-step correction: a step of n <= len(small_step_factors) tokens takes small_step_factors[n - 1]
 x time_s (empty by default; a measured per-batch-size profile, docs/slo.md section 1; `fits.step_fit` fits it).
 
-kv_tokens_read = context tokens the decode queries attend to plus the prior context of prefill chunks;
-attention_pairs = (query, key) pairs of the step (a decode: its context + 1; a prefill chunk of c tokens
-starting at s: c * s + c (c + 1) / 2). These are what `core.sched.step_load` computes from a scheduled step.
+kv_tokens_read = the decodes' context plus the prefill chunks' prior context; attention_pairs = the step's (query,
+key) pairs (a decode: context + 1; a chunk of c tokens from s: c * s + c (c + 1) / 2), from `core.sched.step_load`.
 
 Mixture of experts (`from_specs` for a model with routed experts; issue 40; docs/slo.md sections 1 and 2c): a
 step reads the dense weights and only the experts its tokens route to, 1 - (1 - k / E)^n of each layer's E
