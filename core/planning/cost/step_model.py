@@ -7,12 +7,11 @@ A step runs `new_tokens` tokens (prefill chunks + one per decoding sequence). Pe
               (+ lm_head_flops_per_output * output_tokens, the tokens the step samples, when set)
     roof_s  = max(bytes / (memory_bandwidth * bandwidth_efficiency), flops / (peak_flops * flops_efficiency))
     comm_s  = comm_latency_s + comm_bytes_per_token * new_tokens / interconnect_bandwidth
-    time_s  = overhead_s + per_token_overhead_s * new_tokens + pipeline_stages * roof_s + comm_s
-              + swap_bytes / swap_bandwidth                                              (0 when new_tokens == 0)
+    time_s  = overhead_s + per_token_overhead_s * new_tokens + pipeline_stages * roof_s + comm_s + swap_s
 
-with single_token_overhead_s in place of overhead_s for a step of exactly one token when it is set (a CPU's lone
-decode runs matrix-vector kernels: 37 ms against ~60 ms for two to eight tokens on SmolLM2-135M, bench/slo.py),
-and a CPU's small-step correction: a step of n <= len(small_step_factors) tokens takes small_step_factors[n - 1]
+(swap_s = swap_bytes / swap_bandwidth; time_s = 0 when new_tokens == 0), with single_token_overhead_s in place of
+overhead_s for a step of exactly one token when it is set (a CPU's lone decode runs matrix-vector kernels: 37 ms
+against ~60 ms for two to eight tokens on SmolLM2-135M, bench/slo.py), and a CPU's small-step correction: a step of n <= len(small_step_factors) tokens takes small_step_factors[n - 1]
 x time_s (empty by default; a measured per-batch-size profile, docs/slo.md section 1; `fits.step_fit` fits it).
 
 kv_tokens_read = the decodes' context plus the prefill chunks' prior context; attention_pairs = the step's (query,
