@@ -11,8 +11,10 @@ The lab's memory, given the same blocks (the same prompts allocated and grown as
 was sent), makes the same decision, and the formula it replaced would not have.
 """
 
+import json
 import threading
 import time
+import urllib.request
 
 from core.kv.kv_cache_manager import KVCacheManager
 from core.kv.scheduler_memory import KVSchedulerMemory
@@ -43,11 +45,26 @@ def test_a_mostly_cached_prompt_is_admitted_as_vllm_admits_it(real_vllm):
     prompt_f = [2000 + (11 * i) % 30_000 for i in range(800)]
     prompt_b = prompt_a + [40_000 + i for i in range(32)]
     real_vllm.reset_prefix_cache()
-    ended: dict[str, float] = {}
+    ended: dict[str, str] = {}  # how A and F ended: "finished" (all their tokens) or "stopped" (by this test)
+    stop = threading.Event()
 
     def send(name, prompt, max_tokens):
-        real_vllm.complete(prompt, max_tokens=max_tokens)
-        ended[name] = time.perf_counter()
+        """Stream the request; once B is done, close the connection (vLLM aborts a request whose client left)."""
+        body = {"model": real_vllm.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        body |= {"ignore_eos": True, "stream": True}
+        request = urllib.request.Request(
+            real_vllm.url + "/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=300) as response:
+            for line in response:
+                if line.strip() == b"data: [DONE]":
+                    ended[name] = "finished"
+                    return
+                if stop.is_set():
+                    ended[name] = "stopped"
+                    return
 
     threads = [
         threading.Thread(target=send, args=("A", prompt_a, 250)),
@@ -64,10 +81,13 @@ def test_a_mostly_cached_prompt_is_admitted_as_vllm_admits_it(real_vllm):
     free = round((1.0 - _metrics(real_vllm).kv_cache_usage) * usable)
     assert not ended, "A or F finished before B was sent: the server was too fast for this check"
     real_vllm.complete(prompt_b, max_tokens=1)
-    b_done = time.perf_counter()
+    stop.set()
     for thread in threads:
         thread.join(timeout=300)
-    assert b_done < min(ended.values())  # admitted while both ran, not after one of them ended
+    assert ended == {"A": "stopped", "F": "stopped"}  # B was admitted and done while both still ran
+    deadline = time.perf_counter() + 60  # the server aborts both once their streams are closed
+    while (_metrics(real_vllm).num_requests_running or 0) and time.perf_counter() < deadline:
+        time.sleep(0.05)
 
     # The lab's memory in the state B met: the same pool, A's prompt computed and held (its full blocks cached),
     # the rest of the held blocks taken by F's prompt and outputs. Counted without hits B (20 blocks) would not
