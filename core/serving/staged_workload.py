@@ -33,11 +33,13 @@ import pandas as pd
 
 from core.common import check_float, check_int
 from core.errors import InvalidArgumentError
+from core.serving.latency import REQUEST_SIDE_COLUMN, request_latencies
 from core.serving.workload import Request
 
 __all__ = [
     "SharedPrefixPrompts",
     "Stage",
+    "check_stages",
     "ramp_report",
     "stage_bounds",
     "staged_arrivals",
@@ -65,19 +67,21 @@ class SharedPrefixPrompts(NamedTuple):
     output_len: int
 
 
-def _check_stages(stages: Sequence[Stage]) -> list[Stage]:
+def check_stages(stages: Sequence[Stage]) -> list[Stage]:
+    """The stages as `Stage`s. Raises InvalidArgumentError for no stages, a stage not (rate, duration_s), a rate
+    or duration <= 0 or not finite, or a ramp that sends no request or more than `MAX_RAMP_REQUESTS`."""
     if isinstance(stages, str | bytes) or not isinstance(stages, Sequence) or not stages:
         raise InvalidArgumentError(f"stages must be a non-empty list of (rate, duration_s), got {stages!r}")
     out = []
     for k, stage in enumerate(stages):
         if not isinstance(stage, tuple) or len(stage) != 2:
             raise InvalidArgumentError(
-                f"stage {k} must be (rate requests/s, duration_s seconds), got {stage!r}"
+                f"stage {k + 1} must be (rate requests/s, duration_s seconds), got {stage!r}"
             )
-        rate = check_float(stage[0], f"stage {k} rate (requests/s)", minimum=0.0, exclusive_minimum=True)
-        duration = check_float(stage[1], f"stage {k} duration (s)", minimum=0.0, exclusive_minimum=True)
+        rate = check_float(stage[0], f"stage {k + 1} rate (requests/s)", minimum=0.0, exclusive_minimum=True)
+        duration = check_float(stage[1], f"stage {k + 1} duration (s)", minimum=0.0, exclusive_minimum=True)
         if not np.isfinite(rate) or not np.isfinite(duration):
-            raise InvalidArgumentError(f"stage {k} needs a finite rate and duration, got {stage!r}")
+            raise InvalidArgumentError(f"stage {k + 1} needs a finite rate and duration, got {stage!r}")
         out.append(Stage(rate, duration))
     total = sum(int(s.rate * s.duration_s) for s in out)
     if total < 1 or total > MAX_RAMP_REQUESTS:
@@ -89,14 +93,14 @@ def _check_stages(stages: Sequence[Stage]) -> list[Stage]:
 
 def stage_bounds(stages: Sequence[Stage]) -> np.ndarray:
     """Stage k spans seconds [bounds[k], bounds[k + 1]); bounds[0] = 0."""
-    return np.concatenate([[0.0], np.cumsum([s.duration_s for s in _check_stages(stages)])])
+    return np.concatenate([[0.0], np.cumsum([s.duration_s for s in check_stages(stages)])])
 
 
 def staged_arrivals(stages: Sequence[Stage], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(arrival times in seconds, stage index of each), in arrival order (module docstring: int(rate x duration)
     requests a stage, exponential gaps scaled to the stage's duration). Deterministic for a seed. Raises
     InvalidArgumentError for no stages, a rate or duration <= 0 or not finite, or a ramp of no request."""
-    stages = _check_stages(stages)
+    stages = check_stages(stages)
     check_int(seed, "seed", minimum=0)
     rng = np.random.default_rng([seed, 0x5A6E])
     bounds = stage_bounds(stages)
@@ -152,7 +156,8 @@ def ramp_report(
     timeout_s: float | None = None,
 ) -> dict:
     """The run's figures (module docstring) from a simulation's `requests` frame (arrival_time, first_token_time,
-    finish_time, output_len, prompt_len, prefix_hit_tokens): `stages` a list, per stage, of rate, requests
+    finish_time, output_len, prompt_len, prefix_hit_tokens; a request-side time column, when present, added to
+    every TTFT and finish as `core.serving.latency.request_latencies` adds it): `stages` a list, per stage, of rate, requests
     sent, finished, output_tokens_per_s and ttft_p90_s; the whole run's output_tokens_per_s (the mean over the
     stages from `first_stage` on: a warm-up before it is left out, as the published summary leaves it out),
     ttft_p90_s and ttft_mean_s (over every finished request), prefix_hit_rate (prompt tokens the caches served /
@@ -161,7 +166,7 @@ def ramp_report(
     whose stages wait for each other, `core.serving.staged_run`, gives it). timeout_s: a request not finished
     within it of its arrival failed at arrival + timeout_s, as a client's timeout fails it: left out of the
     figures (counted in `timed_out`), its failure time still ending its stage's span as the tool's does."""
-    stages = _check_stages(stages)
+    stages = check_stages(stages)
     check_int(first_stage, "first_stage", minimum=0, maximum=len(stages) - 1)
     arrival = requests["arrival_time"].to_numpy()
     if stage_of is None:
@@ -172,7 +177,10 @@ def ramp_report(
         len(stage_of) and not 0 <= stage_of.min() <= stage_of.max() < len(stages)
     ):
         raise InvalidArgumentError(f"stage_of needs one stage index (0 to {len(stages) - 1}) per request")
-    finish = requests["finish_time"].to_numpy()
+    ttft = request_latencies(requests)["ttft"]  # with the request-side time (REQUEST_SIDE_COLUMN), if any
+    finish = requests["finish_time"].to_numpy(np.float64)
+    if REQUEST_SIDE_COLUMN in requests:  # the client sees its last token that much later too
+        finish = finish + requests[REQUEST_SIDE_COLUMN].to_numpy(np.float64)
     done = requests["finish_time"].notna().to_numpy()
     timed_out = np.zeros_like(done)
     if timeout_s is not None:
@@ -180,7 +188,6 @@ def ramp_report(
         timed_out = done & (finish - arrival > timeout_s)
         finish = np.where(timed_out, arrival + timeout_s, finish)
         done = done & ~timed_out
-    ttft = (requests["first_token_time"] - requests["arrival_time"]).to_numpy()
     per_stage = []
     for k, stage in enumerate(stages):
         mine = (stage_of == k) & done

@@ -17,7 +17,6 @@ the engine profile's, prefix caching on), as `predict` and bench/kv_cache_wins.p
     body = replay_ramp(deployment, ramp_from(values))
 """
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -29,10 +28,11 @@ from core.planning.predict.deployment_fields import GPU_MEMORY_FIELD, ROUTING_FI
 from core.planning.predict.inputs import deployment_from
 from core.planning.predict.load import LEVER_FIELDS, SHAPE_FIELDS
 from core.planning.predict.plan_fields import BLOCK_SIZE_FIELD
+from core.planning.predict.prediction import add_request_side
 from core.planning.predict.replica_sim import fleet_setup
 from core.serving.resume import SimulationSession
 from core.serving.staged_run import STAGE_GAP_S, TIMEOUT_S, drained_ramp
-from core.serving.staged_workload import MAX_RAMP_REQUESTS, SharedPrefixPrompts, Stage, ramp_report
+from core.serving.staged_workload import SharedPrefixPrompts, Stage, check_stages, ramp_report
 
 __all__ = [
     "KIND",
@@ -114,38 +114,26 @@ class Ramp(NamedTuple):
         return p.prefix_len + p.question_len + p.output_len
 
 
-def _bad_stage(k: int, text: str) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"--stages: stage {k + 1} {text.strip()!r} is not RATExSECONDS (requests/s x seconds, both > 0: "
-        f"15x50,3x20)"
-    )
-
-
 def parse_stages(text: Any) -> tuple[Stage, ...]:
     """ "15x50,3x20" -> (Stage(15.0, 50.0), Stage(3.0, 20.0)). Raises InvalidArgumentError naming --stages for a
-    malformed stage, a rate or duration not finite or <= 0, or a ramp that sends no request or more than
-    `MAX_RAMP_REQUESTS` (a stage sends int(rate x seconds))."""
+    stage that is not RATExSECONDS, or one the ramp refuses (`staged_workload.check_stages`: a rate or duration
+    not finite or <= 0, a ramp that sends no request or more than `MAX_RAMP_REQUESTS`)."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidArgumentError(f"--stages needs RATExSECONDS stages, e.g. 15x50,3x20; got {text!r}")
     stages = []
     for k, part in enumerate(text.split(",")):
-        bits = part.strip().lower().split("x")
-        if len(bits) != 2:
-            raise _bad_stage(k, part)
         try:
-            rate, seconds = float(bits[0]), float(bits[1])
+            rate, seconds = (float(bit) for bit in part.strip().lower().split("x"))
         except ValueError:
-            raise _bad_stage(k, part) from None
-        if not (math.isfinite(rate) and math.isfinite(seconds) and rate > 0 and seconds > 0):
-            raise _bad_stage(k, part)
+            raise InvalidArgumentError(
+                f"--stages: stage {k + 1} {part.strip()!r} is not RATExSECONDS (requests/s x seconds, e.g. "
+                f"15x50,3x20)"
+            ) from None
         stages.append(Stage(rate, seconds))
-    total = sum(int(s.rate * s.duration_s) for s in stages)
-    if not 1 <= total <= MAX_RAMP_REQUESTS:
-        raise InvalidArgumentError(
-            f"--stages send {total:,} requests (int(rate x seconds) a stage); a ramp needs 1 to "
-            f"{MAX_RAMP_REQUESTS:,}"
-        )
-    return tuple(stages)
+    try:
+        return tuple(check_stages(stages))
+    except InvalidArgumentError as error:
+        raise InvalidArgumentError(f"--stages: {error}") from None
 
 
 def ramp_from(values: Mapping[str, Any]) -> Ramp:
@@ -189,17 +177,6 @@ def ramp_deployment_from(values: Mapping[str, Any]) -> Deployment:
     return replace(deployment_from(values), block_size=block, gpu_memory_utilization=utilization)
 
 
-def _with_request_side(requests, seconds: float | None):
-    """The frame with the engine profile's request-side seconds (`Deployment.request_overhead_s`; an open loop:
-    a fixed time outside the steps) added to each first token and finish, as `predict` adds it to TTFT and E2E."""
-    if not seconds:
-        return requests
-    out = requests.copy()
-    for column in ("first_token_time", "finish_time"):
-        out[column] = out[column] + seconds
-    return out
-
-
 def replay_ramp(deployment: Deployment, ramp: Ramp) -> dict:
     """The deployment's run of `ramp` (module docstring), JSON-ready: `kind`, `deployment` (its flags as
     `predict` echoes them), `vllm_command` (one replica's `vllm serve` command, the capacity plan's),
@@ -209,7 +186,11 @@ def replay_ramp(deployment: Deployment, ramp: Ramp) -> dict:
     setup = fleet_setup(deployment, ramp.max_len, ramp.seed)
     session = SimulationSession(setup.policy, setup.config, fleet=setup.fleet)
     result, stage_of = drained_ramp(ramp.stages, ramp.prompts, session, ramp.seed)
-    requests = _with_request_side(result.requests, setup.replica.request_overhead_s)
+    if (
+        setup.replica.request_overhead_s
+    ):  # the engine profile's front-end time, as `predict` adds it (open loop)
+        add_request_side(result, setup.replica.request_overhead_s, closed_loop=False)
+    requests = result.requests
     report = ramp_report(
         requests, ramp.stages, first_stage=ramp.warmup_stages, stage_of=stage_of, timeout_s=TIMEOUT_S
     )
