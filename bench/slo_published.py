@@ -1,6 +1,7 @@
 """Fit the vLLM engine profile across models and print one JSON object: the fit, its errors per model, every row.
 
-    python -m bench.slo_published                   # the adopted fit (docs/slo.md 2c, third stage)
+    python -m bench.slo_published                   # the adopted fit (docs/slo.md 2c, fifth stage)
+    python -m bench.slo_published --per-layer       # the third stage: a cost per layer, not per kernel
     python -m bench.slo_published --train-minimax   # the fourth stage: tried, not adopted
 
 The rows (`core.planning.cost.fits.published_vllm_rows.ROWS`): ai-dynamo/aiconfigurator's silicon_sample.csv, vLLM on H100 /
@@ -15,13 +16,17 @@ in neither set), heldout_by_model and training_by_model ({model: {"ttft_rms_rel_
 "rms_rel_err", "rows", "by_gpu"}}), the fitted values; the same errors with the stored profile
 (`core.planning.cost.fits.engine_profiles`, the single-model fit) and the TensorRT-LLM profile; without_term: the errors
 with one term of the cross-model profile switched off at the fitted values, the request-side TTFT term included,
-and mla_attention: MLA's two attention paths priced as one, as before them (Kimi-K2.5 only moves; which term moved
-which error);
+kernel_overhead_s (one fixed cost, Llama-3.1-70B's step, for every model) and kernel_counts (every layer counted
+as a Llama layer's kernels), and mla_attention: MLA's two attention paths priced as one, as before them (Kimi-K2.5
+only moves; which term moved which error);
 single_model: the stored profile on its own split (Llama-3.1-70B, H100 training, H200 held out); and per row:
 model, gpu, weight dtype, tp, ep, isl, osl, concurrency, measured / predicted ttft and tpot (seconds), their
 errors and the set. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
 RMS <= TRAINING_TARGET (issue 40). elapsed_s: the whole run (simulations and fit).
 
+--train MODELS fits the fifth stage on those models' rows, every other model held out (the same keys).
+--per-layer fits the third stage (THIRD_STAGE_FIT_NAMES: a fixed cost per layer, layer_overhead_s) and adds
+adopted_profile_errors; its without_term has layer_overhead_s (that cost as one fixed cost) for the two above.
 --train-minimax runs the fourth stage of docs/slo.md 2c, tried and not adopted: MiniMax-M2.5 in training
 (FOURTH_STAGE_TRAINING_MODELS) and the routed experts' FLOP/s and bandwidth efficiencies per expert weight format
 (FOURTH_STAGE_FIT_NAMES); the same keys, plus adopted_profile_errors (the adopted profile,
@@ -37,6 +42,7 @@ import time
 
 from bench.machine import machine_facts
 from core.kernels.cpu_isa import cpu_description
+from core.planning.cost import layer_kernels as lk
 from core.planning.cost.fits import published_vllm as pv
 from core.planning.cost.fits import published_vllm_rows as pvr
 from core.planning.cost.fits.engine_profiles import (
@@ -46,6 +52,7 @@ from core.planning.cost.fits.engine_profiles import (
 )
 
 TARGET = 0.25  # each held-out model's rms_rel_err (issue 40)
+LLAMA_LAYERS = 80  # Llama-3.1-70B's layers: the one fixed cost of the single-model fit
 TRAINING_TARGET = 0.20
 
 
@@ -81,11 +88,26 @@ def _single_model(overrides: dict) -> dict:
     }
 
 
+def _overhead_ablations(fitted: dict) -> dict:
+    """The per-kernel (fifth stage) or per-layer (third) cost switched off: one fixed cost for every model, as the
+    single-model fit had (Llama-3.1-70B's step: 80 layers, 720 kernels), and for the per-kernel cost, every layer
+    counted as a Llama layer (ATTENTION + DENSE_MLP + NORMS kernels: what the kernel counts move)."""
+    if "kernel_overhead_s" not in fitted:
+        per_layer = fitted["layer_overhead_s"]
+        return {
+            "layer_overhead_s": fitted | {"layer_overhead_s": 0.0, "overhead_s": LLAMA_LAYERS * per_layer}
+        }
+    per_kernel, plain = fitted["kernel_overhead_s"], lk.NORMS + lk.ATTENTION + lk.DENSE_MLP
+    off = fitted | {"kernel_overhead_s": 0.0}
+    return {
+        "kernel_overhead_s": off | {"overhead_s": LLAMA_LAYERS * plain * per_kernel},
+        "kernel_counts": off | {"layer_overhead_s": plain * per_kernel},
+    }
+
+
 def _ablations(fitted: dict) -> dict:
     """The fitted parameters with one term of the cross-model model switched off (no refit): what it moves."""
-    layers = 80  # Llama-3.1-70B's layers: one fixed cost for every model, as the single-model fit had
     without_request = {k: v for k, v in fitted.items() if k != pv.REQUEST_TERM}
-    per_layer = fitted["layer_overhead_s"]
     per_format = any(name in fitted for name in pv.FP8_EXPERT_NAMES)  # the fourth stage's fit
     terms = {
         "moe_expert_reads": fitted | {"moe_reads_all_experts": True},
@@ -100,11 +122,14 @@ def _ablations(fitted: dict) -> dict:
         per_format
     ):  # FP8 experts priced with the shared (MXFP4) experts' efficiencies: the third stage's pricing
         terms["fp8_expert_efficiencies"] = {k: v for k, v in fitted.items() if k not in pv.FP8_EXPERT_NAMES}
-    return terms | {
-        "layer_overhead_s": fitted | {"layer_overhead_s": 0.0, "overhead_s": layers * per_layer},
-        "request_overhead_s": without_request,
-        "mla_attention": fitted | {"mla_one_attention": True},
-    }
+    return (
+        terms
+        | _overhead_ablations(fitted)
+        | {
+            "request_overhead_s": without_request,
+            "mla_attention": fitted | {"mla_one_attention": True},
+        }
+    )
 
 
 def _row(r: dict) -> dict:
@@ -129,13 +154,37 @@ def _row(r: dict) -> dict:
     }
 
 
+def _models(text: str) -> tuple[str, ...]:
+    models = tuple(m.strip() for m in text.split(",") if m.strip())
+    known = dict.fromkeys(r.model for r in pvr.ROWS)
+    unknown = [m for m in models if m not in known]
+    if not models or unknown:
+        raise argparse.ArgumentTypeError(
+            f"--train takes models of the rows ({', '.join(known)}), got {text!r}"
+        )
+    return models
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.slo_published",
         description="Fit the vLLM engine profile across models (aiconfigurator's vLLM rows), hold out whole "
         "models, print one JSON object.",
     )
-    parser.add_argument(
+    stage = parser.add_mutually_exclusive_group()
+    stage.add_argument(
+        "--per-layer",
+        action="store_true",
+        help="the third stage of docs/slo.md 2c: a fixed cost per layer instead of per kernel (not the saved run)",
+    )
+    stage.add_argument(
+        "--train",
+        type=_models,
+        metavar="MODELS",
+        help="the fifth stage fitted on these models (comma-separated presets of the rows) instead of "
+        f"{', '.join(pvr.TRAINING_MODELS)}; every other model held out (not the saved run)",
+    )
+    stage.add_argument(
         "--train-minimax",
         action="store_true",
         help="the fourth stage of docs/slo.md 2c, tried and not adopted: MiniMax-M2.5 in training and the "
@@ -153,16 +202,20 @@ def main(argv: list[str] | None = None) -> None:
         fitted = pv.fit_vllm(
             pvr.training_rows(training), names=pv.FOURTH_STAGE_FIT_NAMES, start=pv.FOURTH_STAGE_START
         )
+    elif args.train:
+        training, stage = args.train, f"fifth, trained on {', '.join(args.train)} (not the saved run)"
+        fitted = pv.fit_vllm(pvr.training_rows(training))
+    elif args.per_layer:
+        training, stage = pvr.TRAINING_MODELS, "third (a cost per layer; adopted before the fifth)"
+        fitted = pv.fit_vllm(names=pv.THIRD_STAGE_FIT_NAMES)
     else:
-        training, stage = pvr.TRAINING_MODELS, "third (adopted: VLLM_CROSS_MODEL_PROFILE)"
+        training, stage = pvr.TRAINING_MODELS, "fifth (adopted: VLLM_CROSS_MODEL_PROFILE)"
         fitted = pv.fit_vllm()
 
     def compare(overrides: dict) -> list[dict]:
         return pv.comparison(overrides, training_models=training)
 
-    held_out = [
-        m for m in dict.fromkeys(pvr.HELD_OUT_MODELS + pvr.FOURTH_STAGE_TRAINING_MODELS) if m not in training
-    ]
+    held_out = [m for m in dict.fromkeys(r.model for r in pvr.ROWS) if m not in training]
     rows = compare(fitted)
     stored = _errors(compare(VLLM_STEP_DEFAULTS))
     baseline = _errors(compare(engine_step_defaults("trtllm")))
@@ -170,7 +223,9 @@ def main(argv: list[str] | None = None) -> None:
     single = _single_model(VLLM_STEP_DEFAULTS), _single_model(engine_step_defaults("trtllm"))
     terms = {name: _errors(compare(overrides)) for name, overrides in _ablations(fitted).items()}
     adopted = (
-        {"adopted_profile_errors": _errors(compare(VLLM_CROSS_MODEL_PROFILE))} if args.train_minimax else {}
+        {"adopted_profile_errors": _errors(compare(VLLM_CROSS_MODEL_PROFILE))}
+        if args.train_minimax or args.per_layer
+        else {}
     )
     worst = sorted(rows, key=lambda r: -max(abs(r["ttft_error"]), abs(r["tpot_error"])))
     print(

@@ -111,15 +111,17 @@ CHEAP = SteadyStateSettings(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 40's check not met (docs/slo.md 2c): on Qwen3-235B-A22B's 32 rows predict --concurrency "
-    "under-predicts every TTFT and TPOT, mean |error| 0.39 / 0.32 with the cross-model profile",
-)
-def test_predict_concurrency_on_every_row_of_the_held_out_moe_model():
-    rows = [r for r in pvr.ROWS if r.model == "qwen3-235b-a22b" and pvr.row_set(r) == "held out"]
-    assert len(rows) == 32
+# predict --concurrency's mean |error| on every held-out row of a model (docs/slo.md 2c, the fifth stage's
+# profile): Kimi-K2.5 (the held-out model within the bench's 0.25) TTFT 0.43 / TPOT 0.07, Qwen3-235B-A22B
+# 0.38 / 0.31; every TTFT under-predicted. MiniMax-M2.5 (97 rows, not run here: ~25 s) 0.52 / 0.10.
+NOT_MET = "issue 40's check not met (docs/slo.md 2c): predict --concurrency under-predicts TTFT (mean |error| 0.38-0.43)"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=NOT_MET)
+@pytest.mark.parametrize(("model", "count"), [("kimi-k2.5", 45), ("qwen3-235b-a22b", 32)])
+def test_predict_concurrency_on_every_row_of_the_held_out_moe_model(model, count):
+    rows = [r for r in pvr.ROWS if r.model == model and pvr.row_set(r) == "held out"]
+    assert len(rows) == count
     ttft, tpot = [], []
     for row in rows:
         m = predict(

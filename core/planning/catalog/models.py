@@ -29,6 +29,7 @@ from core.kv.hf_config import (
     read_recurrent_state,
 )
 from core.kv.model_shape import ModelShape, read_model_shape
+from core.planning.catalog.layer_structure import PLAIN_LAYERS, LayerStructure, read_layer_structure
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MODELS_JSON = DATA_DIR / "models.json"
@@ -64,8 +65,8 @@ class ModelSpec:
     `attention_chunk_size` iff a layer is chunked, `recurrent_state` iff a layer is linear attention.
     `checkpoint_bytes` is the exact size of the stored weights (a safetensors index's `metadata.total_size`)
     when known, else None. `qk_nope_head_dim` / `v_head_dim` (MLA only, else None): the per-head widths the latent
-    is up-projected to (the query-key part without rotary embedding, and V); the step-time model prices MLA's
-    prefill attention with them (`core.planning.cost.step_time.mla_attention_flops`).
+    is up-projected to (query-key without rotary embedding, V; `core.planning.cost.step_time.mla_attention_flops`).
+    `layer_structure`: q/k norms, shared experts, an MoE model's dense layers (`core.planning.catalog.layer_structure`).
     """
 
     name: str
@@ -103,6 +104,7 @@ class ModelSpec:
     checkpoint_bytes: int | None = None
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
+    layer_structure: LayerStructure = PLAIN_LAYERS
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.num_layers:
@@ -248,6 +250,7 @@ class ModelSpec:
             layer_types=kv.layer_types,
             attention_chunk_size=kv.attention_chunk_size,
             recurrent_state=kv.recurrent_state,
+            layer_structure=read_layer_structure(cfg, shape.num_layers, num_experts),
         )
 
 

@@ -42,7 +42,13 @@ mla_one_attention=True)` still does (an ablation).
 Per-layer overhead (`from_specs(..., layer_overhead_s=...)`): a step's fixed cost outside the roofline grows
 with the number of layers (each layer's kernels have a floor of launch and synchronisation time however small
 the batch): overhead_s + layer_overhead_s x layers. A fixed cost fitted on one model's 80 layers over-prices
-a 32- or 36-layer model's step.
+a 32- or 36-layer model's step. Per-kernel overhead (`kernel_overhead_s`, the cross-model profile's): the same
+floor per kernel, overhead_s + kernel_overhead_s x the kernels a step launches (`layer_kernels.kernels_per_step`:
+9 a Llama layer, 20 a Kimi-K2.5 MoE layer with MLA and a shared expert).
+
+MiniMax-M2's q/k norms span all heads (`LayerStructure.qk_norm` "across_heads"): with tp > 1 every layer
+all-reduces their variances, 2 fp32 values a token, a third all-reduce beside the two of every model
+(`parallel_traffic`; vllm/model_executor/models/minimax_m2.py, `MiniMaxText01RMSNormTP`).
 
 Constants of the paper reproduction: OPT-13B has 12.9e9 parameters (25.8 GB in fp16; the paper's Table 1 says
 26 GB), 40 layers and hidden size 5,120, so 2 x 5,120 x 40 x 2 bytes = 800 KiB of K/V per token (section 3);
@@ -55,6 +61,7 @@ from core.common import cdiv
 from core.errors import InvalidArgumentError
 from core.kv.hf_config import SLIDING
 from core.planning.catalog.models import MLA_HEAD_DIM_DEFAULT
+from core.planning.cost.layer_kernels import kernels_per_step
 from core.planning.cost.step_model import DEFAULT_OVERHEAD_S, StepTimeModel
 from core.planning.memory.kv_accounting import (
     check_moe_parallel,
@@ -76,6 +83,7 @@ A100_NVLINK_ONE_WAY = 300e9  # bytes/s: half of the datasheet's 600 GB/s bidirec
 # tp 2 / 4 / 8 (sgl-project/sglang pull request 2904's table; docs/slo.md). PCIe-only GPUs are slower: a floor.
 ALL_REDUCE_LATENCY_S = 10e-6
 ACTIVATION_BYTES = 2  # hidden states travel in bf16 / fp16
+QK_VARIANCE_BYTES = 8  # MiniMax-M2's q and k variances, one fp32 each a token
 
 
 def roofline(
@@ -121,14 +129,17 @@ def parallel_traffic(model, tensor_parallel: int = 1, pipeline_parallel: int = 1
     """(bytes per token per GPU, latency seconds per step) of tensor- and pipeline-parallel communication.
 
     All-reduces: 2 per layer on every stage when tp > 1 (pp x 2 x ceil(layers / pp) per step, run in sequence),
-    each sending 2 (tp - 1) / tp x hidden x ACTIVATION_BYTES per token (ring); hand-offs: pp - 1 per step of
+    each sending 2 (tp - 1) / tp x hidden x ACTIVATION_BYTES per token (ring), and one more per layer of
+    QK_VARIANCE_BYTES per token for q/k norms across heads (module docstring); hand-offs: pp - 1 per step of
     hidden x ACTIVATION_BYTES per token. Every collective or hand-off costs ALL_REDUCE_LATENCY_S.
     """
     tp, pp = tensor_parallel, pipeline_parallel
     all_reduces = 2 * cdiv(model.num_layers, pp) * pp if tp > 1 else 0
     hidden_bytes = model.hidden_size * ACTIVATION_BYTES
     per_token = all_reduces * 2 * (tp - 1) / tp * hidden_bytes + (pp - 1) * hidden_bytes
-    return float(per_token), (all_reduces + pp - 1) * ALL_REDUCE_LATENCY_S
+    qk_reduces = all_reduces // 2 if model.layer_structure.qk_norm == "across_heads" else 0
+    per_token += qk_reduces * 2 * (tp - 1) / tp * QK_VARIANCE_BYTES
+    return float(per_token), (all_reduces + qk_reduces + pp - 1) * ALL_REDUCE_LATENCY_S
 
 
 def data_parallel_moe_traffic(model, data_parallel: int, pipeline_parallel: int = 1) -> tuple[float, float]:
@@ -175,6 +186,7 @@ def from_specs(
     ep = kwargs.pop("expert_parallel", False)
     check_moe_parallel(model, tp, dp, ep)
     _per_layer_overhead(model, kwargs)
+    _per_kernel_overhead(model, kwargs)
     _fp8_expert_efficiencies(model, weight_dtype, kwargs)
     fp8_ratio = kwargs.pop("fp8_flops_ratio", None)
     if fp8_ratio is not None and not 0 < fp8_ratio <= 2:
@@ -249,6 +261,16 @@ def _attention_flops(model, tp: int, pp: int, kwargs: dict) -> dict:
     kwargs.pop("mla_one_attention", None)
     heads = model.num_attention_heads * model.head_dim
     return {"attention_flops_per_pair": 4.0 * cdiv(model.num_layers, pp) * heads / tp}
+
+
+def _per_kernel_overhead(model, kwargs: dict) -> None:
+    """Fold the keyword `kernel_overhead_s` (seconds a kernel a step) into `overhead_s`, in place."""
+    kernel_overhead = kwargs.pop("kernel_overhead_s", 0.0)
+    if not kernel_overhead >= 0:
+        raise InvalidArgumentError(f"kernel_overhead_s must be >= 0, got {kernel_overhead!r}")
+    if kernel_overhead:
+        base = kwargs.get("overhead_s", DEFAULT_OVERHEAD_S)
+        kwargs["overhead_s"] = base + kernel_overhead * kernels_per_step(model)
 
 
 def _per_layer_overhead(model, kwargs: dict) -> None:

@@ -37,19 +37,19 @@ VLLM_STEP_DEFAULTS = {
 
 # Fitted by core.planning.cost.fits.published_vllm.fit_vllm across models (published_vllm.FIT_NAMES, FIXED held):
 # every row of Llama-3.1-70B FP8, Qwen3-32B bf16 and gpt-oss-120b MXFP4 (H100 / H200 SXM) but the KV-limited ones;
-# Llama-3.1-8B, Qwen3-235B-A22B and MiniMax-M2.5 held out whole. bench/slo_published.py recomputes it (docs/slo.md
-# 2c, third stage): RMS relative error 0.201 on the training rows, held out Qwen3-235B-A22B 0.288, Llama-3.1-8B
-# 1.435, MiniMax-M2.5 0.348. (The fourth stage, MiniMax-M2.5 in training with the experts' efficiencies per weight
-# format, was tried and not adopted: docs/slo.md 2c.)
+# Llama-3.1-8B, Qwen3-235B-A22B, MiniMax-M2.5 and Kimi-K2.5 held out whole. bench/slo_published.py recomputes it
+# (docs/slo.md 2c, fifth stage: a fixed cost per kernel, `core.planning.cost.layer_kernels`): RMS relative error
+# 0.201 on the training rows, held out Kimi-K2.5 0.223, Qwen3-235B-A22B 0.282, MiniMax-M2.5 0.322, Llama-3.1-8B
+# 1.429. (The third stage's cost per layer and the fourth stage's experts per weight format: docs/slo.md 2c.)
 VLLM_CROSS_MODEL_PROFILE = {
     "bandwidth_efficiency": 1.0,
     "overhead_s": 0.0,
     "per_token_overhead_s": 0.0,
-    "flops_efficiency": 0.3501094510317033,
-    "layer_overhead_s": 6.285074601355248e-05,
-    "expert_flops_efficiency": 0.1352936477380538,
-    "expert_bandwidth_efficiency": 0.6823127521796253,
-    REQUEST_TERM: 0.02973557844819279,
+    "flops_efficiency": 0.34829499433377104,
+    "kernel_overhead_s": 5.942455696396317e-06,
+    "expert_flops_efficiency": 0.13552742198762616,
+    "expert_bandwidth_efficiency": 0.7584516631615594,
+    REQUEST_TERM: 0.029422337247286125,
 }
 
 

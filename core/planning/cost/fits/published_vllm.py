@@ -74,24 +74,28 @@ AIPERF_DATASET_ENTRIES = 100  # aiperf's default --num-dataset-entries
 AIPERF_SEED = 100  # the --random-seed of aiconfigurator's generated benchmark script
 # The cross-model profile (issue 40): one FLOP/s efficiency for dense GEMMs, one for routed-expert GEMMs, a
 # bandwidth efficiency for the routed experts' weight reads (grouped GEMMs over few rows per expert; the dense
-# reads at the datasheet bandwidth), and a fixed cost per layer per step; the dense weights and K/V read at the
-# datasheet bandwidth (the single-model fit put bandwidth_efficiency at its bound 1), no fixed cost beside the per-layer one and no per-token host time (the
-# single-model fit's 16.6 us per token, fixed whatever the model and TP, made an 8B model's 8,192-token
-# prefill cost 136 ms of host time alone), and a request-side latency (REQUEST_TERM: a fixed time per request
-# outside the steps plus the step in flight when it arrives; docs/slo.md 2c).
+# reads at the datasheet bandwidth), and a fixed cost per kernel per step (the fifth stage; the kernels each
+# layer launches: `core.planning.cost.layer_kernels`); the dense weights and K/V read at the datasheet bandwidth
+# (the single-model fit put bandwidth_efficiency at its bound 1), no fixed cost beside the per-kernel one and no
+# per-token host time (the single-model fit's 16.6 us per token, fixed whatever the model and TP, made an 8B
+# model's 8,192-token prefill cost 136 ms of host time alone), and a request-side latency (REQUEST_TERM: a fixed
+# time per request outside the steps plus the step in flight when it arrives; docs/slo.md 2c).
 FIT_NAMES = (
     "flops_efficiency",
-    "layer_overhead_s",
+    "kernel_overhead_s",
     "expert_flops_efficiency",
     "expert_bandwidth_efficiency",
     "request_overhead_s",
 )
+# The third stage (docs/slo.md 2c; `bench.slo_published --per-layer`): the same with a fixed cost per layer
+# whatever the layer runs.
+THIRD_STAGE_FIT_NAMES = tuple("layer_overhead_s" if n == "kernel_overhead_s" else n for n in FIT_NAMES)
 # The fourth stage (docs/slo.md 2c: tried, not adopted; `bench.slo_published --train-minimax`): MiniMax-M2.5 in
 # training (published_vllm_rows.FOURTH_STAGE_TRAINING_MODELS) and the routed experts' two efficiencies per expert
 # weight format, FP8 block-quantized experts (MiniMax-M2.5, Qwen3-235B-A22B) with their own FLOP/s and bandwidth
 # shares (fp8_expert_*, `from_specs`), gpt-oss-120b's MXFP4 ones keeping the shared two.
 FP8_EXPERT_NAMES = ("fp8_expert_flops_efficiency", "fp8_expert_bandwidth_efficiency")
-FOURTH_STAGE_FIT_NAMES = FIT_NAMES + FP8_EXPERT_NAMES
+FOURTH_STAGE_FIT_NAMES = THIRD_STAGE_FIT_NAMES + FP8_EXPERT_NAMES
 FIXED = {"bandwidth_efficiency": 1.0, "overhead_s": 0.0, "per_token_overhead_s": 0.0}
 SINGLE_MODEL_FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
 # Gauss-Newton's starting point: round values near the cross-model solution (the fit is the same from 0.4 / 2e-5
@@ -102,6 +106,7 @@ START = {
     "overhead_s": 0.003,
     "per_token_overhead_s": 1e-6,
     "layer_overhead_s": 7e-5,
+    "kernel_overhead_s": 6e-6,
     "expert_flops_efficiency": 0.08,
     "expert_bandwidth_efficiency": 0.7,
     "fp8_flops_ratio": 1.5,
