@@ -22,8 +22,8 @@ assignment spreads the n x k choices over distinct experts, min(E, n k) of them 
 the step-time model's uniform routing expects E (1 - (1 - k / E)^n), fewer from 2 tokens on until nearly all are
 touched) and peak the GPU's FP8 peak for FP8 weights, its bf16 peak for the 4-bit weight-only formats (as
 `core.planning.cost.step_time.from_specs` prices the experts: the two efficiencies mean what the step model's
-expert_bandwidth_efficiency and expert_flops_efficiency mean). `fit_kernel_model` fits fixed_s and the two efficiencies by least squares on
-log(predicted / measured).
+expert_bandwidth_efficiency and expert_flops_efficiency mean). `fit_kernel_model` fits fixed_s and the two
+efficiencies by least squares on log(predicted / measured).
 """
 
 import math
