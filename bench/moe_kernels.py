@@ -8,7 +8,8 @@ vLLM MoE tables on H100 / H200 SXM, balanced routing, no EP, FP8 block / int4 / 
 - fits: per expert format and vLLM version, the kernel model t = fixed + max(bytes x touched / (bandwidth x
   bandwidth_efficiency), FLOPs / (peak x flops_efficiency)) fitted on the shapes of models OTHER than the held-out
   ones (HELD_OUT_SHAPES: Qwen3-235B-A22B, MiniMax-M2.5, Kimi-K2.5), with its RMS log error there (rms_log_err:
-  RMS of log(predicted / measured)); beside them end_to_end_profile, the adopted cross-model profile's expert
+  RMS of log(predicted / measured)); fits_uniform_routing, the same with the experts touched counted as the step
+  model's uniform routing expects instead of as the rows' balanced routing touched them (an ablation); beside them end_to_end_profile, the adopted cross-model profile's expert
   efficiencies (VLLM_CROSS_MODEL_PROFILE, fitted on gpt-oss-120b's serving rows) and its per-layer overhead;
 - held_out: per format, held-out model's shape and version, that fit's RMS and mean log error on the shape's rows
   (mean > 0: the kernel ran faster than the model fitted on the other shapes says), and the mean by token band;
@@ -61,6 +62,27 @@ def _log_error_summary(errors: np.ndarray) -> dict:
         "rms_log_err": float(np.sqrt(np.mean(errors**2))),
         "mean_log_err": float(errors.mean()),
     }
+
+
+def uniform_routing_fits(rows) -> dict:
+    """The same fits with each row's experts touched as the step-time model's uniform routing expects (not what
+    the rows ran: an ablation, to show what the routing assumption moves)."""
+    memory, compute = mk.ideal_seconds(rows, routing="uniform")
+    measured = rows["latency_ms"].to_numpy() / 1e3
+    held = mk.held_out_mask(rows)
+    out = {}
+    for fmt in mk.FORMATS:
+        for version in mk.VERSIONS:
+            train = (rows["moe_dtype"] == fmt).to_numpy() & (rows["version"] == version).to_numpy() & ~held
+            if train.any():
+                fit = mk.fit_kernel_model(memory[train], compute[train], measured[train])
+                out.setdefault(fmt, {})[version] = {
+                    "fixed_us": fit.model.fixed_s * 1e6,
+                    "bandwidth_efficiency": fit.model.bandwidth_efficiency,
+                    "flops_efficiency": fit.model.flops_efficiency,
+                    "rms_log_err": fit.rms_log_error,
+                }
+    return out
 
 
 def fits_and_held_out(rows) -> tuple[dict, dict, dict]:
@@ -202,6 +224,7 @@ def main() -> None:
                 "bytes_per_param": mk.BYTES_PER_PARAM,
                 "held_out_shapes": {m: _shape_label(s) for m, s in mk.HELD_OUT_SHAPES.items()},
                 "fits": fits,
+                "fits_uniform_routing": uniform_routing_fits(rows),
                 "end_to_end_profile": {
                     "profile": PROFILE,
                     "expert_bandwidth_efficiency": VLLM_CROSS_MODEL_PROFILE["expert_bandwidth_efficiency"],

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.moe_kernels import deployment_comparison, fits_and_held_out
+from bench.moe_kernels import deployment_comparison, fits_and_held_out, uniform_routing_fits
 from core.errors import InvalidArgumentError
 from core.planning.cost.fits import moe_kernels as mk
 from tests.conftest import ROOT
@@ -129,6 +129,9 @@ def test_kernel_model_by_hand():
     memory, compute = mk.ideal_seconds(rows)
     assert memory == pytest.approx([301_989_888 / 4.8e12, 1_207_959_552 / 4.8e12], rel=1e-12)
     assert compute == pytest.approx([603_979_776 / 1.979e15, 1_236_950_581_248 / 1.979e15], rel=1e-12)
+    # uniform routing expects 128 (1 - (120 / 128)^4) = 29.13 experts at 4 tokens
+    uniform, _ = mk.ideal_seconds(rows, routing="uniform")
+    assert uniform[0] == pytest.approx(128 * (1 - (120 / 128) ** 4) * 9_437_184 / 4.8e12, rel=1e-12)
     model = mk.KernelModel(40e-6, 0.75, 0.2)
     seconds = model.seconds(memory, compute)
     assert seconds[0] == pytest.approx(40e-6 + 301_989_888 / 4.8e12 / 0.75, rel=1e-12)
@@ -240,6 +243,9 @@ def test_saved_run_equals_recomputing():
                 assert stored[key] == pytest.approx(fit[key], rel=1e-6), (fmt, version, key)
             assert stored["rows"] == fit["rows"]
     assert _numbers(saved["held_out"]) == pytest.approx(_numbers(held_out), rel=1e-6)
+    assert _numbers(saved["fits_uniform_routing"]) == pytest.approx(
+        _numbers(uniform_routing_fits(rows)), rel=1e-6
+    )
     deployments = deployment_comparison(rows, models)
     assert len(saved["deployments"]) == len(deployments) == 4
     for stored, now in zip(saved["deployments"], deployments, strict=True):

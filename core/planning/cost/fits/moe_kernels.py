@@ -156,8 +156,15 @@ def expert_bytes(shape: MoeShape, moe_dtype: str, tp: int) -> float:
     return e * 3.0 * h * i / tp * BYTES_PER_PARAM[moe_dtype]
 
 
-def ideal_seconds(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(memory_s, compute_s) of each row at efficiency 1 (module docstring), on its GPU's datasheet roofs."""
+ROUTINGS = ("balanced", "uniform")
+
+
+def ideal_seconds(rows: pd.DataFrame, routing: str = "balanced") -> tuple[np.ndarray, np.ndarray]:
+    """(memory_s, compute_s) of each row at efficiency 1 (module docstring), on its GPU's datasheet roofs.
+    routing: "balanced", the experts the rows' routing touched (`balanced_experts_touched`), or "uniform", the
+    step-time model's expectation E (1 - (1 - k / E)^n) (an ablation: not what the rows ran)."""
+    if routing not in ROUTINGS:
+        raise InvalidArgumentError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
     if len(rows) == 0:
         return np.zeros(0), np.zeros(0)
     unknown = set(rows["gpu"]) - set(GPUS)
@@ -181,13 +188,17 @@ def ideal_seconds(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         for c in ("hidden_size", "inter_size", "topk", "moe_tp_size", "num_tokens")
     )
     per_expert = 3.0 * h * i / tp * np.array([BYTES_PER_PARAM[f] for f in fmt])
-    touched = np.array(
-        [
-            balanced_experts_touched(int(a), int(b), int(c))
-            for a, b, c in zip(rows["num_tokens"], rows["topk"], rows["num_experts"], strict=True)
-        ],
-        dtype=np.float64,
-    )
+    if routing == "uniform":
+        e = rows["num_experts"].to_numpy(dtype=np.float64)
+        touched = e * (1.0 - (1.0 - k / e) ** n)
+    else:
+        touched = np.array(
+            [
+                balanced_experts_touched(int(a), int(b), int(c))
+                for a, b, c in zip(rows["num_tokens"], rows["topk"], rows["num_experts"], strict=True)
+            ],
+            dtype=np.float64,
+        )
     memory = per_expert * touched / bandwidth
     compute = 2.0 * n * k * 3.0 * h * i / tp / peak
     return memory, compute
