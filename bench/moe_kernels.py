@@ -10,7 +10,7 @@ vLLM MoE tables on H100 / H200 SXM, balanced routing, no EP, FP8 block / int4 / 
   ones (HELD_OUT_SHAPES: Qwen3-235B-A22B, MiniMax-M2.5, Kimi-K2.5), with its RMS log error there (rms_log_err:
   RMS of log(predicted / measured)); fits_uniform_routing, the same with the experts touched counted as the step
   model's uniform routing expects instead of as the rows' balanced routing touched them (an ablation); beside them end_to_end_profile, the adopted cross-model profile's expert
-  efficiencies (VLLM_CROSS_MODEL_PROFILE, fitted on gpt-oss-120b's serving rows) and its per-layer overhead;
+  efficiencies (VLLM_CROSS_MODEL_PROFILE, fitted on gpt-oss-120b's serving rows) and its per-kernel overhead;
 - held_out: per format, held-out model's shape and version, that fit's RMS and mean log error on the shape's rows
   (mean > 0: the kernel ran faster than the model fitted on the other shapes says), and the mean by token band;
 - deployments: each held-out model's served deployment (H200; Qwen3-235B-A22B FP8 TP 2 and 4, MiniMax-M2.5 FP8 TP 4,
@@ -34,6 +34,7 @@ from bench.machine import machine_facts
 from core.kernels.cpu_isa import cpu_description
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
+from core.planning.cost import layer_kernels as lk
 from core.planning.cost.fits import moe_kernels as mk
 from core.planning.cost.fits.engine_profiles import VLLM_CROSS_MODEL_PROFILE, engine_step_defaults
 from core.planning.cost.step_time import from_specs
@@ -229,7 +230,10 @@ def main() -> None:
                     "profile": PROFILE,
                     "expert_bandwidth_efficiency": VLLM_CROSS_MODEL_PROFILE["expert_bandwidth_efficiency"],
                     "expert_flops_efficiency": VLLM_CROSS_MODEL_PROFILE["expert_flops_efficiency"],
-                    "layer_overhead_us": VLLM_CROSS_MODEL_PROFILE["layer_overhead_s"] * 1e6,
+                    "kernel_overhead_us": VLLM_CROSS_MODEL_PROFILE["kernel_overhead_s"] * 1e6,
+                    # the fixed time the profile gives an MoE block's kernels (layer_kernels.MOE_MLP of them):
+                    # beside the measured kernels' fixed time per MoE layer
+                    "moe_block_fixed_us": lk.MOE_MLP * VLLM_CROSS_MODEL_PROFILE["kernel_overhead_s"] * 1e6,
                     "fitted_on": "gpt-oss-120b's MXFP4 serving rows (with Llama-3.1-70B and Qwen3-32B): docs/slo.md 2c",
                 },
                 "held_out": held_out,
