@@ -39,6 +39,7 @@ from core.errors import InvalidArgumentError
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.catalog.weights import bits_per_quantized_param
+from core.planning.cost.fits.gauss_newton import NewtonLimits, damped_gauss_newton
 from core.planning.memory.kv_accounting import DTYPE_BITS
 
 DATA_PATH = Path(__file__).parent / "data" / "vllm_moe_kernels.csv"
@@ -261,42 +262,31 @@ def fit_kernel_model(memory_s, compute_s, measured_s, iterations: int = 200, sta
     log_measured = np.log(measured)
     upper = np.array([math.inf, 0.0, 0.0])
 
-    def residuals(x):
+    def parts(x):
         a, be, fe = np.exp(x)
         mem, comp = memory / be, compute / fe
-        predicted = a + np.maximum(mem, comp)
-        r = np.log(predicted) - log_measured
+        return a, mem, comp, a + np.maximum(mem, comp)
+
+    def residual(x):
+        return np.log(parts(x)[3]) - log_measured
+
+    def jacobian(x, r):
+        a, mem, comp, predicted = parts(x)
         memory_bound = mem >= comp
-        jac = np.column_stack(
+        return np.column_stack(
             (
                 a / predicted,
                 np.where(memory_bound, -mem, 0.0) / predicted,
                 np.where(memory_bound, 0.0, -comp) / predicted,
             )
         )
-        return r, jac
 
-    best = None
-    for start in starts:
-        x = np.log(np.asarray(start, dtype=np.float64))
-        r, jac = residuals(x)
-        for _ in range(iterations):
-            step = np.linalg.lstsq(jac, -r, rcond=None)[0]
-            for _ in range(30):
-                x_new = np.minimum(x + step, upper)
-                r_new, jac_new = residuals(x_new)
-                if r_new @ r_new < r @ r:
-                    break
-                step /= 2
-            else:
-                break
-            done = np.max(np.abs(x_new - x)) < 1e-10
-            x, r, jac = x_new, r_new, jac_new
-            if done:
-                break
-        if best is None or r @ r < best[1] @ best[1]:
-            best = (x, r)
-    x, r = best
+    limits = NewtonLimits(iterations=iterations, halvings=30, tolerance=1e-10)
+    fits = [
+        damped_gauss_newton(residual, jacobian, np.log(np.asarray(s, dtype=np.float64)), upper, limits)
+        for s in starts
+    ]
+    x, r = min(fits, key=lambda fit: fit[1] @ fit[1])
     a, be, fe = (float(v) for v in np.exp(x))
     return KernelFit(KernelModel(a, be, fe), float(np.sqrt(np.mean(r**2))), int(r.size))
 

@@ -43,6 +43,7 @@ import numpy as np
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.cost.fits.engine_profiles import REQUEST_TERM
+from core.planning.cost.fits.gauss_newton import NewtonLimits, damped_gauss_newton
 from core.planning.cost.fits.published_vllm_rows import (
     ATTENTION_DP_ROWS,
     BLOCK_SIZE,
@@ -343,29 +344,20 @@ def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED, star
             for n in names
         ]
     )
-    x = np.log([start[n] for n in names])
-    r = _log_errors(x, rows, names, fixed)
-    for _ in range(iterations):
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        return _log_errors(x, rows, names, fixed)
+
+    def jacobian(x: np.ndarray, r: np.ndarray) -> np.ndarray:
         jac = np.empty((len(r), len(x)))
         for j in range(len(x)):
             dx = np.zeros_like(x)
             dx[j] = 1e-6
-            jac[:, j] = (
-                r - _log_errors(x - dx, rows, names, fixed)
-            ) / 1e-6  # backward: an efficiency may sit at 1
-        step = np.linalg.lstsq(jac, -r, rcond=None)[0]
-        for _ in range(20):  # halve the step until the cost falls
-            x_new = np.minimum(x + step, upper)
-            r_new = _log_errors(x_new, rows, names, fixed)
-            if r_new @ r_new < r @ r:
-                break
-            step /= 2
-        else:
-            break
-        converged = np.max(np.abs(x_new - x)) < 1e-9
-        x, r = x_new, r_new
-        if converged:
-            break
+            jac[:, j] = (r - residual(x - dx)) / 1e-6  # backward: an efficiency may sit at 1
+        return jac
+
+    x0 = np.log([start[n] for n in names])
+    x, _ = damped_gauss_newton(residual, jacobian, x0, upper, NewtonLimits(iterations=iterations))
     return dict(fixed or {}) | dict(zip(names, (float(v) for v in np.exp(x)), strict=True))
 
 
