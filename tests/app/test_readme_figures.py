@@ -226,3 +226,35 @@ def test_the_kv_cache_wins_row_is_the_saved_run():
     assert f"TTFT p90 {pa['ttft_p90_s']:.2f} s against the published 0.542" in row, row
     assert f"round-robin's {rr['ttft_p90_s']:.0f} s against 92.6" in row, row
     assert f"({ratio['lab']:.0f}× against {ratio['published']:.0f}×)" in row, row
+
+
+def test_the_moe_kernels_row_is_the_saved_run():
+    saved = _saved("moe-kernels.json")
+    row = _row("vLLM's fused-MoE kernels measured alone")
+    fp8 = saved["fits"]["fp8_block"].values()
+
+    def span(key: str, scale: float = 1.0, digits: int = 3) -> str:
+        values = [f[key] * scale for f in fp8]
+        return f"{min(values):.{digits}f}–{max(values):.{digits}f}"
+
+    assert (
+        f"**FP8 blocks: {span('fixed_us', digits=1)} µs fixed, bandwidth efficiency {span('bandwidth_efficiency')}"
+        in row
+    )
+    assert f"FLOP/s {span('flops_efficiency')} of FP8 peak**" in row, row
+    served = [
+        by_version[v]["rms_log_err"]
+        for by_version in saved["held_out"]["fp8_block"].values()
+        if by_version["served_in_this_format"]
+        for v in by_version
+        if v[0].isdigit()
+    ]
+    assert f"within {min(served):.3f}–{max(served):.3f} RMS log error" in row, row
+    from core.planning.catalog.models import MODELS
+
+    fixed = saved["end_to_end_profile"]["moe_block_fixed_us"]
+    assert f"the profile's 6 kernels of an MoE block, {fixed:.1f} µs" in row, row
+    for dep in saved["deployments"]:  # the charge: the experts' roofline and the MoE block's kernels
+        four = dep["by_tokens"]["4"]
+        ratio = four["measured_us"]["0.14.0"] / (four["lab_charge_us"] + fixed)
+        assert f"{MODELS[dep['model']].name} TP {dep['tp']} {ratio:.2f}" in row, (dep["model"], row)
