@@ -42,6 +42,7 @@ import time
 
 from bench.machine import machine_facts
 from core.kernels.cpu_isa import cpu_description
+from core.planning.catalog.models import MODELS
 from core.planning.cost import layer_kernels as lk
 from core.planning.cost.fits import published_vllm as pv
 from core.planning.cost.fits import published_vllm_rows as pvr
@@ -52,7 +53,6 @@ from core.planning.cost.fits.engine_profiles import (
 )
 
 TARGET = 0.25  # each held-out model's rms_rel_err (issue 40)
-LLAMA_LAYERS = 80  # Llama-3.1-70B's layers: the one fixed cost of the single-model fit
 TRAINING_TARGET = 0.20
 
 
@@ -90,18 +90,21 @@ def _single_model(overrides: dict) -> dict:
 
 def _overhead_ablations(fitted: dict) -> dict:
     """The per-kernel (fifth stage) or per-layer (third) cost switched off: one fixed cost for every model, as the
-    single-model fit had (Llama-3.1-70B's step: 80 layers, 720 kernels), and for the per-kernel cost, every layer
-    counted as a Llama layer (ATTENTION + DENSE_MLP + NORMS kernels: what the kernel counts move)."""
+    single-model fit had (Llama-3.1-70B's step: 80 layers, 724 kernels), and for the per-kernel cost, every layer
+    counted as a Llama layer's kernels (what the kernel counts move; the step's kernels outside the layers kept)."""
+    llama = MODELS["llama-3.1-70b"]
     if "kernel_overhead_s" not in fitted:
         per_layer = fitted["layer_overhead_s"]
         return {
-            "layer_overhead_s": fitted | {"layer_overhead_s": 0.0, "overhead_s": LLAMA_LAYERS * per_layer}
+            "layer_overhead_s": fitted | {"layer_overhead_s": 0.0, "overhead_s": llama.num_layers * per_layer}
         }
-    per_kernel, plain = fitted["kernel_overhead_s"], lk.NORMS + lk.ATTENTION + lk.DENSE_MLP
+    per_kernel = fitted["kernel_overhead_s"]
+    plain_layer = (lk.kernels_per_step(llama) - lk.OUTSIDE_LAYERS) / llama.num_layers
     off = fitted | {"kernel_overhead_s": 0.0}
     return {
-        "kernel_overhead_s": off | {"overhead_s": LLAMA_LAYERS * plain * per_kernel},
-        "kernel_counts": off | {"layer_overhead_s": plain * per_kernel},
+        "kernel_overhead_s": off | {"overhead_s": lk.kernels_per_step(llama) * per_kernel},
+        "kernel_counts": off
+        | {"overhead_s": lk.OUTSIDE_LAYERS * per_kernel, "layer_overhead_s": plain_layer * per_kernel},
     }
 
 

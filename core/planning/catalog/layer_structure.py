@@ -47,3 +47,9 @@ def read_layer_structure(cfg: dict[str, Any], num_layers: int, routed_experts: i
     if model_type.startswith("llama4"):
         dense = num_layers - num_layers // int(cfg.get("interleave_moe_layer_step") or 1)
     return LayerStructure(qk_norm=qk_norm, shared_experts=shared, dense_layers=dense)
+
+
+def moe_layers(model) -> int:
+    """The layers of `model` (a ModelSpec) whose MLP is the routed experts: all but `layer_structure.dense_layers`
+    for an MoE model, none for a dense one."""
+    return model.num_layers - model.layer_structure.dense_layers if model.num_experts else 0

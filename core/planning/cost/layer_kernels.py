@@ -24,6 +24,8 @@ Worked counts: Llama-3.1 9 a layer; Qwen3-32B 11; gpt-oss-120b 12; Qwen3-235B-A2
 Kimi-K2.5 20 (its first, dense layer 14).
 """
 
+from core.planning.catalog.layer_structure import moe_layers
+
 NORMS = 2
 ATTENTION = 4
 QK_NORM = 2
@@ -42,12 +44,11 @@ def attention_kernels(model) -> int:
 
 def kernels_per_step(model) -> int:
     """Kernels one forward step of `model` launches: its decoder layers' and OUTSIDE_LAYERS (module docstring)."""
-    structure = model.layer_structure
-    dense = model.num_layers if not model.is_moe else structure.dense_layers
-    moe_mlp = MOE_MLP + structure.shared_experts * DENSE_MLP
+    moe = moe_layers(model)
+    moe_mlp = MOE_MLP + model.layer_structure.shared_experts * DENSE_MLP
     return (
         OUTSIDE_LAYERS
         + model.num_layers * (NORMS + attention_kernels(model))
-        + dense * DENSE_MLP
-        + (model.num_layers - dense) * moe_mlp
+        + (model.num_layers - moe) * DENSE_MLP
+        + moe * moe_mlp
     )

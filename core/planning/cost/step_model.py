@@ -25,7 +25,6 @@ experts for n tokens at k a token under uniform routing (`experts_touched`), and
     memory_s = (dense bytes + KV) / (bandwidth x bandwidth_efficiency)
                + expert_weight_bytes x experts_touched(n) / (bandwidth x expert_bandwidth_efficiency)
     expert FLOPs (2 x k / E x expert parameters a token) at peak x expert_flops_efficiency
-
 Real routing is not uniform (cold experts, a hot straggler): what the fitted efficiencies absorb.
 
 Sliding-window layers (gpt-oss, Gemma-2/3, Mistral-7B): with a fraction f of the layers windowed at W tokens, a
@@ -86,6 +85,14 @@ class StepBreakdown(NamedTuple):
     compute_s: object
     comm_s: object
     total_s: object
+
+
+def uniform_experts_touched(new_tokens, experts_per_token: int, num_experts: int, ranks: int = 1):
+    """1 - (1 - k / E)^(ranks x n), the fraction of E experts n tokens a DP rank reach routed uniformly to k each."""
+    miss = 1.0 - experts_per_token / num_experts
+    if isinstance(new_tokens, np.ndarray):
+        return 1.0 - miss ** (ranks * np.maximum(new_tokens, 0.0))
+    return 1.0 - miss ** (ranks * max(new_tokens, 0.0))
 
 
 @dataclass(frozen=True)
@@ -456,18 +463,11 @@ class StepTimeModel:
         return read / self.memory_bandwidth * scale
 
     def experts_touched(self, new_tokens):
-        """The expected fraction of a layer's routed experts (of this GPU's) that a step of `new_tokens` tokens
-        reads (module docstring: MoE), 1 - (1 - k / E)^(expert_token_ranks x n): with data-parallel attention
-        the experts serve the batches of all expert_token_ranks DP ranks; a float for a float, an array for an
-        array."""
+        """The fraction of this GPU's routed experts a step reads (module docstring: MoE), over all DP ranks."""
         if not self.num_experts:
             return 1.0
-        miss = 1.0 - self.experts_per_token / self.num_experts
-        ranks = self.expert_token_ranks  # data-parallel attention: every rank's batch meets the experts
-        return (
-            1.0 - miss ** (ranks * np.maximum(new_tokens, 0.0))
-            if isinstance(new_tokens, np.ndarray)
-            else (1.0 - miss ** (ranks * max(new_tokens, 0.0)))
+        return uniform_experts_touched(
+            new_tokens, self.experts_per_token, self.num_experts, self.expert_token_ranks
         )
 
     def step_factor(self, new_tokens) -> np.ndarray:

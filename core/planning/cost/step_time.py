@@ -185,8 +185,8 @@ def from_specs(
     dp = kwargs.pop("data_parallel", 1)
     ep = kwargs.pop("expert_parallel", False)
     check_moe_parallel(model, tp, dp, ep)
-    _per_layer_overhead(model, kwargs)
-    _per_kernel_overhead(model, kwargs)
+    _fold_fixed_cost(kwargs, "layer_overhead_s", model.num_layers)
+    _fold_fixed_cost(kwargs, "kernel_overhead_s", kernels_per_step(model))
     _fp8_expert_efficiencies(model, weight_dtype, kwargs)
     fp8_ratio = kwargs.pop("fp8_flops_ratio", None)
     if fp8_ratio is not None and not 0 < fp8_ratio <= 2:
@@ -263,25 +263,14 @@ def _attention_flops(model, tp: int, pp: int, kwargs: dict) -> dict:
     return {"attention_flops_per_pair": 4.0 * cdiv(model.num_layers, pp) * heads / tp}
 
 
-def _per_kernel_overhead(model, kwargs: dict) -> None:
-    """Fold the keyword `kernel_overhead_s` (seconds a kernel a step) into `overhead_s`, in place."""
-    kernel_overhead = kwargs.pop("kernel_overhead_s", 0.0)
-    if not kernel_overhead >= 0:
-        raise InvalidArgumentError(f"kernel_overhead_s must be >= 0, got {kernel_overhead!r}")
-    if kernel_overhead:
-        base = kwargs.get("overhead_s", DEFAULT_OVERHEAD_S)
-        kwargs["overhead_s"] = base + kernel_overhead * kernels_per_step(model)
-
-
-def _per_layer_overhead(model, kwargs: dict) -> None:
-    """Fold the keyword `layer_overhead_s` (seconds a layer a step) into `overhead_s`, in place."""
-    layer_overhead = kwargs.pop("layer_overhead_s", 0.0)
-    if not layer_overhead >= 0:
-        raise InvalidArgumentError(f"layer_overhead_s must be >= 0, got {layer_overhead!r}")
-    if layer_overhead:
-        kwargs["overhead_s"] = (
-            kwargs.get("overhead_s", DEFAULT_OVERHEAD_S) + layer_overhead * model.num_layers
-        )
+def _fold_fixed_cost(kwargs: dict, name: str, count: int) -> None:
+    """Fold the keyword `name` (seconds per unit per step: layer_overhead_s a layer, kernel_overhead_s a kernel)
+    into `overhead_s` as that cost x `count` units, in place."""
+    cost = kwargs.pop(name, 0.0)
+    if not cost >= 0:
+        raise InvalidArgumentError(f"{name} must be >= 0, got {cost!r}")
+    if cost:
+        kwargs["overhead_s"] = kwargs.get("overhead_s", DEFAULT_OVERHEAD_S) + cost * count
 
 
 def _fp8_expert_efficiencies(model, weight_dtype: str, kwargs: dict) -> None:

@@ -37,9 +37,11 @@ import pandas as pd
 
 from core.errors import InvalidArgumentError
 from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.layer_structure import moe_layers as structure_moe_layers
 from core.planning.catalog.models import MODELS
 from core.planning.catalog.weights import bits_per_quantized_param
 from core.planning.cost.fits.gauss_newton import NewtonLimits, damped_gauss_newton
+from core.planning.cost.step_model import uniform_experts_touched
 from core.planning.memory.kv_accounting import DTYPE_BITS
 
 DATA_PATH = Path(__file__).parent / "data" / "vllm_moe_kernels.csv"
@@ -191,7 +193,7 @@ def ideal_seconds(rows: pd.DataFrame, routing: str = "balanced") -> tuple[np.nda
     per_expert = 3.0 * h * i / tp * np.array([BYTES_PER_PARAM[f] for f in fmt])
     if routing == "uniform":
         e = rows["num_experts"].to_numpy(dtype=np.float64)
-        touched = e * (1.0 - (1.0 - k / e) ** n)
+        touched = e * uniform_experts_touched(n, k, e)
     else:
         touched = np.array(
             [
@@ -328,15 +330,14 @@ def measured_ms(rows: pd.DataFrame, num_tokens: float) -> float:
 
 
 def moe_layers(model_slug: str, shape: MoeShape) -> int:
-    """A preset's MoE layers: its routed-expert parameters over one layer's E x 3 h i. Raises InvalidArgumentError
-    when that is not a whole number (the shape is not the preset's)."""
+    """A preset's MoE layers (`layer_structure.moe_layers`). Raises InvalidArgumentError when its routed-expert
+    parameters are not that many layers of E x 3 h i (the shape is not the preset's)."""
+    model = MODELS[model_slug]
     h, i, _, e = shape
-    layers = MODELS[model_slug].expert_params / (e * 3 * h * i)
-    if abs(layers - round(layers)) > 1e-9 or round(layers) < 1:
-        raise InvalidArgumentError(
-            f"{model_slug}'s expert parameters are not a whole number of {shape} layers"
-        )
-    return round(layers)
+    layers = structure_moe_layers(model)
+    if layers < 1 or abs(model.expert_params / (e * 3 * h * i) - layers) > 1e-9:
+        raise InvalidArgumentError(f"{model_slug}'s expert parameters are not {layers} layers of {shape}")
+    return layers
 
 
 def step_model_expert_seconds(
