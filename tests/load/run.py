@@ -19,7 +19,7 @@ first element, kB received, exceptions, refusals (queue full), other error alert
 process tree (replicas, pool, workers, proxy); warm CPU ms per render; optionally (`--watch`) the seconds one real
 Chromium took to draw the Planner's charts during the burst.
 
-    python -m tests.load.run --sessions 20 [--distinct] [--replicas 2] [--watch [--watch-niceness 0]] [--fresh]
+    python -m tests.load.run --sessions 20 [--rounds 2] [--distinct] [--replicas 2] [--watch [--watch-niceness 0]] [--fresh]
 
 Bounded: loopback only, at most 200 sessions, every wait has a timeout. Exits 1 when a session saw an exception,
 a refusal or a transport error.
@@ -40,6 +40,7 @@ from tests.load.server import RssSampler, start_server, stop_server, tree_cpu_s
 from tests.load.watch import WATCH_NICENESS
 
 MAX_SESSIONS = 200
+MAX_ROUNDS = 10
 PAGES = ("kernels", "simulator", "planner")
 # The issue's targets for 20 sessions at once on 2 cores (server seconds at p95), warm or fresh (`target_met`)
 PLANNER_P95_S = 1.0
@@ -58,13 +59,16 @@ def edit_for(page: str, index: int, distinct: bool) -> Edit:
     return Edit(page, "context length (tokens)", 2048 + 256 * k)
 
 
-async def person(base_url: str, index: int, edits: str | None, timeout_s: float) -> tuple[list[Render], list]:
-    """One session: its three pages in turn, each edited after opening when `edits` is "same" or "distinct"."""
+async def person(
+    base_url: str, index: int, edits: str | None, timeout_s: float, rounds: int = 1
+) -> tuple[list[Render], list]:
+    """One session: its three pages in turn, `rounds` times, each edited after opening when `edits` is "same" or
+    "distinct"."""
     renders: list[Render] = []
     try:
         async with ProtocolSession(base_url, timeout_s) as session:
             order = PAGES[index % 3 :] + PAGES[: index % 3]
-            for page in order:
+            for page in order * rounds:
                 renders.append(await session.open(page))
                 if edits:
                     renders.append(await session.edit(edit_for(page, index, edits == "distinct")))
@@ -128,10 +132,11 @@ async def burst(
     watch: bool,
     timeout_s: float,
     watch_niceness: int = WATCH_NICENESS,
+    rounds: int = 1,
 ) -> dict:
     """Every session at once (and the Chromium watcher at `watch_niceness`, if asked); returns renders, errors
     and the watch."""
-    jobs = [person(base_url, i, edits, timeout_s) for i in range(sessions)]
+    jobs = [person(base_url, i, edits, timeout_s, rounds) for i in range(sessions)]
     watcher = None
     if watch:
         from tests.load.watch import watch_planner
@@ -154,7 +159,7 @@ def _percentile(values: list[float], q: int) -> float:
 
 
 def summarize(renders: list[Render]) -> dict:
-    """Per page: renders, server p50/p95/max s, first-element p50/p95 s, kB per render (median), exceptions,
+    """Per page: renders, server p50/p95/max s and the three slowest, first-element p50/p95 s, kB per render (median), exceptions,
     refusals, other error alerts (distinct texts)."""
     pages = {}
     for page in PAGES:
@@ -168,6 +173,7 @@ def summarize(renders: list[Render]) -> dict:
             "server_p50_s": round(statistics.median(server), 2),
             "server_p95_s": round(_percentile(server, 95), 2),
             "server_max_s": round(max(server), 2),
+            "server_slowest_s": [round(s, 2) for s in sorted(server, reverse=True)[:3]],
             "first_p50_s": round(statistics.median(first), 2) if first else None,
             "first_p95_s": round(_percentile(first, 95), 2) if first else None,
             "kb_p50": round(statistics.median(r.bytes for r in mine) / 1000, 1),
@@ -189,6 +195,7 @@ def run(
     env: dict[str, str] | None = None,
     timeout_s: float = 300.0,
     fresh: bool = False,
+    rounds: int = 1,
 ) -> dict:
     """Start a server, warm it, measure warm CPU per render, drive `sessions` at once, stop it; the figures.
 
@@ -197,6 +204,8 @@ def run(
     measured after the burst, so that it warms nothing before the clock."""
     if not 1 <= sessions <= MAX_SESSIONS:
         raise ValueError(f"sessions must be between 1 and {MAX_SESSIONS}, got {sessions}")
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise ValueError(f"rounds must be between 1 and {MAX_ROUNDS}, got {rounds}")
     if fresh and replicas is None:
         replicas = FRESH_REPLICAS
     load_before = os.getloadavg()[0]
@@ -218,7 +227,7 @@ def run(
             cpu = asyncio.run(warm_cpu(base_url, server.pid, cpu_renders)) if cpu_renders else {}
         started = time.perf_counter()
         cpu_before = tree_cpu_s(server.pid)
-        outcome = asyncio.run(burst(base_url, sessions, edits, watch, timeout_s, watch_niceness))
+        outcome = asyncio.run(burst(base_url, sessions, edits, watch, timeout_s, watch_niceness, rounds))
         wall = time.perf_counter() - started
         burst_cpu = tree_cpu_s(server.pid) - cpu_before
         if fresh and cpu_renders:
@@ -241,6 +250,7 @@ def run(
     return {
         "mode": "fresh" if fresh else "warm",
         "sessions": sessions,
+        "rounds": rounds,
         "edits": edits,
         "replicas": replicas,
         "startup_s": round(startup, 1),
@@ -287,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"a new team host (--replicas, default {FRESH_REPLICAS}), one warm-up pass, then the burst",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help=f"each session visits its three pages this many times (1-{MAX_ROUNDS}): more renders per p95",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one render may take")
     args = parser.parse_args(argv)
     edits = "distinct" if args.distinct else "same" if args.edit else None
@@ -299,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         args.cpu_renders,
         timeout_s=args.timeout,
         fresh=args.fresh,
+        rounds=args.rounds,
     )
     print(json.dumps(figures, indent=2))
     return 1 if figures["failure_count"] else 0

@@ -1,5 +1,6 @@
 """The protocol load test at a size that fits CI: 6 people at once on one server (each opening Kernels,
-Simulator and Planner and typing one value on each), with one real Chromium opening the Planner meanwhile.
+Simulator and Planner and typing one value on each, twice over), with one real Chromium opening the Planner
+meanwhile.
 
 The bounds are the issue's targets for 20 people, here for 6, the same on any number of cores: the protocol
 client costs ~20 ms of CPU per render, so what is measured is the server (the Chromium is one browser, not one
@@ -24,6 +25,9 @@ from tests.load.run import PAGE_P95_S as PAGE_SERVER_P95_S
 from tests.load.run import PLANNER_P95_S as PLANNER_SERVER_P95_S
 
 SESSIONS = 6
+# Each session visits its pages twice: 24 renders a page, so the p95 is not the slowest render alone (of 12 renders
+# it is mostly the slowest: one stall of the CI machine failed a run at 1.12 s where runs here measure 0.3 s)
+ROUNDS = 2
 WATCHED_PLANNER_TITLE_S = 5.0
 PEAK_RSS_BYTES = 3 * 1024**3
 
@@ -50,18 +54,23 @@ def test_six_people_at_once_get_every_page_fast_without_errors():
         if os.environ.get("CI"):
             pytest.fail(f"{CHROMIUM} is missing; .ci/run installs it")
         pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
-    figures = _load("--sessions", str(SESSIONS), "--edit", "--watch", "--cpu-renders", "1")
-    assert figures["failure_count"] == 0, figures
+    figures = _load(
+        "--sessions", str(SESSIONS), "--rounds", str(ROUNDS), "--edit", "--watch", "--cpu-renders", "1"
+    )
+    # what a failure prints: every page's figures and the machine's load, not the CPU description
+    said = {key: figures[key] for key in ("pages", "watch", "burst_wall_s", "burst_server_cpu_s", "failures")}
+    said["load_average_1m"] = (figures["load_average_1m_before"], figures["load_average_1m"])
+    assert figures["failure_count"] == 0, said
     for name, page in figures["pages"].items():
-        assert page["renders"] == 2 * SESSIONS, (name, figures)
-        assert page["charts_min"] >= 4, (name, figures)
-        assert page["errors"] == [], (name, figures)
-        assert page["server_p95_s"] <= PAGE_SERVER_P95_S, (name, figures)
-    assert figures["pages"]["planner"]["server_p95_s"] <= PLANNER_SERVER_P95_S, figures
+        assert page["renders"] == 2 * SESSIONS * ROUNDS, (name, said)
+        assert page["charts_min"] >= 4, (name, said)
+        assert page["errors"] == [], (name, said)
+        assert page["server_p95_s"] <= PAGE_SERVER_P95_S, (name, said)
+    assert figures["pages"]["planner"]["server_p95_s"] <= PLANNER_SERVER_P95_S, said
     watch = figures["watch"]
-    assert watch.get("title_s", 1e9) <= WATCHED_PLANNER_TITLE_S, figures
-    assert watch.get("charts_s", 1e9) < 600, figures  # every chart drawn (no bound: the browser's own CPU)
-    assert 0 < figures["peak_rss_bytes"] <= PEAK_RSS_BYTES, figures
+    assert watch.get("title_s", 1e9) <= WATCHED_PLANNER_TITLE_S, said
+    assert watch.get("charts_s", 1e9) < 600, said  # every chart drawn (no bound: the browser's own CPU)
+    assert 0 < figures["peak_rss_bytes"] <= PEAK_RSS_BYTES, figures["peak_rss_bytes"]
 
 
 def test_fresh_mode_starts_a_new_warmed_host_and_reports_every_page(shared_host_cache):
