@@ -179,11 +179,13 @@ TEAM_HOST_TESTS = ("tests/hosting/test_host.py", "tests/hosting/test_docker.py",
 # (~15 s), computed by test_browser_engine.py, is in that server's result cache when the offline test opens it.
 ENGINE_BROWSER_TESTS = ("tests/app/test_browser_engine.py", "tests/app/test_browser_offline.py")
 # AppTest files in one process, in this order: the SLO planner's and the Engine page's defaults (~15 s and ~10 s)
-# the page tests compute are in the process-wide job pool's cache when the hostile-URL tests open those pages.
+# the page tests compute are in the process-wide job pool's cache when the hostile-URL and widget-fuzz tests open
+# those pages (the fuzz file alone took 45 s, 17 s after the page tests).
 APP_DEFAULT_TESTS = (
     "tests/app/test_engine_chat.py",
     "tests/app/test_slo_planner_page.py",
     "tests/hosting/test_hostile_urls.py",
+    "tests/hosting/test_fuzz_pages.py",
 )
 TOGETHER = (TEAM_HOST_TESTS, ENGINE_BROWSER_TESTS, APP_DEFAULT_TESTS)  # each: one unit of work, in its order
 
