@@ -1,6 +1,7 @@
 """Fit the vLLM engine profile across models and print one JSON object: the fit, its errors per model, every row.
 
-    python -m bench.slo_published                   # the adopted fit (docs/slo.md 2c, fifth stage)
+    python -m bench.slo_published                   # the adopted fit (docs/slo.md 2c, sixth stage)
+    python -m bench.slo_published --evenly-spaced   # the fifth stage: the steady phase's clients evenly spaced
     python -m bench.slo_published --per-layer       # the third stage: a cost per layer, not per kernel
     python -m bench.slo_published --train-minimax   # the fourth stage: tried, not adopted
 
@@ -24,7 +25,10 @@ model, gpu, weight dtype, tp, ep, isl, osl, concurrency, measured / predicted tt
 errors and the set. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
 RMS <= TRAINING_TARGET (issue 40). elapsed_s: the whole run (simulations and fit).
 
---train MODELS fits the fifth stage on those models' rows, every other model held out (the same keys).
+--evenly-spaced replays each benchmark's steady phase with its clients evenly spaced over the cycle
+(`pv.EVEN_PHASES`), as the fifth stage and every stage before it were fitted, instead of at random phases (the
+sixth stage); with no other flag it reproduces the fifth stage, with one it reproduces that stage as it was fitted.
+--train MODELS fits the sixth stage on those models' rows, every other model held out (the same keys).
 --per-layer fits the third stage (THIRD_STAGE_FIT_NAMES: a fixed cost per layer, layer_overhead_s) and adds
 adopted_profile_errors; its without_term has layer_overhead_s (that cost as one fixed cost) for the two above.
 --train-minimax runs the fourth stage of docs/slo.md 2c, tried and not adopted: MiniMax-M2.5 in training
@@ -76,10 +80,11 @@ def _errors(rows: list[dict]) -> dict:
     }
 
 
-def _single_model(overrides: dict) -> dict:
+def _single_model(overrides: dict, phases=pv.PHASES) -> dict:
     """The stored profile's own split: Llama-3.1-70B's H100 rows (training) and H200 rows (held out)."""
     rows = []
-    for r in pv.comparison(overrides, [row for row in pvr.ROWS if row.model == "llama-3.1-70b"]):
+    llama = [row for row in pvr.ROWS if row.model == "llama-3.1-70b"]
+    for r in pv.comparison(overrides, llama, phases=phases):
         held = r["row"].gpu == "h200-141gb"
         rows.append(r | {"set": r["set"] if r["set"] == "kv-limited" else "held out" if held else "training"})
     return {
@@ -187,6 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the fifth stage fitted on these models (comma-separated presets of the rows) instead of "
         f"{', '.join(pvr.TRAINING_MODELS)}; every other model held out (not the saved run)",
     )
+    parser.add_argument(
+        "--evenly-spaced",
+        action="store_true",
+        help="the steady phase's clients evenly spaced over the cycle, as the fifth stage and before were fitted "
+        "(pv.EVEN_PHASES; not the saved run)",
+    )
     stage.add_argument(
         "--train-minimax",
         action="store_true",
@@ -200,30 +211,38 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     started = time.perf_counter()
     load_before = os.getloadavg()
+    phases = pv.EVEN_PHASES if args.evenly_spaced else pv.PHASES
     if args.train_minimax:
         training, stage = pvr.FOURTH_STAGE_TRAINING_MODELS, "fourth (tried, not adopted: docs/slo.md 2c)"
         fitted = pv.fit_vllm(
-            pvr.training_rows(training), names=pv.FOURTH_STAGE_FIT_NAMES, start=pv.FOURTH_STAGE_START
+            pvr.training_rows(training),
+            names=pv.FOURTH_STAGE_FIT_NAMES,
+            start=pv.FOURTH_STAGE_START,
+            phases=phases,
         )
     elif args.train:
-        training, stage = args.train, f"fifth, trained on {', '.join(args.train)} (not the saved run)"
-        fitted = pv.fit_vllm(pvr.training_rows(training))
+        training, stage = args.train, f"sixth, trained on {', '.join(args.train)} (not the saved run)"
+        fitted = pv.fit_vllm(pvr.training_rows(training), phases=phases)
     elif args.per_layer:
         training, stage = pvr.TRAINING_MODELS, "third (a cost per layer; adopted before the fifth)"
-        fitted = pv.fit_vllm(names=pv.THIRD_STAGE_FIT_NAMES)
+        fitted = pv.fit_vllm(names=pv.THIRD_STAGE_FIT_NAMES, phases=phases)
     else:
-        training, stage = pvr.TRAINING_MODELS, "fifth (adopted: VLLM_CROSS_MODEL_PROFILE)"
-        fitted = pv.fit_vllm()
+        training, stage = pvr.TRAINING_MODELS, "sixth (adopted: VLLM_CROSS_MODEL_PROFILE)"
+        if args.evenly_spaced:
+            stage = "fifth (adopted before the sixth's random phases)"
+        fitted = pv.fit_vllm(phases=phases)
+    if args.evenly_spaced and not stage.startswith("fifth"):
+        stage += ", the steady phase evenly spaced"
 
     def compare(overrides: dict) -> list[dict]:
-        return pv.comparison(overrides, training_models=training)
+        return pv.comparison(overrides, training_models=training, phases=phases)
 
     held_out = [m for m in dict.fromkeys(r.model for r in pvr.ROWS) if m not in training]
     rows = compare(fitted)
     stored = _errors(compare(VLLM_STEP_DEFAULTS))
     baseline = _errors(compare(engine_step_defaults("trtllm")))
     errors = _errors(rows)
-    single = _single_model(VLLM_STEP_DEFAULTS), _single_model(engine_step_defaults("trtllm"))
+    single = _single_model(VLLM_STEP_DEFAULTS, phases), _single_model(engine_step_defaults("trtllm"), phases)
     terms = {name: _errors(compare(overrides)) for name, overrides in _ablations(fitted).items()}
     adopted = (
         {"adopted_profile_errors": _errors(compare(VLLM_CROSS_MODEL_PROFILE))}

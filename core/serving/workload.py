@@ -78,13 +78,26 @@ DATASETS = {
 }
 
 
-def out_of_phase_outputs(clients: int, output_len: int) -> list[int]:
+def out_of_phase_outputs(clients: int, output_len: int, seed: int = 0) -> list[int]:
     """Output lengths for the first round of a closed loop of `clients` clients at a fixed output length, so that
     the clients run out of phase from their second request on, as a real server's clients drift apart (with
     fixed lengths and a synchronized start a simulated loop stays in lockstep for ever, every round a
-    synchronized start): client i's first output is (i + 1) / clients x output_len tokens, at least 2 (a TPOT
-    needs two tokens) and at most output_len. The runs that use it measure only requests after that round
-    (docs/slo.md 2b: the vLLM profile's benchmark replay; `predict --concurrency`)."""
+    synchronized start). Client i's first output is drawn uniformly from 2 to output_len tokens (a TPOT needs
+    two; `seed`: the draw), so each client's later requests arrive at an independent, uniformly random phase of
+    the cycle: clients that drifted apart collide with each other's prefills as often as chance has it.
+    `evenly_spaced_outputs` is the one arrangement in which they never do, the best case. The runs that use it
+    measure only requests after that round (docs/slo.md 2b: the vLLM profile's benchmark replay; `predict
+    --concurrency`)."""
+    if output_len < 2:
+        return [output_len] * clients
+    rng = np.random.default_rng(seed)
+    return [int(n) for n in rng.integers(2, output_len + 1, clients)]
+
+
+def evenly_spaced_outputs(clients: int, output_len: int) -> list[int]:
+    """The first round's outputs evenly spaced over the cycle (client i's is (i + 1) / clients x output_len
+    tokens, at least 2, at most output_len): clients exactly 1 / clients of a cycle apart, whose prefills never
+    queue behind each other's. What `out_of_phase_outputs` did before the random phases (docs/slo.md 2c)."""
     return [min(output_len, max(2, round((i + 1) * output_len / clients))) for i in range(clients)]
 
 

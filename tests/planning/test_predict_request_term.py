@@ -111,9 +111,9 @@ CHEAP = SteadyStateSettings(
 )
 
 
-# predict --concurrency's mean |error| on every held-out row of a model (docs/slo.md 2c, the fifth stage's
+# predict --concurrency's mean |error| on every held-out row of a model (docs/slo.md 2c, the sixth stage's
 # profile): Kimi-K2.5 (the held-out model within the bench's 0.25) TTFT 0.43 / TPOT 0.07, Qwen3-235B-A22B
-# 0.38 / 0.31; every TTFT under-predicted. MiniMax-M2.5 (97 rows, not run here: ~25 s) 0.52 / 0.10.
+# 0.38 / 0.31; TTFT under-predicted on 42 of 45 and 32 of 32. MiniMax-M2.5 (97 rows, not run here: ~25 s) 0.52 / 0.10.
 NOT_MET = "issue 40's check not met (docs/slo.md 2c): predict --concurrency under-predicts TTFT (mean |error| 0.38-0.43)"
 
 

@@ -25,9 +25,9 @@ balancer does) sending each arrival to one of them, one steady-state estimate ov
 percentiles, throughput and prefix hit rate) and a breakdown per replica (`Prediction.per_replica`). A closed
 loop (concurrency) keeps its clients pinned, ceil(clients / replicas) to each replica, and simulates one of them
 (throughput replicas x one replica's); so does a single replica, whatever the routing.
-A closed loop at fixed lengths starts with its first round's outputs staggered
-(`core.serving.workload.out_of_phase_outputs`), so its clients run out of phase as a real server's do, not in
-lockstep. An engine profile with a request-side term ("vllm-cross-model"; `Deployment.request_overhead_s`) adds
+A closed loop at fixed lengths starts with its first round's outputs drawn at random
+(`core.serving.workload.out_of_phase_outputs`, `Load.seed`), so its clients run out of phase, each at a random
+phase of the cycle, as a real server's do, not in lockstep. An engine profile with a request-side term ("vllm-cross-model"; `Deployment.request_overhead_s`) adds
 to each request's TTFT and E2E what it spends outside the steps (`add_request_side`, the definition the profile's
 fit replays: docs/slo.md 2c).
 
@@ -211,11 +211,12 @@ def replica_steady_state(
 
 
 def _out_of_phase(load: Load) -> Callable[[int], list]:
-    """`load.requests` with the first round's outputs staggered (`core.serving.workload.out_of_phase_outputs`): a
-    closed loop at fixed lengths then runs with its clients out of phase, as a real server's drift apart and as
-    the vLLM profile's fit replays its benchmarks, instead of in lockstep (the steady state's warm-up, which is
-    at least one request per client, drops the staggered round)."""
-    first = out_of_phase_outputs(load.concurrency, load.output_len)
+    """`load.requests` with the first round's outputs drawn at random (`core.serving.workload.out_of_phase_outputs`,
+    seeded by `load.seed`): a closed loop at fixed lengths then runs with its clients out of phase, each at a
+    random phase of the cycle, as a real server's drift apart and as the vLLM profile's fit replays its
+    benchmarks, instead of in lockstep (the steady state's warm-up, which is at least one request per client,
+    drops that round)."""
+    first = out_of_phase_outputs(load.concurrency, load.output_len, load.seed)
 
     def requests(count: int) -> list:
         drawn = load.requests(count)

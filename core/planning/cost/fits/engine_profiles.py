@@ -38,18 +38,20 @@ VLLM_STEP_DEFAULTS = {
 # Fitted by core.planning.cost.fits.published_vllm.fit_vllm across models (published_vllm.FIT_NAMES, FIXED held):
 # every row of Llama-3.1-70B FP8, Qwen3-32B bf16 and gpt-oss-120b MXFP4 (H100 / H200 SXM) but the KV-limited ones;
 # Llama-3.1-8B, Qwen3-235B-A22B, MiniMax-M2.5 and Kimi-K2.5 held out whole. bench/slo_published.py recomputes it
-# (docs/slo.md 2c, fifth stage: a fixed cost per kernel, `core.planning.cost.layer_kernels`): RMS relative error
-# 0.201 on the training rows, held out Kimi-K2.5 0.223, Qwen3-235B-A22B 0.282, MiniMax-M2.5 0.322, Llama-3.1-8B
-# 1.429. (The third stage's cost per layer and the fourth stage's experts per weight format: docs/slo.md 2c.)
+# (docs/slo.md 2c, sixth stage: a fixed cost per kernel, `core.planning.cost.layer_kernels`, each benchmark's
+# steady phase with its clients at random phases, `core.serving.workload.out_of_phase_outputs`): RMS relative
+# error 0.195 on the training rows, held out Kimi-K2.5 0.222, Qwen3-235B-A22B 0.281, MiniMax-M2.5 0.322,
+# Llama-3.1-8B 1.427. (The third stage's cost per layer, the fourth stage's experts per weight format and the
+# fifth stage's evenly spaced clients: docs/slo.md 2c.)
 VLLM_CROSS_MODEL_PROFILE = {
     "bandwidth_efficiency": 1.0,
     "overhead_s": 0.0,
     "per_token_overhead_s": 0.0,
-    "flops_efficiency": 0.34829499433377104,
-    "kernel_overhead_s": 5.942455696396317e-06,
-    "expert_flops_efficiency": 0.13552742198762616,
-    "expert_bandwidth_efficiency": 0.7584516631615594,
-    REQUEST_TERM: 0.029422337247286125,
+    "flops_efficiency": 0.35603382533943095,
+    "kernel_overhead_s": 5.973672630462832e-06,
+    "expert_flops_efficiency": 0.13605466775572186,
+    "expert_bandwidth_efficiency": 0.7614829512349153,
+    REQUEST_TERM: 0.029267939474979115,
 }
 
 

@@ -12,8 +12,9 @@ sends 20 x C requests at concurrency C), the mean over all of them. Two phases m
   prefill budget, so TTFT grows with C);
 - "steady": the rounds after, in the steady state of clients out of phase (a real server's clients drift apart;
   the simulator's, with fixed lengths, would stay in lockstep forever, every round a synchronized start): the
-  first round's outputs are staggered ((i + 1) / C x OSL tokens for client i), the next WARMUP_ROUNDS x C
-  requests dropped, the next MEASURED_ROUNDS x C measured.
+  first round's outputs drawn uniformly from 2..OSL tokens (`out_of_phase_outputs`, seed PHASE_SEED), so each
+  client runs at a random phase of the cycle, the next WARMUP_ROUNDS x C requests dropped, the next
+  MEASURED_ROUNDS x C measured.
 mean = (first + (BENCHMARK_ROUNDS - 1) x steady) / BENCHMARK_ROUNDS, for TTFT and for TPOT.
 
 Why the fit is fast: in a closed loop a request arrives the moment another finishes, i.e. at the end of a step,
@@ -65,12 +66,17 @@ from core.serving.latency import request_side_seconds
 from core.serving.memory_policies import paged
 from core.serving.sim_config import SimulatorConfig
 from core.serving.simulator import simulate
-from core.serving.workload import Request, out_of_phase_outputs
+from core.serving.workload import Request, evenly_spaced_outputs, out_of_phase_outputs
 
 WARMUP_ROUNDS = 2
 MEASURED_ROUNDS = 2
 BENCHMARK_ROUNDS = 20
+# The seed of the steady phase's random phases (docs/slo.md 2c, the sixth stage: seeds 0-2 fit within 0.001)
+PHASE_SEED = 0
 PHASES = ("first", "steady")
+# The benchmark mean as the fifth stage and before were fitted (docs/slo.md 2c): the steady phase's clients evenly
+# spaced over the cycle (`evenly_spaced_outputs`), so their prefills never queue behind each other's.
+EVEN_PHASES = ("first", "steady-even")
 AIPERF_DATASET_ENTRIES = 100  # aiperf's default --num-dataset-entries
 AIPERF_SEED = 100  # the --random-seed of aiconfigurator's generated benchmark script
 # The cross-model profile (issue 40): one FLOP/s efficiency for dense GEMMs, one for routed-expert GEMMs, a
@@ -162,9 +168,10 @@ def pool_draws(count: int, pool: int, seed: int = AIPERF_SEED) -> list[int]:
 def _run(row: VllmRow, step, phase: str, prompt_pool: int | None = None):
     """The closed-loop simulation of `row` priced by `step` (a StepTimeModel or anything with its interface) and
     the requests it measures: phase "first" runs one round from a synchronized start (every client sends at 0)
-    and measures it; phase "steady" staggers the first round (client i's first output is (i + 1) / C x OSL
-    tokens, so the clients are out of phase as a real server's drift apart) and measures requests
-    WARMUP_ROUNDS x C to (WARMUP_ROUNDS + MEASURED_ROUNDS) x C.
+    and measures it; phase "steady" draws the first round's outputs (`out_of_phase_outputs`: each client at a
+    random phase of the cycle, as a real server's clients drift apart) and measures requests
+    WARMUP_ROUNDS x C to (WARMUP_ROUNDS + MEASURED_ROUNDS) x C; "steady-even" likewise with the clients evenly
+    spaced (`evenly_spaced_outputs`: EVEN_PHASES, the fifth stage's replay).
 
     prompt_pool: None, every prompt unique (the profile's assumption); or N, the prompts drawn from N distinct
     ones (`pool_draws`) and served with vLLM's prefix caching, so a prompt still cached is not prefilled again
@@ -175,7 +182,8 @@ def _run(row: VllmRow, step, phase: str, prompt_pool: int | None = None):
         lengths = [row.osl] * (2 * c)
     else:
         start, end = WARMUP_ROUNDS * c, (WARMUP_ROUNDS + MEASURED_ROUNDS) * c
-        lengths = out_of_phase_outputs(c, row.osl) + [row.osl] * end
+        spread = evenly_spaced_outputs(c, row.osl) if phase == "steady-even" else None
+        lengths = (spread or out_of_phase_outputs(c, row.osl, PHASE_SEED)) + [row.osl] * end
     if prompt_pool is None:
         requests = [Request(i, 0.0, row.isl, n) for i, n in enumerate(lengths)]
         policy = paged(BLOCK_SIZE, counted=True)
@@ -211,12 +219,14 @@ def benchmark_mean(first: tuple[float, float], steady: tuple[float, float]) -> t
     return tuple(weight * f + (1.0 - weight) * s for f, s in zip(first, steady, strict=True))
 
 
-def predict_row(row: VllmRow, overrides: dict, prompt_pool: int | None = None) -> tuple[float, float]:
+def predict_row(
+    row: VllmRow, overrides: dict, prompt_pool: int | None = None, phases=PHASES
+) -> tuple[float, float]:
     """(mean TTFT, mean TPOT) in seconds that `row`'s benchmark would measure, simulated with these parameters
-    (prompt_pool: `_run`'s)."""
+    (prompt_pool: `_run`'s; phases: PHASES or EVEN_PHASES)."""
     step = step_model(row, overrides)
     means = []
-    for phase in PHASES:
+    for phase in phases:
         result, measured = _run(row, step, phase, prompt_pool)
         edges = np.concatenate([[0.0], result.steps["time_s"].to_numpy(np.float64)])
         arrival = _step_index(edges, measured["arrival_time"].to_numpy(np.float64))
@@ -279,16 +289,19 @@ class RowReplay:
 
     def __init__(self, row: VllmRow):
         self.row = row
-        self.phases = {phase: _record(row, phase) for phase in PHASES}
+        self.phases: dict = {}  # phase -> its recording, made the first time it is priced
 
-    def latencies(self, overrides: dict) -> tuple[float, float]:
-        """(mean TTFT, mean TPOT) in seconds, as `predict_row` computes them, with these parameters."""
-        return benchmark_mean(*(self.phase_latencies(overrides, p) for p in PHASES))
+    def latencies(self, overrides: dict, phases=PHASES) -> tuple[float, float]:
+        """(mean TTFT, mean TPOT) in seconds, as `predict_row` computes them, with these parameters (phases:
+        PHASES or EVEN_PHASES)."""
+        return benchmark_mean(*(self.phase_latencies(overrides, p) for p in phases))
 
     def phase_latencies(self, overrides: dict, phase: str) -> tuple[float, float]:
-        """(mean TTFT, mean TPOT) in seconds of one phase ("first" or "steady") with these parameters; "steady" is
-        what `predict --concurrency` estimates (a steady state of clients out of phase)."""
+        """(mean TTFT, mean TPOT) in seconds of one phase ("first", "steady" or "steady-even") with these
+        parameters; "steady" is what `predict --concurrency` estimates (a steady state of clients out of phase)."""
         step = step_model(self.row, overrides)
+        if phase not in self.phases:
+            self.phases[phase] = _record(self.row, phase)
         loads, (arrival, first, finish) = self.phases[phase]
         durations = step.step_time(*loads[:3], output_tokens=loads[3], prefill=PrefillLoad(*loads[4:]))
         clock = np.concatenate([[0.0], np.cumsum(durations)])
@@ -324,19 +337,22 @@ def replay(row: VllmRow) -> RowReplay:
     return RowReplay(row)
 
 
-def _log_errors(x: np.ndarray, rows, names=FIT_NAMES, fixed=None) -> np.ndarray:
+def _log_errors(x: np.ndarray, rows, names=FIT_NAMES, fixed=None, phases=PHASES) -> np.ndarray:
     overrides = dict(fixed or {}) | dict(zip(names, np.exp(x), strict=True))
     out = []
     for row in rows:
-        ttft, tpot = replay(row).latencies(overrides)
+        ttft, tpot = replay(row).latencies(overrides, phases)
         out += [math.log(ttft / row.ttft_s), math.log(tpot / row.tpot_s)]
     return np.array(out)
 
 
-def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED, start=START) -> dict:
+def fit_vllm(
+    rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED, start=START, phases=PHASES
+) -> dict:
     """FIT_NAMES minimising sum(log(predicted / measured)^2) over mean TTFT and mean TPOT of `rows` (default: the
     training rows), by damped Gauss-Newton on their logs from `start` (finite-difference Jacobians, the
-    efficiencies held in (0, 1], the overheads > 0 by the log)."""
+    efficiencies held in (0, 1], the overheads > 0 by the log); the benchmark mean of `phases` (PHASES, or
+    EVEN_PHASES as the fifth stage was fitted)."""
     rows = training_rows() if rows is None else list(rows)
     upper = np.array(
         [
@@ -346,7 +362,7 @@ def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED, star
     )
 
     def residual(x: np.ndarray) -> np.ndarray:
-        return _log_errors(x, rows, names, fixed)
+        return _log_errors(x, rows, names, fixed, phases)
 
     def jacobian(x: np.ndarray, r: np.ndarray) -> np.ndarray:
         jac = np.empty((len(r), len(x)))
@@ -361,13 +377,13 @@ def fit_vllm(rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED, star
     return dict(fixed or {}) | dict(zip(names, (float(v) for v in np.exp(x)), strict=True))
 
 
-def comparison(overrides: dict, rows=None, training_models=TRAINING_MODELS) -> list[dict]:
+def comparison(overrides: dict, rows=None, training_models=TRAINING_MODELS, phases=PHASES) -> list[dict]:
     """One dict per row of `rows` (default ROWS): the row, measured and predicted mean TTFT / TPOT (seconds), their
     relative errors (predicted / measured - 1) and the set ("training", "held out", "kv-limited"; training: the
-    rows of `training_models`)."""
+    rows of `training_models`); the benchmark mean of `phases` (PHASES or EVEN_PHASES)."""
     out = []
     for row in ROWS if rows is None else rows:
-        ttft, tpot = replay(row).latencies(overrides)
+        ttft, tpot = replay(row).latencies(overrides, phases)
         out.append(
             {
                 "row": row,
