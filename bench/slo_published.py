@@ -192,26 +192,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="the fifth stage fitted on these models (comma-separated presets of the rows) instead of "
         f"{', '.join(pvr.TRAINING_MODELS)}; every other model held out (not the saved run)",
     )
-    parser.add_argument(
-        "--evenly-spaced",
-        action="store_true",
-        help="the steady phase's clients evenly spaced over the cycle, as the fifth stage and before were fitted "
-        "(pv.EVEN_PHASES; not the saved run)",
-    )
     stage.add_argument(
         "--train-minimax",
         action="store_true",
         help="the fourth stage of docs/slo.md 2c, tried and not adopted: MiniMax-M2.5 in training and the "
         "routed experts' efficiencies per expert weight format (not the saved run)",
     )
+    parser.add_argument(
+        "--evenly-spaced",
+        action="store_true",
+        help="the steady phase's clients evenly spaced over the cycle, as the fifth stage and before were fitted "
+        "(pv.EVEN_PHASES; not the saved run)",
+    )
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    started = time.perf_counter()
-    load_before = os.getloadavg()
-    phases = pv.EVEN_PHASES if args.evenly_spaced else pv.PHASES
+def _fit_stage(args, phases) -> tuple[tuple[str, ...], str, dict]:
+    """(training models, stage label, fitted values) of the stage the flags ask for, its benchmark replayed with
+    `phases`."""
     if args.train_minimax:
         training, stage = pvr.FOURTH_STAGE_TRAINING_MODELS, "fourth (tried, not adopted: docs/slo.md 2c)"
         fitted = pv.fit_vllm(
@@ -226,13 +224,21 @@ def main(argv: list[str] | None = None) -> None:
     elif args.per_layer:
         training, stage = pvr.TRAINING_MODELS, "third (a cost per layer; adopted before the fifth)"
         fitted = pv.fit_vllm(names=pv.THIRD_STAGE_FIT_NAMES, phases=phases)
-    else:
-        training, stage = pvr.TRAINING_MODELS, "sixth (adopted: VLLM_CROSS_MODEL_PROFILE)"
-        if args.evenly_spaced:
-            stage = "fifth (adopted before the sixth's random phases)"
-        fitted = pv.fit_vllm(phases=phases)
-    if args.evenly_spaced and not stage.startswith("fifth"):
+    else:  # the adopted stage, or with --evenly-spaced the fifth, which was fitted so
+        fifth = "fifth (adopted before the sixth's random phases)"
+        stage = fifth if args.evenly_spaced else "sixth (adopted: VLLM_CROSS_MODEL_PROFILE)"
+        return pvr.TRAINING_MODELS, stage, pv.fit_vllm(phases=phases)
+    if args.evenly_spaced:
         stage += ", the steady phase evenly spaced"
+    return training, stage, fitted
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    phases = pv.EVEN_PHASES if args.evenly_spaced else pv.PHASES
+    training, stage, fitted = _fit_stage(args, phases)
 
     def compare(overrides: dict) -> list[dict]:
         return pv.comparison(overrides, training_models=training, phases=phases)

@@ -185,6 +185,12 @@ def summarize(renders: list[Render]) -> dict:
     return pages
 
 
+def target_met(pages: dict) -> bool:
+    """The issue's latency targets on `summarize`'s pages: Planner p95 <= PLANNER_P95_S, every page's <= PAGE_P95_S."""
+    planner = pages.get("planner", {}).get("server_p95_s", PLANNER_P95_S + 1)
+    return planner <= PLANNER_P95_S and all(page["server_p95_s"] <= PAGE_P95_S for page in pages.values())
+
+
 def run(
     sessions: int,
     edits: str | None = None,
@@ -202,10 +208,9 @@ def run(
     `fresh`: the team host (`replicas`, default FRESH_REPLICAS) as a team's first morning finds it: once it says
     ready, one session opens each page at its defaults (`warm_once`), then the burst; warm CPU per render is
     measured after the burst, so that it warms nothing before the clock."""
-    if not 1 <= sessions <= MAX_SESSIONS:
-        raise ValueError(f"sessions must be between 1 and {MAX_SESSIONS}, got {sessions}")
-    if not 1 <= rounds <= MAX_ROUNDS:
-        raise ValueError(f"rounds must be between 1 and {MAX_ROUNDS}, got {rounds}")
+    for name, value, most in (("sessions", sessions, MAX_SESSIONS), ("rounds", rounds, MAX_ROUNDS)):
+        if not 1 <= value <= most:
+            raise ValueError(f"{name} must be between 1 and {most}, got {value}")
     if fresh and replicas is None:
         replicas = FRESH_REPLICAS
     load_before = os.getloadavg()[0]
@@ -242,11 +247,7 @@ def run(
         for r in renders
         if r.exceptions or r.refusals
     ]
-    met = (
-        not failures
-        and pages.get("planner", {}).get("server_p95_s", PLANNER_P95_S + 1) <= PLANNER_P95_S
-        and all(page["server_p95_s"] <= PAGE_P95_S for page in pages.values())
-    )
+    met = not failures and target_met(pages)
     return {
         "mode": "fresh" if fresh else "warm",
         "sessions": sessions,

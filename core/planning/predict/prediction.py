@@ -27,9 +27,9 @@ loop (concurrency) keeps its clients pinned, ceil(clients / replicas) to each re
 (throughput replicas x one replica's); so does a single replica, whatever the routing.
 A closed loop at fixed lengths starts with its first round's outputs drawn at random
 (`core.serving.workload.out_of_phase_outputs`, `Load.seed`), so its clients run out of phase, each at a random
-phase of the cycle, as a real server's do, not in lockstep. An engine profile with a request-side term ("vllm-cross-model"; `Deployment.request_overhead_s`) adds
-to each request's TTFT and E2E what it spends outside the steps (`add_request_side`, the definition the profile's
-fit replays: docs/slo.md 2c).
+phase of the cycle, as a real server's do, not in lockstep. An engine profile with a request-side term
+("vllm-cross-model"; `Deployment.request_overhead_s`) adds to each request's TTFT and E2E what it spends outside
+the steps (`add_request_side`, the definition the profile's fit replays: docs/slo.md 2c).
 
 A MoE model served with data-parallel attention (`Deployment.data_parallel` D, vLLM's `--data-parallel-size`)
 runs D DP ranks per replica, each its own scheduler, requests and KV cache (`Deployment.ranks` = replicas x D
