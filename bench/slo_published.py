@@ -1,7 +1,8 @@
 """Fit the vLLM engine profile across models and print one JSON object: the fit, its errors per model, every row.
 
-    python -m bench.slo_published                   # the adopted fit (docs/slo.md 2c, sixth stage)
-    python -m bench.slo_published --evenly-spaced   # the fifth stage: the steady phase's clients evenly spaced
+    python -m bench.slo_published                   # the adopted fit (docs/slo.md 2c, seventh stage)
+    python -m bench.slo_published --benchmark-rounds 20   # the sixth stage: benchmarks of 20 rounds
+    python -m bench.slo_published --evenly-spaced --benchmark-rounds 20   # the fifth stage
     python -m bench.slo_published --per-layer       # the third stage: a cost per layer, not per kernel
     python -m bench.slo_published --train-minimax   # the fourth stage: tried, not adopted
 
@@ -20,15 +21,21 @@ with one term of the cross-model profile switched off at the fitted values, the 
 kernel_overhead_s (one fixed cost, Llama-3.1-70B's step, for every model) and kernel_counts (every layer counted
 as a Llama layer's kernels), and mla_attention: MLA's two attention paths priced as one, as before them (Kimi-K2.5
 only moves; which term moved which error);
-single_model: the stored profile on its own split (Llama-3.1-70B, H100 training, H200 held out); and per row:
+single_model: the stored profile and the TensorRT-LLM one on the stored profile's own split (Llama-3.1-70B, H100
+training, H200 held out), replayed as benchmarks of 20 rounds as its figures are stated, and at_this_benchmark, the
+same replayed as this run's benchmark; benchmark: how each row's benchmark is replayed ({"rounds", "steady"}); and
+per row:
 model, gpu, weight dtype, tp, ep, isl, osl, concurrency, measured / predicted ttft and tpot (seconds), their
 errors and the set. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
 RMS <= TRAINING_TARGET (issue 40). elapsed_s: the whole run (simulations and fit).
 
---evenly-spaced replays each benchmark's steady phase with its clients evenly spaced over the cycle
-(`pv.EVEN_PHASES`), as the fifth stage and every stage before it were fitted, instead of at random phases (the
-sixth stage); with no other flag it reproduces the fifth stage, with one it reproduces that stage as it was fitted.
---train MODELS fits the sixth stage on those models' rows, every other model held out (the same keys).
+--benchmark-rounds N replays each row's benchmark as N rounds of C requests (`pv.Benchmark`; default
+pv.BENCHMARK_ROUNDS, 10, the seventh stage; 20 as every stage before it was fitted). --evenly-spaced replays its
+steady phase with the clients evenly spaced over the cycle, as the fifth stage and every stage before it were
+fitted, instead of at random phases (the sixth stage on); with --benchmark-rounds 20 and no other flag it
+reproduces the fifth stage. rounds_scan: the adopted fit redone with each round count the source documents
+(ROUNDS_SCAN: 10, 20, 50), its training and held-out errors (the saved run only, i.e. with no flag).
+--train MODELS fits the adopted stage on those models' rows, every other model held out (the same keys).
 --per-layer fits the third stage (THIRD_STAGE_FIT_NAMES: a fixed cost per layer, layer_overhead_s) and adds
 adopted_profile_errors; its without_term has layer_overhead_s (that cost as one fixed cost) for the two above.
 --train-minimax runs the fourth stage of docs/slo.md 2c, tried and not adopted: MiniMax-M2.5 in training
@@ -57,6 +64,8 @@ from core.planning.cost.fits.engine_profiles import (
 )
 
 TARGET = 0.25  # each held-out model's rms_rel_err (issue 40)
+# The benchmark lengths the source documents, in rounds of C requests (pv.BENCHMARK_ROUNDS' comment)
+ROUNDS_SCAN = (10, 20, 50)
 TRAINING_TARGET = 0.20
 
 
@@ -80,11 +89,11 @@ def _errors(rows: list[dict]) -> dict:
     }
 
 
-def _single_model(overrides: dict, phases=pv.PHASES) -> dict:
+def _single_model(overrides: dict, benchmark: pv.Benchmark) -> dict:
     """The stored profile's own split: Llama-3.1-70B's H100 rows (training) and H200 rows (held out)."""
     rows = []
     llama = [row for row in pvr.ROWS if row.model == "llama-3.1-70b"]
-    for r in pv.comparison(overrides, llama, phases=phases):
+    for r in pv.comparison(overrides, llama, benchmark=benchmark):
         held = r["row"].gpu == "h200-141gb"
         rows.append(r | {"set": r["set"] if r["set"] == "kv-limited" else "held out" if held else "training"})
     return {
@@ -202,34 +211,86 @@ def build_parser() -> argparse.ArgumentParser:
         "--evenly-spaced",
         action="store_true",
         help="the steady phase's clients evenly spaced over the cycle, as the fifth stage and before were fitted "
-        "(pv.EVEN_PHASES; not the saved run)",
+        "(not the saved run)",
+    )
+    parser.add_argument(
+        "--benchmark-rounds",
+        type=_rounds,
+        default=pv.BENCHMARK_ROUNDS,
+        metavar="N",
+        help=f"each row's benchmark as N rounds of C requests (default {pv.BENCHMARK_ROUNDS}, the seventh stage; "
+        "20 as the stages before it were fitted; another value is not the saved run)",
     )
     return parser
 
 
-def _fit_stage(args, phases) -> tuple[tuple[str, ...], str, dict]:
-    """(training models, stage label, fitted values) of the stage the flags ask for, its benchmark replayed with
-    `phases`."""
+def _rounds(text: str) -> int:
+    try:
+        rounds = int(text)
+    except ValueError:
+        rounds = 0
+    if rounds < 1:
+        raise argparse.ArgumentTypeError(
+            f"--benchmark-rounds takes a whole number of rounds >= 1, got {text!r}"
+        )
+    return rounds
+
+
+def _adopted_label(benchmark: pv.Benchmark) -> str:
+    """The stage that the adopted fit's names with this benchmark are."""
+    if benchmark == pv.BENCHMARK:
+        return "seventh (adopted: VLLM_CROSS_MODEL_PROFILE)"
+    if benchmark == pv.SIXTH_STAGE_BENCHMARK:
+        return "sixth (adopted before the seventh's benchmarks of 10 rounds)"
+    if benchmark == pv.FIFTH_STAGE_BENCHMARK:
+        return "fifth (adopted before the sixth's random phases)"
+    return f"seventh with {_benchmark_words(benchmark)} (not the saved run)"
+
+
+def _benchmark_words(benchmark: pv.Benchmark) -> str:
+    even = ", the steady phase evenly spaced" if benchmark.steady == "steady-even" else ""
+    return f"benchmarks of {benchmark.rounds} rounds{even}"
+
+
+def _rounds_scan(training: tuple[str, ...]) -> dict:
+    """The adopted fit redone with each round count the source documents (ROUNDS_SCAN): {rounds: fitted
+    flops_efficiency, training RMS and each held-out model's rms_rel_err}."""
+    out = {}
+    for rounds in ROUNDS_SCAN:
+        benchmark = pv.Benchmark(rounds)
+        fitted = pv.fit_vllm(benchmark=benchmark)
+        errors = _errors(pv.comparison(fitted, training_models=training, benchmark=benchmark))
+        out[str(rounds)] = {
+            "flops_efficiency": fitted["flops_efficiency"],
+            "training_rms_rel_err": errors["training_rms_rel_err"],
+            "heldout_rms_rel_err_by_model": {
+                m: e["rms_rel_err"] for m, e in errors["heldout_by_model"].items()
+            },
+        }
+    return out
+
+
+def _fit_stage(args, benchmark: pv.Benchmark) -> tuple[tuple[str, ...], str, dict]:
+    """(training models, stage label, fitted values) of the stage the flags ask for, each row's benchmark
+    replayed as `benchmark`."""
     if args.train_minimax:
         training, stage = pvr.FOURTH_STAGE_TRAINING_MODELS, "fourth (tried, not adopted: docs/slo.md 2c)"
         fitted = pv.fit_vllm(
             pvr.training_rows(training),
             names=pv.FOURTH_STAGE_FIT_NAMES,
             start=pv.FOURTH_STAGE_START,
-            phases=phases,
+            benchmark=benchmark,
         )
     elif args.train:
-        training, stage = args.train, f"sixth, trained on {', '.join(args.train)} (not the saved run)"
-        fitted = pv.fit_vllm(pvr.training_rows(training), phases=phases)
+        training, stage = args.train, f"seventh, trained on {', '.join(args.train)} (not the saved run)"
+        fitted = pv.fit_vllm(pvr.training_rows(training), benchmark=benchmark)
     elif args.per_layer:
         training, stage = pvr.TRAINING_MODELS, "third (a cost per layer; adopted before the fifth)"
-        fitted = pv.fit_vllm(names=pv.THIRD_STAGE_FIT_NAMES, phases=phases)
-    else:  # the adopted stage, or with --evenly-spaced the fifth, which was fitted so
-        fifth = "fifth (adopted before the sixth's random phases)"
-        stage = fifth if args.evenly_spaced else "sixth (adopted: VLLM_CROSS_MODEL_PROFILE)"
-        return pvr.TRAINING_MODELS, stage, pv.fit_vllm(phases=phases)
-    if args.evenly_spaced:
-        stage += ", the steady phase evenly spaced"
+        fitted = pv.fit_vllm(names=pv.THIRD_STAGE_FIT_NAMES, benchmark=benchmark)
+    else:  # the adopted stage, or as the sixth / fifth stage was fitted
+        return pvr.TRAINING_MODELS, _adopted_label(benchmark), pv.fit_vllm(benchmark=benchmark)
+    if benchmark != pv.BENCHMARK:
+        stage += f", {_benchmark_words(benchmark)}"
     return training, stage, fitted
 
 
@@ -237,24 +298,34 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     started = time.perf_counter()
     load_before = os.getloadavg()
-    phases = pv.EVEN_PHASES if args.evenly_spaced else pv.PHASES
-    training, stage, fitted = _fit_stage(args, phases)
+    benchmark = pv.Benchmark(args.benchmark_rounds, "steady-even" if args.evenly_spaced else "steady")
+    training, stage, fitted = _fit_stage(args, benchmark)
 
     def compare(overrides: dict) -> list[dict]:
-        return pv.comparison(overrides, training_models=training, phases=phases)
+        return pv.comparison(overrides, training_models=training, benchmark=benchmark)
 
     held_out = [m for m in dict.fromkeys(r.model for r in pvr.ROWS) if m not in training]
     rows = compare(fitted)
     stored = _errors(compare(VLLM_STEP_DEFAULTS))
     baseline = _errors(compare(engine_step_defaults("trtllm")))
     errors = _errors(rows)
-    single = _single_model(VLLM_STEP_DEFAULTS, phases), _single_model(engine_step_defaults("trtllm"), phases)
+    # the stored profile as its figures are stated: benchmarks of 20 rounds (the replay before the seventh stage)
+    sixth = pv.SIXTH_STAGE_BENCHMARK
+    single = {
+        rounds: (
+            _single_model(VLLM_STEP_DEFAULTS, replayed),
+            _single_model(engine_step_defaults("trtllm"), replayed),
+        )
+        for rounds, replayed in (("stated", sixth), ("now", benchmark))
+    }
     terms = {name: _errors(compare(overrides)) for name, overrides in _ablations(fitted).items()}
     adopted = (
         {"adopted_profile_errors": _errors(compare(VLLM_CROSS_MODEL_PROFILE))}
         if args.train_minimax or args.per_layer
         else {}
     )
+    saved_run = not (args.train_minimax or args.per_layer or args.train) and benchmark == pv.BENCHMARK
+    scan = {"rounds_scan": _rounds_scan(training)} if saved_run else {}
     worst = sorted(rows, key=lambda r: -max(abs(r["ttft_error"]), abs(r["tpot_error"])))
     print(
         json.dumps(
@@ -263,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
                 "machine": machine_facts(load_before, python=platform.python_version()),
                 "source": pvr.VLLM_SOURCE,
                 "stage": stage,
+                "benchmark": {"rounds": benchmark.rounds, "steady": benchmark.steady},
                 "split": {
                     "training": f"every row of {', '.join(training)} (H100 and H200 SXM)",
                     "held_out": f"every row of {', '.join(held_out)}: models the fit never sees",
@@ -284,11 +356,14 @@ def main(argv: list[str] | None = None) -> None:
                 "stored_errors": stored,
                 "trtllm_profile_errors": baseline,
                 **adopted,
+                **scan,
                 "without_term": terms,
                 "single_model": {
                     "split": "Llama-3.1-70B only: H100 rows training, H200 rows held out (issue 29)",
-                    "stored": single[0],
-                    "trtllm": single[1],
+                    "benchmark_rounds": sixth.rounds,
+                    "stored": single["stated"][0],
+                    "trtllm": single["stated"][1],
+                    "at_this_benchmark": {"stored": single["now"][0], "trtllm": single["now"][1]},
                 },
                 "worst_fitted_or_held_out": [_row(r) for r in worst if r["set"] != "kv-limited"][:5],
                 "rows": [_row(r) for r in rows],

@@ -21,6 +21,8 @@ second, and requests per second, as a client-side benchmark counts them.
 import numpy as np
 import pandas as pd
 
+from core.errors import InvalidArgumentError
+
 PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue")
 REQUEST_TIME_COLUMNS = ("arrival_time", "admit_time", "first_token_time", "finish_time", "output_len")
@@ -53,6 +55,18 @@ def request_side_seconds(
     durations = np.asarray(step_durations, np.float64)
     in_flight = np.where(arrival_steps > 0, durations[np.clip(arrival_steps - 1, 0, len(durations) - 1)], 0.0)
     return fixed_s + in_flight
+
+
+def benchmark_mean(first_round: float, steady: float, rounds: float) -> float:
+    """The mean a closed-loop benchmark of `rounds` x C requests at concurrency C reports (aiperf's
+    --request-count at --concurrency C, fixed lengths): its first round starts synchronized, all C clients sending
+    at once (aiperf starts its measured phase when every warm-up response is in), with mean `first_round`; the
+    other rounds - 1 run in the steady state, mean `steady`. rounds >= 1.
+
+        benchmark_mean(2.0, 0.5, 10) == (2.0 + 9 x 0.5) / 10 == 0.65"""
+    if not rounds >= 1:
+        raise InvalidArgumentError(f"a benchmark has at least one round of C requests, got {rounds}")
+    return (first_round + (rounds - 1) * steady) / rounds
 
 
 def request_latencies(requests: pd.DataFrame) -> dict[str, np.ndarray]:

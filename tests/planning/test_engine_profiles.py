@@ -70,13 +70,17 @@ def test_rows_cover_both_gpus_and_every_tp():
 
 
 def test_stored_vllm_profile_meets_the_stated_errors():
-    rows = _llama70b(pv.comparison(VLLM_STEP_DEFAULTS, LLAMA_70B))
+    """The stored profile on its own split, each row's benchmark replayed as 20 rounds (the sixth stage's
+    replay, under which its figures are stated); with the seventh stage's 10 rounds it is 0.261 / 0.251
+    (docs/slo.md 2c)."""
+    sixth = pv.SIXTH_STAGE_BENCHMARK
+    rows = _llama70b(pv.comparison(VLLM_STEP_DEFAULTS, LLAMA_70B, benchmark=sixth))
     held_out = pv.rms_relative_error(rows, "held out")
     assert held_out <= 0.25
     assert held_out == pytest.approx(STATED_HELDOUT_RMS, abs=0.01)
     assert pv.rms_relative_error(rows, "training") == pytest.approx(STATED_TRAINING_RMS, abs=0.01)
     # the vLLM profile predicts the vLLM rows better than the TensorRT-LLM one
-    trtllm = _llama70b(pv.comparison(engine_step_defaults("trtllm"), LLAMA_70B))
+    trtllm = _llama70b(pv.comparison(engine_step_defaults("trtllm"), LLAMA_70B, benchmark=sixth))
     assert pv.rms_relative_error(trtllm, "held out") > held_out + 0.05
 
 
@@ -94,28 +98,28 @@ FOURTH_STAGE_FIT = {
 
 
 def test_the_fp8_moe_models_held_out_at_the_stated_errors():
-    """The cross-model profile (the sixth stage) on its held-out FP8 MoE models, recomputed from the measured rows:
-    Qwen3-235B-A22B 0.281, MiniMax-M2.5 0.322 (TTFT 0.439, TPOT 0.124; H100 0.251, H200 0.332), as the README
-    and docs/slo.md 2c state them. The fourth stage (MiniMax-M2.5 in training; not adopted), replayed as it was
+    """The cross-model profile (the seventh stage) on its held-out FP8 MoE models, recomputed from the measured
+    rows: Qwen3-235B-A22B 0.297, MiniMax-M2.5 0.302 (TTFT 0.409, TPOT 0.124; H100 0.249, H200 0.310), as the
+    README and docs/slo.md 2c state them. The fourth stage (MiniMax-M2.5 in training; not adopted), replayed as it was
     fitted (the steady phase's clients evenly spaced), puts Qwen3-235B-A22B at 0.588, its TTFT at 0.795, by its
     FP8 experts' FLOP/s efficiency: with the shared expert efficiencies instead (`without_term`'s
     fp8_expert_efficiencies) its TTFT is 0.254."""
     moe = [r for r in pvr.ROWS if r.model in ("qwen3-235b-a22b", "minimax-m2.5")]
     adopted = pv.errors_by_model(pv.comparison(VLLM_CROSS_MODEL_PROFILE, moe), "held out")
-    assert adopted["qwen3-235b-a22b"]["rms_rel_err"] == pytest.approx(0.281, abs=0.0005)
+    assert adopted["qwen3-235b-a22b"]["rms_rel_err"] == pytest.approx(0.297, abs=0.001)
     minimax = adopted["minimax-m2.5"]
     assert minimax["rows"] == 97
     assert (
         minimax["ttft_rms_rel_err"],
         minimax["tpot_rms_rel_err"],
         minimax["rms_rel_err"],
-    ) == pytest.approx((0.439, 0.124, 0.322), abs=0.0005)
+    ) == pytest.approx((0.409, 0.124, 0.302), abs=0.001)
     assert {g: e["rms_rel_err"] for g, e in minimax["by_gpu"].items()} == pytest.approx(
-        {"h100-80gb": 0.251, "h200-141gb": 0.332}, abs=0.0005
+        {"h100-80gb": 0.249, "h200-141gb": 0.310}, abs=0.001
     )
     qwen = [r for r in moe if r.model == "qwen3-235b-a22b"]
     fourth = pvr.FOURTH_STAGE_TRAINING_MODELS
-    even = pv.EVEN_PHASES
+    even = pv.FIFTH_STAGE_BENCHMARK
     tried = pv.errors_by_model(pv.comparison(FOURTH_STAGE_FIT, qwen, fourth, even), "held out")[
         "qwen3-235b-a22b"
     ]
@@ -154,7 +158,15 @@ def test_one_client_by_hand():
     assert tpot == pytest.approx(by_hand, rel=0.01)
 
 
-# The fifth stage's fit (docs/slo.md 2c), as `bench.slo_published --evenly-spaced` reproduces it
+# The sixth stage's fit (docs/slo.md 2c), as `bench.slo_published --benchmark-rounds 20` reproduces it
+SIXTH_STAGE_FIT = {
+    "flops_efficiency": 0.35603382533943095,
+    "kernel_overhead_s": 5.973672630462832e-06,
+    "expert_flops_efficiency": 0.13605466775572186,
+    "expert_bandwidth_efficiency": 0.7614829512349153,
+    "request_overhead_s": 0.029267939474979115,
+} | pv.FIXED
+# The fifth stage's fit, as `bench.slo_published --evenly-spaced --benchmark-rounds 20` reproduces it
 FIFTH_STAGE_FIT = {
     "flops_efficiency": 0.34829499433377104,
     "kernel_overhead_s": 5.942455696396317e-06,
@@ -165,22 +177,24 @@ FIFTH_STAGE_FIT = {
 
 
 def test_kimi_held_out_at_the_stated_errors():
-    """The cross-model profile (the sixth stage, never fitted on it) on Kimi-K2.5's 45 held-out rows (int4 experts,
-    MLA attention; H200 TP 8), recomputed from the measured rows: TTFT 0.288, TPOT 0.126, both 0.222, as the
-    README and docs/slo.md 2c state them; with MLA priced as one attention, as before its two paths
-    (`without_term`'s mla_attention), 0.281 / 0.135 / 0.221; the fifth stage's fit with its clients evenly
-    spaced, as it was fitted, 0.290 / 0.126 / 0.223."""
+    """The cross-model profile (the seventh stage, never fitted on it) on Kimi-K2.5's 45 held-out rows (int4
+    experts, MLA attention; H200 TP 8), recomputed from the measured rows: TTFT 0.252, TPOT 0.129, both 0.201, as
+    the README and docs/slo.md 2c state them; with MLA priced as one attention, as before its two paths
+    (`without_term`'s mla_attention), 0.246 / 0.130 / 0.197; the sixth stage's fit with benchmarks of 20 rounds,
+    as it was fitted, 0.288 / 0.126 / 0.222; the fifth stage's with its clients evenly spaced too, 0.290 / 0.126
+    / 0.223."""
     kimi = [r for r in pvr.ROWS if r.model == "kimi-k2.5"]
-    for overrides, stated in (
-        (VLLM_CROSS_MODEL_PROFILE, (0.288, 0.126, 0.222)),
-        (VLLM_CROSS_MODEL_PROFILE | {"mla_one_attention": True}, (0.281, 0.135, 0.221)),
-        (FIFTH_STAGE_FIT, (0.290, 0.126, 0.223)),
+    for overrides, benchmark, stated in (
+        (VLLM_CROSS_MODEL_PROFILE, pv.BENCHMARK, (0.252, 0.129, 0.201)),
+        (VLLM_CROSS_MODEL_PROFILE | {"mla_one_attention": True}, pv.BENCHMARK, (0.246, 0.130, 0.197)),
+        (SIXTH_STAGE_FIT, pv.SIXTH_STAGE_BENCHMARK, (0.288, 0.126, 0.222)),
+        (FIFTH_STAGE_FIT, pv.FIFTH_STAGE_BENCHMARK, (0.290, 0.126, 0.223)),
     ):
-        phases = pv.EVEN_PHASES if overrides is FIFTH_STAGE_FIT else pv.PHASES
-        errors = pv.errors_by_model(pv.comparison(overrides, kimi, phases=phases), "held out")["kimi-k2.5"]
+        comparison = pv.comparison(overrides, kimi, benchmark=benchmark)
+        errors = pv.errors_by_model(comparison, "held out")["kimi-k2.5"]
         assert errors["rows"] == 45 and list(errors["by_gpu"]) == ["h200-141gb"]
         assert (
             errors["ttft_rms_rel_err"],
             errors["tpot_rms_rel_err"],
             errors["rms_rel_err"],
-        ) == pytest.approx(stated, abs=0.0005)
+        ) == pytest.approx(stated, abs=0.001)

@@ -380,12 +380,14 @@ def test_attention_dp_rows_price_as_ranks_and_the_docs_errors_hold():
             max_num_batched_tokens=8192,
         ).kv_tokens
     )
-    rows = pv.attention_dp_comparison(CROSS_MODEL_FIT)
+    sixth = pv.SIXTH_STAGE_BENCHMARK  # benchmarks of 20 rounds, as docs/slo.md 2d states these
+    rows = pv.attention_dp_comparison(CROSS_MODEL_FIT, benchmark=sixth)
     assert len(rows) == 19 and all(r["set"] == "attention dp" for r in rows)
     ttft, tpot = [r["ttft_error"] for r in rows], [r["tpot_error"] for r in rows]
     assert rms(ttft) == pytest.approx(0.526, abs=0.005) and rms(tpot) == pytest.approx(0.590, abs=0.005)
     assert rms(ttft + tpot) == pytest.approx(0.559, abs=0.005)
-    naive = pv.comparison(CROSS_MODEL_FIT, [replace(r, tp=r.tp * r.dp, dp=1) for r in pvr.ATTENTION_DP_ROWS])
+    as_tp = [replace(r, tp=r.tp * r.dp, dp=1) for r in pvr.ATTENTION_DP_ROWS]
+    naive = pv.comparison(CROSS_MODEL_FIT, as_tp, benchmark=sixth)
     assert rms([r["ttft_error"] for r in naive] + [r["tpot_error"] for r in naive]) == pytest.approx(
         0.657, abs=0.005
     )

@@ -14,6 +14,10 @@ The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zip
 --data-parallel-size D --enable-expert-parallel (a MoE model's data-parallel attention and expert parallelism,
 vLLM's flags: `Deployment.data_parallel` / `expert_parallel`; deployment.vllm_parallel_flags echoes them).
 
+A closed loop's finite benchmark: --benchmark-requests N (with --concurrency C) adds "benchmark", the means an
+aiperf-style run of N requests from a synchronized start reports (`core.planning.predict.benchmark`), beside the
+steady state.
+
 Any model: --config PATH [--num-params N] (a Hugging Face config.json, as the capacity planner takes it) in place
 of --model, on predict, max-rate and slo; the same JSON keys as for a preset (deployment.model is the file's
 name).
@@ -31,6 +35,7 @@ from core.errors import InvalidArgumentError, LabError
 from core.planning.catalog.models import ModelSpec, model_from_config_file
 from core.planning.commands.flags import add_exclusive_flags, add_flags, flag_kwargs
 from core.planning.cost.speculative import SPECULATION_FIELDS
+from core.planning.predict.benchmark import BENCHMARK_FIELD, benchmark_means
 from core.planning.predict.deployment_fields import (
     DEPLOYMENT_FIELDS,
     MODEL_FIELD,
@@ -135,6 +140,7 @@ def predict_parser() -> argparse.ArgumentParser:
     load_flags(parser)
     disagg_flags(parser)
     add_exclusive_flags(parser, RATE_FIELDS)
+    add_flags(parser, (BENCHMARK_FIELD,))
     return parser
 
 
@@ -143,9 +149,16 @@ def predict_main(argv: Sequence[str]) -> int:
     try:
         load = load_from_args(args, args.rate, args.concurrency)
         if args.disagg:
+            if args.benchmark_requests is not None:
+                raise InvalidArgumentError(
+                    f"{BENCHMARK_FIELD.flag} is for an aggregated deployment, not --disagg"
+                )
             result = predict_disagg(disagg_from(deployment_values(args)), load).to_dict()
         else:
-            result = predict(deployment_from(deployment_values(args)), load).to_dict()
+            prediction = predict(deployment_from(deployment_values(args)), load)
+            result = prediction.to_dict()
+            if args.benchmark_requests is not None:
+                result["benchmark"] = benchmark_means(prediction, args.benchmark_requests)
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -38,20 +38,21 @@ VLLM_STEP_DEFAULTS = {
 # Fitted by core.planning.cost.fits.published_vllm.fit_vllm across models (published_vllm.FIT_NAMES, FIXED held):
 # every row of Llama-3.1-70B FP8, Qwen3-32B bf16 and gpt-oss-120b MXFP4 (H100 / H200 SXM) but the KV-limited ones;
 # Llama-3.1-8B, Qwen3-235B-A22B, MiniMax-M2.5 and Kimi-K2.5 held out whole. bench/slo_published.py recomputes it
-# (docs/slo.md 2c, sixth stage: a fixed cost per kernel, `core.planning.cost.layer_kernels`, each benchmark's
-# steady phase with its clients at random phases, `core.serving.workload.out_of_phase_outputs`): RMS relative
-# error 0.195 on the training rows, held out Kimi-K2.5 0.222, Qwen3-235B-A22B 0.281, MiniMax-M2.5 0.322,
-# Llama-3.1-8B 1.427. (The third stage's cost per layer, the fourth stage's experts per weight format and the
-# fifth stage's evenly spaced clients: docs/slo.md 2c.)
+# (docs/slo.md 2c, seventh stage: a fixed cost per kernel, `core.planning.cost.layer_kernels`, each benchmark's
+# steady phase with its clients at random phases, `core.serving.workload.out_of_phase_outputs`, and 10 rounds of
+# C requests, `published_vllm.BENCHMARK_ROUNDS`): RMS relative error 0.147 on the training rows, held out
+# Kimi-K2.5 0.201, Qwen3-235B-A22B 0.297, MiniMax-M2.5 0.302, Llama-3.1-8B 1.469. (The third stage's cost per
+# layer, the fourth stage's experts per weight format, the fifth stage's evenly spaced clients and the sixth
+# stage's 20 rounds: docs/slo.md 2c.)
 VLLM_CROSS_MODEL_PROFILE = {
     "bandwidth_efficiency": 1.0,
     "overhead_s": 0.0,
     "per_token_overhead_s": 0.0,
-    "flops_efficiency": 0.35603382533943095,
-    "kernel_overhead_s": 5.973672630462832e-06,
-    "expert_flops_efficiency": 0.13605466775572186,
-    "expert_bandwidth_efficiency": 0.7614829512349153,
-    REQUEST_TERM: 0.029267939474979115,
+    "flops_efficiency": 0.47297409088496795,
+    "kernel_overhead_s": 6.401066031542313e-06,
+    "expert_flops_efficiency": 0.173530652893919,
+    "expert_bandwidth_efficiency": 0.7662890546737107,
+    REQUEST_TERM: 0.02521462497142705,
 }
 
 

@@ -6,8 +6,8 @@ The figures, their deployments, KV capacity and sets (training, held out, KV-lim
 The prediction of one row (`predict_row`) is the row's deployment (`published_vllm_rows`: vLLM's defaults where the
 row says nothing); the step time `core.planning.cost.step_time.from_specs` with the parameters given; run
 through `core.serving.simulator.simulate(..., concurrency=C)` (the closed loop, the paged policy counting blocks)
-as the benchmark that measured it: BENCHMARK_ROUNDS rounds of C requests (aiconfigurator's benchmark template
-sends 20 x C requests at concurrency C), the mean over all of them. Two phases make that mean:
+as the benchmark that measured it: BENCHMARK_ROUNDS rounds of C requests (aiconfigurator's deployment guide sends
+10 x C requests at concurrency C; `Benchmark`), the mean over all of them. Two phases make that mean:
 - "first": the first round, from a synchronized start (all C clients send at 0: the prompts queue for the
   prefill budget, so TTFT grows with C);
 - "steady": the rounds after, in the steady state of clients out of phase (a real server's clients drift apart;
@@ -37,6 +37,7 @@ cross-model profile (docs/slo.md, section 2c).
 
 import math
 import random
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -62,7 +63,7 @@ from core.planning.cost.fits.published_vllm_rows import (
 )
 from core.planning.cost.step_model import PrefillLoad, StepTimeModel
 from core.planning.cost.step_time import from_specs
-from core.serving.latency import request_side_seconds
+from core.serving.latency import benchmark_mean, request_side_seconds
 from core.serving.memory_policies import paged
 from core.serving.sim_config import SimulatorConfig
 from core.serving.simulator import simulate
@@ -70,14 +71,36 @@ from core.serving.workload import Request, evenly_spaced_outputs, out_of_phase_o
 
 WARMUP_ROUNDS = 2
 MEASURED_ROUNDS = 2
-BENCHMARK_ROUNDS = 20
+# Rounds of C requests in each row's benchmark. The rows do not say; the source documents three counts:
+# aiconfigurator's deployment guide (docs/dynamo_deployment_guide.md) uses concurrency x 10 requests "to reduce
+# the impact of the first batch of requests", its generated benchmark script 20 by default
+# (bench_run.sh.j2, AICONFIGURATOR_BENCH_MULTI_ROUND) and its Kubernetes template 50. The seventh stage (docs/slo.md
+# 2c) takes the guide's 10, which the training rows also prefer of the three (training RMS 0.147 / 0.195 / 0.264);
+# every stage before it was fitted with 20.
+BENCHMARK_ROUNDS = 10
 # The seed of the steady phase's random phases (docs/slo.md 2c, the sixth stage: seeds 0, 1, 2 fit to training
 # RMS 0.1948, 0.1906, 0.1958)
 PHASE_SEED = 0
-PHASES = ("first", "steady")
-# The benchmark mean as the fifth stage and before were fitted (docs/slo.md 2c): the steady phase's clients evenly
-# spaced over the cycle (`evenly_spaced_outputs`), so their prefills never queue behind each other's.
-EVEN_PHASES = ("first", "steady-even")
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """How each row's benchmark is replayed (module docstring): `rounds` rounds of C requests, the first from a
+    synchronized start, the others in the steady phase `steady`: "steady", the clients at random phases
+    (`out_of_phase_outputs`), or "steady-even", evenly spaced over the cycle (`evenly_spaced_outputs`, so their
+    prefills never queue behind each other's: the fifth stage and before)."""
+
+    rounds: int = BENCHMARK_ROUNDS
+    steady: str = "steady"
+
+    @property
+    def phases(self) -> tuple[str, str]:
+        return ("first", self.steady)
+
+
+BENCHMARK = Benchmark()  # the seventh stage's (adopted)
+SIXTH_STAGE_BENCHMARK = Benchmark(rounds=20)
+FIFTH_STAGE_BENCHMARK = Benchmark(rounds=20, steady="steady-even")  # and every stage before it
 AIPERF_DATASET_ENTRIES = 100  # aiperf's default --num-dataset-entries
 AIPERF_SEED = 100  # the --random-seed of aiconfigurator's generated benchmark script
 # The cross-model profile (issue 40): one FLOP/s efficiency for dense GEMMs, one for routed-expert GEMMs, a
@@ -172,7 +195,7 @@ def _run(row: VllmRow, step, phase: str, prompt_pool: int | None = None):
     and measures it; phase "steady" draws the first round's outputs (`out_of_phase_outputs`: each client at a
     random phase of the cycle, as a real server's clients drift apart) and measures requests
     WARMUP_ROUNDS x C to (WARMUP_ROUNDS + MEASURED_ROUNDS) x C; "steady-even" likewise with the clients evenly
-    spaced (`evenly_spaced_outputs`: EVEN_PHASES, the fifth stage's replay).
+    spaced (`evenly_spaced_outputs`: FIFTH_STAGE_BENCHMARK, the fifth stage's replay).
 
     prompt_pool: None, every prompt unique (the profile's assumption); or N, the prompts drawn from N distinct
     ones (`pool_draws`) and served with vLLM's prefix caching, so a prompt still cached is not prefilled again
@@ -216,26 +239,27 @@ def _means(measured, extra_ttft=0.0) -> tuple[float, float]:
     return float(ttft.mean()), float(tpot.mean())
 
 
-def benchmark_mean(first: tuple[float, float], steady: tuple[float, float]) -> tuple[float, float]:
-    """(mean TTFT, mean TPOT) of a benchmark of BENCHMARK_ROUNDS rounds: its first round from a synchronized
-    start, the others in the steady state."""
-    weight = 1.0 / BENCHMARK_ROUNDS
-    return tuple(weight * f + (1.0 - weight) * s for f, s in zip(first, steady, strict=True))
+def row_benchmark_mean(
+    first: tuple[float, float], steady: tuple[float, float], benchmark: Benchmark = BENCHMARK
+) -> tuple[float, float]:
+    """(mean TTFT, mean TPOT) of `benchmark`, its first round's means `first` and the steady phase's `steady`
+    (`core.serving.latency.benchmark_mean` of each)."""
+    return tuple(benchmark_mean(f, s, benchmark.rounds) for f, s in zip(first, steady, strict=True))
 
 
 def predict_row(
-    row: VllmRow, overrides: dict, prompt_pool: int | None = None, phases=PHASES
+    row: VllmRow, overrides: dict, prompt_pool: int | None = None, benchmark: Benchmark = BENCHMARK
 ) -> tuple[float, float]:
     """(mean TTFT, mean TPOT) in seconds that `row`'s benchmark would measure, simulated with these parameters
-    (prompt_pool: `_run`'s; phases: PHASES or EVEN_PHASES)."""
+    (prompt_pool: `_run`'s; benchmark: how it ran, `Benchmark`)."""
     step = step_model(row, overrides)
     means = []
-    for phase in phases:
+    for phase in benchmark.phases:
         result, measured = _run(row, step, phase, prompt_pool)
         edges = np.concatenate([[0.0], result.steps["time_s"].to_numpy(np.float64)])
         arrival = _step_index(edges, measured["arrival_time"].to_numpy(np.float64))
         means.append(_means(measured, request_latency(overrides, np.diff(edges), arrival)))
-    return benchmark_mean(*means)
+    return row_benchmark_mean(*means, benchmark)
 
 
 def prefill_fraction_of_peak(row: VllmRow) -> float:
@@ -295,10 +319,10 @@ class RowReplay:
         self.row = row
         self.phases: dict = {}  # phase -> its recording, made the first time it is priced
 
-    def latencies(self, overrides: dict, phases=PHASES) -> tuple[float, float]:
-        """(mean TTFT, mean TPOT) in seconds, as `predict_row` computes them, with these parameters (phases:
-        PHASES or EVEN_PHASES)."""
-        return benchmark_mean(*(self.phase_latencies(overrides, p) for p in phases))
+    def latencies(self, overrides: dict, benchmark: Benchmark = BENCHMARK) -> tuple[float, float]:
+        """(mean TTFT, mean TPOT) in seconds, as `predict_row` computes them, with these parameters and
+        `benchmark`."""
+        return row_benchmark_mean(*(self.phase_latencies(overrides, p) for p in benchmark.phases), benchmark)
 
     def phase_latencies(self, overrides: dict, phase: str) -> tuple[float, float]:
         """(mean TTFT, mean TPOT) in seconds of one phase ("first", "steady" or "steady-even") with these
@@ -341,22 +365,22 @@ def replay(row: VllmRow) -> RowReplay:
     return RowReplay(row)
 
 
-def _log_errors(x: np.ndarray, rows, names=FIT_NAMES, fixed=None, phases=PHASES) -> np.ndarray:
+def _log_errors(x: np.ndarray, rows, names=FIT_NAMES, fixed=None, benchmark=BENCHMARK) -> np.ndarray:
     overrides = dict(fixed or {}) | dict(zip(names, np.exp(x), strict=True))
     out = []
     for row in rows:
-        ttft, tpot = replay(row).latencies(overrides, phases)
+        ttft, tpot = replay(row).latencies(overrides, benchmark)
         out += [math.log(ttft / row.ttft_s), math.log(tpot / row.tpot_s)]
     return np.array(out)
 
 
 def fit_vllm(
-    rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED, start=START, phases=PHASES
+    rows=None, iterations: int = 60, names=FIT_NAMES, fixed=FIXED, start=START, benchmark=BENCHMARK
 ) -> dict:
     """FIT_NAMES minimising sum(log(predicted / measured)^2) over mean TTFT and mean TPOT of `rows` (default: the
     training rows), by damped Gauss-Newton on their logs from `start` (finite-difference Jacobians, the
-    efficiencies held in (0, 1], the overheads > 0 by the log); the benchmark mean of `phases` (PHASES, or
-    EVEN_PHASES as the fifth stage was fitted)."""
+    efficiencies held in (0, 1], the overheads > 0 by the log); the means of `benchmark` (`Benchmark`: BENCHMARK,
+    or SIXTH_STAGE_BENCHMARK / FIFTH_STAGE_BENCHMARK as those stages were fitted)."""
     rows = training_rows() if rows is None else list(rows)
     upper = np.array(
         [
@@ -366,7 +390,7 @@ def fit_vllm(
     )
 
     def residual(x: np.ndarray) -> np.ndarray:
-        return _log_errors(x, rows, names, fixed, phases)
+        return _log_errors(x, rows, names, fixed, benchmark)
 
     def jacobian(x: np.ndarray, r: np.ndarray) -> np.ndarray:
         jac = np.empty((len(r), len(x)))
@@ -381,13 +405,15 @@ def fit_vllm(
     return dict(fixed or {}) | dict(zip(names, (float(v) for v in np.exp(x)), strict=True))
 
 
-def comparison(overrides: dict, rows=None, training_models=TRAINING_MODELS, phases=PHASES) -> list[dict]:
+def comparison(
+    overrides: dict, rows=None, training_models=TRAINING_MODELS, benchmark: Benchmark = BENCHMARK
+) -> list[dict]:
     """One dict per row of `rows` (default ROWS): the row, measured and predicted mean TTFT / TPOT (seconds), their
     relative errors (predicted / measured - 1) and the set ("training", "held out", "kv-limited"; training: the
-    rows of `training_models`); the benchmark mean of `phases` (PHASES or EVEN_PHASES)."""
+    rows of `training_models`); the means of `benchmark` (`Benchmark`)."""
     out = []
     for row in ROWS if rows is None else rows:
-        ttft, tpot = replay(row).latencies(overrides, phases)
+        ttft, tpot = replay(row).latencies(overrides, benchmark)
         out.append(
             {
                 "row": row,
@@ -435,15 +461,18 @@ def errors_by_model(rows: list[dict], which: str) -> dict:
     return out
 
 
-def attention_dp_comparison(overrides: dict, rows=ATTENTION_DP_ROWS) -> list[dict]:
+def attention_dp_comparison(
+    overrides: dict, rows=ATTENTION_DP_ROWS, benchmark: Benchmark = BENCHMARK
+) -> list[dict]:
     """`comparison` of the attention-DP rows (docs/slo.md, section 2d; never fitted): each row priced as its DP
     ranks (`rank_rows`), one rank simulated per distinct share of the clients (`predict_row`, with the KV cache
     of one DP rank and `from_specs(..., data_parallel=D)`: the rank's own batch, the experts touched by all D
-    ranks' tokens, the DP collectives), the means weighted by clients. set: "kv-limited" when a rank is."""
+    ranks' tokens, the DP collectives), the means weighted by clients, each rank's benchmark replayed as
+    `benchmark`. set: "kv-limited" when a rank is."""
     out = []
     for row in rows:
         ranks = rank_rows(row)
-        means = [(predict_row(rank, overrides), clients) for rank, clients in ranks]
+        means = [(predict_row(rank, overrides, benchmark=benchmark), clients) for rank, clients in ranks]
         ttft = sum(m[0] * c for m, c in means) / row.concurrency
         tpot = sum(m[1] * c for m, c in means) / row.concurrency
         limited = any(kv_limited(rank) for rank, _ in ranks)
