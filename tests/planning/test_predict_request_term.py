@@ -156,6 +156,7 @@ def test_predict_benchmark_requests_answers_the_replays_benchmark_mean(capsys):
         (["--rate", "2", "--benchmark-requests", "40"], "needs a closed loop"),
         (["--concurrency", "16", "--benchmark-requests", "8"], "at least the clients"),
         (["--concurrency", "16", "--benchmark-requests", "0"], "--benchmark-requests"),
+        (["--concurrency", "4", "--turns", "2", "--benchmark-requests", "40"], "one-turn requests"),
     ],
 )
 def test_benchmark_requests_refusals(flags, message, capsys):

@@ -35,7 +35,7 @@ from core.errors import InvalidArgumentError, LabError
 from core.planning.catalog.models import ModelSpec, model_from_config_file
 from core.planning.commands.flags import add_exclusive_flags, add_flags, flag_kwargs
 from core.planning.cost.speculative import SPECULATION_FIELDS
-from core.planning.predict.benchmark import BENCHMARK_FIELD, benchmark_means
+from core.planning.predict.benchmark import BENCHMARK_FIELD, benchmark_means, check_benchmark_requests
 from core.planning.predict.deployment_fields import (
     DEPLOYMENT_FIELDS,
     MODEL_FIELD,
@@ -148,6 +148,8 @@ def predict_main(argv: Sequence[str]) -> int:
     args = predict_parser().parse_args(argv)
     try:
         load = load_from_args(args, args.rate, args.concurrency)
+        if args.benchmark_requests is not None:  # refused before the simulation, not after it
+            check_benchmark_requests(load, args.benchmark_requests)
         if args.disagg:
             if args.benchmark_requests is not None:
                 raise InvalidArgumentError(

@@ -22,6 +22,7 @@ import numpy as np
 
 from core.errors import InvalidArgumentError
 from core.fields import InputField
+from core.planning.predict.load import Load
 from core.planning.predict.prediction import Prediction, add_request_side
 from core.planning.predict.replica_sim import replica_config, replica_policy, sized_replica
 from core.serving.latency import benchmark_mean, request_latencies
@@ -63,22 +64,35 @@ def first_round_means(prediction: Prediction, step_time: Mapping | None = None) 
     return float(np.nanmean(latencies["ttft"])), float(np.nanmean(latencies["tpot"]))
 
 
-def benchmark_means(prediction: Prediction, requests: int, step_time: Mapping | None = None) -> dict:
-    """What a benchmark of `requests` requests at the prediction's concurrency reports as its means (module
-    docstring): {"requests", "rounds" (requests / clients), "first_round_mean_ttft_s", "first_round_mean_tpot_s",
-    "mean_ttft_s", "mean_tpot_s"}, seconds; the means `benchmark_mean` of the first round and the prediction's
-    steady state. step_time: the overrides `predict` was given. Raises InvalidArgumentError for an open loop (a
-    rate: no rounds) or fewer requests than clients (no full round)."""
-    load = prediction.load
+def check_benchmark_requests(load: Load, requests: int) -> int:
+    """`requests` as a benchmark of `load` takes it (an int >= the clients). Raises InvalidArgumentError for an
+    open loop (a rate: no rounds), chats (turns > 1: a chat's later turns wait for its earlier ones, so its clients
+    never start a round together) or fewer requests than clients (no full round)."""
     if load.concurrency is None:
         raise InvalidArgumentError(
             f"{BENCHMARK_FIELD.flag} needs a closed loop (--concurrency C): a Poisson rate has no rounds"
+        )
+    if load.turns > 1:
+        raise InvalidArgumentError(
+            f"{BENCHMARK_FIELD.flag} is for one-turn requests: a chat's later turns wait for its earlier ones, so "
+            "its clients never start a round together (use --turns 1)"
         )
     requests = BENCHMARK_FIELD.check(requests)
     if requests < load.concurrency:
         raise InvalidArgumentError(
             f"{BENCHMARK_FIELD.flag} must be at least the clients ({load.concurrency}: one round), got {requests}"
         )
+    return requests
+
+
+def benchmark_means(prediction: Prediction, requests: int, step_time: Mapping | None = None) -> dict:
+    """What a benchmark of `requests` requests at the prediction's concurrency reports as its means (module
+    docstring): {"requests", "rounds" (requests / clients), "first_round_mean_ttft_s", "first_round_mean_tpot_s",
+    "mean_ttft_s", "mean_tpot_s"}, seconds; the means `benchmark_mean` of the first round and the prediction's
+    steady state. step_time: the overrides `predict` was given. Raises InvalidArgumentError as
+    `check_benchmark_requests`."""
+    load = prediction.load
+    requests = check_benchmark_requests(load, requests)
     rounds = requests / load.concurrency
     ttft, tpot = first_round_means(prediction, step_time)
     steady = prediction.metrics
