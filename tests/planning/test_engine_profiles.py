@@ -198,3 +198,15 @@ def test_kimi_held_out_at_the_stated_errors():
             errors["tpot_rms_rel_err"],
             errors["rms_rel_err"],
         ) == pytest.approx(stated, abs=0.001)
+
+
+@pytest.mark.parametrize("bad", [{"rounds": 0}, {"rounds": 2.5}, {"steady": "lockstep"}])
+def test_a_benchmark_is_whole_rounds_and_a_known_steady_phase(bad):
+    """`pv.Benchmark` refuses what `_run` could not replay (a steady phase it does not know would otherwise run as
+    random phases without a word), naming what is allowed."""
+    with pytest.raises(InvalidArgumentError, match="steady-even"):
+        pv.Benchmark(**bad)
+    assert pv.BENCHMARK.phases == ("first", "steady") and pv.FIFTH_STAGE_BENCHMARK.phases == (
+        "first",
+        "steady-even",
+    )

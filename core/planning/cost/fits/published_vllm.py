@@ -42,6 +42,7 @@ from functools import cache
 
 import numpy as np
 
+from core.errors import InvalidArgumentError
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.cost.fits.engine_profiles import REQUEST_TERM
@@ -83,6 +84,9 @@ BENCHMARK_ROUNDS = 10
 PHASE_SEED = 0
 
 
+STEADY_PHASES = ("steady", "steady-even")
+
+
 @dataclass(frozen=True)
 class Benchmark:
     """How each row's benchmark is replayed (module docstring): `rounds` rounds of C requests, the first from a
@@ -92,6 +96,13 @@ class Benchmark:
 
     rounds: int = BENCHMARK_ROUNDS
     steady: str = "steady"
+
+    def __post_init__(self):
+        if self.steady not in STEADY_PHASES or not (isinstance(self.rounds, int) and self.rounds >= 1):
+            raise InvalidArgumentError(
+                f"a benchmark is rounds >= 1 (got {self.rounds!r}) and a steady phase of {STEADY_PHASES} "
+                f"(got {self.steady!r})"
+            )
 
     @property
     def phases(self) -> tuple[str, str]:
