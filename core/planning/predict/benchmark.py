@@ -16,15 +16,13 @@ steady state alone cannot (docs/slo.md 2c).
     benchmark_means(p, 640)["mean_ttft_s"]      # a benchmark of 10 rounds
 """
 
-from collections.abc import Mapping
-
 import numpy as np
 
 from core.errors import InvalidArgumentError
 from core.fields import InputField
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import Prediction, add_request_side
-from core.planning.predict.replica_sim import replica_config, replica_policy, sized_replica
+from core.planning.predict.replica_sim import caches_prefixes, replica_config, replica_policy
 from core.serving.latency import benchmark_mean, request_latencies
 from core.serving.simulator import simulate
 
@@ -44,17 +42,18 @@ BENCHMARK_FIELD = InputField(
 )
 
 
-def first_round_means(prediction: Prediction, step_time: Mapping | None = None) -> tuple[float, float]:
+def first_round_means(prediction: Prediction) -> tuple[float, float]:
     """(mean TTFT, mean TPOT) in seconds of a closed loop's first round from a synchronized start: one replica's
     clients (`Load.per_replica`) all send at 0 and the round's requests are measured while the clients go on
-    sending (`simulate(..., until_finished=C)`), with the engine profile's request-side seconds as `predict` adds
-    them. step_time: the overrides `predict` was given."""
-    deployment, load = prediction.deployment, prediction.load
+    sending (`simulate(..., until_finished=C)`), on the replica `predict` sized and priced (`Prediction.replica`),
+    with the engine profile's request-side seconds as `predict` adds them."""
+    deployment, load, replica = prediction.deployment, prediction.load, prediction.replica
+    if replica is None:
+        raise InvalidArgumentError("a benchmark's first round needs the Prediction that predict() returns")
     share = load.per_replica(deployment.ranks)
     clients = share.concurrency
-    replica = sized_replica(deployment, load.max_len, step_time)
     config = replica_config(deployment, replica.step, replica.kv_tokens, load.max_len, replica.offload)
-    policy = replica_policy(deployment, load.uses_prefix_cache or bool(deployment.kv_offload_gib))
+    policy = replica_policy(deployment, caches_prefixes(deployment, load))
     result = simulate(
         share.requests(2 * clients), policy, config, until_finished=clients, concurrency=clients
     )
@@ -85,16 +84,15 @@ def check_benchmark_requests(load: Load, requests: int) -> int:
     return requests
 
 
-def benchmark_means(prediction: Prediction, requests: int, step_time: Mapping | None = None) -> dict:
+def benchmark_means(prediction: Prediction, requests: int) -> dict:
     """What a benchmark of `requests` requests at the prediction's concurrency reports as its means (module
     docstring): {"requests", "rounds" (requests / clients), "first_round_mean_ttft_s", "first_round_mean_tpot_s",
     "mean_ttft_s", "mean_tpot_s"}, seconds; the means `benchmark_mean` of the first round and the prediction's
-    steady state. step_time: the overrides `predict` was given. Raises InvalidArgumentError as
-    `check_benchmark_requests`."""
+    steady state. Raises InvalidArgumentError as `check_benchmark_requests`."""
     load = prediction.load
     requests = check_benchmark_requests(load, requests)
     rounds = requests / load.concurrency
-    ttft, tpot = first_round_means(prediction, step_time)
+    ttft, tpot = first_round_means(prediction)
     steady = prediction.metrics
     return {
         "requests": requests,

@@ -50,6 +50,8 @@ from core.planning.cost.step_time import StepTimeModel
 from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
 from core.planning.predict.replica_sim import (
+    SizedReplica,
+    caches_prefixes,
     replica_config,
     replica_policy,
     routed_fleet,
@@ -74,7 +76,8 @@ class Prediction:
     replica's estimate, or the fleet's when routed (its last simulation in state.result); per_replica: each
     replica's load_share, prefix_hit_rate, kv_usage, throughput_tokens_per_s and requests over the measured
     window (`core.serving.fleet.replica_breakdown`), None for a closed loop over several replicas (one simulated
-    replica stands for each)."""
+    replica stands for each); replica: the sized replica that was simulated (`replica_sim.sized_replica`, priced
+    with predict's step-time overrides)."""
 
     deployment: Deployment
     load: Load
@@ -86,6 +89,7 @@ class Prediction:
     kv_tokens: int
     state: SteadyState = field(repr=False)
     per_replica: list | None = None
+    replica: SizedReplica | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         """JSON-ready: every percentile key (ttft_p50_s ... e2e_p99_s; None where undefined), the means,
@@ -107,7 +111,7 @@ class Prediction:
             "preemptions_per_s",
         ):
             out[key] = m.get(key)
-        caching = self.load.uses_prefix_cache or bool(self.deployment.kv_offload_gib)
+        caching = caches_prefixes(self.deployment, self.load)
         for key in (
             "prefix_hit_rate",
             "gpu_hit_rate",
@@ -174,7 +178,7 @@ def replica_steady_state(
     request_overhead_s: the profile's request-side seconds (`Deployment.request_overhead_s`; None: none), added
     to every simulated request's TTFT and E2E with the step in flight when it arrives in a closed loop
     (`add_request_side`)."""
-    caching = load.uses_prefix_cache or bool(deployment.kv_offload_gib)  # a host tier runs with the cache on
+    caching = caches_prefixes(deployment, load)
     if deployment.kv_offload_gib and offload is None:
         raise InvalidArgumentError(
             "a deployment with a host KV tier (kv_offload_gib) needs its offload: Deployment.host_offload(memory)"
@@ -290,4 +294,5 @@ def predict(
         kv_tokens,
         state,
         per_replica,
+        replica,
     )

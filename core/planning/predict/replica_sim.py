@@ -24,6 +24,7 @@ from core.serving.sim_config import SimulatorConfig
 __all__ = [
     "FleetSetup",
     "SizedReplica",
+    "caches_prefixes",
     "fleet_setup",
     "replica_config",
     "replica_policy",
@@ -91,6 +92,12 @@ def replica_config(
         max_snapshots=1,
         offload=offload,
     )
+
+
+def caches_prefixes(deployment: Deployment, load) -> bool:
+    """Whether a replica serving `load` (a `Load`) runs vLLM's prefix cache: its prompts share tokens (shared
+    prefixes, chats), or the deployment has a host KV tier (which runs with the cache on)."""
+    return load.uses_prefix_cache or bool(deployment.kv_offload_gib)
 
 
 def replica_policy(deployment: Deployment, caching: bool) -> Policy:
