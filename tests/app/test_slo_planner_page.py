@@ -6,7 +6,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from core.errors import InvalidArgumentError, SloInfeasibleError
-from core.planning.cost.fits.engine_profiles import VLLM_STEP_DEFAULTS
+from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, VLLM_STEP_DEFAULTS
 from core.planning.search.slo import Slo, SloCandidates, SloWorkload, plan_slo
 from tests.conftest import ROOT
 
@@ -100,7 +100,7 @@ def test_defaults_show_the_best_configuration_of_plan_slo(default_plan):
         "tpot_q": "95",
         "itl_q": "99",
         "e2e_q": "99",
-        "engine": "vllm",
+        "engine": DEFAULT_ENGINE,
         "seed": "0",
         "gpus": "h100-80gb,h200-141gb,l40s",
         "max_gpus": "8",
@@ -128,7 +128,7 @@ SHARED = {
     "tpot_q": "95",
     "itl_q": "99",
     "e2e_q": "99",
-    "engine": "vllm",
+    "engine": DEFAULT_ENGINE,  # plan_slo's default engine: the reference below is called with it
     "seed": "0",
     "gpus": "l40s,h100-80gb",
     "max_gpus": "4",

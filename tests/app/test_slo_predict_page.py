@@ -13,6 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from core.planning.commands.predict_cli import max_rate_main, predict_main
+from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
 from core.planning.cost.speculative import Speculation
 from core.planning.predict.deployment import Deployment
 from core.planning.predict.disagg import DisaggDeployment, predict_disagg
@@ -40,7 +41,7 @@ TINY = {
     "seqs": "1",
     "kv_dtype": "auto",
     "weight_dtype": "auto",
-    "engine": "vllm",
+    "engine": DEFAULT_ENGINE,  # the references below are predict's with its default engine
     "load": "concurrency",
     "clients": "2",
     "seed": "0",
@@ -180,7 +181,7 @@ def test_a_deployment_that_does_not_fit_says_so():
 def test_an_unknown_engine_in_the_url_is_named_and_replaced():
     at = open_page(TINY | {"engine": "sglang"})
     assert any("`engine`" in e.value and "vllm, trtllm" in e.value for e in at.error)
-    assert query(at)["engine"] == "vllm" and at.dataframe
+    assert query(at)["engine"] == DEFAULT_ENGINE and at.dataframe
 
 
 def metrics(at: AppTest) -> dict[str, str]:

@@ -71,7 +71,8 @@ def test_predict_adds_the_fixed_time_and_the_step_in_flight_by_hand():
     assert closed["mean_tpot_s"] == pytest.approx(
         (sum(step.step_seconds(1, c, c + 1) for c in (16, 17, 18))) / 3, rel=1e-9
     )
-    plain = Deployment("llama-3.1-70b", "h100-80gb", tp=8, weight_dtype="fp8")
+    # the single-model profile: no request term
+    plain = Deployment("llama-3.1-70b", "h100-80gb", tp=8, weight_dtype="fp8", engine="vllm")
     assert plain.step_model(WITHOUT_TERM) == step
     load = Load(20.0, 64, 8, seed=1)
     with_term = predict(deployment, load).metrics

@@ -70,6 +70,7 @@ def test_a_tiny_search_answers_as_worked_by_hand():
         max_num_seqs=(8,),
         kv_dtypes=("auto",),
         step_time=STEP,
+        engine="vllm",  # a profile with no request-side term: TTFT is the prefill alone
     )
     result = plan_slo("llama-3.1-8b", workload, Slo(ttft_p95_s=0.025), candidates)
     assert result.complete and result.num_candidates == 3  # 1 x tp1, 2 x tp1 (2 replicas), 1 x tp2

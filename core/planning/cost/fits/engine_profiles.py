@@ -25,8 +25,11 @@ DEFAULT_ENGINE = "vllm"
 # SXM, TP 1 / 2 / 4 / 8: a GPU and a TP size the fit never saw). bandwidth_efficiency sits at its bound 1: the
 # low-concurrency TPOTs fall by the weights' read time at the datasheet bandwidth from TP 1 to TP 8 on both GPUs,
 # and the rest of the step is the fixed overhead (5.2 ms: launches, sampling, scheduling at these batch sizes).
-# Issue 40's cross-model fit is stored apart (VLLM_CROSS_MODEL_PROFILE, engine "vllm-cross-model"), not as this
-# default: it meets neither of that issue's targets yet and is worse on the 70B model than this one.
+# Those figures replay each benchmark as 20 rounds of C requests, as it was fitted; replayed as the 10 rounds the
+# lab now models (published_vllm.BENCHMARK_ROUNDS) they are 0.261 and 0.251, where issue 40's cross-model fit
+# (VLLM_CROSS_MODEL_PROFILE below, engine "vllm-cross-model") misses the same model's rows by 0.118. It is not
+# the default yet: made the default, it costs two of the planner's speed targets (docs/slo.md 2c, "The default
+# profile").
 VLLM_STEP_DEFAULTS = {
     "bandwidth_efficiency": 1.0,
     "flops_efficiency": 0.42070728149109854,
