@@ -5,6 +5,7 @@ import contextlib
 import json
 import pickle
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +14,8 @@ from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.commands.dispatch import main
 from core.planning.memory.plan import plan
+from core.planning.predict.early_stop import SEARCH_SETTINGS, outranked, ratio_floor, verdict_decider
+from core.planning.predict.prediction import Load, predict
 from core.planning.search.slo import (
     Slo,
     SloCandidates,
@@ -177,6 +180,56 @@ def test_a_verdict_is_clear_only_when_every_interval_is():
         met | {"ttft_p99_s": (0.9, 1.1), "tpot_p99_s": (0.06, 0.07)}, targets
     )  # a clear miss
     assert not verdict_is_clear({"ttft_p99_s": (0.5, 0.9)}, targets)  # TPOT unknown: nothing decided
+
+
+def test_an_estimate_is_outranked_only_when_its_whole_interval_is():
+    targets = {"ttft_p95_s": 1.0, "tpot_p95_s": 0.05}
+    intervals = {"ttft_p95_s": (0.9, 1.2), "tpot_p95_s": (0.04, 0.06)}
+    # the lowest ratio the intervals leave: max(0.9 / 1.0, 0.04 / 0.05) = 0.9
+    assert ratio_floor(intervals, targets) == pytest.approx(0.9)
+    assert outranked(intervals, targets, beat=0.85)
+    assert not outranked(intervals, targets, beat=0.95)  # it may still come below 0.95
+    assert not outranked(intervals, targets, beat=None)
+    assert ratio_floor({"ttft_p95_s": (0.9, 1.2)}, targets) is None  # TPOT unknown: no floor
+    assert not outranked({"ttft_p95_s": (2.0, 3.0)}, targets, beat=0.5)
+
+
+def test_an_outranked_estimate_is_decided_before_its_batches_are_long_enough():
+    targets = {"ttft_p95_s": 1.0, "tpot_p95_s": 0.05}
+    estimate = SimpleNamespace(
+        long_enough=False,
+        metrics={"ttft_p95_s": 0.95, "tpot_p95_s": 0.045},
+        intervals={"ttft_p95_s": (0.9, 1.2), "tpot_p95_s": (0.04, 0.06)},
+    )
+    assert not verdict_decider(targets)(estimate)  # meets by its point, nothing clear
+    assert verdict_decider(targets, beat=0.85)(estimate)  # cannot come below 0.85
+    assert not verdict_decider(targets, beat=0.95)(estimate)
+
+
+def test_an_outranked_row_would_not_rank_above_the_best_if_run_to_its_end():
+    # Llama-3.1-8B at 12 req/s on H100s: in a group of one GPU count, the tp 2 layout is visited first and
+    # meets; a layout of the same GPUs stopped as outranked, simulated again without the stop, still ranks below
+    cands = SloCandidates(gpus=("h100-80gb",), max_num_seqs=(1024,), kv_dtypes=("fp8",), max_meeting=3)
+    workload, slo = SloWorkload(12.0, 2000, 300), Slo(1.0, 0.05)
+    result = plan_slo("llama-3.1-8b", workload, slo, cands)
+    stopped = [c for c in result.configs if c.outranked]
+    assert stopped, [(c.num_gpus, c.tp, c.replicas, c.slo_ratio) for c in result.configs]
+    for row in stopped:
+        assert "simulated no further" in row.reason and not row.converged
+        peers = [
+            c
+            for c in result.configs
+            if c.meets_slo and not c.outranked and c.num_gpus == row.num_gpus and c is not row
+        ]
+        beat = min(c.slo_ratio for c in peers)
+        full = predict(
+            config_deployment("llama-3.1-8b", row, cands),
+            Load(rate=12.0, prompt_len=2000, output_len=300),
+            settings=SEARCH_SETTINGS,
+            decided=verdict_decider(slo.targets()),
+            focus=tuple(slo.targets()),
+        ).metrics
+        assert max(full[key] / target for key, target in slo.targets().items()) > beat
 
 
 def test_a_reused_simulation_is_the_run_it_stands_for():

@@ -5,6 +5,9 @@ A verdict is clear when some target is missed with its whole 95% interval above 
 whole interval below it (`verdict_is_clear`). Intervals are trusted only once each batch spans enough lifetimes
 (`SteadyState.long_enough`); before that, only a miss by a margin counts (`verdict_decider`): a replay that
 started empty not long before sees less queueing than the steady state, so a miss it shows by a margin is real.
+A search comparing configurations also stops one once it cannot rank above a configuration it already found
+(`ratio_floor` over `beat`): its targets' interval low ends, over the targets, already exceed that
+configuration's SLO ratio.
 """
 
 from core.serving.steady_state import SteadyState, SteadyStateSettings
@@ -32,12 +35,32 @@ def verdict_is_clear(intervals: dict, targets: dict[str, float], met: dict[str, 
     return len(known) == len(targets) and all(high <= met[key] for key, (_, high) in known.items())
 
 
-def verdict_decider(targets: dict[str, float], met: dict[str, float] | None = None):
+def ratio_floor(intervals: dict, targets: dict[str, float]) -> float | None:
+    """The smallest SLO ratio (a percentile / its target, the largest over the targets) the 95% intervals leave
+    possible: the largest low end / target. None while some target's percentile has no interval."""
+    if not targets or any(key not in intervals for key in targets):
+        return None
+    return max(intervals[key][0] / target for key, target in targets.items())
+
+
+def outranked(intervals: dict, targets: dict[str, float], beat: float | None) -> bool:
+    """True when the estimate's SLO ratio cannot come below `beat` (`ratio_floor` > beat); False for no beat."""
+    floor = None if beat is None else ratio_floor(intervals, targets)
+    return floor is not None and bool(floor > beat)
+
+
+def verdict_decider(
+    targets: dict[str, float], met: dict[str, float] | None = None, beat: float | None = None
+):
     """The `decided` of a steady state asked about `targets` (`steady_prediction`'s rule): with long enough
     batches, `verdict_is_clear(intervals, targets, met)`; before, a miss by EARLY_MISS_MARGIN with the
-    interval clear of the target, or by EARLY_MISS_FAR."""
+    interval clear of the target, or by EARLY_MISS_FAR. beat: the SLO ratio of a configuration the estimate
+    would have to rank above (a search's best of equal cost); once `outranked`, the question is answered at
+    any batch length (an early replay sees less queueing, so its interval's low end is, if anything, low)."""
 
     def decided(estimate: SteadyState) -> bool:
+        if outranked(estimate.intervals, targets, beat):
+            return True
         if estimate.long_enough:
             return verdict_is_clear(estimate.intervals, targets, met)
         m, intervals = estimate.metrics, estimate.intervals

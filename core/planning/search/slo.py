@@ -19,7 +19,12 @@ visited in rank order (GPU count, then the cost proxy: total memory bandwidth) a
    paged blocks, each step priced by the step-time model with the engine's fitted profile,
    `core.planning.cost.fits.engine_profiles`; warm-up dropped, batch-means intervals, `core.serving.steady_state`) until
    every percentile's interval is within the tolerance or the verdict on every target is clear of it. The
-   answer therefore does not depend on a request count: a longer simulation gives the same verdict.
+   answer therefore does not depend on a request count: a longer simulation gives the same verdict. Once a
+   configuration of some GPU count and cost proxy meets the SLO, a later one of the same count and cost is
+   simulated only until its SLO ratio cannot come below the lowest met there (`early_stop.outranked`): it can
+   no longer rank above it, so how far it misses or meets is not asked (`SloConfig.outranked`: its verdict is
+   that shorter run's, as a run stopped at the request cap gives its own). The most parallel layouts are visited first in each such group
+   (`Candidate.sort_key`): at equal cost they have the shortest steps and most often set that ratio.
 With `SloCandidates(disagg=True)` (`slo --disagg`) disaggregated prefill / decode deployments join the same
 order and stop rule (`core.planning.search.slo_disagg`: what they cover, their bounds, their per-pool stopping).
 A steady state of the same deployment with a larger max_num_seqs is reused for a smaller one when its run is
@@ -39,6 +44,7 @@ from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.catalog.models import ModelSpec, get_model
 from core.planning.memory.vllm_command import parallel_flags
 from core.planning.predict.deployment import Deployment
+from core.planning.predict.early_stop import outranked, verdict_decider
 from core.planning.search.slo_candidates import (
     Candidate,
     Slo,
@@ -135,6 +141,7 @@ class _Search:
         self.samples: dict[float, list] = {}
         self.runs: dict[tuple, list] = {}
         self.simulated = self.reused = 0
+        self.best_ratio: dict[tuple, float] = {}  # (num_gpus, cost proxy) -> the lowest SLO ratio met there
         self.disagg = (
             DisaggEvaluator(model, workload, slo, cands, self.overrides, BOUND_SAMPLE)
             if cands.disagg
@@ -146,8 +153,13 @@ class _Search:
         return self.simulated + (self.disagg.simulated if self.disagg is not None else 0)
 
     def evaluate(self, cand: Candidate | DisaggCandidate) -> SloConfig:
-        if isinstance(cand, DisaggCandidate):
-            return self.disagg.evaluate(cand)
+        config = self.disagg.evaluate(cand) if isinstance(cand, DisaggCandidate) else self._aggregated(cand)
+        if config.meets_slo:
+            group = _group(config.num_gpus, config.cost_proxy_tb_per_s)
+            self.best_ratio[group] = min(self.best_ratio.get(group, config.slo_ratio), config.slo_ratio)
+        return config
+
+    def _aggregated(self, cand: Candidate) -> SloConfig:
         workload, cands = self.workload, self.cands
         base = {
             "gpu": cand.gpu,
@@ -255,11 +267,12 @@ class _Search:
                     base["reused_simulation"] = True
                     return state
         targets = self.slo.targets()
+        beat = self.best_ratio.get(_group(cand.num_gpus, cand.cost_proxy))
         if routed:
             fleet = Fleet(cand.ranks, deployment.routing, self.workload.seed)
-            state = steady_prediction(deployment, self.workload, step, kv_tokens, targets, fleet)
+            state = steady_prediction(deployment, self.workload, step, kv_tokens, targets, fleet, beat)
         else:
-            state = steady_prediction(deployment, share, step, kv_tokens, targets)
+            state = steady_prediction(deployment, share, step, kv_tokens, targets, beat=beat)
         self.simulated += 1
         self.runs.setdefault(key, []).append(state)
         return state
@@ -282,6 +295,19 @@ class _Search:
             verb = "meets" if ratio <= 1.0 and all(r <= 1.0 for r in ratios.values()) else "misses"
             reason = f"{verb} the SLO; {metric_label(metric)} at {ratio:.0%} of its target"
         meets = state.stable and all(r <= 1.0 for r in ratios.values())
+        beat = self.best_ratio.get(_group(cand.num_gpus, cand.cost_proxy))
+        # stopped because it could not rank above `beat`, not because its own verdict was clear
+        stopped_outranked = (
+            state.decided
+            and not state.converged
+            and outranked(state.intervals, targets, beat)
+            and not verdict_decider(targets)(state)
+        )
+        if stopped_outranked:
+            reason += (
+                f"; simulated no further: its SLO ratio cannot come below {beat:.0%}, met by a configuration "
+                "of the same GPUs"
+            )
         figures = {key: m.get(key) for key in (*metric_keys(), "queue_p95_s")}
         throughput = m.get("throughput_tokens_per_s")
         if throughput is not None and not routed:  # a routed fleet's throughput is already the whole fleet's
@@ -297,11 +323,17 @@ class _Search:
             **figures,
             throughput_tokens_per_s=throughput,
             tokens_per_s_per_gpu=None if throughput is None else throughput / cand.num_gpus,
-            converged=state.converged or state.decided,
+            converged=state.converged or (state.decided and not stopped_outranked),
+            outranked=stopped_outranked,
             stable=state.stable,
             kv_limited=state.kv_limited,
             simulated_requests=state.simulated_requests,
         )
+
+
+def _group(num_gpus: int, cost_proxy: float) -> tuple:
+    """Configurations the rank cannot tell apart but by verdict and SLO ratio (`_rank`)."""
+    return (num_gpus, round(cost_proxy, 9))
 
 
 def _rank(config: SloConfig) -> tuple:

@@ -137,10 +137,13 @@ class Candidate:
         return self.num_gpus * self.spec.memory_bandwidth / 1e12
 
     def sort_key(self) -> tuple:
+        """The search's visiting order: GPU count, the cost proxy, then the most parallel layout first (at equal
+        cost it has the shortest steps, so it most often sets the SLO ratio the group's other layouts must beat,
+        `core.planning.search.slo`), the larger max_num_seqs first (whose run a smaller cap may reuse)."""
         return (
             self.num_gpus,
             self.cost_proxy,
-            self.tp * self.pp,
+            -self.tp * self.pp,
             self.pp,
             -self.max_num_seqs,
             self.kv_dtype,

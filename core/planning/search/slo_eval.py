@@ -30,7 +30,12 @@ import numpy as np
 from core.planning.cost.step_time import StepTimeModel, from_specs
 from core.planning.memory.plan import CapacityPlan
 from core.planning.predict.deployment import Deployment
-from core.planning.predict.early_stop import SEARCH_SETTINGS, verdict_decider, verdict_is_clear  # noqa: F401 (re-exported)
+from core.planning.predict.early_stop import (  # noqa: F401 (re-exported)
+    SEARCH_SETTINGS,
+    outranked,
+    verdict_decider,
+    verdict_is_clear,
+)
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import replica_steady_state
 from core.planning.search.slo_candidates import Candidate, SloCandidates, SloWorkload
@@ -51,7 +56,9 @@ class SloConfig:
     simulated: the simulator ran (else pruned by memory, a latency floor or the throughput bound, see reason).
     {ttft,tpot,itl,e2e}_p{50,90,95,99}_s, queue_p95_s: the steady-state percentiles of one replica at its share
     of the rate (`core.serving.steady_state`); converged: their 95% intervals are within the tolerance or clear
-    of every target; stable: the replica serves its share (False: overloaded, the percentiles are the horizon's);
+    of every target; outranked: simulated no further once its SLO ratio could not come below that of a
+    configuration of the same GPU count and cost proxy already found to meet the SLO (`early_stop.outranked`;
+    its percentiles and verdict are then those of a shorter run, converged False); stable: the replica serves its share (False: overloaded, the percentiles are the horizon's);
     kv_limited: the KV cache held requests back in steady state; simulated_requests: requests simulated.
     throughput_tokens_per_s: output tokens/s of the whole deployment in steady state (replicas x one replica's:
     below capacity, the rate x the mean output length). engine: whose profile priced the steps.
@@ -126,6 +133,7 @@ class SloConfig:
     prefill_gpus: int | None = None
     decode_gpus: int | None = None
     kv_transfer_s: float | None = None
+    outranked: bool = False
     kv_bytes_per_request: int | None = None
     kv_link: str | None = None
     prefill_workers: int | None = None
@@ -261,7 +269,13 @@ def _per_request(values: np.ndarray, fn) -> np.ndarray:
 
 
 def steady_prediction(
-    deployment: Deployment, share: Load, step: StepTimeModel, kv_tokens: int, targets: dict, fleet=None
+    deployment: Deployment,
+    share: Load,
+    step: StepTimeModel,
+    kv_tokens: int,
+    targets: dict,
+    fleet=None,
+    beat: float | None = None,
 ):
     """The steady state of one replica at its `share` of the load (`core.planning.predict.prediction.replica_steady_state`,
     counted blocks over the plan's KV tokens), simulated until the targets' percentiles' intervals are within
@@ -269,9 +283,10 @@ def steady_prediction(
     needs batches long enough to trust the intervals (`SteadyState.long_enough`), except a miss by
     EARLY_MISS_MARGIN with the interval clear, or by EARLY_MISS_FAR: a shorter replay from an empty system sees
     less queueing than the steady state, so a target it misses by a margin is missed in steady state too.
-    fleet: a `core.serving.fleet.Fleet`: `share` is then the whole load and the estimate the routed fleet's."""
+    fleet: a `core.serving.fleet.Fleet`: `share` is then the whole load and the estimate the routed fleet's.
+    beat: stop too once the SLO ratio cannot come below this one (`early_stop.outranked`)."""
 
-    decided = verdict_decider(targets)
+    decided = verdict_decider(targets, beat=beat)
     side = deployment.request_overhead_s()  # the engine profile's request-side term, as predict adds it
     return replica_steady_state(
         deployment, share, step, kv_tokens, SEARCH_SETTINGS, decided, tuple(targets), fleet, None, side
