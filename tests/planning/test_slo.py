@@ -14,7 +14,13 @@ from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.commands.dispatch import main
 from core.planning.memory.plan import plan
-from core.planning.predict.early_stop import SEARCH_SETTINGS, outranked, ratio_floor, verdict_decider
+from core.planning.predict.early_stop import (
+    SEARCH_SETTINGS,
+    Question,
+    outranked,
+    ratio_floor,
+    verdict_decider,
+)
 from core.planning.predict.prediction import Load, predict
 from core.planning.search.slo import (
     Slo,
@@ -249,7 +255,7 @@ def test_a_reused_simulation_is_the_run_it_stands_for():
             workload,
             step_model(LLAMA_8B, cand, result.step_time),
             int(capacity.kv_tokens),
-            slo.targets(),
+            Question(slo.targets()),
         ).metrics
         assert all(getattr(config, key) == fresh.get(key) for key in metric_keys())
 

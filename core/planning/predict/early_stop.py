@@ -10,6 +10,8 @@ A search comparing configurations also stops one once it cannot rank above a con
 configuration's SLO ratio.
 """
 
+from typing import NamedTuple
+
 from core.serving.steady_state import SteadyState, SteadyStateSettings
 
 # The searches' estimates: 10% intervals on the targets' percentiles over batches of 3 lifetimes, at most 3,000
@@ -33,6 +35,18 @@ def verdict_is_clear(intervals: dict, targets: dict[str, float], met: dict[str, 
     if any(low > targets[key] for key, (low, _) in known.items()):
         return True
     return len(known) == len(targets) and all(high <= met[key] for key, (_, high) in known.items())
+
+
+class Question(NamedTuple):
+    """What a search asks of one steady state: targets (key -> seconds), and beat, the lowest SLO ratio a
+    configuration it would have to rank above already met (None: none yet)."""
+
+    targets: dict[str, float]
+    beat: float | None = None
+
+    def decider(self):
+        """`verdict_decider(targets, beat=beat)`."""
+        return verdict_decider(self.targets, beat=self.beat)
 
 
 def ratio_floor(intervals: dict, targets: dict[str, float]) -> float | None:

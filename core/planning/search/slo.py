@@ -44,7 +44,7 @@ from core.errors import InvalidArgumentError, SloInfeasibleError
 from core.planning.catalog.models import ModelSpec, get_model
 from core.planning.memory.vllm_command import parallel_flags
 from core.planning.predict.deployment import Deployment
-from core.planning.predict.early_stop import outranked, verdict_decider
+from core.planning.predict.early_stop import Question, outranked, verdict_decider
 from core.planning.search.slo_candidates import (
     Candidate,
     Slo,
@@ -266,13 +266,12 @@ class _Search:
                     self.reused += 1
                     base["reused_simulation"] = True
                     return state
-        targets = self.slo.targets()
-        beat = self.best_ratio.get(_group(cand.num_gpus, cand.cost_proxy))
+        question = Question(self.slo.targets(), self.best_ratio.get(_group(cand.num_gpus, cand.cost_proxy)))
         if routed:
             fleet = Fleet(cand.ranks, deployment.routing, self.workload.seed)
-            state = steady_prediction(deployment, self.workload, step, kv_tokens, targets, fleet, beat)
+            state = steady_prediction(deployment, self.workload, step, kv_tokens, question, fleet)
         else:
-            state = steady_prediction(deployment, share, step, kv_tokens, targets, beat=beat)
+            state = steady_prediction(deployment, share, step, kv_tokens, question)
         self.simulated += 1
         self.runs.setdefault(key, []).append(state)
         return state

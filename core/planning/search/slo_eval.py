@@ -32,6 +32,7 @@ from core.planning.memory.plan import CapacityPlan
 from core.planning.predict.deployment import Deployment
 from core.planning.predict.early_stop import (  # noqa: F401 (re-exported)
     SEARCH_SETTINGS,
+    Question,
     outranked,
     verdict_decider,
     verdict_is_clear,
@@ -273,23 +274,21 @@ def steady_prediction(
     share: Load,
     step: StepTimeModel,
     kv_tokens: int,
-    targets: dict,
+    question: Question,
     fleet=None,
-    beat: float | None = None,
 ):
     """The steady state of one replica at its `share` of the load (`core.planning.predict.prediction.replica_steady_state`,
     counted blocks over the plan's KV tokens), simulated until the targets' percentiles' intervals are within
-    SEARCH_SETTINGS' tolerance or the verdict on `targets` is clear of them (`verdict_is_clear`). A verdict
+    SEARCH_SETTINGS' tolerance or the verdict on `question.targets` is clear of them (`verdict_is_clear`), or it
+    cannot rank above a configuration that met them (`question.beat`, `early_stop.outranked`). A verdict
     needs batches long enough to trust the intervals (`SteadyState.long_enough`), except a miss by
     EARLY_MISS_MARGIN with the interval clear, or by EARLY_MISS_FAR: a shorter replay from an empty system sees
     less queueing than the steady state, so a target it misses by a margin is missed in steady state too.
-    fleet: a `core.serving.fleet.Fleet`: `share` is then the whole load and the estimate the routed fleet's.
-    beat: stop too once the SLO ratio cannot come below this one (`early_stop.outranked`)."""
-
-    decided = verdict_decider(targets, beat=beat)
+    fleet: a `core.serving.fleet.Fleet`: `share` is then the whole load and the estimate the routed fleet's."""
     side = deployment.request_overhead_s()  # the engine profile's request-side term, as predict adds it
+    focus = tuple(question.targets)
     return replica_steady_state(
-        deployment, share, step, kv_tokens, SEARCH_SETTINGS, decided, tuple(targets), fleet, None, side
+        deployment, share, step, kv_tokens, SEARCH_SETTINGS, question.decider(), focus, fleet, None, side
     )
 
 
