@@ -48,6 +48,16 @@ class Question(NamedTuple):
         """`verdict_decider(targets, beat=beat)`."""
         return verdict_decider(self.targets, beat=self.beat)
 
+    def stopped_outranked(self, estimate: SteadyState) -> bool:
+        """True when `decider()` stopped `estimate` only because it is `outranked`: unconverged, and the
+        verdict on the targets alone not yet clear."""
+        return (
+            estimate.decided
+            and not estimate.converged
+            and outranked(estimate.intervals, self.targets, self.beat)
+            and not verdict_decider(self.targets)(estimate)
+        )
+
 
 def ratio_floor(intervals: dict, targets: dict[str, float]) -> float | None:
     """The smallest SLO ratio (a percentile / its target, the largest over the targets) the 95% intervals leave

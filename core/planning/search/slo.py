@@ -23,8 +23,9 @@ visited in rank order (GPU count, then the cost proxy: total memory bandwidth) a
    configuration of some GPU count and cost proxy meets the SLO, a later one of the same count and cost is
    simulated only until its SLO ratio cannot come below the lowest met there (`early_stop.outranked`): it can
    no longer rank above it, so how far it misses or meets is not asked (`SloConfig.outranked`: its verdict is
-   that shorter run's, as a run stopped at the request cap gives its own). The most parallel layouts are visited first in each such group
-   (`Candidate.sort_key`): at equal cost they have the shortest steps and most often set that ratio.
+   that shorter run's, as a run stopped at the request cap gives its own). The most parallel layouts are
+   visited first in each such group (`Candidate.sort_key`): at equal cost they have the shortest steps and most
+   often set that ratio.
 With `SloCandidates(disagg=True)` (`slo --disagg`) disaggregated prefill / decode deployments join the same
 order and stop rule (`core.planning.search.slo_disagg`: what they cover, their bounds, their per-pool stopping).
 A steady state of the same deployment with a larger max_num_seqs is reused for a smaller one when its run is
@@ -40,11 +41,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from core.errors import InvalidArgumentError, SloInfeasibleError
+from core.errors import SloInfeasibleError
 from core.planning.catalog.models import ModelSpec, get_model
 from core.planning.memory.vllm_command import parallel_flags
-from core.planning.predict.deployment import Deployment
-from core.planning.predict.early_stop import Question, outranked, verdict_decider
+from core.planning.predict.early_stop import Question
 from core.planning.search.slo_candidates import (
     Candidate,
     Slo,
@@ -58,6 +58,8 @@ from core.planning.search.slo_disagg import DisaggCandidate, DisaggEvaluator, en
 from core.planning.search.slo_eval import (
     SloConfig,
     analytic_bounds,
+    config_candidate,
+    config_deployment,
     dominant_part,
     floor_of,
     reusable,
@@ -266,7 +268,7 @@ class _Search:
                     self.reused += 1
                     base["reused_simulation"] = True
                     return state
-        question = Question(self.slo.targets(), self.best_ratio.get(_group(cand.num_gpus, cand.cost_proxy)))
+        question = self._question(cand)
         if routed:
             fleet = Fleet(cand.ranks, deployment.routing, self.workload.seed)
             state = steady_prediction(deployment, self.workload, step, kv_tokens, question, fleet)
@@ -275,6 +277,10 @@ class _Search:
         self.simulated += 1
         self.runs.setdefault(key, []).append(state)
         return state
+
+    def _question(self, cand: Candidate) -> Question:
+        """The targets, and the lowest SLO ratio met so far by a configuration of `cand`'s GPU count and cost."""
+        return Question(self.slo.targets(), self.best_ratio.get(_group(cand.num_gpus, cand.cost_proxy)))
 
     def _simulated(self, state: SteadyState, step, cand: Candidate, base: dict) -> SloConfig:
         m, targets = state.metrics, self.slo.targets()
@@ -294,18 +300,12 @@ class _Search:
             verb = "meets" if ratio <= 1.0 and all(r <= 1.0 for r in ratios.values()) else "misses"
             reason = f"{verb} the SLO; {metric_label(metric)} at {ratio:.0%} of its target"
         meets = state.stable and all(r <= 1.0 for r in ratios.values())
-        beat = self.best_ratio.get(_group(cand.num_gpus, cand.cost_proxy))
-        # stopped because it could not rank above `beat`, not because its own verdict was clear
-        stopped_outranked = (
-            state.decided
-            and not state.converged
-            and outranked(state.intervals, targets, beat)
-            and not verdict_decider(targets)(state)
-        )
+        question = self._question(cand)
+        stopped_outranked = question.stopped_outranked(state)
         if stopped_outranked:
             reason += (
-                f"; simulated no further: its SLO ratio cannot come below {beat:.0%}, met by a configuration "
-                "of the same GPUs"
+                f"; simulated no further: its SLO ratio cannot come below {question.beat:.0%}, met by a "
+                "configuration of the same GPUs"
             )
         figures = {key: m.get(key) for key in (*metric_keys(), "queue_p95_s")}
         throughput = m.get("throughput_tokens_per_s")
@@ -422,49 +422,12 @@ def latency_curve(
     config's GPU (its step_time overrides apply; default `SloCandidates()`)."""
     model = get_model(model) if isinstance(model, str) else model
     cands = SloCandidates() if candidates is None else candidates
-    cand = _candidate(config, cands)
+    cand = config_candidate(config, cands)
     points = []
     for rate in rates:
         point = replace(workload, rate=rate)
         points.append(_Search(model, point, slo, cands).evaluate(cand))
     return points
-
-
-def config_deployment(
-    model: ModelSpec | str, config: SloConfig, candidates: SloCandidates | None = None
-) -> Deployment:
-    """A configuration (e.g. a row of `SloPlan.configs`) as the `Deployment` that `predict` and `max_rate`
-    take, with the search's shared settings and engine; predict(..., step_time=candidates.step_time) then
-    prices it as the search did. `candidates` must hold the config's GPU (default `SloCandidates()`)."""
-    model = get_model(model) if isinstance(model, str) else model
-    cands = SloCandidates() if candidates is None else candidates
-    return _candidate(config, cands).deployment(model, cands)
-
-
-def _candidate(config: SloConfig, cands: SloCandidates) -> Candidate:
-    if config.mode != "agg":
-        raise InvalidArgumentError(
-            "a disaggregated configuration is not one Deployment: predict it with core.planning.predict.disagg "
-            "(DisaggDeployment, predict_disagg)"
-        )
-    specs = dict(cands.gpu_specs())
-    if config.gpu not in specs:
-        raise InvalidArgumentError(
-            f"GPU {config.gpu!r} is not among the candidates' GPUs ({', '.join(specs)})"
-        )
-    return Candidate(
-        config.gpu,
-        specs[config.gpu],
-        config.tp,
-        config.pp,
-        config.replicas,
-        config.max_num_seqs,
-        config.kv_dtype,
-        config.weight_dtype,
-        config.routing,
-        config.data_parallel,
-        config.expert_parallel,
-    )
 
 
 def _infeasible(plan: SloPlan) -> SloInfeasibleError:

@@ -27,6 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from core.errors import InvalidArgumentError
+from core.planning.catalog.models import ModelSpec, get_model
 from core.planning.cost.step_time import StepTimeModel, from_specs
 from core.planning.memory.plan import CapacityPlan
 from core.planning.predict.deployment import Deployment
@@ -59,7 +61,8 @@ class SloConfig:
     of the rate (`core.serving.steady_state`); converged: their 95% intervals are within the tolerance or clear
     of every target; outranked: simulated no further once its SLO ratio could not come below that of a
     configuration of the same GPU count and cost proxy already found to meet the SLO (`early_stop.outranked`;
-    its percentiles and verdict are then those of a shorter run, converged False); stable: the replica serves its share (False: overloaded, the percentiles are the horizon's);
+    its percentiles and verdict are then those of a shorter run, converged False); stable: the replica serves
+    its share (False: overloaded, the percentiles are the horizon's);
     kv_limited: the KV cache held requests back in steady state; simulated_requests: requests simulated.
     throughput_tokens_per_s: output tokens/s of the whole deployment in steady state (replicas x one replica's:
     below capacity, the rate x the mean output length). engine: whose profile priced the steps.
@@ -354,3 +357,41 @@ def reusable(
         + math.ceil(config.watermark * max(capacity, kv_tokens))
     )
     return peak_used + slack <= min(capacity, kv_tokens)
+
+
+def config_deployment(
+    model: ModelSpec | str, config: SloConfig, candidates: SloCandidates | None = None
+) -> Deployment:
+    """A configuration (e.g. a row of `SloPlan.configs`) as the `Deployment` that `predict` and `max_rate`
+    take, with the search's shared settings and engine; predict(..., step_time=candidates.step_time) then
+    prices it as the search did. `candidates` must hold the config's GPU (default `SloCandidates()`)."""
+    model = get_model(model) if isinstance(model, str) else model
+    cands = SloCandidates() if candidates is None else candidates
+    return config_candidate(config, cands).deployment(model, cands)
+
+
+def config_candidate(config: SloConfig, cands: SloCandidates) -> Candidate:
+    """The search candidate an aggregated configuration row stands for (refused for a disaggregated one)."""
+    if config.mode != "agg":
+        raise InvalidArgumentError(
+            "a disaggregated configuration is not one Deployment: predict it with core.planning.predict.disagg "
+            "(DisaggDeployment, predict_disagg)"
+        )
+    specs = dict(cands.gpu_specs())
+    if config.gpu not in specs:
+        raise InvalidArgumentError(
+            f"GPU {config.gpu!r} is not among the candidates' GPUs ({', '.join(specs)})"
+        )
+    return Candidate(
+        config.gpu,
+        specs[config.gpu],
+        config.tp,
+        config.pp,
+        config.replicas,
+        config.max_num_seqs,
+        config.kv_dtype,
+        config.weight_dtype,
+        config.routing,
+        config.data_parallel,
+        config.expert_parallel,
+    )
