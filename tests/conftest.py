@@ -75,6 +75,18 @@ def wait_for_script_done(page, timeout_ms: float) -> None:
     )
 
 
+def fill_form_number(page, label: str, value: str, shown: str | None = None) -> None:
+    """Type into a number input inside an st.form and commit it. The input commits its typed value on blur, so a
+    submit clicked straight after `fill` can read the old value (CI once reran the simulator's default 1,000
+    requests with "150" on screen): Tab out and wait until the field shows the committed value."""
+    from playwright.sync_api import expect
+
+    field = page.get_by_label(label, exact=True)
+    field.fill(value)
+    field.press("Tab")
+    expect(field).to_have_value(shown or value)
+
+
 @pytest.fixture(scope="session")
 def _worker_lock_path(tmp_path_factory) -> Path:
     """A file the pytest-xdist workers of one run share (their base temporary directories have one parent)."""

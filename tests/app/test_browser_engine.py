@@ -5,7 +5,7 @@ x-axis title."""
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import ARTIFACTS, wait_for_script_done
+from tests.conftest import ARTIFACTS, fill_form_number, wait_for_script_done
 from tests.real_model import real_model_path
 
 expect.set_options(timeout=120_000)  # the first run also builds the C kernel
@@ -20,9 +20,10 @@ def test_engine_page_runs_a_tiny_generation(streamlit_server, page):
     expect(page.locator('[data-testid="stPlotlyChart"] .main-svg').first).to_be_visible()
     page.screenshot(path=str(ARTIFACTS / "engine_default.png"), full_page=True)
 
-    page.get_by_label("Parallel samples (n)").fill("1")
-    page.get_by_label("Beam width (> 1: beam search, n must be 1)").fill("2")
-    page.get_by_label("New tokens per output (max_tokens)").fill("6")
+    wait_for_script_done(page, 120_000)
+    fill_form_number(page, "Parallel samples (n)", "1")
+    fill_form_number(page, "Beam width (> 1: beam search, n must be 1)", "2")
+    fill_form_number(page, "New tokens per output (max_tokens)", "6")
     page.get_by_role("button", name="Generate").click()
     # 3 prompts x 2 beams x 6 tokens
     expect(tokens).to_contain_text("36")

@@ -4,7 +4,7 @@ check passes, every chart draws, and the URL carries every input (a link reprodu
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import ARTIFACTS, wait_for_script_done
+from tests.conftest import ARTIFACTS, fill_form_number, wait_for_script_done
 
 pytestmark = pytest.mark.browser
 RUN_MS = 120_000  # a fresh server's first run imports torch and spawns a worker; the sweep times 4 contexts
@@ -40,7 +40,7 @@ def test_kernels_page_in_a_browser(streamlit_server, page):
     page.screenshot(path=str(ARTIFACTS / "kernels.png"), full_page=True)
 
     # change a setting through the form and run again: the URL follows
-    page.get_by_label("batch (sequences)").fill("2")
+    fill_form_number(page, "batch (sequences)", "2")
     page.get_by_role("button", name="Run check and sweep").click()
     expect(page.get_by_text("2 sequences x 1,024 tokens")).to_be_visible(timeout=RUN_MS)
     page.wait_for_url("**batch=2**", timeout=RUN_MS)

@@ -1,9 +1,11 @@
 """A real Chromium runs the Simulator page: the default comparison draws, then a small custom run replaces it."""
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import ARTIFACTS, wait_for_script_done
+from tests.conftest import ARTIFACTS, fill_form_number, wait_for_script_done
 
 expect.set_options(timeout=60_000)
 
@@ -14,14 +16,14 @@ def test_simulator_page_runs_a_small_simulation(streamlit_server, page):
     page.locator('[data-testid="stSidebarNav"] a', has_text="Serving simulator").click()
     expect(page.get_by_text("Paged (vLLM): token states")).to_be_visible()
     expect(page.locator('[data-testid="stPlotlyChart"] .main-svg').first).to_be_visible()
+    wait_for_script_done(page, 60_000)
     page.screenshot(path=str(ARTIFACTS / "simulator_default.png"), full_page=True)
 
     page.get_by_text("Workload, model, policies and scheduler settings").click()
-    requests = page.get_by_label("Requests", exact=True)
-    requests.fill("150")
-    rate = page.get_by_label("Arrival rate (requests/s, Poisson)")
-    rate.fill("8")
+    fill_form_number(page, "Requests", "150")
+    fill_form_number(page, "Arrival rate (requests/s, Poisson)", "8", shown="8.00")
     page.get_by_role("button", name="Run simulation").click()
+    expect(page).to_have_url(re.compile(r"num_requests=150\b"))
     expect(page.get_by_text("150 requests, KV capacity 15,728 token slots")).to_be_visible()
     expect(page.locator('[data-testid="stPlotlyChart"] .main-svg').nth(4)).to_be_visible()
     wait_for_script_done(page, 60_000)
