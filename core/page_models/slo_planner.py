@@ -115,7 +115,8 @@ def chart_configs(plan: SloPlan, count: int = CHART_CONFIGS) -> tuple[SloConfig,
     draws (the ranked table shows them)."""
     aggregated = [c for c in plan.configs if c.mode == "agg"]
     meeting = [c for c in aggregated if c.meets_slo]
-    closest = sorted((c for c in aggregated if c.feasible and not c.meets_slo), key=lambda c: c.slo_ratio)
+    missing = (c for c in aggregated if c.feasible and not c.meets_slo and c.slo_ratio is not None)
+    closest = sorted(missing, key=lambda c: c.slo_ratio)
     chosen, seen = [], set()
     for config in [*meeting, *closest]:
         if _deployment(config) not in seen and len(chosen) < count:

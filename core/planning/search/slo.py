@@ -25,7 +25,9 @@ visited in rank order (GPU count, then the cost proxy: total memory bandwidth) a
    no longer rank above it, so how far it misses or meets is not asked (`SloConfig.outranked`: its verdict is
    that shorter run's, as a run stopped at the request cap gives its own). The most parallel layouts are
    visited first in each such group (`Candidate.sort_key`): at equal cost they have the shortest steps and most
-   often set that ratio.
+   often set that ratio. A candidate whose deployment (same max_num_seqs) already missed the SLO with a KV dtype
+   of fewer bytes a token and no fewer slots is not simulated (`_Search._dominated`): a wider KV cache only
+   lengthens the steps, so its row is that miss's verdict (`SloConfig.dominated_by`).
 With `SloCandidates(disagg=True)` (`slo --disagg`) disaggregated prefill / decode deployments join the same
 order and stop rule (`core.planning.search.slo_disagg`: what they cover, their bounds, their per-pool stopping).
 A steady state of the same deployment with a larger max_num_seqs is reused for a smaller one when its run is
@@ -144,6 +146,8 @@ class _Search:
         self.runs: dict[tuple, list] = {}
         self.simulated = self.reused = 0
         self.best_ratio: dict[tuple, float] = {}  # (num_gpus, cost proxy) -> the lowest SLO ratio met there
+        # a candidate with its KV dtype blanked -> (KV bytes a token, KV slots, config) of those simulated that missed
+        self.misses: dict[Candidate, list[tuple[float, int, SloConfig]]] = {}
         self.disagg = (
             DisaggEvaluator(model, workload, slo, cands, self.overrides, BOUND_SAMPLE)
             if cands.disagg
@@ -211,8 +215,41 @@ class _Search:
         pruned = None if workload.uses_prefix_cache else self._pruned(step, bounds, share.rate, base)
         if pruned is not None:
             return pruned
+        dominated = self._dominated(cand, step, int(capacity.kv_tokens), base)
+        if dominated is not None:
+            return dominated
         state = self._steady(deployment, share, step, cand, int(capacity.kv_tokens), base)
-        return self._simulated(state, step, cand, base)
+        config = self._simulated(state, step, cand, base)
+        if not config.meets_slo:
+            missed = (step.kv_bytes_per_token, int(capacity.kv_tokens), config)
+            self.misses.setdefault(replace(cand, kv_dtype=""), []).append(missed)
+        return config
+
+    def _dominated(self, cand: Candidate, step, kv_tokens: int, base: dict) -> SloConfig | None:
+        """A miss without simulating `cand` when the same deployment at the same max_num_seqs already missed with
+        a KV cache of no more bytes a token and no fewer slots (`Candidate.sort_key` visits the narrower KV dtype
+        first); else None. The KV dtype enters the step-time model only through the K/V bytes a step reads and
+        writes (`StepTimeModel.kv_bytes_per_token`), so the wider cache makes every step at least as long, and
+        with no more slots it admits no more requests: it meets no target the narrower one missed. How far it
+        misses is not estimated (slo_ratio None; limiting_metric and binding that miss's; `SloConfig.dominated_by`)."""
+        for kv_bytes, slots, missed in self.misses.get(replace(cand, kv_dtype=""), ()):
+            if kv_bytes <= step.kv_bytes_per_token and slots >= kv_tokens:
+                return SloConfig(
+                    **base,
+                    simulated=False,
+                    meets_slo=False,
+                    binding=missed.binding,
+                    reason=(
+                        f"misses the SLO, not simulated: with KV cache dtype {missed.kv_dtype} (fewer bytes a "
+                        f"token, more slots) the same deployment {_verdict(missed)}, and a wider cache only "
+                        "lengthens its steps"
+                    ),
+                    slo_ratio=None,
+                    limiting_metric=missed.limiting_metric,
+                    stable=missed.stable,
+                    dominated_by=missed.kv_dtype,
+                )
+        return None
 
     def _pruned(self, step, bounds, rate: float, base: dict) -> SloConfig | None:
         """A config for a candidate whose bound already fails (the worst ratio), or None."""
@@ -330,6 +367,13 @@ class _Search:
         )
 
 
+def _verdict(config: SloConfig) -> str:
+    """A simulated miss's verdict as a predicate: "misses the SLO; TTFT p95 at 106% of its target"."""
+    if not config.stable:
+        return f"does not serve its load ({config.reason})"
+    return config.reason.split("; simulated no further")[0]
+
+
 def _group(num_gpus: int, cost_proxy: float) -> tuple:
     """Configurations the rank cannot tell apart but by verdict and SLO ratio (`_rank`)."""
     return (num_gpus, round(cost_proxy, 9))
@@ -434,6 +478,7 @@ def _infeasible(plan: SloPlan) -> SloInfeasibleError:
     """The error naming the target no configuration meets, with the closest configuration and its shortfall."""
     rate = plan.workload.rate
     feasible = [c for c in plan.configs if c.feasible]
+    estimated = [c for c in feasible if c.slo_ratio is not None]  # a dominated row has none (`_dominated`)
     if not feasible:
         first = plan.configs[0] if plan.configs else None
         detail = f" The smallest tried, {first.num_gpus} x {first.gpu_name}: {first.reason}" if first else ""
@@ -447,7 +492,7 @@ def _infeasible(plan: SloPlan) -> SloInfeasibleError:
             None,
             plan,
         )
-    closest = min(feasible, key=lambda c: c.slo_ratio)
+    closest = min(estimated, key=lambda c: c.slo_ratio)
     layout = f"tp {closest.tp}, pp {closest.pp}"
     if closest.mode == "disagg":
         layout = (

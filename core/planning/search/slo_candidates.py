@@ -26,6 +26,7 @@ from core.planning.cost.fits.engine_profiles import (
 )
 from core.planning.memory.kv_accounting import (
     BLOCK_SIZES,
+    DTYPE_BITS,
     check_moe_parallel,
     check_parallelism,
 )
@@ -139,13 +140,16 @@ class Candidate:
     def sort_key(self) -> tuple:
         """The search's visiting order: GPU count, the cost proxy, then the most parallel layout first (at equal
         cost it has the shortest steps, so it most often sets the SLO ratio the group's other layouts must beat,
-        `core.planning.search.slo`), the larger max_num_seqs first (whose run a smaller cap may reuse)."""
+        `core.planning.search.slo`), the larger max_num_seqs first (whose run a smaller cap may reuse), the
+        narrower KV dtype first (`auto`, the model's 16 or 32 bits, last: a wider one is not simulated where the
+        narrower one of the same deployment misses, `slo._Search.dominated`)."""
         return (
             self.num_gpus,
             self.cost_proxy,
             -self.tp * self.pp,
             self.pp,
             -self.max_num_seqs,
+            DTYPE_BITS.get(self.kv_dtype, 16),
             self.kv_dtype,
             _routing_rank(self.routing),
             self.data_parallel,

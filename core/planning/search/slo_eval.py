@@ -61,7 +61,10 @@ class SloConfig:
     of the rate (`core.serving.steady_state`); converged: their 95% intervals are within the tolerance or clear
     of every target; outranked: simulated no further once its SLO ratio could not come below that of a
     configuration of the same GPU count and cost proxy already found to meet the SLO (`early_stop.outranked`;
-    its percentiles and verdict are then those of a shorter run, converged False); stable: the replica serves
+    its percentiles and verdict are then those of a shorter run, converged False); dominated_by: the KV dtype of
+    the same deployment (same max_num_seqs) that missed the SLO with fewer KV bytes a token, for a row not
+    simulated because of it (its verdict a miss, slo_ratio None, limiting_metric and binding that row's:
+    `slo._Search._dominated`); stable: the replica serves
     its share (False: overloaded, the percentiles are the horizon's);
     kv_limited: the KV cache held requests back in steady state; simulated_requests: requests simulated.
     throughput_tokens_per_s: output tokens/s of the whole deployment in steady state (replicas x one replica's:
@@ -69,7 +72,7 @@ class SloConfig:
     capacity_requests_per_s: an upper bound on the sustainable rate (replicas x the analytic
     bound). meets_slo: simulated and every target met. binding: module docstring (`BINDINGS`). slo_ratio: the
     largest predicted (or floor) / target over the targets, or rate / capacity when the bound pruned it (or the
-    load is not served); None when infeasible. limiting_metric: which (a target's key, or "rate"). gpus_per_request_per_s:
+    load is not served); None when infeasible or dominated. limiting_metric: which (a target's key, or "rate"). gpus_per_request_per_s:
     num_gpus / rate. cost_proxy_tb_per_s: total memory bandwidth (the rank within equal GPU counts).
     reused_simulation: the run of the same deployment with a larger max_num_seqs, provably identical (the
     larger cap and the KV difference never mattered in it). tokens_per_s_per_gpu: throughput_tokens_per_s /
@@ -138,6 +141,7 @@ class SloConfig:
     decode_gpus: int | None = None
     kv_transfer_s: float | None = None
     outranked: bool = False
+    dominated_by: str | None = None
     kv_bytes_per_request: int | None = None
     kv_link: str | None = None
     prefill_workers: int | None = None
