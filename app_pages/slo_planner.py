@@ -106,9 +106,9 @@ def inputs() -> None:
 
 
 ENGINE_HELP = (
-    "vllm: fitted to one model's measured vLLM runs (Llama-3.1-70B); vllm-cross-model: fitted across three "
-    "models and checked on four it never saw, with a per-request front-end time in TTFT; trtllm: to "
-    "TensorRT-LLM's table. The flags printed are vLLM's for either vLLM profile"
+    "vllm-cross-model (the default): vLLM fitted across three models and checked on four it never saw, with a "
+    "per-request front-end time in TTFT; vllm: fitted to one model's measured vLLM runs (Llama-3.1-70B); "
+    "trtllm: to TensorRT-LLM's table. The flags printed are vLLM's for either vLLM profile"
 )
 
 

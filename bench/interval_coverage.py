@@ -7,10 +7,11 @@ The case is issue 37's `predict`: Llama-3.1-8B on 2 x H100, 8 req/s of 4,000 / 2
 shared 8 ways, EAGLE 0.8, 0.6, 0.4. The truth is one long run (`--truth-requests` measured, seed 10,000). Then
 `--seeds` runs (seeds 0, 1, ...) are each stopped at their first estimate of `--measured` requests
 (`predict(..., decided=...)` answering at once). For every percentile key there are two intervals:
-- "batch_percentiles": the estimate's own (`core.serving.steady_state`: batch means of each batch's percentile);
-- "batch_indicator": batch means of the indicator 1[x <= the estimate], the fraction's interval mapped back
-  through the window's own percentiles, and at least the independent samples' binomial width (`indicator_interval`
-  below; docs/slo.md 2c, "The default profile", tried as the replacement).
+- "batch_indicator": the estimate's own (`core.serving.steady_state._quantile_interval`: batch means of the
+  indicator 1[x <= the estimate], the fraction's interval mapped back through the window's own percentiles, and
+  at least the independent samples' binomial width), the lab's intervals since issue 40's seventh stage;
+- "batch_percentiles": what they replaced, batch means of each batch's own percentile
+  (`batch_percentile_intervals` below; docs/slo.md 3b).
 Per key it prints the share of seeds whose interval holds the truth ("coverage") and the median half-width over
 the estimate. It is a measurement, not a target. Seconds of CPU: ~70 for the truth, ~1-2 per seed.
 """
@@ -32,7 +33,6 @@ from core.planning.predict.deployment import Deployment
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import predict
 from core.serving import steady_state as ss
-from core.serving.latency import PERCENTILES, request_latencies
 from core.serving.steady_state import SteadyStateSettings
 
 TRUTH_SEED = 10_000
@@ -57,45 +57,29 @@ def first_estimate(engine: str, seed: int, measured: int):
     return state, window, itl, settings.num_batches
 
 
-def indicator_interval(
-    values, weights, batch_of, batches: int, q: float, value: float
-) -> tuple[float, float]:
-    """The 95% interval of the q-th percentile `value` by batch means of its indicator (module docstring)."""
-    p = q / 100.0
-    below = (values <= value).astype(np.float64) * weights
-    mass = np.bincount(batch_of, weights=weights, minlength=batches)
-    fractions = np.bincount(batch_of, weights=below, minlength=batches)[mass > 0] / mass[mass > 0]
-    half = ss._t95(len(fractions) - 1) * fractions.std(ddof=1) / math.sqrt(len(fractions))
-    half *= math.sqrt(ss._correlation_inflation(fractions))
-    effective = weights.sum() ** 2 / (weights * weights).sum()
-    half = max(half, 1.96 * math.sqrt(p * (1 - p) / effective))
-    ends = [100 * max(p - half, 0.0), 100 * min(p + half, 1.0)]
-    if np.all(weights == 1.0):
-        low, high = np.percentile(values, ends)
-    else:
-        low, high = np.percentile(values, ends, weights=weights, method="inverted_cdf")
-    return min(float(low), value), max(float(high), value)
-
-
-def indicator_intervals(window, itl, batches: int, estimate: dict) -> dict:
-    """key -> `indicator_interval` for every percentile of `estimate`: requests batched by arrival as the
-    estimate batches them, an ITL gap by its step's time (weighted by the tokens that waited it)."""
+def batch_percentile_intervals(window, itl, batches: int, estimate: dict) -> dict:
+    """key -> (low, high) by the method `core.serving.steady_state` used until issue 40's seventh stage: the
+    batch means of each batch's own percentile (requests batched by arrival, an ITL gap by its step's time),
+    t(0.975, batches - 1) x their standard deviation / sqrt(batches), widened for their lag-1 autocorrelation."""
     bounds = np.linspace(0, len(window), batches + 1).astype(int)
-    per_request = np.repeat(np.arange(batches), np.diff(bounds))
-    last_arrivals = window["arrival_time"].to_numpy()[np.maximum(bounds[1:-1] - 1, 0)]
-    gap_batch = np.searchsorted(last_arrivals, itl[2], side="left")
-    latencies = request_latencies(window)
+    arrivals = window["arrival_time"].to_numpy()
+    per_batch = []
+    for b in range(batches):
+        part = window.iloc[bounds[b] : bounds[b + 1]]
+        t0 = arrivals[bounds[b]] if b else -math.inf
+        t1 = arrivals[bounds[b + 1] - 1] if b < batches - 1 else math.inf
+        in_part = (itl[2] > t0) & (itl[2] <= t1)
+        per_batch.append(ss._percentiles(part, (itl[0][in_part], itl[1][in_part])))
+    t = ss._t95(batches - 1)
     out = {}
-    for name in ss.STEADY_METRICS:
-        if name == "itl":
-            values, weights, batch_of = itl[0], itl[1].astype(np.float64), gap_batch
-        else:
-            ok = ~np.isnan(latencies[name])
-            values, weights, batch_of = latencies[name][ok], np.ones(int(ok.sum())), per_request[ok]
-        for q in PERCENTILES:
-            key = f"{name}_p{q}_s"
-            if key in estimate:
-                out[key] = indicator_interval(values, weights, batch_of, batches, q, estimate[key])
+    for key in ss.metric_keys():
+        if key not in estimate:
+            continue
+        values = np.array([p.get(key, np.nan) for p in per_batch])
+        values = values[~np.isnan(values)]
+        half = t * values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.inf
+        half *= math.sqrt(ss._correlation_inflation(values))
+        out[key] = (estimate[key] - half, estimate[key] + half)
     return out
 
 
@@ -114,8 +98,8 @@ def main() -> None:
     for seed in range(args.seeds):
         state, window, itl, batches = first_estimate(args.engine, seed, args.measured)
         for method, intervals in (
-            ("batch_percentiles", state.intervals),
-            ("batch_indicator", indicator_intervals(window, itl, batches, state.metrics)),
+            ("batch_percentiles", batch_percentile_intervals(window, itl, batches, state.metrics)),
+            ("batch_indicator", state.intervals),
         ):
             for key, value in truth.items():
                 if key in intervals:

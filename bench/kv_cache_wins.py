@@ -2,7 +2,8 @@
 QPS, after a 15 QPS warm-up), every routing policy, the whole run's output tok/s and TTFT p90 aggregated as the
 benchmark's tool did, next to the published figures. Prints one JSON object.
 
-    python -m bench.kv_cache_wins --out bench/results/kv-cache-wins.json   # the published ramp, full length
+    python -m bench.kv_cache_wins --engine vllm --out bench/results/kv-cache-wins.json   # the saved run
+    python -m bench.kv_cache_wins                          # the published ramp, full length, the default profile
     python -m bench.kv_cache_wins --quick                  # smoke: durations / 5, two policies (distorted)
     python -m bench.kv_cache_wins --policies prefix-aware,round-robin --no-single-prefix
     python -m bench.kv_cache_wins --policies approximate-prefix --no-single-prefix \
@@ -45,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.kernels.cpu_isa import machine  # noqa: E402
+from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE, ENGINES  # noqa: E402
 from core.planning.predict.published_fleet import (  # noqa: E402
     GROUPS,
     OUTPUT_LEN,
@@ -101,21 +103,27 @@ def ramp(compress: float) -> list[Stage]:
     ]
 
 
-def fleet_setup(routing: str, seed: int = 0) -> FleetSetup:
-    """(policy, SimulatorConfig, Fleet, sized replica) of the published deployment at block size 64, built as
-    `python -m core.planning ramp` builds it (`core.planning.predict.replica_sim.fleet_setup`)."""
-    deployment = replace(kv_cache_wins_deployment(routing), block_size=BLOCK_SIZE)
+def fleet_setup(routing: str, seed: int = 0, engine: str = DEFAULT_ENGINE) -> FleetSetup:
+    """(policy, SimulatorConfig, Fleet, sized replica) of the published deployment at block size 64, its steps
+    priced by `engine`'s profile, built as `python -m core.planning ramp` builds it
+    (`core.planning.predict.replica_sim.fleet_setup`)."""
+    deployment = replace(kv_cache_wins_deployment(routing), block_size=BLOCK_SIZE, engine=engine)
     return core_fleet_setup(deployment, PREFIX_LEN + QUESTION_LEN + OUTPUT_LEN, seed)
 
 
 def replay(
-    routing: str, stages: list[Stage], groups: int = GROUPS, seed: int = 0, overlap: bool = False
+    routing: str,
+    stages: list[Stage],
+    groups: int = GROUPS,
+    seed: int = 0,
+    overlap: bool = False,
+    engine: str = DEFAULT_ENGINE,
 ) -> dict:
     """One policy's run of the ramp: ramp_report's figures, plus its CPU seconds. overlap False: as the tool ran
     it (`core.serving.staged_run`: each stage once the last has ended, a request failed after the client's
     timeout); True: the stages back to back, every request counted to its finish."""
     started, cpu = time.perf_counter(), time.process_time()
-    policy, config, fleet, _ = fleet_setup(routing, seed)
+    policy, config, fleet, _ = fleet_setup(routing, seed, engine)
     prompts = SharedPrefixPrompts(groups, USERS, PREFIX_LEN, QUESTION_LEN, OUTPUT_LEN)
     if overlap:
         requests = staged_requests(stages, prompts, seed)
@@ -134,8 +142,8 @@ def replay(
 
 
 def _run(job: tuple) -> tuple:
-    routing, groups, compress, overlap = job
-    return routing, groups, replay(routing, ramp(compress), groups=groups, overlap=overlap)
+    routing, groups, compress, overlap, engine = job
+    return routing, groups, replay(routing, ramp(compress), groups=groups, overlap=overlap, engine=engine)
 
 
 def main() -> None:
@@ -155,6 +163,9 @@ def main() -> None:
         "finish, instead of as inference-perf ran them (each stage once the last has ended; 300 s timeout)",
     )
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel processes")
+    parser.add_argument(
+        "--engine", choices=ENGINES, default=DEFAULT_ENGINE, help="the engine profile that prices the steps"
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument(
         "--merge",
@@ -168,9 +179,11 @@ def main() -> None:
     for routing in policies:
         if routing not in POLICIES:
             parser.error(f"unknown policy {routing!r}; choose from {', '.join(POLICIES)}")
-    jobs = [(routing, GROUPS, compress, args.overlap) for routing in policies]
+    jobs = [(routing, GROUPS, compress, args.overlap, args.engine) for routing in policies]
     if not args.no_single_prefix:
-        jobs += [(routing, 1, compress, args.overlap) for routing in ("round-robin", "prefix-aware")]
+        jobs += [
+            (routing, 1, compress, args.overlap, args.engine) for routing in ("round-robin", "prefix-aware")
+        ]
     started = time.perf_counter()
     runs = []
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -183,6 +196,7 @@ def main() -> None:
         "bench": "kv_cache_wins",
         "kind": "transient replay of a staged ramp, not a steady-state estimate",
         "compress": compress,
+        "engine": args.engine,
         "stages_run": "back to back" if args.overlap else "each once the last has ended (inference-perf)",
         "timeout_s": None if args.overlap else TIMEOUT_S,
         "machine": machine(),

@@ -26,7 +26,7 @@ STATED_HELDOUT_RMS = 0.158
 
 def test_engines_and_default():
     assert ENGINES == ("vllm", "trtllm", "vllm-cross-model")
-    assert DEFAULT_ENGINE == "vllm"
+    assert DEFAULT_ENGINE == "vllm-cross-model"
     assert engine_step_defaults("trtllm") == gpu_step_defaults()
     vllm = engine_step_defaults("vllm")
     assert vllm == VLLM_STEP_DEFAULTS

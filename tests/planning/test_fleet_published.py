@@ -2,7 +2,7 @@
 Qwen3-32B, in direction and size, and no gap when every request shares one prefix (docs/levers.md section 4).
 
 The comparison runs on the case scaled by 10 (`scale=10`: tokens, KV cache and prefill chunk a tenth, every ratio
-that decides what hits kept; the full size takes minutes a policy) at 190 req/s, about twice what the scaled
+that decides what hits kept; the full size takes minutes a policy) at 250 req/s, about twice what the scaled
 round-robin fleet serves, as the published operating point (8.73 req/s) is about twice what round-robin served
 there. docs/levers.md section 4 gives both sizes' numbers. Approximate prefix routing (llm-d's guess from its own
 routing history, `approximate-prefix`) runs beside them and falls between."""
@@ -22,7 +22,7 @@ from core.serving.steady_state import SteadyStateSettings
 SATURATED = SteadyStateSettings(initial_measured=300, max_requests=3000, warmup_lifetimes=2.0)
 # prefix-aware starts cold (150 prefixes to place): a longer warm-up, so its queue of the cold start has drained
 WARM = SteadyStateSettings(tolerance=0.2, initial_measured=400, max_requests=3000, warmup_lifetimes=4.0)
-SCALED_RATE = 190.0
+SCALED_RATE = 250.0
 
 
 def test_round_robin_falls_behind_at_the_published_operating_point():
@@ -71,7 +71,7 @@ def test_prefix_aware_serves_twice_round_robin_with_a_short_ttft(scaled):
 
 def test_one_shared_prefix_shows_no_gap():
     """Every request shares one prefix: every pod caches it under either policy, so the two predictions agree
-    (throughput within 5%, TTFT p90 within 50%, the same hit rate), here at 95 req/s."""
+    (throughput within 5%, TTFT p90 within 50%, the same hit rate), here at 125 req/s."""
     fast = SteadyStateSettings(tolerance=0.2, initial_measured=300, max_requests=2000, warmup_lifetimes=2.0)
     load = kv_cache_wins_load(SCALED_RATE / 2, 10, groups=1)
     got = {
@@ -87,7 +87,7 @@ def test_one_shared_prefix_shows_no_gap():
 
 def test_approximate_prefix_falls_between(scaled):
     """Published: approximate prefix routing 6,944 tok/s at TTFT p90 31.1 s, between precise (8,730, 0.542 s) and
-    random (4,429, 92.6 s). Predicted at the same 190 req/s (llm-d's defaults scaled with the case:
+    random (4,429, 92.6 s). Predicted at the same 250 req/s (llm-d's defaults scaled with the case:
     `PrefixHistory(16, 25, 3125)`): the guess falls behind (not a steady state) with a hit rate, throughput and
     TTFT p90 each strictly between round-robin's and prefix-aware's; its load terms spread a group over
     several pods, whose caches then hold more than fits, and the router keeps sending requests to pods that

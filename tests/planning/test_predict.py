@@ -43,13 +43,16 @@ def test_two_seeds_agree_on_every_p99_below_the_knee(seed0):
 
 
 def test_one_closed_loop_client_sees_the_idle_latency():
-    """One client: every request runs alone, so its end-to-end latency is the idle prefill + decodes."""
+    """One client: every request runs alone, so its end-to-end latency is the idle prefill + decodes, plus the
+    default profile's request side (the front end's fixed time and the step in flight when the request arrives,
+    here the previous request's last decode at context 575)."""
     load = Load(None, 512, 64, concurrency=1)
     p = predict(LLAMA, load)
     step = LLAMA.step_model()
     prefill = step.prefill_seconds(512, LLAMA.max_num_batched_tokens)
     decodes = sum(step.decode_step_seconds(1, 512 + i) for i in range(1, 64))
-    assert p.metrics["e2e_p50_s"] == pytest.approx(prefill + decodes, rel=0.02)
+    request_side = LLAMA.request_overhead_s() + step.decode_step_seconds(1, 575)
+    assert p.metrics["e2e_p50_s"] == pytest.approx(request_side + prefill + decodes, rel=0.02)
     assert p.metrics["mean_running_batch"] == pytest.approx(1.0)
     assert idle_lifetime(step, load, LLAMA.max_num_batched_tokens) == pytest.approx(
         prefill + decodes, rel=0.02
@@ -129,7 +132,7 @@ def test_predict_cli_prints_one_json_object_and_bad_flags_exit_2(capsys):
     )
     assert ok.returncode == 0, ok.stderr
     body = json.loads(ok.stdout)
-    assert body["converged"] is True and body["deployment"]["engine"] == "vllm"
+    assert body["converged"] is True and body["deployment"]["engine"] == "vllm-cross-model"
     for bad in (
         ["--rate", "-2"],
         ["--rate", "nan"],

@@ -273,4 +273,7 @@ def test_the_decode_pool_bound_holds_an_overloaded_decode_worker():
     prediction = predict_disagg(cand.deployment(model, cands), load, cands.step_time, settings)
     assert not prediction.decode.stable and prediction.prefill.stable
     served = prediction.decode.metrics["throughput_tokens_per_s"] / 256
-    assert 0.8 * dec.capacity_rps <= served <= dec.capacity_rps < pre.capacity_rps / 2
+    # a window's throughput counts the tokens of every step that ended in it, the one that straddles its start
+    # too: a saturated worker's can read up to a step's tokens over the bound (0.1 % here with the cross-model
+    # profile, whose full-batch step the bound prices exactly)
+    assert 0.8 * dec.capacity_rps <= served <= 1.01 * dec.capacity_rps < pre.capacity_rps / 2

@@ -85,13 +85,15 @@ def test_decode_runs_and_single_steps_price_the_passes_bit_for_bit():
 
 def test_speculation_gains_at_batch_one_and_gives_back_when_compute_bound():
     """At one sequence a step reads the weights whatever its 4 tokens: the gain per token is ~ the accepted
-    length. At 256 sequences x 4 verified tokens the step is compute-bound: 4x the FLOPs for 2.33 tokens, a loss."""
+    length. At 256 sequences x 4 verified tokens of 500-token contexts the step is compute-bound: 4x the FLOPs
+    for 2.33 tokens, a loss (0.72 with either vLLM profile; at 1,000-token contexts the plain step's K/V reads
+    hide most of the extra FLOPs: 1.02 with the cross-model profile, 0.90 with the single-model one)."""
     target = _deploy().step_model()
     cost = SpeculativeStepTime(target, Speculation(3, MID))
     one = target.decode_step_seconds(1, 1000) / cost.decode_step_seconds(1, 1000)
     assert one == pytest.approx(Speculation(3, MID).mean_accepted_len, rel=0.05)
-    many = target.decode_step_seconds(256, 1000) / cost.decode_step_seconds(256, 1000)
-    assert many < 1.0 < one
+    many = target.decode_step_seconds(256, 500) / cost.decode_step_seconds(256, 500)
+    assert many < 0.8 < 1.0 < one
 
 
 def test_high_acceptance_cuts_tpot_at_low_load():
@@ -114,7 +116,7 @@ def test_zero_acceptance_costs():
 def test_the_gain_shrinks_as_the_rate_rises():
     spec = Speculation(3, MID, "eagle")
     gains = []
-    for rate in (0.5, 12.0):
+    for rate in (0.5, 20.0):  # 20 req/s: ~21 sequences a step, where 4 verified tokens each start to cost
         plain = predict(_deploy(), Load(rate, 512, 128), settings=SMALL)
         fast = predict(_deploy(spec), Load(rate, 512, 128), settings=SMALL)
         assert plain.stable and fast.stable

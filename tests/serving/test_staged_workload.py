@@ -129,7 +129,8 @@ def test_prefix_aware_out_serves_round_robin_through_the_ramp_and_one_prefix_sho
 
 
 def test_saved_kv_cache_wins_replay_holds_the_published_direction_and_size():
-    """bench/results/kv-cache-wins.json (`python -m bench.kv_cache_wins`, the published ramp at full length, its
+    """bench/results/kv-cache-wins.json (`python -m bench.kv_cache_wins --engine vllm`, the published ramp at full
+    length priced with the single-model profile, its
     stages drained as inference-perf runs them; docs/levers.md section 4): the ramp sent is the report's (17,084
     requests: 15 x 50 warm-up, then 16 stages summing to 16,334), every request finished within the client's
     300 s; prefix-aware's whole-run output tok/s is over 1.5x every prefix-blind policy's and its gap to
@@ -145,6 +146,7 @@ def test_saved_kv_cache_wins_replay_holds_the_published_direction_and_size():
     assert (
         saved["compress"] == 1.0 and saved["timeout_s"] == 300.0 and "inference-perf" in saved["stages_run"]
     )
+    assert saved["engine"] == "vllm"  # as README's row and docs/levers.md say
     stages = [Stage(*stage) for stage in saved["stages"]]
     assert sum(int(s.rate * s.duration_s) for s in stages) == 17_084
     assert sum(int(s.rate * s.duration_s) for s in stages[1:]) == 16_334 and len(stages) == 17

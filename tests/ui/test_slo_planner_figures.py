@@ -18,8 +18,9 @@ from core.page_models.slo_planner import (
 from core.planning.search.slo import latency_curve
 
 # the page's defaults (rate 12, its targets, GPUs and dtypes) with shorter requests: the same chart is drawn from a
-# search and curves that simulate ~5x fewer steps (2000 / 300 tokens took 50 s for this file)
-P = replace(DEFAULT_PARAMS, prompt_len=1000, output_len=100)
+# search and curves that simulate ~3x fewer steps (2000 / 300 tokens took 50 s for this file); long enough that
+# each drawn deployment saturates below 2x the rate (at 1000 / 100 one H100 still kept up at 24 req/s)
+P = replace(DEFAULT_PARAMS, prompt_len=1500, output_len=150)
 
 
 @pytest.fixture(scope="module")

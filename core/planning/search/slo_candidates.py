@@ -264,7 +264,8 @@ class SloCandidates:
     block_size: vLLM settings shared by all.
     max_meeting: the search stops once this many deployments (`Candidate.deployment_key`: any max_num_seqs)
     met the SLO (every cheaper configuration has then been evaluated). engine: the serving engine whose profile prices the steps
-    (`core.planning.cost.fits.engine_profiles.ENGINES`; "vllm", the engine whose flags the planner prints); step_time:
+    (`core.planning.cost.fits.engine_profiles.ENGINES`; default DEFAULT_ENGINE, "vllm-cross-model": vLLM, whose flags
+    the planner prints, priced with the fit across models; "vllm" the single-model fit); step_time:
     keyword overrides of that profile's efficiencies and overheads (None: the profile as fitted).
     disagg: also search disaggregated prefill / decode deployments (`core.planning.search.slo_disagg`; max_num_seqs
     there is the largest value only); needs max_gpus >= 2.
