@@ -87,6 +87,13 @@ with st.expander("Sources, polling and the plan to compare with", expanded=True)
         state.widget(st.selectbox, "GPU (for the plan)", "gpu", format_func=lambda g: GPUS[g].name)
         state.widget(st.number_input, "Tensor parallel", "tp")
         state.widget(st.number_input, "Context length for concurrency (tokens)", "context")
+        state.widget(
+            st.selectbox,
+            "Served dtype (vllm serve --dtype)",
+            "dtype",
+            help="What a vLLM on this machine's CPU was started with: /metrics does not say it. auto: what vLLM "
+            "picks, the checkpoint's dtype with float32 served as bfloat16. The KV cache ('auto') is stored in it.",
+        )
         state.widget(st.number_input, "Draw the tree of rank", "tree_rank")
         state.widget(st.number_input, "Planned vs observed: window (s)", "pvo_window")
         state.widget(st.number_input, "max_num_seqs (0: the server's default)", "pvo_seqs")

@@ -68,6 +68,7 @@ class RealVLLM:
     kv_cache_space_gib: int
     num_gpu_blocks_override: int
     max_model_len: int
+    dtype: str  # vllm serve --dtype (`served_dtype`)
     events_endpoint: str
     replay_endpoint: str
     topic: str
@@ -126,6 +127,19 @@ def model_folder() -> Path:
     return export_hf_folder(gguf, model_cache_dir() / "SmolLM2-135M-Instruct-hf")
 
 
+def served_dtype() -> str:
+    """The --dtype the tests' vLLM serves SmolLM2 in: bfloat16 (what vLLM picks for its config, --dtype auto) on a
+    CPU that computes bf16 natively (avx512_bf16 or amx_bf16; Arm's bf16), else float32, which the lab then plans
+    by being told it (the Live page's served dtype). Where bf16 is emulated a bf16 matmul took 84x a float32 one
+    (docs/development.md) and the vLLM tests were most of the suite's time. PAGED_LAB_TEST_VLLM_DTYPE overrides."""
+    from core.kernels.cpu_isa import cpu_features
+
+    forced = os.environ.get("PAGED_LAB_TEST_VLLM_DTYPE")
+    if forced:
+        return forced
+    return "bfloat16" if cpu_features() & {"avx512_bf16", "amx_bf16", "bf16"} else "float32"
+
+
 def _start(shared: Path) -> RealVLLM:
     from core.errors import VLLMUnavailableError
     from core.serve.vllm_env import find_vllm
@@ -144,9 +158,11 @@ def _start(shared: Path) -> RealVLLM:
         "replay_endpoint": f"tcp://127.0.0.1:{replay}",
         "topic": TOPIC,
     }
+    dtype = served_dtype()
     config = VLLMServeConfig(
         model_dir=str(folder),
         served_name=SERVED_NAME,
+        dtype=dtype,
         block_size=BLOCK_SIZE,
         kv_cache_space_gib=KV_CACHE_SPACE_GIB,
         max_model_len=MAX_MODEL_LEN,
@@ -169,6 +185,7 @@ def _start(shared: Path) -> RealVLLM:
         kv_cache_space_gib=KV_CACHE_SPACE_GIB,
         num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE,
         max_model_len=MAX_MODEL_LEN,
+        dtype=dtype,
         events_endpoint=kv_events["endpoint"],
         replay_endpoint=kv_events["replay_endpoint"],
         topic=TOPIC,

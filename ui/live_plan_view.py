@@ -96,7 +96,7 @@ def draw_served_plan(live: LiveInputs) -> bool:
     try:
         model = ModelSpec.from_hf_config(config.config, name=(first.model_names or ("the served model",))[0])
         comparison = compare_kv_space_with_server(
-            model, first, int(live.values["context"]), config.max_model_len
+            model, first, int(live.values["context"]), config.max_model_len, live.values["dtype"]
         )
     except LabError as err:
         st.error(f"The planner cannot plan this server's KV space: {err}")
@@ -152,7 +152,10 @@ def draw_planned_vs_observed(live: LiveInputs) -> None:
     cache = st.session_state.setdefault(PLAN_KEY, PlanCache())
     key = (
         source,
-        *(values[k] for k in ("pvo_window", "pvo_seqs", "pvo_tokens", "model", "gpu", "tp", "pvo_config")),
+        *(
+            values[k]
+            for k in ("pvo_window", "pvo_seqs", "pvo_tokens", "model", "gpu", "tp", "pvo_config", "dtype")
+        ),
     )
     now = history.polls[-1].t
     config = served_model_config(live, source)

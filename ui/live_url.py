@@ -17,6 +17,7 @@ from core.live.watch import LiveWatch, Sources
 from core.page_models.live_lookup import LOOKUP_AS
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
+from core.planning.memory.cpu_kv import CPU_MODEL_DTYPES
 from core.serve.launcher import MODELS as LAB_MODELS
 from core.serve.launcher import VLLM_CHOICE
 from ui.query_state import Field
@@ -39,6 +40,7 @@ FIELDS = [
     Field("gpu", "h100-80gb", "choice", tuple(GPUS), label="GPU for the plan"),
     Field("tp", 1, "int", minimum=1, maximum=64, step=1, label="tensor parallel"),
     Field("context", 4096, "int", minimum=1, maximum=10_000_000, step=256, label="context tokens"),
+    Field("dtype", "auto", "choice", CPU_MODEL_DTYPES, label="served dtype"),
     Field("lab_model", LAB_MODELS[0], "choice", (*LAB_MODELS, VLLM_CHOICE), label="lab server model"),
     Field(
         "pvo_window",

@@ -130,7 +130,7 @@ def _base(after: VllmMetrics, values: dict, roofs: Callable[[], dict], config: S
     if config is not None:
         spec = ModelSpec.from_hf_config(config.config, name=served or "the served model")
         if config.on_this_cpu:
-            dtype = cpu_model_dtype(spec)
+            dtype = cpu_model_dtype(spec, values.get("dtype", "auto"))
             words = f"{spec.name} ({dtype}, {config.origin}) on this machine's CPU"
             return hf_cpu_step_model(spec, roofs(), dtype), words, "cpu"
         words = f"{spec.name} ({config.origin}) on {tp} x {values['gpu']}"

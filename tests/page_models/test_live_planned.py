@@ -139,6 +139,11 @@ def test_a_vllm_model_that_is_no_preset_is_planned_from_its_config(tmp_path):
     assert plan.result is not None, plan.reason
     assert plan.planned_with == f"smollm2 (bfloat16, {tmp_path}/config.json) on this machine's CPU"
     assert plan.result.prior is None
+    # a server started with --dtype float32: told so, the plan's weights and KV are float32 (twice the bytes)
+    values = {**VALUES, "pvo_seqs": 0, "pvo_tokens": 0, "dtype": "float32"}
+    f32 = live_plan(h, "srv", values, lambda: ROOFS, config)
+    assert f32.planned_with == f"smollm2 (float32, {tmp_path}/config.json) on this machine's CPU"
+    assert f32.result.fit.model.weight_bytes == 2 * plan.result.fit.model.weight_bytes
     on_gpu = live_plan(h, "srv", VALUES, lambda: ROOFS, given)
     assert on_gpu.planned_with == "smollm2 (the config.json given) on 1 x h100-80gb", on_gpu.reason
     broken = live_plan(h, "srv", VALUES, lambda: ROOFS, replace(given, config={"model_type": "llama"}))

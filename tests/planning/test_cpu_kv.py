@@ -115,5 +115,7 @@ def test_compare_with_a_server_that_names_its_kv_space():
     assert "Overriding num_gpu_blocks=N" in overridden.explanations[0]
     f32 = compare_kv_space_with_server(smollm2(), server(728), 4096, 2048)
     assert f32.relative_difference == -0.5 and "float32" in f32.explanations[0]
+    told = compare_kv_space_with_server(smollm2(), server(728), 4096, 2048, "float32")  # its --dtype given
+    assert (told.planned_blocks, told.relative_difference) == (728, 0.0) and "agree" in told.explanations[0]
     with pytest.raises(InvalidArgumentError, match="kv_cache_memory_bytes"):
         compare_kv_space_with_server(smollm2(), server(1_456, space="None"), 4096)

@@ -36,7 +36,12 @@ def test_live_page_plans_the_real_vllm(real_vllm, streamlit_server, page):
 
     senders = [threading.Thread(target=load, args=(w,), daemon=True) for w in range(4)]
     try:
-        watched = {"metrics": f"{real_vllm.url}/metrics", "every": "2", "pvo_window": "600"}
+        watched = {
+            "metrics": f"{real_vllm.url}/metrics",
+            "every": "2",
+            "pvo_window": "600",
+            "dtype": real_vllm.dtype,  # the server's --dtype, which its /metrics do not say
+        }
         events = {
             "events": real_vllm.events_endpoint,
             "events_bind": "1",
@@ -56,7 +61,7 @@ def test_live_page_plans_the_real_vllm(real_vllm, streamlit_server, page):
             page.get_by_text(f"--num-gpu-blocks-override {real_vllm.num_gpu_blocks_override}")
         ).to_be_visible()
         expect(page.get_by_role("heading", name="Planned vs observed latency")).to_be_visible()
-        caption = page.get_by_text("Planned with smollm2 (bfloat16,")
+        caption = page.get_by_text(f"Planned with smollm2 ({real_vllm.dtype},")
         expect(caption).to_be_visible()
         expect(caption).to_contain_text("on this machine's CPU")
         blocks = len(real_vllm.post("/tokenize", {"model": real_vllm.model, "prompt": TEXT})["tokens"]) // 32

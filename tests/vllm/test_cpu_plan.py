@@ -40,11 +40,12 @@ def test_planned_cpu_blocks_equal_the_blocks_vllm_computed(real_vllm, capsys):
         space,
         block_size=metrics.block_size,
         max_model_len=served.max_model_len,
+        dtype=real_vllm.dtype,  # the server's --dtype: its /metrics do not say it
     )
     plan = plan_cpu_kv(inputs)
     computed, override = map(int, OVERRIDE.search(Path(real_vllm.log_path).read_text()).groups())
     assert override == real_vllm.num_gpu_blocks_override
-    assert plan.num_blocks == computed  # 1,456 for bf16 SmolLM2 at block 32 in 1 GiB
+    assert plan.num_blocks == computed  # 1,456 for bf16 SmolLM2 at block 32 in 1 GiB, 728 in float32
     assert plan.kv_tokens == computed * real_vllm.block_size
 
     # the command line says the same, from the folder the server names
@@ -58,9 +59,12 @@ def test_planned_cpu_blocks_equal_the_blocks_vllm_computed(real_vllm, capsys):
             str(real_vllm.block_size),
             "--max-model-len",
             str(real_vllm.max_model_len),
+            "--dtype",
+            real_vllm.dtype,
         ]
     )
     out = capsys.readouterr().out
     assert code == 0
     assert re.search(rf"num_blocks\s+{computed:,}\n", out)
     assert f"VLLM_CPU_KVCACHE_SPACE={real_vllm.kv_cache_space_gib} vllm serve {served.root}" in out
+    assert f"--dtype {real_vllm.dtype}" in out

@@ -35,9 +35,10 @@ def test_planned_vs_observed_for_the_real_smollm2_server(real_vllm):
     history.record(0.0, {url.url: before})
     history.record(time.monotonic() - start, {url.url: after})
 
-    plan = live_plan(history, url.url, VALUES, lambda: measure_roofs(repeats=3), config)
+    values = VALUES | {"dtype": real_vllm.dtype}  # the server's --dtype: its /metrics do not say it
+    plan = live_plan(history, url.url, values, lambda: measure_roofs(repeats=3), config)
     assert plan.result is not None, plan.reason
-    assert plan.planned_with.startswith("smollm2 (bfloat16,") and plan.planned_with.endswith(
+    assert plan.planned_with.startswith(f"smollm2 ({real_vllm.dtype},") and plan.planned_with.endswith(
         "on this machine's CPU"
     )
     result = plan.result

@@ -121,11 +121,17 @@ def _override(observed: VllmMetrics) -> int | None:
 
 
 def compare_kv_space_with_server(
-    model: ModelSpec, observed: VllmMetrics, context_len: int, max_model_len: int | None = None
+    model: ModelSpec,
+    observed: VllmMetrics,
+    context_len: int,
+    max_model_len: int | None = None,
+    dtype: str = "auto",
 ) -> Comparison:
     """`model` (the served model's config) planned in the server's own KV space, block size and KV dtype (its
-    cache_config_info) beside the blocks it reports. Raises InvalidArgumentError when the server publishes no
-    kv_cache_memory_bytes or block_size, or for a plan vLLM refuses."""
+    cache_config_info) beside the blocks it reports. dtype: the server's `--dtype` (`cpu_kv.CPU_MODEL_DTYPES`;
+    its /metrics do not say it; "auto": what vLLM picks, `cpu_model_dtype`), which an "auto" KV cache is stored
+    in. Raises InvalidArgumentError when the server publishes no kv_cache_memory_bytes or block_size, or for a
+    plan vLLM refuses."""
     if context_len < 1:
         raise InvalidArgumentError(f"context_len must be at least 1 token, got {context_len}")
     space = kv_space_bytes(observed)
@@ -141,6 +147,7 @@ def compare_kv_space_with_server(
         block_size=observed.block_size,
         kv_cache_dtype="auto" if cache_dtype == "auto" else cache_dtype,
         max_model_len=max_model_len,
+        dtype=dtype,
     )
     capacity = plan_cpu_kv(inputs)
     taken = (
@@ -174,7 +181,7 @@ def compare_kv_space_with_server(
         words = (
             f"The server holds {observed_blocks:,} blocks, {diff:+.1%} against the plan's {capacity.num_blocks:,} "
             f"in the same {space:,} bytes: the config.json or dtype planned is not the one it serves (a "
-            "--dtype float32 server caches in float32).",
+            "--dtype float32 server caches in float32: set the served dtype).",
         )
     return Comparison(
         capacity,
