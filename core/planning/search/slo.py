@@ -26,7 +26,7 @@ visited in rank order (GPU count, then the cost proxy: total memory bandwidth) a
    that shorter run's, as a run stopped at the request cap gives its own). The most parallel layouts are
    visited first in each such group (`Candidate.sort_key`): at equal cost they have the shortest steps and most
    often set that ratio. A candidate whose deployment (same max_num_seqs) already missed the SLO with a KV dtype
-   of fewer bytes a token and no fewer slots is not simulated (`_Search._dominated`): a wider KV cache only
+   of fewer bytes a token and no fewer slots is not simulated (`slo_eval.KvMisses`): a wider KV cache only
    lengthens the steps, so its row is that miss's verdict (`SloConfig.dominated_by`).
 With `SloCandidates(disagg=True)` (`slo --disagg`) disaggregated prefill / decode deployments join the same
 order and stop rule (`core.planning.search.slo_disagg`: what they cover, their bounds, their per-pool stopping).
@@ -58,6 +58,7 @@ from core.planning.search.slo_candidates import (
 )
 from core.planning.search.slo_disagg import DisaggCandidate, DisaggEvaluator, enumerate_disagg
 from core.planning.search.slo_eval import (
+    KvMisses,
     SloConfig,
     analytic_bounds,
     config_candidate,
@@ -68,6 +69,7 @@ from core.planning.search.slo_eval import (
     simulated_binding,
     steady_prediction,
     step_model,
+    verdict_words,
 )
 from core.serving.fleet import Fleet
 from core.serving.steady_state import SteadyState, metric_keys
@@ -146,8 +148,7 @@ class _Search:
         self.runs: dict[tuple, list] = {}
         self.simulated = self.reused = 0
         self.best_ratio: dict[tuple, float] = {}  # (num_gpus, cost proxy) -> the lowest SLO ratio met there
-        # a candidate with its KV dtype blanked -> (KV bytes a token, KV slots, config) of those simulated that missed
-        self.misses: dict[Candidate, list[tuple[float, int, SloConfig]]] = {}
+        self.misses = KvMisses()
         self.disagg = (
             DisaggEvaluator(model, workload, slo, cands, self.overrides, BOUND_SAMPLE)
             if cands.disagg
@@ -215,41 +216,14 @@ class _Search:
         pruned = None if workload.uses_prefix_cache else self._pruned(step, bounds, share.rate, base)
         if pruned is not None:
             return pruned
-        dominated = self._dominated(cand, step, int(capacity.kv_tokens), base)
+        kv_tokens = int(capacity.kv_tokens)
+        dominated = self.misses.dominated(cand, step.kv_bytes_per_token, kv_tokens, base)
         if dominated is not None:
             return dominated
-        state = self._steady(deployment, share, step, cand, int(capacity.kv_tokens), base)
+        state = self._steady(deployment, share, step, cand, kv_tokens, base)
         config = self._simulated(state, step, cand, base)
-        if not config.meets_slo:
-            missed = (step.kv_bytes_per_token, int(capacity.kv_tokens), config)
-            self.misses.setdefault(replace(cand, kv_dtype=""), []).append(missed)
+        self.misses.record(cand, step.kv_bytes_per_token, kv_tokens, config)
         return config
-
-    def _dominated(self, cand: Candidate, step, kv_tokens: int, base: dict) -> SloConfig | None:
-        """A miss without simulating `cand` when the same deployment at the same max_num_seqs already missed with
-        a KV cache of no more bytes a token and no fewer slots (`Candidate.sort_key` visits the narrower KV dtype
-        first); else None. The KV dtype enters the step-time model only through the K/V bytes a step reads and
-        writes (`StepTimeModel.kv_bytes_per_token`), so the wider cache makes every step at least as long, and
-        with no more slots it admits no more requests: it meets no target the narrower one missed. How far it
-        misses is not estimated (slo_ratio None; limiting_metric and binding that miss's; `SloConfig.dominated_by`)."""
-        for kv_bytes, slots, missed in self.misses.get(replace(cand, kv_dtype=""), ()):
-            if kv_bytes <= step.kv_bytes_per_token and slots >= kv_tokens:
-                return SloConfig(
-                    **base,
-                    simulated=False,
-                    meets_slo=False,
-                    binding=missed.binding,
-                    reason=(
-                        f"misses the SLO, not simulated: with KV cache dtype {missed.kv_dtype} (fewer bytes a "
-                        f"token, more slots) the same deployment {_verdict(missed)}, and a wider cache only "
-                        "lengthens its steps"
-                    ),
-                    slo_ratio=None,
-                    limiting_metric=missed.limiting_metric,
-                    stable=missed.stable,
-                    dominated_by=missed.kv_dtype,
-                )
-        return None
 
     def _pruned(self, step, bounds, rate: float, base: dict) -> SloConfig | None:
         """A config for a candidate whose bound already fails (the worst ratio), or None."""
@@ -335,7 +309,7 @@ class _Search:
             metric = max(ratios, key=ratios.get) if ratios else next(iter(targets))
             ratio = ratios.get(metric, 0.0)
             verb = "meets" if ratio <= 1.0 and all(r <= 1.0 for r in ratios.values()) else "misses"
-            reason = f"{verb} the SLO; {metric_label(metric)} at {ratio:.0%} of its target"
+            reason = verdict_words(verb, metric, ratio)
         meets = state.stable and all(r <= 1.0 for r in ratios.values())
         question = self._question(cand)
         stopped_outranked = question.stopped_outranked(state)
@@ -365,13 +339,6 @@ class _Search:
             kv_limited=state.kv_limited,
             simulated_requests=state.simulated_requests,
         )
-
-
-def _verdict(config: SloConfig) -> str:
-    """A simulated miss's verdict as a predicate: "misses the SLO; TTFT p95 at 106% of its target"."""
-    if not config.stable:
-        return f"does not serve its load ({config.reason})"
-    return config.reason.split("; simulated no further")[0]
 
 
 def _group(num_gpus: int, cost_proxy: float) -> tuple:
@@ -478,7 +445,7 @@ def _infeasible(plan: SloPlan) -> SloInfeasibleError:
     """The error naming the target no configuration meets, with the closest configuration and its shortfall."""
     rate = plan.workload.rate
     feasible = [c for c in plan.configs if c.feasible]
-    estimated = [c for c in feasible if c.slo_ratio is not None]  # a dominated row has none (`_dominated`)
+    estimated = [c for c in feasible if c.slo_ratio is not None]  # a dominated row has none (`KvMisses`)
     if not feasible:
         first = plan.configs[0] if plan.configs else None
         detail = f" The smallest tried, {first.num_gpus} x {first.gpu_name}: {first.reason}" if first else ""

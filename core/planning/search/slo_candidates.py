@@ -141,8 +141,8 @@ class Candidate:
         """The search's visiting order: GPU count, the cost proxy, then the most parallel layout first (at equal
         cost it has the shortest steps, so it most often sets the SLO ratio the group's other layouts must beat,
         `core.planning.search.slo`), the larger max_num_seqs first (whose run a smaller cap may reuse), the
-        narrower KV dtype first (`auto`, the model's 16 or 32 bits, last: a wider one is not simulated where the
-        narrower one of the same deployment misses, `slo._Search.dominated`)."""
+        narrower KV dtype first (`auto` counted as 16 bits: a wider one is not simulated where the narrower one
+        of the same deployment misses, `slo_eval.KvMisses`, which compares the actual bytes a token)."""
         return (
             self.num_gpus,
             self.cost_proxy,

@@ -22,7 +22,7 @@ of the throughput bound. The tighter target is the one with the largest predicte
 """
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -41,7 +41,7 @@ from core.planning.predict.early_stop import (  # noqa: F401 (re-exported)
 )
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import replica_steady_state
-from core.planning.search.slo_candidates import Candidate, SloCandidates, SloWorkload
+from core.planning.search.slo_candidates import Candidate, SloCandidates, SloWorkload, metric_label
 from core.serving.sim_result import SimulationResult
 from core.serving.steady_state import SteadyState
 from core.serving.workload import Request
@@ -64,7 +64,7 @@ class SloConfig:
     its percentiles and verdict are then those of a shorter run, converged False); dominated_by: the KV dtype of
     the same deployment (same max_num_seqs) that missed the SLO with fewer KV bytes a token, for a row not
     simulated because of it (its verdict a miss, slo_ratio None, limiting_metric and binding that row's:
-    `slo._Search._dominated`); stable: the replica serves
+    `KvMisses`); stable: the replica serves
     its share (False: overloaded, the percentiles are the horizon's);
     kv_limited: the KV cache held requests back in steady state; simulated_requests: requests simulated.
     throughput_tokens_per_s: output tokens/s of the whole deployment in steady state (replicas x one replica's:
@@ -399,3 +399,58 @@ def config_candidate(config: SloConfig, cands: SloCandidates) -> Candidate:
         config.data_parallel,
         config.expert_parallel,
     )
+
+
+def verdict_words(verb: str, metric: str, ratio: float) -> str:
+    """ "misses the SLO; TTFT p95 at 106% of its target" (verb "meets" or "misses"): a simulated row's reason."""
+    return f"{verb} the SLO; {metric_label(metric)} at {ratio:.0%} of its target"
+
+
+class KvMisses:
+    """The simulated misses of one search, by deployment and max_num_seqs with the KV dtype left out, and the rule
+    that skips a wider KV cache where a narrower one missed (`Candidate.sort_key` visits the narrower dtype first).
+
+    The KV dtype enters the step-time model only through the K/V bytes a step reads and writes
+    (`StepTimeModel.kv_bytes_per_token`), so a wider cache makes every step at least as long, and with no more
+    slots it admits no more requests: it meets no target the narrower one missed."""
+
+    def __init__(self):
+        # a candidate with its KV dtype blanked -> (KV bytes a token, KV slots, config) of each simulated miss
+        self._missed: dict[Candidate, list[tuple[float, int, SloConfig]]] = {}
+
+    def record(self, cand: Candidate, kv_bytes_per_token: float, kv_tokens: int, config: SloConfig) -> None:
+        """Keep `config`, the simulated row of `cand`, when it misses the SLO."""
+        if not config.meets_slo:
+            self._missed.setdefault(replace(cand, kv_dtype=""), []).append(
+                (kv_bytes_per_token, kv_tokens, config)
+            )
+
+    def dominated(
+        self, cand: Candidate, kv_bytes_per_token: float, kv_tokens: int, base: dict
+    ) -> SloConfig | None:
+        """A miss for `cand` without simulating it (`base`: its row's fields) when the same deployment at the same
+        max_num_seqs already missed with no more KV bytes a token and no fewer slots; else None. How far it
+        misses is not estimated: slo_ratio None, limiting_metric and binding that miss's, `dominated_by` its KV
+        dtype."""
+        for kv_bytes, slots, missed in self._missed.get(replace(cand, kv_dtype=""), ()):
+            if kv_bytes <= kv_bytes_per_token and slots >= kv_tokens:
+                verdict = (
+                    verdict_words("misses", missed.limiting_metric, missed.slo_ratio)
+                    if missed.stable
+                    else f"does not serve its load ({missed.reason})"
+                )
+                return SloConfig(
+                    **base,
+                    simulated=False,
+                    meets_slo=False,
+                    binding=missed.binding,
+                    reason=(
+                        f"misses the SLO, not simulated: with KV cache dtype {missed.kv_dtype} (fewer bytes a "
+                        f"token, more slots) the same deployment {verdict}, and a wider cache only lengthens its "
+                        "steps"
+                    ),
+                    slo_ratio=None,
+                    limiting_metric=missed.limiting_metric,
+                    dominated_by=missed.kv_dtype,
+                )
+        return None
