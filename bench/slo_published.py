@@ -26,7 +26,10 @@ training, H200 held out), replayed as benchmarks of 20 rounds as its figures are
 same replayed as this run's benchmark; benchmark: how each row's benchmark is replayed ({"rounds", "steady"}); and
 per row:
 model, gpu, weight dtype, tp, ep, isl, osl, concurrency, measured / predicted ttft and tpot (seconds), their
-errors and the set. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
+errors and the set. held_out_gpu: the fitted profile on the rows of a GPU no fit sees (B200 SXM: Llama-3.1-70B,
+gpt-oss-120b, MiniMax-M2.5, Kimi-K2.5; `published_vllm.held_out_gpu_comparison`), {"gpu", "rows", "kv_limited",
+"attention_dp_rows_left_out", "rms_rel_err", "by_model", "stored_profile_by_model", "trtllm_profile_by_model"}, and
+held_out_gpu_rows its rows as above (set "held-out gpu"); not part of the target. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
 RMS <= TRAINING_TARGET (issue 40). elapsed_s: the whole run (simulations and fit).
 
 --benchmark-rounds N replays each row's benchmark as N rounds of C requests (`pv.Benchmark`; default
@@ -149,6 +152,25 @@ def _ablations(fitted: dict) -> dict:
     )
 
 
+def _held_out_gpu(rows: list[dict], benchmark: pv.Benchmark) -> dict:
+    """The fitted profile on the held-out GPU's rows (B200: no fit sees them), each model's errors, beside the
+    stored single-model profile's and the TensorRT-LLM profile's on the same rows."""
+    by_model = {
+        name: pv.errors_by_model(pv.held_out_gpu_comparison(overrides, benchmark), pv.HELD_OUT_GPU_SET)
+        for name, overrides in (("stored", VLLM_STEP_DEFAULTS), ("trtllm", engine_step_defaults("trtllm")))
+    }
+    return {
+        "gpu": pvr.HELD_OUT_GPU,
+        "rows": sum(r["set"] == pv.HELD_OUT_GPU_SET for r in rows),
+        "kv_limited": sum(r["set"] == "kv-limited" for r in rows),
+        "attention_dp_rows_left_out": len(pvr.HELD_OUT_GPU_ATTENTION_DP_ROWS),
+        "rms_rel_err": pv.rms_relative_error(rows, pv.HELD_OUT_GPU_SET),
+        "by_model": pv.errors_by_model(rows, pv.HELD_OUT_GPU_SET),
+        "stored_profile_by_model": by_model["stored"],
+        "trtllm_profile_by_model": by_model["trtllm"],
+    }
+
+
 def _row(r: dict) -> dict:
     row = r["row"]
     return {
@@ -252,13 +274,14 @@ def _benchmark_words(benchmark: pv.Benchmark) -> str:
     return f"benchmarks of {benchmark.rounds} rounds{even}"
 
 
-def _rounds_scan(training: tuple[str, ...]) -> dict:
-    """The adopted fit redone with each round count the source documents (ROUNDS_SCAN): {rounds: fitted
-    flops_efficiency, training RMS and each held-out model's rms_rel_err}."""
+def _rounds_scan(training: tuple[str, ...], adopted: dict) -> dict:
+    """The adopted fit redone with each round count the source documents (ROUNDS_SCAN; `adopted`, the fit at
+    BENCHMARK_ROUNDS, taken as it is): {rounds: fitted flops_efficiency, training RMS and each held-out model's
+    rms_rel_err}."""
     out = {}
     for rounds in ROUNDS_SCAN:
         benchmark = pv.Benchmark(rounds)
-        fitted = pv.fit_vllm(benchmark=benchmark)
+        fitted = adopted if rounds == pv.BENCHMARK_ROUNDS else pv.fit_vllm(benchmark=benchmark)
         errors = _errors(pv.comparison(fitted, training_models=training, benchmark=benchmark))
         out[str(rounds)] = {
             "flops_efficiency": fitted["flops_efficiency"],
@@ -299,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     load_before = os.getloadavg()
     benchmark = pv.Benchmark(args.benchmark_rounds, "steady-even" if args.evenly_spaced else "steady")
+    # every row simulated once, on every CPU; the fits and comparisons below re-price these recordings
+    pv.record_replays([*pvr.ROWS, *pvr.HELD_OUT_GPU_ROWS], benchmark.phases)
     training, stage, fitted = _fit_stage(args, benchmark)
 
     def compare(overrides: dict) -> list[dict]:
@@ -325,8 +350,9 @@ def main(argv: list[str] | None = None) -> None:
         else {}
     )
     saved_run = not (args.train_minimax or args.per_layer or args.train) and benchmark == pv.BENCHMARK
-    scan = {"rounds_scan": _rounds_scan(training)} if saved_run else {}
+    scan = {"rounds_scan": _rounds_scan(training, fitted)} if saved_run else {}
     worst = sorted(rows, key=lambda r: -max(abs(r["ttft_error"]), abs(r["tpot_error"])))
+    gpu_rows = pv.held_out_gpu_comparison(fitted, benchmark)
     print(
         json.dumps(
             {
@@ -366,7 +392,9 @@ def main(argv: list[str] | None = None) -> None:
                     "at_this_benchmark": {"stored": single["now"][0], "trtllm": single["now"][1]},
                 },
                 "worst_fitted_or_held_out": [_row(r) for r in worst if r["set"] != "kv-limited"][:5],
+                "held_out_gpu": _held_out_gpu(gpu_rows, benchmark),
                 "rows": [_row(r) for r in rows],
+                "held_out_gpu_rows": [_row(r) for r in gpu_rows],
                 "elapsed_s": time.perf_counter() - started,
             },
             indent=2,

@@ -204,6 +204,12 @@ def test_the_vllm_profile_row_is_the_saved_run():
     for model, errors in saved["heldout_by_model"].items():
         assert f"{MODELS[model].name} {errors['rms_rel_err']:.3f}" in row, (model, row)
     assert f"cross-model training {saved['training_rms_rel_err']:.3f}" in row, row
+    gpu = saved["held_out_gpu"]  # the rows of a GPU no fit sees
+    llama = gpu["by_model"]["llama-3.1-70b"]
+    assert (
+        f"on B200, a GPU no fit sees, {gpu['rms_rel_err']:.3f} over {gpu['rows']} rows (Llama-3.1-70B "
+        f"{llama['rms_rel_err']:.3f}, TPOT {llama['tpot_rms_rel_err']:.3f})" in row
+    ), row
     assert ("targets met" in row) == saved["target_met"] and ("not met" in row) != saved["target_met"], row
 
 

@@ -48,7 +48,9 @@ def test_request_side_seconds_by_hand():
 
 def test_the_cross_model_profile_is_the_saved_fit_and_its_request_term_is_apart():
     saved = json.loads((ROOT / "bench" / "results" / "slo-published.json").read_text())
-    assert saved["fitted"] == pytest.approx(VLLM_CROSS_MODEL_PROFILE, rel=1e-12)
+    # rel 1e-7: the fit's last digits follow the CPU's vectorised sums (the stored values fitted on Zen 4 with
+    # AVX-512, the saved run on Zen 3 with AVX2: at most 3.3e-9 apart, the request term)
+    assert saved["fitted"] == pytest.approx(VLLM_CROSS_MODEL_PROFILE, rel=1e-7)
     assert engine_step_defaults(CROSS) == WITHOUT_TERM
     assert engine_request_overhead_s(CROSS) == FIXED_S and engine_request_overhead_s("vllm") is None
     with pytest.raises(InvalidArgumentError, match=REQUEST_TERM):

@@ -404,3 +404,77 @@ def test_qwen3_32b_rows_prefill_slower_at_low_load_than_their_high_load_throughp
     assert 0.40 < 2 * MODELS["llama-3.1-70b"].num_params_active / 2 / slope / fp8 < 0.42
     llama = [r for r in pvr.ROWS if (r.model, r.gpu, r.tp) == ("llama-3.1-70b", "h100-80gb", 2)]
     assert max(pv.prefill_fraction_of_peak(r) for r in llama if pvr.row_set(r) != "kv-limited") < 0.14
+
+
+def test_held_out_gpu_rows_are_the_samples_b200_rows_and_no_fit_sees_them():
+    """The B200 rows (a GPU no fit sees): the sample's vLLM agg rows of the four models in the formats their
+    H100 / H200 rows have (the NVFP4 checkpoints' rows left out), MiniMax-M2.5's attention-DP rows apart."""
+    rows = pvr.HELD_OUT_GPU_ROWS
+    assert pvr.HELD_OUT_GPU == "b200" and {r.gpu for r in rows} == {"b200"}
+    counts = {m: sum(r.model == m for r in rows) for m in dict.fromkeys(r.model for r in rows)}
+    assert counts == {"llama-3.1-70b": 60, "gpt-oss-120b": 84, "minimax-m2.5": 172, "kimi-k2.5": 45}
+    assert {(r.model, r.weight_dtype) for r in rows} == {
+        ("llama-3.1-70b", "fp8"),
+        ("gpt-oss-120b", "auto"),
+        ("minimax-m2.5", "fp8"),
+        ("kimi-k2.5", "int4"),
+    }
+    apart = pvr.HELD_OUT_GPU_ATTENTION_DP_ROWS
+    assert len(apart) == 23 and {(r.model, r.tp, r.dp, r.ep) for r in apart} == {
+        ("minimax-m2.5", 2, 2, 4),
+        ("minimax-m2.5", 4, 4, 16),
+    }
+    # no fit's rows: neither the split's rows nor any training set
+    assert not {r.id for r in rows} & {r.id for r in pvr.ROWS}
+    assert all(r.gpu != "b200" for r in pvr.training_rows(pvr.FOURTH_STAGE_TRAINING_MODELS))
+    first = next(
+        r for r in rows if r.model == "llama-3.1-70b"
+    )  # the file's first such row (measured 2025-10-29)
+    assert (first.tp, first.isl, first.osl, first.concurrency) == (4, 1024, 1024, 8)
+    assert (first.ttft_s, first.tpot_s) == (pytest.approx(0.1089045), pytest.approx(0.00817938))
+
+
+def test_held_out_gpu_comparison_is_predict_row_on_those_rows():
+    """What the bench reports for the held-out GPU is each row's own prediction (`predict_row`, the simulation the
+    replay re-prices), in its own set; a KV-limited row stays "kv-limited"."""
+    profile = dict(pv.FIXED) | {
+        "flops_efficiency": 0.47,
+        "kernel_overhead_s": 6.4e-6,
+        "expert_flops_efficiency": 0.17,
+        "expert_bandwidth_efficiency": 0.77,
+        pv.REQUEST_TERM: 0.025,
+    }
+    llama = [r for r in pvr.HELD_OUT_GPU_ROWS if r.model == "llama-3.1-70b"]
+    # 1 x B200 at 8,192 / 1,024 x 64: 64 x 8,704 KV tokens held on average, the planner's cache 306,576
+    limited = next(r for r in llama if (r.tp, r.isl, r.concurrency) == (1, 8192, 64))
+    assert pvr.kv_limited(limited) and pvr.kv_tokens(limited) == 306_576
+    rows = [*llama[:2], limited]
+    out = pv.held_out_gpu_comparison(profile, rows=rows)
+    assert [r["set"] for r in out] == [pv.HELD_OUT_GPU_SET, pv.HELD_OUT_GPU_SET, "kv-limited"]
+    for r, row in zip(out[:2], rows, strict=False):
+        ttft, tpot = pv.predict_row(row, profile)
+        assert (r["ttft_s"], r["tpot_s"]) == (pytest.approx(ttft, rel=1e-9), pytest.approx(tpot, rel=1e-9))
+        assert r["ttft_error"] == pytest.approx(ttft / row.ttft_s - 1)
+    errors = pv.errors_by_model(out, pv.HELD_OUT_GPU_SET)["llama-3.1-70b"]
+    assert errors["rows"] == 2 and errors["by_gpu"].keys() == {"b200"}
+
+
+def test_docs_held_out_gpu_table_is_the_saved_run():
+    """docs/slo.md 2c's B200 table: each model's TTFT / TPOT (both) RMS under the three profiles, from the saved
+    run of `python -m bench.slo_published`."""
+    root = pvr.DATA_PATH.parents[5]
+    saved = json.loads((root / "bench" / "results" / "slo-published.json").read_text())["held_out_gpu"]
+    docs = (root / "docs" / "slo.md").read_text()
+    section = docs[docs.index("**A GPU no fit sees: B200**") :]
+    section = section[: section.index("All ")]
+
+    def cell(e: dict) -> str:
+        return f"{e['ttft_rms_rel_err']:.3f} / {e['tpot_rms_rel_err']:.3f} ({e['rms_rel_err']:.3f})"
+
+    for model, fitted in saved["by_model"].items():
+        row = next(line for line in section.splitlines() if line.startswith(f"| {MODELS[model].name} |"))
+        assert f"| {fitted['rows']} |" in row, row
+        stored, trtllm = saved["stored_profile_by_model"][model], saved["trtllm_profile_by_model"][model]
+        bold = cell(fitted).replace(" (", "** (", 1)
+        assert f"| **{bold} | {cell(stored)} | {cell(trtllm)} |" in row, row
+    assert f"All {saved['rows']} rows: **{saved['rms_rel_err']:.3f}**" in docs

@@ -12,7 +12,8 @@ cross-model profile (docs/slo.md, section 2c).
 """
 
 import math
-from functools import cache
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from core.planning.cost.fits.engine_profiles import REQUEST_TERM  # noqa: F401
 from core.planning.cost.fits.gauss_newton import NewtonLimits, damped_gauss_newton
 from core.planning.cost.fits.published_vllm_rows import (
     ATTENTION_DP_ROWS,
+    HELD_OUT_GPU_ROWS,
     ROWS,
     TRAINING_MODELS,
     kv_limited,
@@ -56,6 +58,8 @@ from core.planning.cost.fits.published_vllm_rows import (
 # per-token host time (the single-model fit's 16.6 us per token, fixed whatever the model and TP, made an 8B
 # model's 8,192-token prefill cost 136 ms of host time alone), and a request-side latency (REQUEST_TERM: a fixed
 # time per request outside the steps plus the step in flight when it arrives; docs/slo.md 2c).
+# The set of the held-out GPU's rows (`held_out_gpu_comparison`), apart from "training" and "held out".
+HELD_OUT_GPU_SET = "held-out gpu"
 FIT_NAMES = (
     "flops_efficiency",
     "kernel_overhead_s",
@@ -97,10 +101,36 @@ FOURTH_STAGE_START = START | {
 }
 
 
-@cache
+_REPLAYS: dict = {}  # row -> its RowReplay, one per row for the process (`replay`, `record_replays`)
+
+
 def replay(row) -> RowReplay:
     """`row`'s RowReplay, one per row for the process (recorded with START; any parameters record the same)."""
-    return RowReplay(row, START)
+    if row not in _REPLAYS:
+        _REPLAYS[row] = RowReplay(row, START)
+    return _REPLAYS[row]
+
+
+def record_replays(rows, phases=BENCHMARK.phases, processes: int | None = None) -> None:
+    """Simulate the `phases` of each row's replay not yet recorded, in `processes` worker processes (None: one
+    per CPU), and keep them for `replay`: the simulations are most of a fit's time and independent of each
+    other; pricing them after is numpy in this process. The recordings are the ones `replay` would make here."""
+    todo = [row for row in dict.fromkeys(rows) if row not in _REPLAYS]
+    if not todo:
+        return
+    with ProcessPoolExecutor(processes) as pool:
+        for row, recorded in zip(
+            todo, pool.map(_recorded, todo, repeat(tuple(phases)), chunksize=4), strict=True
+        ):
+            _REPLAYS[row] = recorded
+
+
+def _recorded(row, phases: tuple[str, ...]) -> RowReplay:
+    """A new RowReplay of `row` with `phases` recorded (`record_replays`' worker)."""
+    out = RowReplay(row, START)
+    for phase in phases:
+        out.phase_latencies(START, phase)
+    return out
 
 
 def _log_errors(x: np.ndarray, rows, names=FIT_NAMES, fixed=None, benchmark=BENCHMARK) -> np.ndarray:
@@ -163,6 +193,16 @@ def comparison(
             }
         )
     return out
+
+
+def held_out_gpu_comparison(
+    overrides: dict, benchmark: Benchmark = BENCHMARK, rows=HELD_OUT_GPU_ROWS
+) -> list[dict]:
+    """`comparison` of the held-out GPU's rows (HELD_OUT_GPU_ROWS: B200, whose rows no fit sees, the training
+    models' included), set "held-out gpu" (or "kv-limited"), so `errors_by_model(rows, HELD_OUT_GPU_SET)` gives
+    each model's errors on it."""
+    rows = comparison(overrides, rows, benchmark=benchmark)
+    return [r | {"set": r["set"] if r["set"] == "kv-limited" else HELD_OUT_GPU_SET} for r in rows]
 
 
 def rms_relative_error(rows: list[dict], which: str) -> float:

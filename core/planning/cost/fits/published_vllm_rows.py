@@ -14,6 +14,11 @@ DP 4 x MoE EP 16 would be 16 GPUs, and their latencies equal the TP 4 EP 4 rows'
 within a few percent, so which deployment they measured is unclear) and Kimi-K2.5 int4 (H200, TP 8: int4 routed experts,
 MLA attention; no attention-DP row).
 
+A held-out GPU (`HELD_OUT_GPU_ROWS`, from core/planning/cost/fits/data/vllm_silicon_b200.csv): the same sample's vLLM
+rows on B200 SXM of Llama-3.1-70B FP8, gpt-oss-120b MXFP4, MiniMax-M2.5 FP8 and Kimi-K2.5 int4, a GPU none of the
+rows above is on. No fit sees them, the training models' included: they check the profile on a GPU it was not
+fitted on (`published_vllm.held_out_gpu_comparison`), apart from the split below.
+
 Split (issue 40): whole models. TRAINING_MODELS (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b) are fitted; every row of
 HELD_OUT_MODELS (Llama-3.1-8B, a small dense model; Qwen3-235B-A22B and MiniMax-M2.5, MoE models with FP8 experts;
 Kimi-K2.5, a MoE model with int4 experts and MLA attention, formats no training model has) is held out. (`published_vllm` fits the training rows.) FOURTH_STAGE_TRAINING_MODELS adds MiniMax-M2.5 to the
@@ -41,11 +46,13 @@ from core.planning.memory.plan import plan
 
 DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_llama31_70b.csv"
 MODELS_DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_models.csv"
+B200_DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_b200.csv"
 VLLM_SOURCE = (
     "ai-dynamo/aiconfigurator, aic-core/src/aiconfigurator_core/systems/silicon_sample.csv at commit "
     "095f58a51c4ca8e61b66ec108d86f223f8d559ce (Apache-2.0): vLLM rows, H100 / H200 SXM, of Llama-3.1-70B FP8, "
     "Qwen3-32B bf16, Llama-3.1-8B-Instruct FP8, gpt-oss-120b MXFP4, Qwen3-235B-A22B FP8, MiniMax-M2.5 FP8 and "
-    "Kimi-K2.5 int4"
+    "Kimi-K2.5 int4; and, on B200 SXM (a held-out GPU), of Llama-3.1-70B FP8, gpt-oss-120b MXFP4, MiniMax-M2.5 FP8 "
+    "and Kimi-K2.5 int4"
 )
 WEIGHT_DTYPE = "fp8"
 KV_DTYPE = "auto"  # vLLM's default kv_cache_dtype: the model's dtype (bf16)
@@ -111,6 +118,12 @@ ATTENTION_DP_ROWS = tuple(r for r in _ALL_ROWS if r.dp > 1 and r.model != "minim
 # unclear): kept, never priced.
 MINIMAX_ATTENTION_DP_ROWS = tuple(r for r in _ALL_ROWS if r.dp > 1 and r.model == "minimax-m2.5")
 ROWS = tuple(r for r in _ALL_ROWS if r.dp == 1)
+# A GPU no fit sees (HELD_OUT_GPU, module docstring): every model's rows on it are checked, none fitted, whatever the
+# model's set; its attention-DP rows (MiniMax-M2.5, DP 2 or 4) kept apart like the others, not priced.
+HELD_OUT_GPU = "b200"
+_HELD_OUT_GPU_ALL = _read_rows(B200_DATA_PATH)
+HELD_OUT_GPU_ROWS = tuple(r for r in _HELD_OUT_GPU_ALL if r.dp == 1)
+HELD_OUT_GPU_ATTENTION_DP_ROWS = tuple(r for r in _HELD_OUT_GPU_ALL if r.dp > 1)
 
 
 @cache
