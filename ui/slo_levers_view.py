@@ -9,6 +9,7 @@ from typing import Any
 import streamlit as st
 
 from core.planning.catalog.models import MODELS
+from core.planning.cost.fits.profile_checks import check_words
 from core.planning.cost.speculative import SPECULATION_FIELDS
 from core.planning.predict.deployment_fields import OFFLOAD_FIELDS
 from core.planning.predict.disagg import DISAGG_FIELDS
@@ -157,10 +158,11 @@ def percentiles_caption(p: dict) -> str:
         else f"Not converged: some interval is wider than {STEADY.tolerance:.0%} of its value at the "
         f"{STEADY.max_requests:,}-request cap."
     )
+    checked = check_words(p.get("profile_check"), p["deployment"]["model"], p["deployment"]["gpu"])
     return (
         f"Steady-state percentiles of one replica's simulation ({p['simulated_requests']:,} requests, "
         f"{p['warmup_requests']:,} of warm-up dropped, {p['measured_requests']:,} measured); error bars: 95% "
-        f"batch-means intervals; open bars: the targets. {converged}"
+        f"batch-means intervals; open bars: the targets. {converged}" + (f" {checked}" if checked else "")
     )
 
 

@@ -195,6 +195,7 @@ def max_rate_main(argv: Sequence[str]) -> int:
         "targets": targets,
         "evaluations": found.evaluations,
         "deployment": deployment.flags(),
+        "profile_check": deployment.profile_check(),
     }
     body |= found.at.to_dict() if found.at is not None else {}
     print(json.dumps(clean_json(body), indent=2))

@@ -21,6 +21,7 @@ from core.planning.cost.fits.engine_profiles import (
     engine_step_defaults,
     split_request_term,
 )
+from core.planning.cost.fits.profile_checks import profile_check
 from core.planning.cost.speculative import (
     Speculation,
     SpeculativeStepTime,
@@ -239,6 +240,11 @@ class Deployment:
             | self._offload_flags()
             | self._moe_flags()
         )
+
+    def profile_check(self) -> dict | None:
+        """How far the engine profile's answers have been from published vLLM runs on this GPU and for this
+        model (`core.planning.cost.fits.profile_checks.profile_check`; None for a profile without such a check)."""
+        return profile_check(self.engine, self.model_spec, self.gpu_spec)
 
     def _moe_flags(self) -> dict:
         """data_parallel / expert_parallel and their `vllm serve` flags, when either is set."""

@@ -131,6 +131,7 @@ class Prediction:
             "warmup_requests": self.state.warmup_requests,
             "per_replica": self.per_replica,
             "deployment": self.deployment.flags(),
+            "profile_check": self.deployment.profile_check(),
             "load": {
                 "rate": self.load.rate,
                 "concurrency": self.load.concurrency,

@@ -1,0 +1,87 @@
+"""`profile_checks`: the cross-model profile's errors per GPU and per model that a plan carries, held to the saved
+run of `python -m bench.slo_published` (recomputed here from its rows), and how a plan finds its own."""
+
+import json
+import math
+from dataclasses import replace
+
+from core.planning.catalog.hardware import GPUS
+from core.planning.catalog.models import MODELS
+from core.planning.cost.fits import profile_checks as pc
+from core.planning.predict.deployment import Deployment
+from tests.conftest import ROOT
+
+SAVED = json.loads((ROOT / "bench" / "results" / "slo-published.json").read_text())
+
+
+def _rms(rows: list[dict], key: str) -> float:
+    return math.sqrt(sum(r[key] ** 2 for r in rows) / len(rows))
+
+
+def _checked(status: str, rows: list[dict]) -> pc.Checked:
+    ttft, tpot = _rms(rows, "ttft_rel_err"), _rms(rows, "tpot_rel_err")
+    return pc.Checked(status, len(rows), round(ttft, 3), round(tpot, 3))
+
+
+def test_gpu_checks_are_the_saved_runs_rows():
+    """H100 / H200: the training rows on each (what the fit reached there); B200: every row on it (no fit sees
+    it); KV-limited rows left out, as in the fit."""
+    training = [r for r in SAVED["rows"] if r["set"] == "training"]
+    held_gpu = [r for r in SAVED["held_out_gpu_rows"] if r["set"] != "kv-limited"]
+    expected = {
+        gpu: _checked("fitted", [r for r in training if r["gpu"] == gpu])
+        for gpu in ("h100-80gb", "h200-141gb")
+    }
+    expected[SAVED["held_out_gpu"]["gpu"]] = _checked("held out", held_gpu)
+    assert expected == pc.GPU_CHECKS
+
+
+def test_model_checks_are_the_saved_runs_rows():
+    for model, check in pc.MODEL_CHECKS.items():
+        status = "fitted" if model in SAVED["training_by_model"] else "held out"
+        rows = [r for r in SAVED["rows"] if r["model"] == model and r["set"] != "kv-limited"]
+        assert check == _checked(status, rows), model
+    assert set(pc.MODEL_CHECKS) == set(SAVED["training_by_model"]) | set(SAVED["heldout_by_model"])
+
+
+def test_a_plan_finds_its_gpu_and_model_and_says_what_was_never_measured():
+    check = pc.profile_check("vllm-cross-model", MODELS["kimi-k2.5"], GPUS["b200"])
+    assert check["gpu"] == {
+        "status": "held out",
+        "rows": 341,
+        "ttft_rms_rel_err": 0.443,
+        "tpot_rms_rel_err": 0.197,
+    }
+    assert check["model"]["status"] == "held out" and check["model"]["rows"] == 45
+    # a model read from a config.json with a preset's figures (a fine-tune's) is that preset, whatever its name;
+    # another architecture was never measured
+    same = pc.profile_check(
+        "vllm-cross-model", replace(MODELS["qwen3-32b"], name="my-finetune"), GPUS["h100-80gb"]
+    )
+    assert same["model"]["status"] == "fitted" and same["gpu"]["status"] == "fitted"
+    other = replace(MODELS["qwen3-32b"], intermediate_size=MODELS["qwen3-32b"].intermediate_size + 128)
+    never = pc.profile_check("vllm-cross-model", other, GPUS["l40s"])
+    assert (
+        never["model"]
+        == never["gpu"]
+        == {
+            "status": "not measured",
+            "rows": 0,
+            "ttft_rms_rel_err": None,
+            "tpot_rms_rel_err": None,
+        }
+    )
+    assert pc.profile_check("vllm", MODELS["qwen3-32b"], GPUS["h100-80gb"]) is None
+    words = pc.check_words(check, "Kimi-K2.5", "B200")
+    assert (
+        "B200 (held out, 341 runs): TTFT 44%, TPOT 20%" in words and "Kimi-K2.5 (held out, 45 runs)" in words
+    )
+    assert "L40S: no published run measured" in pc.check_words(never, "x", "L40S")
+
+
+def test_a_deployment_carries_its_check():
+    deployment = Deployment("llama-3.1-70b", "b200", tp=4)
+    assert deployment.profile_check() == pc.profile_check(
+        deployment.engine, MODELS["llama-3.1-70b"], GPUS["b200"]
+    )
+    assert Deployment("llama-3.1-70b", "b200", tp=4, engine="trtllm").profile_check() is None
