@@ -3,6 +3,7 @@
 the replay against simulating again, and the row predictor on a case small enough to work out by hand."""
 
 import json
+from dataclasses import astuple
 
 import numpy as np
 import pytest
@@ -157,6 +158,27 @@ def test_replay_equals_simulating_again():
         "per_token_overhead_s": 3e-6,
     }
     assert pv.replay(row).latencies(other) == pytest.approx(pv.predict_row(row, other), rel=1e-9)
+
+
+def test_replays_recorded_in_worker_processes_price_as_those_recorded_here():
+    """`record_replays` (the bench's: every row simulated once, on every CPU) keeps recordings that price exactly
+    as the ones `replay` makes in this process, and records only the rows not recorded yet."""
+    rows = [r for r in pvr.ROWS if r.model == "llama-3.1-70b" and r.isl == 1024 and r.concurrency == 4][:2]
+    rows = [pvr.VllmRow(f"copy-{r.id}", *astuple(r)[1:]) for r in rows]  # rows no other test recorded
+    other = {
+        "bandwidth_efficiency": 0.9,
+        "flops_efficiency": 0.5,
+        "overhead_s": 0.003,
+        "per_token_overhead_s": 0,
+    }
+    here = [pv.RowReplay(r, pv.START).latencies(other) for r in rows]
+    pv.record_replays(rows, processes=2)
+    recorded = [pv.replay(r) for r in rows]
+    for replayed, expected in zip(recorded, here, strict=True):  # the same arithmetic on the same recordings
+        assert replayed.latencies(other) == pytest.approx(expected, rel=1e-12)
+    assert set(recorded[0].phases) == set(pv.BENCHMARK.phases)
+    pv.record_replays(rows, processes=2)  # nothing left to record: the same objects stay
+    assert [pv.replay(r) for r in rows] == recorded
 
 
 def test_one_client_by_hand():
