@@ -28,6 +28,7 @@ from core.page_models.tasks import (
 )
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
+from core.planning.cost.fits.profile_checks import search_check_words
 from core.planning.predict.deployment_fields import GPU_FIELD, MODEL_FIELD, PARALLEL_FIELDS, SETTING_FIELDS
 from core.planning.search.search_fields import SEARCH_URL_FIELDS
 from core.planning.search.slo_candidates import metric_label
@@ -206,13 +207,17 @@ def search_caption(plan) -> str:
         else f"stopping after the GPU count at which {plan.candidates.max_meeting} met the SLO, so every cheaper "
         "one was evaluated"
     )
+    best = plan.best
+    checked = (
+        "" if best is None else search_check_words(plan.profile_check, plan.model, best.gpu, best.gpu_name)
+    )
     return (
         f"{plan.num_evaluated:,} of {plan.num_candidates:,} candidate deployments evaluated in rank order (fewest "
         f"GPUs, then total memory bandwidth as the cost proxy: no GPU price is used), {whole}; "
         f"{plan.num_simulated:,} simulated to their steady state (Poisson arrivals, warm-up dropped), "
         f"{plan.num_reused:,} answered by an identical run, the rest ruled out by memory or a bound. Step times "
         f"from the roofline model with the {plan.candidates.engine} engine profile's fitted efficiencies "
-        "(docs/slo.md)."
+        f"(docs/slo.md).{' ' + checked if checked else ''}"
     )
 
 

@@ -85,3 +85,17 @@ def test_a_deployment_carries_its_check():
         deployment.engine, MODELS["llama-3.1-70b"], GPUS["b200"]
     )
     assert Deployment("llama-3.1-70b", "b200", tp=4, engine="trtllm").profile_check() is None
+
+
+def test_a_search_carries_each_gpus_check_and_words_for_the_chosen_one():
+    gpus = [("h100-80gb", GPUS["h100-80gb"]), ("b200", GPUS["b200"]), ("l40s", GPUS["l40s"])]
+    check = pc.search_check("vllm-cross-model", MODELS["llama-3.1-70b"], gpus)
+    assert check["model"] == pc.MODEL_CHECKS["llama-3.1-70b"]._asdict()
+    assert check["gpus"]["b200"] == pc.GPU_CHECKS["b200"]._asdict()
+    assert check["gpus"]["l40s"]["status"] == "not measured"
+    words = pc.search_check_words(check, "Llama-3.1-70B", "b200", "B200")
+    assert words == pc.check_words(
+        pc.profile_check("vllm-cross-model", MODELS["llama-3.1-70b"], GPUS["b200"]), "Llama-3.1-70B", "B200"
+    )
+    assert pc.search_check("trtllm", MODELS["llama-3.1-70b"], gpus) is None
+    assert pc.search_check_words(None, "Llama-3.1-70B", "b200", "B200") == ""

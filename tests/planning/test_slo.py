@@ -354,6 +354,7 @@ def test_the_cli_prints_the_issue_keys_sorted(capsys):
     assert body["configs"] and all(keys <= set(c) for c in body["configs"])
     order = [(c["num_gpus"], c["cost_proxy_tb_per_s"]) for c in body["configs"]]
     assert order == sorted(order) and body["best"]["meets_slo"] and body["engine"] == "vllm"
+    assert body["profile_check"] is None  # the single-model profile states no errors per GPU and model
     assert body["slo"]["ttft_p99_s"] == 1.0 and body["slo"]["tpot_p99_s"] == 0.05
     best = body["best"]
     assert best["ttft_p99_s"] <= 1.0 and best["tpot_p99_s"] <= 0.05 and best["stable"]

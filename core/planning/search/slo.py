@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, replace
 
 from core.errors import SloInfeasibleError
 from core.planning.catalog.models import ModelSpec, get_model
+from core.planning.cost.fits.profile_checks import search_check
 from core.planning.memory.vllm_command import parallel_flags
 from core.planning.predict.early_stop import Question
 from core.planning.search.slo_candidates import (
@@ -107,6 +108,7 @@ class SloPlan:
     complete: bool
     step_time: dict
     elapsed_s: float
+    profile_check: dict | None = None  # profile_checks.search_check: the profile's measured errors, per GPU
 
     @property
     def best(self) -> SloConfig | None:
@@ -130,6 +132,7 @@ class SloPlan:
             "engine": self.candidates.engine,
             "step_time": dict(self.step_time),
             "elapsed_s": self.elapsed_s,
+            "profile_check": self.profile_check,
         }
 
 
@@ -412,6 +415,7 @@ def plan_slo(
         len(configs) == len(space),
         search.overrides,
         time.perf_counter() - started,
+        search_check(cands.engine, model, cands.gpu_specs()),
     )
     if result.best is None:
         raise _infeasible(result)

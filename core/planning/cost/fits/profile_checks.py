@@ -86,6 +86,18 @@ def profile_check(engine: str, model: ModelSpec, gpu: GPUSpec) -> dict | None:
     }
 
 
+def search_check(engine: str, model: ModelSpec, gpus) -> dict | None:
+    """`profile_check` for a search over several GPU types: {"engine", "model": {...}, "gpus": {slug: {...}}},
+    gpus: (slug or name, GPUSpec) pairs (`SloCandidates.gpu_specs`); None for another engine than CHECKED_ENGINE."""
+    if engine != CHECKED_ENGINE:
+        return None
+    return {
+        "engine": engine,
+        "model": _entry(MODEL_CHECKS, _slug(model, MODELS)),
+        "gpus": {name: _entry(GPU_CHECKS, _slug(spec, GPUS)) for name, spec in gpus},
+    }
+
+
 def check_words(check: dict | None, model_name: str, gpu_name: str) -> str:
     """One sentence for a page: how far the profile's mean TTFT and TPOT have been from published vLLM runs on
     this GPU and for this model ("" without a check)."""
@@ -104,3 +116,11 @@ def check_words(check: dict | None, model_name: str, gpu_name: str) -> str:
         f"How far the {check['engine']} profile's mean TTFT and TPOT have been from published vLLM runs "
         f"(RMS relative error): {part(check['gpu'], gpu_name)}; {part(check['model'], model_name)}."
     )
+
+
+def search_check_words(check: dict | None, model_name: str, gpu_key: str, gpu_name: str) -> str:
+    """`check_words` for one GPU of a `search_check` (the chosen deployment's): "" without a check."""
+    if check is None or gpu_key not in check["gpus"]:
+        return ""
+    one = {"engine": check["engine"], "gpu": check["gpus"][gpu_key], "model": check["model"]}
+    return check_words(one, model_name, gpu_name)
