@@ -94,7 +94,8 @@ class SloPlan:
     raises otherwise). num_candidates: deployments in the search space; num_evaluated / num_simulated /
     num_reused: how many were checked, simulated, answered by an identical earlier run; complete: every
     candidate was evaluated (False: the search stopped after max_meeting, see the module docstring).
-    step_time: the efficiencies and overheads of the step-time model. elapsed_s: wall seconds of the search."""
+    step_time: the efficiencies and overheads of the step-time model. elapsed_s: wall seconds of the search.
+    profile_check: the profile's measured errors for the model and each GPU type (`profile_checks.search_check`)."""
 
     model: str
     slo: Slo
@@ -108,7 +109,7 @@ class SloPlan:
     complete: bool
     step_time: dict
     elapsed_s: float
-    profile_check: dict | None = None  # profile_checks.search_check: the profile's measured errors, per GPU
+    profile_check: dict | None = None
 
     @property
     def best(self) -> SloConfig | None:

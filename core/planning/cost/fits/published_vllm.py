@@ -50,6 +50,9 @@ from core.planning.cost.fits.published_vllm_rows import (
     training_rows,
 )
 
+# The set of the held-out GPU's rows (`held_out_gpu_comparison`), apart from "training" and "held out".
+HELD_OUT_GPU_SET = "held-out gpu"
+
 # The cross-model profile (issue 40): one FLOP/s efficiency for dense GEMMs, one for routed-expert GEMMs, a
 # bandwidth efficiency for the routed experts' weight reads (grouped GEMMs over few rows per expert; the dense
 # reads at the datasheet bandwidth), and a fixed cost per kernel per step (the fifth stage; the kernels each
@@ -58,8 +61,6 @@ from core.planning.cost.fits.published_vllm_rows import (
 # per-token host time (the single-model fit's 16.6 us per token, fixed whatever the model and TP, made an 8B
 # model's 8,192-token prefill cost 136 ms of host time alone), and a request-side latency (REQUEST_TERM: a fixed
 # time per request outside the steps plus the step in flight when it arrives; docs/slo.md 2c).
-# The set of the held-out GPU's rows (`held_out_gpu_comparison`), apart from "training" and "held out".
-HELD_OUT_GPU_SET = "held-out gpu"
 FIT_NAMES = (
     "flops_efficiency",
     "kernel_overhead_s",
