@@ -80,6 +80,11 @@ def worker_main(
         os.nice(WORKER_NICENESS)
     for module in preload:
         importlib.import_module(module)
+    # What the imports made lives as long as the process: out of the collector's sight (`gc.freeze`), the full
+    # collection after each job (`release_free_memory`) walks only what jobs made, ~0 ms instead of ~85 ms with
+    # torch, the simulator and the engine loaded (200k objects).
+    gc.collect()
+    gc.freeze()
     conn.send(("ready",))
     parent = os.getppid() if parent_pid is None else parent_pid
     while True:

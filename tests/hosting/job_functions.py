@@ -57,3 +57,10 @@ def memoise(value: object, progress) -> tuple[int, int]:
     """Keep `value` in this worker's memo; returns (items in the memo now, this process's pid)."""
     _MEMO.append(value)
     return len(_MEMO), os.getpid()
+
+
+def collector_sight(progress) -> tuple[int, int]:
+    """(objects the collector no longer walks: `gc.get_freeze_count()`, objects it still tracks) in this worker."""
+    import gc
+
+    return gc.get_freeze_count(), len(gc.get_objects())

@@ -215,3 +215,18 @@ def test_an_idle_worker_gives_back_the_heap_its_job_freed():
         assert _rss_mib(pid) < before + 100, (before, _rss_mib(pid))
     finally:
         pool.close()
+
+
+def test_what_the_preload_imported_is_out_of_the_collectors_sight():
+    """The full collection after every job walks only what jobs made: the preloaded modules' objects are frozen."""
+    pool = JobPool(
+        workers=1, max_queued=2, timeout_s=60.0, cache=ResultCache(0, 600), preload=("plotly.graph_objects",)
+    )
+    try:
+        status = pool.submit("sight", jf.collector_sight)
+        if not status.finished:
+            status = wait_for(pool, "sight")[-1]
+        frozen, tracked = status.result
+        assert frozen > 10_000 and tracked < frozen / 10, (frozen, tracked)
+    finally:
+        pool.close()
