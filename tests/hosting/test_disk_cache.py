@@ -8,6 +8,7 @@ import time
 
 from core.jobs import MISSING
 from core.jobs.disk_cache import SUFFIX, DiskResultCache, key_digest
+from core.jobs.worker import start_without_main
 
 KEY = ("core.page_models.tasks", "compare_policies", (1, 2.5, "x"))
 
@@ -65,7 +66,9 @@ def test_concurrent_writers_in_four_processes_leave_whole_files_within_the_bound
     context = multiprocessing.get_context("spawn")
     processes = [context.Process(target=_writer, args=(str(tmp_path), w, 30)) for w in range(4)]
     for process in processes:
-        process.start()
+        # not re-running the worker's __main__: after an AppTest in this pytest-xdist worker that is app.py, whose
+        # imports (torch, Streamlit) took each writer ~9 s of CPU
+        start_without_main(process)
     reader = DiskResultCache(tmp_path, 8, 60)
     reads = 0
     while any(p.is_alive() for p in processes):
