@@ -46,6 +46,14 @@ MAX_MODEL_LEN = 1024  # the longest prompt here is ~540 tokens
 # "'function' object has no attribute 'finalize_loading'", so it compiles on every start); eager decodes ~1.6x
 # slower, prefills as fast.
 EAGER = ("-O0",)
+# The model runs in vLLM's engine-core process (`--distributed-executor-backend uni`, which its CPU platform takes
+# only with VLLM_ENABLE_V1_MULTIPROCESSING=0; the API server and the engine core stay two processes): with its
+# default multiprocessing executor a third process ran the model and, after every message, spun on the shared-memory
+# queue for a second (`sched_yield`), ~77 s of a full run's CPU samples beside ~110 s of model compute (py-spy), on
+# the two cores the other worker shares. What the tests check (hashes, events, counters, blocks) does not depend on
+# it; tests/vllm/ alone went from 200 s to 152 s, its start from 35 s to 25 s.
+ONE_PROCESS = ("--distributed-executor-backend", "uni")
+ONE_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # One OpenMP thread, as the suite's workers and the servers they start have (tests/conftest.py): the other worker
 # keeps a core busy all run long, so vLLM's second thread waited on a core that was not free at every barrier. On
 # the shared 2-core machine under load, 8 output tokens took 6-10 s with 2 threads and 0.4-1.3 s with 1 (a 384-token
@@ -169,8 +177,8 @@ def _start(shared: Path) -> RealVLLM:
         num_gpu_blocks_override=NUM_GPU_BLOCKS_OVERRIDE,
         threads=THREADS,
         kv_events=kv_events,
-        extra_args=EAGER,
-        extra_env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
+        extra_args=EAGER + ONE_PROCESS,
+        extra_env={"VLLM_SERVER_DEV_MODE": "1"} | ONE_PROCESS_ENV,  # dev mode: /reset_prefix_cache
     )
     process = VLLMServer(config, log_path=shared / "real-vllm.log")
     try:
