@@ -23,12 +23,12 @@ from core.planning.search.slo import (
     SloConfig,
     SloPlan,
     SloWorkload,
-    _infeasible,
     config_deployment,
     plan_slo,
 )
 from core.planning.search.slo_disagg import DisaggEvaluator, disagg_floors, enumerate_disagg, pool_deciders
 from core.planning.search.slo_eval import Bounds
+from core.planning.search.slo_infeasible import infeasible_error
 from core.serving.steady_state import SteadyStateSettings
 
 # Llama-3.1-8B: 2 (K, V) x 32 layers x 8 KV heads x 128 head size x 2 bytes (bf16) = 131,072 bytes per token
@@ -248,7 +248,7 @@ def test_an_unmeetable_slo_names_a_disaggregated_closest_by_its_split(mixed):
         0.0,
     )
     closest = min(rows, key=lambda c: c.slo_ratio)
-    error = _infeasible(plan)
+    error = infeasible_error(plan)
     split = (
         f"{closest.num_gpus} x H100 SXM 80GB ({closest.prefill_workers} prefill x tp {closest.prefill_tp} + "
         f"{closest.decode_workers} decode x tp {closest.decode_tp}, max_num_seqs 64"
