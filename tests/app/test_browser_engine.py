@@ -2,8 +2,6 @@
 the real model, a chat turn at 1500 x 1000 with the block heatmap in the first screen and its title clear of its
 x-axis title."""
 
-import time
-
 import pytest
 from playwright.sync_api import expect
 
@@ -12,6 +10,18 @@ from tests.real_model import real_model_path
 
 expect.set_options(timeout=120_000)  # the first run also builds the C kernel
 TURN_MS = 180_000  # one chat turn of the real model, with its 4 samples
+# A chart's top and height and its title's and x-axis title's edges, in page coordinates (px from the top of the
+# page: a viewport position plus what the window and every scrolling container above it have scrolled), read at once
+LAYOUT_JS = """chart => {
+    const top = element => {
+        let scrolled = window.scrollY;
+        for (let above = element.parentElement; above; above = above.parentElement) scrolled += above.scrollTop;
+        return element.getBoundingClientRect().top + scrolled;
+    };
+    const title = chart.querySelector('.gtitle'), axisTitle = chart.querySelector('.xtitle');
+    return {chart_top: top(chart), chart_height: chart.getBoundingClientRect().height,
+            title_bottom: top(title) + title.getBoundingClientRect().height, axis_title_top: top(axisTitle)};
+}"""
 
 
 @pytest.mark.browser
@@ -48,16 +58,19 @@ def test_a_chat_turn_on_the_real_model_with_the_heatmap_in_the_first_screen(stre
         # bounded at 180 s, so a hung model fails this test in minutes instead of holding CI for 30 (3 x 600 s).
         expect(messages).to_have_count(2, timeout=TURN_MS)  # the default question and its 4 samples
         expect(messages.nth(1)).to_contain_text("sample 4:")
-        # measure once the run is over: while the script still runs, Streamlit may redraw the chart, and a box read
-        # mid-redraw put the axis title 1,700 px above the page (seen once in a full run)
+        # measure once the run is over: while the script still runs, Streamlit may redraw the chart
         wait_for_script_done(page, TURN_MS)
         heatmap = page.locator('[data-testid="stPlotlyChart"]').first
         expect(heatmap.locator(".main-svg").first).to_be_visible()
         expect(heatmap.locator(".xtitle")).to_be_visible()
-        box = heatmap.bounding_box()
-        assert box["y"] + box["height"] / 2 < 1000, box  # the main chart is in the first screen
-        title, axis_title = _titles_in_place(heatmap, box)
-        assert title["y"] + title["height"] <= axis_title["y"], (title, axis_title)  # no overlap
+        # One reading of the layout, in page coordinates: the chat scrolls itself to its end while the page runs,
+        # so two boxes read one after the other in viewport coordinates may straddle a scroll (a full run read the
+        # title 86 px lower than the axis title that way), and a viewport position says nothing of the first screen.
+        layout = heatmap.evaluate(LAYOUT_JS)
+        assert layout["chart_top"] + layout["chart_height"] / 2 < 1000, (
+            layout
+        )  # the main chart is in the first screen
+        assert layout["title_bottom"] <= layout["axis_title_top"], layout  # no overlap
         page.screenshot(path=str(ARTIFACTS / "engine_chat_first_screen.png"))
 
         chat = page.get_by_test_id("stChatInputTextArea")
@@ -71,18 +84,3 @@ def test_a_chat_turn_on_the_real_model_with_the_heatmap_in_the_first_screen(stre
         page.screenshot(path=str(ARTIFACTS / "engine_chat.png"), full_page=True)
     finally:
         context.close()
-
-
-def _titles_in_place(chart, box: dict, timeout_s: float = 30.0) -> tuple[dict, dict]:
-    """The chart's title and x-axis title boxes once both lie inside the chart's box. Plotly lays text out in two
-    passes and measures it off-screen in between: even after the script finished, a redraw put both titles ~1,700
-    px above the page in two full runs (never inside the chart), so the positions are read once they have landed."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        title, axis_title = (chart.locator(name).bounding_box() for name in (".gtitle", ".xtitle"))
-        inside = [
-            b is not None and box["y"] <= b["y"] <= box["y"] + box["height"] for b in (title, axis_title)
-        ]
-        if all(inside) or time.monotonic() > deadline:
-            return title, axis_title
-        time.sleep(0.2)
