@@ -49,7 +49,7 @@ EAGER = ("-O0",)
 # The model runs in vLLM's engine-core process (`--distributed-executor-backend uni`, which its CPU platform takes
 # only with VLLM_ENABLE_V1_MULTIPROCESSING=0; the API server and the engine core stay two processes): with its
 # default multiprocessing executor a third process ran the model and, after every message, spun on the shared-memory
-# queue for a second (`sched_yield`), ~77 s of a full run's CPU samples beside ~110 s of model compute (py-spy), on
+# queue for a second (`sched_yield`), ~77 s of a full run's samples beside ~127 s of model compute (py-spy), on
 # the two cores the other worker shares. What the tests check (hashes, events, counters, blocks) does not depend on
 # it; tests/vllm/ alone went from 200 s to 152 s, its start from 35 s to 25 s.
 ONE_PROCESS = ("--distributed-executor-backend", "uni")
