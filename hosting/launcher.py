@@ -24,7 +24,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from core.errors import JobError
 from core.jobs.disk_cache import DiskResultCache
 from core.jobs.remote import CACHE_DIR_VARIABLE, remote_pool_from_env
 from core.limits import Limits
+from core.serve.ports import free_port
 from hosting.live_hosts import live_hosts_notice
 from hosting.proxy import copy_static_files, render_config
 from hosting.warmup import warm_replicas
@@ -67,12 +67,6 @@ def _die_with_parent() -> None:
     """In the child before exec: the kernel sends SIGTERM when the launcher dies, even by SIGKILL."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def default_replicas(environ=os.environ) -> int:

@@ -3,7 +3,6 @@
 import fcntl
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 
@@ -111,9 +110,9 @@ def _exclusive_when_marked(request, _worker_lock_path):
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from core.serve.ports import free_port
+
+    return free_port()
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ default) leaves the scheduling to the kernel.
 import contextlib
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,9 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import VLLMUnavailableError
+from core.serve.ports import free_port
 from core.serve.vllm_env import find_vllm
 
+__all__ = ["HOST", "START_TIMEOUT_S", "VLLMServeConfig", "VLLMServer", "free_port"]
+
 HOST = "127.0.0.1"
+# a line that starts an error report in vLLM's log: its logger's ERROR level, or a Python traceback
+_ERROR_LINE = re.compile(r"\bERROR\b|^Traceback \(most recent call last\)")
 START_TIMEOUT_S = 600  # the first start compiles the model (~1-4 minutes on 2 busy cores)
 
 
@@ -113,13 +118,6 @@ def _renice(nice: int):
     return apply if nice else None
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
 class VLLMServer:
     """`vllm serve` of `config` on a free loopback port; `with VLLMServer(config) as server:` starts and stops it."""
 
@@ -155,8 +153,8 @@ class VLLMServer:
                 status = self.process.poll()
                 self.stop()
                 raise VLLMUnavailableError(
-                    f"vllm serve did not start (exit {status}, {timeout_s:.0f} s allowed); the end of "
-                    f"{self.log_path}:\n{self.log_tail()}"
+                    f"vllm serve did not start (exit {status}, {timeout_s:.0f} s allowed); from "
+                    f"{self.log_path}:\n{self.log_excerpt()}"
                 )
             time.sleep(1)
 
@@ -192,6 +190,15 @@ class VLLMServer:
     def log_tail(self, lines: int = 15) -> str:
         return "".join(self.log_path.read_text(errors="replace").splitlines(True)[-lines:])
 
+    def log_excerpt(self, lines: int = 15) -> str:
+        """The log's first error, shortened to its first line and the exception it ends with (vLLM's engine core
+        logs the root cause there, e.g. `ZMQError: Address already in use`; its API server says only "see root
+        cause above" at the end), then the log's last `lines` lines."""
+        text = self.log_path.read_text(errors="replace").splitlines(True)
+        tail = text[-lines:]
+        cause = [line for line in first_error(text[: len(text) - len(tail)]) if line not in tail]
+        return "".join([*cause, "[...]\n", *tail] if cause else tail)
+
     def healthy(self) -> bool:
         try:
             with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
@@ -224,3 +231,24 @@ class VLLMServer:
             os.killpg(process.pid, signal.SIGKILL)  # the engine core and anything else left in the group
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=10)
+
+
+def first_error(lines: list[str], context: int = 2) -> list[str]:
+    """The first error report in a vLLM log's `lines`: its first line, "..." and the last `context` + 1 lines of
+    the report (the exception and what led to it). A report is a run of lines carrying the logger's ERROR level
+    with the first one's prefix, or a bare Python traceback up to its exception line. [] when there is none."""
+    first = next((i for i, line in enumerate(lines) if _ERROR_LINE.search(line)), None)
+    if first is None:
+        return []
+    prefix = lines[first].split(" ERROR ")[0] + " ERROR " if " ERROR " in lines[first] else None
+    end = first + 1
+    while end < len(lines) and (
+        lines[end].startswith(prefix) if prefix else lines[end].startswith((" ", "\t"))
+    ):
+        end += 1
+    if prefix is None and end < len(lines):
+        end += 1  # the exception line after a bare traceback's indented frames
+    report = lines[first:end]
+    if len(report) <= context + 2:
+        return report
+    return [report[0], "...\n", *report[-(context + 1) :]]

@@ -12,7 +12,6 @@ the fleet 7 distinct blocks, 2 held by both, 2 extra copies, 9 cached blocks in 
 """
 
 import json
-import socket
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -21,26 +20,18 @@ import pytest
 from playwright.sync_api import expect
 
 from core.serve.launcher import HOST, LabServer, free_port
+from core.serve.ports import bindable
 from tests.conftest import ARTIFACTS
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
 WAIT_MS = 60_000  # two tiny servers, the app and the browser share 2 busy cores
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
-
-
 def _consecutive_pair() -> int:
     """A port P with P and P + 1 free a moment ago on loopback."""
     for _ in range(50):
         port = free_port()
-        if port < 65_535 and _free(port + 1):
+        if port < 65_535 and bindable(HOST, port + 1):
             return port
     raise AssertionError("no two consecutive free loopback ports")
 
