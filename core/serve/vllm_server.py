@@ -196,7 +196,7 @@ class VLLMServer:
         cause above" at the end), then the log's last `lines` lines."""
         text = self.log_path.read_text(errors="replace").splitlines(True)
         tail = text[-lines:]
-        cause = [line for line in first_error(text[: len(text) - len(tail)]) if line not in tail]
+        cause = first_error(text[: len(text) - len(tail)])  # before the tail: no line shown twice
         return "".join([*cause, "[...]\n", *tail] if cause else tail)
 
     def healthy(self) -> bool:
