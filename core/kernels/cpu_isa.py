@@ -60,8 +60,8 @@ def _cpuinfo() -> dict[str, str]:
 
 @functools.lru_cache(maxsize=1)
 def _read_cpuinfo() -> dict[str, str]:
-    # read once a process: the attention backend is resolved on every call (two a layer a step), and reading the
-    # file each time was ~7 % of a decode step of the real model on one thread
+    # read once a process: the attention backend is resolved on every call (two a layer a step), and each read and
+    # parse took 69 us here, ~0.13 s of a ~5 s chat turn of the real model on one thread (1,920 calls)
     fields: dict[str, str] = {}
     try:
         text = Path("/proc/cpuinfo").read_text()

@@ -3,8 +3,9 @@
 A port found free is closed again before the server that is given it binds it, seconds later for a Streamlit
 server, ~30 s later for the replay socket of a vLLM start (its engine core binds it after loading the model). A
 port the kernel picks (`bind(host, 0)`) lies in its ephemeral range, the range it also hands every outgoing
-connection its local port from, so any client of the machine (a health poll, a browser) can take it in between;
-one run of the suite lost a vLLM start that way. So the port is drawn at random below that range, where only
+connection its local port from, so any client of the machine (a health poll, a browser) can take it in between
+(a vLLM start in one run of the suite failed exactly as one does whose replay port is taken: docs/development.md).
+So the port is drawn at random below that range, where only
 another explicit bind can take it, and checked free by binding it.
 
 Invariant: the returned port was bindable on `host` when returned; it is never below LOWEST_PORT.

@@ -67,9 +67,8 @@ def test_a_chat_turn_on_the_real_model_with_the_heatmap_in_the_first_screen(stre
         # so two boxes read one after the other in viewport coordinates may straddle a scroll (a full run read the
         # title 86 px lower than the axis title that way), and a viewport position says nothing of the first screen.
         layout = heatmap.evaluate(LAYOUT_JS)
-        assert layout["chart_top"] + layout["chart_height"] / 2 < 1000, (
-            layout
-        )  # the main chart is in the first screen
+        # the main chart is in the first screen
+        assert layout["chart_top"] + layout["chart_height"] / 2 < 1000, layout
         assert layout["title_bottom"] <= layout["axis_title_top"], layout  # no overlap
         page.screenshot(path=str(ARTIFACTS / "engine_chat_first_screen.png"))
 
