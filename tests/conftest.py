@@ -229,6 +229,14 @@ def pytest_xdist_make_scheduler(config, log):
     return RealVLLMTogether(config, log)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Tell each worker whether the real-vLLM tests are one unit on one worker (the scheduler above)."""
+    from tests.vllm_server import ONE_WORKER_KEY
+
+    node.workerinput[ONE_WORKER_KEY] = node.config.getoption("dist") == "loadfile"
+
+
 def pytest_collection_modifyitems(config, items):
     """The real-vLLM tests first: their worker starts the server (1-3 minutes) while the other runs the rest.
     Each group of TOGETHER together, in its order, where the first of its tests was."""
@@ -240,6 +248,15 @@ def pytest_collection_modifyitems(config, items):
             rest = [item for item in items if not item.nodeid.startswith(group)]
             members.sort(key=lambda item: next(i for i, f in enumerate(group) if item.nodeid.startswith(f)))
             items[:] = rest[:at] + members + rest[at:]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The real vLLM stops once its last test has run and torn down (`tests.vllm_server.stop_after_last_test`)."""
+    if item.nodeid.startswith(REAL_VLLM_TESTS):
+        from tests.vllm_server import stop_after_last_test
+
+        stop_after_last_test(item.config, REAL_VLLM_TESTS, item.nodeid, nextitem and nextitem.nodeid)
 
 
 def pytest_sessionfinish(session, exitstatus):

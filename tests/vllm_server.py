@@ -8,8 +8,9 @@ names 127.0.0.1: vLLM connects, and a test that wants the events binds a SUB soc
 loopback); the replay endpoint (a ROUTER vLLM always binds) is on 127.0.0.1 too.
 
 Started once per run: under pytest-xdist the workers share a state file in the run's base temporary directory, the
-first one starts the server under a file lock and the others read its address; the run's controller stops it at
-the end (`stop_shared_vllm`, called from conftest's `pytest_sessionfinish`). Tests take the server one at a time
+first one starts the server under a file lock and the others read its address; it is stopped after the last
+real-vLLM test (`stop_after_last_test`, from conftest's `pytest_runtest_teardown`) where that one is known, else
+by the run's controller at the end (`stop_shared_vllm`, from conftest's `pytest_sessionfinish`). Tests take the server one at a time
 (`use_vllm`: an exclusive lock), each starting from an empty prefix cache (`/reset_prefix_cache`, served with
 VLLM_SERVER_DEV_MODE=1), since hit counts and events depend on what the cache held.
 
@@ -61,6 +62,9 @@ ONE_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 THREADS = 1
 NUM_GPU_BLOCKS_OVERRIDE = 64
 TOPIC = "kv-events"
+# Set by the controller in each worker's `workerinput` (tests/conftest.py): the real-vLLM tests run as one unit
+# on one worker (`--dist loadfile`; a worker's own `dist` option always reads "no").
+ONE_WORKER_KEY = "real_vllm_tests_on_one_worker"
 START_TIMEOUT_S = 600  # ~45 s on 2 quiet cores, minutes on busy ones
 
 
@@ -243,11 +247,29 @@ def use_vllm(config) -> Iterator[RealVLLM]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def stop_shared_vllm(config) -> None:
-    """Stop the run's vLLM if this run started one (the controller's, or the single process's, session end)."""
-    if hasattr(config, "workerinput"):
+def stop_shared_vllm(config, *, from_worker: bool = False) -> None:
+    """Stop the run's vLLM if this run started one: at the session's end (the controller's, or the single
+    process's; a worker's call does nothing unless `from_worker`, see `stop_after_last_test`)."""
+    if hasattr(config, "workerinput") and not from_worker:
         return
     state = _shared_dir(config) / STATE_FILE
-    if state.exists():
-        _kill(json.loads(state.read_text())["pid"])
-        state.unlink(missing_ok=True)
+    with open(_shared_dir(config) / START_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if state.exists():
+                _kill(json.loads(state.read_text())["pid"])
+                state.unlink(missing_ok=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def stop_after_last_test(config, tests: str, nodeid: str, next_nodeid: str | None) -> None:
+    """After test `nodeid`, stop the run's vLLM when it was the last of `tests` (the folder of every test that
+    uses it) and no other process can still ask for it: in one process, or under `--dist loadfile`, where the
+    folder is one unit on one worker (tests/conftest.py's scheduler). It idled at ~2 % of a core for the other
+    ~11 minutes of a full run, holding ~1.7 GB. A later test that asks for it again would start it again."""
+    if not nodeid.startswith(tests) or (next_nodeid or "").startswith(tests):
+        return
+    if hasattr(config, "workerinput") and not config.workerinput.get(ONE_WORKER_KEY, False):
+        return
+    stop_shared_vllm(config, from_worker=True)
