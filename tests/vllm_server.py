@@ -207,12 +207,21 @@ def _start(shared: Path) -> RealVLLM:
 
 
 def _kill(pid: int) -> None:
+    """SIGTERM to the server's process group, SIGKILL after 10 s. A server this process started is reaped as it
+    exits: unreaped, it stays in its group as a zombie and the wait ran its whole 10 s (a worker's stop)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGTERM)
         for _ in range(100):
+            _reap(pid)
             os.killpg(pid, 0)
             time.sleep(0.1)
         os.killpg(pid, signal.SIGKILL)
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):  # not this process's child: its parent reaps it
+        os.waitpid(pid, os.WNOHANG)
 
 
 def shared_vllm(config) -> RealVLLM:
