@@ -60,7 +60,10 @@ def test_a_chat_turn_on_the_real_model_with_the_heatmap_in_the_first_screen(stre
         expect(messages.nth(1)).to_contain_text("sample 4:")
         # measure once the run is over: while the script still runs, Streamlit may redraw the chart
         wait_for_script_done(page, TURN_MS)
-        heatmap = page.locator('[data-testid="stPlotlyChart"]').first
+        # the heatmap by its title, not as the first chart: a rerun replaces it for a moment with its placeholder
+        # (`st.empty`), and a full run once measured the attention-time chart below it instead
+        heatmap = page.locator('[data-testid="stPlotlyChart"]').filter(has_text="Physical blocks after step")
+        expect(heatmap).to_have_count(1)
         expect(heatmap.locator(".main-svg").first).to_be_visible()
         expect(heatmap.locator(".xtitle")).to_be_visible()
         # One reading of the layout, in page coordinates: the chat scrolls itself to its end while the page runs,
