@@ -253,10 +253,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
     """The real vLLM stops once its last test has run and torn down (`tests.vllm_server.stop_after_last_test`)."""
-    if item.nodeid.startswith(REAL_VLLM_TESTS):
-        from tests.vllm_server import stop_after_last_test
+    from tests.vllm_server import stop_after_last_test
 
-        stop_after_last_test(item.config, REAL_VLLM_TESTS, item.nodeid, nextitem and nextitem.nodeid)
+    stop_after_last_test(item.config, REAL_VLLM_TESTS, item.nodeid, nextitem and nextitem.nodeid)
 
 
 def pytest_sessionfinish(session, exitstatus):

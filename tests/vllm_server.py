@@ -10,9 +10,10 @@ loopback); the replay endpoint (a ROUTER vLLM always binds) is on 127.0.0.1 too.
 Started once per run: under pytest-xdist the workers share a state file in the run's base temporary directory, the
 first one starts the server under a file lock and the others read its address; it is stopped after the last
 real-vLLM test (`stop_after_last_test`, from conftest's `pytest_runtest_teardown`) where that one is known, else
-by the run's controller at the end (`stop_shared_vllm`, from conftest's `pytest_sessionfinish`). Tests take the server one at a time
-(`use_vllm`: an exclusive lock), each starting from an empty prefix cache (`/reset_prefix_cache`, served with
-VLLM_SERVER_DEV_MODE=1), since hit counts and events depend on what the cache held.
+by the run's controller at the end (`stop_shared_vllm`, from conftest's `pytest_sessionfinish`). Tests take the
+server one at a time (`use_vllm`: an exclusive lock), each starting from an empty prefix cache
+(`/reset_prefix_cache`, served with VLLM_SERVER_DEV_MODE=1), since hit counts and events depend on what the cache
+held.
 
 Outside CI a machine without vLLM skips these tests saying how to install it; under CI=true that fails them.
 """
