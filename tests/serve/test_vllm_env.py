@@ -39,3 +39,37 @@ def test_the_alias_distribution_names_vllm_with_the_cpu_version(tmp_path):
     vllm_env._alias_distribution(tmp_path, "0.32.0")
     (dist,) = importlib.metadata.distributions(path=[str(tmp_path)])
     assert (dist.metadata["Name"], dist.version) == ("vllm", "0.32.0+cpu")
+
+
+@pytest.mark.parametrize("with_sitecustomize", [True, False])
+def test_the_venvs_sitecustomize_keeps_bytecode_under_dontwritebytecode(tmp_path, with_sitecustomize):
+    """The venv is installed without compiling (`--no-compile`); its sitecustomize keeps each module's bytecode at
+    its first import even under PYTHONDONTWRITEBYTECODE and -B, which alone keep none (the control case)."""
+    import os
+    import subprocess
+    import sys
+
+    if with_sitecustomize:
+        (tmp_path / "sitecustomize.py").write_text(vllm_env.SITECUSTOMIZE)
+    (tmp_path / "first_import.py").write_text("VALUE = 1\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-B", "-c", "import first_import; print(first_import.VALUE)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.strip() == "1"
+    kept = list((tmp_path / "__pycache__").glob("first_import.*.pyc"))
+    assert len(kept) == (1 if with_sitecustomize else 0)
+
+
+def test_the_install_recipe_is_in_the_stamp():
+    """A venv made by an earlier recipe (pip compiling every module, no sitecustomize) is made again."""
+    import hashlib
+
+    requirements = vllm_env.REQUIREMENTS.read_bytes()
+    assert vllm_env._requirements_digest() != hashlib.sha256(requirements).hexdigest()
+    assert b"--no-compile" in vllm_env.INSTALL_RECIPE
