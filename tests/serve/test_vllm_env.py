@@ -1,6 +1,11 @@
 """Where the lab finds vLLM's CPU build (`core.serve.vllm_env`): a venv made from today's requirements-vllm.txt, or
 a typed refusal that says the command that makes it."""
 
+import hashlib
+import os
+import subprocess
+import sys
+
 import pytest
 
 from core.errors import VLLMUnavailableError
@@ -45,10 +50,6 @@ def test_the_alias_distribution_names_vllm_with_the_cpu_version(tmp_path):
 def test_the_venvs_sitecustomize_keeps_bytecode_under_dontwritebytecode(tmp_path, with_sitecustomize):
     """The venv is installed without compiling (`--no-compile`); its sitecustomize keeps each module's bytecode at
     its first import even under PYTHONDONTWRITEBYTECODE and -B, which alone keep none (the control case)."""
-    import os
-    import subprocess
-    import sys
-
     if with_sitecustomize:
         (tmp_path / "sitecustomize.py").write_text(vllm_env.SITECUSTOMIZE)
     (tmp_path / "first_import.py").write_text("VALUE = 1\n")
@@ -66,10 +67,9 @@ def test_the_venvs_sitecustomize_keeps_bytecode_under_dontwritebytecode(tmp_path
     assert len(kept) == (1 if with_sitecustomize else 0)
 
 
-def test_the_install_recipe_is_in_the_stamp():
-    """A venv made by an earlier recipe (pip compiling every module, no sitecustomize) is made again."""
-    import hashlib
-
-    requirements = vllm_env.REQUIREMENTS.read_bytes()
-    assert vllm_env._requirements_digest() != hashlib.sha256(requirements).hexdigest()
-    assert b"--no-compile" in vllm_env.INSTALL_RECIPE
+def test_a_venv_made_by_the_earlier_recipe_is_refused(tmp_path):
+    """A venv stamped by the earlier install (today's requirements, pip compiling every module, no sitecustomize)
+    is not found, so `install` makes it again."""
+    earlier = hashlib.sha256(vllm_env.REQUIREMENTS.read_bytes()).hexdigest()
+    with pytest.raises(VLLMUnavailableError, match=r"python -m core.serve.vllm_env install"):
+        vllm_env.find_vllm(_fake_venv(tmp_path / "earlier", earlier))
