@@ -31,9 +31,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Bytecode is kept (in __pycache__, git-ignored) even where PYTHONDONTWRITEBYTECODE is set, as on the machine this
-# suite runs on: otherwise every process of a run (the workers, the servers and job workers they start) compiles the project's
-# modules again, and each worker rewrites and compiles every test file's asserts (collecting took 15.8 s in one
-# process without bytecode, 6.2 s with it). Set here, before pytest-xdist starts the workers, who inherit it.
+# suite runs on: otherwise every process of a run (the workers, the servers and job workers they start) compiles
+# the project's modules again, and each worker rewrites and compiles every test file's asserts (collecting took
+# 15.8 s in one process without bytecode, 6.2 s with it). Set here, before pytest-xdist starts the workers.
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
     sys.dont_write_bytecode = False
 
