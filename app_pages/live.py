@@ -196,7 +196,8 @@ def live_view() -> None:
     draw_events(live, result)
     if sources.events is not None:
         draw_lookup(live)
-    draw_served_plan(live) or draw_plan(live)
+    if not draw_served_plan(live):
+        draw_plan(live)
     draw_planned_vs_observed(live)
 
 

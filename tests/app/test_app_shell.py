@@ -50,3 +50,30 @@ def test_page_icons_are_material_icons_and_the_favicon_is_a_local_file():
     assert ast.unparse(page_icon) == "str(ICON)"
     icon = root / "ui" / "assets" / "icon.png"
     assert icon.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def magic_writes(path) -> list[str]:
+    """The statements of a script that Streamlit's magic turns into `st.write` (its own transformer, `add_magic`:
+    a bare expression that is not a call, e.g. `a() or b()`, is written, so a None shows on the page)."""
+    from streamlit.runtime.scriptrunner.magic import MAGIC_MODULE_NAME, add_magic
+
+    tree = add_magic(path.read_text(), str(path))
+    return [
+        f"{path.name}:{node.lineno}: {ast.unparse(node.args[0])}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and getattr(node.func.value, "id", "") == MAGIC_MODULE_NAME
+    ]
+
+
+def test_no_script_writes_a_value_by_magic():
+    scripts = [ROOT / "app.py", *sorted((ROOT / "app_pages").glob("*.py"))]
+    assert [w for script in scripts for w in magic_writes(script)] == []
+
+
+def test_magic_writes_finds_a_bare_or(tmp_path):
+    """The control: the Live page's `draw_served_plan(live) or draw_plan(live)` wrote `None` under the plan."""
+    script = tmp_path / "page.py"
+    script.write_text("import streamlit as st\n\ndef view():\n    st.title('x')\n    f() or g()\n")
+    assert magic_writes(script) == ["page.py:5: f() or g()"]

@@ -58,6 +58,9 @@ def test_one_server_two_engines_summed(server):
     assert metric(at, "Prefix-cache hit rate (overall)") == "40.0%"  # 160 / 400 tokens
     assert metric(at, "KV blocks (num_gpu_blocks)") == "2,000"
     assert len(at.get("plotly_chart")) >= 5  # usage, requests, hit rate, preemptions, latency
+    assert "`None`" not in [
+        m.value for m in at.markdown
+    ]  # no plan named: a caption, nothing written by magic
     assert at.query_params["metrics"] in (server.url(), [server.url()])
 
 
