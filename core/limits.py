@@ -314,6 +314,10 @@ def _check_hosts(value, spec: _Spec) -> str:
     return value
 
 
+# a unit in the singular, for a value of 1 ("1 process"); every other unit drops its plural s ("1 second")
+SINGULAR_UNITS = {"processes": "process"}
+
+
 def _format(value, spec: _Spec) -> str:
     if spec.kind is list:
         if not value:
@@ -323,6 +327,7 @@ def _format(value, spec: _Spec) -> str:
         return value or "not set: any local directory"
     if spec.unit == "bytes":
         return f"{value:,} bytes ({value / GiB:,.2f} GiB)" if value >= GiB else f"{value:,} bytes"
+    unit = spec.unit if value != 1 else SINGULAR_UNITS.get(spec.unit, spec.unit.removesuffix("s"))
     if spec.kind is float:
-        return f"{value:,g} {spec.unit}"
-    return f"{value:,} {spec.unit}"
+        return f"{value:,g} {unit}"
+    return f"{value:,} {unit}"

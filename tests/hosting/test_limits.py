@@ -106,3 +106,11 @@ def test_rows_cover_every_limit_with_separators():
         "value": "not set: any local directory",
         "variable": "PAGED_LAB_MODEL_ROOT",
     }
+
+
+def test_a_value_of_one_reads_singular():
+    rows = {r["variable"]: r["value"] for r in Limits(workers=1, job_timeout_s=1.0, max_queued_jobs=1).rows()}
+    assert rows["PAGED_LAB_WORKERS"] == "1 process"
+    assert rows["PAGED_LAB_JOB_TIMEOUT_S"] == "1 second"
+    assert rows["PAGED_LAB_MAX_QUEUED_JOBS"] == "1 job"
+    assert {r["variable"]: r["value"] for r in Limits(workers=2).rows()}["PAGED_LAB_WORKERS"] == "2 processes"
