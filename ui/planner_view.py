@@ -16,31 +16,36 @@ def show_metrics(result, baseline) -> None:
     b = baseline.plan if baseline else None
     bw = baseline.what_if if baseline else None
 
-    def delta(value, base_value):
+    def delta(value, base_value) -> dict:
+        """st.metric's delta arguments: none without a baseline; an unchanged figure reads "±0", grey, no arrow
+        (Streamlit draws a green up arrow for "+0")."""
         if baseline is None or value is None or base_value is None:
-            return None
-        return f"{value - base_value:+,.0f}"
+            return {}
+        change = f"{value - base_value:+,.0f}"
+        if change in ("+0", "-0"):
+            return {"delta": "±0", "delta_color": "off", "delta_arrow": "off"}
+        return {"delta": change}
 
     c = st.columns(5)
-    c[0].metric("KV tokens per replica", fmt_int(p.kv_tokens), delta(p.kv_tokens, b and b.kv_tokens))
-    c[1].metric("KV blocks", fmt_int(p.num_blocks), delta(p.num_blocks, b and b.num_blocks))
+    c[0].metric("KV tokens per replica", fmt_int(p.kv_tokens), **delta(p.kv_tokens, b and b.kv_tokens))
+    c[1].metric("KV blocks", fmt_int(p.num_blocks), **delta(p.num_blocks, b and b.num_blocks))
     c[2].metric(
         "Full-length requests",
         fmt_int(p.max_concurrency_total),
-        delta(p.max_concurrency_total, b and b.max_concurrency_total),
+        **delta(p.max_concurrency_total, b and b.max_concurrency_total),
         help=f"Requests of {p.context_len:,} tokens held at once, all replicas together; each holds "
         f"ceil({p.context_len:,} / {p.block_size}) blocks.",
     )
     c[3].metric(
         "Avg concurrent, paged",
         fmt_int(w.paged_concurrency) if w else "—",
-        delta(w.paged_concurrency if w else None, bw.paged_concurrency if bw else None),
+        **delta(w.paged_concurrency if w else None, bw.paged_concurrency if bw else None),
         help="Per replica, capped at max_num_seqs; the chart below shows the memory-bound figure.",
     )
     c[4].metric(
         "Decode tokens/s (est.)",
         fmt_int(p.decode_tokens_per_s) if p.decode_tokens_per_s else "—",
-        delta(p.decode_tokens_per_s, b and b.decode_tokens_per_s),
+        **delta(p.decode_tokens_per_s, b and b.decode_tokens_per_s),
         help="Roofline estimate: weights + KV read per step over memory bandwidth (or FLOPs over peak).",
     )
     if p.decode_tokens_per_s:

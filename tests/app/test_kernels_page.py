@@ -1,6 +1,7 @@
 """The Kernels page under AppTest: defaults draw everything, bad input gets st.error (never a traceback), and
 every input lives in the URL: a link reproduces the run."""
 
+from streamlit.proto.Metric_pb2 import Metric
 from streamlit.testing.v1 import AppTest
 
 from core.device import default_device
@@ -37,6 +38,7 @@ def test_defaults_check_correctness_and_draw_every_chart():
     assert {"max abs error, torch", "max abs error, gather"} <= set(metrics) == expected
     for metric in metrics.values():
         assert float(metric.value) <= 1e-4 and metric.delta == "pass"
+        assert metric.proto.direction == Metric.MetricDirection.NONE  # a verdict: no arrow
     assert len(at.get("plotly_chart")) == 4  # overhead, latency, bandwidth, block map
     text = _text(at)
     assert "4 sequences x 1,024 tokens" in text and "At 1,024 tokens: contiguous" in text

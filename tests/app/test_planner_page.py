@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from streamlit.proto.Metric_pb2 import Metric
 from streamlit.testing.v1 import AppTest
 
 from core.errors import InvalidArgumentError
@@ -30,6 +31,10 @@ from core.planning.catalog.models import MODELS, ModelSpec, preset_configs
 from core.planning.memory.plan import plan, plan_from
 from ui.planner_state import ALL_FIELDS, url_params
 from ui.query_state import Field, encode_params, parse_params
+
+# st.metric's arrow and colour, as its message carries them
+DOWN, NO_ARROW = Metric.MetricDirection.DOWN, Metric.MetricDirection.NONE
+RED, GREY = Metric.MetricColor.RED, Metric.MetricColor.GRAY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -216,6 +221,11 @@ def test_does_not_fit_verdict_and_scenario_b_deltas():
     )
     assert b_tokens.value == f"{b_plan.kv_tokens:,}"
     assert b_tokens.delta == f"{b_plan.kv_tokens - a_plan.kv_tokens:+,}"
+    # both hold max_num_seqs (256) at once: the same figure reads "±0" in grey, not a green "+0" with an up arrow
+    b_concurrent = next(m for m in at.metric[5:] if m.label == "Avg concurrent, paged")
+    arrow_and_colour = (b_concurrent.proto.direction, b_concurrent.proto.color)
+    assert (b_concurrent.value, b_concurrent.delta, arrow_and_colour) == ("256", "±0", (NO_ARROW, GREY))
+    assert (b_tokens.proto.direction, b_tokens.proto.color) == (DOWN, RED)  # the control: B holds fewer
 
 
 def test_custom_config_paste_and_bad_json():
