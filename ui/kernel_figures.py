@@ -187,7 +187,12 @@ def bandwidth_figure(rows: list[dict], copy_gbps: float, copy: dict | None = Non
     )
     _add_sweep_lines(fig, rows, "achieved_gbps", "%{y:,.1f} GB/s", contiguous=("contiguous_gbps", CONTIGUOUS))
     fig = _axes(fig, "Achieved bandwidth (K and V bytes read / time)", "bandwidth (GB/s, 1e9 bytes/s)", rows)
-    fig.update_yaxes(rangemode="tozero")
+    # plotly's autorange leaves shapes out: the copy line (often above every kernel) would sit on the top edge,
+    # under the title's notes; the range takes it, its band and every upper bar, with room above
+    fields = ("achieved_gbps", "achieved_gbps_p75", "contiguous_gbps", "contiguous_gbps_p75")
+    tops = [row[f] for row in rows for f in fields if row.get(f) is not None]
+    tops += [copy_gbps, (copy or {}).get("p75", 0.0)]
+    fig.update_yaxes(range=[0, 1.1 * max(tops)])
     return fig
 
 

@@ -116,6 +116,11 @@ def test_bandwidth_figure_draws_the_measured_copy_line():
     assert list(torch_line.error_y.arrayminus) == pytest.approx(minus)
     with_band = bandwidth_figure(rows, 26.5, {"median": 26.5, "p25": 25.0, "p75": 27.0})
     assert [(s.y0, s.y1) for s in with_band.layout.shapes if s.type == "rect"] == [(25.0, 27.0)]
+    # the copy line is a shape, which plotly's autorange leaves out: the axis reaches above it
+    high = max(r[f] for r in rows for f in ("achieved_gbps_p75", "contiguous_gbps_p75"))
+    assert high < 26.5 and tuple(fig.layout.yaxis.range) == pytest.approx((0, 1.1 * 26.5))
+    assert tuple(bandwidth_figure(rows, high / 2).layout.yaxis.range) == pytest.approx((0, 1.1 * high))
+    assert tuple(with_band.layout.yaxis.range) == pytest.approx((0, 1.1 * 27.0))
 
 
 def test_a_busy_or_noisy_machine_is_said_on_every_timing_chart():
