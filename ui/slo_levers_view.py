@@ -144,6 +144,35 @@ def show_prediction_figures(p: dict, params) -> None:
     metric_cards([*own, *lever_cards(p)])
 
 
+def wide_intervals(p: dict) -> list[str]:
+    """The percentiles whose 95% interval is wider than predict's tolerance (half-width over the value), as
+    "ITL p90: 8.16-73.4 ms around 8.32 ms", widest first."""
+    wide = []
+    for key, (low, high) in p.get("intervals", {}).items():
+        value = p.get(key)
+        if value and (high - low) / 2 / value > STEADY.tolerance:
+            metric, quantile, _ = key.split("_")
+            text = f"{metric.upper()} {quantile}: {_span(low, high)} around {latency_text(value)}"
+            wide.append(((high - low) / value, text))
+    return [text for _, text in sorted(wide, reverse=True)]
+
+
+def _span(low: float, high: float) -> str:
+    """ "8.16-73.4 ms", or "0.98-1.2 s" when the interval reaches a second."""
+    if high >= 1:
+        return f"{low:.3g}-{high:.3g} s"
+    return f"{low * 1e3:.3g}-{high * 1e3:.3g} ms"
+
+
+def _why_not_converged(p: dict) -> str:
+    if not p.get("stable", True):
+        return "past capacity there is no steady state to converge to (the warning above)"
+    wide = wide_intervals(p)
+    if not wide:  # every interval narrow enough, but the batches were shorter than the settings ask
+        return "the measured requests' batches are shorter than the request lifetimes they must span"
+    return f"wider than {STEADY.tolerance:.0%} of its value, " + "; ".join(wide)
+
+
 def percentiles_caption(p: dict) -> str:
     """What the percentile chart and table hold: one replica's simulation, or a disaggregated sum of parts."""
     if p["mode"] == "disagg":
@@ -155,8 +184,7 @@ def percentiles_caption(p: dict) -> str:
     converged = (
         f"Converged: every interval is within {STEADY.tolerance:.0%} of its value."
         if p["converged"]
-        else f"Not converged: some interval is wider than {STEADY.tolerance:.0%} of its value at the "
-        f"{STEADY.max_requests:,}-request cap."
+        else f"Not converged at the {STEADY.max_requests:,}-request cap: {_why_not_converged(p)}."
     )
     checked = check_words(p.get("profile_check"), p["deployment"]["model"], p["deployment"]["gpu"])
     return (
