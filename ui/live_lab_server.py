@@ -62,23 +62,34 @@ def lab_server_controls(state: UrlState, limits: Limits) -> None:
         # vLLM connects its PUB socket to a host-named endpoint, so the page's subscriber binds there;
         # core.serve is started with wildcard endpoints, which it binds, so the page connects.
         state.set("events_bind", isinstance(server, VLLMLabServer))
-        running = True
+        st.rerun()  # this run drew the start button: the next one draws the stop button and the status
     elif running and c2.button("Stop the lab server", key="lab_stop"):
         server.stop()
-        running = False
+        st.rerun()
     if running:
-        load = server.load
-        c3.caption(
-            f"{lab_server_kind(server)} ({server.model}) runs on 127.0.0.1:{server.ports[0]}, events on "
-            f"{server.events_endpoint}; "
-            f"a mixed chat load has sent {load.sent if load else 0:,} requests ({load.failed if load else 0:,} failed)."
-        )
+        # refreshed as the page polls (the rest of the page does not rerun): the load's count goes on
+        every = state.values["every"] if state.values["watch"] else None
+        with c3:
+            st.fragment(lab_server_status, run_every=every)(server)
     else:
         c3.caption(
             "One click starts our engine served like vLLM (core.serve) on this machine's loopback with prefix "
             "caching and KV events, plus a small mixed chat load, and points this page at it; or, with "
             "vLLM's CPU build installed, a real vLLM serving SmolLM2 the same way."
         )
+
+
+def lab_server_status(server: LabServer) -> None:
+    """Where the lab server runs and what its load has sent so far."""
+    if not server.running:
+        st.caption(f"{lab_server_kind(server)} ({server.model}) has stopped.")
+        return
+    load = server.load
+    st.caption(
+        f"{lab_server_kind(server)} ({server.model}) runs on 127.0.0.1:{server.ports[0]}, events on "
+        f"{server.events_endpoint}; "
+        f"a mixed chat load has sent {load.sent if load else 0:,} requests ({load.failed if load else 0:,} failed)."
+    )
 
 
 def lab_server_kind(server: LabServer) -> str:

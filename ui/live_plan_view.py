@@ -174,7 +174,7 @@ def draw_planned_vs_observed(live: LiveInputs) -> None:
         )
     st.caption(
         f"Planned with {plan.planned_with}: the step-time model's overhead ({1000 * fit.model.overhead_s:,.1f} ms "
-        f"per step) and FLOP/s ({100 * fit.flops_vs_roof:.0f}% of the roof) fitted so that the simulator "
+        f"per step) and FLOP/s ({100 * fit.flops_vs_roof:.0f}% of {plan.roof}) fitted so that the simulator "
         "reproduces this window's mean prefill time and mean inter-token latency (the histograms' exact sums); "
         "the percentiles are then predicted, and both sides are read through vLLM's buckets. Redone every "
         "minute. Method and measured errors: docs/live-planned.md."

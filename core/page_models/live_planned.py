@@ -58,12 +58,13 @@ PRIOR_ENGINE = (
 class LivePlan:
     """result: the comparison, or None with `reason` (a sentence for the page) and `problem` (True when the
     inputs or the server are wrong, False when there is only not enough traffic yet). planned_with: the model
-    and hardware in words."""
+    and hardware in words; roof: what the fitted FLOP/s is a fraction of (`flops_vs_roof`), in words."""
 
     result: PlannedVsObserved | None
     reason: str | None = None
     problem: bool = False
     planned_with: str = ""
+    roof: str = ""
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ def live_plan(
         return LivePlan(
             plan_against_observed(window, base, limits, FitSettings(flops_headroom=headroom), prior),
             planned_with=planned_with,
+            roof="the GPU's datasheet peak" if kind == "gpu" else "the matmul roof sampled on this CPU",
         )
     except LabError as err:
         return LivePlan(None, f"Planned vs observed cannot run: {err}", problem=True)

@@ -204,6 +204,8 @@ def test_one_click_lab_server_with_load(monkeypatch):
         at.button(key="lab_start").click()
         at.run()
         assert not at.exception and not at.error, [e.value for e in at.error]
+        # the run that started it shows the stop button at once, not the start button it was drawn with
+        assert [b.key for b in at.button if b.key in ("lab_start", "lab_stop")] == ["lab_stop"]
         expected = f"http://127.0.0.1:{launcher.DEFAULT_PORTS[0]}/metrics"
         assert str(at.query_params["metrics"]).strip("[]'") == expected
         table = None
@@ -216,10 +218,12 @@ def test_one_click_lab_server_with_load(monkeypatch):
         assert table is not None and table["cached blocks"].iloc[0] > 0
         # the lab server's pool, read from its /metrics
         assert metric(at, "KV blocks (num_gpu_blocks)") == "1,024"
-        assert any("mixed chat load has sent" in c.value for c in at.caption)
+        [status] = [c.value for c in at.caption if "mixed chat load has sent" in c.value]
+        assert "has sent 0 requests" not in status, status  # the load's count, as of this run
         at.button(key="lab_stop").click()
         at.run()
         assert not at.exception
+        assert [b.key for b in at.button if b.key in ("lab_start", "lab_stop")] == ["lab_start"]
     finally:
         launcher.stop_all()
 

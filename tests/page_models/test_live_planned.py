@@ -138,6 +138,7 @@ def test_a_vllm_model_that_is_no_preset_is_planned_from_its_config(tmp_path):
     plan = live_plan(h, "srv", {**VALUES, "pvo_seqs": 0, "pvo_tokens": 0}, lambda: ROOFS, config)
     assert plan.result is not None, plan.reason
     assert plan.planned_with == f"smollm2 (bfloat16, {tmp_path}/config.json) on this machine's CPU"
+    assert plan.roof == "the matmul roof sampled on this CPU"  # what the caption's FLOP/s share is of
     assert plan.result.prior is None
     # a server started with --dtype float32: told so, the plan's weights and KV are float32 (twice the bytes)
     values = {**VALUES, "pvo_seqs": 0, "pvo_tokens": 0, "dtype": "float32"}
@@ -146,5 +147,6 @@ def test_a_vllm_model_that_is_no_preset_is_planned_from_its_config(tmp_path):
     assert f32.result.fit.model.weight_bytes == 2 * plan.result.fit.model.weight_bytes
     on_gpu = live_plan(h, "srv", VALUES, lambda: ROOFS, given)
     assert on_gpu.planned_with == "smollm2 (the config.json given) on 1 x h100-80gb", on_gpu.reason
+    assert on_gpu.roof == "the GPU's datasheet peak"
     broken = live_plan(h, "srv", VALUES, lambda: ROOFS, replace(given, config={"model_type": "llama"}))
     assert broken.problem and "cannot run" in broken.reason  # a config that names no model: said, not raised
