@@ -13,6 +13,7 @@ Invariants:
 """
 
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
@@ -42,11 +43,12 @@ from core.planning.predict.vllm_bench import (
     prefix_repetition_problem,
     vllm_bench_serve_command,
 )
-from core.planning.search.slo_disagg import SERVE_NOTE
+from core.planning.search.slo_disagg import KV_TRANSFER_FLAG, SERVE_NOTE
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
 
 LOAD_KINDS = ("rate", "concurrency")
+COMMENT_WIDTH = 100  # a command's comment lines, wrapped so that its code block needs no scrolling
 
 
 @dataclass(frozen=True)
@@ -292,13 +294,15 @@ def disagg_answer(params: SloPredictParams, progress: Callable[[float, str], Non
 
 
 def disagg_serve_command(deployment: DisaggDeployment, load: Load) -> str:
-    """SERVE_NOTE as a comment, then each pool's `vllm serve` flags (its workers as --data-parallel-size)."""
+    """SERVE_NOTE as comment lines, then each pool's `vllm serve` flags (its workers as --data-parallel-size) with the
+    KV connector's (KV_TRANSFER_FLAG)."""
     pools = (
         (deployment.prefill, "prefill", deployment.prefill_workers),
         (deployment.decode, "decode", deployment.decode_workers),
     )
-    return f"# {SERVE_NOTE}\n" + "\n".join(
-        f"# {name} pool: {workers} worker(s) of tp {pool.tp}\n{serve_command(pool, load)}"
+    note = "".join(f"# {line}\n" for line in textwrap.wrap(SERVE_NOTE, COMMENT_WIDTH))
+    return note + "\n".join(
+        f"# {name} pool: {workers} worker(s) of tp {pool.tp}\n{serve_command(pool, load)} \\\n  {KV_TRANSFER_FLAG}"
         for pool, name, workers in pools
     )
 

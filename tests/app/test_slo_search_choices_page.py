@@ -171,4 +171,8 @@ def test_the_table_s_tokens_per_gpu_and_a_disaggregated_serve_note():
         assert row["tokens/s per GPU"] == pytest.approx(row["output tokens/s"] / config.num_gpus, rel=1e-12)
     [disagg] = [c for c in plan.configs if c.mode == "disagg"]
     serve = serve_command(params, disagg)  # a disaggregated best shows its note and both pools' flags
-    assert serve.startswith(f"# {disagg.serve_note}") and serve.count("\nvllm serve") == 2
+    comments = [line[2:] for line in serve.splitlines() if line.startswith("# ")]
+    assert " ".join(comments).startswith(disagg.serve_note) and serve.count("\nvllm serve") == 2
+    assert (
+        serve.count("--kv-transfer-config") == 2
+    )  # each pool's KV connector (checked against vLLM elsewhere)
