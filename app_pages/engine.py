@@ -223,10 +223,13 @@ if RECORDED_SHARING.is_file():
     st.plotly_chart(
         sharing_figure(pd.DataFrame(recorded["rows"]), ours="SmolLM2-135M-Instruct"), width="stretch"
     )
+    random_model = (
+        " the tiny random model (Alpaca lengths, EOS ignored) and" if recorded.get("random_model") else ""
+    )
     st.caption(
         f"SmolLM2-135M-Instruct answering {recorded['prompts']} instructions (bench/data/instructions.txt, its chat "
         f"template, answers up to {recorded['max_tokens']} tokens ending at EOS), parallel sampling n = 2, 4, 6 and "
-        f"beam width 2, 4, 6, beside the tiny random model (Alpaca lengths, EOS ignored) and the paper (OPT-13B). "
+        f"beam width 2, 4, 6, beside{random_model} the paper (OPT-13B). "
         f"Recorded by `python bench/sharing.py --model {recorded['model']}` on {recorded['device']} in "
         f"{recorded['wall_s']:,.0f} s."
     )

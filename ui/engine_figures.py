@@ -191,13 +191,13 @@ def sharing_figure(measured: pd.DataFrame, ours: str = "tiny random model") -> g
     paper's Figure 15. `measured`: one row per run with columns mode ("parallel sampling" / "beam search"),
     width, saving_pct (ours, on the model named `ours`), paper_pct (the paper's, NaN where it has none), as
     `measure_sharing` returns, and optionally random_model_pct (the tiny random model, as bench/sharing.py
-    prints it), drawn as a third series."""
+    prints it), drawn as a third series when it holds a figure (a run without the random model has NaN there)."""
     labels = [
         f"{'n' if m == 'parallel sampling' else 'beam'} = {w}"
         for m, w in zip(measured["mode"], measured["width"], strict=True)
     ]
     series = [("saving_pct", f"this engine ({ours})", policy_color("paged"))]
-    if "random_model_pct" in measured:
+    if "random_model_pct" in measured and measured["random_model_pct"].notna().any():
         series.append(("random_model_pct", "this engine (tiny random model)", COPY_COLOR))
     series.append(("paper_pct", "paper, Figure 15 (OPT-13B)", POLICY_COLORS["contiguous"]))
     fig = go.Figure()

@@ -5,10 +5,12 @@ built, a pool too small says which pools run the request, the Figure 15 sharing 
 in the URL, and with PAGED_LAB_MODEL_ROOT set the models under it are offered and a path outside it is an
 st.error. The chat on the real model: tests/app/test_engine_chat.py."""
 
+import json
+
 import pytest
 
 from core.engine import Engine, SamplingParams
-from tests.conftest import open_app
+from tests.conftest import ROOT, open_app
 from tests.hosting.test_model_root import PROMPT_IDS, PROMPTS, make_model_root, serve_models_from
 
 PAGE = "app_pages/engine.py"
@@ -48,6 +50,10 @@ def test_default_run_draws_outputs_heatmap_and_step_charts():
     assert len(at.get("plotly_chart")) >= 4
     # n = 2 forks each prompt: the partly filled last prompt blocks are copied on the first write
     assert int(_metric(at, "Copy-on-write copies")) >= 1
+    # the recorded Figure 15 names the tiny random model only when its run measured it (bars to go with the words)
+    recorded = json.loads((ROOT / "bench" / "results" / "sharing-smollm2.json").read_text())
+    [caption] = [c.value for c in at.caption if c.value.startswith("SmolLM2-135M-Instruct answering")]
+    assert ("tiny random model" in caption) == bool(recorded["random_model"]), caption
     slider = at.select_slider(key="step")
     slider.set_value(slider.options[-1])
     at.run()

@@ -128,6 +128,13 @@ def test_sharing_figure_adds_the_random_model_beside_a_real_one():
     assert real.name == "this engine (SmolLM2-135M-Instruct)" and list(real.y) == [4.0, 20.0]
     assert "random" in random_model.name and list(random_model.y) == [10.0, 60.0]
     assert list(paper.y) == [6.1, 37.6]
+    # a run recorded without the random model (NaN in its column, as bench/results/sharing-smollm2.json): no
+    # legend entry for bars that are not there
+    without = measured.assign(random_model_pct=float("nan"))
+    assert [t.name for t in sharing_figure(without, ours="SmolLM2-135M-Instruct").data] == [
+        real.name,
+        paper.name,
+    ]
 
 
 def test_heatmap_title_sits_above_its_top_x_axis():
