@@ -381,7 +381,10 @@ def pool_details(playground: Playground) -> None:
         }
         for seq, table in ((s, snapshot.table(s)) for s in snapshot.seq_ids)
     ]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    if rows:
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    else:
+        st.caption("No sequence holds blocks yet: add one, or step the scenario on.")
     if config.sliding_window is not None:
         st.caption(
             f"Sliding window of {config.sliding_window:,} tokens: `·` marks a logical block released because no "

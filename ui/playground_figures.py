@@ -234,6 +234,7 @@ def free_blocks_over_actions(history: Sequence[HistoryEntry], num_blocks: int) -
     figure.update_layout(
         title="Free list size after each action",
         xaxis_title="action #",
+        xaxis_rangemode="nonnegative",  # one action drawn alone: plotly would centre it on an axis from -1
         yaxis_title="free blocks",
         yaxis_rangemode="tozero",
         height=330,
@@ -271,6 +272,7 @@ def waste_over_actions(history: Sequence[HistoryEntry], bytes_per_token: int) ->
     figure.update_layout(
         title="Wasted KV slots after each action",
         xaxis_title="action #",
+        xaxis_rangemode="nonnegative",
         yaxis_title="reserved but empty (tokens)",
         yaxis_rangemode="tozero",
         height=330,

@@ -28,7 +28,12 @@ def test_pick_a_scenario_and_step_through_it():
     assert free_blocks_shown(at) == 8 and narration(at).startswith("**Step 0 of 3.**")
     assert at.code[0].value == "Total blocks: 8\nFree blocks: 8\nActive sequences: 0"
     assert dict(at.query_params) == {"scenario": "seed-demo", "step": "0"}
-    for step, free in ((1, 6), (2, 5), (3, 7)):  # hand-worked: 24 tokens = 2 blocks, 16 = 1, free seq 1
+    # no block table yet: a sentence, not an empty table (the one table left is the action history)
+    assert len(at.dataframe) == 1 and any(
+        c.value.startswith("No sequence holds blocks yet") for c in at.caption
+    )
+    # hand-worked: 24 tokens = 2 blocks, 16 = 1, free seq 1
+    for step, free, live in ((1, 6, 1), (2, 5, 2), (3, 7, 1)):
         at.button(key="pg_next").click().run()
         assert not at.exception
         assert free_blocks_shown(at) == free
@@ -36,6 +41,7 @@ def test_pick_a_scenario_and_step_through_it():
         assert f"Free blocks: {free}" in at.code[0].value
         assert at.query_params["step"] == str(step)
         assert len(at.get("plotly_chart")) == 3
+        assert len(at.dataframe[0].value) == live  # the block tables: one row per live sequence
     assert at.button(key="pg_next").disabled
     at.button(key="pg_back").click().run()
     assert free_blocks_shown(at) == 5 and at.slider(key="pg_step").value == 2

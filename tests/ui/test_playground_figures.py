@@ -42,6 +42,8 @@ def test_history_figures_plot_every_action():
     waste = waste_over_actions(playground.history, playground.config.bytes_per_token)
     assert list(waste.data[1].y) == [h.paged_waste_slots for h in playground.history]
     assert "tokens" in waste.layout.yaxis.title.text
+    # action numbers start at 0: a history of one action is not drawn on an axis from -1
+    assert free.layout.xaxis.rangemode == waste.layout.xaxis.rangemode == "nonnegative"
 
 
 def test_heatmap_shows_blocks_a_sliding_window_released_as_free():
