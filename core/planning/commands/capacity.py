@@ -19,6 +19,7 @@ from core.planning.catalog.hardware import GPUSpec, get_gpu
 from core.planning.catalog.models import ModelSpec, get_model, model_from_config_file
 from core.planning.catalog.weights import with_checkpoint_bytes
 from core.planning.commands.flags import add_flags, flag_kwargs
+from core.planning.commands.subcommands import commands_epilog
 from core.planning.memory.cpu_kv import CpuKVPlan, plan_cpu_kv
 from core.planning.memory.offload import HostKVTier, host_kv_tier
 from core.planning.memory.plan import CapacityPlan, plan_from
@@ -106,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m core.planning",
         description="KV cache capacity plan for vLLM-style paged serving.",
+        epilog=commands_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(MODEL_FIELD.flag, **flag_kwargs(MODEL_FIELD) | {"default": "llama-3.1-70b"})

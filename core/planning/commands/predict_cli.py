@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from core.errors import InvalidArgumentError, LabError
 from core.planning.catalog.models import ModelSpec, model_from_config_file
 from core.planning.commands.flags import add_exclusive_flags, add_flags, flag_kwargs
+from core.planning.commands.subcommands import COMMANDS
 from core.planning.cost.speculative import SPECULATION_FIELDS
 from core.planning.predict.benchmark import BENCHMARK_FIELD, benchmark_means, check_benchmark_requests
 from core.planning.predict.deployment_fields import (
@@ -133,9 +134,7 @@ def disagg_flags(parser: argparse.ArgumentParser) -> None:
 
 def predict_parser() -> argparse.ArgumentParser:
     """The flags of `python -m core.planning predict`: a deployment, a load, --disagg, --rate | --concurrency."""
-    parser = LineErrorParser(
-        prog="python -m core.planning predict", description="One deployment's steady state."
-    )
+    parser = LineErrorParser(prog="python -m core.planning predict", description=COMMANDS["predict"])
     deployment_flags(parser)
     load_flags(parser)
     disagg_flags(parser)
@@ -170,9 +169,7 @@ def predict_main(argv: Sequence[str]) -> int:
 
 def max_rate_parser() -> argparse.ArgumentParser:
     """The flags of `python -m core.planning max-rate`: a deployment, a load's shape, the latency targets."""
-    parser = LineErrorParser(
-        prog="python -m core.planning max-rate", description="The highest rate within targets."
-    )
+    parser = LineErrorParser(prog="python -m core.planning max-rate", description=COMMANDS["max-rate"])
     deployment_flags(parser)
     load_flags(parser)
     target_flags(parser)

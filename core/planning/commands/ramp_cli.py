@@ -25,6 +25,7 @@ from core.planning.commands.predict_cli import (
     deployment_flags,
     deployment_values,
 )
+from core.planning.commands.subcommands import COMMANDS
 from core.planning.predict.ramp import (
     RAMP_DEPLOYMENT_FIELDS,
     RAMP_FIELDS,
@@ -39,7 +40,7 @@ def ramp_parser() -> argparse.ArgumentParser:
     --gpu-memory-utilization), then the ramp and its shared-prefix data."""
     parser = LineErrorParser(
         prog="python -m core.planning ramp",
-        description="A staged ramp replayed as inference-perf runs it (a transient run, not a steady state).",
+        description=COMMANDS["ramp"],
     )
     deployment_flags(parser)
     add_flags(parser, RAMP_DEPLOYMENT_FIELDS + RAMP_FIELDS)

@@ -34,6 +34,7 @@ from core.planning.commands.predict_cli import (
     target_flags,
     targets_from_args,
 )
+from core.planning.commands.subcommands import COMMANDS
 from core.planning.predict.deployment_fields import SETTING_FIELDS
 from core.planning.predict.load import RATE_FIELDS
 from core.planning.search.search_fields import SEARCH_FIELDS
@@ -44,7 +45,7 @@ from core.planning.search.slo_candidates import candidates_from
 def build_parser() -> argparse.ArgumentParser:
     parser = LineErrorParser(
         prog="python -m core.planning slo",
-        description="The cheapest GPU deployment that serves a workload within latency targets (steady state).",
+        description=COMMANDS["slo"],
     )
     config_flags(parser)  # --model PRESET | --config PATH [--num-params N]
     rate = field_named(RATE_FIELDS, "rate")
