@@ -43,7 +43,9 @@ from core.kernels.timing import KernelConfig, check_budget, copy_bandwidth, meas
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench.attention",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--quick", action="store_true", help="batch 16, context 2048, float32 and bfloat16")
     parser.add_argument(

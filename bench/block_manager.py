@@ -159,7 +159,9 @@ def _median(run, key: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.block_manager", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true", help="fewer sequences and tokens (a smoke run)")
     parser.add_argument(
         "--nano-vllm",

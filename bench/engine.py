@@ -199,7 +199,9 @@ def interleaved(runs: dict, repeats: int) -> dict:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench.engine",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--model", default="tiny", help="tiny, smollm2-135m-instruct, or a directory / .gguf path"

@@ -276,7 +276,7 @@ def _cpu_model() -> str:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.fleet_vllm", description=__doc__.split("\n")[0])
     p.add_argument("--groups", type=int, default=8)
     p.add_argument("--users", type=int, default=6)
     p.add_argument("--prefix-blocks", type=int, default=4)

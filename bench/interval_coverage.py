@@ -84,7 +84,9 @@ def batch_percentile_intervals(window, itl, batches: int, estimate: dict) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.interval_coverage", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE)
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--measured", type=int, default=2400)

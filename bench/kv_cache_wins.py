@@ -147,7 +147,9 @@ def _run(job: tuple) -> tuple:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.kv_cache_wins", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--compress", type=float, default=1.0, help="divide every stage's duration by this")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated routing policies")
     parser.add_argument("--no-single-prefix", action="store_true", help="skip the one-prefix control")

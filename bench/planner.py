@@ -90,6 +90,6 @@ def main(quick: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.planner", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and requests")
     print(json.dumps(main(parser.parse_args().quick)))

@@ -31,7 +31,9 @@ SAVED_FIT = Path(__file__).parent / "results" / "slo-published.json"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.published_prompt_pool", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "--fitted", type=Path, default=SAVED_FIT, help="a bench.slo_published JSON (its 'fitted')"
     )

@@ -124,7 +124,7 @@ def merge(paths: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.sharing", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(MODELS))
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)

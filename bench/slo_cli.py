@@ -135,7 +135,7 @@ def _answer(body: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.slo_cli", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=("slo", "predict"), help="run one part only")
     args = parser.parse_args()

@@ -100,7 +100,7 @@ def visit(browser, url: str) -> dict:
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.slo_page", description=__doc__.split("\n\n")[0])
     parser.add_argument("--visits", type=int, default=2, help="visits in a row (the first one cold)")
     args = parser.parse_args()
     load_before = os.getloadavg()

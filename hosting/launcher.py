@@ -302,7 +302,7 @@ class Host:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hosting", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8501, help="the proxy's port (default 8501)")
     parser.add_argument("--address", default="127.0.0.1", help="the proxy's address (default 127.0.0.1)")
     parser.add_argument(

