@@ -385,7 +385,7 @@ def cpu_section() -> None:
     m[1].metric("kv_tokens", f"{cpu.kv_tokens:,}", help="as vLLM logs its CPU KV cache size")
     m[2].metric("Block bytes (all layers)", f"{cpu.block_bytes:,} B")
     m[3].metric("KV dtype", f"{cpu.kv_dtype} (model {cpu.dtype})")
-    st.code(cpu.vllm_command, language="bash")
+    st.code(cpu.vllm_command, language="bash", wrap_lines=True)
     st.caption(
         "vLLM's CPU backend takes the whole space for the KV cache (weights live in the rest of RAM): "
         "num_blocks = floor(space / (block size x KV bytes per token over all layers)); kv_tokens as its start log "

@@ -159,10 +159,10 @@ def show_config(config, meets: bool, params) -> None:
     left, right = st.columns(2)
     with left:
         st.markdown("`vllm serve` flags for this configuration:")
-        st.code(cached_value(serve_command, params, config), language="bash")
+        st.code(cached_value(serve_command, params, config), language="bash", wrap_lines=True)
     with right:
         st.markdown("`vllm bench serve`, replaying this workload against it:")
-        st.code(cached_value(bench_command, params, config), language="bash")
+        st.code(cached_value(bench_command, params, config), language="bash", wrap_lines=True)
 
 
 def show_curves(curves, params, meeting: bool) -> None:
@@ -288,14 +288,14 @@ def show_prediction(found, params) -> None:
     commands = [shlex.join(["python", "-m", "core.planning", "predict", *predict_args])]
     if asks_rate:
         commands.append(shlex.join(["python", "-m", "core.planning", "max-rate", *max_rate_args]))
-    st.code("\n".join(commands), language="bash")
+    st.code("\n".join(commands), language="bash", wrap_lines=True)
     left, right = st.columns(2)
     with left:
         st.markdown("`vllm serve` flags for this deployment:")
-        st.code(found.serve_command, language="bash")
+        st.code(found.serve_command, language="bash", wrap_lines=True)
     with right:
         st.markdown("`vllm bench serve`, replaying this load against it:")
-        st.code(found.bench_command, language="bash")
+        st.code(found.bench_command, language="bash", wrap_lines=True)
     st.caption(
         f"{found.num_prompts:,} prompts: 20 × the requests in flight (Little's law), at least 1,000, so the ramp-up "
         "and the drain that vLLM's percentiles include are about a tenth of the run. --random-range-ratio is the "

@@ -90,4 +90,4 @@ def show_plan(prefix: str, result, workload_error: str | None) -> None:
         )
     st.markdown("`vllm serve` flags for this plan:")
     flags = f" \\\n  {tier.vllm_flags}" if tier is not None else ""
-    st.code(result.plan.vllm_command + flags, language="bash")
+    st.code(result.plan.vllm_command + flags, language="bash", wrap_lines=True)

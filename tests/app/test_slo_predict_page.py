@@ -123,6 +123,8 @@ def test_the_page_shows_what_predict_and_the_cli_give(capsys):
     # the commands the page prints give the page's numbers: its predict line reproduces the table, its max-rate
     # line the highest rate shown
     cli, serve, bench = (c.value for c in at.code)
+    # long lines (the CLI line, a disaggregated note, --kv-transfer-config) wrap on screen; the copy is unchanged
+    assert all(c.proto.wrap_lines for c in at.code)
     predict_line, max_rate_line = cli.splitlines()
     printed = cli_json(predict_main, predict_line, capsys)
     for key in (f"{m}_p{q}_s" for m in STEADY_METRICS for q in PERCENTILES):
