@@ -180,7 +180,9 @@ def show_curves(curves, params, meeting: bool) -> None:
         st, latency_vs_rate_figure, curves, params.rate, targets.get(ttft_key), targets.get(tpot_key)
     )
     knees = "; ".join(
-        f"{c.label}: knee at {c.knee_rate:.3g} req/s ({c.knee_reason})"
+        f"{c.label}: not drawn, a bound rules out every rate ({c.reasons[0]})"
+        if not c.simulated
+        else f"{c.label}: knee at {c.knee_rate:.3g} req/s ({c.knee_reason})"
         if c.knee_rate is not None
         else f"{c.label}: no knee up to {c.rates[-1]:.3g} req/s"
         for c in curves

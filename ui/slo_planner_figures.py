@@ -36,14 +36,16 @@ def latency_vs_rate_figure(
     """Two panels side by side, TTFT and TPOT at the curves' percentiles (`Curve.ttft_q` / `tpot_q`, p95 by
     default; s and ms) against the rate (requests/s), log-scaled latency
     (queueing makes it grow by orders of magnitude). A line stops where its points were not simulated (pruned
-    by a bound). The knee, where queueing takes over, is a dashed vertical line in the configuration's colour
+    by a bound); a curve none of whose points was simulated is not drawn (the caller says why). The knee, where queueing takes over, is a dashed vertical line in the configuration's colour
     with a marker on its point (at the last simulated point before it when the throughput bound pruned it)."""
     ttft_name, tpot_name = (
         (f"TTFT p{curves[0].ttft_q}", f"TPOT p{curves[0].tpot_q}") if curves else ("TTFT", "TPOT")
     )
     fig = make_subplots(rows=1, cols=2, subplot_titles=(ttft_name, tpot_name), horizontal_spacing=0.09)
     for i, curve in enumerate(curves):
-        color = config_color(i)
+        if not curve.simulated:  # a bound ruled out every rate: no line, and no legend entry without one
+            continue
+        color = config_color(i)  # by rank, so a curve keeps its colour whether or not one above it is drawn
         for col, values, what, unit in (
             (1, list(curve.ttft_s), ttft_name, "s"),
             (2, _ms(curve.tpot_s), tpot_name, "ms"),

@@ -100,3 +100,21 @@ def test_a_queueing_knee_is_marked_on_its_point(plan):
         (expected, point.ttft_p95_s),
         (expected, point.tpot_p95_s * 1e3),
     ]
+
+
+def test_a_curve_a_bound_ruled_out_at_every_rate_is_not_drawn_and_the_next_keeps_its_colour():
+    """A configuration topped up as the closest miss can have no simulated point (e.g. one decode step longer
+    than the TPOT target at every rate): no line, no legend entry, no knee; the next curve keeps its rank's colour
+    (the page's caption names it as not drawn, with the bound)."""
+    from core.page_models.slo_planner import Curve
+    from ui.slo_planner_figures import latency_vs_rate_figure
+    from ui.theme import config_color
+
+    rates = (1.0, 2.0)
+    pruned = Curve(
+        "2 x L40S (misses the SLO)", rates, (None, None), (None, None), ("tpot",) * 2, (False,) * 2, 2.0
+    )
+    drawn = Curve("2 x H100", rates, (0.2, 0.3), (0.01, 0.011), ("memory",) * 2, (True,) * 2, None)
+    fig = latency_vs_rate_figure((pruned, drawn), 2.0, 1.0, 0.012)
+    assert {t.name for t in fig.data} == {"2 x H100"} and not shapes(fig, "knee 0")
+    assert {t.line.color for t in fig.data} == {config_color(1)}
