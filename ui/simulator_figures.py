@@ -397,9 +397,10 @@ def block_heatmap_figure(snapshot, block_size: int, columns: int | None = None, 
     if hybrid:
         layers = max(g.num_layers for g in kv_groups)
         by_kind = _held_by_kind(pool.group, owner >= 0, kv_groups)
+        # the groups on a line of their own: one line ran past a chart of the page's width
         title = (
-            f"Hybrid KV cache {at}: {used:,} of {num_blocks:,} blocks used, one pool for every group "
-            f"({by_kind}; {layers:,} layers per block{per_cell})"
+            f"Hybrid KV cache {at}: {used:,} of {num_blocks:,} blocks used,<br><sup>one pool for every group "
+            f"({by_kind}; {layers:,} layers per block{per_cell})</sup>"
         )
     else:
         title = f"Paged KV cache {at}: {used:,} of {num_blocks:,} blocks used, {int((ref > 1).sum()):,} shared{per_cell}"

@@ -248,8 +248,8 @@ def test_hybrid_heatmap_draws_every_group_in_one_id_space():
     assert text[2].startswith("block 2 · group 2: sliding window 32 tokens<br>request 3")
     assert text[9].startswith("block 9 · group 0: full attention<br>request 7") and "4/16 tokens" in text[9]
     assert (
-        "step 1,234 (t = 5,678.9 s): 8 of 12 blocks used, one pool for every group (full attention 4, sliding "
-        "window 32 tokens 4; 10 layers per block)" in fig.layout.title.text
+        "step 1,234 (t = 5,678.9 s): 8 of 12 blocks used,<br><sup>one pool for every group (full attention 4, "
+        "sliding window 32 tokens 4; 10 layers per block)</sup>" in fig.layout.title.text
     )
     assert fig.layout.title.text.startswith("Hybrid KV cache")
 
