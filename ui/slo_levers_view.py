@@ -170,7 +170,7 @@ def _why_not_converged(p: dict) -> str:
     wide = wide_intervals(p)
     if not wide:  # every interval narrow enough, but the batches were shorter than the settings ask
         return "the measured requests' batches are shorter than the request lifetimes they must span"
-    return f"wider than {STEADY.tolerance:.0%} of its value, " + "; ".join(wide)
+    return f"a half-width over {STEADY.tolerance:.0%} of the value, " + "; ".join(wide)
 
 
 def percentiles_caption(p: dict) -> str:

@@ -33,7 +33,7 @@ def test_the_intervals_wider_than_the_tolerance_are_named_widest_first():
     assert wide_intervals(p) == ["ITL p90: 8.16-73.4 ms around 8.32 ms", "E2E p99: 0.8-1.2 s around 1 s"]
     caption = percentiles_caption(p)
     assert (
-        "Not converged at the 10,000-request cap: wider than 10% of its value, ITL p90: 8.16-73.4 ms"
+        "Not converged at the 10,000-request cap: a half-width over 10% of the value, ITL p90: 8.16-73.4 ms"
         in caption
     )
 
