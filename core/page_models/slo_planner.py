@@ -111,12 +111,13 @@ def chart_configs(plan: SloPlan, count: int = CHART_CONFIGS) -> tuple[SloConfig,
     """The configurations the chart draws: the first `count` that meet the SLO, in rank order, one per deployment
     (GPU, tp, pp, replicas, KV and weight dtypes: a smaller max_num_seqs of the same deployment draws the same
     line until the knee), topped up, when fewer meet it, by the feasible ones closest to it (smallest
-    slo_ratio). Aggregated only: a disaggregated configuration is two pools, not one curve `latency_curve`
-    draws (the ranked table shows them)."""
+    slo_ratio), the simulated ones first: one a bound ruled out at the target rate (a decode step longer than the
+    TPOT target) is usually ruled out at every rate, a curve with nothing to draw. Aggregated only: a
+    disaggregated configuration is two pools, not one curve `latency_curve` draws (the ranked table shows them)."""
     aggregated = [c for c in plan.configs if c.mode == "agg"]
     meeting = [c for c in aggregated if c.meets_slo]
     missing = (c for c in aggregated if c.feasible and not c.meets_slo and c.slo_ratio is not None)
-    closest = sorted(missing, key=lambda c: c.slo_ratio)
+    closest = sorted(missing, key=lambda c: (not c.simulated, c.slo_ratio))
     chosen, seen = [], set()
     for config in [*meeting, *closest]:
         if _deployment(config) not in seen and len(chosen) < count:

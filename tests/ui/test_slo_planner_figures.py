@@ -118,3 +118,21 @@ def test_a_curve_a_bound_ruled_out_at_every_rate_is_not_drawn_and_the_next_keeps
     fig = latency_vs_rate_figure((pruned, drawn), 2.0, 1.0, 0.012)
     assert {t.name for t in fig.data} == {"2 x H100"} and not shapes(fig, "knee 0")
     assert {t.line.color for t in fig.data} == {config_color(1)}
+
+
+def test_the_top_up_prefers_a_simulated_miss_to_one_a_bound_ruled_out(plan):
+    """Fewer meet the SLO than the chart draws: the closest misses top it up, the simulated ones first (a miss a
+    bound ruled out at the target rate, e.g. a decode step over the TPOT target, has no line to draw)."""
+    best = plan.best
+    others = [
+        c for c in plan.configs if c.mode == "agg" and c.feasible and (c.gpu, c.tp) != (best.gpu, best.tp)
+    ]
+    pruned = replace(others[0], meets_slo=False, simulated=False, slo_ratio=1.001)  # closer by its ratio
+    simulated = next(
+        replace(c, meets_slo=False, simulated=True, slo_ratio=1.3)
+        for c in others
+        if (c.gpu, c.tp, c.replicas, c.kv_dtype) != (pruned.gpu, pruned.tp, pruned.replicas, pruned.kv_dtype)
+    )
+    crafted = replace(plan, configs=(best, pruned, simulated))
+    assert chart_configs(crafted, count=2) == (best, simulated)
+    assert chart_configs(crafted, count=3) == (best, simulated, pruned)
