@@ -48,7 +48,8 @@ from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
 
 LOAD_KINDS = ("rate", "concurrency")
-COMMENT_WIDTH = 100  # a command's comment lines, wrapped so that its code block needs no scrolling
+# a command's comment lines are wrapped at this width, so that they read as lines where the command is pasted
+COMMENT_WIDTH = 100
 
 
 @dataclass(frozen=True)
