@@ -248,8 +248,9 @@ with answer:
 
 if state.sync_from_url():
     seed_config_texts()
-for message in state.pop_errors():  # shown once; the URL is rewritten with valid values below
-    st.error(message)
+with answer:  # at the top of the answer, which is computed with the defaults put in their place
+    for message in state.pop_errors():  # shown once; the URL is rewritten with valid values below
+        st.error(message)
 
 st.subheader("Inputs")
 compare = state.widget(st.toggle, FIELDS["compare"].label, "compare")

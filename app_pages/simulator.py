@@ -64,8 +64,9 @@ st.markdown(
 answer = st.container()  # the verdict and the main chart, drawn once the run is done, above the settings
 
 state.sync_from_url()
-for message in state.pop_errors():  # shown once; the URL is rewritten with valid values below
-    st.error(message)
+with answer:  # at the top of the answer, which is computed with the defaults put in their place
+    for message in state.pop_errors():  # shown once; the URL is rewritten with valid values below
+        st.error(message)
 w = state.widget
 with st.expander("Workload, model, policies and scheduler settings", expanded=False), st.form("simulator"):
     c1, c2, c3 = st.columns(3)

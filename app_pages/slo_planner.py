@@ -381,8 +381,9 @@ state.sync_from_url()
 mode = state.widget(st.radio, "Question", "mode", horizontal=True, format_func=MODE_LABELS.get)
 answer = st.container()  # the answer and the chart, drawn once computed, above the inputs
 
-for message in state.pop_errors():  # shown once; the URL is rewritten with valid values below
-    st.error(message)
+with answer:  # at the top of the answer, which is computed with the defaults put in their place
+    for message in state.pop_errors():  # shown once; the URL is rewritten with valid values below
+        st.error(message)
 st.subheader("Inputs")
 if mode == "predict":
     predict_inputs()

@@ -70,6 +70,16 @@ def open_page_with(page: str | None, params: dict[str, str], timeout: float = 12
     return at
 
 
+def page_order(node):
+    """The page's elements in the order they are drawn (AppTest's tree, depth first)."""
+    children = getattr(node, "children", None)
+    if children is None:
+        yield node
+        return
+    for key in sorted(children):
+        yield from page_order(children[key])
+
+
 def wait_for_script_done(page, timeout_ms: float) -> None:
     """Until a rerun ends, Streamlit shows its status widget and keeps the last run's stale elements beside the new
     ones, so a button whose place moved is on the page twice; wait for the end before clicking."""

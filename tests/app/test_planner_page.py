@@ -29,6 +29,7 @@ from core.page_models.planner import (
 from core.planning.catalog.hardware import GPUS, GPUSpec
 from core.planning.catalog.models import MODELS, ModelSpec, preset_configs
 from core.planning.memory.plan import plan, plan_from
+from tests.conftest import page_order
 from ui.planner_state import ALL_FIELDS, url_params
 from ui.query_state import Field, encode_params, parse_params
 
@@ -187,6 +188,9 @@ def test_bad_query_params_give_reasons_not_tracebacks():
     # The page still shows the default plan, and the URL now holds valid values.
     assert ("KV tokens per replica", "972,720") in metrics(at)  # 4 x H100 at their driver-reported 79.6 GiB
     assert str(at.query_params["a_model"]).strip("[]'") == "llama-3.1-70b"
+    # the reasons come first, above the answer computed with the defaults in their place
+    kinds = [node.type for node in page_order(at.main)]
+    assert kinds.index("error") < kinds.index("metric") < kinds.index("number_input")
 
 
 def test_invalid_combination_reports_the_rule():

@@ -4,7 +4,7 @@ slider and the measured-attention option."""
 import gzip
 import json
 
-from tests.conftest import open_app
+from tests.conftest import open_app, page_order
 
 PAGE = "app_pages/simulator.py"
 
@@ -259,6 +259,8 @@ def test_bad_link_values_are_reported_and_replaced():
         assert text in errors
     assert at.number_input(key="num_requests").value == 30 and at.metric
     assert _query(at)["model"] == "opt-13b"
+    kinds = [node.type for node in page_order(at.main)]  # the reasons above the answer run with the defaults
+    assert kinds.index("error") < kinds.index("metric")
 
 
 def test_capacity_from_a_gpu_sizes_the_load_to_its_memory():
