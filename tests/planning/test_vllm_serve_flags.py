@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.page_models.slo_predict import disagg_serve_command
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
@@ -22,72 +21,102 @@ SCRIPT = Path(__file__).with_name("vllm_serve_args_script.py")
 CONTROLS = ["vllm serve m \\\n  --use-v2-block-manager", "vllm serve m \\\n  --kv-cache-dtype int4"]
 
 
+# What each command must ask of vLLM beyond the plan's own figures, written out by hand (not by the rules of
+# `vllm_serve_command` under test): DP ranks, EP, the KV cache dtype flag, quantization, --dtype, the token budget
+# and the hybrid manager (None: the flag is left to vLLM's default, as the plan assumes)
+BY_HAND = {
+    "data_parallel_size": 1,
+    "enable_expert_parallel": False,
+    "kv_cache_dtype": "fp8",
+    "quantization": None,
+    "dtype": "auto",
+    "max_num_batched_tokens": None,
+    "disable_hybrid_kv_cache_manager": None,
+}
+
+
 def _capacity_cases() -> list:
-    """Capacity plans whose commands use every flag `vllm_serve_command` writes."""
+    """(capacity plan, its engine arguments by hand) for commands that use every flag `vllm_serve_command` writes."""
     return [
         # the Capacity planner's default: TP, an fp8 KV cache
-        plan(
-            MODELS["llama-3.1-70b"], GPUS["h100-80gb"], tensor_parallel=4, kv_dtype="fp8", max_model_len=4096
+        (
+            plan(
+                MODELS["llama-3.1-70b"],
+                GPUS["h100-80gb"],
+                tensor_parallel=4,
+                kv_dtype="fp8",
+                max_model_len=4096,
+            ),
+            BY_HAND,
         ),
-        # a MoE model's data-parallel attention with expert parallelism
-        plan(
-            MODELS["qwen3-235b-a22b"],
-            GPUS["h200-141gb"],
-            num_gpus=8,
-            tensor_parallel=2,
-            data_parallel=4,
-            expert_parallel=True,
-            kv_dtype="fp8",
-            max_model_len=8192,
+        # a MoE model's data-parallel attention with expert parallelism: 4 DP ranks of tp 2
+        (
+            plan(
+                MODELS["qwen3-235b-a22b"],
+                GPUS["h200-141gb"],
+                num_gpus=8,
+                tensor_parallel=2,
+                data_parallel=4,
+                expert_parallel=True,
+                kv_dtype="fp8",
+                max_model_len=8192,
+            ),
+            BY_HAND | {"data_parallel_size": 4, "enable_expert_parallel": True},
         ),
-        # a dense model's replicas as DP ranks, a larger batch budget
-        plan(
-            MODELS["llama-3.1-8b"],
-            GPUS["h100-80gb"],
-            num_gpus=2,
-            max_model_len=2300,
-            max_num_seqs=64,
-            max_num_batched_tokens=16384,
+        # a dense model's 2 replicas as 2 DP ranks, a bf16 KV cache (vLLM's auto), a larger token budget
+        (
+            plan(
+                MODELS["llama-3.1-8b"],
+                GPUS["h100-80gb"],
+                num_gpus=2,
+                max_model_len=2300,
+                max_num_seqs=64,
+                max_num_batched_tokens=16384,
+            ),
+            BY_HAND | {"data_parallel_size": 2, "kv_cache_dtype": "auto", "max_num_batched_tokens": 16384},
         ),
-        # pipeline parallel, FP8 weights quantized at load, an fp16 KV cache under a bf16 model (--dtype), and the
-        # hybrid KV cache manager off for a sliding-window model
-        plan(
-            MODELS["gemma-2-9b"],
-            GPUS["l40s"],
-            num_gpus=2,
-            pipeline_parallel=2,
-            weight_dtype="fp8",
-            kv_dtype="fp16",
-            max_model_len=4096,
-            hybrid_kv_cache_manager=False,
+        # pipeline parallel, FP8 weights quantized at load, an fp16 KV cache under a bf16 model (--dtype float16),
+        # and the hybrid KV cache manager off for a sliding-window model
+        (
+            plan(
+                MODELS["gemma-2-9b"],
+                GPUS["l40s"],
+                num_gpus=2,
+                pipeline_parallel=2,
+                weight_dtype="fp8",
+                kv_dtype="fp16",
+                max_model_len=4096,
+                hybrid_kv_cache_manager=False,
+            ),
+            BY_HAND
+            | {
+                "kv_cache_dtype": "auto",
+                "quantization": "fp8",
+                "dtype": "float16",
+                "disable_hybrid_kv_cache_manager": True,
+            },
         ),
     ]
 
 
-def _expected(capacity) -> dict:
-    """The engine arguments a command of `capacity` must set, as vLLM names them (None: the command leaves the
-    flag to vLLM's default, as the plan assumes it)."""
-    model = capacity.inputs.model
-    batched = capacity.max_num_batched_tokens
+def _expected(capacity, by_hand: dict) -> dict:
+    """The engine arguments a command of `capacity` must set, as vLLM names them: the plan's own figures, and
+    `by_hand` for the rest."""
     return {
-        "model": model.hf_repo,
+        "model": capacity.inputs.model.hf_repo,
         "tensor_parallel_size": capacity.tensor_parallel,
         "pipeline_parallel_size": capacity.pipeline_parallel,
-        "data_parallel_size": capacity.data_parallel * (1 if model.is_moe else capacity.replicas),
-        "enable_expert_parallel": capacity.expert_parallel,
-        "kv_cache_dtype": "fp8" if capacity.kv_dtype == "fp8" else "auto",
         "gpu_memory_utilization": capacity.gpu_memory_utilization,
         "max_model_len": capacity.max_model_len,
         "block_size": capacity.block_size,
         "max_num_seqs": capacity.max_num_seqs,
-        "max_num_batched_tokens": None if batched == DEFAULT_MAX_NUM_BATCHED_TOKENS else batched,
-        "disable_hybrid_kv_cache_manager": None if capacity.hybrid_kv_cache_manager else True,
+        **by_hand,
     }
 
 
 @pytest.fixture(scope="module")
 def parsed() -> list:
-    capacities = _capacity_cases()
+    cases = _capacity_cases()
     disagg = DisaggDeployment.of(
         MODELS["llama-3.1-8b"],
         GPUS["h100-80gb"],
@@ -96,31 +125,27 @@ def parsed() -> list:
         max_num_seqs=128,
         max_num_batched_tokens=8192,
     )
-    texts = [c.vllm_command for c in capacities]
-    texts.append(capacities[0].vllm_command + " \\\n  " + offload_flags(8))  # the host KV tier's flags
+    texts = [capacity.vllm_command for capacity, _ in cases]
+    texts.append(cases[0][0].vllm_command + " \\\n  " + offload_flags(8))  # the host KV tier's flags
     texts.append(disagg_serve_command(disagg, Load(12.0, 2000, 300)))
     texts += CONTROLS  # one run of the script (its vLLM import is ~10 s of CPU)
-    return [capacities, run_vllm_script(SCRIPT, {"texts": texts})["parsed"]]
+    return [cases, run_vllm_script(SCRIPT, {"texts": texts})["parsed"]]
 
 
 def test_the_capacity_planners_commands_set_the_plans_engine_arguments(parsed):
-    capacities, results = parsed
-    assert all(c.fits for c in capacities)
-    for capacity, [engine] in zip(capacities, results, strict=False):
-        assert "error" not in engine, engine
-        expected = _expected(capacity)
+    cases, results = parsed
+    for (capacity, by_hand), [engine] in zip(cases, results[: len(cases)], strict=True):
+        assert capacity.fits and "error" not in engine, engine
+        expected = _expected(capacity, by_hand)
         assert {k: engine[k] for k in expected} == expected, capacity.vllm_command
-    quantized = results[3][0]
-    assert (quantized["quantization"], quantized["dtype"]) == ("fp8", "float16")
-    assert results[0][0]["quantization"] is None and results[0][0]["dtype"] == "auto"
 
 
 def test_the_host_tier_and_the_disaggregated_pools_flags(parsed):
-    capacities, results = parsed
-    [tier] = results[len(capacities)]
+    cases, results = parsed
+    [tier] = results[len(cases)]
     assert "error" not in tier, tier
     assert (tier["kv_offloading_size"], tier["kv_offloading_backend"]) == (8.0, "native")
-    prefill, decode = results[len(capacities) + 1]
+    prefill, decode = results[len(cases) + 1]
     assert "error" not in prefill and "error" not in decode, (prefill, decode)
     assert (prefill["tensor_parallel_size"], decode["tensor_parallel_size"]) == (2, 1)
     assert prefill["kv_transfer_config"] == decode["kv_transfer_config"] == ["NixlConnector", "kv_both"]
