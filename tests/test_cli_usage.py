@@ -3,6 +3,9 @@ the file's name, so `python -m hosting --help` printed "usage: __main__.py")."""
 
 import ast
 
+import pytest
+
+from core.planning.commands.dispatch import main as planning_main
 from tests.conftest import ROOT
 
 PARSERS = ("ArgumentParser", "LineErrorParser")
@@ -20,3 +23,17 @@ def test_every_parser_names_the_command_that_runs_it():
                     if not (isinstance(prog, ast.Constant) and str(prog.value).startswith("python -m ")):
                         unnamed.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert unnamed == []
+
+
+def test_the_capacity_commands_help_lists_every_other_command(capsys):
+    """`python -m core.planning --help` is the capacity plan's; it names the other commands the dispatcher runs,
+    each of which answers its own --help (a user otherwise finds `predict` or `slo` only in the docs)."""
+    with pytest.raises(SystemExit):
+        planning_main(["--help"])
+    listed = capsys.readouterr().out.split("other commands (each with its own --help):\n")[1].splitlines()
+    names = [line.split()[3] for line in listed]
+    assert names == ["predict", "max-rate", "slo", "ramp"]
+    for name in names:
+        with pytest.raises(SystemExit) as done:
+            planning_main([name, "--help"])
+        assert done.value.code == 0 and f"usage: python -m core.planning {name} " in capsys.readouterr().out

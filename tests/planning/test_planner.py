@@ -511,17 +511,3 @@ def test_cli_runs_as_module():
     )
     assert result.returncode == 0, result.stderr
     assert "57,344 B" in result.stdout and "vllm serve Qwen/Qwen2.5-7B" in result.stdout
-
-
-def test_the_capacity_commands_help_lists_every_other_command(capsys):
-    """`python -m core.planning --help` is the capacity plan's; it names the other commands the dispatcher runs,
-    each of which answers its own --help (a user otherwise finds `predict` or `slo` only in the docs)."""
-    with pytest.raises(SystemExit):
-        main(["--help"])
-    listed = capsys.readouterr().out.split("other commands (each with its own --help):\n")[1].splitlines()
-    names = [line.split()[3] for line in listed]
-    assert names == ["predict", "max-rate", "slo", "ramp"]
-    for name in names:
-        with pytest.raises(SystemExit) as done:
-            main([name, "--help"])
-        assert done.value.code == 0 and f"usage: python -m core.planning {name} " in capsys.readouterr().out
