@@ -1,5 +1,6 @@
-"""Every command-line parser names its command as a user types it: `python -m pkg.module` (argparse's default is
-the file's name, so `python -m hosting --help` printed "usage: __main__.py")."""
+"""The command lines as a user meets them: every parser names its command as typed, `python -m pkg.module`
+(argparse's default is the file's name, so `python -m hosting --help` printed "usage: __main__.py"), and the planning
+CLI's --help lists its other commands."""
 
 import ast
 

@@ -208,18 +208,25 @@ def test_one_click_lab_server_with_load(monkeypatch):
         assert [b.key for b in at.button if b.key in ("lab_start", "lab_stop")] == ["lab_stop"]
         expected = f"http://127.0.0.1:{launcher.DEFAULT_PORTS[0]}/metrics"
         assert str(at.query_params["metrics"]).strip("[]'") == expected
-        table = None
-        for _ in range(60):  # the load runs: wait for cached blocks to show
+        table, status = None, ""
+
+        def cached_and_counted() -> bool:
+            # the load runs: cached blocks show, and the status counts the requests answered (it counts a request
+            # when its answer is back, which can come after its blocks are cached)
+            nonlocal table, status
+            table = at.dataframe[0].value if at.dataframe else None
+            status = " ".join(c.value for c in at.caption if "mixed chat load has sent" in c.value)
+            cached = table is not None and table["cached blocks"].iloc[0] > 0
+            return cached and status != "" and "has sent 0 requests" not in status
+
+        for _ in range(60):
             time.sleep(0.5)
             at.run()
-            table = at.dataframe[0].value if at.dataframe else None
-            if table is not None and table["cached blocks"].iloc[0] > 0:
+            if cached_and_counted():
                 break
-        assert table is not None and table["cached blocks"].iloc[0] > 0
+        assert cached_and_counted(), (table, status)
         # the lab server's pool, read from its /metrics
         assert metric(at, "KV blocks (num_gpu_blocks)") == "1,024"
-        [status] = [c.value for c in at.caption if "mixed chat load has sent" in c.value]
-        assert "has sent 0 requests" not in status, status  # the load's count, as of this run
         at.button(key="lab_stop").click()
         at.run()
         assert not at.exception
