@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument(MODEL_FIELD.flag, **flag_kwargs(MODEL_FIELD) | {"default": "llama-3.1-70b"})
+    source.add_argument(MODEL_FIELD.flag, **flag_kwargs(MODEL_FIELD, "llama-3.1-70b"))
     source.add_argument(CONFIG_FIELDS[0].flag, **flag_kwargs(CONFIG_FIELDS[0]))
     add_flags(parser, CONFIG_FIELDS[1:])
     add_flags(parser, (GPU_FIELD,), {"gpu": "h100-80gb"})

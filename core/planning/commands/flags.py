@@ -10,12 +10,40 @@ from core.fields import InputField
 _TYPES = {"int": int, "float": float, "str": str, "choice": str, "multi": str, "ints": int}
 
 
-def flag_kwargs(field: InputField) -> dict:
+_FIELD_DEFAULT = object()  # `flag_kwargs`: the field's own default
+
+
+def shown_default(value) -> str:
+    """A default as --help prints it and a user types it: 0.9, 50, 8192, auto, "l40s h100-80gb" (a list)."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(shown_default(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def help_text(field: InputField, default, required: bool) -> str:
+    """The flag's --help line: the field's help (else its label), then "required" or its default when it has one
+    (argparse formats help with %, so a % in it is doubled)."""
+    text = (field.help or field.label).replace("%", "%%")
+    if required:
+        return f"{text} (required)"
+    if field.kind == "bool" or default is None or "default" in text:
+        return text  # a switch, no default, or a help that says its default itself
+    return f"{text} (default: {shown_default(default).replace('%', '%%')})"
+
+
+def flag_kwargs(field: InputField, default=_FIELD_DEFAULT, required: bool | None = None) -> dict:
     """`add_argument`'s keyword arguments for `field` (a bool is a switch: `store_true`, or `store_false` for one
-    on by default: --disable-hybrid-kv-cache-manager)."""
-    kwargs: dict = {"dest": field.name}
-    if field.help is not None:
-        kwargs["help"] = field.help
+    on by default: --disable-hybrid-kv-cache-manager). default / required: a command's own, instead of the
+    field's (a default makes a required field optional). The help says the default, or that the flag is
+    required."""
+    if default is _FIELD_DEFAULT:
+        default = list(field.default) if field.kind in ("multi", "ints") else field.default
+        required = field.required if required is None else required
+    else:
+        required = bool(required)
+    kwargs: dict = {"dest": field.name, "help": help_text(field, default, required)}
     if field.kind == "bool":
         return kwargs | {"action": "store_false" if field.default else "store_true"}
     kind = _TYPES[field.kind]
@@ -26,8 +54,8 @@ def flag_kwargs(field: InputField) -> dict:
         "metavar": field.metavar or field.flag.removeprefix("--").upper().replace("-", "_"),
     }
     if field.kind in ("multi", "ints"):  # one or more values: --gpus l40s h100-80gb, --tp 1 2 4
-        return kwargs | {"nargs": "+", "default": list(field.default)}
-    return kwargs | ({"required": True} if field.required else {"default": field.default})
+        kwargs["nargs"] = "+"
+    return kwargs | ({"required": True} if required else {"default": default})
 
 
 def add_flags(
@@ -36,10 +64,10 @@ def add_flags(
     """One flag per field of `fields`, in order; `defaults`: a command's own default for some (by field name),
     which makes a required flag optional."""
     for field in fields:
-        kwargs = flag_kwargs(field)
         if defaults and field.name in defaults:
-            kwargs = {k: v for k, v in kwargs.items() if k != "required"} | {"default": defaults[field.name]}
-        parser.add_argument(field.flag, **kwargs)
+            parser.add_argument(field.flag, **flag_kwargs(field, defaults[field.name]))
+        else:
+            parser.add_argument(field.flag, **flag_kwargs(field))
 
 
 def add_exclusive_flags(parser: argparse.ArgumentParser, fields: tuple[InputField, ...]) -> None:

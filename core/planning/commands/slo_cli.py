@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config_flags(parser)  # --model PRESET | --config PATH [--num-params N]
     rate = field_named(RATE_FIELDS, "rate")
-    parser.add_argument(rate.flag, **flag_kwargs(rate) | {"required": True})
+    parser.add_argument(rate.flag, **flag_kwargs(rate, required=True))
     load_flags(parser)
     target_flags(parser)
     add_flags(parser, (field_named(SETTING_FIELDS, "engine"),))

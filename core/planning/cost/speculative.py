@@ -53,7 +53,7 @@ SPECULATION_FIELDS = (
         "int",
         None,
         "Speculative tokens K (--spec-tokens; 0: none)",
-        "speculative decoding: K draft tokens",
+        "speculative decoding: K draft tokens (default: none, no speculation)",
         minimum=1,
         maximum=16,
         optional=True,

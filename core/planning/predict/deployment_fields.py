@@ -40,7 +40,18 @@ GPU_FIELD = InputField(
 PARALLEL_FIELDS = (
     InputField("tp", "--tp", "tp", "int", 1, "TP", "tensor parallel size", minimum=1, maximum=64, step=1),
     InputField("pp", "--pp", "pp", "int", 1, "PP", "pipeline parallel size", minimum=1, maximum=64, step=1),
-    InputField("replicas", "--replicas", "replicas", "int", 1, "Replicas", minimum=1, maximum=1024, step=1),
+    InputField(
+        "replicas",
+        "--replicas",
+        "replicas",
+        "int",
+        1,
+        "Replicas",
+        "identical vLLM servers that share the load, tp x pp x D GPUs each",
+        minimum=1,
+        maximum=1024,
+        step=1,
+    ),
 )
 MOE_FIELDS = (
     InputField(
@@ -75,6 +86,7 @@ SETTING_FIELDS = (
         "int",
         256,
         "max_num_seqs",
+        "vLLM's --max-num-seqs: the most sequences in one step's batch",
         minimum=1,
         maximum=65_536,
         step=32,
@@ -98,9 +110,19 @@ SETTING_FIELDS = (
         "choice",
         "auto",
         "Weight dtype",
+        f"stored weights: one of {', '.join(WEIGHT_DTYPES)} (auto: the checkpoint's, fp8 for an FP8 one)",
         choices=WEIGHT_DTYPES,
     ),
-    InputField("kv_dtype", "--kv-dtype", "kv_dtype", "choice", "auto", "KV cache dtype", choices=KV_DTYPES),
+    InputField(
+        "kv_dtype",
+        "--kv-dtype",
+        "kv_dtype",
+        "choice",
+        "auto",
+        "KV cache dtype",
+        f"vLLM's --kv-cache-dtype: one of {', '.join(KV_DTYPES)} (auto: the model's compute dtype)",
+        choices=KV_DTYPES,
+    ),
     InputField(
         "engine",
         "--engine",
@@ -156,6 +178,7 @@ GPU_MEMORY_FIELD = InputField(
     "float",
     0.9,
     "GPU memory utilization",
+    "vLLM's --gpu-memory-utilization: the share of each GPU's memory for weights, activations and KV cache",
     minimum=0.01,
     maximum=1.0,
     step=0.01,

@@ -26,7 +26,7 @@ def _target_field(metric: str, q: int) -> InputField:
         None,  # the page enters a metric's value and its percentile apart (`TARGET_METRICS`)
         "float",
         label=f"{metric.upper()} p{q} target",
-        help="seconds",
+        help=f"the {metric.upper()} p{q} target, seconds (default: none)",
         unit="seconds",
         minimum=0.0,
         maximum=MAX_TARGET_S,

@@ -36,6 +36,7 @@ SEARCH_FIELDS = (
         "int",
         8,
         "Most GPUs per deployment",
+        "the most GPUs one deployment may use: tp x pp x D x replicas (--disagg: all its workers' GPUs)",
         minimum=1,
         maximum=MAX_GPUS,
         step=1,
