@@ -310,14 +310,20 @@ def drift(before: pd.DataFrame, after: pd.DataFrame) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.slo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="40 / 80 / 120 requests at the three rates (default: three times as many, longer sweeps)",
+    )
     parser.add_argument(
         "--server",
         choices=("engine", "vllm"),
         default="engine",
         help="engine: our Engine in this process (default); vllm: a real vLLM this bench starts (bench/slo_vllm.py)",
     )
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads of the engine (default: %(default)s)"
+    )
     parser.add_argument("--fit-once", action="store_true", help="one sweep and fit for both rates")
     parser.add_argument(
         "--robust", action="store_true", help="Huber-reweighted fit (default: plain least squares)"

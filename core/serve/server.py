@@ -147,15 +147,28 @@ def build_engine(config: ServeConfig) -> tuple[Engine, str]:
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.serve", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="tiny", help=f"tiny | {REAL_MODEL} | a model directory or .gguf file")
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the name requests and /metrics use (default: the --model name)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: %(default)s)")
     p.add_argument(
         "--num-blocks", type=int, default=None, help="KV blocks in the pool (default: from the budget)"
     )
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--enable-prefix-caching", action="store_true")
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=64,
+        help="the most sequences in one step's batch (default: %(default)s)",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="reuse cached prompt blocks across requests (off unless given)",
+    )
     p.add_argument("--kv-events-config", default=None, help="vLLM's JSON (see the module doc)")
     p.add_argument(
         "--prefix-caching-hash-algo",
