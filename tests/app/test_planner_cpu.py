@@ -1,5 +1,5 @@
 """The Planner page's "vLLM on a CPU" section under AppTest: scenario A's model in VLLM_CPU_KVCACHE_SPACE, its
-blocks, tokens and command (hand-worked in tests/planning/test_cpu_kv.py), all in the URL; bad input is an error."""
+blocks, tokens and command (hand-worked in tests/planning/memory/test_cpu_kv.py), all in the URL; bad input is an error."""
 
 from pathlib import Path
 

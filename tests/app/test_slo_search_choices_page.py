@@ -173,5 +173,5 @@ def test_the_table_s_tokens_per_gpu_and_a_disaggregated_serve_note():
     serve = serve_command(params, disagg)  # a disaggregated best shows its note and both pools' flags
     comments = [line[2:] for line in serve.splitlines() if line.startswith("# ")]
     assert " ".join(comments).startswith(disagg.serve_note) and serve.count("\nvllm serve") == 2
-    # each pool's KV connector (checked against vLLM in tests/planning/test_vllm_serve_flags.py)
+    # each pool's KV connector (checked against vLLM in tests/planning/memory/test_vllm_serve_flags.py)
     assert serve.count("\n  --kv-transfer-config '") == 2

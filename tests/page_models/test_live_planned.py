@@ -8,7 +8,7 @@ import pytest
 from core.live.history import LiveHistory
 from core.live.metrics import VllmMetrics
 from core.page_models.live_planned import PlanCache, live_plan, window_scrapes
-from tests.planning.simulated_server import simulated_server
+from tests.planning.observed.simulated_server import simulated_server
 from tests.real_model import SMOLLM2_CONFIG
 
 VALUES = {

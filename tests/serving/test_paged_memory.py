@@ -94,7 +94,7 @@ def test_kv_groups_are_typed_once_at_the_edge():
     """A (kind, num_layers, window) triple becomes a `PagedKVGroup` in `check_kv_groups` (what `Policy` and
     `SimulatorParams` call), a typed group passes as it is; a model's groups come typed from vLLM's layout
     (Gemma 2 9B: 21 sliding-window layers over 4,096 tokens and 21 full, as in
-    tests/planning/test_kv_layout.py)."""
+    tests/planning/catalog/test_kv_layout.py)."""
     from core.page_models.simulator import model_kv_groups
 
     window = PagedKVGroup("sliding_window", 2, 64)

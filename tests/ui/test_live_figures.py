@@ -80,7 +80,7 @@ def test_comparison_bars():
 def test_planned_observed_bars_in_ms_with_the_source_colour():
     from core.planning.cost.step_time import opt_13b_a100
     from core.planning.observed.planned import HistogramFit, PlannedVsObserved
-    from tests.planning.simulated_server import simulated_server
+    from tests.planning.observed.simulated_server import simulated_server
     from ui.live_figures import PLANNED_COLOR, PRIOR_COLOR, planned_observed_figure
 
     _, window = simulated_server(n=20)

@@ -346,7 +346,7 @@ def estimate_num_params(config: dict[str, Any], shape: ModelShape | None = None)
     `num_nextn_predict_layers`) are not part of the served model and are not counted. "active" counts only
     `num_experts_per_tok` routed experts per MoE layer; "experts" is every routed expert's parameters,
     "attention" every attention (or linear-attention) layer's. Within ~1% of published counts for the presets
-    (tests/planning/test_models.py). `shape`: the config's `read_model_shape`, when the caller has it already.
+    (tests/planning/catalog/test_models.py). `shape`: the config's `read_model_shape`, when the caller has it already.
     """
     cfg = language_config(config)
     shape = read_model_shape(cfg) if shape is None else shape

@@ -2,7 +2,7 @@
 
 The measured runs are aiconfigurator's published vLLM rows (`published_vllm_rows`: mean TTFT and mean TPOT of
 closed loops), replayed by `python -m bench.slo_published`, whose saved run (bench/results/slo-published.json)
-tests/planning/test_profile_checks.py holds the figures below to. KV-limited rows are left out, as in the fit.
+tests/planning/cost/test_profile_checks.py holds the figures below to. KV-limited rows are left out, as in the fit.
 
 Per GPU: "fitted" (H100, H200: the training rows on it, what the fit reached there) or "held out" (B200: every row
 on it; no fit sees them). Per model: its H100 / H200 rows, "fitted" (a training model) or "held out" (a model the

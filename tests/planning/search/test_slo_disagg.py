@@ -1,6 +1,6 @@
 """`slo --disagg` (issue 30, item 3): aggregated and disaggregated deployments ranked together, each
 disaggregated row saying how its GPUs split and what its KV transfer costs (bytes and seconds worked by hand from
-Llama-3.1-8B's config and the link figures of docs/figures.md, as tests/planning/test_disagg.py does), the
+Llama-3.1-8B's config and the link figures of docs/figures.md, as tests/planning/predict/test_disagg.py does), the
 search space enumerated by hand, every simulated row above its analytic floors, and without the flag the answer
 exactly what plan_slo gives without it. Tiny searches: one H100 type, at most 3 GPUs, one max_num_seqs."""
 

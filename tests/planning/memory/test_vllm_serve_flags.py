@@ -1,5 +1,5 @@
 """Every kind of `vllm serve` command the lab prints, parsed by vLLM 0.32's own `vllm serve` parser (in its venv:
-tests/planning/vllm_serve_args_script.py): each flag is one vLLM knows, with a value it takes, and the engine
+tests/planning/memory/vllm_serve_args_script.py): each flag is one vLLM knows, with a value it takes, and the engine
 arguments it sets are the plan's (a renamed or retired flag, a value vLLM refuses or a misspelt connector would
 fail here, not on a user's GPU box)."""
 

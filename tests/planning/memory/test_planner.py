@@ -5,7 +5,6 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -28,8 +27,7 @@ from core.planning.memory.plan import (
     weight_bytes_read_per_step,
 )
 from core.planning.memory.what_if import fragmentation_by_block_size, workload_what_if
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT
 
 KiB = 1024
 

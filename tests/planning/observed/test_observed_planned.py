@@ -23,7 +23,7 @@ from core.planning.observed.planned import (
     sample_lengths,
     simulated_moments,
 )
-from tests.planning.simulated_server import BASE, LIMITS, TRUTH, simulated_server
+from tests.planning.observed.simulated_server import BASE, LIMITS, TRUTH, simulated_server
 
 INF = math.inf
 
