@@ -11,7 +11,7 @@ from core.engine.fetch import cached_model, model_cache_dir
 from core.errors import LabError
 from core.page_models.engines import REAL_MODEL, fetch_real_model
 from core.page_models.tasks import chat_outputs, engine_sharing, generate_outputs
-from ui.engine_figures import (
+from ui.engine.figures import (
     attention_latency_figure,
     copy_on_write_figure,
     engine_block_heatmap,
@@ -20,7 +20,7 @@ from ui.engine_figures import (
     sequence_color_index,
     sharing_figure,
 )
-from ui.engine_state import FIELDS, SOURCE_LABELS
+from ui.engine.state import FIELDS, SOURCE_LABELS
 from ui.jobs import app_limits, run_job
 from ui.query_state import encode_params
 from ui.url_widgets import UrlState

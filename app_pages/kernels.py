@@ -15,8 +15,8 @@ from core.kernels.timing import check_budget, random_block_tables, tolerance
 from core.page_models.tasks import kernel_correctness, kernel_sweep
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.jobs import app_limits, run_job
-from ui.kernel_figures import bandwidth_figure, block_map_figure, latency_figure, overhead_figure
-from ui.kernels_state import BACKENDS_KEY, FIELDS, config_of, parse_backends, url_params
+from ui.kernels.figures import bandwidth_figure, block_map_figure, latency_figure, overhead_figure
+from ui.kernels.state import BACKENDS_KEY, FIELDS, config_of, parse_backends, url_params
 from ui.url_widgets import UrlState
 
 REPEATS = 11  # timed rounds per point, after core.page_models.tasks.SWEEP_WARMUP untimed ones: as bench/attention.py

@@ -7,8 +7,8 @@ from core.live.history import FLEET
 from core.live.watch import LiveWatch, PollResult
 from core.planning.catalog.hardware import GPUS
 from ui.jobs import app_limits
-from ui.live_events_view import draw_events, draw_lookup
-from ui.live_figures import (
+from ui.live.events_view import draw_events, draw_lookup
+from ui.live.figures import (
     hit_rate_figure,
     latency_figure,
     preemptions_figure,
@@ -16,9 +16,9 @@ from ui.live_figures import (
     source_colors,
     usage_figure,
 )
-from ui.live_lab_server import lab_server_controls
-from ui.live_plan_view import draw_plan, draw_planned_vs_observed, draw_served_plan, served_config_input
-from ui.live_url import FIELDS, LiveInputs, resolve_sources
+from ui.live.lab_server import lab_server_controls
+from ui.live.plan_view import draw_plan, draw_planned_vs_observed, draw_served_plan, served_config_input
+from ui.live.url import FIELDS, LiveInputs, resolve_sources
 from ui.query_state import encode_params
 from ui.url_widgets import UrlState
 

@@ -33,14 +33,14 @@ from core.uploads import read_upload
 from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.input_fields import input_widget
 from ui.jobs import app_limits
-from ui.planner_figures import (
+from ui.planner.figures import (
     concurrency_vs_context_figure,
     fragmentation_figure,
     memory_breakdown_figure,
     paged_vs_contiguous_figure,
 )
-from ui.planner_state import ALL_FIELDS, FIELDS, PLANNER, SCENARIO_NAMES, WORKLOAD_LABELS, url_params
-from ui.planner_view import show_metrics, show_plan, show_verdict
+from ui.planner.state import ALL_FIELDS, FIELDS, PLANNER, SCENARIO_NAMES, WORKLOAD_LABELS, url_params
+from ui.planner.view import show_metrics, show_plan, show_verdict
 from ui.url_widgets import UrlState
 
 state = UrlState("_planner", ALL_FIELDS)
@@ -215,7 +215,7 @@ def hybrid_inputs(p: str, field) -> None:
 
 
 def workload_inputs() -> None:
-    """The workload's widgets, each labelled by its URL field (`ui.planner_state.WORKLOAD_FIELDS`)."""
+    """The workload's widgets, each labelled by its URL field (`ui.planner.state.WORKLOAD_FIELDS`)."""
 
     def field(factory, key: str, suffix: str = "", **kwargs):
         return state.widget(factory, FIELDS[key].label + suffix, key, **kwargs)

@@ -10,14 +10,14 @@ from core.errors import LabError
 from core.kv.host_tier import OFFLOAD_POLICIES
 from core.page_models.playground import Playground, PlaygroundConfig
 from core.page_models.scenarios import SCENARIOS, Scenario, cpp_status_lines, replay
-from ui.playground_figures import (
+from ui.playground.figures import (
     block_heatmap,
     free_blocks_over_actions,
     hbm_marks,
     host_tier_heatmap,
     waste_over_actions,
 )
-from ui.playground_url import (
+from ui.playground.url import (
     FREE_PLAY,
     HOST_FIELDS,
     URL_FIELDS,

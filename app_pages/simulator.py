@@ -17,7 +17,7 @@ from core.uploads import read_upload
 from ui.block_grid import MAX_CELLS, grid_shape
 from ui.charts import cached_chart
 from ui.jobs import app_limits, run_job
-from ui.simulator_figures import (
+from ui.simulator.figures import (
     PAPER_MODEL,
     attention_latency_figure,
     block_heatmap_figure,
@@ -30,7 +30,7 @@ from ui.simulator_figures import (
     tier_hits_figure,
     verdict_text,
 )
-from ui.simulator_state import FIELDS, params_from, url_params
+from ui.simulator.state import FIELDS, params_from, url_params
 from ui.url_widgets import UrlState
 
 DATASET_LABELS = {

@@ -36,15 +36,15 @@ from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.input_fields import input_widget
 from ui.jobs import run_job
 from ui.metric_cards import Card, metric_cards
-from ui.slo_levers_view import (
+from ui.slo_planner.figures import latency_vs_rate_figure, percentiles_figure
+from ui.slo_planner.levers_view import (
     latency_text,
     lever_inputs,
     percentiles_caption,
     show_larger_kv,
     show_prediction_figures,
 )
-from ui.slo_planner_figures import latency_vs_rate_figure, percentiles_figure
-from ui.slo_planner_state import (
+from ui.slo_planner.state import (
     ENGINE,
     FIELDS,
     MODE_LABELS,

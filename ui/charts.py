@@ -15,7 +15,7 @@ most objects), so the chart cache never keeps a job result alive after the resul
 memory stays bounded by that cache: pinning them held ~0.5 GB more on a replica under 20 distinct simulations);
 an entry matches only while each of those inputs is alive and is the very object asked with, so a reused id
 never matches. Inputs without weak references are held strongly. The cache holds at most MAX_ENTRIES values. A
-builder must be a pure function of its arguments, which is what `ui/*_figures.py` builders are.
+builder must be a pure function of its arguments, which is what `ui/*/figures.py` builders are.
 
 Sessions asking for the same inputs at once share one build: the first builds, the others wait for its value
 (a replica's ten first visitors of a page used to build each of its charts ten times over, under one interpreter

@@ -30,7 +30,7 @@ from core.planning.catalog.hardware import GPUS, GPUSpec
 from core.planning.catalog.models import MODELS, ModelSpec, preset_configs
 from core.planning.memory.plan import plan, plan_from
 from tests.conftest import page_order
-from ui.planner_state import ALL_FIELDS, url_params
+from ui.planner.state import ALL_FIELDS, url_params
 from ui.query_state import Field, encode_params, parse_params
 
 # st.metric's arrow and colour, as its message carries them

@@ -5,7 +5,7 @@ from streamlit.testing.v1 import AppTest
 
 from core.page_models.scenarios import SCENARIOS
 from tests.conftest import open_app, open_page_with
-from ui.playground_url import position_from_params
+from ui.playground.url import position_from_params
 
 
 def open_with_url(**params) -> AppTest:

@@ -22,7 +22,7 @@ from core.planning.predict.prediction import predict
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
 from tests.conftest import ROOT
-from ui.slo_planner_state import PREDICT_INPUTS
+from ui.slo_planner.state import PREDICT_INPUTS
 
 PAGE = "app_pages/slo_planner.py"
 TINY = {
@@ -283,7 +283,7 @@ def test_disaggregated_shows_how_the_gpus_split_and_the_kv_transfer(capsys):
 
 
 def test_every_widget_is_labelled_and_keyed_by_its_field(capsys):
-    """The predict form's widgets come from the input groups' declarations (`ui.slo_planner_state.PREDICT_INPUTS`),
+    """The predict form's widgets come from the input groups' declarations (`ui.slo_planner.state.PREDICT_INPUTS`),
     and a bad value's error is the command line's, word for word."""
     at = open_page(TINY | NO_TARGETS | {"turns": "0"})
     shown = {

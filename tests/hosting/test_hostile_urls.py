@@ -6,13 +6,13 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.conftest import ROOT
-from ui.engine_state import FIELDS as ENGINE_FIELDS
-from ui.kernels_state import FIELDS as KERNEL_FIELDS
-from ui.live_url import FIELDS as LIVE_FIELDS
-from ui.planner_state import ALL_FIELDS
-from ui.playground_url import URL_FIELDS
-from ui.simulator_state import FIELDS as SIMULATOR_FIELDS
-from ui.slo_planner_state import FIELDS as SLO_PLANNER_FIELDS
+from ui.engine.state import FIELDS as ENGINE_FIELDS
+from ui.kernels.state import FIELDS as KERNEL_FIELDS
+from ui.live.url import FIELDS as LIVE_FIELDS
+from ui.planner.state import ALL_FIELDS
+from ui.playground.url import URL_FIELDS
+from ui.simulator.state import FIELDS as SIMULATOR_FIELDS
+from ui.slo_planner.state import FIELDS as SLO_PLANNER_FIELDS
 
 HOSTILE = ["nan", "-1e308", "🧱ü\u202e", "9" * 5000, "<script>alert(1)</script>"]
 # page -> the query keys it reads

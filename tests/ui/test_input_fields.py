@@ -34,7 +34,7 @@ from core.planning.search.slo_candidates import (
     candidates_from,
 )
 from ui.query_state import parse_params
-from ui.slo_planner_state import FIELDS, PREDICT_INPUTS, params_from, predict_params_from
+from ui.slo_planner.state import FIELDS, PREDICT_INPUTS, params_from, predict_params_from
 
 # a value other than its default for every input of the predict mode, by field name
 VALUES = {

@@ -21,8 +21,8 @@ from core.planning.predict.inputs import (
     plan_inputs_from,
 )
 from core.planning.predict.plan_fields import CPU_FIELDS, PLANNER_FIELDS
-from ui.planner_state import ALL_FIELDS as PLANNER_URL_FIELDS
-from ui.planner_state import scenario_fields
+from ui.planner.state import ALL_FIELDS as PLANNER_URL_FIELDS
+from ui.planner.state import scenario_fields
 from ui.query_state import parse_params
 
 # the Capacity Planner page (`plan`'s inputs, two scenarios "a_" / "b_"): a value other than the page's seed for

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from ui.simulator_figures import tier_hits_figure, tier_hits_table
+from ui.simulator.figures import tier_hits_figure, tier_hits_table
 
 
 def test_tier_table_is_cumulative_in_admission_order_by_hand():

@@ -14,7 +14,7 @@ from core.planning.catalog.models import get_model
 from core.planning.memory.plan import PlanInputs
 from core.planning.observed.compare import compare_with_server
 from tests.live.exposition import EngineState, vllm_exposition
-from ui.live_figures import (
+from ui.live.figures import (
     FLEET_COLOR,
     comparison_figure,
     latency_figure,
@@ -81,7 +81,7 @@ def test_planned_observed_bars_in_ms_with_the_source_colour():
     from core.planning.cost.step_time import opt_13b_a100
     from core.planning.observed.planned import HistogramFit, PlannedVsObserved
     from tests.planning.observed.simulated_server import simulated_server
-    from ui.live_figures import PLANNED_COLOR, PRIOR_COLOR, planned_observed_figure
+    from ui.live.figures import PLANNED_COLOR, PRIOR_COLOR, planned_observed_figure
 
     _, window = simulated_server(n=20)
     fit = HistogramFit(opt_13b_a100(), (), {}, {}, 1, True)

@@ -53,7 +53,7 @@ def test_chart_configurations_meet_the_slo_one_per_deployment_in_rank_order(plan
 
 
 def test_slo_lines_target_rate_and_knees(plan):
-    from ui.slo_planner_figures import latency_vs_rate_figure
+    from ui.slo_planner.figures import latency_vs_rate_figure
     from ui.theme import config_color
 
     configs = chart_configs(plan)
@@ -81,7 +81,7 @@ def test_slo_lines_target_rate_and_knees(plan):
 
 
 def test_a_queueing_knee_is_marked_on_its_point(plan):
-    from ui.slo_planner_figures import latency_vs_rate_figure
+    from ui.slo_planner.figures import latency_vs_rate_figure
 
     # one H100 capped at 128 sequences: requests wait for a slot before the throughput bound rules a rate out
     capped = next(
@@ -107,7 +107,7 @@ def test_a_curve_a_bound_ruled_out_at_every_rate_is_not_drawn_and_the_next_keeps
     than the TPOT target at every rate): no line, no legend entry, no knee; the next curve keeps its rank's colour
     (the page's caption names it as not drawn, with the bound)."""
     from core.page_models.slo_planner import Curve
-    from ui.slo_planner_figures import latency_vs_rate_figure
+    from ui.slo_planner.figures import latency_vs_rate_figure
     from ui.theme import config_color
 
     rates = (1.0, 2.0)

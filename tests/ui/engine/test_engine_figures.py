@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from core.paging.block_manager import BlockManager
-from ui.engine_figures import (
+from ui.engine.figures import (
     attention_latency_figure,
     copy_on_write_figure,
     engine_block_heatmap,

@@ -12,8 +12,8 @@ from core.planning.predict.load import Load
 from core.planning.predict.prediction import predict
 from core.serving.latency import PERCENTILES
 from ui.query_state import parse_params
-from ui.slo_planner_figures import PERCENTILE_PANELS, percentiles_figure
-from ui.slo_planner_state import FIELDS, MODE_KEYS, params_from, predict_params_from, url_params
+from ui.slo_planner.figures import PERCENTILE_PANELS, percentiles_figure
+from ui.slo_planner.state import FIELDS, MODE_KEYS, params_from, predict_params_from, url_params
 
 
 @pytest.fixture(scope="module")

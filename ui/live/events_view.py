@@ -8,8 +8,8 @@ from core.live.fleet_prefixes import fleet_prefixes
 from core.live.prompt_lookup import PrefixLabels, detokenize
 from core.live.watch import LiveWatch, PollResult, Sources
 from core.page_models.live_lookup import LookupRequest, answer_lookup
-from ui.live_figures import tree_figure
-from ui.live_url import LiveInputs
+from ui.live.figures import tree_figure
+from ui.live.url import LiveInputs
 
 LABELS_KEY = "_live_prefix_labels"
 TREE_NOTE = (

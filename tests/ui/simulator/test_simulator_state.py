@@ -5,7 +5,7 @@ import math
 from core.page_models.simulator import DEFAULT_PARAMS, SimulatorParams
 from core.planning.memory.kv_accounting import BLOCK_SIZES
 from ui.query_state import encode_params, parse_params
-from ui.simulator_state import FIELDS, FIELDS_BY_KEY, params_from
+from ui.simulator.state import FIELDS, FIELDS_BY_KEY, params_from
 
 
 def values(**url: str) -> dict:

@@ -4,7 +4,7 @@ blocks, and the ↓ / ↑ marks are the last action's stores and loads."""
 import numpy as np
 
 from core.page_models.playground import Playground, PlaygroundConfig
-from ui.playground_figures import DOWN, UP, block_heatmap, hbm_marks, host_tier_heatmap
+from ui.playground.figures import DOWN, UP, block_heatmap, hbm_marks, host_tier_heatmap
 
 
 def cells(figure, attribute):

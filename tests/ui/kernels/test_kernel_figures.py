@@ -6,7 +6,7 @@ import math
 import pytest
 
 from tests.ui.label_spacing import assert_labels_apart
-from ui.kernel_figures import (
+from ui.kernels.figures import (
     PAPER_LABEL,
     PAPER_OVERHEAD,
     bandwidth_figure,

@@ -10,7 +10,7 @@ from core.serving.memory_policies import Policy, orca_max, orca_oracle, paged
 from core.serving.paged_memory import check_kv_groups
 from core.serving.simulator import SimulatorConfig, StepSnapshot, simulate
 from core.serving.workload import sharegpt
-from ui.simulator_figures import (
+from ui.simulator.figures import (
     PAPER_FIGURE_2,
     attention_latency_figure,
     block_heatmap_figure,

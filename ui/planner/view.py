@@ -6,7 +6,7 @@ import streamlit as st
 
 from core.page_models.planner import formula_lines, hybrid_comparison, kv_group_rows
 from ui.charts import cached_dataframe, cached_value
-from ui.planner_state import SCENARIO_NAMES
+from ui.planner.state import SCENARIO_NAMES
 from ui.theme import fmt_int
 
 

@@ -7,7 +7,7 @@ from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.memory.plan import concurrency_vs_context, plan
 from core.planning.memory.what_if import fragmentation_by_block_size, memory_breakdown, workload_what_if
-from ui.planner_figures import (
+from ui.planner.figures import (
     BREAKDOWN_ORDER,
     activation_label,
     concurrency_vs_context_figure,

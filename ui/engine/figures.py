@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from core.kv import KVCacheSnapshot
-from ui.playground_figures import block_heatmap
+from ui.playground.figures import block_heatmap
 from ui.theme import POLICY_COLORS, policy_color
 
 PREEMPTION_COLOR = "#d62728"

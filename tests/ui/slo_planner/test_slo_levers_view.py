@@ -1,6 +1,6 @@
 """The SLO planner's prediction captions: which intervals keep a prediction from converging."""
 
-from ui.slo_levers_view import STEADY, percentiles_caption, wide_intervals
+from ui.slo_planner.levers_view import STEADY, percentiles_caption, wide_intervals
 
 
 def _prediction(converged: bool, intervals: dict) -> dict:

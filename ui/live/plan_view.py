@@ -17,8 +17,8 @@ from core.planning.catalog.models import MODELS, ModelSpec
 from core.planning.cost.cpu_roofline import measure_roofs
 from core.planning.memory.plan import PlanInputs
 from core.planning.observed.compare import compare_kv_space_with_server, compare_with_server, kv_space_bytes
-from ui.live_figures import comparison_figure, planned_observed_figure, source_colors
-from ui.live_url import NO_MODEL, LiveInputs
+from ui.live.figures import comparison_figure, planned_observed_figure, source_colors
+from ui.live.url import NO_MODEL, LiveInputs
 from ui.url_widgets import UrlState
 
 PLAN_KEY = "_live_plan_cache"

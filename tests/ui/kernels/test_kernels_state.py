@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.kernels.timing import KernelConfig
-from ui.kernels_state import FIELDS, config_of, parse_backends, parse_kernel_params, url_params
+from ui.kernels.state import FIELDS, config_of, parse_backends, parse_kernel_params, url_params
 
 AVAILABLE = ["cpu", "torch", "gather"]
 

@@ -3,7 +3,7 @@ import itertools
 import numpy as np
 
 from core.page_models.playground import Playground, PlaygroundConfig
-from ui.playground_figures import block_heatmap, free_blocks_over_actions, waste_over_actions
+from ui.playground.figures import block_heatmap, free_blocks_over_actions, waste_over_actions
 from ui.theme import FREE_BLOCK_COLOR, sequence_color
 
 
