@@ -24,6 +24,7 @@ import pytest
 
 from core.live.metrics import parse_vllm_metrics
 from core.planning.catalog.models import ModelSpec
+from core.planning.predict.bench_report import METRIC_BLOCKS, bench_report
 from core.planning.predict.deployment import Deployment
 from core.planning.predict.prediction import Load, predict
 from core.planning.predict.vllm_bench import vllm_bench_serve_command
@@ -52,7 +53,7 @@ def test_the_printed_prefix_repetition_command_measures_the_predicted_hit_rate(r
     predicted = predict(Deployment(model, "h100-80gb", block_size=real_vllm.block_size), load).to_dict()
     assert predicted["prefix_hit_rate"] == pytest.approx(PREFIX / (PREFIX + SUFFIX), abs=0.01)
 
-    command = vllm_bench_serve_command(model, load, REQUESTS, ("ttft",), (50,))
+    command = vllm_bench_serve_command(model, load, REQUESTS)  # every metric and percentile the lab predicts
     words = shlex.split(command.replace("\\\n", " "))
     assert words[:3] == ["vllm", "bench", "serve"] and "--model" in words
     argv = [
@@ -83,6 +84,8 @@ def test_the_printed_prefix_repetition_command_measures_the_predicted_hit_rate(r
     result = json.loads((tmp_path / "run.json").read_text())
     assert result["completed"] == REQUESTS and not re.search(r"tokenizer mismatch", run.stdout)
 
+    _the_lab_prints_vllms_block_as_vllm_does(result, run.stdout)
+
     prompt_tokens = REQUESTS * (PREFIX + SUFFIX)
     assert prompt1 - prompt0 == prompt_tokens == result["total_input_tokens"]
     assert queries1 - queries0 == prompt_tokens
@@ -93,3 +96,17 @@ def test_the_printed_prefix_repetition_command_measures_the_predicted_hit_rate(r
         f"sightings; vLLM measured {measured:.4f}"
     )
     assert measured == pytest.approx(first_sightings, abs=TOLERANCE)
+
+
+def _the_lab_prints_vllms_block_as_vllm_does(result: dict, stdout: str) -> None:
+    """`bench_report` of vLLM's own saved result (`predict --format vllm-bench`'s formatter) is what vLLM printed:
+    its title, throughput lines and closing line among vLLM's lines in order, and each metric's block (header,
+    mean, median, every percentile) vLLM's block line for line (vLLM prints more lines between them: the run's
+    counts, duration and peaks, which a steady state has not)."""
+    ours, printed = bench_report(result).splitlines(), stdout.splitlines()
+    at = [printed.index(line) for line in ours]  # each of ours is one of vLLM's lines
+    assert at == sorted(at), (ours, printed)
+    for _, _, _, header in METRIC_BLOCKS:
+        start = next(i for i, line in enumerate(ours) if line.strip("-") == header)
+        block = ours[start : start + 3 + 4]  # header, mean, median, p50 / p90 / p95 / p99
+        assert printed[at[start] : at[start] + len(block)] == block

@@ -14,6 +14,9 @@ The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zip
 --data-parallel-size D --enable-expert-parallel (a MoE model's data-parallel attention and expert parallelism,
 vLLM's flags: `Deployment.data_parallel` / `expert_parallel`; deployment.vllm_parallel_flags echoes them).
 
+`predict --format vllm-bench`: the steady state as `vllm bench serve` prints its result, the same labels and ms
+(`core.planning.predict.bench_report`), to set beside the run of the `vllm bench serve` command that checks it.
+
 A closed loop's finite benchmark: --benchmark-requests N (with --concurrency C) adds "benchmark", the means an
 aiperf-style run of N requests from a synchronized start reports (`core.planning.predict.benchmark`), beside the
 steady state.
@@ -36,6 +39,13 @@ from core.planning.catalog.models import ModelSpec, model_from_config_file
 from core.planning.commands.flags import add_exclusive_flags, add_flags, flag_kwargs
 from core.planning.commands.subcommands import COMMANDS
 from core.planning.cost.speculative import SPECULATION_FIELDS
+from core.planning.predict.bench_report import (
+    PREDICTED_TITLE,
+    bench_report,
+    bench_values,
+    defined_metrics,
+    prediction_footer,
+)
 from core.planning.predict.benchmark import BENCHMARK_FIELD, benchmark_means, check_benchmark_requests
 from core.planning.predict.deployment_fields import (
     DEPLOYMENT_FIELDS,
@@ -49,6 +59,8 @@ from core.planning.predict.load import LEVER_FIELDS, RATE_FIELDS, SHAPE_FIELDS, 
 from core.planning.predict.max_rate import max_rate
 from core.planning.predict.prediction import predict
 from core.planning.predict.target_fields import TARGET_FIELDS, targets_from
+
+OUTPUT_FORMATS = ("json", "vllm-bench")  # `predict --format`
 
 
 class LineErrorParser(argparse.ArgumentParser):
@@ -140,6 +152,13 @@ def predict_parser() -> argparse.ArgumentParser:
     disagg_flags(parser)
     add_exclusive_flags(parser, RATE_FIELDS)
     add_flags(parser, (BENCHMARK_FIELD,))
+    parser.add_argument(
+        "--format",
+        choices=OUTPUT_FORMATS,
+        default="json",
+        help="json: every figure as one JSON object; vllm-bench: the steady state as `vllm bench serve` prints "
+        "its result (the same labels, ms), to set beside the run that checks it (default: %(default)s)",
+    )
     return parser
 
 
@@ -154,8 +173,16 @@ def predict_main(argv: Sequence[str]) -> int:
                 raise InvalidArgumentError(
                     f"{BENCHMARK_FIELD.flag} is for an aggregated deployment, not --disagg"
                 )
+            if args.format == "vllm-bench":
+                raise InvalidArgumentError(
+                    "--format vllm-bench is for an aggregated deployment, not --disagg"
+                )
             result = predict_disagg(disagg_from(deployment_values(args)), load).to_dict()
         else:
+            if args.format == "vllm-bench" and args.benchmark_requests is not None:
+                raise InvalidArgumentError(
+                    f"--format vllm-bench prints the steady state; {BENCHMARK_FIELD.flag}'s means are in the JSON"
+                )
             prediction = predict(deployment_from(deployment_values(args)), load)
             result = prediction.to_dict()
             if args.benchmark_requests is not None:
@@ -163,7 +190,11 @@ def predict_main(argv: Sequence[str]) -> int:
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(clean_json(result), indent=2))
+    if args.format == "vllm-bench":
+        print(bench_report(bench_values(result, load), defined_metrics(result), title=PREDICTED_TITLE))
+        print(prediction_footer(result))
+    else:
+        print(json.dumps(clean_json(result), indent=2))
     return 0
 
 

@@ -1,0 +1,114 @@
+"""`predict --format vllm-bench`: the steady state in the block `vllm bench serve` prints. The layout is held here to
+a block written out by hand from vLLM 0.32's format strings (vllm/benchmarks/serve.py: `{:<40} {:<10.2f}`, titles
+centred in 50 characters), and in tests/vllm/test_bench_prefix_repetition.py to what the real `vllm bench serve`
+printed; the values to the JSON prediction of the same command."""
+
+import json
+
+import pytest
+
+from core.errors import InvalidArgumentError
+from core.planning.commands.dispatch import main
+from core.planning.predict.bench_report import bench_report
+
+RESULT = {
+    "request_throughput": 2.5,
+    "output_throughput": 80.0,
+    "total_token_throughput": 720.125,
+    "mean_ttft_ms": 45.678,
+    "median_ttft_ms": 40.0,
+    "p50_ttft_ms": 40.0,
+    "p99.9_ttft_ms": 1234.5,
+}
+# by hand: each label padded to 40, a space, the value with 2 decimals padded to 10 (51 characters, ending in spaces;
+# 720.125 is exact in binary and rounds half to even)
+BY_HAND = [
+    "============ Serving Benchmark Result ============",
+    "Request throughput (req/s):              2.50      ",
+    "Output token throughput (tok/s):         80.00     ",
+    "Total token throughput (tok/s):          720.12    ",
+    "---------------Time to First Token----------------",
+    "Mean TTFT (ms):                          45.68     ",
+    "Median TTFT (ms):                        40.00     ",
+    "P50 TTFT (ms):                           40.00     ",
+    "P99.9 TTFT (ms):                         1234.50   ",
+    "==================================================",
+]
+
+
+def test_the_block_is_vllms_layout_worked_by_hand():
+    assert bench_report(RESULT, ("ttft",), (50, 99.9)).splitlines() == BY_HAND
+    with pytest.raises(InvalidArgumentError, match="p90_ttft_ms"):
+        bench_report(RESULT, ("ttft",), (90,))
+    with pytest.raises(InvalidArgumentError, match="metrics must be among"):
+        bench_report(RESULT, ("latency",))
+
+
+ARGS = ["predict", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--concurrency", "8"]
+ARGS += ["--prompt-len", "256", "--output-len", "32", "--length-spread", "0.5"]
+
+
+def test_predict_prints_its_steady_state_in_that_block(capsys):
+    """The same prediction twice (one seed): as JSON and as the block; every line of the block is the JSON's figure
+    in ms (two decimals), the median its p50, total tokens/s = output tokens/s + requests/s x the mean prompt."""
+    assert main(ARGS) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert main([*ARGS, "--format", "vllm-bench"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    lines, footer = printed[:-2], printed[-2:]
+    assert lines[0] == "======= Predicted Serving Benchmark Result =======" and lines[-1] == "=" * 50
+    assert footer[0].startswith("predicted for Llama-3.1-8B on 1 x H100 SXM 80GB (tp 1, pp 1, 1 replica;")
+    assert footer[0].endswith(f"engine profile {body['deployment']['engine']}")
+    yes = {True: "yes", False: "no"}
+    assert footer[1].startswith(
+        f"steady state: converged {yes[body['converged']]}, stable {yes[body['stable']]}, KV-limited no; "
+        f"{body['measured_requests']:,} requests measured after {body['warmup_requests']:,} of warm-up"
+    )
+    assert all(len(line) == (50 if line[0] in "=-" else 51) for line in lines)
+    shown = {line[:40].strip(): float(line[41:]) for line in lines if not line.startswith(("=", "-"))}
+    expected = {
+        "Request throughput (req/s):": body["request_throughput_per_s"],
+        "Output token throughput (tok/s):": body["throughput_tokens_per_s"],
+        "Total token throughput (tok/s):": body["throughput_tokens_per_s"]
+        + body["request_throughput_per_s"] * 256,
+    }
+    for ours, name in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2EL")):
+        expected[f"Mean {name} (ms):"] = body[f"mean_{ours}_s"] * 1000
+        expected[f"Median {name} (ms):"] = body[f"{ours}_p50_s"] * 1000
+        for q in (50, 90, 95, 99):
+            expected[f"P{q} {name} (ms):"] = body[f"{ours}_p{q}_s"] * 1000
+    assert list(shown) == list(expected)
+    assert shown == pytest.approx(expected, abs=0.005 + 1e-9)
+    headers = [line.strip("-") for line in lines if line.startswith("-")]
+    assert headers == [
+        "Time to First Token",
+        "Time per Output Token (excl. 1st token)",
+        "Inter-token Latency",
+        "End-to-end Latency",
+    ]
+
+
+def test_a_one_token_output_leaves_out_the_metrics_it_has_not(capsys):
+    """TPOT and ITL are undefined when every request outputs one token: their blocks are left out (vLLM prints
+    0.00 for them), TTFT and E2EL stay."""
+    args = [*ARGS[:7], "--prompt-len", "256", "--output-len", "1", "--format", "vllm-bench"]
+    assert main(args) == 0
+    headers = [line.strip("-") for line in capsys.readouterr().out.splitlines() if line.startswith("-")]
+    assert headers == ["Time to First Token", "End-to-end Latency"]
+
+
+@pytest.mark.parametrize(
+    "extra, word",
+    [
+        (["--benchmark-requests", "80"], "--benchmark-requests"),
+        (["--disagg"], "--disagg"),
+        (["--format", "x"], ""),
+    ],
+)
+def test_what_the_block_cannot_show_is_refused(capsys, extra, word):
+    try:
+        status = main([*ARGS, "--format", "vllm-bench", *extra])
+    except SystemExit as exit_:
+        status = exit_.code
+    err = capsys.readouterr().err
+    assert status == 2 and word in err and "Traceback" not in err
