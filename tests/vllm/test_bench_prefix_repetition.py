@@ -24,7 +24,14 @@ import pytest
 
 from core.live.metrics import parse_vllm_metrics
 from core.planning.catalog.models import ModelSpec
-from core.planning.predict.bench_report import METRIC_BLOCKS, bench_report
+from core.planning.predict.bench_report import (
+    METRIC_BLOCKS,
+    against_result,
+    bench_report,
+    bench_values,
+    check_same_load,
+    read_bench_result,
+)
 from core.planning.predict.deployment import Deployment
 from core.planning.predict.prediction import Load, predict
 from core.planning.predict.vllm_bench import vllm_bench_serve_command
@@ -85,6 +92,9 @@ def test_the_printed_prefix_repetition_command_measures_the_predicted_hit_rate(r
     assert result["completed"] == REQUESTS and not re.search(r"tokenizer mismatch", run.stdout)
 
     _the_lab_prints_vllms_block_as_vllm_does(result, run.stdout)
+    # `predict --against run.json` reads vLLM's real file: the same load, and every predicted figure is in it
+    check_same_load(read_bench_result(tmp_path / "run.json"), load)
+    assert len(against_result(bench_values(predicted, load), result)) == 3 + 4 * 6
 
     prompt_tokens = REQUESTS * (PREFIX + SUFFIX)
     assert prompt1 - prompt0 == prompt_tokens == result["total_input_tokens"]

@@ -15,7 +15,9 @@ The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zip
 vLLM's flags: `Deployment.data_parallel` / `expert_parallel`; deployment.vllm_parallel_flags echoes them).
 
 `predict --format vllm-bench`: the steady state as `vllm bench serve` prints its result, the same labels and ms
-(`core.planning.predict.bench_report`), to set beside the run of the `vllm bench serve` command that checks it.
+(`core.planning.predict.bench_report`), to set beside the run of the `vllm bench serve` command that checks it;
+`predict --against RESULT.json` (that run's `--save-result` file, of the same load) pairs each predicted figure with
+the run's and its error ("against" in the JSON; a table with --format vllm-bench).
 
 A closed loop's finite benchmark: --benchmark-requests N (with --concurrency C) adds "benchmark", the means an
 aiperf-style run of N requests from a synchronized start reports (`core.planning.predict.benchmark`), beside the
@@ -41,10 +43,14 @@ from core.planning.commands.subcommands import COMMANDS
 from core.planning.cost.speculative import SPECULATION_FIELDS
 from core.planning.predict.bench_report import (
     PREDICTED_TITLE,
+    against_result,
+    against_table,
     bench_report,
     bench_values,
+    check_same_load,
     defined_metrics,
     prediction_footer,
+    read_bench_result,
 )
 from core.planning.predict.benchmark import BENCHMARK_FIELD, benchmark_means, check_benchmark_requests
 from core.planning.predict.deployment_fields import (
@@ -159,30 +165,46 @@ def predict_parser() -> argparse.ArgumentParser:
         help="json: every figure as one JSON object; vllm-bench: the steady state as `vllm bench serve` prints "
         "its result (the same labels, ms), to set beside the run that checks it (default: %(default)s)",
     )
+    parser.add_argument(
+        "--against",
+        metavar="RESULT_JSON",
+        help="a `vllm bench serve --save-result` file of this load: each predicted figure beside the run's, with "
+        'its error (JSON: "against"; vllm-bench: a table)',
+    )
     return parser
+
+
+def _refuse_combinations(args: argparse.Namespace) -> None:
+    """The flags `predict` cannot take together, refused before the simulation (InvalidArgumentError)."""
+    if args.disagg:
+        for given, flag in (
+            (args.benchmark_requests is not None, BENCHMARK_FIELD.flag),
+            (args.against, "--against"),
+        ):
+            if given:
+                raise InvalidArgumentError(f"{flag} is for an aggregated deployment, not --disagg")
+        if args.format == "vllm-bench":
+            raise InvalidArgumentError("--format vllm-bench is for an aggregated deployment, not --disagg")
+    if args.format == "vllm-bench" and args.benchmark_requests is not None:
+        raise InvalidArgumentError(
+            f"--format vllm-bench prints the steady state; {BENCHMARK_FIELD.flag}'s means are in the JSON"
+        )
 
 
 def predict_main(argv: Sequence[str]) -> int:
     args = predict_parser().parse_args(argv)
     try:
         load = load_from_args(args, args.rate, args.concurrency)
+        _refuse_combinations(args)
         if args.benchmark_requests is not None:  # refused before the simulation, not after it
             check_benchmark_requests(load, args.benchmark_requests)
+        run = None
+        if args.against:  # read and matched to the load before the simulation, not after it
+            run = read_bench_result(args.against)
+            check_same_load(run, load)
         if args.disagg:
-            if args.benchmark_requests is not None:
-                raise InvalidArgumentError(
-                    f"{BENCHMARK_FIELD.flag} is for an aggregated deployment, not --disagg"
-                )
-            if args.format == "vllm-bench":
-                raise InvalidArgumentError(
-                    "--format vllm-bench is for an aggregated deployment, not --disagg"
-                )
             result = predict_disagg(disagg_from(deployment_values(args)), load).to_dict()
         else:
-            if args.format == "vllm-bench" and args.benchmark_requests is not None:
-                raise InvalidArgumentError(
-                    f"--format vllm-bench prints the steady state; {BENCHMARK_FIELD.flag}'s means are in the JSON"
-                )
             prediction = predict(deployment_from(deployment_values(args)), load)
             result = prediction.to_dict()
             if args.benchmark_requests is not None:
@@ -190,11 +212,18 @@ def predict_main(argv: Sequence[str]) -> int:
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.format == "vllm-bench":
-        print(bench_report(bench_values(result, load), defined_metrics(result), title=PREDICTED_TITLE))
+    values = bench_values(result, load) if not args.disagg else {}
+    rows = against_result(values, run) if run is not None else None
+    if args.format == "json":
+        if rows is not None:
+            result["against"] = {"result": str(args.against), "figures": rows}
+        print(json.dumps(clean_json(result), indent=2))
+    elif rows is not None:
+        print(against_table(rows))
         print(prediction_footer(result))
     else:
-        print(json.dumps(clean_json(result), indent=2))
+        print(bench_report(values, defined_metrics(result), title=PREDICTED_TITLE))
+        print(prediction_footer(result))
     return 0
 
 

@@ -15,9 +15,18 @@ and every metric's mean, median and percentiles. Left out, since a steady state 
 token counts, its duration, its peak throughput and concurrency, and goodput. After the block, outside vLLM's
 layout, `prediction_footer`: what was predicted (the deployment and engine) and how far to trust it (converged,
 stable, the requests measured after the warm-up).
+
+Against a run: `read_bench_result` reads the JSON `vllm bench serve --save-result` wrote, `check_same_load` refuses a
+run of another load (its request rate or clients, its mean prompt and output lengths: total_input_tokens and
+total_output_tokens over completed, within LENGTH_TOLERANCE), and `against_result` pairs every predicted figure with
+the run's (`predict --against RESULT.json`). A run's percentiles include its ramp-up and drain, which a steady state
+has not (`vllm_bench.bench_num_prompts` sizes the printed command so that they are a small share).
 """
 
+import json
+import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from core.errors import InvalidArgumentError
 from core.planning.predict.load import Load
@@ -25,6 +34,8 @@ from core.planning.predict.vllm_bench import BENCH_METRIC_NAMES
 from core.serving.latency import PERCENTILES
 
 WIDTH = 50  # vLLM's block width
+# a run's mean prompt / output length within 5 % of the load's (tokenizers differ by a few tokens)
+LENGTH_TOLERANCE = 0.05
 VLLM_TITLE = " Serving Benchmark Result "
 PREDICTED_TITLE = " Predicted Serving Benchmark Result "
 # vLLM's first-block lines a steady state has, in vLLM's order: (label, result key)
@@ -73,17 +84,19 @@ def bench_report(
 
     lines = [f"{title:=^{WIDTH}}"]
     lines += [_line(label, value(key)) for label, key in THROUGHPUT_LINES]
-    for ours, key, name, header in METRIC_BLOCKS:
-        if ours not in metrics:
-            continue
-        lines.append(f"{header:-^{WIDTH}}")
-        lines.append(_line(f"Mean {name} (ms):", value(f"mean_{key}_ms")))
-        lines.append(_line(f"Median {name} (ms):", value(f"median_{key}_ms")))
-        for q in percentiles:
-            word = _percentile_word(q)
-            lines.append(_line(f"P{word} {name} (ms):", value(f"p{word}_{key}_ms")))
+    for ours, _, _, header in METRIC_BLOCKS:
+        if ours in metrics:
+            lines.append(f"{header:-^{WIDTH}}")
+            lines += [_line(label, value(key)) for label, key in _metric_lines(ours, percentiles)]
     lines.append("=" * WIDTH)
     return "\n".join(lines)
+
+
+def _metric_lines(metric: str, percentiles: Sequence[float] = PERCENTILES) -> list[tuple[str, str]]:
+    """(label, result key) of one metric's lines in vLLM's order: mean, median, each percentile."""
+    _, key, name, _ = next(block for block in METRIC_BLOCKS if block[0] == metric)
+    lines = [(f"Mean {name} (ms):", f"mean_{key}_ms"), (f"Median {name} (ms):", f"median_{key}_ms")]
+    return lines + [(f"P{w} {name} (ms):", f"p{w}_{key}_ms") for w in map(_percentile_word, percentiles)]
 
 
 def defined_metrics(prediction: Mapping[str, float | None]) -> tuple[str, ...]:
@@ -107,13 +120,10 @@ def bench_values(prediction: Mapping[str, float | None], load: Load) -> dict[str
         "total_token_throughput": prediction["throughput_tokens_per_s"]
         + prediction["request_throughput_per_s"] * load.prompt_len,
     }
-    for ours, key, _, _ in METRIC_BLOCKS:
-        if ours not in defined_metrics(prediction):
-            continue
-        values[f"mean_{key}_ms"] = prediction[f"mean_{ours}_s"] * 1000.0
-        values[f"median_{key}_ms"] = prediction[f"{ours}_p50_s"] * 1000.0
-        for q in PERCENTILES:
-            values[f"p{_percentile_word(q)}_{key}_ms"] = prediction[f"{ours}_p{q}_s"] * 1000.0
+    for ours in defined_metrics(prediction):
+        seconds = [prediction[f"mean_{ours}_s"], prediction[f"{ours}_p50_s"]]  # the median is the p50
+        seconds += [prediction[f"{ours}_p{q}_s"] for q in PERCENTILES]
+        values |= {key: t * 1000.0 for (_, key), t in zip(_metric_lines(ours), seconds, strict=True)}
     return values
 
 
@@ -133,3 +143,74 @@ def prediction_footer(prediction: Mapping) -> str:
             f"after {prediction['warmup_requests']:,} of warm-up; the 95% intervals: --format json",
         )
     )
+
+
+def read_bench_result(path: str | Path) -> dict:
+    """The JSON object `vllm bench serve --save-result` wrote at `path`. Raises InvalidArgumentError when it cannot
+    be read, is not a JSON object, or lacks what a comparison needs (completed, the token totals, request_rate,
+    request_throughput)."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InvalidArgumentError(f"--against {path}: not a readable JSON file ({error})") from None
+    needed = ("completed", "total_input_tokens", "total_output_tokens", "request_rate", "request_throughput")
+    missing = [key for key in needed if not isinstance(result, dict) or key not in result]
+    if missing:
+        raise InvalidArgumentError(
+            f"--against {path}: not a `vllm bench serve --save-result` file (no {', '.join(missing)})"
+        )
+    if not isinstance(result["completed"], int) or result["completed"] < 1:
+        raise InvalidArgumentError(
+            f"--against {path}: the run completed no request ({result['completed']!r})"
+        )
+    return result
+
+
+def check_same_load(result: Mapping, load: Load) -> None:
+    """Raise InvalidArgumentError naming each way the run of `result` was not `load`: another request rate (a
+    closed loop: `--request-rate inf --max-concurrency C`), or a mean prompt or output length more than
+    LENGTH_TOLERANCE away."""
+    rate, clients = result["request_rate"], result.get("max_concurrency")
+    why = []
+    if load.concurrency is not None:
+        if rate != "inf" or clients != load.concurrency:
+            why.append(
+                f"it ran request_rate {rate} with max_concurrency {clients}, not {load.concurrency} clients"
+            )
+    elif rate == "inf" or not math.isclose(float(rate), load.rate, rel_tol=1e-9) or clients is not None:
+        why.append(f"it ran request_rate {rate} (max_concurrency {clients}), not {load.rate:g} req/s")
+    for name, key, wanted in (
+        ("prompt", "total_input_tokens", load.prompt_len),
+        ("output", "total_output_tokens", load.output_len),
+    ):
+        mean = result[key] / result["completed"]
+        if abs(mean / wanted - 1.0) > LENGTH_TOLERANCE:
+            why.append(f"its mean {name} length is {mean:,.1f} tokens, not {wanted:,}")
+    if why:
+        raise InvalidArgumentError("--against: the run is of another load: " + "; ".join(why))
+
+
+def against_result(values: Mapping[str, float], result: Mapping) -> dict[str, dict[str, float]]:
+    """Each predicted figure of `values` (`bench_values`' keys) the run's `result` has too: {key: {"predicted",
+    "measured", "rel_err"}}, rel_err = predicted / measured - 1 (None where the run measured 0)."""
+    rows = {}
+    for key, predicted in values.items():
+        measured = result.get(key)
+        if isinstance(measured, (int, float)) and not isinstance(measured, bool):
+            rows[key] = {
+                "predicted": predicted,
+                "measured": float(measured),
+                "rel_err": predicted / measured - 1.0 if measured else None,
+            }
+    return rows
+
+
+def against_table(rows: Mapping[str, Mapping[str, float | None]]) -> str:
+    """`against_result`'s rows as lines of vLLM's labels: predicted, measured (as vLLM prints them) and the error."""
+    known = [*THROUGHPUT_LINES, *(line for block in METRIC_BLOCKS for line in _metric_lines(block[0]))]
+    labels = {key: label for label, key in known}
+    lines = [f"{'':<40} {'predicted':>10} {'measured':>10} {'error':>8}"]
+    for key, row in rows.items():
+        error = "" if row["rel_err"] is None else f"{row['rel_err']:+.1%}"
+        lines.append(f"{labels[key]:<40} {row['predicted']:>10.2f} {row['measured']:>10.2f} {error:>8}")
+    return "\n".join(lines)

@@ -9,7 +9,14 @@ import pytest
 
 from core.errors import InvalidArgumentError
 from core.planning.commands.dispatch import main
-from core.planning.predict.bench_report import bench_report
+from core.planning.predict.bench_report import (
+    against_result,
+    bench_report,
+    bench_values,
+    check_same_load,
+    read_bench_result,
+)
+from core.planning.predict.load import Load
 
 RESULT = {
     "request_throughput": 2.5,
@@ -112,3 +119,69 @@ def test_what_the_block_cannot_show_is_refused(capsys, extra, word):
         status = exit_.code
     err = capsys.readouterr().err
     assert status == 2 and word in err and "Traceback" not in err
+
+
+def _run_of(body: dict, scale_ttft: float = 1.0) -> dict:
+    """A `vllm bench serve --save-result` file of ARGS's load (8 clients, 256 / 32 tokens), its figures the
+    prediction's with the mean TTFT measured `scale_ttft` times the predicted one."""
+    load = Load(None, 256, 32, 0.5, concurrency=8)
+    run = bench_values(body, load) | {
+        "completed": 800,
+        "total_input_tokens": 800 * 256,
+        "total_output_tokens": 800 * 32,
+    }
+    run |= {"request_rate": "inf", "max_concurrency": 8, "duration": 12.5, "peak_concurrent_requests": 8.0}
+    run["mean_ttft_ms"] *= scale_ttft
+    return run
+
+
+def test_against_a_run_each_figure_beside_the_runs(capsys, tmp_path):
+    """`predict --against run.json`: every figure the run has beside the predicted one, error = predicted /
+    measured - 1 (a mean TTFT measured 1.25x the prediction: -20.0 %; the rest equal: 0); in the JSON under
+    "against", as a table with --format vllm-bench."""
+    assert main(ARGS) == 0
+    body = json.loads(capsys.readouterr().out)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_run_of(body, scale_ttft=1.25)))
+    assert main([*ARGS, "--against", str(path)]) == 0
+    figures = json.loads(capsys.readouterr().out)["against"]["figures"]
+    assert len(figures) == 3 + 4 * 6  # the throughputs; per metric mean, median, p50, p90, p95, p99
+    assert figures["mean_ttft_ms"]["rel_err"] == pytest.approx(1 / 1.25 - 1)
+    assert all(
+        row["rel_err"] == pytest.approx(0, abs=1e-12) for key, row in figures.items() if key != "mean_ttft_ms"
+    )
+    assert main([*ARGS, "--against", str(path), "--format", "vllm-bench"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    ttft = body["mean_ttft_s"] * 1000
+    assert table[0] == f"{'':<40}  predicted   measured    error"
+    assert f"{'Mean TTFT (ms):':<40} {ttft:>10.2f} {ttft * 1.25:>10.2f}   -20.0%" in table
+    assert (
+        f"{'P99 E2EL (ms):':<40} {body['e2e_p99_s'] * 1000:>10.2f} {body['e2e_p99_s'] * 1000:>10.2f}    +0.0%"
+        in table
+    )
+
+
+def test_a_run_of_another_load_or_no_run_is_refused(capsys, tmp_path):
+    assert main(ARGS) == 0
+    body = json.loads(capsys.readouterr().out)
+    load = Load(None, 256, 32, 0.5, concurrency=8)
+    other = {
+        "a rate": ({"request_rate": 4.0, "max_concurrency": None}, "request_rate 4.0"),
+        "other clients": ({"max_concurrency": 16}, "not 8 clients"),
+        "longer prompts": ({"total_input_tokens": 800 * 300}, "mean prompt length is 300.0 tokens, not 256"),
+    }
+    for change, word in other.values():
+        with pytest.raises(InvalidArgumentError, match=word):
+            check_same_load(_run_of(body) | change, load)
+    check_same_load(_run_of(body) | {"total_input_tokens": 800 * 260}, load)  # within 5 %: a tokenizer's few
+    for text, word in (("{", "not a readable JSON"), ("[]", "not a `vllm bench serve --save-result` file")):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(InvalidArgumentError, match=word):
+            read_bench_result(tmp_path / "bad.json")
+    (tmp_path / "run.json").write_text(json.dumps(_run_of(body) | {"max_concurrency": 16}))
+    assert main([*ARGS, "--against", str(tmp_path / "run.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --against: the run is of another load") and len(err.splitlines()) == 1
+    assert against_result({"mean_ttft_ms": 5.0}, {"mean_ttft_ms": 0}) == {
+        "mean_ttft_ms": {"predicted": 5.0, "measured": 0.0, "rel_err": None}
+    }
