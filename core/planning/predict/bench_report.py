@@ -17,7 +17,7 @@ layout, `prediction_footer`: what was predicted (the deployment and engine) and 
 stable, the requests measured after the warm-up).
 
 Against a run: `read_bench_result` reads the JSON `vllm bench serve --save-result` wrote, `check_same_load` refuses a
-run of another load (its request rate or clients, its mean prompt and output lengths: total_input_tokens and
+run of another load (its request rate or clients, Poisson arrivals, its mean prompt and output lengths: total_input_tokens and
 total_output_tokens over completed, within LENGTH_TOLERANCE), and `against_result` pairs every predicted figure with
 the run's (`predict --against RESULT.json`). A run's percentiles include its ramp-up and drain, which a steady state
 has not (`vllm_bench.bench_num_prompts` sizes the printed command so that they are a small share).
@@ -179,6 +179,8 @@ def check_same_load(result: Mapping, load: Load) -> None:
             )
     elif rate == "inf" or not math.isclose(float(rate), load.rate, rel_tol=1e-9) or clients is not None:
         why.append(f"it ran request_rate {rate} (max_concurrency {clients}), not {load.rate:g} req/s")
+    elif result.get("burstiness", 1.0) != 1.0:  # vLLM's gamma arrivals: Poisson only at burstiness 1
+        why.append(f"its arrivals had burstiness {result['burstiness']}, not Poisson's 1")
     for name, key, wanted in (
         ("prompt", "total_input_tokens", load.prompt_len),
         ("output", "total_output_tokens", load.output_len),

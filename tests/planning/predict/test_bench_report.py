@@ -173,6 +173,14 @@ def test_a_run_of_another_load_or_no_run_is_refused(capsys, tmp_path):
     for change, word in other.values():
         with pytest.raises(InvalidArgumentError, match=word):
             check_same_load(_run_of(body) | change, load)
+    poisson = Load(4.0, 256, 32, 0.5)
+    check_same_load(
+        _run_of(body) | {"request_rate": 4.0, "max_concurrency": None, "burstiness": 1.0}, poisson
+    )
+    with pytest.raises(InvalidArgumentError, match=r"burstiness 0\.5, not Poisson's 1"):
+        check_same_load(
+            _run_of(body) | {"request_rate": 4.0, "max_concurrency": None, "burstiness": 0.5}, poisson
+        )
     check_same_load(_run_of(body) | {"total_input_tokens": 800 * 260}, load)  # within 5 %: a tokenizer's few
     for text, word in (("{", "not a readable JSON"), ("[]", "not a `vllm bench serve --save-result` file")):
         (tmp_path / "bad.json").write_text(text)
