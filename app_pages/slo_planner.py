@@ -36,6 +36,7 @@ from ui.charts import cached_chart, cached_dataframe, cached_value
 from ui.input_fields import input_widget
 from ui.jobs import run_job
 from ui.metric_cards import Card, metric_cards
+from ui.slo_planner.against_view import show_against_run
 from ui.slo_planner.figures import latency_vs_rate_figure, percentiles_figure
 from ui.slo_planner.levers_view import (
     latency_text,
@@ -303,6 +304,8 @@ def show_prediction(found, params) -> None:
         "and the drain that vLLM's percentiles include are about a tenth of the run. --random-range-ratio is the "
         "length spread (the same uniform range, to a token); --ignore-eos makes every output its full length."
     )
+    if p["mode"] != "disagg":
+        show_against_run(p, load)
     if p["mode"] != "disagg" and load.uses_prefix_cache:
         with larger_place:
             show_larger_kv_job(p, params)

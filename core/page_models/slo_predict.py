@@ -23,6 +23,7 @@ from core.kv.layout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from core.planning.cost.fits.engine_profiles import DEFAULT_ENGINE
 from core.planning.cost.speculative import Speculation
 from core.planning.memory.plan import plan
+from core.planning.predict.bench_report import against_result, bench_values, check_same_load, figure_label
 from core.planning.predict.deployment import Deployment
 from core.planning.predict.deployment_fields import DEPLOYMENT_FIELDS, MODEL_FIELD, OFFLOAD_FIELDS
 from core.planning.predict.disagg import DISAGG_FIELDS, DisaggDeployment, predict_disagg
@@ -398,3 +399,21 @@ def percentile_rows(prediction: dict, targets: dict[str, float]) -> list[dict]:
 def missed_targets(prediction: dict, targets: dict[str, float]) -> list[str]:
     """The target keys the prediction misses (over the target, or undefined), in `targets` order."""
     return [k for k, t in targets.items() if prediction.get(k) is None or prediction[k] > t]
+
+
+def against_rows(prediction: dict, load: Load, result: dict) -> list[dict]:
+    """The predict mode's "compare with your run": each figure of `prediction` (`DeploymentAnswer.prediction`,
+    aggregated) that the run's `result` (`bench_result_from` of its `vllm bench serve --save-result` file) has,
+    as rows {figure (vLLM's label), predicted, measured, error (predicted / measured - 1, None where measured 0)}, in
+    vLLM's order, as `predict --against` prints them. Raises InvalidArgumentError for a run of another load."""
+    check_same_load(result, load, "the uploaded result")
+    rows = against_result(bench_values(prediction, load), result)
+    return [
+        {
+            "figure": figure_label(key),
+            "predicted": row["predicted"],
+            "measured": row["measured"],
+            "error": row["rel_err"],
+        }
+        for key, row in rows.items()
+    ]

@@ -201,7 +201,7 @@ def predict_main(argv: Sequence[str]) -> int:
         run = None
         if args.against:  # read and matched to the load before the simulation, not after it
             run = read_bench_result(args.against)
-            check_same_load(run, load)
+            check_same_load(run, load, f"--against {args.against}")
         if args.disagg:
             result = predict_disagg(disagg_from(deployment_values(args)), load).to_dict()
         else:

@@ -23,7 +23,6 @@ the run's (`predict --against RESULT.json`). A run's percentiles include its ram
 has not (`vllm_bench.bench_num_prompts` sizes the printed command so that they are a small share).
 """
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,6 +31,7 @@ from core.errors import InvalidArgumentError
 from core.planning.predict.load import Load
 from core.planning.predict.vllm_bench import BENCH_METRIC_NAMES
 from core.serving.latency import PERCENTILES
+from core.uploads import parse_json, upload_text
 
 WIDTH = 50  # vLLM's block width
 # a run's mean prompt / output length within 5 % of the load's (tokenizers differ by a few tokens)
@@ -145,31 +145,58 @@ def prediction_footer(prediction: Mapping) -> str:
     )
 
 
-def read_bench_result(path: str | Path) -> dict:
-    """The JSON object `vllm bench serve --save-result` wrote at `path`. Raises InvalidArgumentError when it cannot
-    be read, is not a JSON object, or lacks what a comparison needs (completed, the token totals, request_rate,
-    request_throughput)."""
-    try:
-        result = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InvalidArgumentError(f"--against {path}: not a readable JSON file ({error})") from None
+def _number(value) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value, minimum: int) -> bool:
+    """An int (not a bool) of at least `minimum`."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def bench_result_from(data: bytes, what: str) -> dict:
+    """The `vllm bench serve --save-result` JSON object in `data` (an upload or a file's bytes; `what` names it in
+    messages). Raises InvalidArgumentError for text that is no JSON (`core.uploads`' checks: archives, binary,
+    nesting bombs) or an object without what a comparison needs: completed (a whole number >= 1), the token
+    totals (>= 0), request_rate (> 0, or "inf"), max_concurrency (absent, null or >= 1) and burstiness (> 0)."""
+    result = parse_json(upload_text(data, what, "the JSON `vllm bench serve --save-result` writes"), what)
     needed = ("completed", "total_input_tokens", "total_output_tokens", "request_rate", "request_throughput")
     missing = [key for key in needed if not isinstance(result, dict) or key not in result]
     if missing:
         raise InvalidArgumentError(
-            f"--against {path}: not a `vllm bench serve --save-result` file (no {', '.join(missing)})"
+            f"{what} is not a `vllm bench serve --save-result` file (no {', '.join(missing)})"
         )
-    if not isinstance(result["completed"], int) or result["completed"] < 1:
-        raise InvalidArgumentError(
-            f"--against {path}: the run completed no request ({result['completed']!r})"
-        )
+    rate, clients = result["request_rate"], result.get("max_concurrency")
+    burst = result.get("burstiness", 1.0)
+    checks = {
+        "completed": _whole(result["completed"], 1),
+        "total_input_tokens": _number(result["total_input_tokens"]) and result["total_input_tokens"] >= 0,
+        "total_output_tokens": _number(result["total_output_tokens"]) and result["total_output_tokens"] >= 0,
+        "request_rate": rate == "inf" or (_number(rate) and rate > 0),
+        "max_concurrency": clients is None or _whole(clients, 1),
+        "burstiness": _number(burst) and burst > 0,
+    }
+    bad = [f"{key} {result.get(key, burst)!r}" for key, ok in checks.items() if not ok]
+    if bad:
+        raise InvalidArgumentError(f"{what} is not a run's result: {', '.join(bad)}")
     return result
 
 
-def check_same_load(result: Mapping, load: Load) -> None:
-    """Raise InvalidArgumentError naming each way the run of `result` was not `load`: another request rate (a
-    closed loop: `--request-rate inf --max-concurrency C`), or a mean prompt or output length more than
-    LENGTH_TOLERANCE away."""
+def read_bench_result(path: str | Path) -> dict:
+    """`bench_result_from` of the file at `path` (the CLI's --against). Raises InvalidArgumentError when it cannot
+    be read too."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise InvalidArgumentError(f"--against {path}: cannot be read ({error.strerror or error})") from None
+    return bench_result_from(data, f"--against {path}")
+
+
+def check_same_load(result: Mapping, load: Load, what: str = "the run") -> None:
+    """Raise InvalidArgumentError naming each way the run of `result` (`bench_result_from`'s; `what` names it)
+    was not `load`: another request rate (a closed loop: `--request-rate inf --max-concurrency C`), arrivals that
+    are not Poisson, or a mean prompt or output length more than LENGTH_TOLERANCE away."""
     rate, clients = result["request_rate"], result.get("max_concurrency")
     why = []
     if load.concurrency is not None:
@@ -189,7 +216,7 @@ def check_same_load(result: Mapping, load: Load) -> None:
         if abs(mean / wanted - 1.0) > LENGTH_TOLERANCE:
             why.append(f"its mean {name} length is {mean:,.1f} tokens, not {wanted:,}")
     if why:
-        raise InvalidArgumentError("--against: the run is of another load: " + "; ".join(why))
+        raise InvalidArgumentError(f"{what} is of another load: " + "; ".join(why))
 
 
 def against_result(values: Mapping[str, float], result: Mapping) -> dict[str, dict[str, float]]:
@@ -198,7 +225,7 @@ def against_result(values: Mapping[str, float], result: Mapping) -> dict[str, di
     rows = {}
     for key, predicted in values.items():
         measured = result.get(key)
-        if isinstance(measured, (int, float)) and not isinstance(measured, bool):
+        if _number(measured):
             rows[key] = {
                 "predicted": predicted,
                 "measured": float(measured),
@@ -207,12 +234,24 @@ def against_result(values: Mapping[str, float], result: Mapping) -> dict[str, di
     return rows
 
 
+def figure_label(key: str) -> str:
+    """vLLM's label of the figure under result key `key` ("mean_ttft_ms" -> "Mean TTFT (ms):")."""
+    return _LABELS[key]
+
+
 def against_table(rows: Mapping[str, Mapping[str, float | None]]) -> str:
     """`against_result`'s rows as lines of vLLM's labels: predicted, measured (as vLLM prints them) and the error."""
-    known = [*THROUGHPUT_LINES, *(line for block in METRIC_BLOCKS for line in _metric_lines(block[0]))]
-    labels = {key: label for label, key in known}
     lines = [f"{'':<40} {'predicted':>10} {'measured':>10} {'error':>8}"]
     for key, row in rows.items():
         error = "" if row["rel_err"] is None else f"{row['rel_err']:+.1%}"
-        lines.append(f"{labels[key]:<40} {row['predicted']:>10.2f} {row['measured']:>10.2f} {error:>8}")
+        lines.append(f"{figure_label(key):<40} {row['predicted']:>10.2f} {row['measured']:>10.2f} {error:>8}")
     return "\n".join(lines)
+
+
+_LABELS = {
+    key: label
+    for label, key in (
+        *THROUGHPUT_LINES,
+        *(line for block in METRIC_BLOCKS for line in _metric_lines(block[0])),
+    )
+}

@@ -3,7 +3,9 @@ a block written out by hand from vLLM 0.32's format strings (vllm/benchmarks/ser
 centred in 50 characters), and in tests/vllm/test_bench_prefix_repetition.py to what the real `vllm bench serve`
 printed; the values to the JSON prediction of the same command."""
 
+import gzip
 import json
+import re
 
 import pytest
 
@@ -182,14 +184,29 @@ def test_a_run_of_another_load_or_no_run_is_refused(capsys, tmp_path):
             _run_of(body) | {"request_rate": 4.0, "max_concurrency": None, "burstiness": 0.5}, poisson
         )
     check_same_load(_run_of(body) | {"total_input_tokens": 800 * 260}, load)  # within 5 %: a tokenizer's few
-    for text, word in (("{", "not a readable JSON"), ("[]", "not a `vllm bench serve --save-result` file")):
-        (tmp_path / "bad.json").write_text(text)
-        with pytest.raises(InvalidArgumentError, match=word):
+    good = _run_of(body)
+    for data, word in (
+        (b"{", "is not valid JSON"),
+        (b"", "is empty"),
+        (gzip.compress(json.dumps(good).encode()), "gzip compressed archive"),
+        (b"[]", "not a `vllm bench serve --save-result` file"),
+        (json.dumps(good | {"completed": "800"}).encode(), "not a run's result: completed '800'"),
+        (json.dumps(good | {"max_concurrency": True}).encode(), "max_concurrency True"),
+        (json.dumps(good | {"request_rate": -1}).encode(), "request_rate -1"),
+        (json.dumps(good | {"total_input_tokens": None}).encode(), "total_input_tokens None"),
+    ):
+        (tmp_path / "bad.json").write_bytes(data)
+        with pytest.raises(InvalidArgumentError, match=re.escape(word)):
             read_bench_result(tmp_path / "bad.json")
-    (tmp_path / "run.json").write_text(json.dumps(_run_of(body) | {"max_concurrency": 16}))
+    with pytest.raises(InvalidArgumentError, match="cannot be read"):
+        read_bench_result(tmp_path / "missing.json")
+    (tmp_path / "run.json").write_text(json.dumps(good | {"max_concurrency": 16}))
     assert main([*ARGS, "--against", str(tmp_path / "run.json")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --against: the run is of another load") and len(err.splitlines()) == 1
+    assert (
+        err.startswith(f"error: --against {tmp_path / 'run.json'} is of another load")
+        and len(err.splitlines()) == 1
+    )
     assert against_result({"mean_ttft_ms": 5.0}, {"mean_ttft_ms": 0}) == {
         "mean_ttft_ms": {"predicted": 5.0, "measured": 0.0, "rel_err": None}
     }
