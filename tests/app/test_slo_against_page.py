@@ -37,7 +37,7 @@ def test_an_uploaded_run_sits_beside_the_prediction_and_a_wrong_one_is_refused()
     mean_ttft = table.loc["Mean TTFT (ms):"]
     assert mean_ttft["predicted"] == pytest.approx(ref["mean_ttft_s"] * 1000, rel=1e-12)
     assert mean_ttft["measured"] == pytest.approx(ref["mean_ttft_s"] * 1250, rel=1e-12)
-    assert mean_ttft["error"] == pytest.approx(1 / 1.25 - 1, rel=1e-12)
+    assert mean_ttft["error"] == pytest.approx(100 * (1 / 1.25 - 1), rel=1e-12)  # shown in percent: -20.0
     assert table.loc["Request throughput (req/s):", "predicted"] == pytest.approx(
         ref["request_throughput_per_s"]
     )

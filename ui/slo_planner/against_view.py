@@ -12,6 +12,7 @@ from core.uploads import read_upload
 from ui.jobs import app_limits
 
 UPLOAD_KEY = "against_upload"
+ROW_PX = 35  # a dataframe row's height in Streamlit's grid
 
 
 def show_against_run(prediction: dict, load: Load) -> None:
@@ -32,9 +33,13 @@ def show_against_run(prediction: dict, load: Load) -> None:
     except LabError as error:
         st.error(f"Upload not used: {error}")
         return
-    percent = st.column_config.NumberColumn("error", format="percent", help="predicted / measured - 1")
+    shown = [row | {"error": None if row["error"] is None else 100.0 * row["error"]} for row in rows]
+    percent = st.column_config.NumberColumn("error (%)", format="%+.1f", help="predicted / measured - 1")
     numbers = {k: st.column_config.NumberColumn(format="%.2f") for k in ("predicted", "measured")}
-    st.dataframe(rows, width="stretch", hide_index=True, column_config=numbers | {"error": percent})
+    height = ROW_PX * (len(shown) + 1) + 3  # every row in view, no inner scroll
+    st.dataframe(
+        shown, width="stretch", height=height, hide_index=True, column_config=numbers | {"error": percent}
+    )
     st.caption(
         "The run's percentiles include its ramp-up and drain, which the steady state has not; the command's prompt "
         "count keeps them about a tenth of the run. Times in ms, throughputs per second, as vLLM prints them."
