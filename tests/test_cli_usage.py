@@ -80,3 +80,28 @@ def test_every_planning_flag_says_what_it_is_and_its_default(command):
         elif action.default not in (None, True, False):
             unsaid += [] if f"(default: {_typed(action.default)})" in text else [flag]
     assert (unexplained, unsaid) == ([], [])
+
+
+@pytest.mark.parametrize("command", ["predict", "max-rate"])
+def test_a_capacity_flag_given_to_predict_says_what_it_takes_instead(command, capsys):
+    """`--num-gpus 4`, right for the capacity plan, is no flag of predict / max-rate: one line, exit 2, naming how
+    these count GPUs instead (argparse alone said only "unrecognized arguments")."""
+    args = [
+        command,
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100-80gb",
+        "--prompt-len",
+        "10",
+        "--output-len",
+        "10",
+    ]
+    with pytest.raises(SystemExit) as done:
+        planning_main([*args, *(["--rate", "1"] if command == "predict" else []), "--num-gpus", "4"])
+    [line] = capsys.readouterr().err.splitlines()
+    assert done.value.code == 2
+    assert line == (
+        "error: unrecognized arguments: --num-gpus 4 (predict and max-rate count GPUs as tp x pp x "
+        "--data-parallel-size x --replicas)"
+    )

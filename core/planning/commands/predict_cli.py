@@ -73,8 +73,19 @@ class LineErrorParser(argparse.ArgumentParser):
     """argparse whose usage errors are one plain line on stderr and exit status 2."""
 
     def error(self, message):  # one plain line and exit 2, as every other bad input
-        print(f"error: {message}", file=sys.stderr)
+        unknown = message.split()[2:] if message.startswith("unrecognized arguments:") else []
+        hint = "".join(h for flag, h in CAPACITY_ONLY_FLAGS.items() if flag in unknown)
+        print(f"error: {message}{hint}", file=sys.stderr)
         raise SystemExit(2)
+
+
+# flags of the capacity plan (`python -m core.planning`) a user may carry over to predict / max-rate, with what
+# these commands take instead (said after argparse's "unrecognized arguments")
+CAPACITY_ONLY_FLAGS = {
+    "--num-gpus": " (predict and max-rate count GPUs as tp x pp x --data-parallel-size x --replicas)",
+    "--gpu-memory-utilization": " (predict and max-rate plan with vLLM's default, 0.9)",
+    "--max-model-len": " (predict and max-rate size max_model_len to the load's longest request)",
+}
 
 
 def deployment_flags(parser: argparse.ArgumentParser) -> None:
