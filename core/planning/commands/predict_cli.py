@@ -14,8 +14,9 @@ The levers (docs/levers.md): --shared-prefix-len S --num-prefixes G --prefix-zip
 --data-parallel-size D --enable-expert-parallel (a MoE model's data-parallel attention and expert parallelism,
 vLLM's flags: `Deployment.data_parallel` / `expert_parallel`; deployment.vllm_parallel_flags echoes them).
 
-`predict --format vllm-bench`: the steady state as `vllm bench serve` prints its result, the same labels and ms
-(`core.planning.predict.bench_report`), to set beside the run of the `vllm bench serve` command that checks it;
+`predict --format vllm-bench` (and `max-rate`'s, at the highest rate): the steady state as `vllm bench serve`
+prints its result, the same labels and ms (`core.planning.predict.bench_report`), to set beside the run of the
+`vllm bench serve` command that checks it;
 `predict --against RESULT.json` (that run's `--save-result` file, of the same load) pairs each predicted figure with
 the run's and its error ("against" in the JSON; a table with --format vllm-bench).
 
@@ -35,6 +36,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from core.errors import InvalidArgumentError, LabError
 from core.planning.catalog.models import ModelSpec, model_from_config_file
@@ -161,6 +163,17 @@ def disagg_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, DISAGG_FIELDS)
 
 
+def format_flag(parser: argparse.ArgumentParser) -> None:
+    """--format json | vllm-bench (`predict`, `max-rate`)."""
+    parser.add_argument(
+        "--format",
+        choices=OUTPUT_FORMATS,
+        default="json",
+        help="json: every figure as one JSON object; vllm-bench: the steady state as `vllm bench serve` prints "
+        "its result (the same labels, ms), to set beside the run that checks it (default: %(default)s)",
+    )
+
+
 def predict_parser() -> argparse.ArgumentParser:
     """The flags of `python -m core.planning predict`: a deployment, a load, --disagg, --rate | --concurrency."""
     parser = LineErrorParser(prog="python -m core.planning predict", description=COMMANDS["predict"])
@@ -169,13 +182,7 @@ def predict_parser() -> argparse.ArgumentParser:
     disagg_flags(parser)
     add_exclusive_flags(parser, RATE_FIELDS)
     add_flags(parser, (BENCHMARK_FIELD,))
-    parser.add_argument(
-        "--format",
-        choices=OUTPUT_FORMATS,
-        default="json",
-        help="json: every figure as one JSON object; vllm-bench: the steady state as `vllm bench serve` prints "
-        "its result (the same labels, ms), to set beside the run that checks it (default: %(default)s)",
-    )
+    format_flag(parser)
     parser.add_argument(
         "--against",
         metavar="RESULT_JSON",
@@ -244,6 +251,7 @@ def max_rate_parser() -> argparse.ArgumentParser:
     deployment_flags(parser)
     load_flags(parser)
     target_flags(parser)
+    format_flag(parser)
     return parser
 
 
@@ -266,5 +274,16 @@ def max_rate_main(argv: Sequence[str]) -> int:
         "profile_check": deployment.profile_check(),
     }
     body |= found.at.to_dict() if found.at is not None else {}
-    print(json.dumps(clean_json(body), indent=2))
+    if args.format == "json":
+        print(json.dumps(clean_json(body), indent=2))
+        return 0
+    if found.at is None:
+        print(f"no rate tried holds the targets: the lowest misses {found.binding}")
+        return 0
+    at_rate = replace(load, rate=found.max_req_per_s)
+    print(bench_report(bench_values(body, at_rate), defined_metrics(body), title=PREDICTED_TITLE))
+    print(prediction_footer(body))
+    print(
+        f"highest rate within the targets: {found.max_req_per_s:.4g} req/s; the next rate misses {found.binding}"
+    )
     return 0

@@ -210,3 +210,23 @@ def test_a_run_of_another_load_or_no_run_is_refused(capsys, tmp_path):
     assert against_result({"mean_ttft_ms": 5.0}, {"mean_ttft_ms": 0}) == {
         "mean_ttft_ms": {"predicted": 5.0, "measured": 0.0, "rel_err": None}
     }
+
+
+def test_max_rate_prints_its_highest_rates_steady_state_in_that_block(capsys):
+    """`max-rate --format vllm-bench`: the block of the prediction at the highest rate (the JSON's figures there),
+    the two lines under it, then that rate and the target the next rate misses, as the JSON says them."""
+    args = ["max-rate", *ARGS[1:5], "--prompt-len", "256", "--output-len", "32", "--ttft-p99", "0.2"]
+    assert main(args) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert main([*args, "--format", "vllm-bench"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    shown = {line[:40].strip(): float(line[41:]) for line in printed[1:-4] if not line.startswith(("=", "-"))}
+    assert shown["Request throughput (req/s):"] == pytest.approx(body["request_throughput_per_s"], abs=0.005)
+    assert shown["P99 TTFT (ms):"] == pytest.approx(body["ttft_p99_s"] * 1000, abs=0.005)
+    assert printed[-1] == (
+        f"highest rate within the targets: {body['max_rate_req_per_s']:.4g} req/s; the next rate misses "
+        f"{body['binding']}"
+    )
+    impossible = [*args[:-1], "0.000001"]  # a TTFT p99 of 1 us: no rate holds it
+    assert main([*impossible, "--format", "vllm-bench"]) == 0
+    assert capsys.readouterr().out == "no rate tried holds the targets: the lowest misses ttft_p99_s\n"
