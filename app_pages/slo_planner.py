@@ -347,6 +347,9 @@ def show_highest_rate_job(params, targets: dict[str, float]) -> None:
         f"({m['evaluations']} predictions, 3% apart at the end; MLPerf's Server figure). Binding: the target "
         'the next higher rate missed ("rate": it was not served at all).'
     )
+    if m.get("vllm_bench_command"):
+        with st.expander("`vllm bench serve` at that rate, to check it"):
+            st.code(m["vllm_bench_command"], language="bash", wrap_lines=True)
 
 
 def show_table(table, caption, plan, params, rates) -> None:

@@ -39,11 +39,7 @@ from core.planning.predict.load import LEVER_FIELDS as LOAD_LEVERS
 from core.planning.predict.max_rate import check_targets, max_rate
 from core.planning.predict.prediction import predict
 from core.planning.predict.target_fields import target_words
-from core.planning.predict.vllm_bench import (
-    bench_num_prompts,
-    prefix_repetition_problem,
-    vllm_bench_serve_command,
-)
+from core.planning.predict.vllm_bench import bench_command, bench_num_prompts, in_flight
 from core.planning.search.slo_disagg import KV_TRANSFER_FLAG, SERVE_NOTE
 from core.serving.latency import PERCENTILES
 from core.serving.steady_state import STEADY_METRICS
@@ -205,16 +201,6 @@ def serve_command(deployment: Deployment, load: Load) -> str:
     ).vllm_command
 
 
-def in_flight(stable: bool, mean_e2e_s: float | None, deployment: Deployment, load: Load) -> float:
-    """Requests in flight (Little's law: rate x mean end-to-end latency; the clients of a closed loop); for a
-    load the deployment does not serve, all it can run: replicas x max_num_seqs."""
-    if load.concurrency is not None:
-        return float(load.concurrency)
-    if not stable or mean_e2e_s is None:
-        return float(deployment.replicas * deployment.max_num_seqs)
-    return load.rate * mean_e2e_s
-
-
 def deployment_answer(params: SloPredictParams, progress: Callable[[float, str], None]) -> DeploymentAnswer:
     """The whole answer: `prediction_answer`, then (with targets) `highest_rate` and, when prompts share tokens,
     the larger-KV comparison (`larger_kv_rows`). The page asks for the three parts one after the other, to show
@@ -254,26 +240,7 @@ def highest_rate(params: SloPredictParams, progress: Callable[[float, str], None
         return None
     deployment, load = params.deployment(), params.load()
     progress(0.0, "bisecting for the highest rate within the targets")
-    rate = max_rate(deployment, load, targets)
-    found = {
-        "max_rate_req_per_s": rate.max_req_per_s,
-        "binding": rate.binding,
-        "targets": targets,
-        "evaluations": rate.evaluations,
-        "deployment": deployment.flags(),
-    }
-    return finite(found | (rate.at.to_dict() if rate.at is not None else {}))
-
-
-def bench_command(model_spec, load: Load, num_prompts: int) -> str:
-    """`vllm bench serve` replaying `load` (shared prefixes through its prefix_repetition dataset); for a load no
-    vLLM dataset replays (multi-turn chats, Zipf-weighted prefixes, a length spread with shared prefixes), a
-    comment saying why instead."""
-    if load.uses_prefix_cache:
-        problem = prefix_repetition_problem(load)
-        if problem is not None:
-            return f"# {problem}"
-    return vllm_bench_serve_command(model_spec, load, num_prompts, STEADY_METRICS, PERCENTILES)
+    return finite(max_rate(deployment, load, targets).to_dict(deployment, load, targets))
 
 
 def per_gpu(throughput: float | None, num_gpus: int) -> float | None:

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.page_models.slo_planner import SloPlannerParams, config_label, disagg_deployment, rate_key
-from core.page_models.slo_predict import in_flight
 from core.planning.predict.max_rate import max_rate
-from core.planning.predict.vllm_bench import bench_num_prompts, vllm_bench_serve_command
+from core.planning.predict.vllm_bench import bench_num_prompts, in_flight, vllm_bench_serve_command
 from core.planning.search.slo import config_deployment
 from core.planning.search.slo_eval import SloConfig
 

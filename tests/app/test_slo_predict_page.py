@@ -122,7 +122,9 @@ def test_the_page_shows_what_predict_and_the_cli_give(capsys):
     assert shown["Converged"] == ("yes" if ref["converged"] else "no")
     # the commands the page prints give the page's numbers: its predict line reproduces the table, its max-rate
     # line the highest rate shown
-    cli, serve, bench = (c.value for c in at.code)
+    bench_at_highest, cli, serve, bench = (
+        c.value for c in at.code
+    )  # the highest rate sits above the commands
     # long lines (the CLI line, a disaggregated note, --kv-transfer-config) wrap on screen; the copy is unchanged
     assert all(c.proto.wrap_lines for c in at.code)
     predict_line, max_rate_line = cli.splitlines()
@@ -135,6 +137,13 @@ def test_the_page_shows_what_predict_and_the_cli_give(capsys):
         )
     highest = cli_json(max_rate_main, max_rate_line, capsys)
     assert highest["targets"] == {"e2e_p50_s": 0.5} and highest["max_rate_req_per_s"] > 0
+    # the bench command at the highest rate: max-rate's own, Poisson at that rate (to 4 digits, rounded down)
+    assert bench_at_highest == highest["vllm_bench_command"]
+    rate = float(bench_at_highest.split("--request-rate ")[1].split()[0])
+    assert highest["max_rate_req_per_s"] * (1 - 1e-3) <= rate <= highest["max_rate_req_per_s"]
+    assert (
+        "--max-concurrency" not in bench_at_highest and "--max-concurrency" in bench
+    )  # the page's load: clients
     assert shown["Highest rate within the targets"] == f"{highest['max_rate_req_per_s']:.3g} req/s"
     # one sequence at a time: the next grid rate misses on its e2e p50 or is not served at all
     assert shown["Binding at the next rate"] == highest["binding"] in ("e2e_p50_s", "rate")

@@ -265,15 +265,7 @@ def max_rate_main(argv: Sequence[str]) -> int:
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    body = {
-        "max_rate_req_per_s": found.max_req_per_s,
-        "binding": found.binding,
-        "targets": targets,
-        "evaluations": found.evaluations,
-        "deployment": deployment.flags(),
-        "profile_check": deployment.profile_check(),
-    }
-    body |= found.at.to_dict() if found.at is not None else {}
+    body = found.to_dict(deployment, load, targets)
     if args.format == "json":
         print(json.dumps(clean_json(body), indent=2))
         return 0

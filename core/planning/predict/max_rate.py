@@ -7,6 +7,10 @@ Rates are searched on a fixed geometric grid, (1 + rel_tol)^k req/s, so the answ
 bracket starts: it starts at a rate known to hold (`holds_at`, checked) and twice it, or at the rate one
 replica's batch could sustain at its idle speed, and is widened by halving / doubling until one end holds and
 the other does not; then bisected to adjacent grid rates.
+
+`MaxRate.to_dict` is the JSON object `python -m core.planning max-rate` prints (and the SLO page shows): the rate,
+the target the next rate misses, the steady state at the rate, and the `vllm bench serve` command that replays
+the load at that rate, so the claim can be checked on the GPU it is for.
 """
 
 import math
@@ -19,6 +23,7 @@ from core.planning.predict.early_stop import SEARCH_SETTINGS, verdict_decider
 from core.planning.predict.load import Load
 from core.planning.predict.prediction import Prediction, idle_lifetime, predict
 from core.planning.predict.target_fields import check_targets as check_target_values
+from core.planning.predict.vllm_bench import bench_command, bench_num_prompts, in_flight
 
 
 def check_targets(targets: dict) -> dict[str, float]:
@@ -42,6 +47,15 @@ def limiting(prediction: Prediction, targets: dict[str, float]) -> str:
     return max(targets, key=lambda k: (m.get(k) or float("inf")) / targets[k])
 
 
+COMMAND_DIGITS = 4  # significant digits of the rate in MaxRate's bench command (11.976416... -> 11.97)
+
+
+def round_down(value: float, digits: int) -> float:
+    """`value` > 0 rounded down to `digits` significant digits (11.976416 -> 11.97 at 4)."""
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(value)))
+    return math.floor(value * scale * (1 + 1e-12)) / scale
+
+
 @dataclass(frozen=True, eq=False)
 class MaxRate:
     """max_req_per_s: the highest rate found to hold (0 when even the lowest tried misses); at: the prediction
@@ -51,6 +65,27 @@ class MaxRate:
     at: Prediction | None
     binding: str
     evaluations: int
+
+    def to_dict(self, deployment: Deployment, load: Load, targets: dict) -> dict:
+        """max_rate_req_per_s, binding, targets, evaluations, deployment (its flags), profile_check,
+        vllm_bench_command (`vllm bench serve` of `load` at max_req_per_s rounded down to COMMAND_DIGITS
+        significant digits (a rate no higher than the one found), its prompts sized from the requests in flight there; None when
+        no rate holds), then the prediction at the rate (`Prediction.to_dict`)."""
+        command = None
+        if self.at is not None:
+            at_load = replace(load, rate=round_down(self.max_req_per_s, COMMAND_DIGITS), concurrency=None)
+            flying = in_flight(self.at.stable, self.at.metrics.get("mean_e2e_s"), deployment, at_load)
+            command = bench_command(deployment.model_spec, at_load, bench_num_prompts(at_load, flying))
+        body = {
+            "max_rate_req_per_s": self.max_req_per_s,
+            "binding": self.binding,
+            "targets": targets,
+            "evaluations": self.evaluations,
+            "deployment": deployment.flags(),
+            "profile_check": deployment.profile_check(),
+            "vllm_bench_command": command,
+        }
+        return body | (self.at.to_dict() if self.at is not None else {})
 
 
 def max_rate(

@@ -37,6 +37,17 @@ MIN_BENCH_PROMPTS = 1000  # vLLM's own --num-prompts default
 PROMPTS_PER_IN_FLIGHT = 20  # ramp-up + drain ~ 2 x in-flight requests: at most ~10% of the run
 
 
+def in_flight(stable: bool, mean_e2e_s: float | None, deployment, load: Load) -> float:
+    """Requests in flight (Little's law: rate x mean end-to-end latency; the clients of a closed loop); for a
+    load the deployment does not serve, all it can run: replicas x max_num_seqs (`deployment`: anything with
+    those two, a `Deployment` or a disaggregated one's decode pool)."""
+    if load.concurrency is not None:
+        return float(load.concurrency)
+    if not stable or mean_e2e_s is None:
+        return float(deployment.replicas * deployment.max_num_seqs)
+    return load.rate * mean_e2e_s
+
+
 def bench_num_prompts(load: Load, in_flight: float) -> int:
     """Prompts for a `vllm bench serve` run of `load` whose percentiles describe the steady state: at least
     MIN_BENCH_PROMPTS, and PROMPTS_PER_IN_FLIGHT x the requests in flight (`in_flight`: the clients of a closed
@@ -128,3 +139,14 @@ def vllm_bench_serve_command(
         f"--seed {load.seed}",
     ]
     return " \\\n  ".join(parts)
+
+
+def bench_command(model: ModelSpec, load: Load, num_prompts: int) -> str:
+    """`vllm_bench_serve_command` of `load` with every metric and percentile the lab predicts; for a load no vLLM
+    dataset replays (multi-turn chats, Zipf-weighted prefixes, a length spread with shared prefixes), a comment
+    line saying why instead."""
+    if load.uses_prefix_cache:
+        problem = prefix_repetition_problem(load)
+        if problem is not None:
+            return f"# {problem}"
+    return vllm_bench_serve_command(model, load, num_prompts)

@@ -5,6 +5,7 @@ printed; the values to the JSON prediction of the same command."""
 
 import gzip
 import json
+import math
 import re
 
 import pytest
@@ -218,6 +219,16 @@ def test_max_rate_prints_its_highest_rates_steady_state_in_that_block(capsys):
     args = ["max-rate", *ARGS[1:5], "--prompt-len", "256", "--output-len", "32", "--ttft-p99", "0.2"]
     assert main(args) == 0
     body = json.loads(capsys.readouterr().out)
+    # the JSON's bench command replays the load at the highest rate, rounded down to 4 significant digits, with
+    # 20 x the requests in flight there (Little's law), at least 1,000, in hundreds
+    words = body["vllm_bench_command"].replace("\\\n", " ").split()
+    rate, prompts = (
+        float(words[words.index("--request-rate") + 1]),
+        int(words[words.index("--num-prompts") + 1]),
+    )
+    top = body["max_rate_req_per_s"]
+    assert top * (1 - 1e-3) <= rate <= top and len(f"{rate:g}".replace(".", "").strip("0")) <= 4
+    assert prompts == max(1000, -(-math.ceil(20 * rate * body["mean_e2e_s"]) // 100) * 100)
     assert main([*args, "--format", "vllm-bench"]) == 0
     printed = capsys.readouterr().out.splitlines()
     shown = {line[:40].strip(): float(line[41:]) for line in printed[1:-4] if not line.startswith(("=", "-"))}
