@@ -82,8 +82,10 @@ def bench_report(
             raise InvalidArgumentError(f"the result has no {key!r}; a vLLM bench result names it")
         return float(result[key])
 
-    lines = [f"{title:=^{WIDTH}}"]
-    lines += [_line(label, value(key)) for label, key in THROUGHPUT_LINES]
+    (request_label, request_key), others = THROUGHPUT_LINES[0], THROUGHPUT_LINES[1:]
+    lines = [f"{title:=^{WIDTH}}", _line(request_label, value(request_key))]
+    # the token throughputs where known (a prediction of multi-turn chats has no total: `bench_values`)
+    lines += [_line(label, value(key)) for label, key in others if key in result]
     for ours, _, _, header in METRIC_BLOCKS:
         if ours in metrics:
             lines.append(f"{header:-^{WIDTH}}")
@@ -113,13 +115,17 @@ def defined_metrics(prediction: Mapping[str, float | None]) -> tuple[str, ...]:
 def bench_values(prediction: Mapping[str, float | None], load: Load) -> dict[str, float]:
     """A prediction's figures (`Prediction.to_dict()`, seconds) under vLLM's result keys (ms): the percentiles
     PERCENTILES of every metric it defines (`defined_metrics`), the median being p50; total_token_throughput =
-    output tokens/s + requests/s x the mean prompt length (`load.prompt_len`: the mean when lengths spread)."""
+    output tokens/s + requests/s x the mean prompt length (`load.prompt_len`: the mean when lengths spread), left
+    out for multi-turn chats, whose later prompts carry the conversation so far."""
     values = {
         "request_throughput": prediction["request_throughput_per_s"],
         "output_throughput": prediction["throughput_tokens_per_s"],
-        "total_token_throughput": prediction["throughput_tokens_per_s"]
-        + prediction["request_throughput_per_s"] * load.prompt_len,
     }
+    if load.turns == 1:  # a chat's later turns carry its history: prompt_len is only the first turn's
+        total = (
+            prediction["throughput_tokens_per_s"] + prediction["request_throughput_per_s"] * load.prompt_len
+        )
+        values["total_token_throughput"] = total
     for ours in defined_metrics(prediction):
         seconds = [prediction[f"mean_{ours}_s"], prediction[f"{ours}_p50_s"]]  # the median is the p50
         seconds += [prediction[f"{ours}_p{q}_s"] for q in PERCENTILES]

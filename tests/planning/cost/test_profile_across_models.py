@@ -261,6 +261,10 @@ def test_config_answers_as_the_preset(tmp_path, capsys, main, load):
     if name is not None:
         assert name == "my-qwen" and preset["deployment"]["model"] == "Qwen3-32B"
         custom["deployment"]["model"] = preset["deployment"]["model"]
+    if "vllm_bench_command" in custom:  # max-rate's command names the model as vLLM would serve it
+        mine, theirs = custom["vllm_bench_command"], preset["vllm_bench_command"]
+        assert "--model my-qwen " in mine and "--model Qwen/Qwen3-32B " in theirs
+        custom["vllm_bench_command"] = mine.replace("--model my-qwen ", "--model Qwen/Qwen3-32B ")
     assert custom == preset
 
 

@@ -241,3 +241,19 @@ def test_max_rate_prints_its_highest_rates_steady_state_in_that_block(capsys):
     impossible = [*args[:-1], "0.000001"]  # a TTFT p99 of 1 us: no rate holds it
     assert main([*impossible, "--format", "vllm-bench"]) == 0
     assert capsys.readouterr().out == "no rate tried holds the targets: the lowest misses ttft_p99_s\n"
+
+
+def test_a_chats_total_token_throughput_is_left_out():
+    """Multi-turn chats: each later prompt carries the conversation so far, so prompt_len (the first turn's) does
+    not give the tokens in; the total line is left out, the other throughputs stay."""
+    figures = {"request_throughput_per_s": 2.0, "throughput_tokens_per_s": 64.0}
+    figures |= {f"{m}_s": 0.01 for m in ("mean_ttft", "ttft_p50", "ttft_p90", "ttft_p95", "ttft_p99")}
+    chats = bench_values(figures, Load(1.0, 256, 32, shared_prefix_len=128, turns=3))
+    single = bench_values(figures, Load(1.0, 256, 32))
+    assert "total_token_throughput" not in chats and single["total_token_throughput"] == 64.0 + 2.0 * 256
+    lines = bench_report(chats, ("ttft",)).splitlines()
+    assert lines[1:3] == [
+        "Request throughput (req/s):              2.00      ",
+        "Output token throughput (tok/s):         64.00     ",
+    ]
+    assert lines[3] == "---------------Time to First Token----------------"
