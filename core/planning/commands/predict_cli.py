@@ -238,10 +238,10 @@ def predict_main(argv: Sequence[str]) -> int:
         print(json.dumps(clean_json(result), indent=2))
     elif rows is not None:
         print(against_table(rows))
-        print(prediction_footer(result))
+        print(prediction_footer(result, prediction.deployment.model_spec))
     else:
         print(bench_report(values, defined_metrics(result), title=PREDICTED_TITLE))
-        print(prediction_footer(result))
+        print(prediction_footer(result, prediction.deployment.model_spec))
     return 0
 
 
@@ -274,7 +274,7 @@ def max_rate_main(argv: Sequence[str]) -> int:
         return 0
     at_rate = replace(load, rate=found.max_req_per_s)
     print(bench_report(bench_values(body, at_rate), defined_metrics(body), title=PREDICTED_TITLE))
-    print(prediction_footer(body))
+    print(prediction_footer(body, deployment.model_spec))
     print(
         f"highest rate within the targets: {found.max_req_per_s:.4g} req/s; the next rate misses {found.binding}"
     )

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from core.errors import InvalidArgumentError
+from core.planning.catalog.models import ModelSpec
+from core.planning.memory.kv_accounting import resolve_kv_dtype, resolve_weight_dtype
 from core.planning.predict.load import Load
 from core.planning.predict.vllm_bench import BENCH_METRIC_NAMES
 from core.serving.latency import PERCENTILES
@@ -133,22 +135,31 @@ def bench_values(prediction: Mapping[str, float | None], load: Load) -> dict[str
     return values
 
 
-def prediction_footer(prediction: Mapping) -> str:
+def prediction_footer(prediction: Mapping, model: ModelSpec | None = None) -> str:
     """Two lines under a predicted block: the deployment it is for, and the steady state's own checks
-    (`Prediction.to_dict()`'s deployment, converged, stable, kv_limited, measured and warm-up requests)."""
+    (`Prediction.to_dict()`'s deployment, converged, stable, kv_limited, measured and warm-up requests). `model`:
+    the deployment's model, whose dtypes an "auto" resolves to ("weights auto (bf16)")."""
     d = prediction["deployment"]
+    weights, kv = d["weight_dtype"], d["kv_dtype"]
+    if model is not None:
+        weights = _as_resolved(weights, resolve_weight_dtype(model, weights))
+        kv = _as_resolved(kv, resolve_kv_dtype(model, kv))
     replicas = f"{d['replicas']} replica" + ("" if d["replicas"] == 1 else "s")
     yes = {True: "yes", False: "no"}
     return "\n".join(
         (
             f"predicted for {d['model']} on {d['num_gpus']} x {d['gpu']} (tp {d['tp']}, pp {d['pp']}, {replicas}; "
-            f"max_num_seqs {d['max_num_seqs']}, weights {d['weight_dtype']}, KV {d['kv_dtype']}), "
+            f"max_num_seqs {d['max_num_seqs']}, weights {weights}, KV {kv}), "
             f"engine profile {d['engine']}",
             f"steady state: converged {yes[prediction['converged']]}, stable {yes[prediction['stable']]}, "
             f"KV-limited {yes[prediction['kv_limited']]}; {prediction['measured_requests']:,} requests measured "
             f"after {prediction['warmup_requests']:,} of warm-up; the 95% intervals: --format json",
         )
     )
+
+
+def _as_resolved(asked: str, resolved: str) -> str:
+    return asked if asked == resolved else f"{asked} ({resolved})"
 
 
 def _number(value) -> bool:

@@ -67,7 +67,10 @@ def test_predict_prints_its_steady_state_in_that_block(capsys):
     printed = capsys.readouterr().out.splitlines()
     lines, footer = printed[:-2], printed[-2:]
     assert lines[0] == "======= Predicted Serving Benchmark Result =======" and lines[-1] == "=" * 50
-    assert footer[0].startswith("predicted for Llama-3.1-8B on 1 x H100 SXM 80GB (tp 1, pp 1, 1 replica;")
+    assert footer[0].startswith(  # Llama-3.1-8B's checkpoint is bf16: what "auto" is for both
+        "predicted for Llama-3.1-8B on 1 x H100 SXM 80GB (tp 1, pp 1, 1 replica; max_num_seqs 256, weights auto "
+        "(bf16), KV auto (bf16)), "
+    )
     assert footer[0].endswith(f"engine profile {body['deployment']['engine']}")
     yes = {True: "yes", False: "no"}
     assert footer[1].startswith(
