@@ -36,7 +36,6 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 
 from core.errors import InvalidArgumentError, LabError
 from core.planning.catalog.models import ModelSpec, model_from_config_file
@@ -57,6 +56,7 @@ from core.planning.predict.bench_report import (
 from core.planning.predict.benchmark import BENCHMARK_FIELD, benchmark_means, check_benchmark_requests
 from core.planning.predict.deployment_fields import (
     DEPLOYMENT_FIELDS,
+    GPU_MEMORY_FIELD,
     MODEL_FIELD,
     OFFLOAD_FIELDS,
     ROUTING_FIELD,
@@ -64,7 +64,7 @@ from core.planning.predict.deployment_fields import (
 from core.planning.predict.disagg import DISAGG_FIELDS, predict_disagg
 from core.planning.predict.inputs import deployment_from, disagg_from, load_from
 from core.planning.predict.load import LEVER_FIELDS, RATE_FIELDS, SHAPE_FIELDS, Load
-from core.planning.predict.max_rate import max_rate
+from core.planning.predict.max_rate import COMMAND_DIGITS, max_rate, round_down
 from core.planning.predict.prediction import predict
 from core.planning.predict.target_fields import TARGET_FIELDS, targets_from
 
@@ -85,7 +85,7 @@ class LineErrorParser(argparse.ArgumentParser):
 # these commands take instead (said after argparse's "unrecognized arguments")
 CAPACITY_ONLY_FLAGS = {
     "--num-gpus": " (predict and max-rate count GPUs as tp x pp x --data-parallel-size x --replicas)",
-    "--gpu-memory-utilization": " (predict and max-rate plan with vLLM's default, 0.9)",
+    "--gpu-memory-utilization": f" (predict and max-rate plan with vLLM's default, {GPU_MEMORY_FIELD.default})",
     "--max-model-len": " (predict and max-rate size max_model_len to the load's longest request)",
 }
 
@@ -230,11 +230,13 @@ def predict_main(argv: Sequence[str]) -> int:
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    values = bench_values(result, load) if not args.disagg else {}
+    if args.format == "json" and run is None:
+        print(json.dumps(clean_json(result), indent=2))
+        return 0
+    values = bench_values(result, load)  # aggregated only: the two flags that lead here refuse --disagg
     rows = against_result(values, run) if run is not None else None
     if args.format == "json":
-        if rows is not None:
-            result["against"] = {"result": str(args.against), "figures": rows}
+        result["against"] = {"result": str(args.against), "figures": rows}
         print(json.dumps(clean_json(result), indent=2))
     elif rows is not None:
         print(against_table(rows))
@@ -272,10 +274,8 @@ def max_rate_main(argv: Sequence[str]) -> int:
     if found.at is None:
         print(f"no rate tried holds the targets: the lowest misses {found.binding}")
         return 0
-    at_rate = replace(load, rate=found.max_req_per_s)
-    print(bench_report(bench_values(body, at_rate), defined_metrics(body), title=PREDICTED_TITLE))
+    print(bench_report(bench_values(body, load), defined_metrics(body), title=PREDICTED_TITLE))
     print(prediction_footer(body, deployment.model_spec))
-    print(
-        f"highest rate within the targets: {found.max_req_per_s:.4g} req/s; the next rate misses {found.binding}"
-    )
+    shown = round_down(found.max_req_per_s, COMMAND_DIGITS)  # as the bench command in the JSON runs it
+    print(f"highest rate within the targets: {shown:g} req/s; the next rate misses {found.binding}")
     return 0

@@ -53,7 +53,7 @@ COMMAND_DIGITS = 4  # significant digits of the rate in MaxRate's bench command 
 def round_down(value: float, digits: int) -> float:
     """`value` > 0 rounded down to `digits` significant digits (11.976416 -> 11.97 at 4)."""
     scale = 10.0 ** (digits - 1 - math.floor(math.log10(value)))
-    return math.floor(value * scale * (1 + 1e-12)) / scale
+    return math.floor(value * scale * (1 + 1e-12)) / scale  # 1e-12: 11.97 stored as 11.969999... stays 11.97
 
 
 @dataclass(frozen=True, eq=False)
