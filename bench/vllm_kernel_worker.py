@@ -34,6 +34,11 @@ def _isa(dtype: torch.dtype, block_size: int, head_dim: int) -> str:
 
 def start(threads: int) -> dict:
     torch.set_num_threads(threads)
+    # On a CPU with AMX (the "amx" ISA vLLM picks for bf16), Linux grants a process the AMX tile state only when it
+    # asks (arch_prctl ARCH_REQ_XCOMP_PERM); a kernel using the tiles without it dies of SIGILL. PyTorch asks here,
+    # as oneDNN does before its own AMX kernels.
+    if torch.cpu._is_amx_tile_supported():
+        torch._C._cpu._init_amx()
     import vllm
     from vllm.platforms import current_platform
 
