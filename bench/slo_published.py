@@ -1,6 +1,7 @@
 """Fit the vLLM engine profile across models and print one JSON object: the fit, its errors per model, every row.
 
-    python -m bench.slo_published                   # the adopted fit (docs/slo.md 2c, seventh stage)
+    python -m bench.slo_published                   # the adopted fit (docs/slo.md 2c, eighth stage)
+    python -m bench.slo_published --routed-experts  # the seventh stage: every row's experts priced as routed
     python -m bench.slo_published --benchmark-rounds 20   # the sixth stage: benchmarks of 20 rounds
     python -m bench.slo_published --evenly-spaced --benchmark-rounds 20   # the fifth stage
     python -m bench.slo_published --per-layer       # the third stage: a cost per layer, not per kernel
@@ -19,8 +20,9 @@ in neither set), heldout_by_model and training_by_model ({model: {"ttft_rms_rel_
 (`core.planning.cost.fits.engine_profiles`, the single-model fit) and the TensorRT-LLM profile; without_term: the errors
 with one term of the cross-model profile switched off at the fitted values, the request-side TTFT term included,
 kernel_overhead_s (one fixed cost, Llama-3.1-70B's step, for every model) and kernel_counts (every layer counted
-as a Llama layer's kernels), and mla_attention: MLA's two attention paths priced as one, as before them (Kimi-K2.5
-only moves; which term moved which error);
+as a Llama layer's kernels), mla_attention: MLA's two attention paths priced as one, as before them (Kimi-K2.5
+only moves), and padded_expert_kernel: the rows vLLM 0.12 served with its padded DeepGEMM MoE kernel
+(`published_vllm_rows.expert_block_rows`: Qwen3-235B-A22B's) priced as routed (which term moved which error);
 single_model: the stored profile and the TensorRT-LLM one on the stored profile's own split (Llama-3.1-70B, H100
 training, H200 held out), replayed as benchmarks of 20 rounds as its figures are stated, and at_this_benchmark, the
 same replayed as this run's benchmark; benchmark: how each row's benchmark is replayed ({"rounds", "steady"}); and
@@ -32,6 +34,10 @@ gpt-oss-120b, MiniMax-M2.5, Kimi-K2.5; `published_vllm.held_out_gpu_comparison`)
 held_out_gpu_rows its rows as above (set "held-out gpu"); not part of the target. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
 RMS <= TRAINING_TARGET (issue 40). elapsed_s: the whole run (simulations and fit).
 
+--routed-experts prices every row's routed experts as the routed kernels compute them (`pv.ROUTED_EXPERTS`), as
+every stage before the eighth did: the eighth stage is the seventh's fit (no training row ran the padded kernel)
+with vLLM 0.12's padded DeepGEMM kernel priced where the rows ran it (core.planning.cost.expert_rows), so the flag
+with no other reproduces the seventh stage's saved run and, with the flags below, the stages before it.
 --benchmark-rounds N replays each row's benchmark as N rounds of C requests (`pv.Benchmark`; default
 pv.BENCHMARK_ROUNDS, 10, the seventh stage; 20 as every stage before it was fitted). --evenly-spaced replays its
 steady phase with the clients evenly spaced over the cycle, as the fifth stage and every stage before it were
@@ -148,6 +154,7 @@ def _ablations(fitted: dict) -> dict:
         | {
             "request_overhead_s": without_request,
             "mla_attention": fitted | {"mla_one_attention": True},
+            "padded_expert_kernel": fitted | pv.ROUTED_EXPERTS,
         }
     )
 
@@ -230,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
         "routed experts' efficiencies per expert weight format (not the saved run)",
     )
     parser.add_argument(
+        "--routed-experts",
+        action="store_true",
+        help="every row's experts priced as routed, vLLM 0.12's padded DeepGEMM kernel too, as the seventh stage "
+        "and before (not the saved run)",
+    )
+    parser.add_argument(
         "--evenly-spaced",
         action="store_true",
         help="the steady phase's clients evenly spaced over the cycle, as the fifth stage and before were fitted "
@@ -258,10 +271,14 @@ def _rounds(text: str) -> int:
     return rounds
 
 
-def _adopted_label(benchmark: pv.Benchmark) -> str:
-    """The stage that the adopted fit's names with this benchmark are."""
+def _adopted_label(benchmark: pv.Benchmark, routed: bool = False) -> str:
+    """The stage that the adopted fit's names with this benchmark (and every expert priced as routed) are."""
+    if benchmark == pv.BENCHMARK and routed:
+        return "seventh (adopted before the eighth's padded MoE kernel)"
     if benchmark == pv.BENCHMARK:
-        return "seventh (adopted: VLLM_CROSS_MODEL_PROFILE)"
+        return (
+            "eighth (adopted: VLLM_CROSS_MODEL_PROFILE, vLLM 0.12's padded MoE kernel where the rows ran it)"
+        )
     if benchmark == pv.SIXTH_STAGE_BENCHMARK:
         return "sixth (adopted before the seventh's benchmarks of 10 rounds)"
     if benchmark == pv.FIFTH_STAGE_BENCHMARK:
@@ -311,7 +328,11 @@ def _fit_stage(args, benchmark: pv.Benchmark) -> tuple[tuple[str, ...], str, dic
         training, stage = pvr.TRAINING_MODELS, "third (a cost per layer; adopted before the fifth)"
         fitted = pv.fit_vllm(names=pv.THIRD_STAGE_FIT_NAMES, benchmark=benchmark)
     else:  # the adopted stage, or as the sixth / fifth stage was fitted
-        return pvr.TRAINING_MODELS, _adopted_label(benchmark), pv.fit_vllm(benchmark=benchmark)
+        return (
+            pvr.TRAINING_MODELS,
+            _adopted_label(benchmark, args.routed_experts),
+            pv.fit_vllm(benchmark=benchmark),
+        )
     if benchmark != pv.BENCHMARK:
         stage += f", {_benchmark_words(benchmark)}"
     return training, stage, fitted
@@ -326,8 +347,10 @@ def main(argv: list[str] | None = None) -> None:
     pv.record_replays([*pvr.ROWS, *pvr.HELD_OUT_GPU_ROWS], benchmark.phases)
     training, stage, fitted = _fit_stage(args, benchmark)
 
+    kernel = pv.ROUTED_EXPERTS if args.routed_experts else {}
+
     def compare(overrides: dict) -> list[dict]:
-        return pv.comparison(overrides, training_models=training, benchmark=benchmark)
+        return pv.comparison(overrides | kernel, training_models=training, benchmark=benchmark)
 
     held_out = [m for m in dict.fromkeys(r.model for r in pvr.ROWS) if m not in training]
     rows = compare(fitted)
@@ -349,7 +372,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.train_minimax or args.per_layer
         else {}
     )
-    saved_run = not (args.train_minimax or args.per_layer or args.train) and benchmark == pv.BENCHMARK
+    saved_run = (
+        not (args.train_minimax or args.per_layer or args.train or kernel) and benchmark == pv.BENCHMARK
+    )
     scan = {"rounds_scan": _rounds_scan(training, fitted)} if saved_run else {}
     worst = sorted(rows, key=lambda r: -max(abs(r["ttft_error"]), abs(r["tpot_error"])))
     gpu_rows = pv.held_out_gpu_comparison(fitted, benchmark)

@@ -25,7 +25,9 @@ experts for n tokens at k a token under uniform routing (`experts_touched`), and
     memory_s = (dense bytes + KV) / (bandwidth x bandwidth_efficiency)
                + expert_weight_bytes x experts_touched(n) / (bandwidth x expert_bandwidth_efficiency)
     expert FLOPs (2 x k / E x expert parameters a token) at peak x expert_flops_efficiency
-Real routing is not uniform (cold experts, a hot straggler): what the fitted efficiencies absorb.
+Real routing is not uniform (cold experts, a hot straggler): what the fitted efficiencies absorb. With
+expert_block_rows B > 0 (vLLM 0.12's padded DeepGEMM kernel, `core.planning.cost.expert_rows`) the experts' GEMMs
+compute round_up(n x k + E x (B - 1), B) rows a step: the n x k routed rows as above, the padding at flops_efficiency.
 
 Sliding-window layers (gpt-oss, Gemma-2/3, Mistral-7B): with a fraction f of the layers windowed at W tokens, a
 step's context reads and attention pairs count as (1 - f) x load + f x min(load, W x new_tokens) (`windowed`;
@@ -58,6 +60,7 @@ from typing import NamedTuple
 import numpy as np
 
 from core.errors import InvalidArgumentError
+from core.planning.cost.expert_rows import padded_expert_rows, uniform_experts_touched
 
 # The defaults of StepTimeModel's fields: the paper reproduction's (module docstring).
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
@@ -87,14 +90,6 @@ class StepBreakdown(NamedTuple):
     total_s: object
 
 
-def uniform_experts_touched(new_tokens, experts_per_token: int, num_experts: int, ranks: int = 1):
-    """1 - (1 - k / E)^(ranks x n), the fraction of E experts n tokens a DP rank reach routed uniformly to k each."""
-    miss = 1.0 - experts_per_token / num_experts
-    if isinstance(new_tokens, np.ndarray):
-        return 1.0 - miss ** (ranks * np.maximum(new_tokens, 0.0))
-    return 1.0 - miss ** (ranks * max(new_tokens, 0.0))
-
-
 @dataclass(frozen=True)
 class StepTimeModel:
     """Roofline step-time model; see the module docstring for the formula. Bytes, FLOPs and seconds, per GPU.
@@ -107,7 +102,8 @@ class StepTimeModel:
     expert_weight_bytes / num_experts / experts_per_token: an MoE model's routed-expert bytes on the GPU (outside
     weight_bytes) and its routing (num_experts 0: every expert read every step); expert_flops_per_token (part of
     flops_per_token) priced at expert_flops_efficiency (None: flops_efficiency), the expert bytes read at
-    expert_bandwidth_efficiency (None: bandwidth_efficiency). Module docstring: MoE.
+    expert_bandwidth_efficiency (None: bandwidth_efficiency); expert_block_rows: 0, or the tile of a kernel that
+    computes every local expert's padded rows. Module docstring: MoE.
     small_step_factors: entry n - 1 multiplies the time of a step of exactly n new tokens (module docstring;
     () : none; each finite and > 0; stored as a tuple of floats).
     lm_head_flops_per_output: FLOPs of the LM head per sampled token, when flops_per_token leaves it out (engines
@@ -146,6 +142,7 @@ class StepTimeModel:
     sliding_layer_fraction: float = 0.0
     sliding_window: int = 0
     expert_token_ranks: int = 1
+    expert_block_rows: int = 0
     prefill_attention_flops_per_pair: float | None = None
     prefill_context_flops_per_token: float = 0.0
 
@@ -220,6 +217,11 @@ class StepTimeModel:
             raise InvalidArgumentError(
                 f"expert_token_ranks must be an integer >= 1, got {self.expert_token_ranks!r}"
             )
+        rows = self.expert_block_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0 or (rows and not self.num_experts):
+            raise InvalidArgumentError(
+                f"expert_block_rows must be an integer >= 0, and 0 without routed experts, got {rows!r}"
+            )
         if isinstance(self.pipeline_stages, bool) or not (
             isinstance(self.pipeline_stages, int) and self.pipeline_stages >= 1
         ):
@@ -263,6 +265,8 @@ class StepTimeModel:
         compute = flops / (self.peak_flops * self.flops_efficiency)
         if self.expert_flops_efficiency is not None and self.expert_flops_per_token:
             compute += self._expert_extra_seconds(new_tokens)
+        if self.expert_block_rows:
+            compute += self._expert_padding_seconds(new_tokens)
         roof = max(memory, compute)
         if self.pipeline_stages != 1:
             roof *= self.pipeline_stages
@@ -420,6 +424,8 @@ class StepTimeModel:
         compute = flops / (self.peak_flops * self.flops_efficiency)
         if self.expert_flops_efficiency is not None and self.expert_flops_per_token:
             compute = compute + self._expert_extra_seconds(new_tokens)
+        if self.expert_block_rows:
+            compute = compute + self._expert_padding_seconds(new_tokens)
         if stages != 1:
             memory, compute = memory * stages, compute * stages
         fixed = self.overhead_s
@@ -454,6 +460,13 @@ class StepTimeModel:
         to the compute roof (negative when the experts run more efficiently than the rest)."""
         flops = self.expert_flops_per_token * new_tokens
         return flops / self.peak_flops * (1.0 / self.expert_flops_efficiency - 1.0 / self.flops_efficiency)
+
+    def _expert_padding_seconds(self, new_tokens):
+        """The padded kernel's rows beyond the routed n x k (module docstring: MoE), each of expert_flops_per_token / k
+        FLOPs, at flops_efficiency (whole tiles of a dense GEMM's shape): the time to add to the compute roof."""
+        k = self.experts_per_token
+        rows = padded_expert_rows(new_tokens, k, self.num_experts, self.expert_block_rows) - new_tokens * k
+        return rows * (self.expert_flops_per_token / k) / (self.peak_flops * self.flops_efficiency)
 
     def _expert_read_extra_seconds(self, new_tokens):
         """The routed experts' bytes read at expert_bandwidth_efficiency instead of bandwidth_efficiency: the time

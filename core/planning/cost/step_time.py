@@ -211,6 +211,8 @@ def from_specs(
         share = experts / (dense + experts)
     # moe_reads_all_experts=True: every expert read every step, the model before issue 40 (an ablation)
     routed = not kwargs.pop("moe_reads_all_experts", False)
+    if not routed or not share:  # no routed rows to pad (core.planning.cost.expert_rows)
+        kwargs.pop("expert_block_rows", None)
     if share:
         active_experts = model.expert_params * model.num_experts_per_tok / model.num_experts
         extra |= {

@@ -44,6 +44,7 @@ from core.planning.cost.fits.published_vllm_rows import (
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     VllmRow,
+    expert_block_rows,
     kv_tokens,
 )
 from core.planning.cost.step_model import PrefillLoad, StepTimeModel
@@ -108,6 +109,8 @@ def step_model(row: VllmRow, overrides: dict) -> StepTimeModel:
     step = {k: v for k, v in overrides.items() if k != REQUEST_TERM}
     if row.dp > 1:  # one DP rank of an attention-DP row (`attention_dp_comparison`)
         step["data_parallel"] = row.dp
+    if block_rows := expert_block_rows(row):  # the kernel the row's vLLM ran its experts with
+        step.setdefault("expert_block_rows", block_rows)
     return from_specs(MODELS[row.model], GPUS[row.gpu], row.tp, row.weight_dtype, KV_DTYPE, **step)
 
 

@@ -40,8 +40,8 @@ from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.layer_structure import moe_layers as structure_moe_layers
 from core.planning.catalog.models import MODELS
 from core.planning.catalog.weights import bits_per_quantized_param
+from core.planning.cost.expert_rows import uniform_experts_touched
 from core.planning.cost.fits.gauss_newton import NewtonLimits, damped_gauss_newton
-from core.planning.cost.step_model import uniform_experts_touched
 from core.planning.memory.kv_accounting import DTYPE_BITS
 
 DATA_PATH = Path(__file__).parent / "data" / "vllm_moe_kernels.csv"

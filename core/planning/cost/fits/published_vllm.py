@@ -78,6 +78,9 @@ THIRD_STAGE_FIT_NAMES = tuple("layer_overhead_s" if n == "kernel_overhead_s" els
 FP8_EXPERT_NAMES = ("fp8_expert_flops_efficiency", "fp8_expert_bandwidth_efficiency")
 FOURTH_STAGE_FIT_NAMES = THIRD_STAGE_FIT_NAMES + FP8_EXPERT_NAMES
 FIXED = {"bandwidth_efficiency": 1.0, "overhead_s": 0.0, "per_token_overhead_s": 0.0}
+# Every row's routed experts priced as the routed kernels compute them, vLLM 0.12's padded DeepGEMM kernel too
+# (`published_vllm_rows.expert_block_rows` off): how every stage of docs/slo.md 2c before the eighth priced the rows.
+ROUTED_EXPERTS = {"expert_block_rows": 0}
 SINGLE_MODEL_FIT_NAMES = ("bandwidth_efficiency", "flops_efficiency", "overhead_s", "per_token_overhead_s")
 # Gauss-Newton's starting point: round values near the cross-model solution (the fit is the same from 0.4 / 2e-5
 # / 0.2 in more iterations: docs/slo.md 2c).

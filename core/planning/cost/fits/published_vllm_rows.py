@@ -42,6 +42,7 @@ from pathlib import Path
 
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
+from core.planning.cost.expert_rows import vllm_expert_block_rows
 from core.planning.memory.plan import plan
 
 DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_llama31_70b.csv"
@@ -67,6 +68,9 @@ HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b", "minimax-m2.5", "kimi-k2.5
 # The fourth stage (docs/slo.md 2c: tried, not adopted): MiniMax-M2.5, an FP8 MoE model, in training too.
 FOURTH_STAGE_TRAINING_MODELS = (*TRAINING_MODELS, "minimax-m2.5")
 MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b", "minimax-m2.5", "kimi-k2.5")
+# The models whose rows' checkpoints store their routed experts in 128 x 128 block-scaled FP8
+# (Qwen/Qwen3-235B-A22B-FP8, MiniMaxAI/MiniMax-M2.5): the experts vLLM 0.12 runs with DeepGEMM (`expert_block_rows`).
+BLOCK_FP8_EXPERT_MODELS = ("qwen3-235b-a22b", "minimax-m2.5")
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class VllmRow:
     weight_dtype: str = WEIGHT_DTYPE
     dp: int = 1
     ep: int = 1
+    backend_version: str = ""  # the vLLM version the file gives ("": none)
 
     @property
     def label(self) -> str:
@@ -106,6 +111,8 @@ def _read_rows(path: Path) -> tuple[VllmRow, ...]:
         more = (
             {"weight_dtype": r["weight_dtype"], "dp": int(r["dp"]), "ep": int(r["ep"])} if "dp" in r else {}
         )
+        if "backend_version" in r:
+            more["backend_version"] = r["backend_version"]
         rows.append(VllmRow(r["id"], r["model"], r["gpu"], *ints, *seconds, **more))
     return tuple(rows)
 
@@ -151,6 +158,15 @@ def kv_limited(row: VllmRow) -> bool:
     """Whether the clients' average KV footprint, C x (ISL + OSL / 2) tokens, exceeds the cache, or there are more
     clients than MAX_NUM_SEQS (requests then queue for a slot; module docstring)."""
     return row.concurrency > MAX_NUM_SEQS or row.concurrency * (row.isl + row.osl / 2) > kv_tokens(row)
+
+
+def expert_block_rows(row: VllmRow) -> int:
+    """The `StepTimeModel.expert_block_rows` of the kernel the row's vLLM ran its routed experts with
+    (`core.planning.cost.expert_rows.vllm_expert_block_rows`: 128 for vLLM 0.12's padded DeepGEMM kernel, which
+    the Qwen3-235B-A22B rows ran, else 0). Attention-DP rows: 0 (their MoE layers take another path, not read)."""
+    if row.dp > 1 or row.model not in BLOCK_FP8_EXPERT_MODELS or row.weight_dtype != "fp8":
+        return 0
+    return vllm_expert_block_rows(row.backend_version, True, row.gpu, row.tp // row.ep)
 
 
 def row_set(row: VllmRow, training_models: tuple[str, ...] = TRAINING_MODELS) -> str:

@@ -1,0 +1,73 @@
+"""How many rows a step's routed-expert GEMMs compute and which experts it reads, by the kernel vLLM runs them with
+(`StepTimeModel`'s MoE terms; issue 40, docs/slo.md 2c).
+
+Routed (every vLLM kernel but the one below: Triton's fused_moe, FlashInfer's CUTLASS MoE, DeepGEMM from vLLM 0.13
+on): n tokens at k experts each make n x k rows; a tile no routed row fills is skipped, so the FLOPs are those of
+n x k rows (a tile's padding is what the fitted expert efficiency absorbs) and only the experts reached are read,
+1 - (1 - k / E)^n of them under uniform routing (`uniform_experts_touched`).
+
+Padded (vLLM 0.12 and earlier on block-quantized FP8 experts: DeepGEMM's contiguous grouped GEMM, which vLLM 0.12
+selects on Hopper and Blackwell at MoE TP below 8 when the deep_gemm package is installed, as in its release
+image; `get_fp8_moe_backend` in vllm/model_executor/layers/quantization/fp8.py): without the experts' row counts
+on the host, vLLM sizes the grouped GEMM for the worst case, round_up(n x k + E x (B - 1), B) rows in tiles of
+B = 128 for E local experts (`compute_aligned_M`, vllm/model_executor/layers/fused_moe/deep_gemm_utils.py), and
+labels the rows no token fills expert 0, so the kernel computes every tile (vLLM pull request 30494, merged after
+0.12.0, labels them -1 and DeepGEMM skips them). Worked: a decode step of 4 tokens at 8 of Qwen3-235B-A22B's 128
+experts computes round_up(32 + 128 x 127, 128) = 16,384 rows where routing fills 32; at TP 2 (4,096 x 768 x 3
+weights an expert on a GPU, 94 layers) that is 2 x 16,384 x 9.44M x 94 = 29 TFLOP a step, whatever the batch up
+to a few hundred tokens. The tiles are whole 128-row FP8 tensor-core tiles, a dense GEMM's shape, so they are
+priced at the dense FLOP/s efficiency, the routed rows with them (they run in the same kernel); the weights read
+stay the routed experts' (the padding's tiles reuse expert 0's).
+"""
+
+import numpy as np
+
+# DeepGEMM's row alignment for its contiguous grouped GEMM, the FP8 blocks' 128 (vLLM 0.12's
+# `get_mk_alignment_for_contiguous_layout`)
+DEEPGEMM_BLOCK_ROWS = 128
+# The GPUs with DeepGEMM kernels among the lab's presets: Hopper (SM 90) and Blackwell (SM 100).
+DEEPGEMM_GPUS = frozenset({"h100-80gb", "h200-141gb", "b200"})
+DEEPGEMM_MAX_MOE_TP = (
+    7  # vLLM 0.12 turns DeepGEMM MoE off by default at MoE TP >= 8 (fp8.py, VLLM_MOE_USE_DEEP_GEMM)
+)
+PADDED_BEFORE = (0, 13)  # vLLM versions before this one compute the padding (pull request 30494 is in 0.13)
+
+
+def uniform_experts_touched(new_tokens, experts_per_token: int, num_experts: int, ranks: int = 1):
+    """1 - (1 - k / E)^(ranks x n), the fraction of E experts n tokens a DP rank reach routed uniformly to k each."""
+    miss = 1.0 - experts_per_token / num_experts
+    if isinstance(new_tokens, np.ndarray):
+        return 1.0 - miss ** (ranks * np.maximum(new_tokens, 0.0))
+    return 1.0 - miss ** (ranks * max(new_tokens, 0.0))
+
+
+def padded_expert_rows(new_tokens, experts_per_token: int, num_experts: int, block_rows: int):
+    """round_up(n x k + E x (B - 1), B): the rows the padded kernel computes for a step of n tokens (module
+    docstring), a float or a float64 array like new_tokens; 0 for a step of no tokens."""
+    rows = np.asarray(new_tokens, dtype=np.float64) * experts_per_token + num_experts * (block_rows - 1)
+    padded = np.where(np.asarray(new_tokens) > 0, np.ceil(rows / block_rows) * block_rows, 0.0)
+    return padded if isinstance(new_tokens, np.ndarray) else float(padded)
+
+
+def vllm_version(text: str) -> tuple[int, ...] | None:
+    """ "0.12.0" -> (0, 12, 0); None for text that names no version ("", "unknown")."""
+    parts = str(text).strip().split(".")
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def vllm_expert_block_rows(version: str, block_fp8_experts: bool, gpu: str, moe_tensor_parallel: int) -> int:
+    """The `StepTimeModel.expert_block_rows` of vLLM `version` serving routed experts: DEEPGEMM_BLOCK_ROWS where it
+    runs them with the padded kernel (module docstring: a version before PADDED_BEFORE, block-quantized FP8 experts,
+    a GPU in DEEPGEMM_GPUS, MoE TP at most DEEPGEMM_MAX_MOE_TP), else 0 (routed). An unknown version is taken as
+    one after the fix (0)."""
+    parsed = vllm_version(version)
+    padded = (
+        parsed is not None
+        and parsed < PADDED_BEFORE
+        and block_fp8_experts
+        and gpu in DEEPGEMM_GPUS
+        and moe_tensor_parallel <= DEEPGEMM_MAX_MOE_TP
+    )
+    return DEEPGEMM_BLOCK_ROWS if padded else 0
