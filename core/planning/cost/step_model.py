@@ -462,11 +462,14 @@ class StepTimeModel:
         return flops / self.peak_flops * (1.0 / self.expert_flops_efficiency - 1.0 / self.flops_efficiency)
 
     def _expert_padding_seconds(self, new_tokens):
-        """The padded kernel's rows beyond the routed n x k (module docstring: MoE), each of expert_flops_per_token / k
-        FLOPs, at flops_efficiency (whole tiles of a dense GEMM's shape): the time to add to the compute roof."""
-        k = self.experts_per_token
-        rows = padded_expert_rows(new_tokens, k, self.num_experts, self.expert_block_rows) - new_tokens * k
-        return rows * (self.expert_flops_per_token / k) / (self.peak_flops * self.flops_efficiency)
+        """The padded kernel's rows beyond the routed ones (module docstring: MoE) at flops_efficiency (whole tiles
+        of a dense GEMM's shape): the time to add to the compute roof. With D = expert_token_ranks DP ranks the
+        kernel runs on all D ranks' n x D tokens, its experts split D ways more than expert_flops_per_token's (which
+        counts the rank's own n): a row costs expert_flops_per_token / k / D."""
+        k, ranks = self.experts_per_token, self.expert_token_ranks
+        tokens = new_tokens * ranks
+        rows = padded_expert_rows(tokens, k, self.num_experts, self.expert_block_rows) - tokens * k
+        return rows * (self.expert_flops_per_token / k / ranks) / (self.peak_flops * self.flops_efficiency)
 
     def _expert_read_extra_seconds(self, new_tokens):
         """The routed experts' bytes read at expert_bandwidth_efficiency instead of bandwidth_efficiency: the time

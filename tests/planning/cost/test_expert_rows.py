@@ -57,6 +57,29 @@ def test_a_decode_step_computes_the_padding_at_the_dense_efficiency():
     assert padded_expert_rows(20, TOP_K, EXPERTS, 128) - padded_expert_rows(4, TOP_K, EXPERTS, 128) == 128
 
 
+def test_a_dp_rank_pads_every_ranks_tokens_with_the_experts_split_over_all_ranks():
+    """Attention DP 2 at tp 1 (vLLM 0.12: one MoE TP group of 2, every rank's tokens gathered): 4 decodes on each
+    rank make 64 routed rows, round_up(64 + 16,256, 128) = 16,384 computed, each row of an expert split 2 ways,
+    i.e. half of what expert_flops_per_token / k (the tp 1 rank's) counts."""
+    gpu = GPUS["h200-141gb"]
+    model = MODELS["qwen3-235b-a22b"]
+    rank = from_specs(
+        model, gpu, 1, "fp8", data_parallel=2, expert_flops_efficiency=0.2, flops_efficiency=0.5
+    )
+    padded = replace(rank, expert_block_rows=128)
+    per_row = 2 * 3 * HIDDEN * EXPERT_INTERMEDIATE * LAYERS / 2  # one row of an expert split over 2 GPUs
+    assert rank.expert_token_ranks == 2 and rank.expert_flops_per_token / TOP_K == pytest.approx(2 * per_row)
+    step = (4, 4000, 4004)
+    extra = float(padded.breakdown(*step).compute_s) - float(rank.breakdown(*step).compute_s)
+    assert extra == pytest.approx((16_384 - 64) * per_row / (gpu.peak_fp8_flops * 0.5), rel=1e-9)
+    # the same GPU's work as TP 2 (one group of 2 GPUs, 8 decodes): the padding costs the same
+    tp2 = from_specs(model, gpu, 2, "fp8", expert_flops_efficiency=0.2, flops_efficiency=0.5)
+    tp2_extra = float(replace(tp2, expert_block_rows=128).breakdown(8, 8000, 8008).compute_s) - float(
+        tp2.breakdown(8, 8000, 8008).compute_s
+    )
+    assert extra == pytest.approx(tp2_extra, rel=1e-9)
+
+
 def test_which_vllm_runs_the_padded_kernel():
     assert (
         vllm_version("0.12.0") == (0, 12, 0) and vllm_version("unknown") is None and vllm_version("") is None
@@ -68,7 +91,8 @@ def test_which_vllm_runs_the_padded_kernel():
     assert vllm_expert_block_rows("0.12.0", True, "a100-80gb", 2) == 0  # no DeepGEMM before Hopper
     assert vllm_expert_block_rows("0.12.0", True, "h200-141gb", 8) == 0  # off by default at MoE TP 8
     assert vllm_expert_block_rows("unknown", True, "h200-141gb", 2) == 0
-    # in the sample only Qwen3-235B-A22B's vLLM 0.12 rows (TP 2 / 4, EP rows included) ran it
+    # in the sample only Qwen3-235B-A22B's vLLM 0.12 rows (TP 2 / 4, EP rows included; its attention-DP rows,
+    # pvr.ATTENTION_DP_ROWS, too) ran it
     padded = {(r.model, r.backend_version) for r in ROWS if expert_block_rows(r)}
     assert padded == {("qwen3-235b-a22b", "0.12.0")}
     assert sum(1 for r in ROWS if expert_block_rows(r)) == 32

@@ -163,10 +163,13 @@ def kv_limited(row: VllmRow) -> bool:
 def expert_block_rows(row: VllmRow) -> int:
     """The `StepTimeModel.expert_block_rows` of the kernel the row's vLLM ran its routed experts with
     (`core.planning.cost.expert_rows.vllm_expert_block_rows`: 128 for vLLM 0.12's padded DeepGEMM kernel, which
-    the Qwen3-235B-A22B rows ran, else 0). Attention-DP rows: 0 (their MoE layers take another path, not read)."""
-    if row.dp > 1 or row.model not in BLOCK_FP8_EXPERT_MODELS or row.weight_dtype != "fp8":
+    the Qwen3-235B-A22B rows ran, else 0). MoE TP: 1 with EP; without it tp x dp (vLLM 0.12's
+    `FusedMoEParallelConfig.make` flattens the DP ranks into the MoE TP group, and an attention-DP row's MoE layers
+    gather every rank's tokens into the same fused-experts call, `FusedMoE.forward_impl`'s naive dispatch)."""
+    if row.model not in BLOCK_FP8_EXPERT_MODELS or row.weight_dtype != "fp8":
         return 0
-    return vllm_expert_block_rows(row.backend_version, True, row.gpu, row.tp // row.ep)
+    moe_tp = 1 if row.ep > 1 else row.tp * row.dp
+    return vllm_expert_block_rows(row.backend_version, True, row.gpu, moe_tp)
 
 
 def row_set(row: VllmRow, training_models: tuple[str, ...] = TRAINING_MODELS) -> str:
