@@ -1,7 +1,7 @@
 """Were the published rows' prompts all prefilled? Print one JSON object per model: what the rows imply and what a
 benchmark reusing a pool of prompts would have measured.
 
-    python -m bench.published_prompt_pool [--fitted bench/results/slo-published.json] [--stride 1]
+    python -m bench.published_prompt_pool [--fitted bench/results/slo-published.json] [--stride 1] [--routed-experts]
 
 For every row of `core.planning.cost.fits.published_vllm_rows.ROWS` outside the KV-limited set: `prefill_fraction_of_peak` (the
 dense FLOP/s its measured throughput implies for prefilling its prompts alone, over the GPUs' datasheet peak:
@@ -11,7 +11,9 @@ refitted): every prompt unique (the fit's assumption) and every prompt drawn fro
 ones with vLLM's prefix caching (`predict_row(..., prompt_pool=...)`: aiperf's default dataset size, which the
 benchmark script aiconfigurator generates leaves as it is). Per model: rows, the largest and median implied
 fraction of peak, and the RMS relative error (TTFT and TPOT together) both ways. A what-if found by examining the
-held-out Llama-3.1-8B rows (docs/slo.md 2c): it is not used by any fit.
+held-out Llama-3.1-8B rows (docs/slo.md 2c): it is not used by any fit. --routed-experts prices every row's experts
+as routed (`pv.ROUTED_EXPERTS`), as the saved result (bench/results/published-prompt-pool.json, the seventh stage)
+was computed; without it vLLM 0.12's padded MoE kernel is priced where the rows ran it (the eighth stage).
 """
 
 import argparse
@@ -38,9 +40,15 @@ def main() -> None:
         "--fitted", type=Path, default=SAVED_FIT, help="a bench.slo_published JSON (its 'fitted')"
     )
     parser.add_argument("--stride", type=int, default=1, help="every Nth row of each model (1: all)")
+    parser.add_argument(
+        "--routed-experts",
+        action="store_true",
+        help="every row's experts priced as routed, as the saved result was (default: the eighth stage's kernels)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     fitted = json.loads(args.fitted.read_text())["fitted"]
+    priced = fitted | (pv.ROUTED_EXPERTS if args.routed_experts else {})
     models: dict[str, dict] = {}
     for model in dict.fromkeys(r.model for r in pvr.ROWS):
         rows = [r for r in pvr.ROWS if r.model == model and pvr.row_set(r) != "kv-limited"][:: args.stride]
@@ -48,7 +56,7 @@ def main() -> None:
         unique, pooled = [], []
         for row in rows:
             for errors, pool in ((unique, None), (pooled, pv.AIPERF_DATASET_ENTRIES)):
-                ttft, tpot = pv.predict_row(row, fitted, prompt_pool=pool)
+                ttft, tpot = pv.predict_row(row, priced, prompt_pool=pool)
                 errors += [ttft / row.ttft_s - 1.0, tpot / row.tpot_s - 1.0]
         models[model] = {
             "set": pvr.row_set(rows[0]) if rows else None,

@@ -37,7 +37,9 @@ RMS <= TRAINING_TARGET (issue 40). elapsed_s: the whole run (simulations and fit
 --routed-experts prices every row's routed experts as the routed kernels compute them (`pv.ROUTED_EXPERTS`), as
 every stage before the eighth did: the eighth stage is the seventh's fit (no training row ran the padded kernel)
 with vLLM 0.12's padded DeepGEMM kernel priced where the rows ran it (core.planning.cost.expert_rows), so the flag
-with no other reproduces the seventh stage's saved run and, with the flags below, the stages before it.
+with no other reproduces the seventh stage's saved run. The flags of the earlier stages (--per-layer,
+--train-minimax, --evenly-spaced, --benchmark-rounds other than 10) imply it (`_routed`); --train does not (the
+adopted stage on other training models).
 --benchmark-rounds N replays each row's benchmark as N rounds of C requests (`pv.Benchmark`; default
 pv.BENCHMARK_ROUNDS, 10, the seventh stage; 20 as every stage before it was fitted). --evenly-spaced replays its
 steady phase with the clients evenly spaced over the cycle, as the fifth stage and every stage before it were
@@ -271,6 +273,13 @@ def _rounds(text: str) -> int:
     return rounds
 
 
+def _routed(args, benchmark: pv.Benchmark) -> bool:
+    """Whether the rows are priced with every expert routed (`pv.ROUTED_EXPERTS`): asked for, or a stage before the
+    eighth (module docstring)."""
+    earlier = args.per_layer or args.train_minimax or benchmark != pv.BENCHMARK
+    return bool(args.routed_experts or earlier)
+
+
 def _adopted_label(benchmark: pv.Benchmark, routed: bool = False) -> str:
     """The stage that the adopted fit's names with this benchmark (and every expert priced as routed) are."""
     if benchmark == pv.BENCHMARK and routed:
@@ -322,7 +331,8 @@ def _fit_stage(args, benchmark: pv.Benchmark) -> tuple[tuple[str, ...], str, dic
             benchmark=benchmark,
         )
     elif args.train:
-        training, stage = args.train, f"seventh, trained on {', '.join(args.train)} (not the saved run)"
+        adopted = "seventh" if args.routed_experts else "eighth"
+        training, stage = args.train, f"{adopted}, trained on {', '.join(args.train)} (not the saved run)"
         fitted = pv.fit_vllm(pvr.training_rows(training), benchmark=benchmark)
     elif args.per_layer:
         training, stage = pvr.TRAINING_MODELS, "third (a cost per layer; adopted before the fifth)"
@@ -330,7 +340,7 @@ def _fit_stage(args, benchmark: pv.Benchmark) -> tuple[tuple[str, ...], str, dic
     else:  # the adopted stage, or as the sixth / fifth stage was fitted
         return (
             pvr.TRAINING_MODELS,
-            _adopted_label(benchmark, args.routed_experts),
+            _adopted_label(benchmark, _routed(args, benchmark)),
             pv.fit_vllm(benchmark=benchmark),
         )
     if benchmark != pv.BENCHMARK:
@@ -347,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     pv.record_replays([*pvr.ROWS, *pvr.HELD_OUT_GPU_ROWS], benchmark.phases)
     training, stage, fitted = _fit_stage(args, benchmark)
 
-    kernel = pv.ROUTED_EXPERTS if args.routed_experts else {}
+    kernel = pv.ROUTED_EXPERTS if _routed(args, benchmark) else {}
 
     def compare(overrides: dict) -> list[dict]:
         return pv.comparison(overrides | kernel, training_models=training, benchmark=benchmark)
@@ -377,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     scan = {"rounds_scan": _rounds_scan(training, fitted)} if saved_run else {}
     worst = sorted(rows, key=lambda r: -max(abs(r["ttft_error"]), abs(r["tpot_error"])))
-    gpu_rows = pv.held_out_gpu_comparison(fitted, benchmark)
+    gpu_rows = pv.held_out_gpu_comparison(fitted | kernel, benchmark)
     print(
         json.dumps(
             {

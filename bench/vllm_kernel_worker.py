@@ -37,8 +37,8 @@ def start(threads: int) -> dict:
     # On a CPU with AMX (the "amx" ISA vLLM picks for bf16), Linux grants a process the AMX tile state only when it
     # asks (arch_prctl ARCH_REQ_XCOMP_PERM); a kernel using the tiles without it dies of SIGILL. PyTorch asks here,
     # as oneDNN does before its own AMX kernels.
-    if torch.cpu._is_amx_tile_supported():
-        torch._C._cpu._init_amx()
+    if torch.cpu._is_amx_tile_supported() and not torch._C._cpu._init_amx():
+        raise RuntimeError("the CPU has AMX tiles but Linux refused this process their state")
     import vllm
     from vllm.platforms import current_platform
 

@@ -6,7 +6,7 @@ on): n tokens at k experts each make n x k rows; a tile no routed row fills is s
 n x k rows (a tile's padding is what the fitted expert efficiency absorbs) and only the experts reached are read,
 1 - (1 - k / E)^n of them under uniform routing (`uniform_experts_touched`).
 
-Padded (vLLM 0.12 and earlier on block-quantized FP8 experts: DeepGEMM's contiguous grouped GEMM, which vLLM 0.12
+Padded (vLLM 0.12 on block-quantized FP8 experts: DeepGEMM's contiguous grouped GEMM, which vLLM 0.12
 selects on Hopper and Blackwell at MoE TP below 8 when the deep_gemm package is installed, as in its release
 image; `get_fp8_moe_backend` in vllm/model_executor/layers/quantization/fp8.py): without the experts' row counts
 on the host, vLLM sizes the grouped GEMM for the worst case, round_up(n x k + E x (B - 1), B) rows in tiles of
@@ -30,7 +30,9 @@ DEEPGEMM_GPUS = frozenset({"h100-80gb", "h200-141gb", "b200"})
 DEEPGEMM_MAX_MOE_TP = (
     7  # vLLM 0.12 turns DeepGEMM MoE off by default at MoE TP >= 8 (fp8.py, VLLM_MOE_USE_DEEP_GEMM)
 )
-PADDED_BEFORE = (0, 13)  # vLLM versions before this one compute the padding (pull request 30494 is in 0.13)
+# The vLLM releases whose source says they compute the padding: 0.12 (read in 0.12.0; pull request 30494 is in the
+# next release). Earlier ones were not read and are taken as routed; the sample's rows are 0.11.2 (MXFP4) or later.
+PADDED_RELEASES = ((0, 12),)
 
 
 def uniform_experts_touched(new_tokens, experts_per_token: int, num_experts: int, ranks: int = 1):
@@ -59,13 +61,13 @@ def vllm_version(text: str) -> tuple[int, ...] | None:
 
 def vllm_expert_block_rows(version: str, block_fp8_experts: bool, gpu: str, moe_tensor_parallel: int) -> int:
     """The `StepTimeModel.expert_block_rows` of vLLM `version` serving routed experts: DEEPGEMM_BLOCK_ROWS where it
-    runs them with the padded kernel (module docstring: a version before PADDED_BEFORE, block-quantized FP8 experts,
+    runs them with the padded kernel (module docstring: a release in PADDED_RELEASES, block-quantized FP8 experts,
     a GPU in DEEPGEMM_GPUS, MoE TP at most DEEPGEMM_MAX_MOE_TP), else 0 (routed). An unknown version is taken as
-    one after the fix (0)."""
+    routed (0)."""
     parsed = vllm_version(version)
     padded = (
         parsed is not None
-        and parsed < PADDED_BEFORE
+        and parsed[:2] in PADDED_RELEASES
         and block_fp8_experts
         and gpu in DEEPGEMM_GPUS
         and moe_tensor_parallel <= DEEPGEMM_MAX_MOE_TP

@@ -192,6 +192,7 @@ def eagle_head_model(target: StepTimeModel, spec) -> StepTimeModel:
             num_experts=0,
             experts_per_token=0,
             expert_flops_per_token=0.0,
+            expert_block_rows=0,
             sliding_layer_fraction=0.0,
             attention_flops_per_pair=target.attention_flops_per_pair / layers,
             comm_latency_s=target.comm_latency_s / layers,

@@ -211,8 +211,11 @@ def from_specs(
         share = experts / (dense + experts)
     # moe_reads_all_experts=True: every expert read every step, the model before issue 40 (an ablation)
     routed = not kwargs.pop("moe_reads_all_experts", False)
-    if not routed or not share:  # no routed rows to pad (core.planning.cost.expert_rows)
-        kwargs.pop("expert_block_rows", None)
+    block_rows = kwargs.pop("expert_block_rows", 0)
+    if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 0:
+        raise InvalidArgumentError(f"expert_block_rows must be an integer >= 0, got {block_rows!r}")
+    if routed and share and block_rows:  # no routed rows to pad otherwise (core.planning.cost.expert_rows)
+        kwargs["expert_block_rows"] = block_rows
     if share:
         active_experts = model.expert_params * model.num_experts_per_tok / model.num_experts
         extra |= {

@@ -85,7 +85,8 @@ def test_which_vllm_runs_the_padded_kernel():
         vllm_version("0.12.0") == (0, 12, 0) and vllm_version("unknown") is None and vllm_version("") is None
     )
     assert vllm_expert_block_rows("0.12.0", True, "h200-141gb", 2) == 128
-    assert vllm_expert_block_rows("0.11.2", True, "h100-80gb", 4) == 128
+    assert vllm_expert_block_rows("0.12.1", True, "h100-80gb", 4) == 128
+    assert vllm_expert_block_rows("0.11.2", True, "h100-80gb", 4) == 0  # not read: taken as routed
     assert vllm_expert_block_rows("0.13.0", True, "h200-141gb", 2) == 0  # pull request 30494
     assert vllm_expert_block_rows("0.12.0", False, "h200-141gb", 2) == 0  # MXFP4, int4 or per-tensor experts
     assert vllm_expert_block_rows("0.12.0", True, "a100-80gb", 2) == 0  # no DeepGEMM before Hopper
@@ -110,3 +111,16 @@ def test_padding_needs_routed_experts():
     for bad in (-1, 1.5, True):
         with pytest.raises(InvalidArgumentError, match="expert_block_rows"):
             replace(moe, expert_block_rows=bad)
+        with pytest.raises(InvalidArgumentError, match="expert_block_rows"):
+            from_specs(MODELS["llama-3.1-8b"], GPUS["h100-80gb"], expert_block_rows=bad)
+    # a dense model, or every expert read (the ablation), has no routed rows to pad: the kernel is moot there
+    assert from_specs(MODELS["llama-3.1-8b"], GPUS["h100-80gb"], expert_block_rows=128).expert_block_rows == 0
+    ablation = from_specs(
+        MODELS["qwen3-235b-a22b"],
+        GPUS["h200-141gb"],
+        2,
+        "fp8",
+        moe_reads_all_experts=True,
+        expert_block_rows=128,
+    )
+    assert ablation.expert_block_rows == 0

@@ -36,10 +36,21 @@ def test_gpu_checks_are_the_saved_runs_rows():
     assert expected == pc.GPU_CHECKS
 
 
+# A plan prices today's vLLM, whose MoE kernels compute routed rows only: for the rows that ran vLLM 0.12's padded
+# kernel (docs/slo.md 2c, the eighth stage) its check is the saved run's figure with every expert routed.
+ROUTED = SAVED["without_term"]["padded_expert_kernel"]["heldout_by_model"]
+
+
 def test_model_checks_are_the_saved_runs_rows():
     for model, check in pc.MODEL_CHECKS.items():
         status = "fitted" if model in SAVED["training_by_model"] else "held out"
         rows = [r for r in SAVED["rows"] if r["model"] == model and r["set"] != "kv-limited"]
+        if model == "qwen3-235b-a22b":
+            routed = ROUTED[model]
+            expected = (len(rows), round(routed["ttft_rms_rel_err"], 3), round(routed["tpot_rms_rel_err"], 3))
+            assert check == pc.Checked(status, *expected)
+            assert (check.ttft_rms_rel_err, check.tpot_rms_rel_err) != _checked(status, rows)[2:]
+            continue
         assert check == _checked(status, rows), model
     assert set(pc.MODEL_CHECKS) == set(SAVED["training_by_model"]) | set(SAVED["heldout_by_model"])
 
