@@ -31,7 +31,10 @@ model, gpu, weight dtype, tp, ep, isl, osl, concurrency, measured / predicted tt
 errors and the set. held_out_gpu: the fitted profile on the rows of a GPU no fit sees (B200 SXM: Llama-3.1-70B,
 gpt-oss-120b, MiniMax-M2.5, Kimi-K2.5; `published_vllm.held_out_gpu_comparison`), {"gpu", "rows", "kv_limited",
 "attention_dp_rows_left_out", "rms_rel_err", "by_model", "stored_profile_by_model", "trtllm_profile_by_model"}, and
-held_out_gpu_rows its rows as above (set "held-out gpu"); not part of the target. target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
+held_out_gpu_rows its rows as above (set "held-out gpu"); not part of the target. attention_dp: the attention-DP rows
+(`pvr.ATTENTION_DP_ROWS`, never fitted or scored) priced as DP ranks (`pv.attention_dp_comparison`) with the fitted
+profile, {"priced": as the run prices the rows' kernels, "routed": every expert routed}, each errors_by_model's
+{model: {...}}: a check of the eighth stage its pricing was not settled on (docs/slo.md 2d). target_met: at least two held-out models, one MoE, each rms_rel_err <= TARGET and the training
 RMS <= TRAINING_TARGET (issue 40). elapsed_s: the whole run (simulations and fit).
 
 --routed-experts prices every row's routed experts as the routed kernels compute them (`pv.ROUTED_EXPERTS`), as
@@ -388,6 +391,12 @@ def main(argv: list[str] | None = None) -> None:
     scan = {"rounds_scan": _rounds_scan(training, fitted)} if saved_run else {}
     worst = sorted(rows, key=lambda r: -max(abs(r["ttft_error"]), abs(r["tpot_error"])))
     gpu_rows = pv.held_out_gpu_comparison(fitted | kernel, benchmark)
+    attention_dp = {
+        name: pv.errors_by_model(
+            pv.attention_dp_comparison(fitted | extra, benchmark=benchmark), "attention dp"
+        )
+        for name, extra in (("priced", kernel), ("routed", pv.ROUTED_EXPERTS))
+    }
     print(
         json.dumps(
             {
@@ -428,6 +437,7 @@ def main(argv: list[str] | None = None) -> None:
                 },
                 "worst_fitted_or_held_out": [_row(r) for r in worst if r["set"] != "kv-limited"][:5],
                 "held_out_gpu": _held_out_gpu(gpu_rows, benchmark),
+                "attention_dp": attention_dp,
                 "rows": [_row(r) for r in rows],
                 "held_out_gpu_rows": [_row(r) for r in gpu_rows],
                 "elapsed_s": time.perf_counter() - started,

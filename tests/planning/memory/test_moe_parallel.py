@@ -33,6 +33,7 @@ from core.planning.search.slo import config_deployment
 from core.planning.search.slo_candidates import SloCandidates, enumerate_candidates
 from core.planning.search.slo_eval import SloConfig
 from core.serving.steady_state import SteadyStateSettings
+from tests.conftest import ROOT
 from tests.vllm_reference import run_vllm_script
 
 SCRIPT = Path(__file__).with_name("vllm_expert_map_script.py")
@@ -409,6 +410,13 @@ def test_attention_dp_rows_at_the_eighth_stage():
         ttft, tpot = [r["ttft_error"] for r in rows], [r["tpot_error"] for r in rows]
         assert (rms(ttft), rms(tpot), rms(ttft + tpot)) == pytest.approx(expected, abs=0.001)
     assert all(-0.42 < r["tpot_error"] < -0.18 for r in padded)
+    # the saved run of bench.slo_published prints the same (its attention_dp)
+    saved = json.loads((ROOT / "bench" / "results" / "slo-published.json").read_text())["attention_dp"]
+    for name, rows in (("priced", padded), ("routed", routed)):
+        errors = saved[name]["qwen3-235b-a22b"]
+        assert errors["rows"] == 19 and errors["tpot_rms_rel_err"] == pytest.approx(
+            rms([r["tpot_error"] for r in rows]), rel=1e-6
+        )
     as_tp = [replace(r, tp=r.tp * r.dp, dp=1) for r in pvr.ATTENTION_DP_ROWS]
     together = pv.comparison(VLLM_CROSS_MODEL_PROFILE, as_tp)
     errors = [r["ttft_error"] for r in together] + [r["tpot_error"] for r in together]
