@@ -1,8 +1,8 @@
 """How many rows a step's routed-expert GEMMs compute and which experts it reads, by the kernel vLLM runs them with
 (`StepTimeModel`'s MoE terms; issue 40, docs/slo.md 2c).
 
-Routed (every vLLM kernel but the one below: Triton's fused_moe, FlashInfer's CUTLASS MoE, DeepGEMM from vLLM 0.13
-on): n tokens at k experts each make n x k rows; a tile no routed row fills is skipped, so the FLOPs are those of
+Routed (every vLLM kernel but the one below: Triton's fused_moe, FlashInfer's CUTLASS MoE, DeepGEMM once it skips
+the padding, as in 0.16's source): n tokens at k experts each make n x k rows; a tile no routed row fills is skipped, so the FLOPs are those of
 n x k rows (a tile's padding is what the fitted expert efficiency absorbs) and only the experts reached are read,
 1 - (1 - k / E)^n of them under uniform routing (`uniform_experts_touched`).
 
@@ -15,9 +15,12 @@ labels the rows no token fills expert 0, so the kernel computes every tile (vLLM
 0.12.0, labels them -1 and DeepGEMM skips them). Worked: a decode step of 4 tokens at 8 of Qwen3-235B-A22B's 128
 experts computes round_up(32 + 128 x 127, 128) = 16,384 rows where routing fills 32; at TP 2 (4,096 x 768 x 3
 weights an expert on a GPU, 94 layers) that is 2 x 16,384 x 9.44M x 94 = 29 TFLOP a step, whatever the batch up
-to a few hundred tokens. The tiles are whole 128-row FP8 tensor-core tiles, a dense GEMM's shape, so they are
-priced at the dense FLOP/s efficiency, the routed rows with them (they run in the same kernel); the weights read
-stay the routed experts' (the padding's tiles reuse expert 0's).
+to a few hundred tokens. The padding is whole 128-row FP8 tensor-core tiles, a dense GEMM's shape, so it is priced
+at the dense FLOP/s efficiency; the routed rows keep their own price (the fitted expert efficiency, which carries
+what routing, permutation and uneven experts cost beyond the tiles: at that efficiency the padding alone would
+take longer than the whole measured step, docs/slo.md 2c); the weights read stay the routed experts' (the
+padding's tiles reuse expert 0's). With D attention-DP ranks and no EP, vLLM 0.12 gathers every rank's tokens
+into one call and splits each expert tp x D ways (`StepTimeModel.expert_token_ranks`).
 """
 
 import numpy as np
@@ -30,8 +33,9 @@ DEEPGEMM_GPUS = frozenset({"h100-80gb", "h200-141gb", "b200"})
 DEEPGEMM_MAX_MOE_TP = (
     7  # vLLM 0.12 turns DeepGEMM MoE off by default at MoE TP >= 8 (fp8.py, VLLM_MOE_USE_DEEP_GEMM)
 )
-# The vLLM releases whose source says they compute the padding: 0.12 (read in 0.12.0; pull request 30494 is in the
-# next release). Earlier ones were not read and are taken as routed; the sample's rows are 0.11.2 (MXFP4) or later.
+# The vLLM releases whose source says they compute the padding: 0.12 (read in 0.12.0; 0.16's source has pull request
+# 30494, 0.13-0.15 were not read). Earlier ones were not read either and are taken as routed; the sample's rows are
+# 0.11.2 (MXFP4) or later.
 PADDED_RELEASES = ((0, 12),)
 
 
