@@ -88,14 +88,7 @@ def test_a_capacity_flag_given_to_predict_says_what_it_takes_instead(command, ca
     these count GPUs instead (argparse alone said only "unrecognized arguments")."""
     args = [
         command,
-        "--model",
-        "llama-3.1-8b",
-        "--gpu",
-        "h100-80gb",
-        "--prompt-len",
-        "10",
-        "--output-len",
-        "10",
+        *["--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--prompt-len", "10", "--output-len", "10"],
     ]
     with pytest.raises(SystemExit) as done:
         planning_main([*args, *(["--rate", "1"] if command == "predict" else []), "--num-gpus", "4"])

@@ -30,9 +30,8 @@ import numpy as np
 DEEPGEMM_BLOCK_ROWS = 128
 # The GPUs with DeepGEMM kernels among the lab's presets: Hopper (SM 90) and Blackwell (SM 100).
 DEEPGEMM_GPUS = frozenset({"h100-80gb", "h200-141gb", "b200"})
-DEEPGEMM_MAX_MOE_TP = (
-    7  # vLLM 0.12 turns DeepGEMM MoE off by default at MoE TP >= 8 (fp8.py, VLLM_MOE_USE_DEEP_GEMM)
-)
+# vLLM 0.12 turns DeepGEMM MoE off by default at MoE TP >= 8 (fp8.py, VLLM_MOE_USE_DEEP_GEMM)
+DEEPGEMM_MAX_MOE_TP = 7
 # The vLLM releases whose source says they compute the padding: 0.12 (read in 0.12.0; 0.16's source has pull request
 # 30494, 0.13-0.15 were not read). Earlier ones were not read either and are taken as routed; the sample's rows are
 # 0.11.2 (MXFP4) or later.
@@ -53,6 +52,23 @@ def padded_expert_rows(new_tokens, experts_per_token: int, num_experts: int, blo
     rows = np.asarray(new_tokens, dtype=np.float64) * experts_per_token + num_experts * (block_rows - 1)
     padded = np.where(np.asarray(new_tokens) > 0, np.ceil(rows / block_rows) * block_rows, 0.0)
     return padded if isinstance(new_tokens, np.ndarray) else float(padded)
+
+
+def padding_flops(
+    new_tokens,
+    expert_flops_per_token: float,
+    experts_per_token: int,
+    num_experts: int,
+    block_rows: int,
+    ranks=1,
+):
+    """FLOPs of the padded kernel's rows beyond the routed ones in a step of n tokens on one GPU (module docstring).
+    expert_flops_per_token: the routed experts' FLOPs of one token on the GPU (k rows). With D = `ranks`
+    attention-DP ranks the kernel runs on all ranks' n x D tokens, each expert split D ways more than
+    expert_flops_per_token counts (the rank's own tokens), so a row costs expert_flops_per_token / k / D."""
+    tokens = new_tokens * ranks
+    rows = padded_expert_rows(tokens, experts_per_token, num_experts, block_rows) - tokens * experts_per_token
+    return rows * expert_flops_per_token / (experts_per_token * ranks)
 
 
 def vllm_version(text: str) -> tuple[int, ...] | None:

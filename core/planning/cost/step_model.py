@@ -59,8 +59,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from core.common import check_int
 from core.errors import InvalidArgumentError
-from core.planning.cost.expert_rows import padded_expert_rows, uniform_experts_touched
+from core.planning.cost.expert_rows import padding_flops, uniform_experts_touched
 
 # The defaults of StepTimeModel's fields: the paper reproduction's (module docstring).
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
@@ -217,10 +218,9 @@ class StepTimeModel:
             raise InvalidArgumentError(
                 f"expert_token_ranks must be an integer >= 1, got {self.expert_token_ranks!r}"
             )
-        rows = self.expert_block_rows
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0 or (rows and not self.num_experts):
+        if check_int(self.expert_block_rows, "expert_block_rows", minimum=0) and not self.num_experts:
             raise InvalidArgumentError(
-                f"expert_block_rows must be an integer >= 0, and 0 without routed experts, got {rows!r}"
+                f"expert_block_rows needs routed experts, got {self.expert_block_rows!r}"
             )
         if isinstance(self.pipeline_stages, bool) or not (
             isinstance(self.pipeline_stages, int) and self.pipeline_stages >= 1
@@ -462,14 +462,13 @@ class StepTimeModel:
         return flops / self.peak_flops * (1.0 / self.expert_flops_efficiency - 1.0 / self.flops_efficiency)
 
     def _expert_padding_seconds(self, new_tokens):
-        """The padded kernel's rows beyond the routed ones (module docstring: MoE) at flops_efficiency (whole tiles
-        of a dense GEMM's shape): the time to add to the compute roof. With D = expert_token_ranks DP ranks the
-        kernel runs on all D ranks' n x D tokens, its experts split D ways more than expert_flops_per_token's (which
-        counts the rank's own n): a row costs expert_flops_per_token / k / D."""
-        k, ranks = self.experts_per_token, self.expert_token_ranks
-        tokens = new_tokens * ranks
-        rows = padded_expert_rows(tokens, k, self.num_experts, self.expert_block_rows) - tokens * k
-        return rows * (self.expert_flops_per_token / k / ranks) / (self.peak_flops * self.flops_efficiency)
+        """The padded kernel's rows beyond the routed ones (`expert_rows.padding_flops`; module docstring: MoE) at
+        flops_efficiency (whole tiles of a dense GEMM's shape): the time to add to the compute roof."""
+        rows, ranks = self.expert_block_rows, self.expert_token_ranks
+        flops = padding_flops(
+            new_tokens, self.expert_flops_per_token, self.experts_per_token, self.num_experts, rows, ranks
+        )
+        return flops / (self.peak_flops * self.flops_efficiency)
 
     def _expert_read_extra_seconds(self, new_tokens):
         """The routed experts' bytes read at expert_bandwidth_efficiency instead of bandwidth_efficiency: the time

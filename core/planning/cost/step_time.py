@@ -57,7 +57,7 @@ an A100-SXM4-40GB reads 1,555 GB/s of HBM2 and peaks at 312 TFLOP/s in dense fp1
 
 import math
 
-from core.common import cdiv
+from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
 from core.kv.hf_config import SLIDING
 from core.planning.catalog.models import MLA_HEAD_DIM_DEFAULT
@@ -211,9 +211,7 @@ def from_specs(
         share = experts / (dense + experts)
     # moe_reads_all_experts=True: every expert read every step, the model before issue 40 (an ablation)
     routed = not kwargs.pop("moe_reads_all_experts", False)
-    block_rows = kwargs.pop("expert_block_rows", 0)
-    if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 0:
-        raise InvalidArgumentError(f"expert_block_rows must be an integer >= 0, got {block_rows!r}")
+    block_rows = check_int(kwargs.pop("expert_block_rows", 0), "expert_block_rows", minimum=0)
     if routed and share and block_rows:  # no routed rows to pad otherwise (core.planning.cost.expert_rows)
         kwargs["expert_block_rows"] = block_rows
     if share:

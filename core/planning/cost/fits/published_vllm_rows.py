@@ -166,10 +166,9 @@ def expert_block_rows(row: VllmRow) -> int:
     the Qwen3-235B-A22B rows ran, else 0). MoE TP: 1 with EP; without it tp x dp (vLLM 0.12's
     `FusedMoEParallelConfig.make` flattens the DP ranks into the MoE TP group, and an attention-DP row's MoE layers
     gather every rank's tokens into the same fused-experts call, `FusedMoE.forward_impl`'s naive dispatch)."""
-    if row.model not in BLOCK_FP8_EXPERT_MODELS or row.weight_dtype != "fp8":
-        return 0
+    block_fp8 = row.model in BLOCK_FP8_EXPERT_MODELS and row.weight_dtype == "fp8"
     moe_tp = 1 if row.ep > 1 else row.tp * row.dp
-    return vllm_expert_block_rows(row.backend_version, True, row.gpu, moe_tp)
+    return vllm_expert_block_rows(row.backend_version, block_fp8, row.gpu, moe_tp)
 
 
 def row_set(row: VllmRow, training_models: tuple[str, ...] = TRAINING_MODELS) -> str:
