@@ -30,6 +30,7 @@ from core.kv.hf_config import (
 )
 from core.kv.model_shape import ModelShape, read_model_shape
 from core.planning.catalog.layer_structure import PLAIN_LAYERS, LayerStructure, read_layer_structure
+from core.planning.catalog.quantization import read_quantization
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MODELS_JSON = DATA_DIR / "models.json"
@@ -56,7 +57,10 @@ class ModelSpec:
     (equal for a dense model); `is_mla` iff `kv_lora_rank` and `qk_rope_head_dim` are both set.
     `dtype` is the checkpoint's `torch_dtype` ("float32", "float16" or "bfloat16"); `quantization` is the
     checkpoint's `quantization_config.quant_method` (e.g. "fp8", "awq", "mxfp4") or None, with its bits, group
-    size (one scale per that many weights) and the module patterns it leaves unquantized.
+    size (one scale per that many weights), the module patterns it leaves unquantized and, for block-scaled FP8
+    (`weight_block_size`, e.g. (128, 128): one scale per block of a weight matrix), its block shape
+    (`quantization_block`, () when the weights are not block-scaled: which MoE kernels vLLM may run,
+    `core.planning.cost.expert_rows`); `core.planning.catalog.quantization` reads them.
     `embedding_params` / `lm_head_params` (0 when tied to the embedding) are the parameters outside the
     decoder layers, used to size the first and last pipeline stages; `expert_params` / `attention_params` are
     the routed-expert and attention parameters of all layers, from the shapes.
@@ -105,6 +109,7 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
     layer_structure: LayerStructure = PLAIN_LAYERS
+    quantization_block: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.num_layers:
@@ -214,7 +219,7 @@ class ModelSpec:
         cfg = language_config(config)
         kv = read_kv_layers(cfg, name)
         shape = read_model_shape(cfg, kv)
-        quantization = _read_quantization(cfg)
+        quantization = read_quantization(cfg)
         num_experts, experts_per_tok = _read_experts(cfg)
         estimate = estimate_num_params(cfg, shape)
         total, active = _param_counts(estimate, num_params, num_params_active, bool(num_experts))
@@ -263,43 +268,6 @@ def _mla_head_dims(cfg: dict[str, Any]) -> dict[str, int]:
         name: read_int(cfg, (name,), name, default=MLA_HEAD_DIM_DEFAULT)
         for name in ("qk_nope_head_dim", "v_head_dim")
     }
-
-
-def _read_quantization(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint's `quantization_config` as ModelSpec fields: method, bits, group size, skipped modules.
-
-    mxfp4 (gpt-oss) stores 4-bit values with one 8-bit scale per 32; fp8 is 8 bits (block scales are
-    negligible); AWQ / GPTQ give `bits` (`w_bit`) and `group_size` (`q_group_size`); compressed-tensors gives
-    `config_groups.*.weights.num_bits` / `group_size` and an `ignore` list.
-    """
-    quant = cfg.get("quantization_config")
-    fields: dict[str, Any] = {
-        "quantization": None,
-        "quantization_bits": None,
-        "quantization_group_size": None,
-        "quantization_skips": (),
-    }
-    if not isinstance(quant, dict):
-        return fields
-    method = str(quant.get("quant_method", "unknown")).lower()
-    bits = quant.get("bits", quant.get("w_bit"))
-    group = quant.get("group_size", quant.get("q_group_size"))
-    groups = quant.get("config_groups")
-    if isinstance(groups, dict) and groups:
-        weights = next(iter(groups.values())).get("weights") or {}
-        bits, group = weights.get("num_bits", bits), weights.get("group_size", group)
-    if method == "mxfp4":
-        bits, group = 4, 32
-    elif method == "fp8" and not isinstance(bits, int):
-        bits = 8
-    skips = quant.get("modules_to_not_convert") or quant.get("ignore") or ()
-    fields.update(
-        quantization=method,
-        quantization_bits=bits if isinstance(bits, int) and not isinstance(bits, bool) and bits > 0 else None,
-        quantization_group_size=group if isinstance(group, int) and group > 0 else None,
-        quantization_skips=tuple(str(s) for s in skips) if isinstance(skips, list | tuple) else (),
-    )
-    return fields
 
 
 def _read_experts(cfg: dict[str, Any]) -> tuple[int, int]:

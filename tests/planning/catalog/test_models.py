@@ -1,5 +1,6 @@
 """Model and GPU presets against the published configs and datasheets (docs/figures.md)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -488,3 +489,44 @@ def test_kimi_k2_5_preset_counts_1_04t_and_32b_active():
     )
     assert model.num_params == round(estimate["total"]) and model.params_estimated
     assert model.num_params_active == 32e9
+
+
+# The config.json of Qwen/Qwen3-235B-A22B-FP8 as ai-dynamo/aiconfigurator stores it (Apache-2.0): file
+# aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-235B-A22B-FP8_config.json at the commit above: the
+# fields of Qwen/Qwen3-235B-A22B's config.json and a quantization_config of block-scaled FP8.
+QWEN3_235B_FP8_QUANTIZATION = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128],
+}
+
+
+def test_qwen3_235b_a22b_fp8_preset_is_the_16_bit_one_stored_in_fp8_blocks():
+    """The FP8 checkpoint's preset: every config field the 16-bit preset has, with the file's quantization_config
+    (128 x 128 blocks, read as `quantization_block`); the ModelSpecs differ in name, repository and quantization
+    only, and the 16-bit preset has no blocks (served with --weight-dtype fp8, vLLM quantizes it per tensor)."""
+    presets = json.loads(MODELS_JSON.read_text())
+    fp8, bf16 = presets["qwen3-235b-a22b-fp8"]["config"], presets["qwen3-235b-a22b"]["config"]
+    assert {k: v for k, v in fp8.items() if k != "quantization_config"} == bf16
+    for key, value in QWEN3_235B_FP8_QUANTIZATION.items():
+        assert fp8["quantization_config"][key] == value, key
+    model, base = MODELS["qwen3-235b-a22b-fp8"], MODELS["qwen3-235b-a22b"]
+    assert (model.quantization, model.quantization_bits, model.quantization_block) == ("fp8", 8, (128, 128))
+    assert base.quantization_block == () and MODELS["minimax-m2.5"].quantization_block == (128, 128)
+    differ = {f.name for f in dataclasses.fields(model) if getattr(model, f.name) != getattr(base, f.name)}
+    assert differ == {
+        "name",
+        "hf_repo",
+        "quantization",
+        "quantization_bits",
+        "quantization_skips",
+        "quantization_block",
+    }
+
+
+@pytest.mark.parametrize("block", [[128], "128", [128, 0], [True, 128], None])
+def test_a_weight_block_size_that_is_no_block_shape_reads_as_none(block):
+    config = {**BASE, "quantization_config": {"quant_method": "fp8", "weight_block_size": block}}
+    expected = (128,) if block == [128] else ()
+    assert ModelSpec.from_hf_config(config).quantization_block == expected
