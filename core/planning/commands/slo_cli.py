@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(rate.flag, **flag_kwargs(rate, required=True))
     load_flags(parser)
     target_flags(parser)
-    add_flags(parser, (field_named(SETTING_FIELDS, "engine"),))
+    add_flags(parser, (field_named(SETTING_FIELDS, "engine"), field_named(SETTING_FIELDS, "vllm_version")))
     # --gpus --max-gpus --kv-dtypes --weight-dtypes --tp --pp --max-num-seqs --data-parallel-size --max-meeting
     # --routing-candidates --max-num-batched-tokens --enable-expert-parallel --disagg --routing: the search space's
     # fields
@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         slo = Slo.of(targets_from_args(args))
         workload = load_from_args(args, args.rate)  # with its shared prefixes and turns (an SloWorkload)
         # the search space's flags, checked by their fields (--disagg with --max-gpus 1 refused there too)
-        candidates = candidates_from(vars(args), engine=args.engine)
+        candidates = candidates_from(vars(args), engine=args.engine, vllm_version=args.vllm_version)
         plan = plan_slo(model_from_args(args), workload, slo, candidates)
     except SloInfeasibleError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -25,6 +25,9 @@ into one call and splits each expert tp x D ways (`StepTimeModel.expert_token_ra
 
 import numpy as np
 
+from core.errors import InvalidArgumentError
+from core.planning.catalog.hardware import GPUS
+
 # DeepGEMM's row alignment for its contiguous grouped GEMM, the FP8 blocks' 128 (vLLM 0.12's
 # `get_mk_alignment_for_contiguous_layout`)
 DEEPGEMM_BLOCK_ROWS = 128
@@ -79,17 +82,54 @@ def vllm_version(text: str) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts)
 
 
-def vllm_expert_block_rows(version: str, block_fp8_experts: bool, gpu: str, moe_tensor_parallel: int) -> int:
+def check_vllm_version(text: str | None) -> str | None:
+    """`text` when it names a vLLM release ("0.12.0", "0.12") or is None (today's vLLM, whose kernels the profile
+    prices); InvalidArgumentError otherwise."""
+    if text is not None and (not isinstance(text, str) or vllm_version(text) is None):
+        raise InvalidArgumentError(
+            f"--vllm-version takes a vLLM release such as 0.12.0 (or nothing: today's vLLM), got {text!r}"
+        )
+    return text
+
+
+def moe_tensor_parallel(tensor_parallel: int, data_parallel: int = 1, expert_parallel: bool = False) -> int:
+    """The GPUs each routed expert is split over in vLLM: 1 with expert parallelism (whole experts per GPU), else
+    tp x D (vLLM's `FusedMoEParallelConfig.make` flattens D data-parallel ranks into the MoE TP group)."""
+    return 1 if expert_parallel else tensor_parallel * data_parallel
+
+
+def block_fp8_experts(model, resolved_weight_dtype: str) -> bool:
+    """Whether `model`'s routed experts are served as block-scaled FP8: a checkpoint stored so
+    (`ModelSpec.quantization_block`, e.g. Qwen/Qwen3-235B-A22B-FP8's 128 x 128) loaded as it is. A 16-bit
+    checkpoint served with --quantization fp8 is quantized online with one scale per tensor, not in blocks."""
+    return (
+        bool(model.num_experts)
+        and model.quantization == "fp8"
+        and bool(model.quantization_block)
+        and resolved_weight_dtype == "fp8"
+    )
+
+
+def _deepgemm_gpu(gpu) -> bool:
+    """A GPU preset slug in DEEPGEMM_GPUS, or a GPUSpec equal to one of those presets."""
+    if isinstance(gpu, str):
+        return gpu in DEEPGEMM_GPUS
+    return any(GPUS[slug] == gpu for slug in DEEPGEMM_GPUS)
+
+
+def vllm_expert_block_rows(
+    version: str | None, block_fp8_experts: bool, gpu, moe_tensor_parallel: int
+) -> int:
     """The `StepTimeModel.expert_block_rows` of vLLM `version` serving routed experts: DEEPGEMM_BLOCK_ROWS where it
     runs them with the padded kernel (module docstring: a release in PADDED_RELEASES, block-quantized FP8 experts,
-    a GPU in DEEPGEMM_GPUS, MoE TP at most DEEPGEMM_MAX_MOE_TP), else 0 (routed). An unknown version is taken as
-    routed (0)."""
-    parsed = vllm_version(version)
+    a GPU in DEEPGEMM_GPUS (a slug or its GPUSpec), MoE TP at most DEEPGEMM_MAX_MOE_TP), else 0 (routed). An
+    unknown version (None or "": today's vLLM) is taken as routed (0)."""
+    parsed = vllm_version(version or "")
     padded = (
         parsed is not None
         and parsed[:2] in PADDED_RELEASES
         and block_fp8_experts
-        and gpu in DEEPGEMM_GPUS
         and moe_tensor_parallel <= DEEPGEMM_MAX_MOE_TP
+        and _deepgemm_gpu(gpu)
     )
     return DEEPGEMM_BLOCK_ROWS if padded else 0

@@ -61,6 +61,12 @@ from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
 from core.kv.hf_config import SLIDING
 from core.planning.catalog.models import MLA_HEAD_DIM_DEFAULT
+from core.planning.cost.expert_rows import (
+    block_fp8_experts,
+    check_vllm_version,
+    moe_tensor_parallel,
+    vllm_expert_block_rows,
+)
 from core.planning.cost.layer_kernels import kernels_per_step
 from core.planning.cost.step_model import DEFAULT_OVERHEAD_S, StepTimeModel
 from core.planning.memory.kv_accounting import (
@@ -179,7 +185,9 @@ def from_specs(
     bandwidth, far above any decode step's intensity). Efficiencies and overheads: keyword arguments (fitted
     ones from `fit_step_time`, `core.planning.cost.fits.published`), else the defaults. data_parallel /
     expert_parallel (keywords): a MoE model's DP ranks and EP (module docstring: data-parallel attention); the
-    model is that of one DP rank.
+    model is that of one DP rank. vllm_version (keyword, None by default: today's vLLM): the vLLM release whose MoE
+    kernel prices the routed experts (`core.planning.cost.expert_rows.vllm_expert_block_rows`: vLLM 0.12's padded
+    DeepGEMM kernel for block-scaled FP8 experts), unless expert_block_rows is given.
     """
     tp, pp = tensor_parallel, pipeline_parallel
     dp = kwargs.pop("data_parallel", 1)
@@ -212,6 +220,13 @@ def from_specs(
     # moe_reads_all_experts=True: every expert read every step, the model before issue 40 (an ablation)
     routed = not kwargs.pop("moe_reads_all_experts", False)
     block_rows = check_int(kwargs.pop("expert_block_rows", 0), "expert_block_rows", minimum=0)
+    if version := check_vllm_version(
+        kwargs.pop("vllm_version", None)
+    ):  # the release's MoE kernel, unless given
+        block_fp8 = block_fp8_experts(model, resolve_weight_dtype(model, weight_dtype))
+        block_rows = block_rows or vllm_expert_block_rows(
+            version, block_fp8, gpu, moe_tensor_parallel(tp, dp, ep)
+        )
     if routed and share and block_rows:  # no routed rows to pad otherwise (core.planning.cost.expert_rows)
         kwargs["expert_block_rows"] = block_rows
     if share:

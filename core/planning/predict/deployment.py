@@ -17,6 +17,7 @@ from core.planning.catalog.hardware import GPUSpec, get_gpu
 from core.planning.catalog.models import ModelSpec, get_model
 from core.planning.cost.fits.engine_profiles import (
     DEFAULT_ENGINE,
+    check_engine_release,
     engine_request_overhead_s,
     engine_step_defaults,
     split_request_term,
@@ -79,6 +80,9 @@ class Deployment:
     data_parallel: int = 1  # DP ranks per replica (vLLM's --data-parallel-size; MoE: data-parallel attention)
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel (MoE)
     prefix_history: PrefixHistory | None = None
+    vllm_version: str | None = (
+        None  # the vLLM release whose kernels price the steps (None: today's; `from_specs`)
+    )
 
     def __post_init__(self):
         check_routing(self.routing)
@@ -93,6 +97,7 @@ class Deployment:
         check_parallelism(model, self.tp, self.pp)
         check_moe_parallel(model, self.tp, self.data_parallel, self.expert_parallel)
         engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
+        check_engine_release(self.engine, self.vllm_version)
         if self.block_size not in BLOCK_SIZES:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
         if self.speculation is not None and not isinstance(self.speculation, Speculation):
@@ -163,6 +168,8 @@ class Deployment:
         (the same figures as the deployment's own: "auto" resolves to the same dtype either way). A request-side
         term among the overrides is not a step parameter: `request_overhead_s` reads it."""
         kwargs = engine_step_defaults(self.engine) | split_request_term(overrides)[0]
+        if self.vllm_version:
+            kwargs["vllm_version"] = self.vllm_version
         if self.data_parallel > 1 or self.expert_parallel:
             kwargs |= {"data_parallel": self.data_parallel, "expert_parallel": self.expert_parallel}
         if resolved is None:
@@ -239,12 +246,13 @@ class Deployment:
             }
             | self._offload_flags()
             | self._moe_flags()
+            | ({"vllm_version": self.vllm_version} if self.vllm_version else {})
         )
 
     def profile_check(self) -> dict | None:
         """How far the engine profile's answers have been from published vLLM runs on this GPU and for this
         model (`core.planning.cost.fits.profile_checks.profile_check`; None for a profile without such a check)."""
-        return profile_check(self.engine, self.model_spec, self.gpu_spec)
+        return profile_check(self.engine, self.model_spec, self.gpu_spec, self.vllm_version)
 
     def _moe_flags(self) -> dict:
         """data_parallel / expert_parallel and their `vllm serve` flags, when either is set."""

@@ -133,6 +133,18 @@ SETTING_FIELDS = (
         f"one of {', '.join(ENGINES)}",
         choices=tuple(ENGINES),
     ),
+    InputField(
+        "vllm_version",
+        "--vllm-version",
+        None,
+        "str",
+        None,
+        "vLLM release",
+        "the vLLM release whose MoE kernels price the steps, e.g. 0.12.0 (vLLM 0.12 pads block-FP8 experts' "
+        "DeepGEMM rows: docs/slo.md 2c); left out: today's vLLM",
+        optional=True,
+        metavar="X.Y.Z",
+    ),
 )
 # a host-memory KV tier (vLLM's native offloading, core.serving.host_offload)
 OFFLOAD_FIELDS = (

@@ -109,7 +109,7 @@ def disagg_from(values: Mapping[str, Any]) -> DisaggDeployment:
             "--disagg takes neither --spec-tokens, --pp, --data-parallel-size, --enable-expert-parallel nor "
             "--kv-offload-gib (each pool is tp-only): leave them at 0 / 1 / off"
         )
-    shared = ("max_num_seqs", "max_num_batched_tokens", "weight_dtype", "kv_dtype", "engine")
+    shared = ("max_num_seqs", "max_num_batched_tokens", "weight_dtype", "kv_dtype", "engine", "vllm_version")
     return DisaggDeployment.of(
         v["model"],
         v["gpu"],

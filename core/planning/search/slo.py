@@ -416,7 +416,7 @@ def plan_slo(
         len(configs) == len(space),
         search.overrides,
         time.perf_counter() - started,
-        search_check(cands.engine, model, cands.gpu_specs()),
+        search_check(cands.engine, model, cands.gpu_specs(), cands.vllm_version),
     )
     if result.best is None:
         raise infeasible_error(result)

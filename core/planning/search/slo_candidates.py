@@ -21,6 +21,7 @@ from core.planning.catalog.models import ModelSpec
 from core.planning.cost.fits.engine_profiles import (
     DEFAULT_ENGINE,
     REQUEST_TERM,
+    check_engine_release,
     engine_step_defaults,
     split_request_term,
 )
@@ -189,6 +190,7 @@ class Candidate:
             routing=self.routing or DEFAULT_ROUTING,
             data_parallel=self.data_parallel,
             expert_parallel=self.expert_parallel,
+            vllm_version=candidates.vllm_version,
         )
 
     def label(self) -> str:
@@ -265,7 +267,8 @@ class SloCandidates:
     max_meeting: the search stops once this many deployments (`Candidate.deployment_key`: any max_num_seqs)
     met the SLO (every cheaper configuration has then been evaluated). engine: the serving engine whose profile prices the steps
     (`core.planning.cost.fits.engine_profiles.ENGINES`; default DEFAULT_ENGINE, "vllm-cross-model": vLLM, whose flags
-    the planner prints, priced with the fit across models; "vllm" the single-model fit); step_time:
+    the planner prints, priced with the fit across models; "vllm" the single-model fit); vllm_version: the vLLM
+    release whose MoE kernels price the steps (None: today's; `core.planning.cost.step_time.from_specs`); step_time:
     keyword overrides of that profile's efficiencies and overheads (None: the profile as fitted).
     disagg: also search disaggregated prefill / decode deployments (`core.planning.search.slo_disagg`; max_num_seqs
     there is the largest value only); needs max_gpus >= 2.
@@ -294,6 +297,7 @@ class SloCandidates:
     routing: tuple[str, ...] = ()
     data_parallel: tuple[int, ...] = _DEFAULTS["data_parallel"]
     expert_parallel: bool = _DEFAULTS["expert_parallel"]
+    vllm_version: str | None = None
 
     def __post_init__(self):
         if isinstance(self.gpus, str | GPUSpec):
@@ -312,6 +316,7 @@ class SloCandidates:
         if self.block_size not in BLOCK_SIZES:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
         engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
+        check_engine_release(self.engine, self.vllm_version)
         if split_request_term(self.step_time)[1] is not None:
             raise InvalidArgumentError(
                 f"{REQUEST_TERM} is an engine profile's request-side term, not a step_time override in the SLO "
@@ -332,8 +337,9 @@ class SloCandidates:
 
     def step_overrides(self) -> dict:
         """The step-time keyword overrides of every candidate: the engine's profile, `step_time` on top (as
-        `Deployment.step_model` layers them)."""
-        return engine_step_defaults(self.engine) | dict(self.step_time or {})
+        `Deployment.step_model` layers them), and the vLLM release whose kernels price them when one is set."""
+        release = {"vllm_version": self.vllm_version} if self.vllm_version else {}
+        return engine_step_defaults(self.engine) | release | dict(self.step_time or {})
 
     def gpu_specs(self) -> list[tuple[str, GPUSpec]]:
         """(slug or name, spec) of each GPU type."""

@@ -12,6 +12,8 @@ from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.commands.dispatch import main
 from core.planning.memory.plan import plan
+from core.planning.search.slo_candidates import SloCandidates, enumerate_candidates
+from core.planning.search.slo_eval import step_model as slo_step_model
 
 GPUS_ASKED = ["h100-80gb", "h200-141gb", "l40s"]
 PROMPT, OUTPUT = 2000, 300
@@ -122,3 +124,29 @@ def test_the_cli_says_what_cannot_be_met_and_still_prints_every_configuration(ca
     assert (
         "TPOT p95 <= 0.0001 s cannot be met" in out.err and f"{error['shortfall']:.2f}x the target" in out.err
     )
+
+
+def test_the_search_prices_the_vllm_release_it_is_given():
+    """`slo --vllm-version 0.12.0`: every candidate's step model and deployment carry the release, so Qwen3-235B-A22B
+    FP8 on 2 x H200 is priced with vLLM 0.12's padded MoE kernel (`expert_block_rows` 128), as `predict` prices it;
+    without it, today's routed kernel (0)."""
+    model = MODELS["qwen3-235b-a22b-fp8"]
+    for version, rows in (("0.12.0", 128), (None, 0)):
+        cands = SloCandidates(gpus=("h200-141gb",), max_gpus=2, tensor_parallel=(2,), vllm_version=version)
+        candidate = next(c for c in enumerate_candidates(model, cands) if c.tp == 2)
+        assert slo_step_model(model, candidate, cands.step_overrides()).expert_block_rows == rows
+        deployment = candidate.deployment(model, cands)
+        assert deployment.vllm_version == version and deployment.step_model().expert_block_rows == rows
+
+
+@pytest.mark.parametrize(
+    ("flags", "stderr"),
+    [
+        (["--vllm-version", "0.x"], "--vllm-version takes a vLLM release"),
+        (["--vllm-version", "0.12.0", "--engine", "trtllm"], "not vLLM's profile"),
+    ],
+)
+def test_the_cli_refuses_a_bad_vllm_release(capsys, flags, stderr):
+    assert main(_argv("qwen3-235b-a22b-fp8", 1.0, "--ttft-p95", "1", *flags)) == 2
+    out = capsys.readouterr()
+    assert out.err.startswith("error: ") and stderr in out.err and out.out == ""

@@ -8,7 +8,14 @@ import pytest
 from core.errors import InvalidArgumentError
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
-from core.planning.cost.expert_rows import padded_expert_rows, vllm_expert_block_rows, vllm_version
+from core.planning.cost.expert_rows import (
+    block_fp8_experts,
+    check_vllm_version,
+    moe_tensor_parallel,
+    padded_expert_rows,
+    vllm_expert_block_rows,
+    vllm_version,
+)
 from core.planning.cost.fits.benchmark_replay import step_model
 from core.planning.cost.fits.published_vllm_rows import ROWS, expert_block_rows
 from core.planning.cost.step_time import from_specs
@@ -124,3 +131,56 @@ def test_padding_needs_routed_experts():
         expert_block_rows=128,
     )
     assert ablation.expert_block_rows == 0
+
+
+def test_block_fp8_experts_is_the_checkpoints_format_loaded_as_it_is():
+    fp8, bf16, minimax = MODELS["qwen3-235b-a22b-fp8"], MODELS["qwen3-235b-a22b"], MODELS["minimax-m2.5"]
+    assert block_fp8_experts(fp8, "fp8") and block_fp8_experts(minimax, "fp8")
+    assert not block_fp8_experts(bf16, "fp8")  # a 16-bit checkpoint quantized online: one scale per tensor
+    assert not block_fp8_experts(fp8, "bf16")  # the FP8 checkpoint served in 16 bits
+    assert not block_fp8_experts(MODELS["gpt-oss-120b"], "int4") and not block_fp8_experts(
+        MODELS["kimi-k2.5"], "int4"
+    )
+    # MoE TP: tp x D, 1 with expert parallelism
+    assert (moe_tensor_parallel(2), moe_tensor_parallel(2, 4), moe_tensor_parallel(2, 4, True)) == (2, 8, 1)
+
+
+@pytest.mark.parametrize(
+    ("model", "weights", "gpu", "tp", "dp", "ep", "rows"),
+    [
+        ("qwen3-235b-a22b-fp8", "auto", "h200-141gb", 2, 1, False, 128),
+        ("qwen3-235b-a22b-fp8", "fp8", "h100-80gb", 4, 1, False, 128),
+        ("qwen3-235b-a22b-fp8", "auto", "h200-141gb", 2, 2, False, 128),  # MoE TP 4
+        ("qwen3-235b-a22b-fp8", "auto", "h200-141gb", 4, 2, False, 0),  # MoE TP 8: off by default
+        ("qwen3-235b-a22b-fp8", "auto", "h200-141gb", 8, 1, True, 128),  # EP: whole experts, MoE TP 1
+        ("qwen3-235b-a22b-fp8", "auto", "a100-80gb", 4, 1, False, 0),
+        ("qwen3-235b-a22b", "fp8", "h200-141gb", 2, 1, False, 0),
+        ("minimax-m2.5", "auto", "h200-141gb", 4, 1, False, 128),
+    ],
+)
+def test_from_specs_prices_the_kernel_of_the_vllm_release_it_is_given(model, weights, gpu, tp, dp, ep, rows):
+    """`from_specs(..., vllm_version=...)` applies `vllm_expert_block_rows` to the deployment: 0.12 pads where the
+    rule says; 0.13 (pull request 30494) and today's vLLM (no version) never; an explicit expert_block_rows wins."""
+    spec, gpu_spec = MODELS[model], GPUS[gpu]
+    moe = {"data_parallel": dp, "expert_parallel": ep} if dp > 1 or ep else {}
+    at = {
+        v: from_specs(spec, gpu_spec, tp, weights, vllm_version=v, **moe) for v in ("0.12.0", "0.13.0", None)
+    }
+    assert (at["0.12.0"].expert_block_rows, at["0.13.0"].expert_block_rows, at[None].expert_block_rows) == (
+        rows,
+        0,
+        0,
+    )
+    if rows:  # the same model as the rule's rows given by hand
+        assert at["0.12.0"] == from_specs(spec, gpu_spec, tp, weights, expert_block_rows=rows, **moe)
+    given = from_specs(spec, gpu_spec, tp, weights, vllm_version="0.13.0", expert_block_rows=64, **moe)
+    assert given.expert_block_rows == 64
+
+
+@pytest.mark.parametrize("bad", ["0.x", "latest", "v0.12", "", 12])
+def test_a_vllm_version_that_names_no_release_is_refused(bad):
+    with pytest.raises(InvalidArgumentError, match="--vllm-version"):
+        check_vllm_version(bad)
+    with pytest.raises(InvalidArgumentError, match="--vllm-version"):
+        from_specs(MODELS["qwen3-235b-a22b-fp8"], GPUS["h200-141gb"], 2, vllm_version=bad)
+    assert check_vllm_version(None) is None and check_vllm_version("0.12") == "0.12"

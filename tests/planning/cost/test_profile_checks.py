@@ -8,6 +8,7 @@ from dataclasses import replace
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
 from core.planning.cost.fits import profile_checks as pc
+from core.planning.cost.fits import published_vllm_rows as pvr
 from core.planning.predict.deployment import Deployment
 from tests.conftest import ROOT
 
@@ -42,17 +43,35 @@ ROUTED = SAVED["without_term"]["padded_expert_kernel"]["heldout_by_model"]
 
 
 def test_model_checks_are_the_saved_runs_rows():
+    """Each model's rows' errors in the saved run; Qwen3-235B-A22B's (and its FP8 checkpoint's, which the rows
+    served) priced as today's vLLM prices them (routed), and at the rows' own release (vLLM 0.12, `RELEASE_CHECKS`)
+    the saved run's figures."""
     for model, check in pc.MODEL_CHECKS.items():
-        status = "fitted" if model in SAVED["training_by_model"] else "held out"
-        rows = [r for r in SAVED["rows"] if r["model"] == model and r["set"] != "kv-limited"]
-        if model == "qwen3-235b-a22b":
-            routed = ROUTED[model]
+        rows_of = {v: k for k, v in pvr.FP8_CHECKPOINTS.items()}.get(model, model)
+        status = "fitted" if rows_of in SAVED["training_by_model"] else "held out"
+        rows = [r for r in SAVED["rows"] if r["model"] == rows_of and r["set"] != "kv-limited"]
+        if rows_of == "qwen3-235b-a22b":
+            routed = ROUTED[rows_of]
             expected = (len(rows), round(routed["ttft_rms_rel_err"], 3), round(routed["tpot_rms_rel_err"], 3))
             assert check == pc.Checked(status, *expected)
-            assert (check.ttft_rms_rel_err, check.tpot_rms_rel_err) != _checked(status, rows)[2:]
+            assert pc.RELEASE_CHECKS[("qwen3-235b-a22b-fp8", (0, 12))] == _checked(status, rows)
             continue
         assert check == _checked(status, rows), model
-    assert set(pc.MODEL_CHECKS) == set(SAVED["training_by_model"]) | set(SAVED["heldout_by_model"])
+    named = (
+        set(SAVED["training_by_model"]) | set(SAVED["heldout_by_model"]) | set(pvr.FP8_CHECKPOINTS.values())
+    )
+    assert set(pc.MODEL_CHECKS) == named
+
+
+def test_a_plan_at_the_rows_release_carries_the_release_check():
+    fp8, h200 = MODELS["qwen3-235b-a22b-fp8"], GPUS["h200-141gb"]
+    at_release = pc.profile_check(pc.CHECKED_ENGINE, fp8, h200, "0.12.0")["model"]
+    assert at_release == pc.RELEASE_CHECKS[("qwen3-235b-a22b-fp8", (0, 12))]._asdict()
+    for other in (None, "0.16.0"):
+        check = pc.profile_check(pc.CHECKED_ENGINE, fp8, h200, other)["model"]
+        assert check == pc.MODEL_CHECKS["qwen3-235b-a22b-fp8"]._asdict()
+    deployment = Deployment("qwen3-235b-a22b-fp8", "h200-141gb", tp=2, vllm_version="0.12.0")
+    assert deployment.profile_check()["model"] == at_release
 
 
 def test_a_plan_finds_its_gpu_and_model_and_says_what_was_never_measured():

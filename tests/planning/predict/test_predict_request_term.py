@@ -91,8 +91,20 @@ def _qwen_row(tp, isl, osl, clients):
     return next(r for r in pvr.ROWS if (r.model, r.tp, r.isl, r.osl, r.concurrency) == key and r.ep == 1)
 
 
-def _deployment(row) -> Deployment:
-    return Deployment(row.model, row.gpu, tp=row.tp, weight_dtype=row.weight_dtype, engine=CROSS)
+def _deployment(row, at_release: bool = False) -> Deployment:
+    """The row's deployment as predict takes it; at_release: its checkpoint (`pvr.FP8_CHECKPOINTS`) at its vLLM
+    release (--vllm-version), else the model's preset on today's vLLM."""
+    if not at_release:
+        return Deployment(row.model, row.gpu, tp=row.tp, weight_dtype=row.weight_dtype, engine=CROSS)
+    checkpoint = pvr.FP8_CHECKPOINTS.get(row.model, row.model)
+    return Deployment(
+        checkpoint,
+        row.gpu,
+        tp=row.tp,
+        weight_dtype=row.weight_dtype,
+        engine=CROSS,
+        vllm_version=row.backend_version,
+    )
 
 
 def test_predict_concurrency_answers_the_replays_steady_state(capsys):
@@ -108,6 +120,26 @@ def test_predict_concurrency_answers_the_replays_steady_state(capsys):
     assert answer["mean_ttft_s"] == pytest.approx(ttft, rel=0.03)
     assert answer["mean_tpot_s"] == pytest.approx(tpot, rel=0.01)
     assert answer["deployment"]["engine"] == CROSS
+
+
+def test_predict_at_the_rows_vllm_release_answers_the_replay_with_its_kernel(capsys):
+    """`predict --model qwen3-235b-a22b-fp8 --vllm-version 0.12.0` prices what the bench's replay of the row prices
+    (vLLM 0.12's padded kernel, the profile as fitted): the same steady state within the replay's 3 % / 1 %, its
+    TPOT above today's vLLM's (the padding's FLOPs), and the release echoed with the deployment."""
+    row = _qwen_row(2, 1000, 100, 16)
+    argv = ["--model", "qwen3-235b-a22b-fp8", "--gpu", row.gpu, "--tp", "2", "--engine", CROSS]
+    argv += ["--concurrency", "16", "--prompt-len", "1000", "--output-len", "100", "--vllm-version", "0.12.0"]
+    assert predict_main(argv) == 0
+    answer = json.loads(capsys.readouterr().out)
+    ttft, tpot = pv.replay(row).phase_latencies(VLLM_CROSS_MODEL_PROFILE, "steady")
+    assert answer["mean_ttft_s"] == pytest.approx(ttft, rel=0.03)
+    assert answer["mean_tpot_s"] == pytest.approx(tpot, rel=0.01)
+    assert answer["deployment"]["vllm_version"] == "0.12.0"
+    assert tpot > 1.2 * pv.replay(row).phase_latencies(TODAYS_KERNELS, "steady")[1]
+    assert predict_main([*argv[:-1], "0.12.x"]) == 2
+    assert "--vllm-version takes a vLLM release" in capsys.readouterr().err
+    assert predict_main([*argv, "--engine", "trtllm"]) == 2
+    assert "not vLLM's profile" in capsys.readouterr().err
 
 
 # issue 40's bound: predict --concurrency C within 25 % of the measured TTFT and TPOT on average
@@ -201,9 +233,9 @@ CHEAP = SteadyStateSettings(
 )
 
 
-def _sample_errors(model: str) -> tuple[float, float, float, float]:
+def _sample_errors(model: str, at_release: bool = False) -> tuple[float, float, float, float]:
     """(benchmark mean |error| of TTFT, of TPOT, steady-state mean |error| of TTFT, of TPOT) of predict
-    --concurrency C on every held-out row of `model`."""
+    --concurrency C on every held-out row of `model` (at_release: `_deployment`'s)."""
     rows = [r for r in pvr.ROWS if r.model == model and pvr.row_set(r) == "held out"]
     errors, predicted = [], {}
     for row in rows:
@@ -212,7 +244,7 @@ def _sample_errors(model: str) -> tuple[float, float, float, float]:
         key = (row.gpu, row.tp, row.weight_dtype, row.isl, row.osl, row.concurrency)
         if key not in predicted:
             load = Load(None, row.isl, row.osl, concurrency=row.concurrency)
-            prediction = predict(_deployment(row), load, settings=CHEAP)
+            prediction = predict(_deployment(row, at_release), load, settings=CHEAP)
             bench = benchmark_means(prediction, pv.BENCHMARK_ROUNDS * row.concurrency)
             predicted[key] = (bench, prediction.metrics)
         bench, steady = predicted[key]
@@ -238,17 +270,14 @@ def test_predict_concurrency_on_every_row_of_the_held_out_moe_model():
     assert (steady_ttft, steady_tpot) == pytest.approx((0.507, 0.077), abs=0.005)
 
 
-# Qwen3-235B-A22B (32 rows): benchmark mean TTFT 0.227, TPOT 0.329; its TP 2 decode (~52 ms whatever the batch) is
-# under-predicted by 25-49 %: predict prices today's vLLM, whose MoE kernels compute routed rows only, and the rows
-# ran vLLM 0.12's padded DeepGEMM kernel (docs/slo.md 2c, the eighth stage, which the replay prices).
-# MiniMax-M2.5 (97 rows, not run here: ~45 s): 0.395 / 0.103.
-NOT_MET = (
-    "issue 40's check on Qwen3-235B-A22B: TPOT under-predicted (mean |error| 0.33): predict prices today's vLLM's "
-    "routed MoE kernels, the rows ran vLLM 0.12's padded one (docs/slo.md 2c)"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=NOT_MET)
-def test_predict_concurrency_on_every_row_of_qwen3_235b():
-    ttft, tpot, _, _ = _sample_errors("qwen3-235b-a22b")
-    assert ttft <= SAMPLE_BOUND and tpot <= SAMPLE_BOUND, (ttft, tpot)
+def test_predict_concurrency_on_every_row_of_qwen3_235b_at_the_rows_vllm_release():
+    """Qwen3-235B-A22B's 32 held-out rows (vLLM 0.12, Qwen/Qwen3-235B-A22B-FP8 on H200) predicted as a user would
+    ask for them: `predict --model qwen3-235b-a22b-fp8 --vllm-version 0.12.0`, which prices vLLM 0.12's padded
+    DeepGEMM kernel (docs/slo.md 2c, the eighth stage): the benchmark mean within 25 % on average, TTFT 0.169,
+    TPOT 0.120. Priced as today's vLLM (no --vllm-version, routed experts) the TPOT misses by 0.329: the rows'
+    TP 2 decode (~52 ms whatever the batch) is the padded kernel's."""
+    ttft, tpot, _, _ = _sample_errors("qwen3-235b-a22b", at_release=True)
+    assert ttft <= SAMPLE_BOUND and tpot <= SAMPLE_BOUND
+    assert (ttft, tpot) == pytest.approx((0.169, 0.120), abs=0.005)
+    todays = _sample_errors("qwen3-235b-a22b")
+    assert todays[0] == pytest.approx(0.227, abs=0.005) and todays[1] == pytest.approx(0.329, abs=0.005)

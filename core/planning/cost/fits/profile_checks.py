@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from core.planning.catalog.hardware import GPUS, GPUSpec
 from core.planning.catalog.models import MODELS, ModelSpec
+from core.planning.cost.expert_rows import vllm_version
 
 CHECKED_ENGINE = "vllm-cross-model"  # the one profile whose errors per GPU and model are stated here
 
@@ -47,10 +48,14 @@ MODEL_CHECKS = {
     # kernel (docs/slo.md 2c, the eighth stage: 0.185 / 0.137 priced with it; the saved run's
     # without_term.padded_expert_kernel holds these)
     "qwen3-235b-a22b": Checked("held out", 32, 0.246, 0.341),
+    "qwen3-235b-a22b-fp8": Checked("held out", 32, 0.246, 0.341),  # the checkpoint the rows served
     "llama-3.1-8b": Checked("held out", 21, 1.778, 1.076),
     "minimax-m2.5": Checked("held out", 97, 0.409, 0.124),
     "kimi-k2.5": Checked("held out", 45, 0.252, 0.129),
 }
+# A plan priced at the vLLM release its model's rows ran (`--vllm-version`, major.minor): the rows priced with that
+# release's kernel, the saved run's own figures (Qwen3-235B-A22B's 32 rows at vLLM 0.12, the eighth stage).
+RELEASE_CHECKS = {("qwen3-235b-a22b-fp8", (0, 12)): Checked("held out", 32, 0.185, 0.137)}
 NOT_MEASURED = "not measured"
 
 
@@ -76,27 +81,37 @@ def _entry(checks: dict, slug: str | None) -> dict:
     return found._asdict()
 
 
-def profile_check(engine: str, model: ModelSpec, gpu: GPUSpec) -> dict | None:
+def _model_entry(model: ModelSpec, vllm_release: str | None) -> dict:
+    """The model's check: RELEASE_CHECKS' at the release its rows ran, else MODEL_CHECKS'."""
+    slug, release = _slug(model, MODELS), vllm_version(vllm_release or "")
+    at_release = RELEASE_CHECKS.get((slug, release[:2] if release else None))
+    return at_release._asdict() if at_release else _entry(MODEL_CHECKS, slug)
+
+
+def profile_check(
+    engine: str, model: ModelSpec, gpu: GPUSpec, vllm_release: str | None = None
+) -> dict | None:
     """{"engine", "gpu": {...}, "model": {...}} (each {"status", "rows", "ttft_rms_rel_err", "tpot_rms_rel_err"};
     status "fitted", "held out" or "not measured", errors None when not measured) for a plan of `model` on `gpu`
-    priced with `engine`'s profile; None for another engine than CHECKED_ENGINE (module docstring)."""
+    priced with `engine`'s profile at `vllm_release` (None: today's vLLM); None for another engine than
+    CHECKED_ENGINE (module docstring)."""
     if engine != CHECKED_ENGINE:
         return None
     return {
         "engine": engine,
         "gpu": _entry(GPU_CHECKS, _slug(gpu, GPUS)),
-        "model": _entry(MODEL_CHECKS, _slug(model, MODELS)),
+        "model": _model_entry(model, vllm_release),
     }
 
 
-def search_check(engine: str, model: ModelSpec, gpus) -> dict | None:
+def search_check(engine: str, model: ModelSpec, gpus, vllm_release: str | None = None) -> dict | None:
     """`profile_check` for a search over several GPU types: {"engine", "model": {...}, "gpus": {slug: {...}}},
     gpus: (slug or name, GPUSpec) pairs (`SloCandidates.gpu_specs`); None for another engine than CHECKED_ENGINE."""
     if engine != CHECKED_ENGINE:
         return None
     return {
         "engine": engine,
-        "model": _entry(MODEL_CHECKS, _slug(model, MODELS)),
+        "model": _model_entry(model, vllm_release),
         "gpus": {name: _entry(GPU_CHECKS, _slug(spec, GPUS)) for name, spec in gpus},
     }
 

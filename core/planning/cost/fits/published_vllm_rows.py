@@ -42,7 +42,8 @@ from pathlib import Path
 
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
-from core.planning.cost.expert_rows import vllm_expert_block_rows
+from core.planning.cost.expert_rows import block_fp8_experts, moe_tensor_parallel, vllm_expert_block_rows
+from core.planning.memory.kv_accounting import resolve_weight_dtype
 from core.planning.memory.plan import plan
 
 DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_llama31_70b.csv"
@@ -68,9 +69,10 @@ HELD_OUT_MODELS = ("llama-3.1-8b", "qwen3-235b-a22b", "minimax-m2.5", "kimi-k2.5
 # The fourth stage (docs/slo.md 2c: tried, not adopted): MiniMax-M2.5, an FP8 MoE model, in training too.
 FOURTH_STAGE_TRAINING_MODELS = (*TRAINING_MODELS, "minimax-m2.5")
 MOE_MODELS = ("gpt-oss-120b", "qwen3-235b-a22b", "minimax-m2.5", "kimi-k2.5")
-# The models whose rows' checkpoints store their routed experts in 128 x 128 block-scaled FP8
-# (Qwen/Qwen3-235B-A22B-FP8, MiniMaxAI/MiniMax-M2.5): the experts vLLM 0.12 runs with DeepGEMM (`expert_block_rows`).
-BLOCK_FP8_EXPERT_MODELS = ("qwen3-235b-a22b", "minimax-m2.5")
+# The checkpoint a model's FP8 rows served where it is not the model's preset: Qwen/Qwen3-235B-A22B-FP8 (128 x 128
+# block-scaled FP8), whose experts vLLM 0.12 runs with DeepGEMM (`expert_block_rows`). The rows are priced with the
+# 16-bit preset at weight dtype fp8 (the same bytes and FLOPs); MiniMax-M2.5's preset is its FP8 checkpoint.
+FP8_CHECKPOINTS = {"qwen3-235b-a22b": "qwen3-235b-a22b-fp8"}
 
 
 @dataclass(frozen=True)
@@ -166,8 +168,11 @@ def expert_block_rows(row: VllmRow) -> int:
     the Qwen3-235B-A22B rows ran, else 0). MoE TP: 1 with EP; without it tp x dp (vLLM 0.12's
     `FusedMoEParallelConfig.make` flattens the DP ranks into the MoE TP group, and an attention-DP row's MoE layers
     gather every rank's tokens into the same fused-experts call, `FusedMoE.forward_impl`'s naive dispatch)."""
-    block_fp8 = row.model in BLOCK_FP8_EXPERT_MODELS and row.weight_dtype == "fp8"
-    moe_tp = 1 if row.ep > 1 else row.tp * row.dp
+    checkpoint = (
+        MODELS[FP8_CHECKPOINTS.get(row.model, row.model)] if row.weight_dtype == "fp8" else MODELS[row.model]
+    )
+    block_fp8 = block_fp8_experts(checkpoint, resolve_weight_dtype(checkpoint, row.weight_dtype))
+    moe_tp = moe_tensor_parallel(row.tp, row.dp, row.ep > 1)
     return vllm_expert_block_rows(row.backend_version, block_fp8, row.gpu, moe_tp)
 
 
