@@ -53,6 +53,7 @@ from ui.slo_planner.state import (
     RATE_FIELDS,
     SHAPE_FIELDS,
     TARGET_METRICS,
+    VLLM_VERSION,
     params_from,
     predict_params_from,
     url_params,
@@ -91,6 +92,7 @@ def inputs() -> None:
             input_widget(w, st.multiselect, kv_dtypes)
             input_widget(w, st.multiselect, weight_dtypes)
             input_widget(w, st.selectbox, ENGINE, help=ENGINE_HELP)
+            input_widget(w, st.text_input, VLLM_VERSION, placeholder="today's", help=VLLM_VERSION_HELP)
             w(
                 st.checkbox,
                 f"Find the highest rate of the top {MAX_RATE_CONFIGS} configurations",
@@ -111,6 +113,13 @@ ENGINE_HELP = (
     "vllm-cross-model (the default): vLLM fitted across three models and checked on four it never saw, with a "
     "per-request front-end time in TTFT; vllm: fitted to one model's measured vLLM runs (Llama-3.1-70B); "
     "trtllm: to TensorRT-LLM's table. The flags printed are vLLM's for either vLLM profile"
+)
+
+
+VLLM_VERSION_HELP = (
+    "the vLLM release to price, e.g. 0.12.0 (empty: today's vLLM). vLLM 0.12 computed the padded rows of "
+    "block-FP8 experts' DeepGEMM kernel on Hopper / Blackwell (e.g. Qwen3-235B-A22B-FP8): a decode step far "
+    "dearer than today's; docs/slo.md 2c"
 )
 
 
@@ -219,9 +228,15 @@ def search_caption(plan) -> str:
         f"GPUs, then total memory bandwidth as the cost proxy: no GPU price is used), {whole}; "
         f"{plan.num_simulated:,} simulated to their steady state (Poisson arrivals, warm-up dropped), "
         f"{plan.num_reused:,} answered by an identical run, the rest ruled out by memory or a bound. Step times "
-        f"from the roofline model with the {plan.candidates.engine} engine profile's fitted efficiencies "
+        f"from the roofline model with the {plan.candidates.engine} engine profile's fitted efficiencies"
+        f"{release_words(plan.candidates.vllm_version)} "
         f"(docs/slo.md).{' ' + checked if checked else ''}"
     )
+
+
+def release_words(vllm_version: str | None) -> str:
+    """ " at vLLM 0.12.0's kernels" for a release the user named, "" for today's vLLM."""
+    return f" at vLLM {vllm_version}'s kernels" if vllm_version else ""
 
 
 PREDICT_COLUMNS = ("predicted (ms)", "95% interval low (ms)", "95% interval high (ms)", "target (ms)")
@@ -244,6 +259,7 @@ def predict_inputs() -> None:
             input_widget(w, st.selectbox, field_named(SETTING_FIELDS, "kv_dtype"))
             input_widget(w, st.selectbox, field_named(SETTING_FIELDS, "weight_dtype"))
             input_widget(w, st.selectbox, ENGINE, help=ENGINE_HELP)
+            input_widget(w, st.text_input, VLLM_VERSION, placeholder="today's", help=VLLM_VERSION_HELP)
         with c2:
             st.markdown("**Load**")
             w(st.radio, "Load given as", "load", format_func=LOAD_LABELS.get)

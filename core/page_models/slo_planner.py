@@ -37,7 +37,7 @@ class SloPlannerParams:
     """The page's inputs. targets: ((key, seconds), ...) with keys `{metric}_p{q}_s` (any percentile of TTFT,
     TPOT, ITL, e2e: `Slo`'s fields); chart_percentiles: the (TTFT, TPOT) percentiles the chart and the answer
     show (the targets' own when they have one); rate in requests/s, lengths in tokens, seed the draw; engine:
-    the profile pricing the steps; gpus / kv_dtypes / weight_dtypes: the values the search tries (each
+    the profile pricing the steps; vllm_version: the vLLM release whose MoE kernels it prices (None: today's); gpus / kv_dtypes / weight_dtypes: the values the search tries (each
     configuration is simulated to its steady state); disagg: disaggregated prefill / decode deployments too
     (`SloCandidates(disagg=True)`, ranked with the aggregated ones)."""
 
@@ -55,6 +55,7 @@ class SloPlannerParams:
     engine: str = DEFAULT_ENGINE
     seed: int = 0
     disagg: bool = False
+    vllm_version: str | None = None
 
     def slo(self) -> Slo:
         return Slo.of(dict(self.targets))
@@ -64,7 +65,8 @@ class SloPlannerParams:
 
     def candidates(self) -> SloCandidates:
         names = ("gpus", "max_gpus", "kv_dtypes", "weight_dtypes", "disagg")
-        return candidates_from({name: getattr(self, name) for name in names}, engine=self.engine)
+        values = {name: getattr(self, name) for name in names}
+        return candidates_from(values, engine=self.engine, vllm_version=self.vllm_version)
 
     def chart_keys(self) -> tuple[str, str]:
         """The percentile keys the chart draws: TTFT and TPOT at `chart_percentiles`."""
@@ -262,6 +264,7 @@ def disagg_deployment(params: SloPlannerParams, config: SloConfig) -> DisaggDepl
         weight_dtype=config.weight_dtype,
         kv_dtype=config.kv_dtype,
         engine=cands.engine,
+        vllm_version=cands.vllm_version,
         block_size=cands.block_size,
         gpu_memory_utilization=cands.gpu_memory_utilization,
     )

@@ -93,6 +93,7 @@ class SloPredictParams:
     kv_link: str = "auto"
     kv_offload_gib: float = 0.0  # a host KV tier per replica (--kv-offload-gib), 0: none
     offload_policy: str = "lru"
+    vllm_version: str | None = None  # the vLLM release whose MoE kernels price the steps (None: today's)
 
     def values(self) -> dict:
         """The inputs as the converters of `core.planning.predict.inputs` take them (keyed by field name)."""

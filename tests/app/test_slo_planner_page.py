@@ -106,6 +106,7 @@ def test_defaults_show_the_best_configuration_of_plan_slo(default_plan):
         "itl_q": "99",
         "e2e_q": "99",
         "engine": DEFAULT_ENGINE,
+        "vllm": "auto",
         "seed": "0",
         "gpus": "h100-80gb,h200-141gb,l40s",
         "max_gpus": "8",
@@ -134,6 +135,7 @@ SHARED = {
     "itl_q": "99",
     "e2e_q": "99",
     "engine": DEFAULT_ENGINE,  # plan_slo's default engine: the reference below is called with it
+    "vllm": "auto",  # today's vLLM
     "seed": "0",
     "gpus": "l40s,h100-80gb",
     "max_gpus": "4",

@@ -8,6 +8,7 @@ Tiny loads (16-token prompts, one output token, one sequence at a time) keep eac
 import json
 import math
 import shlex
+from dataclasses import replace
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -42,6 +43,7 @@ TINY = {
     "kv_dtype": "auto",
     "weight_dtype": "auto",
     "engine": DEFAULT_ENGINE,  # the references below are predict's with its default engine
+    "vllm": "auto",  # today's vLLM (--vllm-version left out)
     "load": "concurrency",
     "clients": "2",
     "seed": "0",
@@ -174,6 +176,8 @@ def test_the_page_shows_what_predict_and_the_cli_give(capsys):
         ({"disagg": "1", "spec_k": "1", "spec_acc": "0.5"}, "--disagg takes neither --spec-tokens"),
         ({"disagg": "1", "d_workers": "0"}, "--decode-workers must be between 1 and 1,024, got 0"),
         ({"disagg": "1", "kv_link": "network"}, "L40S has no known network bandwidth"),
+        ({"vllm": "0.x"}, "--vllm-version takes a vLLM release such as 0.12.0"),
+        ({"vllm": "0.12.0", "engine": "trtllm"}, "--engine trtllm is not vLLM's profile"),
     ],
 )
 def test_bad_input_is_an_error_naming_it(params, named):
@@ -187,6 +191,28 @@ def test_a_deployment_that_does_not_fit_says_so():
     at = open_page(TINY | {"model": "llama-3.1-70b", "kv_dtype": "auto"})
     [error] = at.error
     assert error.value.startswith("Cannot predict: the deployment does not fit")
+
+
+def test_a_vllm_release_prices_its_kernel_and_travels_to_the_printed_command(capsys):
+    """vllm=0.12.0 on a block-FP8 MoE checkpoint on H200 (`--vllm-version`): the page's table is predict's for that
+    release (vLLM 0.12's padded expert rows), not today's, and its predict line carries the flag and reproduces it."""
+    params = {"model": "qwen3-235b-a22b-fp8", "gpu": "h200-141gb", "tp": "2", "vllm": "0.12.0"}
+    at = open_page(TINY | NO_TARGETS | params)
+    assert not at.error and query(at)["vllm"] == "0.12.0"
+    load = Load(None, 16, 1, concurrency=2)
+    deployment = Deployment("qwen3-235b-a22b-fp8", "h200-141gb", tp=2, max_num_seqs=1, vllm_version="0.12.0")
+    ref, todays = (
+        predict(deployment, load).to_dict(),
+        predict(replace(deployment, vllm_version=None), load).to_dict(),
+    )
+    rows = at.dataframe[0].value.set_index(["metric", "percentile"])
+    assert rows.loc[("ttft", "p50"), "predicted (ms)"] == pytest.approx(ref["ttft_p50_s"] * 1e3, rel=1e-12)
+    assert ref["ttft_p50_s"] > todays["ttft_p50_s"]  # the padding's FLOPs in the prefill step
+    predict_line = next(c.value for c in at.code if "core.planning predict" in c.value).splitlines()[0]
+    assert "--vllm-version 0.12.0" in predict_line
+    assert cli_json(predict_main, predict_line, capsys)["ttft_p50_s"] == pytest.approx(
+        ref["ttft_p50_s"], rel=1e-12
+    )
 
 
 def test_an_unknown_engine_in_the_url_is_named_and_replaced():

@@ -46,7 +46,8 @@ VALUES = {
     "max_num_seqs": 64,
     "weight_dtype": "fp8",
     "kv_dtype": "fp8",
-    "engine": "trtllm",
+    "engine": "vllm",
+    "vllm_version": "0.12.0",
     "rate": 3.5,
     "prompt_len": 4000,
     "output_len": 256,
@@ -107,7 +108,8 @@ def test_a_command_line_and_its_url_build_the_same_deployment_and_load():
         max_num_seqs=64,
         weight_dtype="fp8",
         kv_dtype="fp8",
-        engine="trtllm",
+        engine="vllm",
+        vllm_version="0.12.0",
         speculation=spec,
         kv_offload_gib=100.0,
         offload_policy="arc",
@@ -265,6 +267,11 @@ def test_the_search_settings_flags_are_their_fields_and_the_page_builds_the_same
     assert candidates_from(vars(build_slo_parser().parse_args(words))) == expected
     page = params_from(_page("search", {"max_gpus": "4", "disagg_too": "1"})).candidates()
     assert page.disagg and page.max_gpus == 4
+    # the release: slo's --vllm-version and the page's `vllm` build the same candidates (empty: today's vLLM)
+    release = candidates_from({}, vllm_version="0.12.0")
+    at_release = params_from(_page("search", {"vllm": "0.12.0"})).candidates()
+    assert at_release.vllm_version == "0.12.0" and at_release.step_overrides() == release.step_overrides()
+    assert params_from(_page("search", {"vllm": ""})).candidates().vllm_version is None
     for flag, value, build in (
         ("--max-num-batched-tokens", "0", lambda: SloCandidates(max_num_batched_tokens=0)),
         ("--max-gpus", "1", lambda: SloCandidates(max_gpus=1, disagg=True)),

@@ -37,6 +37,7 @@ from ui.query_state import Field, encode_params
 
 RATE, CONCURRENCY = RATE_FIELDS
 ENGINE = field_named(SETTING_FIELDS, "engine")
+VLLM_VERSION = field_named(SETTING_FIELDS, "vllm_version")  # URL key vllm; empty: today's vLLM
 # the predict mode's deployment inputs on the page (the model and engine are both modes' fields)
 PREDICT_DEPLOYMENT = (GPU_FIELD, *PARALLEL_FIELDS, SETTING_FIELDS[0], *SETTING_FIELDS[2:4])
 # every input of the predict mode that is a field of an input group (`SloPredictParams` has each by its name)
@@ -44,6 +45,7 @@ PREDICT_INPUTS = (
     MODEL_FIELD,
     *PREDICT_DEPLOYMENT,
     ENGINE,
+    VLLM_VERSION,
     *RATE_FIELDS,
     *SHAPE_FIELDS,
     *LOAD_LEVERS,
@@ -102,6 +104,7 @@ FIELDS = [
     *TARGET_VALUE_FIELDS[2:],  # itl_ms, e2e
     *TARGET_Q_FIELDS,
     url_field(ENGINE, D.engine),
+    url_field(VLLM_VERSION, D.vllm_version),
     url_field(SEED, D.seed),
     *PREDICT_FIELDS,
 ]
@@ -120,6 +123,7 @@ SHARED_KEYS = (
     "itl_q",
     "e2e_q",
     "engine",
+    "vllm",
     "seed",
 )
 MODE_KEYS = {
@@ -138,7 +142,7 @@ def params_from(values: dict[str, Any]) -> SloPlannerParams:
     """The search's inputs as `SloPlannerParams` (targets in seconds, each at its percentile). Builds nothing
     that can fail: core's checks run in `SloPlannerParams.check`."""
     return SloPlannerParams(
-        **values_by_name(values, (MODEL_FIELD, RATE, *SHAPE_FIELDS, ENGINE)),
+        **values_by_name(values, (MODEL_FIELD, RATE, *SHAPE_FIELDS, ENGINE, VLLM_VERSION)),
         targets=targets_from(values),
         chart_percentiles=(int(values["ttft_q"]), int(values["tpot_q"])),
         **values_by_name(values, SEARCH_URL_FIELDS),

@@ -83,9 +83,11 @@ def vllm_version(text: str) -> tuple[int, ...] | None:
 
 
 def check_vllm_version(text: str | None) -> str | None:
-    """`text` when it names a vLLM release ("0.12.0", "0.12") or is None (today's vLLM, whose kernels the profile
-    prices); InvalidArgumentError otherwise."""
-    if text is not None and (not isinstance(text, str) or vllm_version(text) is None):
+    """`text` when it names a vLLM release ("0.12.0", "0.12"), None for None or "" (today's vLLM, whose kernels the
+    profile prices: a page's empty box); InvalidArgumentError otherwise."""
+    if text is None or text == "":
+        return None
+    if not isinstance(text, str) or vllm_version(text) is None:
         raise InvalidArgumentError(
             f"--vllm-version takes a vLLM release such as 0.12.0 (or nothing: today's vLLM), got {text!r}"
         )

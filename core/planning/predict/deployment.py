@@ -97,7 +97,7 @@ class Deployment:
         check_parallelism(model, self.tp, self.pp)
         check_moe_parallel(model, self.tp, self.data_parallel, self.expert_parallel)
         engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
-        check_engine_release(self.engine, self.vllm_version)
+        object.__setattr__(self, "vllm_version", check_engine_release(self.engine, self.vllm_version))
         if self.block_size not in BLOCK_SIZES:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
         if self.speculation is not None and not isinstance(self.speculation, Speculation):

@@ -136,7 +136,7 @@ SETTING_FIELDS = (
     InputField(
         "vllm_version",
         "--vllm-version",
-        None,
+        "vllm",
         "str",
         None,
         "vLLM release",

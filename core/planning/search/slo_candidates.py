@@ -316,7 +316,7 @@ class SloCandidates:
         if self.block_size not in BLOCK_SIZES:
             raise InvalidArgumentError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size!r}")
         engine_step_defaults(self.engine)  # raises for an unknown engine, naming the known ones
-        check_engine_release(self.engine, self.vllm_version)
+        object.__setattr__(self, "vllm_version", check_engine_release(self.engine, self.vllm_version))
         if split_request_term(self.step_time)[1] is not None:
             raise InvalidArgumentError(
                 f"{REQUEST_TERM} is an engine profile's request-side term, not a step_time override in the SLO "
