@@ -482,3 +482,21 @@ def test_docs_held_out_gpu_table_is_the_saved_run():
         bold = cell(fitted).replace(" (", "** (", 1)
         assert f"| **{bold} | {cell(stored)} | {cell(trtllm)} |" in row, row
     assert f"All {saved['rows']} rows: **{saved['rms_rel_err']:.3f}**" in docs
+
+
+def test_a_configs_fp8_blocks_select_the_release_kernel(tmp_path, capsys):
+    """`predict --config` reads a checkpoint's `weight_block_size` as the preset does: Qwen/Qwen3-235B-A22B-FP8's
+    config.json at `--vllm-version 0.12.0` on 2 x H200 decodes at vLLM 0.12's padded kernel's price (its TPOT above
+    today's), while the 16-bit config served with --weight-dtype fp8 (per-tensor, no blocks) is priced alike at
+    either release."""
+    presets = json.loads(MODELS_JSON.read_text())
+    tpots = {}
+    for slug, extra in (("qwen3-235b-a22b-fp8", []), ("qwen3-235b-a22b", ["--weight-dtype", "fp8"])):
+        path = tmp_path / f"{slug}.json"
+        path.write_text(json.dumps(presets[slug]["config"]))
+        argv = ["--config", str(path), "--num-params", "235e9", "--gpu", "h200-141gb", "--tp", "2", *extra]
+        argv += ["--prompt-len", "1000", "--output-len", "100", "--concurrency", "8"]
+        for release in ([], ["--vllm-version", "0.12.0"]):
+            tpots[slug, bool(release)] = _answer(predict_main, [*argv, *release], capsys)["mean_tpot_s"]
+    assert tpots["qwen3-235b-a22b-fp8", True] > 1.2 * tpots["qwen3-235b-a22b-fp8", False]
+    assert tpots["qwen3-235b-a22b", True] == tpots["qwen3-235b-a22b", False]
