@@ -59,9 +59,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from core.common import check_int
-from core.errors import InvalidArgumentError
 from core.planning.cost.expert_rows import padding_flops, uniform_experts_touched
+from core.planning.cost.step_checks import check_step_fields
 
 # The defaults of StepTimeModel's fields: the paper reproduction's (module docstring).
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
@@ -148,86 +147,7 @@ class StepTimeModel:
     prefill_context_flops_per_token: float = 0.0
 
     def __post_init__(self):
-        try:
-            factors = tuple(float(f) for f in self.small_step_factors)
-        except (TypeError, ValueError):
-            factors = None
-        if factors is None or not all(math.isfinite(f) and f > 0 for f in factors):
-            raise InvalidArgumentError(
-                f"small_step_factors must be finite numbers > 0, got {self.small_step_factors!r}"
-            )
-        object.__setattr__(self, "small_step_factors", factors)
-        for name in (
-            "weight_bytes",
-            "kv_bytes_per_token",
-            "flops_per_token",
-            "attention_flops_per_pair",
-            "overhead_s",
-            "per_token_overhead_s",
-            "comm_bytes_per_token",
-            "comm_latency_s",
-            "lm_head_flops_per_output",
-            "expert_weight_bytes",
-            "expert_flops_per_token",
-            "prefill_context_flops_per_token",
-        ):
-            if not getattr(self, name) >= 0:
-                raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("memory_bandwidth", "peak_flops", "swap_bandwidth", "interconnect_bandwidth"):
-            if not getattr(self, name) > 0:
-                raise InvalidArgumentError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("bandwidth_efficiency", "flops_efficiency"):
-            if not 0 < getattr(self, name) <= 1:
-                raise InvalidArgumentError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
-        if not 0 <= self.sliding_layer_fraction <= 1 or (
-            self.sliding_layer_fraction and not self.sliding_window >= 1
-        ):
-            raise InvalidArgumentError(
-                f"sliding_layer_fraction must be in [0, 1] with a sliding_window >= 1, got "
-                f"{self.sliding_layer_fraction!r} and {self.sliding_window!r}"
-            )
-        prefill_pair = self.prefill_attention_flops_per_pair
-        if prefill_pair is not None and not prefill_pair >= 0:
-            raise InvalidArgumentError(
-                f"prefill_attention_flops_per_pair must be >= 0 or None, got {prefill_pair!r}"
-            )
-        if (prefill_pair is not None or self.prefill_context_flops_per_token) and self.sliding_layer_fraction:
-            raise InvalidArgumentError(
-                "prefill attention priced apart (MLA) with sliding-window layers is not modelled: no model has both"
-            )
-        for name in ("expert_flops_efficiency", "expert_bandwidth_efficiency"):
-            value = getattr(self, name)
-            if value is not None and not 0 < value <= 1:
-                raise InvalidArgumentError(f"{name} must be in (0, 1] or None, got {value!r}")
-        if self.expert_flops_per_token > self.flops_per_token:
-            raise InvalidArgumentError(
-                "expert_flops_per_token is part of flops_per_token: it cannot exceed it"
-            )
-        if self.num_experts and not (1 <= self.experts_per_token <= self.num_experts):
-            raise InvalidArgumentError(
-                f"routed experts need 1 <= experts_per_token <= num_experts, got "
-                f"{self.experts_per_token!r} of {self.num_experts!r}"
-            )
-        if self.single_token_overhead_s is not None and not self.single_token_overhead_s >= 0:
-            raise InvalidArgumentError(
-                f"single_token_overhead_s must be >= 0, got {self.single_token_overhead_s!r}"
-            )
-        if isinstance(self.expert_token_ranks, bool) or not (
-            isinstance(self.expert_token_ranks, int) and self.expert_token_ranks >= 1
-        ):
-            raise InvalidArgumentError(
-                f"expert_token_ranks must be an integer >= 1, got {self.expert_token_ranks!r}"
-            )
-        if check_int(self.expert_block_rows, "expert_block_rows", minimum=0) and not self.num_experts:
-            raise InvalidArgumentError(
-                f"expert_block_rows needs routed experts, got {self.expert_block_rows!r}"
-            )
-        if isinstance(self.pipeline_stages, bool) or not (
-            isinstance(self.pipeline_stages, int) and self.pipeline_stages >= 1
-        ):
-            raise InvalidArgumentError(
-                f"pipeline_stages must be an integer >= 1, got {self.pipeline_stages!r}"
-            )
+        object.__setattr__(self, "small_step_factors", check_step_fields(self))
 
     def with_overhead(self, overhead_s: float) -> "StepTimeModel":
         return replace(self, overhead_s=overhead_s)
