@@ -57,6 +57,8 @@ class Deployment:
     routing: the policy that sends each request to a replica (a DP rank) (`core.serving.router.ROUTING_POLICIES`; module docstring).
     prefix_history: what an `approximate-prefix` router remembers (`core.serving.router.PrefixHistory`; None:
     llm-d's defaults).
+    vllm_version: the vLLM release whose kernels price the steps (`from_specs`; None, or "" as a page's empty box
+    gives it: today's vLLM); refused beside an engine profile that is not vLLM's.
     Raises InvalidArgumentError for an unknown model, GPU, dtype, engine or block size, or a TP/PP layout the
     model does not allow (tp must divide the attention heads); RoutingError for an unknown routing policy."""
 
