@@ -41,6 +41,9 @@ def test_the_bound_is_the_longest_split_worked_by_hand():
     assert ms.full_step_seconds("vllm", 256) == pytest.approx(max(by_hand), rel=1e-12)
     bounds = [ms.full_step_seconds("vllm-cross-model", n) for n in (256, 1024, 2048, 4096)]
     assert bounds == sorted(bounds)
+    # twice the average running requests: the same bound at 1,024-token prompts (compute-bound), longer at 2,048
+    assert ms.full_step_seconds("vllm-cross-model", 1024, running=262) == pytest.approx(bounds[1], abs=2e-5)
+    assert ms.full_step_seconds("vllm-cross-model", 2048, running=200) == pytest.approx(0.02162, abs=1e-5)
 
 
 def test_the_stated_figures_are_computed_and_saved():
