@@ -134,7 +134,7 @@ class SloPlan:
             "step_time": dict(self.step_time),
             "elapsed_s": self.elapsed_s,
             "profile_check": self.profile_check,
-        }
+        } | ({"vllm_version": self.candidates.vllm_version} if self.candidates.vllm_version else {})
 
 
 # routers whose choices never read a replica's state (queue, KV usage, cache): a fleet's run behind one is reusable

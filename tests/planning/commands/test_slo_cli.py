@@ -139,6 +139,28 @@ def test_the_search_prices_the_vllm_release_it_is_given():
         assert deployment.vllm_version == version and deployment.step_model().expert_block_rows == rows
 
 
+def test_the_cli_echoes_the_release_it_priced(capsys):
+    """`slo --vllm-version 0.12.0` says so beside the engine, and the model's check is the rows' own at that release."""
+    argv = [
+        "slo",
+        "--model",
+        "qwen3-235b-a22b-fp8",
+        "--rate",
+        "1",
+        "--prompt-len",
+        "1000",
+        "--output-len",
+        "100",
+    ]
+    argv += ["--gpus", "h200-141gb", "--tpot-p95", "0.06", "--max-gpus", "2"]
+    assert main([*argv, "--vllm-version", "0.12.0"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["vllm_version"] == "0.12.0" and body["profile_check"]["model"]["tpot_rms_rel_err"] == 0.137
+    assert main(argv) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert "vllm_version" not in body and body["profile_check"]["model"]["tpot_rms_rel_err"] == 0.341
+
+
 @pytest.mark.parametrize(
     ("flags", "stderr"),
     [
