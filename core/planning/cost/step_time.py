@@ -220,9 +220,8 @@ def from_specs(
     # moe_reads_all_experts=True: every expert read every step, the model before issue 40 (an ablation)
     routed = not kwargs.pop("moe_reads_all_experts", False)
     block_rows = check_int(kwargs.pop("expert_block_rows", 0), "expert_block_rows", minimum=0)
-    if version := check_vllm_version(
-        kwargs.pop("vllm_version", None)
-    ):  # the release's MoE kernel, unless given
+    version = check_vllm_version(kwargs.pop("vllm_version", None))
+    if version:  # the release's MoE kernel, unless expert_block_rows is given
         block_fp8 = block_fp8_experts(model, resolve_weight_dtype(model, weight_dtype))
         block_rows = block_rows or vllm_expert_block_rows(
             version, block_fp8, gpu, moe_tensor_parallel(tp, dp, ep)

@@ -82,9 +82,7 @@ class Deployment:
     data_parallel: int = 1  # DP ranks per replica (vLLM's --data-parallel-size; MoE: data-parallel attention)
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel (MoE)
     prefix_history: PrefixHistory | None = None
-    vllm_version: str | None = (
-        None  # the vLLM release whose kernels price the steps (None: today's; `from_specs`)
-    )
+    vllm_version: str | None = None  # the vLLM release its kernels are priced at (None: today's)
 
     def __post_init__(self):
         check_routing(self.routing)
