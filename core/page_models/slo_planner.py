@@ -37,8 +37,9 @@ class SloPlannerParams:
     """The page's inputs. targets: ((key, seconds), ...) with keys `{metric}_p{q}_s` (any percentile of TTFT,
     TPOT, ITL, e2e: `Slo`'s fields); chart_percentiles: the (TTFT, TPOT) percentiles the chart and the answer
     show (the targets' own when they have one); rate in requests/s, lengths in tokens, seed the draw; engine:
-    the profile pricing the steps; vllm_version: the vLLM release whose MoE kernels it prices (None: today's); gpus / kv_dtypes / weight_dtypes: the values the search tries (each
-    configuration is simulated to its steady state); disagg: disaggregated prefill / decode deployments too
+    the profile pricing the steps; vllm_version: the vLLM release whose MoE kernels it prices (None: today's);
+    gpus / kv_dtypes / weight_dtypes: the values the search tries (each configuration is simulated to its steady
+    state); disagg: disaggregated prefill / decode deployments too
     (`SloCandidates(disagg=True)`, ranked with the aggregated ones)."""
 
     model: str = "llama-3.1-8b"
