@@ -27,6 +27,7 @@ import numpy as np
 
 from core.errors import InvalidArgumentError
 from core.planning.catalog.hardware import GPUS
+from core.planning.memory.kv_accounting import resolve_weight_dtype
 
 # DeepGEMM's row alignment for its contiguous grouped GEMM, the FP8 blocks' 128 (vLLM 0.12's
 # `get_mk_alignment_for_contiguous_layout`)
@@ -135,3 +136,13 @@ def vllm_expert_block_rows(
         and _deepgemm_gpu(gpu)
     )
     return DEEPGEMM_BLOCK_ROWS if padded else 0
+
+
+def release_expert_block_rows(
+    version: str | None, model, weight_dtype: str, gpu, moe_tensor_parallel: int
+) -> int:
+    """`vllm_expert_block_rows` of `model` (a ModelSpec) served at `weight_dtype` ("auto": its checkpoint's): its
+    experts block-scaled FP8 or not (`block_fp8_experts`). The one application of the rule to a deployment
+    (`core.planning.cost.step_time.from_specs`) and to a published row (`published_vllm_rows.expert_block_rows`)."""
+    block_fp8 = block_fp8_experts(model, resolve_weight_dtype(model, weight_dtype))
+    return vllm_expert_block_rows(version, block_fp8, gpu, moe_tensor_parallel)

@@ -61,12 +61,7 @@ from core.common import cdiv, check_int
 from core.errors import InvalidArgumentError
 from core.kv.hf_config import SLIDING
 from core.planning.catalog.models import MLA_HEAD_DIM_DEFAULT
-from core.planning.cost.expert_rows import (
-    block_fp8_experts,
-    check_vllm_version,
-    moe_tensor_parallel,
-    vllm_expert_block_rows,
-)
+from core.planning.cost.expert_rows import check_vllm_version, moe_tensor_parallel, release_expert_block_rows
 from core.planning.cost.layer_kernels import kernels_per_step
 from core.planning.cost.step_model import DEFAULT_OVERHEAD_S, StepTimeModel
 from core.planning.memory.kv_accounting import (
@@ -221,10 +216,9 @@ def from_specs(
     routed = not kwargs.pop("moe_reads_all_experts", False)
     block_rows = check_int(kwargs.pop("expert_block_rows", 0), "expert_block_rows", minimum=0)
     version = check_vllm_version(kwargs.pop("vllm_version", None))
-    if version:  # the release's MoE kernel, unless expert_block_rows is given
-        block_fp8 = block_fp8_experts(model, resolve_weight_dtype(model, weight_dtype))
-        block_rows = block_rows or vllm_expert_block_rows(
-            version, block_fp8, gpu, moe_tensor_parallel(tp, dp, ep)
+    if version and not block_rows:  # the release's MoE kernel, unless expert_block_rows is given
+        block_rows = release_expert_block_rows(
+            version, model, weight_dtype, gpu, moe_tensor_parallel(tp, dp, ep)
         )
     if routed and share and block_rows:  # no routed rows to pad otherwise (core.planning.cost.expert_rows)
         kwargs["expert_block_rows"] = block_rows

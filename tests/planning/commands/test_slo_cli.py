@@ -137,6 +137,9 @@ def test_the_search_prices_the_vllm_release_it_is_given():
         assert slo_step_model(model, candidate, cands.step_overrides()).expert_block_rows == rows
         deployment = candidate.deployment(model, cands)
         assert deployment.vllm_version == version and deployment.step_model().expert_block_rows == rows
+    # an empty release (a page's cleared box) is today's vLLM, held as None
+    assert SloCandidates(vllm_version="").vllm_version is None
+    assert candidate.deployment(model, SloCandidates(vllm_version="")).vllm_version is None
 
 
 def test_the_cli_echoes_the_release_it_priced(capsys):

@@ -13,10 +13,8 @@ from core.planning.cost.expert_rows import check_vllm_version
 from core.planning.cost.fits.published import gpu_step_defaults
 
 ENGINES = ("vllm", "trtllm", "vllm-cross-model")
-VLLM_ENGINES = (
-    "vllm",
-    "vllm-cross-model",
-)  # the profiles fitted to vLLM's runs (a vLLM release's kernels apply)
+# the profiles fitted to vLLM's runs (a vLLM release's kernels apply to them)
+VLLM_ENGINES = ("vllm", "vllm-cross-model")
 # The request-side term of a profile: seconds per request outside the engine's steps (not a StepTimeModel
 # parameter; `engine_request_overhead_s`, `split_request_term`).
 REQUEST_TERM = "request_overhead_s"
@@ -69,13 +67,14 @@ VLLM_CROSS_MODEL_PROFILE = {
 
 
 def check_engine_release(engine: str, vllm_version: str | None) -> str | None:
-    """`vllm_version` checked (`check_vllm_version`: a release such as "0.12.0", or None for today's vLLM) and
-    refused beside an engine that is not vLLM's (InvalidArgumentError)."""
-    if check_vllm_version(vllm_version) and engine not in VLLM_ENGINES:
+    """`vllm_version` checked (`check_vllm_version`: a release such as "0.12.0"; None or "" give None, today's vLLM)
+    and refused beside an engine that is not vLLM's (InvalidArgumentError)."""
+    release = check_vllm_version(vllm_version)
+    if release and engine not in VLLM_ENGINES:
         raise InvalidArgumentError(
             f"--vllm-version prices a vLLM release's kernels; --engine {engine} is not vLLM's profile"
         )
-    return vllm_version
+    return release
 
 
 def _profile(engine: str) -> dict:

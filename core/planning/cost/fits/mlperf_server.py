@@ -87,7 +87,7 @@ REDHAT_H100 = MlperfServerRun(
     tpot_s={"p50": 0.023644164, "p90": 0.024625410, "p99": 0.025128964, "mean": 0.023113051},
     targets_s={"ttft_p99": 2.0, "tpot_p99": 0.1},
 )
-RUNNING = 131  # int(REDHAT_H100.running): requests in the server on average
+RUNNING = int(REDHAT_H100.running)  # requests in the server on average: 131
 CONTEXTS = (1024, 2048)  # the longest prompt the bound allows, in tokens (module docstring)
 
 
@@ -126,6 +126,9 @@ def outside_check(engines=("vllm-cross-model", "vllm", "trtllm")) -> dict:
     the run's Little's-law running count: `python -m bench.mlperf_check` prints it."""
     run = REDHAT_H100
     tpot = run.tpot_s["p50"]
+    steps = {
+        (engine, context): full_step_seconds(engine, context) for engine in engines for context in CONTEXTS
+    }
     return {
         "run": run.source,
         "vllm_version": run.vllm_version,
@@ -135,8 +138,8 @@ def outside_check(engines=("vllm-cross-model", "vllm", "trtllm")) -> dict:
         "profiles": {
             engine: {
                 str(context): {
-                    "full_step_ms": round(full_step_seconds(engine, context) * 1e3, 2),
-                    "vs_measured_tpot_p50": round(full_step_seconds(engine, context) / tpot - 1.0, 3),
+                    "full_step_ms": round(steps[engine, context] * 1e3, 2),
+                    "vs_measured_tpot_p50": round(steps[engine, context] / tpot - 1.0, 3),
                 }
                 for context in CONTEXTS
             }

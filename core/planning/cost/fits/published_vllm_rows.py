@@ -42,8 +42,7 @@ from pathlib import Path
 
 from core.planning.catalog.hardware import GPUS
 from core.planning.catalog.models import MODELS
-from core.planning.cost.expert_rows import block_fp8_experts, moe_tensor_parallel, vllm_expert_block_rows
-from core.planning.memory.kv_accounting import resolve_weight_dtype
+from core.planning.cost.expert_rows import moe_tensor_parallel, release_expert_block_rows
 from core.planning.memory.plan import plan
 
 DATA_PATH = Path(__file__).parent / "data" / "vllm_silicon_llama31_70b.csv"
@@ -168,12 +167,11 @@ def expert_block_rows(row: VllmRow) -> int:
     the Qwen3-235B-A22B rows ran, else 0). MoE TP: 1 with EP; without it tp x dp (vLLM 0.12's
     `FusedMoEParallelConfig.make` flattens the DP ranks into the MoE TP group, and an attention-DP row's MoE layers
     gather every rank's tokens into the same fused-experts call, `FusedMoE.forward_impl`'s naive dispatch)."""
-    checkpoint = (
-        MODELS[FP8_CHECKPOINTS.get(row.model, row.model)] if row.weight_dtype == "fp8" else MODELS[row.model]
-    )
-    block_fp8 = block_fp8_experts(checkpoint, resolve_weight_dtype(checkpoint, row.weight_dtype))
+    checkpoint = FP8_CHECKPOINTS.get(row.model, row.model) if row.weight_dtype == "fp8" else row.model
     moe_tp = moe_tensor_parallel(row.tp, row.dp, row.ep > 1)
-    return vllm_expert_block_rows(row.backend_version, block_fp8, row.gpu, moe_tp)
+    return release_expert_block_rows(
+        row.backend_version, MODELS[checkpoint], row.weight_dtype, row.gpu, moe_tp
+    )
 
 
 def row_set(row: VllmRow, training_models: tuple[str, ...] = TRAINING_MODELS) -> str:
