@@ -351,6 +351,39 @@ def _fit_stage(args, benchmark: pv.Benchmark) -> tuple[tuple[str, ...], str, dic
     return training, stage, fitted
 
 
+def _split(training: list[str], held_out: list[str]) -> dict:
+    """The saved run's `split`: which rows train, which are held out, which are reported apart."""
+    return {
+        "training": f"every row of {', '.join(training)} (H100 and H200 SXM)",
+        "held_out": f"every row of {', '.join(held_out)}: models the fit never sees",
+        "kv_limited": "C x (ISL + OSL / 2) > the planner's KV tokens, or C > max_num_seqs: reported, not fitted",
+        "attention_dp": f"{len(pvr.ATTENTION_DP_ROWS)} Qwen3-235B-A22B rows served with data-parallel "
+        f"attention and MiniMax-M2.5's {len(pvr.MINIMAX_ATTENTION_DP_ROWS)} rows listed with attention "
+        "DP 4: left out (not priced)",
+    }
+
+
+def _single_model_section(benchmark: pv.Benchmark) -> dict:
+    """The saved run's `single_model`: the stored profile and the TensorRT-LLM one on issue 29's split, under the
+    benchmarks of 20 rounds their figures are stated with (the replay before the seventh stage) and under this
+    run's `benchmark`."""
+    sixth = pv.SIXTH_STAGE_BENCHMARK
+    single = {
+        rounds: (
+            _single_model(VLLM_STEP_DEFAULTS, replayed),
+            _single_model(engine_step_defaults("trtllm"), replayed),
+        )
+        for rounds, replayed in (("stated", sixth), ("now", benchmark))
+    }
+    return {
+        "split": "Llama-3.1-70B only: H100 rows training, H200 rows held out (issue 29)",
+        "benchmark_rounds": sixth.rounds,
+        "stored": single["stated"][0],
+        "trtllm": single["stated"][1],
+        "at_this_benchmark": {"stored": single["now"][0], "trtllm": single["now"][1]},
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     started = time.perf_counter()
@@ -370,15 +403,6 @@ def main(argv: list[str] | None = None) -> None:
     stored = _errors(compare(VLLM_STEP_DEFAULTS))
     baseline = _errors(compare(engine_step_defaults("trtllm")))
     errors = _errors(rows)
-    # the stored profile as its figures are stated: benchmarks of 20 rounds (the replay before the seventh stage)
-    sixth = pv.SIXTH_STAGE_BENCHMARK
-    single = {
-        rounds: (
-            _single_model(VLLM_STEP_DEFAULTS, replayed),
-            _single_model(engine_step_defaults("trtllm"), replayed),
-        )
-        for rounds, replayed in (("stated", sixth), ("now", benchmark))
-    }
     terms = {name: _errors(compare(overrides)) for name, overrides in _ablations(fitted).items()}
     adopted = (
         {"adopted_profile_errors": _errors(compare(VLLM_CROSS_MODEL_PROFILE))}
@@ -405,15 +429,7 @@ def main(argv: list[str] | None = None) -> None:
                 "source": pvr.VLLM_SOURCE,
                 "stage": stage,
                 "benchmark": {"rounds": benchmark.rounds, "steady": benchmark.steady},
-                "split": {
-                    "training": f"every row of {', '.join(training)} (H100 and H200 SXM)",
-                    "held_out": f"every row of {', '.join(held_out)}: models the fit never sees",
-                    "kv_limited": "C x (ISL + OSL / 2) > the planner's KV tokens, or C > max_num_seqs: reported, "
-                    "not fitted",
-                    "attention_dp": f"{len(pvr.ATTENTION_DP_ROWS)} Qwen3-235B-A22B rows served with data-parallel "
-                    f"attention and MiniMax-M2.5's {len(pvr.MINIMAX_ATTENTION_DP_ROWS)} rows listed with attention "
-                    "DP 4: left out (not priced)",
-                },
+                "split": _split(training, held_out),
                 "counts": {
                     s: sum(r["set"] == s for r in rows) for s in ("training", "held out", "kv-limited")
                 },
@@ -428,13 +444,7 @@ def main(argv: list[str] | None = None) -> None:
                 **adopted,
                 **scan,
                 "without_term": terms,
-                "single_model": {
-                    "split": "Llama-3.1-70B only: H100 rows training, H200 rows held out (issue 29)",
-                    "benchmark_rounds": sixth.rounds,
-                    "stored": single["stated"][0],
-                    "trtllm": single["stated"][1],
-                    "at_this_benchmark": {"stored": single["now"][0], "trtllm": single["now"][1]},
-                },
+                "single_model": _single_model_section(benchmark),
                 "worst_fitted_or_held_out": [_row(r) for r in worst if r["set"] != "kv-limited"][:5],
                 "held_out_gpu": _held_out_gpu(gpu_rows, benchmark),
                 "attention_dp": attention_dp,
